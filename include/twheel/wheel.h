@@ -1,0 +1,170 @@
+/*
+ * twheel/wheel.h - the single-threaded, embeddable timing wheel.
+ *
+ * Thread safety: none. One thread owns a wheel and every timer added to it;
+ * callbacks run on that thread, inside tw_wheel_advance(). Different wheels
+ * may be used from different threads at the same time: there is no global
+ * state.
+ *
+ * Time is the caller's: a uint64_t tick count that the caller passes in. The
+ * wheel never reads a clock and never allocates after tw_wheel_create().
+ *
+ * Timers are caller-owned and usually embedded in the caller's own object;
+ * recover the owner in the callback with TW_CONTAINER_OF. A timer must stay
+ * in memory, and must not be re-initialised, while it is pending.
+ *
+ * wheel.h and src/wheel.c depend on nothing else in twheel and can be copied
+ * into another project as they are.
+ */
+#ifndef TWHEEL_WHEEL_H
+#define TWHEEL_WHEEL_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(TWHEEL_STATIC)
+#define TW_EXTERN
+#elif defined(__GNUC__)
+#define TW_EXTERN __attribute__((visibility("default")))
+#else
+#define TW_EXTERN
+#endif
+
+#define TW_VERSION_MAJOR 0
+#define TW_VERSION_MINOR 1
+#define TW_VERSION_PATCH 0
+#define TW_VERSION_HEX                                                        \
+    ((TW_VERSION_MAJOR << 16) | (TW_VERSION_MINOR << 8) | TW_VERSION_PATCH)
+
+/* Error codes: always negative, equal to -errno of the same name. */
+#define TW_EINVAL (-EINVAL)       /* bad argument; nothing was changed */
+#define TW_ENOMEM (-ENOMEM)       /* out of memory; nothing was changed */
+#define TW_EAGAIN (-EAGAIN)       /* a limit (max_pending) is reached */
+#define TW_EBUSY (-EBUSY)         /* the object is in use */
+#define TW_ESHUTDOWN (-ESHUTDOWN) /* the service is stopped */
+#define TW_EDEADLK (-EDEADLK)     /* the call would wait for itself */
+
+/* Recover the address of the struct that embeds @ptr as its @member. */
+#define TW_CONTAINER_OF(ptr, type, member)                                    \
+    ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+
+typedef struct tw_wheel tw_wheel;
+typedef struct tw_timer tw_timer;
+typedef void (*tw_timer_fn)(tw_timer *t, void *arg);
+
+/*
+ * A timer. The type is complete so that it can be embedded, but every field
+ * is private: use the functions below. sizeof(tw_timer) is 40 bytes on LP64.
+ */
+struct tw_timer {
+    struct tw_timer *tw__next;   /* next timer in the same list */
+    struct tw_timer **tw__pprev; /* the pointer that points at us; NULL when
+                                    the timer is not pending */
+    uint64_t tw__expires;        /* absolute expiry tick */
+    tw_timer_fn tw__fn;
+    void *tw__arg;
+};
+
+typedef struct tw_wheel_config {
+    uint32_t slots;  /* slots per level; 0 = default (64); rounded up to a
+                        power of two; more than 2^30 is TW_EINVAL */
+    uint32_t levels; /* 0 = default: hierarchical, enough levels to cover all
+                        of uint64_t; 1 = Netty's single wheel where each slot
+                        keeps timers of later rounds; n > 1 = n levels, the
+                        top one with rounds. More levels than are needed to
+                        cover 64 bits are reduced to that number; more than
+                        64 is TW_EINVAL. */
+} tw_wheel_config;
+
+/* The version of the library linked in, as TW_VERSION_HEX. */
+TW_EXTERN unsigned tw_version(void);
+
+/* A static English message for a TW_E* code (or 0). Never NULL. */
+TW_EXTERN const char *tw_strerror(int err);
+
+/*
+ * tw_wheel_create - make a wheel whose current time is @now.
+ * @out receives the wheel; @cfg may be NULL for the defaults.
+ * Returns 0, TW_EINVAL (NULL @out, bad @cfg) or TW_ENOMEM. On failure *@out
+ * is left as it was.
+ */
+TW_EXTERN int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg,
+                              uint64_t now);
+
+/*
+ * tw_wheel_destroy - free the wheel. Pending timers are dropped without
+ * running; they are left marked pending and must be re-initialised with
+ * tw_timer_init() before reuse. NULL is accepted.
+ */
+TW_EXTERN void tw_wheel_destroy(tw_wheel *w);
+
+/*
+ * tw_timer_init - prepare @t, not pending, to call @fn(@t, @arg) when it
+ * expires. Must not be called on a pending timer.
+ */
+TW_EXTERN void tw_timer_init(tw_timer *t, tw_timer_fn fn, void *arg);
+
+/*
+ * tw_wheel_add - arm @t to expire at the absolute tick @expires.
+ * A pending timer is moved (O(1)). @expires <= tw_wheel_now() means due: the
+ * timer runs in the next tw_wheel_advance() call, never inside this one.
+ * Returns 0, or TW_EINVAL (NULL argument, timer without a callback) with
+ * nothing changed. Context: the owner thread, callbacks included.
+ */
+TW_EXTERN int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires);
+
+/*
+ * tw_wheel_cancel - disarm @t. Returns true if it was pending (it will not
+ * run), false if it was not (a no-op). @t must not be pending in another
+ * wheel. Context: the owner thread, callbacks included.
+ */
+TW_EXTERN bool tw_wheel_cancel(tw_wheel *w, tw_timer *t);
+
+/* tw_timer_pending - true while @t is armed and has not run yet. */
+TW_EXTERN bool tw_timer_pending(const tw_timer *t);
+
+/* tw_timer_expires - the expiry tick @t was last armed with. */
+TW_EXTERN uint64_t tw_timer_expires(const tw_timer *t);
+
+/*
+ * tw_wheel_advance - move the wheel's time to @now and run every pending
+ * timer with expires <= @now, each exactly once, in non-decreasing expiry
+ * order (timers with equal expiry run in no particular order). Returns how
+ * many callbacks ran. A @now below tw_wheel_now() changes nothing.
+ *
+ * The cost is proportional to the non-empty slots visited plus the timers
+ * run or moved down a level, not to the ticks crossed.
+ *
+ * Callbacks may add, move and cancel any timer of this wheel, themselves
+ * included; a timer cancelled by an earlier callback does not run. A timer
+ * armed from a callback for a tick at or before the one being processed runs
+ * in the next call, not this one; one armed for a later tick <= @now runs in
+ * this call, in order. Callbacks must not call tw_wheel_advance() or
+ * tw_wheel_destroy() on the same wheel.
+ */
+TW_EXTERN size_t tw_wheel_advance(tw_wheel *w, uint64_t now);
+
+/*
+ * tw_wheel_next_expiry - a tick at which tw_wheel_advance() has work to do:
+ * never later than the earliest pending expiry, UINT64_MAX when nothing is
+ * pending. A loop that sleeps until this tick and advances reaches any timer
+ * after at most one extra wake-up per level.
+ */
+TW_EXTERN uint64_t tw_wheel_next_expiry(const tw_wheel *w);
+
+/* tw_wheel_now - the wheel's current tick. */
+TW_EXTERN uint64_t tw_wheel_now(const tw_wheel *w);
+
+/* tw_wheel_count - how many timers are pending. */
+TW_EXTERN size_t tw_wheel_count(const tw_wheel *w);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TWHEEL_WHEEL_H */

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages twheel's scripts need, if any are missing.
+# Usage: scripts/deps.sh test|bench|all
+set -euo pipefail
+group=${1:-all}
+test_pkgs=(cmake ninja-build gcc clang libclang-rt-14-dev llvm-14 valgrind
+  pkg-config faketime procps)
+bench_pkgs=(cmake ninja-build gcc pkg-config libuv1-dev libevent-dev
+  gnuplot-nox default-jdk-headless libnetty-java procps)
+case $group in
+  test) pkgs=("${test_pkgs[@]}") ;;
+  bench) pkgs=("${bench_pkgs[@]}") ;;
+  all) pkgs=("${test_pkgs[@]}" "${bench_pkgs[@]}") ;;
+  *) echo "usage: $0 test|bench|all" >&2; exit 2 ;;
+esac
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  sudo_cmd=()
+  if [ "$(id -u)" != 0 ]; then sudo_cmd=(sudo); fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
