@@ -1,0 +1,229 @@
+/*
+ * twheel/service.h - a thread-safe timer service in the manner of Netty's
+ * HashedWheelTimer and Java's ScheduledThreadPoolExecutor.
+ *
+ * Thread safety: every function may be called from any thread at the same
+ * time, task callbacks included, except tw_service_create() and
+ * tw_service_destroy() (which must not race with any other call on the same
+ * service). One timer thread owns a tw_wheel; producers hand it requests
+ * through lock-free queues and never take a lock or make a system call in the
+ * common case. Due tasks run on the timer thread (executor_threads == 0), on
+ * a pool of executor threads, or on an executor supplied by the caller.
+ *
+ * Tasks are identified by a 64-bit tw_id (a slot index and a generation
+ * counter; never 0). An id stays meaningful after its task is gone: a late
+ * tw_cancel() with it returns false and touches nothing, even when the
+ * task's memory has been reused for another task.
+ *
+ * Time: CLOCK_MONOTONIC only (or the clock given in the config). A task
+ * never runs before its delay has passed since the schedule call; deadlines
+ * are absolute ticks since the service was created, so late wake-ups never
+ * accumulate drift. The timer thread sleeps until the next deadline and does
+ * not wake periodically when idle.
+ *
+ * Deadlock rules: tw_service_stop() and tw_cancel_wait() must not be called
+ * from inside the task they would wait for (they return TW_EDEADLK), nor
+ * while holding a lock that a task takes.
+ */
+#ifndef TWHEEL_SERVICE_H
+#define TWHEEL_SERVICE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "twheel/wheel.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tw_service tw_service;
+typedef uint64_t tw_id; /* 0 is never a valid id */
+
+/* A task. @id is the id tw_schedule*() returned, @arg the caller's. */
+typedef void (*tw_task_fn)(tw_id id, void *arg);
+
+/* Receives, from tw_service_stop(), each task that will never run. */
+typedef void (*tw_unprocessed_fn)(tw_id id, tw_task_fn fn, void *arg,
+                                  void *ctx);
+
+/*
+ * A clock: nanoseconds on a monotonic scale (never decreasing). Called from
+ * any thread. Used for tests (a virtual clock) or to share a time base.
+ */
+typedef uint64_t (*tw_clock_fn)(void *ctx);
+
+/*
+ * An executor supplied by the caller. The timer thread calls it once for
+ * each due task, with the task's id as a job handle; the executor must call
+ * tw_service_run(@s, @job) exactly once, from any thread, soon. It must not
+ * block for long: the timer thread is waiting.
+ */
+typedef void (*tw_execute_fn)(tw_service *s, tw_id job, void *ctx);
+
+typedef struct tw_service_config {
+    uint64_t tick_ns;          /* resolution; 0 = 1 ms; 1 us .. 1 day */
+    uint32_t ticks_per_wheel;  /* 0 = 512; rounded up to a power of two;
+                                  at most 2^30 */
+    uint32_t levels;           /* as tw_wheel_config.levels (0 = default) */
+    uint64_t max_pending;      /* 0 = unlimited */
+    uint32_t executor_threads; /* 0 = tasks run on the timer thread; at
+                                  most 1024 */
+    /* Additions (zero = default): */
+    uint32_t max_callbacks;    /* distinct task functions the service can
+                                  hold; 0 = 1024; rounded up to a power of
+                                  two; at most 2^24. Each task stores its
+                                  function as an index into this table,
+                                  which keeps a pending task at 48 bytes. */
+    tw_clock_fn clock;         /* NULL = CLOCK_MONOTONIC */
+    void *clock_ctx;
+    tw_execute_fn execute;     /* NULL = built in; needs executor_threads
+                                  == 0 */
+    void *execute_ctx;
+} tw_service_config;
+
+/* Counters; each is a snapshot, exact once the service is stopped. */
+typedef struct tw_service_stats {
+    uint64_t pending;      /* as tw_service_pending() */
+    uint64_t ran;          /* task runs (each run of a periodic task) */
+    uint64_t cancelled;    /* tasks released after a successful cancel */
+    uint64_t handed_back;  /* tasks given to the unprocessed callback */
+    uint64_t wakeups;      /* times the timer thread woke from a sleep */
+    uint64_t nodes;        /* task records allocated (in use or free) */
+    uint64_t memory_bytes; /* bytes the service has allocated */
+} tw_service_stats;
+
+/*
+ * tw_service_create - make a stopped service; no thread is started yet.
+ * @out receives it; @cfg may be NULL for the defaults.
+ * Returns 0, TW_EINVAL (NULL @out; a field out of range; tick_ns times
+ * the wheel's span overflowing; execute with executor_threads) or
+ * TW_ENOMEM. On failure *@out is left as it was.
+ * Context: any thread.
+ */
+TW_EXTERN int tw_service_create(tw_service **out,
+                                const tw_service_config *cfg);
+
+/*
+ * tw_service_start - start the timer thread (and executor threads). Optional:
+ * the first schedule call starts the service. Starting a started service
+ * is a no-op returning 0.
+ * Returns 0, TW_EINVAL (NULL @s), TW_ESHUTDOWN (stopped) or TW_ENOMEM /
+ * TW_EAGAIN (a thread could not be created; nothing is left running).
+ * Context: any thread.
+ */
+TW_EXTERN int tw_service_start(tw_service *s);
+
+/*
+ * tw_schedule - run @fn(@id, @arg) once, @delay_ns nanoseconds from now
+ * (never earlier; on an unloaded machine within one tick after). A delay
+ * whose deadline does not fit in 64 bits of nanoseconds means "never": the
+ * task is accepted and pending but never runs, and stop() hands it back.
+ * @id (may be NULL) receives the task's id before the task can run.
+ * Returns 0; TW_EINVAL (NULL @s or @fn); TW_EAGAIN (max_pending reached,
+ * or max_callbacks distinct functions in use); TW_ESHUTDOWN (stopped);
+ * TW_ENOMEM; or a start error. On failure nothing changed and *@id is left
+ * as it was.
+ * Context: any thread, tasks included. Lock-free and without system calls,
+ * except when the pool of task records grows (a mutex and malloc) or when
+ * the deadline is earlier than the timer thread's planned wake-up.
+ */
+TW_EXTERN int tw_schedule(tw_service *s, tw_task_fn fn, void *arg,
+                          uint64_t delay_ns, tw_id *id);
+
+/*
+ * tw_schedule_fixed_rate - run @fn at start + @initial_delay_ns +
+ * k * @period_ns for k = 0, 1, ... (start = the time of this call), without
+ * drift. A run that is late by more than a period is not repeated: the next
+ * run is the first scheduled time after the late run started. Runs never
+ * overlap. Runs until cancelled or stopped.
+ * Returns as tw_schedule(), and TW_EINVAL for a zero @period_ns.
+ * Allocates a small side record (malloc) besides the task record.
+ * Context: any thread.
+ */
+TW_EXTERN int tw_schedule_fixed_rate(tw_service *s, tw_task_fn fn, void *arg,
+                                     uint64_t initial_delay_ns,
+                                     uint64_t period_ns, tw_id *id);
+
+/*
+ * tw_schedule_fixed_delay - run @fn @initial_delay_ns from now, then each
+ * time @delay_ns after the previous run returned. Runs until cancelled or
+ * stopped. Returns as tw_schedule_fixed_rate() (TW_EINVAL for a zero
+ * @delay_ns). Context: any thread.
+ */
+TW_EXTERN int tw_schedule_fixed_delay(tw_service *s, tw_task_fn fn, void *arg,
+                                      uint64_t initial_delay_ns,
+                                      uint64_t delay_ns, tw_id *id);
+
+/*
+ * tw_cancel - stop task @id from running again.
+ * Returns true if this call cancelled it: a one-shot task will not run; a
+ * periodic task will not start another run (a run in progress completes).
+ * Returns false, touching nothing, if @id ran, is running (one-shot),
+ * was already cancelled or handed back, is 0, or is not an id of @s.
+ * The task's memory is released within one tick. Does not wait for a run
+ * in progress (see tw_cancel_wait()).
+ * Context: any thread, the task itself included. Lock-free; makes a system
+ * call only to wake a timer thread that sleeps for longer than a tick.
+ */
+TW_EXTERN bool tw_cancel(tw_service *s, tw_id id);
+
+/*
+ * tw_cancel_wait - tw_cancel(), then wait until task @id is not running.
+ * On return the task's function is not running and will not run again
+ * (unless it was a one-shot task that had already started and finished).
+ * Returns 1 if the cancel succeeded, 0 if it did not (see tw_cancel()),
+ * TW_EDEADLK (nothing done) when called from inside task @id itself,
+ * TW_EINVAL for a NULL @s.
+ * Context: any thread; must not hold a lock that the task takes.
+ */
+TW_EXTERN int tw_cancel_wait(tw_service *s, tw_id id);
+
+/*
+ * tw_service_pending - tasks accepted and not yet run (one-shot), cancelled
+ * or handed back. A periodic task counts 1 until cancelled or stopped.
+ * 0 after stop. NULL gives 0. Context: any thread.
+ */
+TW_EXTERN uint64_t tw_service_pending(const tw_service *s);
+
+/*
+ * tw_service_stop - shut the service down. New schedule calls fail with
+ * TW_ESHUTDOWN from now on. Tasks that are already due (handed to an
+ * executor) still run; every other task that has not run is handed to
+ * @fn(id, task fn, arg, @ctx) exactly once, on the calling thread, so the
+ * caller can free its arg (@fn may be NULL to drop them). Waits until no
+ * task is running, joins the service's threads.
+ * Returns how many tasks were handed back (>= 0); 0 if already stopped;
+ * TW_EDEADLK (nothing done) when called from inside a task of @s;
+ * TW_EINVAL for a NULL @s.
+ * Context: any thread except the service's own; @fn must not call
+ * tw_service_stop() or tw_service_destroy() on @s.
+ */
+TW_EXTERN int tw_service_stop(tw_service *s, tw_unprocessed_fn fn, void *ctx);
+
+/*
+ * tw_service_destroy - stop the service if needed (dropping unprocessed
+ * tasks) and free it. NULL is accepted. No other call on @s may be running
+ * or follow. Context: not from a task of @s.
+ */
+TW_EXTERN void tw_service_destroy(tw_service *s);
+
+/*
+ * tw_service_run - run the job @job that a caller-supplied executor
+ * (tw_service_config.execute) received. Must be called exactly once per
+ * job, even after tw_service_stop() was called (stop waits for it).
+ * Context: any thread.
+ */
+TW_EXTERN void tw_service_run(tw_service *s, tw_id job);
+
+/*
+ * tw_service_get_stats - fill @out with the service's counters.
+ * Context: any thread.
+ */
+TW_EXTERN void tw_service_get_stats(const tw_service *s,
+                                    tw_service_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TWHEEL_SERVICE_H */
