@@ -158,7 +158,12 @@ TW_EXTERN size_t tw_wheel_advance(tw_wheel *w, uint64_t now);
  */
 TW_EXTERN uint64_t tw_wheel_next_expiry(const tw_wheel *w);
 
-/* tw_wheel_now - the wheel's current tick. */
+/*
+ * tw_wheel_now - the wheel's current tick. Inside a callback it is the tick
+ * being processed: the timer's own expiry, or the time of the previous
+ * advance for a timer that was already due then. Re-arming a periodic timer
+ * at tw_timer_expires(t) + period therefore never drifts.
+ */
 TW_EXTERN uint64_t tw_wheel_now(const tw_wheel *w);
 
 /* tw_wheel_count - how many timers are pending. */

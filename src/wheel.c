@@ -1,0 +1,829 @@
+/*
+ * wheel.c - the single-threaded timing wheel behind twheel/wheel.h.
+ *
+ * Algorithm
+ * ---------
+ * The wheel has L levels of S = 2^b slots. Level k has a granularity of
+ * 2^(k*b) ticks. A timer that expires at E while the wheel's time is `now`
+ * goes to the level of the highest bit in which E and now differ
+ * (E ^ now), in the slot named by E's digit at that level:
+ *
+ *     k = msb(E ^ now) / b,   slot = (E >> k*b) & (S - 1)
+ *
+ * Because every bit above level k is equal in E and now, and E > now, the
+ * slot's digit is larger than now's digit at that level: every occupied
+ * slot lies ahead of the clock, so nothing needs "remaining rounds", and
+ * the first tick at which a slot must be looked at is known exactly: the
+ * start of its granule. At that tick its timers are either due (E == tick)
+ * or re-placed at a lower level ("cascade"), relative to the new time.
+ *
+ * With the default L = ceil(64 / b) the levels cover every uint64_t, so
+ * deadlines up to UINT64_MAX are exact. With fewer levels (levels = 1 is
+ * Netty's HashedWheelTimer) the top level keeps timers of later rounds in
+ * the same slot. Each top-level slot then remembers a lower bound of the
+ * expiries it holds (slotmin), so visits of a slot that has nothing due in
+ * the current round are skipped instead of walked.
+ *
+ * Finding work: every level has an occupancy bitmap (a small tree of 64-bit
+ * words when S > 64), and a 64-bit word records which levels are occupied.
+ * The earliest event is always in the lowest occupied level (a lower level's
+ * event keeps all higher digits of now, a higher level's needs one of them
+ * to change), at its first occupied slot after now's digit. So an advance
+ * visits only non-empty slots, whatever number of ticks it crosses.
+ *
+ * Timers due at or before `now` when they are added go to a "due" list that
+ * the next advance runs first (sorted by expiry if they came out of order),
+ * which keeps both rules: nothing runs inside add, and a callback cannot
+ * make the current advance run forever.
+ *
+ * Memory-level parallelism: each slot holds TW_WHEEL_CHAINS independent
+ * lists and new timers are dealt round-robin among them. Cascading or
+ * firing a slot walks all chains in turn, so that several cache misses are
+ * in flight at once instead of one pointer chase.
+ *
+ * Levels for the default S = 64 (b = 6), L = 11:
+ *
+ *     level  granularity (ticks)  one level spans      bits
+ *       0    1                    64                   0..5
+ *       1    64                   4,096                6..11
+ *       2    4,096                262,144              12..17
+ *       3    262,144              16,777,216           18..23
+ *      ...
+ *      10    2^60                 2^64 (4 bits used)   60..63
+ */
+#include "twheel/wheel.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef TW_WHEEL_CHAINS
+#define TW_WHEEL_CHAINS 4
+#endif
+#if TW_WHEEL_CHAINS < 1 || TW_WHEEL_CHAINS > 64 ||                            \
+    (TW_WHEEL_CHAINS & (TW_WHEEL_CHAINS - 1)) != 0
+#error "TW_WHEEL_CHAINS must be a power of two between 1 and 64"
+#endif
+
+#ifndef TW_WHEEL_DEFAULT_SLOTS
+#define TW_WHEEL_DEFAULT_SLOTS 64
+#endif
+#if TW_WHEEL_DEFAULT_SLOTS < 1 || TW_WHEEL_DEFAULT_SLOTS > (1 << 30) ||        \
+    (TW_WHEEL_DEFAULT_SLOTS & (TW_WHEEL_DEFAULT_SLOTS - 1)) != 0
+#error "TW_WHEEL_DEFAULT_SLOTS must be a power of two between 1 and 2^30"
+#endif
+
+#define TW_MAX_SLOTS (UINT32_C(1) << 30)
+#define TW_BM_MAX_LAYERS 6 /* 64^5 = 2^30 bits need 5 layers */
+#define K TW_WHEEL_CHAINS
+
+/* The invariant checkers used by the tests (also in src/internal.h). */
+int tw__wheel_check(const tw_wheel *w);
+int tw__wheel_check_full(const tw_wheel *w);
+
+struct tw_wheel {
+    uint64_t now;
+    size_t count;         /* pending timers, due list included */
+    uint64_t level_map;   /* bit k: level k has an occupied slot */
+    tw_timer **heads;     /* [level][slot][chain] */
+    uint64_t *bitmap;     /* [level][words]: occupancy tree per level */
+    uint64_t *slotmin;    /* [slot]: lower bound of expiries, rounds level */
+    tw_timer *due;        /* timers added with expires <= now */
+    uint64_t due_min;     /* lower bound of the due list's expiries */
+    uint64_t mask;        /* S - 1 */
+    size_t bm_words;      /* words of one level's bitmap */
+    uint32_t bits;        /* b */
+    uint32_t levels;      /* L */
+    uint32_t rounds;      /* 1 if the top level keeps later rounds */
+    uint32_t rr;          /* round-robin chain for the next insertion */
+    uint32_t bm_layers;   /* layers of a level's bitmap tree */
+    uint32_t bm_off[TW_BM_MAX_LAYERS]; /* word offset of each layer */
+    uint32_t bm_len[TW_BM_MAX_LAYERS]; /* words in each layer */
+    uint8_t level_of_msb[64];          /* msb(E ^ now) -> level */
+    unsigned char due_sorted;          /* due list ascending from head */
+};
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers. */
+
+static inline unsigned tw_ctz(uint64_t x)
+{
+    return (unsigned)__builtin_ctzll(x); /* callers guarantee x != 0 */
+}
+
+static inline unsigned tw_msb(uint64_t x)
+{
+    return 63u - (unsigned)__builtin_clzll(x); /* callers guarantee x != 0 */
+}
+
+/* x with its lowest @shift bits cleared; 0 when @shift >= 64. */
+static inline uint64_t tw_floor_pow2(uint64_t x, unsigned shift)
+{
+    return shift >= 64 ? 0 : (x >> shift) << shift;
+}
+
+static inline uint64_t tw_digit(const tw_wheel *w, uint64_t x, unsigned k)
+{
+    return (x >> (k * w->bits)) & w->mask;
+}
+
+static inline int tw_top_is_rounds(const tw_wheel *w, unsigned k)
+{
+    return w->rounds && k == w->levels - 1;
+}
+
+static inline tw_timer **tw_slot_heads(const tw_wheel *w, unsigned k,
+                                       uint64_t slot)
+{
+    return w->heads + (((size_t)k << w->bits) + (size_t)slot) * K;
+}
+
+static inline uint64_t *tw_level_bitmap(const tw_wheel *w, unsigned k)
+{
+    return w->bitmap + (size_t)k * w->bm_words;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Occupancy bitmaps: a tree of words, layer 0 = one bit per slot, each
+ * higher layer one bit per non-zero word of the layer below. */
+
+static void tw_bm_set(const tw_wheel *w, uint64_t *bm, uint64_t i)
+{
+    for (unsigned l = 0; l < w->bm_layers; l++) {
+        uint64_t *word = &bm[w->bm_off[l] + (i >> 6)];
+        uint64_t was = *word;
+        *word = was | (UINT64_C(1) << (i & 63));
+        if (was != 0)
+            return; /* the layers above already know this word is set */
+        i >>= 6;
+    }
+}
+
+static void tw_bm_clear(const tw_wheel *w, uint64_t *bm, uint64_t i)
+{
+    for (unsigned l = 0; l < w->bm_layers; l++) {
+        uint64_t *word = &bm[w->bm_off[l] + (i >> 6)];
+        *word &= ~(UINT64_C(1) << (i & 63));
+        if (*word != 0)
+            return;
+        i >>= 6;
+    }
+}
+
+static inline int tw_bm_test(const tw_wheel *w, const uint64_t *bm,
+                             uint64_t i)
+{
+    (void)w;
+    return (int)((bm[i >> 6] >> (i & 63)) & 1); /* layer 0 is at offset 0 */
+}
+
+static inline int tw_bm_empty(const tw_wheel *w, const uint64_t *bm)
+{
+    return bm[w->bm_off[w->bm_layers - 1]] == 0;
+}
+
+/* The first set bit at or after @i, or -1. */
+static int64_t tw_bm_next(const tw_wheel *w, const uint64_t *bm, uint64_t i)
+{
+    unsigned l = 0;
+    for (;;) {
+        uint64_t wi = i >> 6;
+        if (wi >= w->bm_len[l])
+            return -1;
+        uint64_t word = bm[w->bm_off[l] + wi] & (~UINT64_C(0) << (i & 63));
+        if (word != 0) {
+            i = (wi << 6) | tw_ctz(word);
+            break;
+        }
+        if (l + 1 == w->bm_layers)
+            return -1;
+        i = wi + 1;
+        l++;
+    }
+    while (l > 0) {
+        l--;
+        /* The bit found says this word is non-zero. */
+        i = (i << 6) | tw_ctz(bm[w->bm_off[l] + i]);
+    }
+    return (int64_t)i;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Lists. A timer's pprev points at whatever points at it: a slot head, the
+ * due list head, a local list head in advance(), or the previous timer's
+ * next field. */
+
+static inline void tw_link(tw_timer **head, tw_timer *t)
+{
+    tw_timer *first = *head;
+    t->tw__next = first;
+    if (first != NULL)
+        first->tw__pprev = &t->tw__next;
+    *head = t;
+    t->tw__pprev = head;
+}
+
+static inline int tw_in_heads(const tw_wheel *w, tw_timer **p)
+{
+    size_t n = ((size_t)w->levels << w->bits) * K;
+    return (uintptr_t)p >= (uintptr_t)w->heads &&
+           (uintptr_t)p - (uintptr_t)w->heads < n * sizeof(*p);
+}
+
+static int tw_slot_empty(tw_timer *const *h)
+{
+    for (unsigned c = 0; c < K; c++)
+        if (h[c] != NULL)
+            return 0;
+    return 1;
+}
+
+/* Mark slot (k, slot) empty in the bitmaps. */
+static void tw_slot_emptied(tw_wheel *w, unsigned k, uint64_t slot)
+{
+    uint64_t *bm = tw_level_bitmap(w, k);
+    tw_bm_clear(w, bm, slot);
+    if (tw_bm_empty(w, bm))
+        w->level_map &= ~(UINT64_C(1) << k);
+    if (tw_top_is_rounds(w, k))
+        w->slotmin[slot] = UINT64_MAX;
+}
+
+static void tw_unlink(tw_wheel *w, tw_timer *t)
+{
+    tw_timer **pprev = t->tw__pprev;
+    tw_timer *next = t->tw__next;
+    *pprev = next;
+    if (next != NULL)
+        next->tw__pprev = pprev;
+    t->tw__pprev = NULL;
+    t->tw__next = NULL;
+    w->count--;
+    if (next == NULL && tw_in_heads(w, pprev)) {
+        /* This chain is now empty; maybe the whole slot is. */
+        size_t idx = (size_t)(pprev - w->heads) / K;
+        tw_timer **h = w->heads + idx * K;
+        if (tw_slot_empty(h))
+            tw_slot_emptied(w, (unsigned)(idx >> w->bits), idx & w->mask);
+    }
+}
+
+/* Put @t (not linked, expires > now) into its level and slot. */
+static inline void tw_place(tw_wheel *w, tw_timer *t)
+{
+    uint64_t e = t->tw__expires;
+    unsigned k = w->level_of_msb[tw_msb(e ^ w->now)];
+    uint64_t slot = tw_digit(w, e, k);
+    tw_timer **h = tw_slot_heads(w, k, slot);
+    uint64_t *bm = tw_level_bitmap(w, k);
+    if (!tw_bm_test(w, bm, slot)) {
+        tw_bm_set(w, bm, slot);
+        w->level_map |= UINT64_C(1) << k;
+    }
+    if (tw_top_is_rounds(w, k) && e < w->slotmin[slot])
+        w->slotmin[slot] = e;
+    tw_link(&h[w->rr], t);
+    w->rr = (w->rr + 1) & (K - 1);
+}
+
+static void tw_due_push(tw_wheel *w, tw_timer *t)
+{
+    uint64_t e = t->tw__expires;
+    if (w->due == NULL) {
+        w->due_sorted = 1;
+        w->due_min = e;
+    } else {
+        if (e > w->due->tw__expires)
+            w->due_sorted = 0;
+        if (e < w->due_min)
+            w->due_min = e;
+    }
+    tw_link(&w->due, t);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Public API: set-up. */
+
+unsigned tw_version(void)
+{
+    return TW_VERSION_HEX;
+}
+
+const char *tw_strerror(int err)
+{
+    switch (err) {
+    case 0:
+        return "success";
+    case TW_EINVAL:
+        return "invalid argument";
+    case TW_ENOMEM:
+        return "out of memory";
+    case TW_EAGAIN:
+        return "limit of pending timers reached";
+    case TW_EBUSY:
+        return "resource busy";
+    case TW_ESHUTDOWN:
+        return "timer service is stopped";
+    case TW_EDEADLK:
+        return "call would wait for itself";
+    default:
+        return "unknown error";
+    }
+}
+
+int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
+{
+    uint32_t slots = TW_WHEEL_DEFAULT_SLOTS, levels = 0;
+    if (out == NULL)
+        return TW_EINVAL;
+    if (cfg != NULL) {
+        if (cfg->slots > TW_MAX_SLOTS || cfg->levels > 64)
+            return TW_EINVAL;
+        if (cfg->slots != 0)
+            slots = cfg->slots;
+        levels = cfg->levels;
+    }
+    uint32_t bits = 0;
+    while ((UINT32_C(1) << bits) < slots)
+        bits++;
+    uint32_t need = bits == 0 ? 1 : (64 + bits - 1) / bits;
+    if (levels == 0 || levels > need)
+        levels = need;
+
+    /* Bitmap tree shape for one level. */
+    uint32_t bm_off[TW_BM_MAX_LAYERS] = {0}, bm_len[TW_BM_MAX_LAYERS] = {0};
+    uint32_t layers = 0;
+    size_t bm_words = 0;
+    uint64_t nbits = UINT64_C(1) << bits;
+    for (;;) {
+        uint64_t words = (nbits + 63) / 64;
+        bm_off[layers] = (uint32_t)bm_words;
+        bm_len[layers] = (uint32_t)words;
+        bm_words += words;
+        layers++;
+        if (words == 1)
+            break;
+        nbits = words;
+    }
+
+    size_t nslots = (size_t)levels << bits;
+    size_t rounds = (uint64_t)levels * bits < 64;
+    /* Sizes are far from overflowing size_t: at most 64 * 2^30 * 64 heads. */
+    size_t heads_bytes = nslots * K * sizeof(tw_timer *);
+    size_t bm_bytes = (size_t)levels * bm_words * sizeof(uint64_t);
+    size_t min_bytes = rounds ? ((size_t)1 << bits) * sizeof(uint64_t) : 0;
+    size_t total = sizeof(tw_wheel) + heads_bytes + bm_bytes + min_bytes;
+
+    char *mem = calloc(1, total);
+    if (mem == NULL)
+        return TW_ENOMEM;
+    tw_wheel *w = (tw_wheel *)(void *)mem;
+    w->heads = (tw_timer **)(void *)(mem + sizeof(tw_wheel));
+    w->bitmap = (uint64_t *)(void *)(mem + sizeof(tw_wheel) + heads_bytes);
+    w->slotmin = NULL;
+    if (rounds) {
+        w->slotmin = (uint64_t *)(void *)(mem + sizeof(tw_wheel) +
+                                          heads_bytes + bm_bytes);
+        for (size_t i = 0; i < ((size_t)1 << bits); i++)
+            w->slotmin[i] = UINT64_MAX;
+    }
+    /* calloc's zero bits are NULL heads on every platform twheel targets;
+     * not writing them keeps a large wheel's untouched pages unmapped. */
+    w->now = now;
+    w->count = 0;
+    w->level_map = 0;
+    w->due = NULL;
+    w->due_min = UINT64_MAX;
+    w->due_sorted = 1;
+    w->mask = ((uint64_t)1 << bits) - 1;
+    w->bm_words = bm_words;
+    w->bits = bits;
+    w->levels = levels;
+    w->rounds = (uint32_t)rounds;
+    w->rr = 0;
+    w->bm_layers = layers;
+    memcpy(w->bm_off, bm_off, sizeof(bm_off));
+    memcpy(w->bm_len, bm_len, sizeof(bm_len));
+    for (unsigned m = 0; m < 64; m++) {
+        unsigned k = bits == 0 ? 0 : m / bits;
+        w->level_of_msb[m] = (uint8_t)(k >= levels ? levels - 1 : k);
+    }
+    *out = w;
+    return 0;
+}
+
+void tw_wheel_destroy(tw_wheel *w)
+{
+    free(w); /* one allocation holds the wheel and all its arrays */
+}
+
+void tw_timer_init(tw_timer *t, tw_timer_fn fn, void *arg)
+{
+    t->tw__next = NULL;
+    t->tw__pprev = NULL;
+    t->tw__expires = 0;
+    t->tw__fn = fn;
+    t->tw__arg = arg;
+}
+
+bool tw_timer_pending(const tw_timer *t)
+{
+    return t->tw__pprev != NULL;
+}
+
+uint64_t tw_timer_expires(const tw_timer *t)
+{
+    return t->tw__expires;
+}
+
+uint64_t tw_wheel_now(const tw_wheel *w)
+{
+    return w->now;
+}
+
+size_t tw_wheel_count(const tw_wheel *w)
+{
+    return w->count;
+}
+
+/* ------------------------------------------------------------------------ */
+/* add / cancel */
+
+int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
+{
+    if (w == NULL || t == NULL || t->tw__fn == NULL)
+        return TW_EINVAL;
+    if (t->tw__pprev != NULL)
+        tw_unlink(w, t);
+    t->tw__expires = expires;
+    w->count++;
+    if (expires <= w->now)
+        tw_due_push(w, t);
+    else
+        tw_place(w, t);
+    return 0;
+}
+
+bool tw_wheel_cancel(tw_wheel *w, tw_timer *t)
+{
+    if (w == NULL || t == NULL || t->tw__pprev == NULL)
+        return false;
+    tw_unlink(w, t);
+    return true;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Finding the next event. */
+
+/* The first tick after now at which rounds-level slot @slot has work. */
+static uint64_t tw_rounds_slot_tick(const tw_wheel *w, unsigned k,
+                                    uint64_t slot)
+{
+    unsigned gshift = k * w->bits;          /* granule: 2^gshift ticks */
+    unsigned rshift = gshift + w->bits;     /* revolution, < 64 here */
+    uint64_t base = tw_floor_pow2(w->now, rshift);
+    uint64_t t = base | (slot << gshift);
+    if (t <= w->now) {
+        /* Next revolution; an occupied slot guarantees it exists (some
+         * expiry >= it), so this cannot wrap. */
+        t += UINT64_C(1) << rshift;
+    }
+    uint64_t gmin = tw_floor_pow2(w->slotmin[slot], gshift);
+    return gmin > t ? gmin : t;
+}
+
+/*
+ * The next tick after now at which some slot needs a visit. Returns 0 and
+ * sets *tick, or -1 when the wheel (due list aside) is empty.
+ */
+static int tw_next_event(const tw_wheel *w, uint64_t *tick)
+{
+    if (w->level_map == 0)
+        return -1;
+    unsigned k = tw_ctz(w->level_map);
+    const uint64_t *bm = tw_level_bitmap(w, k);
+    unsigned gshift = k * w->bits;
+    if (!tw_top_is_rounds(w, k)) {
+        /* Every occupied slot lies after now's digit (see the top). */
+        int64_t slot = tw_bm_next(w, bm, tw_digit(w, w->now, k) + 1);
+        uint64_t s = (uint64_t)slot;
+        *tick = tw_floor_pow2(w->now, gshift + w->bits) | (s << gshift);
+        return 0;
+    }
+    /* Rounds level: walk occupied slots from now's digit onwards; the first
+     * one with something due in this revolution is the earliest event. */
+    uint64_t d = tw_digit(w, w->now, k);
+    int64_t slot = tw_bm_next(w, bm, d + 1);
+    while (slot >= 0) {
+        uint64_t t = tw_rounds_slot_tick(w, k, (uint64_t)slot);
+        uint64_t first = tw_floor_pow2(w->now, gshift + w->bits) |
+                         ((uint64_t)slot << gshift);
+        if (t == first) {
+            *tick = t;
+            return 0;
+        }
+        slot = tw_bm_next(w, bm, (uint64_t)slot + 1);
+    }
+    /* Nothing in the rest of this revolution: the minimum over all. */
+    uint64_t best = UINT64_MAX;
+    for (slot = tw_bm_next(w, bm, 0); slot >= 0;
+         slot = tw_bm_next(w, bm, (uint64_t)slot + 1)) {
+        uint64_t t = tw_rounds_slot_tick(w, k, (uint64_t)slot);
+        if (t < best)
+            best = t;
+    }
+    *tick = best;
+    return 0;
+}
+
+uint64_t tw_wheel_next_expiry(const tw_wheel *w)
+{
+    uint64_t t;
+    if (w->due != NULL)
+        return w->due_min;
+    if (tw_next_event(w, &t) != 0)
+        return UINT64_MAX;
+    return t;
+}
+
+/* ------------------------------------------------------------------------ */
+/* advance */
+
+/* Stable merge sort of a singly linked run by expiry; pprev fixed later. */
+static tw_timer *tw_sort_run(tw_timer *head, size_t n)
+{
+    if (n < 2)
+        return head;
+    size_t half = n / 2;
+    tw_timer *mid = head;
+    for (size_t i = 1; i < half; i++)
+        mid = mid->tw__next;
+    tw_timer *right = mid->tw__next;
+    mid->tw__next = NULL;
+    tw_timer *a = tw_sort_run(head, half);
+    tw_timer *b = tw_sort_run(right, n - half);
+    tw_timer *out = NULL, **tail = &out;
+    while (a != NULL && b != NULL) {
+        if (b->tw__expires < a->tw__expires) {
+            *tail = b;
+            b = b->tw__next;
+        } else {
+            *tail = a;
+            a = a->tw__next;
+        }
+        tail = &(*tail)->tw__next;
+    }
+    *tail = a != NULL ? a : b;
+    return out;
+}
+
+/*
+ * Run every timer in the local chains @fl. Callbacks may cancel or move
+ * timers that are still in @fl: their pprev fields point into it. Chains are
+ * taken in turn so that the next timer of each is fetched while the others
+ * run.
+ */
+static size_t tw_fire_chains(tw_wheel *w, tw_timer **fl, unsigned n)
+{
+    size_t ran = 0;
+    for (;;) {
+        unsigned busy = 0;
+        for (unsigned c = 0; c < n; c++) {
+            tw_timer *t = fl[c];
+            if (t == NULL)
+                continue;
+            busy = 1;
+            tw_timer *next = t->tw__next;
+            fl[c] = next;
+            if (next != NULL)
+                next->tw__pprev = &fl[c];
+            t->tw__pprev = NULL;
+            t->tw__next = NULL;
+            w->count--;
+            t->tw__fn(t, t->tw__arg);
+            ran++;
+        }
+        if (!busy)
+            return ran;
+    }
+}
+
+/* Run the due list (timers added with expires <= now). */
+static size_t tw_run_due(tw_wheel *w)
+{
+    tw_timer *fl[1];
+    fl[0] = w->due;
+    w->due = NULL;
+    w->due_min = UINT64_MAX;
+    if (!w->due_sorted) {
+        size_t n = 0;
+        for (tw_timer *t = fl[0]; t != NULL; t = t->tw__next)
+            n++;
+        fl[0] = tw_sort_run(fl[0], n);
+        tw_timer **pp = &fl[0];
+        for (tw_timer *t = fl[0]; t != NULL; t = t->tw__next) {
+            t->tw__pprev = pp;
+            pp = &t->tw__next;
+        }
+    } else {
+        fl[0]->tw__pprev = &fl[0];
+    }
+    w->due_sorted = 1;
+    return tw_fire_chains(w, fl, 1);
+}
+
+/*
+ * Visit slot (@k, @slot) at tick w->now (the start of its granule): timers
+ * expiring now join the fire chains @fl, timers of later rounds stay, all
+ * others move to a lower level.
+ */
+static void tw_visit(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl)
+{
+    tw_timer **h = tw_slot_heads(w, k, slot);
+    tw_timer *chain[K];
+    int rounds = tw_top_is_rounds(w, k);
+    unsigned gshift = k * w->bits;
+    uint64_t now = w->now, newmin = UINT64_MAX;
+    int kept = 0;
+
+    if (rounds && tw_floor_pow2(w->slotmin[slot], gshift) > now)
+        return; /* nothing of this round here: skip the walk */
+    for (unsigned c = 0; c < K; c++) {
+        chain[c] = h[c];
+        h[c] = NULL;
+    }
+    tw_slot_emptied(w, k, slot);
+
+    for (;;) {
+        unsigned busy = 0;
+        for (unsigned c = 0; c < K; c++) {
+            tw_timer *t = chain[c];
+            if (t == NULL)
+                continue;
+            busy = 1;
+            chain[c] = t->tw__next;
+            if (chain[c] != NULL)
+                __builtin_prefetch(chain[c], 1);
+            uint64_t e = t->tw__expires;
+            if (e == now) {
+                tw_link(&fl[c], t);
+            } else if (rounds && (e >> gshift) != (now >> gshift)) {
+                /* A later round: back into the same slot. */
+                tw_link(&h[c], t);
+                kept = 1;
+                if (e < newmin)
+                    newmin = e;
+            } else {
+                tw_place(w, t);
+            }
+        }
+        if (!busy)
+            break;
+    }
+    if (kept) {
+        tw_bm_set(w, tw_level_bitmap(w, k), slot);
+        w->level_map |= UINT64_C(1) << k;
+        w->slotmin[slot] = newmin;
+    }
+}
+
+size_t tw_wheel_advance(tw_wheel *w, uint64_t now)
+{
+    size_t ran = 0;
+    if (now < w->now)
+        return 0;
+    if (w->due != NULL)
+        ran += tw_run_due(w);
+    for (;;) {
+        uint64_t t;
+        if (tw_next_event(w, &t) != 0 || t > now)
+            break;
+        w->now = t;
+        /* Levels whose granule starts at t, highest first, so that a
+         * cascade never lands in a slot that was already looked at. */
+        unsigned top = w->levels - 1;
+        if (w->bits != 0 && t != 0) {
+            unsigned kz = tw_ctz(t) / w->bits;
+            if (kz < top)
+                top = kz;
+        }
+        tw_timer *fl[K];
+        for (unsigned c = 0; c < K; c++)
+            fl[c] = NULL;
+        for (unsigned k = top + 1; k-- > 0;) {
+            if (!(w->level_map & (UINT64_C(1) << k)))
+                continue;
+            uint64_t slot = tw_digit(w, t, k);
+            if (tw_bm_test(w, tw_level_bitmap(w, k), slot))
+                tw_visit(w, k, slot, fl);
+        }
+        for (unsigned c = 0; c < K; c++)
+            if (fl[c] != NULL)
+                fl[c]->tw__pprev = &fl[c];
+        ran += tw_fire_chains(w, fl, K);
+    }
+    w->now = now;
+    return ran;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Invariant checkers: 0 if the wheel is consistent, else the line number of
+ * the first broken rule. For tests only. tw__wheel_check costs
+ * O(timers + occupied slots); tw__wheel_check_full also scans every slot
+ * head and bitmap word. */
+
+#define TW_CHECK(cond)                                                        \
+    do {                                                                      \
+        if (!(cond))                                                          \
+            return __LINE__;                                                  \
+    } while (0)
+
+static int tw_check_list(tw_timer *const *head, size_t *n)
+{
+    tw_timer *const *pp = head;
+    for (tw_timer *t = *head; t != NULL; t = t->tw__next) {
+        TW_CHECK(t->tw__pprev == (tw_timer **)pp);
+        TW_CHECK(t->tw__fn != NULL);
+        pp = &t->tw__next;
+        (*n)++;
+    }
+    return 0;
+}
+
+static int tw_check_slot(const tw_wheel *w, unsigned k, uint64_t s,
+                         size_t *n)
+{
+    tw_timer *const *h = tw_slot_heads(w, k, s);
+    int rounds = tw_top_is_rounds(w, k), r;
+    unsigned gshift = k * w->bits;
+    TW_CHECK(!tw_slot_empty(h));
+    for (unsigned c = 0; c < K; c++) {
+        if ((r = tw_check_list(&h[c], n)) != 0)
+            return r;
+        for (tw_timer *t = h[c]; t != NULL; t = t->tw__next) {
+            uint64_t e = t->tw__expires;
+            TW_CHECK(e > w->now);
+            TW_CHECK(tw_digit(w, e, k) == s);
+            if (rounds) {
+                TW_CHECK((e >> gshift) > (w->now >> gshift));
+                TW_CHECK(w->slotmin[s] <= e);
+            } else {
+                TW_CHECK(w->level_of_msb[tw_msb(e ^ w->now)] == k);
+                TW_CHECK(s > tw_digit(w, w->now, k));
+            }
+        }
+    }
+    return 0;
+}
+
+int tw__wheel_check(const tw_wheel *w)
+{
+    size_t n = 0;
+    int r;
+    if ((r = tw_check_list(&w->due, &n)) != 0)
+        return r;
+    uint64_t seen_min = UINT64_MAX, prev = 0;
+    for (tw_timer *t = w->due; t != NULL; t = t->tw__next) {
+        TW_CHECK(t->tw__expires <= w->now);
+        TW_CHECK(!w->due_sorted || t->tw__expires >= prev);
+        prev = t->tw__expires;
+        if (t->tw__expires < seen_min)
+            seen_min = t->tw__expires;
+    }
+    TW_CHECK(w->due == NULL || w->due_min <= seen_min);
+    for (unsigned k = 0; k < w->levels; k++) {
+        const uint64_t *bm = tw_level_bitmap(w, k);
+        int used = !tw_bm_empty(w, bm);
+        TW_CHECK(used == !!(w->level_map & (UINT64_C(1) << k)));
+        for (int64_t s = tw_bm_next(w, bm, 0); s >= 0;
+             s = tw_bm_next(w, bm, (uint64_t)s + 1))
+            if ((r = tw_check_slot(w, k, (uint64_t)s, &n)) != 0)
+                return r;
+    }
+    TW_CHECK(w->levels == 64 || (w->level_map >> w->levels) == 0);
+    /* Every timer was found through the bitmaps: none hides elsewhere. */
+    TW_CHECK(n == w->count);
+    return 0;
+}
+
+int tw__wheel_check_full(const tw_wheel *w)
+{
+    int r = tw__wheel_check(w);
+    if (r != 0)
+        return r;
+    for (unsigned k = 0; k < w->levels; k++) {
+        const uint64_t *bm = tw_level_bitmap(w, k);
+        for (uint64_t s = 0; s <= w->mask; s++)
+            TW_CHECK(tw_slot_empty(tw_slot_heads(w, k, s)) ==
+                     !tw_bm_test(w, bm, s));
+        /* Upper bitmap layers summarise the layer below exactly. */
+        for (unsigned l = 1; l < w->bm_layers; l++)
+            for (uint32_t i = 0; i < w->bm_len[l - 1]; i++) {
+                int nz = bm[w->bm_off[l - 1] + i] != 0;
+                int bit = (int)((bm[w->bm_off[l] + (i >> 6)] >> (i & 63)) & 1);
+                TW_CHECK(nz == bit);
+            }
+        for (uint64_t s = 0; s <= w->mask && tw_top_is_rounds(w, k); s++)
+            TW_CHECK(tw_bm_test(w, bm, s) || w->slotmin[s] == UINT64_MAX);
+    }
+    return 0;
+}

@@ -1,0 +1,469 @@
+/*
+ * Unit tests of the core wheel: one test per rule of twheel/wheel.h, each
+ * run on every wheel shape (hierarchical default, Netty's single wheel with
+ * rounds, a few levels with rounds on top, one slot). Time is virtual.
+ */
+#include "internal.h"
+#include "test.h"
+
+#include <twheel/wheel.h>
+
+static const tw_wheel_config shapes[] = {
+    {0, 0}, {512, 1}, {64, 3}, {8, 2}, {1, 1}, {4096, 0}, {100, 0},
+};
+#define NSHAPES (sizeof(shapes) / sizeof(shapes[0]))
+
+struct rec {
+    tw_timer t;
+    int id;
+    int runs;
+};
+
+static uint64_t log_exp[1024];
+static int log_id[1024];
+static size_t nlog;
+static tw_wheel *cur_w;
+
+static void record(tw_timer *t, void *arg)
+{
+    struct rec *r = TW_CONTAINER_OF(t, struct rec, t);
+    (void)arg;
+    ASSERT(!tw_timer_pending(t));
+    ASSERT_LT(nlog, 1024);
+    log_exp[nlog] = tw_timer_expires(t);
+    log_id[nlog] = r->id;
+    nlog++;
+    r->runs++;
+}
+
+static tw_wheel *make(size_t shape, uint64_t now)
+{
+    tw_wheel *w = NULL;
+    ASSERT_EQ(tw_wheel_create(&w, &shapes[shape], now), 0);
+    ASSERT_NOT_NULL(w);
+    ASSERT_EQ(tw_wheel_now(w), now);
+    ASSERT_EQ(tw_wheel_count(w), 0);
+    ASSERT_EQ(tw_wheel_next_expiry(w), UINT64_MAX);
+    cur_w = w;
+    nlog = 0;
+    return w;
+}
+
+static void check(const tw_wheel *w)
+{
+    ASSERT_EQ(tw__wheel_check_full(w), 0);
+}
+
+static void test_sizes_and_version(void)
+{
+#if UINTPTR_MAX == UINT64_MAX
+    ASSERT_EQ(sizeof(tw_timer), 40);
+#endif
+    ASSERT_LE(sizeof(tw_timer), 48);
+    ASSERT_EQ(tw_version(), TW_VERSION_HEX);
+    ASSERT_STR_EQ(tw_strerror(0), "success");
+    ASSERT_STR_EQ(tw_strerror(TW_EINVAL), "invalid argument");
+    ASSERT_STR_EQ(tw_strerror(TW_ENOMEM), "out of memory");
+    ASSERT_STR_EQ(tw_strerror(12345), "unknown error");
+    ASSERT_EQ(TW_EINVAL, -EINVAL);
+    ASSERT_EQ(TW_ENOMEM, -ENOMEM);
+    struct rec r;
+    ASSERT(TW_CONTAINER_OF(&r.t, struct rec, t) == &r);
+}
+
+static void test_create_bad_input(void)
+{
+    tw_wheel *w = (tw_wheel *)(uintptr_t)0x1234;
+    tw_wheel_config bad1 = {(UINT32_C(1) << 30) + 1, 0};
+    tw_wheel_config bad2 = {64, 65};
+    ASSERT_EQ(tw_wheel_create(NULL, NULL, 0), TW_EINVAL);
+    ASSERT_EQ(tw_wheel_create(&w, &bad1, 0), TW_EINVAL);
+    ASSERT_EQ(tw_wheel_create(&w, &bad2, 0), TW_EINVAL);
+    ASSERT(w == (tw_wheel *)(uintptr_t)0x1234); /* untouched on failure */
+    /* Levels beyond what 64 bits need, and odd slot counts, are fine. */
+    tw_wheel_config many = {64, 64}, odd = {3, 0}, two = {2, 0};
+    ASSERT_EQ(tw_wheel_create(&w, &many, 5), 0);
+    tw_wheel_destroy(w);
+    ASSERT_EQ(tw_wheel_create(&w, &odd, 5), 0);
+    tw_wheel_destroy(w);
+    ASSERT_EQ(tw_wheel_create(&w, &two, 5), 0);
+    check(w);
+    tw_wheel_destroy(w);
+    tw_wheel_destroy(NULL);
+}
+
+static void test_add_bad_input(void)
+{
+    for (size_t s = 0; s < NSHAPES; s++) {
+        tw_wheel *w = make(s, 10);
+        struct rec r = {.id = 1};
+        tw_timer_init(&r.t, NULL, NULL);
+        ASSERT_EQ(tw_wheel_add(w, &r.t, 20), TW_EINVAL);
+        ASSERT(!tw_timer_pending(&r.t));
+        ASSERT_EQ(tw_wheel_count(w), 0);
+        tw_timer_init(&r.t, record, NULL);
+        ASSERT_EQ(tw_wheel_add(NULL, &r.t, 20), TW_EINVAL);
+        ASSERT_EQ(tw_wheel_add(w, NULL, 20), TW_EINVAL);
+        ASSERT(!tw_timer_pending(&r.t));
+        ASSERT(!tw_wheel_cancel(w, &r.t)); /* idle: a no-op */
+        ASSERT(!tw_wheel_cancel(w, NULL));
+        check(w);
+        tw_wheel_destroy(w);
+    }
+}
+
+static void test_exact_once_never_early(void)
+{
+    static const uint64_t delays[] = {1,     2,          63,         64,
+                                      65,    511,        512,        513,
+                                      4095,  4096,       4097,       262143,
+                                      262144, UINT64_C(1) << 33, 1000003};
+    const size_t nd = sizeof(delays) / sizeof(delays[0]);
+    for (size_t s = 0; s < NSHAPES; s++) {
+        for (size_t d = 0; d < nd; d++) {
+            uint64_t start = 1000 + d * 7;
+            tw_wheel *w = make(s, start);
+            struct rec r = {.id = 1};
+            tw_timer_init(&r.t, record, NULL);
+            uint64_t e = start + delays[d];
+            ASSERT_EQ(tw_wheel_add(w, &r.t, e), 0);
+            ASSERT(tw_timer_pending(&r.t));
+            ASSERT_EQ(tw_timer_expires(&r.t), e);
+            ASSERT_EQ(tw_wheel_count(w), 1);
+            ASSERT_LE(tw_wheel_next_expiry(w), e);
+            check(w);
+            /* One tick before: nothing. */
+            ASSERT_EQ(tw_wheel_advance(w, e - 1), 0);
+            ASSERT_EQ(r.runs, 0);
+            ASSERT(tw_timer_pending(&r.t));
+            check(w);
+            ASSERT_EQ(tw_wheel_advance(w, e), 1);
+            ASSERT_EQ(r.runs, 1);
+            ASSERT(!tw_timer_pending(&r.t));
+            ASSERT_EQ(tw_wheel_count(w), 0);
+            ASSERT_EQ(tw_wheel_advance(w, e + 1000), 0);
+            ASSERT_EQ(r.runs, 1);
+            ASSERT_EQ(tw_wheel_next_expiry(w), UINT64_MAX);
+            check(w);
+            tw_wheel_destroy(w);
+        }
+    }
+}
+
+static void test_due_runs_next_advance_not_in_add(void)
+{
+    for (size_t s = 0; s < NSHAPES; s++) {
+        tw_wheel *w = make(s, 500);
+        struct rec a = {.id = 1}, b = {.id = 2}, c = {.id = 3};
+        tw_timer_init(&a.t, record, NULL);
+        tw_timer_init(&b.t, record, NULL);
+        tw_timer_init(&c.t, record, NULL);
+        ASSERT_EQ(tw_wheel_add(w, &a.t, 500), 0); /* == now */
+        ASSERT_EQ(tw_wheel_add(w, &b.t, 7), 0);   /* long past */
+        ASSERT_EQ(tw_wheel_add(w, &c.t, 499), 0);
+        ASSERT_EQ(nlog, 0); /* not inside add */
+        ASSERT_LE(tw_wheel_next_expiry(w), 7);
+        check(w);
+        ASSERT_EQ(tw_wheel_advance(w, 500), 3); /* advance to the same now */
+        ASSERT_EQ(nlog, 3);
+        /* Sorted by expiry even though they were added out of order. */
+        ASSERT_EQ(log_exp[0], 7);
+        ASSERT_EQ(log_exp[1], 499);
+        ASSERT_EQ(log_exp[2], 500);
+        check(w);
+        tw_wheel_destroy(w);
+    }
+}
+
+static void test_backwards_changes_nothing(void)
+{
+    for (size_t s = 0; s < NSHAPES; s++) {
+        tw_wheel *w = make(s, 1000);
+        struct rec a = {.id = 1};
+        tw_timer_init(&a.t, record, NULL);
+        ASSERT_EQ(tw_wheel_add(w, &a.t, 900), 0); /* due */
+        ASSERT_EQ(tw_wheel_advance(w, 999), 0);
+        ASSERT_EQ(tw_wheel_now(w), 1000);
+        ASSERT_EQ(a.runs, 0);
+        ASSERT(tw_timer_pending(&a.t));
+        ASSERT_EQ(tw_wheel_advance(w, 1000), 1);
+        check(w);
+        tw_wheel_destroy(w);
+    }
+}
+
+static void test_order_in_one_jump(void)
+{
+    for (size_t s = 0; s < NSHAPES; s++) {
+        uint64_t rng = 99 + s;
+        tw_wheel *w = make(s, 77);
+        static struct rec r[500];
+        for (int i = 0; i < 500; i++) {
+            r[i] = (struct rec){.id = i};
+            tw_timer_init(&r[i].t, record, NULL);
+            uint64_t e = 78 + tw_test_rand(&rng) % 100000;
+            if (i % 50 == 0)
+                e = 78 + 4096; /* a crowd on one tick */
+            ASSERT_EQ(tw_wheel_add(w, &r[i].t, e), 0);
+        }
+        check(w);
+        ASSERT_EQ(tw_wheel_advance(w, 78 + 100000), 500);
+        ASSERT_EQ(nlog, 500);
+        for (size_t i = 1; i < nlog; i++)
+            ASSERT_LE(log_exp[i - 1], log_exp[i]);
+        for (int i = 0; i < 500; i++)
+            ASSERT_EQ(r[i].runs, 1);
+        check(w);
+        tw_wheel_destroy(w);
+    }
+}
+
+static void test_move_and_cancel(void)
+{
+    for (size_t s = 0; s < NSHAPES; s++) {
+        tw_wheel *w = make(s, 0);
+        struct rec a = {.id = 1}, b = {.id = 2};
+        tw_timer_init(&a.t, record, NULL);
+        tw_timer_init(&b.t, record, NULL);
+        ASSERT_EQ(tw_wheel_add(w, &a.t, 100), 0);
+        ASSERT_EQ(tw_wheel_add(w, &a.t, 5000), 0); /* a move */
+        ASSERT_EQ(tw_wheel_count(w), 1);
+        ASSERT_EQ(tw_wheel_add(w, &b.t, 200), 0);
+        ASSERT(tw_wheel_cancel(w, &b.t));
+        ASSERT(!tw_wheel_cancel(w, &b.t)); /* second cancel: no-op */
+        ASSERT_EQ(tw_wheel_count(w), 1);
+        check(w);
+        ASSERT_EQ(tw_wheel_advance(w, 4999), 0);
+        ASSERT_EQ(tw_wheel_advance(w, 5000), 1);
+        ASSERT_EQ(a.runs, 1);
+        ASSERT_EQ(b.runs, 0);
+        /* Move earlier, then into the past (becomes due). */
+        ASSERT_EQ(tw_wheel_add(w, &a.t, 90000), 0);
+        ASSERT_EQ(tw_wheel_add(w, &a.t, 6000), 0);
+        ASSERT_EQ(tw_wheel_add(w, &a.t, 10), 0);
+        ASSERT_EQ(tw_wheel_advance(w, 5000), 1);
+        ASSERT_EQ(a.runs, 2);
+        check(w);
+        tw_wheel_destroy(w);
+    }
+}
+
+/* Callback behaviours: cancel others, re-arm self at or before the current
+ * tick (next advance) or later (same advance, in order). */
+static struct rec cb[4];
+static int cb_mode;
+
+static void on_cb(tw_timer *t, void *arg)
+{
+    struct rec *r = TW_CONTAINER_OF(t, struct rec, t);
+    (void)arg;
+    record(t, NULL);
+    uint64_t now = tw_wheel_now(cur_w);
+    ASSERT_GE(now, tw_timer_expires(t)); /* the tick being processed */
+    if (cb_mode == 0 && r->id == 0) {
+        ASSERT(tw_wheel_cancel(cur_w, &cb[1].t)); /* same tick, later */
+        ASSERT(tw_wheel_cancel(cur_w, &cb[2].t)); /* later tick */
+    } else if (cb_mode == 1 && r->runs < 1000) {
+        ASSERT_EQ(tw_wheel_add(cur_w, t, now), 0); /* at the current tick */
+    } else if (cb_mode == 2 && r->runs < 5) {
+        ASSERT_EQ(tw_wheel_add(cur_w, t, now + 3), 0);
+    }
+}
+
+static void test_callbacks(void)
+{
+    for (size_t s = 0; s < NSHAPES; s++) {
+        for (cb_mode = 0; cb_mode < 3; cb_mode++) {
+            tw_wheel *w = make(s, 0);
+            for (int i = 0; i < 4; i++) {
+                cb[i] = (struct rec){.id = i};
+                tw_timer_init(&cb[i].t, on_cb, NULL);
+            }
+            if (cb_mode == 0) {
+                ASSERT_EQ(tw_wheel_add(w, &cb[0].t, 50), 0);
+                ASSERT_EQ(tw_wheel_add(w, &cb[1].t, 50), 0);
+                ASSERT_EQ(tw_wheel_add(w, &cb[2].t, 60), 0);
+                ASSERT_EQ(tw_wheel_add(w, &cb[3].t, 70), 0);
+                /* cb[0] and cb[1] share a tick and run in no set order:
+                 * cb[1] runs only if it came first. */
+                size_t ran = tw_wheel_advance(w, 100);
+                ASSERT_EQ(cb[2].runs, 0);
+                ASSERT_EQ(cb[3].runs, 1);
+                ASSERT_EQ(cb[0].runs, 1);
+                ASSERT_EQ(ran, 2 + (size_t)cb[1].runs);
+            } else if (cb_mode == 1) {
+                /* Re-armed at the current tick: runs once per advance,
+                 * never loops inside one. */
+                ASSERT_EQ(tw_wheel_add(w, &cb[0].t, 10), 0);
+                ASSERT_EQ(tw_wheel_advance(w, 20), 1);
+                ASSERT_EQ(cb[0].runs, 1);
+                ASSERT(tw_timer_pending(&cb[0].t));
+                ASSERT_EQ(tw_wheel_advance(w, 20), 1);
+                ASSERT_EQ(cb[0].runs, 2);
+                ASSERT_EQ(tw_wheel_advance(w, 25), 1);
+                ASSERT_EQ(cb[0].runs, 3);
+                ASSERT(tw_wheel_cancel(w, &cb[0].t));
+            } else {
+                /* Re-armed 3 ticks later, within the same advance. */
+                ASSERT_EQ(tw_wheel_add(w, &cb[0].t, 10), 0);
+                ASSERT_EQ(tw_wheel_add(w, &cb[1].t, 15), 0);
+                ASSERT_EQ(tw_wheel_advance(w, 1000), 5 + 5);
+                ASSERT_EQ(cb[0].runs, 5);
+                ASSERT_EQ(cb[1].runs, 5);
+                for (size_t i = 1; i < nlog; i++)
+                    ASSERT_LE(log_exp[i - 1], log_exp[i]);
+                ASSERT_EQ(log_exp[nlog - 1], 15 + 4 * 3);
+            }
+            check(w);
+            tw_wheel_destroy(w);
+        }
+    }
+}
+
+/* A jump across 2^62 ticks visits only occupied slots: with per-tick cost
+ * this would not finish before the test's timeout. */
+static void test_huge_jumps_are_cheap(void)
+{
+    for (size_t s = 0; s < NSHAPES; s++) {
+        tw_wheel *w = make(s, 3);
+        ASSERT_EQ(tw_wheel_advance(w, UINT64_C(1) << 62), 0); /* empty */
+        struct rec a = {.id = 1}, b = {.id = 2};
+        tw_timer_init(&a.t, record, NULL);
+        tw_timer_init(&b.t, record, NULL);
+        uint64_t now = tw_wheel_now(w);
+        ASSERT_EQ(tw_wheel_add(w, &a.t, now + (UINT64_C(1) << 39) + 12345), 0);
+        ASSERT_EQ(tw_wheel_add(w, &b.t, now + (UINT64_C(1) << 61)), 0);
+        ASSERT_EQ(tw_wheel_advance(w, now + (UINT64_C(1) << 40)), 1);
+        ASSERT_EQ(a.runs, 1);
+        ASSERT_EQ(tw_wheel_advance(w, now + (UINT64_C(1) << 61) - 1), 0);
+        ASSERT_EQ(tw_wheel_advance(w, UINT64_MAX), 1);
+        ASSERT_EQ(b.runs, 1);
+        check(w);
+        tw_wheel_destroy(w);
+    }
+}
+
+static void test_end_of_time(void)
+{
+    for (size_t s = 0; s < NSHAPES; s++) {
+        tw_wheel *w = make(s, UINT64_MAX - 100);
+        struct rec a = {.id = 1}, b = {.id = 2}, c = {.id = 3};
+        tw_timer_init(&a.t, record, NULL);
+        tw_timer_init(&b.t, record, NULL);
+        tw_timer_init(&c.t, record, NULL);
+        ASSERT_EQ(tw_wheel_add(w, &a.t, UINT64_MAX), 0);
+        ASSERT_EQ(tw_wheel_add(w, &b.t, UINT64_MAX - 1), 0);
+        ASSERT_EQ(tw_wheel_add(w, &c.t, UINT64_MAX - 64), 0);
+        check(w);
+        ASSERT_EQ(tw_wheel_advance(w, UINT64_MAX - 2), 1);
+        ASSERT_EQ(tw_wheel_advance(w, UINT64_MAX - 1), 1);
+        ASSERT_EQ(a.runs, 0);
+        ASSERT_EQ(tw_wheel_advance(w, UINT64_MAX), 1);
+        ASSERT_EQ(a.runs, 1);
+        /* Adding at the end of time: due at once. */
+        ASSERT_EQ(tw_wheel_add(w, &a.t, UINT64_MAX), 0);
+        ASSERT_EQ(tw_wheel_advance(w, UINT64_MAX), 1);
+        check(w);
+        tw_wheel_destroy(w);
+        /* A wheel starting at 0 holding a UINT64_MAX deadline. */
+        w = make(s, 0);
+        ASSERT_EQ(tw_wheel_add(w, &a.t, UINT64_MAX), 0);
+        ASSERT_EQ(tw_wheel_advance(w, UINT64_MAX - 1), 0);
+        ASSERT_EQ(tw_wheel_advance(w, UINT64_MAX), 1);
+        tw_wheel_destroy(w);
+    }
+}
+
+/* Sleep until next_expiry, advance, repeat: a timer is reached after at
+ * most one extra wake-up per level. */
+static void test_next_expiry_wakeups(void)
+{
+    for (size_t s = 0; s < NSHAPES; s++) {
+        static const uint64_t delays[] = {1, 100, 5000, UINT64_C(1) << 30,
+                                          (UINT64_C(1) << 50) + 7};
+        for (size_t d = 0; d < 5; d++) {
+            tw_wheel *w = make(s, 12345);
+            struct rec a = {.id = 1};
+            tw_timer_init(&a.t, record, NULL);
+            uint64_t e = 12345 + delays[d];
+            ASSERT_EQ(tw_wheel_add(w, &a.t, e), 0);
+            unsigned wakes = 0;
+            while (a.runs == 0) {
+                uint64_t nx = tw_wheel_next_expiry(w);
+                ASSERT_LE(nx, e);
+                ASSERT_GT(nx, tw_wheel_now(w));
+                tw_wheel_advance(w, nx);
+                wakes++;
+            }
+            unsigned levels = shapes[s].levels ? shapes[s].levels : 11;
+            ASSERT_LE(wakes, levels + 1);
+            ASSERT_EQ(tw_wheel_next_expiry(w), UINT64_MAX);
+            tw_wheel_destroy(w);
+        }
+    }
+}
+
+static void test_destroy_drops_pending(void)
+{
+    for (size_t s = 0; s < NSHAPES; s++) {
+        tw_wheel *w = make(s, 0);
+        struct rec a = {.id = 1}, b = {.id = 2};
+        tw_timer_init(&a.t, record, NULL);
+        tw_timer_init(&b.t, record, NULL);
+        ASSERT_EQ(tw_wheel_add(w, &a.t, 10), 0);
+        ASSERT_EQ(tw_wheel_add(w, &b.t, 0), 0);
+        tw_wheel_destroy(w);
+        ASSERT_EQ(a.runs + b.runs, 0);
+        /* Re-initialised, the timers work in a new wheel. */
+        tw_timer_init(&a.t, record, NULL);
+        w = make(s, 0);
+        ASSERT_EQ(tw_wheel_add(w, &a.t, 10), 0);
+        ASSERT_EQ(tw_wheel_advance(w, 10), 1);
+        tw_wheel_destroy(w);
+    }
+}
+
+/* Many timers in 1-tick steps: each runs exactly at its tick. */
+static void test_tick_by_tick(void)
+{
+    for (size_t s = 0; s < NSHAPES; s++) {
+        uint64_t rng = 7 + s;
+        tw_wheel *w = make(s, 1);
+        static struct rec r[300];
+        for (int i = 0; i < 300; i++) {
+            r[i] = (struct rec){.id = i};
+            tw_timer_init(&r[i].t, record, NULL);
+            ASSERT_EQ(tw_wheel_add(w, &r[i].t, 2 + tw_test_rand(&rng) % 3000),
+                      0);
+        }
+        for (uint64_t t = 2; t <= 3002; t++) {
+            size_t before = nlog;
+            tw_wheel_advance(w, t);
+            for (size_t i = before; i < nlog; i++)
+                ASSERT_EQ(log_exp[i], t);
+            if ((t & 255) == 0)
+                check(w);
+        }
+        ASSERT_EQ(nlog, 300);
+        tw_wheel_destroy(w);
+    }
+}
+
+int main(void)
+{
+    RUN_TEST(test_sizes_and_version);
+    RUN_TEST(test_create_bad_input);
+    RUN_TEST(test_add_bad_input);
+    RUN_TEST(test_exact_once_never_early);
+    RUN_TEST(test_due_runs_next_advance_not_in_add);
+    RUN_TEST(test_backwards_changes_nothing);
+    RUN_TEST(test_order_in_one_jump);
+    RUN_TEST(test_move_and_cancel);
+    RUN_TEST(test_callbacks);
+    RUN_TEST(test_huge_jumps_are_cheap);
+    RUN_TEST(test_end_of_time);
+    RUN_TEST(test_next_expiry_wakeups);
+    RUN_TEST(test_destroy_drops_pending);
+    RUN_TEST(test_tick_by_tick);
+    return tw_test_done();
+}
