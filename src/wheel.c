@@ -709,7 +709,8 @@ size_t tw_wheel_advance(tw_wheel *w, uint64_t now)
         tw_timer *fl[K];
         for (unsigned c = 0; c < K; c++)
             fl[c] = NULL;
-        for (unsigned k = top + 1; k-- > 0;) {
+        for (unsigned k = top + 1; k > 0;) {
+            k--;
             if (!(w->level_map & (UINT64_C(1) << k)))
                 continue;
             uint64_t slot = tw_digit(w, t, k);
