@@ -49,6 +49,16 @@ static tw_wheel *make(size_t shape, uint64_t now)
     return w;
 }
 
+/* The number of levels a configuration gets (see wheel.h). */
+static unsigned shape_levels(const tw_wheel_config *c)
+{
+    unsigned slots = c->slots ? c->slots : 256, bits = 0;
+    while ((1u << bits) < slots)
+        bits++;
+    unsigned need = bits ? (64 + bits - 1) / bits : 1;
+    return c->levels && c->levels < need ? c->levels : need;
+}
+
 static void check(const tw_wheel *w)
 {
     ASSERT_EQ(tw__wheel_check_full(w), 0);
@@ -395,7 +405,7 @@ static void test_next_expiry_wakeups(void)
                 tw_wheel_advance(w, nx);
                 wakes++;
             }
-            unsigned levels = shapes[s].levels ? shapes[s].levels : 11;
+            unsigned levels = shape_levels(&shapes[s]);
             ASSERT_LE(wakes, levels + 1);
             ASSERT_EQ(tw_wheel_next_expiry(w), UINT64_MAX);
             tw_wheel_destroy(w);

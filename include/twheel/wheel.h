@@ -72,7 +72,7 @@ struct tw_timer {
 };
 
 typedef struct tw_wheel_config {
-    uint32_t slots;  /* slots per level; 0 = default (64); rounded up to a
+    uint32_t slots;  /* slots per level; 0 = default (256); rounded up to a
                         power of two; more than 2^30 is TW_EINVAL */
     uint32_t levels; /* 0 = default: hierarchical, enough levels to cover all
                         of uint64_t; 1 = Netty's single wheel where each slot
