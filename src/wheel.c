@@ -706,12 +706,8 @@ size_t tw_wheel_advance(tw_wheel *w, uint64_t now)
         w->now = t;
         /* Levels whose granule starts at t, highest first, so that a
          * cascade never lands in a slot that was already looked at. */
-        unsigned top = w->levels - 1;
-        if (w->bits != 0 && t != 0) {
-            unsigned kz = tw_ctz(t) / w->bits;
-            if (kz < top)
-                top = kz;
-        }
+        /* t > now >= 0, so t != 0; the table caps the level at L - 1. */
+        unsigned top = w->level_of_msb[tw_ctz(t)];
         tw_timer *fl[K];
         for (unsigned c = 0; c < K; c++)
             fl[c] = NULL;
