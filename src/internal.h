@@ -13,4 +13,11 @@
 int tw__wheel_check(const tw_wheel *w);
 int tw__wheel_check_full(const tw_wheel *w);
 
+/* Service test hooks (src/service.c). tw__service_kick: an injected
+ * spurious wake-up of the timer thread (counted in stats.wakeups).
+ * tw__service_node_size: bytes of one pending task's record. */
+struct tw_service;
+void tw__service_kick(struct tw_service *s);
+size_t tw__service_node_size(void);
+
 #endif

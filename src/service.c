@@ -1,0 +1,1367 @@
+/*
+ * src/service.c - the thread-safe timer service (twheel/service.h).
+ *
+ * Design
+ * ------
+ * Task records ("nodes", 48 bytes on LP64) live in chunks of 4096 that never
+ * move; a node is a tw_timer (40 bytes) plus one atomic 64-bit state word:
+ *
+ *   bits 63..32  generation (never 0; bumped each time the node is freed)
+ *   bits 31..5   payload: index of the task function in the service's
+ *                function table while the node is live, or the next free
+ *                node (+1) while it is on the free list
+ *   bit  4       periodic (tw__arg points at a side record)
+ *   bit  3       cancelled (or claimed by stop)
+ *   bits 2..0    location: FREE, QUEUED, ARMED, DISPATCHED, RUNNING
+ *
+ * A tw_id is generation << 32 | (index + 1), so a stale id never matches a
+ * reused node. The location says who owns the node's links; only the owner
+ * changes the location, and everybody else may only set the cancelled bit
+ * by CAS. The owner that sees the cancelled bit frees the node:
+ *
+ *   QUEUED      on the submission stack (tw__next is the link, tw__expires
+ *               the deadline tick); owner: the timer thread
+ *   ARMED       in the wheel (or parked forever for a "never" deadline);
+ *               owner: the timer thread. A cancel also sets the node's bit
+ *               in a hierarchical bitmap so the timer thread unlinks and
+ *               frees it within a tick.
+ *   DISPATCHED  given to an executor; owner: whoever runs it
+ *   RUNNING     its function runs; a one-shot task cannot be cancelled
+ *               any more, a periodic one can (it is freed after the run)
+ *
+ * Producers (tw_schedule) never lock: they pop a node from a Treiber free
+ * list (head tagged against ABA), reserve a pending slot with one atomic
+ * operation, and push the node on a Treiber submission stack that the timer
+ * thread takes whole with one exchange. The timer thread publishes the tick
+ * it sleeps until; a producer wakes it (mutex + condition variable on
+ * CLOCK_MONOTONIC) only when its deadline is earlier, so scheduling work
+ * for later costs no system call. After a round with work the timer thread
+ * polls once more a tick later instead of sleeping long, so a burst of
+ * cancels needs at most one wake-up; when idle it sleeps without timeout.
+ *
+ * Task functions are stored as indexes into a small lock-free open-
+ * addressing table (per service, max_callbacks entries): this is what keeps
+ * a node at 48 bytes, since the tw_timer's own callback slot must hold the
+ * service's trampoline.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "twheel/service.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+/* ------------------------------------------------------------------------ */
+/* Constants. */
+
+enum { LOC_FREE = 0, LOC_QUEUED, LOC_ARMED, LOC_DISPATCHED, LOC_RUNNING };
+
+#define ST_LOC_MASK UINT64_C(7)
+#define ST_CANCELLED UINT64_C(8)
+#define ST_PERIODIC UINT64_C(16)
+#define ST_PAY_SHIFT 5
+#define ST_PAY_MASK ((UINT64_C(1) << 27) - 1)
+#define ST_GEN(st) ((uint32_t)((st) >> 32))
+#define ST_LOC(st) ((unsigned)((st)&ST_LOC_MASK))
+#define ST_PAY(st) ((uint32_t)(((st) >> ST_PAY_SHIFT) & ST_PAY_MASK))
+
+/* Chunks: 4096 nodes, each chunk in a block aligned to 2^18 bytes so that a
+ * node's index follows from its address. */
+#define CHUNK_BITS 12
+#define CHUNK_NODES (1u << CHUNK_BITS)
+#define CHUNK_ALIGN ((uintptr_t)1 << 18)
+#define DIR_BITS 9 /* chunks per directory block: 512 */
+#define DIR_BLOCKS 64
+/* At most 2^27 - 1 nodes: the index + 1 must fit the 27-bit payload. */
+#define MAX_NODES ((UINT32_C(1) << 27) - 1)
+
+#define NEVER UINT64_MAX   /* deadline tick of a task that never runs */
+#define STOPPED_BIT (UINT64_C(1) << 63)
+#define DRAIN_BATCH 8192   /* submissions per timer-thread round */
+
+#define TICK_MIN_NS UINT64_C(1000)
+#define TICK_MAX_NS (UINT64_C(86400) * 1000000000u)
+
+/* ------------------------------------------------------------------------ */
+/* Types. */
+
+struct node {
+    tw_timer t;
+    _Atomic uint64_t state;
+};
+
+#if UINTPTR_MAX == UINT64_MAX
+_Static_assert(sizeof(struct node) == 48, "a node is 48 bytes on LP64");
+#endif
+
+/* Everything a chunk holds after its nodes. */
+struct chunk_tail {
+    void *raw;                         /* what to free() */
+    uint32_t number;                   /* chunk index */
+    _Atomic uint64_t l1;               /* bit w: l0[w] may be non-zero */
+    _Atomic uint64_t l0[CHUNK_NODES / 64]; /* cancel bits of ARMED nodes */
+};
+
+_Static_assert(CHUNK_NODES * sizeof(struct node) + sizeof(struct chunk_tail) <=
+                   CHUNK_ALIGN,
+               "a chunk fits its alignment");
+
+struct dirblock {
+    _Atomic(struct node *) chunk[1u << DIR_BITS];
+    _Atomic uint64_t dirty[(1u << DIR_BITS) / 64]; /* chunks with bits */
+};
+
+struct periodic {
+    void *arg;
+    uint64_t period_ns;
+    uint64_t next_ns; /* fixed rate: the scheduled time of the next run */
+    bool fixed_rate;
+};
+
+#define PAD(n) char pad##n[64]
+
+struct tw_service {
+    /* Read-mostly configuration. */
+    uint64_t tick_ns;
+    uint64_t start_ns; /* the clock at create: tick 0 */
+    uint64_t max_pending;
+    tw_clock_fn clock;
+    void *clock_ctx;
+    tw_execute_fn execute;
+    void *execute_ctx;
+    uint32_t nexec;
+    uint32_t fn_mask;
+    _Atomic(tw_task_fn) *fns;
+    uint32_t salt;
+    tw_wheel_config wcfg;
+    PAD(0);
+
+    _Atomic uint64_t free_head; /* tag << 32 | (index + 1) */
+    _Atomic uint32_t fresh;     /* first never-used index */
+    PAD(1);
+    _Atomic(struct node *) subq; /* Treiber stack of QUEUED nodes */
+    PAD(2);
+    _Atomic uint64_t pending; /* count | STOPPED_BIT */
+    PAD(3);
+    _Atomic uint64_t sleep_until; /* tick; 0 while awake */
+    _Atomic bool sleep_long;      /* asleep for more than a tick */
+    _Atomic uint64_t cancel_dirty; /* dirblocks with cancel bits */
+    PAD(4);
+
+    /* Pool growth. */
+    pthread_mutex_t grow_mu;
+    _Atomic(struct dirblock *) dir[DIR_BLOCKS];
+
+    /* Timer thread. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool kicked;            /* under mu */
+    _Atomic bool quit;
+    _Atomic bool started;
+    pthread_t thread;
+    tw_wheel *wheel;
+    struct node *local;      /* taken from subq, not yet processed */
+    struct node *free_first; /* nodes freed this round, not yet pushed */
+    struct node *free_last;
+    struct node *disp_first; /* dispatched this round */
+    struct node *disp_last;
+
+    /* Executor pool. */
+    pthread_mutex_t xmu;
+    pthread_cond_t xcv;
+    struct node *xq_head, *xq_tail; /* under xmu */
+    bool xquit;                     /* under xmu */
+    pthread_t *xthreads;
+    _Atomic uint64_t busy; /* dispatched or running, not yet finished */
+
+    /* tw_cancel_wait(). */
+    pthread_mutex_t wmu;
+    pthread_cond_t wcv;
+    _Atomic uint32_t waiters;
+
+    /* Start/stop. */
+    pthread_mutex_t stop_mu;
+    bool stop_done; /* under stop_mu */
+
+    /* Statistics. */
+    _Atomic uint64_t ran, cancelled, handed, wakeups, nodes, mem;
+};
+
+/* The task this thread is running, for TW_EDEADLK checks. */
+static _Thread_local struct {
+    tw_service *s;
+    tw_id id;
+} tw_cur;
+
+/* ------------------------------------------------------------------------ */
+/* Clock and ticks. */
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Nanoseconds since the service was created. */
+static uint64_t rel_ns(const tw_service *s)
+{
+    uint64_t now = s->clock ? s->clock(s->clock_ctx) : mono_ns();
+    return now > s->start_ns ? now - s->start_ns : 0;
+}
+
+/* The first tick at or after @ns (relative), NEVER when @ns is. */
+static uint64_t ceil_tick(const tw_service *s, uint64_t ns)
+{
+    if (ns == NEVER)
+        return NEVER;
+    return ns / s->tick_ns + (ns % s->tick_ns != 0);
+}
+
+/* @a + @b, or NEVER if that does not fit. */
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+    return b >= NEVER - a ? NEVER : a + b;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The node pool. */
+
+static struct chunk_tail *chunk_tail_of(struct node *first)
+{
+    return (struct chunk_tail *)(void *)((char *)first +
+                                         CHUNK_NODES * sizeof(struct node));
+}
+
+static struct node *node_at(const tw_service *s, uint32_t idx)
+{
+    struct dirblock *db = atomic_load_explicit(
+        &((tw_service *)s)->dir[idx >> (CHUNK_BITS + DIR_BITS)],
+        memory_order_acquire);
+    struct node *c = atomic_load_explicit(
+        &db->chunk[(idx >> CHUNK_BITS) & ((1u << DIR_BITS) - 1)],
+        memory_order_acquire);
+    return c + (idx & (CHUNK_NODES - 1));
+}
+
+static uint32_t node_index(const struct node *n)
+{
+    uintptr_t base = (uintptr_t)n & ~(CHUNK_ALIGN - 1);
+    const struct chunk_tail *ct =
+        chunk_tail_of((struct node *)(void *)base);
+    uint32_t off = (uint32_t)(((uintptr_t)n - base) / sizeof(struct node));
+    return ct->number << CHUNK_BITS | off;
+}
+
+static tw_id make_id(uint64_t st, uint32_t idx)
+{
+    return (st & ~UINT64_C(0xffffffff)) | (uint64_t)(idx + 1);
+}
+
+static uint64_t next_gen(uint64_t st)
+{
+    uint32_t g = ST_GEN(st) + 1;
+    return (uint64_t)(g ? g : 1) << 32;
+}
+
+/* Make sure the chunk holding node @idx exists. Context: any thread. */
+static int pool_ensure(tw_service *s, uint32_t idx)
+{
+    uint32_t d = idx >> (CHUNK_BITS + DIR_BITS);
+    uint32_t c = (idx >> CHUNK_BITS) & ((1u << DIR_BITS) - 1);
+    struct dirblock *db = atomic_load_explicit(&s->dir[d],
+                                               memory_order_acquire);
+    if (db != NULL &&
+        atomic_load_explicit(&db->chunk[c], memory_order_acquire) != NULL)
+        return 0;
+    int rc = 0;
+    pthread_mutex_lock(&s->grow_mu);
+    db = atomic_load_explicit(&s->dir[d], memory_order_relaxed);
+    if (db == NULL) {
+        db = calloc(1, sizeof(*db));
+        if (db == NULL) {
+            rc = TW_ENOMEM;
+            goto out;
+        }
+        atomic_fetch_add_explicit(&s->mem, sizeof(*db), memory_order_relaxed);
+        atomic_store_explicit(&s->dir[d], db, memory_order_release);
+    }
+    if (atomic_load_explicit(&db->chunk[c], memory_order_relaxed) == NULL) {
+        /* Twice the alignment: only the aligned part is touched, the rest
+         * stays virtual. calloc so that unused nodes have generation 0,
+         * which no id carries. */
+        void *raw = calloc(1, 2 * CHUNK_ALIGN);
+        if (raw == NULL) {
+            rc = TW_ENOMEM;
+            goto out;
+        }
+        uintptr_t a = ((uintptr_t)raw + CHUNK_ALIGN - 1) & ~(CHUNK_ALIGN - 1);
+        struct node *first = (struct node *)a;
+        struct chunk_tail *ct = chunk_tail_of(first);
+        ct->raw = raw;
+        ct->number = idx >> CHUNK_BITS;
+        atomic_fetch_add_explicit(&s->mem, 2 * CHUNK_ALIGN,
+                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->nodes, CHUNK_NODES,
+                                  memory_order_relaxed);
+        atomic_store_explicit(&db->chunk[c], first, memory_order_release);
+    }
+out:
+    pthread_mutex_unlock(&s->grow_mu);
+    return rc;
+}
+
+/*
+ * Take a free node: from the free list, else a never-used one. On success
+ * *@st is its state word (FREE, with the generation to use).
+ */
+static int node_alloc(tw_service *s, uint32_t *idx, uint64_t *st)
+{
+    uint64_t h = atomic_load_explicit(&s->free_head, memory_order_acquire);
+    while ((uint32_t)h != 0) {
+        uint32_t i = (uint32_t)h - 1;
+        uint64_t nst = atomic_load_explicit(&node_at(s, i)->state,
+                                            memory_order_relaxed);
+        uint64_t nh = (h & ~UINT64_C(0xffffffff)) + (UINT64_C(1) << 32) +
+                      ST_PAY(nst);
+        if (atomic_compare_exchange_weak_explicit(&s->free_head, &h, nh,
+                                                  memory_order_acquire,
+                                                  memory_order_acquire)) {
+            *idx = i;
+            /* Re-read: nst may be stale if the CAS raced a reuse; it
+             * cannot be, since the tag changed on any reuse. */
+            *st = nst;
+            return 0;
+        }
+    }
+    uint32_t f = atomic_load_explicit(&s->fresh, memory_order_relaxed);
+    for (;;) {
+        if (f >= MAX_NODES)
+            return TW_ENOMEM;
+        int rc = pool_ensure(s, f);
+        if (rc != 0)
+            return rc;
+        if (atomic_compare_exchange_weak_explicit(&s->fresh, &f, f + 1,
+                                                  memory_order_release,
+                                                  memory_order_relaxed))
+            break;
+    }
+    *idx = f;
+    /* A first generation that differs between services, so that an id of
+     * one service is unlikely to match a node of another. */
+    uint32_t g = (s->salt ^ (f * UINT32_C(0x9E3779B1))) | 1;
+    *st = (uint64_t)g << 32;
+    return 0;
+}
+
+/* Push the chain @first..@last (linked through their payloads) on the free
+ * list. @last's payload is overwritten. */
+static void free_push(tw_service *s, struct node *first, struct node *last)
+{
+    uint64_t nh_low = (uint64_t)node_index(first) + 1;
+    uint64_t lst = atomic_load_explicit(&last->state, memory_order_relaxed);
+    uint64_t keep = lst & ~(ST_PAY_MASK << ST_PAY_SHIFT);
+    uint64_t h = atomic_load_explicit(&s->free_head, memory_order_relaxed);
+    do {
+        atomic_store_explicit(&last->state,
+                              keep | ((h & 0xffffffffu) << ST_PAY_SHIFT),
+                              memory_order_relaxed);
+    } while (!atomic_compare_exchange_weak_explicit(
+        &s->free_head, &h,
+        (h & ~UINT64_C(0xffffffff)) + (UINT64_C(1) << 32) + nh_low,
+        memory_order_release, memory_order_relaxed));
+}
+
+/* Mark @n free (new generation) and free its side record. It is not on
+ * the free list yet. */
+static void node_retire(struct node *n, uint64_t next_link)
+{
+    uint64_t st = atomic_load_explicit(&n->state, memory_order_relaxed);
+    if (st & ST_PERIODIC)
+        free(n->t.tw__arg);
+    atomic_store_explicit(&n->state,
+                          next_gen(st) | (next_link << ST_PAY_SHIFT) |
+                              LOC_FREE,
+                          memory_order_release);
+}
+
+/* Free @n now. Context: any thread that owns @n. */
+static void node_free(tw_service *s, struct node *n)
+{
+    node_retire(n, 0);
+    free_push(s, n, n);
+}
+
+/* Free @n at the end of the timer thread's round (one CAS per round). */
+static void node_free_batched(tw_service *s, struct node *n)
+{
+    uint64_t link = s->free_first ? (uint64_t)node_index(s->free_first) + 1
+                                  : 0;
+    node_retire(n, link);
+    if (s->free_first == NULL)
+        s->free_last = n;
+    s->free_first = n;
+}
+
+static void free_flush(tw_service *s)
+{
+    if (s->free_first != NULL) {
+        free_push(s, s->free_first, s->free_last);
+        s->free_first = s->free_last = NULL;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Cancel bits: a node cancelled while ARMED is marked here, leaf first,
+ * then each summary level. The timer thread takes each level with an
+ * exchange, top first, so a bit set at any time is seen in this round or
+ * the next. A summary bit that is already set need not be set again: the
+ * consumer clears it before it reads the level below (all seq_cst). */
+
+static void or_bit(_Atomic uint64_t *w, unsigned bit)
+{
+    uint64_t m = UINT64_C(1) << bit;
+    if (!(atomic_load(w) & m))
+        atomic_fetch_or(w, m);
+}
+
+static void cancel_mark(tw_service *s, struct node *n, uint32_t idx)
+{
+    struct node *first = n - (idx & (CHUNK_NODES - 1));
+    struct chunk_tail *ct = chunk_tail_of(first);
+    unsigned off = idx & (CHUNK_NODES - 1);
+    atomic_fetch_or(&ct->l0[off / 64], UINT64_C(1) << (off % 64));
+    or_bit(&ct->l1, off / 64);
+    uint32_t c = idx >> CHUNK_BITS;
+    struct dirblock *db =
+        atomic_load_explicit(&s->dir[c >> DIR_BITS], memory_order_acquire);
+    unsigned ci = c & ((1u << DIR_BITS) - 1);
+    or_bit(&db->dirty[ci / 64], ci % 64);
+    or_bit(&s->cancel_dirty, c >> DIR_BITS);
+}
+
+/* Call @fn for every marked node, clearing the marks. */
+static void cancel_drain(tw_service *s, void (*fn)(tw_service *, struct node *))
+{
+    uint64_t d = atomic_exchange(&s->cancel_dirty, 0);
+    while (d) {
+        unsigned b = (unsigned)__builtin_ctzll(d);
+        d &= d - 1;
+        struct dirblock *db =
+            atomic_load_explicit(&s->dir[b], memory_order_acquire);
+        for (unsigned w = 0; w < (1u << DIR_BITS) / 64; w++) {
+            uint64_t cw = atomic_exchange(&db->dirty[w], 0);
+            while (cw) {
+                unsigned cb = (unsigned)__builtin_ctzll(cw);
+                cw &= cw - 1;
+                struct node *first = atomic_load_explicit(
+                    &db->chunk[w * 64 + cb], memory_order_acquire);
+                struct chunk_tail *ct = chunk_tail_of(first);
+                uint64_t l1 = atomic_exchange(&ct->l1, 0);
+                while (l1) {
+                    unsigned lb = (unsigned)__builtin_ctzll(l1);
+                    l1 &= l1 - 1;
+                    uint64_t l0 = atomic_exchange(&ct->l0[lb], 0);
+                    while (l0) {
+                        unsigned nb = (unsigned)__builtin_ctzll(l0);
+                        l0 &= l0 - 1;
+                        fn(s, first + lb * 64 + nb);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Function table. */
+
+static int fn_index(tw_service *s, tw_task_fn fn, uint32_t *out)
+{
+    uint64_t x = (uint64_t)(uintptr_t)fn * UINT64_C(0x9E3779B97F4A7C15);
+    uint32_t h = (uint32_t)(x >> 40);
+    for (uint32_t p = 0; p <= s->fn_mask; p++) {
+        uint32_t slot = (h + p) & s->fn_mask;
+        tw_task_fn cur =
+            atomic_load_explicit(&s->fns[slot], memory_order_acquire);
+        if (cur == NULL) {
+            if (atomic_compare_exchange_strong_explicit(
+                    &s->fns[slot], &cur, fn, memory_order_acq_rel,
+                    memory_order_acquire) ||
+                cur == fn) {
+                *out = slot;
+                return 0;
+            }
+        }
+        if (cur == fn) {
+            *out = slot;
+            return 0;
+        }
+    }
+    return TW_EAGAIN;
+}
+
+static tw_task_fn fn_at(const tw_service *s, uint64_t st)
+{
+    return atomic_load_explicit(&((tw_service *)s)->fns[ST_PAY(st)],
+                                memory_order_acquire);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Waking the timer thread. */
+
+static void wake(tw_service *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->kicked = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* After queueing work due at @tick: wake the thread if it sleeps past it. */
+static void wake_for_tick(tw_service *s, uint64_t tick)
+{
+    uint64_t v = atomic_load(&s->sleep_until);
+    while (tick < v) {
+        if (atomic_compare_exchange_weak(&s->sleep_until, &v, 0)) {
+            wake(s);
+            return;
+        }
+    }
+}
+
+/* After a cancel: the memory must be released within a tick. */
+static void wake_for_cancel(tw_service *s)
+{
+    if (atomic_load(&s->sleep_long) && atomic_exchange(&s->sleep_long, false))
+        wake(s);
+}
+
+void tw__service_kick(tw_service *s)
+{
+    wake(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pending count. */
+
+static int pending_reserve(tw_service *s)
+{
+    uint64_t v = atomic_load_explicit(&s->pending, memory_order_relaxed);
+    do {
+        if (v & STOPPED_BIT)
+            return TW_ESHUTDOWN;
+        if (s->max_pending != 0 && v >= s->max_pending)
+            return TW_EAGAIN;
+    } while (!atomic_compare_exchange_weak_explicit(
+        &s->pending, &v, v + 1, memory_order_relaxed, memory_order_relaxed));
+    return 0;
+}
+
+static void pending_drop(tw_service *s)
+{
+    atomic_fetch_sub_explicit(&s->pending, 1, memory_order_relaxed);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Submission. */
+
+static void subq_push(tw_service *s, struct node *n)
+{
+    struct node *h = atomic_load_explicit(&s->subq, memory_order_relaxed);
+    do {
+        n->t.tw__next = h != NULL ? &h->t : NULL;
+    } while (!atomic_compare_exchange_weak_explicit(
+        &s->subq, &h, n, memory_order_seq_cst, memory_order_relaxed));
+}
+
+static struct node *node_of_timer(tw_timer *t)
+{
+    return t ? TW_CONTAINER_OF(t, struct node, t) : NULL;
+}
+
+/* Re-queue periodic node @n (owned, RUNNING) for deadline @tick; frees it
+ * instead if it was cancelled meanwhile. Context: not the timer thread. */
+static void requeue(tw_service *s, struct node *n, uint64_t st, uint64_t tick)
+{
+    n->t.tw__expires = tick;
+    uint64_t nst = (st & ~ST_LOC_MASK) | LOC_QUEUED;
+    if (!atomic_compare_exchange_strong(&n->state, &st, nst)) {
+        node_free(s, n); /* cancelled while running */
+        atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
+        return;
+    }
+    subq_push(s, n);
+    wake_for_tick(s, tick);
+}
+
+static void trampoline(tw_timer *t, void *arg);
+
+static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
+                    uint64_t period, int kind, tw_id *id)
+{
+    if (s == NULL || fn == NULL || (kind != 0 && period == 0))
+        return TW_EINVAL;
+    if (atomic_load_explicit(&s->pending, memory_order_relaxed) & STOPPED_BIT)
+        return TW_ESHUTDOWN;
+    if (!atomic_load_explicit(&s->started, memory_order_acquire)) {
+        int rc = tw_service_start(s);
+        if (rc != 0)
+            return rc;
+    }
+    uint32_t fidx;
+    int rc = fn_index(s, fn, &fidx);
+    if (rc != 0)
+        return rc;
+    struct periodic *rec = NULL;
+    uint64_t flags = 0;
+    if (kind != 0) {
+        rec = malloc(sizeof(*rec));
+        if (rec == NULL)
+            return TW_ENOMEM;
+        rec->arg = arg;
+        rec->period_ns = period;
+        rec->fixed_rate = kind == 1;
+        arg = rec;
+        flags = ST_PERIODIC;
+    }
+    uint32_t idx;
+    uint64_t st;
+    rc = node_alloc(s, &idx, &st);
+    if (rc == 0) {
+        rc = pending_reserve(s);
+        if (rc != 0) {
+            struct node *n = node_at(s, idx);
+            atomic_store_explicit(&n->state,
+                                  (st & ~UINT64_C(0xffffffff)) | LOC_FREE,
+                                  memory_order_relaxed);
+            free_push(s, n, n);
+        }
+    }
+    if (rc != 0) {
+        free(rec);
+        return rc;
+    }
+    uint64_t due = add_sat(rel_ns(s), delay);
+    if (rec != NULL)
+        rec->next_ns = due;
+    uint64_t tick = ceil_tick(s, due);
+    struct node *n = node_at(s, idx);
+    tw_timer_init(&n->t, trampoline, arg);
+    n->t.tw__expires = tick;
+    st = (st & ~UINT64_C(0xffffffff)) | ((uint64_t)fidx << ST_PAY_SHIFT) |
+         flags | LOC_QUEUED;
+    if (id != NULL)
+        *id = make_id(st, idx);
+    atomic_store_explicit(&n->state, st, memory_order_release);
+    subq_push(s, n);
+    wake_for_tick(s, tick);
+    return 0;
+}
+
+int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
+                tw_id *id)
+{
+    return schedule(s, fn, arg, delay_ns, 0, 0, id);
+}
+
+int tw_schedule_fixed_rate(tw_service *s, tw_task_fn fn, void *arg,
+                           uint64_t initial_delay_ns, uint64_t period_ns,
+                           tw_id *id)
+{
+    return schedule(s, fn, arg, initial_delay_ns, period_ns, 1, id);
+}
+
+int tw_schedule_fixed_delay(tw_service *s, tw_task_fn fn, void *arg,
+                            uint64_t initial_delay_ns, uint64_t delay_ns,
+                            tw_id *id)
+{
+    return schedule(s, fn, arg, initial_delay_ns, delay_ns, 2, id);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Cancel. */
+
+/* The node @id names, with its current state, or NULL. */
+static struct node *lookup(const tw_service *s, tw_id id, uint64_t *st)
+{
+    uint32_t low = (uint32_t)id;
+    if (s == NULL || low == 0 || ST_GEN(id) == 0 ||
+        low > atomic_load_explicit(&((tw_service *)s)->fresh,
+                                   memory_order_acquire))
+        return NULL;
+    struct node *n = node_at(s, low - 1);
+    *st = atomic_load(&n->state);
+    return n;
+}
+
+bool tw_cancel(tw_service *s, tw_id id)
+{
+    uint64_t st;
+    struct node *n = lookup(s, id, &st);
+    if (n == NULL)
+        return false;
+    unsigned loc;
+    do {
+        if (ST_GEN(st) != ST_GEN(id) || (st & ST_CANCELLED))
+            return false;
+        loc = ST_LOC(st);
+        if (loc == LOC_FREE || (loc == LOC_RUNNING && !(st & ST_PERIODIC)))
+            return false;
+    } while (!atomic_compare_exchange_weak(&n->state, &st, st | ST_CANCELLED));
+    pending_drop(s);
+    if (loc == LOC_ARMED)
+        cancel_mark(s, n, (uint32_t)id - 1);
+    if (loc == LOC_ARMED || loc == LOC_QUEUED)
+        wake_for_cancel(s);
+    return true;
+}
+
+/* Is task @id's function running (or about to)? */
+static bool still_running(const tw_service *s, tw_id id)
+{
+    uint64_t st;
+    struct node *n = lookup(s, id, &st);
+    if (n == NULL || ST_GEN(st) != ST_GEN(id))
+        return false;
+    unsigned loc = ST_LOC(st);
+    return loc == LOC_RUNNING || (loc == LOC_DISPATCHED && !(st & ST_CANCELLED));
+}
+
+int tw_cancel_wait(tw_service *s, tw_id id)
+{
+    if (s == NULL)
+        return TW_EINVAL;
+    if (tw_cur.s == s && tw_cur.id == id && id != 0)
+        return TW_EDEADLK;
+    int r = tw_cancel(s, id) ? 1 : 0;
+    if (!still_running(s, id))
+        return r;
+    atomic_fetch_add(&s->waiters, 1);
+    pthread_mutex_lock(&s->wmu);
+    while (still_running(s, id))
+        pthread_cond_wait(&s->wcv, &s->wmu);
+    pthread_mutex_unlock(&s->wmu);
+    atomic_fetch_sub(&s->waiters, 1);
+    return r;
+}
+
+static void notify_waiters(tw_service *s)
+{
+    if (atomic_load(&s->waiters) != 0) {
+        pthread_mutex_lock(&s->wmu);
+        pthread_cond_broadcast(&s->wcv);
+        pthread_mutex_unlock(&s->wmu);
+    }
+}
+
+uint64_t tw_service_pending(const tw_service *s)
+{
+    if (s == NULL)
+        return 0;
+    return atomic_load_explicit(&((tw_service *)s)->pending,
+                                memory_order_relaxed) &
+           ~STOPPED_BIT;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Running tasks. */
+
+/* The next deadline (relative ns) of periodic task @rec after a run. */
+static uint64_t periodic_next(const tw_service *s, struct periodic *rec)
+{
+    uint64_t now = rel_ns(s);
+    if (!rec->fixed_rate)
+        return add_sat(now, rec->period_ns);
+    uint64_t next = add_sat(rec->next_ns, rec->period_ns);
+    if (next != NEVER && next <= now) {
+        /* Late by a period or more: skip the missed runs, no burst. */
+        uint64_t k = (now - next) / rec->period_ns + 1;
+        if (k > (NEVER - next) / rec->period_ns)
+            next = NEVER;
+        else
+            next += k * rec->period_ns;
+    }
+    rec->next_ns = next;
+    return next;
+}
+
+/*
+ * Run owned node @n whose state was @st (location ARMED or DISPATCHED).
+ * @inline_wheel: we are the timer thread inside tw_wheel_advance, and a
+ * periodic task goes straight back into the wheel.
+ */
+static void run_node(tw_service *s, struct node *n, uint64_t st,
+                     bool inline_wheel)
+{
+    uint64_t rst;
+    do {
+        if (st & ST_CANCELLED) {
+            if (inline_wheel)
+                node_free_batched(s, n);
+            else
+                node_free(s, n);
+            atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
+            return;
+        }
+        rst = (st & ~ST_LOC_MASK) | LOC_RUNNING;
+    } while (!atomic_compare_exchange_weak(&n->state, &st, rst));
+    bool periodic = (rst & ST_PERIODIC) != 0;
+    if (!periodic)
+        pending_drop(s);
+    tw_id id = make_id(rst, node_index(n));
+    struct periodic *rec = periodic ? n->t.tw__arg : NULL;
+    void *arg = periodic ? rec->arg : n->t.tw__arg;
+    tw_task_fn fn = fn_at(s, rst);
+    tw_service *saved_s = tw_cur.s;
+    tw_id saved_id = tw_cur.id;
+    tw_cur.s = s;
+    tw_cur.id = id;
+    fn(id, arg);
+    tw_cur.s = saved_s;
+    tw_cur.id = saved_id;
+    atomic_fetch_add_explicit(&s->ran, 1, memory_order_relaxed);
+    if (!periodic) {
+        if (inline_wheel)
+            node_free_batched(s, n);
+        else
+            node_free(s, n);
+    } else {
+        uint64_t tick = ceil_tick(s, periodic_next(s, rec));
+        if (inline_wheel) {
+            uint64_t ast = (rst & ~ST_LOC_MASK) | LOC_ARMED;
+            if (!atomic_compare_exchange_strong(&n->state, &rst, ast)) {
+                node_free_batched(s, n);
+                atomic_fetch_add_explicit(&s->cancelled, 1,
+                                          memory_order_relaxed);
+            } else if (tick != NEVER) {
+                tw_wheel_add(s->wheel, &n->t, tick);
+            }
+        } else {
+            requeue(s, n, rst, tick);
+        }
+    }
+    notify_waiters(s);
+}
+
+/* The wheel's callback for every node. Context: timer thread. */
+static void trampoline(tw_timer *t, void *arg)
+{
+    (void)arg;
+    struct node *n = node_of_timer(t);
+    tw_service *s = tw_cur.s; /* the timer thread sets it for its life */
+    uint64_t st = atomic_load(&n->state);
+    if (s->execute == NULL && s->nexec == 0) {
+        run_node(s, n, st, true);
+        return;
+    }
+    uint64_t dst;
+    do {
+        if (st & ST_CANCELLED) {
+            node_free_batched(s, n);
+            atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
+            return;
+        }
+        dst = (st & ~ST_LOC_MASK) | LOC_DISPATCHED;
+    } while (!atomic_compare_exchange_weak(&n->state, &st, dst));
+    atomic_fetch_add(&s->busy, 1);
+    n->t.tw__next = NULL;
+    if (s->disp_last != NULL)
+        s->disp_last->t.tw__next = &n->t;
+    else
+        s->disp_first = n;
+    s->disp_last = n;
+}
+
+/* Hand this round's due nodes to the executors. Context: timer thread. */
+static void dispatch_flush(tw_service *s)
+{
+    struct node *first = s->disp_first;
+    if (first == NULL)
+        return;
+    s->disp_first = s->disp_last = NULL;
+    if (s->execute != NULL) {
+        while (first != NULL) {
+            struct node *n = first;
+            first = node_of_timer(n->t.tw__next);
+            uint64_t st = atomic_load(&n->state);
+            s->execute(s, make_id(st, node_index(n)), s->execute_ctx);
+        }
+        return;
+    }
+    struct node *last = first;
+    while (last->t.tw__next != NULL)
+        last = node_of_timer(last->t.tw__next);
+    pthread_mutex_lock(&s->xmu);
+    if (s->xq_tail != NULL)
+        s->xq_tail->t.tw__next = &first->t;
+    else
+        s->xq_head = first;
+    s->xq_tail = last;
+    pthread_cond_signal(&s->xcv);
+    pthread_mutex_unlock(&s->xmu);
+}
+
+static void run_dispatched(tw_service *s, struct node *n)
+{
+    run_node(s, n, atomic_load(&n->state), false);
+    atomic_fetch_sub(&s->busy, 1);
+}
+
+void tw_service_run(tw_service *s, tw_id job)
+{
+    uint64_t st;
+    struct node *n = lookup(s, job, &st);
+    if (n == NULL || ST_GEN(st) != ST_GEN(job) ||
+        ST_LOC(st) != LOC_DISPATCHED)
+        return; /* not a job of @s: misuse */
+    run_dispatched(s, n);
+}
+
+static void *executor_main(void *p)
+{
+    tw_service *s = p;
+    pthread_mutex_lock(&s->xmu);
+    for (;;) {
+        struct node *n = s->xq_head;
+        if (n == NULL) {
+            if (s->xquit)
+                break;
+            pthread_cond_wait(&s->xcv, &s->xmu);
+            continue;
+        }
+        s->xq_head = node_of_timer(n->t.tw__next);
+        if (s->xq_head == NULL)
+            s->xq_tail = NULL;
+        else
+            pthread_cond_signal(&s->xcv); /* more for another executor */
+        pthread_mutex_unlock(&s->xmu);
+        run_dispatched(s, n);
+        pthread_mutex_lock(&s->xmu);
+    }
+    pthread_mutex_unlock(&s->xmu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The timer thread. */
+
+/* A node from the submission stack. Context: the wheel's owner. */
+static void take_submission(tw_service *s, struct node *n)
+{
+    uint64_t st = atomic_load(&n->state);
+    uint64_t ast;
+    do {
+        if (st & ST_CANCELLED) {
+            node_free_batched(s, n);
+            atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
+            return;
+        }
+        ast = (st & ~ST_LOC_MASK) | LOC_ARMED;
+    } while (!atomic_compare_exchange_weak(&n->state, &st, ast));
+    if (n->t.tw__expires != NEVER)
+        tw_wheel_add(s->wheel, &n->t, n->t.tw__expires);
+}
+
+/* A node marked in the cancel bitmap. Context: the wheel's owner. */
+static void take_cancel(tw_service *s, struct node *n)
+{
+    uint64_t st = atomic_load(&n->state);
+    if (ST_LOC(st) != LOC_ARMED || !(st & ST_CANCELLED))
+        return; /* already freed (and maybe reused) by the wheel */
+    tw_wheel_cancel(s->wheel, &n->t);
+    node_free_batched(s, n);
+    atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
+}
+
+static uint64_t now_tick(const tw_service *s)
+{
+    return rel_ns(s) / s->tick_ns;
+}
+
+static void timer_sleep(tw_service *s, uint64_t target, uint64_t now)
+{
+    struct timespec ts;
+    bool timed = false;
+    if (target != NEVER && target <= NEVER / s->tick_ns) {
+        uint64_t abs;
+        if (s->clock == NULL) {
+            abs = add_sat(s->start_ns, target * s->tick_ns);
+        } else {
+            uint64_t rel = rel_ns(s), want = target * s->tick_ns;
+            abs = add_sat(mono_ns(), want > rel ? want - rel : 0);
+        }
+        if (abs / 1000000000u < (uint64_t)INT32_MAX) {
+            ts.tv_sec = (time_t)(abs / 1000000000u);
+            ts.tv_nsec = (long)(abs % 1000000000u);
+            timed = true;
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    atomic_store(&s->sleep_until, target);
+    atomic_store(&s->sleep_long, target > now + 1);
+    if (!s->kicked && !atomic_load(&s->quit) &&
+        atomic_load(&s->subq) == NULL && atomic_load(&s->cancel_dirty) == 0) {
+        if (timed)
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        else
+            pthread_cond_wait(&s->cv, &s->mu);
+        atomic_fetch_add_explicit(&s->wakeups, 1, memory_order_relaxed);
+    }
+    s->kicked = false;
+    atomic_store(&s->sleep_until, 0);
+    atomic_store(&s->sleep_long, false);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void *timer_main(void *p)
+{
+    tw_service *s = p;
+    tw_cur.s = s;
+    tw_cur.id = 0;
+    while (!atomic_load(&s->quit)) {
+        bool active = false;
+        if (s->local == NULL)
+            s->local = atomic_exchange(&s->subq, NULL);
+        for (unsigned i = 0; s->local != NULL && i < DRAIN_BATCH; i++) {
+            struct node *n = s->local;
+            s->local = node_of_timer(n->t.tw__next);
+            take_submission(s, n);
+            active = true;
+        }
+        if (atomic_load(&s->cancel_dirty) != 0) {
+            cancel_drain(s, take_cancel);
+            active = true;
+        }
+        uint64_t now = now_tick(s);
+        tw_wheel_advance(s->wheel, now);
+        dispatch_flush(s);
+        free_flush(s);
+        if (s->local != NULL || atomic_load(&s->subq) != NULL ||
+            atomic_load(&s->cancel_dirty) != 0)
+            continue;
+        uint64_t next = tw_wheel_next_expiry(s->wheel);
+        if (next <= now)
+            continue;
+        if (active && next > now + 1)
+            next = now + 1; /* poll once more before sleeping long */
+        timer_sleep(s, next, now);
+    }
+    free_flush(s);
+    tw_cur.s = NULL;
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Create, start, stop, destroy. */
+
+static int cond_init_mono(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+    if (pthread_condattr_init(&ca) != 0)
+        return TW_ENOMEM;
+    int rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    if (rc == 0)
+        rc = pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+    return rc == 0 ? 0 : TW_ENOMEM;
+}
+
+int tw_service_create(tw_service **out, const tw_service_config *cfg)
+{
+    static const tw_service_config defaults = {0};
+    static _Atomic uint32_t serial;
+    if (out == NULL)
+        return TW_EINVAL;
+    if (cfg == NULL)
+        cfg = &defaults;
+    uint64_t tick = cfg->tick_ns ? cfg->tick_ns : UINT64_C(1000000);
+    uint64_t slots = cfg->ticks_per_wheel ? cfg->ticks_per_wheel : 512;
+    uint64_t maxfn = cfg->max_callbacks ? cfg->max_callbacks : 1024;
+    if (tick < TICK_MIN_NS || tick > TICK_MAX_NS ||
+        slots > (UINT64_C(1) << 30) || cfg->levels > 64 ||
+        cfg->executor_threads > 1024 || maxfn > (UINT64_C(1) << 24) ||
+        (cfg->execute != NULL && cfg->executor_threads != 0))
+        return TW_EINVAL;
+    uint64_t p2 = 1;
+    while (p2 < slots)
+        p2 <<= 1;
+    slots = p2;
+    /* One revolution of the first level must fit in 64 bits of ns. */
+    if (slots > UINT64_MAX / tick)
+        return TW_EINVAL;
+    p2 = 1;
+    while (p2 < maxfn)
+        p2 <<= 1;
+
+    int inited = 0;
+    tw_service *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return TW_ENOMEM;
+    s->fns = calloc((size_t)p2, sizeof(*s->fns));
+    if (cfg->executor_threads != 0)
+        s->xthreads = calloc(cfg->executor_threads, sizeof(pthread_t));
+    s->wcfg.slots = (uint32_t)slots;
+    s->wcfg.levels = cfg->levels;
+    int rc = TW_ENOMEM;
+    if (s->fns == NULL || (cfg->executor_threads != 0 && s->xthreads == NULL))
+        goto fail_mem;
+    rc = tw_wheel_create(&s->wheel, &s->wcfg, 0);
+    if (rc != 0)
+        goto fail_mem;
+    rc = TW_ENOMEM;
+    if (pthread_mutex_init(&s->grow_mu, NULL) != 0)
+        goto fail_sync;
+    inited++;
+    if (pthread_mutex_init(&s->mu, NULL) != 0)
+        goto fail_sync;
+    inited++;
+    if (cond_init_mono(&s->cv) != 0)
+        goto fail_sync;
+    inited++;
+    if (pthread_mutex_init(&s->xmu, NULL) != 0)
+        goto fail_sync;
+    inited++;
+    if (pthread_cond_init(&s->xcv, NULL) != 0)
+        goto fail_sync;
+    inited++;
+    if (pthread_mutex_init(&s->wmu, NULL) != 0)
+        goto fail_sync;
+    inited++;
+    if (pthread_cond_init(&s->wcv, NULL) != 0)
+        goto fail_sync;
+    inited++;
+    if (pthread_mutex_init(&s->stop_mu, NULL) != 0)
+        goto fail_sync;
+
+    s->tick_ns = tick;
+    s->max_pending = cfg->max_pending;
+    s->clock = cfg->clock;
+    s->clock_ctx = cfg->clock_ctx;
+    s->execute = cfg->execute;
+    s->execute_ctx = cfg->execute_ctx;
+    s->nexec = cfg->executor_threads;
+    s->fn_mask = (uint32_t)p2 - 1;
+    uint32_t sn = atomic_fetch_add(&serial, 1) + 1;
+    s->salt = sn * UINT32_C(0x85EBCA6B) ^ (uint32_t)(uintptr_t)s;
+    s->start_ns = s->clock ? s->clock(s->clock_ctx) : mono_ns();
+    atomic_store(&s->mem, sizeof(*s) + p2 * sizeof(*s->fns));
+    *out = s;
+    return 0;
+
+fail_sync:
+    /* Undo in reverse order of the inits above. */
+    switch (inited) {
+    case 7: pthread_cond_destroy(&s->wcv); /* fall through */
+    case 6: pthread_mutex_destroy(&s->wmu); /* fall through */
+    case 5: pthread_cond_destroy(&s->xcv); /* fall through */
+    case 4: pthread_mutex_destroy(&s->xmu); /* fall through */
+    case 3: pthread_cond_destroy(&s->cv); /* fall through */
+    case 2: pthread_mutex_destroy(&s->mu); /* fall through */
+    case 1: pthread_mutex_destroy(&s->grow_mu); /* fall through */
+    default: break;
+    }
+    tw_wheel_destroy(s->wheel);
+fail_mem:
+    free(s->xthreads);
+    free((void *)s->fns);
+    free(s);
+    return rc;
+}
+
+/* Stop and join the first @nexec executors and, if @timer, the timer
+ * thread. */
+static void join_threads(tw_service *s, uint32_t nexec, bool timer)
+{
+    if (timer) {
+        atomic_store(&s->quit, true);
+        wake(s);
+        pthread_join(s->thread, NULL);
+    }
+    pthread_mutex_lock(&s->xmu);
+    s->xquit = true;
+    pthread_cond_broadcast(&s->xcv);
+    pthread_mutex_unlock(&s->xmu);
+    for (uint32_t i = 0; i < nexec; i++)
+        pthread_join(s->xthreads[i], NULL);
+}
+
+int tw_service_start(tw_service *s)
+{
+    if (s == NULL)
+        return TW_EINVAL;
+    pthread_mutex_lock(&s->stop_mu);
+    int rc = 0;
+    if (atomic_load(&s->pending) & STOPPED_BIT)
+        rc = TW_ESHUTDOWN;
+    if (rc != 0 || atomic_load(&s->started))
+        goto out;
+    uint32_t i;
+    for (i = 0; i < s->nexec; i++) {
+        rc = pthread_create(&s->xthreads[i], NULL, executor_main, s);
+        if (rc != 0)
+            break;
+    }
+    if (rc == 0) {
+        rc = pthread_create(&s->thread, NULL, timer_main, s);
+        if (rc == 0) {
+            atomic_store_explicit(&s->started, true, memory_order_release);
+            goto out;
+        }
+    }
+    join_threads(s, i, false);
+    s->xquit = false;
+    rc = rc == ENOMEM ? TW_ENOMEM : TW_EAGAIN;
+out:
+    pthread_mutex_unlock(&s->stop_mu);
+    return rc;
+}
+
+/* Hand node @n (claimed: cancelled bit set by us) back, then free it. */
+static int hand_back(tw_service *s, struct node *n, uint64_t st,
+                     tw_unprocessed_fn fn, void *ctx)
+{
+    pending_drop(s);
+    if (fn != NULL) {
+        void *arg = n->t.tw__arg;
+        if (st & ST_PERIODIC)
+            arg = ((struct periodic *)arg)->arg;
+        fn(make_id(st, node_index(n)), fn_at(s, st), arg, ctx);
+    }
+    node_free(s, n);
+    atomic_fetch_add_explicit(&s->handed, 1, memory_order_relaxed);
+    return 1;
+}
+
+/* Claim owned node @n for stop: 1 if we won (st updated), 0 if a cancel
+ * had won (then free it). */
+static int claim(tw_service *s, struct node *n, uint64_t *st)
+{
+    uint64_t v = atomic_load(&n->state);
+    do {
+        if (v & ST_CANCELLED) {
+            node_free(s, n);
+            atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
+            return 0;
+        }
+    } while (!atomic_compare_exchange_weak(&n->state, &v, v | ST_CANCELLED));
+    *st = v;
+    return 1;
+}
+
+static void ignore_cancel(tw_service *s, struct node *n)
+{
+    (void)s;
+    (void)n;
+}
+
+int tw_service_stop(tw_service *s, tw_unprocessed_fn fn, void *ctx)
+{
+    if (s == NULL)
+        return TW_EINVAL;
+    if (tw_cur.s == s)
+        return TW_EDEADLK;
+    pthread_mutex_lock(&s->stop_mu);
+    if (s->stop_done) {
+        pthread_mutex_unlock(&s->stop_mu);
+        return 0;
+    }
+    atomic_fetch_or(&s->pending, STOPPED_BIT);
+    if (atomic_load(&s->started)) {
+        join_threads(s, s->nexec, true); /* executors finish due tasks */
+        /* A caller-supplied executor: wait for the jobs it holds. */
+        while (atomic_load(&s->busy) != 0)
+            sched_yield();
+    }
+    uint64_t handed = 0;
+    /* Everything in the wheel, cancelled or not; nodes beyond fresh were
+     * never used. */
+    uint32_t fresh = atomic_load(&s->fresh);
+    for (uint32_t i = 0; i < fresh; i++) {
+        struct node *n = node_at(s, i);
+        uint64_t st = atomic_load(&n->state);
+        if (ST_LOC(st) != LOC_ARMED)
+            continue;
+        tw_wheel_cancel(s->wheel, &n->t);
+        if (claim(s, n, &st))
+            handed += (uint64_t)hand_back(s, n, st, fn, ctx);
+    }
+    /* Marks of nodes freed above are stale. */
+    cancel_drain(s, ignore_cancel);
+    /* The submission stack, until every accepted task is accounted for:
+     * a producer may still be between its reservation and its push. */
+    for (;;) {
+        while (s->local != NULL) {
+            struct node *n = s->local;
+            s->local = node_of_timer(n->t.tw__next);
+            uint64_t st;
+            if (claim(s, n, &st))
+                handed += (uint64_t)hand_back(s, n, st, fn, ctx);
+        }
+        s->local = atomic_exchange(&s->subq, NULL);
+        if (s->local == NULL) {
+            if (tw_service_pending(s) == 0)
+                break;
+            sched_yield();
+        }
+    }
+    s->stop_done = true;
+    pthread_mutex_unlock(&s->stop_mu);
+    return handed > INT_MAX ? INT_MAX : (int)handed;
+}
+
+void tw_service_destroy(tw_service *s)
+{
+    if (s == NULL)
+        return;
+    tw_service_stop(s, NULL, NULL);
+    for (unsigned d = 0; d < DIR_BLOCKS; d++) {
+        struct dirblock *db = atomic_load(&s->dir[d]);
+        if (db == NULL)
+            continue;
+        for (unsigned c = 0; c < (1u << DIR_BITS); c++) {
+            struct node *first = atomic_load(&db->chunk[c]);
+            if (first != NULL)
+                free(chunk_tail_of(first)->raw);
+        }
+        free(db);
+    }
+    pthread_cond_destroy(&s->wcv);
+    pthread_mutex_destroy(&s->wmu);
+    pthread_cond_destroy(&s->xcv);
+    pthread_mutex_destroy(&s->xmu);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->grow_mu);
+    pthread_mutex_destroy(&s->stop_mu);
+    tw_wheel_destroy(s->wheel);
+    free(s->xthreads);
+    free((void *)s->fns);
+    free(s);
+}
+
+void tw_service_get_stats(const tw_service *s, tw_service_stats *out)
+{
+    if (s == NULL || out == NULL)
+        return;
+    tw_service *m = (tw_service *)s;
+    out->pending = tw_service_pending(s);
+    out->ran = atomic_load_explicit(&m->ran, memory_order_relaxed);
+    out->cancelled = atomic_load_explicit(&m->cancelled, memory_order_relaxed);
+    out->handed_back = atomic_load_explicit(&m->handed, memory_order_relaxed);
+    out->wakeups = atomic_load_explicit(&m->wakeups, memory_order_relaxed);
+    out->nodes = atomic_load_explicit(&m->nodes, memory_order_relaxed);
+    out->memory_bytes = atomic_load_explicit(&m->mem, memory_order_relaxed);
+}
+
+size_t tw__service_node_size(void)
+{
+    return sizeof(struct node);
+}
