@@ -5,6 +5,7 @@
 #ifndef TWHEEL_INTERNAL_H
 #define TWHEEL_INTERNAL_H
 
+#include "twheel/repeated.h"
 #include "twheel/wheel.h"
 
 /* Core wheel invariant checkers: 0 when consistent, else the source line
@@ -19,5 +20,21 @@ int tw__wheel_check_full(const tw_wheel *w);
 struct tw_service;
 void tw__service_kick(struct tw_service *s);
 size_t tw__service_node_size(void);
+
+/*
+ * RepeatedTimer on any scheduler with the tw_schedule()/tw_cancel()
+ * contract: tw_repeated_create() uses a tw_service; tests use a virtual
+ * clock. The scheduler must outlive the timer (see repeated.h).
+ */
+typedef struct tw__sched {
+    int (*schedule)(void *ctx, tw_task_fn fn, void *arg, uint64_t delay_ns,
+                    tw_id *id);
+    bool (*cancel)(void *ctx, tw_id id);
+    void *ctx;
+} tw__sched;
+int tw__repeated_create_on(tw_repeated **out, const tw__sched *sched,
+                           const tw_repeated_config *cfg);
+/* The task function every RepeatedTimer schedules. */
+void tw__repeated_task(tw_id id, void *arg);
 
 #endif

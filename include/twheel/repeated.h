@@ -1,0 +1,150 @@
+/*
+ * twheel/repeated.h - a RepeatedTimer on a tw_service, in the manner of
+ * SOFAJRaft's (election, vote, step-down and snapshot timers).
+ *
+ * A RepeatedTimer calls on_trigger again and again, each run scheduled
+ * timeout_ns after the previous run returned (fixed delay), so runs never
+ * overlap. An optional adjust_timeout hook picks the delay before every
+ * scheduling (a randomized election timeout, for example).
+ *
+ * Thread safety: every function may be called from any thread at the same
+ * time, on_trigger included, except that tw_repeated_destroy() ends the
+ * caller's use of the handle: no call may follow it or race with it on the
+ * same timer. Each timer has its own mutex; on_trigger runs without it held
+ * (on the service's timer or executor thread, or on the caller's thread for
+ * tw_repeated_run_once_now()); adjust_timeout runs with it held and must not
+ * call tw_repeated_* on the same timer.
+ *
+ * Lifetime: the timer's memory belongs to twheel. tw_repeated_destroy()
+ * stops it and returns at once; on_destroy then runs exactly once, after any
+ * run in progress has returned, as the last call that touches the timer,
+ * so it may free arg.
+ *
+ * The service must outlive its timers: destroy every RepeatedTimer before
+ * tw_service_stop(), or give the tasks stop() hands back to
+ * tw_repeated_unprocessed(); a RepeatedTimer task that the service drops
+ * (stop with a NULL callback, tw_service_destroy) keeps its timer's memory,
+ * and its on_destroy, from ever being released.
+ */
+#ifndef TWHEEL_REPEATED_H
+#define TWHEEL_REPEATED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "twheel/service.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tw_repeated tw_repeated;
+
+/* on_trigger and on_destroy: @arg is tw_repeated_config.arg. */
+typedef void (*tw_repeated_fn)(tw_repeated *rt, void *arg);
+
+/*
+ * Returns the delay in ns before the next run, given the configured
+ * @timeout_ns. 0 is taken as 1 ns; the service clamps what would overflow
+ * to "never".
+ */
+typedef uint64_t (*tw_adjust_fn)(tw_repeated *rt, uint64_t timeout_ns,
+                                 void *arg);
+
+typedef struct tw_repeated_config {
+    const char *name;            /* copied; NULL = "" */
+    uint64_t timeout_ns;         /* > 0 */
+    tw_repeated_fn on_trigger;   /* required */
+    tw_adjust_fn adjust_timeout; /* NULL = use timeout_ns as it is */
+    tw_repeated_fn on_destroy;   /* NULL = none */
+    void *arg;                   /* passed to the three callbacks */
+} tw_repeated_config;
+
+/*
+ * tw_repeated_create - make a stopped RepeatedTimer that schedules on @s.
+ * Returns 0, TW_EINVAL (NULL @out, @s or @cfg, no on_trigger, zero
+ * timeout) or TW_ENOMEM; on failure *@out is left as it was.
+ * Context: any thread.
+ */
+TW_EXTERN int tw_repeated_create(tw_repeated **out, tw_service *s,
+                                 const tw_repeated_config *cfg);
+
+/*
+ * tw_repeated_start - schedule the first run, timeout from now. A no-op
+ * (returning 0) if the timer is started already.
+ * Returns 0, TW_EINVAL (NULL), TW_ESHUTDOWN (destroyed, or the service is
+ * stopped) or another tw_schedule() error; on error the timer stays stopped.
+ * Context: any thread, on_trigger included.
+ */
+TW_EXTERN int tw_repeated_start(tw_repeated *rt);
+
+/*
+ * tw_repeated_stop - cancel the pending run; no new run starts until the
+ * next tw_repeated_start() or tw_repeated_restart(). A run in progress
+ * finishes and does not reschedule. No-op if stopped. NULL is accepted.
+ * Context: any thread, on_trigger included. Does not wait.
+ */
+TW_EXTERN void tw_repeated_stop(tw_repeated *rt);
+
+/*
+ * tw_repeated_restart - start the timer and reschedule its next run a
+ * timeout from now, whether or not it was running. Returns as
+ * tw_repeated_start(); on error nothing changed.
+ * Context: any thread, on_trigger included (then the next run is scheduled
+ * when on_trigger returns, as always).
+ */
+TW_EXTERN int tw_repeated_restart(tw_repeated *rt);
+
+/*
+ * tw_repeated_reset - set the timeout to @timeout_ns (0 keeps the current
+ * one) and, if the timer is started, reschedule its next run a timeout from
+ * now: called on every heartbeat, it keeps an election timer from firing.
+ * A stopped timer only takes the new timeout. Returns 0, TW_EINVAL (NULL),
+ * TW_ESHUTDOWN (destroyed) or a tw_schedule() error (nothing changed).
+ * Context: any thread, on_trigger included.
+ */
+TW_EXTERN int tw_repeated_reset(tw_repeated *rt, uint64_t timeout_ns);
+
+/*
+ * tw_repeated_run_once_now - run on_trigger now on the calling thread
+ * (cancelling the pending run), then, if the timer is started, schedule the
+ * next run a timeout after it returned. Works on a stopped timer too (one
+ * run, no rescheduling).
+ * Returns 0; TW_EINVAL (NULL); TW_ESHUTDOWN (destroyed); TW_EBUSY if a run
+ * is in progress (runs never overlap: nothing was done); or a tw_schedule()
+ * error for the rescheduling (the run took place; the timer is stopped).
+ * Context: any thread, but not from the timer's own on_trigger (TW_EBUSY).
+ */
+TW_EXTERN int tw_repeated_run_once_now(tw_repeated *rt);
+
+/*
+ * tw_repeated_destroy - stop the timer and give it up. on_destroy runs
+ * exactly once: before this returns when no run is in progress, otherwise
+ * on the running thread after on_trigger returns. The handle must not be
+ * used after this call. NULL is accepted.
+ * Context: any thread, on_trigger of this timer included (its on_destroy
+ * then runs after on_trigger returns).
+ */
+TW_EXTERN void tw_repeated_destroy(tw_repeated *rt);
+
+/* tw_repeated_name - the name given at creation (never NULL). */
+TW_EXTERN const char *tw_repeated_name(const tw_repeated *rt);
+
+/*
+ * tw_repeated_unprocessed - a tw_unprocessed_fn for tw_service_stop(): a
+ * task of a RepeatedTimer (tw_repeated_owns(@fn)) is taken back: its timer
+ * becomes stopped and is destroyed as usual. Other tasks are ignored: a
+ * caller with tasks of its own calls this from its own callback for the
+ * tasks tw_repeated_owns(). @ctx is unused. Context: as the callback of
+ * tw_service_stop().
+ */
+TW_EXTERN void tw_repeated_unprocessed(tw_id id, tw_task_fn fn, void *arg,
+                                       void *ctx);
+
+/* tw_repeated_owns - true if @fn is the task function of RepeatedTimers. */
+TW_EXTERN bool tw_repeated_owns(tw_task_fn fn);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TWHEEL_REPEATED_H */

@@ -1,0 +1,329 @@
+/*
+ * src/repeated.c - RepeatedTimer (twheel/repeated.h) on a tw_service.
+ *
+ * Each timer is a small state machine under its own mutex:
+ *
+ *   stopped    no new run may be scheduled (set by stop and destroy)
+ *   destroyed  the owner gave the handle up
+ *   invoking   on_trigger is running (at most one run at a time)
+ *   pending    the id of the one service task that may start the next run,
+ *              0 if none
+ *   refs       1 for the owner (until destroy) + 1 for every service task
+ *              that may still call us: scheduled and neither cancelled
+ *              successfully, nor finished, nor handed back by stop
+ *
+ * A task whose id is no longer `pending` is stale: it was cancelled after
+ * the service had already taken it to run. It only drops its reference.
+ * Whoever drops the last reference runs on_destroy and frees the timer, so
+ * on_destroy is the last thing that touches it, exactly once, and never
+ * while a run is in progress.
+ *
+ * While on_trigger runs, nothing is scheduled: when it returns the next run
+ * is scheduled (fixed delay) unless the timer was stopped meanwhile. So a
+ * restart or reset from inside on_trigger needs no special case.
+ *
+ * Lock order: a timer's mutex, then whatever the scheduler takes inside
+ * tw_schedule()/tw_cancel(), which never wait for a task to finish.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "twheel/repeated.h"
+
+struct tw_repeated {
+    pthread_mutex_t mu;
+    tw__sched sched;
+    tw_repeated_config cfg; /* cfg.name points into name[] below */
+    tw_id pending;
+    uint32_t refs;
+    bool stopped, destroyed, invoking;
+    char name[]; /* NUL-terminated copy of the configured name */
+};
+
+/* Adapters from tw__sched to a tw_service. */
+static int svc_schedule(void *ctx, tw_task_fn fn, void *arg, uint64_t delay,
+                        tw_id *id)
+{
+    return tw_schedule(ctx, fn, arg, delay, id);
+}
+
+static bool svc_cancel(void *ctx, tw_id id)
+{
+    return tw_cancel(ctx, id);
+}
+
+int tw__repeated_create_on(tw_repeated **out, const tw__sched *sched,
+                           const tw_repeated_config *cfg)
+{
+    const char *name;
+    size_t len;
+    tw_repeated *rt;
+
+    if (out == NULL || sched == NULL || sched->schedule == NULL ||
+        sched->cancel == NULL || cfg == NULL || cfg->on_trigger == NULL ||
+        cfg->timeout_ns == 0)
+        return TW_EINVAL;
+    name = cfg->name != NULL ? cfg->name : "";
+    len = strlen(name);
+    rt = calloc(1, sizeof *rt + len + 1);
+    if (rt == NULL)
+        return TW_ENOMEM;
+    if (pthread_mutex_init(&rt->mu, NULL) != 0) {
+        free(rt);
+        return TW_ENOMEM;
+    }
+    memcpy(rt->name, name, len + 1);
+    rt->sched = *sched;
+    rt->cfg = *cfg;
+    rt->cfg.name = rt->name;
+    rt->refs = 1;
+    rt->stopped = true;
+    *out = rt;
+    return 0;
+}
+
+int tw_repeated_create(tw_repeated **out, tw_service *s,
+                       const tw_repeated_config *cfg)
+{
+    tw__sched sched = {svc_schedule, svc_cancel, s};
+
+    if (s == NULL)
+        return TW_EINVAL;
+    return tw__repeated_create_on(out, &sched, cfg);
+}
+
+/* The last reference is gone: nothing else can reach @rt. */
+static void finish(tw_repeated *rt)
+{
+    if (rt->cfg.on_destroy != NULL)
+        rt->cfg.on_destroy(rt, rt->cfg.arg);
+    pthread_mutex_destroy(&rt->mu);
+    free(rt);
+}
+
+/* Drop one reference; true if it was the last (the caller then finishes). */
+static bool unref_locked(tw_repeated *rt)
+{
+    return --rt->refs == 0;
+}
+
+/*
+ * Cancel the pending task, if any. If the cancel fails the service has
+ * already taken the task to run: it will find itself stale and drop its
+ * reference then.
+ */
+static void cancel_pending_locked(tw_repeated *rt)
+{
+    if (rt->pending == 0)
+        return;
+    if (rt->sched.cancel(rt->sched.ctx, rt->pending))
+        rt->refs--; /* never the last: the caller holds another reference */
+    rt->pending = 0;
+}
+
+/*
+ * Schedule the next run a timeout from now, replacing the pending one. The
+ * new task is scheduled before the old one is cancelled, so a failure
+ * changes nothing. While on_trigger runs this does nothing: the end of the
+ * run schedules.
+ */
+static int schedule_locked(tw_repeated *rt)
+{
+    uint64_t delay = rt->cfg.timeout_ns;
+    tw_id id = 0;
+    int err;
+
+    if (rt->invoking)
+        return 0;
+    if (rt->cfg.adjust_timeout != NULL)
+        delay = rt->cfg.adjust_timeout(rt, delay, rt->cfg.arg);
+    if (delay == 0)
+        delay = 1;
+    err = rt->sched.schedule(rt->sched.ctx, tw__repeated_task, rt, delay, &id);
+    if (err != 0)
+        return err;
+    cancel_pending_locked(rt);
+    rt->pending = id;
+    rt->refs++;
+    return 0;
+}
+
+/*
+ * Run on_trigger with the mutex released, then schedule the next run unless
+ * stopped. Called and returns with the mutex held and rt->invoking set.
+ * Returns the scheduling error (the timer is then stopped), or 0.
+ */
+static int invoke_locked(tw_repeated *rt)
+{
+    int err = 0;
+
+    pthread_mutex_unlock(&rt->mu);
+    rt->cfg.on_trigger(rt, rt->cfg.arg);
+    pthread_mutex_lock(&rt->mu);
+    rt->invoking = false;
+    if (!rt->stopped) {
+        err = schedule_locked(rt);
+        if (err != 0)
+            rt->stopped = true; /* the chain of runs is broken */
+    }
+    return err;
+}
+
+void tw__repeated_task(tw_id id, void *arg)
+{
+    tw_repeated *rt = arg;
+    bool last;
+
+    pthread_mutex_lock(&rt->mu);
+    /*
+     * Not pending means cancelled after the service took it: stale. A
+     * pending task implies a started timer: stop clears `pending`.
+     */
+    if (id == rt->pending) {
+        rt->pending = 0;
+        rt->invoking = true;
+        invoke_locked(rt);
+    }
+    last = unref_locked(rt);
+    pthread_mutex_unlock(&rt->mu);
+    if (last)
+        finish(rt);
+}
+
+int tw_repeated_start(tw_repeated *rt)
+{
+    int err = 0;
+
+    if (rt == NULL)
+        return TW_EINVAL;
+    pthread_mutex_lock(&rt->mu);
+    if (rt->destroyed) {
+        err = TW_ESHUTDOWN;
+    } else if (rt->stopped) {
+        /* While invoking, the end of the run schedules. */
+        err = rt->invoking ? 0 : schedule_locked(rt);
+        if (err == 0)
+            rt->stopped = false;
+    }
+    pthread_mutex_unlock(&rt->mu);
+    return err;
+}
+
+void tw_repeated_stop(tw_repeated *rt)
+{
+    if (rt == NULL)
+        return;
+    pthread_mutex_lock(&rt->mu);
+    rt->stopped = true;
+    cancel_pending_locked(rt);
+    pthread_mutex_unlock(&rt->mu);
+}
+
+int tw_repeated_restart(tw_repeated *rt)
+{
+    int err;
+
+    if (rt == NULL)
+        return TW_EINVAL;
+    pthread_mutex_lock(&rt->mu);
+    err = rt->destroyed ? TW_ESHUTDOWN : schedule_locked(rt);
+    if (err == 0)
+        rt->stopped = false;
+    pthread_mutex_unlock(&rt->mu);
+    return err;
+}
+
+int tw_repeated_reset(tw_repeated *rt, uint64_t timeout_ns)
+{
+    uint64_t old;
+    int err = 0;
+
+    if (rt == NULL)
+        return TW_EINVAL;
+    pthread_mutex_lock(&rt->mu);
+    old = rt->cfg.timeout_ns;
+    if (rt->destroyed) {
+        err = TW_ESHUTDOWN;
+    } else {
+        if (timeout_ns != 0)
+            rt->cfg.timeout_ns = timeout_ns;
+        if (!rt->stopped)
+            err = schedule_locked(rt);
+        if (err != 0)
+            rt->cfg.timeout_ns = old;
+    }
+    pthread_mutex_unlock(&rt->mu);
+    return err;
+}
+
+int tw_repeated_run_once_now(tw_repeated *rt)
+{
+    bool last = false;
+    int err;
+
+    if (rt == NULL)
+        return TW_EINVAL;
+    pthread_mutex_lock(&rt->mu);
+    if (rt->destroyed) {
+        err = TW_ESHUTDOWN;
+    } else if (rt->invoking) {
+        err = TW_EBUSY;
+    } else {
+        cancel_pending_locked(rt);
+        rt->invoking = true;
+        rt->refs++; /* a destroy from another thread must wait for us */
+        err = invoke_locked(rt);
+        last = unref_locked(rt);
+    }
+    pthread_mutex_unlock(&rt->mu);
+    if (last)
+        finish(rt);
+    return err;
+}
+
+void tw_repeated_destroy(tw_repeated *rt)
+{
+    bool last;
+
+    if (rt == NULL)
+        return;
+    pthread_mutex_lock(&rt->mu);
+    rt->destroyed = true;
+    rt->stopped = true;
+    cancel_pending_locked(rt);
+    last = unref_locked(rt);
+    pthread_mutex_unlock(&rt->mu);
+    if (last)
+        finish(rt);
+}
+
+const char *tw_repeated_name(const tw_repeated *rt)
+{
+    return rt != NULL ? rt->name : "";
+}
+
+bool tw_repeated_owns(tw_task_fn fn)
+{
+    return fn == tw__repeated_task;
+}
+
+void tw_repeated_unprocessed(tw_id id, tw_task_fn fn, void *arg, void *ctx)
+{
+    tw_repeated *rt = arg;
+    bool last;
+
+    (void)ctx;
+    if (fn != tw__repeated_task || rt == NULL)
+        return;
+    pthread_mutex_lock(&rt->mu);
+    if (id == rt->pending) {
+        rt->pending = 0;
+        rt->stopped = true;
+    }
+    last = unref_locked(rt);
+    pthread_mutex_unlock(&rt->mu);
+    if (last)
+        finish(rt);
+}
