@@ -19,6 +19,10 @@ int tw__wheel_check_full(const tw_wheel *w);
  * tw__service_node_size: bytes of one pending task's record. */
 struct tw_service;
 void tw__service_kick(struct tw_service *s);
+/* Wait until the timer thread has run a whole round that began after this
+ * call (it has read the clock and its queues since) and no task is
+ * dispatched or running. The service must be started. */
+void tw__service_sync(struct tw_service *s);
 size_t tw__service_node_size(void);
 
 /*

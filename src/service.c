@@ -190,6 +190,9 @@ struct tw_service {
     pthread_mutex_t stop_mu;
     bool stop_done; /* under stop_mu */
 
+    /* Timer-thread rounds begun and ended (tw__service_sync). */
+    _Atomic uint64_t round_begin, round_end;
+
     /* Statistics. */
     _Atomic uint64_t ran, cancelled, handed, wakeups, nodes, mem;
 };
@@ -547,6 +550,19 @@ static void wake_for_cancel(tw_service *s)
 void tw__service_kick(tw_service *s)
 {
     wake(s);
+}
+
+void tw__service_sync(tw_service *s)
+{
+    /* Rounds are numbered from 1; round r0 + 1 begins after this call. */
+    uint64_t r0 = atomic_load(&s->round_begin);
+    wake(s);
+    while ((atomic_load(&s->round_end) < r0 + 1 ||
+            atomic_load(&s->busy) != 0) &&
+           atomic_load(&s->started) && !atomic_load(&s->quit)) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1028,6 +1044,7 @@ static void *timer_main(void *p)
     tw_cur.id = 0;
     while (!atomic_load(&s->quit)) {
         bool active = false;
+        atomic_fetch_add(&s->round_begin, 1);
         if (s->local == NULL)
             s->local = atomic_exchange(&s->subq, NULL);
         for (unsigned i = 0; s->local != NULL && i < DRAIN_BATCH; i++) {
@@ -1044,6 +1061,7 @@ static void *timer_main(void *p)
         tw_wheel_advance(s->wheel, now);
         dispatch_flush(s);
         free_flush(s);
+        atomic_fetch_add(&s->round_end, 1);
         if (s->local != NULL || atomic_load(&s->subq) != NULL ||
             atomic_load(&s->cancel_dirty) != 0)
             continue;
