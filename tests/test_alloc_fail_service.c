@@ -1,0 +1,248 @@
+/*
+ * tests/test_alloc_fail_service.c - allocation failures in the service.
+ *
+ * tw_service_create() and a script of service calls (one-shot, fixed-rate
+ * and fixed-delay schedules, enough one-shot tasks to grow the record pool
+ * by a second chunk, cancels) run once per allocation k the script makes,
+ * with allocation k failing (once, or from k on). Every call that meets a
+ * failure must return TW_ENOMEM with nothing changed: the pending count, the
+ * caller's id, the counters of tasks; and once memory is back the same call
+ * must work. At the end every task must have run or be handed back exactly
+ * as in a run without failures, and nothing may leak.
+ *
+ * The services run on a virtual clock (tw_service_config.clock) so that the
+ * script is deterministic: tasks run only when the test moves the clock.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "internal.h"
+#include "test.h"
+#include "test_alloc_fail.h"
+#include "twheel/service.h"
+
+#define MS UINT64_C(1000000)
+#define SEC UINT64_C(1000000000)
+#define BULK 4200 /* one-shot tasks: more than one chunk of records */
+
+static _Atomic uint64_t vnow;
+static long points; /* failure points swept */
+
+static uint64_t vclock(void *ctx)
+{
+    (void)ctx;
+    return atomic_load(&vnow);
+}
+
+struct counts {
+    _Atomic long runs, handed;
+};
+
+static void count_task(tw_id id, void *arg)
+{
+    (void)id;
+    atomic_fetch_add(&((struct counts *)arg)->runs, 1);
+}
+
+static void count_unprocessed(tw_id id, tw_task_fn fn, void *arg, void *ctx)
+{
+    (void)id;
+    (void)ctx;
+    ASSERT(fn == count_task);
+    atomic_fetch_add(&((struct counts *)arg)->handed, 1);
+}
+
+static void other_task(tw_id id, void *arg)
+{
+    (void)id;
+    (void)arg;
+}
+
+/* ------------------------------------------------------------------------ */
+/* tw_service_create */
+
+static void sweep_create(const tw_service_config *cfg, bool sticky)
+{
+    long live0 = tw_af_live();
+    for (long k = 0;; k++) {
+        tw_service *s = (tw_service *)&points; /* sentinel: must stay */
+        tw_af_arm(k, sticky);
+        int rc = tw_service_create(&s, cfg);
+        long failed = tw_af_failures();
+        tw_af_disarm();
+        if (failed == 0) {
+            ASSERT_EQ(rc, 0);
+            ASSERT_GT(k, 0);
+            tw_service_destroy(s);
+            ASSERT_EQ(tw_af_live(), live0);
+            return;
+        }
+        points++;
+        ASSERT_EQ(rc, TW_ENOMEM);
+        ASSERT(s == (tw_service *)&points);
+        ASSERT_EQ(tw_af_live(), live0);
+    }
+}
+
+static void test_create(void)
+{
+    tw_service_config cfgs[4] = {{0}};
+    cfgs[1].executor_threads = 3;
+    cfgs[2].ticks_per_wheel = 64;
+    cfgs[2].levels = 1;
+    cfgs[2].max_callbacks = 1u << 20;
+    cfgs[3].tick_ns = 1000;
+    cfgs[3].ticks_per_wheel = 1u << 16;
+    for (int i = 0; i < 4; i++) {
+        sweep_create(&cfgs[i], false);
+        sweep_create(&cfgs[i], true);
+    }
+    sweep_create(NULL, false);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The schedule script. */
+
+enum { ONE_SHOT, FIXED_RATE, FIXED_DELAY };
+
+struct script {
+    tw_service *s;
+    struct counts c;
+    tw_id ids[8];
+    long enomem; /* calls that failed */
+};
+
+/*
+ * Make one schedule call as the script says; on TW_ENOMEM check that nothing
+ * changed, then repeat it with memory back. Returns the id.
+ */
+static tw_id call(struct script *sc, int kind, uint64_t delay,
+                  uint64_t period)
+{
+    tw_service_stats before, after;
+    tw_service_get_stats(sc->s, &before);
+    long failures0 = tw_af_failures();
+    tw_id id = 42;
+    int rc;
+    for (int attempt = 0;; attempt++) {
+        switch (kind) {
+        case ONE_SHOT:
+            rc = tw_schedule(sc->s, count_task, &sc->c, delay, &id);
+            break;
+        case FIXED_RATE:
+            rc = tw_schedule_fixed_rate(sc->s, count_task, &sc->c, delay,
+                                        period, &id);
+            break;
+        default:
+            rc = tw_schedule_fixed_delay(sc->s, count_task, &sc->c, delay,
+                                         period, &id);
+            break;
+        }
+        if (rc == 0)
+            break;
+        /* Only an injected failure may make the call fail. */
+        ASSERT_EQ(rc, TW_ENOMEM);
+        ASSERT_GT(tw_af_failures(), failures0);
+        ASSERT_EQ(attempt, 0);
+        ASSERT_EQ(id, 42);
+        tw_service_get_stats(sc->s, &after);
+        ASSERT_EQ(after.pending, before.pending);
+        ASSERT_EQ(after.ran, before.ran);
+        ASSERT_EQ(after.cancelled, before.cancelled);
+        ASSERT_EQ(tw_service_pending(sc->s), before.pending);
+        sc->enomem++;
+        tw_af_disarm(); /* memory is back: the same call must work */
+    }
+    ASSERT_NE(id, 42);
+    ASSERT_NE(id, 0);
+    ASSERT_EQ(tw_service_pending(sc->s), before.pending + 1);
+    return id;
+}
+
+/* Move the virtual clock forward by @ns and wait for a timer round. */
+static void vadvance(tw_service *s, uint64_t ns)
+{
+    atomic_fetch_add(&vnow, ns);
+    tw__service_sync(s);
+}
+
+/*
+ * Run the script with allocation @k failing (k < 0: none). Returns how many
+ * allocation calls it made while armed.
+ */
+static long run_script(long k, bool sticky, uint32_t executors)
+{
+    long live0 = tw_af_live();
+    struct script sc = {0};
+    tw_service_config cfg = {0};
+    cfg.clock = vclock;
+    cfg.executor_threads = executors;
+    atomic_store(&vnow, 1000 * SEC);
+    ASSERT_EQ(tw_service_create(&sc.s, &cfg), 0);
+    ASSERT_EQ(tw_service_start(sc.s), 0);
+
+    tw_af_arm(k, sticky);
+    sc.ids[0] = call(&sc, ONE_SHOT, 5 * MS, 0);
+    sc.ids[1] = call(&sc, FIXED_RATE, 1 * MS, 10 * MS);
+    sc.ids[2] = call(&sc, FIXED_DELAY, 2 * MS, 10 * MS);
+    sc.ids[3] = call(&sc, ONE_SHOT, UINT64_MAX, 0); /* never */
+    for (int i = 0; i < BULK; i++)
+        call(&sc, ONE_SHOT, 1 * MS + (uint64_t)i % 7 * MS, 0);
+    sc.ids[4] = call(&sc, FIXED_RATE, 3 * MS, 20 * MS);
+    ASSERT(tw_cancel(sc.s, sc.ids[4]));
+    sc.ids[5] = call(&sc, ONE_SHOT, 50 * MS, 0);
+    long calls = tw_af_calls();
+    tw_af_disarm();
+
+    /* Everything accepted behaves as in a run without failures. */
+    ASSERT_EQ(tw_service_pending(sc.s), 4 + BULK + 1);
+    ASSERT(tw_cancel(sc.s, sc.ids[5]));
+    vadvance(sc.s, 9 * MS);
+    ASSERT_EQ(atomic_load(&sc.c.runs), BULK + 1 + 2); /* + 2 periodic */
+    ASSERT_EQ(tw_service_pending(sc.s), 3);
+    /* Still works after the failures. */
+    tw_id extra = call(&sc, ONE_SHOT, 1 * MS, 0);
+    ASSERT_NE(extra, 0);
+    vadvance(sc.s, 1 * MS); /* 10 ms: before the periodic tasks' next run */
+    ASSERT_EQ(atomic_load(&sc.c.runs), BULK + 1 + 2 + 1);
+    ASSERT_EQ(tw_schedule(sc.s, other_task, NULL, 1 * MS, NULL), 0);
+    vadvance(sc.s, 2 * MS);
+    /* Stop hands back the two periodic tasks and the "never" one. */
+    ASSERT_EQ(tw_service_stop(sc.s, count_unprocessed, NULL), 3);
+    ASSERT_EQ(tw_service_pending(sc.s), 0);
+    tw_service_stats st;
+    tw_service_get_stats(sc.s, &st);
+    ASSERT_EQ(st.cancelled, 2);
+    ASSERT_EQ(st.handed_back, 3);
+    tw_service_destroy(sc.s);
+    ASSERT_EQ(tw_af_live(), live0);
+    points += sc.enomem;
+    return calls;
+}
+
+static void sweep_script(bool sticky, uint32_t executors)
+{
+    long total = run_script(-1, false, executors);
+    ASSERT_GT(total, 0);
+    for (long k = 0; k < total; k++)
+        run_script(k, sticky, executors);
+    printf("script (%s, %u executors): %ld allocations, each failed in "
+           "turn\n", sticky ? "sticky" : "once", executors, total);
+}
+
+static void test_schedule_script(void)
+{
+    sweep_script(false, 0);
+    sweep_script(true, 0);
+    sweep_script(false, 2);
+}
+
+int main(void)
+{
+    RUN_TEST(test_create);
+    RUN_TEST(test_schedule_script);
+    printf("service: %ld allocation failure points swept\n", points);
+    return tw_test_done();
+}
