@@ -109,9 +109,8 @@ struct chunk_tail {
     _Atomic uint64_t l0[CHUNK_NODES / 64]; /* cancel bits of ARMED nodes */
 };
 
-_Static_assert(CHUNK_NODES * sizeof(struct node) + sizeof(struct chunk_tail) <=
-                   CHUNK_ALIGN,
-               "a chunk fits its alignment");
+#define CHUNK_BYTES (CHUNK_NODES * sizeof(struct node) + sizeof(struct chunk_tail))
+_Static_assert(CHUNK_BYTES <= CHUNK_ALIGN, "a chunk fits its alignment");
 
 struct dirblock {
     _Atomic(struct node *) chunk[1u << DIR_BITS];
@@ -297,21 +296,20 @@ static int pool_ensure(tw_service *s, uint32_t idx)
         atomic_store_explicit(&s->dir[d], db, memory_order_release);
     }
     if (atomic_load_explicit(&db->chunk[c], memory_order_relaxed) == NULL) {
-        /* Twice the alignment: only the aligned part is touched, the rest
-         * stays virtual. calloc so that unused nodes have generation 0,
-         * which no id carries. */
-        void *raw = calloc(1, 2 * CHUNK_ALIGN);
-        if (raw == NULL) {
+        /* Aligned so that a node's address gives its chunk; only the
+         * bytes used are requested and touched. Zeroed so that unused
+         * nodes have generation 0, which no id carries. */
+        void *raw = NULL;
+        if (posix_memalign(&raw, CHUNK_ALIGN, CHUNK_BYTES) != 0) {
             rc = TW_ENOMEM;
             goto out;
         }
-        uintptr_t a = ((uintptr_t)raw + CHUNK_ALIGN - 1) & ~(CHUNK_ALIGN - 1);
-        struct node *first = (struct node *)a;
+        memset(raw, 0, CHUNK_BYTES);
+        struct node *first = raw;
         struct chunk_tail *ct = chunk_tail_of(first);
         ct->raw = raw;
         ct->number = idx >> CHUNK_BITS;
-        atomic_fetch_add_explicit(&s->mem, 2 * CHUNK_ALIGN,
-                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->mem, CHUNK_BYTES, memory_order_relaxed);
         atomic_fetch_add_explicit(&s->nodes, CHUNK_NODES,
                                   memory_order_relaxed);
         atomic_store_explicit(&db->chunk[c], first, memory_order_release);

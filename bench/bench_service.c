@@ -1,0 +1,360 @@
+/*
+ * bench/bench_service.c - throughput, memory, idle wake-ups and lateness of
+ * the thread-safe timer service (twheel/service.h).
+ *
+ * Usage: bench_service [--quick] [--tasks N]
+ *
+ * Measures, side by side for 1 and 2 producer threads, with N (default
+ * 1,000,000) tasks whose delays are uniform in [1 s, 60 s] on a 1 ms tick:
+ *   - tw_schedule calls per second, into a fresh service (the task pool
+ *     grows and its pages are touched for the first time: "cold") and into
+ *     one whose pool is already grown ("warm");
+ *   - tw_cancel calls per second on those pending tasks;
+ *   - schedule + immediate cancel pairs per second;
+ * then bytes per pending task (record size, and resident memory growth
+ * with N tasks pending), timer-thread wake-ups per second when idle (with
+ * nothing pending, and with N tasks pending 1 to 2 hours away), and the
+ * lateness
+ * p50/p99/max of 100,000 tasks spread over 10 s on 1 ms ticks (--quick:
+ * 20,000 over 2 s). --quick also uses N = 200,000 and shorter idle windows.
+ *
+ * Each throughput figure is the best of 3 runs. Output: one table, each
+ * row "metric | 1 producer | 2 producers" or a single value.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "twheel/service.h"
+
+#define MS UINT64_C(1000000)
+#define SEC UINT64_C(1000000000)
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * SEC + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_ns(uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / SEC), (long)(ns % SEC)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+/* Resident set size in bytes (Linux /proc; 0 elsewhere). */
+static uint64_t rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f == NULL)
+        return 0;
+    unsigned long size = 0, res = 0;
+    if (fscanf(f, "%lu %lu", &size, &res) != 2)
+        res = 0;
+    fclose(f);
+    return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+static void check(int rc, const char *what)
+{
+    if (rc != 0) {
+        fprintf(stderr, "bench_service: %s failed: %s\n", what,
+                tw_strerror(rc));
+        exit(1);
+    }
+}
+
+static void nop_task(tw_id id, void *arg)
+{
+    (void)id;
+    (void)arg;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Producer threads. */
+
+enum op { OP_SCHEDULE, OP_CANCEL, OP_PAIRS };
+
+struct worker {
+    pthread_t thread;
+    tw_service *s;
+    enum op op;
+    uint64_t *delays; /* this worker's share */
+    tw_id *ids;       /* this worker's share */
+    size_t n;
+    pthread_barrier_t *start;
+    uint64_t t0, t1;
+};
+
+static void *worker_main(void *p)
+{
+    struct worker *w = p;
+    pthread_barrier_wait(w->start);
+    w->t0 = now_ns();
+    switch (w->op) {
+    case OP_SCHEDULE:
+        for (size_t i = 0; i < w->n; i++)
+            if (tw_schedule(w->s, nop_task, NULL, w->delays[i], &w->ids[i]))
+                abort();
+        break;
+    case OP_CANCEL:
+        for (size_t i = 0; i < w->n; i++)
+            if (!tw_cancel(w->s, w->ids[i]))
+                abort();
+        break;
+    case OP_PAIRS:
+        for (size_t i = 0; i < w->n; i++) {
+            tw_id id;
+            if (tw_schedule(w->s, nop_task, NULL, w->delays[i], &id) ||
+                !tw_cancel(w->s, id))
+                abort();
+        }
+        break;
+    }
+    w->t1 = now_ns();
+    return NULL;
+}
+
+/* Run @op on @nthreads threads over @n tasks; returns operations/s. */
+static double run_op(tw_service *s, enum op op, int nthreads, uint64_t *delays,
+                     tw_id *ids, size_t n)
+{
+    struct worker w[2];
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, (unsigned)nthreads);
+    size_t per = n / (size_t)nthreads;
+    for (int k = 0; k < nthreads; k++) {
+        w[k] = (struct worker){.s = s, .op = op, .delays = delays + per * k,
+                               .ids = ids + per * k, .n = per,
+                               .start = &start};
+        if (pthread_create(&w[k].thread, NULL, worker_main, &w[k]) != 0)
+            abort();
+    }
+    uint64_t t0 = UINT64_MAX, t1 = 0;
+    for (int k = 0; k < nthreads; k++) {
+        pthread_join(w[k].thread, NULL);
+        if (w[k].t0 < t0)
+            t0 = w[k].t0;
+        if (w[k].t1 > t1)
+            t1 = w[k].t1;
+    }
+    pthread_barrier_destroy(&start);
+    return (double)(per * (size_t)nthreads) / ((double)(t1 - t0) / 1e9);
+}
+
+/* Wait until the timer thread has released every cancelled task. */
+static void wait_released(tw_service *s, uint64_t cancelled)
+{
+    tw_service_stats st;
+    for (;;) {
+        tw_service_get_stats(s, &st);
+        if (st.cancelled >= cancelled)
+            return;
+        sleep_ns(MS);
+    }
+}
+
+struct tput {
+    double cold, warm, cancel, pairs;
+};
+
+static double maxd(double a, double b)
+{
+    return a > b ? a : b;
+}
+
+static struct tput throughput(int nthreads, uint64_t *delays, tw_id *ids,
+                              size_t n, int reps)
+{
+    struct tput best = {0, 0, 0, 0};
+    for (int r = 0; r < reps; r++) {
+        tw_service *s;
+        check(tw_service_create(&s, NULL), "tw_service_create");
+        check(tw_service_start(s), "tw_service_start");
+        uint64_t cancelled = 0;
+        best.cold = maxd(best.cold,
+                         run_op(s, OP_SCHEDULE, nthreads, delays, ids, n));
+        best.cancel = maxd(best.cancel,
+                           run_op(s, OP_CANCEL, nthreads, delays, ids, n));
+        cancelled += n;
+        wait_released(s, cancelled);
+        best.warm = maxd(best.warm,
+                         run_op(s, OP_SCHEDULE, nthreads, delays, ids, n));
+        run_op(s, OP_CANCEL, nthreads, delays, ids, n);
+        cancelled += n;
+        wait_released(s, cancelled);
+        best.pairs = maxd(best.pairs,
+                          run_op(s, OP_PAIRS, nthreads, delays, ids, n));
+        tw_service_stop(s, NULL, NULL);
+        tw_service_destroy(s);
+    }
+    return best;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Lateness. */
+
+static uint64_t *late_due;
+static uint64_t *late_ns;
+
+static void late_task(tw_id id, void *arg)
+{
+    (void)id;
+    size_t i = (size_t)(uintptr_t)arg;
+    uint64_t now = now_ns();
+    late_ns[i] = now > late_due[i] ? now - late_due[i] : 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void lateness(size_t n, uint64_t spread, uint64_t out[3])
+{
+    late_due = calloc(n, sizeof(*late_due));
+    late_ns = calloc(n, sizeof(*late_ns));
+    if (late_due == NULL || late_ns == NULL)
+        abort();
+    tw_service *s;
+    tw_service_config cfg = {.tick_ns = MS};
+    check(tw_service_create(&s, &cfg), "tw_service_create");
+    uint64_t rng = 7;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t d = rng_next(&rng) % spread;
+        late_due[i] = now_ns() + d;
+        check(tw_schedule(s, late_task, (void *)(uintptr_t)i, d, NULL),
+              "tw_schedule");
+    }
+    while (tw_service_pending(s) != 0)
+        sleep_ns(10 * MS);
+    tw_service_stop(s, NULL, NULL); /* waits for the last task */
+    tw_service_destroy(s);
+    qsort(late_ns, n, sizeof(*late_ns), cmp_u64);
+    out[0] = late_ns[n / 2];
+    out[1] = late_ns[(size_t)((double)n * 0.99)];
+    out[2] = late_ns[n - 1];
+    free(late_due);
+    free(late_ns);
+}
+
+/* ------------------------------------------------------------------------ */
+
+int main(int argc, char **argv)
+{
+    int quick = 0;
+    size_t n = 1000000;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) {
+            quick = 1;
+            n = 200000;
+        } else if (strcmp(argv[i], "--tasks") == 0 && i + 1 < argc) {
+            n = (size_t)strtoull(argv[++i], NULL, 10);
+        } else {
+            fprintf(stderr, "usage: %s [--quick] [--tasks N]\n", argv[0]);
+            return 2;
+        }
+    }
+    n &= ~(size_t)1; /* split evenly between 2 producers */
+    if (n < 2)
+        n = 2;
+    int reps = quick ? 1 : 3;
+    uint64_t *delays = malloc(n * sizeof(*delays));
+    tw_id *ids = malloc(n * sizeof(*ids));
+    if (delays == NULL || ids == NULL)
+        abort();
+    uint64_t rng = 1;
+    for (size_t i = 0; i < n; i++)
+        delays[i] = SEC + rng_next(&rng) % (59 * SEC);
+
+    printf("twheel service benchmark: %zu tasks, delays uniform in "
+           "[1 s, 60 s], 1 ms tick, best of %d\n\n",
+           n, reps);
+    struct tput t1 = throughput(1, delays, ids, n, reps);
+    struct tput t2 = throughput(2, delays, ids, n, reps);
+    printf("%-40s %14s %14s\n", "metric (M operations/s)", "1 producer",
+           "2 producers");
+    printf("%-40s %14.1f %14.1f\n", "schedule (fresh pool, pages cold)",
+           t1.cold / 1e6, t2.cold / 1e6);
+    printf("%-40s %14.1f %14.1f\n", "schedule (pool grown)", t1.warm / 1e6,
+           t2.warm / 1e6);
+    printf("%-40s %14.1f %14.1f\n", "cancel (pending tasks)", t1.cancel / 1e6,
+           t2.cancel / 1e6);
+    printf("%-40s %14.1f %14.1f\n", "schedule+cancel pairs", t1.pairs / 1e6,
+           t2.pairs / 1e6);
+
+    /* Memory: resident growth with n tasks pending in a fresh service. */
+    tw_service *s;
+    check(tw_service_create(&s, NULL), "tw_service_create");
+    check(tw_service_start(s), "tw_service_start");
+    tw__service_sync(s);
+    uint64_t rss0 = rss_bytes();
+    for (size_t i = 0; i < n; i++)
+        delays[i] += 3600 * SEC; /* nothing fires while we watch */
+    run_op(s, OP_SCHEDULE, 1, delays, ids, n);
+    tw__service_sync(s);
+    uint64_t rss1 = rss_bytes();
+    tw_service_stats st;
+    tw_service_get_stats(s, &st);
+    printf("\n%-40s %14zu\n", "bytes per task record (sizeof)",
+           tw__service_node_size());
+    printf("%-40s %14.1f\n", "resident bytes per pending task",
+           (double)(rss1 - rss0) / (double)n);
+    printf("%-40s %14.1f\n", "allocated bytes per pending task",
+           (double)st.memory_bytes / (double)n);
+
+    /* Idle wake-ups: n tasks pending far away, then nothing pending. */
+    uint64_t win = quick ? SEC : 3 * SEC;
+    sleep_ns(100 * MS); /* let the last poll after the burst pass */
+    tw_service_get_stats(s, &st);
+    uint64_t w0 = st.wakeups, t0 = now_ns();
+    sleep_ns(win);
+    tw_service_get_stats(s, &st);
+    double busy_idle =
+        (double)(st.wakeups - w0) / ((double)(now_ns() - t0) / 1e9);
+    tw_service_stop(s, NULL, NULL);
+    tw_service_destroy(s);
+
+    check(tw_service_create(&s, NULL), "tw_service_create");
+    check(tw_service_start(s), "tw_service_start");
+    t0 = now_ns();
+    sleep_ns(win);
+    tw_service_get_stats(s, &st);
+    double idle = (double)st.wakeups / ((double)(now_ns() - t0) / 1e9);
+    tw_service_destroy(s);
+    printf("%-40s %14.2f\n", "idle wake-ups/s, nothing pending", idle);
+    printf("%-40s %14.2f\n", "idle wake-ups/s, all pending in 1-2 h", busy_idle);
+
+    size_t ln = quick ? 20000 : 100000;
+    uint64_t spread = quick ? 2 * SEC : 10 * SEC;
+    uint64_t lat[3];
+    lateness(ln, spread, lat);
+    char label[80];
+    snprintf(label, sizeof(label), "lateness us, %zu tasks over %" PRIu64
+             " s:", ln, spread / SEC);
+    printf("%-40s %9s %9s %9s\n", label, "p50", "p99", "max");
+    printf("%-40s %9.1f %9.1f %9.1f\n", "", (double)lat[0] / 1e3,
+           (double)lat[1] / 1e3, (double)lat[2] / 1e3);
+    free(delays);
+    free(ids);
+    return 0;
+}
