@@ -71,6 +71,11 @@ enum { LOC_FREE = 0, LOC_QUEUED, LOC_ARMED, LOC_DISPATCHED, LOC_RUNNING };
 #define ST_GEN(st) ((uint32_t)((st) >> 32))
 #define ST_LOC(st) ((unsigned)((st)&ST_LOC_MASK))
 #define ST_PAY(st) ((uint32_t)(((st) >> ST_PAY_SHIFT) & ST_PAY_MASK))
+/* Live nodes: the payload's low 24 bits are the function index; a QUEUED
+ * one-shot node may have ST_RELATIVE: tw__expires holds its delay in ns,
+ * and the timer thread computes its deadline (TW_SERVICE_LAZY_CLOCK). */
+#define ST_FN(st) (ST_PAY(st) & ((UINT32_C(1) << 24) - 1))
+#define ST_RELATIVE (UINT64_C(1) << 31)
 
 /* Chunks: 4096 nodes, each chunk in a block aligned to 2^18 bytes so that a
  * node's index follows from its address. */
@@ -137,6 +142,7 @@ struct tw_service {
     void *execute_ctx;
     uint32_t nexec;
     uint32_t fn_mask;
+    bool lazy; /* TW_SERVICE_LAZY_CLOCK */
     _Atomic(tw_task_fn) *fns;
     uint32_t salt;
     tw_wheel_config wcfg;
@@ -511,7 +517,7 @@ static int fn_index(tw_service *s, tw_task_fn fn, uint32_t *out)
 
 static tw_task_fn fn_at(const tw_service *s, uint64_t st)
 {
-    return atomic_load_explicit(&((tw_service *)s)->fns[ST_PAY(st)],
+    return atomic_load_explicit(&((tw_service *)s)->fns[ST_FN(st)],
                                 memory_order_acquire);
 }
 
@@ -663,10 +669,19 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
         free(rec);
         return rc;
     }
-    uint64_t due = add_sat(rel_ns(s), delay);
-    if (rec != NULL)
-        rec->next_ns = due;
-    uint64_t tick = ceil_tick(s, due);
+    /* Lazy clock: the timer thread is awake or polling, so it takes the
+     * request within about a tick and reads the clock then. */
+    bool lazy = s->lazy && rec == NULL &&
+                !atomic_load_explicit(&s->sleep_long, memory_order_relaxed);
+    uint64_t tick = delay;
+    if (lazy) {
+        flags |= ST_RELATIVE;
+    } else {
+        uint64_t due = add_sat(rel_ns(s), delay);
+        if (rec != NULL)
+            rec->next_ns = due;
+        tick = ceil_tick(s, due);
+    }
     struct node *n = node_at(s, idx);
     tw_timer_init(&n->t, trampoline, arg);
     n->t.tw__expires = tick;
@@ -676,7 +691,10 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
         *id = make_id(st, idx);
     atomic_store_explicit(&n->state, st, memory_order_release);
     subq_push(s, n);
-    wake_for_tick(s, tick);
+    if (lazy)
+        wake_for_cancel(s); /* it went to sleep long meanwhile */
+    else
+        wake_for_tick(s, tick);
     return 0;
 }
 
@@ -967,8 +985,12 @@ static void *executor_main(void *p)
 /* ------------------------------------------------------------------------ */
 /* The timer thread. */
 
-/* A node from the submission stack. Context: the wheel's owner. */
-static void take_submission(tw_service *s, struct node *n)
+/*
+ * A node from the submission stack. *@now is the relative time in ns read
+ * after the node was taken from the stack (0 until first needed).
+ * Context: the wheel's owner.
+ */
+static void take_submission(tw_service *s, struct node *n, uint64_t *now)
 {
     uint64_t st = atomic_load(&n->state);
     uint64_t ast;
@@ -978,8 +1000,13 @@ static void take_submission(tw_service *s, struct node *n)
             atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
             return;
         }
-        ast = (st & ~ST_LOC_MASK) | LOC_ARMED;
+        ast = (st & ~(ST_LOC_MASK | ST_RELATIVE)) | LOC_ARMED;
     } while (!atomic_compare_exchange_weak(&n->state, &st, ast));
+    if (st & ST_RELATIVE) {
+        if (*now == 0)
+            *now = rel_ns(s) | 1; /* never 0; 1 ns later is harmless */
+        n->t.tw__expires = ceil_tick(s, add_sat(*now, n->t.tw__expires));
+    }
     if (n->t.tw__expires != NEVER)
         tw_wheel_add(s->wheel, &n->t, n->t.tw__expires);
 }
@@ -1042,13 +1069,14 @@ static void *timer_main(void *p)
     tw_cur.id = 0;
     while (!atomic_load(&s->quit)) {
         bool active = false;
+        uint64_t taken_at = 0;
         atomic_fetch_add(&s->round_begin, 1);
         if (s->local == NULL)
             s->local = atomic_exchange(&s->subq, NULL);
         for (unsigned i = 0; s->local != NULL && i < DRAIN_BATCH; i++) {
             struct node *n = s->local;
             s->local = node_of_timer(n->t.tw__next);
-            take_submission(s, n);
+            take_submission(s, n, &taken_at);
             active = true;
         }
         if (atomic_load(&s->cancel_dirty) != 0) {
@@ -1104,6 +1132,7 @@ int tw_service_create(tw_service **out, const tw_service_config *cfg)
     if (tick < TICK_MIN_NS || tick > TICK_MAX_NS ||
         slots > (UINT64_C(1) << 30) || cfg->levels > 64 ||
         cfg->executor_threads > 1024 || maxfn > (UINT64_C(1) << 24) ||
+        (cfg->flags & ~TW_SERVICE_LAZY_CLOCK) != 0 ||
         (cfg->execute != NULL && cfg->executor_threads != 0))
         return TW_EINVAL;
     uint64_t p2 = 1;
@@ -1165,6 +1194,7 @@ int tw_service_create(tw_service **out, const tw_service_config *cfg)
     s->execute_ctx = cfg->execute_ctx;
     s->nexec = cfg->executor_threads;
     s->fn_mask = (uint32_t)p2 - 1;
+    s->lazy = (cfg->flags & TW_SERVICE_LAZY_CLOCK) != 0;
     uint32_t sn = atomic_fetch_add(&serial, 1) + 1;
     s->salt = sn * UINT32_C(0x85EBCA6B) ^ (uint32_t)(uintptr_t)s;
     s->start_ns = s->clock ? s->clock(s->clock_ctx) : mono_ns();

@@ -251,6 +251,13 @@ static void test_executors(void)
     run_config(&cfg);
 }
 
+static void test_lazy_clock(void)
+{
+    tw_service_config cfg = {.tick_ns = MS / 4,
+                             .flags = TW_SERVICE_LAZY_CLOCK};
+    run_config(&cfg);
+}
+
 static void test_max_pending(void)
 {
     tw_service_config cfg = {.max_pending = 500, .levels = 1,
@@ -262,6 +269,7 @@ int main(void)
 {
     RUN_TEST(test_timer_thread);
     RUN_TEST(test_executors);
+    RUN_TEST(test_lazy_clock);
     RUN_TEST(test_max_pending);
     return tw_test_done();
 }
