@@ -15,7 +15,7 @@
  * read (plus the time the machine takes to schedule us).
  *
  * Usage: idle_server [--host ADDR] [--port N] [--idle DUR] [--tick DUR]
- *                    [--max-conns N] [--stats DUR]
+ *                    [--max-conns N] [--workers N] [--stats DUR]
  * DUR is an integer with a unit: 250ms, 60s. The first line on stdout is
  * "listening on HOST:PORT"; then a line with the counters whenever they
  * changed (at most once per --stats), and a final line on SIGINT/SIGTERM.
@@ -35,6 +35,7 @@
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <twheel/wheel.h>
@@ -45,6 +46,7 @@
 #define ACCEPT_BATCH 256 /* accepts per wake-up, so reads are not starved */
 #define IO_BUF 16384
 #define MAX_DURATION_NS (UINT64_C(86400) * 1000000000u) /* one day */
+#define MAX_WORKERS 64
 
 /* One client. 64 bytes on LP64. */
 struct conn {
@@ -65,6 +67,7 @@ struct server {
     uint64_t late_max_ns;  /* how long after last_read + idle a reap ran */
     tw_timer stats_timer;  /* prints the counters after a change */
     tw_timer resume_timer; /* re-enables accept() after a hard failure */
+    const char *tag;       /* log line prefix: "" or "w3: " */
     bool stop;
     char buf[IO_BUF];
 };
@@ -76,11 +79,11 @@ static uint64_t now_tick(const struct server *s)
 
 static void print_counters(const struct server *s, const char *prefix)
 {
-    printf("%sheld=%" PRIu64 " accepted=%" PRIu64 " reaped=%" PRIu64
+    printf("%s%sheld=%" PRIu64 " accepted=%" PRIu64 " reaped=%" PRIu64
            " closed=%" PRIu64 " refused=%" PRIu64 " wakeups=%" PRIu64
            " reap_late_max_us=%" PRIu64 "\n",
-           prefix, s->held, s->accepted, s->reaped, s->closed, s->refused,
-           s->wakeups, s->late_max_ns / 1000);
+           s->tag, prefix, s->held, s->accepted, s->reaped, s->closed,
+           s->refused, s->wakeups, s->late_max_ns / 1000);
 }
 
 /* The counters changed: print them once the --stats interval has passed. */
@@ -375,7 +378,7 @@ static int run(struct server *s)
             } else if (p == &s->sigfd) {
                 struct signalfd_siginfo si;
                 if (read(s->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
-                    printf("stopping on %s\n",
+                    printf("%sstopping on %s\n", s->tag,
                            si.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
                     s->stop = true;
                 }
@@ -390,17 +393,22 @@ static int run(struct server *s)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: idle_server [--host ADDR] [--port N] [--idle DUR] "
-               "[--tick DUR]\n"
-               "                   [--max-conns N] [--stats DUR]\n"
-               "  --host ADDR     numeric IPv4 or IPv6 address (127.0.0.1)\n"
-               "  --port N        0..65535; 0 picks a free port (0)\n"
-               "  --idle DUR      close connections silent this long (60s)\n"
-               "  --tick DUR      timer resolution, 1ms..idle (100ms)\n"
-               "  --max-conns N   refuse connections beyond N (no limit)\n"
-               "  --stats DUR     print counters at most this often; 0s: only "
-               "at exit (1s)\n"
-               "DUR is an integer followed by ms or s, e.g. 250ms, 60s.\n");
+    fprintf(f,
+            "usage: idle_server [--host ADDR] [--port N] [--idle DUR] "
+            "[--tick DUR]\n"
+            "                   [--max-conns N] [--workers N] [--stats DUR]\n"
+            "  --host ADDR     numeric IPv4 or IPv6 address (127.0.0.1)\n"
+            "  --port N        0..65535; 0 picks a free port (0)\n"
+            "  --idle DUR      close connections silent this long (60s)\n"
+            "  --tick DUR      timer resolution, 1ms..idle (100ms)\n"
+            "  --max-conns N   refuse connections beyond N (no limit; per "
+            "worker)\n"
+            "  --workers N     N processes sharing the port, each with its "
+            "own loop\n"
+            "                  and wheel (1)\n"
+            "  --stats DUR     print counters at most this often; 0s: only "
+            "at exit (1s)\n"
+            "DUR is an integer followed by ms or s, e.g. 250ms, 60s.\n");
 }
 
 static int bad_option(const char *opt, const char *val, const char *why)
@@ -415,15 +423,17 @@ static int bad_option(const char *opt, const char *val, const char *why)
 
 struct options {
     const char *host;
-    uint64_t port, idle_ns, tick_ns, stats_ns, max_conns;
+    uint64_t port, idle_ns, tick_ns, stats_ns, max_conns, workers;
 };
 
 /* Returns -1 to go on, or an exit code. */
 static int parse_options(int argc, char **argv, struct options *o)
 {
-    *o = (struct options){"127.0.0.1",           0,
-                          UINT64_C(60000000000), UINT64_C(100000000),
-                          UINT64_C(1000000000),  0};
+    *o = (struct options){.host = "127.0.0.1",
+                          .idle_ns = UINT64_C(60000000000),
+                          .tick_ns = UINT64_C(100000000),
+                          .stats_ns = UINT64_C(1000000000),
+                          .workers = 1};
     for (int i = 1; i < argc; i++) {
         const char *v = "";
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -445,6 +455,9 @@ static int parse_options(int argc, char **argv, struct options *o)
         } else if (cli_option(argc, argv, &i, "--stats", &v)) {
             if (cli_parse_duration(v, true, MAX_DURATION_NS, &o->stats_ns))
                 return bad_option("--stats", v, "need e.g. 0s or 1s");
+        } else if (cli_option(argc, argv, &i, "--workers", &v)) {
+            if (cli_parse_u64(v, 1, MAX_WORKERS, &o->workers) != 0)
+                return bad_option("--workers", v, "need 1..64");
         } else if (cli_option(argc, argv, &i, "--max-conns", &v)) {
             if (cli_parse_u64(v, 1, UINT32_MAX, &o->max_conns) != 0)
                 return bad_option("--max-conns", v, "need 1..4294967295");
@@ -457,8 +470,13 @@ static int parse_options(int argc, char **argv, struct options *o)
     return -1;
 }
 
-/* Bind and listen; print "listening on HOST:PORT". Returns the fd or -1. */
-static int listen_on(const char *host, uint16_t port, int *err_usage)
+/*
+ * Bind and listen, with SO_REUSEPORT if @shared (one socket per worker on
+ * the same port). With @say, print "listening on HOST:PORT". Returns the
+ * fd (and the port in *@port), or -1.
+ */
+static int listen_on(const char *host, uint16_t *port, bool shared, bool say,
+                     int *err_usage)
 {
     struct sockaddr_storage ss;
     struct sockaddr_in *in4 = (struct sockaddr_in *)&ss;
@@ -470,11 +488,11 @@ static int listen_on(const char *host, uint16_t port, int *err_usage)
     memset(&ss, 0, sizeof ss);
     if (inet_pton(AF_INET, host, &in4->sin_addr) == 1) {
         in4->sin_family = AF_INET;
-        in4->sin_port = htons(port);
+        in4->sin_port = htons(*port);
         len = sizeof *in4;
     } else if (inet_pton(AF_INET6, host, &in6->sin6_addr) == 1) {
         in6->sin6_family = AF_INET6;
-        in6->sin6_port = htons(port);
+        in6->sin6_port = htons(*port);
         len = sizeof *in6;
     } else {
         *err_usage = 1;
@@ -484,18 +502,21 @@ static int listen_on(const char *host, uint16_t port, int *err_usage)
     if (fd < 0)
         return -1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (shared)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
     /* The kernel caps the backlog at net.core.somaxconn. */
     if (bind(fd, (struct sockaddr *)&ss, len) != 0 || listen(fd, 65535) != 0 ||
         getsockname(fd, (struct sockaddr *)&ss, &len) != 0) {
         close(fd);
         return -1;
     }
-    if (ss.ss_family == AF_INET) {
+    *port = ntohs(ss.ss_family == AF_INET ? in4->sin_port : in6->sin6_port);
+    if (say && ss.ss_family == AF_INET) {
         inet_ntop(AF_INET, &in4->sin_addr, name, sizeof name);
-        printf("listening on %s:%u\n", name, ntohs(in4->sin_port));
-    } else {
+        printf("listening on %s:%u\n", name, *port);
+    } else if (say) {
         inet_ntop(AF_INET6, &in6->sin6_addr, name, sizeof name);
-        printf("listening on [%s]:%u\n", name, ntohs(in6->sin6_port));
+        printf("listening on [%s]:%u\n", name, *port);
     }
     return fd;
 }
@@ -523,11 +544,95 @@ static void server_close(struct server *s)
         close(s->ep);
 }
 
-int main(int argc, char **argv)
+/*
+ * Serve on the listening socket @lfd until SIGINT/SIGTERM; print the final
+ * counters. @tag prefixes every log line ("" or "w3: "). Returns the exit
+ * code.
+ */
+static int serve(const struct options *o, int lfd, const char *tag,
+                 const sigset_t *sigs)
 {
     static struct server srv;
     struct server *s = &srv;
+    int rc = 1;
+
+    s->ep = s->sigfd = s->spare_fd = -1;
+    s->lfd = lfd;
+    s->tag = tag;
+    s->t0 = cli_now_ns();
+    s->tick_ns = o->tick_ns;
+    s->idle_ns = o->idle_ns;
+    s->stats_ns = o->stats_ns;
+    s->max_conns = o->max_conns;
+    tw_timer_init(&s->stats_timer, on_stats, s);
+    tw_timer_init(&s->resume_timer, on_resume, s);
+    s->ep = epoll_create1(EPOLL_CLOEXEC);
+    s->sigfd = signalfd(-1, sigs, SFD_NONBLOCK | SFD_CLOEXEC);
+    s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (s->ep < 0 || s->sigfd < 0 || s->spare_fd < 0 ||
+        tw_wheel_create(&s->wheel, NULL, 0) != 0 ||
+        add_watch(s->ep, s->lfd, &s->lfd) != 0 ||
+        add_watch(s->ep, s->sigfd, &s->sigfd) != 0) {
+        perror("idle_server: setup");
+    } else {
+        rc = run(s);
+        print_counters(s, "final: ");
+    }
+    server_close(s);
+    return rc;
+}
+
+/*
+ * --workers N > 1: N processes, each with its own listening socket on the
+ * same port (SO_REUSEPORT: the kernel spreads connections over them), its
+ * own epoll loop and its own wheel, as multi-process servers do to go past
+ * one process's file-descriptor limit. The parent only forwards SIGINT and
+ * SIGTERM and collects the workers' exit codes.
+ */
+static int run_workers(const struct options *o, int *lfd, const sigset_t *sigs)
+{
+    pid_t pid[MAX_WORKERS];
+    static char tags[MAX_WORKERS][16];
+    int started = 0, rc = 0, sig;
+
+    fflush(stdout);
+    for (; started < (int)o->workers; started++) {
+        pid[started] = fork();
+        if (pid[started] < 0)
+            break;
+        if (pid[started] == 0) {
+            for (int i = 0; i < (int)o->workers; i++)
+                if (i != started)
+                    close(lfd[i]);
+            snprintf(tags[started], sizeof tags[started], "w%d: ", started);
+            exit(serve(o, lfd[started], tags[started], sigs));
+        }
+    }
+    for (int i = 0; i < (int)o->workers; i++)
+        close(lfd[i]);
+    if (started < (int)o->workers) {
+        perror("idle_server: fork");
+        rc = 1;
+    } else if (sigwait(sigs, &sig) == 0) {
+        printf("stopping on %s\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    }
+    for (int i = 0; i < started; i++)
+        kill(pid[i], SIGTERM);
+    for (int i = 0; i < started; i++) {
+        int status;
+        if (waitpid(pid[i], &status, 0) != pid[i] || !WIFEXITED(status) ||
+            WEXITSTATUS(status) != 0)
+            rc = 1;
+    }
+    printf("final: workers=%d exit=%d\n", started, rc);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
     struct options o;
+    int lfd[MAX_WORKERS];
+    uint16_t port;
     sigset_t sigs;
     int rc, usage_err = 0;
 
@@ -538,44 +643,27 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     signal(SIGPIPE, SIG_IGN);
     cli_raise_nofile(0); /* soft limit up to the hard one */
-
-    s->ep = s->lfd = s->sigfd = s->spare_fd = -1;
-    s->t0 = cli_now_ns();
-    s->tick_ns = o.tick_ns;
-    s->idle_ns = o.idle_ns;
-    s->stats_ns = o.stats_ns;
-    s->max_conns = o.max_conns;
-    tw_timer_init(&s->stats_timer, on_stats, s);
-    tw_timer_init(&s->resume_timer, on_resume, s);
-
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
     sigprocmask(SIG_BLOCK, &sigs, NULL);
 
-    rc = 1;
-    s->lfd = listen_on(o.host, (uint16_t)o.port, &usage_err);
-    if (s->lfd < 0) {
+    port = (uint16_t)o.port;
+    for (int i = 0; i < (int)o.workers; i++) {
+        /* The first socket picks the port (0: any); the others share it. */
+        lfd[i] = listen_on(o.host, &port, o.workers > 1,
+                           i + 1 == (int)o.workers, &usage_err);
+        if (lfd[i] >= 0)
+            continue;
         if (usage_err)
             return bad_option("--host", o.host, "not a numeric address");
-        fprintf(stderr,
-                "idle_server: cannot listen on %s port %" PRIu64 ": %s\n",
-                o.host, o.port, strerror(errno));
-        goto out;
+        fprintf(stderr, "idle_server: cannot listen on %s port %u: %s\n",
+                o.host, (unsigned)port, strerror(errno));
+        while (i-- > 0)
+            close(lfd[i]);
+        return 1;
     }
-    s->ep = epoll_create1(EPOLL_CLOEXEC);
-    s->sigfd = signalfd(-1, &sigs, SFD_NONBLOCK | SFD_CLOEXEC);
-    s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (s->ep < 0 || s->sigfd < 0 || s->spare_fd < 0 ||
-        tw_wheel_create(&s->wheel, NULL, 0) != 0 ||
-        add_watch(s->ep, s->lfd, &s->lfd) != 0 ||
-        add_watch(s->ep, s->sigfd, &s->sigfd) != 0) {
-        perror("idle_server: setup");
-        goto out;
-    }
-    rc = run(s);
-    print_counters(s, "final: ");
-out:
-    server_close(s);
-    return rc;
+    if (o.workers == 1)
+        return serve(&o, lfd[0], "", &sigs);
+    return run_workers(&o, lfd, &sigs);
 }

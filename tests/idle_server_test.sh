@@ -21,7 +21,8 @@ fail() {
 # 1. Unusable options: exit code 2 and a message on stderr.
 for args in "--idle 5" "--idle 0s" "--idle 2m" "--tick 0ms" "--port 65536" \
   "--port -1" "--port" "--bogus" "--host 300.1.1.1" "--host" \
-  "--tick 2s --idle 1s" "--max-conns 0" "--stats 1h" "--idle=1x"; do
+  "--tick 2s --idle 1s" "--max-conns 0" "--stats 1h" "--idle=1x" \
+  "--workers 0" "--workers 65"; do
   # shellcheck disable=SC2086
   "$server" $args >"$work/out" 2>"$work/err"
   rc=$?
@@ -104,4 +105,14 @@ check 1000 50 "$work/emfile" --conns 100 --active 20 --allow-refused -- \
 grep -Eq '^opened: [1-9][0-9]* in .*\([1-9][0-9]* refused, 0 failed\)' \
   "$work/emfile" || fail "EMFILE: expected some held and some refused"
 echo "ok: out of descriptors refuses new connections, serves the others"
+
+# 6. Several worker processes on one port (SO_REUSEPORT), each with its own
+# wheel, driven by two load processes: the same guarantees hold.
+check 1000 50 "$work/workers" --conns 600 --procs 2 --active 20 -- \
+  "$server" --workers 3 || fail "--workers run"
+[ "$(grep -c '^server: w[0-2]: final: held=0 ' "$work/workers")" -eq 3 ] ||
+  fail "--workers 3: not three clean workers"
+grep -q '^server: final: workers=3 exit=0' "$work/workers" ||
+  fail "--workers 3: the parent did not exit cleanly"
+echo "ok: 3 workers, 2 load processes"
 echo "all ok"

@@ -20,12 +20,17 @@
  * must be "listening on HOST:PORT", the rest is copied to our stdout with a
  * "server: " prefix, and at the end it is sent SIGTERM and must exit with 0.
  *
+ * More connections than one process may open (RLIMIT_NOFILE) are spread
+ * over --procs worker processes, each with its own epoll loop; they share
+ * the connection table (a MAP_SHARED mapping) and the parent reports.
+ *
  * Exit codes: 0 when every check passed; 1 when the server misbehaved (a
  * close before idle, an active connection closed, a bad exit); 3 when only
  * timing bounds were missed (late closes, or this tool itself fell behind,
  * which a loaded machine can cause: retry with longer durations); 2 on bad
  * options.
- * Single-threaded: one epoll loop, send times kept in a twheel wheel.
+ * Each worker is single-threaded: one epoll loop, send times kept in a
+ * twheel wheel.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -38,6 +43,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/epoll.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -51,15 +58,18 @@
 #define MAX_DURATION_NS (UINT64_C(86400) * 1000000000u)
 #define MAX_CONNS 2000000u
 #define EXIT_LATE 3 /* only timing bounds were missed */
+#define MAX_PROCS 64
 
 enum state {
     C_NEW,
     C_CONNECTING,
     C_HELLO, /* connected, our first byte sent, its echo not yet seen */
     C_OPEN,
-    C_FLOOD, /* connected, writing without ever reading */
-    C_CLOSED,
-    C_REFUSED
+    C_FLOOD,  /* connected, writing without ever reading */
+    C_CLOSED, /* closed by the server (or by us after a failure) */
+    C_RESET,  /* a flooding one we aborted mid-write */
+    C_REFUSED,
+    C_FAILED
 };
 
 enum kind { K_SILENT, K_ACTIVE, K_FLOOD, K_FLOOD_RESET };
@@ -78,23 +88,29 @@ struct cconn {
 struct options {
     const char *host;
     uint64_t port, pid, conns, active_pct, idle_ns, tick_ns, period_ns;
-    uint64_t slack_ns, sources, burst, max_time_ns, flood;
+    uint64_t slack_ns, sources, burst, max_time_ns, flood, procs;
     bool allow_refused;
     char **server_argv; /* NULL, or the server to start */
+};
+
+/* What the worker processes share with the parent. */
+struct shared {
+    atomic_uint opened_procs; /* workers past their opening phase */
+    struct cconn c[];
 };
 
 struct load {
     struct options o;
     struct sockaddr_in dst;
+    struct shared *sh;
+    struct cconn *c; /* sh->c */
+    uint64_t total;  /* --flood + --conns */
+    /* A worker's own state: its slice [next_new, end) of c. */
     int ep;
     tw_wheel *wheel; /* 1 ms ticks since t0 */
-    uint64_t t0;
-    struct cconn *c;
-    uint64_t total; /* --flood + --conns */
-    uint64_t next_new, inflight, opened, refused, failed;
-    uint64_t silent_open, active_open; /* held, echo seen, not closed */
-    uint64_t silent_closed, early, late, active_closed, active_stalled;
-    uint64_t flood_closed, flood_reset;
+    uint64_t t0, end;
+    uint64_t next_new, inflight, failed;
+    uint64_t silent_open, flood_open; /* not closed yet */
     uint64_t last_open_ns;
     int server_out; /* the started server's stdout, or -1 */
     pid_t server_pid;
@@ -171,7 +187,6 @@ static void server_output(struct load *l)
             l->line_len = 0; /* an overlong line: drop it */
     }
     if (n == 0) {
-        epoll_ctl(l->ep, EPOLL_CTL_DEL, l->server_out, NULL);
         close(l->server_out);
         l->server_out = -1;
     }
@@ -281,11 +296,18 @@ static int watch(struct load *l, struct cconn *c, int op, uint32_t ev)
     return epoll_ctl(l->ep, op, c->fd, &e);
 }
 
+/*
+ * Send one byte. The time is taken before the call: on loopback the server
+ * may read the byte before send() returns here, and "not closed before
+ * idle" must be judged from a time no later than the server's read.
+ */
 static bool send_byte(struct cconn *c)
 {
+    uint64_t t = cli_now_ns();
+
     if (send(c->fd, "x", 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1)
         return false;
-    c->sent_ns = cli_now_ns();
+    c->sent_ns = t;
     return true;
 }
 
@@ -346,6 +368,8 @@ static void conn_start(struct load *l)
         goto fail;
     c->state = C_CONNECTING;
     l->inflight++;
+    if (c->kind >= K_FLOOD)
+        l->flood_open++;
     return;
 fail:
     if (l->failed++ < 5)
@@ -354,45 +378,30 @@ fail:
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
-    c->state = C_CLOSED;
+    c->state = C_FAILED;
 }
 
-/* The server closed @c (or it failed) at @now. */
+/*
+ * The server closed @c (or it failed) at @now. Only the times and the state
+ * are recorded here; the parent judges them all at the end (tally()).
+ */
 static void conn_lost(struct load *l, struct cconn *c, uint64_t now)
 {
-    if (c->state == C_FLOOD) {
-        l->flood_closed++;
-        conn_end(l, c, C_CLOSED);
-        return;
-    }
+    c->closed_ns = now;
+    if (c->kind >= K_FLOOD)
+        l->flood_open--;
     if (c->state == C_CONNECTING || c->state == C_HELLO) {
         l->inflight--;
-        if (l->o.allow_refused)
-            l->refused++;
-        else if (l->failed++ < 5)
+        if (!l->o.allow_refused && l->failed++ < 5)
             fprintf(stderr,
                     "idle_load: connection %td closed before its "
                     "echo\n",
                     c - l->c);
-        conn_end(l, c, C_REFUSED);
+        conn_end(l, c, l->o.allow_refused ? C_REFUSED : C_FAILED);
         return;
     }
-    c->closed_ns = now;
-    if (c->kind == K_ACTIVE) {
-        l->active_open--;
-        /* Closing is right if we ourselves fell an idle period behind. */
-        if (now - c->sent_ns >= l->o.idle_ns)
-            l->active_stalled++;
-        else
-            l->active_closed++;
-    } else {
+    if (c->kind == K_SILENT)
         l->silent_open--;
-        l->silent_closed++;
-        if (now - c->sent_ns < l->o.idle_ns)
-            l->early++;
-        else if (now - c->echo_ns > l->o.idle_ns + l->o.tick_ns + l->o.slack_ns)
-            l->late++;
-    }
     conn_end(l, c, C_CLOSED);
 }
 
@@ -418,8 +427,8 @@ static void flood(struct load *l, struct cconn *c, uint32_t ev)
             if (c->kind == K_FLOOD_RESET) {
                 struct linger lg = {.l_onoff = 1, .l_linger = 0};
                 setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
-                l->flood_reset++;
-                conn_end(l, c, C_CLOSED);
+                l->flood_open--;
+                conn_end(l, c, C_RESET);
             }
             return;
         }
@@ -473,19 +482,183 @@ static void conn_event(struct load *l, struct cconn *c, uint32_t ev)
     if (c->state == C_HELLO) {
         c->state = C_OPEN;
         l->inflight--;
-        l->opened++;
         l->last_open_ns = now;
-        if (c->kind == K_ACTIVE) {
-            l->active_open++;
+        if (c->kind == K_ACTIVE)
             tw_wheel_add(l->wheel, &c->send_timer,
                          now_ms_tick(l) + l->o.period_ns / MS);
-        } else {
+        else
             l->silent_open++;
-        }
     }
 }
 
-/* ---- the run ------------------------------------------------------------ */
+/* ---- a worker ---------------------------------------------------------- */
+
+/* One round of the event loop; waits at most @wait_ms. */
+static void poll_once(struct load *l, int wait_ms)
+{
+    static struct epoll_event ev[MAX_EVENTS];
+    int n = epoll_wait(l->ep, ev, MAX_EVENTS, wait_ms);
+
+    for (int i = 0; i < n; i++)
+        conn_event(l, ev[i].data.ptr, ev[i].events);
+    tw_wheel_advance(l->wheel, now_ms_tick(l));
+}
+
+/* Open every connection of the slice; true unless --max-time ran out. */
+static bool open_all(struct load *l, uint64_t start)
+{
+    while (l->next_new < l->end || l->inflight > 0) {
+        while (l->next_new < l->end && l->inflight < l->o.burst)
+            conn_start(l);
+        if (cli_now_ns() - start > l->o.max_time_ns)
+            return false;
+        poll_once(l, 20);
+    }
+    return true;
+}
+
+/*
+ * Wait until every silent and flooding connection is closed and the active
+ * ones have lived a whole idle period past the last opening, or until the
+ * latest moment a silent connection may rightly still be open.
+ */
+static bool wait_closes(struct load *l, uint64_t start)
+{
+    uint64_t enough = l->last_open_ns + l->o.idle_ns + l->o.tick_ns;
+    uint64_t deadline = enough + l->o.slack_ns + 50 * MS;
+
+    for (;;) {
+        uint64_t now = cli_now_ns();
+        if ((l->silent_open == 0 && l->flood_open == 0 && now >= enough) ||
+            now >= deadline)
+            return true;
+        if (now - start > l->o.max_time_ns)
+            return false;
+        poll_once(l, 20);
+    }
+}
+
+/* A worker process: connections [lo, hi). Exit code 0, or 3 if late. */
+static int worker(struct load *l, uint64_t lo, uint64_t hi, uint64_t start)
+{
+    bool in_time;
+
+    l->next_new = lo;
+    l->end = hi;
+    l->t0 = cli_now_ns();
+    l->ep = epoll_create1(EPOLL_CLOEXEC);
+    if (l->ep < 0 || tw_wheel_create(&l->wheel, NULL, 0) != 0) {
+        perror("idle_load: worker setup");
+        return 1;
+    }
+    in_time = open_all(l, start);
+    atomic_fetch_add(&l->sh->opened_procs, 1);
+    if (in_time)
+        in_time = wait_closes(l, start);
+    for (uint64_t i = lo; i < hi; i++) {
+        struct cconn *c = &l->c[i];
+        if (c->state == C_CONNECTING || c->state == C_HELLO ||
+            c->state == C_OPEN || c->state == C_FLOOD)
+            close(c->fd);
+    }
+    tw_wheel_destroy(l->wheel);
+    close(l->ep);
+    return in_time ? 0 : EXIT_LATE;
+}
+
+/* ---- the parent: start, watch and judge -------------------------------- */
+
+/* Sum of a field of /proc over @pid and its children (worker processes). */
+static uint64_t tree_rss(pid_t pid)
+{
+    char path[64], buf[4096], *p = buf, *end;
+    uint64_t sum = proc_rss(pid);
+    FILE *f;
+
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid,
+             (int)pid);
+    f = fopen(path, "r");
+    if (f == NULL)
+        return sum;
+    buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
+    fclose(f);
+    for (long c; (c = strtol(p, &end, 10)) > 0; p = end)
+        sum += proc_rss((pid_t)c);
+    return sum;
+}
+
+static bool tree_cpu(pid_t pid, uint64_t *user, uint64_t *sys)
+{
+    char path[64], buf[4096], *p = buf, *end;
+    FILE *f;
+
+    if (!proc_cpu(pid, user, sys))
+        return false;
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid,
+             (int)pid);
+    f = fopen(path, "r");
+    if (f == NULL)
+        return true;
+    buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
+    fclose(f);
+    for (long c; (c = strtol(p, &end, 10)) > 0; p = end) {
+        uint64_t u, s;
+        if (proc_cpu((pid_t)c, &u, &s)) {
+            *user += u;
+            *sys += s;
+        }
+    }
+    return true;
+}
+
+/* The outcome of every connection, judged from the shared table. */
+struct tally {
+    uint64_t opened, refused, failed, held;
+    uint64_t silent_closed, early, late, active_open, active_closed;
+    uint64_t active_stalled, flood_closed, flood_reset, flood_open;
+};
+
+/* With @say, print the first few early closes. */
+static void tally(const struct load *l, struct tally *t, bool say)
+{
+    const struct options *o = &l->o;
+
+    memset(t, 0, sizeof *t);
+    for (uint64_t i = 0; i < l->total; i++) {
+        const struct cconn *c = &l->c[i];
+        bool was_open = c->echo_ns != 0;
+        t->opened += was_open && c->kind < K_FLOOD;
+        t->held += c->state == C_OPEN;
+        t->refused += c->state == C_REFUSED;
+        t->failed += c->state == C_FAILED || c->state == C_NEW ||
+                     c->state == C_CONNECTING || c->state == C_HELLO;
+        if (c->kind >= K_FLOOD) {
+            t->flood_closed += c->state == C_CLOSED;
+            t->flood_reset += c->state == C_RESET;
+            t->flood_open += c->state == C_FLOOD;
+        } else if (c->kind == K_ACTIVE && c->state == C_CLOSED) {
+            /* Closing is right if we ourselves fell an idle period behind. */
+            if (c->closed_ns - c->sent_ns >= o->idle_ns)
+                t->active_stalled++;
+            else
+                t->active_closed++;
+        } else if (c->kind == K_ACTIVE) {
+            t->active_open += c->state == C_OPEN;
+        } else if (c->state == C_OPEN) {
+            t->late++; /* still open after the deadline */
+        } else if (c->state == C_CLOSED) {
+            t->silent_closed++;
+            if (c->closed_ns - c->sent_ns < o->idle_ns && t->early++ < 3 && say)
+                printf("early: connection %" PRIu64 " closed %.3f ms after "
+                       "its last byte (idle %.0f ms)\n",
+                       i, (double)(c->closed_ns - c->sent_ns) / MS,
+                       (double)o->idle_ns / MS);
+            else if (c->closed_ns - c->echo_ns >
+                     o->idle_ns + o->tick_ns + o->slack_ns)
+                t->late++;
+        }
+    }
+}
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -502,7 +675,7 @@ static void report_lateness(const struct load *l)
         return;
     for (uint64_t i = 0; i < l->total; i++) {
         const struct cconn *c = &l->c[i];
-        if (c->kind == K_SILENT && c->state == C_CLOSED && c->closed_ns != 0 &&
+        if (c->kind == K_SILENT && c->state == C_CLOSED &&
             c->closed_ns >= c->sent_ns + l->o.idle_ns)
             v[n++] = c->closed_ns - c->sent_ns - l->o.idle_ns;
     }
@@ -517,118 +690,112 @@ static void report_lateness(const struct load *l)
     free(v);
 }
 
-/* One round of the event loop; waits at most @wait_ms. */
-static void poll_once(struct load *l, int wait_ms)
+/* Wait @ms at most for server output, and copy it. */
+static void parent_wait(struct load *l, int ms)
 {
-    static struct epoll_event ev[MAX_EVENTS];
-    int n = epoll_wait(l->ep, ev, MAX_EVENTS, wait_ms);
+    struct pollfd pf = {.fd = l->server_out, .events = POLLIN};
 
-    for (int i = 0; i < n; i++) {
-        if (ev[i].data.ptr == NULL)
-            server_output(l);
-        else
-            conn_event(l, ev[i].data.ptr, ev[i].events);
+    if (l->server_out < 0) {
+        usleep((useconds_t)ms * 1000);
+        return;
     }
-    tw_wheel_advance(l->wheel, now_ms_tick(l));
-}
-
-/* Open every connection; true unless --max-time ran out. */
-static bool open_all(struct load *l, uint64_t start)
-{
-    while (l->next_new < l->total || l->inflight > 0) {
-        while (l->next_new < l->total && l->inflight < l->o.burst)
-            conn_start(l);
-        if (cli_now_ns() - start > l->o.max_time_ns)
-            return false;
-        poll_once(l, 20);
-    }
-    return true;
-}
-
-static uint64_t flood_open(const struct load *l)
-{
-    uint64_t started = l->o.flood < l->next_new ? l->o.flood : l->next_new;
-    return started - l->flood_closed - l->flood_reset;
+    if (poll(&pf, 1, ms) > 0)
+        server_output(l);
 }
 
 /*
- * Wait until every silent and flooding connection is closed and the active ones
- * have lived a whole idle period past the last opening, or until the latest
- * moment a silent connection may rightly still be open.
+ * Start the workers and watch them: once all have opened their share,
+ * take the server's memory; once all are done, its CPU time; then judge.
  */
-static bool wait_closes(struct load *l, uint64_t start)
-{
-    uint64_t enough = l->last_open_ns + l->o.idle_ns + l->o.tick_ns;
-    uint64_t deadline = enough + l->o.slack_ns + 50 * MS;
-
-    for (;;) {
-        uint64_t now = cli_now_ns();
-        if ((l->silent_open == 0 && flood_open(l) == 0 && now >= enough) ||
-            now >= deadline)
-            return true;
-        if (now - start > l->o.max_time_ns)
-            return false;
-        poll_once(l, 20);
-    }
-}
-
 static int run(struct load *l)
 {
-    uint64_t start = cli_now_ns(), rss0 = 0, rss1 = 0, held;
-    uint64_t u0 = 0, s0 = 0, u1 = 0, s1 = 0, silent = 0;
-    bool have_cpu = false, in_time;
+    uint64_t start = cli_now_ns(), rss0 = 0, u0 = 0, s0 = 0, u1, s1;
+    uint64_t silent = 0, per = (l->total + l->o.procs - 1) / l->o.procs;
+    pid_t pid[MAX_PROCS];
+    bool have_cpu = false, rss_done = false, in_time = true;
+    unsigned running = 0;
+    struct tally t;
 
     for (uint64_t i = l->o.flood; i < l->total; i++)
         silent += kind_of(l, i) == K_SILENT;
     if (l->o.pid) {
-        rss0 = proc_rss((pid_t)l->o.pid);
-        have_cpu = proc_cpu((pid_t)l->o.pid, &u0, &s0);
+        rss0 = tree_rss((pid_t)l->o.pid);
+        have_cpu = tree_cpu((pid_t)l->o.pid, &u0, &s0);
     }
     printf("idle_load: %" PRIu64 " connections to %s:%" PRIu64 " from %" PRIu64
-           " source address(es): %" PRIu64 " silent, %" PRIu64
-           " active (a byte every %" PRIu64 " ms), %" PRIu64 " flooding\n",
-           l->o.conns, l->o.host, l->o.port, l->o.sources, silent,
+           " source address(es), %" PRIu64 " process(es): %" PRIu64
+           " silent, %" PRIu64 " active (a byte every %" PRIu64 " ms), %" PRIu64
+           " flooding\n",
+           l->o.conns, l->o.host, l->o.port, l->o.sources, l->o.procs, silent,
            l->o.conns - silent, l->o.period_ns / MS, l->o.flood);
-
-    in_time = open_all(l, start);
-    held = l->silent_open + l->active_open;
-    printf("opened: %" PRIu64 " in %.0f ms (%" PRIu64 " refused, %" PRIu64
-           " failed), %" PRIu64 " held\n",
-           l->opened, (double)(cli_now_ns() - start) / MS, l->refused,
-           l->failed, held);
-    if (l->o.pid) {
-        rss1 = proc_rss((pid_t)l->o.pid);
-        if (held > 0 && rss1 >= rss0)
-            printf("server rss: %" PRIu64 " KiB before, %" PRIu64
-                   " KiB holding %" PRIu64 ": %.0f bytes per connection\n",
-                   rss0 / 1024, rss1 / 1024, held,
-                   (double)(rss1 - rss0) / (double)held);
+    fflush(stdout);
+    for (uint64_t lo = 0; lo < l->total; lo += per) {
+        uint64_t hi = lo + per < l->total ? lo + per : l->total;
+        pid_t p = fork();
+        if (p == 0) {
+            if (l->server_out >= 0)
+                close(l->server_out);
+            _exit(worker(l, lo, hi, start));
+        }
+        if (p < 0) {
+            perror("idle_load: fork");
+            in_time = false;
+            break;
+        }
+        pid[running++] = p;
     }
-    if (in_time)
-        in_time = wait_closes(l, start);
-    if (have_cpu && proc_cpu((pid_t)l->o.pid, &u1, &s1))
+    for (unsigned left = running; left > 0;) {
+        int status;
+        if (!rss_done && atomic_load(&l->sh->opened_procs) == running) {
+            rss_done = true;
+            tally(l, &t, false);
+            printf("opened: %" PRIu64 " in %.0f ms (%" PRIu64
+                   " refused, %" PRIu64 " failed), %" PRIu64 " held\n",
+                   t.opened, (double)(cli_now_ns() - start) / MS, t.refused,
+                   t.failed, t.held);
+            if (l->o.pid && t.held > 0) {
+                uint64_t rss1 = tree_rss((pid_t)l->o.pid);
+                printf("server rss: %" PRIu64 " KiB before, %" PRIu64
+                       " KiB holding %" PRIu64 ": %.0f bytes per connection\n",
+                       rss0 / 1024, rss1 / 1024, t.held,
+                       rss1 > rss0 ? (double)(rss1 - rss0) / (double)t.held
+                                   : 0.0);
+            }
+        }
+        for (unsigned i = 0; i < running; i++) {
+            if (pid[i] <= 0 || waitpid(pid[i], &status, WNOHANG) != pid[i])
+                continue;
+            pid[i] = 0;
+            left--;
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+                in_time = false;
+        }
+        if (left > 0)
+            parent_wait(l, 20);
+    }
+    if (have_cpu && tree_cpu((pid_t)l->o.pid, &u1, &s1))
         printf("server cpu: %.0f ms user + %.0f ms system over %.1f s\n",
                (double)(u1 - u0) / MS, (double)(s1 - s0) / MS,
                (double)(cli_now_ns() - start) / 1e9);
     report_lateness(l);
-    l->late += l->silent_open; /* still open after the deadline */
+    tally(l, &t, true);
     printf("silent: %" PRIu64 " closed, %" PRIu64 " early, %" PRIu64
            " late (bound: idle + tick + slack %.0f ms after the echo)\n",
-           l->silent_closed, l->early, l->late, (double)l->o.slack_ns / MS);
+           t.silent_closed, t.early, t.late, (double)l->o.slack_ns / MS);
     printf("active: %" PRIu64 " open, %" PRIu64
            " closed by the server, %" PRIu64
            " closed after this tool fell an idle period behind\n",
-           l->active_open, l->active_closed, l->active_stalled);
+           t.active_open, t.active_closed, t.active_stalled);
     if (l->o.flood > 0)
         printf("flood: %" PRIu64 " closed by the server, %" PRIu64
                " reset by us mid-write, %" PRIu64 " still open\n",
-               l->flood_closed, l->flood_reset, flood_open(l));
+               t.flood_closed, t.flood_reset, t.flood_open);
     if (!in_time)
-        printf("--max-time ran out\n");
+        printf("a worker ran out of --max-time or failed\n");
     /* Wrong behaviour fails outright; lateness may be the machine's. */
-    if (l->opened == 0 || l->failed > 0 || l->early > 0 || l->active_closed > 0)
+    if (t.opened == 0 || t.failed > 0 || t.early > 0 || t.active_closed > 0)
         return 1;
-    if (!in_time || l->late > 0 || l->active_stalled > 0 || flood_open(l))
+    if (!in_time || t.late > 0 || t.active_stalled > 0 || t.flood_open > 0)
         return EXIT_LATE;
     return 0;
 }
@@ -651,6 +818,8 @@ static void usage(FILE *f)
         "  --flood N        also open N connections that write without "
         "reading\n"
         "                   (every other one resets mid-write) (0)\n"
+        "  --procs P        worker processes (enough for the open-file "
+        "limit)\n"
         "  --sources K      local addresses 127.0.0.1.. to connect from "
         "(1 per 25000)\n"
         "  --burst N        connects in flight at once (256)\n"
@@ -708,6 +877,8 @@ static int parse_options(int argc, char **argv, struct options *o)
             bad = cli_parse_u64(v, 0, 100, &o->active_pct);
         } else if (cli_option(argc, argv, &i, "--flood", &v)) {
             bad = cli_parse_u64(v, 0, 10000, &o->flood);
+        } else if (cli_option(argc, argv, &i, "--procs", &v)) {
+            bad = cli_parse_u64(v, 1, MAX_PROCS, &o->procs);
         } else if (cli_option(argc, argv, &i, "--sources", &v)) {
             bad = cli_parse_u64(v, 1, 254, &o->sources);
         } else if (cli_option(argc, argv, &i, "--burst", &v)) {
@@ -746,8 +917,8 @@ int main(int argc, char **argv)
 {
     static struct load load;
     struct load *l = &load;
-    struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
-    uint64_t limit;
+    uint64_t limit, per;
+    size_t map_len;
     int rc = parse_options(argc, argv, &l->o);
 
     if (rc >= 0)
@@ -756,28 +927,37 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     l->ep = -1;
     l->server_out = -1;
-    rc = 1;
-    /* Our sockets plus a few; a started server inherits the same limit. */
+    /* Each worker needs its share of sockets plus a few; a started server
+     * inherits the same limit. */
     l->total = l->o.conns + l->o.flood;
     limit = cli_raise_nofile(l->total + 64);
-    if (limit < l->total + 16) {
+    if (limit < 128) {
         fprintf(stderr,
-                "idle_load: %" PRIu64 " connections need %" PRIu64
-                " open files, the limit is %" PRIu64
-                " (raise it with ulimit -n, or run as root)\n",
-                l->total, l->total + 16, limit);
+                "idle_load: the open-file limit (%" PRIu64 ") is too low\n",
+                limit);
         return 1;
     }
-    l->c = calloc(l->total, sizeof *l->c);
-    l->ep = epoll_create1(EPOLL_CLOEXEC);
-    l->t0 = cli_now_ns();
-    if (l->c == NULL || l->ep < 0 || tw_wheel_create(&l->wheel, NULL, 0) != 0) {
-        perror("idle_load: setup");
-        goto out;
+    if (l->o.procs == 0)
+        l->o.procs = (l->total + limit - 65) / (limit - 64);
+    per = (l->total + l->o.procs - 1) / l->o.procs;
+    if (l->o.procs > MAX_PROCS || per + 64 > limit) {
+        fprintf(stderr,
+                "idle_load: %" PRIu64 " connections per process need %" PRIu64
+                " open files, the limit is %" PRIu64
+                " (raise --procs or ulimit -n)\n",
+                per, per + 64, limit);
+        return 1;
     }
-    if (l->o.server_argv != NULL &&
-        (server_start(l) != 0 ||
-         epoll_ctl(l->ep, EPOLL_CTL_ADD, l->server_out, &e) != 0))
+    map_len = sizeof(struct shared) + l->total * sizeof(struct cconn);
+    l->sh = mmap(NULL, map_len, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (l->sh == MAP_FAILED) {
+        perror("idle_load: mmap");
+        return 1;
+    }
+    l->c = l->sh->c;
+    rc = 1;
+    if (l->o.server_argv != NULL && server_start(l) != 0)
         goto out;
     l->dst.sin_family = AF_INET;
     l->dst.sin_port = htons((uint16_t)l->o.port);
@@ -788,19 +968,11 @@ int main(int argc, char **argv)
     }
     rc = run(l);
 out:
-    if (l->c != NULL)
-        for (uint64_t i = 0; i < l->total; i++)
-            if (l->c[i].state == C_CONNECTING || l->c[i].state == C_HELLO ||
-                l->c[i].state == C_OPEN || l->c[i].state == C_FLOOD)
-                close(l->c[i].fd);
     if (l->server_pid > 0 && !server_stop(l))
         rc = 1;
     printf("result: %s\n", rc == 0           ? "PASS"
                            : rc == EXIT_LATE ? "FAIL (timing bounds only)"
                                              : "FAIL");
-    free(l->c);
-    tw_wheel_destroy(l->wheel);
-    if (l->ep >= 0)
-        close(l->ep);
+    munmap(l->sh, map_len);
     return rc;
 }
