@@ -1118,6 +1118,45 @@ static int cond_init_mono(pthread_cond_t *cv)
     return rc == 0 ? 0 : TW_ENOMEM;
 }
 
+/* The service's mutexes and condition variables. */
+enum { N_MUTEX = 5, N_COND = 3 };
+struct syncs {
+    pthread_mutex_t *mu[N_MUTEX];
+    pthread_cond_t *cv[N_COND];
+};
+
+static struct syncs syncs_of(tw_service *s)
+{
+    return (struct syncs){{&s->grow_mu, &s->mu, &s->xmu, &s->wmu,
+                           &s->stop_mu},
+                          {&s->cv, &s->xcv, &s->wcv}};
+}
+
+/* Destroy the first @nm mutexes and @nc condition variables. */
+static void sync_destroy(tw_service *s, unsigned nm, unsigned nc)
+{
+    struct syncs y = syncs_of(s);
+    while (nc > 0)
+        pthread_cond_destroy(y.cv[--nc]);
+    while (nm > 0)
+        pthread_mutex_destroy(y.mu[--nm]);
+}
+
+/* All on CLOCK_MONOTONIC. Returns 0 or TW_ENOMEM with nothing left. */
+static int sync_init(tw_service *s)
+{
+    struct syncs y = syncs_of(s);
+    unsigned nm = 0, nc = 0;
+    while (nm < N_MUTEX && pthread_mutex_init(y.mu[nm], NULL) == 0)
+        nm++;
+    while (nm == N_MUTEX && nc < N_COND && cond_init_mono(y.cv[nc]) == 0)
+        nc++;
+    if (nm == N_MUTEX && nc == N_COND)
+        return 0;
+    sync_destroy(s, nm, nc);
+    return TW_ENOMEM;
+}
+
 int tw_service_create(tw_service **out, const tw_service_config *cfg)
 {
     static const tw_service_config defaults = {0};
@@ -1146,7 +1185,6 @@ int tw_service_create(tw_service **out, const tw_service_config *cfg)
     while (p2 < maxfn)
         p2 <<= 1;
 
-    int inited = 0;
     tw_service *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return TW_ENOMEM;
@@ -1161,31 +1199,11 @@ int tw_service_create(tw_service **out, const tw_service_config *cfg)
     rc = tw_wheel_create(&s->wheel, &s->wcfg, 0);
     if (rc != 0)
         goto fail_mem;
-    rc = TW_ENOMEM;
-    if (pthread_mutex_init(&s->grow_mu, NULL) != 0)
-        goto fail_sync;
-    inited++;
-    if (pthread_mutex_init(&s->mu, NULL) != 0)
-        goto fail_sync;
-    inited++;
-    if (cond_init_mono(&s->cv) != 0)
-        goto fail_sync;
-    inited++;
-    if (pthread_mutex_init(&s->xmu, NULL) != 0)
-        goto fail_sync;
-    inited++;
-    if (pthread_cond_init(&s->xcv, NULL) != 0)
-        goto fail_sync;
-    inited++;
-    if (pthread_mutex_init(&s->wmu, NULL) != 0)
-        goto fail_sync;
-    inited++;
-    if (pthread_cond_init(&s->wcv, NULL) != 0)
-        goto fail_sync;
-    inited++;
-    if (pthread_mutex_init(&s->stop_mu, NULL) != 0)
-        goto fail_sync;
-
+    rc = sync_init(s);
+    if (rc != 0) {
+        tw_wheel_destroy(s->wheel);
+        goto fail_mem;
+    }
     s->tick_ns = tick;
     s->max_pending = cfg->max_pending;
     s->clock = cfg->clock;
@@ -1202,19 +1220,6 @@ int tw_service_create(tw_service **out, const tw_service_config *cfg)
     *out = s;
     return 0;
 
-fail_sync:
-    /* Undo in reverse order of the inits above. */
-    switch (inited) {
-    case 7: pthread_cond_destroy(&s->wcv); /* fall through */
-    case 6: pthread_mutex_destroy(&s->wmu); /* fall through */
-    case 5: pthread_cond_destroy(&s->xcv); /* fall through */
-    case 4: pthread_mutex_destroy(&s->xmu); /* fall through */
-    case 3: pthread_cond_destroy(&s->cv); /* fall through */
-    case 2: pthread_mutex_destroy(&s->mu); /* fall through */
-    case 1: pthread_mutex_destroy(&s->grow_mu); /* fall through */
-    default: break;
-    }
-    tw_wheel_destroy(s->wheel);
 fail_mem:
     free(s->xthreads);
     free((void *)s->fns);
@@ -1379,14 +1384,7 @@ void tw_service_destroy(tw_service *s)
         }
         free(db);
     }
-    pthread_cond_destroy(&s->wcv);
-    pthread_mutex_destroy(&s->wmu);
-    pthread_cond_destroy(&s->xcv);
-    pthread_mutex_destroy(&s->xmu);
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->mu);
-    pthread_mutex_destroy(&s->grow_mu);
-    pthread_mutex_destroy(&s->stop_mu);
+    sync_destroy(s, N_MUTEX, N_COND);
     tw_wheel_destroy(s->wheel);
     free(s->xthreads);
     free((void *)s->fns);

@@ -149,9 +149,10 @@ TW_EXTERN int tw_schedule(tw_service *s, tw_task_fn fn, void *arg,
 /*
  * tw_schedule_fixed_rate - run @fn at start + @initial_delay_ns +
  * k * @period_ns for k = 0, 1, ... (start = the time of this call), without
- * drift. A run that is late by more than a period is not repeated: the next
- * run is the first scheduled time after the late run started. Runs never
- * overlap. Runs until cancelled or stopped.
+ * drift. Missed runs are not repeated: after a run that ends past the next
+ * scheduled time (a stall, or a run longer than the period), the next run
+ * is the first scheduled time after it ended. Runs never overlap. Runs
+ * until cancelled or stopped.
  * Returns as tw_schedule(), and TW_EINVAL for a zero @period_ns.
  * Allocates a small side record (malloc) besides the task record.
  * Context: any thread.
