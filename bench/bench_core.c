@@ -21,6 +21,7 @@
  * Usage: bench_core [--n 1000,1000000] [--reps 5] [--engines a,b]
  *                   [--workloads a,b] [--cap-ms 2000] [--csv FILE]
  *                   [--churn-steps N] [--list]
+ * The CSV file is appended to (a header is written if it is empty).
  */
 #define _GNU_SOURCE
 #include <twheel/wheel.h>
@@ -664,13 +665,15 @@ int main(int argc, char **argv)
     virt_on = 1;
     FILE *csv = NULL;
     if (csv_path) {
-        csv = fopen(csv_path, "w");
+        csv = fopen(csv_path, "a"); /* appends: the suite runs us often */
         if (!csv) {
             perror(csv_path);
             return 1;
         }
-        fprintf(csv, "n,workload,engine,unit,median,min,max,reps,"
-                     "speedup_vs_heap,fired_fraction,note\n");
+        fseek(csv, 0, SEEK_END);
+        if (ftell(csv) == 0)
+            fprintf(csv, "n,workload,engine,unit,median,min,max,reps,"
+                         "speedup_vs_heap,fired_fraction,note\n");
     }
     printf("twheel bench_core: ticks are 1 ms; deadlines uniform in "
            "[1, 2^20] ticks; %d repetitions after one warm-up, median;\n"

@@ -1,0 +1,86 @@
+# summary.awk - the headline figures and the issue's targets, from
+# results.csv. Usage: awk -F, -f bench/summary.awk results.csv
+NR == 1 { next }
+{
+    key = $1 SUBSEP $2 SUBSEP $3
+    med[key] = $5; best[key] = $7; seen_n[$1] = 1; seen_w[$2] = 1
+    if ($2 ~ /^svc_/) { svc_w[$2] = 1; svc_e[$3] = 1 }
+}
+function m(n, w, e) { return med[n, w, e] + 0 }
+function ratio(a, b) { return b > 0 ? a / b : 0 }
+END {
+    big = 1000000
+    printf "== Headline (1e6 pending timers, medians of the same run)\n"
+    split("heap libuv libevent", peers, " ")
+    for (i = 1; i <= 3; i++) {
+        p = peers[i]
+        if (m(big, "churn", p) > 0 && m(big, "churn", "twheel") > 0)
+            printf "churn (cancel+add): twheel %.1f ns, %s %.1f ns: %.2fx\n",
+                m(big, "churn", "twheel"), p, m(big, "churn", p),
+                ratio(m(big, "churn", p), m(big, "churn", "twheel"))
+    }
+    printf "targets: >= 3x heap, >= 2x libuv and libevent on churn at 1e6\n"
+
+    printf "\n== Where twheel (hierarchical) is slower than a peer at >= 1e5\n"
+    slower = 0
+    for (k in med) {
+        split(k, f, SUBSEP)
+        if (f[1] < 100000 || f[3] == "twheel" || f[2] ~ /^svc_|memory/)
+            continue
+        if (f[3] != "heap" && f[3] != "libuv" && f[3] != "libevent")
+            continue
+        t = m(f[1], f[2], "twheel")
+        if (t > 0 && t > med[k] + 0) {
+            printf "%-8d %-12s twheel %.1f vs %s %.1f (%.2fx slower)\n",
+                f[1], f[2], t, f[3], med[k], t / med[k]
+            slower++
+        }
+    }
+    if (!slower) printf "none\n"
+
+    printf "\n== Memory (bytes per pending timer or task; target <= 48)\n"
+    for (n in seen_n)
+        if (n + 0 == big && m(n, "memory", "twheel") > 0)
+            printf "core twheel %.1f, heap %.1f, libuv %.1f, libevent %.1f\n",
+                m(n, "memory", "twheel"), m(n, "memory", "heap"),
+                m(n, "memory", "libuv"), m(n, "memory", "libevent")
+    for (k in med) {
+        split(k, f, SUBSEP)
+        if (f[2] == "svc_bytes_per_task")
+            printf "service %s: %.1f (%d tasks)\n", f[3], med[k], f[1]
+    }
+
+    printf "\n== Service vs Java peers (M ops/s: median [best]; idle: wake-ups/s)\n"
+    printf "%-22s", "metric"
+    ne = split("twheel-service twheel-service-lazy netty-hwt jdk-stpe netty-hwt-1ms netty-hwt-100ms", es, " ")
+    for (i = 1; i <= ne; i++) printf " %20s", es[i]
+    printf "\n"
+    nw = split("svc_schedule_1p svc_schedule_2p svc_cancel_1p svc_cancel_2p svc_pairs_1p svc_pairs_2p svc_bytes_per_task svc_idle_wakeups", ws, " ")
+    for (j = 1; j <= nw; j++) {
+        w = ws[j]
+        if (!(w in svc_w)) continue
+        printf "%-22s", w
+        for (i = 1; i <= ne; i++) {
+            v = ""
+            for (k in med) {
+                split(k, f, SUBSEP)
+                if (f[2] != w || f[3] != es[i])
+                    continue
+                if (med[k] == best[k])
+                    v = sprintf("%.2f", med[k])
+                else
+                    v = sprintf("%.2f [%.2f]", med[k], best[k])
+            }
+            printf " %20s", v == "" ? "-" : v
+        }
+        printf "\n"
+    }
+    for (k in med) {
+        split(k, f, SUBSEP)
+        if (f[2] == "svc_pairs_1p" && f[3] == "twheel-service") s = med[k]
+        if (f[2] == "svc_pairs_1p" && f[3] == "netty-hwt") { nm = med[k]; nb = best[k] }
+    }
+    if (s > 0 && nm > 0)
+        printf "service / Netty HWT, pairs from 1 producer: %.2fx its median, %.2fx its best (target >= 5x)\n",
+            s / nm, s / nb
+}
