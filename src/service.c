@@ -1328,8 +1328,10 @@ int tw_service_stop(tw_service *s, tw_unprocessed_fn fn, void *ctx)
     if (atomic_load(&s->started)) {
         join_threads(s, s->nexec, true); /* executors finish due tasks */
         /* A caller-supplied executor: wait for the jobs it holds. */
-        while (atomic_load(&s->busy) != 0)
-            sched_yield();
+        while (atomic_load(&s->busy) != 0) {
+            struct timespec ts = {0, 100000};
+            nanosleep(&ts, NULL);
+        }
     }
     uint64_t handed = 0;
     /* Everything in the wheel, cancelled or not; nodes beyond fresh were
