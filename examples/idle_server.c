@@ -56,6 +56,8 @@ struct conn {
     char *out;        /* those bytes; NULL when none (the common case) */
     uint64_t last_ns; /* time of the last read that returned data */
 };
+_Static_assert(sizeof(void *) != 8 || sizeof(struct conn) == 64,
+               "a connection is one cache line on LP64");
 
 struct server {
     int ep, lfd, sigfd, spare_fd;
