@@ -64,6 +64,8 @@ static struct {
     ftask t[NT];
     tw_id dead[8]; /* ids of tasks that are gone */
     unsigned ndead;
+    uint64_t runs;      /* all task runs */
+    tw_id waiting;      /* the harness is in tw_cancel_wait() on it */
     pthread_mutex_t mu; /* the model; callbacks run on other threads */
 } F = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -141,6 +143,7 @@ static void task_fn(tw_id id, void *arg)
     FZ_CHECK(now >= not_before, "task %d run %d at %" PRIu64
              " before %" PRIu64, (int)(t - F.t), t->runs, now, not_before);
     t->runs++;
+    F.runs++;
     t->last = now;
     t->running = true;
     if (t->kind == K_ONE) {
@@ -158,9 +161,12 @@ static void task_fn(tw_id id, void *arg)
 
     pthread_mutex_lock(&F.mu);
     if (t->cancel_self && t->kind != K_ONE && t->state == T_PENDING) {
-        FZ_CHECK(tw_cancel(F.s, id), "periodic task cannot cancel itself");
-        t->state = T_CANCELLED;
-        t->runs_after_cancel = 1;
+        if (tw_cancel(F.s, id)) {
+            t->state = T_CANCELLED;
+            t->runs_after_cancel = 1;
+        } else {
+            FZ_CHECK(F.waiting == id, "periodic task cannot cancel itself");
+        }
         add_dead(id);
     }
     t->running = false;
@@ -179,6 +185,13 @@ static void unprocessed(tw_id id, tw_task_fn fn, void *arg, void *ctx)
     FZ_CHECK(t->state == T_PENDING, "task %d handed back in state %d",
              (int)(t - F.t), t->state);
     t->state = T_HANDED;
+}
+
+/* A caller-supplied executor that runs each job at once. */
+static void run_inline(tw_service *s, tw_id job, void *ctx)
+{
+    (void)ctx;
+    tw_service_run(s, job);
 }
 
 /* A delay or period drawn from the corners. */
@@ -216,6 +229,10 @@ static void check_quiet(void)
     uint64_t p = tw_service_pending(F.s);
     FZ_CHECK(p == model_pending(), "pending %" PRIu64 ", model %zu", p,
              model_pending());
+    tw_service_stats st;
+    tw_service_get_stats(F.s, &st);
+    FZ_CHECK(st.pending == p && st.ran == F.runs, "stats: pending %" PRIu64
+             ", ran %" PRIu64 ", model %" PRIu64, st.pending, st.ran, F.runs);
     pthread_mutex_unlock(&F.mu);
 }
 
@@ -266,15 +283,33 @@ static void do_schedule(fz_reader *r, int kind)
 
 static void do_cancel(fz_reader *r)
 {
-    ftask *t = &F.t[fz_u8(r) % NT];
+    uint8_t b = fz_u8(r);
+    ftask *t = &F.t[b % NT];
     pthread_mutex_lock(&F.mu);
     if (t->state == T_IDLE) {
         pthread_mutex_unlock(&F.mu);
         return;
     }
-    bool got = tw_cancel(F.s, t->id);
+    bool got;
+    if (b & 128) {
+        /* cancel_wait waits for a run in progress, which needs F.mu. */
+        tw_id id = t->id;
+        F.waiting = id;
+        pthread_mutex_unlock(&F.mu);
+        int rc = tw_cancel_wait(F.s, id);
+        pthread_mutex_lock(&F.mu);
+        F.waiting = 0;
+        FZ_CHECK(rc == 0 || rc == 1, "cancel_wait: %d", rc);
+        FZ_CHECK(!t->running, "task %d running after cancel_wait",
+                 (int)(t - F.t));
+        got = rc == 1;
+    } else {
+        got = tw_cancel(F.s, t->id);
+    }
     if (got)
-        t->runs_after_cancel = t->running ? 1 : 0;
+        /* After cancel_wait nothing runs any more; after a cancel, a run
+         * the service had already begun may still enter the function. */
+        t->runs_after_cancel = t->running || (b & 128) ? 1 : 0;
     /* A one-shot task whose time has come may be running right now. */
     bool racy = t->kind == K_ONE && ready_at(t->due) <= rel_now();
     bool want = t->state == T_PENDING;
@@ -356,7 +391,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static const uint64_t ticks[] = {1000000, 1000, 250000, 3000000};
     static const uint32_t slots[] = {0, 1, 8, 64};
     static const uint32_t levels[] = {0, 1, 2, 0};
-    static const uint32_t execs[] = {0, 0, 1, 2};
+    static const uint32_t execs[] = {0, 0, 1, 2}; /* 0 twice: see below */
     fz_reader rd = {data, size}, *r = &rd;
     uint8_t c = fz_u8(r), m = fz_u8(r);
     tw_service_config cfg = {0};
@@ -366,8 +401,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.executor_threads = execs[(c >> 6) & 3];
     cfg.max_pending = m % 4 == 0 ? m / 4 % 8 : 0;
     cfg.clock = vclock;
+    if ((c >> 6) == 1)
+        cfg.execute = run_inline; /* an executor supplied by the caller */
 
     memset(F.t, 0, sizeof F.t);
+    F.runs = 0;
     F.ndead = 0;
     F.stopped = false;
     F.tick = cfg.tick_ns;

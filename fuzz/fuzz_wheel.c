@@ -14,7 +14,8 @@
  * nothing early, nothing twice, nothing cancelled, non-decreasing expiry
  * order, no pending timer skipped; after each advance nothing due is left,
  * the return value is the number of callbacks, and count, now and
- * next_expiry agree with the model.
+ * next_expiry agree with the model. The wheel's own invariant checker
+ * (tw__wheel_check) runs after every action.
  *
  * Rules taken from include/twheel/wheel.h:
  * - advance(now) below the wheel's time changes nothing;
@@ -31,6 +32,7 @@
 #include <twheel/wheel.h>
 
 #include "fuzz.h"
+#include "internal.h"
 
 #define NT 16
 
@@ -219,6 +221,8 @@ static void on_fire(tw_timer *t, void *arg)
 
 static void check_state(void)
 {
+    int line = tw__wheel_check(S.w);
+    FZ_CHECK(line == 0, "wheel invariant broken (wheel.c line %d)", line);
     size_t n = model_count();
     FZ_CHECK(tw_wheel_count(S.w) == n, "count %zu, model %zu",
              tw_wheel_count(S.w), n);
@@ -406,6 +410,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         check_state();
     }
+    int line = tw__wheel_check_full(S.w);
+    FZ_CHECK(line == 0, "wheel invariant broken (wheel.c line %d)", line);
     tw_wheel_destroy(S.w);
     return 0;
 }
