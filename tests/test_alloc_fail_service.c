@@ -10,6 +10,9 @@
  * must work. At the end every task must have run or be handed back exactly
  * as in a run without failures, and nothing may leak.
  *
+ * tw_repeated_create() and a RepeatedTimer start that meets no memory are
+ * swept the same way.
+ *
  * The services run on a virtual clock (tw_service_config.clock) so that the
  * script is deterministic: tasks run only when the test moves the clock.
  */
@@ -21,6 +24,7 @@
 #include "internal.h"
 #include "test.h"
 #include "test_alloc_fail.h"
+#include "twheel/repeated.h"
 #include "twheel/service.h"
 
 #define MS UINT64_C(1000000)
@@ -239,10 +243,70 @@ static void test_schedule_script(void)
     sweep_script(false, 2);
 }
 
+/* ------------------------------------------------------------------------ */
+/* RepeatedTimer: its create, and a start whose schedule meets no memory. */
+
+static void on_trigger(tw_repeated *rt, void *arg)
+{
+    (void)rt;
+    atomic_fetch_add(&((struct counts *)arg)->runs, 1);
+}
+
+static void test_repeated(void)
+{
+    long live0 = tw_af_live();
+    struct counts c = {0};
+    tw_service_config scfg = {0};
+    scfg.clock = vclock;
+    atomic_store(&vnow, 1000 * SEC);
+    tw_service *s = NULL;
+    ASSERT_EQ(tw_service_create(&s, &scfg), 0);
+    ASSERT_EQ(tw_service_start(s), 0);
+    tw_repeated_config cfg = {0};
+    cfg.name = "election";
+    cfg.timeout_ns = 5 * MS;
+    cfg.on_trigger = on_trigger;
+    cfg.arg = &c;
+    tw_repeated *rt = NULL;
+    for (long k = 0;; k++) {
+        tw_repeated *out = (tw_repeated *)&points;
+        tw_af_arm(k, false);
+        int rc = tw_repeated_create(&out, s, &cfg);
+        long failed = tw_af_failures();
+        tw_af_disarm();
+        if (failed == 0) {
+            ASSERT_EQ(rc, 0);
+            rt = out;
+            break;
+        }
+        points++;
+        ASSERT_EQ(rc, TW_ENOMEM);
+        ASSERT(out == (tw_repeated *)&points);
+    }
+    /* The service's record pool is still empty: the first schedule needs
+     * memory. */
+    tw_af_arm(0, true);
+    ASSERT_EQ(tw_repeated_start(rt), TW_ENOMEM);
+    ASSERT_GT(tw_af_failures(), 0);
+    tw_af_disarm();
+    points++;
+    ASSERT_EQ(tw_service_pending(s), 0);
+    vadvance(s, 10 * MS);
+    ASSERT_EQ(atomic_load(&c.runs), 0); /* the failed start did nothing */
+    ASSERT_EQ(tw_repeated_start(rt), 0);
+    vadvance(s, 5 * MS);
+    ASSERT_EQ(atomic_load(&c.runs), 1);
+    tw_repeated_destroy(rt);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    tw_service_destroy(s);
+    ASSERT_EQ(tw_af_live(), live0);
+}
+
 int main(void)
 {
     RUN_TEST(test_create);
     RUN_TEST(test_schedule_script);
+    RUN_TEST(test_repeated);
     printf("service: %ld allocation failure points swept\n", points);
     return tw_test_done();
 }
