@@ -3,7 +3,7 @@
  *
  * A test executable linked with
  *   -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free,
- *   --wrap=aligned_alloc,--wrap=posix_memalign
+ *   --wrap=aligned_alloc,--wrap=posix_memalign,--wrap=pthread_create
  * (tests/CMakeLists.txt: tw_alloc_fail_test()) routes every allocation made
  * by its own objects and by the static library through the countdown in
  * tests/test_alloc_fail_wrap.c. Allocations made inside the C library
@@ -33,5 +33,9 @@ long tw_af_failures(void);
 
 /* Blocks allocated through the wrapper and not yet freed (leak check). */
 long tw_af_live(void);
+
+/* Make the pthread_create() call @k calls from now fail with EAGAIN (0 =
+ * the next one); k < 0 disarms. */
+void tw_af_arm_threads(long k);
 
 #endif

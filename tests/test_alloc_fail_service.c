@@ -302,11 +302,51 @@ static void test_repeated(void)
     ASSERT_EQ(tw_af_live(), live0);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Thread creation fails: start (explicit, or by the first schedule) returns
+ * TW_EAGAIN with nothing left running, and a later start works. */
+
+static void test_thread_create_fails(void)
+{
+    for (uint32_t execs = 0; execs <= 3; execs += 3) {
+        for (long k = 0; k <= (long)execs; k++) {
+            long live0 = tw_af_live();
+            struct counts c = {0};
+            tw_service_config cfg = {0};
+            cfg.clock = vclock;
+            cfg.executor_threads = execs;
+            atomic_store(&vnow, 1000 * SEC);
+            tw_service *s = NULL;
+            ASSERT_EQ(tw_service_create(&s, &cfg), 0);
+            tw_id id = 42;
+            tw_af_arm_threads(k);
+            if (k % 2 == 0) {
+                ASSERT_EQ(tw_service_start(s), TW_EAGAIN);
+            } else {
+                ASSERT_EQ(tw_schedule(s, count_task, &c, MS, &id),
+                          TW_EAGAIN);
+                ASSERT_EQ(id, 42);
+            }
+            tw_af_arm_threads(-1);
+            points++;
+            ASSERT_EQ(tw_service_pending(s), 0);
+            /* Threads can be made again: the service works. */
+            ASSERT_EQ(tw_schedule(s, count_task, &c, MS, &id), 0);
+            vadvance(s, MS);
+            ASSERT_EQ(atomic_load(&c.runs), 1);
+            ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+            tw_service_destroy(s);
+            ASSERT_EQ(tw_af_live(), live0);
+        }
+    }
+}
+
 int main(void)
 {
     RUN_TEST(test_create);
     RUN_TEST(test_schedule_script);
     RUN_TEST(test_repeated);
+    RUN_TEST(test_thread_create_fails);
     printf("service: %ld allocation failure points swept\n", points);
     return tw_test_done();
 }

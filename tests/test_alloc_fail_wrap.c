@@ -1,10 +1,11 @@
 /*
  * tests/test_alloc_fail_wrap.c - the countdown behind test_alloc_fail.h:
- * __wrap_ versions of the allocation functions (see the header for the
- * link flags). A failing call returns NULL (or ENOMEM) like a real
+ * __wrap_ versions of the allocation functions and of pthread_create (see
+ * the header for the link flags). A failing call returns NULL (or ENOMEM) like a real
  * allocator out of memory and allocates nothing.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 
@@ -22,6 +23,10 @@ void *__wrap_realloc(void *p, size_t n);
 void __wrap_free(void *p);
 void *__wrap_aligned_alloc(size_t a, size_t n);
 int __wrap_posix_memalign(void **p, size_t a, size_t n);
+int __real_pthread_create(pthread_t *t, const pthread_attr_t *a,
+                          void *(*fn)(void *), void *arg);
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a,
+                          void *(*fn)(void *), void *arg);
 
 static atomic_long af_countdown = -1; /* < 0: disarmed */
 static atomic_bool af_sticky;
@@ -122,4 +127,25 @@ int __wrap_posix_memalign(void **p, size_t a, size_t n)
     if (rc == 0)
         af_count(*p);
     return rc;
+}
+
+static atomic_long af_thread_countdown = -1;
+
+void tw_af_arm_threads(long k)
+{
+    atomic_store(&af_thread_countdown, k);
+}
+
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a,
+                          void *(*fn)(void *), void *arg)
+{
+    long c = atomic_load(&af_thread_countdown);
+    while (c >= 0) {
+        if (atomic_compare_exchange_weak(&af_thread_countdown, &c, c - 1)) {
+            if (c == 0)
+                return EAGAIN; /* as when the thread limit is reached */
+            break;
+        }
+    }
+    return __real_pthread_create(t, a, fn, arg);
 }
