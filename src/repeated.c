@@ -103,10 +103,17 @@ static void finish(tw_repeated *rt)
     free(rt);
 }
 
-/* Drop one reference; true if it was the last (the caller then finishes). */
-static bool unref_locked(tw_repeated *rt)
+/*
+ * Drop one reference and release the mutex; the last reference finishes
+ * the timer (after the unlock: on_destroy runs without the mutex held).
+ */
+static void unref_unlock(tw_repeated *rt)
 {
-    return --rt->refs == 0;
+    bool last = --rt->refs == 0;
+
+    pthread_mutex_unlock(&rt->mu);
+    if (last)
+        finish(rt);
 }
 
 /*
@@ -174,7 +181,6 @@ static int invoke_locked(tw_repeated *rt)
 void tw__repeated_task(tw_id id, void *arg)
 {
     tw_repeated *rt = arg;
-    bool last;
 
     pthread_mutex_lock(&rt->mu);
     /*
@@ -186,10 +192,7 @@ void tw__repeated_task(tw_id id, void *arg)
         rt->invoking = true;
         invoke_locked(rt);
     }
-    last = unref_locked(rt);
-    pthread_mutex_unlock(&rt->mu);
-    if (last)
-        finish(rt);
+    unref_unlock(rt);
 }
 
 int tw_repeated_start(tw_repeated *rt)
@@ -260,7 +263,6 @@ int tw_repeated_reset(tw_repeated *rt, uint64_t timeout_ns)
 
 int tw_repeated_run_once_now(tw_repeated *rt)
 {
-    bool last = false;
     int err;
 
     if (rt == NULL)
@@ -275,28 +277,22 @@ int tw_repeated_run_once_now(tw_repeated *rt)
         rt->invoking = true;
         rt->refs++; /* a destroy from another thread must wait for us */
         err = invoke_locked(rt);
-        last = unref_locked(rt);
+        unref_unlock(rt);
+        return err;
     }
     pthread_mutex_unlock(&rt->mu);
-    if (last)
-        finish(rt);
     return err;
 }
 
 void tw_repeated_destroy(tw_repeated *rt)
 {
-    bool last;
-
     if (rt == NULL)
         return;
     pthread_mutex_lock(&rt->mu);
     rt->destroyed = true;
     rt->stopped = true;
     cancel_pending_locked(rt);
-    last = unref_locked(rt);
-    pthread_mutex_unlock(&rt->mu);
-    if (last)
-        finish(rt);
+    unref_unlock(rt);
 }
 
 const char *tw_repeated_name(const tw_repeated *rt)
@@ -312,7 +308,6 @@ bool tw_repeated_owns(tw_task_fn fn)
 void tw_repeated_unprocessed(tw_id id, tw_task_fn fn, void *arg, void *ctx)
 {
     tw_repeated *rt = arg;
-    bool last;
 
     (void)ctx;
     if (fn != tw__repeated_task || rt == NULL)
@@ -322,8 +317,5 @@ void tw_repeated_unprocessed(tw_id id, tw_task_fn fn, void *arg, void *ctx)
         rt->pending = 0;
         rt->stopped = true;
     }
-    last = unref_locked(rt);
-    pthread_mutex_unlock(&rt->mu);
-    if (last)
-        finish(rt);
+    unref_unlock(rt);
 }

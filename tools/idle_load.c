@@ -579,31 +579,32 @@ static int worker(struct load *l, uint64_t lo, uint64_t hi, uint64_t start)
 
 /* ---- the parent: start, watch and judge -------------------------------- */
 
-/* Sum of a field of /proc over @pid and its children (worker processes). */
-static uint64_t tree_rss(pid_t pid)
-{
-    char path[64], buf[4096], *p = buf, *end;
-    uint64_t sum = proc_rss(pid);
-    FILE *f;
+/* A process tree's resident memory and CPU time, from /proc. */
+struct usage {
+    uint64_t rss, user, sys; /* bytes, ns, ns */
+};
 
-    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid,
-             (int)pid);
-    f = fopen(path, "r");
-    if (f == NULL)
-        return sum;
-    buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
-    fclose(f);
-    for (long c; (c = strtol(p, &end, 10)) > 0; p = end)
-        sum += proc_rss((pid_t)c);
-    return sum;
+/* Add @pid's figures to @u; false if its CPU time is unknown. */
+static bool usage_add(pid_t pid, struct usage *u)
+{
+    uint64_t user, sys;
+
+    u->rss += proc_rss(pid);
+    if (!proc_cpu(pid, &user, &sys))
+        return false;
+    u->user += user;
+    u->sys += sys;
+    return true;
 }
 
-static bool tree_cpu(pid_t pid, uint64_t *user, uint64_t *sys)
+/* @pid and its children (the server's workers); false if @pid is gone. */
+static bool tree_usage(pid_t pid, struct usage *u)
 {
     char path[64], buf[4096], *p = buf, *end;
     FILE *f;
 
-    if (!proc_cpu(pid, user, sys))
+    memset(u, 0, sizeof *u);
+    if (!usage_add(pid, u))
         return false;
     snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid,
              (int)pid);
@@ -612,13 +613,8 @@ static bool tree_cpu(pid_t pid, uint64_t *user, uint64_t *sys)
         return true;
     buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
     fclose(f);
-    for (long c; (c = strtol(p, &end, 10)) > 0; p = end) {
-        uint64_t u, s;
-        if (proc_cpu((pid_t)c, &u, &s)) {
-            *user += u;
-            *sys += s;
-        }
-    }
+    for (long c; (c = strtol(p, &end, 10)) > 0; p = end)
+        usage_add((pid_t)c, u);
     return true;
 }
 
@@ -720,7 +716,8 @@ static void parent_wait(struct load *l, int ms)
  */
 static int run(struct load *l)
 {
-    uint64_t start = cli_now_ns(), rss0 = 0, u0 = 0, s0 = 0, u1, s1;
+    uint64_t start = cli_now_ns();
+    struct usage u0 = {0}, u1;
     uint64_t silent = 0, per = (l->total + l->o.procs - 1) / l->o.procs;
     pid_t pid[MAX_PROCS];
     bool have_cpu = false, rss_done = false, in_time = true;
@@ -730,8 +727,7 @@ static int run(struct load *l)
     for (uint64_t i = l->o.flood; i < l->total; i++)
         silent += kind_of(l, i) == K_SILENT;
     if (l->o.pid) {
-        rss0 = tree_rss((pid_t)l->o.pid);
-        have_cpu = tree_cpu((pid_t)l->o.pid, &u0, &s0);
+        have_cpu = tree_usage((pid_t)l->o.pid, &u0);
     }
     printf("idle_load: %" PRIu64 " connections to %s:%" PRIu64 " from %" PRIu64
            " source address(es), %" PRIu64 " process(es): %" PRIu64
@@ -764,14 +760,13 @@ static int run(struct load *l)
                    " refused, %" PRIu64 " failed), %" PRIu64 " held\n",
                    t.opened, (double)(cli_now_ns() - start) / MS, t.refused,
                    t.failed, t.held);
-            if (l->o.pid && t.held > 0) {
-                uint64_t rss1 = tree_rss((pid_t)l->o.pid);
+            if (l->o.pid && t.held > 0 && tree_usage((pid_t)l->o.pid, &u1))
                 printf("server rss: %" PRIu64 " KiB before, %" PRIu64
                        " KiB holding %" PRIu64 ": %.0f bytes per connection\n",
-                       rss0 / 1024, rss1 / 1024, t.held,
-                       rss1 > rss0 ? (double)(rss1 - rss0) / (double)t.held
-                                   : 0.0);
-            }
+                       u0.rss / 1024, u1.rss / 1024, t.held,
+                       u1.rss > u0.rss
+                           ? (double)(u1.rss - u0.rss) / (double)t.held
+                           : 0.0);
         }
         for (unsigned i = 0; i < running; i++) {
             if (pid[i] <= 0 || waitpid(pid[i], &status, WNOHANG) != pid[i])
@@ -784,9 +779,9 @@ static int run(struct load *l)
         if (left > 0)
             parent_wait(l, 20);
     }
-    if (have_cpu && tree_cpu((pid_t)l->o.pid, &u1, &s1))
+    if (have_cpu && tree_usage((pid_t)l->o.pid, &u1))
         printf("server cpu: %.0f ms user + %.0f ms system over %.1f s\n",
-               (double)(u1 - u0) / MS, (double)(s1 - s0) / MS,
+               (double)(u1.user - u0.user) / MS, (double)(u1.sys - u0.sys) / MS,
                (double)(cli_now_ns() - start) / 1e9);
     report_lateness(l);
     tally(l, &t, true);
