@@ -21,6 +21,12 @@
  * accumulate drift. The timer thread sleeps until the next deadline and does
  * not wake periodically when idle.
  *
+ * Memory: one 48-byte record per task (LP64), in chunks of 4096 that are
+ * reused and only freed by tw_service_destroy(); a periodic task also has a
+ * 32-byte side record. At most 2^27 - 1 records (then TW_ENOMEM). Each
+ * distinct task function takes one entry of a per-service table
+ * (max_callbacks) for the service's life.
+ *
  * Deadlock rules: tw_service_stop() and tw_cancel_wait() must not be called
  * from inside the task they would wait for (they return TW_EDEADLK), nor
  * while holding a lock that a task takes.
@@ -233,8 +239,8 @@ TW_EXTERN void tw_service_destroy(tw_service *s);
 TW_EXTERN void tw_service_run(tw_service *s, tw_id job);
 
 /*
- * tw_service_get_stats - fill @out with the service's counters.
- * Context: any thread.
+ * tw_service_get_stats - fill @out with the service's counters. A NULL
+ * @s or @out does nothing. Context: any thread.
  */
 TW_EXTERN void tw_service_get_stats(const tw_service *s,
                                     tw_service_stats *out);
