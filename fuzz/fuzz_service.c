@@ -1,8 +1,8 @@
 /*
  * fuzz/fuzz_service.c - the service's request path on a virtual clock.
  *
- * The input picks a configuration (tick, wheel shape, executor threads,
- * max_pending) and a sequence of requests on a small set of task slots:
+ * The input picks a configuration (tick, wheel shape, executor threads or a
+ * caller-supplied executor, max_pending, the lazy clock) and a sequence of requests on a small set of task slots:
  * one-shot, fixed-rate and fixed-delay schedules with delays from the
  * corners (0, 1 ns, a tick +- 1, huge, overflowing), cancels (live, stale,
  * foreign and forged ids), bad input, spurious wake-ups, stop in the middle,
@@ -48,6 +48,10 @@ typedef struct ftask {
     int state;
     tw_id id;
     uint64_t due;    /* relative ns; UINT64_MAX: never */
+    uint64_t due_hi; /* lazy clock: the latest deadline the service may
+                        compute (the clock when it takes the request) */
+    uint64_t delay;
+    bool unresolved; /* lazy: the clock has not moved since the call */
     uint64_t period;
     uint64_t last;   /* relative ns of the last run's start */
     int runs;
@@ -61,6 +65,7 @@ static struct {
     uint64_t tick;
     uint64_t max_pending;
     bool stopped;
+    bool lazy; /* TW_SERVICE_LAZY_CLOCK */
     ftask t[NT];
     tw_id dead[8]; /* ids of tasks that are gone */
     unsigned ndead;
@@ -223,8 +228,9 @@ static void check_quiet(void)
     for (int i = 0; i < NT; i++) {
         const ftask *t = &F.t[i];
         if (t->kind == K_ONE && t->state == T_PENDING)
-            FZ_CHECK(ready_at(t->due) > now, "task %d due at %" PRIu64
-                     " has not run at %" PRIu64, i, t->due, now);
+            FZ_CHECK(ready_at(t->due_hi) > now,
+                     "task %d due at %" PRIu64 " has not run at %" PRIu64,
+                     i, t->due_hi, now);
     }
     uint64_t p = tw_service_pending(F.s);
     FZ_CHECK(p == model_pending(), "pending %" PRIu64 ", model %zu", p,
@@ -276,7 +282,11 @@ static void do_schedule(fz_reader *r, int kind)
         t->state = T_PENDING;
         t->id = id;
         t->period = period;
-        t->due = fz_sat_add(rel, delay);
+        t->due = t->due_hi = fz_sat_add(rel, delay);
+        t->delay = delay;
+        t->unresolved = F.lazy && kind == K_ONE;
+        if (t->unresolved)
+            t->due_hi = fz_sat_add(rel | 1, delay);
     }
     pthread_mutex_unlock(&F.mu);
 }
@@ -401,6 +411,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cfg.executor_threads = execs[(c >> 6) & 3];
     cfg.max_pending = m % 4 == 0 ? m / 4 % 8 : 0;
     cfg.clock = vclock;
+    uint8_t opts = fz_u8(r);
+    if (opts & 2)
+        cfg.flags |= TW_SERVICE_LAZY_CLOCK;
     if ((c >> 6) == 1)
         cfg.execute = run_inline; /* an executor supplied by the caller */
 
@@ -408,12 +421,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     F.runs = 0;
     F.ndead = 0;
     F.stopped = false;
+    F.lazy = (cfg.flags & TW_SERVICE_LAZY_CLOCK) != 0;
     F.tick = cfg.tick_ns;
     F.max_pending = cfg.max_pending;
     atomic_store(&vnow, VBASE);
     int rc = tw_service_create(&F.s, &cfg);
     FZ_CHECK(rc == 0, "create: %d", rc);
-    if (fz_u8(r) & 1)
+    if (opts & 1)
         FZ_CHECK(tw_service_start(F.s) == 0, "start");
 
     while (fz_more(r)) {
@@ -430,6 +444,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                       : pick_ns(r) / 16;
             uint64_t v = atomic_load(&vnow);
             atomic_store(&vnow, fz_sat_add(v, d));
+            /* A lazy request is taken, and its deadline computed, at some
+             * clock reading from its call up to the new time. */
+            pthread_mutex_lock(&F.mu);
+            for (int i = 0; i < NT; i++) {
+                ftask *t = &F.t[i];
+                if (t->unresolved && !F.stopped) {
+                    /* The service reads "now | 1" (never 0). */
+                    t->due_hi = fz_sat_add(rel_now() | 1, t->delay);
+                    t->unresolved = false;
+                }
+            }
+            pthread_mutex_unlock(&F.mu);
             if (!F.stopped && tw_service_start(F.s) == 0) {
                 tw__service_sync(F.s);
                 check_quiet();
