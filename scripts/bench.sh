@@ -7,24 +7,30 @@
 # figure), *.txt (each program's own table), bench.png (gnuplot), machine.txt.
 # Installs the Debian packages it needs first (scripts/deps.sh bench).
 #
-# Usage: scripts/bench.sh [--full] [--reps R] [--no-java]
-#   default  quick mode (a minute or two): 1e3 and 1e5 pending timers with
-#            every workload, 1e6 with add/cancel/churn/expiry/memory; the
-#            service and Java peers with 200,000 tasks
+# Usage: scripts/bench.sh [--full] [--reps R] [--no-java] [--instr]
+#   default  quick mode (about a minute and a half): 1e3 and 1e5 pending
+#            timers with every workload, 1e6 with add/cancel/churn/memory
+#            (and expiry for twheel and the heap); the service and the Java
+#            peers with 200,000 tasks
 #   --full   1e3, 1e5, 1e6 and 1e7 pending timers, every workload; service
-#            and Java peers with 1,000,000 tasks (tens of minutes)
+#            and Java peers with 1,000,000 tasks (tens of minutes); implies
+#            --instr
+#   --instr  also count instructions and simulated cache misses per
+#            operation under callgrind (noise-free; a few minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 full=0
 reps=5
 java=1
+instr=0
 while (($#)); do
   case $1 in
-    --full) full=1 ;;
+    --full) full=1; instr=1 ;;
+    --instr) instr=1 ;;
     --reps) reps=$2; shift ;;
     --no-java) java=0 ;;
-    *) echo "usage: $0 [--full] [--reps R] [--no-java]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--full] [--reps R] [--no-java] [--instr]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -33,7 +39,8 @@ scripts/deps.sh bench
 build=$root/build/bench
 out=$build/results
 mkdir -p "$out"
-rm -f "$out"/results.csv "$out"/*.txt "$out"/bench.png
+rm -rf "$out"/results.csv "$out"/instr.csv "$out"/*.txt "$out"/bench.png \
+  "$out"/callgrind
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DTWHEEL_BUILD_TESTS=OFF -DTWHEEL_BUILD_EXAMPLES=OFF >"$build.log" 2>&1 ||
   { cat "$build.log"; exit 1; }
@@ -63,16 +70,20 @@ if ((full)); then
     --cap-ms 10000 | tee "$out/core.txt"
   svc_args=()
   tasks=1000000
+  idle_ms=3000
 else
   "${core[@]}" --n 1000,100000 --workloads all --cap-ms 1000 |
     tee "$out/core.txt"
-  # At 1e6 the expiry runs of the peers take seconds each: the expiry
-  # workloads run once for them (see the '~' mark) and the rest as usual.
+  # At 1e6 the peers' expiry runs take seconds each: quick mode runs the
+  # expiry workloads at 1e6 for twheel and the heap only (--full: all).
   "${core[@]}" --n 1000000 --cap-ms 1000 \
-    --workloads add,add_rand,cancel,cancel_rand,churn,expire_1,expire_jump,memory |
+    --workloads add,add_rand,cancel,cancel_rand,churn,memory |
     tee -a "$out/core.txt"
+  "${core[@]}" --n 1000000 --cap-ms 1000 --engines twheel,twheel-netty,heap \
+    --workloads expire_1,expire_jump | tee -a "$out/core.txt"
   svc_args=(--quick)
   tasks=200000
+  idle_ms=1000
 fi
 
 # 2. The service (its own program; best of its runs) ...
@@ -86,14 +97,52 @@ if ((java)) && command -v javac >/dev/null && command -v java >/dev/null &&
   javac -d "$build/java" -cp /usr/share/java/netty-common.jar \
     bench/java/TimerBench.java
   java -Xms2g -Xmx2g -cp "$build/java:/usr/share/java/netty-common.jar" \
-    TimerBench --tasks "$tasks" --reps "$reps" --csv "$csv" |
+    TimerBench --tasks "$tasks" --reps "$reps" --idle-ms "$idle_ms" \
+    --csv "$csv" |
     tee "$out/java.txt"
 else
   echo "java: skipped (needs javac, java and /usr/share/java/netty-common.jar;" \
     "scripts/deps.sh bench installs them)" | tee "$out/java.txt"
 fi
 
-# 4. Summary and plot.
+# 4. Instruction and cache-miss counts: the same code paths under callgrind,
+# one run each (wall time on a shared machine is noisy; these are not).
+if ((instr)); then
+  if command -v valgrind >/dev/null; then
+    cg=$out/callgrind
+    mkdir -p "$cg"
+    cgrun() {
+      local tag=$1
+      shift
+      # Explicit caches: a VM's cpuid may report nonsense (here a 320 MB
+      # direct-mapped L3). LL is simulated as the 32 MiB, 16-way L3.
+      valgrind --tool=callgrind --collect-atstart=no --cache-sim=yes \
+        --I1=32768,8,64 --D1=32768,8,64 --LL=33554432,16,64 \
+        --callgrind-out-file="$cg/$tag.out" "$build/bench/bench_core" \
+        --callgrind 1 --cap-ms 100000000 "$@" 2>>"$cg/valgrind.log" |
+        grep '^callgrind ' >>"$cg/ops.txt"
+    }
+    # All engines at 1e5; the twheel hierarchy and the heap also at 1e6
+    # (the peers' expiry at 1e6 would take many minutes under valgrind).
+    cgrun e5 --n 100000 --churn-steps 100000 \
+      --workloads add,add_rand,cancel,cancel_rand,churn,expire_1024,expire_jump,idle
+    cgrun e6 --n 1000000 --churn-steps 1000000 --engines twheel,heap \
+      --workloads add,add_rand,cancel,cancel_rand,churn,expire_1,expire_jump
+    {
+      echo "n,workload,engine,ops,Ir_per_op,D1_miss_per_op,LL_miss_per_op"
+      awk -f bench/callgrind.awk "$cg/ops.txt" "$cg"/*.out.* |
+        sort -t, -k1,1n -k2,2 -k3,3
+    } >"$out/instr.csv"
+    echo "== callgrind: per operation (Ir = instructions; D1/LL = simulated" \
+      "L1-data and last-level cache misses)"
+    awk -F, '{ printf "%-8s %-12s %-13s %9s %10s %8s %8s\n", $1, $2, $3, $4, $5, $6, $7 }' \
+      "$out/instr.csv" | tee "$out/instr.txt"
+  else
+    echo "instr: skipped (no valgrind)"
+  fi
+fi
+
+# 5. Summary and plot.
 echo
 awk -F, -f bench/summary.awk "$csv" | tee "$out/summary.txt"
 if command -v gnuplot >/dev/null; then
