@@ -50,7 +50,9 @@ t_start=$SECONDS
 
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+    "($(git status --short -- src include 2>/dev/null | wc -l) files in" \
+    "src/ and include/ differ from it)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores"
   echo "memory: $(free -g | awk '/^Mem:/ {print $2}') GiB"
   echo "kernel: $(uname -sr)"
