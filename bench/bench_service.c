@@ -144,8 +144,11 @@ static double run_op(tw_service *s, enum op op, int nthreads, uint64_t *delays,
     pthread_barrier_init(&start, NULL, (unsigned)nthreads);
     size_t per = n / (size_t)nthreads;
     for (int k = 0; k < nthreads; k++) {
-        w[k] = (struct worker){.s = s, .op = op, .delays = delays + per * k,
-                               .ids = ids + per * k, .n = per,
+        w[k] = (struct worker){.s = s,
+                               .op = op,
+                               .delays = delays + per * k,
+                               .ids = ids + per * k,
+                               .n = per,
                                .start = &start};
         if (pthread_create(&w[k].thread, NULL, worker_main, &w[k]) != 0)
             abort();
@@ -193,19 +196,19 @@ static struct tput throughput(int nthreads, uint32_t flags, uint64_t *delays,
         check(tw_service_create(&s, &cfg), "tw_service_create");
         check(tw_service_start(s), "tw_service_start");
         uint64_t cancelled = 0;
-        best.cold = maxd(best.cold,
-                         run_op(s, OP_SCHEDULE, nthreads, delays, ids, n));
-        best.cancel = maxd(best.cancel,
-                           run_op(s, OP_CANCEL, nthreads, delays, ids, n));
+        best.cold =
+            maxd(best.cold, run_op(s, OP_SCHEDULE, nthreads, delays, ids, n));
+        best.cancel =
+            maxd(best.cancel, run_op(s, OP_CANCEL, nthreads, delays, ids, n));
         cancelled += n;
         wait_released(s, cancelled);
-        best.warm = maxd(best.warm,
-                         run_op(s, OP_SCHEDULE, nthreads, delays, ids, n));
+        best.warm =
+            maxd(best.warm, run_op(s, OP_SCHEDULE, nthreads, delays, ids, n));
         run_op(s, OP_CANCEL, nthreads, delays, ids, n);
         cancelled += n;
         wait_released(s, cancelled);
-        best.pairs = maxd(best.pairs,
-                          run_op(s, OP_PAIRS, nthreads, delays, ids, n));
+        best.pairs =
+            maxd(best.pairs, run_op(s, OP_PAIRS, nthreads, delays, ids, n));
         tw_service_stop(s, NULL, NULL);
         tw_service_destroy(s);
     }
@@ -308,8 +311,7 @@ int main(int argc, char **argv)
         printf("%-40s %14.1f %14.1f\n", label, t1.cancel / 1e6,
                t2.cancel / 1e6);
         snprintf(label, sizeof(label), "schedule+cancel pairs%s", tag);
-        printf("%-40s %14.1f %14.1f\n", label, t1.pairs / 1e6,
-               t2.pairs / 1e6);
+        printf("%-40s %14.1f %14.1f\n", label, t1.pairs / 1e6, t2.pairs / 1e6);
         fflush(stdout);
     }
 
@@ -353,15 +355,16 @@ int main(int argc, char **argv)
     double idle = (double)st.wakeups / ((double)(now_ns() - t0) / 1e9);
     tw_service_destroy(s);
     printf("%-40s %14.2f\n", "idle wake-ups/s, nothing pending", idle);
-    printf("%-40s %14.2f\n", "idle wake-ups/s, all pending in 1-2 h", busy_idle);
+    printf("%-40s %14.2f\n", "idle wake-ups/s, all pending in 1-2 h",
+           busy_idle);
 
     size_t ln = quick ? 20000 : 100000;
     uint64_t spread = quick ? 2 * SEC : 10 * SEC;
     uint64_t lat[3];
     lateness(ln, spread, lat);
     char label[80];
-    snprintf(label, sizeof(label), "lateness us, %zu tasks over %" PRIu64
-             " s:", ln, spread / SEC);
+    snprintf(label, sizeof(label),
+             "lateness us, %zu tasks over %" PRIu64 " s:", ln, spread / SEC);
     printf("%-40s %9s %9s %9s\n", label, "p50", "p99", "max");
     printf("%-40s %9.1f %9.1f %9.1f\n", "", (double)lat[0] / 1e3,
            (double)lat[1] / 1e3, (double)lat[2] / 1e3);

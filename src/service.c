@@ -7,9 +7,10 @@
  * move; a node is a tw_timer (40 bytes) plus one atomic 64-bit state word:
  *
  *   bits 63..32  generation (never 0; bumped each time the node is freed)
- *   bits 31..5   payload: index of the task function in the service's
- *                function table while the node is live, or the next free
- *                node (+1) while it is on the free list
+ *   bits 31..5   payload: while the node is live, the index of the task
+ *                function in the service's function table (bits 28..5)
+ *                and ST_RELATIVE (bit 31, see below); while it is on the
+ *                free list, the next free node (+1)
  *   bit  4       periodic (tw__arg points at a side record)
  *   bit  3       cancelled (or claimed by stop)
  *   bits 2..0    location: FREE, QUEUED, ARMED, DISPATCHED, RUNNING
@@ -20,7 +21,9 @@
  * by CAS. The owner that sees the cancelled bit frees the node:
  *
  *   QUEUED      on the submission stack (tw__next is the link, tw__expires
- *               the deadline tick); owner: the timer thread
+ *               the deadline tick, or with ST_RELATIVE the delay in ns
+ *               that the timer thread adds to its clock when it takes the
+ *               node: TW_SERVICE_LAZY_CLOCK); owner: the timer thread
  *   ARMED       in the wheel (or parked forever for a "never" deadline);
  *               owner: the timer thread. A cancel also sets the node's bit
  *               in a hierarchical bitmap so the timer thread unlinks and
@@ -28,6 +31,10 @@
  *   DISPATCHED  given to an executor; owner: whoever runs it
  *   RUNNING     its function runs; a one-shot task cannot be cancelled
  *               any more, a periodic one can (it is freed after the run)
+ *
+ * tw_service_stop() joins the threads, becomes the owner of everything and
+ * claims each live node by setting its cancelled bit, so a racing
+ * tw_cancel() and the hand-back can never both win.
  *
  * Producers (tw_schedule) never lock: they pop a node from a Treiber free
  * list (head tagged against ABA), reserve a pending slot with one atomic
@@ -87,9 +94,9 @@ enum { LOC_FREE = 0, LOC_QUEUED, LOC_ARMED, LOC_DISPATCHED, LOC_RUNNING };
 /* At most 2^27 - 1 nodes: the index + 1 must fit the 27-bit payload. */
 #define MAX_NODES ((UINT32_C(1) << 27) - 1)
 
-#define NEVER UINT64_MAX   /* deadline tick of a task that never runs */
+#define NEVER UINT64_MAX /* deadline tick of a task that never runs */
 #define STOPPED_BIT (UINT64_C(1) << 63)
-#define DRAIN_BATCH 8192   /* submissions per timer-thread round */
+#define DRAIN_BATCH 8192 /* submissions per timer-thread round */
 
 #define TICK_MIN_NS UINT64_C(1000)
 #define TICK_MAX_NS (UINT64_C(86400) * 1000000000u)
@@ -108,13 +115,14 @@ _Static_assert(sizeof(struct node) == 48, "a node is 48 bytes on LP64");
 
 /* Everything a chunk holds after its nodes. */
 struct chunk_tail {
-    void *raw;                         /* what to free() */
-    uint32_t number;                   /* chunk index */
-    _Atomic uint64_t l1;               /* bit w: l0[w] may be non-zero */
+    void *raw;                             /* what to free() */
+    uint32_t number;                       /* chunk index */
+    _Atomic uint64_t l1;                   /* bit w: l0[w] may be non-zero */
     _Atomic uint64_t l0[CHUNK_NODES / 64]; /* cancel bits of ARMED nodes */
 };
 
-#define CHUNK_BYTES (CHUNK_NODES * sizeof(struct node) + sizeof(struct chunk_tail))
+#define CHUNK_BYTES                                                            \
+    (CHUNK_NODES * sizeof(struct node) + sizeof(struct chunk_tail))
 _Static_assert(CHUNK_BYTES <= CHUNK_ALIGN, "a chunk fits its alignment");
 
 struct dirblock {
@@ -155,8 +163,8 @@ struct tw_service {
     PAD(2);
     _Atomic uint64_t pending; /* count | STOPPED_BIT */
     PAD(3);
-    _Atomic uint64_t sleep_until; /* tick; 0 while awake */
-    _Atomic bool sleep_long;      /* asleep for more than a tick */
+    _Atomic uint64_t sleep_until;  /* tick; 0 while awake */
+    _Atomic bool sleep_long;       /* asleep for more than a tick */
     _Atomic uint64_t cancel_dirty; /* dirblocks with cancel bits */
     PAD(4);
 
@@ -167,7 +175,7 @@ struct tw_service {
     /* Timer thread. */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    bool kicked;            /* under mu */
+    bool kicked; /* under mu */
     _Atomic bool quit;
     _Atomic bool started;
     pthread_t thread;
@@ -262,8 +270,7 @@ static struct node *node_at(const tw_service *s, uint32_t idx)
 static uint32_t node_index(const struct node *n)
 {
     uintptr_t base = (uintptr_t)n & ~(CHUNK_ALIGN - 1);
-    const struct chunk_tail *ct =
-        chunk_tail_of((struct node *)(void *)base);
+    const struct chunk_tail *ct = chunk_tail_of((struct node *)(void *)base);
     uint32_t off = (uint32_t)(((uintptr_t)n - base) / sizeof(struct node));
     return ct->number << CHUNK_BITS | off;
 }
@@ -284,8 +291,8 @@ static int pool_ensure(tw_service *s, uint32_t idx)
 {
     uint32_t d = idx >> (CHUNK_BITS + DIR_BITS);
     uint32_t c = (idx >> CHUNK_BITS) & ((1u << DIR_BITS) - 1);
-    struct dirblock *db = atomic_load_explicit(&s->dir[d],
-                                               memory_order_acquire);
+    struct dirblock *db =
+        atomic_load_explicit(&s->dir[d], memory_order_acquire);
     if (db != NULL &&
         atomic_load_explicit(&db->chunk[c], memory_order_acquire) != NULL)
         return 0;
@@ -316,8 +323,7 @@ static int pool_ensure(tw_service *s, uint32_t idx)
         ct->raw = raw;
         ct->number = idx >> CHUNK_BITS;
         atomic_fetch_add_explicit(&s->mem, CHUNK_BYTES, memory_order_relaxed);
-        atomic_fetch_add_explicit(&s->nodes, CHUNK_NODES,
-                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->nodes, CHUNK_NODES, memory_order_relaxed);
         atomic_store_explicit(&db->chunk[c], first, memory_order_release);
     }
 out:
@@ -334,10 +340,10 @@ static int node_alloc(tw_service *s, uint32_t *idx, uint64_t *st)
     uint64_t h = atomic_load_explicit(&s->free_head, memory_order_acquire);
     while ((uint32_t)h != 0) {
         uint32_t i = (uint32_t)h - 1;
-        uint64_t nst = atomic_load_explicit(&node_at(s, i)->state,
-                                            memory_order_relaxed);
-        uint64_t nh = (h & ~UINT64_C(0xffffffff)) + (UINT64_C(1) << 32) +
-                      ST_PAY(nst);
+        uint64_t nst =
+            atomic_load_explicit(&node_at(s, i)->state, memory_order_relaxed);
+        uint64_t nh =
+            (h & ~UINT64_C(0xffffffff)) + (UINT64_C(1) << 32) + ST_PAY(nst);
         if (atomic_compare_exchange_weak_explicit(&s->free_head, &h, nh,
                                                   memory_order_acquire,
                                                   memory_order_acquire)) {
@@ -394,8 +400,7 @@ static void node_retire(struct node *n, uint64_t next_link)
     if (st & ST_PERIODIC)
         free(n->t.tw__arg);
     atomic_store_explicit(&n->state,
-                          next_gen(st) | (next_link << ST_PAY_SHIFT) |
-                              LOC_FREE,
+                          next_gen(st) | (next_link << ST_PAY_SHIFT) | LOC_FREE,
                           memory_order_release);
 }
 
@@ -409,8 +414,7 @@ static void node_free(tw_service *s, struct node *n)
 /* Free @n at the end of the timer thread's round (one CAS per round). */
 static void node_free_batched(tw_service *s, struct node *n)
 {
-    uint64_t link = s->free_first ? (uint64_t)node_index(s->free_first) + 1
-                                  : 0;
+    uint64_t link = s->free_first ? (uint64_t)node_index(s->free_first) + 1 : 0;
     node_retire(n, link);
     if (s->free_first == NULL)
         s->free_last = n;
@@ -499,9 +503,9 @@ static int fn_index(tw_service *s, tw_task_fn fn, uint32_t *out)
         tw_task_fn cur =
             atomic_load_explicit(&s->fns[slot], memory_order_acquire);
         if (cur == NULL) {
-            if (atomic_compare_exchange_strong_explicit(
-                    &s->fns[slot], &cur, fn, memory_order_acq_rel,
-                    memory_order_acquire) ||
+            if (atomic_compare_exchange_strong_explicit(&s->fns[slot], &cur, fn,
+                                                        memory_order_acq_rel,
+                                                        memory_order_acquire) ||
                 cur == fn) {
                 *out = slot;
                 return 0;
@@ -561,9 +565,9 @@ void tw__service_sync(tw_service *s)
     /* Rounds are numbered from 1; round r0 + 1 begins after this call. */
     uint64_t r0 = atomic_load(&s->round_begin);
     wake(s);
-    while ((atomic_load(&s->round_end) < r0 + 1 ||
-            atomic_load(&s->busy) != 0) &&
-           atomic_load(&s->started) && !atomic_load(&s->quit)) {
+    while (
+        (atomic_load(&s->round_end) < r0 + 1 || atomic_load(&s->busy) != 0) &&
+        atomic_load(&s->started) && !atomic_load(&s->quit)) {
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
     }
@@ -764,7 +768,8 @@ static bool still_running(const tw_service *s, tw_id id)
     if (n == NULL || ST_GEN(st) != ST_GEN(id))
         return false;
     unsigned loc = ST_LOC(st);
-    return loc == LOC_RUNNING || (loc == LOC_DISPATCHED && !(st & ST_CANCELLED));
+    return loc == LOC_RUNNING ||
+           (loc == LOC_DISPATCHED && !(st & ST_CANCELLED));
 }
 
 int tw_cancel_wait(tw_service *s, tw_id id)
@@ -951,8 +956,7 @@ void tw_service_run(tw_service *s, tw_id job)
 {
     uint64_t st;
     struct node *n = lookup(s, job, &st);
-    if (n == NULL || ST_GEN(st) != ST_GEN(job) ||
-        ST_LOC(st) != LOC_DISPATCHED)
+    if (n == NULL || ST_GEN(st) != ST_GEN(job) || ST_LOC(st) != LOC_DISPATCHED)
         return; /* not a job of @s: misuse */
     run_dispatched(s, n);
 }
@@ -1048,8 +1052,8 @@ static void timer_sleep(tw_service *s, uint64_t target, uint64_t now)
     pthread_mutex_lock(&s->mu);
     atomic_store(&s->sleep_until, target);
     atomic_store(&s->sleep_long, target > now + 1);
-    if (!s->kicked && !atomic_load(&s->quit) &&
-        atomic_load(&s->subq) == NULL && atomic_load(&s->cancel_dirty) == 0) {
+    if (!s->kicked && !atomic_load(&s->quit) && atomic_load(&s->subq) == NULL &&
+        atomic_load(&s->cancel_dirty) == 0) {
         if (timed)
             pthread_cond_timedwait(&s->cv, &s->mu, &ts);
         else
@@ -1127,8 +1131,7 @@ struct syncs {
 
 static struct syncs syncs_of(tw_service *s)
 {
-    return (struct syncs){{&s->grow_mu, &s->mu, &s->xmu, &s->wmu,
-                           &s->stop_mu},
+    return (struct syncs){{&s->grow_mu, &s->mu, &s->xmu, &s->wmu, &s->stop_mu},
                           {&s->cv, &s->xcv, &s->wcv}};
 }
 

@@ -38,12 +38,12 @@ static void sleep_ns(uint64_t ns)
 }
 
 /* Poll @cond every millisecond for at most @sec seconds, then assert it. */
-#define WAIT_FOR(cond, sec)                                                   \
-    do {                                                                      \
-        uint64_t wf_end_ = mono_now() + (uint64_t)(sec)*SEC;                  \
-        while (!(cond) && mono_now() < wf_end_)                               \
-            sleep_ns(MS);                                                     \
-        ASSERT(cond);                                                         \
+#define WAIT_FOR(cond, sec)                                                    \
+    do {                                                                       \
+        uint64_t wf_end_ = mono_now() + (uint64_t)(sec)*SEC;                   \
+        while (!(cond) && mono_now() < wf_end_)                                \
+            sleep_ns(MS);                                                      \
+        ASSERT(cond);                                                          \
     } while (0)
 
 /* ------------------------------------------------------------------------ */
@@ -164,7 +164,8 @@ static void test_create_bad_input(void)
         {{.max_callbacks = (UINT32_C(1) << 24) + 1}},
         /* tick_ns * slots overflows 64 bits. */
         {{.tick_ns = UINT64_C(86400) * SEC, .ticks_per_wheel = 1u << 30}},
-        {{.tick_ns = UINT64_C(86400) * SEC, .ticks_per_wheel = 1u << 30,
+        {{.tick_ns = UINT64_C(86400) * SEC,
+          .ticks_per_wheel = 1u << 30,
           .levels = 1}},
         {{.flags = 2}},
     };
@@ -177,8 +178,10 @@ static void test_create_bad_input(void)
     ASSERT_EQ(tw_service_create(&s, &ex), TW_EINVAL);
     ASSERT(s == sentinel);
     /* The extremes that are valid. */
-    tw_service_config ok = {.tick_ns = 1000, .ticks_per_wheel = 4,
-                            .levels = 64, .executor_threads = 2,
+    tw_service_config ok = {.tick_ns = 1000,
+                            .ticks_per_wheel = 4,
+                            .levels = 64,
+                            .executor_threads = 2,
                             .max_callbacks = 1};
     ASSERT_EQ(tw_service_create(&s, &ok), 0);
     tw_service_destroy(s);
@@ -194,10 +197,8 @@ static void test_schedule_bad_input(void)
     tw_id id = 77;
     ASSERT_EQ(tw_schedule(NULL, nop_task, NULL, 0, &id), TW_EINVAL);
     ASSERT_EQ(tw_schedule(s, NULL, NULL, 0, &id), TW_EINVAL);
-    ASSERT_EQ(tw_schedule_fixed_rate(s, nop_task, NULL, 0, 0, &id),
-              TW_EINVAL);
-    ASSERT_EQ(tw_schedule_fixed_delay(s, nop_task, NULL, 0, 0, &id),
-              TW_EINVAL);
+    ASSERT_EQ(tw_schedule_fixed_rate(s, nop_task, NULL, 0, 0, &id), TW_EINVAL);
+    ASSERT_EQ(tw_schedule_fixed_delay(s, nop_task, NULL, 0, 0, &id), TW_EINVAL);
     ASSERT_EQ(tw_schedule_fixed_rate(s, NULL, NULL, 0, MS, &id), TW_EINVAL);
     ASSERT_EQ(id, 77);
     ASSERT_EQ(tw_service_pending(s), 0);
@@ -361,12 +362,10 @@ static void test_fixed_rate_and_delay(void)
         memset(&fd, 0, sizeof(fd));
         fr.cost = fd.cost = 3 * MS;
         tw_id a, b;
-        ASSERT_EQ(tw_schedule_fixed_rate(s, slow_task, &fr, 5 * MS, 10 * MS,
-                                         &a),
-                  0);
-        ASSERT_EQ(tw_schedule_fixed_delay(s, slow_task, &fd, 5 * MS,
-                                          10 * MS, &b),
-                  0);
+        ASSERT_EQ(
+            tw_schedule_fixed_rate(s, slow_task, &fr, 5 * MS, 10 * MS, &a), 0);
+        ASSERT_EQ(
+            tw_schedule_fixed_delay(s, slow_task, &fd, 5 * MS, 10 * MS, &b), 0);
         ASSERT_EQ(tw_service_pending(s), 2);
         step_until(s, 100 * MS);
         /* Fixed rate: 5, 15, ..., 95 (at most the clock shift of the other
@@ -419,8 +418,7 @@ static void test_max_pending(void)
     ASSERT_EQ(tw_schedule(s, rec_task, &r, 10 * MS, &a), 0);
     ASSERT_EQ(tw_schedule(s, rec_task, &r, SEC, &b), 0);
     ASSERT_EQ(tw_schedule(s, rec_task, &r, SEC, &c), TW_EAGAIN);
-    ASSERT_EQ(tw_schedule_fixed_rate(s, rec_task, &r, SEC, SEC, &c),
-              TW_EAGAIN);
+    ASSERT_EQ(tw_schedule_fixed_rate(s, rec_task, &r, SEC, SEC, &c), TW_EAGAIN);
     ASSERT_EQ(c, 9);
     ASSERT_EQ(tw_service_pending(s), 2);
     /* Recovers after a run. */
@@ -444,8 +442,7 @@ static void test_pending_counts(void)
     struct rec r = {0};
     tw_id ids[10];
     for (int i = 0; i < 10; i++)
-        ASSERT_EQ(tw_schedule(s, rec_task, &r, (uint64_t)(i + 1) * MS,
-                              &ids[i]),
+        ASSERT_EQ(tw_schedule(s, rec_task, &r, (uint64_t)(i + 1) * MS, &ids[i]),
                   0);
     ASSERT_EQ(tw_service_pending(s), 10);
     for (int i = 7; i < 10; i++)
@@ -872,8 +869,7 @@ static void test_custom_executor(void)
         ASSERT_EQ(tw_schedule(s, thread_check_task, &o, MS, NULL), 0);
     ASSERT_EQ(tw_schedule(s, thread_check_task, &o, MS, &c), 0);
     ASSERT(tw_cancel(s, c));
-    ASSERT_EQ(tw_schedule_fixed_delay(s, thread_check_task, &o, MS, MS, &p),
-              0);
+    ASSERT_EQ(tw_schedule_fixed_delay(s, thread_check_task, &o, MS, MS, &p), 0);
     vset(s, MS);
     WAIT_FOR(atomic_load(&o.runs) == 11, 30);
     vset(s, 3 * MS);
@@ -918,8 +914,7 @@ static void rearm_task(tw_id id, void *arg)
 
 static void test_netty_rearm_32_slots(void)
 {
-    tw_service_config cfg = {.tick_ns = MS, .ticks_per_wheel = 32,
-                             .levels = 1};
+    tw_service_config cfg = {.tick_ns = MS, .ticks_per_wheel = 32, .levels = 1};
     tw_service *s;
     ASSERT_EQ(tw_service_create(&s, &cfg), 0);
     struct rearm r = {.s = s};
@@ -952,8 +947,7 @@ static bool netty_round(uint64_t scale)
     for (uintptr_t i = 0; i < NETTY_N; i++) {
         atomic_store(&netty_ran[i], 0);
         netty_sched[i] = mono_now();
-        ASSERT_EQ(tw_schedule(s, netty_task, (void *)i, 125 * MS * scale,
-                              NULL),
+        ASSERT_EQ(tw_schedule(s, netty_task, (void *)i, 125 * MS * scale, NULL),
                   0);
     }
     WAIT_FOR(tw_service_pending(s) == 0, 120);

@@ -51,8 +51,7 @@ static struct periodic per[NPERIODIC];
 
 static void sleep_ns(uint64_t ns)
 {
-    struct timespec ts = {(time_t)(ns / 1000000000u),
-                          (long)(ns % 1000000000u)};
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
     while (nanosleep(&ts, &ts) != 0) {
     }
 }
@@ -166,17 +165,17 @@ static void run_config(const tw_service_config *cfg)
     atomic_store(&n_handed, 0);
     ASSERT_EQ(tw_service_create(&svc, cfg), 0);
     for (int k = 0; k < NPERIODIC; k++) {
-        int rc = k % 2 ? tw_schedule_fixed_rate(svc, periodic_task, &per[k],
-                                                MS, MS, &per[k].id)
-                       : tw_schedule_fixed_delay(svc, periodic_task, &per[k],
-                                                 0, MS / 2, &per[k].id);
+        int rc = k % 2 ? tw_schedule_fixed_rate(svc, periodic_task, &per[k], MS,
+                                                MS, &per[k].id)
+                       : tw_schedule_fixed_delay(svc, periodic_task, &per[k], 0,
+                                                 MS / 2, &per[k].id);
         ASSERT_EQ(rc, 0);
     }
     pthread_t th[NPROD + NCANCEL];
     for (int k = 0; k < NPROD; k++)
-        ASSERT_EQ(pthread_create(&th[k], NULL, producer,
-                                 (void *)(uintptr_t)(k + 1)),
-                  0);
+        ASSERT_EQ(
+            pthread_create(&th[k], NULL, producer, (void *)(uintptr_t)(k + 1)),
+            0);
     for (int k = 0; k < NCANCEL; k++)
         ASSERT_EQ(pthread_create(&th[NPROD + k], NULL, canceller,
                                  (void *)(uintptr_t)(k + 100)),
@@ -253,15 +252,14 @@ static void test_executors(void)
 
 static void test_lazy_clock(void)
 {
-    tw_service_config cfg = {.tick_ns = MS / 4,
-                             .flags = TW_SERVICE_LAZY_CLOCK};
+    tw_service_config cfg = {.tick_ns = MS / 4, .flags = TW_SERVICE_LAZY_CLOCK};
     run_config(&cfg);
 }
 
 static void test_max_pending(void)
 {
-    tw_service_config cfg = {.max_pending = 500, .levels = 1,
-                             .ticks_per_wheel = 64};
+    tw_service_config cfg = {
+        .max_pending = 500, .levels = 1, .ticks_per_wheel = 64};
     run_config(&cfg);
 }
 

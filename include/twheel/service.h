@@ -76,17 +76,17 @@ typedef struct tw_service_config {
     uint32_t executor_threads; /* 0 = tasks run on the timer thread; at
                                   most 1024 */
     /* Additions (zero = default): */
-    uint32_t max_callbacks;    /* distinct task functions the service can
-                                  hold; 0 = 1024; rounded up to a power of
-                                  two; at most 2^24. Each task stores its
-                                  function as an index into this table,
-                                  which keeps a pending task at 48 bytes. */
-    tw_clock_fn clock;         /* NULL = CLOCK_MONOTONIC */
+    uint32_t max_callbacks; /* distinct task functions the service can
+                               hold; 0 = 1024; rounded up to a power of
+                               two; at most 2^24. Each task stores its
+                               function as an index into this table,
+                               which keeps a pending task at 48 bytes. */
+    tw_clock_fn clock;      /* NULL = CLOCK_MONOTONIC */
     void *clock_ctx;
-    tw_execute_fn execute;     /* NULL = built in; needs executor_threads
-                                  == 0 */
+    tw_execute_fn execute; /* NULL = built in; needs executor_threads
+                              == 0 */
     void *execute_ctx;
-    uint32_t flags;            /* TW_SERVICE_* below */
+    uint32_t flags; /* TW_SERVICE_* below */
 } tw_service_config;
 
 /*
@@ -122,8 +122,7 @@ typedef struct tw_service_stats {
  * TW_ENOMEM. On failure *@out is left as it was.
  * Context: any thread.
  */
-TW_EXTERN int tw_service_create(tw_service **out,
-                                const tw_service_config *cfg);
+TW_EXTERN int tw_service_create(tw_service **out, const tw_service_config *cfg);
 
 /*
  * tw_service_start - start the timer thread (and executor threads). Optional:
@@ -242,8 +241,7 @@ TW_EXTERN void tw_service_run(tw_service *s, tw_id job);
  * tw_service_get_stats - fill @out with the service's counters. A NULL
  * @s or @out does nothing. Context: any thread.
  */
-TW_EXTERN void tw_service_get_stats(const tw_service *s,
-                                    tw_service_stats *out);
+TW_EXTERN void tw_service_get_stats(const tw_service *s, tw_service_stats *out);
 
 #ifdef __cplusplus
 }
