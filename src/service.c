@@ -429,6 +429,30 @@ static void free_flush(tw_service *s)
     }
 }
 
+/*
+ * Move owned node @n to location @loc, clearing the bits @clear, unless it
+ * was cancelled: then free it (batched: on the timer thread, at the end of
+ * its round) and return false. *@was receives the state before the move.
+ */
+static bool move_or_free(tw_service *s, struct node *n, unsigned loc,
+                         uint64_t clear, bool batched, uint64_t *was)
+{
+    uint64_t v = atomic_load(&n->state);
+    do {
+        if (v & ST_CANCELLED) {
+            if (batched)
+                node_free_batched(s, n);
+            else
+                node_free(s, n);
+            atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
+            return false;
+        }
+    } while (!atomic_compare_exchange_weak(&n->state, &v,
+                                           (v & ~(ST_LOC_MASK | clear)) | loc));
+    *was = v;
+    return true;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Cancel bits: a node cancelled while ARMED is marked here, leaf first,
  * then each summary level. The timer thread takes each level with an
@@ -613,15 +637,12 @@ static struct node *node_of_timer(tw_timer *t)
 
 /* Re-queue periodic node @n (owned, RUNNING) for deadline @tick; frees it
  * instead if it was cancelled meanwhile. Context: not the timer thread. */
-static void requeue(tw_service *s, struct node *n, uint64_t st, uint64_t tick)
+static void requeue(tw_service *s, struct node *n, uint64_t tick)
 {
+    uint64_t st;
     n->t.tw__expires = tick;
-    uint64_t nst = (st & ~ST_LOC_MASK) | LOC_QUEUED;
-    if (!atomic_compare_exchange_strong(&n->state, &st, nst)) {
-        node_free(s, n); /* cancelled while running */
-        atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
-        return;
-    }
+    if (!move_or_free(s, n, LOC_QUEUED, 0, false, &st))
+        return; /* cancelled while running */
     subq_push(s, n);
     wake_for_tick(s, tick);
 }
@@ -831,25 +852,16 @@ static uint64_t periodic_next(const tw_service *s, struct periodic *rec)
 }
 
 /*
- * Run owned node @n whose state was @st (location ARMED or DISPATCHED).
+ * Run owned node @n (location ARMED or DISPATCHED), or free it if it was
+ * cancelled.
  * @inline_wheel: we are the timer thread inside tw_wheel_advance, and a
  * periodic task goes straight back into the wheel.
  */
-static void run_node(tw_service *s, struct node *n, uint64_t st,
-                     bool inline_wheel)
+static void run_node(tw_service *s, struct node *n, bool inline_wheel)
 {
     uint64_t rst;
-    do {
-        if (st & ST_CANCELLED) {
-            if (inline_wheel)
-                node_free_batched(s, n);
-            else
-                node_free(s, n);
-            atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
-            return;
-        }
-        rst = (st & ~ST_LOC_MASK) | LOC_RUNNING;
-    } while (!atomic_compare_exchange_weak(&n->state, &st, rst));
+    if (!move_or_free(s, n, LOC_RUNNING, 0, inline_wheel, &rst))
+        return;
     bool periodic = (rst & ST_PERIODIC) != 0;
     if (!periodic)
         pending_drop(s);
@@ -872,18 +884,10 @@ static void run_node(tw_service *s, struct node *n, uint64_t st,
             node_free(s, n);
     } else {
         uint64_t tick = ceil_tick(s, periodic_next(s, rec));
-        if (inline_wheel) {
-            uint64_t ast = (rst & ~ST_LOC_MASK) | LOC_ARMED;
-            if (!atomic_compare_exchange_strong(&n->state, &rst, ast)) {
-                node_free_batched(s, n);
-                atomic_fetch_add_explicit(&s->cancelled, 1,
-                                          memory_order_relaxed);
-            } else if (tick != NEVER) {
-                tw_wheel_add(s->wheel, &n->t, tick);
-            }
-        } else {
-            requeue(s, n, rst, tick);
-        }
+        if (!inline_wheel)
+            requeue(s, n, tick);
+        else if (move_or_free(s, n, LOC_ARMED, 0, true, &rst) && tick != NEVER)
+            tw_wheel_add(s->wheel, &n->t, tick);
     }
     notify_waiters(s);
 }
@@ -894,20 +898,13 @@ static void trampoline(tw_timer *t, void *arg)
     (void)arg;
     struct node *n = node_of_timer(t);
     tw_service *s = tw_cur.s; /* the timer thread sets it for its life */
-    uint64_t st = atomic_load(&n->state);
     if (s->execute == NULL && s->nexec == 0) {
-        run_node(s, n, st, true);
+        run_node(s, n, true);
         return;
     }
-    uint64_t dst;
-    do {
-        if (st & ST_CANCELLED) {
-            node_free_batched(s, n);
-            atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
-            return;
-        }
-        dst = (st & ~ST_LOC_MASK) | LOC_DISPATCHED;
-    } while (!atomic_compare_exchange_weak(&n->state, &st, dst));
+    uint64_t st;
+    if (!move_or_free(s, n, LOC_DISPATCHED, 0, true, &st))
+        return;
     atomic_fetch_add(&s->busy, 1);
     n->t.tw__next = NULL;
     if (s->disp_last != NULL)
@@ -948,7 +945,7 @@ static void dispatch_flush(tw_service *s)
 
 static void run_dispatched(tw_service *s, struct node *n)
 {
-    run_node(s, n, atomic_load(&n->state), false);
+    run_node(s, n, false);
     atomic_fetch_sub(&s->busy, 1);
 }
 
@@ -996,16 +993,9 @@ static void *executor_main(void *p)
  */
 static void take_submission(tw_service *s, struct node *n, uint64_t *now)
 {
-    uint64_t st = atomic_load(&n->state);
-    uint64_t ast;
-    do {
-        if (st & ST_CANCELLED) {
-            node_free_batched(s, n);
-            atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
-            return;
-        }
-        ast = (st & ~(ST_LOC_MASK | ST_RELATIVE)) | LOC_ARMED;
-    } while (!atomic_compare_exchange_weak(&n->state, &st, ast));
+    uint64_t st;
+    if (!move_or_free(s, n, LOC_ARMED, ST_RELATIVE, true, &st))
+        return;
     if (st & ST_RELATIVE) {
         if (*now == 0)
             *now = rel_ns(s) | 1; /* never 0; 1 ns later is harmless */
