@@ -1241,6 +1241,10 @@ int tw_service_start(tw_service *s)
 {
     if (s == NULL)
         return TW_EINVAL;
+    /* Checked before the lock too: stop holds it while it hands tasks
+     * back, and its callback may call us. */
+    if (atomic_load(&s->pending) & STOPPED_BIT)
+        return TW_ESHUTDOWN;
     pthread_mutex_lock(&s->stop_mu);
     int rc = 0;
     if (atomic_load(&s->pending) & STOPPED_BIT)
@@ -1327,6 +1331,10 @@ int tw_service_stop(tw_service *s, tw_unprocessed_fn fn, void *ctx)
         }
     }
     uint64_t handed = 0;
+    /* While @fn runs, this thread counts as one of the service's: a stop
+     * from the callback returns TW_EDEADLK. */
+    tw_service *saved_s = tw_cur.s;
+    tw_cur.s = s;
     /* Everything in the wheel, cancelled or not; nodes beyond fresh were
      * never used. */
     uint32_t fresh = atomic_load(&s->fresh);
@@ -1358,6 +1366,7 @@ int tw_service_stop(tw_service *s, tw_unprocessed_fn fn, void *ctx)
             sched_yield();
         }
     }
+    tw_cur.s = saved_s;
     s->stop_done = true;
     pthread_mutex_unlock(&s->stop_mu);
     return handed > INT_MAX ? INT_MAX : (int)handed;

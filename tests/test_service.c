@@ -127,9 +127,17 @@ struct handed {
     tw_task_fn fns[64];
 };
 
+static tw_service *unprocessed_svc; /* calls into it from the callback */
+
 static void on_unprocessed(tw_id id, tw_task_fn fn, void *arg, void *ctx)
 {
     struct handed *h = ctx;
+    if (unprocessed_svc != NULL) {
+        ASSERT_EQ(tw_service_start(unprocessed_svc), TW_ESHUTDOWN);
+        ASSERT_EQ(tw_schedule(unprocessed_svc, fn, arg, 0, NULL), TW_ESHUTDOWN);
+        ASSERT(!tw_cancel(unprocessed_svc, id));
+        ASSERT_EQ(tw_service_stop(unprocessed_svc, NULL, NULL), TW_EDEADLK);
+    }
     if (h->calls < 64) {
         h->ids[h->calls] = id;
         h->args[h->calls] = arg;
@@ -504,7 +512,9 @@ static void test_stop(void)
                   0);
     ASSERT(tw_cancel(s, ids[3]));
     memset(&h, 0, sizeof(h));
+    unprocessed_svc = s;
     ASSERT_EQ(tw_service_stop(s, on_unprocessed, &h), 19);
+    unprocessed_svc = NULL;
     ASSERT_EQ(h.calls, 19);
     for (int i = 0; i < 20; i++) {
         int seen = 0;

@@ -217,8 +217,9 @@ TW_EXTERN uint64_t tw_service_pending(const tw_service *s);
  * Returns how many tasks were handed back (>= 0); 0 if already stopped;
  * TW_EDEADLK (nothing done) when called from inside a task of @s;
  * TW_EINVAL for a NULL @s.
- * Context: any thread except the service's own; @fn must not call
- * tw_service_stop() or tw_service_destroy() on @s.
+ * Context: any thread except the service's own. @fn may call the other
+ * functions on @s (schedule and start fail with TW_ESHUTDOWN, stop with
+ * TW_EDEADLK), but not tw_service_destroy().
  */
 TW_EXTERN int tw_service_stop(tw_service *s, tw_unprocessed_fn fn, void *ctx);
 
