@@ -53,34 +53,25 @@ static void use_wheel(tw_wheel *w)
     tw_af_disarm();
 }
 
+static int make_wheel(void **obj, void *cfg)
+{
+    return tw_wheel_create((tw_wheel **)obj, cfg, 12345);
+}
+
+static void use_wheel_obj(void *w)
+{
+    use_wheel(w);
+}
+
+static void destroy_wheel(void *w)
+{
+    tw_wheel_destroy(w);
+}
+
 static void sweep_create(const tw_wheel_config *cfg, bool sticky)
 {
-    long live0 = tw_af_live();
-    for (long k = 0;; k++) {
-        tw_wheel *w = (tw_wheel *)&points; /* sentinel: must stay */
-        tw_af_arm(k, sticky);
-        int rc = tw_wheel_create(&w, cfg, 12345);
-        long failed = tw_af_failures();
-        tw_af_disarm();
-        if (failed == 0) {
-            /* k is past the last allocation: the create succeeded. */
-            ASSERT_EQ(rc, 0);
-            ASSERT_GT(k, 0); /* a wheel needs memory */
-            use_wheel(w);
-            tw_wheel_destroy(w);
-            ASSERT_EQ(tw_af_live(), live0);
-            return;
-        }
-        points++;
-        ASSERT_EQ(rc, TW_ENOMEM);
-        ASSERT(w == (tw_wheel *)&points);
-        ASSERT_EQ(tw_af_live(), live0);
-        /* Memory is back: the same call works. */
-        ASSERT_EQ(tw_wheel_create(&w, cfg, 7), 0);
-        ASSERT_EQ(tw_wheel_now(w), 7);
-        tw_wheel_destroy(w);
-        ASSERT_EQ(tw_af_live(), live0);
-    }
+    points += tw_af_sweep(make_wheel, use_wheel_obj, destroy_wheel,
+                          (void *)cfg, sticky);
 }
 
 static void test_create_sweep(void)

@@ -40,6 +40,20 @@ static uint64_t vclock(void *ctx)
     return atomic_load(&vnow);
 }
 
+/* A service on the virtual clock at 1000 s, started if @start. */
+static tw_service *vservice(uint32_t executors, bool start)
+{
+    tw_service_config cfg = {0};
+    cfg.clock = vclock;
+    cfg.executor_threads = executors;
+    atomic_store(&vnow, 1000 * SEC);
+    tw_service *s = NULL;
+    ASSERT_EQ(tw_service_create(&s, &cfg), 0);
+    if (start)
+        ASSERT_EQ(tw_service_start(s), 0);
+    return s;
+}
+
 struct counts {
     _Atomic long runs, handed;
 };
@@ -67,27 +81,20 @@ static void other_task(tw_id id, void *arg)
 /* ------------------------------------------------------------------------ */
 /* tw_service_create */
 
+static int make_service(void **obj, void *cfg)
+{
+    return tw_service_create((tw_service **)obj, cfg);
+}
+
+static void destroy_service(void *s)
+{
+    tw_service_destroy(s);
+}
+
 static void sweep_create(const tw_service_config *cfg, bool sticky)
 {
-    long live0 = tw_af_live();
-    for (long k = 0;; k++) {
-        tw_service *s = (tw_service *)&points; /* sentinel: must stay */
-        tw_af_arm(k, sticky);
-        int rc = tw_service_create(&s, cfg);
-        long failed = tw_af_failures();
-        tw_af_disarm();
-        if (failed == 0) {
-            ASSERT_EQ(rc, 0);
-            ASSERT_GT(k, 0);
-            tw_service_destroy(s);
-            ASSERT_EQ(tw_af_live(), live0);
-            return;
-        }
-        points++;
-        ASSERT_EQ(rc, TW_ENOMEM);
-        ASSERT(s == (tw_service *)&points);
-        ASSERT_EQ(tw_af_live(), live0);
-    }
+    points += tw_af_sweep(make_service, NULL, destroy_service, (void *)cfg,
+                          sticky);
 }
 
 static void test_create(void)
@@ -180,12 +187,7 @@ static long run_script(long k, bool sticky, uint32_t executors)
 {
     long live0 = tw_af_live();
     struct script sc = {0};
-    tw_service_config cfg = {0};
-    cfg.clock = vclock;
-    cfg.executor_threads = executors;
-    atomic_store(&vnow, 1000 * SEC);
-    ASSERT_EQ(tw_service_create(&sc.s, &cfg), 0);
-    ASSERT_EQ(tw_service_start(sc.s), 0);
+    sc.s = vservice(executors, true);
 
     tw_af_arm(k, sticky);
     sc.ids[0] = call(&sc, ONE_SHOT, 5 * MS, 0);
@@ -252,37 +254,36 @@ static void on_trigger(tw_repeated *rt, void *arg)
     atomic_fetch_add(&((struct counts *)arg)->runs, 1);
 }
 
+struct rt_make {
+    tw_service *s;
+    const tw_repeated_config *cfg;
+};
+
+static int make_repeated(void **obj, void *ctx)
+{
+    struct rt_make *m = ctx;
+    return tw_repeated_create((tw_repeated **)obj, m->s, m->cfg);
+}
+
+static void destroy_repeated(void *rt)
+{
+    tw_repeated_destroy(rt);
+}
+
 static void test_repeated(void)
 {
     long live0 = tw_af_live();
     struct counts c = {0};
-    tw_service_config scfg = {0};
-    scfg.clock = vclock;
-    atomic_store(&vnow, 1000 * SEC);
-    tw_service *s = NULL;
-    ASSERT_EQ(tw_service_create(&s, &scfg), 0);
-    ASSERT_EQ(tw_service_start(s), 0);
+    tw_service *s = vservice(0, true);
     tw_repeated_config cfg = {0};
     cfg.name = "election";
     cfg.timeout_ns = 5 * MS;
     cfg.on_trigger = on_trigger;
     cfg.arg = &c;
+    struct rt_make m = {s, &cfg};
+    points += tw_af_sweep(make_repeated, NULL, destroy_repeated, &m, false);
     tw_repeated *rt = NULL;
-    for (long k = 0;; k++) {
-        tw_repeated *out = (tw_repeated *)&points;
-        tw_af_arm(k, false);
-        int rc = tw_repeated_create(&out, s, &cfg);
-        long failed = tw_af_failures();
-        tw_af_disarm();
-        if (failed == 0) {
-            ASSERT_EQ(rc, 0);
-            rt = out;
-            break;
-        }
-        points++;
-        ASSERT_EQ(rc, TW_ENOMEM);
-        ASSERT(out == (tw_repeated *)&points);
-    }
+    ASSERT_EQ(tw_repeated_create(&rt, s, &cfg), 0);
     /* The service's record pool is still empty: the first schedule needs
      * memory. */
     tw_af_arm(0, true);
@@ -312,12 +313,7 @@ static void test_thread_create_fails(void)
         for (long k = 0; k <= (long)execs; k++) {
             long live0 = tw_af_live();
             struct counts c = {0};
-            tw_service_config cfg = {0};
-            cfg.clock = vclock;
-            cfg.executor_threads = execs;
-            atomic_store(&vnow, 1000 * SEC);
-            tw_service *s = NULL;
-            ASSERT_EQ(tw_service_create(&s, &cfg), 0);
+            tw_service *s = vservice(execs, false);
             tw_id id = 42;
             tw_af_arm_threads(k);
             if (k % 2 == 0) {
