@@ -60,7 +60,7 @@ t_start=$SECONDS
   echo "libuv: $(pkg-config --modversion libuv 2>/dev/null || echo none)"
   echo "libevent: $(pkg-config --modversion libevent 2>/dev/null || echo none)"
   echo "java: $(java -version 2>&1 | head -1 || echo none)"
-  echo "netty: $(readlink -f /usr/share/java/netty-common.jar 2>/dev/null | sed 's/.*netty-common-//; s/\.jar$//')"
+  echo "netty: $(dpkg-query -W -f='${Version}' libnetty-java 2>/dev/null || echo none)"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$out/machine.txt"
 cat "$out/machine.txt"
