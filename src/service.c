@@ -169,7 +169,6 @@ struct tw_service {
     PAD(4);
 
     /* Pool growth. */
-    pthread_mutex_t grow_mu;
     _Atomic(struct dirblock *) dir[DIR_BLOCKS];
 
     /* Timer thread. */
@@ -286,49 +285,56 @@ static uint64_t next_gen(uint64_t st)
     return (uint64_t)(g ? g : 1) << 32;
 }
 
-/* Make sure the chunk holding node @idx exists. Context: any thread. */
+/*
+ * Make sure the chunk holding node @idx exists. Lock-free: a thread that
+ * loses the race to publish a new block frees its own. Returns 0 or
+ * TW_ENOMEM (a published directory block stays for later growth).
+ * Context: any thread.
+ */
 static int pool_ensure(tw_service *s, uint32_t idx)
 {
     uint32_t d = idx >> (CHUNK_BITS + DIR_BITS);
     uint32_t c = (idx >> CHUNK_BITS) & ((1u << DIR_BITS) - 1);
     struct dirblock *db =
         atomic_load_explicit(&s->dir[d], memory_order_acquire);
-    if (db != NULL &&
-        atomic_load_explicit(&db->chunk[c], memory_order_acquire) != NULL)
-        return 0;
-    int rc = 0;
-    pthread_mutex_lock(&s->grow_mu);
-    db = atomic_load_explicit(&s->dir[d], memory_order_relaxed);
     if (db == NULL) {
-        db = calloc(1, sizeof(*db));
-        if (db == NULL) {
-            rc = TW_ENOMEM;
-            goto out;
+        struct dirblock *mine = calloc(1, sizeof(*mine));
+        if (mine == NULL)
+            return TW_ENOMEM;
+        if (atomic_compare_exchange_strong_explicit(&s->dir[d], &db, mine,
+                                                    memory_order_acq_rel,
+                                                    memory_order_acquire)) {
+            atomic_fetch_add_explicit(&s->mem, sizeof(*mine),
+                                      memory_order_relaxed);
+            db = mine;
+        } else {
+            free(mine);
         }
-        atomic_fetch_add_explicit(&s->mem, sizeof(*db), memory_order_relaxed);
-        atomic_store_explicit(&s->dir[d], db, memory_order_release);
     }
-    if (atomic_load_explicit(&db->chunk[c], memory_order_relaxed) == NULL) {
-        /* Aligned so that a node's address gives its chunk; only the
-         * bytes used are requested and touched. Zeroed so that unused
-         * nodes have generation 0, which no id carries. */
-        void *raw = NULL;
-        if (posix_memalign(&raw, CHUNK_ALIGN, CHUNK_BYTES) != 0) {
-            rc = TW_ENOMEM;
-            goto out;
-        }
-        memset(raw, 0, CHUNK_BYTES);
-        struct node *first = raw;
-        struct chunk_tail *ct = chunk_tail_of(first);
-        ct->raw = raw;
-        ct->number = idx >> CHUNK_BITS;
+    struct node *first =
+        atomic_load_explicit(&db->chunk[c], memory_order_acquire);
+    if (first != NULL)
+        return 0;
+    /* Aligned so that a node's address gives its chunk; only the bytes
+     * used are requested and touched. Zeroed so that unused nodes have
+     * generation 0, which no id carries. */
+    void *raw = NULL;
+    if (posix_memalign(&raw, CHUNK_ALIGN, CHUNK_BYTES) != 0)
+        return TW_ENOMEM;
+    memset(raw, 0, CHUNK_BYTES);
+    struct node *mine = raw;
+    struct chunk_tail *ct = chunk_tail_of(mine);
+    ct->raw = raw;
+    ct->number = idx >> CHUNK_BITS;
+    if (atomic_compare_exchange_strong_explicit(&db->chunk[c], &first, mine,
+                                                memory_order_acq_rel,
+                                                memory_order_acquire)) {
         atomic_fetch_add_explicit(&s->mem, CHUNK_BYTES, memory_order_relaxed);
         atomic_fetch_add_explicit(&s->nodes, CHUNK_NODES, memory_order_relaxed);
-        atomic_store_explicit(&db->chunk[c], first, memory_order_release);
+    } else {
+        free(raw);
     }
-out:
-    pthread_mutex_unlock(&s->grow_mu);
-    return rc;
+    return 0;
 }
 
 /*
@@ -1113,7 +1119,7 @@ static int cond_init_mono(pthread_cond_t *cv)
 }
 
 /* The service's mutexes and condition variables. */
-enum { N_MUTEX = 5, N_COND = 3 };
+enum { N_MUTEX = 4, N_COND = 3 };
 struct syncs {
     pthread_mutex_t *mu[N_MUTEX];
     pthread_cond_t *cv[N_COND];
@@ -1121,7 +1127,7 @@ struct syncs {
 
 static struct syncs syncs_of(tw_service *s)
 {
-    return (struct syncs){{&s->grow_mu, &s->mu, &s->xmu, &s->wmu, &s->stop_mu},
+    return (struct syncs){{&s->mu, &s->xmu, &s->wmu, &s->stop_mu},
                           {&s->cv, &s->xcv, &s->wcv}};
 }
 

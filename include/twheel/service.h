@@ -144,9 +144,10 @@ TW_EXTERN int tw_service_start(tw_service *s);
  * or max_callbacks distinct functions in use); TW_ESHUTDOWN (stopped);
  * TW_ENOMEM; or a start error. On failure nothing changed and *@id is left
  * as it was.
- * Context: any thread, tasks included. Lock-free and without system calls,
- * except when the pool of task records grows (a mutex and malloc) or when
- * the deadline is earlier than the timer thread's planned wake-up.
+ * Context: any thread, tasks included. Lock-free, and without system calls
+ * except when the pool of task records grows (a malloc of 4096 records,
+ * published with a compare-and-swap) or when the deadline is earlier than
+ * the timer thread's planned wake-up (a mutex and a condition signal).
  */
 TW_EXTERN int tw_schedule(tw_service *s, tw_task_fn fn, void *arg,
                           uint64_t delay_ns, tw_id *id);
