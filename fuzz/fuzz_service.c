@@ -57,6 +57,9 @@ typedef struct ftask {
     int runs;
     bool running;
     bool cancel_self; /* periodic: cancel itself in its next run */
+    bool draining;    /* cancelled periodic: a run the service had begun
+                         may still enter the function; the slot is not
+                         reused before a timer round has passed */
     int runs_after_cancel;
 } ftask;
 
@@ -242,6 +245,15 @@ static void check_quiet(void)
     pthread_mutex_unlock(&F.mu);
 }
 
+/* A timer round has passed (or the service stopped): no run is in flight. */
+static void undrain(void)
+{
+    pthread_mutex_lock(&F.mu);
+    for (int i = 0; i < NT; i++)
+        F.t[i].draining = false;
+    pthread_mutex_unlock(&F.mu);
+}
+
 static void do_schedule(fz_reader *r, int kind)
 {
     ftask *t = &F.t[fz_u8(r) % NT];
@@ -250,7 +262,7 @@ static void do_schedule(fz_reader *r, int kind)
     if (kind != K_ONE && period == 0)
         period = 1; /* zero is the bad-input case below */
     pthread_mutex_lock(&F.mu);
-    if (t->state == T_PENDING || t->running) {
+    if (t->state == T_PENDING || t->running || t->draining) {
         pthread_mutex_unlock(&F.mu);
         return;
     }
@@ -320,6 +332,8 @@ static void do_cancel(fz_reader *r)
         /* After cancel_wait nothing runs any more; after a cancel, a run
          * the service had already begun may still enter the function. */
         t->runs_after_cancel = t->running || (b & 128) ? 1 : 0;
+    if (got && t->kind != K_ONE && !(b & 128))
+        t->draining = true;
     /* A one-shot task whose time has come may be running right now. */
     bool racy = t->kind == K_ONE && ready_at(t->due) <= rel_now();
     bool want = t->state == T_PENDING;
@@ -402,6 +416,7 @@ static void do_stop(void)
              expect);
     FZ_CHECK(tw_service_pending(F.s) == 0, "pending after stop");
     pthread_mutex_unlock(&F.mu);
+    undrain();
     FZ_CHECK(tw_service_stop(F.s, unprocessed, NULL) == 0, "second stop");
 }
 
@@ -468,6 +483,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (!F.stopped && tw_service_start(F.s) == 0) {
                 tw__service_sync(F.s);
                 check_quiet();
+                undrain();
             }
             break;
         }
