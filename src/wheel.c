@@ -88,6 +88,7 @@ int tw__wheel_check_full(const tw_wheel *w);
 
 struct tw_wheel {
     uint64_t now;
+    uint64_t hint;        /* no slot needs a visit before this tick */
     size_t count;         /* pending timers, due list included */
     uint64_t level_map;   /* bit k: level k has an occupied slot */
     tw_timer **heads;     /* [level][slot][chain] */
@@ -273,8 +274,13 @@ static void tw_unlink(tw_wheel *w, tw_timer *t)
     }
 }
 
-/* Put @t (not linked, expires > now) into its level and slot. */
-static inline void tw_place(tw_wheel *w, tw_timer *t)
+/* Forward: the first tick after now at which rounds slot @slot has work. */
+static uint64_t tw_rounds_slot_tick(const tw_wheel *w, unsigned k,
+                                    uint64_t slot);
+
+/* Put @t (not linked, expires > now) into its level and slot. Returns the
+ * tick at which that slot will next be visited. */
+static inline uint64_t tw_place(tw_wheel *w, tw_timer *t)
 {
     uint64_t e = t->tw__expires;
     unsigned k = w->level_of_msb[tw_msb(e ^ w->now)];
@@ -289,6 +295,10 @@ static inline void tw_place(tw_wheel *w, tw_timer *t)
         w->slotmin[slot] = e;
     tw_link(&h[w->rr], t);
     w->rr = (w->rr + 1) & (K - 1);
+    if (tw_top_is_rounds(w, k))
+        return tw_rounds_slot_tick(w, k, slot);
+    unsigned gshift = k * w->bits;
+    return tw_floor_pow2(w->now, gshift + w->bits) | (slot << gshift);
 }
 
 static void tw_due_push(tw_wheel *w, tw_timer *t)
@@ -395,6 +405,7 @@ int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
     /* calloc's zero bits are NULL heads on every platform twheel targets;
      * not writing them keeps a large wheel's untouched pages unmapped. */
     w->now = now;
+    w->hint = UINT64_MAX;
     w->count = 0;
     w->level_map = 0;
     w->due = NULL;
@@ -462,10 +473,13 @@ int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
         tw_unlink(w, t);
     t->tw__expires = expires;
     w->count++;
-    if (expires <= w->now)
+    if (expires <= w->now) {
         tw_due_push(w, t);
-    else
-        tw_place(w, t);
+    } else {
+        uint64_t visit = tw_place(w, t);
+        if (visit < w->hint)
+            w->hint = visit;
+    }
     return 0;
 }
 
@@ -639,13 +653,17 @@ static size_t tw_run_due(tw_wheel *w)
 
 /*
  * Visit slot (@k, @slot) at tick w->now (the start of its granule): timers
- * expiring now join the fire chains @fl, timers of later rounds stay, all
- * others move to a lower level.
+ * expiring now join the fire chains @fl (dealt round-robin by *@nfire),
+ * timers of later rounds stay, all others move to a lower level. The
+ * slot's non-empty chains are walked in turn, the next timer of each
+ * prefetched, so that their cache misses overlap.
  */
-static void tw_visit(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl)
+static void tw_visit(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
+                     unsigned *nfire)
 {
     tw_timer **h = tw_slot_heads(w, k, slot);
     tw_timer *chain[K];
+    unsigned n = 0;
     int rounds = tw_top_is_rounds(w, k);
     unsigned gshift = k * w->bits;
     uint64_t now = w->now, newmin = UINT64_MAX;
@@ -654,27 +672,29 @@ static void tw_visit(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl)
     if (rounds && tw_floor_pow2(w->slotmin[slot], gshift) > now)
         return; /* nothing of this round here: skip the walk */
     for (unsigned c = 0; c < K; c++) {
-        chain[c] = h[c];
+        if (h[c] != NULL)
+            chain[n++] = h[c];
         h[c] = NULL;
     }
     tw_slot_emptied(w, k, slot);
 
-    for (;;) {
-        unsigned busy = 0;
-        for (unsigned c = 0; c < K; c++) {
-            tw_timer *t = chain[c];
-            if (t == NULL)
-                continue;
-            busy = 1;
-            chain[c] = t->tw__next;
-            if (chain[c] != NULL)
-                __builtin_prefetch(chain[c], 1);
+    while (n > 0) {
+        for (unsigned i = 0; i < n;) {
+            tw_timer *t = chain[i];
+            tw_timer *next = t->tw__next;
+            if (next != NULL) {
+                chain[i++] = next;
+                __builtin_prefetch(next, 1);
+            } else {
+                chain[i] = chain[--n]; /* this chain is done */
+            }
             uint64_t e = t->tw__expires;
             if (e == now) {
-                tw_link(&fl[c], t);
+                tw_link(&fl[*nfire & (K - 1)], t);
+                ++*nfire;
             } else if (rounds && (e >> gshift) != (now >> gshift)) {
                 /* A later round: back into the same slot. */
-                tw_link(&h[c], t);
+                tw_link(&h[i & (K - 1)], t);
                 kept = 1;
                 if (e < newmin)
                     newmin = e;
@@ -682,8 +702,6 @@ static void tw_visit(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl)
                 tw_place(w, t);
             }
         }
-        if (!busy)
-            break;
     }
     if (kept) {
         tw_bm_set(w, tw_level_bitmap(w, k), slot);
@@ -692,23 +710,31 @@ static void tw_visit(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl)
     }
 }
 
-size_t tw_wheel_advance(tw_wheel *w, uint64_t now)
+/* The part of tw_wheel_advance() that has work to do; kept out of line so
+ * that the common call with nothing due stays a few instructions. */
+__attribute__((noinline)) static size_t tw_advance_work(tw_wheel *w,
+                                                        uint64_t now)
 {
     size_t ran = 0;
-    if (now < w->now)
-        return 0;
     if (w->due != NULL)
         ran += tw_run_due(w);
     for (;;) {
         uint64_t t;
-        if (tw_next_event(w, &t) != 0 || t > now)
+        if (tw_next_event(w, &t) != 0) {
+            w->hint = UINT64_MAX;
             break;
+        }
+        if (t > now) {
+            w->hint = t;
+            break;
+        }
         w->now = t;
         /* Levels whose granule starts at t, highest first, so that a
          * cascade never lands in a slot that was already looked at. */
         /* t > now >= 0, so t != 0; the table caps the level at L - 1. */
         unsigned top = w->level_of_msb[tw_ctz(t)];
         tw_timer *fl[K];
+        unsigned nfire = 0;
         for (unsigned c = 0; c < K; c++)
             fl[c] = NULL;
         for (unsigned k = top + 1; k > 0;) {
@@ -717,15 +743,25 @@ size_t tw_wheel_advance(tw_wheel *w, uint64_t now)
                 continue;
             uint64_t slot = tw_digit(w, t, k);
             if (tw_bm_test(w, tw_level_bitmap(w, k), slot))
-                tw_visit(w, k, slot, fl);
+                tw_visit(w, k, slot, fl, &nfire);
         }
-        for (unsigned c = 0; c < K; c++)
-            if (fl[c] != NULL)
-                fl[c]->tw__pprev = &fl[c];
-        ran += tw_fire_chains(w, fl, K);
+        /* tw_link left each chain's head pointing at its fl entry. */
+        ran += tw_fire_chains(w, fl, nfire < K ? nfire : K);
     }
     w->now = now;
     return ran;
+}
+
+size_t tw_wheel_advance(tw_wheel *w, uint64_t now)
+{
+    if (now < w->now)
+        return 0;
+    if (w->due == NULL && now < w->hint) {
+        /* The common call of an event loop: nothing to do yet. */
+        w->now = now;
+        return 0;
+    }
+    return tw_advance_work(w, now);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -803,6 +839,11 @@ int tw__wheel_check(const tw_wheel *w)
                 return r;
     }
     TW_CHECK(w->levels == 64 || (w->level_map >> w->levels) == 0);
+    uint64_t next;
+    if (tw_next_event(w, &next) == 0) {
+        TW_CHECK(next > w->now);
+        TW_CHECK(w->hint <= next); /* the fast path never skips work */
+    }
     /* Every timer was found through the bitmaps: none hides elsewhere. */
     TW_CHECK(n == w->count);
     return 0;
