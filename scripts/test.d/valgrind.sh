@@ -9,6 +9,7 @@
 # and CTest's emulator hook only wraps executables it builds. Tests run one
 # at a time: valgrind runs a process's threads on one core, and the
 # real-time cases of test_service need that core to themselves.
+# test_clock_wall preloads libfaketime and is not registered in this build.
 # Usage: scripts/test.d/valgrind.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
