@@ -364,15 +364,15 @@ static void do_bad_ids(fz_reader *r)
     /* A forged job id is ignored. (Not a dead id: that may name a job an
      * executor still holds, and running a job twice is misuse.) */
     if (b % 4 != 0) {
-        uint64_t runs = F.runs;
-        pthread_mutex_unlock(&F.mu);
-        tw_service_run(F.s, id);
-        pthread_mutex_lock(&F.mu);
         /* Only meaningful when no task can be running by itself. */
         bool quiet = model_racy() == 0;
         for (int i = 0; i < NT; i++)
             quiet &= !(F.t[i].kind != K_ONE &&
                        (F.t[i].state == T_PENDING || F.t[i].draining));
+        uint64_t runs = F.runs;
+        pthread_mutex_unlock(&F.mu);
+        tw_service_run(F.s, id);
+        pthread_mutex_lock(&F.mu);
         FZ_CHECK(F.runs == runs || !quiet, "tw_service_run ran a task");
     }
     FZ_CHECK(model_racy() || tw_service_pending(F.s) == before,
