@@ -667,10 +667,6 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
         if (rc != 0)
             return rc;
     }
-    uint32_t fidx;
-    int rc = fn_index(s, fn, &fidx);
-    if (rc != 0)
-        return rc;
     struct periodic *rec = NULL;
     uint64_t flags = 0;
     if (kind != 0) {
@@ -683,11 +679,16 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
         arg = rec;
         flags = ST_PERIODIC;
     }
-    uint32_t idx;
+    uint32_t idx, fidx;
     uint64_t st;
-    rc = node_alloc(s, &idx, &st);
+    int rc = node_alloc(s, &idx, &st);
     if (rc == 0) {
         rc = pending_reserve(s);
+        /* The function table last: an entry once taken is never given
+         * back, so a call that fails must not take one. A new function
+         * that does not fit drops the reservation again. */
+        if (rc == 0 && (rc = fn_index(s, fn, &fidx)) != 0)
+            pending_drop(s);
         if (rc != 0) {
             struct node *n = node_at(s, idx);
             atomic_store_explicit(&n->state,
