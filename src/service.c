@@ -818,8 +818,15 @@ int tw_cancel_wait(tw_service *s, tw_id id)
     return r;
 }
 
+/* After the run of a task ended (its state word changed): wake the
+ * tw_cancel_wait() callers. The fence orders that state change (a release
+ * store on some paths) before the load of `waiters`; the waiter increments
+ * `waiters` before it reads the state, so one of the two sees the other.
+ * Without it the load may pass the store (x86 store buffer) and a waiter
+ * that read the old state sleeps forever. */
 static void notify_waiters(tw_service *s)
 {
+    atomic_thread_fence(memory_order_seq_cst);
     if (atomic_load(&s->waiters) != 0) {
         pthread_mutex_lock(&s->wmu);
         pthread_cond_broadcast(&s->wcv);
