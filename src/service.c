@@ -1259,6 +1259,10 @@ int tw_service_start(tw_service *s)
      * back, and its callback may call us. */
     if (atomic_load(&s->pending) & STOPPED_BIT)
         return TW_ESHUTDOWN;
+    /* Started: a no-op, and without the lock. A task calling us must not
+     * wait for a stop that has taken the lock and waits for the task. */
+    if (atomic_load_explicit(&s->started, memory_order_acquire))
+        return 0;
     pthread_mutex_lock(&s->stop_mu);
     int rc = 0;
     if (atomic_load(&s->pending) & STOPPED_BIT)

@@ -343,6 +343,74 @@ static void test_periodic_near_uint64_max(void)
     tw_service_destroy(s);
 }
 
+/* ------------------------------------------------------------------------ */
+/* tw_service_start() from a task while another thread stops the service:
+ * the task must get 0 or TW_ESHUTDOWN, never block on stop, which waits for
+ * the task to finish. The task calls start in a loop until it is refused,
+ * so some call lands while stop holds its lock; the watchdog fails the
+ * test if stop does not return within STOP_LIMIT_S. Inline tasks (timer
+ * thread) and an executor pool. */
+#define STOP_LIMIT_S 10
+
+static _Atomic int start_loop_in, start_loop_out;
+static tw_service *start_loop_svc;
+
+static void start_loop_task(tw_id id, void *arg)
+{
+    (void)id;
+    (void)arg;
+    atomic_store(&start_loop_in, 1);
+    int rc;
+    while ((rc = tw_service_start(start_loop_svc)) == 0) {
+    }
+    ASSERT_EQ(rc, TW_ESHUTDOWN);
+    atomic_store(&start_loop_out, 1);
+}
+
+static _Atomic bool stop_returned;
+
+static void *stop_watchdog(void *arg)
+{
+    (void)arg;
+    uint64_t end = mono_now() + (uint64_t)STOP_LIMIT_S * SEC;
+    while (!atomic_load(&stop_returned)) {
+        if (mono_now() > end) {
+            fprintf(stderr, "tw_service_stop blocked by a task in "
+                            "tw_service_start\n");
+            abort();
+        }
+        sleep_ns(MS);
+    }
+    return NULL;
+}
+
+static void start_from_task_during_stop(uint32_t executors)
+{
+    tw_service_config cfg = {.executor_threads = executors};
+    ASSERT_EQ(tw_service_create(&start_loop_svc, &cfg), 0);
+    atomic_store(&start_loop_in, 0);
+    atomic_store(&start_loop_out, 0);
+    atomic_store(&stop_returned, false);
+    ASSERT_EQ(tw_schedule(start_loop_svc, start_loop_task, NULL, 0, NULL), 0);
+    while (!atomic_load(&start_loop_in))
+        sched_yield();
+    pthread_t wd;
+    ASSERT_EQ(pthread_create(&wd, NULL, stop_watchdog, NULL), 0);
+    ASSERT_EQ(tw_service_stop(start_loop_svc, NULL, NULL), 0);
+    atomic_store(&stop_returned, true);
+    pthread_join(wd, NULL);
+    ASSERT_EQ(atomic_load(&start_loop_out), 1);
+    tw_service_destroy(start_loop_svc);
+}
+
+static void test_start_from_task_during_stop(void)
+{
+    for (int i = 0; i < 20; i++) {
+        start_from_task_during_stop(0);
+        start_from_task_during_stop(1);
+    }
+}
+
 /* Runs every test, or only those named on the command line. */
 #define RUN_SELECTED(fn)                                                       \
     do {                                                                       \
@@ -359,5 +427,6 @@ int main(int argc, char **argv)
     RUN_SELECTED(test_periodic_near_uint64_max);
     RUN_SELECTED(test_cancel_wait_end_of_run);
     RUN_SELECTED(test_flood_does_not_starve_ticks);
+    RUN_SELECTED(test_start_from_task_during_stop);
     return tw_test_done();
 }
