@@ -57,23 +57,17 @@ static uint64_t vclock(void *ctx)
     return atomic_load(&vnow);
 }
 
-static void nop_a(tw_id id, void *arg)
-{
-    (void)id;
-    (void)arg;
-}
-
-static void nop_b(tw_id id, void *arg)
-{
-    (void)id;
-    (void)arg;
-}
-
-static void nop_c(tw_id id, void *arg)
-{
-    (void)id;
-    (void)arg;
-}
+/* Distinct task functions that do nothing (each takes its own entry in a
+ * service's function table). */
+#define NOP_TASK(name)                                                         \
+    static void name(tw_id id, void *arg)                                      \
+    {                                                                          \
+        (void)id;                                                              \
+        (void)arg;                                                             \
+    }
+NOP_TASK(nop_a)
+NOP_TASK(nop_b)
+NOP_TASK(nop_c)
 
 /* ------------------------------------------------------------------------ */
 /* A schedule call that fails (max_pending, stopped) must not take an entry

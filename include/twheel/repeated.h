@@ -120,8 +120,11 @@ TW_EXTERN int tw_repeated_run_once_now(tw_repeated *rt);
 /*
  * tw_repeated_destroy - stop the timer and give it up. on_destroy runs
  * exactly once: before this returns when no run is in progress, otherwise
- * on the running thread after on_trigger returns. The handle must not be
- * used after this call. NULL is accepted.
+ * on the running thread after on_trigger returns. A run that the service
+ * had already started but that had not yet reached on_trigger counts as in
+ * progress: it skips on_trigger and runs on_destroy on its thread, shortly
+ * after this returns. The handle must not be used after this call. NULL is
+ * accepted.
  * Context: any thread, on_trigger of this timer included (its on_destroy
  * then runs after on_trigger returns).
  */
