@@ -679,23 +679,24 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
         arg = rec;
         flags = ST_PERIODIC;
     }
+    /* Reserve first: a call that max_pending or stop rejects must not grow
+     * the record pool. The function table last: an entry once taken is
+     * never given back. A later failure (no memory, a new function that
+     * does not fit) undoes the earlier steps. */
     uint32_t idx, fidx;
     uint64_t st;
-    int rc = node_alloc(s, &idx, &st);
+    int rc = pending_reserve(s);
     if (rc == 0) {
-        rc = pending_reserve(s);
-        /* The function table last: an entry once taken is never given
-         * back, so a call that fails must not take one. A new function
-         * that does not fit drops the reservation again. */
-        if (rc == 0 && (rc = fn_index(s, fn, &fidx)) != 0)
-            pending_drop(s);
-        if (rc != 0) {
+        rc = node_alloc(s, &idx, &st);
+        if (rc == 0 && (rc = fn_index(s, fn, &fidx)) != 0) {
             struct node *n = node_at(s, idx);
             atomic_store_explicit(&n->state,
                                   (st & ~UINT64_C(0xffffffff)) | LOC_FREE,
                                   memory_order_relaxed);
             free_push(s, n, n);
         }
+        if (rc != 0)
+            pending_drop(s);
     }
     if (rc != 0) {
         free(rec);

@@ -105,6 +105,34 @@ static void test_failed_schedule_keeps_fn_table(void)
     tw_service_destroy(s);
 }
 
+/* A call rejected at max_pending must not grow the record pool either: with
+ * the first chunk (4096 records) full and max_pending = 4096, the rejected
+ * call leaves the counters of allocated records and bytes as they were. */
+static void test_failed_schedule_keeps_pool(void)
+{
+    enum { CHUNK = 4096 };
+    tw_service_config cfg = {.max_pending = CHUNK, .clock = vclock};
+    tw_service *s = NULL;
+    ASSERT_EQ(tw_service_create(&s, &cfg), 0);
+    for (int i = 0; i < CHUNK; i++)
+        ASSERT_EQ(tw_schedule(s, nop_a, NULL, SEC, NULL), 0);
+    tw_service_stats before, after;
+    tw_service_get_stats(s, &before);
+    ASSERT_EQ(before.nodes, CHUNK);
+    ASSERT_EQ(tw_schedule(s, nop_a, NULL, SEC, NULL), TW_EAGAIN);
+    ASSERT_EQ(tw_schedule_fixed_delay(s, nop_a, NULL, SEC, SEC, NULL),
+              TW_EAGAIN);
+    tw_service_get_stats(s, &after);
+    ASSERT_EQ(after.nodes, before.nodes);
+    ASSERT_EQ(after.memory_bytes, before.memory_bytes);
+    ASSERT_EQ(after.pending, CHUNK);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), CHUNK);
+    ASSERT_EQ(tw_schedule(s, nop_a, NULL, SEC, NULL), TW_ESHUTDOWN);
+    tw_service_get_stats(s, &after);
+    ASSERT_EQ(after.nodes, before.nodes);
+    tw_service_destroy(s);
+}
+
 /* ------------------------------------------------------------------------ */
 /* tw_cancel_wait() on a task that is just finishing: the waiter registers
  * while the runner frees the record and looks for waiters. Each round
@@ -429,6 +457,7 @@ static void test_start_from_task_during_stop(void)
 int main(int argc, char **argv)
 {
     RUN_SELECTED(test_failed_schedule_keeps_fn_table);
+    RUN_SELECTED(test_failed_schedule_keeps_pool);
     RUN_SELECTED(test_periodic_near_uint64_max);
     RUN_SELECTED(test_cancel_wait_end_of_run);
     RUN_SELECTED(test_flood_does_not_starve_ticks);
