@@ -2,8 +2,10 @@
  * tests/test_review_service.c - regression tests for defects found by an
  * adversarial review of src/service.c, and the submission-flood contract.
  *
- * - A failed schedule call changes nothing, the function table included.
+ * - A failed schedule call changes nothing: neither the function table
+ *   nor the record pool.
  * - tw_cancel_wait() racing the end of a run never misses its wake-up.
+ * - tw_service_start() from a task never waits for a concurrent stop.
  * - The timer thread drains a flood of submissions from several producers
  *   without starving ticks: a task armed before the flood and a short task
  *   scheduled in the middle of it still run within a generous bound
