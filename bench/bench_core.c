@@ -21,6 +21,12 @@
  * Usage: bench_core [--n 1000,1000000] [--reps 5] [--engines a,b]
  *                   [--workloads a,b] [--cap-ms 2000] [--csv FILE]
  *                   [--churn-steps N] [--callgrind 1] [--list]
+ * --cap-ms bounds the stepped expiry runs (expire_1, expire_1024,
+ * expire_next): a run stops after that long and reports ns per timer fired
+ * so far ('*'); a cell whose warm-up was capped or took over twice the cap
+ * is measured by that one run ('~'). A single advance (expire_jump) cannot
+ * be stopped. Netty mode's stepped expiry walks every timer of a slot at
+ * each visit (rounds), which is what needs the cap.
  * --callgrind 1 (under valgrind --tool=callgrind --collect-atstart=no):
  * one run per cell, no warm-up, counts dumped per run (see scripts/bench.sh).
  * The CSV file is appended to (a header is written if it is empty).
