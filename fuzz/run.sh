@@ -15,7 +15,8 @@ secs=${FUZZ_SECONDS:-60}
 mkdir -p "$bin/artifacts"
 for name in "$@"; do
   work=$bin/corpus-$name
-  seeds=$src/corpus/$name
+  seeds=$src/corpus/${name%_tsan} # the TSan build shares its seeds
+  export TSAN_OPTIONS="halt_on_error=1:suppressions=$src/tsan.supp"
   mkdir -p "$work"
   log=$bin/fuzz-$name.log
   echo "fuzz_$name: ${secs}s, corpus $work (+ seeds $seeds)"
