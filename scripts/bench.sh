@@ -39,6 +39,12 @@ scripts/deps.sh bench
 build=$root/build/bench
 out=$build/results
 mkdir -p "$out"
+# One run at a time: a second one would clobber the results and skew both.
+exec 9>"$build/.lock"
+if ! flock -n 9; then
+  echo "another scripts/bench.sh is running; waiting for it"
+  flock 9
+fi
 rm -rf "$out"/results.csv "$out"/instr.csv "$out"/*.txt "$out"/bench.png \
   "$out"/callgrind
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
