@@ -24,6 +24,18 @@ void tw__service_kick(struct tw_service *s);
  * dispatched or running. The service must be started. */
 void tw__service_sync(struct tw_service *s);
 size_t tw__service_node_size(void);
+/* Test hook: when set, tw_service_run() calls it after it has looked the
+ * job up and before it accepts the job (a test makes a second call for
+ * the same job there). NULL in production. */
+extern void (*tw__service_run_hook)(struct tw_service *s, uint64_t job);
+/* tw_schedule() of a one-shot task that also cancels task @old (0: none)
+ * as the call's last step, so at max_pending the new task takes over the
+ * old one's slot. *@old_cancelled says whether that cancel won; if it did
+ * not (@old ran, runs or is gone) the call is a plain tw_schedule(). On
+ * failure nothing changed: @old is not cancelled. */
+int tw__schedule_replace(struct tw_service *s, tw_task_fn fn, void *arg,
+                         uint64_t delay_ns, tw_id old, bool *old_cancelled,
+                         tw_id *id);
 
 /*
  * RepeatedTimer on any scheduler with the tw_schedule()/tw_cancel()
@@ -35,6 +47,10 @@ typedef struct tw__sched {
                     tw_id *id);
     bool (*cancel)(void *ctx, tw_id id);
     void *ctx;
+    /* Optional (NULL: schedule, then cancel): schedule and cancel @old in
+     * one call, as tw__schedule_replace(). */
+    int (*replace)(void *ctx, tw_task_fn fn, void *arg, uint64_t delay_ns,
+                   tw_id old, bool *old_cancelled, tw_id *id);
 } tw__sched;
 int tw__repeated_create_on(tw_repeated **out, const tw__sched *sched,
                            const tw_repeated_config *cfg);

@@ -54,6 +54,12 @@ static bool svc_cancel(void *ctx, tw_id id)
     return tw_cancel(ctx, id);
 }
 
+static int svc_replace(void *ctx, tw_task_fn fn, void *arg, uint64_t delay,
+                       tw_id old, bool *old_cancelled, tw_id *id)
+{
+    return tw__schedule_replace(ctx, fn, arg, delay, old, old_cancelled, id);
+}
+
 int tw__repeated_create_on(tw_repeated **out, const tw__sched *sched,
                            const tw_repeated_config *cfg)
 {
@@ -87,7 +93,7 @@ int tw__repeated_create_on(tw_repeated **out, const tw__sched *sched,
 int tw_repeated_create(tw_repeated **out, tw_service *s,
                        const tw_repeated_config *cfg)
 {
-    tw__sched sched = {svc_schedule, svc_cancel, s};
+    tw__sched sched = {svc_schedule, svc_cancel, s, svc_replace};
 
     if (s == NULL)
         return TW_EINVAL;
@@ -132,9 +138,10 @@ static void cancel_pending_locked(tw_repeated *rt)
 
 /*
  * Schedule the next run a timeout from now, replacing the pending one. The
- * new task is scheduled before the old one is cancelled, so a failure
- * changes nothing. While on_trigger runs this does nothing: the end of the
- * run schedules.
+ * old task is cancelled only once the new one is accepted, so a failure
+ * changes nothing; with sched.replace both happen in one call, and on a
+ * service at max_pending the new task takes over the old one's slot.
+ * While on_trigger runs this does nothing: the end of the run schedules.
  */
 static int schedule_locked(tw_repeated *rt)
 {
@@ -148,10 +155,22 @@ static int schedule_locked(tw_repeated *rt)
         delay = rt->cfg.adjust_timeout(rt, delay, rt->cfg.arg);
     if (delay == 0)
         delay = 1;
-    err = rt->sched.schedule(rt->sched.ctx, tw__repeated_task, rt, delay, &id);
-    if (err != 0)
-        return err;
-    cancel_pending_locked(rt);
+    if (rt->pending != 0 && rt->sched.replace != NULL) {
+        bool cancelled = false;
+        err = rt->sched.replace(rt->sched.ctx, tw__repeated_task, rt, delay,
+                                rt->pending, &cancelled, &id);
+        if (err != 0)
+            return err;
+        if (cancelled)
+            rt->refs--; /* as in cancel_pending_locked() */
+        rt->pending = 0;
+    } else {
+        err = rt->sched.schedule(rt->sched.ctx, tw__repeated_task, rt, delay,
+                                 &id);
+        if (err != 0)
+            return err;
+        cancel_pending_locked(rt);
+    }
     rt->pending = id;
     rt->refs++;
     return 0;

@@ -188,7 +188,10 @@ struct tw_service {
     /* Executor pool. */
     pthread_mutex_t xmu;
     pthread_cond_t xcv;
-    struct node *xq_head, *xq_tail; /* under xmu */
+    /* Dispatched nodes waiting for an executor, under xmu: linked through
+     * tw__next, and tw__pprev points at whatever points at the node (NULL
+     * once taken), so that a cancel can unlink one. */
+    tw_timer *xq_head, **xq_tailp;
     bool xquit;                     /* under xmu */
     pthread_t *xthreads;
     _Atomic uint64_t busy; /* dispatched or running, not yet finished */
@@ -654,19 +657,31 @@ static void requeue(tw_service *s, struct node *n, uint64_t tick)
 }
 
 static void trampoline(tw_timer *t, void *arg);
+static bool cancel_id(tw_service *s, tw_id id, bool drop);
 
+/* Give back node @idx that node_alloc() returned with state @st. */
+static void node_unalloc(tw_service *s, uint32_t idx, uint64_t st)
+{
+    struct node *n = node_at(s, idx);
+    atomic_store_explicit(&n->state, (st & ~UINT64_C(0xffffffff)) | LOC_FREE,
+                          memory_order_relaxed);
+    free_push(s, n, n);
+}
+
+/*
+ * Schedule a task (@kind 0: one-shot, 1: fixed rate, 2: fixed delay). A
+ * non-zero @replace is a task to cancel in the same call, as its last step
+ * (*@replaced says whether that cancel won); at max_pending the new task
+ * takes over its pending slot.
+ */
 static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
-                    uint64_t period, int kind, tw_id *id)
+                    uint64_t period, int kind, tw_id replace, bool *replaced,
+                    tw_id *id)
 {
     if (s == NULL || fn == NULL || (kind != 0 && period == 0))
         return TW_EINVAL;
     if (atomic_load_explicit(&s->pending, memory_order_relaxed) & STOPPED_BIT)
         return TW_ESHUTDOWN;
-    if (!atomic_load_explicit(&s->started, memory_order_acquire)) {
-        int rc = tw_service_start(s);
-        if (rc != 0)
-            return rc;
-    }
     struct periodic *rec = NULL;
     uint64_t flags = 0;
     if (kind != 0) {
@@ -680,25 +695,46 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
         flags = ST_PERIODIC;
     }
     /* Reserve first: a call that max_pending or stop rejects must not grow
-     * the record pool. The function table last: an entry once taken is
-     * never given back. A later failure (no memory, a new function that
-     * does not fit) undoes the earlier steps. */
-    uint32_t idx, fidx;
-    uint64_t st;
+     * the record pool (unless it may take over the slot of @replace). The
+     * first call starts the service only once its memory is there, so a
+     * call that fails for want of it leaves no thread running. The
+     * function table next: an entry once taken is never given back. The
+     * cancel of @replace last. A failure undoes the earlier steps. */
+    uint32_t idx = 0, fidx = 0;
+    uint64_t st = 0;
     int rc = pending_reserve(s);
-    if (rc == 0) {
-        rc = node_alloc(s, &idx, &st);
-        if (rc == 0 && (rc = fn_index(s, fn, &fidx)) != 0) {
-            struct node *n = node_at(s, idx);
-            atomic_store_explicit(&n->state,
-                                  (st & ~UINT64_C(0xffffffff)) | LOC_FREE,
-                                  memory_order_relaxed);
-            free_push(s, n, n);
-        }
-        if (rc != 0)
+    bool reserved = rc == 0, have_node = false;
+    if (rc == TW_EAGAIN && replace != 0)
+        rc = 0;
+    if (rc == 0)
+        have_node = (rc = node_alloc(s, &idx, &st)) == 0;
+    if (rc == 0 && !atomic_load_explicit(&s->started, memory_order_acquire)) {
+        /* Not while holding a reservation: a concurrent stop holds the
+         * lock that start takes and waits for reservations to be used. */
+        if (reserved)
             pending_drop(s);
+        rc = tw_service_start(s);
+        if (rc == 0)
+            rc = pending_reserve(s);
+        reserved = rc == 0;
+        if (rc == TW_EAGAIN && replace != 0)
+            rc = 0;
+    }
+    if (rc == 0)
+        rc = fn_index(s, fn, &fidx);
+    if (rc == 0 && replace != 0) {
+        /* Won: its slot is dropped if we hold our own, else ours now. */
+        bool won = cancel_id(s, replace, reserved);
+        if (replaced != NULL)
+            *replaced = won;
+        if (!won && !reserved)
+            rc = TW_EAGAIN;
     }
     if (rc != 0) {
+        if (have_node)
+            node_unalloc(s, idx, st);
+        if (reserved)
+            pending_drop(s);
         free(rec);
         return rc;
     }
@@ -734,21 +770,30 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
 int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
                 tw_id *id)
 {
-    return schedule(s, fn, arg, delay_ns, 0, 0, id);
+    return schedule(s, fn, arg, delay_ns, 0, 0, 0, NULL, id);
+}
+
+int tw__schedule_replace(tw_service *s, tw_task_fn fn, void *arg,
+                         uint64_t delay_ns, tw_id old, bool *old_cancelled,
+                         tw_id *id)
+{
+    if (old_cancelled != NULL)
+        *old_cancelled = false;
+    return schedule(s, fn, arg, delay_ns, 0, 0, old, old_cancelled, id);
 }
 
 int tw_schedule_fixed_rate(tw_service *s, tw_task_fn fn, void *arg,
                            uint64_t initial_delay_ns, uint64_t period_ns,
                            tw_id *id)
 {
-    return schedule(s, fn, arg, initial_delay_ns, period_ns, 1, id);
+    return schedule(s, fn, arg, initial_delay_ns, period_ns, 1, 0, NULL, id);
 }
 
 int tw_schedule_fixed_delay(tw_service *s, tw_task_fn fn, void *arg,
                             uint64_t initial_delay_ns, uint64_t delay_ns,
                             tw_id *id)
 {
-    return schedule(s, fn, arg, initial_delay_ns, delay_ns, 2, id);
+    return schedule(s, fn, arg, initial_delay_ns, delay_ns, 2, 0, NULL, id);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -767,7 +812,11 @@ static struct node *lookup(const tw_service *s, tw_id id, uint64_t *st)
     return n;
 }
 
-bool tw_cancel(tw_service *s, tw_id id)
+static void xq_drop_cancelled(tw_service *s, struct node *n, tw_id id);
+
+/* Cancel task @id; true if this call did. @drop: release its pending slot
+ * (false: a replacing schedule call takes it over). */
+static bool cancel_id(tw_service *s, tw_id id, bool drop)
 {
     uint64_t st;
     struct node *n = lookup(s, id, &st);
@@ -781,12 +830,20 @@ bool tw_cancel(tw_service *s, tw_id id)
         if (loc == LOC_FREE || (loc == LOC_RUNNING && !(st & ST_PERIODIC)))
             return false;
     } while (!atomic_compare_exchange_weak(&n->state, &st, st | ST_CANCELLED));
-    pending_drop(s);
+    if (drop)
+        pending_drop(s);
     if (loc == LOC_ARMED)
         cancel_mark(s, n, (uint32_t)id - 1);
     if (loc == LOC_ARMED || loc == LOC_QUEUED)
         wake_for_cancel(s);
+    if (loc == LOC_DISPATCHED && s->nexec != 0)
+        xq_drop_cancelled(s, n, id);
     return true;
+}
+
+bool tw_cancel(tw_service *s, tw_id id)
+{
+    return cancel_id(s, id, true);
 }
 
 /* Is task @id's function running (or about to)? */
@@ -945,17 +1002,52 @@ static void dispatch_flush(tw_service *s)
         }
         return;
     }
-    struct node *last = first;
-    while (last->t.tw__next != NULL)
-        last = node_of_timer(last->t.tw__next);
+    /* The links are set under the lock: a cancel reads them there. */
     pthread_mutex_lock(&s->xmu);
-    if (s->xq_tail != NULL)
-        s->xq_tail->t.tw__next = &first->t;
-    else
-        s->xq_head = first;
-    s->xq_tail = last;
+    tw_timer **pp = s->xq_tailp;
+    *pp = &first->t;
+    for (tw_timer *t = &first->t; t != NULL; t = t->tw__next) {
+        t->tw__pprev = pp;
+        pp = &t->tw__next;
+    }
+    s->xq_tailp = pp;
     pthread_cond_signal(&s->xcv);
     pthread_mutex_unlock(&s->xmu);
+}
+
+/* Take node @n out of the executor queue. Context: under xmu. */
+static void xq_unlink(tw_service *s, struct node *n)
+{
+    tw_timer *next = n->t.tw__next;
+    *n->t.tw__pprev = next;
+    if (next != NULL)
+        next->tw__pprev = n->t.tw__pprev;
+    else
+        s->xq_tailp = n->t.tw__pprev;
+    n->t.tw__pprev = NULL;
+}
+
+/*
+ * After tw_cancel() won on node @n of task @id while it was DISPATCHED:
+ * if it still waits in the executor queue, take it out and free it now
+ * rather than when an executor gets to it (which may be long when every
+ * executor runs a long task). Under xmu nothing else can take it; a node
+ * not in the queue (being flushed, or taken) is freed by its owner.
+ */
+static void xq_drop_cancelled(tw_service *s, struct node *n, tw_id id)
+{
+    pthread_mutex_lock(&s->xmu);
+    uint64_t st = atomic_load(&n->state);
+    bool queued = ST_GEN(st) == ST_GEN(id) && ST_LOC(st) == LOC_DISPATCHED &&
+                  n->t.tw__pprev != NULL;
+    if (queued)
+        xq_unlink(s, n);
+    pthread_mutex_unlock(&s->xmu);
+    if (!queued)
+        return;
+    node_free(s, n);
+    atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
+    atomic_fetch_sub(&s->busy, 1);
 }
 
 static void run_dispatched(tw_service *s, struct node *n)
@@ -964,12 +1056,23 @@ static void run_dispatched(tw_service *s, struct node *n)
     atomic_fetch_sub(&s->busy, 1);
 }
 
+void (*tw__service_run_hook)(tw_service *s, tw_id job);
+
 void tw_service_run(tw_service *s, tw_id job)
 {
-    uint64_t st;
+    uint64_t st = 0;
     struct node *n = lookup(s, job, &st);
-    if (n == NULL || ST_GEN(st) != ST_GEN(job) || ST_LOC(st) != LOC_DISPATCHED)
-        return; /* not a job of @s: misuse */
+    if (n != NULL && tw__service_run_hook != NULL)
+        tw__service_run_hook(s, job);
+    /* Accept the job once: a compare-and-swap out of DISPATCHED. A forged
+     * id, a job already accepted (a repeated or concurrent call) or a
+     * stale one (its node freed or reused) is ignored. */
+    do {
+        if (n == NULL || ST_GEN(st) != ST_GEN(job) ||
+            ST_LOC(st) != LOC_DISPATCHED)
+            return;
+    } while (!atomic_compare_exchange_weak(
+        &n->state, &st, (st & ~ST_LOC_MASK) | LOC_RUNNING));
     run_dispatched(s, n);
 }
 
@@ -978,17 +1081,15 @@ static void *executor_main(void *p)
     tw_service *s = p;
     pthread_mutex_lock(&s->xmu);
     for (;;) {
-        struct node *n = s->xq_head;
+        struct node *n = node_of_timer(s->xq_head);
         if (n == NULL) {
             if (s->xquit)
                 break;
             pthread_cond_wait(&s->xcv, &s->xmu);
             continue;
         }
-        s->xq_head = node_of_timer(n->t.tw__next);
-        if (s->xq_head == NULL)
-            s->xq_tail = NULL;
-        else
+        xq_unlink(s, n);
+        if (s->xq_head != NULL)
             pthread_cond_signal(&s->xcv); /* more for another executor */
         pthread_mutex_unlock(&s->xmu);
         run_dispatched(s, n);
@@ -1221,6 +1322,7 @@ int tw_service_create(tw_service **out, const tw_service_config *cfg)
     s->nexec = cfg->executor_threads;
     s->fn_mask = (uint32_t)p2 - 1;
     s->lazy = (cfg->flags & TW_SERVICE_LAZY_CLOCK) != 0;
+    s->xq_tailp = &s->xq_head;
     uint32_t sn = atomic_fetch_add(&serial, 1) + 1;
     s->salt = sn * UINT32_C(0x85EBCA6B) ^ (uint32_t)(uintptr_t)s;
     s->start_ns = s->clock ? s->clock(s->clock_ctx) : mono_ns();

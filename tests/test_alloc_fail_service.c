@@ -337,12 +337,68 @@ static void test_thread_create_fails(void)
     }
 }
 
+/* ------------------------------------------------------------------------ */
+/* The first schedule call starts the service; if it fails for want of
+ * memory, no thread is left running: a start after it still creates the
+ * threads (so a pthread_create() failure shows), and stop has nothing to
+ * join. Each kind of call, with each of its allocations failing. */
+
+static int first_call(tw_service *s, int kind, struct counts *c, tw_id *id)
+{
+    switch (kind) {
+    case ONE_SHOT:
+        return tw_schedule(s, count_task, c, MS, id);
+    case FIXED_RATE:
+        return tw_schedule_fixed_rate(s, count_task, c, MS, MS, id);
+    default:
+        return tw_schedule_fixed_delay(s, count_task, c, MS, MS, id);
+    }
+}
+
+static void test_first_call_enomem_starts_nothing(void)
+{
+    for (uint32_t execs = 0; execs <= 2; execs += 2) {
+        for (int kind = ONE_SHOT; kind <= FIXED_DELAY; kind++) {
+            for (long k = 0;; k++) {
+                long live0 = tw_af_live();
+                struct counts c = {0};
+                tw_service *s = vservice(execs, false);
+                tw_id id = 42;
+                tw_af_arm(k, true);
+                int rc = first_call(s, kind, &c, &id);
+                long failed = tw_af_failures();
+                tw_af_disarm();
+                if (failed == 0) {
+                    ASSERT_EQ(rc, 0);
+                    tw_service_destroy(s);
+                    ASSERT_EQ(tw_af_live(), live0);
+                    break;
+                }
+                ASSERT_EQ(rc, TW_ENOMEM);
+                ASSERT_EQ(id, 42);
+                ASSERT_EQ(tw_service_pending(s), 0);
+                /* Not started: the start creates threads, and fails. */
+                tw_af_arm_threads(0);
+                ASSERT_EQ(tw_service_start(s), TW_EAGAIN);
+                tw_af_arm_threads(-1);
+                ASSERT_EQ(first_call(s, kind, &c, &id), 0);
+                vadvance(s, MS);
+                ASSERT_EQ(atomic_load(&c.runs), 1);
+                tw_service_destroy(s);
+                ASSERT_EQ(tw_af_live(), live0);
+                points++;
+            }
+        }
+    }
+}
+
 int main(void)
 {
     RUN_TEST(test_create);
     RUN_TEST(test_schedule_script);
     RUN_TEST(test_repeated);
     RUN_TEST(test_thread_create_fails);
+    RUN_TEST(test_first_call_enomem_starts_nothing);
     printf("service: %ld allocation failure points swept\n", points);
     return tw_test_done();
 }

@@ -157,7 +157,7 @@ static uint64_t adjust(tw_repeated *rt, uint64_t timeout, void *arg)
 
 static void make(struct vsched *v, struct probe *p, uint64_t timeout)
 {
-    tw__sched s = {v_schedule, v_cancel, v};
+    tw__sched s = {v_schedule, v_cancel, v, NULL};
     tw_repeated_config cfg = {"probe", timeout,    on_trigger,
                               adjust,  on_destroy, p};
 
@@ -180,7 +180,7 @@ static void done(struct probe *p)
 static void test_bad_input(void)
 {
     struct vsched v = {0};
-    tw__sched s = {v_schedule, v_cancel, &v};
+    tw__sched s = {v_schedule, v_cancel, &v, NULL};
     tw_repeated_config ok = {NULL, 50 * MS, on_trigger, NULL, NULL, NULL};
     tw_repeated_config cfg;
     tw_repeated *rt = (tw_repeated *)&v; /* must stay untouched */
