@@ -413,6 +413,39 @@ static void test_next_expiry_wakeups(void)
     }
 }
 
+/* Rounds mode after cancels: the remembered slot minimum goes stale, which
+ * costs at most one extra wake-up per such slot, and nothing is missed. */
+static void test_next_expiry_after_cancel_in_rounds(void)
+{
+    tw_wheel_config cfg = {8, 2};
+    tw_wheel *w;
+    ASSERT_EQ(tw_wheel_create(&w, &cfg, 0), 0);
+    cur_w = w;
+    nlog = 0;
+    struct rec r[4];
+    static const uint64_t at[4] = {100, 612, 120, 632};
+    for (int i = 0; i < 4; i++) {
+        r[i] = (struct rec){.id = i};
+        tw_timer_init(&r[i].t, record, NULL);
+        ASSERT_EQ(tw_wheel_add(w, &r[i].t, at[i]), 0);
+    }
+    ASSERT(tw_wheel_cancel(w, &r[0].t));
+    ASSERT(tw_wheel_cancel(w, &r[2].t));
+    unsigned wakes = 0;
+    while (r[1].runs == 0) {
+        uint64_t nx = tw_wheel_next_expiry(w);
+        ASSERT_LE(nx, 612);
+        tw_wheel_advance(w, nx);
+        wakes++;
+    }
+    ASSERT_EQ(nlog, 1);
+    ASSERT_LE(wakes, 2 + 1 + 2); /* levels + 1, plus two stale slots */
+    ASSERT_LE(tw_wheel_next_expiry(w), 632);
+    ASSERT_EQ(tw_wheel_advance(w, 632), 1);
+    check(w);
+    tw_wheel_destroy(w);
+}
+
 static void test_destroy_drops_pending(void)
 {
     for (size_t s = 0; s < NSHAPES; s++) {
@@ -473,6 +506,7 @@ int main(void)
     RUN_TEST(test_huge_jumps_are_cheap);
     RUN_TEST(test_end_of_time);
     RUN_TEST(test_next_expiry_wakeups);
+    RUN_TEST(test_next_expiry_after_cancel_in_rounds);
     RUN_TEST(test_destroy_drops_pending);
     RUN_TEST(test_tick_by_tick);
     return tw_test_done();

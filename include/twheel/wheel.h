@@ -154,7 +154,11 @@ TW_EXTERN size_t tw_wheel_advance(tw_wheel *w, uint64_t now);
  * tw_wheel_next_expiry - a tick at which tw_wheel_advance() has work to do:
  * never later than the earliest pending expiry, UINT64_MAX when nothing is
  * pending. A loop that sleeps until this tick and advances reaches any timer
- * after at most one extra wake-up per level.
+ * after at most one extra wake-up per level. In a wheel whose top level
+ * keeps later rounds (levels = 1, or too few levels to cover 64 bits), add
+ * one more for each top-level slot whose earliest timer was cancelled or
+ * moved since that slot was last visited: cancel stays O(1), so the slot's
+ * remembered minimum is a lower bound until the next visit refreshes it.
  */
 TW_EXTERN uint64_t tw_wheel_next_expiry(const tw_wheel *w);
 
