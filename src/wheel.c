@@ -65,7 +65,7 @@
 #ifndef TW_WHEEL_CHAINS
 #define TW_WHEEL_CHAINS 8
 #endif
-#if TW_WHEEL_CHAINS < 1 || TW_WHEEL_CHAINS > 64 ||                            \
+#if TW_WHEEL_CHAINS < 1 || TW_WHEEL_CHAINS > 64 ||                             \
     (TW_WHEEL_CHAINS & (TW_WHEEL_CHAINS - 1)) != 0
 #error "TW_WHEEL_CHAINS must be a power of two between 1 and 64"
 #endif
@@ -88,21 +88,21 @@ int tw__wheel_check_full(const tw_wheel *w);
 
 struct tw_wheel {
     uint64_t now;
-    uint64_t hint;        /* no slot needs a visit before this tick */
-    size_t count;         /* pending timers, due list included */
-    uint64_t level_map;   /* bit k: level k has an occupied slot */
-    tw_timer **heads;     /* [level][slot][chain] */
-    uint64_t *bitmap;     /* [level][words]: occupancy tree per level */
-    uint64_t *slotmin;    /* [slot]: lower bound of expiries, rounds level */
-    tw_timer *due;        /* timers added with expires <= now */
-    uint64_t due_min;     /* lower bound of the due list's expiries */
-    uint64_t mask;        /* S - 1 */
-    size_t bm_words;      /* words of one level's bitmap */
-    uint32_t bits;        /* b */
-    uint32_t levels;      /* L */
-    uint32_t rounds;      /* 1 if the top level keeps later rounds */
-    uint32_t rr;          /* round-robin chain for the next insertion */
-    uint32_t bm_layers;   /* layers of a level's bitmap tree */
+    uint64_t hint;      /* no slot needs a visit before this tick */
+    size_t count;       /* pending timers, due list included */
+    uint64_t level_map; /* bit k: level k has an occupied slot */
+    tw_timer **heads;   /* [level][slot][chain] */
+    uint64_t *bitmap;   /* [level][words]: occupancy tree per level */
+    uint64_t *slotmin;  /* [slot]: lower bound of expiries, rounds level */
+    tw_timer *due;      /* timers added with expires <= now */
+    uint64_t due_min;   /* lower bound of the due list's expiries */
+    uint64_t mask;      /* S - 1 */
+    size_t bm_words;    /* words of one level's bitmap */
+    uint32_t bits;      /* b */
+    uint32_t levels;    /* L */
+    uint32_t rounds;    /* 1 if the top level keeps later rounds */
+    uint32_t rr;        /* round-robin chain for the next insertion */
+    uint32_t bm_layers; /* layers of a level's bitmap tree */
     uint32_t bm_off[TW_BM_MAX_LAYERS]; /* word offset of each layer */
     uint32_t bm_len[TW_BM_MAX_LAYERS]; /* words in each layer */
     uint8_t level_of_msb[64];          /* msb(E ^ now) -> level */
@@ -176,8 +176,7 @@ static void tw_bm_clear(const tw_wheel *w, uint64_t *bm, uint64_t i)
     }
 }
 
-static inline int tw_bm_test(const tw_wheel *w, const uint64_t *bm,
-                             uint64_t i)
+static inline int tw_bm_test(const tw_wheel *w, const uint64_t *bm, uint64_t i)
 {
     (void)w;
     return (int)((bm[i >> 6] >> (i & 63)) & 1); /* layer 0 is at offset 0 */
@@ -397,8 +396,8 @@ int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
     w->bitmap = (uint64_t *)(void *)(mem + sizeof(tw_wheel) + heads_bytes);
     w->slotmin = NULL;
     if (rounds) {
-        w->slotmin = (uint64_t *)(void *)(mem + sizeof(tw_wheel) +
-                                          heads_bytes + bm_bytes);
+        w->slotmin = (uint64_t *)(void *)(mem + sizeof(tw_wheel) + heads_bytes +
+                                          bm_bytes);
         for (size_t i = 0; i < ((size_t)1 << bits); i++)
             w->slotmin[i] = UINT64_MAX;
     }
@@ -498,8 +497,8 @@ bool tw_wheel_cancel(tw_wheel *w, tw_timer *t)
 static uint64_t tw_rounds_slot_tick(const tw_wheel *w, unsigned k,
                                     uint64_t slot)
 {
-    unsigned gshift = k * w->bits;          /* granule: 2^gshift ticks */
-    unsigned rshift = gshift + w->bits;     /* revolution, < 64 here */
+    unsigned gshift = k * w->bits;      /* granule: 2^gshift ticks */
+    unsigned rshift = gshift + w->bits; /* revolution, < 64 here */
     uint64_t base = tw_floor_pow2(w->now, rshift);
     uint64_t t = base | (slot << gshift);
     if (t <= w->now) {
@@ -770,10 +769,10 @@ size_t tw_wheel_advance(tw_wheel *w, uint64_t now)
  * O(timers + occupied slots); tw__wheel_check_full also scans every slot
  * head and bitmap word. */
 
-#define TW_CHECK(cond)                                                        \
-    do {                                                                      \
-        if (!(cond))                                                          \
-            return __LINE__;                                                  \
+#define TW_CHECK(cond)                                                         \
+    do {                                                                       \
+        if (!(cond))                                                           \
+            return __LINE__;                                                   \
     } while (0)
 
 static int tw_check_list(tw_timer *const *head, size_t *n)
@@ -788,8 +787,7 @@ static int tw_check_list(tw_timer *const *head, size_t *n)
     return 0;
 }
 
-static int tw_check_slot(const tw_wheel *w, unsigned k, uint64_t s,
-                         size_t *n)
+static int tw_check_slot(const tw_wheel *w, unsigned k, uint64_t s, size_t *n)
 {
     tw_timer *const *h = tw_slot_heads(w, k, s);
     int rounds = tw_top_is_rounds(w, k), r;

@@ -12,29 +12,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TW_TEST_FAIL_(fmt, ...)                                               \
-    do {                                                                      \
-        fprintf(stderr, "%s:%d: " fmt "\n", __FILE__, __LINE__,               \
-                __VA_ARGS__);                                                 \
-        fflush(stderr);                                                       \
-        abort();                                                              \
+#define TW_TEST_FAIL_(fmt, ...)                                                \
+    do {                                                                       \
+        fprintf(stderr, "%s:%d: " fmt "\n", __FILE__, __LINE__, __VA_ARGS__);  \
+        fflush(stderr);                                                        \
+        abort();                                                               \
     } while (0)
 
-#define ASSERT(expr)                                                          \
-    do {                                                                      \
-        if (!(expr))                                                          \
-            TW_TEST_FAIL_("assertion failed: %s", #expr);                     \
+#define ASSERT(expr)                                                           \
+    do {                                                                       \
+        if (!(expr))                                                           \
+            TW_TEST_FAIL_("assertion failed: %s", #expr);                      \
     } while (0)
 
-#define TW_TEST_CMP_(a, op, b)                                                \
-    do {                                                                      \
-        uint64_t tw_a_ = (uint64_t)(a), tw_b_ = (uint64_t)(b);                \
-        if (!(tw_a_ op tw_b_))                                                \
-            TW_TEST_FAIL_("assertion failed: %s %s %s (%" PRIu64              \
-                          " vs %" PRIu64 ", signed %" PRId64 " vs %" PRId64   \
-                          ")",                                                \
-                          #a, #op, #b, tw_a_, tw_b_, (int64_t)tw_a_,          \
-                          (int64_t)tw_b_);                                    \
+#define TW_TEST_CMP_(a, op, b)                                                 \
+    do {                                                                       \
+        uint64_t tw_a_ = (uint64_t)(a), tw_b_ = (uint64_t)(b);                 \
+        if (!(tw_a_ op tw_b_))                                                 \
+            TW_TEST_FAIL_(                                                     \
+                "assertion failed: %s %s %s (%" PRIu64 " vs %" PRIu64          \
+                ", signed %" PRId64 " vs %" PRId64 ")",                        \
+                #a, #op, #b, tw_a_, tw_b_, (int64_t)tw_a_, (int64_t)tw_b_);    \
     } while (0)
 
 #define ASSERT_EQ(a, b) TW_TEST_CMP_(a, ==, b)
@@ -45,19 +43,19 @@
 #define ASSERT_GE(a, b) TW_TEST_CMP_(a, >=, b)
 #define ASSERT_NULL(p) ASSERT((p) == NULL)
 #define ASSERT_NOT_NULL(p) ASSERT((p) != NULL)
-#define ASSERT_STR_EQ(a, b)                                                   \
-    do {                                                                      \
-        if (strcmp((a), (b)) != 0)                                            \
-            TW_TEST_FAIL_("assertion failed: %s == %s (\"%s\" vs \"%s\")",    \
-                          #a, #b, (a), (b));                                  \
+#define ASSERT_STR_EQ(a, b)                                                    \
+    do {                                                                       \
+        if (strcmp((a), (b)) != 0)                                             \
+            TW_TEST_FAIL_("assertion failed: %s == %s (\"%s\" vs \"%s\")", #a, \
+                          #b, (a), (b));                                       \
     } while (0)
 
 /* Run one test function and say so; a failure has aborted before "ok". */
-#define RUN_TEST(fn)                                                          \
-    do {                                                                      \
-        fprintf(stderr, "-- %s\n", #fn);                                      \
-        fn();                                                                 \
-        tw_test_passed_++;                                                    \
+#define RUN_TEST(fn)                                                           \
+    do {                                                                       \
+        fprintf(stderr, "-- %s\n", #fn);                                       \
+        fn();                                                                  \
+        tw_test_passed_++;                                                     \
     } while (0)
 
 static int tw_test_passed_;

@@ -124,10 +124,10 @@ static void test_add_bad_input(void)
 
 static void test_exact_once_never_early(void)
 {
-    static const uint64_t delays[] = {1,     2,          63,         64,
-                                      65,    511,        512,        513,
-                                      4095,  4096,       4097,       262143,
-                                      262144, UINT64_C(1) << 33, 1000003};
+    static const uint64_t delays[] = {
+        1,      2,    63,   64,   65,     511,    512,
+        513,    4095, 4096, 4097, 262143, 262144, UINT64_C(1) << 33,
+        1000003};
     const size_t nd = sizeof(delays) / sizeof(delays[0]);
     for (size_t s = 0; s < NSHAPES; s++) {
         for (size_t d = 0; d < nd; d++) {

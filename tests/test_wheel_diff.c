@@ -92,8 +92,7 @@ static const struct heap_ent *heap_top(void)
 {
     while (M.hn > 0) {
         const struct heap_ent *h = &M.heap[0];
-        if (M.pending[h->idx] && !M.deferred[h->idx] &&
-            M.ver[h->idx] == h->ver)
+        if (M.pending[h->idx] && !M.deferred[h->idx] && M.ver[h->idx] == h->ver)
             return h;
         heap_pop();
     }
@@ -362,8 +361,8 @@ static void run_config(const char *name, const tw_wheel_config *cfg,
                     step = rnd() % (UINT64_C(1) << 40);
                 else
                     step = rnd(); /* huge: often to the end of time */
-                uint64_t to = M.now > UINT64_MAX - step ? UINT64_MAX
-                                                        : M.now + step;
+                uint64_t to =
+                    M.now > UINT64_MAX - step ? UINT64_MAX : M.now + step;
                 if (rnd() % 50 == 0 && M.now > 0)
                     to = M.now - 1 - rnd() % (M.now < 10 ? M.now : 10);
                 do_advance(to);

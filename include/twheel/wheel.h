@@ -39,7 +39,7 @@ extern "C" {
 #define TW_VERSION_MAJOR 0
 #define TW_VERSION_MINOR 1
 #define TW_VERSION_PATCH 0
-#define TW_VERSION_HEX                                                        \
+#define TW_VERSION_HEX                                                         \
     ((TW_VERSION_MAJOR << 16) | (TW_VERSION_MINOR << 8) | TW_VERSION_PATCH)
 
 /* Error codes: always negative, equal to -errno of the same name. */
@@ -51,8 +51,8 @@ extern "C" {
 #define TW_EDEADLK (-EDEADLK)     /* the call would wait for itself */
 
 /* Recover the address of the struct that embeds @ptr as its @member. */
-#define TW_CONTAINER_OF(ptr, type, member)                                    \
-    ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
+#define TW_CONTAINER_OF(ptr, type, member)                                     \
+    ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
 typedef struct tw_wheel tw_wheel;
 typedef struct tw_timer tw_timer;
