@@ -101,6 +101,8 @@ TW_EXTERN int tw_repeated_restart(tw_repeated *rt);
  * now: called on every heartbeat, it keeps an election timer from firing.
  * A stopped timer only takes the new timeout. Returns 0, TW_EINVAL (NULL),
  * TW_ESHUTDOWN (destroyed) or a tw_schedule() error (nothing changed).
+ * The new run replaces the pending one in a single service call, so a
+ * reset (or restart) works on a service that is exactly at max_pending.
  * Context: any thread, on_trigger included.
  */
 TW_EXTERN int tw_repeated_reset(tw_repeated *rt, uint64_t timeout_ns);

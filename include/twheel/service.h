@@ -62,8 +62,8 @@ typedef uint64_t (*tw_clock_fn)(void *ctx);
 /*
  * An executor supplied by the caller. The timer thread calls it once for
  * each due task, with the task's id as a job handle; the executor must call
- * tw_service_run(@s, @job) exactly once, from any thread, soon. It must not
- * block for long: the timer thread is waiting.
+ * tw_service_run(@s, @job) once, from any thread, soon (further calls are
+ * ignored). It must not block for long: the timer thread is waiting.
  */
 typedef void (*tw_execute_fn)(tw_service *s, tw_id job, void *ctx);
 
@@ -143,7 +143,8 @@ TW_EXTERN int tw_service_start(tw_service *s);
  * Returns 0; TW_EINVAL (NULL @s or @fn); TW_EAGAIN (max_pending reached,
  * or max_callbacks distinct functions in use); TW_ESHUTDOWN (stopped);
  * TW_ENOMEM; or a start error. On failure nothing changed and *@id is left
- * as it was.
+ * as it was: the first call starts the service only after its allocations
+ * succeeded, so one that fails leaves no thread running.
  * Context: any thread, tasks included. Lock-free, and without system calls
  * except when the pool of task records grows (a malloc of 4096 records,
  * published with a compare-and-swap) or when the deadline is earlier than
@@ -183,8 +184,13 @@ TW_EXTERN int tw_schedule_fixed_delay(tw_service *s, tw_task_fn fn, void *arg,
  * periodic task will not start another run (a run in progress completes).
  * Returns false, touching nothing, if @id ran, is running (one-shot),
  * was already cancelled or handed back, is 0, or is not an id of @s.
- * The task's memory is released within one tick. Does not wait for a run
- * in progress (see tw_cancel_wait()).
+ * The task's memory is released within one tick; a task that is due and
+ * waits in the executor pool's queue is released by the cancel itself,
+ * however long the executors are busy. One exception: a task already
+ * handed to a caller-supplied executor (tw_service_config.execute) keeps
+ * its record until the executor calls tw_service_run() for it (which then
+ * runs nothing). Does not wait for a run in progress (see
+ * tw_cancel_wait()).
  * Context: any thread, the task itself included. Lock-free; makes a system
  * call only to wake a timer thread that sleeps for longer than a tick.
  */
@@ -233,8 +239,14 @@ TW_EXTERN void tw_service_destroy(tw_service *s);
 
 /*
  * tw_service_run - run the job @job that a caller-supplied executor
- * (tw_service_config.execute) received. Must be called exactly once per
- * job, even after tw_service_stop() was called (stop waits for it).
+ * (tw_service_config.execute) received. Must be called once per job, even
+ * after tw_service_stop() was called (stop waits for it). A job is
+ * accepted only once (a compare-and-swap): a repeated or concurrent call
+ * for the same job, a stale job (its task ran, or was cancelled, and its
+ * record may be reused) and a forged id are ignored, so a task never runs
+ * twice for one dispatch. A periodic task keeps its id for every run: a
+ * late repeated call that arrives after the next run was dispatched counts
+ * as the call for that run (which still runs once).
  * Context: any thread.
  */
 TW_EXTERN void tw_service_run(tw_service *s, tw_id job);
