@@ -21,7 +21,6 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
-#include <string.h>
 #include <time.h>
 
 #include "internal.h"
@@ -281,17 +280,10 @@ static void test_repeated_reset_at_max(void)
     tw_service_destroy(s);
 }
 
-/* Run the test named by argv[1], or all of them. */
-#define RUN_IF(fn)                                                            \
-    do {                                                                      \
-        if (argc < 2 || strcmp(argv[1], #fn) == 0)                            \
-            RUN_TEST(fn);                                                     \
-    } while (0)
-
-int main(int argc, char **argv)
+int main(void)
 {
-    RUN_IF(test_run_job_once);
-    RUN_IF(test_cancel_queued_for_executor);
-    RUN_IF(test_repeated_reset_at_max);
+    RUN_TEST(test_run_job_once);
+    RUN_TEST(test_cancel_queued_for_executor);
+    RUN_TEST(test_repeated_reset_at_max);
     return tw_test_done();
 }
