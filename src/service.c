@@ -192,7 +192,7 @@ struct tw_service {
      * tw__next, and tw__pprev points at whatever points at the node (NULL
      * once taken), so that a cancel can unlink one. */
     tw_timer *xq_head, **xq_tailp;
-    bool xquit;                     /* under xmu */
+    bool xquit; /* under xmu */
     pthread_t *xthreads;
     _Atomic uint64_t busy; /* dispatched or running, not yet finished */
 
@@ -1071,8 +1071,8 @@ void tw_service_run(tw_service *s, tw_id job)
         if (n == NULL || ST_GEN(st) != ST_GEN(job) ||
             ST_LOC(st) != LOC_DISPATCHED)
             return;
-    } while (!atomic_compare_exchange_weak(
-        &n->state, &st, (st & ~ST_LOC_MASK) | LOC_RUNNING));
+    } while (!atomic_compare_exchange_weak(&n->state, &st,
+                                           (st & ~ST_LOC_MASK) | LOC_RUNNING));
     run_dispatched(s, n);
 }
 
