@@ -191,8 +191,10 @@ TW_EXTERN int tw_schedule_fixed_delay(tw_service *s, tw_task_fn fn, void *arg,
  * its record until the executor calls tw_service_run() for it (which then
  * runs nothing). Does not wait for a run in progress (see
  * tw_cancel_wait()).
- * Context: any thread, the task itself included. Lock-free; makes a system
- * call only to wake a timer thread that sleeps for longer than a tick.
+ * Context: any thread, the task itself included. Lock-free, except that
+ * a cancel that wins on a task already due for the executor pool takes the
+ * pool's mutex (to unlink it); makes a system call only for that mutex or
+ * to wake a timer thread that sleeps for longer than a tick.
  */
 TW_EXTERN bool tw_cancel(tw_service *s, tw_id id);
 
