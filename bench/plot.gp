@@ -7,6 +7,7 @@ set datafile separator ","
 set logscale xy
 set xrange [500:2e7]
 set format x "10^{%L}"
+set format y "%g"
 set xlabel "pending timers"
 set key top left font ",8"
 set grid

@@ -286,7 +286,7 @@ public final class TimerBench {
         long u1 = usedHeap();
         row("svc_bytes_per_task", name, "B/task",
             new double[] {(double) (u1 - u0) / delays.length},
-            "Java heap growth, N tasks pending");
+            "Java heap growth with N tasks pending");
         e.close();
         Arrays.fill(ids, null);
     }
