@@ -28,7 +28,11 @@
  *               owner: the timer thread. A cancel also sets the node's bit
  *               in a hierarchical bitmap so the timer thread unlinks and
  *               frees it within a tick.
- *   DISPATCHED  given to an executor; owner: whoever runs it
+ *   DISPATCHED  given to an executor; owner: whoever runs it.
+ *               tw_service_run() accepts it with a CAS to RUNNING, so a
+ *               job is taken once. A cancel that wins while the node
+ *               waits in the pool's queue unlinks and frees it there
+ *               (under the pool's mutex, which executors take to pop).
  *   RUNNING     its function runs; a one-shot task cannot be cancelled
  *               any more, a periodic one can (it is freed after the run)
  *
