@@ -78,9 +78,13 @@ END {
     for (k in med) {
         split(k, f, SUBSEP)
         if (f[2] == "svc_pairs_1p" && f[3] == "twheel-service") s = med[k]
+        if (f[2] == "svc_pairs_1p" && f[3] == "twheel-service-lazy") sl = med[k]
         if (f[2] == "svc_pairs_1p" && f[3] == "netty-hwt") { nm = med[k]; nb = best[k] }
     }
     if (s > 0 && nm > 0)
         printf "service / Netty HWT, pairs from 1 producer: %.2fx its median, %.2fx its best (target >= 5x)\n",
             s / nm, s / nb
+    if (sl > 0 && nm > 0)
+        printf "the same with TW_SERVICE_LAZY_CLOCK: %.2fx its median, %.2fx its best\n",
+            sl / nm, sl / nb
 }
