@@ -8,12 +8,12 @@
 # Installs the Debian packages it needs first (scripts/deps.sh bench).
 #
 # Usage: scripts/bench.sh [--full] [--reps R] [--no-java] [--instr]
-#   default  quick mode (about a minute and a half): 1e3 and 1e5 pending
+#   default  quick mode (about two minutes on 2 cores): 1e3 and 1e5 pending
 #            timers with every workload, 1e6 with add/cancel/churn/memory
 #            (and expiry for twheel and the heap); the service and the Java
 #            peers with 200,000 tasks
 #   --full   1e3, 1e5, 1e6 and 1e7 pending timers, every workload; service
-#            and Java peers with 1,000,000 tasks (tens of minutes); implies
+#            and Java peers with 1,000,000 tasks (about 50 minutes); implies
 #            --instr
 #   --instr  also count instructions and simulated cache misses per
 #            operation under callgrind (noise-free; a few minutes)
