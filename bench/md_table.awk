@@ -7,7 +7,7 @@ NR == 1 || $2 ~ /^svc_/ { next }
     if (!($1 in seen_n)) { seen_n[$1] = 1; ns[++nn] = $1 }
     if (!($2 in seen_w)) { seen_w[$2] = 1; ws[++nw] = $2; unit[$2] = $4 }
     if (!($3 in seen_e)) { seen_e[$3] = 1; es[++ne] = $3 }
-    mark = ($11 ~ /capped/ ? "\\*" : "") ($11 ~ /one run/ ? "~" : "")
+    mark = ($11 ~ /^capped/ ? "\\*" : "") ($11 ~ /one run/ ? "~" : "")
     cell[$1, $2, $3] = sprintf("%.1f%s", $5, mark)
     if ($9 != "" && $3 != "heap" && $2 != "memory")
         cell[$1, $2, $3] = cell[$1, $2, $3] sprintf(" (%.2fx)", $9)
