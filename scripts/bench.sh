@@ -16,7 +16,7 @@
 #            and Java peers with 1,000,000 tasks (about 50 minutes); implies
 #            --instr
 #   --instr  also count instructions and simulated cache misses per
-#            operation under callgrind (noise-free; a few minutes)
+#            operation under callgrind (noise-free; about a minute)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
