@@ -10,6 +10,10 @@ rounds=${1:-3}
 variants=("1 64" "2 64" "4 64" "8 64" "4 256" "8 256" "8 1024")
 workloads=add,add_rand,cancel,cancel_rand,expire_1,expire_jump
 scripts/deps.sh bench >/dev/null
+# Never run next to scripts/bench.sh: both would measure each other.
+mkdir -p build/bench
+exec 9>build/bench/.lock
+flock 9
 for v in "${variants[@]}"; do
   set -- $v
   d=build/tune-k$1-s$2

@@ -53,9 +53,11 @@
  *
  * Why 256 slots and 8 chains: at 1,000,000 timers with deadlines uniform in
  * [1, 2^20] ticks, expiring them in 1-tick steps cost (ns per timer, median
- * of 3 runs, bench_core expire_1) 228 with 64 slots and 1 chain, 160 with 2
- * chains, 130 with 4, 110 with 8; 98 with 256 slots and 8 chains, ~92 with
- * 1024 slots (at 3.5 times the memory). See BENCHMARKS.md.
+ * of 5 interleaved runs of scripts/tune_wheel.sh on an idle 2-core EPYC
+ * guest) 214 with 64 slots and 1 chain, 160 with 2 chains, 116 with 4, 94
+ * with 8; 85 with 256 slots and 8 chains, 78 with 1024 slots (4 times the
+ * memory). Add and cancel did not change (7-9 ns in order, 24-49 ns in
+ * random order). See BENCHMARKS.md.
  */
 #include "twheel/wheel.h"
 
