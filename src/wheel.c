@@ -88,6 +88,13 @@
 int tw__wheel_check(const tw_wheel *w);
 int tw__wheel_check_full(const tw_wheel *w);
 
+/* Per-level addresses, precomputed so that placing a timer is a few
+ * instructions. */
+struct tw_level {
+    tw_timer **heads; /* [slot][chain] */
+    uint64_t *bm;     /* occupancy tree */
+};
+
 struct tw_wheel {
     uint64_t now;
     uint64_t hint;      /* no slot needs a visit before this tick */
@@ -108,7 +115,8 @@ struct tw_wheel {
     uint32_t bm_off[TW_BM_MAX_LAYERS]; /* word offset of each layer */
     uint32_t bm_len[TW_BM_MAX_LAYERS]; /* words in each layer */
     uint8_t level_of_msb[64];          /* msb(E ^ now) -> level */
-    unsigned char due_sorted;          /* due list ascending from head */
+    struct tw_level lv[64];
+    unsigned char due_sorted; /* due list ascending from head */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -143,19 +151,22 @@ static inline int tw_top_is_rounds(const tw_wheel *w, unsigned k)
 static inline tw_timer **tw_slot_heads(const tw_wheel *w, unsigned k,
                                        uint64_t slot)
 {
-    return w->heads + (((size_t)k << w->bits) + (size_t)slot) * K;
+    return w->lv[k].heads + (size_t)slot * K;
 }
 
 static inline uint64_t *tw_level_bitmap(const tw_wheel *w, unsigned k)
 {
-    return w->bitmap + (size_t)k * w->bm_words;
+    return w->lv[k].bm;
 }
 
 /* ------------------------------------------------------------------------ */
 /* Occupancy bitmaps: a tree of words, layer 0 = one bit per slot, each
  * higher layer one bit per non-zero word of the layer below. */
 
-static void tw_bm_set(const tw_wheel *w, uint64_t *bm, uint64_t i)
+/* Out of line: most adds find the slot already marked, and keeping this
+ * loop out of tw_wheel_add() spares the common path a stack frame. */
+__attribute__((noinline)) static void tw_bm_set(const tw_wheel *w, uint64_t *bm,
+                                                uint64_t i)
 {
     for (unsigned l = 0; l < w->bm_layers; l++) {
         uint64_t *word = &bm[w->bm_off[l] + (i >> 6)];
@@ -279,30 +290,40 @@ static void tw_unlink(tw_wheel *w, tw_timer *t)
 static uint64_t tw_rounds_slot_tick(const tw_wheel *w, unsigned k,
                                     uint64_t slot);
 
+__attribute__((noinline)) static void tw_unlink_out_of_line(tw_wheel *w,
+                                                            tw_timer *t)
+{
+    tw_unlink(w, t);
+}
+
 /* Put @t (not linked, expires > now) into its level and slot. Returns the
  * tick at which that slot will next be visited. */
-static inline uint64_t tw_place(tw_wheel *w, tw_timer *t)
+__attribute__((always_inline)) static inline uint64_t tw_place(tw_wheel *w,
+                                                               tw_timer *t)
 {
     uint64_t e = t->tw__expires;
     unsigned k = w->level_of_msb[tw_msb(e ^ w->now)];
-    uint64_t slot = tw_digit(w, e, k);
+    unsigned gshift = k * w->bits; /* < 64: (L - 1) * b < 64 */
+    uint64_t slot = (e >> gshift) & w->mask;
     tw_timer **h = tw_slot_heads(w, k, slot);
     uint64_t *bm = tw_level_bitmap(w, k);
     if (!tw_bm_test(w, bm, slot)) {
         tw_bm_set(w, bm, slot);
         w->level_map |= UINT64_C(1) << k;
     }
-    if (tw_top_is_rounds(w, k) && e < w->slotmin[slot])
-        w->slotmin[slot] = e;
     tw_link(&h[w->rr], t);
     w->rr = (w->rr + 1) & (K - 1);
-    if (tw_top_is_rounds(w, k))
+    if (tw_top_is_rounds(w, k)) {
+        if (e < w->slotmin[slot])
+            w->slotmin[slot] = e;
         return tw_rounds_slot_tick(w, k, slot);
-    unsigned gshift = k * w->bits;
-    return tw_floor_pow2(w->now, gshift + w->bits) | (slot << gshift);
+    }
+    /* Every digit above k is now's, digit k is the slot: the visit is at
+     * the start of e's granule. */
+    return (e >> gshift) << gshift;
 }
 
-static void tw_due_push(tw_wheel *w, tw_timer *t)
+__attribute__((noinline)) static void tw_due_push(tw_wheel *w, tw_timer *t)
 {
     uint64_t e = t->tw__expires;
     if (w->due == NULL) {
@@ -421,6 +442,10 @@ int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
     w->bm_layers = layers;
     memcpy(w->bm_off, bm_off, sizeof(bm_off));
     memcpy(w->bm_len, bm_len, sizeof(bm_len));
+    for (unsigned k = 0; k < levels; k++) {
+        w->lv[k].heads = w->heads + (((size_t)k << bits) * K);
+        w->lv[k].bm = w->bitmap + (size_t)k * bm_words;
+    }
     for (unsigned m = 0; m < 64; m++) {
         unsigned k = bits == 0 ? 0 : m / bits;
         w->level_of_msb[m] = (uint8_t)(k >= levels ? levels - 1 : k);
@@ -471,7 +496,7 @@ int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
     if (w == NULL || t == NULL || t->tw__fn == NULL)
         return TW_EINVAL;
     if (t->tw__pprev != NULL)
-        tw_unlink(w, t);
+        tw_unlink_out_of_line(w, t); /* a move */
     t->tw__expires = expires;
     w->count++;
     if (expires <= w->now) {
