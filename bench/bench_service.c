@@ -36,23 +36,8 @@
 
 #include "internal.h"
 #include "twheel/service.h"
+#include "realtime.h"
 
-#define MS UINT64_C(1000000)
-#define SEC UINT64_C(1000000000)
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * SEC + (uint64_t)ts.tv_nsec;
-}
-
-static void sleep_ns(uint64_t ns)
-{
-    struct timespec ts = {(time_t)(ns / SEC), (long)(ns % SEC)};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
-}
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -110,7 +95,7 @@ static void *worker_main(void *p)
 {
     struct worker *w = p;
     pthread_barrier_wait(w->start);
-    w->t0 = now_ns();
+    w->t0 = mono_now();
     switch (w->op) {
     case OP_SCHEDULE:
         for (size_t i = 0; i < w->n; i++)
@@ -131,7 +116,7 @@ static void *worker_main(void *p)
         }
         break;
     }
-    w->t1 = now_ns();
+    w->t1 = mono_now();
     return NULL;
 }
 
@@ -225,7 +210,7 @@ static void late_task(tw_id id, void *arg)
 {
     (void)id;
     size_t i = (size_t)(uintptr_t)arg;
-    uint64_t now = now_ns();
+    uint64_t now = mono_now();
     late_ns[i] = now > late_due[i] ? now - late_due[i] : 0;
 }
 
@@ -247,7 +232,7 @@ static void lateness(size_t n, uint64_t spread, uint64_t out[3])
     uint64_t rng = 7;
     for (size_t i = 0; i < n; i++) {
         uint64_t d = rng_next(&rng) % spread;
-        late_due[i] = now_ns() + d;
+        late_due[i] = mono_now() + d;
         check(tw_schedule(s, late_task, (void *)(uintptr_t)i, d, NULL),
               "tw_schedule");
     }
@@ -339,20 +324,20 @@ int main(int argc, char **argv)
     uint64_t win = quick ? SEC : 3 * SEC;
     sleep_ns(100 * MS); /* let the last poll after the burst pass */
     tw_service_get_stats(s, &st);
-    uint64_t w0 = st.wakeups, t0 = now_ns();
+    uint64_t w0 = st.wakeups, t0 = mono_now();
     sleep_ns(win);
     tw_service_get_stats(s, &st);
     double busy_idle =
-        (double)(st.wakeups - w0) / ((double)(now_ns() - t0) / 1e9);
+        (double)(st.wakeups - w0) / ((double)(mono_now() - t0) / 1e9);
     tw_service_stop(s, NULL, NULL);
     tw_service_destroy(s);
 
     check(tw_service_create(&s, NULL), "tw_service_create");
     check(tw_service_start(s), "tw_service_start");
-    t0 = now_ns();
+    t0 = mono_now();
     sleep_ns(win);
     tw_service_get_stats(s, &st);
-    double idle = (double)st.wakeups / ((double)(now_ns() - t0) / 1e9);
+    double idle = (double)st.wakeups / ((double)(mono_now() - t0) / 1e9);
     tw_service_destroy(s);
     printf("%-40s %14.2f\n", "idle wake-ups/s, nothing pending", idle);
     printf("%-40s %14.2f\n", "idle wake-ups/s, all pending in 1-2 h",

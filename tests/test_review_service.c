@@ -22,9 +22,8 @@
 #include "internal.h"
 #include "test.h"
 #include "twheel/service.h"
+#include "realtime.h"
 
-#define MS UINT64_C(1000000)
-#define SEC UINT64_C(1000000000)
 
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define TW_SANITIZED 1
@@ -43,20 +42,6 @@ static bool under_valgrind(void)
 {
     const char *p = getenv("LD_PRELOAD");
     return p != NULL && strstr(p, "vgpreload") != NULL;
-}
-
-static uint64_t mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * SEC + (uint64_t)ts.tv_nsec;
-}
-
-static void sleep_ns(uint64_t ns)
-{
-    struct timespec ts = {(time_t)(ns / SEC), (long)(ns % SEC)};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
 }
 
 static _Atomic uint64_t vnow = 1000 * SEC;

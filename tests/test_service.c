@@ -19,23 +19,8 @@
 #include "internal.h"
 #include "test.h"
 #include "twheel/service.h"
+#include "realtime.h"
 
-#define MS UINT64_C(1000000)
-#define SEC UINT64_C(1000000000)
-
-static uint64_t mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * SEC + (uint64_t)ts.tv_nsec;
-}
-
-static void sleep_ns(uint64_t ns)
-{
-    struct timespec ts = {(time_t)(ns / SEC), (long)(ns % SEC)};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
-}
 
 /* Poll @cond every millisecond for at most @sec seconds, then assert it. */
 #define WAIT_FOR(cond, sec)                                                    \
