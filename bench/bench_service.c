@@ -38,7 +38,6 @@
 #include "twheel/service.h"
 #include "realtime.h"
 
-
 static uint64_t rng_next(uint64_t *s)
 {
     uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));

@@ -2,12 +2,12 @@
  * fuzz/fuzz_service.c - the service's request path on a virtual clock.
  *
  * The input picks a configuration (tick, wheel shape, executor threads or a
- * caller-supplied executor, max_pending, the lazy clock) and a sequence of requests on a small set of task slots:
- * one-shot, fixed-rate and fixed-delay schedules with delays from the
- * corners (0, 1 ns, a tick +- 1, huge, overflowing), cancels (live, stale,
- * foreign and forged ids), bad input, spurious wake-ups, stop in the middle,
- * and moves of the virtual clock, after each of which the harness waits for
- * a timer round (tw__service_sync).
+ * caller-supplied executor, max_pending, the lazy clock) and a sequence of
+ * requests on a small set of task slots: one-shot, fixed-rate and fixed-delay
+ * schedules with delays from the corners (0, 1 ns, a tick +- 1, huge,
+ * overflowing), cancels (live, stale, foreign and forged ids), bad input,
+ * spurious wake-ups, stop in the middle, and moves of the virtual clock, after
+ * each of which the harness waits for a timer round (tw__service_sync).
  *
  * Checked against a model of every task:
  * - no task runs before its deadline; a one-shot task runs at most once and
@@ -53,7 +53,7 @@ typedef struct ftask {
     uint64_t delay;
     bool unresolved; /* lazy: the clock has not moved since the call */
     uint64_t period;
-    uint64_t last;   /* relative ns of the last run's start */
+    uint64_t last; /* relative ns of the last run's start */
     int runs;
     bool running;
     bool cancel_self; /* periodic: cancel itself in its next run */
@@ -129,8 +129,8 @@ static void task_fn(tw_id id, void *arg)
     ftask *t = arg;
     uint64_t now = rel_now();
     pthread_mutex_lock(&F.mu);
-    FZ_CHECK(id == t->id, "task got id %" PRIx64 ", scheduled as %" PRIx64,
-             id, t->id);
+    FZ_CHECK(id == t->id, "task got id %" PRIx64 ", scheduled as %" PRIx64, id,
+             t->id);
     /* A periodic task cancelled while the service was already starting
      * this run (it counts as in progress) may run once more. */
     FZ_CHECK(t->state == T_PENDING ||
@@ -148,8 +148,8 @@ static void task_fn(tw_id id, void *arg)
     } else if (t->kind == K_DELAY && t->runs > 0) {
         not_before = fz_sat_add(t->last, t->period);
     }
-    FZ_CHECK(now >= not_before, "task %d run %d at %" PRIu64
-             " before %" PRIu64, (int)(t - F.t), t->runs, now, not_before);
+    FZ_CHECK(now >= not_before, "task %d run %d at %" PRIu64 " before %" PRIu64,
+             (int)(t - F.t), t->runs, now, not_before);
     t->runs++;
     F.runs++;
     t->last = now;
@@ -207,19 +207,30 @@ static uint64_t pick_ns(fz_reader *r)
 {
     uint8_t sel = fz_u8(r), b = fz_u8(r);
     switch (sel % 12) {
-    case 0: return 0;
-    case 1: return 1;
-    case 2: return F.tick - 1;
-    case 3: return F.tick;
-    case 4: return F.tick + 1;
-    case 5: return (uint64_t)b * F.tick;
-    case 6: return (uint64_t)b * F.tick + 1 + b % 3;
-    case 7: return (uint64_t)b * 1000;
-    case 8: return UINT64_MAX;
+    case 0:
+        return 0;
+    case 1:
+        return 1;
+    case 2:
+        return F.tick - 1;
+    case 3:
+        return F.tick;
+    case 4:
+        return F.tick + 1;
+    case 5:
+        return (uint64_t)b * F.tick;
+    case 6:
+        return (uint64_t)b * F.tick + 1 + b % 3;
+    case 7:
+        return (uint64_t)b * 1000;
+    case 8:
+        return UINT64_MAX;
     case 9: /* around the overflow of now + delay */
         return fz_sat_sub(UINT64_MAX - rel_now(), b);
-    case 10: return (uint64_t)1 << (b % 64);
-    default: return fz_u64(r);
+    case 10:
+        return (uint64_t)1 << (b % 64);
+    default:
+        return fz_u64(r);
     }
 }
 
@@ -232,16 +243,17 @@ static void check_quiet(void)
         const ftask *t = &F.t[i];
         if (t->kind == K_ONE && t->state == T_PENDING)
             FZ_CHECK(ready_at(t->due_hi) > now,
-                     "task %d due at %" PRIu64 " has not run at %" PRIu64,
-                     i, t->due_hi, now);
+                     "task %d due at %" PRIu64 " has not run at %" PRIu64, i,
+                     t->due_hi, now);
     }
     uint64_t p = tw_service_pending(F.s);
     FZ_CHECK(p == model_pending(), "pending %" PRIu64 ", model %zu", p,
              model_pending());
     tw_service_stats st;
     tw_service_get_stats(F.s, &st);
-    FZ_CHECK(st.pending == p && st.ran == F.runs, "stats: pending %" PRIu64
-             ", ran %" PRIu64 ", model %" PRIu64, st.pending, st.ran, F.runs);
+    FZ_CHECK(st.pending == p && st.ran == F.runs,
+             "stats: pending %" PRIu64 ", ran %" PRIu64 ", model %" PRIu64,
+             st.pending, st.ran, F.runs);
     pthread_mutex_unlock(&F.mu);
 }
 
@@ -269,21 +281,20 @@ static void do_schedule(fz_reader *r, int kind)
     uint64_t before = tw_service_pending(F.s);
     tw_id id = 0;
     uint64_t rel = rel_now();
-    int rc = kind == K_ONE
-                 ? tw_schedule(F.s, task_fn, t, delay, &id)
-                 : kind == K_RATE
-                       ? tw_schedule_fixed_rate(F.s, task_fn, t, delay,
-                                                period, &id)
-                       : tw_schedule_fixed_delay(F.s, task_fn, t, delay,
-                                                 period, &id);
+    int rc = kind == K_ONE ? tw_schedule(F.s, task_fn, t, delay, &id)
+             : kind == K_RATE
+                 ? tw_schedule_fixed_rate(F.s, task_fn, t, delay, period, &id)
+                 : tw_schedule_fixed_delay(F.s, task_fn, t, delay, period, &id);
     size_t hi = model_pending(), racy = model_racy();
-    int want = F.stopped ? TW_ESHUTDOWN
+    int want = F.stopped                              ? TW_ESHUTDOWN
                : F.max_pending && hi >= F.max_pending ? TW_EAGAIN
                                                       : 0;
     /* Full by the model but a due task may just have started. */
     bool either = want == TW_EAGAIN && hi - racy < F.max_pending;
-    FZ_CHECK(rc == want || (either && rc == 0), "schedule returned %d, "
-             "expected %d", rc, want);
+    FZ_CHECK(rc == want || (either && rc == 0),
+             "schedule returned %d, "
+             "expected %d",
+             rc, want);
     if (rc != 0) {
         FZ_CHECK(id == 0, "*id written on failure");
         FZ_CHECK(racy || tw_service_pending(F.s) == before, "pending moved");
@@ -337,8 +348,10 @@ static void do_cancel(fz_reader *r)
     /* A one-shot task whose time has come may be running right now. */
     bool racy = t->kind == K_ONE && ready_at(t->due) <= rel_now();
     bool want = t->state == T_PENDING;
-    FZ_CHECK(got == want || (racy && !got), "cancel of task %d in state %d"
-             " returned %d", (int)(t - F.t), t->state, got);
+    FZ_CHECK(got == want || (racy && !got),
+             "cancel of task %d in state %d"
+             " returned %d",
+             (int)(t - F.t), t->state, got);
     if (got) {
         t->state = T_CANCELLED;
         add_dead(t->id);
@@ -352,17 +365,23 @@ static void do_bad_ids(fz_reader *r)
     tw_id id;
     pthread_mutex_lock(&F.mu);
     switch (b % 4) {
-    case 0: id = F.ndead ? F.dead[b / 4 % (F.ndead < 8 ? F.ndead : 8)] : 0;
+    case 0:
+        id = F.ndead ? F.dead[b / 4 % (F.ndead < 8 ? F.ndead : 8)] : 0;
         break;
-    case 1: id = 0; break;
-    case 2: id = F.t[b / 4 % NT].id ^ (UINT64_C(1) << 40); break;
-    default: id = (uint64_t)b << 32 | UINT32_MAX; break;
+    case 1:
+        id = 0;
+        break;
+    case 2:
+        id = F.t[b / 4 % NT].id ^ (UINT64_C(1) << 40);
+        break;
+    default:
+        id = (uint64_t)b << 32 | UINT32_MAX;
+        break;
     }
     uint64_t before = tw_service_pending(F.s);
     /* Due tasks may run (and leave the pending count) by themselves. */
     bool racy = model_racy() != 0;
-    FZ_CHECK(!tw_cancel(F.s, id), "cancel of a dead or forged id %" PRIx64,
-             id);
+    FZ_CHECK(!tw_cancel(F.s, id), "cancel of a dead or forged id %" PRIx64, id);
     /* A forged job id is ignored. (Not a dead id: that may name a job an
      * executor still holds, and running a job twice is misuse.) */
     if (b % 4 != 0) {
@@ -388,10 +407,11 @@ static void do_bad_input(void)
     uint64_t before = tw_service_pending(F.s);
     bool racy = model_racy() != 0;
     FZ_CHECK(tw_schedule(F.s, NULL, NULL, 1, &id) == TW_EINVAL, "NULL fn");
-    FZ_CHECK(tw_schedule_fixed_rate(F.s, task_fn, NULL, 1, 0, &id) ==
-                 TW_EINVAL, "zero period");
+    FZ_CHECK(tw_schedule_fixed_rate(F.s, task_fn, NULL, 1, 0, &id) == TW_EINVAL,
+             "zero period");
     FZ_CHECK(tw_schedule_fixed_delay(F.s, task_fn, NULL, 0, 0, &id) ==
-                 TW_EINVAL, "zero delay");
+                 TW_EINVAL,
+             "zero delay");
     FZ_CHECK(tw_schedule(NULL, task_fn, NULL, 1, &id) == TW_EINVAL, "NULL s");
     FZ_CHECK(id == 7, "*id written on failure");
     FZ_CHECK(racy || tw_service_pending(F.s) == before, "changed");
@@ -465,10 +485,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint8_t op = fz_u8(r);
         switch (op % 12) {
         case 0:
-        case 1: do_schedule(r, K_ONE); break;
-        case 2: do_schedule(r, K_RATE); break;
-        case 3: do_schedule(r, K_DELAY); break;
-        case 4: do_cancel(r); break;
+        case 1:
+            do_schedule(r, K_ONE);
+            break;
+        case 2:
+            do_schedule(r, K_RATE);
+            break;
+        case 3:
+            do_schedule(r, K_DELAY);
+            break;
+        case 4:
+            do_cancel(r);
+            break;
         case 5:
         case 6: {
             uint64_t d = op % 12 == 5 ? (uint64_t)fz_u8(r) * F.tick / 4
@@ -505,8 +533,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             pthread_mutex_unlock(&F.mu);
             break;
         }
-        case 9: do_bad_ids(r); break;
-        case 10: do_bad_input(); break;
+        case 9:
+            do_bad_ids(r);
+            break;
+        case 10:
+            do_bad_input();
+            break;
         default:
             if (fz_u8(r) % 4 == 0)
                 do_stop();

@@ -36,8 +36,15 @@
 
 #define NT 16
 
-enum { ACT_NONE, ACT_REARM, ACT_CANCEL, ACT_ADD, ACT_CANCEL_SELF,
-       ACT_REARM_CANCEL, ACT_COUNT };
+enum {
+    ACT_NONE,
+    ACT_REARM,
+    ACT_CANCEL,
+    ACT_ADD,
+    ACT_CANCEL_SELF,
+    ACT_REARM_CANCEL,
+    ACT_COUNT
+};
 
 /* A tick described relative to a base that is only known later. */
 typedef struct fz_when {
@@ -59,7 +66,7 @@ typedef struct ftimer {
 
 static struct {
     tw_wheel *w;
-    uint64_t slots; /* after rounding */
+    uint64_t slots;  /* after rounding */
     unsigned levels; /* levels in use */
     bool rounds;     /* the top level keeps timers of later rounds */
     uint64_t now;    /* model time */
@@ -74,22 +81,28 @@ static struct {
 
 /* FZ_TRACE=1 in the environment prints every step (for a crash input). */
 static int trace = -1;
-#define TRACE(...)                                                            \
-    do {                                                                      \
-        if (trace)                                                            \
-            fprintf(stderr, __VA_ARGS__);                                     \
+#define TRACE(...)                                                             \
+    do {                                                                       \
+        if (trace)                                                             \
+            fprintf(stderr, __VA_ARGS__);                                      \
     } while (0)
 
 static uint64_t eval_when(const fz_when *wh, uint64_t base)
 {
     uint64_t s = wh->small;
     switch (wh->sel % 12) {
-    case 0: return 0;
-    case 1: return 1;
-    case 2: return UINT64_MAX;
-    case 3: return UINT64_MAX - s;
-    case 4: return fz_sat_add(base, s);
-    case 5: return fz_sat_sub(base, s);
+    case 0:
+        return 0;
+    case 1:
+        return 1;
+    case 2:
+        return UINT64_MAX;
+    case 3:
+        return UINT64_MAX - s;
+    case 4:
+        return fz_sat_add(base, s);
+    case 5:
+        return fz_sat_sub(base, s);
     case 6:
     case 7: {
         /* A level boundary: slots^k ticks away, or the next multiple of
@@ -101,15 +114,22 @@ static uint64_t eval_when(const fz_when *wh, uint64_t base)
         else
             e = fz_sat_add(base - base % m, m);
         switch (s / 16 % 3) {
-        case 0: return fz_sat_sub(e, 1);
-        case 1: return e;
-        default: return fz_sat_add(e, 1);
+        case 0:
+            return fz_sat_sub(e, 1);
+        case 1:
+            return e;
+        default:
+            return fz_sat_add(e, 1);
         }
     }
-    case 8: return wh->raw;
-    case 9: return fz_sat_add(base, UINT64_C(1) << (s % 64));
-    case 10: return base;
-    default: return fz_sat_add(base, 1);
+    case 8:
+        return wh->raw;
+    case 9:
+        return fz_sat_add(base, UINT64_C(1) << (s % 64));
+    case 10:
+        return base;
+    default:
+        return fz_sat_add(base, 1);
     }
 }
 
@@ -143,8 +163,7 @@ static void model_add(ftimer *f, uint64_t e)
     f->pending = true;
     f->expires = e;
     f->deferred = S.in_adv && e <= S.cur;
-    FZ_CHECK(tw_timer_pending(&f->t), "timer %u not pending after add",
-             f->idx);
+    FZ_CHECK(tw_timer_pending(&f->t), "timer %u not pending after add", f->idx);
     FZ_CHECK(tw_timer_expires(&f->t) == e, "expires %" PRIu64 " != %" PRIu64,
              tw_timer_expires(&f->t), e);
 }
@@ -157,8 +176,7 @@ static void model_cancel(ftimer *f)
              f->pending);
     f->pending = false;
     f->deferred = false;
-    FZ_CHECK(!tw_timer_pending(&f->t), "timer %u pending after cancel",
-             f->idx);
+    FZ_CHECK(!tw_timer_pending(&f->t), "timer %u pending after cancel", f->idx);
 }
 
 static void on_fire(tw_timer *t, void *arg)
@@ -166,24 +184,29 @@ static void on_fire(tw_timer *t, void *arg)
     ftimer *f = TW_CONTAINER_OF(t, ftimer, t);
     FZ_CHECK(arg == &S.tm[f->idx], "wrong arg");
     FZ_CHECK(S.in_adv, "callback outside advance");
-    FZ_CHECK(f->pending, "timer %u ran but was not pending (ran twice, or "
-             "after a cancel)", f->idx);
-    FZ_CHECK(!f->deferred, "timer %u armed by a callback for tick %" PRIu64
-             " <= current %" PRIu64 " ran in the same advance", f->idx,
-             f->expires, S.cur);
-    FZ_CHECK(f->expires <= S.adv_to, "timer %u ran early: expires %" PRIu64
-             ", advance to %" PRIu64, f->idx, f->expires, S.adv_to);
-    FZ_CHECK(!tw_timer_pending(t), "timer %u pending in its callback",
+    FZ_CHECK(f->pending,
+             "timer %u ran but was not pending (ran twice, or "
+             "after a cancel)",
              f->idx);
+    FZ_CHECK(!f->deferred,
+             "timer %u armed by a callback for tick %" PRIu64
+             " <= current %" PRIu64 " ran in the same advance",
+             f->idx, f->expires, S.cur);
+    FZ_CHECK(f->expires <= S.adv_to,
+             "timer %u ran early: expires %" PRIu64 ", advance to %" PRIu64,
+             f->idx, f->expires, S.adv_to);
+    FZ_CHECK(!tw_timer_pending(t), "timer %u pending in its callback", f->idx);
     FZ_CHECK(tw_timer_expires(t) == f->expires, "expires changed");
-    FZ_CHECK(f->expires >= S.last, "order: timer %u (expires %" PRIu64
-             ") after one that expires at %" PRIu64, f->idx, f->expires,
-             S.last);
+    FZ_CHECK(f->expires >= S.last,
+             "order: timer %u (expires %" PRIu64
+             ") after one that expires at %" PRIu64,
+             f->idx, f->expires, S.last);
     for (int i = 0; i < NT; i++) {
         const ftimer *o = &S.tm[i];
         FZ_CHECK(!(o->pending && !o->deferred && o->expires < f->expires),
-                 "timer %d (expires %" PRIu64 ") skipped: %u (expires %"
-                 PRIu64 ") ran first", i, o->expires, f->idx, f->expires);
+                 "timer %d (expires %" PRIu64 ") skipped: %u (expires %" PRIu64
+                 ") ran first",
+                 i, o->expires, f->idx, f->expires);
     }
     uint64_t key = model_key(f);
     S.last = f->expires;
@@ -232,8 +255,8 @@ static void check_state(void)
     for (int i = 0; i < NT; i++) {
         const ftimer *f = &S.tm[i];
         FZ_CHECK(tw_timer_pending(&f->t) == f->pending,
-                 "timer %d pending %d, model %d", i,
-                 tw_timer_pending(&f->t), f->pending);
+                 "timer %d pending %d, model %d", i, tw_timer_pending(&f->t),
+                 f->pending);
         if (f->pending && f->expires < min)
             min = f->expires;
     }
@@ -281,13 +304,17 @@ static void setup(fz_reader *r)
     const tw_wheel_config *cp = &cfg;
     uint8_t c = fz_u8(r);
     switch (c % 8) {
-    case 0: cp = NULL; break;
+    case 0:
+        cp = NULL;
+        break;
     case 6:
     case 7:
         cfg.slots = 1 + fz_u8(r) % 64 * (c & 8 ? 64 : 1);
         cfg.levels = fz_u8(r) % 8;
         break;
-    default: cfg = fixed[c % 8 - 1]; break;
+    default:
+        cfg = fixed[c % 8 - 1];
+        break;
     }
     /* The default slot count is the library's choice: pick edges for 256
      * and allow the most levels any slot count can have. */
@@ -306,10 +333,18 @@ static void setup(fz_reader *r)
         S.levels = 64;
 
     switch (fz_u8(r) % 4) {
-    case 0: S.now = 0; break;
-    case 1: S.now = fz_u64(r); break;
-    case 2: S.now = UINT64_MAX - fz_u8(r); break;
-    default: S.now = fz_u8(r); break;
+    case 0:
+        S.now = 0;
+        break;
+    case 1:
+        S.now = fz_u64(r);
+        break;
+    case 2:
+        S.now = UINT64_MAX - fz_u8(r);
+        break;
+    default:
+        S.now = fz_u8(r);
+        break;
     }
     TRACE("create slots %" PRIu64 " levels %u now %" PRIu64 "\n", S.slots,
           S.levels, S.now);
@@ -338,8 +373,10 @@ static void event_loop(unsigned steps)
         size_t bound = S.levels + (S.rounds ? model_count() : 0);
         if (do_advance(ne > S.now ? ne : S.now) == 0) {
             empty++;
-            FZ_CHECK(empty <= bound, "%u empty wake-ups in a row with %u "
-                     "levels", empty, S.levels);
+            FZ_CHECK(empty <= bound,
+                     "%u empty wake-ups in a row with %u "
+                     "levels",
+                     empty, S.levels);
         } else {
             empty = 0;
         }
@@ -393,7 +430,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fz_when wh = read_when(r);
             size_t before = tw_wheel_count(S.w);
             FZ_CHECK(tw_wheel_add(S.w, &S.nofn, eval_when(&wh, S.now)) ==
-                         TW_EINVAL, "add without callback accepted");
+                         TW_EINVAL,
+                     "add without callback accepted");
             FZ_CHECK(!tw_timer_pending(&S.nofn), "no-fn timer pending");
             FZ_CHECK(tw_wheel_count(S.w) == before, "count changed");
             FZ_CHECK(!tw_wheel_cancel(S.w, &S.nofn), "cancel of no-fn");

@@ -3,7 +3,7 @@
 # Usage: scripts/deps.sh test|bench|all
 set -euo pipefail
 group=${1:-all}
-test_pkgs=(cmake ninja-build gcc clang libclang-rt-14-dev llvm-14 valgrind
+test_pkgs=(cmake ninja-build gcc clang clang-format libclang-rt-14-dev llvm-14 valgrind
   pkg-config faketime procps)
 bench_pkgs=(cmake ninja-build gcc pkg-config libuv1-dev libevent-dev
   gnuplot-nox default-jdk-headless libnetty-java procps)

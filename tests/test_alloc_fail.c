@@ -70,8 +70,8 @@ static void destroy_wheel(void *w)
 
 static void sweep_create(const tw_wheel_config *cfg, bool sticky)
 {
-    points += tw_af_sweep(make_wheel, use_wheel_obj, destroy_wheel,
-                          (void *)cfg, sticky);
+    points += tw_af_sweep(make_wheel, use_wheel_obj, destroy_wheel, (void *)cfg,
+                          sticky);
 }
 
 static void test_create_sweep(void)

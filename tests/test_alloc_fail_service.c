@@ -93,8 +93,8 @@ static void destroy_service(void *s)
 
 static void sweep_create(const tw_service_config *cfg, bool sticky)
 {
-    points += tw_af_sweep(make_service, NULL, destroy_service, (void *)cfg,
-                          sticky);
+    points +=
+        tw_af_sweep(make_service, NULL, destroy_service, (void *)cfg, sticky);
 }
 
 static void test_create(void)
@@ -129,8 +129,7 @@ struct script {
  * Make one schedule call as the script says; on TW_ENOMEM check that nothing
  * changed, then repeat it with memory back. Returns the id.
  */
-static tw_id call(struct script *sc, int kind, uint64_t delay,
-                  uint64_t period)
+static tw_id call(struct script *sc, int kind, uint64_t delay, uint64_t period)
 {
     tw_service_stats before, after;
     tw_service_get_stats(sc->s, &before);
@@ -235,7 +234,8 @@ static void sweep_script(bool sticky, uint32_t executors)
     for (long k = 0; k < total; k++)
         run_script(k, sticky, executors);
     printf("script (%s, %u executors): %ld allocations, each failed in "
-           "turn\n", sticky ? "sticky" : "once", executors, total);
+           "turn\n",
+           sticky ? "sticky" : "once", executors, total);
 }
 
 static void test_schedule_script(void)
@@ -319,8 +319,7 @@ static void test_thread_create_fails(void)
             if (k % 2 == 0) {
                 ASSERT_EQ(tw_service_start(s), TW_EAGAIN);
             } else {
-                ASSERT_EQ(tw_schedule(s, count_task, &c, MS, &id),
-                          TW_EAGAIN);
+                ASSERT_EQ(tw_schedule(s, count_task, &c, MS, &id), TW_EAGAIN);
                 ASSERT_EQ(id, 42);
             }
             tw_af_arm_threads(-1);

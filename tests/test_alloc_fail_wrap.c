@@ -1,8 +1,8 @@
 /*
  * tests/test_alloc_fail_wrap.c - the countdown behind test_alloc_fail.h:
  * __wrap_ versions of the allocation functions and of pthread_create (see
- * the header for the link flags). A failing call returns NULL (or ENOMEM) like a real
- * allocator out of memory and allocates nothing.
+ * the header for the link flags). A failing call returns NULL (or ENOMEM) like
+ * a real allocator out of memory and allocates nothing.
  */
 #include <errno.h>
 #include <pthread.h>

@@ -57,8 +57,8 @@ static uint64_t now_ns(void)
 
 /* A task and what the test knows about it. */
 struct task {
-    uint64_t due;       /* earliest allowed run (clock ns) */
-    uint64_t period;    /* 0: one-shot */
+    uint64_t due;    /* earliest allowed run (clock ns) */
+    uint64_t period; /* 0: one-shot */
     bool fixed_rate;
     _Atomic int runs;
     _Atomic int running;
@@ -97,11 +97,11 @@ static void sched(tw_service *s, struct task *t, uint64_t delay,
     if (period == 0)
         ASSERT_EQ(tw_schedule(s, task_fn, t, delay, &t->id), 0);
     else if (fixed_rate)
-        ASSERT_EQ(tw_schedule_fixed_rate(s, task_fn, t, delay, period,
-                                         &t->id), 0);
+        ASSERT_EQ(tw_schedule_fixed_rate(s, task_fn, t, delay, period, &t->id),
+                  0);
     else
-        ASSERT_EQ(tw_schedule_fixed_delay(s, task_fn, t, delay, period,
-                                          &t->id), 0);
+        ASSERT_EQ(tw_schedule_fixed_delay(s, task_fn, t, delay, period, &t->id),
+                  0);
 }
 
 static tw_service *vservice(uint32_t executors)
@@ -223,7 +223,8 @@ static void spurious_virtual(uint32_t executors)
     ASSERT_EQ(handed, NPER + 1);
     tw_service_destroy(s);
     printf("spurious (virtual, %u executors): %llu kicks from a thread, "
-           "%llu wake-ups\n", executors, (unsigned long long)kicks,
+           "%llu wake-ups\n",
+           executors, (unsigned long long)kicks,
            (unsigned long long)(st.wakeups - st0.wakeups));
 }
 
@@ -318,7 +319,7 @@ static void test_step_back(void)
     sched(s, &rate, 2 * MS, 2 * MS, true); /* 2, 4, 6, ... */
     vset(s, VBASE + 5 * MS);
     ASSERT_EQ(atomic_load(&rate.runs), 1); /* 2 and 4 late: one run */
-    vset(s, VBASE + 1 * MS); /* back by 4 ms */
+    vset(s, VBASE + 1 * MS);               /* back by 4 ms */
     for (int i = 0; i < 50; i++)
         tw__service_kick(s);
     tw__service_sync(s);

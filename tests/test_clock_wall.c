@@ -95,10 +95,11 @@ static void run(uint32_t executors)
     atomic_store(&rate_runs, 0);
     atomic_store(&delay_runs, 0);
     uint64_t start = clock_ns(CLOCK_MONOTONIC);
-    ASSERT_EQ(tw_schedule_fixed_rate(s, tick, &rate_runs, 10 * MS, 10 * MS,
-                                     NULL), 0);
-    ASSERT_EQ(tw_schedule_fixed_delay(s, tick, &delay_runs, 10 * MS, 10 * MS,
-                                      NULL), 0);
+    ASSERT_EQ(
+        tw_schedule_fixed_rate(s, tick, &rate_runs, 10 * MS, 10 * MS, NULL), 0);
+    ASSERT_EQ(
+        tw_schedule_fixed_delay(s, tick, &delay_runs, 10 * MS, 10 * MS, NULL),
+        0);
     for (int i = 0; i < N; i++) {
         t[i].delay = (uint64_t)(20 + 10 * i) * MS;
         atomic_store(&t[i].runs, 0);

@@ -24,7 +24,6 @@
 #include "twheel/service.h"
 #include "realtime.h"
 
-
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define TW_SANITIZED 1
 #elif defined(__has_feature)
@@ -70,15 +69,14 @@ NOP_TASK(nop_c)
  * otherwise leave no room for nop_c once nop_a's task is gone. */
 static void test_failed_schedule_keeps_fn_table(void)
 {
-    tw_service_config cfg = {.max_callbacks = 2, .max_pending = 1,
-                             .clock = vclock};
+    tw_service_config cfg = {
+        .max_callbacks = 2, .max_pending = 1, .clock = vclock};
     tw_service *s = NULL;
     ASSERT_EQ(tw_service_create(&s, &cfg), 0);
     tw_id a, id = 7;
     ASSERT_EQ(tw_schedule(s, nop_a, NULL, SEC, &a), 0);
     ASSERT_EQ(tw_schedule(s, nop_b, NULL, SEC, &id), TW_EAGAIN);
-    ASSERT_EQ(tw_schedule_fixed_rate(s, nop_b, NULL, SEC, SEC, &id),
-              TW_EAGAIN);
+    ASSERT_EQ(tw_schedule_fixed_rate(s, nop_b, NULL, SEC, SEC, &id), TW_EAGAIN);
     ASSERT_EQ(id, 7);
     ASSERT_EQ(tw_service_pending(s), 1);
     ASSERT(tw_cancel(s, a));
@@ -173,8 +171,7 @@ static void *race_watchdog(void *arg)
 static void cancel_wait_race(uint32_t executors, uint64_t max_ns)
 {
     /* 10 us ticks: a round does not wait for a 1 ms poll. */
-    tw_service_config cfg = {.executor_threads = executors,
-                             .tick_ns = 10000};
+    tw_service_config cfg = {.executor_threads = executors, .tick_ns = 10000};
     tw_service *s = NULL;
     ASSERT_EQ(tw_service_create(&s, &cfg), 0);
     atomic_store(&race_done, false);
@@ -293,8 +290,9 @@ static bool flood_round(uint32_t flags, uint32_t per_thread, uint64_t bound_ns)
     ASSERT_GE(sh, t_short + FLOOD_SHORT_MS * MS);
     uint64_t late_e = e - (t_early + FLOOD_EARLY_MS * MS);
     uint64_t late_s = sh - (t_short + FLOOD_SHORT_MS * MS);
-    fprintf(stderr, "   flags %u, %llu tasks: early task %.1f ms late, "
-                    "short task %.1f ms late (bound %llu ms)\n",
+    fprintf(stderr,
+            "   flags %u, %llu tasks: early task %.1f ms late, "
+            "short task %.1f ms late (bound %llu ms)\n",
             flags, (unsigned long long)total, late_e / 1e6, late_s / 1e6,
             (unsigned long long)(bound_ns / MS));
     ASSERT_EQ(tw_service_pending(f.s), total);
@@ -346,11 +344,9 @@ static void test_periodic_near_uint64_max(void)
     ASSERT_EQ(tw_service_start(s), 0);
     atomic_store(&big_runs, 0);
     tw_id r, d;
-    ASSERT_EQ(tw_schedule_fixed_rate(s, big_task, NULL, MS, UINT64_MAX, &r),
-              0);
-    ASSERT_EQ(tw_schedule_fixed_delay(s, big_task, NULL, MS, UINT64_MAX - 1,
-                                      &d),
-              0);
+    ASSERT_EQ(tw_schedule_fixed_rate(s, big_task, NULL, MS, UINT64_MAX, &r), 0);
+    ASSERT_EQ(
+        tw_schedule_fixed_delay(s, big_task, NULL, MS, UINT64_MAX - 1, &d), 0);
     atomic_store(&vnow, 1000 * SEC + 2 * MS);
     tw__service_sync(s);
     ASSERT_EQ(atomic_load(&big_runs), 2);

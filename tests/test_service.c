@@ -21,7 +21,6 @@
 #include "twheel/service.h"
 #include "realtime.h"
 
-
 /* Poll @cond every millisecond for at most @sec seconds, then assert it. */
 #define WAIT_FOR(cond, sec)                                                    \
     do {                                                                       \

@@ -71,8 +71,8 @@ struct per {
 static struct per per[NPER];
 
 /* Totals over all rounds. */
-static _Atomic uint64_t n_sched, n_accepted, n_ran, n_cancel_calls,
-    n_cancelled, n_handed, n_periodic_runs, n_kicks, n_stale;
+static _Atomic uint64_t n_sched, n_accepted, n_ran, n_cancel_calls, n_cancelled,
+    n_handed, n_periodic_runs, n_kicks, n_stale;
 
 static void set_outcome(uint32_t i, uint8_t o)
 {
@@ -158,10 +158,18 @@ static void *producer(void *arg)
     while (!atomic_load(&stopped)) {
         uint64_t v = tw_test_rand(&r), delay;
         switch (v % 16) {
-        case 0: delay = 0; break;
-        case 1: delay = 3600 * SEC; break;
-        case 2: delay = UINT64_MAX; break;
-        default: delay = (v >> 8) % (3 * MS); break;
+        case 0:
+            delay = 0;
+            break;
+        case 1:
+            delay = 3600 * SEC;
+            break;
+        case 2:
+            delay = UINT64_MAX;
+            break;
+        default:
+            delay = (v >> 8) % (3 * MS);
+            break;
         }
         if (!produce(delay))
             break;
@@ -318,11 +326,13 @@ static void round_run(unsigned r, uint64_t ms)
     }
     pthread_t prod[NPROD], canc[NCANC], kick;
     for (uintptr_t i = 0; i < NPROD; i++)
-        ASSERT_EQ(pthread_create(&prod[i], NULL, producer,
-                                 (void *)(r * 100 + i + 1)), 0);
+        ASSERT_EQ(
+            pthread_create(&prod[i], NULL, producer, (void *)(r * 100 + i + 1)),
+            0);
     for (uintptr_t i = 0; i < NCANC; i++)
         ASSERT_EQ(pthread_create(&canc[i], NULL, canceller,
-                                 (void *)(r * 100 + 50 + i)), 0);
+                                 (void *)(r * 100 + 50 + i)),
+                  0);
     ASSERT_EQ(pthread_create(&kick, NULL, kicker, NULL), 0);
 
     /* Load for half the round, cancel a periodic task the slow way, then
@@ -389,8 +399,8 @@ static void round_run(unsigned r, uint64_t ms)
     ASSERT_EQ(st.ran, ran + pruns);
     /* Remember some ids for the next round's foreign-id cancels. */
     for (uint32_t i = 0; i < 64 && i < made; i++)
-        atomic_store(&foreign[i], atomic_load(&ids[i * (made / 64 + 1) %
-                                                   made]));
+        atomic_store(&foreign[i],
+                     atomic_load(&ids[i * (made / 64 + 1) % made]));
     tw_service_destroy(svc);
     svc = NULL;
 }
