@@ -101,12 +101,10 @@ struct tw_wheel {
     size_t count;       /* pending timers, due list included */
     uint64_t level_map; /* bit k: level k has an occupied slot */
     tw_timer **heads;   /* [level][slot][chain] */
-    uint64_t *bitmap;   /* [level][words]: occupancy tree per level */
     uint64_t *slotmin;  /* [slot]: lower bound of expiries, rounds level */
     tw_timer *due;      /* timers added with expires <= now */
     uint64_t due_min;   /* lower bound of the due list's expiries */
     uint64_t mask;      /* S - 1 */
-    size_t bm_words;    /* words of one level's bitmap */
     uint32_t bits;      /* b */
     uint32_t levels;    /* L */
     uint32_t rounds;    /* 1 if the top level keeps later rounds */
@@ -141,6 +139,15 @@ static inline uint64_t tw_floor_pow2(uint64_t x, unsigned shift)
 static inline uint64_t tw_digit(const tw_wheel *w, uint64_t x, unsigned k)
 {
     return (x >> (k * w->bits)) & w->mask;
+}
+
+/* The start of slot @slot's granule at level @k in the revolution of that
+ * level that contains now. */
+static inline uint64_t tw_slot_tick(const tw_wheel *w, unsigned k,
+                                    uint64_t slot)
+{
+    unsigned gshift = k * w->bits;
+    return tw_floor_pow2(w->now, gshift + w->bits) | (slot << gshift);
 }
 
 static inline int tw_top_is_rounds(const tw_wheel *w, unsigned k)
@@ -256,6 +263,16 @@ static int tw_slot_empty(tw_timer *const *h)
     return 1;
 }
 
+/* Mark slot (k, slot) occupied in the bitmaps. */
+static inline void tw_slot_filled(tw_wheel *w, unsigned k, uint64_t slot)
+{
+    uint64_t *bm = tw_level_bitmap(w, k);
+    if (!tw_bm_test(w, bm, slot)) {
+        tw_bm_set(w, bm, slot);
+        w->level_map |= UINT64_C(1) << k;
+    }
+}
+
 /* Mark slot (k, slot) empty in the bitmaps. */
 static void tw_slot_emptied(tw_wheel *w, unsigned k, uint64_t slot)
 {
@@ -306,11 +323,7 @@ __attribute__((always_inline)) static inline uint64_t tw_place(tw_wheel *w,
     unsigned gshift = k * w->bits; /* < 64: (L - 1) * b < 64 */
     uint64_t slot = (e >> gshift) & w->mask;
     tw_timer **h = tw_slot_heads(w, k, slot);
-    uint64_t *bm = tw_level_bitmap(w, k);
-    if (!tw_bm_test(w, bm, slot)) {
-        tw_bm_set(w, bm, slot);
-        w->level_map |= UINT64_C(1) << k;
-    }
+    tw_slot_filled(w, k, slot);
     tw_link(&h[w->rr], t);
     w->rr = (w->rr + 1) & (K - 1);
     if (tw_top_is_rounds(w, k)) {
@@ -416,7 +429,8 @@ int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
         return TW_ENOMEM;
     tw_wheel *w = (tw_wheel *)(void *)mem;
     w->heads = (tw_timer **)(void *)(mem + sizeof(tw_wheel));
-    w->bitmap = (uint64_t *)(void *)(mem + sizeof(tw_wheel) + heads_bytes);
+    uint64_t *bitmap =
+        (uint64_t *)(void *)(mem + sizeof(tw_wheel) + heads_bytes);
     w->slotmin = NULL;
     if (rounds) {
         w->slotmin = (uint64_t *)(void *)(mem + sizeof(tw_wheel) + heads_bytes +
@@ -434,7 +448,6 @@ int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
     w->due_min = UINT64_MAX;
     w->due_sorted = 1;
     w->mask = ((uint64_t)1 << bits) - 1;
-    w->bm_words = bm_words;
     w->bits = bits;
     w->levels = levels;
     w->rounds = (uint32_t)rounds;
@@ -444,7 +457,7 @@ int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
     memcpy(w->bm_len, bm_len, sizeof(bm_len));
     for (unsigned k = 0; k < levels; k++) {
         w->lv[k].heads = w->heads + (((size_t)k << bits) * K);
-        w->lv[k].bm = w->bitmap + (size_t)k * bm_words;
+        w->lv[k].bm = bitmap + (size_t)k * bm_words;
     }
     for (unsigned m = 0; m < 64; m++) {
         unsigned k = bits == 0 ? 0 : m / bits;
@@ -526,8 +539,7 @@ static uint64_t tw_rounds_slot_tick(const tw_wheel *w, unsigned k,
 {
     unsigned gshift = k * w->bits;      /* granule: 2^gshift ticks */
     unsigned rshift = gshift + w->bits; /* revolution, < 64 here */
-    uint64_t base = tw_floor_pow2(w->now, rshift);
-    uint64_t t = base | (slot << gshift);
+    uint64_t t = tw_slot_tick(w, k, slot);
     if (t <= w->now) {
         /* Next revolution; an occupied slot guarantees it exists (some
          * expiry >= it), so this cannot wrap. */
@@ -547,12 +559,10 @@ static int tw_next_event(const tw_wheel *w, uint64_t *tick)
         return -1;
     unsigned k = tw_ctz(w->level_map);
     const uint64_t *bm = tw_level_bitmap(w, k);
-    unsigned gshift = k * w->bits;
     if (!tw_top_is_rounds(w, k)) {
         /* Every occupied slot lies after now's digit (see the top). */
         int64_t slot = tw_bm_next(w, bm, tw_digit(w, w->now, k) + 1);
-        uint64_t s = (uint64_t)slot;
-        *tick = tw_floor_pow2(w->now, gshift + w->bits) | (s << gshift);
+        *tick = tw_slot_tick(w, k, (uint64_t)slot);
         return 0;
     }
     /* Rounds level: walk occupied slots from now's digit onwards; the first
@@ -561,9 +571,7 @@ static int tw_next_event(const tw_wheel *w, uint64_t *tick)
     int64_t slot = tw_bm_next(w, bm, d + 1);
     while (slot >= 0) {
         uint64_t t = tw_rounds_slot_tick(w, k, (uint64_t)slot);
-        uint64_t first = tw_floor_pow2(w->now, gshift + w->bits) |
-                         ((uint64_t)slot << gshift);
-        if (t == first) {
+        if (t == tw_slot_tick(w, k, (uint64_t)slot)) {
             *tick = t;
             return 0;
         }
@@ -730,8 +738,7 @@ static void tw_visit(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
         }
     }
     if (kept) {
-        tw_bm_set(w, tw_level_bitmap(w, k), slot);
-        w->level_map |= UINT64_C(1) << k;
+        tw_slot_filled(w, k, slot);
         w->slotmin[slot] = newmin;
     }
 }
