@@ -16,12 +16,17 @@ mkdir -p "$bin/artifacts"
 for name in "$@"; do
   work=$bin/corpus-$name
   seeds=$src/corpus/${name%_tsan} # the TSan build shares its seeds
-  export TSAN_OPTIONS="halt_on_error=1:suppressions=$src/tsan.supp"
+  # report_signal_unsafe=0: libFuzzer's own crash handler allocates; under
+  # TSan that report deadlocked the handler and hung the run instead of
+  # saving the crashing input and failing.
+  export TSAN_OPTIONS="halt_on_error=1:report_signal_unsafe=0:suppressions=$src/tsan.supp"
   mkdir -p "$work"
   log=$bin/fuzz-$name.log
   echo "fuzz_$name: ${secs}s, corpus $work (+ seeds $seeds)"
+  # The outer timeout turns any other hang into a failure.
   # shellcheck disable=SC2086
-  if ! "$bin/fuzz_$name" -max_total_time="$secs" -timeout=20 \
+  if ! timeout -k 10 $((secs * 2 + 120)) "$bin/fuzz_$name" \
+    -max_total_time="$secs" -timeout=20 \
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$bin/artifacts/" \
     ${FUZZ_ARGS:-} "$work" "$seeds" >"$log" 2>&1; then
     tail -n 60 "$log"
