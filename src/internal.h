@@ -8,6 +8,13 @@
 #include "twheel/repeated.h"
 #include "twheel/wheel.h"
 
+/* The library's allocator (src/wheel.c; tw_set_allocator() replaces it).
+ * Every allocation in src/ goes through these. */
+void *tw__malloc(size_t n);
+void *tw__calloc(size_t n, size_t size);
+void *tw__realloc(void *p, size_t n);
+void tw__free(void *p);
+
 /* Core wheel invariant checkers: 0 when consistent, else the source line
  * of the first broken rule. tw__wheel_check is O(timers + occupied slots),
  * tw__wheel_check_full also scans every slot and bitmap word. */

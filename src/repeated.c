@@ -73,11 +73,11 @@ int tw__repeated_create_on(tw_repeated **out, const tw__sched *sched,
         return TW_EINVAL;
     name = cfg->name != NULL ? cfg->name : "";
     len = strlen(name);
-    rt = calloc(1, sizeof *rt + len + 1);
+    rt = tw__calloc(1, sizeof *rt + len + 1);
     if (rt == NULL)
         return TW_ENOMEM;
     if (pthread_mutex_init(&rt->mu, NULL) != 0) {
-        free(rt);
+        tw__free(rt);
         return TW_ENOMEM;
     }
     memcpy(rt->name, name, len + 1);
@@ -106,7 +106,7 @@ static void finish(tw_repeated *rt)
     if (rt->cfg.on_destroy != NULL)
         rt->cfg.on_destroy(rt, rt->cfg.arg);
     pthread_mutex_destroy(&rt->mu);
-    free(rt);
+    tw__free(rt);
 }
 
 /*

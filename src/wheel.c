@@ -352,6 +352,57 @@ __attribute__((noinline)) static void tw_due_push(tw_wheel *w, tw_timer *t)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Allocator: every allocation of the library goes through these (the
+ * other sources call them as tw__malloc & co, see internal.h). */
+
+static struct {
+    void *(*malloc_fn)(size_t);
+    void *(*calloc_fn)(size_t, size_t);
+    void *(*realloc_fn)(void *, size_t);
+    void (*free_fn)(void *);
+} tw_alloc = {malloc, calloc, realloc, free};
+
+/* Declared here as well so that wheel.c stays free of internal.h. */
+void *tw__malloc(size_t n);
+void *tw__calloc(size_t n, size_t size);
+void *tw__realloc(void *p, size_t n);
+void tw__free(void *p);
+
+int tw_set_allocator(void *(*malloc_fn)(size_t),
+                     void *(*calloc_fn)(size_t, size_t),
+                     void *(*realloc_fn)(void *, size_t),
+                     void (*free_fn)(void *))
+{
+    if (!malloc_fn || !calloc_fn || !realloc_fn || !free_fn)
+        return TW_EINVAL;
+    tw_alloc.malloc_fn = malloc_fn;
+    tw_alloc.calloc_fn = calloc_fn;
+    tw_alloc.realloc_fn = realloc_fn;
+    tw_alloc.free_fn = free_fn;
+    return 0;
+}
+
+void *tw__malloc(size_t n)
+{
+    return tw_alloc.malloc_fn(n);
+}
+
+void *tw__calloc(size_t n, size_t size)
+{
+    return tw_alloc.calloc_fn(n, size);
+}
+
+void *tw__realloc(void *p, size_t n)
+{
+    return tw_alloc.realloc_fn(p, n);
+}
+
+void tw__free(void *p)
+{
+    tw_alloc.free_fn(p);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Public API: set-up. */
 
 unsigned tw_version(void)
@@ -376,6 +427,14 @@ const char *tw_strerror(int err)
         return "timer service is stopped";
     case TW_EDEADLK:
         return "call would wait for itself";
+    case TW_ENOENT:
+        return "no such key";
+    case TW_EIO:
+        return "I/O error or corrupt data";
+    case TW_ENOSPC:
+        return "no space left on device";
+    case TW_ECONN:
+        return "remote store unreachable";
     default:
         return "unknown error";
     }
@@ -424,7 +483,7 @@ int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
     size_t min_bytes = rounds ? ((size_t)1 << bits) * sizeof(uint64_t) : 0;
     size_t total = sizeof(tw_wheel) + heads_bytes + bm_bytes + min_bytes;
 
-    char *mem = calloc(1, total);
+    char *mem = tw__calloc(1, total);
     if (mem == NULL)
         return TW_ENOMEM;
     tw_wheel *w = (tw_wheel *)(void *)mem;
@@ -469,7 +528,7 @@ int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
 
 void tw_wheel_destroy(tw_wheel *w)
 {
-    free(w); /* one allocation holds the wheel and all its arrays */
+    tw__free(w); /* one allocation holds the wheel and all its arrays */
 }
 
 void tw_timer_init(tw_timer *t, tw_timer_fn fn, void *arg)

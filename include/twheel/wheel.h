@@ -49,6 +49,10 @@ extern "C" {
 #define TW_EBUSY (-EBUSY)         /* the object is in use */
 #define TW_ESHUTDOWN (-ESHUTDOWN) /* the service is stopped */
 #define TW_EDEADLK (-EDEADLK)     /* the call would wait for itself */
+#define TW_ENOENT (-ENOENT)       /* no such key or object */
+#define TW_EIO (-EIO)             /* an I/O error or corrupt stored data */
+#define TW_ENOSPC (-ENOSPC)       /* no space left on the device */
+#define TW_ECONN (-ENOTCONN)      /* a remote store cannot be reached */
 
 /* Recover the address of the struct that embeds @ptr as its @member. */
 #define TW_CONTAINER_OF(ptr, type, member)                                     \
@@ -87,6 +91,21 @@ TW_EXTERN unsigned tw_version(void);
 
 /* A static English message for a TW_E* code (or 0). Never NULL. */
 TW_EXTERN const char *tw_strerror(int err);
+
+/*
+ * tw_set_allocator - route every allocation twheel makes (wheels, the
+ * service's records, RepeatedTimers, durable stores) through the given
+ * functions, in the manner of uv_replace_allocator(). All four must be
+ * non-NULL and behave as the C library's. Call it before twheel allocates
+ * anything, or while no twheel object exists: memory is freed with the
+ * functions that were current when it was allocated only if they are the
+ * same. Returns 0, or TW_EINVAL (a NULL function) with nothing changed.
+ * Context: not thread-safe; once, at start-up.
+ */
+TW_EXTERN int tw_set_allocator(void *(*malloc_fn)(size_t),
+                               void *(*calloc_fn)(size_t, size_t),
+                               void *(*realloc_fn)(void *, size_t),
+                               void (*free_fn)(void *));
 
 /*
  * tw_wheel_create - make a wheel whose current time is @now.

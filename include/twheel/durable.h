@@ -1,0 +1,154 @@
+/*
+ * twheel/durable.h - durable timers: a store of keyed timers that survives
+ * a crash of its process.
+ *
+ * Two backends serve the same calls and the same callback:
+ *   - the journal (default, cfg.redis == NULL): an append-only journal of
+ *     segments in the directory cfg.dir, one process per directory, with an
+ *     in-memory wheel as its index;
+ *   - Redis (cfg.redis = "host:port[,host:port...]"): one Redis server or a
+ *     Redis Cluster is the source of truth, and every process that opens the
+ *     same namespace claims the timers due within a short horizon into its
+ *     own wheel and fires them.
+ *
+ * Delivery is at least once: a callback may see the same timer again after
+ * a crash (attempt > 1), and must tolerate it.
+ *
+ * Thread safety: tw_durable_schedule(), tw_durable_cancel() and
+ * tw_durable_stats_get() may be called from any thread, callbacks included.
+ * tw_durable_close() must not be called from a callback.
+ *
+ * This header is the contract; see README.md "Durable timers" for the
+ * guarantees table and the journal format.
+ */
+#ifndef TWHEEL_DURABLE_H
+#define TWHEEL_DURABLE_H
+
+#include "twheel/wheel.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tw_durable tw_durable;
+
+#define TW_DURABLE_KEY_MAX 1024u
+#define TW_DURABLE_PAYLOAD_MAX (1024u * 1024u)
+
+/* A timer as the fire callback sees it. Valid only during the callback. */
+typedef struct tw_durable_timer {
+    const void *key; /* 1 .. TW_DURABLE_KEY_MAX bytes */
+    size_t key_len;
+    const void *payload; /* 0 .. TW_DURABLE_PAYLOAD_MAX bytes */
+    size_t payload_len;
+    int64_t due_ms;   /* Unix time in ms (CLOCK_REALTIME) */
+    uint32_t attempt; /* 1 on the first delivery, 2 after one retry... */
+} tw_durable_timer;
+
+/*
+ * Called once the timer is due. Return 0: done, recorded as completed,
+ * never delivered again. Return n > 0: deliver again in n ms (attempt + 1).
+ * Return < 0: done as well (a failure the caller has handled).
+ */
+typedef int (*tw_durable_fire_fn)(tw_durable *d, const tw_durable_timer *t,
+                                  void *arg);
+
+/* cfg.sync */
+#define TW_DURABLE_SYNC_GROUP 0u /* one shared fdatasync per batch */
+#define TW_DURABLE_SYNC_EACH 1u  /* one fdatasync per call */
+#define TW_DURABLE_SYNC_NONE 2u  /* no fdatasync: a crash loses last writes */
+
+/* cfg.flags */
+#define TW_DURABLE_REPAIR                                                      \
+    1u /* open a journal with corruption in its middle                         \
+          by dropping the damaged records */
+
+typedef struct tw_durable_config {
+    const char *dir;         /* journal backend: required; made if missing */
+    tw_durable_fire_fn fire; /* required */
+    void *fire_arg;
+    uint32_t sync;             /* TW_DURABLE_SYNC_* (0 = GROUP) */
+    uint32_t group_commit_us;  /* 0 = 1000: longest wait of a caller for the
+                                  shared fdatasync */
+    uint32_t executor_threads; /* 0 = fire on the store's own thread */
+    uint64_t segment_bytes;    /* 0 = 64 MiB */
+
+    /* Redis backend. NULL = the journal in @dir. */
+    const char *redis;           /* "host:port[,host:port...]" seed nodes */
+    const char *redis_namespace; /* key prefix; NULL = "tw" */
+    uint32_t shards;             /* 0 = 64 */
+    uint32_t horizon_ms;         /* 0 = 2000: how far ahead a node claims */
+    uint32_t lease_ms;           /* 0 = 30000: a claim of a silent node is
+                                    delivered by another node after this */
+    uint32_t wait_replicas;      /* 0 = none: after each write, WAIT for this
+                                    many replicas to acknowledge it */
+    uint32_t wait_timeout_ms;    /* 0 = 1000: WAIT's timeout */
+
+    uint32_t flags; /* TW_DURABLE_REPAIR, ... */
+
+    /* Clocks, for tests: NULL = CLOCK_REALTIME in ms and CLOCK_MONOTONIC in
+     * ns. Both take @clock_arg. */
+    int64_t (*wall_ms)(void *clock_arg);
+    uint64_t (*mono_ns)(void *clock_arg);
+    void *clock_arg;
+} tw_durable_config;
+
+typedef struct tw_durable_stats {
+    uint64_t pending;       /* timers scheduled and not yet done */
+    uint64_t fired;         /* callbacks that returned 0 or < 0 */
+    uint64_t retried;       /* callbacks that returned > 0 */
+    uint64_t cancelled;     /* successful tw_durable_cancel() calls */
+    uint64_t journal_bytes; /* bytes of all segments on disk */
+    uint64_t segments;      /* segment files on disk */
+    uint64_t recovered;     /* pending timers found by the last open */
+    uint64_t recovery_us;   /* how long that replay took */
+    uint64_t syncs;         /* fdatasync calls made (journal) */
+} tw_durable_stats;
+
+/*
+ * tw_durable_open - open (or create) a store and start firing its timers.
+ * Every pending timer is back in the wheel before it returns; those whose
+ * due time passed while no process had the store open fire at once, in due
+ * order. Returns 0; TW_EINVAL (bad @cfg, nothing written); TW_EBUSY (the
+ * directory is open in another process or handle); TW_EIO (corruption in
+ * the middle of the journal, unless TW_DURABLE_REPAIR); TW_ECONN (Redis
+ * unreachable); TW_ENOMEM; TW_ENOSPC. On failure *@out is unchanged.
+ */
+TW_EXTERN int tw_durable_open(tw_durable **out, const tw_durable_config *cfg);
+
+/*
+ * tw_durable_schedule - make @key fire at @due_ms with @payload. An existing
+ * @key is replaced (new due time and payload). With SYNC_GROUP or SYNC_EACH
+ * it returns 0 only once the change is on stable storage. Returns 0,
+ * TW_EINVAL (NULL or oversized key or payload; nothing written), TW_EIO,
+ * TW_ENOSPC, TW_ECONN, TW_ENOMEM or TW_ESHUTDOWN (closing).
+ */
+TW_EXTERN int tw_durable_schedule(tw_durable *d, const void *key,
+                                  size_t key_len, int64_t due_ms,
+                                  const void *payload, size_t payload_len);
+
+/*
+ * tw_durable_cancel - make @key never fire (again). Returns 0 once that is
+ * durable; TW_ENOENT if @key is not pending; TW_EINVAL, TW_EIO, TW_ENOSPC,
+ * TW_ECONN or TW_ESHUTDOWN.
+ */
+TW_EXTERN int tw_durable_cancel(tw_durable *d, const void *key, size_t key_len);
+
+/*
+ * tw_durable_close - stop firing, wait for running callbacks, make every
+ * acknowledged change durable and free @d. Pending timers stay in the store
+ * for the next open. Returns 0 or the first error met while flushing (the
+ * handle is freed either way). NULL is accepted. Context: not in a callback.
+ */
+TW_EXTERN int tw_durable_close(tw_durable *d);
+
+/* tw_durable_stats_get - a snapshot of the counters. 0 or TW_EINVAL. */
+TW_EXTERN int tw_durable_stats_get(tw_durable *d, tw_durable_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TWHEEL_DURABLE_H */

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# CI stage: clang TSan, the tests labelled threads.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+cd "$root"
+configure_build build/ci-tsan -DCMAKE_BUILD_TYPE=Tsan -DCMAKE_C_COMPILER=clang
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  run_ctest build/ci-tsan -L threads

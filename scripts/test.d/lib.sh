@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Shared by the CI stages in scripts/test.d: configure and build a tree,
+# run CTest in it. Sourced, not run.
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+jobs=$(nproc)
+
+# configure_build DIR CMAKE_ARGS...: configure with -Werror and build.
+configure_build() {
+  local dir=$1
+  shift
+  mkdir -p "$(dirname "$dir")"
+  cmake -S "$root" -B "$dir" -G Ninja -DTWHEEL_WERROR=ON "$@" >"$dir.log" 2>&1 ||
+    { cat "$dir.log"; return 1; }
+  cmake --build "$dir" -j"$jobs"
+}
+
+# run_ctest DIR CTEST_ARGS...
+run_ctest() {
+  local dir=$1
+  shift
+  ctest --test-dir "$dir" --output-on-failure -j"$jobs" "$@"
+}

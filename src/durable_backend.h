@@ -1,0 +1,33 @@
+/*
+ * src/durable_backend.h - how twheel/durable.h reaches its backends.
+ *
+ * tw_durable_open() (src/durable.c) validates the parts of the config that
+ * every backend shares (fire, key and payload limits are checked per call),
+ * then opens the journal backend when cfg->redis is NULL and the Redis
+ * backend (src/durable_redis.c) otherwise. Every backend's handle begins
+ * with struct tw_durable, whose ops table the public calls dispatch through.
+ * The public functions check their arguments (NULL, empty or oversized key,
+ * oversized payload) before dispatching, so a backend sees valid input only.
+ */
+#ifndef TWHEEL_DURABLE_BACKEND_H
+#define TWHEEL_DURABLE_BACKEND_H
+
+#include "twheel/durable.h"
+
+struct tw_durable_ops {
+    int (*schedule)(tw_durable *d, const void *key, size_t key_len,
+                    int64_t due_ms, const void *payload, size_t payload_len);
+    int (*cancel)(tw_durable *d, const void *key, size_t key_len);
+    int (*close)(tw_durable *d); /* also frees d */
+    int (*stats)(tw_durable *d, tw_durable_stats *out);
+};
+
+struct tw_durable {
+    const struct tw_durable_ops *ops;
+};
+
+/* The Redis backend's open (src/durable_redis.c). @cfg has been checked for
+ * the shared fields and cfg->redis is non-NULL. */
+int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg);
+
+#endif
