@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_core.c - the C side of twheel's benchmark suite.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench/bench_service.c - throughput, memory, idle wake-ups and lateness of
  * the thread-safe timer service (twheel/service.h).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # callgrind.awk - per-operation instruction and simulated cache-miss counts
 # from the dumps bench_core --callgrind 1 makes under valgrind, one dump per
 # run, named "engine/workload/n" (the dump's trigger).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * heap.c - binary min-heap with back-indices; see heap.h.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * heap.h - the binary min-heap baseline used by the benchmarks.
  *

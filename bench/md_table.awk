@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # md_table.awk - the core rows of results.csv as one Markdown table per
 # number of pending timers: median (speed-up over the heap), '*' capped
 # run, '~' one run only (see bench_core.c).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # plot.gp - ns per operation against pending timers, one panel per workload,
 # one line per engine, from bench_core's CSV.
 # Usage: gnuplot -e "csv='core.csv'; out='bench.png'" bench/plot.gp

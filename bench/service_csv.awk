@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # service_csv.awk - turns bench_service's table into results.csv rows
 # (n,workload,engine,unit,median,min,max,reps,speedup_vs_heap,
 # fired_fraction,note). bench_service reports the best of its runs.

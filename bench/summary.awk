@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # summary.awk - the headline figures and the issue's targets, from
 # results.csv. Usage: awk -F, -f bench/summary.awk results.csv
 NR == 1 { next }

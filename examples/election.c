@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * election - a Raft-style election timer on a RepeatedTimer.
  *

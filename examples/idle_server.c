@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * idle_server - an epoll echo server (Linux) that closes every connection
  * that has sent nothing for --idle.

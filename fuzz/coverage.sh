@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Source-based coverage (llvm-cov) reached by the fuzz harnesses' corpora:
 # builds each harness with the replay driver, -fprofile-instr-generate and
 # -fcoverage-mapping, replays the seed corpus (and the working corpus of a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz/fuzz.h - helpers shared by the twheel fuzz harnesses: the libFuzzer
  * entry point prototype, a byte reader that never runs out (missing bytes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz/fuzz_wheel.c - differential fuzzing of the core wheel.
  *

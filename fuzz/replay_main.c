@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz/replay_main.c - runs a fuzz harness over files without libFuzzer:
  * each argument is an input file or a directory of them (one level). Used

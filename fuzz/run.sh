@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Runs twheel's libFuzzer harnesses one after the other, each for
 # FUZZ_SECONDS (default 60), on a working corpus in the build tree seeded
 # from fuzz/corpus/<name>/. Exits non-zero on the first failure and leaves

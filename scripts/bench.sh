@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # The main job: builds twheel in Release (build/bench) and runs the benchmark
 # suite: the core wheel against a binary heap, libuv and libevent
 # (bench_core), the timer service (bench_service) against Netty's

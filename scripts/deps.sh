@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Installs the Debian packages twheel's scripts need, if any are missing.
 # Usage: scripts/deps.sh test|bench|all
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Runs every twheel test. Each stage is a file scripts/test.d/NN-name.sh,
 # run in the order of NN (debug, asan-ubsan, tsan, install, fuzz, valgrind,
 # format, ...). Installs what it needs (Debian packages) first. Exits

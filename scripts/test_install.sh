@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Installs twheel into a scratch prefix and builds a tiny consumer against
 # it twice: with pkg-config and with CMake's find_package(twheel).
 # Usage: scripts/test_install.sh WORKDIR

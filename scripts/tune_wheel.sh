@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Measures the core wheel's two compile-time layout knobs side by side:
 # slots per level (TW_WHEEL_DEFAULT_SLOTS) and lists per slot
 # (TW_WHEEL_CHAINS). Builds bench_core once per variant, then runs the

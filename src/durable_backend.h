@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * src/durable_backend.h - how twheel/durable.h reaches its backends.
  *

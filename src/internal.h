@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * src/internal.h - declarations shared by twheel's sources and its tests.
  * Nothing here is public API; names carry the tw__ prefix.

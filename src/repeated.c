@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * src/repeated.c - RepeatedTimer (twheel/repeated.h) on a tw_service.
  *

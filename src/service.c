@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * src/service.c - the thread-safe timer service (twheel/service.h).
  *

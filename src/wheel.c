@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * wheel.c - the single-threaded timing wheel behind twheel/wheel.h.
  *

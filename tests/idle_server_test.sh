@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # End-to-end test of examples/idle_server, driven by tools/idle_load over
 # loopback. Usage: idle_server_test.sh IDLE_SERVER IDLE_LOAD
 #

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tests/realtime.h - real-time helpers shared by the threaded tests and
  * bench_service: CLOCK_MONOTONIC in nanoseconds and a sleep that resumes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tests/test.h - the assertions every twheel test uses. No framework: a
  * failed check prints file, line, the expression and both values, then

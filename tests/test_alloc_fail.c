@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tests/test_alloc_fail.c - allocation failures in the core wheel.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tests/test_alloc_fail.h - allocation-failure injection for tests.
  *

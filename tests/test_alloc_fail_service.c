@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tests/test_alloc_fail_service.c - allocation failures in the service.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tests/test_alloc_fail_wrap.c - the countdown behind test_alloc_fail.h:
  * __wrap_ versions of the allocation functions and of pthread_create (see

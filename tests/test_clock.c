@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tests/test_clock.c - spurious wake-ups and clock behaviour of the service.
  *

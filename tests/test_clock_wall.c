@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tests/test_clock_wall.c - wall-clock jumps do not reach the service.
  *

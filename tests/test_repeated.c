@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tests/test_repeated.c - RepeatedTimer semantics in virtual time.
  *

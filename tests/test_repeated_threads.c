@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tests/test_repeated_threads.c - RepeatedTimer on a real tw_service, with
  * real threads and CLOCK_MONOTONIC (the exact semantics are checked in

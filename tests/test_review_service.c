@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tests/test_review_service.c - regression tests for defects found by an
  * adversarial review of src/service.c, and the submission-flood contract.

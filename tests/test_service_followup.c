@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tests/test_service_followup.c - regressions for service defects found in
  * review:

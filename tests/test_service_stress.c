@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tests/test_service_stress.c - conservation under concurrency (run under
  * ThreadSanitizer in CI).

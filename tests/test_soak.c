@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tests/test_soak.c - conservation soak of the service, bounded in time.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Unit tests of the core wheel: one test per rule of twheel/wheel.h, each
  * run on every wheel shape (hierarchical default, Netty's single wheel with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * Randomized differential test of the core wheel against a reference model.
  *

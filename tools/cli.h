@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tools/cli.h - small helpers shared by the example programs and the load
  * tool: option matching, durations with a unit suffix, the monotonic clock

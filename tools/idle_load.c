@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * idle_load - load and check an idle-connection server (examples/idle_server).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * TimerBench - the Java peers of twheel's service benchmark (bench_service):
  * Netty's HashedWheelTimer (Debian's libnetty-java) and the JDK's

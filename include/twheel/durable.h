@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * twheel/durable.h - durable timers: a store of keyed timers that survives
  * a crash of its process.

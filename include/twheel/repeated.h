@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * twheel/repeated.h - a RepeatedTimer on a tw_service, in the manner of
  * SOFAJRaft's (election, vote, step-down and snapshot timers).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * twheel/service.h - a thread-safe timer service in the manner of Netty's
  * HashedWheelTimer and Java's ScheduledThreadPoolExecutor.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * twheel/wheel.h - the single-threaded, embeddable timing wheel.
  *

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # CI stage: gcc Debug build, every test.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"

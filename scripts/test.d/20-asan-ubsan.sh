@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # CI stage: clang ASan+UBSan (unsigned-overflow checks on wheel.c), every
 # test that a sanitizer runtime allows (label nosan excluded).
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # CI stage: clang TSan, the tests labelled threads.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"

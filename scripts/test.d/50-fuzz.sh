@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # CI stage: builds the libFuzzer harnesses (clang, ASan+UBSan, unsigned
 # overflow checks on the wheel; the service harness also under TSan) and
 # runs each for FUZZ_SECONDS (default 35) from the seed corpus in

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # CI stage: the test suite under valgrind memcheck, in a gcc Debug build
 # without sanitizers. Every test runs through valgrind (CTest's emulator
 # hook); any memcheck error or any byte lost or still reachable fails the

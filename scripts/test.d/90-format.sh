@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # CI stage: every C source and header in the tree follows .clang-format.
 # Fix with: clang-format -i $(git ls-files '*.c' '*.h')
 set -euo pipefail

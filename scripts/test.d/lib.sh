@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Shared by the CI stages in scripts/test.d: configure and build a tree,
 # run CTest in it. Sourced, not run.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
