@@ -13,22 +13,52 @@
  * (the follower then becomes leader and stops its election timer).
  *
  * Usage: election [--heartbeat DUR] [--timeout DUR] [--leader-for DUR]
- * Exit codes: 0 if the timer behaved as described, 1 if not, 2 on bad
- * options.
+ * Exit codes: 0 if the timer behaved as described (and for --help), 1 if
+ * not, 2 on bad options.
+ * Build: cc election.c $(pkg-config --cflags --libs twheel)
  */
 #define _GNU_SOURCE
+#include <getopt.h>
 #include <inttypes.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <twheel/repeated.h>
 
-#include "../tools/cli.h"
-
 #define MS UINT64_C(1000000)
-#define MAX_DURATION_NS (UINT64_C(3600) * 1000000000u)
+#define MAX_DURATION_MS (UINT64_C(3600) * 1000)
+
+/* Nanoseconds on CLOCK_MONOTONIC, the clock the service runs on. */
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* "<integer>ms" or "<integer>s", 1 ms to an hour, into nanoseconds. */
+static int parse_duration(const char *s, uint64_t *ns)
+{
+    char *end;
+    unsigned long long v;
+
+    if (s[0] < '0' || s[0] > '9')
+        return -1;
+    v = strtoull(s, &end, 10);
+    if (strcmp(end, "s") == 0 && v <= MAX_DURATION_MS / 1000)
+        v *= 1000;
+    else if (strcmp(end, "ms") != 0)
+        return -1;
+    if (v == 0 || v > MAX_DURATION_MS)
+        return -1;
+    *ns = (uint64_t)v * MS;
+    return 0;
+}
 
 struct node {
     uint64_t t0;
@@ -63,7 +93,7 @@ static uint64_t randomize(tw_repeated *rt, uint64_t timeout, void *arg)
 static void on_election_timeout(tw_repeated *rt, void *arg)
 {
     struct node *n = arg;
-    uint64_t now = cli_now_ns();
+    uint64_t now = now_ns();
     uint64_t last = atomic_load(&n->last_heartbeat_ns);
 
     if (!atomic_load(&n->leader_silent))
@@ -84,7 +114,7 @@ static void on_heartbeat(tw_id id, void *arg)
 {
     struct node *n = arg;
     uint64_t count = atomic_fetch_add(&n->heartbeats, 1) + 1;
-    uint64_t now = cli_now_ns();
+    uint64_t now = now_ns();
 
     (void)id;
     atomic_store(&n->last_heartbeat_ns, now);
@@ -95,17 +125,21 @@ static void on_heartbeat(tw_id id, void *arg)
                since(n, now), count, (uint64_t)atomic_load(&n->elections));
 }
 
-static int bad_option(const char *opt, const char *val)
+static void usage(FILE *f)
 {
-    fprintf(stderr,
-            "election: bad %s '%s'\n"
+    fprintf(f,
             "usage: election [--heartbeat DUR] [--timeout DUR] "
             "[--leader-for DUR]\n"
             "  DUR is an integer followed by ms or s; the heartbeat must be "
             "shorter than the timeout.\n"
-            "  Defaults: --heartbeat 50ms --timeout 150ms --leader-for 1s\n",
-            opt, val ? val : "(missing)");
-    return CLI_EXIT_USAGE;
+            "  Defaults: --heartbeat 50ms --timeout 150ms --leader-for 1s\n");
+}
+
+static int bad_option(const char *opt, const char *val)
+{
+    fprintf(stderr, "election: bad %s '%s'\n", opt, val ? val : "(missing)");
+    usage(stderr);
+    return 2;
 }
 
 int main(int argc, char **argv)
@@ -119,25 +153,39 @@ int main(int argc, char **argv)
     uint64_t stop_ns, gap;
     bool ok;
 
-    for (int i = 1; i < argc; i++) {
-        const char *v = "";
-        uint64_t *dst;
-        if (cli_option(argc, argv, &i, "--heartbeat", &v))
-            dst = &heartbeat;
-        else if (cli_option(argc, argv, &i, "--timeout", &v))
-            dst = &timeout;
-        else if (cli_option(argc, argv, &i, "--leader-for", &v))
-            dst = &leader_for;
-        else
-            return bad_option("option", argv[i]);
-        if (cli_parse_duration(v, false, MAX_DURATION_NS, dst) != 0)
-            return bad_option(argv[i], v);
+    static const struct option opts[] = {
+        {"heartbeat", required_argument, NULL, 'b'},
+        {"timeout", required_argument, NULL, 't'},
+        {"leader-for", required_argument, NULL, 'l'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    int c;
+
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        uint64_t *dst = c == 'b'   ? &heartbeat
+                        : c == 't' ? &timeout
+                        : c == 'l' ? &leader_for
+                                   : NULL;
+        if (c == 'h') {
+            usage(stdout);
+            return 0;
+        }
+        if (dst == NULL) /* getopt_long has said what was wrong */
+            return bad_option("option", argv[optind - 1]);
+        if (parse_duration(optarg, dst) != 0)
+            return bad_option(opts[c == 'b'   ? 0
+                                   : c == 't' ? 1
+                                              : 2]
+                                  .name,
+                              optarg);
     }
+    if (optind < argc)
+        return bad_option("argument", argv[optind]);
     if (heartbeat >= timeout)
         return bad_option("--heartbeat", "not shorter than --timeout");
     setvbuf(stdout, NULL, _IOLBF, 0);
 
-    n->t0 = cli_now_ns();
+    n->t0 = now_ns();
     n->seed = n->t0 | 1;
     atomic_store(&n->last_heartbeat_ns, n->t0);
     tw_repeated_config ecfg = {"election", timeout, on_election_timeout,
@@ -158,7 +206,7 @@ int main(int argc, char **argv)
     usleep((useconds_t)(leader_for / 1000));
     atomic_store(&n->leader_silent, true);
     tw_cancel_wait(s, hb); /* the leader falls silent */
-    stop_ns = cli_now_ns();
+    stop_ns = now_ns();
     printf("t=%5" PRIu64 " ms  leader silent after %" PRIu64
            " heartbeats; elections while they arrived: %" PRIu64 "\n",
            since(n, stop_ns), (uint64_t)atomic_load(&n->heartbeats),

@@ -3,7 +3,7 @@
 # The main job: builds twheel in Release (build/bench) and runs the benchmark
 # suite: the core wheel against a binary heap, libuv and libevent
 # (bench_core), the timer service (bench_service) against Netty's
-# HashedWheelTimer and Java's ScheduledThreadPoolExecutor (bench/java).
+# HashedWheelTimer and Java's ScheduledThreadPoolExecutor (bench/peers/java).
 # Prints the tables and writes build/bench/results/: results.csv (every
 # figure), *.txt (each program's own table), bench.png (gnuplot), machine.txt.
 # Installs the Debian packages it needs first (scripts/deps.sh bench).
@@ -97,14 +97,14 @@ fi
 
 # 2. The service (its own program; best of its runs) ...
 "$build/bench/bench_service" "${svc_args[@]}" | tee "$out/service.txt"
-awk -v n="$tasks" -f bench/service_csv.awk "$out/service.txt" >>"$csv"
+awk -v n="$tasks" -f bench/report/service_csv.awk "$out/service.txt" >>"$csv"
 
 # 3. ... and its Java peers.
 if ((java)) && command -v javac >/dev/null && command -v java >/dev/null &&
   [ -r /usr/share/java/netty-common.jar ]; then
   mkdir -p "$build/java"
   javac -d "$build/java" -cp /usr/share/java/netty-common.jar \
-    bench/java/TimerBench.java
+    bench/peers/java/TimerBench.java
   java -Xms2g -Xmx2g -cp "$build/java:/usr/share/java/netty-common.jar" \
     TimerBench --tasks "$tasks" --reps "$reps" --idle-ms "$idle_ms" \
     --csv "$csv" |
@@ -139,7 +139,7 @@ if ((instr)); then
       --workloads add,add_rand,cancel,cancel_rand,churn,expire_1,expire_jump
     {
       echo "n,workload,engine,ops,Ir_per_op,D1_miss_per_op,LL_miss_per_op"
-      awk -f bench/callgrind.awk "$cg/ops.txt" "$cg"/*.out.* |
+      awk -f bench/report/callgrind.awk "$cg/ops.txt" "$cg"/*.out.* |
         sort -t, -k1,1n -k2,2 -k3,3
     } >"$out/instr.csv"
     echo "== callgrind: per operation (Ir = instructions; D1/LL = simulated" \
@@ -153,9 +153,9 @@ fi
 
 # 5. Summary and plot.
 echo
-awk -F, -f bench/summary.awk "$csv" | tee "$out/summary.txt"
+awk -F, -f bench/report/summary.awk "$csv" | tee "$out/summary.txt"
 if command -v gnuplot >/dev/null; then
-  gnuplot -e "csv='$csv'; out='$out/bench.png'" bench/plot.gp &&
+  gnuplot -e "csv='$csv'; out='$out/bench.png'" bench/report/plot.gp &&
     echo "plot: $out/bench.png"
 else
   echo "plot: skipped (no gnuplot)"

@@ -2,7 +2,7 @@
 # callgrind.awk - per-operation instruction and simulated cache-miss counts
 # from the dumps bench_core --callgrind 1 makes under valgrind, one dump per
 # run, named "engine/workload/n" (the dump's trigger).
-# Usage: awk -f bench/callgrind.awk ops.txt cg.out.*
+# Usage: awk -f bench/report/callgrind.awk ops.txt cg.out.*
 # ops.txt holds bench_core's "callgrind engine/workload/n ops=N" lines.
 # Prints CSV rows without a header: n,workload,engine,ops,Ir_per_op,
 # D1_miss_per_op,LL_miss_per_op.

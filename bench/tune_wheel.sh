@@ -4,7 +4,7 @@
 # slots per level (TW_WHEEL_DEFAULT_SLOTS) and lists per slot
 # (TW_WHEEL_CHAINS). Builds bench_core once per variant, then runs the
 # variants interleaved, ROUNDS times, and prints the median of each.
-# Usage: scripts/tune_wheel.sh [ROUNDS]   (default 3)
+# Usage: bench/tune_wheel.sh [ROUNDS]   (default 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}

@@ -2,7 +2,7 @@
 # service_csv.awk - turns bench_service's table into results.csv rows
 # (n,workload,engine,unit,median,min,max,reps,speedup_vs_heap,
 # fired_fraction,note). bench_service reports the best of its runs.
-# Usage: awk -v n=TASKS -f bench/service_csv.awk service.txt
+# Usage: awk -v n=TASKS -f bench/report/service_csv.awk service.txt
 function row(w, e, unit, v) {
     printf "%d,%s,%s,%s,%s,%s,%s,1,,,best of bench_service's runs\n",
         n, w, e, unit, v, v, v

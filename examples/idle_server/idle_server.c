@@ -41,7 +41,7 @@
 
 #include <twheel/wheel.h>
 
-#include "../tools/cli.h"
+#include "cli.h"
 
 #define MAX_EVENTS 1024
 #define ACCEPT_BATCH 256 /* accepts per wake-up, so reads are not starved */

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 # summary.awk - the headline figures and the issue's targets, from
-# results.csv. Usage: awk -F, -f bench/summary.awk results.csv
+# results.csv. Usage: awk -F, -f bench/report/summary.awk results.csv
 NR == 1 { next }
 {
     key = $1 SUBSEP $2 SUBSEP $3

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# End-to-end test of examples/idle_server, driven by tools/idle_load over
+# End-to-end test of idle_server, driven by idle_load over
 # loopback. Usage: idle_server_test.sh IDLE_SERVER IDLE_LOAD
 #
 # Timing bounds (for a loaded 2-core machine): a silent connection must be

@@ -2,7 +2,7 @@
 # md_table.awk - the core rows of results.csv as one Markdown table per
 # number of pending timers: median (speed-up over the heap), '*' capped
 # run, '~' one run only (see bench_core.c).
-# Usage: awk -F, -f bench/md_table.awk results.csv
+# Usage: awk -F, -f bench/report/md_table.awk results.csv
 NR == 1 || $2 ~ /^svc_/ { next }
 {
     if (!($1 in seen_n)) { seen_n[$1] = 1; ns[++nn] = $1 }

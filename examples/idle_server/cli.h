@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tools/cli.h - small helpers shared by the example programs and the load
+ * cli.h - small helpers shared by the idle-connection server and its load
  * tool: option matching, durations with a unit suffix, the monotonic clock
  * and the open-file limit. Header-only (static functions), Linux, C11 with
  * the POSIX 2008 interfaces. Not part of the library.

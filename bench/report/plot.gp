@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 # plot.gp - ns per operation against pending timers, one panel per workload,
 # one line per engine, from bench_core's CSV.
-# Usage: gnuplot -e "csv='core.csv'; out='bench.png'" bench/plot.gp
+# Usage: gnuplot -e "csv='core.csv'; out='bench.png'" bench/report/plot.gp
 set terminal pngcairo size 1600,900 font ",10"
 set output out
 set datafile separator ","
