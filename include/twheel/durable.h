@@ -36,17 +36,17 @@ extern "C" {
 
 typedef struct tw_durable tw_durable;
 
-#define TW_DURABLE_KEY_MAX 1024u
-#define TW_DURABLE_PAYLOAD_MAX (1024u * 1024u)
+#define TW_DURABLE_KEY_MAX 1024u               /* longest key, in bytes */
+#define TW_DURABLE_PAYLOAD_MAX (1024u * 1024u) /* longest payload, bytes */
 
 /* A timer as the fire callback sees it. Valid only during the callback. */
 typedef struct tw_durable_timer {
-    const void *key; /* 1 .. TW_DURABLE_KEY_MAX bytes */
-    size_t key_len;
+    const void *key;     /* 1 .. TW_DURABLE_KEY_MAX bytes */
+    size_t key_len;      /* bytes of key */
     const void *payload; /* 0 .. TW_DURABLE_PAYLOAD_MAX bytes */
-    size_t payload_len;
-    int64_t due_ms;   /* Unix time in ms (CLOCK_REALTIME) */
-    uint32_t attempt; /* 1 on the first delivery, 2 after one retry... */
+    size_t payload_len;  /* bytes of payload */
+    int64_t due_ms;      /* Unix time in ms (CLOCK_REALTIME) */
+    uint32_t attempt;    /* 1 on the first delivery, 2 after one retry... */
 } tw_durable_timer;
 
 /*
@@ -67,10 +67,11 @@ typedef int (*tw_durable_fire_fn)(tw_durable *d, const tw_durable_timer *t,
     1u /* open a journal with corruption in its middle                         \
           by dropping the damaged records */
 
+/* Where a store keeps its timers and how it delivers them. */
 typedef struct tw_durable_config {
-    const char *dir;         /* journal backend: required; made if missing */
-    tw_durable_fire_fn fire; /* required */
-    void *fire_arg;
+    const char *dir;           /* journal backend: required; made if missing */
+    tw_durable_fire_fn fire;   /* required */
+    void *fire_arg;            /* passed to fire */
     uint32_t sync;             /* TW_DURABLE_SYNC_* (0 = GROUP) */
     uint32_t group_commit_us;  /* 0 = 1000: longest wait of a caller for the
                                   shared fdatasync */
@@ -93,10 +94,11 @@ typedef struct tw_durable_config {
     /* Clocks, for tests: NULL = CLOCK_REALTIME in ms and CLOCK_MONOTONIC in
      * ns. Both take @clock_arg. */
     int64_t (*wall_ms)(void *clock_arg);
-    uint64_t (*mono_ns)(void *clock_arg);
-    void *clock_arg;
+    uint64_t (*mono_ns)(void *clock_arg); /* monotonic clock, ns */
+    void *clock_arg;                      /* passed to both clocks */
 } tw_durable_config;
 
+/* A store's counters, from tw_durable_stats_get(). */
 typedef struct tw_durable_stats {
     uint64_t pending;       /* timers scheduled and not yet done */
     uint64_t fired;         /* callbacks that returned 0 or < 0 */

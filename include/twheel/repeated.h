@@ -52,6 +52,7 @@ typedef void (*tw_repeated_fn)(tw_repeated *rt, void *arg);
 typedef uint64_t (*tw_adjust_fn)(tw_repeated *rt, uint64_t timeout_ns,
                                  void *arg);
 
+/* What a RepeatedTimer runs, and how often. */
 typedef struct tw_repeated_config {
     const char *name;            /* copied; NULL = "" */
     uint64_t timeout_ns;         /* > 0 */

@@ -68,6 +68,7 @@ typedef uint64_t (*tw_clock_fn)(void *ctx);
  */
 typedef void (*tw_execute_fn)(tw_service *s, tw_id job, void *ctx);
 
+/* How a service runs; all zero gives the defaults. */
 typedef struct tw_service_config {
     uint64_t tick_ns;          /* resolution; 0 = 1 ms; 1 us .. 1 day */
     uint32_t ticks_per_wheel;  /* 0 = 512; rounded up to a power of two;
@@ -83,11 +84,11 @@ typedef struct tw_service_config {
                                function as an index into this table,
                                which keeps a pending task at 48 bytes. */
     tw_clock_fn clock;      /* NULL = CLOCK_MONOTONIC */
-    void *clock_ctx;
-    tw_execute_fn execute; /* NULL = built in; needs executor_threads
-                              == 0 */
-    void *execute_ctx;
-    uint32_t flags; /* TW_SERVICE_* below */
+    void *clock_ctx;        /* passed to clock */
+    tw_execute_fn execute;  /* NULL = built in; needs executor_threads
+                               == 0 */
+    void *execute_ctx;      /* passed to execute */
+    uint32_t flags;         /* TW_SERVICE_* below */
 } tw_service_config;
 
 /*

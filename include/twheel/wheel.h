@@ -37,9 +37,10 @@ extern "C" {
 #define TW_EXTERN
 #endif
 
-#define TW_VERSION_MAJOR 0
-#define TW_VERSION_MINOR 1
-#define TW_VERSION_PATCH 0
+#define TW_VERSION_MAJOR 0 /* the headers' version: major */
+#define TW_VERSION_MINOR 2 /* minor: 0.x breaks the ABI at each one */
+#define TW_VERSION_PATCH 0 /* patch */
+/* The version as one number, 0xMMmmpp; compare with tw_version(). */
 #define TW_VERSION_HEX                                                         \
     ((TW_VERSION_MAJOR << 16) | (TW_VERSION_MINOR << 8) | TW_VERSION_PATCH)
 
@@ -61,6 +62,7 @@ extern "C" {
 
 typedef struct tw_wheel tw_wheel;
 typedef struct tw_timer tw_timer;
+/* A timer's callback: called with the timer and the arg given at init. */
 typedef void (*tw_timer_fn)(tw_timer *t, void *arg);
 
 /*
@@ -76,6 +78,7 @@ struct tw_timer {
     void *tw__arg;
 };
 
+/* How a wheel is laid out; all zero gives the defaults. */
 typedef struct tw_wheel_config {
     uint32_t slots;  /* slots per level; 0 = default (256); rounded up to a
                         power of two; more than 2^30 is TW_EINVAL */
