@@ -5,7 +5,8 @@
 set -euo pipefail
 group=${1:-all}
 test_pkgs=(cmake ninja-build gcc clang clang-format libclang-rt-14-dev llvm-14 valgrind
-  pkg-config faketime procps)
+  pkg-config faketime procps libuv1-dev libevent-dev liburing-dev doxygen
+  dpkg-dev)
 bench_pkgs=(cmake ninja-build gcc pkg-config libuv1-dev libevent-dev
   gnuplot-nox default-jdk-headless libnetty-java procps)
 case $group in

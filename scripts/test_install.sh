@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Installs twheel into a scratch prefix and builds a tiny consumer against
-# it twice: with pkg-config and with CMake's find_package(twheel).
+# The install check, as a user would meet twheel:
+#  1. configure with one prefix, install with --prefix into another (the
+#     relocated case); check the SONAME, the version file (0.1 refused), the
+#     man pages; build consumers with pkg-config and with find_package;
+#  2. build every example alone against that install with pkg-config only
+#     (copied out of the tree, so no include can reach back into it), run
+#     the event-loop ones and ask each for --help;
+#  3. twheel as a subproject (add_subdirectory): the parent's build type and
+#     cache stay as they were, nothing of twheel's is installed unless asked;
+#  4. the Debian package (cpack -G DEB), installed with dpkg into a scratch
+#     root, a consumer built against it and run.
 # Usage: scripts/test_install.sh WORKDIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,12 +18,34 @@ root=$PWD
 work=${1:?usage: $0 WORKDIR}
 rm -rf "$work"
 mkdir -p "$work"
+work=$(cd "$work" && pwd)
 prefix=$work/prefix
+step() { echo "install check: $*"; }
+fail() {
+  echo "install check FAILED: $*" >&2
+  exit 1
+}
+
+# 1. Configured for /nonexistent, installed into $prefix.
 cmake -S "$root" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DTWHEEL_WERROR=ON -DTWHEEL_BUILD_TESTS=OFF -DTWHEEL_BUILD_BENCH=OFF \
-  -DTWHEEL_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX="$prefix" >/dev/null
-cmake --build "$work/build" >/dev/null
-cmake --install "$work/build" >/dev/null
+  -DTWHEEL_BUILD_EXAMPLES=OFF -DTWHEEL_BUILD_DOCS=ON -DTWHEEL_DOCS_WERROR=OFF \
+  -DCMAKE_INSTALL_PREFIX=/nonexistent/twheel >"$work/build.log" 2>&1 ||
+  { cat "$work/build.log"; exit 1; }
+cmake --build "$work/build" >>"$work/build.log" 2>&1 ||
+  { cat "$work/build.log"; exit 1; }
+cmake --install "$work/build" --prefix "$prefix" >/dev/null
+libdir=$(dirname "$(find "$prefix" -name twheel.pc)")
+libdir=$(dirname "$libdir")
+soname=$(readelf -d "$libdir/libtwheel.so" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
+[ "$soname" = "libtwheel.so.0.2" ] || fail "SONAME is '$soname'"
+man3=$prefix/share/man/man3
+link=$(sed -n 's|^\.so man3/||p' "$man3/tw_wheel_add.3" 2>/dev/null)
+[ -n "$link" ] && grep -q 'tw_wheel_add' "$man3/$link" ||
+  fail "no man page for tw_wheel_add"
+[ -f "$prefix/share/doc/twheel/html/index.html" ] || fail "no HTML reference"
+[ -f "$prefix/share/doc/twheel/LICENSE" ] || fail "no LICENSE installed"
+step "relocated install in $prefix: SONAME $soname, man pages, HTML, LICENSE"
 
 cat >"$work/consumer.c" <<'C'
 #include <stdio.h>
@@ -40,31 +71,137 @@ int main(void)
     tw_wheel_advance(w, 10);
     tw_wheel_destroy(w);
     printf("consumer: fired %d, version %x\n", fired, tw_version());
-    return fired == 1 ? 0 : 1;
+    return fired == 1 && tw_version() == TW_VERSION_HEX ? 0 : 1;
 }
 C
 
-# 1. pkg-config, shared library.
-libdir=$(ls -d "$prefix"/lib*/pkgconfig | head -1)
-export PKG_CONFIG_PATH=$libdir
+# pkg-config, shared library: the paths must point into $prefix.
+export PKG_CONFIG_PATH=$libdir/pkgconfig
+inc=$(pkg-config --variable=includedir twheel)
+[ -f "$inc/twheel/wheel.h" ] || fail "pkg-config's includedir $inc has no twheel/wheel.h"
 cc -std=c11 -Wall -Werror "$work/consumer.c" -o "$work/consumer_pc" \
   $(pkg-config --cflags --libs twheel)
-LD_LIBRARY_PATH=$(dirname "$libdir") "$work/consumer_pc"
+LD_LIBRARY_PATH=$libdir "$work/consumer_pc"
 
-# 2. find_package(twheel).
-mkdir -p "$work/cm"
-cp "$work/consumer.c" "$work/cm/"
-cat >"$work/cm/CMakeLists.txt" <<'CM'
+# find_package(twheel 0.2), shared and static; 0.1 must be refused.
+cmake_consumer() { # DIR VERSION
+  mkdir -p "$1"
+  cp "$work/consumer.c" "$1/"
+  cat >"$1/CMakeLists.txt" <<CM
 cmake_minimum_required(VERSION 3.16)
 project(consumer C)
-find_package(twheel 0.1 REQUIRED)
+find_package(twheel $2 REQUIRED)
 add_executable(consumer consumer.c)
 target_link_libraries(consumer PRIVATE twheel::twheel)
 add_executable(consumer_static consumer.c)
 target_link_libraries(consumer_static PRIVATE twheel::twheel_static)
 CM
-cmake -S "$work/cm" -B "$work/cm/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake -S "$1" -B "$1/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
+    >"$1.log" 2>&1
+}
+cmake_consumer "$work/cm" 0.2 || { cat "$work/cm.log"; exit 1; }
 cmake --build "$work/cm/build" >/dev/null
 "$work/cm/build/consumer"
 "$work/cm/build/consumer_static"
+if cmake_consumer "$work/cm01" 0.1; then
+  fail "find_package(twheel 0.1) accepted version 0.2"
+fi
+step "consumers: pkg-config and find_package(twheel 0.2) ok; 0.1 refused"
+
+# 2. The examples, alone, against the install.
+ex=$work/examples
+mkdir -p "$ex/bin"
+cp -r "$root/examples/quickstart.c" "$root/examples/election.c" \
+  "$root/examples/loops" "$root/examples/idle_server" "$ex/"
+build_example() { # SOURCE [PKG...]
+  local src=$1 name
+  shift
+  name=$(basename "$src" .c)
+  cc -std=c11 -Wall -Wextra -Werror "$ex/$src" -o "$ex/bin/$name" \
+    $(pkg-config --cflags --libs twheel "$@")
+  out=$(LD_LIBRARY_PATH=$libdir "$ex/bin/$name" --help) ||
+    fail "$name --help exited $?"
+  case $out in "usage: $name"*) ;; *) fail "$name --help: no usage" ;; esac
+}
+build_example quickstart.c
+build_example election.c
+build_example idle_server/idle_server.c
+build_example idle_server/idle_load.c
+build_example loops/epoll_loop.c
+build_example loops/uv_loop.c libuv
+build_example loops/event_loop.c libevent
+build_example loops/uring_loop.c liburing
+for l in epoll_loop uv_loop event_loop; do
+  LD_LIBRARY_PATH=$libdir "$ex/bin/$l" >"$ex/$l.out" || fail "$l: $(tail -1 "$ex/$l.out")"
+done
+rc=0
+LD_LIBRARY_PATH=$libdir "$ex/bin/uring_loop" >"$ex/uring_loop.out" || rc=$?
+case $rc in
+  0) ;;
+  77) step "uring_loop: io_uring not allowed here, compile-tested only" ;;
+  *) fail "uring_loop: $(tail -1 "$ex/uring_loop.out")" ;;
+esac
+step "8 examples built with pkg-config only; --help exits 0; loops ran"
+
+# 3. As a subproject of a parent with its own settings.
+sub=$work/parent
+mkdir -p "$sub"
+cp "$work/consumer.c" "$sub/"
+cat >"$sub/CMakeLists.txt" <<CM
+cmake_minimum_required(VERSION 3.16)
+project(parent C)
+add_subdirectory("$root" twheel)
+add_executable(consumer consumer.c)
+target_link_libraries(consumer PRIVATE twheel::twheel_static)
+install(TARGETS consumer)
+CM
+cmake -S "$sub" -B "$sub/build" -G Ninja -DCMAKE_INSTALL_PREFIX="$sub/inst" \
+  >"$sub.log" 2>&1 || { cat "$sub.log"; exit 1; }
+cache=$sub/build/CMakeCache.txt
+bt=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$cache")
+[ -z "$bt" ] || fail "subproject: parent's CMAKE_BUILD_TYPE set to '$bt'"
+if grep -q '_ASAN\|_TSAN' "$cache"; then
+  fail "subproject: sanitizer flags written into the parent's cache"
+fi
+cmake --build "$sub/build" >/dev/null
+"$sub/build/consumer"
+cmake --install "$sub/build" >/dev/null
+[ -z "$(find "$sub/inst" -name '*twheel*')" ] ||
+  fail "subproject: twheel installed files without TWHEEL_INSTALL"
+[ ! -d "$sub/build/twheel/tests" ] || fail "subproject: tests were added"
+step "subproject: parent's build type and cache untouched, nothing installed"
+
+# 4. The Debian package, installed by dpkg into a scratch root.
+deb=$work/deb
+cmake -S "$root" -B "$deb/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DTWHEEL_WERROR=ON -DTWHEEL_BUILD_TESTS=OFF -DTWHEEL_BUILD_BENCH=OFF \
+  -DTWHEEL_BUILD_EXAMPLES=OFF -DTWHEEL_BUILD_DOCS=ON -DTWHEEL_DOCS_WERROR=OFF \
+  -DCMAKE_INSTALL_PREFIX=/usr >"$deb.log" 2>&1 || { cat "$deb.log"; exit 1; }
+cmake --build "$deb/build" >>"$deb.log" 2>&1 || { cat "$deb.log"; exit 1; }
+(cd "$deb/build" && cpack -G DEB >>"$deb.log" 2>&1) || { cat "$deb.log"; exit 1; }
+pkg=$(ls "$deb"/build/twheel_*.deb)
+dpkg-deb -f "$pkg" Package Version Depends
+r=$deb/root
+mkdir -p "$r/var/lib/dpkg/info" "$r/var/lib/dpkg/updates"
+touch "$r/var/lib/dpkg/status"
+# A real dpkg install, into a scratch root with its own database (the
+# system's is left alone): --force-depends as that database knows no libc6;
+# the maintainer scripts (ldconfig) run outside the root, which needs root.
+if [ "$(id -u)" = 0 ]; then
+  dpkg --root="$r" --force-script-chrootless --force-depends --log=/dev/null \
+    -i "$pkg" >"$deb/dpkg.log" 2>&1 || { cat "$deb/dpkg.log"; fail "dpkg -i"; }
+  dpkg --root="$r" -L twheel | grep -q '/usr/share/man/man3/tw_wheel_add.3' ||
+    fail "the package has no man pages"
+  how="installed by dpkg -i"
+else
+  dpkg -x "$pkg" "$r"
+  how="unpacked by dpkg -x (not root)"
+fi
+usrlib=$(dirname "$(find "$r/usr" -name twheel.pc)")
+usrlib=$(dirname "$usrlib")
+PKG_CONFIG_PATH=$usrlib/pkgconfig cc -std=c11 -Wall -Werror \
+  "$work/consumer.c" -o "$deb/consumer" \
+  $(PKG_CONFIG_PATH=$usrlib/pkgconfig pkg-config --cflags --libs twheel)
+LD_LIBRARY_PATH=$usrlib "$deb/consumer"
+step "$(basename "$pkg") $how, consumer built and run"
 echo "install check: ok"

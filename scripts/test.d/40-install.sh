@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# CI stage: install into a scratch prefix and build consumers against it.
+# CI stage: scripts/test_install.sh: a relocated install, consumers by
+# pkg-config and find_package, the examples built alone, twheel as a
+# subproject, the Debian package installed by dpkg.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"

@@ -1,0 +1,52 @@
+# SPDX-License-Identifier: MIT
+# The API reference: HTML and man pages (section 3, one name per public
+# function, macro and type) from include/twheel/*.h and docs/, by Doxygen.
+#   cmake --build B --target docs     -> B/docs/html/index.html, B/docs/man
+# Any Doxygen warning (an undocumented public name among them) fails it.
+# With TWHEEL_BUILD_DOCS=ON the reference is built with the library and
+# `cmake --install` installs it (man pages into ${CMAKE_INSTALL_MANDIR}).
+if(NOT TWHEEL_TOP_LEVEL AND NOT TWHEEL_BUILD_DOCS)
+  return()
+endif()
+find_package(Doxygen QUIET)
+if(NOT DOXYGEN_FOUND)
+  if(TWHEEL_BUILD_DOCS)
+    message(FATAL_ERROR "TWHEEL_BUILD_DOCS needs Doxygen (Debian: doxygen)")
+  endif()
+  return()
+endif()
+option(TWHEEL_DOCS_WERROR "Fail the docs build on any Doxygen warning" ON)
+if(TWHEEL_DOCS_WERROR)
+  set(TWHEEL_DOCS_WARN_AS_ERROR FAIL_ON_WARNINGS)
+else()
+  set(TWHEEL_DOCS_WARN_AS_ERROR NO)
+endif()
+set(TWHEEL_DOCS_OUT ${PROJECT_BINARY_DIR}/docs)
+configure_file(${PROJECT_SOURCE_DIR}/docs/Doxyfile.in
+  ${TWHEEL_DOCS_OUT}/Doxyfile @ONLY)
+file(GLOB _tw_doc_inputs CONFIGURE_DEPENDS
+  ${PROJECT_SOURCE_DIR}/include/twheel/*.h ${PROJECT_SOURCE_DIR}/docs/*.md
+  ${PROJECT_SOURCE_DIR}/docs/guide/*.md)
+add_custom_command(OUTPUT ${TWHEEL_DOCS_OUT}/stamp
+  COMMAND ${CMAKE_COMMAND} -E rm -rf ${TWHEEL_DOCS_OUT}/html
+    ${TWHEEL_DOCS_OUT}/man
+  COMMAND Doxygen::doxygen ${TWHEEL_DOCS_OUT}/Doxyfile
+  COMMAND sh ${PROJECT_SOURCE_DIR}/docs/man_tidy.sh ${TWHEEL_DOCS_OUT}/man/man3
+  COMMAND ${CMAKE_COMMAND} -E touch ${TWHEEL_DOCS_OUT}/stamp
+  DEPENDS ${_tw_doc_inputs} ${TWHEEL_DOCS_OUT}/Doxyfile
+    ${PROJECT_SOURCE_DIR}/docs/doxyfilter.awk
+    ${PROJECT_SOURCE_DIR}/docs/man_tidy.sh
+  WORKING_DIRECTORY ${TWHEEL_DOCS_OUT}
+  COMMENT "Doxygen: API reference in ${TWHEEL_DOCS_OUT}"
+  VERBATIM)
+if(TWHEEL_BUILD_DOCS)
+  add_custom_target(docs ALL DEPENDS ${TWHEEL_DOCS_OUT}/stamp)
+  if(TWHEEL_INSTALL)
+    install(DIRECTORY ${TWHEEL_DOCS_OUT}/man/man3
+      DESTINATION ${CMAKE_INSTALL_MANDIR})
+    install(DIRECTORY ${TWHEEL_DOCS_OUT}/html
+      DESTINATION ${CMAKE_INSTALL_DOCDIR})
+  endif()
+else()
+  add_custom_target(docs DEPENDS ${TWHEEL_DOCS_OUT}/stamp)
+endif()
