@@ -94,6 +94,11 @@ typedef struct tw_durable_config {
     int64_t (*wall_ms)(void *clock_arg);
     uint64_t (*mono_ns)(void *clock_arg);
     void *clock_arg;
+
+    /* Optional: on a failed open, a message naming what failed (for
+     * TW_EIO: the segment file and the offset of the damage), NUL-ended. */
+    char *errbuf;
+    size_t errbuf_len;
 } tw_durable_config;
 
 typedef struct tw_durable_stats {
