@@ -411,10 +411,8 @@ static void abs_after(struct timespec *ts, uint64_t ns)
     ts->tv_nsec = (long)(ns % 1000000000u);
 }
 
-int tw__jr_wait(jr_writer *w, uint64_t lsn)
+static int jr_wait_locked(jr_writer *w, uint64_t lsn)
 {
-    if (w->sync_mode == TW_DURABLE_SYNC_NONE)
-        return 0;
     uint64_t gen = w->fail_gen;
     while (w->synced < lsn) {
         if (w->fail_gen != gen && lsn <= w->fail_target)
@@ -426,20 +424,28 @@ int tw__jr_wait(jr_writer *w, uint64_t lsn)
         /* Lead a sync. With SYNC_EACH every caller syncs for itself. */
         bool lead = !w->syncing;
         w->syncing = true;
-        if (lead && w->group_ns &&
-            atomic_load_explicit(&w->entering, memory_order_relaxed) > 0) {
+        if (lead && w->sync_mode == TW_DURABLE_SYNC_GROUP && w->group_ns &&
+            (atomic_load_explicit(&w->entering, memory_order_relaxed) > 0 ||
+             w->waiting < w->last_batch)) {
+            /* Give the callers that are about to append, and as many as
+             * the last sync served, up to group_commit_us to join. */
             struct timespec ts;
             abs_after(&ts, w->group_ns);
             w->lead_waiting = true;
             while (atomic_load_explicit(&w->entering, memory_order_relaxed) >
-                   0) {
-                if (pthread_cond_timedwait(&w->lead_cv, w->mu, &ts) != 0)
+                       0 ||
+                   w->waiting < w->last_batch) {
+                if (pthread_cond_timedwait(&w->lead_cv, w->mu, &ts) != 0) {
+                    /* Fewer callers than before: expect what came. */
+                    w->last_batch = w->waiting;
                     break;
+                }
             }
             w->lead_waiting = false;
         }
         jr_seg *cur = &w->segs[w->nseg - 1];
         uint64_t target = w->written;
+        int batch = w->waiting;
         if ((uint32_t)(lsn >> 32) != cur->no) {
             /* Our segment was rotated away: it was synced whole. */
             if (lead)
@@ -458,6 +464,8 @@ int tw__jr_wait(jr_writer *w, uint64_t lsn)
         if (rc == 0) {
             if (target > w->synced)
                 w->synced = target;
+            if (batch > w->last_batch)
+                w->last_batch = batch;
         } else {
             w->fail_gen++;
             w->fail_target = target;
@@ -468,6 +476,18 @@ int tw__jr_wait(jr_writer *w, uint64_t lsn)
             return rc;
     }
     return 0;
+}
+
+int tw__jr_wait(jr_writer *w, uint64_t lsn)
+{
+    if (w->sync_mode == TW_DURABLE_SYNC_NONE || w->synced >= lsn)
+        return 0;
+    w->waiting++;
+    if (w->lead_waiting)
+        pthread_cond_signal(&w->lead_cv);
+    int rc = jr_wait_locked(w, lsn);
+    w->waiting--;
+    return rc;
 }
 
 void tw__jr_leave(jr_writer *w)

@@ -110,7 +110,10 @@ typedef struct jr_writer {
     pthread_cond_t sync_cv;
     pthread_cond_t lead_cv; /* a leader waiting for callers to append */
     bool lead_waiting;
-    jr_seg *segs; /* oldest first; segs[nseg - 1] is appended to */
+    int waiting;    /* callers inside tw__jr_wait */
+    int last_batch; /* callers a sync is expected to serve: grows to the
+                       largest batch, shrinks when the wait times out */
+    jr_seg *segs;   /* oldest first; segs[nseg - 1] is appended to */
     size_t nseg, cap;
     uint64_t written, synced; /* LSNs */
     bool syncing;
