@@ -974,11 +974,21 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
             break;
         }
         *damaged |= src == 1;
-        if (end < size) { /* a torn tail */
-            if (ftruncate(fd, (off_t)end) != 0 || fdatasync(fd) != 0) {
-                close(fd);
-                rc = TW_EIO;
-                break;
+        if (end < size) {
+            /* Zeros after the last record are the preallocated rest of the
+             * segment; anything else is a torn tail, cleared so that no
+             * stale record can ever follow the next append. */
+            bool zeros = true;
+            for (size_t k = end; k < size && zeros; k++)
+                zeros = buf[k] == 0;
+            if (!zeros) {
+                if (ftruncate(fd, (off_t)end) != 0 || fdatasync(fd) != 0) {
+                    close(fd);
+                    rc = TW_EIO;
+                    break;
+                }
+                if (last)
+                    (void)tw__jr_preallocate(fd, s->w.segment_bytes);
             }
         }
         if (s->w.nseg == s->w.cap) {

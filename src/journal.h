@@ -143,6 +143,8 @@ int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
 int tw__jr_wait(jr_writer *w, uint64_t lsn);
 /* A caller counted in @entering has appended (or given up). */
 void tw__jr_leave(jr_writer *w);
+/* Allocate @bytes of zeros for a segment file. */
+int tw__jr_preallocate(int fd, uint64_t bytes);
 /* Delete the oldest segment (it must not be the current one). */
 int tw__jr_drop_oldest(jr_writer *w);
 /* The segment numbered @no, or NULL. */
