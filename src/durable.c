@@ -86,8 +86,23 @@ struct delivery {
     unsigned char raw[];
 };
 
+/* Nodes come from chunks, one free list per 16-byte size class, so a node
+ * costs its own bytes rounded up to 16 and no allocator header. Memory of
+ * freed nodes is kept for new ones until close. */
+#define SLAB_CHUNK (256u * 1024u)
+#define SLAB_CLASSES ((sizeof(struct dnode) + TW_DURABLE_KEY_MAX + 15) / 16 + 1)
+
+struct slab {
+    void *free[SLAB_CLASSES];
+    unsigned char *cur;
+    size_t left;
+    void **chunks;
+    size_t nchunks, cap;
+};
+
 typedef struct jstore {
     struct tw_durable base;
+    struct slab slab;
     pthread_mutex_t mu;
     jr_writer w;
     tw_wheel *wheel;
@@ -185,7 +200,7 @@ static struct dnode **hfind(jstore *s, const void *key, size_t len)
 /* Room for one more key; TW_ENOMEM with nothing changed. */
 static int hreserve(jstore *s)
 {
-    if (s->count < s->nbuckets)
+    if (s->count < 2 * s->nbuckets) /* at most two keys per bucket */
         return 0;
     size_t nb = s->nbuckets * 2;
     struct dnode **b = tw__calloc(nb, sizeof *b);
@@ -208,9 +223,51 @@ static int hreserve(jstore *s)
 
 static void on_due(tw_timer *t, void *arg);
 
+static size_t node_class(size_t key_len)
+{
+    return (offsetof(struct dnode, key) + key_len + 15) / 16;
+}
+
+static void *slab_alloc(struct slab *sl, size_t cls)
+{
+    void *p = sl->free[cls];
+    if (p) {
+        memcpy(&sl->free[cls], p, sizeof(void *));
+        return p;
+    }
+    size_t size = cls * 16;
+    if (sl->left < size) {
+        if (sl->nchunks == sl->cap) {
+            size_t nc = sl->cap ? sl->cap * 2 : 16;
+            void **ch = tw__realloc(sl->chunks, nc * sizeof *ch);
+            if (!ch)
+                return NULL;
+            sl->chunks = ch;
+            sl->cap = nc;
+        }
+        unsigned char *c = tw__malloc(SLAB_CHUNK);
+        if (!c)
+            return NULL;
+        sl->chunks[sl->nchunks++] = c;
+        sl->cur = c;
+        sl->left = SLAB_CHUNK;
+    }
+    p = sl->cur;
+    sl->cur += size;
+    sl->left -= size;
+    return p;
+}
+
+static void node_free(jstore *s, struct dnode *n)
+{
+    size_t cls = node_class(n->key_len);
+    memcpy(n, &s->slab.free[cls], sizeof(void *));
+    s->slab.free[cls] = n;
+}
+
 static struct dnode *node_new(jstore *s, const void *key, size_t len)
 {
-    struct dnode *n = tw__malloc(offsetof(struct dnode, key) + len);
+    struct dnode *n = slab_alloc(&s->slab, node_class(len));
     if (!n)
         return NULL;
     tw_timer_init(&n->tm, on_due, s);
@@ -241,7 +298,7 @@ static void node_remove(jstore *s, struct dnode **pp)
         n->flags |= DN_ORPHAN;
     } else {
         tw_wheel_cancel(s->wheel, &n->tm);
-        tw__free(n);
+        node_free(s, n);
     }
 }
 
@@ -287,7 +344,8 @@ static int j_schedule(tw_durable *d, const void *key, size_t key_len,
                        payload_len, &seg, &off, &lsn);
     tw__jr_leave(&s->w);
     if (rc) {
-        tw__free(fresh);
+        if (fresh)
+            node_free(s, fresh);
         pthread_mutex_unlock(&s->mu);
         return rc;
     }
@@ -421,7 +479,7 @@ static void complete(jstore *s, struct delivery *dl, int r)
     else
         s->fired++;
     if (n->flags & DN_ORPHAN) {
-        tw__free(n);
+        node_free(s, n);
     } else if (r > 0) {
         int64_t due = wall(s) + r;
         uint32_t seg, off;
@@ -473,7 +531,7 @@ static void deliver_chunk(jstore *s)
     while (s->due_pos < s->ndue && count < CHUNK) {
         struct dnode *n = s->due[s->due_pos++];
         if (n->flags & DN_ORPHAN) {
-            tw__free(n);
+            node_free(s, n);
             continue;
         }
         struct delivery *dl = read_record(s, n);
@@ -717,7 +775,7 @@ void tw__durable_sync(tw_durable *d)
 
 size_t tw__durable_node_size(size_t key_len)
 {
-    return offsetof(struct dnode, key) + key_len;
+    return node_class(key_len) * 16;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -727,18 +785,12 @@ static void free_all(jstore *s)
 {
     for (struct delivery *dl = s->qhead, *nx; dl; dl = nx) {
         nx = dl->next;
-        if (dl->node->flags & DN_ORPHAN)
-            tw__free(dl->node);
         tw__free(dl);
     }
-    for (size_t i = s->due_pos; i < s->ndue; i++)
-        if (s->due[i]->flags & DN_ORPHAN)
-            tw__free(s->due[i]);
-    for (size_t i = 0; s->buckets && i < s->nbuckets; i++)
-        for (struct dnode *n = s->buckets[i], *nx; n; n = nx) {
-            nx = n->hnext;
-            tw__free(n);
-        }
+    /* Every node lives in the slab's chunks. */
+    for (size_t i = 0; i < s->slab.nchunks; i++)
+        tw__free(s->slab.chunks[i]);
+    tw__free(s->slab.chunks);
     tw__free(s->buckets);
     tw__free(s->due);
     tw__free(s->exec);
@@ -812,15 +864,14 @@ static int replay_one(void *arg, const jr_rec *r)
 {
     struct replay_ctx *c = arg;
     jstore *s = c->s;
+    if (r->type == JR_SCHED && hreserve(s) != 0)
+        return TW_ENOMEM;
     struct dnode **pp = hfind(s, r->key, r->key_len);
     struct dnode *n = *pp;
     switch (r->type) {
     case JR_SCHED:
         c->sched++;
         if (!n) {
-            if (hreserve(s) != 0)
-                return TW_ENOMEM;
-            pp = hfind(s, r->key, r->key_len);
             n = node_new(s, r->key, r->key_len);
             if (!n)
                 return TW_ENOMEM;
@@ -842,7 +893,7 @@ static int replay_one(void *arg, const jr_rec *r)
             *pp = n->hnext;
             s->count--;
             tw_wheel_cancel(s->wheel, &n->tm);
-            tw__free(n);
+            node_free(s, n);
         }
         break;
     }

@@ -40,6 +40,46 @@ int (*tw__journal_fault)(int op);
 
 static uint32_t crc_tab[8][256];
 static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+static uint32_t (*crc_fn)(uint32_t crc, const unsigned char *p, size_t n);
+
+static uint32_t crc_sw(uint32_t crc, const unsigned char *p, size_t n)
+{
+    while (n >= 8) {
+        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 |
+                             (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        crc = crc_tab[7][lo & 0xff] ^ crc_tab[6][(lo >> 8) & 0xff] ^
+              crc_tab[5][(lo >> 16) & 0xff] ^ crc_tab[4][lo >> 24] ^
+              crc_tab[3][p[4]] ^ crc_tab[2][p[5]] ^ crc_tab[1][p[6]] ^
+              crc_tab[0][p[7]];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        crc = (crc >> 8) ^ crc_tab[0][(crc ^ *p++) & 0xff];
+    return crc;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define TW_CRC_HW 1
+/* The SSE4.2 crc32 instruction computes the same CRC32C (little-endian
+ * loads: x86 only). */
+__attribute__((target("sse4.2"))) static uint32_t
+crc_hw(uint32_t crc, const unsigned char *p, size_t n)
+{
+    uint64_t c = crc;
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        c = __builtin_ia32_crc32di(c, v);
+        p += 8;
+        n -= 8;
+    }
+    uint32_t c32 = (uint32_t)c;
+    while (n--)
+        c32 = __builtin_ia32_crc32qi(c32, *p++);
+    return c32;
+}
+#endif
 
 static void crc_init(void)
 {
@@ -53,26 +93,18 @@ static void crc_init(void)
         for (int t = 1; t < 8; t++)
             crc_tab[t][i] =
                 (crc_tab[t - 1][i] >> 8) ^ crc_tab[0][crc_tab[t - 1][i] & 0xff];
+    crc_fn = crc_sw;
+#ifdef TW_CRC_HW
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("sse4.2"))
+        crc_fn = crc_hw;
+#endif
 }
 
 uint32_t tw__crc32c(uint32_t crc, const void *buf, size_t n)
 {
     pthread_once(&crc_once, crc_init);
-    const unsigned char *p = buf;
-    crc = ~crc;
-    while (n >= 8) {
-        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 |
-                             (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
-        crc = crc_tab[7][lo & 0xff] ^ crc_tab[6][(lo >> 8) & 0xff] ^
-              crc_tab[5][(lo >> 16) & 0xff] ^ crc_tab[4][lo >> 24] ^
-              crc_tab[3][p[4]] ^ crc_tab[2][p[5]] ^ crc_tab[1][p[6]] ^
-              crc_tab[0][p[7]];
-        p += 8;
-        n -= 8;
-    }
-    while (n--)
-        crc = (crc >> 8) ^ crc_tab[0][(crc ^ *p++) & 0xff];
-    return ~crc;
+    return ~crc_fn(~crc, buf, n);
 }
 
 /* ------------------------------------------------------------------------ */

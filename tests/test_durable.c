@@ -903,10 +903,15 @@ static void test_group_commit(void)
     rm_dir(dir);
 }
 
+/* A pending timer's record: 64 bytes plus the key, rounded up to 16. */
 static void test_node_size(void)
 {
     ASSERT_EQ(tw__durable_node_size(0), 64);
+    ASSERT_EQ(tw__durable_node_size(1), 80);
     ASSERT_EQ(tw__durable_node_size(16), 80);
+    ASSERT_EQ(tw__durable_node_size(17), 96);
+    /* The checksum is CRC32C (its check value). */
+    ASSERT_EQ(tw__crc32c(0, "123456789", 9), 0xE3069283u);
 }
 
 int main(void)
