@@ -995,8 +995,12 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
             break;
         }
         if (!tw__jr_seg_hdr_ok(buf, size, nos[i])) {
-            /* A crash while the newest segment was being made. */
-            bool empty = last && size <= JR_SEG_HDR;
+            /* A crash while the newest segment was being made (it is
+             * preallocated before its header is written and synced, and
+             * gets records only after that): nothing but zeros follow. */
+            bool empty = last;
+            for (size_t k = JR_SEG_HDR; k < size && empty; k++)
+                empty = buf[k] == 0;
             if (empty || repair) {
                 close(fd);
                 unlinkat(s->dirfd, name, 0);

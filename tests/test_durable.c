@@ -557,6 +557,26 @@ static void test_torn_tail(void)
         ASSERT_EQ(stats(d).recovered, whole + 1);
         ASSERT_EQ(tw_durable_close(d), 0);
     }
+    /* A crash after the newest segment was preallocated, before its
+     * header was written: zeros only. */
+    {
+        tw_durable_config c = base_cfg(dir);
+        tw_durable *d = open_ok(&c);
+        tw_durable_stats st = stats(d);
+        ASSERT_EQ(tw_durable_close(d), 0);
+        char next[600];
+        snprintf(next, sizeof next, "%s/0000000002.twj", dir);
+        unsigned char *z = calloc(1, 16384);
+        write_file(next, z, 16384);
+        free(z);
+        d = open_ok(&c);
+        ASSERT_EQ(stats(d).recovered, st.pending);
+        ASSERT_EQ(sched(d, "later", INT64_MAX / 2, ""), 0);
+        ASSERT_EQ(tw_durable_close(d), 0);
+        d = open_ok(&c);
+        ASSERT_EQ(stats(d).recovered, st.pending + 1);
+        ASSERT_EQ(tw_durable_close(d), 0);
+    }
     /* A cut inside the segment header of the only segment. */
     write_file(seg1(dir), b, 10);
     tw_durable_config c = base_cfg(dir);
