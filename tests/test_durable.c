@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -377,7 +378,8 @@ static int die_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     (void)d;
     (void)t;
     (void)arg;
-    _exit(7);
+    raise(SIGKILL); /* a crash: no exit handlers (nor valgrind's checks) */
+    return 0;
 }
 
 static void test_attempt_after_crash(void)
@@ -400,8 +402,8 @@ static void test_attempt_after_crash(void)
     }
     int status;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    ASSERT(WIFEXITED(status));
-    ASSERT_EQ(WEXITSTATUS(status), 7);
+    ASSERT(WIFSIGNALED(status));
+    ASSERT_EQ(WTERMSIG(status), SIGKILL);
     tw_durable_config c = base_cfg(dir);
     set_wall(t0 + 5);
     tw_durable *d = open_ok(&c);
@@ -419,15 +421,26 @@ static void test_busy(void)
     tw_durable *d = open_ok(&c), *d2 = NULL;
     ASSERT_EQ(tw_durable_open(&d2, &c), TW_EBUSY);
     ASSERT_NULL(d2);
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
     pid_t pid = fork();
     ASSERT(pid >= 0);
-    if (pid == 0) {
+    if (pid == 0) { /* reports through the pipe, then dies without exit
+                       handlers (valgrind's leak check would see the
+                       parent's store, copied into the child) */
         tw_durable *d3 = NULL;
-        _exit(tw_durable_open(&d3, &c) == TW_EBUSY ? 0 : 1);
+        char ok = tw_durable_open(&d3, &c) == TW_EBUSY ? 'y' : 'n';
+        if (write(p[1], &ok, 1) != 1)
+            ok = 'n';
+        raise(SIGKILL);
     }
+    close(p[1]);
+    char got = 0;
+    ASSERT_EQ(read(p[0], &got, 1), 1);
+    ASSERT_EQ(got, 'y');
+    close(p[0]);
     int status;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     ASSERT_EQ(tw_durable_close(d), 0);
     d = open_ok(&c); /* the lock went with the handle */
     ASSERT_EQ(tw_durable_close(d), 0);

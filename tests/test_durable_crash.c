@@ -182,7 +182,9 @@ static void child_main(const char *dir, uint32_t inc, bool final)
         tw_durable_close(store);
         m.type = M_FINISHED;
         send_msg(&m);
-        _exit(0);
+        /* No exit handlers: under valgrind, a leak check here would see
+         * the parent's bookkeeping copied into the child. */
+        raise(SIGKILL);
     }
     pthread_t t[THREADS];
     for (uint32_t i = 0; i < THREADS; i++)
@@ -409,13 +411,10 @@ static void run_child(const char *dir, uint32_t inc, int kill_ms)
     close(p[0]);
     int status;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    if (kill_ms >= 0) {
-        if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL))
-            TW_TEST_FAIL_("child %u ended with status %d", inc, status);
-    } else {
-        ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL))
+        TW_TEST_FAIL_("child %u ended with status %d", inc, status);
+    if (kill_ms < 0)
         ASSERT(finished);
-    }
 }
 
 int main(int argc, char **argv)
