@@ -65,6 +65,7 @@
 
 #define WALL_CHECK_MS 250
 #define CHUNK 256
+#define CHUNK_BYTES (4u << 20)
 #define RETRY_IO_MS 1000
 
 enum { DN_FIRING = 1, DN_ORPHAN = 2 };
@@ -528,7 +529,8 @@ static void deliver_chunk(jstore *s)
     struct delivery *head = NULL, **tail = &head;
     uint64_t lsn = 0;
     int count = 0;
-    while (s->due_pos < s->ndue && count < CHUNK) {
+    size_t bytes = 0; /* payloads read under the mutex in this chunk */
+    while (s->due_pos < s->ndue && count < CHUNK && bytes < CHUNK_BYTES) {
         struct dnode *n = s->due[s->due_pos++];
         if (n->flags & DN_ORPHAN) {
             node_free(s, n);
@@ -549,6 +551,7 @@ static void deliver_chunk(jstore *s)
             continue;
         }
         lsn = l;
+        bytes += dl->rec.size;
         n->attempt++;
         *tail = dl;
         tail = &dl->next;

@@ -937,6 +937,46 @@ static void test_group_commit(void)
 }
 
 /* A pending timer's record: 64 bytes plus the key, rounded up to 16. */
+/* The largest payload goes to disk and comes back whole at fire time,
+ * after a restart too. */
+static size_t big_len;
+static uint32_t big_crc;
+
+static int big_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)arg;
+    big_len = t->payload_len;
+    big_crc = tw__crc32c(0, t->payload, t->payload_len);
+    return 0;
+}
+
+static void test_big_payload(void)
+{
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.fire = big_fire;
+    c.segment_bytes = 0; /* default: 64 MiB */
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    unsigned char *p = malloc(TW_DURABLE_PAYLOAD_MAX);
+    uint64_t rng = 7;
+    for (size_t i = 0; i < TW_DURABLE_PAYLOAD_MAX; i++)
+        p[i] = (unsigned char)tw_test_rand(&rng);
+    tw_durable *d = open_ok(&c);
+    ASSERT_EQ(
+        tw_durable_schedule(d, "big", 3, t0 + 5, p, TW_DURABLE_PAYLOAD_MAX), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = open_ok(&c);
+    set_wall(t0 + 5);
+    tw__durable_sync(d);
+    ASSERT_EQ(big_len, TW_DURABLE_PAYLOAD_MAX);
+    ASSERT_EQ(big_crc, tw__crc32c(0, p, TW_DURABLE_PAYLOAD_MAX));
+    ASSERT_EQ(tw_durable_close(d), 0);
+    free(p);
+    rm_dir(dir);
+}
+
 static void test_node_size(void)
 {
     ASSERT_EQ(tw__durable_node_size(0), 64);
@@ -965,6 +1005,7 @@ int main(void)
     RUN_TEST(test_compaction);
     RUN_TEST(test_executors);
     RUN_TEST(test_group_commit);
+    RUN_TEST(test_big_payload);
     RUN_TEST(test_node_size);
     return tw_test_done();
 }
