@@ -8,6 +8,7 @@ test_pkgs=(cmake ninja-build gcc clang clang-format libclang-rt-14-dev llvm-14 v
   pkg-config faketime procps libuv1-dev libevent-dev liburing-dev doxygen
   dpkg-dev)
 bench_pkgs=(cmake ninja-build gcc pkg-config libuv1-dev libevent-dev
+  redis-server libsqlite3-dev
   gnuplot-nox default-jdk-headless libnetty-java procps)
 case $group in
   test) pkgs=("${test_pkgs[@]}") ;;

@@ -65,4 +65,13 @@ int tw__repeated_create_on(tw_repeated **out, const tw__sched *sched,
 /* The task function every RepeatedTimer schedules. */
 void tw__repeated_task(tw_id id, void *arg);
 
+/* Durable store test hooks (src/durable.c). tw__durable_sync returns once
+ * the store's thread has run a whole round that began after the call (read
+ * the wall clock, fired what is due, compacted) and every callback it
+ * started has returned. tw__durable_node_size: bytes of one pending
+ * timer's record with a key of @key_len bytes. */
+struct tw_durable;
+void tw__durable_sync(struct tw_durable *d);
+size_t tw__durable_node_size(size_t key_len);
+
 #endif

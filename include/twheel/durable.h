@@ -13,7 +13,10 @@
  *     own wheel and fires them.
  *
  * Delivery is at least once: a callback may see the same timer again after
- * a crash (attempt > 1), and must tolerate it.
+ * a crash (attempt > 1), and must tolerate it. Nothing is delivered before
+ * its due time by the wall clock, except after the wall clock steps back
+ * by S: a timer scheduled then for a time the store has already passed
+ * fires at once, early by at most S (README.md "Durable timers").
  *
  * Thread safety: tw_durable_schedule(), tw_durable_cancel() and
  * tw_durable_stats_get() may be called from any thread, callbacks included.
@@ -96,6 +99,11 @@ typedef struct tw_durable_config {
     int64_t (*wall_ms)(void *clock_arg);
     uint64_t (*mono_ns)(void *clock_arg); /* monotonic clock, ns */
     void *clock_arg;                      /* passed to both clocks */
+
+    /* Optional: on a failed open, a message naming what failed (for
+     * TW_EIO: the segment file and the offset of the damage), NUL-ended. */
+    char *errbuf;
+    size_t errbuf_len;
 } tw_durable_config;
 
 /* A store's counters, from tw_durable_stats_get(). */
@@ -135,8 +143,14 @@ TW_EXTERN int tw_durable_schedule(tw_durable *d, const void *key,
 
 /*
  * tw_durable_cancel - make @key never fire (again). Returns 0 once that is
- * durable; TW_ENOENT if @key is not pending; TW_EINVAL, TW_EIO, TW_ENOSPC,
- * TW_ECONN or TW_ESHUTDOWN.
+ * durable; TW_ENOENT if @key is not pending (never scheduled, or done);
+ * TW_EINVAL, TW_EIO, TW_ENOSPC, TW_ECONN or TW_ESHUTDOWN. A delivery of
+ * @key whose callback is already running is not stopped: the call still
+ * returns 0 and the key is not delivered again.
+ *
+ * Disk errors (journal): TW_EIO or TW_ENOSPC from a write means nothing
+ * changed; from a failed fdatasync the change stays in memory and may or
+ * may not survive a crash (as after a timeout).
  */
 TW_EXTERN int tw_durable_cancel(tw_durable *d, const void *key, size_t key_len);
 

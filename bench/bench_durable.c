@@ -1,0 +1,563 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench/bench_durable.c - durable timers: twheel's journal against a Redis
+ * sorted-set delay queue and SQLite in WAL mode, at the same durability
+ * (every acknowledged call is on stable storage).
+ *
+ *   bench_durable twheel sched  DIR THREADS SECONDS [PAYLOAD]
+ *   bench_durable twheel cancel DIR THREADS SECONDS [PAYLOAD]
+ *   bench_durable twheel recover DIR N [PAYLOAD]
+ *   bench_durable redis  sched  PORT THREADS SECONDS DEPTH [PAYLOAD]
+ *   bench_durable sqlite sched  FILE THREADS SECONDS [PAYLOAD]
+ *
+ * sched: each thread schedules fresh 16-byte keys due in one hour, for
+ * SECONDS; prints calls/s and the p50/p99 latency of one call (for Redis
+ * with DEPTH > 1: of one pipelined batch of DEPTH calls, divided by
+ * nothing: the time from sending the batch to its last reply).
+ * cancel: first schedules THREADS x 20000 keys with SYNC_NONE, then the
+ * threads cancel them with SYNC_GROUP. recover: writes N pending timers,
+ * closes, then times tw_durable_open and measures the RSS it added and the
+ * journal's bytes. One line of key=value per run, for scripts.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <twheel/durable.h>
+
+#ifdef TWB_HAVE_SQLITE
+#include <sqlite3.h>
+#endif
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void die(const char *what, int rc)
+{
+    fprintf(stderr, "bench_durable: %s: %d %s\n", what, rc,
+            rc < 0 ? tw_strerror(rc) : "");
+    exit(1);
+}
+
+static int no_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)t;
+    (void)arg;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Latency samples. */
+
+struct worker {
+    pthread_t th;
+    int id;
+    uint64_t ops;
+    uint64_t *lat;
+    size_t nlat, caplat;
+    uint64_t until;
+    size_t first; /* cancel: first key index */
+};
+
+static void sample(struct worker *w, uint64_t ns)
+{
+    if (w->nlat == w->caplat) {
+        w->caplat = w->caplat ? w->caplat * 2 : 4096;
+        w->lat = realloc(w->lat, w->caplat * sizeof *w->lat);
+        if (!w->lat)
+            die("realloc", 0);
+    }
+    w->lat[w->nlat++] = ns;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void report(const char *sys, const char *op, int threads, int depth,
+                   struct worker *w, double secs)
+{
+    uint64_t ops = 0;
+    size_t n = 0;
+    for (int i = 0; i < threads; i++) {
+        ops += w[i].ops;
+        n += w[i].nlat;
+    }
+    uint64_t *all = malloc((n ? n : 1) * sizeof *all);
+    size_t k = 0;
+    for (int i = 0; i < threads; i++) {
+        memcpy(all + k, w[i].lat, w[i].nlat * sizeof *all);
+        k += w[i].nlat;
+        free(w[i].lat);
+    }
+    qsort(all, n, sizeof *all, cmp_u64);
+    double p50 = n ? (double)all[n / 2] / 1000 : 0;
+    double p99 = n ? (double)all[n * 99 / 100] / 1000 : 0;
+    printf("system=%s op=%s threads=%d depth=%d ops=%" PRIu64
+           " secs=%.2f ops_per_s=%.0f p50_us=%.1f p99_us=%.1f\n",
+           sys, op, threads, depth, ops, secs, (double)ops / secs, p50, p99);
+    free(all);
+}
+
+/* ------------------------------------------------------------------------ */
+/* twheel. */
+
+static tw_durable *store;
+static char payload[4096];
+static size_t payload_len = 64;
+
+/* A 16-byte key (plus NUL): "t" + 2 digits of thread + "-" + 12 digits. */
+static void key_of(char *k, int thread, uint64_t i)
+{
+    char tmp[48];
+    snprintf(tmp, sizeof tmp, "t%02d-%012" PRIu64, thread % 100,
+             i % UINT64_C(1000000000000));
+    memcpy(k, tmp, 16);
+    k[16] = 0;
+}
+
+static void *tw_sched_main(void *p)
+{
+    struct worker *w = p;
+    int64_t due = wall_ms() + 3600 * 1000;
+    char k[17];
+    for (uint64_t i = 0;; i++) {
+        key_of(k, w->id, i);
+        uint64_t t0 = mono_ns();
+        int rc = tw_durable_schedule(store, k, 16, due, payload, payload_len);
+        uint64_t t1 = mono_ns();
+        if (rc)
+            die("schedule", rc);
+        sample(w, t1 - t0);
+        w->ops++;
+        if (t1 >= w->until)
+            break;
+    }
+    return NULL;
+}
+
+#define CANCEL_KEYS 20000
+
+static void *tw_cancel_main(void *p)
+{
+    struct worker *w = p;
+    char k[17];
+    for (uint64_t i = 0; i < CANCEL_KEYS; i++) {
+        key_of(k, w->id, i);
+        uint64_t t0 = mono_ns();
+        int rc = tw_durable_cancel(store, k, 16);
+        uint64_t t1 = mono_ns();
+        if (rc)
+            die("cancel", rc);
+        sample(w, t1 - t0);
+        w->ops++;
+        if (t1 >= w->until)
+            break;
+    }
+    return NULL;
+}
+
+static void tw_open(const char *dir, uint32_t sync)
+{
+    tw_durable_config c;
+    memset(&c, 0, sizeof c);
+    c.dir = dir;
+    c.fire = no_fire;
+    c.sync = sync;
+    int rc = tw_durable_open(&store, &c);
+    if (rc)
+        die("open", rc);
+}
+
+static void run_threads(int threads, double secs, void *(*fn)(void *),
+                        struct worker *w)
+{
+    uint64_t until = mono_ns() + (uint64_t)(secs * 1e9);
+    for (int i = 0; i < threads; i++) {
+        w[i].id = i;
+        w[i].until = until;
+        pthread_create(&w[i].th, NULL, fn, &w[i]);
+    }
+    for (int i = 0; i < threads; i++)
+        pthread_join(w[i].th, NULL);
+}
+
+static long rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &res) != 2)
+            res = 0;
+        fclose(f);
+    }
+    return res * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static int bench_twheel(int argc, char **argv)
+{
+    const char *op = argv[2], *dir = argv[3];
+    if (strcmp(op, "recover") == 0) {
+        uint64_t n = strtoull(argv[4], NULL, 10);
+        if (argc > 5)
+            payload_len = strtoul(argv[5], NULL, 10);
+        /* Fill in a child, so that this process's heap is fresh. */
+        pid_t pid = fork();
+        if (pid == 0) {
+            tw_open(dir, TW_DURABLE_SYNC_NONE);
+            int64_t due = wall_ms() + 24 * 3600 * 1000;
+            char k[17];
+            for (uint64_t i = 0; i < n; i++) {
+                key_of(k, 0, i);
+                int rc = tw_durable_schedule(store, k, 16,
+                                             due + (int64_t)(i % 100000),
+                                             payload, payload_len);
+                if (rc)
+                    die("schedule", rc);
+            }
+            tw_durable_close(store);
+            _exit(0);
+        }
+        int status;
+        if (pid < 0 || waitpid(pid, &status, 0) != pid || status != 0)
+            die("fill", 0);
+        long rss0 = rss_kib();
+        uint64_t t0 = mono_ns();
+        tw_open(dir, TW_DURABLE_SYNC_GROUP);
+        double open_s = (double)(mono_ns() - t0) / 1e9;
+        long rss1 = rss_kib();
+        tw_durable_stats st;
+        tw_durable_stats_get(store, &st);
+        printf("system=twheel op=recover pending=%" PRIu64
+               " open_s=%.3f recovery_us=%" PRIu64
+               " rss_bytes_per_timer=%.1f journal_bytes_per_timer=%.1f "
+               "segments=%" PRIu64 " key=16 payload=%zu\n",
+               st.recovered, open_s, st.recovery_us,
+               (double)(rss1 - rss0) * 1024 / (double)st.recovered,
+               (double)st.journal_bytes / (double)st.recovered, st.segments,
+               payload_len);
+        tw_durable_close(store);
+        return 0;
+    }
+    int threads = atoi(argv[4]);
+    double secs = atof(argv[5]);
+    if (argc > 6)
+        payload_len = strtoul(argv[6], NULL, 10);
+    struct worker *w = calloc((size_t)threads, sizeof *w);
+    if (strcmp(op, "sched") == 0) {
+        tw_open(dir, TW_DURABLE_SYNC_GROUP);
+        uint64_t t0 = mono_ns();
+        run_threads(threads, secs, tw_sched_main, w);
+        double el = (double)(mono_ns() - t0) / 1e9;
+        tw_durable_stats st;
+        tw_durable_stats_get(store, &st);
+        report("twheel", "sched", threads, 1, w, el);
+        printf("  syncs=%" PRIu64 " calls_per_sync=%.1f\n", st.syncs,
+               (double)st.pending / (double)(st.syncs ? st.syncs : 1));
+    } else {
+        tw_open(dir, TW_DURABLE_SYNC_NONE);
+        int64_t due = wall_ms() + 3600 * 1000;
+        char k[17];
+        for (int t = 0; t < threads; t++)
+            for (uint64_t i = 0; i < CANCEL_KEYS; i++) {
+                key_of(k, t, i);
+                int rc = tw_durable_schedule(store, k, 16, due, payload,
+                                             payload_len);
+                if (rc)
+                    die("schedule", rc);
+            }
+        tw_durable_close(store);
+        tw_open(dir, TW_DURABLE_SYNC_GROUP);
+        uint64_t t0 = mono_ns();
+        run_threads(threads, secs, tw_cancel_main, w);
+        report("twheel", "cancel", threads, 1, w,
+               (double)(mono_ns() - t0) / 1e9);
+    }
+    tw_durable_close(store);
+    free(w);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Redis: a sorted set of due times plus a hash of payloads, one Lua script
+ * per schedule (ZADD + HSET), over plain RESP on loopback. */
+
+static int redis_port;
+static int redis_depth;
+static char script_sha[41];
+
+static int redis_connect(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)redis_port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
+        die("connect to redis", -errno);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+static void send_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k <= 0)
+            die("write to redis", -errno);
+        p += k;
+        n -= (size_t)k;
+    }
+}
+
+static size_t cmd(char *buf, int argc, const char **argv, const size_t *lens)
+{
+    size_t o = (size_t)sprintf(buf, "*%d\r\n", argc);
+    for (int i = 0; i < argc; i++) {
+        o += (size_t)sprintf(buf + o, "$%zu\r\n", lens[i]);
+        memcpy(buf + o, argv[i], lens[i]);
+        o += lens[i];
+        buf[o++] = '\r';
+        buf[o++] = '\n';
+    }
+    return o;
+}
+
+/* Read @n replies (simple strings, integers, bulk strings, errors). */
+struct rbuf {
+    char b[1 << 16];
+    size_t lo, hi;
+};
+
+static int rgetc(int fd, struct rbuf *r)
+{
+    if (r->lo == r->hi) {
+        ssize_t k = read(fd, r->b, sizeof r->b);
+        if (k <= 0)
+            die("read from redis", -errno);
+        r->lo = 0;
+        r->hi = (size_t)k;
+    }
+    return (unsigned char)r->b[r->lo++];
+}
+
+static void rline(int fd, struct rbuf *r, char *line, size_t cap)
+{
+    size_t n = 0;
+    int c;
+    while ((c = rgetc(fd, r)) != '\n')
+        if (c != '\r' && n + 1 < cap)
+            line[n++] = (char)c;
+    line[n] = 0;
+}
+
+static void read_reply(int fd, struct rbuf *r, char *out, size_t cap)
+{
+    char line[256];
+    rline(fd, r, line, sizeof line);
+    if (line[0] == '-') {
+        fprintf(stderr, "redis: %s\n", line);
+        exit(1);
+    }
+    if (line[0] == '$') {
+        long len = atol(line + 1);
+        size_t n = 0;
+        for (long i = 0; i < len + 2; i++) {
+            int c = rgetc(fd, r);
+            if (i < len && n + 1 < cap)
+                out[n++] = (char)c;
+        }
+        if (out)
+            out[n] = 0;
+    } else if (out && cap) {
+        size_t n = strlen(line + 1);
+        if (n >= cap)
+            n = cap - 1;
+        memcpy(out, line + 1, n);
+        out[n] = 0;
+    }
+}
+
+static const char *lua =
+    "redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1]) "
+    "redis.call('HSET', KEYS[2], ARGV[1], ARGV[3]) return 1";
+
+static void *redis_main(void *p)
+{
+    struct worker *w = p;
+    int fd = redis_connect();
+    struct rbuf *r = calloc(1, sizeof *r);
+    char *buf = malloc((size_t)redis_depth * (payload_len + 256));
+    char due[24];
+    snprintf(due, sizeof due, "%lld", (long long)(wall_ms() + 3600 * 1000));
+    uint64_t i = 0;
+    for (;;) {
+        size_t o = 0;
+        for (int j = 0; j < redis_depth; j++, i++) {
+            char k[17];
+            key_of(k, w->id, i);
+            const char *av[] = {"EVALSHA", script_sha, "2", "tw:due",
+                                "tw:pay",  k,          due, payload};
+            size_t lens[] = {7, 40, 1, 6, 6, 16, strlen(due), payload_len};
+            o += cmd(buf + o, 8, av, lens);
+        }
+        uint64_t t0 = mono_ns();
+        send_all(fd, buf, o);
+        for (int j = 0; j < redis_depth; j++)
+            read_reply(fd, r, NULL, 0);
+        uint64_t t1 = mono_ns();
+        sample(w, t1 - t0);
+        w->ops += (uint64_t)redis_depth;
+        if (t1 >= w->until)
+            break;
+    }
+    close(fd);
+    free(buf);
+    free(r);
+    return NULL;
+}
+
+static int bench_redis(int argc, char **argv)
+{
+    redis_port = atoi(argv[3]);
+    int threads = atoi(argv[4]);
+    double secs = atof(argv[5]);
+    redis_depth = atoi(argv[6]);
+    if (argc > 7)
+        payload_len = strtoul(argv[7], NULL, 10);
+    int fd = redis_connect();
+    struct rbuf *r = calloc(1, sizeof *r);
+    char buf[1024];
+    const char *av[] = {"SCRIPT", "LOAD", lua};
+    size_t lens[] = {6, 4, strlen(lua)};
+    send_all(fd, buf, cmd(buf, 3, av, lens));
+    read_reply(fd, r, script_sha, sizeof script_sha);
+    close(fd);
+    free(r);
+    struct worker *w = calloc((size_t)threads, sizeof *w);
+    uint64_t t0 = mono_ns();
+    run_threads(threads, secs, redis_main, w);
+    report("redis", "sched", threads, redis_depth, w,
+           (double)(mono_ns() - t0) / 1e9);
+    free(w);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* SQLite in WAL mode, synchronous=FULL: one row per timer, an index on the
+ * due time, one transaction per call, one connection per thread. */
+
+#ifdef TWB_HAVE_SQLITE
+static const char *sqlite_file;
+
+static void *sqlite_main(void *p)
+{
+    struct worker *w = p;
+    sqlite3 *db;
+    if (sqlite3_open(sqlite_file, &db) != SQLITE_OK)
+        die("sqlite3_open", 0);
+    sqlite3_busy_timeout(db, 60000);
+    sqlite3_exec(db, "PRAGMA synchronous=FULL", NULL, NULL, NULL);
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(db,
+                           "INSERT OR REPLACE INTO timers(key, due, payload) "
+                           "VALUES(?, ?, ?)",
+                           -1, &st, NULL) != SQLITE_OK)
+        die(sqlite3_errmsg(db), 0);
+    int64_t due = wall_ms() + 3600 * 1000;
+    char k[17];
+    for (uint64_t i = 0;; i++) {
+        key_of(k, w->id, i);
+        uint64_t t0 = mono_ns();
+        sqlite3_bind_text(st, 1, k, 16, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, due);
+        sqlite3_bind_blob(st, 3, payload, (int)payload_len, SQLITE_STATIC);
+        if (sqlite3_step(st) != SQLITE_DONE)
+            die(sqlite3_errmsg(db), 0);
+        sqlite3_reset(st);
+        uint64_t t1 = mono_ns();
+        sample(w, t1 - t0);
+        w->ops++;
+        if (t1 >= w->until)
+            break;
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return NULL;
+}
+
+static int bench_sqlite(int argc, char **argv)
+{
+    sqlite_file = argv[3];
+    int threads = atoi(argv[4]);
+    double secs = atof(argv[5]);
+    if (argc > 6)
+        payload_len = strtoul(argv[6], NULL, 10);
+    sqlite3 *db;
+    if (sqlite3_open(sqlite_file, &db) != SQLITE_OK)
+        die("sqlite3_open", 0);
+    sqlite3_exec(db,
+                 "PRAGMA journal_mode=WAL;"
+                 "CREATE TABLE IF NOT EXISTS timers(key TEXT PRIMARY KEY, "
+                 "due INTEGER, payload BLOB);"
+                 "CREATE INDEX IF NOT EXISTS timers_due ON timers(due);",
+                 NULL, NULL, NULL);
+    sqlite3_close(db);
+    struct worker *w = calloc((size_t)threads, sizeof *w);
+    uint64_t t0 = mono_ns();
+    run_threads(threads, secs, sqlite_main, w);
+    report("sqlite", "sched", threads, 1, w, (double)(mono_ns() - t0) / 1e9);
+    free(w);
+    return 0;
+}
+#endif
+
+int main(int argc, char **argv)
+{
+    memset(payload, 'p', sizeof payload);
+    if (argc >= 5 && strcmp(argv[1], "twheel") == 0)
+        return bench_twheel(argc, argv);
+    if (argc >= 7 && strcmp(argv[1], "redis") == 0)
+        return bench_redis(argc, argv);
+#ifdef TWB_HAVE_SQLITE
+    if (argc >= 6 && strcmp(argv[1], "sqlite") == 0)
+        return bench_sqlite(argc, argv);
+#endif
+    fprintf(stderr,
+            "usage: bench_durable twheel sched|cancel DIR THREADS SECONDS "
+            "[PAYLOAD]\n"
+            "       bench_durable twheel recover DIR N [PAYLOAD]\n"
+            "       bench_durable redis sched PORT THREADS SECONDS DEPTH "
+            "[PAYLOAD]\n"
+            "       bench_durable sqlite sched FILE THREADS SECONDS "
+            "[PAYLOAD]\n");
+    return 2;
+}

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Durable timers side by side: twheel's journal (SYNC_GROUP), Redis as a
+# sorted-set delay queue (appendonly yes, appendfsync always, then
+# everysec), SQLite in WAL mode with synchronous=FULL. Builds Release in
+# build/bench-durable, starts its own redis-server on 127.0.0.1 with a random
+# free port and a temporary directory, and writes every result line to
+# build/bench-durable/results.txt plus a Markdown table to stdout.
+#
+# Usage: scripts/bench_durable.sh [--secs S] [--big]
+#   --secs S  seconds per throughput run (default 3)
+#   --big     also recover 1e7 pending timers (about 1.2 GB of journal and
+#             1 GB of RAM; a minute or two)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=3
+big=0
+while (($#)); do
+  case $1 in
+    --secs) secs=$2; shift ;;
+    --big) big=1 ;;
+    *) echo "usage: $0 [--secs S] [--big]" >&2; exit 2 ;;
+  esac
+  shift
+done
+scripts/deps.sh bench
+out=build/bench-durable
+mkdir -p "$out"
+cmake -S . -B "$out" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTWHEEL_WERROR=ON \
+  -DTWHEEL_BUILD_TESTS=OFF -DTWHEEL_BUILD_EXAMPLES=OFF >"$out/cmake.log"
+cmake --build "$out" --target bench_durable >/dev/null
+bin=$out/bench/bench_durable
+work=$(mktemp -d "$PWD/$out/work.XXXXXX")
+redis_pid=
+cleanup() {
+  if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+res=$out/results.txt
+{
+  echo "# $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD)$(git diff --quiet || echo -dirty)"
+  echo "# $(nproc) cores, $(uname -r), $(df -T "$work" | awk 'NR==2 {print $2}') on $(df "$work" | awk 'NR==2 {print $1}')"
+  echo "# $(redis-server --version | cut -d' ' -f1-3)"
+} >"$res"
+run() { "$@" | tee -a "$res"; }
+
+for t in 1 4 16; do
+  run "$bin" twheel sched "$work/s$t" "$t" "$secs"
+  rm -rf "$work/s$t"
+done
+for t in 1 4 16; do
+  run "$bin" twheel cancel "$work/c$t" "$t" "$secs"
+  rm -rf "$work/c$t"
+done
+run "$bin" twheel recover "$work/r6" 1000000 64
+echo "# twheel 1e6: $(du -sb "$work/r6" | awk '{printf "%.1f", $1 / 1e6}') B/timer of disk allocated (segments are preallocated whole)" | tee -a "$res"
+rm -rf "$work/r6"
+if ((big)); then
+  run "$bin" twheel recover "$work/r7" 10000000 64
+  rm -rf "$work/r7"
+fi
+
+start_redis() { # $1 = always|everysec
+  local dir=$work/redis-$1
+  mkdir -p "$dir"
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    port=$((20000 + RANDOM % 40000))
+    redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" \
+      --appendonly yes --appendfsync "$1" --save '' --logfile "$dir/log" &
+    redis_pid=$!
+    for _ in $(seq 50); do
+      if redis-cli -p "$port" ping >/dev/null 2>&1; then return 0; fi
+      if ! kill -0 "$redis_pid" 2>/dev/null; then break; fi
+      sleep 0.1
+    done
+    kill "$redis_pid" 2>/dev/null || true
+    wait "$redis_pid" 2>/dev/null || true
+  done
+  echo "cannot start redis-server" >&2
+  exit 1
+}
+stop_redis() {
+  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  wait "$redis_pid" 2>/dev/null || true
+  redis_pid=
+}
+for mode in always everysec; do
+  start_redis "$mode"
+  for t in 1 4 16; do
+    "$bin" redis sched "$port" "$t" "$secs" 1 |
+      sed "s/^system=redis/system=redis-$mode/" | tee -a "$res"
+  done
+  "$bin" redis sched "$port" 16 "$secs" 32 |
+    sed "s/^system=redis/system=redis-$mode/" | tee -a "$res"
+  n=$(redis-cli -p "$port" zcard tw:due)
+  mem=$(redis-cli -p "$port" info memory | awk -F: '/^used_memory:/ {print $2+0}')
+  aof=$(du -sb "$work/redis-$mode" | cut -f1)
+  echo "# redis-$mode: $n timers, used_memory $(awk -v m="$mem" -v n="$n" 'BEGIN {printf "%.1f", m / n}') B/timer, disk $(awk -v m="$aof" -v n="$n" 'BEGIN {printf "%.1f", m / n}') B/timer" | tee -a "$res"
+  stop_redis
+done
+for t in 1 4 16; do
+  run "$bin" sqlite sched "$work/sq$t.db" "$t" "$secs"
+done
+
+echo
+echo "| system | op | threads | in flight per thread | calls/s | p50 us | p99 us |"
+echo "|---|---|---:|---:|---:|---:|---:|"
+awk '/^system=/ && !/op=recover/ {
+  for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+  printf "| %s | %s | %s | %s | %s | %s | %s |\n", v["system"], v["op"],
+    v["threads"], v["depth"], v["ops_per_s"], v["p50_us"], v["p99_us"]
+}' "$res"

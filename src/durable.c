@@ -1,0 +1,1250 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * src/durable.c - twheel/durable.h: the public calls, and the journal
+ * backend (a journal in a directory with the core wheel as its index).
+ *
+ * Design
+ * ------
+ * One mutex orders everything: a call appends its record (journal.c) and
+ * changes the in-memory index in the same critical section, so the journal's
+ * order is the order of the changes; then it waits for group commit.
+ *
+ * Index: a hash table of keys (chained) to nodes. A node is a tw_timer in
+ * the wheel (tick = Unix ms), the hash link, where its schedule record
+ * lives (segment, offset) and how many deliveries began (attempt): 64 bytes
+ * on LP64, then the key. Payloads and due times stay on disk; the store's
+ * thread reads the record back when the timer fires.
+ *
+ * Replay applies the records in order: SCHED makes or replaces the key's
+ * node, CANCEL and DONE remove it, FIRE counts a delivery that began.
+ *
+ * Firing: the store's thread advances the wheel to the wall clock; due
+ * nodes are marked FIRING, their records read, FIRE records appended and
+ * synced (so a redelivery after a crash shows attempt + 1), then the
+ * callbacks run on that thread or on the executors. After a callback, a
+ * DONE record (or a new SCHED for a retry) is appended if the node is still
+ * the key's current version; a key replaced or cancelled meanwhile left its
+ * old node ORPHAN, which is just freed. DONE records are not waited for: a
+ * crash before they are durable means a repeat delivery, which the contract
+ * allows.
+ *
+ * Time: the thread sleeps on CLOCK_MONOTONIC for at most WALL_CHECK_MS
+ * between readings of the wall clock. The wheel never goes back: after the
+ * wall clock steps back by S, timers keep their Unix due times and fire
+ * when the wall clock reaches them again; a timer scheduled during such a
+ * step for a due time the wheel has already passed fires at once (early by
+ * at most S). A step forward fires everything the wall clock now says is
+ * due, within WALL_CHECK_MS.
+ *
+ * Compaction: only the oldest segment is ever deleted, so a CANCEL or DONE
+ * record never outlives the SCHED records it ends. When the journal holds
+ * more than twice its estimated live bytes plus one segment, the store's
+ * thread copies the live SCHED records of the oldest segment to the end of
+ * the journal, syncs, and deletes it.
+ */
+#define _GNU_SOURCE
+
+#include "twheel/durable.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "durable_backend.h"
+#include "internal.h"
+#include "journal.h"
+
+#define WALL_CHECK_MS 250
+#define CHUNK 256
+#define CHUNK_BYTES (4u << 20)
+#define RETRY_IO_MS 1000
+
+enum { DN_FIRING = 1, DN_ORPHAN = 2 };
+
+struct dnode {
+    tw_timer tm;
+    struct dnode *hnext;
+    uint32_t seg, off; /* the SCHED record of this version */
+    uint32_t attempt;  /* deliveries begun */
+    uint16_t key_len;
+    uint16_t flags;
+    unsigned char key[];
+};
+
+struct delivery {
+    struct delivery *next;
+    struct dnode *node;
+    jr_rec rec; /* points into raw */
+    unsigned char raw[];
+};
+
+/* Nodes come from chunks, one free list per 16-byte size class, so a node
+ * costs its own bytes rounded up to 16 and no allocator header. Memory of
+ * freed nodes is kept for new ones until close. */
+#define SLAB_CHUNK (256u * 1024u)
+#define SLAB_CLASSES ((sizeof(struct dnode) + TW_DURABLE_KEY_MAX + 15) / 16 + 1)
+
+struct slab {
+    void *free[SLAB_CLASSES];
+    unsigned char *cur;
+    size_t left;
+    void **chunks;
+    size_t nchunks, cap;
+};
+
+typedef struct jstore {
+    struct tw_durable base;
+    struct slab slab;
+    pthread_mutex_t mu;
+    jr_writer w;
+    tw_wheel *wheel;
+    struct dnode **buckets;
+    size_t nbuckets, count;
+    uint64_t seed;
+    tw_durable_fire_fn fire;
+    void *fire_arg;
+    int64_t (*wall_ms)(void *);
+    uint64_t (*mono_ns)(void *);
+    void *clock_arg;
+    bool fake_mono;
+    int dirfd, lockfd;
+
+    pthread_t thr;
+    pthread_cond_t cv; /* CLOCK_MONOTONIC */
+    bool stop, kicked, closing;
+    int64_t wake_at;
+    uint64_t round_req, round_done;
+    pthread_cond_t round_cv;
+    struct dnode **due;
+    size_t ndue, due_cap, due_pos;
+
+    pthread_t *exec;
+    uint32_t nexec;
+    bool exec_stop;
+    struct delivery *qhead, *qtail;
+    unsigned running;
+    pthread_cond_t qcv;
+
+    uint64_t fired, retried, cancelled, recovered, recovery_us;
+} jstore;
+
+/* ------------------------------------------------------------------------ */
+/* Clocks. */
+
+static int64_t real_wall_ms(void *arg)
+{
+    (void)arg;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uint64_t real_mono_ns(void *arg)
+{
+    (void)arg;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int64_t wall(jstore *s)
+{
+    return s->wall_ms(s->clock_arg);
+}
+
+static uint64_t tick_of(int64_t ms)
+{
+    return ms < 0 ? 0 : (uint64_t)ms;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Hash table. */
+
+static uint64_t hkey(uint64_t seed, const unsigned char *p, size_t n)
+{
+    uint64_t h = seed ^ (n * 0x9E3779B97F4A7C15u);
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        h = (h ^ v) * 0xff51afd7ed558ccdu;
+        h ^= h >> 32;
+        p += 8;
+        n -= 8;
+    }
+    uint64_t v = 0;
+    memcpy(&v, p, n);
+    h = (h ^ v) * 0xc4ceb9fe1a85ec53u;
+    h ^= h >> 29;
+    h *= 0xff51afd7ed558ccdu;
+    return h ^ (h >> 32);
+}
+
+static struct dnode **hfind(jstore *s, const void *key, size_t len)
+{
+    struct dnode **pp =
+        &s->buckets[hkey(s->seed, key, len) & (s->nbuckets - 1)];
+    for (; *pp; pp = &(*pp)->hnext)
+        if ((*pp)->key_len == len && memcmp((*pp)->key, key, len) == 0)
+            return pp;
+    return pp; /* *pp == NULL: where to insert */
+}
+
+/* Room for one more key; TW_ENOMEM with nothing changed. */
+static int hreserve(jstore *s)
+{
+    if (s->count < 2 * s->nbuckets) /* at most two keys per bucket */
+        return 0;
+    size_t nb = s->nbuckets * 2;
+    struct dnode **b = tw__calloc(nb, sizeof *b);
+    if (!b)
+        return TW_ENOMEM;
+    for (size_t i = 0; i < s->nbuckets; i++) {
+        struct dnode *n = s->buckets[i], *nx;
+        for (; n; n = nx) {
+            nx = n->hnext;
+            size_t j = hkey(s->seed, n->key, n->key_len) & (nb - 1);
+            n->hnext = b[j];
+            b[j] = n;
+        }
+    }
+    tw__free(s->buckets);
+    s->buckets = b;
+    s->nbuckets = nb;
+    return 0;
+}
+
+static void on_due(tw_timer *t, void *arg);
+
+static size_t node_class(size_t key_len)
+{
+    return (offsetof(struct dnode, key) + key_len + 15) / 16;
+}
+
+static void *slab_alloc(struct slab *sl, size_t cls)
+{
+    void *p = sl->free[cls];
+    if (p) {
+        memcpy(&sl->free[cls], p, sizeof(void *));
+        return p;
+    }
+    size_t size = cls * 16;
+    if (sl->left < size) {
+        if (sl->nchunks == sl->cap) {
+            size_t nc = sl->cap ? sl->cap * 2 : 16;
+            void **ch = tw__realloc(sl->chunks, nc * sizeof *ch);
+            if (!ch)
+                return NULL;
+            sl->chunks = ch;
+            sl->cap = nc;
+        }
+        unsigned char *c = tw__malloc(SLAB_CHUNK);
+        if (!c)
+            return NULL;
+        sl->chunks[sl->nchunks++] = c;
+        sl->cur = c;
+        sl->left = SLAB_CHUNK;
+    }
+    p = sl->cur;
+    sl->cur += size;
+    sl->left -= size;
+    return p;
+}
+
+static void node_free(jstore *s, struct dnode *n)
+{
+    size_t cls = node_class(n->key_len);
+    memcpy(n, &s->slab.free[cls], sizeof(void *));
+    s->slab.free[cls] = n;
+}
+
+static struct dnode *node_new(jstore *s, const void *key, size_t len)
+{
+    struct dnode *n = slab_alloc(&s->slab, node_class(len));
+    if (!n)
+        return NULL;
+    tw_timer_init(&n->tm, on_due, s);
+    n->hnext = NULL;
+    n->seg = n->off = n->attempt = 0;
+    n->key_len = (uint16_t)len;
+    n->flags = 0;
+    memcpy(n->key, key, len);
+    return n;
+}
+
+static void seg_live(jstore *s, uint32_t no, int delta)
+{
+    jr_seg *g = tw__jr_seg(&s->w, no);
+    if (g)
+        g->live += (uint64_t)(int64_t)delta;
+}
+
+/* Unlink the node at *pp from the table and the wheel; free it unless a
+ * delivery still holds it (then it becomes an orphan). */
+static void node_remove(jstore *s, struct dnode **pp)
+{
+    struct dnode *n = *pp;
+    *pp = n->hnext;
+    s->count--;
+    seg_live(s, n->seg, -1);
+    if (n->flags & DN_FIRING) {
+        n->flags |= DN_ORPHAN;
+    } else {
+        tw_wheel_cancel(s->wheel, &n->tm);
+        node_free(s, n);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Schedule and cancel. */
+
+static void kick_if_earlier(jstore *s, int64_t due)
+{
+    if (due < s->wake_at) {
+        s->kicked = true;
+        pthread_cond_signal(&s->cv);
+    }
+}
+
+static int j_schedule(tw_durable *d, const void *key, size_t key_len,
+                      int64_t due_ms, const void *payload, size_t payload_len)
+{
+    jstore *s = (jstore *)d;
+    atomic_fetch_add(&s->w.entering, 1);
+    pthread_mutex_lock(&s->mu);
+    int rc = 0;
+    struct dnode *fresh = NULL;
+    if (s->closing) {
+        rc = TW_ESHUTDOWN;
+        goto out_entered;
+    }
+    struct dnode **pp = hfind(s, key, key_len);
+    struct dnode *old = *pp;
+    if (!old || (old->flags & DN_FIRING)) {
+        if (!old && (rc = hreserve(s)) != 0)
+            goto out_entered;
+        if (!old)
+            pp = hfind(s, key, key_len); /* the table may have grown */
+        fresh = node_new(s, key, key_len);
+        if (!fresh) {
+            rc = TW_ENOMEM;
+            goto out_entered;
+        }
+    }
+    uint32_t seg, off;
+    uint64_t lsn;
+    rc = tw__jr_append(&s->w, JR_SCHED, key, key_len, due_ms, 0, payload,
+                       payload_len, &seg, &off, &lsn);
+    tw__jr_leave(&s->w);
+    if (rc) {
+        if (fresh)
+            node_free(s, fresh);
+        pthread_mutex_unlock(&s->mu);
+        return rc;
+    }
+    struct dnode *n = old;
+    if (fresh) {
+        if (old) { /* old is being delivered: it becomes an orphan */
+            node_remove(s, pp);
+            pp = hfind(s, key, key_len);
+        }
+        fresh->hnext = *pp;
+        *pp = fresh;
+        s->count++;
+        n = fresh;
+    } else {
+        seg_live(s, n->seg, -1);
+    }
+    n->seg = seg;
+    n->off = off;
+    n->attempt = 0;
+    seg_live(s, seg, +1);
+    tw_wheel_add(s->wheel, &n->tm, tick_of(due_ms));
+    kick_if_earlier(s, due_ms);
+    rc = tw__jr_wait(&s->w, lsn);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+
+out_entered:
+    tw__jr_leave(&s->w);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+static int j_cancel(tw_durable *d, const void *key, size_t key_len)
+{
+    jstore *s = (jstore *)d;
+    atomic_fetch_add(&s->w.entering, 1);
+    pthread_mutex_lock(&s->mu);
+    int rc;
+    struct dnode **pp = hfind(s, key, key_len);
+    if (s->closing || !*pp) {
+        tw__jr_leave(&s->w);
+        pthread_mutex_unlock(&s->mu);
+        return s->closing ? TW_ESHUTDOWN : TW_ENOENT;
+    }
+    uint32_t seg, off;
+    uint64_t lsn;
+    rc = tw__jr_append(&s->w, JR_CANCEL, key, key_len, 0, 0, NULL, 0, &seg,
+                       &off, &lsn);
+    tw__jr_leave(&s->w);
+    if (rc == 0) {
+        node_remove(s, pp);
+        s->cancelled++;
+        rc = tw__jr_wait(&s->w, lsn);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+static int j_stats(tw_durable *d, tw_durable_stats *out)
+{
+    jstore *s = (jstore *)d;
+    pthread_mutex_lock(&s->mu);
+    memset(out, 0, sizeof *out);
+    out->pending = s->count;
+    out->fired = s->fired;
+    out->retried = s->retried;
+    out->cancelled = s->cancelled;
+    for (size_t i = 0; i < s->w.nseg; i++)
+        out->journal_bytes += s->w.segs[i].size;
+    out->segments = s->w.nseg;
+    out->recovered = s->recovered;
+    out->recovery_us = s->recovery_us;
+    out->syncs = s->w.syncs;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Firing. */
+
+static void on_due(tw_timer *t, void *arg)
+{
+    jstore *s = arg;
+    struct dnode *n = TW_CONTAINER_OF(t, struct dnode, tm);
+    if (s->ndue == s->due_cap) {
+        size_t nc = s->due_cap ? s->due_cap * 2 : 256;
+        struct dnode **nd = tw__realloc(s->due, nc * sizeof *nd);
+        if (!nd) { /* try again in a moment */
+            tw_wheel_add(s->wheel, t, tick_of(wall(s)) + RETRY_IO_MS);
+            return;
+        }
+        s->due = nd;
+        s->due_cap = nc;
+    }
+    n->flags |= DN_FIRING;
+    s->due[s->ndue++] = n;
+}
+
+/* Read node @n's SCHED record back (mutex held). NULL on failure. */
+static struct delivery *read_record(jstore *s, struct dnode *n)
+{
+    jr_seg *g = tw__jr_seg(&s->w, n->seg);
+    unsigned char hdr[JR_REC_HDR];
+    if (!g || pread(g->fd, hdr, sizeof hdr, n->off) != (ssize_t)sizeof hdr)
+        return NULL;
+    uint32_t len = (uint32_t)hdr[4] | (uint32_t)hdr[5] << 8 |
+                   (uint32_t)hdr[6] << 16 | (uint32_t)hdr[7] << 24;
+    if (len > JR_MAX_BODY)
+        return NULL;
+    size_t size = JR_REC_HDR + (size_t)len;
+    struct delivery *dl = tw__malloc(sizeof *dl + size);
+    if (!dl)
+        return NULL;
+    if (pread(g->fd, dl->raw, size, n->off) != (ssize_t)size ||
+        tw__jr_decode(dl->raw, size, n->off, &dl->rec) != size ||
+        dl->rec.type != JR_SCHED) {
+        tw__free(dl);
+        return NULL;
+    }
+    dl->next = NULL;
+    dl->node = n;
+    return dl;
+}
+
+/* After the callback returned @r (mutex held). Frees @dl. */
+static void complete(jstore *s, struct delivery *dl, int r)
+{
+    struct dnode *n = dl->node;
+    if (r > 0)
+        s->retried++;
+    else
+        s->fired++;
+    if (n->flags & DN_ORPHAN) {
+        node_free(s, n);
+    } else if (r > 0) {
+        int64_t due = wall(s) + r;
+        uint32_t seg, off;
+        uint64_t lsn;
+        n->flags &= (uint16_t)~DN_FIRING;
+        if (tw__jr_append(&s->w, JR_SCHED, n->key, n->key_len, due, n->attempt,
+                          dl->rec.payload, dl->rec.payload_len, &seg, &off,
+                          &lsn) == 0) {
+            seg_live(s, n->seg, -1);
+            seg_live(s, seg, +1);
+            n->seg = seg;
+            n->off = off;
+        }
+        /* On failure the old record and its FIRE records stay: after a
+         * crash it is delivered again with a higher attempt. */
+        tw_wheel_add(s->wheel, &n->tm, tick_of(due));
+        kick_if_earlier(s, due);
+    } else {
+        uint32_t seg, off;
+        uint64_t lsn;
+        /* Not waited for: a DONE lost in a crash means one more delivery. */
+        (void)tw__jr_append(&s->w, JR_DONE, n->key, n->key_len, 0, 0, NULL, 0,
+                            &seg, &off, &lsn);
+        n->flags &= (uint16_t)~DN_FIRING;
+        node_remove(s, hfind(s, n->key, n->key_len));
+    }
+    tw__free(dl);
+}
+
+static int run_callback(jstore *s, struct delivery *dl)
+{
+    tw_durable_timer t = {
+        .key = dl->rec.key,
+        .key_len = dl->rec.key_len,
+        .payload = dl->rec.payload_len ? dl->rec.payload : NULL,
+        .payload_len = dl->rec.payload_len,
+        .due_ms = dl->rec.due_ms,
+        .attempt = dl->node->attempt,
+    };
+    return s->fire(&s->base, &t, s->fire_arg);
+}
+
+/* Deliver up to CHUNK due nodes (mutex held; released around callbacks). */
+static void deliver_chunk(jstore *s)
+{
+    struct delivery *head = NULL, **tail = &head;
+    uint64_t lsn = 0;
+    int count = 0;
+    size_t bytes = 0; /* payloads read under the mutex in this chunk */
+    while (s->due_pos < s->ndue && count < CHUNK && bytes < CHUNK_BYTES) {
+        struct dnode *n = s->due[s->due_pos++];
+        if (n->flags & DN_ORPHAN) {
+            node_free(s, n);
+            continue;
+        }
+        struct delivery *dl = read_record(s, n);
+        uint32_t seg, off;
+        uint64_t l;
+        if (dl && tw__jr_append(&s->w, JR_FIRE, n->key, n->key_len, 0, 0, NULL,
+                                0, &seg, &off, &l) != 0) {
+            tw__free(dl);
+            dl = NULL;
+        }
+        if (!dl) { /* I/O trouble or no memory: try again later */
+            n->flags &= (uint16_t)~DN_FIRING;
+            tw_wheel_add(s->wheel, &n->tm,
+                         tw_wheel_now(s->wheel) + RETRY_IO_MS);
+            continue;
+        }
+        lsn = l;
+        bytes += dl->rec.size;
+        n->attempt++;
+        *tail = dl;
+        tail = &dl->next;
+        count++;
+    }
+    if (s->due_pos == s->ndue)
+        s->ndue = s->due_pos = 0;
+    if (!head)
+        return;
+    /* The FIRE records are durable before any callback runs; if that fails
+     * the deliveries still happen (at least once holds; only the attempt a
+     * repeat after a crash shows may be lower). */
+    (void)tw__jr_wait(&s->w, lsn);
+    if (s->nexec) {
+        if (s->qtail)
+            s->qtail->next = head;
+        else
+            s->qhead = head;
+        s->qtail =
+            (struct delivery *)((char *)tail - offsetof(struct delivery, next));
+        pthread_cond_broadcast(&s->qcv);
+        return;
+    }
+    while (head) {
+        struct delivery *dl = head;
+        head = dl->next;
+        pthread_mutex_unlock(&s->mu);
+        int r = run_callback(s, dl);
+        pthread_mutex_lock(&s->mu);
+        complete(s, dl, r);
+    }
+}
+
+static void *exec_main(void *arg)
+{
+    jstore *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->qhead && !s->exec_stop)
+            pthread_cond_wait(&s->qcv, &s->mu);
+        if (s->exec_stop)
+            break;
+        struct delivery *dl = s->qhead;
+        s->qhead = dl->next;
+        if (!s->qhead)
+            s->qtail = NULL;
+        s->running++;
+        pthread_mutex_unlock(&s->mu);
+        int r = run_callback(s, dl);
+        pthread_mutex_lock(&s->mu);
+        complete(s, dl, r);
+        s->running--;
+        pthread_cond_broadcast(&s->round_cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Compaction. */
+
+static bool need_compact(jstore *s)
+{
+    jr_writer *w = &s->w;
+    if (w->nseg < 2 || w->inflight)
+        return false;
+    if (w->segs[0].live == 0)
+        return true;
+    double total = 0, live = 0;
+    for (size_t i = 0; i < w->nseg; i++) {
+        jr_seg *g = &w->segs[i];
+        total += (double)g->size;
+        if (g->records)
+            live += (double)g->size * (double)g->live / (double)g->records;
+    }
+    return total > 2 * live + (double)w->segment_bytes;
+}
+
+struct compact_ctx {
+    jstore *s;
+    uint32_t no;
+    uint64_t lsn;
+    int err;
+    unsigned batch;
+};
+
+static int compact_one(void *arg, const jr_rec *r)
+{
+    struct compact_ctx *c = arg;
+    jstore *s = c->s;
+    if (r->type != JR_SCHED)
+        return 0;
+    if (++c->batch % CHUNK == 0) { /* let callers in now and then */
+        pthread_mutex_unlock(&s->mu);
+        pthread_mutex_lock(&s->mu);
+    }
+    struct dnode *n = *hfind(s, r->key, r->key_len);
+    if (!n || n->seg != c->no || n->off != r->off)
+        return 0;
+    uint32_t seg, off;
+    uint64_t lsn;
+    int rc =
+        tw__jr_append(&s->w, JR_SCHED, r->key, r->key_len, r->due_ms,
+                      n->attempt, r->payload, r->payload_len, &seg, &off, &lsn);
+    if (rc) {
+        c->err = rc;
+        return 1;
+    }
+    seg_live(s, n->seg, -1);
+    seg_live(s, seg, +1);
+    n->seg = seg;
+    n->off = off;
+    c->lsn = lsn;
+    return 0;
+}
+
+/* Copy the oldest segment's live records forward and delete it (mutex
+ * held; released while reading). */
+static int compact_oldest(jstore *s)
+{
+    jr_seg g = s->w.segs[0];
+    struct compact_ctx c = {.s = s, .no = g.no};
+    if (g.live) {
+        unsigned char *buf = tw__malloc(g.size);
+        if (!buf)
+            return TW_ENOMEM;
+        pthread_mutex_unlock(&s->mu);
+        ssize_t got = pread(g.fd, buf, g.size, 0);
+        pthread_mutex_lock(&s->mu);
+        if (got != (ssize_t)g.size) {
+            tw__free(buf);
+            return TW_EIO;
+        }
+        size_t end;
+        tw__jr_scan(buf, g.size, false, true, compact_one, &c, &end);
+        tw__free(buf);
+        if (c.err)
+            return c.err;
+        if (c.lsn) {
+            int rc = tw__jr_wait(&s->w, c.lsn);
+            if (rc)
+                return rc;
+        }
+        if (s->w.segs[0].no != g.no || s->w.segs[0].live != 0)
+            return TW_EAGAIN;
+    }
+    return tw__jr_drop_oldest(&s->w);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The store's thread. */
+
+static void wait_round(jstore *s, int64_t now)
+{
+    uint64_t next = tw_wheel_next_expiry(s->wheel);
+    uint64_t tnow = tick_of(now);
+    uint64_t ms = WALL_CHECK_MS;
+    if (next <= tnow)
+        ms = 0;
+    else if (next - tnow < ms)
+        ms = next - tnow;
+    s->wake_at = now + (int64_t)ms;
+    if (ms == 0 || s->kicked || s->stop || s->round_req != s->round_done)
+        return;
+    uint64_t until = s->mono_ns(s->clock_arg) + ms * 1000000u;
+    while (!s->kicked && !s->stop && s->round_req == s->round_done) {
+        uint64_t m = s->mono_ns(s->clock_arg);
+        if (m >= until)
+            break;
+        /* An injected clock is polled every millisecond of real time. */
+        uint64_t wait = s->fake_mono ? 1000000u : until - m;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        wait += (uint64_t)ts.tv_nsec;
+        ts.tv_sec += (time_t)(wait / 1000000000u);
+        ts.tv_nsec = (long)(wait % 1000000000u);
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
+}
+
+static void *store_main(void *arg)
+{
+    jstore *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop) {
+        uint64_t req = s->round_req;
+        s->kicked = false;
+        int64_t now = wall(s);
+        /* Never backwards: after a step back, what is already due still
+         * runs (see the top of the file). */
+        uint64_t t = tick_of(now);
+        tw_wheel_advance(
+            s->wheel, t > tw_wheel_now(s->wheel) ? t : tw_wheel_now(s->wheel));
+        while (s->due_pos < s->ndue && !s->stop)
+            deliver_chunk(s);
+        for (int k = 0; k < 8 && need_compact(s); k++)
+            if (compact_oldest(s) != 0)
+                break;
+        if (s->nexec)
+            while ((s->qhead || s->running) && !s->stop &&
+                   s->round_req != s->round_done)
+                pthread_cond_wait(&s->round_cv, &s->mu);
+        s->round_done = req;
+        pthread_cond_broadcast(&s->round_cv);
+        wait_round(s, now);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Test hook: returns once the store's thread has run a whole round that
+ * began after this call and every callback it started has returned. */
+void tw__durable_sync(tw_durable *d)
+{
+    jstore *s = (jstore *)d;
+    pthread_mutex_lock(&s->mu);
+    uint64_t req = ++s->round_req;
+    s->kicked = true;
+    pthread_cond_signal(&s->cv);
+    while (s->round_done < req)
+        pthread_cond_wait(&s->round_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+size_t tw__durable_node_size(size_t key_len)
+{
+    return node_class(key_len) * 16;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Close. */
+
+static void free_all(jstore *s)
+{
+    for (struct delivery *dl = s->qhead, *nx; dl; dl = nx) {
+        nx = dl->next;
+        tw__free(dl);
+    }
+    /* Every node lives in the slab's chunks. */
+    for (size_t i = 0; i < s->slab.nchunks; i++)
+        tw__free(s->slab.chunks[i]);
+    tw__free(s->slab.chunks);
+    tw__free(s->buckets);
+    tw__free(s->due);
+    tw__free(s->exec);
+    tw_wheel_destroy(s->wheel);
+    tw__jr_close(&s->w);
+    if (s->lockfd >= 0)
+        close(s->lockfd); /* releases the flock */
+    if (s->dirfd >= 0)
+        close(s->dirfd);
+    pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->round_cv);
+    pthread_cond_destroy(&s->qcv);
+    pthread_cond_destroy(&s->w.sync_cv);
+    pthread_cond_destroy(&s->w.lead_cv);
+    pthread_mutex_destroy(&s->mu);
+    tw__free(s);
+}
+
+static int j_close(tw_durable *d)
+{
+    jstore *s = (jstore *)d;
+    pthread_mutex_lock(&s->mu);
+    s->closing = s->stop = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_cond_broadcast(&s->round_cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thr, NULL);
+    pthread_mutex_lock(&s->mu);
+    s->exec_stop = true;
+    pthread_cond_broadcast(&s->qcv);
+    pthread_mutex_unlock(&s->mu);
+    for (uint32_t i = 0; i < s->nexec; i++)
+        pthread_join(s->exec[i], NULL);
+    pthread_mutex_lock(&s->mu);
+    int rc = 0;
+    jr_seg *cur = &s->w.segs[s->w.nseg - 1];
+    if (s->w.synced < s->w.written && fdatasync(cur->fd) != 0)
+        rc = TW_EIO;
+    pthread_mutex_unlock(&s->mu);
+    free_all(s);
+    return rc;
+}
+
+static const struct tw_durable_ops journal_ops = {
+    .schedule = j_schedule,
+    .cancel = j_cancel,
+    .close = j_close,
+    .stats = j_stats,
+};
+
+/* ------------------------------------------------------------------------ */
+/* Open and replay. */
+
+static void errmsg(const tw_durable_config *cfg, const char *fmt, ...)
+{
+    if (!cfg->errbuf || !cfg->errbuf_len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cfg->errbuf, cfg->errbuf_len, fmt, ap);
+    va_end(ap);
+}
+
+struct replay_ctx {
+    jstore *s;
+    uint32_t no;
+    uint64_t sched;
+};
+
+static int replay_one(void *arg, const jr_rec *r)
+{
+    struct replay_ctx *c = arg;
+    jstore *s = c->s;
+    if (r->type == JR_SCHED && hreserve(s) != 0)
+        return TW_ENOMEM;
+    struct dnode **pp = hfind(s, r->key, r->key_len);
+    struct dnode *n = *pp;
+    switch (r->type) {
+    case JR_SCHED:
+        c->sched++;
+        if (!n) {
+            n = node_new(s, r->key, r->key_len);
+            if (!n)
+                return TW_ENOMEM;
+            n->hnext = *pp;
+            *pp = n;
+            s->count++;
+        }
+        n->seg = c->no;
+        n->off = r->off;
+        n->attempt = r->attempt;
+        tw_wheel_add(s->wheel, &n->tm, tick_of(r->due_ms));
+        break;
+    case JR_FIRE:
+        if (n)
+            n->attempt++;
+        break;
+    default: /* CANCEL, DONE */
+        if (n) {
+            *pp = n->hnext;
+            s->count--;
+            tw_wheel_cancel(s->wheel, &n->tm);
+            node_free(s, n);
+        }
+        break;
+    }
+    return 0;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Segment numbers in the directory, sorted. */
+static int list_segments(jstore *s, uint32_t **out, size_t *n)
+{
+    int fd = dup(s->dirfd);
+    if (fd < 0)
+        return TW_EIO;
+    DIR *dir = fdopendir(fd);
+    if (!dir) {
+        close(fd);
+        return TW_EIO;
+    }
+    uint32_t *v = NULL;
+    size_t cnt = 0, cap = 0;
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        unsigned no;
+        char tail;
+        if (strlen(e->d_name) != 14 ||
+            sscanf(e->d_name, "%10u.tw%c", &no, &tail) != 2 || tail != 'j')
+            continue;
+        if (cnt == cap) {
+            cap = cap ? cap * 2 : 16;
+            uint32_t *nv = tw__realloc(v, cap * sizeof *nv);
+            if (!nv) {
+                rc = TW_ENOMEM;
+                break;
+            }
+            v = nv;
+        }
+        v[cnt++] = no;
+    }
+    closedir(dir);
+    if (rc) {
+        tw__free(v);
+        return rc;
+    }
+    if (cnt)
+        qsort(v, cnt, sizeof *v, cmp_u32);
+    *out = v;
+    *n = cnt;
+    return 0;
+}
+
+static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
+{
+    uint32_t *nos = NULL;
+    size_t cnt = 0;
+    int rc = list_segments(s, &nos, &cnt);
+    if (rc)
+        return rc;
+    unsigned char *buf = NULL;
+    size_t buf_cap = 0;
+    bool repair = cfg->flags & TW_DURABLE_REPAIR;
+    for (size_t i = 0; i < cnt && rc == 0; i++) {
+        bool last = i + 1 == cnt;
+        char name[16];
+        tw__jr_seg_name(name, nos[i]);
+        if (i && nos[i] != nos[i - 1] + 1 && !repair) {
+            errmsg(cfg, "%s/%s: segment %u is missing", cfg->dir, name,
+                   nos[i - 1] + 1);
+            rc = TW_EIO;
+            break;
+        }
+        int fd = openat(s->dirfd, name, O_RDWR | O_CLOEXEC);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0) {
+            if (fd >= 0)
+                close(fd);
+            rc = TW_EIO;
+            break;
+        }
+        size_t size = (size_t)st.st_size;
+        if (size > buf_cap) {
+            unsigned char *nb = tw__realloc(buf, size);
+            if (!nb) {
+                close(fd);
+                rc = TW_ENOMEM;
+                break;
+            }
+            buf = nb;
+            buf_cap = size;
+        }
+        if (pread(fd, buf, size, 0) != (ssize_t)size) {
+            close(fd);
+            rc = TW_EIO;
+            break;
+        }
+        if (!tw__jr_seg_hdr_ok(buf, size, nos[i])) {
+            /* A crash while the newest segment was being made (it is
+             * preallocated before its header is written and synced, and
+             * gets records only after that): nothing but zeros follow. */
+            bool empty = last;
+            for (size_t k = JR_SEG_HDR; k < size && empty; k++)
+                empty = buf[k] == 0;
+            if (empty || repair) {
+                close(fd);
+                unlinkat(s->dirfd, name, 0);
+                fsync(s->dirfd);
+                *damaged |= !empty;
+                continue;
+            }
+            errmsg(cfg, "%s/%s offset 0: bad segment header", cfg->dir, name);
+            close(fd);
+            rc = TW_EIO;
+            break;
+        }
+        struct replay_ctx c = {.s = s, .no = nos[i]};
+        size_t end = size;
+        int src = tw__jr_scan(buf, size, last, repair, replay_one, &c, &end);
+        if (src == TW_EIO) {
+            errmsg(cfg, "%s/%s offset %zu: corrupt record", cfg->dir, name,
+                   end);
+            close(fd);
+            rc = TW_EIO;
+            break;
+        }
+        if (src < 0) {
+            close(fd);
+            rc = src;
+            break;
+        }
+        *damaged |= src == 1;
+        if (end < size) {
+            /* Zeros after the last record are the preallocated rest of the
+             * segment; anything else is a torn tail, cleared so that no
+             * stale record can ever follow the next append. */
+            bool zeros = true;
+            for (size_t k = end; k < size && zeros; k++)
+                zeros = buf[k] == 0;
+            if (!zeros) {
+                if (ftruncate(fd, (off_t)end) != 0 || fdatasync(fd) != 0) {
+                    close(fd);
+                    rc = TW_EIO;
+                    break;
+                }
+                if (last)
+                    (void)tw__jr_preallocate(fd, s->w.segment_bytes);
+            }
+        }
+        if (s->w.nseg == s->w.cap) {
+            size_t nc = s->w.cap ? s->w.cap * 2 : 8;
+            jr_seg *ns = tw__realloc(s->w.segs, nc * sizeof *ns);
+            if (!ns) {
+                close(fd);
+                rc = TW_ENOMEM;
+                break;
+            }
+            s->w.segs = ns;
+            s->w.cap = nc;
+        }
+        s->w.segs[s->w.nseg++] =
+            (jr_seg){.no = nos[i], .fd = fd, .size = end, .records = c.sched};
+    }
+    tw__free(buf);
+    tw__free(nos);
+    if (rc)
+        return rc;
+    /* Live counts per segment. */
+    for (size_t i = 0; i < s->nbuckets; i++)
+        for (struct dnode *n = s->buckets[i]; n; n = n->hnext)
+            seg_live(s, n->seg, +1);
+    if (s->w.nseg) {
+        jr_seg *cur = &s->w.segs[s->w.nseg - 1];
+        s->w.written = s->w.synced = JR_LSN(cur->no, cur->size);
+    }
+    if (s->w.nseg == 0 || *damaged)
+        return tw__jr_new_segment(
+            &s->w, s->w.nseg ? s->w.segs[s->w.nseg - 1].no + 1 : 1);
+    return 0;
+}
+
+static int j_open(tw_durable **out, const tw_durable_config *cfg)
+{
+    uint64_t seg_bytes =
+        cfg->segment_bytes ? cfg->segment_bytes : UINT64_C(64) << 20;
+    if (cfg->sync > TW_DURABLE_SYNC_NONE || seg_bytes < 4096 ||
+        seg_bytes > (UINT64_C(1) << 31) || cfg->executor_threads > 1024)
+        return TW_EINVAL;
+    jstore *s = tw__calloc(1, sizeof *s);
+    if (!s)
+        return TW_ENOMEM;
+    s->base.ops = &journal_ops;
+    s->dirfd = s->lockfd = -1;
+    s->fire = cfg->fire;
+    s->fire_arg = cfg->fire_arg;
+    s->wall_ms = cfg->wall_ms ? cfg->wall_ms : real_wall_ms;
+    s->mono_ns = cfg->mono_ns ? cfg->mono_ns : real_mono_ns;
+    s->fake_mono = cfg->mono_ns != NULL;
+    s->clock_arg = cfg->clock_arg;
+    s->wake_at = INT64_MAX;
+    uint64_t t0 = real_mono_ns(NULL);
+    s->seed = t0 ^ (uint64_t)(uintptr_t)s;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_cond_init(&s->w.sync_cv, &ca);
+    pthread_cond_init(&s->w.lead_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_cond_init(&s->round_cv, NULL);
+    pthread_cond_init(&s->qcv, NULL);
+    s->w.mu = &s->mu;
+    s->w.sync_mode = cfg->sync;
+    s->w.group_ns =
+        (uint64_t)(cfg->group_commit_us ? cfg->group_commit_us : 1000) * 1000;
+    s->w.segment_bytes = seg_bytes;
+
+    int rc = 0;
+    bool damaged = false;
+    s->nbuckets = 1024;
+    s->buckets = tw__calloc(s->nbuckets, sizeof *s->buckets);
+    if (!s->buckets ||
+        tw_wheel_create(&s->wheel, NULL, tick_of(wall(s))) != 0) {
+        rc = TW_ENOMEM;
+        goto fail;
+    }
+    if (mkdir(cfg->dir, 0755) != 0 && errno != EEXIST) {
+        errmsg(cfg, "%s: cannot make the directory", cfg->dir);
+        rc = errno == ENOSPC ? TW_ENOSPC : TW_EIO;
+        goto fail;
+    }
+    s->dirfd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (s->dirfd < 0) {
+        errmsg(cfg, "%s: cannot open the directory", cfg->dir);
+        rc = TW_EIO;
+        goto fail;
+    }
+    s->w.dirfd = s->dirfd;
+    s->lockfd = openat(s->dirfd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (s->lockfd < 0) {
+        rc = TW_EIO;
+        goto fail;
+    }
+    if (flock(s->lockfd, LOCK_EX | LOCK_NB) != 0) {
+        errmsg(cfg, "%s: open in another process or handle", cfg->dir);
+        rc = errno == EWOULDBLOCK ? TW_EBUSY : TW_EIO;
+        goto fail;
+    }
+    pthread_mutex_lock(&s->mu);
+    rc = replay(s, cfg, &damaged);
+    /* After a repair, rewrite everything live so the damage is gone. */
+    while (rc == 0 && damaged && s->w.nseg > 1)
+        rc = compact_oldest(s);
+    pthread_mutex_unlock(&s->mu);
+    if (rc)
+        goto fail;
+    s->recovered = s->count;
+    s->recovery_us = (real_mono_ns(NULL) - t0) / 1000;
+    if (cfg->executor_threads) {
+        s->exec = tw__calloc(cfg->executor_threads, sizeof *s->exec);
+        if (!s->exec) {
+            rc = TW_ENOMEM;
+            goto fail;
+        }
+        for (; s->nexec < cfg->executor_threads; s->nexec++)
+            if (pthread_create(&s->exec[s->nexec], NULL, exec_main, s) != 0)
+                break;
+        if (s->nexec < cfg->executor_threads) {
+            rc = TW_ENOMEM;
+            goto fail_exec;
+        }
+    }
+    if (pthread_create(&s->thr, NULL, store_main, s) != 0) {
+        rc = TW_ENOMEM;
+        goto fail_exec;
+    }
+    *out = &s->base;
+    return 0;
+
+fail_exec:
+    pthread_mutex_lock(&s->mu);
+    s->exec_stop = true;
+    pthread_cond_broadcast(&s->qcv);
+    pthread_mutex_unlock(&s->mu);
+    for (uint32_t i = 0; i < s->nexec; i++)
+        pthread_join(s->exec[i], NULL);
+fail:
+    free_all(s);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Public calls. */
+
+#ifndef TWHEEL_HAVE_REDIS
+/* Without the Redis backend built in, asking for it is a bad config. */
+int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
+{
+    (void)out;
+    (void)cfg;
+    return TW_EINVAL;
+}
+#endif
+
+int tw_durable_open(tw_durable **out, const tw_durable_config *cfg)
+{
+    if (!out || !cfg || !cfg->fire)
+        return TW_EINVAL;
+    if (cfg->redis)
+        return tw__durable_redis_open(out, cfg);
+    if (!cfg->dir || !cfg->dir[0])
+        return TW_EINVAL;
+    return j_open(out, cfg);
+}
+
+static bool key_ok(const void *key, size_t key_len)
+{
+    return key && key_len >= 1 && key_len <= TW_DURABLE_KEY_MAX;
+}
+
+int tw_durable_schedule(tw_durable *d, const void *key, size_t key_len,
+                        int64_t due_ms, const void *payload, size_t payload_len)
+{
+    if (!d || !key_ok(key, key_len) || payload_len > TW_DURABLE_PAYLOAD_MAX ||
+        (payload_len && !payload))
+        return TW_EINVAL;
+    return d->ops->schedule(d, key, key_len, due_ms, payload, payload_len);
+}
+
+int tw_durable_cancel(tw_durable *d, const void *key, size_t key_len)
+{
+    if (!d || !key_ok(key, key_len))
+        return TW_EINVAL;
+    return d->ops->cancel(d, key, key_len);
+}
+
+int tw_durable_close(tw_durable *d)
+{
+    return d ? d->ops->close(d) : 0;
+}
+
+int tw_durable_stats_get(tw_durable *d, tw_durable_stats *out)
+{
+    if (!d || !out)
+        return TW_EINVAL;
+    return d->ops->stats(d, out);
+}

@@ -1,0 +1,596 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * src/journal.c - records, checksums, segments and group commit of the
+ * durable store's journal (format in journal.h).
+ *
+ * Group commit: a caller appends its record with pwrite() under the store's
+ * mutex, then waits until an fdatasync() that began after its append has
+ * finished. The first waiter with no sync running becomes the leader: it
+ * waits up to group_commit_us for callers that have entered a call but not
+ * yet appended (so they share its sync), then syncs everything written so
+ * far without holding the mutex; the others sleep on a condition variable
+ * and are woken by the leader. A failed fdatasync is reported to every
+ * caller whose record it covered.
+ *
+ * Torn tails: every record carries "synced", the offset up to which its
+ * segment was durable when it was written. A record that fails its checksum
+ * in the newest segment is a torn tail (truncated) unless some later valid
+ * record says the bad bytes had already been synced: then it is damage in
+ * the middle (TW_EIO), like any bad record in an older segment (a segment
+ * is synced whole before the next one is made).
+ */
+#define _GNU_SOURCE
+
+#include "journal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "twheel/durable.h"
+
+int (*tw__journal_fault)(int op);
+
+/* ------------------------------------------------------------------------ */
+/* CRC32C (Castagnoli), slicing by 8; the tables are made once. */
+
+static uint32_t crc_tab[8][256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+static uint32_t (*crc_fn)(uint32_t crc, const unsigned char *p, size_t n);
+
+static uint32_t crc_sw(uint32_t crc, const unsigned char *p, size_t n)
+{
+    while (n >= 8) {
+        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 |
+                             (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        crc = crc_tab[7][lo & 0xff] ^ crc_tab[6][(lo >> 8) & 0xff] ^
+              crc_tab[5][(lo >> 16) & 0xff] ^ crc_tab[4][lo >> 24] ^
+              crc_tab[3][p[4]] ^ crc_tab[2][p[5]] ^ crc_tab[1][p[6]] ^
+              crc_tab[0][p[7]];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        crc = (crc >> 8) ^ crc_tab[0][(crc ^ *p++) & 0xff];
+    return crc;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define TW_CRC_HW 1
+/* The SSE4.2 crc32 instruction computes the same CRC32C (little-endian
+ * loads: x86 only). */
+__attribute__((target("sse4.2"))) static uint32_t
+crc_hw(uint32_t crc, const unsigned char *p, size_t n)
+{
+    uint64_t c = crc;
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        c = __builtin_ia32_crc32di(c, v);
+        p += 8;
+        n -= 8;
+    }
+    uint32_t c32 = (uint32_t)c;
+    while (n--)
+        c32 = __builtin_ia32_crc32qi(c32, *p++);
+    return c32;
+}
+#endif
+
+static void crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+        crc_tab[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_tab[t][i] =
+                (crc_tab[t - 1][i] >> 8) ^ crc_tab[0][crc_tab[t - 1][i] & 0xff];
+    crc_fn = crc_sw;
+#ifdef TW_CRC_HW
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("sse4.2"))
+        crc_fn = crc_hw;
+#endif
+}
+
+uint32_t tw__crc32c(uint32_t crc, const void *buf, size_t n)
+{
+    pthread_once(&crc_once, crc_init);
+    return ~crc_fn(~crc, buf, n);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Little-endian fields. */
+
+static void put16(unsigned char *p, uint16_t v)
+{
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+}
+
+static void put32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint16_t get16(const unsigned char *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static uint32_t get32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+           (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const unsigned char *p)
+{
+    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Records. */
+
+size_t tw__jr_encode(unsigned char *buf, int type, const void *key,
+                     size_t key_len, int64_t due_ms, uint32_t attempt,
+                     const void *payload, size_t payload_len, uint32_t synced)
+{
+    size_t size = tw__jr_size(type, key_len, payload_len);
+    put32(buf + 4, (uint32_t)(size - JR_REC_HDR));
+    buf[8] = (unsigned char)type;
+    buf[9] = 0;
+    put16(buf + 10, (uint16_t)key_len);
+    put32(buf + 12, synced);
+    unsigned char *p = buf + JR_REC_HDR;
+    if (type == JR_SCHED) {
+        put64(p, (uint64_t)due_ms);
+        put32(p + 8, attempt);
+        put32(p + 12, (uint32_t)payload_len);
+        p += JR_SCHED_FIXED;
+    }
+    memcpy(p, key, key_len);
+    if (type == JR_SCHED && payload_len)
+        memcpy(p + key_len, payload, payload_len);
+    put32(buf, tw__crc32c(0, buf + 4, size - 4));
+    return size;
+}
+
+size_t tw__jr_decode(const unsigned char *p, size_t n, uint32_t off,
+                     jr_rec *out)
+{
+    if (n < JR_REC_HDR)
+        return 0;
+    uint32_t len = get32(p + 4);
+    uint8_t type = p[8];
+    uint16_t key_len = get16(p + 10);
+    if (len > JR_MAX_BODY || len > n - JR_REC_HDR || p[9] != 0 ||
+        key_len == 0 || key_len > TW_DURABLE_KEY_MAX)
+        return 0;
+    if (type == JR_SCHED) {
+        if (len < JR_SCHED_FIXED + key_len ||
+            get32(p + JR_REC_HDR + 12) != len - JR_SCHED_FIXED - key_len)
+            return 0;
+    } else if (type == JR_CANCEL || type == JR_DONE || type == JR_FIRE) {
+        if (len != key_len)
+            return 0;
+    } else {
+        return 0;
+    }
+    size_t size = JR_REC_HDR + (size_t)len;
+    if (tw__crc32c(0, p + 4, size - 4) != get32(p))
+        return 0;
+    out->off = off;
+    out->size = (uint32_t)size;
+    out->type = type;
+    out->synced = get32(p + 12);
+    out->key_len = key_len;
+    const unsigned char *b = p + JR_REC_HDR;
+    if (type == JR_SCHED) {
+        out->due_ms = (int64_t)get64(b);
+        out->attempt = get32(b + 8);
+        out->payload_len = get32(b + 12);
+        out->key = b + JR_SCHED_FIXED;
+        out->payload = out->key + key_len;
+    } else {
+        out->due_ms = 0;
+        out->attempt = 0;
+        out->payload_len = 0;
+        out->key = b;
+        out->payload = NULL;
+    }
+    return size;
+}
+
+bool tw__jr_seg_hdr_ok(const unsigned char *p, size_t n, uint32_t seg)
+{
+    return n >= JR_SEG_HDR && memcmp(p, "TWJOURN1", 8) == 0 &&
+           get32(p + 8) == 1 && get32(p + 12) == seg &&
+           get32(p + 28) == tw__crc32c(0, p, 28);
+}
+
+void tw__jr_seg_hdr(unsigned char *p, uint32_t seg)
+{
+    memset(p, 0, JR_SEG_HDR);
+    memcpy(p, "TWJOURN1", 8);
+    put32(p + 8, 1);
+    put32(p + 12, seg);
+    put32(p + 28, tw__crc32c(0, p, 28));
+}
+
+/* The first offset >= @from holding a valid record, or @n. A record's
+ * length field (bytes 4..7) is never zero, so runs of zero bytes (the
+ * preallocated end of a segment) are skipped a word at a time. */
+static size_t next_valid(const unsigned char *p, size_t n, size_t from,
+                         jr_rec *r)
+{
+    size_t o = from;
+    while (o + JR_REC_HDR <= n) {
+        if (p[o + 4] == 0 && p[o + 5] == 0 && p[o + 6] == 0 && p[o + 7] == 0) {
+            size_t z = o + 8;
+            while (z + 8 <= n) {
+                uint64_t v;
+                memcpy(&v, p + z, 8);
+                if (v)
+                    break;
+                z += 8;
+            }
+            while (z < n && p[z] == 0)
+                z++;
+            if (z >= n)
+                return n;
+            /* The first non-zero byte at z can be part of a length field
+             * of a record starting at z - 7 at the earliest. */
+            size_t cand = z >= 7 ? z - 7 : 0;
+            o = cand > o ? cand : o + 1;
+            continue;
+        }
+        if (tw__jr_decode(p + o, n - o, (uint32_t)o, r))
+            return o;
+        o++;
+    }
+    return n;
+}
+
+int tw__jr_scan(const unsigned char *p, size_t n, bool last, bool repair,
+                int (*fn)(void *arg, const jr_rec *r), void *arg, size_t *end)
+{
+    size_t o = JR_SEG_HDR;
+    int damaged = 0;
+    jr_rec r;
+    while (o < n) {
+        size_t sz = tw__jr_decode(p + o, n - o, (uint32_t)o, &r);
+        if (sz) {
+            int rc = fn ? fn(arg, &r) : 0;
+            if (rc)
+                return rc;
+            o += sz;
+            continue;
+        }
+        /* A bad record at o. In the newest segment it is a torn tail
+         * unless a later good record was written after o was synced. */
+        size_t bad = o;
+        size_t nx = next_valid(p, n, o + 1, &r);
+        if (last) {
+            bool synced_past = false;
+            jr_rec q;
+            for (size_t k = nx; k < n;) {
+                size_t qs = tw__jr_decode(p + k, n - k, (uint32_t)k, &q);
+                if (!qs) {
+                    k = next_valid(p, n, k + 1, &q);
+                    continue;
+                }
+                if (q.synced > bad) {
+                    synced_past = true;
+                    break;
+                }
+                k += qs;
+            }
+            if (!synced_past) {
+                *end = bad;
+                return damaged;
+            }
+        }
+        if (!repair) {
+            *end = bad;
+            return TW_EIO;
+        }
+        damaged = 1;
+        o = nx;
+    }
+    *end = n;
+    return damaged;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Writer. */
+
+void tw__jr_seg_name(char *buf, uint32_t no)
+{
+    snprintf(buf, 16, "%010u.twj", no);
+}
+
+static int fault(int op)
+{
+    int (*f)(int) = tw__journal_fault;
+    return f ? f(op) : 0;
+}
+
+static int do_pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+    int e = fault('w');
+    if (e)
+        return -e;
+    const unsigned char *p = buf;
+    while (n) {
+        ssize_t k = pwrite(fd, p, n, off);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno == ENOSPC || errno == EDQUOT ? TW_ENOSPC : TW_EIO;
+        }
+        p += k;
+        n -= (size_t)k;
+        off += k;
+    }
+    return 0;
+}
+
+static int sync_fd(int fd)
+{
+    int e = fault('s');
+    if (e)
+        return -e;
+    if (fdatasync(fd) != 0)
+        return errno == ENOSPC || errno == EDQUOT ? TW_ENOSPC : TW_EIO;
+    return 0;
+}
+
+static int do_sync(jr_writer *w, int fd)
+{
+    w->syncs++;
+    return sync_fd(fd);
+}
+
+int tw__jr_preallocate(int fd, uint64_t bytes)
+{
+    return fallocate(fd, 0, 0, (off_t)bytes) == 0 ? 0 : TW_EIO;
+}
+
+jr_seg *tw__jr_seg(jr_writer *w, uint32_t no)
+{
+    if (w->nseg == 0 || no < w->segs[0].no)
+        return NULL;
+    size_t i = no - w->segs[0].no;
+    return i < w->nseg && w->segs[i].no == no ? &w->segs[i] : NULL;
+}
+
+int tw__jr_new_segment(jr_writer *w, uint32_t no)
+{
+    if (w->nseg == w->cap) {
+        size_t nc = w->cap ? w->cap * 2 : 8;
+        jr_seg *ns = tw__realloc(w->segs, nc * sizeof *ns);
+        if (!ns)
+            return TW_ENOMEM;
+        w->segs = ns;
+        w->cap = nc;
+    }
+    if (w->nseg) {
+        /* The old segment ends at its last record (no preallocated zeros:
+         * an older segment is read strictly) and is durable whole. */
+        jr_seg *cur = &w->segs[w->nseg - 1];
+        if (ftruncate(cur->fd, (off_t)cur->size) != 0)
+            return TW_EIO;
+        w->syncs++;
+        int e = fault('s');
+        if (e)
+            return -e;
+        if (fsync(cur->fd) != 0)
+            return errno == ENOSPC ? TW_ENOSPC : TW_EIO;
+        w->synced = JR_LSN(cur->no, cur->size);
+    }
+    char name[16];
+    tw__jr_seg_name(name, no);
+    int fd =
+        openat(w->dirfd, name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return errno == ENOSPC ? TW_ENOSPC : TW_EIO;
+    /* Allocate the segment's blocks now: an fdatasync after a write into
+     * allocated blocks need not also commit a new file size (measured on
+     * ext4: 120 against 175 us). Where it is not supported, appends grow
+     * the file. */
+    (void)tw__jr_preallocate(fd, w->segment_bytes);
+    unsigned char hdr[JR_SEG_HDR];
+    tw__jr_seg_hdr(hdr, no);
+    int rc = do_pwrite(fd, hdr, sizeof hdr, 0);
+    if (!rc)
+        rc = do_sync(w, fd);
+    if (!rc && fsync(w->dirfd) != 0)
+        rc = TW_EIO;
+    if (rc) {
+        close(fd);
+        unlinkat(w->dirfd, name, 0);
+        return rc;
+    }
+    w->segs[w->nseg++] =
+        (jr_seg){.no = no, .fd = fd, .size = JR_SEG_HDR, .records = 0};
+    w->written = w->synced = JR_LSN(no, JR_SEG_HDR);
+    return 0;
+}
+
+int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
+                  int64_t due_ms, uint32_t attempt, const void *payload,
+                  size_t payload_len, uint32_t *seg, uint32_t *off,
+                  uint64_t *lsn)
+{
+    size_t size = tw__jr_size(type, key_len, payload_len);
+    jr_seg *cur = &w->segs[w->nseg - 1];
+    if (cur->size > JR_SEG_HDR && cur->size + size > w->segment_bytes) {
+        int rc = tw__jr_new_segment(w, cur->no + 1);
+        if (rc)
+            return rc;
+        cur = &w->segs[w->nseg - 1];
+    }
+    if (size > w->buf_cap) {
+        size_t nc = size < 4096 ? 4096 : size;
+        unsigned char *nb = tw__realloc(w->buf, nc);
+        if (!nb)
+            return TW_ENOMEM;
+        w->buf = nb;
+        w->buf_cap = nc;
+    }
+    uint32_t synced =
+        (uint32_t)(w->synced >> 32) == cur->no ? (uint32_t)w->synced : 0;
+    tw__jr_encode(w->buf, type, key, key_len, due_ms, attempt, payload,
+                  payload_len, synced);
+    int rc = do_pwrite(cur->fd, w->buf, size, (off_t)cur->size);
+    if (rc) {
+        /* Leave no partial record behind for the next append to follow. */
+        if (ftruncate(cur->fd, (off_t)cur->size) != 0)
+            rc = TW_EIO;
+        return rc;
+    }
+    *seg = cur->no;
+    *off = (uint32_t)cur->size;
+    cur->size += size;
+    if (type == JR_SCHED)
+        cur->records++;
+    w->written = *lsn = JR_LSN(cur->no, cur->size);
+    return 0;
+}
+
+static void abs_after(struct timespec *ts, uint64_t ns)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ns += (uint64_t)ts->tv_nsec;
+    ts->tv_sec += (time_t)(ns / 1000000000u);
+    ts->tv_nsec = (long)(ns % 1000000000u);
+}
+
+static int jr_wait_locked(jr_writer *w, uint64_t lsn)
+{
+    uint64_t gen = w->fail_gen;
+    while (w->synced < lsn) {
+        if (w->fail_gen != gen && lsn <= w->fail_target)
+            return w->fail_err;
+        if (w->syncing && w->sync_mode == TW_DURABLE_SYNC_GROUP) {
+            pthread_cond_wait(&w->sync_cv, w->mu);
+            continue;
+        }
+        /* Lead a sync. With SYNC_EACH every caller syncs for itself. */
+        bool lead = !w->syncing;
+        w->syncing = true;
+        if (lead && w->sync_mode == TW_DURABLE_SYNC_GROUP && w->group_ns &&
+            (atomic_load_explicit(&w->entering, memory_order_relaxed) > 0 ||
+             w->waiting < w->last_batch)) {
+            /* Give the callers that are about to append, and as many as
+             * the last sync served, up to group_commit_us to join. */
+            struct timespec ts;
+            abs_after(&ts, w->group_ns);
+            w->lead_waiting = true;
+            while (atomic_load_explicit(&w->entering, memory_order_relaxed) >
+                       0 ||
+                   w->waiting < w->last_batch) {
+                if (pthread_cond_timedwait(&w->lead_cv, w->mu, &ts) != 0) {
+                    /* Fewer callers than before: expect what came. */
+                    w->last_batch = w->waiting;
+                    break;
+                }
+            }
+            w->lead_waiting = false;
+        }
+        jr_seg *cur = &w->segs[w->nseg - 1];
+        uint64_t target = w->written;
+        int batch = w->waiting;
+        if ((uint32_t)(lsn >> 32) != cur->no) {
+            /* Our segment was rotated away: it was synced whole. */
+            if (lead)
+                w->syncing = false;
+            continue;
+        }
+        int fd = cur->fd;
+        w->inflight++;
+        w->syncs++;
+        pthread_mutex_unlock(w->mu);
+        int rc = sync_fd(fd);
+        pthread_mutex_lock(w->mu);
+        w->inflight--;
+        if (lead)
+            w->syncing = false;
+        if (rc == 0) {
+            if (target > w->synced)
+                w->synced = target;
+            if (batch > w->last_batch)
+                w->last_batch = batch;
+        } else {
+            w->fail_gen++;
+            w->fail_target = target;
+            w->fail_err = rc;
+        }
+        pthread_cond_broadcast(&w->sync_cv);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int tw__jr_wait(jr_writer *w, uint64_t lsn)
+{
+    if (w->sync_mode == TW_DURABLE_SYNC_NONE || w->synced >= lsn)
+        return 0;
+    w->waiting++;
+    if (w->lead_waiting)
+        pthread_cond_signal(&w->lead_cv);
+    int rc = jr_wait_locked(w, lsn);
+    w->waiting--;
+    return rc;
+}
+
+void tw__jr_leave(jr_writer *w)
+{
+    if (atomic_fetch_sub(&w->entering, 1) == 1 && w->lead_waiting)
+        pthread_cond_signal(&w->lead_cv);
+}
+
+int tw__jr_drop_oldest(jr_writer *w)
+{
+    if (w->nseg < 2)
+        return TW_EINVAL;
+    if (w->inflight)
+        return TW_EBUSY; /* a sync may still use an old fd */
+    jr_seg s = w->segs[0];
+    char name[16];
+    tw__jr_seg_name(name, s.no);
+    if (unlinkat(w->dirfd, name, 0) != 0 || fsync(w->dirfd) != 0)
+        return TW_EIO;
+    close(s.fd);
+    memmove(&w->segs[0], &w->segs[1], (w->nseg - 1) * sizeof s);
+    w->nseg--;
+    return 0;
+}
+
+void tw__jr_close(jr_writer *w)
+{
+    for (size_t i = 0; i < w->nseg; i++)
+        close(w->segs[i].fd);
+    tw__free(w->segs);
+    tw__free(w->buf);
+    w->segs = NULL;
+    w->buf = NULL;
+    w->nseg = w->cap = 0;
+}

@@ -1,0 +1,162 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * src/journal.h - the durable store's journal: segment files of
+ * checksummed records in one directory, appended under the store's mutex
+ * and made durable by group commit.
+ *
+ * Segment file "NNNNNNNNNN.twj" (its number in decimal):
+ *
+ *   header (32 bytes): "TWJOURN1" | u32 version | u32 segment number |
+ *                      u64 0 | u32 0 | u32 crc32c of bytes 0..27
+ *   records, back to back, none split across segments:
+ *
+ *   0   u32 crc32c of bytes 4 .. 16 + len
+ *   4   u32 len        bytes after this 16-byte header
+ *   8   u8  type       JR_SCHED, JR_CANCEL, JR_DONE, JR_FIRE
+ *   9   u8  0
+ *   10  u16 key_len    1 .. TW_DURABLE_KEY_MAX
+ *   12  u32 synced     this segment was durable up to this offset when the
+ *                      record was written (tells a torn tail from damage)
+ *   16  SCHED: i64 due_ms | u32 attempt | u32 payload_len | key | payload
+ *       others: key
+ *
+ * All integers little-endian. Nothing here knows about keys' meaning.
+ */
+#ifndef TWHEEL_JOURNAL_H
+#define TWHEEL_JOURNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define JR_SEG_HDR 32u
+#define JR_REC_HDR 16u
+#define JR_SCHED_FIXED 16u /* due, attempt, payload_len */
+#define JR_MAX_BODY (JR_SCHED_FIXED + 1024u + 1024u * 1024u)
+
+enum { JR_SCHED = 1, JR_CANCEL = 2, JR_DONE = 3, JR_FIRE = 4 };
+
+uint32_t tw__crc32c(uint32_t crc, const void *buf, size_t n);
+
+/* One decoded record; pointers into the scanned buffer. */
+typedef struct jr_rec {
+    uint32_t off;  /* offset of the record in its segment */
+    uint32_t size; /* JR_REC_HDR + len */
+    uint8_t type;
+    uint32_t synced;
+    const unsigned char *key;
+    uint16_t key_len;
+    int64_t due_ms;
+    uint32_t attempt;
+    const unsigned char *payload;
+    uint32_t payload_len;
+} jr_rec;
+
+/* Decode the record at @p (@n bytes available). Returns its size (> 0) if
+ * the record is complete, well formed and its checksum matches; 0 if not. */
+size_t tw__jr_decode(const unsigned char *p, size_t n, uint32_t off,
+                     jr_rec *out);
+
+/* Encode a record into @buf (room for JR_REC_HDR + body); returns its
+ * size. @payload is for JR_SCHED only. */
+size_t tw__jr_encode(unsigned char *buf, int type, const void *key,
+                     size_t key_len, int64_t due_ms, uint32_t attempt,
+                     const void *payload, size_t payload_len, uint32_t synced);
+
+static inline size_t tw__jr_size(int type, size_t key_len, size_t payload_len)
+{
+    return JR_REC_HDR + key_len +
+           (type == JR_SCHED ? JR_SCHED_FIXED + payload_len : 0);
+}
+
+/* Segment header: check / write. */
+bool tw__jr_seg_hdr_ok(const unsigned char *p, size_t n, uint32_t seg);
+void tw__jr_seg_hdr(unsigned char *p, uint32_t seg);
+
+/*
+ * Scan one segment's records from JR_SEG_HDR. @last: the newest segment
+ * (a bad record there may be a torn tail). @repair: skip damage.
+ * Calls @fn for each good record. Returns:
+ *   0 and *@end = the offset after the last good record (where a torn tail
+ *     begins in the last segment, else @n);
+ *   1 if damage was skipped (repair mode);
+ *   TW_EIO with *@end = the offset of the damage.
+ * @fn returning non-zero stops the scan with that value.
+ */
+int tw__jr_scan(const unsigned char *p, size_t n, bool last, bool repair,
+                int (*fn)(void *arg, const jr_rec *r), void *arg, size_t *end);
+
+/* One segment file. */
+typedef struct jr_seg {
+    uint32_t no;
+    int fd;
+    uint64_t size;    /* bytes written (header included) */
+    uint64_t records; /* JR_SCHED records in it */
+    uint64_t live;    /* of those, the current version of a pending key */
+} jr_seg;
+
+/* LSN: segment number << 32 | offset. */
+#define JR_LSN(seg, off) (((uint64_t)(seg) << 32) | (uint64_t)(off))
+
+/*
+ * The writer. Every function below is called with *@mu held (the store's
+ * mutex, which also orders the in-memory changes like the records).
+ */
+typedef struct jr_writer {
+    int dirfd;
+    pthread_mutex_t *mu;
+    pthread_cond_t sync_cv;
+    pthread_cond_t lead_cv; /* a leader waiting for callers to append */
+    bool lead_waiting;
+    int waiting;    /* callers inside tw__jr_wait */
+    int last_batch; /* callers a sync is expected to serve: grows to the
+                       largest batch, shrinks when the wait times out */
+    jr_seg *segs;   /* oldest first; segs[nseg - 1] is appended to */
+    size_t nseg, cap;
+    uint64_t written, synced; /* LSNs */
+    bool syncing;
+    int inflight;       /* fdatasync calls running without the mutex */
+    uint32_t sync_mode; /* TW_DURABLE_SYNC_* */
+    uint64_t group_ns;
+    uint64_t segment_bytes;
+    atomic_int entering; /* callers between entry and their append */
+    uint64_t fail_gen, fail_target;
+    int fail_err;
+    uint64_t syncs;
+    unsigned char *buf;
+    size_t buf_cap;
+} jr_writer;
+
+/* Make segment @no, the new current one: the previous one is made durable
+ * first, the new one's header and the directory entry too. */
+int tw__jr_new_segment(jr_writer *w, uint32_t no);
+/* Append one record; on success *@lsn is its end and @seg, @off say where it
+ * begins. On failure nothing was appended. */
+int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
+                  int64_t due_ms, uint32_t attempt, const void *payload,
+                  size_t payload_len, uint32_t *seg, uint32_t *off,
+                  uint64_t *lsn);
+/* Wait until everything up to @lsn is durable (per sync_mode; SYNC_NONE
+ * returns at once). Unlocks *mu while it waits. */
+int tw__jr_wait(jr_writer *w, uint64_t lsn);
+/* A caller counted in @entering has appended (or given up). */
+void tw__jr_leave(jr_writer *w);
+/* Allocate @bytes of zeros for a segment file. */
+int tw__jr_preallocate(int fd, uint64_t bytes);
+/* Delete the oldest segment (it must not be the current one). */
+int tw__jr_drop_oldest(jr_writer *w);
+/* The segment numbered @no, or NULL. */
+jr_seg *tw__jr_seg(jr_writer *w, uint32_t no);
+/* Close every fd, free memory. */
+void tw__jr_close(jr_writer *w);
+/* "dir/NNNNNNNNNN.twj" name of segment @no into @buf (>= 16 bytes). */
+void tw__jr_seg_name(char *buf, uint32_t no);
+
+/* Test hook: called before each write (op 'w') and fdatasync (op 's') of
+ * the journal; a non-zero return is the errno the operation then fails
+ * with. NULL in production. */
+extern int (*tw__journal_fault)(int op);
+
+#endif

@@ -1,0 +1,1011 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_durable.c - the durable store's rules on an injected clock:
+ * argument checks, delivery at the due time and not before, replace,
+ * cancel, retries, recovery in due order, attempt after a crash (a forked
+ * child dies inside its callback), one process per directory, wall-clock
+ * steps, torn tails cut at every byte, bit flips in the tail and in the
+ * middle, the repair flag, disk faults on write and fdatasync, compaction,
+ * executors, group commit from threads, and the record size.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <twheel/durable.h>
+
+#include "internal.h"
+#include "journal.h"
+#include "test.h"
+
+/* ------------------------------------------------------------------------ */
+/* Injected clock and a log of deliveries. */
+
+static _Atomic int64_t fake_wall = 1700000000000;
+static _Atomic uint64_t fake_mono = 1000000000;
+
+static int64_t clk_wall(void *arg)
+{
+    (void)arg;
+    return atomic_load(&fake_wall);
+}
+
+static uint64_t clk_mono(void *arg)
+{
+    (void)arg;
+    return atomic_load(&fake_mono);
+}
+
+#define LOG_MAX 4096
+struct fired {
+    char key[64];
+    char payload[64];
+    int64_t due_ms, at_ms;
+    uint32_t attempt;
+};
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct fired fired_log[LOG_MAX];
+static int nfired;
+static int retry_ms;    /* what the callback returns */
+static int retry_times; /* retries left */
+
+static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)arg;
+    pthread_mutex_lock(&log_mu);
+    ASSERT_LT(nfired, LOG_MAX);
+    struct fired *f = &fired_log[nfired++];
+    ASSERT_LT(t->key_len, sizeof f->key);
+    memcpy(f->key, t->key, t->key_len);
+    f->key[t->key_len] = 0;
+    ASSERT_LT(t->payload_len, sizeof f->payload);
+    if (t->payload_len)
+        memcpy(f->payload, t->payload, t->payload_len);
+    f->payload[t->payload_len] = 0;
+    f->due_ms = t->due_ms;
+    f->at_ms = atomic_load(&fake_wall);
+    f->attempt = t->attempt;
+    int r = 0;
+    if (retry_times > 0) {
+        retry_times--;
+        r = retry_ms;
+    }
+    pthread_mutex_unlock(&log_mu);
+    return r;
+}
+
+static void log_reset(void)
+{
+    pthread_mutex_lock(&log_mu);
+    nfired = 0;
+    retry_times = 0;
+    pthread_mutex_unlock(&log_mu);
+}
+
+static int log_count(const char *key)
+{
+    int c = 0;
+    pthread_mutex_lock(&log_mu);
+    for (int i = 0; i < nfired; i++)
+        c += strcmp(fired_log[i].key, key) == 0;
+    pthread_mutex_unlock(&log_mu);
+    return c;
+}
+
+static char tmpl_dir[256];
+
+static const char *new_dir(void)
+{
+    snprintf(tmpl_dir, sizeof tmpl_dir, "/tmp/tw_durable_XXXXXX");
+    ASSERT_NOT_NULL(mkdtemp(tmpl_dir));
+    return tmpl_dir;
+}
+
+static void rm_dir(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ASSERT_EQ(system(cmd), 0);
+}
+
+static tw_durable_config base_cfg(const char *dir)
+{
+    tw_durable_config c;
+    memset(&c, 0, sizeof c);
+    c.dir = dir;
+    c.fire = on_fire;
+    c.sync = TW_DURABLE_SYNC_EACH;
+    c.segment_bytes = 16384;
+    c.wall_ms = clk_wall;
+    c.mono_ns = clk_mono;
+    return c;
+}
+
+static tw_durable *open_ok(const tw_durable_config *c)
+{
+    tw_durable *d = NULL;
+    int rc = tw_durable_open(&d, c);
+    if (rc)
+        fprintf(stderr, "open: %s\n", tw_strerror(rc));
+    ASSERT_EQ(rc, 0);
+    return d;
+}
+
+static int sched(tw_durable *d, const char *key, int64_t due, const char *p)
+{
+    return tw_durable_schedule(d, key, strlen(key), due, p, strlen(p));
+}
+
+static tw_durable_stats stats(tw_durable *d)
+{
+    tw_durable_stats st;
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    return st;
+}
+
+static void set_wall(int64_t ms)
+{
+    atomic_store(&fake_wall, ms);
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void test_bad_input(void)
+{
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    tw_durable *d = (tw_durable *)(uintptr_t)1;
+    tw_durable_config bad = c;
+    bad.fire = NULL;
+    ASSERT_EQ(tw_durable_open(&d, &bad), TW_EINVAL);
+    bad = c;
+    bad.dir = NULL;
+    ASSERT_EQ(tw_durable_open(&d, &bad), TW_EINVAL);
+    bad.dir = "";
+    ASSERT_EQ(tw_durable_open(&d, &bad), TW_EINVAL);
+    bad = c;
+    bad.sync = 7;
+    ASSERT_EQ(tw_durable_open(&d, &bad), TW_EINVAL);
+    bad = c;
+    bad.segment_bytes = 100;
+    ASSERT_EQ(tw_durable_open(&d, &bad), TW_EINVAL);
+#ifndef TWHEEL_HAVE_REDIS
+    bad = c;
+    bad.redis = "127.0.0.1:1";
+    ASSERT_EQ(tw_durable_open(&d, &bad), TW_EINVAL);
+#endif
+    ASSERT_EQ(tw_durable_open(NULL, &c), TW_EINVAL);
+    ASSERT_EQ(tw_durable_open(&d, NULL), TW_EINVAL);
+    ASSERT_EQ((uintptr_t)d, 1); /* unchanged on failure */
+
+    d = open_ok(&c);
+    tw_durable_stats st0 = stats(d);
+    static char big[TW_DURABLE_PAYLOAD_MAX + 1];
+    char key[TW_DURABLE_KEY_MAX + 1];
+    memset(key, 'k', sizeof key);
+    ASSERT_EQ(tw_durable_schedule(d, NULL, 1, 0, NULL, 0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_schedule(d, "k", 0, 0, NULL, 0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_schedule(d, key, sizeof key, 0, NULL, 0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_schedule(d, "k", 1, 0, NULL, 1), TW_EINVAL);
+    ASSERT_EQ(tw_durable_schedule(d, "k", 1, 0, big, sizeof big), TW_EINVAL);
+    ASSERT_EQ(tw_durable_schedule(NULL, "k", 1, 0, NULL, 0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_cancel(d, NULL, 1), TW_EINVAL);
+    ASSERT_EQ(tw_durable_cancel(d, "k", 0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_cancel(d, key, sizeof key), TW_EINVAL);
+    ASSERT_EQ(tw_durable_stats_get(d, NULL), TW_EINVAL);
+    ASSERT_EQ(tw_durable_stats_get(NULL, &st0), TW_EINVAL);
+    tw_durable_stats st1 = stats(d);
+    ASSERT_EQ(st1.journal_bytes, st0.journal_bytes); /* nothing written */
+    ASSERT_EQ(st1.pending, 0);
+    /* The limits themselves are fine. */
+    ASSERT_EQ(tw_durable_schedule(d, key, TW_DURABLE_KEY_MAX, INT64_MAX, big,
+                                  TW_DURABLE_PAYLOAD_MAX),
+              0);
+    ASSERT_EQ(stats(d).pending, 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    ASSERT_EQ(tw_durable_close(NULL), 0);
+    rm_dir(dir);
+}
+
+static void test_fire_at_due(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    ASSERT_EQ(sched(d, "a", t0 + 100, "pa"), 0);
+    ASSERT_EQ(sched(d, "b", t0 + 50, ""), 0);
+    ASSERT_EQ(stats(d).pending, 2);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 0);
+    set_wall(t0 + 49);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 0); /* never early */
+    set_wall(t0 + 50);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 1);
+    ASSERT_STR_EQ(fired_log[0].key, "b");
+    ASSERT_STR_EQ(fired_log[0].payload, "");
+    ASSERT_EQ(fired_log[0].attempt, 1);
+    ASSERT_EQ(fired_log[0].due_ms, t0 + 50);
+    set_wall(t0 + 1000);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 2);
+    ASSERT_STR_EQ(fired_log[1].key, "a");
+    ASSERT_STR_EQ(fired_log[1].payload, "pa");
+    tw_durable_stats st = stats(d);
+    ASSERT_EQ(st.pending, 0);
+    ASSERT_EQ(st.fired, 2);
+    ASSERT_EQ(tw_durable_cancel(d, "a", 1), TW_ENOENT); /* done */
+    /* A due time before 1970 is simply overdue. */
+    ASSERT_EQ(sched(d, "neg", -5, "n"), 0);
+    tw__durable_sync(d);
+    ASSERT_EQ(log_count("neg"), 1);
+    ASSERT_EQ(fired_log[2].due_ms, -5);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    /* Completed timers stay completed. */
+    d = open_ok(&c);
+    tw__durable_sync(d);
+    ASSERT_EQ(stats(d).recovered, 0);
+    ASSERT_EQ(nfired, 3);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+static void test_replace_cancel(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    ASSERT_EQ(sched(d, "k", t0 + 100, "old"), 0);
+    ASSERT_EQ(sched(d, "k", t0 + 200, "new"), 0);
+    ASSERT_EQ(stats(d).pending, 1);
+    ASSERT_EQ(sched(d, "x", t0 + 100, "x"), 0);
+    ASSERT_EQ(tw_durable_cancel(d, "x", 1), 0);
+    ASSERT_EQ(tw_durable_cancel(d, "x", 1), TW_ENOENT);
+    ASSERT_EQ(tw_durable_cancel(d, "nope", 4), TW_ENOENT);
+    ASSERT_EQ(stats(d).cancelled, 1);
+    set_wall(t0 + 150);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    /* After a restart: still the new version, still no x. */
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, 1);
+    set_wall(t0 + 199);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 0);
+    set_wall(t0 + 200);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 1);
+    ASSERT_STR_EQ(fired_log[0].payload, "new");
+    ASSERT_EQ(fired_log[0].due_ms, t0 + 200);
+    ASSERT_EQ(log_count("x"), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+static void test_retry(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    retry_ms = 50;
+    retry_times = 2;
+    ASSERT_EQ(sched(d, "r", t0 + 10, "p"), 0);
+    set_wall(t0 + 10);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 1);
+    ASSERT_EQ(fired_log[0].attempt, 1);
+    set_wall(t0 + 59);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    /* The retry survives a restart with its attempt count. */
+    d = open_ok(&c);
+    set_wall(t0 + 60);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 2);
+    ASSERT_EQ(fired_log[1].attempt, 2);
+    ASSERT_STR_EQ(fired_log[1].payload, "p");
+    ASSERT_EQ(fired_log[1].due_ms, t0 + 60);
+    set_wall(t0 + 110);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 3);
+    ASSERT_EQ(fired_log[2].attempt, 3);
+    tw_durable_stats st = stats(d);
+    ASSERT_EQ(st.retried, 1);
+    ASSERT_EQ(st.fired, 1);
+    ASSERT_EQ(st.pending, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+static void test_recovery_order(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.sync = TW_DURABLE_SYNC_GROUP;
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    /* Due times in a scrambled order, some long ago. */
+    for (int i = 0; i < 200; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "k%03d", i);
+        int64_t due = t0 + 1000 + (int64_t)((i * 7919) % 200) * 1000;
+        ASSERT_EQ(sched(d, k, due, k), 0);
+    }
+    ASSERT_EQ(sched(d, "past", t0 + 500, "p"), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    /* Down for a year: everything is overdue, fires at once, in due
+     * order, none lost. */
+    set_wall(t0 + 365LL * 86400 * 1000);
+    d = open_ok(&c);
+    tw_durable_stats st = stats(d);
+    ASSERT_EQ(st.recovered, 201);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 201);
+    ASSERT_STR_EQ(fired_log[0].key, "past");
+    ASSERT_EQ(fired_log[0].due_ms, t0 + 500);
+    for (int i = 1; i < nfired; i++)
+        ASSERT_LE(fired_log[i - 1].due_ms, fired_log[i].due_ms);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+/* A child delivers and dies inside the callback: the FIRE record was
+ * durable, so the next open delivers again with attempt 2. */
+static int die_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)t;
+    (void)arg;
+    raise(SIGKILL); /* a crash: no exit handlers (nor valgrind's checks) */
+    return 0;
+}
+
+static void test_attempt_after_crash(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) {
+        tw_durable_config c = base_cfg(dir);
+        c.fire = die_fire;
+        tw_durable *d = NULL;
+        if (tw_durable_open(&d, &c) != 0 || sched(d, "c", t0 + 5, "x") != 0)
+            _exit(1);
+        set_wall(t0 + 5);
+        tw__durable_sync(d);
+        _exit(2);
+    }
+    int status;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT(WIFSIGNALED(status));
+    ASSERT_EQ(WTERMSIG(status), SIGKILL);
+    tw_durable_config c = base_cfg(dir);
+    set_wall(t0 + 5);
+    tw_durable *d = open_ok(&c);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 1);
+    ASSERT_EQ(fired_log[0].attempt, 2);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+static void test_busy(void)
+{
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    tw_durable *d = open_ok(&c), *d2 = NULL;
+    ASSERT_EQ(tw_durable_open(&d2, &c), TW_EBUSY);
+    ASSERT_NULL(d2);
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) { /* reports through the pipe, then dies without exit
+                       handlers (valgrind's leak check would see the
+                       parent's store, copied into the child) */
+        tw_durable *d3 = NULL;
+        char ok = tw_durable_open(&d3, &c) == TW_EBUSY ? 'y' : 'n';
+        if (write(p[1], &ok, 1) != 1)
+            ok = 'n';
+        raise(SIGKILL);
+    }
+    close(p[1]);
+    char got = 0;
+    ASSERT_EQ(read(p[0], &got, 1), 1);
+    ASSERT_EQ(got, 'y');
+    close(p[0]);
+    int status;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = open_ok(&c); /* the lock went with the handle */
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+static void test_clock_steps(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    int64_t t0 = 1700000000000, hour = 3600 * 1000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    tw__durable_sync(d);
+    ASSERT_EQ(sched(d, "a", t0 + 10000, "a"), 0);
+    /* Step back one hour: "a" keeps its Unix due time. */
+    set_wall(t0 - hour);
+    tw__durable_sync(d);
+    set_wall(t0 - hour + 20000);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 0);
+    /* Scheduled during the step for a time the wheel has passed: fires at
+     * once, early by less than the step. */
+    ASSERT_EQ(sched(d, "b", t0 - 1000, "b"), 0);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 1);
+    ASSERT_STR_EQ(fired_log[0].key, "b");
+    ASSERT_LT(fired_log[0].due_ms - fired_log[0].at_ms, hour);
+    /* Back at the real time, "a" fires at its due time, not before. */
+    set_wall(t0 + 9999);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 1);
+    set_wall(t0 + 10000);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 2);
+    ASSERT_STR_EQ(fired_log[1].key, "a");
+    /* Step forward one hour: everything due by then fires, nothing lost,
+     * in due order; later timers wait. */
+    ASSERT_EQ(sched(d, "c", t0 + 20000, "c"), 0);
+    ASSERT_EQ(sched(d, "d", t0 + 30000, "d"), 0);
+    ASSERT_EQ(sched(d, "e", t0 + 3 * hour, "e"), 0);
+    set_wall(t0 + hour);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 4);
+    ASSERT_STR_EQ(fired_log[2].key, "c");
+    ASSERT_STR_EQ(fired_log[3].key, "d");
+    ASSERT_EQ(stats(d).pending, 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Files. */
+
+static char seg_path[600];
+
+static const char *seg1(const char *dir)
+{
+    snprintf(seg_path, sizeof seg_path, "%s/0000000001.twj", dir);
+    return seg_path;
+}
+
+static size_t read_file(const char *path, unsigned char **out)
+{
+    FILE *f = fopen(path, "rb");
+    ASSERT_NOT_NULL(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)n + 1);
+    ASSERT_EQ(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *out = b;
+    return (size_t)n;
+}
+
+static void write_file(const char *path, const unsigned char *b, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    ASSERT_NOT_NULL(f);
+    ASSERT_EQ(fwrite(b, 1, n, f), n);
+    fclose(f);
+}
+
+/* A store with keys k0..k4 far in the future; returns the segment's bytes
+ * and the record offsets. */
+static size_t five_records(const char *dir, unsigned char **bytes,
+                           size_t offs[6])
+{
+    tw_durable_config c = base_cfg(dir);
+    tw_durable *d = open_ok(&c);
+    offs[0] = JR_SEG_HDR;
+    for (int i = 0; i < 5; i++) {
+        char k[4] = {'k', (char)('0' + i), 0};
+        ASSERT_EQ(sched(d, k, INT64_MAX / 2, "payload"), 0);
+        offs[i + 1] = offs[i] + tw__jr_size(JR_SCHED, 2, 7);
+    }
+    ASSERT_EQ(tw_durable_close(d), 0);
+    size_t n = read_file(seg1(dir), bytes);
+    /* The segment was preallocated: zeros after the last record. */
+    ASSERT_GE(n, offs[5]);
+    for (size_t i = offs[5]; i < n; i++)
+        ASSERT_EQ((*bytes)[i], 0);
+    return offs[5];
+}
+
+static void test_torn_tail(void)
+{
+    const char *dir = new_dir();
+    unsigned char *b;
+    size_t offs[6];
+    size_t n = five_records(dir, &b, offs);
+    /* Cut anywhere in the last two records: the records before the cut
+     * are all there, the torn one is gone, and the store works on. */
+    for (size_t cut = offs[3]; cut <= n; cut++) {
+        write_file(seg1(dir), b, cut);
+        tw_durable_config c = base_cfg(dir);
+        tw_durable *d = open_ok(&c);
+        size_t whole = cut >= offs[5] ? 5 : cut >= offs[4] ? 4 : 3;
+        tw_durable_stats st = stats(d);
+        ASSERT_EQ(st.recovered, whole);
+        ASSERT_EQ(st.journal_bytes, offs[whole]);
+        ASSERT_EQ(sched(d, "after", INT64_MAX / 2, ""), 0);
+        ASSERT_EQ(tw_durable_close(d), 0);
+        d = open_ok(&c);
+        ASSERT_EQ(stats(d).recovered, whole + 1);
+        ASSERT_EQ(tw_durable_close(d), 0);
+    }
+    /* A crash after the newest segment was preallocated, before its
+     * header was written: zeros only. */
+    {
+        tw_durable_config c = base_cfg(dir);
+        tw_durable *d = open_ok(&c);
+        tw_durable_stats st = stats(d);
+        ASSERT_EQ(tw_durable_close(d), 0);
+        char next[600];
+        snprintf(next, sizeof next, "%s/0000000002.twj", dir);
+        unsigned char *z = calloc(1, 16384);
+        write_file(next, z, 16384);
+        free(z);
+        d = open_ok(&c);
+        ASSERT_EQ(stats(d).recovered, st.pending);
+        ASSERT_EQ(sched(d, "later", INT64_MAX / 2, ""), 0);
+        ASSERT_EQ(tw_durable_close(d), 0);
+        d = open_ok(&c);
+        ASSERT_EQ(stats(d).recovered, st.pending + 1);
+        ASSERT_EQ(tw_durable_close(d), 0);
+    }
+    /* A cut inside the segment header of the only segment. */
+    write_file(seg1(dir), b, 10);
+    tw_durable_config c = base_cfg(dir);
+    tw_durable *d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    free(b);
+    rm_dir(dir);
+}
+
+/* A write torn in the middle of an unsynced batch: record 3 never reached
+ * the disk, record 4 did. Recovery cuts at record 3 and clears what
+ * follows, so the stale record 4 cannot come back behind a new record of
+ * exactly record 3's size. */
+static void test_torn_batch(void)
+{
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.sync = TW_DURABLE_SYNC_NONE;
+    tw_durable *d = open_ok(&c);
+    size_t offs[6];
+    offs[0] = JR_SEG_HDR;
+    for (int i = 0; i < 5; i++) {
+        char k[4] = {'k', (char)('0' + i), 0};
+        ASSERT_EQ(sched(d, k, INT64_MAX / 2, "payload"), 0);
+        offs[i + 1] = offs[i] + tw__jr_size(JR_SCHED, 2, 7);
+    }
+    ASSERT_EQ(tw_durable_close(d), 0);
+    unsigned char *b;
+    size_t n = read_file(seg1(dir), &b);
+    memset(b + offs[3], 0, offs[4] - offs[3]);
+    write_file(seg1(dir), b, n);
+    c.sync = TW_DURABLE_SYNC_EACH;
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, 3);
+    ASSERT_EQ(sched(d, "n3", INT64_MAX / 2, "payload"), 0); /* same size */
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, 4);
+    ASSERT_EQ(tw_durable_cancel(d, "k4", 2), TW_ENOENT);
+    ASSERT_EQ(tw_durable_cancel(d, "n3", 2), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    free(b);
+    rm_dir(dir);
+}
+
+static void test_bit_flips(void)
+{
+    const char *dir = new_dir();
+    unsigned char *b;
+    size_t offs[6];
+    size_t n = five_records(dir, &b, offs);
+    unsigned char *m = malloc(n);
+    /* Any flip in the last record: a torn tail, four records remain. */
+    for (size_t o = offs[4]; o < n; o++) {
+        memcpy(m, b, n);
+        m[o] ^= (unsigned char)(1u << (o % 8));
+        write_file(seg1(dir), m, n);
+        tw_durable_config c = base_cfg(dir);
+        tw_durable *d = open_ok(&c);
+        ASSERT_EQ(stats(d).recovered, 4);
+        ASSERT_EQ(tw_durable_close(d), 0);
+    }
+    /* A flip in an earlier record that later records show was synced:
+     * damage in the middle, TW_EIO naming the segment and offset. */
+    for (int r = 0; r < 4; r++) {
+        memcpy(m, b, n);
+        m[offs[r] + 20] ^= 0x10;
+        write_file(seg1(dir), m, n);
+        tw_durable_config c = base_cfg(dir);
+        char err[256] = "";
+        c.errbuf = err;
+        c.errbuf_len = sizeof err;
+        tw_durable *d = NULL;
+        ASSERT_EQ(tw_durable_open(&d, &c), TW_EIO);
+        ASSERT_NULL(d);
+        char want[64];
+        snprintf(want, sizeof want, "0000000001.twj offset %zu", offs[r]);
+        if (!strstr(err, want))
+            TW_TEST_FAIL_("error message \"%s\" lacks \"%s\"", err, want);
+        /* The file was left alone. */
+        unsigned char *again;
+        ASSERT_EQ(read_file(seg1(dir), &again), n);
+        ASSERT_EQ(memcmp(again, m, n), 0);
+        free(again);
+        /* REPAIR drops the damaged record and rewrites the rest. */
+        c.flags = TW_DURABLE_REPAIR;
+        d = open_ok(&c);
+        ASSERT_EQ(stats(d).recovered, 4);
+        ASSERT_EQ(tw_durable_close(d), 0);
+        c.flags = 0;
+        d = open_ok(&c);
+        ASSERT_EQ(stats(d).recovered, 4);
+        ASSERT_EQ(tw_durable_close(d), 0);
+        rm_dir(dir);
+        ASSERT_EQ(mkdir(dir, 0755), 0);
+    }
+    free(m);
+    free(b);
+    rm_dir(dir);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Disk faults. */
+
+static _Atomic int fault_op, fault_errno, fault_count;
+
+static int fault_hook(int op)
+{
+    if (atomic_load(&fault_count) > 0 && op == atomic_load(&fault_op)) {
+        atomic_fetch_sub(&fault_count, 1);
+        return atomic_load(&fault_errno);
+    }
+    return 0;
+}
+
+static void test_disk_faults(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    ASSERT_EQ(sched(d, "keep1", t0 + 1000, "a"), 0);
+    tw__journal_fault = fault_hook;
+    const int ops[2] = {'w', 's'};
+    const int errs[2] = {ENOSPC, EIO};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            atomic_store(&fault_op, ops[i]);
+            atomic_store(&fault_errno, errs[j]);
+            atomic_store(&fault_count, 1);
+            tw_durable_stats before = stats(d);
+            int rc = sched(d, "fail", t0 + 1000, "f");
+            ASSERT_EQ(rc, -errs[j]);
+            if (ops[i] == 'w') { /* nothing changed */
+                tw_durable_stats after = stats(d);
+                ASSERT_EQ(after.pending, before.pending);
+                ASSERT_EQ(after.journal_bytes, before.journal_bytes);
+                ASSERT_EQ(tw_durable_cancel(d, "fail", 4), TW_ENOENT);
+            } else {
+                /* The outcome of a failed sync is unknown, like a timeout;
+                 * the key is still pending in memory. */
+                ASSERT_EQ(tw_durable_cancel(d, "fail", 4), 0);
+            }
+            atomic_store(&fault_count, 1);
+            ASSERT_EQ(tw_durable_cancel(d, "keep1", 5), -errs[j]);
+            if (ops[i] == 'w') {
+                ASSERT_EQ(stats(d).pending, 1);
+            } else { /* unknown outcome: put it back */
+                ASSERT_EQ(sched(d, "keep1", t0 + 1000, "a"), 0);
+            }
+            /* Working again. */
+            ASSERT_EQ(sched(d, "ok", t0 + 2000, "o"), 0);
+            ASSERT_EQ(tw_durable_cancel(d, "ok", 2), 0);
+        }
+    ASSERT_EQ(sched(d, "keep2", t0 + 1000, "b"), 0);
+    tw__journal_fault = NULL;
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, 2);
+    set_wall(t0 + 1000);
+    tw__durable_sync(d);
+    ASSERT_EQ(log_count("keep1"), 1);
+    ASSERT_EQ(log_count("keep2"), 1);
+    ASSERT_EQ(log_count("fail"), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+/* ENOSPC while a new segment is made (its header write) is returned too. */
+static void test_fault_rotation(void)
+{
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.segment_bytes = 4096;
+    tw_durable *d = open_ok(&c);
+    char pay[1000];
+    memset(pay, 'p', sizeof pay);
+    int i = 0;
+    while (stats(d).segments == 1) {
+        char k[16];
+        snprintf(k, sizeof k, "r%d", i++);
+        ASSERT_EQ(tw_durable_schedule(d, k, strlen(k), INT64_MAX / 2, pay,
+                                      sizeof pay),
+                  0);
+    }
+    /* The next record that does not fit needs a new segment. */
+    tw__journal_fault = fault_hook;
+    atomic_store(&fault_op, 'w');
+    atomic_store(&fault_errno, ENOSPC);
+    int fails = 0;
+    for (int k = 0; k < 8; k++) {
+        atomic_store(&fault_count, 1);
+        char key[16];
+        snprintf(key, sizeof key, "x%d", k);
+        int rc = tw_durable_schedule(d, key, strlen(key), INT64_MAX / 2, pay,
+                                     sizeof pay);
+        ASSERT(rc == 0 || rc == TW_ENOSPC);
+        fails += rc != 0;
+    }
+    tw__journal_fault = NULL;
+    ASSERT_EQ(fails, 8);
+    ASSERT_EQ(stats(d).pending, (uint64_t)i);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, (uint64_t)i);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+/* ------------------------------------------------------------------------ */
+
+static int count_files(const char *dir)
+{
+    DIR *dd = opendir(dir);
+    ASSERT_NOT_NULL(dd);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dd)) != NULL)
+        n += strstr(e->d_name, ".twj") != NULL;
+    closedir(dd);
+    return n;
+}
+
+static void test_compaction(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.sync = TW_DURABLE_SYNC_NONE;
+    c.segment_bytes = 4096;
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    /* 20 long-lived keys, then heavy churn of others. */
+    for (int i = 0; i < 20; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "live%02d", i);
+        ASSERT_EQ(sched(d, k, t0 + 1000000 + i, k), 0);
+    }
+    uint64_t maxbytes = 0;
+    for (int round = 0; round < 200; round++) {
+        for (int i = 0; i < 20; i++) {
+            char k[16];
+            snprintf(k, sizeof k, "tmp%d", i);
+            ASSERT_EQ(sched(d, k, t0 + 500000, "0123456789abcdef"), 0);
+            if (i % 2)
+                ASSERT_EQ(tw_durable_cancel(d, k, strlen(k)), 0);
+        }
+        tw__durable_sync(d);
+        tw_durable_stats st = stats(d);
+        if (st.journal_bytes > maxbytes)
+            maxbytes = st.journal_bytes;
+    }
+    tw_durable_stats st = stats(d);
+    ASSERT_EQ(st.pending, 30);
+    /* Live: 30 records of about 50 bytes; bounded by 2x live + one
+     * segment + the segment being filled, not by the 200 rounds. */
+    ASSERT_LE(maxbytes, 4 * 4096);
+    ASSERT_EQ((int)st.segments, count_files(dir));
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, 30);
+    set_wall(t0 + 2000000);
+    tw__durable_sync(d);
+    for (int i = 0; i < 20; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "live%02d", i);
+        ASSERT_EQ(log_count(k), 1);
+    }
+    ASSERT_EQ(nfired, 30);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+static void test_executors(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.executor_threads = 3;
+    c.sync = TW_DURABLE_SYNC_GROUP;
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    for (int i = 0; i < 100; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "e%d", i);
+        ASSERT_EQ(sched(d, k, t0 + i, k), 0);
+    }
+    set_wall(t0 + 100);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 100);
+    ASSERT_EQ(stats(d).pending, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+struct gc_arg {
+    tw_durable *d;
+    int id;
+};
+
+static void *gc_thread(void *p)
+{
+    struct gc_arg *a = p;
+    for (int i = 0; i < 200; i++) {
+        char k[32];
+        snprintf(k, sizeof k, "t%d-%d", a->id, i);
+        ASSERT_EQ(sched(a->d, k, INT64_MAX / 2, "x"), 0);
+    }
+    return NULL;
+}
+
+static void test_group_commit(void)
+{
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.sync = TW_DURABLE_SYNC_GROUP;
+    c.wall_ms = NULL;
+    c.mono_ns = NULL;
+    tw_durable *d = open_ok(&c);
+    uint64_t s0 = stats(d).syncs;
+    pthread_t th[8];
+    struct gc_arg a[8];
+    for (int i = 0; i < 8; i++) {
+        a[i] = (struct gc_arg){d, i};
+        ASSERT_EQ(pthread_create(&th[i], NULL, gc_thread, &a[i]), 0);
+    }
+    for (int i = 0; i < 8; i++)
+        pthread_join(th[i], NULL);
+    tw_durable_stats st = stats(d);
+    ASSERT_EQ(st.pending, 1600);
+    /* Shared: fewer fdatasync calls than acknowledged calls. */
+    fprintf(stderr, "   1600 schedules from 8 threads: %" PRIu64 " syncs\n",
+            st.syncs - s0);
+    ASSERT_LT(st.syncs - s0, 1600);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, 1600);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+/* A pending timer's record: 64 bytes plus the key, rounded up to 16. */
+/* The largest payload goes to disk and comes back whole at fire time,
+ * after a restart too. */
+static size_t big_len;
+static uint32_t big_crc;
+
+static int big_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)arg;
+    big_len = t->payload_len;
+    big_crc = tw__crc32c(0, t->payload, t->payload_len);
+    return 0;
+}
+
+static void test_big_payload(void)
+{
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.fire = big_fire;
+    c.segment_bytes = 0; /* default: 64 MiB */
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    unsigned char *p = malloc(TW_DURABLE_PAYLOAD_MAX);
+    uint64_t rng = 7;
+    for (size_t i = 0; i < TW_DURABLE_PAYLOAD_MAX; i++)
+        p[i] = (unsigned char)tw_test_rand(&rng);
+    tw_durable *d = open_ok(&c);
+    ASSERT_EQ(
+        tw_durable_schedule(d, "big", 3, t0 + 5, p, TW_DURABLE_PAYLOAD_MAX), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = open_ok(&c);
+    set_wall(t0 + 5);
+    tw__durable_sync(d);
+    ASSERT_EQ(big_len, TW_DURABLE_PAYLOAD_MAX);
+    ASSERT_EQ(big_crc, tw__crc32c(0, p, TW_DURABLE_PAYLOAD_MAX));
+    ASSERT_EQ(tw_durable_close(d), 0);
+    free(p);
+    rm_dir(dir);
+}
+
+static void test_node_size(void)
+{
+    ASSERT_EQ(tw__durable_node_size(0), 64);
+    ASSERT_EQ(tw__durable_node_size(1), 80);
+    ASSERT_EQ(tw__durable_node_size(16), 80);
+    ASSERT_EQ(tw__durable_node_size(17), 96);
+    /* The checksum is CRC32C (its check value). */
+    ASSERT_EQ(tw__crc32c(0, "123456789", 9), 0xE3069283u);
+}
+
+int main(void)
+{
+    RUN_TEST(test_bad_input);
+    RUN_TEST(test_fire_at_due);
+    RUN_TEST(test_replace_cancel);
+    RUN_TEST(test_retry);
+    RUN_TEST(test_recovery_order);
+    RUN_TEST(test_attempt_after_crash);
+    RUN_TEST(test_busy);
+    RUN_TEST(test_clock_steps);
+    RUN_TEST(test_torn_tail);
+    RUN_TEST(test_torn_batch);
+    RUN_TEST(test_bit_flips);
+    RUN_TEST(test_disk_faults);
+    RUN_TEST(test_fault_rotation);
+    RUN_TEST(test_compaction);
+    RUN_TEST(test_executors);
+    RUN_TEST(test_group_commit);
+    RUN_TEST(test_big_payload);
+    RUN_TEST(test_node_size);
+    return tw_test_done();
+}
