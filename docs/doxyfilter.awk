@@ -30,7 +30,7 @@ function escape(s) {
 function doc_text(s, first_text) {
     s = escape(s)
     if (first_text)
-        sub(/^( \* |\/\*\* *)(DOC: *|struct |union |enum )?[A-Za-z_][A-Za-z0-9_.\/]*(\(\))? - /, "&@@", s)
+        sub(/^( \* | *)(DOC: *|struct |union |enum )?[A-Za-z_][A-Za-z0-9_.\/]*(\(\))? - /, "&@@", s)
     if (first_text && s ~ /@@/) {
         sub(/(DOC: *|struct |union |enum )?[A-Za-z_][A-Za-z0-9_.\/]*(\(\))? - @@/, "", s)
     }

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* quickstart - echo stdin lines; say "idle" after 2 s without one. */
-#define _GNU_SOURCE
+#define _POSIX_C_SOURCE 200809L
 #include <limits.h>
 #include <poll.h>
 #include <stdio.h>

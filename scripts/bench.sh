@@ -55,6 +55,39 @@ cmake --build "$build" -j2 --target bench_core bench_service
 csv=$out/results.csv
 t_start=$SECONDS
 
+# Progress: one line per stage with the time spent so far and an estimate
+# of what is left (each stage's typical share of the run on 2 cores; the
+# estimate scales with how long the run has taken so far).
+stages=()
+weights=()
+plan() { stages+=("$1"); weights+=("$2"); }
+if ((full)); then
+  plan "core, 1e3..1e7 timers, every engine" 2400
+else
+  plan "core, 1e3 and 1e5 timers" 40
+  plan "core, 1e6 timers, add/cancel/churn/memory" 25
+  plan "core, 1e6 timers, expiry (twheel and heap)" 10
+fi
+plan "service (bench_service)" $((full ? 120 : 25))
+((java)) && plan "Java peers (Netty HWT, JDK STPE)" $((full ? 300 : 40))
+((instr)) && plan "callgrind counts" 60
+plan "summary and plot" 2
+stage_no=0
+done_w=0
+stage() { # NAME: announce the next stage
+  local total_w=0 w left elapsed=$((SECONDS - t_start))
+  if ((stage_no > 0)); then done_w=$((done_w + weights[stage_no - 1])); fi
+  for w in "${weights[@]}"; do total_w=$((total_w + w)); done
+  if ((done_w > 0 && elapsed > 0)); then
+    left=$(((total_w - done_w) * elapsed / done_w))
+  else
+    left=$((total_w - done_w))
+  fi
+  stage_no=$((stage_no + 1))
+  printf '\n>>> stage %d/%d: %s (%d s elapsed, about %d s left)\n' \
+    "$stage_no" "${#stages[@]}" "$1" "$elapsed" "$left"
+}
+
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
@@ -75,19 +108,23 @@ cat "$out/machine.txt"
 # 1. The core wheel and the C peers.
 core=("$build/bench/bench_core" --reps "$reps" --csv "$csv")
 if ((full)); then
+  stage "core, 1e3..1e7 timers, every engine"
   "${core[@]}" --n 1000,100000,1000000,10000000 --workloads all \
     --cap-ms 10000 | tee "$out/core.txt"
   svc_args=()
   tasks=1000000
   idle_ms=3000
 else
+  stage "core, 1e3 and 1e5 timers"
   "${core[@]}" --n 1000,100000 --workloads all --cap-ms 1000 |
     tee "$out/core.txt"
   # At 1e6 the peers' expiry runs take seconds each: quick mode runs the
   # expiry workloads at 1e6 for twheel and the heap only (--full: all).
+  stage "core, 1e6 timers, add/cancel/churn/memory"
   "${core[@]}" --n 1000000 --cap-ms 1000 \
     --workloads add,add_rand,cancel,cancel_rand,churn,memory |
     tee -a "$out/core.txt"
+  stage "core, 1e6 timers, expiry (twheel and heap)"
   "${core[@]}" --n 1000000 --cap-ms 1000 --engines twheel,twheel-netty,heap \
     --workloads expire_1,expire_jump | tee -a "$out/core.txt"
   svc_args=(--quick)
@@ -95,11 +132,14 @@ else
   idle_ms=1000
 fi
 
-# 2. The service (its own program; best of its runs) ...
+# 2. The service (its own program; best of its runs: 3, or 1 with --quick)
+stage "service (bench_service)"
 "$build/bench/bench_service" "${svc_args[@]}" | tee "$out/service.txt"
-awk -v n="$tasks" -f bench/report/service_csv.awk "$out/service.txt" >>"$csv"
+awk -v n="$tasks" -v reps=$((full ? 3 : 1)) -f bench/report/service_csv.awk \
+  "$out/service.txt" >>"$csv"
 
 # 3. ... and its Java peers.
+((java)) && stage "Java peers (Netty HWT, JDK STPE)"
 if ((java)) && command -v javac >/dev/null && command -v java >/dev/null &&
   [ -r /usr/share/java/netty-common.jar ]; then
   mkdir -p "$build/java"
@@ -117,6 +157,7 @@ fi
 # 4. Instruction and cache-miss counts: the same code paths under callgrind,
 # one run each (wall time on a shared machine is noisy; these are not).
 if ((instr)); then
+  stage "callgrind counts"
   if command -v valgrind >/dev/null; then
     cg=$out/callgrind
     mkdir -p "$cg"
@@ -152,12 +193,16 @@ if ((instr)); then
 fi
 
 # 5. Summary and plot.
-echo
+stage "summary and plot"
 awk -F, -f bench/report/summary.awk "$csv" | tee "$out/summary.txt"
+plot="plot: skipped (no gnuplot)"
 if command -v gnuplot >/dev/null; then
-  gnuplot -e "csv='$csv'; out='$out/bench.png'" bench/report/plot.gp &&
-    echo "plot: $out/bench.png"
-else
-  echo "plot: skipped (no gnuplot)"
+  sizes=$(awk -F, 'NR > 1 && $2 !~ /^svc_/ { print $1 }' "$csv" | sort -n | uniq)
+  gnuplot -e "csv='$csv'; out='$out/bench.png'; nmin=$(echo "$sizes" | head -1); nmax=$(echo "$sizes" | tail -1)" \
+    bench/report/plot.gp && plot="plot:    $out/bench.png"
 fi
-echo "results: $out ($((SECONDS - t_start)) s)"
+echo
+echo "done in $((SECONDS - t_start)) s. Results in $out:"
+echo "summary: $out/summary.txt (each target MET, MISSED or NOT RUN)"
+echo "$plot"
+echo "data:    $csv"

@@ -169,7 +169,16 @@ cmake --install "$sub/build" >/dev/null
 [ -z "$(find "$sub/inst" -name '*twheel*')" ] ||
   fail "subproject: twheel installed files without TWHEEL_INSTALL"
 [ ! -d "$sub/build/twheel/tests" ] || fail "subproject: tests were added"
-step "subproject: parent's build type and cache untouched, nothing installed"
+# Asked for, its install rules come back (and CPack stays the parent's).
+cmake -S "$sub" -B "$sub/build" -DTWHEEL_INSTALL=ON >>"$sub.log" 2>&1 ||
+  { cat "$sub.log"; exit 1; }
+cmake --build "$sub/build" >/dev/null
+cmake --install "$sub/build" >/dev/null
+[ -f "$sub/inst/include/twheel/wheel.h" ] ||
+  fail "subproject with TWHEEL_INSTALL=ON: headers not installed"
+[ ! -f "$sub/build/CPackConfig.cmake" ] ||
+  fail "subproject: twheel wrote the parent's CPack configuration"
+step "subproject: parent's build type and cache untouched; installs only with TWHEEL_INSTALL=ON"
 
 # 4. The Debian package, installed by dpkg into a scratch root.
 deb=$work/deb
