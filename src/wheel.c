@@ -93,6 +93,7 @@ int tw__wheel_check_full(const tw_wheel *w);
 struct tw_level {
     tw_timer **heads; /* [slot][chain] */
     uint64_t *bm;     /* occupancy tree */
+    unsigned shift;   /* k * b: log2 of the level's granularity */
 };
 
 struct tw_wheel {
@@ -108,6 +109,7 @@ struct tw_wheel {
     uint32_t bits;      /* b */
     uint32_t levels;    /* L */
     uint32_t rounds;    /* 1 if the top level keeps later rounds */
+    uint32_t rounds_k;  /* that level's index, or 64 when there is none */
     uint32_t rr;        /* round-robin chain for the next insertion */
     uint32_t bm_layers; /* layers of a level's bitmap tree */
     uint32_t bm_off[TW_BM_MAX_LAYERS]; /* word offset of each layer */
@@ -152,7 +154,7 @@ static inline uint64_t tw_slot_tick(const tw_wheel *w, unsigned k,
 
 static inline int tw_top_is_rounds(const tw_wheel *w, unsigned k)
 {
-    return w->rounds && k == w->levels - 1;
+    return k == w->rounds_k;
 }
 
 static inline tw_timer **tw_slot_heads(const tw_wheel *w, unsigned k,
@@ -320,7 +322,7 @@ __attribute__((always_inline)) static inline uint64_t tw_place(tw_wheel *w,
 {
     uint64_t e = t->tw__expires;
     unsigned k = w->level_of_msb[tw_msb(e ^ w->now)];
-    unsigned gshift = k * w->bits; /* < 64: (L - 1) * b < 64 */
+    unsigned gshift = w->lv[k].shift; /* < 64: (L - 1) * b < 64 */
     uint64_t slot = (e >> gshift) & w->mask;
     tw_timer **h = tw_slot_heads(w, k, slot);
     tw_slot_filled(w, k, slot);
@@ -510,6 +512,7 @@ int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
     w->bits = bits;
     w->levels = levels;
     w->rounds = (uint32_t)rounds;
+    w->rounds_k = rounds ? levels - 1 : 64;
     w->rr = 0;
     w->bm_layers = layers;
     memcpy(w->bm_off, bm_off, sizeof(bm_off));
@@ -517,6 +520,7 @@ int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
     for (unsigned k = 0; k < levels; k++) {
         w->lv[k].heads = w->heads + (((size_t)k << bits) * K);
         w->lv[k].bm = bitmap + (size_t)k * bm_words;
+        w->lv[k].shift = k * bits;
     }
     for (unsigned m = 0; m < 64; m++) {
         unsigned k = bits == 0 ? 0 : m / bits;
@@ -563,10 +567,19 @@ size_t tw_wheel_count(const tw_wheel *w)
 /* ------------------------------------------------------------------------ */
 /* add / cancel */
 
-int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
+/* Mark slot (k, slot) occupied; the rare part of tw_wheel_add(), out of line
+ * so that the common path needs no stack frame. */
+__attribute__((noinline)) static int tw_add_mark(tw_wheel *w, unsigned k,
+                                                 uint64_t slot)
 {
-    if (w == NULL || t == NULL || t->tw__fn == NULL)
-        return TW_EINVAL;
+    tw_slot_filled(w, k, slot);
+    return 0;
+}
+
+/* tw_wheel_add() for a move, a timer already due, or the rounds level. */
+__attribute__((noinline)) static int tw_add_slow(tw_wheel *w, tw_timer *t,
+                                                 uint64_t expires)
+{
     if (t->tw__pprev != NULL)
         tw_unlink_out_of_line(w, t); /* a move */
     t->tw__expires = expires;
@@ -578,6 +591,35 @@ int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
         if (visit < w->hint)
             w->hint = visit;
     }
+    return 0;
+}
+
+int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
+{
+    if (w == NULL || t == NULL || t->tw__fn == NULL)
+        return TW_EINVAL;
+    uint64_t now = w->now;
+    if (t->tw__pprev != NULL || expires <= now)
+        return tw_add_slow(w, t, expires);
+    /* The common case, tw_place() without its rare branches. */
+    unsigned k = w->level_of_msb[tw_msb(expires ^ now)];
+    if (k == w->rounds_k)
+        return tw_add_slow(w, t, expires);
+    unsigned gshift = w->lv[k].shift;
+    uint64_t slot = (expires >> gshift) & w->mask;
+    tw_timer **head = w->lv[k].heads + (size_t)slot * K + w->rr;
+    w->rr = (w->rr + 1) & (K - 1);
+    t->tw__expires = expires;
+    w->count++;
+    tw_link(head, t);
+    /* Every digit above k is now's: the visit is at the start of the
+     * granule of @expires. */
+    uint64_t visit = (expires >> gshift) << gshift;
+    if (visit < w->hint)
+        w->hint = visit;
+    const uint64_t *bm = w->lv[k].bm;
+    if (!((bm[slot >> 6] >> (slot & 63)) & 1))
+        return tw_add_mark(w, k, slot);
     return 0;
 }
 
@@ -612,7 +654,7 @@ static uint64_t tw_rounds_slot_tick(const tw_wheel *w, unsigned k,
  * The next tick after now at which some slot needs a visit. Returns 0 and
  * sets *tick, or -1 when the wheel (due list aside) is empty.
  */
-static int tw_next_event(const tw_wheel *w, uint64_t *tick)
+static int tw_next_event_slow(const tw_wheel *w, uint64_t *tick)
 {
     if (w->level_map == 0)
         return -1;
@@ -646,6 +688,25 @@ static int tw_next_event(const tw_wheel *w, uint64_t *tick)
     }
     *tick = best;
     return 0;
+}
+
+/* The common case first: the next occupied level-0 slot lies in the same
+ * bitmap word as now's digit. Level 0 holds the earliest events whenever it
+ * is occupied (see the top), so this is exact. */
+static inline int tw_next_event(const tw_wheel *w, uint64_t *tick)
+{
+    if ((w->level_map & 1) && !tw_top_is_rounds(w, 0)) {
+        uint64_t d = (w->now & w->mask) + 1;
+        if (d <= w->mask) {
+            uint64_t word = w->lv[0].bm[d >> 6] & (~UINT64_C(0) << (d & 63));
+            if (word != 0) {
+                *tick =
+                    (w->now & ~w->mask) | (d & ~UINT64_C(63)) | tw_ctz(word);
+                return 0;
+            }
+        }
+    }
+    return tw_next_event_slow(w, tick);
 }
 
 uint64_t tw_wheel_next_expiry(const tw_wheel *w)
@@ -764,6 +825,21 @@ static void tw_visit(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
 
     if (rounds && tw_floor_pow2(w->slotmin[slot], gshift) > now)
         return; /* nothing of this round here: skip the walk */
+    if (k == 0 && !rounds && *nfire == 0) {
+        /* A level-0 slot holds only timers due now (its digit and every
+         * digit above are now's), so its chains become the fire chains as
+         * they are: no timer is touched here, only the chains' heads. */
+        for (unsigned c = 0; c < K; c++) {
+            tw_timer *t = h[c];
+            fl[c] = t;
+            if (t != NULL)
+                t->tw__pprev = &fl[c];
+            h[c] = NULL;
+        }
+        *nfire = K;
+        tw_slot_emptied(w, k, slot);
+        return;
+    }
     for (unsigned c = 0; c < K; c++) {
         if (h[c] != NULL)
             chain[n++] = h[c];
