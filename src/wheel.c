@@ -759,26 +759,34 @@ static tw_timer *tw_sort_run(tw_timer *head, size_t n)
 static size_t tw_fire_chains(tw_wheel *w, tw_timer **fl, unsigned n)
 {
     size_t ran = 0;
-    for (;;) {
-        unsigned busy = 0;
-        for (unsigned c = 0; c < n; c++) {
-            tw_timer *t = fl[c];
-            if (t == NULL)
-                continue;
-            busy = 1;
-            tw_timer *next = t->tw__next;
-            fl[c] = next;
-            if (next != NULL)
-                next->tw__pprev = &fl[c];
-            t->tw__pprev = NULL;
-            t->tw__next = NULL;
-            w->count--;
-            t->tw__fn(t, t->tw__arg);
-            ran++;
+    unsigned c = 0;
+    while (n > 0) {
+        tw_timer *t = fl[c];
+        if (t == NULL) {
+            /* Chain c is done (or a callback cancelled its rest): the last
+             * chain takes its place, its first timer's pprev following. */
+            if (c != --n) {
+                fl[c] = fl[n];
+                if (fl[c] != NULL)
+                    fl[c]->tw__pprev = &fl[c];
+            } else {
+                c = 0;
+            }
+            continue;
         }
-        if (!busy)
-            return ran;
+        tw_timer *next = t->tw__next;
+        fl[c] = next;
+        if (next != NULL)
+            next->tw__pprev = &fl[c];
+        t->tw__pprev = NULL;
+        t->tw__next = NULL;
+        w->count--;
+        t->tw__fn(t, t->tw__arg);
+        ran++;
+        if (++c >= n)
+            c = 0;
     }
+    return ran;
 }
 
 /* Run the due list (timers added with expires <= now). */
@@ -828,15 +836,16 @@ static void tw_visit(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
     if (k == 0 && !rounds && *nfire == 0) {
         /* A level-0 slot holds only timers due now (its digit and every
          * digit above are now's), so its chains become the fire chains as
-         * they are: no timer is touched here, only the chains' heads. */
+         * they are: only the first timer of each chain is touched here. */
         for (unsigned c = 0; c < K; c++) {
             tw_timer *t = h[c];
-            fl[c] = t;
-            if (t != NULL)
-                t->tw__pprev = &fl[c];
-            h[c] = NULL;
+            if (t != NULL) {
+                fl[n] = t;
+                t->tw__pprev = &fl[n++];
+                h[c] = NULL;
+            }
         }
-        *nfire = K;
+        *nfire = n;
         tw_slot_emptied(w, k, slot);
         return;
     }
@@ -859,6 +868,8 @@ static void tw_visit(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
             }
             uint64_t e = t->tw__expires;
             if (e == now) {
+                if (*nfire < K)
+                    fl[*nfire] = NULL; /* a chain's first use */
                 tw_link(&fl[*nfire & (K - 1)], t);
                 ++*nfire;
             } else if (rounds && (e >> gshift) != (now >> gshift)) {
@@ -901,10 +912,8 @@ __attribute__((noinline)) static size_t tw_advance_work(tw_wheel *w,
          * cascade never lands in a slot that was already looked at. */
         /* t > now >= 0, so t != 0; the table caps the level at L - 1. */
         unsigned top = w->level_of_msb[tw_ctz(t)];
-        tw_timer *fl[K];
+        tw_timer *fl[K]; /* entries below min(nfire, K) are in use */
         unsigned nfire = 0;
-        for (unsigned c = 0; c < K; c++)
-            fl[c] = NULL;
         for (unsigned k = top + 1; k > 0;) {
             k--;
             if (!(w->level_map & (UINT64_C(1) << k)))
