@@ -623,6 +623,27 @@ int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
     return 0;
 }
 
+/* The tick in [@a, @b] (a < b) with the most trailing zero bits. */
+static uint64_t coarsest_in(uint64_t a, uint64_t b)
+{
+    /* Above bit d the two agree; b has bit d set and a has it clear. */
+    unsigned d = tw_msb(a ^ b);
+    uint64_t below = d == 63 ? ~UINT64_C(0) : (UINT64_C(2) << d) - 1;
+    if ((a & below) == 0)
+        return a; /* a is the common prefix itself: a multiple of 2^(d+1) */
+    return (b >> d) << d; /* the prefix with bit d set: in (a, b] */
+}
+
+int tw_wheel_add_window(tw_wheel *w, tw_timer *t, uint64_t earliest,
+                        uint64_t latest)
+{
+    if (w == NULL || t == NULL || t->tw__fn == NULL || latest < earliest)
+        return TW_EINVAL;
+    if (earliest <= w->now || earliest == latest)
+        return tw_wheel_add(w, t, earliest);
+    return tw_wheel_add(w, t, coarsest_in(earliest, latest));
+}
+
 bool tw_wheel_cancel(tw_wheel *w, tw_timer *t)
 {
     if (w == NULL || t == NULL || t->tw__pprev == NULL)
@@ -717,6 +738,20 @@ uint64_t tw_wheel_next_expiry(const tw_wheel *w)
     if (tw_next_event(w, &t) != 0)
         return UINT64_MAX;
     return t;
+}
+
+uint64_t tw_wheel_timeout(const tw_wheel *w, uint64_t now)
+{
+    uint64_t next = tw_wheel_next_expiry(w);
+    if (next == UINT64_MAX && w->count == 0)
+        return TW_WHEEL_NO_TIMEOUT;
+    /* A timer may expire at UINT64_MAX itself: with now == 0 the wait
+     * would read as the sentinel, so it is reported one tick short (a
+     * wake-up early is always allowed). */
+    if (next <= now)
+        return 0;
+    uint64_t dt = next - now;
+    return dt == TW_WHEEL_NO_TIMEOUT ? dt - 1 : dt;
 }
 
 /* ------------------------------------------------------------------------ */

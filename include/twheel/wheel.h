@@ -139,6 +139,30 @@ TW_EXTERN void tw_timer_init(tw_timer *t, tw_timer_fn fn, void *arg);
 TW_EXTERN int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires);
 
 /*
+ * tw_wheel_add_window - arm @t to expire at some tick in [@earliest,
+ * @latest], chosen so that timers with overlapping windows share wake-ups.
+ *
+ * The tick is the one in the window with the most trailing zero bits: the
+ * coarsest slot boundary inside it, which the wheel visits anyway and where
+ * the timer runs without being moved down a level. Two windows that contain
+ * the same coarse boundary get the same tick. The choice is O(1) and depends
+ * only on the window (and on tw_wheel_now() as below); tw_timer_expires()
+ * reports it.
+ *
+ * Never before @earliest. A window that is already open (@earliest <=
+ * tw_wheel_now()) arms @t as tw_wheel_add(@w, @t, @earliest) does: due, it
+ * runs in the next tw_wheel_advance(). Otherwise it runs exactly at the
+ * chosen tick, which is <= @latest, as any timer of tw_wheel_add() does.
+ * tw_wheel_add() is the exact case (@earliest == @latest).
+ *
+ * Returns 0, or TW_EINVAL (NULL argument, timer without a callback,
+ * @latest < @earliest) with nothing changed.
+ * Context: the owner thread, callbacks included.
+ */
+TW_EXTERN int tw_wheel_add_window(tw_wheel *w, tw_timer *t, uint64_t earliest,
+                                  uint64_t latest);
+
+/*
  * tw_wheel_cancel - disarm @t. Returns true if it was pending (it will not
  * run), false if it was not (a no-op). @t must not be pending in another
  * wheel. Context: the owner thread, callbacks included.
@@ -180,6 +204,26 @@ TW_EXTERN size_t tw_wheel_advance(tw_wheel *w, uint64_t now);
  * remembered minimum is a lower bound until the next visit refreshes it.
  */
 TW_EXTERN uint64_t tw_wheel_next_expiry(const tw_wheel *w);
+
+/* What tw_wheel_timeout() returns when nothing is pending. */
+#define TW_WHEEL_NO_TIMEOUT UINT64_MAX
+
+/*
+ * tw_wheel_timeout - how many ticks an event loop may sleep, at tick @now,
+ * before it must call tw_wheel_advance(): 0 when something is due at or
+ * before @now (timers added with a past expiry included), or
+ * TW_WHEEL_NO_TIMEOUT (UINT64_MAX) when nothing is pending, in the manner
+ * of uv_backend_timeout(). Otherwise tw_wheel_next_expiry() - @now, which
+ * is never more than the wait for the earliest pending timer (and may be
+ * less: see tw_wheel_next_expiry()).
+ *
+ * @now is the caller's current tick, usually read from its clock just
+ * before it sleeps; it may be ahead of tw_wheel_now(). Converting the
+ * result to a poll(2) timeout is the caller's: clamp TW_WHEEL_NO_TIMEOUT to
+ * -1 and large values to INT_MAX milliseconds.
+ * Context: the owner thread.
+ */
+TW_EXTERN uint64_t tw_wheel_timeout(const tw_wheel *w, uint64_t now);
 
 /*
  * tw_wheel_now - the wheel's current tick. Inside a callback it is the tick
