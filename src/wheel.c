@@ -102,6 +102,7 @@ struct tw_wheel {
     size_t count;       /* pending timers, due list included */
     uint64_t level_map; /* bit k: level k has an occupied slot */
     tw_timer **heads;   /* [level][slot][chain] */
+    size_t heads_bytes; /* the size of that table */
     uint64_t *slotmin;  /* [slot]: lower bound of expiries, rounds level */
     tw_timer *due;      /* timers added with expires <= now */
     uint64_t due_min;   /* lower bound of the due list's expiries */
@@ -252,9 +253,8 @@ static inline void tw_link(tw_timer **head, tw_timer *t)
 
 static inline int tw_in_heads(const tw_wheel *w, tw_timer **p)
 {
-    size_t n = ((size_t)w->levels << w->bits) * K;
-    return (uintptr_t)p >= (uintptr_t)w->heads &&
-           (uintptr_t)p - (uintptr_t)w->heads < n * sizeof(*p);
+    /* One unsigned compare: below the table wraps to a huge offset. */
+    return (uintptr_t)p - (uintptr_t)w->heads < w->heads_bytes;
 }
 
 static int tw_slot_empty(tw_timer *const *h)
@@ -286,23 +286,28 @@ static void tw_slot_emptied(tw_wheel *w, unsigned k, uint64_t slot)
         w->slotmin[slot] = UINT64_MAX;
 }
 
-static void tw_unlink(tw_wheel *w, tw_timer *t)
+/* The chain whose head is *@head became empty: maybe the whole slot is. */
+__attribute__((noinline)) static void tw_chain_emptied(tw_wheel *w,
+                                                       tw_timer **head)
+{
+    size_t idx = (size_t)(head - w->heads) / K;
+    tw_timer **h = w->heads + idx * K;
+    if (tw_slot_empty(h))
+        tw_slot_emptied(w, (unsigned)(idx >> w->bits), idx & w->mask);
+}
+
+static inline void tw_unlink(tw_wheel *w, tw_timer *t)
 {
     tw_timer **pprev = t->tw__pprev;
     tw_timer *next = t->tw__next;
     *pprev = next;
-    if (next != NULL)
-        next->tw__pprev = pprev;
     t->tw__pprev = NULL;
     t->tw__next = NULL;
     w->count--;
-    if (next == NULL && tw_in_heads(w, pprev)) {
-        /* This chain is now empty; maybe the whole slot is. */
-        size_t idx = (size_t)(pprev - w->heads) / K;
-        tw_timer **h = w->heads + idx * K;
-        if (tw_slot_empty(h))
-            tw_slot_emptied(w, (unsigned)(idx >> w->bits), idx & w->mask);
-    }
+    if (next != NULL)
+        next->tw__pprev = pprev;
+    else if (tw_in_heads(w, pprev))
+        tw_chain_emptied(w, pprev);
 }
 
 /* Forward: the first tick after now at which rounds slot @slot has work. */
@@ -490,6 +495,7 @@ int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
         return TW_ENOMEM;
     tw_wheel *w = (tw_wheel *)(void *)mem;
     w->heads = (tw_timer **)(void *)(mem + sizeof(tw_wheel));
+    w->heads_bytes = heads_bytes;
     uint64_t *bitmap =
         (uint64_t *)(void *)(mem + sizeof(tw_wheel) + heads_bytes);
     w->slotmin = NULL;
