@@ -169,6 +169,26 @@ static void model_add(ftimer *f, uint64_t e)
              tw_timer_expires(&f->t), e);
 }
 
+/* A window [e, e + 2^shift - 1]: any tick inside it (or e itself when the
+ * window is already open); then the model treats the timer as exact. */
+static void model_add_window(ftimer *f, uint64_t e, unsigned shift)
+{
+    uint64_t width = shift >= 64 ? UINT64_MAX : (UINT64_C(1) << shift) - 1;
+    uint64_t latest = fz_sat_add(e, width);
+    uint64_t wnow = tw_wheel_now(S.w);
+    int rc = tw_wheel_add_window(S.w, &f->t, e, latest);
+    uint64_t c = tw_timer_expires(&f->t);
+    TRACE("  window %u [%" PRIu64 ", %" PRIu64 "] -> %" PRIu64 "%s\n", f->idx,
+          e, latest, c, S.in_adv ? " (cb)" : "");
+    FZ_CHECK(rc == 0, "add_window(%u, %" PRIu64 ") = %d", f->idx, e, rc);
+    FZ_CHECK(e <= wnow ? c == e : c >= e && c <= latest,
+             "window [%" PRIu64 ", %" PRIu64 "] chose %" PRIu64, e, latest, c);
+    f->pending = true;
+    f->expires = c;
+    f->deferred = S.in_adv && c <= S.cur;
+    FZ_CHECK(tw_timer_pending(&f->t), "timer %u not pending after add", f->idx);
+}
+
 static void model_cancel(ftimer *f)
 {
     bool r = tw_wheel_cancel(S.w, &f->t);
@@ -397,10 +417,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint8_t op = fz_u8(r);
         ftimer *f = &S.tm[fz_u8(r) % NT];
         switch (op % 10) {
-        case 0:
-        case 1: {
+        case 0: {
             fz_when wh = read_when(r);
             model_add(f, eval_when(&wh, S.now));
+            break;
+        }
+        case 1: {
+            fz_when wh = read_when(r);
+            unsigned shift = fz_u8(r) % 66;
+            model_add_window(f, eval_when(&wh, S.now), shift);
             break;
         }
         case 2:

@@ -52,13 +52,23 @@
  *      ...
  *       7    2^56                 2^64                 56..63
  *
- * Why 256 slots and 8 chains: at 1,000,000 timers with deadlines uniform in
- * [1, 2^20] ticks, expiring them in 1-tick steps cost (ns per timer, median
- * of 5 interleaved runs of scripts/tune_wheel.sh on an idle 2-core EPYC
- * guest) 214 with 64 slots and 1 chain, 160 with 2 chains, 116 with 4, 94
- * with 8; 85 with 256 slots and 8 chains, 78 with 1024 slots (4 times the
- * memory). Add and cancel did not change (7-9 ns in order, 24-49 ns in
- * random order). See BENCHMARKS.md.
+ * Why 256 slots and 8 chains: the cost of expiry is dominated by the cache
+ * lines of timers touched, once when a timer is placed, once per cascade
+ * and once when it runs. More chains let more of those misses overlap;
+ * more slots per level mean fewer cascades for the same deadlines
+ * but multiply the fixed table (8 levels x 256 slots x 8 chains x 8 bytes =
+ * 128 KiB), which a small wheel pays in full. BENCHMARKS.md has the
+ * measurements behind this choice and the line-touch accounting.
+ *
+ * A level-0 slot that is not a rounds level holds only timers due at its
+ * tick, so its visit hands its chains over to the fire loop as they are:
+ * the only timer touched before its callback is each chain's first.
+ *
+ * Windows (tw_wheel_add_window): the tick chosen in [earliest, latest] is
+ * the one with the most trailing zero bits. It is unique in the window, so
+ * windows that contain the same coarse boundary share it, and a timer whose
+ * low digits are zero runs straight from the visit of the level it was
+ * placed in, without cascading.
  */
 #include "twheel/wheel.h"
 
@@ -91,9 +101,10 @@ int tw__wheel_check_full(const tw_wheel *w);
 
 /* Per-level addresses, precomputed so that placing a timer is a few
  * instructions. */
-struct tw_level {
+struct level {
     tw_timer **heads; /* [slot][chain] */
     uint64_t *bm;     /* occupancy tree */
+    unsigned shift;   /* k * b: log2 of the level's granularity */
 };
 
 struct tw_wheel {
@@ -102,6 +113,7 @@ struct tw_wheel {
     size_t count;       /* pending timers, due list included */
     uint64_t level_map; /* bit k: level k has an occupied slot */
     tw_timer **heads;   /* [level][slot][chain] */
+    size_t heads_bytes; /* the size of that table */
     uint64_t *slotmin;  /* [slot]: lower bound of expiries, rounds level */
     tw_timer *due;      /* timers added with expires <= now */
     uint64_t due_min;   /* lower bound of the due list's expiries */
@@ -109,60 +121,60 @@ struct tw_wheel {
     uint32_t bits;      /* b */
     uint32_t levels;    /* L */
     uint32_t rounds;    /* 1 if the top level keeps later rounds */
+    uint32_t rounds_k;  /* that level's index, or 64 when there is none */
     uint32_t rr;        /* round-robin chain for the next insertion */
     uint32_t bm_layers; /* layers of a level's bitmap tree */
     uint32_t bm_off[TW_BM_MAX_LAYERS]; /* word offset of each layer */
     uint32_t bm_len[TW_BM_MAX_LAYERS]; /* words in each layer */
     uint8_t level_of_msb[64];          /* msb(E ^ now) -> level */
-    struct tw_level lv[64];
+    struct level lv[64];
     unsigned char due_sorted; /* due list ascending from head */
 };
 
 /* ------------------------------------------------------------------------ */
 /* Small helpers. */
 
-static inline unsigned tw_ctz(uint64_t x)
+static inline unsigned ctz64(uint64_t x)
 {
     return (unsigned)__builtin_ctzll(x); /* callers guarantee x != 0 */
 }
 
-static inline unsigned tw_msb(uint64_t x)
+static inline unsigned msb64(uint64_t x)
 {
     return 63u - (unsigned)__builtin_clzll(x); /* callers guarantee x != 0 */
 }
 
 /* x with its lowest @shift bits cleared; 0 when @shift >= 64. */
-static inline uint64_t tw_floor_pow2(uint64_t x, unsigned shift)
+static inline uint64_t floor_pow2(uint64_t x, unsigned shift)
 {
     return shift >= 64 ? 0 : (x >> shift) << shift;
 }
 
-static inline uint64_t tw_digit(const tw_wheel *w, uint64_t x, unsigned k)
+static inline uint64_t digit_of(const tw_wheel *w, uint64_t x, unsigned k)
 {
     return (x >> (k * w->bits)) & w->mask;
 }
 
 /* The start of slot @slot's granule at level @k in the revolution of that
  * level that contains now. */
-static inline uint64_t tw_slot_tick(const tw_wheel *w, unsigned k,
-                                    uint64_t slot)
+static inline uint64_t slot_tick(const tw_wheel *w, unsigned k, uint64_t slot)
 {
     unsigned gshift = k * w->bits;
-    return tw_floor_pow2(w->now, gshift + w->bits) | (slot << gshift);
+    return floor_pow2(w->now, gshift + w->bits) | (slot << gshift);
 }
 
-static inline int tw_top_is_rounds(const tw_wheel *w, unsigned k)
+static inline int is_rounds_level(const tw_wheel *w, unsigned k)
 {
-    return w->rounds && k == w->levels - 1;
+    return k == w->rounds_k;
 }
 
-static inline tw_timer **tw_slot_heads(const tw_wheel *w, unsigned k,
-                                       uint64_t slot)
+static inline tw_timer **slot_heads(const tw_wheel *w, unsigned k,
+                                    uint64_t slot)
 {
     return w->lv[k].heads + (size_t)slot * K;
 }
 
-static inline uint64_t *tw_level_bitmap(const tw_wheel *w, unsigned k)
+static inline uint64_t *level_bitmap(const tw_wheel *w, unsigned k)
 {
     return w->lv[k].bm;
 }
@@ -173,8 +185,8 @@ static inline uint64_t *tw_level_bitmap(const tw_wheel *w, unsigned k)
 
 /* Out of line: most adds find the slot already marked, and keeping this
  * loop out of tw_wheel_add() spares the common path a stack frame. */
-__attribute__((noinline)) static void tw_bm_set(const tw_wheel *w, uint64_t *bm,
-                                                uint64_t i)
+__attribute__((noinline)) static void bm_set(const tw_wheel *w, uint64_t *bm,
+                                             uint64_t i)
 {
     for (unsigned l = 0; l < w->bm_layers; l++) {
         uint64_t *word = &bm[w->bm_off[l] + (i >> 6)];
@@ -186,7 +198,7 @@ __attribute__((noinline)) static void tw_bm_set(const tw_wheel *w, uint64_t *bm,
     }
 }
 
-static void tw_bm_clear(const tw_wheel *w, uint64_t *bm, uint64_t i)
+static void bm_clear(const tw_wheel *w, uint64_t *bm, uint64_t i)
 {
     for (unsigned l = 0; l < w->bm_layers; l++) {
         uint64_t *word = &bm[w->bm_off[l] + (i >> 6)];
@@ -197,19 +209,19 @@ static void tw_bm_clear(const tw_wheel *w, uint64_t *bm, uint64_t i)
     }
 }
 
-static inline int tw_bm_test(const tw_wheel *w, const uint64_t *bm, uint64_t i)
+static inline int bm_test(const tw_wheel *w, const uint64_t *bm, uint64_t i)
 {
     (void)w;
     return (int)((bm[i >> 6] >> (i & 63)) & 1); /* layer 0 is at offset 0 */
 }
 
-static inline int tw_bm_empty(const tw_wheel *w, const uint64_t *bm)
+static inline int bm_empty(const tw_wheel *w, const uint64_t *bm)
 {
     return bm[w->bm_off[w->bm_layers - 1]] == 0;
 }
 
 /* The first set bit at or after @i, or -1. */
-static int64_t tw_bm_next(const tw_wheel *w, const uint64_t *bm, uint64_t i)
+static int64_t bm_next(const tw_wheel *w, const uint64_t *bm, uint64_t i)
 {
     unsigned l = 0;
     for (;;) {
@@ -218,7 +230,7 @@ static int64_t tw_bm_next(const tw_wheel *w, const uint64_t *bm, uint64_t i)
             return -1;
         uint64_t word = bm[w->bm_off[l] + wi] & (~UINT64_C(0) << (i & 63));
         if (word != 0) {
-            i = (wi << 6) | tw_ctz(word);
+            i = (wi << 6) | ctz64(word);
             break;
         }
         if (l + 1 == w->bm_layers)
@@ -229,7 +241,7 @@ static int64_t tw_bm_next(const tw_wheel *w, const uint64_t *bm, uint64_t i)
     while (l > 0) {
         l--;
         /* The bit found says this word is non-zero. */
-        i = (i << 6) | tw_ctz(bm[w->bm_off[l] + i]);
+        i = (i << 6) | ctz64(bm[w->bm_off[l] + i]);
     }
     return (int64_t)i;
 }
@@ -239,7 +251,7 @@ static int64_t tw_bm_next(const tw_wheel *w, const uint64_t *bm, uint64_t i)
  * due list head, a local list head in advance(), or the previous timer's
  * next field. */
 
-static inline void tw_link(tw_timer **head, tw_timer *t)
+static inline void list_push(tw_timer **head, tw_timer *t)
 {
     tw_timer *first = *head;
     t->tw__next = first;
@@ -249,14 +261,13 @@ static inline void tw_link(tw_timer **head, tw_timer *t)
     t->tw__pprev = head;
 }
 
-static inline int tw_in_heads(const tw_wheel *w, tw_timer **p)
+static inline int in_heads(const tw_wheel *w, tw_timer **p)
 {
-    size_t n = ((size_t)w->levels << w->bits) * K;
-    return (uintptr_t)p >= (uintptr_t)w->heads &&
-           (uintptr_t)p - (uintptr_t)w->heads < n * sizeof(*p);
+    /* One unsigned compare: below the table wraps to a huge offset. */
+    return (uintptr_t)p - (uintptr_t)w->heads < w->heads_bytes;
 }
 
-static int tw_slot_empty(tw_timer *const *h)
+static int slot_empty(tw_timer *const *h)
 {
     for (unsigned c = 0; c < K; c++)
         if (h[c] != NULL)
@@ -265,79 +276,83 @@ static int tw_slot_empty(tw_timer *const *h)
 }
 
 /* Mark slot (k, slot) occupied in the bitmaps. */
-static inline void tw_slot_filled(tw_wheel *w, unsigned k, uint64_t slot)
+static inline void slot_filled(tw_wheel *w, unsigned k, uint64_t slot)
 {
-    uint64_t *bm = tw_level_bitmap(w, k);
-    if (!tw_bm_test(w, bm, slot)) {
-        tw_bm_set(w, bm, slot);
+    uint64_t *bm = level_bitmap(w, k);
+    if (!bm_test(w, bm, slot)) {
+        bm_set(w, bm, slot);
         w->level_map |= UINT64_C(1) << k;
     }
 }
 
 /* Mark slot (k, slot) empty in the bitmaps. */
-static void tw_slot_emptied(tw_wheel *w, unsigned k, uint64_t slot)
+static void slot_emptied(tw_wheel *w, unsigned k, uint64_t slot)
 {
-    uint64_t *bm = tw_level_bitmap(w, k);
-    tw_bm_clear(w, bm, slot);
-    if (tw_bm_empty(w, bm))
+    uint64_t *bm = level_bitmap(w, k);
+    bm_clear(w, bm, slot);
+    if (bm_empty(w, bm))
         w->level_map &= ~(UINT64_C(1) << k);
-    if (tw_top_is_rounds(w, k))
+    if (is_rounds_level(w, k))
         w->slotmin[slot] = UINT64_MAX;
 }
 
-static void tw_unlink(tw_wheel *w, tw_timer *t)
+/* The chain whose head is *@head became empty: maybe the whole slot is. */
+__attribute__((noinline)) static void chain_emptied(tw_wheel *w,
+                                                    tw_timer **head)
+{
+    size_t idx = (size_t)(head - w->heads) / K;
+    tw_timer **h = w->heads + idx * K;
+    if (slot_empty(h))
+        slot_emptied(w, (unsigned)(idx >> w->bits), idx & w->mask);
+}
+
+static inline void timer_unlink(tw_wheel *w, tw_timer *t)
 {
     tw_timer **pprev = t->tw__pprev;
     tw_timer *next = t->tw__next;
     *pprev = next;
-    if (next != NULL)
-        next->tw__pprev = pprev;
     t->tw__pprev = NULL;
     t->tw__next = NULL;
     w->count--;
-    if (next == NULL && tw_in_heads(w, pprev)) {
-        /* This chain is now empty; maybe the whole slot is. */
-        size_t idx = (size_t)(pprev - w->heads) / K;
-        tw_timer **h = w->heads + idx * K;
-        if (tw_slot_empty(h))
-            tw_slot_emptied(w, (unsigned)(idx >> w->bits), idx & w->mask);
-    }
+    if (next != NULL)
+        next->tw__pprev = pprev;
+    else if (in_heads(w, pprev))
+        chain_emptied(w, pprev);
 }
 
 /* Forward: the first tick after now at which rounds slot @slot has work. */
-static uint64_t tw_rounds_slot_tick(const tw_wheel *w, unsigned k,
-                                    uint64_t slot);
+static uint64_t rounds_slot_tick(const tw_wheel *w, unsigned k, uint64_t slot);
 
-__attribute__((noinline)) static void tw_unlink_out_of_line(tw_wheel *w,
-                                                            tw_timer *t)
+__attribute__((noinline)) static void timer_unlink_cold(tw_wheel *w,
+                                                        tw_timer *t)
 {
-    tw_unlink(w, t);
+    timer_unlink(w, t);
 }
 
 /* Put @t (not linked, expires > now) into its level and slot. Returns the
  * tick at which that slot will next be visited. */
-__attribute__((always_inline)) static inline uint64_t tw_place(tw_wheel *w,
-                                                               tw_timer *t)
+__attribute__((always_inline)) static inline uint64_t place(tw_wheel *w,
+                                                            tw_timer *t)
 {
     uint64_t e = t->tw__expires;
-    unsigned k = w->level_of_msb[tw_msb(e ^ w->now)];
-    unsigned gshift = k * w->bits; /* < 64: (L - 1) * b < 64 */
+    unsigned k = w->level_of_msb[msb64(e ^ w->now)];
+    unsigned gshift = w->lv[k].shift; /* < 64: (L - 1) * b < 64 */
     uint64_t slot = (e >> gshift) & w->mask;
-    tw_timer **h = tw_slot_heads(w, k, slot);
-    tw_slot_filled(w, k, slot);
-    tw_link(&h[w->rr], t);
+    tw_timer **h = slot_heads(w, k, slot);
+    slot_filled(w, k, slot);
+    list_push(&h[w->rr], t);
     w->rr = (w->rr + 1) & (K - 1);
-    if (tw_top_is_rounds(w, k)) {
+    if (is_rounds_level(w, k)) {
         if (e < w->slotmin[slot])
             w->slotmin[slot] = e;
-        return tw_rounds_slot_tick(w, k, slot);
+        return rounds_slot_tick(w, k, slot);
     }
     /* Every digit above k is now's, digit k is the slot: the visit is at
      * the start of e's granule. */
     return (e >> gshift) << gshift;
 }
 
-__attribute__((noinline)) static void tw_due_push(tw_wheel *w, tw_timer *t)
+__attribute__((noinline)) static void due_push(tw_wheel *w, tw_timer *t)
 {
     uint64_t e = t->tw__expires;
     if (w->due == NULL) {
@@ -349,7 +364,7 @@ __attribute__((noinline)) static void tw_due_push(tw_wheel *w, tw_timer *t)
         if (e < w->due_min)
             w->due_min = e;
     }
-    tw_link(&w->due, t);
+    list_push(&w->due, t);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -361,7 +376,7 @@ static struct {
     void *(*calloc_fn)(size_t, size_t);
     void *(*realloc_fn)(void *, size_t);
     void (*free_fn)(void *);
-} tw_alloc = {malloc, calloc, realloc, free};
+} alloc_fns = {malloc, calloc, realloc, free};
 
 /* Declared here as well so that wheel.c stays free of internal.h. */
 void *tw__malloc(size_t n);
@@ -376,31 +391,31 @@ int tw_set_allocator(void *(*malloc_fn)(size_t),
 {
     if (!malloc_fn || !calloc_fn || !realloc_fn || !free_fn)
         return TW_EINVAL;
-    tw_alloc.malloc_fn = malloc_fn;
-    tw_alloc.calloc_fn = calloc_fn;
-    tw_alloc.realloc_fn = realloc_fn;
-    tw_alloc.free_fn = free_fn;
+    alloc_fns.malloc_fn = malloc_fn;
+    alloc_fns.calloc_fn = calloc_fn;
+    alloc_fns.realloc_fn = realloc_fn;
+    alloc_fns.free_fn = free_fn;
     return 0;
 }
 
 void *tw__malloc(size_t n)
 {
-    return tw_alloc.malloc_fn(n);
+    return alloc_fns.malloc_fn(n);
 }
 
 void *tw__calloc(size_t n, size_t size)
 {
-    return tw_alloc.calloc_fn(n, size);
+    return alloc_fns.calloc_fn(n, size);
 }
 
 void *tw__realloc(void *p, size_t n)
 {
-    return tw_alloc.realloc_fn(p, n);
+    return alloc_fns.realloc_fn(p, n);
 }
 
 void tw__free(void *p)
 {
-    tw_alloc.free_fn(p);
+    alloc_fns.free_fn(p);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -441,11 +456,22 @@ const char *tw_strerror(int err)
     }
 }
 
-int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
+/* The shape of a wheel, worked out from its configuration before any
+ * memory is taken. */
+struct wheel_size {
+    uint32_t bits, levels, rounds;
+    uint32_t bm_layers;                /* layers of one level's bitmap */
+    uint32_t bm_off[TW_BM_MAX_LAYERS]; /* word offset of each layer */
+    uint32_t bm_len[TW_BM_MAX_LAYERS]; /* words in each layer */
+    size_t bm_words;                   /* words of one level's bitmap */
+    size_t heads_bytes, bm_bytes, min_bytes, total;
+};
+
+/* Sizing: levels and slot bits from @cfg, then the bitmap tree and the
+ * bytes of each array. Returns 0 or TW_EINVAL. */
+static int wheel_sizing(const tw_wheel_config *cfg, struct wheel_size *z)
 {
-    uint32_t slots = TW_WHEEL_DEFAULT_SLOTS, levels = 0;
-    if (out == NULL)
-        return TW_EINVAL;
+    uint32_t slots = TW_WHEEL_DEFAULT_SLOTS, levels = 0, bits = 0;
     if (cfg != NULL) {
         if (cfg->slots > TW_MAX_SLOTS || cfg->levels > 64)
             return TW_EINVAL;
@@ -453,77 +479,91 @@ int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
             slots = cfg->slots;
         levels = cfg->levels;
     }
-    uint32_t bits = 0;
     while ((UINT32_C(1) << bits) < slots)
         bits++;
     uint32_t need = bits == 0 ? 1 : (64 + bits - 1) / bits;
     if (levels == 0 || levels > need)
         levels = need;
+    memset(z, 0, sizeof(*z));
+    z->bits = bits;
+    z->levels = levels;
+    z->rounds = (uint64_t)levels * bits < 64;
 
-    /* Bitmap tree shape for one level. */
-    uint32_t bm_off[TW_BM_MAX_LAYERS] = {0}, bm_len[TW_BM_MAX_LAYERS] = {0};
-    uint32_t layers = 0;
-    size_t bm_words = 0;
-    uint64_t nbits = UINT64_C(1) << bits;
-    for (;;) {
+    /* Layer 0 has a bit per slot, each layer above a bit per word below. */
+    for (uint64_t nbits = UINT64_C(1) << bits;;) {
         uint64_t words = (nbits + 63) / 64;
-        bm_off[layers] = (uint32_t)bm_words;
-        bm_len[layers] = (uint32_t)words;
-        bm_words += words;
-        layers++;
+        z->bm_off[z->bm_layers] = (uint32_t)z->bm_words;
+        z->bm_len[z->bm_layers] = (uint32_t)words;
+        z->bm_words += words;
+        z->bm_layers++;
         if (words == 1)
             break;
         nbits = words;
     }
-
-    size_t nslots = (size_t)levels << bits;
-    size_t rounds = (uint64_t)levels * bits < 64;
     /* Sizes are far from overflowing size_t: at most 64 * 2^30 * 64 heads. */
-    size_t heads_bytes = nslots * K * sizeof(tw_timer *);
-    size_t bm_bytes = (size_t)levels * bm_words * sizeof(uint64_t);
-    size_t min_bytes = rounds ? ((size_t)1 << bits) * sizeof(uint64_t) : 0;
-    size_t total = sizeof(tw_wheel) + heads_bytes + bm_bytes + min_bytes;
+    z->heads_bytes = ((size_t)levels << bits) * K * sizeof(tw_timer *);
+    z->bm_bytes = (size_t)levels * z->bm_words * sizeof(uint64_t);
+    z->min_bytes = z->rounds ? ((size_t)1 << bits) * sizeof(uint64_t) : 0;
+    z->total = sizeof(tw_wheel) + z->heads_bytes + z->bm_bytes + z->min_bytes;
+    return 0;
+}
 
-    char *mem = tw__calloc(1, total);
-    if (mem == NULL)
-        return TW_ENOMEM;
+/* Layout: carve the zeroed block @mem into the wheel and its arrays, in
+ * that order, and set every field. */
+static tw_wheel *wheel_layout(char *mem, const struct wheel_size *z,
+                              uint64_t now)
+{
     tw_wheel *w = (tw_wheel *)(void *)mem;
+    uint32_t bits = z->bits, levels = z->levels;
     w->heads = (tw_timer **)(void *)(mem + sizeof(tw_wheel));
+    w->heads_bytes = z->heads_bytes;
     uint64_t *bitmap =
-        (uint64_t *)(void *)(mem + sizeof(tw_wheel) + heads_bytes);
+        (uint64_t *)(void *)(mem + sizeof(tw_wheel) + z->heads_bytes);
     w->slotmin = NULL;
-    if (rounds) {
-        w->slotmin = (uint64_t *)(void *)(mem + sizeof(tw_wheel) + heads_bytes +
-                                          bm_bytes);
+    if (z->rounds) {
+        w->slotmin = bitmap + z->bm_bytes / sizeof(uint64_t);
         for (size_t i = 0; i < ((size_t)1 << bits); i++)
             w->slotmin[i] = UINT64_MAX;
     }
     /* calloc's zero bits are NULL heads on every platform twheel targets;
-     * not writing them keeps a large wheel's untouched pages unmapped. */
+     * not writing them keeps a large wheel's untouched pages unmapped.
+     * count, level_map, due and rr start at the same zeros. */
     w->now = now;
     w->hint = UINT64_MAX;
-    w->count = 0;
-    w->level_map = 0;
-    w->due = NULL;
     w->due_min = UINT64_MAX;
     w->due_sorted = 1;
     w->mask = ((uint64_t)1 << bits) - 1;
     w->bits = bits;
     w->levels = levels;
-    w->rounds = (uint32_t)rounds;
-    w->rr = 0;
-    w->bm_layers = layers;
-    memcpy(w->bm_off, bm_off, sizeof(bm_off));
-    memcpy(w->bm_len, bm_len, sizeof(bm_len));
+    w->rounds = z->rounds;
+    w->rounds_k = z->rounds ? levels - 1 : 64;
+    w->bm_layers = z->bm_layers;
+    memcpy(w->bm_off, z->bm_off, sizeof(z->bm_off));
+    memcpy(w->bm_len, z->bm_len, sizeof(z->bm_len));
     for (unsigned k = 0; k < levels; k++) {
         w->lv[k].heads = w->heads + (((size_t)k << bits) * K);
-        w->lv[k].bm = bitmap + (size_t)k * bm_words;
+        w->lv[k].bm = bitmap + (size_t)k * z->bm_words;
+        w->lv[k].shift = k * bits;
     }
     for (unsigned m = 0; m < 64; m++) {
         unsigned k = bits == 0 ? 0 : m / bits;
         w->level_of_msb[m] = (uint8_t)(k >= levels ? levels - 1 : k);
     }
-    *out = w;
+    return w;
+}
+
+int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
+{
+    struct wheel_size z;
+    if (out == NULL)
+        return TW_EINVAL;
+    int rc = wheel_sizing(cfg, &z);
+    if (rc != 0)
+        return rc;
+    char *mem = tw__calloc(1, z.total);
+    if (mem == NULL)
+        return TW_ENOMEM;
+    *out = wheel_layout(mem, &z, now);
     return 0;
 }
 
@@ -564,29 +604,88 @@ size_t tw_wheel_count(const tw_wheel *w)
 /* ------------------------------------------------------------------------ */
 /* add / cancel */
 
-int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
+/* Mark slot (k, slot) occupied; the rare part of tw_wheel_add(), out of line
+ * so that the common path needs no stack frame. */
+__attribute__((noinline)) static int add_mark(tw_wheel *w, unsigned k,
+                                              uint64_t slot)
 {
-    if (w == NULL || t == NULL || t->tw__fn == NULL)
-        return TW_EINVAL;
+    slot_filled(w, k, slot);
+    return 0;
+}
+
+/* tw_wheel_add() for a move, a timer already due, or the rounds level. */
+__attribute__((noinline)) static int add_slow(tw_wheel *w, tw_timer *t,
+                                              uint64_t expires)
+{
     if (t->tw__pprev != NULL)
-        tw_unlink_out_of_line(w, t); /* a move */
+        timer_unlink_cold(w, t); /* a move */
     t->tw__expires = expires;
     w->count++;
     if (expires <= w->now) {
-        tw_due_push(w, t);
+        due_push(w, t);
     } else {
-        uint64_t visit = tw_place(w, t);
+        uint64_t visit = place(w, t);
         if (visit < w->hint)
             w->hint = visit;
     }
     return 0;
 }
 
+int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
+{
+    if (w == NULL || t == NULL || t->tw__fn == NULL)
+        return TW_EINVAL;
+    uint64_t now = w->now;
+    if (t->tw__pprev != NULL || expires <= now)
+        return add_slow(w, t, expires);
+    /* The common case, place() without its rare branches. */
+    unsigned k = w->level_of_msb[msb64(expires ^ now)];
+    if (k == w->rounds_k)
+        return add_slow(w, t, expires);
+    unsigned gshift = w->lv[k].shift;
+    uint64_t slot = (expires >> gshift) & w->mask;
+    tw_timer **head = w->lv[k].heads + (size_t)slot * K + w->rr;
+    w->rr = (w->rr + 1) & (K - 1);
+    t->tw__expires = expires;
+    w->count++;
+    list_push(head, t);
+    /* Every digit above k is now's: the visit is at the start of the
+     * granule of @expires. */
+    uint64_t visit = (expires >> gshift) << gshift;
+    if (visit < w->hint)
+        w->hint = visit;
+    const uint64_t *bm = w->lv[k].bm;
+    if (!((bm[slot >> 6] >> (slot & 63)) & 1))
+        return add_mark(w, k, slot);
+    return 0;
+}
+
+/* The tick in [@a, @b] (a < b) with the most trailing zero bits. */
+static uint64_t coarsest_in(uint64_t a, uint64_t b)
+{
+    /* Above bit d the two agree; b has bit d set and a has it clear. */
+    unsigned d = msb64(a ^ b);
+    uint64_t below = d == 63 ? ~UINT64_C(0) : (UINT64_C(2) << d) - 1;
+    if ((a & below) == 0)
+        return a; /* a is the common prefix itself: a multiple of 2^(d+1) */
+    return (b >> d) << d; /* the prefix with bit d set: in (a, b] */
+}
+
+int tw_wheel_add_window(tw_wheel *w, tw_timer *t, uint64_t earliest,
+                        uint64_t latest)
+{
+    if (w == NULL || t == NULL || t->tw__fn == NULL || latest < earliest)
+        return TW_EINVAL;
+    if (earliest <= w->now || earliest == latest)
+        return tw_wheel_add(w, t, earliest);
+    return tw_wheel_add(w, t, coarsest_in(earliest, latest));
+}
+
 bool tw_wheel_cancel(tw_wheel *w, tw_timer *t)
 {
     if (w == NULL || t == NULL || t->tw__pprev == NULL)
         return false;
-    tw_unlink(w, t);
+    timer_unlink(w, t);
     return true;
 }
 
@@ -594,18 +693,17 @@ bool tw_wheel_cancel(tw_wheel *w, tw_timer *t)
 /* Finding the next event. */
 
 /* The first tick after now at which rounds-level slot @slot has work. */
-static uint64_t tw_rounds_slot_tick(const tw_wheel *w, unsigned k,
-                                    uint64_t slot)
+static uint64_t rounds_slot_tick(const tw_wheel *w, unsigned k, uint64_t slot)
 {
     unsigned gshift = k * w->bits;      /* granule: 2^gshift ticks */
     unsigned rshift = gshift + w->bits; /* revolution, < 64 here */
-    uint64_t t = tw_slot_tick(w, k, slot);
+    uint64_t t = slot_tick(w, k, slot);
     if (t <= w->now) {
         /* Next revolution; an occupied slot guarantees it exists (some
          * expiry >= it), so this cannot wrap. */
         t += UINT64_C(1) << rshift;
     }
-    uint64_t gmin = tw_floor_pow2(w->slotmin[slot], gshift);
+    uint64_t gmin = floor_pow2(w->slotmin[slot], gshift);
     return gmin > t ? gmin : t;
 }
 
@@ -613,35 +711,35 @@ static uint64_t tw_rounds_slot_tick(const tw_wheel *w, unsigned k,
  * The next tick after now at which some slot needs a visit. Returns 0 and
  * sets *tick, or -1 when the wheel (due list aside) is empty.
  */
-static int tw_next_event(const tw_wheel *w, uint64_t *tick)
+static int next_event_slow(const tw_wheel *w, uint64_t *tick)
 {
     if (w->level_map == 0)
         return -1;
-    unsigned k = tw_ctz(w->level_map);
-    const uint64_t *bm = tw_level_bitmap(w, k);
-    if (!tw_top_is_rounds(w, k)) {
+    unsigned k = ctz64(w->level_map);
+    const uint64_t *bm = level_bitmap(w, k);
+    if (!is_rounds_level(w, k)) {
         /* Every occupied slot lies after now's digit (see the top). */
-        int64_t slot = tw_bm_next(w, bm, tw_digit(w, w->now, k) + 1);
-        *tick = tw_slot_tick(w, k, (uint64_t)slot);
+        int64_t slot = bm_next(w, bm, digit_of(w, w->now, k) + 1);
+        *tick = slot_tick(w, k, (uint64_t)slot);
         return 0;
     }
     /* Rounds level: walk occupied slots from now's digit onwards; the first
      * one with something due in this revolution is the earliest event. */
-    uint64_t d = tw_digit(w, w->now, k);
-    int64_t slot = tw_bm_next(w, bm, d + 1);
+    uint64_t d = digit_of(w, w->now, k);
+    int64_t slot = bm_next(w, bm, d + 1);
     while (slot >= 0) {
-        uint64_t t = tw_rounds_slot_tick(w, k, (uint64_t)slot);
-        if (t == tw_slot_tick(w, k, (uint64_t)slot)) {
+        uint64_t t = rounds_slot_tick(w, k, (uint64_t)slot);
+        if (t == slot_tick(w, k, (uint64_t)slot)) {
             *tick = t;
             return 0;
         }
-        slot = tw_bm_next(w, bm, (uint64_t)slot + 1);
+        slot = bm_next(w, bm, (uint64_t)slot + 1);
     }
     /* Nothing in the rest of this revolution: the minimum over all. */
     uint64_t best = UINT64_MAX;
-    for (slot = tw_bm_next(w, bm, 0); slot >= 0;
-         slot = tw_bm_next(w, bm, (uint64_t)slot + 1)) {
-        uint64_t t = tw_rounds_slot_tick(w, k, (uint64_t)slot);
+    for (slot = bm_next(w, bm, 0); slot >= 0;
+         slot = bm_next(w, bm, (uint64_t)slot + 1)) {
+        uint64_t t = rounds_slot_tick(w, k, (uint64_t)slot);
         if (t < best)
             best = t;
     }
@@ -649,21 +747,53 @@ static int tw_next_event(const tw_wheel *w, uint64_t *tick)
     return 0;
 }
 
+/* The common case first: the next occupied level-0 slot lies in the same
+ * bitmap word as now's digit. Level 0 holds the earliest events whenever it
+ * is occupied (see the top), so this is exact. */
+static inline int next_event(const tw_wheel *w, uint64_t *tick)
+{
+    if ((w->level_map & 1) && !is_rounds_level(w, 0)) {
+        uint64_t d = (w->now & w->mask) + 1;
+        if (d <= w->mask) {
+            uint64_t word = w->lv[0].bm[d >> 6] & (~UINT64_C(0) << (d & 63));
+            if (word != 0) {
+                *tick = (w->now & ~w->mask) | (d & ~UINT64_C(63)) | ctz64(word);
+                return 0;
+            }
+        }
+    }
+    return next_event_slow(w, tick);
+}
+
 uint64_t tw_wheel_next_expiry(const tw_wheel *w)
 {
     uint64_t t;
     if (w->due != NULL)
         return w->due_min;
-    if (tw_next_event(w, &t) != 0)
+    if (next_event(w, &t) != 0)
         return UINT64_MAX;
     return t;
+}
+
+uint64_t tw_wheel_timeout(const tw_wheel *w, uint64_t now)
+{
+    uint64_t next = tw_wheel_next_expiry(w);
+    if (next == UINT64_MAX && w->count == 0)
+        return TW_WHEEL_NO_TIMEOUT;
+    /* A timer may expire at UINT64_MAX itself: with now == 0 the wait
+     * would read as the sentinel, so it is reported one tick short (a
+     * wake-up early is always allowed). */
+    if (next <= now)
+        return 0;
+    uint64_t dt = next - now;
+    return dt == TW_WHEEL_NO_TIMEOUT ? dt - 1 : dt;
 }
 
 /* ------------------------------------------------------------------------ */
 /* advance */
 
 /* Stable merge sort of a singly linked run by expiry; pprev fixed later. */
-static tw_timer *tw_sort_run(tw_timer *head, size_t n)
+static tw_timer *sort_run(tw_timer *head, size_t n)
 {
     if (n < 2)
         return head;
@@ -673,8 +803,8 @@ static tw_timer *tw_sort_run(tw_timer *head, size_t n)
         mid = mid->tw__next;
     tw_timer *right = mid->tw__next;
     mid->tw__next = NULL;
-    tw_timer *a = tw_sort_run(head, half);
-    tw_timer *b = tw_sort_run(right, n - half);
+    tw_timer *a = sort_run(head, half);
+    tw_timer *b = sort_run(right, n - half);
     tw_timer *out = NULL, **tail = &out;
     while (a != NULL && b != NULL) {
         if (b->tw__expires < a->tw__expires) {
@@ -696,33 +826,41 @@ static tw_timer *tw_sort_run(tw_timer *head, size_t n)
  * taken in turn so that the next timer of each is fetched while the others
  * run.
  */
-static size_t tw_fire_chains(tw_wheel *w, tw_timer **fl, unsigned n)
+static size_t fire_chains(tw_wheel *w, tw_timer **fl, unsigned n)
 {
     size_t ran = 0;
-    for (;;) {
-        unsigned busy = 0;
-        for (unsigned c = 0; c < n; c++) {
-            tw_timer *t = fl[c];
-            if (t == NULL)
-                continue;
-            busy = 1;
-            tw_timer *next = t->tw__next;
-            fl[c] = next;
-            if (next != NULL)
-                next->tw__pprev = &fl[c];
-            t->tw__pprev = NULL;
-            t->tw__next = NULL;
-            w->count--;
-            t->tw__fn(t, t->tw__arg);
-            ran++;
+    unsigned c = 0;
+    while (n > 0) {
+        tw_timer *t = fl[c];
+        if (t == NULL) {
+            /* Chain c is done (or a callback cancelled its rest): the last
+             * chain takes its place, its first timer's pprev following. */
+            if (c != --n) {
+                fl[c] = fl[n];
+                if (fl[c] != NULL)
+                    fl[c]->tw__pprev = &fl[c];
+            } else {
+                c = 0;
+            }
+            continue;
         }
-        if (!busy)
-            return ran;
+        tw_timer *next = t->tw__next;
+        fl[c] = next;
+        if (next != NULL)
+            next->tw__pprev = &fl[c];
+        t->tw__pprev = NULL;
+        t->tw__next = NULL;
+        w->count--;
+        t->tw__fn(t, t->tw__arg);
+        ran++;
+        if (++c >= n)
+            c = 0;
     }
+    return ran;
 }
 
 /* Run the due list (timers added with expires <= now). */
-static size_t tw_run_due(tw_wheel *w)
+static size_t run_due(tw_wheel *w)
 {
     tw_timer *fl[1];
     fl[0] = w->due;
@@ -732,7 +870,7 @@ static size_t tw_run_due(tw_wheel *w)
         size_t n = 0;
         for (tw_timer *t = fl[0]; t != NULL; t = t->tw__next)
             n++;
-        fl[0] = tw_sort_run(fl[0], n);
+        fl[0] = sort_run(fl[0], n);
         tw_timer **pp = &fl[0];
         for (tw_timer *t = fl[0]; t != NULL; t = t->tw__next) {
             t->tw__pprev = pp;
@@ -742,7 +880,29 @@ static size_t tw_run_due(tw_wheel *w)
         fl[0]->tw__pprev = &fl[0];
     }
     w->due_sorted = 1;
-    return tw_fire_chains(w, fl, 1);
+    return fire_chains(w, fl, 1);
+}
+
+/*
+ * A level-0 slot (not a rounds level) holds only timers due now: its digit
+ * and every digit above are now's. Its non-empty chains become the fire
+ * chains @fl as they are, so only the first timer of each is touched here.
+ * Returns how many chains @fl received.
+ */
+static unsigned hand_over(tw_wheel *w, uint64_t slot, tw_timer **fl)
+{
+    tw_timer **h = slot_heads(w, 0, slot);
+    unsigned n = 0;
+    for (unsigned c = 0; c < K; c++) {
+        tw_timer *t = h[c];
+        if (t != NULL) {
+            fl[n] = t;
+            t->tw__pprev = &fl[n++];
+            h[c] = NULL;
+        }
+    }
+    slot_emptied(w, 0, slot);
+    return n;
 }
 
 /*
@@ -752,25 +912,29 @@ static size_t tw_run_due(tw_wheel *w)
  * slot's non-empty chains are walked in turn, the next timer of each
  * prefetched, so that their cache misses overlap.
  */
-static void tw_visit(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
-                     unsigned *nfire)
+static void visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
+                       unsigned *nfire)
 {
-    tw_timer **h = tw_slot_heads(w, k, slot);
+    tw_timer **h = slot_heads(w, k, slot);
     tw_timer *chain[K];
     unsigned n = 0;
-    int rounds = tw_top_is_rounds(w, k);
-    unsigned gshift = k * w->bits;
+    int rounds = is_rounds_level(w, k);
+    unsigned gshift = w->lv[k].shift;
     uint64_t now = w->now, newmin = UINT64_MAX;
     int kept = 0;
 
-    if (rounds && tw_floor_pow2(w->slotmin[slot], gshift) > now)
+    if (rounds && floor_pow2(w->slotmin[slot], gshift) > now)
         return; /* nothing of this round here: skip the walk */
+    if (k == 0 && !rounds && *nfire == 0) {
+        *nfire = hand_over(w, slot, fl);
+        return;
+    }
     for (unsigned c = 0; c < K; c++) {
         if (h[c] != NULL)
             chain[n++] = h[c];
         h[c] = NULL;
     }
-    tw_slot_emptied(w, k, slot);
+    slot_emptied(w, k, slot);
 
     while (n > 0) {
         for (unsigned i = 0; i < n;) {
@@ -784,36 +948,37 @@ static void tw_visit(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
             }
             uint64_t e = t->tw__expires;
             if (e == now) {
-                tw_link(&fl[*nfire & (K - 1)], t);
+                if (*nfire < K)
+                    fl[*nfire] = NULL; /* a chain's first use */
+                list_push(&fl[*nfire & (K - 1)], t);
                 ++*nfire;
             } else if (rounds && (e >> gshift) != (now >> gshift)) {
                 /* A later round: back into the same slot. */
-                tw_link(&h[i & (K - 1)], t);
+                list_push(&h[i & (K - 1)], t);
                 kept = 1;
                 if (e < newmin)
                     newmin = e;
             } else {
-                tw_place(w, t);
+                place(w, t);
             }
         }
     }
     if (kept) {
-        tw_slot_filled(w, k, slot);
+        slot_filled(w, k, slot);
         w->slotmin[slot] = newmin;
     }
 }
 
 /* The part of tw_wheel_advance() that has work to do; kept out of line so
  * that the common call with nothing due stays a few instructions. */
-__attribute__((noinline)) static size_t tw_advance_work(tw_wheel *w,
-                                                        uint64_t now)
+__attribute__((noinline)) static size_t advance_work(tw_wheel *w, uint64_t now)
 {
     size_t ran = 0;
     if (w->due != NULL)
-        ran += tw_run_due(w);
+        ran += run_due(w);
     for (;;) {
         uint64_t t;
-        if (tw_next_event(w, &t) != 0) {
+        if (next_event(w, &t) != 0) {
             w->hint = UINT64_MAX;
             break;
         }
@@ -825,21 +990,19 @@ __attribute__((noinline)) static size_t tw_advance_work(tw_wheel *w,
         /* Levels whose granule starts at t, highest first, so that a
          * cascade never lands in a slot that was already looked at. */
         /* t > now >= 0, so t != 0; the table caps the level at L - 1. */
-        unsigned top = w->level_of_msb[tw_ctz(t)];
-        tw_timer *fl[K];
+        unsigned top = w->level_of_msb[ctz64(t)];
+        tw_timer *fl[K]; /* entries below min(nfire, K) are in use */
         unsigned nfire = 0;
-        for (unsigned c = 0; c < K; c++)
-            fl[c] = NULL;
         for (unsigned k = top + 1; k > 0;) {
             k--;
             if (!(w->level_map & (UINT64_C(1) << k)))
                 continue;
-            uint64_t slot = tw_digit(w, t, k);
-            if (tw_bm_test(w, tw_level_bitmap(w, k), slot))
-                tw_visit(w, k, slot, fl, &nfire);
+            uint64_t slot = digit_of(w, t, k);
+            if (bm_test(w, level_bitmap(w, k), slot))
+                visit_slot(w, k, slot, fl, &nfire);
         }
-        /* tw_link left each chain's head pointing at its fl entry. */
-        ran += tw_fire_chains(w, fl, nfire < K ? nfire : K);
+        /* list_push left each chain's head pointing at its fl entry. */
+        ran += fire_chains(w, fl, nfire < K ? nfire : K);
     }
     w->now = now;
     return ran;
@@ -854,7 +1017,7 @@ size_t tw_wheel_advance(tw_wheel *w, uint64_t now)
         w->now = now;
         return 0;
     }
-    return tw_advance_work(w, now);
+    return advance_work(w, now);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -863,43 +1026,43 @@ size_t tw_wheel_advance(tw_wheel *w, uint64_t now)
  * O(timers + occupied slots); tw__wheel_check_full also scans every slot
  * head and bitmap word. */
 
-#define TW_CHECK(cond)                                                         \
+#define CHECK(cond)                                                            \
     do {                                                                       \
         if (!(cond))                                                           \
             return __LINE__;                                                   \
     } while (0)
 
-static int tw_check_list(tw_timer *const *head, size_t *n)
+static int check_list(tw_timer *const *head, size_t *n)
 {
     tw_timer *const *pp = head;
     for (tw_timer *t = *head; t != NULL; t = t->tw__next) {
-        TW_CHECK(t->tw__pprev == (tw_timer **)pp);
-        TW_CHECK(t->tw__fn != NULL);
+        CHECK(t->tw__pprev == (tw_timer **)pp);
+        CHECK(t->tw__fn != NULL);
         pp = &t->tw__next;
         (*n)++;
     }
     return 0;
 }
 
-static int tw_check_slot(const tw_wheel *w, unsigned k, uint64_t s, size_t *n)
+static int check_slot(const tw_wheel *w, unsigned k, uint64_t s, size_t *n)
 {
-    tw_timer *const *h = tw_slot_heads(w, k, s);
-    int rounds = tw_top_is_rounds(w, k), r;
+    tw_timer *const *h = slot_heads(w, k, s);
+    int rounds = is_rounds_level(w, k), r;
     unsigned gshift = k * w->bits;
-    TW_CHECK(!tw_slot_empty(h));
+    CHECK(!slot_empty(h));
     for (unsigned c = 0; c < K; c++) {
-        if ((r = tw_check_list(&h[c], n)) != 0)
+        if ((r = check_list(&h[c], n)) != 0)
             return r;
         for (tw_timer *t = h[c]; t != NULL; t = t->tw__next) {
             uint64_t e = t->tw__expires;
-            TW_CHECK(e > w->now);
-            TW_CHECK(tw_digit(w, e, k) == s);
+            CHECK(e > w->now);
+            CHECK(digit_of(w, e, k) == s);
             if (rounds) {
-                TW_CHECK((e >> gshift) > (w->now >> gshift));
-                TW_CHECK(w->slotmin[s] <= e);
+                CHECK((e >> gshift) > (w->now >> gshift));
+                CHECK(w->slotmin[s] <= e);
             } else {
-                TW_CHECK(w->level_of_msb[tw_msb(e ^ w->now)] == k);
-                TW_CHECK(s > tw_digit(w, w->now, k));
+                CHECK(w->level_of_msb[msb64(e ^ w->now)] == k);
+                CHECK(s > digit_of(w, w->now, k));
             }
         }
     }
@@ -910,34 +1073,34 @@ int tw__wheel_check(const tw_wheel *w)
 {
     size_t n = 0;
     int r;
-    if ((r = tw_check_list(&w->due, &n)) != 0)
+    if ((r = check_list(&w->due, &n)) != 0)
         return r;
     uint64_t seen_min = UINT64_MAX, prev = 0;
     for (tw_timer *t = w->due; t != NULL; t = t->tw__next) {
-        TW_CHECK(t->tw__expires <= w->now);
-        TW_CHECK(!w->due_sorted || t->tw__expires >= prev);
+        CHECK(t->tw__expires <= w->now);
+        CHECK(!w->due_sorted || t->tw__expires >= prev);
         prev = t->tw__expires;
         if (t->tw__expires < seen_min)
             seen_min = t->tw__expires;
     }
-    TW_CHECK(w->due == NULL || w->due_min <= seen_min);
+    CHECK(w->due == NULL || w->due_min <= seen_min);
     for (unsigned k = 0; k < w->levels; k++) {
-        const uint64_t *bm = tw_level_bitmap(w, k);
-        int used = !tw_bm_empty(w, bm);
-        TW_CHECK(used == !!(w->level_map & (UINT64_C(1) << k)));
-        for (int64_t s = tw_bm_next(w, bm, 0); s >= 0;
-             s = tw_bm_next(w, bm, (uint64_t)s + 1))
-            if ((r = tw_check_slot(w, k, (uint64_t)s, &n)) != 0)
+        const uint64_t *bm = level_bitmap(w, k);
+        int used = !bm_empty(w, bm);
+        CHECK(used == !!(w->level_map & (UINT64_C(1) << k)));
+        for (int64_t s = bm_next(w, bm, 0); s >= 0;
+             s = bm_next(w, bm, (uint64_t)s + 1))
+            if ((r = check_slot(w, k, (uint64_t)s, &n)) != 0)
                 return r;
     }
-    TW_CHECK(w->levels == 64 || (w->level_map >> w->levels) == 0);
+    CHECK(w->levels == 64 || (w->level_map >> w->levels) == 0);
     uint64_t next;
-    if (tw_next_event(w, &next) == 0) {
-        TW_CHECK(next > w->now);
-        TW_CHECK(w->hint <= next); /* the fast path never skips work */
+    if (next_event(w, &next) == 0) {
+        CHECK(next > w->now);
+        CHECK(w->hint <= next); /* the fast path never skips work */
     }
     /* Every timer was found through the bitmaps: none hides elsewhere. */
-    TW_CHECK(n == w->count);
+    CHECK(n == w->count);
     return 0;
 }
 
@@ -947,19 +1110,18 @@ int tw__wheel_check_full(const tw_wheel *w)
     if (r != 0)
         return r;
     for (unsigned k = 0; k < w->levels; k++) {
-        const uint64_t *bm = tw_level_bitmap(w, k);
+        const uint64_t *bm = level_bitmap(w, k);
         for (uint64_t s = 0; s <= w->mask; s++)
-            TW_CHECK(tw_slot_empty(tw_slot_heads(w, k, s)) ==
-                     !tw_bm_test(w, bm, s));
+            CHECK(slot_empty(slot_heads(w, k, s)) == !bm_test(w, bm, s));
         /* Upper bitmap layers summarise the layer below exactly. */
         for (unsigned l = 1; l < w->bm_layers; l++)
             for (uint32_t i = 0; i < w->bm_len[l - 1]; i++) {
                 int nz = bm[w->bm_off[l - 1] + i] != 0;
                 int bit = (int)((bm[w->bm_off[l] + (i >> 6)] >> (i & 63)) & 1);
-                TW_CHECK(nz == bit);
+                CHECK(nz == bit);
             }
-        for (uint64_t s = 0; s <= w->mask && tw_top_is_rounds(w, k); s++)
-            TW_CHECK(tw_bm_test(w, bm, s) || w->slotmin[s] == UINT64_MAX);
+        for (uint64_t s = 0; s <= w->mask && is_rounds_level(w, k); s++)
+            CHECK(bm_test(w, bm, s) || w->slotmin[s] == UINT64_MAX);
     }
     return 0;
 }

@@ -493,6 +493,168 @@ static void test_tick_by_tick(void)
     }
 }
 
+/* The value in [a, b] with the most trailing zero bits, by brute force. */
+static uint64_t brute_coarsest(uint64_t a, uint64_t b)
+{
+    uint64_t best = a;
+    int best_tz = a ? __builtin_ctzll(a) : 64;
+    for (uint64_t x = a + 1; x <= b; x++) {
+        int tz = x ? __builtin_ctzll(x) : 64;
+        if (tz > best_tz) {
+            best = x;
+            best_tz = tz;
+        }
+    }
+    return best;
+}
+
+static void test_window_choice(void)
+{
+    tw_wheel *w = make(0, 0);
+    struct rec r = {.id = 1};
+    tw_timer_init(&r.t, record, NULL);
+    static const uint64_t cases[][3] = {
+        /* earliest, latest, chosen */
+        {1000, 1100, 1024},
+        {1000, 1010, 1008},
+        {5, 5, 5},
+        {4096, 8191, 4096},
+        {4097, 8191, 6144},
+        {1, UINT64_MAX, UINT64_C(1) << 63},
+        {UINT64_MAX - 1, UINT64_MAX, UINT64_MAX - 1},
+        {3, 4, 4},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        ASSERT_EQ(tw_wheel_add_window(w, &r.t, cases[i][0], cases[i][1]), 0);
+        ASSERT(tw_timer_pending(&r.t));
+        ASSERT_EQ(tw_timer_expires(&r.t), cases[i][2]);
+        check(w);
+    }
+    /* Against brute force on small windows. */
+    uint64_t rng = 99;
+    for (int i = 0; i < 20000; i++) {
+        uint64_t a = 1 + tw_test_rand(&rng) % 5000;
+        uint64_t b = a + tw_test_rand(&rng) % 700;
+        ASSERT_EQ(tw_wheel_add_window(w, &r.t, a, b), 0);
+        ASSERT_EQ(tw_timer_expires(&r.t), brute_coarsest(a, b));
+    }
+    /* Bad input changes nothing. */
+    tw_wheel_cancel(w, &r.t);
+    ASSERT_EQ(tw_wheel_add_window(w, &r.t, 10, 9), TW_EINVAL);
+    ASSERT(!tw_timer_pending(&r.t));
+    ASSERT_EQ(tw_wheel_add_window(NULL, &r.t, 1, 9), TW_EINVAL);
+    ASSERT_EQ(tw_wheel_add_window(w, NULL, 1, 9), TW_EINVAL);
+    struct rec nofn = {.id = 2};
+    tw_timer_init(&nofn.t, NULL, NULL);
+    ASSERT_EQ(tw_wheel_add_window(w, &nofn.t, 1, 9), TW_EINVAL);
+    ASSERT_EQ(tw_wheel_count(w), 0);
+    tw_wheel_destroy(w);
+}
+
+/* Windows run inside themselves, never early, and share wake-ups. */
+static void test_window_runs_inside_and_coalesces(void)
+{
+    for (size_t s = 0; s < NSHAPES; s++) {
+        uint64_t rng = 31 + s;
+        tw_wheel *w = make(s, 1000);
+        static struct rec r[1000];
+        static uint64_t lo[1000], hi[1000];
+        for (int i = 0; i < 1000; i++) {
+            r[i] = (struct rec){.id = i};
+            tw_timer_init(&r[i].t, record, NULL);
+            lo[i] = 1001 + tw_test_rand(&rng) % 1000;
+            hi[i] = lo[i] + 100;
+            ASSERT_EQ(tw_wheel_add_window(w, &r[i].t, lo[i], hi[i]), 0);
+            /* A 101-tick window holds a multiple of 64. */
+            ASSERT_EQ(tw_timer_expires(&r[i].t) % 64, 0);
+        }
+        check(w);
+        /* Sleep-until-timeout loop: count the wake-ups that ran work. */
+        size_t wakeups = 0;
+        uint64_t now = 1000;
+        while (tw_wheel_count(w) > 0) {
+            uint64_t dt = tw_wheel_timeout(w, now);
+            ASSERT_NE(dt, TW_WHEEL_NO_TIMEOUT);
+            now += dt;
+            if (tw_wheel_advance(w, now) > 0)
+                wakeups++;
+        }
+        ASSERT_EQ(nlog, 1000);
+        for (size_t k = 0; k < nlog; k++) {
+            int i = log_id[k];
+            ASSERT_GE(log_exp[k], lo[i]);
+            ASSERT_LE(log_exp[k], hi[i]);
+        }
+        /* 1000 exact deadlines would need up to 1000 wake-ups; the windows
+         * share the multiples of 64 in [1024, 2048]. */
+        ASSERT_LE(wakeups, 17);
+        tw_wheel_destroy(w);
+    }
+}
+
+/* A window already open is due at once, like tw_wheel_add(earliest). */
+static void test_window_open(void)
+{
+    for (size_t s = 0; s < NSHAPES; s++) {
+        tw_wheel *w = make(s, 500);
+        struct rec a = {.id = 1};
+        tw_timer_init(&a.t, record, NULL);
+        ASSERT_EQ(tw_wheel_add_window(w, &a.t, 490, 600), 0);
+        ASSERT_EQ(tw_timer_expires(&a.t), 490);
+        ASSERT_EQ(nlog, 0); /* never inside add */
+        ASSERT_EQ(tw_wheel_timeout(w, 500), 0);
+        ASSERT_EQ(tw_wheel_advance(w, 500), 1);
+        ASSERT_EQ(log_exp[0], 490);
+        tw_wheel_destroy(w);
+    }
+}
+
+static void test_timeout(void)
+{
+    for (size_t s = 0; s < NSHAPES; s++) {
+        tw_wheel *w = make(s, 100);
+        struct rec a = {.id = 1}, b = {.id = 2};
+        tw_timer_init(&a.t, record, NULL);
+        tw_timer_init(&b.t, record, NULL);
+        ASSERT_EQ(tw_wheel_timeout(w, 100), TW_WHEEL_NO_TIMEOUT);
+        ASSERT_EQ(tw_wheel_add(w, &a.t, 1100), 0);
+        uint64_t dt = tw_wheel_timeout(w, 100);
+        ASSERT_GT(dt, 0);
+        ASSERT_LE(dt, 1000);
+        /* The caller's clock may be ahead of the wheel's. */
+        ASSERT_LE(tw_wheel_timeout(w, 600), 500);
+        ASSERT_EQ(tw_wheel_timeout(w, 1100), 0);
+        ASSERT_EQ(tw_wheel_timeout(w, 5000), 0);
+        /* A loop that sleeps the timeout reaches the timer, never early,
+         * within one extra wake-up per level. */
+        uint64_t now = 100;
+        unsigned wakes = 0;
+        while (nlog == 0) {
+            dt = tw_wheel_timeout(w, now);
+            ASSERT_NE(dt, TW_WHEEL_NO_TIMEOUT);
+            now += dt;
+            tw_wheel_advance(w, now);
+            ASSERT(nlog == 0 || now >= 1100);
+            ASSERT_LE(++wakes, shape_levels(&shapes[s]) + 1);
+        }
+        ASSERT_EQ(now, 1100);
+        ASSERT_EQ(tw_wheel_timeout(w, now), TW_WHEEL_NO_TIMEOUT);
+        /* A timer added in the past: due now. */
+        ASSERT_EQ(tw_wheel_add(w, &b.t, 3), 0);
+        ASSERT_EQ(tw_wheel_timeout(w, now), 0);
+        tw_wheel_cancel(w, &b.t);
+        tw_wheel_destroy(w);
+    }
+    /* A timer at the end of time never reads as "nothing pending". */
+    tw_wheel *w = make(0, 0);
+    struct rec c = {.id = 3};
+    tw_timer_init(&c.t, record, NULL);
+    ASSERT_EQ(tw_wheel_add(w, &c.t, UINT64_MAX), 0);
+    ASSERT_NE(tw_wheel_timeout(w, 0), TW_WHEEL_NO_TIMEOUT);
+    ASSERT_GT(tw_wheel_timeout(w, 0), 0);
+    tw_wheel_destroy(w);
+}
+
 int main(void)
 {
     RUN_TEST(test_sizes_and_version);
@@ -510,5 +672,9 @@ int main(void)
     RUN_TEST(test_next_expiry_after_cancel_in_rounds);
     RUN_TEST(test_destroy_drops_pending);
     RUN_TEST(test_tick_by_tick);
+    RUN_TEST(test_window_choice);
+    RUN_TEST(test_window_runs_inside_and_coalesces);
+    RUN_TEST(test_window_open);
+    RUN_TEST(test_timeout);
     return tw_test_done();
 }

@@ -192,6 +192,29 @@ static void do_add(int i, uint64_t e, int inside_callback)
     model_add(i, e, inside_callback);
 }
 
+/*
+ * A window [e, e + width]: the wheel picks the tick, the model checks it is
+ * inside (or is @e when the window is already open) and then treats the
+ * timer as an exact one at that tick.
+ */
+static void do_add_window(int i, uint64_t e, int inside_callback)
+{
+    uint64_t width = rnd() % 4 == 0 ? 0 : rnd() % (UINT64_C(1) << (rnd() % 40));
+    uint64_t latest = e > UINT64_MAX - width ? UINT64_MAX : e + width;
+    uint64_t wnow = tw_wheel_now(M.w);
+    if (!M.pending[i])
+        M.npending++;
+    ASSERT_EQ(tw_wheel_add_window(M.w, &M.tm[i].t, e, latest), 0);
+    uint64_t chosen = tw_timer_expires(&M.tm[i].t);
+    if (e <= wnow) {
+        ASSERT_EQ(chosen, e);
+    } else {
+        ASSERT_GE(chosen, e);
+        ASSERT_LE(chosen, latest);
+    }
+    model_add(i, chosen, inside_callback);
+}
+
 static void do_cancel(int i)
 {
     bool was = tw_wheel_cancel(M.w, &M.tm[i].t);
@@ -242,6 +265,9 @@ static void on_fire(tw_timer *t, void *arg)
     } else if (r < 8) {
         int j = (int)(rnd() % NT);
         do_add(j, pick_expiry(M.proc), 1);
+        M.stats_cb_ops++;
+    } else if (r < 9 && (rnd() & 1)) {
+        do_add_window((int)(rnd() % NT), pick_expiry(M.proc), 1);
         M.stats_cb_ops++;
     } else if (r < 9) {
         /* Cancel and re-add self in one callback. */
@@ -343,8 +369,10 @@ static void run_config(const char *name, const tw_wheel_config *cfg,
         for (uint64_t s = 0; s < steps && done < ops; s++, done++) {
             uint64_t r = rnd() % 100;
             int i = (int)(rnd() % NT);
-            if (r < 40) {
+            if (r < 32) {
                 do_add(i, pick_expiry(M.now), 0);
+            } else if (r < 40) {
+                do_add_window(i, pick_expiry(M.now), 0);
             } else if (r < 55) {
                 do_cancel(i);
             } else {

@@ -96,34 +96,50 @@ TW_EXTERN unsigned tw_version(void);
 /* A static English message for a TW_E* code (or 0). Never NULL. */
 TW_EXTERN const char *tw_strerror(int err);
 
-/*
- * tw_set_allocator - route every allocation twheel makes (wheels, the
- * service's records, RepeatedTimers, durable stores) through the given
- * functions, in the manner of uv_replace_allocator(). All four must be
- * non-NULL and behave as the C library's. Call it before twheel allocates
- * anything, or while no twheel object exists: memory is freed with the
- * functions that were current when it was allocated only if they are the
- * same. Returns 0, or TW_EINVAL (a NULL function) with nothing changed.
+/**
+ * tw_set_allocator - route every allocation twheel makes through the given
+ * functions, in the manner of uv_replace_allocator().
+ * @malloc_fn: replaces malloc().
+ * @calloc_fn: replaces calloc().
+ * @realloc_fn: replaces realloc().
+ * @free_fn: replaces free().
+ *
+ * Covers wheels, the service's records, RepeatedTimers and durable stores.
+ * All four must be non-NULL and behave as the C library's. Call it before
+ * twheel allocates anything, or while no twheel object exists: memory is
+ * freed with the functions that were current when it was allocated only if
+ * they are the same.
+ *
  * Context: not thread-safe; once, at start-up.
+ * Return: 0, or TW_EINVAL (a NULL function) with nothing changed.
  */
 TW_EXTERN int tw_set_allocator(void *(*malloc_fn)(size_t),
                                void *(*calloc_fn)(size_t, size_t),
                                void *(*realloc_fn)(void *, size_t),
                                void (*free_fn)(void *));
 
-/*
- * tw_wheel_create - make a wheel whose current time is @now.
- * @out receives the wheel; @cfg may be NULL for the defaults.
- * Returns 0, TW_EINVAL (NULL @out, bad @cfg) or TW_ENOMEM. On failure *@out
- * is left as it was.
+/**
+ * tw_wheel_create - make a wheel.
+ * @out: receives the wheel; left as it was on failure.
+ * @cfg: the shape, or NULL for the defaults.
+ * @now: the wheel's current tick.
+ *
+ * The only allocation of a wheel's life: one block for the wheel and all
+ * its arrays.
+ *
+ * Return: 0, TW_EINVAL (NULL @out, bad @cfg) or TW_ENOMEM.
  */
 TW_EXTERN int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg,
                               uint64_t now);
 
-/*
- * tw_wheel_destroy - free the wheel. Pending timers are dropped without
- * running; they are left marked pending and must be re-initialised with
- * tw_timer_init() before reuse. NULL is accepted.
+/**
+ * tw_wheel_destroy - free the wheel.
+ * @w: the wheel, or NULL (a no-op).
+ *
+ * Pending timers are dropped without running; they are left marked pending
+ * and must be re-initialised with tw_timer_init() before reuse.
+ *
+ * Context: the owner thread, never from a callback of @w.
  */
 TW_EXTERN void tw_wheel_destroy(tw_wheel *w);
 
@@ -133,63 +149,132 @@ TW_EXTERN void tw_wheel_destroy(tw_wheel *w);
  */
 TW_EXTERN void tw_timer_init(tw_timer *t, tw_timer_fn fn, void *arg);
 
-/*
- * tw_wheel_add - arm @t to expire at the absolute tick @expires.
- * A pending timer is moved (O(1)). @expires <= tw_wheel_now() means due: the
- * timer runs in the next tw_wheel_advance() call, never inside this one.
- * Returns 0, or TW_EINVAL (NULL argument, timer without a callback) with
- * nothing changed. Context: the owner thread, callbacks included.
+/**
+ * tw_wheel_add - arm a timer to expire at an absolute tick.
+ * @w: the wheel.
+ * @t: the timer, initialised; a pending timer is moved (O(1)).
+ * @expires: the tick. At or before tw_wheel_now() means due: the timer runs
+ *           in the next tw_wheel_advance() call, never inside this one.
+ *
+ * Context: the owner thread, callbacks included.
+ * Return: 0, or TW_EINVAL (NULL argument, timer without a callback) with
+ * nothing changed.
  */
 TW_EXTERN int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires);
 
-/*
- * tw_wheel_cancel - disarm @t. Returns true if it was pending (it will not
- * run), false if it was not (a no-op). @t must not be pending in another
- * wheel. Context: the owner thread, callbacks included.
+/**
+ * tw_wheel_add_window - arm a timer to expire at some tick of a window,
+ * chosen so that timers with overlapping windows share wake-ups.
+ * @w: the wheel.
+ * @t: the timer, initialised; a pending timer is moved (O(1)).
+ * @earliest: the timer never runs before this tick.
+ * @latest: the last tick it may be given; >= @earliest.
+ *
+ * The tick is the one in [@earliest, @latest] with the most trailing zero
+ * bits: the coarsest slot boundary inside the window, which the wheel
+ * visits anyway and where the timer runs without being moved down a level.
+ * Two windows that contain the same coarse boundary get the same tick. The
+ * choice is O(1) and depends only on the window; tw_timer_expires()
+ * reports it. From then on the timer is an exact one at that tick.
+ *
+ * A window that is already open (@earliest <= tw_wheel_now()) arms @t as
+ * tw_wheel_add(@w, @t, @earliest) does: due, it runs in the next
+ * tw_wheel_advance(). tw_wheel_add() is the case @earliest == @latest.
+ *
+ * Context: the owner thread, callbacks included.
+ * Return: 0, or TW_EINVAL (NULL argument, timer without a callback,
+ * @latest < @earliest) with nothing changed.
+ */
+TW_EXTERN int tw_wheel_add_window(tw_wheel *w, tw_timer *t, uint64_t earliest,
+                                  uint64_t latest);
+
+/**
+ * tw_wheel_cancel - disarm a timer.
+ * @w: the wheel.
+ * @t: the timer; it must not be pending in another wheel.
+ *
+ * Context: the owner thread, callbacks included.
+ * Return: true if @t was pending (it will not run), false if it was not (a
+ * no-op).
  */
 TW_EXTERN bool tw_wheel_cancel(tw_wheel *w, tw_timer *t);
 
 /* tw_timer_pending - true while @t is armed and has not run yet. */
 TW_EXTERN bool tw_timer_pending(const tw_timer *t);
 
-/* tw_timer_expires - the expiry tick @t was last armed with. */
+/* tw_timer_expires - the expiry tick @t was last armed with (for a window,
+ * the tick chosen in it). */
 TW_EXTERN uint64_t tw_timer_expires(const tw_timer *t);
 
-/*
- * tw_wheel_advance - move the wheel's time to @now and run every pending
- * timer with expires <= @now, each exactly once, in non-decreasing expiry
- * order (timers with equal expiry run in no particular order). Returns how
- * many callbacks ran. A @now below tw_wheel_now() changes nothing.
+/**
+ * tw_wheel_advance - move the wheel's time forward and run what is due.
+ * @w: the wheel.
+ * @now: the new time. Below tw_wheel_now() it changes nothing.
  *
- * The cost is proportional to the non-empty slots visited plus the timers
- * run or moved down a level, not to the ticks crossed.
+ * Runs every pending timer with expires <= @now, each exactly once, in
+ * non-decreasing expiry order (timers with equal expiry run in no
+ * particular order). The cost is proportional to the non-empty slots
+ * visited plus the timers run or moved down a level, not to the ticks
+ * crossed.
  *
  * Callbacks may add, move and cancel any timer of this wheel, themselves
  * included; a timer cancelled by an earlier callback does not run. A timer
- * armed from a callback for a tick at or before the one being processed runs
- * in the next call, not this one; one armed for a later tick <= @now runs in
- * this call, in order. Callbacks must not call tw_wheel_advance() or
+ * armed from a callback for a tick at or before the one being processed
+ * runs in the next call, not this one; one armed for a later tick <= @now
+ * runs in this call, in order.
+ *
+ * Context: the owner thread; callbacks must not call tw_wheel_advance() or
  * tw_wheel_destroy() on the same wheel.
+ * Return: how many callbacks ran.
  */
 TW_EXTERN size_t tw_wheel_advance(tw_wheel *w, uint64_t now);
 
-/*
- * tw_wheel_next_expiry - a tick at which tw_wheel_advance() has work to do:
- * never later than the earliest pending expiry, UINT64_MAX when nothing is
- * pending. A loop that sleeps until this tick and advances reaches any timer
- * after at most one extra wake-up per level. In a wheel whose top level
- * keeps later rounds (levels = 1, or too few levels to cover 64 bits), add
- * one more for each top-level slot whose earliest timer was cancelled or
- * moved since that slot was last visited: cancel stays O(1), so the slot's
- * remembered minimum is a lower bound until the next visit refreshes it.
+/**
+ * tw_wheel_next_expiry - a tick at which tw_wheel_advance() has work to do.
+ * @w: the wheel.
+ *
+ * Never later than the earliest pending expiry. A loop that sleeps until
+ * this tick and advances reaches any timer after at most one extra wake-up
+ * per level. In a wheel whose top level keeps later rounds (levels = 1, or
+ * too few levels to cover 64 bits), add one more for each top-level slot
+ * whose earliest timer was cancelled or moved since that slot was last
+ * visited: cancel stays O(1), so the slot's remembered minimum is a lower
+ * bound until the next visit refreshes it.
+ *
+ * Return: that tick, or UINT64_MAX when nothing is pending.
  */
 TW_EXTERN uint64_t tw_wheel_next_expiry(const tw_wheel *w);
 
-/*
- * tw_wheel_now - the wheel's current tick. Inside a callback it is the tick
- * being processed: the timer's own expiry, or the time of the previous
- * advance for a timer that was already due then. Re-arming a periodic timer
- * at tw_timer_expires(t) + period therefore never drifts.
+/* What tw_wheel_timeout() returns when nothing is pending. */
+#define TW_WHEEL_NO_TIMEOUT UINT64_MAX
+
+/**
+ * tw_wheel_timeout - how many ticks an event loop may sleep before it must
+ * call tw_wheel_advance(), in the manner of uv_backend_timeout().
+ * @w: the wheel.
+ * @now: the caller's current tick, usually read from its clock just before
+ *       it sleeps; it may be ahead of tw_wheel_now().
+ *
+ * The wait is tw_wheel_next_expiry() - @now: never more than the wait for
+ * the earliest pending timer, and sometimes less (see
+ * tw_wheel_next_expiry()). Converting it to a poll(2) timeout is the
+ * caller's: TW_WHEEL_NO_TIMEOUT becomes -1, large values are clamped.
+ *
+ * Context: the owner thread.
+ * Return: 0 when something is due at or before @now (timers added with a
+ * past expiry included), TW_WHEEL_NO_TIMEOUT (UINT64_MAX) when nothing is
+ * pending, else the ticks to wait.
+ */
+TW_EXTERN uint64_t tw_wheel_timeout(const tw_wheel *w, uint64_t now);
+
+/**
+ * tw_wheel_now - the wheel's current tick.
+ * @w: the wheel.
+ *
+ * Inside a callback it is the tick being processed: the timer's own
+ * expiry, or the time of the previous advance for a timer that was already
+ * due then. Re-arming a periodic timer at tw_timer_expires(t) + period
+ * therefore never drifts.
  */
 TW_EXTERN uint64_t tw_wheel_now(const tw_wheel *w);
 
