@@ -102,8 +102,8 @@ typedef struct tw_durable_config {
 
     /* Optional: on a failed open, a message naming what failed (for
      * TW_EIO: the segment file and the offset of the damage), NUL-ended. */
-    char *errbuf;
-    size_t errbuf_len;
+    char *errbuf;      /* NULL = no message */
+    size_t errbuf_len; /* bytes at @errbuf */
 } tw_durable_config;
 
 /* A store's counters, from tw_durable_stats_get(). */
