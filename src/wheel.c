@@ -426,33 +426,45 @@ unsigned tw_version(void)
     return TW_VERSION_HEX;
 }
 
+/* One row per TW_E* code: its name and a message true for every use. */
+#define TW_ERRORS(X)                                                           \
+    X(TW_EINVAL, "invalid argument")                                           \
+    X(TW_ENOMEM, "out of memory")                                              \
+    X(TW_EAGAIN, "limit reached (max_pending, max_callbacks) or no thread "    \
+                 "could be started")                                           \
+    X(TW_EBUSY, "resource busy")                                               \
+    X(TW_ESHUTDOWN, "timer service is stopped")                                \
+    X(TW_EDEADLK, "call would wait for itself")                                \
+    X(TW_ENOENT, "no such key")                                                \
+    X(TW_EIO, "I/O error or corrupt data")                                     \
+    X(TW_ENOSPC, "no space left on device")                                    \
+    X(TW_ECONN, "remote store unreachable")
+#define TW_ERROR_MESSAGE(code, msg)                                            \
+    case code:                                                                 \
+        return msg;
+#define TW_ERROR_NAME(code, msg)                                               \
+    case code:                                                                 \
+        return #code;
+
 const char *tw_strerror(int err)
 {
     switch (err) {
     case 0:
         return "success";
-    case TW_EINVAL:
-        return "invalid argument";
-    case TW_ENOMEM:
-        return "out of memory";
-    case TW_EAGAIN:
-        return "limit of pending timers reached";
-    case TW_EBUSY:
-        return "resource busy";
-    case TW_ESHUTDOWN:
-        return "timer service is stopped";
-    case TW_EDEADLK:
-        return "call would wait for itself";
-    case TW_ENOENT:
-        return "no such key";
-    case TW_EIO:
-        return "I/O error or corrupt data";
-    case TW_ENOSPC:
-        return "no space left on device";
-    case TW_ECONN:
-        return "remote store unreachable";
+        TW_ERRORS(TW_ERROR_MESSAGE)
     default:
         return "unknown error";
+    }
+}
+
+const char *tw_err_name(int err)
+{
+    switch (err) {
+    case 0:
+        return "0";
+        TW_ERRORS(TW_ERROR_NAME)
+    default:
+        return "unknown";
     }
 }
 

@@ -45,10 +45,12 @@ extern "C" {
     ((TW_VERSION_MAJOR << 16) | (TW_VERSION_MINOR << 8) | TW_VERSION_PATCH)
 
 /* Error codes: always negative, equal to -errno of the same name. */
-#define TW_EINVAL (-EINVAL)       /* bad argument; nothing was changed */
-#define TW_ENOMEM (-ENOMEM)       /* out of memory; nothing was changed */
-#define TW_EAGAIN (-EAGAIN)       /* a limit (max_pending) is reached */
-#define TW_EBUSY (-EBUSY)         /* the object is in use */
+#define TW_EINVAL (-EINVAL) /* bad argument; nothing was changed */
+#define TW_ENOMEM (-ENOMEM) /* out of memory; nothing was changed */
+#define TW_EAGAIN                                                              \
+    (-EAGAIN)             /* a limit (max_pending, max_callbacks) is reached   \
+                              or a thread could not be started */
+#define TW_EBUSY (-EBUSY) /* the object is in use */
 #define TW_ESHUTDOWN (-ESHUTDOWN) /* the service is stopped */
 #define TW_EDEADLK (-EDEADLK)     /* the call would wait for itself */
 #define TW_ENOENT (-ENOENT)       /* no such key or object */
@@ -95,6 +97,13 @@ TW_EXTERN unsigned tw_version(void);
 
 /* A static English message for a TW_E* code (or 0). Never NULL. */
 TW_EXTERN const char *tw_strerror(int err);
+
+/*
+ * tw_err_name - the name of a TW_E* code as a static string ("TW_EINVAL"),
+ * in the manner of uv_err_name(); "0" for 0, "unknown" for any other value.
+ * Never NULL.
+ */
+TW_EXTERN const char *tw_err_name(int err);
 
 /**
  * tw_set_allocator - route every allocation twheel makes through the given
