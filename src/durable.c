@@ -1151,9 +1151,13 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
     }
     pthread_mutex_lock(&s->mu);
     rc = replay(s, cfg, &damaged);
-    /* After a repair, rewrite everything live so the damage is gone. */
-    while (rc == 0 && damaged && s->w.nseg > 1)
-        rc = compact_oldest(s);
+    /* After a repair, rewrite everything live so the damage is gone: every
+     * segment older than the one replay() began is copied forward. */
+    if (rc == 0 && damaged) {
+        uint32_t fresh = s->w.segs[s->w.nseg - 1].no;
+        while (rc == 0 && s->w.segs[0].no < fresh)
+            rc = compact_oldest(s);
+    }
     pthread_mutex_unlock(&s->mu);
     if (rc)
         goto fail;

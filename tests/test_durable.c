@@ -692,6 +692,68 @@ static void test_bit_flips(void)
     rm_dir(dir);
 }
 
+/* Damage in an older segment, and a segment missing in the middle. */
+static void test_old_segment_damage(void)
+{
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.segment_bytes = 4096;
+    tw_durable *d = open_ok(&c);
+    char pay[300];
+    memset(pay, 'q', sizeof pay);
+    for (int i = 0; i < 40; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "s%02d", i);
+        ASSERT_EQ(tw_durable_schedule(d, k, strlen(k), INT64_MAX / 2, pay,
+                                      sizeof pay),
+                  0);
+    }
+    tw_durable_stats st = stats(d);
+    ASSERT_GE(st.segments, 3);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    /* Flip a bit in the first record of segment 1 (an older one). */
+    unsigned char *b;
+    size_t n = read_file(seg1(dir), &b);
+    b[JR_SEG_HDR + 40] ^= 1;
+    write_file(seg1(dir), b, n);
+    char err[256] = "";
+    c.errbuf = err;
+    c.errbuf_len = sizeof err;
+    ASSERT_EQ(tw_durable_open(&d, &c), TW_EIO);
+    if (!strstr(err, "0000000001.twj offset 32"))
+        TW_TEST_FAIL_("error message \"%s\"", err);
+    c.flags = TW_DURABLE_REPAIR;
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, 39);
+    ASSERT_EQ(tw_durable_cancel(d, "s00", 3), TW_ENOENT);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    c.flags = 0;
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, 39);
+    st = stats(d);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    free(b);
+    /* A segment missing between two others. */
+    ASSERT_GE(st.segments, 3);
+    DIR *dd = opendir(dir);
+    ASSERT_NOT_NULL(dd);
+    unsigned lo = UINT32_MAX;
+    struct dirent *e;
+    while ((e = readdir(dd)) != NULL) {
+        unsigned no;
+        if (sscanf(e->d_name, "%10u.twj", &no) == 1 && no < lo)
+            lo = no;
+    }
+    closedir(dd);
+    char gap[600];
+    snprintf(gap, sizeof gap, "%s/%010u.twj", dir, lo + 1);
+    ASSERT_EQ(unlink(gap), 0);
+    err[0] = 0;
+    ASSERT_EQ(tw_durable_open(&d, &c), TW_EIO);
+    ASSERT(strstr(err, "missing") != NULL);
+    rm_dir(dir);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Disk faults. */
 
@@ -1000,6 +1062,7 @@ int main(void)
     RUN_TEST(test_torn_tail);
     RUN_TEST(test_torn_batch);
     RUN_TEST(test_bit_flips);
+    RUN_TEST(test_old_segment_damage);
     RUN_TEST(test_disk_faults);
     RUN_TEST(test_fault_rotation);
     RUN_TEST(test_compaction);
