@@ -999,6 +999,56 @@ static void test_group_commit(void)
 }
 
 /* A pending timer's record: 64 bytes plus the key, rounded up to 16. */
+/* A callback that schedules its own key again (a periodic job): the new
+ * version survives the completion of the old one, and a restart. */
+static int rearm_count;
+
+static int rearm_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)arg;
+    rearm_count++;
+    if (rearm_count < 3)
+        ASSERT_EQ(tw_durable_schedule(d, t->key, t->key_len, t->due_ms + 100,
+                                      "again", 5),
+                  0);
+    /* And one that cancels another key from inside. */
+    if (rearm_count == 1)
+        ASSERT_EQ(tw_durable_cancel(d, "other", 5), 0);
+    return 0;
+}
+
+static void test_rearm_from_callback(void)
+{
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.fire = rearm_fire;
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    rearm_count = 0;
+    tw_durable *d = open_ok(&c);
+    ASSERT_EQ(sched(d, "job", t0 + 10, "first"), 0);
+    ASSERT_EQ(sched(d, "other", t0 + 500, "o"), 0);
+    set_wall(t0 + 10);
+    tw__durable_sync(d);
+    ASSERT_EQ(rearm_count, 1);
+    ASSERT_EQ(stats(d).pending, 1); /* job again; other cancelled */
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, 1);
+    set_wall(t0 + 110);
+    tw__durable_sync(d);
+    ASSERT_EQ(rearm_count, 2);
+    set_wall(t0 + 210);
+    tw__durable_sync(d);
+    ASSERT_EQ(rearm_count, 3);
+    set_wall(t0 + 1000);
+    tw__durable_sync(d);
+    ASSERT_EQ(rearm_count, 3);
+    ASSERT_EQ(stats(d).pending, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
 /* The largest payload goes to disk and comes back whole at fire time,
  * after a restart too. */
 static size_t big_len;
@@ -1068,6 +1118,7 @@ int main(void)
     RUN_TEST(test_compaction);
     RUN_TEST(test_executors);
     RUN_TEST(test_group_commit);
+    RUN_TEST(test_rearm_from_callback);
     RUN_TEST(test_big_payload);
     RUN_TEST(test_node_size);
     return tw_test_done();
