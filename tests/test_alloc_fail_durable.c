@@ -18,11 +18,14 @@
 
 static char dir[] = "/tmp/tw_durable_af_XXXXXX";
 
+static int fired;
+
 static int no_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
     (void)t;
     (void)arg;
+    __atomic_add_fetch(&fired, 1, __ATOMIC_SEQ_CST);
     return 0;
 }
 
@@ -132,6 +135,33 @@ int main(void)
     ASSERT_EQ(st.recovered, 300 + 2600);
     ASSERT_EQ(tw_durable_close(d), 0);
     printf("schedule: %ld calls met a failed allocation\n", nomem);
+    ASSERT_EQ(tw_af_live(), live0);
+
+    /* Firing without memory: the store's thread cannot grow its list of
+     * due timers or read a record back; it tries again (in about 1 s) and
+     * delivers once memory is back. Real time: up to 20 s allowed. */
+    ASSERT_EQ(tw_durable_open(&d, &c), 0);
+    for (int i = 0; i < 300; i++) {
+        char k[32];
+        int kl = snprintf(k, sizeof k, "key-%d", i * 4 + 1);
+        ASSERT_EQ(tw_durable_cancel(d, k, (size_t)kl), 0);
+    }
+    /* The cancels left free nodes: this schedule needs no memory. */
+    tw_af_arm(0, true);
+    ASSERT_EQ(tw_durable_schedule(d, "now", 3, 0, "x", 1), 0);
+    tw__durable_sync(d);
+    long failed = tw_af_failures();
+    tw_af_disarm();
+    ASSERT_GT(failed, 0);
+    ASSERT_EQ(__atomic_load_n(&fired, __ATOMIC_SEQ_CST), 0);
+    for (int ms = 0; ms < 20000; ms += 10) {
+        tw_durable_stats_get(d, &st);
+        if (st.pending == st.recovered - 300)
+            break;
+        usleep(10000);
+    }
+    ASSERT_EQ(__atomic_load_n(&fired, __ATOMIC_SEQ_CST), 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
     ASSERT_EQ(tw_af_live(), live0);
 
     char cmd[128];
