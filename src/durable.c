@@ -198,12 +198,10 @@ static struct dnode **hfind(jstore *s, const void *key, size_t len)
     return pp; /* *pp == NULL: where to insert */
 }
 
-/* Room for one more key; TW_ENOMEM with nothing changed. */
-static int hreserve(jstore *s)
+/* Rehash into @nb buckets (a power of two); TW_ENOMEM with nothing
+ * changed. */
+static int hresize(jstore *s, size_t nb)
 {
-    if (s->count < 2 * s->nbuckets) /* at most two keys per bucket */
-        return 0;
-    size_t nb = s->nbuckets * 2;
     struct dnode **b = tw__calloc(nb, sizeof *b);
     if (!b)
         return TW_ENOMEM;
@@ -220,6 +218,14 @@ static int hreserve(jstore *s)
     s->buckets = b;
     s->nbuckets = nb;
     return 0;
+}
+
+/* Room for one more key; TW_ENOMEM with nothing changed. */
+static int hreserve(jstore *s)
+{
+    if (s->count < 2 * s->nbuckets) /* at most two keys per bucket */
+        return 0;
+    return hresize(s, s->nbuckets * 2);
 }
 
 static void on_due(tw_timer *t, void *arg);
@@ -963,6 +969,23 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
     unsigned char *buf = NULL;
     size_t buf_cap = 0;
     bool repair = cfg->flags & TW_DURABLE_REPAIR;
+    /* Size the key table once from the older segments (exact sizes; the
+     * newest is preallocated): at 128 bytes a record and two keys a bucket
+     * it rarely has to grow during the replay, and each growth would touch
+     * every node again. A guess: too small only costs that growth. */
+    uint64_t old_bytes = 0;
+    for (size_t i = 0; i + 1 < cnt; i++) {
+        char name[16];
+        struct stat st;
+        tw__jr_seg_name(name, nos[i]);
+        if (fstatat(s->dirfd, name, &st, 0) == 0)
+            old_bytes += (uint64_t)st.st_size;
+    }
+    size_t want = s->nbuckets;
+    while (want < old_bytes / 256 && want < ((size_t)1 << 40))
+        want *= 2;
+    if (want > s->nbuckets)
+        (void)hresize(s, want);
     for (size_t i = 0; i < cnt && rc == 0; i++) {
         bool last = i + 1 == cnt;
         char name[16];
