@@ -1104,6 +1104,45 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
     return 0;
 }
 
+/* fsync the directory that holds @path (its first @len bytes name it). */
+static void sync_parent(const char *path, size_t len)
+{
+    char parent[4096];
+    while (len > 0 && path[len - 1] != '/')
+        len--;
+    if (len + 2 > sizeof parent)
+        return;
+    memcpy(parent, path, len);
+    strcpy(parent + len, ".");
+    int fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+}
+
+/* mkdir -p @dir; each directory made is made durable in its parent. */
+static int make_dirs(const char *dir)
+{
+    char path[4096];
+    size_t n = strlen(dir);
+    if (n >= sizeof path)
+        return TW_EINVAL;
+    memcpy(path, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (path[i] != '/' && path[i] != 0)
+            continue;
+        char c = path[i];
+        path[i] = 0;
+        if (mkdir(path, 0755) == 0)
+            sync_parent(path, i);
+        else if (errno != EEXIST)
+            return errno == ENOSPC ? TW_ENOSPC : TW_EIO;
+        path[i] = c;
+    }
+    return 0;
+}
+
 static int j_open(tw_durable **out, const tw_durable_config *cfg)
 {
     uint64_t seg_bytes =
@@ -1150,9 +1189,9 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
         rc = TW_ENOMEM;
         goto fail;
     }
-    if (mkdir(cfg->dir, 0755) != 0 && errno != EEXIST) {
+    rc = make_dirs(cfg->dir);
+    if (rc) {
         errmsg(cfg, "%s: cannot make the directory", cfg->dir);
-        rc = errno == ENOSPC ? TW_ENOSPC : TW_EIO;
         goto fail;
     }
     s->dirfd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -444,6 +444,15 @@ static void test_busy(void)
     ASSERT_EQ(tw_durable_close(d), 0);
     d = open_ok(&c); /* the lock went with the handle */
     ASSERT_EQ(tw_durable_close(d), 0);
+    /* Missing parents are made too; a file in the way is an error. */
+    char nested[600];
+    snprintf(nested, sizeof nested, "%s/a/b/c/", dir);
+    c.dir = nested;
+    d = open_ok(&c);
+    ASSERT_EQ(sched(d, "n", INT64_MAX / 2, ""), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    snprintf(nested, sizeof nested, "%s/a/b/c/LOCK/x", dir);
+    ASSERT_EQ(tw_durable_open(&d, &c), TW_EIO);
     rm_dir(dir);
 }
 
