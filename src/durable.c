@@ -198,12 +198,10 @@ static struct dnode **hfind(jstore *s, const void *key, size_t len)
     return pp; /* *pp == NULL: where to insert */
 }
 
-/* Room for one more key; TW_ENOMEM with nothing changed. */
-static int hreserve(jstore *s)
+/* Rehash into @nb buckets (a power of two); TW_ENOMEM with nothing
+ * changed. */
+static int hresize(jstore *s, size_t nb)
 {
-    if (s->count < 2 * s->nbuckets) /* at most two keys per bucket */
-        return 0;
-    size_t nb = s->nbuckets * 2;
     struct dnode **b = tw__calloc(nb, sizeof *b);
     if (!b)
         return TW_ENOMEM;
@@ -220,6 +218,14 @@ static int hreserve(jstore *s)
     s->buckets = b;
     s->nbuckets = nb;
     return 0;
+}
+
+/* Room for one more key; TW_ENOMEM with nothing changed. */
+static int hreserve(jstore *s)
+{
+    if (s->count < 2 * s->nbuckets) /* at most two keys per bucket */
+        return 0;
+    return hresize(s, s->nbuckets * 2);
 }
 
 static void on_due(tw_timer *t, void *arg);
@@ -963,6 +969,23 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
     unsigned char *buf = NULL;
     size_t buf_cap = 0;
     bool repair = cfg->flags & TW_DURABLE_REPAIR;
+    /* Size the key table once from the older segments (exact sizes; the
+     * newest is preallocated): at 128 bytes a record and two keys a bucket
+     * it rarely has to grow during the replay, and each growth would touch
+     * every node again. A guess: too small only costs that growth. */
+    uint64_t old_bytes = 0;
+    for (size_t i = 0; i + 1 < cnt; i++) {
+        char name[16];
+        struct stat st;
+        tw__jr_seg_name(name, nos[i]);
+        if (fstatat(s->dirfd, name, &st, 0) == 0)
+            old_bytes += (uint64_t)st.st_size;
+    }
+    size_t want = s->nbuckets;
+    while (want < old_bytes / 256 && want < ((size_t)1 << 40))
+        want *= 2;
+    if (want > s->nbuckets)
+        (void)hresize(s, want);
     for (size_t i = 0; i < cnt && rc == 0; i++) {
         bool last = i + 1 == cnt;
         char name[16];
@@ -1081,6 +1104,45 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
     return 0;
 }
 
+/* fsync the directory that holds @path (its first @len bytes name it). */
+static void sync_parent(const char *path, size_t len)
+{
+    char parent[4096];
+    while (len > 0 && path[len - 1] != '/')
+        len--;
+    if (len + 2 > sizeof parent)
+        return;
+    memcpy(parent, path, len);
+    strcpy(parent + len, ".");
+    int fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+}
+
+/* mkdir -p @dir; each directory made is made durable in its parent. */
+static int make_dirs(const char *dir)
+{
+    char path[4096];
+    size_t n = strlen(dir);
+    if (n >= sizeof path)
+        return TW_EINVAL;
+    memcpy(path, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (path[i] != '/' && path[i] != 0)
+            continue;
+        char c = path[i];
+        path[i] = 0;
+        if (mkdir(path, 0755) == 0)
+            sync_parent(path, i);
+        else if (errno != EEXIST)
+            return errno == ENOSPC ? TW_ENOSPC : TW_EIO;
+        path[i] = c;
+    }
+    return 0;
+}
+
 static int j_open(tw_durable **out, const tw_durable_config *cfg)
 {
     uint64_t seg_bytes =
@@ -1127,9 +1189,9 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
         rc = TW_ENOMEM;
         goto fail;
     }
-    if (mkdir(cfg->dir, 0755) != 0 && errno != EEXIST) {
+    rc = make_dirs(cfg->dir);
+    if (rc) {
         errmsg(cfg, "%s: cannot make the directory", cfg->dir);
-        rc = errno == ENOSPC ? TW_ENOSPC : TW_EIO;
         goto fail;
     }
     s->dirfd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -1151,9 +1213,13 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
     }
     pthread_mutex_lock(&s->mu);
     rc = replay(s, cfg, &damaged);
-    /* After a repair, rewrite everything live so the damage is gone. */
-    while (rc == 0 && damaged && s->w.nseg > 1)
-        rc = compact_oldest(s);
+    /* After a repair, rewrite everything live so the damage is gone: every
+     * segment older than the one replay() began is copied forward. */
+    if (rc == 0 && damaged) {
+        uint32_t fresh = s->w.segs[s->w.nseg - 1].no;
+        while (rc == 0 && s->w.segs[0].no < fresh)
+            rc = compact_oldest(s);
+    }
     pthread_mutex_unlock(&s->mu);
     if (rc)
         goto fail;

@@ -7,10 +7,17 @@
  * mutex, then waits until an fdatasync() that began after its append has
  * finished. The first waiter with no sync running becomes the leader: it
  * waits up to group_commit_us for callers that have entered a call but not
- * yet appended (so they share its sync), then syncs everything written so
+ * yet appended, and for as many waiting callers as a sync has served
+ * before (that expectation grows to the largest batch seen and falls back
+ * to what came when the wait times out), then syncs everything written so
  * far without holding the mutex; the others sleep on a condition variable
  * and are woken by the leader. A failed fdatasync is reported to every
  * caller whose record it covered.
+ *
+ * Segments are preallocated (fallocate) when they are made, so that an
+ * append writes into allocated blocks and its fdatasync need not commit a
+ * new file size; an older segment is cut to its last record and synced
+ * whole before the next one is made.
  *
  * Torn tails: every record carries "synced", the offset up to which its
  * segment was durable when it was written. A record that fails its checksum

@@ -444,6 +444,15 @@ static void test_busy(void)
     ASSERT_EQ(tw_durable_close(d), 0);
     d = open_ok(&c); /* the lock went with the handle */
     ASSERT_EQ(tw_durable_close(d), 0);
+    /* Missing parents are made too; a file in the way is an error. */
+    char nested[600];
+    snprintf(nested, sizeof nested, "%s/a/b/c/", dir);
+    c.dir = nested;
+    d = open_ok(&c);
+    ASSERT_EQ(sched(d, "n", INT64_MAX / 2, ""), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    snprintf(nested, sizeof nested, "%s/a/b/c/LOCK/x", dir);
+    ASSERT_EQ(tw_durable_open(&d, &c), TW_EIO);
     rm_dir(dir);
 }
 
@@ -692,6 +701,68 @@ static void test_bit_flips(void)
     rm_dir(dir);
 }
 
+/* Damage in an older segment, and a segment missing in the middle. */
+static void test_old_segment_damage(void)
+{
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.segment_bytes = 4096;
+    tw_durable *d = open_ok(&c);
+    char pay[300];
+    memset(pay, 'q', sizeof pay);
+    for (int i = 0; i < 40; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "s%02d", i);
+        ASSERT_EQ(tw_durable_schedule(d, k, strlen(k), INT64_MAX / 2, pay,
+                                      sizeof pay),
+                  0);
+    }
+    tw_durable_stats st = stats(d);
+    ASSERT_GE(st.segments, 3);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    /* Flip a bit in the first record of segment 1 (an older one). */
+    unsigned char *b;
+    size_t n = read_file(seg1(dir), &b);
+    b[JR_SEG_HDR + 40] ^= 1;
+    write_file(seg1(dir), b, n);
+    char err[256] = "";
+    c.errbuf = err;
+    c.errbuf_len = sizeof err;
+    ASSERT_EQ(tw_durable_open(&d, &c), TW_EIO);
+    if (!strstr(err, "0000000001.twj offset 32"))
+        TW_TEST_FAIL_("error message \"%s\"", err);
+    c.flags = TW_DURABLE_REPAIR;
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, 39);
+    ASSERT_EQ(tw_durable_cancel(d, "s00", 3), TW_ENOENT);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    c.flags = 0;
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, 39);
+    st = stats(d);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    free(b);
+    /* A segment missing between two others. */
+    ASSERT_GE(st.segments, 3);
+    DIR *dd = opendir(dir);
+    ASSERT_NOT_NULL(dd);
+    unsigned lo = UINT32_MAX;
+    struct dirent *e;
+    while ((e = readdir(dd)) != NULL) {
+        unsigned no;
+        if (sscanf(e->d_name, "%10u.twj", &no) == 1 && no < lo)
+            lo = no;
+    }
+    closedir(dd);
+    char gap[600];
+    snprintf(gap, sizeof gap, "%s/%010u.twj", dir, lo + 1);
+    ASSERT_EQ(unlink(gap), 0);
+    err[0] = 0;
+    ASSERT_EQ(tw_durable_open(&d, &c), TW_EIO);
+    ASSERT(strstr(err, "missing") != NULL);
+    rm_dir(dir);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Disk faults. */
 
@@ -937,6 +1008,56 @@ static void test_group_commit(void)
 }
 
 /* A pending timer's record: 64 bytes plus the key, rounded up to 16. */
+/* A callback that schedules its own key again (a periodic job): the new
+ * version survives the completion of the old one, and a restart. */
+static int rearm_count;
+
+static int rearm_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)arg;
+    rearm_count++;
+    if (rearm_count < 3)
+        ASSERT_EQ(tw_durable_schedule(d, t->key, t->key_len, t->due_ms + 100,
+                                      "again", 5),
+                  0);
+    /* And one that cancels another key from inside. */
+    if (rearm_count == 1)
+        ASSERT_EQ(tw_durable_cancel(d, "other", 5), 0);
+    return 0;
+}
+
+static void test_rearm_from_callback(void)
+{
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.fire = rearm_fire;
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    rearm_count = 0;
+    tw_durable *d = open_ok(&c);
+    ASSERT_EQ(sched(d, "job", t0 + 10, "first"), 0);
+    ASSERT_EQ(sched(d, "other", t0 + 500, "o"), 0);
+    set_wall(t0 + 10);
+    tw__durable_sync(d);
+    ASSERT_EQ(rearm_count, 1);
+    ASSERT_EQ(stats(d).pending, 1); /* job again; other cancelled */
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, 1);
+    set_wall(t0 + 110);
+    tw__durable_sync(d);
+    ASSERT_EQ(rearm_count, 2);
+    set_wall(t0 + 210);
+    tw__durable_sync(d);
+    ASSERT_EQ(rearm_count, 3);
+    set_wall(t0 + 1000);
+    tw__durable_sync(d);
+    ASSERT_EQ(rearm_count, 3);
+    ASSERT_EQ(stats(d).pending, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
 /* The largest payload goes to disk and comes back whole at fire time,
  * after a restart too. */
 static size_t big_len;
@@ -1000,11 +1121,13 @@ int main(void)
     RUN_TEST(test_torn_tail);
     RUN_TEST(test_torn_batch);
     RUN_TEST(test_bit_flips);
+    RUN_TEST(test_old_segment_damage);
     RUN_TEST(test_disk_faults);
     RUN_TEST(test_fault_rotation);
     RUN_TEST(test_compaction);
     RUN_TEST(test_executors);
     RUN_TEST(test_group_commit);
+    RUN_TEST(test_rearm_from_callback);
     RUN_TEST(test_big_payload);
     RUN_TEST(test_node_size);
     return tw_test_done();

@@ -72,7 +72,8 @@ typedef int (*tw_durable_fire_fn)(tw_durable *d, const tw_durable_timer *t,
 
 /* Where a store keeps its timers and how it delivers them. */
 typedef struct tw_durable_config {
-    const char *dir;           /* journal backend: required; made if missing */
+    const char *dir;           /* journal backend: required; made (with its
+                                  parents) if missing */
     tw_durable_fire_fn fire;   /* required */
     void *fire_arg;            /* passed to fire */
     uint32_t sync;             /* TW_DURABLE_SYNC_* (0 = GROUP) */
