@@ -288,6 +288,15 @@ static void check_state(void)
     else
         FZ_CHECK(ne <= min, "next_expiry %" PRIu64 " after earliest %" PRIu64,
                  ne, min);
+    uint64_t to = tw_wheel_timeout(S.w, S.now);
+    if (n == 0)
+        FZ_CHECK(to == TW_WHEEL_NO_TIMEOUT, "timeout %" PRIu64 " when empty",
+                 to);
+    else if (min <= S.now)
+        FZ_CHECK(to == 0, "timeout %" PRIu64 " with a timer due", to);
+    else
+        FZ_CHECK(to <= min - S.now,
+                 "timeout %" PRIu64 " past earliest %" PRIu64, to, min);
 }
 
 static size_t do_advance(uint64_t to)

@@ -263,8 +263,9 @@ static inline void list_push(tw_timer **head, tw_timer *t)
 
 static inline int in_heads(const tw_wheel *w, tw_timer **p)
 {
-    /* One unsigned compare: below the table wraps to a huge offset. */
-    return (uintptr_t)p - (uintptr_t)w->heads < w->heads_bytes;
+    /* Two compares: no wrap, which the sanitizer builds would report. */
+    uintptr_t a = (uintptr_t)p, base = (uintptr_t)w->heads;
+    return a >= base && a - base < w->heads_bytes;
 }
 
 static int slot_empty(tw_timer *const *h)

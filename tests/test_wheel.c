@@ -655,6 +655,81 @@ static void test_timeout(void)
     tw_wheel_destroy(w);
 }
 
+/*
+ * Many timers due at one tick, whose callbacks cancel others of the crowd
+ * (chain heads, middles and tails of the lists being run) and move others
+ * later. Every timer runs exactly once unless cancelled or moved first.
+ * Run with the crowd reaching its tick through a level-0 slot (unaligned
+ * tick) and through a visit of a higher level (tick aligned to 2^16).
+ */
+#define CROWD 100
+static struct rec crowd[CROWD];
+static int crowd_pending[CROWD];
+static uint64_t crowd_tick, crowd_rng;
+
+static void on_crowd(tw_timer *t, void *arg)
+{
+    struct rec *r = TW_CONTAINER_OF(t, struct rec, t);
+    tw_wheel *w = arg;
+    ASSERT(crowd_pending[r->id]);
+    ASSERT_EQ(tw_timer_expires(t), tw_wheel_now(w));
+    crowd_pending[r->id] = 0;
+    r->runs++;
+    for (int a = 0; a < 3; a++) {
+        int j = (int)(tw_test_rand(&crowd_rng) % CROWD);
+        uint64_t what = tw_test_rand(&crowd_rng) % 4;
+        if (what == 0) {
+            ASSERT_EQ(tw_wheel_cancel(w, &crowd[j].t), crowd_pending[j]);
+            crowd_pending[j] = 0;
+        } else if (what == 1) {
+            ASSERT_EQ(tw_wheel_add(w, &crowd[j].t, crowd_tick + 5), 0);
+            crowd_pending[j] = 1;
+        }
+    }
+}
+
+static void test_crowd_at_one_tick(void)
+{
+    static const uint64_t ticks[] = {(UINT64_C(1) << 20) + 200, UINT64_C(1)
+                                                                    << 32};
+    for (size_t s = 0; s < NSHAPES; s++) {
+        for (size_t v = 0; v < 2; v++) {
+            crowd_tick = ticks[v];
+            crowd_rng = 5 + s * 2 + v;
+            tw_wheel *w = make(s, crowd_tick - 100);
+            for (int i = 0; i < CROWD; i++) {
+                crowd[i] = (struct rec){.id = i};
+                tw_timer_init(&crowd[i].t, on_crowd, w);
+                ASSERT_EQ(tw_wheel_add(w, &crowd[i].t, crowd_tick), 0);
+                crowd_pending[i] = 1;
+            }
+            check(w);
+            size_t ran = tw_wheel_advance(w, crowd_tick);
+            size_t left = 0, runs = 0;
+            for (int i = 0; i < CROWD; i++) {
+                left += (size_t)crowd_pending[i];
+                runs += (size_t)crowd[i].runs;
+                /* Whatever is still pending was moved to tick + 5. */
+                ASSERT_EQ(tw_timer_pending(&crowd[i].t), crowd_pending[i]);
+                if (crowd_pending[i])
+                    ASSERT_EQ(tw_timer_expires(&crowd[i].t), crowd_tick + 5);
+            }
+            ASSERT_EQ(ran, runs);
+            ASSERT_EQ(tw_wheel_count(w), left);
+            ASSERT_GT(runs, 0);
+            check(w);
+            /* The moved ones run at tick + 5 (and move nothing further
+             * than that tick, which this advance reaches too). */
+            while (tw_wheel_count(w) > 0)
+                tw_wheel_advance(w, crowd_tick + 5);
+            for (int i = 0; i < CROWD; i++)
+                ASSERT(!crowd_pending[i]);
+            check(w);
+            tw_wheel_destroy(w);
+        }
+    }
+}
+
 int main(void)
 {
     RUN_TEST(test_sizes_and_version);
@@ -676,5 +751,6 @@ int main(void)
     RUN_TEST(test_window_runs_inside_and_coalesces);
     RUN_TEST(test_window_open);
     RUN_TEST(test_timeout);
+    RUN_TEST(test_crowd_at_one_tick);
     return tw_test_done();
 }

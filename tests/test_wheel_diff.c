@@ -292,6 +292,17 @@ static void check_state(int full)
     ASSERT_LE(nx, min);
     if (M.npending == 0)
         ASSERT_EQ(nx, UINT64_MAX);
+    /* The event-loop timeout, from the wheel's time and from later. */
+    for (uint64_t ahead = 0; ahead <= 2; ahead++) {
+        uint64_t now = M.now > UINT64_MAX - ahead ? UINT64_MAX : M.now + ahead;
+        uint64_t to = tw_wheel_timeout(M.w, now);
+        if (M.npending == 0)
+            ASSERT_EQ(to, TW_WHEEL_NO_TIMEOUT);
+        else if (min <= now)
+            ASSERT_EQ(to, 0);
+        else
+            ASSERT_LE(to, min - now);
+    }
     ASSERT_EQ(tw_wheel_now(M.w), M.now);
 }
 
