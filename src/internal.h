@@ -32,6 +32,8 @@ void tw__service_kick(struct tw_service *s);
  * dispatched or running. The service must be started. */
 void tw__service_sync(struct tw_service *s);
 size_t tw__service_node_size(void);
+/* Threads inside tw_cancel_wait() on @s (registered to be woken). */
+uint32_t tw__service_waiters(struct tw_service *s);
 /* Test hook: when set, tw_service_run() calls it after it has looked the
  * job up and before it accepts the job (a test makes a second call for
  * the same job there). NULL in production. */

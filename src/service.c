@@ -937,8 +937,13 @@ static uint64_t periodic_next(const tw_service *s, struct periodic *rec)
 static void run_node(tw_service *s, struct node *n, bool inline_wheel)
 {
     uint64_t rst;
-    if (!move_or_free(s, n, LOC_RUNNING, 0, inline_wheel, &rst))
+    if (!move_or_free(s, n, LOC_RUNNING, 0, inline_wheel, &rst)) {
+        /* A cancelled job that tw_service_run() accepted was RUNNING for
+         * a moment: a tw_cancel_wait() may have seen that and sleeps. */
+        if (!inline_wheel)
+            notify_waiters(s);
         return;
+    }
     bool periodic = (rst & ST_PERIODIC) != 0;
     if (!periodic)
         pending_drop(s);
@@ -1533,6 +1538,11 @@ void tw_service_get_stats(const tw_service *s, tw_service_stats *out)
     out->wakeups = atomic_load_explicit(&m->wakeups, memory_order_relaxed);
     out->nodes = atomic_load_explicit(&m->nodes, memory_order_relaxed);
     out->memory_bytes = atomic_load_explicit(&m->mem, memory_order_relaxed);
+}
+
+uint32_t tw__service_waiters(tw_service *s)
+{
+    return atomic_load(&s->waiters);
 }
 
 size_t tw__service_node_size(void)
