@@ -1070,6 +1070,11 @@ void (*tw__service_run_hook)(tw_service *s, tw_id job);
 
 void tw_service_run(tw_service *s, tw_id job)
 {
+    /* Only a caller-supplied executor receives jobs. On a pool service a
+     * DISPATCHED node is linked in the pool's queue, which only the pool
+     * may take it from. */
+    if (s == NULL || s->execute == NULL)
+        return;
     uint64_t st = 0;
     struct node *n = lookup(s, job, &st);
     if (n != NULL && tw__service_run_hook != NULL)

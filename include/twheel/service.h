@@ -250,7 +250,9 @@ TW_EXTERN void tw_service_destroy(tw_service *s);
  * record may be reused) and a forged id are ignored, so a task never runs
  * twice for one dispatch. A periodic task keeps its id for every run: a
  * late repeated call that arrives after the next run was dispatched counts
- * as the call for that run (which still runs once).
+ * as the call for that run (which still runs once). On a service without
+ * a caller-supplied executor every call is ignored: the built-in executor
+ * pool hands out no jobs.
  * Context: any thread.
  */
 TW_EXTERN void tw_service_run(tw_service *s, tw_id job);
