@@ -213,7 +213,9 @@ TW_EXTERN int tw_cancel_wait(tw_service *s, tw_id id);
 
 /*
  * tw_service_pending - tasks accepted and not yet run (one-shot), cancelled
- * or handed back. A periodic task counts 1 until cancelled or stopped.
+ * or handed back. A periodic task counts 1 until cancelled or stopped; a
+ * RepeatedTimer counts 1 while started, during its runs too. A call that
+ * fails never moves this count.
  * 0 after stop. NULL gives 0. Context: any thread.
  */
 TW_EXTERN uint64_t tw_service_pending(const tw_service *s);

@@ -1,9 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/test_cancel_wait_free.c - tw_cancel_wait() wakes up when a
- * caller-supplied executor runs a job whose task was cancelled meanwhile.
+ * tests/test_service_held_alloc.c - interleavings of the service forced by
+ * holding one thread inside an allocation function (linked with
+ * -Wl,--wrap=free,--wrap=malloc,--wrap=posix_memalign): the next call of
+ * the holder thread waits there until the test releases it.
  *
- * The interleaving is forced: the executor thread calls tw_service_run()
+ * test_cancel_wait_sees_cancelled_job_end: tw_cancel_wait() wakes up when
+ * a caller-supplied executor runs a job whose task was cancelled
+ * meanwhile. The executor thread calls tw_service_run()
  * for a fixed-rate task that was cancelled after it was dispatched; the run
  * finds the cancel and frees the task's record, and that free (linked with
  * -Wl,--wrap=free) holds the executor thread while another thread calls
@@ -24,6 +28,10 @@
 
 void __real_free(void *p);
 void __wrap_free(void *p);
+void *__real_malloc(size_t n);
+void *__wrap_malloc(size_t n);
+int __real_posix_memalign(void **p, size_t a, size_t n);
+int __wrap_posix_memalign(void **p, size_t a, size_t n);
 
 static struct {
     _Atomic bool armed;   /* hold the next free() of the holder thread */
@@ -32,7 +40,8 @@ static struct {
     _Atomic bool release;
 } hold;
 
-void __wrap_free(void *p)
+/* Hold the holder thread here if armed. */
+static void maybe_hold(void)
 {
     if (atomic_load(&hold.armed) &&
         pthread_equal(pthread_self(), hold.holder)) {
@@ -41,7 +50,38 @@ void __wrap_free(void *p)
         while (!atomic_load(&hold.release))
             sleep_ns(100000);
     }
+}
+
+void __wrap_free(void *p)
+{
+    maybe_hold();
     __real_free(p);
+}
+
+void *__wrap_malloc(size_t n)
+{
+    maybe_hold();
+    return __real_malloc(n);
+}
+
+int __wrap_posix_memalign(void **p, size_t a, size_t n)
+{
+    maybe_hold();
+    return __real_posix_memalign(p, a, n);
+}
+
+static void hold_reset(void)
+{
+    atomic_store(&hold.armed, false);
+    atomic_store(&hold.entered, false);
+    atomic_store(&hold.release, false);
+}
+
+/* Arm the hold for the calling thread. */
+static void hold_me(void)
+{
+    hold.holder = pthread_self();
+    atomic_store(&hold.armed, true);
 }
 
 static _Atomic uint64_t vnow = UINT64_C(1000) * SEC;
@@ -76,8 +116,7 @@ static tw_id task_id;
 static void *executor(void *p)
 {
     (void)p;
-    hold.holder = pthread_self();
-    atomic_store(&hold.armed, true);
+    hold_me();
     tw_service_run(svc, atomic_load(&job));
     return NULL;
 }
@@ -105,6 +144,7 @@ static bool wait_for(_Atomic bool *flag, uint64_t sec)
 static void test_cancel_wait_sees_cancelled_job_end(void)
 {
     tw_service_config cfg = {0};
+    hold_reset();
     cfg.clock = vclock;
     cfg.execute = take_job;
     ASSERT_EQ(tw_service_create(&svc, &cfg), 0);
@@ -134,8 +174,71 @@ static void test_cancel_wait_sees_cancelled_job_end(void)
     tw_service_destroy(svc);
 }
 
+/* ------------------------------------------------------------------------ */
+/*
+ * test_failed_call_holds_no_slot: a schedule call that fails (here: its
+ * function does not fit max_callbacks) never holds a pending slot. The
+ * failing call is held inside the allocation of a new chunk of records,
+ * if it makes one: before the fix it had reserved its slot by then, so
+ * tw_service_pending() read one too many and a valid call at max_pending
+ * failed with TW_EAGAIN. Fixed, the call fails before it allocates.
+ */
+static void other_fn(tw_id id, void *arg)
+{
+    (void)id;
+    (void)arg;
+}
+
+#define CHUNK 4096 /* records per chunk (service.c) */
+
+static _Atomic int other_rc = 1;
+
+static void *schedule_other(void *p)
+{
+    (void)p;
+    hold_me();
+    atomic_store(&other_rc, tw_schedule(svc, other_fn, NULL, SEC, NULL));
+    atomic_store(&hold.armed, false);
+    return NULL;
+}
+
+static void test_failed_call_holds_no_slot(void)
+{
+    tw_service_config cfg = {0};
+    hold_reset();
+    cfg.clock = vclock;
+    cfg.max_callbacks = 1;
+    cfg.max_pending = CHUNK + 1;
+    ASSERT_EQ(tw_service_create(&svc, &cfg), 0);
+    /* The first chunk full: the next record needs a new chunk. */
+    for (int i = 0; i < CHUNK; i++)
+        ASSERT_EQ(tw_schedule(svc, task, NULL, SEC, NULL), 0);
+    ASSERT_EQ(tw_service_pending(svc), CHUNK);
+    pthread_t t;
+    ASSERT_EQ(pthread_create(&t, NULL, schedule_other, NULL), 0);
+    uint64_t end = mono_now() + 5 * SEC;
+    while (!atomic_load(&hold.entered) && atomic_load(&other_rc) == 1 &&
+           mono_now() < end)
+        sleep_ns(100000);
+    bool held = atomic_load(&hold.entered);
+    /* While the failing call is inside (or after it): nothing held. */
+    ASSERT_EQ(tw_service_pending(svc), CHUNK); /* before the fix: +1 */
+    tw_id last = 0;
+    int rc = tw_schedule(svc, task, NULL, SEC, &last);
+    atomic_store(&hold.release, true);
+    pthread_join(t, NULL);
+    fprintf(stderr, "   failing call %s\n",
+            held ? "held in an allocation" : "made no allocation");
+    ASSERT_EQ(rc, 0);
+    ASSERT_EQ(atomic_load(&other_rc), TW_EAGAIN);
+    ASSERT_EQ(tw_service_pending(svc), CHUNK + 1);
+    ASSERT_EQ(tw_service_stop(svc, NULL, NULL), CHUNK + 1);
+    tw_service_destroy(svc);
+}
+
 int main(void)
 {
     RUN_TEST(test_cancel_wait_sees_cancelled_job_end);
+    RUN_TEST(test_failed_call_holds_no_slot);
     return tw_test_done();
 }
