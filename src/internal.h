@@ -32,15 +32,29 @@ void tw__service_kick(struct tw_service *s);
  * dispatched or running. The service must be started. */
 void tw__service_sync(struct tw_service *s);
 size_t tw__service_node_size(void);
-/* Test hook: when set, tw_service_run() calls it after it has looked the
- * job up and before it accepts the job (a test makes a second call for
- * the same job there). NULL in production. */
+/* Threads inside tw_cancel_wait() on @s (registered to be woken). */
+uint32_t tw__service_waiters(struct tw_service *s);
+#ifdef TW_TEST_HOOKS
+/* Writable test hooks, only in the test build of the library (the tests
+ * link twheel_test, compiled with TW_TEST_HOOKS; the installed libraries
+ * have no such symbols). NULL unless a test sets them.
+ * tw__service_run_hook: tw_service_run() calls it after it has looked the
+ * job up and before it accepts the job (a test makes a second call for the
+ * same job there).
+ * tw__service_started_hook: called on the running thread when a task has
+ * become RUNNING, before its pending slot (one-shot) is released and
+ * before its function runs. */
 extern void (*tw__service_run_hook)(struct tw_service *s, uint64_t job);
-/* tw_schedule() of a one-shot task that also cancels task @old (0: none)
- * as the call's last step, so at max_pending the new task takes over the
- * old one's slot. *@old_cancelled says whether that cancel won; if it did
- * not (@old ran, runs or is gone) the call is a plain tw_schedule(). On
- * failure nothing changed: @old is not cancelled. */
+extern void (*tw__service_started_hook)(struct tw_service *s, uint64_t id);
+#endif
+/* tw_schedule() of a one-shot task that keeps its pending slot while it
+ * runs and takes over the slot of task @old (0: none; @old must be a task
+ * of this function) as the call's last step: by cancelling @old
+ * (*@old_cancelled says whether that cancel won), or, when @old is
+ * running, by releasing its slot in its place; so at max_pending the new
+ * task takes over the old one's slot, even from inside @old's run. If @old
+ * is gone the call is a plain tw_schedule(). On failure nothing changed:
+ * @old is not cancelled. */
 int tw__schedule_replace(struct tw_service *s, tw_task_fn fn, void *arg,
                          uint64_t delay_ns, tw_id old, bool *old_cancelled,
                          tw_id *id);

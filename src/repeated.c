@@ -21,12 +21,20 @@
  *
  * While on_trigger runs, nothing is scheduled: when it returns the next run
  * is scheduled (fixed delay) unless the timer was stopped meanwhile. So a
- * restart or reset from inside on_trigger needs no special case.
+ * restart or reset from inside on_trigger needs no special case. That
+ * re-arm takes over the running task's own pending slot (its task was
+ * scheduled with tw__schedule_replace(), which keeps the slot while it
+ * runs), so max_pending can never break the chain of runs. A re-arm that
+ * fails all the same (TW_ENOMEM) is retried a few times, then counted
+ * (tw_repeated_rearm_failures()); the timer stays started, and the next
+ * start, restart or reset arms it. It never stops by itself.
  *
  * Lock order: a timer's mutex, then whatever the scheduler takes inside
  * tw_schedule()/tw_cancel(), which never wait for a task to finish.
  */
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +46,7 @@ struct tw_repeated {
     tw__sched sched;
     tw_repeated_config cfg; /* cfg.name points into name[] below */
     tw_id pending;
+    _Atomic uint64_t failures; /* re-arms after a run that failed */
     uint32_t refs;
     bool stopped, destroyed, invoking;
     char name[]; /* NUL-terminated copy of the configured name */
@@ -144,7 +153,7 @@ static void cancel_pending_locked(tw_repeated *rt)
  * service at max_pending the new task takes over the old one's slot.
  * While on_trigger runs this does nothing: the end of the run schedules.
  */
-static int schedule_locked(tw_repeated *rt)
+static int schedule_locked(tw_repeated *rt, tw_id own)
 {
     uint64_t delay = rt->cfg.timeout_ns;
     tw_id id = 0;
@@ -156,13 +165,16 @@ static int schedule_locked(tw_repeated *rt)
         delay = rt->cfg.adjust_timeout(rt, delay, rt->cfg.arg);
     if (delay == 0)
         delay = 1;
-    if (rt->pending != 0 && rt->sched.replace != NULL) {
+    if (rt->sched.replace != NULL) {
+        /* Replace the pending task, or else take over the slot of the
+         * running task @own (0: none) that re-arms us. */
         bool cancelled = false;
         err = rt->sched.replace(rt->sched.ctx, tw__repeated_task, rt, delay,
-                                rt->pending, &cancelled, &id);
+                                rt->pending != 0 ? rt->pending : own,
+                                &cancelled, &id);
         if (err != 0)
             return err;
-        if (cancelled)
+        if (cancelled && rt->pending != 0)
             rt->refs--; /* as in cancel_pending_locked() */
         rt->pending = 0;
     } else {
@@ -177,12 +189,19 @@ static int schedule_locked(tw_repeated *rt)
     return 0;
 }
 
+/* Re-arm attempts after a run before the failure is counted. */
+#define REARM_TRIES 4
+
 /*
  * Run on_trigger with the mutex released, then schedule the next run unless
- * stopped. Called and returns with the mutex held and rt->invoking set.
- * Returns the scheduling error (the timer is then stopped), or 0.
+ * stopped. @own is the id of the service task that runs us (0 for
+ * tw_repeated_run_once_now()). Called and returns with the mutex held and
+ * rt->invoking set. Returns the scheduling error, or 0. A failed re-arm is
+ * retried, then counted; the timer stays started without a pending run
+ * (the next start, restart or reset arms it), except after TW_ESHUTDOWN:
+ * the service is stopped, and so is the timer.
  */
-static int invoke_locked(tw_repeated *rt)
+static int invoke_locked(tw_repeated *rt, tw_id own)
 {
     int err = 0;
 
@@ -190,11 +209,16 @@ static int invoke_locked(tw_repeated *rt)
     rt->cfg.on_trigger(rt, rt->cfg.arg);
     pthread_mutex_lock(&rt->mu);
     rt->invoking = false;
-    if (!rt->stopped) {
-        err = schedule_locked(rt);
-        if (err != 0)
-            rt->stopped = true; /* the chain of runs is broken */
+    for (int i = 0; i < REARM_TRIES && !rt->stopped; i++) {
+        err = schedule_locked(rt, own);
+        if (err == 0 || err == TW_ESHUTDOWN)
+            break;
+        sched_yield();
     }
+    if (err == TW_ESHUTDOWN)
+        rt->stopped = true;
+    else if (err != 0)
+        atomic_fetch_add_explicit(&rt->failures, 1, memory_order_relaxed);
     return err;
 }
 
@@ -210,7 +234,7 @@ void tw__repeated_task(tw_id id, void *arg)
     if (id == rt->pending) {
         rt->pending = 0;
         rt->invoking = true;
-        invoke_locked(rt);
+        invoke_locked(rt, id);
     }
     unref_unlock(rt);
 }
@@ -224,9 +248,10 @@ int tw_repeated_start(tw_repeated *rt)
     pthread_mutex_lock(&rt->mu);
     if (rt->destroyed) {
         err = TW_ESHUTDOWN;
-    } else if (rt->stopped) {
-        /* While invoking, the end of the run schedules. */
-        err = rt->invoking ? 0 : schedule_locked(rt);
+    } else if (rt->stopped || (rt->pending == 0 && !rt->invoking)) {
+        /* Stopped, or started with no run armed (a failed re-arm). While
+         * invoking, the end of the run schedules. */
+        err = rt->invoking ? 0 : schedule_locked(rt, 0);
         if (err == 0)
             rt->stopped = false;
     }
@@ -251,7 +276,7 @@ int tw_repeated_restart(tw_repeated *rt)
     if (rt == NULL)
         return TW_EINVAL;
     pthread_mutex_lock(&rt->mu);
-    err = rt->destroyed ? TW_ESHUTDOWN : schedule_locked(rt);
+    err = rt->destroyed ? TW_ESHUTDOWN : schedule_locked(rt, 0);
     if (err == 0)
         rt->stopped = false;
     pthread_mutex_unlock(&rt->mu);
@@ -273,7 +298,7 @@ int tw_repeated_reset(tw_repeated *rt, uint64_t timeout_ns)
         if (timeout_ns != 0)
             rt->cfg.timeout_ns = timeout_ns;
         if (!rt->stopped)
-            err = schedule_locked(rt);
+            err = schedule_locked(rt, 0);
         if (err != 0)
             rt->cfg.timeout_ns = old;
     }
@@ -296,7 +321,7 @@ int tw_repeated_run_once_now(tw_repeated *rt)
         cancel_pending_locked(rt);
         rt->invoking = true;
         rt->refs++; /* a destroy from another thread must wait for us */
-        err = invoke_locked(rt);
+        err = invoke_locked(rt, 0);
         unref_unlock(rt);
         return err;
     }
@@ -313,6 +338,13 @@ void tw_repeated_destroy(tw_repeated *rt)
     rt->stopped = true;
     cancel_pending_locked(rt);
     unref_unlock(rt);
+}
+
+uint64_t tw_repeated_rearm_failures(const tw_repeated *rt)
+{
+    return rt != NULL ? atomic_load_explicit(&((tw_repeated *)rt)->failures,
+                                             memory_order_relaxed)
+                      : 0;
 }
 
 const char *tw_repeated_name(const tw_repeated *rt)

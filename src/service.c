@@ -88,6 +88,13 @@ enum { LOC_FREE = 0, LOC_QUEUED, LOC_ARMED, LOC_DISPATCHED, LOC_RUNNING };
  * and the timer thread computes its deadline (TW_SERVICE_LAZY_CLOCK). */
 #define ST_FN(st) (ST_PAY(st) & ((UINT32_C(1) << 24) - 1))
 #define ST_RELATIVE (UINT64_C(1) << 31)
+/* A one-shot task of tw__schedule_replace() keeps its pending slot while it
+ * runs (ST_HOLD), so that a replacing call can take the slot over: whoever
+ * sets ST_DROPPED on the RUNNING node first, the run's end or the
+ * replacing call, decides who releases the slot. While a one-shot node is
+ * RUNNING nobody else writes its state word. */
+#define ST_HOLD (UINT64_C(1) << 29)
+#define ST_DROPPED (UINT64_C(1) << 30)
 
 /* Chunks: 4096 nodes, each chunk in a block aligned to 2^18 bytes so that a
  * node's index follows from its address. */
@@ -216,6 +223,21 @@ struct tw_service {
     /* Statistics. */
     _Atomic uint64_t ran, cancelled, handed, wakeups, nodes, mem;
 };
+
+/* Test hooks (internal.h): only in the test build of the library
+ * (TW_TEST_HOOKS); the installed libraries have neither the variables nor
+ * the calls. */
+#ifdef TW_TEST_HOOKS
+void (*tw__service_run_hook)(tw_service *s, tw_id job);
+void (*tw__service_started_hook)(tw_service *s, tw_id id);
+#define TEST_HOOK(hook, ...)                                                   \
+    do {                                                                       \
+        if ((hook) != NULL)                                                    \
+            (hook)(__VA_ARGS__);                                               \
+    } while (0)
+#else
+#define TEST_HOOK(hook, ...) ((void)0)
+#endif
 
 /* The task this thread is running, for TW_EDEADLK checks. */
 static _Thread_local struct {
@@ -557,6 +579,26 @@ static int fn_index(tw_service *s, tw_task_fn fn, uint32_t *out)
     return TW_EAGAIN;
 }
 
+/* Look @fn up without taking an entry: 0 and *@out its entry, 1 if it is
+ * not there but there is room, TW_EAGAIN if the table is full. */
+static int fn_find(tw_service *s, tw_task_fn fn, uint32_t *out)
+{
+    uint64_t x = (uint64_t)(uintptr_t)fn * UINT64_C(0x9E3779B97F4A7C15);
+    uint32_t h = (uint32_t)(x >> 40);
+    for (uint32_t p = 0; p <= s->fn_mask; p++) {
+        uint32_t slot = (h + p) & s->fn_mask;
+        tw_task_fn cur =
+            atomic_load_explicit(&s->fns[slot], memory_order_acquire);
+        if (cur == NULL)
+            return 1;
+        if (cur == fn) {
+            *out = slot;
+            return 0;
+        }
+    }
+    return TW_EAGAIN;
+}
+
 static tw_task_fn fn_at(const tw_service *s, uint64_t st)
 {
     return atomic_load_explicit(&((tw_service *)s)->fns[ST_FN(st)],
@@ -663,6 +705,14 @@ static void requeue(tw_service *s, struct node *n, uint64_t tick)
 
 static void trampoline(tw_timer *t, void *arg);
 static bool cancel_id(tw_service *s, tw_id id, bool drop);
+static struct node *lookup(const tw_service *s, tw_id id, uint64_t *st);
+
+enum sched_kind {
+    KIND_ONCE,  /* one-shot */
+    KIND_HOLD,  /* one-shot that keeps its pending slot while it runs */
+    KIND_RATE,  /* fixed rate */
+    KIND_DELAY, /* fixed delay */
+};
 
 /* Give back node @idx that node_alloc() returned with state @st. */
 static void node_unalloc(tw_service *s, uint32_t idx, uint64_t st)
@@ -674,75 +724,103 @@ static void node_unalloc(tw_service *s, uint32_t idx, uint64_t st)
 }
 
 /*
- * Schedule a task (@kind 0: one-shot, 1: fixed rate, 2: fixed delay). A
- * non-zero @replace is a task to cancel in the same call, as its last step
- * (*@replaced says whether that cancel won); at max_pending the new task
- * takes over its pending slot.
+ * A pending slot for a new task. With @replace (a task of
+ * tw__schedule_replace(), which keeps its slot while it runs): take over
+ * that task's slot, by cancelling it, or, if it is running, by releasing
+ * the slot in its place; *@replaced says whether the cancel won. Else, or
+ * when @replace is gone, a free slot. Returns 0, TW_EAGAIN or
+ * TW_ESHUTDOWN; on failure nothing changed.
+ */
+static int take_slot(tw_service *s, tw_id replace, bool *replaced)
+{
+    if (replace != 0) {
+        if (cancel_id(s, replace, false)) {
+            if (replaced != NULL)
+                *replaced = true;
+            return 0;
+        }
+        uint64_t st;
+        struct node *n = lookup(s, replace, &st);
+        while (n != NULL && ST_GEN(st) == ST_GEN(replace) &&
+               ST_LOC(st) == LOC_RUNNING &&
+               (st & (ST_HOLD | ST_DROPPED | ST_PERIODIC)) == ST_HOLD) {
+            if (atomic_compare_exchange_weak(&n->state, &st, st | ST_DROPPED))
+                return 0; /* its run ends without releasing the slot */
+        }
+    }
+    return pending_reserve(s);
+}
+
+/* The record of a periodic task, or NULL for a one-shot (@kind). */
+static int periodic_new(enum sched_kind kind, void *arg, uint64_t period,
+                        struct periodic **out)
+{
+    *out = NULL;
+    if (kind == KIND_ONCE || kind == KIND_HOLD)
+        return 0;
+    struct periodic *rec = malloc(sizeof(*rec));
+    if (rec == NULL)
+        return TW_ENOMEM;
+    rec->arg = arg;
+    rec->period_ns = period;
+    rec->fixed_rate = kind == KIND_RATE;
+    *out = rec;
+    return 0;
+}
+
+/*
+ * Schedule a task of @kind. A non-zero @replace is a task to take over
+ * (see take_slot()), only for KIND_HOLD.
+ *
+ * Order: everything that may fail and can be undone comes before the
+ * pending slot, which is the last step: a call that fails holds no slot,
+ * not even for a moment, so it never makes a concurrent valid call fail.
+ * The function table is only read first; a new function takes its entry
+ * after the slot (a call that max_pending rejects takes no entry), or,
+ * when replacing, before it (the takeover cannot be undone). A call that
+ * max_pending rejects does not grow the record pool (checked first).
  */
 static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
-                    uint64_t period, int kind, tw_id replace, bool *replaced,
-                    tw_id *id)
+                    uint64_t period, enum sched_kind kind, tw_id replace,
+                    bool *replaced, tw_id *id)
 {
-    if (s == NULL || fn == NULL || (kind != 0 && period == 0))
+    bool periodic = kind == KIND_RATE || kind == KIND_DELAY;
+    if (s == NULL || fn == NULL || (periodic && period == 0))
         return TW_EINVAL;
-    if (atomic_load_explicit(&s->pending, memory_order_relaxed) & STOPPED_BIT)
+    uint64_t p = atomic_load_explicit(&s->pending, memory_order_relaxed);
+    if (p & STOPPED_BIT)
         return TW_ESHUTDOWN;
+    if (s->max_pending != 0 && p >= s->max_pending && replace == 0)
+        return TW_EAGAIN;
+    uint32_t fidx = 0, idx = 0;
+    int rc = fn_find(s, fn, &fidx);
+    if (rc < 0)
+        return rc;
+    bool fn_new = rc == 1;
     struct periodic *rec = NULL;
-    uint64_t flags = 0;
-    if (kind != 0) {
-        rec = malloc(sizeof(*rec));
-        if (rec == NULL)
-            return TW_ENOMEM;
-        rec->arg = arg;
-        rec->period_ns = period;
-        rec->fixed_rate = kind == 1;
-        arg = rec;
-        flags = ST_PERIODIC;
-    }
-    /* Reserve first: a call that max_pending or stop rejects must not grow
-     * the record pool (unless it may take over the slot of @replace). The
-     * first call starts the service only once its memory is there, so a
-     * call that fails for want of it leaves no thread running. The
-     * function table next: an entry once taken is never given back. The
-     * cancel of @replace last. A failure undoes the earlier steps. */
-    uint32_t idx = 0, fidx = 0;
+    rc = periodic_new(kind, arg, period, &rec);
+    if (rc != 0)
+        return rc;
     uint64_t st = 0;
-    int rc = pending_reserve(s);
-    bool reserved = rc == 0, have_node = false;
-    if (rc == TW_EAGAIN && replace != 0)
-        rc = 0;
-    if (rc == 0)
-        have_node = (rc = node_alloc(s, &idx, &st)) == 0;
-    if (rc == 0 && !atomic_load_explicit(&s->started, memory_order_acquire)) {
-        /* Not while holding a reservation: a concurrent stop holds the
-         * lock that start takes and waits for reservations to be used. */
-        if (reserved)
-            pending_drop(s);
+    bool have_node = (rc = node_alloc(s, &idx, &st)) == 0;
+    /* The first call starts the service only once its memory is there. */
+    if (rc == 0 && !atomic_load_explicit(&s->started, memory_order_acquire))
         rc = tw_service_start(s);
-        if (rc == 0)
-            rc = pending_reserve(s);
-        reserved = rc == 0;
-        if (rc == TW_EAGAIN && replace != 0)
-            rc = 0;
-    }
-    if (rc == 0)
+    if (rc == 0 && fn_new && replace != 0)
         rc = fn_index(s, fn, &fidx);
-    if (rc == 0 && replace != 0) {
-        /* Won: its slot is dropped if we hold our own, else ours now. */
-        bool won = cancel_id(s, replace, reserved);
-        if (replaced != NULL)
-            *replaced = won;
-        if (!won && !reserved)
-            rc = TW_EAGAIN;
-    }
+    if (rc == 0)
+        rc = take_slot(s, replace, replaced);
+    if (rc == 0 && fn_new && replace == 0 && (rc = fn_index(s, fn, &fidx)))
+        pending_drop(s); /* the table filled up meanwhile */
     if (rc != 0) {
         if (have_node)
             node_unalloc(s, idx, st);
-        if (reserved)
-            pending_drop(s);
         free(rec);
         return rc;
     }
+    uint64_t flags = periodic ? ST_PERIODIC : kind == KIND_HOLD ? ST_HOLD : 0;
+    if (rec != NULL)
+        arg = rec;
     /* Lazy clock: the timer thread is awake or polling, so it takes the
      * request within about a tick and reads the clock then. */
     bool lazy = s->lazy && rec == NULL &&
@@ -775,7 +853,7 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
 int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
                 tw_id *id)
 {
-    return schedule(s, fn, arg, delay_ns, 0, 0, 0, NULL, id);
+    return schedule(s, fn, arg, delay_ns, 0, KIND_ONCE, 0, NULL, id);
 }
 
 int tw__schedule_replace(tw_service *s, tw_task_fn fn, void *arg,
@@ -784,21 +862,23 @@ int tw__schedule_replace(tw_service *s, tw_task_fn fn, void *arg,
 {
     if (old_cancelled != NULL)
         *old_cancelled = false;
-    return schedule(s, fn, arg, delay_ns, 0, 0, old, old_cancelled, id);
+    return schedule(s, fn, arg, delay_ns, 0, KIND_HOLD, old, old_cancelled, id);
 }
 
 int tw_schedule_fixed_rate(tw_service *s, tw_task_fn fn, void *arg,
                            uint64_t initial_delay_ns, uint64_t period_ns,
                            tw_id *id)
 {
-    return schedule(s, fn, arg, initial_delay_ns, period_ns, 1, 0, NULL, id);
+    return schedule(s, fn, arg, initial_delay_ns, period_ns, KIND_RATE, 0, NULL,
+                    id);
 }
 
 int tw_schedule_fixed_delay(tw_service *s, tw_task_fn fn, void *arg,
                             uint64_t initial_delay_ns, uint64_t delay_ns,
                             tw_id *id)
 {
-    return schedule(s, fn, arg, initial_delay_ns, delay_ns, 2, 0, NULL, id);
+    return schedule(s, fn, arg, initial_delay_ns, delay_ns, KIND_DELAY, 0, NULL,
+                    id);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -928,6 +1008,15 @@ static uint64_t periodic_next(const tw_service *s, struct periodic *rec)
     return next;
 }
 
+/* The end of the run of ST_HOLD node @n (state @running): release its
+ * pending slot unless a replacing call took it over. */
+static void hold_release(tw_service *s, struct node *n, uint64_t running)
+{
+    if (atomic_compare_exchange_strong(&n->state, &running,
+                                       running | ST_DROPPED))
+        pending_drop(s);
+}
+
 /*
  * Run owned node @n (location ARMED or DISPATCHED), or free it if it was
  * cancelled.
@@ -937,12 +1026,19 @@ static uint64_t periodic_next(const tw_service *s, struct periodic *rec)
 static void run_node(tw_service *s, struct node *n, bool inline_wheel)
 {
     uint64_t rst;
-    if (!move_or_free(s, n, LOC_RUNNING, 0, inline_wheel, &rst))
+    if (!move_or_free(s, n, LOC_RUNNING, 0, inline_wheel, &rst)) {
+        /* A cancelled job that tw_service_run() accepted was RUNNING for
+         * a moment: a tw_cancel_wait() may have seen that and sleeps. */
+        if (!inline_wheel)
+            notify_waiters(s);
         return;
+    }
     bool periodic = (rst & ST_PERIODIC) != 0;
-    if (!periodic)
-        pending_drop(s);
     tw_id id = make_id(rst, node_index(n));
+    TEST_HOOK(tw__service_started_hook, s, id);
+    bool hold = (rst & ST_HOLD) != 0;
+    if (!periodic && !hold)
+        pending_drop(s);
     struct periodic *rec = periodic ? n->t.tw__arg : NULL;
     void *arg = periodic ? rec->arg : n->t.tw__arg;
     tw_task_fn fn = fn_at(s, rst);
@@ -954,6 +1050,8 @@ static void run_node(tw_service *s, struct node *n, bool inline_wheel)
     tw_cur.s = saved_s;
     tw_cur.id = saved_id;
     atomic_fetch_add_explicit(&s->ran, 1, memory_order_relaxed);
+    if (hold)
+        hold_release(s, n, (rst & ~ST_LOC_MASK) | LOC_RUNNING);
     if (!periodic) {
         if (inline_wheel)
             node_free_batched(s, n);
@@ -1061,14 +1159,17 @@ static void run_dispatched(tw_service *s, struct node *n)
     atomic_fetch_sub(&s->busy, 1);
 }
 
-void (*tw__service_run_hook)(tw_service *s, tw_id job);
-
 void tw_service_run(tw_service *s, tw_id job)
 {
+    /* Only a caller-supplied executor receives jobs. On a pool service a
+     * DISPATCHED node is linked in the pool's queue, which only the pool
+     * may take it from. */
+    if (s == NULL || s->execute == NULL)
+        return;
     uint64_t st = 0;
     struct node *n = lookup(s, job, &st);
-    if (n != NULL && tw__service_run_hook != NULL)
-        tw__service_run_hook(s, job);
+    if (n != NULL)
+        TEST_HOOK(tw__service_run_hook, s, job);
     /* Accept the job once: a compare-and-swap out of DISPATCHED. A forged
      * id, a job already accepted (a repeated or concurrent call) or a
      * stale one (its node freed or reused) is ignored. */
@@ -1533,6 +1634,11 @@ void tw_service_get_stats(const tw_service *s, tw_service_stats *out)
     out->wakeups = atomic_load_explicit(&m->wakeups, memory_order_relaxed);
     out->nodes = atomic_load_explicit(&m->nodes, memory_order_relaxed);
     out->memory_bytes = atomic_load_explicit(&m->mem, memory_order_relaxed);
+}
+
+uint32_t tw__service_waiters(tw_service *s)
+{
+    return atomic_load(&s->waiters);
 }
 
 size_t tw__service_node_size(void)

@@ -528,19 +528,38 @@ static void test_schedule_failure(void)
     v_advance(&v, 1100 * MS);
     ASSERT_EQ(p.runs, 2);
 
-    /* A run whose rescheduling fails leaves the timer stopped. */
+    /* A run whose rescheduling fails does not stop the timer: the
+     * failure is counted, and the next start arms it again. */
+    ASSERT_EQ(tw_repeated_rearm_failures(p.rt), 0);
     v.fail_next = TW_EAGAIN;
     v_advance(&v, 1150 * MS);
     ASSERT_EQ(p.runs, 3);
     ASSERT_EQ(v_count(&v, V_PENDING), 0);
-    ASSERT_EQ(tw_repeated_run_once_now(p.rt), 0); /* stopped: no schedule */
+    ASSERT_EQ(tw_repeated_rearm_failures(p.rt), 1);
+    v.fail_next = 0;
+    ASSERT_EQ(tw_repeated_start(p.rt), 0); /* started, nothing armed */
+    ASSERT_EQ(v_count(&v, V_PENDING), 1);
+    ASSERT_EQ(tw_repeated_start(p.rt), 0); /* armed: a no-op */
+    ASSERT_EQ(v_count(&v, V_PENDING), 1);
+    v_advance(&v, 1200 * MS);
     ASSERT_EQ(p.runs, 4);
-    v.fail_next = 0;
-    ASSERT_EQ(tw_repeated_start(p.rt), 0);
-    v.fail_next = TW_EAGAIN;
-    ASSERT_EQ(tw_repeated_run_once_now(p.rt), TW_EAGAIN);
+    ASSERT_EQ(v_count(&v, V_PENDING), 1);
+    /* The same for a reset after a failed re-arm. */
+    v.fail_next = TW_ENOMEM;
+    ASSERT_EQ(tw_repeated_run_once_now(p.rt), TW_ENOMEM);
     ASSERT_EQ(p.runs, 5);
+    ASSERT_EQ(tw_repeated_rearm_failures(p.rt), 2);
+    ASSERT_EQ(v_count(&v, V_PENDING), 0);
     v.fail_next = 0;
+    ASSERT_EQ(tw_repeated_reset(p.rt, 0), 0);
+    v_advance(&v, 1250 * MS);
+    ASSERT_EQ(p.runs, 6);
+    /* A stopped timer: run_once_now runs once and schedules nothing. */
+    tw_repeated_stop(p.rt);
+    ASSERT_EQ(tw_repeated_run_once_now(p.rt), 0);
+    ASSERT_EQ(p.runs, 7);
+    ASSERT_EQ(v_count(&v, V_PENDING), 0);
+    ASSERT_EQ(tw_repeated_rearm_failures(p.rt), 2);
     done(&p);
 }
 

@@ -73,7 +73,9 @@ TW_EXTERN int tw_repeated_create(tw_repeated **out, tw_service *s,
 
 /*
  * tw_repeated_start - schedule the first run, timeout from now. A no-op
- * (returning 0) if the timer is started already.
+ * (returning 0) if the timer is started already and has a run scheduled;
+ * a started timer whose re-arm failed (see tw_repeated_rearm_failures())
+ * is armed again.
  * Returns 0, TW_EINVAL (NULL), TW_ESHUTDOWN (destroyed, or the service is
  * stopped) or another tw_schedule() error; on error the timer stays stopped.
  * Context: any thread, on_trigger included.
@@ -116,7 +118,9 @@ TW_EXTERN int tw_repeated_reset(tw_repeated *rt, uint64_t timeout_ns);
  * run, no rescheduling).
  * Returns 0; TW_EINVAL (NULL); TW_ESHUTDOWN (destroyed); TW_EBUSY if a run
  * is in progress (runs never overlap: nothing was done); or a tw_schedule()
- * error for the rescheduling (the run took place; the timer is stopped).
+ * error for the rescheduling (the run took place; the failure is counted
+ * as in tw_repeated_rearm_failures() and the timer has no run scheduled
+ * until the next start, restart or reset).
  * Context: any thread, but not from the timer's own on_trigger (TW_EBUSY).
  */
 TW_EXTERN int tw_repeated_run_once_now(tw_repeated *rt);
@@ -133,6 +137,20 @@ TW_EXTERN int tw_repeated_run_once_now(tw_repeated *rt);
  * then runs after on_trigger returns).
  */
 TW_EXTERN void tw_repeated_destroy(tw_repeated *rt);
+
+/*
+ * tw_repeated_rearm_failures - how many times scheduling the next run
+ * after a run failed. After a run the next one is scheduled in the slot
+ * the run's own task held, so max_pending cannot make it fail; a failure
+ * (TW_ENOMEM when the service's record pool must grow and memory is out,
+ * or TW_EAGAIN from tw_repeated_run_once_now() on a service at
+ * max_pending) is retried a few times, then counted here. The timer never
+ * stops by itself: it stays started with no run scheduled, and the next
+ * tw_repeated_start(), tw_repeated_restart() or tw_repeated_reset() arms
+ * it. A stopped service (TW_ESHUTDOWN) stops the timer and is not counted.
+ * NULL gives 0. Context: any thread.
+ */
+TW_EXTERN uint64_t tw_repeated_rearm_failures(const tw_repeated *rt);
 
 /* tw_repeated_name - the name given at creation (never NULL). */
 TW_EXTERN const char *tw_repeated_name(const tw_repeated *rt);

@@ -213,7 +213,9 @@ TW_EXTERN int tw_cancel_wait(tw_service *s, tw_id id);
 
 /*
  * tw_service_pending - tasks accepted and not yet run (one-shot), cancelled
- * or handed back. A periodic task counts 1 until cancelled or stopped.
+ * or handed back. A periodic task counts 1 until cancelled or stopped; a
+ * RepeatedTimer counts 1 while started, during its runs too. A call that
+ * fails never moves this count.
  * 0 after stop. NULL gives 0. Context: any thread.
  */
 TW_EXTERN uint64_t tw_service_pending(const tw_service *s);
@@ -250,7 +252,9 @@ TW_EXTERN void tw_service_destroy(tw_service *s);
  * record may be reused) and a forged id are ignored, so a task never runs
  * twice for one dispatch. A periodic task keeps its id for every run: a
  * late repeated call that arrives after the next run was dispatched counts
- * as the call for that run (which still runs once).
+ * as the call for that run (which still runs once). On a service without
+ * a caller-supplied executor every call is ignored: the built-in executor
+ * pool hands out no jobs.
  * Context: any thread.
  */
 TW_EXTERN void tw_service_run(tw_service *s, tw_id job);
