@@ -1271,7 +1271,17 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
 }
 #endif
 
-int tw_durable_open(tw_durable **out, const tw_durable_config *cfg)
+int tw_durable_open_sized(tw_durable **out, const tw_durable_config *cfg,
+                          size_t cfg_size)
+{
+    tw_durable_config c;
+    if (cfg == NULL)
+        return TW_EINVAL;
+    int rc = tw__config_copy(&c, sizeof c, cfg, cfg_size);
+    return rc != 0 ? rc : (tw_durable_open)(out, &c);
+}
+
+int(tw_durable_open)(tw_durable **out, const tw_durable_config *cfg)
 {
     if (!out || !cfg || !cfg->fire)
         return TW_EINVAL;

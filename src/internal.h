@@ -16,6 +16,13 @@ void *tw__calloc(size_t n, size_t size);
 void *tw__realloc(void *p, size_t n);
 void tw__free(void *p);
 
+/* Copy the caller's config of @src_size bytes into @dst (@dst_size bytes),
+ * zeroing what the caller's struct did not have. TW_EINVAL, with @dst
+ * zeroed, if @src is longer and any byte past @dst_size is non-zero. A
+ * NULL @src gives an all-zero @dst. (src/config.c) */
+int tw__config_copy(void *dst, size_t dst_size, const void *src,
+                    size_t src_size);
+
 /* Core wheel invariant checkers: 0 when consistent, else the source line
  * of the first broken rule. tw__wheel_check is O(timers + occupied slots),
  * tw__wheel_check_full also scans every slot and bitmap word. */

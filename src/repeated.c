@@ -100,8 +100,18 @@ int tw__repeated_create_on(tw_repeated **out, const tw__sched *sched,
     return 0;
 }
 
-int tw_repeated_create(tw_repeated **out, tw_service *s,
-                       const tw_repeated_config *cfg)
+int tw_repeated_create_sized(tw_repeated **out, tw_service *s,
+                             const tw_repeated_config *cfg, size_t cfg_size)
+{
+    tw_repeated_config c;
+    if (cfg == NULL)
+        return (tw_repeated_create)(out, s, NULL);
+    int rc = tw__config_copy(&c, sizeof c, cfg, cfg_size);
+    return rc != 0 ? rc : (tw_repeated_create)(out, s, &c);
+}
+
+int(tw_repeated_create)(tw_repeated **out, tw_service *s,
+                        const tw_repeated_config *cfg)
 {
     tw__sched sched = {svc_schedule, svc_cancel, s, svc_replace};
 

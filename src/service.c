@@ -1372,7 +1372,17 @@ static int sync_init(tw_service *s)
     return TW_ENOMEM;
 }
 
-int tw_service_create(tw_service **out, const tw_service_config *cfg)
+int tw_service_create_sized(tw_service **out, const tw_service_config *cfg,
+                            size_t cfg_size)
+{
+    tw_service_config c;
+    if (cfg == NULL)
+        return (tw_service_create)(out, NULL);
+    int rc = tw__config_copy(&c, sizeof c, cfg, cfg_size);
+    return rc != 0 ? rc : (tw_service_create)(out, &c);
+}
+
+int(tw_service_create)(tw_service **out, const tw_service_config *cfg)
 {
     static const tw_service_config defaults = {0};
     static _Atomic uint32_t serial;

@@ -132,6 +132,21 @@ typedef struct tw_durable_stats {
 TW_EXTERN int tw_durable_open(tw_durable **out, const tw_durable_config *cfg);
 
 /*
+ * tw_durable_open_sized - tw_durable_open() for a config struct of
+ * @cfg_size bytes; the plain name is a macro passing
+ * sizeof(tw_durable_config), so a program built against an older header
+ * (a shorter struct) works with a newer library: fields past @cfg_size
+ * count as zero, their default. Bytes past the struct this library knows
+ * must be zero, else TW_EINVAL.
+ */
+TW_EXTERN int tw_durable_open_sized(tw_durable **out,
+                                    const tw_durable_config *cfg,
+                                    size_t cfg_size);
+/* tw_durable_open() as a call of the sized form with this header's size. */
+#define tw_durable_open(out, cfg)                                              \
+    tw_durable_open_sized((out), (cfg), sizeof(tw_durable_config))
+
+/*
  * tw_durable_schedule - make @key fire at @due_ms with @payload. An existing
  * @key is replaced (new due time and payload). With SYNC_GROUP or SYNC_EACH
  * it returns 0 only once the change is on stable storage. Returns 0,

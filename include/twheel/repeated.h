@@ -72,6 +72,19 @@ TW_EXTERN int tw_repeated_create(tw_repeated **out, tw_service *s,
                                  const tw_repeated_config *cfg);
 
 /*
+ * tw_repeated_create_sized - tw_repeated_create() for a config struct of
+ * @cfg_size bytes; the plain name is a macro passing
+ * sizeof(tw_repeated_config). Same rules as tw_service_create_sized().
+ * Context: any thread.
+ */
+TW_EXTERN int tw_repeated_create_sized(tw_repeated **out, tw_service *s,
+                                       const tw_repeated_config *cfg,
+                                       size_t cfg_size);
+/* tw_repeated_create() as a call of the sized form with this header's size. */
+#define tw_repeated_create(out, s, cfg)                                        \
+    tw_repeated_create_sized((out), (s), (cfg), sizeof(tw_repeated_config))
+
+/*
  * tw_repeated_start - schedule the first run, timeout from now. A no-op
  * (returning 0) if the timer is started already and has a run scheduled;
  * a started timer whose re-arm failed (see tw_repeated_rearm_failures())

@@ -127,6 +127,22 @@ typedef struct tw_service_stats {
 TW_EXTERN int tw_service_create(tw_service **out, const tw_service_config *cfg);
 
 /*
+ * tw_service_create_sized - tw_service_create() for a config struct of
+ * @cfg_size bytes. The plain name is a macro that passes
+ * sizeof(tw_service_config) as this header declares it, so a program built
+ * against an older header (a shorter struct) still works with a newer
+ * library: fields past @cfg_size count as zero, their default. Bytes past
+ * the struct this library knows must be zero, else TW_EINVAL.
+ * Context: any thread.
+ */
+TW_EXTERN int tw_service_create_sized(tw_service **out,
+                                      const tw_service_config *cfg,
+                                      size_t cfg_size);
+/* tw_service_create() as a call of the sized form with this header's size. */
+#define tw_service_create(out, cfg)                                            \
+    tw_service_create_sized((out), (cfg), sizeof(tw_service_config))
+
+/*
  * tw_service_start - start the timer thread (and executor threads). Optional:
  * the first schedule call starts the service. Starting a started service
  * is a no-op returning 0.

@@ -1,0 +1,156 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_config_abi.c - config structs that grow: a caller built against an
+ * older header passes a shorter struct (its fields past that are taken as
+ * zero, the default, and never read: the struct sits at the very end of a
+ * heap block, so ASan and valgrind see any read past it); a caller built
+ * against a newer header passes a longer one (zero extra bytes are fine,
+ * any non-zero extra byte is TW_EINVAL with nothing made).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test.h"
+#include "twheel/durable.h"
+#include "twheel/repeated.h"
+#include "twheel/service.h"
+
+/* The 0.1 layout of tw_service_config, before the "additions". */
+struct old_service_config {
+    uint64_t tick_ns;
+    uint32_t ticks_per_wheel;
+    uint32_t levels;
+    uint64_t max_pending;
+    uint32_t executor_threads;
+};
+
+/* A copy of @len bytes of @src at the end of a block of exactly @len. */
+static void *exact_copy(const void *src, size_t len)
+{
+    void *p = malloc(len);
+    ASSERT_NOT_NULL(p);
+    memcpy(p, src, len);
+    return p;
+}
+
+static void task(tw_id id, void *arg)
+{
+    (void)id;
+    (void)arg;
+}
+
+static void test_service_old_layout(void)
+{
+    struct old_service_config old = {.tick_ns = 1000000, .max_pending = 2};
+    void *cfg = exact_copy(&old, sizeof old);
+    tw_service *s = NULL;
+    ASSERT_EQ(tw_service_create_sized(&s, cfg, sizeof old), 0);
+    ASSERT_NOT_NULL(s);
+    /* max_pending from the old struct holds; the missing fields are
+     * defaults (the built-in clock, no caller-supplied executor). */
+    tw_id a, b, c;
+    ASSERT_EQ(tw_schedule(s, task, NULL, UINT64_C(3600000000000), &a), 0);
+    ASSERT_EQ(tw_schedule(s, task, NULL, UINT64_C(3600000000000), &b), 0);
+    ASSERT_EQ(tw_schedule(s, task, NULL, UINT64_C(3600000000000), &c),
+              TW_EAGAIN);
+    ASSERT_EQ(tw_service_pending(s), 2);
+    tw_service_destroy(s);
+    free(cfg);
+}
+
+static void test_service_newer_layout(void)
+{
+    /* A newer caller's struct: ours followed by fields we do not know. */
+    unsigned char buf[sizeof(tw_service_config) + 16];
+    memset(buf, 0, sizeof buf);
+    tw_service *s = NULL;
+    ASSERT_EQ(tw_service_create_sized(&s, (void *)buf, sizeof buf), 0);
+    tw_service_destroy(s);
+    s = NULL;
+    buf[sizeof(tw_service_config) + 3] = 1; /* a setting we cannot honour */
+    ASSERT_EQ(tw_service_create_sized(&s, (void *)buf, sizeof buf), TW_EINVAL);
+    ASSERT_NULL(s);
+    /* The plain name is the sized call with this header's size. */
+    ASSERT_EQ(tw_service_create(&s, NULL), 0);
+    tw_service_destroy(s);
+}
+
+static void on_trigger(tw_repeated *rt, void *arg)
+{
+    (void)rt;
+    (void)arg;
+}
+
+static void test_repeated_layouts(void)
+{
+    tw_service *s = NULL;
+    ASSERT_EQ(tw_service_create(&s, NULL), 0);
+    /* An older caller that knew name, timeout and on_trigger only. */
+    tw_repeated_config full = {
+        .name = "old", .timeout_ns = 1000000000, .on_trigger = on_trigger};
+    size_t old_len = offsetof(tw_repeated_config, adjust_timeout);
+    void *cfg = exact_copy(&full, old_len);
+    tw_repeated *rt = NULL;
+    ASSERT_EQ(tw_repeated_create_sized(&rt, s, cfg, old_len), 0);
+    ASSERT_STR_EQ(tw_repeated_name(rt), "old");
+    tw_repeated_destroy(rt);
+    free(cfg);
+    /* Too short to hold on_trigger: the required callback is missing. */
+    rt = NULL;
+    ASSERT_EQ(tw_repeated_create_sized(
+                  &rt, s, &full, offsetof(tw_repeated_config, on_trigger)),
+              TW_EINVAL);
+    ASSERT_NULL(rt);
+    tw_service_destroy(s);
+}
+
+static int fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)t;
+    (void)arg;
+    return 0;
+}
+
+static void test_durable_layouts(void)
+{
+    char dir[] = "/tmp/tw_config_abi_XXXXXX";
+    ASSERT_NOT_NULL(mkdtemp(dir));
+    tw_durable_config full = {.dir = dir, .fire = fire};
+    /* An older caller that knew the journal fields only. */
+    size_t old_len = offsetof(tw_durable_config, redis);
+    void *cfg = exact_copy(&full, old_len);
+    tw_durable *d = NULL;
+    ASSERT_EQ(tw_durable_open_sized(&d, cfg, old_len), 0);
+    ASSERT_EQ(tw_durable_schedule(d, "k", 1, INT64_MAX / 2, NULL, 0), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    free(cfg);
+    /* A newer caller setting a field we do not know. */
+    unsigned char buf[sizeof full + 8];
+    memcpy(buf, &full, sizeof full);
+    memset(buf + sizeof full, 0, 8);
+    buf[sizeof full] = 7;
+    d = NULL;
+    ASSERT_EQ(tw_durable_open_sized(&d, (void *)buf, sizeof buf), TW_EINVAL);
+    ASSERT_NULL(d);
+    /* Reopen through the plain name: the timer is still there. */
+    ASSERT_EQ(tw_durable_open(&d, &full), 0);
+    tw_durable_stats st;
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.pending, 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ASSERT_EQ(system(cmd), 0);
+}
+
+int main(void)
+{
+    RUN_TEST(test_service_old_layout);
+    RUN_TEST(test_service_newer_layout);
+    RUN_TEST(test_repeated_layouts);
+    RUN_TEST(test_durable_layouts);
+    return 0;
+}
