@@ -158,6 +158,7 @@ struct tw_service {
     uint64_t max_pending;
     tw_clock_fn clock;
     void *clock_ctx;
+    _Atomic uint64_t clock_hi; /* latest reading of clock (relative) */
     tw_execute_fn execute;
     void *execute_ctx;
     uint32_t nexec;
@@ -255,11 +256,25 @@ static uint64_t mono_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Nanoseconds since the service was created. */
+/* Nanoseconds since the service was created. A caller-supplied clock
+ * that steps back (against its contract) is held at its latest reading,
+ * for every thread: the service's time never goes back, so nothing is due
+ * that the wheel has passed and the timer thread never spins on it. */
 static uint64_t rel_ns(const tw_service *s)
 {
-    uint64_t now = s->clock ? s->clock(s->clock_ctx) : mono_ns();
-    return now > s->start_ns ? now - s->start_ns : 0;
+    if (s->clock == NULL) {
+        uint64_t now = mono_ns();
+        return now > s->start_ns ? now - s->start_ns : 0;
+    }
+    uint64_t now = s->clock(s->clock_ctx);
+    now = now > s->start_ns ? now - s->start_ns : 0;
+    _Atomic uint64_t *hi = &((tw_service *)s)->clock_hi;
+    uint64_t h = atomic_load_explicit(hi, memory_order_relaxed);
+    while (now > h &&
+           !atomic_compare_exchange_weak_explicit(
+               hi, &h, now, memory_order_relaxed, memory_order_relaxed)) {
+    }
+    return now > h ? now : h;
 }
 
 /* The first tick at or after @ns (relative), NEVER when @ns is. */

@@ -56,7 +56,9 @@ typedef void (*tw_unprocessed_fn)(tw_id id, tw_task_fn fn, void *arg,
 
 /*
  * A clock: nanoseconds on a monotonic scale (never decreasing). Called from
- * any thread. Used for tests (a virtual clock) or to share a time base.
+ * any thread. Used for tests (a virtual clock) or to share a time base. If
+ * it steps back all the same, the service's time holds at its latest
+ * reading until the clock is back there.
  */
 typedef uint64_t (*tw_clock_fn)(void *ctx);
 
