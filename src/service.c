@@ -176,8 +176,9 @@ struct tw_service {
     PAD(2);
     _Atomic uint64_t pending; /* count | STOPPED_BIT */
     PAD(3);
-    _Atomic uint64_t sleep_until;  /* tick; 0 while awake */
-    _Atomic bool sleep_long;       /* asleep for more than a tick */
+    _Atomic uint64_t sleep_until; /* tick; 0 while awake */
+    _Atomic bool sleep_long;      /* asleep for more than a tick */
+    _Atomic bool in_task; /* lazy only: the timer thread runs a callback */
     _Atomic uint64_t cancel_dirty; /* dirblocks with cancel bits */
     PAD(4);
 
@@ -839,7 +840,8 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
     /* Lazy clock: the timer thread is awake or polling, so it takes the
      * request within about a tick and reads the clock then. */
     bool lazy = s->lazy && rec == NULL &&
-                !atomic_load_explicit(&s->sleep_long, memory_order_relaxed);
+                !atomic_load_explicit(&s->sleep_long, memory_order_relaxed) &&
+                !atomic_load_explicit(&s->in_task, memory_order_relaxed);
     uint64_t tick = delay;
     if (lazy) {
         flags |= ST_RELATIVE;
@@ -1089,7 +1091,13 @@ static void trampoline(tw_timer *t, void *arg)
     struct node *n = node_of_timer(t);
     tw_service *s = tw_cur.s; /* the timer thread sets it for its life */
     if (s->execute == NULL && s->nexec == 0) {
+        /* With the lazy clock: while a task runs here nobody takes the
+         * submissions, so calls meanwhile read the clock themselves. */
+        if (s->lazy)
+            atomic_store_explicit(&s->in_task, true, memory_order_relaxed);
         run_node(s, n, true);
+        if (s->lazy)
+            atomic_store_explicit(&s->in_task, false, memory_order_relaxed);
         return;
     }
     uint64_t st;

@@ -101,8 +101,11 @@ typedef struct tw_service_config {
  * still never runs before its delay has passed since the call, but during
  * bursts it may run up to about one tick later than without the flag.
  * Saves one clock_gettime() per call (about 23 ns on a KVM guest). When
- * the timer thread sleeps longer, the call reads the clock as usual, so an
- * isolated schedule is as exact as without the flag.
+ * the timer thread sleeps longer, or runs a task itself (executor_threads
+ * == 0), the call reads the clock as usual, so an isolated schedule is as
+ * exact as without the flag. The true bound with tasks on the timer
+ * thread: a call made in the instant before the timer thread starts the
+ * tasks due in its round may run late by up to their run time.
  */
 #define TW_SERVICE_LAZY_CLOCK 1u
 
