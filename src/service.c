@@ -158,6 +158,7 @@ struct tw_service {
     uint64_t max_pending;
     tw_clock_fn clock;
     void *clock_ctx;
+    _Atomic uint64_t clock_hi; /* latest reading of clock (relative) */
     tw_execute_fn execute;
     void *execute_ctx;
     uint32_t nexec;
@@ -175,8 +176,9 @@ struct tw_service {
     PAD(2);
     _Atomic uint64_t pending; /* count | STOPPED_BIT */
     PAD(3);
-    _Atomic uint64_t sleep_until;  /* tick; 0 while awake */
-    _Atomic bool sleep_long;       /* asleep for more than a tick */
+    _Atomic uint64_t sleep_until; /* tick; 0 while awake */
+    _Atomic bool sleep_long;      /* asleep for more than a tick */
+    _Atomic bool in_task; /* lazy only: the timer thread runs a callback */
     _Atomic uint64_t cancel_dirty; /* dirblocks with cancel bits */
     PAD(4);
 
@@ -257,11 +259,25 @@ static uint64_t mono_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Nanoseconds since the service was created. */
+/* Nanoseconds since the service was created. A caller-supplied clock
+ * that steps back (against its contract) is held at its latest reading,
+ * for every thread: the service's time never goes back, so nothing is due
+ * that the wheel has passed and the timer thread never spins on it. */
 static uint64_t rel_ns(const tw_service *s)
 {
-    uint64_t now = s->clock ? s->clock(s->clock_ctx) : mono_ns();
-    return now > s->start_ns ? now - s->start_ns : 0;
+    if (s->clock == NULL) {
+        uint64_t now = mono_ns();
+        return now > s->start_ns ? now - s->start_ns : 0;
+    }
+    uint64_t now = s->clock(s->clock_ctx);
+    now = now > s->start_ns ? now - s->start_ns : 0;
+    _Atomic uint64_t *hi = &((tw_service *)s)->clock_hi;
+    uint64_t h = atomic_load_explicit(hi, memory_order_relaxed);
+    while (now > h &&
+           !atomic_compare_exchange_weak_explicit(
+               hi, &h, now, memory_order_relaxed, memory_order_relaxed)) {
+    }
+    return now > h ? now : h;
 }
 
 /* The first tick at or after @ns (relative), NEVER when @ns is. */
@@ -840,7 +856,8 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
     /* Lazy clock: the timer thread is awake or polling, so it takes the
      * request within about a tick and reads the clock then. */
     bool lazy = s->lazy && rec == NULL &&
-                !atomic_load_explicit(&s->sleep_long, memory_order_relaxed);
+                !atomic_load_explicit(&s->sleep_long, memory_order_relaxed) &&
+                !atomic_load_explicit(&s->in_task, memory_order_relaxed);
     uint64_t tick = delay;
     if (lazy) {
         flags |= ST_RELATIVE;
@@ -1092,7 +1109,13 @@ static void trampoline(tw_timer *t, void *arg)
     struct node *n = node_of_timer(t);
     tw_service *s = tw_cur.s; /* the timer thread sets it for its life */
     if (s->execute == NULL && s->nexec == 0) {
+        /* With the lazy clock: while a task runs here nobody takes the
+         * submissions, so calls meanwhile read the clock themselves. */
+        if (s->lazy)
+            atomic_store_explicit(&s->in_task, true, memory_order_relaxed);
         run_node(s, n, true);
+        if (s->lazy)
+            atomic_store_explicit(&s->in_task, false, memory_order_relaxed);
         return;
     }
     uint64_t st;

@@ -67,6 +67,7 @@ struct server {
     struct conn **by_fd; /* every open connection, indexed by its fd */
     size_t by_fd_cap;
     uint64_t held, accepted, reaped, closed, refused, wakeups;
+    uint64_t rescued;      /* idle timers that found unread data: kept */
     uint64_t late_max_ns;  /* how long after last_read + idle a reap ran */
     tw_timer stats_timer;  /* prints the counters after a change */
     tw_timer resume_timer; /* re-enables accept() after a hard failure */
@@ -84,9 +85,9 @@ static void print_counters(const struct server *s, const char *prefix)
 {
     printf("%s%sheld=%" PRIu64 " accepted=%" PRIu64 " reaped=%" PRIu64
            " closed=%" PRIu64 " refused=%" PRIu64 " wakeups=%" PRIu64
-           " reap_late_max_us=%" PRIu64 "\n",
+           " reap_late_max_us=%" PRIu64 " rescued=%" PRIu64 "\n",
            s->tag, prefix, s->held, s->accepted, s->reaped, s->closed,
-           s->refused, s->wakeups, s->late_max_ns / 1000);
+           s->refused, s->wakeups, s->late_max_ns / 1000, s->rescued);
 }
 
 /* The counters changed: print them once the --stats interval has passed. */
@@ -130,10 +131,26 @@ static void conn_close(struct server *s, struct conn *c)
     counters_changed(s);
 }
 
+/*
+ * The idle timer of @c expired. Data may be waiting unread all the same:
+ * after a stall (the process stopped, or a long loop) more sockets may be
+ * ready than one epoll_wait() returns, and the wheel is advanced after each
+ * batch. Such a client did send, so it is not idle: its bytes count as a
+ * read now (the loop reads them on its next round), never as silence.
+ */
 static void on_idle(tw_timer *t, void *arg)
 {
     struct server *s = arg;
     struct conn *c = TW_CONTAINER_OF(t, struct conn, idle);
+    char b;
+
+    /* A client we stopped reading (it does not take its echo) is not
+     * refreshed by what it sends: it stays subject to the reap. */
+    if (c->out == NULL && recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 1) {
+        s->rescued++;
+        conn_touch(s, c, cli_now_ns());
+        return;
+    }
     uint64_t late = cli_now_ns() - (c->last_ns + s->idle_ns);
 
     if (late > s->late_max_ns)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # End-to-end test of idle_server, driven by idle_load over
-# loopback. Usage: idle_server_test.sh IDLE_SERVER IDLE_LOAD
+# loopback. Usage: idle_server_test.sh IDLE_SERVER IDLE_LOAD [IDLE_STALL]
 #
 # Timing bounds (for a loaded 2-core machine): a silent connection must be
 # closed not before --idle after its last byte (exact: no slack at all) and
@@ -11,6 +11,7 @@
 set -uo pipefail
 server=${1:?usage: $0 IDLE_SERVER IDLE_LOAD}
 load=${2:?usage: $0 IDLE_SERVER IDLE_LOAD}
+stall=${3:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -116,4 +117,38 @@ check 1000 50 "$work/workers" --conns 600 --procs 2 --active 20 -- \
 grep -q '^server: final: workers=3 exit=0' "$work/workers" ||
   fail "--workers 3: the parent did not exit cleanly"
 echo "ok: 3 workers, 2 load processes"
+
+# 7. A stall with more clients ready than one epoll_wait returns (1,024):
+# the server is stopped (SIGSTOP), 1,500 clients send a byte half an idle
+# later, the server continues at 1.25 idle. Every one of them must be kept
+# (none had been silent for --idle); the 500 silent ones must be closed.
+# idle_stall exits 3 when it was itself delayed too long to judge: then
+# once more with every duration doubled.
+if [ -n "$stall" ]; then
+  idle=1000
+  for attempt in 1 2; do
+    "$server" --port 0 --idle "${idle}ms" --tick 50ms >"$work/stall.srv" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do
+      grep -q '^listening on 127.0.0.1:[0-9]' "$work/stall.srv" && break
+      sleep 0.05
+    done
+    port=$(sed -n 's/^listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$work/stall.srv")
+    [ -n "$port" ] || fail "stall: no 'listening on' line"
+    "$stall" --port "$port" --pid "$pid" --idle "${idle}ms" --active 1500 \
+      --silent 500 >"$work/stall" 2>&1
+    rc=$?
+    kill -CONT "$pid" 2>/dev/null
+    kill -TERM "$pid"
+    wait "$pid"
+    cat "$work/stall"
+    [ "$rc" -ne 3 ] && break
+    echo "stall: inconclusive (loaded machine?): retrying with doubled idle"
+    idle=$((idle * 2))
+  done
+  [ "$rc" -eq 0 ] || fail "stall: exit $rc"
+  grep -q '^active: 1500 open, 0 closed' "$work/stall" ||
+    fail "stall: a client that sent within --idle was closed"
+  echo "ok: a stall with 1500 ready clients closes none of them"
+fi
 echo "all ok"

@@ -11,10 +11,12 @@
  * common case. Due tasks run on the timer thread (executor_threads == 0), on
  * a pool of executor threads, or on an executor supplied by the caller.
  *
- * Tasks are identified by a 64-bit tw_id (a slot index and a generation
- * counter; never 0). An id stays meaningful after its task is gone: a late
- * tw_cancel() with it returns false and touches nothing, even when the
- * task's memory has been reused for another task.
+ * Tasks are identified by a 64-bit tw_id (a slot index and a 32-bit
+ * generation counter; never 0). An id stays meaningful after its task is
+ * gone: a late tw_cancel() with it returns false and touches nothing, even
+ * when the task's memory has been reused for another task, as long as that
+ * record has been reused fewer than 2^32 - 1 times since (the generation
+ * then wraps and the stale id would name the record's current task).
  *
  * Time: CLOCK_MONOTONIC only (or the clock given in the config). A task
  * never runs before its delay has passed since the schedule call; deadlines
@@ -56,7 +58,9 @@ typedef void (*tw_unprocessed_fn)(tw_id id, tw_task_fn fn, void *arg,
 
 /*
  * A clock: nanoseconds on a monotonic scale (never decreasing). Called from
- * any thread. Used for tests (a virtual clock) or to share a time base.
+ * any thread. Used for tests (a virtual clock) or to share a time base. If
+ * it steps back all the same, the service's time holds at its latest
+ * reading until the clock is back there.
  */
 typedef uint64_t (*tw_clock_fn)(void *ctx);
 
@@ -65,6 +69,8 @@ typedef uint64_t (*tw_clock_fn)(void *ctx);
  * each due task, with the task's id as a job handle; the executor must call
  * tw_service_run(@s, @job) once, from any thread, soon (further calls are
  * ignored). It must not block for long: the timer thread is waiting.
+ * tw_service_stop() waits for those calls, so it must not be called from
+ * the thread that makes them while it holds jobs.
  */
 typedef void (*tw_execute_fn)(tw_service *s, tw_id job, void *ctx);
 
@@ -99,8 +105,11 @@ typedef struct tw_service_config {
  * still never runs before its delay has passed since the call, but during
  * bursts it may run up to about one tick later than without the flag.
  * Saves one clock_gettime() per call (about 23 ns on a KVM guest). When
- * the timer thread sleeps longer, the call reads the clock as usual, so an
- * isolated schedule is as exact as without the flag.
+ * the timer thread sleeps longer, or runs a task itself (executor_threads
+ * == 0), the call reads the clock as usual, so an isolated schedule is as
+ * exact as without the flag. The true bound with tasks on the timer
+ * thread: a call made in the instant before the timer thread starts the
+ * tasks due in its round may run late by up to their run time.
  */
 #define TW_SERVICE_LAZY_CLOCK 1u
 
@@ -248,7 +257,12 @@ TW_EXTERN uint64_t tw_service_pending(const tw_service *s);
  * TW_EINVAL for a NULL @s.
  * Context: any thread except the service's own. @fn may call the other
  * functions on @s (schedule and start fail with TW_ESHUTDOWN, stop with
- * TW_EDEADLK), but not tw_service_destroy().
+ * TW_EDEADLK), but not tw_service_destroy(). With a caller-supplied
+ * executor, stop waits until tw_service_run() was called for every job the
+ * executor received: never call it from a thread that must still make one
+ * of those calls (for example the thread that drains the executor's
+ * queue), or while holding a lock that thread needs; that wait is not
+ * detected and never ends.
  */
 TW_EXTERN int tw_service_stop(tw_service *s, tw_unprocessed_fn fn, void *ctx);
 
