@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: MIT
 # The API reference: HTML and man pages (section 3, one name per public
-# function, macro and type) from include/twheel/*.h and docs/, by Doxygen.
+# function, macro and type) from include/twheel/*.h and docs/, by Doxygen;
+# then docs/man_functions.awk gives every public function a page of its own
+# (synopsis and its header comment) in place of Doxygen's link to the
+# header's page.
 #   cmake --build B --target docs     -> B/docs/html/index.html, B/docs/man
 # Any Doxygen warning (an undocumented public name among them) fails it.
 # With TWHEEL_BUILD_DOCS=ON the reference is built with the library and
@@ -24,6 +27,8 @@ endif()
 set(TWHEEL_DOCS_OUT ${PROJECT_BINARY_DIR}/docs)
 configure_file(${PROJECT_SOURCE_DIR}/docs/Doxyfile.in
   ${TWHEEL_DOCS_OUT}/Doxyfile @ONLY)
+file(GLOB _tw_doc_headers CONFIGURE_DEPENDS
+  ${PROJECT_SOURCE_DIR}/include/twheel/*.h)
 file(GLOB _tw_doc_inputs CONFIGURE_DEPENDS
   ${PROJECT_SOURCE_DIR}/include/twheel/*.h ${PROJECT_SOURCE_DIR}/docs/*.md
   ${PROJECT_SOURCE_DIR}/docs/guide/*.md)
@@ -32,10 +37,15 @@ add_custom_command(OUTPUT ${TWHEEL_DOCS_OUT}/stamp
     ${TWHEEL_DOCS_OUT}/man
   COMMAND Doxygen::doxygen ${TWHEEL_DOCS_OUT}/Doxyfile
   COMMAND sh ${PROJECT_SOURCE_DIR}/docs/man_tidy.sh ${TWHEEL_DOCS_OUT}/man/man3
+  COMMAND awk -v outdir=${TWHEEL_DOCS_OUT}/man/man3
+    -v version=${PROJECT_VERSION}
+    -f ${PROJECT_SOURCE_DIR}/docs/man_functions.awk ${_tw_doc_headers}
+    > ${TWHEEL_DOCS_OUT}/man_functions.txt
   COMMAND ${CMAKE_COMMAND} -E touch ${TWHEEL_DOCS_OUT}/stamp
   DEPENDS ${_tw_doc_inputs} ${TWHEEL_DOCS_OUT}/Doxyfile
     ${PROJECT_SOURCE_DIR}/docs/doxyfilter.awk
     ${PROJECT_SOURCE_DIR}/docs/man_tidy.sh
+    ${PROJECT_SOURCE_DIR}/docs/man_functions.awk
   WORKING_DIRECTORY ${TWHEEL_DOCS_OUT}
   COMMENT "Doxygen: API reference in ${TWHEEL_DOCS_OUT}"
   VERBATIM)

@@ -16,5 +16,15 @@ if ! cmake --build "$dir" --target docs >>"$dir.log" 2>&1; then
   cat "$dir/docs/warnings.log"
   exit 1
 fi
+# Every public function has a page of its own, not a link to its header's.
+man3=$dir/docs/man/man3
+missing=0
+for name in $(sed -n 's/^TW_EXTERN[^(]*[ *]\([a-z_0-9]*\)(.*/\1/p' include/twheel/*.h); do
+  if [ ! -f "$man3/$name.3" ] || head -1 "$man3/$name.3" | grep -q '^\.so'; then
+    echo "docs: no man page of its own for $name"
+    missing=1
+  fi
+done
+[ "$missing" = 0 ] || exit 1
 echo "docs: $(find "$dir/docs/man/man3" -name '*.3' | wc -l) man pages," \
   "HTML in $dir/docs/html, no warnings"
