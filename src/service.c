@@ -9,9 +9,12 @@
  *
  *   bits 63..32  generation (never 0; bumped each time the node is freed)
  *   bits 31..5   payload: while the node is live, the index of the task
- *                function in the service's function table (bits 28..5)
- *                and ST_RELATIVE (bit 31, see below); while it is on the
- *                free list, the next free node (+1)
+ *                function in the service's function table (bits 28..5),
+ *                ST_HOLD and ST_DROPPED (bits 29, 30: a one-shot task that
+ *                keeps its pending slot while it runs, and whether that
+ *                slot was released or taken over) and ST_RELATIVE (bit
+ *                31, see below); while it is on the free list, the next
+ *                free node (+1)
  *   bit  4       periodic (tw__arg points at a side record)
  *   bit  3       cancelled (or claimed by stop)
  *   bits 2..0    location: FREE, QUEUED, ARMED, DISPATCHED, RUNNING
@@ -43,7 +46,8 @@
  *
  * Producers (tw_schedule) never lock: they pop a node from a Treiber free
  * list (head tagged against ABA), reserve a pending slot with one atomic
- * operation, and push the node on a Treiber submission stack that the timer
+ * operation as the call's last fallible step (so a failing call never
+ * holds one), and push the node on a Treiber submission stack that the timer
  * thread takes whole with one exchange. The timer thread publishes the tick
  * it sleeps until; a producer wakes it (mutex + condition variable on
  * CLOCK_MONOTONIC) only when its deadline is earlier, so scheduling work
