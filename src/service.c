@@ -1169,7 +1169,9 @@ static void xq_unlink(tw_service *s, struct node *n)
  * if it still waits in the executor queue, take it out and free it now
  * rather than when an executor gets to it (which may be long when every
  * executor runs a long task). Under xmu nothing else can take it; a node
- * not in the queue (being flushed, or taken) is freed by its owner.
+ * not in the queue (being flushed) is freed by its owner. Executors leave
+ * DISPATCHED under xmu, so a node seen DISPATCHED here is not freed
+ * while we read its links.
  */
 static void xq_drop_cancelled(tw_service *s, struct node *n, tw_id id)
 {
@@ -1231,6 +1233,15 @@ static void *executor_main(void *p)
         xq_unlink(s, n);
         if (s->xq_head != NULL)
             pthread_cond_signal(&s->xcv); /* more for another executor */
+        /* Leave DISPATCHED under xmu, so that xq_drop_cancelled() never
+         * reads a node that an executor may free (and a producer reuse)
+         * meanwhile: under xmu, DISPATCHED means not taken. A node
+         * cancelled while queued is freed here, still under xmu. */
+        uint64_t st;
+        if (!move_or_free(s, n, LOC_RUNNING, 0, false, &st)) {
+            atomic_fetch_sub(&s->busy, 1);
+            continue;
+        }
         pthread_mutex_unlock(&s->xmu);
         run_dispatched(s, n);
         pthread_mutex_lock(&s->xmu);
