@@ -9,9 +9,12 @@
  *
  *   bits 63..32  generation (never 0; bumped each time the node is freed)
  *   bits 31..5   payload: while the node is live, the index of the task
- *                function in the service's function table (bits 28..5)
- *                and ST_RELATIVE (bit 31, see below); while it is on the
- *                free list, the next free node (+1)
+ *                function in the service's function table (bits 28..5),
+ *                ST_HOLD and ST_DROPPED (bits 29, 30: a one-shot task that
+ *                keeps its pending slot while it runs, and whether that
+ *                slot was released or taken over) and ST_RELATIVE (bit
+ *                31, see below); while it is on the free list, the next
+ *                free node (+1)
  *   bit  4       periodic (tw__arg points at a side record)
  *   bit  3       cancelled (or claimed by stop)
  *   bits 2..0    location: FREE, QUEUED, ARMED, DISPATCHED, RUNNING
@@ -43,7 +46,8 @@
  *
  * Producers (tw_schedule) never lock: they pop a node from a Treiber free
  * list (head tagged against ABA), reserve a pending slot with one atomic
- * operation, and push the node on a Treiber submission stack that the timer
+ * operation as the call's last fallible step (so a failing call never
+ * holds one), and push the node on a Treiber submission stack that the timer
  * thread takes whole with one exchange. The timer thread publishes the tick
  * it sleeps until; a producer wakes it (mutex + condition variable on
  * CLOCK_MONOTONIC) only when its deadline is earlier, so scheduling work
@@ -127,7 +131,7 @@ _Static_assert(sizeof(struct node) == 48, "a node is 48 bytes on LP64");
 
 /* Everything a chunk holds after its nodes. */
 struct chunk_tail {
-    void *raw;                             /* what to free() */
+    void *raw;                             /* what to tw__free() */
     uint32_t number;                       /* chunk index */
     _Atomic uint64_t l1;                   /* bit w: l0[w] may be non-zero */
     _Atomic uint64_t l0[CHUNK_NODES / 64]; /* cancel bits of ARMED nodes */
@@ -136,6 +140,8 @@ struct chunk_tail {
 #define CHUNK_BYTES                                                            \
     (CHUNK_NODES * sizeof(struct node) + sizeof(struct chunk_tail))
 _Static_assert(CHUNK_BYTES <= CHUNK_ALIGN, "a chunk fits its alignment");
+/* What a chunk asks the allocator for: room to align it by hand. */
+#define CHUNK_RAW_BYTES (CHUNK_BYTES + CHUNK_ALIGN - 1)
 
 struct dirblock {
     _Atomic(struct node *) chunk[1u << DIR_BITS];
@@ -346,7 +352,7 @@ static int pool_ensure(tw_service *s, uint32_t idx)
     struct dirblock *db =
         atomic_load_explicit(&s->dir[d], memory_order_acquire);
     if (db == NULL) {
-        struct dirblock *mine = calloc(1, sizeof(*mine));
+        struct dirblock *mine = tw__calloc(1, sizeof(*mine));
         if (mine == NULL)
             return TW_ENOMEM;
         if (atomic_compare_exchange_strong_explicit(&s->dir[d], &db, mine,
@@ -356,7 +362,7 @@ static int pool_ensure(tw_service *s, uint32_t idx)
                                       memory_order_relaxed);
             db = mine;
         } else {
-            free(mine);
+            tw__free(mine);
         }
     }
     struct node *first =
@@ -366,21 +372,26 @@ static int pool_ensure(tw_service *s, uint32_t idx)
     /* Aligned so that a node's address gives its chunk; only the bytes
      * used are requested and touched. Zeroed so that unused nodes have
      * generation 0, which no id carries. */
-    void *raw = NULL;
-    if (posix_memalign(&raw, CHUNK_ALIGN, CHUNK_BYTES) != 0)
+    /* Through the library's allocator, aligned by hand: CHUNK_ALIGN - 1
+     * bytes more than needed, of which only the CHUNK_BYTES used are ever
+     * touched (untouched pages cost no memory). */
+    void *raw = tw__malloc(CHUNK_RAW_BYTES);
+    if (raw == NULL)
         return TW_ENOMEM;
-    memset(raw, 0, CHUNK_BYTES);
-    struct node *mine = raw;
+    uintptr_t at = ((uintptr_t)raw + CHUNK_ALIGN - 1) & ~(CHUNK_ALIGN - 1);
+    struct node *mine = (struct node *)at;
+    memset(mine, 0, CHUNK_BYTES);
     struct chunk_tail *ct = chunk_tail_of(mine);
     ct->raw = raw;
     ct->number = idx >> CHUNK_BITS;
     if (atomic_compare_exchange_strong_explicit(&db->chunk[c], &first, mine,
                                                 memory_order_acq_rel,
                                                 memory_order_acquire)) {
-        atomic_fetch_add_explicit(&s->mem, CHUNK_BYTES, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->mem, CHUNK_RAW_BYTES,
+                                  memory_order_relaxed);
         atomic_fetch_add_explicit(&s->nodes, CHUNK_NODES, memory_order_relaxed);
     } else {
-        free(raw);
+        tw__free(raw);
     }
     return 0;
 }
@@ -452,7 +463,7 @@ static void node_retire(struct node *n, uint64_t next_link)
 {
     uint64_t st = atomic_load_explicit(&n->state, memory_order_relaxed);
     if (st & ST_PERIODIC)
-        free(n->t.tw__arg);
+        tw__free(n->t.tw__arg);
     atomic_store_explicit(&n->state,
                           next_gen(st) | (next_link << ST_PAY_SHIFT) | LOC_FREE,
                           memory_order_release);
@@ -790,7 +801,7 @@ static int periodic_new(enum sched_kind kind, void *arg, uint64_t period,
     *out = NULL;
     if (kind == KIND_ONCE || kind == KIND_HOLD)
         return 0;
-    struct periodic *rec = malloc(sizeof(*rec));
+    struct periodic *rec = tw__malloc(sizeof(*rec));
     if (rec == NULL)
         return TW_ENOMEM;
     rec->arg = arg;
@@ -847,7 +858,7 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
     if (rc != 0) {
         if (have_node)
             node_unalloc(s, idx, st);
-        free(rec);
+        tw__free(rec);
         return rc;
     }
     uint64_t flags = periodic ? ST_PERIODIC : kind == KIND_HOLD ? ST_HOLD : 0;
@@ -1176,7 +1187,9 @@ static void xq_unlink(tw_service *s, struct node *n)
  * if it still waits in the executor queue, take it out and free it now
  * rather than when an executor gets to it (which may be long when every
  * executor runs a long task). Under xmu nothing else can take it; a node
- * not in the queue (being flushed, or taken) is freed by its owner.
+ * not in the queue (being flushed) is freed by its owner. Executors leave
+ * DISPATCHED under xmu, so a node seen DISPATCHED here is not freed
+ * while we read its links.
  */
 static void xq_drop_cancelled(tw_service *s, struct node *n, tw_id id)
 {
@@ -1242,6 +1255,15 @@ static void *executor_main(void *p)
         xq_unlink(s, n);
         if (s->xq_head != NULL)
             pthread_cond_signal(&s->xcv); /* more for another executor */
+        /* Leave DISPATCHED under xmu, so that xq_drop_cancelled() never
+         * reads a node that an executor may free (and a producer reuse)
+         * meanwhile: under xmu, DISPATCHED means not taken. A node
+         * cancelled while queued is freed here, still under xmu. */
+        uint64_t st;
+        if (!move_or_free(s, n, LOC_RUNNING, 0, false, &st)) {
+            atomic_fetch_sub(&s->busy, 1);
+            continue;
+        }
         pthread_mutex_unlock(&s->xmu);
         TEST_HOOK(tw__service_xpop_hook, s,
                   make_id(atomic_load(&n->state), node_index(n)));
@@ -1457,12 +1479,12 @@ int(tw_service_create)(tw_service **out, const tw_service_config *cfg)
     while (p2 < maxfn)
         p2 <<= 1;
 
-    tw_service *s = calloc(1, sizeof(*s));
+    tw_service *s = tw__calloc(1, sizeof(*s));
     if (s == NULL)
         return TW_ENOMEM;
-    s->fns = calloc((size_t)p2, sizeof(*s->fns));
+    s->fns = tw__calloc((size_t)p2, sizeof(*s->fns));
     if (cfg->executor_threads != 0)
-        s->xthreads = calloc(cfg->executor_threads, sizeof(pthread_t));
+        s->xthreads = tw__calloc(cfg->executor_threads, sizeof(pthread_t));
     s->wcfg.slots = (uint32_t)slots;
     s->wcfg.levels = cfg->levels;
     int rc = TW_ENOMEM;
@@ -1494,9 +1516,9 @@ int(tw_service_create)(tw_service **out, const tw_service_config *cfg)
     return 0;
 
 fail_mem:
-    free(s->xthreads);
-    free((void *)s->fns);
-    free(s);
+    tw__free(s->xthreads);
+    tw__free((void *)s->fns);
+    tw__free(s);
     return rc;
 }
 
@@ -1668,15 +1690,15 @@ void tw_service_destroy(tw_service *s)
         for (unsigned c = 0; c < (1u << DIR_BITS); c++) {
             struct node *first = atomic_load(&db->chunk[c]);
             if (first != NULL)
-                free(chunk_tail_of(first)->raw);
+                tw__free(chunk_tail_of(first)->raw);
         }
-        free(db);
+        tw__free(db);
     }
     sync_destroy(s, N_MUTEX, N_COND);
     tw_wheel_destroy(s->wheel);
-    free(s->xthreads);
-    free((void *)s->fns);
-    free(s);
+    tw__free(s->xthreads);
+    tw__free((void *)s->fns);
+    tw__free(s);
 }
 
 void tw_service_get_stats(const tw_service *s, tw_service_stats *out)

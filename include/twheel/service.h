@@ -173,7 +173,8 @@ TW_EXTERN int tw_service_start(tw_service *s);
  * as it was: the first call starts the service only after its allocations
  * succeeded, so one that fails leaves no thread running.
  * Context: any thread, tasks included. Lock-free, and without system calls
- * except when the pool of task records grows (a malloc of 4096 records,
+ * except when the pool of task records grows (4096 records from the
+ * library's allocator, see tw_set_allocator(),
  * published with a compare-and-swap) or when the deadline is earlier than
  * the timer thread's planned wake-up (a mutex and a condition signal).
  */
