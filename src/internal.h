@@ -53,10 +53,11 @@ uint32_t tw__service_waiters(struct tw_service *s);
  * before its function runs. */
 extern void (*tw__service_run_hook)(struct tw_service *s, uint64_t job);
 extern void (*tw__service_started_hook)(struct tw_service *s, uint64_t id);
-/* tw__service_xpop_hook: an executor of the built-in pool has taken task
- * @id from its queue (not yet RUNNING). tw__service_xdrop_hook: a cancel
- * of a DISPATCHED task @id holds the queue's lock and has read the task's
- * state, before it looks at the queue links. */
+/* tw__service_xpop_hook: an executor of the built-in pool has unlinked
+ * task @id from its queue and still holds the queue's lock (the task is
+ * not RUNNING yet). tw__service_xdrop_hook: a cancel of a DISPATCHED task
+ * @id holds the queue's lock and has read the task's state, before it
+ * looks at the queue links. */
 extern void (*tw__service_xpop_hook)(struct tw_service *s, uint64_t id);
 extern void (*tw__service_xdrop_hook)(struct tw_service *s, uint64_t id);
 #endif

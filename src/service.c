@@ -494,35 +494,21 @@ static void free_flush(tw_service *s)
     }
 }
 
-/* How move_or_free() frees a cancelled node. */
-enum free_how {
-    FREE_NOW,      /* at once */
-    FREE_BATCHED,  /* on the timer thread, at the end of its round */
-    FREE_UNDER_XMU /* at once, holding the executor queue's lock: a
-                      cancel in xq_drop_cancelled() may be reading the
-                      node's links under it (see there) */
-};
-
 /*
  * Move owned node @n to location @loc, clearing the bits @clear, unless it
- * was cancelled: then free it as @how says and return false. *@was
- * receives the state before the move.
+ * was cancelled: then free it (batched: on the timer thread, at the end of
+ * its round) and return false. *@was receives the state before the move.
  */
 static bool move_or_free(tw_service *s, struct node *n, unsigned loc,
-                         uint64_t clear, enum free_how how, uint64_t *was)
+                         uint64_t clear, bool batched, uint64_t *was)
 {
     uint64_t v = atomic_load(&n->state);
     do {
         if (v & ST_CANCELLED) {
-            if (how == FREE_BATCHED) {
+            if (batched)
                 node_free_batched(s, n);
-            } else if (how == FREE_UNDER_XMU) {
-                pthread_mutex_lock(&s->xmu);
+            else
                 node_free(s, n);
-                pthread_mutex_unlock(&s->xmu);
-            } else {
-                node_free(s, n);
-            }
             atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
             return false;
         }
@@ -740,7 +726,7 @@ static void requeue(tw_service *s, struct node *n, uint64_t tick)
 {
     uint64_t st;
     n->t.tw__expires = tick;
-    if (!move_or_free(s, n, LOC_QUEUED, 0, FREE_NOW, &st))
+    if (!move_or_free(s, n, LOC_QUEUED, 0, false, &st))
         return; /* cancelled while running */
     subq_push(s, n);
     wake_for_tick(s, tick);
@@ -1070,8 +1056,7 @@ static void hold_release(tw_service *s, struct node *n, uint64_t running)
 static void run_node(tw_service *s, struct node *n, bool inline_wheel)
 {
     uint64_t rst;
-    if (!move_or_free(s, n, LOC_RUNNING, 0,
-                      inline_wheel ? FREE_BATCHED : FREE_UNDER_XMU, &rst)) {
+    if (!move_or_free(s, n, LOC_RUNNING, 0, inline_wheel, &rst)) {
         /* A cancelled job that tw_service_run() accepted was RUNNING for
          * a moment: a tw_cancel_wait() may have seen that and sleeps. */
         if (!inline_wheel)
@@ -1106,8 +1091,7 @@ static void run_node(tw_service *s, struct node *n, bool inline_wheel)
         uint64_t tick = ceil_tick(s, periodic_next(s, rec));
         if (!inline_wheel)
             requeue(s, n, tick);
-        else if (move_or_free(s, n, LOC_ARMED, 0, FREE_BATCHED, &rst) &&
-                 tick != NEVER)
+        else if (move_or_free(s, n, LOC_ARMED, 0, true, &rst) && tick != NEVER)
             tw_wheel_add(s->wheel, &n->t, tick);
     }
     notify_waiters(s);
@@ -1130,7 +1114,7 @@ static void trampoline(tw_timer *t, void *arg)
         return;
     }
     uint64_t st;
-    if (!move_or_free(s, n, LOC_DISPATCHED, 0, FREE_BATCHED, &st))
+    if (!move_or_free(s, n, LOC_DISPATCHED, 0, true, &st))
         return;
     atomic_fetch_add(&s->busy, 1);
     n->t.tw__next = NULL;
@@ -1196,9 +1180,6 @@ static void xq_drop_cancelled(tw_service *s, struct node *n, tw_id id)
     pthread_mutex_lock(&s->xmu);
     uint64_t st = atomic_load(&n->state);
     TEST_HOOK(tw__service_xdrop_hook, s, id);
-    /* The links are read only while @n is still task @id's: an executor
-     * that took @n frees it under xmu (FREE_UNDER_XMU), so it cannot be
-     * freed and reused by another task between the load above and here. */
     bool queued = ST_GEN(st) == ST_GEN(id) && ST_LOC(st) == LOC_DISPATCHED &&
                   n->t.tw__pprev != NULL;
     if (queued)
@@ -1253,6 +1234,8 @@ static void *executor_main(void *p)
             continue;
         }
         xq_unlink(s, n);
+        TEST_HOOK(tw__service_xpop_hook, s,
+                  make_id(atomic_load(&n->state), node_index(n)));
         if (s->xq_head != NULL)
             pthread_cond_signal(&s->xcv); /* more for another executor */
         /* Leave DISPATCHED under xmu, so that xq_drop_cancelled() never
@@ -1265,8 +1248,6 @@ static void *executor_main(void *p)
             continue;
         }
         pthread_mutex_unlock(&s->xmu);
-        TEST_HOOK(tw__service_xpop_hook, s,
-                  make_id(atomic_load(&n->state), node_index(n)));
         run_dispatched(s, n);
         pthread_mutex_lock(&s->xmu);
     }
@@ -1285,7 +1266,7 @@ static void *executor_main(void *p)
 static void take_submission(tw_service *s, struct node *n, uint64_t *now)
 {
     uint64_t st;
-    if (!move_or_free(s, n, LOC_ARMED, ST_RELATIVE, FREE_BATCHED, &st))
+    if (!move_or_free(s, n, LOC_ARMED, ST_RELATIVE, true, &st))
         return;
     if (st & ST_RELATIVE) {
         if (*now == 0)
