@@ -4,9 +4,10 @@
 set -euo pipefail
 group=${1:-all}
 test_pkgs=(cmake ninja-build gcc clang clang-format libclang-rt-14-dev llvm-14 valgrind
-  pkg-config faketime procps)
+  pkg-config faketime procps libhiredis-dev redis-server redis-tools)
 bench_pkgs=(cmake ninja-build gcc pkg-config libuv1-dev libevent-dev
-  gnuplot-nox default-jdk-headless libnetty-java procps)
+  gnuplot-nox default-jdk-headless libnetty-java procps libhiredis-dev
+  redis-server redis-tools)
 case $group in
   test) pkgs=("${test_pkgs[@]}") ;;
   bench) pkgs=("${bench_pkgs[@]}") ;;

@@ -1,0 +1,911 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * src/durable_redis.c - the Redis backend of twheel/durable.h.
+ *
+ * Data model. A key goes to shard fnv1a(key) % shards; shard s of
+ * namespace ns keeps seven keys with the hash tag {ns:s}, so they share one
+ * cluster slot and one Lua script can change them atomically:
+ *   {ns:s}:d  sorted set  key -> due ms          (waiting, not claimed)
+ *   {ns:s}:p  hash        key -> payload
+ *   {ns:s}:a  hash        key -> attempt of the next delivery
+ *   {ns:s}:u  hash        key -> due ms (kept while claimed)
+ *   {ns:s}:l  sorted set  key -> lease expiry ms  (claimed by some node)
+ *   {ns:s}:t  hash        key -> fencing token of the current claim
+ *   {ns:s}:s  counter     the shard's last token
+ * A key is in exactly one of :d and :l while it is pending.
+ *
+ * Every change is one script (EVALSHA; EVAL once on NOSCRIPT, which loads
+ * it on that node): SCHED, CANCEL, CLAIM, DONE, RELEASE.
+ *
+ * Claiming. The node's thread runs CLAIM on every shard each horizon/4:
+ * first leases that expired go back to :d with attempt + 1, then keys due
+ * before now + horizon move from :d to :l (expiry max(due, now) + lease)
+ * with a new token, and come back with their payloads. SCHED and a retry
+ * in DONE claim at once when the due time is within the horizon, so a
+ * short timer does not wait for the next CLAIM. Claimed timers sit in the
+ * node's own tw_wheel (1 ms ticks of the monotonic clock).
+ *
+ * Firing. When the wheel says a timer is due (and the wall clock agrees:
+ * never early), the node asks Redis whether :t still holds its token (one
+ * pipelined HGET per batch of due timers). Only then does the callback
+ * run; afterwards DONE removes the timer, or re-queues it for a retry, if
+ * the token is still the node's. SCHED of an existing key and CANCEL
+ * replace or delete the token, so a node holding the old claim drops it at
+ * the check. The one window left: a replace or cancel that Redis executes
+ * after the check's reply and before the callback returns does not stop
+ * that callback (it has, in effect, already begun: its start precedes the
+ * acknowledgement by at most one round trip); DONE then sees another token
+ * and leaves the new version alone.
+ *
+ * Failure. A node that dies leaves its leases in :l; the first CLAIM after
+ * they expire (by any node) gives the timers back. A node that cannot reach
+ * Redis fires nothing it cannot check and retries every RETRY_MS. close()
+ * gives unfired claims back at once (RELEASE).
+ */
+#define _GNU_SOURCE
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "durable_backend.h"
+#include "internal.h"
+#include "redis_client.h"
+
+#define NKEYS 7
+#define CLAIM_MAX 1000
+#define RETRY_MS 100
+#define IDLE_WAIT_MS 50
+
+enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_COUNT };
+
+/* KEYS: 1 d, 2 p, 3 a, 4 u, 5 l, 6 t, 7 s. */
+static const char *const scripts[S_COUNT] = {
+    /* SCHED ARGV: key due payload claim_until now lease */
+    "local k,due=ARGV[1],tonumber(ARGV[2])\n"
+    "redis.call('HSET',KEYS[2],k,ARGV[3])\n"
+    "redis.call('HSET',KEYS[3],k,1)\n"
+    "redis.call('HSET',KEYS[4],k,ARGV[2])\n"
+    "redis.call('HDEL',KEYS[6],k)\n"
+    "if due<=tonumber(ARGV[4]) then\n"
+    " local tok=redis.call('INCR',KEYS[7])\n"
+    " redis.call('ZREM',KEYS[1],k)\n"
+    " redis.call('ZADD',KEYS[5],math.max(due,tonumber(ARGV[5]))+"
+    "tonumber(ARGV[6]),k)\n"
+    " redis.call('HSET',KEYS[6],k,tok)\n"
+    " return tok\n"
+    "end\n"
+    "redis.call('ZREM',KEYS[5],k)\n"
+    "redis.call('ZADD',KEYS[1],ARGV[2],k)\n"
+    "return 0\n",
+    /* CANCEL ARGV: key */
+    "local k=ARGV[1]\n"
+    "if redis.call('ZREM',KEYS[1],k)+redis.call('ZREM',KEYS[5],k)==0 then\n"
+    " return 0 end\n"
+    "redis.call('HDEL',KEYS[2],k)\n"
+    "redis.call('HDEL',KEYS[3],k)\n"
+    "redis.call('HDEL',KEYS[4],k)\n"
+    "redis.call('HDEL',KEYS[6],k)\n"
+    "return 1\n",
+    /* CLAIM ARGV: now until lease max */
+    "local now,lease,max=tonumber(ARGV[1]),tonumber(ARGV[3]),"
+    "tonumber(ARGV[4])\n"
+    "local ex=redis.call('ZRANGEBYSCORE',KEYS[5],'-inf',now,'LIMIT',0,max)\n"
+    "for _,k in ipairs(ex) do\n"
+    " redis.call('ZREM',KEYS[5],k)\n"
+    " redis.call('HDEL',KEYS[6],k)\n"
+    " redis.call('HINCRBY',KEYS[3],k,1)\n"
+    " redis.call('ZADD',KEYS[1],redis.call('HGET',KEYS[4],k),k)\n"
+    "end\n"
+    "local ks=redis.call('ZRANGEBYSCORE',KEYS[1],'-inf',ARGV[2],"
+    "'WITHSCORES','LIMIT',0,max)\n"
+    "local out={}\n"
+    "for i=1,#ks,2 do\n"
+    " local k=ks[i]\n"
+    " local tok=redis.call('INCR',KEYS[7])\n"
+    " redis.call('ZREM',KEYS[1],k)\n"
+    " redis.call('ZADD',KEYS[5],math.max(tonumber(ks[i+1]),now)+lease,k)\n"
+    " redis.call('HSET',KEYS[6],k,tok)\n"
+    " out[#out+1]=k\n"
+    " out[#out+1]=redis.call('HGET',KEYS[4],k)\n"
+    " out[#out+1]=tostring(tok)\n"
+    " out[#out+1]=redis.call('HGET',KEYS[3],k)\n"
+    " out[#out+1]=redis.call('HGET',KEYS[2],k)\n"
+    "end\n"
+    "return out\n",
+    /* DONE ARGV: key token retry_ms now claim_until lease */
+    "local k=ARGV[1]\n"
+    "if redis.call('HGET',KEYS[6],k)~=ARGV[2] then return -1 end\n"
+    "redis.call('ZREM',KEYS[5],k)\n"
+    "redis.call('HDEL',KEYS[6],k)\n"
+    "local r=tonumber(ARGV[3])\n"
+    "if r<=0 then\n"
+    " redis.call('HDEL',KEYS[2],k)\n"
+    " redis.call('HDEL',KEYS[3],k)\n"
+    " redis.call('HDEL',KEYS[4],k)\n"
+    " return 0\n"
+    "end\n"
+    "local due=tonumber(ARGV[4])+r\n"
+    "redis.call('HINCRBY',KEYS[3],k,1)\n"
+    "redis.call('HSET',KEYS[4],k,due)\n"
+    "if due<=tonumber(ARGV[5]) then\n"
+    " local tok=redis.call('INCR',KEYS[7])\n"
+    " redis.call('ZADD',KEYS[5],due+tonumber(ARGV[6]),k)\n"
+    " redis.call('HSET',KEYS[6],k,tok)\n"
+    " return tok\n"
+    "end\n"
+    "redis.call('ZADD',KEYS[1],due,k)\n"
+    "return 0\n",
+    /* RELEASE ARGV: key token */
+    "local k=ARGV[1]\n"
+    "if redis.call('HGET',KEYS[6],k)~=ARGV[2] then return 0 end\n"
+    "redis.call('ZREM',KEYS[5],k)\n"
+    "redis.call('HDEL',KEYS[6],k)\n"
+    "redis.call('ZADD',KEYS[1],redis.call('HGET',KEYS[4],k),k)\n"
+    "return 1\n",
+};
+
+static const char key_suffix[NKEYS] = {'d', 'p', 'a', 'u', 'l', 't', 's'};
+
+/* A claimed timer in the node's wheel: the key, then the payload. */
+struct rtimer {
+    tw_timer tm;
+    struct rtimer *next;            /* due list */
+    struct rtimer *hnext, **hpprev; /* held list */
+    struct rd *d;
+    uint32_t shard, attempt;
+    int64_t due_ms;
+    uint64_t token;
+    size_t key_len, payload_len;
+    char data[];
+};
+
+struct shard_keys {
+    char name[NKEYS][96];
+    size_t len[NKEYS];
+    int slot;
+};
+
+struct rd {
+    struct tw_durable base;
+    tw__rc *rc;
+    uint32_t shards, horizon_ms, lease_ms, wait_replicas, wait_timeout_ms;
+    tw_durable_fire_fn fire;
+    void *fire_arg;
+    int64_t (*wall_fn)(void *);
+    uint64_t (*mono_fn)(void *);
+    void *clock_arg;
+    char sha[S_COUNT][41];
+    struct shard_keys *sk;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    tw_wheel *wheel;     /* ticks: monotonic ms; under mu */
+    struct rtimer *due;  /* filled by the wheel's callbacks */
+    struct rtimer *held; /* every rtimer alive */
+    bool stop;
+    pthread_t thr;
+    uint64_t fired, retried, cancelled;
+};
+
+static const struct tw_durable_ops rd_ops;
+
+/* ------------------------------------------------------------------------ */
+/* Clocks. */
+
+static int64_t rd_wall(struct rd *d)
+{
+    if (d->wall_fn)
+        return d->wall_fn(d->clock_arg);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uint64_t rd_mono_ms(struct rd *d)
+{
+    if (d->mono_fn)
+        return d->mono_fn(d->clock_arg) / 1000000u;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Script calls. */
+
+#define CALL_ARGS 16
+struct call {
+    const char *argv[CALL_ARGS];
+    size_t len[CALL_ARGS];
+    char num[6][24];
+    int argc, nnum, script;
+    uint32_t shard;
+};
+
+static void call_init(struct rd *d, struct call *c, int script, uint32_t shard)
+{
+    c->script = script;
+    c->shard = shard;
+    c->nnum = 0;
+    c->argv[0] = "EVALSHA";
+    c->len[0] = 7;
+    c->argv[1] = d->sha[script];
+    c->len[1] = 40;
+    c->argv[2] = "7";
+    c->len[2] = 1;
+    for (int i = 0; i < NKEYS; i++) {
+        c->argv[3 + i] = d->sk[shard].name[i];
+        c->len[3 + i] = d->sk[shard].len[i];
+    }
+    c->argc = 3 + NKEYS;
+}
+
+static void call_arg(struct call *c, const void *p, size_t n)
+{
+    c->argv[c->argc] = n ? p : "";
+    c->len[c->argc++] = n;
+}
+
+static void call_num(struct call *c, long long v)
+{
+    char *b = c->num[c->nnum++];
+    int n = snprintf(b, 24, "%lld", v);
+    call_arg(c, b, (size_t)n);
+}
+
+static bool is_noscript(const redisReply *r)
+{
+    return r && r->type == REDIS_REPLY_ERROR && r->str &&
+           !strncmp(r->str, "NOSCRIPT", 8);
+}
+
+/* Run @n script calls pipelined. Replies in cmds[i]; returns 0 or the
+ * first transport error. A node that lost its script cache (restart,
+ * failover) gets EVAL, which loads it there again. */
+static int run_calls(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
+                     size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        cmds[i].argc = calls[i].argc;
+        cmds[i].argv = calls[i].argv;
+        cmds[i].argvlen = calls[i].len;
+        cmds[i].slot = d->sk[calls[i].shard].slot;
+    }
+    int rc = tw__rc_exec(d->rc, cmds, n);
+    for (int pass = 0; pass < 2; pass++) {
+        size_t again = 0;
+        for (size_t i = 0; i < n; i++)
+            if (is_noscript(cmds[i].reply))
+                again++;
+        if (!again)
+            break;
+        tw__rc_cmd *sub = tw__calloc(again, sizeof *sub);
+        size_t *idx = tw__calloc(again, sizeof *idx);
+        if (!sub || !idx) {
+            tw__free(sub);
+            tw__free(idx);
+            return TW_ENOMEM;
+        }
+        size_t j = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!is_noscript(cmds[i].reply))
+                continue;
+            freeReplyObject(cmds[i].reply);
+            cmds[i].reply = NULL;
+            calls[i].argv[0] = "EVAL";
+            calls[i].len[0] = 4;
+            calls[i].argv[1] = scripts[calls[i].script];
+            calls[i].len[1] = strlen(scripts[calls[i].script]);
+            sub[j] = cmds[i];
+            idx[j++] = i;
+        }
+        tw__rc_exec(d->rc, sub, again);
+        rc = 0;
+        for (size_t k = 0; k < again; k++)
+            cmds[idx[k]] = sub[k];
+        for (size_t i = 0; i < n && !rc; i++)
+            rc = cmds[i].err;
+        tw__free(sub);
+        tw__free(idx);
+    }
+    return rc;
+}
+
+static void free_replies(tw__rc_cmd *cmds, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (cmds[i].reply)
+            freeReplyObject(cmds[i].reply);
+}
+
+/* WAIT for the configured replicas on the node of @shard. */
+static int wait_replicas(struct rd *d, uint32_t shard)
+{
+    if (!d->wait_replicas)
+        return 0;
+    char a[2][24];
+    const char *argv[3] = {"WAIT", a[0], a[1]};
+    size_t len[3] = {4, 0, 0};
+    len[1] = (size_t)snprintf(a[0], 24, "%u", d->wait_replicas);
+    len[2] = (size_t)snprintf(a[1], 24, "%u", d->wait_timeout_ms);
+    tw__rc_cmd cmd = {3, argv, len, d->sk[shard].slot, NULL, 0};
+    int rc = tw__rc_exec(d->rc, &cmd, 1);
+    if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_INTEGER ||
+                cmd.reply->integer < (long long)d->wait_replicas))
+        rc = TW_EIO;
+    free_replies(&cmd, 1);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Local timers. */
+
+static uint32_t shard_of(const struct rd *d, const void *key, size_t len)
+{
+    const unsigned char *p = key;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return (uint32_t)(h % d->shards);
+}
+
+static void on_wheel(tw_timer *t, void *arg)
+{
+    struct rtimer *r = arg;
+    (void)t;
+    r->next = r->d->due;
+    r->d->due = r;
+}
+
+static struct rtimer *rt_new(struct rd *d, uint32_t shard, const void *key,
+                             size_t key_len, const void *payload,
+                             size_t payload_len, int64_t due, uint64_t token,
+                             uint32_t attempt)
+{
+    struct rtimer *r = tw__malloc(sizeof *r + key_len + payload_len + 1);
+    if (!r)
+        return NULL;
+    tw_timer_init(&r->tm, on_wheel, r);
+    r->d = d;
+    r->shard = shard;
+    r->attempt = attempt;
+    r->due_ms = due;
+    r->token = token;
+    r->key_len = key_len;
+    r->payload_len = payload_len;
+    memcpy(r->data, key, key_len);
+    if (payload_len)
+        memcpy(r->data + key_len, payload, payload_len);
+    r->next = NULL;
+    r->hpprev = NULL;
+    return r;
+}
+
+/* Put @r into the wheel at its due time; mu held. */
+static void rt_arm_locked(struct rd *d, struct rtimer *r, int64_t wall,
+                          uint64_t mono)
+{
+    if (!r->hpprev) {
+        r->hnext = d->held;
+        if (d->held)
+            d->held->hpprev = &r->hnext;
+        d->held = r;
+        r->hpprev = &d->held;
+    }
+    int64_t delta = r->due_ms - wall;
+    uint64_t tick = mono + (delta > 0 ? (uint64_t)delta : 0);
+    if (tick < tw_wheel_now(d->wheel))
+        tick = tw_wheel_now(d->wheel);
+    tw_wheel_add(d->wheel, &r->tm, tick);
+}
+
+static void rt_free_locked(struct rd *d, struct rtimer *r)
+{
+    (void)d;
+    if (r->hpprev) {
+        *r->hpprev = r->hnext;
+        if (r->hnext)
+            r->hnext->hpprev = r->hpprev;
+    }
+    tw__free(r);
+}
+
+static void rt_arm(struct rd *d, struct rtimer *r)
+{
+    int64_t wall = rd_wall(d);
+    uint64_t mono = rd_mono_ms(d);
+    pthread_mutex_lock(&d->mu);
+    rt_arm_locked(d, r, wall, mono);
+    pthread_cond_signal(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+static uint64_t reply_u64(const redisReply *r)
+{
+    if (!r)
+        return 0;
+    if (r->type == REDIS_REPLY_INTEGER)
+        return r->integer > 0 ? (uint64_t)r->integer : 0;
+    if (r->type == REDIS_REPLY_STRING && r->str)
+        return strtoull(r->str, NULL, 10);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The node's thread: claim, fire, complete. */
+
+/* CLAIM on every shard. Returns true when some shard had more. */
+static bool claim_all(struct rd *d)
+{
+    size_t n = d->shards;
+    struct call *calls = tw__malloc(n * sizeof *calls);
+    tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
+    bool more = false;
+    if (!calls || !cmds)
+        goto out;
+    int64_t now = rd_wall(d);
+    for (uint32_t s = 0; s < n; s++) {
+        call_init(d, &calls[s], S_CLAIM, s);
+        call_num(&calls[s], now);
+        call_num(&calls[s], now + d->horizon_ms);
+        call_num(&calls[s], d->lease_ms);
+        call_num(&calls[s], CLAIM_MAX);
+    }
+    run_calls(d, calls, cmds, n);
+    int64_t wall = rd_wall(d);
+    uint64_t mono = rd_mono_ms(d);
+    pthread_mutex_lock(&d->mu);
+    for (uint32_t s = 0; s < n; s++) {
+        redisReply *r = cmds[s].reply;
+        if (!r || r->type != REDIS_REPLY_ARRAY)
+            continue;
+        if (r->elements >= 5u * CLAIM_MAX)
+            more = true;
+        for (size_t i = 0; i + 5 <= r->elements; i += 5) {
+            redisReply **e = r->element + i;
+            if (e[0]->type != REDIS_REPLY_STRING ||
+                e[4]->type != REDIS_REPLY_STRING)
+                continue;
+            struct rtimer *t =
+                rt_new(d, s, e[0]->str, e[0]->len, e[4]->str, e[4]->len,
+                       (int64_t)reply_u64(e[1]), reply_u64(e[2]),
+                       (uint32_t)reply_u64(e[3]));
+            if (t) /* else: the lease expires and the timer comes back */
+                rt_arm_locked(d, t, wall, mono);
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+out:
+    if (cmds)
+        free_replies(cmds, n);
+    tw__free(calls);
+    tw__free(cmds);
+    return more;
+}
+
+/* Fire a batch of due timers (mu not held). */
+static void fire_batch(struct rd *d, struct rtimer *list)
+{
+    size_t n = 0;
+    for (struct rtimer *r = list; r; r = r->next)
+        n++;
+    struct rtimer **v = tw__malloc(n * sizeof *v);
+    tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
+    struct call *calls = tw__malloc(n * sizeof *calls);
+    int *res = tw__malloc(n * sizeof *res);
+    bool *ok = tw__calloc(n, sizeof *ok);
+    int64_t wall = rd_wall(d);
+    uint64_t mono = rd_mono_ms(d);
+    if (!v || !cmds || !calls || !res || !ok) {
+        /* Try again shortly. */
+        pthread_mutex_lock(&d->mu);
+        for (struct rtimer *r = list, *next; r; r = next) {
+            next = r->next;
+            tw_wheel_add(d->wheel, &r->tm, mono + RETRY_MS);
+        }
+        pthread_mutex_unlock(&d->mu);
+        goto out;
+    }
+    size_t k = 0;
+    for (struct rtimer *r = list; r; r = r->next)
+        v[k++] = r;
+    /* Is each claim still ours? One pipelined HGET per timer. */
+    for (size_t i = 0; i < n; i++) {
+        struct rtimer *r = v[i];
+        struct call *c = &calls[i];
+        c->argv[0] = "HGET";
+        c->len[0] = 4;
+        c->argv[1] = d->sk[r->shard].name[5];
+        c->len[1] = d->sk[r->shard].len[5];
+        c->argv[2] = r->data;
+        c->len[2] = r->key_len;
+        cmds[i].argc = 3;
+        cmds[i].argv = c->argv;
+        cmds[i].argvlen = c->len;
+        cmds[i].slot = d->sk[r->shard].slot;
+    }
+    tw__rc_exec(d->rc, cmds, n);
+    pthread_mutex_lock(&d->mu);
+    for (size_t i = 0; i < n; i++) {
+        struct rtimer *r = v[i];
+        redisReply *rep = cmds[i].reply;
+        if (cmds[i].err || !rep ||
+            (rep->type != REDIS_REPLY_STRING && rep->type != REDIS_REPLY_NIL)) {
+            tw_wheel_add(d->wheel, &r->tm, mono + RETRY_MS); /* ask again */
+        } else if (rep->type == REDIS_REPLY_STRING &&
+                   strtoull(rep->str, NULL, 10) == r->token) {
+            ok[i] = true;
+        } else {
+            rt_free_locked(d, r); /* replaced, cancelled or re-claimed */
+            v[i] = NULL;
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+    free_replies(cmds, n);
+    memset(cmds, 0, n * sizeof *cmds);
+
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!ok[i])
+            continue;
+        struct rtimer *r = v[i];
+        tw_durable_timer t = {
+            r->data,        r->key_len, r->data + r->key_len,
+            r->payload_len, r->due_ms,  r->attempt ? r->attempt : 1};
+        res[i] = d->fire(&d->base, &t, d->fire_arg);
+        m++;
+    }
+    /* Complete: DONE, or a retry. */
+    wall = rd_wall(d);
+    size_t j = 0;
+    size_t *idx = tw__malloc((m ? m : 1) * sizeof *idx);
+    if (!idx)
+        m = 0; /* the leases expire and the timers come back */
+    for (size_t i = 0; i < n && idx; i++) {
+        if (!ok[i])
+            continue;
+        struct rtimer *r = v[i];
+        struct call *c = &calls[j];
+        call_init(d, c, S_DONE, r->shard);
+        call_arg(c, r->data, r->key_len);
+        call_num(c, (long long)r->token);
+        call_num(c, res[i] > 0 ? res[i] : 0);
+        call_num(c, wall);
+        call_num(c, wall + d->horizon_ms);
+        call_num(c, d->lease_ms);
+        idx[j++] = i;
+    }
+    if (j)
+        run_calls(d, calls, cmds, j);
+    wall = rd_wall(d);
+    mono = rd_mono_ms(d);
+    pthread_mutex_lock(&d->mu);
+    for (size_t q = 0; q < j; q++) {
+        size_t i = idx[q];
+        struct rtimer *r = v[i];
+        redisReply *rep = cmds[q].reply;
+        if (res[i] > 0)
+            d->retried++;
+        else
+            d->fired++;
+        uint64_t tok = reply_u64(rep);
+        if (res[i] > 0 && tok && rep->type == REDIS_REPLY_INTEGER) {
+            /* Re-claimed by the retry: keep it here. */
+            r->token = tok;
+            r->attempt++;
+            r->due_ms = strtoll(calls[q].num[2], NULL, 10) + res[i];
+            rt_arm_locked(d, r, wall, mono);
+        } else {
+            rt_free_locked(d, r);
+        }
+    }
+    for (size_t i = 0; i < n && !idx; i++)
+        if (ok[i])
+            rt_free_locked(d, v[i]);
+    pthread_mutex_unlock(&d->mu);
+    free_replies(cmds, j);
+    tw__free(idx);
+out:
+    tw__free(v);
+    tw__free(cmds);
+    tw__free(calls);
+    tw__free(res);
+    tw__free(ok);
+}
+
+static void *rd_main(void *arg)
+{
+    struct rd *d = arg;
+    uint64_t period = d->horizon_ms / 4 ? d->horizon_ms / 4 : 1;
+    uint64_t next_claim = 0;
+    pthread_mutex_lock(&d->mu);
+    while (!d->stop) {
+        uint64_t now = rd_mono_ms(d);
+        if (now >= next_claim) {
+            pthread_mutex_unlock(&d->mu);
+            bool more = claim_all(d);
+            pthread_mutex_lock(&d->mu);
+            next_claim = more ? now : now + period;
+            continue;
+        }
+        /* Wall-clock check: a timer the wheel thinks due but the wall
+         * clock does not (it stepped back) is put back, never fired early. */
+        tw_wheel_advance(d->wheel, now);
+        struct rtimer *list = NULL, *early = NULL;
+        int64_t wall = rd_wall(d);
+        while (d->due) {
+            struct rtimer *r = d->due;
+            d->due = r->next;
+            if (r->due_ms > wall) {
+                r->next = early;
+                early = r;
+            } else {
+                r->next = list;
+                list = r;
+            }
+        }
+        for (struct rtimer *r = early, *next; r; r = next) {
+            next = r->next;
+            rt_arm_locked(d, r, wall, now);
+        }
+        if (list) {
+            pthread_mutex_unlock(&d->mu);
+            fire_batch(d, list);
+            pthread_mutex_lock(&d->mu);
+            continue;
+        }
+        uint64_t until = tw_wheel_next_expiry(d->wheel);
+        if (until > next_claim)
+            until = next_claim;
+        uint64_t wait = until > now ? until - now : 0;
+        if (wait > IDLE_WAIT_MS)
+            wait = IDLE_WAIT_MS;
+        if (early && wait > 1)
+            wait = 1;
+        if (wait) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_nsec += (long)(wait * 1000000u);
+            ts.tv_sec += ts.tv_nsec / 1000000000L;
+            ts.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait(&d->cv, &d->mu, &ts);
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Calls. */
+
+static int rd_schedule(tw_durable *base, const void *key, size_t key_len,
+                       int64_t due_ms, const void *payload, size_t payload_len)
+{
+    struct rd *d = (struct rd *)base;
+    uint32_t shard = shard_of(d, key, key_len);
+    /* Allocated first, so that a failure changes nothing. */
+    struct rtimer *r =
+        rt_new(d, shard, key, key_len, payload, payload_len, due_ms, 0, 1);
+    if (!r)
+        return TW_ENOMEM;
+    int64_t now = rd_wall(d);
+    struct call c;
+    tw__rc_cmd cmd;
+    call_init(d, &c, S_SCHED, shard);
+    call_arg(&c, key, key_len);
+    call_num(&c, due_ms);
+    call_arg(&c, payload, payload_len);
+    call_num(&c, now + d->horizon_ms);
+    call_num(&c, now);
+    call_num(&c, d->lease_ms);
+    int rc = run_calls(d, &c, &cmd, 1);
+    if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_INTEGER))
+        rc = TW_EIO;
+    if (!rc && cmd.reply->integer > 0) {
+        r->token = (uint64_t)cmd.reply->integer;
+        rt_arm(d, r);
+        r = NULL;
+    }
+    free_replies(&cmd, 1);
+    tw__free(r);
+    if (!rc)
+        rc = wait_replicas(d, shard);
+    return rc;
+}
+
+static int rd_cancel(tw_durable *base, const void *key, size_t key_len)
+{
+    struct rd *d = (struct rd *)base;
+    uint32_t shard = shard_of(d, key, key_len);
+    struct call c;
+    tw__rc_cmd cmd;
+    call_init(d, &c, S_CANCEL, shard);
+    call_arg(&c, key, key_len);
+    int rc = run_calls(d, &c, &cmd, 1);
+    if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_INTEGER))
+        rc = TW_EIO;
+    if (!rc && cmd.reply->integer == 0)
+        rc = TW_ENOENT;
+    free_replies(&cmd, 1);
+    if (!rc)
+        rc = wait_replicas(d, shard);
+    if (!rc) {
+        pthread_mutex_lock(&d->mu);
+        d->cancelled++;
+        pthread_mutex_unlock(&d->mu);
+    }
+    return rc;
+}
+
+static int rd_stats(tw_durable *base, tw_durable_stats *out)
+{
+    struct rd *d = (struct rd *)base;
+    size_t n = 2u * d->shards;
+    tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
+    struct call *calls = tw__malloc(n * sizeof *calls);
+    if (!cmds || !calls) {
+        tw__free(cmds);
+        tw__free(calls);
+        return TW_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t s = (uint32_t)(i / 2);
+        int k = i % 2 ? 4 : 0; /* :l or :d */
+        calls[i].argv[0] = "ZCARD";
+        calls[i].len[0] = 5;
+        calls[i].argv[1] = d->sk[s].name[k];
+        calls[i].len[1] = d->sk[s].len[k];
+        cmds[i].argc = 2;
+        cmds[i].argv = calls[i].argv;
+        cmds[i].argvlen = calls[i].len;
+        cmds[i].slot = d->sk[s].slot;
+    }
+    int rc = tw__rc_exec(d->rc, cmds, n);
+    uint64_t pending = 0;
+    for (size_t i = 0; i < n; i++)
+        pending += reply_u64(cmds[i].reply);
+    free_replies(cmds, n);
+    tw__free(cmds);
+    tw__free(calls);
+    if (rc)
+        return rc;
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&d->mu);
+    out->pending = pending;
+    out->fired = d->fired;
+    out->retried = d->retried;
+    out->cancelled = d->cancelled;
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}
+
+static void rd_free(struct rd *d)
+{
+    while (d->held) {
+        struct rtimer *r = d->held;
+        rt_free_locked(d, r);
+    }
+    tw_wheel_destroy(d->wheel);
+    tw__rc_close(d->rc);
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv);
+    tw__free(d->sk);
+    tw__free(d);
+}
+
+static int rd_close(tw_durable *base)
+{
+    struct rd *d = (struct rd *)base;
+    pthread_mutex_lock(&d->mu);
+    d->stop = true;
+    pthread_cond_signal(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    pthread_join(d->thr, NULL);
+    /* Give the claims not fired back, so that no one waits for a lease. */
+    int rc = 0;
+    while (d->held) {
+        struct call c[256];
+        tw__rc_cmd cmds[256];
+        size_t n = 0;
+        struct rtimer *r = d->held;
+        while (r && n < 256) {
+            struct rtimer *next = r->hnext;
+            if (r->token) {
+                call_init(d, &c[n], S_RELEASE, r->shard);
+                call_arg(&c[n], r->data, r->key_len);
+                call_num(&c[n], (long long)r->token);
+                n++;
+            }
+            rt_free_locked(d, r);
+            r = next;
+        }
+        if (n) {
+            int e = run_calls(d, c, cmds, n);
+            if (!rc)
+                rc = e;
+            free_replies(cmds, n);
+        }
+    }
+    rd_free(d);
+    return rc;
+}
+
+static const struct tw_durable_ops rd_ops = {rd_schedule, rd_cancel, rd_close,
+                                             rd_stats};
+
+int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
+{
+    const char *ns = cfg->redis_namespace ? cfg->redis_namespace : "tw";
+    if (!*ns || strlen(ns) > 64 || strchr(ns, '{') || strchr(ns, '}'))
+        return TW_EINVAL;
+    struct rd *d = tw__calloc(1, sizeof *d);
+    if (!d)
+        return TW_ENOMEM;
+    d->base.ops = &rd_ops;
+    d->shards = cfg->shards ? cfg->shards : 64;
+    d->horizon_ms = cfg->horizon_ms ? cfg->horizon_ms : 2000;
+    d->lease_ms = cfg->lease_ms ? cfg->lease_ms : 30000;
+    d->wait_replicas = cfg->wait_replicas;
+    d->wait_timeout_ms = cfg->wait_timeout_ms ? cfg->wait_timeout_ms : 1000;
+    d->fire = cfg->fire;
+    d->fire_arg = cfg->fire_arg;
+    d->wall_fn = cfg->wall_ms;
+    d->mono_fn = cfg->mono_ns;
+    d->clock_arg = cfg->clock_arg;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&d->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    int rc = TW_ENOMEM;
+    if (d->shards > 1u << 20) {
+        rc = TW_EINVAL;
+        goto fail;
+    }
+    d->sk = tw__calloc(d->shards, sizeof *d->sk);
+    if (!d->sk)
+        goto fail;
+    for (uint32_t s = 0; s < d->shards; s++) {
+        for (int k = 0; k < NKEYS; k++)
+            d->sk[s].len[k] =
+                (size_t)snprintf(d->sk[s].name[k], sizeof d->sk[s].name[k],
+                                 "{%s:%u}:%c", ns, s, key_suffix[k]);
+        d->sk[s].slot = tw__rc_slot(d->sk[s].name[0], d->sk[s].len[0]);
+    }
+    if (tw_wheel_create(&d->wheel, NULL, rd_mono_ms(d)))
+        goto fail;
+    rc = tw__rc_open(&d->rc, cfg->redis);
+    if (rc)
+        goto fail;
+    /* SCRIPT LOAD once on any node; other nodes learn each script by EVAL
+     * on their first NOSCRIPT. The digest is the same everywhere. */
+    for (int i = 0; i < S_COUNT; i++) {
+        const char *argv[3] = {"SCRIPT", "LOAD", scripts[i]};
+        size_t len[3] = {6, 4, strlen(scripts[i])};
+        tw__rc_cmd cmd = {3, argv, len, -1, NULL, 0};
+        rc = tw__rc_exec(d->rc, &cmd, 1);
+        if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_STRING ||
+                    cmd.reply->len != 40))
+            rc = TW_EIO;
+        if (!rc)
+            memcpy(d->sha[i], cmd.reply->str, 41);
+        free_replies(&cmd, 1);
+        if (rc)
+            goto fail;
+    }
+    if (pthread_create(&d->thr, NULL, rd_main, d)) {
+        rc = TW_ENOMEM;
+        goto fail;
+    }
+    *out = &d->base;
+    return 0;
+fail:
+    rd_free(d);
+    return rc;
+}
