@@ -835,6 +835,11 @@ static int rd_close(tw_durable *base)
     return rc;
 }
 
+void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out)
+{
+    tw__rc_stats_get(((struct rd *)d)->rc, out);
+}
+
 static const struct tw_durable_ops rd_ops = {rd_schedule, rd_cancel, rd_close,
                                              rd_stats};
 

@@ -53,6 +53,7 @@ struct rc_node {
     bool busy;
     uint64_t retry_at_ns;
     uint32_t backoff_ms;
+    bool failed; /* the connection broke or could not be made */
 };
 
 struct tw__rc {
@@ -157,6 +158,7 @@ static bool conn_up(struct rc_node *n)
     }
     if (ctx)
         redisFree(ctx);
+    n->failed = true;
     n->backoff_ms = n->backoff_ms ? n->backoff_ms * 2 : RC_BACKOFF_MIN_MS;
     if (n->backoff_ms > RC_BACKOFF_MAX_MS)
         n->backoff_ms = RC_BACKOFF_MAX_MS;
@@ -166,6 +168,7 @@ static bool conn_up(struct rc_node *n)
 
 static void conn_fail(struct rc_node *n)
 {
+    n->failed = true;
     redisFree(n->ctx);
     n->ctx = NULL;
     n->backoff_ms = RC_BACKOFF_MIN_MS;
@@ -178,7 +181,9 @@ static int flush_batch(struct rc_node *n, struct rc_req *b)
 {
     bool was = n->ctx != NULL;
     bool up = conn_up(n);
-    int reconnected = up && !was;
+    int reconnected = up && !was && n->failed;
+    if (up)
+        n->failed = false;
     struct rc_req *r = b;
     if (up) {
         for (r = b; r; r = r->next) {

@@ -54,4 +54,9 @@ typedef struct tw__rc_stats {
 } tw__rc_stats;
 void tw__rc_stats_get(tw__rc *c, tw__rc_stats *out);
 
+/* Test hook (src/durable_redis.c): the client counters of a Redis-backed
+ * store. */
+struct tw_durable;
+void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out);
+
 #endif

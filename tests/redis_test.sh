@@ -85,6 +85,20 @@ cluster() { # MASTERS REPLICAS_PER_MASTER
       sleep 0.05
     done
   done
+  # Replicas must be in sync before WAIT can count them.
+  if ((r > 0)); then
+    for ((i = 0; i < n; i++)); do
+      for _ in $(seq 400); do
+        info=$(redis-cli -p $((base + i)) info replication)
+        if grep -q role:slave <<<"$info"; then
+          grep -q master_link_status:up <<<"$info" && break
+        else
+          grep -q "slave0:.*state=online" <<<"$info" && break
+        fi
+        sleep 0.05
+      done
+    done
+  fi
   seeds=127.0.0.1:$base,127.0.0.1:$((base + 1))
   cbase=$base
 }

@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "redis_client.h"
 #include "test.h"
 #include "twheel/durable.h"
 
@@ -411,6 +412,7 @@ static void check_acked(struct flow *f, int ms)
     printf("  acked %d, errors %d, missing %d, delivered twice %d\n", acked,
            f->errors, missing, dup);
     ASSERT_EQ(missing, 0);
+    ASSERT(acked >= 500); /* the run did exercise the flow */
     check_none_early(f->lo, f->next);
 }
 
@@ -446,6 +448,17 @@ static void flow_test(const char *mode)
     f.stop = true;
     pthread_join(th, NULL);
     check_acked(&f, 20000);
+    tw__rc_stats rs;
+    tw__durable_redis_client_stats(d, &rs);
+    printf("  client: %llu round trips for %llu commands, MOVED %llu, ASK "
+           "%llu, map refreshes %llu, reconnects %llu\n",
+           (unsigned long long)rs.batches, (unsigned long long)rs.commands,
+           (unsigned long long)rs.moved, (unsigned long long)rs.ask,
+           (unsigned long long)rs.refreshes, (unsigned long long)rs.reconnects);
+    if (!strcmp(mode, "reshard"))
+        ASSERT(rs.moved + rs.ask > 0); /* the migration was seen */
+    else
+        ASSERT(rs.reconnects > 0);
     ASSERT_EQ(tw_durable_close(d), 0);
     printf("%s: ok\n", mode);
 }
