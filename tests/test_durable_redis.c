@@ -457,8 +457,10 @@ static void flow_test(const char *mode)
            (unsigned long long)rs.refreshes, (unsigned long long)rs.reconnects);
     if (!strcmp(mode, "reshard"))
         ASSERT(rs.moved + rs.ask > 0); /* the migration was seen */
+    else if (failover)
+        ASSERT(rs.refreshes > 1); /* the promoted replica was found */
     else
-        ASSERT(rs.reconnects > 0);
+        ASSERT(rs.reconnects > 0); /* the restarted server was */
     ASSERT_EQ(tw_durable_close(d), 0);
     printf("%s: ok\n", mode);
 }
