@@ -17,7 +17,10 @@
  * Every change is one script (EVALSHA; EVAL once on NOSCRIPT, which loads
  * it on that node): SCHED, CANCEL, CLAIM, DONE, RELEASE.
  *
- * Claiming. The node's thread runs CLAIM on every shard each horizon/4:
+ * Threads. A claimer thread runs CLAIM; a firer thread owns the firing
+ * (the wheel itself is shared under mu: calls add the timers they claim).
+ *
+ * Claiming. The claimer runs CLAIM on every shard each horizon/4:
  * first leases that expired go back to :d with attempt + 1, then keys due
  * before now + horizon move from :d to :l (expiry max(due, now) + lease)
  * with a new token, and come back with their payloads. SCHED and a retry
@@ -183,12 +186,12 @@ struct rd {
     struct shard_keys *sk;
 
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv, claim_cv;
     tw_wheel *wheel;     /* ticks: monotonic ms; under mu */
     struct rtimer *due;  /* filled by the wheel's callbacks */
     struct rtimer *held; /* every rtimer alive */
     bool stop;
-    pthread_t thr;
+    pthread_t thr, claimer;
     uint64_t fired, retried, cancelled;
 };
 
@@ -618,24 +621,41 @@ out:
     tw__free(ok);
 }
 
-static void *rd_main(void *arg)
+/* The claimer: CLAIM every horizon/4 (at once again when a shard had more
+ * than CLAIM_MAX due), on its own thread so that firing never waits for a
+ * claim round trip. */
+static void *rd_claimer(void *arg)
 {
     struct rd *d = arg;
     uint64_t period = d->horizon_ms / 4 ? d->horizon_ms / 4 : 1;
-    uint64_t next_claim = 0;
+    pthread_mutex_lock(&d->mu);
+    while (!d->stop) {
+        pthread_mutex_unlock(&d->mu);
+        bool more = claim_all(d);
+        pthread_mutex_lock(&d->mu);
+        if (more || d->stop)
+            continue;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += (long)(period % 1000u) * 1000000L;
+        ts.tv_sec += (time_t)(period / 1000u) + ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&d->claim_cv, &d->mu, &ts);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* The firer: advance the wheel, check, fire, complete. */
+static void *rd_main(void *arg)
+{
+    struct rd *d = arg;
     pthread_mutex_lock(&d->mu);
     while (!d->stop) {
         uint64_t now = rd_mono_ms(d);
-        if (now >= next_claim) {
-            pthread_mutex_unlock(&d->mu);
-            bool more = claim_all(d);
-            pthread_mutex_lock(&d->mu);
-            next_claim = more ? now : now + period;
-            continue;
-        }
-        /* Wall-clock check: a timer the wheel thinks due but the wall
-         * clock does not (it stepped back) is put back, never fired early. */
         tw_wheel_advance(d->wheel, now);
+        /* A timer the wheel thinks due but the wall clock does not (it
+         * stepped back) is put back: never fired early. */
         struct rtimer *list = NULL, *early = NULL;
         int64_t wall = rd_wall(d);
         while (d->due) {
@@ -660,8 +680,6 @@ static void *rd_main(void *arg)
             continue;
         }
         uint64_t until = tw_wheel_next_expiry(d->wheel);
-        if (until > next_claim)
-            until = next_claim;
         uint64_t wait = until > now ? until - now : 0;
         if (wait > IDLE_WAIT_MS)
             wait = IDLE_WAIT_MS;
@@ -794,6 +812,7 @@ static void rd_free(struct rd *d)
     tw__rc_close(d->rc);
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->cv);
+    pthread_cond_destroy(&d->claim_cv);
     tw__free(d->sk);
     tw__free(d);
 }
@@ -804,8 +823,10 @@ static int rd_close(tw_durable *base)
     pthread_mutex_lock(&d->mu);
     d->stop = true;
     pthread_cond_signal(&d->cv);
+    pthread_cond_signal(&d->claim_cv);
     pthread_mutex_unlock(&d->mu);
     pthread_join(d->thr, NULL);
+    pthread_join(d->claimer, NULL);
     /* Give the claims not fired back, so that no one waits for a lease. */
     int rc = 0;
     while (d->held) {
@@ -867,6 +888,7 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&d->cv, &ca);
+    pthread_cond_init(&d->claim_cv, &ca);
     pthread_condattr_destroy(&ca);
     int rc = TW_ENOMEM;
     if (d->shards > 1u << 20) {
@@ -904,7 +926,16 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
         if (rc)
             goto fail;
     }
+    if (pthread_create(&d->claimer, NULL, rd_claimer, d)) {
+        rc = TW_ENOMEM;
+        goto fail;
+    }
     if (pthread_create(&d->thr, NULL, rd_main, d)) {
+        pthread_mutex_lock(&d->mu);
+        d->stop = true;
+        pthread_cond_signal(&d->claim_cv);
+        pthread_mutex_unlock(&d->mu);
+        pthread_join(d->claimer, NULL);
         rc = TW_ENOMEM;
         goto fail;
     }
