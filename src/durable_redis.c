@@ -63,6 +63,8 @@
 #define CLAIM_MAX 1000
 #define RETRY_MS 100
 #define IDLE_WAIT_MS 50
+#define DONE_DELAY_MS 50 /* longest wait of a completion for a batch */
+#define DONE_BATCH 1024
 
 enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_COUNT };
 
@@ -73,7 +75,7 @@ static const char *const scripts[S_COUNT] = {
     "redis.call('HSET',KEYS[2],k,ARGV[3])\n"
     "redis.call('HSET',KEYS[3],k,1)\n"
     "redis.call('HSET',KEYS[4],k,ARGV[2])\n"
-    "redis.call('HDEL',KEYS[6],k)\n"
+    "local claimed=redis.call('HDEL',KEYS[6],k)==1\n"
     "if due<=tonumber(ARGV[4]) then\n"
     " local tok=redis.call('INCR',KEYS[7])\n"
     " redis.call('ZREM',KEYS[1],k)\n"
@@ -82,7 +84,7 @@ static const char *const scripts[S_COUNT] = {
     " redis.call('HSET',KEYS[6],k,tok)\n"
     " return tok\n"
     "end\n"
-    "redis.call('ZREM',KEYS[5],k)\n"
+    "if claimed then redis.call('ZREM',KEYS[5],k) end\n"
     "redis.call('ZADD',KEYS[1],ARGV[2],k)\n"
     "return 0\n",
     /* CANCEL ARGV: key */
@@ -94,7 +96,8 @@ static const char *const scripts[S_COUNT] = {
     "redis.call('HDEL',KEYS[4],k)\n"
     "redis.call('HDEL',KEYS[6],k)\n"
     "return 1\n",
-    /* CLAIM ARGV: now until lease max */
+    /* CLAIM ARGV: now until lease max. A few commands per call, however
+     * many keys it claims (tokens: one INCRBY). */
     "local now,lease,max=tonumber(ARGV[1]),tonumber(ARGV[3]),"
     "tonumber(ARGV[4])\n"
     "local ex=redis.call('ZRANGEBYSCORE',KEYS[5],'-inf',now,'LIMIT',0,max)\n"
@@ -106,43 +109,77 @@ static const char *const scripts[S_COUNT] = {
     "end\n"
     "local ks=redis.call('ZRANGEBYSCORE',KEYS[1],'-inf',ARGV[2],"
     "'WITHSCORES','LIMIT',0,max)\n"
+    "local n=#ks/2\n"
+    "if n==0 then return {} end\n"
+    "local tok0=redis.call('INCRBY',KEYS[7],n)-n\n"
+    "local keys,za,ht={},{},{}\n"
+    "for i=1,n do\n"
+    " local k=ks[2*i-1]\n"
+    " keys[i]=k\n"
+    " za[2*i-1]=math.max(tonumber(ks[2*i]),now)+lease\n"
+    " za[2*i]=k\n"
+    " ht[2*i-1]=k\n"
+    " ht[2*i]=tok0+i\n"
+    "end\n"
+    "redis.call('ZREM',KEYS[1],unpack(keys))\n"
+    "redis.call('ZADD',KEYS[5],unpack(za))\n"
+    "redis.call('HSET',KEYS[6],unpack(ht))\n"
+    "local at=redis.call('HMGET',KEYS[3],unpack(keys))\n"
+    "local pl=redis.call('HMGET',KEYS[2],unpack(keys))\n"
     "local out={}\n"
-    "for i=1,#ks,2 do\n"
-    " local k=ks[i]\n"
-    " local tok=redis.call('INCR',KEYS[7])\n"
-    " redis.call('ZREM',KEYS[1],k)\n"
-    " redis.call('ZADD',KEYS[5],math.max(tonumber(ks[i+1]),now)+lease,k)\n"
-    " redis.call('HSET',KEYS[6],k,tok)\n"
-    " out[#out+1]=k\n"
-    " out[#out+1]=redis.call('HGET',KEYS[4],k)\n"
-    " out[#out+1]=tostring(tok)\n"
-    " out[#out+1]=redis.call('HGET',KEYS[3],k)\n"
-    " out[#out+1]=redis.call('HGET',KEYS[2],k)\n"
+    "for i=1,n do\n"
+    " out[5*i-4]=keys[i]\n"
+    " out[5*i-3]=ks[2*i]\n"
+    " out[5*i-2]=tostring(tok0+i)\n"
+    " out[5*i-1]=at[i]\n"
+    " out[5*i]=pl[i]\n"
     "end\n"
     "return out\n",
-    /* DONE ARGV: key token retry_ms now claim_until lease */
-    "local k=ARGV[1]\n"
-    "if redis.call('HGET',KEYS[6],k)~=ARGV[2] then return -1 end\n"
-    "redis.call('ZREM',KEYS[5],k)\n"
-    "redis.call('HDEL',KEYS[6],k)\n"
-    "local r=tonumber(ARGV[3])\n"
-    "if r<=0 then\n"
-    " redis.call('HDEL',KEYS[2],k)\n"
-    " redis.call('HDEL',KEYS[3],k)\n"
-    " redis.call('HDEL',KEYS[4],k)\n"
-    " return 0\n"
+    /* DONE ARGV: now claim_until lease, then (key token retry_ms)...
+     * Returns per key: -1 not ours, 0 done (or retry left in :d), or the
+     * token of the retry's new claim. Completed keys are removed with one
+     * command per structure. */
+    "local now,untl,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"
+    "tonumber(ARGV[3])\n"
+    "local ks,ts,rs={},{},{}\n"
+    "for i=4,#ARGV,3 do\n"
+    " ks[#ks+1]=ARGV[i]\n"
+    " ts[#ts+1]=ARGV[i+1]\n"
+    " rs[#rs+1]=tonumber(ARGV[i+2])\n"
     "end\n"
-    "local due=tonumber(ARGV[4])+r\n"
-    "redis.call('HINCRBY',KEYS[3],k,1)\n"
-    "redis.call('HSET',KEYS[4],k,due)\n"
-    "if due<=tonumber(ARGV[5]) then\n"
-    " local tok=redis.call('INCR',KEYS[7])\n"
-    " redis.call('ZADD',KEYS[5],due+tonumber(ARGV[6]),k)\n"
-    " redis.call('HSET',KEYS[6],k,tok)\n"
-    " return tok\n"
+    "local cur=redis.call('HMGET',KEYS[6],unpack(ks))\n"
+    "local out,fin={},{}\n"
+    "for i=1,#ks do\n"
+    " local k,r,res=ks[i],rs[i],-1\n"
+    " if cur[i]==ts[i] then\n"
+    "  res=0\n"
+    "  if r<=0 then\n"
+    "   fin[#fin+1]=k\n"
+    "  else\n"
+    "   redis.call('ZREM',KEYS[5],k)\n"
+    "   redis.call('HDEL',KEYS[6],k)\n"
+    "   local due=now+r\n"
+    "   redis.call('HINCRBY',KEYS[3],k,1)\n"
+    "   redis.call('HSET',KEYS[4],k,due)\n"
+    "   if due<=untl then\n"
+    "    res=redis.call('INCR',KEYS[7])\n"
+    "    redis.call('ZADD',KEYS[5],due+lease,k)\n"
+    "    redis.call('HSET',KEYS[6],k,res)\n"
+    "   else\n"
+    "    redis.call('ZADD',KEYS[1],due,k)\n"
+    "   end\n"
+    "  end\n"
+    " end\n"
+    " out[i]=res\n"
     "end\n"
-    "redis.call('ZADD',KEYS[1],due,k)\n"
-    "return 0\n",
+    "if #fin>0 then\n"
+    " redis.call('ZREM',KEYS[5],unpack(fin))\n"
+    " redis.call('HDEL',KEYS[6],unpack(fin))\n"
+    " redis.call('HDEL',KEYS[2],unpack(fin))\n"
+    " redis.call('HDEL',KEYS[3],unpack(fin))\n"
+    " redis.call('HDEL',KEYS[4],unpack(fin))\n"
+    "end\n"
+    "return out\n",
     /* RELEASE ARGV: key token */
     "local k=ARGV[1]\n"
     "if redis.call('HGET',KEYS[6],k)~=ARGV[2] then return 0 end\n"
@@ -165,6 +202,12 @@ struct rtimer {
     uint64_t token;
     size_t key_len, payload_len;
     char data[];
+};
+
+/* A callback's result waiting for its DONE (firer thread only). */
+struct done {
+    struct rtimer *r;
+    int res;
 };
 
 struct shard_keys {
@@ -193,6 +236,9 @@ struct rd {
     bool stop;
     pthread_t thr, claimer;
     uint64_t fired, retried, cancelled;
+    struct done *pend; /* callbacks done, DONE not yet sent (firer) */
+    size_t npend, cap_pend;
+    uint64_t pend_since;
 };
 
 static const struct tw_durable_ops rd_ops;
@@ -267,23 +313,18 @@ static bool is_noscript(const redisReply *r)
            !strncmp(r->str, "NOSCRIPT", 8);
 }
 
-/* Run @n script calls pipelined. Replies in cmds[i]; returns 0 or the
- * first transport error. A node that lost its script cache (restart,
- * failover) gets EVAL, which loads it there again. */
-static int run_calls(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
-                     size_t n)
+/* Run @n commands pipelined; @script[i] is the script of cmds[i] (its
+ * argv[0..1] are EVALSHA and the digest, and its argv array is the
+ * caller's, writable) or -1 for a plain command. Returns 0 or the first
+ * transport error. A node that lost its script cache (restart, failover)
+ * gets EVAL, which loads the script there again. */
+static int run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        cmds[i].argc = calls[i].argc;
-        cmds[i].argv = calls[i].argv;
-        cmds[i].argvlen = calls[i].len;
-        cmds[i].slot = d->sk[calls[i].shard].slot;
-    }
     int rc = tw__rc_exec(d->rc, cmds, n);
     for (int pass = 0; pass < 2; pass++) {
         size_t again = 0;
         for (size_t i = 0; i < n; i++)
-            if (is_noscript(cmds[i].reply))
+            if (script[i] >= 0 && is_noscript(cmds[i].reply))
                 again++;
         if (!again)
             break;
@@ -296,14 +337,16 @@ static int run_calls(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
         }
         size_t j = 0;
         for (size_t i = 0; i < n; i++) {
-            if (!is_noscript(cmds[i].reply))
+            if (script[i] < 0 || !is_noscript(cmds[i].reply))
                 continue;
             freeReplyObject(cmds[i].reply);
             cmds[i].reply = NULL;
-            calls[i].argv[0] = "EVAL";
-            calls[i].len[0] = 4;
-            calls[i].argv[1] = scripts[calls[i].script];
-            calls[i].len[1] = strlen(scripts[calls[i].script]);
+            const char **argv = (const char **)cmds[i].argv;
+            size_t *len = (size_t *)cmds[i].argvlen;
+            argv[0] = "EVAL";
+            len[0] = 4;
+            argv[1] = scripts[script[i]];
+            len[1] = strlen(scripts[script[i]]);
             sub[j] = cmds[i];
             idx[j++] = i;
         }
@@ -316,6 +359,26 @@ static int run_calls(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
         tw__free(sub);
         tw__free(idx);
     }
+    return rc;
+}
+
+/* run_cmds for fixed-size script calls. */
+static int run_calls(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
+                     size_t n)
+{
+    int *script = tw__malloc((n ? n : 1) * sizeof *script);
+    if (!script)
+        return TW_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        cmds[i].argc = calls[i].argc;
+        cmds[i].argv = calls[i].argv;
+        cmds[i].argvlen = calls[i].len;
+        cmds[i].slot = d->sk[calls[i].shard].slot;
+        cmds[i].reply = NULL;
+        script[i] = calls[i].script;
+    }
+    int rc = run_cmds(d, cmds, script, n);
+    tw__free(script);
     return rc;
 }
 
@@ -491,21 +554,43 @@ out:
     return more;
 }
 
-/* Fire a batch of due timers (mu not held). */
-static void fire_batch(struct rd *d, struct rtimer *list)
+/* One round trip: the DONE calls of the completions waiting in d->pend
+ * (one script call per shard) and the claim check of the due timers in
+ * @list (one HMGET per shard); then the callbacks of the timers still
+ * ours. Completions are sent in batches (@flush), at most DONE_DELAY_MS
+ * after their callback returned. mu not held; firer thread. */
+static void fire_batch(struct rd *d, struct rtimer *list, bool flush)
 {
-    size_t n = 0;
+    size_t n = 0, np = flush ? d->npend : 0;
     for (struct rtimer *r = list; r; r = r->next)
         n++;
-    struct rtimer **v = tw__malloc(n * sizeof *v);
-    tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
-    struct call *calls = tw__malloc(n * sizeof *calls);
-    int *res = tw__malloc(n * sizeof *res);
-    bool *ok = tw__calloc(n, sizeof *ok);
-    int64_t wall = rd_wall(d);
+    uint32_t S = d->shards;
+    /* Per shard: its check command and its DONE command (index + 1). */
+    uint32_t *chk = tw__calloc(S, sizeof *chk), *dn = tw__calloc(S, sizeof *dn);
+    uint32_t *cnt_chk = tw__calloc(S, sizeof *cnt_chk);
+    uint32_t *cnt_dn = tw__calloc(S, sizeof *cnt_dn);
+    struct rtimer **v = tw__malloc((n ? n : 1) * sizeof *v);
+    size_t ncmd = 0, nargs = 0;
+    for (struct rtimer *r = list; r; r = r->next)
+        if (cnt_chk && cnt_chk[r->shard]++ == 0)
+            nargs += 2;
+    for (size_t i = 0; i < np; i++)
+        if (cnt_dn && cnt_dn[d->pend[i].r->shard]++ == 0)
+            nargs += 3 + NKEYS + 3;
+    nargs += n + 3 * np;
+    size_t maxcmd = 2u * S;
+    tw__rc_cmd *cmds = tw__calloc(maxcmd, sizeof *cmds);
+    int *script = tw__malloc(maxcmd * sizeof *script);
+    const char **argv = tw__malloc((nargs ? nargs : 1) * sizeof *argv);
+    size_t *len = tw__malloc((nargs ? nargs : 1) * sizeof *len);
+    char(*num)[24] = tw__malloc((2 * np + 3 * S + 1) * sizeof *num);
+    /* Reply element j of command c belongs to timer/completion at[c][j]:
+     * kept as a flat array in command order. */
+    size_t *owner = tw__malloc((n + np + 1) * sizeof *owner);
     uint64_t mono = rd_mono_ms(d);
-    if (!v || !cmds || !calls || !res || !ok) {
-        /* Try again shortly. */
+    if (!chk || !dn || !cnt_chk || !cnt_dn || !v || !cmds || !script || !argv ||
+        !len || !num || !owner) {
+        /* Try again shortly; completions stay pending. */
         pthread_mutex_lock(&d->mu);
         for (struct rtimer *r = list, *next; r; r = next) {
             next = r->next;
@@ -517,108 +602,215 @@ static void fire_batch(struct rd *d, struct rtimer *list)
     size_t k = 0;
     for (struct rtimer *r = list; r; r = r->next)
         v[k++] = r;
-    /* Is each claim still ours? One pipelined HGET per timer. */
-    for (size_t i = 0; i < n; i++) {
-        struct rtimer *r = v[i];
-        struct call *c = &calls[i];
-        c->argv[0] = "HGET";
-        c->len[0] = 4;
-        c->argv[1] = d->sk[r->shard].name[5];
-        c->len[1] = d->sk[r->shard].len[5];
-        c->argv[2] = r->data;
-        c->len[2] = r->key_len;
-        cmds[i].argc = 3;
-        cmds[i].argv = c->argv;
-        cmds[i].argvlen = c->len;
-        cmds[i].slot = d->sk[r->shard].slot;
+    int64_t wall = rd_wall(d);
+    size_t ai = 0, ni = 0;
+    /* DONE commands first: a completion and a new check of the same key
+     * cannot both be here (the key is either done or due), but order the
+     * DONEs first anyway, as they free leases. */
+    for (size_t i = 0; i < np; i++) {
+        uint32_t sh = d->pend[i].r->shard;
+        if (!dn[sh]) {
+            dn[sh] = (uint32_t)++ncmd;
+            tw__rc_cmd *c = &cmds[ncmd - 1];
+            script[ncmd - 1] = S_DONE;
+            c->argv = &argv[ai];
+            c->argvlen = &len[ai];
+            c->slot = d->sk[sh].slot;
+            argv[ai] = "EVALSHA";
+            len[ai++] = 7;
+            argv[ai] = d->sha[S_DONE];
+            len[ai++] = 40;
+            argv[ai] = "7";
+            len[ai++] = 1;
+            for (int q = 0; q < NKEYS; q++) {
+                argv[ai] = d->sk[sh].name[q];
+                len[ai++] = d->sk[sh].len[q];
+            }
+            long long a3[3] = {wall, wall + d->horizon_ms, d->lease_ms};
+            for (int q = 0; q < 3; q++) {
+                len[ai] = (size_t)snprintf(num[ni], 24, "%lld", a3[q]);
+                argv[ai++] = num[ni++];
+            }
+            c->argc = 3 + NKEYS + 3;
+            /* Reserve room for this shard's triples. */
+            ai += 3 * cnt_dn[sh];
+        }
     }
-    tw__rc_exec(d->rc, cmds, n);
-    pthread_mutex_lock(&d->mu);
+    for (struct rtimer **pv = v; pv < v + n; pv++) {
+        uint32_t sh = (*pv)->shard;
+        if (!chk[sh]) {
+            chk[sh] = (uint32_t)++ncmd;
+            tw__rc_cmd *c = &cmds[ncmd - 1];
+            script[ncmd - 1] = -1;
+            c->argv = &argv[ai];
+            c->argvlen = &len[ai];
+            c->slot = d->sk[sh].slot;
+            argv[ai] = "HMGET";
+            len[ai++] = 5;
+            argv[ai] = d->sk[sh].name[5];
+            len[ai++] = d->sk[sh].len[5];
+            c->argc = 2;
+            ai += cnt_chk[sh];
+        }
+    }
+    /* Fill the triples and keys, remembering whose reply element is
+     * whose: owner[] per command in order of appearance. */
+    size_t *base = tw__calloc(ncmd + 1, sizeof *base);
+    if (!base) {
+        pthread_mutex_lock(&d->mu);
+        for (size_t i = 0; i < n; i++)
+            tw_wheel_add(d->wheel, &v[i]->tm, mono + RETRY_MS);
+        pthread_mutex_unlock(&d->mu);
+        goto out;
+    }
+    /* owner layout: each command's elements are contiguous, in command
+     * order; compute offsets from the per-shard counts. */
+    {
+        size_t acc = 0;
+        for (size_t c = 0; c < ncmd; c++) {
+            base[c] = acc;
+            /* The shard of command c. */
+            for (uint32_t sh = 0; sh < S; sh++) {
+                if (dn[sh] == c + 1)
+                    acc += cnt_dn[sh];
+                if (chk[sh] == c + 1)
+                    acc += cnt_chk[sh];
+            }
+        }
+    }
+    for (size_t i = 0; i < np; i++) {
+        struct done *p = &d->pend[i];
+        tw__rc_cmd *c = &cmds[dn[p->r->shard] - 1];
+        size_t at = (size_t)c->argc;
+        const char **av = (const char **)c->argv;
+        size_t *al = (size_t *)c->argvlen;
+        av[at] = p->r->data;
+        al[at] = p->r->key_len;
+        al[at + 1] = (size_t)snprintf(num[ni], 24, "%llu",
+                                      (unsigned long long)p->r->token);
+        av[at + 1] = num[ni++];
+        al[at + 2] =
+            (size_t)snprintf(num[ni], 24, "%d", p->res > 0 ? p->res : 0);
+        av[at + 2] = num[ni++];
+        owner[base[dn[p->r->shard] - 1] + (size_t)(c->argc - 13) / 3] = i;
+        c->argc += 3;
+    }
     for (size_t i = 0; i < n; i++) {
-        struct rtimer *r = v[i];
-        redisReply *rep = cmds[i].reply;
-        if (cmds[i].err || !rep ||
-            (rep->type != REDIS_REPLY_STRING && rep->type != REDIS_REPLY_NIL)) {
-            tw_wheel_add(d->wheel, &r->tm, mono + RETRY_MS); /* ask again */
-        } else if (rep->type == REDIS_REPLY_STRING &&
-                   strtoull(rep->str, NULL, 10) == r->token) {
-            ok[i] = true;
-        } else {
-            rt_free_locked(d, r); /* replaced, cancelled or re-claimed */
-            v[i] = NULL;
+        tw__rc_cmd *c = &cmds[chk[v[i]->shard] - 1];
+        const char **av = (const char **)c->argv;
+        size_t *al = (size_t *)c->argvlen;
+        av[c->argc] = v[i]->data;
+        al[c->argc] = v[i]->key_len;
+        owner[base[chk[v[i]->shard] - 1] + (size_t)(c->argc - 2)] = i;
+        c->argc++;
+    }
+    run_cmds(d, cmds, script, ncmd);
+
+    /* Completions: free, or keep a retry this node claimed again. */
+    wall = rd_wall(d);
+    mono = rd_mono_ms(d);
+    pthread_mutex_lock(&d->mu);
+    for (size_t c = 0; c < ncmd; c++) {
+        if (script[c] < 0)
+            continue;
+        redisReply *rep = cmds[c].reply;
+        size_t m = (size_t)(cmds[c].argc - 13) / 3;
+        for (size_t j = 0; j < m; j++) {
+            struct done *p = &d->pend[owner[base[c] + j]];
+            long long res = -1;
+            if (rep && rep->type == REDIS_REPLY_ARRAY && j < rep->elements &&
+                rep->element[j]->type == REDIS_REPLY_INTEGER)
+                res = rep->element[j]->integer;
+            /* No reply: the lease runs out and another delivery follows
+             * (at least once). */
+            if (p->res > 0 && res > 0) {
+                p->r->token = (uint64_t)res;
+                p->r->attempt++;
+                p->r->due_ms =
+                    strtoll(cmds[c].argv[3 + NKEYS], NULL, 10) + p->res;
+                rt_arm_locked(d, p->r, wall, mono);
+            } else {
+                rt_free_locked(d, p->r);
+            }
+        }
+    }
+    if (np) {
+        memmove(d->pend, d->pend + np, (d->npend - np) * sizeof *d->pend);
+        d->npend -= np;
+    }
+    /* Checks. */
+    bool *ok = (bool *)tw__calloc(n ? n : 1, sizeof *ok);
+    for (size_t c = 0; c < ncmd; c++) {
+        if (script[c] >= 0)
+            continue;
+        redisReply *rep = cmds[c].reply;
+        size_t m = (size_t)cmds[c].argc - 2;
+        for (size_t j = 0; j < m; j++) {
+            size_t i = owner[base[c] + j];
+            struct rtimer *r = v[i];
+            redisReply *e =
+                rep && rep->type == REDIS_REPLY_ARRAY && j < rep->elements
+                    ? rep->element[j]
+                    : NULL;
+            if (!e || !ok) {
+                tw_wheel_add(d->wheel, &r->tm, mono + RETRY_MS); /* again */
+            } else if (e->type == REDIS_REPLY_STRING &&
+                       strtoull(e->str, NULL, 10) == r->token) {
+                ok[i] = true;
+            } else {
+                rt_free_locked(d, r); /* replaced, cancelled, re-claimed */
+            }
         }
     }
     pthread_mutex_unlock(&d->mu);
-    free_replies(cmds, n);
-    memset(cmds, 0, n * sizeof *cmds);
+    for (size_t c = 0; c < ncmd; c++)
+        if (cmds[c].reply)
+            freeReplyObject(cmds[c].reply);
+    tw__free(base);
 
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && ok; i++) {
         if (!ok[i])
             continue;
         struct rtimer *r = v[i];
         tw_durable_timer t = {
             r->data,        r->key_len, r->data + r->key_len,
             r->payload_len, r->due_ms,  r->attempt ? r->attempt : 1};
-        res[i] = d->fire(&d->base, &t, d->fire_arg);
-        m++;
-    }
-    /* Complete: DONE, or a retry. */
-    wall = rd_wall(d);
-    size_t j = 0;
-    size_t *idx = tw__malloc((m ? m : 1) * sizeof *idx);
-    if (!idx)
-        m = 0; /* the leases expire and the timers come back */
-    for (size_t i = 0; i < n && idx; i++) {
-        if (!ok[i])
-            continue;
-        struct rtimer *r = v[i];
-        struct call *c = &calls[j];
-        call_init(d, c, S_DONE, r->shard);
-        call_arg(c, r->data, r->key_len);
-        call_num(c, (long long)r->token);
-        call_num(c, res[i] > 0 ? res[i] : 0);
-        call_num(c, wall);
-        call_num(c, wall + d->horizon_ms);
-        call_num(c, d->lease_ms);
-        idx[j++] = i;
-    }
-    if (j)
-        run_calls(d, calls, cmds, j);
-    wall = rd_wall(d);
-    mono = rd_mono_ms(d);
-    pthread_mutex_lock(&d->mu);
-    for (size_t q = 0; q < j; q++) {
-        size_t i = idx[q];
-        struct rtimer *r = v[i];
-        redisReply *rep = cmds[q].reply;
-        if (res[i] > 0)
+        int res = d->fire(&d->base, &t, d->fire_arg);
+        pthread_mutex_lock(&d->mu);
+        if (res > 0)
             d->retried++;
         else
             d->fired++;
-        uint64_t tok = reply_u64(rep);
-        if (res[i] > 0 && tok && rep->type == REDIS_REPLY_INTEGER) {
-            /* Re-claimed by the retry: keep it here. */
-            r->token = tok;
-            r->attempt++;
-            r->due_ms = strtoll(calls[q].num[2], NULL, 10) + res[i];
-            rt_arm_locked(d, r, wall, mono);
-        } else {
-            rt_free_locked(d, r);
+        if (d->npend == d->cap_pend) {
+            size_t cap = d->cap_pend ? 2 * d->cap_pend : 256;
+            struct done *np2 = tw__realloc(d->pend, cap * sizeof *np2);
+            if (np2) {
+                d->pend = np2;
+                d->cap_pend = cap;
+            }
         }
+        if (d->npend < d->cap_pend) {
+            if (!d->npend)
+                d->pend_since = rd_mono_ms(d);
+            d->pend[d->npend++] = (struct done){r, res};
+        } else {
+            rt_free_locked(d, r); /* no room: the lease brings it back */
+        }
+        pthread_mutex_unlock(&d->mu);
     }
-    for (size_t i = 0; i < n && !idx; i++)
-        if (ok[i])
-            rt_free_locked(d, v[i]);
-    pthread_mutex_unlock(&d->mu);
-    free_replies(cmds, j);
-    tw__free(idx);
+    tw__free(ok);
 out:
+    tw__free(chk);
+    tw__free(dn);
+    tw__free(cnt_chk);
+    tw__free(cnt_dn);
     tw__free(v);
     tw__free(cmds);
-    tw__free(calls);
-    tw__free(res);
-    tw__free(ok);
+    tw__free(script);
+    tw__free(argv);
+    tw__free(len);
+    tw__free(num);
+    tw__free(owner);
 }
 
 /* The claimer: CLAIM every horizon/4 (at once again when a shard had more
@@ -675,11 +867,22 @@ static void *rd_main(void *arg)
         }
         if (list) {
             pthread_mutex_unlock(&d->mu);
-            fire_batch(d, list);
+            fire_batch(d, list,
+                       d->npend >= DONE_BATCH ||
+                           now >= d->pend_since + DONE_DELAY_MS);
+            pthread_mutex_lock(&d->mu);
+            continue;
+        }
+        if (d->npend &&
+            (d->npend >= DONE_BATCH || now >= d->pend_since + DONE_DELAY_MS)) {
+            pthread_mutex_unlock(&d->mu);
+            fire_batch(d, NULL, true);
             pthread_mutex_lock(&d->mu);
             continue;
         }
         uint64_t until = tw_wheel_next_expiry(d->wheel);
+        if (d->npend && until > d->pend_since + DONE_DELAY_MS)
+            until = d->pend_since + DONE_DELAY_MS;
         uint64_t wait = until > now ? until - now : 0;
         if (wait > IDLE_WAIT_MS)
             wait = IDLE_WAIT_MS;
@@ -695,6 +898,8 @@ static void *rd_main(void *arg)
         }
     }
     pthread_mutex_unlock(&d->mu);
+    if (d->npend) /* the last completions */
+        fire_batch(d, NULL, true);
     return NULL;
 }
 
@@ -808,6 +1013,7 @@ static void rd_free(struct rd *d)
         struct rtimer *r = d->held;
         rt_free_locked(d, r);
     }
+    tw__free(d->pend);
     tw_wheel_destroy(d->wheel);
     tw__rc_close(d->rc);
     pthread_mutex_destroy(&d->mu);
