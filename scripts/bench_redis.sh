@@ -26,7 +26,7 @@ cleanup() {
 }
 trap cleanup EXIT
 for _ in $(seq 50); do
-  port=$((20000 + RANDOM % 20000))
+  port=$((10000 + RANDOM % 20000))
   (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null || break
 done
 redis-server --port "$port" --bind 127.0.0.1 --dir "$tmp" --save '' \

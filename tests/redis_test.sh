@@ -28,7 +28,8 @@ port_free() { ! (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
 pick_ports() { # N: N consecutive free ports (and their bus ports)
   local n=$1 base i ok
   for _ in $(seq 50); do
-    base=$((20000 + RANDOM % 20000))
+    # Below the ephemeral range (32768+), bus ports (port + 10000) too.
+    base=$((10000 + RANDOM % 12000))
     ok=1
     for ((i = 0; i < n; i++)); do
       port_free $((base + i)) && port_free $((base + i + 10000)) || { ok=0; break; }
