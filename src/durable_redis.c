@@ -1038,18 +1038,16 @@ static int rd_close(tw_durable *base)
     while (d->held) {
         struct call c[256];
         tw__rc_cmd cmds[256];
-        size_t n = 0;
-        struct rtimer *r = d->held;
-        while (r && n < 256) {
-            struct rtimer *next = r->hnext;
+        struct rtimer *batch[256];
+        size_t n = 0, nb = 0;
+        for (struct rtimer *r = d->held; r && nb < 256; r = r->hnext) {
+            batch[nb++] = r;
             if (r->token) {
                 call_init(d, &c[n], S_RELEASE, r->shard);
                 call_arg(&c[n], r->data, r->key_len);
                 call_num(&c[n], (long long)r->token);
                 n++;
             }
-            rt_free_locked(d, r);
-            r = next;
         }
         if (n) {
             int e = run_calls(d, c, cmds, n);
@@ -1057,6 +1055,8 @@ static int rd_close(tw_durable *base)
                 rc = e;
             free_replies(cmds, n);
         }
+        for (size_t i = 0; i < nb; i++) /* after their keys were sent */
+            rt_free_locked(d, batch[i]);
     }
     rd_free(d);
     return rc;
