@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -125,6 +126,8 @@ static void sched_node(const char *seeds, int node, int threads, int n,
     cfg.redis = seeds;
     cfg.redis_namespace = "bench";
     cfg.fire = nop_fire;
+    cfg.wait_replicas =
+        getenv("WAIT_REPLICAS") ? (uint32_t)atoi(getenv("WAIT_REPLICAS")) : 0;
     tw_durable *d;
     if (tw_durable_open(&d, &cfg)) {
         fprintf(stderr, "open failed\n");
@@ -133,9 +136,10 @@ static void sched_node(const char *seeds, int node, int threads, int n,
     char c;
     if (read(go_fd, &c, 1) != 1)
         _exit(1);
-    double secs[2];
+    double secs[2] = {1, 1};
     int errors = 0;
-    for (int op = 0; op < 2; op++) {
+    int ops = getenv("KEEP") ? 1 : 2; /* KEEP: leave the timers pending */
+    for (int op = 0; op < ops; op++) {
         pthread_t th[256];
         struct worker w[256];
         int64_t t0 = now_us();
@@ -178,14 +182,15 @@ static void sched_mode(const char *seeds, int nodes, int threads, int n)
     for (int i = 0; i < nodes; i++)
         if (write(go[1], "g", 1) != 1)
             exit(1);
-    double s0 = 0, s1 = 0;
+    double s0 = 0, s1 = 0, cpu = 0;
     int errors = 0;
     FILE *f = fdopen(out[0], "r");
     for (int i = 0; i < nodes; i++) {
-        double a, b;
+        double a, b, u;
         int e;
-        if (fscanf(f, "%lf %lf %d", &a, &b, &e) != 3)
+        if (fscanf(f, "%lf %lf %d %lf", &a, &b, &e, &u) != 4)
             exit(1);
+        cpu += u;
         s0 = a > s0 ? a : s0;
         s1 = b > s1 ? b : s1;
         errors += e;
@@ -193,9 +198,10 @@ static void sched_mode(const char *seeds, int nodes, int threads, int n)
     while (wait(NULL) > 0)
         ;
     double total = (double)nodes * n;
-    printf("sched          nodes %d threads %d: schedules/s %.0f  cancels/s "
+    const char *w = getenv("WAIT_REPLICAS");
+    printf("sched%-9s nodes %d threads %d: schedules/s %.0f  cancels/s "
            "%.0f  errors %d\n",
-           nodes, threads, total / s0, total / s1, errors);
+           w ? " WAIT 1" : "", nodes, threads, total / s0, total / s1, errors);
 }
 
 /* ------------------------------------------------------------------------ */
