@@ -1,0 +1,373 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench/bench_redis.c - durable timers on Redis against a sorted-set
+ * poller on the same Redis. scripts/bench_redis.sh starts the server and
+ * runs every mode side by side.
+ *
+ *   bench_redis sched SEEDS NODES THREADS N
+ *       NODES processes x THREADS threads schedule N timers each (due far
+ *       beyond the horizon), then cancel them: schedules/s and cancels/s.
+ *   bench_redis fire SEEDS REDIS_PID N WINDOW_MS
+ *       one twheel node: N timers due evenly over WINDOW_MS; lateness of
+ *       each delivery, Redis CPU for loading and for firing.
+ *   bench_redis poll SEEDS REDIS_PID N WINDOW_MS INTERVAL_MS
+ *       the common approach: ZADD+HSET per timer (one Lua call, pipelined),
+ *       and a poller that runs a Lua ZRANGEBYSCORE+ZREM+HDEL every
+ *       INTERVAL_MS; lateness and Redis CPU the same way.
+ */
+#define _GNU_SOURCE
+
+#include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "twheel/durable.h"
+
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static void sleep_us(int64_t us)
+{
+    if (us <= 0)
+        return;
+    struct timespec ts = {us / 1000000, (long)(us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* utime + stime of a process, in ms. */
+static double cpu_ms(int pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    unsigned long ut = 0, st = 0;
+    if (!p ||
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+               &ut, &st) != 2)
+        return -1;
+    return (double)(ut + st) * 1000.0 / (double)sysconf(_SC_CLK_TCK);
+}
+
+static int cmp64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void report_late(const char *name, int64_t *late, size_t n,
+                        size_t expect, double load_cpu, double fire_cpu)
+{
+    qsort(late, n, sizeof *late, cmp64);
+    printf("%-14s timers %zu delivered %zu  lateness ms p50 %.2f p99 %.2f "
+           "max %.2f  redis cpu ms/1000 timers: load %.1f fire %.1f total "
+           "%.1f\n",
+           name, expect, n, n ? late[n / 2] / 1000.0 : -1,
+           n ? late[n * 99 / 100] / 1000.0 : -1, n ? late[n - 1] / 1000.0 : -1,
+           load_cpu * 1000.0 / (double)expect,
+           fire_cpu * 1000.0 / (double)expect,
+           (load_cpu + fire_cpu) * 1000.0 / (double)expect);
+}
+
+/* ------------------------------------------------------------------------ */
+
+static int nop_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)t;
+    (void)arg;
+    return 0;
+}
+
+struct worker {
+    tw_durable *d;
+    int node, th, lo, hi, op;
+    int64_t due;
+    int errors;
+};
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    char k[48];
+    for (int i = w->lo; i < w->hi; i++) {
+        int n = snprintf(k, sizeof k, "n%d-%d", w->node, i);
+        int rc =
+            w->op ? tw_durable_cancel(w->d, k, (size_t)n)
+                  : tw_durable_schedule(w->d, k, (size_t)n, w->due,
+                                        "payload-32-bytes-..............", 32);
+        if (rc)
+            w->errors++;
+    }
+    return NULL;
+}
+
+static void sched_node(const char *seeds, int node, int threads, int n,
+                       int go_fd, int out_fd)
+{
+    tw_durable_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.redis = seeds;
+    cfg.redis_namespace = "bench";
+    cfg.fire = nop_fire;
+    cfg.wait_replicas =
+        getenv("WAIT_REPLICAS") ? (uint32_t)atoi(getenv("WAIT_REPLICAS")) : 0;
+    tw_durable *d;
+    if (tw_durable_open(&d, &cfg)) {
+        fprintf(stderr, "open failed\n");
+        _exit(1);
+    }
+    char c;
+    if (read(go_fd, &c, 1) != 1)
+        _exit(1);
+    double secs[2] = {1, 1};
+    int errors = 0;
+    int ops = getenv("KEEP") ? 1 : 2; /* KEEP: leave the timers pending */
+    for (int op = 0; op < ops; op++) {
+        pthread_t th[256];
+        struct worker w[256];
+        int64_t t0 = now_us();
+        for (int i = 0; i < threads; i++) {
+            w[i] = (struct worker){d,
+                                   node,
+                                   i,
+                                   n * i / threads,
+                                   n * (i + 1) / threads,
+                                   op,
+                                   (now_us() / 1000) + 3600 * 1000,
+                                   0};
+            pthread_create(&th[i], NULL, worker_main, &w[i]);
+        }
+        for (int i = 0; i < threads; i++) {
+            pthread_join(th[i], NULL);
+            errors += w[i].errors;
+        }
+        secs[op] = (double)(now_us() - t0) / 1e6;
+    }
+    tw_durable_close(d);
+    char line[128];
+    int len =
+        snprintf(line, sizeof line, "%f %f %d\n", secs[0], secs[1], errors);
+    if (write(out_fd, line, (size_t)len) != len)
+        _exit(1);
+    _exit(0);
+}
+
+static void sched_mode(const char *seeds, int nodes, int threads, int n)
+{
+    int go[2], out[2];
+    if (pipe(go) || pipe(out))
+        exit(1);
+    fflush(NULL);
+    for (int i = 0; i < nodes; i++)
+        if (fork() == 0)
+            sched_node(seeds, i, threads, n, go[0], out[1]);
+    sleep_us(300000); /* every node connected */
+    for (int i = 0; i < nodes; i++)
+        if (write(go[1], "g", 1) != 1)
+            exit(1);
+    double s0 = 0, s1 = 0, cpu = 0;
+    int errors = 0;
+    FILE *f = fdopen(out[0], "r");
+    for (int i = 0; i < nodes; i++) {
+        double a, b, u;
+        int e;
+        if (fscanf(f, "%lf %lf %d %lf", &a, &b, &e, &u) != 4)
+            exit(1);
+        cpu += u;
+        s0 = a > s0 ? a : s0;
+        s1 = b > s1 ? b : s1;
+        errors += e;
+    }
+    while (wait(NULL) > 0)
+        ;
+    double total = (double)nodes * n;
+    const char *w = getenv("WAIT_REPLICAS");
+    printf("sched%-9s nodes %d threads %d: schedules/s %.0f  cancels/s "
+           "%.0f  errors %d\n",
+           w ? " WAIT 1" : "", nodes, threads, total / s0, total / s1, errors);
+}
+
+/* ------------------------------------------------------------------------ */
+
+static _Atomic size_t nlate;
+static size_t nlate_max;
+static int64_t *late;
+
+static int late_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)arg;
+    size_t i = nlate++;
+    if (i < nlate_max)
+        late[i] = now_us() - t->due_ms * 1000;
+    return 0;
+}
+
+struct loader {
+    tw_durable *d;
+    int lo, hi, n;
+    int64_t start_ms, window_ms;
+};
+
+static void *load_main(void *arg)
+{
+    struct loader *l = arg;
+    char k[32];
+    for (int i = l->lo; i < l->hi; i++) {
+        int kn = snprintf(k, sizeof k, "f%d", i);
+        tw_durable_schedule(l->d, k, (size_t)kn,
+                            l->start_ms + (int64_t)i * l->window_ms / l->n,
+                            "payload-32-bytes-..............", 32);
+    }
+    return NULL;
+}
+
+static void fire_mode(const char *seeds, int pid, int n, int window_ms)
+{
+    late = calloc((size_t)n, sizeof *late);
+    nlate_max = (size_t)n;
+    tw_durable_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.redis = seeds;
+    cfg.redis_namespace = "fire";
+    cfg.fire = late_fire;
+    cfg.shards = getenv("SHARDS") ? (uint32_t)atoi(getenv("SHARDS")) : 0;
+    tw_durable *d;
+    if (tw_durable_open(&d, &cfg))
+        exit(1);
+    int64_t start_ms = now_us() / 1000 + 3000 + n / 20;
+    double c0 = cpu_ms(pid);
+    pthread_t th[32];
+    struct loader l[32];
+    for (int i = 0; i < 32; i++) {
+        l[i] = (struct loader){d, n * i / 32, n * (i + 1) / 32,
+                               n, start_ms,   window_ms};
+        pthread_create(&th[i], NULL, load_main, &l[i]);
+    }
+    for (int i = 0; i < 32; i++)
+        pthread_join(th[i], NULL);
+    double c1 = cpu_ms(pid);
+    int64_t end = (start_ms + window_ms + 5000) * 1000;
+    while (nlate < (size_t)n && now_us() < end)
+        sleep_us(10000);
+    double c2 = cpu_ms(pid);
+    tw_durable_close(d);
+    size_t got = nlate < nlate_max ? nlate : nlate_max;
+    char name[32];
+    snprintf(name, sizeof name, "twheel %ush", cfg.shards ? cfg.shards : 64);
+    report_late(name, late, got, (size_t)n, c1 - c0, c2 - c1);
+}
+
+static const char poll_script[] =
+    "local ks=redis.call('ZRANGEBYSCORE',KEYS[1],'-inf',ARGV[1],'LIMIT',0,"
+    "ARGV[2])\n"
+    "if #ks==0 then return {} end\n"
+    "redis.call('ZREM',KEYS[1],unpack(ks))\n"
+    "local ps=redis.call('HMGET',KEYS[2],unpack(ks))\n"
+    "redis.call('HDEL',KEYS[2],unpack(ks))\n"
+    "local out={}\n"
+    "for i=1,#ks do out[#out+1]=ks[i]; out[#out+1]=ps[i] end\n"
+    "return out\n";
+static const char add_script[] = "redis.call('ZADD',KEYS[1],ARGV[1],ARGV[2])\n"
+                                 "redis.call('HSET',KEYS[2],ARGV[2],ARGV[3])\n"
+                                 "return 1\n";
+
+static void poll_mode(const char *seeds, int pid, int n, int window_ms,
+                      int interval_ms)
+{
+    char host[64];
+    int port;
+    if (sscanf(seeds, "%63[^:]:%d", host, &port) != 2)
+        exit(2);
+    redisContext *c = redisConnect(host, port);
+    if (!c || c->err)
+        exit(1);
+    late = calloc((size_t)n, sizeof *late);
+    int64_t *due = calloc((size_t)n, sizeof *due);
+    int64_t start_ms = now_us() / 1000 + 3000 + n / 20;
+    double c0 = cpu_ms(pid);
+    redisReply *r = redisCommand(c, "SCRIPT LOAD %s", add_script);
+    char add_sha[41], poll_sha[41];
+    memcpy(add_sha, r->str, 41);
+    freeReplyObject(r);
+    r = redisCommand(c, "SCRIPT LOAD %s", poll_script);
+    memcpy(poll_sha, r->str, 41);
+    freeReplyObject(r);
+    for (int i = 0; i < n; i += 1000) {
+        int m = n - i < 1000 ? n - i : 1000;
+        for (int j = i; j < i + m; j++) {
+            due[j] = start_ms + (int64_t)j * window_ms / n;
+            redisAppendCommand(c, "EVALSHA %s 2 pq:z pq:h %lld f%d %s", add_sha,
+                               (long long)due[j], j,
+                               "payload-32-bytes-..............");
+        }
+        for (int j = 0; j < m; j++) {
+            void *rep;
+            if (redisGetReply(c, &rep) != REDIS_OK)
+                exit(1);
+            freeReplyObject(rep);
+        }
+    }
+    double c1 = cpu_ms(pid);
+    int64_t end = (start_ms + window_ms + 5000) * 1000;
+    int64_t next = now_us();
+    while (nlate < (size_t)n && now_us() < end) {
+        sleep_us(next - now_us());
+        next += (int64_t)interval_ms * 1000;
+        for (;;) {
+            r = redisCommand(c, "EVALSHA %s 2 pq:z pq:h %lld 1000", poll_sha,
+                             (long long)(now_us() / 1000));
+            if (!r || r->type != REDIS_REPLY_ARRAY)
+                exit(1);
+            int64_t t = now_us();
+            for (size_t i = 0; i + 1 < r->elements; i += 2) {
+                int id = atoi(r->element[i]->str + 1);
+                late[nlate++] = t - due[id] * 1000;
+            }
+            size_t got = r->elements / 2;
+            freeReplyObject(r);
+            if (got < 1000)
+                break;
+        }
+    }
+    double c2 = cpu_ms(pid);
+    redisFree(c);
+    char name[32];
+    snprintf(name, sizeof name, "poll %d ms", interval_ms);
+    report_late(name, late, nlate, (size_t)n, c1 - c0, c2 - c1);
+    free(due);
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc >= 6 && !strcmp(argv[1], "sched"))
+        sched_mode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+    else if (argc >= 6 && !strcmp(argv[1], "fire"))
+        fire_mode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+    else if (argc >= 7 && !strcmp(argv[1], "poll"))
+        poll_mode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
+                  atoi(argv[6]));
+    else {
+        fprintf(stderr, "usage: see bench/bench_redis.c\n");
+        return 2;
+    }
+    return 0;
+}

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Durable timers on Redis against a sorted-set poller, side by side on one
+# redis-server that this script starts (127.0.0.1, a free port, a temporary
+# directory, no persistence) and always stops.
+# Usage: scripts/bench_redis.sh [BUILD_DIR]   (a Release build; made if
+# missing). TIMERS (default 20000) and WINDOW_MS (10000) size the firing
+# runs; SCHED_N (default 100000 per node) the schedule runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build/bench-redis}
+if [ ! -x "$build/bench/bench_redis" ]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTWHEEL_REDIS=ON \
+    -DTWHEEL_BUILD_TESTS=OFF >/dev/null
+fi
+cmake --build "$build" --target bench_redis >/dev/null
+bin=$build/bench/bench_redis
+timers=${TIMERS:-20000}
+window=${WINDOW_MS:-10000}
+sched_n=${SCHED_N:-100000}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/twbench.XXXXXX")
+pid=
+others=()
+cleanup() {
+  for p in $pid "${others[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+for _ in $(seq 50); do
+  port=$((10000 + RANDOM % 12000))
+  ok=1
+  for p in $port $((port + 1)) $((port + 2)) $((port + 3)) $((port + 4)) \
+    $((port + 10002)) $((port + 10003)) $((port + 10004)); do
+    if (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then ok=0; fi
+  done
+  ((ok)) && break
+done
+redis-server --port "$port" --bind 127.0.0.1 --dir "$tmp" --save '' \
+  --appendonly no --logfile "$tmp/log" &
+pid=$!
+until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+seeds=127.0.0.1:$port
+echo "# $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD) $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), one server, no persistence"
+"$bin" sched "$seeds" 1 64 "$sched_n"
+redis-cli -p "$port" flushall >/dev/null
+"$bin" sched "$seeds" 2 64 "$sched_n"
+redis-cli -p "$port" flushall >/dev/null
+# Redis memory per pending timer (key "n0-<i>", 32-byte payload).
+mem0=$(redis-cli -p "$port" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')
+KEEP=1 "$bin" sched "$seeds" 1 64 "$sched_n" >/dev/null
+mem1=$(redis-cli -p "$port" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')
+echo "memory         $sched_n pending timers (11-byte keys, 32-byte payloads): $(((mem1 - mem0) / sched_n)) bytes each in Redis (used_memory)"
+redis-cli -p "$port" flushall >/dev/null
+"$bin" fire "$seeds" "$pid" "$timers" "$window"
+redis-cli -p "$port" flushall >/dev/null
+"$bin" poll "$seeds" "$pid" "$timers" "$window" 100
+redis-cli -p "$port" flushall >/dev/null
+"$bin" poll "$seeds" "$pid" "$timers" "$window" 1000
+
+# WAIT for one replica: the same schedules with a replica attached.
+rport=$((port + 1))
+mkdir -p "$tmp/r"
+redis-server --port "$rport" --bind 127.0.0.1 --dir "$tmp/r" --save '' \
+  --appendonly no --logfile "$tmp/r/log" --replicaof 127.0.0.1 "$port" &
+others+=($!)
+until redis-cli -p "$port" info replication | grep -q "slave0:.*state=online"; do sleep 0.05; done
+redis-cli -p "$port" flushall >/dev/null
+"$bin" sched "$seeds" 1 64 "$sched_n"
+redis-cli -p "$port" flushall >/dev/null
+WAIT_REPLICAS=1 "$bin" sched "$seeds" 1 64 "$sched_n"
+kill -9 "${others[@]}" 2>/dev/null || true
+
+# A 3-master cluster on this machine: schedules from one node and two.
+cbase=$((port + 2))
+addrs=()
+for i in 0 1 2; do
+  p=$((cbase + i))
+  mkdir -p "$tmp/c$p"
+  redis-server --port "$p" --bind 127.0.0.1 --dir "$tmp/c$p" --save '' \
+    --appendonly no --logfile "$tmp/c$p/log" --cluster-enabled yes \
+    --cluster-config-file nodes.conf &
+  others+=($!)
+  addrs+=(127.0.0.1:$p)
+done
+for a in "${addrs[@]}"; do
+  until redis-cli -p "${a#*:}" ping >/dev/null 2>&1; do sleep 0.05; done
+done
+redis-cli --cluster create "${addrs[@]}" --cluster-yes >/dev/null
+for a in "${addrs[@]}"; do
+  until redis-cli -p "${a#*:}" cluster info | grep -q cluster_state:ok; do sleep 0.05; done
+done
+echo "# 3-master cluster"
+"$bin" sched "${addrs[0]}" 1 64 "$sched_n"
+"$bin" sched "${addrs[0]}" 2 64 "$sched_n"

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# CI stage: durable timers on Redis against real redis-server processes:
+# one server (semantics, unreachable, kill -9 with appendfsync always) and
+# 3-master clusters (3 nodes sharing 100,000 timers, kill -9 of a node,
+# slot migration, failover to a replica with WAIT). About a minute and a
+# half here; each scenario starts and stops its own servers
+# (tests/redis_test.sh).
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+cd "$root"
+if ! command -v redis-server >/dev/null || ! pkg-config --exists hiredis; then
+  echo "redis stage: redis-server or hiredis missing (scripts/deps.sh test)" >&2
+  exit 1
+fi
+export TWHEEL_REDIS_CLUSTER_TESTS=1
+configure_build build/ci-redis -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=gcc \
+  -DTWHEEL_REDIS=ON -DTWHEEL_BUILD_BENCH=OFF
+# Serially: the scenarios measure lateness and kill servers.
+ctest --test-dir build/ci-redis --output-on-failure -L redis -j1

@@ -1,0 +1,1153 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * src/durable_redis.c - the Redis backend of twheel/durable.h.
+ *
+ * Data model. A key goes to shard fnv1a(key) % shards; shard s of
+ * namespace ns keeps seven keys with the hash tag {ns:s}, so they share one
+ * cluster slot and one Lua script can change them atomically:
+ *   {ns:s}:d  sorted set  key -> due ms          (waiting, not claimed)
+ *   {ns:s}:p  hash        key -> payload
+ *   {ns:s}:a  hash        key -> attempt of the next delivery
+ *   {ns:s}:u  hash        key -> due ms (kept while claimed)
+ *   {ns:s}:l  sorted set  key -> lease expiry ms  (claimed by some node)
+ *   {ns:s}:t  hash        key -> fencing token of the current claim
+ *   {ns:s}:s  counter     the shard's last token
+ * A key is in exactly one of :d and :l while it is pending.
+ *
+ * Every change is one script (EVALSHA; EVAL once on NOSCRIPT, which loads
+ * it on that node): SCHED, CANCEL, CLAIM, DONE, RELEASE.
+ *
+ * Threads. A claimer thread runs CLAIM; a firer thread owns the firing
+ * (the wheel itself is shared under mu: calls add the timers they claim).
+ *
+ * Claiming. The claimer runs CLAIM on every shard each horizon/4:
+ * first leases that expired go back to :d with attempt + 1, then keys due
+ * before now + horizon move from :d to :l (expiry max(due, now) + lease)
+ * with a new token, and come back with their payloads. SCHED and a retry
+ * in DONE claim at once when the due time is within the horizon, so a
+ * short timer does not wait for the next CLAIM. Claimed timers sit in the
+ * node's own tw_wheel (1 ms ticks of the monotonic clock).
+ *
+ * Firing. When the wheel says a timer is due (and the wall clock agrees:
+ * never early), the node asks Redis whether :t still holds its token (one
+ * pipelined HGET per batch of due timers). Only then does the callback
+ * run; afterwards DONE removes the timer, or re-queues it for a retry, if
+ * the token is still the node's. SCHED of an existing key and CANCEL
+ * replace or delete the token, so a node holding the old claim drops it at
+ * the check. The one window left: a replace or cancel that Redis executes
+ * after the check's reply and before the callback returns does not stop
+ * that callback (it has, in effect, already begun: its start precedes the
+ * acknowledgement by at most one round trip); DONE then sees another token
+ * and leaves the new version alone.
+ *
+ * Failure. A node that dies leaves its leases in :l; the first CLAIM after
+ * they expire (by any node) gives the timers back. A node that cannot reach
+ * Redis fires nothing it cannot check and retries every RETRY_MS. close()
+ * gives unfired claims back at once (RELEASE).
+ */
+#define _GNU_SOURCE
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "durable_backend.h"
+#include "internal.h"
+#include "redis_client.h"
+
+#define NKEYS 7
+#define CLAIM_MAX 1000
+#define RETRY_MS 100
+#define IDLE_WAIT_MS 50
+#define DONE_DELAY_MS 50 /* longest wait of a completion for a batch */
+#define DONE_BATCH 1024
+
+enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_COUNT };
+
+/* KEYS: 1 d, 2 p, 3 a, 4 u, 5 l, 6 t, 7 s. */
+static const char *const scripts[S_COUNT] = {
+    /* SCHED ARGV: key due payload claim_until now lease */
+    "local k,due=ARGV[1],tonumber(ARGV[2])\n"
+    "redis.call('HSET',KEYS[2],k,ARGV[3])\n"
+    "redis.call('HSET',KEYS[3],k,1)\n"
+    "redis.call('HSET',KEYS[4],k,ARGV[2])\n"
+    "local claimed=redis.call('HDEL',KEYS[6],k)==1\n"
+    "if due<=tonumber(ARGV[4]) then\n"
+    " local tok=redis.call('INCR',KEYS[7])\n"
+    " redis.call('ZREM',KEYS[1],k)\n"
+    " redis.call('ZADD',KEYS[5],math.max(due,tonumber(ARGV[5]))+"
+    "tonumber(ARGV[6]),k)\n"
+    " redis.call('HSET',KEYS[6],k,tok)\n"
+    " return tok\n"
+    "end\n"
+    "if claimed then redis.call('ZREM',KEYS[5],k) end\n"
+    "redis.call('ZADD',KEYS[1],ARGV[2],k)\n"
+    "return 0\n",
+    /* CANCEL ARGV: key */
+    "local k=ARGV[1]\n"
+    "if redis.call('ZREM',KEYS[1],k)+redis.call('ZREM',KEYS[5],k)==0 then\n"
+    " return 0 end\n"
+    "redis.call('HDEL',KEYS[2],k)\n"
+    "redis.call('HDEL',KEYS[3],k)\n"
+    "redis.call('HDEL',KEYS[4],k)\n"
+    "redis.call('HDEL',KEYS[6],k)\n"
+    "return 1\n",
+    /* CLAIM ARGV: now until lease max. A few commands per call, however
+     * many keys it claims (tokens: one INCRBY). */
+    "local now,lease,max=tonumber(ARGV[1]),tonumber(ARGV[3]),"
+    "tonumber(ARGV[4])\n"
+    "local ex=redis.call('ZRANGEBYSCORE',KEYS[5],'-inf',now,'LIMIT',0,max)\n"
+    "for _,k in ipairs(ex) do\n"
+    " redis.call('ZREM',KEYS[5],k)\n"
+    " redis.call('HDEL',KEYS[6],k)\n"
+    " redis.call('HINCRBY',KEYS[3],k,1)\n"
+    " redis.call('ZADD',KEYS[1],redis.call('HGET',KEYS[4],k),k)\n"
+    "end\n"
+    "local ks=redis.call('ZRANGEBYSCORE',KEYS[1],'-inf',ARGV[2],"
+    "'WITHSCORES','LIMIT',0,max)\n"
+    "local n=#ks/2\n"
+    "if n==0 then return {} end\n"
+    "local tok0=redis.call('INCRBY',KEYS[7],n)-n\n"
+    "local keys,za,ht={},{},{}\n"
+    "for i=1,n do\n"
+    " local k=ks[2*i-1]\n"
+    " keys[i]=k\n"
+    " za[2*i-1]=math.max(tonumber(ks[2*i]),now)+lease\n"
+    " za[2*i]=k\n"
+    " ht[2*i-1]=k\n"
+    " ht[2*i]=tok0+i\n"
+    "end\n"
+    "redis.call('ZREM',KEYS[1],unpack(keys))\n"
+    "redis.call('ZADD',KEYS[5],unpack(za))\n"
+    "redis.call('HSET',KEYS[6],unpack(ht))\n"
+    "local at=redis.call('HMGET',KEYS[3],unpack(keys))\n"
+    "local pl=redis.call('HMGET',KEYS[2],unpack(keys))\n"
+    "local out={}\n"
+    "for i=1,n do\n"
+    " out[5*i-4]=keys[i]\n"
+    " out[5*i-3]=ks[2*i]\n"
+    " out[5*i-2]=tostring(tok0+i)\n"
+    " out[5*i-1]=at[i]\n"
+    " out[5*i]=pl[i]\n"
+    "end\n"
+    "return out\n",
+    /* DONE ARGV: now claim_until lease, then (key token retry_ms)...
+     * Returns per key: -1 not ours, 0 done (or retry left in :d), or the
+     * token of the retry's new claim. Completed keys are removed with one
+     * command per structure. */
+    "local now,untl,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"
+    "tonumber(ARGV[3])\n"
+    "local ks,ts,rs={},{},{}\n"
+    "for i=4,#ARGV,3 do\n"
+    " ks[#ks+1]=ARGV[i]\n"
+    " ts[#ts+1]=ARGV[i+1]\n"
+    " rs[#rs+1]=tonumber(ARGV[i+2])\n"
+    "end\n"
+    "local cur=redis.call('HMGET',KEYS[6],unpack(ks))\n"
+    "local out,fin={},{}\n"
+    "for i=1,#ks do\n"
+    " local k,r,res=ks[i],rs[i],-1\n"
+    " if cur[i]==ts[i] then\n"
+    "  res=0\n"
+    "  if r<=0 then\n"
+    "   fin[#fin+1]=k\n"
+    "  else\n"
+    "   redis.call('ZREM',KEYS[5],k)\n"
+    "   redis.call('HDEL',KEYS[6],k)\n"
+    "   local due=now+r\n"
+    "   redis.call('HINCRBY',KEYS[3],k,1)\n"
+    "   redis.call('HSET',KEYS[4],k,due)\n"
+    "   if due<=untl then\n"
+    "    res=redis.call('INCR',KEYS[7])\n"
+    "    redis.call('ZADD',KEYS[5],due+lease,k)\n"
+    "    redis.call('HSET',KEYS[6],k,res)\n"
+    "   else\n"
+    "    redis.call('ZADD',KEYS[1],due,k)\n"
+    "   end\n"
+    "  end\n"
+    " end\n"
+    " out[i]=res\n"
+    "end\n"
+    "if #fin>0 then\n"
+    " redis.call('ZREM',KEYS[5],unpack(fin))\n"
+    " redis.call('HDEL',KEYS[6],unpack(fin))\n"
+    " redis.call('HDEL',KEYS[2],unpack(fin))\n"
+    " redis.call('HDEL',KEYS[3],unpack(fin))\n"
+    " redis.call('HDEL',KEYS[4],unpack(fin))\n"
+    "end\n"
+    "return out\n",
+    /* RELEASE ARGV: key token */
+    "local k=ARGV[1]\n"
+    "if redis.call('HGET',KEYS[6],k)~=ARGV[2] then return 0 end\n"
+    "redis.call('ZREM',KEYS[5],k)\n"
+    "redis.call('HDEL',KEYS[6],k)\n"
+    "redis.call('ZADD',KEYS[1],redis.call('HGET',KEYS[4],k),k)\n"
+    "return 1\n",
+};
+
+static const char key_suffix[NKEYS] = {'d', 'p', 'a', 'u', 'l', 't', 's'};
+
+/* A claimed timer in the node's wheel: the key, then the payload. */
+struct rtimer {
+    tw_timer tm;
+    struct rtimer *next;            /* due list */
+    struct rtimer *hnext, **hpprev; /* held list */
+    struct rd *d;
+    uint32_t shard, attempt;
+    int64_t due_ms;
+    uint64_t token;
+    size_t key_len, payload_len;
+    char data[];
+};
+
+/* A callback's result waiting for its DONE (firer thread only). */
+struct done {
+    struct rtimer *r;
+    int res;
+};
+
+struct shard_keys {
+    char name[NKEYS][96];
+    size_t len[NKEYS];
+    int slot;
+};
+
+struct rd {
+    struct tw_durable base;
+    tw__rc *rc;
+    uint32_t shards, horizon_ms, lease_ms, wait_replicas, wait_timeout_ms;
+    tw_durable_fire_fn fire;
+    void *fire_arg;
+    int64_t (*wall_fn)(void *);
+    uint64_t (*mono_fn)(void *);
+    void *clock_arg;
+    char sha[S_COUNT][41];
+    struct shard_keys *sk;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv, claim_cv;
+    tw_wheel *wheel;     /* ticks: monotonic ms; under mu */
+    struct rtimer *due;  /* filled by the wheel's callbacks */
+    struct rtimer *held; /* every rtimer alive */
+    bool stop;
+    pthread_t thr, claimer;
+    uint64_t fired, retried, cancelled;
+    struct done *pend; /* callbacks done, DONE not yet sent (firer) */
+    size_t npend, cap_pend;
+    uint64_t pend_since;
+};
+
+static const struct tw_durable_ops rd_ops;
+
+/* ------------------------------------------------------------------------ */
+/* Clocks. */
+
+static int64_t rd_wall(struct rd *d)
+{
+    if (d->wall_fn)
+        return d->wall_fn(d->clock_arg);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uint64_t rd_mono_ms(struct rd *d)
+{
+    if (d->mono_fn)
+        return d->mono_fn(d->clock_arg) / 1000000u;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Script calls. */
+
+#define CALL_ARGS 16
+struct call {
+    const char *argv[CALL_ARGS];
+    size_t len[CALL_ARGS];
+    char num[6][24];
+    int argc, nnum, script;
+    uint32_t shard;
+};
+
+static void call_init(struct rd *d, struct call *c, int script, uint32_t shard)
+{
+    c->script = script;
+    c->shard = shard;
+    c->nnum = 0;
+    c->argv[0] = "EVALSHA";
+    c->len[0] = 7;
+    c->argv[1] = d->sha[script];
+    c->len[1] = 40;
+    c->argv[2] = "7";
+    c->len[2] = 1;
+    for (int i = 0; i < NKEYS; i++) {
+        c->argv[3 + i] = d->sk[shard].name[i];
+        c->len[3 + i] = d->sk[shard].len[i];
+    }
+    c->argc = 3 + NKEYS;
+}
+
+static void call_arg(struct call *c, const void *p, size_t n)
+{
+    c->argv[c->argc] = n ? p : "";
+    c->len[c->argc++] = n;
+}
+
+static void call_num(struct call *c, long long v)
+{
+    char *b = c->num[c->nnum++];
+    int n = snprintf(b, 24, "%lld", v);
+    call_arg(c, b, (size_t)n);
+}
+
+static bool is_noscript(const redisReply *r)
+{
+    return r && r->type == REDIS_REPLY_ERROR && r->str &&
+           !strncmp(r->str, "NOSCRIPT", 8);
+}
+
+/* Run @n commands pipelined; @script[i] is the script of cmds[i] (its
+ * argv[0..1] are EVALSHA and the digest, and its argv array is the
+ * caller's, writable) or -1 for a plain command. Returns 0 or the first
+ * transport error. A node that lost its script cache (restart, failover)
+ * gets EVAL, which loads the script there again. */
+static int run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
+{
+    int rc = tw__rc_exec(d->rc, cmds, n);
+    for (int pass = 0; pass < 2; pass++) {
+        size_t again = 0;
+        for (size_t i = 0; i < n; i++)
+            if (script[i] >= 0 && is_noscript(cmds[i].reply))
+                again++;
+        if (!again)
+            break;
+        tw__rc_cmd *sub = tw__calloc(again, sizeof *sub);
+        size_t *idx = tw__calloc(again, sizeof *idx);
+        if (!sub || !idx) {
+            tw__free(sub);
+            tw__free(idx);
+            return TW_ENOMEM;
+        }
+        size_t j = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (script[i] < 0 || !is_noscript(cmds[i].reply))
+                continue;
+            freeReplyObject(cmds[i].reply);
+            cmds[i].reply = NULL;
+            const char **argv = (const char **)cmds[i].argv;
+            size_t *len = (size_t *)cmds[i].argvlen;
+            argv[0] = "EVAL";
+            len[0] = 4;
+            argv[1] = scripts[script[i]];
+            len[1] = strlen(scripts[script[i]]);
+            sub[j] = cmds[i];
+            idx[j++] = i;
+        }
+        tw__rc_exec(d->rc, sub, again);
+        rc = 0;
+        for (size_t k = 0; k < again; k++)
+            cmds[idx[k]] = sub[k];
+        for (size_t i = 0; i < n && !rc; i++)
+            rc = cmds[i].err;
+        tw__free(sub);
+        tw__free(idx);
+    }
+    return rc;
+}
+
+/* run_cmds for fixed-size script calls. */
+static int run_calls(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
+                     size_t n)
+{
+    int *script = tw__malloc((n ? n : 1) * sizeof *script);
+    if (!script)
+        return TW_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        cmds[i].argc = calls[i].argc;
+        cmds[i].argv = calls[i].argv;
+        cmds[i].argvlen = calls[i].len;
+        cmds[i].slot = d->sk[calls[i].shard].slot;
+        cmds[i].reply = NULL;
+        script[i] = calls[i].script;
+    }
+    int rc = run_cmds(d, cmds, script, n);
+    tw__free(script);
+    return rc;
+}
+
+static void free_replies(tw__rc_cmd *cmds, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (cmds[i].reply)
+            freeReplyObject(cmds[i].reply);
+}
+
+/* WAIT for the configured replicas on the node of @shard. */
+static int wait_replicas(struct rd *d, uint32_t shard)
+{
+    if (!d->wait_replicas)
+        return 0;
+    char a[2][24];
+    const char *argv[3] = {"WAIT", a[0], a[1]};
+    size_t len[3] = {4, 0, 0};
+    len[1] = (size_t)snprintf(a[0], 24, "%u", d->wait_replicas);
+    len[2] = (size_t)snprintf(a[1], 24, "%u", d->wait_timeout_ms);
+    tw__rc_cmd cmd = {3, argv, len, d->sk[shard].slot, NULL, 0};
+    int rc = tw__rc_exec(d->rc, &cmd, 1);
+    if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_INTEGER ||
+                cmd.reply->integer < (long long)d->wait_replicas))
+        rc = TW_EIO;
+    free_replies(&cmd, 1);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Local timers. */
+
+static uint32_t shard_of(const struct rd *d, const void *key, size_t len)
+{
+    const unsigned char *p = key;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return (uint32_t)(h % d->shards);
+}
+
+static void on_wheel(tw_timer *t, void *arg)
+{
+    struct rtimer *r = arg;
+    (void)t;
+    r->next = r->d->due;
+    r->d->due = r;
+}
+
+static struct rtimer *rt_new(struct rd *d, uint32_t shard, const void *key,
+                             size_t key_len, const void *payload,
+                             size_t payload_len, int64_t due, uint64_t token,
+                             uint32_t attempt)
+{
+    struct rtimer *r = tw__malloc(sizeof *r + key_len + payload_len + 1);
+    if (!r)
+        return NULL;
+    tw_timer_init(&r->tm, on_wheel, r);
+    r->d = d;
+    r->shard = shard;
+    r->attempt = attempt;
+    r->due_ms = due;
+    r->token = token;
+    r->key_len = key_len;
+    r->payload_len = payload_len;
+    memcpy(r->data, key, key_len);
+    if (payload_len)
+        memcpy(r->data + key_len, payload, payload_len);
+    r->next = NULL;
+    r->hpprev = NULL;
+    return r;
+}
+
+/* Put @r into the wheel at its due time; mu held. */
+static void rt_arm_locked(struct rd *d, struct rtimer *r, int64_t wall,
+                          uint64_t mono)
+{
+    if (!r->hpprev) {
+        r->hnext = d->held;
+        if (d->held)
+            d->held->hpprev = &r->hnext;
+        d->held = r;
+        r->hpprev = &d->held;
+    }
+    int64_t delta = r->due_ms - wall;
+    uint64_t tick = mono + (delta > 0 ? (uint64_t)delta : 0);
+    if (tick < tw_wheel_now(d->wheel))
+        tick = tw_wheel_now(d->wheel);
+    tw_wheel_add(d->wheel, &r->tm, tick);
+}
+
+static void rt_free_locked(struct rd *d, struct rtimer *r)
+{
+    (void)d;
+    if (r->hpprev) {
+        *r->hpprev = r->hnext;
+        if (r->hnext)
+            r->hnext->hpprev = r->hpprev;
+    }
+    tw__free(r);
+}
+
+static void rt_arm(struct rd *d, struct rtimer *r)
+{
+    int64_t wall = rd_wall(d);
+    uint64_t mono = rd_mono_ms(d);
+    pthread_mutex_lock(&d->mu);
+    rt_arm_locked(d, r, wall, mono);
+    pthread_cond_signal(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+static uint64_t reply_u64(const redisReply *r)
+{
+    if (!r)
+        return 0;
+    if (r->type == REDIS_REPLY_INTEGER)
+        return r->integer > 0 ? (uint64_t)r->integer : 0;
+    if (r->type == REDIS_REPLY_STRING && r->str)
+        return strtoull(r->str, NULL, 10);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The node's thread: claim, fire, complete. */
+
+/* CLAIM on every shard. Returns true when some shard had more. */
+static bool claim_all(struct rd *d)
+{
+    size_t n = d->shards;
+    struct call *calls = tw__malloc(n * sizeof *calls);
+    tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
+    bool more = false;
+    if (!calls || !cmds)
+        goto out;
+    int64_t now = rd_wall(d);
+    for (uint32_t s = 0; s < n; s++) {
+        call_init(d, &calls[s], S_CLAIM, s);
+        call_num(&calls[s], now);
+        call_num(&calls[s], now + d->horizon_ms);
+        call_num(&calls[s], d->lease_ms);
+        call_num(&calls[s], CLAIM_MAX);
+    }
+    run_calls(d, calls, cmds, n);
+    int64_t wall = rd_wall(d);
+    uint64_t mono = rd_mono_ms(d);
+    pthread_mutex_lock(&d->mu);
+    for (uint32_t s = 0; s < n; s++) {
+        redisReply *r = cmds[s].reply;
+        if (!r || r->type != REDIS_REPLY_ARRAY)
+            continue;
+        if (r->elements >= 5u * CLAIM_MAX)
+            more = true;
+        for (size_t i = 0; i + 5 <= r->elements; i += 5) {
+            redisReply **e = r->element + i;
+            if (e[0]->type != REDIS_REPLY_STRING ||
+                e[4]->type != REDIS_REPLY_STRING)
+                continue;
+            struct rtimer *t =
+                rt_new(d, s, e[0]->str, e[0]->len, e[4]->str, e[4]->len,
+                       (int64_t)reply_u64(e[1]), reply_u64(e[2]),
+                       (uint32_t)reply_u64(e[3]));
+            if (t) /* else: the lease expires and the timer comes back */
+                rt_arm_locked(d, t, wall, mono);
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+out:
+    if (cmds)
+        free_replies(cmds, n);
+    tw__free(calls);
+    tw__free(cmds);
+    return more;
+}
+
+/* One round trip: the DONE calls of the completions waiting in d->pend
+ * (one script call per shard) and the claim check of the due timers in
+ * @list (one HMGET per shard); then the callbacks of the timers still
+ * ours. Completions are sent in batches (@flush), at most DONE_DELAY_MS
+ * after their callback returned. mu not held; firer thread. */
+static void fire_batch(struct rd *d, struct rtimer *list, bool flush)
+{
+    size_t n = 0, np = flush ? d->npend : 0;
+    for (struct rtimer *r = list; r; r = r->next)
+        n++;
+    uint32_t S = d->shards;
+    /* Per shard: its check command and its DONE command (index + 1). */
+    uint32_t *chk = tw__calloc(S, sizeof *chk), *dn = tw__calloc(S, sizeof *dn);
+    uint32_t *cnt_chk = tw__calloc(S, sizeof *cnt_chk);
+    uint32_t *cnt_dn = tw__calloc(S, sizeof *cnt_dn);
+    struct rtimer **v = tw__malloc((n ? n : 1) * sizeof *v);
+    size_t ncmd = 0, nargs = 0;
+    for (struct rtimer *r = list; r; r = r->next)
+        if (cnt_chk && cnt_chk[r->shard]++ == 0)
+            nargs += 2;
+    for (size_t i = 0; i < np; i++)
+        if (cnt_dn && cnt_dn[d->pend[i].r->shard]++ == 0)
+            nargs += 3 + NKEYS + 3;
+    nargs += n + 3 * np;
+    size_t maxcmd = 2u * S;
+    tw__rc_cmd *cmds = tw__calloc(maxcmd, sizeof *cmds);
+    int *script = tw__malloc(maxcmd * sizeof *script);
+    const char **argv = tw__malloc((nargs ? nargs : 1) * sizeof *argv);
+    size_t *len = tw__malloc((nargs ? nargs : 1) * sizeof *len);
+    char(*num)[24] = tw__malloc((2 * np + 3 * S + 1) * sizeof *num);
+    /* Reply element j of command c belongs to timer/completion at[c][j]:
+     * kept as a flat array in command order. */
+    size_t *owner = tw__malloc((n + np + 1) * sizeof *owner);
+    uint64_t mono = rd_mono_ms(d);
+    if (!chk || !dn || !cnt_chk || !cnt_dn || !v || !cmds || !script || !argv ||
+        !len || !num || !owner) {
+        /* Try again shortly; completions stay pending. */
+        pthread_mutex_lock(&d->mu);
+        for (struct rtimer *r = list, *next; r; r = next) {
+            next = r->next;
+            tw_wheel_add(d->wheel, &r->tm, mono + RETRY_MS);
+        }
+        pthread_mutex_unlock(&d->mu);
+        goto out;
+    }
+    size_t k = 0;
+    for (struct rtimer *r = list; r; r = r->next)
+        v[k++] = r;
+    int64_t wall = rd_wall(d);
+    size_t ai = 0, ni = 0;
+    /* DONE commands first: a completion and a new check of the same key
+     * cannot both be here (the key is either done or due), but order the
+     * DONEs first anyway, as they free leases. */
+    for (size_t i = 0; i < np; i++) {
+        uint32_t sh = d->pend[i].r->shard;
+        if (!dn[sh]) {
+            dn[sh] = (uint32_t)++ncmd;
+            tw__rc_cmd *c = &cmds[ncmd - 1];
+            script[ncmd - 1] = S_DONE;
+            c->argv = &argv[ai];
+            c->argvlen = &len[ai];
+            c->slot = d->sk[sh].slot;
+            argv[ai] = "EVALSHA";
+            len[ai++] = 7;
+            argv[ai] = d->sha[S_DONE];
+            len[ai++] = 40;
+            argv[ai] = "7";
+            len[ai++] = 1;
+            for (int q = 0; q < NKEYS; q++) {
+                argv[ai] = d->sk[sh].name[q];
+                len[ai++] = d->sk[sh].len[q];
+            }
+            long long a3[3] = {wall, wall + d->horizon_ms, d->lease_ms};
+            for (int q = 0; q < 3; q++) {
+                len[ai] = (size_t)snprintf(num[ni], 24, "%lld", a3[q]);
+                argv[ai++] = num[ni++];
+            }
+            c->argc = 3 + NKEYS + 3;
+            /* Reserve room for this shard's triples. */
+            ai += 3 * cnt_dn[sh];
+        }
+    }
+    for (struct rtimer **pv = v; pv < v + n; pv++) {
+        uint32_t sh = (*pv)->shard;
+        if (!chk[sh]) {
+            chk[sh] = (uint32_t)++ncmd;
+            tw__rc_cmd *c = &cmds[ncmd - 1];
+            script[ncmd - 1] = -1;
+            c->argv = &argv[ai];
+            c->argvlen = &len[ai];
+            c->slot = d->sk[sh].slot;
+            argv[ai] = "HMGET";
+            len[ai++] = 5;
+            argv[ai] = d->sk[sh].name[5];
+            len[ai++] = d->sk[sh].len[5];
+            c->argc = 2;
+            ai += cnt_chk[sh];
+        }
+    }
+    /* Fill the triples and keys, remembering whose reply element is
+     * whose: owner[] per command in order of appearance. */
+    size_t *base = tw__calloc(ncmd + 1, sizeof *base);
+    if (!base) {
+        pthread_mutex_lock(&d->mu);
+        for (size_t i = 0; i < n; i++)
+            tw_wheel_add(d->wheel, &v[i]->tm, mono + RETRY_MS);
+        pthread_mutex_unlock(&d->mu);
+        goto out;
+    }
+    /* owner layout: each command's elements are contiguous, in command
+     * order; compute offsets from the per-shard counts. */
+    {
+        size_t acc = 0;
+        for (size_t c = 0; c < ncmd; c++) {
+            base[c] = acc;
+            /* The shard of command c. */
+            for (uint32_t sh = 0; sh < S; sh++) {
+                if (dn[sh] == c + 1)
+                    acc += cnt_dn[sh];
+                if (chk[sh] == c + 1)
+                    acc += cnt_chk[sh];
+            }
+        }
+    }
+    for (size_t i = 0; i < np; i++) {
+        struct done *p = &d->pend[i];
+        tw__rc_cmd *c = &cmds[dn[p->r->shard] - 1];
+        size_t at = (size_t)c->argc;
+        const char **av = (const char **)c->argv;
+        size_t *al = (size_t *)c->argvlen;
+        av[at] = p->r->data;
+        al[at] = p->r->key_len;
+        al[at + 1] = (size_t)snprintf(num[ni], 24, "%llu",
+                                      (unsigned long long)p->r->token);
+        av[at + 1] = num[ni++];
+        al[at + 2] =
+            (size_t)snprintf(num[ni], 24, "%d", p->res > 0 ? p->res : 0);
+        av[at + 2] = num[ni++];
+        owner[base[dn[p->r->shard] - 1] + (size_t)(c->argc - 13) / 3] = i;
+        c->argc += 3;
+    }
+    for (size_t i = 0; i < n; i++) {
+        tw__rc_cmd *c = &cmds[chk[v[i]->shard] - 1];
+        const char **av = (const char **)c->argv;
+        size_t *al = (size_t *)c->argvlen;
+        av[c->argc] = v[i]->data;
+        al[c->argc] = v[i]->key_len;
+        owner[base[chk[v[i]->shard] - 1] + (size_t)(c->argc - 2)] = i;
+        c->argc++;
+    }
+    run_cmds(d, cmds, script, ncmd);
+
+    /* Completions: free, or keep a retry this node claimed again. */
+    wall = rd_wall(d);
+    mono = rd_mono_ms(d);
+    pthread_mutex_lock(&d->mu);
+    for (size_t c = 0; c < ncmd; c++) {
+        if (script[c] < 0)
+            continue;
+        redisReply *rep = cmds[c].reply;
+        size_t m = (size_t)(cmds[c].argc - 13) / 3;
+        for (size_t j = 0; j < m; j++) {
+            struct done *p = &d->pend[owner[base[c] + j]];
+            long long res = -1;
+            if (rep && rep->type == REDIS_REPLY_ARRAY && j < rep->elements &&
+                rep->element[j]->type == REDIS_REPLY_INTEGER)
+                res = rep->element[j]->integer;
+            /* No reply: the lease runs out and another delivery follows
+             * (at least once). */
+            if (p->res > 0 && res > 0) {
+                p->r->token = (uint64_t)res;
+                p->r->attempt++;
+                p->r->due_ms =
+                    strtoll(cmds[c].argv[3 + NKEYS], NULL, 10) + p->res;
+                rt_arm_locked(d, p->r, wall, mono);
+            } else {
+                rt_free_locked(d, p->r);
+            }
+        }
+    }
+    if (np) {
+        memmove(d->pend, d->pend + np, (d->npend - np) * sizeof *d->pend);
+        d->npend -= np;
+    }
+    /* Checks. */
+    bool *ok = (bool *)tw__calloc(n ? n : 1, sizeof *ok);
+    for (size_t c = 0; c < ncmd; c++) {
+        if (script[c] >= 0)
+            continue;
+        redisReply *rep = cmds[c].reply;
+        size_t m = (size_t)cmds[c].argc - 2;
+        for (size_t j = 0; j < m; j++) {
+            size_t i = owner[base[c] + j];
+            struct rtimer *r = v[i];
+            redisReply *e =
+                rep && rep->type == REDIS_REPLY_ARRAY && j < rep->elements
+                    ? rep->element[j]
+                    : NULL;
+            if (!e || !ok) {
+                tw_wheel_add(d->wheel, &r->tm, mono + RETRY_MS); /* again */
+            } else if (e->type == REDIS_REPLY_STRING &&
+                       strtoull(e->str, NULL, 10) == r->token) {
+                ok[i] = true;
+            } else {
+                rt_free_locked(d, r); /* replaced, cancelled, re-claimed */
+            }
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+    for (size_t c = 0; c < ncmd; c++)
+        if (cmds[c].reply)
+            freeReplyObject(cmds[c].reply);
+    tw__free(base);
+
+    for (size_t i = 0; i < n && ok; i++) {
+        if (!ok[i])
+            continue;
+        struct rtimer *r = v[i];
+        tw_durable_timer t = {
+            r->data,        r->key_len, r->data + r->key_len,
+            r->payload_len, r->due_ms,  r->attempt ? r->attempt : 1};
+        int res = d->fire(&d->base, &t, d->fire_arg);
+        pthread_mutex_lock(&d->mu);
+        if (res > 0)
+            d->retried++;
+        else
+            d->fired++;
+        if (d->npend == d->cap_pend) {
+            size_t cap = d->cap_pend ? 2 * d->cap_pend : 256;
+            struct done *np2 = tw__realloc(d->pend, cap * sizeof *np2);
+            if (np2) {
+                d->pend = np2;
+                d->cap_pend = cap;
+            }
+        }
+        if (d->npend < d->cap_pend) {
+            if (!d->npend)
+                d->pend_since = rd_mono_ms(d);
+            d->pend[d->npend++] = (struct done){r, res};
+        } else {
+            rt_free_locked(d, r); /* no room: the lease brings it back */
+        }
+        pthread_mutex_unlock(&d->mu);
+    }
+    tw__free(ok);
+out:
+    tw__free(chk);
+    tw__free(dn);
+    tw__free(cnt_chk);
+    tw__free(cnt_dn);
+    tw__free(v);
+    tw__free(cmds);
+    tw__free(script);
+    tw__free(argv);
+    tw__free(len);
+    tw__free(num);
+    tw__free(owner);
+}
+
+/* The claimer: CLAIM every horizon/4 (at once again when a shard had more
+ * than CLAIM_MAX due), on its own thread so that firing never waits for a
+ * claim round trip. */
+static void *rd_claimer(void *arg)
+{
+    struct rd *d = arg;
+    uint64_t period = d->horizon_ms / 4 ? d->horizon_ms / 4 : 1;
+    pthread_mutex_lock(&d->mu);
+    while (!d->stop) {
+        pthread_mutex_unlock(&d->mu);
+        bool more = claim_all(d);
+        pthread_mutex_lock(&d->mu);
+        if (more || d->stop)
+            continue;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += (long)(period % 1000u) * 1000000L;
+        ts.tv_sec += (time_t)(period / 1000u) + ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&d->claim_cv, &d->mu, &ts);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* The firer: advance the wheel, check, fire, complete. */
+static void *rd_main(void *arg)
+{
+    struct rd *d = arg;
+    pthread_mutex_lock(&d->mu);
+    while (!d->stop) {
+        uint64_t now = rd_mono_ms(d);
+        tw_wheel_advance(d->wheel, now);
+        /* A timer the wheel thinks due but the wall clock does not (it
+         * stepped back) is put back: never fired early. */
+        struct rtimer *list = NULL, *early = NULL;
+        int64_t wall = rd_wall(d);
+        while (d->due) {
+            struct rtimer *r = d->due;
+            d->due = r->next;
+            if (r->due_ms > wall) {
+                r->next = early;
+                early = r;
+            } else {
+                r->next = list;
+                list = r;
+            }
+        }
+        for (struct rtimer *r = early, *next; r; r = next) {
+            next = r->next;
+            rt_arm_locked(d, r, wall, now);
+        }
+        if (list) {
+            pthread_mutex_unlock(&d->mu);
+            fire_batch(d, list,
+                       d->npend >= DONE_BATCH ||
+                           now >= d->pend_since + DONE_DELAY_MS);
+            pthread_mutex_lock(&d->mu);
+            continue;
+        }
+        if (d->npend &&
+            (d->npend >= DONE_BATCH || now >= d->pend_since + DONE_DELAY_MS)) {
+            pthread_mutex_unlock(&d->mu);
+            fire_batch(d, NULL, true);
+            pthread_mutex_lock(&d->mu);
+            continue;
+        }
+        uint64_t until = tw_wheel_next_expiry(d->wheel);
+        if (d->npend && until > d->pend_since + DONE_DELAY_MS)
+            until = d->pend_since + DONE_DELAY_MS;
+        uint64_t wait = until > now ? until - now : 0;
+        if (wait > IDLE_WAIT_MS)
+            wait = IDLE_WAIT_MS;
+        if (early && wait > 1)
+            wait = 1;
+        if (wait) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_nsec += (long)(wait * 1000000u);
+            ts.tv_sec += ts.tv_nsec / 1000000000L;
+            ts.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait(&d->cv, &d->mu, &ts);
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (d->npend) /* the last completions */
+        fire_batch(d, NULL, true);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Calls. */
+
+static int rd_schedule(tw_durable *base, const void *key, size_t key_len,
+                       int64_t due_ms, const void *payload, size_t payload_len)
+{
+    struct rd *d = (struct rd *)base;
+    uint32_t shard = shard_of(d, key, key_len);
+    /* Allocated first, so that a failure changes nothing. */
+    struct rtimer *r =
+        rt_new(d, shard, key, key_len, payload, payload_len, due_ms, 0, 1);
+    if (!r)
+        return TW_ENOMEM;
+    int64_t now = rd_wall(d);
+    struct call c;
+    tw__rc_cmd cmd;
+    call_init(d, &c, S_SCHED, shard);
+    call_arg(&c, key, key_len);
+    call_num(&c, due_ms);
+    call_arg(&c, payload, payload_len);
+    call_num(&c, now + d->horizon_ms);
+    call_num(&c, now);
+    call_num(&c, d->lease_ms);
+    int rc = run_calls(d, &c, &cmd, 1);
+    if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_INTEGER))
+        rc = TW_EIO;
+    if (!rc && cmd.reply->integer > 0) {
+        r->token = (uint64_t)cmd.reply->integer;
+        rt_arm(d, r);
+        r = NULL;
+    }
+    free_replies(&cmd, 1);
+    tw__free(r);
+    if (!rc)
+        rc = wait_replicas(d, shard);
+    return rc;
+}
+
+static int rd_cancel(tw_durable *base, const void *key, size_t key_len)
+{
+    struct rd *d = (struct rd *)base;
+    uint32_t shard = shard_of(d, key, key_len);
+    struct call c;
+    tw__rc_cmd cmd;
+    call_init(d, &c, S_CANCEL, shard);
+    call_arg(&c, key, key_len);
+    int rc = run_calls(d, &c, &cmd, 1);
+    if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_INTEGER))
+        rc = TW_EIO;
+    if (!rc && cmd.reply->integer == 0)
+        rc = TW_ENOENT;
+    free_replies(&cmd, 1);
+    if (!rc)
+        rc = wait_replicas(d, shard);
+    if (!rc) {
+        pthread_mutex_lock(&d->mu);
+        d->cancelled++;
+        pthread_mutex_unlock(&d->mu);
+    }
+    return rc;
+}
+
+static int rd_stats(tw_durable *base, tw_durable_stats *out)
+{
+    struct rd *d = (struct rd *)base;
+    size_t n = 2u * d->shards;
+    tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
+    struct call *calls = tw__malloc(n * sizeof *calls);
+    if (!cmds || !calls) {
+        tw__free(cmds);
+        tw__free(calls);
+        return TW_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t s = (uint32_t)(i / 2);
+        int k = i % 2 ? 4 : 0; /* :l or :d */
+        calls[i].argv[0] = "ZCARD";
+        calls[i].len[0] = 5;
+        calls[i].argv[1] = d->sk[s].name[k];
+        calls[i].len[1] = d->sk[s].len[k];
+        cmds[i].argc = 2;
+        cmds[i].argv = calls[i].argv;
+        cmds[i].argvlen = calls[i].len;
+        cmds[i].slot = d->sk[s].slot;
+    }
+    int rc = tw__rc_exec(d->rc, cmds, n);
+    uint64_t pending = 0;
+    for (size_t i = 0; i < n; i++)
+        pending += reply_u64(cmds[i].reply);
+    free_replies(cmds, n);
+    tw__free(cmds);
+    tw__free(calls);
+    if (rc)
+        return rc;
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&d->mu);
+    out->pending = pending;
+    out->fired = d->fired;
+    out->retried = d->retried;
+    out->cancelled = d->cancelled;
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}
+
+static void rd_free(struct rd *d)
+{
+    while (d->held) {
+        struct rtimer *r = d->held;
+        rt_free_locked(d, r);
+    }
+    tw__free(d->pend);
+    tw_wheel_destroy(d->wheel);
+    tw__rc_close(d->rc);
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv);
+    pthread_cond_destroy(&d->claim_cv);
+    tw__free(d->sk);
+    tw__free(d);
+}
+
+static int rd_close(tw_durable *base)
+{
+    struct rd *d = (struct rd *)base;
+    pthread_mutex_lock(&d->mu);
+    d->stop = true;
+    pthread_cond_signal(&d->cv);
+    pthread_cond_signal(&d->claim_cv);
+    pthread_mutex_unlock(&d->mu);
+    pthread_join(d->thr, NULL);
+    pthread_join(d->claimer, NULL);
+    /* Give the claims not fired back, so that no one waits for a lease. */
+    int rc = 0;
+    while (d->held) {
+        struct call c[256];
+        tw__rc_cmd cmds[256];
+        struct rtimer *batch[256];
+        size_t n = 0, nb = 0;
+        for (struct rtimer *r = d->held; r && nb < 256; r = r->hnext) {
+            batch[nb++] = r;
+            if (r->token) {
+                call_init(d, &c[n], S_RELEASE, r->shard);
+                call_arg(&c[n], r->data, r->key_len);
+                call_num(&c[n], (long long)r->token);
+                n++;
+            }
+        }
+        if (n) {
+            int e = run_calls(d, c, cmds, n);
+            if (!rc)
+                rc = e;
+            free_replies(cmds, n);
+        }
+        for (size_t i = 0; i < nb; i++) /* after their keys were sent */
+            rt_free_locked(d, batch[i]);
+    }
+    rd_free(d);
+    return rc;
+}
+
+void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out)
+{
+    tw__rc_stats_get(((struct rd *)d)->rc, out);
+}
+
+static const struct tw_durable_ops rd_ops = {rd_schedule, rd_cancel, rd_close,
+                                             rd_stats};
+
+int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
+{
+    const char *ns = cfg->redis_namespace ? cfg->redis_namespace : "tw";
+    if (!*ns || strlen(ns) > 64 || strchr(ns, '{') || strchr(ns, '}'))
+        return TW_EINVAL;
+    struct rd *d = tw__calloc(1, sizeof *d);
+    if (!d)
+        return TW_ENOMEM;
+    d->base.ops = &rd_ops;
+    d->shards = cfg->shards ? cfg->shards : 64;
+    d->horizon_ms = cfg->horizon_ms ? cfg->horizon_ms : 2000;
+    d->lease_ms = cfg->lease_ms ? cfg->lease_ms : 30000;
+    d->wait_replicas = cfg->wait_replicas;
+    d->wait_timeout_ms = cfg->wait_timeout_ms ? cfg->wait_timeout_ms : 1000;
+    d->fire = cfg->fire;
+    d->fire_arg = cfg->fire_arg;
+    d->wall_fn = cfg->wall_ms;
+    d->mono_fn = cfg->mono_ns;
+    d->clock_arg = cfg->clock_arg;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&d->cv, &ca);
+    pthread_cond_init(&d->claim_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    int rc = TW_ENOMEM;
+    if (d->shards > 1u << 20) {
+        rc = TW_EINVAL;
+        goto fail;
+    }
+    d->sk = tw__calloc(d->shards, sizeof *d->sk);
+    if (!d->sk)
+        goto fail;
+    for (uint32_t s = 0; s < d->shards; s++) {
+        for (int k = 0; k < NKEYS; k++)
+            d->sk[s].len[k] =
+                (size_t)snprintf(d->sk[s].name[k], sizeof d->sk[s].name[k],
+                                 "{%s:%u}:%c", ns, s, key_suffix[k]);
+        d->sk[s].slot = tw__rc_slot(d->sk[s].name[0], d->sk[s].len[0]);
+    }
+    if (tw_wheel_create(&d->wheel, NULL, rd_mono_ms(d)))
+        goto fail;
+    rc = tw__rc_open(&d->rc, cfg->redis);
+    if (rc)
+        goto fail;
+    /* SCRIPT LOAD once on any node; other nodes learn each script by EVAL
+     * on their first NOSCRIPT. The digest is the same everywhere. */
+    for (int i = 0; i < S_COUNT; i++) {
+        const char *argv[3] = {"SCRIPT", "LOAD", scripts[i]};
+        size_t len[3] = {6, 4, strlen(scripts[i])};
+        tw__rc_cmd cmd = {3, argv, len, -1, NULL, 0};
+        rc = tw__rc_exec(d->rc, &cmd, 1);
+        if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_STRING ||
+                    cmd.reply->len != 40))
+            rc = TW_EIO;
+        if (!rc)
+            memcpy(d->sha[i], cmd.reply->str, 41);
+        free_replies(&cmd, 1);
+        if (rc)
+            goto fail;
+    }
+    if (pthread_create(&d->claimer, NULL, rd_claimer, d)) {
+        rc = TW_ENOMEM;
+        goto fail;
+    }
+    if (pthread_create(&d->thr, NULL, rd_main, d)) {
+        pthread_mutex_lock(&d->mu);
+        d->stop = true;
+        pthread_cond_signal(&d->claim_cv);
+        pthread_mutex_unlock(&d->mu);
+        pthread_join(d->claimer, NULL);
+        rc = TW_ENOMEM;
+        goto fail;
+    }
+    *out = &d->base;
+    return 0;
+fail:
+    rd_free(d);
+    return rc;
+}

@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * src/redis_client.h - a small Redis / Redis Cluster client on hiredis for
+ * the durable Redis backend. Internal; names carry the tw__rc prefix.
+ *
+ * Calls from many threads are batched: a thread that finds a node's
+ * connection idle sends every command queued for that node in one write and
+ * reads their replies in one pass (one round trip), while the others wait
+ * for their replies. Cluster routing: CRC16 key slots and CLUSTER SLOTS;
+ * MOVED refreshes the map and retries, ASK retries once on the named node
+ * after ASKING. A node whose connection fails is retried with back-off;
+ * until then its commands fail with TW_ECONN at once.
+ */
+#ifndef TWHEEL_REDIS_CLIENT_H
+#define TWHEEL_REDIS_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <hiredis/hiredis.h>
+
+typedef struct tw__rc tw__rc;
+
+/* One command. The caller fills argc/argv/argvlen and slot (the key's slot,
+ * or -1 for "any node"); tw__rc_exec fills reply (free with
+ * freeReplyObject) and err (0, or TW_ECONN when no reply came: the command
+ * may or may not have run). A Redis error reply is err 0 and a reply of
+ * type REDIS_REPLY_ERROR. */
+typedef struct tw__rc_cmd {
+    int argc;
+    const char **argv;
+    const size_t *argvlen;
+    int slot;
+    redisReply *reply;
+    int err;
+} tw__rc_cmd;
+
+/* The slot of a key (hash tags honoured). */
+int tw__rc_slot(const void *key, size_t len);
+
+/* Connect to the first reachable seed of "host:port[,host:port...]" and
+ * load the slot map. 0, TW_EINVAL (bad seeds), TW_ECONN or TW_ENOMEM. */
+int tw__rc_open(tw__rc **out, const char *seeds);
+void tw__rc_close(tw__rc *c);
+
+/* Run @n commands, pipelined per node and batched with other threads'.
+ * Returns 0 when every command has a reply, else the first err. */
+int tw__rc_exec(tw__rc *c, tw__rc_cmd *cmds, size_t n);
+
+/* Counters for tests: round trips (batches written), redirects followed,
+ * map refreshes, reconnects. */
+typedef struct tw__rc_stats {
+    uint64_t batches, commands, moved, ask, refreshes, reconnects;
+} tw__rc_stats;
+void tw__rc_stats_get(tw__rc *c, tw__rc_stats *out);
+
+/* Test hook (src/durable_redis.c): the client counters of a Redis-backed
+ * store. */
+struct tw_durable;
+void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out);
+
+#endif

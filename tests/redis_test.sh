@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Runs one scenario of test_durable_redis against real redis-server
+# processes that this script starts on 127.0.0.1 (random free ports, a
+# temporary directory) and always stops, also on failure.
+# Usage: tests/redis_test.sh SCENARIO TEST_BINARY
+#   semantics | econn | crash          one server
+#   share | share-kill | reshard       a 3-master cluster
+#   failover                           3 masters + 3 replicas
+# Exit 77 (skipped) when redis-server is not installed.
+set -euo pipefail
+scenario=$1
+bin=$2
+command -v redis-server >/dev/null || { echo "redis-server missing: skipped"; exit 77; }
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/twredis.XXXXXX")
+pids=()
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+# A port that is free, as is port+10000 (the cluster bus).
+port_free() { ! (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
+pick_ports() { # N: N consecutive free ports (and their bus ports)
+  local n=$1 base i ok
+  for _ in $(seq 50); do
+    # Below the ephemeral range (32768+), bus ports (port + 10000) too.
+    base=$((10000 + RANDOM % 12000))
+    ok=1
+    for ((i = 0; i < n; i++)); do
+      port_free $((base + i)) && port_free $((base + i + 10000)) || { ok=0; break; }
+    done
+    if ((ok)); then echo "$base"; return; fi
+  done
+  echo "no free ports" >&2
+  return 1
+}
+
+# start PORT EXTRA...: start (or restart) a server with its own directory.
+declare -A pid_of
+start() {
+  local port=$1
+  shift
+  mkdir -p "$tmp/$port"
+  redis-server --port "$port" --bind 127.0.0.1 --dir "$tmp/$port" \
+    --save '' --logfile "$tmp/$port/log" --protected-mode no "$@" \
+    "${extra[@]}" &
+  pid_of[$port]=$!
+  pids+=($!)
+  for _ in $(seq 200); do
+    redis-cli -p "$port" ping >/dev/null 2>&1 && return 0
+    sleep 0.05
+  done
+  echo "redis on $port did not start" >&2
+  cat "$tmp/$port/log" >&2
+  return 1
+}
+
+extra=()
+cluster() { # MASTERS REPLICAS_PER_MASTER
+  local m=$1 r=$2 n=$(($1 * ($2 + 1))) base i
+  base=$(pick_ports "$n")
+  extra=(--cluster-enabled yes --cluster-node-timeout 1000
+    --cluster-config-file nodes.conf --appendonly yes)
+  local addrs=()
+  for ((i = 0; i < n; i++)); do
+    start $((base + i))
+    addrs+=(127.0.0.1:$((base + i)))
+  done
+  redis-cli --cluster create "${addrs[@]}" --cluster-replicas "$r" \
+    --cluster-yes >"$tmp/create.log" 2>&1 || { cat "$tmp/create.log"; return 1; }
+  for _ in $(seq 200); do
+    if redis-cli -p "$base" cluster info | grep -q cluster_state:ok &&
+      [ "$(redis-cli -p "$base" cluster slots | grep -c .)" -gt 0 ]; then
+      break
+    fi
+    sleep 0.05
+  done
+  # Every node must agree before the test starts.
+  for ((i = 0; i < n; i++)); do
+    until redis-cli -p $((base + i)) cluster info | grep -q cluster_state:ok; do
+      sleep 0.05
+    done
+  done
+  # Replicas must be in sync before WAIT can count them.
+  if ((r > 0)); then
+    for ((i = 0; i < n; i++)); do
+      for _ in $(seq 400); do
+        info=$(redis-cli -p $((base + i)) info replication)
+        if grep -q role:slave <<<"$info"; then
+          grep -q master_link_status:up <<<"$info" && break
+        else
+          grep -q "slave0:.*state=online" <<<"$info" && break
+        fi
+        sleep 0.05
+      done
+    done
+  fi
+  seeds=127.0.0.1:$base,127.0.0.1:$((base + 1))
+  cbase=$base
+}
+
+case $scenario in
+  semantics | econn | crash)
+    port=$(pick_ports 1)
+    if [ "$scenario" != semantics ]; then
+      extra=(--appendonly yes --appendfsync always)
+    fi
+    start "$port"
+    export TW_REDIS_STOP="kill -9 \$(cat $tmp/pid) && sleep 0.1"
+    echo "${pid_of[$port]}" >"$tmp/pid"
+    export TW_REDIS_KILL="$TW_REDIS_STOP"
+    # START runs in the test's shell: it restarts the server with the same
+    # directory and records the pid for cleanup in $tmp/pids.
+    restart="redis-server --port $port --bind 127.0.0.1 --dir $tmp/$port"
+    restart+=" --save '' --logfile $tmp/$port/log ${extra[*]}"
+    export TW_REDIS_START="($restart & echo \$! >$tmp/pid; echo \$! >>$tmp/pids);
+      for i in \$(seq 200); do redis-cli -p $port ping >/dev/null 2>&1 && exit 0; sleep 0.05; done; exit 1"
+    rc=0
+    ${TW_WRAP:-} "$bin" "$scenario" "127.0.0.1:$port" || rc=$?
+    if [ -f "$tmp/pids" ]; then
+      while read -r p; do pids+=("$p"); done <"$tmp/pids"
+    fi
+    exit $rc
+    ;;
+  share | share-kill | reshard)
+    cluster 3 0
+    case $scenario in
+      share) "$bin" share "$seeds" 3 "${TW_REDIS_TIMERS:-100000}" 0 "$tmp" ;;
+      share-kill) "$bin" share "$seeds" 3 20000 1 "$tmp" ;;
+      reshard)
+        from=$(redis-cli -p "$cbase" cluster myid)
+        to=$(redis-cli -p $((cbase + 1)) cluster myid)
+        export TW_REDIS_RESHARD="redis-cli --cluster reshard 127.0.0.1:$cbase \
+          --cluster-from $from --cluster-to $to --cluster-slots 3000 \
+          --cluster-yes --cluster-pipeline 50 >$tmp/reshard.log 2>&1 ||
+          { cat $tmp/reshard.log; exit 1; }"
+        "$bin" reshard "$seeds"
+        ;;
+    esac
+    ;;
+  failover)
+    cluster 3 1
+    # The master of slot 0's shard range: kill the first master.
+    victim=$(redis-cli -p "$cbase" cluster nodes | awk '/master/ && !/fail/ {print $2}' |
+      head -1 | sed 's/@.*//; s/.*://')
+    export TW_REDIS_KILL="kill -9 ${pid_of[$victim]}"
+    seeds=127.0.0.1:$cbase,127.0.0.1:$((cbase + 1)),127.0.0.1:$((cbase + 2)),127.0.0.1:$((cbase + 3))
+    "$bin" failover "$seeds"
+    ;;
+  *)
+    echo "unknown scenario $scenario" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,679 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_durable_redis.c - the Redis backend of twheel/durable.h
+ * against real redis-server processes, which tests/redis_test.sh starts
+ * and stops. Usage: test_durable_redis MODE SEEDS [args]; the shell
+ * commands TW_REDIS_STOP, TW_REDIS_START, TW_REDIS_KILL and TW_REDIS_RESHARD
+ * (environment) stop, start, kill -9 and reshard the servers.
+ *
+ * Modes:
+ *   semantics  schedule, replace, cancel, retries, never early, bad input,
+ *              release on close, two handles on one namespace
+ *   econn      unreachable at open and mid-run: TW_ECONN, then recovery
+ *   crash      kill -9 of the server (appendfsync always) and restart:
+ *              every acknowledged schedule is delivered
+ *   failover   kill -9 of a master, WAIT 1 replica: every acknowledged
+ *              schedule is delivered by the promoted replica
+ *   reshard    slots migrate while timers are scheduled and fire
+ *   share N KILL  N node processes share 3*N... timers (see share_main)
+ */
+#define _GNU_SOURCE
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "redis_client.h"
+#include "test.h"
+#include "twheel/durable.h"
+
+static const char *seeds;
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t wall_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) && errno == EINTR)
+        ;
+}
+
+static void sh(const char *var)
+{
+    const char *cmd = getenv(var);
+    ASSERT(cmd);
+    fprintf(stderr, "  [%s]\n", var);
+    int rc = system(cmd);
+    ASSERT_EQ(rc, 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* A delivery table for keys "k<id>". */
+
+#define MAXK 200000
+struct rec {
+    _Atomic uint32_t count;
+    _Atomic int64_t first_us, due;
+    _Atomic uint32_t last_attempt;
+    _Atomic uint32_t early;
+    char payload[16];
+};
+static struct rec *tab;
+static _Atomic int retry_first; /* return this many ms on attempt 1 */
+static _Atomic uint64_t deliveries;
+
+static int key_id(const tw_durable_timer *t)
+{
+    char b[32];
+    ASSERT(t->key_len < sizeof b);
+    memcpy(b, t->key, t->key_len);
+    b[t->key_len] = 0;
+    ASSERT(b[0] == 'k');
+    int id = atoi(b + 1);
+    ASSERT(id >= 0 && id < MAXK);
+    return id;
+}
+
+static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)arg;
+    int64_t now = wall_us();
+    int id = key_id(t);
+    struct rec *r = &tab[id];
+    if (now < t->due_ms * 1000)
+        r->early++;
+    if (r->count == 0) {
+        r->first_us = now;
+        r->due = t->due_ms;
+        size_t n = t->payload_len < 15 ? t->payload_len : 15;
+        memcpy(r->payload, t->payload, n);
+        r->payload[n] = 0;
+    }
+    r->last_attempt = t->attempt;
+    r->count++;
+    deliveries++;
+    if (retry_first && t->attempt == 1)
+        return retry_first;
+    return 0;
+}
+
+static void reset_tab(void)
+{
+    memset(tab, 0, sizeof(*tab) * MAXK);
+    retry_first = 0;
+    deliveries = 0;
+}
+
+static tw_durable_config base_cfg(const char *ns)
+{
+    tw_durable_config c;
+    memset(&c, 0, sizeof c);
+    c.redis = seeds;
+    c.redis_namespace = ns;
+    c.fire = on_fire;
+    c.shards = 8;
+    c.horizon_ms = 300;
+    c.lease_ms = 2000;
+    return c;
+}
+
+static int sched(tw_durable *d, int id, int64_t due, const char *payload)
+{
+    char k[32];
+    int n = snprintf(k, sizeof k, "k%d", id);
+    return tw_durable_schedule(d, k, (size_t)n, due, payload,
+                               payload ? strlen(payload) : 0);
+}
+
+static int cancel(tw_durable *d, int id)
+{
+    char k[32];
+    int n = snprintf(k, sizeof k, "k%d", id);
+    return tw_durable_cancel(d, k, (size_t)n);
+}
+
+/* Wait until @pred ids [lo, hi) are delivered, at most @ms. */
+static bool wait_all(int lo, int hi, int ms)
+{
+    int64_t end = wall_ms() + ms;
+    while (wall_ms() < end) {
+        int i;
+        for (i = lo; i < hi && tab[i].count; i++)
+            ;
+        if (i == hi)
+            return true;
+        sleep_ms(10);
+    }
+    return false;
+}
+
+static void check_none_early(int lo, int hi)
+{
+    for (int i = lo; i < hi; i++)
+        ASSERT_EQ(tab[i].early, 0);
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void semantics(void)
+{
+    char ns[32];
+    snprintf(ns, sizeof ns, "sem%d", (int)getpid());
+    tw_durable_config cfg = base_cfg(ns);
+    tw_durable *d;
+    reset_tab();
+
+    /* Bad input: nothing written. */
+    ASSERT_EQ(tw_durable_open(NULL, &cfg), TW_EINVAL);
+    tw_durable_config bad = cfg;
+    bad.fire = NULL;
+    ASSERT_EQ(tw_durable_open(&d, &bad), TW_EINVAL);
+    bad = cfg;
+    bad.redis = "no-port";
+    ASSERT_EQ(tw_durable_open(&d, &bad), TW_EINVAL);
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    static char big[TW_DURABLE_KEY_MAX + 1];
+    memset(big, 'x', sizeof big);
+    ASSERT_EQ(tw_durable_schedule(d, NULL, 1, 0, NULL, 0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_schedule(d, "k", 0, 0, NULL, 0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_schedule(d, big, sizeof big, 0, NULL, 0), TW_EINVAL);
+    ASSERT_EQ(
+        tw_durable_schedule(d, "k1", 2, 0, NULL, TW_DURABLE_PAYLOAD_MAX + 1),
+        TW_EINVAL);
+    ASSERT_EQ(tw_durable_cancel(d, big, sizeof big), TW_EINVAL);
+    tw_durable_stats st;
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.pending, 0);
+
+    int64_t t0 = wall_ms();
+    /* 1: plain, within the horizon (claimed by the schedule call). */
+    ASSERT_EQ(sched(d, 1, t0 + 150, "one"), 0);
+    /* 2: beyond the horizon (claimed later by CLAIM). */
+    ASSERT_EQ(sched(d, 2, t0 + 900, "two"), 0);
+    /* 3: replaced while claimed: only the new version fires. */
+    ASSERT_EQ(sched(d, 3, t0 + 200, "old"), 0);
+    ASSERT_EQ(sched(d, 3, t0 + 600, "new"), 0);
+    /* 4: replaced while waiting in Redis: new due earlier. */
+    ASSERT_EQ(sched(d, 4, t0 + 1500, "old"), 0);
+    ASSERT_EQ(sched(d, 4, t0 + 400, "new"), 0);
+    /* 5: cancelled while claimed; 6: cancelled while waiting. */
+    ASSERT_EQ(sched(d, 5, t0 + 200, "x"), 0);
+    ASSERT_EQ(sched(d, 6, t0 + 1200, "x"), 0);
+    ASSERT_EQ(cancel(d, 5), 0);
+    ASSERT_EQ(cancel(d, 6), 0);
+    ASSERT_EQ(cancel(d, 5), TW_ENOENT);
+    ASSERT_EQ(cancel(d, 7), TW_ENOENT);
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.pending, 4);
+    /* 8: in the past: fires at once. */
+    ASSERT_EQ(sched(d, 8, t0 - 5000, "past"), 0);
+    /* 9: empty payload. */
+    ASSERT_EQ(sched(d, 9, t0 + 50, NULL), 0);
+    ASSERT(wait_all(1, 5, 5000));
+    ASSERT(wait_all(8, 10, 5000));
+    sleep_ms(800); /* anything wrong would have fired by now */
+    check_none_early(1, 10);
+    ASSERT_EQ(tab[1].count, 1);
+    ASSERT_EQ(tab[2].count, 1);
+    ASSERT_EQ(tab[3].count, 1);
+    ASSERT(!strcmp(tab[3].payload, "new"));
+    ASSERT_EQ(tab[3].due, t0 + 600);
+    ASSERT_EQ(tab[4].count, 1);
+    ASSERT(!strcmp(tab[4].payload, "new"));
+    ASSERT_EQ(tab[5].count, 0);
+    ASSERT_EQ(tab[6].count, 0);
+    ASSERT_EQ(tab[8].count, 1);
+    ASSERT_EQ(tab[9].count, 1);
+    ASSERT_EQ(tab[9].payload[0], 0);
+    ASSERT(!strcmp(tab[1].payload, "one"));
+    ASSERT_EQ(tab[1].last_attempt, 1);
+    ASSERT_EQ(cancel(d, 1), TW_ENOENT); /* done means gone */
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.pending, 0);
+    ASSERT_EQ(st.fired, 6);
+    ASSERT_EQ(st.cancelled, 2);
+
+    /* Retries: attempt 1 asks for 100 ms more, attempt 2 is done. */
+    retry_first = 100;
+    t0 = wall_ms();
+    ASSERT_EQ(sched(d, 20, t0 + 50, "r"), 0);
+    ASSERT_EQ(sched(d, 21, t0 + 500, "r"), 0);
+    int64_t end = wall_ms() + 5000;
+    while ((tab[20].count < 2 || tab[21].count < 2) && wall_ms() < end)
+        sleep_ms(10);
+    ASSERT_EQ(tab[20].count, 2);
+    ASSERT_EQ(tab[20].last_attempt, 2);
+    ASSERT_EQ(tab[21].count, 2);
+    ASSERT_EQ(tab[21].last_attempt, 2);
+    check_none_early(20, 22);
+    retry_first = 0;
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.retried, 2);
+
+    /* Close keeps pending timers for the next open; claims are given back
+     * (no wait for the lease) with attempt still 1. */
+    t0 = wall_ms();
+    ASSERT_EQ(sched(d, 30, t0 + 250, "c"), 0);  /* claimed by us */
+    ASSERT_EQ(sched(d, 31, t0 + 2500, "c"), 0); /* in Redis */
+    ASSERT_EQ(tw_durable_close(d), 0);
+    ASSERT_EQ(tab[30].count, 0);
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    ASSERT(wait_all(30, 32, 6000));
+    ASSERT_EQ(tab[30].last_attempt, 1);
+    ASSERT_EQ(tab[31].last_attempt, 1);
+    check_none_early(30, 32);
+
+    /* Two handles on one namespace: each timer once. */
+    tw_durable *d2;
+    ASSERT_EQ(tw_durable_open(&d2, &cfg), 0);
+    t0 = wall_ms();
+    for (int i = 100; i < 400; i++)
+        ASSERT_EQ(sched(i % 2 ? d : d2, i, t0 + 200 + (i % 50) * 20, "m"), 0);
+    ASSERT(wait_all(100, 400, 8000));
+    sleep_ms(300);
+    for (int i = 100; i < 400; i++)
+        ASSERT_EQ(tab[i].count, 1);
+    check_none_early(100, 400);
+    ASSERT_EQ(tw_durable_close(d2), 0);
+
+    /* A node that dies holding claims: its leases expire and another node
+     * delivers with attempt 2. Simulated by a child killed with -9. */
+    t0 = wall_ms();
+    fflush(NULL);
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) {
+        /* A fresh process (exec), so that no thread of ours is copied. */
+        char t0s[32];
+        snprintf(t0s, sizeof t0s, "%lld", (long long)t0);
+        execl("/proc/self/exe", "test_durable_redis", "dienode", seeds, ns, t0s,
+              (char *)NULL);
+        _exit(99);
+    }
+    int status;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 3);
+    ASSERT(wait_all(500, 520, 3000 + 2000 + 4000));
+    for (int i = 500; i < 520; i++) {
+        ASSERT_EQ(tab[i].count, 1);
+        ASSERT_EQ(tab[i].last_attempt, 2);
+        /* Not before the lease ran out. */
+        ASSERT(tab[i].first_us >= (t0 + 3000 + 2000) * 1000);
+    }
+    ASSERT_EQ(tw_durable_close(d), 0);
+    printf("semantics: ok\n");
+}
+
+/* The node of semantics() that dies holding claims (a process of its
+ * own). */
+static void dienode(const char *ns, int64_t t0)
+{
+    tw_durable *dc;
+    tw_durable_config cc = base_cfg(ns);
+    cc.horizon_ms = 5000; /* claims everything below at once */
+    if (tw_durable_open(&dc, &cc))
+        _exit(1);
+    for (int i = 500; i < 520; i++)
+        if (sched(dc, i, t0 + 3000, "dead"))
+            _exit(2);
+    _exit(3); /* no close: the claims stay leased */
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void econn(void)
+{
+    tw_durable_config cfg = base_cfg("econn");
+    tw_durable *d = NULL;
+    tw_durable_config dead = cfg;
+    dead.redis = "127.0.0.1:1";
+    ASSERT_EQ(tw_durable_open(&d, &dead), TW_ECONN);
+    ASSERT(d == NULL);
+    reset_tab();
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    int64_t t0 = wall_ms();
+    ASSERT_EQ(sched(d, 1, t0 + 2500, "a"), 0);
+    ASSERT_EQ(sched(d, 2, t0 + 100, "b"), 0); /* claimed by us */
+    sh("TW_REDIS_STOP");
+    ASSERT_EQ(sched(d, 3, t0 + 100, "c"), TW_ECONN);
+    ASSERT_EQ(cancel(d, 1), TW_ECONN);
+    tw_durable_stats st;
+    ASSERT_EQ(tw_durable_stats_get(d, &st), TW_ECONN);
+    sleep_ms(500);
+    /* Timer 2 is due but cannot be checked: not fired while Redis is
+     * away. */
+    ASSERT_EQ(tab[2].count, 0);
+    sh("TW_REDIS_START");
+    int64_t end = wall_ms() + 10000;
+    int rc;
+    while ((rc = sched(d, 4, wall_ms() + 100, "d")) != 0 && wall_ms() < end)
+        sleep_ms(50);
+    ASSERT_EQ(rc, 0);
+    ASSERT(wait_all(1, 3, 8000));
+    ASSERT(wait_all(4, 5, 3000));
+    ASSERT_EQ(tab[3].count, 0);
+    check_none_early(1, 5);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    printf("econn: ok\n");
+}
+
+/* Schedule from a thread until told to stop; remember what was
+ * acknowledged. */
+struct flow {
+    tw_durable *d;
+    int lo, next, hi;
+    int64_t spread_ms;
+    _Atomic bool stop;
+    uint8_t *acked;
+    int errors;
+};
+
+static void *flow_main(void *arg)
+{
+    struct flow *f = arg;
+    while (!f->stop && f->next < f->hi) {
+        int id = f->next++;
+        int rc =
+            sched(f->d, id, wall_ms() + 300 + (id % 7) * f->spread_ms, "f");
+        if (rc == 0)
+            f->acked[id] = 1;
+        else
+            f->errors++;
+        if (id % 10 == 0)
+            sleep_ms(1);
+    }
+    return NULL;
+}
+
+static void check_acked(struct flow *f, int ms)
+{
+    int64_t end = wall_ms() + ms;
+    int missing;
+    do {
+        missing = 0;
+        for (int i = f->lo; i < f->next; i++)
+            if (f->acked[i] && !tab[i].count)
+                missing++;
+        if (missing)
+            sleep_ms(50);
+    } while (missing && wall_ms() < end);
+    int acked = 0, dup = 0;
+    for (int i = f->lo; i < f->next; i++) {
+        acked += f->acked[i];
+        dup += tab[i].count > 1;
+    }
+    printf("  acked %d, errors %d, missing %d, delivered twice %d\n", acked,
+           f->errors, missing, dup);
+    ASSERT_EQ(missing, 0);
+    ASSERT(acked >= 500); /* the run did exercise the flow */
+    check_none_early(f->lo, f->next);
+}
+
+/* kill -9 / failover / reshard while timers flow. */
+static void flow_test(const char *mode)
+{
+    bool failover = !strcmp(mode, "failover");
+    tw_durable_config cfg = base_cfg(mode);
+    cfg.shards = 64;
+    cfg.horizon_ms = 500;
+    cfg.lease_ms = 3000;
+    if (failover)
+        cfg.wait_replicas = 1;
+    reset_tab();
+    tw_durable *d;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    static uint8_t acked[MAXK];
+    memset(acked, 0, sizeof acked);
+    struct flow f = {d, 0, 0, 20000, 400, false, acked, 0};
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, flow_main, &f), 0);
+    sleep_ms(1000);
+    if (!strcmp(mode, "reshard")) {
+        sh("TW_REDIS_RESHARD");
+        sleep_ms(500);
+    } else {
+        sh("TW_REDIS_KILL");
+        sleep_ms(failover ? 3000 : 300);
+        if (!failover)
+            sh("TW_REDIS_START");
+        sleep_ms(1500);
+    }
+    f.stop = true;
+    pthread_join(th, NULL);
+    check_acked(&f, 20000);
+    tw__rc_stats rs;
+    tw__durable_redis_client_stats(d, &rs);
+    printf("  client: %llu round trips for %llu commands, MOVED %llu, ASK "
+           "%llu, map refreshes %llu, reconnects %llu\n",
+           (unsigned long long)rs.batches, (unsigned long long)rs.commands,
+           (unsigned long long)rs.moved, (unsigned long long)rs.ask,
+           (unsigned long long)rs.refreshes, (unsigned long long)rs.reconnects);
+    if (!strcmp(mode, "reshard"))
+        ASSERT(rs.moved + rs.ask > 0); /* the migration was seen */
+    else if (failover)
+        ASSERT(rs.refreshes > 1); /* the promoted replica was found */
+    else
+        ASSERT(rs.reconnects > 0); /* the restarted server was */
+    ASSERT_EQ(tw_durable_close(d), 0);
+    printf("%s: ok\n", mode);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Several node processes sharing one namespace. */
+
+struct drec {
+    uint32_t id, attempt;
+    int64_t due_ms, fired_us;
+};
+static int out_fd = -1;
+
+static int node_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)arg;
+    struct drec r = {(uint32_t)key_id(t), t->attempt, t->due_ms, wall_us()};
+    ASSERT_EQ(write(out_fd, &r, sizeof r), (ssize_t)sizeof r);
+    return 0;
+}
+
+static int cmp64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+struct loader {
+    tw_durable *d;
+    int lo, hi;
+    int64_t start;
+    int spread;
+};
+
+static void *load_main(void *arg)
+{
+    struct loader *l = arg;
+    for (int i = l->lo; i < l->hi; i++)
+        ASSERT_EQ(sched(l->d, i, l->start + (i * 7919L) % l->spread, "s"), 0);
+    return NULL;
+}
+
+/* share NODES TIMERS KILL(0/1) DIR */
+static void share(int nodes, int timers, bool kill_one, const char *dir)
+{
+    char ns[32];
+    snprintf(ns, sizeof ns, "share%d", (int)getpid());
+    tw_durable_config cfg = base_cfg(ns);
+    cfg.shards = 64;
+    cfg.horizon_ms = 1000;
+    cfg.lease_ms = kill_one ? 2000 : 30000;
+    cfg.fire = node_fire;
+    int64_t t_load = wall_ms();
+    int64_t start = t_load + 3000 + timers / 20;
+    int spread = 4000;
+    {
+        /* Load everything first from this process, then close (nothing of
+         * it is claimed: all due beyond the horizon). */
+        tw_durable *d;
+        ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+        pthread_t th[16];
+        struct loader l[16];
+        for (int i = 0; i < 16; i++) {
+            l[i] = (struct loader){d, timers * i / 16, timers * (i + 1) / 16,
+                                   start, spread};
+            ASSERT_EQ(pthread_create(&th[i], NULL, load_main, &l[i]), 0);
+        }
+        for (int i = 0; i < 16; i++)
+            pthread_join(th[i], NULL);
+        ASSERT_EQ(tw_durable_close(d), 0);
+        printf("  loaded %d timers in %lld ms\n", timers,
+               (long long)(wall_ms() - t_load));
+        ASSERT(wall_ms() < start - 1000); /* the load fit before the due */
+    }
+    fflush(NULL);
+    pid_t pids[8];
+    for (int n = 0; n < nodes; n++) {
+        pids[n] = fork();
+        ASSERT(pids[n] >= 0);
+        if (pids[n] == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+            char path[512];
+            snprintf(path, sizeof path, "%s/node%d.bin", dir, n);
+            out_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
+            if (out_fd < 0)
+                _exit(1);
+            tw_durable *d;
+            if (tw_durable_open(&d, &cfg))
+                _exit(2);
+            for (;;)
+                sleep_ms(1000);
+        }
+    }
+    if (kill_one) {
+        /* Node 0 dies in the middle of the firing window, holding claims. */
+        while (wall_ms() < start + spread / 2)
+            sleep_ms(10);
+        kill(pids[0], SIGKILL);
+        printf("  killed node 0 at due window + %d ms\n", spread / 2);
+    }
+    /* Everything is due by start + spread; give the lease and slack for
+     * a loaded machine on top. */
+    int64_t deadline = start + spread + cfg.lease_ms + 20000;
+    uint32_t *count = calloc((size_t)timers, sizeof *count);
+    int64_t *late = calloc((size_t)timers, sizeof *late);
+    ASSERT(count && late);
+    int delivered = 0, early = 0, dups = 0, retried = 0;
+    struct drec *buf = malloc(sizeof *buf * 4096);
+    off_t offs[8] = {0};
+    int fds[8];
+    for (int n = 0; n < nodes; n++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/node%d.bin", dir, n);
+        while ((fds[n] = open(path, O_RDONLY)) < 0)
+            sleep_ms(10);
+    }
+    while (delivered < timers && wall_ms() < deadline) {
+        sleep_ms(100);
+        for (int n = 0; n < nodes; n++) {
+            ssize_t got;
+            while ((got = pread(fds[n], buf, sizeof *buf * 4096, offs[n])) >=
+                   (ssize_t)sizeof *buf) {
+                size_t k = (size_t)got / sizeof *buf;
+                offs[n] += (off_t)(k * sizeof *buf);
+                for (size_t i = 0; i < k; i++) {
+                    struct drec *r = &buf[i];
+                    ASSERT(r->id < (uint32_t)timers);
+                    if (r->fired_us < r->due_ms * 1000)
+                        early++;
+                    if (r->attempt > 1)
+                        retried++;
+                    if (count[r->id]++) {
+                        dups++;
+                        continue;
+                    }
+                    late[r->id] = r->fired_us - r->due_ms * 1000;
+                    delivered++;
+                }
+            }
+        }
+    }
+    for (int n = 0; n < nodes; n++) {
+        kill(pids[n], SIGKILL);
+        waitpid(pids[n], NULL, 0);
+        close(fds[n]);
+    }
+    int64_t *sorted = malloc(sizeof *sorted * (size_t)timers);
+    ASSERT(sorted);
+    size_t m = 0;
+    for (int i = 0; i < timers; i++)
+        if (count[i])
+            sorted[m++] = late[i];
+    qsort(sorted, m, sizeof *sorted, cmp64);
+    printf("  %d nodes, %d timers: delivered %d, twice %d, attempt>1 %d, "
+           "early %d; lateness us p50 %lld p99 %lld max %lld\n",
+           nodes, timers, delivered, dups, retried, early,
+           m ? (long long)sorted[m / 2] : -1,
+           m ? (long long)sorted[m * 99 / 100] : -1,
+           m ? (long long)sorted[m - 1] : -1);
+    ASSERT_EQ(delivered, timers);
+    ASSERT_EQ(early, 0);
+    if (kill_one)
+        ASSERT(retried > 0); /* node 0's claims came back with attempt 2 */
+    else
+        /* Bound for a loaded 2-core machine shared with other builds; the
+         * measured figures are printed above and in BENCHMARKS.md. */
+        ASSERT(sorted[m * 99 / 100] < 500000);
+    free(sorted);
+    free(buf);
+    free(count);
+    free(late);
+    printf("share: ok\n");
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s MODE SEEDS [args]\n", argv[0]);
+        return 2;
+    }
+    seeds = argv[2];
+    tab = calloc(MAXK, sizeof *tab);
+    ASSERT(tab);
+    const char *mode = argv[1];
+    if (!strcmp(mode, "semantics"))
+        semantics();
+    else if (!strcmp(mode, "dienode") && argc == 5)
+        dienode(argv[3], strtoll(argv[4], NULL, 10));
+    else if (!strcmp(mode, "econn"))
+        econn();
+    else if (!strcmp(mode, "crash") || !strcmp(mode, "failover") ||
+             !strcmp(mode, "reshard"))
+        flow_test(mode);
+    else if (!strcmp(mode, "share") && argc == 7)
+        share(atoi(argv[3]), atoi(argv[4]), atoi(argv[5]) != 0, argv[6]);
+    else {
+        fprintf(stderr, "unknown mode %s\n", mode);
+        return 2;
+    }
+    free(tab);
+    return 0;
+}
