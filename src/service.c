@@ -387,8 +387,8 @@ static int pool_ensure(tw_service *s, uint32_t idx)
     if (atomic_compare_exchange_strong_explicit(&db->chunk[c], &first, mine,
                                                 memory_order_acq_rel,
                                                 memory_order_acquire)) {
-        atomic_fetch_add_explicit(&s->mem, CHUNK_RAW_BYTES,
-                                  memory_order_relaxed);
+        /* Counted as used: the alignment slack is never touched. */
+        atomic_fetch_add_explicit(&s->mem, CHUNK_BYTES, memory_order_relaxed);
         atomic_fetch_add_explicit(&s->nodes, CHUNK_NODES, memory_order_relaxed);
     } else {
         tw__free(raw);

@@ -15,6 +15,9 @@
  *   test_repeated_rearm_at_max: a RepeatedTimer whose free slots are
  *     taken by another user during its run re-arms all the same (it keeps
  *     its own slot) and never stops by itself.
+ *   test_repeated_resets_at_max_realtime: the reported case on the real
+ *     clock (8 timers at max_pending = 8, resets of four in a loop): all
+ *     resets succeed and every timer keeps running.
  *   test_lazy_clock_busy_timer_thread: with TW_SERVICE_LAZY_CLOCK and
  *     tasks on the timer thread, a call made while a long task runs there
  *     is due its delay after the call, not after the long task.
@@ -395,6 +398,63 @@ static void test_lazy_clock_busy_timer_thread(void)
     tw_service_destroy(s);
 }
 
+/* ------------------------------------------------------------------------ */
+/*
+ * The reported case, on the real clock: 8 RepeatedTimers with a 1 ms
+ * timeout on a service with max_pending = 8, one thread resetting timers
+ * 0-3 in a loop for 300 ms. Every reset must succeed, no re-arm may fail,
+ * and afterwards every timer must still run (bound: one more run each
+ * within 10 s; they run every millisecond). Before the fix one of timers
+ * 4-7 stopped for good in 4 of 4 runs.
+ */
+#define NRT 8
+
+static _Atomic long rt_runs[NRT];
+
+static void rt_count(tw_repeated *rt, void *arg)
+{
+    (void)rt;
+    atomic_fetch_add((_Atomic long *)arg, 1);
+}
+
+static void test_repeated_resets_at_max_realtime(void)
+{
+    tw_service_config cfg = {0};
+    cfg.max_pending = NRT;
+    tw_service *s = NULL;
+    ASSERT_EQ(tw_service_create(&s, &cfg), 0);
+    tw_repeated *rt[NRT];
+    for (int i = 0; i < NRT; i++) {
+        tw_repeated_config rc = {0};
+        rc.timeout_ns = MS;
+        rc.on_trigger = rt_count;
+        rc.arg = &rt_runs[i];
+        ASSERT_EQ(tw_repeated_create(&rt[i], s, &rc), 0);
+        ASSERT_EQ(tw_repeated_start(rt[i]), 0);
+    }
+    long resets = 0;
+    uint64_t end = mono_now() + 300 * MS;
+    while (mono_now() < end) {
+        for (int i = 0; i < 4; i++) {
+            ASSERT_EQ(tw_repeated_reset(rt[i], 0), 0);
+            resets++;
+        }
+    }
+    long before[NRT];
+    for (int i = 0; i < NRT; i++)
+        before[i] = atomic_load(&rt_runs[i]);
+    for (int i = 0; i < NRT; i++) {
+        WAIT_FOR(atomic_load(&rt_runs[i]) > before[i], 10);
+        ASSERT_EQ(tw_repeated_rearm_failures(rt[i]), 0);
+    }
+    fprintf(stderr, "   %ld resets; timer 4 ran %ld times\n", resets,
+            atomic_load(&rt_runs[4]));
+    for (int i = 0; i < NRT; i++)
+        tw_repeated_destroy(rt[i]);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    tw_service_destroy(s);
+}
+
 int main(void)
 {
     if (getenv("ONLY") == NULL) {
@@ -402,6 +462,7 @@ int main(void)
         RUN_TEST(test_failed_call_holds_no_slot);
         RUN_TEST(test_replace_running_at_max);
         RUN_TEST(test_repeated_rearm_at_max);
+        RUN_TEST(test_repeated_resets_at_max_realtime);
         RUN_TEST(test_clock_step_back);
     }
     RUN_TEST(test_lazy_clock_busy_timer_thread);

@@ -121,7 +121,10 @@ typedef struct tw_service_stats {
     uint64_t handed_back;  /* tasks given to the unprocessed callback */
     uint64_t wakeups;      /* times the timer thread woke from a sleep */
     uint64_t nodes;        /* task records allocated (in use or free) */
-    uint64_t memory_bytes; /* bytes the service has allocated */
+    uint64_t memory_bytes; /* bytes the service has allocated and uses;
+                              a chunk of 4096 records also asks the
+                              allocator for up to 256 KiB more address
+                              space to align itself, never touched */
 } tw_service_stats;
 
 /*
