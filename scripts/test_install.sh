@@ -40,8 +40,8 @@ libdir=$(dirname "$libdir")
 soname=$(readelf -d "$libdir/libtwheel.so" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
 [ "$soname" = "libtwheel.so.0.2" ] || fail "SONAME is '$soname'"
 man3=$prefix/share/man/man3
-link=$(sed -n 's|^\.so man3/||p' "$man3/tw_wheel_add.3" 2>/dev/null)
-[ -n "$link" ] && grep -q 'tw_wheel_add' "$man3/$link" ||
+grep -q '^tw_wheel_add \\- ' "$man3/tw_wheel_add.3" 2>/dev/null &&
+  grep -q 'tw_wheel_add' "$man3/twheel_wheel.h.3" ||
   fail "no man page for tw_wheel_add"
 [ -f "$prefix/share/doc/twheel/html/index.html" ] || fail "no HTML reference"
 [ -f "$prefix/share/doc/twheel/LICENSE" ] || fail "no LICENSE installed"
