@@ -161,9 +161,13 @@ static void sched_node(const char *seeds, int node, int threads, int n,
         secs[op] = (double)(now_us() - t0) / 1e6;
     }
     tw_durable_close(d);
-    char line[128];
-    int len =
-        snprintf(line, sizeof line, "%f %f %d\n", secs[0], secs[1], errors);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double cpu = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+                 (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+    char line[160];
+    int len = snprintf(line, sizeof line, "%f %f %d %f\n", secs[0], secs[1],
+                       errors, cpu);
     if (write(out_fd, line, (size_t)len) != len)
         _exit(1);
     _exit(0);
@@ -178,6 +182,8 @@ static void sched_mode(const char *seeds, int nodes, int threads, int n)
     for (int i = 0; i < nodes; i++)
         if (fork() == 0)
             sched_node(seeds, i, threads, n, go[0], out[1]);
+    close(out[1]);
+    close(go[0]);
     sleep_us(300000); /* every node connected */
     for (int i = 0; i < nodes; i++)
         if (write(go[1], "g", 1) != 1)
@@ -188,8 +194,12 @@ static void sched_mode(const char *seeds, int nodes, int threads, int n)
     for (int i = 0; i < nodes; i++) {
         double a, b, u;
         int e;
-        if (fscanf(f, "%lf %lf %d %lf", &a, &b, &e, &u) != 4)
+        if (fscanf(f, "%lf %lf %d %lf", &a, &b, &e, &u) != 4) {
+            int st;
+            pid_t p = wait(&st);
+            fprintf(stderr, "a node failed: pid %d status 0x%x\n", (int)p, st);
             exit(1);
+        }
         cpu += u;
         s0 = a > s0 ? a : s0;
         s1 = b > s1 ? b : s1;
