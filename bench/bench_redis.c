@@ -20,6 +20,7 @@
 #include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,9 +210,12 @@ static void sched_mode(const char *seeds, int nodes, int threads, int n)
         ;
     double total = (double)nodes * n;
     const char *w = getenv("WAIT_REPLICAS");
+    bool keep = getenv("KEEP") != NULL;
     printf("sched%-9s nodes %d threads %d: schedules/s %.0f  cancels/s "
-           "%.0f  errors %d\n",
-           w ? " WAIT 1" : "", nodes, threads, total / s0, total / s1, errors);
+           "%.0f  errors %d  node cpu us per call %.1f\n",
+           w ? " WAIT 1" : "", nodes, threads, total / s0,
+           keep ? 0.0 : total / s1, errors,
+           cpu * 1e6 / (total * (keep ? 1 : 2)));
 }
 
 /* ------------------------------------------------------------------------ */
