@@ -20,6 +20,7 @@
 #include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,9 +162,13 @@ static void sched_node(const char *seeds, int node, int threads, int n,
         secs[op] = (double)(now_us() - t0) / 1e6;
     }
     tw_durable_close(d);
-    char line[128];
-    int len =
-        snprintf(line, sizeof line, "%f %f %d\n", secs[0], secs[1], errors);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double cpu = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+                 (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+    char line[160];
+    int len = snprintf(line, sizeof line, "%f %f %d %f\n", secs[0], secs[1],
+                       errors, cpu);
     if (write(out_fd, line, (size_t)len) != len)
         _exit(1);
     _exit(0);
@@ -178,6 +183,8 @@ static void sched_mode(const char *seeds, int nodes, int threads, int n)
     for (int i = 0; i < nodes; i++)
         if (fork() == 0)
             sched_node(seeds, i, threads, n, go[0], out[1]);
+    close(out[1]);
+    close(go[0]);
     sleep_us(300000); /* every node connected */
     for (int i = 0; i < nodes; i++)
         if (write(go[1], "g", 1) != 1)
@@ -188,8 +195,12 @@ static void sched_mode(const char *seeds, int nodes, int threads, int n)
     for (int i = 0; i < nodes; i++) {
         double a, b, u;
         int e;
-        if (fscanf(f, "%lf %lf %d %lf", &a, &b, &e, &u) != 4)
+        if (fscanf(f, "%lf %lf %d %lf", &a, &b, &e, &u) != 4) {
+            int st;
+            pid_t p = wait(&st);
+            fprintf(stderr, "a node failed: pid %d status 0x%x\n", (int)p, st);
             exit(1);
+        }
         cpu += u;
         s0 = a > s0 ? a : s0;
         s1 = b > s1 ? b : s1;
@@ -199,9 +210,12 @@ static void sched_mode(const char *seeds, int nodes, int threads, int n)
         ;
     double total = (double)nodes * n;
     const char *w = getenv("WAIT_REPLICAS");
+    bool keep = getenv("KEEP") != NULL;
     printf("sched%-9s nodes %d threads %d: schedules/s %.0f  cancels/s "
-           "%.0f  errors %d\n",
-           w ? " WAIT 1" : "", nodes, threads, total / s0, total / s1, errors);
+           "%.0f  errors %d  node cpu us per call %.1f\n",
+           w ? " WAIT 1" : "", nodes, threads, total / s0,
+           keep ? 0.0 : total / s1, errors,
+           cpu * 1e6 / (total * (keep ? 1 : 2)));
 }
 
 /* ------------------------------------------------------------------------ */

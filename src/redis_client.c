@@ -19,7 +19,9 @@
 
 #include "redis_client.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,6 +177,39 @@ static void conn_fail(struct rc_node *n)
     n->retry_at_ns = mono_ns() + (uint64_t)n->backoff_ms * 1000000u;
 }
 
+/* hiredis writes with write(): a server that went away would raise
+ * SIGPIPE, whose default kills the process. Block it in this thread while
+ * we write, and swallow one raised meanwhile (unless one was already
+ * pending for another reason). */
+struct pipe_guard {
+    sigset_t old;
+    bool was_pending;
+};
+
+static void pipe_block(struct pipe_guard *g)
+{
+    sigset_t set, pend;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigpending(&pend);
+    g->was_pending = sigismember(&pend, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &set, &g->old);
+}
+
+static void pipe_unblock(struct pipe_guard *g)
+{
+    sigset_t set, pend;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigpending(&pend);
+    if (!g->was_pending && sigismember(&pend, SIGPIPE) == 1) {
+        struct timespec zero = {0, 0};
+        while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
 /* Write the batch @b and read its replies. Called by the flusher with the
  * node's mutex not held. Returns how many connects were made. */
 static int flush_batch(struct rc_node *n, struct rc_req *b)
@@ -186,6 +221,8 @@ static int flush_batch(struct rc_node *n, struct rc_req *b)
         n->failed = false;
     struct rc_req *r = b;
     if (up) {
+        struct pipe_guard g;
+        pipe_block(&g);
         for (r = b; r; r = r->next) {
             if (r->asking)
                 redisAppendCommand(n->ctx, "ASKING");
@@ -209,6 +246,7 @@ static int flush_batch(struct rc_node *n, struct rc_req *b)
             r->cmd->reply = rep;
             r->cmd->err = 0;
         }
+        pipe_unblock(&g);
         if (!up)
             conn_fail(n);
     }

@@ -7,7 +7,8 @@
 #   semantics | econn | crash          one server
 #   share | share-kill | reshard       a 3-master cluster
 #   failover                           3 masters + 3 replicas
-# Exit 77 (skipped) when redis-server is not installed.
+# Exit 77 (skipped) when redis-server is not installed. TW_WRAP (e.g.
+# "gdb -batch -ex run -ex bt --args") wraps the one-server runs.
 set -euo pipefail
 scenario=$1
 bin=$2
