@@ -5,6 +5,8 @@
 # temporary directory) and always stops, also on failure.
 # Usage: tests/redis_test.sh SCENARIO TEST_BINARY
 #   semantics | econn | crash          one server
+#   suite                              one server; TEST_BINARY is
+#                                      test_durable_semantics
 #   share | share-kill | reshard       a 3-master cluster
 #   failover                           3 masters + 3 replicas
 # Exit 77 (skipped) when redis-server is not installed. TW_WRAP (e.g.
@@ -106,9 +108,9 @@ cluster() { # MASTERS REPLICAS_PER_MASTER
 }
 
 case $scenario in
-  semantics | econn | crash)
+  semantics | econn | crash | suite)
     port=$(pick_ports 1)
-    if [ "$scenario" != semantics ]; then
+    if [ "$scenario" = econn ] || [ "$scenario" = crash ]; then
       extra=(--appendonly yes --appendfsync always)
     fi
     start "$port"
