@@ -400,6 +400,9 @@ static void test_cancel(void)
     }
     done_flush(d, 0);
     ASSERT_EQ(cancel(d, "just-done"), TW_ENOENT);
+    advance(1000);
+    settle(d);
+    ASSERT_EQ(count_of("just-done"), 1); /* either way: delivered once */
     ASSERT_EQ(tw_durable_close(d), 0);
     /* Still cancelled after a reopen. */
     d = reopen();

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # CI stage: durable timers on Redis against real redis-server processes:
-# one server (semantics, unreachable, kill -9 with appendfsync always) and
+# one server (semantics, the backend-neutral suite, unreachable, kill -9
+# with appendfsync always) and
 # 3-master clusters (3 nodes sharing 100,000 timers, kill -9 of a node,
 # slot migration, failover to a replica with WAIT). About a minute and a
 # half here; each scenario starts and stops its own servers
