@@ -1318,9 +1318,54 @@ int tw_durable_close(tw_durable *d)
     return d ? d->ops->close(d) : 0;
 }
 
-int tw_durable_stats_get(tw_durable *d, tw_durable_stats *out)
+static bool item_ok(const tw_durable_item *it)
 {
-    if (!d || !out)
+    return key_ok(it->key, it->key_len) &&
+           it->payload_len <= TW_DURABLE_PAYLOAD_MAX &&
+           (!it->payload_len || it->payload);
+}
+
+int tw_durable_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
+{
+    if (!n)
+        return 0;
+    if (!d || !items)
         return TW_EINVAL;
-    return d->ops->stats(d, out);
+    int first = 0;
+    size_t valid = 0;
+    for (size_t i = 0; i < n; i++) {
+        items[i].result = item_ok(&items[i]) ? 0 : TW_EINVAL;
+        valid += !items[i].result;
+    }
+    if (valid == n && d->ops->schedule_many)
+        return d->ops->schedule_many(d, items, n);
+    for (size_t i = 0; i < n; i++) {
+        tw_durable_item *it = &items[i];
+        if (!it->result)
+            it->result = d->ops->schedule(d, it->key, it->key_len, it->due_ms,
+                                          it->payload, it->payload_len);
+        if (it->result && !first)
+            first = it->result;
+    }
+    return first;
+}
+
+int tw_durable_stats_get_sized(tw_durable *d, tw_durable_stats *out,
+                               size_t out_size)
+{
+    if (!d || !out || out_size < offsetof(tw_durable_stats, backlog))
+        return TW_EINVAL;
+    tw_durable_stats full;
+    memset(&full, 0, sizeof full);
+    int rc = d->ops->stats(d, &full);
+    if (rc == 0) {
+        memset(out, 0, out_size);
+        memcpy(out, &full, out_size < sizeof full ? out_size : sizeof full);
+    }
+    return rc;
+}
+
+int(tw_durable_stats_get)(tw_durable *d, tw_durable_stats *out)
+{
+    return tw_durable_stats_get_sized(d, out, sizeof(tw_durable_stats));
 }

@@ -19,8 +19,11 @@ struct tw_durable_ops {
     int (*schedule)(tw_durable *d, const void *key, size_t key_len,
                     int64_t due_ms, const void *payload, size_t payload_len);
     int (*cancel)(tw_durable *d, const void *key, size_t key_len);
-    int (*close)(tw_durable *d); /* also frees d */
-    int (*stats)(tw_durable *d, tw_durable_stats *out);
+    int (*close)(tw_durable *d);                        /* also frees d */
+    int (*stats)(tw_durable *d, tw_durable_stats *out); /* out is zeroed */
+    /* Optional (NULL = a loop over schedule). Items are valid; the backend
+     * sets every item's result and returns the first error or 0. */
+    int (*schedule_many)(tw_durable *d, tw_durable_item *items, size_t n);
 };
 
 struct tw_durable {

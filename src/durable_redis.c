@@ -1067,8 +1067,12 @@ void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out)
     tw__rc_stats_get(((struct rd *)d)->rc, out);
 }
 
-static const struct tw_durable_ops rd_ops = {rd_schedule, rd_cancel, rd_close,
-                                             rd_stats};
+static const struct tw_durable_ops rd_ops = {
+    .schedule = rd_schedule,
+    .cancel = rd_cancel,
+    .close = rd_close,
+    .stats = rd_stats,
+};
 
 int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
 {

@@ -23,6 +23,14 @@ void tw__free(void *p);
 int tw__config_copy(void *dst, size_t dst_size, const void *src,
                     size_t src_size);
 
+/* The TW_LATE_BUCKETS bucket of a run that started @late_us microseconds
+ * after its due time (see twheel/wheel.h). */
+static inline unsigned tw__late_bucket(uint64_t late_us)
+{
+    unsigned b = late_us ? 64u - (unsigned)__builtin_clzll(late_us) : 0u;
+    return b < TW_LATE_BUCKETS - 1 ? b : TW_LATE_BUCKETS - 1;
+}
+
 /* Core wheel invariant checkers: 0 when consistent, else the source line
  * of the first broken rule. tw__wheel_check is O(timers + occupied slots),
  * tw__wheel_check_full also scans every slot and bitmap word. */

@@ -118,7 +118,21 @@ typedef struct tw_durable_stats {
     uint64_t recovered;     /* pending timers found by the last open */
     uint64_t recovery_us;   /* how long that replay took */
     uint64_t syncs;         /* fdatasync calls made (journal) */
+    /* Fields below were added in 0.2.0; see tw_durable_stats_get_sized(). */
+    uint64_t backlog; /* due timers whose delivery has not started yet */
+    uint64_t late_hist[TW_LATE_BUCKETS]; /* deliveries by how late they
+                                            started after due_ms (wheel.h) */
 } tw_durable_stats;
+
+/* One timer of tw_durable_schedule_many(). */
+typedef struct tw_durable_item {
+    const void *key;     /* as tw_durable_schedule()'s arguments */
+    size_t key_len;      /* bytes of key */
+    int64_t due_ms;      /* Unix time in ms */
+    const void *payload; /* may be NULL when payload_len is 0 */
+    size_t payload_len;  /* bytes of payload */
+    int result; /* out: what tw_durable_schedule() would have returned */
+} tw_durable_item;
 
 /*
  * tw_durable_open - open (or create) a store and start firing its timers.
@@ -178,8 +192,32 @@ TW_EXTERN int tw_durable_cancel(tw_durable *d, const void *key, size_t key_len);
  */
 TW_EXTERN int tw_durable_close(tw_durable *d);
 
-/* tw_durable_stats_get - a snapshot of the counters. 0 or TW_EINVAL. */
+/*
+ * tw_durable_schedule_many - tw_durable_schedule() of @n items in one call,
+ * sharing the store's round trips: one journal write and one fdatasync, or
+ * one pipelined Redis round trip per node. Each item's outcome is in its
+ * @result; items are applied in order (a key given twice ends with its last
+ * item), and the call is not atomic: a crash may keep some items and not
+ * others, but every item whose @result is 0 is durable when the call
+ * returns. Returns 0 if every item succeeded, else the first item's error;
+ * TW_EINVAL (and nothing written) if @d or @items is NULL with @n > 0.
+ */
+TW_EXTERN int tw_durable_schedule_many(tw_durable *d, tw_durable_item *items,
+                                       size_t n);
+
+/*
+ * tw_durable_stats_get_sized - a snapshot of the counters into @out, a
+ * struct of @out_size bytes: a caller built against an older header, with
+ * a shorter struct, gets its fields and nothing past them. The plain name
+ * is a macro passing sizeof(tw_durable_stats). 0 or TW_EINVAL.
+ */
+TW_EXTERN int tw_durable_stats_get_sized(tw_durable *d, tw_durable_stats *out,
+                                         size_t out_size);
+/* tw_durable_stats_get - tw_durable_stats_get_sized() for this header's
+ * struct (the plain name is the macro below). */
 TW_EXTERN int tw_durable_stats_get(tw_durable *d, tw_durable_stats *out);
+#define tw_durable_stats_get(d, out)                                           \
+    tw_durable_stats_get_sized((d), (out), sizeof(tw_durable_stats))
 
 #ifdef __cplusplus
 }

@@ -58,6 +58,14 @@ extern "C" {
 #define TW_ENOSPC (-ENOSPC)       /* no space left on the device */
 #define TW_ECONN (-ENOTCONN)      /* a remote store cannot be reached */
 
+/*
+ * TW_LATE_BUCKETS - buckets of the lateness histograms in tw_service_stats
+ * and tw_durable_stats. Bucket 0 counts runs that started less than 1 us
+ * after their due time; bucket i (1 .. TW_LATE_BUCKETS - 2) those that
+ * started [2^(i-1), 2^i) us late; the last bucket everything later.
+ */
+#define TW_LATE_BUCKETS 32
+
 /* Recover the address of the struct that embeds @ptr as its @member. */
 #define TW_CONTAINER_OF(ptr, type, member)                                     \
     ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
