@@ -320,69 +320,152 @@ static void kick_if_earlier(jstore *s, int64_t due)
     }
 }
 
-static int j_schedule(tw_durable *d, const void *key, size_t key_len,
-                      int64_t due_ms, const void *payload, size_t payload_len)
+/* One item of a schedule batch while its group of records is staged. */
+struct staged_item {
+    struct dnode *fresh; /* the node its key gets, if it needs a new one */
+    uint32_t seg, off;   /* where its record goes */
+    bool staged;
+};
+
+/* Items staged before their records are written with one pwrite(). */
+#define SCHED_GROUP 64
+
+/* A node for @it's key if it needs one: the key is new, or its node is
+ * being delivered (that node becomes an orphan). */
+static int sched_prepare(jstore *s, const tw_durable_item *it,
+                         struct dnode **fresh)
 {
-    jstore *s = (jstore *)d;
-    atomic_fetch_add(&s->w.entering, 1);
-    pthread_mutex_lock(&s->mu);
-    int rc = 0;
-    struct dnode *fresh = NULL;
-    if (s->closing) {
-        rc = TW_ESHUTDOWN;
-        goto out_entered;
+    struct dnode *old = *hfind(s, it->key, it->key_len);
+    *fresh = NULL;
+    if (old && !(old->flags & DN_FIRING))
+        return 0;
+    if (!old) {
+        int rc = hreserve(s);
+        if (rc)
+            return rc;
     }
-    struct dnode **pp = hfind(s, key, key_len);
-    struct dnode *old = *pp;
-    if (!old || (old->flags & DN_FIRING)) {
-        if (!old && (rc = hreserve(s)) != 0)
-            goto out_entered;
-        if (!old)
-            pp = hfind(s, key, key_len); /* the table may have grown */
-        fresh = node_new(s, key, key_len);
-        if (!fresh) {
-            rc = TW_ENOMEM;
-            goto out_entered;
-        }
-    }
-    uint32_t seg, off;
-    uint64_t lsn;
-    rc = tw__jr_append(&s->w, JR_SCHED, key, key_len, due_ms, 0, payload,
-                       payload_len, &seg, &off, &lsn);
-    tw__jr_leave(&s->w);
-    if (rc) {
-        if (fresh)
+    *fresh = node_new(s, it->key, it->key_len);
+    return *fresh ? 0 : TW_ENOMEM;
+}
+
+/* Point @it's key at its record, written at @seg/@off. @fresh is non-NULL
+ * whenever the key has no node or one being delivered: sched_prepare()
+ * made it, and only the same batch's earlier items changed the index since
+ * (they add and replace, never remove or start a delivery). */
+static void sched_apply(jstore *s, const tw_durable_item *it,
+                        struct dnode *fresh, uint32_t seg, uint32_t off)
+{
+    struct dnode **pp = hfind(s, it->key, it->key_len);
+    struct dnode *n = *pp;
+    if (n && !(n->flags & DN_FIRING)) {
+        if (fresh) /* an earlier item of the batch made the node */
             node_free(s, fresh);
-        pthread_mutex_unlock(&s->mu);
-        return rc;
-    }
-    struct dnode *n = old;
-    if (fresh) {
-        if (old) { /* old is being delivered: it becomes an orphan */
+        seg_live(s, n->seg, -1);
+    } else {
+        if (n) /* being delivered: it becomes an orphan */
             node_remove(s, pp);
-            pp = hfind(s, key, key_len);
-        }
         fresh->hnext = *pp;
         *pp = fresh;
         s->count++;
         n = fresh;
-    } else {
-        seg_live(s, n->seg, -1);
     }
     n->seg = seg;
     n->off = off;
     n->attempt = 0;
     seg_live(s, seg, +1);
-    tw_wheel_add(s->wheel, &n->tm, tick_of(due_ms));
-    kick_if_earlier(s, due_ms);
-    rc = tw__jr_wait(&s->w, lsn);
-    pthread_mutex_unlock(&s->mu);
-    return rc;
+    tw_wheel_add(s->wheel, &n->tm, tick_of(it->due_ms));
+    kick_if_earlier(s, it->due_ms);
+}
 
-out_entered:
-    tw__jr_leave(&s->w);
-    pthread_mutex_unlock(&s->mu);
+/* Write the records staged for items[0 .. @n) (their states in @st) and
+ * apply them, or give them the write's error. Raises *@lsn on success. */
+static int sched_commit(jstore *s, tw_durable_item *items,
+                        struct staged_item *st, size_t n, uint64_t *lsn)
+{
+    uint64_t end;
+    int rc = tw__jr_flush(&s->w, &end);
+    for (size_t i = 0; i < n; i++) {
+        if (!st[i].staged)
+            continue;
+        if (rc) {
+            items[i].result = rc;
+            if (st[i].fresh)
+                node_free(s, st[i].fresh);
+        } else {
+            sched_apply(s, &items[i], st[i].fresh, st[i].seg, st[i].off);
+        }
+    }
+    if (!rc && end > *lsn)
+        *lsn = end;
     return rc;
+}
+
+/* Stage @it's SCHED record (state in @e); TW_EAGAIN: commit first. */
+static int sched_stage(jstore *s, tw_durable_item *it, struct staged_item *e)
+{
+    e->staged = false;
+    int rc = s->closing ? TW_ESHUTDOWN : sched_prepare(s, it, &e->fresh);
+    if (rc)
+        return rc;
+    rc = tw__jr_stage(&s->w, JR_SCHED, it->key, it->key_len, it->due_ms, 0,
+                      it->payload, it->payload_len, &e->seg, &e->off);
+    if (rc) {
+        if (e->fresh)
+            node_free(s, e->fresh);
+        return rc;
+    }
+    e->staged = true;
+    return 0;
+}
+
+/* Group commit of a batch: its records go out in groups of SCHED_GROUP
+ * (one pwrite each, fewer when a segment fills), then one wait covers
+ * them all. */
+static int j_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
+{
+    jstore *s = (jstore *)d;
+    struct staged_item st[SCHED_GROUP];
+    uint64_t lsn = 0;
+    size_t from = 0;
+    atomic_fetch_add(&s->w.entering, 1);
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < n;) {
+        if (i - from == SCHED_GROUP) {
+            sched_commit(s, items + from, st, i - from, &lsn);
+            from = i;
+        }
+        int rc = sched_stage(s, &items[i], &st[i - from]);
+        if (rc == TW_EAGAIN) { /* a flush makes room; then stage again */
+            sched_commit(s, items + from, st, i - from, &lsn);
+            from = i;
+            continue;
+        }
+        items[i].result = rc;
+        i++;
+    }
+    sched_commit(s, items + from, st, n - from, &lsn);
+    tw__jr_leave(&s->w);
+    int rc = lsn ? tw__jr_wait(&s->w, lsn) : 0;
+    pthread_mutex_unlock(&s->mu);
+    int first = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!items[i].result)
+            items[i].result = rc;
+        if (items[i].result && !first)
+            first = items[i].result;
+    }
+    return first;
+}
+
+static int j_schedule(tw_durable *d, const void *key, size_t key_len,
+                      int64_t due_ms, const void *payload, size_t payload_len)
+{
+    tw_durable_item it = {.key = key,
+                          .key_len = key_len,
+                          .due_ms = due_ms,
+                          .payload = payload,
+                          .payload_len = payload_len};
+    return j_schedule_many(d, &it, 1);
 }
 
 static int j_cancel(tw_durable *d, const void *key, size_t key_len)
@@ -848,6 +931,7 @@ static const struct tw_durable_ops journal_ops = {
     .cancel = j_cancel,
     .close = j_close,
     .stats = j_stats,
+    .schedule_many = j_schedule_many,
 };
 
 /* ------------------------------------------------------------------------ */
