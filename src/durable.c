@@ -70,13 +70,15 @@
 
 enum { DN_FIRING = 1, DN_ORPHAN = 2 };
 
+/* 55 bytes, then the key: the key table's chain runs through the timer's
+ * arg slot (hlink()), which the wheel only hands to on_due(), and on_due()
+ * does not use it. */
 struct dnode {
     tw_timer tm;
-    struct dnode *hnext;
     uint32_t seg, off; /* the SCHED record of this version */
     uint32_t attempt;  /* deliveries begun */
     uint16_t key_len;
-    uint16_t flags;
+    uint8_t flags;
     unsigned char key[];
 };
 
@@ -87,11 +89,15 @@ struct delivery {
     unsigned char raw[];
 };
 
-/* Nodes come from chunks, one free list per 16-byte size class, so a node
- * costs its own bytes rounded up to 16 and no allocator header. Memory of
+/* Nodes come from chunks, one free list per 8-byte size class, so a node
+ * costs its own bytes rounded up to 8 and no allocator header. Memory of
  * freed nodes is kept for new ones until close. */
+#define SLAB_GRAIN 8u
 #define SLAB_CHUNK (256u * 1024u)
-#define SLAB_CLASSES ((sizeof(struct dnode) + TW_DURABLE_KEY_MAX + 15) / 16 + 1)
+#define SLAB_CLASSES                                                           \
+    ((offsetof(struct dnode, key) + TW_DURABLE_KEY_MAX + SLAB_GRAIN - 1) /     \
+         SLAB_GRAIN +                                                          \
+     1)
 
 struct slab {
     void *free[SLAB_CLASSES];
@@ -107,7 +113,7 @@ typedef struct jstore {
     pthread_mutex_t mu;
     jr_writer w;
     tw_wheel *wheel;
-    struct dnode **buckets;
+    void **buckets; /* chains of nodes through hlink() */
     size_t nbuckets, count;
     uint64_t seed;
     tw_durable_fire_fn fire;
@@ -188,13 +194,20 @@ static uint64_t hkey(uint64_t seed, const unsigned char *p, size_t n)
     return h ^ (h >> 32);
 }
 
-static struct dnode **hfind(jstore *s, const void *key, size_t len)
+/* The link to the next node of @n's chain (NULL ends it). */
+static void **hlink(struct dnode *n)
 {
-    struct dnode **pp =
-        &s->buckets[hkey(s->seed, key, len) & (s->nbuckets - 1)];
-    for (; *pp; pp = &(*pp)->hnext)
-        if ((*pp)->key_len == len && memcmp((*pp)->key, key, len) == 0)
+    return &n->tm.tw__arg;
+}
+
+static void **hfind(jstore *s, const void *key, size_t len)
+{
+    void **pp = &s->buckets[hkey(s->seed, key, len) & (s->nbuckets - 1)];
+    for (; *pp; pp = hlink(*pp)) {
+        const struct dnode *n = *pp;
+        if (n->key_len == len && memcmp(n->key, key, len) == 0)
             return pp;
+    }
     return pp; /* *pp == NULL: where to insert */
 }
 
@@ -202,15 +215,15 @@ static struct dnode **hfind(jstore *s, const void *key, size_t len)
  * changed. */
 static int hresize(jstore *s, size_t nb)
 {
-    struct dnode **b = tw__calloc(nb, sizeof *b);
+    void **b = tw__calloc(nb, sizeof *b);
     if (!b)
         return TW_ENOMEM;
     for (size_t i = 0; i < s->nbuckets; i++) {
         struct dnode *n = s->buckets[i], *nx;
         for (; n; n = nx) {
-            nx = n->hnext;
+            nx = *hlink(n);
             size_t j = hkey(s->seed, n->key, n->key_len) & (nb - 1);
-            n->hnext = b[j];
+            *hlink(n) = b[j];
             b[j] = n;
         }
     }
@@ -232,7 +245,8 @@ static void on_due(tw_timer *t, void *arg);
 
 static size_t node_class(size_t key_len)
 {
-    return (offsetof(struct dnode, key) + key_len + 15) / 16;
+    return (offsetof(struct dnode, key) + key_len + SLAB_GRAIN - 1) /
+           SLAB_GRAIN;
 }
 
 static void *slab_alloc(struct slab *sl, size_t cls)
@@ -242,7 +256,7 @@ static void *slab_alloc(struct slab *sl, size_t cls)
         memcpy(&sl->free[cls], p, sizeof(void *));
         return p;
     }
-    size_t size = cls * 16;
+    size_t size = cls * SLAB_GRAIN;
     if (sl->left < size) {
         if (sl->nchunks == sl->cap) {
             size_t nc = sl->cap ? sl->cap * 2 : 16;
@@ -277,8 +291,7 @@ static struct dnode *node_new(jstore *s, const void *key, size_t len)
     struct dnode *n = slab_alloc(&s->slab, node_class(len));
     if (!n)
         return NULL;
-    tw_timer_init(&n->tm, on_due, s);
-    n->hnext = NULL;
+    tw_timer_init(&n->tm, on_due, NULL); /* arg: hlink(), the chain's end */
     n->seg = n->off = n->attempt = 0;
     n->key_len = (uint16_t)len;
     n->flags = 0;
@@ -295,10 +308,10 @@ static void seg_live(jstore *s, uint32_t no, int delta)
 
 /* Unlink the node at *pp from the table and the wheel; free it unless a
  * delivery still holds it (then it becomes an orphan). */
-static void node_remove(jstore *s, struct dnode **pp)
+static void node_remove(jstore *s, void **pp)
 {
     struct dnode *n = *pp;
-    *pp = n->hnext;
+    *pp = *hlink(n);
     s->count--;
     seg_live(s, n->seg, -1);
     if (n->flags & DN_FIRING) {
@@ -355,7 +368,7 @@ static int sched_prepare(jstore *s, const tw_durable_item *it,
 static void sched_apply(jstore *s, const tw_durable_item *it,
                         struct dnode *fresh, uint32_t seg, uint32_t off)
 {
-    struct dnode **pp = hfind(s, it->key, it->key_len);
+    void **pp = hfind(s, it->key, it->key_len);
     struct dnode *n = *pp;
     if (n && !(n->flags & DN_FIRING)) {
         if (fresh) /* an earlier item of the batch made the node */
@@ -364,7 +377,7 @@ static void sched_apply(jstore *s, const tw_durable_item *it,
     } else {
         if (n) /* being delivered: it becomes an orphan */
             node_remove(s, pp);
-        fresh->hnext = *pp;
+        *hlink(fresh) = *pp;
         *pp = fresh;
         s->count++;
         n = fresh;
@@ -474,7 +487,7 @@ static int j_cancel(tw_durable *d, const void *key, size_t key_len)
     atomic_fetch_add(&s->w.entering, 1);
     pthread_mutex_lock(&s->mu);
     int rc;
-    struct dnode **pp = hfind(s, key, key_len);
+    void **pp = hfind(s, key, key_len);
     if (s->closing || !*pp) {
         tw__jr_leave(&s->w);
         pthread_mutex_unlock(&s->mu);
@@ -516,9 +529,14 @@ static int j_stats(tw_durable *d, tw_durable_stats *out)
 /* ------------------------------------------------------------------------ */
 /* Firing. */
 
+/* The store whose thread is in advance_wheel(): nodes' arg slots hold the
+ * key table's links, so on_due() finds its store here. */
+static _Thread_local jstore *advancing;
+
 static void on_due(tw_timer *t, void *arg)
 {
-    jstore *s = arg;
+    (void)arg; /* hlink(), not ours to use here */
+    jstore *s = advancing;
     struct dnode *n = TW_CONTAINER_OF(t, struct dnode, tm);
     if (s->ndue == s->due_cap) {
         size_t nc = s->due_cap ? s->due_cap * 2 : 256;
@@ -574,7 +592,7 @@ static void complete(jstore *s, struct delivery *dl, int r)
         int64_t due = wall(s) + r;
         uint32_t seg, off;
         uint64_t lsn;
-        n->flags &= (uint16_t)~DN_FIRING;
+        n->flags &= (uint8_t)~DN_FIRING;
         if (tw__jr_append(&s->w, JR_SCHED, n->key, n->key_len, due, n->attempt,
                           dl->rec.payload, dl->rec.payload_len, &seg, &off,
                           &lsn) == 0) {
@@ -593,7 +611,7 @@ static void complete(jstore *s, struct delivery *dl, int r)
         /* Not waited for: a DONE lost in a crash means one more delivery. */
         (void)tw__jr_append(&s->w, JR_DONE, n->key, n->key_len, 0, 0, NULL, 0,
                             &seg, &off, &lsn);
-        n->flags &= (uint16_t)~DN_FIRING;
+        n->flags &= (uint8_t)~DN_FIRING;
         node_remove(s, hfind(s, n->key, n->key_len));
     }
     tw__free(dl);
@@ -634,7 +652,7 @@ static void deliver_chunk(jstore *s)
             dl = NULL;
         }
         if (!dl) { /* I/O trouble or no memory: try again later */
-            n->flags &= (uint16_t)~DN_FIRING;
+            n->flags &= (uint8_t)~DN_FIRING;
             tw_wheel_add(s->wheel, &n->tm,
                          tw_wheel_now(s->wheel) + RETRY_IO_MS);
             continue;
@@ -832,8 +850,10 @@ static void *store_main(void *arg)
         /* Never backwards: after a step back, what is already due still
          * runs (see the top of the file). */
         uint64_t t = tick_of(now);
+        advancing = s;
         tw_wheel_advance(
             s->wheel, t > tw_wheel_now(s->wheel) ? t : tw_wheel_now(s->wheel));
+        advancing = NULL;
         while (s->due_pos < s->ndue && !s->stop)
             deliver_chunk(s);
         for (int k = 0; k < 8 && need_compact(s); k++)
@@ -867,7 +887,7 @@ void tw__durable_sync(tw_durable *d)
 
 size_t tw__durable_node_size(size_t key_len)
 {
-    return node_class(key_len) * 16;
+    return node_class(key_len) * SLAB_GRAIN;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -959,7 +979,7 @@ static int replay_one(void *arg, const jr_rec *r)
     jstore *s = c->s;
     if (r->type == JR_SCHED && hreserve(s) != 0)
         return TW_ENOMEM;
-    struct dnode **pp = hfind(s, r->key, r->key_len);
+    void **pp = hfind(s, r->key, r->key_len);
     struct dnode *n = *pp;
     switch (r->type) {
     case JR_SCHED:
@@ -968,7 +988,7 @@ static int replay_one(void *arg, const jr_rec *r)
             n = node_new(s, r->key, r->key_len);
             if (!n)
                 return TW_ENOMEM;
-            n->hnext = *pp;
+            *hlink(n) = *pp;
             *pp = n;
             s->count++;
         }
@@ -983,7 +1003,7 @@ static int replay_one(void *arg, const jr_rec *r)
         break;
     default: /* CANCEL, DONE */
         if (n) {
-            *pp = n->hnext;
+            *pp = *hlink(n);
             s->count--;
             tw_wheel_cancel(s->wheel, &n->tm);
             node_free(s, n);
@@ -1176,7 +1196,7 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
         return rc;
     /* Live counts per segment. */
     for (size_t i = 0; i < s->nbuckets; i++)
-        for (struct dnode *n = s->buckets[i]; n; n = n->hnext)
+        for (struct dnode *n = s->buckets[i]; n; n = *hlink(n))
             seg_live(s, n->seg, +1);
     if (s->w.nseg) {
         jr_seg *cur = &s->w.segs[s->w.nseg - 1];

@@ -1235,10 +1235,11 @@ static void test_big_payload(void)
 
 static void test_node_size(void)
 {
-    ASSERT_EQ(tw__durable_node_size(0), 64);
-    ASSERT_EQ(tw__durable_node_size(1), 80);
-    ASSERT_EQ(tw__durable_node_size(16), 80);
-    ASSERT_EQ(tw__durable_node_size(17), 96);
+    ASSERT_EQ(tw__durable_node_size(0), 56);
+    ASSERT_EQ(tw__durable_node_size(1), 56);
+    ASSERT_EQ(tw__durable_node_size(16), 72);
+    ASSERT_EQ(tw__durable_node_size(17), 72);
+    ASSERT_EQ(tw__durable_node_size(18), 80);
     /* The checksum is CRC32C (its check value). */
     ASSERT_EQ(tw__crc32c(0, "123456789", 9), 0xE3069283u);
 }
