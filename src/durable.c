@@ -141,6 +141,8 @@ typedef struct jstore {
     pthread_cond_t qcv;
 
     uint64_t fired, retried, cancelled, recovered, recovery_us;
+    uint64_t backlog; /* nodes due (in due[] or the queue), not yet begun */
+    uint64_t late_hist[TW_LATE_BUCKETS];
 } jstore;
 
 /* ------------------------------------------------------------------------ */
@@ -522,6 +524,8 @@ static int j_stats(tw_durable *d, tw_durable_stats *out)
     out->recovered = s->recovered;
     out->recovery_us = s->recovery_us;
     out->syncs = s->w.syncs;
+    out->backlog = s->backlog;
+    memcpy(out->late_hist, s->late_hist, sizeof out->late_hist);
     pthread_mutex_unlock(&s->mu);
     return 0;
 }
@@ -550,6 +554,7 @@ static void on_due(tw_timer *t, void *arg)
     }
     n->flags |= DN_FIRING;
     s->due[s->ndue++] = n;
+    s->backlog++;
 }
 
 /* Read node @n's SCHED record back (mutex held). NULL on failure. */
@@ -617,6 +622,16 @@ static void complete(jstore *s, struct delivery *dl, int r)
     tw__free(dl);
 }
 
+/* A delivery's callback is about to run (mutex held): it leaves the
+ * backlog, and how late it starts is counted. */
+static void begin_delivery(jstore *s, const struct delivery *dl)
+{
+    int64_t late_ms = wall(s) - dl->rec.due_ms;
+    uint64_t late_us = late_ms > 0 ? (uint64_t)late_ms * 1000u : 0;
+    s->backlog--;
+    s->late_hist[tw__late_bucket(late_us)]++;
+}
+
 static int run_callback(jstore *s, struct delivery *dl)
 {
     tw_durable_timer t = {
@@ -640,6 +655,7 @@ static void deliver_chunk(jstore *s)
     while (s->due_pos < s->ndue && count < CHUNK && bytes < CHUNK_BYTES) {
         struct dnode *n = s->due[s->due_pos++];
         if (n->flags & DN_ORPHAN) {
+            s->backlog--;
             node_free(s, n);
             continue;
         }
@@ -652,6 +668,7 @@ static void deliver_chunk(jstore *s)
             dl = NULL;
         }
         if (!dl) { /* I/O trouble or no memory: try again later */
+            s->backlog--;
             n->flags &= (uint8_t)~DN_FIRING;
             tw_wheel_add(s->wheel, &n->tm,
                          tw_wheel_now(s->wheel) + RETRY_IO_MS);
@@ -685,6 +702,7 @@ static void deliver_chunk(jstore *s)
     while (head) {
         struct delivery *dl = head;
         head = dl->next;
+        begin_delivery(s, dl);
         pthread_mutex_unlock(&s->mu);
         int r = run_callback(s, dl);
         pthread_mutex_lock(&s->mu);
@@ -706,6 +724,7 @@ static void *exec_main(void *arg)
         if (!s->qhead)
             s->qtail = NULL;
         s->running++;
+        begin_delivery(s, dl);
         pthread_mutex_unlock(&s->mu);
         int r = run_callback(s, dl);
         pthread_mutex_lock(&s->mu);

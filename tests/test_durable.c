@@ -1009,6 +1009,75 @@ static void test_schedule_many_faults(void)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Backlog and lateness in the stats. */
+
+static _Atomic int64_t backlog_seen = -1;
+
+static int backlog_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    if (t->key_len == 2 && memcmp(t->key, "b0", 2) == 0) {
+        tw_durable_stats st;
+        ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+        atomic_store(&backlog_seen, (int64_t)st.backlog);
+    }
+    return on_fire(d, t, arg);
+}
+
+static uint64_t hist_total(const tw_durable_stats *st)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < TW_LATE_BUCKETS; i++)
+        n += st->late_hist[i];
+    return n;
+}
+
+/* Three timers due at once on the store's thread: the first callback sees
+ * the other two in the backlog. Lateness is the injected wall clock at the
+ * start of the callback minus the due time; a retry is a delivery of its
+ * own, late from its new due time. */
+static void test_late_stats(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.fire = backlog_fire;
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    ASSERT_EQ(sched(d, "b0", t0 + 1000, ""), 0);
+    ASSERT_EQ(sched(d, "b1", t0 + 1000, ""), 0);
+    ASSERT_EQ(sched(d, "b2", t0 + 1000, ""), 0);
+    ASSERT_EQ(sched(d, "late", t0 + 2000, ""), 0);
+    tw_durable_stats st = stats(d);
+    ASSERT_EQ(st.backlog, 0);
+    ASSERT_EQ(hist_total(&st), 0);
+    set_wall(t0 + 1000);
+    tw__durable_sync(d);
+    ASSERT_EQ(atomic_load(&backlog_seen), 2);
+    st = stats(d);
+    ASSERT_EQ(st.backlog, 0);
+    ASSERT_EQ(st.late_hist[0], 3); /* on time: less than 1 us late */
+    ASSERT_EQ(hist_total(&st), 3);
+    /* 3 ms late, then a retry in 10 ms delivered 7 ms after its due. */
+    pthread_mutex_lock(&log_mu);
+    retry_ms = 10;
+    retry_times = 1;
+    pthread_mutex_unlock(&log_mu);
+    set_wall(t0 + 2003);
+    tw__durable_sync(d);
+    set_wall(t0 + 2003 + 10 + 7);
+    tw__durable_sync(d);
+    ASSERT_EQ(log_count("late"), 2);
+    st = stats(d);
+    ASSERT_EQ(st.late_hist[tw__late_bucket(3000)], 1);
+    ASSERT_EQ(st.late_hist[tw__late_bucket(7000)], 1);
+    ASSERT_EQ(hist_total(&st), 5);
+    ASSERT_EQ(st.backlog, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+/* ------------------------------------------------------------------------ */
 
 static int count_files(const char *dir)
 {
@@ -1262,6 +1331,7 @@ int main(void)
     RUN_TEST(test_fault_rotation);
     RUN_TEST(test_schedule_many);
     RUN_TEST(test_schedule_many_faults);
+    RUN_TEST(test_late_stats);
     RUN_TEST(test_compaction);
     RUN_TEST(test_executors);
     RUN_TEST(test_group_commit);
