@@ -645,6 +645,29 @@ static int run_callback(jstore *s, struct delivery *dl)
     return s->fire(&s->base, &t, s->fire_arg);
 }
 
+/* Read due node @n's record and append its FIRE record (*@lsn: its end).
+ * On I/O trouble or no memory the node goes back into the wheel to be
+ * tried again later, and NULL is returned. */
+static struct delivery *start_delivery(jstore *s, struct dnode *n,
+                                       uint64_t *lsn)
+{
+    struct delivery *dl = read_record(s, n);
+    uint32_t seg, off;
+    if (dl && tw__jr_append(&s->w, JR_FIRE, n->key, n->key_len, 0, 0, NULL, 0,
+                            &seg, &off, lsn) != 0) {
+        tw__free(dl);
+        dl = NULL;
+    }
+    if (!dl) {
+        s->backlog--;
+        n->flags &= (uint8_t)~DN_FIRING;
+        tw_wheel_add(s->wheel, &n->tm, tw_wheel_now(s->wheel) + RETRY_IO_MS);
+        return NULL;
+    }
+    n->attempt++;
+    return dl;
+}
+
 /* Deliver up to CHUNK due nodes (mutex held; released around callbacks). */
 static void deliver_chunk(jstore *s)
 {
@@ -659,24 +682,10 @@ static void deliver_chunk(jstore *s)
             node_free(s, n);
             continue;
         }
-        struct delivery *dl = read_record(s, n);
-        uint32_t seg, off;
-        uint64_t l;
-        if (dl && tw__jr_append(&s->w, JR_FIRE, n->key, n->key_len, 0, 0, NULL,
-                                0, &seg, &off, &l) != 0) {
-            tw__free(dl);
-            dl = NULL;
-        }
-        if (!dl) { /* I/O trouble or no memory: try again later */
-            s->backlog--;
-            n->flags &= (uint8_t)~DN_FIRING;
-            tw_wheel_add(s->wheel, &n->tm,
-                         tw_wheel_now(s->wheel) + RETRY_IO_MS);
+        struct delivery *dl = start_delivery(s, n, &lsn);
+        if (!dl)
             continue;
-        }
-        lsn = l;
         bytes += dl->rec.size;
-        n->attempt++;
         *tail = dl;
         tail = &dl->next;
         count++;
@@ -1082,20 +1091,12 @@ static int list_segments(jstore *s, uint32_t **out, size_t *n)
     return 0;
 }
 
-static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
+/* Size the key table once from the older segments (exact sizes; the newest
+ * is preallocated): at 128 bytes a record and two keys a bucket it rarely
+ * has to grow during the replay, and each growth would touch every node
+ * again. A guess: too small only costs that growth. */
+static void presize_table(jstore *s, const uint32_t *nos, size_t cnt)
 {
-    uint32_t *nos = NULL;
-    size_t cnt = 0;
-    int rc = list_segments(s, &nos, &cnt);
-    if (rc)
-        return rc;
-    unsigned char *buf = NULL;
-    size_t buf_cap = 0;
-    bool repair = cfg->flags & TW_DURABLE_REPAIR;
-    /* Size the key table once from the older segments (exact sizes; the
-     * newest is preallocated): at 128 bytes a record and two keys a bucket
-     * it rarely has to grow during the replay, and each growth would touch
-     * every node again. A guess: too small only costs that growth. */
     uint64_t old_bytes = 0;
     for (size_t i = 0; i + 1 < cnt; i++) {
         char name[16];
@@ -1109,111 +1110,127 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
         want *= 2;
     if (want > s->nbuckets)
         (void)hresize(s, want);
-    for (size_t i = 0; i < cnt && rc == 0; i++) {
-        bool last = i + 1 == cnt;
-        char name[16];
-        tw__jr_seg_name(name, nos[i]);
-        if (i && nos[i] != nos[i - 1] + 1 && !repair) {
-            errmsg(cfg, "%s/%s: segment %u is missing", cfg->dir, name,
-                   nos[i - 1] + 1);
-            rc = TW_EIO;
-            break;
-        }
-        int fd = openat(s->dirfd, name, O_RDWR | O_CLOEXEC);
-        struct stat st;
-        if (fd < 0 || fstat(fd, &st) != 0) {
-            if (fd >= 0)
-                close(fd);
-            rc = TW_EIO;
-            break;
-        }
-        size_t size = (size_t)st.st_size;
-        if (size > buf_cap) {
-            unsigned char *nb = tw__realloc(buf, size);
-            if (!nb) {
-                close(fd);
-                rc = TW_ENOMEM;
-                break;
-            }
-            buf = nb;
-            buf_cap = size;
-        }
-        if (pread(fd, buf, size, 0) != (ssize_t)size) {
-            close(fd);
-            rc = TW_EIO;
-            break;
-        }
-        if (!tw__jr_seg_hdr_ok(buf, size, nos[i])) {
-            /* A crash while the newest segment was being made (it is
-             * preallocated before its header is written and synced, and
-             * gets records only after that): nothing but zeros follow. */
-            bool empty = last;
-            for (size_t k = JR_SEG_HDR; k < size && empty; k++)
-                empty = buf[k] == 0;
-            if (empty || repair) {
-                close(fd);
-                unlinkat(s->dirfd, name, 0);
-                fsync(s->dirfd);
-                *damaged |= !empty;
-                continue;
-            }
-            errmsg(cfg, "%s/%s offset 0: bad segment header", cfg->dir, name);
-            close(fd);
-            rc = TW_EIO;
-            break;
-        }
-        struct replay_ctx c = {.s = s, .no = nos[i]};
-        size_t end = size;
-        int src = tw__jr_scan(buf, size, last, repair, replay_one, &c, &end);
-        if (src == TW_EIO) {
-            errmsg(cfg, "%s/%s offset %zu: corrupt record", cfg->dir, name,
-                   end);
-            close(fd);
-            rc = TW_EIO;
-            break;
-        }
-        if (src < 0) {
-            close(fd);
-            rc = src;
-            break;
-        }
-        *damaged |= src == 1;
-        if (end < size) {
-            /* Zeros after the last record are the preallocated rest of the
-             * segment; anything else is a torn tail, cleared so that no
-             * stale record can ever follow the next append. */
-            bool zeros = true;
-            for (size_t k = end; k < size && zeros; k++)
-                zeros = buf[k] == 0;
-            if (!zeros) {
-                if (ftruncate(fd, (off_t)end) != 0 || fdatasync(fd) != 0) {
-                    close(fd);
-                    rc = TW_EIO;
-                    break;
-                }
-                if (last)
-                    (void)tw__jr_preallocate(fd, s->w.segment_bytes);
-            }
-        }
-        if (s->w.nseg == s->w.cap) {
-            size_t nc = s->w.cap ? s->w.cap * 2 : 8;
-            jr_seg *ns = tw__realloc(s->w.segs, nc * sizeof *ns);
-            if (!ns) {
-                close(fd);
-                rc = TW_ENOMEM;
-                break;
-            }
-            s->w.segs = ns;
-            s->w.cap = nc;
-        }
-        s->w.segs[s->w.nseg++] =
-            (jr_seg){.no = nos[i], .fd = fd, .size = end, .records = c.sched};
+}
+
+/* A segment file read whole. */
+struct seg_file {
+    uint32_t no;
+    bool last; /* the newest segment */
+    char name[16];
+    int fd;
+    size_t size;
+    unsigned char *buf; /* reused from segment to segment */
+    size_t buf_cap;
+};
+
+/* Open segment @f->no and read it into @f->buf. */
+static int read_segment(jstore *s, struct seg_file *f)
+{
+    tw__jr_seg_name(f->name, f->no);
+    f->fd = openat(s->dirfd, f->name, O_RDWR | O_CLOEXEC);
+    struct stat st;
+    if (f->fd < 0 || fstat(f->fd, &st) != 0)
+        return TW_EIO;
+    f->size = (size_t)st.st_size;
+    if (f->size > f->buf_cap) {
+        unsigned char *nb = tw__realloc(f->buf, f->size);
+        if (!nb)
+            return TW_ENOMEM;
+        f->buf = nb;
+        f->buf_cap = f->size;
     }
-    tw__free(buf);
-    tw__free(nos);
+    if (pread(f->fd, f->buf, f->size, 0) != (ssize_t)f->size)
+        return TW_EIO;
+    return 0;
+}
+
+static bool all_zero(const unsigned char *p, size_t from, size_t to)
+{
+    for (size_t k = from; k < to; k++)
+        if (p[k])
+            return false;
+    return true;
+}
+
+/* A segment whose header is bad: 1 if it was deleted (a crash while the
+ * newest segment was being made: it is preallocated before its header is
+ * written and synced, and gets records only after that, so nothing but
+ * zeros follow; or any, with TW_DURABLE_REPAIR), else TW_EIO. */
+static int bad_header(jstore *s, const tw_durable_config *cfg,
+                      struct seg_file *f, bool *damaged)
+{
+    bool empty = f->last && all_zero(f->buf, JR_SEG_HDR, f->size);
+    if (!empty && !(cfg->flags & TW_DURABLE_REPAIR)) {
+        errmsg(cfg, "%s/%s offset 0: bad segment header", cfg->dir, f->name);
+        return TW_EIO;
+    }
+    close(f->fd);
+    f->fd = -1;
+    unlinkat(s->dirfd, f->name, 0);
+    fsync(s->dirfd);
+    *damaged |= !empty;
+    return 1;
+}
+
+/* Zeros after the last record (at @end) are the preallocated rest of the
+ * segment; anything else is a torn tail, cleared so that no stale record
+ * can ever follow the next append. */
+static int clear_tail(jstore *s, struct seg_file *f, size_t end)
+{
+    if (end >= f->size || all_zero(f->buf, end, f->size))
+        return 0;
+    if (ftruncate(f->fd, (off_t)end) != 0 || fdatasync(f->fd) != 0)
+        return TW_EIO;
+    if (f->last)
+        (void)tw__jr_preallocate(f->fd, s->w.segment_bytes);
+    return 0;
+}
+
+/* Hand the replayed segment @f, @end bytes long with @sched SCHED records,
+ * to the writer (which then owns its fd). */
+static int keep_segment(jstore *s, struct seg_file *f, size_t end,
+                        uint64_t sched)
+{
+    if (s->w.nseg == s->w.cap) {
+        size_t nc = s->w.cap ? s->w.cap * 2 : 8;
+        jr_seg *ns = tw__realloc(s->w.segs, nc * sizeof *ns);
+        if (!ns)
+            return TW_ENOMEM;
+        s->w.segs = ns;
+        s->w.cap = nc;
+    }
+    s->w.segs[s->w.nseg++] =
+        (jr_seg){.no = f->no, .fd = f->fd, .size = end, .records = sched};
+    f->fd = -1;
+    return 0;
+}
+
+/* Replay segment @f into the index and keep it. */
+static int replay_segment(jstore *s, const tw_durable_config *cfg,
+                          struct seg_file *f, bool *damaged)
+{
+    int rc = read_segment(s, f);
     if (rc)
         return rc;
-    /* Live counts per segment. */
+    if (!tw__jr_seg_hdr_ok(f->buf, f->size, f->no))
+        return bad_header(s, cfg, f, damaged);
+    struct replay_ctx c = {.s = s, .no = f->no};
+    size_t end = f->size;
+    rc = tw__jr_scan(f->buf, f->size, f->last, cfg->flags & TW_DURABLE_REPAIR,
+                     replay_one, &c, &end);
+    if (rc == TW_EIO)
+        errmsg(cfg, "%s/%s offset %zu: corrupt record", cfg->dir, f->name, end);
+    if (rc < 0)
+        return rc;
+    *damaged |= rc == 1;
+    rc = clear_tail(s, f, end);
+    return rc ? rc : keep_segment(s, f, end, c.sched);
+}
+
+/* After the replay: live counts per segment, the writer's position, and a
+ * fresh segment if there was none or damage was repaired. */
+static int replay_done(jstore *s, bool damaged)
+{
     for (size_t i = 0; i < s->nbuckets; i++)
         for (struct dnode *n = s->buckets[i]; n; n = *hlink(n))
             seg_live(s, n->seg, +1);
@@ -1221,12 +1238,43 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
         jr_seg *cur = &s->w.segs[s->w.nseg - 1];
         s->w.written = s->w.synced = JR_LSN(cur->no, cur->size);
     }
-    if (s->w.nseg == 0 || *damaged)
+    if (s->w.nseg == 0 || damaged)
         return tw__jr_new_segment(
             &s->w, s->w.nseg ? s->w.segs[s->w.nseg - 1].no + 1 : 1);
     return 0;
 }
 
+static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
+{
+    uint32_t *nos = NULL;
+    size_t cnt = 0;
+    int rc = list_segments(s, &nos, &cnt);
+    if (rc)
+        return rc;
+    presize_table(s, nos, cnt);
+    struct seg_file f = {.fd = -1};
+    for (size_t i = 0; i < cnt && rc == 0; i++) {
+        f.no = nos[i];
+        f.last = i + 1 == cnt;
+        if (i && nos[i] != nos[i - 1] + 1 &&
+            !(cfg->flags & TW_DURABLE_REPAIR)) {
+            tw__jr_seg_name(f.name, f.no);
+            errmsg(cfg, "%s/%s: segment %u is missing", cfg->dir, f.name,
+                   nos[i - 1] + 1);
+            rc = TW_EIO;
+            break;
+        }
+        rc = replay_segment(s, cfg, &f, damaged);
+        if (f.fd >= 0)
+            close(f.fd);
+        f.fd = -1;
+        if (rc == 1) /* a bad header, deleted */
+            rc = 0;
+    }
+    tw__free(f.buf);
+    tw__free(nos);
+    return rc ? rc : replay_done(s, *damaged);
+}
 /* fsync the directory that holds @path (its first @len bytes name it). */
 static void sync_parent(const char *path, size_t len)
 {
@@ -1266,16 +1314,11 @@ static int make_dirs(const char *dir)
     return 0;
 }
 
-static int j_open(tw_durable **out, const tw_durable_config *cfg)
+/* Fill a new store's fields from @cfg and make its locks (nothing can
+ * fail). */
+static void init_store(jstore *s, const tw_durable_config *cfg,
+                       uint64_t seg_bytes, uint64_t t0)
 {
-    uint64_t seg_bytes =
-        cfg->segment_bytes ? cfg->segment_bytes : UINT64_C(64) << 20;
-    if (cfg->sync > TW_DURABLE_SYNC_NONE || seg_bytes < 4096 ||
-        seg_bytes > (UINT64_C(1) << 31) || cfg->executor_threads > 1024)
-        return TW_EINVAL;
-    jstore *s = tw__calloc(1, sizeof *s);
-    if (!s)
-        return TW_ENOMEM;
     s->base.ops = &journal_ops;
     s->dirfd = s->lockfd = -1;
     s->fire = cfg->fire;
@@ -1285,7 +1328,6 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
     s->fake_mono = cfg->mono_ns != NULL;
     s->clock_arg = cfg->clock_arg;
     s->wake_at = INT64_MAX;
-    uint64_t t0 = real_mono_ns(NULL);
     s->seed = t0 ^ (uint64_t)(uintptr_t)s;
     pthread_mutex_init(&s->mu, NULL);
     pthread_condattr_t ca;
@@ -1302,85 +1344,108 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
     s->w.group_ns =
         (uint64_t)(cfg->group_commit_us ? cfg->group_commit_us : 1000) * 1000;
     s->w.segment_bytes = seg_bytes;
+}
 
-    int rc = 0;
-    bool damaged = false;
-    s->nbuckets = 1024;
-    s->buckets = tw__calloc(s->nbuckets, sizeof *s->buckets);
-    if (!s->buckets ||
-        tw_wheel_create(&s->wheel, NULL, tick_of(wall(s))) != 0) {
-        rc = TW_ENOMEM;
-        goto fail;
-    }
-    rc = make_dirs(cfg->dir);
+/* Make and open the directory and take its lock. */
+static int lock_dir(jstore *s, const tw_durable_config *cfg)
+{
+    int rc = make_dirs(cfg->dir);
     if (rc) {
         errmsg(cfg, "%s: cannot make the directory", cfg->dir);
-        goto fail;
+        return rc;
     }
     s->dirfd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (s->dirfd < 0) {
         errmsg(cfg, "%s: cannot open the directory", cfg->dir);
-        rc = TW_EIO;
-        goto fail;
+        return TW_EIO;
     }
     s->w.dirfd = s->dirfd;
     s->lockfd = openat(s->dirfd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (s->lockfd < 0) {
-        rc = TW_EIO;
-        goto fail;
-    }
+    if (s->lockfd < 0)
+        return TW_EIO;
     if (flock(s->lockfd, LOCK_EX | LOCK_NB) != 0) {
         errmsg(cfg, "%s: open in another process or handle", cfg->dir);
-        rc = errno == EWOULDBLOCK ? TW_EBUSY : TW_EIO;
-        goto fail;
+        return errno == EWOULDBLOCK ? TW_EBUSY : TW_EIO;
     }
+    return 0;
+}
+
+/* Replay the journal; after a repair, rewrite everything live so the
+ * damage is gone: every segment older than the one replay() began is
+ * copied forward. */
+static int recover(jstore *s, const tw_durable_config *cfg)
+{
+    bool damaged = false;
     pthread_mutex_lock(&s->mu);
-    rc = replay(s, cfg, &damaged);
-    /* After a repair, rewrite everything live so the damage is gone: every
-     * segment older than the one replay() began is copied forward. */
+    int rc = replay(s, cfg, &damaged);
     if (rc == 0 && damaged) {
         uint32_t fresh = s->w.segs[s->w.nseg - 1].no;
         while (rc == 0 && s->w.segs[0].no < fresh)
             rc = compact_oldest(s);
     }
     pthread_mutex_unlock(&s->mu);
-    if (rc)
-        goto fail;
-    s->recovered = s->count;
-    s->recovery_us = (real_mono_ns(NULL) - t0) / 1000;
-    if (cfg->executor_threads) {
-        s->exec = tw__calloc(cfg->executor_threads, sizeof *s->exec);
-        if (!s->exec) {
-            rc = TW_ENOMEM;
-            goto fail;
-        }
-        for (; s->nexec < cfg->executor_threads; s->nexec++)
-            if (pthread_create(&s->exec[s->nexec], NULL, exec_main, s) != 0)
-                break;
-        if (s->nexec < cfg->executor_threads) {
-            rc = TW_ENOMEM;
-            goto fail_exec;
-        }
-    }
-    if (pthread_create(&s->thr, NULL, store_main, s) != 0) {
-        rc = TW_ENOMEM;
-        goto fail_exec;
-    }
-    *out = &s->base;
-    return 0;
-
-fail_exec:
-    pthread_mutex_lock(&s->mu);
-    s->exec_stop = true;
-    pthread_cond_broadcast(&s->qcv);
-    pthread_mutex_unlock(&s->mu);
-    for (uint32_t i = 0; i < s->nexec; i++)
-        pthread_join(s->exec[i], NULL);
-fail:
-    free_all(s);
     return rc;
 }
 
+/* Start the executors and the store's thread; on failure none is left
+ * running. */
+static int start_threads(jstore *s, uint32_t nexec)
+{
+    int rc = 0;
+    if (nexec) {
+        s->exec = tw__calloc(nexec, sizeof *s->exec);
+        if (!s->exec)
+            return TW_ENOMEM;
+        for (; s->nexec < nexec; s->nexec++)
+            if (pthread_create(&s->exec[s->nexec], NULL, exec_main, s) != 0)
+                break;
+        if (s->nexec < nexec)
+            rc = TW_ENOMEM;
+    }
+    if (!rc && pthread_create(&s->thr, NULL, store_main, s) != 0)
+        rc = TW_ENOMEM;
+    if (rc) {
+        pthread_mutex_lock(&s->mu);
+        s->exec_stop = true;
+        pthread_cond_broadcast(&s->qcv);
+        pthread_mutex_unlock(&s->mu);
+        for (uint32_t i = 0; i < s->nexec; i++)
+            pthread_join(s->exec[i], NULL);
+    }
+    return rc;
+}
+
+static int j_open(tw_durable **out, const tw_durable_config *cfg)
+{
+    uint64_t seg_bytes =
+        cfg->segment_bytes ? cfg->segment_bytes : UINT64_C(64) << 20;
+    if (cfg->sync > TW_DURABLE_SYNC_NONE || seg_bytes < 4096 ||
+        seg_bytes > (UINT64_C(1) << 31) || cfg->executor_threads > 1024)
+        return TW_EINVAL;
+    jstore *s = tw__calloc(1, sizeof *s);
+    if (!s)
+        return TW_ENOMEM;
+    uint64_t t0 = real_mono_ns(NULL);
+    init_store(s, cfg, seg_bytes, t0);
+    int rc = TW_ENOMEM;
+    s->nbuckets = 1024;
+    s->buckets = tw__calloc(s->nbuckets, sizeof *s->buckets);
+    if (s->buckets && tw_wheel_create(&s->wheel, NULL, tick_of(wall(s))) == 0)
+        rc = lock_dir(s, cfg);
+    if (!rc)
+        rc = recover(s, cfg);
+    if (!rc) {
+        s->recovered = s->count;
+        s->recovery_us = (real_mono_ns(NULL) - t0) / 1000;
+        rc = start_threads(s, cfg->executor_threads);
+    }
+    if (rc) {
+        free_all(s);
+        return rc;
+    }
+    *out = &s->base;
+    return 0;
+}
 /* ------------------------------------------------------------------------ */
 /* Public calls. */
 

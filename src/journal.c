@@ -517,6 +517,31 @@ static void abs_after(struct timespec *ts, uint64_t ns)
     ts->tv_nsec = (long)(ns % 1000000000u);
 }
 
+static bool joiners_due(jr_writer *w)
+{
+    return atomic_load_explicit(&w->entering, memory_order_relaxed) > 0 ||
+           w->waiting < w->last_batch;
+}
+
+/* A leader gives the callers that are about to append, and as many as the
+ * last sync served, up to group_commit_us to join. */
+static void lead_gather(jr_writer *w)
+{
+    if (!joiners_due(w))
+        return;
+    struct timespec ts;
+    abs_after(&ts, w->group_ns);
+    w->lead_waiting = true;
+    while (joiners_due(w)) {
+        if (pthread_cond_timedwait(&w->lead_cv, w->mu, &ts) != 0) {
+            /* Fewer callers than before: expect what came. */
+            w->last_batch = w->waiting;
+            break;
+        }
+    }
+    w->lead_waiting = false;
+}
+
 static int jr_wait_locked(jr_writer *w, uint64_t lsn)
 {
     uint64_t gen = w->fail_gen;
@@ -530,25 +555,8 @@ static int jr_wait_locked(jr_writer *w, uint64_t lsn)
         /* Lead a sync. With SYNC_EACH every caller syncs for itself. */
         bool lead = !w->syncing;
         w->syncing = true;
-        if (lead && w->sync_mode == TW_DURABLE_SYNC_GROUP && w->group_ns &&
-            (atomic_load_explicit(&w->entering, memory_order_relaxed) > 0 ||
-             w->waiting < w->last_batch)) {
-            /* Give the callers that are about to append, and as many as
-             * the last sync served, up to group_commit_us to join. */
-            struct timespec ts;
-            abs_after(&ts, w->group_ns);
-            w->lead_waiting = true;
-            while (atomic_load_explicit(&w->entering, memory_order_relaxed) >
-                       0 ||
-                   w->waiting < w->last_batch) {
-                if (pthread_cond_timedwait(&w->lead_cv, w->mu, &ts) != 0) {
-                    /* Fewer callers than before: expect what came. */
-                    w->last_batch = w->waiting;
-                    break;
-                }
-            }
-            w->lead_waiting = false;
-        }
+        if (lead && w->sync_mode == TW_DURABLE_SYNC_GROUP && w->group_ns)
+            lead_gather(w);
         jr_seg *cur = &w->segs[w->nseg - 1];
         uint64_t target = w->written;
         int batch = w->waiting;
