@@ -433,6 +433,26 @@ static int sched_stage(jstore *s, tw_durable_item *it, struct staged_item *e)
     return 0;
 }
 
+/* Start loading the key table's buckets of @n items, then their first
+ * nodes: a large table misses the cache on nearly every lookup, and the
+ * misses of a group overlap this way instead of coming one after the
+ * other. */
+static void prefetch_keys(jstore *s, const tw_durable_item *items, size_t n)
+{
+    if (s->nbuckets < 4096) /* small enough to stay in the cache */
+        return;
+    size_t mask = s->nbuckets - 1;
+    for (size_t i = 0; i < n; i++)
+        __builtin_prefetch(
+            &s->buckets[hkey(s->seed, items[i].key, items[i].key_len) & mask]);
+    for (size_t i = 0; i < n; i++) {
+        void *first =
+            s->buckets[hkey(s->seed, items[i].key, items[i].key_len) & mask];
+        if (first)
+            __builtin_prefetch(first);
+    }
+}
+
 /* Group commit of a batch: its records go out in groups of SCHED_GROUP
  * (one pwrite each, fewer when a segment fills), then one wait covers
  * them all. */
@@ -449,6 +469,9 @@ static int j_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
             sched_commit(s, items + from, st, i - from, &lsn);
             from = i;
         }
+        if (i == from)
+            prefetch_keys(s, items + i,
+                          n - i < SCHED_GROUP ? n - i : SCHED_GROUP);
         int rc = sched_stage(s, &items[i], &st[i - from]);
         if (rc == TW_EAGAIN) { /* a flush makes room; then stage again */
             sched_commit(s, items + from, st, i - from, &lsn);
