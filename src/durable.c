@@ -7,12 +7,16 @@
  * ------
  * One mutex orders everything: a call appends its record (journal.c) and
  * changes the in-memory index in the same critical section, so the journal's
- * order is the order of the changes; then it waits for group commit.
+ * order is the order of the changes; then it waits for group commit. A
+ * schedule is a batch of one: a batch stages its records, writes them with
+ * one pwrite() per SCHED_GROUP, applies them to the index in order, and
+ * waits once.
  *
  * Index: a hash table of keys (chained) to nodes. A node is a tw_timer in
- * the wheel (tick = Unix ms), the hash link, where its schedule record
- * lives (segment, offset) and how many deliveries began (attempt): 64 bytes
- * on LP64, then the key. Payloads and due times stay on disk; the store's
+ * the wheel (tick = Unix ms) whose arg slot is the hash link, where its
+ * schedule record lives (segment, offset), how many deliveries began
+ * (attempt), the key's length and flags: 55 bytes on LP64, then the key,
+ * in 8-byte size classes. Payloads and due times stay on disk; the store's
  * thread reads the record back when the timer fires.
  *
  * Replay applies the records in order: SCHED makes or replaces the key's
@@ -439,7 +443,7 @@ static int sched_stage(jstore *s, tw_durable_item *it, struct staged_item *e)
  * other. */
 static void prefetch_keys(jstore *s, const tw_durable_item *items, size_t n)
 {
-    if (s->nbuckets < 4096) /* small enough to stay in the cache */
+    if (n < 2 || s->nbuckets < 4096) /* nothing to overlap, or cached */
         return;
     size_t mask = s->nbuckets - 1;
     for (size_t i = 0; i < n; i++)
