@@ -882,7 +882,7 @@ static void test_fault_rotation(void)
 
 #define MANY 300
 
-static char many_keys[MANY + 2][16], many_pays[MANY + 2][16];
+static char many_keys[MANY + 2][24], many_pays[MANY + 2][24];
 
 /* Items m0 .. m<n-1> due at @due with payload "p<i>". */
 static void many_items(tw_durable_item *it, size_t n, int64_t due)
