@@ -976,6 +976,17 @@ static void free_all(jstore *s)
     tw__free(s);
 }
 
+/* Stop the executors (a delivery still queued is dropped) and join them. */
+static void stop_executors(jstore *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->exec_stop = true;
+    pthread_cond_broadcast(&s->qcv);
+    pthread_mutex_unlock(&s->mu);
+    for (uint32_t i = 0; i < s->nexec; i++)
+        pthread_join(s->exec[i], NULL);
+}
+
 static int j_close(tw_durable *d)
 {
     jstore *s = (jstore *)d;
@@ -985,12 +996,7 @@ static int j_close(tw_durable *d)
     pthread_cond_broadcast(&s->round_cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thr, NULL);
-    pthread_mutex_lock(&s->mu);
-    s->exec_stop = true;
-    pthread_cond_broadcast(&s->qcv);
-    pthread_mutex_unlock(&s->mu);
-    for (uint32_t i = 0; i < s->nexec; i++)
-        pthread_join(s->exec[i], NULL);
+    stop_executors(s);
     pthread_mutex_lock(&s->mu);
     int rc = 0;
     jr_seg *cur = &s->w.segs[s->w.nseg - 1];
@@ -1431,14 +1437,8 @@ static int start_threads(jstore *s, uint32_t nexec)
     }
     if (!rc && pthread_create(&s->thr, NULL, store_main, s) != 0)
         rc = TW_ENOMEM;
-    if (rc) {
-        pthread_mutex_lock(&s->mu);
-        s->exec_stop = true;
-        pthread_cond_broadcast(&s->qcv);
-        pthread_mutex_unlock(&s->mu);
-        for (uint32_t i = 0; i < s->nexec; i++)
-            pthread_join(s->exec[i], NULL);
-    }
+    if (rc)
+        stop_executors(s);
     return rc;
 }
 
