@@ -866,7 +866,12 @@ static int compact_oldest(jstore *s)
 /* ------------------------------------------------------------------------ */
 /* The store's thread. */
 
-static void wait_round(jstore *s, int64_t now)
+/* Sleep until the wheel's next expiry or WALL_CHECK_MS after the round
+ * began: at wall time @now, monotonic time @mono0 (read first, so that a
+ * clock that moved after either reading makes the sleep shorter, never
+ * longer: a round's callbacks may take long, and an injected clock only
+ * moves when a test moves it). */
+static void wait_round(jstore *s, int64_t now, uint64_t mono0)
 {
     uint64_t next = tw_wheel_next_expiry(s->wheel);
     uint64_t tnow = tick_of(now);
@@ -878,7 +883,7 @@ static void wait_round(jstore *s, int64_t now)
     s->wake_at = now + (int64_t)ms;
     if (ms == 0 || s->kicked || s->stop || s->round_req != s->round_done)
         return;
-    uint64_t until = s->mono_ns(s->clock_arg) + ms * 1000000u;
+    uint64_t until = mono0 + ms * 1000000u;
     while (!s->kicked && !s->stop && s->round_req == s->round_done) {
         uint64_t m = s->mono_ns(s->clock_arg);
         if (m >= until)
@@ -901,6 +906,7 @@ static void *store_main(void *arg)
     while (!s->stop) {
         uint64_t req = s->round_req;
         s->kicked = false;
+        uint64_t mono0 = s->mono_ns(s->clock_arg);
         int64_t now = wall(s);
         /* Never backwards: after a step back, what is already due still
          * runs (see the top of the file). */
@@ -920,7 +926,7 @@ static void *store_main(void *arg)
                 pthread_cond_wait(&s->round_cv, &s->mu);
         s->round_done = req;
         pthread_cond_broadcast(&s->round_cv);
-        wait_round(s, now);
+        wait_round(s, now, mono0);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;

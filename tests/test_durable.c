@@ -1009,6 +1009,51 @@ static void test_schedule_many_faults(void)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Clocks that move while a round runs. */
+
+static _Atomic int jump_armed;
+
+/* The wall clock; once armed, the read returns the time, then both clocks
+ * jump 400 ms, as if time passed right after the store read it. */
+static int64_t clk_wall_jump(void *arg)
+{
+    (void)arg;
+    int64_t v = atomic_load(&fake_wall);
+    if (atomic_exchange(&jump_armed, 0)) {
+        atomic_fetch_add(&fake_wall, 400);
+        atomic_fetch_add(&fake_mono, UINT64_C(400) * 1000000u);
+    }
+    return v;
+}
+
+/* A round that read the wall clock just before both clocks moved must not
+ * sleep past the next expiry measured from where the clocks moved to: the
+ * sleep is counted from the round's start. With injected clocks that move
+ * no more, an oversleep never ends; a delivery is awaited for 10 s of real
+ * time (it takes about a millisecond). */
+static void test_clock_moves_in_round(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.wall_ms = clk_wall_jump;
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    tw__durable_sync(d); /* the store's thread now sleeps, reading no clock */
+    atomic_store(&jump_armed, 1);
+    /* Due before the store's next wall check: kicks a round, whose wall
+     * reading comes just before the jump. */
+    ASSERT_EQ(sched(d, "x", t0 + 200, ""), 0);
+    for (int i = 0; i < 10000 && log_count("x") == 0; i++)
+        usleep(1000);
+    ASSERT_EQ(atomic_load(&jump_armed), 0);
+    ASSERT_EQ(log_count("x"), 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Backlog and lateness in the stats. */
 
 static _Atomic int64_t backlog_seen = -1;
@@ -1332,6 +1377,7 @@ int main(void)
     RUN_TEST(test_schedule_many);
     RUN_TEST(test_schedule_many_faults);
     RUN_TEST(test_late_stats);
+    RUN_TEST(test_clock_moves_in_round);
     RUN_TEST(test_compaction);
     RUN_TEST(test_executors);
     RUN_TEST(test_group_commit);
