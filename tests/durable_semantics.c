@@ -48,10 +48,13 @@ static uint64_t clk_mono(void *arg)
     return atomic_load(&fake_mono);
 }
 
+/* The wall clock first: a store that sees the monotonic clock move reads
+ * the wall clock next, and must find it moved too, or it would sleep for
+ * another stretch of a monotonic clock that no longer moves. */
 static void advance(int64_t ms)
 {
-    atomic_fetch_add(&fake_mono, (uint64_t)ms * 1000000u);
     atomic_fetch_add(&fake_wall, ms);
+    atomic_fetch_add(&fake_mono, (uint64_t)ms * 1000000u);
 }
 
 static int64_t now_ms(void)
