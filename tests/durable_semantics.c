@@ -527,7 +527,11 @@ static void test_close_reopen(void)
     ASSERT_EQ(tw_durable_close(d), 0);
     advance(2000);
     d = reopen();
-    ASSERT_EQ(stats(d).pending, 2);
+    /* "after" is pending; "while-closed" too unless its overdue delivery
+     * has already ended; "gone" never again. */
+    uint64_t pending = stats(d).pending;
+    ASSERT_GE(pending, 1);
+    ASSERT_LE(pending, 2);
     wait_count("while-closed", 1);
     settle(d);
     ASSERT_EQ(count_of("after"), 0);
