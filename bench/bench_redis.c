@@ -100,13 +100,41 @@ struct worker {
     tw_durable *d;
     int node, th, lo, hi, op;
     int64_t due;
-    int errors;
+    int errors, batch;
 };
+
+/* Schedules of keys lo..hi-1 by tw_durable_schedule_many, @batch at a
+ * time. */
+static void sched_many(struct worker *w)
+{
+    tw_durable_item *it = calloc((size_t)w->batch, sizeof *it);
+    char(*k)[48] = calloc((size_t)w->batch, sizeof *k);
+    if (!it || !k)
+        exit(1);
+    for (int i = w->lo; i < w->hi; i += w->batch) {
+        int m = w->hi - i < w->batch ? w->hi - i : w->batch;
+        for (int j = 0; j < m; j++) {
+            int n = snprintf(k[j], sizeof k[j], "n%d-%d", w->node, i + j);
+            it[j] = (tw_durable_item){k[j],   (size_t)n,
+                                      w->due, "payload-32-bytes-..............",
+                                      32,     0};
+        }
+        tw_durable_schedule_many(w->d, it, (size_t)m);
+        for (int j = 0; j < m; j++)
+            w->errors += it[j].result != 0;
+    }
+    free(it);
+    free(k);
+}
 
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     char k[48];
+    if (w->batch > 1 && !w->op) {
+        sched_many(w);
+        return NULL;
+    }
     for (int i = w->lo; i < w->hi; i++) {
         int n = snprintf(k, sizeof k, "n%d-%d", w->node, i);
         int rc =
@@ -134,6 +162,7 @@ static void sched_node(const char *seeds, int node, int threads, int n,
         fprintf(stderr, "open failed\n");
         _exit(1);
     }
+    int batch = getenv("BATCH") ? atoi(getenv("BATCH")) : 1;
     char c;
     if (read(go_fd, &c, 1) != 1)
         _exit(1);
@@ -152,7 +181,8 @@ static void sched_node(const char *seeds, int node, int threads, int n,
                                    n * (i + 1) / threads,
                                    op,
                                    (now_us() / 1000) + 3600 * 1000,
-                                   0};
+                                   0,
+                                   batch};
             pthread_create(&th[i], NULL, worker_main, &w[i]);
         }
         for (int i = 0; i < threads; i++) {
@@ -211,9 +241,10 @@ static void sched_mode(const char *seeds, int nodes, int threads, int n)
     double total = (double)nodes * n;
     const char *w = getenv("WAIT_REPLICAS");
     bool keep = getenv("KEEP") != NULL;
-    printf("sched%-9s nodes %d threads %d: schedules/s %.0f  cancels/s "
-           "%.0f  errors %d  node cpu us per call %.1f\n",
-           w ? " WAIT 1" : "", nodes, threads, total / s0,
+    const char *b = getenv("BATCH");
+    printf("sched%-9s nodes %d threads %d batch %s: schedules/s %.0f  "
+           "cancels/s %.0f  errors %d  node cpu us per call %.1f\n",
+           w ? " WAIT 1" : "", nodes, threads, b ? b : "1", total / s0,
            keep ? 0.0 : total / s1, errors,
            cpu * 1e6 / (total * (keep ? 1 : 2)));
 }

@@ -70,23 +70,62 @@ enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_COUNT };
 
 /* KEYS: 1 d, 2 p, 3 a, 4 u, 5 l, 6 t, 7 s. */
 static const char *const scripts[S_COUNT] = {
-    /* SCHED ARGV: key due payload claim_until now lease */
-    "local k,due=ARGV[1],tonumber(ARGV[2])\n"
-    "redis.call('HSET',KEYS[2],k,ARGV[3])\n"
-    "redis.call('HSET',KEYS[3],k,1)\n"
-    "redis.call('HSET',KEYS[4],k,ARGV[2])\n"
-    "local claimed=redis.call('HDEL',KEYS[6],k)==1\n"
-    "if due<=tonumber(ARGV[4]) then\n"
-    " local tok=redis.call('INCR',KEYS[7])\n"
-    " redis.call('ZREM',KEYS[1],k)\n"
-    " redis.call('ZADD',KEYS[5],math.max(due,tonumber(ARGV[5]))+"
-    "tonumber(ARGV[6]),k)\n"
-    " redis.call('HSET',KEYS[6],k,tok)\n"
-    " return tok\n"
+    /* SCHED ARGV: claim_until now lease, then (key due payload)... A key
+     * given twice keeps its last item. Returns (item, token) pairs for the
+     * items claimed at once (due within the horizon). A constant number
+     * of commands per call, however many items: the per-call cost of a
+     * script and of each command it runs is paid once per batch. The
+     * attempt (:a) of a new key is absent (= 1); :u is written at claim. */
+    "local untl,now,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"
+    "tonumber(ARGV[3])\n"
+    "local m=(#ARGV-3)/3\n"
+    "local seen,ks,pv,fz,fk,nk,nz,nt,nu={},{},{},{},{},{},{},{},{}\n"
+    "for j=m,1,-1 do\n"
+    " local i=3*j+1\n"
+    " local k,due=ARGV[i],tonumber(ARGV[i+1])\n"
+    " if not seen[k] then\n"
+    "  seen[k]=true\n"
+    "  ks[#ks+1]=k\n"
+    "  pv[#pv+1]=k\n"
+    "  pv[#pv+1]=ARGV[i+2]\n"
+    "  if due<=untl then\n"
+    "   nk[#nk+1]=k\n"
+    "   nz[#nz+1]=math.max(due,now)+lease\n"
+    "   nz[#nz+1]=k\n"
+    "   nu[#nu+1]=k\n"
+    "   nu[#nu+1]=ARGV[i+1]\n"
+    "   nt[#nt+1]=j\n"
+    "  else\n"
+    "   fz[#fz+1]=ARGV[i+1]\n"
+    "   fz[#fz+1]=k\n"
+    "   fk[#fk+1]=k\n"
+    "  end\n"
+    " end\n"
     "end\n"
-    "if claimed then redis.call('ZREM',KEYS[5],k) end\n"
-    "redis.call('ZADD',KEYS[1],ARGV[2],k)\n"
-    "return 0\n",
+    "redis.call('HSET',KEYS[2],unpack(pv))\n"
+    "redis.call('HDEL',KEYS[3],unpack(ks))\n"
+    "redis.call('ZREM',KEYS[5],unpack(ks))\n"
+    "redis.call('HDEL',KEYS[6],unpack(ks))\n"
+    "if #fk>0 then\n"
+    " redis.call('ZADD',KEYS[1],unpack(fz))\n"
+    " redis.call('HDEL',KEYS[4],unpack(fk))\n"
+    "end\n"
+    "if #nk>0 then\n"
+    " local tok0=redis.call('INCRBY',KEYS[7],#nk)-#nk\n"
+    " local ht,out={},{}\n"
+    " for i=1,#nk do\n"
+    "  ht[2*i-1]=nk[i]\n"
+    "  ht[2*i]=tok0+i\n"
+    "  out[2*i-1]=nt[i]\n"
+    "  out[2*i]=tok0+i\n"
+    " end\n"
+    " redis.call('ZREM',KEYS[1],unpack(nk))\n"
+    " redis.call('ZADD',KEYS[5],unpack(nz))\n"
+    " redis.call('HSET',KEYS[6],unpack(ht))\n"
+    " redis.call('HSET',KEYS[4],unpack(nu))\n"
+    " return out\n"
+    "end\n"
+    "return {}\n",
     /* CANCEL ARGV: key */
     "local k=ARGV[1]\n"
     "if redis.call('ZREM',KEYS[1],k)+redis.call('ZREM',KEYS[5],k)==0 then\n"
@@ -104,7 +143,8 @@ static const char *const scripts[S_COUNT] = {
     "for _,k in ipairs(ex) do\n"
     " redis.call('ZREM',KEYS[5],k)\n"
     " redis.call('HDEL',KEYS[6],k)\n"
-    " redis.call('HINCRBY',KEYS[3],k,1)\n"
+    " redis.call('HSET',KEYS[3],k,(tonumber(redis.call('HGET',KEYS[3],k))"
+    " or 1)+1)\n"
     " redis.call('ZADD',KEYS[1],redis.call('HGET',KEYS[4],k),k)\n"
     "end\n"
     "local ks=redis.call('ZRANGEBYSCORE',KEYS[1],'-inf',ARGV[2],"
@@ -112,7 +152,7 @@ static const char *const scripts[S_COUNT] = {
     "local n=#ks/2\n"
     "if n==0 then return {} end\n"
     "local tok0=redis.call('INCRBY',KEYS[7],n)-n\n"
-    "local keys,za,ht={},{},{}\n"
+    "local keys,za,ht,hu={},{},{},{}\n"
     "for i=1,n do\n"
     " local k=ks[2*i-1]\n"
     " keys[i]=k\n"
@@ -120,8 +160,11 @@ static const char *const scripts[S_COUNT] = {
     " za[2*i]=k\n"
     " ht[2*i-1]=k\n"
     " ht[2*i]=tok0+i\n"
+    " hu[2*i-1]=k\n"
+    " hu[2*i]=ks[2*i]\n"
     "end\n"
     "redis.call('ZREM',KEYS[1],unpack(keys))\n"
+    "redis.call('HSET',KEYS[4],unpack(hu))\n"
     "redis.call('ZADD',KEYS[5],unpack(za))\n"
     "redis.call('HSET',KEYS[6],unpack(ht))\n"
     "local at=redis.call('HMGET',KEYS[3],unpack(keys))\n"
@@ -159,7 +202,8 @@ static const char *const scripts[S_COUNT] = {
     "   redis.call('ZREM',KEYS[5],k)\n"
     "   redis.call('HDEL',KEYS[6],k)\n"
     "   local due=now+r\n"
-    "   redis.call('HINCRBY',KEYS[3],k,1)\n"
+    "   redis.call('HSET',KEYS[3],k,"
+    "(tonumber(redis.call('HGET',KEYS[3],k)) or 1)+1)\n"
     "   redis.call('HSET',KEYS[4],k,due)\n"
     "   if due<=untl then\n"
     "    res=redis.call('INCR',KEYS[7])\n"
@@ -439,7 +483,7 @@ static struct rtimer *rt_new(struct rd *d, uint32_t shard, const void *key,
     tw_timer_init(&r->tm, on_wheel, r);
     r->d = d;
     r->shard = shard;
-    r->attempt = attempt;
+    r->attempt = attempt ? attempt : 1; /* absent in Redis = 1 */
     r->due_ms = due;
     r->token = token;
     r->key_len = key_len;
@@ -479,16 +523,6 @@ static void rt_free_locked(struct rd *d, struct rtimer *r)
             r->hnext->hpprev = r->hpprev;
     }
     tw__free(r);
-}
-
-static void rt_arm(struct rd *d, struct rtimer *r)
-{
-    int64_t wall = rd_wall(d);
-    uint64_t mono = rd_mono_ms(d);
-    pthread_mutex_lock(&d->mu);
-    rt_arm_locked(d, r, wall, mono);
-    pthread_cond_signal(&d->cv);
-    pthread_mutex_unlock(&d->mu);
 }
 
 static uint64_t reply_u64(const redisReply *r)
@@ -906,39 +940,254 @@ static void *rd_main(void *arg)
 /* ------------------------------------------------------------------------ */
 /* Calls. */
 
+/* Schedules: the items grouped by shard, one SCHED call per shard (at most
+ * SCHED_CHUNK items each), all of them pipelined: one round trip per node.
+ * A shard's calls go in item order on one connection, so a key given twice
+ * ends with its last item. */
+
+#define SCHED_CHUNK 1000
+#define SCHED_FIXED (3 + NKEYS + 3) /* EVALSHA sha 7 keys.. 3 numbers */
+
+struct sbatch {
+    struct rd *d;
+    tw_durable_item *it;
+    size_t n, ncmd;
+    int64_t now;
+    struct rtimer **rt;  /* per item: its local timer if due in the horizon */
+    size_t *cmd, *pos;   /* per item: its command, its triple in it */
+    size_t *cnt, *arg0;  /* per command: items, first argument */
+    size_t *ibase, *who; /* per command its first slot in who: its items */
+    long long *tok;      /* per item: the token of its claim, or 0 */
+    uint32_t *cshard;    /* per command: its shard */
+    size_t *cur;         /* per shard: its open command + 1, or 0 */
+    tw__rc_cmd *cmds;
+    int *script;
+    const char **argv;
+    size_t *len;
+    char (*num)[24]; /* per item its due, then 3 per command */
+};
+
+static void sb_free(struct sbatch *b)
+{
+    if (b->rt)
+        for (size_t i = 0; i < b->n; i++)
+            tw__free(b->rt[i]);
+    void *v[] = {b->rt,  b->cmd,    b->pos,   b->cnt,    b->arg0,
+                 b->cur, b->cshard, b->cmds,  b->script, b->argv,
+                 b->len, b->num,    b->ibase, b->who,    b->tok};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        tw__free(v[i]);
+}
+
+/* Allocate the per-item and per-command arrays (at most one command per
+ * item) and the local timers of the items due within the horizon; an item
+ * whose timer cannot be allocated fails with TW_ENOMEM and is not sent. */
+static int sb_alloc(struct sbatch *b)
+{
+    size_t n = b->n;
+    b->rt = tw__calloc(n, sizeof *b->rt);
+    b->cmd = tw__malloc(n * sizeof *b->cmd);
+    b->pos = tw__malloc(n * sizeof *b->pos);
+    b->cnt = tw__malloc(n * sizeof *b->cnt);
+    b->arg0 = tw__malloc(n * sizeof *b->arg0);
+    b->cshard = tw__malloc(n * sizeof *b->cshard);
+    b->cur = tw__calloc(b->d->shards, sizeof *b->cur);
+    b->cmds = tw__calloc(n, sizeof *b->cmds);
+    b->script = tw__malloc(n * sizeof *b->script);
+    b->num = tw__malloc(4 * n * sizeof *b->num);
+    b->ibase = tw__malloc(n * sizeof *b->ibase);
+    b->who = tw__malloc(n * sizeof *b->who);
+    b->tok = tw__calloc(n, sizeof *b->tok);
+    if (!b->rt || !b->cmd || !b->pos || !b->cnt || !b->arg0 || !b->cshard ||
+        !b->cur || !b->cmds || !b->script || !b->num || !b->ibase || !b->who ||
+        !b->tok)
+        return TW_ENOMEM;
+    int64_t until = b->now + b->d->horizon_ms;
+    for (size_t i = 0; i < n; i++) {
+        tw_durable_item *it = &b->it[i];
+        it->result = 0;
+        if (it->due_ms > until)
+            continue;
+        b->rt[i] =
+            rt_new(b->d, shard_of(b->d, it->key, it->key_len), it->key,
+                   it->key_len, it->payload, it->payload_len, it->due_ms, 0, 1);
+        if (!b->rt[i])
+            it->result = TW_ENOMEM;
+    }
+    return 0;
+}
+
+/* Give each item to its shard's open command (a new one when the shard has
+ * none or it is full), then lay out every command's arguments. */
+static int sb_plan(struct sbatch *b)
+{
+    size_t nargs = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        tw_durable_item *it = &b->it[i];
+        if (it->result)
+            continue;
+        uint32_t sh = shard_of(b->d, it->key, it->key_len);
+        size_t c = b->cur[sh];
+        if (!c || b->cnt[c - 1] == SCHED_CHUNK) {
+            c = b->cur[sh] = ++b->ncmd;
+            b->cnt[c - 1] = 0;
+            b->cshard[c - 1] = sh;
+        }
+        b->cmd[i] = c - 1;
+        b->pos[i] = b->cnt[c - 1]++;
+    }
+    for (size_t c = 0, ni = 0; c < b->ncmd; c++) {
+        b->arg0[c] = nargs;
+        nargs += SCHED_FIXED + 3 * b->cnt[c];
+        b->ibase[c] = ni;
+        ni += b->cnt[c];
+    }
+    for (size_t i = 0; i < b->n; i++)
+        if (!b->it[i].result)
+            b->who[b->ibase[b->cmd[i]] + b->pos[i]] = i;
+    b->argv = tw__malloc((nargs ? nargs : 1) * sizeof *b->argv);
+    b->len = tw__malloc((nargs ? nargs : 1) * sizeof *b->len);
+    return b->argv && b->len ? 0 : TW_ENOMEM;
+}
+
+/* Write the numbers @v as decimal strings into @num, @argv and @len. */
+static void put_nums(const char **argv, size_t *len, char (*num)[24],
+                     const long long *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        len[i] = (size_t)snprintf(num[i], 24, "%lld", v[i]);
+        argv[i] = num[i];
+    }
+}
+
+/* Fill every command: the script call's head, then one triple per item. */
+static void sb_fill(struct sbatch *b)
+{
+    struct rd *d = b->d;
+    long long head[3] = {b->now + d->horizon_ms, b->now, d->lease_ms};
+    for (size_t c = 0; c < b->ncmd; c++) {
+        const char **av = b->argv + b->arg0[c];
+        size_t *al = b->len + b->arg0[c];
+        struct shard_keys *k = &d->sk[b->cshard[c]];
+        av[0] = "EVALSHA";
+        al[0] = 7;
+        av[1] = d->sha[S_SCHED];
+        al[1] = 40;
+        av[2] = "7";
+        al[2] = 1;
+        for (int q = 0; q < NKEYS; q++) {
+            av[3 + q] = k->name[q];
+            al[3 + q] = k->len[q];
+        }
+        put_nums(av + 3 + NKEYS, al + 3 + NKEYS, b->num + b->n + 3 * c, head,
+                 3);
+        b->cmds[c] = (tw__rc_cmd){
+            (int)(SCHED_FIXED + 3 * b->cnt[c]), av, al, k->slot, NULL, 0};
+        b->script[c] = S_SCHED;
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        tw_durable_item *it = &b->it[i];
+        if (it->result)
+            continue;
+        size_t at = b->arg0[b->cmd[i]] + SCHED_FIXED + 3 * b->pos[i];
+        long long due = it->due_ms;
+        b->argv[at] = it->key;
+        b->len[at] = it->key_len;
+        put_nums(b->argv + at + 1, b->len + at + 1, b->num + i, &due, 1);
+        b->argv[at + 2] = it->payload_len ? it->payload : "";
+        b->len[at + 2] = it->payload_len;
+    }
+}
+
+/* Read command @c's reply, (item, token) pairs, into b->tok of its items;
+ * a command with no reply, or not SCHED's, fails its items. */
+static void sb_reply(struct sbatch *b, size_t c)
+{
+    const redisReply *r = b->cmds[c].reply;
+    int err = b->cmds[c].err;
+    if (!err && (!r || r->type != REDIS_REPLY_ARRAY || r->elements % 2))
+        err = TW_EIO;
+    for (size_t e = 0; !err && e < r->elements; e += 2) {
+        const redisReply *j = r->element[e], *t = r->element[e + 1];
+        if (j->type != REDIS_REPLY_INTEGER || t->type != REDIS_REPLY_INTEGER ||
+            j->integer < 1 || (size_t)j->integer > b->cnt[c])
+            err = TW_EIO;
+        else
+            b->tok[b->who[b->ibase[c] + (size_t)j->integer - 1]] = t->integer;
+    }
+    for (size_t p = 0; err && p < b->cnt[c]; p++)
+        b->it[b->who[b->ibase[c] + p]].result = err;
+}
+
+/* Each item's result from its command's reply; the items claimed at once
+ * go into the wheel. */
+static void sb_results(struct sbatch *b)
+{
+    struct rd *d = b->d;
+    for (size_t c = 0; c < b->ncmd; c++)
+        sb_reply(b, c);
+    int64_t wall = rd_wall(d);
+    uint64_t mono = rd_mono_ms(d);
+    bool armed = false;
+    pthread_mutex_lock(&d->mu);
+    for (size_t i = 0; i < b->n; i++) {
+        if (!b->it[i].result && b->tok[i] > 0 && b->rt[i]) {
+            b->rt[i]->token = (uint64_t)b->tok[i];
+            rt_arm_locked(d, b->rt[i], wall, mono);
+            b->rt[i] = NULL;
+            armed = true;
+        }
+    }
+    if (armed)
+        pthread_cond_signal(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* WAIT on the node of each command's shard; a failure fails its items. */
+static void sb_wait(struct sbatch *b)
+{
+    if (!b->d->wait_replicas)
+        return;
+    for (size_t c = 0; c < b->ncmd; c++) {
+        int rc = wait_replicas(b->d, b->cshard[c]);
+        for (size_t i = 0; i < b->n && rc; i++)
+            if (!b->it[i].result && b->cmd[i] == c)
+                b->it[i].result = rc;
+    }
+}
+
+static int rd_schedule_many(tw_durable *base, tw_durable_item *items, size_t n)
+{
+    struct sbatch b = {.d = (struct rd *)base, .it = items, .n = n};
+    b.now = rd_wall(b.d);
+    int rc = sb_alloc(&b);
+    if (!rc)
+        rc = sb_plan(&b);
+    if (rc) {
+        for (size_t i = 0; i < n; i++)
+            items[i].result = rc;
+        sb_free(&b);
+        return rc;
+    }
+    sb_fill(&b);
+    run_cmds(b.d, b.cmds, b.script, b.ncmd);
+    sb_results(&b);
+    for (size_t c = 0; c < b.ncmd; c++)
+        if (b.cmds[c].reply)
+            freeReplyObject(b.cmds[c].reply);
+    sb_wait(&b);
+    sb_free(&b);
+    for (size_t i = 0; i < n; i++)
+        if (items[i].result)
+            return items[i].result;
+    return 0;
+}
+
 static int rd_schedule(tw_durable *base, const void *key, size_t key_len,
                        int64_t due_ms, const void *payload, size_t payload_len)
 {
-    struct rd *d = (struct rd *)base;
-    uint32_t shard = shard_of(d, key, key_len);
-    /* Allocated first, so that a failure changes nothing. */
-    struct rtimer *r =
-        rt_new(d, shard, key, key_len, payload, payload_len, due_ms, 0, 1);
-    if (!r)
-        return TW_ENOMEM;
-    int64_t now = rd_wall(d);
-    struct call c;
-    tw__rc_cmd cmd;
-    call_init(d, &c, S_SCHED, shard);
-    call_arg(&c, key, key_len);
-    call_num(&c, due_ms);
-    call_arg(&c, payload, payload_len);
-    call_num(&c, now + d->horizon_ms);
-    call_num(&c, now);
-    call_num(&c, d->lease_ms);
-    int rc = run_calls(d, &c, &cmd, 1);
-    if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_INTEGER))
-        rc = TW_EIO;
-    if (!rc && cmd.reply->integer > 0) {
-        r->token = (uint64_t)cmd.reply->integer;
-        rt_arm(d, r);
-        r = NULL;
-    }
-    free_replies(&cmd, 1);
-    tw__free(r);
-    if (!rc)
-        rc = wait_replicas(d, shard);
-    return rc;
+    tw_durable_item it = {key, key_len, due_ms, payload, payload_len, 0};
+    return rd_schedule_many(base, &it, 1);
 }
 
 static int rd_cancel(tw_durable *base, const void *key, size_t key_len)
@@ -1069,6 +1318,7 @@ void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out)
 
 static const struct tw_durable_ops rd_ops = {
     .schedule = rd_schedule,
+    .schedule_many = rd_schedule_many,
     .cancel = rd_cancel,
     .close = rd_close,
     .stats = rd_stats,
