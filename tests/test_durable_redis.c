@@ -10,6 +10,8 @@
  *   semantics  schedule, replace, cancel, retries, never early, bad input,
  *              release on close, two handles on one namespace
  *   econn      unreachable at open and mid-run: TW_ECONN, then recovery
+ *   many       tw_durable_schedule_many: batches, keys given twice, and
+ *              (one server) a dead server's TW_ECONN per item
  *   crash      kill -9 of the server (appendfsync always) and restart:
  *              every acknowledged schedule is delivered
  *   failover   kill -9 of a master, WAIT 1 replica: every acknowledged
@@ -384,6 +386,87 @@ static void econn(void)
     printf("econn: ok\n");
 }
 
+/* ------------------------------------------------------------------------ */
+/* tw_durable_schedule_many: many items per shard (more than one SCHED call
+ * each), due within and beyond the horizon, keys given twice in a batch,
+ * and (one server) a dead server failing every item with TW_ECONN. */
+
+#define MANY_N 10000
+
+static void many_item(tw_durable_item *it, char (*k)[16], char (*p)[16], int id,
+                      int64_t due, const char *payload)
+{
+    int n = snprintf(*k, sizeof *k, "k%d", id);
+    snprintf(*p, sizeof *p, "%s", payload);
+    *it = (tw_durable_item){*k, (size_t)n, due, *p, strlen(*p), 12345};
+}
+
+static void many_replaced(tw_durable *d, int64_t t0)
+{
+    /* Three keys twice each: far then near, near then far, near twice. */
+    tw_durable_item it[6];
+    char k[6][16], p[6][16];
+    many_item(&it[0], &k[0], &p[0], MANY_N + 0, t0 + 5000, "old");
+    many_item(&it[1], &k[1], &p[1], MANY_N + 1, t0 + 50, "old");
+    many_item(&it[2], &k[2], &p[2], MANY_N + 2, t0 + 60, "old");
+    many_item(&it[3], &k[3], &p[3], MANY_N + 0, t0 + 100, "new");
+    many_item(&it[4], &k[4], &p[4], MANY_N + 1, t0 + 900, "new");
+    many_item(&it[5], &k[5], &p[5], MANY_N + 2, t0 + 150, "new");
+    ASSERT_EQ(tw_durable_schedule_many(d, it, 6), 0);
+    for (int i = 0; i < 6; i++)
+        ASSERT_EQ(it[i].result, 0);
+}
+
+static void many_dead(tw_durable *d)
+{
+    tw_durable_item it[5];
+    char k[5][16], p[5][16];
+    sh("TW_REDIS_STOP");
+    for (int i = 0; i < 5; i++)
+        many_item(&it[i], &k[i], &p[i], MANY_N + 10 + i, wall_ms() + 100 * i,
+                  "x");
+    ASSERT_EQ(tw_durable_schedule_many(d, it, 5), TW_ECONN);
+    for (int i = 0; i < 5; i++)
+        ASSERT_EQ(it[i].result, TW_ECONN);
+    sh("TW_REDIS_START");
+}
+
+static void many(void)
+{
+    char ns[32];
+    snprintf(ns, sizeof ns, "many%d", (int)getpid());
+    tw_durable_config cfg = base_cfg(ns);
+    tw_durable *d;
+    reset_tab();
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    tw_durable_item *it = calloc(MANY_N, sizeof *it);
+    char(*k)[16] = calloc(MANY_N, sizeof *k), (*p)[16] = calloc(MANY_N, 16);
+    ASSERT(it && k && p);
+    int64_t t0 = wall_ms();
+    for (int i = 0; i < MANY_N; i++) /* half within the 300 ms horizon */
+        many_item(&it[i], &k[i], &p[i], i, t0 + 100 + (i % 2) * 600 + i % 97,
+                  "p");
+    ASSERT_EQ(tw_durable_schedule_many(d, it, MANY_N), 0);
+    for (int i = 0; i < MANY_N; i++)
+        ASSERT_EQ(it[i].result, 0);
+    many_replaced(d, t0);
+    ASSERT(wait_all(0, MANY_N + 3, 20000));
+    sleep_ms(300); /* a second delivery of an old version would show */
+    for (int i = 0; i < MANY_N + 3; i++) {
+        ASSERT_EQ(tab[i].count, 1);
+        ASSERT_STR_EQ(tab[i].payload, i < MANY_N ? "p" : "new");
+    }
+    ASSERT_EQ(tab[MANY_N + 1].due, t0 + 900);
+    check_none_early(0, MANY_N + 3);
+    if (getenv("TW_REDIS_STOP"))
+        many_dead(d);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    free(it);
+    free(k);
+    free(p);
+    printf("many: ok\n");
+}
+
 /* Schedule from a thread until told to stop; remember what was
  * acknowledged. */
 struct flow {
@@ -676,6 +759,8 @@ int main(int argc, char **argv)
         dienode(argv[3], strtoll(argv[4], NULL, 10));
     else if (!strcmp(mode, "econn"))
         econn();
+    else if (!strcmp(mode, "many"))
+        many();
     else if (!strcmp(mode, "crash") || !strcmp(mode, "failover") ||
              !strcmp(mode, "reshard"))
         flow_test(mode);
