@@ -272,6 +272,10 @@ struct rd {
     char sha[S_COUNT][41];
     struct shard_keys *sk;
 
+    pthread_mutex_t op_mu; /* the combiner of one-per-call operations */
+    struct op_wait *op_head, **op_tail;
+    bool op_busy;
+
     pthread_mutex_t mu;
     pthread_cond_t cv, claim_cv;
     tw_wheel *wheel;     /* ticks: monotonic ms; under mu */
@@ -1183,35 +1187,148 @@ static int rd_schedule_many(tw_durable *base, tw_durable_item *items, size_t n)
     return 0;
 }
 
+/* ------------------------------------------------------------------------ */
+/* One-per-call schedules and cancels from many threads: combined. A caller
+ * queues its call; when no batch is in flight it takes the whole queue (its
+ * own call and every other thread's) and runs it as one batch: the
+ * schedules as one rd_schedule_many, the cancels as one pipelined round
+ * trip. Meanwhile the others sleep on their own condition variable until
+ * their call is answered, or until they are at the head of the queue when
+ * the batch in flight ends (then they run the next batch). */
+
+enum { OP_SCHED, OP_CANCEL };
+#define OP_ROUNDS 4 /* batches a caller runs in a row, its own included */
+
+struct op_wait {
+    int kind;
+    tw_durable_item it; /* a cancel uses key and key_len */
+    pthread_cond_t cv;
+    bool done;
+    struct op_wait *next;
+};
+
+/* The cancels of a batch: one CANCEL call per key, pipelined. */
+static void cancel_batch(struct rd *d, struct op_wait **v, size_t n)
+{
+    struct call *calls = tw__malloc(n * sizeof *calls);
+    tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
+    int rc = calls && cmds ? 0 : TW_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++) {
+        call_init(d, &calls[i], S_CANCEL,
+                  shard_of(d, v[i]->it.key, v[i]->it.key_len));
+        call_arg(&calls[i], v[i]->it.key, v[i]->it.key_len);
+    }
+    if (!rc)
+        run_calls(d, calls, cmds, n);
+    uint64_t ok = 0;
+    for (size_t i = 0; i < n; i++) {
+        const redisReply *r = cmds ? cmds[i].reply : NULL;
+        int e = rc ? rc : cmds[i].err;
+        if (!e && (!r || r->type != REDIS_REPLY_INTEGER))
+            e = TW_EIO;
+        if (!e && r->integer == 0)
+            e = TW_ENOENT;
+        if (!e && d->wait_replicas)
+            e = wait_replicas(d, calls[i].shard);
+        v[i]->it.result = e;
+        ok += !e;
+    }
+    if (cmds)
+        free_replies(cmds, n);
+    tw__free(calls);
+    tw__free(cmds);
+    pthread_mutex_lock(&d->mu);
+    d->cancelled += ok;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Run the batch @list: schedules together, cancels together. */
+static void op_batch(struct rd *d, struct op_wait *list)
+{
+    size_t n = 0, ns = 0, nc = 0;
+    for (struct op_wait *w = list; w; w = w->next)
+        n++;
+    tw_durable_item *items = tw__malloc(n * sizeof *items);
+    struct op_wait **v = tw__malloc(n * sizeof *v);
+    if (!items || !v) {
+        for (struct op_wait *w = list; w; w = w->next)
+            w->it.result = TW_ENOMEM;
+        tw__free(items);
+        tw__free(v);
+        return;
+    }
+    for (struct op_wait *w = list; w; w = w->next)
+        if (w->kind == OP_SCHED)
+            items[ns++] = w->it;
+        else
+            v[nc++] = w;
+    if (nc)
+        cancel_batch(d, v, nc);
+    if (ns)
+        rd_schedule_many(&d->base, items, ns);
+    ns = 0;
+    for (struct op_wait *w = list; w; w = w->next)
+        if (w->kind == OP_SCHED)
+            w->it.result = items[ns++].result;
+    tw__free(items);
+    tw__free(v);
+}
+
+/* Queue @w and wait for its result, running batches when none is in
+ * flight; a caller that ran a batch runs the next ones too (at most
+ * OP_ROUNDS in all) while more are queued, saving a wake-up per batch. */
+static int op_run(struct rd *d, struct op_wait *w)
+{
+    pthread_cond_init(&w->cv, NULL);
+    w->done = false;
+    w->next = NULL;
+    pthread_mutex_lock(&d->op_mu);
+    *d->op_tail = w;
+    d->op_tail = &w->next;
+    for (int rounds = 0;;) {
+        if (w->done &&
+            (!rounds || rounds >= OP_ROUNDS || !d->op_head || d->op_busy))
+            break;
+        if (d->op_busy) {
+            pthread_cond_wait(&w->cv, &d->op_mu);
+            continue;
+        }
+        struct op_wait *list = d->op_head;
+        d->op_head = NULL;
+        d->op_tail = &d->op_head;
+        d->op_busy = true;
+        pthread_mutex_unlock(&d->op_mu);
+        op_batch(d, list);
+        rounds++;
+        pthread_mutex_lock(&d->op_mu);
+        for (struct op_wait *x = list, *next; x; x = next) {
+            next = x->next; /* x may be gone once done is seen */
+            x->done = true;
+            if (x != w)
+                pthread_cond_signal(&x->cv);
+        }
+        d->op_busy = false;
+    }
+    /* Whoever is at the head now runs the next batch. */
+    if (d->op_head && !d->op_busy)
+        pthread_cond_signal(&d->op_head->cv);
+    pthread_mutex_unlock(&d->op_mu);
+    pthread_cond_destroy(&w->cv);
+    return w->it.result;
+}
+
 static int rd_schedule(tw_durable *base, const void *key, size_t key_len,
                        int64_t due_ms, const void *payload, size_t payload_len)
 {
-    tw_durable_item it = {key, key_len, due_ms, payload, payload_len, 0};
-    return rd_schedule_many(base, &it, 1);
+    struct op_wait w = {.kind = OP_SCHED,
+                        .it = {key, key_len, due_ms, payload, payload_len, 0}};
+    return op_run((struct rd *)base, &w);
 }
 
 static int rd_cancel(tw_durable *base, const void *key, size_t key_len)
 {
-    struct rd *d = (struct rd *)base;
-    uint32_t shard = shard_of(d, key, key_len);
-    struct call c;
-    tw__rc_cmd cmd;
-    call_init(d, &c, S_CANCEL, shard);
-    call_arg(&c, key, key_len);
-    int rc = run_calls(d, &c, &cmd, 1);
-    if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_INTEGER))
-        rc = TW_EIO;
-    if (!rc && cmd.reply->integer == 0)
-        rc = TW_ENOENT;
-    free_replies(&cmd, 1);
-    if (!rc)
-        rc = wait_replicas(d, shard);
-    if (!rc) {
-        pthread_mutex_lock(&d->mu);
-        d->cancelled++;
-        pthread_mutex_unlock(&d->mu);
-    }
-    return rc;
+    struct op_wait w = {.kind = OP_CANCEL, .it = {key, key_len, 0, NULL, 0, 0}};
+    return op_run((struct rd *)base, &w);
 }
 
 static int rd_stats(tw_durable *base, tw_durable_stats *out)
@@ -1266,6 +1383,7 @@ static void rd_free(struct rd *d)
     tw_wheel_destroy(d->wheel);
     tw__rc_close(d->rc);
     pthread_mutex_destroy(&d->mu);
+    pthread_mutex_destroy(&d->op_mu);
     pthread_cond_destroy(&d->cv);
     pthread_cond_destroy(&d->claim_cv);
     tw__free(d->sk);
@@ -1344,6 +1462,8 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
     d->mono_fn = cfg->mono_ns;
     d->clock_arg = cfg->clock_arg;
     pthread_mutex_init(&d->mu, NULL);
+    pthread_mutex_init(&d->op_mu, NULL);
+    d->op_tail = &d->op_head;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

@@ -596,14 +596,29 @@ struct loader {
     tw_durable *d;
     int lo, hi;
     int64_t start;
-    int spread;
+    int spread, th;
 };
 
+/* Two threads of 16 schedule one call per timer, the others 500 per
+ * tw_durable_schedule_many. */
 static void *load_main(void *arg)
 {
     struct loader *l = arg;
-    for (int i = l->lo; i < l->hi; i++)
-        ASSERT_EQ(sched(l->d, i, l->start + (i * 7919L) % l->spread, "s"), 0);
+    if (l->th % 8 == 1) {
+        for (int i = l->lo; i < l->hi; i++)
+            ASSERT_EQ(sched(l->d, i, l->start + (i * 7919L) % l->spread, "s"),
+                      0);
+        return NULL;
+    }
+    tw_durable_item it[500];
+    char k[500][16], p[500][16];
+    for (int i = l->lo; i < l->hi; i += 500) {
+        int m = l->hi - i < 500 ? l->hi - i : 500;
+        for (int j = 0; j < m; j++)
+            many_item(&it[j], &k[j], &p[j], i + j,
+                      l->start + ((i + j) * 7919L) % l->spread, "s");
+        ASSERT_EQ(tw_durable_schedule_many(l->d, it, (size_t)m), 0);
+    }
     return NULL;
 }
 
@@ -628,8 +643,8 @@ static void share(int nodes, int timers, bool kill_one, const char *dir)
         pthread_t th[16];
         struct loader l[16];
         for (int i = 0; i < 16; i++) {
-            l[i] = (struct loader){d, timers * i / 16, timers * (i + 1) / 16,
-                                   start, spread};
+            l[i] = (struct loader){
+                d, timers * i / 16, timers * (i + 1) / 16, start, spread, i};
             ASSERT_EQ(pthread_create(&th[i], NULL, load_main, &l[i]), 0);
         }
         for (int i = 0; i < 16; i++)
