@@ -267,20 +267,40 @@ static int late_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 
 struct loader {
     tw_durable *d;
-    int lo, hi, n;
+    int lo, hi, n, batch;
     int64_t start_ms, window_ms;
 };
 
+/* Timers lo..hi-1 ("f<i>", due evenly over the window): one call each, or
+ * @batch per tw_durable_schedule_many. */
 static void *load_main(void *arg)
 {
     struct loader *l = arg;
-    char k[32];
-    for (int i = l->lo; i < l->hi; i++) {
-        int kn = snprintf(k, sizeof k, "f%d", i);
-        tw_durable_schedule(l->d, k, (size_t)kn,
-                            l->start_ms + (int64_t)i * l->window_ms / l->n,
-                            "payload-32-bytes-..............", 32);
+    int b = l->batch > 1 ? l->batch : 1;
+    tw_durable_item *it = calloc((size_t)b, sizeof *it);
+    char(*k)[32] = calloc((size_t)b, sizeof *k);
+    if (!it || !k)
+        exit(1);
+    for (int i = l->lo; i < l->hi; i += b) {
+        int m = l->hi - i < b ? l->hi - i : b;
+        for (int j = 0; j < m; j++) {
+            int kn = snprintf(k[j], sizeof k[j], "f%d", i + j);
+            it[j] = (tw_durable_item){k[j],
+                                      (size_t)kn,
+                                      l->start_ms + (int64_t)(i + j) *
+                                                        l->window_ms / l->n,
+                                      "payload-32-bytes-..............",
+                                      32,
+                                      0};
+        }
+        if (b == 1)
+            tw_durable_schedule(l->d, it[0].key, it[0].key_len, it[0].due_ms,
+                                it[0].payload, it[0].payload_len);
+        else
+            tw_durable_schedule_many(l->d, it, (size_t)m);
     }
+    free(it);
+    free(k);
     return NULL;
 }
 
@@ -298,12 +318,13 @@ static void fire_mode(const char *seeds, int pid, int n, int window_ms)
     if (tw_durable_open(&d, &cfg))
         exit(1);
     int64_t start_ms = now_us() / 1000 + 3000 + n / 20;
+    int batch = getenv("LOAD_BATCH") ? atoi(getenv("LOAD_BATCH")) : 1;
     double c0 = cpu_ms(pid);
     pthread_t th[32];
     struct loader l[32];
     for (int i = 0; i < 32; i++) {
-        l[i] = (struct loader){d, n * i / 32, n * (i + 1) / 32,
-                               n, start_ms,   window_ms};
+        l[i] = (struct loader){d,     n * i / 32, n * (i + 1) / 32, n,
+                               batch, start_ms,   window_ms};
         pthread_create(&th[i], NULL, load_main, &l[i]);
     }
     for (int i = 0; i < 32; i++)
@@ -316,7 +337,8 @@ static void fire_mode(const char *seeds, int pid, int n, int window_ms)
     tw_durable_close(d);
     size_t got = nlate < nlate_max ? nlate : nlate_max;
     char name[32];
-    snprintf(name, sizeof name, "twheel %ush", cfg.shards ? cfg.shards : 64);
+    snprintf(name, sizeof name, "twheel %ush b%d", cfg.shards ? cfg.shards : 64,
+             batch);
     report_late(name, late, got, (size_t)n, c1 - c0, c2 - c1);
 }
 

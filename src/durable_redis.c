@@ -63,7 +63,8 @@
 #define CLAIM_MAX 1000
 #define RETRY_MS 100
 #define IDLE_WAIT_MS 50
-#define DONE_DELAY_MS 50 /* longest wait of a completion for a batch */
+#define DONE_DELAY_MS 100 /* longest wait of a completion for a batch */
+#define CHECK_GAP_MS 2    /* shortest time between two claim checks */
 #define DONE_BATCH 1024
 
 enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_COUNT };
@@ -242,6 +243,7 @@ struct rtimer {
     struct rtimer *hnext, **hpprev; /* held list */
     struct rd *d;
     uint32_t shard, attempt;
+    bool fired; /* its callback has started (stats: not backlog) */
     int64_t due_ms;
     uint64_t token;
     size_t key_len, payload_len;
@@ -283,7 +285,9 @@ struct rd {
     struct rtimer *held; /* every rtimer alive */
     bool stop;
     pthread_t thr, claimer;
+    uint64_t next_check; /* no claim check before (real monotonic ms) */
     uint64_t fired, retried, cancelled;
+    uint64_t late_hist[TW_LATE_BUCKETS];
     struct done *pend; /* callbacks done, DONE not yet sent (firer) */
     size_t npend, cap_pend;
     uint64_t pend_since;
@@ -301,6 +305,24 @@ static int64_t rd_wall(struct rd *d)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The monotonic clock in ms, never the hook's: for pacing I/O. */
+static uint64_t real_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The wall clock in us (the hook's ms when one is set). */
+static int64_t rd_wall_us(struct rd *d)
+{
+    if (d->wall_fn)
+        return d->wall_fn(d->clock_arg) * 1000;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 static uint64_t rd_mono_ms(struct rd *d)
@@ -353,6 +375,16 @@ static void call_num(struct call *c, long long v)
     char *b = c->num[c->nnum++];
     int n = snprintf(b, 24, "%lld", v);
     call_arg(c, b, (size_t)n);
+}
+
+/* Write the numbers @v as decimal strings into @num, @argv and @len. */
+static void put_nums(const char **argv, size_t *len, char (*num)[24],
+                     const long long *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        len[i] = (size_t)snprintf(num[i], 24, "%lld", v[i]);
+        argv[i] = num[i];
+    }
 }
 
 static bool is_noscript(const redisReply *r)
@@ -497,6 +529,7 @@ static struct rtimer *rt_new(struct rd *d, uint32_t shard, const void *key,
         memcpy(r->data + key_len, payload, payload_len);
     r->next = NULL;
     r->hpprev = NULL;
+    r->fired = false;
     return r;
 }
 
@@ -592,263 +625,309 @@ out:
     return more;
 }
 
-/* One round trip: the DONE calls of the completions waiting in d->pend
- * (one script call per shard) and the claim check of the due timers in
- * @list (one HMGET per shard); then the callbacks of the timers still
- * ours. Completions are sent in batches (@flush), at most DONE_DELAY_MS
- * after their callback returned. mu not held; firer thread. */
-static void fire_batch(struct rd *d, struct rtimer *list, bool flush)
+/* One fire round: a round trip carrying the DONE calls of the completions
+ * waiting in d->pend (one script call per shard) and the claim check of
+ * the due timers (one HMGET of :t per shard); then the callbacks of the
+ * timers still ours. Completions are sent in batches, at most
+ * DONE_DELAY_MS after their callback returned. Firer thread. */
+struct fround {
+    struct rd *d;
+    struct rtimer **v;  /* the due timers */
+    size_t n, np;       /* due timers; completions d->pend[0..np) sent */
+    uint32_t *chk, *dn; /* per shard: its check / DONE command + 1 */
+    uint32_t *cnt_chk, *cnt_dn; /* per shard: keys in them */
+    tw__rc_cmd *cmds;
+    int *script;
+    size_t ncmd, ai, ni; /* commands, arguments, numbers used */
+    const char **argv;
+    size_t *len;
+    char (*num)[24];
+    size_t *owner, *base; /* element j of command c's reply is timer or
+                             completion owner[base[c] + j] */
+    bool *ok;             /* per due timer: still ours, fire it */
+    int64_t wall;         /* the "now" the DONE calls were given */
+};
+
+static void fr_free(struct fround *f)
 {
-    size_t n = 0, np = flush ? d->npend : 0;
-    for (struct rtimer *r = list; r; r = r->next)
-        n++;
+    void *v[] = {f->v,     f->chk,    f->dn,   f->cnt_chk, f->cnt_dn,
+                 f->cmds,  f->script, f->argv, f->len,     f->num,
+                 f->owner, f->base,   f->ok};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        tw__free(v[i]);
+}
+
+/* Count the keys per shard and allocate; false when out of memory. */
+static bool fr_alloc(struct fround *f, struct rtimer *list)
+{
+    struct rd *d = f->d;
     uint32_t S = d->shards;
-    /* Per shard: its check command and its DONE command (index + 1). */
-    uint32_t *chk = tw__calloc(S, sizeof *chk), *dn = tw__calloc(S, sizeof *dn);
-    uint32_t *cnt_chk = tw__calloc(S, sizeof *cnt_chk);
-    uint32_t *cnt_dn = tw__calloc(S, sizeof *cnt_dn);
-    struct rtimer **v = tw__malloc((n ? n : 1) * sizeof *v);
-    size_t ncmd = 0, nargs = 0;
     for (struct rtimer *r = list; r; r = r->next)
-        if (cnt_chk && cnt_chk[r->shard]++ == 0)
+        f->n++;
+    f->chk = tw__calloc(S, sizeof *f->chk);
+    f->dn = tw__calloc(S, sizeof *f->dn);
+    f->cnt_chk = tw__calloc(S, sizeof *f->cnt_chk);
+    f->cnt_dn = tw__calloc(S, sizeof *f->cnt_dn);
+    f->v = tw__malloc((f->n ? f->n : 1) * sizeof *f->v);
+    if (!f->chk || !f->dn || !f->cnt_chk || !f->cnt_dn || !f->v)
+        return false;
+    size_t k = 0, nargs = f->n + 3 * f->np;
+    for (struct rtimer *r = list; r; r = r->next) {
+        f->v[k++] = r;
+        if (f->cnt_chk[r->shard]++ == 0)
             nargs += 2;
-    for (size_t i = 0; i < np; i++)
-        if (cnt_dn && cnt_dn[d->pend[i].r->shard]++ == 0)
+    }
+    for (size_t i = 0; i < f->np; i++)
+        if (f->cnt_dn[d->pend[i].r->shard]++ == 0)
             nargs += 3 + NKEYS + 3;
-    nargs += n + 3 * np;
-    size_t maxcmd = 2u * S;
-    tw__rc_cmd *cmds = tw__calloc(maxcmd, sizeof *cmds);
-    int *script = tw__malloc(maxcmd * sizeof *script);
-    const char **argv = tw__malloc((nargs ? nargs : 1) * sizeof *argv);
-    size_t *len = tw__malloc((nargs ? nargs : 1) * sizeof *len);
-    char(*num)[24] = tw__malloc((2 * np + 3 * S + 1) * sizeof *num);
-    /* Reply element j of command c belongs to timer/completion at[c][j]:
-     * kept as a flat array in command order. */
-    size_t *owner = tw__malloc((n + np + 1) * sizeof *owner);
-    uint64_t mono = rd_mono_ms(d);
-    if (!chk || !dn || !cnt_chk || !cnt_dn || !v || !cmds || !script || !argv ||
-        !len || !num || !owner) {
-        /* Try again shortly; completions stay pending. */
-        pthread_mutex_lock(&d->mu);
-        for (struct rtimer *r = list, *next; r; r = next) {
-            next = r->next;
-            tw_wheel_add(d->wheel, &r->tm, mono + RETRY_MS);
-        }
-        pthread_mutex_unlock(&d->mu);
-        goto out;
-    }
-    size_t k = 0;
-    for (struct rtimer *r = list; r; r = r->next)
-        v[k++] = r;
-    int64_t wall = rd_wall(d);
-    size_t ai = 0, ni = 0;
-    /* DONE commands first: a completion and a new check of the same key
-     * cannot both be here (the key is either done or due), but order the
-     * DONEs first anyway, as they free leases. */
-    for (size_t i = 0; i < np; i++) {
+    f->cmds = tw__calloc(2u * S, sizeof *f->cmds);
+    f->script = tw__malloc(2u * S * sizeof *f->script);
+    f->base = tw__calloc(2u * S, sizeof *f->base);
+    f->argv = tw__malloc((nargs ? nargs : 1) * sizeof *f->argv);
+    f->len = tw__malloc((nargs ? nargs : 1) * sizeof *f->len);
+    f->num = tw__malloc((2 * f->np + 3 * S + 1) * sizeof *f->num);
+    f->owner = tw__malloc((f->n + f->np + 1) * sizeof *f->owner);
+    f->ok = tw__calloc(f->n ? f->n : 1, sizeof *f->ok);
+    return f->cmds && f->script && f->base && f->argv && f->len && f->num &&
+           f->owner && f->ok;
+}
+
+/* Start a command of @argc0 fixed arguments for @shard, with room for
+ * @keys keys of @per arguments each. */
+static tw__rc_cmd *fr_cmd(struct fround *f, uint32_t shard, int script,
+                          size_t keys, size_t per, size_t argc0)
+{
+    size_t c = f->ncmd++;
+    tw__rc_cmd *cmd = &f->cmds[c];
+    f->script[c] = script;
+    cmd->argv = &f->argv[f->ai];
+    cmd->argvlen = &f->len[f->ai];
+    cmd->slot = f->d->sk[shard].slot;
+    cmd->argc = (int)argc0;
+    f->ai += argc0 + per * keys;
+    return cmd;
+}
+
+/* The DONE command of each shard with completions (first: they free
+ * leases), then the check command of each shard with due timers. */
+static void fr_heads(struct fround *f)
+{
+    struct rd *d = f->d;
+    size_t acc = 0;
+    for (size_t i = 0; i < f->np; i++) {
         uint32_t sh = d->pend[i].r->shard;
-        if (!dn[sh]) {
-            dn[sh] = (uint32_t)++ncmd;
-            tw__rc_cmd *c = &cmds[ncmd - 1];
-            script[ncmd - 1] = S_DONE;
-            c->argv = &argv[ai];
-            c->argvlen = &len[ai];
-            c->slot = d->sk[sh].slot;
-            argv[ai] = "EVALSHA";
-            len[ai++] = 7;
-            argv[ai] = d->sha[S_DONE];
-            len[ai++] = 40;
-            argv[ai] = "7";
-            len[ai++] = 1;
-            for (int q = 0; q < NKEYS; q++) {
-                argv[ai] = d->sk[sh].name[q];
-                len[ai++] = d->sk[sh].len[q];
-            }
-            long long a3[3] = {wall, wall + d->horizon_ms, d->lease_ms};
-            for (int q = 0; q < 3; q++) {
-                len[ai] = (size_t)snprintf(num[ni], 24, "%lld", a3[q]);
-                argv[ai++] = num[ni++];
-            }
-            c->argc = 3 + NKEYS + 3;
-            /* Reserve room for this shard's triples. */
-            ai += 3 * cnt_dn[sh];
-        }
-    }
-    for (struct rtimer **pv = v; pv < v + n; pv++) {
-        uint32_t sh = (*pv)->shard;
-        if (!chk[sh]) {
-            chk[sh] = (uint32_t)++ncmd;
-            tw__rc_cmd *c = &cmds[ncmd - 1];
-            script[ncmd - 1] = -1;
-            c->argv = &argv[ai];
-            c->argvlen = &len[ai];
-            c->slot = d->sk[sh].slot;
-            argv[ai] = "HMGET";
-            len[ai++] = 5;
-            argv[ai] = d->sk[sh].name[5];
-            len[ai++] = d->sk[sh].len[5];
-            c->argc = 2;
-            ai += cnt_chk[sh];
-        }
-    }
-    /* Fill the triples and keys, remembering whose reply element is
-     * whose: owner[] per command in order of appearance. */
-    size_t *base = tw__calloc(ncmd + 1, sizeof *base);
-    if (!base) {
-        pthread_mutex_lock(&d->mu);
-        for (size_t i = 0; i < n; i++)
-            tw_wheel_add(d->wheel, &v[i]->tm, mono + RETRY_MS);
-        pthread_mutex_unlock(&d->mu);
-        goto out;
-    }
-    /* owner layout: each command's elements are contiguous, in command
-     * order; compute offsets from the per-shard counts. */
-    {
-        size_t acc = 0;
-        for (size_t c = 0; c < ncmd; c++) {
-            base[c] = acc;
-            /* The shard of command c. */
-            for (uint32_t sh = 0; sh < S; sh++) {
-                if (dn[sh] == c + 1)
-                    acc += cnt_dn[sh];
-                if (chk[sh] == c + 1)
-                    acc += cnt_chk[sh];
-            }
-        }
-    }
-    for (size_t i = 0; i < np; i++) {
-        struct done *p = &d->pend[i];
-        tw__rc_cmd *c = &cmds[dn[p->r->shard] - 1];
-        size_t at = (size_t)c->argc;
+        if (f->dn[sh])
+            continue;
+        tw__rc_cmd *c = fr_cmd(f, sh, S_DONE, f->cnt_dn[sh], 3, 3 + NKEYS + 3);
+        f->dn[sh] = (uint32_t)f->ncmd;
+        f->base[f->ncmd - 1] = acc;
+        acc += f->cnt_dn[sh];
         const char **av = (const char **)c->argv;
         size_t *al = (size_t *)c->argvlen;
+        av[0] = "EVALSHA";
+        al[0] = 7;
+        av[1] = d->sha[S_DONE];
+        al[1] = 40;
+        av[2] = "7";
+        al[2] = 1;
+        for (int q = 0; q < NKEYS; q++) {
+            av[3 + q] = d->sk[sh].name[q];
+            al[3 + q] = d->sk[sh].len[q];
+        }
+        long long a3[3] = {f->wall, f->wall + d->horizon_ms, d->lease_ms};
+        put_nums(av + 3 + NKEYS, al + 3 + NKEYS, f->num + f->ni, a3, 3);
+        f->ni += 3;
+    }
+    for (size_t i = 0; i < f->n; i++) {
+        uint32_t sh = f->v[i]->shard;
+        if (f->chk[sh])
+            continue;
+        tw__rc_cmd *c = fr_cmd(f, sh, -1, f->cnt_chk[sh], 1, 2);
+        f->chk[sh] = (uint32_t)f->ncmd;
+        f->base[f->ncmd - 1] = acc;
+        acc += f->cnt_chk[sh];
+        const char **av = (const char **)c->argv;
+        size_t *al = (size_t *)c->argvlen;
+        av[0] = "HMGET";
+        al[0] = 5;
+        av[1] = d->sk[sh].name[5];
+        al[1] = d->sk[sh].len[5];
+    }
+}
+
+/* Append the completions' (key token retry_ms) triples and the due
+ * timers' keys, remembering whose reply element is whose. */
+static void fr_fill(struct fround *f)
+{
+    struct rd *d = f->d;
+    for (size_t i = 0; i < f->np; i++) {
+        struct done *p = &d->pend[i];
+        size_t c = f->dn[p->r->shard] - 1;
+        tw__rc_cmd *cmd = &f->cmds[c];
+        size_t at = (size_t)cmd->argc;
+        const char **av = (const char **)cmd->argv;
+        size_t *al = (size_t *)cmd->argvlen;
         av[at] = p->r->data;
         al[at] = p->r->key_len;
-        al[at + 1] = (size_t)snprintf(num[ni], 24, "%llu",
-                                      (unsigned long long)p->r->token);
-        av[at + 1] = num[ni++];
-        al[at + 2] =
-            (size_t)snprintf(num[ni], 24, "%d", p->res > 0 ? p->res : 0);
-        av[at + 2] = num[ni++];
-        owner[base[dn[p->r->shard] - 1] + (size_t)(c->argc - 13) / 3] = i;
-        c->argc += 3;
+        long long nums[2] = {(long long)p->r->token, p->res > 0 ? p->res : 0};
+        put_nums(av + at + 1, al + at + 1, f->num + f->ni, nums, 2);
+        f->ni += 2;
+        f->owner[f->base[c] + (at - (3 + NKEYS + 3)) / 3] = i;
+        cmd->argc += 3;
     }
-    for (size_t i = 0; i < n; i++) {
-        tw__rc_cmd *c = &cmds[chk[v[i]->shard] - 1];
-        const char **av = (const char **)c->argv;
-        size_t *al = (size_t *)c->argvlen;
-        av[c->argc] = v[i]->data;
-        al[c->argc] = v[i]->key_len;
-        owner[base[chk[v[i]->shard] - 1] + (size_t)(c->argc - 2)] = i;
-        c->argc++;
+    for (size_t i = 0; i < f->n; i++) {
+        size_t c = f->chk[f->v[i]->shard] - 1;
+        tw__rc_cmd *cmd = &f->cmds[c];
+        ((const char **)cmd->argv)[cmd->argc] = f->v[i]->data;
+        ((size_t *)cmd->argvlen)[cmd->argc] = f->v[i]->key_len;
+        f->owner[f->base[c] + (size_t)(cmd->argc - 2)] = i;
+        cmd->argc++;
     }
-    run_cmds(d, cmds, script, ncmd);
+}
 
-    /* Completions: free, or keep a retry this node claimed again. */
-    wall = rd_wall(d);
-    mono = rd_mono_ms(d);
-    pthread_mutex_lock(&d->mu);
-    for (size_t c = 0; c < ncmd; c++) {
-        if (script[c] < 0)
+/* The DONE replies: free each completed timer, or keep a retry this node
+ * claimed again. No reply: the lease runs out and another delivery
+ * follows (at least once). mu held. */
+static void fr_completions(struct fround *f, int64_t wall, uint64_t mono)
+{
+    struct rd *d = f->d;
+    for (size_t c = 0; c < f->ncmd; c++) {
+        if (f->script[c] < 0)
             continue;
-        redisReply *rep = cmds[c].reply;
-        size_t m = (size_t)(cmds[c].argc - 13) / 3;
+        redisReply *rep = f->cmds[c].reply;
+        size_t m = (size_t)(f->cmds[c].argc - (3 + NKEYS + 3)) / 3;
         for (size_t j = 0; j < m; j++) {
-            struct done *p = &d->pend[owner[base[c] + j]];
+            struct done *p = &d->pend[f->owner[f->base[c] + j]];
             long long res = -1;
             if (rep && rep->type == REDIS_REPLY_ARRAY && j < rep->elements &&
                 rep->element[j]->type == REDIS_REPLY_INTEGER)
                 res = rep->element[j]->integer;
-            /* No reply: the lease runs out and another delivery follows
-             * (at least once). */
             if (p->res > 0 && res > 0) {
                 p->r->token = (uint64_t)res;
                 p->r->attempt++;
-                p->r->due_ms =
-                    strtoll(cmds[c].argv[3 + NKEYS], NULL, 10) + p->res;
+                p->r->due_ms = f->wall + p->res;
+                p->r->fired = false;
                 rt_arm_locked(d, p->r, wall, mono);
             } else {
                 rt_free_locked(d, p->r);
             }
         }
     }
-    if (np) {
-        memmove(d->pend, d->pend + np, (d->npend - np) * sizeof *d->pend);
-        d->npend -= np;
+    if (f->np) {
+        memmove(d->pend, d->pend + f->np, (d->npend - f->np) * sizeof *d->pend);
+        d->npend -= f->np;
     }
-    /* Checks. */
-    bool *ok = (bool *)tw__calloc(n ? n : 1, sizeof *ok);
-    for (size_t c = 0; c < ncmd; c++) {
-        if (script[c] >= 0)
+}
+
+/* The check replies: a timer whose token is still in :t is fired; one
+ * replaced, cancelled or claimed again is dropped; one without an answer
+ * is tried again in RETRY_MS. mu held. */
+static void fr_checks(struct fround *f, uint64_t mono)
+{
+    for (size_t c = 0; c < f->ncmd; c++) {
+        if (f->script[c] >= 0)
             continue;
-        redisReply *rep = cmds[c].reply;
-        size_t m = (size_t)cmds[c].argc - 2;
+        redisReply *rep = f->cmds[c].reply;
+        size_t m = (size_t)f->cmds[c].argc - 2;
         for (size_t j = 0; j < m; j++) {
-            size_t i = owner[base[c] + j];
-            struct rtimer *r = v[i];
+            size_t i = f->owner[f->base[c] + j];
+            struct rtimer *r = f->v[i];
             redisReply *e =
                 rep && rep->type == REDIS_REPLY_ARRAY && j < rep->elements
                     ? rep->element[j]
                     : NULL;
-            if (!e || !ok) {
-                tw_wheel_add(d->wheel, &r->tm, mono + RETRY_MS); /* again */
-            } else if (e->type == REDIS_REPLY_STRING &&
-                       strtoull(e->str, NULL, 10) == r->token) {
-                ok[i] = true;
-            } else {
-                rt_free_locked(d, r); /* replaced, cancelled, re-claimed */
-            }
+            if (!e)
+                tw_wheel_add(f->d->wheel, &r->tm, mono + RETRY_MS);
+            else if (e->type == REDIS_REPLY_STRING &&
+                     strtoull(e->str, NULL, 10) == r->token)
+                f->ok[i] = true;
+            else
+                rt_free_locked(f->d, r);
         }
     }
-    pthread_mutex_unlock(&d->mu);
-    for (size_t c = 0; c < ncmd; c++)
-        if (cmds[c].reply)
-            freeReplyObject(cmds[c].reply);
-    tw__free(base);
+}
 
-    for (size_t i = 0; i < n && ok; i++) {
-        if (!ok[i])
+/* Keep a callback's result for the next DONE batch (no room: the lease
+ * brings the timer back). mu held. */
+static void pend_add(struct rd *d, struct rtimer *r, int res)
+{
+    if (d->npend == d->cap_pend) {
+        size_t cap = d->cap_pend ? 2 * d->cap_pend : 256;
+        struct done *np2 = tw__realloc(d->pend, cap * sizeof *np2);
+        if (np2) {
+            d->pend = np2;
+            d->cap_pend = cap;
+        }
+    }
+    if (d->npend < d->cap_pend) {
+        if (!d->npend)
+            d->pend_since = rd_mono_ms(d);
+        d->pend[d->npend++] = (struct done){r, res};
+    } else {
+        rt_free_locked(d, r);
+    }
+}
+
+/* Run the callback of every timer still ours; count it, its lateness. */
+static void fr_fire(struct fround *f)
+{
+    struct rd *d = f->d;
+    for (size_t i = 0; i < f->n; i++) {
+        if (!f->ok[i])
             continue;
-        struct rtimer *r = v[i];
+        struct rtimer *r = f->v[i];
         tw_durable_timer t = {
             r->data,        r->key_len, r->data + r->key_len,
             r->payload_len, r->due_ms,  r->attempt ? r->attempt : 1};
+        int64_t late = rd_wall_us(d) - r->due_ms * 1000;
+        pthread_mutex_lock(&d->mu);
+        r->fired = true;
+        d->late_hist[tw__late_bucket(late > 0 ? (uint64_t)late : 0)]++;
+        pthread_mutex_unlock(&d->mu);
         int res = d->fire(&d->base, &t, d->fire_arg);
         pthread_mutex_lock(&d->mu);
         if (res > 0)
             d->retried++;
         else
             d->fired++;
-        if (d->npend == d->cap_pend) {
-            size_t cap = d->cap_pend ? 2 * d->cap_pend : 256;
-            struct done *np2 = tw__realloc(d->pend, cap * sizeof *np2);
-            if (np2) {
-                d->pend = np2;
-                d->cap_pend = cap;
-            }
-        }
-        if (d->npend < d->cap_pend) {
-            if (!d->npend)
-                d->pend_since = rd_mono_ms(d);
-            d->pend[d->npend++] = (struct done){r, res};
-        } else {
-            rt_free_locked(d, r); /* no room: the lease brings it back */
-        }
+        pend_add(d, r, res);
         pthread_mutex_unlock(&d->mu);
     }
-    tw__free(ok);
-out:
-    tw__free(chk);
-    tw__free(dn);
-    tw__free(cnt_chk);
-    tw__free(cnt_dn);
-    tw__free(v);
-    tw__free(cmds);
-    tw__free(script);
-    tw__free(argv);
-    tw__free(len);
-    tw__free(num);
-    tw__free(owner);
+}
+
+/* Put the due timers back for RETRY_MS (out of memory). */
+static void fr_later(struct rd *d, struct rtimer *list)
+{
+    uint64_t mono = rd_mono_ms(d);
+    pthread_mutex_lock(&d->mu);
+    for (struct rtimer *r = list, *next; r; r = next) {
+        next = r->next;
+        tw_wheel_add(d->wheel, &r->tm, mono + RETRY_MS);
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void fire_batch(struct rd *d, struct rtimer *list, bool flush)
+{
+    struct fround f = {.d = d, .np = flush ? d->npend : 0};
+    if (!fr_alloc(&f, list)) {
+        fr_later(d, list); /* completions stay pending */
+        fr_free(&f);
+        return;
+    }
+    f.wall = rd_wall(d);
+    fr_heads(&f);
+    fr_fill(&f);
+    run_cmds(d, f.cmds, f.script, f.ncmd);
+    int64_t wall = rd_wall(d);
+    uint64_t mono = rd_mono_ms(d);
+    pthread_mutex_lock(&d->mu);
+    fr_completions(&f, wall, mono);
+    fr_checks(&f, mono);
+    pthread_mutex_unlock(&d->mu);
+    free_replies(f.cmds, f.ncmd);
+    fr_fire(&f);
+    fr_free(&f);
 }
 
 /* The claimer: CLAIM every horizon/4 (at once again when a shard had more
@@ -876,64 +955,91 @@ static void *rd_claimer(void *arg)
     return NULL;
 }
 
-/* The firer: advance the wheel, check, fire, complete. */
+/* Take the due timers out of the wheel into *@list; a timer the wheel
+ * thinks due but the wall clock does not (it stepped back) goes back in:
+ * never fired early. Returns true if there was such a timer. mu held. */
+static bool take_due(struct rd *d, uint64_t now, struct rtimer **list)
+{
+    tw_wheel_advance(d->wheel, now);
+    struct rtimer *early = NULL;
+    int64_t wall = rd_wall(d);
+    while (d->due) {
+        struct rtimer *r = d->due;
+        d->due = r->next;
+        struct rtimer **to = r->due_ms > wall ? &early : list;
+        r->next = *to;
+        *to = r;
+    }
+    bool any = early != NULL;
+    for (struct rtimer *r = early, *next; r; r = next) {
+        next = r->next;
+        rt_arm_locked(d, r, wall, now);
+    }
+    return any;
+}
+
+/* Completions waiting long enough, or many enough, to be sent. */
+static bool done_due(const struct rd *d, uint64_t now)
+{
+    return d->npend &&
+           (d->npend >= DONE_BATCH || now >= d->pend_since + DONE_DELAY_MS);
+}
+
+static void cv_wait_ms(struct rd *d, uint64_t wait);
+
+/* Sleep until the next due timer, the completions' deadline, a signal,
+ * or IDLE_WAIT_MS. mu held. */
+static void rd_sleep(struct rd *d, uint64_t now, bool early)
+{
+    uint64_t until = tw_wheel_next_expiry(d->wheel);
+    if (d->npend && until > d->pend_since + DONE_DELAY_MS)
+        until = d->pend_since + DONE_DELAY_MS;
+    uint64_t wait = until > now ? until - now : 0;
+    if (wait > IDLE_WAIT_MS)
+        wait = IDLE_WAIT_MS;
+    if (early && wait > 1)
+        wait = 1;
+    cv_wait_ms(d, wait);
+}
+
+/* Wait on the firer's cv for @wait ms of the real clock. mu held. */
+static void cv_wait_ms(struct rd *d, uint64_t wait)
+{
+    if (!wait)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += (long)(wait * 1000000u);
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    pthread_cond_timedwait(&d->cv, &d->mu, &ts);
+}
+
+/* The firer: advance the wheel, check, fire, complete. A check round trip
+ * starts at most every CHECK_GAP_MS, so that timers due close together
+ * share one (Redis's cost is per command far more than per key). */
 static void *rd_main(void *arg)
 {
     struct rd *d = arg;
     pthread_mutex_lock(&d->mu);
     while (!d->stop) {
-        uint64_t now = rd_mono_ms(d);
-        tw_wheel_advance(d->wheel, now);
-        /* A timer the wheel thinks due but the wall clock does not (it
-         * stepped back) is put back: never fired early. */
-        struct rtimer *list = NULL, *early = NULL;
-        int64_t wall = rd_wall(d);
-        while (d->due) {
-            struct rtimer *r = d->due;
-            d->due = r->next;
-            if (r->due_ms > wall) {
-                r->next = early;
-                early = r;
-            } else {
-                r->next = list;
-                list = r;
-            }
+        uint64_t now = rd_mono_ms(d), real = real_mono_ms();
+        if (real < d->next_check && !done_due(d, now)) {
+            cv_wait_ms(d, d->next_check - real);
+            continue;
         }
-        for (struct rtimer *r = early, *next; r; r = next) {
-            next = r->next;
-            rt_arm_locked(d, r, wall, now);
-        }
-        if (list) {
+        struct rtimer *list = NULL;
+        bool early = take_due(d, now, &list);
+        if (list || done_due(d, now)) {
+            bool flush = done_due(d, now);
+            if (list)
+                d->next_check = real + CHECK_GAP_MS;
             pthread_mutex_unlock(&d->mu);
-            fire_batch(d, list,
-                       d->npend >= DONE_BATCH ||
-                           now >= d->pend_since + DONE_DELAY_MS);
+            fire_batch(d, list, flush);
             pthread_mutex_lock(&d->mu);
             continue;
         }
-        if (d->npend &&
-            (d->npend >= DONE_BATCH || now >= d->pend_since + DONE_DELAY_MS)) {
-            pthread_mutex_unlock(&d->mu);
-            fire_batch(d, NULL, true);
-            pthread_mutex_lock(&d->mu);
-            continue;
-        }
-        uint64_t until = tw_wheel_next_expiry(d->wheel);
-        if (d->npend && until > d->pend_since + DONE_DELAY_MS)
-            until = d->pend_since + DONE_DELAY_MS;
-        uint64_t wait = until > now ? until - now : 0;
-        if (wait > IDLE_WAIT_MS)
-            wait = IDLE_WAIT_MS;
-        if (early && wait > 1)
-            wait = 1;
-        if (wait) {
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            ts.tv_nsec += (long)(wait * 1000000u);
-            ts.tv_sec += ts.tv_nsec / 1000000000L;
-            ts.tv_nsec %= 1000000000L;
-            pthread_cond_timedwait(&d->cv, &d->mu, &ts);
-        }
+        rd_sleep(d, now, early);
     }
     pthread_mutex_unlock(&d->mu);
     if (d->npend) /* the last completions */
@@ -1052,16 +1158,6 @@ static int sb_plan(struct sbatch *b)
     b->argv = tw__malloc((nargs ? nargs : 1) * sizeof *b->argv);
     b->len = tw__malloc((nargs ? nargs : 1) * sizeof *b->len);
     return b->argv && b->len ? 0 : TW_ENOMEM;
-}
-
-/* Write the numbers @v as decimal strings into @num, @argv and @len. */
-static void put_nums(const char **argv, size_t *len, char (*num)[24],
-                     const long long *v, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        len[i] = (size_t)snprintf(num[i], 24, "%lld", v[i]);
-        argv[i] = num[i];
-    }
 }
 
 /* Fill every command: the script call's head, then one triple per item. */
@@ -1331,10 +1427,44 @@ static int rd_cancel(tw_durable *base, const void *key, size_t key_len)
     return op_run((struct rd *)base, &w);
 }
 
+/* Per shard: ZCARD :d, ZCARD :l (pending) and ZCOUNT :d -inf now (due,
+ * not claimed by any node yet: backlog). */
+#define STAT_CMDS 3
+
+static void stat_cmds(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
+                      const char *now, size_t now_len)
+{
+    for (size_t i = 0; i < STAT_CMDS * (size_t)d->shards; i++) {
+        struct shard_keys *k = &d->sk[i / STAT_CMDS];
+        struct call *c = &calls[i];
+        int q = i % STAT_CMDS == 1 ? 4 : 0; /* :l or :d */
+        c->argv[0] = i % STAT_CMDS == 2 ? "ZCOUNT" : "ZCARD";
+        c->len[0] = strlen(c->argv[0]);
+        c->argv[1] = k->name[q];
+        c->len[1] = k->len[q];
+        c->argv[2] = "-inf";
+        c->len[2] = 4;
+        c->argv[3] = now;
+        c->len[3] = now_len;
+        cmds[i] = (tw__rc_cmd){
+            i % STAT_CMDS == 2 ? 4 : 2, c->argv, c->len, k->slot, NULL, 0};
+    }
+}
+
+/* This node's claimed timers that are due and whose callback has not
+ * started. mu held. */
+static uint64_t local_backlog(struct rd *d, int64_t wall)
+{
+    uint64_t n = 0;
+    for (struct rtimer *r = d->held; r; r = r->hnext)
+        n += !r->fired && r->due_ms <= wall;
+    return n;
+}
+
 static int rd_stats(tw_durable *base, tw_durable_stats *out)
 {
     struct rd *d = (struct rd *)base;
-    size_t n = 2u * d->shards;
+    size_t n = STAT_CMDS * (size_t)d->shards;
     tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
     struct call *calls = tw__malloc(n * sizeof *calls);
     if (!cmds || !calls) {
@@ -1342,33 +1472,26 @@ static int rd_stats(tw_durable *base, tw_durable_stats *out)
         tw__free(calls);
         return TW_ENOMEM;
     }
-    for (size_t i = 0; i < n; i++) {
-        uint32_t s = (uint32_t)(i / 2);
-        int k = i % 2 ? 4 : 0; /* :l or :d */
-        calls[i].argv[0] = "ZCARD";
-        calls[i].len[0] = 5;
-        calls[i].argv[1] = d->sk[s].name[k];
-        calls[i].len[1] = d->sk[s].len[k];
-        cmds[i].argc = 2;
-        cmds[i].argv = calls[i].argv;
-        cmds[i].argvlen = calls[i].len;
-        cmds[i].slot = d->sk[s].slot;
-    }
+    int64_t wall = rd_wall(d);
+    char now[24];
+    int now_len = snprintf(now, sizeof now, "%lld", (long long)wall);
+    stat_cmds(d, calls, cmds, now, (size_t)now_len);
     int rc = tw__rc_exec(d->rc, cmds, n);
-    uint64_t pending = 0;
+    uint64_t pending = 0, backlog = 0;
     for (size_t i = 0; i < n; i++)
-        pending += reply_u64(cmds[i].reply);
+        *(i % STAT_CMDS == 2 ? &backlog : &pending) += reply_u64(cmds[i].reply);
     free_replies(cmds, n);
     tw__free(cmds);
     tw__free(calls);
     if (rc)
         return rc;
-    memset(out, 0, sizeof *out);
     pthread_mutex_lock(&d->mu);
     out->pending = pending;
+    out->backlog = backlog + local_backlog(d, wall);
     out->fired = d->fired;
     out->retried = d->retried;
     out->cancelled = d->cancelled;
+    memcpy(out->late_hist, d->late_hist, sizeof out->late_hist);
     pthread_mutex_unlock(&d->mu);
     return 0;
 }
