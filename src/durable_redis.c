@@ -1565,14 +1565,13 @@ static const struct tw_durable_ops rd_ops = {
     .stats = rd_stats,
 };
 
-int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
+/* A handle with @cfg's settings (defaults filled in); NULL when out of
+ * memory. */
+static struct rd *rd_new(const tw_durable_config *cfg)
 {
-    const char *ns = cfg->redis_namespace ? cfg->redis_namespace : "tw";
-    if (!*ns || strlen(ns) > 64 || strchr(ns, '{') || strchr(ns, '}'))
-        return TW_EINVAL;
     struct rd *d = tw__calloc(1, sizeof *d);
     if (!d)
-        return TW_ENOMEM;
+        return NULL;
     d->base.ops = &rd_ops;
     d->shards = cfg->shards ? cfg->shards : 64;
     d->horizon_ms = cfg->horizon_ms ? cfg->horizon_ms : 2000;
@@ -1593,14 +1592,17 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
     pthread_cond_init(&d->cv, &ca);
     pthread_cond_init(&d->claim_cv, &ca);
     pthread_condattr_destroy(&ca);
-    int rc = TW_ENOMEM;
-    if (d->shards > 1u << 20) {
-        rc = TW_EINVAL;
-        goto fail;
-    }
+    return d;
+}
+
+/* The names and slots of every shard's keys. */
+static int rd_keys(struct rd *d, const char *ns)
+{
+    if (d->shards > 1u << 20)
+        return TW_EINVAL;
     d->sk = tw__calloc(d->shards, sizeof *d->sk);
     if (!d->sk)
-        goto fail;
+        return TW_ENOMEM;
     for (uint32_t s = 0; s < d->shards; s++) {
         for (int k = 0; k < NKEYS; k++)
             d->sk[s].len[k] =
@@ -1608,18 +1610,18 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
                                  "{%s:%u}:%c", ns, s, key_suffix[k]);
         d->sk[s].slot = tw__rc_slot(d->sk[s].name[0], d->sk[s].len[0]);
     }
-    if (tw_wheel_create(&d->wheel, NULL, rd_mono_ms(d)))
-        goto fail;
-    rc = tw__rc_open(&d->rc, cfg->redis);
-    if (rc)
-        goto fail;
-    /* SCRIPT LOAD once on any node; other nodes learn each script by EVAL
-     * on their first NOSCRIPT. The digest is the same everywhere. */
+    return 0;
+}
+
+/* SCRIPT LOAD once on any node; other nodes learn each script by EVAL on
+ * their first NOSCRIPT. The digest is the same everywhere. */
+static int rd_load_scripts(struct rd *d)
+{
     for (int i = 0; i < S_COUNT; i++) {
         const char *argv[3] = {"SCRIPT", "LOAD", scripts[i]};
         size_t len[3] = {6, 4, strlen(scripts[i])};
         tw__rc_cmd cmd = {3, argv, len, -1, NULL, 0};
-        rc = tw__rc_exec(d->rc, &cmd, 1);
+        int rc = tw__rc_exec(d->rc, &cmd, 1);
         if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_STRING ||
                     cmd.reply->len != 40))
             rc = TW_EIO;
@@ -1627,24 +1629,48 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
             memcpy(d->sha[i], cmd.reply->str, 41);
         free_replies(&cmd, 1);
         if (rc)
-            goto fail;
+            return rc;
     }
-    if (pthread_create(&d->claimer, NULL, rd_claimer, d)) {
-        rc = TW_ENOMEM;
-        goto fail;
-    }
+    return 0;
+}
+
+/* Start the claimer and the firer. */
+static int rd_start(struct rd *d)
+{
+    if (pthread_create(&d->claimer, NULL, rd_claimer, d))
+        return TW_ENOMEM;
     if (pthread_create(&d->thr, NULL, rd_main, d)) {
         pthread_mutex_lock(&d->mu);
         d->stop = true;
         pthread_cond_signal(&d->claim_cv);
         pthread_mutex_unlock(&d->mu);
         pthread_join(d->claimer, NULL);
+        return TW_ENOMEM;
+    }
+    return 0;
+}
+
+int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
+{
+    const char *ns = cfg->redis_namespace ? cfg->redis_namespace : "tw";
+    if (!*ns || strlen(ns) > 64 || strchr(ns, '{') || strchr(ns, '}'))
+        return TW_EINVAL;
+    struct rd *d = rd_new(cfg);
+    if (!d)
+        return TW_ENOMEM;
+    int rc = rd_keys(d, ns);
+    if (!rc && tw_wheel_create(&d->wheel, NULL, rd_mono_ms(d)))
         rc = TW_ENOMEM;
-        goto fail;
+    if (!rc)
+        rc = tw__rc_open(&d->rc, cfg->redis);
+    if (!rc)
+        rc = rd_load_scripts(d);
+    if (!rc)
+        rc = rd_start(d);
+    if (rc) {
+        rd_free(d);
+        return rc;
     }
     *out = &d->base;
     return 0;
-fail:
-    rd_free(d);
-    return rc;
 }
