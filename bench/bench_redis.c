@@ -72,18 +72,39 @@ static int cmp64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* This process's utime + stime, in ms. */
+static double self_cpu_ms(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000.0 +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000.0;
+}
+
+/* CPU of a phase: Redis's and this process's, in ms. */
+struct cpu {
+    double redis, node;
+};
+
+static struct cpu cpu_now(int pid)
+{
+    return (struct cpu){cpu_ms(pid), self_cpu_ms()};
+}
+
 static void report_late(const char *name, int64_t *late, size_t n,
-                        size_t expect, double load_cpu, double fire_cpu)
+                        size_t expect, struct cpu c0, struct cpu c1,
+                        struct cpu c2)
 {
     qsort(late, n, sizeof *late, cmp64);
-    printf("%-14s timers %zu delivered %zu  lateness ms p50 %.2f p99 %.2f "
+    double k = 1000.0 / (double)expect;
+    printf("%-16s timers %zu delivered %zu  lateness ms p50 %.2f p99 %.2f "
            "max %.2f  redis cpu ms/1000 timers: load %.1f fire %.1f total "
-           "%.1f\n",
+           "%.1f  node cpu: load %.1f fire %.1f total %.1f\n",
            name, expect, n, n ? late[n / 2] / 1000.0 : -1,
            n ? late[n * 99 / 100] / 1000.0 : -1, n ? late[n - 1] / 1000.0 : -1,
-           load_cpu * 1000.0 / (double)expect,
-           fire_cpu * 1000.0 / (double)expect,
-           (load_cpu + fire_cpu) * 1000.0 / (double)expect);
+           (c1.redis - c0.redis) * k, (c2.redis - c1.redis) * k,
+           (c2.redis - c0.redis) * k, (c1.node - c0.node) * k,
+           (c2.node - c1.node) * k, (c2.node - c0.node) * k);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -216,6 +237,8 @@ static void sched_mode(const char *seeds, int nodes, int threads, int n)
     close(out[1]);
     close(go[0]);
     sleep_us(300000); /* every node connected */
+    int rpid = getenv("REDIS_PID") ? atoi(getenv("REDIS_PID")) : 0;
+    double r0 = rpid ? cpu_ms(rpid) : 0;
     for (int i = 0; i < nodes; i++)
         if (write(go[1], "g", 1) != 1)
             exit(1);
@@ -238,15 +261,18 @@ static void sched_mode(const char *seeds, int nodes, int threads, int n)
     }
     while (wait(NULL) > 0)
         ;
+    double rcpu = rpid ? cpu_ms(rpid) - r0 : 0;
     double total = (double)nodes * n;
     const char *w = getenv("WAIT_REPLICAS");
     bool keep = getenv("KEEP") != NULL;
     const char *b = getenv("BATCH");
     printf("sched%-9s nodes %d threads %d batch %s: schedules/s %.0f  "
-           "cancels/s %.0f  errors %d  node cpu us per call %.1f\n",
+           "cancels/s %.0f  errors %d  node cpu us per call %.1f  redis cpu "
+           "us per call %.1f\n",
            w ? " WAIT 1" : "", nodes, threads, b ? b : "1", total / s0,
            keep ? 0.0 : total / s1, errors,
-           cpu * 1e6 / (total * (keep ? 1 : 2)));
+           cpu * 1e6 / (total * (keep ? 1 : 2)),
+           rcpu * 1e3 / (total * (keep ? 1 : 2)));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -319,7 +345,7 @@ static void fire_mode(const char *seeds, int pid, int n, int window_ms)
         exit(1);
     int64_t start_ms = now_us() / 1000 + 3000 + n / 20;
     int batch = getenv("LOAD_BATCH") ? atoi(getenv("LOAD_BATCH")) : 1;
-    double c0 = cpu_ms(pid);
+    struct cpu c0 = cpu_now(pid);
     pthread_t th[32];
     struct loader l[32];
     for (int i = 0; i < 32; i++) {
@@ -329,17 +355,17 @@ static void fire_mode(const char *seeds, int pid, int n, int window_ms)
     }
     for (int i = 0; i < 32; i++)
         pthread_join(th[i], NULL);
-    double c1 = cpu_ms(pid);
+    struct cpu c1 = cpu_now(pid);
     int64_t end = (start_ms + window_ms + 5000) * 1000;
     while (nlate < (size_t)n && now_us() < end)
         sleep_us(10000);
-    double c2 = cpu_ms(pid);
+    struct cpu c2 = cpu_now(pid);
     tw_durable_close(d);
     size_t got = nlate < nlate_max ? nlate : nlate_max;
     char name[32];
     snprintf(name, sizeof name, "twheel %ush b%d", cfg.shards ? cfg.shards : 64,
              batch);
-    report_late(name, late, got, (size_t)n, c1 - c0, c2 - c1);
+    report_late(name, late, got, (size_t)n, c0, c1, c2);
 }
 
 static const char poll_script[] =
@@ -369,7 +395,7 @@ static void poll_mode(const char *seeds, int pid, int n, int window_ms,
     late = calloc((size_t)n, sizeof *late);
     int64_t *due = calloc((size_t)n, sizeof *due);
     int64_t start_ms = now_us() / 1000 + 3000 + n / 20;
-    double c0 = cpu_ms(pid);
+    struct cpu c0 = cpu_now(pid);
     redisReply *r = redisCommand(c, "SCRIPT LOAD %s", add_script);
     char add_sha[41], poll_sha[41];
     memcpy(add_sha, r->str, 41);
@@ -392,7 +418,7 @@ static void poll_mode(const char *seeds, int pid, int n, int window_ms,
             freeReplyObject(rep);
         }
     }
-    double c1 = cpu_ms(pid);
+    struct cpu c1 = cpu_now(pid);
     int64_t end = (start_ms + window_ms + 5000) * 1000;
     int64_t next = now_us();
     while (nlate < (size_t)n && now_us() < end) {
@@ -414,11 +440,11 @@ static void poll_mode(const char *seeds, int pid, int n, int window_ms,
                 break;
         }
     }
-    double c2 = cpu_ms(pid);
+    struct cpu c2 = cpu_now(pid);
     redisFree(c);
     char name[32];
     snprintf(name, sizeof name, "poll %d ms", interval_ms);
-    report_late(name, late, nlate, (size_t)n, c1 - c0, c2 - c1);
+    report_late(name, late, nlate, (size_t)n, c0, c1, c2);
     free(due);
 }
 

@@ -7,15 +7,25 @@
  * cluster slot and one Lua script can change them atomically:
  *   {ns:s}:d  sorted set  key -> due ms          (waiting, not claimed)
  *   {ns:s}:p  hash        key -> payload
- *   {ns:s}:a  hash        key -> attempt of the next delivery
- *   {ns:s}:u  hash        key -> due ms (kept while claimed)
+ *   {ns:s}:a  hash        key -> attempt of the next delivery (absent: 1)
+ *   {ns:s}:u  hash        key -> due ms (written at claim, kept while
+ *                                           claimed)
  *   {ns:s}:l  sorted set  key -> lease expiry ms  (claimed by some node)
  *   {ns:s}:t  hash        key -> fencing token of the current claim
  *   {ns:s}:s  counter     the shard's last token
  * A key is in exactly one of :d and :l while it is pending.
  *
  * Every change is one script (EVALSHA; EVAL once on NOSCRIPT, which loads
- * it on that node): SCHED, CANCEL, CLAIM, DONE, RELEASE.
+ * it on that node): SCHED, CANCEL, CLAIM, DONE, RELEASE. Scripts that take
+ * many keys (SCHED, CLAIM, DONE) run a fixed number of variadic commands
+ * per call, so Redis's per-call and per-command costs are paid once per
+ * batch.
+ *
+ * Schedules. tw_durable_schedule_many groups its items by shard: one SCHED
+ * call per shard (up to SCHED_CHUNK items), all calls pipelined, one round
+ * trip per Redis node. tw_durable_schedule and tw_durable_cancel from many
+ * threads are combined: the calls queued while a batch is in flight become
+ * the next batch (op_run).
  *
  * Threads. A claimer thread runs CLAIM; a firer thread owns the firing
  * (the wheel itself is shared under mu: calls add the timers they claim).
@@ -30,9 +40,11 @@
  *
  * Firing. When the wheel says a timer is due (and the wall clock agrees:
  * never early), the node asks Redis whether :t still holds its token (one
- * pipelined HGET per batch of due timers). Only then does the callback
- * run; afterwards DONE removes the timer, or re-queues it for a retry, if
- * the token is still the node's. SCHED of an existing key and CANCEL
+ * HMGET per shard per batch of due timers; a batch starts at most every
+ * CHECK_GAP_MS, so timers due close together share it). Only then does the
+ * callback run; afterwards DONE (batched per shard, at most DONE_DELAY_MS
+ * later) removes the timer, or re-queues it for a retry, if the token is
+ * still the node's. SCHED of an existing key and CANCEL
  * replace or delete the token, so a node holding the old claim drops it at
  * the check. The one window left: a replace or cancel that Redis executes
  * after the check's reply and before the callback returns does not stop
