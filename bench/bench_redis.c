@@ -269,8 +269,8 @@ static void sched_mode(const char *seeds, int nodes, int threads, int n)
     printf("sched%-9s nodes %d threads %d batch %s: schedules/s %.0f  "
            "cancels/s %.0f  errors %d  node cpu us per call %.1f  redis cpu "
            "us per call %.1f\n",
-           w ? " WAIT 1" : "", nodes, threads, b ? b : "1", total / s0,
-           keep ? 0.0 : total / s1, errors,
+           w && atoi(w) > 0 ? " WAIT 1" : "", nodes, threads, b ? b : "1",
+           total / s0, keep ? 0.0 : total / s1, errors,
            cpu * 1e6 / (total * (keep ? 1 : 2)),
            rcpu * 1e3 / (total * (keep ? 1 : 2)));
 }

@@ -481,23 +481,33 @@ static void free_replies(tw__rc_cmd *cmds, size_t n)
             freeReplyObject(cmds[i].reply);
 }
 
-/* WAIT for the configured replicas on the node of @shard. */
-static int wait_replicas(struct rd *d, uint32_t shard)
+/* WAIT for the configured replicas after the writes to each shard
+ * @shard[0..n): one WAIT per entry, all pipelined, so one round trip per
+ * node (a node's first WAIT covers everything written before it, and the
+ * others then return at once). @rc[i]: 0, TW_EIO (fewer replicas in
+ * time), TW_ECONN or TW_ENOMEM. */
+static void wait_many(struct rd *d, const uint32_t *shard, int *rc, size_t n)
 {
-    if (!d->wait_replicas)
-        return 0;
     char a[2][24];
     const char *argv[3] = {"WAIT", a[0], a[1]};
     size_t len[3] = {4, 0, 0};
     len[1] = (size_t)snprintf(a[0], 24, "%u", d->wait_replicas);
     len[2] = (size_t)snprintf(a[1], 24, "%u", d->wait_timeout_ms);
-    tw__rc_cmd cmd = {3, argv, len, d->sk[shard].slot, NULL, 0};
-    int rc = tw__rc_exec(d->rc, &cmd, 1);
-    if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_INTEGER ||
-                cmd.reply->integer < (long long)d->wait_replicas))
-        rc = TW_EIO;
-    free_replies(&cmd, 1);
-    return rc;
+    tw__rc_cmd *cmds = tw__calloc(n ? n : 1, sizeof *cmds);
+    for (size_t i = 0; i < n && cmds; i++)
+        cmds[i] = (tw__rc_cmd){3, argv, len, d->sk[shard[i]].slot, NULL, 0};
+    if (cmds)
+        tw__rc_exec(d->rc, cmds, n);
+    for (size_t i = 0; i < n; i++) {
+        const redisReply *r = cmds ? cmds[i].reply : NULL;
+        rc[i] = cmds ? cmds[i].err : TW_ENOMEM;
+        if (!rc[i] && (!r || r->type != REDIS_REPLY_INTEGER ||
+                       r->integer < (long long)d->wait_replicas))
+            rc[i] = TW_EIO;
+    }
+    if (cmds)
+        free_replies(cmds, n);
+    tw__free(cmds);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1258,14 +1268,15 @@ static void sb_results(struct sbatch *b)
 /* WAIT on the node of each command's shard; a failure fails its items. */
 static void sb_wait(struct sbatch *b)
 {
-    if (!b->d->wait_replicas)
+    if (!b->d->wait_replicas || !b->ncmd)
         return;
-    for (size_t c = 0; c < b->ncmd; c++) {
-        int rc = wait_replicas(b->d, b->cshard[c]);
-        for (size_t i = 0; i < b->n && rc; i++)
-            if (!b->it[i].result && b->cmd[i] == c)
-                b->it[i].result = rc;
-    }
+    int *rc = tw__malloc(b->ncmd * sizeof *rc);
+    if (rc)
+        wait_many(b->d, b->cshard, rc, b->ncmd);
+    for (size_t i = 0; i < b->n; i++)
+        if (!b->it[i].result)
+            b->it[i].result = rc ? rc[b->cmd[i]] : TW_ENOMEM;
+    tw__free(rc);
 }
 
 static int rd_schedule_many(tw_durable *base, tw_durable_item *items, size_t n)
@@ -1315,6 +1326,25 @@ struct op_wait {
     struct op_wait *next;
 };
 
+/* WAIT after the cancels that succeeded; a failed WAIT fails its cancel. */
+static void cancel_wait(struct rd *d, struct op_wait **v,
+                        const struct call *calls, size_t n)
+{
+    uint32_t *sh = tw__malloc(n * sizeof *sh);
+    int *rc = tw__malloc(n * sizeof *rc);
+    size_t m = 0;
+    for (size_t i = 0; sh && rc && i < n; i++)
+        if (!v[i]->it.result)
+            sh[m++] = calls[i].shard;
+    if (sh && rc)
+        wait_many(d, sh, rc, m);
+    for (size_t i = 0, j = 0; i < n; i++)
+        if (!v[i]->it.result)
+            v[i]->it.result = sh && rc ? rc[j++] : TW_ENOMEM;
+    tw__free(sh);
+    tw__free(rc);
+}
+
 /* The cancels of a batch: one CANCEL call per key, pipelined. */
 static void cancel_batch(struct rd *d, struct op_wait **v, size_t n)
 {
@@ -1336,13 +1366,14 @@ static void cancel_batch(struct rd *d, struct op_wait **v, size_t n)
             e = TW_EIO;
         if (!e && r->integer == 0)
             e = TW_ENOENT;
-        if (!e && d->wait_replicas)
-            e = wait_replicas(d, calls[i].shard);
         v[i]->it.result = e;
-        ok += !e;
     }
     if (cmds)
         free_replies(cmds, n);
+    if (!rc && d->wait_replicas)
+        cancel_wait(d, v, calls, n);
+    for (size_t i = 0; i < n; i++)
+        ok += !v[i]->it.result;
     tw__free(calls);
     tw__free(cmds);
     pthread_mutex_lock(&d->mu);
