@@ -76,7 +76,7 @@
 #define RETRY_MS 100
 #define IDLE_WAIT_MS 50
 #define DONE_DELAY_MS 100 /* longest wait of a completion for a batch */
-#define CHECK_GAP_MS 2    /* shortest time between two claim checks */
+#define CHECK_GAP_MS 1    /* shortest time between two claim checks */
 #define DONE_BATCH 1024
 
 enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_COUNT };
