@@ -358,21 +358,29 @@ struct call {
     uint32_t shard;
 };
 
+/* A script call's first 3 + NKEYS arguments: EVALSHA, the digest, 7 and
+ * the shard's keys. */
+static void script_head(const struct rd *d, const char **av, size_t *al,
+                        int script, uint32_t shard)
+{
+    av[0] = "EVALSHA";
+    al[0] = 7;
+    av[1] = d->sha[script];
+    al[1] = 40;
+    av[2] = "7";
+    al[2] = 1;
+    for (int i = 0; i < NKEYS; i++) {
+        av[3 + i] = d->sk[shard].name[i];
+        al[3 + i] = d->sk[shard].len[i];
+    }
+}
+
 static void call_init(struct rd *d, struct call *c, int script, uint32_t shard)
 {
     c->script = script;
     c->shard = shard;
     c->nnum = 0;
-    c->argv[0] = "EVALSHA";
-    c->len[0] = 7;
-    c->argv[1] = d->sha[script];
-    c->len[1] = 40;
-    c->argv[2] = "7";
-    c->len[2] = 1;
-    for (int i = 0; i < NKEYS; i++) {
-        c->argv[3 + i] = d->sk[shard].name[i];
-        c->len[3 + i] = d->sk[shard].len[i];
-    }
+    script_head(d, c->argv, c->len, script, shard);
     c->argc = 3 + NKEYS;
 }
 
@@ -660,7 +668,7 @@ struct fround {
     uint32_t *cnt_chk, *cnt_dn; /* per shard: keys in them */
     tw__rc_cmd *cmds;
     int *script;
-    size_t ncmd, ai, ni; /* commands, arguments, numbers used */
+    size_t ncmd, ai, ni, acc; /* commands, arguments, numbers, keys used */
     const char **argv;
     size_t *len;
     char (*num)[24];
@@ -717,16 +725,20 @@ static bool fr_alloc(struct fround *f, struct rtimer *list)
 /* Start a command of @argc0 fixed arguments for @shard, with room for
  * @keys keys of @per arguments each. */
 static tw__rc_cmd *fr_cmd(struct fround *f, uint32_t shard, int script,
-                          size_t keys, size_t per, size_t argc0)
+                          uint32_t *index, const uint32_t *keys, size_t per,
+                          size_t argc0)
 {
     size_t c = f->ncmd++;
     tw__rc_cmd *cmd = &f->cmds[c];
+    index[shard] = (uint32_t)f->ncmd;
+    f->base[c] = f->acc;
+    f->acc += keys[shard];
     f->script[c] = script;
     cmd->argv = &f->argv[f->ai];
     cmd->argvlen = &f->len[f->ai];
     cmd->slot = f->d->sk[shard].slot;
     cmd->argc = (int)argc0;
-    f->ai += argc0 + per * keys;
+    f->ai += argc0 + per * keys[shard];
     return cmd;
 }
 
@@ -735,27 +747,15 @@ static tw__rc_cmd *fr_cmd(struct fround *f, uint32_t shard, int script,
 static void fr_heads(struct fround *f)
 {
     struct rd *d = f->d;
-    size_t acc = 0;
     for (size_t i = 0; i < f->np; i++) {
         uint32_t sh = d->pend[i].r->shard;
         if (f->dn[sh])
             continue;
-        tw__rc_cmd *c = fr_cmd(f, sh, S_DONE, f->cnt_dn[sh], 3, 3 + NKEYS + 3);
-        f->dn[sh] = (uint32_t)f->ncmd;
-        f->base[f->ncmd - 1] = acc;
-        acc += f->cnt_dn[sh];
+        tw__rc_cmd *c =
+            fr_cmd(f, sh, S_DONE, f->dn, f->cnt_dn, 3, 3 + NKEYS + 3);
         const char **av = (const char **)c->argv;
         size_t *al = (size_t *)c->argvlen;
-        av[0] = "EVALSHA";
-        al[0] = 7;
-        av[1] = d->sha[S_DONE];
-        al[1] = 40;
-        av[2] = "7";
-        al[2] = 1;
-        for (int q = 0; q < NKEYS; q++) {
-            av[3 + q] = d->sk[sh].name[q];
-            al[3 + q] = d->sk[sh].len[q];
-        }
+        script_head(d, av, al, S_DONE, sh);
         long long a3[3] = {f->wall, f->wall + d->horizon_ms, d->lease_ms};
         put_nums(av + 3 + NKEYS, al + 3 + NKEYS, f->num + f->ni, a3, 3);
         f->ni += 3;
@@ -764,10 +764,7 @@ static void fr_heads(struct fround *f)
         uint32_t sh = f->v[i]->shard;
         if (f->chk[sh])
             continue;
-        tw__rc_cmd *c = fr_cmd(f, sh, -1, f->cnt_chk[sh], 1, 2);
-        f->chk[sh] = (uint32_t)f->ncmd;
-        f->base[f->ncmd - 1] = acc;
-        acc += f->cnt_chk[sh];
+        tw__rc_cmd *c = fr_cmd(f, sh, -1, f->chk, f->cnt_chk, 1, 2);
         const char **av = (const char **)c->argv;
         size_t *al = (size_t *)c->argvlen;
         av[0] = "HMGET";
@@ -1191,16 +1188,7 @@ static void sb_fill(struct sbatch *b)
         const char **av = b->argv + b->arg0[c];
         size_t *al = b->len + b->arg0[c];
         struct shard_keys *k = &d->sk[b->cshard[c]];
-        av[0] = "EVALSHA";
-        al[0] = 7;
-        av[1] = d->sha[S_SCHED];
-        al[1] = 40;
-        av[2] = "7";
-        al[2] = 1;
-        for (int q = 0; q < NKEYS; q++) {
-            av[3 + q] = k->name[q];
-            al[3 + q] = k->len[q];
-        }
+        script_head(d, av, al, S_SCHED, b->cshard[c]);
         put_nums(av + 3 + NKEYS, al + 3 + NKEYS, b->num + b->n + 3 * c, head,
                  3);
         b->cmds[c] = (tw__rc_cmd){
