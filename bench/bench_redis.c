@@ -72,18 +72,39 @@ static int cmp64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* This process's utime + stime, in ms. */
+static double self_cpu_ms(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000.0 +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000.0;
+}
+
+/* CPU of a phase: Redis's and this process's, in ms. */
+struct cpu {
+    double redis, node;
+};
+
+static struct cpu cpu_now(int pid)
+{
+    return (struct cpu){cpu_ms(pid), self_cpu_ms()};
+}
+
 static void report_late(const char *name, int64_t *late, size_t n,
-                        size_t expect, double load_cpu, double fire_cpu)
+                        size_t expect, struct cpu c0, struct cpu c1,
+                        struct cpu c2)
 {
     qsort(late, n, sizeof *late, cmp64);
-    printf("%-14s timers %zu delivered %zu  lateness ms p50 %.2f p99 %.2f "
+    double k = 1000.0 / (double)expect;
+    printf("%-16s timers %zu delivered %zu  lateness ms p50 %.2f p99 %.2f "
            "max %.2f  redis cpu ms/1000 timers: load %.1f fire %.1f total "
-           "%.1f\n",
+           "%.1f  node cpu: load %.1f fire %.1f total %.1f\n",
            name, expect, n, n ? late[n / 2] / 1000.0 : -1,
            n ? late[n * 99 / 100] / 1000.0 : -1, n ? late[n - 1] / 1000.0 : -1,
-           load_cpu * 1000.0 / (double)expect,
-           fire_cpu * 1000.0 / (double)expect,
-           (load_cpu + fire_cpu) * 1000.0 / (double)expect);
+           (c1.redis - c0.redis) * k, (c2.redis - c1.redis) * k,
+           (c2.redis - c0.redis) * k, (c1.node - c0.node) * k,
+           (c2.node - c1.node) * k, (c2.node - c0.node) * k);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -100,13 +121,41 @@ struct worker {
     tw_durable *d;
     int node, th, lo, hi, op;
     int64_t due;
-    int errors;
+    int errors, batch;
 };
+
+/* Schedules of keys lo..hi-1 by tw_durable_schedule_many, @batch at a
+ * time. */
+static void sched_many(struct worker *w)
+{
+    tw_durable_item *it = calloc((size_t)w->batch, sizeof *it);
+    char(*k)[48] = calloc((size_t)w->batch, sizeof *k);
+    if (!it || !k)
+        exit(1);
+    for (int i = w->lo; i < w->hi; i += w->batch) {
+        int m = w->hi - i < w->batch ? w->hi - i : w->batch;
+        for (int j = 0; j < m; j++) {
+            int n = snprintf(k[j], sizeof k[j], "n%d-%d", w->node, i + j);
+            it[j] = (tw_durable_item){k[j],   (size_t)n,
+                                      w->due, "payload-32-bytes-..............",
+                                      32,     0};
+        }
+        tw_durable_schedule_many(w->d, it, (size_t)m);
+        for (int j = 0; j < m; j++)
+            w->errors += it[j].result != 0;
+    }
+    free(it);
+    free(k);
+}
 
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     char k[48];
+    if (w->batch > 1 && !w->op) {
+        sched_many(w);
+        return NULL;
+    }
     for (int i = w->lo; i < w->hi; i++) {
         int n = snprintf(k, sizeof k, "n%d-%d", w->node, i);
         int rc =
@@ -134,6 +183,7 @@ static void sched_node(const char *seeds, int node, int threads, int n,
         fprintf(stderr, "open failed\n");
         _exit(1);
     }
+    int batch = getenv("BATCH") ? atoi(getenv("BATCH")) : 1;
     char c;
     if (read(go_fd, &c, 1) != 1)
         _exit(1);
@@ -152,7 +202,8 @@ static void sched_node(const char *seeds, int node, int threads, int n,
                                    n * (i + 1) / threads,
                                    op,
                                    (now_us() / 1000) + 3600 * 1000,
-                                   0};
+                                   0,
+                                   batch};
             pthread_create(&th[i], NULL, worker_main, &w[i]);
         }
         for (int i = 0; i < threads; i++) {
@@ -186,6 +237,8 @@ static void sched_mode(const char *seeds, int nodes, int threads, int n)
     close(out[1]);
     close(go[0]);
     sleep_us(300000); /* every node connected */
+    int rpid = getenv("REDIS_PID") ? atoi(getenv("REDIS_PID")) : 0;
+    double r0 = rpid ? cpu_ms(rpid) : 0;
     for (int i = 0; i < nodes; i++)
         if (write(go[1], "g", 1) != 1)
             exit(1);
@@ -208,14 +261,18 @@ static void sched_mode(const char *seeds, int nodes, int threads, int n)
     }
     while (wait(NULL) > 0)
         ;
+    double rcpu = rpid ? cpu_ms(rpid) - r0 : 0;
     double total = (double)nodes * n;
     const char *w = getenv("WAIT_REPLICAS");
     bool keep = getenv("KEEP") != NULL;
-    printf("sched%-9s nodes %d threads %d: schedules/s %.0f  cancels/s "
-           "%.0f  errors %d  node cpu us per call %.1f\n",
-           w ? " WAIT 1" : "", nodes, threads, total / s0,
-           keep ? 0.0 : total / s1, errors,
-           cpu * 1e6 / (total * (keep ? 1 : 2)));
+    const char *b = getenv("BATCH");
+    printf("sched%-9s nodes %d threads %d batch %s: schedules/s %.0f  "
+           "cancels/s %.0f  errors %d  node cpu us per call %.1f  redis cpu "
+           "us per call %.1f\n",
+           w && atoi(w) > 0 ? " WAIT 1" : "", nodes, threads, b ? b : "1",
+           total / s0, keep ? 0.0 : total / s1, errors,
+           cpu * 1e6 / (total * (keep ? 1 : 2)),
+           rcpu * 1e3 / (total * (keep ? 1 : 2)));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -236,20 +293,40 @@ static int late_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 
 struct loader {
     tw_durable *d;
-    int lo, hi, n;
+    int lo, hi, n, batch;
     int64_t start_ms, window_ms;
 };
 
+/* Timers lo..hi-1 ("f<i>", due evenly over the window): one call each, or
+ * @batch per tw_durable_schedule_many. */
 static void *load_main(void *arg)
 {
     struct loader *l = arg;
-    char k[32];
-    for (int i = l->lo; i < l->hi; i++) {
-        int kn = snprintf(k, sizeof k, "f%d", i);
-        tw_durable_schedule(l->d, k, (size_t)kn,
-                            l->start_ms + (int64_t)i * l->window_ms / l->n,
-                            "payload-32-bytes-..............", 32);
+    int b = l->batch > 1 ? l->batch : 1;
+    tw_durable_item *it = calloc((size_t)b, sizeof *it);
+    char(*k)[32] = calloc((size_t)b, sizeof *k);
+    if (!it || !k)
+        exit(1);
+    for (int i = l->lo; i < l->hi; i += b) {
+        int m = l->hi - i < b ? l->hi - i : b;
+        for (int j = 0; j < m; j++) {
+            int kn = snprintf(k[j], sizeof k[j], "f%d", i + j);
+            it[j] = (tw_durable_item){k[j],
+                                      (size_t)kn,
+                                      l->start_ms + (int64_t)(i + j) *
+                                                        l->window_ms / l->n,
+                                      "payload-32-bytes-..............",
+                                      32,
+                                      0};
+        }
+        if (b == 1)
+            tw_durable_schedule(l->d, it[0].key, it[0].key_len, it[0].due_ms,
+                                it[0].payload, it[0].payload_len);
+        else
+            tw_durable_schedule_many(l->d, it, (size_t)m);
     }
+    free(it);
+    free(k);
     return NULL;
 }
 
@@ -267,26 +344,28 @@ static void fire_mode(const char *seeds, int pid, int n, int window_ms)
     if (tw_durable_open(&d, &cfg))
         exit(1);
     int64_t start_ms = now_us() / 1000 + 3000 + n / 20;
-    double c0 = cpu_ms(pid);
+    int batch = getenv("LOAD_BATCH") ? atoi(getenv("LOAD_BATCH")) : 1;
+    struct cpu c0 = cpu_now(pid);
     pthread_t th[32];
     struct loader l[32];
     for (int i = 0; i < 32; i++) {
-        l[i] = (struct loader){d, n * i / 32, n * (i + 1) / 32,
-                               n, start_ms,   window_ms};
+        l[i] = (struct loader){d,     n * i / 32, n * (i + 1) / 32, n,
+                               batch, start_ms,   window_ms};
         pthread_create(&th[i], NULL, load_main, &l[i]);
     }
     for (int i = 0; i < 32; i++)
         pthread_join(th[i], NULL);
-    double c1 = cpu_ms(pid);
+    struct cpu c1 = cpu_now(pid);
     int64_t end = (start_ms + window_ms + 5000) * 1000;
     while (nlate < (size_t)n && now_us() < end)
         sleep_us(10000);
-    double c2 = cpu_ms(pid);
+    struct cpu c2 = cpu_now(pid);
     tw_durable_close(d);
     size_t got = nlate < nlate_max ? nlate : nlate_max;
     char name[32];
-    snprintf(name, sizeof name, "twheel %ush", cfg.shards ? cfg.shards : 64);
-    report_late(name, late, got, (size_t)n, c1 - c0, c2 - c1);
+    snprintf(name, sizeof name, "twheel %ush b%d", cfg.shards ? cfg.shards : 64,
+             batch);
+    report_late(name, late, got, (size_t)n, c0, c1, c2);
 }
 
 static const char poll_script[] =
@@ -316,7 +395,7 @@ static void poll_mode(const char *seeds, int pid, int n, int window_ms,
     late = calloc((size_t)n, sizeof *late);
     int64_t *due = calloc((size_t)n, sizeof *due);
     int64_t start_ms = now_us() / 1000 + 3000 + n / 20;
-    double c0 = cpu_ms(pid);
+    struct cpu c0 = cpu_now(pid);
     redisReply *r = redisCommand(c, "SCRIPT LOAD %s", add_script);
     char add_sha[41], poll_sha[41];
     memcpy(add_sha, r->str, 41);
@@ -339,7 +418,7 @@ static void poll_mode(const char *seeds, int pid, int n, int window_ms,
             freeReplyObject(rep);
         }
     }
-    double c1 = cpu_ms(pid);
+    struct cpu c1 = cpu_now(pid);
     int64_t end = (start_ms + window_ms + 5000) * 1000;
     int64_t next = now_us();
     while (nlate < (size_t)n && now_us() < end) {
@@ -361,11 +440,11 @@ static void poll_mode(const char *seeds, int pid, int n, int window_ms,
                 break;
         }
     }
-    double c2 = cpu_ms(pid);
+    struct cpu c2 = cpu_now(pid);
     redisFree(c);
     char name[32];
     snprintf(name, sizeof name, "poll %d ms", interval_ms);
-    report_late(name, late, nlate, (size_t)n, c1 - c0, c2 - c1);
+    report_late(name, late, nlate, (size_t)n, c0, c1, c2);
     free(due);
 }
 

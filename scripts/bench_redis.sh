@@ -5,7 +5,9 @@
 # directory, no persistence) and always stops.
 # Usage: scripts/bench_redis.sh [BUILD_DIR]   (a Release build; made if
 # missing). TIMERS (default 20000) and WINDOW_MS (10000) size the firing
-# runs; SCHED_N (default 100000 per node) the schedule runs.
+# runs; SCHED_N (default 100000 per node) the schedule runs; REPS (default
+# 3) runs of each schedule and firing figure, of which the median is
+# printed (by schedules/s, resp. Redis CPU total).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/bench-redis}
@@ -18,6 +20,7 @@ bin=$build/bench/bench_redis
 timers=${TIMERS:-20000}
 window=${WINDOW_MS:-10000}
 sched_n=${SCHED_N:-100000}
+reps=${REPS:-3}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/twbench.XXXXXX")
 pid=
 others=()
@@ -42,22 +45,37 @@ pid=$!
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
 seeds=127.0.0.1:$port
 echo "# $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD) $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), one server, no persistence"
-"$bin" sched "$seeds" 1 64 "$sched_n"
-redis-cli -p "$port" flushall >/dev/null
-"$bin" sched "$seeds" 2 64 "$sched_n"
-redis-cli -p "$port" flushall >/dev/null
+echo "# redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), one server, no persistence; median of $reps runs"
+export REDIS_PID=$pid
+# median FIELD CMD...: run CMD $reps times (FLUSHALL after each), print the
+# line whose FIELD-th word is the median.
+median() {
+  local field=$1 out=()
+  shift
+  for _ in $(seq "$reps"); do
+    out+=("$("$@")")
+    redis-cli -p "$port" flushall >/dev/null
+  done
+  printf '%s\n' "${out[@]}" | sort -k"$field","$field"g | sed -n "$(((reps + 1) / 2))p"
+}
+# Schedules: one call per timer from 64 threads, then batches of 4096
+# (tw_durable_schedule_many) from 2 threads; one node, then two.
+median 9 "$bin" sched "$seeds" 1 64 "$sched_n"
+median 9 env KEEP=1 BATCH=4096 "$bin" sched "$seeds" 1 2 $((sched_n * 4))
+median 9 "$bin" sched "$seeds" 2 64 "$sched_n"
+median 9 env KEEP=1 BATCH=4096 "$bin" sched "$seeds" 2 2 $((sched_n * 2))
 # Redis memory per pending timer (key "n0-<i>", 32-byte payload).
 mem0=$(redis-cli -p "$port" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')
 KEEP=1 "$bin" sched "$seeds" 1 64 "$sched_n" >/dev/null
 mem1=$(redis-cli -p "$port" info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p')
 echo "memory         $sched_n pending timers (11-byte keys, 32-byte payloads): $(((mem1 - mem0) / sched_n)) bytes each in Redis (used_memory)"
 redis-cli -p "$port" flushall >/dev/null
-"$bin" fire "$seeds" "$pid" "$timers" "$window"
-redis-cli -p "$port" flushall >/dev/null
-"$bin" poll "$seeds" "$pid" "$timers" "$window" 100
-redis-cli -p "$port" flushall >/dev/null
-"$bin" poll "$seeds" "$pid" "$timers" "$window" 1000
+# Firing: twheel loaded one call per timer (32 threads) and by
+# tw_durable_schedule_many (500 per call), then the pollers.
+median 25 "$bin" fire "$seeds" "$pid" "$timers" "$window"
+median 25 env LOAD_BATCH=500 "$bin" fire "$seeds" "$pid" "$timers" "$window"
+median 25 "$bin" poll "$seeds" "$pid" "$timers" "$window" 100
+median 25 "$bin" poll "$seeds" "$pid" "$timers" "$window" 1000
 
 # WAIT for one replica: the same schedules with a replica attached.
 rport=$((port + 1))
@@ -70,6 +88,10 @@ redis-cli -p "$port" flushall >/dev/null
 "$bin" sched "$seeds" 1 64 "$sched_n"
 redis-cli -p "$port" flushall >/dev/null
 WAIT_REPLICAS=1 "$bin" sched "$seeds" 1 64 "$sched_n"
+redis-cli -p "$port" flushall >/dev/null
+KEEP=1 BATCH=4096 "$bin" sched "$seeds" 1 2 $((sched_n * 4))
+redis-cli -p "$port" flushall >/dev/null
+WAIT_REPLICAS=1 KEEP=1 BATCH=4096 "$bin" sched "$seeds" 1 2 $((sched_n * 4))
 kill -9 "${others[@]}" 2>/dev/null || true
 
 # A 3-master cluster on this machine: schedules from one node and two.
@@ -91,6 +113,8 @@ redis-cli --cluster create "${addrs[@]}" --cluster-yes >/dev/null
 for a in "${addrs[@]}"; do
   until redis-cli -p "${a#*:}" cluster info | grep -q cluster_state:ok; do sleep 0.05; done
 done
-echo "# 3-master cluster"
+echo "# 3-master cluster (redis cpu: not measured)"
+unset REDIS_PID
 "$bin" sched "${addrs[0]}" 1 64 "$sched_n"
 "$bin" sched "${addrs[0]}" 2 64 "$sched_n"
+KEEP=1 BATCH=4096 "$bin" sched "${addrs[0]}" 1 2 $((sched_n * 4))

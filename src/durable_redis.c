@@ -7,15 +7,25 @@
  * cluster slot and one Lua script can change them atomically:
  *   {ns:s}:d  sorted set  key -> due ms          (waiting, not claimed)
  *   {ns:s}:p  hash        key -> payload
- *   {ns:s}:a  hash        key -> attempt of the next delivery
- *   {ns:s}:u  hash        key -> due ms (kept while claimed)
+ *   {ns:s}:a  hash        key -> attempt of the next delivery (absent: 1)
+ *   {ns:s}:u  hash        key -> due ms (written at claim, kept while
+ *                                           claimed)
  *   {ns:s}:l  sorted set  key -> lease expiry ms  (claimed by some node)
  *   {ns:s}:t  hash        key -> fencing token of the current claim
  *   {ns:s}:s  counter     the shard's last token
  * A key is in exactly one of :d and :l while it is pending.
  *
  * Every change is one script (EVALSHA; EVAL once on NOSCRIPT, which loads
- * it on that node): SCHED, CANCEL, CLAIM, DONE, RELEASE.
+ * it on that node): SCHED, CANCEL, CLAIM, DONE, RELEASE. Scripts that take
+ * many keys (SCHED, CLAIM, DONE) run a fixed number of variadic commands
+ * per call, so Redis's per-call and per-command costs are paid once per
+ * batch.
+ *
+ * Schedules. tw_durable_schedule_many groups its items by shard: one SCHED
+ * call per shard (up to SCHED_CHUNK items), all calls pipelined, one round
+ * trip per Redis node. tw_durable_schedule and tw_durable_cancel from many
+ * threads are combined: the calls queued while a batch is in flight become
+ * the next batch (op_run).
  *
  * Threads. A claimer thread runs CLAIM; a firer thread owns the firing
  * (the wheel itself is shared under mu: calls add the timers they claim).
@@ -30,9 +40,11 @@
  *
  * Firing. When the wheel says a timer is due (and the wall clock agrees:
  * never early), the node asks Redis whether :t still holds its token (one
- * pipelined HGET per batch of due timers). Only then does the callback
- * run; afterwards DONE removes the timer, or re-queues it for a retry, if
- * the token is still the node's. SCHED of an existing key and CANCEL
+ * HMGET per shard per batch of due timers; a batch starts at most every
+ * CHECK_GAP_MS, so timers due close together share it). Only then does the
+ * callback run; afterwards DONE (batched per shard, at most DONE_DELAY_MS
+ * later) removes the timer, or re-queues it for a retry, if the token is
+ * still the node's. SCHED of an existing key and CANCEL
  * replace or delete the token, so a node holding the old claim drops it at
  * the check. The one window left: a replace or cancel that Redis executes
  * after the check's reply and before the callback returns does not stop
@@ -63,30 +75,70 @@
 #define CLAIM_MAX 1000
 #define RETRY_MS 100
 #define IDLE_WAIT_MS 50
-#define DONE_DELAY_MS 50 /* longest wait of a completion for a batch */
+#define DONE_DELAY_MS 100 /* longest wait of a completion for a batch */
+#define CHECK_GAP_MS 1    /* shortest time between two claim checks */
 #define DONE_BATCH 1024
 
 enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_COUNT };
 
 /* KEYS: 1 d, 2 p, 3 a, 4 u, 5 l, 6 t, 7 s. */
 static const char *const scripts[S_COUNT] = {
-    /* SCHED ARGV: key due payload claim_until now lease */
-    "local k,due=ARGV[1],tonumber(ARGV[2])\n"
-    "redis.call('HSET',KEYS[2],k,ARGV[3])\n"
-    "redis.call('HSET',KEYS[3],k,1)\n"
-    "redis.call('HSET',KEYS[4],k,ARGV[2])\n"
-    "local claimed=redis.call('HDEL',KEYS[6],k)==1\n"
-    "if due<=tonumber(ARGV[4]) then\n"
-    " local tok=redis.call('INCR',KEYS[7])\n"
-    " redis.call('ZREM',KEYS[1],k)\n"
-    " redis.call('ZADD',KEYS[5],math.max(due,tonumber(ARGV[5]))+"
-    "tonumber(ARGV[6]),k)\n"
-    " redis.call('HSET',KEYS[6],k,tok)\n"
-    " return tok\n"
+    /* SCHED ARGV: claim_until now lease, then (key due payload)... A key
+     * given twice keeps its last item. Returns (item, token) pairs for the
+     * items claimed at once (due within the horizon). A constant number
+     * of commands per call, however many items: the per-call cost of a
+     * script and of each command it runs is paid once per batch. The
+     * attempt (:a) of a new key is absent (= 1); :u is written at claim. */
+    "local untl,now,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"
+    "tonumber(ARGV[3])\n"
+    "local m=(#ARGV-3)/3\n"
+    "local seen,ks,pv,fz,fk,nk,nz,nt,nu={},{},{},{},{},{},{},{},{}\n"
+    "for j=m,1,-1 do\n"
+    " local i=3*j+1\n"
+    " local k,due=ARGV[i],tonumber(ARGV[i+1])\n"
+    " if not seen[k] then\n"
+    "  seen[k]=true\n"
+    "  ks[#ks+1]=k\n"
+    "  pv[#pv+1]=k\n"
+    "  pv[#pv+1]=ARGV[i+2]\n"
+    "  if due<=untl then\n"
+    "   nk[#nk+1]=k\n"
+    "   nz[#nz+1]=math.max(due,now)+lease\n"
+    "   nz[#nz+1]=k\n"
+    "   nu[#nu+1]=k\n"
+    "   nu[#nu+1]=ARGV[i+1]\n"
+    "   nt[#nt+1]=j\n"
+    "  else\n"
+    "   fz[#fz+1]=ARGV[i+1]\n"
+    "   fz[#fz+1]=k\n"
+    "   fk[#fk+1]=k\n"
+    "  end\n"
+    " end\n"
     "end\n"
-    "if claimed then redis.call('ZREM',KEYS[5],k) end\n"
-    "redis.call('ZADD',KEYS[1],ARGV[2],k)\n"
-    "return 0\n",
+    "redis.call('HSET',KEYS[2],unpack(pv))\n"
+    "redis.call('HDEL',KEYS[3],unpack(ks))\n"
+    "redis.call('ZREM',KEYS[5],unpack(ks))\n"
+    "redis.call('HDEL',KEYS[6],unpack(ks))\n"
+    "if #fk>0 then\n"
+    " redis.call('ZADD',KEYS[1],unpack(fz))\n"
+    " redis.call('HDEL',KEYS[4],unpack(fk))\n"
+    "end\n"
+    "if #nk>0 then\n"
+    " local tok0=redis.call('INCRBY',KEYS[7],#nk)-#nk\n"
+    " local ht,out={},{}\n"
+    " for i=1,#nk do\n"
+    "  ht[2*i-1]=nk[i]\n"
+    "  ht[2*i]=tok0+i\n"
+    "  out[2*i-1]=nt[i]\n"
+    "  out[2*i]=tok0+i\n"
+    " end\n"
+    " redis.call('ZREM',KEYS[1],unpack(nk))\n"
+    " redis.call('ZADD',KEYS[5],unpack(nz))\n"
+    " redis.call('HSET',KEYS[6],unpack(ht))\n"
+    " redis.call('HSET',KEYS[4],unpack(nu))\n"
+    " return out\n"
+    "end\n"
+    "return {}\n",
     /* CANCEL ARGV: key */
     "local k=ARGV[1]\n"
     "if redis.call('ZREM',KEYS[1],k)+redis.call('ZREM',KEYS[5],k)==0 then\n"
@@ -104,7 +156,8 @@ static const char *const scripts[S_COUNT] = {
     "for _,k in ipairs(ex) do\n"
     " redis.call('ZREM',KEYS[5],k)\n"
     " redis.call('HDEL',KEYS[6],k)\n"
-    " redis.call('HINCRBY',KEYS[3],k,1)\n"
+    " redis.call('HSET',KEYS[3],k,(tonumber(redis.call('HGET',KEYS[3],k))"
+    " or 1)+1)\n"
     " redis.call('ZADD',KEYS[1],redis.call('HGET',KEYS[4],k),k)\n"
     "end\n"
     "local ks=redis.call('ZRANGEBYSCORE',KEYS[1],'-inf',ARGV[2],"
@@ -112,7 +165,7 @@ static const char *const scripts[S_COUNT] = {
     "local n=#ks/2\n"
     "if n==0 then return {} end\n"
     "local tok0=redis.call('INCRBY',KEYS[7],n)-n\n"
-    "local keys,za,ht={},{},{}\n"
+    "local keys,za,ht,hu={},{},{},{}\n"
     "for i=1,n do\n"
     " local k=ks[2*i-1]\n"
     " keys[i]=k\n"
@@ -120,8 +173,11 @@ static const char *const scripts[S_COUNT] = {
     " za[2*i]=k\n"
     " ht[2*i-1]=k\n"
     " ht[2*i]=tok0+i\n"
+    " hu[2*i-1]=k\n"
+    " hu[2*i]=ks[2*i]\n"
     "end\n"
     "redis.call('ZREM',KEYS[1],unpack(keys))\n"
+    "redis.call('HSET',KEYS[4],unpack(hu))\n"
     "redis.call('ZADD',KEYS[5],unpack(za))\n"
     "redis.call('HSET',KEYS[6],unpack(ht))\n"
     "local at=redis.call('HMGET',KEYS[3],unpack(keys))\n"
@@ -159,7 +215,8 @@ static const char *const scripts[S_COUNT] = {
     "   redis.call('ZREM',KEYS[5],k)\n"
     "   redis.call('HDEL',KEYS[6],k)\n"
     "   local due=now+r\n"
-    "   redis.call('HINCRBY',KEYS[3],k,1)\n"
+    "   redis.call('HSET',KEYS[3],k,"
+    "(tonumber(redis.call('HGET',KEYS[3],k)) or 1)+1)\n"
     "   redis.call('HSET',KEYS[4],k,due)\n"
     "   if due<=untl then\n"
     "    res=redis.call('INCR',KEYS[7])\n"
@@ -198,6 +255,7 @@ struct rtimer {
     struct rtimer *hnext, **hpprev; /* held list */
     struct rd *d;
     uint32_t shard, attempt;
+    bool fired; /* its callback has started (stats: not backlog) */
     int64_t due_ms;
     uint64_t token;
     size_t key_len, payload_len;
@@ -228,6 +286,10 @@ struct rd {
     char sha[S_COUNT][41];
     struct shard_keys *sk;
 
+    pthread_mutex_t op_mu; /* the combiner of one-per-call operations */
+    struct op_wait *op_head, **op_tail;
+    bool op_busy;
+
     pthread_mutex_t mu;
     pthread_cond_t cv, claim_cv;
     tw_wheel *wheel;     /* ticks: monotonic ms; under mu */
@@ -235,7 +297,9 @@ struct rd {
     struct rtimer *held; /* every rtimer alive */
     bool stop;
     pthread_t thr, claimer;
+    uint64_t next_check; /* no claim check before (real monotonic ms) */
     uint64_t fired, retried, cancelled;
+    uint64_t late_hist[TW_LATE_BUCKETS];
     struct done *pend; /* callbacks done, DONE not yet sent (firer) */
     size_t npend, cap_pend;
     uint64_t pend_since;
@@ -253,6 +317,24 @@ static int64_t rd_wall(struct rd *d)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The monotonic clock in ms, never the hook's: for pacing I/O. */
+static uint64_t real_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The wall clock in us (the hook's ms when one is set). */
+static int64_t rd_wall_us(struct rd *d)
+{
+    if (d->wall_fn)
+        return d->wall_fn(d->clock_arg) * 1000;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 static uint64_t rd_mono_ms(struct rd *d)
@@ -276,21 +358,29 @@ struct call {
     uint32_t shard;
 };
 
+/* A script call's first 3 + NKEYS arguments: EVALSHA, the digest, 7 and
+ * the shard's keys. */
+static void script_head(const struct rd *d, const char **av, size_t *al,
+                        int script, uint32_t shard)
+{
+    av[0] = "EVALSHA";
+    al[0] = 7;
+    av[1] = d->sha[script];
+    al[1] = 40;
+    av[2] = "7";
+    al[2] = 1;
+    for (int i = 0; i < NKEYS; i++) {
+        av[3 + i] = d->sk[shard].name[i];
+        al[3 + i] = d->sk[shard].len[i];
+    }
+}
+
 static void call_init(struct rd *d, struct call *c, int script, uint32_t shard)
 {
     c->script = script;
     c->shard = shard;
     c->nnum = 0;
-    c->argv[0] = "EVALSHA";
-    c->len[0] = 7;
-    c->argv[1] = d->sha[script];
-    c->len[1] = 40;
-    c->argv[2] = "7";
-    c->len[2] = 1;
-    for (int i = 0; i < NKEYS; i++) {
-        c->argv[3 + i] = d->sk[shard].name[i];
-        c->len[3 + i] = d->sk[shard].len[i];
-    }
+    script_head(d, c->argv, c->len, script, shard);
     c->argc = 3 + NKEYS;
 }
 
@@ -305,6 +395,16 @@ static void call_num(struct call *c, long long v)
     char *b = c->num[c->nnum++];
     int n = snprintf(b, 24, "%lld", v);
     call_arg(c, b, (size_t)n);
+}
+
+/* Write the numbers @v as decimal strings into @num, @argv and @len. */
+static void put_nums(const char **argv, size_t *len, char (*num)[24],
+                     const long long *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        len[i] = (size_t)snprintf(num[i], 24, "%lld", v[i]);
+        argv[i] = num[i];
+    }
 }
 
 static bool is_noscript(const redisReply *r)
@@ -389,23 +489,33 @@ static void free_replies(tw__rc_cmd *cmds, size_t n)
             freeReplyObject(cmds[i].reply);
 }
 
-/* WAIT for the configured replicas on the node of @shard. */
-static int wait_replicas(struct rd *d, uint32_t shard)
+/* WAIT for the configured replicas after the writes to each shard
+ * @shard[0..n): one WAIT per entry, all pipelined, so one round trip per
+ * node (a node's first WAIT covers everything written before it, and the
+ * others then return at once). @rc[i]: 0, TW_EIO (fewer replicas in
+ * time), TW_ECONN or TW_ENOMEM. */
+static void wait_many(struct rd *d, const uint32_t *shard, int *rc, size_t n)
 {
-    if (!d->wait_replicas)
-        return 0;
     char a[2][24];
     const char *argv[3] = {"WAIT", a[0], a[1]};
     size_t len[3] = {4, 0, 0};
     len[1] = (size_t)snprintf(a[0], 24, "%u", d->wait_replicas);
     len[2] = (size_t)snprintf(a[1], 24, "%u", d->wait_timeout_ms);
-    tw__rc_cmd cmd = {3, argv, len, d->sk[shard].slot, NULL, 0};
-    int rc = tw__rc_exec(d->rc, &cmd, 1);
-    if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_INTEGER ||
-                cmd.reply->integer < (long long)d->wait_replicas))
-        rc = TW_EIO;
-    free_replies(&cmd, 1);
-    return rc;
+    tw__rc_cmd *cmds = tw__calloc(n ? n : 1, sizeof *cmds);
+    for (size_t i = 0; i < n && cmds; i++)
+        cmds[i] = (tw__rc_cmd){3, argv, len, d->sk[shard[i]].slot, NULL, 0};
+    if (cmds)
+        tw__rc_exec(d->rc, cmds, n);
+    for (size_t i = 0; i < n; i++) {
+        const redisReply *r = cmds ? cmds[i].reply : NULL;
+        rc[i] = cmds ? cmds[i].err : TW_ENOMEM;
+        if (!rc[i] && (!r || r->type != REDIS_REPLY_INTEGER ||
+                       r->integer < (long long)d->wait_replicas))
+            rc[i] = TW_EIO;
+    }
+    if (cmds)
+        free_replies(cmds, n);
+    tw__free(cmds);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -439,7 +549,7 @@ static struct rtimer *rt_new(struct rd *d, uint32_t shard, const void *key,
     tw_timer_init(&r->tm, on_wheel, r);
     r->d = d;
     r->shard = shard;
-    r->attempt = attempt;
+    r->attempt = attempt ? attempt : 1; /* absent in Redis = 1 */
     r->due_ms = due;
     r->token = token;
     r->key_len = key_len;
@@ -449,6 +559,7 @@ static struct rtimer *rt_new(struct rd *d, uint32_t shard, const void *key,
         memcpy(r->data + key_len, payload, payload_len);
     r->next = NULL;
     r->hpprev = NULL;
+    r->fired = false;
     return r;
 }
 
@@ -479,16 +590,6 @@ static void rt_free_locked(struct rd *d, struct rtimer *r)
             r->hnext->hpprev = r->hpprev;
     }
     tw__free(r);
-}
-
-static void rt_arm(struct rd *d, struct rtimer *r)
-{
-    int64_t wall = rd_wall(d);
-    uint64_t mono = rd_mono_ms(d);
-    pthread_mutex_lock(&d->mu);
-    rt_arm_locked(d, r, wall, mono);
-    pthread_cond_signal(&d->cv);
-    pthread_mutex_unlock(&d->mu);
 }
 
 static uint64_t reply_u64(const redisReply *r)
@@ -554,263 +655,298 @@ out:
     return more;
 }
 
-/* One round trip: the DONE calls of the completions waiting in d->pend
- * (one script call per shard) and the claim check of the due timers in
- * @list (one HMGET per shard); then the callbacks of the timers still
- * ours. Completions are sent in batches (@flush), at most DONE_DELAY_MS
- * after their callback returned. mu not held; firer thread. */
-static void fire_batch(struct rd *d, struct rtimer *list, bool flush)
+/* One fire round: a round trip carrying the DONE calls of the completions
+ * waiting in d->pend (one script call per shard) and the claim check of
+ * the due timers (one HMGET of :t per shard); then the callbacks of the
+ * timers still ours. Completions are sent in batches, at most
+ * DONE_DELAY_MS after their callback returned. Firer thread. */
+struct fround {
+    struct rd *d;
+    struct rtimer **v;  /* the due timers */
+    size_t n, np;       /* due timers; completions d->pend[0..np) sent */
+    uint32_t *chk, *dn; /* per shard: its check / DONE command + 1 */
+    uint32_t *cnt_chk, *cnt_dn; /* per shard: keys in them */
+    tw__rc_cmd *cmds;
+    int *script;
+    size_t ncmd, ai, ni, acc; /* commands, arguments, numbers, keys used */
+    const char **argv;
+    size_t *len;
+    char (*num)[24];
+    size_t *owner, *base; /* element j of command c's reply is timer or
+                             completion owner[base[c] + j] */
+    bool *ok;             /* per due timer: still ours, fire it */
+    int64_t wall;         /* the "now" the DONE calls were given */
+};
+
+static void fr_free(struct fround *f)
 {
-    size_t n = 0, np = flush ? d->npend : 0;
-    for (struct rtimer *r = list; r; r = r->next)
-        n++;
+    void *v[] = {f->v,     f->chk,    f->dn,   f->cnt_chk, f->cnt_dn,
+                 f->cmds,  f->script, f->argv, f->len,     f->num,
+                 f->owner, f->base,   f->ok};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        tw__free(v[i]);
+}
+
+/* Count the keys per shard and allocate; false when out of memory. */
+static bool fr_alloc(struct fround *f, struct rtimer *list)
+{
+    struct rd *d = f->d;
     uint32_t S = d->shards;
-    /* Per shard: its check command and its DONE command (index + 1). */
-    uint32_t *chk = tw__calloc(S, sizeof *chk), *dn = tw__calloc(S, sizeof *dn);
-    uint32_t *cnt_chk = tw__calloc(S, sizeof *cnt_chk);
-    uint32_t *cnt_dn = tw__calloc(S, sizeof *cnt_dn);
-    struct rtimer **v = tw__malloc((n ? n : 1) * sizeof *v);
-    size_t ncmd = 0, nargs = 0;
     for (struct rtimer *r = list; r; r = r->next)
-        if (cnt_chk && cnt_chk[r->shard]++ == 0)
+        f->n++;
+    f->chk = tw__calloc(S, sizeof *f->chk);
+    f->dn = tw__calloc(S, sizeof *f->dn);
+    f->cnt_chk = tw__calloc(S, sizeof *f->cnt_chk);
+    f->cnt_dn = tw__calloc(S, sizeof *f->cnt_dn);
+    f->v = tw__malloc((f->n ? f->n : 1) * sizeof *f->v);
+    if (!f->chk || !f->dn || !f->cnt_chk || !f->cnt_dn || !f->v)
+        return false;
+    size_t k = 0, nargs = f->n + 3 * f->np;
+    for (struct rtimer *r = list; r; r = r->next) {
+        f->v[k++] = r;
+        if (f->cnt_chk[r->shard]++ == 0)
             nargs += 2;
-    for (size_t i = 0; i < np; i++)
-        if (cnt_dn && cnt_dn[d->pend[i].r->shard]++ == 0)
+    }
+    for (size_t i = 0; i < f->np; i++)
+        if (f->cnt_dn[d->pend[i].r->shard]++ == 0)
             nargs += 3 + NKEYS + 3;
-    nargs += n + 3 * np;
-    size_t maxcmd = 2u * S;
-    tw__rc_cmd *cmds = tw__calloc(maxcmd, sizeof *cmds);
-    int *script = tw__malloc(maxcmd * sizeof *script);
-    const char **argv = tw__malloc((nargs ? nargs : 1) * sizeof *argv);
-    size_t *len = tw__malloc((nargs ? nargs : 1) * sizeof *len);
-    char(*num)[24] = tw__malloc((2 * np + 3 * S + 1) * sizeof *num);
-    /* Reply element j of command c belongs to timer/completion at[c][j]:
-     * kept as a flat array in command order. */
-    size_t *owner = tw__malloc((n + np + 1) * sizeof *owner);
-    uint64_t mono = rd_mono_ms(d);
-    if (!chk || !dn || !cnt_chk || !cnt_dn || !v || !cmds || !script || !argv ||
-        !len || !num || !owner) {
-        /* Try again shortly; completions stay pending. */
-        pthread_mutex_lock(&d->mu);
-        for (struct rtimer *r = list, *next; r; r = next) {
-            next = r->next;
-            tw_wheel_add(d->wheel, &r->tm, mono + RETRY_MS);
-        }
-        pthread_mutex_unlock(&d->mu);
-        goto out;
-    }
-    size_t k = 0;
-    for (struct rtimer *r = list; r; r = r->next)
-        v[k++] = r;
-    int64_t wall = rd_wall(d);
-    size_t ai = 0, ni = 0;
-    /* DONE commands first: a completion and a new check of the same key
-     * cannot both be here (the key is either done or due), but order the
-     * DONEs first anyway, as they free leases. */
-    for (size_t i = 0; i < np; i++) {
+    f->cmds = tw__calloc(2u * S, sizeof *f->cmds);
+    f->script = tw__malloc(2u * S * sizeof *f->script);
+    f->base = tw__calloc(2u * S, sizeof *f->base);
+    f->argv = tw__malloc((nargs ? nargs : 1) * sizeof *f->argv);
+    f->len = tw__malloc((nargs ? nargs : 1) * sizeof *f->len);
+    f->num = tw__malloc((2 * f->np + 3 * S + 1) * sizeof *f->num);
+    f->owner = tw__malloc((f->n + f->np + 1) * sizeof *f->owner);
+    f->ok = tw__calloc(f->n ? f->n : 1, sizeof *f->ok);
+    return f->cmds && f->script && f->base && f->argv && f->len && f->num &&
+           f->owner && f->ok;
+}
+
+/* Start a command of @argc0 fixed arguments for @shard, with room for
+ * @keys keys of @per arguments each. */
+static tw__rc_cmd *fr_cmd(struct fround *f, uint32_t shard, int script,
+                          uint32_t *index, const uint32_t *keys, size_t per,
+                          size_t argc0)
+{
+    size_t c = f->ncmd++;
+    tw__rc_cmd *cmd = &f->cmds[c];
+    index[shard] = (uint32_t)f->ncmd;
+    f->base[c] = f->acc;
+    f->acc += keys[shard];
+    f->script[c] = script;
+    cmd->argv = &f->argv[f->ai];
+    cmd->argvlen = &f->len[f->ai];
+    cmd->slot = f->d->sk[shard].slot;
+    cmd->argc = (int)argc0;
+    f->ai += argc0 + per * keys[shard];
+    return cmd;
+}
+
+/* The DONE command of each shard with completions (first: they free
+ * leases), then the check command of each shard with due timers. */
+static void fr_heads(struct fround *f)
+{
+    struct rd *d = f->d;
+    for (size_t i = 0; i < f->np; i++) {
         uint32_t sh = d->pend[i].r->shard;
-        if (!dn[sh]) {
-            dn[sh] = (uint32_t)++ncmd;
-            tw__rc_cmd *c = &cmds[ncmd - 1];
-            script[ncmd - 1] = S_DONE;
-            c->argv = &argv[ai];
-            c->argvlen = &len[ai];
-            c->slot = d->sk[sh].slot;
-            argv[ai] = "EVALSHA";
-            len[ai++] = 7;
-            argv[ai] = d->sha[S_DONE];
-            len[ai++] = 40;
-            argv[ai] = "7";
-            len[ai++] = 1;
-            for (int q = 0; q < NKEYS; q++) {
-                argv[ai] = d->sk[sh].name[q];
-                len[ai++] = d->sk[sh].len[q];
-            }
-            long long a3[3] = {wall, wall + d->horizon_ms, d->lease_ms};
-            for (int q = 0; q < 3; q++) {
-                len[ai] = (size_t)snprintf(num[ni], 24, "%lld", a3[q]);
-                argv[ai++] = num[ni++];
-            }
-            c->argc = 3 + NKEYS + 3;
-            /* Reserve room for this shard's triples. */
-            ai += 3 * cnt_dn[sh];
-        }
-    }
-    for (struct rtimer **pv = v; pv < v + n; pv++) {
-        uint32_t sh = (*pv)->shard;
-        if (!chk[sh]) {
-            chk[sh] = (uint32_t)++ncmd;
-            tw__rc_cmd *c = &cmds[ncmd - 1];
-            script[ncmd - 1] = -1;
-            c->argv = &argv[ai];
-            c->argvlen = &len[ai];
-            c->slot = d->sk[sh].slot;
-            argv[ai] = "HMGET";
-            len[ai++] = 5;
-            argv[ai] = d->sk[sh].name[5];
-            len[ai++] = d->sk[sh].len[5];
-            c->argc = 2;
-            ai += cnt_chk[sh];
-        }
-    }
-    /* Fill the triples and keys, remembering whose reply element is
-     * whose: owner[] per command in order of appearance. */
-    size_t *base = tw__calloc(ncmd + 1, sizeof *base);
-    if (!base) {
-        pthread_mutex_lock(&d->mu);
-        for (size_t i = 0; i < n; i++)
-            tw_wheel_add(d->wheel, &v[i]->tm, mono + RETRY_MS);
-        pthread_mutex_unlock(&d->mu);
-        goto out;
-    }
-    /* owner layout: each command's elements are contiguous, in command
-     * order; compute offsets from the per-shard counts. */
-    {
-        size_t acc = 0;
-        for (size_t c = 0; c < ncmd; c++) {
-            base[c] = acc;
-            /* The shard of command c. */
-            for (uint32_t sh = 0; sh < S; sh++) {
-                if (dn[sh] == c + 1)
-                    acc += cnt_dn[sh];
-                if (chk[sh] == c + 1)
-                    acc += cnt_chk[sh];
-            }
-        }
-    }
-    for (size_t i = 0; i < np; i++) {
-        struct done *p = &d->pend[i];
-        tw__rc_cmd *c = &cmds[dn[p->r->shard] - 1];
-        size_t at = (size_t)c->argc;
+        if (f->dn[sh])
+            continue;
+        tw__rc_cmd *c =
+            fr_cmd(f, sh, S_DONE, f->dn, f->cnt_dn, 3, 3 + NKEYS + 3);
         const char **av = (const char **)c->argv;
         size_t *al = (size_t *)c->argvlen;
+        script_head(d, av, al, S_DONE, sh);
+        long long a3[3] = {f->wall, f->wall + d->horizon_ms, d->lease_ms};
+        put_nums(av + 3 + NKEYS, al + 3 + NKEYS, f->num + f->ni, a3, 3);
+        f->ni += 3;
+    }
+    for (size_t i = 0; i < f->n; i++) {
+        uint32_t sh = f->v[i]->shard;
+        if (f->chk[sh])
+            continue;
+        tw__rc_cmd *c = fr_cmd(f, sh, -1, f->chk, f->cnt_chk, 1, 2);
+        const char **av = (const char **)c->argv;
+        size_t *al = (size_t *)c->argvlen;
+        av[0] = "HMGET";
+        al[0] = 5;
+        av[1] = d->sk[sh].name[5];
+        al[1] = d->sk[sh].len[5];
+    }
+}
+
+/* Append the completions' (key token retry_ms) triples and the due
+ * timers' keys, remembering whose reply element is whose. */
+static void fr_fill(struct fround *f)
+{
+    struct rd *d = f->d;
+    for (size_t i = 0; i < f->np; i++) {
+        struct done *p = &d->pend[i];
+        size_t c = f->dn[p->r->shard] - 1;
+        tw__rc_cmd *cmd = &f->cmds[c];
+        size_t at = (size_t)cmd->argc;
+        const char **av = (const char **)cmd->argv;
+        size_t *al = (size_t *)cmd->argvlen;
         av[at] = p->r->data;
         al[at] = p->r->key_len;
-        al[at + 1] = (size_t)snprintf(num[ni], 24, "%llu",
-                                      (unsigned long long)p->r->token);
-        av[at + 1] = num[ni++];
-        al[at + 2] =
-            (size_t)snprintf(num[ni], 24, "%d", p->res > 0 ? p->res : 0);
-        av[at + 2] = num[ni++];
-        owner[base[dn[p->r->shard] - 1] + (size_t)(c->argc - 13) / 3] = i;
-        c->argc += 3;
+        long long nums[2] = {(long long)p->r->token, p->res > 0 ? p->res : 0};
+        put_nums(av + at + 1, al + at + 1, f->num + f->ni, nums, 2);
+        f->ni += 2;
+        f->owner[f->base[c] + (at - (3 + NKEYS + 3)) / 3] = i;
+        cmd->argc += 3;
     }
-    for (size_t i = 0; i < n; i++) {
-        tw__rc_cmd *c = &cmds[chk[v[i]->shard] - 1];
-        const char **av = (const char **)c->argv;
-        size_t *al = (size_t *)c->argvlen;
-        av[c->argc] = v[i]->data;
-        al[c->argc] = v[i]->key_len;
-        owner[base[chk[v[i]->shard] - 1] + (size_t)(c->argc - 2)] = i;
-        c->argc++;
+    for (size_t i = 0; i < f->n; i++) {
+        size_t c = f->chk[f->v[i]->shard] - 1;
+        tw__rc_cmd *cmd = &f->cmds[c];
+        ((const char **)cmd->argv)[cmd->argc] = f->v[i]->data;
+        ((size_t *)cmd->argvlen)[cmd->argc] = f->v[i]->key_len;
+        f->owner[f->base[c] + (size_t)(cmd->argc - 2)] = i;
+        cmd->argc++;
     }
-    run_cmds(d, cmds, script, ncmd);
+}
 
-    /* Completions: free, or keep a retry this node claimed again. */
-    wall = rd_wall(d);
-    mono = rd_mono_ms(d);
-    pthread_mutex_lock(&d->mu);
-    for (size_t c = 0; c < ncmd; c++) {
-        if (script[c] < 0)
+/* The DONE replies: free each completed timer, or keep a retry this node
+ * claimed again. No reply: the lease runs out and another delivery
+ * follows (at least once). mu held. */
+static void fr_completions(struct fround *f, int64_t wall, uint64_t mono)
+{
+    struct rd *d = f->d;
+    for (size_t c = 0; c < f->ncmd; c++) {
+        if (f->script[c] < 0)
             continue;
-        redisReply *rep = cmds[c].reply;
-        size_t m = (size_t)(cmds[c].argc - 13) / 3;
+        redisReply *rep = f->cmds[c].reply;
+        size_t m = (size_t)(f->cmds[c].argc - (3 + NKEYS + 3)) / 3;
         for (size_t j = 0; j < m; j++) {
-            struct done *p = &d->pend[owner[base[c] + j]];
+            struct done *p = &d->pend[f->owner[f->base[c] + j]];
             long long res = -1;
             if (rep && rep->type == REDIS_REPLY_ARRAY && j < rep->elements &&
                 rep->element[j]->type == REDIS_REPLY_INTEGER)
                 res = rep->element[j]->integer;
-            /* No reply: the lease runs out and another delivery follows
-             * (at least once). */
             if (p->res > 0 && res > 0) {
                 p->r->token = (uint64_t)res;
                 p->r->attempt++;
-                p->r->due_ms =
-                    strtoll(cmds[c].argv[3 + NKEYS], NULL, 10) + p->res;
+                p->r->due_ms = f->wall + p->res;
+                p->r->fired = false;
                 rt_arm_locked(d, p->r, wall, mono);
             } else {
                 rt_free_locked(d, p->r);
             }
         }
     }
-    if (np) {
-        memmove(d->pend, d->pend + np, (d->npend - np) * sizeof *d->pend);
-        d->npend -= np;
+    if (f->np) {
+        memmove(d->pend, d->pend + f->np, (d->npend - f->np) * sizeof *d->pend);
+        d->npend -= f->np;
     }
-    /* Checks. */
-    bool *ok = (bool *)tw__calloc(n ? n : 1, sizeof *ok);
-    for (size_t c = 0; c < ncmd; c++) {
-        if (script[c] >= 0)
+}
+
+/* The check replies: a timer whose token is still in :t is fired; one
+ * replaced, cancelled or claimed again is dropped; one without an answer
+ * is tried again in RETRY_MS. mu held. */
+static void fr_checks(struct fround *f, uint64_t mono)
+{
+    for (size_t c = 0; c < f->ncmd; c++) {
+        if (f->script[c] >= 0)
             continue;
-        redisReply *rep = cmds[c].reply;
-        size_t m = (size_t)cmds[c].argc - 2;
+        redisReply *rep = f->cmds[c].reply;
+        size_t m = (size_t)f->cmds[c].argc - 2;
         for (size_t j = 0; j < m; j++) {
-            size_t i = owner[base[c] + j];
-            struct rtimer *r = v[i];
+            size_t i = f->owner[f->base[c] + j];
+            struct rtimer *r = f->v[i];
             redisReply *e =
                 rep && rep->type == REDIS_REPLY_ARRAY && j < rep->elements
                     ? rep->element[j]
                     : NULL;
-            if (!e || !ok) {
-                tw_wheel_add(d->wheel, &r->tm, mono + RETRY_MS); /* again */
-            } else if (e->type == REDIS_REPLY_STRING &&
-                       strtoull(e->str, NULL, 10) == r->token) {
-                ok[i] = true;
-            } else {
-                rt_free_locked(d, r); /* replaced, cancelled, re-claimed */
-            }
+            if (!e)
+                tw_wheel_add(f->d->wheel, &r->tm, mono + RETRY_MS);
+            else if (e->type == REDIS_REPLY_STRING &&
+                     strtoull(e->str, NULL, 10) == r->token)
+                f->ok[i] = true;
+            else
+                rt_free_locked(f->d, r);
         }
     }
-    pthread_mutex_unlock(&d->mu);
-    for (size_t c = 0; c < ncmd; c++)
-        if (cmds[c].reply)
-            freeReplyObject(cmds[c].reply);
-    tw__free(base);
+}
 
-    for (size_t i = 0; i < n && ok; i++) {
-        if (!ok[i])
+/* Keep a callback's result for the next DONE batch (no room: the lease
+ * brings the timer back). mu held. */
+static void pend_add(struct rd *d, struct rtimer *r, int res)
+{
+    if (d->npend == d->cap_pend) {
+        size_t cap = d->cap_pend ? 2 * d->cap_pend : 256;
+        struct done *np2 = tw__realloc(d->pend, cap * sizeof *np2);
+        if (np2) {
+            d->pend = np2;
+            d->cap_pend = cap;
+        }
+    }
+    if (d->npend < d->cap_pend) {
+        if (!d->npend)
+            d->pend_since = rd_mono_ms(d);
+        d->pend[d->npend++] = (struct done){r, res};
+    } else {
+        rt_free_locked(d, r);
+    }
+}
+
+/* Run the callback of every timer still ours; count it, its lateness. */
+static void fr_fire(struct fround *f)
+{
+    struct rd *d = f->d;
+    for (size_t i = 0; i < f->n; i++) {
+        if (!f->ok[i])
             continue;
-        struct rtimer *r = v[i];
+        struct rtimer *r = f->v[i];
         tw_durable_timer t = {
             r->data,        r->key_len, r->data + r->key_len,
             r->payload_len, r->due_ms,  r->attempt ? r->attempt : 1};
+        int64_t late = rd_wall_us(d) - r->due_ms * 1000;
+        pthread_mutex_lock(&d->mu);
+        r->fired = true;
+        d->late_hist[tw__late_bucket(late > 0 ? (uint64_t)late : 0)]++;
+        pthread_mutex_unlock(&d->mu);
         int res = d->fire(&d->base, &t, d->fire_arg);
         pthread_mutex_lock(&d->mu);
         if (res > 0)
             d->retried++;
         else
             d->fired++;
-        if (d->npend == d->cap_pend) {
-            size_t cap = d->cap_pend ? 2 * d->cap_pend : 256;
-            struct done *np2 = tw__realloc(d->pend, cap * sizeof *np2);
-            if (np2) {
-                d->pend = np2;
-                d->cap_pend = cap;
-            }
-        }
-        if (d->npend < d->cap_pend) {
-            if (!d->npend)
-                d->pend_since = rd_mono_ms(d);
-            d->pend[d->npend++] = (struct done){r, res};
-        } else {
-            rt_free_locked(d, r); /* no room: the lease brings it back */
-        }
+        pend_add(d, r, res);
         pthread_mutex_unlock(&d->mu);
     }
-    tw__free(ok);
-out:
-    tw__free(chk);
-    tw__free(dn);
-    tw__free(cnt_chk);
-    tw__free(cnt_dn);
-    tw__free(v);
-    tw__free(cmds);
-    tw__free(script);
-    tw__free(argv);
-    tw__free(len);
-    tw__free(num);
-    tw__free(owner);
+}
+
+/* Put the due timers back for RETRY_MS (out of memory). */
+static void fr_later(struct rd *d, struct rtimer *list)
+{
+    uint64_t mono = rd_mono_ms(d);
+    pthread_mutex_lock(&d->mu);
+    for (struct rtimer *r = list, *next; r; r = next) {
+        next = r->next;
+        tw_wheel_add(d->wheel, &r->tm, mono + RETRY_MS);
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void fire_batch(struct rd *d, struct rtimer *list, bool flush)
+{
+    struct fround f = {.d = d, .np = flush ? d->npend : 0};
+    if (!fr_alloc(&f, list)) {
+        fr_later(d, list); /* completions stay pending */
+        fr_free(&f);
+        return;
+    }
+    f.wall = rd_wall(d);
+    fr_heads(&f);
+    fr_fill(&f);
+    run_cmds(d, f.cmds, f.script, f.ncmd);
+    int64_t wall = rd_wall(d);
+    uint64_t mono = rd_mono_ms(d);
+    pthread_mutex_lock(&d->mu);
+    fr_completions(&f, wall, mono);
+    fr_checks(&f, mono);
+    pthread_mutex_unlock(&d->mu);
+    free_replies(f.cmds, f.ncmd);
+    fr_fire(&f);
+    fr_free(&f);
 }
 
 /* The claimer: CLAIM every horizon/4 (at once again when a shard had more
@@ -838,64 +974,91 @@ static void *rd_claimer(void *arg)
     return NULL;
 }
 
-/* The firer: advance the wheel, check, fire, complete. */
+/* Take the due timers out of the wheel into *@list; a timer the wheel
+ * thinks due but the wall clock does not (it stepped back) goes back in:
+ * never fired early. Returns true if there was such a timer. mu held. */
+static bool take_due(struct rd *d, uint64_t now, struct rtimer **list)
+{
+    tw_wheel_advance(d->wheel, now);
+    struct rtimer *early = NULL;
+    int64_t wall = rd_wall(d);
+    while (d->due) {
+        struct rtimer *r = d->due;
+        d->due = r->next;
+        struct rtimer **to = r->due_ms > wall ? &early : list;
+        r->next = *to;
+        *to = r;
+    }
+    bool any = early != NULL;
+    for (struct rtimer *r = early, *next; r; r = next) {
+        next = r->next;
+        rt_arm_locked(d, r, wall, now);
+    }
+    return any;
+}
+
+/* Completions waiting long enough, or many enough, to be sent. */
+static bool done_due(const struct rd *d, uint64_t now)
+{
+    return d->npend &&
+           (d->npend >= DONE_BATCH || now >= d->pend_since + DONE_DELAY_MS);
+}
+
+static void cv_wait_ms(struct rd *d, uint64_t wait);
+
+/* Sleep until the next due timer, the completions' deadline, a signal,
+ * or IDLE_WAIT_MS. mu held. */
+static void rd_sleep(struct rd *d, uint64_t now, bool early)
+{
+    uint64_t until = tw_wheel_next_expiry(d->wheel);
+    if (d->npend && until > d->pend_since + DONE_DELAY_MS)
+        until = d->pend_since + DONE_DELAY_MS;
+    uint64_t wait = until > now ? until - now : 0;
+    if (wait > IDLE_WAIT_MS)
+        wait = IDLE_WAIT_MS;
+    if (early && wait > 1)
+        wait = 1;
+    cv_wait_ms(d, wait);
+}
+
+/* Wait on the firer's cv for @wait ms of the real clock. mu held. */
+static void cv_wait_ms(struct rd *d, uint64_t wait)
+{
+    if (!wait)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += (long)(wait * 1000000u);
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    pthread_cond_timedwait(&d->cv, &d->mu, &ts);
+}
+
+/* The firer: advance the wheel, check, fire, complete. A check round trip
+ * starts at most every CHECK_GAP_MS, so that timers due close together
+ * share one (Redis's cost is per command far more than per key). */
 static void *rd_main(void *arg)
 {
     struct rd *d = arg;
     pthread_mutex_lock(&d->mu);
     while (!d->stop) {
-        uint64_t now = rd_mono_ms(d);
-        tw_wheel_advance(d->wheel, now);
-        /* A timer the wheel thinks due but the wall clock does not (it
-         * stepped back) is put back: never fired early. */
-        struct rtimer *list = NULL, *early = NULL;
-        int64_t wall = rd_wall(d);
-        while (d->due) {
-            struct rtimer *r = d->due;
-            d->due = r->next;
-            if (r->due_ms > wall) {
-                r->next = early;
-                early = r;
-            } else {
-                r->next = list;
-                list = r;
-            }
+        uint64_t now = rd_mono_ms(d), real = real_mono_ms();
+        if (real < d->next_check && !done_due(d, now)) {
+            cv_wait_ms(d, d->next_check - real);
+            continue;
         }
-        for (struct rtimer *r = early, *next; r; r = next) {
-            next = r->next;
-            rt_arm_locked(d, r, wall, now);
-        }
-        if (list) {
+        struct rtimer *list = NULL;
+        bool early = take_due(d, now, &list);
+        if (list || done_due(d, now)) {
+            bool flush = done_due(d, now);
+            if (list)
+                d->next_check = real + CHECK_GAP_MS;
             pthread_mutex_unlock(&d->mu);
-            fire_batch(d, list,
-                       d->npend >= DONE_BATCH ||
-                           now >= d->pend_since + DONE_DELAY_MS);
+            fire_batch(d, list, flush);
             pthread_mutex_lock(&d->mu);
             continue;
         }
-        if (d->npend &&
-            (d->npend >= DONE_BATCH || now >= d->pend_since + DONE_DELAY_MS)) {
-            pthread_mutex_unlock(&d->mu);
-            fire_batch(d, NULL, true);
-            pthread_mutex_lock(&d->mu);
-            continue;
-        }
-        uint64_t until = tw_wheel_next_expiry(d->wheel);
-        if (d->npend && until > d->pend_since + DONE_DELAY_MS)
-            until = d->pend_since + DONE_DELAY_MS;
-        uint64_t wait = until > now ? until - now : 0;
-        if (wait > IDLE_WAIT_MS)
-            wait = IDLE_WAIT_MS;
-        if (early && wait > 1)
-            wait = 1;
-        if (wait) {
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            ts.tv_nsec += (long)(wait * 1000000u);
-            ts.tv_sec += ts.tv_nsec / 1000000000L;
-            ts.tv_nsec %= 1000000000L;
-            pthread_cond_timedwait(&d->cv, &d->mu, &ts);
-        }
+        rd_sleep(d, now, early);
     }
     pthread_mutex_unlock(&d->mu);
     if (d->npend) /* the last completions */
@@ -906,69 +1069,433 @@ static void *rd_main(void *arg)
 /* ------------------------------------------------------------------------ */
 /* Calls. */
 
+/* Schedules: the items grouped by shard, one SCHED call per shard (at most
+ * SCHED_CHUNK items each), all of them pipelined: one round trip per node.
+ * A shard's calls go in item order on one connection, so a key given twice
+ * ends with its last item. */
+
+#define SCHED_CHUNK 1000
+#define SCHED_FIXED (3 + NKEYS + 3) /* EVALSHA sha 7 keys.. 3 numbers */
+
+struct sbatch {
+    struct rd *d;
+    tw_durable_item *it;
+    size_t n, ncmd;
+    int64_t now;
+    struct rtimer **rt;  /* per item: its local timer if due in the horizon */
+    size_t *cmd, *pos;   /* per item: its command, its triple in it */
+    size_t *cnt, *arg0;  /* per command: items, first argument */
+    size_t *ibase, *who; /* per command its first slot in who: its items */
+    long long *tok;      /* per item: the token of its claim, or 0 */
+    uint32_t *cshard;    /* per command: its shard */
+    size_t *cur;         /* per shard: its open command + 1, or 0 */
+    tw__rc_cmd *cmds;
+    int *script;
+    const char **argv;
+    size_t *len;
+    char (*num)[24]; /* per item its due, then 3 per command */
+};
+
+static void sb_free(struct sbatch *b)
+{
+    if (b->rt)
+        for (size_t i = 0; i < b->n; i++)
+            tw__free(b->rt[i]);
+    void *v[] = {b->rt,  b->cmd,    b->pos,   b->cnt,    b->arg0,
+                 b->cur, b->cshard, b->cmds,  b->script, b->argv,
+                 b->len, b->num,    b->ibase, b->who,    b->tok};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        tw__free(v[i]);
+}
+
+/* Allocate the per-item and per-command arrays (at most one command per
+ * item) and the local timers of the items due within the horizon; an item
+ * whose timer cannot be allocated fails with TW_ENOMEM and is not sent. */
+static int sb_alloc(struct sbatch *b)
+{
+    size_t n = b->n;
+    b->rt = tw__calloc(n, sizeof *b->rt);
+    b->cmd = tw__malloc(n * sizeof *b->cmd);
+    b->pos = tw__malloc(n * sizeof *b->pos);
+    b->cnt = tw__malloc(n * sizeof *b->cnt);
+    b->arg0 = tw__malloc(n * sizeof *b->arg0);
+    b->cshard = tw__malloc(n * sizeof *b->cshard);
+    b->cur = tw__calloc(b->d->shards, sizeof *b->cur);
+    b->cmds = tw__calloc(n, sizeof *b->cmds);
+    b->script = tw__malloc(n * sizeof *b->script);
+    b->num = tw__malloc(4 * n * sizeof *b->num);
+    b->ibase = tw__malloc(n * sizeof *b->ibase);
+    b->who = tw__malloc(n * sizeof *b->who);
+    b->tok = tw__calloc(n, sizeof *b->tok);
+    if (!b->rt || !b->cmd || !b->pos || !b->cnt || !b->arg0 || !b->cshard ||
+        !b->cur || !b->cmds || !b->script || !b->num || !b->ibase || !b->who ||
+        !b->tok)
+        return TW_ENOMEM;
+    int64_t until = b->now + b->d->horizon_ms;
+    for (size_t i = 0; i < n; i++) {
+        tw_durable_item *it = &b->it[i];
+        it->result = 0;
+        if (it->due_ms > until)
+            continue;
+        b->rt[i] =
+            rt_new(b->d, shard_of(b->d, it->key, it->key_len), it->key,
+                   it->key_len, it->payload, it->payload_len, it->due_ms, 0, 1);
+        if (!b->rt[i])
+            it->result = TW_ENOMEM;
+    }
+    return 0;
+}
+
+/* Give each item to its shard's open command (a new one when the shard has
+ * none or it is full), then lay out every command's arguments. */
+static int sb_plan(struct sbatch *b)
+{
+    size_t nargs = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        tw_durable_item *it = &b->it[i];
+        if (it->result)
+            continue;
+        uint32_t sh = shard_of(b->d, it->key, it->key_len);
+        size_t c = b->cur[sh];
+        if (!c || b->cnt[c - 1] == SCHED_CHUNK) {
+            c = b->cur[sh] = ++b->ncmd;
+            b->cnt[c - 1] = 0;
+            b->cshard[c - 1] = sh;
+        }
+        b->cmd[i] = c - 1;
+        b->pos[i] = b->cnt[c - 1]++;
+    }
+    for (size_t c = 0, ni = 0; c < b->ncmd; c++) {
+        b->arg0[c] = nargs;
+        nargs += SCHED_FIXED + 3 * b->cnt[c];
+        b->ibase[c] = ni;
+        ni += b->cnt[c];
+    }
+    for (size_t i = 0; i < b->n; i++)
+        if (!b->it[i].result)
+            b->who[b->ibase[b->cmd[i]] + b->pos[i]] = i;
+    b->argv = tw__malloc((nargs ? nargs : 1) * sizeof *b->argv);
+    b->len = tw__malloc((nargs ? nargs : 1) * sizeof *b->len);
+    return b->argv && b->len ? 0 : TW_ENOMEM;
+}
+
+/* Fill every command: the script call's head, then one triple per item. */
+static void sb_fill(struct sbatch *b)
+{
+    struct rd *d = b->d;
+    long long head[3] = {b->now + d->horizon_ms, b->now, d->lease_ms};
+    for (size_t c = 0; c < b->ncmd; c++) {
+        const char **av = b->argv + b->arg0[c];
+        size_t *al = b->len + b->arg0[c];
+        struct shard_keys *k = &d->sk[b->cshard[c]];
+        script_head(d, av, al, S_SCHED, b->cshard[c]);
+        put_nums(av + 3 + NKEYS, al + 3 + NKEYS, b->num + b->n + 3 * c, head,
+                 3);
+        b->cmds[c] = (tw__rc_cmd){
+            (int)(SCHED_FIXED + 3 * b->cnt[c]), av, al, k->slot, NULL, 0};
+        b->script[c] = S_SCHED;
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        tw_durable_item *it = &b->it[i];
+        if (it->result)
+            continue;
+        size_t at = b->arg0[b->cmd[i]] + SCHED_FIXED + 3 * b->pos[i];
+        long long due = it->due_ms;
+        b->argv[at] = it->key;
+        b->len[at] = it->key_len;
+        put_nums(b->argv + at + 1, b->len + at + 1, b->num + i, &due, 1);
+        b->argv[at + 2] = it->payload_len ? it->payload : "";
+        b->len[at + 2] = it->payload_len;
+    }
+}
+
+/* Read command @c's reply, (item, token) pairs, into b->tok of its items;
+ * a command with no reply, or not SCHED's, fails its items. */
+static void sb_reply(struct sbatch *b, size_t c)
+{
+    const redisReply *r = b->cmds[c].reply;
+    int err = b->cmds[c].err;
+    if (!err && (!r || r->type != REDIS_REPLY_ARRAY || r->elements % 2))
+        err = TW_EIO;
+    for (size_t e = 0; !err && e < r->elements; e += 2) {
+        const redisReply *j = r->element[e], *t = r->element[e + 1];
+        if (j->type != REDIS_REPLY_INTEGER || t->type != REDIS_REPLY_INTEGER ||
+            j->integer < 1 || (size_t)j->integer > b->cnt[c])
+            err = TW_EIO;
+        else
+            b->tok[b->who[b->ibase[c] + (size_t)j->integer - 1]] = t->integer;
+    }
+    for (size_t p = 0; err && p < b->cnt[c]; p++)
+        b->it[b->who[b->ibase[c] + p]].result = err;
+}
+
+/* Each item's result from its command's reply; the items claimed at once
+ * go into the wheel. */
+static void sb_results(struct sbatch *b)
+{
+    struct rd *d = b->d;
+    for (size_t c = 0; c < b->ncmd; c++)
+        sb_reply(b, c);
+    int64_t wall = rd_wall(d);
+    uint64_t mono = rd_mono_ms(d);
+    bool armed = false;
+    pthread_mutex_lock(&d->mu);
+    for (size_t i = 0; i < b->n; i++) {
+        if (!b->it[i].result && b->tok[i] > 0 && b->rt[i]) {
+            b->rt[i]->token = (uint64_t)b->tok[i];
+            rt_arm_locked(d, b->rt[i], wall, mono);
+            b->rt[i] = NULL;
+            armed = true;
+        }
+    }
+    if (armed)
+        pthread_cond_signal(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* WAIT on the node of each command's shard; a failure fails its items. */
+static void sb_wait(struct sbatch *b)
+{
+    if (!b->d->wait_replicas || !b->ncmd)
+        return;
+    int *rc = tw__malloc(b->ncmd * sizeof *rc);
+    if (rc)
+        wait_many(b->d, b->cshard, rc, b->ncmd);
+    for (size_t i = 0; i < b->n; i++)
+        if (!b->it[i].result)
+            b->it[i].result = rc ? rc[b->cmd[i]] : TW_ENOMEM;
+    tw__free(rc);
+}
+
+static int rd_schedule_many(tw_durable *base, tw_durable_item *items, size_t n)
+{
+    struct sbatch b = {.d = (struct rd *)base, .it = items, .n = n};
+    b.now = rd_wall(b.d);
+    int rc = sb_alloc(&b);
+    if (!rc)
+        rc = sb_plan(&b);
+    if (rc) {
+        for (size_t i = 0; i < n; i++)
+            items[i].result = rc;
+        sb_free(&b);
+        return rc;
+    }
+    sb_fill(&b);
+    run_cmds(b.d, b.cmds, b.script, b.ncmd);
+    sb_results(&b);
+    for (size_t c = 0; c < b.ncmd; c++)
+        if (b.cmds[c].reply)
+            freeReplyObject(b.cmds[c].reply);
+    sb_wait(&b);
+    sb_free(&b);
+    for (size_t i = 0; i < n; i++)
+        if (items[i].result)
+            return items[i].result;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* One-per-call schedules and cancels from many threads: combined. A caller
+ * queues its call; when no batch is in flight it takes the whole queue (its
+ * own call and every other thread's) and runs it as one batch: the
+ * schedules as one rd_schedule_many, the cancels as one pipelined round
+ * trip. Meanwhile the others sleep on their own condition variable until
+ * their call is answered, or until they are at the head of the queue when
+ * the batch in flight ends (then they run the next batch). */
+
+enum { OP_SCHED, OP_CANCEL };
+#define OP_ROUNDS 4 /* batches a caller runs in a row, its own included */
+
+struct op_wait {
+    int kind;
+    tw_durable_item it; /* a cancel uses key and key_len */
+    pthread_cond_t cv;
+    bool done;
+    struct op_wait *next;
+};
+
+/* WAIT after the cancels that succeeded; a failed WAIT fails its cancel. */
+static void cancel_wait(struct rd *d, struct op_wait **v,
+                        const struct call *calls, size_t n)
+{
+    uint32_t *sh = tw__malloc(n * sizeof *sh);
+    int *rc = tw__malloc(n * sizeof *rc);
+    size_t m = 0;
+    for (size_t i = 0; sh && rc && i < n; i++)
+        if (!v[i]->it.result)
+            sh[m++] = calls[i].shard;
+    if (sh && rc)
+        wait_many(d, sh, rc, m);
+    for (size_t i = 0, j = 0; i < n; i++)
+        if (!v[i]->it.result)
+            v[i]->it.result = sh && rc ? rc[j++] : TW_ENOMEM;
+    tw__free(sh);
+    tw__free(rc);
+}
+
+/* The cancels of a batch: one CANCEL call per key, pipelined. */
+static void cancel_batch(struct rd *d, struct op_wait **v, size_t n)
+{
+    struct call *calls = tw__malloc(n * sizeof *calls);
+    tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
+    int rc = calls && cmds ? 0 : TW_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++) {
+        call_init(d, &calls[i], S_CANCEL,
+                  shard_of(d, v[i]->it.key, v[i]->it.key_len));
+        call_arg(&calls[i], v[i]->it.key, v[i]->it.key_len);
+    }
+    if (!rc)
+        run_calls(d, calls, cmds, n);
+    uint64_t ok = 0;
+    for (size_t i = 0; i < n; i++) {
+        const redisReply *r = cmds ? cmds[i].reply : NULL;
+        int e = rc ? rc : cmds[i].err;
+        if (!e && (!r || r->type != REDIS_REPLY_INTEGER))
+            e = TW_EIO;
+        if (!e && r->integer == 0)
+            e = TW_ENOENT;
+        v[i]->it.result = e;
+    }
+    if (cmds)
+        free_replies(cmds, n);
+    if (!rc && d->wait_replicas)
+        cancel_wait(d, v, calls, n);
+    for (size_t i = 0; i < n; i++)
+        ok += !v[i]->it.result;
+    tw__free(calls);
+    tw__free(cmds);
+    pthread_mutex_lock(&d->mu);
+    d->cancelled += ok;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Run the batch @list: schedules together, cancels together. */
+static void op_batch(struct rd *d, struct op_wait *list)
+{
+    size_t n = 0, ns = 0, nc = 0;
+    for (struct op_wait *w = list; w; w = w->next)
+        n++;
+    tw_durable_item *items = tw__malloc(n * sizeof *items);
+    struct op_wait **v = tw__malloc(n * sizeof *v);
+    if (!items || !v) {
+        for (struct op_wait *w = list; w; w = w->next)
+            w->it.result = TW_ENOMEM;
+        tw__free(items);
+        tw__free(v);
+        return;
+    }
+    for (struct op_wait *w = list; w; w = w->next)
+        if (w->kind == OP_SCHED)
+            items[ns++] = w->it;
+        else
+            v[nc++] = w;
+    if (nc)
+        cancel_batch(d, v, nc);
+    if (ns)
+        rd_schedule_many(&d->base, items, ns);
+    ns = 0;
+    for (struct op_wait *w = list; w; w = w->next)
+        if (w->kind == OP_SCHED)
+            w->it.result = items[ns++].result;
+    tw__free(items);
+    tw__free(v);
+}
+
+/* Queue @w and wait for its result, running batches when none is in
+ * flight; a caller that ran a batch runs the next ones too (at most
+ * OP_ROUNDS in all) while more are queued, saving a wake-up per batch. */
+static int op_run(struct rd *d, struct op_wait *w)
+{
+    pthread_cond_init(&w->cv, NULL);
+    w->done = false;
+    w->next = NULL;
+    pthread_mutex_lock(&d->op_mu);
+    *d->op_tail = w;
+    d->op_tail = &w->next;
+    for (int rounds = 0;;) {
+        if (w->done &&
+            (!rounds || rounds >= OP_ROUNDS || !d->op_head || d->op_busy))
+            break;
+        if (d->op_busy) {
+            pthread_cond_wait(&w->cv, &d->op_mu);
+            continue;
+        }
+        struct op_wait *list = d->op_head;
+        d->op_head = NULL;
+        d->op_tail = &d->op_head;
+        d->op_busy = true;
+        pthread_mutex_unlock(&d->op_mu);
+        op_batch(d, list);
+        rounds++;
+        pthread_mutex_lock(&d->op_mu);
+        for (struct op_wait *x = list, *next; x; x = next) {
+            next = x->next; /* x may be gone once done is seen */
+            x->done = true;
+            if (x != w)
+                pthread_cond_signal(&x->cv);
+        }
+        d->op_busy = false;
+    }
+    /* Whoever is at the head now runs the next batch. */
+    if (d->op_head && !d->op_busy)
+        pthread_cond_signal(&d->op_head->cv);
+    pthread_mutex_unlock(&d->op_mu);
+    pthread_cond_destroy(&w->cv);
+    return w->it.result;
+}
+
 static int rd_schedule(tw_durable *base, const void *key, size_t key_len,
                        int64_t due_ms, const void *payload, size_t payload_len)
 {
-    struct rd *d = (struct rd *)base;
-    uint32_t shard = shard_of(d, key, key_len);
-    /* Allocated first, so that a failure changes nothing. */
-    struct rtimer *r =
-        rt_new(d, shard, key, key_len, payload, payload_len, due_ms, 0, 1);
-    if (!r)
-        return TW_ENOMEM;
-    int64_t now = rd_wall(d);
-    struct call c;
-    tw__rc_cmd cmd;
-    call_init(d, &c, S_SCHED, shard);
-    call_arg(&c, key, key_len);
-    call_num(&c, due_ms);
-    call_arg(&c, payload, payload_len);
-    call_num(&c, now + d->horizon_ms);
-    call_num(&c, now);
-    call_num(&c, d->lease_ms);
-    int rc = run_calls(d, &c, &cmd, 1);
-    if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_INTEGER))
-        rc = TW_EIO;
-    if (!rc && cmd.reply->integer > 0) {
-        r->token = (uint64_t)cmd.reply->integer;
-        rt_arm(d, r);
-        r = NULL;
-    }
-    free_replies(&cmd, 1);
-    tw__free(r);
-    if (!rc)
-        rc = wait_replicas(d, shard);
-    return rc;
+    struct op_wait w = {.kind = OP_SCHED,
+                        .it = {key, key_len, due_ms, payload, payload_len, 0}};
+    return op_run((struct rd *)base, &w);
 }
 
 static int rd_cancel(tw_durable *base, const void *key, size_t key_len)
 {
-    struct rd *d = (struct rd *)base;
-    uint32_t shard = shard_of(d, key, key_len);
-    struct call c;
-    tw__rc_cmd cmd;
-    call_init(d, &c, S_CANCEL, shard);
-    call_arg(&c, key, key_len);
-    int rc = run_calls(d, &c, &cmd, 1);
-    if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_INTEGER))
-        rc = TW_EIO;
-    if (!rc && cmd.reply->integer == 0)
-        rc = TW_ENOENT;
-    free_replies(&cmd, 1);
-    if (!rc)
-        rc = wait_replicas(d, shard);
-    if (!rc) {
-        pthread_mutex_lock(&d->mu);
-        d->cancelled++;
-        pthread_mutex_unlock(&d->mu);
+    struct op_wait w = {.kind = OP_CANCEL, .it = {key, key_len, 0, NULL, 0, 0}};
+    return op_run((struct rd *)base, &w);
+}
+
+/* Per shard: ZCARD :d, ZCARD :l (pending) and ZCOUNT :d -inf now (due,
+ * not claimed by any node yet: backlog). */
+#define STAT_CMDS 3
+
+static void stat_cmds(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
+                      const char *now, size_t now_len)
+{
+    for (size_t i = 0; i < STAT_CMDS * (size_t)d->shards; i++) {
+        struct shard_keys *k = &d->sk[i / STAT_CMDS];
+        struct call *c = &calls[i];
+        int q = i % STAT_CMDS == 1 ? 4 : 0; /* :l or :d */
+        c->argv[0] = i % STAT_CMDS == 2 ? "ZCOUNT" : "ZCARD";
+        c->len[0] = strlen(c->argv[0]);
+        c->argv[1] = k->name[q];
+        c->len[1] = k->len[q];
+        c->argv[2] = "-inf";
+        c->len[2] = 4;
+        c->argv[3] = now;
+        c->len[3] = now_len;
+        cmds[i] = (tw__rc_cmd){
+            i % STAT_CMDS == 2 ? 4 : 2, c->argv, c->len, k->slot, NULL, 0};
     }
-    return rc;
+}
+
+/* This node's claimed timers that are due and whose callback has not
+ * started. mu held. */
+static uint64_t local_backlog(struct rd *d, int64_t wall)
+{
+    uint64_t n = 0;
+    for (struct rtimer *r = d->held; r; r = r->hnext)
+        n += !r->fired && r->due_ms <= wall;
+    return n;
 }
 
 static int rd_stats(tw_durable *base, tw_durable_stats *out)
 {
     struct rd *d = (struct rd *)base;
-    size_t n = 2u * d->shards;
+    size_t n = STAT_CMDS * (size_t)d->shards;
     tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
     struct call *calls = tw__malloc(n * sizeof *calls);
     if (!cmds || !calls) {
@@ -976,33 +1503,26 @@ static int rd_stats(tw_durable *base, tw_durable_stats *out)
         tw__free(calls);
         return TW_ENOMEM;
     }
-    for (size_t i = 0; i < n; i++) {
-        uint32_t s = (uint32_t)(i / 2);
-        int k = i % 2 ? 4 : 0; /* :l or :d */
-        calls[i].argv[0] = "ZCARD";
-        calls[i].len[0] = 5;
-        calls[i].argv[1] = d->sk[s].name[k];
-        calls[i].len[1] = d->sk[s].len[k];
-        cmds[i].argc = 2;
-        cmds[i].argv = calls[i].argv;
-        cmds[i].argvlen = calls[i].len;
-        cmds[i].slot = d->sk[s].slot;
-    }
+    int64_t wall = rd_wall(d);
+    char now[24];
+    int now_len = snprintf(now, sizeof now, "%lld", (long long)wall);
+    stat_cmds(d, calls, cmds, now, (size_t)now_len);
     int rc = tw__rc_exec(d->rc, cmds, n);
-    uint64_t pending = 0;
+    uint64_t pending = 0, backlog = 0;
     for (size_t i = 0; i < n; i++)
-        pending += reply_u64(cmds[i].reply);
+        *(i % STAT_CMDS == 2 ? &backlog : &pending) += reply_u64(cmds[i].reply);
     free_replies(cmds, n);
     tw__free(cmds);
     tw__free(calls);
     if (rc)
         return rc;
-    memset(out, 0, sizeof *out);
     pthread_mutex_lock(&d->mu);
     out->pending = pending;
+    out->backlog = backlog + local_backlog(d, wall);
     out->fired = d->fired;
     out->retried = d->retried;
     out->cancelled = d->cancelled;
+    memcpy(out->late_hist, d->late_hist, sizeof out->late_hist);
     pthread_mutex_unlock(&d->mu);
     return 0;
 }
@@ -1017,6 +1537,7 @@ static void rd_free(struct rd *d)
     tw_wheel_destroy(d->wheel);
     tw__rc_close(d->rc);
     pthread_mutex_destroy(&d->mu);
+    pthread_mutex_destroy(&d->op_mu);
     pthread_cond_destroy(&d->cv);
     pthread_cond_destroy(&d->claim_cv);
     tw__free(d->sk);
@@ -1069,19 +1590,19 @@ void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out)
 
 static const struct tw_durable_ops rd_ops = {
     .schedule = rd_schedule,
+    .schedule_many = rd_schedule_many,
     .cancel = rd_cancel,
     .close = rd_close,
     .stats = rd_stats,
 };
 
-int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
+/* A handle with @cfg's settings (defaults filled in); NULL when out of
+ * memory. */
+static struct rd *rd_new(const tw_durable_config *cfg)
 {
-    const char *ns = cfg->redis_namespace ? cfg->redis_namespace : "tw";
-    if (!*ns || strlen(ns) > 64 || strchr(ns, '{') || strchr(ns, '}'))
-        return TW_EINVAL;
     struct rd *d = tw__calloc(1, sizeof *d);
     if (!d)
-        return TW_ENOMEM;
+        return NULL;
     d->base.ops = &rd_ops;
     d->shards = cfg->shards ? cfg->shards : 64;
     d->horizon_ms = cfg->horizon_ms ? cfg->horizon_ms : 2000;
@@ -1094,20 +1615,25 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
     d->mono_fn = cfg->mono_ns;
     d->clock_arg = cfg->clock_arg;
     pthread_mutex_init(&d->mu, NULL);
+    pthread_mutex_init(&d->op_mu, NULL);
+    d->op_tail = &d->op_head;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&d->cv, &ca);
     pthread_cond_init(&d->claim_cv, &ca);
     pthread_condattr_destroy(&ca);
-    int rc = TW_ENOMEM;
-    if (d->shards > 1u << 20) {
-        rc = TW_EINVAL;
-        goto fail;
-    }
+    return d;
+}
+
+/* The names and slots of every shard's keys. */
+static int rd_keys(struct rd *d, const char *ns)
+{
+    if (d->shards > 1u << 20)
+        return TW_EINVAL;
     d->sk = tw__calloc(d->shards, sizeof *d->sk);
     if (!d->sk)
-        goto fail;
+        return TW_ENOMEM;
     for (uint32_t s = 0; s < d->shards; s++) {
         for (int k = 0; k < NKEYS; k++)
             d->sk[s].len[k] =
@@ -1115,18 +1641,18 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
                                  "{%s:%u}:%c", ns, s, key_suffix[k]);
         d->sk[s].slot = tw__rc_slot(d->sk[s].name[0], d->sk[s].len[0]);
     }
-    if (tw_wheel_create(&d->wheel, NULL, rd_mono_ms(d)))
-        goto fail;
-    rc = tw__rc_open(&d->rc, cfg->redis);
-    if (rc)
-        goto fail;
-    /* SCRIPT LOAD once on any node; other nodes learn each script by EVAL
-     * on their first NOSCRIPT. The digest is the same everywhere. */
+    return 0;
+}
+
+/* SCRIPT LOAD once on any node; other nodes learn each script by EVAL on
+ * their first NOSCRIPT. The digest is the same everywhere. */
+static int rd_load_scripts(struct rd *d)
+{
     for (int i = 0; i < S_COUNT; i++) {
         const char *argv[3] = {"SCRIPT", "LOAD", scripts[i]};
         size_t len[3] = {6, 4, strlen(scripts[i])};
         tw__rc_cmd cmd = {3, argv, len, -1, NULL, 0};
-        rc = tw__rc_exec(d->rc, &cmd, 1);
+        int rc = tw__rc_exec(d->rc, &cmd, 1);
         if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_STRING ||
                     cmd.reply->len != 40))
             rc = TW_EIO;
@@ -1134,24 +1660,48 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
             memcpy(d->sha[i], cmd.reply->str, 41);
         free_replies(&cmd, 1);
         if (rc)
-            goto fail;
+            return rc;
     }
-    if (pthread_create(&d->claimer, NULL, rd_claimer, d)) {
-        rc = TW_ENOMEM;
-        goto fail;
-    }
+    return 0;
+}
+
+/* Start the claimer and the firer. */
+static int rd_start(struct rd *d)
+{
+    if (pthread_create(&d->claimer, NULL, rd_claimer, d))
+        return TW_ENOMEM;
     if (pthread_create(&d->thr, NULL, rd_main, d)) {
         pthread_mutex_lock(&d->mu);
         d->stop = true;
         pthread_cond_signal(&d->claim_cv);
         pthread_mutex_unlock(&d->mu);
         pthread_join(d->claimer, NULL);
+        return TW_ENOMEM;
+    }
+    return 0;
+}
+
+int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
+{
+    const char *ns = cfg->redis_namespace ? cfg->redis_namespace : "tw";
+    if (!*ns || strlen(ns) > 64 || strchr(ns, '{') || strchr(ns, '}'))
+        return TW_EINVAL;
+    struct rd *d = rd_new(cfg);
+    if (!d)
+        return TW_ENOMEM;
+    int rc = rd_keys(d, ns);
+    if (!rc && tw_wheel_create(&d->wheel, NULL, rd_mono_ms(d)))
         rc = TW_ENOMEM;
-        goto fail;
+    if (!rc)
+        rc = tw__rc_open(&d->rc, cfg->redis);
+    if (!rc)
+        rc = rd_load_scripts(d);
+    if (!rc)
+        rc = rd_start(d);
+    if (rc) {
+        rd_free(d);
+        return rc;
     }
     *out = &d->base;
     return 0;
-fail:
-    rd_free(d);
-    return rc;
 }

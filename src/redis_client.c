@@ -210,51 +210,118 @@ static void pipe_unblock(struct pipe_guard *g)
     pthread_sigmask(SIG_SETMASK, &g->old, NULL);
 }
 
-/* Write the batch @b and read its replies. Called by the flusher with the
- * node's mutex not held. Returns how many connects were made. */
-static int flush_batch(struct rc_node *n, struct rc_req *b)
+/* A batch in flight on one node: taken from the node's queue by its
+ * flusher, written, then read. Several can be in flight at once (one
+ * caller writes to every node before reading any), so a call touching
+ * many nodes costs one round trip, not one per node. */
+struct flight {
+    struct rc_node *n;
+    struct rc_req *b;
+    size_t cnt;
+    bool up;
+    int reconnected;
+};
+
+/* Take @n's queue when the node is idle; n->mu held. */
+static bool flight_take(struct rc_node *n, struct flight *f)
 {
+    if (n->busy || !n->head)
+        return false;
+    *f = (struct flight){n, n->head, 0, false, 0};
+    n->head = NULL;
+    n->tail = &n->head;
+    n->busy = true;
+    for (struct rc_req *r = f->b; r; r = r->next)
+        f->cnt++;
+    return true;
+}
+
+/* Connect if needed and write the batch; SIGPIPE blocked by the caller. */
+static void flight_write(struct flight *f)
+{
+    struct rc_node *n = f->n;
     bool was = n->ctx != NULL;
-    bool up = conn_up(n);
-    int reconnected = up && !was && n->failed;
-    if (up)
-        n->failed = false;
-    struct rc_req *r = b;
-    if (up) {
-        struct pipe_guard g;
-        pipe_block(&g);
-        for (r = b; r; r = r->next) {
-            if (r->asking)
-                redisAppendCommand(n->ctx, "ASKING");
-            redisAppendCommandArgv(n->ctx, r->cmd->argc, r->cmd->argv,
-                                   r->cmd->argvlen);
-        }
-        for (r = b; r && up; r = r->next) {
-            void *rep = NULL;
-            if (r->asking) {
-                if (redisGetReply(n->ctx, &rep) != REDIS_OK) {
-                    up = false;
-                    break;
-                }
-                freeReplyObject(rep);
-                rep = NULL;
-            }
-            if (redisGetReply(n->ctx, &rep) != REDIS_OK) {
-                up = false;
-                break;
-            }
-            r->cmd->reply = rep;
-            r->cmd->err = 0;
-        }
-        pipe_unblock(&g);
-        if (!up)
-            conn_fail(n);
+    f->up = conn_up(n);
+    f->reconnected = f->up && !was && n->failed;
+    if (!f->up)
+        return;
+    n->failed = false;
+    for (struct rc_req *r = f->b; r; r = r->next) {
+        if (r->asking)
+            redisAppendCommand(n->ctx, "ASKING");
+        redisAppendCommandArgv(n->ctx, r->cmd->argc, r->cmd->argv,
+                               r->cmd->argvlen);
     }
+    int wdone = 0;
+    while (!wdone)
+        if (redisBufferWrite(n->ctx, &wdone) != REDIS_OK) {
+            f->up = false;
+            conn_fail(n);
+            return;
+        }
+}
+
+static bool get_reply(struct rc_node *n, void **rep)
+{
+    *rep = NULL;
+    return redisGetReply(n->ctx, rep) == REDIS_OK;
+}
+
+/* Read the batch's replies; a request left without one gets TW_ECONN. */
+static void flight_read(struct flight *f)
+{
+    struct rc_req *r = f->b;
+    for (; r && f->up; r = r->next) {
+        void *rep;
+        if (r->asking) {
+            if (!get_reply(f->n, &rep))
+                break;
+            freeReplyObject(rep);
+        }
+        if (!get_reply(f->n, &rep))
+            break;
+        r->cmd->reply = rep;
+        r->cmd->err = 0;
+    }
+    if (r && f->up)
+        conn_fail(f->n);
     for (; r; r = r->next) {
         r->cmd->reply = NULL;
         r->cmd->err = TW_ECONN;
     }
-    return reconnected;
+}
+
+/* Count the batch, mark its requests answered and free the node. */
+static void flight_end(tw__rc *c, struct flight *f)
+{
+    pthread_mutex_lock(&c->map_mu);
+    c->st.batches++;
+    c->st.commands += f->cnt;
+    c->st.reconnects += (uint64_t)f->reconnected;
+    pthread_mutex_unlock(&c->map_mu);
+    pthread_mutex_lock(&f->n->mu);
+    for (struct rc_req *r = f->b; r;) {
+        struct rc_req *next = r->next;
+        r->done = true; /* after this, r may be gone */
+        r = next;
+    }
+    f->n->busy = false;
+    pthread_cond_broadcast(&f->n->cv);
+    pthread_mutex_unlock(&f->n->mu);
+}
+
+/* Write every flight, then read every flight. */
+static void flights_run(tw__rc *c, struct flight *f, size_t n)
+{
+    struct pipe_guard g;
+    pipe_block(&g);
+    for (size_t i = 0; i < n; i++)
+        flight_write(&f[i]);
+    for (size_t i = 0; i < n; i++)
+        flight_read(&f[i]);
+    pipe_unblock(&g);
+    for (size_t i = 0; i < n; i++)
+        flight_end(c, &f[i]);
 }
 
 /* Until @done(@arg) says every request of ours queued on @n is answered:
@@ -264,34 +331,31 @@ static void node_serve(tw__rc *c, struct rc_node *n, bool (*done)(void *),
 {
     pthread_mutex_lock(&n->mu);
     while (!done(arg)) {
-        if (n->busy) {
+        struct flight f;
+        if (!flight_take(n, &f)) {
             pthread_cond_wait(&n->cv, &n->mu);
             continue;
         }
-        struct rc_req *b = n->head;
-        n->head = NULL;
-        n->tail = &n->head;
-        n->busy = true;
         pthread_mutex_unlock(&n->mu);
-        size_t cnt = 0;
-        for (struct rc_req *r = b; r; r = r->next)
-            cnt++;
-        int rec = flush_batch(n, b);
-        pthread_mutex_lock(&c->map_mu);
-        c->st.batches++;
-        c->st.commands += cnt;
-        c->st.reconnects += (uint64_t)rec;
-        pthread_mutex_unlock(&c->map_mu);
+        flights_run(c, &f, 1);
         pthread_mutex_lock(&n->mu);
-        for (struct rc_req *r = b; r;) {
-            struct rc_req *next = r->next;
-            r->done = true; /* after this, r may be gone */
-            r = next;
-        }
-        n->busy = false;
-        pthread_cond_broadcast(&n->cv);
     }
     pthread_mutex_unlock(&n->mu);
+}
+
+/* Start a flight on each idle node of @used (its queue holds requests of
+ * ours); node_serve finishes the rest. */
+static void nodes_start(tw__rc *c, struct rc_node **used, size_t nused,
+                        struct flight *f)
+{
+    size_t nf = 0;
+    for (size_t u = 0; u < nused; u++) {
+        pthread_mutex_lock(&used[u]->mu);
+        nf += flight_take(used[u], &f[nf]);
+        pthread_mutex_unlock(&used[u]->mu);
+    }
+    if (nf)
+        flights_run(c, f, nf);
 }
 
 static bool one_done(void *arg)
@@ -458,154 +522,206 @@ static bool starts(const redisReply *r, const char *p)
            !strncmp(r->str, p, strlen(p));
 }
 
-struct exec_wait {
-    struct rc_req *reqs;
-    struct rc_node **target;
-    const bool *todo;
+/* One tw__rc_exec call: per command its request, its node, whether it is
+ * still to do. */
+struct exec {
+    tw__rc *c;
+    tw__rc_cmd *cmds;
     size_t n;
+    struct rc_req *reqs;
+    struct rc_node **target, **used;
+    bool *todo;
+    struct flight *fl;
+};
+
+struct exec_wait {
+    struct exec *x;
     struct rc_node *node;
 };
 
 static bool exec_done(void *arg)
 {
     struct exec_wait *w = arg;
-    for (size_t i = 0; i < w->n; i++)
-        if (w->todo[i] && w->target[i] == w->node && !w->reqs[i].done)
+    struct exec *x = w->x;
+    for (size_t i = 0; i < x->n; i++)
+        if (x->todo[i] && x->target[i] == w->node && !x->reqs[i].done)
             return false;
     return true;
+}
+
+static void exec_free(struct exec *x)
+{
+    tw__free(x->reqs);
+    tw__free(x->target);
+    tw__free(x->todo);
+    tw__free(x->used);
+    tw__free(x->fl);
+}
+
+static int exec_alloc(struct exec *x)
+{
+    size_t n = x->n;
+    x->reqs = tw__malloc(n * sizeof *x->reqs);
+    x->target = tw__calloc(n, sizeof *x->target);
+    x->todo = tw__malloc(n * sizeof *x->todo);
+    x->used = tw__malloc(n * sizeof *x->used);
+    x->fl = tw__malloc(n * sizeof *x->fl);
+    if (!x->reqs || !x->target || !x->todo || !x->used || !x->fl) {
+        exec_free(x);
+        return TW_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        x->todo[i] = true;
+        x->cmds[i].reply = NULL;
+        x->cmds[i].err = 0;
+        x->reqs[i].asking = false;
+    }
+    return 0;
+}
+
+/* Route every command still to do (by the slot map unless a redirect
+ * named its node) and queue it on its node. Returns the nodes used. */
+static size_t exec_queue(struct exec *x)
+{
+    tw__rc *c = x->c;
+    size_t nused = 0;
+    pthread_mutex_lock(&c->map_mu);
+    for (size_t i = 0; i < x->n; i++)
+        if (x->todo[i] && !x->target[i])
+            x->target[i] =
+                c->nodes[c->slot_node[x->cmds[i].slot < 0 ? 0
+                                                          : x->cmds[i].slot]];
+    pthread_mutex_unlock(&c->map_mu);
+    for (size_t i = 0; i < x->n; i++) {
+        if (!x->todo[i])
+            continue;
+        struct rc_node *nd = x->target[i];
+        x->reqs[i] =
+            (struct rc_req){&x->cmds[i], x->reqs[i].asking, false, NULL};
+        pthread_mutex_lock(&nd->mu);
+        *nd->tail = &x->reqs[i];
+        nd->tail = &x->reqs[i].next;
+        pthread_mutex_unlock(&nd->mu);
+        size_t u;
+        for (u = 0; u < nused && x->used[u] != nd; u++)
+            ;
+        if (u == nused)
+            x->used[nused++] = nd;
+    }
+    return nused;
+}
+
+/* Run every queued command: write to each idle node, read, then wait for
+ * (or flush) whatever other threads' flushers hold. */
+static void exec_serve(struct exec *x, size_t nused)
+{
+    nodes_start(x->c, x->used, nused, x->fl);
+    for (size_t u = 0; u < nused; u++) {
+        struct exec_wait w = {x, x->used[u]};
+        node_serve(x->c, x->used[u], exec_done, &w);
+    }
+}
+
+struct exec_next {
+    bool again, refresh, pause;
+};
+
+/* A MOVED or ASK reply: retry on the named node. */
+static bool exec_redirect(struct exec *x, size_t i, struct exec_next *nx)
+{
+    redisReply *r = x->cmds[i].reply;
+    bool moved = starts(r, "MOVED "), ask = starts(r, "ASK ");
+    struct rc_node *t = moved || ask ? redirect_target(x->c, r->str) : NULL;
+    if (!t)
+        return false;
+    freeReplyObject(r);
+    x->cmds[i].reply = NULL;
+    x->target[i] = t;
+    x->reqs[i].asking = ask;
+    nx->again = true;
+    nx->refresh |= moved;
+    pthread_mutex_lock(&x->c->map_mu);
+    if (moved)
+        x->c->st.moved++;
+    else
+        x->c->st.ask++;
+    pthread_mutex_unlock(&x->c->map_mu);
+    return true;
+}
+
+/* Look at command @i's reply: redirects and retryable states are to do
+ * again (round @round); anything else is its answer. */
+static void exec_check(struct exec *x, size_t i, int round,
+                       struct exec_next *nx)
+{
+    redisReply *r = x->cmds[i].reply;
+    bool last = round + 1 >= RC_MAX_ROUNDS;
+    x->reqs[i].asking = false;
+    if (x->cmds[i].err) {
+        /* Connection down: in a cluster the slot may have moved to a
+         * promoted replica; look again before giving up. */
+        nx->refresh = true;
+        x->todo[i] = !last && x->c->nnodes > 1;
+        if (x->todo[i]) {
+            x->target[i] = NULL;
+            nx->pause = nx->again = true;
+        }
+        return;
+    }
+    if (exec_redirect(x, i, nx))
+        return;
+    if (!last && (starts(r, "TRYAGAIN") || starts(r, "CLUSTERDOWN") ||
+                  starts(r, "LOADING") || starts(r, "MASTERDOWN"))) {
+        freeReplyObject(r);
+        x->cmds[i].reply = NULL;
+        x->target[i] = NULL;
+        nx->again = nx->pause = true;
+        return;
+    }
+    x->todo[i] = false;
+}
+
+/* A refresh per MOVED storm, not per command. */
+static void refresh_if_stale(tw__rc *c)
+{
+    uint64_t now = mono_ns();
+    pthread_mutex_lock(&c->map_mu);
+    bool stale = now - c->last_refresh_ns > 20000000u;
+    pthread_mutex_unlock(&c->map_mu);
+    if (stale)
+        refresh(c);
 }
 
 int tw__rc_exec(tw__rc *c, tw__rc_cmd *cmds, size_t n)
 {
     if (n == 0)
         return 0;
-    struct rc_req *reqs = tw__malloc(n * sizeof *reqs);
-    struct rc_node **target = tw__calloc(n, sizeof *target);
-    bool *todo = tw__malloc(n * sizeof *todo);
-    struct rc_node **used = tw__malloc(n * sizeof *used);
-    if (!reqs || !target || !todo || !used) {
-        tw__free(reqs);
-        tw__free(target);
-        tw__free(todo);
-        tw__free(used);
+    struct exec x = {.c = c, .cmds = cmds, .n = n};
+    if (exec_alloc(&x))
         return TW_ENOMEM;
-    }
-    for (size_t i = 0; i < n; i++) {
-        todo[i] = true;
-        cmds[i].reply = NULL;
-        cmds[i].err = 0;
-        reqs[i].asking = false;
-    }
     for (int round = 0; round < RC_MAX_ROUNDS; round++) {
-        size_t nused = 0;
-        /* Route and queue every command still to do. */
-        pthread_mutex_lock(&c->map_mu);
-        for (size_t i = 0; i < n; i++) {
-            if (!todo[i])
-                continue;
-            if (!target[i]) {
-                int s = cmds[i].slot < 0 ? 0 : cmds[i].slot;
-                target[i] = c->nodes[c->slot_node[s]];
-            }
-        }
-        pthread_mutex_unlock(&c->map_mu);
-        for (size_t i = 0; i < n; i++) {
-            if (!todo[i])
-                continue;
-            struct rc_node *nd = target[i];
-            reqs[i].cmd = &cmds[i];
-            reqs[i].done = false;
-            reqs[i].next = NULL;
-            pthread_mutex_lock(&nd->mu);
-            *nd->tail = &reqs[i];
-            nd->tail = &reqs[i].next;
-            pthread_mutex_unlock(&nd->mu);
-            size_t u;
-            for (u = 0; u < nused && used[u] != nd; u++)
-                ;
-            if (u == nused)
-                used[nused++] = nd;
-        }
+        size_t nused = exec_queue(&x);
         if (nused == 0)
             break;
-        /* Serve each node; our requests on it are those targeting it. */
-        for (size_t u = 0; u < nused; u++) {
-            struct exec_wait w = {reqs, target, todo, n, used[u]};
-            node_serve(c, used[u], exec_done, &w);
-        }
-        /* Look at the replies: redirects and retryable states. */
-        bool again = false, need_refresh = false, pause = false;
-        for (size_t i = 0; i < n; i++) {
-            if (!todo[i])
-                continue;
-            redisReply *r = cmds[i].reply;
-            reqs[i].asking = false;
-            if (cmds[i].err) {
-                /* Connection down: in a cluster the slot may have moved to
-                 * a promoted replica; look again before giving up. */
-                need_refresh = true;
-                todo[i] = round + 1 < RC_MAX_ROUNDS && c->nnodes > 1;
-                if (todo[i]) {
-                    target[i] = NULL;
-                    pause = true;
-                    again = true;
-                }
-                continue;
-            }
-            bool moved = starts(r, "MOVED "), ask = starts(r, "ASK ");
-            if (moved || ask) {
-                struct rc_node *t = redirect_target(c, r->str);
-                if (t) {
-                    freeReplyObject(r);
-                    cmds[i].reply = NULL;
-                    target[i] = t;
-                    reqs[i].asking = ask;
-                    again = true;
-                    pthread_mutex_lock(&c->map_mu);
-                    if (moved)
-                        c->st.moved++;
-                    else
-                        c->st.ask++;
-                    pthread_mutex_unlock(&c->map_mu);
-                    need_refresh |= moved;
-                    continue;
-                }
-            } else if (starts(r, "TRYAGAIN") || starts(r, "CLUSTERDOWN") ||
-                       starts(r, "LOADING") || starts(r, "MASTERDOWN")) {
-                if (round + 1 < RC_MAX_ROUNDS) {
-                    freeReplyObject(r);
-                    cmds[i].reply = NULL;
-                    target[i] = NULL;
-                    again = pause = true;
-                    continue;
-                }
-            }
-            todo[i] = false;
-        }
-        if (need_refresh) {
-            /* A refresh per MOVED storm, not per command. */
-            uint64_t now = mono_ns();
-            pthread_mutex_lock(&c->map_mu);
-            bool stale = now - c->last_refresh_ns > 20000000u;
-            pthread_mutex_unlock(&c->map_mu);
-            if (stale)
-                refresh(c);
-        }
-        if (!again)
+        exec_serve(&x, nused);
+        struct exec_next nx = {false, false, false};
+        for (size_t i = 0; i < n; i++)
+            if (x.todo[i])
+                exec_check(&x, i, round, &nx);
+        if (nx.refresh)
+            refresh_if_stale(c);
+        if (!nx.again)
             break;
-        if (pause)
+        if (nx.pause)
             sleep_ms(10u * (unsigned)(round + 1));
     }
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
-        if (todo[i] && !cmds[i].err && !cmds[i].reply)
+        if (x.todo[i] && !cmds[i].err && !cmds[i].reply)
             cmds[i].err = TW_ECONN;
         if (!rc && cmds[i].err)
             rc = cmds[i].err;
     }
-    tw__free(reqs);
-    tw__free(target);
-    tw__free(todo);
-    tw__free(used);
+    exec_free(&x);
     return rc;
 }

@@ -4,10 +4,11 @@
 # processes that this script starts on 127.0.0.1 (random free ports, a
 # temporary directory) and always stops, also on failure.
 # Usage: tests/redis_test.sh SCENARIO TEST_BINARY
-#   semantics | econn | crash          one server
+#   semantics | econn | crash | many   one server
 #   suite                              one server; TEST_BINARY is
 #                                      test_durable_semantics
-#   share | share-kill | reshard       a 3-master cluster
+#   share | share-kill | reshard |     a 3-master cluster
+#   many-cluster
 #   failover                           3 masters + 3 replicas
 # Exit 77 (skipped) when redis-server is not installed. TW_WRAP (e.g.
 # "gdb -batch -ex run -ex bt --args") wraps the one-server runs.
@@ -108,7 +109,7 @@ cluster() { # MASTERS REPLICAS_PER_MASTER
 }
 
 case $scenario in
-  semantics | econn | crash | suite)
+  semantics | econn | crash | many | suite)
     port=$(pick_ports 1)
     if [ "$scenario" = econn ] || [ "$scenario" = crash ]; then
       extra=(--appendonly yes --appendfsync always)
@@ -130,9 +131,10 @@ case $scenario in
     fi
     exit $rc
     ;;
-  share | share-kill | reshard)
+  share | share-kill | reshard | many-cluster)
     cluster 3 0
     case $scenario in
+      many-cluster) "$bin" many "$seeds" ;;
       share) "$bin" share "$seeds" 3 "${TW_REDIS_TIMERS:-100000}" 0 "$tmp" ;;
       share-kill) "$bin" share "$seeds" 3 20000 1 "$tmp" ;;
       reshard)
