@@ -385,14 +385,7 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
                     uint64_t period, enum sched_kind kind, tw_id replace,
                     bool *replaced, tw_id *id)
 {
-    struct sched r;
-    r.fn = fn;
-    r.arg = arg;
-    r.delay = delay;
-    r.period = period;
-    r.kind = kind;
-    r.replace = replace;
-    r.replaced = replaced;
+    struct sched r = {fn, arg, delay, period, kind, replace, replaced};
     struct reserved v; /* each field set before it is read */
     int rc = sched_validate(s, &r);
     if (rc == 0)

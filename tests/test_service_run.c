@@ -23,17 +23,6 @@
 #include "test.h"
 #include "twheel/service.h"
 
-/* A started service on the virtual clock at 1000 s. */
-static tw_service *vservice(tw_service_config *cfg)
-{
-    cfg->clock = vclock;
-    atomic_store(&vnow, 1000 * SEC);
-    tw_service *s = NULL;
-    ASSERT_EQ(tw_service_create(&s, cfg), 0);
-    ASSERT_EQ(tw_service_start(s), 0);
-    return s;
-}
-
 /* ------------------------------------------------------------------------ */
 /* tw_service_run() accepts a job once. */
 
@@ -95,7 +84,7 @@ static void test_run_job_once(void)
 {
     tw_service_config cfg = {0};
     cfg.execute = record_job;
-    tw_service *s = vservice(&cfg);
+    tw_service *s = vclock_service(&cfg);
     for (int i = 0; i < JOBS; i++)
         ASSERT_EQ(tw_schedule(s, count_run, &rj.runs[i], 0, NULL), 0);
     /* Due at once: the timer thread hands every job to record_job. */
