@@ -1,22 +1,22 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * src/service_impl.h - the timer service's records and state, shared by
- * src/node_pool.c and src/service.c (src/exec_pool.c sees none of it).
+ * src/node_pool.[ch] and src/service.c (src/exec_pool.c sees none of it).
  *
  * Pipeline
  * --------
  * A task flows through the service in one direction:
  *
- *   producer (tw_schedule*)                                     service.c
- *     | takes a record from the node pool                     node_pool.c
+ *   producer (tw_schedule*)                                service.c
+ *     | takes a record from the node pool                   node_pool.[ch]
  *     v pushes it on the submission stack (lock-free)
- *   timer thread: takes the stack whole, cancel bitmap too     service.c
- *     v arms the record in its tw_wheel                           wheel.c
- *   wheel: at the deadline calls the trampoline (dispatch)     service.c
+ *   timer thread: takes the stack whole, cancel bitmap too service.c
+ *     v arms the record in its tw_wheel                     wheel.c
+ *   wheel: at the deadline calls the trampoline (dispatch) service.c
  *     v runs the task there, or hands it to an executor
- *   executor pool (or the caller's executor)                  exec_pool.c
+ *   executor pool (or the caller's executor)               exec_pool.[ch]
  *     v runs the task; a periodic task goes back on the stack
- *   the record returns to the node pool's free list           node_pool.c
+ *   the record returns to the node pool's free list        node_pool.[ch]
  *
  * Cancels go against the flow: tw_cancel() only sets a bit in the record's
  * state word (and, for a record in the wheel, a bit in the cancel bitmap);
@@ -187,8 +187,9 @@ struct dirblock {
 #define PAD(n) char pad##n[64]
 
 /*
- * The node pool (src/node_pool.c): chunks reached through a two-level
- * directory, the free list, the cancel bitmap and the function table.
+ * The node pool (src/node_pool.h, src/node_pool.c): chunks reached through
+ * a two-level directory, the free list, the cancel bitmap and the function
+ * table.
  */
 struct node_pool {
     _Atomic(tw_task_fn) *fns;
