@@ -116,8 +116,8 @@ static uint64_t now_tick(const tw_service *s)
  * its round) and return false. *@was receives the state before the move
  * (or before the free).
  */
-static bool move_or_free(tw_service *s, struct node *n, unsigned loc,
-                         uint64_t clear, bool batched, uint64_t *was)
+static inline bool move_or_free(tw_service *s, struct node *n, unsigned loc,
+                                uint64_t clear, bool batched, uint64_t *was)
 {
     uint64_t v = atomic_load(&n->state);
     do {
