@@ -41,6 +41,7 @@ void (*tw__service_run_hook)(tw_service *s, tw_id job);
 void (*tw__service_started_hook)(tw_service *s, tw_id id);
 void (*tw__service_xpop_hook)(tw_service *s, tw_id id);
 void (*tw__service_xdrop_hook)(tw_service *s, tw_id id);
+void (*tw__service_accepted_hook)(tw_service *s, tw_id id);
 #define TEST_HOOK(hook, ...)                                                   \
     do {                                                                       \
         if ((hook) != NULL)                                                    \
@@ -610,9 +611,13 @@ static void requeue(tw_service *s, struct node *n, uint64_t tick)
 }
 
 /* The end of the run of ST_HOLD node @n (state @running): release its
- * pending slot unless a replacing call took it over. */
+ * pending slot unless a replacing call took it over. That call may have set
+ * ST_DROPPED before the run's own state reading (in the window between an
+ * executor's acceptance and the run), so the bit is cleared from what the
+ * compare-and-swap expects: whoever sets it first decides. */
 static void hold_release(tw_service *s, struct node *n, uint64_t running)
 {
+    running &= ~ST_DROPPED;
     if (atomic_compare_exchange_strong(&n->state, &running,
                                        running | ST_DROPPED))
         pending_drop(s);
@@ -728,6 +733,8 @@ static void dispatch_flush(tw_service *s)
 
 static void run_dispatched(tw_service *s, struct node *n)
 {
+    TEST_HOOK(tw__service_accepted_hook, s,
+              make_id(atomic_load(&n->state), node_index(n)));
     run_node(s, n, false);
     atomic_fetch_sub(&s->busy, 1);
 }
