@@ -68,6 +68,10 @@ extern void (*tw__service_started_hook)(struct tw_service *s, uint64_t id);
  * looks at the queue links. */
 extern void (*tw__service_xpop_hook)(struct tw_service *s, uint64_t id);
 extern void (*tw__service_xdrop_hook)(struct tw_service *s, uint64_t id);
+/* tw__service_accepted_hook: an executor (the built-in pool's, or a
+ * caller's through tw_service_run()) has accepted job @id: the task is
+ * RUNNING and the run is about to begin. */
+extern void (*tw__service_accepted_hook)(struct tw_service *s, uint64_t id);
 #endif
 /* tw_schedule() of a one-shot task that keeps its pending slot while it
  * runs and takes over the slot of task @old (0: none; @old must be a task

@@ -26,7 +26,7 @@
 #include <time.h>
 
 #include "internal.h"
-#include "service_impl.h"
+#include "node_pool.h"
 
 #define DRAIN_BATCH 8192 /* submissions per timer-thread round */
 
@@ -41,6 +41,7 @@ void (*tw__service_run_hook)(tw_service *s, tw_id job);
 void (*tw__service_started_hook)(tw_service *s, tw_id id);
 void (*tw__service_xpop_hook)(tw_service *s, tw_id id);
 void (*tw__service_xdrop_hook)(tw_service *s, tw_id id);
+void (*tw__service_accepted_hook)(tw_service *s, tw_id id);
 #define TEST_HOOK(hook, ...)                                                   \
     do {                                                                       \
         if ((hook) != NULL)                                                    \
@@ -113,19 +114,21 @@ static uint64_t now_tick(const tw_service *s)
 /*
  * Move owned node @n to location @loc, clearing the bits @clear, unless it
  * was cancelled: then free it (batched: on the timer thread, at the end of
- * its round) and return false. *@was receives the state before the move.
+ * its round) and return false. *@was receives the state before the move
+ * (or before the free).
  */
-static bool move_or_free(tw_service *s, struct node *n, unsigned loc,
-                         uint64_t clear, bool batched, uint64_t *was)
+static inline bool move_or_free(tw_service *s, struct node *n, unsigned loc,
+                                uint64_t clear, bool batched, uint64_t *was)
 {
     uint64_t v = atomic_load(&n->state);
     do {
         if (v & ST_CANCELLED) {
             if (batched)
-                tw__node_free_batched(&s->pool, n);
+                node_free_batched(&s->pool, n);
             else
-                tw__node_free(&s->pool, n);
+                node_free(&s->pool, n);
             atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
+            *was = v;
             return false;
         }
     } while (!atomic_compare_exchange_weak(&n->state, &v,
@@ -213,7 +216,7 @@ enum sched_kind {
     KIND_DELAY, /* fixed delay */
 };
 
-/* One schedule call: the request, then what reserve() took for it. */
+/* One schedule call's arguments. */
 struct sched {
     tw_task_fn fn;
     void *arg;
@@ -221,6 +224,11 @@ struct sched {
     enum sched_kind kind;
     tw_id replace; /* KIND_HOLD: a task to take over (see take_slot()) */
     bool *replaced;
+};
+
+/* What sched_reserve() took for the call (apart from its pending slot).
+ * Kept apart from struct sched, whose fields then stay in registers. */
+struct reserved {
     uint32_t fidx, idx; /* function table entry, node */
     uint64_t st;        /* the node's state word, FREE */
     struct periodic *rec;
@@ -279,7 +287,7 @@ static bool kind_periodic(enum sched_kind kind)
 /* The checks that need no memory: bad arguments, stopped, and (unless it
  * replaces a task) max_pending, so that a call that max_pending rejects
  * does not grow the record pool. */
-static int sched_validate(tw_service *s, const struct sched *r)
+static inline int sched_validate(tw_service *s, const struct sched *r)
 {
     if (s == NULL || r->fn == NULL || (kind_periodic(r->kind) && !r->period))
         return TW_EINVAL;
@@ -302,46 +310,48 @@ static int sched_validate(tw_service *s, const struct sched *r)
  * after the slot (a call that max_pending rejects takes no entry), or,
  * when replacing, before it (the takeover cannot be undone).
  */
-static int sched_reserve(tw_service *s, struct sched *r)
+static inline int sched_reserve(tw_service *s, const struct sched *r,
+                                struct reserved *v)
 {
-    int rc = tw__fn_find(&s->pool, r->fn, &r->fidx);
+    int rc = fn_find(&s->pool, r->fn, &v->fidx);
     if (rc < 0)
         return rc;
     bool fn_new = rc == 1;
-    rc = periodic_new(r->kind, r->arg, r->period, &r->rec);
+    rc = periodic_new(r->kind, r->arg, r->period, &v->rec);
     if (rc != 0)
         return rc;
-    bool have_node = (rc = tw__node_alloc(&s->pool, &r->idx, &r->st)) == 0;
+    bool have_node = (rc = node_alloc(&s->pool, &v->idx, &v->st)) == 0;
     /* The first call starts the service only once its memory is there. */
     if (rc == 0 &&
         !atomic_load_explicit(&s->timer.started, memory_order_acquire))
         rc = tw_service_start(s);
     if (rc == 0 && fn_new && r->replace != 0)
-        rc = tw__fn_index(&s->pool, r->fn, &r->fidx);
+        rc = tw__fn_index(&s->pool, r->fn, &v->fidx);
     if (rc == 0)
         rc = take_slot(s, r->replace, r->replaced);
     if (rc == 0 && fn_new && r->replace == 0 &&
-        (rc = tw__fn_index(&s->pool, r->fn, &r->fidx)))
+        (rc = tw__fn_index(&s->pool, r->fn, &v->fidx)))
         pending_drop(s); /* the table filled up meanwhile */
     if (rc == 0)
         return 0;
     if (have_node)
-        tw__node_unalloc(&s->pool, r->idx, r->st);
-    tw__free(r->rec);
+        node_unalloc(&s->pool, v->idx, v->st);
+    tw__free(v->rec);
     return rc;
 }
 
 /* Fill the reserved node and push it on the submission stack. */
-static void sched_publish(tw_service *s, struct sched *r, tw_id *id)
+static inline void sched_publish(tw_service *s, const struct sched *r,
+                                 const struct reserved *v, tw_id *id)
 {
     uint64_t flags = kind_periodic(r->kind) ? ST_PERIODIC
                      : r->kind == KIND_HOLD ? ST_HOLD
                                             : 0;
-    void *arg = r->rec != NULL ? (void *)r->rec : r->arg;
+    void *arg = v->rec != NULL ? (void *)v->rec : r->arg;
     /* Lazy clock: the timer thread is awake or polling, so it takes the
      * request within about a tick and reads the clock then. */
     bool lazy =
-        s->cfg.lazy && r->rec == NULL &&
+        s->cfg.lazy && v->rec == NULL &&
         !atomic_load_explicit(&s->timer.sleep_long, memory_order_relaxed) &&
         !atomic_load_explicit(&s->timer.in_task, memory_order_relaxed);
     uint64_t tick = r->delay;
@@ -349,17 +359,17 @@ static void sched_publish(tw_service *s, struct sched *r, tw_id *id)
         flags |= ST_RELATIVE;
     } else {
         uint64_t due = add_sat(rel_ns(s), r->delay);
-        if (r->rec != NULL)
-            r->rec->next_ns = due;
+        if (v->rec != NULL)
+            v->rec->next_ns = due;
         tick = ceil_tick(s, due);
     }
-    struct node *n = node_at(&s->pool, r->idx);
+    struct node *n = node_at(&s->pool, v->idx);
     tw_timer_init(&n->t, trampoline, arg);
     n->t.tw__expires = tick;
-    uint64_t st = (r->st & ~UINT64_C(0xffffffff)) |
-                  ((uint64_t)r->fidx << ST_PAY_SHIFT) | flags | LOC_QUEUED;
+    uint64_t st = (v->st & ~UINT64_C(0xffffffff)) |
+                  ((uint64_t)v->fidx << ST_PAY_SHIFT) | flags | LOC_QUEUED;
     if (id != NULL)
-        *id = make_id(st, r->idx);
+        *id = make_id(st, v->idx);
     atomic_store_explicit(&n->state, st, memory_order_release);
     subq_push(s, n);
     if (lazy)
@@ -368,21 +378,28 @@ static void sched_publish(tw_service *s, struct sched *r, tw_id *id)
         wake_for_tick(s, tick);
 }
 
-static int schedule(tw_service *s, struct sched *r, tw_id *id)
+/*
+ * Schedule a task of @kind. A non-zero @replace is a task to take over
+ * (see take_slot()), only for KIND_HOLD.
+ */
+static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
+                    uint64_t period, enum sched_kind kind, tw_id replace,
+                    bool *replaced, tw_id *id)
 {
-    int rc = sched_validate(s, r);
+    struct sched r = {fn, arg, delay, period, kind, replace, replaced};
+    struct reserved v; /* each field set before it is read */
+    int rc = sched_validate(s, &r);
     if (rc == 0)
-        rc = sched_reserve(s, r);
+        rc = sched_reserve(s, &r, &v);
     if (rc == 0)
-        sched_publish(s, r, id);
+        sched_publish(s, &r, &v, id);
     return rc;
 }
 
 int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
                 tw_id *id)
 {
-    struct sched r = {.fn = fn, .arg = arg, .delay = delay_ns};
-    return schedule(s, &r, id);
+    return schedule(s, fn, arg, delay_ns, 0, KIND_ONCE, 0, NULL, id);
 }
 
 int tw__schedule_replace(tw_service *s, tw_task_fn fn, void *arg,
@@ -391,37 +408,23 @@ int tw__schedule_replace(tw_service *s, tw_task_fn fn, void *arg,
 {
     if (old_cancelled != NULL)
         *old_cancelled = false;
-    struct sched r = {.fn = fn,
-                      .arg = arg,
-                      .delay = delay_ns,
-                      .kind = KIND_HOLD,
-                      .replace = old,
-                      .replaced = old_cancelled};
-    return schedule(s, &r, id);
+    return schedule(s, fn, arg, delay_ns, 0, KIND_HOLD, old, old_cancelled, id);
 }
 
 int tw_schedule_fixed_rate(tw_service *s, tw_task_fn fn, void *arg,
                            uint64_t initial_delay_ns, uint64_t period_ns,
                            tw_id *id)
 {
-    struct sched r = {.fn = fn,
-                      .arg = arg,
-                      .delay = initial_delay_ns,
-                      .period = period_ns,
-                      .kind = KIND_RATE};
-    return schedule(s, &r, id);
+    return schedule(s, fn, arg, initial_delay_ns, period_ns, KIND_RATE, 0, NULL,
+                    id);
 }
 
 int tw_schedule_fixed_delay(tw_service *s, tw_task_fn fn, void *arg,
                             uint64_t initial_delay_ns, uint64_t delay_ns,
                             tw_id *id)
 {
-    struct sched r = {.fn = fn,
-                      .arg = arg,
-                      .delay = initial_delay_ns,
-                      .period = delay_ns,
-                      .kind = KIND_DELAY};
-    return schedule(s, &r, id);
+    return schedule(s, fn, arg, initial_delay_ns, delay_ns, KIND_DELAY, 0, NULL,
+                    id);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -477,7 +480,7 @@ static void take_cancel(struct node *n, void *ctx)
     if (ST_LOC(st) != LOC_ARMED || !(st & ST_CANCELLED))
         return; /* already freed (and maybe reused) by the wheel */
     tw_wheel_cancel(s->timer.wheel, &n->t);
-    tw__node_free_batched(&s->pool, n);
+    node_free_batched(&s->pool, n);
     atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
 }
 
@@ -534,13 +537,13 @@ static void *timer_main(void *p)
         bool active =
             subq_drain(s, DRAIN_BATCH, take_submission, &taken_at) != 0;
         if (atomic_load(&s->pool.cancel_dirty) != 0) {
-            tw__cancel_drain(&s->pool, take_cancel, s);
+            cancel_drain(&s->pool, take_cancel, s);
             active = true;
         }
         uint64_t now = now_tick(s);
         tw_wheel_advance(s->timer.wheel, now);
         dispatch_flush(s);
-        tw__free_flush(&s->pool);
+        free_flush(&s->pool);
         atomic_fetch_add(&s->timer.round_end, 1);
         if (s->timer.local != NULL || atomic_load(&s->submit.subq) != NULL ||
             atomic_load(&s->pool.cancel_dirty) != 0)
@@ -552,7 +555,7 @@ static void *timer_main(void *p)
             next = now + 1; /* poll once more before sleeping long */
         timer_sleep(s, next, now);
     }
-    tw__free_flush(&s->pool);
+    free_flush(&s->pool);
     tw_cur.s = NULL;
     return NULL;
 }
@@ -608,9 +611,13 @@ static void requeue(tw_service *s, struct node *n, uint64_t tick)
 }
 
 /* The end of the run of ST_HOLD node @n (state @running): release its
- * pending slot unless a replacing call took it over. */
+ * pending slot unless a replacing call took it over. That call may have set
+ * ST_DROPPED before the run's own state reading (in the window between an
+ * executor's acceptance and the run), so the bit is cleared from what the
+ * compare-and-swap expects: whoever sets it first decides. */
 static void hold_release(tw_service *s, struct node *n, uint64_t running)
 {
+    running &= ~ST_DROPPED;
     if (atomic_compare_exchange_strong(&n->state, &running,
                                        running | ST_DROPPED))
         pending_drop(s);
@@ -660,9 +667,9 @@ static void run_node(tw_service *s, struct node *n, bool inline_wheel)
     call_task(s, n, rst, id);
     if (!(rst & ST_PERIODIC)) {
         if (inline_wheel)
-            tw__node_free_batched(&s->pool, n);
+            node_free_batched(&s->pool, n);
         else
-            tw__node_free(&s->pool, n);
+            node_free(&s->pool, n);
     } else {
         uint64_t tick = ceil_tick(s, periodic_next(s, n->t.tw__arg));
         if (!inline_wheel)
@@ -726,6 +733,8 @@ static void dispatch_flush(tw_service *s)
 
 static void run_dispatched(tw_service *s, struct node *n)
 {
+    TEST_HOOK(tw__service_accepted_hook, s,
+              make_id(atomic_load(&n->state), node_index(n)));
     run_node(s, n, false);
     atomic_fetch_sub(&s->busy, 1);
 }
@@ -800,14 +809,16 @@ static bool still_dispatched(tw_timer *job, void *arg)
  * if it still waits in the executor queue, take it out and free it now
  * rather than when an executor gets to it (which may be long when every
  * executor runs a long task). A node not in the queue (being flushed) is
- * freed by its owner.
+ * freed by its owner. Out of line, so that the common cancel keeps a small
+ * stack frame.
  */
-static void drop_queued(tw_service *s, struct node *n, tw_id id)
+__attribute__((noinline)) static void drop_queued(tw_service *s, struct node *n,
+                                                  tw_id id)
 {
     struct drop d = {s, id};
     if (!tw__exec_remove(&s->exec, &n->t, still_dispatched, &d))
         return;
-    tw__node_free(&s->pool, n);
+    node_free(&s->pool, n);
     atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
     atomic_fetch_sub(&s->busy, 1);
 }
@@ -831,7 +842,7 @@ static bool cancel_id(tw_service *s, tw_id id, bool drop)
     if (drop)
         pending_drop(s);
     if (loc == LOC_ARMED)
-        tw__cancel_mark(&s->pool, n, (uint32_t)id - 1);
+        cancel_mark(&s->pool, n, (uint32_t)id - 1);
     if (loc == LOC_ARMED || loc == LOC_QUEUED)
         wake_for_cancel(s);
     if (loc == LOC_DISPATCHED && s->cfg.nexec != 0)
@@ -1100,7 +1111,7 @@ static void hand_back(tw_service *s, struct node *n, uint64_t st,
             arg = ((struct periodic *)arg)->arg;
         h->fn(make_id(st, node_index(n)), fn_at(&s->pool, st), arg, h->ctx);
     }
-    tw__node_free(&s->pool, n);
+    node_free(&s->pool, n);
     atomic_fetch_add_explicit(&s->handed, 1, memory_order_relaxed);
     h->handed++;
 }
@@ -1112,7 +1123,7 @@ static void stop_take(tw_service *s, struct node *n, void *ctx)
     uint64_t v = atomic_load(&n->state);
     do {
         if (v & ST_CANCELLED) {
-            tw__node_free(&s->pool, n);
+            node_free(&s->pool, n);
             atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
             return;
         }
@@ -1138,7 +1149,7 @@ static void stop_wheel(tw_service *s, struct handing *h)
         tw_wheel_cancel(s->timer.wheel, &n->t);
         stop_take(s, n, h);
     }
-    tw__cancel_drain(&s->pool, ignore_cancel, NULL);
+    cancel_drain(&s->pool, ignore_cancel, NULL);
 }
 
 /* The submission stack, until every accepted task is accounted for: a

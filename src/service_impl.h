@@ -1,22 +1,22 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * src/service_impl.h - the timer service's records and state, shared by
- * src/node_pool.c and src/service.c (src/exec_pool.c sees none of it).
+ * src/node_pool.[ch] and src/service.c (src/exec_pool.c sees none of it).
  *
  * Pipeline
  * --------
  * A task flows through the service in one direction:
  *
- *   producer (tw_schedule*)                                     service.c
- *     | takes a record from the node pool                     node_pool.c
+ *   producer (tw_schedule*)                                service.c
+ *     | takes a record from the node pool                   node_pool.[ch]
  *     v pushes it on the submission stack (lock-free)
- *   timer thread: takes the stack whole, cancel bitmap too     service.c
- *     v arms the record in its tw_wheel                           wheel.c
- *   wheel: at the deadline calls the trampoline (dispatch)     service.c
+ *   timer thread: takes the stack whole, cancel bitmap too service.c
+ *     v arms the record in its tw_wheel                     wheel.c
+ *   wheel: at the deadline calls the trampoline (dispatch) service.c
  *     v runs the task there, or hands it to an executor
- *   executor pool (or the caller's executor)                  exec_pool.c
+ *   executor pool (or the caller's executor)               exec_pool.[ch]
  *     v runs the task; a periodic task goes back on the stack
- *   the record returns to the node pool's free list           node_pool.c
+ *   the record returns to the node pool's free list        node_pool.[ch]
  *
  * Cancels go against the flow: tw_cancel() only sets a bit in the record's
  * state word (and, for a record in the wheel, a bit in the cancel bitmap);
@@ -187,8 +187,9 @@ struct dirblock {
 #define PAD(n) char pad##n[64]
 
 /*
- * The node pool (src/node_pool.c): chunks reached through a two-level
- * directory, the free list, the cancel bitmap and the function table.
+ * The node pool (src/node_pool.h, src/node_pool.c): chunks reached through
+ * a two-level directory, the free list, the cancel bitmap and the function
+ * table.
  */
 struct node_pool {
     _Atomic(tw_task_fn) *fns;
@@ -350,40 +351,5 @@ static inline tw_task_fn fn_at(const struct node_pool *p, uint64_t st)
 {
     return atomic_load_explicit(&p->fns[ST_FN(st)], memory_order_acquire);
 }
-
-/* ------------------------------------------------------------------------ */
-/* The node pool (src/node_pool.c). Context: any thread unless noted. */
-
-/* An empty pool for @owner with a function table of @nfns entries (a power
- * of two). Returns 0 or TW_ENOMEM. */
-int tw__pool_init(struct node_pool *p, struct tw_service *owner, uint32_t nfns,
-                  uint32_t salt);
-/* Free every chunk and the table. */
-void tw__pool_destroy(struct node_pool *p);
-
-/* Take a free node: *@idx its index, *@st its state word (FREE, with the
- * generation to use). Returns 0 or TW_ENOMEM. */
-int tw__node_alloc(struct node_pool *p, uint32_t *idx, uint64_t *st);
-/* Give back node @idx that tw__node_alloc() returned with state @st. */
-void tw__node_unalloc(struct node_pool *p, uint32_t idx, uint64_t st);
-/* Free @n now (its owner). */
-void tw__node_free(struct node_pool *p, struct node *n);
-/* Free @n at tw__free_flush() (one CAS per round). Context: timer thread. */
-void tw__node_free_batched(struct node_pool *p, struct node *n);
-void tw__free_flush(struct node_pool *p);
-
-/* Mark ARMED node @n (index @idx) cancelled for the timer thread. */
-void tw__cancel_mark(struct node_pool *p, struct node *n, uint32_t idx);
-/* Call @fn(@n, @ctx) for every marked node, clearing the marks.
- * Context: the wheel's owner. */
-void tw__cancel_drain(struct node_pool *p,
-                      void (*fn)(struct node *n, void *ctx), void *ctx);
-
-/* The entry of @fn in the function table, added if new: 0 and *@out, or
- * TW_EAGAIN if the table is full. */
-int tw__fn_index(struct node_pool *p, tw_task_fn fn, uint32_t *out);
-/* Look @fn up without taking an entry: 0 and *@out its entry, 1 if it is
- * not there but there is room, TW_EAGAIN if the table is full. */
-int tw__fn_find(struct node_pool *p, tw_task_fn fn, uint32_t *out);
 
 #endif

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tests/fixture.h - what the service tests (and bench_service) share: time
- * units, a virtual clock, real-time helpers, and the scale of real-time
- * cases under sanitizers and valgrind. Include after defining
- * _POSIX_C_SOURCE (or _GNU_SOURCE).
+ * units, a virtual clock and a service on it, real-time helpers, and the
+ * scale of real-time cases under sanitizers and valgrind. Include after
+ * defining _POSIX_C_SOURCE (or _GNU_SOURCE).
  */
 #ifndef TWHEEL_TEST_FIXTURE_H
 #define TWHEEL_TEST_FIXTURE_H
@@ -14,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "test.h"
+#include "twheel/service.h"
 
 #define US UINT64_C(1000)
 #define MS UINT64_C(1000000)
@@ -35,6 +38,21 @@ static inline uint64_t vclock(void *ctx)
 {
     (void)ctx;
     return atomic_load(&vnow);
+}
+
+/* A started service on the virtual clock, which is set to VCLOCK_START;
+ * @cfg (NULL: the defaults) gets vclock as its clock. */
+static inline tw_service *vclock_service(tw_service_config *cfg)
+{
+    tw_service_config def = {0};
+    if (cfg == NULL)
+        cfg = &def;
+    atomic_store(&vnow, VCLOCK_START);
+    cfg->clock = vclock;
+    tw_service *s = NULL;
+    ASSERT_EQ(tw_service_create(&s, cfg), 0);
+    ASSERT_EQ(tw_service_start(s), 0);
+    return s;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -92,14 +92,9 @@ static void sched(tw_service *s, struct task *t, uint64_t delay,
 static tw_service *vservice(uint32_t executors)
 {
     tw_service_config cfg = {0};
-    cfg.clock = vclock;
     cfg.executor_threads = executors;
-    atomic_store(&vnow, VBASE);
     use_mono = false;
-    tw_service *s = NULL;
-    ASSERT_EQ(tw_service_create(&s, &cfg), 0);
-    ASSERT_EQ(tw_service_start(s), 0);
-    return s;
+    return vclock_service(&cfg);
 }
 
 static void vset(tw_service *s, uint64_t abs)

@@ -36,20 +36,6 @@
 
 #define VBASE VCLOCK_START
 
-/* A started service on the virtual clock at VBASE, 1 ms ticks. */
-static tw_service *vservice(tw_service_config *cfg)
-{
-    tw_service_config def = {0};
-    if (cfg == NULL)
-        cfg = &def;
-    atomic_store(&vnow, VBASE);
-    cfg->clock = vclock;
-    tw_service *s = NULL;
-    ASSERT_EQ(tw_service_create(&s, cfg), 0);
-    ASSERT_EQ(tw_service_start(s), 0);
-    return s;
-}
-
 /* Move the virtual clock to VBASE + @rel and let the timer thread see it. */
 static void vset(tw_service *s, uint64_t rel)
 {
@@ -179,7 +165,7 @@ static void test_create_bad_input(void)
 
 static void test_schedule_bad_input(void)
 {
-    tw_service *s = vservice(NULL);
+    tw_service *s = vclock_service(NULL);
     tw_id id = 77;
     ASSERT_EQ(tw_schedule(NULL, nop_task, NULL, 0, &id), TW_EINVAL);
     ASSERT_EQ(tw_schedule(s, NULL, NULL, 0, &id), TW_EINVAL);
@@ -202,7 +188,7 @@ static void test_schedule_bad_input(void)
 static void test_max_callbacks(void)
 {
     tw_service_config cfg = {.max_callbacks = 2};
-    tw_service *s = vservice(&cfg);
+    tw_service *s = vclock_service(&cfg);
     tw_id id = 5;
     ASSERT_EQ(tw_schedule(s, nop_task, NULL, SEC, NULL), 0);
     ASSERT_EQ(tw_schedule(s, nop_task2, NULL, SEC, NULL), 0);
@@ -223,7 +209,7 @@ static void test_max_callbacks(void)
 static void not_early_round(uint32_t flags, uint64_t late)
 {
     tw_service_config cfg = {.flags = flags};
-    tw_service *s = vservice(&cfg);
+    tw_service *s = vclock_service(&cfg);
     uint64_t rng = 42;
     enum { N = 300 };
     static struct rec r[N];
@@ -273,7 +259,7 @@ static void test_not_early_within_a_tick(void)
  * 10.3 ms: the 11th tick. */
 static void test_deadline_boundary(void)
 {
-    tw_service *s = vservice(NULL);
+    tw_service *s = vclock_service(NULL);
     struct rec r = {0};
     vset(s, 3 * MS / 10);
     ASSERT_EQ(tw_schedule(s, rec_task, &r, 10 * MS, NULL), 0);
@@ -290,7 +276,7 @@ static void test_deadline_boundary(void)
  * handed back. */
 static void test_never(void)
 {
-    tw_service *s = vservice(NULL);
+    tw_service *s = vclock_service(NULL);
     struct rec r = {0};
     tw_id a, b, c;
     ASSERT_EQ(tw_schedule(s, rec_task, &r, UINT64_MAX, &a), 0);
@@ -342,7 +328,7 @@ static void test_fixed_rate_and_delay(void)
 {
     for (int exec = 0; exec < 2; exec++) {
         tw_service_config cfg = {.executor_threads = exec ? 2u : 0u};
-        tw_service *s = vservice(&cfg);
+        tw_service *s = vclock_service(&cfg);
         static struct slow fr, fd;
         memset(&fr, 0, sizeof(fr));
         memset(&fd, 0, sizeof(fd));
@@ -398,7 +384,7 @@ static void test_fixed_rate_and_delay(void)
 static void test_max_pending(void)
 {
     tw_service_config cfg = {.max_pending = 2};
-    tw_service *s = vservice(&cfg);
+    tw_service *s = vclock_service(&cfg);
     struct rec r = {0};
     tw_id a, b, c = 9;
     ASSERT_EQ(tw_schedule(s, rec_task, &r, 10 * MS, &a), 0);
@@ -424,7 +410,7 @@ static void test_max_pending(void)
 
 static void test_pending_counts(void)
 {
-    tw_service *s = vservice(NULL);
+    tw_service *s = vclock_service(NULL);
     struct rec r = {0};
     tw_id ids[10];
     for (int i = 0; i < 10; i++)
@@ -460,7 +446,7 @@ static void test_pending_counts(void)
 static void test_stop(void)
 {
     /* Nothing left after everything ran. */
-    tw_service *s = vservice(NULL);
+    tw_service *s = vclock_service(NULL);
     struct rec r = {0};
     for (int i = 0; i < 5; i++)
         ASSERT_EQ(tw_schedule(s, rec_task, &r, MS, NULL), 0);
@@ -481,7 +467,7 @@ static void test_stop(void)
     tw_service_destroy(s);
 
     /* The pending tasks otherwise, each exactly once, with its arg. */
-    s = vservice(NULL);
+    s = vclock_service(NULL);
     int args[20];
     tw_id ids[20];
     for (int i = 0; i < 20; i++)
@@ -515,7 +501,7 @@ static void test_stop(void)
     tw_service_destroy(s);
 
     /* Destroy without stop drops pending tasks without leaks (ASan). */
-    s = vservice(NULL);
+    s = vclock_service(NULL);
     ASSERT_EQ(tw_schedule_fixed_rate(s, rec_task, &r, SEC, SEC, NULL), 0);
     ASSERT_EQ(tw_schedule(s, rec_task, &r, SEC, NULL), 0);
     tw_service_destroy(s);
@@ -523,7 +509,7 @@ static void test_stop(void)
 
 static void test_ids(void)
 {
-    tw_service *s = vservice(NULL);
+    tw_service *s = vclock_service(NULL);
     struct rec r = {0};
     tw_id x, y, z;
     ASSERT_EQ(tw_schedule(s, rec_task, &r, MS, &x), 0);
@@ -596,7 +582,7 @@ static void test_calls_from_task(void)
 {
     for (int exec = 0; exec < 2; exec++) {
         tw_service_config cfg = {.executor_threads = exec ? 2u : 0u};
-        tw_service *s = vservice(&cfg);
+        tw_service *s = vclock_service(&cfg);
         struct rec victim = {0};
         static struct self one, per;
         memset(&one, 0, sizeof(one));
@@ -649,7 +635,7 @@ static void blocker_task(tw_id id, void *arg)
 static void test_cancel_wait(void)
 {
     tw_service_config cfg = {.executor_threads = 2};
-    tw_service *s = vservice(&cfg);
+    tw_service *s = vclock_service(&cfg);
     static struct blocker b1, b2;
     b1.hold_ns = b2.hold_ns = 50 * MS;
     tw_id a, p;
@@ -677,7 +663,7 @@ static void test_cancel_wait(void)
  * sleeps for an hour: the cancel wakes it. */
 static void test_cancel_releases_memory(void)
 {
-    tw_service *s = vservice(NULL);
+    tw_service *s = vclock_service(NULL);
     tw_id a;
     ASSERT_EQ(tw_schedule(s, nop_task, NULL, 3600 * SEC, &a), 0);
     tw__service_sync(s);
@@ -851,7 +837,7 @@ static void test_custom_executor(void)
     pthread_cond_init(&e.cv, NULL);
     ASSERT_EQ(pthread_create(&e.thread, NULL, my_exec_main, &e), 0);
     tw_service_config cfg = {.execute = my_execute, .execute_ctx = &e};
-    tw_service *s = vservice(&cfg);
+    tw_service *s = vclock_service(&cfg);
     struct onthread o = {.expect = e.thread};
     tw_id c, p;
     for (int i = 0; i < 10; i++)

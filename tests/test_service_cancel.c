@@ -21,17 +21,6 @@
 #include "test.h"
 #include "twheel/service.h"
 
-/* A started service on the virtual clock at 1000 s. */
-static tw_service *vservice(tw_service_config *cfg)
-{
-    cfg->clock = vclock;
-    atomic_store(&vnow, 1000 * SEC);
-    tw_service *s = NULL;
-    ASSERT_EQ(tw_service_create(&s, cfg), 0);
-    ASSERT_EQ(tw_service_start(s), 0);
-    return s;
-}
-
 /* ------------------------------------------------------------------------ */
 /* tw_cancel_wait() on a task that is just finishing: the waiter registers
  * while the runner frees the record and looks for waiters. Each round
@@ -148,7 +137,7 @@ static void test_cancel_queued_for_executor(void)
 {
     tw_service_config cfg = {0};
     cfg.executor_threads = 1;
-    tw_service *s = vservice(&cfg);
+    tw_service *s = vclock_service(&cfg);
     tw_id a = 0, b = 0;
     ASSERT_EQ(tw_schedule(s, blocker, NULL, MS, &a), 0);
     ASSERT_EQ(tw_schedule(s, blocker, NULL, MS, &b), 0);

@@ -41,16 +41,6 @@
 
 #define VBASE VCLOCK_START
 
-static tw_service *vservice(tw_service_config *cfg)
-{
-    atomic_store(&vnow, VBASE);
-    cfg->clock = vclock;
-    tw_service *s = NULL;
-    ASSERT_EQ(tw_service_create(&s, cfg), 0);
-    ASSERT_EQ(tw_service_start(s), 0);
-    return s;
-}
-
 /* Poll @cond every 100 us for at most @sec seconds; then assert it. */
 #define WAIT_FOR(cond, sec)                                                    \
     do {                                                                       \
@@ -102,7 +92,7 @@ static void test_run_ignored_on_pool(void)
 {
     tw_service_config cfg = {0};
     cfg.executor_threads = 1;
-    tw_service *s = vservice(&cfg);
+    tw_service *s = vclock_service(&cfg);
     blk_reset();
     ASSERT_EQ(tw_schedule(s, blocker, NULL, 0, NULL), 0);
     WAIT_FOR(atomic_load(&blk.running) == 1, 10);
@@ -167,7 +157,7 @@ static void test_failed_call_holds_no_slot(void)
     tw_service_config cfg = {0};
     cfg.max_pending = 1;
     cfg.max_callbacks = 1;
-    tw_service *s = vservice(&cfg);
+    tw_service *s = vclock_service(&cfg);
     tw_id a = 0;
     ASSERT_EQ(tw_schedule(s, noop, NULL, SEC, &a), 0); /* takes the entry */
     ASSERT(tw_cancel(s, a));
@@ -226,7 +216,7 @@ static void test_replace_running_at_max(void)
 {
     tw_service_config cfg = {0};
     cfg.max_pending = 1;
-    tw_service *s = vservice(&cfg);
+    tw_service *s = vclock_service(&cfg);
     struct runs a = {0}, b = {0};
     rp.r = &b;
     rp.rc = -1;
@@ -281,7 +271,7 @@ static void test_repeated_rearm_at_max(void)
 {
     tw_service_config cfg = {0};
     cfg.max_pending = 2;
-    tw_service *s = vservice(&cfg);
+    tw_service *s = vclock_service(&cfg);
     rt_at_max.s = s;
     tw_repeated_config rc = {0};
     rc.timeout_ns = 10 * MS;
@@ -334,7 +324,7 @@ static uint64_t cpu_ns(void)
 static void test_clock_step_back(void)
 {
     tw_service_config cfg = {0};
-    tw_service *s = vservice(&cfg);
+    tw_service *s = vclock_service(&cfg);
     atomic_store(&vnow, VBASE + 10 * SEC);
     tw__service_sync(s);
     atomic_store(&vnow, VBASE + 9 * SEC);
@@ -372,7 +362,7 @@ static void test_lazy_clock_busy_timer_thread(void)
 {
     tw_service_config cfg = {0};
     cfg.flags = TW_SERVICE_LAZY_CLOCK;
-    tw_service *s = vservice(&cfg);
+    tw_service *s = vclock_service(&cfg);
     blk_reset();
     /* Periodic: its deadline is read at the call (a lazy one may be a
      * tick later, and the virtual clock stands still). */

@@ -8,6 +8,8 @@
  *   together, many jobs in a row): the task must run exactly once per job.
  *   Forged, stale and repeated job ids are ignored.
  * - tw_service_start() from a task never waits for a concurrent stop.
+ * - A replacing call between a job's acceptance and its run takes the
+ *   pending slot over exactly once.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -22,17 +24,6 @@
 #include "internal.h"
 #include "test.h"
 #include "twheel/service.h"
-
-/* A started service on the virtual clock at 1000 s. */
-static tw_service *vservice(tw_service_config *cfg)
-{
-    cfg->clock = vclock;
-    atomic_store(&vnow, 1000 * SEC);
-    tw_service *s = NULL;
-    ASSERT_EQ(tw_service_create(&s, cfg), 0);
-    ASSERT_EQ(tw_service_start(s), 0);
-    return s;
-}
 
 /* ------------------------------------------------------------------------ */
 /* tw_service_run() accepts a job once. */
@@ -95,7 +86,7 @@ static void test_run_job_once(void)
 {
     tw_service_config cfg = {0};
     cfg.execute = record_job;
-    tw_service *s = vservice(&cfg);
+    tw_service *s = vclock_service(&cfg);
     for (int i = 0; i < JOBS; i++)
         ASSERT_EQ(tw_schedule(s, count_run, &rj.runs[i], 0, NULL), 0);
     /* Due at once: the timer thread hands every job to record_job. */
@@ -211,9 +202,100 @@ static void test_start_from_task_during_stop(void)
     }
 }
 
+/* ------------------------------------------------------------------------ */
+/* A replacing call between a job's acceptance and its run. A task of
+ * tw__schedule_replace() keeps its pending slot while it runs; a replacing
+ * call that finds it RUNNING takes the slot over by setting ST_DROPPED, and
+ * the run's end must then not release the slot as well. The accepted hook
+ * makes that call in the window between the executor's acceptance of the
+ * job and the start of the run: the pending count must stay 1 (the new
+ * task), and stop hands that task back. Before the fix the run's end
+ * released the slot a second time: the count went to 0 and stop took it
+ * below zero (every later call failed with TW_ESHUTDOWN). Both executors:
+ * a caller-supplied one and the built-in pool. */
+
+static struct {
+    tw_service *s;
+    _Atomic tw_id first, second;
+    _Atomic int runs, hooked;
+    bool cancelled;
+} rp;
+
+static void replace_task(tw_id id, void *arg)
+{
+    (void)id;
+    (void)arg;
+    atomic_fetch_add(&rp.runs, 1);
+}
+
+static void replace_on_accept(tw_service *s, tw_id id)
+{
+    if (id != atomic_load(&rp.first) || atomic_exchange(&rp.hooked, 1))
+        return;
+    tw_id b = 0;
+    ASSERT_EQ(tw__schedule_replace(s, replace_task, NULL, 1000 * SEC, id,
+                                   &rp.cancelled, &b),
+              0);
+    ASSERT(!rp.cancelled); /* running: taken over, not cancelled */
+    atomic_store(&rp.second, b);
+}
+
+static _Atomic tw_id rp_job;
+
+static void keep_job(tw_service *s, tw_id job, void *ctx)
+{
+    (void)s;
+    (void)ctx;
+    atomic_store(&rp_job, job);
+}
+
+static void replace_in_accept_window(uint32_t executors)
+{
+    tw_service_config cfg = {.max_pending = 1};
+    if (executors == 0)
+        cfg.execute = keep_job;
+    cfg.executor_threads = executors;
+    rp.s = vclock_service(&cfg);
+    atomic_store(&rp.runs, 0);
+    atomic_store(&rp.hooked, 0);
+    atomic_store(&rp.second, 0);
+    atomic_store(&rp_job, 0);
+    tw_id a = 0;
+    ASSERT_EQ(tw__schedule_replace(rp.s, replace_task, NULL, MS, 0, NULL, &a),
+              0);
+    atomic_store(&rp.first, a);
+    tw__service_accepted_hook = replace_on_accept;
+    atomic_fetch_add(&vnow, MS);
+    if (executors == 0) {
+        /* The job is ours until we run it: no sync before (it waits for
+         * every dispatched job). */
+        tw__service_kick(rp.s);
+        for (int i = 0; i < 100000 && atomic_load(&rp_job) == 0; i++)
+            sleep_us(100);
+        ASSERT_EQ(atomic_load(&rp_job), a);
+        tw_service_run(rp.s, a);
+    }
+    tw__service_sync(rp.s); /* due, dispatched and run */
+    tw__service_accepted_hook = NULL;
+    ASSERT_EQ(atomic_load(&rp.hooked), 1);
+    ASSERT_EQ(atomic_load(&rp.runs), 1);
+    ASSERT(atomic_load(&rp.second) != 0);
+    ASSERT_EQ(tw_service_pending(rp.s), 1); /* the new task's slot */
+    ASSERT_EQ(tw_service_stop(rp.s, NULL, NULL), 1);
+    ASSERT_EQ(tw_service_pending(rp.s), 0);
+    tw_service_destroy(rp.s);
+}
+
+static void test_replace_between_accept_and_run(void)
+{
+    replace_in_accept_window(0);
+    replace_in_accept_window(1);
+}
+
 int main(int argc, char **argv)
 {
     RUN_SELECTED(test_run_job_once);
     RUN_SELECTED(test_start_from_task_during_stop);
+    RUN_SELECTED(test_replace_between_accept_and_run);
     return tw_test_done();
 }

@@ -39,17 +39,6 @@ static void vadvance(tw_service *s, uint64_t ns)
     tw__service_sync(s);
 }
 
-/* A started service on the virtual clock at 1000 s. */
-static tw_service *vservice(tw_service_config *cfg)
-{
-    cfg->clock = vclock;
-    atomic_store(&vnow, 1000 * SEC);
-    tw_service *s = NULL;
-    ASSERT_EQ(tw_service_create(&s, cfg), 0);
-    ASSERT_EQ(tw_service_start(s), 0);
-    return s;
-}
-
 /* Distinct task functions that do nothing (each takes its own entry in a
  * service's function table). */
 #define NOP_TASK(name)                                                         \
@@ -283,7 +272,7 @@ static void test_repeated_reset_at_max(void)
 {
     tw_service_config cfg = {0};
     cfg.max_pending = 1;
-    tw_service *s = vservice(&cfg);
+    tw_service *s = vclock_service(&cfg);
     _Atomic int runs = 0;
     tw_repeated_config rc = {0};
     rc.timeout_ns = 10 * MS;
