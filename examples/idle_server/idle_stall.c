@@ -105,6 +105,8 @@ int main(int argc, char **argv)
     if (port == 0 || pid == 0 || idle == 0)
         return usage_error("--port, --pid and --idle are required");
     uint64_t n = active + silent;
+    if (n > 200000) /* both are parsed as at most 100000 */
+        return usage_error("too many connections");
     if (cli_raise_nofile(n + 64) < n + 64)
         return usage_error("cannot open that many descriptors");
     int *fd = calloc(n, sizeof *fd);
