@@ -27,7 +27,9 @@
  *   QUEUED      on the submission stack (tw__next is the link, tw__expires
  *               the deadline tick, or with ST_RELATIVE the delay in ns
  *               that the timer thread adds to its clock when it takes the
- *               node: TW_SERVICE_LAZY_CLOCK); owner: the timer thread
+ *               node: TW_SERVICE_LAZY_CLOCK; tw__pprev is no link but
+ *               the width in ticks of the task's window, 0 for an exact
+ *               deadline); owner: the timer thread
  *   ARMED       in the wheel (or parked forever for a "never" deadline);
  *               owner: the timer thread. A cancel also sets the node's bit
  *               in a hierarchical bitmap so the timer thread unlinks and
@@ -73,6 +75,7 @@
 #include <time.h>
 
 #include "internal.h"
+#include "service_clock.h"
 
 /* ------------------------------------------------------------------------ */
 /* Constants. */
@@ -164,6 +167,8 @@ struct tw_service {
     uint64_t max_pending;
     tw_clock_fn clock;
     void *clock_ctx;
+    clockid_t clock_id;        /* the built-in clock (clock == NULL) */
+    uint64_t slack_ns;         /* tw_schedule()'s default window */
     _Atomic uint64_t clock_hi; /* latest reading of clock (relative) */
     tw_execute_fn execute;
     void *execute_ctx;
@@ -204,6 +209,9 @@ struct tw_service {
     struct node *free_last;
     struct node *disp_first; /* dispatched this round */
     struct node *disp_last;
+    uint64_t disp_count;
+    uint64_t round_ns; /* the clock at this round's advance */
+    bool round_fresh;  /* no task has run on this thread since round_ns */
 
     /* Executor pool. */
     pthread_mutex_t xmu;
@@ -214,7 +222,8 @@ struct tw_service {
     tw_timer *xq_head, **xq_tailp;
     bool xquit; /* under xmu */
     pthread_t *xthreads;
-    _Atomic uint64_t busy; /* dispatched or running, not yet finished */
+    _Atomic uint64_t busy;    /* dispatched or running, not yet finished */
+    _Atomic uint64_t backlog; /* dispatched, not yet started or dropped */
 
     /* tw_cancel_wait(). */
     pthread_mutex_t wmu;
@@ -228,8 +237,10 @@ struct tw_service {
     /* Timer-thread rounds begun and ended (tw__service_sync). */
     _Atomic uint64_t round_begin, round_end;
 
-    /* Statistics. */
-    _Atomic uint64_t ran, cancelled, handed, wakeups, nodes, mem;
+    /* Statistics. Runs are counted in late[] only (ran is their sum). */
+    _Atomic uint64_t cancelled, handed, wakeups, nodes, mem;
+    PAD(5);
+    _Atomic uint64_t late[TW_LATE_BUCKETS];
 };
 
 /* Test hooks (internal.h): only in the test build of the library
@@ -260,9 +271,7 @@ static _Thread_local struct {
 
 static uint64_t mono_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return tw__svc_clock_ns(CLOCK_MONOTONIC);
 }
 
 /* Nanoseconds since the service was created. A caller-supplied clock
@@ -272,7 +281,7 @@ static uint64_t mono_ns(void)
 static uint64_t rel_ns(const tw_service *s)
 {
     if (s->clock == NULL) {
-        uint64_t now = mono_ns();
+        uint64_t now = tw__svc_clock_ns(s->clock_id);
         return now > s->start_ns ? now - s->start_ns : 0;
     }
     uint64_t now = s->clock(s->clock_ctx);
@@ -798,7 +807,9 @@ static int periodic_new(enum sched_kind kind, void *arg, uint64_t period,
 }
 
 /*
- * Schedule a task of @kind. A non-zero @replace is a task to take over
+ * Schedule a task of @kind. @period: a periodic task's period; for a
+ * one-shot task the width in ns of its window (0: exact; see
+ * tw_schedule_window()). A non-zero @replace is a task to take over
  * (see take_slot()), only for KIND_HOLD.
  *
  * Order: everything that may fail and can be undone comes before the
@@ -850,23 +861,31 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
     uint64_t flags = periodic ? ST_PERIODIC : kind == KIND_HOLD ? ST_HOLD : 0;
     if (rec != NULL)
         arg = rec;
+    uint64_t width = rec == NULL ? period : 0;
     /* Lazy clock: the timer thread is awake or polling, so it takes the
      * request within about a tick and reads the clock then. */
-    bool lazy = s->lazy && rec == NULL &&
+    bool lazy = s->lazy && rec == NULL && width == 0 &&
                 !atomic_load_explicit(&s->sleep_long, memory_order_relaxed) &&
                 !atomic_load_explicit(&s->in_task, memory_order_relaxed);
-    uint64_t tick = delay;
+    uint64_t tick = delay, last = delay;
     if (lazy) {
         flags |= ST_RELATIVE;
     } else {
         uint64_t due = add_sat(rel_ns(s), delay);
         if (rec != NULL)
             rec->next_ns = due;
-        tick = ceil_tick(s, due);
+        last = tick = ceil_tick(s, due);
+        if (width != 0 && due != NEVER)
+            tw__svc_window(s->tick_ns, due, width, &tick, &last);
     }
     struct node *n = node_at(s, idx);
     tw_timer_init(&n->t, trampoline, arg);
     n->t.tw__expires = tick;
+    /* While QUEUED, tw__pprev carries the window's width in ticks (a
+     * narrower window is still inside the caller's). */
+    n->t.tw__pprev =
+        (tw_timer **)(uintptr_t)(last - tick < UINTPTR_MAX ? last - tick
+                                                           : UINTPTR_MAX);
     st = (st & ~UINT64_C(0xffffffff)) | ((uint64_t)fidx << ST_PAY_SHIFT) |
          flags | LOC_QUEUED;
     if (id != NULL)
@@ -876,14 +895,24 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
     if (lazy)
         wake_for_cancel(s); /* it went to sleep long meanwhile */
     else
-        wake_for_tick(s, tick);
+        wake_for_tick(s, last); /* only if it sleeps past the window */
     return 0;
 }
 
 int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
                 tw_id *id)
 {
-    return schedule(s, fn, arg, delay_ns, 0, KIND_ONCE, 0, NULL, id);
+    return schedule(s, fn, arg, delay_ns, s ? s->slack_ns : 0, KIND_ONCE, 0,
+                    NULL, id);
+}
+
+int tw_schedule_window(tw_service *s, tw_task_fn fn, void *arg,
+                       uint64_t earliest_ns, uint64_t latest_ns, tw_id *id)
+{
+    if (latest_ns < earliest_ns)
+        return TW_EINVAL;
+    return schedule(s, fn, arg, earliest_ns, latest_ns - earliest_ns, KIND_ONCE,
+                    0, NULL, id);
 }
 
 int tw__schedule_replace(tw_service *s, tw_task_fn fn, void *arg,
@@ -892,7 +921,8 @@ int tw__schedule_replace(tw_service *s, tw_task_fn fn, void *arg,
 {
     if (old_cancelled != NULL)
         *old_cancelled = false;
-    return schedule(s, fn, arg, delay_ns, 0, KIND_HOLD, old, old_cancelled, id);
+    return schedule(s, fn, arg, delay_ns, s ? s->slack_ns : 0, KIND_HOLD, old,
+                    old_cancelled, id);
 }
 
 int tw_schedule_fixed_rate(tw_service *s, tw_task_fn fn, void *arg,
@@ -1047,6 +1077,29 @@ static void hold_release(tw_service *s, struct node *n, uint64_t running)
         pending_drop(s);
 }
 
+/* The clock (relative ns) at the start of a run. The timer thread reuses
+ * its round's reading for the first task it runs after it (nothing ran in
+ * between), which saves the clock read when a wake-up runs one task. */
+static uint64_t run_start_ns(tw_service *s, bool timer_thread)
+{
+    if (timer_thread && s->round_fresh) {
+        s->round_fresh = false;
+        return s->round_ns;
+    }
+    return rel_ns(s);
+}
+
+/* Count a run that started at @start_ns, due at tick @due_tick, in the
+ * lateness histogram (which is also the count of runs). */
+static void late_count(tw_service *s, uint64_t start_ns, uint64_t due_tick)
+{
+    uint64_t due =
+        due_tick > UINT64_MAX / s->tick_ns ? UINT64_MAX : due_tick * s->tick_ns;
+    uint64_t late_us = start_ns > due ? (start_ns - due) / 1000u : 0;
+    atomic_fetch_add_explicit(&s->late[tw__late_bucket(late_us)], 1,
+                              memory_order_relaxed);
+}
+
 /*
  * Run owned node @n (location ARMED or DISPATCHED), or free it if it was
  * cancelled.
@@ -1076,10 +1129,12 @@ static void run_node(tw_service *s, struct node *n, bool inline_wheel)
     tw_id saved_id = tw_cur.id;
     tw_cur.s = s;
     tw_cur.id = id;
+    uint64_t due_tick = n->t.tw__expires;
+    uint64_t start = run_start_ns(s, inline_wheel);
     fn(id, arg);
     tw_cur.s = saved_s;
     tw_cur.id = saved_id;
-    atomic_fetch_add_explicit(&s->ran, 1, memory_order_relaxed);
+    late_count(s, start, due_tick);
     if (hold)
         hold_release(s, n, (rst & ~ST_LOC_MASK) | LOC_RUNNING);
     if (!periodic) {
@@ -1117,6 +1172,7 @@ static void trampoline(tw_timer *t, void *arg)
     if (!move_or_free(s, n, LOC_DISPATCHED, 0, true, &st))
         return;
     atomic_fetch_add(&s->busy, 1);
+    s->disp_count++;
     n->t.tw__next = NULL;
     if (s->disp_last != NULL)
         s->disp_last->t.tw__next = &n->t;
@@ -1132,6 +1188,9 @@ static void dispatch_flush(tw_service *s)
     if (first == NULL)
         return;
     s->disp_first = s->disp_last = NULL;
+    /* Counted before any executor can take one (and count it down). */
+    atomic_fetch_add_explicit(&s->backlog, s->disp_count, memory_order_relaxed);
+    s->disp_count = 0;
     if (s->execute != NULL) {
         while (first != NULL) {
             struct node *n = first;
@@ -1182,8 +1241,10 @@ static void xq_drop_cancelled(tw_service *s, struct node *n, tw_id id)
     TEST_HOOK(tw__service_xdrop_hook, s, id);
     bool queued = ST_GEN(st) == ST_GEN(id) && ST_LOC(st) == LOC_DISPATCHED &&
                   n->t.tw__pprev != NULL;
-    if (queued)
+    if (queued) {
         xq_unlink(s, n);
+        atomic_fetch_sub_explicit(&s->backlog, 1, memory_order_relaxed);
+    }
     pthread_mutex_unlock(&s->xmu);
     if (!queued)
         return;
@@ -1218,6 +1279,7 @@ void tw_service_run(tw_service *s, tw_id job)
             return;
     } while (!atomic_compare_exchange_weak(&n->state, &st,
                                            (st & ~ST_LOC_MASK) | LOC_RUNNING));
+    atomic_fetch_sub_explicit(&s->backlog, 1, memory_order_relaxed);
     run_dispatched(s, n);
 }
 
@@ -1234,6 +1296,7 @@ static void *executor_main(void *p)
             continue;
         }
         xq_unlink(s, n);
+        atomic_fetch_sub_explicit(&s->backlog, 1, memory_order_relaxed);
         TEST_HOOK(tw__service_xpop_hook, s,
                   make_id(atomic_load(&n->state), node_index(n)));
         if (s->xq_head != NULL)
@@ -1266,6 +1329,9 @@ static void *executor_main(void *p)
 static void take_submission(tw_service *s, struct node *n, uint64_t *now)
 {
     uint64_t st;
+    /* The window's width (see schedule()), not a link. */
+    uint64_t span = (uintptr_t)n->t.tw__pprev;
+    n->t.tw__pprev = NULL;
     if (!move_or_free(s, n, LOC_ARMED, ST_RELATIVE, true, &st))
         return;
     if (st & ST_RELATIVE) {
@@ -1273,8 +1339,9 @@ static void take_submission(tw_service *s, struct node *n, uint64_t *now)
             *now = rel_ns(s) | 1; /* never 0; 1 ns later is harmless */
         n->t.tw__expires = ceil_tick(s, add_sat(*now, n->t.tw__expires));
     }
-    if (n->t.tw__expires != NEVER)
-        tw_wheel_add(s->wheel, &n->t, n->t.tw__expires);
+    uint64_t first = n->t.tw__expires;
+    if (first != NEVER)
+        tw_wheel_add_window(s->wheel, &n->t, first, first + span);
 }
 
 /* A node marked in the cancel bitmap. Context: the wheel's owner. */
@@ -1288,22 +1355,22 @@ static void take_cancel(tw_service *s, struct node *n)
     atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
 }
 
-static uint64_t now_tick(const tw_service *s)
-{
-    return rel_ns(s) / s->tick_ns;
-}
-
 static void timer_sleep(tw_service *s, uint64_t target, uint64_t now)
 {
     struct timespec ts;
     bool timed = false;
     if (target != NEVER && target <= NEVER / s->tick_ns) {
         uint64_t abs;
-        if (s->clock == NULL) {
+        if (s->clock == NULL && s->clock_id == CLOCK_MONOTONIC) {
             abs = add_sat(s->start_ns, target * s->tick_ns);
         } else {
+            /* Another clock: wait for the time left on it, re-read after
+             * at most TW__SVC_WAIT_CAP_NS on the built-in BOOTTIME. */
             uint64_t rel = rel_ns(s), want = target * s->tick_ns;
-            abs = add_sat(mono_ns(), want > rel ? want - rel : 0);
+            uint64_t left = want > rel ? want - rel : 0;
+            if (s->clock == NULL)
+                left = tw__svc_wait_ns(s->clock_id, left);
+            abs = add_sat(mono_ns(), left);
         }
         if (abs / 1000000000u < (uint64_t)INT32_MAX) {
             ts.tv_sec = (time_t)(abs / 1000000000u);
@@ -1349,7 +1416,9 @@ static void *timer_main(void *p)
             cancel_drain(s, take_cancel);
             active = true;
         }
-        uint64_t now = now_tick(s);
+        s->round_ns = rel_ns(s);
+        s->round_fresh = true;
+        uint64_t now = s->round_ns / s->tick_ns;
         tw_wheel_advance(s->wheel, now);
         dispatch_flush(s);
         free_flush(s);
@@ -1443,6 +1512,10 @@ int(tw_service_create)(tw_service **out, const tw_service_config *cfg)
     uint64_t tick = cfg->tick_ns ? cfg->tick_ns : UINT64_C(1000000);
     uint64_t slots = cfg->ticks_per_wheel ? cfg->ticks_per_wheel : 512;
     uint64_t maxfn = cfg->max_callbacks ? cfg->max_callbacks : 1024;
+    clockid_t clock_id;
+    if (tw__svc_clock_id(cfg->clock_id, &clock_id) != 0 ||
+        (cfg->clock != NULL && cfg->clock_id != 0))
+        return TW_EINVAL;
     if (tick < TICK_MIN_NS || tick > TICK_MAX_NS ||
         slots > (UINT64_C(1) << 30) || cfg->levels > 64 ||
         cfg->executor_threads > 1024 || maxfn > (UINT64_C(1) << 24) ||
@@ -1483,6 +1556,8 @@ int(tw_service_create)(tw_service **out, const tw_service_config *cfg)
     s->max_pending = cfg->max_pending;
     s->clock = cfg->clock;
     s->clock_ctx = cfg->clock_ctx;
+    s->clock_id = clock_id;
+    s->slack_ns = cfg->slack_ns;
     s->execute = cfg->execute;
     s->execute_ctx = cfg->execute_ctx;
     s->nexec = cfg->executor_threads;
@@ -1491,7 +1566,8 @@ int(tw_service_create)(tw_service **out, const tw_service_config *cfg)
     s->xq_tailp = &s->xq_head;
     uint32_t sn = atomic_fetch_add(&serial, 1) + 1;
     s->salt = sn * UINT32_C(0x85EBCA6B) ^ (uint32_t)(uintptr_t)s;
-    s->start_ns = s->clock ? s->clock(s->clock_ctx) : mono_ns();
+    s->start_ns =
+        s->clock ? s->clock(s->clock_ctx) : tw__svc_clock_ns(s->clock_id);
     atomic_store(&s->mem, sizeof(*s) + p2 * sizeof(*s->fns));
     *out = s;
     return 0;
@@ -1682,18 +1758,34 @@ void tw_service_destroy(tw_service *s)
     tw__free(s);
 }
 
-void tw_service_get_stats(const tw_service *s, tw_service_stats *out)
+int tw_service_get_stats_sized(const tw_service *s, tw_service_stats *out,
+                               size_t out_size)
 {
-    if (s == NULL || out == NULL)
-        return;
+    if (s == NULL || out == NULL ||
+        out_size < offsetof(tw_service_stats, backlog))
+        return TW_EINVAL;
     tw_service *m = (tw_service *)s;
-    out->pending = tw_service_pending(s);
-    out->ran = atomic_load_explicit(&m->ran, memory_order_relaxed);
-    out->cancelled = atomic_load_explicit(&m->cancelled, memory_order_relaxed);
-    out->handed_back = atomic_load_explicit(&m->handed, memory_order_relaxed);
-    out->wakeups = atomic_load_explicit(&m->wakeups, memory_order_relaxed);
-    out->nodes = atomic_load_explicit(&m->nodes, memory_order_relaxed);
-    out->memory_bytes = atomic_load_explicit(&m->mem, memory_order_relaxed);
+    tw_service_stats st = {0};
+    st.pending = tw_service_pending(s);
+    for (unsigned i = 0; i < TW_LATE_BUCKETS; i++) {
+        st.late_hist[i] =
+            atomic_load_explicit(&m->late[i], memory_order_relaxed);
+        st.ran += st.late_hist[i];
+    }
+    st.cancelled = atomic_load_explicit(&m->cancelled, memory_order_relaxed);
+    st.handed_back = atomic_load_explicit(&m->handed, memory_order_relaxed);
+    st.wakeups = atomic_load_explicit(&m->wakeups, memory_order_relaxed);
+    st.nodes = atomic_load_explicit(&m->nodes, memory_order_relaxed);
+    st.memory_bytes = atomic_load_explicit(&m->mem, memory_order_relaxed);
+    st.backlog = atomic_load_explicit(&m->backlog, memory_order_relaxed);
+    tw__svc_stats_out(out, out_size, &st);
+    return 0;
+}
+
+void(tw_service_get_stats)(const tw_service *s, tw_service_stats *out)
+{
+    (void)tw_service_get_stats_sized(s, out,
+                                     offsetof(tw_service_stats, backlog));
 }
 
 uint32_t tw__service_waiters(tw_service *s)
