@@ -266,7 +266,10 @@ static void hold_exec(tw_service *s, tw_id job, void *ctx)
 {
     (void)s;
     (void)ctx;
-    held[atomic_fetch_add(&nheld, 1)] = job;
+    /* One writer, the timer thread: publish the job, then the count. */
+    int k = atomic_load(&nheld);
+    held[k] = job;
+    atomic_store(&nheld, k + 1);
 }
 
 static void test_backlog_caller_executor(void)
