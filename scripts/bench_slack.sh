@@ -7,9 +7,9 @@
 # Usage: scripts/bench_slack.sh [--reps R] [--baseline REF] [-- ARGS...]
 #   bench_slack ARGS...  R times (default 1): wake-ups, timer-thread CPU
 #                        and lateness, exact and slack side by side
-#   --baseline REF       also bench_run_cost built against commit REF's
-#                        library (from git archive), alternating with this
-#                        tree's, R times each
+#   --baseline REF       also bench_run_cost (without and with --lazy)
+#                        built against commit REF's library (from git
+#                        archive), alternating with this tree's, R times
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -40,8 +40,11 @@ if [[ -n $base ]]; then
     bench/bench_run_cost.c "$bdir/build/libtwheel.a" -lpthread \
     -o "$bdir/bench_run_cost"
   for ((r = 0; r < reps; r++)); do
-    echo "baseline $(git rev-parse --short "$base"): $("$bdir/bench_run_cost")"
-    echo "this tree: $("$build/bench/bench_run_cost")"
+    for lazy in "" --lazy; do
+      echo "baseline $(git rev-parse --short "$base"):" \
+        "$("$bdir/bench_run_cost" $lazy)"
+      echo "this tree: $("$build/bench/bench_run_cost" $lazy)"
+    done
   done
 fi
 for ((r = 0; r < reps; r++)); do

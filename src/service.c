@@ -1079,10 +1079,11 @@ static void hold_release(tw_service *s, struct node *n, uint64_t running)
 
 /* The clock (relative ns) at the start of a run. The timer thread reuses
  * its round's reading for the first task it runs after it (nothing ran in
- * between), which saves the clock read when a wake-up runs one task. */
+ * between), which saves the clock read when a wake-up runs one task; with
+ * TW_SERVICE_LAZY_CLOCK for every task of the round. */
 static uint64_t run_start_ns(tw_service *s, bool timer_thread)
 {
-    if (timer_thread && s->round_fresh) {
+    if (timer_thread && (s->round_fresh || s->lazy)) {
         s->round_fresh = false;
         return s->round_ns;
     }

@@ -7,7 +7,8 @@
  * - every run is counted once in late_hist, in the bucket of its lateness
  *   (the clock at the run's start minus the start of its due tick), on the
  *   timer thread and on executors, one-shot and periodic; the buckets add
- *   up to ran;
+ *   up to ran; a task that waits for another of its round counts that
+ *   wait (not with TW_SERVICE_LAZY_CLOCK, which takes the round's clock);
  * - backlog counts due tasks handed to an executor until they start (a
  *   held built-in executor, a caller-supplied executor that holds its jobs,
  *   a cancel of a queued task);
@@ -161,6 +162,46 @@ static void test_hist_timer_thread(void)
 static void test_hist_executors(void)
 {
     hist_once(2);
+}
+
+/* Two tasks due in the same tick, on the timer thread; whichever runs
+ * first moves the clock on by 5 ms. The second one's lateness counts that
+ * wait, unless TW_SERVICE_LAZY_CLOCK takes the round's reading for both. */
+static _Atomic int bump_first;
+
+static void bump_fn(tw_id id, void *arg)
+{
+    if (atomic_exchange(&bump_first, 0))
+        atomic_fetch_add(&vnow, 5 * MS);
+    rec_fn(id, arg);
+}
+
+static void test_hist_queueing(void)
+{
+    for (int lazy = 0; lazy < 2; lazy++) {
+        tw_service_config cfg = {0};
+        cfg.clock = vclock;
+        cfg.flags = lazy ? TW_SERVICE_LAZY_CLOCK : 0;
+        atomic_store(&vnow, VBASE);
+        tw_service *s = NULL;
+        ASSERT_EQ(tw_service_create(&s, &cfg), 0);
+        struct rec a = {0}, b = {0};
+        atomic_store(&bump_first, 1);
+        /* Due at tick 1 either way (the lazy clock reads 1 ns at 0). */
+        ASSERT_EQ(tw_schedule(s, bump_fn, &a, MS - 1, NULL), 0);
+        ASSERT_EQ(tw_schedule(s, bump_fn, &b, MS - 1, NULL), 0);
+        tw__service_sync(s); /* lazy: deadlines from the clock at 0 */
+        set_clock(s, MS);
+        ASSERT_EQ(atomic_load(&a.runs) + atomic_load(&b.runs), 2);
+        tw_service_stats st = stats(s);
+        if (lazy) {
+            ASSERT_EQ(st.late_hist[0], 2);
+        } else {
+            ASSERT_EQ(st.late_hist[0], 1);
+            ASSERT_EQ(st.late_hist[tw__late_bucket(5000)], 1);
+        }
+        tw_service_destroy(s);
+    }
 }
 
 /* Many one-shot and periodic tasks, the clock moved in uneven steps: the
@@ -588,6 +629,7 @@ int main(void)
     RUN_TEST(test_hist_timer_thread);
     RUN_TEST(test_hist_executors);
     RUN_TEST(test_hist_many);
+    RUN_TEST(test_hist_queueing);
     RUN_TEST(test_backlog_pool);
     RUN_TEST(test_backlog_caller_executor);
     RUN_TEST(test_window_bounds);

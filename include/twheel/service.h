@@ -139,6 +139,10 @@ typedef struct tw_service_config {
  * exact as without the flag. The true bound with tasks on the timer
  * thread: a call made in the instant before the timer thread starts the
  * tasks due in its round may run late by up to their run time.
+ * The flag also saves the clock read at the start of each task run on the
+ * timer thread (tw_service_stats.late_hist): the lateness of every task of
+ * a round is then taken from the timer thread's reading for the round, so
+ * the time spent running the round's earlier tasks is not counted.
  */
 #define TW_SERVICE_LAZY_CLOCK 1u
 
