@@ -1094,8 +1094,9 @@ static uint64_t run_start_ns(tw_service *s, bool timer_thread)
  * lateness histogram (which is also the count of runs). */
 static void late_count(tw_service *s, uint64_t start_ns, uint64_t due_tick)
 {
-    uint64_t due =
-        due_tick > UINT64_MAX / s->tick_ns ? UINT64_MAX : due_tick * s->tick_ns;
+    uint64_t due;
+    if (__builtin_mul_overflow(due_tick, s->tick_ns, &due))
+        due = UINT64_MAX; /* no division on this path: it runs per task */
     uint64_t late_us = start_ns > due ? (start_ns - due) / 1000u : 0;
     atomic_fetch_add_explicit(&s->late[tw__late_bucket(late_us)], 1,
                               memory_order_relaxed);
@@ -1341,7 +1342,9 @@ static void take_submission(tw_service *s, struct node *n, uint64_t *now)
         n->t.tw__expires = ceil_tick(s, add_sat(*now, n->t.tw__expires));
     }
     uint64_t first = n->t.tw__expires;
-    if (first != NEVER)
+    if (first != NEVER && span == 0)
+        tw_wheel_add(s->wheel, &n->t, first);
+    else if (first != NEVER)
         tw_wheel_add_window(s->wheel, &n->t, first, first + span);
 }
 

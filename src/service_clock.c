@@ -34,13 +34,6 @@ int tw__svc_clock_id(int32_t cfg_id, clockid_t *out)
     return TW_EINVAL;
 }
 
-uint64_t tw__svc_clock_ns(clockid_t id)
-{
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 uint64_t tw__svc_wait_ns(clockid_t id, uint64_t left_ns)
 {
     if (id != CLOCK_MONOTONIC && left_ns > TW__SVC_WAIT_CAP_NS)
