@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "realtime.h"
+#include "fixture.h"
 #include "twheel/service.h"
 
 static void check(int rc, const char *what)

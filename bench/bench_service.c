@@ -37,7 +37,7 @@
 
 #include "internal.h"
 #include "twheel/service.h"
-#include "realtime.h"
+#include "fixture.h"
 
 static uint64_t rng_next(uint64_t *s)
 {

@@ -30,7 +30,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "realtime.h"
+#include "fixture.h"
 #include "twheel/service.h"
 
 #ifndef TW_LATE_BUCKETS

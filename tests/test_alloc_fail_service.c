@@ -22,24 +22,16 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "fixture.h"
 #include "internal.h"
 #include "test.h"
 #include "test_alloc_fail.h"
 #include "twheel/repeated.h"
 #include "twheel/service.h"
 
-#define MS UINT64_C(1000000)
-#define SEC UINT64_C(1000000000)
 #define BULK 4200 /* one-shot tasks: more than one chunk of records */
 
-static _Atomic uint64_t vnow;
 static long points; /* failure points swept */
-
-static uint64_t vclock(void *ctx)
-{
-    (void)ctx;
-    return atomic_load(&vnow);
-}
 
 /* A service on the virtual clock at 1000 s, started if @start. */
 static tw_service *vservice(uint32_t executors, bool start)

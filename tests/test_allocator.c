@@ -17,7 +17,7 @@
 #include <stdlib.h>
 
 #include "internal.h"
-#include "realtime.h"
+#include "fixture.h"
 #include "test.h"
 #include "twheel/repeated.h"
 #include "twheel/service.h"

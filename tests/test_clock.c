@@ -24,36 +24,20 @@
 #include <stdbool.h>
 #include <time.h>
 
+#define VCLOCK_START (UINT64_C(5000) * SEC)
+#include "fixture.h"
 #include "internal.h"
 #include "test.h"
 #include "twheel/service.h"
 
-#define US UINT64_C(1000)
-#define MS UINT64_C(1000000)
-#define SEC UINT64_C(1000000000)
-#define VBASE (UINT64_C(5000) * SEC)
-
-static _Atomic uint64_t vnow = VBASE;
-
-static uint64_t vclock(void *ctx)
-{
-    (void)ctx;
-    return atomic_load(&vnow);
-}
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * SEC + (uint64_t)ts.tv_nsec;
-}
+#define VBASE VCLOCK_START
 
 /* The clock the current test's tasks read: virtual or monotonic. */
 static bool use_mono;
 
 static uint64_t now_ns(void)
 {
-    return use_mono ? mono_ns() : atomic_load(&vnow);
+    return use_mono ? mono_now() : atomic_load(&vnow);
 }
 
 /* A task and what the test knows about it. */
@@ -251,9 +235,9 @@ static void test_spurious_real(void)
     kicker_start(&k, s);
     for (int i = 0; i < 60; i++)
         sched(s, &t[i], (uint64_t)(10 + 2 * i) * MS, 0, false);
-    uint64_t end = mono_ns() + 5 * SEC;
+    uint64_t end = mono_now() + 5 * SEC;
     int done = 0;
-    while (done < 60 && mono_ns() < end) {
+    while (done < 60 && mono_now() < end) {
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
         done = 0;

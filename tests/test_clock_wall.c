@@ -22,11 +22,10 @@
 #include <stdbool.h>
 #include <time.h>
 
+#include "fixture.h"
 #include "test.h"
 #include "twheel/service.h"
 
-#define MS UINT64_C(1000000)
-#define SEC UINT64_C(1000000000)
 #define N 30
 
 static uint64_t clock_ns(clockid_t c)
@@ -34,13 +33,6 @@ static uint64_t clock_ns(clockid_t c)
     struct timespec ts;
     clock_gettime(c, &ts);
     return (uint64_t)ts.tv_sec * SEC + (uint64_t)ts.tv_nsec;
-}
-
-static void sleep_ms(uint64_t ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
 }
 
 /*

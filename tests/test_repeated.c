@@ -8,10 +8,12 @@
  * The same code on the real tw_service, with threads, is in
  * test_repeated_threads.c.
  */
+#define _POSIX_C_SOURCE 200809L
+
+#include "fixture.h"
 #include "internal.h"
 #include "test.h"
 
-#define MS UINT64_C(1000000)
 #define MAX_TASKS 64
 
 /* ---- a virtual-time scheduler ---------------------------------------- */

@@ -16,23 +16,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixture.h"
 #include "internal.h"
 #include "test.h"
-
-#define MS UINT64_C(1000000)
 
 static uint64_t now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-    while (nanosleep(&ts, &ts) != 0)
-        ;
 }
 
 /* Poll @v until it reaches @want; false after 10 s (a generous bound). */

@@ -17,10 +17,10 @@
 #include <stdbool.h>
 #include <time.h>
 
+#include "fixture.h"
 #include "internal.h"
 #include "test.h"
 #include "twheel/service.h"
-#include "realtime.h"
 
 /* Poll @cond every millisecond for at most @sec seconds, then assert it. */
 #define WAIT_FOR(cond, sec)                                                    \
@@ -34,14 +34,7 @@
 /* ------------------------------------------------------------------------ */
 /* Virtual clock. */
 
-#define VBASE (UINT64_C(1000) * SEC)
-static _Atomic uint64_t vnow = VBASE;
-
-static uint64_t vclock(void *ctx)
-{
-    (void)ctx;
-    return atomic_load(&vnow);
-}
+#define VBASE VCLOCK_START
 
 /* A started service on the virtual clock at VBASE, 1 ms ticks. */
 static tw_service *vservice(tw_service_config *cfg)

@@ -34,19 +34,12 @@
 #include <time.h>
 
 #include "internal.h"
-#include "realtime.h"
+#include "fixture.h"
 #include "test.h"
 #include "twheel/repeated.h"
 #include "twheel/service.h"
 
-#define VBASE (UINT64_C(1000) * SEC)
-static _Atomic uint64_t vnow = VBASE;
-
-static uint64_t vclock(void *ctx)
-{
-    (void)ctx;
-    return atomic_load(&vnow);
-}
+#define VBASE VCLOCK_START
 
 static tw_service *vservice(tw_service_config *cfg)
 {

@@ -22,7 +22,7 @@
 #include <stdbool.h>
 
 #include "internal.h"
-#include "realtime.h"
+#include "fixture.h"
 #include "test.h"
 #include "twheel/service.h"
 
@@ -82,14 +82,6 @@ static void hold_me(void)
 {
     hold.holder = pthread_self();
     atomic_store(&hold.armed, true);
-}
-
-static _Atomic uint64_t vnow = UINT64_C(1000) * SEC;
-
-static uint64_t vclock(void *ctx)
-{
-    (void)ctx;
-    return atomic_load(&vnow);
 }
 
 static _Atomic tw_id job;

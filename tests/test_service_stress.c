@@ -20,11 +20,11 @@
 #include <stdbool.h>
 #include <time.h>
 
+#include "fixture.h"
 #include "internal.h"
 #include "test.h"
 #include "twheel/service.h"
 
-#define MS UINT64_C(1000000)
 #define LOAD_MS 300
 #define NTASKS 60000
 #define NPROD 3
@@ -49,13 +49,6 @@ struct periodic {
     tw_id id;
 };
 static struct periodic per[NPERIODIC];
-
-static void sleep_ns(uint64_t ns)
-{
-    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
-}
 
 static void one_shot(tw_id id, void *arg)
 {

@@ -31,22 +31,14 @@
 #include <string.h>
 #include <time.h>
 
+#define VCLOCK_START (UINT64_C(7000) * SEC)
+#include "fixture.h"
 #include "internal.h"
-#include "realtime.h"
 #include "service_clock.h"
 #include "test.h"
 #include "twheel/service.h"
 
-#define US UINT64_C(1000)
-#define VBASE (UINT64_C(7000) * SEC)
-
-static _Atomic uint64_t vnow = VBASE;
-
-static uint64_t vclock(void *ctx)
-{
-    (void)ctx;
-    return atomic_load(&vnow);
-}
+#define VBASE VCLOCK_START
 
 /* Wait (polling, real time) until @cond holds; fail after @sec seconds. */
 #define POLL_UNTIL(cond, sec)                                                  \

@@ -26,6 +26,7 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#include "fixture.h"
 #include "internal.h"
 #include "test.h"
 #include "twheel/service.h"
@@ -33,12 +34,6 @@
 static tw_service *svc;
 static _Atomic tw_id x_id, y_id;
 static atomic_int gate_b, b_running, x_popped, in_drop, y_armed;
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* Waits until *@flag is set; false after @ms. */
 static bool wait_flag(atomic_int *flag, long ms)

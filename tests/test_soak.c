@@ -27,31 +27,17 @@
 #include <stdbool.h>
 #include <time.h>
 
+#include "fixture.h"
 #include "internal.h"
 #include "test.h"
 #include "twheel/service.h"
 
-#define MS UINT64_C(1000000)
-#define SEC UINT64_C(1000000000)
 #define MAXT (1u << 18) /* one-shot tasks per round */
 #define NPROD 3
 #define NCANC 2
 #define NPER 8
 
 enum { NONE = 0, RAN, CANCELLED, HANDED };
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * SEC + (uint64_t)ts.tv_nsec;
-}
-
-static void nap_us(long us)
-{
-    struct timespec ts = {0, us * 1000};
-    nanosleep(&ts, NULL);
-}
 
 /* One round's state. */
 static tw_service *svc;
@@ -175,7 +161,7 @@ static void *producer(void *arg)
         if (!produce(delay))
             break;
         if (v % 16 == 0)
-            nap_us(100); /* keep producing until the stop */
+            sleep_us(100); /* keep producing until the stop */
     }
     return NULL;
 }
@@ -208,7 +194,7 @@ static void *canceller(void *arg)
             cancel_task((uint32_t)(v >> 16) % n);
         }
         if (v % 32 == 0)
-            nap_us(30);
+            sleep_us(30);
     }
     return NULL;
 }
@@ -219,7 +205,7 @@ static void *kicker(void *arg)
     while (!atomic_load(&stopping)) {
         tw__service_kick(svc);
         atomic_fetch_add(&n_kicks, 1);
-        nap_us(200);
+        sleep_us(200);
     }
     return NULL;
 }
@@ -338,7 +324,7 @@ static void round_run(unsigned r, uint64_t ms)
 
     /* Load for half the round, cancel a periodic task the slow way, then
      * stop in the middle of everything. */
-    nap_us((long)(ms * 500));
+    sleep_us((long)(ms * 500));
     struct per *victim = &per[1];
     int cw = tw_cancel_wait(svc, victim->id);
     ASSERT(cw == 0 || cw == 1);
@@ -410,13 +396,13 @@ static double secs = 3.0;
 
 static void test_soak(void)
 {
-    uint64_t t0 = mono_ns(), end = t0 + (uint64_t)(secs * 1e9);
+    uint64_t t0 = mono_now(), end = t0 + (uint64_t)(secs * 1e9);
     uint64_t ms = secs >= 10 ? 1000 : 300; /* one round */
     unsigned rounds = 0;
     do {
         round_run(rounds++, ms);
-    } while (mono_ns() + ms * MS < end);
-    double took = (double)(mono_ns() - t0) / 1e9;
+    } while (mono_now() + ms * MS < end);
+    double took = (double)(mono_now() - t0) / 1e9;
     uint64_t ops = atomic_load(&n_sched) + atomic_load(&n_cancel_calls) +
                    atomic_load(&n_stale) + atomic_load(&n_ran) +
                    atomic_load(&n_periodic_runs);

@@ -173,25 +173,33 @@ typedef struct tw_service_stats {
                          the buckets add up to ran. */
 } tw_service_stats;
 
-/*
+/**
  * tw_service_create - make a stopped service; no thread is started yet.
- * @out receives it; @cfg may be NULL for the defaults.
- * Returns 0, TW_EINVAL (NULL @out; a field out of range; tick_ns times
- * ticks_per_wheel overflowing; execute with executor_threads; unknown
- * flags) or
- * TW_ENOMEM. On failure *@out is left as it was.
+ * @out: receives the service; left as it was on failure.
+ * @cfg: the configuration, or NULL for the defaults.
+ *
  * Context: any thread.
+ * Return: 0, TW_EINVAL (NULL @out; a field out of range; tick_ns times
+ * ticks_per_wheel overflowing; execute with executor_threads; unknown
+ * flags) or TW_ENOMEM.
  */
 TW_EXTERN int tw_service_create(tw_service **out, const tw_service_config *cfg);
 
-/*
- * tw_service_create_sized - tw_service_create() for a config struct of
- * @cfg_size bytes. The plain name is a macro that passes
- * sizeof(tw_service_config) as this header declares it, so a program built
- * against an older header (a shorter struct) still works with a newer
- * library: fields past @cfg_size count as zero, their default. Bytes past
- * the struct this library knows must be zero, else TW_EINVAL.
+/**
+ * tw_service_create_sized - tw_service_create() for a config struct of a
+ * given size.
+ * @out: as tw_service_create().
+ * @cfg: as tw_service_create().
+ * @cfg_size: the size of *@cfg as the caller's header declares it.
+ *
+ * The plain name is a macro that passes sizeof(tw_service_config) as this
+ * header declares it, so a program built against an older header (a
+ * shorter struct) still works with a newer library: fields past @cfg_size
+ * count as zero, their default. Bytes past the struct this library knows
+ * must be zero, else TW_EINVAL.
+ *
  * Context: any thread.
+ * Return: as tw_service_create().
  */
 TW_EXTERN int tw_service_create_sized(tw_service **out,
                                       const tw_service_config *cfg,
@@ -200,85 +208,120 @@ TW_EXTERN int tw_service_create_sized(tw_service **out,
 #define tw_service_create(out, cfg)                                            \
     tw_service_create_sized((out), (cfg), sizeof(tw_service_config))
 
-/*
- * tw_service_start - start the timer thread (and executor threads). Optional:
- * the first schedule call starts the service. Starting a started service
- * is a no-op returning 0.
- * Returns 0, TW_EINVAL (NULL @s), TW_ESHUTDOWN (stopped) or TW_ENOMEM /
- * TW_EAGAIN (a thread could not be created; nothing is left running).
+/**
+ * tw_service_start - start the timer thread (and executor threads).
+ * @s: the service.
+ *
+ * Optional: the first schedule call starts the service. Starting a started
+ * service is a no-op returning 0.
+ *
  * Context: any thread.
+ * Return: 0, TW_EINVAL (NULL @s), TW_ESHUTDOWN (stopped) or TW_ENOMEM /
+ * TW_EAGAIN (a thread could not be created; nothing is left running).
  */
 TW_EXTERN int tw_service_start(tw_service *s);
 
-/*
- * tw_schedule - run @fn(@id, @arg) once, @delay_ns nanoseconds from now
- * (never earlier; on an unloaded machine within one tick after). A delay
- * whose deadline does not fit in 64 bits of nanoseconds means "never": the
- * task is accepted and pending but never runs, and stop() hands it back.
- * @id (may be NULL) receives the task's id before the task can run.
- * Returns 0; TW_EINVAL (NULL @s or @fn); TW_EAGAIN (max_pending reached,
- * or max_callbacks distinct functions in use); TW_ESHUTDOWN (stopped);
- * TW_ENOMEM; or a start error. On failure nothing changed and *@id is left
- * as it was: the first call starts the service only after its allocations
- * succeeded, so one that fails leaves no thread running.
+/**
+ * tw_schedule - run a task once, after a delay.
+ * @s: the service.
+ * @fn: the task; runs as @fn(@id, @arg).
+ * @arg: the caller's, passed to @fn.
+ * @delay_ns: nanoseconds from now: the task never runs earlier, and on an
+ *            unloaded machine within one tick after. A delay whose
+ *            deadline does not fit in 64 bits of nanoseconds means
+ *            "never": the task is accepted and pending but never runs,
+ *            and stop() hands it back.
+ * @id: may be NULL; receives the task's id before the task can run.
+ *
+ * On failure nothing changed and *@id is left as it was: the first call
+ * starts the service only after its allocations succeeded, so one that
+ * fails leaves no thread running.
+ *
  * Context: any thread, tasks included. Lock-free, and without system calls
  * except when the pool of task records grows (4096 records from the
- * library's allocator, see tw_set_allocator(),
- * published with a compare-and-swap) or when the deadline is earlier than
- * the timer thread's planned wake-up (a mutex and a condition signal).
+ * library's allocator, see tw_set_allocator(), published with a
+ * compare-and-swap) or when the deadline is earlier than the timer
+ * thread's planned wake-up (a mutex and a condition signal).
+ * Return: 0; TW_EINVAL (NULL @s or @fn); TW_EAGAIN (max_pending reached, or
+ * max_callbacks distinct functions in use); TW_ESHUTDOWN (stopped);
+ * TW_ENOMEM; or a start error.
  */
 TW_EXTERN int tw_schedule(tw_service *s, tw_task_fn fn, void *arg,
                           uint64_t delay_ns, tw_id *id);
 
-/*
- * tw_schedule_window - run @fn(@id, @arg) once, at some time between
- * @earliest_ns and @latest_ns from now, chosen so that tasks with
- * overlapping windows share one wake-up of the timer thread (the coarsest
- * tick boundary inside the window, as tw_wheel_add_window()). Never
- * before @earliest_ns; on an unloaded machine not after @latest_ns. A
- * window that holds no tick boundary (narrower than a tick) runs as
- * tw_schedule(@earliest_ns) does; tw_schedule() with a service's slack_ns
- * is this call with @latest_ns = @delay_ns + slack_ns. A window is never
- * taken lazily (TW_SERVICE_LAZY_CLOCK): the call reads the clock.
- * Returns as tw_schedule(), and TW_EINVAL for @latest_ns < @earliest_ns.
+/**
+ * tw_schedule_window - run a task once, at some time inside a window.
+ * @s: the service.
+ * @fn: the task; runs as @fn(@id, @arg).
+ * @arg: the caller's, passed to @fn.
+ * @earliest_ns: nanoseconds from now (as tw_schedule()'s delay): the task
+ *               never runs earlier.
+ * @latest_ns: nanoseconds from now: on an unloaded machine the task runs
+ *             no later; >= @earliest_ns.
+ * @id: as tw_schedule().
+ *
+ * The run is placed so that tasks with overlapping windows share one
+ * wake-up of the timer thread: at the coarsest tick boundary inside the
+ * window, as tw_wheel_add_window() chooses it. A window that holds no tick
+ * boundary after its first tick (narrower than a tick) runs as
+ * tw_schedule(@earliest_ns) does. tw_schedule() on a service with
+ * slack_ns is this call with @latest_ns = delay + slack_ns. A window is
+ * never taken lazily (TW_SERVICE_LAZY_CLOCK): the call reads the clock.
+ *
  * Context: any thread, tasks included; as tw_schedule(). It wakes the
- * timer thread only if it sleeps past the window's end.
+ * timer thread only if that sleeps past the window's end.
+ * Return: as tw_schedule(), and TW_EINVAL for @latest_ns < @earliest_ns.
  */
 TW_EXTERN int tw_schedule_window(tw_service *s, tw_task_fn fn, void *arg,
                                  uint64_t earliest_ns, uint64_t latest_ns,
                                  tw_id *id);
 
-/*
- * tw_schedule_fixed_rate - run @fn at start + @initial_delay_ns +
- * k * @period_ns for k = 0, 1, ... (start = the time of this call), without
- * drift. Missed runs are not repeated: after a run that ends past the next
- * scheduled time (a stall, or a run longer than the period), the next run
- * is the first scheduled time after it ended. Runs never overlap. Runs
- * until cancelled or stopped.
- * Returns as tw_schedule(), and TW_EINVAL for a zero @period_ns.
- * Allocates a small side record (malloc) besides the task record.
+/**
+ * tw_schedule_fixed_rate - run a task periodically, at a fixed rate.
+ * @s: the service.
+ * @fn: the task; runs as @fn(@id, @arg).
+ * @arg: the caller's, passed to @fn.
+ * @initial_delay_ns: the first run's delay from now.
+ * @period_ns: the period; not 0.
+ * @id: as tw_schedule().
+ *
+ * Runs at start + @initial_delay_ns + k * @period_ns for k = 0, 1, ...
+ * (start = the time of this call), without drift. Missed runs are not
+ * repeated: after a run that ends past the next scheduled time (a stall,
+ * or a run longer than the period), the next run is the first scheduled
+ * time after it ended. Runs never overlap. Runs until cancelled or
+ * stopped. Allocates a small side record (malloc) besides the task record.
+ *
  * Context: any thread.
+ * Return: as tw_schedule(), and TW_EINVAL for a zero @period_ns.
  */
 TW_EXTERN int tw_schedule_fixed_rate(tw_service *s, tw_task_fn fn, void *arg,
                                      uint64_t initial_delay_ns,
                                      uint64_t period_ns, tw_id *id);
 
-/*
- * tw_schedule_fixed_delay - run @fn @initial_delay_ns from now, then each
- * time @delay_ns after the previous run returned. Runs until cancelled or
- * stopped. Returns as tw_schedule_fixed_rate() (TW_EINVAL for a zero
- * @delay_ns). Context: any thread.
+/**
+ * tw_schedule_fixed_delay - run a task periodically, a fixed delay apart.
+ * @s: the service.
+ * @fn: the task; runs as @fn(@id, @arg).
+ * @arg: the caller's, passed to @fn.
+ * @initial_delay_ns: the first run's delay from now.
+ * @delay_ns: the time from the end of one run to the next; not 0.
+ * @id: as tw_schedule().
+ *
+ * Runs until cancelled or stopped.
+ *
+ * Context: any thread.
+ * Return: as tw_schedule_fixed_rate() (TW_EINVAL for a zero @delay_ns).
  */
 TW_EXTERN int tw_schedule_fixed_delay(tw_service *s, tw_task_fn fn, void *arg,
                                       uint64_t initial_delay_ns,
                                       uint64_t delay_ns, tw_id *id);
 
-/*
- * tw_cancel - stop task @id from running again.
- * Returns true if this call cancelled it: a one-shot task will not run; a
- * periodic task will not start another run (a run in progress completes).
- * Returns false, touching nothing, if @id ran, is running (one-shot),
- * was already cancelled or handed back, is 0, or is not an id of @s.
+/**
+ * tw_cancel - stop a task from running again.
+ * @s: the service.
+ * @id: the task.
+ *
  * The task's memory is released within one tick; a task that is due and
  * waits in the executor pool's queue is released by the cancel itself,
  * however long the executors are busy. One exception: a task already
@@ -286,43 +329,60 @@ TW_EXTERN int tw_schedule_fixed_delay(tw_service *s, tw_task_fn fn, void *arg,
  * its record until the executor calls tw_service_run() for it (which then
  * runs nothing). Does not wait for a run in progress (see
  * tw_cancel_wait()).
- * Context: any thread, the task itself included. Lock-free, except that
- * a cancel that wins on a task already due for the executor pool takes the
+ *
+ * Context: any thread, the task itself included. Lock-free, except that a
+ * cancel that wins on a task already due for the executor pool takes the
  * pool's mutex (to unlink it); makes a system call only for that mutex or
  * to wake a timer thread that sleeps for longer than a tick.
+ * Return: true if this call cancelled it: a one-shot task will not run; a
+ * periodic task will not start another run (a run in progress completes).
+ * False, touching nothing, if @id ran, is running (one-shot), was already
+ * cancelled or handed back, is 0, or is not an id of @s.
  */
 TW_EXTERN bool tw_cancel(tw_service *s, tw_id id);
 
-/*
- * tw_cancel_wait - tw_cancel(), then wait until task @id is not running.
+/**
+ * tw_cancel_wait - tw_cancel(), then wait until the task is not running.
+ * @s: the service.
+ * @id: the task.
+ *
  * On return the task's function is not running and will not run again
  * (unless it was a one-shot task that had already started and finished).
- * Returns 1 if the cancel succeeded, 0 if it did not (see tw_cancel()),
+ *
+ * Context: any thread; must not hold a lock that the task takes.
+ * Return: 1 if the cancel succeeded, 0 if it did not (see tw_cancel()),
  * TW_EDEADLK (nothing done) when called from inside task @id itself,
  * TW_EINVAL for a NULL @s.
- * Context: any thread; must not hold a lock that the task takes.
  */
 TW_EXTERN int tw_cancel_wait(tw_service *s, tw_id id);
 
-/*
- * tw_service_pending - tasks accepted and not yet run (one-shot), cancelled
- * or handed back. A periodic task counts 1 until cancelled or stopped; a
- * RepeatedTimer counts 1 while started, during its runs too. A call that
- * fails never moves this count.
- * 0 after stop. NULL gives 0. Context: any thread.
+/**
+ * tw_service_pending - tasks accepted and not yet run, cancelled or handed
+ * back.
+ * @s: the service, or NULL.
+ *
+ * A one-shot task counts until it runs; a periodic task counts 1 until
+ * cancelled or stopped; a RepeatedTimer counts 1 while started, during its
+ * runs too. A call that fails never moves this count.
+ *
+ * Context: any thread.
+ * Return: the count; 0 after stop, and for a NULL @s.
  */
 TW_EXTERN uint64_t tw_service_pending(const tw_service *s);
 
-/*
- * tw_service_stop - shut the service down. New schedule calls fail with
- * TW_ESHUTDOWN from now on. Tasks that are already due (handed to an
- * executor) still run; every other task that has not run is handed to
- * @fn(id, task fn, arg, @ctx) exactly once, on the calling thread, so the
- * caller can free its arg (@fn may be NULL to drop them). Waits until no
- * task is running, joins the service's threads.
- * Returns how many tasks were handed back (>= 0); 0 if already stopped;
- * TW_EDEADLK (nothing done) when called from inside a task of @s;
- * TW_EINVAL for a NULL @s.
+/**
+ * tw_service_stop - shut the service down.
+ * @s: the service.
+ * @fn: receives, as @fn(id, task fn, arg, @ctx), each task that will never
+ *      run, exactly once, on the calling thread, so the caller can free its
+ *      arg; may be NULL to drop them.
+ * @ctx: passed to @fn.
+ *
+ * New schedule calls fail with TW_ESHUTDOWN from now on. Tasks that are
+ * already due (handed to an executor) still run; every other task that has
+ * not run is handed to @fn. Waits until no task is running, joins the
+ * service's threads.
+ *
  * Context: any thread except the service's own. @fn may call the other
  * functions on @s (schedule and start fail with TW_ESHUTDOWN, stop with
  * TW_EDEADLK), but not tw_service_destroy(). With a caller-supplied
@@ -331,51 +391,77 @@ TW_EXTERN uint64_t tw_service_pending(const tw_service *s);
  * of those calls (for example the thread that drains the executor's
  * queue), or while holding a lock that thread needs; that wait is not
  * detected and never ends.
+ * Return: how many tasks were handed back (>= 0); 0 if already stopped;
+ * TW_EDEADLK (nothing done) when called from inside a task of @s;
+ * TW_EINVAL for a NULL @s.
  */
 TW_EXTERN int tw_service_stop(tw_service *s, tw_unprocessed_fn fn, void *ctx);
 
-/*
- * tw_service_destroy - stop the service if needed (dropping unprocessed
- * tasks) and free it. NULL is accepted. No other call on @s may be running
- * or follow. Context: not from a task of @s.
+/**
+ * tw_service_destroy - stop the service if needed and free it.
+ * @s: the service, or NULL (a no-op).
+ *
+ * Unprocessed tasks are dropped. No other call on @s may be running or
+ * follow.
+ *
+ * Context: not from a task of @s.
  */
 TW_EXTERN void tw_service_destroy(tw_service *s);
 
-/*
- * tw_service_run - run the job @job that a caller-supplied executor
- * (tw_service_config.execute) received. Must be called once per job, even
- * after tw_service_stop() was called (stop waits for it). A job is
- * accepted only once (a compare-and-swap): a repeated or concurrent call
- * for the same job, a stale job (its task ran, or was cancelled, and its
- * record may be reused) and a forged id are ignored, so a task never runs
- * twice for one dispatch. A periodic task keeps its id for every run: a
- * late repeated call that arrives after the next run was dispatched counts
- * as the call for that run (which still runs once). On a service without
- * a caller-supplied executor every call is ignored: the built-in executor
- * pool hands out no jobs.
+/**
+ * tw_service_run - run a job that a caller-supplied executor received.
+ * @s: the service (with tw_service_config.execute).
+ * @job: the job, as the executor received it.
+ *
+ * Must be called once per job, even after tw_service_stop() was called
+ * (stop waits for it). A job is accepted only once (a compare-and-swap): a
+ * repeated or concurrent call for the same job, a stale job (its task ran,
+ * or was cancelled, and its record may be reused) and a forged id are
+ * ignored, so a task never runs twice for one dispatch. A periodic task
+ * keeps its id for every run: a late repeated call that arrives after the
+ * next run was dispatched counts as the call for that run (which still
+ * runs once). On a service without a caller-supplied executor every call
+ * is ignored: the built-in executor pool hands out no jobs.
+ *
  * Context: any thread.
  */
 TW_EXTERN void tw_service_run(tw_service *s, tw_id job);
 
-/*
- * tw_service_get_stats_sized - fill @out, a struct of @out_size bytes,
- * with the service's counters. The plain name is a macro that passes
- * sizeof(tw_service_stats) as this header declares it: a program built
- * against an older header (a shorter struct) gets its fields and nothing
- * past them; bytes past the struct this library knows are zeroed.
- * Returns 0, or TW_EINVAL (NULL @s or @out, @out_size shorter than the 0.1
- * struct, which ends at backlog) with nothing written.
- * Cost: a clock read per run (the timer thread's own reading for the first
- * task it runs in a round) and one counter in late_hist; BENCHMARKS.md has
- * the measurement.
+/**
+ * tw_service_get_stats_sized - the service's counters, for a struct of
+ * any version.
+ * @s: the service.
+ * @out: filled with the counters.
+ * @out_size: bytes at @out: sizeof(tw_service_stats) as the caller's
+ *            header declares it. A caller built against an older header
+ *            (a shorter struct) gets its fields and nothing past them;
+ *            bytes past the struct this library knows are zeroed.
+ *
+ * The plain name tw_service_get_stats() is a macro that passes this
+ * header's sizeof. Cost of the counters: one clock read per run (none for
+ * the first task the timer thread runs after it read the clock, none on
+ * the timer thread with TW_SERVICE_LAZY_CLOCK) and one relaxed atomic
+ * add; BENCHMARKS.md has the measurement.
+ *
  * Context: any thread.
+ * Return: 0, or TW_EINVAL (NULL @s or @out, @out_size shorter than the
+ * 0.1 struct, offsetof(tw_service_stats, backlog)) with nothing written.
  */
 TW_EXTERN int tw_service_get_stats_sized(const tw_service *s,
                                          tw_service_stats *out,
                                          size_t out_size);
-/* tw_service_get_stats - the 0.1 entry point: fills the fields up to
- * memory_bytes only (the struct a 0.1 caller has). The plain name is the
- * macro below, which reaches every field. */
+
+/**
+ * tw_service_get_stats - the 0.1 entry point of the counters.
+ * @s: the service; NULL does nothing.
+ * @out: filled with the fields up to memory_bytes (the 0.1 struct);
+ *       NULL does nothing.
+ *
+ * Kept for callers built against a 0.1 header. The plain name is the macro
+ * below, which reaches every field through tw_service_get_stats_sized().
+ *
+ * Context: any thread.
+ */
 TW_EXTERN void tw_service_get_stats(const tw_service *s, tw_service_stats *out);
 #define tw_service_get_stats(s, out)                                           \
     tw_service_get_stats_sized((s), (out), sizeof(tw_service_stats))

@@ -1,55 +1,53 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/test_review_service.c - regression tests for defects found by an
- * adversarial review of src/service.c, and the submission-flood contract.
+ * tests/test_service_submit.c - schedule calls: what a failing call leaves
+ * behind, a flood of submissions, the deadline arithmetic at the end of
+ * the range, and a RepeatedTimer's re-arm at max_pending.
  *
  * - A failed schedule call changes nothing: neither the function table
  *   nor the record pool.
- * - tw_cancel_wait() racing the end of a run never misses its wake-up.
- * - tw_service_start() from a task never waits for a concurrent stop.
  * - The timer thread drains a flood of submissions from several producers
  *   without starving ticks: a task armed before the flood and a short task
  *   scheduled in the middle of it still run within a generous bound
  *   (FLOOD_BOUND_MS, doubled on each of two retries).
  * - Periodic arithmetic near UINT64_MAX clamps to "never".
+ * - tw_repeated_reset() on a service exactly at max_pending succeeds and
+ *   moves the run; a reset that fails changes nothing.
+ *
+ * The services run on a virtual clock (tw_service_config.clock) except in
+ * the flood, which measures real lateness.
  */
 #define _POSIX_C_SOURCE 200809L
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <time.h>
 
+#include "fixture.h"
 #include "internal.h"
 #include "test.h"
+#include "twheel/repeated.h"
 #include "twheel/service.h"
-#include "realtime.h"
 
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-#define TW_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-#define TW_SANITIZED 1
-#endif
-#endif
-#ifndef TW_SANITIZED
-#define TW_SANITIZED 0
-#endif
-
-/* Under valgrind (scripts/test.d/valgrind.sh: one core, ~30-50x slower)
- * the timed cases shrink: fewer flood tasks, shorter races. */
-static bool under_valgrind(void)
+/* Move the virtual clock by @ns and wait for a timer round. */
+static void vadvance(tw_service *s, uint64_t ns)
 {
-    const char *p = getenv("LD_PRELOAD");
-    return p != NULL && strstr(p, "vgpreload") != NULL;
+    atomic_fetch_add(&vnow, ns);
+    tw__service_sync(s);
 }
 
-static _Atomic uint64_t vnow = 1000 * SEC;
-
-static uint64_t vclock(void *ctx)
+/* A started service on the virtual clock at 1000 s. */
+static tw_service *vservice(tw_service_config *cfg)
 {
-    (void)ctx;
-    return atomic_load(&vnow);
+    cfg->clock = vclock;
+    atomic_store(&vnow, 1000 * SEC);
+    tw_service *s = NULL;
+    ASSERT_EQ(tw_service_create(&s, cfg), 0);
+    ASSERT_EQ(tw_service_start(s), 0);
+    return s;
 }
 
 /* Distinct task functions that do nothing (each takes its own entry in a
@@ -117,100 +115,6 @@ static void test_failed_schedule_keeps_pool(void)
     tw_service_get_stats(s, &after);
     ASSERT_EQ(after.nodes, before.nodes);
     tw_service_destroy(s);
-}
-
-/* ------------------------------------------------------------------------ */
-/* tw_cancel_wait() on a task that is just finishing: the waiter registers
- * while the runner frees the record and looks for waiters. Each round
- * releases the task and calls tw_cancel_wait() at the same moment; a lost
- * wake-up leaves the waiter blocked, which the watchdog turns into a
- * failure after WAIT_LIMIT_S. Both the timer thread (batched free) and an
- * executor thread run the task. A race: without the fix in
- * notify_waiters() this failed in about one run in six on a loaded 2-core
- * x86 machine (after 42 to 9203 rounds), so a pass proves little alone;
- * it runs for a bounded time (RACE_MS) so it stays cheap in every CI
- * run. */
-#define WAIT_LIMIT_S 5
-#define RACE_MS 2000
-
-struct race {
-    _Atomic int started, go;
-};
-
-static void race_task(tw_id id, void *arg)
-{
-    (void)id;
-    struct race *r = arg;
-    atomic_store(&r->started, 1);
-    while (!atomic_load_explicit(&r->go, memory_order_relaxed)) {
-    }
-}
-
-static _Atomic uint64_t race_progress;
-static _Atomic int race_phase; /* 1 waiting for the start, 2 in cancel_wait */
-static _Atomic bool race_done;
-
-static void *race_watchdog(void *arg)
-{
-    (void)arg;
-    uint64_t last = atomic_load(&race_progress), t = mono_now();
-    while (!atomic_load(&race_done)) {
-        sleep_ns(10 * MS);
-        uint64_t p = atomic_load(&race_progress);
-        if (p != last) {
-            last = p;
-            t = mono_now();
-        } else if (mono_now() - t > (uint64_t)WAIT_LIMIT_S * SEC) {
-            fprintf(stderr, "stuck after %llu rounds in phase %d\n",
-                    (unsigned long long)p, atomic_load(&race_phase));
-            abort();
-        }
-    }
-    return NULL;
-}
-
-static void cancel_wait_race(uint32_t executors, uint64_t max_ns)
-{
-    /* 10 us ticks: a round does not wait for a 1 ms poll. */
-    tw_service_config cfg = {.executor_threads = executors, .tick_ns = 10000};
-    tw_service *s = NULL;
-    ASSERT_EQ(tw_service_create(&s, &cfg), 0);
-    atomic_store(&race_done, false);
-    pthread_t wd;
-    ASSERT_EQ(pthread_create(&wd, NULL, race_watchdog, NULL), 0);
-    uint64_t end = mono_now() + max_ns;
-    int i;
-    for (i = 0; mono_now() < end; i++) {
-        struct race r = {0};
-        tw_id id;
-        ASSERT_EQ(tw_schedule(s, race_task, &r, 0, &id), 0);
-        atomic_store(&race_phase, 1);
-        while (!atomic_load(&r.started))
-            sched_yield();
-        atomic_store(&race_phase, 2);
-        atomic_store(&r.go, 1);
-        /* A varying head start for the runner sweeps the waiter's arrival
-         * across the runner's free-then-notify window. */
-        for (volatile int k = 0; k < (i % 16) * 4; k++) {
-        }
-        ASSERT_EQ(tw_cancel_wait(s, id), 0); /* one-shot: ran, not cancelled */
-        atomic_fetch_add(&race_progress, 1);
-    }
-    atomic_store(&race_done, true);
-    pthread_join(wd, NULL);
-    fprintf(stderr, "   %u executors: %d rounds\n", executors, i);
-    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
-    tw_service_destroy(s);
-}
-
-static void test_cancel_wait_end_of_run(void)
-{
-    /* The timer thread's batched free is the path that lost wake-ups on
-     * x86 (a plain store, then the load of the waiter count): most time
-     * goes there. */
-    uint64_t ms = under_valgrind() ? RACE_MS / 4 : RACE_MS;
-    cancel_wait_race(0, ms * MS);
-    cancel_wait_race(1, ms / 4 * MS);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -361,90 +265,69 @@ static void test_periodic_near_uint64_max(void)
 }
 
 /* ------------------------------------------------------------------------ */
-/* tw_service_start() from a task while another thread stops the service:
- * the task must get 0 or TW_ESHUTDOWN, never block on stop, which waits for
- * the task to finish. The task calls start in a loop until it is refused,
- * so some call lands while stop holds its lock; the watchdog fails the
- * test if stop does not return within STOP_LIMIT_S. Inline tasks (timer
- * thread) and an executor pool. */
-#define STOP_LIMIT_S 10
+/* RepeatedTimer reset at max_pending. */
 
-static _Atomic int start_loop_in, start_loop_out;
-static tw_service *start_loop_svc;
-
-static void start_loop_task(tw_id id, void *arg)
+static void count_run(tw_id id, void *arg)
 {
     (void)id;
-    (void)arg;
-    atomic_store(&start_loop_in, 1);
-    int rc;
-    while ((rc = tw_service_start(start_loop_svc)) == 0) {
-    }
-    ASSERT_EQ(rc, TW_ESHUTDOWN);
-    atomic_store(&start_loop_out, 1);
+    atomic_fetch_add((_Atomic int *)arg, 1);
 }
 
-static _Atomic bool stop_returned;
-
-static void *stop_watchdog(void *arg)
+static void on_trigger(tw_repeated *rt, void *arg)
 {
-    (void)arg;
-    uint64_t end = mono_now() + (uint64_t)STOP_LIMIT_S * SEC;
-    while (!atomic_load(&stop_returned)) {
-        if (mono_now() > end) {
-            fprintf(stderr, "tw_service_stop blocked by a task in "
-                            "tw_service_start\n");
-            abort();
-        }
-        sleep_ns(MS);
-    }
-    return NULL;
+    (void)rt;
+    atomic_fetch_add((_Atomic int *)arg, 1);
 }
 
-static void start_from_task_during_stop(uint32_t executors)
+static void test_repeated_reset_at_max(void)
 {
-    tw_service_config cfg = {.executor_threads = executors};
-    ASSERT_EQ(tw_service_create(&start_loop_svc, &cfg), 0);
-    atomic_store(&start_loop_in, 0);
-    atomic_store(&start_loop_out, 0);
-    atomic_store(&stop_returned, false);
-    ASSERT_EQ(tw_schedule(start_loop_svc, start_loop_task, NULL, 0, NULL), 0);
-    while (!atomic_load(&start_loop_in))
-        sched_yield();
-    pthread_t wd;
-    ASSERT_EQ(pthread_create(&wd, NULL, stop_watchdog, NULL), 0);
-    ASSERT_EQ(tw_service_stop(start_loop_svc, NULL, NULL), 0);
-    atomic_store(&stop_returned, true);
-    pthread_join(wd, NULL);
-    ASSERT_EQ(atomic_load(&start_loop_out), 1);
-    tw_service_destroy(start_loop_svc);
-}
+    tw_service_config cfg = {0};
+    cfg.max_pending = 1;
+    tw_service *s = vservice(&cfg);
+    _Atomic int runs = 0;
+    tw_repeated_config rc = {0};
+    rc.timeout_ns = 10 * MS;
+    rc.on_trigger = on_trigger;
+    rc.arg = &runs;
+    tw_repeated *rt = NULL;
+    ASSERT_EQ(tw_repeated_create(&rt, s, &rc), 0);
+    ASSERT_EQ(tw_repeated_start(rt), 0);
+    ASSERT_EQ(tw_service_pending(s), 1);
+    vadvance(s, 5 * MS);
+    /* At max_pending: the reset moves the run to 5 + 20 ms. */
+    ASSERT_EQ(tw_repeated_reset(rt, 20 * MS), 0);
+    ASSERT_EQ(tw_service_pending(s), 1);
+    vadvance(s, 10 * MS); /* 15 ms: the old run would have been at 10 */
+    ASSERT_EQ(atomic_load(&runs), 0);
+    vadvance(s, 10 * MS); /* 25 ms */
+    ASSERT_EQ(atomic_load(&runs), 1);
+    ASSERT_EQ(tw_service_pending(s), 1);
+    ASSERT_EQ(tw_repeated_restart(rt), 0); /* also at max_pending */
+    ASSERT_EQ(tw_service_pending(s), 1);
 
-static void test_start_from_task_during_stop(void)
-{
-    for (int i = 0; i < 20; i++) {
-        start_from_task_during_stop(0);
-        start_from_task_during_stop(1);
-    }
+    /* Another task takes the only slot: a reset of a stopped timer
+     * schedules nothing, a restart fails and changes nothing. */
+    tw_repeated_stop(rt);
+    ASSERT_EQ(tw_service_pending(s), 0);
+    tw_id other = 0;
+    _Atomic int other_runs = 0;
+    ASSERT_EQ(tw_schedule(s, count_run, &other_runs, 1000 * SEC, &other), 0);
+    ASSERT_EQ(tw_repeated_reset(rt, 30 * MS), 0);
+    ASSERT_EQ(tw_repeated_restart(rt), TW_EAGAIN);
+    ASSERT_EQ(tw_service_pending(s), 1);
+    vadvance(s, 100 * MS);
+    ASSERT_EQ(atomic_load(&runs), 1);
+    tw_repeated_destroy(rt);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 1);
+    tw_service_destroy(s);
 }
-
-/* Runs every test, or only those named on the command line. */
-#define RUN_SELECTED(fn)                                                       \
-    do {                                                                       \
-        bool any_ = argc < 2;                                                  \
-        for (int i_ = 1; i_ < argc; i_++)                                      \
-            any_ = any_ || strcmp(argv[i_], #fn) == 0;                         \
-        if (any_)                                                              \
-            RUN_TEST(fn);                                                      \
-    } while (0)
 
 int main(int argc, char **argv)
 {
     RUN_SELECTED(test_failed_schedule_keeps_fn_table);
     RUN_SELECTED(test_failed_schedule_keeps_pool);
     RUN_SELECTED(test_periodic_near_uint64_max);
-    RUN_SELECTED(test_cancel_wait_end_of_run);
     RUN_SELECTED(test_flood_does_not_starve_ticks);
-    RUN_SELECTED(test_start_from_task_during_stop);
+    RUN_SELECTED(test_repeated_reset_at_max);
     return tw_test_done();
 }

@@ -1,0 +1,401 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * src/service_impl.h - the timer service's records and state, shared by
+ * src/node_pool.c and src/service.c (src/exec_pool.c sees none of it).
+ *
+ * Pipeline
+ * --------
+ * A task flows through the service in one direction:
+ *
+ *   producer (tw_schedule*)                                     service.c
+ *     | takes a record from the node pool                     node_pool.c
+ *     v pushes it on the submission stack (lock-free)
+ *   timer thread: takes the stack whole, cancel bitmap too     service.c
+ *     v arms the record in its tw_wheel                           wheel.c
+ *   wheel: at the deadline calls the trampoline (dispatch)     service.c
+ *     v runs the task there, or hands it to an executor
+ *   executor pool (or the caller's executor)                  exec_pool.c
+ *     v runs the task; a periodic task goes back on the stack
+ *   the record returns to the node pool's free list           node_pool.c
+ *
+ * Cancels go against the flow: tw_cancel() only sets a bit in the record's
+ * state word (and, for a record in the wheel, a bit in the cancel bitmap);
+ * whoever owns the record at that moment sees the bit and frees it.
+ *
+ * Locks
+ * -----
+ * Producers and cancels take no lock in the common case. The mutexes, in
+ * the order they may be taken:
+ *
+ *   life.stop_mu   start/stop; held while stop hands tasks back, so a
+ *                  hand-back callback may take any of the ones below
+ *   timer.mu       the timer thread's sleep and wake-ups (with timer.cv)
+ *   exec.mu        the executor pool's queue (with exec.cv)
+ *   wait.mu        tw_cancel_wait() sleepers (with wait.cv)
+ *
+ * timer.mu, exec.mu and wait.mu are leaves: nobody holds two of them, and
+ * no task or callback of the caller runs under any of them.
+ *
+ * The state word
+ * --------------
+ * Task records ("nodes", 48 bytes on LP64) live in chunks of 4096 that never
+ * move; a node is a tw_timer (40 bytes) plus one atomic 64-bit state word:
+ *
+ *   bits 63..32  generation (never 0; bumped each time the node is freed)
+ *   bits 31..5   payload: while the node is live, the index of the task
+ *                function in the service's function table (bits 28..5),
+ *                ST_HOLD and ST_DROPPED (bits 29, 30: a one-shot task that
+ *                keeps its pending slot while it runs, and whether that
+ *                slot was released or taken over) and ST_RELATIVE (bit
+ *                31, see below); while it is on the free list, the next
+ *                free node (+1)
+ *   bit  4       periodic (tw__arg points at a side record)
+ *   bit  3       cancelled (or claimed by stop)
+ *   bits 2..0    location: FREE, QUEUED, ARMED, DISPATCHED, RUNNING
+ *
+ * A tw_id is generation << 32 | (index + 1), so a stale id never matches a
+ * reused node. The location says who owns the node's links; only the owner
+ * changes the location, and everybody else may only set the cancelled bit
+ * by CAS. The owner that sees the cancelled bit frees the node:
+ *
+ *   FREE       -> QUEUED      a producer's schedule call
+ *   QUEUED     -> ARMED       the timer thread takes the stack
+ *   ARMED      -> DISPATCHED  due, for an executor (timer thread)
+ *   ARMED      -> RUNNING     due, run on the timer thread itself
+ *   DISPATCHED -> RUNNING     an executor accepts it (once: a CAS)
+ *   RUNNING    -> FREE        a one-shot task's run ended
+ *   RUNNING    -> QUEUED      a periodic task's run ended on an executor
+ *   RUNNING    -> ARMED       a periodic task's run ended on the timer thread
+ *   (cancelled)-> FREE        whoever owns the node next sees the bit
+ *
+ *   QUEUED      on the submission stack (tw__next is the link, tw__expires
+ *               the deadline tick, or with ST_RELATIVE the delay in ns
+ *               that the timer thread adds to its clock when it takes the
+ *               node: TW_SERVICE_LAZY_CLOCK; tw__pprev is no link but
+ *               the width in ticks of the task's window, 0 for an exact
+ *               deadline); owner: the timer thread
+ *   ARMED       in the wheel (or parked forever for a "never" deadline);
+ *               owner: the timer thread. A cancel also sets the node's bit
+ *               in a hierarchical bitmap so the timer thread unlinks and
+ *               frees it within a tick.
+ *   DISPATCHED  given to an executor; owner: whoever runs it.
+ *               tw_service_run() accepts it with a CAS to RUNNING, so a
+ *               job is taken once. A cancel that wins while the node
+ *               waits in the pool's queue unlinks and frees it there
+ *               (under the pool's mutex, which executors take to pop).
+ *   RUNNING     its function runs; a one-shot task cannot be cancelled
+ *               any more, a periodic one can (it is freed after the run)
+ *
+ * tw_service_stop() joins the threads, becomes the owner of everything and
+ * claims each live node by setting its cancelled bit, so a racing
+ * tw_cancel() and the hand-back can never both win.
+ *
+ * Producers (tw_schedule) never lock: they pop a node from a Treiber free
+ * list (head tagged against ABA), reserve a pending slot with one atomic
+ * operation as the call's last fallible step (so a failing call never
+ * holds one), and push the node on a Treiber submission stack that the timer
+ * thread takes whole with one exchange. The timer thread publishes the tick
+ * it sleeps until; a producer wakes it (mutex + condition variable on
+ * CLOCK_MONOTONIC) only when its deadline is earlier, so scheduling work
+ * for later costs no system call. After a round with work the timer thread
+ * polls once more a tick later instead of sleeping long, so a burst of
+ * cancels needs at most one wake-up; when idle it sleeps without timeout.
+ *
+ * Task functions are stored as indexes into a small lock-free open-
+ * addressing table (per service, max_callbacks entries): this is what keeps
+ * a node at 48 bytes, since the tw_timer's own callback slot must hold the
+ * service's trampoline. The trampoline finds the service through the
+ * node's chunk, which records its owner.
+ */
+#ifndef TWHEEL_SERVICE_IMPL_H
+#define TWHEEL_SERVICE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "exec_pool.h"
+#include "twheel/service.h"
+
+/* ------------------------------------------------------------------------ */
+/* The state word. */
+
+enum { LOC_FREE = 0, LOC_QUEUED, LOC_ARMED, LOC_DISPATCHED, LOC_RUNNING };
+
+#define ST_LOC_MASK UINT64_C(7)
+#define ST_CANCELLED UINT64_C(8)
+#define ST_PERIODIC UINT64_C(16)
+#define ST_PAY_SHIFT 5
+#define ST_PAY_MASK ((UINT64_C(1) << 27) - 1)
+#define ST_GEN(st) ((uint32_t)((st) >> 32))
+#define ST_LOC(st) ((unsigned)((st)&ST_LOC_MASK))
+#define ST_PAY(st) ((uint32_t)(((st) >> ST_PAY_SHIFT) & ST_PAY_MASK))
+/* Live nodes: the payload's low 24 bits are the function index; a QUEUED
+ * one-shot node may have ST_RELATIVE: tw__expires holds its delay in ns,
+ * and the timer thread computes its deadline (TW_SERVICE_LAZY_CLOCK). */
+#define ST_FN(st) (ST_PAY(st) & ((UINT32_C(1) << 24) - 1))
+#define ST_RELATIVE (UINT64_C(1) << 31)
+/* A one-shot task of tw__schedule_replace() keeps its pending slot while it
+ * runs (ST_HOLD), so that a replacing call can take the slot over: whoever
+ * sets ST_DROPPED on the RUNNING node first, the run's end or the
+ * replacing call, decides who releases the slot. While a one-shot node is
+ * RUNNING nobody else writes its state word. */
+#define ST_HOLD (UINT64_C(1) << 29)
+#define ST_DROPPED (UINT64_C(1) << 30)
+
+/* ------------------------------------------------------------------------ */
+/* Nodes and their chunks. */
+
+/* Chunks: 4096 nodes, each chunk in a block aligned to 2^18 bytes so that a
+ * node's index follows from its address. */
+#define CHUNK_BITS 12
+#define CHUNK_NODES (1u << CHUNK_BITS)
+#define CHUNK_ALIGN ((uintptr_t)1 << 18)
+#define DIR_BITS 9 /* chunks per directory block: 512 */
+#define DIR_BLOCKS 64
+/* At most 2^27 - 1 nodes: the index + 1 must fit the 27-bit payload. */
+#define MAX_NODES ((UINT32_C(1) << 27) - 1)
+
+struct node {
+    tw_timer t;
+    _Atomic uint64_t state;
+};
+
+#if UINTPTR_MAX == UINT64_MAX
+_Static_assert(sizeof(struct node) == 48, "a node is 48 bytes on LP64");
+#endif
+
+/* Everything a chunk holds after its nodes. */
+struct chunk_tail {
+    void *raw;                             /* what to tw__free() */
+    struct tw_service *owner;              /* for the wheel's trampoline */
+    uint32_t number;                       /* chunk index */
+    _Atomic uint64_t l1;                   /* bit w: l0[w] may be non-zero */
+    _Atomic uint64_t l0[CHUNK_NODES / 64]; /* cancel bits of ARMED nodes */
+};
+
+#define CHUNK_BYTES                                                            \
+    (CHUNK_NODES * sizeof(struct node) + sizeof(struct chunk_tail))
+_Static_assert(CHUNK_BYTES <= CHUNK_ALIGN, "a chunk fits its alignment");
+/* What a chunk asks the allocator for: room to align it by hand. */
+#define CHUNK_RAW_BYTES (CHUNK_BYTES + CHUNK_ALIGN - 1)
+
+struct dirblock {
+    _Atomic(struct node *) chunk[1u << DIR_BITS];
+    _Atomic uint64_t dirty[(1u << DIR_BITS) / 64]; /* chunks with bits */
+};
+
+#define PAD(n) char pad##n[64]
+
+/*
+ * The node pool (src/node_pool.c): chunks reached through a two-level
+ * directory, the free list, the cancel bitmap and the function table.
+ */
+struct node_pool {
+    _Atomic(tw_task_fn) *fns;
+    uint32_t fn_mask;
+    uint32_t salt; /* first generations differ between services */
+    struct tw_service *owner;
+    PAD(0);
+    _Atomic uint64_t free_head; /* tag << 32 | (index + 1) */
+    _Atomic uint32_t fresh;     /* first never-used index */
+    PAD(1);
+    _Atomic uint64_t cancel_dirty; /* dirblocks with cancel bits */
+    PAD(2);
+    _Atomic(struct dirblock *) dir[DIR_BLOCKS];
+    /* Nodes the timer thread freed this round, pushed at its end. */
+    struct node *free_first, *free_last;
+    _Atomic uint64_t nodes, mem; /* statistics */
+};
+
+/* ------------------------------------------------------------------------ */
+/* The service. */
+
+/* The side record of a periodic task (tw__arg of its node). */
+struct periodic {
+    void *arg;
+    uint64_t period_ns;
+    uint64_t next_ns; /* fixed rate: the scheduled time of the next run */
+    bool fixed_rate;
+};
+
+struct tw_service {
+    /* Read-mostly configuration. */
+    struct {
+        uint64_t tick_ns;
+        uint64_t start_ns; /* the clock at create: tick 0 */
+        uint64_t max_pending;
+        tw_clock_fn clock;
+        void *clock_ctx;
+        clockid_t clock_id;        /* the built-in clock (clock == NULL) */
+        uint64_t slack_ns;         /* tw_schedule()'s default window */
+        _Atomic uint64_t clock_hi; /* latest reading of clock (relative) */
+        tw_execute_fn execute;
+        void *execute_ctx;
+        uint32_t nexec;
+        bool lazy; /* TW_SERVICE_LAZY_CLOCK */
+        tw_wheel_config wcfg;
+    } cfg;
+
+    struct node_pool pool;
+
+    /* Producers to the timer thread. */
+    struct {
+        _Atomic(struct node *) subq; /* Treiber stack of QUEUED nodes */
+        PAD(0);
+        _Atomic uint64_t pending; /* count | STOPPED_BIT */
+        PAD(1);
+    } submit;
+
+    /* The timer thread. */
+    struct {
+        _Atomic uint64_t sleep_until; /* tick; 0 while awake */
+        _Atomic bool sleep_long;      /* asleep for more than a tick */
+        _Atomic bool in_task; /* lazy only: the timer thread runs a task */
+        PAD(0);
+        pthread_mutex_t mu;
+        pthread_cond_t cv;
+        bool kicked; /* under mu */
+        _Atomic bool quit;
+        _Atomic bool started;
+        pthread_t thread;
+        tw_wheel *wheel;
+        struct node *local;      /* taken from subq, not yet processed */
+        struct node *disp_first; /* dispatched this round */
+        struct node *disp_last;
+        uint64_t disp_count;
+        uint64_t round_ns; /* the clock at this round's advance */
+        bool round_fresh;  /* no task has run on this thread since round_ns */
+        /* Rounds begun and ended (tw__service_sync). */
+        _Atomic uint64_t round_begin, round_end;
+    } timer;
+
+    /* Dispatch: the built-in executor pool, and the jobs given out. */
+    struct exec_pool exec;
+    _Atomic uint64_t busy;    /* dispatched or running, not yet finished */
+    _Atomic uint64_t backlog; /* dispatched, not yet started or dropped */
+
+    /* tw_cancel_wait(). */
+    struct {
+        pthread_mutex_t mu;
+        pthread_cond_t cv;
+        _Atomic uint32_t waiters;
+    } wait;
+
+    /* Start/stop. */
+    struct {
+        pthread_mutex_t stop_mu;
+        bool stop_done; /* under stop_mu */
+    } life;
+
+    /* Statistics (the pool keeps its own). Runs are counted in late[]
+     * only: ran is their sum. */
+    _Atomic uint64_t cancelled, handed, wakeups;
+    PAD(2);
+    _Atomic uint64_t late[TW_LATE_BUCKETS];
+};
+
+#define NEVER UINT64_MAX /* deadline tick of a task that never runs */
+#define STOPPED_BIT (UINT64_C(1) << 63)
+
+/* ------------------------------------------------------------------------ */
+/* Node helpers, inline: they are on every call's path. */
+
+static inline struct chunk_tail *chunk_tail_of(struct node *first)
+{
+    return (struct chunk_tail *)(void *)((char *)first +
+                                         CHUNK_NODES * sizeof(struct node));
+}
+
+/* The chunk tail of the chunk that holds @n. */
+static inline struct chunk_tail *chunk_tail_at(const struct node *n)
+{
+    uintptr_t base = (uintptr_t)n & ~(CHUNK_ALIGN - 1);
+    return chunk_tail_of((struct node *)(void *)base);
+}
+
+static inline struct node *node_at(const struct node_pool *p, uint32_t idx)
+{
+    struct dirblock *db = atomic_load_explicit(
+        &((struct node_pool *)p)->dir[idx >> (CHUNK_BITS + DIR_BITS)],
+        memory_order_acquire);
+    struct node *c = atomic_load_explicit(
+        &db->chunk[(idx >> CHUNK_BITS) & ((1u << DIR_BITS) - 1)],
+        memory_order_acquire);
+    return c + (idx & (CHUNK_NODES - 1));
+}
+
+static inline uint32_t node_index(const struct node *n)
+{
+    uintptr_t base = (uintptr_t)n & ~(CHUNK_ALIGN - 1);
+    uint32_t off = (uint32_t)(((uintptr_t)n - base) / sizeof(struct node));
+    return chunk_tail_at(n)->number << CHUNK_BITS | off;
+}
+
+static inline tw_id make_id(uint64_t st, uint32_t idx)
+{
+    return (st & ~UINT64_C(0xffffffff)) | (uint64_t)(idx + 1);
+}
+
+static inline struct node *node_of_timer(tw_timer *t)
+{
+    return t ? TW_CONTAINER_OF(t, struct node, t) : NULL;
+}
+
+/* The node @id names, with its current state, or NULL. */
+static inline struct node *node_lookup(const struct node_pool *p, tw_id id,
+                                       uint64_t *st)
+{
+    uint32_t low = (uint32_t)id;
+    if (low == 0 || ST_GEN(id) == 0 ||
+        low > atomic_load_explicit(&((struct node_pool *)p)->fresh,
+                                   memory_order_acquire))
+        return NULL;
+    struct node *n = node_at(p, low - 1);
+    *st = atomic_load(&n->state);
+    return n;
+}
+
+static inline tw_task_fn fn_at(const struct node_pool *p, uint64_t st)
+{
+    return atomic_load_explicit(&p->fns[ST_FN(st)], memory_order_acquire);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The node pool (src/node_pool.c). Context: any thread unless noted. */
+
+/* An empty pool for @owner with a function table of @nfns entries (a power
+ * of two). Returns 0 or TW_ENOMEM. */
+int tw__pool_init(struct node_pool *p, struct tw_service *owner, uint32_t nfns,
+                  uint32_t salt);
+/* Free every chunk and the table. */
+void tw__pool_destroy(struct node_pool *p);
+
+/* Take a free node: *@idx its index, *@st its state word (FREE, with the
+ * generation to use). Returns 0 or TW_ENOMEM. */
+int tw__node_alloc(struct node_pool *p, uint32_t *idx, uint64_t *st);
+/* Give back node @idx that tw__node_alloc() returned with state @st. */
+void tw__node_unalloc(struct node_pool *p, uint32_t idx, uint64_t st);
+/* Free @n now (its owner). */
+void tw__node_free(struct node_pool *p, struct node *n);
+/* Free @n at tw__free_flush() (one CAS per round). Context: timer thread. */
+void tw__node_free_batched(struct node_pool *p, struct node *n);
+void tw__free_flush(struct node_pool *p);
+
+/* Mark ARMED node @n (index @idx) cancelled for the timer thread. */
+void tw__cancel_mark(struct node_pool *p, struct node *n, uint32_t idx);
+/* Call @fn(@n, @ctx) for every marked node, clearing the marks.
+ * Context: the wheel's owner. */
+void tw__cancel_drain(struct node_pool *p,
+                      void (*fn)(struct node *n, void *ctx), void *ctx);
+
+/* The entry of @fn in the function table, added if new: 0 and *@out, or
+ * TW_EAGAIN if the table is full. */
+int tw__fn_index(struct node_pool *p, tw_task_fn fn, uint32_t *out);
+/* Look @fn up without taking an entry: 0 and *@out its entry, 1 if it is
+ * not there but there is room, TW_EAGAIN if the table is full. */
+int tw__fn_find(struct node_pool *p, tw_task_fn fn, uint32_t *out);
+
+#endif
