@@ -73,7 +73,7 @@ static uint64_t mono_ns(void)
 static uint64_t rel_ns(const tw_service *s)
 {
     if (s->cfg.clock == NULL) {
-        uint64_t now = tw__svc_clock_ns(s->cfg.clock_id);
+        uint64_t now = tw__svc_clock_ns((clockid_t)s->cfg.clock_id);
         return now > s->cfg.start_ns ? now - s->cfg.start_ns : 0;
     }
     uint64_t now = s->cfg.clock(s->cfg.clock_ctx);
@@ -512,7 +512,7 @@ static bool tick_deadline(const tw_service *s, uint64_t target,
     if (target == NEVER || target > NEVER / s->cfg.tick_ns)
         return false;
     uint64_t abs;
-    if (s->cfg.clock == NULL && s->cfg.clock_id == CLOCK_MONOTONIC) {
+    if (s->cfg.clock == NULL && s->cfg.clock_id == (int32_t)CLOCK_MONOTONIC) {
         abs = add_sat(s->cfg.start_ns, target * s->cfg.tick_ns);
     } else {
         /* Another clock: wait for the time left on it, re-read after at
@@ -520,7 +520,7 @@ static bool tick_deadline(const tw_service *s, uint64_t target,
         uint64_t rel = rel_ns(s), want = target * s->cfg.tick_ns;
         uint64_t left = want > rel ? want - rel : 0;
         if (s->cfg.clock == NULL)
-            left = tw__svc_wait_ns(s->cfg.clock_id, left);
+            left = tw__svc_wait_ns((clockid_t)s->cfg.clock_id, left);
         abs = add_sat(mono_ns(), left);
     }
     if (abs / 1000000000u >= (uint64_t)INT32_MAX)
@@ -1061,14 +1061,15 @@ static void config_apply(tw_service *s, const tw_service_config *cfg,
     s->cfg.max_pending = cfg->max_pending;
     s->cfg.clock = cfg->clock;
     s->cfg.clock_ctx = cfg->clock_ctx;
-    s->cfg.clock_id = z->clock_id;
+    s->cfg.clock_id = (int32_t)z->clock_id;
     s->cfg.slack_ns = cfg->slack_ns;
     s->cfg.execute = cfg->execute;
     s->cfg.execute_ctx = cfg->execute_ctx;
     s->cfg.nexec = cfg->executor_threads;
     s->cfg.lazy = (cfg->flags & TW_SERVICE_LAZY_CLOCK) != 0;
-    s->cfg.start_ns = s->cfg.clock ? s->cfg.clock(s->cfg.clock_ctx)
-                                   : tw__svc_clock_ns(s->cfg.clock_id);
+    s->cfg.start_ns = s->cfg.clock
+                          ? s->cfg.clock(s->cfg.clock_ctx)
+                          : tw__svc_clock_ns((clockid_t)s->cfg.clock_id);
     atomic_fetch_add(&s->pool.mem, sizeof(*s));
 }
 

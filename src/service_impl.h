@@ -114,7 +114,6 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include <time.h>
 
 #include "exec_pool.h"
 #include "twheel/service.h"
@@ -229,7 +228,8 @@ struct tw_service {
         uint64_t max_pending;
         tw_clock_fn clock;
         void *clock_ctx;
-        clockid_t clock_id;        /* the built-in clock (clock == NULL) */
+        int32_t clock_id;          /* the built-in clock (clock == NULL), a
+                                      clockid_t: monotonic or boottime */
         uint64_t slack_ns;         /* tw_schedule()'s default window */
         _Atomic uint64_t clock_hi; /* latest reading of clock (relative) */
         tw_execute_fn execute;
