@@ -104,10 +104,11 @@ typedef struct tw_service_config {
                           exact. Periodic tasks stay exact. */
     int32_t clock_id;  /* the built-in clock: 0 or CLOCK_MONOTONIC
                           (the default), or CLOCK_BOOTTIME; anything
-                          else is TW_EINVAL, CLOCK_REALTIME included
-                          (it is 0 on Linux, which reads as the
-                          default). See "Clocks" below. Must be 0 with
-                          a caller-supplied clock. */
+                          else is TW_EINVAL. 0 means the default, so
+                          the wall clock cannot be chosen
+                          (CLOCK_REALTIME is 0 on Linux). See "Clocks"
+                          below. Must be 0 with a caller-supplied
+                          clock. */
 } tw_service_config;
 
 /*
