@@ -4,7 +4,7 @@
  * sorted-set delay queue and SQLite in WAL mode, at the same durability
  * (every acknowledged call is on stable storage).
  *
- *   bench_durable twheel sched  DIR THREADS SECONDS [PAYLOAD]
+ *   bench_durable twheel sched  DIR THREADS SECONDS [PAYLOAD [BATCH]]
  *   bench_durable twheel cancel DIR THREADS SECONDS [PAYLOAD]
  *   bench_durable twheel recover DIR N [PAYLOAD]
  *   bench_durable redis  sched  PORT THREADS SECONDS DEPTH [PAYLOAD]
@@ -13,7 +13,8 @@
  * sched: each thread schedules fresh 16-byte keys due in one hour, for
  * SECONDS; prints calls/s and the p50/p99 latency of one call (for Redis
  * with DEPTH > 1: of one pipelined batch of DEPTH calls, divided by
- * nothing: the time from sending the batch to its last reply).
+ * nothing: the time from sending the batch to its last reply; for twheel
+ * with BATCH > 1: of one tw_durable_schedule_many call of BATCH items).
  * cancel: first schedules THREADS x 20000 keys with SYNC_NONE, then the
  * threads cancel them with SYNC_GROUP. recover: writes N pending timers,
  * closes, then times tw_durable_open and measures the RSS it added and the
@@ -144,23 +145,40 @@ static void key_of(char *k, int thread, uint64_t i)
     k[16] = 0;
 }
 
+static int tw_batch = 1;
+
 static void *tw_sched_main(void *p)
 {
     struct worker *w = p;
     int64_t due = wall_ms() + 3600 * 1000;
-    char k[17];
-    for (uint64_t i = 0;; i++) {
-        key_of(k, w->id, i);
+    size_t n = (size_t)tw_batch;
+    char(*k)[17] = malloc(n * sizeof *k);
+    tw_durable_item *it = malloc(n * sizeof *it);
+    if (!k || !it)
+        die("malloc", 0);
+    for (uint64_t i = 0;;) {
+        for (size_t j = 0; j < n; j++, i++) {
+            key_of(k[j], w->id, i);
+            it[j] = (tw_durable_item){.key = k[j],
+                                      .key_len = 16,
+                                      .due_ms = due,
+                                      .payload = payload,
+                                      .payload_len = payload_len};
+        }
         uint64_t t0 = mono_ns();
-        int rc = tw_durable_schedule(store, k, 16, due, payload, payload_len);
+        int rc = n == 1 ? tw_durable_schedule(store, k[0], 16, due, payload,
+                                              payload_len)
+                        : tw_durable_schedule_many(store, it, n);
         uint64_t t1 = mono_ns();
         if (rc)
             die("schedule", rc);
         sample(w, t1 - t0);
-        w->ops++;
+        w->ops += n;
         if (t1 >= w->until)
             break;
     }
+    free(k);
+    free(it);
     return NULL;
 }
 
@@ -271,6 +289,8 @@ static int bench_twheel(int argc, char **argv)
     double secs = atof(argv[5]);
     if (argc > 6)
         payload_len = strtoul(argv[6], NULL, 10);
+    if (argc > 7 && atoi(argv[7]) > 1)
+        tw_batch = atoi(argv[7]);
     struct worker *w = calloc((size_t)threads, sizeof *w);
     if (strcmp(op, "sched") == 0) {
         tw_open(dir, TW_DURABLE_SYNC_GROUP);
@@ -279,8 +299,8 @@ static int bench_twheel(int argc, char **argv)
         double el = (double)(mono_ns() - t0) / 1e9;
         tw_durable_stats st;
         tw_durable_stats_get(store, &st);
-        report("twheel", "sched", threads, 1, w, el);
-        printf("  syncs=%" PRIu64 " calls_per_sync=%.1f\n", st.syncs,
+        report("twheel", "sched", threads, tw_batch, w, el);
+        printf("  syncs=%" PRIu64 " schedules_per_sync=%.1f\n", st.syncs,
                (double)st.pending / (double)(st.syncs ? st.syncs : 1));
     } else {
         tw_open(dir, TW_DURABLE_SYNC_NONE);
@@ -553,7 +573,7 @@ int main(int argc, char **argv)
 #endif
     fprintf(stderr,
             "usage: bench_durable twheel sched|cancel DIR THREADS SECONDS "
-            "[PAYLOAD]\n"
+            "[PAYLOAD [BATCH]]\n"
             "       bench_durable twheel recover DIR N [PAYLOAD]\n"
             "       bench_durable redis sched PORT THREADS SECONDS DEPTH "
             "[PAYLOAD]\n"

@@ -7,19 +7,23 @@
 # free port and a temporary directory, and writes every result line to
 # build/bench-durable/results.txt plus a Markdown table to stdout.
 #
-# Usage: scripts/bench_durable.sh [--secs S] [--big]
+# Usage: scripts/bench_durable.sh [--secs S] [--batch B] [--big]
 #   --secs S  seconds per throughput run (default 3)
+#   --batch B items per tw_durable_schedule_many call and Redis calls
+#             pipelined per round trip in the batched runs (default 32)
 #   --big     also recover 1e7 pending timers (about 1.2 GB of journal and
 #             1 GB of RAM; a minute or two)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=3
+batch=32
 big=0
 while (($#)); do
   case $1 in
     --secs) secs=$2; shift ;;
+    --batch) batch=$2; shift ;;
     --big) big=1 ;;
-    *) echo "usage: $0 [--secs S] [--big]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--secs S] [--batch B] [--big]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -48,6 +52,10 @@ run() { "$@" | tee -a "$res"; }
 for t in 1 4 16; do
   run "$bin" twheel sched "$work/s$t" "$t" "$secs"
   rm -rf "$work/s$t"
+done
+for t in 1 4 16; do
+  run "$bin" twheel sched "$work/b$t" "$t" "$secs" 64 "$batch"
+  rm -rf "$work/b$t"
 done
 for t in 1 4 16; do
   run "$bin" twheel cancel "$work/c$t" "$t" "$secs"
@@ -91,8 +99,10 @@ for mode in always everysec; do
     "$bin" redis sched "$port" "$t" "$secs" 1 |
       sed "s/^system=redis/system=redis-$mode/" | tee -a "$res"
   done
-  "$bin" redis sched "$port" 16 "$secs" 32 |
-    sed "s/^system=redis/system=redis-$mode/" | tee -a "$res"
+  for t in 1 4 16; do
+    "$bin" redis sched "$port" "$t" "$secs" "$batch" |
+      sed "s/^system=redis/system=redis-$mode/" | tee -a "$res"
+  done
   n=$(redis-cli -p "$port" zcard tw:due)
   mem=$(redis-cli -p "$port" info memory | awk -F: '/^used_memory:/ {print $2+0}')
   aof=$(du -sb "$work/redis-$mode" | cut -f1)
@@ -104,7 +114,7 @@ for t in 1 4 16; do
 done
 
 echo
-echo "| system | op | threads | in flight per thread | calls/s | p50 us | p99 us |"
+echo "| system | op | threads | items per call (pipelined per round trip) | items/s | p50 us | p99 us |"
 echo "|---|---|---:|---:|---:|---:|---:|"
 awk '/^system=/ && !/op=recover/ {
   for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }

@@ -7,12 +7,16 @@
  * ------
  * One mutex orders everything: a call appends its record (journal.c) and
  * changes the in-memory index in the same critical section, so the journal's
- * order is the order of the changes; then it waits for group commit.
+ * order is the order of the changes; then it waits for group commit. A
+ * schedule is a batch of one: a batch stages its records, writes them with
+ * one pwrite() per SCHED_GROUP, applies them to the index in order, and
+ * waits once.
  *
  * Index: a hash table of keys (chained) to nodes. A node is a tw_timer in
- * the wheel (tick = Unix ms), the hash link, where its schedule record
- * lives (segment, offset) and how many deliveries began (attempt): 64 bytes
- * on LP64, then the key. Payloads and due times stay on disk; the store's
+ * the wheel (tick = Unix ms) whose arg slot is the hash link, where its
+ * schedule record lives (segment, offset), how many deliveries began
+ * (attempt), the key's length and flags: 55 bytes on LP64, then the key,
+ * in 8-byte size classes. Payloads and due times stay on disk; the store's
  * thread reads the record back when the timer fires.
  *
  * Replay applies the records in order: SCHED makes or replaces the key's
@@ -70,13 +74,15 @@
 
 enum { DN_FIRING = 1, DN_ORPHAN = 2 };
 
+/* 55 bytes, then the key: the key table's chain runs through the timer's
+ * arg slot (hlink()), which the wheel only hands to on_due(), and on_due()
+ * does not use it. */
 struct dnode {
     tw_timer tm;
-    struct dnode *hnext;
     uint32_t seg, off; /* the SCHED record of this version */
     uint32_t attempt;  /* deliveries begun */
     uint16_t key_len;
-    uint16_t flags;
+    uint8_t flags;
     unsigned char key[];
 };
 
@@ -87,11 +93,15 @@ struct delivery {
     unsigned char raw[];
 };
 
-/* Nodes come from chunks, one free list per 16-byte size class, so a node
- * costs its own bytes rounded up to 16 and no allocator header. Memory of
+/* Nodes come from chunks, one free list per 8-byte size class, so a node
+ * costs its own bytes rounded up to 8 and no allocator header. Memory of
  * freed nodes is kept for new ones until close. */
+#define SLAB_GRAIN 8u
 #define SLAB_CHUNK (256u * 1024u)
-#define SLAB_CLASSES ((sizeof(struct dnode) + TW_DURABLE_KEY_MAX + 15) / 16 + 1)
+#define SLAB_CLASSES                                                           \
+    ((offsetof(struct dnode, key) + TW_DURABLE_KEY_MAX + SLAB_GRAIN - 1) /     \
+         SLAB_GRAIN +                                                          \
+     1)
 
 struct slab {
     void *free[SLAB_CLASSES];
@@ -107,7 +117,7 @@ typedef struct jstore {
     pthread_mutex_t mu;
     jr_writer w;
     tw_wheel *wheel;
-    struct dnode **buckets;
+    void **buckets; /* chains of nodes through hlink() */
     size_t nbuckets, count;
     uint64_t seed;
     tw_durable_fire_fn fire;
@@ -135,6 +145,8 @@ typedef struct jstore {
     pthread_cond_t qcv;
 
     uint64_t fired, retried, cancelled, recovered, recovery_us;
+    uint64_t backlog; /* nodes due (in due[] or the queue), not yet begun */
+    uint64_t late_hist[TW_LATE_BUCKETS];
 } jstore;
 
 /* ------------------------------------------------------------------------ */
@@ -188,13 +200,20 @@ static uint64_t hkey(uint64_t seed, const unsigned char *p, size_t n)
     return h ^ (h >> 32);
 }
 
-static struct dnode **hfind(jstore *s, const void *key, size_t len)
+/* The link to the next node of @n's chain (NULL ends it). */
+static void **hlink(struct dnode *n)
 {
-    struct dnode **pp =
-        &s->buckets[hkey(s->seed, key, len) & (s->nbuckets - 1)];
-    for (; *pp; pp = &(*pp)->hnext)
-        if ((*pp)->key_len == len && memcmp((*pp)->key, key, len) == 0)
+    return &n->tm.tw__arg;
+}
+
+static void **hfind(jstore *s, const void *key, size_t len)
+{
+    void **pp = &s->buckets[hkey(s->seed, key, len) & (s->nbuckets - 1)];
+    for (; *pp; pp = hlink(*pp)) {
+        const struct dnode *n = *pp;
+        if (n->key_len == len && memcmp(n->key, key, len) == 0)
             return pp;
+    }
     return pp; /* *pp == NULL: where to insert */
 }
 
@@ -202,15 +221,15 @@ static struct dnode **hfind(jstore *s, const void *key, size_t len)
  * changed. */
 static int hresize(jstore *s, size_t nb)
 {
-    struct dnode **b = tw__calloc(nb, sizeof *b);
+    void **b = tw__calloc(nb, sizeof *b);
     if (!b)
         return TW_ENOMEM;
     for (size_t i = 0; i < s->nbuckets; i++) {
         struct dnode *n = s->buckets[i], *nx;
         for (; n; n = nx) {
-            nx = n->hnext;
+            nx = *hlink(n);
             size_t j = hkey(s->seed, n->key, n->key_len) & (nb - 1);
-            n->hnext = b[j];
+            *hlink(n) = b[j];
             b[j] = n;
         }
     }
@@ -232,7 +251,8 @@ static void on_due(tw_timer *t, void *arg);
 
 static size_t node_class(size_t key_len)
 {
-    return (offsetof(struct dnode, key) + key_len + 15) / 16;
+    return (offsetof(struct dnode, key) + key_len + SLAB_GRAIN - 1) /
+           SLAB_GRAIN;
 }
 
 static void *slab_alloc(struct slab *sl, size_t cls)
@@ -242,7 +262,7 @@ static void *slab_alloc(struct slab *sl, size_t cls)
         memcpy(&sl->free[cls], p, sizeof(void *));
         return p;
     }
-    size_t size = cls * 16;
+    size_t size = cls * SLAB_GRAIN;
     if (sl->left < size) {
         if (sl->nchunks == sl->cap) {
             size_t nc = sl->cap ? sl->cap * 2 : 16;
@@ -277,8 +297,7 @@ static struct dnode *node_new(jstore *s, const void *key, size_t len)
     struct dnode *n = slab_alloc(&s->slab, node_class(len));
     if (!n)
         return NULL;
-    tw_timer_init(&n->tm, on_due, s);
-    n->hnext = NULL;
+    tw_timer_init(&n->tm, on_due, NULL); /* arg: hlink(), the chain's end */
     n->seg = n->off = n->attempt = 0;
     n->key_len = (uint16_t)len;
     n->flags = 0;
@@ -295,10 +314,10 @@ static void seg_live(jstore *s, uint32_t no, int delta)
 
 /* Unlink the node at *pp from the table and the wheel; free it unless a
  * delivery still holds it (then it becomes an orphan). */
-static void node_remove(jstore *s, struct dnode **pp)
+static void node_remove(jstore *s, void **pp)
 {
     struct dnode *n = *pp;
-    *pp = n->hnext;
+    *pp = *hlink(n);
     s->count--;
     seg_live(s, n->seg, -1);
     if (n->flags & DN_FIRING) {
@@ -320,69 +339,175 @@ static void kick_if_earlier(jstore *s, int64_t due)
     }
 }
 
-static int j_schedule(tw_durable *d, const void *key, size_t key_len,
-                      int64_t due_ms, const void *payload, size_t payload_len)
+/* One item of a schedule batch while its group of records is staged. */
+struct staged_item {
+    struct dnode *fresh; /* the node its key gets, if it needs a new one */
+    uint32_t seg, off;   /* where its record goes */
+    bool staged;
+};
+
+/* Items staged before their records are written with one pwrite(). */
+#define SCHED_GROUP 64
+
+/* A node for @it's key if it needs one: the key is new, or its node is
+ * being delivered (that node becomes an orphan). */
+static int sched_prepare(jstore *s, const tw_durable_item *it,
+                         struct dnode **fresh)
 {
-    jstore *s = (jstore *)d;
-    atomic_fetch_add(&s->w.entering, 1);
-    pthread_mutex_lock(&s->mu);
-    int rc = 0;
-    struct dnode *fresh = NULL;
-    if (s->closing) {
-        rc = TW_ESHUTDOWN;
-        goto out_entered;
+    struct dnode *old = *hfind(s, it->key, it->key_len);
+    *fresh = NULL;
+    if (old && !(old->flags & DN_FIRING))
+        return 0;
+    if (!old) {
+        int rc = hreserve(s);
+        if (rc)
+            return rc;
     }
-    struct dnode **pp = hfind(s, key, key_len);
-    struct dnode *old = *pp;
-    if (!old || (old->flags & DN_FIRING)) {
-        if (!old && (rc = hreserve(s)) != 0)
-            goto out_entered;
-        if (!old)
-            pp = hfind(s, key, key_len); /* the table may have grown */
-        fresh = node_new(s, key, key_len);
-        if (!fresh) {
-            rc = TW_ENOMEM;
-            goto out_entered;
-        }
-    }
-    uint32_t seg, off;
-    uint64_t lsn;
-    rc = tw__jr_append(&s->w, JR_SCHED, key, key_len, due_ms, 0, payload,
-                       payload_len, &seg, &off, &lsn);
-    tw__jr_leave(&s->w);
-    if (rc) {
-        if (fresh)
+    *fresh = node_new(s, it->key, it->key_len);
+    return *fresh ? 0 : TW_ENOMEM;
+}
+
+/* Point @it's key at its record, written at @seg/@off. @fresh is non-NULL
+ * whenever the key has no node or one being delivered: sched_prepare()
+ * made it, and only the same batch's earlier items changed the index since
+ * (they add and replace, never remove or start a delivery). */
+static void sched_apply(jstore *s, const tw_durable_item *it,
+                        struct dnode *fresh, uint32_t seg, uint32_t off)
+{
+    void **pp = hfind(s, it->key, it->key_len);
+    struct dnode *n = *pp;
+    if (n && !(n->flags & DN_FIRING)) {
+        if (fresh) /* an earlier item of the batch made the node */
             node_free(s, fresh);
-        pthread_mutex_unlock(&s->mu);
-        return rc;
-    }
-    struct dnode *n = old;
-    if (fresh) {
-        if (old) { /* old is being delivered: it becomes an orphan */
+        seg_live(s, n->seg, -1);
+    } else {
+        if (n) /* being delivered: it becomes an orphan */
             node_remove(s, pp);
-            pp = hfind(s, key, key_len);
-        }
-        fresh->hnext = *pp;
+        *hlink(fresh) = *pp;
         *pp = fresh;
         s->count++;
         n = fresh;
-    } else {
-        seg_live(s, n->seg, -1);
     }
     n->seg = seg;
     n->off = off;
     n->attempt = 0;
     seg_live(s, seg, +1);
-    tw_wheel_add(s->wheel, &n->tm, tick_of(due_ms));
-    kick_if_earlier(s, due_ms);
-    rc = tw__jr_wait(&s->w, lsn);
-    pthread_mutex_unlock(&s->mu);
-    return rc;
+    tw_wheel_add(s->wheel, &n->tm, tick_of(it->due_ms));
+    kick_if_earlier(s, it->due_ms);
+}
 
-out_entered:
-    tw__jr_leave(&s->w);
-    pthread_mutex_unlock(&s->mu);
+/* Write the records staged for items[0 .. @n) (their states in @st) and
+ * apply them, or give them the write's error. Raises *@lsn on success. */
+static int sched_commit(jstore *s, tw_durable_item *items,
+                        struct staged_item *st, size_t n, uint64_t *lsn)
+{
+    uint64_t end;
+    int rc = tw__jr_flush(&s->w, &end);
+    for (size_t i = 0; i < n; i++) {
+        if (!st[i].staged)
+            continue;
+        if (rc) {
+            items[i].result = rc;
+            if (st[i].fresh)
+                node_free(s, st[i].fresh);
+        } else {
+            sched_apply(s, &items[i], st[i].fresh, st[i].seg, st[i].off);
+        }
+    }
+    if (!rc && end > *lsn)
+        *lsn = end;
     return rc;
+}
+
+/* Stage @it's SCHED record (state in @e); TW_EAGAIN: commit first. */
+static int sched_stage(jstore *s, tw_durable_item *it, struct staged_item *e)
+{
+    e->staged = false;
+    int rc = s->closing ? TW_ESHUTDOWN : sched_prepare(s, it, &e->fresh);
+    if (rc)
+        return rc;
+    rc = tw__jr_stage(&s->w, JR_SCHED, it->key, it->key_len, it->due_ms, 0,
+                      it->payload, it->payload_len, &e->seg, &e->off);
+    if (rc) {
+        if (e->fresh)
+            node_free(s, e->fresh);
+        return rc;
+    }
+    e->staged = true;
+    return 0;
+}
+
+/* Start loading the key table's buckets of @n items, then their first
+ * nodes: a large table misses the cache on nearly every lookup, and the
+ * misses of a group overlap this way instead of coming one after the
+ * other. */
+static void prefetch_keys(jstore *s, const tw_durable_item *items, size_t n)
+{
+    if (n < 2 || s->nbuckets < 4096) /* nothing to overlap, or cached */
+        return;
+    size_t mask = s->nbuckets - 1;
+    for (size_t i = 0; i < n; i++)
+        __builtin_prefetch(
+            &s->buckets[hkey(s->seed, items[i].key, items[i].key_len) & mask]);
+    for (size_t i = 0; i < n; i++) {
+        void *first =
+            s->buckets[hkey(s->seed, items[i].key, items[i].key_len) & mask];
+        if (first)
+            __builtin_prefetch(first);
+    }
+}
+
+/* Group commit of a batch: its records go out in groups of SCHED_GROUP
+ * (one pwrite each, fewer when a segment fills), then one wait covers
+ * them all. */
+static int j_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
+{
+    jstore *s = (jstore *)d;
+    struct staged_item st[SCHED_GROUP];
+    uint64_t lsn = 0;
+    size_t from = 0;
+    atomic_fetch_add(&s->w.entering, 1);
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < n;) {
+        if (i - from == SCHED_GROUP) {
+            sched_commit(s, items + from, st, i - from, &lsn);
+            from = i;
+        }
+        if (i == from)
+            prefetch_keys(s, items + i,
+                          n - i < SCHED_GROUP ? n - i : SCHED_GROUP);
+        int rc = sched_stage(s, &items[i], &st[i - from]);
+        if (rc == TW_EAGAIN) { /* a flush makes room; then stage again */
+            sched_commit(s, items + from, st, i - from, &lsn);
+            from = i;
+            continue;
+        }
+        items[i].result = rc;
+        i++;
+    }
+    sched_commit(s, items + from, st, n - from, &lsn);
+    tw__jr_leave(&s->w);
+    int rc = lsn ? tw__jr_wait(&s->w, lsn) : 0;
+    pthread_mutex_unlock(&s->mu);
+    int first = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!items[i].result)
+            items[i].result = rc;
+        if (items[i].result && !first)
+            first = items[i].result;
+    }
+    return first;
+}
+
+static int j_schedule(tw_durable *d, const void *key, size_t key_len,
+                      int64_t due_ms, const void *payload, size_t payload_len)
+{
+    tw_durable_item it = {.key = key,
+                          .key_len = key_len,
+                          .due_ms = due_ms,
+                          .payload = payload,
+                          .payload_len = payload_len};
+    return j_schedule_many(d, &it, 1);
 }
 
 static int j_cancel(tw_durable *d, const void *key, size_t key_len)
@@ -391,7 +516,7 @@ static int j_cancel(tw_durable *d, const void *key, size_t key_len)
     atomic_fetch_add(&s->w.entering, 1);
     pthread_mutex_lock(&s->mu);
     int rc;
-    struct dnode **pp = hfind(s, key, key_len);
+    void **pp = hfind(s, key, key_len);
     if (s->closing || !*pp) {
         tw__jr_leave(&s->w);
         pthread_mutex_unlock(&s->mu);
@@ -426,6 +551,8 @@ static int j_stats(tw_durable *d, tw_durable_stats *out)
     out->recovered = s->recovered;
     out->recovery_us = s->recovery_us;
     out->syncs = s->w.syncs;
+    out->backlog = s->backlog;
+    memcpy(out->late_hist, s->late_hist, sizeof out->late_hist);
     pthread_mutex_unlock(&s->mu);
     return 0;
 }
@@ -433,9 +560,14 @@ static int j_stats(tw_durable *d, tw_durable_stats *out)
 /* ------------------------------------------------------------------------ */
 /* Firing. */
 
+/* The store whose thread is in advance_wheel(): nodes' arg slots hold the
+ * key table's links, so on_due() finds its store here. */
+static _Thread_local jstore *advancing;
+
 static void on_due(tw_timer *t, void *arg)
 {
-    jstore *s = arg;
+    (void)arg; /* hlink(), not ours to use here */
+    jstore *s = advancing;
     struct dnode *n = TW_CONTAINER_OF(t, struct dnode, tm);
     if (s->ndue == s->due_cap) {
         size_t nc = s->due_cap ? s->due_cap * 2 : 256;
@@ -449,6 +581,7 @@ static void on_due(tw_timer *t, void *arg)
     }
     n->flags |= DN_FIRING;
     s->due[s->ndue++] = n;
+    s->backlog++;
 }
 
 /* Read node @n's SCHED record back (mutex held). NULL on failure. */
@@ -491,7 +624,7 @@ static void complete(jstore *s, struct delivery *dl, int r)
         int64_t due = wall(s) + r;
         uint32_t seg, off;
         uint64_t lsn;
-        n->flags &= (uint16_t)~DN_FIRING;
+        n->flags &= (uint8_t)~DN_FIRING;
         if (tw__jr_append(&s->w, JR_SCHED, n->key, n->key_len, due, n->attempt,
                           dl->rec.payload, dl->rec.payload_len, &seg, &off,
                           &lsn) == 0) {
@@ -510,10 +643,20 @@ static void complete(jstore *s, struct delivery *dl, int r)
         /* Not waited for: a DONE lost in a crash means one more delivery. */
         (void)tw__jr_append(&s->w, JR_DONE, n->key, n->key_len, 0, 0, NULL, 0,
                             &seg, &off, &lsn);
-        n->flags &= (uint16_t)~DN_FIRING;
+        n->flags &= (uint8_t)~DN_FIRING;
         node_remove(s, hfind(s, n->key, n->key_len));
     }
     tw__free(dl);
+}
+
+/* A delivery's callback is about to run (mutex held): it leaves the
+ * backlog, and how late it starts is counted. */
+static void begin_delivery(jstore *s, const struct delivery *dl)
+{
+    int64_t late_ms = wall(s) - dl->rec.due_ms;
+    uint64_t late_us = late_ms > 0 ? (uint64_t)late_ms * 1000u : 0;
+    s->backlog--;
+    s->late_hist[tw__late_bucket(late_us)]++;
 }
 
 static int run_callback(jstore *s, struct delivery *dl)
@@ -529,6 +672,29 @@ static int run_callback(jstore *s, struct delivery *dl)
     return s->fire(&s->base, &t, s->fire_arg);
 }
 
+/* Read due node @n's record and append its FIRE record (*@lsn: its end).
+ * On I/O trouble or no memory the node goes back into the wheel to be
+ * tried again later, and NULL is returned. */
+static struct delivery *start_delivery(jstore *s, struct dnode *n,
+                                       uint64_t *lsn)
+{
+    struct delivery *dl = read_record(s, n);
+    uint32_t seg, off;
+    if (dl && tw__jr_append(&s->w, JR_FIRE, n->key, n->key_len, 0, 0, NULL, 0,
+                            &seg, &off, lsn) != 0) {
+        tw__free(dl);
+        dl = NULL;
+    }
+    if (!dl) {
+        s->backlog--;
+        n->flags &= (uint8_t)~DN_FIRING;
+        tw_wheel_add(s->wheel, &n->tm, tw_wheel_now(s->wheel) + RETRY_IO_MS);
+        return NULL;
+    }
+    n->attempt++;
+    return dl;
+}
+
 /* Deliver up to CHUNK due nodes (mutex held; released around callbacks). */
 static void deliver_chunk(jstore *s)
 {
@@ -539,26 +705,14 @@ static void deliver_chunk(jstore *s)
     while (s->due_pos < s->ndue && count < CHUNK && bytes < CHUNK_BYTES) {
         struct dnode *n = s->due[s->due_pos++];
         if (n->flags & DN_ORPHAN) {
+            s->backlog--;
             node_free(s, n);
             continue;
         }
-        struct delivery *dl = read_record(s, n);
-        uint32_t seg, off;
-        uint64_t l;
-        if (dl && tw__jr_append(&s->w, JR_FIRE, n->key, n->key_len, 0, 0, NULL,
-                                0, &seg, &off, &l) != 0) {
-            tw__free(dl);
-            dl = NULL;
-        }
-        if (!dl) { /* I/O trouble or no memory: try again later */
-            n->flags &= (uint16_t)~DN_FIRING;
-            tw_wheel_add(s->wheel, &n->tm,
-                         tw_wheel_now(s->wheel) + RETRY_IO_MS);
+        struct delivery *dl = start_delivery(s, n, &lsn);
+        if (!dl)
             continue;
-        }
-        lsn = l;
         bytes += dl->rec.size;
-        n->attempt++;
         *tail = dl;
         tail = &dl->next;
         count++;
@@ -584,6 +738,7 @@ static void deliver_chunk(jstore *s)
     while (head) {
         struct delivery *dl = head;
         head = dl->next;
+        begin_delivery(s, dl);
         pthread_mutex_unlock(&s->mu);
         int r = run_callback(s, dl);
         pthread_mutex_lock(&s->mu);
@@ -605,6 +760,7 @@ static void *exec_main(void *arg)
         if (!s->qhead)
             s->qtail = NULL;
         s->running++;
+        begin_delivery(s, dl);
         pthread_mutex_unlock(&s->mu);
         int r = run_callback(s, dl);
         pthread_mutex_lock(&s->mu);
@@ -710,7 +866,12 @@ static int compact_oldest(jstore *s)
 /* ------------------------------------------------------------------------ */
 /* The store's thread. */
 
-static void wait_round(jstore *s, int64_t now)
+/* Sleep until the wheel's next expiry or WALL_CHECK_MS after the round
+ * began: at wall time @now, monotonic time @mono0 (read first, so that a
+ * clock that moved after either reading makes the sleep shorter, never
+ * longer: a round's callbacks may take long, and an injected clock only
+ * moves when a test moves it). */
+static void wait_round(jstore *s, int64_t now, uint64_t mono0)
 {
     uint64_t next = tw_wheel_next_expiry(s->wheel);
     uint64_t tnow = tick_of(now);
@@ -722,7 +883,7 @@ static void wait_round(jstore *s, int64_t now)
     s->wake_at = now + (int64_t)ms;
     if (ms == 0 || s->kicked || s->stop || s->round_req != s->round_done)
         return;
-    uint64_t until = s->mono_ns(s->clock_arg) + ms * 1000000u;
+    uint64_t until = mono0 + ms * 1000000u;
     while (!s->kicked && !s->stop && s->round_req == s->round_done) {
         uint64_t m = s->mono_ns(s->clock_arg);
         if (m >= until)
@@ -745,12 +906,15 @@ static void *store_main(void *arg)
     while (!s->stop) {
         uint64_t req = s->round_req;
         s->kicked = false;
+        uint64_t mono0 = s->mono_ns(s->clock_arg);
         int64_t now = wall(s);
         /* Never backwards: after a step back, what is already due still
          * runs (see the top of the file). */
         uint64_t t = tick_of(now);
+        advancing = s;
         tw_wheel_advance(
             s->wheel, t > tw_wheel_now(s->wheel) ? t : tw_wheel_now(s->wheel));
+        advancing = NULL;
         while (s->due_pos < s->ndue && !s->stop)
             deliver_chunk(s);
         for (int k = 0; k < 8 && need_compact(s); k++)
@@ -762,7 +926,7 @@ static void *store_main(void *arg)
                 pthread_cond_wait(&s->round_cv, &s->mu);
         s->round_done = req;
         pthread_cond_broadcast(&s->round_cv);
-        wait_round(s, now);
+        wait_round(s, now, mono0);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -784,7 +948,7 @@ void tw__durable_sync(tw_durable *d)
 
 size_t tw__durable_node_size(size_t key_len)
 {
-    return node_class(key_len) * 16;
+    return node_class(key_len) * SLAB_GRAIN;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -818,6 +982,17 @@ static void free_all(jstore *s)
     tw__free(s);
 }
 
+/* Stop the executors (a delivery still queued is dropped) and join them. */
+static void stop_executors(jstore *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->exec_stop = true;
+    pthread_cond_broadcast(&s->qcv);
+    pthread_mutex_unlock(&s->mu);
+    for (uint32_t i = 0; i < s->nexec; i++)
+        pthread_join(s->exec[i], NULL);
+}
+
 static int j_close(tw_durable *d)
 {
     jstore *s = (jstore *)d;
@@ -827,12 +1002,7 @@ static int j_close(tw_durable *d)
     pthread_cond_broadcast(&s->round_cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thr, NULL);
-    pthread_mutex_lock(&s->mu);
-    s->exec_stop = true;
-    pthread_cond_broadcast(&s->qcv);
-    pthread_mutex_unlock(&s->mu);
-    for (uint32_t i = 0; i < s->nexec; i++)
-        pthread_join(s->exec[i], NULL);
+    stop_executors(s);
     pthread_mutex_lock(&s->mu);
     int rc = 0;
     jr_seg *cur = &s->w.segs[s->w.nseg - 1];
@@ -848,6 +1018,7 @@ static const struct tw_durable_ops journal_ops = {
     .cancel = j_cancel,
     .close = j_close,
     .stats = j_stats,
+    .schedule_many = j_schedule_many,
 };
 
 /* ------------------------------------------------------------------------ */
@@ -875,7 +1046,7 @@ static int replay_one(void *arg, const jr_rec *r)
     jstore *s = c->s;
     if (r->type == JR_SCHED && hreserve(s) != 0)
         return TW_ENOMEM;
-    struct dnode **pp = hfind(s, r->key, r->key_len);
+    void **pp = hfind(s, r->key, r->key_len);
     struct dnode *n = *pp;
     switch (r->type) {
     case JR_SCHED:
@@ -884,7 +1055,7 @@ static int replay_one(void *arg, const jr_rec *r)
             n = node_new(s, r->key, r->key_len);
             if (!n)
                 return TW_ENOMEM;
-            n->hnext = *pp;
+            *hlink(n) = *pp;
             *pp = n;
             s->count++;
         }
@@ -899,7 +1070,7 @@ static int replay_one(void *arg, const jr_rec *r)
         break;
     default: /* CANCEL, DONE */
         if (n) {
-            *pp = n->hnext;
+            *pp = *hlink(n);
             s->count--;
             tw_wheel_cancel(s->wheel, &n->tm);
             node_free(s, n);
@@ -959,20 +1130,12 @@ static int list_segments(jstore *s, uint32_t **out, size_t *n)
     return 0;
 }
 
-static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
+/* Size the key table once from the older segments (exact sizes; the newest
+ * is preallocated): at 128 bytes a record and two keys a bucket it rarely
+ * has to grow during the replay, and each growth would touch every node
+ * again. A guess: too small only costs that growth. */
+static void presize_table(jstore *s, const uint32_t *nos, size_t cnt)
 {
-    uint32_t *nos = NULL;
-    size_t cnt = 0;
-    int rc = list_segments(s, &nos, &cnt);
-    if (rc)
-        return rc;
-    unsigned char *buf = NULL;
-    size_t buf_cap = 0;
-    bool repair = cfg->flags & TW_DURABLE_REPAIR;
-    /* Size the key table once from the older segments (exact sizes; the
-     * newest is preallocated): at 128 bytes a record and two keys a bucket
-     * it rarely has to grow during the replay, and each growth would touch
-     * every node again. A guess: too small only costs that growth. */
     uint64_t old_bytes = 0;
     for (size_t i = 0; i + 1 < cnt; i++) {
         char name[16];
@@ -986,124 +1149,171 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
         want *= 2;
     if (want > s->nbuckets)
         (void)hresize(s, want);
-    for (size_t i = 0; i < cnt && rc == 0; i++) {
-        bool last = i + 1 == cnt;
-        char name[16];
-        tw__jr_seg_name(name, nos[i]);
-        if (i && nos[i] != nos[i - 1] + 1 && !repair) {
-            errmsg(cfg, "%s/%s: segment %u is missing", cfg->dir, name,
-                   nos[i - 1] + 1);
-            rc = TW_EIO;
-            break;
-        }
-        int fd = openat(s->dirfd, name, O_RDWR | O_CLOEXEC);
-        struct stat st;
-        if (fd < 0 || fstat(fd, &st) != 0) {
-            if (fd >= 0)
-                close(fd);
-            rc = TW_EIO;
-            break;
-        }
-        size_t size = (size_t)st.st_size;
-        if (size > buf_cap) {
-            unsigned char *nb = tw__realloc(buf, size);
-            if (!nb) {
-                close(fd);
-                rc = TW_ENOMEM;
-                break;
-            }
-            buf = nb;
-            buf_cap = size;
-        }
-        if (pread(fd, buf, size, 0) != (ssize_t)size) {
-            close(fd);
-            rc = TW_EIO;
-            break;
-        }
-        if (!tw__jr_seg_hdr_ok(buf, size, nos[i])) {
-            /* A crash while the newest segment was being made (it is
-             * preallocated before its header is written and synced, and
-             * gets records only after that): nothing but zeros follow. */
-            bool empty = last;
-            for (size_t k = JR_SEG_HDR; k < size && empty; k++)
-                empty = buf[k] == 0;
-            if (empty || repair) {
-                close(fd);
-                unlinkat(s->dirfd, name, 0);
-                fsync(s->dirfd);
-                *damaged |= !empty;
-                continue;
-            }
-            errmsg(cfg, "%s/%s offset 0: bad segment header", cfg->dir, name);
-            close(fd);
-            rc = TW_EIO;
-            break;
-        }
-        struct replay_ctx c = {.s = s, .no = nos[i]};
-        size_t end = size;
-        int src = tw__jr_scan(buf, size, last, repair, replay_one, &c, &end);
-        if (src == TW_EIO) {
-            errmsg(cfg, "%s/%s offset %zu: corrupt record", cfg->dir, name,
-                   end);
-            close(fd);
-            rc = TW_EIO;
-            break;
-        }
-        if (src < 0) {
-            close(fd);
-            rc = src;
-            break;
-        }
-        *damaged |= src == 1;
-        if (end < size) {
-            /* Zeros after the last record are the preallocated rest of the
-             * segment; anything else is a torn tail, cleared so that no
-             * stale record can ever follow the next append. */
-            bool zeros = true;
-            for (size_t k = end; k < size && zeros; k++)
-                zeros = buf[k] == 0;
-            if (!zeros) {
-                if (ftruncate(fd, (off_t)end) != 0 || fdatasync(fd) != 0) {
-                    close(fd);
-                    rc = TW_EIO;
-                    break;
-                }
-                if (last)
-                    (void)tw__jr_preallocate(fd, s->w.segment_bytes);
-            }
-        }
-        if (s->w.nseg == s->w.cap) {
-            size_t nc = s->w.cap ? s->w.cap * 2 : 8;
-            jr_seg *ns = tw__realloc(s->w.segs, nc * sizeof *ns);
-            if (!ns) {
-                close(fd);
-                rc = TW_ENOMEM;
-                break;
-            }
-            s->w.segs = ns;
-            s->w.cap = nc;
-        }
-        s->w.segs[s->w.nseg++] =
-            (jr_seg){.no = nos[i], .fd = fd, .size = end, .records = c.sched};
+}
+
+/* A segment file read whole. */
+struct seg_file {
+    uint32_t no;
+    bool last; /* the newest segment */
+    char name[16];
+    int fd;
+    size_t size;
+    unsigned char *buf; /* reused from segment to segment */
+    size_t buf_cap;
+};
+
+/* Open segment @f->no and read it into @f->buf. */
+static int read_segment(jstore *s, struct seg_file *f)
+{
+    tw__jr_seg_name(f->name, f->no);
+    f->fd = openat(s->dirfd, f->name, O_RDWR | O_CLOEXEC);
+    struct stat st;
+    if (f->fd < 0 || fstat(f->fd, &st) != 0)
+        return TW_EIO;
+    f->size = (size_t)st.st_size;
+    if (f->size > f->buf_cap) {
+        unsigned char *nb = tw__realloc(f->buf, f->size);
+        if (!nb)
+            return TW_ENOMEM;
+        f->buf = nb;
+        f->buf_cap = f->size;
     }
-    tw__free(buf);
-    tw__free(nos);
+    if (pread(f->fd, f->buf, f->size, 0) != (ssize_t)f->size)
+        return TW_EIO;
+    return 0;
+}
+
+static bool all_zero(const unsigned char *p, size_t from, size_t to)
+{
+    for (size_t k = from; k < to; k++)
+        if (p[k])
+            return false;
+    return true;
+}
+
+/* A segment whose header is bad: 1 if it was deleted (a crash while the
+ * newest segment was being made: it is preallocated before its header is
+ * written and synced, and gets records only after that, so nothing but
+ * zeros follow; or any, with TW_DURABLE_REPAIR), else TW_EIO. */
+static int bad_header(jstore *s, const tw_durable_config *cfg,
+                      struct seg_file *f, bool *damaged)
+{
+    bool empty = f->last && all_zero(f->buf, JR_SEG_HDR, f->size);
+    if (!empty && !(cfg->flags & TW_DURABLE_REPAIR)) {
+        errmsg(cfg, "%s/%s offset 0: bad segment header", cfg->dir, f->name);
+        return TW_EIO;
+    }
+    close(f->fd);
+    f->fd = -1;
+    unlinkat(s->dirfd, f->name, 0);
+    fsync(s->dirfd);
+    *damaged |= !empty;
+    return 1;
+}
+
+/* Zeros after the last record (at @end) are the preallocated rest of the
+ * segment; anything else is a torn tail, cleared so that no stale record
+ * can ever follow the next append. */
+static int clear_tail(jstore *s, struct seg_file *f, size_t end)
+{
+    if (end >= f->size || all_zero(f->buf, end, f->size))
+        return 0;
+    if (ftruncate(f->fd, (off_t)end) != 0 || fdatasync(f->fd) != 0)
+        return TW_EIO;
+    if (f->last)
+        (void)tw__jr_preallocate(f->fd, s->w.segment_bytes);
+    return 0;
+}
+
+/* Hand the replayed segment @f, @end bytes long with @sched SCHED records,
+ * to the writer (which then owns its fd). */
+static int keep_segment(jstore *s, struct seg_file *f, size_t end,
+                        uint64_t sched)
+{
+    if (s->w.nseg == s->w.cap) {
+        size_t nc = s->w.cap ? s->w.cap * 2 : 8;
+        jr_seg *ns = tw__realloc(s->w.segs, nc * sizeof *ns);
+        if (!ns)
+            return TW_ENOMEM;
+        s->w.segs = ns;
+        s->w.cap = nc;
+    }
+    s->w.segs[s->w.nseg++] =
+        (jr_seg){.no = f->no, .fd = f->fd, .size = end, .records = sched};
+    f->fd = -1;
+    return 0;
+}
+
+/* Replay segment @f into the index and keep it. */
+static int replay_segment(jstore *s, const tw_durable_config *cfg,
+                          struct seg_file *f, bool *damaged)
+{
+    int rc = read_segment(s, f);
     if (rc)
         return rc;
-    /* Live counts per segment. */
+    if (!tw__jr_seg_hdr_ok(f->buf, f->size, f->no))
+        return bad_header(s, cfg, f, damaged);
+    struct replay_ctx c = {.s = s, .no = f->no};
+    size_t end = f->size;
+    rc = tw__jr_scan(f->buf, f->size, f->last, cfg->flags & TW_DURABLE_REPAIR,
+                     replay_one, &c, &end);
+    if (rc == TW_EIO)
+        errmsg(cfg, "%s/%s offset %zu: corrupt record", cfg->dir, f->name, end);
+    if (rc < 0)
+        return rc;
+    *damaged |= rc == 1;
+    rc = clear_tail(s, f, end);
+    return rc ? rc : keep_segment(s, f, end, c.sched);
+}
+
+/* After the replay: live counts per segment, the writer's position, and a
+ * fresh segment if there was none or damage was repaired. */
+static int replay_done(jstore *s, bool damaged)
+{
     for (size_t i = 0; i < s->nbuckets; i++)
-        for (struct dnode *n = s->buckets[i]; n; n = n->hnext)
+        for (struct dnode *n = s->buckets[i]; n; n = *hlink(n))
             seg_live(s, n->seg, +1);
     if (s->w.nseg) {
         jr_seg *cur = &s->w.segs[s->w.nseg - 1];
         s->w.written = s->w.synced = JR_LSN(cur->no, cur->size);
     }
-    if (s->w.nseg == 0 || *damaged)
+    if (s->w.nseg == 0 || damaged)
         return tw__jr_new_segment(
             &s->w, s->w.nseg ? s->w.segs[s->w.nseg - 1].no + 1 : 1);
     return 0;
 }
 
+static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
+{
+    uint32_t *nos = NULL;
+    size_t cnt = 0;
+    int rc = list_segments(s, &nos, &cnt);
+    if (rc)
+        return rc;
+    presize_table(s, nos, cnt);
+    struct seg_file f = {.fd = -1};
+    for (size_t i = 0; i < cnt && rc == 0; i++) {
+        f.no = nos[i];
+        f.last = i + 1 == cnt;
+        if (i && nos[i] != nos[i - 1] + 1 &&
+            !(cfg->flags & TW_DURABLE_REPAIR)) {
+            tw__jr_seg_name(f.name, f.no);
+            errmsg(cfg, "%s/%s: segment %u is missing", cfg->dir, f.name,
+                   nos[i - 1] + 1);
+            rc = TW_EIO;
+            break;
+        }
+        rc = replay_segment(s, cfg, &f, damaged);
+        if (f.fd >= 0)
+            close(f.fd);
+        f.fd = -1;
+        if (rc == 1) /* a bad header, deleted */
+            rc = 0;
+    }
+    tw__free(f.buf);
+    tw__free(nos);
+    return rc ? rc : replay_done(s, *damaged);
+}
 /* fsync the directory that holds @path (its first @len bytes name it). */
 static void sync_parent(const char *path, size_t len)
 {
@@ -1143,16 +1353,11 @@ static int make_dirs(const char *dir)
     return 0;
 }
 
-static int j_open(tw_durable **out, const tw_durable_config *cfg)
+/* Fill a new store's fields from @cfg and make its locks (nothing can
+ * fail). */
+static void init_store(jstore *s, const tw_durable_config *cfg,
+                       uint64_t seg_bytes, uint64_t t0)
 {
-    uint64_t seg_bytes =
-        cfg->segment_bytes ? cfg->segment_bytes : UINT64_C(64) << 20;
-    if (cfg->sync > TW_DURABLE_SYNC_NONE || seg_bytes < 4096 ||
-        seg_bytes > (UINT64_C(1) << 31) || cfg->executor_threads > 1024)
-        return TW_EINVAL;
-    jstore *s = tw__calloc(1, sizeof *s);
-    if (!s)
-        return TW_ENOMEM;
     s->base.ops = &journal_ops;
     s->dirfd = s->lockfd = -1;
     s->fire = cfg->fire;
@@ -1162,7 +1367,6 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
     s->fake_mono = cfg->mono_ns != NULL;
     s->clock_arg = cfg->clock_arg;
     s->wake_at = INT64_MAX;
-    uint64_t t0 = real_mono_ns(NULL);
     s->seed = t0 ^ (uint64_t)(uintptr_t)s;
     pthread_mutex_init(&s->mu, NULL);
     pthread_condattr_t ca;
@@ -1179,85 +1383,102 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
     s->w.group_ns =
         (uint64_t)(cfg->group_commit_us ? cfg->group_commit_us : 1000) * 1000;
     s->w.segment_bytes = seg_bytes;
+}
 
-    int rc = 0;
-    bool damaged = false;
-    s->nbuckets = 1024;
-    s->buckets = tw__calloc(s->nbuckets, sizeof *s->buckets);
-    if (!s->buckets ||
-        tw_wheel_create(&s->wheel, NULL, tick_of(wall(s))) != 0) {
-        rc = TW_ENOMEM;
-        goto fail;
-    }
-    rc = make_dirs(cfg->dir);
+/* Make and open the directory and take its lock. */
+static int lock_dir(jstore *s, const tw_durable_config *cfg)
+{
+    int rc = make_dirs(cfg->dir);
     if (rc) {
         errmsg(cfg, "%s: cannot make the directory", cfg->dir);
-        goto fail;
+        return rc;
     }
     s->dirfd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (s->dirfd < 0) {
         errmsg(cfg, "%s: cannot open the directory", cfg->dir);
-        rc = TW_EIO;
-        goto fail;
+        return TW_EIO;
     }
     s->w.dirfd = s->dirfd;
     s->lockfd = openat(s->dirfd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (s->lockfd < 0) {
-        rc = TW_EIO;
-        goto fail;
-    }
+    if (s->lockfd < 0)
+        return TW_EIO;
     if (flock(s->lockfd, LOCK_EX | LOCK_NB) != 0) {
         errmsg(cfg, "%s: open in another process or handle", cfg->dir);
-        rc = errno == EWOULDBLOCK ? TW_EBUSY : TW_EIO;
-        goto fail;
+        return errno == EWOULDBLOCK ? TW_EBUSY : TW_EIO;
     }
+    return 0;
+}
+
+/* Replay the journal; after a repair, rewrite everything live so the
+ * damage is gone: every segment older than the one replay() began is
+ * copied forward. */
+static int recover(jstore *s, const tw_durable_config *cfg)
+{
+    bool damaged = false;
     pthread_mutex_lock(&s->mu);
-    rc = replay(s, cfg, &damaged);
-    /* After a repair, rewrite everything live so the damage is gone: every
-     * segment older than the one replay() began is copied forward. */
+    int rc = replay(s, cfg, &damaged);
     if (rc == 0 && damaged) {
         uint32_t fresh = s->w.segs[s->w.nseg - 1].no;
         while (rc == 0 && s->w.segs[0].no < fresh)
             rc = compact_oldest(s);
     }
     pthread_mutex_unlock(&s->mu);
-    if (rc)
-        goto fail;
-    s->recovered = s->count;
-    s->recovery_us = (real_mono_ns(NULL) - t0) / 1000;
-    if (cfg->executor_threads) {
-        s->exec = tw__calloc(cfg->executor_threads, sizeof *s->exec);
-        if (!s->exec) {
-            rc = TW_ENOMEM;
-            goto fail;
-        }
-        for (; s->nexec < cfg->executor_threads; s->nexec++)
-            if (pthread_create(&s->exec[s->nexec], NULL, exec_main, s) != 0)
-                break;
-        if (s->nexec < cfg->executor_threads) {
-            rc = TW_ENOMEM;
-            goto fail_exec;
-        }
-    }
-    if (pthread_create(&s->thr, NULL, store_main, s) != 0) {
-        rc = TW_ENOMEM;
-        goto fail_exec;
-    }
-    *out = &s->base;
-    return 0;
-
-fail_exec:
-    pthread_mutex_lock(&s->mu);
-    s->exec_stop = true;
-    pthread_cond_broadcast(&s->qcv);
-    pthread_mutex_unlock(&s->mu);
-    for (uint32_t i = 0; i < s->nexec; i++)
-        pthread_join(s->exec[i], NULL);
-fail:
-    free_all(s);
     return rc;
 }
 
+/* Start the executors and the store's thread; on failure none is left
+ * running. */
+static int start_threads(jstore *s, uint32_t nexec)
+{
+    int rc = 0;
+    if (nexec) {
+        s->exec = tw__calloc(nexec, sizeof *s->exec);
+        if (!s->exec)
+            return TW_ENOMEM;
+        for (; s->nexec < nexec; s->nexec++)
+            if (pthread_create(&s->exec[s->nexec], NULL, exec_main, s) != 0)
+                break;
+        if (s->nexec < nexec)
+            rc = TW_ENOMEM;
+    }
+    if (!rc && pthread_create(&s->thr, NULL, store_main, s) != 0)
+        rc = TW_ENOMEM;
+    if (rc)
+        stop_executors(s);
+    return rc;
+}
+
+static int j_open(tw_durable **out, const tw_durable_config *cfg)
+{
+    uint64_t seg_bytes =
+        cfg->segment_bytes ? cfg->segment_bytes : UINT64_C(64) << 20;
+    if (cfg->sync > TW_DURABLE_SYNC_NONE || seg_bytes < 4096 ||
+        seg_bytes > (UINT64_C(1) << 31) || cfg->executor_threads > 1024)
+        return TW_EINVAL;
+    jstore *s = tw__calloc(1, sizeof *s);
+    if (!s)
+        return TW_ENOMEM;
+    uint64_t t0 = real_mono_ns(NULL);
+    init_store(s, cfg, seg_bytes, t0);
+    int rc = TW_ENOMEM;
+    s->nbuckets = 1024;
+    s->buckets = tw__calloc(s->nbuckets, sizeof *s->buckets);
+    if (s->buckets && tw_wheel_create(&s->wheel, NULL, tick_of(wall(s))) == 0)
+        rc = lock_dir(s, cfg);
+    if (!rc)
+        rc = recover(s, cfg);
+    if (!rc) {
+        s->recovered = s->count;
+        s->recovery_us = (real_mono_ns(NULL) - t0) / 1000;
+        rc = start_threads(s, cfg->executor_threads);
+    }
+    if (rc) {
+        free_all(s);
+        return rc;
+    }
+    *out = &s->base;
+    return 0;
+}
 /* ------------------------------------------------------------------------ */
 /* Public calls. */
 

@@ -440,21 +440,24 @@ int tw__jr_new_segment(jr_writer *w, uint32_t no)
     return 0;
 }
 
-int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
-                  int64_t due_ms, uint32_t attempt, const void *payload,
-                  size_t payload_len, uint32_t *seg, uint32_t *off,
-                  uint64_t *lsn)
+int tw__jr_stage(jr_writer *w, int type, const void *key, size_t key_len,
+                 int64_t due_ms, uint32_t attempt, const void *payload,
+                 size_t payload_len, uint32_t *seg, uint32_t *off)
 {
     size_t size = tw__jr_size(type, key_len, payload_len);
     jr_seg *cur = &w->segs[w->nseg - 1];
-    if (cur->size > JR_SEG_HDR && cur->size + size > w->segment_bytes) {
+    if (w->staged && (cur->size + w->staged + size > w->segment_bytes ||
+                      w->staged + size > JR_STAGE_MAX))
+        return TW_EAGAIN;
+    if (!w->staged && cur->size > JR_SEG_HDR &&
+        cur->size + size > w->segment_bytes) {
         int rc = tw__jr_new_segment(w, cur->no + 1);
         if (rc)
             return rc;
         cur = &w->segs[w->nseg - 1];
     }
-    if (size > w->buf_cap) {
-        size_t nc = size < 4096 ? 4096 : size;
+    if (w->staged + size > w->buf_cap) {
+        size_t nc = w->staged + size < 4096 ? 4096 : w->staged + size;
         unsigned char *nb = tw__realloc(w->buf, nc);
         if (!nb)
             return TW_ENOMEM;
@@ -463,22 +466,47 @@ int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
     }
     uint32_t synced =
         (uint32_t)(w->synced >> 32) == cur->no ? (uint32_t)w->synced : 0;
-    tw__jr_encode(w->buf, type, key, key_len, due_ms, attempt, payload,
-                  payload_len, synced);
-    int rc = do_pwrite(cur->fd, w->buf, size, (off_t)cur->size);
-    if (rc) {
-        /* Leave no partial record behind for the next append to follow. */
-        if (ftruncate(cur->fd, (off_t)cur->size) != 0)
-            rc = TW_EIO;
-        return rc;
-    }
+    tw__jr_encode(w->buf + w->staged, type, key, key_len, due_ms, attempt,
+                  payload, payload_len, synced);
     *seg = cur->no;
-    *off = (uint32_t)cur->size;
-    cur->size += size;
-    if (type == JR_SCHED)
-        cur->records++;
-    w->written = *lsn = JR_LSN(cur->no, cur->size);
+    *off = (uint32_t)(cur->size + w->staged);
+    w->staged += size;
+    w->staged_sched += type == JR_SCHED;
     return 0;
+}
+
+int tw__jr_flush(jr_writer *w, uint64_t *lsn)
+{
+    jr_seg *cur = &w->segs[w->nseg - 1];
+    size_t n = w->staged;
+    uint64_t sched = w->staged_sched;
+    w->staged = 0;
+    w->staged_sched = 0;
+    if (n) {
+        int rc = do_pwrite(cur->fd, w->buf, n, (off_t)cur->size);
+        if (rc) {
+            /* Leave no partial record behind for the next append to
+             * follow. */
+            if (ftruncate(cur->fd, (off_t)cur->size) != 0)
+                rc = TW_EIO;
+            return rc;
+        }
+        cur->size += n;
+        cur->records += sched;
+        w->written = JR_LSN(cur->no, cur->size);
+    }
+    *lsn = w->written;
+    return 0;
+}
+
+int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
+                  int64_t due_ms, uint32_t attempt, const void *payload,
+                  size_t payload_len, uint32_t *seg, uint32_t *off,
+                  uint64_t *lsn)
+{
+    int rc = tw__jr_stage(w, type, key, key_len, due_ms, attempt, payload,
+                          payload_len, seg, off);
+    return rc ? rc : tw__jr_flush(w, lsn);
 }
 
 static void abs_after(struct timespec *ts, uint64_t ns)
@@ -487,6 +515,31 @@ static void abs_after(struct timespec *ts, uint64_t ns)
     ns += (uint64_t)ts->tv_nsec;
     ts->tv_sec += (time_t)(ns / 1000000000u);
     ts->tv_nsec = (long)(ns % 1000000000u);
+}
+
+static bool joiners_due(jr_writer *w)
+{
+    return atomic_load_explicit(&w->entering, memory_order_relaxed) > 0 ||
+           w->waiting < w->last_batch;
+}
+
+/* A leader gives the callers that are about to append, and as many as the
+ * last sync served, up to group_commit_us to join. */
+static void lead_gather(jr_writer *w)
+{
+    if (!joiners_due(w))
+        return;
+    struct timespec ts;
+    abs_after(&ts, w->group_ns);
+    w->lead_waiting = true;
+    while (joiners_due(w)) {
+        if (pthread_cond_timedwait(&w->lead_cv, w->mu, &ts) != 0) {
+            /* Fewer callers than before: expect what came. */
+            w->last_batch = w->waiting;
+            break;
+        }
+    }
+    w->lead_waiting = false;
 }
 
 static int jr_wait_locked(jr_writer *w, uint64_t lsn)
@@ -502,25 +555,8 @@ static int jr_wait_locked(jr_writer *w, uint64_t lsn)
         /* Lead a sync. With SYNC_EACH every caller syncs for itself. */
         bool lead = !w->syncing;
         w->syncing = true;
-        if (lead && w->sync_mode == TW_DURABLE_SYNC_GROUP && w->group_ns &&
-            (atomic_load_explicit(&w->entering, memory_order_relaxed) > 0 ||
-             w->waiting < w->last_batch)) {
-            /* Give the callers that are about to append, and as many as
-             * the last sync served, up to group_commit_us to join. */
-            struct timespec ts;
-            abs_after(&ts, w->group_ns);
-            w->lead_waiting = true;
-            while (atomic_load_explicit(&w->entering, memory_order_relaxed) >
-                       0 ||
-                   w->waiting < w->last_batch) {
-                if (pthread_cond_timedwait(&w->lead_cv, w->mu, &ts) != 0) {
-                    /* Fewer callers than before: expect what came. */
-                    w->last_batch = w->waiting;
-                    break;
-                }
-            }
-            w->lead_waiting = false;
-        }
+        if (lead && w->sync_mode == TW_DURABLE_SYNC_GROUP && w->group_ns)
+            lead_gather(w);
         jr_seg *cur = &w->segs[w->nseg - 1];
         uint64_t target = w->written;
         int batch = w->waiting;

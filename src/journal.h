@@ -125,15 +125,37 @@ typedef struct jr_writer {
     uint64_t fail_gen, fail_target;
     int fail_err;
     uint64_t syncs;
-    unsigned char *buf;
+    unsigned char *buf; /* records encoded and not yet written */
     size_t buf_cap;
+    size_t staged;         /* bytes of them at the start of buf */
+    uint64_t staged_sched; /* JR_SCHED records among them */
 } jr_writer;
+
+/* Most bytes staged before tw__jr_stage() asks for a flush (one record may
+ * be larger on its own). */
+#define JR_STAGE_MAX (1u << 20)
 
 /* Make segment @no, the new current one: the previous one is made durable
  * first, the new one's header and the directory entry too. */
 int tw__jr_new_segment(jr_writer *w, uint32_t no);
-/* Append one record; on success *@lsn is its end and @seg, @off say where it
- * begins. On failure nothing was appended. */
+/*
+ * Batched appends: tw__jr_stage() encodes a record after those staged
+ * before it (@seg, @off: where it will begin), tw__jr_flush() writes all
+ * staged records with one pwrite() and sets *@lsn to their end. Stage
+ * returns TW_EAGAIN (nothing staged) when the record must wait for a flush:
+ * the current segment cannot take it after the staged ones, or they hold
+ * JR_STAGE_MAX bytes. With nothing staged it makes a new segment first if
+ * the record does not fit. A failed flush writes nothing; either way
+ * nothing stays staged. Records are staged and flushed without unlocking
+ * *mu in between.
+ */
+int tw__jr_stage(jr_writer *w, int type, const void *key, size_t key_len,
+                 int64_t due_ms, uint32_t attempt, const void *payload,
+                 size_t payload_len, uint32_t *seg, uint32_t *off);
+int tw__jr_flush(jr_writer *w, uint64_t *lsn);
+/* Stage one record and flush it (nothing may be staged before); on success
+ * *@lsn is its end and @seg, @off say where it begins. On failure nothing
+ * was appended. */
 int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
                   int64_t due_ms, uint32_t attempt, const void *payload,
                   size_t payload_len, uint32_t *seg, uint32_t *off,

@@ -48,10 +48,13 @@ static uint64_t clk_mono(void *arg)
     return atomic_load(&fake_mono);
 }
 
+/* The wall clock first: a store that sees the monotonic clock move reads
+ * the wall clock next, and must find it moved too, or it would sleep for
+ * another stretch of a monotonic clock that no longer moves. */
 static void advance(int64_t ms)
 {
-    atomic_fetch_add(&fake_mono, (uint64_t)ms * 1000000u);
     atomic_fetch_add(&fake_wall, ms);
+    atomic_fetch_add(&fake_mono, (uint64_t)ms * 1000000u);
 }
 
 static int64_t now_ms(void)
@@ -524,7 +527,11 @@ static void test_close_reopen(void)
     ASSERT_EQ(tw_durable_close(d), 0);
     advance(2000);
     d = reopen();
-    ASSERT_EQ(stats(d).pending, 2);
+    /* "after" is pending; "while-closed" too unless its overdue delivery
+     * has already ended; "gone" never again. */
+    uint64_t pending = stats(d).pending;
+    ASSERT_GE(pending, 1);
+    ASSERT_LE(pending, 2);
     wait_count("while-closed", 1);
     settle(d);
     ASSERT_EQ(count_of("after"), 0);

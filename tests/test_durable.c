@@ -766,11 +766,15 @@ static void test_old_segment_damage(void)
 /* ------------------------------------------------------------------------ */
 /* Disk faults. */
 
-static _Atomic int fault_op, fault_errno, fault_count;
+static _Atomic int fault_op, fault_errno, fault_count, fault_skip;
 
 static int fault_hook(int op)
 {
     if (atomic_load(&fault_count) > 0 && op == atomic_load(&fault_op)) {
+        if (atomic_load(&fault_skip) > 0) { /* let this many through */
+            atomic_fetch_sub(&fault_skip, 1);
+            return 0;
+        }
         atomic_fetch_sub(&fault_count, 1);
         return atomic_load(&fault_errno);
     }
@@ -869,6 +873,251 @@ static void test_fault_rotation(void)
     ASSERT_EQ(tw_durable_close(d), 0);
     d = open_ok(&c);
     ASSERT_EQ(stats(d).recovered, (uint64_t)i);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+/* ------------------------------------------------------------------------ */
+/* tw_durable_schedule_many. */
+
+#define MANY 300
+
+static char many_keys[MANY + 2][24], many_pays[MANY + 2][24];
+
+/* Items m0 .. m<n-1> due at @due with payload "p<i>". */
+static void many_items(tw_durable_item *it, size_t n, int64_t due)
+{
+    for (size_t i = 0; i < n; i++) {
+        snprintf(many_keys[i], sizeof many_keys[i], "m%zu", i);
+        snprintf(many_pays[i], sizeof many_pays[i], "p%zu", i);
+        it[i] = (tw_durable_item){.key = many_keys[i],
+                                  .key_len = strlen(many_keys[i]),
+                                  .due_ms = due,
+                                  .payload = many_pays[i],
+                                  .payload_len = strlen(many_pays[i]),
+                                  .result = 12345};
+    }
+}
+
+static const char *payload_of(const char *key)
+{
+    const char *p = NULL;
+    pthread_mutex_lock(&log_mu);
+    for (int i = 0; i < nfired; i++)
+        if (strcmp(fired_log[i].key, key) == 0)
+            p = fired_log[i].payload;
+    pthread_mutex_unlock(&log_mu);
+    return p;
+}
+
+/* A batch larger than a write group and than a segment, with replaces of
+ * a pending key and of a key given twice in the batch, in order; one
+ * fdatasync for the whole call; everything survives a reopen. */
+static void test_schedule_many(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.segment_bytes = 4096;
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    ASSERT_EQ(sched(d, "m7", t0 + 500, "old"), 0);
+    tw_durable_item it[MANY + 2];
+    many_items(it, MANY, t0 + 1000);
+    /* m5 again at the end: the last item wins. */
+    it[MANY] = (tw_durable_item){.key = "m5",
+                                 .key_len = 2,
+                                 .due_ms = t0 + 2000,
+                                 .payload = "again",
+                                 .payload_len = 5};
+    uint64_t syncs = stats(d).syncs, segs = stats(d).segments;
+    ASSERT_EQ(tw_durable_schedule_many(d, it, MANY + 1), 0);
+    for (size_t i = 0; i <= MANY; i++)
+        ASSERT_EQ(it[i].result, 0);
+    tw_durable_stats st = stats(d);
+    ASSERT_EQ(st.pending, MANY);
+    ASSERT_GT(st.segments, segs); /* it crossed into new segments */
+    /* One fdatasync for the batch, plus one fsync per segment made. */
+    ASSERT_LE(st.syncs - syncs, 1 + 2 * (st.segments - segs));
+    ASSERT_EQ(tw_durable_schedule_many(d, it, 0), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, MANY);
+    set_wall(t0 + 1000);
+    tw__durable_sync(d);
+    ASSERT_EQ(log_count("m7"), 1); /* replaced: not at t0 + 500 */
+    ASSERT_STR_EQ(payload_of("m7"), "p7");
+    ASSERT_EQ(log_count("m5"), 0);
+    ASSERT_EQ(log_count("m299"), 1);
+    set_wall(t0 + 2000);
+    tw__durable_sync(d);
+    ASSERT_EQ(log_count("m5"), 1);
+    ASSERT_STR_EQ(payload_of("m5"), "again");
+    ASSERT_EQ(stats(d).pending, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+/* A write fault in the middle of a batch fails the items of that write
+ * group only (nothing of theirs changed); an fdatasync fault fails every
+ * item, whose outcome is then unknown (they stay in memory). */
+static void test_schedule_many_faults(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.segment_bytes = 1 << 20; /* no new segment: writes are the groups */
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    tw_durable_item it[MANY];
+    many_items(it, MANY, t0 + 1000);
+    tw__journal_fault = fault_hook;
+    atomic_store(&fault_op, 'w');
+    atomic_store(&fault_errno, EIO);
+    atomic_store(&fault_skip, 1);
+    atomic_store(&fault_count, 1);
+    ASSERT_EQ(tw_durable_schedule_many(d, it, MANY), TW_EIO);
+    size_t failed = 0;
+    for (size_t i = 0; i < MANY; i++) {
+        ASSERT(it[i].result == 0 || it[i].result == TW_EIO);
+        /* The second group of 64 failed. */
+        ASSERT_EQ(it[i].result != 0, i >= 64 && i < 128);
+        failed += it[i].result != 0;
+    }
+    ASSERT_EQ(stats(d).pending, MANY - failed);
+    ASSERT_EQ(tw_durable_cancel(d, "m64", 3), TW_ENOENT);
+    ASSERT_EQ(tw_durable_cancel(d, "m63", 3), 0);
+    /* The sync fails: every item reports it, all stay pending. */
+    atomic_store(&fault_op, 's');
+    atomic_store(&fault_count, 1);
+    many_items(it, MANY, t0 + 1000);
+    ASSERT_EQ(tw_durable_schedule_many(d, it, MANY), TW_EIO);
+    for (size_t i = 0; i < MANY; i++)
+        ASSERT_EQ(it[i].result, TW_EIO);
+    ASSERT_EQ(stats(d).pending, MANY);
+    tw__journal_fault = NULL;
+    /* Working again; then everything is durable. */
+    many_items(it, 10, t0 + 1000);
+    ASSERT_EQ(tw_durable_schedule_many(d, it, 10), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, MANY);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Clocks that move while a round runs. */
+
+static _Atomic int jump_armed;
+
+/* The wall clock; once armed, the read returns the time, then both clocks
+ * jump 400 ms, as if time passed right after the store read it. */
+static int64_t clk_wall_jump(void *arg)
+{
+    (void)arg;
+    int64_t v = atomic_load(&fake_wall);
+    if (atomic_exchange(&jump_armed, 0)) {
+        atomic_fetch_add(&fake_wall, 400);
+        atomic_fetch_add(&fake_mono, UINT64_C(400) * 1000000u);
+    }
+    return v;
+}
+
+/* A round that read the wall clock just before both clocks moved must not
+ * sleep past the next expiry measured from where the clocks moved to: the
+ * sleep is counted from the round's start. With injected clocks that move
+ * no more, an oversleep never ends; a delivery is awaited for 10 s of real
+ * time (it takes about a millisecond). */
+static void test_clock_moves_in_round(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.wall_ms = clk_wall_jump;
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    tw__durable_sync(d); /* the store's thread now sleeps, reading no clock */
+    atomic_store(&jump_armed, 1);
+    /* Due before the store's next wall check: kicks a round, whose wall
+     * reading comes just before the jump. */
+    ASSERT_EQ(sched(d, "x", t0 + 200, ""), 0);
+    for (int i = 0; i < 10000 && log_count("x") == 0; i++)
+        usleep(1000);
+    ASSERT_EQ(atomic_load(&jump_armed), 0);
+    ASSERT_EQ(log_count("x"), 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Backlog and lateness in the stats. */
+
+static _Atomic int64_t backlog_seen = -1;
+
+static int backlog_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    if (t->key_len == 2 && memcmp(t->key, "b0", 2) == 0) {
+        tw_durable_stats st;
+        ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+        atomic_store(&backlog_seen, (int64_t)st.backlog);
+    }
+    return on_fire(d, t, arg);
+}
+
+static uint64_t hist_total(const tw_durable_stats *st)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < TW_LATE_BUCKETS; i++)
+        n += st->late_hist[i];
+    return n;
+}
+
+/* Three timers due at once on the store's thread: the first callback sees
+ * the other two in the backlog. Lateness is the injected wall clock at the
+ * start of the callback minus the due time; a retry is a delivery of its
+ * own, late from its new due time. */
+static void test_late_stats(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.fire = backlog_fire;
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    ASSERT_EQ(sched(d, "b0", t0 + 1000, ""), 0);
+    ASSERT_EQ(sched(d, "b1", t0 + 1000, ""), 0);
+    ASSERT_EQ(sched(d, "b2", t0 + 1000, ""), 0);
+    ASSERT_EQ(sched(d, "late", t0 + 2000, ""), 0);
+    tw_durable_stats st = stats(d);
+    ASSERT_EQ(st.backlog, 0);
+    ASSERT_EQ(hist_total(&st), 0);
+    set_wall(t0 + 1000);
+    tw__durable_sync(d);
+    ASSERT_EQ(atomic_load(&backlog_seen), 2);
+    st = stats(d);
+    ASSERT_EQ(st.backlog, 0);
+    ASSERT_EQ(st.late_hist[0], 3); /* on time: less than 1 us late */
+    ASSERT_EQ(hist_total(&st), 3);
+    /* 3 ms late, then a retry in 10 ms delivered 7 ms after its due. */
+    pthread_mutex_lock(&log_mu);
+    retry_ms = 10;
+    retry_times = 1;
+    pthread_mutex_unlock(&log_mu);
+    set_wall(t0 + 2003);
+    tw__durable_sync(d);
+    set_wall(t0 + 2003 + 10 + 7);
+    tw__durable_sync(d);
+    ASSERT_EQ(log_count("late"), 2);
+    st = stats(d);
+    ASSERT_EQ(st.late_hist[tw__late_bucket(3000)], 1);
+    ASSERT_EQ(st.late_hist[tw__late_bucket(7000)], 1);
+    ASSERT_EQ(hist_total(&st), 5);
+    ASSERT_EQ(st.backlog, 0);
     ASSERT_EQ(tw_durable_close(d), 0);
     rm_dir(dir);
 }
@@ -1100,10 +1349,11 @@ static void test_big_payload(void)
 
 static void test_node_size(void)
 {
-    ASSERT_EQ(tw__durable_node_size(0), 64);
-    ASSERT_EQ(tw__durable_node_size(1), 80);
-    ASSERT_EQ(tw__durable_node_size(16), 80);
-    ASSERT_EQ(tw__durable_node_size(17), 96);
+    ASSERT_EQ(tw__durable_node_size(0), 56);
+    ASSERT_EQ(tw__durable_node_size(1), 56);
+    ASSERT_EQ(tw__durable_node_size(16), 72);
+    ASSERT_EQ(tw__durable_node_size(17), 72);
+    ASSERT_EQ(tw__durable_node_size(18), 80);
     /* The checksum is CRC32C (its check value). */
     ASSERT_EQ(tw__crc32c(0, "123456789", 9), 0xE3069283u);
 }
@@ -1124,6 +1374,10 @@ int main(void)
     RUN_TEST(test_old_segment_damage);
     RUN_TEST(test_disk_faults);
     RUN_TEST(test_fault_rotation);
+    RUN_TEST(test_schedule_many);
+    RUN_TEST(test_schedule_many_faults);
+    RUN_TEST(test_late_stats);
+    RUN_TEST(test_clock_moves_in_round);
     RUN_TEST(test_compaction);
     RUN_TEST(test_executors);
     RUN_TEST(test_group_commit);

@@ -5,12 +5,14 @@
  * The parent runs a child that opens a store (SYNC_GROUP, small segments so
  * rotation and compaction happen), and from four threads schedules,
  * replaces and cancels timers due within 200 ms, some of whose callbacks
- * ask for one retry. Before each call the child writes an intent message to
- * a pipe, after it the result; its callback writes a delivery message. Each
- * message is one write() of less than PIPE_BUF bytes, so a kill never tears
- * one. The parent kills the child with SIGKILL a random 2..60 ms after it
- * said it had opened the store, starts another on the same directory, and
- * after the last kill lets a final child run until nothing is pending.
+ * ask for one retry; some schedules go in batches of 2..8 keys
+ * (tw_durable_schedule_many), each item acknowledged by its own result. Before
+ * each call the child writes an intent message to a pipe, after it the result;
+ * its callback writes a delivery message. Each message is one write() of less
+ * than PIPE_BUF bytes, so a kill never tears one. The parent kills the child
+ * with SIGKILL a random 2..60 ms after it said it had opened the store, starts
+ * another on the same directory, and after the last kill lets a final child run
+ * until nothing is pending.
  *
  * Each incarnation's threads use keys of their own, so the operations on a
  * key are sequential and only the last one can be cut off by the kill. The
@@ -118,6 +120,56 @@ static int child_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     return retry && t->attempt == 1 ? 20 : 0;
 }
 
+#define BATCH_MAX 8
+
+/* An intent message for a new version of @slot due in 0..199 ms, and its
+ * payload into @pay. Returns the payload's length. */
+static int sched_intent(struct msg *m, uint32_t th, uint32_t slot,
+                        uint32_t *ver, uint64_t r, char *pay, size_t cap)
+{
+    *m = (struct msg){.type = M_INTENT,
+                      .op = OP_SCHED,
+                      .inc = my_inc,
+                      .thread = th,
+                      .slot = slot,
+                      .ver = ++ver[slot],
+                      .due = now_ms() + (int64_t)((r >> 16) % 200),
+                      .retry = (r >> 40) % 5 == 0};
+    return snprintf(pay, cap, "%u %u %u %u %lld %u", my_inc, th, slot, m->ver,
+                    (long long)m->due, m->retry);
+}
+
+/* tw_durable_schedule_many() of 2..BATCH_MAX distinct slots from @slot on:
+ * one op in flight per key, like the single calls. */
+static void child_batch(uint32_t th, uint32_t slot, uint32_t *ver,
+                        uint64_t *rng)
+{
+    size_t n = 2 + (size_t)(tw_test_rand(rng) % (BATCH_MAX - 1));
+    struct msg m[BATCH_MAX];
+    tw_durable_item it[BATCH_MAX];
+    char key[BATCH_MAX][64], pay[BATCH_MAX][128];
+    for (size_t i = 0; i < n; i++) {
+        uint32_t sl = (slot + (uint32_t)i) % SLOTS;
+        int pl = sched_intent(&m[i], th, sl, ver, tw_test_rand(rng), pay[i],
+                              sizeof pay[i]);
+        int kl = snprintf(key[i], sizeof key[i], "k%u.%u.%u", my_inc, th, sl);
+        it[i] = (tw_durable_item){.key = key[i],
+                                  .key_len = (size_t)kl,
+                                  .due_ms = m[i].due,
+                                  .payload = pay[i],
+                                  .payload_len = (size_t)pl};
+        send_msg(&m[i]);
+    }
+    tw_durable_schedule_many(store, it, n);
+    int64_t at = now_ms();
+    for (size_t i = 0; i < n; i++) {
+        m[i].type = M_ACK;
+        m[i].rc = it[i].result;
+        m[i].at = at;
+        send_msg(&m[i]);
+    }
+}
+
 static void *child_worker(void *p)
 {
     uint32_t th = (uint32_t)(uintptr_t)p;
@@ -128,22 +180,23 @@ static void *child_worker(void *p)
         uint32_t slot = (uint32_t)(r % SLOTS);
         char key[64];
         int kl = snprintf(key, sizeof key, "k%u.%u.%u", my_inc, th, slot);
-        struct msg m = {
-            .type = M_INTENT, .inc = my_inc, .thread = th, .slot = slot};
         int pick = (int)((r >> 8) % 100);
-        if (pick < 70) {
-            m.op = OP_SCHED;
-            m.ver = ++ver[slot];
-            m.due = now_ms() + (int64_t)((r >> 16) % 200);
-            m.retry = pick < 15;
+        struct msg m;
+        if (pick < 55) {
             char pay[128];
-            int pl = snprintf(pay, sizeof pay, "%u %u %u %u %lld %u", my_inc,
-                              th, slot, m.ver, (long long)m.due, m.retry);
+            int pl = sched_intent(&m, th, slot, ver, r, pay, sizeof pay);
             send_msg(&m);
             m.rc = tw_durable_schedule(store, key, (size_t)kl, m.due, pay,
                                        (size_t)pl);
+        } else if (pick < 70) {
+            child_batch(th, slot, ver, &rng);
+            continue;
         } else {
-            m.op = OP_CANCEL;
+            m = (struct msg){.type = M_INTENT,
+                             .op = OP_CANCEL,
+                             .inc = my_inc,
+                             .thread = th,
+                             .slot = slot};
             send_msg(&m);
             m.rc = tw_durable_cancel(store, key, (size_t)kl);
         }

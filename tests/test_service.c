@@ -819,9 +819,10 @@ static void *my_exec_main(void *p)
         if (e->head == e->tail)
             break;
         tw_id job = e->jobs[e->head++ % 256];
+        tw_service *s = e->s; /* my_execute() stores it again, locked */
         pthread_mutex_unlock(&e->mu);
         atomic_fetch_add(&e->executed, 1);
-        tw_service_run(e->s, job);
+        tw_service_run(s, job);
         pthread_mutex_lock(&e->mu);
     }
     pthread_mutex_unlock(&e->mu);

@@ -194,13 +194,14 @@ TW_EXTERN int tw_durable_close(tw_durable *d);
 
 /*
  * tw_durable_schedule_many - tw_durable_schedule() of @n items in one call,
- * sharing the store's round trips: one journal write and one fdatasync, or
- * one pipelined Redis round trip per node. Each item's outcome is in its
- * @result; items are applied in order (a key given twice ends with its last
- * item), and the call is not atomic: a crash may keep some items and not
- * others, but every item whose @result is 0 is durable when the call
- * returns. Returns 0 if every item succeeded, else the first item's error;
- * TW_EINVAL (and nothing written) if @d or @items is NULL with @n > 0.
+ * sharing the store's round trips: one journal write per 64 items and one
+ * fdatasync, or one pipelined Redis round trip per node. Each item's
+ * outcome is in its @result; items are applied in order (a key given twice
+ * ends with its last item), and the call is not atomic: a crash may keep
+ * some items and not others, but every item whose @result is 0 is durable
+ * when the call returns. Returns 0 if every item succeeded, else the first
+ * item's error; TW_EINVAL (and nothing written) if @d or @items is NULL
+ * with @n > 0.
  */
 TW_EXTERN int tw_durable_schedule_many(tw_durable *d, tw_durable_item *items,
                                        size_t n);
