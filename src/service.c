@@ -27,6 +27,8 @@
 
 #include "internal.h"
 #include "node_pool.h"
+#include "service_clock.h"
+#include "service_impl.h"
 
 #define DRAIN_BATCH 8192 /* submissions per timer-thread round */
 
@@ -63,9 +65,7 @@ static _Thread_local struct {
 
 static uint64_t mono_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return tw__svc_clock_ns(CLOCK_MONOTONIC);
 }
 
 /* Nanoseconds since the service was created. A caller-supplied clock
@@ -75,7 +75,7 @@ static uint64_t mono_ns(void)
 static uint64_t rel_ns(const tw_service *s)
 {
     if (s->cfg.clock == NULL) {
-        uint64_t now = mono_ns();
+        uint64_t now = tw__svc_clock_ns((clockid_t)s->cfg.clock_id);
         return now > s->cfg.start_ns ? now - s->cfg.start_ns : 0;
     }
     uint64_t now = s->cfg.clock(s->cfg.clock_ctx);
@@ -101,11 +101,6 @@ static uint64_t ceil_tick(const tw_service *s, uint64_t ns)
 static uint64_t add_sat(uint64_t a, uint64_t b)
 {
     return b >= NEVER - a ? NEVER : a + b;
-}
-
-static uint64_t now_tick(const tw_service *s)
-{
-    return rel_ns(s) / s->cfg.tick_ns;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -221,6 +216,7 @@ struct sched {
     tw_task_fn fn;
     void *arg;
     uint64_t delay, period;
+    uint64_t width; /* one-shot: the window's width in ns (0: exact) */
     enum sched_kind kind;
     tw_id replace; /* KIND_HOLD: a task to take over (see take_slot()) */
     bool *replaced;
@@ -351,21 +347,28 @@ static inline void sched_publish(tw_service *s, const struct sched *r,
     /* Lazy clock: the timer thread is awake or polling, so it takes the
      * request within about a tick and reads the clock then. */
     bool lazy =
-        s->cfg.lazy && v->rec == NULL &&
+        s->cfg.lazy && v->rec == NULL && r->width == 0 &&
         !atomic_load_explicit(&s->timer.sleep_long, memory_order_relaxed) &&
         !atomic_load_explicit(&s->timer.in_task, memory_order_relaxed);
-    uint64_t tick = r->delay;
+    uint64_t tick = r->delay, last = r->delay;
     if (lazy) {
         flags |= ST_RELATIVE;
     } else {
         uint64_t due = add_sat(rel_ns(s), r->delay);
         if (v->rec != NULL)
             v->rec->next_ns = due;
-        tick = ceil_tick(s, due);
+        last = tick = ceil_tick(s, due);
+        if (r->width != 0 && due != NEVER)
+            tw__svc_window(s->cfg.tick_ns, due, r->width, &tick, &last);
     }
     struct node *n = node_at(&s->pool, v->idx);
     tw_timer_init(&n->t, trampoline, arg);
     n->t.tw__expires = tick;
+    /* While QUEUED, tw__pprev carries the window's width in ticks (a
+     * narrower window is still inside the caller's). */
+    n->t.tw__pprev =
+        (tw_timer **)(uintptr_t)(last - tick < UINTPTR_MAX ? last - tick
+                                                           : UINTPTR_MAX);
     uint64_t st = (v->st & ~UINT64_C(0xffffffff)) |
                   ((uint64_t)v->fidx << ST_PAY_SHIFT) | flags | LOC_QUEUED;
     if (id != NULL)
@@ -375,18 +378,19 @@ static inline void sched_publish(tw_service *s, const struct sched *r,
     if (lazy)
         wake_for_cancel(s); /* it went to sleep long meanwhile */
     else
-        wake_for_tick(s, tick);
+        wake_for_tick(s, last); /* only if it sleeps past the window */
 }
 
 /*
- * Schedule a task of @kind. A non-zero @replace is a task to take over
- * (see take_slot()), only for KIND_HOLD.
+ * Schedule a task of @kind. @width: a one-shot's window in ns (0: exact).
+ * A non-zero @replace is a task to take over (see take_slot()), only for
+ * KIND_HOLD.
  */
 static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
-                    uint64_t period, enum sched_kind kind, tw_id replace,
-                    bool *replaced, tw_id *id)
+                    uint64_t width, uint64_t period, enum sched_kind kind,
+                    tw_id replace, bool *replaced, tw_id *id)
 {
-    struct sched r = {fn, arg, delay, period, kind, replace, replaced};
+    struct sched r = {fn, arg, delay, period, width, kind, replace, replaced};
     struct reserved v; /* each field set before it is read */
     int rc = sched_validate(s, &r);
     if (rc == 0)
@@ -399,7 +403,17 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
 int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
                 tw_id *id)
 {
-    return schedule(s, fn, arg, delay_ns, 0, KIND_ONCE, 0, NULL, id);
+    return schedule(s, fn, arg, delay_ns, s ? s->cfg.slack_ns : 0, 0, KIND_ONCE,
+                    0, NULL, id);
+}
+
+int tw_schedule_window(tw_service *s, tw_task_fn fn, void *arg,
+                       uint64_t earliest_ns, uint64_t latest_ns, tw_id *id)
+{
+    if (latest_ns < earliest_ns)
+        return TW_EINVAL;
+    return schedule(s, fn, arg, earliest_ns, latest_ns - earliest_ns, 0,
+                    KIND_ONCE, 0, NULL, id);
 }
 
 int tw__schedule_replace(tw_service *s, tw_task_fn fn, void *arg,
@@ -408,23 +422,24 @@ int tw__schedule_replace(tw_service *s, tw_task_fn fn, void *arg,
 {
     if (old_cancelled != NULL)
         *old_cancelled = false;
-    return schedule(s, fn, arg, delay_ns, 0, KIND_HOLD, old, old_cancelled, id);
+    return schedule(s, fn, arg, delay_ns, s ? s->cfg.slack_ns : 0, 0, KIND_HOLD,
+                    old, old_cancelled, id);
 }
 
 int tw_schedule_fixed_rate(tw_service *s, tw_task_fn fn, void *arg,
                            uint64_t initial_delay_ns, uint64_t period_ns,
                            tw_id *id)
 {
-    return schedule(s, fn, arg, initial_delay_ns, period_ns, KIND_RATE, 0, NULL,
-                    id);
+    return schedule(s, fn, arg, initial_delay_ns, 0, period_ns, KIND_RATE, 0,
+                    NULL, id);
 }
 
 int tw_schedule_fixed_delay(tw_service *s, tw_task_fn fn, void *arg,
                             uint64_t initial_delay_ns, uint64_t delay_ns,
                             tw_id *id)
 {
-    return schedule(s, fn, arg, initial_delay_ns, delay_ns, KIND_DELAY, 0, NULL,
-                    id);
+    return schedule(s, fn, arg, initial_delay_ns, 0, delay_ns, KIND_DELAY, 0,
+                    NULL, id);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -440,6 +455,9 @@ static void dispatch_flush(tw_service *s);
 static void take_submission(tw_service *s, struct node *n, void *ctx)
 {
     uint64_t *now = ctx, st;
+    /* The window's width (see sched_publish()), not a link. */
+    uint64_t span = (uintptr_t)n->t.tw__pprev;
+    n->t.tw__pprev = NULL;
     if (!move_or_free(s, n, LOC_ARMED, ST_RELATIVE, true, &st))
         return;
     if (st & ST_RELATIVE) {
@@ -447,8 +465,11 @@ static void take_submission(tw_service *s, struct node *n, void *ctx)
             *now = rel_ns(s) | 1; /* never 0; 1 ns later is harmless */
         n->t.tw__expires = ceil_tick(s, add_sat(*now, n->t.tw__expires));
     }
-    if (n->t.tw__expires != NEVER)
-        tw_wheel_add(s->timer.wheel, &n->t, n->t.tw__expires);
+    uint64_t first = n->t.tw__expires;
+    if (first != NEVER && span == 0)
+        tw_wheel_add(s->timer.wheel, &n->t, first);
+    else if (first != NEVER)
+        tw_wheel_add_window(s->timer.wheel, &n->t, first, first + span);
 }
 
 /*
@@ -491,11 +512,16 @@ static bool tick_deadline(const tw_service *s, uint64_t target,
     if (target == NEVER || target > NEVER / s->cfg.tick_ns)
         return false;
     uint64_t abs;
-    if (s->cfg.clock == NULL) {
+    if (s->cfg.clock == NULL && s->cfg.clock_id == (int32_t)CLOCK_MONOTONIC) {
         abs = add_sat(s->cfg.start_ns, target * s->cfg.tick_ns);
     } else {
+        /* Another clock: wait for the time left on it, re-read after at
+         * most TW__SVC_WAIT_CAP_NS on the built-in BOOTTIME. */
         uint64_t rel = rel_ns(s), want = target * s->cfg.tick_ns;
-        abs = add_sat(mono_ns(), want > rel ? want - rel : 0);
+        uint64_t left = want > rel ? want - rel : 0;
+        if (s->cfg.clock == NULL)
+            left = tw__svc_wait_ns((clockid_t)s->cfg.clock_id, left);
+        abs = add_sat(mono_ns(), left);
     }
     if (abs / 1000000000u >= (uint64_t)INT32_MAX)
         return false;
@@ -540,7 +566,9 @@ static void *timer_main(void *p)
             cancel_drain(&s->pool, take_cancel, s);
             active = true;
         }
-        uint64_t now = now_tick(s);
+        s->timer.round_ns = rel_ns(s);
+        s->timer.round_fresh = true;
+        uint64_t now = s->timer.round_ns / s->cfg.tick_ns;
         tw_wheel_advance(s->timer.wheel, now);
         dispatch_flush(s);
         free_flush(&s->pool);
@@ -623,9 +651,36 @@ static void hold_release(tw_service *s, struct node *n, uint64_t running)
         pending_drop(s);
 }
 
+/* The clock (relative ns) at the start of a run. The timer thread reuses
+ * its round's reading for the first task it runs after it (nothing ran in
+ * between), which saves the clock read when a wake-up runs one task; with
+ * TW_SERVICE_LAZY_CLOCK for every task of the round. */
+static uint64_t run_start_ns(tw_service *s, bool timer_thread)
+{
+    if (timer_thread && (s->timer.round_fresh || s->cfg.lazy)) {
+        s->timer.round_fresh = false;
+        return s->timer.round_ns;
+    }
+    return rel_ns(s);
+}
+
+/* Count a run that started at @start_ns, due at tick @due_tick, in the
+ * lateness histogram (which is also the count of runs). */
+static void late_count(tw_service *s, uint64_t start_ns, uint64_t due_tick)
+{
+    uint64_t due;
+    if (__builtin_mul_overflow(due_tick, s->cfg.tick_ns, &due))
+        due = UINT64_MAX; /* no division on this path: it runs per task */
+    uint64_t late_us = start_ns > due ? (start_ns - due) / 1000u : 0;
+    atomic_fetch_add_explicit(&s->late[tw__late_bucket(late_us)], 1,
+                              memory_order_relaxed);
+}
+
 /* Call the function of node @n, which has just become RUNNING (state
- * @rst), as task @id; a one-shot task's slot is released first. */
-static void call_task(tw_service *s, struct node *n, uint64_t rst, tw_id id)
+ * @rst), as task @id; a one-shot task's slot is released first.
+ * @timer_thread: called by the timer thread (for run_start_ns()). */
+static void call_task(tw_service *s, struct node *n, uint64_t rst, tw_id id,
+                      bool timer_thread)
 {
     bool periodic = (rst & ST_PERIODIC) != 0;
     bool hold = (rst & ST_HOLD) != 0;
@@ -638,10 +693,12 @@ static void call_task(tw_service *s, struct node *n, uint64_t rst, tw_id id)
     tw_id saved_id = tw_cur.id;
     tw_cur.s = s;
     tw_cur.id = id;
+    uint64_t due_tick = n->t.tw__expires;
+    uint64_t start = run_start_ns(s, timer_thread);
     fn(id, arg);
     tw_cur.s = saved_s;
     tw_cur.id = saved_id;
-    atomic_fetch_add_explicit(&s->ran, 1, memory_order_relaxed);
+    late_count(s, start, due_tick);
     if (hold)
         hold_release(s, n, (rst & ~ST_LOC_MASK) | LOC_RUNNING);
 }
@@ -664,7 +721,7 @@ static void run_node(tw_service *s, struct node *n, bool inline_wheel)
     }
     tw_id id = make_id(rst, node_index(n));
     TEST_HOOK(tw__service_started_hook, s, id);
-    call_task(s, n, rst, id);
+    call_task(s, n, rst, id, inline_wheel);
     if (!(rst & ST_PERIODIC)) {
         if (inline_wheel)
             node_free_batched(&s->pool, n);
@@ -704,6 +761,7 @@ static void trampoline(tw_timer *t, void *arg)
     if (!move_or_free(s, n, LOC_DISPATCHED, 0, true, &st))
         return;
     atomic_fetch_add(&s->busy, 1);
+    s->timer.disp_count++;
     n->t.tw__next = NULL;
     if (s->timer.disp_last != NULL)
         s->timer.disp_last->t.tw__next = &n->t;
@@ -719,6 +777,10 @@ static void dispatch_flush(tw_service *s)
     if (first == NULL)
         return;
     s->timer.disp_first = s->timer.disp_last = NULL;
+    /* Counted before any executor can take one (and count it down). */
+    atomic_fetch_add_explicit(&s->backlog, s->timer.disp_count,
+                              memory_order_relaxed);
+    s->timer.disp_count = 0;
     if (s->cfg.execute == NULL) {
         tw__exec_push(&s->exec, &first->t);
         return;
@@ -748,6 +810,7 @@ static bool exec_take(tw_timer *job, void *ctx)
 {
     tw_service *s = ctx;
     struct node *n = node_of_timer(job);
+    atomic_fetch_sub_explicit(&s->backlog, 1, memory_order_relaxed);
     TEST_HOOK(tw__service_xpop_hook, s,
               make_id(atomic_load(&n->state), node_index(n)));
     uint64_t st;
@@ -783,6 +846,7 @@ void tw_service_run(tw_service *s, tw_id job)
             return;
     } while (!atomic_compare_exchange_weak(&n->state, &st,
                                            (st & ~ST_LOC_MASK) | LOC_RUNNING));
+    atomic_fetch_sub_explicit(&s->backlog, 1, memory_order_relaxed);
     run_dispatched(s, n);
 }
 
@@ -818,6 +882,7 @@ __attribute__((noinline)) static void drop_queued(tw_service *s, struct node *n,
     struct drop d = {s, id};
     if (!tw__exec_remove(&s->exec, &n->t, still_dispatched, &d))
         return;
+    atomic_fetch_sub_explicit(&s->backlog, 1, memory_order_relaxed);
     node_free(&s->pool, n);
     atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
     atomic_fetch_sub(&s->busy, 1);
@@ -962,11 +1027,15 @@ int tw_service_create_sized(tw_service **out, const tw_service_config *cfg,
 struct sizes {
     uint64_t tick, slots;
     uint32_t nfns;
+    clockid_t clock_id;
 };
 
 /* 0 and *@z, or TW_EINVAL if a field of @cfg is out of range. */
 static int config_sizes(const tw_service_config *cfg, struct sizes *z)
 {
+    if (tw__svc_clock_id(cfg->clock_id, &z->clock_id) != 0 ||
+        (cfg->clock != NULL && cfg->clock_id != 0))
+        return TW_EINVAL;
     uint64_t tick = cfg->tick_ns ? cfg->tick_ns : UINT64_C(1000000);
     uint64_t slots = cfg->ticks_per_wheel ? cfg->ticks_per_wheel : 512;
     uint64_t maxfn = cfg->max_callbacks ? cfg->max_callbacks : 1024;
@@ -986,7 +1055,9 @@ static int config_sizes(const tw_service_config *cfg, struct sizes *z)
     p2 = 1;
     while (p2 < maxfn)
         p2 <<= 1;
-    *z = (struct sizes){tick, slots, (uint32_t)p2};
+    z->tick = tick;
+    z->slots = slots;
+    z->nfns = (uint32_t)p2;
     return 0;
 }
 
@@ -998,11 +1069,15 @@ static void config_apply(tw_service *s, const tw_service_config *cfg,
     s->cfg.max_pending = cfg->max_pending;
     s->cfg.clock = cfg->clock;
     s->cfg.clock_ctx = cfg->clock_ctx;
+    s->cfg.clock_id = (int32_t)z->clock_id;
+    s->cfg.slack_ns = cfg->slack_ns;
     s->cfg.execute = cfg->execute;
     s->cfg.execute_ctx = cfg->execute_ctx;
     s->cfg.nexec = cfg->executor_threads;
     s->cfg.lazy = (cfg->flags & TW_SERVICE_LAZY_CLOCK) != 0;
-    s->cfg.start_ns = s->cfg.clock ? s->cfg.clock(s->cfg.clock_ctx) : mono_ns();
+    s->cfg.start_ns = s->cfg.clock
+                          ? s->cfg.clock(s->cfg.clock_ctx)
+                          : tw__svc_clock_ns((clockid_t)s->cfg.clock_id);
     atomic_fetch_add(&s->pool.mem, sizeof(*s));
 }
 
@@ -1210,19 +1285,34 @@ void tw_service_destroy(tw_service *s)
     tw__free(s);
 }
 
-void tw_service_get_stats(const tw_service *s, tw_service_stats *out)
+int tw_service_get_stats_sized(const tw_service *s, tw_service_stats *out,
+                               size_t out_size)
 {
-    if (s == NULL || out == NULL)
-        return;
+    if (s == NULL || out == NULL ||
+        out_size < offsetof(tw_service_stats, backlog))
+        return TW_EINVAL;
     tw_service *m = (tw_service *)s;
-    out->pending = tw_service_pending(s);
-    out->ran = atomic_load_explicit(&m->ran, memory_order_relaxed);
-    out->cancelled = atomic_load_explicit(&m->cancelled, memory_order_relaxed);
-    out->handed_back = atomic_load_explicit(&m->handed, memory_order_relaxed);
-    out->wakeups = atomic_load_explicit(&m->wakeups, memory_order_relaxed);
-    out->nodes = atomic_load_explicit(&m->pool.nodes, memory_order_relaxed);
-    out->memory_bytes =
-        atomic_load_explicit(&m->pool.mem, memory_order_relaxed);
+    tw_service_stats st = {0};
+    st.pending = tw_service_pending(s);
+    for (unsigned i = 0; i < TW_LATE_BUCKETS; i++) {
+        st.late_hist[i] =
+            atomic_load_explicit(&m->late[i], memory_order_relaxed);
+        st.ran += st.late_hist[i];
+    }
+    st.cancelled = atomic_load_explicit(&m->cancelled, memory_order_relaxed);
+    st.handed_back = atomic_load_explicit(&m->handed, memory_order_relaxed);
+    st.wakeups = atomic_load_explicit(&m->wakeups, memory_order_relaxed);
+    st.nodes = atomic_load_explicit(&m->pool.nodes, memory_order_relaxed);
+    st.memory_bytes = atomic_load_explicit(&m->pool.mem, memory_order_relaxed);
+    st.backlog = atomic_load_explicit(&m->backlog, memory_order_relaxed);
+    tw__svc_stats_out(out, out_size, &st);
+    return 0;
+}
+
+void(tw_service_get_stats)(const tw_service *s, tw_service_stats *out)
+{
+    (void)tw_service_get_stats_sized(s, out,
+                                     offsetof(tw_service_stats, backlog));
 }
 
 /* ------------------------------------------------------------------------ */

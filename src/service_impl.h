@@ -71,7 +71,9 @@
  *   QUEUED      on the submission stack (tw__next is the link, tw__expires
  *               the deadline tick, or with ST_RELATIVE the delay in ns
  *               that the timer thread adds to its clock when it takes the
- *               node: TW_SERVICE_LAZY_CLOCK); owner: the timer thread
+ *               node: TW_SERVICE_LAZY_CLOCK; tw__pprev is no link but
+ *               the width in ticks of the task's window, 0 for an exact
+ *               deadline); owner: the timer thread
  *   ARMED       in the wheel (or parked forever for a "never" deadline);
  *               owner: the timer thread. A cancel also sets the node's bit
  *               in a hierarchical bitmap so the timer thread unlinks and
@@ -227,6 +229,9 @@ struct tw_service {
         uint64_t max_pending;
         tw_clock_fn clock;
         void *clock_ctx;
+        int32_t clock_id;          /* the built-in clock (clock == NULL), a
+                                      clockid_t: monotonic or boottime */
+        uint64_t slack_ns;         /* tw_schedule()'s default window */
         _Atomic uint64_t clock_hi; /* latest reading of clock (relative) */
         tw_execute_fn execute;
         void *execute_ctx;
@@ -261,13 +266,17 @@ struct tw_service {
         struct node *local;      /* taken from subq, not yet processed */
         struct node *disp_first; /* dispatched this round */
         struct node *disp_last;
+        uint64_t disp_count;
+        uint64_t round_ns; /* the clock at this round's advance */
+        bool round_fresh;  /* no task has run on this thread since round_ns */
         /* Rounds begun and ended (tw__service_sync). */
         _Atomic uint64_t round_begin, round_end;
     } timer;
 
     /* Dispatch: the built-in executor pool, and the jobs given out. */
     struct exec_pool exec;
-    _Atomic uint64_t busy; /* dispatched or running, not yet finished */
+    _Atomic uint64_t busy;    /* dispatched or running, not yet finished */
+    _Atomic uint64_t backlog; /* dispatched, not yet started or dropped */
 
     /* tw_cancel_wait(). */
     struct {
@@ -282,8 +291,11 @@ struct tw_service {
         bool stop_done; /* under stop_mu */
     } life;
 
-    /* Statistics (the pool keeps its own). */
-    _Atomic uint64_t ran, cancelled, handed, wakeups;
+    /* Statistics (the pool keeps its own). Runs are counted in late[]
+     * only: ran is their sum. */
+    _Atomic uint64_t cancelled, handed, wakeups;
+    PAD(2);
+    _Atomic uint64_t late[TW_LATE_BUCKETS];
 };
 
 #define NEVER UINT64_MAX /* deadline tick of a task that never runs */

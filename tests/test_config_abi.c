@@ -5,7 +5,9 @@
  * zero, the default, and never read: the struct sits at the very end of a
  * heap block, so ASan and valgrind see any read past it); a caller built
  * against a newer header passes a longer one (zero extra bytes are fine,
- * any non-zero extra byte is TW_EINVAL with nothing made).
+ * any non-zero extra byte is TW_EINVAL with nothing made). The service's
+ * stats struct grows the same way: an older caller's shorter struct gets
+ * its fields and no byte past them, a newer one's zeros past ours.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -74,6 +76,67 @@ static void test_service_newer_layout(void)
     ASSERT_NULL(s);
     /* The plain name is the sized call with this header's size. */
     ASSERT_EQ(tw_service_create(&s, NULL), 0);
+    tw_service_destroy(s);
+}
+
+/* A caller of the 0.2 development layout, which ended at flags: its
+ * struct's tail padding (where no field was) may hold anything. */
+static void test_service_padding_ignored(void)
+{
+    size_t len = offsetof(tw_service_config, slack_ns);
+    unsigned char *buf = malloc(len);
+    ASSERT_NOT_NULL(buf);
+    memset(buf, 0, len);
+    size_t pad = offsetof(tw_service_config, flags) + sizeof(uint32_t);
+    memset(buf + pad, 0xff, len - pad);
+    tw_service *s = NULL;
+    ASSERT_EQ(tw_service_create_sized(&s, (void *)buf, len), 0);
+    tw_service_destroy(s);
+    free(buf);
+}
+
+/* The 0.1 layout of tw_service_stats, before backlog and late_hist. */
+struct old_service_stats {
+    uint64_t pending, ran, cancelled, handed_back, wakeups, nodes, memory_bytes;
+};
+
+static void test_stats_layouts(void)
+{
+    tw_service *s = NULL;
+    ASSERT_EQ(tw_service_create(&s, NULL), 0);
+    tw_id id;
+    ASSERT_EQ(tw_schedule(s, task, NULL, UINT64_C(3600000000000), &id), 0);
+    /* An old caller's struct at the very end of a block: the sized call
+     * and the 0.1 entry point write nothing past it. */
+    struct old_service_stats zero = {0};
+    struct old_service_stats *old = exact_copy(&zero, sizeof zero);
+    ASSERT_EQ(tw_service_get_stats_sized(s, (void *)old, sizeof *old), 0);
+    ASSERT_EQ(old->pending, 1);
+    ASSERT(old->memory_bytes > 0);
+    memset(old, 0, sizeof *old);
+    (tw_service_get_stats)(s, (void *)old);
+    ASSERT_EQ(old->pending, 1);
+    ASSERT(old->nodes > 0);
+    free(old);
+    /* Shorter than the 0.1 struct, or NULL: nothing written. */
+    uint64_t small[2] = {5, 5};
+    ASSERT_EQ(tw_service_get_stats_sized(s, (void *)small, sizeof small),
+              TW_EINVAL);
+    ASSERT_EQ(small[0], 5);
+    ASSERT_EQ(tw_service_get_stats_sized(NULL, (void *)small, 64), TW_EINVAL);
+    ASSERT_EQ(tw_service_get_stats_sized(s, NULL, 64), TW_EINVAL);
+    /* A newer caller's longer struct: what we do not know reads as zero. */
+    unsigned char big[sizeof(tw_service_stats) + 24];
+    memset(big, 0xee, sizeof big);
+    ASSERT_EQ(tw_service_get_stats_sized(s, (void *)big, sizeof big), 0);
+    for (size_t i = sizeof(tw_service_stats); i < sizeof big; i++)
+        ASSERT_EQ(big[i], 0);
+    /* The plain name is the sized call with this header's size. */
+    tw_service_stats st;
+    memset(&st, 0xee, sizeof st);
+    ASSERT_EQ(tw_service_get_stats(s, &st), 0);
+    ASSERT_EQ(st.backlog, 0);
+    ASSERT_EQ(st.late_hist[TW_LATE_BUCKETS - 1], 0);
     tw_service_destroy(s);
 }
 
@@ -150,6 +213,8 @@ int main(void)
 {
     RUN_TEST(test_service_old_layout);
     RUN_TEST(test_service_newer_layout);
+    RUN_TEST(test_service_padding_ignored);
+    RUN_TEST(test_stats_layouts);
     RUN_TEST(test_repeated_layouts);
     RUN_TEST(test_durable_layouts);
     return 0;

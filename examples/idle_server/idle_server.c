@@ -15,8 +15,17 @@
  * silent for --idle, and is closed within --idle + one --tick of its last
  * read (plus the time the machine takes to schedule us).
  *
+ * With --slack S the idle timer is a window (tw_wheel_add_window): it may
+ * run at any tick from last_read + idle to last_read + idle + S, and the
+ * wheel picks the coarsest tick boundary inside it, so timers of
+ * connections that went silent at nearby times expire together and the
+ * loop wakes once for them. A read that leaves the timer's tick inside the
+ * new window does not move it at all. Never early; closed within --idle +
+ * S (+ a tick when S is shorter than a tick).
+ *
  * Usage: idle_server [--host ADDR] [--port N] [--idle DUR] [--tick DUR]
- *                    [--max-conns N] [--workers N] [--stats DUR]
+ *                    [--slack DUR] [--max-conns N] [--workers N]
+ *                    [--stats DUR]
  * DUR is an integer with a unit: 250ms, 60s. The first line on stdout is
  * "listening on HOST:PORT"; then a line with the counters whenever they
  * changed (at most once per --stats), and a final line on SIGINT/SIGTERM.
@@ -63,15 +72,16 @@ _Static_assert(sizeof(void *) != 8 || sizeof(struct conn) == 64,
 struct server {
     int ep, lfd, sigfd, spare_fd;
     tw_wheel *wheel;
-    uint64_t t0, tick_ns, idle_ns, stats_ns, max_conns;
+    uint64_t t0, tick_ns, idle_ns, slack_ns, stats_ns, max_conns;
     struct conn **by_fd; /* every open connection, indexed by its fd */
     size_t by_fd_cap;
     uint64_t held, accepted, reaped, closed, refused, wakeups;
-    uint64_t rescued;      /* idle timers that found unread data: kept */
-    uint64_t late_max_ns;  /* how long after last_read + idle a reap ran */
-    tw_timer stats_timer;  /* prints the counters after a change */
-    tw_timer resume_timer; /* re-enables accept() after a hard failure */
-    const char *tag;       /* log line prefix: "" or "w3: " */
+    uint64_t timer_wakeups; /* wake-ups with no socket ready: timers only */
+    uint64_t rescued;       /* idle timers that found unread data: kept */
+    uint64_t late_max_ns;   /* how long after last_read + idle a reap ran */
+    tw_timer stats_timer;   /* prints the counters after a change */
+    tw_timer resume_timer;  /* re-enables accept() after a hard failure */
+    const char *tag;        /* log line prefix: "" or "w3: " */
     bool stop;
     char buf[IO_BUF];
 };
@@ -85,9 +95,11 @@ static void print_counters(const struct server *s, const char *prefix)
 {
     printf("%s%sheld=%" PRIu64 " accepted=%" PRIu64 " reaped=%" PRIu64
            " closed=%" PRIu64 " refused=%" PRIu64 " wakeups=%" PRIu64
-           " reap_late_max_us=%" PRIu64 " rescued=%" PRIu64 "\n",
+           " reap_late_max_us=%" PRIu64 " rescued=%" PRIu64
+           " timer_wakeups=%" PRIu64 "\n",
            s->tag, prefix, s->held, s->accepted, s->reaped, s->closed,
-           s->refused, s->wakeups, s->late_max_ns / 1000, s->rescued);
+           s->refused, s->wakeups, s->late_max_ns / 1000, s->rescued,
+           s->timer_wakeups);
 }
 
 /* The counters changed: print them once the --stats interval has passed. */
@@ -108,16 +120,24 @@ static void on_stats(tw_timer *t, void *arg)
 /*
  * Re-arm @c's idle timer from a read at @now_ns. The expiry is the first
  * tick boundary at or after now + idle: never early, at most a tick late.
+ * With --slack, a tick of the window up to now + idle + slack (the last
+ * boundary inside it; the first tick if there is none).
  */
 static void conn_touch(struct server *s, struct conn *c, uint64_t now_ns)
 {
-    uint64_t due = (now_ns - s->t0 + s->idle_ns + s->tick_ns - 1) / s->tick_ns;
+    uint64_t rel = now_ns - s->t0 + s->idle_ns;
+    uint64_t due = (rel + s->tick_ns - 1) / s->tick_ns;
+    uint64_t last = (rel + s->slack_ns) / s->tick_ns;
 
+    if (last < due)
+        last = due;
     c->last_ns = now_ns;
-    /* Skip the move when a burst of reads lands in the same tick. */
-    if (tw_timer_pending(&c->idle) && tw_timer_expires(&c->idle) == due)
+    /* Skip the move when the timer's tick is inside the new window: a
+     * burst of reads in the same tick, or any read with enough slack. */
+    if (tw_timer_pending(&c->idle) && tw_timer_expires(&c->idle) >= due &&
+        tw_timer_expires(&c->idle) <= last)
         return;
-    tw_wheel_add(s->wheel, &c->idle, due);
+    tw_wheel_add_window(s->wheel, &c->idle, due, last);
 }
 
 static void conn_close(struct server *s, struct conn *c)
@@ -391,6 +411,7 @@ static int run(struct server *s)
             return 1;
         }
         s->wakeups++;
+        s->timer_wakeups += n == 0;
         for (int i = 0; i < n; i++) {
             void *p = ev[i].data.ptr;
             if (p == &s->lfd) {
@@ -416,11 +437,15 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: idle_server [--host ADDR] [--port N] [--idle DUR] "
             "[--tick DUR]\n"
-            "                   [--max-conns N] [--workers N] [--stats DUR]\n"
+            "                   [--slack DUR] [--max-conns N] [--workers N] "
+            "[--stats DUR]\n"
             "  --host ADDR     numeric IPv4 or IPv6 address (127.0.0.1)\n"
             "  --port N        0..65535; 0 picks a free port (0)\n"
             "  --idle DUR      close connections silent this long (60s)\n"
             "  --tick DUR      timer resolution, 1ms..idle (100ms)\n"
+            "  --slack DUR     an idle timer may run this much late, so that "
+            "timers\n"
+            "                  share wake-ups; 0s..idle (0s: exact)\n"
             "  --max-conns N   refuse connections beyond N (no limit; per "
             "worker)\n"
             "  --workers N     N processes sharing the port, each with its "
@@ -443,7 +468,7 @@ static int bad_option(const char *opt, const char *val, const char *why)
 
 struct options {
     const char *host;
-    uint64_t port, idle_ns, tick_ns, stats_ns, max_conns, workers;
+    uint64_t port, idle_ns, tick_ns, slack_ns, stats_ns, max_conns, workers;
 };
 
 /* Returns -1 to go on, or an exit code. */
@@ -472,6 +497,9 @@ static int parse_options(int argc, char **argv, struct options *o)
         } else if (cli_option(argc, argv, &i, "--tick", &v)) {
             if (cli_parse_duration(v, false, MAX_DURATION_NS, &o->tick_ns))
                 return bad_option("--tick", v, "need e.g. 10ms or 1s");
+        } else if (cli_option(argc, argv, &i, "--slack", &v)) {
+            if (cli_parse_duration(v, true, MAX_DURATION_NS, &o->slack_ns))
+                return bad_option("--slack", v, "need e.g. 0s or 1s");
         } else if (cli_option(argc, argv, &i, "--stats", &v)) {
             if (cli_parse_duration(v, true, MAX_DURATION_NS, &o->stats_ns))
                 return bad_option("--stats", v, "need e.g. 0s or 1s");
@@ -487,6 +515,8 @@ static int parse_options(int argc, char **argv, struct options *o)
     }
     if (o->tick_ns > o->idle_ns)
         return bad_option("--tick", ">idle", "must not exceed --idle");
+    if (o->slack_ns > o->idle_ns)
+        return bad_option("--slack", ">idle", "must not exceed --idle");
     return -1;
 }
 
@@ -582,6 +612,7 @@ static int serve(const struct options *o, int lfd, const char *tag,
     s->t0 = cli_now_ns();
     s->tick_ns = o->tick_ns;
     s->idle_ns = o->idle_ns;
+    s->slack_ns = o->slack_ns;
     s->stats_ns = o->stats_ns;
     s->max_conns = o->max_conns;
     tw_timer_init(&s->stats_timer, on_stats, s);

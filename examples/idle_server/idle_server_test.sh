@@ -24,7 +24,7 @@ fail() {
 for args in "--idle 5" "--idle 0s" "--idle 2m" "--tick 0ms" "--port 65536" \
   "--port -1" "--port" "--bogus" "--host 300.1.1.1" "--host" \
   "--tick 2s --idle 1s" "--max-conns 0" "--stats 1h" "--idle=1x" \
-  "--workers 0" "--workers 65"; do
+  "--workers 0" "--workers 65" "--slack 2s --idle 1s" "--slack 1x"; do
   # shellcheck disable=SC2086
   "$server" $args >"$work/out" 2>"$work/err"
   rc=$?
@@ -92,6 +92,16 @@ grep -q '^silent: 800 closed, 0 early, 0 late' "$work/main" ||
 grep -q '^active: 200 open, 0 closed' "$work/main" ||
   fail "main run: an active connection was closed"
 echo "ok: 1000 connections, idle 2 s"
+
+# 3b. --slack: idle timers are windows (idle .. idle + slack); the load
+# tool allows idle + tick + idle / 2, more than the 500 ms of slack.
+check 2000 100 "$work/slack" --conns 300 --active 20 -- "$server" \
+  --slack 500ms || fail "--slack run"
+grep -q '^silent: 240 closed, 0 early, 0 late' "$work/slack" ||
+  fail "--slack run: not every silent connection closed in time"
+grep -q '^active: 60 open, 0 closed' "$work/slack" ||
+  fail "--slack run: an active connection was closed"
+echo "ok: 300 connections, idle 2 s, slack 500 ms"
 
 # 4. --max-conns: the rest is refused, the held ones are served as before.
 check 1000 50 "$work/max" --conns 100 --active 20 --allow-refused -- \

@@ -18,7 +18,8 @@
  * record has been reused fewer than 2^32 - 1 times since (the generation
  * then wraps and the stale id would name the record's current task).
  *
- * Time: CLOCK_MONOTONIC only (or the clock given in the config). A task
+ * Time: CLOCK_MONOTONIC, CLOCK_BOOTTIME or a caller's clock (see
+ * "Clocks" below the config). A task
  * never runs before its delay has passed since the schedule call; deadlines
  * are absolute ticks since the service was created, so late wake-ups never
  * accumulate drift. The timer thread sleeps until the next deadline and does
@@ -95,7 +96,36 @@ typedef struct tw_service_config {
                                == 0 */
     void *execute_ctx;      /* passed to execute */
     uint32_t flags;         /* TW_SERVICE_* below */
+    /* Added in 0.2.0, past the 0.1 struct's tail padding (which an older
+     * caller may leave unset): */
+    uint64_t slack_ns; /* default window of tw_schedule(): a task may run
+                          up to this much after its delay, so that tasks
+                          share wake-ups (see tw_schedule_window()); 0 =
+                          exact. Periodic tasks stay exact. */
+    int32_t clock_id;  /* the built-in clock: 0 or CLOCK_MONOTONIC
+                          (the default), or CLOCK_BOOTTIME; anything
+                          else is TW_EINVAL. 0 means the default, so
+                          the wall clock cannot be chosen
+                          (CLOCK_REALTIME is 0 on Linux). See "Clocks"
+                          below. Must be 0 with a caller-supplied
+                          clock. */
 } tw_service_config;
+
+/*
+ * Clocks (tw_service_config.clock_id). Delays are measured on the chosen
+ * clock, and the difference shows across a suspend of the machine:
+ * - CLOCK_MONOTONIC (default) stops while the machine is suspended: a
+ *   task due in 10 minutes, after a suspend of an hour, runs 10 minutes of
+ *   awake time after the call. Right for timeouts of work that is frozen
+ *   too (a request that cannot progress while asleep).
+ * - CLOCK_BOOTTIME counts the time asleep: that task runs within about a
+ *   second of the resume (the timer thread waits on CLOCK_MONOTONIC, which
+ *   a condition variable supports, for at most 1 s at a time while a task
+ *   is pending, and re-reads CLOCK_BOOTTIME; when nothing is pending it
+ *   sleeps without a timeout). Right for leases, certificates, cache
+ *   expiry and anything agreed with another machine.
+ * Neither clock jumps when the wall clock is set.
+ */
 
 /*
  * TW_SERVICE_LAZY_CLOCK: while the timer thread is awake or polling (it
@@ -110,6 +140,10 @@ typedef struct tw_service_config {
  * exact as without the flag. The true bound with tasks on the timer
  * thread: a call made in the instant before the timer thread starts the
  * tasks due in its round may run late by up to their run time.
+ * The flag also saves the clock read at the start of each task run on the
+ * timer thread (tw_service_stats.late_hist): the lateness of every task of
+ * a round is then taken from the timer thread's reading for the round, so
+ * the time spent running the round's earlier tasks is not counted.
  */
 #define TW_SERVICE_LAZY_CLOCK 1u
 
@@ -125,6 +159,19 @@ typedef struct tw_service_stats {
                               a chunk of 4096 records also asks the
                               allocator for up to 256 KiB more address
                               space to align itself, never touched */
+    /* Added in 0.2.0; see tw_service_get_stats_sized(). */
+    uint64_t backlog; /* tasks found due and handed to an executor (the
+                         built-in pool or a caller-supplied one) that have
+                         not started yet. Tasks that run on the timer
+                         thread (executor_threads == 0) are not counted:
+                         while one runs, the others wait unseen in the
+                         wheel, and only late_hist shows their delay. */
+    uint64_t late_hist[TW_LATE_BUCKETS]; /* runs by how late they started
+                         after their due time (wheel.h has the buckets):
+                         the start of the tick the task was given (its
+                         deadline rounded up to a tick; for a window, the
+                         tick chosen in it). Every run is counted once;
+                         the buckets add up to ran. */
 } tw_service_stats;
 
 /**
@@ -202,6 +249,33 @@ TW_EXTERN int tw_service_start(tw_service *s);
  */
 TW_EXTERN int tw_schedule(tw_service *s, tw_task_fn fn, void *arg,
                           uint64_t delay_ns, tw_id *id);
+
+/**
+ * tw_schedule_window - run a task once, at some time inside a window.
+ * @s: the service.
+ * @fn: the task; runs as @fn(@id, @arg).
+ * @arg: the caller's, passed to @fn.
+ * @earliest_ns: nanoseconds from now (as tw_schedule()'s delay): the task
+ *               never runs earlier.
+ * @latest_ns: nanoseconds from now: on an unloaded machine the task runs
+ *             no later; >= @earliest_ns.
+ * @id: as tw_schedule().
+ *
+ * The run is placed so that tasks with overlapping windows share one
+ * wake-up of the timer thread: at the coarsest tick boundary inside the
+ * window, as tw_wheel_add_window() chooses it. A window that holds no tick
+ * boundary after its first tick (narrower than a tick) runs as
+ * tw_schedule(@earliest_ns) does. tw_schedule() on a service with
+ * slack_ns is this call with @latest_ns = delay + slack_ns. A window is
+ * never taken lazily (TW_SERVICE_LAZY_CLOCK): the call reads the clock.
+ *
+ * Context: any thread, tasks included; as tw_schedule(). It wakes the
+ * timer thread only if that sleeps past the window's end.
+ * Return: as tw_schedule(), and TW_EINVAL for @latest_ns < @earliest_ns.
+ */
+TW_EXTERN int tw_schedule_window(tw_service *s, tw_task_fn fn, void *arg,
+                                 uint64_t earliest_ns, uint64_t latest_ns,
+                                 tw_id *id);
 
 /**
  * tw_schedule_fixed_rate - run a task periodically, at a fixed rate.
@@ -355,13 +429,43 @@ TW_EXTERN void tw_service_destroy(tw_service *s);
 TW_EXTERN void tw_service_run(tw_service *s, tw_id job);
 
 /**
- * tw_service_get_stats - the service's counters.
+ * tw_service_get_stats_sized - the service's counters, for a struct of
+ * any version.
+ * @s: the service.
+ * @out: filled with the counters.
+ * @out_size: bytes at @out: sizeof(tw_service_stats) as the caller's
+ *            header declares it. A caller built against an older header
+ *            (a shorter struct) gets its fields and nothing past them;
+ *            bytes past the struct this library knows are zeroed.
+ *
+ * The plain name tw_service_get_stats() is a macro that passes this
+ * header's sizeof. Cost of the counters: one clock read per run (none for
+ * the first task the timer thread runs after it read the clock, none on
+ * the timer thread with TW_SERVICE_LAZY_CLOCK) and one relaxed atomic
+ * add; BENCHMARKS.md has the measurement.
+ *
+ * Context: any thread.
+ * Return: 0, or TW_EINVAL (NULL @s or @out, @out_size shorter than the
+ * 0.1 struct, offsetof(tw_service_stats, backlog)) with nothing written.
+ */
+TW_EXTERN int tw_service_get_stats_sized(const tw_service *s,
+                                         tw_service_stats *out,
+                                         size_t out_size);
+
+/**
+ * tw_service_get_stats - the 0.1 entry point of the counters.
  * @s: the service; NULL does nothing.
- * @out: filled with the counters; NULL does nothing.
+ * @out: filled with the fields up to memory_bytes (the 0.1 struct);
+ *       NULL does nothing.
+ *
+ * Kept for callers built against a 0.1 header. The plain name is the macro
+ * below, which reaches every field through tw_service_get_stats_sized().
  *
  * Context: any thread.
  */
 TW_EXTERN void tw_service_get_stats(const tw_service *s, tw_service_stats *out);
+#define tw_service_get_stats(s, out)                                           \
+    tw_service_get_stats_sized((s), (out), sizeof(tw_service_stats))
 
 #ifdef __cplusplus
 }
