@@ -14,7 +14,9 @@
  * or spin through the jumps.
  *
  * Bounds: lateness under 2 s per task (a few ms on an unloaded machine);
- * periodic runs between a quarter of and one more than the ideal count.
+ * periodic runs between a tenth of and one more than the ideal count (a
+ * quarter failed a few times in 60 runs at a load average of 6-9 on 2
+ * cores; a service that slept on the wall clock makes one or two runs).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -125,9 +127,9 @@ static void run(uint32_t executors)
     }
     uint64_t ideal = elapsed / (10 * MS);
     ASSERT_LE((uint64_t)atomic_load(&rate_runs), ideal + 1);
-    ASSERT_GE((uint64_t)atomic_load(&rate_runs), ideal / 4);
+    ASSERT_GE((uint64_t)atomic_load(&rate_runs), ideal / 10);
     ASSERT_LE((uint64_t)atomic_load(&delay_runs), ideal + 1);
-    ASSERT_GE((uint64_t)atomic_load(&delay_runs), ideal / 4);
+    ASSERT_GE((uint64_t)atomic_load(&delay_runs), ideal / 10);
 }
 
 static void test_wall_clock_jumps(void)
