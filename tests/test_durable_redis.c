@@ -355,8 +355,9 @@ static void econn(void)
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
     int64_t t0 = wall_ms();
     ASSERT_EQ(sched(d, 1, t0 + 2500, "a"), 0);
-    ASSERT_EQ(sched(d, 2, t0 + 100, "b"), 0); /* claimed by us */
+    ASSERT_EQ(sched(d, 2, t0 + 1000, "b"), 0); /* claimed by us */
     sh("TW_REDIS_STOP");
+    int64_t stopped = wall_ms(); /* the shell may be slow under load */
     /* A big first write to the dead server: TW_ECONN. (A write after the
      * peer's reset would raise SIGPIPE, which redis_client.c blocks; this
      * does not reliably force that second write: loopback send buffers
@@ -369,10 +370,12 @@ static void econn(void)
     ASSERT_EQ(cancel(d, 1), TW_ECONN);
     tw_durable_stats st;
     ASSERT_EQ(tw_durable_stats_get(d, &st), TW_ECONN);
-    sleep_ms(500);
+    while (wall_ms() < t0 + 1500)
+        sleep_ms(50);
     /* Timer 2 is due but cannot be checked: not fired while Redis is
-     * away. */
-    ASSERT_EQ(tab[2].count, 0);
+     * away (if Redis went away before it was due). */
+    if (stopped < t0 + 1000)
+        ASSERT_EQ(tab[2].count, 0);
     sh("TW_REDIS_START");
     int64_t end = wall_ms() + 10000;
     int rc;
@@ -577,7 +580,9 @@ static void check_acked(struct flow *f, int ms)
     printf("  acked %d, errors %d, missing %d, delivered twice %d\n", acked,
            f->errors, missing, dup);
     ASSERT_EQ(missing, 0);
-    ASSERT(acked >= 500); /* the run did exercise the flow */
+    /* The run did exercise the flow (a sanitizer build on a loaded 2-core
+     * machine acknowledges a few hundred in its 3 s). */
+    ASSERT(acked >= 100);
     check_none_early(f->lo, f->next);
 }
 
