@@ -741,6 +741,24 @@ __attribute__((noinline)) static int add_slow(tw_wheel *w, tw_timer *t,
     return 0;
 }
 
+/* tw_wheel_add()'s common case for a narrow table: not a move, not due, not
+ * the rounds level. */
+__attribute__((noinline)) static int add_narrow(tw_wheel *w, tw_timer *t,
+                                                uint64_t expires, unsigned k)
+{
+    unsigned gshift = w->lv[k].shift;
+    uint64_t slot = (expires >> gshift) & w->mask;
+    t->tw__expires = expires;
+    list_push(slot_heads(w, k, slot, 1), t);
+    uint64_t visit = (expires >> gshift) << gshift;
+    if (visit < w->hint)
+        w->hint = visit;
+    slot_filled(w, k, slot);
+    if (++w->count >= w->grow_at)
+        widen(w);
+    return 0;
+}
+
 int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
 {
     if (w == NULL || t == NULL || t->tw__fn == NULL)
@@ -751,7 +769,8 @@ int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
     /* The common case, place() without its rare branches. */
     unsigned k = w->level_of_msb[msb64(expires ^ now)];
     if (k >= w->fast_k) /* the rounds level, or a narrow table */
-        return add_slow(w, t, expires);
+        return k != w->rounds_k ? add_narrow(w, t, expires, k)
+                                : add_slow(w, t, expires);
     unsigned gshift = w->lv[k].shift;
     uint64_t slot = (expires >> gshift) & w->mask;
     tw_timer **head = w->lv[k].heads + (size_t)slot * K + w->rr;
