@@ -50,8 +50,9 @@
  * tw_wheel_create(); if it fails, nothing changes (the add succeeds, the
  * slots keep one list) and it is tried again at twice the count. The hot
  * paths are compiled once per table width (the width is a constant in
- * each), so a wide wheel runs the same code as before; a narrow one takes
- * tw_wheel_add()'s general path.
+ * each), so a wide wheel runs the same code as a table that was always
+ * wide; a narrow one's adds take a short path of their own (add_narrow).
+ * Wide tables of at most TW_WIDE_AT_CREATE bytes are allocated at once.
  *
  * Levels for the default S = 256 (b = 8), L = 8:
  *
@@ -68,8 +69,8 @@
  * and once when it runs. More chains let more of those misses overlap;
  * more slots per level mean fewer cascades for the same deadlines
  * but multiply the table (8 levels x 256 slots x 8 chains x 8 bytes =
- * 128 KiB once wide). BENCHMARKS.md has the
- * measurements behind this choice and the line-touch accounting.
+ * 128 KiB once wide). BENCHMARKS.md has the measurements behind this
+ * choice and the line-touch accounting.
  *
  * A level-0 slot that is not a rounds level holds only timers due at its
  * tick, so its visit hands its chains over to the fire loop as they are:
