@@ -42,6 +42,18 @@
  * firing a slot walks all chains in turn, so that several cache misses are
  * in flight at once instead of one pointer chase.
  *
+ * Small populations: a new wheel's slots hold one list each (an eighth of
+ * the table: 16 KiB for the default shape). The first time the pending
+ * count reaches a quarter of the wide table's list heads (4,096 for the
+ * default), tw_wheel_add() allocates the wide table and moves each slot's
+ * list into its first chain. That is the only allocation after
+ * tw_wheel_create(); if it fails, nothing changes (the add succeeds, the
+ * slots keep one list) and it is tried again at twice the count. The hot
+ * paths are compiled once per table width (the width is a constant in
+ * each), so a wide wheel runs the same code as a table that was always
+ * wide; a narrow one's adds take a short path of their own (add_narrow).
+ * Wide tables of at most TW_WIDE_AT_CREATE bytes are allocated at once.
+ *
  * Levels for the default S = 256 (b = 8), L = 8:
  *
  *     level  granularity (ticks)  one level spans      bits
@@ -56,9 +68,9 @@
  * lines of timers touched, once when a timer is placed, once per cascade
  * and once when it runs. More chains let more of those misses overlap;
  * more slots per level mean fewer cascades for the same deadlines
- * but multiply the fixed table (8 levels x 256 slots x 8 chains x 8 bytes =
- * 128 KiB), which a small wheel pays in full. BENCHMARKS.md has the
- * measurements behind this choice and the line-touch accounting.
+ * but multiply the table (8 levels x 256 slots x 8 chains x 8 bytes =
+ * 128 KiB once wide). BENCHMARKS.md has the measurements behind this
+ * choice and the line-touch accounting.
  *
  * A level-0 slot that is not a rounds level holds only timers due at its
  * tick, so its visit hands its chains over to the fire loop as they are:
@@ -94,10 +106,15 @@
 #define TW_MAX_SLOTS (UINT32_C(1) << 30)
 #define TW_BM_MAX_LAYERS 6 /* 64^5 = 2^30 bits need 5 layers */
 #define K TW_WHEEL_CHAINS
+#define K_SHIFT ((unsigned)__builtin_ctz(K)) /* log2(K) */
+#define TW_WIDE_AT_CREATE 4096 /* bytes: smaller wide tables come at once */
 
 /* The invariant checkers used by the tests (also in src/internal.h). */
 int tw__wheel_check(const tw_wheel *w);
 int tw__wheel_check_full(const tw_wheel *w);
+/* For tests: widen a narrow table when the count reaches @n (see widen();
+ * 0 changes nothing); returns the lists per slot. */
+unsigned tw__wheel_widen_at(tw_wheel *w, size_t n);
 
 /* Per-level addresses, precomputed so that placing a timer is a few
  * instructions. */
@@ -112,8 +129,11 @@ struct tw_wheel {
     uint64_t hint;      /* no slot needs a visit before this tick */
     size_t count;       /* pending timers, due list included */
     uint64_t level_map; /* bit k: level k has an occupied slot */
-    tw_timer **heads;   /* [level][slot][chain] */
+    tw_timer **heads;   /* [level][slot][chain]: its own allocation */
     size_t heads_bytes; /* the size of that table */
+    size_t grow_at;     /* widen the table when count reaches this */
+    uint32_t cshift;    /* log2 of the lists per slot: 0 or log2(K) */
+    uint32_t fast_k;    /* tw_wheel_add's fast path takes levels below */
     uint64_t *slotmin;  /* [slot]: lower bound of expiries, rounds level */
     tw_timer *due;      /* timers added with expires <= now */
     uint64_t due_min;   /* lower bound of the due list's expiries */
@@ -168,10 +188,16 @@ static inline int is_rounds_level(const tw_wheel *w, unsigned k)
     return k == w->rounds_k;
 }
 
+/* @C is the table's lists per slot (1 or K), a constant where it is hot. */
 static inline tw_timer **slot_heads(const tw_wheel *w, unsigned k,
-                                    uint64_t slot)
+                                    uint64_t slot, unsigned C)
 {
-    return w->lv[k].heads + (size_t)slot * K;
+    return w->lv[k].heads + (size_t)slot * C;
+}
+
+static inline unsigned chains_of(const tw_wheel *w)
+{
+    return 1u << w->cshift;
 }
 
 static inline uint64_t *level_bitmap(const tw_wheel *w, unsigned k)
@@ -268,9 +294,9 @@ static inline int in_heads(const tw_wheel *w, tw_timer **p)
     return a >= base && a - base < w->heads_bytes;
 }
 
-static int slot_empty(tw_timer *const *h)
+static int slot_empty(tw_timer *const *h, unsigned C)
 {
-    for (unsigned c = 0; c < K; c++)
+    for (unsigned c = 0; c < C; c++)
         if (h[c] != NULL)
             return 0;
     return 1;
@@ -301,9 +327,9 @@ static void slot_emptied(tw_wheel *w, unsigned k, uint64_t slot)
 __attribute__((noinline)) static void chain_emptied(tw_wheel *w,
                                                     tw_timer **head)
 {
-    size_t idx = (size_t)(head - w->heads) / K;
-    tw_timer **h = w->heads + idx * K;
-    if (slot_empty(h))
+    size_t idx = (size_t)(head - w->heads) >> w->cshift;
+    tw_timer **h = w->heads + (idx << w->cshift);
+    if (slot_empty(h, chains_of(w)))
         slot_emptied(w, (unsigned)(idx >> w->bits), idx & w->mask);
 }
 
@@ -332,17 +358,21 @@ __attribute__((noinline)) static void timer_unlink_cold(tw_wheel *w,
 
 /* Put @t (not linked, expires > now) into its level and slot. Returns the
  * tick at which that slot will next be visited. */
-__attribute__((always_inline)) static inline uint64_t place(tw_wheel *w,
-                                                            tw_timer *t)
+__attribute__((always_inline)) static inline uint64_t
+place(tw_wheel *w, tw_timer *t, unsigned C)
 {
     uint64_t e = t->tw__expires;
     unsigned k = w->level_of_msb[msb64(e ^ w->now)];
     unsigned gshift = w->lv[k].shift; /* < 64: (L - 1) * b < 64 */
     uint64_t slot = (e >> gshift) & w->mask;
-    tw_timer **h = slot_heads(w, k, slot);
+    tw_timer **h = slot_heads(w, k, slot, C);
     slot_filled(w, k, slot);
-    list_push(&h[w->rr], t);
-    w->rr = (w->rr + 1) & (K - 1);
+    if (C == 1) {
+        list_push(h, t);
+    } else {
+        list_push(&h[w->rr], t);
+        w->rr = (w->rr + 1) & (C - 1);
+    }
     if (is_rounds_level(w, k)) {
         if (e < w->slotmin[slot])
             w->slotmin[slot] = e;
@@ -477,7 +507,9 @@ struct wheel_size {
     uint32_t bm_off[TW_BM_MAX_LAYERS]; /* word offset of each layer */
     uint32_t bm_len[TW_BM_MAX_LAYERS]; /* words in each layer */
     size_t bm_words;                   /* words of one level's bitmap */
-    size_t heads_bytes, bm_bytes, min_bytes, total;
+    int wide;                          /* K lists a slot from the start */
+    size_t heads_bytes;                /* the table allocated by create */
+    size_t bm_bytes, min_bytes, total; /* total: the wheel's own block */
 };
 
 /* Sizing: levels and slot bits from @cfg, then the bitmap tree and the
@@ -514,24 +546,36 @@ static int wheel_sizing(const tw_wheel_config *cfg, struct wheel_size *z)
         nbits = words;
     }
     /* Sizes are far from overflowing size_t: at most 64 * 2^30 * 64 heads. */
-    z->heads_bytes = ((size_t)levels << bits) * K * sizeof(tw_timer *);
+    z->wide = K == 1 || ((size_t)levels << bits) * K * sizeof(tw_timer *) <=
+                            TW_WIDE_AT_CREATE;
+    z->heads_bytes = (((size_t)levels << bits) << (z->wide ? K_SHIFT : 0)) *
+                     sizeof(tw_timer *);
     z->bm_bytes = (size_t)levels * z->bm_words * sizeof(uint64_t);
     z->min_bytes = z->rounds ? ((size_t)1 << bits) * sizeof(uint64_t) : 0;
-    z->total = sizeof(tw_wheel) + z->heads_bytes + z->bm_bytes + z->min_bytes;
+    z->total = sizeof(tw_wheel) + z->bm_bytes + z->min_bytes;
     return 0;
 }
 
+/* Point every level at its part of the slot-head table @heads, which has
+ * 2^@cshift lists per slot. */
+static void set_heads(tw_wheel *w, tw_timer **heads, unsigned cshift)
+{
+    w->heads = heads;
+    w->cshift = cshift;
+    w->heads_bytes =
+        (((size_t)w->levels << w->bits) << cshift) * sizeof(tw_timer *);
+    for (unsigned k = 0; k < w->levels; k++)
+        w->lv[k].heads = heads + (((size_t)k << w->bits) << cshift);
+}
+
 /* Layout: carve the zeroed block @mem into the wheel and its arrays, in
- * that order, and set every field. */
-static tw_wheel *wheel_layout(char *mem, const struct wheel_size *z,
-                              uint64_t now)
+ * that order, and set every field; @heads is the zeroed slot-head table. */
+static tw_wheel *wheel_layout(char *mem, tw_timer **heads,
+                              const struct wheel_size *z, uint64_t now)
 {
     tw_wheel *w = (tw_wheel *)(void *)mem;
     uint32_t bits = z->bits, levels = z->levels;
-    w->heads = (tw_timer **)(void *)(mem + sizeof(tw_wheel));
-    w->heads_bytes = z->heads_bytes;
-    uint64_t *bitmap =
-        (uint64_t *)(void *)(mem + sizeof(tw_wheel) + z->heads_bytes);
+    uint64_t *bitmap = (uint64_t *)(void *)(mem + sizeof(tw_wheel));
     w->slotmin = NULL;
     if (z->rounds) {
         w->slotmin = bitmap + z->bm_bytes / sizeof(uint64_t);
@@ -553,8 +597,12 @@ static tw_wheel *wheel_layout(char *mem, const struct wheel_size *z,
     w->bm_layers = z->bm_layers;
     memcpy(w->bm_off, z->bm_off, sizeof(z->bm_off));
     memcpy(w->bm_len, z->bm_len, sizeof(z->bm_len));
+    /* A wide table of at most 4 KiB is cheap: such a wheel starts wide. */
+    set_heads(w, heads, z->wide ? K_SHIFT : 0);
+    /* Else widen when the wide table costs at most 32 bytes a timer. */
+    w->grow_at = z->wide ? SIZE_MAX : (((size_t)levels << bits) * K) / 4;
+    w->fast_k = z->wide ? w->rounds_k : 0;
     for (unsigned k = 0; k < levels; k++) {
-        w->lv[k].heads = w->heads + (((size_t)k << bits) * K);
         w->lv[k].bm = bitmap + (size_t)k * z->bm_words;
         w->lv[k].shift = k * bits;
     }
@@ -576,13 +624,21 @@ int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
     char *mem = tw__calloc(1, z.total);
     if (mem == NULL)
         return TW_ENOMEM;
-    *out = wheel_layout(mem, &z, now);
+    tw_timer **heads = tw__calloc(1, z.heads_bytes);
+    if (heads == NULL) {
+        tw__free(mem);
+        return TW_ENOMEM;
+    }
+    *out = wheel_layout(mem, heads, &z, now);
     return 0;
 }
 
 void tw_wheel_destroy(tw_wheel *w)
 {
-    tw__free(w); /* one allocation holds the wheel and all its arrays */
+    if (w == NULL)
+        return;
+    tw__free(w->heads);
+    tw__free(w); /* one allocation holds the wheel and its other arrays */
 }
 
 void tw_timer_init(tw_timer *t, tw_timer_fn fn, void *arg)
@@ -626,7 +682,47 @@ __attribute__((noinline)) static int add_mark(tw_wheel *w, unsigned k,
     return 0;
 }
 
-/* tw_wheel_add() for a move, a timer already due, or the rounds level. */
+/*
+ * Widen the slot-head table from one list a slot to K: each occupied slot's
+ * list becomes its first chain. Nothing changes if the allocation fails;
+ * the next try is at twice the count. Called from tw_wheel_add() only,
+ * never inside a slot visit, so no caller holds a pointer into the table
+ * but the first timer of each list.
+ */
+__attribute__((noinline)) static void widen(tw_wheel *w)
+{
+    size_t slots = (size_t)w->levels << w->bits;
+    tw_timer **wide = tw__calloc(slots * K, sizeof(*wide));
+    if (wide == NULL) {
+        w->grow_at = w->count > SIZE_MAX / 2 ? SIZE_MAX : w->count * 2;
+        return;
+    }
+    for (unsigned k = 0; k < w->levels; k++) {
+        const uint64_t *bm = level_bitmap(w, k);
+        for (int64_t s = bm_next(w, bm, 0); s >= 0;
+             s = bm_next(w, bm, (uint64_t)s + 1)) {
+            tw_timer **to =
+                wide + ((((size_t)k << w->bits) + (size_t)s) << K_SHIFT);
+            *to = *slot_heads(w, k, (uint64_t)s, 1);
+            (*to)->tw__pprev = to; /* an occupied slot's list is not empty */
+        }
+    }
+    tw__free(w->heads);
+    set_heads(w, wide, K_SHIFT);
+    w->rr = 0;
+    w->grow_at = SIZE_MAX;
+    w->fast_k = w->rounds_k;
+}
+
+unsigned tw__wheel_widen_at(tw_wheel *w, size_t n)
+{
+    if (w->cshift == 0 && K > 1 && n != 0)
+        w->grow_at = n;
+    return chains_of(w);
+}
+
+/* tw_wheel_add() for a move, a timer already due, the rounds level or a
+ * narrow table. */
 __attribute__((noinline)) static int add_slow(tw_wheel *w, tw_timer *t,
                                               uint64_t expires)
 {
@@ -637,10 +733,30 @@ __attribute__((noinline)) static int add_slow(tw_wheel *w, tw_timer *t,
     if (expires <= w->now) {
         due_push(w, t);
     } else {
-        uint64_t visit = place(w, t);
+        uint64_t visit = w->cshift != 0 ? place(w, t, K) : place(w, t, 1);
         if (visit < w->hint)
             w->hint = visit;
     }
+    if (w->count >= w->grow_at)
+        widen(w);
+    return 0;
+}
+
+/* tw_wheel_add()'s common case for a narrow table: not a move, not due, not
+ * the rounds level. */
+__attribute__((noinline)) static int add_narrow(tw_wheel *w, tw_timer *t,
+                                                uint64_t expires, unsigned k)
+{
+    unsigned gshift = w->lv[k].shift;
+    uint64_t slot = (expires >> gshift) & w->mask;
+    t->tw__expires = expires;
+    list_push(slot_heads(w, k, slot, 1), t);
+    uint64_t visit = (expires >> gshift) << gshift;
+    if (visit < w->hint)
+        w->hint = visit;
+    slot_filled(w, k, slot);
+    if (++w->count >= w->grow_at)
+        widen(w);
     return 0;
 }
 
@@ -653,8 +769,9 @@ int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
         return add_slow(w, t, expires);
     /* The common case, place() without its rare branches. */
     unsigned k = w->level_of_msb[msb64(expires ^ now)];
-    if (k == w->rounds_k)
-        return add_slow(w, t, expires);
+    if (k >= w->fast_k) /* the rounds level, or a narrow table */
+        return k != w->rounds_k ? add_narrow(w, t, expires, k)
+                                : add_slow(w, t, expires);
     unsigned gshift = w->lv[k].shift;
     uint64_t slot = (expires >> gshift) & w->mask;
     tw_timer **head = w->lv[k].heads + (size_t)slot * K + w->rr;
@@ -902,11 +1019,12 @@ static size_t run_due(tw_wheel *w)
  * chains @fl as they are, so only the first timer of each is touched here.
  * Returns how many chains @fl received.
  */
-static unsigned hand_over(tw_wheel *w, uint64_t slot, tw_timer **fl)
+__attribute__((always_inline)) static inline unsigned
+hand_over(tw_wheel *w, uint64_t slot, tw_timer **fl, unsigned C)
 {
-    tw_timer **h = slot_heads(w, 0, slot);
+    tw_timer **h = slot_heads(w, 0, slot, C);
     unsigned n = 0;
-    for (unsigned c = 0; c < K; c++) {
+    for (unsigned c = 0; c < C; c++) {
         tw_timer *t = h[c];
         if (t != NULL) {
             fl[n] = t;
@@ -925,10 +1043,11 @@ static unsigned hand_over(tw_wheel *w, uint64_t slot, tw_timer **fl)
  * slot's non-empty chains are walked in turn, the next timer of each
  * prefetched, so that their cache misses overlap.
  */
-static void visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
-                       unsigned *nfire)
+__attribute__((always_inline)) static inline void
+visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
+           unsigned *nfire, unsigned C)
 {
-    tw_timer **h = slot_heads(w, k, slot);
+    tw_timer **h = slot_heads(w, k, slot, C);
     tw_timer *chain[K];
     unsigned n = 0;
     int rounds = is_rounds_level(w, k);
@@ -939,10 +1058,10 @@ static void visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
     if (rounds && floor_pow2(w->slotmin[slot], gshift) > now)
         return; /* nothing of this round here: skip the walk */
     if (k == 0 && !rounds && *nfire == 0) {
-        *nfire = hand_over(w, slot, fl);
+        *nfire = hand_over(w, slot, fl, C);
         return;
     }
-    for (unsigned c = 0; c < K; c++) {
+    for (unsigned c = 0; c < C; c++) {
         if (h[c] != NULL)
             chain[n++] = h[c];
         h[c] = NULL;
@@ -967,12 +1086,12 @@ static void visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
                 ++*nfire;
             } else if (rounds && (e >> gshift) != (now >> gshift)) {
                 /* A later round: back into the same slot. */
-                list_push(&h[i & (K - 1)], t);
+                list_push(&h[i & (C - 1)], t);
                 kept = 1;
                 if (e < newmin)
                     newmin = e;
             } else {
-                place(w, t);
+                place(w, t, C);
             }
         }
     }
@@ -982,13 +1101,12 @@ static void visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
     }
 }
 
-/* The part of tw_wheel_advance() that has work to do; kept out of line so
- * that the common call with nothing due stays a few instructions. */
-__attribute__((noinline)) static size_t advance_work(tw_wheel *w, uint64_t now)
+/* The slot loop of advance_work() for a table of @C lists a slot. Returns
+ * 1 when done, 0 when a callback widened a narrow table (the caller goes on
+ * with the wide loop). */
+__attribute__((always_inline)) static inline int
+advance_loop(tw_wheel *w, uint64_t now, size_t *ran, unsigned C)
 {
-    size_t ran = 0;
-    if (w->due != NULL)
-        ran += run_due(w);
     for (;;) {
         uint64_t t;
         if (next_event(w, &t) != 0) {
@@ -1012,12 +1130,27 @@ __attribute__((noinline)) static size_t advance_work(tw_wheel *w, uint64_t now)
                 continue;
             uint64_t slot = digit_of(w, t, k);
             if (bm_test(w, level_bitmap(w, k), slot))
-                visit_slot(w, k, slot, fl, &nfire);
+                visit_slot(w, k, slot, fl, &nfire, C);
         }
         /* list_push left each chain's head pointing at its fl entry. */
-        ran += fire_chains(w, fl, nfire < K ? nfire : K);
+        *ran += fire_chains(w, fl, nfire < K ? nfire : K);
+        if (C == 1 && w->cshift != 0)
+            return 0;
     }
     w->now = now;
+    return 1;
+}
+
+/* The part of tw_wheel_advance() that has work to do; kept out of line so
+ * that the common call with nothing due stays a few instructions. */
+__attribute__((noinline)) static size_t advance_work(tw_wheel *w, uint64_t now)
+{
+    size_t ran = 0;
+    if (w->due != NULL)
+        ran += run_due(w);
+    if (w->cshift == 0 && advance_loop(w, now, &ran, 1))
+        return ran;
+    advance_loop(w, now, &ran, K);
     return ran;
 }
 
@@ -1059,11 +1192,12 @@ static int check_list(tw_timer *const *head, size_t *n)
 
 static int check_slot(const tw_wheel *w, unsigned k, uint64_t s, size_t *n)
 {
-    tw_timer *const *h = slot_heads(w, k, s);
+    unsigned C = chains_of(w);
+    tw_timer *const *h = slot_heads(w, k, s, C);
     int rounds = is_rounds_level(w, k), r;
     unsigned gshift = k * w->bits;
-    CHECK(!slot_empty(h));
-    for (unsigned c = 0; c < K; c++) {
+    CHECK(!slot_empty(h, C));
+    for (unsigned c = 0; c < C; c++) {
         if ((r = check_list(&h[c], n)) != 0)
             return r;
         for (tw_timer *t = h[c]; t != NULL; t = t->tw__next) {
@@ -1125,7 +1259,8 @@ int tw__wheel_check_full(const tw_wheel *w)
     for (unsigned k = 0; k < w->levels; k++) {
         const uint64_t *bm = level_bitmap(w, k);
         for (uint64_t s = 0; s <= w->mask; s++)
-            CHECK(slot_empty(slot_heads(w, k, s)) == !bm_test(w, bm, s));
+            CHECK(slot_empty(slot_heads(w, k, s, chains_of(w)), chains_of(w)) ==
+                  !bm_test(w, bm, s));
         /* Upper bitmap layers summarise the layer below exactly. */
         for (unsigned l = 1; l < w->bm_layers; l++)
             for (uint32_t i = 0; i < w->bm_len[l - 1]; i++) {

@@ -272,7 +272,8 @@ static void on_cb(tw_timer *t, void *arg)
     uint64_t now = tw_wheel_now(cur_w);
     ASSERT_GE(now, tw_timer_expires(t)); /* the tick being processed */
     if (cb_mode == 0 && r->id == 0) {
-        ASSERT(tw_wheel_cancel(cur_w, &cb[1].t)); /* same tick, later */
+        /* Same tick: pending unless it ran first (no set order). */
+        ASSERT(tw_wheel_cancel(cur_w, &cb[1].t) == (cb[1].runs == 0));
         ASSERT(tw_wheel_cancel(cur_w, &cb[2].t)); /* later tick */
     } else if (cb_mode == 1 && r->runs < 1000) {
         ASSERT_EQ(tw_wheel_add(cur_w, t, now), 0); /* at the current tick */
@@ -730,6 +731,87 @@ static void test_crowd_at_one_tick(void)
     }
 }
 
+unsigned tw__wheel_widen_at(tw_wheel *w, size_t n); /* src/wheel.c */
+
+static int calloc_fails, callocs;
+
+static void *failing_calloc(size_t n, size_t size)
+{
+    callocs++;
+    return calloc_fails ? NULL : calloc(n, size);
+}
+
+#define WN 9000
+static tw_timer wt[WN];
+static uint64_t wlast;
+static size_t wran;
+
+static void on_widen(tw_timer *t, void *arg)
+{
+    ASSERT_GE(tw_timer_expires(t), wlast); /* in order across a widening */
+    wlast = tw_timer_expires(t);
+    wran++;
+    size_t i = (size_t)(t - wt);
+    if (arg == NULL || i + 1 >= WN)
+        return;
+    /* A chain of adds from callbacks; one of them widens the table. */
+    if (i == 10)
+        ASSERT_EQ(tw_wheel_add(cur_w, &wt[WN - 2], UINT64_MAX - 1), 0);
+    if (!tw_timer_pending(&wt[i + 1]))
+        ASSERT_EQ(tw_wheel_add(cur_w, &wt[i + 1], wlast + 1 + i % 3000), 0);
+}
+
+/* A small wheel's slots hold one list each; a larger population widens them
+ * (the only allocation after create). If that fails, the add succeeds and
+ * the wheel keeps working, and a later add tries again. */
+static void test_widen(void)
+{
+    tw_wheel *w = make(0, 100);
+    uint64_t rng = 7;
+    ASSERT_EQ(tw__wheel_widen_at(w, 4096), 1);
+    ASSERT_EQ(tw_set_allocator(malloc, failing_calloc, realloc, free), 0);
+    calloc_fails = 1;
+    for (size_t i = 0; i < WN; i++) {
+        if (i == WN / 2) {
+            ASSERT_EQ(tw__wheel_widen_at(w, 0), 1); /* tried, failed */
+            check(w);
+            calloc_fails = 0; /* the next try, at twice the count, works */
+        }
+        rng = rng * 6364136223846793005u + 1442695040888963407u;
+        tw_timer_init(&wt[i], on_widen, NULL);
+        uint64_t e = 90 + (rng >> 44); /* some due, up to 2^20 ahead */
+        ASSERT_EQ(tw_wheel_add(w, &wt[i], e), 0);
+        ASSERT_EQ(callocs, (i + 1 >= 4096) + (i + 1 >= 8192));
+        ASSERT_EQ(tw__wheel_widen_at(w, 0), i + 1 >= 8192 ? 8 : 1);
+    }
+    ASSERT_EQ(tw_set_allocator(malloc, calloc, realloc, free), 0);
+    ASSERT_EQ(tw_wheel_count(w), WN);
+    check(w);
+    wlast = 0;
+    wran = 0;
+    while (tw_wheel_count(w) > 0)
+        tw_wheel_advance(w, tw_wheel_next_expiry(w));
+    ASSERT_EQ(wran, WN);
+    check(w);
+    tw_wheel_destroy(w);
+
+    /* Widened by an add inside a callback, in the middle of an advance. */
+    w = make(0, 0);
+    ASSERT_EQ(tw__wheel_widen_at(w, 3), 1);
+    for (size_t i = 0; i < WN; i++)
+        tw_timer_init(&wt[i], on_widen, w);
+    ASSERT_EQ(tw_wheel_add(w, &wt[0], 5), 0);
+    ASSERT_EQ(tw_wheel_add(w, &wt[WN - 1], UINT64_MAX), 0);
+    wlast = 0;
+    wran = 0;
+    ASSERT_EQ(tw_wheel_advance(w, UINT64_MAX), WN);
+    ASSERT_EQ(wran, WN);
+    ASSERT_EQ(tw__wheel_widen_at(w, 0), 8);
+    ASSERT_EQ(tw_wheel_count(w), 0);
+    check(w);
+    tw_wheel_destroy(w);
+}
+
 int main(void)
 {
     RUN_TEST(test_sizes_and_version);
@@ -752,5 +834,6 @@ int main(void)
     RUN_TEST(test_window_open);
     RUN_TEST(test_timeout);
     RUN_TEST(test_crowd_at_one_tick);
+    RUN_TEST(test_widen);
     return tw_test_done();
 }

@@ -21,6 +21,8 @@
 
 #define NT 96 /* timers per epoch */
 
+unsigned tw__wheel_widen_at(tw_wheel *w, size_t n); /* src/wheel.c */
+
 struct mtimer {
     tw_timer t;
     int idx;
@@ -366,6 +368,9 @@ static void run_config(const char *name, const tw_wheel_config *cfg,
                               (UINT64_C(1) << 63) - 5};
         uint64_t start = starts[rnd() % 4];
         ASSERT_EQ(tw_wheel_create(&M.w, cfg, start), 0);
+        /* Half the epochs widen the slot-head table at some count they
+         * reach (maybe inside a callback), the others never do. */
+        tw__wheel_widen_at(M.w, 1 + rnd() % (2 * NT));
         M.levels = cfg == NULL || cfg->levels == 0 ? 64 : cfg->levels;
         M.now = start;
         M.npending = 0;

@@ -8,7 +8,13 @@
  * state.
  *
  * Time is the caller's: a uint64_t tick count that the caller passes in. The
- * wheel never reads a clock and never allocates after tw_wheel_create().
+ * wheel never reads a clock. After tw_wheel_create() it allocates once at
+ * most: when its pending count first reaches a quarter of its wide slot
+ * table's list heads (4,096 timers for the default shape; never for a
+ * shape whose wide table is 4 KiB or less), tw_wheel_add() widens the
+ * table from 1 list a slot to 8. If that allocation fails nothing changes:
+ * the add succeeds, the wheel works as before, and the widening is tried
+ * again at twice the count.
  *
  * Timers are caller-owned and usually embedded in the caller's own object;
  * recover the owner in the callback with TW_CONTAINER_OF. A timer must stay
@@ -141,8 +147,9 @@ TW_EXTERN int tw_set_allocator(void *(*malloc_fn)(size_t),
  * @cfg: the shape, or NULL for the defaults.
  * @now: the wheel's current tick.
  *
- * The only allocation of a wheel's life: one block for the wheel and all
- * its arrays.
+ * Two allocations: one block for the wheel and its bitmaps, and its slot
+ * table with 1 list a slot (16 KiB for the default shape). See the top of
+ * this file for the one later allocation, which cannot fail an add.
  *
  * Return: 0, TW_EINVAL (NULL @out, bad @cfg) or TW_ENOMEM.
  */
