@@ -63,6 +63,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "durable_backend.h"
 #include "internal.h"
 #include "journal.h"
@@ -155,17 +156,13 @@ typedef struct jstore {
 static int64_t real_wall_ms(void *arg)
 {
     (void)arg;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)(tw__clock_ns(CLOCK_REALTIME) / 1000000u);
 }
 
 static uint64_t real_mono_ns(void *arg)
 {
     (void)arg;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return tw__clock_ns(CLOCK_MONOTONIC);
 }
 
 static int64_t wall(jstore *s)
@@ -891,10 +888,7 @@ static void wait_round(jstore *s, int64_t now, uint64_t mono0)
         /* An injected clock is polled every millisecond of real time. */
         uint64_t wait = s->fake_mono ? 1000000u : until - m;
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        wait += (uint64_t)ts.tv_nsec;
-        ts.tv_sec += (time_t)(wait / 1000000000u);
-        ts.tv_nsec = (long)(wait % 1000000000u);
+        tw__mono_after(&ts, wait);
         pthread_cond_timedwait(&s->cv, &s->mu, &ts);
     }
 }

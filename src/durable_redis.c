@@ -67,6 +67,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "durable_backend.h"
 #include "internal.h"
 #include "redis_client.h"
@@ -314,17 +315,13 @@ static int64_t rd_wall(struct rd *d)
 {
     if (d->wall_fn)
         return d->wall_fn(d->clock_arg);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)(tw__clock_ns(CLOCK_REALTIME) / 1000000u);
 }
 
 /* The monotonic clock in ms, never the hook's: for pacing I/O. */
 static uint64_t real_mono_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return tw__clock_ns(CLOCK_MONOTONIC) / 1000000u;
 }
 
 /* The wall clock in us (the hook's ms when one is set). */
@@ -332,18 +329,14 @@ static int64_t rd_wall_us(struct rd *d)
 {
     if (d->wall_fn)
         return d->wall_fn(d->clock_arg) * 1000;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    return (int64_t)(tw__clock_ns(CLOCK_REALTIME) / 1000u);
 }
 
 static uint64_t rd_mono_ms(struct rd *d)
 {
     if (d->mono_fn)
         return d->mono_fn(d->clock_arg) / 1000000u;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return real_mono_ms();
 }
 
 /* ------------------------------------------------------------------------ */
@@ -964,10 +957,7 @@ static void *rd_claimer(void *arg)
         if (more || d->stop)
             continue;
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += (long)(period % 1000u) * 1000000L;
-        ts.tv_sec += (time_t)(period / 1000u) + ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
+        tw__mono_after(&ts, (uint64_t)period * 1000000u);
         pthread_cond_timedwait(&d->claim_cv, &d->mu, &ts);
     }
     pthread_mutex_unlock(&d->mu);
@@ -1027,10 +1017,7 @@ static void cv_wait_ms(struct rd *d, uint64_t wait)
     if (!wait)
         return;
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += (long)(wait * 1000000u);
-    ts.tv_sec += ts.tv_nsec / 1000000000L;
-    ts.tv_nsec %= 1000000000L;
+    tw__mono_after(&ts, (uint64_t)wait * 1000000u);
     pthread_cond_timedwait(&d->cv, &d->mu, &ts);
 }
 

@@ -30,6 +30,8 @@
 
 #include "journal.h"
 
+#include "clock.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -509,14 +511,6 @@ int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
     return rc ? rc : tw__jr_flush(w, lsn);
 }
 
-static void abs_after(struct timespec *ts, uint64_t ns)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ns += (uint64_t)ts->tv_nsec;
-    ts->tv_sec += (time_t)(ns / 1000000000u);
-    ts->tv_nsec = (long)(ns % 1000000000u);
-}
-
 static bool joiners_due(jr_writer *w)
 {
     return atomic_load_explicit(&w->entering, memory_order_relaxed) > 0 ||
@@ -530,7 +524,7 @@ static void lead_gather(jr_writer *w)
     if (!joiners_due(w))
         return;
     struct timespec ts;
-    abs_after(&ts, w->group_ns);
+    tw__mono_after(&ts, w->group_ns);
     w->lead_waiting = true;
     while (joiners_due(w)) {
         if (pthread_cond_timedwait(&w->lead_cv, w->mu, &ts) != 0) {

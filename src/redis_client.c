@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "internal.h"
 
 #define RC_SLOTS 16384
@@ -69,9 +70,7 @@ struct tw__rc {
 
 static uint64_t mono_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return tw__clock_ns(CLOCK_MONOTONIC);
 }
 
 static void sleep_ms(unsigned ms)

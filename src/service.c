@@ -65,7 +65,7 @@ static _Thread_local struct {
 
 static uint64_t mono_ns(void)
 {
-    return tw__svc_clock_ns(CLOCK_MONOTONIC);
+    return tw__clock_ns(CLOCK_MONOTONIC);
 }
 
 /* Nanoseconds since the service was created. A caller-supplied clock
@@ -75,7 +75,7 @@ static uint64_t mono_ns(void)
 static uint64_t rel_ns(const tw_service *s)
 {
     if (s->cfg.clock == NULL) {
-        uint64_t now = tw__svc_clock_ns((clockid_t)s->cfg.clock_id);
+        uint64_t now = tw__clock_ns((clockid_t)s->cfg.clock_id);
         return now > s->cfg.start_ns ? now - s->cfg.start_ns : 0;
     }
     uint64_t now = s->cfg.clock(s->cfg.clock_ctx);
@@ -1075,9 +1075,8 @@ static void config_apply(tw_service *s, const tw_service_config *cfg,
     s->cfg.execute_ctx = cfg->execute_ctx;
     s->cfg.nexec = cfg->executor_threads;
     s->cfg.lazy = (cfg->flags & TW_SERVICE_LAZY_CLOCK) != 0;
-    s->cfg.start_ns = s->cfg.clock
-                          ? s->cfg.clock(s->cfg.clock_ctx)
-                          : tw__svc_clock_ns((clockid_t)s->cfg.clock_id);
+    s->cfg.start_ns = s->cfg.clock ? s->cfg.clock(s->cfg.clock_ctx)
+                                   : tw__clock_ns((clockid_t)s->cfg.clock_id);
     atomic_fetch_add(&s->pool.mem, sizeof(*s));
 }
 

@@ -11,19 +11,12 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "clock.h"
 #include "twheel/service.h"
 
 /* The clock tw_service_config.clock_id selects: 0 on success (*@out is
  * CLOCK_MONOTONIC or CLOCK_BOOTTIME), TW_EINVAL for any other value. */
 int tw__svc_clock_id(int32_t cfg_id, clockid_t *out);
-
-/* @id's reading in nanoseconds. Inline: it is on every schedule call. */
-static inline uint64_t tw__svc_clock_ns(clockid_t id)
-{
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* How long the timer thread may wait on CLOCK_MONOTONIC (its condition
  * variable's clock) for a deadline @left_ns away on clock @id: all of it
