@@ -486,14 +486,10 @@ static int j_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
     tw__jr_leave(&s->w);
     int rc = lsn ? tw__jr_wait(&s->w, lsn) : 0;
     pthread_mutex_unlock(&s->mu);
-    int first = 0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         if (!items[i].result)
             items[i].result = rc;
-        if (items[i].result && !first)
-            first = items[i].result;
-    }
-    return first;
+    return tw__durable_first_error(items, n);
 }
 
 static int j_schedule(tw_durable *d, const void *key, size_t key_len,
@@ -1546,7 +1542,6 @@ int tw_durable_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
         return 0;
     if (!d || !items)
         return TW_EINVAL;
-    int first = 0;
     size_t valid = 0;
     for (size_t i = 0; i < n; i++) {
         items[i].result = item_ok(&items[i]) ? 0 : TW_EINVAL;
@@ -1559,10 +1554,8 @@ int tw_durable_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
         if (!it->result)
             it->result = d->ops->schedule(d, it->key, it->key_len, it->due_ms,
                                           it->payload, it->payload_len);
-        if (it->result && !first)
-            first = it->result;
     }
-    return first;
+    return tw__durable_first_error(items, n);
 }
 
 int tw_durable_stats_get_sized(tw_durable *d, tw_durable_stats *out,

@@ -30,6 +30,17 @@ struct tw_durable {
     const struct tw_durable_ops *ops;
 };
 
+/* The first non-zero result of @items, or 0: what a schedule_many call
+ * returns once every item's result is set. */
+static inline int tw__durable_first_error(const tw_durable_item *items,
+                                          size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (items[i].result)
+            return items[i].result;
+    return 0;
+}
+
 /* The Redis backend's open (src/durable_redis.c). @cfg has been checked for
  * the shared fields and cfg->redis is non-NULL. */
 int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg);

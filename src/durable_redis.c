@@ -1275,10 +1275,7 @@ static int rd_schedule_many(tw_durable *base, tw_durable_item *items, size_t n)
             freeReplyObject(b.cmds[c].reply);
     sb_wait(&b);
     sb_free(&b);
-    for (size_t i = 0; i < n; i++)
-        if (items[i].result)
-            return items[i].result;
-    return 0;
+    return tw__durable_first_error(items, n);
 }
 
 /* ------------------------------------------------------------------------ */
