@@ -202,6 +202,23 @@ static void test_bad_input(void)
     ASSERT_EQ(tw_durable_cancel(d, key, sizeof key), TW_EINVAL);
     ASSERT_EQ(tw_durable_stats_get(d, NULL), TW_EINVAL);
     ASSERT_EQ(tw_durable_stats_get(NULL, &st0), TW_EINVAL);
+    tw_durable_item one = {.key = "k", .key_len = 1};
+    ASSERT_EQ(tw_durable_schedule_many(NULL, &one, 1), TW_EINVAL);
+    ASSERT_EQ(tw_durable_schedule_many(d, NULL, 1), TW_EINVAL);
+    ASSERT_EQ(tw_durable_schedule_many(d, NULL, 0), 0);
+    /* Shorter than the 0.1 struct: refused. As long as it: its fields
+     * only, nothing past them. */
+    unsigned char raw[sizeof(tw_durable_stats) + 8];
+    memset(raw, 0xab, sizeof raw);
+    size_t old = offsetof(tw_durable_stats, backlog);
+    ASSERT_EQ(
+        tw_durable_stats_get_sized(d, (tw_durable_stats *)(void *)raw, old - 1),
+        TW_EINVAL);
+    ASSERT_EQ(raw[0], 0xab);
+    ASSERT_EQ(
+        tw_durable_stats_get_sized(d, (tw_durable_stats *)(void *)raw, old), 0);
+    ASSERT_EQ(raw[old], 0xab);
+    ASSERT_EQ(raw[offsetof(tw_durable_stats, pending)], 0);
     tw_durable_stats st1 = stats(d);
     ASSERT_EQ(st1.journal_bytes, st0.journal_bytes); /* nothing written */
     ASSERT_EQ(st1.pending, 0);
@@ -210,6 +227,16 @@ static void test_bad_input(void)
                                   TW_DURABLE_PAYLOAD_MAX),
               0);
     ASSERT_EQ(stats(d).pending, 1);
+    /* A bad item in a batch: that item is TW_EINVAL, the others done. */
+    tw_durable_item mixed[3] = {
+        {.key = "m1", .key_len = 2, .due_ms = INT64_MAX},
+        {.key = "m2", .key_len = 0, .due_ms = INT64_MAX},
+        {.key = "m3", .key_len = 2, .due_ms = INT64_MAX}};
+    ASSERT_EQ(tw_durable_schedule_many(d, mixed, 3), TW_EINVAL);
+    ASSERT_EQ(mixed[0].result, 0);
+    ASSERT_EQ(mixed[1].result, TW_EINVAL);
+    ASSERT_EQ(mixed[2].result, 0);
+    ASSERT_EQ(stats(d).pending, 3);
     ASSERT_EQ(tw_durable_close(d), 0);
     ASSERT_EQ(tw_durable_close(NULL), 0);
     rm_dir(dir);
