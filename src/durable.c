@@ -463,7 +463,6 @@ static int j_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
     struct staged_item st[SCHED_GROUP];
     uint64_t lsn = 0;
     size_t from = 0;
-    atomic_fetch_add(&s->w.entering, 1);
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < n;) {
         if (i - from == SCHED_GROUP) {
@@ -483,9 +482,11 @@ static int j_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
         i++;
     }
     sched_commit(s, items + from, st, n - from, &lsn);
-    tw__jr_leave(&s->w);
-    int rc = lsn ? tw__jr_wait(&s->w, lsn) : 0;
-    pthread_mutex_unlock(&s->mu);
+    int rc = 0;
+    if (lsn)
+        rc = tw__jr_wait_unlock(&s->w, lsn);
+    else
+        pthread_mutex_unlock(&s->mu);
     for (size_t i = 0; i < n; i++)
         if (!items[i].result)
             items[i].result = rc;
@@ -506,12 +507,10 @@ static int j_schedule(tw_durable *d, const void *key, size_t key_len,
 static int j_cancel(tw_durable *d, const void *key, size_t key_len)
 {
     jstore *s = (jstore *)d;
-    atomic_fetch_add(&s->w.entering, 1);
     pthread_mutex_lock(&s->mu);
     int rc;
     void **pp = hfind(s, key, key_len);
     if (s->closing || !*pp) {
-        tw__jr_leave(&s->w);
         pthread_mutex_unlock(&s->mu);
         return s->closing ? TW_ESHUTDOWN : TW_ENOENT;
     }
@@ -519,14 +518,13 @@ static int j_cancel(tw_durable *d, const void *key, size_t key_len)
     uint64_t lsn;
     rc = tw__jr_append(&s->w, JR_CANCEL, key, key_len, 0, 0, NULL, 0, &seg,
                        &off, &lsn);
-    tw__jr_leave(&s->w);
-    if (rc == 0) {
-        node_remove(s, pp);
-        s->cancelled++;
-        rc = tw__jr_wait(&s->w, lsn);
+    if (rc) {
+        pthread_mutex_unlock(&s->mu);
+        return rc;
     }
-    pthread_mutex_unlock(&s->mu);
-    return rc;
+    node_remove(s, pp);
+    s->cancelled++;
+    return tw__jr_wait_unlock(&s->w, lsn);
 }
 
 static int j_stats(tw_durable *d, tw_durable_stats *out)
@@ -966,8 +964,6 @@ static void free_all(jstore *s)
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->round_cv);
     pthread_cond_destroy(&s->qcv);
-    pthread_cond_destroy(&s->w.sync_cv);
-    pthread_cond_destroy(&s->w.lead_cv);
     pthread_mutex_destroy(&s->mu);
     tw__free(s);
 }
@@ -1363,15 +1359,11 @@ static void init_store(jstore *s, const tw_durable_config *cfg,
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->cv, &ca);
-    pthread_cond_init(&s->w.sync_cv, &ca);
-    pthread_cond_init(&s->w.lead_cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_cond_init(&s->round_cv, NULL);
     pthread_cond_init(&s->qcv, NULL);
     s->w.mu = &s->mu;
     s->w.sync_mode = cfg->sync;
-    s->w.group_ns =
-        (uint64_t)(cfg->group_commit_us ? cfg->group_commit_us : 1000) * 1000;
     s->w.segment_bytes = seg_bytes;
 }
 

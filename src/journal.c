@@ -3,16 +3,18 @@
  * src/journal.c - records, checksums, segments and group commit of the
  * durable store's journal (format in journal.h).
  *
- * Group commit: a caller appends its record with pwrite() under the store's
- * mutex, then waits until an fdatasync() that began after its append has
- * finished. The first waiter with no sync running becomes the leader: it
- * waits up to group_commit_us for callers that have entered a call but not
- * yet appended, and for as many waiting callers as a sync has served
- * before (that expectation grows to the largest batch seen and falls back
- * to what came when the wait times out), then syncs everything written so
- * far without holding the mutex; the others sleep on a condition variable
- * and are woken by the leader. A failed fdatasync is reported to every
- * caller whose record it covered.
+ * Group commit, pipelined: a caller appends its records with pwrite()
+ * under the store's mutex, then waits until an fdatasync() that began after
+ * its append has finished. If no sync is running it leads one at once: it
+ * notes what is written so far (its target) and syncs without the mutex.
+ * Callers that append while that sync runs sleep on a futex word without
+ * the mutex; when the sync ends its leader publishes the new durable LSN
+ * and wakes them all with one FUTEX_WAKE. Those it covered return without
+ * taking the mutex again; the first of the others leads the next sync,
+ * which covers every record written during the previous one. So the disk
+ * never waits for a timer, and a sync never acknowledges a record written
+ * after it began. A failed fdatasync is reported to every caller whose
+ * record it covered.
  *
  * Segments are preallocated (fallocate) when they are made, so that an
  * append writes into allocated blocks and its fdatasync need not commit a
@@ -34,8 +36,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -511,97 +516,96 @@ int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
     return rc ? rc : tw__jr_flush(w, lsn);
 }
 
-static bool joiners_due(jr_writer *w)
+static void futex_wait(atomic_uint *word, unsigned val)
 {
-    return atomic_load_explicit(&w->entering, memory_order_relaxed) > 0 ||
-           w->waiting < w->last_batch;
+    (void)syscall(SYS_futex, (unsigned *)word, FUTEX_WAIT_PRIVATE, val, NULL,
+                  NULL, 0);
 }
 
-/* A leader gives the callers that are about to append, and as many as the
- * last sync served, up to group_commit_us to join. */
-static void lead_gather(jr_writer *w)
+static void futex_wake_all(atomic_uint *word)
 {
-    if (!joiners_due(w))
-        return;
-    struct timespec ts;
-    tw__mono_after(&ts, w->group_ns);
-    w->lead_waiting = true;
-    while (joiners_due(w)) {
-        if (pthread_cond_timedwait(&w->lead_cv, w->mu, &ts) != 0) {
-            /* Fewer callers than before: expect what came. */
-            w->last_batch = w->waiting;
-            break;
-        }
+    (void)syscall(SYS_futex, (unsigned *)word, FUTEX_WAKE_PRIVATE, INT_MAX,
+                  NULL, NULL, 0);
+}
+
+/* Sync everything written so far (mutex held; released during the
+ * fdatasync), publish the outcome and wake every waiter once. */
+static int lead_sync(jr_writer *w)
+{
+    jr_seg *cur = &w->segs[w->nseg - 1];
+    uint64_t target = w->written;
+    int fd = cur->fd;
+    bool group = w->sync_mode == TW_DURABLE_SYNC_GROUP;
+    if (group)
+        w->syncing = true;
+    w->inflight++;
+    w->syncs++;
+    pthread_mutex_unlock(w->mu);
+    int rc = sync_fd(fd);
+    pthread_mutex_lock(w->mu);
+    w->inflight--;
+    if (group)
+        w->syncing = false;
+    if (rc == 0) {
+        if (target > w->synced)
+            w->synced = target;
+    } else {
+        w->fail_gen++;
+        w->fail_target = target;
+        w->fail_err = rc;
     }
-    w->lead_waiting = false;
+    atomic_fetch_add(&w->sync_seq, 1);
+    futex_wake_all(&w->sync_seq);
+    return rc;
 }
 
-static int jr_wait_locked(jr_writer *w, uint64_t lsn)
+int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn)
 {
+    if (w->sync_mode == TW_DURABLE_SYNC_NONE) {
+        pthread_mutex_unlock(w->mu);
+        return 0;
+    }
     uint64_t gen = w->fail_gen;
     while (w->synced < lsn) {
         if (w->fail_gen != gen && lsn <= w->fail_target)
-            return w->fail_err;
-        if (w->syncing && w->sync_mode == TW_DURABLE_SYNC_GROUP) {
-            pthread_cond_wait(&w->sync_cv, w->mu);
+            break;
+        if ((uint32_t)(lsn >> 32) != w->segs[w->nseg - 1].no)
+            break; /* its segment was rotated away: synced whole */
+        if (!w->syncing || w->sync_mode != TW_DURABLE_SYNC_GROUP) {
+            /* Lead: at once, whatever is written by now shares this sync
+             * (with SYNC_EACH every caller syncs for itself). */
+            int rc = lead_sync(w);
+            if (rc) {
+                pthread_mutex_unlock(w->mu);
+                return rc;
+            }
             continue;
         }
-        /* Lead a sync. With SYNC_EACH every caller syncs for itself. */
-        bool lead = !w->syncing;
-        w->syncing = true;
-        if (lead && w->sync_mode == TW_DURABLE_SYNC_GROUP && w->group_ns)
-            lead_gather(w);
-        jr_seg *cur = &w->segs[w->nseg - 1];
-        uint64_t target = w->written;
-        int batch = w->waiting;
-        if ((uint32_t)(lsn >> 32) != cur->no) {
-            /* Our segment was rotated away: it was synced whole. */
-            if (lead)
-                w->syncing = false;
-            continue;
-        }
-        int fd = cur->fd;
-        w->inflight++;
-        w->syncs++;
+        /* Follow: a sync runs that may not cover @lsn; sleep without the
+         * mutex until one ends, then look again. */
+        unsigned seq = atomic_load(&w->sync_seq);
         pthread_mutex_unlock(w->mu);
-        int rc = sync_fd(fd);
+        do
+            futex_wait(&w->sync_seq, seq);
+        while (atomic_load(&w->sync_seq) == seq);
+        if (w->synced >= lsn)
+            return 0; /* the common case: no mutex to take again */
         pthread_mutex_lock(w->mu);
-        w->inflight--;
-        if (lead)
-            w->syncing = false;
-        if (rc == 0) {
-            if (target > w->synced)
-                w->synced = target;
-            if (batch > w->last_batch)
-                w->last_batch = batch;
-        } else {
-            w->fail_gen++;
-            w->fail_target = target;
-            w->fail_err = rc;
-        }
-        pthread_cond_broadcast(&w->sync_cv);
-        if (rc)
-            return rc;
     }
-    return 0;
+    int rc = w->synced >= lsn || w->fail_gen == gen || lsn > w->fail_target
+                 ? 0
+                 : w->fail_err;
+    pthread_mutex_unlock(w->mu);
+    return rc;
 }
 
 int tw__jr_wait(jr_writer *w, uint64_t lsn)
 {
     if (w->sync_mode == TW_DURABLE_SYNC_NONE || w->synced >= lsn)
         return 0;
-    w->waiting++;
-    if (w->lead_waiting)
-        pthread_cond_signal(&w->lead_cv);
-    int rc = jr_wait_locked(w, lsn);
-    w->waiting--;
+    int rc = tw__jr_wait_unlock(w, lsn);
+    pthread_mutex_lock(w->mu);
     return rc;
-}
-
-void tw__jr_leave(jr_writer *w)
-{
-    if (atomic_fetch_sub(&w->entering, 1) == 1 && w->lead_waiting)
-        pthread_cond_signal(&w->lead_cv);
 }
 
 int tw__jr_drop_oldest(jr_writer *w)

@@ -107,21 +107,19 @@ typedef struct jr_seg {
 typedef struct jr_writer {
     int dirfd;
     pthread_mutex_t *mu;
-    pthread_cond_t sync_cv;
-    pthread_cond_t lead_cv; /* a leader waiting for callers to append */
-    bool lead_waiting;
-    int waiting;    /* callers inside tw__jr_wait */
-    int last_batch; /* callers a sync is expected to serve: grows to the
-                       largest batch, shrinks when the wait times out */
-    jr_seg *segs;   /* oldest first; segs[nseg - 1] is appended to */
+    jr_seg *segs; /* oldest first; segs[nseg - 1] is appended to */
     size_t nseg, cap;
-    uint64_t written, synced; /* LSNs */
-    bool syncing;
+    uint64_t written; /* LSN */
+    /* LSN up to which the journal is durable: written under *mu, read
+     * without it by a waiter that was woken. */
+    _Atomic uint64_t synced;
+    /* Futex word: bumped (under *mu) whenever a sync ends, well or not;
+     * waiters sleep on it without holding *mu. */
+    atomic_uint sync_seq;
+    bool syncing;       /* a SYNC_GROUP leader's fdatasync is running */
     int inflight;       /* fdatasync calls running without the mutex */
     uint32_t sync_mode; /* TW_DURABLE_SYNC_* */
-    uint64_t group_ns;
     uint64_t segment_bytes;
-    atomic_int entering; /* callers between entry and their append */
     uint64_t fail_gen, fail_target;
     int fail_err;
     uint64_t syncs;
@@ -161,10 +159,10 @@ int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
                   size_t payload_len, uint32_t *seg, uint32_t *off,
                   uint64_t *lsn);
 /* Wait until everything up to @lsn is durable (per sync_mode; SYNC_NONE
- * returns at once). Unlocks *mu while it waits. */
+ * returns at once). Called with *mu held; returns with it released. */
+int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn);
+/* tw__jr_wait_unlock() that takes *mu again before it returns. */
 int tw__jr_wait(jr_writer *w, uint64_t lsn);
-/* A caller counted in @entering has appended (or given up). */
-void tw__jr_leave(jr_writer *w);
 /* Allocate @bytes of zeros for a segment file. */
 int tw__jr_preallocate(int fd, uint64_t bytes);
 /* Delete the oldest segment (it must not be the current one). */

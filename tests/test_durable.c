@@ -1283,6 +1283,69 @@ static void test_group_commit(void)
     rm_dir(dir);
 }
 
+/*
+ * Pipelined group commit: a record written while a sync runs is not
+ * acknowledged by that sync. The hook holds the first fdatasync until a
+ * second caller has written its record (the journal grew), then fails the
+ * next fdatasync: the second caller must get that failure, because only a
+ * sync that began after its write may acknowledge it; the first caller,
+ * covered by the first sync, gets 0.
+ */
+static tw_durable *il_store;
+static atomic_int il_syncs;
+static _Atomic int il_late_rc = 1;
+
+static void *il_late(void *arg)
+{
+    (void)arg;
+    atomic_store(&il_late_rc, sched(il_store, "late", INT64_MAX / 2, "l"));
+    return NULL;
+}
+
+static pthread_t il_thread;
+
+static int il_hook(int op)
+{
+    if (op != 's')
+        return 0;
+    int n = atomic_fetch_add(&il_syncs, 1) + 1;
+    if (n == 2)
+        return EIO;
+    if (n != 1)
+        return 0;
+    uint64_t bytes = stats(il_store).journal_bytes;
+    ASSERT_EQ(pthread_create(&il_thread, NULL, il_late, NULL), 0);
+    while (stats(il_store).journal_bytes == bytes)
+        usleep(200);
+    /* The late record is written and its caller waits; this sync does not
+     * cover it. */
+    ASSERT_EQ(atomic_load(&il_late_rc), 1);
+    return 0;
+}
+
+static void test_sync_interleaving(void)
+{
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.sync = TW_DURABLE_SYNC_GROUP;
+    il_store = open_ok(&c);
+    atomic_store(&il_syncs, 0);
+    tw__journal_fault = il_hook;
+    ASSERT_EQ(sched(il_store, "early", INT64_MAX / 2, "e"), 0);
+    pthread_join(il_thread, NULL);
+    tw__journal_fault = NULL;
+    ASSERT_EQ(atomic_load(&il_late_rc), TW_EIO);
+    ASSERT_EQ(atomic_load(&il_syncs), 2);
+    /* Working again, and the acknowledged key survives a reopen. */
+    ASSERT_EQ(sched(il_store, "after", INT64_MAX / 2, "a"), 0);
+    ASSERT_EQ(tw_durable_close(il_store), 0);
+    il_store = open_ok(&c);
+    ASSERT_EQ(tw_durable_cancel(il_store, "early", 5), 0);
+    ASSERT_EQ(tw_durable_cancel(il_store, "after", 5), 0);
+    ASSERT_EQ(tw_durable_close(il_store), 0);
+    rm_dir(dir);
+}
+
 /* A pending timer's record: 64 bytes plus the key, rounded up to 16. */
 /* A callback that schedules its own key again (a periodic job): the new
  * version survives the completion of the old one, and a restart. */
@@ -1408,6 +1471,7 @@ int main(void)
     RUN_TEST(test_compaction);
     RUN_TEST(test_executors);
     RUN_TEST(test_group_commit);
+    RUN_TEST(test_sync_interleaving);
     RUN_TEST(test_rearm_from_callback);
     RUN_TEST(test_big_payload);
     RUN_TEST(test_node_size);
