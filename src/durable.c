@@ -769,7 +769,7 @@ static void *exec_main(void *arg)
 static bool need_compact(jstore *s)
 {
     jr_writer *w = &s->w;
-    if (w->nseg < 2 || w->inflight)
+    if (w->nseg < 2 || atomic_load(&w->inflight))
         return false;
     if (w->segs[0].live == 0)
         return true;
@@ -965,6 +965,7 @@ static void free_all(jstore *s)
     pthread_cond_destroy(&s->round_cv);
     pthread_cond_destroy(&s->qcv);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->w.sync_mu);
     tw__free(s);
 }
 
@@ -1261,7 +1262,10 @@ static int replay_done(jstore *s, bool damaged)
             seg_live(s, n->seg, +1);
     if (s->w.nseg) {
         jr_seg *cur = &s->w.segs[s->w.nseg - 1];
-        s->w.written = s->w.synced = JR_LSN(cur->no, cur->size);
+        s->w.written = JR_LSN(cur->no, cur->size);
+        s->w.synced = s->w.written;
+        if (!damaged)
+            tw__jr_publish(&s->w);
     }
     if (s->w.nseg == 0 || damaged)
         return tw__jr_new_segment(
@@ -1355,6 +1359,7 @@ static void init_store(jstore *s, const tw_durable_config *cfg,
     s->wake_at = INT64_MAX;
     s->seed = t0 ^ (uint64_t)(uintptr_t)s;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->w.sync_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

@@ -416,7 +416,10 @@ int tw__jr_new_segment(jr_writer *w, uint32_t no)
             return -e;
         if (fsync(cur->fd) != 0)
             return errno == ENOSPC ? TW_ENOSPC : TW_EIO;
-        w->synced = JR_LSN(cur->no, cur->size);
+        pthread_mutex_lock(&w->sync_mu);
+        if (w->synced < JR_LSN(cur->no, cur->size))
+            w->synced = JR_LSN(cur->no, cur->size);
+        pthread_mutex_unlock(&w->sync_mu);
     }
     char name[16];
     tw__jr_seg_name(name, no);
@@ -443,7 +446,8 @@ int tw__jr_new_segment(jr_writer *w, uint32_t no)
     }
     w->segs[w->nseg++] =
         (jr_seg){.no = no, .fd = fd, .size = JR_SEG_HDR, .records = 0};
-    w->written = w->synced = JR_LSN(no, JR_SEG_HDR);
+    w->written = JR_LSN(no, JR_SEG_HDR);
+    tw__jr_publish(w);
     return 0;
 }
 
@@ -501,6 +505,7 @@ int tw__jr_flush(jr_writer *w, uint64_t *lsn)
         cur->size += n;
         cur->records += sched;
         w->written = JR_LSN(cur->no, cur->size);
+        tw__jr_publish(w);
     }
     *lsn = w->written;
     return 0;
@@ -528,74 +533,83 @@ static void futex_wake_all(atomic_uint *word)
                   NULL, NULL, 0);
 }
 
-/* Sync everything written so far (mutex held; released during the
- * fdatasync), publish the outcome and wake every waiter once. */
-static int lead_sync(jr_writer *w)
+void tw__jr_publish(jr_writer *w)
 {
-    jr_seg *cur = &w->segs[w->nseg - 1];
-    uint64_t target = w->written;
-    int fd = cur->fd;
+    pthread_mutex_lock(&w->sync_mu);
+    w->pub_written = w->written;
+    w->pub_fd = w->segs[w->nseg - 1].fd;
+    /* Everything before the current segment is durable (each one is
+     * synced whole before the next is made), and so is its header. */
+    uint64_t floor = JR_LSN(w->segs[w->nseg - 1].no, JR_SEG_HDR);
+    if (w->synced < floor)
+        w->synced = floor;
+    pthread_mutex_unlock(&w->sync_mu);
+}
+
+/* Sync everything published so far (sync_mu held; released during the
+ * fdatasync), publish the outcome and wake every waiter with one call. */
+static void lead_sync(jr_writer *w)
+{
+    uint64_t target = w->pub_written;
+    int fd = w->pub_fd;
     bool group = w->sync_mode == TW_DURABLE_SYNC_GROUP;
-    if (group)
-        w->syncing = true;
+    w->syncing = group;
     w->inflight++;
     w->syncs++;
-    pthread_mutex_unlock(w->mu);
+    pthread_mutex_unlock(&w->sync_mu);
     int rc = sync_fd(fd);
-    pthread_mutex_lock(w->mu);
+    pthread_mutex_lock(&w->sync_mu);
     w->inflight--;
     if (group)
         w->syncing = false;
-    if (rc == 0) {
-        if (target > w->synced)
-            w->synced = target;
-    } else {
-        w->fail_gen++;
-        w->fail_target = target;
+    if (rc) {
         w->fail_err = rc;
+        if (target > w->fail_max)
+            w->fail_max = target;
+    } else if (target > w->synced) {
+        w->synced = target;
     }
     atomic_fetch_add(&w->sync_seq, 1);
     futex_wake_all(&w->sync_seq);
-    return rc;
+}
+
+#define UNKNOWN 1
+
+/* 0 once @lsn is durable, the error of a failed sync that covered it, or
+ * UNKNOWN while neither is known. No lock needed. */
+static int outcome(jr_writer *w, uint64_t lsn)
+{
+    if (w->fail_max >= lsn)
+        return w->fail_err;
+    return w->synced >= lsn ? 0 : UNKNOWN;
 }
 
 int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn)
 {
-    if (w->sync_mode == TW_DURABLE_SYNC_NONE) {
-        pthread_mutex_unlock(w->mu);
+    pthread_mutex_unlock(w->mu);
+    int rc;
+    if (w->sync_mode == TW_DURABLE_SYNC_NONE)
         return 0;
-    }
-    uint64_t gen = w->fail_gen;
-    while (w->synced < lsn) {
-        if (w->fail_gen != gen && lsn <= w->fail_target)
-            break;
-        if ((uint32_t)(lsn >> 32) != w->segs[w->nseg - 1].no)
-            break; /* its segment was rotated away: synced whole */
+    pthread_mutex_lock(&w->sync_mu);
+    while ((rc = outcome(w, lsn)) == UNKNOWN) {
         if (!w->syncing || w->sync_mode != TW_DURABLE_SYNC_GROUP) {
-            /* Lead: at once, whatever is written by now shares this sync
+            /* Lead: at once; whatever is written by now shares this sync
              * (with SYNC_EACH every caller syncs for itself). */
-            int rc = lead_sync(w);
-            if (rc) {
-                pthread_mutex_unlock(w->mu);
-                return rc;
-            }
+            lead_sync(w);
             continue;
         }
-        /* Follow: a sync runs that may not cover @lsn; sleep without the
-         * mutex until one ends, then look again. */
+        /* Follow: a sync runs that may not cover @lsn; sleep without any
+         * lock until one ends, then look again. */
         unsigned seq = atomic_load(&w->sync_seq);
-        pthread_mutex_unlock(w->mu);
+        pthread_mutex_unlock(&w->sync_mu);
         do
             futex_wait(&w->sync_seq, seq);
         while (atomic_load(&w->sync_seq) == seq);
-        if (w->synced >= lsn)
-            return 0; /* the common case: no mutex to take again */
-        pthread_mutex_lock(w->mu);
+        if ((rc = outcome(w, lsn)) != UNKNOWN)
+            return rc; /* the common case: no lock to take again */
+        pthread_mutex_lock(&w->sync_mu);
     }
-    int rc = w->synced >= lsn || w->fail_gen == gen || lsn > w->fail_target
-                 ? 0
-                 : w->fail_err;
-    pthread_mutex_unlock(w->mu);
+    pthread_mutex_unlock(&w->sync_mu);
     return rc;
 }
 
@@ -612,7 +626,7 @@ int tw__jr_drop_oldest(jr_writer *w)
 {
     if (w->nseg < 2)
         return TW_EINVAL;
-    if (w->inflight)
+    if (atomic_load(&w->inflight))
         return TW_EBUSY; /* a sync may still use an old fd */
     jr_seg s = w->segs[0];
     char name[16];

@@ -110,19 +110,30 @@ typedef struct jr_writer {
     jr_seg *segs; /* oldest first; segs[nseg - 1] is appended to */
     size_t nseg, cap;
     uint64_t written; /* LSN */
-    /* LSN up to which the journal is durable: written under *mu, read
-     * without it by a waiter that was woken. */
-    _Atomic uint64_t synced;
-    /* Futex word: bumped (under *mu) whenever a sync ends, well or not;
-     * waiters sleep on it without holding *mu. */
-    atomic_uint sync_seq;
-    bool syncing;       /* a SYNC_GROUP leader's fdatasync is running */
-    int inflight;       /* fdatasync calls running without the mutex */
     uint32_t sync_mode; /* TW_DURABLE_SYNC_* */
     uint64_t segment_bytes;
-    uint64_t fail_gen, fail_target;
-    int fail_err;
-    uint64_t syncs;
+    /*
+     * Group commit. sync_mu guards the fields below (leaders and waiters
+     * take it without *mu, so a waiter never queues behind appenders for
+     * the store's mutex; *mu holders take it inside *mu). pub_written and
+     * pub_fd: what a sync started now would cover (set by each append).
+     */
+    pthread_mutex_t sync_mu;
+    uint64_t pub_written;
+    int pub_fd;
+    bool syncing; /* a SYNC_GROUP leader's fdatasync is running */
+    /* LSN up to which the journal is durable; readable without a lock. */
+    _Atomic uint64_t synced;
+    /* Highest target of a failed fdatasync and its error: a caller whose
+     * record is at or below it is told (LSNs only grow, so such a sync
+     * began after that record was written). */
+    _Atomic uint64_t fail_max;
+    atomic_int fail_err;
+    /* Futex word: bumped whenever a sync ends, well or not; waiters sleep
+     * on it without any lock. */
+    atomic_uint sync_seq;
+    atomic_int inflight; /* fdatasync calls running without *mu */
+    _Atomic uint64_t syncs;
     unsigned char *buf; /* records encoded and not yet written */
     size_t buf_cap;
     size_t staged;         /* bytes of them at the start of buf */
@@ -169,6 +180,10 @@ int tw__jr_preallocate(int fd, uint64_t bytes);
 int tw__jr_drop_oldest(jr_writer *w);
 /* The segment numbered @no, or NULL. */
 jr_seg *tw__jr_seg(jr_writer *w, uint32_t no);
+/* Make the writer's position (written, the current segment) what the next
+ * sync covers; called after the position changes outside tw__jr_flush()
+ * and tw__jr_new_segment(). */
+void tw__jr_publish(jr_writer *w);
 /* Close every fd, free memory. */
 void tw__jr_close(jr_writer *w);
 /* "dir/NNNNNNNNNN.twj" name of segment @no into @buf (>= 16 bytes). */
