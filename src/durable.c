@@ -146,6 +146,7 @@ typedef struct jstore {
     pthread_cond_t qcv;
 
     uint64_t fired, retried, cancelled, recovered, recovery_us;
+    uint64_t sync_every_ns, next_sync; /* SYNC_INTERVAL, monotonic ns */
     uint64_t backlog; /* nodes due (in due[] or the queue), not yet begun */
     uint64_t late_hist[TW_LATE_BUCKETS];
 } jstore;
@@ -844,7 +845,11 @@ static int compact_oldest(jstore *s)
         if (c.err)
             return c.err;
         if (c.lsn) {
-            int rc = tw__jr_wait(&s->w, c.lsn);
+            /* Durable before the old copies go, even when calls are
+             * acknowledged before their fdatasync. */
+            int rc = s->w.sync_mode == TW_DURABLE_SYNC_INTERVAL
+                         ? tw__jr_sync_all(&s->w)
+                         : tw__jr_wait(&s->w, c.lsn);
             if (rc)
                 return rc;
         }
@@ -871,6 +876,13 @@ static void wait_round(jstore *s, int64_t now, uint64_t mono0)
         ms = 0;
     else if (next - tnow < ms)
         ms = next - tnow;
+    if (s->w.sync_mode == TW_DURABLE_SYNC_INTERVAL) {
+        uint64_t left = s->next_sync > mono0
+                            ? (s->next_sync - mono0 + 999999u) / 1000000u
+                            : 0;
+        if (left < ms)
+            ms = left;
+    }
     s->wake_at = now + (int64_t)ms;
     if (ms == 0 || s->kicked || s->stop || s->round_req != s->round_done)
         return;
@@ -885,6 +897,16 @@ static void wait_round(jstore *s, int64_t now, uint64_t mono0)
         tw__mono_after(&ts, wait);
         pthread_cond_timedwait(&s->cv, &s->mu, &ts);
     }
+}
+
+/* SYNC_INTERVAL: fdatasync what was written, once every sync_every_ns
+ * (monotonic @mono). A failure is tried again at the next interval. */
+static void interval_sync(jstore *s, uint64_t mono)
+{
+    if (s->w.sync_mode != TW_DURABLE_SYNC_INTERVAL || mono < s->next_sync)
+        return;
+    s->next_sync = mono + s->sync_every_ns;
+    (void)tw__jr_sync_all(&s->w);
 }
 
 static void *store_main(void *arg)
@@ -908,6 +930,7 @@ static void *store_main(void *arg)
         for (int k = 0; k < 8 && need_compact(s); k++)
             if (compact_oldest(s) != 0)
                 break;
+        interval_sync(s, mono0);
         if (s->nexec)
             while ((s->qhead || s->running) && !s->stop &&
                    s->round_req != s->round_done)
@@ -1369,6 +1392,9 @@ static void init_store(jstore *s, const tw_durable_config *cfg,
     pthread_cond_init(&s->qcv, NULL);
     s->w.mu = &s->mu;
     s->w.sync_mode = cfg->sync;
+    s->sync_every_ns =
+        (uint64_t)(cfg->sync_interval_ms ? cfg->sync_interval_ms : 1000) *
+        1000000u;
     s->w.segment_bytes = seg_bytes;
 }
 
@@ -1439,7 +1465,7 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
 {
     uint64_t seg_bytes =
         cfg->segment_bytes ? cfg->segment_bytes : UINT64_C(64) << 20;
-    if (cfg->sync > TW_DURABLE_SYNC_NONE || seg_bytes < 4096 ||
+    if (cfg->sync > TW_DURABLE_SYNC_INTERVAL || seg_bytes < 4096 ||
         seg_bytes > (UINT64_C(1) << 31) || cfg->executor_threads > 1024)
         return TW_EINVAL;
     jstore *s = tw__calloc(1, sizeof *s);

@@ -552,7 +552,7 @@ static void lead_sync(jr_writer *w)
 {
     uint64_t target = w->pub_written;
     int fd = w->pub_fd;
-    bool group = w->sync_mode == TW_DURABLE_SYNC_GROUP;
+    bool group = w->sync_mode != TW_DURABLE_SYNC_EACH;
     w->syncing = group;
     w->inflight++;
     w->syncs++;
@@ -584,15 +584,13 @@ static int outcome(jr_writer *w, uint64_t lsn)
     return w->synced >= lsn ? 0 : UNKNOWN;
 }
 
-int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn)
+/* Wait until @lsn is durable, leading syncs as needed (no lock held). */
+static int wait_durable(jr_writer *w, uint64_t lsn)
 {
-    pthread_mutex_unlock(w->mu);
     int rc;
-    if (w->sync_mode == TW_DURABLE_SYNC_NONE)
-        return 0;
     pthread_mutex_lock(&w->sync_mu);
     while ((rc = outcome(w, lsn)) == UNKNOWN) {
-        if (!w->syncing || w->sync_mode != TW_DURABLE_SYNC_GROUP) {
+        if (!w->syncing || w->sync_mode == TW_DURABLE_SYNC_EACH) {
             /* Lead: at once; whatever is written by now shares this sync
              * (with SYNC_EACH every caller syncs for itself). */
             lead_sync(w);
@@ -613,11 +611,34 @@ int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn)
     return rc;
 }
 
+static bool acks_unsynced(const jr_writer *w)
+{
+    return w->sync_mode == TW_DURABLE_SYNC_NONE ||
+           w->sync_mode == TW_DURABLE_SYNC_INTERVAL;
+}
+
+int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn)
+{
+    pthread_mutex_unlock(w->mu);
+    return acks_unsynced(w) ? 0 : wait_durable(w, lsn);
+}
+
 int tw__jr_wait(jr_writer *w, uint64_t lsn)
 {
-    if (w->sync_mode == TW_DURABLE_SYNC_NONE || w->synced >= lsn)
+    if (acks_unsynced(w) || w->synced >= lsn)
         return 0;
     int rc = tw__jr_wait_unlock(w, lsn);
+    pthread_mutex_lock(w->mu);
+    return rc;
+}
+
+int tw__jr_sync_all(jr_writer *w)
+{
+    uint64_t lsn = w->written;
+    if (w->synced >= lsn)
+        return 0;
+    pthread_mutex_unlock(w->mu);
+    int rc = wait_durable(w, lsn);
     pthread_mutex_lock(w->mu);
     return rc;
 }

@@ -121,7 +121,7 @@ typedef struct jr_writer {
     pthread_mutex_t sync_mu;
     uint64_t pub_written;
     int pub_fd;
-    bool syncing; /* a SYNC_GROUP leader's fdatasync is running */
+    bool syncing; /* a shared (not SYNC_EACH) fdatasync is running */
     /* LSN up to which the journal is durable; readable without a lock. */
     _Atomic uint64_t synced;
     /* Highest target of a failed fdatasync and its error: a caller whose
@@ -172,8 +172,12 @@ int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
 /* Wait until everything up to @lsn is durable (per sync_mode; SYNC_NONE
  * returns at once). Called with *mu held; returns with it released. */
 int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn);
-/* tw__jr_wait_unlock() that takes *mu again before it returns. */
+/* tw__jr_wait_unlock() that takes *mu again before it returns. SYNC_NONE
+ * and SYNC_INTERVAL return at once. */
 int tw__jr_wait(jr_writer *w, uint64_t lsn);
+/* Make everything written so far durable, whatever the sync_mode (*mu
+ * held; released while it waits). */
+int tw__jr_sync_all(jr_writer *w);
 /* Allocate @bytes of zeros for a segment file. */
 int tw__jr_preallocate(int fd, uint64_t bytes);
 /* Delete the oldest segment (it must not be the current one). */

@@ -1346,6 +1346,69 @@ static void test_sync_interleaving(void)
     rm_dir(dir);
 }
 
+/*
+ * SYNC_INTERVAL: calls return without an fdatasync (counted by the fault
+ * hook, which sees every one), the store's thread makes one once
+ * sync_interval_ms of the (injected) monotonic clock has passed, and not
+ * before; compaction syncs its copies before it deletes a segment. Then
+ * the same on the real clock, with a generous bound.
+ */
+static atomic_int iv_syncs;
+
+static int iv_count(int op)
+{
+    if (op == 's')
+        atomic_fetch_add(&iv_syncs, 1);
+    return 0;
+}
+
+static void test_sync_interval(void)
+{
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.sync = TW_DURABLE_SYNC_INTERVAL;
+    c.sync_interval_ms = 100;
+    tw_durable *d = open_ok(&c);
+    tw__durable_sync(d); /* the first round: the interval starts */
+    atomic_store(&iv_syncs, 0);
+    tw__journal_fault = iv_count;
+    for (int i = 0; i < 10; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "iv%d", i);
+        ASSERT_EQ(sched(d, k, INT64_MAX / 2, "p"), 0);
+    }
+    ASSERT_EQ(tw_durable_cancel(d, "iv0", 3), 0);
+    tw__durable_sync(d);
+    ASSERT_EQ(atomic_load(&iv_syncs), 0); /* acknowledged, not synced */
+    atomic_fetch_add(&fake_mono, UINT64_C(99) * 1000000u);
+    tw__durable_sync(d);
+    ASSERT_EQ(atomic_load(&iv_syncs), 0);
+    atomic_fetch_add(&fake_mono, UINT64_C(1) * 1000000u);
+    tw__durable_sync(d);
+    ASSERT_EQ(atomic_load(&iv_syncs), 1); /* 100 ms after the last */
+    tw__durable_sync(d);
+    ASSERT_EQ(atomic_load(&iv_syncs), 1);
+    tw__journal_fault = NULL;
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, 9);
+    ASSERT_EQ(tw_durable_close(d), 0);
+
+    /* The real clock: a record is synced within 20 ms plus scheduling
+     * (bound: 10 s, for loaded machines and valgrind). */
+    c.wall_ms = NULL;
+    c.mono_ns = NULL;
+    c.sync_interval_ms = 20;
+    d = open_ok(&c);
+    uint64_t s0 = stats(d).syncs;
+    ASSERT_EQ(sched(d, "real", INT64_MAX / 2, "r"), 0);
+    for (int i = 0; i < 10000 && stats(d).syncs == s0; i++)
+        usleep(1000);
+    ASSERT_LT(s0, stats(d).syncs);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
 /* A pending timer's record: 64 bytes plus the key, rounded up to 16. */
 /* A callback that schedules its own key again (a periodic job): the new
  * version survives the completion of the old one, and a restart. */
@@ -1472,6 +1535,7 @@ int main(void)
     RUN_TEST(test_executors);
     RUN_TEST(test_group_commit);
     RUN_TEST(test_sync_interleaving);
+    RUN_TEST(test_sync_interval);
     RUN_TEST(test_rearm_from_callback);
     RUN_TEST(test_big_payload);
     RUN_TEST(test_node_size);

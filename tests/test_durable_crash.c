@@ -2,8 +2,10 @@
 /*
  * tests/test_durable_crash.c - kill -9 at random moments.
  *
- * The parent runs a child that opens a store (SYNC_GROUP, small segments so
- * rotation and compaction happen), and from four threads schedules,
+ * The parent runs a child that opens a store (small segments so rotation
+ * and compaction happen; SYNC_GROUP, or every other incarnation
+ * SYNC_INTERVAL, whose acknowledged calls are written to the kernel and so
+ * must survive a kill of the process just as well), and from four threads schedules,
  * replaces and cancels timers due within 200 ms, some of whose callbacks
  * ask for one retry; some schedules go in batches of 2..8 keys
  * (tw_durable_schedule_many), each item acknowledged by its own result. Before
@@ -216,6 +218,10 @@ static void child_main(const char *dir, uint32_t inc, bool final)
     c.fire = child_fire;
     c.segment_bytes = 64 * 1024;
     c.executor_threads = inc % 3 == 1 ? 2 : 0;
+    if (inc % 2 == 1) {
+        c.sync = TW_DURABLE_SYNC_INTERVAL;
+        c.sync_interval_ms = 20;
+    }
     int rc = tw_durable_open(&store, &c);
     if (rc) {
         fprintf(stderr, "child %u: open: %s\n", inc, tw_strerror(rc));

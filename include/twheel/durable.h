@@ -64,6 +64,12 @@ typedef int (*tw_durable_fire_fn)(tw_durable *d, const tw_durable_timer *t,
 #define TW_DURABLE_SYNC_GROUP 0u /* one shared fdatasync per batch */
 #define TW_DURABLE_SYNC_EACH 1u  /* one fdatasync per call */
 #define TW_DURABLE_SYNC_NONE 2u  /* no fdatasync: a crash loses last writes */
+/* Journal only: a call returns once its record is written to the kernel
+ * (it survives kill -9 of the process); the store's thread fdatasyncs in
+ * the background every cfg.sync_interval_ms. A crash of the machine (power,
+ * kernel) loses up to that long of acknowledged calls, like Redis with
+ * appendfsync everysec. */
+#define TW_DURABLE_SYNC_INTERVAL 3u
 
 /* cfg.flags */
 #define TW_DURABLE_REPAIR                                                      \
@@ -105,6 +111,11 @@ typedef struct tw_durable_config {
      * TW_EIO: the segment file and the offset of the damage), NUL-ended. */
     char *errbuf;      /* NULL = no message */
     size_t errbuf_len; /* bytes at @errbuf */
+
+    /* Fields below were added in 0.2.0 (zero = default). */
+    uint32_t sync_interval_ms; /* TW_DURABLE_SYNC_INTERVAL: longest time
+                                  between a write and its fdatasync;
+                                  0 = 1000 */
 } tw_durable_config;
 
 /* A store's counters, from tw_durable_stats_get(). */
