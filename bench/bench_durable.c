@@ -5,6 +5,7 @@
  * (every acknowledged call is on stable storage).
  *
  *   bench_durable twheel sched  DIR THREADS SECONDS [PAYLOAD [BATCH]]
+ *   bench_durable twheel isched DIR THREADS SECONDS [PAYLOAD [BATCH]]
  *   bench_durable twheel cancel DIR THREADS SECONDS [PAYLOAD]
  *   bench_durable twheel recover DIR N [PAYLOAD]
  *   bench_durable redis  sched  PORT THREADS SECONDS DEPTH [PAYLOAD]
@@ -15,6 +16,9 @@
  * with DEPTH > 1: of one pipelined batch of DEPTH calls, divided by
  * nothing: the time from sending the batch to its last reply; for twheel
  * with BATCH > 1: of one tw_durable_schedule_many call of BATCH items).
+ * isched: the same with TW_DURABLE_SYNC_INTERVAL (written before the call
+ * returns, fdatasync every second: Redis appendfsync everysec's
+ * durability).
  * cancel: first schedules THREADS x 20000 keys with SYNC_NONE, then the
  * threads cancel them with SYNC_GROUP. recover: writes N pending timers,
  * closes, then times tw_durable_open and measures the RSS it added and the
@@ -292,14 +296,17 @@ static int bench_twheel(int argc, char **argv)
     if (argc > 7 && atoi(argv[7]) > 1)
         tw_batch = atoi(argv[7]);
     struct worker *w = calloc((size_t)threads, sizeof *w);
-    if (strcmp(op, "sched") == 0) {
-        tw_open(dir, TW_DURABLE_SYNC_GROUP);
+    bool interval = strcmp(op, "isched") == 0;
+    if (strcmp(op, "sched") == 0 || interval) {
+        tw_open(dir, interval ? TW_DURABLE_SYNC_INTERVAL
+                              : TW_DURABLE_SYNC_GROUP);
         uint64_t t0 = mono_ns();
         run_threads(threads, secs, tw_sched_main, w);
         double el = (double)(mono_ns() - t0) / 1e9;
         tw_durable_stats st;
         tw_durable_stats_get(store, &st);
-        report("twheel", "sched", threads, tw_batch, w, el);
+        report(interval ? "twheel-interval" : "twheel", "sched", threads,
+               tw_batch, w, el);
         printf("  syncs=%" PRIu64 " schedules_per_sync=%.1f\n", st.syncs,
                (double)st.pending / (double)(st.syncs ? st.syncs : 1));
     } else {
@@ -572,7 +579,7 @@ int main(int argc, char **argv)
         return bench_sqlite(argc, argv);
 #endif
     fprintf(stderr,
-            "usage: bench_durable twheel sched|cancel DIR THREADS SECONDS "
+            "usage: bench_durable twheel sched|isched|cancel DIR THREADS SECONDS "
             "[PAYLOAD [BATCH]]\n"
             "       bench_durable twheel recover DIR N [PAYLOAD]\n"
             "       bench_durable redis sched PORT THREADS SECONDS DEPTH "
