@@ -55,6 +55,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +148,11 @@ typedef struct jstore {
 
     uint64_t fired, retried, cancelled, recovered, recovery_us;
     uint64_t sync_every_ns, next_sync; /* SYNC_INTERVAL, monotonic ns */
+    /* Flat combining of schedule calls: queued (newest first), the
+     * holder of mu applying them, a futex word bumped when it lets go. */
+    _Atomic(struct sreq *) pend;
+    atomic_bool combining;
+    atomic_uint apply_seq;
     uint64_t backlog; /* nodes due (in due[] or the queue), not yet begun */
     uint64_t late_hist[TW_LATE_BUCKETS];
 } jstore;
@@ -346,6 +352,17 @@ struct staged_item {
 
 /* Items staged before their records are written with one pwrite(). */
 #define SCHED_GROUP 64
+/* Rounds of queued calls one combiner applies before it lets go. */
+#define COMBINE_ROUNDS 4
+
+/* A tw_durable_schedule_many() call queued for the combiner. */
+struct sreq {
+    struct sreq *next;
+    tw_durable_item *items;
+    size_t n;
+    uint64_t lsn; /* the end of its records once applied; 0: none */
+    atomic_bool done;
+};
 
 /* A node for @it's key if it needs one: the key is new, or its node is
  * being delivered (that node becomes an orphan). */
@@ -455,19 +472,17 @@ static void prefetch_keys(jstore *s, const tw_durable_item *items, size_t n)
     }
 }
 
-/* Group commit of a batch: its records go out in groups of SCHED_GROUP
- * (one pwrite each, fewer when a segment fills), then one wait covers
- * them all. */
-static int j_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
+/* Stage, write and apply one call's items (mutex held): its records go
+ * out in groups of SCHED_GROUP (one pwrite each, fewer when a segment
+ * fills); *@lsn becomes the end of the last one written (0: none). */
+static void apply_items(jstore *s, tw_durable_item *items, size_t n,
+                        uint64_t *lsn)
 {
-    jstore *s = (jstore *)d;
     struct staged_item st[SCHED_GROUP];
-    uint64_t lsn = 0;
     size_t from = 0;
-    pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < n;) {
         if (i - from == SCHED_GROUP) {
-            sched_commit(s, items + from, st, i - from, &lsn);
+            sched_commit(s, items + from, st, i - from, lsn);
             from = i;
         }
         if (i == from)
@@ -475,19 +490,79 @@ static int j_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
                           n - i < SCHED_GROUP ? n - i : SCHED_GROUP);
         int rc = sched_stage(s, &items[i], &st[i - from]);
         if (rc == TW_EAGAIN) { /* a flush makes room; then stage again */
-            sched_commit(s, items + from, st, i - from, &lsn);
+            sched_commit(s, items + from, st, i - from, lsn);
             from = i;
             continue;
         }
         items[i].result = rc;
         i++;
     }
-    sched_commit(s, items + from, st, n - from, &lsn);
-    int rc = 0;
-    if (lsn)
-        rc = tw__jr_wait_unlock(&s->w, lsn);
-    else
-        pthread_mutex_unlock(&s->mu);
+    sched_commit(s, items + from, st, n - from, lsn);
+}
+
+/* Apply every call queued so far, in arrival order (mutex held), a few
+ * rounds while more arrive; each is marked done once applied, and its
+ * caller may return at once, so nothing of it is touched after that. */
+static void combine(jstore *s)
+{
+    atomic_store(&s->combining, true);
+    for (int round = 0; round < COMBINE_ROUNDS; round++) {
+        struct sreq *r = atomic_exchange(&s->pend, NULL), *fifo = NULL;
+        if (!r)
+            break;
+        while (r) {
+            struct sreq *nx = r->next;
+            r->next = fifo;
+            fifo = r;
+            r = nx;
+        }
+        for (r = fifo; r;) {
+            struct sreq *nx = r->next;
+            apply_items(s, r->items, r->n, &r->lsn);
+            atomic_store_explicit(&r->done, true, memory_order_release);
+            r = nx;
+        }
+    }
+    atomic_store(&s->combining, false);
+}
+
+/* Wait until a combiner (perhaps this caller) has applied @me. A caller
+ * that finds the mutex taken by a combiner sleeps on apply_seq instead of
+ * queueing for the mutex; when no combiner runs it takes the mutex. */
+static void wait_applied(jstore *s, struct sreq *me)
+{
+    while (!atomic_load_explicit(&me->done, memory_order_acquire)) {
+        unsigned seq = atomic_load(&s->apply_seq);
+        bool locked = pthread_mutex_trylock(&s->mu) == 0;
+        if (!locked && !atomic_load(&s->combining)) {
+            pthread_mutex_lock(&s->mu);
+            locked = true;
+        }
+        if (locked) {
+            if (!atomic_load_explicit(&me->done, memory_order_acquire))
+                combine(s);
+            pthread_mutex_unlock(&s->mu);
+            /* Callers that queued meanwhile try again. */
+            atomic_fetch_add(&s->apply_seq, 1);
+            tw__futex_wake_all(&s->apply_seq);
+            return;
+        }
+        tw__futex_wait(&s->apply_seq, seq);
+    }
+}
+
+/* Group commit of a batch: the call is queued, applied by whichever
+ * caller holds the mutex (flat combining: one lock hand-off for many
+ * calls), then one wait covers its records. */
+static int j_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
+{
+    jstore *s = (jstore *)d;
+    struct sreq me = {.items = items, .n = n};
+    me.next = atomic_load(&s->pend);
+    while (!atomic_compare_exchange_weak(&s->pend, &me.next, &me))
+        ;
+    wait_applied(s, &me);
+    int rc = me.lsn ? tw__jr_wait_nolock(&s->w, me.lsn) : 0;
     for (size_t i = 0; i < n; i++)
         if (!items[i].result)
             items[i].result = rc;

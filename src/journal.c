@@ -521,13 +521,13 @@ int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
     return rc ? rc : tw__jr_flush(w, lsn);
 }
 
-static void futex_wait(atomic_uint *word, unsigned val)
+void tw__futex_wait(atomic_uint *word, unsigned val)
 {
     (void)syscall(SYS_futex, (unsigned *)word, FUTEX_WAIT_PRIVATE, val, NULL,
                   NULL, 0);
 }
 
-static void futex_wake_all(atomic_uint *word)
+void tw__futex_wake_all(atomic_uint *word)
 {
     (void)syscall(SYS_futex, (unsigned *)word, FUTEX_WAKE_PRIVATE, INT_MAX,
                   NULL, NULL, 0);
@@ -570,7 +570,7 @@ static void lead_sync(jr_writer *w)
         w->synced = target;
     }
     atomic_fetch_add(&w->sync_seq, 1);
-    futex_wake_all(&w->sync_seq);
+    tw__futex_wake_all(&w->sync_seq);
 }
 
 #define UNKNOWN 1
@@ -601,7 +601,7 @@ static int wait_durable(jr_writer *w, uint64_t lsn)
         unsigned seq = atomic_load(&w->sync_seq);
         pthread_mutex_unlock(&w->sync_mu);
         do
-            futex_wait(&w->sync_seq, seq);
+            tw__futex_wait(&w->sync_seq, seq);
         while (atomic_load(&w->sync_seq) == seq);
         if ((rc = outcome(w, lsn)) != UNKNOWN)
             return rc; /* the common case: no lock to take again */
@@ -620,6 +620,11 @@ static bool acks_unsynced(const jr_writer *w)
 int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn)
 {
     pthread_mutex_unlock(w->mu);
+    return acks_unsynced(w) ? 0 : wait_durable(w, lsn);
+}
+
+int tw__jr_wait_nolock(jr_writer *w, uint64_t lsn)
+{
     return acks_unsynced(w) ? 0 : wait_durable(w, lsn);
 }
 

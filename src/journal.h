@@ -172,6 +172,11 @@ int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
 /* Wait until everything up to @lsn is durable (per sync_mode; SYNC_NONE
  * returns at once). Called with *mu held; returns with it released. */
 int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn);
+/* tw__jr_wait_unlock() for a caller that does not hold *mu. */
+int tw__jr_wait_nolock(jr_writer *w, uint64_t lsn);
+/* Sleep while *@word == @val (or until a signal); wake every sleeper. */
+void tw__futex_wait(atomic_uint *word, unsigned val);
+void tw__futex_wake_all(atomic_uint *word);
 /* tw__jr_wait_unlock() that takes *mu again before it returns. SYNC_NONE
  * and SYNC_INTERVAL return at once. */
 int tw__jr_wait(jr_writer *w, uint64_t lsn);
