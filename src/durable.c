@@ -221,6 +221,20 @@ static void **hfind(jstore *s, const void *key, size_t len)
     return pp; /* *pp == NULL: where to insert */
 }
 
+/* Start loading the first node of bucket @i + 8 and the second of bucket
+ * @i (its first was asked for 8 buckets ago): the rehash below visits
+ * nodes in bucket order, which is random in memory. */
+static void prefetch_chain(jstore *s, size_t i)
+{
+    if (i + 8 < s->nbuckets && s->buckets[i + 8])
+        __builtin_prefetch(s->buckets[i + 8]);
+    if (i < s->nbuckets && s->buckets[i]) {
+        void *second = *hlink(s->buckets[i]);
+        if (second)
+            __builtin_prefetch(second);
+    }
+}
+
 /* Rehash into @nb buckets (a power of two); TW_ENOMEM with nothing
  * changed. */
 static int hresize(jstore *s, size_t nb)
@@ -229,6 +243,7 @@ static int hresize(jstore *s, size_t nb)
     if (!b)
         return TW_ENOMEM;
     for (size_t i = 0; i < s->nbuckets; i++) {
+        prefetch_chain(s, i + 8);
         struct dnode *n = s->buckets[i], *nx;
         for (; n; n = nx) {
             nx = *hlink(n);
@@ -452,8 +467,8 @@ static int sched_stage(jstore *s, tw_durable_item *it, struct staged_item *e)
     return 0;
 }
 
-/* Start loading the key table's buckets of @n items, then their first
- * nodes: a large table misses the cache on nearly every lookup, and the
+/* Start loading the key table's buckets of @n items (at most
+ * SCHED_GROUP), then their first and second nodes: a large table misses the cache on nearly every lookup, and the
  * misses of a group overlap this way instead of coming one after the
  * other. */
 static void prefetch_keys(jstore *s, const tw_durable_item *items, size_t n)
@@ -464,12 +479,17 @@ static void prefetch_keys(jstore *s, const tw_durable_item *items, size_t n)
     for (size_t i = 0; i < n; i++)
         __builtin_prefetch(
             &s->buckets[hkey(s->seed, items[i].key, items[i].key_len) & mask]);
+    struct dnode *first[SCHED_GROUP];
     for (size_t i = 0; i < n; i++) {
-        void *first =
+        first[i] =
             s->buckets[hkey(s->seed, items[i].key, items[i].key_len) & mask];
-        if (first)
-            __builtin_prefetch(first);
+        if (first[i])
+            __builtin_prefetch(first[i]);
     }
+    /* A bucket holds up to two keys: its second node too. */
+    for (size_t i = 0; i < n; i++)
+        if (first[i] && *hlink(first[i]))
+            __builtin_prefetch(*hlink(first[i]));
 }
 
 /* Stage, write and apply one call's items (mutex held): its records go
