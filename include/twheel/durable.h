@@ -61,7 +61,7 @@ typedef int (*tw_durable_fire_fn)(tw_durable *d, const tw_durable_timer *t,
                                   void *arg);
 
 /* cfg.sync */
-#define TW_DURABLE_SYNC_GROUP 0u /* one shared fdatasync per batch */
+#define TW_DURABLE_SYNC_GROUP 0u /* fdatasyncs shared by concurrent calls */
 #define TW_DURABLE_SYNC_EACH 1u  /* one fdatasync per call */
 #define TW_DURABLE_SYNC_NONE 2u  /* no fdatasync: a crash loses last writes */
 /* Journal only: a call returns once its record is written to the kernel
@@ -83,8 +83,9 @@ typedef struct tw_durable_config {
     tw_durable_fire_fn fire;   /* required */
     void *fire_arg;            /* passed to fire */
     uint32_t sync;             /* TW_DURABLE_SYNC_* (0 = GROUP) */
-    uint32_t group_commit_us;  /* 0 = 1000: longest wait of a caller for the
-                                  shared fdatasync */
+    uint32_t group_commit_us;  /* unused by the journal since 0.2.0: a sync
+                                  starts at once, and calls that arrive
+                                  while it runs share the next one */
     uint32_t executor_threads; /* 0 = fire on the store's own thread */
     uint64_t segment_bytes;    /* 0 = 64 MiB */
 
