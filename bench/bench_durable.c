@@ -298,8 +298,8 @@ static int bench_twheel(int argc, char **argv)
     struct worker *w = calloc((size_t)threads, sizeof *w);
     bool interval = strcmp(op, "isched") == 0;
     if (strcmp(op, "sched") == 0 || interval) {
-        tw_open(dir, interval ? TW_DURABLE_SYNC_INTERVAL
-                              : TW_DURABLE_SYNC_GROUP);
+        tw_open(dir,
+                interval ? TW_DURABLE_SYNC_INTERVAL : TW_DURABLE_SYNC_GROUP);
         uint64_t t0 = mono_ns();
         run_threads(threads, secs, tw_sched_main, w);
         double el = (double)(mono_ns() - t0) / 1e9;
@@ -578,13 +578,14 @@ int main(int argc, char **argv)
     if (argc >= 6 && strcmp(argv[1], "sqlite") == 0)
         return bench_sqlite(argc, argv);
 #endif
-    fprintf(stderr,
-            "usage: bench_durable twheel sched|isched|cancel DIR THREADS SECONDS "
-            "[PAYLOAD [BATCH]]\n"
-            "       bench_durable twheel recover DIR N [PAYLOAD]\n"
-            "       bench_durable redis sched PORT THREADS SECONDS DEPTH "
-            "[PAYLOAD]\n"
-            "       bench_durable sqlite sched FILE THREADS SECONDS "
-            "[PAYLOAD]\n");
+    fprintf(
+        stderr,
+        "usage: bench_durable twheel sched|isched|cancel DIR THREADS SECONDS "
+        "[PAYLOAD [BATCH]]\n"
+        "       bench_durable twheel recover DIR N [PAYLOAD]\n"
+        "       bench_durable redis sched PORT THREADS SECONDS DEPTH "
+        "[PAYLOAD]\n"
+        "       bench_durable sqlite sched FILE THREADS SECONDS "
+        "[PAYLOAD]\n");
     return 2;
 }

@@ -468,9 +468,9 @@ static int sched_stage(jstore *s, tw_durable_item *it, struct staged_item *e)
 }
 
 /* Start loading the key table's buckets of @n items (at most
- * SCHED_GROUP), then their first and second nodes: a large table misses the cache on nearly every lookup, and the
- * misses of a group overlap this way instead of coming one after the
- * other. */
+ * SCHED_GROUP), then their first and second nodes: a large table misses the
+ * cache on nearly every lookup, and the misses of a group overlap this way
+ * instead of coming one after the other. */
 static void prefetch_keys(jstore *s, const tw_durable_item *items, size_t n)
 {
     if (n < 2 || s->nbuckets < 4096) /* nothing to overlap, or cached */

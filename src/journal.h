@@ -109,7 +109,7 @@ typedef struct jr_writer {
     pthread_mutex_t *mu;
     jr_seg *segs; /* oldest first; segs[nseg - 1] is appended to */
     size_t nseg, cap;
-    uint64_t written; /* LSN */
+    uint64_t written;   /* LSN */
     uint32_t sync_mode; /* TW_DURABLE_SYNC_* */
     uint64_t segment_bytes;
     /*

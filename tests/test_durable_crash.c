@@ -5,9 +5,9 @@
  * The parent runs a child that opens a store (small segments so rotation
  * and compaction happen; SYNC_GROUP, or every other incarnation
  * SYNC_INTERVAL, whose acknowledged calls are written to the kernel and so
- * must survive a kill of the process just as well), and from four threads schedules,
- * replaces and cancels timers due within 200 ms, some of whose callbacks
- * ask for one retry; some schedules go in batches of 2..8 keys
+ * must survive a kill of the process just as well), and from four threads
+ * schedules, replaces and cancels timers due within 200 ms, some of whose
+ * callbacks ask for one retry; some schedules go in batches of 2..8 keys
  * (tw_durable_schedule_many), each item acknowledged by its own result. Before
  * each call the child writes an intent message to a pipe, after it the result;
  * its callback writes a delivery message. Each message is one write() of less
