@@ -152,7 +152,7 @@ typedef struct jstore {
      * holder of mu applying them, a futex word bumped when it lets go. */
     _Atomic(struct sreq *) pend;
     atomic_bool combining;
-    atomic_uint apply_seq;
+    jr_futex apply_seq;
     uint64_t backlog; /* nodes due (in due[] or the queue), not yet begun */
     uint64_t late_hist[TW_LATE_BUCKETS];
 } jstore;
@@ -552,7 +552,7 @@ static void combine(jstore *s)
 static void wait_applied(jstore *s, struct sreq *me)
 {
     while (!atomic_load_explicit(&me->done, memory_order_acquire)) {
-        unsigned seq = atomic_load(&s->apply_seq);
+        unsigned seq = atomic_load(&s->apply_seq.word);
         bool locked = pthread_mutex_trylock(&s->mu) == 0;
         if (!locked && !atomic_load(&s->combining)) {
             pthread_mutex_lock(&s->mu);
@@ -563,8 +563,7 @@ static void wait_applied(jstore *s, struct sreq *me)
                 combine(s);
             pthread_mutex_unlock(&s->mu);
             /* Callers that queued meanwhile try again. */
-            atomic_fetch_add(&s->apply_seq, 1);
-            tw__futex_wake_all(&s->apply_seq);
+            tw__futex_bump(&s->apply_seq);
             return;
         }
         tw__futex_wait(&s->apply_seq, seq);

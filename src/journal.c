@@ -521,16 +521,22 @@ int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
     return rc ? rc : tw__jr_flush(w, lsn);
 }
 
-void tw__futex_wait(atomic_uint *word, unsigned val)
+void tw__futex_wait(jr_futex *f, unsigned val)
 {
-    (void)syscall(SYS_futex, (unsigned *)word, FUTEX_WAIT_PRIVATE, val, NULL,
-                  NULL, 0);
+    atomic_fetch_add(&f->sleepers, 1);
+    (void)syscall(SYS_futex, (unsigned *)&f->word, FUTEX_WAIT_PRIVATE, val,
+                  NULL, NULL, 0);
+    atomic_fetch_sub(&f->sleepers, 1);
 }
 
-void tw__futex_wake_all(atomic_uint *word)
+void tw__futex_bump(jr_futex *f)
 {
-    (void)syscall(SYS_futex, (unsigned *)word, FUTEX_WAKE_PRIVATE, INT_MAX,
-                  NULL, NULL, 0);
+    /* A sleeper counted after this load read the word after the add, so
+     * it does not sleep: the wake is needed only for those counted. */
+    atomic_fetch_add(&f->word, 1);
+    if (atomic_load(&f->sleepers))
+        (void)syscall(SYS_futex, (unsigned *)&f->word, FUTEX_WAKE_PRIVATE,
+                      INT_MAX, NULL, NULL, 0);
 }
 
 void tw__jr_publish(jr_writer *w)
@@ -569,8 +575,7 @@ static void lead_sync(jr_writer *w)
     } else if (target > w->synced) {
         w->synced = target;
     }
-    atomic_fetch_add(&w->sync_seq, 1);
-    tw__futex_wake_all(&w->sync_seq);
+    tw__futex_bump(&w->sync_seq);
 }
 
 #define UNKNOWN 1
@@ -598,11 +603,11 @@ static int wait_durable(jr_writer *w, uint64_t lsn)
         }
         /* Follow: a sync runs that may not cover @lsn; sleep without any
          * lock until one ends, then look again. */
-        unsigned seq = atomic_load(&w->sync_seq);
+        unsigned seq = atomic_load(&w->sync_seq.word);
         pthread_mutex_unlock(&w->sync_mu);
         do
             tw__futex_wait(&w->sync_seq, seq);
-        while (atomic_load(&w->sync_seq) == seq);
+        while (atomic_load(&w->sync_seq.word) == seq);
         if ((rc = outcome(w, lsn)) != UNKNOWN)
             return rc; /* the common case: no lock to take again */
         pthread_mutex_lock(&w->sync_mu);

@@ -97,6 +97,12 @@ typedef struct jr_seg {
     uint64_t live;    /* of those, the current version of a pending key */
 } jr_seg;
 
+/* A futex word and how many threads sleep on it. */
+typedef struct jr_futex {
+    atomic_uint word;
+    atomic_int sleepers;
+} jr_futex;
+
 /* LSN: segment number << 32 | offset. */
 #define JR_LSN(seg, off) (((uint64_t)(seg) << 32) | (uint64_t)(off))
 
@@ -131,7 +137,7 @@ typedef struct jr_writer {
     atomic_int fail_err;
     /* Futex word: bumped whenever a sync ends, well or not; waiters sleep
      * on it without any lock. */
-    atomic_uint sync_seq;
+    jr_futex sync_seq;
     atomic_int inflight; /* fdatasync calls running without *mu */
     _Atomic uint64_t syncs;
     unsigned char *buf; /* records encoded and not yet written */
@@ -174,9 +180,10 @@ int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
 int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn);
 /* tw__jr_wait_unlock() for a caller that does not hold *mu. */
 int tw__jr_wait_nolock(jr_writer *w, uint64_t lsn);
-/* Sleep while *@word == @val (or until a signal); wake every sleeper. */
-void tw__futex_wait(atomic_uint *word, unsigned val);
-void tw__futex_wake_all(atomic_uint *word);
+/* Sleep while @f's word is @val (or until a signal). */
+void tw__futex_wait(jr_futex *f, unsigned val);
+/* Change @f's word and wake every sleeper (no system call if none). */
+void tw__futex_bump(jr_futex *f);
 /* tw__jr_wait_unlock() that takes *mu again before it returns. SYNC_NONE
  * and SYNC_INTERVAL return at once. */
 int tw__jr_wait(jr_writer *w, uint64_t lsn);
