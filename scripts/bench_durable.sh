@@ -49,23 +49,16 @@ res=$out/results.txt
 } >"$res"
 run() { "$@" | tee -a "$res"; }
 
-for t in 1 4 16; do
-  run "$bin" twheel sched "$work/s$t" "$t" "$secs"
-  rm -rf "$work/s$t"
-done
-for t in 1 4 16; do
-  run "$bin" twheel sched "$work/b$t" "$t" "$secs" 64 "$batch"
-  rm -rf "$work/b$t"
-done
-# TW_DURABLE_SYNC_INTERVAL (fdatasync once a second): Redis everysec's
-# durability.
-for t in 1 4 16; do
-  run "$bin" twheel isched "$work/i$t" "$t" "$secs"
-  rm -rf "$work/i$t"
-done
-for t in 1 4 16; do
-  run "$bin" twheel isched "$work/ib$t" "$t" "$secs" 64 "$batch"
-  rm -rf "$work/ib$t"
+# sched: SYNC_GROUP (fdatasync before every acknowledgement); isched:
+# TW_DURABLE_SYNC_INTERVAL (fdatasync once a second), Redis everysec's
+# durability. One item per call, then --batch items per call.
+for op in sched isched; do
+  for depth in 1 "$batch"; do
+    for t in 1 4 16; do
+      run "$bin" twheel "$op" "$work/$op$t" "$t" "$secs" 64 "$depth"
+      rm -rf "${work:?}/$op$t"
+    done
+  done
 done
 for t in 1 4 16; do
   run "$bin" twheel cancel "$work/c$t" "$t" "$secs"
