@@ -19,12 +19,7 @@
  * it on that node): SCHED, CANCEL, CLAIM, DONE, RELEASE. Scripts that take
  * many keys (SCHED, CLAIM, DONE) run a fixed number of variadic commands
  * per call, so Redis's per-call and per-command costs are paid once per
- * batch. The calls of one batch for shards that live on the same Redis
- * node go as one NODE script (Redis 7 lets a script reach keys of several
- * slots of its node): one claim, one completion call per node, not per
- * shard. A NODE call first checks that every slot it names is served
- * there whole; if not (a slot moved or is migrating) it changes nothing
- * and the shards' calls are sent again one by one (run_cmds).
+ * batch.
  *
  * Schedules. tw_durable_schedule_many groups its items by shard: one SCHED
  * call per shard (up to SCHED_CHUNK items), all calls pipelined, one round
@@ -66,7 +61,6 @@
 
 #include <inttypes.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,220 +80,177 @@
 #define CHECK_GAP_MS 1    /* shortest time between two claim checks */
 #define DONE_BATCH 1024
 
-enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_NODE, S_COUNT };
+enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_COUNT };
 
 /* KEYS: 1 d, 2 p, 3 a, 4 u, 5 l, 6 t, 7 s. */
-/* SCHED ARGV: claim_until now lease, then (key due payload)... A key
- * given twice keeps its last item. Returns (item, token) pairs for the
- * items claimed at once (due within the horizon). A constant number
- * of commands per call, however many items: the per-call cost of a
- * script and of each command it runs is paid once per batch. The
- * attempt (:a) of a new key is absent (= 1); :u is written at claim.
- * A key that had no payload in :p is in no other structure (every
- * script that removes a payload removes the rest), so when HSET added
- * every key, nothing is left to delete and the deletions are skipped. */
-#define LUA_SCHED                                                              \
-    "local untl,now,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"                \
-    "tonumber(ARGV[3])\n"                                                      \
-    "local m=(#ARGV-3)/3\n"                                                    \
-    "local seen,ks,pv,fz,fk,nk,nz,nt,nu={},{},{},{},{},{},{},{},{}\n"          \
-    "for j=m,1,-1 do\n"                                                        \
-    " local i=3*j+1\n"                                                         \
-    " local k,due=ARGV[i],tonumber(ARGV[i+1])\n"                               \
-    " if not seen[k] then\n"                                                   \
-    "  seen[k]=true\n"                                                         \
-    "  ks[#ks+1]=k\n"                                                          \
-    "  pv[#pv+1]=k\n"                                                          \
-    "  pv[#pv+1]=ARGV[i+2]\n"                                                  \
-    "  if due<=untl then\n"                                                    \
-    "   nk[#nk+1]=k\n"                                                         \
-    "   nz[#nz+1]=math.max(due,now)+lease\n"                                   \
-    "   nz[#nz+1]=k\n"                                                         \
-    "   nu[#nu+1]=k\n"                                                         \
-    "   nu[#nu+1]=ARGV[i+1]\n"                                                 \
-    "   nt[#nt+1]=j\n"                                                         \
-    "  else\n"                                                                 \
-    "   fz[#fz+1]=ARGV[i+1]\n"                                                 \
-    "   fz[#fz+1]=k\n"                                                         \
-    "   fk[#fk+1]=k\n"                                                         \
-    "  end\n"                                                                  \
-    " end\n"                                                                   \
-    "end\n"                                                                    \
-    "local old=#ks-redis.call('HSET',KEYS[2],unpack(pv))>0\n"                  \
-    "if old then\n"                                                            \
-    " redis.call('HDEL',KEYS[3],unpack(ks))\n"                                 \
-    " redis.call('ZREM',KEYS[5],unpack(ks))\n"                                 \
-    " redis.call('HDEL',KEYS[6],unpack(ks))\n"                                 \
-    "end\n"                                                                    \
-    "if #fk>0 then\n"                                                          \
-    " redis.call('ZADD',KEYS[1],unpack(fz))\n"                                 \
-    " if old then redis.call('HDEL',KEYS[4],unpack(fk)) end\n"                 \
-    "end\n"                                                                    \
-    "if #nk>0 then\n"                                                          \
-    " local tok0=redis.call('INCRBY',KEYS[7],#nk)-#nk\n"                       \
-    " local ht,out={},{}\n"                                                    \
-    " for i=1,#nk do\n"                                                        \
-    "  ht[2*i-1]=nk[i]\n"                                                      \
-    "  ht[2*i]=tok0+i\n"                                                       \
-    "  out[2*i-1]=nt[i]\n"                                                     \
-    "  out[2*i]=tok0+i\n"                                                      \
-    " end\n"                                                                   \
-    " if old then redis.call('ZREM',KEYS[1],unpack(nk)) end\n"                 \
-    " redis.call('ZADD',KEYS[5],unpack(nz))\n"                                 \
-    " redis.call('HSET',KEYS[6],unpack(ht))\n"                                 \
-    " redis.call('HSET',KEYS[4],unpack(nu))\n"                                 \
-    " return out\n"                                                            \
-    "end\n"                                                                    \
-    "return {}\n"
-
-/* CANCEL ARGV: key */
-#define LUA_CANCEL                                                             \
-    "local k=ARGV[1]\n"                                                        \
-    "if redis.call('ZREM',KEYS[1],k)+redis.call('ZREM',KEYS[5],k)==0 then\n"   \
-    " return 0 end\n"                                                          \
-    "redis.call('HDEL',KEYS[2],k)\n"                                           \
-    "redis.call('HDEL',KEYS[3],k)\n"                                           \
-    "redis.call('HDEL',KEYS[4],k)\n"                                           \
-    "redis.call('HDEL',KEYS[6],k)\n"                                           \
-    "return 1\n"
-
-/* CLAIM ARGV: now until lease max. A few commands per call, however
- * many keys it claims (tokens: one INCRBY). */
-#define LUA_CLAIM                                                              \
-    "local now,lease,max=tonumber(ARGV[1]),tonumber(ARGV[3]),"                 \
-    "tonumber(ARGV[4])\n"                                                      \
-    "local ex=redis.call('ZRANGEBYSCORE',KEYS[5],'-inf',now,'LIMIT',0,max)\n"  \
-    "for _,k in ipairs(ex) do\n"                                               \
-    " redis.call('ZREM',KEYS[5],k)\n"                                          \
-    " redis.call('HDEL',KEYS[6],k)\n"                                          \
-    " redis.call('HSET',KEYS[3],k,(tonumber(redis.call('HGET',KEYS[3],k))"     \
-    " or 1)+1)\n"                                                              \
-    " redis.call('ZADD',KEYS[1],redis.call('HGET',KEYS[4],k),k)\n"             \
-    "end\n"                                                                    \
-    "local ks=redis.call('ZRANGEBYSCORE',KEYS[1],'-inf',ARGV[2],"              \
-    "'WITHSCORES','LIMIT',0,max)\n"                                            \
-    "local n=#ks/2\n"                                                          \
-    "if n==0 then return {} end\n"                                             \
-    "local tok0=redis.call('INCRBY',KEYS[7],n)-n\n"                            \
-    "local keys,za,ht,hu={},{},{},{}\n"                                        \
-    "for i=1,n do\n"                                                           \
-    " local k=ks[2*i-1]\n"                                                     \
-    " keys[i]=k\n"                                                             \
-    " za[2*i-1]=math.max(tonumber(ks[2*i]),now)+lease\n"                       \
-    " za[2*i]=k\n"                                                             \
-    " ht[2*i-1]=k\n"                                                           \
-    " ht[2*i]=tok0+i\n"                                                        \
-    " hu[2*i-1]=k\n"                                                           \
-    " hu[2*i]=ks[2*i]\n"                                                       \
-    "end\n"                                                                    \
-    "redis.call('ZREM',KEYS[1],unpack(keys))\n"                                \
-    "redis.call('HSET',KEYS[4],unpack(hu))\n"                                  \
-    "redis.call('ZADD',KEYS[5],unpack(za))\n"                                  \
-    "redis.call('HSET',KEYS[6],unpack(ht))\n"                                  \
-    "local at=redis.call('HMGET',KEYS[3],unpack(keys))\n"                      \
-    "local pl=redis.call('HMGET',KEYS[2],unpack(keys))\n"                      \
-    "local out={}\n"                                                           \
-    "for i=1,n do\n"                                                           \
-    " out[5*i-4]=keys[i]\n"                                                    \
-    " out[5*i-3]=ks[2*i]\n"                                                    \
-    " out[5*i-2]=tostring(tok0+i)\n"                                           \
-    " out[5*i-1]=at[i]\n"                                                      \
-    " out[5*i]=pl[i]\n"                                                        \
-    "end\n"                                                                    \
-    "return out\n"
-
-/* DONE ARGV: now claim_until lease, then (key token retry_ms)...
- * Returns per key: -1 not ours, 0 done (or retry left in :d), or the
- * token of the retry's new claim. Completed keys are removed with one
- * command per structure. */
-#define LUA_DONE                                                               \
-    "local now,untl,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"                \
-    "tonumber(ARGV[3])\n"                                                      \
-    "local ks,ts,rs={},{},{}\n"                                                \
-    "for i=4,#ARGV,3 do\n"                                                     \
-    " ks[#ks+1]=ARGV[i]\n"                                                     \
-    " ts[#ts+1]=ARGV[i+1]\n"                                                   \
-    " rs[#rs+1]=tonumber(ARGV[i+2])\n"                                         \
-    "end\n"                                                                    \
-    "local cur=redis.call('HMGET',KEYS[6],unpack(ks))\n"                       \
-    "local out,fin={},{}\n"                                                    \
-    "for i=1,#ks do\n"                                                         \
-    " local k,r,res=ks[i],rs[i],-1\n"                                          \
-    " if cur[i]==ts[i] then\n"                                                 \
-    "  res=0\n"                                                                \
-    "  if r<=0 then\n"                                                         \
-    "   fin[#fin+1]=k\n"                                                       \
-    "  else\n"                                                                 \
-    "   redis.call('ZREM',KEYS[5],k)\n"                                        \
-    "   redis.call('HDEL',KEYS[6],k)\n"                                        \
-    "   local due=now+r\n"                                                     \
-    "   redis.call('HSET',KEYS[3],k,"                                          \
-    "(tonumber(redis.call('HGET',KEYS[3],k)) or 1)+1)\n"                       \
-    "   redis.call('HSET',KEYS[4],k,due)\n"                                    \
-    "   if due<=untl then\n"                                                   \
-    "    res=redis.call('INCR',KEYS[7])\n"                                     \
-    "    redis.call('ZADD',KEYS[5],due+lease,k)\n"                             \
-    "    redis.call('HSET',KEYS[6],k,res)\n"                                   \
-    "   else\n"                                                                \
-    "    redis.call('ZADD',KEYS[1],due,k)\n"                                   \
-    "   end\n"                                                                 \
-    "  end\n"                                                                  \
-    " end\n"                                                                   \
-    " out[i]=res\n"                                                            \
-    "end\n"                                                                    \
-    "if #fin>0 then\n"                                                         \
-    " redis.call('ZREM',KEYS[5],unpack(fin))\n"                                \
-    " redis.call('HDEL',KEYS[6],unpack(fin))\n"                                \
-    " redis.call('HDEL',KEYS[2],unpack(fin))\n"                                \
-    " redis.call('HDEL',KEYS[3],unpack(fin))\n"                                \
-    " redis.call('HDEL',KEYS[4],unpack(fin))\n"                                \
-    "end\n"                                                                    \
-    "return out\n"
-
-/* RELEASE ARGV: key token */
-#define LUA_RELEASE                                                            \
-    "local k=ARGV[1]\n"                                                        \
-    "if redis.call('HGET',KEYS[6],k)~=ARGV[2] then return 0 end\n"             \
-    "redis.call('ZREM',KEYS[5],k)\n"                                           \
-    "redis.call('HDEL',KEYS[6],k)\n"                                           \
-    "redis.call('ZADD',KEYS[1],redis.call('HGET',KEYS[4],k),k)\n"              \
-    "return 1\n"
-
-/* NODE: the calls of several shards that live on one Redis node, in one
- * script call (cross-slot access to keys of one node: Redis 7). KEYS[1]
- * is a key of the first shard, for routing. ARGV: (script prefix nargs
- * arg...)... for each shard's call: its script's number (S_*, + 1), the
- * shard's key prefix "{ns:s}:" and its arguments. First, for every shard, a
- * key that never exists is looked up: an error there means the slot is not
- * served here as a whole (moved, or being migrated), and the call returns
- * the error TWLOCAL before changing anything; the caller then sends each
- * shard's call alone. Returns the reply of each shard's call, in order. */
-#define LUA_FN(n, body) "F[" #n "]=function(KEYS,ARGV)\n" body "end\n"
-#define LUA_NODE_FNS                                                           \
-    LUA_FN(1, LUA_SCHED)                                                       \
-    LUA_FN(2, LUA_CANCEL)                                                      \
-    LUA_FN(3, LUA_CLAIM) LUA_FN(4, LUA_DONE) LUA_FN(5, LUA_RELEASE)
-#define LUA_NODE_RUN                                                           \
-    "local A,G,i=ARGV,{},1\n"                                                  \
-    "while i<=#A do\n"                                                         \
-    " local r=redis.pcall('EXISTS',A[i+1]..'x')\n"                             \
-    " if type(r)=='table' then return redis.error_reply('TWLOCAL') end\n"      \
-    " G[#G+1]=i\n"                                                             \
-    " i=i+3+tonumber(A[i+2])\n"                                                \
-    "end\n"                                                                    \
-    "local out={}\n"                                                           \
-    "for g=1,#G do\n"                                                          \
-    " local j=G[g]\n"                                                          \
-    " local p,a=A[j+1],j+3\n"                                                  \
-    " out[g]=F[tonumber(A[j])]({p..'d',p..'p',p..'a',p..'u',p..'l',p..'t',\n"  \
-    "p..'s'},{unpack(A,a,a+tonumber(A[j+2])-1)})\n"                            \
-    "end\n"                                                                    \
-    "return out\n"
-#define LUA_NODE                                                               \
-    "#!lua flags=allow-cross-slot-keys\nlocal F={}\n" LUA_NODE_FNS LUA_NODE_RUN
-
 static const char *const scripts[S_COUNT] = {
-    LUA_SCHED, LUA_CANCEL, LUA_CLAIM, LUA_DONE, LUA_RELEASE, LUA_NODE,
+    /* SCHED ARGV: claim_until now lease, then (key due payload)... A key
+     * given twice keeps its last item. Returns (item, token) pairs for the
+     * items claimed at once (due within the horizon). A constant number
+     * of commands per call, however many items: the per-call cost of a
+     * script and of each command it runs is paid once per batch. The
+     * attempt (:a) of a new key is absent (= 1); :u is written at claim.
+     * A key that had no payload in :p is in no other structure (every
+     * script that removes a payload removes the rest, and every other
+     * entry is written for a key with a payload), so when HSET added every
+     * key there is nothing older to delete and the deletions are skipped. */
+    "local untl,now,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"
+    "tonumber(ARGV[3])\n"
+    "local m=(#ARGV-3)/3\n"
+    "local seen,ks,pv,fz,fk,nk,nz,nt,nu={},{},{},{},{},{},{},{},{}\n"
+    "for j=m,1,-1 do\n"
+    " local i=3*j+1\n"
+    " local k,due=ARGV[i],tonumber(ARGV[i+1])\n"
+    " if not seen[k] then\n"
+    "  seen[k]=true\n"
+    "  ks[#ks+1]=k\n"
+    "  pv[#pv+1]=k\n"
+    "  pv[#pv+1]=ARGV[i+2]\n"
+    "  if due<=untl then\n"
+    "   nk[#nk+1]=k\n"
+    "   nz[#nz+1]=math.max(due,now)+lease\n"
+    "   nz[#nz+1]=k\n"
+    "   nu[#nu+1]=k\n"
+    "   nu[#nu+1]=ARGV[i+1]\n"
+    "   nt[#nt+1]=j\n"
+    "  else\n"
+    "   fz[#fz+1]=ARGV[i+1]\n"
+    "   fz[#fz+1]=k\n"
+    "   fk[#fk+1]=k\n"
+    "  end\n"
+    " end\n"
+    "end\n"
+    "local old=#ks-redis.call('HSET',KEYS[2],unpack(pv))>0\n"
+    "if old then\n"
+    " redis.call('HDEL',KEYS[3],unpack(ks))\n"
+    " redis.call('ZREM',KEYS[5],unpack(ks))\n"
+    " redis.call('HDEL',KEYS[6],unpack(ks))\n"
+    "end\n"
+    "if #fk>0 then\n"
+    " redis.call('ZADD',KEYS[1],unpack(fz))\n"
+    " if old then redis.call('HDEL',KEYS[4],unpack(fk)) end\n"
+    "end\n"
+    "if #nk>0 then\n"
+    " local tok0=redis.call('INCRBY',KEYS[7],#nk)-#nk\n"
+    " local ht,out={},{}\n"
+    " for i=1,#nk do\n"
+    "  ht[2*i-1]=nk[i]\n"
+    "  ht[2*i]=tok0+i\n"
+    "  out[2*i-1]=nt[i]\n"
+    "  out[2*i]=tok0+i\n"
+    " end\n"
+    " if old then redis.call('ZREM',KEYS[1],unpack(nk)) end\n"
+    " redis.call('ZADD',KEYS[5],unpack(nz))\n"
+    " redis.call('HSET',KEYS[6],unpack(ht))\n"
+    " redis.call('HSET',KEYS[4],unpack(nu))\n"
+    " return out\n"
+    "end\n"
+    "return {}\n",
+    /* CANCEL ARGV: key */
+    "local k=ARGV[1]\n"
+    "if redis.call('ZREM',KEYS[1],k)+redis.call('ZREM',KEYS[5],k)==0 then\n"
+    " return 0 end\n"
+    "redis.call('HDEL',KEYS[2],k)\n"
+    "redis.call('HDEL',KEYS[3],k)\n"
+    "redis.call('HDEL',KEYS[4],k)\n"
+    "redis.call('HDEL',KEYS[6],k)\n"
+    "return 1\n",
+    /* CLAIM ARGV: now until lease max. A few commands per call, however
+     * many keys it claims (tokens: one INCRBY). */
+    "local now,lease,max=tonumber(ARGV[1]),tonumber(ARGV[3]),"
+    "tonumber(ARGV[4])\n"
+    "local ex=redis.call('ZRANGEBYSCORE',KEYS[5],'-inf',now,'LIMIT',0,max)\n"
+    "for _,k in ipairs(ex) do\n"
+    " redis.call('ZREM',KEYS[5],k)\n"
+    " redis.call('HDEL',KEYS[6],k)\n"
+    " redis.call('HSET',KEYS[3],k,(tonumber(redis.call('HGET',KEYS[3],k))"
+    " or 1)+1)\n"
+    " redis.call('ZADD',KEYS[1],redis.call('HGET',KEYS[4],k),k)\n"
+    "end\n"
+    "local ks=redis.call('ZRANGEBYSCORE',KEYS[1],'-inf',ARGV[2],"
+    "'WITHSCORES','LIMIT',0,max)\n"
+    "local n=#ks/2\n"
+    "if n==0 then return {} end\n"
+    "local tok0=redis.call('INCRBY',KEYS[7],n)-n\n"
+    "local keys,za,ht,hu={},{},{},{}\n"
+    "for i=1,n do\n"
+    " local k=ks[2*i-1]\n"
+    " keys[i]=k\n"
+    " za[2*i-1]=math.max(tonumber(ks[2*i]),now)+lease\n"
+    " za[2*i]=k\n"
+    " ht[2*i-1]=k\n"
+    " ht[2*i]=tok0+i\n"
+    " hu[2*i-1]=k\n"
+    " hu[2*i]=ks[2*i]\n"
+    "end\n"
+    "redis.call('ZREM',KEYS[1],unpack(keys))\n"
+    "redis.call('HSET',KEYS[4],unpack(hu))\n"
+    "redis.call('ZADD',KEYS[5],unpack(za))\n"
+    "redis.call('HSET',KEYS[6],unpack(ht))\n"
+    "local at=redis.call('HMGET',KEYS[3],unpack(keys))\n"
+    "local pl=redis.call('HMGET',KEYS[2],unpack(keys))\n"
+    "local out={}\n"
+    "for i=1,n do\n"
+    " out[5*i-4]=keys[i]\n"
+    " out[5*i-3]=ks[2*i]\n"
+    " out[5*i-2]=tostring(tok0+i)\n"
+    " out[5*i-1]=at[i]\n"
+    " out[5*i]=pl[i]\n"
+    "end\n"
+    "return out\n",
+    /* DONE ARGV: now claim_until lease, then (key token retry_ms)...
+     * Returns per key: -1 not ours, 0 done (or retry left in :d), or the
+     * token of the retry's new claim. Completed keys are removed with one
+     * command per structure. */
+    "local now,untl,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"
+    "tonumber(ARGV[3])\n"
+    "local ks,ts,rs={},{},{}\n"
+    "for i=4,#ARGV,3 do\n"
+    " ks[#ks+1]=ARGV[i]\n"
+    " ts[#ts+1]=ARGV[i+1]\n"
+    " rs[#rs+1]=tonumber(ARGV[i+2])\n"
+    "end\n"
+    "local cur=redis.call('HMGET',KEYS[6],unpack(ks))\n"
+    "local out,fin={},{}\n"
+    "for i=1,#ks do\n"
+    " local k,r,res=ks[i],rs[i],-1\n"
+    " if cur[i]==ts[i] then\n"
+    "  res=0\n"
+    "  if r<=0 then\n"
+    "   fin[#fin+1]=k\n"
+    "  else\n"
+    "   redis.call('ZREM',KEYS[5],k)\n"
+    "   redis.call('HDEL',KEYS[6],k)\n"
+    "   local due=now+r\n"
+    "   redis.call('HSET',KEYS[3],k,"
+    "(tonumber(redis.call('HGET',KEYS[3],k)) or 1)+1)\n"
+    "   redis.call('HSET',KEYS[4],k,due)\n"
+    "   if due<=untl then\n"
+    "    res=redis.call('INCR',KEYS[7])\n"
+    "    redis.call('ZADD',KEYS[5],due+lease,k)\n"
+    "    redis.call('HSET',KEYS[6],k,res)\n"
+    "   else\n"
+    "    redis.call('ZADD',KEYS[1],due,k)\n"
+    "   end\n"
+    "  end\n"
+    " end\n"
+    " out[i]=res\n"
+    "end\n"
+    "if #fin>0 then\n"
+    " redis.call('ZREM',KEYS[5],unpack(fin))\n"
+    " redis.call('HDEL',KEYS[6],unpack(fin))\n"
+    " redis.call('HDEL',KEYS[2],unpack(fin))\n"
+    " redis.call('HDEL',KEYS[3],unpack(fin))\n"
+    " redis.call('HDEL',KEYS[4],unpack(fin))\n"
+    "end\n"
+    "return out\n",
+    /* RELEASE ARGV: key token */
+    "local k=ARGV[1]\n"
+    "if redis.call('HGET',KEYS[6],k)~=ARGV[2] then return 0 end\n"
+    "redis.call('ZREM',KEYS[5],k)\n"
+    "redis.call('HDEL',KEYS[6],k)\n"
+    "redis.call('ZADD',KEYS[1],redis.call('HGET',KEYS[4],k),k)\n"
+    "return 1\n",
 };
 
 static const char key_suffix[NKEYS] = {'d', 'p', 'a', 'u', 'l', 't', 's'};
@@ -355,7 +306,6 @@ struct rd {
     pthread_t thr, claimer;
     uint64_t next_check; /* no claim check before (real monotonic ms) */
     uint64_t fired, retried, cancelled;
-    _Atomic uint64_t node_calls, node_split; /* NODE calls; sent again */
     uint64_t late_hist[TW_LATE_BUCKETS];
     struct done *pend; /* callbacks done, DONE not yet sent (firer) */
     size_t npend, cap_pend;
@@ -467,8 +417,7 @@ static bool is_noscript(const redisReply *r)
  * caller's, writable) or -1 for a plain command. Returns 0 or the first
  * transport error. A node that lost its script cache (restart, failover)
  * gets EVAL, which loads the script there again. */
-static int run_plain(struct rd *d, tw__rc_cmd *cmds, const int *script,
-                     size_t n)
+static int run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
 {
     int rc = tw__rc_exec(d->rc, cmds, n);
     for (int pass = 0; pass < 2; pass++) {
@@ -509,228 +458,6 @@ static int run_plain(struct rd *d, tw__rc_cmd *cmds, const int *script,
         tw__free(sub);
         tw__free(idx);
     }
-    return rc;
-}
-
-/* ------------------------------------------------------------------------ */
-/* One script call per Redis node. The script calls of one batch whose
- * shards live on the same node go as one NODE call (Redis's cost of a
- * script call, of its commands' round trip and of its reply is paid once
- * per node, not once per shard); each shard's reply is taken out of the
- * NODE call's. A NODE call that cannot run whole on its node (a slot moved
- * or being migrated: TWLOCAL; any other error reply) changed nothing, and
- * its shards' calls are sent again one by one, with the usual MOVED/ASK
- * handling. */
-
-#define NODE_MAX 64 /* node indices of the client (RC_MAX_NODES) */
-/* A call with more arguments goes alone: Redis starts on it while the
- * next is still arriving, and its per-call cost is small beside its
- * items'. */
-#define NODE_ARGS 96
-
-struct nmerge {
-    struct rd *d;
-    tw__rc_cmd *cmds; /* the caller's */
-    const int *script;
-    size_t n;
-    int *node;       /* per command: its node, or -1: sent alone */
-    size_t *grp;     /* per command: the command sent for it */
-    size_t *cnt;     /* per command sent: shards combined in it (0: alone) */
-    size_t *need;    /* per command sent: its arguments */
-    tw__rc_cmd *out; /* the commands sent */
-    int *oscript;
-    size_t nout, ai, ni;
-    const char **argv;
-    size_t *len;
-    char (*num)[24];
-};
-
-static void nm_free(struct nmerge *m)
-{
-    void *v[] = {m->node,    m->grp,  m->cnt, m->need, m->out,
-                 m->oscript, m->argv, m->len, m->num};
-    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
-        tw__free(v[i]);
-}
-
-/* Which commands are combined, and into which command sent. False when
- * none are (or out of memory): then the batch goes as it is. */
-static bool nm_plan(struct nmerge *m)
-{
-    size_t n = m->n, per[NODE_MAX] = {0}, first[NODE_MAX], nargs = 0;
-    m->node = tw__malloc(n * sizeof *m->node);
-    m->grp = tw__malloc(n * sizeof *m->grp);
-    m->cnt = tw__calloc(n, sizeof *m->cnt);
-    m->need = tw__calloc(n, sizeof *m->need);
-    m->out = tw__calloc(n, sizeof *m->out);
-    m->oscript = tw__malloc(n * sizeof *m->oscript);
-    if (!m->node || !m->grp || !m->cnt || !m->need || !m->out || !m->oscript)
-        return false;
-    tw__rc_route(m->d->rc, m->cmds, n, m->node);
-    for (size_t i = 0; i < n; i++) {
-        int s = m->script[i];
-        if (s < 0 || s == S_NODE || m->node[i] < 0 || m->node[i] >= NODE_MAX ||
-            m->cmds[i].argc > 3 + NKEYS + NODE_ARGS)
-            m->node[i] = -1;
-        else
-            per[m->node[i]]++;
-    }
-    for (size_t i = 0; i < n; i++) {
-        int nd = m->node[i];
-        if (nd >= 0 && per[nd] < 2)
-            nd = m->node[i] = -1;
-        if (nd >= 0 && per[nd] != SIZE_MAX) {
-            first[nd] = m->nout;
-            per[nd] = SIZE_MAX; /* its command is made */
-            m->need[m->nout] = 4;
-        }
-        m->grp[i] = nd >= 0 ? first[nd] : m->nout;
-        if (nd < 0 || m->grp[i] == m->nout)
-            m->nout++;
-        if (nd >= 0) {
-            m->cnt[m->grp[i]]++;
-            m->need[m->grp[i]] += 3 + (size_t)m->cmds[i].argc - (3 + NKEYS);
-        }
-    }
-    for (size_t c = 0; c < m->nout; c++)
-        nargs += m->need[c];
-    if (m->nout == n)
-        return false;
-    m->argv = tw__malloc((nargs ? nargs : 1) * sizeof *m->argv);
-    m->len = tw__malloc((nargs ? nargs : 1) * sizeof *m->len);
-    m->num = tw__malloc(2 * n * sizeof *m->num);
-    return m->argv && m->len && m->num;
-}
-
-/* Start the NODE call @c with the routing key of its first shard's call
- * @first. */
-static void nm_head(struct nmerge *m, size_t c, const tw__rc_cmd *first,
-                    size_t nargs)
-{
-    tw__rc_cmd *o = &m->out[c];
-    const char **av = m->argv + m->ai;
-    size_t *al = m->len + m->ai;
-    m->ai += nargs;
-    av[0] = "EVALSHA";
-    al[0] = 7;
-    av[1] = m->d->sha[S_NODE];
-    al[1] = 40;
-    av[2] = "1";
-    al[2] = 1;
-    av[3] = first->argv[3];
-    al[3] = first->argvlen[3];
-    *o = (tw__rc_cmd){4, av, al, first->slot, NULL, 0};
-    m->oscript[c] = S_NODE;
-}
-
-/* Lay out every command sent: a command alone as it is; a shard's call
- * appended to its NODE call as (script + 1, key prefix, nargs, args). */
-static void nm_fill(struct nmerge *m)
-{
-    for (size_t i = 0; i < m->n; i++) {
-        size_t c = m->grp[i];
-        tw__rc_cmd *ci = &m->cmds[i];
-        if (m->node[i] < 0) {
-            m->out[c] = *ci;
-            m->oscript[c] = m->script[i];
-            continue;
-        }
-        if (!m->out[c].argv)
-            nm_head(m, c, ci, m->need[c]);
-        tw__rc_cmd *o = &m->out[c];
-        const char **av = (const char **)o->argv + o->argc;
-        size_t *al = (size_t *)o->argvlen + o->argc;
-        size_t extra = (size_t)ci->argc - (3 + NKEYS);
-        long long v[2] = {m->script[i] + 1, (long long)extra};
-        put_nums(av, al, m->num + m->ni, v, 1);
-        av[1] = ci->argv[3];
-        al[1] = ci->argvlen[3] - 1; /* "{ns:s}:d" -> "{ns:s}:" */
-        put_nums(av + 2, al + 2, m->num + m->ni + 1, v + 1, 1);
-        m->ni += 2;
-        memcpy(av + 3, ci->argv + 3 + NKEYS, extra * sizeof *av);
-        memcpy(al + 3, ci->argvlen + 3 + NKEYS, extra * sizeof *al);
-        o->argc += (int)(3 + extra);
-    }
-}
-
-/* Give each caller's command its reply: its own, or its element of its
- * NODE call's. Returns how many are to be sent again alone (marked by
- * node -2). */
-static size_t nm_split(struct nmerge *m)
-{
-    size_t again = 0;
-    for (size_t i = 0, *at = m->need; i < m->n; i++) {
-        tw__rc_cmd *o = &m->out[m->grp[i]], *ci = &m->cmds[i];
-        if (m->node[i] < 0) {
-            ci->reply = o->reply;
-            ci->err = o->err;
-            continue;
-        }
-        redisReply *r = o->reply;
-        size_t k = at[m->grp[i]]++; /* need[] now counts elements given */
-        ci->err = o->err;
-        ci->reply = NULL;
-        if (!o->err && r && r->type == REDIS_REPLY_ARRAY &&
-            r->elements == m->cnt[m->grp[i]]) {
-            ci->reply = r->element[k];
-            r->element[k] = NULL;
-        } else if (!o->err) {
-            m->node[i] = -2;
-            again++;
-        }
-    }
-    for (size_t c = 0; c < m->nout; c++)
-        if (m->cnt[c] && m->out[c].reply)
-            freeReplyObject(m->out[c].reply);
-    return again;
-}
-
-/* The shards' calls of NODE calls that did not run: each alone. */
-static void nm_again(struct nmerge *m, size_t again)
-{
-    tw__rc_cmd *v = tw__calloc(again, sizeof *v);
-    int *sc = tw__malloc(again * sizeof *sc);
-    size_t j = 0;
-    for (size_t i = 0; v && sc && i < m->n; i++)
-        if (m->node[i] == -2) {
-            v[j] = m->cmds[i];
-            sc[j++] = m->script[i];
-        }
-    if (v && sc)
-        run_plain(m->d, v, sc, again);
-    j = 0;
-    for (size_t i = 0; i < m->n; i++)
-        if (m->node[i] == -2) {
-            m->cmds[i].reply = v && sc ? v[j].reply : NULL;
-            m->cmds[i].err = v && sc ? v[j++].err : TW_ENOMEM;
-        }
-    tw__free(v);
-    tw__free(sc);
-}
-
-/* Run @n commands, pipelined, the script calls of one node combined;
- * @script[i] is the script of cmds[i], or -1 for a plain command (see
- * run_plain). Returns 0 or the first transport error. */
-static int run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
-{
-    struct nmerge m = {.d = d, .cmds = cmds, .script = script, .n = n};
-    if (n < 2 || !nm_plan(&m)) {
-        nm_free(&m);
-        return run_plain(d, cmds, script, n);
-    }
-    nm_fill(&m);
-    run_plain(d, m.out, m.oscript, m.nout);
-    memset(m.need, 0, m.nout * sizeof *m.need);
-    size_t again = nm_split(&m);
-    if (again)
-        nm_again(&m, again);
-    for (size_t c = 0; c < m.nout; c++)
-        d->node_calls += m.cnt[c] > 0;
-    d->node_split += again;
-    nm_free(&m);
-    int rc = 0;
-    for (size_t i = 0; i < n && !rc; i++)
-        rc = cmds[i].err;
     return rc;
 }
 
@@ -1849,13 +1576,6 @@ static int rd_close(tw_durable *base)
 void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out)
 {
     tw__rc_stats_get(((struct rd *)d)->rc, out);
-}
-
-void tw__durable_redis_node_stats(struct tw_durable *d, uint64_t *calls,
-                                  uint64_t *split)
-{
-    *calls = ((struct rd *)d)->node_calls;
-    *split = ((struct rd *)d)->node_split;
 }
 
 static const struct tw_durable_ops rd_ops = {

@@ -488,14 +488,6 @@ void tw__rc_close(tw__rc *c)
     tw__free(c);
 }
 
-void tw__rc_route(tw__rc *c, const tw__rc_cmd *cmds, size_t n, int *node)
-{
-    pthread_mutex_lock(&c->map_mu);
-    for (size_t i = 0; i < n; i++)
-        node[i] = cmds[i].slot < 0 ? -1 : c->slot_node[cmds[i].slot];
-    pthread_mutex_unlock(&c->map_mu);
-}
-
 void tw__rc_stats_get(tw__rc *c, tw__rc_stats *out)
 {
     pthread_mutex_lock(&c->map_mu);

@@ -47,12 +47,6 @@ void tw__rc_close(tw__rc *c);
  * Returns 0 when every command has a reply, else the first err. */
 int tw__rc_exec(tw__rc *c, tw__rc_cmd *cmds, size_t n);
 
-/* The node each command's slot maps to now (an index; -1 for "any
- * node"), for callers that combine the commands of one node. The map may
- * change at any time: a combined command must cope with being sent to a
- * node that no longer serves all of its slots. */
-void tw__rc_route(tw__rc *c, const tw__rc_cmd *cmds, size_t n, int *node);
-
 /* Counters for tests: round trips (batches written), redirects followed,
  * map refreshes, reconnects. */
 typedef struct tw__rc_stats {
@@ -64,10 +58,5 @@ void tw__rc_stats_get(tw__rc *c, tw__rc_stats *out);
  * store. */
 struct tw_durable;
 void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out);
-/* Test hook: script calls that combined several shards of one node, and
- * shards' calls sent again alone because such a call could not run whole
- * (a slot moved or migrating). */
-void tw__durable_redis_node_stats(struct tw_durable *d, uint64_t *calls,
-                                  uint64_t *split);
 
 #endif
