@@ -4,7 +4,7 @@
  * poller on the same Redis. scripts/bench_redis.sh starts the server and
  * runs every mode side by side.
  *
- *   bench_redis sched SEEDS NODES THREADS N
+ *   bench_redis sched SEEDS NODES THREADS N   (SPREAD_MS=S: dues over S ms)
  *       NODES processes x THREADS threads schedule N timers each (due far
  *       beyond the horizon), then cancel them: schedules/s and cancels/s.
  *   bench_redis fire SEEDS REDIS_PID N WINDOW_MS
@@ -121,8 +121,15 @@ struct worker {
     tw_durable *d;
     int node, th, lo, hi, op;
     int64_t due;
-    int errors, batch;
+    int errors, batch, spread;
 };
+
+/* Timer @i's due time: w->due, or with SPREAD_MS=S, spread over S ms
+ * after it (i ms apart, modulo S). */
+static int64_t due_of(const struct worker *w, int i)
+{
+    return w->due + (w->spread > 0 ? i % w->spread : 0);
+}
 
 /* Schedules of keys lo..hi-1 by tw_durable_schedule_many, @batch at a
  * time. */
@@ -136,9 +143,12 @@ static void sched_many(struct worker *w)
         int m = w->hi - i < w->batch ? w->hi - i : w->batch;
         for (int j = 0; j < m; j++) {
             int n = snprintf(k[j], sizeof k[j], "n%d-%d", w->node, i + j);
-            it[j] = (tw_durable_item){k[j],   (size_t)n,
-                                      w->due, "payload-32-bytes-..............",
-                                      32,     0};
+            it[j] = (tw_durable_item){k[j],
+                                      (size_t)n,
+                                      due_of(w, i + j),
+                                      "payload-32-bytes-..............",
+                                      32,
+                                      0};
         }
         tw_durable_schedule_many(w->d, it, (size_t)m);
         for (int j = 0; j < m; j++)
@@ -160,7 +170,7 @@ static void *worker_main(void *arg)
         int n = snprintf(k, sizeof k, "n%d-%d", w->node, i);
         int rc =
             w->op ? tw_durable_cancel(w->d, k, (size_t)n)
-                  : tw_durable_schedule(w->d, k, (size_t)n, w->due,
+                  : tw_durable_schedule(w->d, k, (size_t)n, due_of(w, i),
                                         "payload-32-bytes-..............", 32);
         if (rc)
             w->errors++;
@@ -184,6 +194,7 @@ static void sched_node(const char *seeds, int node, int threads, int n,
         _exit(1);
     }
     int batch = getenv("BATCH") ? atoi(getenv("BATCH")) : 1;
+    int spread = getenv("SPREAD_MS") ? atoi(getenv("SPREAD_MS")) : 0;
     char c;
     if (read(go_fd, &c, 1) != 1)
         _exit(1);
@@ -203,7 +214,8 @@ static void sched_node(const char *seeds, int node, int threads, int n,
                                    op,
                                    (now_us() / 1000) + 3600 * 1000,
                                    0,
-                                   batch};
+                                   batch,
+                                   spread};
             pthread_create(&th[i], NULL, worker_main, &w[i]);
         }
         for (int i = 0; i < threads; i++) {

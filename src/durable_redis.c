@@ -89,7 +89,11 @@ static const char *const scripts[S_COUNT] = {
      * items claimed at once (due within the horizon). A constant number
      * of commands per call, however many items: the per-call cost of a
      * script and of each command it runs is paid once per batch. The
-     * attempt (:a) of a new key is absent (= 1); :u is written at claim. */
+     * attempt (:a) of a new key is absent (= 1); :u is written at claim.
+     * A key that had no payload in :p is in no other structure (every
+     * script that removes a payload removes the rest, and every other
+     * entry is written for a key with a payload), so when HSET added every
+     * key there is nothing older to delete and the deletions are skipped. */
     "local untl,now,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"
     "tonumber(ARGV[3])\n"
     "local m=(#ARGV-3)/3\n"
@@ -116,13 +120,15 @@ static const char *const scripts[S_COUNT] = {
     "  end\n"
     " end\n"
     "end\n"
-    "redis.call('HSET',KEYS[2],unpack(pv))\n"
-    "redis.call('HDEL',KEYS[3],unpack(ks))\n"
-    "redis.call('ZREM',KEYS[5],unpack(ks))\n"
-    "redis.call('HDEL',KEYS[6],unpack(ks))\n"
+    "local old=#ks-redis.call('HSET',KEYS[2],unpack(pv))>0\n"
+    "if old then\n"
+    " redis.call('HDEL',KEYS[3],unpack(ks))\n"
+    " redis.call('ZREM',KEYS[5],unpack(ks))\n"
+    " redis.call('HDEL',KEYS[6],unpack(ks))\n"
+    "end\n"
     "if #fk>0 then\n"
     " redis.call('ZADD',KEYS[1],unpack(fz))\n"
-    " redis.call('HDEL',KEYS[4],unpack(fk))\n"
+    " if old then redis.call('HDEL',KEYS[4],unpack(fk)) end\n"
     "end\n"
     "if #nk>0 then\n"
     " local tok0=redis.call('INCRBY',KEYS[7],#nk)-#nk\n"
@@ -133,7 +139,7 @@ static const char *const scripts[S_COUNT] = {
     "  out[2*i-1]=nt[i]\n"
     "  out[2*i]=tok0+i\n"
     " end\n"
-    " redis.call('ZREM',KEYS[1],unpack(nk))\n"
+    " if old then redis.call('ZREM',KEYS[1],unpack(nk)) end\n"
     " redis.call('ZADD',KEYS[5],unpack(nz))\n"
     " redis.call('HSET',KEYS[6],unpack(ht))\n"
     " redis.call('HSET',KEYS[4],unpack(nu))\n"
