@@ -224,9 +224,11 @@ __attribute__((noinline)) static void bm_set(const tw_wheel *w, uint64_t *bm,
     }
 }
 
-static void bm_clear(const tw_wheel *w, uint64_t *bm, uint64_t i)
+/* Clear bit @i of layer @from and, while words become 0, the bits above. */
+static void bm_clear_from(const tw_wheel *w, uint64_t *bm, unsigned from,
+                          uint64_t i)
 {
-    for (unsigned l = 0; l < w->bm_layers; l++) {
+    for (unsigned l = from; l < w->bm_layers; l++) {
         uint64_t *word = &bm[w->bm_off[l] + (i >> 6)];
         *word &= ~(UINT64_C(1) << (i & 63));
         if (*word != 0)
@@ -312,13 +314,24 @@ static inline void slot_filled(tw_wheel *w, unsigned k, uint64_t slot)
     }
 }
 
-/* Mark slot (k, slot) empty in the bitmaps. */
-static void slot_emptied(tw_wheel *w, unsigned k, uint64_t slot)
+/* The layers above a bitmap word that became 0, and the level map. */
+__attribute__((noinline)) static void word_emptied(tw_wheel *w, unsigned k,
+                                                   uint64_t slot)
 {
     uint64_t *bm = level_bitmap(w, k);
-    bm_clear(w, bm, slot);
+    if (w->bm_layers > 1)
+        bm_clear_from(w, bm, 1, slot >> 6);
     if (bm_empty(w, bm))
         w->level_map &= ~(UINT64_C(1) << k);
+}
+
+/* Mark slot (k, slot) empty in the bitmaps. */
+static inline void slot_emptied(tw_wheel *w, unsigned k, uint64_t slot)
+{
+    uint64_t *word = &level_bitmap(w, k)[slot >> 6]; /* layer 0 */
+    *word &= ~(UINT64_C(1) << (slot & 63));
+    if (*word == 0)
+        word_emptied(w, k, slot);
     if (is_rounds_level(w, k))
         w->slotmin[slot] = UINT64_MAX;
 }
@@ -1024,16 +1037,42 @@ hand_over(tw_wheel *w, uint64_t slot, tw_timer **fl, unsigned C)
 {
     tw_timer **h = slot_heads(w, 0, slot, C);
     unsigned n = 0;
+    /* Without a branch per chain: which chains are empty is random. */
     for (unsigned c = 0; c < C; c++) {
         tw_timer *t = h[c];
-        if (t != NULL) {
-            fl[n] = t;
-            t->tw__pprev = &fl[n++];
-            h[c] = NULL;
-        }
+        fl[n] = t;
+        n += t != NULL;
+        h[c] = NULL;
     }
+    for (unsigned i = 0; i < n; i++)
+        fl[i]->tw__pprev = &fl[i];
     slot_emptied(w, 0, slot);
     return n;
+}
+
+/*
+ * Move @t (expiring at @e, unlinked) from a slot being visited at tick @now
+ * to its lower level: a visit's granule holds now, so the level of
+ * e ^ now is below the visited one and never the rounds level, and the
+ * caller's own next_event() finds the slot; @rr deals the chains.
+ */
+__attribute__((always_inline)) static inline void
+cascade(tw_wheel *w, tw_timer *t, uint64_t e, uint64_t now, unsigned *rr,
+        unsigned C)
+{
+    unsigned k = w->level_of_msb[msb64(e ^ now)];
+    const struct level *lv = &w->lv[k];
+    uint64_t slot = (e >> lv->shift) & w->mask;
+    tw_timer **h = lv->heads + (size_t)slot * C;
+    if (C > 1) {
+        h += *rr;
+        *rr = (*rr + 1) & (C - 1);
+    }
+    list_push(h, t);
+    if (!((lv->bm[slot >> 6] >> (slot & 63)) & 1)) {
+        bm_set(w, lv->bm, slot);
+        w->level_map |= UINT64_C(1) << k;
+    }
 }
 
 /*
@@ -1054,6 +1093,7 @@ visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
     unsigned gshift = w->lv[k].shift;
     uint64_t now = w->now, newmin = UINT64_MAX;
     int kept = 0;
+    unsigned rr = w->rr;
 
     if (rounds && floor_pow2(w->slotmin[slot], gshift) > now)
         return; /* nothing of this round here: skip the walk */
@@ -1091,10 +1131,11 @@ visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
                 if (e < newmin)
                     newmin = e;
             } else {
-                place(w, t, C);
+                cascade(w, t, e, now, &rr, C);
             }
         }
     }
+    w->rr = rr;
     if (kept) {
         slot_filled(w, k, slot);
         w->slotmin[slot] = newmin;
@@ -1124,7 +1165,12 @@ advance_loop(tw_wheel *w, uint64_t now, size_t *ran, unsigned C)
         unsigned top = w->level_of_msb[ctz64(t)];
         tw_timer *fl[K]; /* entries below min(nfire, K) are in use */
         unsigned nfire = 0;
-        for (unsigned k = top + 1; k > 0;) {
+        if (top == 0 && !is_rounds_level(w, 0)) {
+            /* The common tick: only level 0 starts a granule at t, so t
+             * came from its bitmap and slot t & mask is occupied. */
+            nfire = hand_over(w, t & w->mask, fl, C);
+        }
+        for (unsigned k = nfire == 0 ? top + 1 : 0; k > 0;) {
             k--;
             if (!(w->level_map & (UINT64_C(1) << k)))
                 continue;
