@@ -209,19 +209,22 @@ static inline uint64_t *level_bitmap(const tw_wheel *w, unsigned k)
 /* Occupancy bitmaps: a tree of words, layer 0 = one bit per slot, each
  * higher layer one bit per non-zero word of the layer below. */
 
-/* Out of line: most adds find the slot already marked, and keeping this
- * loop out of tw_wheel_add() spares the common path a stack frame. */
-__attribute__((noinline)) static void bm_set(const tw_wheel *w, uint64_t *bm,
-                                             uint64_t i)
+/* Layer-0 word @i of level @k's bitmap became non-zero: set the bits
+ * above it and the level's bit. Out of line: most marks find the word
+ * already non-zero, and the common paths keep no stack frame. */
+__attribute__((noinline)) static void word_filled(tw_wheel *w, unsigned k,
+                                                  uint64_t i)
 {
-    for (unsigned l = 0; l < w->bm_layers; l++) {
+    uint64_t *bm = w->lv[k].bm;
+    for (unsigned l = 1; l < w->bm_layers; l++) {
         uint64_t *word = &bm[w->bm_off[l] + (i >> 6)];
         uint64_t was = *word;
         *word = was | (UINT64_C(1) << (i & 63));
         if (was != 0)
-            return; /* the layers above already know this word is set */
+            break; /* the layers above already know this word is set */
         i >>= 6;
     }
+    w->level_map |= UINT64_C(1) << k;
 }
 
 /* Clear bit @i of layer @from and, while words become 0, the bits above. */
@@ -307,11 +310,11 @@ static int slot_empty(tw_timer *const *h, unsigned C)
 /* Mark slot (k, slot) occupied in the bitmaps. */
 static inline void slot_filled(tw_wheel *w, unsigned k, uint64_t slot)
 {
-    uint64_t *bm = level_bitmap(w, k);
-    if (!bm_test(w, bm, slot)) {
-        bm_set(w, bm, slot);
-        w->level_map |= UINT64_C(1) << k;
-    }
+    uint64_t *word = &level_bitmap(w, k)[slot >> 6]; /* layer 0 */
+    uint64_t was = *word;
+    *word = was | (UINT64_C(1) << (slot & 63));
+    if (was == 0)
+        word_filled(w, k, slot >> 6);
 }
 
 /* The layers above a bitmap word that became 0, and the level map. */
@@ -1054,25 +1057,17 @@ hand_over(tw_wheel *w, uint64_t slot, tw_timer **fl, unsigned C)
  * Move @t (expiring at @e, unlinked) from a slot being visited at tick @now
  * to its lower level: a visit's granule holds now, so the level of
  * e ^ now is below the visited one and never the rounds level, and the
- * caller's own next_event() finds the slot; @rr deals the chains.
+ * caller's own next_event() finds the slot; @chain picks the list.
  */
 __attribute__((always_inline)) static inline void
-cascade(tw_wheel *w, tw_timer *t, uint64_t e, uint64_t now, unsigned *rr,
-        unsigned C)
+cascade(tw_wheel *w, tw_timer *t, uint64_t e, uint64_t now, uint64_t mask,
+        unsigned chain, unsigned C)
 {
     unsigned k = w->level_of_msb[msb64(e ^ now)];
     const struct level *lv = &w->lv[k];
-    uint64_t slot = (e >> lv->shift) & w->mask;
-    tw_timer **h = lv->heads + (size_t)slot * C;
-    if (C > 1) {
-        h += *rr;
-        *rr = (*rr + 1) & (C - 1);
-    }
-    list_push(h, t);
-    if (!((lv->bm[slot >> 6] >> (slot & 63)) & 1)) {
-        bm_set(w, lv->bm, slot);
-        w->level_map |= UINT64_C(1) << k;
-    }
+    uint64_t slot = (e >> lv->shift) & mask;
+    list_push(lv->heads + (size_t)slot * C + (chain & (C - 1)), t);
+    slot_filled(w, k, slot);
 }
 
 /*
@@ -1093,7 +1088,8 @@ visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
     unsigned gshift = w->lv[k].shift;
     uint64_t now = w->now, newmin = UINT64_MAX;
     int kept = 0;
-    unsigned rr = w->rr;
+    unsigned moved = 0; /* deals the chains of the cascade's targets */
+    uint64_t mask = w->mask;
 
     if (rounds && floor_pow2(w->slotmin[slot], gshift) > now)
         return; /* nothing of this round here: skip the walk */
@@ -1131,11 +1127,10 @@ visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
                 if (e < newmin)
                     newmin = e;
             } else {
-                cascade(w, t, e, now, &rr, C);
+                cascade(w, t, e, now, mask, moved++, C);
             }
         }
     }
-    w->rr = rr;
     if (kept) {
         slot_filled(w, k, slot);
         w->slotmin[slot] = newmin;
