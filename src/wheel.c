@@ -129,7 +129,8 @@ struct tw_wheel {
     uint64_t hint;      /* no slot needs a visit before this tick */
     size_t count;       /* pending timers, due list included */
     uint64_t level_map; /* bit k: level k has an occupied slot */
-    tw_timer **heads;   /* [level][slot][chain]: its own allocation */
+    tw_timer **heads;   /* [level][slot][chain], 64-byte aligned */
+    void *heads_mem;    /* its allocation (see heads_alloc) */
     size_t heads_bytes; /* the size of that table */
     size_t grow_at;     /* widen the table when count reaches this */
     uint32_t cshift;    /* log2 of the lists per slot: 0 or log2(K) */
@@ -572,11 +573,24 @@ static int wheel_sizing(const tw_wheel_config *cfg, struct wheel_size *z)
     return 0;
 }
 
-/* Point every level at its part of the slot-head table @heads, which has
- * 2^@cshift lists per slot. */
-static void set_heads(tw_wheel *w, tw_timer **heads, unsigned cshift)
+/* A zeroed slot-head table of @bytes, aligned to 64 bytes so that the 8
+ * lists of a wide slot share one cache line; *@mem receives the block to
+ * free. NULL when out of memory. */
+static tw_timer **heads_alloc(size_t bytes, void **mem)
+{
+    char *p = tw__calloc(1, bytes + 63);
+    *mem = p;
+    if (p == NULL)
+        return NULL;
+    return (tw_timer **)(void *)(p + ((64 - (uintptr_t)p % 64) % 64));
+}
+
+/* Point every level at its part of the slot-head table @heads (allocated
+ * as @mem), which has 2^@cshift lists per slot. */
+static void set_heads(tw_wheel *w, tw_timer **heads, void *mem, unsigned cshift)
 {
     w->heads = heads;
+    w->heads_mem = mem;
     w->cshift = cshift;
     w->heads_bytes =
         (((size_t)w->levels << w->bits) << cshift) * sizeof(tw_timer *);
@@ -586,7 +600,7 @@ static void set_heads(tw_wheel *w, tw_timer **heads, unsigned cshift)
 
 /* Layout: carve the zeroed block @mem into the wheel and its arrays, in
  * that order, and set every field; @heads is the zeroed slot-head table. */
-static tw_wheel *wheel_layout(char *mem, tw_timer **heads,
+static tw_wheel *wheel_layout(char *mem, tw_timer **heads, void *heads_mem,
                               const struct wheel_size *z, uint64_t now)
 {
     tw_wheel *w = (tw_wheel *)(void *)mem;
@@ -614,7 +628,7 @@ static tw_wheel *wheel_layout(char *mem, tw_timer **heads,
     memcpy(w->bm_off, z->bm_off, sizeof(z->bm_off));
     memcpy(w->bm_len, z->bm_len, sizeof(z->bm_len));
     /* A wide table of at most 4 KiB is cheap: such a wheel starts wide. */
-    set_heads(w, heads, z->wide ? K_SHIFT : 0);
+    set_heads(w, heads, heads_mem, z->wide ? K_SHIFT : 0);
     /* Else widen when the wide table costs at most 32 bytes a timer. */
     w->grow_at = z->wide ? SIZE_MAX : (((size_t)levels << bits) * K) / 4;
     w->fast_k = z->wide ? w->rounds_k : 0;
@@ -640,12 +654,13 @@ int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
     char *mem = tw__calloc(1, z.total);
     if (mem == NULL)
         return TW_ENOMEM;
-    tw_timer **heads = tw__calloc(1, z.heads_bytes);
+    void *heads_mem;
+    tw_timer **heads = heads_alloc(z.heads_bytes, &heads_mem);
     if (heads == NULL) {
         tw__free(mem);
         return TW_ENOMEM;
     }
-    *out = wheel_layout(mem, heads, &z, now);
+    *out = wheel_layout(mem, heads, heads_mem, &z, now);
     return 0;
 }
 
@@ -653,7 +668,7 @@ void tw_wheel_destroy(tw_wheel *w)
 {
     if (w == NULL)
         return;
-    tw__free(w->heads);
+    tw__free(w->heads_mem);
     tw__free(w); /* one allocation holds the wheel and its other arrays */
 }
 
@@ -708,7 +723,8 @@ __attribute__((noinline)) static int add_mark(tw_wheel *w, unsigned k,
 __attribute__((noinline)) static void widen(tw_wheel *w)
 {
     size_t slots = (size_t)w->levels << w->bits;
-    tw_timer **wide = tw__calloc(slots * K, sizeof(*wide));
+    void *mem;
+    tw_timer **wide = heads_alloc(slots * K * sizeof(*wide), &mem);
     if (wide == NULL) {
         w->grow_at = w->count > SIZE_MAX / 2 ? SIZE_MAX : w->count * 2;
         return;
@@ -723,8 +739,8 @@ __attribute__((noinline)) static void widen(tw_wheel *w)
             (*to)->tw__pprev = to; /* an occupied slot's list is not empty */
         }
     }
-    tw__free(w->heads);
-    set_heads(w, wide, K_SHIFT);
+    tw__free(w->heads_mem);
+    set_heads(w, wide, mem, K_SHIFT);
     w->rr = 0;
     w->grow_at = SIZE_MAX;
     w->fast_k = w->rounds_k;
@@ -1040,6 +1056,17 @@ hand_over(tw_wheel *w, uint64_t slot, tw_timer **fl, unsigned C)
 {
     tw_timer **h = slot_heads(w, 0, slot, C);
     unsigned n = 0;
+    uintptr_t rest = 0;
+    for (unsigned c = 1; c < C; c++)
+        rest |= (uintptr_t)h[c];
+    if (rest == 0) {
+        /* A slot filled by one cascade timer has only its first list. */
+        fl[0] = h[0];
+        h[0] = NULL;
+        fl[0]->tw__pprev = &fl[0]; /* an occupied slot */
+        slot_emptied(w, 0, slot);
+        return 1;
+    }
     /* Without a branch per chain: which chains are empty is random. */
     for (unsigned c = 0; c < C; c++) {
         tw_timer *t = h[c];
@@ -1066,7 +1093,10 @@ cascade(tw_wheel *w, tw_timer *t, uint64_t e, uint64_t now, uint64_t mask,
     unsigned k = w->level_of_msb[msb64(e ^ now)];
     const struct level *lv = &w->lv[k];
     uint64_t slot = (e >> lv->shift) & mask;
-    list_push(lv->heads + (size_t)slot * C + (chain & (C - 1)), t);
+    tw_timer **h = lv->heads + (size_t)slot * C;
+    /* The slot's first list while it is empty (hand_over() checks that one
+     * alone first), else the next in turn. */
+    list_push(h[0] == NULL ? h : h + (chain & (C - 1)), t);
     slot_filled(w, k, slot);
 }
 
