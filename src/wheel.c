@@ -988,7 +988,8 @@ static tw_timer *sort_run(tw_timer *head, size_t n)
  * taken in turn so that the next timer of each is fetched while the others
  * run.
  */
-static size_t fire_chains(tw_wheel *w, tw_timer **fl, unsigned n)
+__attribute__((always_inline)) static inline size_t
+fire_chains(tw_wheel *w, tw_timer **fl, unsigned n)
 {
     size_t ran = 0;
     unsigned c = 0;
