@@ -126,26 +126,26 @@ struct level {
 
 struct tw_wheel {
     uint64_t now;
-    uint64_t hint;       /* no slot needs a visit before this tick */
-    uint32_t hint_exact; /* hint is next_event()'s tick (see advance_loop) */
-    size_t count;        /* pending timers, due list included */
-    uint64_t level_map;  /* bit k: level k has an occupied slot */
-    tw_timer **heads;    /* [level][slot][chain], 64-byte aligned */
-    void *heads_mem;     /* its allocation (see heads_alloc) */
-    size_t heads_bytes;  /* the size of that table */
-    size_t grow_at;      /* widen the table when count reaches this */
-    uint32_t cshift;     /* log2 of the lists per slot: 0 or log2(K) */
-    uint32_t fast_k;     /* tw_wheel_add's fast path takes levels below */
-    uint64_t *slotmin;   /* [slot]: lower bound of expiries, rounds level */
-    tw_timer *due;       /* timers added with expires <= now */
-    uint64_t due_min;    /* lower bound of the due list's expiries */
-    uint64_t mask;       /* S - 1 */
-    uint32_t bits;       /* b */
-    uint32_t levels;     /* L */
-    uint32_t rounds;     /* 1 if the top level keeps later rounds */
-    uint32_t rounds_k;   /* that level's index, or 64 when there is none */
-    uint32_t rr;         /* round-robin chain for the next insertion */
-    uint32_t bm_layers;  /* layers of a level's bitmap tree */
+    uint64_t hint;      /* no slot needs a visit before this tick */
+    uint32_t hint_ok;   /* hint is next_event()'s tick (advance_loop) */
+    size_t count;       /* pending timers, due list included */
+    uint64_t level_map; /* bit k: level k has an occupied slot */
+    tw_timer **heads;   /* [level][slot][chain], 64-byte aligned */
+    void *heads_mem;    /* its allocation (see heads_alloc) */
+    size_t heads_bytes; /* the size of that table */
+    size_t grow_at;     /* widen the table when count reaches this */
+    uint32_t cshift;    /* log2 of the lists per slot: 0 or log2(K) */
+    uint32_t fast_k;    /* tw_wheel_add's fast path takes levels below */
+    uint64_t *slotmin;  /* [slot]: lower bound of expiries, rounds level */
+    tw_timer *due;      /* timers added with expires <= now */
+    uint64_t due_min;   /* lower bound of the due list's expiries */
+    uint64_t mask;      /* S - 1 */
+    uint32_t bits;      /* b */
+    uint32_t levels;    /* L */
+    uint32_t rounds;    /* 1 if the top level keeps later rounds */
+    uint32_t rounds_k;  /* that level's index, or 64 when there is none */
+    uint32_t rr;        /* round-robin chain for the next insertion */
+    uint32_t bm_layers; /* layers of a level's bitmap tree */
     uint32_t bm_off[TW_BM_MAX_LAYERS]; /* word offset of each layer */
     uint32_t bm_len[TW_BM_MAX_LAYERS]; /* words in each layer */
     uint8_t level_of_msb[64];          /* msb(E ^ now) -> level */
@@ -346,7 +346,7 @@ __attribute__((noinline)) static void chain_emptied(tw_wheel *w,
                                                     tw_timer **head)
 {
     size_t idx = (size_t)(head - w->heads) >> w->cshift;
-    w->hint_exact = 0;
+    w->hint_ok = 0;
     tw_timer **h = w->heads + (idx << w->cshift);
     if (slot_empty(h, chains_of(w)))
         slot_emptied(w, (unsigned)(idx >> w->bits), idx & w->mask);
@@ -1179,19 +1179,19 @@ advance_loop(tw_wheel *w, uint64_t now, size_t *ran, unsigned C)
     /* An exact hint saves the first search: the last advance left it, and
      * since then adds only lowered it to their slot's tick, no slot became
      * empty (chain_emptied) and now moved only short of it. */
-    int exact = w->hint_exact && w->hint != UINT64_MAX;
-    w->hint_exact = 0; /* until the loop leaves a fresh hint */
+    int exact = w->hint_ok && w->hint != UINT64_MAX;
+    w->hint_ok = 0; /* until the loop leaves a fresh hint */
     for (;;) {
         uint64_t t = w->hint;
         if (!exact && next_event(w, &t) != 0) {
             w->hint = UINT64_MAX;
-            w->hint_exact = !w->rounds;
+            w->hint_ok = !w->rounds;
             break;
         }
         exact = 0;
         if (t > now) {
             w->hint = t;
-            w->hint_exact = !w->rounds;
+            w->hint_ok = !w->rounds;
             break;
         }
         w->now = t;
@@ -1327,7 +1327,7 @@ int tw__wheel_check(const tw_wheel *w)
     if (next_event(w, &next) == 0) {
         CHECK(next > w->now);
         CHECK(w->hint <= next); /* the fast path never skips work */
-        CHECK(!w->hint_exact || w->hint == next);
+        CHECK(!w->hint_ok || w->hint == next);
     }
     /* Every timer was found through the bitmaps: none hides elsewhere. */
     CHECK(n == w->count);
