@@ -74,7 +74,16 @@
  *
  * A level-0 slot that is not a rounds level holds only timers due at its
  * tick, so its visit hands its chains over to the fire loop as they are:
- * the only timer touched before its callback is each chain's first.
+ * the only timer touched before its callback is each chain's first. A
+ * cascade puts a timer in its target slot's first list while that list is
+ * empty, so a slot that one cascade filled with one timer is handed over
+ * by looking at its first list and one OR of the others. The table of list
+ * heads is 64-byte aligned: a wide slot's 8 heads are one cache line.
+ *
+ * The hint (no visit is due before it) is exact after an advance: adds
+ * only lower it to their own slot's tick, and a cancel that empties a
+ * list clears the flag that says so. An advance in 1-tick steps then
+ * starts from the hint instead of searching the bitmaps again.
  *
  * Windows (tw_wheel_add_window): the tick chosen in [earliest, latest] is
  * the one with the most trailing zero bits. It is unique in the window, so
