@@ -1107,9 +1107,14 @@ cascade(tw_wheel *w, tw_timer *t, uint64_t e, uint64_t now, uint64_t mask,
     uint64_t slot = (e >> lv->shift) & mask;
     tw_timer **h = lv->heads + (size_t)slot * C;
     /* The slot's first list while it is empty (hand_over() checks that one
-     * alone first), else the next in turn. */
-    list_push(h[0] == NULL ? h : h + (chain & (C - 1)), t);
-    slot_filled(w, k, slot);
+     * alone first), else the next in turn; a slot whose first list is not
+     * empty is marked already. */
+    if (h[0] != NULL) {
+        list_push(h + (chain & (C - 1)), t);
+    } else {
+        list_push(h, t);
+        slot_filled(w, k, slot);
+    }
 }
 
 /*
