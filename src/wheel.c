@@ -74,7 +74,16 @@
  *
  * A level-0 slot that is not a rounds level holds only timers due at its
  * tick, so its visit hands its chains over to the fire loop as they are:
- * the only timer touched before its callback is each chain's first.
+ * the only timer touched before its callback is each chain's first. A
+ * cascade puts a timer in its target slot's first list while that list is
+ * empty, so a slot that one cascade filled with one timer is handed over
+ * by looking at its first list and one OR of the others. The table of list
+ * heads is 64-byte aligned: a wide slot's 8 heads are one cache line.
+ *
+ * The hint (no visit is due before it) is exact after an advance: adds
+ * only lower it to their own slot's tick, and a cancel that empties a
+ * list clears the flag that says so. An advance in 1-tick steps then
+ * starts from the hint instead of searching the bitmaps again.
  *
  * Windows (tw_wheel_add_window): the tick chosen in [earliest, latest] is
  * the one with the most trailing zero bits. It is unique in the window, so
@@ -127,9 +136,11 @@ struct level {
 struct tw_wheel {
     uint64_t now;
     uint64_t hint;      /* no slot needs a visit before this tick */
+    uint32_t hint_ok;   /* hint is next_event()'s tick (advance_loop) */
     size_t count;       /* pending timers, due list included */
     uint64_t level_map; /* bit k: level k has an occupied slot */
-    tw_timer **heads;   /* [level][slot][chain]: its own allocation */
+    tw_timer **heads;   /* [level][slot][chain], 64-byte aligned */
+    void *heads_mem;    /* its allocation (see heads_alloc) */
     size_t heads_bytes; /* the size of that table */
     size_t grow_at;     /* widen the table when count reaches this */
     uint32_t cshift;    /* log2 of the lists per slot: 0 or log2(K) */
@@ -209,24 +220,29 @@ static inline uint64_t *level_bitmap(const tw_wheel *w, unsigned k)
 /* Occupancy bitmaps: a tree of words, layer 0 = one bit per slot, each
  * higher layer one bit per non-zero word of the layer below. */
 
-/* Out of line: most adds find the slot already marked, and keeping this
- * loop out of tw_wheel_add() spares the common path a stack frame. */
-__attribute__((noinline)) static void bm_set(const tw_wheel *w, uint64_t *bm,
-                                             uint64_t i)
+/* Layer-0 word @i of level @k's bitmap became non-zero: set the bits
+ * above it and the level's bit. Out of line: most marks find the word
+ * already non-zero, and the common paths keep no stack frame. */
+__attribute__((noinline)) static void word_filled(tw_wheel *w, unsigned k,
+                                                  uint64_t i)
 {
-    for (unsigned l = 0; l < w->bm_layers; l++) {
+    uint64_t *bm = w->lv[k].bm;
+    for (unsigned l = 1; l < w->bm_layers; l++) {
         uint64_t *word = &bm[w->bm_off[l] + (i >> 6)];
         uint64_t was = *word;
         *word = was | (UINT64_C(1) << (i & 63));
         if (was != 0)
-            return; /* the layers above already know this word is set */
+            break; /* the layers above already know this word is set */
         i >>= 6;
     }
+    w->level_map |= UINT64_C(1) << k;
 }
 
-static void bm_clear(const tw_wheel *w, uint64_t *bm, uint64_t i)
+/* Clear bit @i of layer @from and, while words become 0, the bits above. */
+static void bm_clear_from(const tw_wheel *w, uint64_t *bm, unsigned from,
+                          uint64_t i)
 {
-    for (unsigned l = 0; l < w->bm_layers; l++) {
+    for (unsigned l = from; l < w->bm_layers; l++) {
         uint64_t *word = &bm[w->bm_off[l] + (i >> 6)];
         *word &= ~(UINT64_C(1) << (i & 63));
         if (*word != 0)
@@ -305,20 +321,31 @@ static int slot_empty(tw_timer *const *h, unsigned C)
 /* Mark slot (k, slot) occupied in the bitmaps. */
 static inline void slot_filled(tw_wheel *w, unsigned k, uint64_t slot)
 {
+    uint64_t *word = &level_bitmap(w, k)[slot >> 6]; /* layer 0 */
+    uint64_t was = *word;
+    *word = was | (UINT64_C(1) << (slot & 63));
+    if (was == 0)
+        word_filled(w, k, slot >> 6);
+}
+
+/* The layers above a bitmap word that became 0, and the level map. */
+__attribute__((noinline)) static void word_emptied(tw_wheel *w, unsigned k,
+                                                   uint64_t slot)
+{
     uint64_t *bm = level_bitmap(w, k);
-    if (!bm_test(w, bm, slot)) {
-        bm_set(w, bm, slot);
-        w->level_map |= UINT64_C(1) << k;
-    }
+    if (w->bm_layers > 1)
+        bm_clear_from(w, bm, 1, slot >> 6);
+    if (bm_empty(w, bm))
+        w->level_map &= ~(UINT64_C(1) << k);
 }
 
 /* Mark slot (k, slot) empty in the bitmaps. */
-static void slot_emptied(tw_wheel *w, unsigned k, uint64_t slot)
+static inline void slot_emptied(tw_wheel *w, unsigned k, uint64_t slot)
 {
-    uint64_t *bm = level_bitmap(w, k);
-    bm_clear(w, bm, slot);
-    if (bm_empty(w, bm))
-        w->level_map &= ~(UINT64_C(1) << k);
+    uint64_t *word = &level_bitmap(w, k)[slot >> 6]; /* layer 0 */
+    *word &= ~(UINT64_C(1) << (slot & 63));
+    if (*word == 0)
+        word_emptied(w, k, slot);
     if (is_rounds_level(w, k))
         w->slotmin[slot] = UINT64_MAX;
 }
@@ -328,6 +355,7 @@ __attribute__((noinline)) static void chain_emptied(tw_wheel *w,
                                                     tw_timer **head)
 {
     size_t idx = (size_t)(head - w->heads) >> w->cshift;
+    w->hint_ok = 0;
     tw_timer **h = w->heads + (idx << w->cshift);
     if (slot_empty(h, chains_of(w)))
         slot_emptied(w, (unsigned)(idx >> w->bits), idx & w->mask);
@@ -556,11 +584,24 @@ static int wheel_sizing(const tw_wheel_config *cfg, struct wheel_size *z)
     return 0;
 }
 
-/* Point every level at its part of the slot-head table @heads, which has
- * 2^@cshift lists per slot. */
-static void set_heads(tw_wheel *w, tw_timer **heads, unsigned cshift)
+/* A zeroed slot-head table of @bytes, aligned to 64 bytes so that the 8
+ * lists of a wide slot share one cache line; *@mem receives the block to
+ * free. NULL when out of memory. */
+static tw_timer **heads_alloc(size_t bytes, void **mem)
+{
+    char *p = tw__calloc(1, bytes + 63);
+    *mem = p;
+    if (p == NULL)
+        return NULL;
+    return (tw_timer **)(void *)(p + ((64 - (uintptr_t)p % 64) % 64));
+}
+
+/* Point every level at its part of the slot-head table @heads (allocated
+ * as @mem), which has 2^@cshift lists per slot. */
+static void set_heads(tw_wheel *w, tw_timer **heads, void *mem, unsigned cshift)
 {
     w->heads = heads;
+    w->heads_mem = mem;
     w->cshift = cshift;
     w->heads_bytes =
         (((size_t)w->levels << w->bits) << cshift) * sizeof(tw_timer *);
@@ -570,7 +611,7 @@ static void set_heads(tw_wheel *w, tw_timer **heads, unsigned cshift)
 
 /* Layout: carve the zeroed block @mem into the wheel and its arrays, in
  * that order, and set every field; @heads is the zeroed slot-head table. */
-static tw_wheel *wheel_layout(char *mem, tw_timer **heads,
+static tw_wheel *wheel_layout(char *mem, tw_timer **heads, void *heads_mem,
                               const struct wheel_size *z, uint64_t now)
 {
     tw_wheel *w = (tw_wheel *)(void *)mem;
@@ -598,7 +639,7 @@ static tw_wheel *wheel_layout(char *mem, tw_timer **heads,
     memcpy(w->bm_off, z->bm_off, sizeof(z->bm_off));
     memcpy(w->bm_len, z->bm_len, sizeof(z->bm_len));
     /* A wide table of at most 4 KiB is cheap: such a wheel starts wide. */
-    set_heads(w, heads, z->wide ? K_SHIFT : 0);
+    set_heads(w, heads, heads_mem, z->wide ? K_SHIFT : 0);
     /* Else widen when the wide table costs at most 32 bytes a timer. */
     w->grow_at = z->wide ? SIZE_MAX : (((size_t)levels << bits) * K) / 4;
     w->fast_k = z->wide ? w->rounds_k : 0;
@@ -624,12 +665,13 @@ int tw_wheel_create(tw_wheel **out, const tw_wheel_config *cfg, uint64_t now)
     char *mem = tw__calloc(1, z.total);
     if (mem == NULL)
         return TW_ENOMEM;
-    tw_timer **heads = tw__calloc(1, z.heads_bytes);
+    void *heads_mem;
+    tw_timer **heads = heads_alloc(z.heads_bytes, &heads_mem);
     if (heads == NULL) {
         tw__free(mem);
         return TW_ENOMEM;
     }
-    *out = wheel_layout(mem, heads, &z, now);
+    *out = wheel_layout(mem, heads, heads_mem, &z, now);
     return 0;
 }
 
@@ -637,7 +679,7 @@ void tw_wheel_destroy(tw_wheel *w)
 {
     if (w == NULL)
         return;
-    tw__free(w->heads);
+    tw__free(w->heads_mem);
     tw__free(w); /* one allocation holds the wheel and its other arrays */
 }
 
@@ -692,7 +734,8 @@ __attribute__((noinline)) static int add_mark(tw_wheel *w, unsigned k,
 __attribute__((noinline)) static void widen(tw_wheel *w)
 {
     size_t slots = (size_t)w->levels << w->bits;
-    tw_timer **wide = tw__calloc(slots * K, sizeof(*wide));
+    void *mem;
+    tw_timer **wide = heads_alloc(slots * K * sizeof(*wide), &mem);
     if (wide == NULL) {
         w->grow_at = w->count > SIZE_MAX / 2 ? SIZE_MAX : w->count * 2;
         return;
@@ -707,8 +750,8 @@ __attribute__((noinline)) static void widen(tw_wheel *w)
             (*to)->tw__pprev = to; /* an occupied slot's list is not empty */
         }
     }
-    tw__free(w->heads);
-    set_heads(w, wide, K_SHIFT);
+    tw__free(w->heads_mem);
+    set_heads(w, wide, mem, K_SHIFT);
     w->rr = 0;
     w->grow_at = SIZE_MAX;
     w->fast_k = w->rounds_k;
@@ -956,7 +999,8 @@ static tw_timer *sort_run(tw_timer *head, size_t n)
  * taken in turn so that the next timer of each is fetched while the others
  * run.
  */
-static size_t fire_chains(tw_wheel *w, tw_timer **fl, unsigned n)
+__attribute__((always_inline)) static inline size_t
+fire_chains(tw_wheel *w, tw_timer **fl, unsigned n)
 {
     size_t ran = 0;
     unsigned c = 0;
@@ -1024,16 +1068,53 @@ hand_over(tw_wheel *w, uint64_t slot, tw_timer **fl, unsigned C)
 {
     tw_timer **h = slot_heads(w, 0, slot, C);
     unsigned n = 0;
+    uintptr_t rest = 0;
+    for (unsigned c = 1; c < C; c++)
+        rest |= (uintptr_t)h[c];
+    if (rest == 0) {
+        /* A slot filled by one cascade timer has only its first list. */
+        fl[0] = h[0];
+        h[0] = NULL;
+        fl[0]->tw__pprev = &fl[0]; /* an occupied slot */
+        slot_emptied(w, 0, slot);
+        return 1;
+    }
+    /* Without a branch per chain: which chains are empty is random. */
     for (unsigned c = 0; c < C; c++) {
         tw_timer *t = h[c];
-        if (t != NULL) {
-            fl[n] = t;
-            t->tw__pprev = &fl[n++];
-            h[c] = NULL;
-        }
+        fl[n] = t;
+        n += t != NULL;
+        h[c] = NULL;
     }
+    for (unsigned i = 0; i < n; i++)
+        fl[i]->tw__pprev = &fl[i];
     slot_emptied(w, 0, slot);
     return n;
+}
+
+/*
+ * Move @t (expiring at @e, unlinked) from a slot being visited at tick @now
+ * to its lower level: a visit's granule holds now, so the level of
+ * e ^ now is below the visited one and never the rounds level, and the
+ * caller's own next_event() finds the slot; @chain picks the list.
+ */
+__attribute__((always_inline)) static inline void
+cascade(tw_wheel *w, tw_timer *t, uint64_t e, uint64_t now, uint64_t mask,
+        unsigned chain, unsigned C)
+{
+    unsigned k = w->level_of_msb[msb64(e ^ now)];
+    const struct level *lv = &w->lv[k];
+    uint64_t slot = (e >> lv->shift) & mask;
+    tw_timer **h = lv->heads + (size_t)slot * C;
+    /* The slot's first list while it is empty (hand_over() checks that one
+     * alone first), else the next in turn; a slot whose first list is not
+     * empty is marked already. */
+    if (h[0] != NULL) {
+        list_push(h + (chain & (C - 1)), t);
+    } else {
+        list_push(h, t);
+        slot_filled(w, k, slot);
+    }
 }
 
 /*
@@ -1054,6 +1135,8 @@ visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
     unsigned gshift = w->lv[k].shift;
     uint64_t now = w->now, newmin = UINT64_MAX;
     int kept = 0;
+    unsigned moved = 0; /* deals the chains of the cascade's targets */
+    uint64_t mask = w->mask;
 
     if (rounds && floor_pow2(w->slotmin[slot], gshift) > now)
         return; /* nothing of this round here: skip the walk */
@@ -1091,7 +1174,7 @@ visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
                 if (e < newmin)
                     newmin = e;
             } else {
-                place(w, t, C);
+                cascade(w, t, e, now, mask, moved++, C);
             }
         }
     }
@@ -1107,14 +1190,22 @@ visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
 __attribute__((always_inline)) static inline int
 advance_loop(tw_wheel *w, uint64_t now, size_t *ran, unsigned C)
 {
+    /* An exact hint saves the first search: the last advance left it, and
+     * since then adds only lowered it to their slot's tick, no slot became
+     * empty (chain_emptied) and now moved only short of it. */
+    int exact = w->hint_ok && w->hint != UINT64_MAX;
+    w->hint_ok = 0; /* until the loop leaves a fresh hint */
     for (;;) {
-        uint64_t t;
-        if (next_event(w, &t) != 0) {
+        uint64_t t = w->hint;
+        if (!exact && next_event(w, &t) != 0) {
             w->hint = UINT64_MAX;
+            w->hint_ok = !w->rounds;
             break;
         }
+        exact = 0;
         if (t > now) {
             w->hint = t;
+            w->hint_ok = !w->rounds;
             break;
         }
         w->now = t;
@@ -1124,7 +1215,12 @@ advance_loop(tw_wheel *w, uint64_t now, size_t *ran, unsigned C)
         unsigned top = w->level_of_msb[ctz64(t)];
         tw_timer *fl[K]; /* entries below min(nfire, K) are in use */
         unsigned nfire = 0;
-        for (unsigned k = top + 1; k > 0;) {
+        if (top == 0 && !is_rounds_level(w, 0)) {
+            /* The common tick: only level 0 starts a granule at t, so t
+             * came from its bitmap and slot t & mask is occupied. */
+            nfire = hand_over(w, t & w->mask, fl, C);
+        }
+        for (unsigned k = nfire == 0 ? top + 1 : 0; k > 0;) {
             k--;
             if (!(w->level_map & (UINT64_C(1) << k)))
                 continue;
@@ -1245,6 +1341,7 @@ int tw__wheel_check(const tw_wheel *w)
     if (next_event(w, &next) == 0) {
         CHECK(next > w->now);
         CHECK(w->hint <= next); /* the fast path never skips work */
+        CHECK(!w->hint_ok || w->hint == next);
     }
     /* Every timer was found through the bitmaps: none hides elsewhere. */
     CHECK(n == w->count);
