@@ -13,17 +13,25 @@
 #             pipelined per round trip in the batched runs (default 32)
 #   --big     also recover 1e7 pending timers (about 1.2 GB of journal and
 #             1 GB of RAM; a minute or two)
+#   --paired R  instead of the runs above: for each thread count and items
+#             per call, R rounds of twheel SYNC_GROUP, Redis always and
+#             Redis everysec one right after the other (one redis-server,
+#             switched with CONFIG SET appendfsync), and the median of the
+#             R per-round ratios, so that a slow minute of the shared disk
+#             falls on both sides of a ratio
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=3
 batch=32
 big=0
+paired=0
 while (($#)); do
   case $1 in
     --secs) secs=$2; shift ;;
     --batch) batch=$2; shift ;;
     --big) big=1 ;;
-    *) echo "usage: $0 [--secs S] [--batch B] [--big]" >&2; exit 2 ;;
+    --paired) paired=$2; shift ;;
+    *) echo "usage: $0 [--secs S] [--batch B] [--big] [--paired R]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -49,29 +57,6 @@ res=$out/results.txt
 } >"$res"
 run() { "$@" | tee -a "$res"; }
 
-# sched: SYNC_GROUP (fdatasync before every acknowledgement); isched:
-# TW_DURABLE_SYNC_INTERVAL (fdatasync once a second), Redis everysec's
-# durability. One item per call, then --batch items per call.
-for op in sched isched; do
-  for depth in 1 "$batch"; do
-    for t in 1 4 16; do
-      run "$bin" twheel "$op" "$work/$op$t" "$t" "$secs" 64 "$depth"
-      rm -rf "${work:?}/$op$t"
-    done
-  done
-done
-for t in 1 4 16; do
-  run "$bin" twheel cancel "$work/c$t" "$t" "$secs"
-  rm -rf "$work/c$t"
-done
-run "$bin" twheel recover "$work/r6" 1000000 64
-echo "# twheel 1e6: $(du -sb "$work/r6" | awk '{printf "%.1f", $1 / 1e6}') B/timer of disk allocated (segments are preallocated whole)" | tee -a "$res"
-rm -rf "$work/r6"
-if ((big)); then
-  run "$bin" twheel recover "$work/r7" 10000000 64
-  rm -rf "$work/r7"
-fi
-
 start_redis() { # $1 = always|everysec
   local dir=$work/redis-$1
   mkdir -p "$dir"
@@ -96,6 +81,82 @@ stop_redis() {
   wait "$redis_pid" 2>/dev/null || true
   redis_pid=
 }
+
+# --paired R: twheel and Redis at the same threads and items per call, one
+# right after the other, R rounds; ratios per round, then their median.
+if ((paired)); then
+  start_redis always
+  for depth in 1 "$batch"; do
+    for t in 1 4 16; do
+      for ((r = 1; r <= paired; r++)); do
+        "$bin" twheel sched "$work/p$t" "$t" "$secs" 64 "$depth" |
+          sed "s/^system=/round=$r system=/" | tee -a "$res"
+        rm -rf "${work:?}/p$t"
+        for mode in always everysec; do
+          redis-cli -p "$port" config set appendfsync "$mode" >/dev/null
+          "$bin" redis sched "$port" "$t" "$secs" "$depth" |
+            sed "s/^system=redis/round=$r system=redis-$mode/" | tee -a "$res"
+        done
+        redis-cli -p "$port" flushall >/dev/null
+      done
+    done
+  done
+  stop_redis
+  echo
+  echo "| threads | items per call | twheel items/s (median) | / Redis always, median of $paired rounds (target 5x) | per round | / Redis everysec (target 1x) | per round |"
+  echo "|---:|---:|---:|---:|---|---:|---|"
+  awk '/^round=/ && / op=sched / {
+    for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+    k = v["threads"] " " v["depth"]; r = v["round"]
+    if (!(k in seen)) { seen[k] = 1; keys[++nk] = k }
+    x[v["system"] " " k " " r] = v["ops_per_s"]; if (r > nr) nr = r
+  }
+  function med(a, n,   i, j, t) {
+    for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) {
+      t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+  }
+  END {
+    for (q = 1; q <= nk; q++) {
+      k = keys[q]; split(k, kd, " "); la = ""; le = ""
+      for (r = 1; r <= nr; r++) {
+        tw[r] = x["twheel " k " " r]
+        ra[r] = tw[r] / x["redis-always " k " " r]
+        re[r] = tw[r] / x["redis-everysec " k " " r]
+        la = la sprintf("%s%.1f", r > 1 ? ", " : "", ra[r])
+        le = le sprintf("%s%.1f", r > 1 ? ", " : "", re[r])
+      }
+      ma = med(ra, nr); me = med(re, nr); mt = med(tw, nr)
+      printf "| %d | %d | %d | %.1fx %s | %s | %.1fx %s | %s |\n", kd[1], kd[2],
+        mt, ma, (ma >= 5 ? "MET" : "MISSED"), la, me, (me >= 1 ? "MET" : "MISSED"), le
+    }
+  }' "$res"
+  exit 0
+fi
+
+# sched: SYNC_GROUP (fdatasync before every acknowledgement); isched:
+# TW_DURABLE_SYNC_INTERVAL (fdatasync once a second), Redis everysec's
+# durability. One item per call, then --batch items per call.
+for op in sched isched; do
+  for depth in 1 "$batch"; do
+    for t in 1 4 16; do
+      run "$bin" twheel "$op" "$work/$op$t" "$t" "$secs" 64 "$depth"
+      rm -rf "${work:?}/$op$t"
+    done
+  done
+done
+for t in 1 4 16; do
+  run "$bin" twheel cancel "$work/c$t" "$t" "$secs"
+  rm -rf "$work/c$t"
+done
+run "$bin" twheel recover "$work/r6" 1000000 64
+echo "# twheel 1e6: $(du -sb "$work/r6" | awk '{printf "%.1f", $1 / 1e6}') B/timer of disk allocated (segments are preallocated whole)" | tee -a "$res"
+rm -rf "$work/r6"
+if ((big)); then
+  run "$bin" twheel recover "$work/r7" 10000000 64
+  rm -rf "$work/r7"
+fi
+
 for mode in always everysec; do
   start_redis "$mode"
   for t in 1 4 16; do
