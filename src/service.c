@@ -89,12 +89,24 @@ static uint64_t rel_ns(const tw_service *s)
     return now > h ? now : h;
 }
 
+/* A producer's reading for a deadline: rel_ns(), or, on the built-in
+ * CLOCK_MONOTONIC, the TSC estimate, which is never earlier than the
+ * clock and at most a few us later (src/service_clock.c). Only for
+ * deadlines: the timer thread decides what is due on rel_ns(). */
+static inline uint64_t rel_ns_deadline(const tw_service *s)
+{
+    if (s->cfg.tsc == NULL)
+        return rel_ns(s);
+    uint64_t now = tw__tsc_now(s->cfg.tsc);
+    return now > s->cfg.start_ns ? now - s->cfg.start_ns : 0;
+}
+
 /* The first tick at or after @ns (relative), NEVER when @ns is. */
-static uint64_t ceil_tick(const tw_service *s, uint64_t ns)
+static inline uint64_t ceil_tick(const tw_service *s, uint64_t ns)
 {
     if (ns == NEVER)
         return NEVER;
-    return ns / s->cfg.tick_ns + (ns % s->cfg.tick_ns != 0);
+    return tw__ceil_div(ns, s->cfg.tick_ns, s->cfg.tick_recip);
 }
 
 /* @a + @b, or NEVER if that does not fit. */
@@ -354,7 +366,7 @@ static inline void sched_publish(tw_service *s, const struct sched *r,
     if (lazy) {
         flags |= ST_RELATIVE;
     } else {
-        uint64_t due = add_sat(rel_ns(s), r->delay);
+        uint64_t due = add_sat(rel_ns_deadline(s), r->delay);
         if (v->rec != NULL)
             v->rec->next_ns = due;
         last = tick = ceil_tick(s, due);
@@ -1075,6 +1087,9 @@ static void config_apply(tw_service *s, const tw_service_config *cfg,
     s->cfg.execute_ctx = cfg->execute_ctx;
     s->cfg.nexec = cfg->executor_threads;
     s->cfg.lazy = (cfg->flags & TW_SERVICE_LAZY_CLOCK) != 0;
+    s->cfg.tick_recip = tw__recip(z->tick);
+    if (cfg->clock == NULL && z->clock_id == CLOCK_MONOTONIC)
+        s->cfg.tsc = tw__tsc_mono();
     s->cfg.start_ns = s->cfg.clock ? s->cfg.clock(s->cfg.clock_ctx)
                                    : tw__clock_ns((clockid_t)s->cfg.clock_id);
     atomic_fetch_add(&s->pool.mem, sizeof(*s));

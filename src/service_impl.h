@@ -213,6 +213,8 @@ struct node_pool {
 /* ------------------------------------------------------------------------ */
 /* The service. */
 
+struct tw__tsc; /* src/service_clock.h */
+
 /* The side record of a periodic task (tw__arg of its node). */
 struct periodic {
     void *arg;
@@ -233,6 +235,9 @@ struct tw_service {
                                       clockid_t: monotonic or boottime */
         uint64_t slack_ns;         /* tw_schedule()'s default window */
         _Atomic uint64_t clock_hi; /* latest reading of clock (relative) */
+        uint64_t tick_recip;       /* tw__recip(tick_ns) */
+        struct tw__tsc *tsc;       /* producers' estimate: the built-in
+                                      CLOCK_MONOTONIC only, else NULL */
         tw_execute_fn execute;
         void *execute_ctx;
         uint32_t nexec;
