@@ -72,6 +72,10 @@ extern void (*tw__service_xdrop_hook)(struct tw_service *s, uint64_t id);
  * caller's through tw_service_run()) has accepted job @id: the task is
  * RUNNING and the run is about to begin. */
 extern void (*tw__service_accepted_hook)(struct tw_service *s, uint64_t id);
+/* tw__service_reserved_hook: a tw_schedule() by a producer (a thread with
+ * its own count, stack and magazine) has counted its task as pending and
+ * has not yet checked whether the service is stopping. */
+extern void (*tw__service_reserved_hook)(struct tw_service *s);
 #endif
 /* tw_schedule() of a one-shot task that keeps its pending slot while it
  * runs and takes over the slot of task @old (0: none; @old must be a task

@@ -188,6 +188,10 @@ struct dirblock {
 
 #define PAD(n) char pad##n[64]
 
+/* Nodes a producer takes from the pool at a time (its magazine), and the
+ * size of the batches the timer thread frees. */
+#define MAG_NODES 64u
+
 /*
  * The node pool (src/node_pool.h, src/node_pool.c): chunks reached through
  * a two-level directory, the free list, the cancel bitmap and the function
@@ -205,8 +209,9 @@ struct node_pool {
     _Atomic uint64_t cancel_dirty; /* dirblocks with cancel bits */
     PAD(2);
     _Atomic(struct dirblock *) dir[DIR_BLOCKS];
-    /* Nodes the timer thread freed this round, pushed at its end. */
-    struct node *free_first, *free_last;
+    /* The batch of nodes the timer thread is freeing (node_pool.h). */
+    struct node *free_first;
+    uint32_t free_count;
     _Atomic uint64_t nodes, mem; /* statistics */
 };
 
@@ -214,6 +219,35 @@ struct node_pool {
 /* The service. */
 
 struct tw__tsc; /* src/service_clock.h */
+
+/*
+ * A producer: the state of one thread that schedules or cancels on one
+ * service without max_pending (up to MAX_PRODS of them; other threads, and
+ * every thread of a service with max_pending, take the shared paths). The
+ * thread that owns it finds it through a thread-local cache (service.c).
+ *   - subq: its own submission stack, which only it and the timer thread
+ *     (or stop) touch, instead of the shared one;
+ *   - pending: the tasks it reserved minus those its cancels released;
+ *     written by the owner only (the count is a sum, see
+ *     tw_service_pending());
+ *   - a magazine of free nodes (a batch popped from the free list, or a
+ *     range of never-used ones) that only the owner takes from.
+ * A producer outlives its thread: when the thread exits (or evicts it from
+ * its cache) it is released, and another thread may own it next, with its
+ * counts and its magazine. Freed with the service.
+ */
+#define MAX_PRODS 64u
+struct prod {
+    _Atomic(struct node *) subq;
+    _Atomic uint64_t pending; /* wraps: only the sum over all means much */
+    _Atomic bool owned;
+    /* The owner's: */
+    struct node *mag;         /* chain through tw__next */
+    uint32_t fr_next, fr_end; /* never-used indexes [fr_next, fr_end) */
+    tw_task_fn last_fn;       /* the last function and its entry */
+    uint32_t last_fidx;
+    PAD(0);
+};
 
 /* The side record of a periodic task (tw__arg of its node). */
 struct periodic {
@@ -253,7 +287,19 @@ struct tw_service {
         PAD(0);
         _Atomic uint64_t pending; /* count | STOPPED_BIT */
         PAD(1);
+        /* Without max_pending: slots released by the timer thread,
+         * executors and threads without a producer (wraps). */
+        _Atomic uint64_t released;
+        PAD(2);
     } submit;
+
+    /* The producers (see struct prod). */
+    struct {
+        _Atomic(struct prod *) slot[MAX_PRODS];
+        _Atomic uint32_t n; /* slots taken (a slot may still be NULL) */
+        uint64_t serial;    /* unique per service, for the thread caches */
+        struct tw_service *reg_prev, *reg_next; /* live services */
+    } prods;
 
     /* The timer thread. */
     struct {
@@ -269,6 +315,7 @@ struct tw_service {
         pthread_t thread;
         tw_wheel *wheel;
         struct node *local;      /* taken from subq, not yet processed */
+        uint32_t rr;             /* the stack subq_take() looks at first */
         struct node *disp_first; /* dispatched this round */
         struct node *disp_last;
         uint64_t disp_count;
