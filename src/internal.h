@@ -49,6 +49,9 @@ void tw__service_sync(struct tw_service *s);
 size_t tw__service_node_size(void);
 /* Threads inside tw_cancel_wait() on @s (registered to be woken). */
 uint32_t tw__service_waiters(struct tw_service *s);
+/* Producers @s has made (each has its own stack, count and magazine), and
+ * how many of them some thread owns now. */
+uint32_t tw__service_producers(struct tw_service *s, uint32_t *owned);
 #ifdef TW_TEST_HOOKS
 /* Writable test hooks, only in the test build of the library (the tests
  * link twheel_test, compiled with TW_TEST_HOOKS; the installed libraries

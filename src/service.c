@@ -1688,6 +1688,19 @@ uint32_t tw__service_waiters(tw_service *s)
     return atomic_load(&s->wait.waiters);
 }
 
+uint32_t tw__service_producers(tw_service *s, uint32_t *owned)
+{
+    uint32_t n = atomic_load(&s->prods.n), o = 0;
+    n = n < MAX_PRODS ? n : MAX_PRODS;
+    for (uint32_t k = 0; k < n; k++) {
+        struct prod *p = atomic_load(&s->prods.slot[k]);
+        o += p != NULL && atomic_load(&p->owned);
+    }
+    if (owned != NULL)
+        *owned = o;
+    return n;
+}
+
 size_t tw__service_node_size(void)
 {
     return sizeof(struct node);
