@@ -620,9 +620,10 @@ static void mag_put(struct prod *p, const struct reserved *v)
 
 /*
  * tw_schedule() of an exact one-shot task by producer @p: its function
- * from @p's last one or the table (a new function takes the shared path),
- * a node from its magazine, a slot in its own count, its own stack.
- * Returns 0, TW_ESHUTDOWN, or 1 if the shared path must do the call.
+ * from @p's last one or the table (a new one takes its entry once the
+ * call can no longer fail otherwise), a node from its magazine, a slot in
+ * its own count, its own stack. Returns 0, TW_ESHUTDOWN, TW_EAGAIN (the
+ * table filled up meanwhile), or 1 if the shared path must do the call.
  *
  * The count goes up before the stop check, both seq_cst, and stop sets
  * STOPPED_BIT before it sums the counts: either stop sees our slot and
@@ -632,23 +633,28 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
                                 void *arg, uint64_t delay, tw_id *id)
 {
     struct reserved v;
+    int rc = 0;
     v.rec = NULL;
-    if (fn == p->last_fn) {
+    if (fn == p->last_fn)
         v.fidx = p->last_fidx;
-    } else if (fn_find(&s->pool, fn, &v.fidx) == 0) {
-        p->last_fn = fn;
-        p->last_fidx = v.fidx;
-    } else {
-        return 1;
-    }
+    else if ((rc = fn_find(&s->pool, fn, &v.fidx)) < 0)
+        return 1; /* table full: the shared path says so */
     if (!mag_take(s, p, &v))
         return 1;
     atomic_fetch_add(&p->pending, 1);
     TEST_HOOK(tw__service_reserved_hook, s);
-    if (atomic_load(&s->submit.pending) & STOPPED_BIT) {
+    if (atomic_load(&s->submit.pending) & STOPPED_BIT)
+        rc = TW_ESHUTDOWN;
+    else if (rc == 1) /* a new function: its entry only now */
+        rc = tw__fn_index(&s->pool, fn, &v.fidx);
+    if (rc != 0) {
         prod_count(p, (uint64_t)-1);
         mag_put(p, &v);
-        return TW_ESHUTDOWN;
+        return rc;
+    }
+    if (fn != p->last_fn) {
+        p->last_fn = fn;
+        p->last_fidx = v.fidx;
     }
     if (s->cfg.lazy) {
         struct sched r = {fn, arg, delay, 0, 0, KIND_ONCE, 0, NULL};
@@ -761,20 +767,23 @@ static inline _Atomic(struct node *) *subq_at(tw_service *s, uint32_t k,
     return p != NULL ? &p->subq : NULL;
 }
 
-/* A whole submission stack, taken with one exchange: the first non-empty
- * one from where the last take stopped, or NULL if all are empty. */
-static struct node *subq_take(tw_service *s)
+/* The next whole submission stack of this pass, taken with one exchange,
+ * or NULL when the pass has seen them all: each stack at most once per
+ * pass, so that what a thread pushed in two goes runs in two rounds, in
+ * order. *@pos: the pass's position, the shared stack first (what a thread
+ * pushed there before it had a producer comes before what it pushed on
+ * its own), then the producers' from s->timer.rr. */
+static struct node *subq_next(tw_service *s, uint32_t *pos)
 {
     uint32_t n = atomic_load_explicit(&s->prods.n, memory_order_acquire);
     if (n > MAX_PRODS)
         n = MAX_PRODS;
-    for (uint32_t k = 0; k <= n; k++) {
-        uint32_t at = (s->timer.rr + k) % (n + 1);
-        _Atomic(struct node *) *q = subq_at(s, at, n);
-        if (q != NULL && atomic_load(q) != NULL) {
-            s->timer.rr = at + 1;
+    while (*pos <= n) {
+        uint32_t k = (*pos)++;
+        _Atomic(struct node *) *q =
+            k == 0 ? &s->submit.subq : subq_at(s, (s->timer.rr + k - 1) % n, n);
+        if (q != NULL && atomic_load(q) != NULL)
             return atomic_exchange(q, NULL);
-        }
     }
     return NULL;
 }
@@ -796,17 +805,20 @@ static bool subq_any(tw_service *s)
 
 /*
  * Take up to @max nodes off the submission stacks, each to @take: first
- * what is left of the stack taken earlier, else a new one (a whole stack,
- * with one exchange). Returns how many. Shared by the timer thread and by
- * stop, which owns the stacks once the thread is joined.
+ * what is left of the stack taken earlier, then each stack once (a whole
+ * stack, with one exchange). Returns how many. Shared by the timer thread and
+ * by stop, which owns the stacks once the thread is joined.
  */
 static inline unsigned
 subq_drain(tw_service *s, unsigned max,
            void (*take)(tw_service *s, struct node *n, void *ctx), void *ctx)
 {
+    uint32_t pos = 0;
     unsigned i;
+    s->timer.rr++;
     for (i = 0; i < max; i++) {
-        if (s->timer.local == NULL && (s->timer.local = subq_take(s)) == NULL)
+        if (s->timer.local == NULL &&
+            (s->timer.local = subq_next(s, &pos)) == NULL)
             break;
         struct node *n = s->timer.local;
         s->timer.local = node_of_timer(n->t.tw__next);

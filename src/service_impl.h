@@ -315,7 +315,7 @@ struct tw_service {
         pthread_t thread;
         tw_wheel *wheel;
         struct node *local;      /* taken from subq, not yet processed */
-        uint32_t rr;             /* the stack subq_take() looks at first */
+        uint32_t rr;             /* the producer subq_next() looks at first */
         struct node *disp_first; /* dispatched this round */
         struct node *disp_last;
         uint64_t disp_count;
