@@ -341,11 +341,12 @@ static struct prod *prod_adopt(tw_service *s)
 }
 
 /* The calling thread's producer of @s, taken now if it has none: NULL
- * when the service has max_pending (which needs the shared count) or no
- * producer can be had. */
+ * when the service has max_pending (which needs the shared count), is not
+ * started yet, or no producer can be had. */
 static __attribute__((noinline)) struct prod *prod_claim(tw_service *s)
 {
-    if (s->cfg.max_pending != 0)
+    if (s->cfg.max_pending != 0 ||
+        !atomic_load_explicit(&s->timer.started, memory_order_acquire))
         return NULL;
     pthread_once(&prod_key_once, prod_key_init);
     if (prod_key_rc != 0 || pthread_setspecific(prod_key, &prod_key) != 0)
@@ -679,8 +680,10 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
 int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
                 tw_id *id)
 {
-    if (s != NULL && fn != NULL && s->cfg.slack_ns == 0 &&
-        atomic_load_explicit(&s->timer.started, memory_order_acquire)) {
+    /* A producer exists only on a started service (prod_claim()), so
+     * this path does not read `started`, which shares a line with what
+     * the timer thread writes all the time. */
+    if (s != NULL && fn != NULL && s->cfg.slack_ns == 0) {
         struct prod *p = prod_get(s);
         int rc = p != NULL ? schedule_fast(s, p, fn, arg, delay_ns, id) : 1;
         if (rc <= 0)

@@ -204,7 +204,9 @@ struct node_pool {
     struct tw_service *owner;
     PAD(0);
     _Atomic uint64_t free_head; /* tag << 32 | (index + 1) */
-    _Atomic uint32_t fresh;     /* first never-used index */
+    PAD(3);
+    _Atomic uint32_t fresh; /* first never-used index (every cancel reads
+                               it; it moves 64 at a time) */
     PAD(1);
     _Atomic uint64_t cancel_dirty; /* dirblocks with cancel bits */
     PAD(2);
