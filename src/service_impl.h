@@ -90,16 +90,20 @@
  * claims each live node by setting its cancelled bit, so a racing
  * tw_cancel() and the hand-back can never both win.
  *
- * Producers (tw_schedule) never lock: they pop a node from a Treiber free
- * list (head tagged against ABA), reserve a pending slot with one atomic
- * operation as the call's last fallible step (so a failing call never
- * holds one), and push the node on a Treiber submission stack that the timer
- * thread takes whole with one exchange. The timer thread publishes the tick
- * it sleeps until; a producer wakes it (mutex + condition variable on
- * CLOCK_MONOTONIC) only when its deadline is earlier, so scheduling work
- * for later costs no system call. After a round with work the timer thread
- * polls once more a tick later instead of sleeping long, so a burst of
- * cancels needs at most one wake-up; when idle it sleeps without timeout.
+ * Producers (tw_schedule) never lock. A thread with a producer of its own
+ * (struct prod below) takes a node from its magazine, adds one to its own
+ * pending count and pushes the node on its own Treiber stack; other calls
+ * pop a node from the shared free list (a Treiber stack of batches, head
+ * tagged against ABA), reserve a pending slot in the shared count with one
+ * atomic operation as the call's last fallible step (so a failing call
+ * never holds one), and push the node on the shared stack. The timer
+ * thread takes each stack whole with one exchange, the shared one first. The
+ * timer thread publishes the tick it sleeps until; a producer wakes it (mutex +
+ * condition variable on CLOCK_MONOTONIC) only when its deadline is earlier, so
+ * scheduling work for later costs no system call. After a round with work the
+ * timer thread polls once more a tick later instead of sleeping long, so a
+ * burst of cancels needs at most one wake-up; when idle it sleeps without
+ * timeout.
  *
  * Task functions are stored as indexes into a small lock-free open-
  * addressing table (per service, max_callbacks entries): this is what keeps
