@@ -3,9 +3,11 @@
  * bench/bench_service.c - throughput, memory, idle wake-ups and lateness of
  * the thread-safe timer service (twheel/service.h).
  *
- * Usage: bench_service [--quick] [--tasks N]
+ * Usage: bench_service [--quick] [--tasks N] [--reps R] [--producers LIST]
+ *                      [--throughput] [--exact] [--cpu]
  *
- * Measures, side by side for 1 and 2 producer threads, with N (default
+ * Measures, side by side for 1 and 2 producer threads (--producers 1,2,4:
+ * any list of up to 4 counts, each at most 16), with N (default
  * 1,000,000) tasks whose delays are uniform in [1 s, 60 s] on a 1 ms tick:
  *   - tw_schedule calls per second, into a fresh service (the task pool
  *     grows and its pages are touched for the first time: "cold") and into
@@ -21,8 +23,13 @@
  * p50/p99/max of 100,000 tasks spread over 10 s on 1 ms ticks (--quick:
  * 20,000 over 2 s). --quick also uses N = 200,000 and shorter idle windows.
  *
- * Each throughput figure is the best of 3 runs. Output: one table, each
- * row "metric | 1 producer | 2 producers" or a single value.
+ * Each throughput figure is the median of R runs (default 3, --quick 1).
+ * --throughput stops after the throughput table, --exact leaves out the
+ * lazy-clock rows, --cpu divides by the producers' CPU time rather than
+ * the wall-clock time (steadier on a loaded machine, for comparing builds;
+ * not comparable with the Java peers' wall-clock figures). Output: one table,
+ * each row "metric | 1 producer | 2 producers" (one column per count of
+ * --producers) or a single value.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -88,13 +95,25 @@ struct worker {
     tw_id *ids;       /* this worker's share */
     size_t n;
     pthread_barrier_t *start;
-    uint64_t t0, t1;
+    uint64_t t0, t1, c0, c1;
 };
+
+/* --cpu: rates from the producers' CPU time instead of the wall clock
+ * (steadier on a loaded machine; not comparable with the Java figures). */
+static int use_cpu_time;
+
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static void *worker_main(void *p)
 {
     struct worker *w = p;
     pthread_barrier_wait(w->start);
+    w->c0 = thread_cpu_ns();
     w->t0 = mono_now();
     switch (w->op) {
     case OP_SCHEDULE:
@@ -117,14 +136,17 @@ static void *worker_main(void *p)
         break;
     }
     w->t1 = mono_now();
+    w->c1 = thread_cpu_ns();
     return NULL;
 }
+
+#define MAX_PRODUCERS 16
 
 /* Run @op on @nthreads threads over @n tasks; returns operations/s. */
 static double run_op(tw_service *s, enum op op, int nthreads, uint64_t *delays,
                      tw_id *ids, size_t n)
 {
-    struct worker w[2];
+    struct worker w[MAX_PRODUCERS];
     pthread_barrier_t start;
     pthread_barrier_init(&start, NULL, (unsigned)nthreads);
     size_t per = n / (size_t)nthreads;
@@ -138,15 +160,19 @@ static double run_op(tw_service *s, enum op op, int nthreads, uint64_t *delays,
         if (pthread_create(&w[k].thread, NULL, worker_main, &w[k]) != 0)
             abort();
     }
-    uint64_t t0 = UINT64_MAX, t1 = 0;
+    uint64_t t0 = UINT64_MAX, t1 = 0, cpu = 0;
     for (int k = 0; k < nthreads; k++) {
         pthread_join(w[k].thread, NULL);
+        cpu += w[k].c1 - w[k].c0;
         if (w[k].t0 < t0)
             t0 = w[k].t0;
         if (w[k].t1 > t1)
             t1 = w[k].t1;
     }
     pthread_barrier_destroy(&start);
+    if (use_cpu_time) /* as if each thread had run on its own core */
+        return (double)(per * (size_t)nthreads) /
+               ((double)cpu / (double)nthreads / 1e9);
     return (double)(per * (size_t)nthreads) / ((double)(t1 - t0) / 1e9);
 }
 
@@ -166,38 +192,44 @@ struct tput {
     double cold, warm, cancel, pairs;
 };
 
-static double maxd(double a, double b)
+static int cmp_double(const void *a, const void *b)
 {
-    return a > b ? a : b;
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+#define MAX_REPS 99
 
 static struct tput throughput(int nthreads, uint32_t flags, uint64_t *delays,
                               tw_id *ids, size_t n, int reps)
 {
-    struct tput best = {0, 0, 0, 0};
+    double v[4][MAX_REPS];
     tw_service_config cfg = {.flags = flags};
     for (int r = 0; r < reps; r++) {
         tw_service *s;
         check(tw_service_create(&s, &cfg), "tw_service_create");
         check(tw_service_start(s), "tw_service_start");
         uint64_t cancelled = 0;
-        best.cold =
-            maxd(best.cold, run_op(s, OP_SCHEDULE, nthreads, delays, ids, n));
-        best.cancel =
-            maxd(best.cancel, run_op(s, OP_CANCEL, nthreads, delays, ids, n));
-        cancelled += n;
+        v[0][r] = run_op(s, OP_SCHEDULE, nthreads, delays, ids, n);
+        v[2][r] = run_op(s, OP_CANCEL, nthreads, delays, ids, n);
+        cancelled += n - n % (size_t)nthreads;
         wait_released(s, cancelled);
-        best.warm =
-            maxd(best.warm, run_op(s, OP_SCHEDULE, nthreads, delays, ids, n));
+        v[1][r] = run_op(s, OP_SCHEDULE, nthreads, delays, ids, n);
         run_op(s, OP_CANCEL, nthreads, delays, ids, n);
-        cancelled += n;
+        cancelled += n - n % (size_t)nthreads;
         wait_released(s, cancelled);
-        best.pairs =
-            maxd(best.pairs, run_op(s, OP_PAIRS, nthreads, delays, ids, n));
+        v[3][r] = run_op(s, OP_PAIRS, nthreads, delays, ids, n);
         tw_service_stop(s, NULL, NULL);
         tw_service_destroy(s);
     }
-    return best;
+    return (struct tput){median(v[0], reps), median(v[1], reps),
+                         median(v[2], reps), median(v[3], reps)};
 }
 
 /* ------------------------------------------------------------------------ */
@@ -250,9 +282,68 @@ static void lateness(size_t n, uint64_t spread, uint64_t out[3])
 
 /* ------------------------------------------------------------------------ */
 
+/* Parse "1,2,4" into @out (at most 4 counts, each 1..MAX_PRODUCERS). */
+static int parse_producers(const char *arg, int *out)
+{
+    int k = 0;
+    for (const char *p = arg; *p != '\0' && k < 4;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > MAX_PRODUCERS)
+            return 0;
+        out[k++] = (int)v;
+        p = *end == ',' ? end + 1 : end;
+        if (*end != ',' && *end != '\0')
+            return 0;
+    }
+    return k;
+}
+
+static void usage(const char *argv0)
+{
+    fprintf(stderr,
+            "usage: %s [--quick] [--tasks N] [--reps R] [--producers 1,2,4] "
+            "[--throughput] [--exact] [--cpu]\n",
+            argv0);
+    exit(2);
+}
+
+/* The throughput table: one row per metric, one column per producer
+ * count. */
+static void throughput_table(const int *np, int nnp, int clocks,
+                             uint64_t *delays, tw_id *ids, size_t n, int reps)
+{
+    static const char *const names[4] = {
+        "schedule (fresh pool", "schedule (pool grown", "cancel (pending tasks",
+        "schedule+cancel pairs"};
+    printf("%-40s", "metric (M operations/s)");
+    for (int k = 0; k < nnp; k++)
+        printf(" %11d producer%s", np[k], np[k] == 1 ? " " : "s");
+    printf("\n");
+    for (int lazy = 0; lazy < clocks; lazy++) {
+        uint32_t fl = lazy ? TW_SERVICE_LAZY_CLOCK : 0;
+        struct tput t[4];
+        for (int k = 0; k < nnp; k++)
+            t[k] = throughput(np[k], fl, delays, ids, n, reps);
+        for (int m = 0; m < 4; m++) {
+            char label[80];
+            snprintf(label, sizeof(label), "%s%s%s", names[m],
+                     lazy ? ", lazy clock" : "", m < 3 ? ")" : "");
+            printf("%-40s", label);
+            for (int k = 0; k < nnp; k++) {
+                const double *f = &t[k].cold;
+                printf(" %20.1f", f[m] / 1e6);
+            }
+            printf("\n");
+        }
+        fflush(stdout);
+    }
+}
+
 int main(int argc, char **argv)
 {
-    int quick = 0;
+    int quick = 0, reps = 0, only_tput = 0, clocks = 2, np[4] = {1, 2};
+    int nnp = 2;
     size_t n = 1000000;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
@@ -260,15 +351,27 @@ int main(int argc, char **argv)
             n = 200000;
         } else if (strcmp(argv[i], "--tasks") == 0 && i + 1 < argc) {
             n = (size_t)strtoull(argv[++i], NULL, 10);
+        } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+            if (reps < 1 || reps > MAX_REPS)
+                usage(argv[0]);
+        } else if (strcmp(argv[i], "--producers") == 0 && i + 1 < argc) {
+            if ((nnp = parse_producers(argv[++i], np)) == 0)
+                usage(argv[0]);
+        } else if (strcmp(argv[i], "--throughput") == 0) {
+            only_tput = 1;
+        } else if (strcmp(argv[i], "--exact") == 0) {
+            clocks = 1;
+        } else if (strcmp(argv[i], "--cpu") == 0) {
+            use_cpu_time = 1;
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--tasks N]\n", argv[0]);
-            return 2;
+            usage(argv[0]);
         }
     }
-    n &= ~(size_t)1; /* split evenly between 2 producers */
-    if (n < 2)
-        n = 2;
-    int reps = quick ? 1 : 3;
+    if (n < 16)
+        n = 16;
+    if (reps == 0)
+        reps = quick ? 1 : 3;
     uint64_t *delays = malloc(n * sizeof(*delays));
     tw_id *ids = malloc(n * sizeof(*ids));
     if (delays == NULL || ids == NULL)
@@ -278,26 +381,13 @@ int main(int argc, char **argv)
         delays[i] = SEC + rng_next(&rng) % (59 * SEC);
 
     printf("twheel service benchmark: %zu tasks, delays uniform in "
-           "[1 s, 60 s], 1 ms tick, best of %d\n\n",
+           "[1 s, 60 s], 1 ms tick, median of %d\n\n",
            n, reps);
-    printf("%-40s %14s %14s\n", "metric (M operations/s)", "1 producer",
-           "2 producers");
-    for (int lazy = 0; lazy < 2; lazy++) {
-        uint32_t fl = lazy ? TW_SERVICE_LAZY_CLOCK : 0;
-        const char *tag = lazy ? ", lazy clock" : "";
-        char label[80];
-        struct tput t1 = throughput(1, fl, delays, ids, n, reps);
-        struct tput t2 = throughput(2, fl, delays, ids, n, reps);
-        snprintf(label, sizeof(label), "schedule (fresh pool%s)", tag);
-        printf("%-40s %14.1f %14.1f\n", label, t1.cold / 1e6, t2.cold / 1e6);
-        snprintf(label, sizeof(label), "schedule (pool grown%s)", tag);
-        printf("%-40s %14.1f %14.1f\n", label, t1.warm / 1e6, t2.warm / 1e6);
-        snprintf(label, sizeof(label), "cancel (pending tasks%s)", tag);
-        printf("%-40s %14.1f %14.1f\n", label, t1.cancel / 1e6,
-               t2.cancel / 1e6);
-        snprintf(label, sizeof(label), "schedule+cancel pairs%s", tag);
-        printf("%-40s %14.1f %14.1f\n", label, t1.pairs / 1e6, t2.pairs / 1e6);
-        fflush(stdout);
+    throughput_table(np, nnp, clocks, delays, ids, n, reps);
+    if (only_tput) {
+        free(delays);
+        free(ids);
+        return 0;
     }
 
     /* Memory: resident growth with n tasks pending in a fresh service. */

@@ -132,7 +132,7 @@ else
   idle_ms=1000
 fi
 
-# 2. The service (its own program; best of its runs: 3, or 1 with --quick)
+# 2. The service (its own program; median of its runs: 3, or 1 with --quick)
 stage "service (bench_service)"
 "$build/bench/bench_service" "${svc_args[@]}" | tee "$out/service.txt"
 awk -v n="$tasks" -v reps=$((full ? 3 : 1)) -f bench/report/service_csv.awk \

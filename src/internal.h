@@ -49,6 +49,9 @@ void tw__service_sync(struct tw_service *s);
 size_t tw__service_node_size(void);
 /* Threads inside tw_cancel_wait() on @s (registered to be woken). */
 uint32_t tw__service_waiters(struct tw_service *s);
+/* Producers @s has made (each has its own stack, count and magazine), and
+ * how many of them some thread owns now. */
+uint32_t tw__service_producers(struct tw_service *s, uint32_t *owned);
 #ifdef TW_TEST_HOOKS
 /* Writable test hooks, only in the test build of the library (the tests
  * link twheel_test, compiled with TW_TEST_HOOKS; the installed libraries
@@ -72,6 +75,10 @@ extern void (*tw__service_xdrop_hook)(struct tw_service *s, uint64_t id);
  * caller's through tw_service_run()) has accepted job @id: the task is
  * RUNNING and the run is about to begin. */
 extern void (*tw__service_accepted_hook)(struct tw_service *s, uint64_t id);
+/* tw__service_reserved_hook: a tw_schedule() by a producer (a thread with
+ * its own count, stack and magazine) has counted its task as pending and
+ * has not yet checked whether the service is stopping. */
+extern void (*tw__service_reserved_hook)(struct tw_service *s);
 #endif
 /* tw_schedule() of a one-shot task that keeps its pending slot while it
  * runs and takes over the slot of task @old (0: none; @old must be a task

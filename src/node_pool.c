@@ -4,8 +4,9 @@
  *
  * Records live in chunks of 4096 that never move, found through a two-level
  * directory that only grows (lock-free: a thread that loses the race to
- * publish a block frees its own). Free records form a Treiber stack whose
- * head carries a tag against ABA; a record's generation is bumped each time
+ * publish a block frees its own). Free records form a Treiber stack of
+ * batches (up to 64 records each, see node_pool.h) whose head carries a
+ * tag against ABA; a record's generation is bumped each time
  * it is freed, so an id names one use of a record only. A cancel of a
  * record in the wheel sets its bit in a three-level bitmap (record, chunk,
  * directory block) that the timer thread drains. Task functions are kept in

@@ -47,58 +47,26 @@ static inline int pool_ensure(struct node_pool *p, uint32_t idx)
     return tw__pool_grow(p, idx);
 }
 
-/* Take a free node: *@idx its index, *@st its state word (FREE, with the
- * generation to use). Returns 0 or TW_ENOMEM. */
-static inline int node_alloc(struct node_pool *p, uint32_t *idx, uint64_t *st)
-{
-    uint64_t h = atomic_load_explicit(&p->free_head, memory_order_acquire);
-    while ((uint32_t)h != 0) {
-        uint32_t i = (uint32_t)h - 1;
-        uint64_t nst =
-            atomic_load_explicit(&node_at(p, i)->state, memory_order_relaxed);
-        uint64_t nh =
-            (h & ~UINT64_C(0xffffffff)) + (UINT64_C(1) << 32) + ST_PAY(nst);
-        if (atomic_compare_exchange_weak_explicit(&p->free_head, &h, nh,
-                                                  memory_order_acquire,
-                                                  memory_order_acquire)) {
-            *idx = i;
-            /* nst cannot be stale: had the CAS raced a reuse, the tag
-             * would have changed. */
-            *st = nst;
-            return 0;
-        }
-    }
-    uint32_t f = atomic_load_explicit(&p->fresh, memory_order_relaxed);
-    for (;;) {
-        if (f >= MAX_NODES)
-            return TW_ENOMEM;
-        int rc = pool_ensure(p, f);
-        if (rc != 0)
-            return rc;
-        if (atomic_compare_exchange_weak_explicit(&p->fresh, &f, f + 1,
-                                                  memory_order_release,
-                                                  memory_order_relaxed))
-            break;
-    }
-    *idx = f;
-    /* A first generation that differs between services, so that an id of
-     * one service is unlikely to match a node of another. */
-    uint32_t g = (p->salt ^ (f * UINT32_C(0x9E3779B1))) | 1;
-    *st = (uint64_t)g << 32;
-    return 0;
-}
+/*
+ * The free list is a Treiber stack of batches: a batch is a chain of free
+ * nodes linked through their tw_timer's tw__next (NULL-terminated), and
+ * the stack links each batch's first node to the next batch through its
+ * state word's payload, which the head's tag guards against ABA. Only the
+ * thread that popped a batch reads its chain (the push's release and the
+ * pop's acquire order the links). The timer thread pushes the nodes it
+ * frees in batches of up to MAG_NODES, a producer takes a whole batch for
+ * its magazine (service_impl.h, struct prod) with one compare-and-swap.
+ */
 
-/* Push the chain @first..@last (linked through their payloads) on the free
- * list. @last's payload is overwritten. */
-static inline void free_push(struct node_pool *p, struct node *first,
-                             struct node *last)
+/* Push batch @first (its chain already linked) on the free list. */
+static inline void free_push(struct node_pool *p, struct node *first)
 {
     uint64_t nh_low = (uint64_t)node_index(first) + 1;
-    uint64_t lst = atomic_load_explicit(&last->state, memory_order_relaxed);
-    uint64_t keep = lst & ~(ST_PAY_MASK << ST_PAY_SHIFT);
+    uint64_t fst = atomic_load_explicit(&first->state, memory_order_relaxed);
+    uint64_t keep = fst & ~(ST_PAY_MASK << ST_PAY_SHIFT);
     uint64_t h = atomic_load_explicit(&p->free_head, memory_order_relaxed);
     do {
-        atomic_store_explicit(&last->state,
+        atomic_store_explicit(&first->state,
                               keep | ((h & 0xffffffffu) << ST_PAY_SHIFT),
                               memory_order_relaxed);
     } while (!atomic_compare_exchange_weak_explicit(
@@ -107,13 +75,85 @@ static inline void free_push(struct node_pool *p, struct node *first,
         memory_order_release, memory_order_relaxed));
 }
 
+/* Pop a batch: its first node, or NULL if the list is empty. */
+static inline struct node *free_pop(struct node_pool *p)
+{
+    uint64_t h = atomic_load_explicit(&p->free_head, memory_order_acquire);
+    while ((uint32_t)h != 0) {
+        struct node *n = node_at(p, (uint32_t)h - 1);
+        uint64_t nst = atomic_load_explicit(&n->state, memory_order_relaxed);
+        uint64_t nh =
+            (h & ~UINT64_C(0xffffffff)) + (UINT64_C(1) << 32) + ST_PAY(nst);
+        /* nst cannot be stale if the CAS wins: a reuse would have
+         * changed the tag. */
+        if (atomic_compare_exchange_weak_explicit(&p->free_head, &h, nh,
+                                                  memory_order_acquire,
+                                                  memory_order_acquire))
+            return n;
+    }
+    return NULL;
+}
+
+/* The state word a never-used node @idx starts with: a first generation
+ * that differs between services, so that an id of one service is unlikely
+ * to match a node of another. */
+static inline uint64_t fresh_state(const struct node_pool *p, uint32_t idx)
+{
+    uint32_t g = (p->salt ^ (idx * UINT32_C(0x9E3779B1))) | 1;
+    return (uint64_t)g << 32;
+}
+
+/* Take @count never-used indexes: *@first the first of them, their chunks
+ * made. Returns 0 or TW_ENOMEM. */
+static inline int fresh_take(struct node_pool *p, uint32_t count,
+                             uint32_t *first)
+{
+    uint32_t f = atomic_load_explicit(&p->fresh, memory_order_relaxed);
+    for (;;) {
+        if (f > MAX_NODES - count)
+            return TW_ENOMEM;
+        int rc = pool_ensure(p, f);
+        if (rc == 0)
+            rc = pool_ensure(p, f + count - 1);
+        if (rc != 0)
+            return rc;
+        if (atomic_compare_exchange_weak_explicit(&p->fresh, &f, f + count,
+                                                  memory_order_release,
+                                                  memory_order_relaxed))
+            break;
+    }
+    *first = f;
+    return 0;
+}
+
+/* Take a free node: *@idx its index, *@st its state word (FREE, with the
+ * generation to use). Returns 0 or TW_ENOMEM. For a thread without a
+ * magazine: the rest of a popped batch goes back on the list. */
+static inline int node_alloc(struct node_pool *p, uint32_t *idx, uint64_t *st)
+{
+    struct node *n = free_pop(p);
+    if (n != NULL) {
+        struct node *rest = node_of_timer(n->t.tw__next);
+        if (rest != NULL)
+            free_push(p, rest);
+        *idx = node_index(n);
+        *st = atomic_load_explicit(&n->state, memory_order_relaxed);
+        return 0;
+    }
+    int rc = fresh_take(p, 1, idx);
+    if (rc == 0)
+        *st = fresh_state(p, *idx);
+    return rc;
+}
+
 /* Give back node @idx that node_alloc() returned with state @st. */
 static inline void node_unalloc(struct node_pool *p, uint32_t idx, uint64_t st)
 {
     struct node *n = node_at(p, idx);
     atomic_store_explicit(&n->state, (st & ~UINT64_C(0xffffffff)) | LOC_FREE,
                           memory_order_relaxed);
-    free_push(p, n, n);
+    n->t.tw__next = NULL;
+    free_push(p, n);
 }
 
 static inline uint64_t next_gen(uint64_t st)
@@ -124,38 +164,43 @@ static inline uint64_t next_gen(uint64_t st)
 
 /* Mark @n free (new generation) and free its side record. It is not on
  * the free list yet. */
-static inline void node_retire(struct node *n, uint64_t next_link)
+static inline void node_retire(struct node *n)
 {
     uint64_t st = atomic_load_explicit(&n->state, memory_order_relaxed);
     if (st & ST_PERIODIC)
         tw__free(n->t.tw__arg);
-    atomic_store_explicit(&n->state,
-                          next_gen(st) | (next_link << ST_PAY_SHIFT) | LOC_FREE,
+    atomic_store_explicit(&n->state, next_gen(st) | LOC_FREE,
                           memory_order_release);
 }
 
-/* Free @n now (its owner). */
+/* Free @n now (its owner): a batch of one. */
 static inline void node_free(struct node_pool *p, struct node *n)
 {
-    node_retire(n, 0);
-    free_push(p, n, n);
+    node_retire(n);
+    n->t.tw__next = NULL;
+    free_push(p, n);
 }
 
-/* Free @n at free_flush() (one CAS per round). Context: timer thread. */
+/* Free @n into the batch being built, pushed when full or at
+ * free_flush(). Context: timer thread. */
 static inline void node_free_batched(struct node_pool *p, struct node *n)
 {
-    uint64_t link = p->free_first ? (uint64_t)node_index(p->free_first) + 1 : 0;
-    node_retire(n, link);
-    if (p->free_first == NULL)
-        p->free_last = n;
+    node_retire(n);
+    n->t.tw__next = p->free_first != NULL ? &p->free_first->t : NULL;
     p->free_first = n;
+    if (++p->free_count == MAG_NODES) {
+        free_push(p, n);
+        p->free_first = NULL;
+        p->free_count = 0;
+    }
 }
 
 static inline void free_flush(struct node_pool *p)
 {
     if (p->free_first != NULL) {
-        free_push(p, p->free_first, p->free_last);
-        p->free_first = p->free_last = NULL;
+        free_push(p, p->free_first);
+        p->free_first = NULL;
+        p->free_count = 0;
     }
 }
 

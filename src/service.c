@@ -44,6 +44,7 @@ void (*tw__service_started_hook)(tw_service *s, tw_id id);
 void (*tw__service_xpop_hook)(tw_service *s, tw_id id);
 void (*tw__service_xdrop_hook)(tw_service *s, tw_id id);
 void (*tw__service_accepted_hook)(tw_service *s, tw_id id);
+void (*tw__service_reserved_hook)(tw_service *s);
 #define TEST_HOOK(hook, ...)                                                   \
     do {                                                                       \
         if ((hook) != NULL)                                                    \
@@ -89,12 +90,24 @@ static uint64_t rel_ns(const tw_service *s)
     return now > h ? now : h;
 }
 
+/* A producer's reading for a deadline: rel_ns(), or, on the built-in
+ * CLOCK_MONOTONIC, the TSC estimate, which is never earlier than the
+ * clock and at most a few us later (src/service_clock.c). Only for
+ * deadlines: the timer thread decides what is due on rel_ns(). */
+static inline uint64_t rel_ns_deadline(const tw_service *s)
+{
+    if (s->cfg.tsc == NULL)
+        return rel_ns(s);
+    uint64_t now = tw__tsc_now(s->cfg.tsc);
+    return now > s->cfg.start_ns ? now - s->cfg.start_ns : 0;
+}
+
 /* The first tick at or after @ns (relative), NEVER when @ns is. */
-static uint64_t ceil_tick(const tw_service *s, uint64_t ns)
+static inline uint64_t ceil_tick(const tw_service *s, uint64_t ns)
 {
     if (ns == NEVER)
         return NEVER;
-    return ns / s->cfg.tick_ns + (ns % s->cfg.tick_ns != 0);
+    return tw__ceil_div(ns, s->cfg.tick_ns, s->cfg.tick_recip);
 }
 
 /* @a + @b, or NEVER if that does not fit. */
@@ -186,19 +199,174 @@ static int pending_reserve(tw_service *s)
     return 0;
 }
 
+/* Release a pending slot, from a thread without a producer. */
 static void pending_drop(tw_service *s)
 {
-    atomic_fetch_sub_explicit(&s->submit.pending, 1, memory_order_relaxed);
+    if (s->cfg.max_pending != 0)
+        atomic_fetch_sub_explicit(&s->submit.pending, 1, memory_order_relaxed);
+    else
+        atomic_fetch_add_explicit(&s->submit.released, 1, memory_order_relaxed);
+}
+
+/* Add @d (wrapping) to producer @p's count. Context: its owner. */
+static inline void prod_count(struct prod *p, uint64_t d)
+{
+    atomic_store_explicit(
+        &p->pending,
+        atomic_load_explicit(&p->pending, memory_order_relaxed) + d,
+        memory_order_relaxed);
+}
+
+static void stack_push(_Atomic(struct node *) *q, struct node *n)
+{
+    struct node *h = atomic_load_explicit(q, memory_order_relaxed);
+    do {
+        n->t.tw__next = h != NULL ? &h->t : NULL;
+    } while (!atomic_compare_exchange_weak_explicit(
+        q, &h, n, memory_order_seq_cst, memory_order_relaxed));
 }
 
 static void subq_push(tw_service *s, struct node *n)
 {
-    struct node *h =
-        atomic_load_explicit(&s->submit.subq, memory_order_relaxed);
-    do {
-        n->t.tw__next = h != NULL ? &h->t : NULL;
-    } while (!atomic_compare_exchange_weak_explicit(
-        &s->submit.subq, &h, n, memory_order_seq_cst, memory_order_relaxed));
+    stack_push(&s->submit.subq, n);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Producers: each thread's own stack, count and magazine (struct prod).
+ *
+ * A thread caches the producers it owns, by service and the service's
+ * serial (an address may be reused by a later service; a serial is not).
+ * A producer leaves a thread's cache when the thread exits or needs the
+ * entry for a fifth service; it is then released, under the registry of
+ * live services, so that a release never touches a destroyed service. */
+
+#define PROD_CACHE 4
+
+/* initial-exec: no call to find the thread's block, in the shared
+ * library too (the block is small). */
+#define TLS_IE __attribute__((tls_model("initial-exec")))
+static _Thread_local struct prod_ref {
+    tw_service *s;
+    uint64_t serial;
+    struct prod *p;
+} prod_cache[PROD_CACHE] TLS_IE;
+static _Thread_local unsigned prod_victim TLS_IE;
+
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static tw_service *reg_head;
+static pthread_key_t prod_key;
+static pthread_once_t prod_key_once = PTHREAD_ONCE_INIT;
+static int prod_key_rc;
+
+/* Release the producer @r names if its service is still alive. */
+static void prod_release(struct prod_ref *r)
+{
+    pthread_mutex_lock(&reg_mu);
+    for (tw_service *x = reg_head; x != NULL; x = x->prods.reg_next)
+        if (x == r->s && x->prods.serial == r->serial) {
+            atomic_store_explicit(&r->p->owned, false, memory_order_release);
+            break;
+        }
+    pthread_mutex_unlock(&reg_mu);
+    r->s = NULL;
+}
+
+/* Enter @s in the registry of live services. */
+static void reg_add(tw_service *s)
+{
+    pthread_mutex_lock(&reg_mu);
+    s->prods.reg_next = reg_head;
+    if (reg_head != NULL)
+        reg_head->prods.reg_prev = s;
+    reg_head = s;
+    pthread_mutex_unlock(&reg_mu);
+}
+
+/* Take @s out of it: from now on no thread releases a producer of @s. */
+static void reg_remove(tw_service *s)
+{
+    pthread_mutex_lock(&reg_mu);
+    if (s->prods.reg_prev != NULL)
+        s->prods.reg_prev->prods.reg_next = s->prods.reg_next;
+    else
+        reg_head = s->prods.reg_next;
+    if (s->prods.reg_next != NULL)
+        s->prods.reg_next->prods.reg_prev = s->prods.reg_prev;
+    pthread_mutex_unlock(&reg_mu);
+}
+
+static void prod_thread_exit(void *unused)
+{
+    (void)unused;
+    for (unsigned i = 0; i < PROD_CACHE; i++)
+        if (prod_cache[i].s != NULL)
+            prod_release(&prod_cache[i]);
+}
+
+static void prod_key_init(void)
+{
+    prod_key_rc = pthread_key_create(&prod_key, prod_thread_exit);
+}
+
+/* An unowned producer of @s, now ours, or a new one; NULL if none can be
+ * had (all MAX_PRODS taken, or no memory). */
+static struct prod *prod_adopt(tw_service *s)
+{
+    uint32_t n = atomic_load_explicit(&s->prods.n, memory_order_acquire);
+    for (uint32_t i = 0; i < n; i++) {
+        struct prod *p =
+            atomic_load_explicit(&s->prods.slot[i], memory_order_acquire);
+        bool no = false;
+        if (p != NULL &&
+            !atomic_load_explicit(&p->owned, memory_order_relaxed) &&
+            atomic_compare_exchange_strong_explicit(&p->owned, &no, true,
+                                                    memory_order_acquire,
+                                                    memory_order_relaxed))
+            return p;
+    }
+    while (n < MAX_PRODS &&
+           !atomic_compare_exchange_weak(&s->prods.n, &n, n + 1)) {
+    }
+    if (n >= MAX_PRODS)
+        return NULL;
+    struct prod *p = tw__calloc(1, sizeof(*p));
+    if (p != NULL) {
+        atomic_init(&p->owned, true);
+        atomic_fetch_add_explicit(&s->pool.mem, sizeof(*p),
+                                  memory_order_relaxed);
+    }
+    /* A slot that stays NULL (no memory) is skipped by everybody. */
+    atomic_store_explicit(&s->prods.slot[n], p, memory_order_release);
+    return p;
+}
+
+/* The calling thread's producer of @s, taken now if it has none: NULL
+ * when the service has max_pending (which needs the shared count), is not
+ * started yet, or no producer can be had. */
+static __attribute__((noinline)) struct prod *prod_claim(tw_service *s)
+{
+    if (s->cfg.max_pending != 0 ||
+        !atomic_load_explicit(&s->timer.started, memory_order_acquire))
+        return NULL;
+    pthread_once(&prod_key_once, prod_key_init);
+    if (prod_key_rc != 0 || pthread_setspecific(prod_key, &prod_key) != 0)
+        return NULL;
+    struct prod *p = prod_adopt(s);
+    if (p == NULL)
+        return NULL;
+    struct prod_ref *r = &prod_cache[prod_victim++ % PROD_CACHE];
+    if (r->s != NULL)
+        prod_release(r);
+    *r = (struct prod_ref){s, s->prods.serial, p};
+    return p;
+}
+
+static inline struct prod *prod_get(tw_service *s)
+{
+    for (unsigned i = 0; i < PROD_CACHE; i++)
+        if (prod_cache[i].s == s && prod_cache[i].serial == s->prods.serial)
+            return prod_cache[i].p;
+    return prod_claim(s);
 }
 
 static void trampoline(tw_timer *t, void *arg);
@@ -225,8 +393,9 @@ struct sched {
 /* What sched_reserve() took for the call (apart from its pending slot).
  * Kept apart from struct sched, whose fields then stay in registers. */
 struct reserved {
-    uint32_t fidx, idx; /* function table entry, node */
-    uint64_t st;        /* the node's state word, FREE */
+    uint32_t fidx, idx; /* function table entry, node index */
+    struct node *n;     /* the node */
+    uint64_t st;        /* its state word, FREE */
     struct periodic *rec;
 };
 
@@ -317,6 +486,8 @@ static inline int sched_reserve(tw_service *s, const struct sched *r,
     if (rc != 0)
         return rc;
     bool have_node = (rc = node_alloc(&s->pool, &v->idx, &v->st)) == 0;
+    if (have_node)
+        v->n = node_at(&s->pool, v->idx);
     /* The first call starts the service only once its memory is there. */
     if (rc == 0 &&
         !atomic_load_explicit(&s->timer.started, memory_order_acquire))
@@ -336,9 +507,10 @@ static inline int sched_reserve(tw_service *s, const struct sched *r,
     return rc;
 }
 
-/* Fill the reserved node and push it on the submission stack. */
+/* Fill the reserved node and push it on submission stack @q. */
 static inline void sched_publish(tw_service *s, const struct sched *r,
-                                 const struct reserved *v, tw_id *id)
+                                 const struct reserved *v,
+                                 _Atomic(struct node *) *q, tw_id *id)
 {
     uint64_t flags = kind_periodic(r->kind) ? ST_PERIODIC
                      : r->kind == KIND_HOLD ? ST_HOLD
@@ -354,14 +526,14 @@ static inline void sched_publish(tw_service *s, const struct sched *r,
     if (lazy) {
         flags |= ST_RELATIVE;
     } else {
-        uint64_t due = add_sat(rel_ns(s), r->delay);
+        uint64_t due = add_sat(rel_ns_deadline(s), r->delay);
         if (v->rec != NULL)
             v->rec->next_ns = due;
         last = tick = ceil_tick(s, due);
         if (r->width != 0 && due != NEVER)
             tw__svc_window(s->cfg.tick_ns, due, r->width, &tick, &last);
     }
-    struct node *n = node_at(&s->pool, v->idx);
+    struct node *n = v->n;
     tw_timer_init(&n->t, trampoline, arg);
     n->t.tw__expires = tick;
     /* While QUEUED, tw__pprev carries the window's width in ticks (a
@@ -374,7 +546,7 @@ static inline void sched_publish(tw_service *s, const struct sched *r,
     if (id != NULL)
         *id = make_id(st, v->idx);
     atomic_store_explicit(&n->state, st, memory_order_release);
-    subq_push(s, n);
+    stack_push(q, n);
     if (lazy)
         wake_for_cancel(s); /* it went to sleep long meanwhile */
     else
@@ -396,13 +568,127 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
     if (rc == 0)
         rc = sched_reserve(s, &r, &v);
     if (rc == 0)
-        sched_publish(s, &r, &v, id);
+        sched_publish(s, &r, &v, &s->submit.subq, id);
     return rc;
+}
+
+/* Refill producer @p's magazine: a batch from the free list, else a range
+ * of never-used nodes. False: no memory. */
+static __attribute__((noinline)) bool mag_refill(tw_service *s, struct prod *p)
+{
+    uint32_t f;
+    p->mag = free_pop(&s->pool);
+    if (p->mag != NULL)
+        return true;
+    if (fresh_take(&s->pool, MAG_NODES, &f) != 0)
+        return false;
+    p->fr_next = f;
+    p->fr_end = f + MAG_NODES;
+    return true;
+}
+
+/* A node from producer @p's magazine (*@v: its index, state), or false if
+ * it is empty and cannot be refilled. Context: @p's owner. */
+static inline bool mag_take(tw_service *s, struct prod *p, struct reserved *v)
+{
+    if (p->mag == NULL && p->fr_next == p->fr_end && !mag_refill(s, p))
+        return false;
+    struct node *n = p->mag;
+    if (n != NULL) {
+        p->mag = node_of_timer(n->t.tw__next);
+        /* The next call's node, most likely last written by the timer
+         * thread: its miss overlaps this call. */
+        if (p->mag != NULL)
+            __builtin_prefetch(p->mag, 1);
+        v->idx = node_index(n);
+        v->st = atomic_load_explicit(&n->state, memory_order_relaxed);
+    } else {
+        v->idx = p->fr_next++;
+        v->st = fresh_state(&s->pool, v->idx);
+        n = node_at(&s->pool, v->idx);
+    }
+    v->n = n;
+    return true;
+}
+
+/* Put back what mag_take() gave (*@v). */
+static void mag_put(struct prod *p, const struct reserved *v)
+{
+    atomic_store_explicit(&v->n->state, v->st, memory_order_relaxed);
+    v->n->t.tw__next = p->mag != NULL ? &p->mag->t : NULL;
+    p->mag = v->n;
+}
+
+/*
+ * tw_schedule() of an exact one-shot task by producer @p: its function
+ * from @p's last one or the table (a new one takes its entry once the
+ * call can no longer fail otherwise), a node from its magazine, a slot in
+ * its own count, its own stack. Returns 0, TW_ESHUTDOWN, TW_EAGAIN (the
+ * table filled up meanwhile), or 1 if the shared path must do the call.
+ *
+ * The count goes up before the stop check, both seq_cst, and stop sets
+ * STOPPED_BIT before it sums the counts: either stop sees our slot and
+ * waits for the push (and hands the task back), or we see the bit.
+ */
+static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
+                                void *arg, uint64_t delay, tw_id *id)
+{
+    struct reserved v;
+    int rc = 0;
+    v.rec = NULL;
+    if (fn == p->last_fn)
+        v.fidx = p->last_fidx;
+    else if ((rc = fn_find(&s->pool, fn, &v.fidx)) < 0)
+        return 1; /* table full: the shared path says so */
+    if (!mag_take(s, p, &v))
+        return 1;
+    atomic_fetch_add(&p->pending, 1);
+    TEST_HOOK(tw__service_reserved_hook, s);
+    if (atomic_load(&s->submit.pending) & STOPPED_BIT)
+        rc = TW_ESHUTDOWN;
+    else if (rc == 1) /* a new function: its entry only now */
+        rc = tw__fn_index(&s->pool, fn, &v.fidx);
+    if (rc != 0) {
+        prod_count(p, (uint64_t)-1);
+        mag_put(p, &v);
+        return rc;
+    }
+    if (fn != p->last_fn) {
+        p->last_fn = fn;
+        p->last_fidx = v.fidx;
+    }
+    if (s->cfg.lazy) {
+        struct sched r = {fn, arg, delay, 0, 0, KIND_ONCE, 0, NULL};
+        sched_publish(s, &r, &v, &p->subq, id);
+        return 0;
+    }
+    /* sched_publish() for an exact one-shot deadline. */
+    uint64_t tick = ceil_tick(s, add_sat(rel_ns_deadline(s), delay));
+    struct node *n = v.n;
+    tw_timer_init(&n->t, trampoline, arg);
+    n->t.tw__expires = tick;
+    uint64_t st = (v.st & ~UINT64_C(0xffffffff)) |
+                  ((uint64_t)v.fidx << ST_PAY_SHIFT) | LOC_QUEUED;
+    if (id != NULL)
+        *id = make_id(st, v.idx);
+    atomic_store_explicit(&n->state, st, memory_order_release);
+    stack_push(&p->subq, n);
+    wake_for_tick(s, tick);
+    return 0;
 }
 
 int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
                 tw_id *id)
 {
+    /* A producer exists only on a started service (prod_claim()), so
+     * this path does not read `started`, which shares a line with what
+     * the timer thread writes all the time. */
+    if (s != NULL && fn != NULL && s->cfg.slack_ns == 0) {
+        struct prod *p = prod_get(s);
+        int rc = p != NULL ? schedule_fast(s, p, fn, arg, delay_ns, id) : 1;
+        if (rc <= 0)
+            return rc;
+    }
     return schedule(s, fn, arg, delay_ns, s ? s->cfg.slack_ns : 0, 0, KIND_ONCE,
                     0, NULL, id);
 }
@@ -472,20 +758,71 @@ static void take_submission(tw_service *s, struct node *n, void *ctx)
         tw_wheel_add_window(s->timer.wheel, &n->t, first, first + span);
 }
 
+/* Submission stack @k: the producers' 0 .. n-1, the shared one n. NULL if
+ * producer @k has none (yet). */
+static inline _Atomic(struct node *) *subq_at(tw_service *s, uint32_t k,
+                                              uint32_t n)
+{
+    if (k == n)
+        return &s->submit.subq;
+    struct prod *p =
+        atomic_load_explicit(&s->prods.slot[k], memory_order_acquire);
+    return p != NULL ? &p->subq : NULL;
+}
+
+/* The next whole submission stack of this pass, taken with one exchange,
+ * or NULL when the pass has seen them all: each stack at most once per
+ * pass, so that what a thread pushed in two goes runs in two rounds, in
+ * order. *@pos: the pass's position, the shared stack first (what a thread
+ * pushed there before it had a producer comes before what it pushed on
+ * its own), then the producers' from s->timer.rr. */
+static struct node *subq_next(tw_service *s, uint32_t *pos)
+{
+    uint32_t n = atomic_load_explicit(&s->prods.n, memory_order_acquire);
+    if (n > MAX_PRODS)
+        n = MAX_PRODS;
+    while (*pos <= n) {
+        uint32_t k = (*pos)++;
+        _Atomic(struct node *) *q =
+            k == 0 ? &s->submit.subq : subq_at(s, (s->timer.rr + k - 1) % n, n);
+        if (q != NULL && atomic_load(q) != NULL)
+            return atomic_exchange(q, NULL);
+    }
+    return NULL;
+}
+
+/* Is any submission stack non-empty? (seq_cst loads: the timer thread's
+ * side of the wake-up handshake, see timer_sleep()). */
+static bool subq_any(tw_service *s)
+{
+    uint32_t n = atomic_load_explicit(&s->prods.n, memory_order_acquire);
+    if (n > MAX_PRODS)
+        n = MAX_PRODS;
+    for (uint32_t k = 0; k <= n; k++) {
+        _Atomic(struct node *) *q = subq_at(s, k, n);
+        if (q != NULL && atomic_load(q) != NULL)
+            return true;
+    }
+    return false;
+}
+
 /*
- * Take up to @max nodes off the submission stack, each to @take: first
- * what is left of the batch taken earlier, else a new batch (the whole
- * stack, with one exchange). Returns how many. Shared by the timer thread
- * and by stop, which owns the stack once the thread is joined.
+ * Take up to @max nodes off the submission stacks, each to @take: first
+ * what is left of the stack taken earlier, then each stack once (a whole
+ * stack, with one exchange). Returns how many. Shared by the timer thread and
+ * by stop, which owns the stacks once the thread is joined.
  */
 static inline unsigned
 subq_drain(tw_service *s, unsigned max,
            void (*take)(tw_service *s, struct node *n, void *ctx), void *ctx)
 {
-    if (s->timer.local == NULL)
-        s->timer.local = atomic_exchange(&s->submit.subq, NULL);
+    uint32_t pos = 0;
     unsigned i;
-    for (i = 0; s->timer.local != NULL && i < max; i++) {
+    s->timer.rr++;
+    for (i = 0; i < max; i++) {
+        if (s->timer.local == NULL &&
+            (s->timer.local = subq_next(s, &pos)) == NULL)
+            break;
         struct node *n = s->timer.local;
         s->timer.local = node_of_timer(n->t.tw__next);
         take(s, n, ctx);
@@ -537,8 +874,7 @@ static void timer_sleep(tw_service *s, uint64_t target, uint64_t now)
     pthread_mutex_lock(&s->timer.mu);
     atomic_store(&s->timer.sleep_until, target);
     atomic_store(&s->timer.sleep_long, target > now + 1);
-    if (!s->timer.kicked && !atomic_load(&s->timer.quit) &&
-        atomic_load(&s->submit.subq) == NULL &&
+    if (!s->timer.kicked && !atomic_load(&s->timer.quit) && !subq_any(s) &&
         atomic_load(&s->pool.cancel_dirty) == 0) {
         if (timed)
             pthread_cond_timedwait(&s->timer.cv, &s->timer.mu, &ts);
@@ -573,7 +909,7 @@ static void *timer_main(void *p)
         dispatch_flush(s);
         free_flush(&s->pool);
         atomic_fetch_add(&s->timer.round_end, 1);
-        if (s->timer.local != NULL || atomic_load(&s->submit.subq) != NULL ||
+        if (s->timer.local != NULL || subq_any(s) ||
             atomic_load(&s->pool.cancel_dirty) != 0)
             continue;
         uint64_t next = tw_wheel_next_expiry(s->timer.wheel);
@@ -904,8 +1240,13 @@ static bool cancel_id(tw_service *s, tw_id id, bool drop)
         if (loc == LOC_FREE || (loc == LOC_RUNNING && !(st & ST_PERIODIC)))
             return false;
     } while (!atomic_compare_exchange_weak(&n->state, &st, st | ST_CANCELLED));
-    if (drop)
-        pending_drop(s);
+    if (drop) {
+        struct prod *p = prod_get(s);
+        if (p != NULL)
+            prod_count(p, (uint64_t)-1);
+        else
+            pending_drop(s);
+    }
     if (loc == LOC_ARMED)
         cancel_mark(&s->pool, n, (uint32_t)id - 1);
     if (loc == LOC_ARMED || loc == LOC_QUEUED)
@@ -950,13 +1291,26 @@ int tw_cancel_wait(tw_service *s, tw_id id)
     return r;
 }
 
+/* The pending count: the shared count, less the slots released outside
+ * it, plus every producer's count (seq_cst: stop's side of the handshake
+ * in schedule_fast()). Every release is ordered after its reservation, so
+ * a sum read while the counts move is never below the number of
+ * reservations not yet released: it is 0 only when nothing is pending. */
 uint64_t tw_service_pending(const tw_service *s)
 {
     if (s == NULL)
         return 0;
-    return atomic_load_explicit(&((tw_service *)s)->submit.pending,
-                                memory_order_relaxed) &
-           ~STOPPED_BIT;
+    tw_service *m = (tw_service *)s;
+    uint64_t v = (atomic_load(&m->submit.pending) & ~STOPPED_BIT) -
+                 atomic_load(&m->submit.released);
+    uint32_t n = atomic_load_explicit(&m->prods.n, memory_order_acquire);
+    for (uint32_t k = 0; k < n && k < MAX_PRODS; k++) {
+        struct prod *p =
+            atomic_load_explicit(&m->prods.slot[k], memory_order_acquire);
+        if (p != NULL)
+            v += atomic_load(&p->pending);
+    }
+    return v;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1075,6 +1429,9 @@ static void config_apply(tw_service *s, const tw_service_config *cfg,
     s->cfg.execute_ctx = cfg->execute_ctx;
     s->cfg.nexec = cfg->executor_threads;
     s->cfg.lazy = (cfg->flags & TW_SERVICE_LAZY_CLOCK) != 0;
+    s->cfg.tick_recip = tw__recip(z->tick);
+    if (cfg->clock == NULL && z->clock_id == CLOCK_MONOTONIC)
+        s->cfg.tsc = tw__tsc_mono();
     s->cfg.start_ns = s->cfg.clock ? s->cfg.clock(s->cfg.clock_ctx)
                                    : tw__clock_ns((clockid_t)s->cfg.clock_id);
     atomic_fetch_add(&s->pool.mem, sizeof(*s));
@@ -1083,7 +1440,7 @@ static void config_apply(tw_service *s, const tw_service_config *cfg,
 int(tw_service_create)(tw_service **out, const tw_service_config *cfg)
 {
     static const tw_service_config defaults = {0};
-    static _Atomic uint32_t serial;
+    static _Atomic uint64_t serial;
     struct sizes z;
     if (out == NULL)
         return TW_EINVAL;
@@ -1095,8 +1452,10 @@ int(tw_service_create)(tw_service **out, const tw_service_config *cfg)
     tw_service *s = tw__calloc(1, sizeof(*s));
     if (s == NULL)
         return TW_ENOMEM;
-    uint32_t sn = atomic_fetch_add(&serial, 1) + 1;
-    uint32_t salt = sn * UINT32_C(0x85EBCA6B) ^ (uint32_t)(uintptr_t)s;
+    uint64_t sn = atomic_fetch_add(&serial, 1) + 1;
+    uint32_t salt =
+        (uint32_t)sn * UINT32_C(0x85EBCA6B) ^ (uint32_t)(uintptr_t)s;
+    s->prods.serial = sn;
     if ((rc = tw__pool_init(&s->pool, s, z.nfns, salt)) != 0)
         goto fail_pool;
     rc = tw__exec_init(&s->exec, cfg->executor_threads, exec_take, exec_run, s);
@@ -1109,6 +1468,7 @@ int(tw_service_create)(tw_service **out, const tw_service_config *cfg)
     if ((rc = sync_init(s)) != 0)
         goto fail_sync;
     config_apply(s, cfg, &z);
+    reg_add(s);
     *out = s;
     return 0;
 
@@ -1277,6 +1637,9 @@ void tw_service_destroy(tw_service *s)
     if (s == NULL)
         return;
     tw_service_stop(s, NULL, NULL);
+    reg_remove(s);
+    for (uint32_t k = 0; k < atomic_load(&s->prods.n) && k < MAX_PRODS; k++)
+        tw__free(atomic_load(&s->prods.slot[k]));
     tw__pool_destroy(&s->pool);
     sync_destroy(s, N_MUTEX, N_COND);
     tw__exec_destroy(&s->exec);
@@ -1338,6 +1701,19 @@ void tw__service_sync(tw_service *s)
 uint32_t tw__service_waiters(tw_service *s)
 {
     return atomic_load(&s->wait.waiters);
+}
+
+uint32_t tw__service_producers(tw_service *s, uint32_t *owned)
+{
+    uint32_t n = atomic_load(&s->prods.n), o = 0;
+    n = n < MAX_PRODS ? n : MAX_PRODS;
+    for (uint32_t k = 0; k < n; k++) {
+        struct prod *p = atomic_load(&s->prods.slot[k]);
+        o += p != NULL && atomic_load(&p->owned);
+    }
+    if (owned != NULL)
+        *owned = o;
+    return n;
 }
 
 size_t tw__service_node_size(void)

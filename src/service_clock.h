@@ -7,9 +7,17 @@
 #ifndef TWHEEL_SERVICE_CLOCK_H
 #define TWHEEL_SERVICE_CLOCK_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <x86intrin.h>
+#define TW__HAVE_TSC 1
+#else
+#define TW__HAVE_TSC 0
+#endif
 
 #include "clock.h"
 #include "twheel/service.h"
@@ -38,5 +46,87 @@ void tw__svc_window(uint64_t tick_ns, uint64_t due_ns, uint64_t width_ns,
  * bytes (at least the 0.1 struct): the fields that fit, zero past them. */
 void tw__svc_stats_out(tw_service_stats *out, size_t out_size,
                        const tw_service_stats *full);
+
+/* ------------------------------------------------------------------------ */
+/* Division by the tick without a divide instruction. */
+
+/* floor(2^64 / @d) for tw__ceil_div(); @d > 1. */
+uint64_t tw__recip(uint64_t d);
+
+/* ceil(@x / @d), exactly, with @m = tw__recip(@d): @m lies in
+ * (2^64 / @d - 1, 2^64 / @d], so the high half of @x * @m lies in
+ * (@x / @d - 1, @x / @d] (as @x < 2^64): it is floor(@x / @d) or one less,
+ * and one comparison of the remainder settles which. */
+static inline uint64_t tw__ceil_div(uint64_t x, uint64_t d, uint64_t m)
+{
+#ifndef __SIZEOF_INT128__
+    (void)m;
+    return x / d + (x % d != 0);
+#else
+    uint64_t q = (uint64_t)(((unsigned __int128)x * m) >> 64);
+    uint64_t r = x - q * d;
+    if (r >= d) {
+        q++;
+        r -= d;
+    }
+    return q + (r != 0);
+#endif
+}
+
+/* ------------------------------------------------------------------------ */
+/*
+ * An upper estimate of CLOCK_MONOTONIC from the CPU's time-stamp counter,
+ * for the producers' exact deadlines (src/service_clock.c argues why it
+ * never lags the clock). The estimate is an anchor, a pair (tsc0, mono0)
+ * where mono0 was read after tsc0, plus the cycles since tsc0 at a rate
+ * (ns per cycle, 32.32 fixed point) rounded up by 1/256, well over what
+ * the kernel's NTP adjustment can change its own rate by; an anchor
+ * serves for at most `limit` cycles (about 250 us), then the next reader
+ * reads the clock and publishes a new one. Readers take the anchor under
+ * a sequence count; a writer that finds it odd, or loses the race to make
+ * it odd, just returns its own reading.
+ */
+struct tw__tsc {
+    _Atomic uint32_t seq;  /* odd while a writer updates the anchor */
+    _Atomic uint64_t tsc0; /* the anchor */
+    _Atomic uint64_t mono0;
+    _Atomic uint64_t mult;  /* ns per cycle << 32, rounded up; 0: off */
+    _Atomic uint64_t limit; /* cycles an anchor serves */
+    /* The first tight reading (for the rate); set before any reader. */
+    uint64_t cal_tsc, cal_mono;
+    bool usable;         /* x86-64 with an invariant TSC, and enabled */
+    _Atomic bool broken; /* an estimate was seen to lag: off for good */
+};
+
+/* Set @c up for CLOCK_MONOTONIC when @enable and the CPU has an invariant
+ * TSC; else tw__tsc_now() just reads the clock. */
+void tw__tsc_init(struct tw__tsc *c, bool enable);
+/* tw__tsc_now()'s slow path: read CLOCK_MONOTONIC and, when the reading
+ * was tight, publish it as the new anchor (and the rate, once enough
+ * time has passed since the first reading to measure it). */
+uint64_t tw__tsc_refresh(struct tw__tsc *c);
+
+/* The process's estimate of CLOCK_MONOTONIC, set up (about 1-4 ms of
+ * calibration) on first use. */
+struct tw__tsc *tw__tsc_mono(void);
+
+/* CLOCK_MONOTONIC in ns, or later by at most a few us; never earlier. */
+static inline uint64_t tw__tsc_now(struct tw__tsc *c)
+{
+#if TW__HAVE_TSC
+    uint32_t q = atomic_load_explicit(&c->seq, memory_order_acquire);
+    uint64_t t0 = atomic_load_explicit(&c->tsc0, memory_order_relaxed);
+    uint64_t m0 = atomic_load_explicit(&c->mono0, memory_order_relaxed);
+    uint64_t mult = atomic_load_explicit(&c->mult, memory_order_relaxed);
+    uint64_t lim = atomic_load_explicit(&c->limit, memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire);
+    uint64_t d = __rdtsc() - t0;
+    if (d <= lim && !(q & 1) &&
+        atomic_load_explicit(&c->seq, memory_order_relaxed) == q)
+        return m0 +
+               (uint64_t)(((unsigned __int128)d * mult + UINT32_MAX) >> 32);
+#endif
+    return tw__tsc_refresh(c);
+}
 
 #endif

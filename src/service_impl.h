@@ -90,16 +90,20 @@
  * claims each live node by setting its cancelled bit, so a racing
  * tw_cancel() and the hand-back can never both win.
  *
- * Producers (tw_schedule) never lock: they pop a node from a Treiber free
- * list (head tagged against ABA), reserve a pending slot with one atomic
- * operation as the call's last fallible step (so a failing call never
- * holds one), and push the node on a Treiber submission stack that the timer
- * thread takes whole with one exchange. The timer thread publishes the tick
- * it sleeps until; a producer wakes it (mutex + condition variable on
- * CLOCK_MONOTONIC) only when its deadline is earlier, so scheduling work
- * for later costs no system call. After a round with work the timer thread
- * polls once more a tick later instead of sleeping long, so a burst of
- * cancels needs at most one wake-up; when idle it sleeps without timeout.
+ * Producers (tw_schedule) never lock. A thread with a producer of its own
+ * (struct prod below) takes a node from its magazine, adds one to its own
+ * pending count and pushes the node on its own Treiber stack; other calls
+ * pop a node from the shared free list (a Treiber stack of batches, head
+ * tagged against ABA), reserve a pending slot in the shared count with one
+ * atomic operation as the call's last fallible step (so a failing call
+ * never holds one), and push the node on the shared stack. The timer
+ * thread takes each stack whole with one exchange, the shared one first. The
+ * timer thread publishes the tick it sleeps until; a producer wakes it (mutex +
+ * condition variable on CLOCK_MONOTONIC) only when its deadline is earlier, so
+ * scheduling work for later costs no system call. After a round with work the
+ * timer thread polls once more a tick later instead of sleeping long, so a
+ * burst of cancels needs at most one wake-up; when idle it sleeps without
+ * timeout.
  *
  * Task functions are stored as indexes into a small lock-free open-
  * addressing table (per service, max_callbacks entries): this is what keeps
@@ -188,6 +192,10 @@ struct dirblock {
 
 #define PAD(n) char pad##n[64]
 
+/* Nodes a producer takes from the pool at a time (its magazine), and the
+ * size of the batches the timer thread frees. */
+#define MAG_NODES 64u
+
 /*
  * The node pool (src/node_pool.h, src/node_pool.c): chunks reached through
  * a two-level directory, the free list, the cancel bitmap and the function
@@ -200,18 +208,52 @@ struct node_pool {
     struct tw_service *owner;
     PAD(0);
     _Atomic uint64_t free_head; /* tag << 32 | (index + 1) */
-    _Atomic uint32_t fresh;     /* first never-used index */
+    PAD(3);
+    _Atomic uint32_t fresh; /* first never-used index (every cancel reads
+                               it; it moves 64 at a time) */
     PAD(1);
     _Atomic uint64_t cancel_dirty; /* dirblocks with cancel bits */
     PAD(2);
     _Atomic(struct dirblock *) dir[DIR_BLOCKS];
-    /* Nodes the timer thread freed this round, pushed at its end. */
-    struct node *free_first, *free_last;
+    /* The batch of nodes the timer thread is freeing (node_pool.h). */
+    struct node *free_first;
+    uint32_t free_count;
     _Atomic uint64_t nodes, mem; /* statistics */
 };
 
 /* ------------------------------------------------------------------------ */
 /* The service. */
+
+struct tw__tsc; /* src/service_clock.h */
+
+/*
+ * A producer: the state of one thread that schedules or cancels on one
+ * service without max_pending (up to MAX_PRODS of them; other threads, and
+ * every thread of a service with max_pending, take the shared paths). The
+ * thread that owns it finds it through a thread-local cache (service.c).
+ *   - subq: its own submission stack, which only it and the timer thread
+ *     (or stop) touch, instead of the shared one;
+ *   - pending: the tasks it reserved minus those its cancels released;
+ *     written by the owner only (the count is a sum, see
+ *     tw_service_pending());
+ *   - a magazine of free nodes (a batch popped from the free list, or a
+ *     range of never-used ones) that only the owner takes from.
+ * A producer outlives its thread: when the thread exits (or evicts it from
+ * its cache) it is released, and another thread may own it next, with its
+ * counts and its magazine. Freed with the service.
+ */
+#define MAX_PRODS 64u
+struct prod {
+    _Atomic(struct node *) subq;
+    _Atomic uint64_t pending; /* wraps: only the sum over all means much */
+    _Atomic bool owned;
+    /* The owner's: */
+    struct node *mag;         /* chain through tw__next */
+    uint32_t fr_next, fr_end; /* never-used indexes [fr_next, fr_end) */
+    tw_task_fn last_fn;       /* the last function and its entry */
+    uint32_t last_fidx;
+    PAD(0);
+};
 
 /* The side record of a periodic task (tw__arg of its node). */
 struct periodic {
@@ -233,6 +275,9 @@ struct tw_service {
                                       clockid_t: monotonic or boottime */
         uint64_t slack_ns;         /* tw_schedule()'s default window */
         _Atomic uint64_t clock_hi; /* latest reading of clock (relative) */
+        uint64_t tick_recip;       /* tw__recip(tick_ns) */
+        struct tw__tsc *tsc;       /* producers' estimate: the built-in
+                                      CLOCK_MONOTONIC only, else NULL */
         tw_execute_fn execute;
         void *execute_ctx;
         uint32_t nexec;
@@ -248,7 +293,19 @@ struct tw_service {
         PAD(0);
         _Atomic uint64_t pending; /* count | STOPPED_BIT */
         PAD(1);
+        /* Without max_pending: slots released by the timer thread,
+         * executors and threads without a producer (wraps). */
+        _Atomic uint64_t released;
+        PAD(2);
     } submit;
+
+    /* The producers (see struct prod). */
+    struct {
+        _Atomic(struct prod *) slot[MAX_PRODS];
+        _Atomic uint32_t n; /* slots taken (a slot may still be NULL) */
+        uint64_t serial;    /* unique per service, for the thread caches */
+        struct tw_service *reg_prev, *reg_next; /* live services */
+    } prods;
 
     /* The timer thread. */
     struct {
@@ -264,6 +321,7 @@ struct tw_service {
         pthread_t thread;
         tw_wheel *wheel;
         struct node *local;      /* taken from subq, not yet processed */
+        uint32_t rr;             /* the producer subq_next() looks at first */
         struct node *disp_first; /* dispatched this round */
         struct node *disp_last;
         uint64_t disp_count;

@@ -1,12 +1,12 @@
 # SPDX-License-Identifier: MIT
 # service_csv.awk - turns bench_service's table into results.csv rows
 # (n,workload,engine,unit,median,min,max,reps,speedup_vs_heap,
-# fired_fraction,note). bench_service reports the best of its runs.
-# REPS is how many runs bench_service took the best of (1 with --quick,
-# else 3); the median and min columns hold that best too.
+# fired_fraction,note). bench_service reports the median of its runs.
+# REPS is how many runs bench_service took the median of (1 with --quick,
+# else 3); the min and max columns hold that median too.
 # Usage: awk -v n=TASKS -v reps=REPS -f bench/report/service_csv.awk service.txt
 function row(w, e, unit, v) {
-    printf "%d,%s,%s,%s,%s,%s,%s,%d,,,best of bench_service's runs\n",
+    printf "%d,%s,%s,%s,%s,%s,%s,%d,,,median of bench_service's runs\n",
         n, w, e, unit, v, v, v, reps ? reps : 1
 }
 {

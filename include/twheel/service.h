@@ -22,14 +22,29 @@
  * "Clocks" below the config). A task
  * never runs before its delay has passed since the schedule call; deadlines
  * are absolute ticks since the service was created, so late wake-ups never
- * accumulate drift. The timer thread sleeps until the next deadline and does
- * not wake periodically when idle.
+ * accumulate drift. On the built-in CLOCK_MONOTONIC on x86-64 with an
+ * invariant TSC a schedule call reads an estimate of the clock from the
+ * time-stamp counter, which is never earlier than the clock and at most a
+ * few microseconds later (a deadline on a tick boundary may then move to
+ * the next tick); the timer thread itself reads the clock. The timer
+ * thread sleeps until the next deadline and does not wake periodically
+ * when idle.
  *
  * Memory: one 48-byte record per task (LP64), in chunks of 4096 that are
  * reused and only freed by tw_service_destroy(); a periodic task also has a
  * 32-byte side record. At most 2^27 - 1 records (then TW_ENOMEM). Each
  * distinct task function takes one entry of a per-service table
  * (max_callbacks) for the service's life.
+ *
+ * Producers: on a service without max_pending, each thread that schedules
+ * or cancels gets a producer of its own (up to 64 per service; further
+ * threads share one path): its own submission queue and pending count,
+ * and a magazine of up to 64 free records taken from the pool at once, so
+ * that threads do not contend on shared counters. A producer is about 200
+ * bytes, kept until tw_service_destroy(); when its thread exits it passes
+ * to the next thread that needs one, with its magazine. A record a task
+ * released is therefore reused by whichever thread's magazine takes it,
+ * not necessarily by the next call.
  *
  * Deadlock rules: tw_service_stop() and tw_cancel_wait() must not be called
  * from inside the task they would wait for (they return TW_EDEADLK), nor

@@ -22,7 +22,11 @@
  * fired_fraction,note) to the --csv file.
  *
  * Usage: java -cp netty-common.jar:. TimerBench [--tasks N] [--reps R]
- *        [--idle-ms MS] [--csv FILE]
+ *        [--idle-ms MS] [--csv FILE] [--threads 1,2,4] [--netty-only 1]
+ *
+ * --threads: the producer counts (default 1,2); --netty-only 1: only
+ * Netty's throughput rows (for a side-by-side run with bench_service
+ * --throughput).
  */
 import io.netty.util.HashedWheelTimer;
 import io.netty.util.Timeout;
@@ -235,6 +239,8 @@ public final class TimerBench {
 
     static PrintWriter csv;
     static int tasks;
+    static int[] producerCounts = {1, 2};
+    static boolean nettyOnly;
 
     static void row(String workload, String engine, String unit, double[] v,
                     String note) {
@@ -252,7 +258,7 @@ public final class TimerBench {
     static void throughput(String name, Factory f, long[] delays, int reps)
             throws Exception {
         Object[] ids = new Object[delays.length];
-        for (int threads = 1; threads <= 2; threads++) {
+        for (int threads : producerCounts) {
             double[] sch = new double[reps], can = new double[reps],
                      pairs = new double[reps];
             for (int r = -1; r < reps; r++) { /* -1: warm-up */
@@ -306,6 +312,11 @@ public final class TimerBench {
             case "--reps": reps = Integer.parseInt(v); break;
             case "--idle-ms": idleMs = Long.parseLong(v); break;
             case "--csv": csv = new PrintWriter(new FileWriter(v, true)); break;
+            case "--threads":
+                producerCounts = Arrays.stream(v.split(","))
+                                     .mapToInt(Integer::parseInt).toArray();
+                break;
+            case "--netty-only": nettyOnly = !v.equals("0"); break;
             default: usage();
             }
         }
@@ -327,6 +338,10 @@ public final class TimerBench {
         List<Object[]> engines = new ArrayList<>();
         engines.add(new Object[] {"netty-hwt", (Factory) () -> new Netty(1)});
         engines.add(new Object[] {"jdk-stpe", (Factory) Stpe::new});
+        if (nettyOnly) {
+            throughput("netty-hwt", (Factory) () -> new Netty(1), delays, reps);
+            return;
+        }
         for (Object[] en : engines)
             throughput((String) en[0], (Factory) en[1], delays, reps);
         for (Object[] en : engines)
@@ -356,7 +371,8 @@ public final class TimerBench {
 
     static void usage() {
         System.err.println("usage: TimerBench [--tasks N] [--reps R] "
-                           + "[--idle-ms MS] [--csv FILE]");
+                           + "[--idle-ms MS] [--csv FILE] [--threads 1,2,4] "
+                           + "[--netty-only 1]");
         System.exit(2);
     }
 }
