@@ -44,7 +44,11 @@
  * bytes, kept until tw_service_destroy(); when its thread exits it passes
  * to the next thread that needs one, with its magazine. A record a task
  * released is therefore reused by whichever thread's magazine takes it,
- * not necessarily by the next call.
+ * not necessarily by the next call. To hand a producer back when its
+ * thread exits, the library keeps one process-wide pthread key (made on
+ * first use, never deleted) and a list of live services under one mutex;
+ * no setting lives there. A program that unloads the library with
+ * dlclose() must first let every thread that scheduled or cancelled exit.
  *
  * Deadlock rules: tw_service_stop() and tw_cancel_wait() must not be called
  * from inside the task they would wait for (they return TW_EDEADLK), nor
