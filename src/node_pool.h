@@ -211,14 +211,6 @@ static inline void free_flush(struct node_pool *p)
  * the next. A summary bit that is already set need not be set again: the
  * consumer clears it before it reads the level below (all seq_cst). */
 
-/* Where a chunk's leaf word @w lives in l0: words next to each other on
- * different cache lines, so that producers cancelling nodes of their own
- * magazines (64 neighbours, one word) write different lines. */
-static inline unsigned l0_slot(unsigned w)
-{
-    return (w & 7u) << 3 | w >> 3;
-}
-
 static inline void or_bit(_Atomic uint64_t *w, unsigned bit)
 {
     uint64_t m = UINT64_C(1) << bit;
@@ -233,7 +225,7 @@ static inline void cancel_mark(struct node_pool *p, struct node *n,
     struct node *first = n - (idx & (CHUNK_NODES - 1));
     struct chunk_tail *ct = chunk_tail_of(first);
     unsigned off = idx & (CHUNK_NODES - 1);
-    atomic_fetch_or(&ct->l0[l0_slot(off / 64)], UINT64_C(1) << (off % 64));
+    atomic_fetch_or(&ct->l0[off / 64], UINT64_C(1) << (off % 64));
     or_bit(&ct->l1, off / 64);
     uint32_t c = idx >> CHUNK_BITS;
     struct dirblock *db =
@@ -242,8 +234,6 @@ static inline void cancel_mark(struct node_pool *p, struct node *n,
     or_bit(&db->dirty[ci / 64], ci % 64);
     or_bit(&p->cancel_dirty, c >> DIR_BITS);
 }
-
-#define DRAIN_AHEAD 8
 
 /* The marked nodes of chunk @first. */
 static inline void drain_chunk(struct node *first,
@@ -254,23 +244,11 @@ static inline void drain_chunk(struct node *first,
     while (l1) {
         unsigned lb = (unsigned)__builtin_ctzll(l1);
         l1 &= l1 - 1;
-        uint64_t l0 = atomic_exchange(&ct->l0[l0_slot(lb)], 0);
-        struct node *word = first + lb * 64;
-        /* The nodes were last written by the cancelling threads: ask for
-         * them a few ahead, so that their misses overlap. */
-        uint64_t ahead = l0;
-        for (unsigned k = 0; ahead && k < DRAIN_AHEAD; k++) {
-            __builtin_prefetch(word + __builtin_ctzll(ahead), 1);
-            ahead &= ahead - 1;
-        }
+        uint64_t l0 = atomic_exchange(&ct->l0[lb], 0);
         while (l0) {
             unsigned nb = (unsigned)__builtin_ctzll(l0);
             l0 &= l0 - 1;
-            if (ahead) {
-                __builtin_prefetch(word + __builtin_ctzll(ahead), 1);
-                ahead &= ahead - 1;
-            }
-            fn(word + nb, ctx);
+            fn(first + lb * 64 + nb, ctx);
         }
     }
 }

@@ -132,14 +132,11 @@ static inline bool move_or_free(tw_service *s, struct node *n, unsigned loc,
     uint64_t v = atomic_load(&n->state);
     do {
         if (v & ST_CANCELLED) {
-            if (batched) {
+            if (batched)
                 node_free_batched(&s->pool, n);
-                s->timer.cancelled++;
-            } else {
+            else
                 node_free(&s->pool, n);
-                atomic_fetch_add_explicit(&s->cancelled, 1,
-                                          memory_order_relaxed);
-            }
+            atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
             *was = v;
             return false;
         }
@@ -843,19 +840,7 @@ static void take_cancel(struct node *n, void *ctx)
         return; /* already freed (and maybe reused) by the wheel */
     tw_wheel_cancel(s->timer.wheel, &n->t);
     node_free_batched(&s->pool, n);
-    s->timer.cancelled++;
-}
-
-/* Add the round's cancels to the statistics: one atomic operation per
- * round, not one per node (a locked instruction per node waits for the
- * node's stores, which miss the cache). Context: the timer thread. */
-static void cancelled_flush(tw_service *s)
-{
-    if (s->timer.cancelled != 0) {
-        atomic_fetch_add_explicit(&s->cancelled, s->timer.cancelled,
-                                  memory_order_relaxed);
-        s->timer.cancelled = 0;
-    }
+    atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
 }
 
 /* The absolute CLOCK_MONOTONIC time of tick @target; false if none fits. */
@@ -890,10 +875,8 @@ static void timer_sleep(tw_service *s, uint64_t target, uint64_t now)
     pthread_mutex_lock(&s->timer.mu);
     atomic_store(&s->timer.sleep_until, target);
     atomic_store(&s->timer.sleep_long, target > now + 1);
-    /* Cancel bits keep the thread awake only when it would sleep past the
-     * next tick (the cancel's side: wake_for_cancel()). */
     if (!s->timer.kicked && !atomic_load(&s->timer.quit) && !subq_any(s) &&
-        (target <= now + 1 || atomic_load(&s->pool.cancel_dirty) == 0)) {
+        atomic_load(&s->pool.cancel_dirty) == 0) {
         if (timed)
             pthread_cond_timedwait(&s->timer.cv, &s->timer.mu, &ts);
         else
@@ -927,23 +910,18 @@ static void *timer_main(void *p)
         tw_wheel_advance(s->timer.wheel, now);
         dispatch_flush(s);
         free_flush(&s->pool);
-        cancelled_flush(s);
         atomic_fetch_add(&s->timer.round_end, 1);
-        if (s->timer.local != NULL || subq_any(s))
+        if (s->timer.local != NULL || subq_any(s) ||
+            atomic_load(&s->pool.cancel_dirty) != 0)
             continue;
         uint64_t next = tw_wheel_next_expiry(s->timer.wheel);
         if (next <= now)
             continue;
-        /* Poll once more before sleeping long; cancels that came during
-         * the round wait for that tick: released within a tick, in one
-         * batch, rather than the round chasing the producers' bits. */
-        if ((active || atomic_load(&s->pool.cancel_dirty) != 0) &&
-            next > now + 1)
-            next = now + 1;
+        if (active && next > now + 1)
+            next = now + 1; /* poll once more before sleeping long */
         timer_sleep(s, next, now);
     }
     free_flush(&s->pool);
-    cancelled_flush(s);
     tw_cur.s = NULL;
     return NULL;
 }

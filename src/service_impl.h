@@ -172,15 +172,13 @@ _Static_assert(sizeof(struct node) == 48, "a node is 48 bytes on LP64");
 
 /* Everything a chunk holds after its nodes. */
 struct chunk_tail {
-    void *raw;                /* what to tw__free() */
-    struct tw_service *owner; /* for the wheel's trampoline */
-    uint32_t number;          /* chunk index */
-    _Atomic uint64_t l1;      /* bit w: l0[w] may be non-zero */
-    /* Cancel bits of ARMED nodes, word w at l0_slot(w) (node_pool.h). */
-    _Alignas(64) _Atomic uint64_t l0[CHUNK_NODES / 64];
+    void *raw;                             /* what to tw__free() */
+    struct tw_service *owner;              /* for the wheel's trampoline */
+    uint32_t number;                       /* chunk index */
+    _Atomic uint64_t l1;                   /* bit w: l0[w] may be non-zero */
+    _Atomic uint64_t l0[CHUNK_NODES / 64]; /* cancel bits of ARMED nodes */
 };
 
-_Static_assert(CHUNK_NODES / 64 == 64, "l0_slot() spreads 64 words");
 #define CHUNK_BYTES                                                            \
     (CHUNK_NODES * sizeof(struct node) + sizeof(struct chunk_tail))
 _Static_assert(CHUNK_BYTES <= CHUNK_ALIGN, "a chunk fits its alignment");
@@ -327,9 +325,8 @@ struct tw_service {
         struct node *disp_first; /* dispatched this round */
         struct node *disp_last;
         uint64_t disp_count;
-        uint64_t round_ns;  /* the clock at this round's advance */
-        bool round_fresh;   /* no task has run on this thread since round_ns */
-        uint64_t cancelled; /* cancelled nodes freed this round (stats) */
+        uint64_t round_ns; /* the clock at this round's advance */
+        bool round_fresh;  /* no task has run on this thread since round_ns */
         /* Rounds begun and ended (tw__service_sync). */
         _Atomic uint64_t round_begin, round_end;
     } timer;

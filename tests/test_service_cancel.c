@@ -7,8 +7,8 @@
  *   behind a long task releases its record at once (stats.cancelled), not
  *   when an executor gets to it.
  * - Cancels that set their bits after the timer thread took a round's
- *   bits (forced with tw__service_drained_hook) are released at the next
- *   tick, without a wake-up and without the clock moving.
+ *   bits (forced with tw__service_drained_hook) are released without a
+ *   wake-up and without the clock moving.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -182,10 +182,9 @@ static void test_cancel_queued_for_executor(void)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Cancels between the round's drain and its end: the thread is awake (no
- * cancel wakes it), the bits wait for the next tick, when the thread polls
- * once more before it sleeps long. AFTER_DRAIN tasks, over several words
- * of the bitmap. */
+/* Cancels between the round's drain and its end: the thread is awake, so
+ * no cancel wakes it; it must see the bits before it sleeps long (an hour
+ * here). AFTER_DRAIN tasks, over several words of the bitmap. */
 #define AFTER_DRAIN 300
 
 static tw_id drain_ids[AFTER_DRAIN];
@@ -211,8 +210,8 @@ static void test_cancel_after_drain(void)
     atomic_store(&drain_armed, true);
     tw__service_kick(s);
     tw_service_stats st = {0};
-    /* The clock stays put: only the poll a tick later (real time) can
-     * release them; allow 30 s. */
+    /* The clock stays put: only the timer thread's look at the bits after
+     * its round can release them; allow 30 s. */
     for (int i = 0; i < 150000; i++) {
         tw_service_get_stats(s, &st);
         if (st.cancelled == AFTER_DRAIN)
