@@ -201,12 +201,15 @@ static void cancel_after_drain(tw_service *s)
 
 static void test_cancel_after_drain(void)
 {
+    /* Installed before the thread starts and removed after it is joined
+     * (the hook is a plain pointer); it acts once drain_armed is set. */
+    atomic_store(&drain_armed, false);
+    tw__service_drained_hook = cancel_after_drain;
     tw_service *s = vclock_service(NULL); /* 1 ms ticks */
     for (int i = 0; i < AFTER_DRAIN; i++)
         ASSERT_EQ(tw_schedule(s, blocker, NULL, 3600 * SEC, &drain_ids[i]), 0);
     tw__service_sync(s);
     tw__service_sync(s); /* all armed, the thread asleep until far ahead */
-    tw__service_drained_hook = cancel_after_drain;
     atomic_store(&drain_armed, true);
     tw__service_kick(s);
     tw_service_stats st = {0};
@@ -218,13 +221,13 @@ static void test_cancel_after_drain(void)
             break;
         sleep_us(200);
     }
-    tw__service_drained_hook = NULL;
     ASSERT_EQ(atomic_load(&drain_won), AFTER_DRAIN);
     ASSERT_EQ(st.cancelled, AFTER_DRAIN);
     ASSERT_EQ(tw_service_pending(s), 0);
     for (int i = 0; i < AFTER_DRAIN; i++)
         ASSERT(!tw_cancel(s, drain_ids[i]));
     ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    tw__service_drained_hook = NULL;
     tw_service_get_stats(s, &st);
     ASSERT_EQ(st.ran, 0);
     tw_service_destroy(s);
