@@ -79,6 +79,9 @@ extern void (*tw__service_accepted_hook)(struct tw_service *s, uint64_t id);
  * its own count, stack and magazine) has counted its task as pending and
  * has not yet checked whether the service is stopping. */
 extern void (*tw__service_reserved_hook)(struct tw_service *s);
+/* tw__service_drained_hook: the timer thread has taken this round's cancel
+ * bits and has not yet advanced its wheel. */
+extern void (*tw__service_drained_hook)(struct tw_service *s);
 #endif
 /* tw_schedule() of a one-shot task that keeps its pending slot while it
  * runs and takes over the slot of task @old (0: none; @old must be a task

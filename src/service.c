@@ -45,6 +45,7 @@ void (*tw__service_xpop_hook)(tw_service *s, tw_id id);
 void (*tw__service_xdrop_hook)(tw_service *s, tw_id id);
 void (*tw__service_accepted_hook)(tw_service *s, tw_id id);
 void (*tw__service_reserved_hook)(tw_service *s);
+void (*tw__service_drained_hook)(tw_service *s);
 #define TEST_HOOK(hook, ...)                                                   \
     do {                                                                       \
         if ((hook) != NULL)                                                    \
@@ -902,6 +903,7 @@ static void *timer_main(void *p)
             cancel_drain(&s->pool, take_cancel, s);
             active = true;
         }
+        TEST_HOOK(tw__service_drained_hook, s);
         s->timer.round_ns = rel_ns(s);
         s->timer.round_fresh = true;
         uint64_t now = s->timer.round_ns / s->cfg.tick_ns;

@@ -6,6 +6,9 @@
  * - A one-shot task cancelled while it waits in the executor pool's queue
  *   behind a long task releases its record at once (stats.cancelled), not
  *   when an executor gets to it.
+ * - Cancels that set their bits after the timer thread took a round's
+ *   bits (forced with tw__service_drained_hook) are released without a
+ *   wake-up and without the clock moving.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -178,9 +181,62 @@ static void test_cancel_queued_for_executor(void)
     tw_service_destroy(s);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Cancels between the round's drain and its end: the thread is awake, so
+ * no cancel wakes it; it must see the bits before it sleeps long (an hour
+ * here). AFTER_DRAIN tasks, over several words of the bitmap. */
+#define AFTER_DRAIN 300
+
+static tw_id drain_ids[AFTER_DRAIN];
+static _Atomic bool drain_armed;
+static _Atomic int drain_won;
+
+static void cancel_after_drain(tw_service *s)
+{
+    if (!atomic_exchange(&drain_armed, false))
+        return;
+    for (int i = 0; i < AFTER_DRAIN; i++)
+        atomic_fetch_add(&drain_won, tw_cancel(s, drain_ids[i]) ? 1 : 0);
+}
+
+static void test_cancel_after_drain(void)
+{
+    /* Installed before the thread starts and removed after it is joined
+     * (the hook is a plain pointer); it acts once drain_armed is set. */
+    atomic_store(&drain_armed, false);
+    tw__service_drained_hook = cancel_after_drain;
+    tw_service *s = vclock_service(NULL); /* 1 ms ticks */
+    for (int i = 0; i < AFTER_DRAIN; i++)
+        ASSERT_EQ(tw_schedule(s, blocker, NULL, 3600 * SEC, &drain_ids[i]), 0);
+    tw__service_sync(s);
+    tw__service_sync(s); /* all armed, the thread asleep until far ahead */
+    atomic_store(&drain_armed, true);
+    tw__service_kick(s);
+    tw_service_stats st = {0};
+    /* The clock stays put: only the timer thread's look at the bits after
+     * its round can release them; allow 30 s. */
+    for (int i = 0; i < 150000; i++) {
+        tw_service_get_stats(s, &st);
+        if (st.cancelled == AFTER_DRAIN)
+            break;
+        sleep_us(200);
+    }
+    ASSERT_EQ(atomic_load(&drain_won), AFTER_DRAIN);
+    ASSERT_EQ(st.cancelled, AFTER_DRAIN);
+    ASSERT_EQ(tw_service_pending(s), 0);
+    for (int i = 0; i < AFTER_DRAIN; i++)
+        ASSERT(!tw_cancel(s, drain_ids[i]));
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    tw__service_drained_hook = NULL;
+    tw_service_get_stats(s, &st);
+    ASSERT_EQ(st.ran, 0);
+    tw_service_destroy(s);
+}
+
 int main(int argc, char **argv)
 {
     RUN_SELECTED(test_cancel_wait_end_of_run);
     RUN_SELECTED(test_cancel_queued_for_executor);
+    RUN_SELECTED(test_cancel_after_drain);
     return tw_test_done();
 }
