@@ -1026,8 +1026,10 @@ static void *rd_claimer(void *arg)
 
 /* Take the due timers out of the wheel into *@list; a timer the wheel
  * thinks due but the wall clock does not (it stepped back) goes back in:
- * never fired early. Returns true if there was such a timer. mu held. */
-static bool take_due(struct rd *d, uint64_t now, struct rtimer **list)
+ * never fired early. Returns true if there was such a timer; *@behind:
+ * one was already CHECK_GAP_MS overdue. mu held. */
+static bool take_due(struct rd *d, uint64_t now, struct rtimer **list,
+                     bool *behind)
 {
     tw_wheel_advance(d->wheel, now);
     struct rtimer *early = NULL;
@@ -1036,6 +1038,8 @@ static bool take_due(struct rd *d, uint64_t now, struct rtimer **list)
         struct rtimer *r = d->due;
         d->due = r->next;
         struct rtimer **to = r->due_ms > wall + CHECK_AHEAD_MS ? &early : list;
+        if (r->due_ms + CHECK_GAP_MS < wall)
+            *behind = true;
         r->next = *to;
         *to = r;
     }
@@ -1108,11 +1112,12 @@ static void *rd_main(void *arg)
             continue;
         }
         struct rtimer *list = NULL;
-        bool early = take_due(d, now, &list);
+        bool behind = false;
+        bool early = take_due(d, now, &list, &behind);
         if (list || done_due(d, now)) {
             bool flush = done_due(d, now);
-            if (list)
-                d->next_check = real + CHECK_GAP_MS;
+            if (list) /* no gap while behind: no sleep with timers late */
+                d->next_check = real + (behind ? 0 : CHECK_GAP_MS);
             pthread_mutex_unlock(&d->mu);
             fire_batch(d, list, flush);
             pthread_mutex_lock(&d->mu);
