@@ -41,7 +41,8 @@
  * Firing. When the wheel says a timer is due within CHECK_AHEAD_MS (and
  * the wall clock agrees), the node asks Redis whether :t still holds its
  * token (one HMGET per shard per batch; a batch starts at most every
- * CHECK_GAP_MS and takes every timer due in the next CHECK_AHEAD_MS, so
+ * CHECK_GAP_MS, at once while the firer is behind, and takes every timer
+ * due in the next CHECK_AHEAD_MS, so
  * the timers of several milliseconds share one round trip, which is most
  * of what a check costs Redis). A timer still ours waits in d->ready until
  * the wall clock reaches its due time (never early); only then does the
@@ -1098,8 +1099,9 @@ static void cv_wait_ms(struct rd *d, uint64_t wait)
 }
 
 /* The firer: advance the wheel, check, fire, complete. A check round trip
- * starts at most every CHECK_GAP_MS, so that timers due close together
- * share one (Redis's cost is per command far more than per key). */
+ * starts at most every CHECK_GAP_MS (at once when the last one took a
+ * timer already late), so that timers due close together share one (a
+ * round trip costs Redis far more than a key). */
 static void *rd_main(void *arg)
 {
     struct rd *d = arg;
