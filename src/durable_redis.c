@@ -38,19 +38,24 @@
  * short timer does not wait for the next CLAIM. Claimed timers sit in the
  * node's own tw_wheel (1 ms ticks of the monotonic clock).
  *
- * Firing. When the wheel says a timer is due (and the wall clock agrees:
- * never early), the node asks Redis whether :t still holds its token (one
- * HMGET per shard per batch of due timers; a batch starts at most every
- * CHECK_GAP_MS, so timers due close together share it). Only then does the
+ * Firing. When the wheel says a timer is due within CHECK_AHEAD_MS (and
+ * the wall clock agrees), the node asks Redis whether :t still holds its
+ * token (one HMGET per shard per batch; a batch starts at most every
+ * CHECK_GAP_MS, at once while the firer is behind, and takes every timer
+ * due in the next CHECK_AHEAD_MS, so
+ * the timers of several milliseconds share one round trip, which is most
+ * of what a check costs Redis). A timer still ours waits in d->ready until
+ * the wall clock reaches its due time (never early); only then does the
  * callback run; afterwards DONE (batched per shard, at most DONE_DELAY_MS
  * later) removes the timer, or re-queues it for a retry, if the token is
  * still the node's. SCHED of an existing key and CANCEL
  * replace or delete the token, so a node holding the old claim drops it at
  * the check. The one window left: a replace or cancel that Redis executes
  * after the check's reply and before the callback returns does not stop
- * that callback (it has, in effect, already begun: its start precedes the
- * acknowledgement by at most one round trip); DONE then sees another token
- * and leaves the new version alone.
+ * that callback: the check is sent at most CHECK_AHEAD_MS before the due
+ * time (or, late, right before the callback), so a callback that starts on
+ * time starts at most CHECK_AHEAD_MS plus one round trip after the check;
+ * DONE then sees another token and leaves the new version alone.
  *
  * Failure. A node that dies leaves its leases in :l; the first CLAIM after
  * they expire (by any node) gives the timers back. A node that cannot reach
@@ -77,7 +82,12 @@
 #define RETRY_MS 100
 #define IDLE_WAIT_MS 50
 #define DONE_DELAY_MS 100 /* longest wait of a completion for a batch */
-#define CHECK_GAP_MS 1    /* shortest time between two claim checks */
+#ifndef CHECK_GAP_MS
+#define CHECK_GAP_MS 4 /* shortest time between two claim checks */
+#endif
+#ifndef CHECK_AHEAD_MS
+#define CHECK_AHEAD_MS 5 /* a timer is checked up to this long before due */
+#endif
 #define DONE_BATCH 1024
 
 enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_COUNT };
@@ -299,9 +309,10 @@ struct rd {
 
     pthread_mutex_t mu;
     pthread_cond_t cv, claim_cv;
-    tw_wheel *wheel;     /* ticks: monotonic ms; under mu */
-    struct rtimer *due;  /* filled by the wheel's callbacks */
-    struct rtimer *held; /* every rtimer alive */
+    tw_wheel *wheel;      /* ticks: monotonic ms; under mu */
+    struct rtimer *due;   /* filled by the wheel's callbacks */
+    struct rtimer *held;  /* every rtimer alive */
+    struct rtimer *ready; /* checked, waiting for their due time (firer) */
     bool stop;
     pthread_t thr, claimer;
     uint64_t next_check; /* no claim check before (real monotonic ms) */
@@ -573,7 +584,7 @@ static void rt_arm_locked(struct rd *d, struct rtimer *r, int64_t wall,
         d->held = r;
         r->hpprev = &d->held;
     }
-    int64_t delta = r->due_ms - wall;
+    int64_t delta = r->due_ms - CHECK_AHEAD_MS - wall;
     uint64_t tick = mono + (delta > 0 ? (uint64_t)delta : 0);
     if (tick < tw_wheel_now(d->wheel))
         tick = tw_wheel_now(d->wheel);
@@ -837,10 +848,24 @@ static void fr_completions(struct fround *f, int64_t wall, uint64_t mono)
     }
 }
 
+/* A timer still ours: fire it now if due, else keep it in d->ready
+ * until its due time (it was checked up to CHECK_AHEAD_MS early). mu
+ * held. */
+static void ready_or_ok(struct fround *f, size_t i, int64_t wall)
+{
+    struct rtimer *r = f->v[i];
+    if (r->due_ms <= wall) {
+        f->ok[i] = true;
+        return;
+    }
+    r->next = f->d->ready;
+    f->d->ready = r;
+}
+
 /* The check replies: a timer whose token is still in :t is fired; one
  * replaced, cancelled or claimed again is dropped; one without an answer
  * is tried again in RETRY_MS. mu held. */
-static void fr_checks(struct fround *f, uint64_t mono)
+static void fr_checks(struct fround *f, int64_t wall, uint64_t mono)
 {
     for (size_t c = 0; c < f->ncmd; c++) {
         if (f->script[c] >= 0)
@@ -858,7 +883,7 @@ static void fr_checks(struct fround *f, uint64_t mono)
                 tw_wheel_add(f->d->wheel, &r->tm, mono + RETRY_MS);
             else if (e->type == REDIS_REPLY_STRING &&
                      strtoull(e->str, NULL, 10) == r->token)
-                f->ok[i] = true;
+                ready_or_ok(f, i, wall);
             else
                 rt_free_locked(f->d, r);
         }
@@ -886,31 +911,61 @@ static void pend_add(struct rd *d, struct rtimer *r, int res)
     }
 }
 
-/* Run the callback of every timer still ours; count it, its lateness. */
+/* Run the callback of a checked timer; count it, its lateness. */
+static void fire_one(struct rd *d, struct rtimer *r)
+{
+    tw_durable_timer t = {
+        r->data,        r->key_len, r->data + r->key_len,
+        r->payload_len, r->due_ms,  r->attempt ? r->attempt : 1};
+    int64_t late = rd_wall_us(d) - r->due_ms * 1000;
+    pthread_mutex_lock(&d->mu);
+    r->fired = true;
+    d->late_hist[tw__late_bucket(late > 0 ? (uint64_t)late : 0)]++;
+    pthread_mutex_unlock(&d->mu);
+    int res = d->fire(&d->base, &t, d->fire_arg);
+    pthread_mutex_lock(&d->mu);
+    if (res > 0)
+        d->retried++;
+    else
+        d->fired++;
+    pend_add(d, r, res);
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Run the callback of every timer still ours and due. */
 static void fr_fire(struct fround *f)
 {
-    struct rd *d = f->d;
-    for (size_t i = 0; i < f->n; i++) {
-        if (!f->ok[i])
-            continue;
-        struct rtimer *r = f->v[i];
-        tw_durable_timer t = {
-            r->data,        r->key_len, r->data + r->key_len,
-            r->payload_len, r->due_ms,  r->attempt ? r->attempt : 1};
-        int64_t late = rd_wall_us(d) - r->due_ms * 1000;
-        pthread_mutex_lock(&d->mu);
-        r->fired = true;
-        d->late_hist[tw__late_bucket(late > 0 ? (uint64_t)late : 0)]++;
-        pthread_mutex_unlock(&d->mu);
-        int res = d->fire(&d->base, &t, d->fire_arg);
-        pthread_mutex_lock(&d->mu);
-        if (res > 0)
-            d->retried++;
-        else
-            d->fired++;
-        pend_add(d, r, res);
-        pthread_mutex_unlock(&d->mu);
+    for (size_t i = 0; i < f->n; i++)
+        if (f->ok[i])
+            fire_one(f->d, f->v[i]);
+}
+
+/* Fire the checked timers of d->ready that are due now (never early);
+ * returns the earliest due time of those left, or INT64_MAX. mu held
+ * (released around the callbacks). */
+static int64_t fire_ready(struct rd *d)
+{
+    int64_t wall = rd_wall(d), next = INT64_MAX;
+    struct rtimer *go = NULL, **pp = &d->ready;
+    while (*pp) {
+        struct rtimer *r = *pp;
+        if (r->due_ms <= wall) {
+            *pp = r->next;
+            r->next = go;
+            go = r;
+        } else {
+            if (r->due_ms < next)
+                next = r->due_ms;
+            pp = &r->next;
+        }
     }
+    pthread_mutex_unlock(&d->mu);
+    for (struct rtimer *r = go, *n2; r; r = n2) {
+        n2 = r->next;
+        fire_one(d, r);
+    }
+    pthread_mutex_lock(&d->mu);
+    return next;
 }
 
 /* Put the due timers back for RETRY_MS (out of memory). */
@@ -941,7 +996,7 @@ static void fire_batch(struct rd *d, struct rtimer *list, bool flush)
     uint64_t mono = rd_mono_ms(d);
     pthread_mutex_lock(&d->mu);
     fr_completions(&f, wall, mono);
-    fr_checks(&f, mono);
+    fr_checks(&f, wall, mono);
     pthread_mutex_unlock(&d->mu);
     free_replies(f.cmds, f.ncmd);
     fr_fire(&f);
@@ -972,8 +1027,10 @@ static void *rd_claimer(void *arg)
 
 /* Take the due timers out of the wheel into *@list; a timer the wheel
  * thinks due but the wall clock does not (it stepped back) goes back in:
- * never fired early. Returns true if there was such a timer. mu held. */
-static bool take_due(struct rd *d, uint64_t now, struct rtimer **list)
+ * never fired early. Returns true if there was such a timer; *@behind:
+ * one was already CHECK_GAP_MS overdue. mu held. */
+static bool take_due(struct rd *d, uint64_t now, struct rtimer **list,
+                     bool *behind)
 {
     tw_wheel_advance(d->wheel, now);
     struct rtimer *early = NULL;
@@ -981,7 +1038,9 @@ static bool take_due(struct rd *d, uint64_t now, struct rtimer **list)
     while (d->due) {
         struct rtimer *r = d->due;
         d->due = r->next;
-        struct rtimer **to = r->due_ms > wall ? &early : list;
+        struct rtimer **to = r->due_ms > wall + CHECK_AHEAD_MS ? &early : list;
+        if (r->due_ms + CHECK_GAP_MS < wall)
+            *behind = true;
         r->next = *to;
         *to = r;
     }
@@ -1002,9 +1061,21 @@ static bool done_due(const struct rd *d, uint64_t now)
 
 static void cv_wait_ms(struct rd *d, uint64_t wait);
 
-/* Sleep until the next due timer, the completions' deadline, a signal,
- * or IDLE_WAIT_MS. mu held. */
-static void rd_sleep(struct rd *d, uint64_t now, bool early)
+/* @wait ms, or less if the first checked timer (due at @ready, wall ms,
+ * or INT64_MAX) is due sooner. */
+static uint64_t cap_ready(struct rd *d, int64_t ready, uint64_t wait)
+{
+    if (ready == INT64_MAX)
+        return wait;
+    int64_t wall = rd_wall(d);
+    uint64_t w = ready > wall ? (uint64_t)(ready - wall) : 0;
+    return wait < w ? wait : w;
+}
+
+/* Sleep until the next due timer, the completions' deadline, the first
+ * checked timer's due time (@ready, wall ms), a signal, or IDLE_WAIT_MS.
+ * mu held. */
+static void rd_sleep(struct rd *d, uint64_t now, bool early, int64_t ready)
 {
     uint64_t until = tw_wheel_next_expiry(d->wheel);
     if (d->npend && until > d->pend_since + DONE_DELAY_MS)
@@ -1014,7 +1085,7 @@ static void rd_sleep(struct rd *d, uint64_t now, bool early)
         wait = IDLE_WAIT_MS;
     if (early && wait > 1)
         wait = 1;
-    cv_wait_ms(d, wait);
+    cv_wait_ms(d, cap_ready(d, ready, wait));
 }
 
 /* Wait on the firer's cv for @wait ms of the real clock. mu held. */
@@ -1028,30 +1099,33 @@ static void cv_wait_ms(struct rd *d, uint64_t wait)
 }
 
 /* The firer: advance the wheel, check, fire, complete. A check round trip
- * starts at most every CHECK_GAP_MS, so that timers due close together
- * share one (Redis's cost is per command far more than per key). */
+ * starts at most every CHECK_GAP_MS (at once when the last one took a
+ * timer already late), so that timers due close together share one (a
+ * round trip costs Redis far more than a key). */
 static void *rd_main(void *arg)
 {
     struct rd *d = arg;
     pthread_mutex_lock(&d->mu);
     while (!d->stop) {
+        int64_t next_ready = d->ready ? fire_ready(d) : INT64_MAX;
         uint64_t now = rd_mono_ms(d), real = real_mono_ms();
         if (real < d->next_check && !done_due(d, now)) {
-            cv_wait_ms(d, d->next_check - real);
+            cv_wait_ms(d, cap_ready(d, next_ready, d->next_check - real));
             continue;
         }
         struct rtimer *list = NULL;
-        bool early = take_due(d, now, &list);
+        bool behind = false;
+        bool early = take_due(d, now, &list, &behind);
         if (list || done_due(d, now)) {
             bool flush = done_due(d, now);
-            if (list)
-                d->next_check = real + CHECK_GAP_MS;
+            if (list) /* no gap while behind: no sleep with timers late */
+                d->next_check = real + (behind ? 0 : CHECK_GAP_MS);
             pthread_mutex_unlock(&d->mu);
             fire_batch(d, list, flush);
             pthread_mutex_lock(&d->mu);
             continue;
         }
-        rd_sleep(d, now, early);
+        rd_sleep(d, now, early, next_ready);
     }
     pthread_mutex_unlock(&d->mu);
     if (d->npend) /* the last completions */
