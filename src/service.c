@@ -1303,6 +1303,8 @@ uint64_t tw_service_pending(const tw_service *s)
     if (s == NULL)
         return 0;
     tw_service *m = (tw_service *)s;
+    if (atomic_load(&m->life.stopped))
+        return 0;
     uint64_t v = (atomic_load(&m->submit.pending) & ~STOPPED_BIT) -
                  atomic_load(&m->submit.released);
     uint32_t n = atomic_load_explicit(&m->prods.n, memory_order_acquire);
@@ -1630,6 +1632,7 @@ int tw_service_stop(tw_service *s, tw_unprocessed_fn fn, void *ctx)
     stop_submissions(s, &h);
     tw_cur.s = saved_s;
     s->life.stop_done = true;
+    atomic_store(&s->life.stopped, true);
     pthread_mutex_unlock(&s->life.stop_mu);
     return h.handed > INT_MAX ? INT_MAX : (int)h.handed;
 }

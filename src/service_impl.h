@@ -347,6 +347,10 @@ struct tw_service {
     struct {
         pthread_mutex_t stop_mu;
         bool stop_done; /* under stop_mu */
+        /* Set once stop has handed everything back: from then on
+         * tw_service_pending() is 0, even while a producer that counted
+         * a task after stop's last sum has not yet seen the stop. */
+        atomic_bool stopped;
     } life;
 
     /* Statistics (the pool keeps its own). Runs are counted in late[]

@@ -3,9 +3,11 @@
  * tests/test_service_producers.c - the producers (src/service_impl.h,
  * struct prod): a thread's own submission stack, pending count and
  * magazine of records. A stop that races a producer's reservation (forced
- * with tw__service_reserved_hook), producers handed on when threads exit or
- * evict them from their cache, more threads than producers, a cancel from
- * another thread, and a thread that outlives its service.
+ * with tw__service_reserved_hook), the count of a stopped service while a
+ * late producer holds a reservation (the same hook), producers handed on
+ * when threads exit or evict them from their cache, more threads than
+ * producers, a cancel from another thread, and a thread that outlives its
+ * service.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -87,6 +89,34 @@ static void test_stop_during_reservation(void)
     /* The refused task's record went back to the magazine, no leak. */
     ASSERT_EQ(tw_schedule(rs.s, nop, NULL, SEC, NULL), TW_ESHUTDOWN);
     tw_service_destroy(rs.s);
+}
+
+/* After stop has returned: a thread whose producer counts a task before it
+ * sees the stop (the hook holds it there) must not make the count of a
+ * stopped service non-zero, which is 0 by contract. */
+static tw_service *late_s;
+static uint64_t late_pending = UINT64_MAX;
+
+static void late_hook(tw_service *s)
+{
+    if (s == late_s)
+        late_pending = tw_service_pending(s);
+}
+
+static void test_pending_zero_while_late_producer_counts(void)
+{
+    late_s = real_service();
+    tw_id warm;
+    ASSERT_EQ(tw_schedule(late_s, nop, NULL, 10 * SEC, &warm), 0);
+    ASSERT(tw_cancel(late_s, warm));
+    ASSERT_EQ(tw_service_stop(late_s, NULL, NULL), 0);
+    tw__service_reserved_hook = late_hook;
+    int rc = tw_schedule(late_s, nop, NULL, SEC, NULL);
+    tw__service_reserved_hook = NULL;
+    ASSERT_EQ(rc, TW_ESHUTDOWN);
+    ASSERT_EQ(late_pending, 0); /* the hook ran, and saw 0 */
+    ASSERT_EQ(tw_service_pending(late_s), 0);
+    tw_service_destroy(late_s);
 }
 
 /* Without the race: a task counted before stop is handed back. */
@@ -249,6 +279,7 @@ int main(int argc, char **argv)
 {
     RUN_SELECTED(test_stop_during_reservation);
     RUN_SELECTED(test_stop_hands_back_producer_tasks);
+    RUN_SELECTED(test_pending_zero_while_late_producer_counts);
     RUN_SELECTED(test_threads_come_and_go);
     RUN_SELECTED(test_more_threads_than_producers);
     RUN_SELECTED(test_cancel_from_other_thread);
