@@ -206,16 +206,16 @@ static void pending_drop(tw_service *s)
     if (s->cfg.max_pending != 0)
         atomic_fetch_sub_explicit(&s->submit.pending, 1, memory_order_relaxed);
     else
-        atomic_fetch_add_explicit(&s->submit.released, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->submit.released, 1, memory_order_release);
 }
 
-/* Add @d (wrapping) to producer @p's count. Context: its owner. */
-static inline void prod_count(struct prod *p, uint64_t d)
+/* Producer @p released a pending slot. Context: its owner. */
+static inline void prod_drop(struct prod *p)
 {
     atomic_store_explicit(
-        &p->pending,
-        atomic_load_explicit(&p->pending, memory_order_relaxed) + d,
-        memory_order_relaxed);
+        &p->dropped,
+        atomic_load_explicit(&p->dropped, memory_order_relaxed) + 1,
+        memory_order_release);
 }
 
 static void stack_push(_Atomic(struct node *) *q, struct node *n)
@@ -643,14 +643,14 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
         return 1; /* table full: the shared path says so */
     if (!mag_take(s, p, &v))
         return 1;
-    atomic_fetch_add(&p->pending, 1);
+    atomic_fetch_add(&p->added, 1);
     TEST_HOOK(tw__service_reserved_hook, s);
     if (atomic_load(&s->submit.pending) & STOPPED_BIT)
         rc = TW_ESHUTDOWN;
     else if (rc == 1) /* a new function: its entry only now */
         rc = tw__fn_index(&s->pool, fn, &v.fidx);
     if (rc != 0) {
-        prod_count(p, (uint64_t)-1);
+        prod_drop(p);
         mag_put(p, &v);
         return rc;
     }
@@ -1245,7 +1245,7 @@ static bool cancel_id(tw_service *s, tw_id id, bool drop)
     if (drop) {
         struct prod *p = prod_get(s);
         if (p != NULL)
-            prod_count(p, (uint64_t)-1);
+            prod_drop(p);
         else
             pending_drop(s);
     }
@@ -1293,11 +1293,30 @@ int tw_cancel_wait(tw_service *s, tw_id id)
     return r;
 }
 
-/* The pending count: the shared count, less the slots released outside
- * it, plus every producer's count (seq_cst: stop's side of the handshake
- * in schedule_fast()). Every release is ordered after its reservation, so
- * a sum read while the counts move is never below the number of
- * reservations not yet released: it is 0 only when nothing is pending. */
+/* The sum of every producer's added (@dropped false) or dropped count. */
+static uint64_t prods_sum(tw_service *m, bool dropped)
+{
+    uint64_t v = 0;
+    uint32_t n = atomic_load_explicit(&m->prods.n, memory_order_acquire);
+    for (uint32_t k = 0; k < n && k < MAX_PRODS; k++) {
+        struct prod *p =
+            atomic_load_explicit(&m->prods.slot[k], memory_order_acquire);
+        if (p != NULL)
+            v += atomic_load(dropped ? &p->dropped : &p->added);
+    }
+    return v;
+}
+
+/* The pending count: reservations (the shared count and every producer's
+ * added) less releases (the shared released and every producer's
+ * dropped); without max_pending all of these only grow. Releases are read
+ * first, all seq_cst: a release is ordered after its reservation, which
+ * may be another producer's, so every release read has its reservation
+ * read too, and a reservation still held when the releases are read is
+ * counted. The sum is thus never below the reservations held throughout
+ * the call, and never wraps: 0 only when nothing is pending. Stop's side
+ * of the handshake in schedule_fast() is its read of the added counts.
+ * With max_pending, only the shared count moves, down as well. */
 uint64_t tw_service_pending(const tw_service *s)
 {
     if (s == NULL)
@@ -1305,16 +1324,10 @@ uint64_t tw_service_pending(const tw_service *s)
     tw_service *m = (tw_service *)s;
     if (atomic_load(&m->life.stopped))
         return 0;
-    uint64_t v = (atomic_load(&m->submit.pending) & ~STOPPED_BIT) -
-                 atomic_load(&m->submit.released);
-    uint32_t n = atomic_load_explicit(&m->prods.n, memory_order_acquire);
-    for (uint32_t k = 0; k < n && k < MAX_PRODS; k++) {
-        struct prod *p =
-            atomic_load_explicit(&m->prods.slot[k], memory_order_acquire);
-        if (p != NULL)
-            v += atomic_load(&p->pending);
-    }
-    return v;
+    uint64_t out = atomic_load(&m->submit.released) + prods_sum(m, true);
+    uint64_t in =
+        (atomic_load(&m->submit.pending) & ~STOPPED_BIT) + prods_sum(m, false);
+    return in - out;
 }
 
 /* ------------------------------------------------------------------------ */

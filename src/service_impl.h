@@ -233,9 +233,9 @@ struct tw__tsc; /* src/service_clock.h */
  * thread that owns it finds it through a thread-local cache (service.c).
  *   - subq: its own submission stack, which only it and the timer thread
  *     (or stop) touch, instead of the shared one;
- *   - pending: the tasks it reserved minus those its cancels released;
- *     written by the owner only (the count is a sum, see
- *     tw_service_pending());
+ *   - added, dropped: the tasks it reserved, and those its cancels (or
+ *     refused calls) released; both only grow, written by the owner only
+ *     (the pending count is a sum, see tw_service_pending());
  *   - a magazine of free nodes (a batch popped from the free list, or a
  *     range of never-used ones) that only the owner takes from.
  * A producer outlives its thread: when the thread exits (or evicts it from
@@ -245,7 +245,7 @@ struct tw__tsc; /* src/service_clock.h */
 #define MAX_PRODS 64u
 struct prod {
     _Atomic(struct node *) subq;
-    _Atomic uint64_t pending; /* wraps: only the sum over all means much */
+    _Atomic uint64_t added, dropped; /* only their sums over all mean much */
     _Atomic bool owned;
     /* The owner's: */
     struct node *mag;         /* chain through tw__next */
