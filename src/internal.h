@@ -82,6 +82,9 @@ extern void (*tw__service_reserved_hook)(struct tw_service *s);
 /* tw__service_drained_hook: the timer thread has taken this round's cancel
  * bits and has not yet advanced its wheel. */
 extern void (*tw__service_drained_hook)(struct tw_service *s);
+/* tw__service_sum_hook: tw_service_pending() has read the releases and not
+ * yet the reservations. */
+extern void (*tw__service_sum_hook)(struct tw_service *s);
 #endif
 /* tw_schedule() of a one-shot task that keeps its pending slot while it
  * runs and takes over the slot of task @old (0: none; @old must be a task

@@ -46,6 +46,7 @@ void (*tw__service_xdrop_hook)(tw_service *s, tw_id id);
 void (*tw__service_accepted_hook)(tw_service *s, tw_id id);
 void (*tw__service_reserved_hook)(tw_service *s);
 void (*tw__service_drained_hook)(tw_service *s);
+void (*tw__service_sum_hook)(tw_service *s);
 #define TEST_HOOK(hook, ...)                                                   \
     do {                                                                       \
         if ((hook) != NULL)                                                    \
@@ -1325,6 +1326,7 @@ uint64_t tw_service_pending(const tw_service *s)
     if (atomic_load(&m->life.stopped))
         return 0;
     uint64_t out = atomic_load(&m->submit.released) + prods_sum(m, true);
+    TEST_HOOK(tw__service_sum_hook, m);
     uint64_t in =
         (atomic_load(&m->submit.pending) & ~STOPPED_BIT) + prods_sum(m, false);
     return in - out;

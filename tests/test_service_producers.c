@@ -6,8 +6,9 @@
  * with tw__service_reserved_hook), the count of a stopped service while a
  * late producer holds a reservation (the same hook), producers handed on
  * when threads exit or evict them from their cache, more threads than
- * producers, a cancel from another thread, and a thread that outlives its
- * service.
+ * producers, a cancel from another thread, a thread that outlives its
+ * service, and the pending sum while a task scheduled on one producer is
+ * cancelled on another (tw__service_sum_hook).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -117,6 +118,62 @@ static void test_pending_zero_while_late_producer_counts(void)
     ASSERT_EQ(late_pending, 0); /* the hook ran, and saw 0 */
     ASSERT_EQ(tw_service_pending(late_s), 0);
     tw_service_destroy(late_s);
+}
+
+/* A task scheduled by one thread's producer and cancelled by another's
+ * while tw_service_pending() sums the counts (the hook runs the pair
+ * between its two passes): the sum may count the task, but never wraps
+ * below the true count. */
+static struct {
+    tw_service *s;
+    bool armed;
+    tw_id id;
+    int sched_rc;
+    bool cancelled;
+} pair;
+
+static void *pair_scheduler(void *arg)
+{
+    (void)arg;
+    pair.sched_rc = tw_schedule(pair.s, nop, NULL, 10 * SEC, &pair.id);
+    return NULL;
+}
+
+static void *pair_canceller(void *arg)
+{
+    (void)arg;
+    pair.cancelled = tw_cancel(pair.s, pair.id);
+    return NULL;
+}
+
+static void sum_hook(tw_service *s)
+{
+    if (!pair.armed || s != pair.s)
+        return;
+    pair.armed = false;
+    pthread_t a, b;
+    ASSERT_EQ(pthread_create(&a, NULL, pair_scheduler, NULL), 0);
+    ASSERT_EQ(pthread_join(a, NULL), 0);
+    ASSERT_EQ(pthread_create(&b, NULL, pair_canceller, NULL), 0);
+    ASSERT_EQ(pthread_join(b, NULL), 0);
+}
+
+static void test_pending_sum_across_producers(void)
+{
+    pair.s = real_service();
+    tw_id mine;
+    ASSERT_EQ(tw_schedule(pair.s, nop, NULL, 10 * SEC, &mine), 0);
+    tw__service_sum_hook = sum_hook;
+    pair.armed = true;
+    uint64_t n = tw_service_pending(pair.s);
+    tw__service_sum_hook = NULL;
+    ASSERT_EQ(pair.sched_rc, 0);
+    ASSERT(pair.cancelled);
+    ASSERT(n == 1 || n == 2); /* mine, and perhaps the pair's task */
+    ASSERT_EQ(tw_service_pending(pair.s), 1);
+    ASSERT(tw_cancel(pair.s, mine));
+    ASSERT_EQ(tw_service_pending(pair.s), 0);
+    tw_service_destroy(pair.s);
 }
 
 /* Without the race: a task counted before stop is handed back. */
@@ -280,6 +337,7 @@ int main(int argc, char **argv)
     RUN_SELECTED(test_stop_during_reservation);
     RUN_SELECTED(test_stop_hands_back_producer_tasks);
     RUN_SELECTED(test_pending_zero_while_late_producer_counts);
+    RUN_SELECTED(test_pending_sum_across_producers);
     RUN_SELECTED(test_threads_come_and_go);
     RUN_SELECTED(test_more_threads_than_producers);
     RUN_SELECTED(test_cancel_from_other_thread);
