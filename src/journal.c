@@ -622,35 +622,37 @@ static bool acks_unsynced(const jr_writer *w)
            w->sync_mode == TW_DURABLE_SYNC_INTERVAL;
 }
 
-int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn)
-{
-    pthread_mutex_unlock(w->mu);
-    return acks_unsynced(w) ? 0 : wait_durable(w, lsn);
-}
-
 int tw__jr_wait_nolock(jr_writer *w, uint64_t lsn)
 {
     return acks_unsynced(w) ? 0 : wait_durable(w, lsn);
 }
 
-int tw__jr_wait(jr_writer *w, uint64_t lsn)
+int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn)
 {
-    if (acks_unsynced(w) || w->synced >= lsn)
-        return 0;
-    int rc = tw__jr_wait_unlock(w, lsn);
-    pthread_mutex_lock(w->mu);
-    return rc;
+    pthread_mutex_unlock(w->mu);
+    return tw__jr_wait_nolock(w, lsn);
 }
 
-int tw__jr_sync_all(jr_writer *w)
+/* wait_durable() for a caller that holds *mu, which it holds again on
+ * return. */
+static int wait_durable_relock(jr_writer *w, uint64_t lsn)
 {
-    uint64_t lsn = w->written;
     if (w->synced >= lsn)
         return 0;
     pthread_mutex_unlock(w->mu);
     int rc = wait_durable(w, lsn);
     pthread_mutex_lock(w->mu);
     return rc;
+}
+
+int tw__jr_wait(jr_writer *w, uint64_t lsn)
+{
+    return acks_unsynced(w) ? 0 : wait_durable_relock(w, lsn);
+}
+
+int tw__jr_sync_all(jr_writer *w)
+{
+    return wait_durable_relock(w, w->written);
 }
 
 int tw__jr_drop_oldest(jr_writer *w)
