@@ -664,7 +664,9 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
         sched_publish(s, &r, &v, &p->subq, id);
         return 0;
     }
-    /* sched_publish() for an exact one-shot deadline. */
+    /* sched_publish() for an exact one-shot deadline, written out: through
+     * sched_publish() a tw_schedule() runs 6.5% more instructions
+     * (callgrind, bench_service --throughput --exact --producers 1). */
     uint64_t tick = ceil_tick(s, add_sat(rel_ns_deadline(s), delay));
     struct node *n = v.n;
     tw_timer_init(&n->t, trampoline, arg);
