@@ -174,6 +174,8 @@ static void test_bad_input(void)
     bad = c;
     bad.sync = 7;
     ASSERT_EQ(tw_durable_open(&d, &bad), TW_EINVAL);
+    bad.sync = TW_DURABLE_SYNC_INTERVAL + 1; /* the first unknown mode */
+    ASSERT_EQ(tw_durable_open(&d, &bad), TW_EINVAL);
     bad = c;
     bad.segment_bytes = 100;
     ASSERT_EQ(tw_durable_open(&d, &bad), TW_EINVAL);
