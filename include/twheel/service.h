@@ -26,9 +26,11 @@
  * invariant TSC a schedule call reads an estimate of the clock from the
  * time-stamp counter, which is never earlier than the clock and at most a
  * few microseconds later (a deadline on a tick boundary may then move to
- * the next tick); the timer thread itself reads the clock. The timer
- * thread sleeps until the next deadline and does not wake periodically
- * when idle.
+ * the next tick); the timer thread itself reads the clock. The first
+ * tw_service_create() of a process on such a machine measures the
+ * counter's rate against the clock, spinning for 2^22 cycles (about 1-4
+ * ms). The timer thread sleeps until the next deadline and does not wake
+ * periodically when idle.
  *
  * Memory: one 48-byte record per task (LP64), in chunks of 4096 that are
  * reused and only freed by tw_service_destroy(); a periodic task also has a
