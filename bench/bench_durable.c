@@ -7,7 +7,7 @@
  *   bench_durable twheel sched  DIR THREADS SECONDS [PAYLOAD [BATCH]]
  *   bench_durable twheel isched DIR THREADS SECONDS [PAYLOAD [BATCH]]
  *   bench_durable twheel cancel DIR THREADS SECONDS [PAYLOAD]
- *   bench_durable twheel recover DIR N [PAYLOAD]
+ *   bench_durable twheel recover DIR N [PAYLOAD [KEYLEN]]
  *   bench_durable redis  sched  PORT THREADS SECONDS DEPTH [PAYLOAD]
  *   bench_durable sqlite sched  FILE THREADS SECONDS [PAYLOAD]
  *
@@ -251,15 +251,25 @@ static int bench_twheel(int argc, char **argv)
         uint64_t n = strtoull(argv[4], NULL, 10);
         if (argc > 5)
             payload_len = strtoul(argv[5], NULL, 10);
+        /* Keys of klen bytes: the counter's last digits, or after padding
+         * (klen 1 to 64; digits enough for n keys are the caller's). */
+        size_t klen = argc > 6 ? strtoul(argv[6], NULL, 10) : 16;
+        if (klen < 1 || klen > 64)
+            die("key length", 0);
         /* Fill in a child, so that this process's heap is fresh. */
         pid_t pid = fork();
         if (pid == 0) {
             tw_open(dir, TW_DURABLE_SYNC_NONE);
             int64_t due = wall_ms() + 24 * 3600 * 1000;
-            char k[17];
+            char k[17], kk[64];
+            memset(kk, 'p', sizeof kk);
             for (uint64_t i = 0; i < n; i++) {
                 key_of(k, 0, i);
-                int rc = tw_durable_schedule(store, k, 16,
+                if (klen <= 16)
+                    memcpy(kk, k + 16 - klen, klen);
+                else
+                    memcpy(kk + klen - 16, k, 16);
+                int rc = tw_durable_schedule(store, kk, klen,
                                              due + (int64_t)(i % 100000),
                                              payload, payload_len);
                 if (rc)
@@ -281,11 +291,11 @@ static int bench_twheel(int argc, char **argv)
         printf("system=twheel op=recover pending=%" PRIu64
                " open_s=%.3f recovery_us=%" PRIu64
                " rss_bytes_per_timer=%.1f journal_bytes_per_timer=%.1f "
-               "segments=%" PRIu64 " key=16 payload=%zu\n",
+               "segments=%" PRIu64 " key=%zu payload=%zu\n",
                st.recovered, open_s, st.recovery_us,
                (double)(rss1 - rss0) * 1024 / (double)st.recovered,
                (double)st.journal_bytes / (double)st.recovered, st.segments,
-               payload_len);
+               klen, payload_len);
         tw_durable_close(store);
         return 0;
     }
@@ -582,7 +592,7 @@ int main(int argc, char **argv)
         stderr,
         "usage: bench_durable twheel sched|isched|cancel DIR THREADS SECONDS "
         "[PAYLOAD [BATCH]]\n"
-        "       bench_durable twheel recover DIR N [PAYLOAD]\n"
+        "       bench_durable twheel recover DIR N [PAYLOAD [KEYLEN]]\n"
         "       bench_durable redis sched PORT THREADS SECONDS DEPTH "
         "[PAYLOAD]\n"
         "       bench_durable sqlite sched FILE THREADS SECONDS "

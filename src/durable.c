@@ -15,9 +15,11 @@
  * Index: a hash table of keys (chained) to nodes. A node is a tw_timer in
  * the wheel (tick = Unix ms) whose arg slot is the hash link, where its
  * schedule record lives (segment, offset), how many deliveries began
- * (attempt), the key's length and flags: 55 bytes on LP64, then the key,
- * in 8-byte size classes. Payloads and due times stay on disk; the store's
- * thread reads the record back when the timer fires.
+ * since that record was written (FIRE records after it; the attempt a
+ * delivery shows is the record's attempt plus those), the key's length and
+ * flags: 52 bytes on LP64, then the key, in 8-byte size classes. Payloads and
+ * due times stay on disk; the store's thread reads the record back when the
+ * timer fires.
  *
  * Replay applies the records in order: SCHED makes or replaces the key's
  * node, CANCEL and DONE remove it, FIRE counts a delivery that began.
@@ -74,24 +76,31 @@
 #define CHUNK_BYTES (4u << 20)
 #define RETRY_IO_MS 1000
 
-enum { DN_FIRING = 1, DN_ORPHAN = 2 };
+/* dnode.fl: bits 0-13 count the FIRE records after the node's SCHED
+ * record (deliveries begun since it was written; saturating), bits 14 and
+ * 15 are flags. */
+#define DN_FIRES 0x3fffu
+#define DN_FIRING 0x4000u
+#define DN_ORPHAN 0x8000u
 
-/* 55 bytes, then the key: the key table's chain runs through the timer's
+/* 52 bytes, then the key: the key table's chain runs through the timer's
  * arg slot (hlink()), which the wheel only hands to on_due(), and on_due()
- * does not use it. */
+ * does not use it. The attempt of the next delivery is not kept here: it
+ * is the record's attempt, read back with the payload, plus the FIRE
+ * records counted in fl, plus one. */
 struct dnode {
     tw_timer tm;
     uint32_t seg, off; /* the SCHED record of this version */
-    uint32_t attempt;  /* deliveries begun */
     uint16_t key_len;
-    uint8_t flags;
+    uint16_t fl; /* DN_FIRES count and DN_ flags */
     unsigned char key[];
 };
 
 struct delivery {
     struct delivery *next;
     struct dnode *node;
-    jr_rec rec; /* points into raw */
+    uint32_t attempt; /* this delivery's: deliveries begun, itself included */
+    jr_rec rec;       /* points into raw */
     unsigned char raw[];
 };
 
@@ -210,9 +219,16 @@ static void **hlink(struct dnode *n)
     return &n->tm.tw__arg;
 }
 
+/* The bucket of hash @h in a table of @nb buckets (any count up to 2^32):
+ * the high half of the hash scaled to the table, no division. */
+static size_t hbucket(uint64_t h, size_t nb)
+{
+    return (size_t)(((h >> 32) * (uint64_t)nb) >> 32);
+}
+
 static void **hfind(jstore *s, const void *key, size_t len)
 {
-    void **pp = &s->buckets[hkey(s->seed, key, len) & (s->nbuckets - 1)];
+    void **pp = &s->buckets[hbucket(hkey(s->seed, key, len), s->nbuckets)];
     for (; *pp; pp = hlink(*pp)) {
         const struct dnode *n = *pp;
         if (n->key_len == len && memcmp(n->key, key, len) == 0)
@@ -235,8 +251,7 @@ static void prefetch_chain(jstore *s, size_t i)
     }
 }
 
-/* Rehash into @nb buckets (a power of two); TW_ENOMEM with nothing
- * changed. */
+/* Rehash into @nb buckets; TW_ENOMEM with nothing changed. */
 static int hresize(jstore *s, size_t nb)
 {
     void **b = tw__calloc(nb, sizeof *b);
@@ -247,7 +262,7 @@ static int hresize(jstore *s, size_t nb)
         struct dnode *n = s->buckets[i], *nx;
         for (; n; n = nx) {
             nx = *hlink(n);
-            size_t j = hkey(s->seed, n->key, n->key_len) & (nb - 1);
+            size_t j = hbucket(hkey(s->seed, n->key, n->key_len), nb);
             *hlink(n) = b[j];
             b[j] = n;
         }
@@ -258,12 +273,24 @@ static int hresize(jstore *s, size_t nb)
     return 0;
 }
 
+/* The key table keeps between HLOAD_MIN and HLOAD_MAX keys per bucket on
+ * average (in tenths), growing by HGROW tenths: 8 bytes of bucket per 1.8
+ * to 2.5 keys, at most 4.5 bytes per key, so that a node's padding (up to
+ * 7 bytes) and its share of the table stay within 12 bytes beside its 52. */
+#define HLOAD_MIN 18u
+#define HLOAD_MAX 25u
+#define HGROW 14u
+#define HBUCKETS_MAX ((size_t)1 << 32)
+
 /* Room for one more key; TW_ENOMEM with nothing changed. */
 static int hreserve(jstore *s)
 {
-    if (s->count < 2 * s->nbuckets) /* at most two keys per bucket */
+    if (s->count * 10 < (size_t)HLOAD_MAX * s->nbuckets)
         return 0;
-    return hresize(s, s->nbuckets * 2);
+    size_t nb = s->nbuckets * HGROW / 10;
+    if (nb > HBUCKETS_MAX)
+        return TW_ENOMEM;
+    return hresize(s, nb);
 }
 
 static void on_due(tw_timer *t, void *arg);
@@ -317,11 +344,24 @@ static struct dnode *node_new(jstore *s, const void *key, size_t len)
     if (!n)
         return NULL;
     tw_timer_init(&n->tm, on_due, NULL); /* arg: hlink(), the chain's end */
-    n->seg = n->off = n->attempt = 0;
+    n->seg = n->off = 0;
     n->key_len = (uint16_t)len;
-    n->flags = 0;
+    n->fl = 0;
     memcpy(n->key, key, len);
     return n;
+}
+
+/* One more delivery of @n began (its FIRE record is written). */
+static void fires_add(struct dnode *n)
+{
+    if ((n->fl & DN_FIRES) != DN_FIRES)
+        n->fl++;
+}
+
+/* A record's attempt plus @fires deliveries begun after it (saturating). */
+static uint32_t attempt_sum(uint32_t rec, unsigned fires)
+{
+    return rec > UINT32_MAX - fires ? UINT32_MAX : rec + fires;
 }
 
 static void seg_live(jstore *s, uint32_t no, int delta)
@@ -339,8 +379,8 @@ static void node_remove(jstore *s, void **pp)
     *pp = *hlink(n);
     s->count--;
     seg_live(s, n->seg, -1);
-    if (n->flags & DN_FIRING) {
-        n->flags |= DN_ORPHAN;
+    if (n->fl & DN_FIRING) {
+        n->fl |= DN_ORPHAN;
     } else {
         tw_wheel_cancel(s->wheel, &n->tm);
         node_free(s, n);
@@ -386,7 +426,7 @@ static int sched_prepare(jstore *s, const tw_durable_item *it,
 {
     struct dnode *old = *hfind(s, it->key, it->key_len);
     *fresh = NULL;
-    if (old && !(old->flags & DN_FIRING))
+    if (old && !(old->fl & DN_FIRING))
         return 0;
     if (!old) {
         int rc = hreserve(s);
@@ -406,7 +446,7 @@ static void sched_apply(jstore *s, const tw_durable_item *it,
 {
     void **pp = hfind(s, it->key, it->key_len);
     struct dnode *n = *pp;
-    if (n && !(n->flags & DN_FIRING)) {
+    if (n && !(n->fl & DN_FIRING)) {
         if (fresh) /* an earlier item of the batch made the node */
             node_free(s, fresh);
         seg_live(s, n->seg, -1);
@@ -420,7 +460,7 @@ static void sched_apply(jstore *s, const tw_durable_item *it,
     }
     n->seg = seg;
     n->off = off;
-    n->attempt = 0;
+    n->fl &= (uint16_t)~DN_FIRES; /* the new record's attempt is 0 */
     seg_live(s, seg, +1);
     tw_wheel_add(s->wheel, &n->tm, tick_of(it->due_ms));
     kick_if_earlier(s, it->due_ms);
@@ -475,21 +515,22 @@ static void prefetch_keys(jstore *s, const tw_durable_item *items, size_t n)
 {
     if (n < 2 || s->nbuckets < 4096) /* nothing to overlap, or cached */
         return;
-    size_t mask = s->nbuckets - 1;
+    size_t nb = s->nbuckets;
+    struct dnode *at[SCHED_GROUP];
     for (size_t i = 0; i < n; i++)
-        __builtin_prefetch(
-            &s->buckets[hkey(s->seed, items[i].key, items[i].key_len) & mask]);
-    struct dnode *first[SCHED_GROUP];
+        __builtin_prefetch(&s->buckets[hbucket(
+            hkey(s->seed, items[i].key, items[i].key_len), nb)]);
     for (size_t i = 0; i < n; i++) {
-        first[i] =
-            s->buckets[hkey(s->seed, items[i].key, items[i].key_len) & mask];
-        if (first[i])
-            __builtin_prefetch(first[i]);
+        at[i] = s->buckets[hbucket(
+            hkey(s->seed, items[i].key, items[i].key_len), nb)];
+        if (at[i])
+            __builtin_prefetch(at[i]);
     }
-    /* A bucket holds up to two keys: its second node too. */
-    for (size_t i = 0; i < n; i++)
-        if (first[i] && *hlink(first[i]))
-            __builtin_prefetch(*hlink(first[i]));
+    /* A bucket holds 1.8 to 2.5 keys on average: the next two nodes too. */
+    for (int step = 0; step < 2; step++)
+        for (size_t i = 0; i < n; i++)
+            if (at[i] && (at[i] = *hlink(at[i])) != NULL)
+                __builtin_prefetch(at[i]);
 }
 
 /* Stage, write and apply one call's items (mutex held): its records go
@@ -665,7 +706,7 @@ static void on_due(tw_timer *t, void *arg)
         s->due = nd;
         s->due_cap = nc;
     }
-    n->flags |= DN_FIRING;
+    n->fl |= DN_FIRING;
     s->due[s->ndue++] = n;
     s->backlog++;
 }
@@ -704,20 +745,21 @@ static void complete(jstore *s, struct delivery *dl, int r)
         s->retried++;
     else
         s->fired++;
-    if (n->flags & DN_ORPHAN) {
+    if (n->fl & DN_ORPHAN) {
         node_free(s, n);
     } else if (r > 0) {
         int64_t due = wall(s) + r;
         uint32_t seg, off;
         uint64_t lsn;
-        n->flags &= (uint8_t)~DN_FIRING;
-        if (tw__jr_append(&s->w, JR_SCHED, n->key, n->key_len, due, n->attempt,
+        n->fl &= (uint16_t)~DN_FIRING;
+        if (tw__jr_append(&s->w, JR_SCHED, n->key, n->key_len, due, dl->attempt,
                           dl->rec.payload, dl->rec.payload_len, &seg, &off,
                           &lsn) == 0) {
             seg_live(s, n->seg, -1);
             seg_live(s, seg, +1);
             n->seg = seg;
             n->off = off;
+            n->fl &= (uint16_t)~DN_FIRES; /* counted in the record */
         }
         /* On failure the old record and its FIRE records stay: after a
          * crash it is delivered again with a higher attempt. */
@@ -729,7 +771,7 @@ static void complete(jstore *s, struct delivery *dl, int r)
         /* Not waited for: a DONE lost in a crash means one more delivery. */
         (void)tw__jr_append(&s->w, JR_DONE, n->key, n->key_len, 0, 0, NULL, 0,
                             &seg, &off, &lsn);
-        n->flags &= (uint8_t)~DN_FIRING;
+        n->fl &= (uint16_t)~DN_FIRING;
         node_remove(s, hfind(s, n->key, n->key_len));
     }
     tw__free(dl);
@@ -753,7 +795,7 @@ static int run_callback(jstore *s, struct delivery *dl)
         .payload = dl->rec.payload_len ? dl->rec.payload : NULL,
         .payload_len = dl->rec.payload_len,
         .due_ms = dl->rec.due_ms,
-        .attempt = dl->node->attempt,
+        .attempt = dl->attempt,
     };
     return s->fire(&s->base, &t, s->fire_arg);
 }
@@ -773,11 +815,12 @@ static struct delivery *start_delivery(jstore *s, struct dnode *n,
     }
     if (!dl) {
         s->backlog--;
-        n->flags &= (uint8_t)~DN_FIRING;
+        n->fl &= (uint16_t)~DN_FIRING;
         tw_wheel_add(s->wheel, &n->tm, tw_wheel_now(s->wheel) + RETRY_IO_MS);
         return NULL;
     }
-    n->attempt++;
+    fires_add(n);
+    dl->attempt = attempt_sum(dl->rec.attempt, n->fl & DN_FIRES);
     return dl;
 }
 
@@ -790,7 +833,7 @@ static void deliver_chunk(jstore *s)
     size_t bytes = 0; /* payloads read under the mutex in this chunk */
     while (s->due_pos < s->ndue && count < CHUNK && bytes < CHUNK_BYTES) {
         struct dnode *n = s->due[s->due_pos++];
-        if (n->flags & DN_ORPHAN) {
+        if (n->fl & DN_ORPHAN) {
             s->backlog--;
             node_free(s, n);
             continue;
@@ -901,9 +944,9 @@ static int compact_one(void *arg, const jr_rec *r)
         return 0;
     uint32_t seg, off;
     uint64_t lsn;
-    int rc =
-        tw__jr_append(&s->w, JR_SCHED, r->key, r->key_len, r->due_ms,
-                      n->attempt, r->payload, r->payload_len, &seg, &off, &lsn);
+    int rc = tw__jr_append(&s->w, JR_SCHED, r->key, r->key_len, r->due_ms,
+                           attempt_sum(r->attempt, n->fl & DN_FIRES),
+                           r->payload, r->payload_len, &seg, &off, &lsn);
     if (rc) {
         c->err = rc;
         return 1;
@@ -912,6 +955,7 @@ static int compact_one(void *arg, const jr_rec *r)
     seg_live(s, seg, +1);
     n->seg = seg;
     n->off = off;
+    n->fl &= (uint16_t)~DN_FIRES; /* counted in the new record */
     c->lsn = lsn;
     return 0;
 }
@@ -1165,12 +1209,12 @@ static int replay_one(void *arg, const jr_rec *r)
         }
         n->seg = c->no;
         n->off = r->off;
-        n->attempt = r->attempt;
+        n->fl &= (uint16_t)~DN_FIRES; /* the record has the attempt */
         tw_wheel_add(s->wheel, &n->tm, tick_of(r->due_ms));
         break;
     case JR_FIRE:
         if (n)
-            n->attempt++;
+            fires_add(n);
         break;
     default: /* CANCEL, DONE */
         if (n) {
@@ -1234,14 +1278,15 @@ static int list_segments(jstore *s, uint32_t **out, size_t *n)
     return 0;
 }
 
-/* Size the key table once from the older segments (exact sizes; the newest
- * is preallocated): at 128 bytes a record and two keys a bucket it rarely
- * has to grow during the replay, and each growth would touch every node
- * again. A guess: too small only costs that growth. */
+/* Size the key table once from the segments' sizes (the newest counted
+ * as full: it is preallocated): at 128 bytes a record and 2.5 keys a
+ * bucket it rarely has to grow during the replay, and each growth would
+ * touch every node again. A guess: too small costs a growth, too large
+ * one rehash at the end (fit_table()). */
 static void presize_table(jstore *s, const uint32_t *nos, size_t cnt)
 {
     uint64_t old_bytes = 0;
-    for (size_t i = 0; i + 1 < cnt; i++) {
+    for (size_t i = 0; i < cnt; i++) {
         char name[16];
         struct stat st;
         tw__jr_seg_name(name, nos[i]);
@@ -1249,9 +1294,20 @@ static void presize_table(jstore *s, const uint32_t *nos, size_t cnt)
             old_bytes += (uint64_t)st.st_size;
     }
     size_t want = s->nbuckets;
-    while (want < old_bytes / 256 && want < ((size_t)1 << 40))
-        want *= 2;
+    while (want < old_bytes / 320 && want < HBUCKETS_MAX / 2)
+        want = want * HGROW / 10;
     if (want > s->nbuckets)
+        (void)hresize(s, want);
+}
+
+/* After the replay: a table sized for records that turned out dead (or
+ * replaced) is cut to 2.2 keys a bucket; nothing changes if that fails. */
+static void fit_table(jstore *s)
+{
+    size_t want = s->count * 10 / 22;
+    if (want < 1024)
+        want = 1024;
+    if (s->count * 10 < (size_t)HLOAD_MIN * s->nbuckets && want < s->nbuckets)
         (void)hresize(s, want);
 }
 
@@ -1419,6 +1475,8 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
     }
     tw__free(f.buf);
     tw__free(nos);
+    if (!rc)
+        fit_table(s);
     return rc ? rc : replay_done(s, *damaged);
 }
 /* fsync the directory that holds @path (its first @len bytes name it). */

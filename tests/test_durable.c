@@ -401,7 +401,10 @@ static void test_recovery_order(void)
 }
 
 /* A child delivers and dies inside the callback: the FIRE record was
- * durable, so the next open delivers again with attempt 2. */
+ * durable, so the next open delivers again with attempt 2. A second child
+ * dies the same way (two FIRE records after the schedule record), then the
+ * delivery with attempt 3 asks for a retry, whose record carries the
+ * count: the retry is attempt 4. */
 static int die_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
@@ -411,19 +414,16 @@ static int die_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     return 0;
 }
 
-static void test_attempt_after_crash(void)
+static void die_in_child(const char *dir, int64_t t0, bool first)
 {
-    log_reset();
-    const char *dir = new_dir();
-    int64_t t0 = 1700000000000;
-    set_wall(t0);
     pid_t pid = fork();
     ASSERT(pid >= 0);
     if (pid == 0) {
         tw_durable_config c = base_cfg(dir);
         c.fire = die_fire;
         tw_durable *d = NULL;
-        if (tw_durable_open(&d, &c) != 0 || sched(d, "c", t0 + 5, "x") != 0)
+        if (tw_durable_open(&d, &c) != 0 ||
+            (first && sched(d, "c", t0 + 5, "x") != 0))
             _exit(1);
         set_wall(t0 + 5);
         tw__durable_sync(d);
@@ -433,12 +433,41 @@ static void test_attempt_after_crash(void)
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     ASSERT(WIFSIGNALED(status));
     ASSERT_EQ(WTERMSIG(status), SIGKILL);
+}
+
+static void test_attempt_after_crash(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    die_in_child(dir, t0, true);
     tw_durable_config c = base_cfg(dir);
     set_wall(t0 + 5);
     tw_durable *d = open_ok(&c);
     tw__durable_sync(d);
     ASSERT_EQ(nfired, 1);
     ASSERT_EQ(fired_log[0].attempt, 2);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+
+    log_reset();
+    dir = new_dir();
+    set_wall(t0);
+    die_in_child(dir, t0, true);
+    die_in_child(dir, t0, false);
+    retry_ms = 100;
+    retry_times = 1;
+    c = base_cfg(dir);
+    set_wall(t0 + 5);
+    d = open_ok(&c);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 1);
+    ASSERT_EQ(fired_log[0].attempt, 3);
+    set_wall(t0 + 105);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 2);
+    ASSERT_EQ(fired_log[1].attempt, 4);
     ASSERT_EQ(tw_durable_close(d), 0);
     rm_dir(dir);
 }
@@ -1506,9 +1535,15 @@ static void test_node_size(void)
 {
     ASSERT_EQ(tw__durable_node_size(0), 56);
     ASSERT_EQ(tw__durable_node_size(1), 56);
+    ASSERT_EQ(tw__durable_node_size(4), 56);
+    ASSERT_EQ(tw__durable_node_size(5), 64);
     ASSERT_EQ(tw__durable_node_size(16), 72);
-    ASSERT_EQ(tw__durable_node_size(17), 72);
-    ASSERT_EQ(tw__durable_node_size(18), 80);
+    ASSERT_EQ(tw__durable_node_size(20), 72);
+    ASSERT_EQ(tw__durable_node_size(21), 80);
+    /* 52 bytes and the key's padding to 8: with at most 4.5 bytes of key
+     * table a key, within 64 bytes plus the key at every length. */
+    for (size_t k = 1; k <= TW_DURABLE_KEY_MAX; k++)
+        ASSERT(tw__durable_node_size(k) - k <= 59);
     /* The checksum is CRC32C (its check value). */
     ASSERT_EQ(tw__crc32c(0, "123456789", 9), 0xE3069283u);
 }

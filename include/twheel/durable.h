@@ -13,7 +13,10 @@
  *     own wheel and fires them.
  *
  * Delivery is at least once: a callback may see the same timer again after
- * a crash (attempt > 1), and must tolerate it. Nothing is delivered before
+ * a crash (attempt > 1), and must tolerate it. (The journal counts up to
+ * 16,383 deliveries that began and neither completed nor asked for a retry,
+ * i.e. crashes inside the callback, in a row; past that, attempt stops
+ * growing until the next retry.) Nothing is delivered before
  * its due time by the wall clock, except after the wall clock steps back
  * by S: a timer scheduled then for a time the store has already passed
  * fires at once, early by at most S (README.md "Durable timers").
