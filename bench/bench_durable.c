@@ -6,9 +6,11 @@
  *
  *   bench_durable twheel sched  DIR THREADS SECONDS [PAYLOAD [BATCH]]
  *   bench_durable twheel isched DIR THREADS SECONDS [PAYLOAD [BATCH]]
- *   bench_durable twheel cancel DIR THREADS SECONDS [PAYLOAD]
+ *   bench_durable twheel cancel DIR THREADS SECONDS [PAYLOAD [BATCH]]
  *   bench_durable twheel recover DIR N [PAYLOAD [KEYLEN]]
  *   bench_durable redis  sched  PORT THREADS SECONDS DEPTH [PAYLOAD]
+ *   bench_durable redis  fill   PORT THREADS 0 DEPTH [PAYLOAD]
+ *   bench_durable redis  cancel PORT THREADS SECONDS DEPTH [PAYLOAD]
  *   bench_durable sqlite sched  FILE THREADS SECONDS [PAYLOAD]
  *
  * sched: each thread schedules fresh 16-byte keys due in one hour, for
@@ -19,10 +21,15 @@
  * isched: the same with TW_DURABLE_SYNC_INTERVAL (written before the call
  * returns, fdatasync every second: Redis appendfsync everysec's
  * durability).
- * cancel: first schedules THREADS x 20000 keys with SYNC_NONE, then the
- * threads cancel them with SYNC_GROUP. recover: writes N pending timers,
- * closes, then times tw_durable_open and measures the RSS it added and the
- * journal's bytes. One line of key=value per run, for scripts.
+ * cancel: first schedules cancel_keys() keys per thread with
+ * SYNC_NONE, then the threads cancel them with SYNC_GROUP, BATCH per
+ * tw_durable_cancel_many call (one: tw_durable_cancel), until SECONDS pass
+ * or their keys run out. Redis: fill schedules the same keys (pipelined,
+ * DEPTH only picks how many), cancel removes them with a script (ZREM +
+ * HDEL), DEPTH calls pipelined per round trip; run fill first (the
+ * benchmark script does it with appendfsync no). recover: writes N pending
+ * timers, closes, then times tw_durable_open and measures the RSS it added and
+ * the journal's bytes. One line of key=value per run, for scripts.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -186,24 +193,44 @@ static void *tw_sched_main(void *p)
     return NULL;
 }
 
-#define CANCEL_KEYS 20000
+/* Keys per thread of a cancel run: enough for two seconds or so at the
+ * rates seen here (one per call: tens of thousands a second; batched: up
+ * to a million for twheel, a hundred thousand for Redis, whose fill is
+ * slow). */
+static uint64_t cancel_keys(int threads, int batch, bool redis)
+{
+    uint64_t total = batch == 1 ? 40000u : redis ? 240000u : 1200000u;
+    return total / (uint64_t)threads + 20000u;
+}
+
+static uint64_t ncancel_keys;
 
 static void *tw_cancel_main(void *p)
 {
     struct worker *w = p;
-    char k[17];
-    for (uint64_t i = 0; i < CANCEL_KEYS; i++) {
-        key_of(k, w->id, i);
+    size_t n = (size_t)tw_batch;
+    char(*k)[17] = malloc(n * sizeof *k);
+    tw_durable_item *it = malloc(n * sizeof *it);
+    if (!k || !it)
+        die("malloc", 0);
+    for (uint64_t i = 0; i + n <= ncancel_keys;) {
+        for (size_t j = 0; j < n; j++, i++) {
+            key_of(k[j], w->id, i);
+            it[j] = (tw_durable_item){.key = k[j], .key_len = 16};
+        }
         uint64_t t0 = mono_ns();
-        int rc = tw_durable_cancel(store, k, 16);
+        int rc = n == 1 ? tw_durable_cancel(store, k[0], 16)
+                        : tw_durable_cancel_many(store, it, n);
         uint64_t t1 = mono_ns();
         if (rc)
             die("cancel", rc);
         sample(w, t1 - t0);
-        w->ops++;
+        w->ops += n;
         if (t1 >= w->until)
             break;
     }
+    free(k);
+    free(it);
     return NULL;
 }
 
@@ -323,8 +350,9 @@ static int bench_twheel(int argc, char **argv)
         tw_open(dir, TW_DURABLE_SYNC_NONE);
         int64_t due = wall_ms() + 3600 * 1000;
         char k[17];
+        ncancel_keys = cancel_keys(threads, tw_batch, false);
         for (int t = 0; t < threads; t++)
-            for (uint64_t i = 0; i < CANCEL_KEYS; i++) {
+            for (uint64_t i = 0; i < ncancel_keys; i++) {
                 key_of(k, t, i);
                 int rc = tw_durable_schedule(store, k, 16, due, payload,
                                              payload_len);
@@ -335,7 +363,7 @@ static int bench_twheel(int argc, char **argv)
         tw_open(dir, TW_DURABLE_SYNC_GROUP);
         uint64_t t0 = mono_ns();
         run_threads(threads, secs, tw_cancel_main, w);
-        report("twheel", "cancel", threads, 1, w,
+        report("twheel", "cancel", threads, tw_batch, w,
                (double)(mono_ns() - t0) / 1e9);
     }
     tw_durable_close(store);
@@ -447,6 +475,78 @@ static const char *lua =
     "redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1]) "
     "redis.call('HSET', KEYS[2], ARGV[1], ARGV[3]) return 1";
 
+/* A cancel: 1 if the key was there (it always is in these runs). */
+static const char *lua_cancel =
+    "if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end "
+    "redis.call('HDEL', KEYS[2], ARGV[1]) return 1";
+static char cancel_sha[41];
+
+static void *redis_cancel_main(void *p)
+{
+    struct worker *w = p;
+    int fd = redis_connect();
+    struct rbuf *r = calloc(1, sizeof *r);
+    char *buf = malloc((size_t)redis_depth * 256);
+    char reply[16];
+    for (uint64_t i = 0; i + (uint64_t)redis_depth <= ncancel_keys;) {
+        size_t o = 0;
+        for (int j = 0; j < redis_depth; j++, i++) {
+            char k[17];
+            key_of(k, w->id, i);
+            const char *av[] = {"EVALSHA", cancel_sha, "2",
+                                "tw:due",  "tw:pay",   k};
+            size_t lens[] = {7, 40, 1, 6, 6, 16};
+            o += cmd(buf + o, 6, av, lens);
+        }
+        uint64_t t0 = mono_ns();
+        send_all(fd, buf, o);
+        for (int j = 0; j < redis_depth; j++) {
+            read_reply(fd, r, reply, sizeof reply);
+            if (strcmp(reply, "1") != 0)
+                die("redis cancel found no key", 0);
+        }
+        uint64_t t1 = mono_ns();
+        sample(w, t1 - t0);
+        w->ops += (uint64_t)redis_depth;
+        if (t1 >= w->until)
+            break;
+    }
+    close(fd);
+    free(buf);
+    free(r);
+    return NULL;
+}
+
+/* Schedules every key the cancel run of the same THREADS and DEPTH will
+ * cancel, 1000 per round trip, from this thread. */
+static void redis_fill(int threads)
+{
+    int fd = redis_connect();
+    struct rbuf *r = calloc(1, sizeof *r);
+    char *buf = malloc(1000 * (payload_len + 256));
+    char due[24];
+    snprintf(due, sizeof due, "%lld", (long long)(wall_ms() + 3600 * 1000));
+    for (int t = 0; t < threads; t++)
+        for (uint64_t i = 0; i < ncancel_keys;) {
+            size_t o = 0;
+            int m = 0;
+            for (; m < 1000 && i < ncancel_keys; m++, i++) {
+                char k[17];
+                key_of(k, t, i);
+                const char *av[] = {"EVALSHA", script_sha, "2", "tw:due",
+                                    "tw:pay",  k,          due, payload};
+                size_t lens[] = {7, 40, 1, 6, 6, 16, strlen(due), payload_len};
+                o += cmd(buf + o, 8, av, lens);
+            }
+            send_all(fd, buf, o);
+            for (int j = 0; j < m; j++)
+                read_reply(fd, r, NULL, 0);
+        }
+    close(fd);
+    free(buf);
+    free(r);
+}
+
 static void *redis_main(void *p)
 {
     struct worker *w = p;
@@ -484,12 +584,15 @@ static void *redis_main(void *p)
 
 static int bench_redis(int argc, char **argv)
 {
+    const char *op = argv[2];
     redis_port = atoi(argv[3]);
     int threads = atoi(argv[4]);
     double secs = atof(argv[5]);
     redis_depth = atoi(argv[6]);
     if (argc > 7)
         payload_len = strtoul(argv[7], NULL, 10);
+    if (threads < 1 || redis_depth < 1)
+        die("threads and depth must be positive", 0);
     int fd = redis_connect();
     struct rbuf *r = calloc(1, sizeof *r);
     char buf[1024];
@@ -497,12 +600,22 @@ static int bench_redis(int argc, char **argv)
     size_t lens[] = {6, 4, strlen(lua)};
     send_all(fd, buf, cmd(buf, 3, av, lens));
     read_reply(fd, r, script_sha, sizeof script_sha);
+    const char *avc[] = {"SCRIPT", "LOAD", lua_cancel};
+    size_t lensc[] = {6, 4, strlen(lua_cancel)};
+    send_all(fd, buf, cmd(buf, 3, avc, lensc));
+    read_reply(fd, r, cancel_sha, sizeof cancel_sha);
     close(fd);
     free(r);
+    ncancel_keys = cancel_keys(threads, redis_depth, true);
+    if (strcmp(op, "fill") == 0) {
+        redis_fill(threads);
+        return 0;
+    }
+    bool cancel = strcmp(op, "cancel") == 0;
     struct worker *w = calloc((size_t)threads, sizeof *w);
     uint64_t t0 = mono_ns();
-    run_threads(threads, secs, redis_main, w);
-    report("redis", "sched", threads, redis_depth, w,
+    run_threads(threads, secs, cancel ? redis_cancel_main : redis_main, w);
+    report("redis", cancel ? "cancel" : "sched", threads, redis_depth, w,
            (double)(mono_ns() - t0) / 1e9);
     free(w);
     return 0;
@@ -593,8 +706,8 @@ int main(int argc, char **argv)
         "usage: bench_durable twheel sched|isched|cancel DIR THREADS SECONDS "
         "[PAYLOAD [BATCH]]\n"
         "       bench_durable twheel recover DIR N [PAYLOAD [KEYLEN]]\n"
-        "       bench_durable redis sched PORT THREADS SECONDS DEPTH "
-        "[PAYLOAD]\n"
+        "       bench_durable redis sched|fill|cancel PORT THREADS SECONDS "
+        "DEPTH [PAYLOAD]\n"
         "       bench_durable sqlite sched FILE THREADS SECONDS "
         "[PAYLOAD]\n");
     return 2;

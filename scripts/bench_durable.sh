@@ -13,12 +13,14 @@
 #             pipelined per round trip in the batched runs (default 32)
 #   --big     also recover 1e7 pending timers (about 1.2 GB of journal and
 #             1 GB of RAM; a minute or two)
-#   --paired R  instead of the runs above: for each thread count and items
-#             per call, R rounds of twheel SYNC_GROUP, Redis always and
-#             Redis everysec one right after the other (one redis-server,
-#             switched with CONFIG SET appendfsync), and the median of the
-#             R per-round ratios, so that a slow minute of the shared disk
-#             falls on both sides of a ratio
+#   --paired R  instead of the runs above: for schedules and for cancels,
+#             each thread count and items per call (1 and B), R rounds of
+#             twheel SYNC_GROUP, Redis always and Redis everysec one right
+#             after the other (one redis-server, switched with CONFIG SET
+#             appendfsync; the keys a cancel run removes are put in first
+#             with appendfsync no), and the median of the R per-round
+#             ratios, so that a slow minute of the shared disk falls on both
+#             sides of a ratio
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=3
@@ -86,28 +88,35 @@ stop_redis() {
 # right after the other, R rounds; ratios per round, then their median.
 if ((paired)); then
   start_redis always
+  for op in sched cancel; do
   for depth in 1 "$batch"; do
     for t in 1 4 16; do
       for ((r = 1; r <= paired; r++)); do
-        "$bin" twheel sched "$work/p$t" "$t" "$secs" 64 "$depth" |
+        "$bin" twheel "$op" "$work/p$t" "$t" "$secs" 64 "$depth" |
           sed "s/^system=/round=$r system=/" | tee -a "$res"
         rm -rf "${work:?}/p$t"
         for mode in always everysec; do
+          if [ "$op" = cancel ]; then
+            redis-cli -p "$port" flushall >/dev/null
+            redis-cli -p "$port" config set appendfsync no >/dev/null
+            "$bin" redis fill "$port" "$t" 0 "$depth"
+          fi
           redis-cli -p "$port" config set appendfsync "$mode" >/dev/null
-          "$bin" redis sched "$port" "$t" "$secs" "$depth" |
+          "$bin" redis "$op" "$port" "$t" "$secs" "$depth" |
             sed "s/^system=redis/round=$r system=redis-$mode/" | tee -a "$res"
         done
         redis-cli -p "$port" flushall >/dev/null
       done
     done
   done
+  done
   stop_redis
   echo
-  echo "| threads | items per call | twheel items/s (median) | / Redis always, median of $paired rounds (target 5x) | per round | / Redis everysec (target 1x) | per round |"
-  echo "|---:|---:|---:|---:|---|---:|---|"
-  awk '/^round=/ && / op=sched / {
+  echo "| op | threads | items per call | twheel items/s (median) | / Redis always, median of $paired rounds (target 5x) | per round | / Redis everysec (target 1x) | per round |"
+  echo "|---|---:|---:|---:|---:|---|---:|---|"
+  awk '/^round=/ && / op=(sched|cancel) / {
     for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
-    k = v["threads"] " " v["depth"]; r = v["round"]
+    k = v["op"] " " v["threads"] " " v["depth"]; r = v["round"]
     if (!(k in seen)) { seen[k] = 1; keys[++nk] = k }
     x[v["system"] " " k " " r] = v["ops_per_s"]; if (r > nr) nr = r
   }
@@ -127,7 +136,7 @@ if ((paired)); then
         le = le sprintf("%s%.1f", r > 1 ? ", " : "", re[r])
       }
       ma = med(ra, nr); me = med(re, nr); mt = med(tw, nr)
-      printf "| %d | %d | %d | %.1fx %s | %s | %.1fx %s | %s |\n", kd[1], kd[2],
+      printf "| %s | %d | %d | %d | %.1fx %s | %s | %.1fx %s | %s |\n", kd[1], kd[2], kd[3],
         mt, ma, (ma >= 5 ? "MET" : "MISSED"), la, me, (me >= 1 ? "MET" : "MISSED"), le
     }
   }' "$res"
@@ -145,9 +154,11 @@ for op in sched isched; do
     done
   done
 done
-for t in 1 4 16; do
-  run "$bin" twheel cancel "$work/c$t" "$t" "$secs"
-  rm -rf "$work/c$t"
+for depth in 1 "$batch"; do
+  for t in 1 4 16; do
+    run "$bin" twheel cancel "$work/c$t" "$t" "$secs" 64 "$depth"
+    rm -rf "$work/c$t"
+  done
 done
 run "$bin" twheel recover "$work/r6" 1000000 64
 echo "# twheel 1e6: $(du -sb "$work/r6" | awk '{printf "%.1f", $1 / 1e6}') B/timer of disk allocated (segments are preallocated whole)" | tee -a "$res"
@@ -171,6 +182,16 @@ for mode in always everysec; do
   mem=$(redis-cli -p "$port" info memory | awk -F: '/^used_memory:/ {print $2+0}')
   aof=$(du -sb "$work/redis-$mode" | cut -f1)
   echo "# redis-$mode: $n timers, used_memory $(awk -v m="$mem" -v n="$n" 'BEGIN {printf "%.1f", m / n}') B/timer, disk $(awk -v m="$aof" -v n="$n" 'BEGIN {printf "%.1f", m / n}') B/timer" | tee -a "$res"
+  for depth in 1 "$batch"; do
+    for t in 1 4 16; do
+      redis-cli -p "$port" flushall >/dev/null
+      redis-cli -p "$port" config set appendfsync no >/dev/null
+      "$bin" redis fill "$port" "$t" 0 "$depth"
+      redis-cli -p "$port" config set appendfsync "$mode" >/dev/null
+      "$bin" redis cancel "$port" "$t" "$secs" "$depth" |
+        sed "s/^system=redis/system=redis-$mode/" | tee -a "$res"
+    done
+  done
   stop_redis
 done
 for t in 1 4 16; do
@@ -190,24 +211,25 @@ awk '/^system=/ && !/op=recover/ {
 # (1x) at the same threads and items per call; SYNC_INTERVAL against
 # everysec (the same durability).
 echo
-echo "| twheel | threads | items per call | twheel items/s | / Redis always (target 5x) | / Redis everysec (target 1x) |"
-echo "|---|---:|---:|---:|---:|---:|"
-awk '/^system=/ && / op=sched / {
+echo "| twheel | op | threads | items per call | twheel items/s | / Redis always (target 5x) | / Redis everysec (target 1x) |"
+echo "|---|---|---:|---:|---:|---:|---:|"
+awk '/^system=/ && / op=(sched|cancel) / {
   for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
-  r[v["system"] " " v["threads"] " " v["depth"]] = v["ops_per_s"]
+  r[v["system"] " " v["op"] " " v["threads"] " " v["depth"]] = v["ops_per_s"]
 }
 END {
-  split("twheel twheel-interval", sys, " ")
-  for (s = 1; s <= 2; s++) for (d = 1; d <= 2; d++) for (t = 1; t <= 3; t++) {
+  split("twheel sched,twheel cancel,twheel-interval sched", sys, ",")
+  for (s = 1; s <= 3; s++) for (d = 1; d <= 2; d++) for (t = 1; t <= 3; t++) {
     th = t == 1 ? 1 : t == 2 ? 4 : 16; dp = d == 1 ? 1 : '"$batch"'
-    k = sys[s] " " th " " dp; a = r["redis-always " th " " dp]
-    e = r["redis-everysec " th " " dp]
+    split(sys[s], so, " ")
+    k = sys[s] " " th " " dp; a = r["redis-always " so[2] " " th " " dp]
+    e = r["redis-everysec " so[2] " " th " " dp]
     if (!(k in r) || !a || !e) continue
-    if (s == 1)
+    if (s < 3)
       va = sprintf("%.1fx %s", r[k] / a, r[k] / a >= 5 ? "MET" : "MISSED")
     else
       va = sprintf("%.1fx (less durable: no target)", r[k] / a)
-    printf "| %s | %d | %d | %d | %s | %.1fx %s |\n", sys[s], th, dp, r[k],
-      va, r[k] / e, (r[k] / e >= 1 ? "MET" : "MISSED")
+    printf "| %s | %s | %d | %d | %d | %s | %.1fx %s |\n", so[1], so[2], th, dp,
+      r[k], va, r[k] / e, (r[k] / e >= 1 ? "MET" : "MISSED")
   }
 }' "$res"

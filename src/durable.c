@@ -128,7 +128,7 @@ typedef struct jstore {
     pthread_mutex_t mu;
     jr_writer w;
     tw_wheel *wheel;
-    void **buckets; /* chains of nodes through hlink() */
+    uint32_t *buckets; /* node handles; chains run through hlink() */
     size_t nbuckets, count;
     uint64_t seed;
     tw_durable_fire_fn fire;
@@ -213,28 +213,91 @@ static uint64_t hkey(uint64_t seed, const unsigned char *p, size_t n)
     return h ^ (h >> 32);
 }
 
-/* The link to the next node of @n's chain (NULL ends it). */
-static void **hlink(struct dnode *n)
+/* Nodes are named in the key table by 32-bit handles: 1 + the node's
+ * 8-byte unit in the slab (chunk * SLAB_UNITS + unit); 0 is none. A bucket
+ * costs 4 bytes, and a chain runs through the nodes' arg slots, which hold
+ * handles too. A node that is not in the table keeps its own handle in its
+ * arg slot (hin() and hout() keep this), so it can always be freed. */
+typedef uint32_t hnd;
+#define SLAB_UNITS (SLAB_CHUNK / SLAB_GRAIN)
+#define SLAB_CHUNKS_MAX ((size_t)(UINT32_MAX - 1) / SLAB_UNITS)
+
+static struct dnode *hnode(const jstore *s, hnd h)
 {
-    return &n->tm.tw__arg;
+    if (!h)
+        return NULL;
+    h--;
+    return (struct dnode *)((unsigned char *)s->slab.chunks[h / SLAB_UNITS] +
+                            (size_t)(h % SLAB_UNITS) * SLAB_GRAIN);
 }
 
-/* The bucket of hash @h in a table of @nb buckets (any count up to 2^32):
- * the high half of the hash scaled to the table, no division. */
-static size_t hbucket(uint64_t h, size_t nb)
+/* The handle in @n's arg slot: the next node of its chain while it is in
+ * the table, its own handle while it is not. */
+static hnd hlink(const struct dnode *n)
 {
-    return (size_t)(((h >> 32) * (uint64_t)nb) >> 32);
+    return (hnd)(uintptr_t)n->tm.tw__arg;
 }
 
-static void **hfind(jstore *s, const void *key, size_t len)
+static void hlink_set(struct dnode *n, hnd h)
 {
-    void **pp = &s->buckets[hbucket(hkey(s->seed, key, len), s->nbuckets)];
-    for (; *pp; pp = hlink(*pp)) {
-        const struct dnode *n = *pp;
+    n->tm.tw__arg = (void *)(uintptr_t)h;
+}
+
+/* A place in the key table: a bucket (prev NULL) or the link of node
+ * @prev. */
+struct hpos {
+    hnd *bucket;
+    struct dnode *prev;
+};
+
+static hnd hpos_get(struct hpos p)
+{
+    return p.prev ? hlink(p.prev) : *p.bucket;
+}
+
+static void hpos_set(struct hpos p, hnd h)
+{
+    if (p.prev)
+        hlink_set(p.prev, h);
+    else
+        *p.bucket = h;
+}
+
+/* The node at @p, or NULL. */
+static struct dnode *hat(const jstore *s, struct hpos p)
+{
+    return hnode(s, hpos_get(p));
+}
+
+/* Put node @n (not in the table) in at @p. */
+static void hin(jstore *s, struct hpos p, struct dnode *n)
+{
+    hnd self = hlink(n);
+    hlink_set(n, hpos_get(p));
+    hpos_set(p, self);
+    s->count++;
+}
+
+/* Take the node at @p out of the table; returns it. */
+static struct dnode *hout(jstore *s, struct hpos p)
+{
+    hnd self = hpos_get(p);
+    struct dnode *n = hnode(s, self);
+    hpos_set(p, hlink(n));
+    hlink_set(n, self);
+    s->count--;
+    return n;
+}
+
+/* Where @key is in the table, or where it would go (hat() is NULL). */
+static struct hpos hfind(jstore *s, const void *key, size_t len)
+{
+    struct hpos p = {&s->buckets[hkey(s->seed, key, len) & (s->nbuckets - 1)],
+                     NULL};
+    for (struct dnode *n; (n = hat(s, p)) != NULL; p.prev = n)
         if (n->key_len == len && memcmp(n->key, key, len) == 0)
-            return pp;
-    }
-    return pp; /* *pp == NULL: where to insert */
+            return p;
+    return p;
 }
 
 /* Start loading the first node of bucket @i + 8 and the second of bucket
@@ -243,28 +306,30 @@ static void **hfind(jstore *s, const void *key, size_t len)
 static void prefetch_chain(jstore *s, size_t i)
 {
     if (i + 8 < s->nbuckets && s->buckets[i + 8])
-        __builtin_prefetch(s->buckets[i + 8]);
+        __builtin_prefetch(hnode(s, s->buckets[i + 8]));
     if (i < s->nbuckets && s->buckets[i]) {
-        void *second = *hlink(s->buckets[i]);
+        hnd second = hlink(hnode(s, s->buckets[i]));
         if (second)
-            __builtin_prefetch(second);
+            __builtin_prefetch(hnode(s, second));
     }
 }
 
-/* Rehash into @nb buckets; TW_ENOMEM with nothing changed. */
+/* Rehash into @nb buckets (a power of two); TW_ENOMEM with nothing
+ * changed. */
 static int hresize(jstore *s, size_t nb)
 {
-    void **b = tw__calloc(nb, sizeof *b);
+    hnd *b = tw__calloc(nb, sizeof *b);
     if (!b)
         return TW_ENOMEM;
     for (size_t i = 0; i < s->nbuckets; i++) {
         prefetch_chain(s, i + 8);
-        struct dnode *n = s->buckets[i], *nx;
-        for (; n; n = nx) {
-            nx = *hlink(n);
-            size_t j = hbucket(hkey(s->seed, n->key, n->key_len), nb);
-            *hlink(n) = b[j];
-            b[j] = n;
+        hnd h = s->buckets[i], nx;
+        for (; h; h = nx) {
+            struct dnode *n = hnode(s, h);
+            nx = hlink(n);
+            size_t j = hkey(s->seed, n->key, n->key_len) & (nb - 1);
+            hlink_set(n, b[j]);
+            b[j] = h;
         }
     }
     tw__free(s->buckets);
@@ -273,24 +338,13 @@ static int hresize(jstore *s, size_t nb)
     return 0;
 }
 
-/* The key table keeps between HLOAD_MIN and HLOAD_MAX keys per bucket on
- * average (in tenths), growing by HGROW tenths: 8 bytes of bucket per 1.8
- * to 2.5 keys, at most 4.5 bytes per key, so that a node's padding (up to
- * 7 bytes) and its share of the table stay within 12 bytes beside its 52. */
-#define HLOAD_MIN 18u
-#define HLOAD_MAX 25u
-#define HGROW 14u
-#define HBUCKETS_MAX ((size_t)1 << 32)
-
-/* Room for one more key; TW_ENOMEM with nothing changed. */
+/* Room for one more key; TW_ENOMEM with nothing changed. One to two keys
+ * per 4-byte bucket: 2 to 4 bytes of table per key. */
 static int hreserve(jstore *s)
 {
-    if (s->count * 10 < (size_t)HLOAD_MAX * s->nbuckets)
+    if (s->count < 2 * s->nbuckets) /* at most two keys per bucket */
         return 0;
-    size_t nb = s->nbuckets * HGROW / 10;
-    if (nb > HBUCKETS_MAX)
-        return TW_ENOMEM;
-    return hresize(s, nb);
+    return hresize(s, s->nbuckets * 2);
 }
 
 static void on_due(tw_timer *t, void *arg);
@@ -301,15 +355,20 @@ static size_t node_class(size_t key_len)
            SLAB_GRAIN;
 }
 
-static void *slab_alloc(struct slab *sl, size_t cls)
+/* A node's memory and its handle (*@h). A node on a free list keeps its
+ * handle in its arg slot; the list runs through its first word. */
+static struct dnode *slab_alloc(struct slab *sl, size_t cls, hnd *h)
 {
-    void *p = sl->free[cls];
+    struct dnode *p = sl->free[cls];
     if (p) {
         memcpy(&sl->free[cls], p, sizeof(void *));
+        *h = hlink(p);
         return p;
     }
     size_t size = cls * SLAB_GRAIN;
     if (sl->left < size) {
+        if (sl->nchunks == SLAB_CHUNKS_MAX) /* handles would not fit */
+            return NULL;
         if (sl->nchunks == sl->cap) {
             size_t nc = sl->cap ? sl->cap * 2 : 16;
             void **ch = tw__realloc(sl->chunks, nc * sizeof *ch);
@@ -325,7 +384,9 @@ static void *slab_alloc(struct slab *sl, size_t cls)
         sl->cur = c;
         sl->left = SLAB_CHUNK;
     }
-    p = sl->cur;
+    p = (struct dnode *)sl->cur;
+    *h = (hnd)(1 + (sl->nchunks - 1) * SLAB_UNITS +
+               (SLAB_CHUNK - sl->left) / SLAB_GRAIN);
     sl->cur += size;
     sl->left -= size;
     return p;
@@ -338,12 +399,15 @@ static void node_free(jstore *s, struct dnode *n)
     s->slab.free[cls] = n;
 }
 
+/* A node out of the table (its arg slot holds its own handle). */
 static struct dnode *node_new(jstore *s, const void *key, size_t len)
 {
-    struct dnode *n = slab_alloc(&s->slab, node_class(len));
+    hnd h;
+    struct dnode *n = slab_alloc(&s->slab, node_class(len), &h);
     if (!n)
         return NULL;
-    tw_timer_init(&n->tm, on_due, NULL); /* arg: hlink(), the chain's end */
+    tw_timer_init(&n->tm, on_due, NULL);
+    hlink_set(n, h);
     n->seg = n->off = 0;
     n->key_len = (uint16_t)len;
     n->fl = 0;
@@ -371,13 +435,11 @@ static void seg_live(jstore *s, uint32_t no, int delta)
         g->live += (uint64_t)(int64_t)delta;
 }
 
-/* Unlink the node at *pp from the table and the wheel; free it unless a
+/* Unlink the node at @p from the table and the wheel; free it unless a
  * delivery still holds it (then it becomes an orphan). */
-static void node_remove(jstore *s, void **pp)
+static void node_remove(jstore *s, struct hpos p)
 {
-    struct dnode *n = *pp;
-    *pp = *hlink(n);
-    s->count--;
+    struct dnode *n = hout(s, p);
     seg_live(s, n->seg, -1);
     if (n->fl & DN_FIRING) {
         n->fl |= DN_ORPHAN;
@@ -410,11 +472,13 @@ struct staged_item {
 /* Rounds of queued calls one combiner applies before it lets go. */
 #define COMBINE_ROUNDS 4
 
-/* A tw_durable_schedule_many() call queued for the combiner. */
+/* A tw_durable_schedule_many() or tw_durable_cancel_many() call queued
+ * for the combiner. */
 struct sreq {
     struct sreq *next;
     tw_durable_item *items;
     size_t n;
+    bool cancel;  /* the items are cancels */
     uint64_t lsn; /* the end of its records once applied; 0: none */
     atomic_bool done;
 };
@@ -424,7 +488,7 @@ struct sreq {
 static int sched_prepare(jstore *s, const tw_durable_item *it,
                          struct dnode **fresh)
 {
-    struct dnode *old = *hfind(s, it->key, it->key_len);
+    struct dnode *old = hat(s, hfind(s, it->key, it->key_len));
     *fresh = NULL;
     if (old && !(old->fl & DN_FIRING))
         return 0;
@@ -444,18 +508,16 @@ static int sched_prepare(jstore *s, const tw_durable_item *it,
 static void sched_apply(jstore *s, const tw_durable_item *it,
                         struct dnode *fresh, uint32_t seg, uint32_t off)
 {
-    void **pp = hfind(s, it->key, it->key_len);
-    struct dnode *n = *pp;
+    struct hpos p = hfind(s, it->key, it->key_len);
+    struct dnode *n = hat(s, p);
     if (n && !(n->fl & DN_FIRING)) {
         if (fresh) /* an earlier item of the batch made the node */
             node_free(s, fresh);
         seg_live(s, n->seg, -1);
     } else {
         if (n) /* being delivered: it becomes an orphan */
-            node_remove(s, pp);
-        *hlink(fresh) = *pp;
-        *pp = fresh;
-        s->count++;
+            node_remove(s, p);
+        hin(s, p, fresh);
         n = fresh;
     }
     n->seg = seg;
@@ -515,22 +577,22 @@ static void prefetch_keys(jstore *s, const tw_durable_item *items, size_t n)
 {
     if (n < 2 || s->nbuckets < 4096) /* nothing to overlap, or cached */
         return;
-    size_t nb = s->nbuckets;
-    struct dnode *at[SCHED_GROUP];
+    size_t mask = s->nbuckets - 1;
     for (size_t i = 0; i < n; i++)
-        __builtin_prefetch(&s->buckets[hbucket(
-            hkey(s->seed, items[i].key, items[i].key_len), nb)]);
+        __builtin_prefetch(
+            &s->buckets[hkey(s->seed, items[i].key, items[i].key_len) & mask]);
+    struct dnode *first[SCHED_GROUP];
     for (size_t i = 0; i < n; i++) {
-        at[i] = s->buckets[hbucket(
-            hkey(s->seed, items[i].key, items[i].key_len), nb)];
-        if (at[i])
-            __builtin_prefetch(at[i]);
+        first[i] = hnode(
+            s,
+            s->buckets[hkey(s->seed, items[i].key, items[i].key_len) & mask]);
+        if (first[i])
+            __builtin_prefetch(first[i]);
     }
-    /* A bucket holds 1.8 to 2.5 keys on average: the next two nodes too. */
-    for (int step = 0; step < 2; step++)
-        for (size_t i = 0; i < n; i++)
-            if (at[i] && (at[i] = *hlink(at[i])) != NULL)
-                __builtin_prefetch(at[i]);
+    /* A bucket holds up to two keys: its second node too. */
+    for (size_t i = 0; i < n; i++)
+        if (first[i] && hlink(first[i]))
+            __builtin_prefetch(hnode(s, hlink(first[i])));
 }
 
 /* Stage, write and apply one call's items (mutex held): its records go
@@ -561,6 +623,72 @@ static void apply_items(jstore *s, tw_durable_item *items, size_t n,
     sched_commit(s, items + from, st, n - from, lsn);
 }
 
+/* Write the CANCEL records staged for items[0 .. @n) (@staged says which)
+ * and take their keys out, or give them the write's error. Raises *@lsn
+ * on success. */
+static void cancel_commit(jstore *s, tw_durable_item *items, const bool *staged,
+                          size_t n, uint64_t *lsn)
+{
+    uint64_t end;
+    int rc = tw__jr_flush(&s->w, &end);
+    for (size_t i = 0; i < n; i++) {
+        if (!staged[i])
+            continue;
+        if (rc) {
+            items[i].result = rc;
+        } else {
+            node_remove(s, hfind(s, items[i].key, items[i].key_len));
+            s->cancelled++;
+        }
+    }
+    if (!rc && end > *lsn)
+        *lsn = end;
+}
+
+/* apply_items() for cancels: the records of up to SCHED_GROUP items go out
+ * in one pwrite(); a key given twice finds itself gone the second time
+ * (TW_ENOENT), as if the calls had been made one after the other. */
+static void apply_cancels(jstore *s, tw_durable_item *items, size_t n,
+                          uint64_t *lsn)
+{
+    bool staged[SCHED_GROUP];
+    const struct dnode *nodes[SCHED_GROUP];
+    size_t from = 0;
+    for (size_t i = 0; i < n;) {
+        if (i - from == SCHED_GROUP) {
+            cancel_commit(s, items + from, staged, i - from, lsn);
+            from = i;
+        }
+        if (i == from)
+            prefetch_keys(s, items + i,
+                          n - i < SCHED_GROUP ? n - i : SCHED_GROUP);
+        size_t k = i - from;
+        const struct dnode *nd =
+            s->closing ? NULL
+                       : hat(s, hfind(s, items[i].key, items[i].key_len));
+        for (size_t j = 0; nd && j < k; j++)
+            if (staged[j] && nodes[j] == nd)
+                nd = NULL;
+        int rc = s->closing ? TW_ESHUTDOWN : nd ? 0 : TW_ENOENT;
+        staged[k] = false;
+        if (!rc) {
+            uint32_t seg, off;
+            rc = tw__jr_stage(&s->w, JR_CANCEL, items[i].key, items[i].key_len,
+                              0, 0, NULL, 0, &seg, &off);
+            if (rc == TW_EAGAIN) { /* a flush makes room; then stage again */
+                cancel_commit(s, items + from, staged, k, lsn);
+                from = i;
+                continue;
+            }
+            staged[k] = !rc;
+            nodes[k] = nd;
+        }
+        items[i].result = rc;
+        i++;
+    }
+    cancel_commit(s, items + from, staged, n - from, lsn);
+}
+
 /* Apply every call queued so far, in arrival order (mutex held), a few
  * rounds while more arrive; each is marked done once applied, and its
  * caller may return at once, so nothing of it is touched after that. */
@@ -579,7 +707,10 @@ static void combine(jstore *s)
         }
         for (r = fifo; r;) {
             struct sreq *nx = r->next;
-            apply_items(s, r->items, r->n, &r->lsn);
+            if (r->cancel)
+                apply_cancels(s, r->items, r->n, &r->lsn);
+            else
+                apply_items(s, r->items, r->n, &r->lsn);
             atomic_store_explicit(&r->done, true, memory_order_release);
             r = nx;
         }
@@ -613,11 +744,11 @@ static void wait_applied(jstore *s, struct sreq *me)
 
 /* Group commit of a batch: the call is queued, applied by whichever
  * caller holds the mutex (flat combining: one lock hand-off for many
- * calls), then one wait covers its records. */
-static int j_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
+ * calls, schedules and cancels in arrival order), then one wait covers its
+ * records. */
+static int j_submit(jstore *s, tw_durable_item *items, size_t n, bool cancel)
 {
-    jstore *s = (jstore *)d;
-    struct sreq me = {.items = items, .n = n};
+    struct sreq me = {.items = items, .n = n, .cancel = cancel};
     me.next = atomic_load(&s->pend);
     while (!atomic_compare_exchange_weak(&s->pend, &me.next, &me))
         ;
@@ -627,6 +758,16 @@ static int j_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
         if (!items[i].result)
             items[i].result = rc;
     return tw__durable_first_error(items, n);
+}
+
+static int j_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
+{
+    return j_submit((jstore *)d, items, n, false);
+}
+
+static int j_cancel_many(tw_durable *d, tw_durable_item *items, size_t n)
+{
+    return j_submit((jstore *)d, items, n, true);
 }
 
 static int j_schedule(tw_durable *d, const void *key, size_t key_len,
@@ -642,25 +783,8 @@ static int j_schedule(tw_durable *d, const void *key, size_t key_len,
 
 static int j_cancel(tw_durable *d, const void *key, size_t key_len)
 {
-    jstore *s = (jstore *)d;
-    pthread_mutex_lock(&s->mu);
-    int rc;
-    void **pp = hfind(s, key, key_len);
-    if (s->closing || !*pp) {
-        pthread_mutex_unlock(&s->mu);
-        return s->closing ? TW_ESHUTDOWN : TW_ENOENT;
-    }
-    uint32_t seg, off;
-    uint64_t lsn;
-    rc = tw__jr_append(&s->w, JR_CANCEL, key, key_len, 0, 0, NULL, 0, &seg,
-                       &off, &lsn);
-    if (rc) {
-        pthread_mutex_unlock(&s->mu);
-        return rc;
-    }
-    node_remove(s, pp);
-    s->cancelled++;
-    return tw__jr_wait_unlock(&s->w, lsn);
+    tw_durable_item it = {.key = key, .key_len = key_len};
+    return j_cancel_many(d, &it, 1);
 }
 
 static int j_stats(tw_durable *d, tw_durable_stats *out)
@@ -939,7 +1063,7 @@ static int compact_one(void *arg, const jr_rec *r)
         pthread_mutex_unlock(&s->mu);
         pthread_mutex_lock(&s->mu);
     }
-    struct dnode *n = *hfind(s, r->key, r->key_len);
+    struct dnode *n = hat(s, hfind(s, r->key, r->key_len));
     if (!n || n->seg != c->no || n->off != r->off)
         return 0;
     uint32_t seg, off;
@@ -1167,6 +1291,7 @@ static const struct tw_durable_ops journal_ops = {
     .close = j_close,
     .stats = j_stats,
     .schedule_many = j_schedule_many,
+    .cancel_many = j_cancel_many,
 };
 
 /* ------------------------------------------------------------------------ */
@@ -1194,8 +1319,8 @@ static int replay_one(void *arg, const jr_rec *r)
     jstore *s = c->s;
     if (r->type == JR_SCHED && hreserve(s) != 0)
         return TW_ENOMEM;
-    void **pp = hfind(s, r->key, r->key_len);
-    struct dnode *n = *pp;
+    struct hpos p = hfind(s, r->key, r->key_len);
+    struct dnode *n = hat(s, p);
     switch (r->type) {
     case JR_SCHED:
         c->sched++;
@@ -1203,9 +1328,7 @@ static int replay_one(void *arg, const jr_rec *r)
             n = node_new(s, r->key, r->key_len);
             if (!n)
                 return TW_ENOMEM;
-            *hlink(n) = *pp;
-            *pp = n;
-            s->count++;
+            hin(s, p, n);
         }
         n->seg = c->no;
         n->off = r->off;
@@ -1218,8 +1341,7 @@ static int replay_one(void *arg, const jr_rec *r)
         break;
     default: /* CANCEL, DONE */
         if (n) {
-            *pp = *hlink(n);
-            s->count--;
+            hout(s, p);
             tw_wheel_cancel(s->wheel, &n->tm);
             node_free(s, n);
         }
@@ -1279,7 +1401,7 @@ static int list_segments(jstore *s, uint32_t **out, size_t *n)
 }
 
 /* Size the key table once from the segments' sizes (the newest counted
- * as full: it is preallocated): at 128 bytes a record and 2.5 keys a
+ * as full: it is preallocated): at 128 bytes a record and two keys a
  * bucket it rarely has to grow during the replay, and each growth would
  * touch every node again. A guess: too small costs a growth, too large
  * one rehash at the end (fit_table()). */
@@ -1294,20 +1416,21 @@ static void presize_table(jstore *s, const uint32_t *nos, size_t cnt)
             old_bytes += (uint64_t)st.st_size;
     }
     size_t want = s->nbuckets;
-    while (want < old_bytes / 320 && want < HBUCKETS_MAX / 2)
-        want = want * HGROW / 10;
+    while (want < old_bytes / 256 && want < ((size_t)1 << 40))
+        want *= 2;
     if (want > s->nbuckets)
         (void)hresize(s, want);
 }
 
 /* After the replay: a table sized for records that turned out dead (or
- * replaced) is cut to 2.2 keys a bucket; nothing changes if that fails. */
+ * replaced) is cut to one to two keys a bucket; nothing changes if that
+ * fails. */
 static void fit_table(jstore *s)
 {
-    size_t want = s->count * 10 / 22;
-    if (want < 1024)
-        want = 1024;
-    if (s->count * 10 < (size_t)HLOAD_MIN * s->nbuckets && want < s->nbuckets)
+    size_t want = s->nbuckets;
+    while (want > 1024 && s->count < want)
+        want /= 2;
+    if (want < s->nbuckets)
         (void)hresize(s, want);
 }
 
@@ -1431,7 +1554,8 @@ static int replay_segment(jstore *s, const tw_durable_config *cfg,
 static int replay_done(jstore *s, bool damaged)
 {
     for (size_t i = 0; i < s->nbuckets; i++)
-        for (struct dnode *n = s->buckets[i]; n; n = *hlink(n))
+        for (struct dnode *n = hnode(s, s->buckets[i]); n;
+             n = hnode(s, hlink(n)))
             seg_live(s, n->seg, +1);
     if (s->w.nseg) {
         jr_seg *cur = &s->w.segs[s->w.nseg - 1];
@@ -1730,6 +1854,26 @@ int tw_durable_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
             it->result = d->ops->schedule(d, it->key, it->key_len, it->due_ms,
                                           it->payload, it->payload_len);
     }
+    return tw__durable_first_error(items, n);
+}
+
+int tw_durable_cancel_many(tw_durable *d, tw_durable_item *items, size_t n)
+{
+    if (!n)
+        return 0;
+    if (!d || !items)
+        return TW_EINVAL;
+    size_t valid = 0;
+    for (size_t i = 0; i < n; i++) {
+        items[i].result =
+            key_ok(items[i].key, items[i].key_len) ? 0 : TW_EINVAL;
+        valid += !items[i].result;
+    }
+    if (valid == n && d->ops->cancel_many)
+        return d->ops->cancel_many(d, items, n);
+    for (size_t i = 0; i < n; i++)
+        if (!items[i].result)
+            items[i].result = d->ops->cancel(d, items[i].key, items[i].key_len);
     return tw__durable_first_error(items, n);
 }
 

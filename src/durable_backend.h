@@ -24,6 +24,9 @@ struct tw_durable_ops {
     /* Optional (NULL = a loop over schedule). Items are valid; the backend
      * sets every item's result and returns the first error or 0. */
     int (*schedule_many)(tw_durable *d, tw_durable_item *items, size_t n);
+    /* Optional (NULL = a loop over cancel). Only key and key_len of the
+     * items are read; the rest as for schedule_many. */
+    int (*cancel_many)(tw_durable *d, tw_durable_item *items, size_t n);
 };
 
 struct tw_durable {

@@ -416,6 +416,36 @@ static void test_cancel(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* tw_durable_cancel_many: each key's outcome in order (a key given twice
+ * is gone the second time); the cancelled keys never fire, also after a
+ * reopen; the others do. */
+static void test_cancel_many(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    ASSERT_EQ(sched(d, "ca", t0 + 100, "x"), 0);
+    ASSERT_EQ(sched(d, "cb", t0 + 50, "x"), 0);
+    ASSERT_EQ(sched(d, "cc", t0 + 100, "x"), 0);
+    tw_durable_item it[4] = {{.key = "ca", .key_len = 2},
+                             {.key = "cb", .key_len = 2},
+                             {.key = "ca", .key_len = 2},
+                             {.key = "cz", .key_len = 2}};
+    ASSERT_EQ(tw_durable_cancel_many(d, it, 4), TW_ENOENT);
+    ASSERT_EQ(it[0].result, 0);
+    ASSERT_EQ(it[1].result, 0);
+    ASSERT_EQ(it[2].result, TW_ENOENT);
+    ASSERT_EQ(it[3].result, TW_ENOENT);
+    ASSERT_EQ(stats(d).cancelled, 2);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = reopen();
+    advance(200);
+    wait_count("cc", 1);
+    settle(d);
+    ASSERT_EQ(count_of("ca"), 0);
+    ASSERT_EQ(count_of("cb"), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 /* Return n > 0: again after n ms with attempt + 1; return < 0: done. */
 static void test_retry_and_fail(void)
 {
@@ -569,6 +599,7 @@ int tw_sem_run(const tw_sem_backend *b)
     RUN(test_fires_once_not_early);
     RUN(test_replace);
     RUN(test_cancel);
+    RUN(test_cancel_many);
     RUN(test_retry_and_fail);
     RUN(test_past_due);
     RUN(test_stats);

@@ -1066,6 +1066,76 @@ static void test_schedule_many_faults(void)
     rm_dir(dir);
 }
 
+/* tw_durable_cancel_many: 152 keys (more than a write group), one of them
+ * twice, one never scheduled, one gone; an invalid one in another call;
+ * one fdatasync for a call; a
+ * write fault fails the items of its group only (their keys stay
+ * pending); the cancels survive a reopen. */
+static void test_cancel_many(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.segment_bytes = 1 << 20; /* no new segment: writes are the groups */
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    tw_durable_item it[MANY + 3];
+    many_items(it, MANY, t0 + 1000);
+    ASSERT_EQ(tw_durable_schedule_many(d, it, MANY), 0);
+    ASSERT_EQ(sched(d, "keep", t0 + 1000, "k"), 0);
+    /* m3, "nope" and an empty key. */
+    size_t n = 150;
+    it[n++] = (tw_durable_item){.key = "m3", .key_len = 2};
+    it[n++] = (tw_durable_item){.key = "nope", .key_len = 4};
+    it[n++] = (tw_durable_item){.key = "m0", .key_len = 0};
+    ASSERT_EQ(tw_durable_cancel_many(NULL, it, 1), TW_EINVAL);
+    ASSERT_EQ(tw_durable_cancel_many(d, NULL, 1), TW_EINVAL);
+    ASSERT_EQ(tw_durable_cancel_many(d, NULL, 0), 0);
+    /* An invalid item: the others are still cancelled, one by one. */
+    ASSERT_EQ(tw_durable_cancel_many(d, it + 150, 3), TW_ENOENT);
+    ASSERT_EQ(it[150].result, 0);
+    ASSERT_EQ(it[151].result, TW_ENOENT);
+    ASSERT_EQ(it[152].result, TW_EINVAL);
+    ASSERT_EQ(stats(d).pending, MANY);
+    /* m0 .. m149 (m3 is gone), m5 again, "nope": one fdatasync. */
+    it[150] = (tw_durable_item){.key = "m5", .key_len = 2};
+    uint64_t syncs = stats(d).syncs;
+    ASSERT_EQ(tw_durable_cancel_many(d, it, 152), TW_ENOENT);
+    for (size_t i = 0; i < 150; i++)
+        ASSERT_EQ(it[i].result, i == 3 ? TW_ENOENT : 0);
+    ASSERT_EQ(it[150].result, TW_ENOENT); /* m5 went with item 5 */
+    ASSERT_EQ(it[151].result, TW_ENOENT);
+    ASSERT_EQ(stats(d).syncs - syncs, 1);
+    ASSERT_EQ(stats(d).pending, MANY + 1 - 150);
+    ASSERT_EQ(stats(d).cancelled, 150);
+    /* A write fault in the second group of 64: those keys stay. */
+    many_items(it, MANY, t0 + 1000);
+    tw__journal_fault = fault_hook;
+    atomic_store(&fault_op, 'w');
+    atomic_store(&fault_errno, EIO);
+    atomic_store(&fault_skip, 1);
+    atomic_store(&fault_count, 1);
+    ASSERT_EQ(tw_durable_cancel_many(d, it + 150, MANY - 150), TW_EIO);
+    for (size_t i = 150; i < MANY; i++)
+        ASSERT_EQ(it[i].result, i - 150 >= 64 && i - 150 < 128 ? TW_EIO : 0);
+    tw__journal_fault = NULL;
+    ASSERT_EQ(stats(d).pending, 1 + 64);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, 1 + 64);
+    set_wall(t0 + 1000);
+    tw__durable_sync(d);
+    ASSERT_EQ(nfired, 1 + 64);
+    ASSERT_EQ(log_count("keep"), 1);
+    ASSERT_EQ(log_count("m214"), 1);
+    ASSERT_EQ(log_count("m213"), 0);
+    ASSERT_EQ(log_count("m278"), 0);
+    ASSERT_EQ(log_count("m3"), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Clocks that move while a round runs. */
 
@@ -1540,7 +1610,7 @@ static void test_node_size(void)
     ASSERT_EQ(tw__durable_node_size(16), 72);
     ASSERT_EQ(tw__durable_node_size(20), 72);
     ASSERT_EQ(tw__durable_node_size(21), 80);
-    /* 52 bytes and the key's padding to 8: with at most 4.5 bytes of key
+    /* 52 bytes and the key's padding to 8: with at most 4 bytes of key
      * table a key, within 64 bytes plus the key at every length. */
     for (size_t k = 1; k <= TW_DURABLE_KEY_MAX; k++)
         ASSERT(tw__durable_node_size(k) - k <= 59);
@@ -1566,6 +1636,7 @@ int main(void)
     RUN_TEST(test_fault_rotation);
     RUN_TEST(test_schedule_many);
     RUN_TEST(test_schedule_many_faults);
+    RUN_TEST(test_cancel_many);
     RUN_TEST(test_late_stats);
     RUN_TEST(test_clock_moves_in_round);
     RUN_TEST(test_compaction);

@@ -127,7 +127,7 @@ typedef struct tw_durable_stats {
     uint64_t pending;       /* timers scheduled and not yet done */
     uint64_t fired;         /* callbacks that returned 0 or < 0 */
     uint64_t retried;       /* callbacks that returned > 0 */
-    uint64_t cancelled;     /* successful tw_durable_cancel() calls */
+    uint64_t cancelled;     /* successful cancels (one per key) */
     uint64_t journal_bytes; /* bytes of all segments on disk */
     uint64_t segments;      /* segment files on disk */
     uint64_t recovered;     /* pending timers found by the last open */
@@ -139,7 +139,8 @@ typedef struct tw_durable_stats {
                                             started after due_ms (wheel.h) */
 } tw_durable_stats;
 
-/* One timer of tw_durable_schedule_many(). */
+/* One timer of tw_durable_schedule_many() (or one key of
+ * tw_durable_cancel_many(), which reads only key and key_len). */
 typedef struct tw_durable_item {
     const void *key;     /* as tw_durable_schedule()'s arguments */
     size_t key_len;      /* bytes of key */
@@ -220,6 +221,19 @@ TW_EXTERN int tw_durable_close(tw_durable *d);
  */
 TW_EXTERN int tw_durable_schedule_many(tw_durable *d, tw_durable_item *items,
                                        size_t n);
+
+/*
+ * tw_durable_cancel_many - tw_durable_cancel() of @n keys in one call: only
+ * each item's @key and @key_len are read, its outcome goes to @result (0,
+ * TW_ENOENT, TW_EINVAL, ...). The journal writes the cancels of 64 items
+ * with one write and makes them durable with one fdatasync; the Redis
+ * backend cancels them one after the other. Items are applied in order (a
+ * key given twice is TW_ENOENT the second time); not atomic, as for
+ * tw_durable_schedule_many(). Returns 0 if every item succeeded, else the
+ * first item's error; TW_EINVAL if @d or @items is NULL with @n > 0.
+ */
+TW_EXTERN int tw_durable_cancel_many(tw_durable *d, tw_durable_item *items,
+                                     size_t n);
 
 /*
  * tw_durable_stats_get_sized - a snapshot of the counters into @out, a
