@@ -475,6 +475,18 @@ static const char *lua =
     "redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1]) "
     "redis.call('HSET', KEYS[2], ARGV[1], ARGV[3]) return 1";
 
+/* Append to @buf the schedule script call for thread @t's key @i, due at
+ * @due (decimal); returns its length. */
+static size_t sched_cmd(char *buf, int t, uint64_t i, const char *due)
+{
+    char k[17];
+    key_of(k, t, i);
+    const char *av[] = {"EVALSHA", script_sha, "2", "tw:due",
+                        "tw:pay",  k,          due, payload};
+    size_t lens[] = {7, 40, 1, 6, 6, 16, strlen(due), payload_len};
+    return cmd(buf, 8, av, lens);
+}
+
 /* A cancel: 1 if the key was there (it always is in these runs). */
 static const char *lua_cancel =
     "if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end "
@@ -530,14 +542,8 @@ static void redis_fill(int threads)
         for (uint64_t i = 0; i < ncancel_keys;) {
             size_t o = 0;
             int m = 0;
-            for (; m < 1000 && i < ncancel_keys; m++, i++) {
-                char k[17];
-                key_of(k, t, i);
-                const char *av[] = {"EVALSHA", script_sha, "2", "tw:due",
-                                    "tw:pay",  k,          due, payload};
-                size_t lens[] = {7, 40, 1, 6, 6, 16, strlen(due), payload_len};
-                o += cmd(buf + o, 8, av, lens);
-            }
+            for (; m < 1000 && i < ncancel_keys; m++, i++)
+                o += sched_cmd(buf + o, t, i, due);
             send_all(fd, buf, o);
             for (int j = 0; j < m; j++)
                 read_reply(fd, r, NULL, 0);
@@ -558,14 +564,8 @@ static void *redis_main(void *p)
     uint64_t i = 0;
     for (;;) {
         size_t o = 0;
-        for (int j = 0; j < redis_depth; j++, i++) {
-            char k[17];
-            key_of(k, w->id, i);
-            const char *av[] = {"EVALSHA", script_sha, "2", "tw:due",
-                                "tw:pay",  k,          due, payload};
-            size_t lens[] = {7, 40, 1, 6, 6, 16, strlen(due), payload_len};
-            o += cmd(buf + o, 8, av, lens);
-        }
+        for (int j = 0; j < redis_depth; j++, i++)
+            o += sched_cmd(buf + o, w->id, i, due);
         uint64_t t0 = mono_ns();
         send_all(fd, buf, o);
         for (int j = 0; j < redis_depth; j++)

@@ -462,7 +462,8 @@ static void kick_if_earlier(jstore *s, int64_t due)
 
 /* One item of a schedule batch while its group of records is staged. */
 struct staged_item {
-    struct dnode *fresh; /* the node its key gets, if it needs a new one */
+    struct dnode *fresh; /* the node its key gets, if it needs a new one (a
+                            cancel: the node it ends) */
     uint32_t seg, off;   /* where its record goes */
     bool staged;
 };
@@ -529,9 +530,11 @@ static void sched_apply(jstore *s, const tw_durable_item *it,
 }
 
 /* Write the records staged for items[0 .. @n) (their states in @st) and
- * apply them, or give them the write's error. Raises *@lsn on success. */
-static int sched_commit(jstore *s, tw_durable_item *items,
-                        struct staged_item *st, size_t n, uint64_t *lsn)
+ * apply them (schedules, or cancels that take their keys out), or give
+ * them the write's error. Raises *@lsn on success. */
+static void commit_group(jstore *s, tw_durable_item *items,
+                         struct staged_item *st, size_t n, bool cancel,
+                         uint64_t *lsn)
 {
     uint64_t end;
     int rc = tw__jr_flush(&s->w, &end);
@@ -540,15 +543,17 @@ static int sched_commit(jstore *s, tw_durable_item *items,
             continue;
         if (rc) {
             items[i].result = rc;
-            if (st[i].fresh)
+            if (!cancel && st[i].fresh)
                 node_free(s, st[i].fresh);
+        } else if (cancel) {
+            node_remove(s, hfind(s, items[i].key, items[i].key_len));
+            s->cancelled++;
         } else {
             sched_apply(s, &items[i], st[i].fresh, st[i].seg, st[i].off);
         }
     }
     if (!rc && end > *lsn)
         *lsn = end;
-    return rc;
 }
 
 /* Stage @it's SCHED record (state in @e); TW_EAGAIN: commit first. */
@@ -595,98 +600,57 @@ static void prefetch_keys(jstore *s, const tw_durable_item *items, size_t n)
             __builtin_prefetch(hnode(s, hlink(first[i])));
 }
 
-/* Stage, write and apply one call's items (mutex held): its records go
- * out in groups of SCHED_GROUP (one pwrite each, fewer when a segment
- * fills); *@lsn becomes the end of the last one written (0: none). */
+/* Stage @it's CANCEL record, the @k-th of its group (state in @st[k]; the
+ * node it ends in st[k].fresh); TW_EAGAIN: commit first. A key the group
+ * already cancels is gone (TW_ENOENT), as if the calls had been made one
+ * after the other. */
+static int cancel_stage(jstore *s, tw_durable_item *it, struct staged_item *st,
+                        size_t k)
+{
+    st[k].staged = false;
+    if (s->closing)
+        return TW_ESHUTDOWN;
+    struct dnode *nd = hat(s, hfind(s, it->key, it->key_len));
+    for (size_t j = 0; nd && j < k; j++)
+        if (st[j].staged && st[j].fresh == nd)
+            nd = NULL;
+    if (!nd)
+        return TW_ENOENT;
+    int rc = tw__jr_stage(&s->w, JR_CANCEL, it->key, it->key_len, 0, 0, NULL, 0,
+                          &st[k].seg, &st[k].off);
+    st[k].staged = rc == 0;
+    st[k].fresh = nd;
+    return rc;
+}
+
+/* Stage, write and apply one call's items (mutex held), schedules or
+ * cancels: their records go out in groups of SCHED_GROUP (one pwrite
+ * each, fewer when a segment fills); *@lsn becomes the end of the last
+ * one written (0: none). */
 static void apply_items(jstore *s, tw_durable_item *items, size_t n,
-                        uint64_t *lsn)
+                        bool cancel, uint64_t *lsn)
 {
     struct staged_item st[SCHED_GROUP];
     size_t from = 0;
     for (size_t i = 0; i < n;) {
         if (i - from == SCHED_GROUP) {
-            sched_commit(s, items + from, st, i - from, lsn);
+            commit_group(s, items + from, st, i - from, cancel, lsn);
             from = i;
         }
         if (i == from)
             prefetch_keys(s, items + i,
                           n - i < SCHED_GROUP ? n - i : SCHED_GROUP);
-        int rc = sched_stage(s, &items[i], &st[i - from]);
+        int rc = cancel ? cancel_stage(s, &items[i], st, i - from)
+                        : sched_stage(s, &items[i], &st[i - from]);
         if (rc == TW_EAGAIN) { /* a flush makes room; then stage again */
-            sched_commit(s, items + from, st, i - from, lsn);
+            commit_group(s, items + from, st, i - from, cancel, lsn);
             from = i;
             continue;
         }
         items[i].result = rc;
         i++;
     }
-    sched_commit(s, items + from, st, n - from, lsn);
-}
-
-/* Write the CANCEL records staged for items[0 .. @n) (@staged says which)
- * and take their keys out, or give them the write's error. Raises *@lsn
- * on success. */
-static void cancel_commit(jstore *s, tw_durable_item *items, const bool *staged,
-                          size_t n, uint64_t *lsn)
-{
-    uint64_t end;
-    int rc = tw__jr_flush(&s->w, &end);
-    for (size_t i = 0; i < n; i++) {
-        if (!staged[i])
-            continue;
-        if (rc) {
-            items[i].result = rc;
-        } else {
-            node_remove(s, hfind(s, items[i].key, items[i].key_len));
-            s->cancelled++;
-        }
-    }
-    if (!rc && end > *lsn)
-        *lsn = end;
-}
-
-/* apply_items() for cancels: the records of up to SCHED_GROUP items go out
- * in one pwrite(); a key given twice finds itself gone the second time
- * (TW_ENOENT), as if the calls had been made one after the other. */
-static void apply_cancels(jstore *s, tw_durable_item *items, size_t n,
-                          uint64_t *lsn)
-{
-    bool staged[SCHED_GROUP];
-    const struct dnode *nodes[SCHED_GROUP];
-    size_t from = 0;
-    for (size_t i = 0; i < n;) {
-        if (i - from == SCHED_GROUP) {
-            cancel_commit(s, items + from, staged, i - from, lsn);
-            from = i;
-        }
-        if (i == from)
-            prefetch_keys(s, items + i,
-                          n - i < SCHED_GROUP ? n - i : SCHED_GROUP);
-        size_t k = i - from;
-        const struct dnode *nd =
-            s->closing ? NULL
-                       : hat(s, hfind(s, items[i].key, items[i].key_len));
-        for (size_t j = 0; nd && j < k; j++)
-            if (staged[j] && nodes[j] == nd)
-                nd = NULL;
-        int rc = s->closing ? TW_ESHUTDOWN : nd ? 0 : TW_ENOENT;
-        staged[k] = false;
-        if (!rc) {
-            uint32_t seg, off;
-            rc = tw__jr_stage(&s->w, JR_CANCEL, items[i].key, items[i].key_len,
-                              0, 0, NULL, 0, &seg, &off);
-            if (rc == TW_EAGAIN) { /* a flush makes room; then stage again */
-                cancel_commit(s, items + from, staged, k, lsn);
-                from = i;
-                continue;
-            }
-            staged[k] = !rc;
-            nodes[k] = nd;
-        }
-        items[i].result = rc;
-        i++;
-    }
-    cancel_commit(s, items + from, staged, n - from, lsn);
+    commit_group(s, items + from, st, n - from, cancel, lsn);
 }
 
 /* Apply every call queued so far, in arrival order (mutex held), a few
@@ -707,10 +671,7 @@ static void combine(jstore *s)
         }
         for (r = fifo; r;) {
             struct sreq *nx = r->next;
-            if (r->cancel)
-                apply_cancels(s, r->items, r->n, &r->lsn);
-            else
-                apply_items(s, r->items, r->n, &r->lsn);
+            apply_items(s, r->items, r->n, r->cancel, &r->lsn);
             atomic_store_explicit(&r->done, true, memory_order_release);
             r = nx;
         }
@@ -1835,18 +1796,27 @@ static bool item_ok(const tw_durable_item *it)
            (!it->payload_len || it->payload);
 }
 
+/* Set each item's result to 0 or TW_EINVAL (a cancel reads only the key);
+ * returns how many are valid. */
+static size_t check_items(tw_durable_item *items, size_t n, bool cancel)
+{
+    size_t valid = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool ok = cancel ? key_ok(items[i].key, items[i].key_len)
+                         : item_ok(&items[i]);
+        items[i].result = ok ? 0 : TW_EINVAL;
+        valid += ok;
+    }
+    return valid;
+}
+
 int tw_durable_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
 {
     if (!n)
         return 0;
     if (!d || !items)
         return TW_EINVAL;
-    size_t valid = 0;
-    for (size_t i = 0; i < n; i++) {
-        items[i].result = item_ok(&items[i]) ? 0 : TW_EINVAL;
-        valid += !items[i].result;
-    }
-    if (valid == n && d->ops->schedule_many)
+    if (check_items(items, n, false) == n && d->ops->schedule_many)
         return d->ops->schedule_many(d, items, n);
     for (size_t i = 0; i < n; i++) {
         tw_durable_item *it = &items[i];
@@ -1863,13 +1833,7 @@ int tw_durable_cancel_many(tw_durable *d, tw_durable_item *items, size_t n)
         return 0;
     if (!d || !items)
         return TW_EINVAL;
-    size_t valid = 0;
-    for (size_t i = 0; i < n; i++) {
-        items[i].result =
-            key_ok(items[i].key, items[i].key_len) ? 0 : TW_EINVAL;
-        valid += !items[i].result;
-    }
-    if (valid == n && d->ops->cancel_many)
+    if (check_items(items, n, true) == n && d->ops->cancel_many)
         return d->ops->cancel_many(d, items, n);
     for (size_t i = 0; i < n; i++)
         if (!items[i].result)

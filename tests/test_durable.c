@@ -839,6 +839,17 @@ static int fault_hook(int op)
     return 0;
 }
 
+/* Fail the journal's next @count operations @op ('w' write, 's' sync)
+ * with @err, after letting @skip of them through. */
+static void fault_arm(int op, int err, int skip, int count)
+{
+    tw__journal_fault = fault_hook;
+    atomic_store(&fault_op, op);
+    atomic_store(&fault_errno, err);
+    atomic_store(&fault_skip, skip);
+    atomic_store(&fault_count, count);
+}
+
 static void test_disk_faults(void)
 {
     log_reset();
@@ -1031,11 +1042,7 @@ static void test_schedule_many_faults(void)
     tw_durable *d = open_ok(&c);
     tw_durable_item it[MANY];
     many_items(it, MANY, t0 + 1000);
-    tw__journal_fault = fault_hook;
-    atomic_store(&fault_op, 'w');
-    atomic_store(&fault_errno, EIO);
-    atomic_store(&fault_skip, 1);
-    atomic_store(&fault_count, 1);
+    fault_arm('w', EIO, 1, 1);
     ASSERT_EQ(tw_durable_schedule_many(d, it, MANY), TW_EIO);
     size_t failed = 0;
     for (size_t i = 0; i < MANY; i++) {
@@ -1111,11 +1118,7 @@ static void test_cancel_many(void)
     ASSERT_EQ(stats(d).cancelled, 150);
     /* A write fault in the second group of 64: those keys stay. */
     many_items(it, MANY, t0 + 1000);
-    tw__journal_fault = fault_hook;
-    atomic_store(&fault_op, 'w');
-    atomic_store(&fault_errno, EIO);
-    atomic_store(&fault_skip, 1);
-    atomic_store(&fault_count, 1);
+    fault_arm('w', EIO, 1, 1);
     ASSERT_EQ(tw_durable_cancel_many(d, it + 150, MANY - 150), TW_EIO);
     for (size_t i = 150; i < MANY; i++)
         ASSERT_EQ(it[i].result, i - 150 >= 64 && i - 150 < 128 ? TW_EIO : 0);
