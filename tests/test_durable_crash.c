@@ -7,8 +7,9 @@
  * SYNC_INTERVAL, whose acknowledged calls are written to the kernel and so
  * must survive a kill of the process just as well), and from four threads
  * schedules, replaces and cancels timers due within 200 ms, some of whose
- * callbacks ask for one retry; some schedules go in batches of 2..8 keys
- * (tw_durable_schedule_many), each item acknowledged by its own result. Before
+ * callbacks ask for one retry; some schedules and cancels go in batches of
+ * 2..8 keys (tw_durable_schedule_many, tw_durable_cancel_many), each item
+ * acknowledged by its own result. Before
  * each call the child writes an intent message to a pipe, after it the result;
  * its callback writes a delivery message. Each message is one write() of less
  * than PIPE_BUF bytes, so a kill never tears one. The parent kills the child
@@ -141,10 +142,11 @@ static int sched_intent(struct msg *m, uint32_t th, uint32_t slot,
                     (long long)m->due, m->retry);
 }
 
-/* tw_durable_schedule_many() of 2..BATCH_MAX distinct slots from @slot on:
- * one op in flight per key, like the single calls. */
+/* tw_durable_schedule_many() (or with @cancel, tw_durable_cancel_many())
+ * of 2..BATCH_MAX distinct slots from @slot on: one op in flight per key,
+ * like the single calls. */
 static void child_batch(uint32_t th, uint32_t slot, uint32_t *ver,
-                        uint64_t *rng)
+                        uint64_t *rng, bool cancel)
 {
     size_t n = 2 + (size_t)(tw_test_rand(rng) % (BATCH_MAX - 1));
     struct msg m[BATCH_MAX];
@@ -152,7 +154,15 @@ static void child_batch(uint32_t th, uint32_t slot, uint32_t *ver,
     char key[BATCH_MAX][64], pay[BATCH_MAX][128];
     for (size_t i = 0; i < n; i++) {
         uint32_t sl = (slot + (uint32_t)i) % SLOTS;
-        int pl = sched_intent(&m[i], th, sl, ver, tw_test_rand(rng), pay[i],
+        int pl = 0;
+        if (cancel)
+            m[i] = (struct msg){.type = M_INTENT,
+                                .op = OP_CANCEL,
+                                .inc = my_inc,
+                                .thread = th,
+                                .slot = sl};
+        else
+            pl = sched_intent(&m[i], th, sl, ver, tw_test_rand(rng), pay[i],
                               sizeof pay[i]);
         int kl = snprintf(key[i], sizeof key[i], "k%u.%u.%u", my_inc, th, sl);
         it[i] = (tw_durable_item){.key = key[i],
@@ -162,7 +172,10 @@ static void child_batch(uint32_t th, uint32_t slot, uint32_t *ver,
                                   .payload_len = (size_t)pl};
         send_msg(&m[i]);
     }
-    tw_durable_schedule_many(store, it, n);
+    if (cancel)
+        tw_durable_cancel_many(store, it, n);
+    else
+        tw_durable_schedule_many(store, it, n);
     int64_t at = now_ms();
     for (size_t i = 0; i < n; i++) {
         m[i].type = M_ACK;
@@ -191,7 +204,10 @@ static void *child_worker(void *p)
             m.rc = tw_durable_schedule(store, key, (size_t)kl, m.due, pay,
                                        (size_t)pl);
         } else if (pick < 70) {
-            child_batch(th, slot, ver, &rng);
+            child_batch(th, slot, ver, &rng, false);
+            continue;
+        } else if (pick < 78) {
+            child_batch(th, slot, ver, &rng, true);
             continue;
         } else {
             m = (struct msg){.type = M_INTENT,
