@@ -64,7 +64,10 @@
  * d->ready until the wall clock reaches its due time (never early); only
  * then does the callback run; afterwards DONE (batched per shard, at most
  * DONE_DELAY_MS later, RETRY_DONE_MS for a retry) removes the timer, or
- * re-queues it for a retry, if its score is still -T. SCHED of an
+ * re-queues it for a retry, if it is still the node's: at once for the
+ * whole batch of a shard when :v is still the version at which all of
+ * them were known to be ours (one GET in the script), else when its
+ * score is still -T (ZMSCORE). SCHED of an
  * existing key and CANCEL replace or delete the score (and move :v), so a
  * node holding the old claim drops it at the check. The one window left:
  * a replace or cancel that Redis executes after the check's reply and
@@ -240,28 +243,37 @@ static const char *const scripts[S_COUNT] = {
     "local pl=redis.call('HMGET',KEYS[2],unpack(keys))\n"
     "for i=1,m do out[3*i+2]=pl[i] end\n"
     "return out\n",
-    /* DONE ARGV: now claim_until lease n, then n keys, their n tokens,
-     * then (i retry_ms) for the keys i (1..n) to deliver again. Returns
-     * per key: -1 not ours, 0 done (or retry left in :d), or the token of
-     * the retry's new claim; then, if a retry was claimed again, the
-     * shard's version. Completed keys are removed with one command per
-     * structure, straight from ARGV when every key is done. */
+    /* DONE ARGV: now claim_until lease n ver, then n keys, their n
+     * tokens, then (i retry_ms) for the keys i (1..n) to deliver again.
+     * ver: the version at which every key was known to be the node's, or
+     * "": if :v is still ver, every key is still ours (nothing that takes
+     * a claim away happened since), else each score is compared with its
+     * token.
+     * Returns per key: -1 not ours, 0 done (or retry left in :d), or the token
+     * of the retry's new claim; then, if a retry was claimed again, the shard's
+     * version. Completed keys are removed with one command per structure,
+     * straight from ARGV when every key is done. */
     "local now,untl,lease,n=tonumber(ARGV[1]),tonumber(ARGV[2]),"
     "tonumber(ARGV[3]),tonumber(ARGV[4])\n"
-    "local cur=redis.call('ZMSCORE',KEYS[1],unpack(ARGV,5,4+n))\n"
     "local out,all,rt={},true,{}\n"
-    "for i=1,n do\n"
-    " if cur[i] and -tonumber(cur[i])==tonumber(ARGV[4+n+i]) then\n"
-    "  out[i]=0\n"
-    " else\n"
-    "  out[i]=-1\n"
-    "  all=false\n"
+    "if ARGV[5]~='' and (tonumber(redis.call('GET',KEYS[4])) or 0)=="
+    "tonumber(ARGV[5]) then\n"
+    " for i=1,n do out[i]=0 end\n"
+    "else\n"
+    " local cur=redis.call('ZMSCORE',KEYS[1],unpack(ARGV,6,5+n))\n"
+    " for i=1,n do\n"
+    "  if cur[i] and -tonumber(cur[i])==tonumber(ARGV[5+n+i]) then\n"
+    "   out[i]=0\n"
+    "  else\n"
+    "   out[i]=-1\n"
+    "   all=false\n"
+    "  end\n"
     " end\n"
     "end\n"
     "local t\n"
-    "for j=5+2*n,#ARGV,2 do\n"
+    "for j=6+2*n,#ARGV,2 do\n"
     " local i=tonumber(ARGV[j])\n"
-    " local k=ARGV[4+i]\n"
+    " local k=ARGV[5+i]\n"
     " local s=out[i]==0 and redis.call('HGET',KEYS[2],k)\n"
     " if s then\n"
     "  all=false\n"
@@ -284,13 +296,13 @@ static const char *const scripts[S_COUNT] = {
     "end\n"
     "if t then out[n+1]=tonumber(redis.call('GET',KEYS[4])) or 0 end\n"
     "if all then\n"
-    " redis.call('ZREM',KEYS[1],unpack(ARGV,5,4+n))\n"
-    " redis.call('HDEL',KEYS[2],unpack(ARGV,5,4+n))\n"
+    " redis.call('ZREM',KEYS[1],unpack(ARGV,6,5+n))\n"
+    " redis.call('HDEL',KEYS[2],unpack(ARGV,6,5+n))\n"
     " return out\n"
     "end\n"
     "local fin={}\n"
     "for i=1,n do\n"
-    " if out[i]==0 and not rt[i] then fin[#fin+1]=ARGV[4+i] end\n"
+    " if out[i]==0 and not rt[i] then fin[#fin+1]=ARGV[5+i] end\n"
     "end\n"
     "if #fin>0 then\n"
     " redis.call('ZREM',KEYS[1],unpack(fin))\n"
@@ -751,6 +763,8 @@ struct fround {
     uint32_t *chk, *chz, *dn; /* per shard: its GET of :v, ZMSCORE and
                                  DONE command + 1 */
     uint32_t *cnt_chk, *cnt_z, *cnt_dn, *cnt_ret; /* per shard: keys, ... */
+    uint64_t *dver; /* per shard: the version of all its completions */
+    bool *dmix;     /* per shard: they have different versions */
     tw__rc_cmd *cmds;
     int *script;
     size_t ncmd, ai, ni, acc; /* commands, arguments, numbers, keys used */
@@ -766,15 +780,16 @@ struct fround {
 
 static void fr_free(struct fround *f)
 {
-    void *v[] = {f->v,     f->chk,    f->dn,   f->cnt_chk, f->cnt_dn,
-                 f->cmds,  f->script, f->argv, f->len,     f->num,
-                 f->owner, f->base,   f->ok,   f->cnt_ret, f->keys,
-                 f->fill,  f->chz,    f->cnt_z};
+    void *v[] = {f->v,     f->chk,    f->dn,    f->cnt_chk, f->cnt_dn,
+                 f->cmds,  f->script, f->argv,  f->len,     f->num,
+                 f->owner, f->base,   f->ok,    f->cnt_ret, f->keys,
+                 f->fill,  f->chz,    f->cnt_z, f->dver,    f->dmix};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
         tw__free(v[i]);
 }
 
-#define DONE_FIXED (3 + NKEYS + 4) /* EVALSHA sha 3 keys.. now untl lease n */
+#define DONE_FIXED                                                             \
+    (3 + NKEYS + 5) /* EVALSHA sha 4 keys.. now untl lease n ver */
 
 /* Count the keys per shard and allocate; false when out of memory. */
 static bool fr_alloc(struct fround *f, struct rtimer *list)
@@ -790,9 +805,11 @@ static bool fr_alloc(struct fround *f, struct rtimer *list)
     f->cnt_z = tw__calloc(S, sizeof *f->cnt_z);
     f->cnt_dn = tw__calloc(S, sizeof *f->cnt_dn);
     f->cnt_ret = tw__calloc(S, sizeof *f->cnt_ret);
+    f->dver = tw__calloc(S, sizeof *f->dver);
+    f->dmix = tw__calloc(S, sizeof *f->dmix);
     f->v = tw__malloc((f->n ? f->n : 1) * sizeof *f->v);
     if (!f->chk || !f->chz || !f->dn || !f->cnt_chk || !f->cnt_z ||
-        !f->cnt_dn || !f->cnt_ret || !f->v)
+        !f->cnt_dn || !f->cnt_ret || !f->dver || !f->dmix || !f->v)
         return false;
     size_t k = 0, nargs = f->n + 4 * f->np;
     for (struct rtimer *r = list; r; r = r->next) {
@@ -801,9 +818,14 @@ static bool fr_alloc(struct fround *f, struct rtimer *list)
             nargs += 2;
     }
     for (size_t i = 0; i < f->np; i++) {
-        uint32_t sh = d->pend[i].r->shard;
-        if (f->cnt_dn[sh]++ == 0)
+        struct rtimer *r = d->pend[i].r;
+        uint32_t sh = r->shard;
+        if (f->cnt_dn[sh]++ == 0) {
             nargs += DONE_FIXED;
+            f->dver[sh] = r->ver;
+        }
+        if (r->full || r->ver != f->dver[sh])
+            f->dmix[sh] = true;
         f->cnt_ret[sh] += d->pend[i].res > 0;
     }
     f->cmds = tw__calloc(3u * S, sizeof *f->cmds);
@@ -813,7 +835,7 @@ static bool fr_alloc(struct fround *f, struct rtimer *list)
     f->fill = tw__calloc(3u * S, sizeof *f->fill);
     f->argv = tw__malloc((nargs ? nargs : 1) * sizeof *f->argv);
     f->len = tw__malloc((nargs ? nargs : 1) * sizeof *f->len);
-    f->num = tw__malloc((3 * f->np + 4 * S + 1) * sizeof *f->num);
+    f->num = tw__malloc((3 * f->np + 5 * S + 1) * sizeof *f->num);
     f->owner = tw__malloc((f->n + f->np + 1) * sizeof *f->owner);
     f->ok = tw__calloc(f->n ? f->n : 1, sizeof *f->ok);
     return f->cmds && f->script && f->base && f->keys && f->fill && f->argv &&
@@ -857,10 +879,12 @@ static void fr_heads(struct fround *f)
         const char **av = (const char **)c->argv;
         size_t *al = (size_t *)c->argvlen;
         script_head(d, av, al, S_DONE, sh);
-        long long a4[4] = {f->wall, f->wall + d->horizon_ms, d->lease_ms,
-                           f->cnt_dn[sh]};
-        put_nums(av + 3 + NKEYS, al + 3 + NKEYS, f->num + f->ni, a4, 4);
-        f->ni += 4;
+        long long a5[5] = {f->wall, f->wall + d->horizon_ms, d->lease_ms,
+                           f->cnt_dn[sh], (long long)f->dver[sh]};
+        put_nums(av + 3 + NKEYS, al + 3 + NKEYS, f->num + f->ni, a5, 5);
+        f->ni += 5;
+        if (f->dmix[sh])
+            al[3 + NKEYS + 4] = 0;         /* "": compare each key's score */
         c->argc += 2 * (int)f->cnt_dn[sh]; /* retries follow */
     }
     for (size_t i = 0; i < f->n; i++) {
