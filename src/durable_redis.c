@@ -3,64 +3,89 @@
  * src/durable_redis.c - the Redis backend of twheel/durable.h.
  *
  * Data model. A key goes to shard fnv1a(key) % shards; shard s of
- * namespace ns keeps seven keys with the hash tag {ns:s}, so they share one
+ * namespace ns keeps four keys with the hash tag {ns:s}, so they share one
  * cluster slot and one Lua script can change them atomically:
- *   {ns:s}:d  sorted set  key -> due ms          (waiting, not claimed)
- *   {ns:s}:p  hash        key -> payload
- *   {ns:s}:a  hash        key -> attempt of the next delivery (absent: 1)
- *   {ns:s}:u  hash        key -> due ms (written at claim, kept while
- *                                           claimed)
- *   {ns:s}:l  sorted set  key -> lease expiry ms  (claimed by some node)
- *   {ns:s}:t  hash        key -> fencing token of the current claim
- *   {ns:s}:s  counter     the shard's last token
- * A key is in exactly one of :d and :l while it is pending.
+ *   {ns:s}:d  sorted set  key -> due ms (>= 0: waiting, not claimed), or
+ *                         -T (claimed; T is the claim's token)
+ *   {ns:s}:p  hash        key -> "due,attempt,payload"
+ *   {ns:s}:s  string      the shard's last token T
+ *   {ns:s}:v  string      the shard's version: moves whenever a key that
+ *                         may be claimed is replaced, cancelled or
+ *                         claimed again after its lease ran out
+ * A pending key is in :d and :p, nowhere else. A claim's token is
+ * T = max(last T + 1, expiry * 1024), where expiry is the lease's end in
+ * ms (max(due, now) + lease): unique per claim within the shard, growing
+ * with the clock, and floor(T / 1024) >= expiry; a lease ran out when
+ * floor(T / 1024) <= now, i.e. when the score is in
+ * [-(now * 1024 + 1023), 0). So the lease, the token and the fencing of a
+ * claimed key are one score: claiming a key is one ZADD entry, checking
+ * it one ZMSCORE entry, completing it one ZREM and one HDEL entry, with
+ * no other per-key structure (earlier versions kept a lease set, token,
+ * attempt and due-time hashes: 6 per-key writes per claim, 6 per
+ * completion).
  *
  * Every change is one script (EVALSHA; EVAL once on NOSCRIPT, which loads
  * it on that node): SCHED, CANCEL, CLAIM, DONE, RELEASE. Scripts that take
  * many keys (SCHED, CLAIM, DONE) run a fixed number of variadic commands
- * per call, so Redis's per-call and per-command costs are paid once per
- * batch.
+ * per call, so Redis's per-call and per-command costs (a script call
+ * about 4 us, each redis.call about 3 us more on the machine of
+ * BENCHMARKS.md) are paid once per batch.
  *
  * Schedules. tw_durable_schedule_many groups its items by shard: one SCHED
  * call per shard (up to SCHED_CHUNK items), all calls pipelined, one round
  * trip per Redis node. tw_durable_schedule and tw_durable_cancel from many
  * threads are combined: the calls queued while a batch is in flight become
- * the next batch (op_run).
+ * the next batch (op_run). SCHED moves :v when one of its keys existed
+ * (HSET counts the new fields), CANCEL when it removed a key.
  *
  * Threads. A claimer thread runs CLAIM; a firer thread owns the firing
  * (the wheel itself is shared under mu: calls add the timers they claim).
  *
- * Claiming. The claimer runs CLAIM on every shard each horizon/4:
- * first leases that expired go back to :d with attempt + 1, then keys due
- * before now + horizon move from :d to :l (expiry max(due, now) + lease)
- * with a new token, and come back with their payloads. SCHED and a retry
- * in DONE claim at once when the due time is within the horizon, so a
- * short timer does not wait for the next CLAIM. Claimed timers sit in the
- * node's own tw_wheel (1 ms ticks of the monotonic clock).
+ * Claiming. The claimer runs CLAIM on every shard each horizon/4: one
+ * range of :d, [-(now * 1024 + 1023), now + horizon], holds both the
+ * leases that ran out (they go back to their due time with attempt + 1,
+ * and :v moves) and the keys due within the horizon; those get a token
+ * each and come back with their payloads and the shard's :v. SCHED and a
+ * retry in DONE claim at once when the due time is within the horizon, so
+ * a short timer does not wait for the next CLAIM. Claimed timers sit in
+ * the node's own tw_wheel (1 ms ticks of the monotonic clock), each with
+ * the :v at which it was known to be the node's.
  *
  * Firing. When the wheel says a timer is due within CHECK_AHEAD_MS (and
- * the wall clock agrees), the node asks Redis whether :t still holds its
- * token (one HMGET per shard per batch; a batch starts at most every
+ * the wall clock agrees), the node asks Redis whether it is still its own:
+ * one GET of :v per shard per batch (a batch starts at most every
  * CHECK_GAP_MS, at once while the firer is behind, and takes every timer
- * due in the next CHECK_AHEAD_MS, so
- * the timers of several milliseconds share one round trip, which is most
- * of what a check costs Redis). A timer still ours waits in d->ready until
- * the wall clock reaches its due time (never early); only then does the
- * callback run; afterwards DONE (batched per shard, at most DONE_DELAY_MS
- * later) removes the timer, or re-queues it for a retry, if the token is
- * still the node's. SCHED of an existing key and CANCEL
- * replace or delete the token, so a node holding the old claim drops it at
- * the check. The one window left: a replace or cancel that Redis executes
- * after the check's reply and before the callback returns does not stop
- * that callback: the check is sent at most CHECK_AHEAD_MS before the due
- * time (or, late, right before the callback), so a callback that starts on
- * time starts at most CHECK_AHEAD_MS plus one round trip after the check;
- * DONE then sees another token and leaves the new version alone.
+ * due in the next CHECK_AHEAD_MS, so the timers of several milliseconds
+ * share one round trip, which is most of what a check costs Redis). If :v
+ * is still the timer's version, nothing that could take it away has
+ * happened since the node last knew it was its own. Otherwise its score is
+ * read at once (ZMSCORE, one more round trip) and compared with -T; a
+ * timer still ours takes the new version. A timer still ours waits in
+ * d->ready until the wall clock reaches its due time (never early); only
+ * then does the callback run; afterwards DONE (batched per shard, at most
+ * DONE_DELAY_MS later, RETRY_DONE_MS for a retry) removes the timer, or
+ * re-queues it for a retry, if it is still the node's: at once for the
+ * whole batch of a shard when :v is still the version at which all of
+ * them were known to be ours (one GET in the script), else when its
+ * score is still -T (ZMSCORE). SCHED of an
+ * existing key and CANCEL replace or delete the score (and move :v), so a
+ * node holding the old claim drops it at the check. The one window left:
+ * a replace or cancel that Redis executes after the check's reply and
+ * before the callback returns does not stop that callback: the check is
+ * sent at most CHECK_AHEAD_MS before the due time (or, late, right before
+ * the callback), so a callback that starts on time starts at most
+ * CHECK_AHEAD_MS plus one round trip after the check (two round trips
+ * when :v had moved); DONE then sees another score and leaves the new
+ * version alone.
  *
- * Failure. A node that dies leaves its leases in :l; the first CLAIM after
- * they expire (by any node) gives the timers back. A node that cannot reach
- * Redis fires nothing it cannot check and retries every RETRY_MS. close()
- * gives unfired claims back at once (RELEASE).
+ * Failure. A node that dies leaves its claimed scores in :d; the first
+ * CLAIM after they run out (by any node) gives the timers back. A node
+ * that cannot reach Redis fires nothing it cannot check and retries every
+ * RETRY_MS. close() gives unfired claims back at once (RELEASE). Tokens
+ * and versions grow with the clock (max(last + 1, ms * 1024)), so a
+ * master that lost its last writes in a failover does not repeat a value
+ * a node saw before, unless the clocks disagree by more than the time
+ * between the lost write and the next one.
  */
 #define _GNU_SOURCE
 
@@ -77,11 +102,12 @@
 #include "internal.h"
 #include "redis_client.h"
 
-#define NKEYS 7
+#define NKEYS 4
 #define CLAIM_MAX 1000
 #define RETRY_MS 100
 #define IDLE_WAIT_MS 50
-#define DONE_DELAY_MS 100 /* longest wait of a completion for a batch */
+#define DONE_DELAY_MS 500 /* longest wait of a completion for a batch */
+#define RETRY_DONE_MS 100 /* the same for a retry (it waits for the reply) */
 #ifndef CHECK_GAP_MS
 #define CHECK_GAP_MS 4 /* shortest time between two claim checks */
 #endif
@@ -91,179 +117,211 @@
 #define DONE_BATCH 1024
 
 enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_COUNT };
+enum { CHK_VER = -1, CHK_SCORE = -2 }; /* the plain commands of a check */
 
-/* KEYS: 1 d, 2 p, 3 a, 4 u, 5 l, 6 t, 7 s. */
+/* KEYS: 1 d, 2 p, 3 s, 4 v. A claim's token T (see the top of the file)
+ * is max(last + 1, expiry * 1024), and a new version of :v is max(last +
+ * 1, now * 1024): both grow with the clock, so that a master that lost
+ * its last writes in a failover does not hand out a value seen before.
+ * Lua numbers are doubles: both stay exact integers below 2^53 (until
+ * the year 2248). A value of :p is "due,attempt,payload"; the scripts
+ * that give a lease back (CLAIM, DONE, RELEASE) read the due time and
+ * attempt from it. */
 static const char *const scripts[S_COUNT] = {
-    /* SCHED ARGV: claim_until now lease, then (key due payload)... A key
-     * given twice keeps its last item. Returns (item, token) pairs for the
-     * items claimed at once (due within the horizon). A constant number
-     * of commands per call, however many items: the per-call cost of a
-     * script and of each command it runs is paid once per batch. The
-     * attempt (:a) of a new key is absent (= 1); :u is written at claim.
-     * A key that had no payload in :p is in no other structure (every
-     * script that removes a payload removes the rest, and every other
-     * entry is written for a key with a payload), so when HSET added every
-     * key there is nothing older to delete and the deletions are skipped. */
+    /* SCHED ARGV: claim_until now lease, then (key due value)... where
+     * value is "due,1,payload". A key given twice keeps its last item.
+     * Returns {} or, when some items were claimed at once (due within the
+     * horizon), the shard's version, then (item, token) pairs. A constant
+     * number of commands per call, however many items: the per-call cost
+     * of a script and of each command it runs is paid once per batch.
+     * ZADD replaces a claimed or waiting key's score, so an older claim's
+     * token is gone with it; if any key existed (HSET counts the new
+     * ones), :v moves. */
     "local untl,now,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"
     "tonumber(ARGV[3])\n"
     "local m=(#ARGV-3)/3\n"
-    "local seen,ks,pv,fz,fk,nk,nz,nt,nu={},{},{},{},{},{},{},{},{}\n"
+    "local seen,pv,fz,nk,nd,nj={},{},{},{},{},{}\n"
     "for j=m,1,-1 do\n"
     " local i=3*j+1\n"
     " local k,due=ARGV[i],tonumber(ARGV[i+1])\n"
     " if not seen[k] then\n"
     "  seen[k]=true\n"
-    "  ks[#ks+1]=k\n"
     "  pv[#pv+1]=k\n"
     "  pv[#pv+1]=ARGV[i+2]\n"
     "  if due<=untl then\n"
     "   nk[#nk+1]=k\n"
-    "   nz[#nz+1]=math.max(due,now)+lease\n"
-    "   nz[#nz+1]=k\n"
-    "   nu[#nu+1]=k\n"
-    "   nu[#nu+1]=ARGV[i+1]\n"
-    "   nt[#nt+1]=j\n"
+    "   nd[#nd+1]=due\n"
+    "   nj[#nj+1]=j\n"
     "  else\n"
     "   fz[#fz+1]=ARGV[i+1]\n"
     "   fz[#fz+1]=k\n"
-    "   fk[#fk+1]=k\n"
     "  end\n"
     " end\n"
     "end\n"
-    "local old=#ks-redis.call('HSET',KEYS[2],unpack(pv))>0\n"
+    "local old=#pv/2-redis.call('HSET',KEYS[2],unpack(pv))>0\n"
+    "if #fz>0 then redis.call('ZADD',KEYS[1],unpack(fz)) end\n"
+    "if #nk==0 and not old then return {} end\n"
+    "local c=redis.call('MGET',KEYS[3],KEYS[4])\n"
+    "local t,v=tonumber(c[1]) or 0,tonumber(c[2]) or 0\n"
     "if old then\n"
-    " redis.call('HDEL',KEYS[3],unpack(ks))\n"
-    " redis.call('ZREM',KEYS[5],unpack(ks))\n"
-    " redis.call('HDEL',KEYS[6],unpack(ks))\n"
+    " v=math.max(v+1,now*1024)\n"
+    " redis.call('SET',KEYS[4],v)\n"
     "end\n"
-    "if #fk>0 then\n"
-    " redis.call('ZADD',KEYS[1],unpack(fz))\n"
-    " if old then redis.call('HDEL',KEYS[4],unpack(fk)) end\n"
+    "if #nk==0 then return {} end\n"
+    "local nz,out={},{v}\n"
+    "for i=1,#nk do\n"
+    " t=math.max(t+1,(math.max(nd[i],now)+lease)*1024)\n"
+    " nz[2*i-1]=-t\n"
+    " nz[2*i]=nk[i]\n"
+    " out[2*i]=nj[i]\n"
+    " out[2*i+1]=t\n"
     "end\n"
-    "if #nk>0 then\n"
-    " local tok0=redis.call('INCRBY',KEYS[7],#nk)-#nk\n"
-    " local ht,out={},{}\n"
-    " for i=1,#nk do\n"
-    "  ht[2*i-1]=nk[i]\n"
-    "  ht[2*i]=tok0+i\n"
-    "  out[2*i-1]=nt[i]\n"
-    "  out[2*i]=tok0+i\n"
-    " end\n"
-    " if old then redis.call('ZREM',KEYS[1],unpack(nk)) end\n"
-    " redis.call('ZADD',KEYS[5],unpack(nz))\n"
-    " redis.call('HSET',KEYS[6],unpack(ht))\n"
-    " redis.call('HSET',KEYS[4],unpack(nu))\n"
-    " return out\n"
-    "end\n"
-    "return {}\n",
-    /* CANCEL ARGV: key */
+    "redis.call('SET',KEYS[3],t)\n"
+    "redis.call('ZADD',KEYS[1],unpack(nz))\n"
+    "return out\n",
+    /* CANCEL ARGV: key now. :v moves. */
     "local k=ARGV[1]\n"
-    "if redis.call('ZREM',KEYS[1],k)+redis.call('ZREM',KEYS[5],k)==0 then\n"
-    " return 0 end\n"
+    "if redis.call('ZREM',KEYS[1],k)==0 then return 0 end\n"
     "redis.call('HDEL',KEYS[2],k)\n"
-    "redis.call('HDEL',KEYS[3],k)\n"
-    "redis.call('HDEL',KEYS[4],k)\n"
-    "redis.call('HDEL',KEYS[6],k)\n"
+    "redis.call('SET',KEYS[4],math.max((tonumber(redis.call('GET',KEYS[4]))"
+    " or 0)+1,tonumber(ARGV[2])*1024))\n"
     "return 1\n",
-    /* CLAIM ARGV: now until lease max. A few commands per call, however
-     * many keys it claims (tokens: one INCRBY). */
-    "local now,lease,max=tonumber(ARGV[1]),tonumber(ARGV[3]),"
-    "tonumber(ARGV[4])\n"
-    "local ex=redis.call('ZRANGEBYSCORE',KEYS[5],'-inf',now,'LIMIT',0,max)\n"
-    "for _,k in ipairs(ex) do\n"
-    " redis.call('ZREM',KEYS[5],k)\n"
-    " redis.call('HDEL',KEYS[6],k)\n"
-    " redis.call('HSET',KEYS[3],k,(tonumber(redis.call('HGET',KEYS[3],k))"
-    " or 1)+1)\n"
-    " redis.call('ZADD',KEYS[1],redis.call('HGET',KEYS[4],k),k)\n"
-    "end\n"
-    "local ks=redis.call('ZRANGEBYSCORE',KEYS[1],'-inf',ARGV[2],"
+    /* CLAIM ARGV: now until lease max. One range of :d holds both the
+     * leases that ran out (score in [-(now * 1024 + 1023), 0): they go
+     * back to their due time with attempt + 1, and :v moves) and the keys
+     * due before until (score in [0, until]); the latter are claimed: a
+     * few commands per call, however many keys. Returns {} or: 1 if the
+     * range was full (more may follow), else 0; the shard's version; then
+     * (key token value) triples. */
+    "local now,untl,lease,max=tonumber(ARGV[1]),tonumber(ARGV[2]),"
+    "tonumber(ARGV[3]),tonumber(ARGV[4])\n"
+    "local ks=redis.call('ZRANGEBYSCORE',KEYS[1],-(now*1024+1023),untl,"
     "'WITHSCORES','LIMIT',0,max)\n"
     "local n=#ks/2\n"
     "if n==0 then return {} end\n"
-    "local tok0=redis.call('INCRBY',KEYS[7],n)-n\n"
-    "local keys,za,ht,hu={},{},{},{}\n"
+    "local c=redis.call('MGET',KEYS[3],KEYS[4])\n"
+    "local t,v=tonumber(c[1]) or 0,tonumber(c[2]) or 0\n"
+    "local keys,za,fz,out,m,ex={},{},{},{n==max and 1 or 0,0},0,false\n"
     "for i=1,n do\n"
-    " local k=ks[2*i-1]\n"
-    " keys[i]=k\n"
-    " za[2*i-1]=math.max(tonumber(ks[2*i]),now)+lease\n"
-    " za[2*i]=k\n"
-    " ht[2*i-1]=k\n"
-    " ht[2*i]=tok0+i\n"
-    " hu[2*i-1]=k\n"
-    " hu[2*i]=ks[2*i]\n"
-    "end\n"
-    "redis.call('ZREM',KEYS[1],unpack(keys))\n"
-    "redis.call('HSET',KEYS[4],unpack(hu))\n"
-    "redis.call('ZADD',KEYS[5],unpack(za))\n"
-    "redis.call('HSET',KEYS[6],unpack(ht))\n"
-    "local at=redis.call('HMGET',KEYS[3],unpack(keys))\n"
-    "local pl=redis.call('HMGET',KEYS[2],unpack(keys))\n"
-    "local out={}\n"
-    "for i=1,n do\n"
-    " out[5*i-4]=keys[i]\n"
-    " out[5*i-3]=ks[2*i]\n"
-    " out[5*i-2]=tostring(tok0+i)\n"
-    " out[5*i-1]=at[i]\n"
-    " out[5*i]=pl[i]\n"
-    "end\n"
-    "return out\n",
-    /* DONE ARGV: now claim_until lease, then (key token retry_ms)...
-     * Returns per key: -1 not ours, 0 done (or retry left in :d), or the
-     * token of the retry's new claim. Completed keys are removed with one
-     * command per structure. */
-    "local now,untl,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"
-    "tonumber(ARGV[3])\n"
-    "local ks,ts,rs={},{},{}\n"
-    "for i=4,#ARGV,3 do\n"
-    " ks[#ks+1]=ARGV[i]\n"
-    " ts[#ts+1]=ARGV[i+1]\n"
-    " rs[#rs+1]=tonumber(ARGV[i+2])\n"
-    "end\n"
-    "local cur=redis.call('HMGET',KEYS[6],unpack(ks))\n"
-    "local out,fin={},{}\n"
-    "for i=1,#ks do\n"
-    " local k,r,res=ks[i],rs[i],-1\n"
-    " if cur[i]==ts[i] then\n"
-    "  res=0\n"
-    "  if r<=0 then\n"
-    "   fin[#fin+1]=k\n"
+    " local k,due=ks[2*i-1],tonumber(ks[2*i])\n"
+    " if due<0 then\n"
+    "  ex=true\n"
+    "  local s=redis.call('HGET',KEYS[2],k)\n"
+    "  if s then\n"
+    "   local a=string.find(s,',',1,true)\n"
+    "   local b=string.find(s,',',a+1,true)\n"
+    "   redis.call('HSET',KEYS[2],k,string.sub(s,1,a)..string.format('%d',"
+    "tonumber(string.sub(s,a+1,b-1))+1)..string.sub(s,b))\n"
+    "   due=math.max(tonumber(string.sub(s,1,a-1)),0)\n"
     "  else\n"
-    "   redis.call('ZREM',KEYS[5],k)\n"
-    "   redis.call('HDEL',KEYS[6],k)\n"
-    "   local due=now+r\n"
-    "   redis.call('HSET',KEYS[3],k,"
-    "(tonumber(redis.call('HGET',KEYS[3],k)) or 1)+1)\n"
-    "   redis.call('HSET',KEYS[4],k,due)\n"
-    "   if due<=untl then\n"
-    "    res=redis.call('INCR',KEYS[7])\n"
-    "    redis.call('ZADD',KEYS[5],due+lease,k)\n"
-    "    redis.call('HSET',KEYS[6],k,res)\n"
-    "   else\n"
-    "    redis.call('ZADD',KEYS[1],due,k)\n"
-    "   end\n"
+    "   redis.call('ZREM',KEYS[1],k)\n"
+    "   due=nil\n"
     "  end\n"
     " end\n"
-    " out[i]=res\n"
+    " if due and due>untl then\n"
+    "  fz[#fz+1]=due\n"
+    "  fz[#fz+1]=k\n"
+    " elseif due then\n"
+    "  m=m+1\n"
+    "  t=math.max(t+1,(math.max(due,now)+lease)*1024)\n"
+    "  keys[m]=k\n"
+    "  za[2*m-1]=-t\n"
+    "  za[2*m]=k\n"
+    "  out[3*m]=k\n"
+    "  out[3*m+1]=t\n"
+    " end\n"
+    "end\n"
+    "if ex then\n"
+    " v=math.max(v+1,now*1024)\n"
+    " redis.call('SET',KEYS[4],v)\n"
+    "end\n"
+    "out[2]=v\n"
+    "if #fz>0 then redis.call('ZADD',KEYS[1],unpack(fz)) end\n"
+    "if m==0 then return out end\n"
+    "redis.call('SET',KEYS[3],t)\n"
+    "redis.call('ZADD',KEYS[1],unpack(za))\n"
+    "local pl=redis.call('HMGET',KEYS[2],unpack(keys))\n"
+    "for i=1,m do out[3*i+2]=pl[i] end\n"
+    "return out\n",
+    /* DONE ARGV: now claim_until lease n ver, then n keys, their n
+     * tokens, then (i retry_ms) for the keys i (1..n) to deliver again.
+     * ver: the version at which every key was known to be the node's, or
+     * "": if :v is still ver, every key is still ours (nothing that takes
+     * a claim away happened since), else each score is compared with its
+     * token.
+     * Returns per key: -1 not ours, 0 done (or retry left in :d), or the token
+     * of the retry's new claim; then, if a retry was claimed again, the shard's
+     * version. Completed keys are removed with one command per structure,
+     * straight from ARGV when every key is done. */
+    "local now,untl,lease,n=tonumber(ARGV[1]),tonumber(ARGV[2]),"
+    "tonumber(ARGV[3]),tonumber(ARGV[4])\n"
+    "local out,all,rt={},true,{}\n"
+    "if ARGV[5]~='' and (tonumber(redis.call('GET',KEYS[4])) or 0)=="
+    "tonumber(ARGV[5]) then\n"
+    " for i=1,n do out[i]=0 end\n"
+    "else\n"
+    " local cur=redis.call('ZMSCORE',KEYS[1],unpack(ARGV,6,5+n))\n"
+    " for i=1,n do\n"
+    "  if cur[i] and -tonumber(cur[i])==tonumber(ARGV[5+n+i]) then\n"
+    "   out[i]=0\n"
+    "  else\n"
+    "   out[i]=-1\n"
+    "   all=false\n"
+    "  end\n"
+    " end\n"
+    "end\n"
+    "local t\n"
+    "for j=6+2*n,#ARGV,2 do\n"
+    " local i=tonumber(ARGV[j])\n"
+    " local k=ARGV[5+i]\n"
+    " local s=out[i]==0 and redis.call('HGET',KEYS[2],k)\n"
+    " if s then\n"
+    "  all=false\n"
+    "  rt[i]=true\n"
+    "  local a=string.find(s,',',1,true)\n"
+    "  local b=string.find(s,',',a+1,true)\n"
+    "  local due=now+tonumber(ARGV[j+1])\n"
+    "  redis.call('HSET',KEYS[2],k,string.format('%d,%d',due,"
+    "tonumber(string.sub(s,a+1,b-1))+1)..string.sub(s,b))\n"
+    "  if due<=untl then\n"
+    "   if not t then t=tonumber(redis.call('GET',KEYS[3])) or 0 end\n"
+    "   t=math.max(t+1,(due+lease)*1024)\n"
+    "   redis.call('SET',KEYS[3],t)\n"
+    "   redis.call('ZADD',KEYS[1],-t,k)\n"
+    "   out[i]=t\n"
+    "  else\n"
+    "   redis.call('ZADD',KEYS[1],due,k)\n"
+    "  end\n"
+    " end\n"
+    "end\n"
+    "if t then out[n+1]=tonumber(redis.call('GET',KEYS[4])) or 0 end\n"
+    "if all then\n"
+    " redis.call('ZREM',KEYS[1],unpack(ARGV,6,5+n))\n"
+    " redis.call('HDEL',KEYS[2],unpack(ARGV,6,5+n))\n"
+    " return out\n"
+    "end\n"
+    "local fin={}\n"
+    "for i=1,n do\n"
+    " if out[i]==0 and not rt[i] then fin[#fin+1]=ARGV[5+i] end\n"
     "end\n"
     "if #fin>0 then\n"
-    " redis.call('ZREM',KEYS[5],unpack(fin))\n"
-    " redis.call('HDEL',KEYS[6],unpack(fin))\n"
+    " redis.call('ZREM',KEYS[1],unpack(fin))\n"
     " redis.call('HDEL',KEYS[2],unpack(fin))\n"
-    " redis.call('HDEL',KEYS[3],unpack(fin))\n"
-    " redis.call('HDEL',KEYS[4],unpack(fin))\n"
     "end\n"
     "return out\n",
-    /* RELEASE ARGV: key token */
+    /* RELEASE ARGV: key token. Only the holder gives a key back, so :v
+     * stays. */
     "local k=ARGV[1]\n"
-    "if redis.call('HGET',KEYS[6],k)~=ARGV[2] then return 0 end\n"
-    "redis.call('ZREM',KEYS[5],k)\n"
-    "redis.call('HDEL',KEYS[6],k)\n"
-    "redis.call('ZADD',KEYS[1],redis.call('HGET',KEYS[4],k),k)\n"
+    "local s=redis.call('ZSCORE',KEYS[1],k)\n"
+    "if not s or -tonumber(s)~=tonumber(ARGV[2]) then return 0 end\n"
+    "local v=redis.call('HGET',KEYS[2],k)\n"
+    "if not v then redis.call('ZREM',KEYS[1],k) return 0 end\n"
+    "local a=string.find(v,',',1,true)\n"
+    "redis.call('ZADD',KEYS[1],math.max(tonumber(string.sub(v,1,a-1)),0),k)\n"
     "return 1\n",
 };
 
-static const char key_suffix[NKEYS] = {'d', 'p', 'a', 'u', 'l', 't', 's'};
+static const char key_suffix[NKEYS] = {'d', 'p', 's', 'v'};
 
 /* A claimed timer in the node's wheel: the key, then the payload. */
 struct rtimer {
@@ -275,6 +333,8 @@ struct rtimer {
     bool fired; /* its callback has started (stats: not backlog) */
     int64_t due_ms;
     uint64_t token;
+    uint64_t ver; /* :v of its shard when it was last known to be ours */
+    bool full;    /* :v moved since: the next check reads its score */
     size_t key_len, payload_len;
     char data[];
 };
@@ -320,7 +380,7 @@ struct rd {
     uint64_t late_hist[TW_LATE_BUCKETS];
     struct done *pend; /* callbacks done, DONE not yet sent (firer) */
     size_t npend, cap_pend;
-    uint64_t pend_since;
+    uint64_t pend_due; /* mono ms: send the completions by then */
 };
 
 static const struct tw_durable_ops rd_ops;
@@ -368,8 +428,8 @@ struct call {
     uint32_t shard;
 };
 
-/* A script call's first 3 + NKEYS arguments: EVALSHA, the digest, 7 and
- * the shard's keys. */
+/* A script call's first 3 + NKEYS arguments: EVALSHA, the digest, NKEYS
+ * and the shard's keys. */
 static void script_head(const struct rd *d, const char **av, size_t *al,
                         int script, uint32_t shard)
 {
@@ -377,7 +437,7 @@ static void script_head(const struct rd *d, const char **av, size_t *al,
     al[0] = 7;
     av[1] = d->sha[script];
     al[1] = 40;
-    av[2] = "7";
+    av[2] = "4";
     al[2] = 1;
     for (int i = 0; i < NKEYS; i++) {
         av[3 + i] = d->sk[shard].name[i];
@@ -562,6 +622,8 @@ static struct rtimer *rt_new(struct rd *d, uint32_t shard, const void *key,
     r->attempt = attempt ? attempt : 1; /* absent in Redis = 1 */
     r->due_ms = due;
     r->token = token;
+    r->ver = 0;
+    r->full = false;
     r->key_len = key_len;
     r->payload_len = payload_len;
     memcpy(r->data, key, key_len);
@@ -613,6 +675,27 @@ static uint64_t reply_u64(const redisReply *r)
     return 0;
 }
 
+/* A value of :p, "due,attempt,payload". */
+struct pval {
+    int64_t due;
+    uint32_t attempt;
+    const char *payload;
+    size_t len;
+};
+
+static bool parse_val(const char *s, size_t n, struct pval *v)
+{
+    const char *c1 = memchr(s, ',', n);
+    const char *c2 = c1 ? memchr(c1 + 1, ',', n - (size_t)(c1 + 1 - s)) : NULL;
+    if (!c2)
+        return false;
+    v->due = strtoll(s, NULL, 10);
+    v->attempt = (uint32_t)strtoul(c1 + 1, NULL, 10);
+    v->payload = c2 + 1;
+    v->len = n - (size_t)(c2 + 1 - s);
+    return true;
+}
+
 /* ------------------------------------------------------------------------ */
 /* The node's thread: claim, fire, complete. */
 
@@ -639,21 +722,24 @@ static bool claim_all(struct rd *d)
     pthread_mutex_lock(&d->mu);
     for (uint32_t s = 0; s < n; s++) {
         redisReply *r = cmds[s].reply;
-        if (!r || r->type != REDIS_REPLY_ARRAY)
+        if (!r || r->type != REDIS_REPLY_ARRAY || !r->elements)
             continue;
-        if (r->elements >= 5u * CLAIM_MAX)
+        if (reply_u64(r->element[0]))
             more = true;
-        for (size_t i = 0; i + 5 <= r->elements; i += 5) {
+        uint64_t ver = r->elements > 1 ? reply_u64(r->element[1]) : 0;
+        for (size_t i = 2; i + 3 <= r->elements; i += 3) {
             redisReply **e = r->element + i;
+            struct pval v;
             if (e[0]->type != REDIS_REPLY_STRING ||
-                e[4]->type != REDIS_REPLY_STRING)
+                e[2]->type != REDIS_REPLY_STRING ||
+                !parse_val(e[2]->str, e[2]->len, &v))
                 continue;
-            struct rtimer *t =
-                rt_new(d, s, e[0]->str, e[0]->len, e[4]->str, e[4]->len,
-                       (int64_t)reply_u64(e[1]), reply_u64(e[2]),
-                       (uint32_t)reply_u64(e[3]));
-            if (t) /* else: the lease expires and the timer comes back */
-                rt_arm_locked(d, t, wall, mono);
+            struct rtimer *t = rt_new(d, s, e[0]->str, e[0]->len, v.payload,
+                                      v.len, v.due, reply_u64(e[1]), v.attempt);
+            if (!t) /* the lease expires and the timer comes back */
+                continue;
+            t->ver = ver;
+            rt_arm_locked(d, t, wall, mono);
         }
     }
     pthread_mutex_unlock(&d->mu);
@@ -672,10 +758,13 @@ out:
  * DONE_DELAY_MS after their callback returned. Firer thread. */
 struct fround {
     struct rd *d;
-    struct rtimer **v;  /* the due timers */
-    size_t n, np;       /* due timers; completions d->pend[0..np) sent */
-    uint32_t *chk, *dn; /* per shard: its check / DONE command + 1 */
-    uint32_t *cnt_chk, *cnt_dn; /* per shard: keys in them */
+    struct rtimer **v;        /* the due timers */
+    size_t n, np;             /* due timers; completions d->pend[0..np) sent */
+    uint32_t *chk, *chz, *dn; /* per shard: its GET of :v, ZMSCORE and
+                                 DONE command + 1 */
+    uint32_t *cnt_chk, *cnt_z, *cnt_dn, *cnt_ret; /* per shard: keys, ... */
+    uint64_t *dver; /* per shard: the version of all its completions */
+    bool *dmix;     /* per shard: they have different versions */
     tw__rc_cmd *cmds;
     int *script;
     size_t ncmd, ai, ni, acc; /* commands, arguments, numbers, keys used */
@@ -684,18 +773,23 @@ struct fround {
     char (*num)[24];
     size_t *owner, *base; /* element j of command c's reply is timer or
                              completion owner[base[c] + j] */
+    size_t *keys, *fill;  /* per command: its keys, the ones placed */
     bool *ok;             /* per due timer: still ours, fire it */
     int64_t wall;         /* the "now" the DONE calls were given */
 };
 
 static void fr_free(struct fround *f)
 {
-    void *v[] = {f->v,     f->chk,    f->dn,   f->cnt_chk, f->cnt_dn,
-                 f->cmds,  f->script, f->argv, f->len,     f->num,
-                 f->owner, f->base,   f->ok};
+    void *v[] = {f->v,     f->chk,    f->dn,    f->cnt_chk, f->cnt_dn,
+                 f->cmds,  f->script, f->argv,  f->len,     f->num,
+                 f->owner, f->base,   f->ok,    f->cnt_ret, f->keys,
+                 f->fill,  f->chz,    f->cnt_z, f->dver,    f->dmix};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
         tw__free(v[i]);
 }
+
+#define DONE_FIXED                                                             \
+    (3 + NKEYS + 5) /* EVALSHA sha 4 keys.. now untl lease n ver */
 
 /* Count the keys per shard and allocate; false when out of memory. */
 static bool fr_alloc(struct fround *f, struct rtimer *list)
@@ -705,55 +799,74 @@ static bool fr_alloc(struct fround *f, struct rtimer *list)
     for (struct rtimer *r = list; r; r = r->next)
         f->n++;
     f->chk = tw__calloc(S, sizeof *f->chk);
+    f->chz = tw__calloc(S, sizeof *f->chz);
     f->dn = tw__calloc(S, sizeof *f->dn);
     f->cnt_chk = tw__calloc(S, sizeof *f->cnt_chk);
+    f->cnt_z = tw__calloc(S, sizeof *f->cnt_z);
     f->cnt_dn = tw__calloc(S, sizeof *f->cnt_dn);
+    f->cnt_ret = tw__calloc(S, sizeof *f->cnt_ret);
+    f->dver = tw__calloc(S, sizeof *f->dver);
+    f->dmix = tw__calloc(S, sizeof *f->dmix);
     f->v = tw__malloc((f->n ? f->n : 1) * sizeof *f->v);
-    if (!f->chk || !f->dn || !f->cnt_chk || !f->cnt_dn || !f->v)
+    if (!f->chk || !f->chz || !f->dn || !f->cnt_chk || !f->cnt_z ||
+        !f->cnt_dn || !f->cnt_ret || !f->dver || !f->dmix || !f->v)
         return false;
-    size_t k = 0, nargs = f->n + 3 * f->np;
+    size_t k = 0, nargs = f->n + 4 * f->np;
     for (struct rtimer *r = list; r; r = r->next) {
         f->v[k++] = r;
-        if (f->cnt_chk[r->shard]++ == 0)
+        if ((r->full ? f->cnt_z : f->cnt_chk)[r->shard]++ == 0)
             nargs += 2;
     }
-    for (size_t i = 0; i < f->np; i++)
-        if (f->cnt_dn[d->pend[i].r->shard]++ == 0)
-            nargs += 3 + NKEYS + 3;
-    f->cmds = tw__calloc(2u * S, sizeof *f->cmds);
-    f->script = tw__malloc(2u * S * sizeof *f->script);
-    f->base = tw__calloc(2u * S, sizeof *f->base);
+    for (size_t i = 0; i < f->np; i++) {
+        struct rtimer *r = d->pend[i].r;
+        uint32_t sh = r->shard;
+        if (f->cnt_dn[sh]++ == 0) {
+            nargs += DONE_FIXED;
+            f->dver[sh] = r->ver;
+        }
+        if (r->full || r->ver != f->dver[sh])
+            f->dmix[sh] = true;
+        f->cnt_ret[sh] += d->pend[i].res > 0;
+    }
+    f->cmds = tw__calloc(3u * S, sizeof *f->cmds);
+    f->script = tw__malloc(3u * S * sizeof *f->script);
+    f->base = tw__calloc(3u * S, sizeof *f->base);
+    f->keys = tw__calloc(3u * S, sizeof *f->keys);
+    f->fill = tw__calloc(3u * S, sizeof *f->fill);
     f->argv = tw__malloc((nargs ? nargs : 1) * sizeof *f->argv);
     f->len = tw__malloc((nargs ? nargs : 1) * sizeof *f->len);
-    f->num = tw__malloc((2 * f->np + 3 * S + 1) * sizeof *f->num);
+    f->num = tw__malloc((3 * f->np + 5 * S + 1) * sizeof *f->num);
     f->owner = tw__malloc((f->n + f->np + 1) * sizeof *f->owner);
     f->ok = tw__calloc(f->n ? f->n : 1, sizeof *f->ok);
-    return f->cmds && f->script && f->base && f->argv && f->len && f->num &&
-           f->owner && f->ok;
+    return f->cmds && f->script && f->base && f->keys && f->fill && f->argv &&
+           f->len && f->num && f->owner && f->ok;
 }
 
 /* Start a command of @argc0 fixed arguments for @shard, with room for
- * @keys keys of @per arguments each. */
+ * @keys keys of @per arguments each and @extra more. */
 static tw__rc_cmd *fr_cmd(struct fround *f, uint32_t shard, int script,
                           uint32_t *index, const uint32_t *keys, size_t per,
-                          size_t argc0)
+                          size_t argc0, size_t extra)
 {
     size_t c = f->ncmd++;
     tw__rc_cmd *cmd = &f->cmds[c];
     index[shard] = (uint32_t)f->ncmd;
     f->base[c] = f->acc;
+    f->keys[c] = keys[shard];
     f->acc += keys[shard];
     f->script[c] = script;
     cmd->argv = &f->argv[f->ai];
     cmd->argvlen = &f->len[f->ai];
     cmd->slot = f->d->sk[shard].slot;
     cmd->argc = (int)argc0;
-    f->ai += argc0 + per * keys[shard];
+    f->ai += argc0 + per * keys[shard] + extra;
     return cmd;
 }
 
 /* The DONE command of each shard with completions (first: they free
- * leases), then the check command of each shard with due timers. */
+ * leases), then the check commands of each shard with due timers: a GET
+ * of its version :v for the timers known to be ours at some version, a
+ * ZMSCORE of the keys of those whose version has moved since. */
 static void fr_heads(struct fround *f)
 {
     struct rd *d = f->d;
@@ -761,56 +874,71 @@ static void fr_heads(struct fround *f)
         uint32_t sh = d->pend[i].r->shard;
         if (f->dn[sh])
             continue;
-        tw__rc_cmd *c =
-            fr_cmd(f, sh, S_DONE, f->dn, f->cnt_dn, 3, 3 + NKEYS + 3);
+        tw__rc_cmd *c = fr_cmd(f, sh, S_DONE, f->dn, f->cnt_dn, 2, DONE_FIXED,
+                               2u * f->cnt_ret[sh]);
         const char **av = (const char **)c->argv;
         size_t *al = (size_t *)c->argvlen;
         script_head(d, av, al, S_DONE, sh);
-        long long a3[3] = {f->wall, f->wall + d->horizon_ms, d->lease_ms};
-        put_nums(av + 3 + NKEYS, al + 3 + NKEYS, f->num + f->ni, a3, 3);
-        f->ni += 3;
+        long long a5[5] = {f->wall, f->wall + d->horizon_ms, d->lease_ms,
+                           f->cnt_dn[sh], (long long)f->dver[sh]};
+        put_nums(av + 3 + NKEYS, al + 3 + NKEYS, f->num + f->ni, a5, 5);
+        f->ni += 5;
+        if (f->dmix[sh])
+            al[3 + NKEYS + 4] = 0;         /* "": compare each key's score */
+        c->argc += 2 * (int)f->cnt_dn[sh]; /* retries follow */
     }
     for (size_t i = 0; i < f->n; i++) {
         uint32_t sh = f->v[i]->shard;
-        if (f->chk[sh])
+        bool z = f->v[i]->full;
+        if ((z ? f->chz : f->chk)[sh])
             continue;
-        tw__rc_cmd *c = fr_cmd(f, sh, -1, f->chk, f->cnt_chk, 1, 2);
+        tw__rc_cmd *c = z ? fr_cmd(f, sh, CHK_SCORE, f->chz, f->cnt_z, 1, 2, 0)
+                          : fr_cmd(f, sh, CHK_VER, f->chk, f->cnt_chk, 0, 2, 0);
         const char **av = (const char **)c->argv;
         size_t *al = (size_t *)c->argvlen;
-        av[0] = "HMGET";
-        al[0] = 5;
-        av[1] = d->sk[sh].name[5];
-        al[1] = d->sk[sh].len[5];
+        av[0] = z ? "ZMSCORE" : "GET";
+        al[0] = z ? 7 : 3;
+        av[1] = d->sk[sh].name[z ? 0 : 3];
+        al[1] = d->sk[sh].len[z ? 0 : 3];
     }
 }
 
-/* Append the completions' (key token retry_ms) triples and the due
- * timers' keys, remembering whose reply element is whose. */
+/* Lay out the completions (the keys, then their tokens, then an
+ * (index retry_ms) pair per retry) and the due timers' keys, remembering
+ * whose reply element is whose. */
 static void fr_fill(struct fround *f)
 {
     struct rd *d = f->d;
     for (size_t i = 0; i < f->np; i++) {
         struct done *p = &d->pend[i];
-        size_t c = f->dn[p->r->shard] - 1;
+        size_t c = f->dn[p->r->shard] - 1, j = f->fill[c]++, m = f->keys[c];
         tw__rc_cmd *cmd = &f->cmds[c];
-        size_t at = (size_t)cmd->argc;
-        const char **av = (const char **)cmd->argv;
-        size_t *al = (size_t *)cmd->argvlen;
-        av[at] = p->r->data;
-        al[at] = p->r->key_len;
-        long long nums[2] = {(long long)p->r->token, p->res > 0 ? p->res : 0};
-        put_nums(av + at + 1, al + at + 1, f->num + f->ni, nums, 2);
-        f->ni += 2;
-        f->owner[f->base[c] + (at - (3 + NKEYS + 3)) / 3] = i;
-        cmd->argc += 3;
+        const char **av = (const char **)cmd->argv + DONE_FIXED;
+        size_t *al = (size_t *)cmd->argvlen + DONE_FIXED;
+        av[j] = p->r->data;
+        al[j] = p->r->key_len;
+        long long tok = (long long)p->r->token;
+        put_nums(av + m + j, al + m + j, f->num + f->ni++, &tok, 1);
+        f->owner[f->base[c] + j] = i;
+        if (p->res > 0) {
+            long long two[2] = {(long long)j + 1, p->res};
+            put_nums((const char **)cmd->argv + cmd->argc,
+                     (size_t *)cmd->argvlen + cmd->argc, f->num + f->ni, two,
+                     2);
+            f->ni += 2;
+            cmd->argc += 2;
+        }
     }
     for (size_t i = 0; i < f->n; i++) {
-        size_t c = f->chk[f->v[i]->shard] - 1;
+        struct rtimer *r = f->v[i];
+        size_t c = (r->full ? f->chz : f->chk)[r->shard] - 1;
         tw__rc_cmd *cmd = &f->cmds[c];
-        ((const char **)cmd->argv)[cmd->argc] = f->v[i]->data;
-        ((size_t *)cmd->argvlen)[cmd->argc] = f->v[i]->key_len;
-        f->owner[f->base[c] + (size_t)(cmd->argc - 2)] = i;
-        cmd->argc++;
+        f->owner[f->base[c] + f->fill[c]++] = i;
+        if (r->full) {
+            ((const char **)cmd->argv)[cmd->argc] = r->data;
+            ((size_t *)cmd->argvlen)[cmd->argc] = r->key_len;
+            cmd->argc++;
+        }
     }
 }
 
@@ -824,7 +952,11 @@ static void fr_completions(struct fround *f, int64_t wall, uint64_t mono)
         if (f->script[c] < 0)
             continue;
         redisReply *rep = f->cmds[c].reply;
-        size_t m = (size_t)(f->cmds[c].argc - (3 + NKEYS + 3)) / 3;
+        size_t m = f->keys[c];
+        uint64_t ver =
+            rep && rep->type == REDIS_REPLY_ARRAY && rep->elements > m
+                ? reply_u64(rep->element[m])
+                : 0;
         for (size_t j = 0; j < m; j++) {
             struct done *p = &d->pend[f->owner[f->base[c] + j]];
             long long res = -1;
@@ -833,6 +965,8 @@ static void fr_completions(struct fround *f, int64_t wall, uint64_t mono)
                 res = rep->element[j]->integer;
             if (p->res > 0 && res > 0) {
                 p->r->token = (uint64_t)res;
+                p->r->ver = ver;
+                p->r->full = false;
                 p->r->attempt++;
                 p->r->due_ms = f->wall + p->res;
                 p->r->fired = false;
@@ -862,30 +996,48 @@ static void ready_or_ok(struct fround *f, size_t i, int64_t wall)
     f->d->ready = r;
 }
 
-/* The check replies: a timer whose token is still in :t is fired; one
- * replaced, cancelled or claimed again is dropped; one without an answer
- * is tried again in RETRY_MS. mu held. */
+/* The check replies. A GET of :v: a timer known to be ours at that
+ * version is fired; one known at an older version (:v moved: some key
+ * of the shard was replaced, cancelled or claimed again) has its score
+ * read at once (ZMSCORE, the next round). A ZMSCORE: a timer whose score
+ * is still its token is fired; one replaced, cancelled or claimed again
+ * is dropped. A timer without an answer is tried again in RETRY_MS. mu
+ * held. */
 static void fr_checks(struct fround *f, int64_t wall, uint64_t mono)
 {
+    struct rd *d = f->d;
     for (size_t c = 0; c < f->ncmd; c++) {
         if (f->script[c] >= 0)
             continue;
         redisReply *rep = f->cmds[c].reply;
-        size_t m = (size_t)f->cmds[c].argc - 2;
-        for (size_t j = 0; j < m; j++) {
+        bool z = f->script[c] == CHK_SCORE;
+        bool ans = rep && (z ? rep->type == REDIS_REPLY_ARRAY
+                             : rep->type == REDIS_REPLY_STRING ||
+                                   rep->type == REDIS_REPLY_NIL);
+        double ver = ans && !z && rep->type == REDIS_REPLY_STRING
+                         ? strtod(rep->str, NULL)
+                         : 0;
+        for (size_t j = 0; j < f->keys[c]; j++) {
             size_t i = f->owner[f->base[c] + j];
             struct rtimer *r = f->v[i];
             redisReply *e =
-                rep && rep->type == REDIS_REPLY_ARRAY && j < rep->elements
-                    ? rep->element[j]
-                    : NULL;
-            if (!e)
-                tw_wheel_add(f->d->wheel, &r->tm, mono + RETRY_MS);
-            else if (e->type == REDIS_REPLY_STRING &&
-                     strtoull(e->str, NULL, 10) == r->token)
+                ans && z && j < rep->elements ? rep->element[j] : NULL;
+            if (!ans || (z && !e)) {
+                tw_wheel_add(d->wheel, &r->tm, mono + RETRY_MS);
+            } else if (!z && (double)r->ver == ver) {
                 ready_or_ok(f, i, wall);
-            else
-                rt_free_locked(f->d, r);
+            } else if (!z) {
+                r->full = true;
+                r->ver = (uint64_t)ver;
+                tw_wheel_add(d->wheel, &r->tm, mono);
+                d->next_check = 0;
+            } else if (e->type == REDIS_REPLY_STRING &&
+                       strtod(e->str, NULL) == -(double)r->token) {
+                r->full = false;
+                ready_or_ok(f, i, wall);
+            } else {
+                rt_free_locked(d, r);
+            }
         }
     }
 }
@@ -903,8 +1055,11 @@ static void pend_add(struct rd *d, struct rtimer *r, int res)
         }
     }
     if (d->npend < d->cap_pend) {
+        uint64_t now = rd_mono_ms(d);
         if (!d->npend)
-            d->pend_since = rd_mono_ms(d);
+            d->pend_due = now + DONE_DELAY_MS;
+        if (res > 0 && d->pend_due > now + RETRY_DONE_MS)
+            d->pend_due = now + RETRY_DONE_MS;
         d->pend[d->npend++] = (struct done){r, res};
     } else {
         rt_free_locked(d, r);
@@ -1055,8 +1210,7 @@ static bool take_due(struct rd *d, uint64_t now, struct rtimer **list,
 /* Completions waiting long enough, or many enough, to be sent. */
 static bool done_due(const struct rd *d, uint64_t now)
 {
-    return d->npend &&
-           (d->npend >= DONE_BATCH || now >= d->pend_since + DONE_DELAY_MS);
+    return d->npend && (d->npend >= DONE_BATCH || now >= d->pend_due);
 }
 
 static void cv_wait_ms(struct rd *d, uint64_t wait);
@@ -1078,8 +1232,8 @@ static uint64_t cap_ready(struct rd *d, int64_t ready, uint64_t wait)
 static void rd_sleep(struct rd *d, uint64_t now, bool early, int64_t ready)
 {
     uint64_t until = tw_wheel_next_expiry(d->wheel);
-    if (d->npend && until > d->pend_since + DONE_DELAY_MS)
-        until = d->pend_since + DONE_DELAY_MS;
+    if (d->npend && until > d->pend_due)
+        until = d->pend_due;
     uint64_t wait = until > now ? until - now : 0;
     if (wait > IDLE_WAIT_MS)
         wait = IDLE_WAIT_MS;
@@ -1142,7 +1296,8 @@ static void *rd_main(void *arg)
  * ends with its last item. */
 
 #define SCHED_CHUNK 1000
-#define SCHED_FIXED (3 + NKEYS + 3) /* EVALSHA sha 7 keys.. 3 numbers */
+#define VAL_HEAD 24                 /* "due,1," at most */
+#define SCHED_FIXED (3 + NKEYS + 3) /* EVALSHA sha 3 keys.. 3 numbers */
 
 struct sbatch {
     struct rd *d;
@@ -1161,6 +1316,7 @@ struct sbatch {
     const char **argv;
     size_t *len;
     char (*num)[24]; /* per item its due, then 3 per command */
+    char *vals;      /* per item its value in :p, "due,1,payload" */
 };
 
 static void sb_free(struct sbatch *b)
@@ -1168,9 +1324,9 @@ static void sb_free(struct sbatch *b)
     if (b->rt)
         for (size_t i = 0; i < b->n; i++)
             tw__free(b->rt[i]);
-    void *v[] = {b->rt,  b->cmd,    b->pos,   b->cnt,    b->arg0,
-                 b->cur, b->cshard, b->cmds,  b->script, b->argv,
-                 b->len, b->num,    b->ibase, b->who,    b->tok};
+    void *v[] = {b->rt,     b->cmd,  b->pos,    b->cnt,  b->arg0, b->cur,
+                 b->cshard, b->cmds, b->script, b->argv, b->len,  b->num,
+                 b->ibase,  b->who,  b->tok,    b->vals};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
         tw__free(v[i]);
 }
@@ -1194,9 +1350,13 @@ static int sb_alloc(struct sbatch *b)
     b->ibase = tw__malloc(n * sizeof *b->ibase);
     b->who = tw__malloc(n * sizeof *b->who);
     b->tok = tw__calloc(n, sizeof *b->tok);
+    size_t vbytes = 1;
+    for (size_t i = 0; i < n; i++)
+        vbytes += VAL_HEAD + b->it[i].payload_len;
+    b->vals = tw__malloc(vbytes);
     if (!b->rt || !b->cmd || !b->pos || !b->cnt || !b->arg0 || !b->cshard ||
         !b->cur || !b->cmds || !b->script || !b->num || !b->ibase || !b->who ||
-        !b->tok)
+        !b->tok || !b->vals)
         return TW_ENOMEM;
     int64_t until = b->now + b->d->horizon_ms;
     for (size_t i = 0; i < n; i++) {
@@ -1262,6 +1422,7 @@ static void sb_fill(struct sbatch *b)
             (int)(SCHED_FIXED + 3 * b->cnt[c]), av, al, k->slot, NULL, 0};
         b->script[c] = S_SCHED;
     }
+    char *v = b->vals;
     for (size_t i = 0; i < b->n; i++) {
         tw_durable_item *it = &b->it[i];
         if (it->result)
@@ -1271,26 +1432,39 @@ static void sb_fill(struct sbatch *b)
         b->argv[at] = it->key;
         b->len[at] = it->key_len;
         put_nums(b->argv + at + 1, b->len + at + 1, b->num + i, &due, 1);
-        b->argv[at + 2] = it->payload_len ? it->payload : "";
-        b->len[at + 2] = it->payload_len;
+        size_t h = b->len[at + 1];
+        memcpy(v, b->argv[at + 1], h);
+        memcpy(v + h, ",1,", 3);
+        if (it->payload_len)
+            memcpy(v + h + 3, it->payload, it->payload_len);
+        b->argv[at + 2] = v;
+        b->len[at + 2] = h + 3 + it->payload_len;
+        v += b->len[at + 2];
     }
 }
 
-/* Read command @c's reply, (item, token) pairs, into b->tok of its items;
- * a command with no reply, or not SCHED's, fails its items. */
+/* Read command @c's reply, the shard's version and (item, token) pairs,
+ * into b->tok and b->ver of its items; a command with no reply, or not
+ * SCHED's, fails its items. */
 static void sb_reply(struct sbatch *b, size_t c)
 {
     const redisReply *r = b->cmds[c].reply;
     int err = b->cmds[c].err;
-    if (!err && (!r || r->type != REDIS_REPLY_ARRAY || r->elements % 2))
+    if (!err && (!r || r->type != REDIS_REPLY_ARRAY ||
+                 (r->elements && r->elements % 2 == 0)))
         err = TW_EIO;
-    for (size_t e = 0; !err && e < r->elements; e += 2) {
+    uint64_t ver = !err && r->elements ? reply_u64(r->element[0]) : 0;
+    for (size_t e = 1; !err && e < r->elements; e += 2) {
         const redisReply *j = r->element[e], *t = r->element[e + 1];
         if (j->type != REDIS_REPLY_INTEGER || t->type != REDIS_REPLY_INTEGER ||
             j->integer < 1 || (size_t)j->integer > b->cnt[c])
             err = TW_EIO;
-        else
-            b->tok[b->who[b->ibase[c] + (size_t)j->integer - 1]] = t->integer;
+        else {
+            size_t i = b->who[b->ibase[c] + (size_t)j->integer - 1];
+            b->tok[i] = t->integer;
+            if (b->rt[i])
+                b->rt[i]->ver = ver;
+        }
     }
     for (size_t p = 0; err && p < b->cnt[c]; p++)
         b->it[b->who[b->ibase[c] + p]].result = err;
@@ -1403,10 +1577,12 @@ static void cancel_batch(struct rd *d, struct op_wait **v, size_t n)
     struct call *calls = tw__malloc(n * sizeof *calls);
     tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
     int rc = calls && cmds ? 0 : TW_ENOMEM;
+    int64_t now = rd_wall(d);
     for (size_t i = 0; !rc && i < n; i++) {
         call_init(d, &calls[i], S_CANCEL,
                   shard_of(d, v[i]->it.key, v[i]->it.key_len));
         call_arg(&calls[i], v[i]->it.key, v[i]->it.key_len);
+        call_num(&calls[i], now);
     }
     if (!rc)
         run_calls(d, calls, cmds, n);
@@ -1522,9 +1698,9 @@ static int rd_cancel(tw_durable *base, const void *key, size_t key_len)
     return op_run((struct rd *)base, &w);
 }
 
-/* Per shard: ZCARD :d, ZCARD :l (pending) and ZCOUNT :d -inf now (due,
- * not claimed by any node yet: backlog). */
-#define STAT_CMDS 3
+/* Per shard: ZCARD :d (pending) and ZCOUNT :d 0 now (due, not claimed by
+ * any node yet: backlog; claimed keys have negative scores). */
+#define STAT_CMDS 2
 
 static void stat_cmds(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
                       const char *now, size_t now_len)
@@ -1532,17 +1708,16 @@ static void stat_cmds(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
     for (size_t i = 0; i < STAT_CMDS * (size_t)d->shards; i++) {
         struct shard_keys *k = &d->sk[i / STAT_CMDS];
         struct call *c = &calls[i];
-        int q = i % STAT_CMDS == 1 ? 4 : 0; /* :l or :d */
-        c->argv[0] = i % STAT_CMDS == 2 ? "ZCOUNT" : "ZCARD";
+        c->argv[0] = i % STAT_CMDS == 1 ? "ZCOUNT" : "ZCARD";
         c->len[0] = strlen(c->argv[0]);
-        c->argv[1] = k->name[q];
-        c->len[1] = k->len[q];
-        c->argv[2] = "-inf";
-        c->len[2] = 4;
+        c->argv[1] = k->name[0];
+        c->len[1] = k->len[0];
+        c->argv[2] = "0";
+        c->len[2] = 1;
         c->argv[3] = now;
         c->len[3] = now_len;
         cmds[i] = (tw__rc_cmd){
-            i % STAT_CMDS == 2 ? 4 : 2, c->argv, c->len, k->slot, NULL, 0};
+            i % STAT_CMDS == 1 ? 4 : 2, c->argv, c->len, k->slot, NULL, 0};
     }
 }
 
@@ -1574,7 +1749,7 @@ static int rd_stats(tw_durable *base, tw_durable_stats *out)
     int rc = tw__rc_exec(d->rc, cmds, n);
     uint64_t pending = 0, backlog = 0;
     for (size_t i = 0; i < n; i++)
-        *(i % STAT_CMDS == 2 ? &backlog : &pending) += reply_u64(cmds[i].reply);
+        *(i % STAT_CMDS == 1 ? &backlog : &pending) += reply_u64(cmds[i].reply);
     free_replies(cmds, n);
     tw__free(cmds);
     tw__free(calls);

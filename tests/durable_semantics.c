@@ -247,11 +247,11 @@ static void wait_fired(tw_durable *d, uint64_t n)
 
 /* The completions of delivered timers are in the store: at once, or for a
  * backend with TW_SEM_KNOWN_DONE_LAG once the clock has passed its delay
- * (moved by 100 ms here; stats.pending is then awaited in real time). */
+ * (moved by 500 ms here; stats.pending is then awaited in real time). */
 static void done_flush(tw_durable *d, uint64_t want_pending)
 {
     if (be->known & TW_SEM_KNOWN_DONE_LAG) {
-        advance(100);
+        advance(500);
         for (int i = 0; i < WAIT_MS && stats(d).pending != want_pending; i++)
             sleep_real_ms(1);
     }

@@ -256,6 +256,21 @@ static void semantics(void)
     ASSERT_EQ(st.fired, 6);
     ASSERT_EQ(st.cancelled, 2);
 
+    /* 10: replaced just after its callback, while the completion waits
+     * for its batch (up to 500 ms): the completion must find the key no
+     * longer ours and leave the new version (due beyond the horizon,
+     * waiting in Redis) alone. */
+    ASSERT_EQ(sched(d, 10, wall_ms() + 20, "first"), 0);
+    for (int i = 0; i < 5000 && tab[10].count == 0; i++)
+        sleep_ms(1);
+    ASSERT_EQ(tab[10].count, 1);
+    ASSERT_EQ(sched(d, 10, wall_ms() + 1200, "second"), 0);
+    for (int i = 0; i < 5000 && tab[10].count < 2; i++)
+        sleep_ms(1);
+    ASSERT_EQ(tab[10].count, 2);
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.fired, 8);
+
     /* Retries: attempt 1 asks for 100 ms more, attempt 2 is done. */
     retry_first = 100;
     t0 = wall_ms();
