@@ -390,8 +390,14 @@ static void lz_attempt(bool shared)
 
 static void test_lazy_reading_not_older_than_call(void)
 {
-    tw_service_config cfg = {.flags = TW_SERVICE_LAZY_CLOCK};
-    lz.s = vclock_service(&cfg);
+    tw_service_config cfg = {.flags = TW_SERVICE_LAZY_CLOCK, .clock = vclock};
+    atomic_store(&vnow, VCLOCK_START);
+    ASSERT_EQ(tw_service_create(&lz.s, &cfg), 0);
+    /* The hooks are in place before the timer thread starts, and stay
+     * until it is joined. */
+    tw__service_drained_hook = lz_drained_hook;
+    tw__service_lazy_hook = lz_lazy_hook;
+    ASSERT_EQ(tw_service_start(lz.s), 0);
     for (int k = 0; k < 2; k++) {
         atomic_store(&lz.h[k].cmd, -1);
         ASSERT_EQ(pthread_create(&lz.h[k].th, NULL, lz_helper_main, &lz.h[k]),
@@ -399,17 +405,15 @@ static void test_lazy_reading_not_older_than_call(void)
         while (atomic_load(&lz.h[k].cmd) != 0)
             sleep_us(20);
     }
-    tw__service_drained_hook = lz_drained_hook;
-    tw__service_lazy_hook = lz_lazy_hook;
     lz_attempt(true);
     lz_attempt(false);
-    tw__service_drained_hook = NULL;
-    tw__service_lazy_hook = NULL;
     for (int k = 0; k < 2; k++) {
         atomic_store(&lz.h[k].cmd, 3);
         pthread_join(lz.h[k].th, NULL);
     }
     ASSERT_EQ(tw_service_stop(lz.s, NULL, NULL), 0);
+    tw__service_drained_hook = NULL;
+    tw__service_lazy_hook = NULL;
     tw_service_destroy(lz.s);
     lz.s = NULL;
 }
