@@ -85,6 +85,13 @@ extern void (*tw__service_drained_hook)(struct tw_service *s);
 /* tw__service_sum_hook: tw_service_pending() has read the releases and not
  * yet the reservations. */
 extern void (*tw__service_sum_hook)(struct tw_service *s);
+/* tw__service_lazy_hook: the timer thread has taken task @id, scheduled
+ * with TW_SERVICE_LAZY_CLOCK, off a submission stack and set its deadline
+ * from @now, its reading of the service's relative time in ns (read for
+ * this node or for an earlier one), before it adds the task to the wheel
+ * and takes the next submission. */
+extern void (*tw__service_lazy_hook)(struct tw_service *s, uint64_t id,
+                                     uint64_t now);
 #endif
 /* tw_schedule() of a one-shot task that keeps its pending slot while it
  * runs and takes over the slot of task @old (0: none; @old must be a task

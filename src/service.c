@@ -47,6 +47,7 @@ void (*tw__service_accepted_hook)(tw_service *s, tw_id id);
 void (*tw__service_reserved_hook)(tw_service *s);
 void (*tw__service_drained_hook)(tw_service *s);
 void (*tw__service_sum_hook)(tw_service *s);
+void (*tw__service_lazy_hook)(tw_service *s, tw_id id, uint64_t now);
 #define TEST_HOOK(hook, ...)                                                   \
     do {                                                                       \
         if ((hook) != NULL)                                                    \
@@ -738,8 +739,12 @@ int tw_schedule_fixed_delay(tw_service *s, tw_task_fn fn, void *arg,
 static void dispatch_flush(tw_service *s);
 
 /*
- * A node from the submission stack. *@ctx is the relative time in ns read
- * after the node was taken from the stack (0 until first needed).
+ * A node from the submission stack. *@ctx is the timer thread's reading of
+ * the relative time in ns for a lazy node's deadline (0 until first
+ * needed): a reading taken after the exchange that took @n off its stack,
+ * so after the schedule call that pushed it. subq_drain() resets it to 0
+ * at each exchange; a reading kept across one would be earlier than the
+ * calls whose nodes that exchange takes, and their tasks would run early.
  * Context: the wheel's owner.
  */
 static void take_submission(tw_service *s, struct node *n, void *ctx)
@@ -754,6 +759,7 @@ static void take_submission(tw_service *s, struct node *n, void *ctx)
         if (*now == 0)
             *now = rel_ns(s) | 1; /* never 0; 1 ns later is harmless */
         n->t.tw__expires = ceil_tick(s, add_sat(*now, n->t.tw__expires));
+        TEST_HOOK(tw__service_lazy_hook, s, make_id(st, node_index(n)), *now);
     }
     uint64_t first = n->t.tw__expires;
     if (first != NEVER && span == 0)
@@ -815,18 +821,27 @@ static bool subq_any(tw_service *s)
  * what is left of the stack taken earlier, then each stack once (a whole
  * stack, with one exchange). Returns how many. Shared by the timer thread and
  * by stop, which owns the stacks once the thread is joined.
+ * @reading: NULL, or the clock reading that @take uses for deadlines,
+ * reset to 0 (not read yet) at each exchange: a call may push onto a stack
+ * after the reading and before that stack's exchange in the same pass.
+ * What is left of an earlier round's stack was exchanged before any
+ * reading of this round.
  */
-static inline unsigned
-subq_drain(tw_service *s, unsigned max,
-           void (*take)(tw_service *s, struct node *n, void *ctx), void *ctx)
+static inline unsigned subq_drain(tw_service *s, unsigned max,
+                                  void (*take)(tw_service *s, struct node *n,
+                                               void *ctx),
+                                  void *ctx, uint64_t *reading)
 {
     uint32_t pos = 0;
     unsigned i;
     s->timer.rr++;
     for (i = 0; i < max; i++) {
-        if (s->timer.local == NULL &&
-            (s->timer.local = subq_next(s, &pos)) == NULL)
-            break;
+        if (s->timer.local == NULL) {
+            if ((s->timer.local = subq_next(s, &pos)) == NULL)
+                break;
+            if (reading != NULL)
+                *reading = 0;
+        }
         struct node *n = s->timer.local;
         s->timer.local = node_of_timer(n->t.tw__next);
         take(s, n, ctx);
@@ -900,8 +915,8 @@ static void *timer_main(void *p)
     while (!atomic_load(&s->timer.quit)) {
         uint64_t taken_at = 0;
         atomic_fetch_add(&s->timer.round_begin, 1);
-        bool active =
-            subq_drain(s, DRAIN_BATCH, take_submission, &taken_at) != 0;
+        bool active = subq_drain(s, DRAIN_BATCH, take_submission, &taken_at,
+                                 &taken_at) != 0;
         if (atomic_load(&s->pool.cancel_dirty) != 0) {
             cancel_drain(&s->pool, take_cancel, s);
             active = true;
@@ -1612,7 +1627,7 @@ static void stop_wheel(tw_service *s, struct handing *h)
 static void stop_submissions(tw_service *s, struct handing *h)
 {
     for (;;) {
-        if (subq_drain(s, UINT_MAX, stop_take, h) != 0)
+        if (subq_drain(s, UINT_MAX, stop_take, h, NULL) != 0)
             continue;
         if (tw_service_pending(s) == 0)
             break;

@@ -10,6 +10,11 @@
  *   without starving ticks: a task armed before the flood and a short task
  *   scheduled in the middle of it still run within a generous bound
  *   (FLOOD_BOUND_MS, doubled on each of two retries).
+ * - With TW_SERVICE_LAZY_CLOCK, a task pushed onto a submission stack
+ *   after the timer thread read the clock for an earlier submission of the
+ *   same pass (but before it took that stack) gets its deadline from a
+ *   reading taken after its call, not from the earlier one (forced with
+ *   tw__service_lazy_hook).
  * - Periodic arithmetic near UINT64_MAX clamps to "never".
  * - tw_repeated_reset() on a service exactly at max_pending succeeds and
  *   moves the run; a reset that fails changes nothing.
@@ -217,6 +222,203 @@ static void test_flood_does_not_starve_ticks(void)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Lazy clock: the reading a lazy task's deadline comes from is never older
+ * than the task's schedule call. The timer thread takes each submission
+ * stack once per pass and reads the clock for the first lazy task it finds;
+ * a call that pushes onto a stack the pass has not taken yet, after that
+ * reading, must not get its deadline from it (it would run early by up to
+ * the pass's duration: CI saw 6 ms under TSan during a flood).
+ *
+ * Forced on the virtual clock. While the timer thread is held in
+ * tw__service_drained_hook (awake, so calls are lazy), task A is pushed:
+ * either on the shared stack (tw__schedule_replace() takes the shared
+ * path), which every pass takes first, or on both helper threads' own
+ * stacks. When the next pass takes the first A, tw__service_lazy_hook
+ * moves the clock on by LZ_STEP and has a helper whose stack the pass has
+ * not taken yet push task B (delay LZ_DELAY); then the pass goes on and
+ * takes B. B must not run before its call + LZ_DELAY. */
+#define LZ_DELAY (10 * MS)
+#define LZ_STEP (50 * MS)
+
+/* A helper thread with a producer (a stack) of its own. */
+struct lz_helper {
+    pthread_t th;
+    _Atomic int cmd;    /* 1 push an A, 2 push B, 3 exit; 0 when done */
+    _Atomic tw_id a_id; /* its A */
+};
+
+static struct {
+    tw_service *s;
+    struct lz_helper h[2];
+    _Atomic int hold;       /* drained hook: 1 hold the next round, 2 held */
+    _Atomic tw_id a_shared; /* A on the shared stack */
+    _Atomic bool started;   /* the lazy hook has pushed B */
+    _Atomic bool in_a_pass; /* from then until the round's drained hook */
+    _Atomic tw_id b_id;
+    _Atomic uint64_t b_call;    /* vnow at B's call */
+    _Atomic uint64_t b_reading; /* its deadline's reading (0: not taken) */
+    _Atomic bool b_same_pass;   /* B taken in the first A's pass */
+    _Atomic uint64_t b_ran;     /* vnow at B's run (0: not run) */
+} lz;
+
+static void vstamp_task(tw_id id, void *arg)
+{
+    (void)id;
+    atomic_store((_Atomic uint64_t *)arg, atomic_load(&vnow));
+}
+
+/* Have helper @k do @cmd and wait until it has. */
+static void lz_command(int k, int cmd)
+{
+    atomic_store(&lz.h[k].cmd, cmd);
+    while (atomic_load(&lz.h[k].cmd) == cmd)
+        sleep_us(20);
+}
+
+static void *lz_helper_main(void *arg)
+{
+    struct lz_helper *h = arg;
+    tw_id w;
+    ASSERT_EQ(tw_schedule(lz.s, nop_a, NULL, 3600 * SEC, &w), 0);
+    ASSERT(tw_cancel(lz.s, w)); /* its producer is taken */
+    atomic_store(&h->cmd, 0);
+    for (;;) {
+        int c = atomic_load(&h->cmd);
+        tw_id id;
+        if (c == 1) {
+            ASSERT_EQ(tw_schedule(lz.s, nop_b, NULL, LZ_DELAY, &id), 0);
+            atomic_store(&h->a_id, id);
+        } else if (c == 2) {
+            atomic_store(&lz.b_call, atomic_load(&vnow));
+            ASSERT_EQ(tw_schedule(lz.s, vstamp_task, &lz.b_ran, LZ_DELAY, &id),
+                      0);
+            atomic_store(&lz.b_id, id);
+        } else if (c == 3) {
+            return NULL;
+        } else {
+            sleep_us(20);
+            continue;
+        }
+        atomic_store(&h->cmd, 0);
+    }
+}
+
+static void lz_drained_hook(tw_service *s)
+{
+    if (s != lz.s)
+        return;
+    atomic_store(&lz.in_a_pass, false);
+    int one = 1;
+    if (atomic_compare_exchange_strong(&lz.hold, &one, 2))
+        while (atomic_load(&lz.hold) == 2)
+            sleep_us(20);
+}
+
+/* On the timer thread, for each lazy task it takes. */
+static void lz_lazy_hook(tw_service *s, uint64_t id, uint64_t now)
+{
+    if (s != lz.s || id == 0)
+        return;
+    if (id == atomic_load(&lz.b_id)) {
+        atomic_store(&lz.b_same_pass, atomic_load(&lz.in_a_pass));
+        atomic_store(&lz.b_reading, now);
+        return;
+    }
+    /* The first A of the pass: B goes on a stack not taken yet (not the
+     * stack of this A; the other A's, if any, is taken after this one). */
+    int k = id == atomic_load(&lz.h[0].a_id) ? 1 : 0;
+    if ((id != atomic_load(&lz.a_shared) && id != atomic_load(&lz.h[0].a_id) &&
+         id != atomic_load(&lz.h[1].a_id)) ||
+        atomic_load(&lz.started))
+        return;
+    atomic_store(&lz.started, true);
+    atomic_fetch_add(&vnow, LZ_STEP);
+    atomic_store(&lz.in_a_pass, true);
+    lz_command(k, 2);
+}
+
+/* One attempt: A on the shared stack (@shared) or on both helpers'. */
+static void lz_attempt(bool shared)
+{
+    tw_service *s = lz.s;
+    atomic_store(&lz.a_shared, 0);
+    atomic_store(&lz.h[0].a_id, 0);
+    atomic_store(&lz.h[1].a_id, 0);
+    atomic_store(&lz.started, false);
+    atomic_store(&lz.b_id, 0);
+    atomic_store(&lz.b_reading, 0);
+    atomic_store(&lz.b_same_pass, false);
+    atomic_store(&lz.b_ran, 0);
+    atomic_store(&lz.hold, 1);
+    tw__service_kick(s);
+    uint64_t limit = mono_now() + 10 * SEC;
+    while (atomic_load(&lz.hold) != 2 && mono_now() < limit)
+        sleep_us(20);
+    ASSERT_EQ(atomic_load(&lz.hold), 2);
+    /* The timer thread is awake and runs no task: the As are lazy. */
+    if (shared) {
+        tw_id a;
+        ASSERT_EQ(tw__schedule_replace(s, nop_b, NULL, LZ_DELAY, 0, NULL, &a),
+                  0);
+        atomic_store(&lz.a_shared, a);
+    } else {
+        lz_command(0, 1);
+        lz_command(1, 1);
+    }
+    atomic_store(&lz.hold, 0);
+    while (atomic_load(&lz.b_reading) == 0 && mono_now() < limit)
+        sleep_us(20);
+    ASSERT_NE(atomic_load(&lz.b_reading), 0); /* the As and B were lazy */
+    ASSERT(atomic_load(&lz.b_same_pass));     /* the race was exercised */
+    uint64_t call = atomic_load(&lz.b_call);
+    uint64_t reading = atomic_load(&lz.b_reading) + VCLOCK_START;
+    /* The round of the As' pass is over, at the time of B's call, and a
+     * round just before B's due time: B has not run. */
+    tw__service_sync(s);
+    atomic_store(&vnow, call + LZ_DELAY - 1);
+    tw__service_sync(s);
+    uint64_t ran = atomic_load(&lz.b_ran);
+    ASSERT_EQ(ran, 0);
+    /* Past its due time (its tick), it has. */
+    atomic_store(&vnow, call + LZ_DELAY + MS);
+    tw__service_sync(s);
+    ran = atomic_load(&lz.b_ran);
+    ASSERT_GE(ran, call + LZ_DELAY);
+    /* B's deadline came from a reading taken after its call. */
+    ASSERT_GE(reading, call);
+}
+
+static void test_lazy_reading_not_older_than_call(void)
+{
+    tw_service_config cfg = {.flags = TW_SERVICE_LAZY_CLOCK, .clock = vclock};
+    atomic_store(&vnow, VCLOCK_START);
+    ASSERT_EQ(tw_service_create(&lz.s, &cfg), 0);
+    /* The hooks are in place before the timer thread starts, and stay
+     * until it is joined. */
+    tw__service_drained_hook = lz_drained_hook;
+    tw__service_lazy_hook = lz_lazy_hook;
+    ASSERT_EQ(tw_service_start(lz.s), 0);
+    for (int k = 0; k < 2; k++) {
+        atomic_store(&lz.h[k].cmd, -1);
+        ASSERT_EQ(pthread_create(&lz.h[k].th, NULL, lz_helper_main, &lz.h[k]),
+                  0);
+        while (atomic_load(&lz.h[k].cmd) != 0)
+            sleep_us(20);
+    }
+    lz_attempt(true);
+    lz_attempt(false);
+    for (int k = 0; k < 2; k++) {
+        atomic_store(&lz.h[k].cmd, 3);
+        pthread_join(lz.h[k].th, NULL);
+    }
+    ASSERT_EQ(tw_service_stop(lz.s, NULL, NULL), 0);
+    tw__service_drained_hook = NULL;
+    tw__service_lazy_hook = NULL;
+    tw_service_destroy(lz.s);
+    lz.s = NULL;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Periodic arithmetic at the end of the range: a first run at 1 ms, then a
  * next run that does not fit in 64 bits of ns is "never": the task stays
  * pending, never runs again, and is handed back. */
@@ -317,6 +519,7 @@ int main(int argc, char **argv)
     RUN_SELECTED(test_failed_schedule_keeps_pool);
     RUN_SELECTED(test_periodic_near_uint64_max);
     RUN_SELECTED(test_flood_does_not_starve_ticks);
+    RUN_SELECTED(test_lazy_reading_not_older_than_call);
     RUN_SELECTED(test_repeated_reset_at_max);
     return tw_test_done();
 }
