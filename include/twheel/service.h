@@ -153,8 +153,11 @@ typedef struct tw_service_config {
  * polls once a tick for a tick after any schedule or cancel), a one-shot
  * schedule call does not read the clock: the timer thread computes the
  * deadline from its own clock reading when it takes the request. A task
- * still never runs before its delay has passed since the call, but during
- * bursts it may run up to about one tick later than without the flag.
+ * still never runs before its delay has passed since the call, but it may
+ * run later than without the flag by the time the request waited to be
+ * taken: about one tick normally, more under a flood of submissions (the
+ * timer thread takes a bounded batch per round; the delay starts when the
+ * request is taken).
  * Saves one clock_gettime() per call (about 23 ns on a KVM guest). When
  * the timer thread sleeps longer, or runs a task itself (executor_threads
  * == 0), the call reads the clock as usual, so an isolated schedule is as
