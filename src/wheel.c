@@ -721,12 +721,15 @@ size_t tw_wheel_count(const tw_wheel *w)
 /* ------------------------------------------------------------------------ */
 /* add / cancel */
 
-/* Mark slot (k, slot) occupied; the rare part of tw_wheel_add(), out of line
- * so that the common path needs no stack frame. */
+/* tw_wheel_add() put the first timer in a list of slot @slot of level @lv:
+ * mark the slot occupied unless another of its lists is in use. Out of
+ * line: most adds join a list that is not empty, whose slot is marked. */
 __attribute__((noinline)) static int
-add_mark(tw_wheel *w, const struct level *lv, uint64_t slot)
+add_first(tw_wheel *w, const struct level *lv, uint64_t slot)
 {
-    slot_filled(w, (unsigned)(lv - w->lv), slot);
+    const uint64_t *bm = lv->bm;
+    if (!((bm[slot >> 6] >> (slot & 63)) & 1))
+        slot_filled(w, (unsigned)(lv - w->lv), slot);
     return 0;
 }
 
@@ -837,10 +840,16 @@ int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
     uint64_t adds = w->adds;
     w->adds = adds + 1;
     tw_timer **head = lv->heads + ((size_t)slot << K_SHIFT) + (adds & (K - 1));
-    uint64_t word = lv->bm[slot >> 6];
-    list_push(head, t);
-    if (!((word >> (slot & 63)) & 1))
-        return add_mark(w, lv, slot);
+    tw_timer *first = *head;
+    *head = t;
+    t->tw__next = first;
+    if (first == NULL) {
+        t->tw__pprev = head;
+        return add_first(w, lv, slot);
+    }
+    /* A list that is not empty: its slot is marked occupied already. */
+    first->tw__pprev = &t->tw__next;
+    t->tw__pprev = head;
     return 0;
 }
 
