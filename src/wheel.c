@@ -878,9 +878,10 @@ bool tw_wheel_cancel(tw_wheel *w, tw_timer *t)
     if (w == NULL || t == NULL || t->tw__pprev == NULL)
         return false;
     /* Both neighbours are written: ask for their lines now rather than
-     * when the stores reach the cache (a NULL next is a harmless hint). */
+     * when the stores reach the cache. */
     __builtin_prefetch(t->tw__pprev, 1);
-    __builtin_prefetch(t->tw__next, 1);
+    if (t->tw__next != NULL)
+        __builtin_prefetch(t->tw__next, 1);
     timer_unlink(w, t);
     return true;
 }
