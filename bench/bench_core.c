@@ -214,6 +214,7 @@ struct input {
     uint32_t *dl;   /* deadline offsets, uniform in [1, DL_MAX] */
     uint32_t *dl2;  /* more of them, for churn */
     uint32_t *perm; /* a random permutation of 0..n-1 */
+    uint32_t *dlp;  /* dl in the order of perm: dlp[k] = dl[perm[k]] */
     uint32_t *pick; /* random indices in 0..n-1, with repeats */
     size_t churn_steps;
     uint64_t cap_ns; /* a bound on one expiry run */
@@ -254,6 +255,7 @@ static void input_make(struct input *in, size_t n)
     in->dl = xmalloc(n * sizeof(*in->dl));
     in->dl2 = xmalloc(n * sizeof(*in->dl2));
     in->perm = xmalloc(n * sizeof(*in->perm));
+    in->dlp = xmalloc(n * sizeof(*in->dlp));
     in->pick = xmalloc(n * sizeof(*in->pick));
     for (size_t i = 0; i < n; i++) {
         in->dl[i] = (uint32_t)(1 + rng_next(&s) % DL_MAX);
@@ -267,6 +269,8 @@ static void input_make(struct input *in, size_t n)
         in->perm[i - 1] = in->perm[j];
         in->perm[j] = t;
     }
+    for (size_t k = 0; k < n; k++)
+        in->dlp[k] = in->dl[in->perm[k]];
 }
 
 static void input_free(struct input *in)
@@ -274,6 +278,7 @@ static void input_free(struct input *in)
     free(in->dl);
     free(in->dl2);
     free(in->perm);
+    free(in->dlp);
     free(in->pick);
 }
 

@@ -135,26 +135,27 @@ struct level {
 
 struct tw_wheel {
     uint64_t now;
-    uint64_t hint;      /* no slot needs a visit before this tick */
-    uint32_t hint_ok;   /* hint is next_event()'s tick (advance_loop) */
-    size_t count;       /* pending timers, due list included */
-    uint64_t level_map; /* bit k: level k has an occupied slot */
-    tw_timer **heads;   /* [level][slot][chain], 64-byte aligned */
-    void *heads_mem;    /* its allocation (see heads_alloc) */
-    size_t heads_bytes; /* the size of that table */
-    size_t grow_at;     /* widen the table when count reaches this */
-    uint32_t cshift;    /* log2 of the lists per slot: 0 or log2(K) */
-    uint32_t fast_k;    /* tw_wheel_add's fast path takes levels below */
-    uint64_t *slotmin;  /* [slot]: lower bound of expiries, rounds level */
-    tw_timer *due;      /* timers added with expires <= now */
-    uint64_t due_min;   /* lower bound of the due list's expiries */
-    uint64_t mask;      /* S - 1 */
-    uint32_t bits;      /* b */
-    uint32_t levels;    /* L */
-    uint32_t rounds;    /* 1 if the top level keeps later rounds */
-    uint32_t rounds_k;  /* that level's index, or 64 when there is none */
-    uint32_t rr;        /* round-robin chain for the next insertion */
-    uint32_t bm_layers; /* layers of a level's bitmap tree */
+    uint64_t hint;       /* no slot needs a visit before this tick */
+    uint32_t hint_ok;    /* hint is next_event()'s tick (advance_loop) */
+    uint64_t adds;       /* timers added, ever; its low bits deal chains */
+    uint64_t removes;    /* timers cancelled, moved or run, ever; pending
+                            timers (due list included) = adds - removes */
+    uint64_t level_map;  /* bit k: level k has an occupied slot */
+    tw_timer **heads;    /* [level][slot][chain], 64-byte aligned */
+    void *heads_mem;     /* its allocation (see heads_alloc) */
+    uintptr_t heads_end; /* the address just past that table */
+    size_t grow_at;      /* widen the table when count reaches this */
+    uint32_t cshift;     /* log2 of the lists per slot: 0 or log2(K) */
+    uint32_t fast_k;     /* tw_wheel_add's fast path takes levels below */
+    uint64_t *slotmin;   /* [slot]: lower bound of expiries, rounds level */
+    tw_timer *due;       /* timers added with expires <= now */
+    uint64_t due_min;    /* lower bound of the due list's expiries */
+    uint64_t mask;       /* S - 1 */
+    uint32_t bits;       /* b */
+    uint32_t levels;     /* L */
+    uint32_t rounds;     /* 1 if the top level keeps later rounds */
+    uint32_t rounds_k;   /* that level's index, or 64 when there is none */
+    uint32_t bm_layers;  /* layers of a level's bitmap tree */
     uint32_t bm_off[TW_BM_MAX_LAYERS]; /* word offset of each layer */
     uint32_t bm_len[TW_BM_MAX_LAYERS]; /* words in each layer */
     uint8_t level_of_msb[64];          /* msb(E ^ now) -> level */
@@ -192,6 +193,12 @@ static inline uint64_t slot_tick(const tw_wheel *w, unsigned k, uint64_t slot)
 {
     unsigned gshift = k * w->bits;
     return floor_pow2(w->now, gshift + w->bits) | (slot << gshift);
+}
+
+/* Pending timers, the due list included. */
+static inline size_t pending(const tw_wheel *w)
+{
+    return (size_t)(w->adds - w->removes); /* removes <= adds */
 }
 
 static inline int is_rounds_level(const tw_wheel *w, unsigned k)
@@ -305,9 +312,8 @@ static inline void list_push(tw_timer **head, tw_timer *t)
 
 static inline int in_heads(const tw_wheel *w, tw_timer **p)
 {
-    /* Two compares: no wrap, which the sanitizer builds would report. */
-    uintptr_t a = (uintptr_t)p, base = (uintptr_t)w->heads;
-    return a >= base && a - base < w->heads_bytes;
+    uintptr_t a = (uintptr_t)p;
+    return a >= (uintptr_t)w->heads && a < w->heads_end;
 }
 
 static int slot_empty(tw_timer *const *h, unsigned C)
@@ -368,7 +374,7 @@ static inline void timer_unlink(tw_wheel *w, tw_timer *t)
     *pprev = next;
     t->tw__pprev = NULL;
     t->tw__next = NULL;
-    w->count--;
+    w->removes++;
     if (next != NULL)
         next->tw__pprev = pprev;
     else if (in_heads(w, pprev))
@@ -398,8 +404,7 @@ place(tw_wheel *w, tw_timer *t, unsigned C)
     if (C == 1) {
         list_push(h, t);
     } else {
-        list_push(&h[w->rr], t);
-        w->rr = (w->rr + 1) & (C - 1);
+        list_push(&h[w->adds & (C - 1)], t); /* round robin */
     }
     if (is_rounds_level(w, k)) {
         if (e < w->slotmin[slot])
@@ -603,8 +608,8 @@ static void set_heads(tw_wheel *w, tw_timer **heads, void *mem, unsigned cshift)
     w->heads = heads;
     w->heads_mem = mem;
     w->cshift = cshift;
-    w->heads_bytes =
-        (((size_t)w->levels << w->bits) << cshift) * sizeof(tw_timer *);
+    w->heads_end =
+        (uintptr_t)(heads + (((size_t)w->levels << w->bits) << cshift));
     for (unsigned k = 0; k < w->levels; k++)
         w->lv[k].heads = heads + (((size_t)k << w->bits) << cshift);
 }
@@ -625,7 +630,7 @@ static tw_wheel *wheel_layout(char *mem, tw_timer **heads, void *heads_mem,
     }
     /* calloc's zero bits are NULL heads on every platform twheel targets;
      * not writing them keeps a large wheel's untouched pages unmapped.
-     * count, level_map, due and rr start at the same zeros. */
+     * adds, removes, level_map and due start at the same zeros. */
     w->now = now;
     w->hint = UINT64_MAX;
     w->due_min = UINT64_MAX;
@@ -709,18 +714,21 @@ uint64_t tw_wheel_now(const tw_wheel *w)
 
 size_t tw_wheel_count(const tw_wheel *w)
 {
-    return w->count;
+    return pending(w);
 }
 
 /* ------------------------------------------------------------------------ */
 /* add / cancel */
 
-/* Mark slot (k, slot) occupied; the rare part of tw_wheel_add(), out of line
- * so that the common path needs no stack frame. */
-__attribute__((noinline)) static int add_mark(tw_wheel *w, unsigned k,
-                                              uint64_t slot)
+/* tw_wheel_add() put the first timer in a list of slot @slot of level @lv:
+ * mark the slot occupied unless another of its lists is in use. Out of
+ * line: most adds join a list that is not empty, whose slot is marked. */
+__attribute__((noinline)) static int
+add_first(tw_wheel *w, const struct level *lv, uint64_t slot)
 {
-    slot_filled(w, k, slot);
+    const uint64_t *bm = lv->bm;
+    if (!((bm[slot >> 6] >> (slot & 63)) & 1))
+        slot_filled(w, (unsigned)(lv - w->lv), slot);
     return 0;
 }
 
@@ -737,7 +745,8 @@ __attribute__((noinline)) static void widen(tw_wheel *w)
     void *mem;
     tw_timer **wide = heads_alloc(slots * K * sizeof(*wide), &mem);
     if (wide == NULL) {
-        w->grow_at = w->count > SIZE_MAX / 2 ? SIZE_MAX : w->count * 2;
+        size_t n = pending(w);
+        w->grow_at = n > SIZE_MAX / 2 ? SIZE_MAX : n * 2;
         return;
     }
     for (unsigned k = 0; k < w->levels; k++) {
@@ -752,7 +761,6 @@ __attribute__((noinline)) static void widen(tw_wheel *w)
     }
     tw__free(w->heads_mem);
     set_heads(w, wide, mem, K_SHIFT);
-    w->rr = 0;
     w->grow_at = SIZE_MAX;
     w->fast_k = w->rounds_k;
 }
@@ -772,7 +780,6 @@ __attribute__((noinline)) static int add_slow(tw_wheel *w, tw_timer *t,
     if (t->tw__pprev != NULL)
         timer_unlink_cold(w, t); /* a move */
     t->tw__expires = expires;
-    w->count++;
     if (expires <= w->now) {
         due_push(w, t);
     } else {
@@ -780,7 +787,8 @@ __attribute__((noinline)) static int add_slow(tw_wheel *w, tw_timer *t,
         if (visit < w->hint)
             w->hint = visit;
     }
-    if (w->count >= w->grow_at)
+    w->adds++;
+    if (pending(w) >= w->grow_at)
         widen(w);
     return 0;
 }
@@ -798,7 +806,8 @@ __attribute__((noinline)) static int add_narrow(tw_wheel *w, tw_timer *t,
     if (visit < w->hint)
         w->hint = visit;
     slot_filled(w, k, slot);
-    if (++w->count >= w->grow_at)
+    w->adds++;
+    if (pending(w) >= w->grow_at)
         widen(w);
     return 0;
 }
@@ -815,21 +824,31 @@ int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
     if (k >= w->fast_k) /* the rounds level, or a narrow table */
         return k != w->rounds_k ? add_narrow(w, t, expires, k)
                                 : add_slow(w, t, expires);
-    unsigned gshift = w->lv[k].shift;
-    uint64_t slot = (expires >> gshift) & w->mask;
-    tw_timer **head = w->lv[k].heads + (size_t)slot * K + w->rr;
-    w->rr = (w->rr + 1) & (K - 1);
+    const struct level *lv = &w->lv[k];
+    unsigned gshift = lv->shift;
+    uint64_t g = expires >> gshift;
+    uint64_t slot = g & w->mask;
     t->tw__expires = expires;
-    w->count++;
-    list_push(head, t);
     /* Every digit above k is now's: the visit is at the start of the
      * granule of @expires. */
-    uint64_t visit = (expires >> gshift) << gshift;
+    uint64_t visit = g << gshift;
     if (visit < w->hint)
         w->hint = visit;
-    const uint64_t *bm = w->lv[k].bm;
-    if (!((bm[slot >> 6] >> (slot & 63)) & 1))
-        return add_mark(w, k, slot);
+    /* The count of adds deals the chains round robin: one counter to
+     * store, not a count and a chain index. */
+    uint64_t adds = w->adds;
+    w->adds = adds + 1;
+    tw_timer **head = lv->heads + ((size_t)slot << K_SHIFT) + (adds & (K - 1));
+    tw_timer *first = *head;
+    *head = t;
+    t->tw__next = first;
+    if (first == NULL) {
+        t->tw__pprev = head;
+        return add_first(w, lv, slot);
+    }
+    /* A list that is not empty: its slot is marked occupied already. */
+    first->tw__pprev = &t->tw__next;
+    t->tw__pprev = head;
     return 0;
 }
 
@@ -858,6 +877,11 @@ bool tw_wheel_cancel(tw_wheel *w, tw_timer *t)
 {
     if (w == NULL || t == NULL || t->tw__pprev == NULL)
         return false;
+    /* Both neighbours are written: ask for their lines now rather than
+     * when the stores reach the cache. */
+    __builtin_prefetch(t->tw__pprev, 1);
+    if (t->tw__next != NULL)
+        __builtin_prefetch(t->tw__next, 1);
     timer_unlink(w, t);
     return true;
 }
@@ -951,7 +975,7 @@ uint64_t tw_wheel_next_expiry(const tw_wheel *w)
 uint64_t tw_wheel_timeout(const tw_wheel *w, uint64_t now)
 {
     uint64_t next = tw_wheel_next_expiry(w);
-    if (next == UINT64_MAX && w->count == 0)
+    if (next == UINT64_MAX && pending(w) == 0)
         return TW_WHEEL_NO_TIMEOUT;
     /* A timer may expire at UINT64_MAX itself: with now == 0 the wait
      * would read as the sentinel, so it is reported one tick short (a
@@ -1024,7 +1048,7 @@ fire_chains(tw_wheel *w, tw_timer **fl, unsigned n)
             next->tw__pprev = &fl[c];
         t->tw__pprev = NULL;
         t->tw__next = NULL;
-        w->count--;
+        w->removes++;
         t->tw__fn(t, t->tw__arg);
         ran++;
         if (++c >= n)
@@ -1344,7 +1368,7 @@ int tw__wheel_check(const tw_wheel *w)
         CHECK(!w->hint_ok || w->hint == next);
     }
     /* Every timer was found through the bitmaps: none hides elsewhere. */
-    CHECK(n == w->count);
+    CHECK(n == pending(w));
     return 0;
 }
 
