@@ -493,42 +493,6 @@ static const char *lua_cancel =
     "redis.call('HDEL', KEYS[2], ARGV[1]) return 1";
 static char cancel_sha[41];
 
-static void *redis_cancel_main(void *p)
-{
-    struct worker *w = p;
-    int fd = redis_connect();
-    struct rbuf *r = calloc(1, sizeof *r);
-    char *buf = malloc((size_t)redis_depth * 256);
-    char reply[16];
-    for (uint64_t i = 0; i + (uint64_t)redis_depth <= ncancel_keys;) {
-        size_t o = 0;
-        for (int j = 0; j < redis_depth; j++, i++) {
-            char k[17];
-            key_of(k, w->id, i);
-            const char *av[] = {"EVALSHA", cancel_sha, "2",
-                                "tw:due",  "tw:pay",   k};
-            size_t lens[] = {7, 40, 1, 6, 6, 16};
-            o += cmd(buf + o, 6, av, lens);
-        }
-        uint64_t t0 = mono_ns();
-        send_all(fd, buf, o);
-        for (int j = 0; j < redis_depth; j++) {
-            read_reply(fd, r, reply, sizeof reply);
-            if (strcmp(reply, "1") != 0)
-                die("redis cancel found no key", 0);
-        }
-        uint64_t t1 = mono_ns();
-        sample(w, t1 - t0);
-        w->ops += (uint64_t)redis_depth;
-        if (t1 >= w->until)
-            break;
-    }
-    close(fd);
-    free(buf);
-    free(r);
-    return NULL;
-}
-
 /* Schedules every key the cancel run of the same THREADS and DEPTH will
  * cancel, 1000 per round trip, from this thread. */
 static void redis_fill(int threads)
@@ -553,23 +517,40 @@ static void redis_fill(int threads)
     free(r);
 }
 
+static bool redis_cancel; /* the workers cancel instead of scheduling */
+
+/* One worker: DEPTH schedules (or cancels of keys redis_fill() put in)
+ * per round trip, until the run's end (or its keys run out). */
 static void *redis_main(void *p)
 {
     struct worker *w = p;
     int fd = redis_connect();
     struct rbuf *r = calloc(1, sizeof *r);
     char *buf = malloc((size_t)redis_depth * (payload_len + 256));
-    char due[24];
+    char due[24], reply[16];
     snprintf(due, sizeof due, "%lld", (long long)(wall_ms() + 3600 * 1000));
-    uint64_t i = 0;
-    for (;;) {
+    for (uint64_t i = 0;
+         !redis_cancel || i + (uint64_t)redis_depth <= ncancel_keys;) {
         size_t o = 0;
-        for (int j = 0; j < redis_depth; j++, i++)
-            o += sched_cmd(buf + o, w->id, i, due);
+        for (int j = 0; j < redis_depth; j++, i++) {
+            if (!redis_cancel) {
+                o += sched_cmd(buf + o, w->id, i, due);
+                continue;
+            }
+            char k[17];
+            key_of(k, w->id, i);
+            const char *av[] = {"EVALSHA", cancel_sha, "2",
+                                "tw:due",  "tw:pay",   k};
+            size_t lens[] = {7, 40, 1, 6, 6, 16};
+            o += cmd(buf + o, 6, av, lens);
+        }
         uint64_t t0 = mono_ns();
         send_all(fd, buf, o);
-        for (int j = 0; j < redis_depth; j++)
-            read_reply(fd, r, NULL, 0);
+        for (int j = 0; j < redis_depth; j++) {
+            read_reply(fd, r, reply, sizeof reply);
+            if (redis_cancel && strcmp(reply, "1") != 0)
+                die("redis cancel found no key", 0);
+        }
         uint64_t t1 = mono_ns();
         sample(w, t1 - t0);
         w->ops += (uint64_t)redis_depth;
@@ -611,11 +592,11 @@ static int bench_redis(int argc, char **argv)
         redis_fill(threads);
         return 0;
     }
-    bool cancel = strcmp(op, "cancel") == 0;
+    redis_cancel = strcmp(op, "cancel") == 0;
     struct worker *w = calloc((size_t)threads, sizeof *w);
     uint64_t t0 = mono_ns();
-    run_threads(threads, secs, cancel ? redis_cancel_main : redis_main, w);
-    report("redis", cancel ? "cancel" : "sched", threads, redis_depth, w,
+    run_threads(threads, secs, redis_main, w);
+    report("redis", redis_cancel ? "cancel" : "sched", threads, redis_depth, w,
            (double)(mono_ns() - t0) / 1e9);
     free(w);
     return 0;
