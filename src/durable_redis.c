@@ -1698,6 +1698,29 @@ static int rd_cancel(tw_durable *base, const void *key, size_t key_len)
     return op_run((struct rd *)base, &w);
 }
 
+/* tw_durable_cancel_many: the items as one batch of cancels (one pipelined
+ * round trip per node), in order, so a key given twice finds itself gone
+ * the second time. */
+static int rd_cancel_many(tw_durable *base, tw_durable_item *items, size_t n)
+{
+    struct op_wait *w = tw__calloc(n, sizeof *w);
+    struct op_wait **v = tw__malloc(n * sizeof *v);
+    int rc = w && v ? 0 : TW_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++) {
+        w[i].kind = OP_CANCEL;
+        w[i].it =
+            (tw_durable_item){.key = items[i].key, .key_len = items[i].key_len};
+        v[i] = &w[i];
+    }
+    if (!rc)
+        cancel_batch((struct rd *)base, v, n);
+    for (size_t i = 0; i < n; i++)
+        items[i].result = rc ? rc : w[i].it.result;
+    tw__free(w);
+    tw__free(v);
+    return tw__durable_first_error(items, n);
+}
+
 /* Per shard: ZCARD :d (pending) and ZCOUNT :d 0 now (due, not claimed by
  * any node yet: backlog; claimed keys have negative scores). */
 #define STAT_CMDS 2
@@ -1830,6 +1853,7 @@ void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out)
 static const struct tw_durable_ops rd_ops = {
     .schedule = rd_schedule,
     .schedule_many = rd_schedule_many,
+    .cancel_many = rd_cancel_many,
     .cancel = rd_cancel,
     .close = rd_close,
     .stats = rd_stats,

@@ -227,10 +227,11 @@ TW_EXTERN int tw_durable_schedule_many(tw_durable *d, tw_durable_item *items,
  * each item's @key and @key_len are read, its outcome goes to @result (0,
  * TW_ENOENT, TW_EINVAL, ...). The journal writes the cancels of 64 items
  * with one write and makes them durable with one fdatasync; the Redis
- * backend cancels them one after the other. Items are applied in order (a
- * key given twice is TW_ENOENT the second time); not atomic, as for
- * tw_durable_schedule_many(). Returns 0 if every item succeeded, else the
- * first item's error; TW_EINVAL if @d or @items is NULL with @n > 0.
+ * backend sends them in one pipelined round trip per node. Items are
+ * applied in order (a key given twice is TW_ENOENT the second time); not
+ * atomic, as for tw_durable_schedule_many(). Returns 0 if every item
+ * succeeded, else the first item's error; TW_EINVAL if @d or @items is
+ * NULL with @n > 0.
  */
 TW_EXTERN int tw_durable_cancel_many(tw_durable *d, tw_durable_item *items,
                                      size_t n);
