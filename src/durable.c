@@ -130,6 +130,10 @@ typedef struct jstore {
     tw_wheel *wheel;
     uint32_t *buckets; /* node handles; chains run through hlink() */
     size_t nbuckets, count;
+    /* While the table grows: the previous one, half as large, whose
+     * buckets below @moved have been moved to @buckets (hgrow_step()). */
+    uint32_t *old;
+    size_t nold, moved;
     uint64_t seed;
     tw_durable_fire_fn fire;
     void *fire_arg;
@@ -289,15 +293,63 @@ static struct dnode *hout(jstore *s, struct hpos p)
     return n;
 }
 
+/* The bucket of hash @h: in the previous table while the table grows and
+ * @h's bucket there has not been moved yet. */
+static hnd *hbucket(const jstore *s, uint64_t h)
+{
+    if (s->old != NULL) {
+        size_t j = h & (s->nold - 1);
+        if (j >= s->moved)
+            return &s->old[j];
+    }
+    return &s->buckets[h & (s->nbuckets - 1)];
+}
+
 /* Where @key is in the table, or where it would go (hat() is NULL). */
 static struct hpos hfind(jstore *s, const void *key, size_t len)
 {
-    struct hpos p = {&s->buckets[hkey(s->seed, key, len) & (s->nbuckets - 1)],
-                     NULL};
+    struct hpos p = {hbucket(s, hkey(s->seed, key, len)), NULL};
     for (struct dnode *n; (n = hat(s, p)) != NULL; p.prev = n)
         if (n->key_len == len && memcmp(n->key, key, len) == 0)
             return p;
     return p;
+}
+
+/* Growth moves HGROW_STEP buckets of the previous table per key added,
+ * so that no call pays for rehashing the whole table at once (about a
+ * second at ten million keys); it ends long before the new table is full
+ * (after nold / HGROW_STEP of the 2 * nold keys that would fill it). Only
+ * hreserve() moves buckets: a place hfind() returned stays valid until the
+ * next hreserve(). */
+#define HGROW_STEP 4u
+
+static void hgrow_step(jstore *s, size_t steps)
+{
+    if (s->old == NULL)
+        return;
+    size_t nb = s->nbuckets;
+    for (; steps > 0 && s->moved < s->nold; steps--) {
+        hnd h = s->old[s->moved], nx;
+        s->old[s->moved++] = 0;
+        for (; h; h = nx) {
+            struct dnode *n = hnode(s, h);
+            nx = hlink(n);
+            hnd *b = &s->buckets[hkey(s->seed, n->key, n->key_len) & (nb - 1)];
+            hlink_set(n, *b);
+            *b = h;
+        }
+    }
+    if (s->moved == s->nold) {
+        tw__free(s->old);
+        s->old = NULL;
+        s->nold = s->moved = 0;
+    }
+}
+
+/* Finish a growth under way. */
+static void hgrow_finish(jstore *s)
+{
+    hgrow_step(s, SIZE_MAX);
 }
 
 /* Start loading the first node of bucket @i + 8 and the second of bucket
@@ -318,6 +370,7 @@ static void prefetch_chain(jstore *s, size_t i)
  * changed. */
 static int hresize(jstore *s, size_t nb)
 {
+    hgrow_finish(s);
     hnd *b = tw__calloc(nb, sizeof *b);
     if (!b)
         return TW_ENOMEM;
@@ -339,12 +392,24 @@ static int hresize(jstore *s, size_t nb)
 }
 
 /* Room for one more key; TW_ENOMEM with nothing changed. One to two keys
- * per 4-byte bucket: 2 to 4 bytes of table per key. */
+ * per 4-byte bucket: 2 to 4 bytes of table per key, up to 6 while the
+ * table grows. */
 static int hreserve(jstore *s)
 {
+    hgrow_step(s, HGROW_STEP);
     if (s->count < 2 * s->nbuckets) /* at most two keys per bucket */
         return 0;
-    return hresize(s, s->nbuckets * 2);
+    hgrow_finish(s); /* not reached while growing: see HGROW_STEP */
+    hnd *b = tw__calloc(s->nbuckets * 2, sizeof *b);
+    if (!b)
+        return TW_ENOMEM;
+    s->old = s->buckets;
+    s->nold = s->nbuckets;
+    s->moved = 0;
+    s->buckets = b;
+    s->nbuckets *= 2;
+    hgrow_step(s, HGROW_STEP);
+    return 0;
 }
 
 static void on_due(tw_timer *t, void *arg);
@@ -582,15 +647,13 @@ static void prefetch_keys(jstore *s, const tw_durable_item *items, size_t n)
 {
     if (n < 2 || s->nbuckets < 4096) /* nothing to overlap, or cached */
         return;
-    size_t mask = s->nbuckets - 1;
     for (size_t i = 0; i < n; i++)
         __builtin_prefetch(
-            &s->buckets[hkey(s->seed, items[i].key, items[i].key_len) & mask]);
+            hbucket(s, hkey(s->seed, items[i].key, items[i].key_len)));
     struct dnode *first[SCHED_GROUP];
     for (size_t i = 0; i < n; i++) {
         first[i] = hnode(
-            s,
-            s->buckets[hkey(s->seed, items[i].key, items[i].key_len) & mask]);
+            s, *hbucket(s, hkey(s->seed, items[i].key, items[i].key_len)));
         if (first[i])
             __builtin_prefetch(first[i]);
     }
@@ -1185,6 +1248,15 @@ size_t tw__durable_node_size(size_t key_len)
     return node_class(key_len) * SLAB_GRAIN;
 }
 
+void tw__durable_table(struct tw_durable *d, size_t *nbuckets, size_t *nold)
+{
+    jstore *s = (jstore *)d;
+    pthread_mutex_lock(&s->mu);
+    *nbuckets = s->nbuckets;
+    *nold = s->nold;
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Close. */
 
@@ -1199,6 +1271,7 @@ static void free_all(jstore *s)
         tw__free(s->slab.chunks[i]);
     tw__free(s->slab.chunks);
     tw__free(s->buckets);
+    tw__free(s->old);
     tw__free(s->due);
     tw__free(s->exec);
     tw_wheel_destroy(s->wheel);
@@ -1388,6 +1461,7 @@ static void presize_table(jstore *s, const uint32_t *nos, size_t cnt)
  * fails. */
 static void fit_table(jstore *s)
 {
+    hgrow_finish(s);
     size_t want = s->nbuckets;
     while (want > 1024 && s->count < want)
         want /= 2;

@@ -1604,6 +1604,79 @@ static void test_big_payload(void)
     rm_dir(dir);
 }
 
+/* The key table grows a few buckets per new key: while it does, keys in
+ * the previous table and in the new one are found, replaced and
+ * cancelled, and a reopen finds exactly the keys left. */
+#define GROW_KEYS 12000
+
+static void test_key_table_growth(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.sync = TW_DURABLE_SYNC_NONE;
+    c.segment_bytes = 1 << 20;
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = open_ok(&c);
+    static bool gone[GROW_KEYS];
+    memset(gone, 0, sizeof gone);
+    size_t pending = 0, growing = 0, nb = 0, nold = 0, grew = 0, last_nb = 0;
+    size_t checks = 0;
+    char k[32];
+    for (size_t i = 0; i < GROW_KEYS; i++) {
+        snprintf(k, sizeof k, "g%zu", i);
+        ASSERT_EQ(sched(d, k, t0 + 100000, "a"), 0);
+        pending++;
+        tw__durable_table(d, &nb, &nold);
+        growing += nold != 0;
+        if (nold != 0 && growing % 97 == 1) {
+            /* Mid-growth: every live key is found (a cancel finds it),
+             * then scheduled again. */
+            for (size_t j = 0; j <= i; j++) {
+                if (gone[j])
+                    continue;
+                snprintf(k, sizeof k, "g%zu", j);
+                ASSERT_EQ(tw_durable_cancel(d, k, strlen(k)), 0);
+                ASSERT_EQ(sched(d, k, t0 + 100000, "b"), 0);
+            }
+            ASSERT_EQ(stats(d).pending, pending);
+            checks++;
+        }
+        grew += nb != last_nb && last_nb != 0;
+        last_nb = nb;
+        if (i % 7 == 6) { /* an older key, perhaps not yet moved */
+            size_t j = i / 2;
+            snprintf(k, sizeof k, "g%zu", j);
+            ASSERT_EQ(tw_durable_cancel(d, k, strlen(k)),
+                      gone[j] ? TW_ENOENT : 0);
+            pending -= !gone[j];
+            gone[j] = true;
+        }
+        if (i % 5 == 4) { /* replace a recent one: still one key */
+            size_t j = i - 3;
+            snprintf(k, sizeof k, "g%zu", j);
+            ASSERT_EQ(sched(d, k, t0 + 100000, "b"), 0);
+            pending += gone[j];
+            gone[j] = false;
+        }
+    }
+    ASSERT_GE(grew, 3);      /* 1024 -> 2048 -> ... buckets */
+    ASSERT_GT(growing, 50); /* calls made while a growth was under way */
+    ASSERT_GE(checks, 3);
+    ASSERT_EQ(stats(d).pending, pending);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = open_ok(&c);
+    ASSERT_EQ(stats(d).recovered, pending);
+    for (size_t i = 0; i < GROW_KEYS; i++) {
+        snprintf(k, sizeof k, "g%zu", i);
+        ASSERT_EQ(tw_durable_cancel(d, k, strlen(k)), gone[i] ? TW_ENOENT : 0);
+    }
+    ASSERT_EQ(stats(d).pending, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    rm_dir(dir);
+}
+
 static void test_node_size(void)
 {
     ASSERT_EQ(tw__durable_node_size(0), 56);
@@ -1650,5 +1723,6 @@ int main(void)
     RUN_TEST(test_rearm_from_callback);
     RUN_TEST(test_big_payload);
     RUN_TEST(test_node_size);
+    RUN_TEST(test_key_table_growth);
     return tw_test_done();
 }
