@@ -1661,7 +1661,7 @@ static void test_key_table_growth(void)
             gone[j] = false;
         }
     }
-    ASSERT_GE(grew, 3);      /* 1024 -> 2048 -> ... buckets */
+    ASSERT_GE(grew, 3);     /* 1024 -> 2048 -> ... buckets */
     ASSERT_GT(growing, 50); /* calls made while a growth was under way */
     ASSERT_GE(checks, 3);
     ASSERT_EQ(stats(d).pending, pending);
