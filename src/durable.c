@@ -323,21 +323,27 @@ static struct hpos hfind(jstore *s, const void *key, size_t len)
  * next hreserve(). */
 #define HGROW_STEP 4u
 
+/* Move the chain that starts at @h into table @b of @nb buckets (a power
+ * of two). */
+static void hmove_chain(jstore *s, hnd h, hnd *b, size_t nb)
+{
+    for (hnd nx; h; h = nx) {
+        struct dnode *n = hnode(s, h);
+        nx = hlink(n);
+        size_t j = hkey(s->seed, n->key, n->key_len) & (nb - 1);
+        hlink_set(n, b[j]);
+        b[j] = h;
+    }
+}
+
 static void hgrow_step(jstore *s, size_t steps)
 {
     if (s->old == NULL)
         return;
-    size_t nb = s->nbuckets;
     for (; steps > 0 && s->moved < s->nold; steps--) {
-        hnd h = s->old[s->moved], nx;
+        hnd h = s->old[s->moved];
         s->old[s->moved++] = 0;
-        for (; h; h = nx) {
-            struct dnode *n = hnode(s, h);
-            nx = hlink(n);
-            hnd *b = &s->buckets[hkey(s->seed, n->key, n->key_len) & (nb - 1)];
-            hlink_set(n, *b);
-            *b = h;
-        }
+        hmove_chain(s, h, s->buckets, s->nbuckets);
     }
     if (s->moved == s->nold) {
         tw__free(s->old);
@@ -376,14 +382,7 @@ static int hresize(jstore *s, size_t nb)
         return TW_ENOMEM;
     for (size_t i = 0; i < s->nbuckets; i++) {
         prefetch_chain(s, i + 8);
-        hnd h = s->buckets[i], nx;
-        for (; h; h = nx) {
-            struct dnode *n = hnode(s, h);
-            nx = hlink(n);
-            size_t j = hkey(s->seed, n->key, n->key_len) & (nb - 1);
-            hlink_set(n, b[j]);
-            b[j] = h;
-        }
+        hmove_chain(s, s->buckets[i], b, nb);
     }
     tw__free(s->buckets);
     s->buckets = b;
@@ -478,6 +477,15 @@ static struct dnode *node_new(jstore *s, const void *key, size_t len)
     n->fl = 0;
     memcpy(n->key, key, len);
     return n;
+}
+
+/* @n's current version is the SCHED record at @seg/@off, whose attempt
+ * counts every delivery begun so far (none since it). */
+static void node_record(struct dnode *n, uint32_t seg, uint32_t off)
+{
+    n->seg = seg;
+    n->off = off;
+    n->fl &= (uint16_t)~DN_FIRES;
 }
 
 /* One more delivery of @n began (its FIRE record is written). */
@@ -586,9 +594,7 @@ static void sched_apply(jstore *s, const tw_durable_item *it,
         hin(s, p, fresh);
         n = fresh;
     }
-    n->seg = seg;
-    n->off = off;
-    n->fl &= (uint16_t)~DN_FIRES; /* the new record's attempt is 0 */
+    node_record(n, seg, off); /* its attempt is 0 */
     seg_live(s, seg, +1);
     tw_wheel_add(s->wheel, &n->tm, tick_of(it->due_ms));
     kick_if_earlier(s, it->due_ms);
@@ -905,9 +911,7 @@ static void complete(jstore *s, struct delivery *dl, int r)
                           &lsn) == 0) {
             seg_live(s, n->seg, -1);
             seg_live(s, seg, +1);
-            n->seg = seg;
-            n->off = off;
-            n->fl &= (uint16_t)~DN_FIRES; /* counted in the record */
+            node_record(n, seg, off);
         }
         /* On failure the old record and its FIRE records stay: after a
          * crash it is delivered again with a higher attempt. */
@@ -1101,9 +1105,7 @@ static int compact_one(void *arg, const jr_rec *r)
     }
     seg_live(s, n->seg, -1);
     seg_live(s, seg, +1);
-    n->seg = seg;
-    n->off = off;
-    n->fl &= (uint16_t)~DN_FIRES; /* counted in the new record */
+    node_record(n, seg, off);
     c->lsn = lsn;
     return 0;
 }
@@ -1364,9 +1366,7 @@ static int replay_one(void *arg, const jr_rec *r)
                 return TW_ENOMEM;
             hin(s, p, n);
         }
-        n->seg = c->no;
-        n->off = r->off;
-        n->fl &= (uint16_t)~DN_FIRES; /* the record has the attempt */
+        node_record(n, c->no, r->off);
         tw_wheel_add(s->wheel, &n->tm, tick_of(r->due_ms));
         break;
     case JR_FIRE:
