@@ -100,10 +100,15 @@ static struct rec *rec_of_locked(const char *key)
     return r;
 }
 
+static void race_close(tw_durable *d);
+static atomic_int race_armed; /* a payload "C" runs race_close() once */
+
 static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
-    (void)d;
     (void)arg;
+    if (t->payload_len == 1 && *(const char *)t->payload == 'C' &&
+        atomic_exchange(&race_armed, 0))
+        race_close(d);
     int64_t at = now_ms();
     if (at < t->due_ms)
         early++;
@@ -582,6 +587,99 @@ static void test_close_reopen(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Calls from a callback while tw_durable_close() runs. close() waits for
+ * running callbacks, so a callback may still call in after close() has
+ * begun: each such call returns 0 (the change is then in the store, which
+ * the next open finds) or TW_ESHUTDOWN (nothing changed), and once one has
+ * returned TW_ESHUTDOWN every later call does. */
+
+#define RACE_BATCH 4
+static atomic_int race_started;
+static int race_acked;        /* race0 .. race<acked-1> returned 0 */
+static int race_refused = -1; /* the first that returned TW_ESHUTDOWN */
+static int race_after[4];     /* cancel, schedule_many, cancel_many, sched */
+static int race_items[2][RACE_BATCH];
+
+static void race_key(char *k, size_t len, int i)
+{
+    snprintf(k, len, "race%d", i);
+}
+
+/* Schedules race0, race1, ... (due in an hour) until one is refused, then
+ * tries each other call once. Bounded in real time, not in count. */
+static void race_close(tw_durable *d)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    atomic_store(&race_started, 1);
+    for (int i = 0;; i++) {
+        char k[32];
+        race_key(k, sizeof k, i);
+        int rc = sched(d, k, now_ms() + 3600 * 1000, "x");
+        if (rc == TW_ESHUTDOWN) {
+            race_refused = i;
+            break;
+        }
+        ASSERT_EQ(rc, 0);
+        race_acked = i + 1;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        ASSERT_LT((t.tv_sec - t0.tv_sec) * 1000, WAIT_MS);
+    }
+    race_after[0] = cancel(d, "race0");
+    tw_durable_item it[RACE_BATCH];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < RACE_BATCH; i++)
+            it[i] = (tw_durable_item){"race0", 5, now_ms() + 1000, "y", 1, 1};
+        race_after[1 + pass] =
+            pass ? tw_durable_cancel_many(d, it, RACE_BATCH)
+                 : tw_durable_schedule_many(d, it, RACE_BATCH);
+        for (int i = 0; i < RACE_BATCH; i++)
+            race_items[pass][i] = it[i].result;
+    }
+    race_after[3] = sched(d, "race-late", now_ms(), "z");
+}
+
+static void test_calls_during_close(void)
+{
+    tw_durable *d = open_new();
+    atomic_store(&race_started, 0);
+    race_acked = 0;
+    race_refused = -1;
+    atomic_store(&race_armed, 1);
+    ASSERT_EQ(sched(d, "closer", now_ms(), "C"), 0);
+    for (int i = 0; i < WAIT_MS && !atomic_load(&race_started); i++)
+        sleep_real_ms(1);
+    ASSERT(atomic_load(&race_started));
+    ASSERT_EQ(tw_durable_close(d), 0); /* returns after the callback */
+    fprintf(stderr, "(%d calls acknowledged before the refusal) ", race_acked);
+    ASSERT_EQ(race_refused, race_acked);
+    for (int i = 0; i < 4; i++)
+        ASSERT_EQ(race_after[i], TW_ESHUTDOWN);
+    for (int p = 0; p < 2; p++)
+        for (int i = 0; i < RACE_BATCH; i++)
+            ASSERT_EQ(race_items[p][i], TW_ESHUTDOWN);
+    /* The next open has every acknowledged key (race0 too: its cancel was
+     * refused) and not the refused ones. */
+    d = reopen();
+    tw_durable_item it[256];
+    char keys[256][32];
+    for (int base = 0; base <= race_acked; base += 256) {
+        int n = race_acked + 1 - base < 256 ? race_acked + 1 - base : 256;
+        for (int i = 0; i < n; i++) {
+            race_key(keys[i], sizeof keys[i], base + i);
+            it[i] = (tw_durable_item){keys[i], strlen(keys[i]), 0, NULL, 0, 1};
+        }
+        tw_durable_cancel_many(d, it, (size_t)n);
+        for (int i = 0; i < n; i++)
+            ASSERT_EQ(it[i].result, base + i < race_acked ? 0 : TW_ENOENT);
+    }
+    ASSERT_EQ(cancel(d, "race-late"), TW_ENOENT);
+    settle(d);
+    ASSERT_EQ(early, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 #define RUN(fn)                                                                \
     do {                                                                       \
         reset();                                                               \
@@ -604,5 +702,6 @@ int tw_sem_run(const tw_sem_backend *b)
     RUN(test_past_due);
     RUN(test_stats);
     RUN(test_close_reopen);
+    RUN(test_calls_during_close);
     return tw_test_done();
 }

@@ -23,7 +23,9 @@
  *
  * Thread safety: tw_durable_schedule(), tw_durable_cancel() and
  * tw_durable_stats_get() may be called from any thread, callbacks included.
- * tw_durable_close() must not be called from a callback.
+ * tw_durable_close() must not be called from a callback. A callback that
+ * calls in while close() waits for it gets TW_ESHUTDOWN, nothing changed,
+ * from every call once close() has begun.
  *
  * This header is the contract; see README.md "Durable timers" for the
  * guarantees table and the journal format.
