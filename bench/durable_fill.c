@@ -2,11 +2,12 @@
 /*
  * bench/durable_fill.c - the longest calls while a journal store fills.
  *
- *   durable_fill DIR N
+ *   durable_fill DIR N [SEGMENT_MB]
  *
- * Opens a store in DIR (SYNC_NONE, one 1 GiB segment, so that no segment
- * is closed while it fills), schedules N keys one per call, and prints
- * every call that took over 10 ms (as [key count: ms]), the longest call
+ * Opens a store in DIR (SYNC_NONE; one 1 GiB segment by default, so that
+ * no segment is closed while it fills; SEGMENT_MB makes segments of that
+ * size, to see the calls that close one), schedules N keys one per call, and
+ * prints every call that took over 10 ms (as [key count: ms]), the longest call
  * and the fill time. Built against an older tree's libtwheel.a it shows
  * what that version did (BENCHMARKS.md, "The key table grows a few buckets
  * at a time").
@@ -37,8 +38,8 @@ static uint64_t mono_ns(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: durable_fill DIR N\n");
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: durable_fill DIR N [SEGMENT_MB]\n");
         return 2;
     }
     tw_durable_config c;
@@ -47,6 +48,8 @@ int main(int argc, char **argv)
     c.fire = no_fire;
     c.sync = TW_DURABLE_SYNC_NONE;
     c.segment_bytes = UINT64_C(1) << 30;
+    if (argc == 4)
+        c.segment_bytes = strtoull(argv[3], NULL, 10) << 20;
     size_t n = strtoull(argv[2], NULL, 10);
     tw_durable *d;
     int rc = tw_durable_open(&d, &c);

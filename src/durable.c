@@ -763,6 +763,10 @@ static void wait_applied(jstore *s, struct sreq *me)
         if (locked) {
             if (!atomic_load_explicit(&me->done, memory_order_acquire))
                 combine(s);
+            if (tw__jr_wb_wanted(&s->w) && !s->kicked) {
+                s->kicked = true; /* the store's thread starts writeback */
+                pthread_cond_signal(&s->cv);
+            }
             pthread_mutex_unlock(&s->mu);
             /* Callers that queued meanwhile try again. */
             tw__futex_bump(&s->apply_seq);
@@ -1219,6 +1223,11 @@ static void *store_main(void *arg)
             if (compact_oldest(s) != 0)
                 break;
         interval_sync(s, mono0);
+        if (tw__jr_wb_wanted(&s->w)) {
+            pthread_mutex_unlock(&s->mu);
+            tw__jr_writeback(&s->w);
+            pthread_mutex_lock(&s->mu);
+        }
         if (s->nexec)
             while ((s->qhead || s->running) && !s->stop &&
                    s->round_req != s->round_done)

@@ -655,6 +655,36 @@ int tw__jr_sync_all(jr_writer *w)
     return wait_durable_relock(w, w->written);
 }
 
+bool tw__jr_wb_wanted(const jr_writer *w)
+{
+    if (!acks_unsynced(w))
+        return false;
+    uint64_t from = atomic_load(&w->wb_lsn);
+    return w->written >> 32 != from >> 32 || w->written - from >= JR_WB_CHUNK;
+}
+
+void tw__jr_writeback(jr_writer *w)
+{
+    pthread_mutex_lock(&w->sync_mu);
+    uint64_t to = w->pub_written, from = atomic_load(&w->wb_lsn);
+    int fd = w->pub_fd;
+    if (from >> 32 != to >> 32)
+        from = JR_LSN(to >> 32, JR_SEG_HDR); /* a new segment */
+    if (to <= from) {
+        atomic_store(&w->wb_lsn, from);
+        pthread_mutex_unlock(&w->sync_mu);
+        return;
+    }
+    atomic_store(&w->wb_lsn, to);
+    w->inflight++; /* the fd stays open meanwhile */
+    pthread_mutex_unlock(&w->sync_mu);
+    (void)sync_file_range(fd, (off_t)(from & UINT32_MAX), (off_t)(to - from),
+                          SYNC_FILE_RANGE_WRITE);
+    pthread_mutex_lock(&w->sync_mu);
+    w->inflight--;
+    pthread_mutex_unlock(&w->sync_mu);
+}
+
 int tw__jr_drop_oldest(jr_writer *w)
 {
     if (w->nseg < 2)

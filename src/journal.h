@@ -144,7 +144,25 @@ typedef struct jr_writer {
     size_t buf_cap;
     size_t staged;         /* bytes of them at the start of buf */
     uint64_t staged_sched; /* JR_SCHED records among them */
+    /* SYNC_NONE and SYNC_INTERVAL: LSN up to which the kernel has been
+     * asked to start writing back (tw__jr_writeback). */
+    _Atomic uint64_t wb_lsn;
 } jr_writer;
+
+/* Bytes written after which tw__jr_wb_wanted() says yes. */
+#define JR_WB_CHUNK (4u << 20)
+
+/* With SYNC_NONE or SYNC_INTERVAL: true once JR_WB_CHUNK bytes or more of
+ * the current segment were written since the last tw__jr_writeback(). */
+bool tw__jr_wb_wanted(const jr_writer *w);
+
+/* Ask the kernel to start writing back what was written since the last
+ * call (sync_file_range(SYNC_FILE_RANGE_WRITE): it starts the I/O and does
+ * not wait for it, though submitting it can take milliseconds; a failure
+ * is only a lost hint). Call without *mu: it takes sync_mu. Its point: the
+ * fsync that closes a full segment, under *mu, then waits for the tail
+ * written since, not for a whole segment of dirty pages. */
+void tw__jr_writeback(jr_writer *w);
 
 /* Most bytes staged before tw__jr_stage() asks for a flush (one record may
  * be larger on its own). */
