@@ -953,7 +953,7 @@ static int run_callback(jstore *s, struct delivery *dl)
         .due_ms = dl->rec.due_ms,
         .attempt = dl->attempt,
     };
-    return s->fire(&s->base, &t, s->fire_arg);
+    return tw__durable_fire(&s->base, s->fire, &t, s->fire_arg);
 }
 
 /* Read due node @n's record and append its FIRE record (*@lsn: its end).
@@ -1867,8 +1867,12 @@ int tw_durable_cancel(tw_durable *d, const void *key, size_t key_len)
     return d->ops->cancel(d, key, key_len);
 }
 
+_Thread_local tw_durable *tw__durable_running;
+
 int tw_durable_close(tw_durable *d)
 {
+    if (d && d == tw__durable_running)
+        return TW_EDEADLK; /* it would wait for this very callback */
     return d ? d->ops->close(d) : 0;
 }
 

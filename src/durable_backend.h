@@ -33,6 +33,22 @@ struct tw_durable {
     const struct tw_durable_ops *ops;
 };
 
+/* The store whose callback this thread is running, or NULL: close() of
+ * that store from inside its own callback would wait for itself, and
+ * returns TW_EDEADLK instead (src/durable.c). */
+extern _Thread_local tw_durable *tw__durable_running;
+
+/* Every backend calls its callbacks through this. */
+static inline int tw__durable_fire(tw_durable *d, tw_durable_fire_fn fn,
+                                   const tw_durable_timer *t, void *arg)
+{
+    tw_durable *outer = tw__durable_running;
+    tw__durable_running = d;
+    int res = fn(d, t, arg);
+    tw__durable_running = outer;
+    return res;
+}
+
 /* The first non-zero result of @items, or 0: what a schedule_many call
  * returns once every item's result is set. */
 static inline int tw__durable_first_error(const tw_durable_item *items,

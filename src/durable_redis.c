@@ -1079,7 +1079,7 @@ static void fire_one(struct rd *d, struct rtimer *r)
     r->fired = true;
     d->late_hist[tw__late_bucket(late > 0 ? (uint64_t)late : 0)]++;
     pthread_mutex_unlock(&d->mu);
-    int res = d->fire(&d->base, &t, d->fire_arg);
+    int res = tw__durable_fire(&d->base, d->fire, &t, d->fire_arg);
     pthread_mutex_lock(&d->mu);
     if (res > 0)
         d->retried++;

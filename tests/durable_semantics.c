@@ -101,7 +101,8 @@ static struct rec *rec_of_locked(const char *key)
 }
 
 static void race_close(tw_durable *d);
-static atomic_int race_armed; /* a payload "C" runs race_close() once */
+static atomic_int self_close_rc = 1; /* a payload "X" closes its own store */
+static atomic_int race_armed;        /* a payload "C" runs race_close() once */
 
 static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
@@ -109,6 +110,8 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     if (t->payload_len == 1 && *(const char *)t->payload == 'C' &&
         atomic_exchange(&race_armed, 0))
         race_close(d);
+    if (t->payload_len == 1 && *(const char *)t->payload == 'X')
+        atomic_store(&self_close_rc, tw_durable_close(d));
     int64_t at = now_ms();
     if (at < t->due_ms)
         early++;
@@ -680,6 +683,24 @@ static void test_calls_during_close(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* close() from inside the store's own callback would wait for itself:
+ * TW_EDEADLK, and the store goes on as if it had not been called. */
+static void test_close_from_callback(void)
+{
+    tw_durable *d = open_new();
+    atomic_store(&self_close_rc, 1);
+    ASSERT_EQ(sched(d, "self-close", now_ms(), "X"), 0);
+    wait_count("self-close", 1);
+    for (int i = 0; i < WAIT_MS && atomic_load(&self_close_rc) == 1; i++)
+        sleep_real_ms(1);
+    ASSERT_EQ(atomic_load(&self_close_rc), TW_EDEADLK);
+    ASSERT_EQ(sched(d, "after-self-close", now_ms(), "a"), 0);
+    wait_count("after-self-close", 1);
+    settle(d);
+    ASSERT_EQ(count_of("self-close"), 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 #define RUN(fn)                                                                \
     do {                                                                       \
         reset();                                                               \
@@ -703,5 +724,6 @@ int tw_sem_run(const tw_sem_backend *b)
     RUN(test_stats);
     RUN(test_close_reopen);
     RUN(test_calls_during_close);
+    RUN(test_close_from_callback);
     return tw_test_done();
 }

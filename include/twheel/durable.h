@@ -23,9 +23,10 @@
  *
  * Thread safety: tw_durable_schedule(), tw_durable_cancel() and
  * tw_durable_stats_get() may be called from any thread, callbacks included.
- * tw_durable_close() must not be called from a callback. A callback that
- * calls in while close() waits for it gets TW_ESHUTDOWN, nothing changed,
- * from every call once close() has begun.
+ * tw_durable_close() of a store from inside one of its own callbacks
+ * returns TW_EDEADLK and does nothing. A callback that calls in while
+ * close() waits for it gets TW_ESHUTDOWN, nothing changed, from every call
+ * once close() has begun.
  *
  * This header is the contract; see README.md "Durable timers" for the
  * guarantees table and the journal format.
@@ -206,7 +207,8 @@ TW_EXTERN int tw_durable_cancel(tw_durable *d, const void *key, size_t key_len);
  * tw_durable_close - stop firing, wait for running callbacks, make every
  * acknowledged change durable and free @d. Pending timers stay in the store
  * for the next open. Returns 0 or the first error met while flushing (the
- * handle is freed either way). NULL is accepted. Context: not in a callback.
+ * handle is freed either way). NULL is accepted. From inside a callback of
+ * @d: TW_EDEADLK, nothing done (@d stays open).
  */
 TW_EXTERN int tw_durable_close(tw_durable *d);
 
