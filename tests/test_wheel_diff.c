@@ -52,6 +52,7 @@ struct model {
     size_t fired;
     unsigned levels; /* for the wake-up bound */
     int quiet;       /* callbacks take no actions */
+    int crowd;       /* most expiries in a few level-1 slots */
     uint64_t stats_fired, stats_cb_ops;
 };
 
@@ -123,6 +124,12 @@ static uint64_t pick_expiry(uint64_t base)
 {
     uint64_t r = rnd();
     uint64_t e;
+    if (M.crowd && r % 4 != 0) {
+        /* A few level-1 slots of a 256-slot wheel: long lists there, and
+         * cascades of crowded slots. */
+        e = base + 300 + rnd() % 600;
+        return e < base ? UINT64_MAX : e;
+    }
     switch (r % 12) {
     case 0: /* in the past */
         e = base - (base < 100 ? base : rnd() % 100);
@@ -368,9 +375,13 @@ static void run_config(const char *name, const tw_wheel_config *cfg,
                               (UINT64_C(1) << 63) - 5};
         uint64_t start = starts[rnd() % 4];
         ASSERT_EQ(tw_wheel_create(&M.w, cfg, start), 0);
-        /* Half the epochs widen the slot-head table at some count they
-         * reach (maybe inside a callback), the others never do. */
-        tw__wheel_widen_at(M.w, 1 + rnd() % (2 * NT));
+        /* Half the epochs widen the slot-head table at a count they soon
+         * reach (maybe inside a callback), the others never do. (A count
+         * drawn up to 2 * NT was reached in few epochs: about 20 of 600.)
+         * A quarter crowd a few level-1 slots with short steps. */
+        if (rnd() & 1)
+            tw__wheel_widen_at(M.w, 1 + rnd() % 32);
+        M.crowd = rnd() % 4 == 0;
         M.levels = cfg == NULL || cfg->levels == 0 ? 64 : cfg->levels;
         M.now = start;
         M.npending = 0;
@@ -394,6 +405,8 @@ static void run_config(const char *name, const tw_wheel_config *cfg,
             } else {
                 uint64_t step;
                 uint64_t q = rnd() % 20;
+                if (M.crowd && q >= 15)
+                    q = rnd() % 15; /* short steps: the slots fill */
                 if (q < 4)
                     step = 0;
                 else if (q < 10)
