@@ -37,6 +37,17 @@ static inline unsigned tw__late_bucket(uint64_t late_us)
 int tw__wheel_check(const tw_wheel *w);
 int tw__wheel_check_full(const tw_wheel *w);
 
+/* Make @w call @fire(t, @arg) for every timer it runs, instead of each
+ * timer's own function: the wheel then never reads a timer's tw__fn, and
+ * a user of the wheel (the service) may keep other data in its place.
+ * Call before the first add. */
+void tw__wheel_set_fire(tw_wheel *w, tw_timer_fn fire, void *arg);
+/* tw_wheel_add() and tw_wheel_add_window() for such a wheel: @w and @t
+ * valid (latest >= earliest), and @t's tw__fn is not read. */
+int tw__wheel_add_any(tw_wheel *w, tw_timer *t, uint64_t expires);
+int tw__wheel_add_window_any(tw_wheel *w, tw_timer *t, uint64_t earliest,
+                             uint64_t latest);
+
 /* Service test hooks (src/service.c). tw__service_kick: an injected
  * spurious wake-up of the timer thread (counted in stats.wakeups).
  * tw__service_node_size: bytes of one pending task's record. */

@@ -537,7 +537,7 @@ static inline void sched_publish(tw_service *s, const struct sched *r,
             tw__svc_window(s->cfg.tick_ns, due, r->width, &tick, &last);
     }
     struct node *n = v->n;
-    tw_timer_init(&n->t, trampoline, arg);
+    node_init(n, arg);
     n->t.tw__expires = tick;
     /* While QUEUED, tw__pprev carries the window's width in ticks (a
      * narrower window is still inside the caller's). */
@@ -670,7 +670,7 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
      * (callgrind, bench_service --throughput --exact --producers 1). */
     uint64_t tick = ceil_tick(s, add_sat(rel_ns_deadline(s), delay));
     struct node *n = v.n;
-    tw_timer_init(&n->t, trampoline, arg);
+    node_init(n, arg);
     n->t.tw__expires = tick;
     uint64_t st = (v.st & ~UINT64_C(0xffffffff)) |
                   ((uint64_t)v.fidx << ST_PAY_SHIFT) | LOC_QUEUED;
@@ -763,9 +763,9 @@ static void take_submission(tw_service *s, struct node *n, void *ctx)
     }
     uint64_t first = n->t.tw__expires;
     if (first != NEVER && span == 0)
-        tw_wheel_add(s->timer.wheel, &n->t, first);
+        tw__wheel_add_any(s->timer.wheel, &n->t, first);
     else if (first != NEVER)
-        tw_wheel_add_window(s->timer.wheel, &n->t, first, first + span);
+        tw__wheel_add_window_any(s->timer.wheel, &n->t, first, first + span);
 }
 
 /* Submission stack @k: the producers' 0 .. n-1, the shared one n. NULL if
@@ -1088,7 +1088,7 @@ static void run_node(tw_service *s, struct node *n, bool inline_wheel)
         if (!inline_wheel)
             requeue(s, n, tick);
         else if (move_or_free(s, n, LOC_ARMED, 0, true, &rst) && tick != NEVER)
-            tw_wheel_add(s->timer.wheel, &n->t, tick);
+            tw__wheel_add_any(s->timer.wheel, &n->t, tick);
     }
     notify_waiters(s);
 }
@@ -1501,6 +1501,7 @@ int(tw_service_create)(tw_service **out, const tw_service_config *cfg)
     s->cfg.wcfg.levels = cfg->levels;
     if ((rc = tw_wheel_create(&s->timer.wheel, &s->cfg.wcfg, 0)) != 0)
         goto fail_wheel;
+    tw__wheel_set_fire(s->timer.wheel, trampoline, s); /* see struct node */
     if ((rc = sync_init(s)) != 0)
         goto fail_sync;
     config_apply(s, cfg, &z);

@@ -117,6 +117,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "exec_pool.h"
@@ -161,13 +162,33 @@ enum { LOC_FREE = 0, LOC_QUEUED, LOC_ARMED, LOC_DISPATCHED, LOC_RUNNING };
 /* At most 2^27 - 1 nodes: the index + 1 must fit the 27-bit payload. */
 #define MAX_NODES ((UINT32_C(1) << 27) - 1)
 
+/*
+ * A node is a wheel timer whose function pointer is the state word (on
+ * LP64, where both are 8 bytes): the service's wheel calls one function
+ * for every timer (tw__wheel_set_fire) and never reads a timer's tw__fn,
+ * so the 8 bytes that held the same trampoline in every node hold the
+ * state instead. Nodes are never given to tw_timer_init() (which would
+ * write tw__fn over the state); node_init() sets the other fields.
+ */
+#if UINTPTR_MAX == UINT64_MAX
+struct node {
+    union {
+        tw_timer t;
+        struct {
+            void *link_[3];         /* tw__next, tw__pprev, tw__expires */
+            _Atomic uint64_t state; /* in place of tw__fn */
+            void *arg_;             /* tw__arg */
+        };
+    };
+};
+_Static_assert(offsetof(struct node, state) == offsetof(tw_timer, tw__fn),
+               "the state word is in the place of tw__fn");
+_Static_assert(sizeof(struct node) == 40, "a node is 40 bytes on LP64");
+#else
 struct node {
     tw_timer t;
     _Atomic uint64_t state;
 };
-
-#if UINTPTR_MAX == UINT64_MAX
-_Static_assert(sizeof(struct node) == 48, "a node is 48 bytes on LP64");
 #endif
 
 /* Everything a chunk holds after its nodes. */
@@ -400,6 +421,15 @@ static inline uint32_t node_index(const struct node *n)
 static inline tw_id make_id(uint64_t st, uint32_t idx)
 {
     return (st & ~UINT64_C(0xffffffff)) | (uint64_t)(idx + 1);
+}
+
+/* A node about to be queued: not linked, no deadline yet, @arg. */
+static inline void node_init(struct node *n, void *arg)
+{
+    n->t.tw__next = NULL;
+    n->t.tw__pprev = NULL;
+    n->t.tw__expires = 0;
+    n->t.tw__arg = arg;
 }
 
 static inline struct node *node_of_timer(tw_timer *t)

@@ -124,6 +124,12 @@ int tw__wheel_check_full(const tw_wheel *w);
 /* For tests: widen a narrow table when the count reaches @n (see widen();
  * 0 changes nothing); returns the lists per slot. */
 unsigned tw__wheel_widen_at(tw_wheel *w, size_t n);
+/* One callback for every timer, and the adds for such a wheel (also in
+ * src/internal.h). */
+void tw__wheel_set_fire(tw_wheel *w, tw_timer_fn fire, void *arg);
+int tw__wheel_add_any(tw_wheel *w, tw_timer *t, uint64_t expires);
+int tw__wheel_add_window_any(tw_wheel *w, tw_timer *t, uint64_t earliest,
+                             uint64_t latest);
 
 /* Per-level addresses, precomputed so that placing a timer is a few
  * instructions. */
@@ -134,6 +140,10 @@ struct level {
 };
 
 struct tw_wheel {
+    /* tw__wheel_set_fire(): one callback for every timer, whose tw__fn
+     * this wheel then never reads (NULL: each timer's own). */
+    tw_timer_fn fire;
+    void *fire_arg;
     uint64_t now;
     uint64_t hint;       /* no slot needs a visit before this tick */
     uint32_t hint_ok;    /* hint is next_event()'s tick (advance_loop) */
@@ -688,6 +698,12 @@ void tw_wheel_destroy(tw_wheel *w)
     tw__free(w); /* one allocation holds the wheel and its other arrays */
 }
 
+void tw__wheel_set_fire(tw_wheel *w, tw_timer_fn fire, void *arg)
+{
+    w->fire = fire;
+    w->fire_arg = arg;
+}
+
 void tw_timer_init(tw_timer *t, tw_timer_fn fn, void *arg)
 {
     t->tw__next = NULL;
@@ -812,10 +828,10 @@ __attribute__((noinline)) static int add_narrow(tw_wheel *w, tw_timer *t,
     return 0;
 }
 
-int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
+/* tw_wheel_add() of valid arguments. */
+static inline __attribute__((always_inline)) int
+add_valid(tw_wheel *w, tw_timer *t, uint64_t expires)
 {
-    if (w == NULL || t == NULL || t->tw__fn == NULL)
-        return TW_EINVAL;
     uint64_t now = w->now;
     if (t->tw__pprev != NULL || expires <= now)
         return add_slow(w, t, expires);
@@ -852,6 +868,20 @@ int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
     return 0;
 }
 
+int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
+{
+    if (w == NULL || t == NULL || t->tw__fn == NULL)
+        return TW_EINVAL;
+    return add_valid(w, t, expires);
+}
+
+/* For a wheel with one callback for all timers (tw__wheel_set_fire),
+ * whose timers' tw__fn may hold anything: never read here. */
+int tw__wheel_add_any(tw_wheel *w, tw_timer *t, uint64_t expires)
+{
+    return add_valid(w, t, expires);
+}
+
 /* The tick in [@a, @b] (a < b) with the most trailing zero bits. */
 static uint64_t coarsest_in(uint64_t a, uint64_t b)
 {
@@ -868,9 +898,15 @@ int tw_wheel_add_window(tw_wheel *w, tw_timer *t, uint64_t earliest,
 {
     if (w == NULL || t == NULL || t->tw__fn == NULL || latest < earliest)
         return TW_EINVAL;
+    return tw__wheel_add_window_any(w, t, earliest, latest);
+}
+
+int tw__wheel_add_window_any(tw_wheel *w, tw_timer *t, uint64_t earliest,
+                             uint64_t latest)
+{
     if (earliest <= w->now || earliest == latest)
-        return tw_wheel_add(w, t, earliest);
-    return tw_wheel_add(w, t, coarsest_in(earliest, latest));
+        return add_valid(w, t, earliest);
+    return add_valid(w, t, coarsest_in(earliest, latest));
 }
 
 bool tw_wheel_cancel(tw_wheel *w, tw_timer *t)
@@ -1049,7 +1085,10 @@ fire_chains(tw_wheel *w, tw_timer **fl, unsigned n)
         t->tw__pprev = NULL;
         t->tw__next = NULL;
         w->removes++;
-        t->tw__fn(t, t->tw__arg);
+        if (w->fire == NULL)
+            t->tw__fn(t, t->tw__arg);
+        else /* one callback for the wheel (tw__wheel_set_fire) */
+            w->fire(t, w->fire_arg);
         ran++;
         if (++c >= n)
             c = 0;
@@ -1298,12 +1337,12 @@ size_t tw_wheel_advance(tw_wheel *w, uint64_t now)
             return __LINE__;                                                   \
     } while (0)
 
-static int check_list(tw_timer *const *head, size_t *n)
+static int check_list(const tw_wheel *w, tw_timer *const *head, size_t *n)
 {
     tw_timer *const *pp = head;
     for (tw_timer *t = *head; t != NULL; t = t->tw__next) {
         CHECK(t->tw__pprev == (tw_timer **)pp);
-        CHECK(t->tw__fn != NULL);
+        CHECK(w->fire != NULL || t->tw__fn != NULL);
         pp = &t->tw__next;
         (*n)++;
     }
@@ -1318,7 +1357,7 @@ static int check_slot(const tw_wheel *w, unsigned k, uint64_t s, size_t *n)
     unsigned gshift = k * w->bits;
     CHECK(!slot_empty(h, C));
     for (unsigned c = 0; c < C; c++) {
-        if ((r = check_list(&h[c], n)) != 0)
+        if ((r = check_list(w, &h[c], n)) != 0)
             return r;
         for (tw_timer *t = h[c]; t != NULL; t = t->tw__next) {
             uint64_t e = t->tw__expires;
@@ -1340,7 +1379,7 @@ int tw__wheel_check(const tw_wheel *w)
 {
     size_t n = 0;
     int r;
-    if ((r = check_list(&w->due, &n)) != 0)
+    if ((r = check_list(w, &w->due, &n)) != 0)
         return r;
     uint64_t seen_min = UINT64_MAX, prev = 0;
     for (tw_timer *t = w->due; t != NULL; t = t->tw__next) {

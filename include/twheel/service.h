@@ -32,7 +32,7 @@
  * ms). The timer thread sleeps until the next deadline and does not wake
  * periodically when idle.
  *
- * Memory: one 48-byte record per task (LP64), in chunks of 4096 that are
+ * Memory: one 40-byte record per task (LP64), in chunks of 4096 that are
  * reused and only freed by tw_service_destroy(); a periodic task also has a
  * 32-byte side record. At most 2^27 - 1 records (then TW_ENOMEM). Each
  * distinct task function takes one entry of a per-service table
@@ -110,7 +110,7 @@ typedef struct tw_service_config {
                                hold; 0 = 1024; rounded up to a power of
                                two; at most 2^24. Each task stores its
                                function as an index into this table,
-                               which keeps a pending task at 48 bytes. */
+                               which keeps a pending task at 40 bytes. */
     tw_clock_fn clock;      /* NULL = CLOCK_MONOTONIC */
     void *clock_ctx;        /* passed to clock */
     tw_execute_fn execute;  /* NULL = built in; needs executor_threads
