@@ -14,6 +14,7 @@
 #ifndef TWHEEL_REDIS_CLIENT_H
 #define TWHEEL_REDIS_CLIENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -46,6 +47,11 @@ void tw__rc_close(tw__rc *c);
 /* Run @n commands, pipelined per node and batched with other threads'.
  * Returns 0 when every command has a reply, else the first err. */
 int tw__rc_exec(tw__rc *c, tw__rc_cmd *cmds, size_t n);
+
+/* True when the seeds are a Redis Cluster (CLUSTER SLOTS answered with a
+ * map at the last refresh), false for a single server, whose scripts may
+ * take keys of any slots. */
+bool tw__rc_is_cluster(tw__rc *c);
 
 /* Counters for tests: round trips (batches written), redirects followed,
  * map refreshes, reconnects. */

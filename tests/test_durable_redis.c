@@ -513,8 +513,66 @@ static void many_dead(tw_durable *d)
     sh("TW_REDIS_START");
 }
 
+/* The calls of one batch to many shards: on a single server one command
+ * (the script calls combined), on a cluster one per shard; each item keeps
+ * its own result either way. The horizon of an hour keeps the claimer to
+ * the one CLAIM round it starts with (one more command at most on a single
+ * server) and the firer idle. */
+static uint64_t client_commands(tw_durable *d)
+{
+    tw__rc_stats rs;
+    tw__durable_redis_client_stats(d, &rs);
+    return rs.commands;
+}
+
+static void many_combined(void)
+{
+    char ns[32];
+    snprintf(ns, sizeof ns, "comb%d", (int)getpid());
+    tw_durable_config cfg = base_cfg(ns);
+    cfg.horizon_ms = 3600000;
+    tw__rc *rc;
+    ASSERT_EQ(tw__rc_open(&rc, seeds), 0);
+    bool cluster = tw__rc_is_cluster(rc);
+    tw__rc_close(rc);
+    tw_durable *d;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    enum { N = 64 }; /* every one of the 8 shards, several times */
+    tw_durable_item it[N + 1];
+    char k[N + 1][16], p[N + 1][16];
+    int64_t far = wall_ms() + 7200000;
+    for (int i = 0; i < N; i++)
+        many_item(&it[i], &k[i], &p[i], 2 * MANY_N + i, far, "c");
+    uint64_t c0 = client_commands(d);
+    ASSERT_EQ(tw_durable_schedule_many(d, it, N), 0);
+    uint64_t c1 = client_commands(d);
+    /* The same batch again, one key twice: cancelled, then not found. */
+    it[N] = it[0];
+    ASSERT_EQ(tw_durable_cancel_many(d, it, N + 1), TW_ENOENT);
+    uint64_t c2 = client_commands(d);
+    for (int i = 0; i < N; i++)
+        ASSERT_EQ(it[i].result, 0);
+    ASSERT_EQ(it[N].result, TW_ENOENT);
+    printf("  %s: %llu commands for a batch of %d schedules, %llu for its "
+           "cancels\n",
+           cluster ? "cluster" : "single server", (unsigned long long)(c1 - c0),
+           N, (unsigned long long)(c2 - c1));
+    if (cluster) {
+        ASSERT(c1 - c0 >= 8);
+        ASSERT(c2 - c1 >= N + 1);
+    } else {
+        ASSERT(c1 - c0 <= 2);
+        ASSERT(c2 - c1 <= 2);
+    }
+    tw_durable_stats st;
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.pending, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 static void many(void)
 {
+    many_combined();
     char ns[32];
     snprintf(ns, sizeof ns, "many%d", (int)getpid());
     tw_durable_config cfg = base_cfg(ns);
