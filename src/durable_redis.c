@@ -120,6 +120,7 @@ enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_COUNT };
 #define S_MULTI S_COUNT     /* the combined calls of a single server */
 #define MULTI_MAX_CALLS 256 /* calls combined into one, at most */
 #define MULTI_MAX_ARGS 4096 /* their arguments (bounds a call's run time) */
+#define MULTI_CALL_ARGS 256 /* a call with more goes alone */
 enum { CHK_VER = -1, CHK_SCORE = -2 }; /* the plain commands of a check */
 
 /* KEYS: 1 d, 2 p, 3 s, 4 v. A claim's token T (see the top of the file)
@@ -337,8 +338,8 @@ static const char multi_tail[] =
     "local out,ka,aa={},0,1\n"
     "for i=1,tonumber(ARGV[1]) do\n"
     " local f,n=F[tonumber(ARGV[aa+1])],tonumber(ARGV[aa+2])\n"
-    " local K,A={KEYS[ka+1],KEYS[ka+2],KEYS[ka+3],KEYS[ka+4]},{}\n"
-    " for j=1,n do A[j]=ARGV[aa+2+j] end\n"
+    " local K={KEYS[ka+1],KEYS[ka+2],KEYS[ka+3],KEYS[ka+4]}\n"
+    " local A={unpack(ARGV,aa+3,aa+2+n)}\n"
     " local ok,r=pcall(f,K,A)\n"
     " if ok then out[i]=r\n"
     " elseif type(r)=='table' and r.err then out[i]=r\n"
@@ -593,7 +594,10 @@ static void multi_free(struct multi *m)
 }
 
 /* Split the script calls of @cmds into groups of at most MULTI_MAX_CALLS
- * calls and MULTI_MAX_ARGS arguments, in order. */
+ * calls and MULTI_MAX_ARGS arguments, in order. A call of more than
+ * MULTI_CALL_ARGS arguments goes alone (the per-call cost combining saves
+ * is small next to its own, and MULTI copies its arguments once more) and
+ * ends the group before it, so that the calls keep their order. */
 static bool multi_plan(struct multi *m, const tw__rc_cmd *cmds,
                        const int *script, size_t n, bool on, size_t *nargs)
 {
@@ -603,13 +607,19 @@ static bool multi_plan(struct multi *m, const tw__rc_cmd *cmds,
     if (!m->first || !m->mem || !m->grp)
         return false;
     size_t nm = 0, args = 0;
+    bool open = false;
     *nargs = 0;
     for (size_t i = 0; on && i < n; i++) {
         if (script[i] < 0)
             continue;
         size_t a = (size_t)cmds[i].argc - 3 - NKEYS;
-        if (!m->ng || nm - m->first[m->ng - 1] >= MULTI_MAX_CALLS ||
-            (args && args + a > MULTI_MAX_ARGS)) {
+        if (a > MULTI_CALL_ARGS) {
+            open = false;
+            continue;
+        }
+        if (!open || nm - m->first[m->ng - 1] >= MULTI_MAX_CALLS ||
+            args + a > MULTI_MAX_ARGS) {
+            open = true;
             m->first[m->ng++] = nm;
             args = 0;
             *nargs += 5;
@@ -768,7 +778,7 @@ static int run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
         multi_free(&m);
         return run_each(d, cmds, script, n);
     }
-    size_t nout = n - (ns >= 2 ? ns - m.ng : 0) - (ng >= 2 ? ng - 1 : 0);
+    size_t nout = n - m.first[m.ng] + m.ng - (ng >= 2 ? ng - 1 : 0);
     m.out = tw__calloc(nout, sizeof *m.out);
     m.script = tw__malloc(nout * sizeof *m.script);
     m.from = tw__malloc(nout * sizeof *m.from);
