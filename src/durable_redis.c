@@ -56,7 +56,8 @@
  * one GET of :v per shard per batch (a batch starts at most every
  * CHECK_GAP_MS, at once while the firer is behind, and takes every timer
  * due in the next CHECK_AHEAD_MS, so the timers of several milliseconds
- * share one round trip, which is most of what a check costs Redis). If :v
+ * share one round trip, which is most of what a check costs Redis; on a
+ * single server, not a cluster, the batch's GETs go as one MGET). If :v
  * is still the timer's version, nothing that could take it away has
  * happened since the node last knew it was its own. Otherwise its score is
  * read at once (ZMSCORE, one more round trip) and compared with -T; a
@@ -91,6 +92,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,10 +119,6 @@
 #define DONE_BATCH 1024
 
 enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_COUNT };
-#define S_MULTI S_COUNT     /* the combined calls of a single server */
-#define MULTI_MAX_CALLS 256 /* calls combined into one, at most */
-#define MULTI_MAX_ARGS 4096 /* their arguments (bounds a call's run time) */
-#define MULTI_CALL_ARGS 256 /* a call with more goes alone */
 enum { CHK_VER = -1, CHK_SCORE = -2 }; /* the plain commands of a check */
 
 /* KEYS: 1 d, 2 p, 3 s, 4 v. A claim's token T (see the top of the file)
@@ -325,29 +323,6 @@ static const char *const scripts[S_COUNT] = {
     "return 1\n",
 };
 
-/* MULTI: on a single server (not a cluster), the script calls of one
- * pipeline go as one call of this script, which runs each with its own
- * KEYS and ARGV, in order, as the function of its script (the source built
- * by multi_source: "local F={}", then F[i]=function(KEYS,ARGV) ... end for
- * each script above, then this). KEYS: the NKEYS keys of each call in
- * turn. ARGV: the number of calls, then per call its script, its number
- * of arguments and those. Returns one reply per call; a call that raised
- * an error gets it as its reply (pcall), and the calls after it still
- * run, as separate calls would. */
-static const char multi_tail[] =
-    "local out,ka,aa={},0,1\n"
-    "for i=1,tonumber(ARGV[1]) do\n"
-    " local f,n=F[tonumber(ARGV[aa+1])],tonumber(ARGV[aa+2])\n"
-    " local K={KEYS[ka+1],KEYS[ka+2],KEYS[ka+3],KEYS[ka+4]}\n"
-    " local A={unpack(ARGV,aa+3,aa+2+n)}\n"
-    " local ok,r=pcall(f,K,A)\n"
-    " if ok then out[i]=r\n"
-    " elseif type(r)=='table' and r.err then out[i]=r\n"
-    " else out[i]={err=tostring(r)} end\n"
-    " ka,aa=ka+4,aa+2+n\n"
-    "end\n"
-    "return out\n";
-
 static const char key_suffix[NKEYS] = {'d', 'p', 's', 'v'};
 
 /* A claimed timer in the node's wheel: the key, then the payload. */
@@ -387,9 +362,9 @@ struct rd {
     int64_t (*wall_fn)(void *);
     uint64_t (*mono_fn)(void *);
     void *clock_arg;
-    char sha[S_COUNT + 1][41];
-    char *multi_src; /* MULTI's source (multi_source) */
-    bool single;     /* one server, not a cluster: calls are combined */
+    char sha[S_COUNT][41];
+    bool single; /* one server, not a cluster: the checks' GETs combined */
+    _Atomic uint64_t mgets, mget_keys; /* those MGETs, their keys (tests) */
     struct shard_keys *sk;
 
     pthread_mutex_t op_mu; /* the combiner of one-per-call operations */
@@ -512,11 +487,6 @@ static bool is_noscript(const redisReply *r)
            !strncmp(r->str, "NOSCRIPT", 8);
 }
 
-static const char *script_src(const struct rd *d, int script)
-{
-    return script == S_MULTI ? d->multi_src : scripts[script];
-}
-
 /* Run @n commands pipelined; @script[i] is the script of cmds[i] (its
  * argv[0..1] are EVALSHA and the digest, and its argv array is the
  * caller's, writable) or -1 for a plain command. Returns 0 or the first
@@ -549,8 +519,8 @@ static int run_each(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
             size_t *len = (size_t *)cmds[i].argvlen;
             argv[0] = "EVAL";
             len[0] = 4;
-            argv[1] = script_src(d, script[i]);
-            len[1] = strlen(argv[1]);
+            argv[1] = scripts[script[i]];
+            len[1] = strlen(scripts[script[i]]);
             sub[j] = cmds[i];
             idx[j++] = i;
         }
@@ -566,263 +536,87 @@ static int run_each(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
     return rc;
 }
 
-/* The combined calls of run_cmds: group g holds the script calls
- * mem[first[g]..first[g + 1]). */
-struct multi {
-    size_t ng, nout;
-    size_t *first, *mem, *grp; /* grp: per command its group + 1, or 0 */
-    tw__rc_cmd *out;           /* the groups and plain commands, in order */
-    int *script;
-    size_t *from; /* per out entry: its command, or SIZE_MAX for a group */
-    const char **argv;
-    size_t *len;
-    char (*num)[24];
-    size_t ngets, *gets; /* the GETs, combined into one MGET */
-    const char **gargv;
-    size_t *glen;
-};
-
-#define FROM_GROUP SIZE_MAX
-#define FROM_MGET (SIZE_MAX - 1)
-
-static void multi_free(struct multi *m)
-{
-    void *v[] = {m->first, m->mem, m->grp, m->out,  m->script, m->from,
-                 m->argv,  m->len, m->num, m->gets, m->gargv,  m->glen};
-    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
-        tw__free(v[i]);
-}
-
-/* Split the script calls of @cmds into groups of at most MULTI_MAX_CALLS
- * calls and MULTI_MAX_ARGS arguments, in order. A call of more than
- * MULTI_CALL_ARGS arguments goes alone (the per-call cost combining saves
- * is small next to its own, and MULTI copies its arguments once more) and
- * ends the group before it, so that the calls keep their order. */
-static bool multi_plan(struct multi *m, const tw__rc_cmd *cmds,
-                       const int *script, size_t n, bool on, size_t *nargs)
-{
-    m->first = tw__malloc((n + 1) * sizeof *m->first);
-    m->mem = tw__malloc(n * sizeof *m->mem);
-    m->grp = tw__calloc(n, sizeof *m->grp);
-    if (!m->first || !m->mem || !m->grp)
-        return false;
-    size_t nm = 0, args = 0;
-    bool open = false;
-    *nargs = 0;
-    for (size_t i = 0; on && i < n; i++) {
-        if (script[i] < 0)
-            continue;
-        size_t a = (size_t)cmds[i].argc - 3 - NKEYS;
-        if (a > MULTI_CALL_ARGS) {
-            open = false;
-            continue;
-        }
-        if (!open || nm - m->first[m->ng - 1] >= MULTI_MAX_CALLS ||
-            args + a > MULTI_MAX_ARGS) {
-            open = true;
-            m->first[m->ng++] = nm;
-            args = 0;
-            *nargs += 5;
-        }
-        args += a;
-        *nargs += NKEYS + 2 + a;
-        m->grp[i] = m->ng;
-        m->mem[nm++] = i;
-    }
-    m->first[m->ng] = nm;
-    return true;
-}
-
-/* Lay out group @g: EVALSHA, MULTI's digest, its number of keys, the
- * keys, the number of calls, then (script, argc, arguments) per call. */
-static void multi_fill(struct rd *d, struct multi *m, const tw__rc_cmd *cmds,
-                       const int *script, size_t g, size_t o, size_t *ai,
-                       size_t *ni)
-{
-    const char **av = m->argv + *ai;
-    size_t *al = m->len + *ai;
-    size_t c0 = m->first[g], c1 = m->first[g + 1], k = 0;
-    long long two[2] = {(long long)(NKEYS * (c1 - c0)), (long long)(c1 - c0)};
-    av[0] = "EVALSHA";
-    al[0] = 7;
-    av[1] = d->sha[S_MULTI];
-    al[1] = 40;
-    put_nums(av + 2, al + 2, m->num + *ni, two, 1);
-    k = 3;
-    for (size_t c = c0; c < c1; c++)
-        for (int j = 0; j < NKEYS; j++, k++) {
-            av[k] = cmds[m->mem[c]].argv[3 + j];
-            al[k] = cmds[m->mem[c]].argvlen[3 + j];
-        }
-    put_nums(av + k, al + k, m->num + *ni + 1, two + 1, 1);
-    k++;
-    *ni += 2;
-    for (size_t c = c0; c < c1; c++) {
-        const tw__rc_cmd *x = &cmds[m->mem[c]];
-        size_t a = (size_t)x->argc - 3 - NKEYS;
-        long long h[2] = {script[m->mem[c]], (long long)a};
-        put_nums(av + k, al + k, m->num + *ni, h, 2);
-        *ni += 2;
-        k += 2;
-        memcpy(av + k, x->argv + 3 + NKEYS, a * sizeof *av);
-        memcpy(al + k, x->argvlen + 3 + NKEYS, a * sizeof *al);
-        k += a;
-    }
-    m->out[o] = (tw__rc_cmd){(int)k, av, al, cmds[m->mem[c0]].slot, NULL, 0};
-    m->script[o] = S_MULTI;
-    m->from[o] = FROM_GROUP;
-    *ai += k;
-}
-
 static bool is_get(const tw__rc_cmd *c, int script)
 {
     return script < 0 && c->argc == 2 && c->argvlen[0] == 3 &&
            !memcmp(c->argv[0], "GET", 3);
 }
 
-/* The GETs m->gets as one MGET. */
-static void mget_fill(struct multi *m, const tw__rc_cmd *cmds, size_t o)
+/* The MGET's reply, one element per GET @gets[0..ng) of @cmds (a GET's
+ * own reply: a string or nil). No reply, or not an array of as many: the
+ * GETs have none either (their checks are tried again). */
+static void mget_split(tw__rc_cmd *cmds, const size_t *gets, size_t ng,
+                       tw__rc_cmd *m)
 {
-    m->gargv[0] = "MGET";
-    m->glen[0] = 4;
-    for (size_t j = 0; j < m->ngets; j++) {
-        m->gargv[1 + j] = cmds[m->gets[j]].argv[1];
-        m->glen[1 + j] = cmds[m->gets[j]].argvlen[1];
-    }
-    m->out[o] = (tw__rc_cmd){(int)(1 + m->ngets),   m->gargv, m->glen,
-                             cmds[m->gets[0]].slot, NULL,     0};
-    m->script[o] = -1;
-    m->from[o] = FROM_MGET;
-}
-
-/* The MGET's reply, one element per GET (a GET's own reply: a string or
- * nil). No reply, or not an array of as many: the GETs have none either
- * (the checks are tried again). */
-static void mget_split(struct multi *m, tw__rc_cmd *cmds, tw__rc_cmd *gc)
-{
-    redisReply *r = gc->reply;
-    bool ok = !gc->err && r && r->type == REDIS_REPLY_ARRAY &&
-              r->elements == m->ngets;
-    for (size_t j = 0; j < m->ngets; j++) {
-        cmds[m->gets[j]].reply = ok ? r->element[j] : NULL;
-        cmds[m->gets[j]].err = gc->err;
+    redisReply *r = m->reply;
+    bool ok = !m->err && r && r->type == REDIS_REPLY_ARRAY && r->elements == ng;
+    for (size_t j = 0; j < ng; j++) {
+        cmds[gets[j]].reply = ok ? r->element[j] : NULL;
+        cmds[gets[j]].err = ok ? 0 : m->err ? m->err : TW_EIO;
         if (ok)
             r->element[j] = NULL;
     }
     if (r)
         freeReplyObject(r);
-    gc->reply = NULL;
 }
 
-/* Group @g's reply, one element per call, back to its calls. A group
- * with no reply leaves its calls without one (TW_ECONN: they may or may
- * not have run). A group answered with an error ran none of its calls
- * (each runs in a pcall): they are sent again one by one. */
-static void multi_split(struct rd *d, struct multi *m, tw__rc_cmd *cmds,
-                        const int *script, size_t g, tw__rc_cmd *gc)
-{
-    size_t c0 = m->first[g], c1 = m->first[g + 1];
-    redisReply *r = gc->reply;
-    if (!gc->err && r && r->type == REDIS_REPLY_ARRAY &&
-        r->elements == c1 - c0) {
-        for (size_t c = c0; c < c1; c++) {
-            cmds[m->mem[c]].reply = r->element[c - c0];
-            cmds[m->mem[c]].err = 0;
-            r->element[c - c0] = NULL;
-        }
-    } else if (!gc->err) {
-        tw__rc_cmd *one = tw__calloc(c1 - c0, sizeof *one);
-        int *sc = tw__malloc((c1 - c0) * sizeof *sc);
-        for (size_t c = c0; one && sc && c < c1; c++) {
-            one[c - c0] = cmds[m->mem[c]];
-            sc[c - c0] = script[m->mem[c]];
-        }
-        if (one && sc)
-            run_each(d, one, sc, c1 - c0);
-        for (size_t c = c0; c < c1; c++) {
-            cmds[m->mem[c]].reply = one && sc ? one[c - c0].reply : NULL;
-            cmds[m->mem[c]].err = one && sc ? one[c - c0].err : TW_ENOMEM;
-        }
-        tw__free(one);
-        tw__free(sc);
-    } else {
-        for (size_t c = c0; c < c1; c++) {
-            cmds[m->mem[c]].reply = NULL;
-            cmds[m->mem[c]].err = gc->err;
-        }
-    }
-    if (r)
-        freeReplyObject(r);
-    gc->reply = NULL;
-}
-
-/* Run @n commands pipelined (see run_each). On a single server the
- * script calls go as MULTI calls (one per MULTI_MAX_CALLS calls or
- * MULTI_MAX_ARGS arguments), each at the place of its first call, and the
- * GETs (claim checks) as one MGET at the place of the first; other
- * commands keep their order, and each follows what preceded it. One call
- * instead of many saves Redis the per-command work of each (parsing,
- * dispatch, a reply; for a script, its argument tables and set-up). */
+/* Run @n commands pipelined (see run_each). On a single server (not a
+ * cluster, so one command may read keys of any slots) the GETs of the
+ * claim checks, one per shard, go as one MGET at the place of the first
+ * (the other commands keep their order): Redis then parses, dispatches
+ * and answers one command per check round trip instead of one per shard
+ * (BENCHMARKS.md, Round 6). */
 static int run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
 {
-    size_t ns = 0, ng = 0;
-    for (size_t i = 0; i < n; i++) {
-        ns += script[i] >= 0;
+    size_t ng = 0;
+    for (size_t i = 0; d->single && i < n; i++)
         ng += is_get(&cmds[i], script[i]);
-    }
-    if (!d->single || (ns < 2 && ng < 2))
+    if (ng < 2)
         return run_each(d, cmds, script, n);
-    struct multi m = {0};
-    size_t nargs = 0, ai = 0, ni = 0;
-    if (!multi_plan(&m, cmds, script, n, ns >= 2, &nargs)) {
-        multi_free(&m);
-        return run_each(d, cmds, script, n);
-    }
-    size_t nout = n - m.first[m.ng] + m.ng - (ng >= 2 ? ng - 1 : 0);
-    m.out = tw__calloc(nout, sizeof *m.out);
-    m.script = tw__malloc(nout * sizeof *m.script);
-    m.from = tw__malloc(nout * sizeof *m.from);
-    m.argv = tw__malloc((nargs ? nargs : 1) * sizeof *m.argv);
-    m.len = tw__malloc((nargs ? nargs : 1) * sizeof *m.len);
-    m.num = tw__malloc((2 * m.ng + 2 * ns + 1) * sizeof *m.num);
-    m.gets = tw__malloc((ng + 1) * sizeof *m.gets);
-    m.gargv = tw__malloc((ng + 1) * sizeof *m.gargv);
-    m.glen = tw__malloc((ng + 1) * sizeof *m.glen);
-    if (!m.out || !m.script || !m.from || !m.argv || !m.len || !m.num ||
-        !m.gets || !m.gargv || !m.glen) {
-        multi_free(&m);
+    size_t no = n - ng + 1, o = 0, j = 0, at = 0;
+    tw__rc_cmd *out = tw__calloc(no, sizeof *out);
+    int *osc = tw__malloc(no * sizeof *osc);
+    size_t *gets = tw__malloc(ng * sizeof *gets), *from = NULL;
+    const char **argv = tw__malloc((ng + 1) * sizeof *argv);
+    size_t *len = tw__malloc((ng + 1) * sizeof *len);
+    from = tw__malloc(no * sizeof *from);
+    if (!out || !osc || !gets || !argv || !len || !from) {
+        void *v[] = {out, osc, gets, argv, len, from};
+        for (size_t k = 0; k < sizeof v / sizeof v[0]; k++)
+            tw__free(v[k]);
         return run_each(d, cmds, script, n);
     }
-    for (size_t i = 0; ng >= 2 && i < n; i++)
-        if (is_get(&cmds[i], script[i]))
-            m.gets[m.ngets++] = i;
+    argv[0] = "MGET";
+    len[0] = 4;
     for (size_t i = 0; i < n; i++) {
-        if (m.grp[i]) {
-            if (m.mem[m.first[m.grp[i] - 1]] == i)
-                multi_fill(d, &m, cmds, script, m.grp[i] - 1, m.nout++, &ai,
-                           &ni);
-        } else if (m.ngets && is_get(&cmds[i], script[i])) {
-            if (m.gets[0] == i)
-                mget_fill(&m, cmds, m.nout++);
-        } else {
-            m.out[m.nout] = cmds[i];
-            m.script[m.nout] = script[i];
-            m.from[m.nout++] = i;
+        if (is_get(&cmds[i], script[i])) {
+            if (!j)
+                at = o++;
+            gets[j++] = i;
+            argv[j] = cmds[i].argv[1];
+            len[j] = cmds[i].argvlen[1];
+            continue;
         }
+        out[o] = cmds[i];
+        osc[o] = script[i];
+        from[o++] = i;
     }
-    run_each(d, m.out, m.script, m.nout);
-    for (size_t o = 0, g = 0; o < m.nout; o++) {
-        if (m.from[o] == FROM_GROUP)
-            multi_split(d, &m, cmds, script, g++, &m.out[o]);
-        else if (m.from[o] == FROM_MGET)
-            mget_split(&m, cmds, &m.out[o]);
-        else
-            cmds[m.from[o]] = m.out[o];
-    }
-    multi_free(&m);
+    out[at] =
+        (tw__rc_cmd){(int)(ng + 1), argv, len, cmds[gets[0]].slot, NULL, 0};
+    osc[at] = -1;
+    atomic_fetch_add(&d->mgets, 1);
+    atomic_fetch_add(&d->mget_keys, ng);
+    run_each(d, out, osc, no);
+    for (size_t k = 0; k < no; k++)
+        if (k != at)
+            cmds[from[k]] = out[k];
+    mget_split(cmds, gets, ng, &out[at]);
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++)
         rc = cmds[i].err;
+    void *v[] = {out, osc, gets, argv, len, from};
+    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++)
+        tw__free(v[k]);
     return rc;
 }
 
@@ -2097,7 +1891,6 @@ static void rd_free(struct rd *d)
     pthread_cond_destroy(&d->cv);
     pthread_cond_destroy(&d->claim_cv);
     tw__free(d->sk);
-    tw__free(d->multi_src);
     tw__free(d);
 }
 
@@ -2143,6 +1936,13 @@ static int rd_close(tw_durable *base)
 void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out)
 {
     tw__rc_stats_get(((struct rd *)d)->rc, out);
+}
+
+void tw__durable_redis_mget_stats(struct tw_durable *d, uint64_t *mgets,
+                                  uint64_t *keys)
+{
+    *mgets = atomic_load(&((struct rd *)d)->mgets);
+    *keys = atomic_load(&((struct rd *)d)->mget_keys);
 }
 
 static const struct tw_durable_ops rd_ops = {
@@ -2202,35 +2002,13 @@ static int rd_keys(struct rd *d, const char *ns)
     return 0;
 }
 
-/* MULTI's source: each script as a function F[i] of its KEYS and ARGV,
- * then multi_tail. */
-static char *multi_source(void)
-{
-    static const char head[] = "F[%d]=function(KEYS,ARGV)\n", end[] = "end\n";
-    size_t n = sizeof "local F={}\n" + sizeof multi_tail;
-    for (int i = 0; i < S_COUNT; i++)
-        n += sizeof head + 8 + strlen(scripts[i]) + sizeof end;
-    char *src = tw__malloc(n), *p = src;
-    if (!src)
-        return NULL;
-    p += sprintf(p, "local F={}\n");
-    for (int i = 0; i < S_COUNT; i++)
-        p += sprintf(p, "F[%d]=function(KEYS,ARGV)\n%s%s", i, scripts[i], end);
-    memcpy(p, multi_tail, sizeof multi_tail);
-    return src;
-}
-
 /* SCRIPT LOAD once on any node; other nodes learn each script by EVAL on
  * their first NOSCRIPT. The digest is the same everywhere. */
 static int rd_load_scripts(struct rd *d)
 {
-    d->multi_src = multi_source();
-    if (!d->multi_src)
-        return TW_ENOMEM;
-    for (int i = 0; i <= S_MULTI; i++) {
-        const char *src = script_src(d, i);
-        const char *argv[3] = {"SCRIPT", "LOAD", src};
-        size_t len[3] = {6, 4, strlen(src)};
+    for (int i = 0; i < S_COUNT; i++) {
+        const char *argv[3] = {"SCRIPT", "LOAD", scripts[i]};
+        size_t len[3] = {6, 4, strlen(scripts[i])};
         tw__rc_cmd cmd = {3, argv, len, -1, NULL, 0};
         int rc = tw__rc_exec(d->rc, &cmd, 1);
         if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_STRING ||

@@ -64,5 +64,9 @@ void tw__rc_stats_get(tw__rc *c, tw__rc_stats *out);
  * store. */
 struct tw_durable;
 void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out);
+/* Test hook: the claim checks' GETs combined into one MGET on a single
+ * server so far: the MGETs, the GETs they replaced. */
+void tw__durable_redis_mget_stats(struct tw_durable *d, uint64_t *mgets,
+                                  uint64_t *keys);
 
 #endif
