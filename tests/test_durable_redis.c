@@ -523,6 +523,7 @@ static void many_checks(void)
     char ns[32];
     snprintf(ns, sizeof ns, "chk%d", (int)getpid());
     tw_durable_config cfg = base_cfg(ns);
+    cfg.horizon_ms = 5000; /* the replace comes long before the due time */
     tw__rc *rc;
     ASSERT_EQ(tw__rc_open(&rc, seeds), 0);
     bool cluster = tw__rc_is_cluster(rc);
@@ -532,7 +533,7 @@ static void many_checks(void)
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
     tw_durable_item it[N];
     char k[N][16], p[N][16];
-    int64_t due = wall_ms() + 200; /* within the horizon: claimed at once */
+    int64_t due = wall_ms() + 1500; /* in the horizon: claimed at once */
     for (int i = 0; i < N; i++)
         many_item(&it[i], &k[i], &p[i], BASE + i, due, "old");
     ASSERT_EQ(tw_durable_schedule_many(d, it, N), 0);
