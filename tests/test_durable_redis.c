@@ -513,8 +513,57 @@ static void many_dead(tw_durable *d)
     sh("TW_REDIS_START");
 }
 
+/* The claim checks of timers due together in several shards: on a single
+ * server one MGET for all of them, on a cluster one GET per shard; either
+ * way a replaced timer's old claim is dropped (its shard's version moved)
+ * and every other one fires once. */
+static void many_checks(void)
+{
+    enum { N = 64, BASE = 3 * MANY_N };
+    char ns[32];
+    snprintf(ns, sizeof ns, "chk%d", (int)getpid());
+    tw_durable_config cfg = base_cfg(ns);
+    cfg.horizon_ms = 5000; /* the replace comes long before the due time */
+    tw__rc *rc;
+    ASSERT_EQ(tw__rc_open(&rc, seeds), 0);
+    bool cluster = tw__rc_is_cluster(rc);
+    tw__rc_close(rc);
+    reset_tab();
+    tw_durable *d;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    tw_durable_item it[N];
+    char k[N][16], p[N][16];
+    int64_t due = wall_ms() + 1500; /* in the horizon: claimed at once */
+    for (int i = 0; i < N; i++)
+        many_item(&it[i], &k[i], &p[i], BASE + i, due, "old");
+    ASSERT_EQ(tw_durable_schedule_many(d, it, N), 0);
+    for (int i = 0; i < 4; i++)
+        many_item(&it[i], &k[i], &p[i], BASE + i, due, "new");
+    ASSERT_EQ(tw_durable_schedule_many(d, it, 4), 0);
+    ASSERT(wait_all(BASE, BASE + N, 20000));
+    sleep_ms(300); /* a delivery of an old version would show */
+    for (int i = 0; i < N; i++) {
+        ASSERT_EQ(tab[BASE + i].count, 1);
+        ASSERT_STR_EQ(tab[BASE + i].payload, i < 4 ? "new" : "old");
+    }
+    check_none_early(BASE, BASE + N);
+    uint64_t mgets, keys;
+    tw__durable_redis_mget_stats(d, &mgets, &keys);
+    printf("  %s: %llu MGETs for %llu claim checks\n",
+           cluster ? "cluster" : "single server", (unsigned long long)mgets,
+           (unsigned long long)keys);
+    if (cluster) {
+        ASSERT_EQ(mgets, 0);
+    } else {
+        ASSERT(mgets >= 1);
+        ASSERT(keys >= 2 * mgets);
+    }
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 static void many(void)
 {
+    many_checks();
     char ns[32];
     snprintf(ns, sizeof ns, "many%d", (int)getpid());
     tw_durable_config cfg = base_cfg(ns);
