@@ -56,8 +56,7 @@
  * one GET of :v per shard per batch (a batch starts at most every
  * CHECK_GAP_MS, at once while the firer is behind, and takes every timer
  * due in the next CHECK_AHEAD_MS, so the timers of several milliseconds
- * share one round trip, which is most of what a check costs Redis; on a
- * single server, not a cluster, the batch's GETs go as one MGET). If :v
+ * share one round trip, which is most of what a check costs Redis). If :v
  * is still the timer's version, nothing that could take it away has
  * happened since the node last knew it was its own. Otherwise its score is
  * read at once (ZMSCORE, one more round trip) and compared with -T; a
@@ -363,8 +362,6 @@ struct rd {
     uint64_t (*mono_fn)(void *);
     void *clock_arg;
     char sha[S_COUNT][41];
-    bool single; /* one server, not a cluster: the checks' GETs combined */
-    _Atomic uint64_t mgets, mget_keys; /* those MGETs, their keys (tests) */
     struct shard_keys *sk;
 
     pthread_mutex_t op_mu; /* the combiner of one-per-call operations */
@@ -493,7 +490,7 @@ static bool is_noscript(const redisReply *r)
  * caller's, writable) or -1 for a plain command. Returns 0 or the first
  * transport error. A node that lost its script cache (restart, failover)
  * gets EVAL, which loads the script there again. */
-static int run_each(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
+static int run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
 {
     int rc = tw__rc_exec(d->rc, cmds, n);
     for (int pass = 0; pass < 2; pass++) {
@@ -534,90 +531,6 @@ static int run_each(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
         tw__free(sub);
         tw__free(idx);
     }
-    return rc;
-}
-
-static bool is_get(const tw__rc_cmd *c, int script)
-{
-    return script < 0 && c->argc == 2 && c->argvlen[0] == 3 &&
-           !memcmp(c->argv[0], "GET", 3);
-}
-
-/* The MGET's reply, one element per GET @gets[0..ng) of @cmds (a GET's
- * own reply: a string or nil). No reply, or not an array of as many: the
- * GETs have none either (their checks are tried again). */
-static void mget_split(tw__rc_cmd *cmds, const size_t *gets, size_t ng,
-                       tw__rc_cmd *m)
-{
-    redisReply *r = m->reply;
-    bool ok = !m->err && r && r->type == REDIS_REPLY_ARRAY && r->elements == ng;
-    for (size_t j = 0; j < ng; j++) {
-        cmds[gets[j]].reply = ok ? r->element[j] : NULL;
-        cmds[gets[j]].err = ok ? 0 : m->err ? m->err : TW_EIO;
-        if (ok)
-            r->element[j] = NULL;
-    }
-    if (r)
-        freeReplyObject(r);
-}
-
-/* Run @n commands pipelined (see run_each). On a single server (not a
- * cluster, so one command may read keys of any slots) the GETs of the
- * claim checks, one per shard, go as one MGET at the place of the first
- * (the other commands keep their order): Redis then parses, dispatches
- * and answers one command per check round trip instead of one per shard
- * (BENCHMARKS.md, Round 6). */
-static int run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
-{
-    size_t ng = 0;
-    for (size_t i = 0; d->single && i < n; i++)
-        ng += is_get(&cmds[i], script[i]);
-    if (ng < 2)
-        return run_each(d, cmds, script, n);
-    size_t no = n - ng + 1, o = 0, j = 0, at = 0;
-    tw__rc_cmd *out = tw__calloc(no, sizeof *out);
-    int *osc = tw__malloc(no * sizeof *osc);
-    size_t *gets = tw__malloc(ng * sizeof *gets), *from = NULL;
-    const char **argv = tw__malloc((ng + 1) * sizeof *argv);
-    size_t *len = tw__malloc((ng + 1) * sizeof *len);
-    from = tw__malloc(no * sizeof *from);
-    if (!out || !osc || !gets || !argv || !len || !from) {
-        void *v[] = {out, osc, gets, argv, len, from};
-        for (size_t k = 0; k < sizeof v / sizeof v[0]; k++)
-            tw__free(v[k]);
-        return run_each(d, cmds, script, n);
-    }
-    argv[0] = "MGET";
-    len[0] = 4;
-    for (size_t i = 0; i < n; i++) {
-        if (is_get(&cmds[i], script[i])) {
-            if (!j)
-                at = o++;
-            gets[j++] = i;
-            argv[j] = cmds[i].argv[1];
-            len[j] = cmds[i].argvlen[1];
-            continue;
-        }
-        out[o] = cmds[i];
-        osc[o] = script[i];
-        from[o++] = i;
-    }
-    out[at] =
-        (tw__rc_cmd){(int)(ng + 1), argv, len, cmds[gets[0]].slot, NULL, 0};
-    osc[at] = -1;
-    atomic_fetch_add(&d->mgets, 1);
-    atomic_fetch_add(&d->mget_keys, ng);
-    run_each(d, out, osc, no);
-    for (size_t k = 0; k < no; k++)
-        if (k != at)
-            cmds[from[k]] = out[k];
-    mget_split(cmds, gets, ng, &out[at]);
-    int rc = 0;
-    for (size_t i = 0; i < n && !rc; i++)
-        rc = cmds[i].err;
-    void *v[] = {out, osc, gets, argv, len, from};
-    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++)
-        tw__free(v[k]);
     return rc;
 }
 
@@ -1954,13 +1867,6 @@ void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out)
     tw__rc_stats_get(((struct rd *)d)->rc, out);
 }
 
-void tw__durable_redis_mget_stats(struct tw_durable *d, uint64_t *mgets,
-                                  uint64_t *keys)
-{
-    *mgets = atomic_load(&((struct rd *)d)->mgets);
-    *keys = atomic_load(&((struct rd *)d)->mget_keys);
-}
-
 static const struct tw_durable_ops rd_ops = {
     .schedule = rd_schedule,
     .schedule_many = rd_schedule_many,
@@ -2068,8 +1974,6 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
         rc = TW_ENOMEM;
     if (!rc)
         rc = tw__rc_open(&d->rc, cfg->redis);
-    if (!rc)
-        d->single = !tw__rc_is_cluster(d->rc);
     if (!rc)
         rc = rd_load_scripts(d);
     if (!rc)

@@ -66,7 +66,6 @@ struct tw__rc {
     int16_t slot_node[RC_SLOTS];
     uint64_t last_refresh_ns;
     tw__rc_stats st; /* under map_mu */
-    bool cluster;    /* the last refresh read CLUSTER SLOTS; under map_mu */
 };
 
 static uint64_t mono_ns(void)
@@ -393,12 +392,10 @@ static int refresh(tw__rc *c)
         pthread_mutex_lock(&c->map_mu);
         if (rep->type == REDIS_REPLY_ERROR) {
             /* Not a cluster: this node serves every slot. */
-            c->cluster = false;
             int16_t idx = (int16_t)node_index(c, list[i]);
             for (int s = 0; s < RC_SLOTS; s++)
                 c->slot_node[s] = idx;
         } else if (rep->type == REDIS_REPLY_ARRAY) {
-            c->cluster = true;
             for (size_t e = 0; e < rep->elements; e++) {
                 redisReply *r = rep->element[e];
                 if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
@@ -489,14 +486,6 @@ void tw__rc_close(tw__rc *c)
     }
     pthread_mutex_destroy(&c->map_mu);
     tw__free(c);
-}
-
-bool tw__rc_is_cluster(tw__rc *c)
-{
-    pthread_mutex_lock(&c->map_mu);
-    bool r = c->cluster;
-    pthread_mutex_unlock(&c->map_mu);
-    return r;
 }
 
 void tw__rc_stats_get(tw__rc *c, tw__rc_stats *out)

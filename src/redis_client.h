@@ -14,7 +14,6 @@
 #ifndef TWHEEL_REDIS_CLIENT_H
 #define TWHEEL_REDIS_CLIENT_H
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -48,11 +47,6 @@ void tw__rc_close(tw__rc *c);
  * Returns 0 when every command has a reply, else the first err. */
 int tw__rc_exec(tw__rc *c, tw__rc_cmd *cmds, size_t n);
 
-/* True when the seeds are a Redis Cluster (CLUSTER SLOTS answered with a
- * map at the last refresh), false for a single server, whose scripts may
- * take keys of any slots. */
-bool tw__rc_is_cluster(tw__rc *c);
-
 /* Counters for tests: round trips (batches written), redirects followed,
  * map refreshes, reconnects. */
 typedef struct tw__rc_stats {
@@ -64,9 +58,5 @@ void tw__rc_stats_get(tw__rc *c, tw__rc_stats *out);
  * store. */
 struct tw_durable;
 void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out);
-/* Test hook: the claim checks' GETs combined into one MGET on a single
- * server so far: the MGETs, the GETs they replaced. */
-void tw__durable_redis_mget_stats(struct tw_durable *d, uint64_t *mgets,
-                                  uint64_t *keys);
 
 #endif
