@@ -145,7 +145,7 @@ typedef struct jstore {
 
     pthread_t thr;
     pthread_cond_t cv; /* CLOCK_MONOTONIC */
-    bool stop, kicked, closing;
+    bool stop, kicked;
     int64_t wake_at;
     uint64_t round_req, round_done;
     pthread_cond_t round_cv;
@@ -631,7 +631,7 @@ static void commit_group(jstore *s, tw_durable_item *items,
 static int sched_stage(jstore *s, tw_durable_item *it, struct staged_item *e)
 {
     e->staged = false;
-    int rc = s->closing ? TW_ESHUTDOWN : sched_prepare(s, it, &e->fresh);
+    int rc = sched_prepare(s, it, &e->fresh);
     if (rc)
         return rc;
     rc = tw__jr_stage(&s->w, JR_SCHED, it->key, it->key_len, it->due_ms, 0,
@@ -677,8 +677,6 @@ static int cancel_stage(jstore *s, tw_durable_item *it, struct staged_item *st,
                         size_t k)
 {
     st[k].staged = false;
-    if (s->closing)
-        return TW_ESHUTDOWN;
     struct dnode *nd = hat(s, hfind(s, it->key, it->key_len));
     for (size_t j = 0; nd && j < k; j++)
         if (st[j].staged && st[j].fresh == nd)
@@ -1314,7 +1312,7 @@ static int j_close(tw_durable *d)
 {
     jstore *s = (jstore *)d;
     pthread_mutex_lock(&s->mu);
-    s->closing = s->stop = true;
+    s->stop = true;
     pthread_cond_broadcast(&s->cv);
     pthread_cond_broadcast(&s->round_cv);
     pthread_mutex_unlock(&s->mu);
@@ -1851,12 +1849,21 @@ static bool key_ok(const void *key, size_t key_len)
     return key && key_len >= 1 && key_len <= TW_DURABLE_KEY_MAX;
 }
 
+/* Once close has begun (a callback calling in while close waits for it),
+ * every change is refused, whatever the backend. */
+static bool closing(tw_durable *d)
+{
+    return atomic_load_explicit(&d->closing, memory_order_acquire);
+}
+
 int tw_durable_schedule(tw_durable *d, const void *key, size_t key_len,
                         int64_t due_ms, const void *payload, size_t payload_len)
 {
     if (!d || !key_ok(key, key_len) || payload_len > TW_DURABLE_PAYLOAD_MAX ||
         (payload_len && !payload))
         return TW_EINVAL;
+    if (closing(d))
+        return TW_ESHUTDOWN;
     return d->ops->schedule(d, key, key_len, due_ms, payload, payload_len);
 }
 
@@ -1864,6 +1871,8 @@ int tw_durable_cancel(tw_durable *d, const void *key, size_t key_len)
 {
     if (!d || !key_ok(key, key_len))
         return TW_EINVAL;
+    if (closing(d))
+        return TW_ESHUTDOWN;
     return d->ops->cancel(d, key, key_len);
 }
 
@@ -1871,9 +1880,12 @@ _Thread_local tw_durable *tw__durable_running;
 
 int tw_durable_close(tw_durable *d)
 {
-    if (d && d == tw__durable_running)
+    if (!d)
+        return 0;
+    if (d == tw__durable_running)
         return TW_EDEADLK; /* it would wait for this very callback */
-    return d ? d->ops->close(d) : 0;
+    atomic_store_explicit(&d->closing, true, memory_order_release);
+    return d->ops->close(d);
 }
 
 static bool item_ok(const tw_durable_item *it)
@@ -1883,16 +1895,18 @@ static bool item_ok(const tw_durable_item *it)
            (!it->payload_len || it->payload);
 }
 
-/* Set each item's result to 0 or TW_EINVAL (a cancel reads only the key);
- * returns how many are valid. */
-static size_t check_items(tw_durable_item *items, size_t n, bool cancel)
+/* Set each item's result to 0, TW_EINVAL (a cancel reads only the key)
+ * or, once @d is closing, TW_ESHUTDOWN; returns how many are still 0. */
+static size_t check_items(tw_durable *d, tw_durable_item *items, size_t n,
+                          bool cancel)
 {
+    int refuse = closing(d) ? TW_ESHUTDOWN : 0;
     size_t valid = 0;
     for (size_t i = 0; i < n; i++) {
         bool ok = cancel ? key_ok(items[i].key, items[i].key_len)
                          : item_ok(&items[i]);
-        items[i].result = ok ? 0 : TW_EINVAL;
-        valid += ok;
+        items[i].result = ok ? refuse : TW_EINVAL;
+        valid += ok && !refuse;
     }
     return valid;
 }
@@ -1903,7 +1917,7 @@ int tw_durable_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
         return 0;
     if (!d || !items)
         return TW_EINVAL;
-    if (check_items(items, n, false) == n && d->ops->schedule_many)
+    if (check_items(d, items, n, false) == n && d->ops->schedule_many)
         return d->ops->schedule_many(d, items, n);
     for (size_t i = 0; i < n; i++) {
         tw_durable_item *it = &items[i];
@@ -1920,7 +1934,7 @@ int tw_durable_cancel_many(tw_durable *d, tw_durable_item *items, size_t n)
         return 0;
     if (!d || !items)
         return TW_EINVAL;
-    if (check_items(items, n, true) == n && d->ops->cancel_many)
+    if (check_items(d, items, n, true) == n && d->ops->cancel_many)
         return d->ops->cancel_many(d, items, n);
     for (size_t i = 0; i < n; i++)
         if (!items[i].result)

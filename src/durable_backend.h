@@ -13,6 +13,9 @@
 #ifndef TWHEEL_DURABLE_BACKEND_H
 #define TWHEEL_DURABLE_BACKEND_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
+
 #include "twheel/durable.h"
 
 struct tw_durable_ops {
@@ -31,6 +34,9 @@ struct tw_durable_ops {
 
 struct tw_durable {
     const struct tw_durable_ops *ops;
+    /* tw_durable_close() has begun: the public calls refuse every change
+     * (TW_ESHUTDOWN) from then on, for every backend (src/durable.c). */
+    atomic_bool closing;
 };
 
 /* The store whose callback this thread is running, or NULL: close() of

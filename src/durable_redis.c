@@ -91,7 +91,6 @@
 
 #include <inttypes.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -367,7 +366,6 @@ struct rd {
     pthread_mutex_t op_mu; /* the combiner of one-per-call operations */
     struct op_wait *op_head, **op_tail;
     bool op_busy;
-    atomic_bool closing; /* close() has begun: calls are refused */
 
     pthread_mutex_t mu;
     pthread_cond_t cv, claim_cv;
@@ -1510,19 +1508,9 @@ static void sb_wait(struct sbatch *b)
     tw__free(rc);
 }
 
-/* Every item of a call made once close() has begun: TW_ESHUTDOWN. */
-static int refuse_all(tw_durable_item *items, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        items[i].result = TW_ESHUTDOWN;
-    return TW_ESHUTDOWN;
-}
-
 static int rd_schedule_many(tw_durable *base, tw_durable_item *items, size_t n)
 {
     struct sbatch b = {.d = (struct rd *)base, .it = items, .n = n};
-    if (atomic_load(&b.d->closing))
-        return refuse_all(items, n);
     b.now = rd_wall(b.d);
     int rc = sb_alloc(&b);
     if (!rc)
@@ -1658,8 +1646,6 @@ static void op_batch(struct rd *d, struct op_wait *list)
  * OP_ROUNDS in all) while more are queued, saving a wake-up per batch. */
 static int op_run(struct rd *d, struct op_wait *w)
 {
-    if (atomic_load(&d->closing))
-        return TW_ESHUTDOWN;
     pthread_cond_init(&w->cv, NULL);
     w->done = false;
     w->next = NULL;
@@ -1717,8 +1703,6 @@ static int rd_cancel(tw_durable *base, const void *key, size_t key_len)
  * the second time. */
 static int rd_cancel_many(tw_durable *base, tw_durable_item *items, size_t n)
 {
-    if (atomic_load(&((struct rd *)base)->closing))
-        return refuse_all(items, n);
     struct op_wait *w = tw__calloc(n, sizeof *w);
     struct op_wait **v = tw__malloc(n * sizeof *v);
     int rc = w && v ? 0 : TW_ENOMEM;
@@ -1825,7 +1809,6 @@ static void rd_free(struct rd *d)
 static int rd_close(tw_durable *base)
 {
     struct rd *d = (struct rd *)base;
-    atomic_store(&d->closing, true);
     pthread_mutex_lock(&d->mu);
     d->stop = true;
     pthread_cond_signal(&d->cv);
