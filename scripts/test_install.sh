@@ -213,4 +213,64 @@ PKG_CONFIG_PATH=$usrlib/pkgconfig cc -std=c11 -Wall -Werror \
   $(PKG_CONFIG_PATH=$usrlib/pkgconfig pkg-config --cflags --libs twheel)
 LD_LIBRARY_PATH=$usrlib "$deb/consumer"
 step "$(basename "$pkg") $how, consumer built and run"
+
+# 5. TWHEEL_LTO=ON: the static library carries GCC's LTO code beside its
+# machine code. A consumer linked without -flto uses the machine code (a
+# call to tw_wheel_cancel remains); one built and linked with -flto gets
+# tw_wheel_cancel inlined into its loop (no call left).
+lto=$work/lto
+cmake -S "$root" -B "$lto/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DTWHEEL_WERROR=ON -DTWHEEL_BUILD_TESTS=OFF -DTWHEEL_BUILD_BENCH=OFF \
+  -DTWHEEL_BUILD_EXAMPLES=OFF -DTWHEEL_LTO=ON \
+  -DCMAKE_INSTALL_PREFIX="$lto/prefix" >"$lto.log" 2>&1 || { cat "$lto.log"; exit 1; }
+cmake --build "$lto/build" >>"$lto.log" 2>&1 || { cat "$lto.log"; exit 1; }
+cmake --install "$lto/build" >/dev/null
+cat >"$lto/cancel_loop.c" <<'C'
+#include <stdio.h>
+#include <stdlib.h>
+#include <twheel/wheel.h>
+
+static void on_fire(tw_timer *t, void *arg)
+{
+    (void)t;
+    (void)arg;
+}
+
+int main(void)
+{
+    enum { N = 1000 };
+    tw_wheel *w;
+    tw_timer *t = malloc(N * sizeof *t);
+    if (t == NULL || tw_wheel_create(&w, NULL, 0) != 0)
+        return 1;
+    for (int i = 0; i < N; i++) {
+        tw_timer_init(&t[i], on_fire, NULL);
+        if (tw_wheel_add(w, &t[i], 1 + (uint64_t)i * 7) != 0)
+            return 1;
+    }
+    int n = 0;
+    for (int i = 0; i < N; i++)
+        n += tw_wheel_cancel(w, &t[i]);
+    size_t left = tw_wheel_count(w);
+    printf("cancel_loop: cancelled %d, %zu left\n", n, left);
+    tw_wheel_destroy(w);
+    free(t);
+    return n == N && left == 0 ? 0 : 1;
+}
+C
+archive=$(find "$lto/prefix" -name libtwheel.a)
+for mode in plain lto; do
+  flag=
+  [ "$mode" = lto ] && flag=-flto
+  cc -std=c11 -O2 -Wall -Werror $flag -DTWHEEL_STATIC -I"$lto/prefix/include" \
+    "$lto/cancel_loop.c" "$archive" -lpthread -o "$lto/cancel_loop_$mode"
+  "$lto/cancel_loop_$mode"
+  calls=$(objdump -d "$lto/cancel_loop_$mode" | grep -c 'call.*<tw_wheel_cancel>' || true)
+  if [ "$mode" = plain ]; then
+    [ "$calls" -ge 1 ] || fail "LTO library, consumer without -flto: no call to tw_wheel_cancel"
+  else
+    [ "$calls" -eq 0 ] || fail "LTO library, consumer with -flto: tw_wheel_cancel not inlined ($calls calls)"
+  fi
+done
+step "TWHEEL_LTO=ON: static library links without -flto; with -flto tw_wheel_cancel is inlined"
 echo "install check: ok"
