@@ -169,6 +169,9 @@ struct tw_wheel {
     uint32_t bm_off[TW_BM_MAX_LAYERS]; /* word offset of each layer */
     uint32_t bm_len[TW_BM_MAX_LAYERS]; /* words in each layer */
     uint8_t level_of_msb[64];          /* msb(E ^ now) -> level */
+    /* clz(E ^ now) -> that level when it is below fast_k, else NULL: the
+     * one load that tw_wheel_add's inline path needs to find a level. */
+    const struct level *fast_lv[64];
     struct level lv[64];
     unsigned char due_sorted; /* due list ascending from head */
 };
@@ -624,6 +627,15 @@ static void set_heads(tw_wheel *w, tw_timer **heads, void *mem, unsigned cshift)
         w->lv[k].heads = heads + (((size_t)k << w->bits) << cshift);
 }
 
+/* Fill fast_lv from level_of_msb and fast_k. */
+static void set_fast_lv(tw_wheel *w)
+{
+    for (unsigned m = 0; m < 64; m++) {
+        unsigned k = w->level_of_msb[m];
+        w->fast_lv[63 - m] = k < w->fast_k ? &w->lv[k] : NULL;
+    }
+}
+
 /* Layout: carve the zeroed block @mem into the wheel and its arrays, in
  * that order, and set every field; @heads is the zeroed slot-head table. */
 static tw_wheel *wheel_layout(char *mem, tw_timer **heads, void *heads_mem,
@@ -666,6 +678,7 @@ static tw_wheel *wheel_layout(char *mem, tw_timer **heads, void *heads_mem,
         unsigned k = bits == 0 ? 0 : m / bits;
         w->level_of_msb[m] = (uint8_t)(k >= levels ? levels - 1 : k);
     }
+    set_fast_lv(w);
     return w;
 }
 
@@ -779,6 +792,7 @@ __attribute__((noinline)) static void widen(tw_wheel *w)
     set_heads(w, wide, mem, K_SHIFT);
     w->grow_at = SIZE_MAX;
     w->fast_k = w->rounds_k;
+    set_fast_lv(w);
 }
 
 unsigned tw__wheel_widen_at(tw_wheel *w, size_t n)
@@ -828,9 +842,9 @@ __attribute__((noinline)) static int add_narrow(tw_wheel *w, tw_timer *t,
     return 0;
 }
 
-/* tw_wheel_add() of valid arguments. */
-static inline __attribute__((always_inline)) int
-add_valid(tw_wheel *w, tw_timer *t, uint64_t expires)
+/* tw_wheel_add() of valid arguments, every case. */
+__attribute__((noinline)) static int add_rest(tw_wheel *w, tw_timer *t,
+                                              uint64_t expires)
 {
     uint64_t now = w->now;
     if (t->tw__pprev != NULL || expires <= now)
@@ -862,24 +876,74 @@ add_valid(tw_wheel *w, tw_timer *t, uint64_t expires)
         t->tw__pprev = head;
         return add_first(w, lv, slot);
     }
-    /* A list that is not empty: its slot is marked occupied already. */
     first->tw__pprev = &t->tw__next;
     t->tw__pprev = head;
     return 0;
 }
 
-int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
+/*
+ * The common add, small enough for a compiler to inline where it sees the
+ * body (link-time optimisation): a timer that is not pending, not due, for
+ * a level below the rounds level of a wide table, that joins a list which
+ * is not empty. Anything else goes to add_rest() before a byte is written.
+ *
+ * Such an add leaves the hint alone: a non-empty list of a level that is
+ * not a rounds level lies in an occupied slot whose timers share its
+ * visit tick (the start of their granule), and the hint is never after an
+ * occupied slot's visit (tw__wheel_check holds it to next_event()), so the
+ * new timer's visit cannot be before the hint.
+ */
+static inline __attribute__((always_inline)) int
+add_common(tw_wheel *w, tw_timer *t, uint64_t expires)
+{
+    uint64_t now = w->now;
+    if (__builtin_expect(t->tw__pprev != NULL || expires <= now, 0))
+        goto rest;
+    const struct level *lv = w->fast_lv[__builtin_clzll(expires ^ now)];
+    if (__builtin_expect(lv == NULL, 0)) /* rounds level, narrow table */
+        goto rest;
+    uint64_t slot = (expires >> lv->shift) & w->mask;
+    uint64_t adds = w->adds;
+    tw_timer **head = lv->heads + ((size_t)slot << K_SHIFT) + (adds & (K - 1));
+    tw_timer *first = *head;
+    if (__builtin_expect(first == NULL, 0)) /* an unmarked slot, a visit */
+        goto rest;
+    w->adds = adds + 1;
+    t->tw__expires = expires;
+    t->tw__pprev = head;
+    *head = t;
+    t->tw__next = first;
+    first->tw__pprev = &t->tw__next;
+    return 0;
+rest:
+    return add_rest(w, t, expires);
+}
+
+/* "inline": with link-time optimisation, gcc inlines a function declared
+ * inline up to a larger size than one that is not (max-inline-insns-single
+ * instead of -auto); the common add is above the second limit. The header
+ * declares tw_wheel_add without it, so this is an external definition
+ * (C11 6.7.4p7) that may call static functions; clang's pedantic warning
+ * about static functions in inline ones is meant for inline definitions. */
+#if defined(__clang__)
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wstatic-in-inline"
+#endif
+inline int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
 {
     if (w == NULL || t == NULL || t->tw__fn == NULL)
         return TW_EINVAL;
-    return add_valid(w, t, expires);
+    return add_common(w, t, expires);
 }
+#if defined(__clang__)
+#pragma clang diagnostic pop
+#endif
 
 /* For a wheel with one callback for all timers (tw__wheel_set_fire),
  * whose timers' tw__fn may hold anything: never read here. */
 int tw__wheel_add_any(tw_wheel *w, tw_timer *t, uint64_t expires)
 {
-    return add_valid(w, t, expires);
+    return add_common(w, t, expires);
 }
 
 /* The tick in [@a, @b] (a < b) with the most trailing zero bits. */
@@ -905,8 +969,8 @@ int tw__wheel_add_window_any(tw_wheel *w, tw_timer *t, uint64_t earliest,
                              uint64_t latest)
 {
     if (earliest <= w->now || earliest == latest)
-        return add_valid(w, t, earliest);
-    return add_valid(w, t, coarsest_in(earliest, latest));
+        return add_common(w, t, earliest);
+    return add_common(w, t, coarsest_in(earliest, latest));
 }
 
 bool tw_wheel_cancel(tw_wheel *w, tw_timer *t)
@@ -1400,6 +1464,10 @@ int tw__wheel_check(const tw_wheel *w)
                 return r;
     }
     CHECK(w->levels == 64 || (w->level_map >> w->levels) == 0);
+    for (unsigned m = 0; m < 64; m++) {
+        unsigned k = w->level_of_msb[m];
+        CHECK(w->fast_lv[63 - m] == (k < w->fast_k ? &w->lv[k] : NULL));
+    }
     uint64_t next;
     if (next_event(w, &next) == 0) {
         CHECK(next > w->now);
