@@ -216,8 +216,8 @@ step "$(basename "$pkg") $how, consumer built and run"
 
 # 5. TWHEEL_LTO=ON: the static library carries GCC's LTO code beside its
 # machine code. A consumer linked without -flto uses the machine code (a
-# call to tw_wheel_cancel remains); one built and linked with -flto gets
-# tw_wheel_cancel inlined into its loop (no call left).
+# call to tw_wheel_add and to tw_wheel_cancel remains); one built and
+# linked with -flto gets both inlined into its loops (no call left).
 lto=$work/lto
 cmake -S "$root" -B "$lto/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DTWHEEL_WERROR=ON -DTWHEEL_BUILD_TESTS=OFF -DTWHEEL_BUILD_BENCH=OFF \
@@ -265,12 +265,14 @@ for mode in plain lto; do
   cc -std=c11 -O2 -Wall -Werror $flag -DTWHEEL_STATIC -I"$lto/prefix/include" \
     "$lto/cancel_loop.c" "$archive" -lpthread -o "$lto/cancel_loop_$mode"
   "$lto/cancel_loop_$mode"
-  calls=$(objdump -d "$lto/cancel_loop_$mode" | grep -c 'call.*<tw_wheel_cancel>' || true)
-  if [ "$mode" = plain ]; then
-    [ "$calls" -ge 1 ] || fail "LTO library, consumer without -flto: no call to tw_wheel_cancel"
-  else
-    [ "$calls" -eq 0 ] || fail "LTO library, consumer with -flto: tw_wheel_cancel not inlined ($calls calls)"
-  fi
+  for fn in tw_wheel_add tw_wheel_cancel; do
+    calls=$(objdump -d "$lto/cancel_loop_$mode" | grep -c "call.*<$fn[.>]" || true)
+    if [ "$mode" = plain ]; then
+      [ "$calls" -ge 1 ] || fail "LTO library, consumer without -flto: no call to $fn"
+    else
+      [ "$calls" -eq 0 ] || fail "LTO library, consumer with -flto: $fn not inlined ($calls calls)"
+    fi
+  done
 done
-step "TWHEEL_LTO=ON: static library links without -flto; with -flto tw_wheel_cancel is inlined"
+step "TWHEEL_LTO=ON: static library links without -flto; with -flto tw_wheel_add and tw_wheel_cancel are inlined"
 echo "install check: ok"
