@@ -93,6 +93,8 @@
  */
 #include "twheel/wheel.h"
 
+#include <assert.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -894,10 +896,13 @@ __attribute__((noinline)) static int add_rest(tw_wheel *w, tw_timer *t,
  * new timer's visit cannot be before the hint.
  */
 static inline __attribute__((always_inline)) int
-add_common(tw_wheel *w, tw_timer *t, uint64_t expires)
+add_common(tw_wheel *w, tw_timer *t, uint64_t expires, bool known_idle)
 {
     uint64_t now = w->now;
-    if (__builtin_expect(t->tw__pprev != NULL || expires <= now, 0))
+    /* @known_idle: the caller vouches that @t is not pending, so this
+     * path reads nothing of @t (see tw_wheel_add_unchecked). */
+    if (__builtin_expect(
+            (!known_idle && t->tw__pprev != NULL) || expires <= now, 0))
         goto rest;
     const struct level *lv = w->fast_lv[__builtin_clzll(expires ^ now)];
     if (__builtin_expect(lv == NULL, 0)) /* rounds level, narrow table */
@@ -933,7 +938,17 @@ inline int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
 {
     if (w == NULL || t == NULL || t->tw__fn == NULL)
         return TW_EINVAL;
-    return add_common(w, t, expires);
+    return add_common(w, t, expires, false);
+}
+
+/* tw_wheel_add() without its reads of @t: the first access to a timer that
+ * is not in the cache is then a write, which does not hold up the
+ * instructions after it the way a read does. The preconditions are checked
+ * only when NDEBUG is not defined. */
+inline int tw_wheel_add_unchecked(tw_wheel *w, tw_timer *t, uint64_t expires)
+{
+    assert(w != NULL && t != NULL && t->tw__fn != NULL && t->tw__pprev == NULL);
+    return add_common(w, t, expires, true);
 }
 #if defined(__clang__)
 #pragma clang diagnostic pop
@@ -943,7 +958,7 @@ inline int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires)
  * whose timers' tw__fn may hold anything: never read here. */
 int tw__wheel_add_any(tw_wheel *w, tw_timer *t, uint64_t expires)
 {
-    return add_common(w, t, expires);
+    return add_common(w, t, expires, false);
 }
 
 /* The tick in [@a, @b] (a < b) with the most trailing zero bits. */
@@ -969,8 +984,8 @@ int tw__wheel_add_window_any(tw_wheel *w, tw_timer *t, uint64_t earliest,
                              uint64_t latest)
 {
     if (earliest <= w->now || earliest == latest)
-        return add_common(w, t, earliest);
-    return add_common(w, t, coarsest_in(earliest, latest));
+        return add_common(w, t, earliest, false);
+    return add_common(w, t, coarsest_in(earliest, latest), false);
 }
 
 bool tw_wheel_cancel(tw_wheel *w, tw_timer *t)

@@ -9,6 +9,11 @@
 
 #include <twheel/wheel.h>
 
+#include <signal.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 static const tw_wheel_config shapes[] = {
     {0, 0}, {512, 1}, {64, 3}, {8, 2}, {1, 1}, {4096, 0}, {100, 0},
 };
@@ -812,6 +817,95 @@ static void test_widen(void)
     tw_wheel_destroy(w);
 }
 
+/*
+ * tw_wheel_add_unchecked() of idle timers gives exactly what tw_wheel_add()
+ * gives: the same expiry, the same firing order, in every shape (so every
+ * path: a list's first timer, the rounds level, a narrow and a widened
+ * table, a due timer, a timer re-armed from its own callback). Where the
+ * library checks its preconditions (no NDEBUG), a pending timer aborts.
+ */
+static uint64_t unchecked_order[2][1024];
+static size_t unchecked_n[2];
+static void rearm_unchecked(tw_timer *t, void *arg)
+{
+    struct rec *r = TW_CONTAINER_OF(t, struct rec, t);
+    record(t, arg);
+    if (r->runs == 1) /* idle inside its callback: may take either add */
+        ASSERT_EQ(tw_wheel_add_unchecked(cur_w, t, tw_wheel_now(cur_w) + 7), 0);
+}
+static void rearm_checked(tw_timer *t, void *arg)
+{
+    struct rec *r = TW_CONTAINER_OF(t, struct rec, t);
+    record(t, arg);
+    if (r->runs == 1)
+        ASSERT_EQ(tw_wheel_add(cur_w, t, tw_wheel_now(cur_w) + 7), 0);
+}
+
+static void test_add_unchecked(void)
+{
+    enum { N = 400 };
+    static struct rec r[N];
+    for (size_t s = 0; s < NSHAPES; s++) {
+        for (int v = 0; v < 2; v++) {
+            uint64_t rng = 77 + s;
+            tw_wheel *w = make(s, 1000);
+            for (int i = 0; i < N; i++) {
+                r[i] = (struct rec){.id = i};
+                tw_timer_init(&r[i].t, v ? rearm_unchecked : rearm_checked,
+                              NULL);
+                uint64_t e = tw_test_rand(&rng) % 4 == 0
+                                 ? 990 + tw_test_rand(&rng) % 20 /* due */
+                                 : 1000 + tw_test_rand(&rng) % 300000;
+                if (i % 97 == 5)
+                    e = UINT64_MAX - tw_test_rand(&rng) % 5;
+                ASSERT_EQ(v ? tw_wheel_add_unchecked(w, &r[i].t, e)
+                            : tw_wheel_add(w, &r[i].t, e),
+                          0);
+                ASSERT(tw_timer_pending(&r[i].t));
+                ASSERT_EQ(tw_timer_expires(&r[i].t), e);
+                if (i % 50 == 0)
+                    check(w);
+            }
+            ASSERT_EQ(tw_wheel_count(w), (size_t)N);
+            check(w);
+            tw_wheel_advance(w, 1000 + 300000 + 10);
+            check(w);
+            unchecked_n[v] = nlog;
+            for (size_t k = 0; k < nlog; k++)
+                unchecked_order[v][k] = log_exp[k] << 10 | (uint64_t)log_id[k];
+            if (v == 1) {
+                ASSERT_EQ(unchecked_n[1], unchecked_n[0]);
+                for (size_t k = 0; k < nlog; k++)
+                    ASSERT_EQ(unchecked_order[1][k], unchecked_order[0][k]);
+            }
+            tw_wheel_destroy(w);
+        }
+    }
+#ifndef NDEBUG
+    /* The preconditions, checked with assert() in this build. */
+    tw_wheel *w = make(0, 0);
+    struct rec a = {.id = 1};
+    tw_timer_init(&a.t, record, NULL);
+    ASSERT_EQ(tw_wheel_add(w, &a.t, 50), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) {
+        signal(SIGABRT, SIG_DFL);
+        FILE *quiet = freopen("/dev/null", "w", stderr); /* the expected
+                                                            message */
+        (void)quiet;
+        (void)tw_wheel_add_unchecked(w, &a.t, 60); /* pending: aborts */
+        _exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+    ASSERT_EQ(tw_timer_expires(&a.t), 50); /* the parent's wheel untouched */
+    tw_wheel_destroy(w);
+#endif
+}
+
 int main(void)
 {
     RUN_TEST(test_sizes_and_version);
@@ -835,5 +929,6 @@ int main(void)
     RUN_TEST(test_timeout);
     RUN_TEST(test_crowd_at_one_tick);
     RUN_TEST(test_widen);
+    RUN_TEST(test_add_unchecked);
     return tw_test_done();
 }

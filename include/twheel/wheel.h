@@ -187,6 +187,30 @@ TW_EXTERN void tw_timer_init(tw_timer *t, tw_timer_fn fn, void *arg);
 TW_EXTERN int tw_wheel_add(tw_wheel *w, tw_timer *t, uint64_t expires);
 
 /**
+ * tw_wheel_add_unchecked - tw_wheel_add() for a timer known to be idle,
+ * without reading it first.
+ * @w: the wheel, not NULL.
+ * @t: the timer: initialised with a callback and not pending (never
+ *     added, or fired, cancelled or re-initialised since its last add).
+ * @expires: as for tw_wheel_add().
+ *
+ * Same effect as tw_wheel_add(@w, @t, @expires) under these preconditions,
+ * but the common case writes the timer without reading it. For timers that
+ * are not in the cache (a large population armed in any order), a write
+ * does not hold up the following instructions the way a read does: at
+ * 1,000,000 timers in random order this add takes about 20 ns instead of
+ * 34 (BENCHMARKS.md). The preconditions are checked with assert()
+ * when the library is built without NDEBUG; in a release build, a pending
+ * timer or a NULL argument corrupts the wheel or crashes. When in doubt,
+ * use tw_wheel_add().
+ *
+ * Context: the owner thread, callbacks included.
+ * Return: 0.
+ */
+TW_EXTERN int tw_wheel_add_unchecked(tw_wheel *w, tw_timer *t,
+                                     uint64_t expires);
+
+/**
  * tw_wheel_add_window - arm a timer to expire at some tick of a window,
  * chosen so that timers with overlapping windows share wake-ups.
  * @w: the wheel.
