@@ -2,8 +2,10 @@
 # summary.awk - the headline figures and the targets, each marked MET or
 # MISSED (NOT RUN when the run lacks the figures), from results.csv.
 # Like is compared with like: core figures are medians beside medians; the
-# service table puts each engine's best run beside the others' best runs
-# (bench_service reports only its best), with the number of runs.
+# service table puts the Java peers' best runs beside twheel's figures,
+# which bench_service reports as the median of its runs (never above its
+# best, so the comparison leans towards the peers), with the number of
+# runs.
 # Usage: awk -F, -f bench/report/summary.awk results.csv
 NR == 1 { next }
 {
@@ -107,7 +109,7 @@ END {
             printf "service %s: %.1f (%d tasks)\n", f[3], med[k], f[1]
     }
 
-    printf "\n== Service vs Java peers (M ops/s or as named; each engine's best run, runs in brackets)\n"
+    printf "\n== Service vs Java peers (M ops/s or as named; twheel: median of its runs, Java peers: best run; runs in brackets)\n"
     printf "%-22s", "metric"
     ne = split("twheel-service twheel-service-lazy netty-hwt jdk-stpe netty-hwt-1ms netty-hwt-100ms", es, " ")
     for (i = 1; i <= ne; i++) printf " %20s", es[i]
