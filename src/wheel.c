@@ -844,18 +844,21 @@ __attribute__((noinline)) static int add_narrow(tw_wheel *w, tw_timer *t,
     return 0;
 }
 
-/* tw_wheel_add() of valid arguments, every case. */
+/* tw_wheel_add() of valid arguments in every case that add_common() does
+ * not take: a move, a due timer, the rounds level or a narrow table, and
+ * the first timer of a list (add_common() found the list empty). */
 __attribute__((noinline)) static int add_rest(tw_wheel *w, tw_timer *t,
                                               uint64_t expires)
 {
     uint64_t now = w->now;
     if (t->tw__pprev != NULL || expires <= now)
         return add_slow(w, t, expires);
-    /* The common case, place() without its rare branches. */
     unsigned k = w->level_of_msb[msb64(expires ^ now)];
     if (k >= w->fast_k) /* the rounds level, or a narrow table */
         return k != w->rounds_k ? add_narrow(w, t, expires, k)
                                 : add_slow(w, t, expires);
+    /* The first timer of its list: add_common() read this head (the same
+     * level, slot and count of adds) and found it empty. */
     const struct level *lv = &w->lv[k];
     unsigned gshift = lv->shift;
     uint64_t g = expires >> gshift;
@@ -871,16 +874,10 @@ __attribute__((noinline)) static int add_rest(tw_wheel *w, tw_timer *t,
     uint64_t adds = w->adds;
     w->adds = adds + 1;
     tw_timer **head = lv->heads + ((size_t)slot << K_SHIFT) + (adds & (K - 1));
-    tw_timer *first = *head;
     *head = t;
-    t->tw__next = first;
-    if (first == NULL) {
-        t->tw__pprev = head;
-        return add_first(w, lv, slot);
-    }
-    first->tw__pprev = &t->tw__next;
+    t->tw__next = NULL;
     t->tw__pprev = head;
-    return 0;
+    return add_first(w, lv, slot);
 }
 
 /*

@@ -826,19 +826,16 @@ static void test_widen(void)
  */
 static uint64_t unchecked_order[2][1024];
 static size_t unchecked_n[2];
-static void rearm_unchecked(tw_timer *t, void *arg)
+static int use_unchecked; /* which add the variant under test uses */
+static void rearm_once(tw_timer *t, void *arg)
 {
     struct rec *r = TW_CONTAINER_OF(t, struct rec, t);
     record(t, arg);
+    uint64_t e = tw_wheel_now(cur_w) + 7;
     if (r->runs == 1) /* idle inside its callback: may take either add */
-        ASSERT_EQ(tw_wheel_add_unchecked(cur_w, t, tw_wheel_now(cur_w) + 7), 0);
-}
-static void rearm_checked(tw_timer *t, void *arg)
-{
-    struct rec *r = TW_CONTAINER_OF(t, struct rec, t);
-    record(t, arg);
-    if (r->runs == 1)
-        ASSERT_EQ(tw_wheel_add(cur_w, t, tw_wheel_now(cur_w) + 7), 0);
+        ASSERT_EQ(use_unchecked ? tw_wheel_add_unchecked(cur_w, t, e)
+                                : tw_wheel_add(cur_w, t, e),
+                  0);
 }
 
 static void test_add_unchecked(void)
@@ -849,10 +846,10 @@ static void test_add_unchecked(void)
         for (int v = 0; v < 2; v++) {
             uint64_t rng = 77 + s;
             tw_wheel *w = make(s, 1000);
+            use_unchecked = v;
             for (int i = 0; i < N; i++) {
                 r[i] = (struct rec){.id = i};
-                tw_timer_init(&r[i].t, v ? rearm_unchecked : rearm_checked,
-                              NULL);
+                tw_timer_init(&r[i].t, rearm_once, NULL);
                 uint64_t e = tw_test_rand(&rng) % 4 == 0
                                  ? 990 + tw_test_rand(&rng) % 20 /* due */
                                  : 1000 + tw_test_rand(&rng) % 300000;
