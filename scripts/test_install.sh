@@ -274,5 +274,15 @@ for mode in plain lto; do
     fi
   done
 done
-step "TWHEEL_LTO=ON: static library links without -flto; with -flto tw_wheel_add and tw_wheel_cancel are inlined"
+# Another compiler is refused at configure time, with the reason.
+if command -v clang >/dev/null; then
+  if cmake -S "$root" -B "$lto/clang" -G Ninja -DCMAKE_C_COMPILER=clang \
+    -DTWHEEL_LTO=ON -DTWHEEL_BUILD_TESTS=OFF -DTWHEEL_BUILD_BENCH=OFF \
+    -DTWHEEL_BUILD_EXAMPLES=OFF >"$lto/clang.log" 2>&1; then
+    fail "TWHEEL_LTO=ON with clang was accepted"
+  fi
+  grep -q 'TWHEEL_LTO=ON needs GCC' "$lto/clang.log" ||
+    fail "TWHEEL_LTO=ON with clang: no reason given ($(tail -1 "$lto/clang.log"))"
+fi
+step "TWHEEL_LTO=ON: static library links without -flto; with -flto tw_wheel_add and tw_wheel_cancel are inlined; clang refused"
 echo "install check: ok"
