@@ -68,6 +68,7 @@
 
 #include "clock.h"
 #include "durable_backend.h"
+#include "durable_index.h"
 #include "internal.h"
 #include "journal.h"
 
@@ -168,6 +169,13 @@ typedef struct jstore {
     jr_futex apply_seq;
     uint64_t backlog; /* nodes due (in due[] or the queue), not yet begun */
     uint64_t late_hist[TW_LATE_BUCKETS];
+    uint64_t callbacks; /* callbacks running now (stats.running) */
+    /* tw_durable_list()'s ordered index (src/durable_index.c): NULL until
+     * its first call builds it; from then on every node in the key table
+     * is in it at tw_timer_expires() of its timer (rearm(), node_remove()).
+     * If keeping it up to date runs out of memory it is dropped, and the
+     * next listing builds it again. */
+    tw__dx *dx;
 } jstore;
 
 /* ------------------------------------------------------------------------ */
@@ -508,11 +516,37 @@ static void seg_live(jstore *s, uint32_t no, int delta)
         g->live += (uint64_t)(int64_t)delta;
 }
 
+/* ------------------------------------------------------------------------ */
+/* The ordered index of tw_durable_list(), once built. */
+
+static void index_drop(jstore *s)
+{
+    tw__dx_free(s->dx);
+    s->dx = NULL;
+}
+
+/* Node @n leaves the key table (or is about to move). */
+static void index_out(jstore *s, struct dnode *n)
+{
+    if (s->dx)
+        (void)tw__dx_erase(s->dx, tw_timer_expires(&n->tm), (uintptr_t)n);
+}
+
+/* Arm node @n (in the key table) for @tick, in the wheel and the index. */
+static void rearm(jstore *s, struct dnode *n, uint64_t tick)
+{
+    index_out(s, n);
+    tw_wheel_add(s->wheel, &n->tm, tick);
+    if (s->dx && tw__dx_insert(s->dx, tick, (uintptr_t)n) != 0)
+        index_drop(s);
+}
+
 /* Unlink the node at @p from the table and the wheel; free it unless a
  * delivery still holds it (then it becomes an orphan). */
 static void node_remove(jstore *s, struct hpos p)
 {
     struct dnode *n = hout(s, p);
+    index_out(s, n);
     seg_live(s, n->seg, -1);
     if (n->fl & DN_FIRING) {
         n->fl |= DN_ORPHAN;
@@ -596,7 +630,7 @@ static void sched_apply(jstore *s, const tw_durable_item *it,
     }
     node_record(n, seg, off); /* its attempt is 0 */
     seg_live(s, seg, +1);
-    tw_wheel_add(s->wheel, &n->tm, tick_of(it->due_ms));
+    rearm(s, n, tick_of(it->due_ms));
     kick_if_earlier(s, it->due_ms);
 }
 
@@ -835,6 +869,7 @@ static int j_stats(tw_durable *d, tw_durable_stats *out)
     out->recovery_us = s->recovery_us;
     out->syncs = s->w.syncs;
     out->backlog = s->backlog;
+    out->running = s->callbacks;
     memcpy(out->late_hist, s->late_hist, sizeof out->late_hist);
     pthread_mutex_unlock(&s->mu);
     return 0;
@@ -856,7 +891,7 @@ static void on_due(tw_timer *t, void *arg)
         size_t nc = s->due_cap ? s->due_cap * 2 : 256;
         struct dnode **nd = tw__realloc(s->due, nc * sizeof *nd);
         if (!nd) { /* try again in a moment */
-            tw_wheel_add(s->wheel, t, tick_of(wall(s)) + RETRY_IO_MS);
+            rearm(s, n, tick_of(wall(s)) + RETRY_IO_MS);
             return;
         }
         s->due = nd;
@@ -897,6 +932,7 @@ static struct delivery *read_record(jstore *s, struct dnode *n)
 static void complete(jstore *s, struct delivery *dl, int r)
 {
     struct dnode *n = dl->node;
+    s->callbacks--;
     if (r > 0)
         s->retried++;
     else
@@ -917,7 +953,7 @@ static void complete(jstore *s, struct delivery *dl, int r)
         }
         /* On failure the old record and its FIRE records stay: after a
          * crash it is delivered again with a higher attempt. */
-        tw_wheel_add(s->wheel, &n->tm, tick_of(due));
+        rearm(s, n, tick_of(due));
         kick_if_earlier(s, due);
     } else {
         uint32_t seg, off;
@@ -938,6 +974,7 @@ static void begin_delivery(jstore *s, const struct delivery *dl)
     int64_t late_ms = wall(s) - dl->rec.due_ms;
     uint64_t late_us = late_ms > 0 ? (uint64_t)late_ms * 1000u : 0;
     s->backlog--;
+    s->callbacks++;
     s->late_hist[tw__late_bucket(late_us)]++;
 }
 
@@ -970,7 +1007,7 @@ static struct delivery *start_delivery(jstore *s, struct dnode *n,
     if (!dl) {
         s->backlog--;
         n->fl &= (uint16_t)~DN_FIRING;
-        tw_wheel_add(s->wheel, &n->tm, tw_wheel_now(s->wheel) + RETRY_IO_MS);
+        rearm(s, n, tw_wheel_now(s->wheel) + RETRY_IO_MS);
         return NULL;
     }
     fires_add(n);
@@ -1053,6 +1090,107 @@ static void *exec_main(void *arg)
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Look-up and listing. */
+
+static void index_key(void *ctx, uintptr_t h, const unsigned char **key,
+                      size_t *len)
+{
+    (void)ctx;
+    const struct dnode *n = (const struct dnode *)h;
+    *key = n->key;
+    *len = n->key_len;
+}
+
+/* Build the ordered index from the key table (mutex held): every node of
+ * the table's chains, the old table's unmoved buckets included. */
+static int index_build(jstore *s)
+{
+    s->dx = tw__dx_new(index_key, s, s->seed);
+    if (!s->dx)
+        return TW_ENOMEM;
+    for (int t = 0; t < 2; t++) {
+        const uint32_t *b = t ? s->old : s->buckets;
+        size_t from = t ? s->moved : 0, to = t ? s->nold : s->nbuckets;
+        for (size_t i = from; b && i < to; i++)
+            for (struct dnode *n = hnode(s, b[i]); n; n = hnode(s, hlink(n)))
+                if (tw__dx_insert(s->dx, tw_timer_expires(&n->tm),
+                                  (uintptr_t)n) != 0) {
+                    index_drop(s);
+                    return TW_ENOMEM;
+                }
+    }
+    return 0;
+}
+
+/* WAITING or DUE: due by the wall clock, or its delivery has begun. */
+static uint32_t node_state(const struct dnode *n, int64_t now)
+{
+    bool due = (n->fl & DN_FIRING) || tw_timer_expires(&n->tm) <= tick_of(now);
+    return due ? TW_DURABLE_DUE : TW_DURABLE_WAITING;
+}
+
+static int j_get(tw_durable *d, const void *key, size_t key_len,
+                 tw_durable_info *info, void *buf, size_t buf_len)
+{
+    jstore *s = (jstore *)d;
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    struct dnode *n = hat(s, hfind(s, key, key_len));
+    struct delivery *dl = n ? read_record(s, n) : NULL;
+    if (!n) {
+        rc = TW_ENOENT;
+    } else if (!dl) {
+        rc = TW_EIO;
+    } else {
+        /* The next delivery counts one more than those begun so far. */
+        info->attempt = attempt_sum(dl->rec.attempt, (n->fl & DN_FIRES) + 1u);
+        info->due_ms = dl->rec.due_ms;
+        info->state = node_state(n, wall(s));
+        info->payload_len = dl->rec.payload_len;
+        if (buf_len && dl->rec.payload_len)
+            memcpy(buf, dl->rec.payload,
+                   buf_len < dl->rec.payload_len ? buf_len
+                                                 : dl->rec.payload_len);
+    }
+    pthread_mutex_unlock(&s->mu);
+    tw__free(dl);
+    return rc;
+}
+
+static int j_list(tw_durable *d, const struct tw__list_req *q,
+                  tw_durable_entry *out, bool *end)
+{
+    jstore *s = (jstore *)d;
+    size_t used = 0, n = 0;
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    if (!s->dx)
+        rc = index_build(s);
+    if (!rc) {
+        tw__dx_iter it;
+        tw__dx_seek(&it, s->dx, q->from, q->key, q->key_len, q->after);
+        int64_t now = wall(s);
+        while (n < q->max) {
+            uint64_t tick;
+            uintptr_t h;
+            if (!tw__dx_next(&it, &tick, &h) || tick >= q->to) {
+                *end = true;
+                break;
+            }
+            const struct dnode *dn = (const struct dnode *)h;
+            if (!tw__list_put(q, &used, &out[n], dn->key, dn->key_len, tick,
+                              now))
+                break;
+            if (dn->fl & DN_FIRING)
+                out[n].state = TW_DURABLE_DUE;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc ? rc : (int)n;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1283,6 +1421,7 @@ static void free_all(jstore *s)
     tw__free(s->old);
     tw__free(s->due);
     tw__free(s->exec);
+    tw__dx_free(s->dx);
     tw_wheel_destroy(s->wheel);
     tw__jr_close(&s->w);
     if (s->lockfd >= 0)
@@ -1333,6 +1472,8 @@ static const struct tw_durable_ops journal_ops = {
     .cancel = j_cancel,
     .close = j_close,
     .stats = j_stats,
+    .get = j_get,
+    .list = j_list,
     .schedule_many = j_schedule_many,
     .cancel_many = j_cancel_many,
 };

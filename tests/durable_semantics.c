@@ -104,6 +104,16 @@ static void race_close(tw_durable *d);
 static atomic_int self_close_rc = 1; /* a payload "X" closes its own store */
 static atomic_int race_armed;        /* a payload "C" runs race_close() once */
 
+/* A payload "B" holds its callback until unblock(). */
+static atomic_int blocked, unblocked;
+
+static void block_here(void)
+{
+    atomic_store(&blocked, 1);
+    while (!atomic_load(&unblocked))
+        sleep_real_ms(1);
+}
+
 static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)arg;
@@ -112,6 +122,8 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
         race_close(d);
     if (t->payload_len == 1 && *(const char *)t->payload == 'X')
         atomic_store(&self_close_rc, tw_durable_close(d));
+    if (t->payload_len == 1 && *(const char *)t->payload == 'B')
+        block_here();
     int64_t at = now_ms();
     if (at < t->due_ms)
         early++;
@@ -701,6 +713,305 @@ static void test_close_from_callback(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Look-up and listing. */
+
+static int get(tw_durable *d, const char *key, tw_durable_info *info, char *buf,
+               size_t len)
+{
+    return tw_durable_get(d, key, strlen(key), info, buf, len);
+}
+
+/* Wait in real time until get(@key) shows it WAITING with @attempt, or
+ * fails with TW_ENOENT when @attempt is 0 (a completion may reach the
+ * store a little after its callback returned). */
+static void wait_get(tw_durable *d, const char *key, uint32_t attempt)
+{
+    tw_durable_info in;
+    for (int i = 0; i < WAIT_MS; i++) {
+        int rc = get(d, key, &in, NULL, 0);
+        if (attempt ? rc == 0 && in.attempt == attempt &&
+                          in.state == TW_DURABLE_WAITING
+                    : rc == TW_ENOENT)
+            return;
+        sleep_real_ms(1);
+    }
+    fprintf(stderr, "%s: get(%s) never showed attempt %u\n", be->name, key,
+            attempt);
+    ASSERT(0);
+}
+
+/* tw_durable_get: due time, attempt, state and payload into the caller's
+ * buffer with its full length; TW_ENOENT once cancelled or completed. */
+static void test_get(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    tw_durable_info in;
+    char buf[16];
+    ASSERT_EQ(get(d, "g1", &in, buf, sizeof buf), TW_ENOENT);
+    ASSERT_EQ(sched(d, "g1", t0 + 100000, "hello"), 0);
+    memset(buf, '#', sizeof buf);
+    ASSERT_EQ(get(d, "g1", &in, buf, sizeof buf), 0);
+    ASSERT_EQ(in.due_ms, t0 + 100000);
+    ASSERT_EQ(in.attempt, 1);
+    ASSERT_EQ(in.state, TW_DURABLE_WAITING);
+    ASSERT_EQ(in.payload_len, 5);
+    ASSERT(!memcmp(buf, "hello#", 6));
+    /* A short buffer gets what fits and the full length. */
+    memset(buf, '#', sizeof buf);
+    ASSERT_EQ(get(d, "g1", &in, buf, 2), 0);
+    ASSERT_EQ(in.payload_len, 5);
+    ASSERT(!memcmp(buf, "he#", 3));
+    ASSERT_EQ(get(d, "g1", &in, NULL, 0), 0);
+    ASSERT_EQ(in.payload_len, 5);
+    /* Bad arguments. */
+    ASSERT_EQ(tw_durable_get(d, "g1", 2, NULL, NULL, 0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_get(d, "g1", 0, &in, NULL, 0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_get(d, NULL, 2, &in, NULL, 0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_get(d, "g1", 2, &in, NULL, 4), TW_EINVAL);
+    ASSERT_EQ(tw_durable_get(NULL, "g1", 2, &in, NULL, 0), TW_EINVAL);
+    /* A replace shows the new version; a cancel ends it. */
+    ASSERT_EQ(sched(d, "g1", t0 + 200000, ""), 0);
+    ASSERT_EQ(get(d, "g1", &in, buf, sizeof buf), 0);
+    ASSERT_EQ(in.due_ms, t0 + 200000);
+    ASSERT_EQ(in.payload_len, 0);
+    ASSERT_EQ(cancel(d, "g1"), 0);
+    ASSERT_EQ(get(d, "g1", &in, buf, sizeof buf), TW_ENOENT);
+    /* A retry is the same key again, with a new due time and attempt. */
+    ASSERT_EQ(sched(d, "g2", t0 + 50, "R1000x1"), 0);
+    advance(50);
+    wait_count("g2", 1);
+    /* The retry: attempt 2, due 1000 ms after that delivery (a backend
+     * with TW_SEM_KNOWN_DONE_LAG writes it within 100 ms of its clock). */
+    advance(150);
+    wait_get(d, "g2", 2);
+    ASSERT_EQ(get(d, "g2", &in, buf, sizeof buf), 0);
+    /* 1000 ms after the callback returned: the journal counts from its
+     * return, Redis from when its completion arrived (here the injected
+     * clock stands still in between, except the 150 ms step). */
+    ASSERT_GE(in.due_ms, snap("g2").at_ms[0] + 1000);
+    ASSERT_LE(in.due_ms, now_ms() + 1000);
+    ASSERT_EQ(in.state, TW_DURABLE_WAITING);
+    ASSERT_EQ(in.payload_len, 7);
+    ASSERT(!memcmp(buf, "R1000x1", 7));
+    advance(1000);
+    wait_count("g2", 2);
+    advance(500);
+    wait_get(d, "g2", 0);
+    ASSERT_EQ(early, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* A running callback: stats.running counts it, get and list show DUE. */
+static void test_running_state(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    atomic_store(&blocked, 0);
+    atomic_store(&unblocked, 0);
+    ASSERT_EQ(stats(d).running, 0);
+    ASSERT_EQ(sched(d, "run", t0 + 10, "B"), 0);
+    ASSERT_EQ(sched(d, "later", t0 + 100000, ""), 0);
+    advance(10);
+    for (int i = 0; i < WAIT_MS && !atomic_load(&blocked); i++)
+        sleep_real_ms(1);
+    ASSERT(atomic_load(&blocked));
+    ASSERT_EQ(stats(d).running, 1);
+    tw_durable_info in;
+    ASSERT_EQ(get(d, "run", &in, NULL, 0), 0);
+    ASSERT_EQ(in.state, TW_DURABLE_DUE);
+    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    tw_durable_entry e[4];
+    char kb[TW_DURABLE_KEY_MAX];
+    ASSERT_EQ(tw_durable_list(d, 0, INT64_MAX, &c, e, 4, kb, sizeof kb), 2);
+    ASSERT_EQ(e[0].key_len, 3);
+    ASSERT(!memcmp(e[0].key, "run", 3));
+    ASSERT_EQ(e[0].due_ms, t0 + 10);
+    ASSERT_EQ(e[0].state, TW_DURABLE_DUE);
+    ASSERT_EQ(e[1].state, TW_DURABLE_WAITING);
+    ASSERT_EQ(c.done, 1);
+    atomic_store(&unblocked, 1);
+    wait_count("run", 1);
+    wait_fired(d, 1);
+    for (int i = 0; i < WAIT_MS && stats(d).running; i++)
+        sleep_real_ms(1);
+    ASSERT_EQ(stats(d).running, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* The expected listing: keys in (due, key bytes) order. */
+struct want {
+    const char *key;
+    int64_t due;
+};
+
+static int want_cmp(const void *a, const void *b)
+{
+    const struct want *x = a, *y = b;
+    if (x->due != y->due)
+        return x->due < y->due ? -1 : 1;
+    size_t lx = strlen(x->key), ly = strlen(y->key);
+    int c = memcmp(x->key, y->key, lx < ly ? lx : ly);
+    return c ? c : (lx > ly) - (lx < ly);
+}
+
+/* Page through [@from, @to) @page entries at a time from *@c, to the end
+ * or until @stop_after entries; check the entries against @w[0 .. @n) in
+ * order; returns how many were read. */
+static size_t list_check(tw_durable *d, tw_durable_cursor *c, int64_t from,
+                         int64_t to, size_t page, const struct want *w,
+                         size_t n, size_t stop_after)
+{
+    tw_durable_entry e[16];
+    char kb[TW_DURABLE_KEY_MAX];
+    size_t got = 0;
+    ASSERT_LE(page, 16);
+    while (!c->done && got < stop_after) {
+        int k = tw_durable_list(d, from, to, c, e, page, kb, sizeof kb);
+        ASSERT_GE(k, 0);
+        ASSERT_LE((size_t)k, page);
+        for (int i = 0; i < k; i++, got++) {
+            ASSERT_LT(got, n);
+            size_t len = strlen(w[got].key);
+            if (e[i].key_len != len || memcmp(e[i].key, w[got].key, len) ||
+                e[i].due_ms != w[got].due)
+                fprintf(
+                    stderr, "%s: entry %zu: %.*s at %lld, want %s at %lld\n",
+                    be->name, got, (int)e[i].key_len, (const char *)e[i].key,
+                    (long long)e[i].due_ms, w[got].key, (long long)w[got].due);
+            ASSERT_EQ(e[i].key_len, len);
+            ASSERT(!memcmp(e[i].key, w[got].key, len));
+            ASSERT_EQ(e[i].due_ms, w[got].due);
+        }
+        if (!c->done)
+            ASSERT_EQ((size_t)k, page);
+    }
+    return got;
+}
+
+/* Keys in (due, key bytes) order, both near (a Redis node has claimed
+ * them) and far; ties broken by bytes whatever the locale; the range's
+ * ends; pages of every size; a key buffer too short. */
+static void test_list_order(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    static const char *const tie[] = {"m\x80", "m", "m\x7f", "mA", "m\x01"};
+    struct want w[64];
+    size_t n = 0;
+    for (int i = 0; i < 5; i++) { /* near, due together */
+        w[n] = (struct want){tie[i], t0 + 200};
+        ASSERT_EQ(sched(d, w[n].key, w[n].due, ""), 0);
+        n++;
+    }
+    static char names[40][16];
+    for (int i = 0; i < 40; i++) { /* far, some due together */
+        snprintf(names[i], sizeof names[i], "f%02d", (i * 7) % 40);
+        w[n] = (struct want){names[i], t0 + 100000 + (i % 13) * 1000};
+        ASSERT_EQ(sched(d, w[n].key, w[n].due, ""), 0);
+        n++;
+    }
+    ASSERT_EQ(sched(d, "before", t0 + 199, ""), 0);   /* before from */
+    ASSERT_EQ(sched(d, "at-to", t0 + 200000, ""), 0); /* at to: excluded */
+    qsort(w, n, sizeof *w, want_cmp);
+    for (size_t page = 1; page <= 16; page += 5) {
+        tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+        ASSERT_EQ(
+            list_check(d, &c, t0 + 200, t0 + 200000, page, w, n, SIZE_MAX), n);
+        ASSERT_EQ(c.done, 1);
+    }
+    /* An empty range, a key buffer that fits no key, bad arguments. */
+    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    tw_durable_entry e[8];
+    char kb[TW_DURABLE_KEY_MAX];
+    ASSERT_EQ(tw_durable_list(d, t0, t0, &c, e, 2, kb, sizeof kb), 0);
+    ASSERT_EQ(c.done, 1);
+    c = (tw_durable_cursor)TW_DURABLE_CURSOR_INIT;
+    ASSERT_EQ(tw_durable_list(d, t0, t0 + 200000, &c, e, 2, kb, 3), TW_EINVAL);
+    ASSERT_EQ(c.key_len, 0);
+    /* "m" and "m\x01" fit 4 bytes, "m\x7f" no longer does. */
+    ASSERT_EQ(tw_durable_list(d, t0 + 200, t0 + 200000, &c, e, 8, kb, 4), 2);
+    ASSERT_EQ(c.done, 0);
+    ASSERT_EQ(e[0].key_len, 1);
+    ASSERT_EQ(e[1].key_len, 2);
+    ASSERT(!memcmp(e[1].key, "m\x01", 2));
+    ASSERT_EQ(tw_durable_list(d, t0, t0 + 1, &c, e, 0, kb, 4), TW_EINVAL);
+    ASSERT_EQ(tw_durable_list(d, t0, t0 + 1, NULL, e, 2, kb, 4), TW_EINVAL);
+    ASSERT_EQ(tw_durable_list(d, t0, t0 + 1, &c, NULL, 2, kb, 4), TW_EINVAL);
+    ASSERT_EQ(tw_durable_list(d, t0, t0 + 1, &c, e, 2, NULL, 4), TW_EINVAL);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* What an iteration sees while timers are scheduled, moved, cancelled
+ * and fired between its pages (durable.h): what stays ahead of the cursor
+ * once, what moves ahead again at its new place, nothing that went
+ * behind it, was cancelled or completed. */
+static void test_list_concurrent(void)
+{
+    tw_durable *d = open_new();
+    /* k00 .. k09 near (a Redis node claims them at once), k10 .. k19
+     * far. */
+    int64_t t0 = now_ms(), b = t0 + 100, far = t0 + 100000;
+    char k[20][8];
+    for (int i = 0; i < 20; i++) {
+        snprintf(k[i], sizeof k[i], "k%02d", i);
+        ASSERT_EQ(sched(d, k[i], (i < 10 ? b : far) + i * 10, ""), 0);
+    }
+    struct want first[5];
+    for (int i = 0; i < 5; i++)
+        first[i] = (struct want){k[i], b + i * 10};
+    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    ASSERT_EQ(list_check(d, &c, 0, INT64_MAX, 5, first, 5, 5), 5);
+    ASSERT_EQ(c.done, 0);
+    ASSERT_EQ(cancel(d, "k07"), 0);
+    ASSERT_EQ(sched(d, "new-behind", b + 15, ""), 0);
+    ASSERT_EQ(sched(d, "new-ahead", b + 75, ""), 0);
+    ASSERT_EQ(sched(d, "k02", far + 195, ""), 0); /* behind -> ahead */
+    ASSERT_EQ(sched(d, "k10", b + 5, ""), 0);     /* ahead -> behind */
+    /* Fire everything due by b + 90: k00 .. k09 but k07 (k02 moved),
+     * new-behind, new-ahead and k10. */
+    advance(b + 90 - t0);
+    const char *fired[] = {"k00",        "k01",       "k03", "k04",
+                           "k05",        "k06",       "k08", "k09",
+                           "new-behind", "new-ahead", "k10"};
+    for (size_t i = 0; i < sizeof fired / sizeof *fired; i++)
+        wait_count(fired[i], 1);
+    wait_fired(d, 11);
+    done_flush(d, 10); /* k11 .. k19, k02 */
+    struct want rest[10];
+    for (int i = 0; i < 9; i++)
+        rest[i] = (struct want){k[11 + i], far + (11 + i) * 10};
+    rest[9] = (struct want){"k02", far + 195};
+    ASSERT_EQ(list_check(d, &c, 0, INT64_MAX, 4, rest, 10, SIZE_MAX), 10);
+    ASSERT_EQ(c.done, 1);
+    ASSERT_EQ(count_of("k07"), 0);
+    ASSERT_EQ(early, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* A cursor is plain data: it resumes after a close and reopen. */
+static void test_list_reopen(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    struct want w[12];
+    static char names[12][8];
+    for (int i = 0; i < 12; i++) {
+        snprintf(names[i], sizeof names[i], "r%02d", i);
+        w[i] = (struct want){names[i], t0 + 100000 + (i / 3) * 1000};
+        ASSERT_EQ(sched(d, names[i], w[i].due, "x"), 0);
+    }
+    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    ASSERT_EQ(list_check(d, &c, t0, INT64_MAX, 4, w, 12, 4), 4);
+    tw_durable_cursor saved = c;
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = reopen();
+    ASSERT_EQ(list_check(d, &saved, t0, INT64_MAX, 3, w + 4, 8, SIZE_MAX), 8);
+    ASSERT_EQ(saved.done, 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 #define RUN(fn)                                                                \
     do {                                                                       \
         reset();                                                               \
@@ -725,5 +1036,10 @@ int tw_sem_run(const tw_sem_backend *b)
     RUN(test_close_reopen);
     RUN(test_calls_during_close);
     RUN(test_close_from_callback);
+    RUN(test_get);
+    RUN(test_running_state);
+    RUN(test_list_order);
+    RUN(test_list_concurrent);
+    RUN(test_list_reopen);
     return tw_test_done();
 }

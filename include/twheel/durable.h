@@ -140,6 +140,8 @@ typedef struct tw_durable_stats {
     uint64_t backlog; /* due timers whose delivery has not started yet */
     uint64_t late_hist[TW_LATE_BUCKETS]; /* deliveries by how late they
                                             started after due_ms (wheel.h) */
+    /* Fields below were added in 0.3.0. */
+    uint64_t running; /* callbacks of this handle running now */
 } tw_durable_stats;
 
 /* One timer of tw_durable_schedule_many() (or one key of
@@ -253,6 +255,118 @@ TW_EXTERN int tw_durable_stats_get_sized(tw_durable *d, tw_durable_stats *out,
 TW_EXTERN int tw_durable_stats_get(tw_durable *d, tw_durable_stats *out);
 #define tw_durable_stats_get(d, out)                                           \
     tw_durable_stats_get_sized((d), (out), sizeof(tw_durable_stats))
+
+/*
+ * Look-up and listing
+ * -------------------
+ * A timer's state, as tw_durable_get() and tw_durable_list() report it.
+ * The store holds a key from its schedule until its delivery completes
+ * (the callback returned 0 or < 0) or it is cancelled; in between it is
+ * WAITING (its due time has not come by the store's wall clock) or DUE
+ * (its due time has come: its delivery is queued, claimed by a node or
+ * its callback is running). A timer whose callback asked for a retry is
+ * WAITING again, with its new due time.
+ */
+#define TW_DURABLE_WAITING 1u
+#define TW_DURABLE_DUE 2u
+
+/* What tw_durable_get() tells of one timer. */
+typedef struct tw_durable_info {
+    int64_t due_ms;       /* its due time (Unix ms), as scheduled or retried */
+    uint32_t attempt;     /* the attempt its next delivery shows (1 for a
+                             timer never delivered); for a DUE timer it may
+                             already be the delivery under way */
+    uint32_t state;       /* TW_DURABLE_WAITING or TW_DURABLE_DUE */
+    size_t payload_len;   /* the payload's full length, even when it did not
+                             fit the caller's buffer */
+    uint64_t reserved[2]; /* zero */
+} tw_durable_info;
+
+/*
+ * tw_durable_get - look up @key: whether the store holds it, its due time,
+ * attempt and state into *@info, and its payload into @buf.
+ * @buf: up to @buf_len bytes of the payload are copied there (NULL with
+ * @buf_len 0 asks for the info alone); info->payload_len is the full
+ * length, so a caller whose buffer was short calls again with one of that
+ * size (the payload may have changed in between: compare again). Nothing
+ * is allocated for the caller.
+ * Returns 0; TW_ENOENT when the store does not hold @key (never scheduled,
+ * cancelled, or delivered and completed); TW_EINVAL (NULL @d or @info, bad
+ * key, NULL @buf with @buf_len > 0); TW_ESHUTDOWN (closing); TW_EIO (the
+ * journal's record could not be read back); TW_ECONN; TW_ENOMEM.
+ * Journal: one read of the timer's record, under the store's lock. Redis:
+ * one atomic script on the key's shard (one round trip).
+ * Context: any thread, callbacks included.
+ */
+TW_EXTERN int tw_durable_get(tw_durable *d, const void *key, size_t key_len,
+                             tw_durable_info *info, void *buf, size_t buf_len);
+
+/*
+ * Where a listing stands: plain data, so it can be kept, copied or written
+ * to a file and used again with the same store after a reopen (or from
+ * another process of a Redis namespace). Start with TW_DURABLE_CURSOR_INIT
+ * (all zero). It holds the (due time, key) of the last entry returned;
+ * the next call returns what comes after it.
+ */
+typedef struct tw_durable_cursor {
+    int64_t due_ms;   /* of the last entry returned */
+    uint32_t key_len; /* 0: nothing returned yet (start at from_ms) */
+    uint32_t done;    /* set once a call reached the end of its range */
+    unsigned char key[TW_DURABLE_KEY_MAX]; /* of the last entry returned */
+} tw_durable_cursor;
+#define TW_DURABLE_CURSOR_INIT                                                 \
+    {                                                                          \
+        0, 0, 0,                                                               \
+        {                                                                      \
+            0                                                                  \
+        }                                                                      \
+    }
+
+/* One timer of a listing. */
+typedef struct tw_durable_entry {
+    const void *key; /* into the caller's key buffer */
+    size_t key_len;  /* bytes of key */
+    int64_t due_ms;  /* the time the store will deliver it at (Unix ms; a
+                        due time before 1970 lists as 0) */
+    uint32_t state;  /* TW_DURABLE_WAITING or TW_DURABLE_DUE */
+    uint32_t reserved;
+} tw_durable_entry;
+
+/*
+ * tw_durable_list - the next timers the store holds with a due time in
+ * [@from_ms, @to_ms), in order of (due time, key bytes), after *@cur.
+ * @cur: where the previous call stopped (TW_DURABLE_CURSOR_INIT to start);
+ * advanced past the entries returned, and cur->done set when the range has
+ * no more. @out: room for @max entries; their keys are copied into @keybuf
+ * (@keybuf_len bytes; the call stops early rather than split a key, and
+ * @keybuf_len >= TW_DURABLE_KEY_MAX always fits one).
+ * Returns the number of entries written (0 .. @max; 0 with cur->done at
+ * the end), or TW_EINVAL (NULL argument, @max 0, @keybuf_len too short
+ * for the next key), TW_ESHUTDOWN, TW_ECONN or TW_ENOMEM, with *@cur
+ * unchanged.
+ *
+ * What an iteration sees. Each call is one snapshot (journal: under the
+ * store's lock; Redis: one atomic script per shard, the shards read one
+ * after the other in one pipelined round trip). Across calls the cursor is
+ * a position, not a snapshot: entries come in strictly increasing (due,
+ * key) order, so a key is never returned twice at the same due time. A
+ * timer that stays in the range at a (due, key) after the cursor is
+ * returned exactly once; one scheduled (or moved) to a place the cursor
+ * has passed is not; one moved ahead of the cursor is returned again at
+ * its new place; one cancelled or completed before the cursor reaches it
+ * is not returned.
+ *
+ * Cost. Journal: O(log n + @max) under the store's lock, after a first
+ * call that builds an ordered index of the pending timers (O(n log n),
+ * about 24 bytes a timer, kept up to date from then on at O(log n) per
+ * change). Redis: one read-only script per shard, each O(log^2 n + @max +
+ * c) where c is the shard's claimed timers (due within cfg.horizon_ms or
+ * running), of which at most 10,000 per shard are read; no KEYS or SCAN.
+ * Context: any thread, callbacks included.
+ */
+TW_EXTERN int tw_durable_list(tw_durable *d, int64_t from_ms, int64_t to_ms,
+                              tw_durable_cursor *cur, tw_durable_entry *out,
+                              size_t max, void *keybuf, size_t keybuf_len);
 
 #ifdef __cplusplus
 }
