@@ -169,7 +169,8 @@ typedef struct jstore {
     jr_futex apply_seq;
     uint64_t backlog; /* nodes due (in due[] or the queue), not yet begun */
     uint64_t late_hist[TW_LATE_BUCKETS];
-    uint64_t callbacks; /* callbacks running now (stats.running) */
+    uint64_t callbacks;   /* callbacks running now (stats.running) */
+    uint64_t late_sum_us; /* stats.late_sum_us */
     /* tw_durable_list()'s ordered index (src/durable_index.c): NULL until
      * its first call builds it; from then on every node in the key table
      * is in it at tw_timer_expires() of its timer (rearm(), node_remove()).
@@ -870,6 +871,7 @@ static int j_stats(tw_durable *d, tw_durable_stats *out)
     out->syncs = s->w.syncs;
     out->backlog = s->backlog;
     out->running = s->callbacks;
+    out->late_sum_us = s->late_sum_us;
     memcpy(out->late_hist, s->late_hist, sizeof out->late_hist);
     pthread_mutex_unlock(&s->mu);
     return 0;
@@ -976,6 +978,7 @@ static void begin_delivery(jstore *s, const struct delivery *dl)
     s->backlog--;
     s->callbacks++;
     s->late_hist[tw__late_bucket(late_us)]++;
+    s->late_sum_us += late_us;
 }
 
 static int run_callback(jstore *s, struct delivery *dl)

@@ -380,8 +380,9 @@ struct rd {
     uint64_t late_hist[TW_LATE_BUCKETS];
     struct done *pend; /* callbacks done, DONE not yet sent (firer) */
     size_t npend, cap_pend;
-    uint64_t pend_due;  /* mono ms: send the completions by then */
-    uint64_t callbacks; /* callbacks running now (stats.running); under mu */
+    uint64_t pend_due;    /* mono ms: send the completions by then */
+    uint64_t callbacks;   /* callbacks running now (stats.running); under mu */
+    uint64_t late_sum_us; /* stats.late_sum_us; under mu */
 };
 
 static const struct tw_durable_ops rd_ops;
@@ -1078,6 +1079,7 @@ static void fire_one(struct rd *d, struct rtimer *r)
     r->fired = true;
     d->callbacks++;
     d->late_hist[tw__late_bucket(late > 0 ? (uint64_t)late : 0)]++;
+    d->late_sum_us += late > 0 ? (uint64_t)late : 0;
     pthread_mutex_unlock(&d->mu);
     int res = tw__durable_fire(&d->base, d->fire, &t, d->fire_arg);
     pthread_mutex_lock(&d->mu);
@@ -1788,6 +1790,7 @@ static int rd_stats(tw_durable *base, tw_durable_stats *out)
     out->retried = d->retried;
     out->cancelled = d->cancelled;
     out->running = d->callbacks;
+    out->late_sum_us = d->late_sum_us;
     memcpy(out->late_hist, d->late_hist, sizeof out->late_hist);
     pthread_mutex_unlock(&d->mu);
     return 0;

@@ -953,7 +953,7 @@ static void test_list_concurrent(void)
     /* k00 .. k09 near (a Redis node claims them at once), k10 .. k19
      * far. */
     int64_t t0 = now_ms(), b = t0 + 100, far = t0 + 100000;
-    char k[20][8];
+    char k[20][16];
     for (int i = 0; i < 20; i++) {
         snprintf(k[i], sizeof k[i], "k%02d", i);
         ASSERT_EQ(sched(d, k[i], (i < 10 ? b : far) + i * 10, ""), 0);
@@ -996,7 +996,7 @@ static void test_list_reopen(void)
     tw_durable *d = open_new();
     int64_t t0 = now_ms();
     struct want w[12];
-    static char names[12][8];
+    static char names[12][16];
     for (int i = 0; i < 12; i++) {
         snprintf(names[i], sizeof names[i], "r%02d", i);
         w[i] = (struct want){names[i], t0 + 100000 + (i / 3) * 1000};
@@ -1009,6 +1009,78 @@ static void test_list_reopen(void)
     d = reopen();
     ASSERT_EQ(list_check(d, &saved, t0, INT64_MAX, 3, w + 4, 8, SIZE_MAX), 8);
     ASSERT_EQ(saved.done, 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* Metrics: the stats as exposition text, snprintf-style into a buffer
+ * (the length it needs when cut), the same text to a FILE *, labels on
+ * every sample, bad labels refused. (tests/metrics_scrape.py parses it
+ * with prometheus_client's parsers.) */
+static void test_metrics(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    ASSERT_EQ(sched(d, "m1", t0 + 100000, ""), 0);
+    ASSERT_EQ(sched(d, "m2", t0 + 100000, ""), 0);
+    ASSERT_EQ(sched(d, "m3", t0, ""), 0);
+    wait_count("m3", 1);
+    wait_fired(d, 1);
+    done_flush(d, 2);
+    static char buf[16384], cut[64];
+    long n = tw_durable_metrics(d, "store=\"a\\\"b\"", 0, buf, sizeof buf);
+    ASSERT_GT(n, 0);
+    ASSERT_LT(n, (long)sizeof buf);
+    ASSERT_EQ((long)strlen(buf), n);
+    ASSERT_NOT_NULL(
+        strstr(buf, "\ntwheel_durable_pending{store=\"a\\\"b\"} 2\n"));
+    ASSERT_NOT_NULL(
+        strstr(buf, "\ntwheel_durable_fired_total{store=\"a\\\"b\"} 1\n"));
+    ASSERT_NOT_NULL(strstr(buf, "# TYPE twheel_durable_fired_total counter\n"));
+    ASSERT_NOT_NULL(strstr(buf, "twheel_durable_lateness_seconds_bucket{"
+                                "store=\"a\\\"b\",le=\"+Inf\"} 1\n"));
+    ASSERT_NOT_NULL(strstr(buf, "twheel_durable_lateness_seconds_count{store="
+                                "\"a\\\"b\"} 1\n"));
+    ASSERT_NULL(strstr(buf, "# EOF"));
+    /* Cut: the same length back, the start of the same text, NUL-ended. */
+    ASSERT_EQ(tw_durable_metrics(d, "store=\"a\\\"b\"", 0, cut, sizeof cut), n);
+    ASSERT_EQ(strlen(cut), sizeof cut - 1);
+    ASSERT(!memcmp(cut, buf, sizeof cut - 1));
+    /* No buffer: just the length (shorter without the labels). */
+    long plain = tw_durable_metrics(d, NULL, 0, NULL, 0);
+    ASSERT_GT(plain, 0);
+    ASSERT_LT(plain, n);
+    /* OpenMetrics: counter families named without _total, "# EOF" last. */
+    long m = tw_durable_metrics(d, NULL, TW_DURABLE_METRICS_OPENMETRICS, buf,
+                                sizeof buf);
+    ASSERT_GT(m, 6);
+    ASSERT_STR_EQ(buf + m - 6, "# EOF\n");
+    ASSERT_NOT_NULL(strstr(buf, "# TYPE twheel_durable_fired counter\n"));
+    ASSERT_NOT_NULL(strstr(buf, "\ntwheel_durable_fired_total 1\n"));
+    /* A FILE gets the same text as the buffer. */
+    FILE *f = tmpfile();
+    ASSERT_NOT_NULL(f);
+    ASSERT_EQ(
+        tw_durable_metrics_fprint(d, NULL, TW_DURABLE_METRICS_OPENMETRICS, f),
+        0);
+    ASSERT_EQ(ftell(f), m);
+    static char back[16384];
+    rewind(f);
+    ASSERT_EQ(fread(back, 1, sizeof back, f), (size_t)m);
+    ASSERT(!memcmp(back, buf, (size_t)m));
+    fclose(f);
+    /* Bad labels and arguments. */
+    static const char *const bad[] = {"",         "a",         "a=b",
+                                      "a=\"b",    "1a=\"b\"",  "a=\"b\",",
+                                      "a=\"b\"c", "a=\"\\x\"", "a=\"\n\""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        ASSERT_EQ(tw_durable_metrics(d, bad[i], 0, buf, sizeof buf), TW_EINVAL);
+    ASSERT_EQ(
+        tw_durable_metrics(d, "a=\"\",b_2=\"\\n\\\\\"", 0, buf, sizeof buf) > 0,
+        1);
+    ASSERT_EQ(tw_durable_metrics(d, NULL, 2, buf, sizeof buf), TW_EINVAL);
+    ASSERT_EQ(tw_durable_metrics(d, NULL, 0, NULL, 1), TW_EINVAL);
+    ASSERT_EQ(tw_durable_metrics(NULL, NULL, 0, buf, sizeof buf), TW_EINVAL);
+    ASSERT_EQ(tw_durable_metrics_fprint(d, NULL, 0, NULL), TW_EINVAL);
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
@@ -1041,5 +1113,6 @@ int tw_sem_run(const tw_sem_backend *b)
     RUN(test_list_order);
     RUN(test_list_concurrent);
     RUN(test_list_reopen);
+    RUN(test_metrics);
     return tw_test_done();
 }

@@ -17,7 +17,7 @@
 
 #define KEYS 2000
 
-static char keys[KEYS][8];
+static char keys[KEYS][16];
 static uint64_t tick_of[KEYS]; /* the entry's tick while it is in */
 static int in[KEYS];
 

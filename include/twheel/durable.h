@@ -38,6 +38,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -141,7 +142,8 @@ typedef struct tw_durable_stats {
     uint64_t late_hist[TW_LATE_BUCKETS]; /* deliveries by how late they
                                             started after due_ms (wheel.h) */
     /* Fields below were added in 0.3.0. */
-    uint64_t running; /* callbacks of this handle running now */
+    uint64_t running;     /* callbacks of this handle running now */
+    uint64_t late_sum_us; /* sum of the lateness late_hist counts, in us */
 } tw_durable_stats;
 
 /* One timer of tw_durable_schedule_many() (or one key of
@@ -367,6 +369,48 @@ typedef struct tw_durable_entry {
 TW_EXTERN int tw_durable_list(tw_durable *d, int64_t from_ms, int64_t to_ms,
                               tw_durable_cursor *cur, tw_durable_entry *out,
                               size_t max, void *keybuf, size_t keybuf_len);
+
+/*
+ * Metrics
+ * -------
+ * The counters of tw_durable_stats_get() as text a Prometheus server (or
+ * any OpenMetrics scraper) reads from an HTTP endpoint such as /metrics:
+ * twheel_durable_pending, _backlog, _running (gauges), _fired_total,
+ * _retried_total, _cancelled_total, _syncs_total (counters),
+ * _journal_bytes, _segments, _recovered, _recovery_seconds (gauges) and
+ * the histogram twheel_durable_lateness_seconds (how late deliveries
+ * started; bucket le="x" counts those at most x late, in whole us).
+ */
+/* Flags of tw_durable_metrics(). Default: the Prometheus text format
+ * 0.0.4 (Content-Type: text/plain; version=0.0.4). */
+#define TW_DURABLE_METRICS_OPENMETRICS                                         \
+    1u /* OpenMetrics 1.0 text, ending "# EOF" (Content-Type:                  \
+          application/openmetrics-text; version=1.0.0) */
+
+/*
+ * tw_durable_metrics - the store's metrics as text into @buf, like
+ * snprintf(): at most @len bytes, NUL-ended when @len > 0.
+ * @labels: NULL, or labels added to every sample, as the text between the
+ * braces of the exposition format (for example `store="orders"`): names
+ * [a-zA-Z_][a-zA-Z0-9_]*, values in double quotes with \\, \" and \n
+ * escapes; anything else is TW_EINVAL.
+ * @flags: 0 or TW_DURABLE_METRICS_OPENMETRICS.
+ * Returns the length of the whole text (without its NUL): if it is >=
+ * @len the text was cut, and a buffer of the returned length + 1 holds it.
+ * Or a negative error: TW_EINVAL, TW_ESHUTDOWN, or what
+ * tw_durable_stats_get() returns (TW_ECONN, TW_ENOMEM). Nothing is
+ * allocated for the caller. Context: any thread, callbacks included.
+ */
+TW_EXTERN long tw_durable_metrics(tw_durable *d, const char *labels,
+                                  unsigned flags, char *buf, size_t len);
+
+/*
+ * tw_durable_metrics_fprint - tw_durable_metrics() written to @f.
+ * Returns 0, TW_EIO (a write to @f failed), or an error as above.
+ * Context: any thread, callbacks included.
+ */
+TW_EXTERN int tw_durable_metrics_fprint(tw_durable *d, const char *labels,
+                                        unsigned flags, FILE *f);
 
 #ifdef __cplusplus
 }
