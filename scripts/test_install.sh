@@ -45,7 +45,11 @@ grep -q '^tw_wheel_add \\- ' "$man3/tw_wheel_add.3" 2>/dev/null &&
   fail "no man page for tw_wheel_add"
 [ -f "$prefix/share/doc/twheel/html/index.html" ] || fail "no HTML reference"
 [ -f "$prefix/share/doc/twheel/LICENSE" ] || fail "no LICENSE installed"
-step "relocated install in $prefix: SONAME $soname, man pages, HTML, LICENSE"
+"$prefix/bin/twheel" --help | grep -q '^usage: twheel' ||
+  fail "no twheel tool installed, or its --help failed"
+grep -q '^\.TH TWHEEL 1' "$prefix/share/man/man1/twheel.1" 2>/dev/null ||
+  fail "no man page twheel(1)"
+step "relocated install in $prefix: SONAME $soname, man pages, HTML, LICENSE, twheel(1)"
 
 cat >"$work/consumer.c" <<'C'
 #include <stdio.h>

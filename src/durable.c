@@ -177,6 +177,9 @@ typedef struct jstore {
      * If keeping it up to date runs out of memory it is dropped, and the
      * next listing builds it again. */
     tw__dx *dx;
+    /* TW_DURABLE_READONLY: no lock, no writes, no threads; NOFIRE (or
+     * READONLY): no store thread or executors, so nothing is delivered. */
+    bool readonly, nofire;
 } jstore;
 
 /* ------------------------------------------------------------------------ */
@@ -1458,12 +1461,14 @@ static int j_close(tw_durable *d)
     pthread_cond_broadcast(&s->cv);
     pthread_cond_broadcast(&s->round_cv);
     pthread_mutex_unlock(&s->mu);
-    pthread_join(s->thr, NULL);
-    stop_executors(s);
+    if (!s->nofire) {
+        pthread_join(s->thr, NULL);
+        stop_executors(s);
+    }
     pthread_mutex_lock(&s->mu);
     int rc = 0;
-    jr_seg *cur = &s->w.segs[s->w.nseg - 1];
-    if (s->w.synced < s->w.written && fdatasync(cur->fd) != 0)
+    jr_seg *cur = s->w.nseg ? &s->w.segs[s->w.nseg - 1] : NULL;
+    if (cur && s->w.synced < s->w.written && fdatasync(cur->fd) != 0)
         rc = TW_EIO;
     pthread_mutex_unlock(&s->mu);
     free_all(s);
@@ -1635,7 +1640,8 @@ struct seg_file {
 static int read_segment(jstore *s, struct seg_file *f)
 {
     tw__jr_seg_name(f->name, f->no);
-    f->fd = openat(s->dirfd, f->name, O_RDWR | O_CLOEXEC);
+    f->fd = openat(s->dirfd, f->name,
+                   (s->readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
     struct stat st;
     if (f->fd < 0 || fstat(f->fd, &st) != 0)
         return TW_EIO;
@@ -1674,7 +1680,8 @@ static int bad_header(jstore *s, const tw_durable_config *cfg,
     }
     close(f->fd);
     f->fd = -1;
-    unlinkat(s->dirfd, f->name, 0);
+    if (!s->readonly)
+        unlinkat(s->dirfd, f->name, 0);
     fsync(s->dirfd);
     *damaged |= !empty;
     return 1;
@@ -1685,7 +1692,7 @@ static int bad_header(jstore *s, const tw_durable_config *cfg,
  * can ever follow the next append. */
 static int clear_tail(jstore *s, struct seg_file *f, size_t end)
 {
-    if (end >= f->size || all_zero(f->buf, end, f->size))
+    if (end >= f->size || all_zero(f->buf, end, f->size) || s->readonly)
         return 0;
     if (ftruncate(f->fd, (off_t)end) != 0 || fdatasync(f->fd) != 0)
         return TW_EIO;
@@ -1743,6 +1750,8 @@ static int replay_done(jstore *s, bool damaged)
         for (struct dnode *n = hnode(s, s->buckets[i]); n;
              n = hnode(s, hlink(n)))
             seg_live(s, n->seg, +1);
+    if (s->readonly)
+        return 0; /* nothing is written: no new segment */
     if (s->w.nseg) {
         jr_seg *cur = &s->w.segs[s->w.nseg - 1];
         s->w.written = JR_LSN(cur->no, cur->size);
@@ -1863,6 +1872,15 @@ static void init_store(jstore *s, const tw_durable_config *cfg,
 /* Make and open the directory and take its lock. */
 static int lock_dir(jstore *s, const tw_durable_config *cfg)
 {
+    if (s->readonly) { /* the directory as it is: no lock, nothing made */
+        s->dirfd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        s->w.dirfd = s->dirfd;
+        if (s->dirfd >= 0)
+            return 0;
+        int rc = errno == ENOENT ? TW_ENOENT : TW_EIO;
+        errmsg(cfg, "%s: cannot open the directory", cfg->dir);
+        return rc;
+    }
     int rc = make_dirs(cfg->dir);
     if (rc) {
         errmsg(cfg, "%s: cannot make the directory", cfg->dir);
@@ -1892,7 +1910,7 @@ static int recover(jstore *s, const tw_durable_config *cfg)
     bool damaged = false;
     pthread_mutex_lock(&s->mu);
     int rc = replay(s, cfg, &damaged);
-    if (rc == 0 && damaged) {
+    if (rc == 0 && damaged && !s->readonly) {
         uint32_t fresh = s->w.segs[s->w.nseg - 1].no;
         while (rc == 0 && s->w.segs[0].no < fresh)
             rc = compact_oldest(s);
@@ -1935,6 +1953,9 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
         return TW_ENOMEM;
     uint64_t t0 = real_mono_ns(NULL);
     init_store(s, cfg, seg_bytes, t0);
+    s->readonly = cfg->flags & TW_DURABLE_READONLY;
+    s->base.readonly = s->readonly;
+    s->nofire = s->readonly || (cfg->flags & TW_DURABLE_NOFIRE);
     int rc = TW_ENOMEM;
     s->nbuckets = 1024;
     s->buckets = tw__calloc(s->nbuckets, sizeof *s->buckets);
@@ -1945,7 +1966,7 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
     if (!rc) {
         s->recovered = s->count;
         s->recovery_us = (real_mono_ns(NULL) - t0) / 1000;
-        rc = start_threads(s, cfg->executor_threads);
+        rc = s->nofire ? 0 : start_threads(s, cfg->executor_threads);
     }
     if (rc) {
         free_all(s);
@@ -2008,6 +2029,8 @@ int tw_durable_schedule(tw_durable *d, const void *key, size_t key_len,
         return TW_EINVAL;
     if (closing(d))
         return TW_ESHUTDOWN;
+    if (d->readonly)
+        return TW_EINVAL;
     return d->ops->schedule(d, key, key_len, due_ms, payload, payload_len);
 }
 
@@ -2017,6 +2040,8 @@ int tw_durable_cancel(tw_durable *d, const void *key, size_t key_len)
         return TW_EINVAL;
     if (closing(d))
         return TW_ESHUTDOWN;
+    if (d->readonly)
+        return TW_EINVAL;
     return d->ops->cancel(d, key, key_len);
 }
 
@@ -2044,7 +2069,7 @@ static bool item_ok(const tw_durable_item *it)
 static size_t check_items(tw_durable *d, tw_durable_item *items, size_t n,
                           bool cancel)
 {
-    int refuse = closing(d) ? TW_ESHUTDOWN : 0;
+    int refuse = closing(d) ? TW_ESHUTDOWN : d->readonly ? TW_EINVAL : 0;
     size_t valid = 0;
     for (size_t i = 0; i < n; i++) {
         bool ok = cancel ? key_ok(items[i].key, items[i].key_len)

@@ -80,6 +80,9 @@ struct tw_durable {
     /* tw_durable_close() has begun: the public calls refuse every change
      * (TW_ESHUTDOWN) from then on, for every backend (src/durable.c). */
     atomic_bool closing;
+    /* Opened with TW_DURABLE_READONLY: the public calls refuse every
+     * change (TW_EINVAL). */
+    bool readonly;
 };
 
 /* The store whose callback this thread is running, or NULL: close() of

@@ -107,7 +107,7 @@ static uint32_t node_alloc(tw__dx *x)
     return x->next_id++;
 }
 
-/* (tick, key of @h) against (tick2, key2): < 0, 0 or > 0. */
+/* (@tick, @k) against the entry of node @id: < 0, 0 or > 0. */
 static int cmp_key(const tw__dx *x, uint64_t tick, const unsigned char *k,
                    size_t kl, uint32_t id)
 {
@@ -117,7 +117,8 @@ static int cmp_key(const tw__dx *x, uint64_t tick, const unsigned char *k,
     const unsigned char *k2;
     size_t l2;
     x->key(x->ctx, n->h, &k2, &l2);
-    int c = memcmp(k, k2, kl < l2 ? kl : l2);
+    size_t m = kl < l2 ? kl : l2;
+    int c = m ? memcmp(k, k2, m) : 0; /* @k may be NULL when @kl is 0 */
     if (c)
         return c;
     return kl < l2 ? -1 : kl > l2;

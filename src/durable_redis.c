@@ -1816,6 +1816,10 @@ static void rd_free(struct rd *d)
 static int rd_close(tw_durable *base)
 {
     struct rd *d = (struct rd *)base;
+    if (d->base.readonly) { /* no threads, no claims */
+        rd_free(d);
+        return 0;
+    }
     pthread_mutex_lock(&d->mu);
     d->stop = true;
     pthread_cond_signal(&d->cv);
@@ -2073,7 +2077,7 @@ static int rd_list(tw_durable *base, const struct tw__list_req *q,
     if (!rc && total && !all)
         rc = TW_ENOMEM;
     size_t k = 0;
-    for (size_t i = 0; i < ns && !rc; i++) {
+    for (size_t i = 0; i < ns && !rc && all; i++) { /* none: all is NULL */
         long got = list_reply(cmds[i].reply, all + k);
         if (got < 0)
             rc = TW_EIO;
@@ -2083,7 +2087,8 @@ static int rd_list(tw_durable *base, const struct tw__list_req *q,
     }
     size_t n = 0, used = 0;
     if (!rc) {
-        qsort(all, total, sizeof *all, lent_cmp);
+        if (total)
+            qsort(all, total, sizeof *all, lent_cmp);
         int64_t now = rd_wall(d);
         while (n < q->max && n < total &&
                tw__list_put(q, &used, &out[n], all[n].key->str, all[n].key->len,
@@ -2211,7 +2216,10 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
         rc = tw__rc_open(&d->rc, cfg->redis);
     if (!rc)
         rc = rd_load_scripts(d);
-    if (!rc)
+    d->base.readonly = cfg->flags & TW_DURABLE_READONLY;
+    if (cfg->flags & TW_DURABLE_NOFIRE)
+        rc = TW_EINVAL; /* a claim would wait for its lease */
+    if (!rc && !d->base.readonly)
         rc = rd_start(d);
     if (rc) {
         rd_free(d);

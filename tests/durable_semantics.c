@@ -1084,6 +1084,43 @@ static void test_metrics(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* TW_DURABLE_READONLY: a second handle on a store that is open (the
+ * journal takes no lock for it) sees its timers, refuses every change and
+ * delivers nothing, while the store runs on. */
+static void test_readonly(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    ASSERT_EQ(sched(d, "ro-far", t0 + 100000, "f"), 0);
+    ASSERT_EQ(sched(d, "ro-cancelled", t0 + 100000, "c"), 0);
+    ASSERT_EQ(cancel(d, "ro-cancelled"), 0);
+    tw_durable_config c = cfg_for(store_name);
+    c.flags = TW_DURABLE_READONLY;
+    tw_durable *r = NULL;
+    ASSERT_EQ(tw_durable_open(&r, &c), 0);
+    tw_durable_info in;
+    char buf[8];
+    ASSERT_EQ(get(r, "ro-far", &in, buf, sizeof buf), 0);
+    ASSERT_EQ(in.due_ms, t0 + 100000);
+    ASSERT_EQ(get(r, "ro-cancelled", &in, NULL, 0), TW_ENOENT);
+    ASSERT_EQ(stats(r).pending, 1);
+    ASSERT_EQ(sched(r, "ro-new", t0, ""), TW_EINVAL);
+    ASSERT_EQ(cancel(r, "ro-far"), TW_EINVAL);
+    tw_durable_item it = {"ro-far", 6, t0, NULL, 0, 0};
+    ASSERT_EQ(tw_durable_schedule_many(r, &it, 1), TW_EINVAL);
+    ASSERT_EQ(tw_durable_cancel_many(r, &it, 1), TW_EINVAL);
+    /* The read-only handle delivers nothing: "ro-now" fires once, by d. */
+    ASSERT_EQ(sched(d, "ro-now", t0, ""), 0);
+    wait_count("ro-now", 1);
+    settle(d);
+    ASSERT_EQ(count_of("ro-now"), 1);
+    ASSERT_EQ(get(d, "ro-far", &in, NULL, 0), 0);
+    ASSERT_EQ(tw_durable_close(r), 0);
+    ASSERT_EQ(sched(d, "ro-after", t0 + 100000, ""), 0);
+    done_flush(d, 2);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 #define RUN(fn)                                                                \
     do {                                                                       \
         reset();                                                               \
@@ -1114,5 +1151,6 @@ int tw_sem_run(const tw_sem_backend *b)
     RUN(test_list_concurrent);
     RUN(test_list_reopen);
     RUN(test_metrics);
+    RUN(test_readonly);
     return tw_test_done();
 }

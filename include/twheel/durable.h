@@ -82,6 +82,20 @@ typedef int (*tw_durable_fire_fn)(tw_durable *d, const tw_durable_timer *t,
 #define TW_DURABLE_REPAIR                                                      \
     1u /* open a journal with corruption in its middle                         \
           by dropping the damaged records */
+/* Look without touching, for inspection tools (both backends): the
+ * journal is read as it is (no lock taken, so a live store in another
+ * process may hold the directory; nothing is written, created, truncated
+ * or deleted; a record being appended meanwhile may be missed), Redis is
+ * only read; nothing is ever delivered. tw_durable_get(), _list() and
+ * _stats_get() work; every change returns TW_EINVAL. With
+ * TW_DURABLE_REPAIR: damaged records are skipped as a repair would,
+ * but nothing is written (a dry run). A missing directory is TW_ENOENT. */
+#define TW_DURABLE_READONLY 2u
+/* Journal only: open (and replay, repair) without delivering anything:
+ * no store thread or executors run, so no callback is called until
+ * close; schedule and cancel still work. For tools that must change a
+ * journal without firing it (a repair). Redis: TW_EINVAL. */
+#define TW_DURABLE_NOFIRE 4u
 
 /* Where a store keeps its timers and how it delivers them. */
 typedef struct tw_durable_config {
