@@ -30,9 +30,13 @@
  * callbacks run on that thread or on the executors. After a callback, a
  * DONE record (or a new SCHED for a retry) is appended if the node is still
  * the key's current version; a key replaced or cancelled meanwhile left its
- * old node ORPHAN, which is just freed. DONE records are not waited for: a
- * crash before they are durable means a repeat delivery, which the contract
- * allows.
+ * old node ORPHAN, which is just freed. A cancel or replace marks the node
+ * ORPHAN under the mutex, and a callback starts only after a look at that
+ * mark under the same mutex (begin_delivery()), so once a cancel or replace
+ * has returned, no delivery of the old version whose callback had not
+ * started will start; only one already running is not stopped. DONE records are
+ * not waited for: a crash before they are durable means a repeat delivery,
+ * which the contract allows.
  *
  * Time: the thread sleeps on CLOCK_MONOTONIC for at most WALL_CHECK_MS
  * between readings of the wall clock. The wheel never goes back: after the
@@ -931,14 +935,24 @@ static void complete(jstore *s, struct delivery *dl, int r)
     tw__free(dl);
 }
 
-/* A delivery's callback is about to run (mutex held): it leaves the
- * backlog, and how late it starts is counted. */
-static void begin_delivery(jstore *s, const struct delivery *dl)
+/* A delivery's callback is about to run (mutex held, and held since the
+ * caller last looked at the node): it leaves the backlog, and how late it
+ * starts is counted. Returns false, with @dl freed, if a cancel or replace
+ * of its key was applied since the delivery began: those run under the
+ * same mutex, so once one has returned 0 this is where every delivery of
+ * the old version that has not started yet stops. */
+static bool begin_delivery(jstore *s, struct delivery *dl)
 {
+    s->backlog--;
+    if (dl->node->fl & DN_ORPHAN) {
+        node_free(s, dl->node);
+        tw__free(dl);
+        return false;
+    }
     int64_t late_ms = wall(s) - dl->rec.due_ms;
     uint64_t late_us = late_ms > 0 ? (uint64_t)late_ms * 1000u : 0;
-    s->backlog--;
     s->late_hist[tw__late_bucket(late_us)]++;
+    return true;
 }
 
 static int run_callback(jstore *s, struct delivery *dl)
@@ -1021,7 +1035,8 @@ static void deliver_chunk(jstore *s)
     while (head) {
         struct delivery *dl = head;
         head = dl->next;
-        begin_delivery(s, dl);
+        if (!begin_delivery(s, dl))
+            continue;
         pthread_mutex_unlock(&s->mu);
         int r = run_callback(s, dl);
         pthread_mutex_lock(&s->mu);
@@ -1042,8 +1057,11 @@ static void *exec_main(void *arg)
         s->qhead = dl->next;
         if (!s->qhead)
             s->qtail = NULL;
+        if (!begin_delivery(s, dl)) {
+            pthread_cond_broadcast(&s->round_cv);
+            continue;
+        }
         s->running++;
-        begin_delivery(s, dl);
         pthread_mutex_unlock(&s->mu);
         int r = run_callback(s, dl);
         pthread_mutex_lock(&s->mu);
