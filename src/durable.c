@@ -887,7 +887,7 @@ static struct delivery *read_record(jstore *s, struct dnode *n)
     if (!dl)
         return NULL;
     if (pread(g->fd, dl->raw, size, n->off) != (ssize_t)size ||
-        tw__jr_decode(dl->raw, size, n->off, &dl->rec) != size ||
+        tw__jr_decode(dl->raw, size, n->off, g->seed, &dl->rec) != size ||
         dl->rec.type != JR_SCHED) {
         tw__free(dl);
         return NULL;
@@ -1148,7 +1148,7 @@ static int compact_oldest(jstore *s)
             return TW_EIO;
         }
         size_t end;
-        tw__jr_scan(buf, g.size, false, true, compact_one, &c, &end);
+        tw__jr_scan(buf, g.size, g.seed, false, true, compact_one, &c, &end);
         tw__free(buf);
         if (c.err)
             return c.err;
@@ -1497,7 +1497,9 @@ static void fit_table(jstore *s)
 /* A segment file read whole. */
 struct seg_file {
     uint32_t no;
-    bool last; /* the newest segment */
+    uint32_t seed; /* its records' checksum seed */
+    bool last;     /* the newest segment */
+    bool legacy;   /* some segment read so far is in format 1 */
     char name[16];
     int fd;
     size_t size;
@@ -1581,8 +1583,11 @@ static int keep_segment(jstore *s, struct seg_file *f, size_t end,
         s->w.segs = ns;
         s->w.cap = nc;
     }
-    s->w.segs[s->w.nseg++] =
-        (jr_seg){.no = f->no, .fd = f->fd, .size = end, .records = sched};
+    s->w.segs[s->w.nseg++] = (jr_seg){.no = f->no,
+                                      .fd = f->fd,
+                                      .size = end,
+                                      .records = sched,
+                                      .seed = f->seed};
     f->fd = -1;
     return 0;
 }
@@ -1594,12 +1599,14 @@ static int replay_segment(jstore *s, const tw_durable_config *cfg,
     int rc = read_segment(s, f);
     if (rc)
         return rc;
-    if (!tw__jr_seg_hdr_ok(f->buf, f->size, f->no))
+    unsigned version = tw__jr_seg_hdr_ok(f->buf, f->size, f->no, &f->seed);
+    if (!version)
         return bad_header(s, cfg, f, damaged);
+    f->legacy |= version == JR_VERSION_1;
     struct replay_ctx c = {.s = s, .no = f->no};
     size_t end = f->size;
-    rc = tw__jr_scan(f->buf, f->size, f->last, cfg->flags & TW_DURABLE_REPAIR,
-                     replay_one, &c, &end);
+    rc = tw__jr_scan(f->buf, f->size, f->seed, f->last,
+                     cfg->flags & TW_DURABLE_REPAIR, replay_one, &c, &end);
     if (rc == TW_EIO)
         errmsg(cfg, "%s/%s offset %zu: corrupt record", cfg->dir, f->name, end);
     if (rc < 0)
@@ -1659,6 +1666,9 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
     }
     tw__free(f.buf);
     tw__free(nos);
+    /* A format-1 journal is rewritten in format 2 as after a repair: a
+     * new segment, everything older copied forward and deleted. */
+    *damaged |= f.legacy;
     if (!rc)
         fit_table(s);
     return rc ? rc : replay_done(s, *damaged);

@@ -40,6 +40,7 @@
 #include <linux/futex.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -161,9 +162,10 @@ static uint64_t get64(const unsigned char *p)
 /* ------------------------------------------------------------------------ */
 /* Records. */
 
-size_t tw__jr_encode(unsigned char *buf, int type, const void *key,
-                     size_t key_len, int64_t due_ms, uint32_t attempt,
-                     const void *payload, size_t payload_len, uint32_t synced)
+size_t tw__jr_encode(unsigned char *buf, uint32_t seed, int type,
+                     const void *key, size_t key_len, int64_t due_ms,
+                     uint32_t attempt, const void *payload, size_t payload_len,
+                     uint32_t synced)
 {
     size_t size = tw__jr_size(type, key_len, payload_len);
     put32(buf + 4, (uint32_t)(size - JR_REC_HDR));
@@ -181,12 +183,12 @@ size_t tw__jr_encode(unsigned char *buf, int type, const void *key,
     memcpy(p, key, key_len);
     if (type == JR_SCHED && payload_len)
         memcpy(p + key_len, payload, payload_len);
-    put32(buf, tw__crc32c(0, buf + 4, size - 4));
+    put32(buf, tw__crc32c(seed, buf + 4, size - 4));
     return size;
 }
 
 size_t tw__jr_decode(const unsigned char *p, size_t n, uint32_t off,
-                     jr_rec *out)
+                     uint32_t seed, jr_rec *out)
 {
     if (n < JR_REC_HDR)
         return 0;
@@ -207,7 +209,7 @@ size_t tw__jr_decode(const unsigned char *p, size_t n, uint32_t off,
         return 0;
     }
     size_t size = JR_REC_HDR + (size_t)len;
-    if (tw__crc32c(0, p + 4, size - 4) != get32(p))
+    if (tw__crc32c(seed, p + 4, size - 4) != get32(p))
         return 0;
     out->off = off;
     out->size = (uint32_t)size;
@@ -231,27 +233,59 @@ size_t tw__jr_decode(const unsigned char *p, size_t n, uint32_t off,
     return size;
 }
 
-bool tw__jr_seg_hdr_ok(const unsigned char *p, size_t n, uint32_t seg)
+uint32_t tw__jr_seed(uint64_t salt)
 {
-    return n >= JR_SEG_HDR && memcmp(p, "TWJOURN1", 8) == 0 &&
-           get32(p + 8) == 1 && get32(p + 12) == seg &&
-           get32(p + 28) == tw__crc32c(0, p, 28);
+    unsigned char b[8];
+    put64(b, salt);
+    return tw__crc32c(0, b, sizeof b);
 }
 
-void tw__jr_seg_hdr(unsigned char *p, uint32_t seg)
+unsigned tw__jr_seg_hdr_ok(const unsigned char *p, size_t n, uint32_t seg,
+                           uint32_t *seed)
+{
+    if (n < JR_SEG_HDR || memcmp(p, "TWJOURN1", 8) != 0 ||
+        get32(p + 12) != seg || get32(p + 28) != tw__crc32c(0, p, 28))
+        return 0;
+    uint32_t v = get32(p + 8);
+    if (v == JR_VERSION_1 && get64(p + 16) == 0)
+        *seed = 0; /* format 1: the records' checksums are unsalted */
+    else if (v == JR_VERSION)
+        *seed = tw__jr_seed(get64(p + 16));
+    else
+        return 0;
+    return v;
+}
+
+void tw__jr_seg_hdr(unsigned char *p, uint32_t seg, uint64_t salt)
 {
     memset(p, 0, JR_SEG_HDR);
     memcpy(p, "TWJOURN1", 8);
-    put32(p + 8, 1);
+    put32(p + 8, JR_VERSION);
     put32(p + 12, seg);
+    put64(p + 16, salt);
     put32(p + 28, tw__crc32c(0, p, 28));
+}
+
+uint64_t tw__jr_new_salt(void)
+{
+    uint64_t salt = 0;
+    if (getrandom(&salt, sizeof salt, GRND_NONBLOCK) != (ssize_t)sizeof salt) {
+        /* No entropy yet (early boot): still unknown to any payload's
+         * author in practice, and distinct per segment. */
+        static _Atomic uint64_t ctr;
+        salt = tw__clock_ns(CLOCK_REALTIME) ^
+               (tw__clock_ns(CLOCK_MONOTONIC) << 21) ^
+               ((uint64_t)getpid() << 40) ^
+               (atomic_fetch_add(&ctr, 1) * 0x9E3779B97F4A7C15u);
+    }
+    return salt;
 }
 
 /* The first offset >= @from holding a valid record, or @n. A record's
  * length field (bytes 4..7) is never zero, so runs of zero bytes (the
  * preallocated end of a segment) are skipped a word at a time. */
-static size_t next_valid(const unsigned char *p, size_t n, size_t from,
-                         jr_rec *r)
+static size_t next_valid(const unsigned char *p, size_t n, uint32_t seed,
+                         size_t from, jr_rec *r)
 {
     size_t o = from;
     while (o + JR_REC_HDR <= n) {
@@ -274,21 +308,22 @@ static size_t next_valid(const unsigned char *p, size_t n, size_t from,
             o = cand > o ? cand : o + 1;
             continue;
         }
-        if (tw__jr_decode(p + o, n - o, (uint32_t)o, r))
+        if (tw__jr_decode(p + o, n - o, (uint32_t)o, seed, r))
             return o;
         o++;
     }
     return n;
 }
 
-int tw__jr_scan(const unsigned char *p, size_t n, bool last, bool repair,
-                int (*fn)(void *arg, const jr_rec *r), void *arg, size_t *end)
+int tw__jr_scan(const unsigned char *p, size_t n, uint32_t seed, bool last,
+                bool repair, int (*fn)(void *arg, const jr_rec *r), void *arg,
+                size_t *end)
 {
     size_t o = JR_SEG_HDR;
     int damaged = 0;
     jr_rec r;
     while (o < n) {
-        size_t sz = tw__jr_decode(p + o, n - o, (uint32_t)o, &r);
+        size_t sz = tw__jr_decode(p + o, n - o, (uint32_t)o, seed, &r);
         if (sz) {
             int rc = fn ? fn(arg, &r) : 0;
             if (rc)
@@ -299,14 +334,14 @@ int tw__jr_scan(const unsigned char *p, size_t n, bool last, bool repair,
         /* A bad record at o. In the newest segment it is a torn tail
          * unless a later good record was written after o was synced. */
         size_t bad = o;
-        size_t nx = next_valid(p, n, o + 1, &r);
+        size_t nx = next_valid(p, n, seed, o + 1, &r);
         if (last) {
             bool synced_past = false;
             jr_rec q;
             for (size_t k = nx; k < n;) {
-                size_t qs = tw__jr_decode(p + k, n - k, (uint32_t)k, &q);
+                size_t qs = tw__jr_decode(p + k, n - k, (uint32_t)k, seed, &q);
                 if (!qs) {
-                    k = next_valid(p, n, k + 1, &q);
+                    k = next_valid(p, n, seed, k + 1, &q);
                     continue;
                 }
                 if (q.synced > bad) {
@@ -433,7 +468,8 @@ int tw__jr_new_segment(jr_writer *w, uint32_t no)
      * the file. */
     (void)tw__jr_preallocate(fd, w->segment_bytes);
     unsigned char hdr[JR_SEG_HDR];
-    tw__jr_seg_hdr(hdr, no);
+    uint64_t salt = tw__jr_new_salt();
+    tw__jr_seg_hdr(hdr, no, salt);
     int rc = do_pwrite(fd, hdr, sizeof hdr, 0);
     if (!rc)
         rc = do_sync(w, fd);
@@ -444,8 +480,11 @@ int tw__jr_new_segment(jr_writer *w, uint32_t no)
         unlinkat(w->dirfd, name, 0);
         return rc;
     }
-    w->segs[w->nseg++] =
-        (jr_seg){.no = no, .fd = fd, .size = JR_SEG_HDR, .records = 0};
+    w->segs[w->nseg++] = (jr_seg){.no = no,
+                                  .fd = fd,
+                                  .size = JR_SEG_HDR,
+                                  .records = 0,
+                                  .seed = tw__jr_seed(salt)};
     w->written = JR_LSN(no, JR_SEG_HDR);
     tw__jr_publish(w);
     return 0;
@@ -477,8 +516,8 @@ int tw__jr_stage(jr_writer *w, int type, const void *key, size_t key_len,
     }
     uint32_t synced =
         (uint32_t)(w->synced >> 32) == cur->no ? (uint32_t)w->synced : 0;
-    tw__jr_encode(w->buf + w->staged, type, key, key_len, due_ms, attempt,
-                  payload, payload_len, synced);
+    tw__jr_encode(w->buf + w->staged, cur->seed, type, key, key_len, due_ms,
+                  attempt, payload, payload_len, synced);
     *seg = cur->no;
     *off = (uint32_t)(cur->size + w->staged);
     w->staged += size;
