@@ -1637,6 +1637,63 @@ static int replay_done(jstore *s, bool damaged)
     return 0;
 }
 
+/* The format version of segment @no's header, or 0. */
+static unsigned seg_version(jstore *s, uint32_t no)
+{
+    char name[16];
+    unsigned char hdr[JR_SEG_HDR];
+    uint32_t seed;
+    tw__jr_seg_name(name, no);
+    int fd = openat(s->dirfd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t got = pread(fd, hdr, sizeof hdr, 0);
+    close(fd);
+    return got == (ssize_t)sizeof hdr
+               ? tw__jr_seg_hdr_ok(hdr, sizeof hdr, no, &seed)
+               : 0;
+}
+
+/* Check that the oldest segment the store must have (MANIFEST, else 1) is
+ * there, and delete the older ones, left by a deletion that a crash
+ * interrupted (the manifest is written first); *@first: the index in
+ * @nos of the oldest segment to replay. TW_DURABLE_REPAIR opens whatever
+ * is there. A format-1 journal without a manifest may have deleted its
+ * oldest segments: nothing can be checked. */
+static int first_segment(jstore *s, const tw_durable_config *cfg,
+                         const uint32_t *nos, size_t cnt, size_t *first)
+{
+    bool repair = cfg->flags & TW_DURABLE_REPAIR;
+    uint32_t oldest = 1;
+    int rc = tw__jr_manifest_read(s->dirfd, &oldest);
+    bool manifest = rc == 0;
+    if (rc == TW_EIO && !repair) {
+        errmsg(cfg, "%s/MANIFEST: damaged", cfg->dir);
+        return TW_EIO;
+    }
+    if (rc)
+        oldest = 1;
+    size_t i = 0;
+    for (; manifest && i < cnt && nos[i] < oldest; i++) {
+        char name[16];
+        tw__jr_seg_name(name, nos[i]);
+        if (unlinkat(s->dirfd, name, 0) != 0)
+            return TW_EIO;
+        (void)fsync(s->dirfd);
+    }
+    *first = i;
+    bool gone = i < cnt ? nos[i] > oldest : manifest;
+    if (gone && !repair && (manifest || seg_version(s, nos[i]) != 1)) {
+        errmsg(cfg,
+               "%s/%010u.twj is missing: the journal begins at segment "
+               "%u%s",
+               cfg->dir, oldest, oldest,
+               i < cnt ? "" : " and no segment is left");
+        return TW_EIO;
+    }
+    return 0;
+}
+
 static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
 {
     uint32_t *nos = NULL;
@@ -1644,12 +1701,18 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
     int rc = list_segments(s, &nos, &cnt);
     if (rc)
         return rc;
-    presize_table(s, nos, cnt);
+    size_t i = 0;
+    rc = first_segment(s, cfg, nos, cnt, &i);
+    if (rc) {
+        tw__free(nos);
+        return rc;
+    }
+    presize_table(s, nos + i, cnt - i);
     struct seg_file f = {.fd = -1};
-    for (size_t i = 0; i < cnt && rc == 0; i++) {
+    for (size_t i0 = i; i < cnt && rc == 0; i++) {
         f.no = nos[i];
         f.last = i + 1 == cnt;
-        if (i && nos[i] != nos[i - 1] + 1 &&
+        if (i > i0 && nos[i] != nos[i - 1] + 1 &&
             !(cfg->flags & TW_DURABLE_REPAIR)) {
             tw__jr_seg_name(f.name, f.no);
             errmsg(cfg, "%s/%s: segment %u is missing", cfg->dir, f.name,
@@ -1758,14 +1821,24 @@ static int lock_dir(jstore *s, const tw_durable_config *cfg)
         return TW_EIO;
     }
     s->w.dirfd = s->dirfd;
-    s->lockfd = openat(s->dirfd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (s->lockfd < 0)
-        return TW_EIO;
-    if (flock(s->lockfd, LOCK_EX | LOCK_NB) != 0) {
-        errmsg(cfg, "%s: open in another process or handle", cfg->dir);
-        return errno == EWOULDBLOCK ? TW_EBUSY : TW_EIO;
+    /* The lock is on the directory itself, which cannot be deleted or
+     * replaced from under an open store as a file in it can. LOCK is
+     * locked as well, for a process of an older version (which locks
+     * only LOCK) on the same directory. */
+    int rc2 = 0;
+    if (flock(s->dirfd, LOCK_EX | LOCK_NB) != 0)
+        rc2 = errno == EWOULDBLOCK ? TW_EBUSY : TW_EIO;
+    if (!rc2) {
+        s->lockfd =
+            openat(s->dirfd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (s->lockfd < 0)
+            return TW_EIO;
+        if (flock(s->lockfd, LOCK_EX | LOCK_NB) != 0)
+            rc2 = errno == EWOULDBLOCK ? TW_EBUSY : TW_EIO;
     }
-    return 0;
+    if (rc2 == TW_EBUSY)
+        errmsg(cfg, "%s: open in another process or handle", cfg->dir);
+    return rc2;
 }
 
 /* Replay the journal; after a repair, rewrite everything live so the

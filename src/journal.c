@@ -724,6 +724,46 @@ void tw__jr_writeback(jr_writer *w)
     pthread_mutex_unlock(&w->sync_mu);
 }
 
+#define MANIFEST_SIZE 16u
+
+int tw__jr_manifest_read(int dirfd, uint32_t *oldest)
+{
+    int fd = openat(dirfd, "MANIFEST", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? TW_ENOENT : TW_EIO;
+    unsigned char b[MANIFEST_SIZE + 1];
+    ssize_t got = pread(fd, b, sizeof b, 0);
+    close(fd);
+    if (got != (ssize_t)MANIFEST_SIZE || memcmp(b, "TWMANIF1", 8) != 0 ||
+        get32(b + 12) != tw__crc32c(0, b, 12) || get32(b + 8) == 0)
+        return TW_EIO;
+    *oldest = get32(b + 8);
+    return 0;
+}
+
+int tw__jr_manifest_write(int dirfd, uint32_t oldest)
+{
+    unsigned char b[MANIFEST_SIZE];
+    memcpy(b, "TWMANIF1", 8);
+    put32(b + 8, oldest);
+    put32(b + 12, tw__crc32c(0, b, 12));
+    int fd = openat(dirfd, "MANIFEST.tmp",
+                    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return errno == ENOSPC ? TW_ENOSPC : TW_EIO;
+    int rc = do_pwrite(fd, b, sizeof b, 0);
+    if (!rc && fsync(fd) != 0)
+        rc = TW_EIO;
+    close(fd);
+    if (!rc && renameat(dirfd, "MANIFEST.tmp", dirfd, "MANIFEST") != 0)
+        rc = TW_EIO;
+    if (!rc && fsync(dirfd) != 0)
+        rc = TW_EIO;
+    if (rc)
+        unlinkat(dirfd, "MANIFEST.tmp", 0);
+    return rc;
+}
+
 int tw__jr_drop_oldest(jr_writer *w)
 {
     if (w->nseg < 2)
@@ -733,6 +773,12 @@ int tw__jr_drop_oldest(jr_writer *w)
     jr_seg s = w->segs[0];
     char name[16];
     tw__jr_seg_name(name, s.no);
+    /* The manifest first: a crash between the two leaves a segment older
+     * than it says, which the next open deletes; the other order would
+     * leave a segment missing. */
+    int rc = tw__jr_manifest_write(w->dirfd, w->segs[1].no);
+    if (rc)
+        return rc;
     if (unlinkat(w->dirfd, name, 0) != 0 || fsync(w->dirfd) != 0)
         return TW_EIO;
     close(s.fd);

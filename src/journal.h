@@ -251,7 +251,13 @@ int tw__jr_wait(jr_writer *w, uint64_t lsn);
 int tw__jr_sync_all(jr_writer *w);
 /* Allocate @bytes of zeros for a segment file. */
 int tw__jr_preallocate(int fd, uint64_t bytes);
-/* Delete the oldest segment (it must not be the current one). */
+/* MANIFEST: read the number of the oldest segment the store must have
+ * (0; TW_ENOENT if there is no manifest: the oldest is 1; TW_EIO if it is
+ * damaged) / write it durably (tmp file, rename, directory fsync). */
+int tw__jr_manifest_read(int dirfd, uint32_t *oldest);
+int tw__jr_manifest_write(int dirfd, uint32_t oldest);
+/* Delete the oldest segment (it must not be the current one), after
+ * recording the next one as the oldest in the manifest. */
 int tw__jr_drop_oldest(jr_writer *w);
 /* The segment numbered @no, or NULL. */
 jr_seg *tw__jr_seg(jr_writer *w, uint32_t no);

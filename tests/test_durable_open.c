@@ -1,0 +1,230 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_durable_open.c - what a journal store's open refuses, and
+ * that it says why: a second process on a live store even after LOCK was
+ * deleted, a deleted oldest segment (with and without a manifest), and
+ * every error of tw_durable_open() with its code and message.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mount.h>
+
+#include "durable_fixture.h"
+
+void tw__durable_sync(tw_durable *d);
+
+static int fire_none(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)t;
+    (void)arg;
+    return 0;
+}
+
+static char err[512];
+
+/* Open with @c, expecting @code and a message containing @want. */
+static void open_fails(tw_durable_config c, int code, const char *want)
+{
+    tw_durable *d = NULL;
+    err[0] = 0;
+    c.errbuf = err;
+    c.errbuf_len = sizeof err;
+    int rc = tw_durable_open(&d, &c);
+    if (rc != code)
+        TW_TEST_FAIL_("open: %s (%s), want %s", tw_err_name(rc), err,
+                      tw_err_name(code));
+    ASSERT_NULL(d);
+    if (!strstr(err, want))
+        TW_TEST_FAIL_("message \"%s\" lacks \"%s\"", err, want);
+}
+
+static char path[700];
+
+static const char *in_dir(const char *dir, const char *name)
+{
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return path;
+}
+
+/* ------------------------------------------------------------------------ */
+/* One process per store, even without LOCK. */
+
+static int open_code(void *arg)
+{
+    tw_durable_config c = df_cfg(arg, fire_none);
+    tw_durable *d = NULL;
+    int rc = tw_durable_open(&d, &c);
+    return rc == TW_EBUSY ? 'b' : rc == 0 ? 'o' : 'e';
+}
+
+static void test_lock_removed(void)
+{
+    char buf[256];
+    char *dir = (char *)df_new_dir(buf, sizeof buf, NULL);
+    int ready[2], hold[2];
+    ASSERT_EQ(pipe(ready), 0);
+    ASSERT_EQ(pipe(hold), 0);
+    pid_t a = fork();
+    ASSERT(a >= 0);
+    if (a == 0) { /* process A holds the store until the pipe closes */
+        close(ready[0]);
+        close(hold[1]);
+        tw_durable_config c = df_cfg(dir, fire_none);
+        tw_durable *d = NULL;
+        char ok =
+            tw_durable_open(&d, &c) == 0 &&
+                    tw_durable_schedule(d, "a", 1, INT64_MAX / 2, "", 0) == 0
+                ? 'y'
+                : 'n';
+        if (write(ready[1], &ok, 1) != 1)
+            _exit(9);
+        char x;
+        while (read(hold[0], &x, 1) > 0)
+            ;
+        raise(SIGKILL);
+    }
+    close(ready[1]);
+    close(hold[0]);
+    char ok = 0;
+    ASSERT_EQ(read(ready[0], &ok, 1), 1);
+    ASSERT_EQ(ok, 'y');
+    ASSERT_EQ(unlink(in_dir(dir, "LOCK")), 0);
+    /* Process B, and another handle in this process: both refused. */
+    ASSERT_EQ(df_in_child(open_code, dir), 'b');
+    tw_durable_config c = df_cfg(dir, fire_none);
+    open_fails(c, TW_EBUSY, "open in another process or handle");
+    close(hold[1]);
+    int status;
+    ASSERT_EQ(waitpid(a, &status, 0), a);
+    close(ready[0]);
+    tw_durable *d = df_open(&c);
+    ASSERT_EQ(df_pending(d), 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    df_rm_dir(dir);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Missing segments. */
+
+static unsigned count_segments(const char *dir, unsigned *lo)
+{
+    DIR *dd = opendir(dir);
+    ASSERT_NOT_NULL(dd);
+    unsigned n = 0;
+    *lo = UINT32_MAX;
+    struct dirent *e;
+    while ((e = readdir(dd)) != NULL) {
+        unsigned no;
+        if (strlen(e->d_name) == 14 &&
+            sscanf(e->d_name, "%10u.twj", &no) == 1) {
+            n++;
+            if (no < *lo)
+                *lo = no;
+        }
+    }
+    closedir(dd);
+    return n;
+}
+
+/* 40 timers with 300-byte payloads over 4 KiB segments. */
+static tw_durable *forty(const char *dir)
+{
+    tw_durable_config c = df_cfg(dir, fire_none);
+    c.segment_bytes = 4096;
+    tw_durable *d = df_open(&c);
+    char pay[300];
+    memset(pay, 'q', sizeof pay);
+    for (int i = 0; i < 40; i++) {
+        char k[16];
+        int kl = snprintf(k, sizeof k, "s%02d", i);
+        ASSERT_EQ(tw_durable_schedule(d, k, (size_t)kl, INT64_MAX / 2, pay,
+                                      sizeof pay),
+                  0);
+    }
+    return d;
+}
+
+static void test_oldest_segment_deleted(void)
+{
+    char buf[256];
+    const char *dir = df_new_dir(buf, sizeof buf, NULL);
+    ASSERT_EQ(tw_durable_close(forty(dir)), 0);
+    unsigned lo, n = count_segments(dir, &lo);
+    ASSERT_GE(n, 3);
+    ASSERT_EQ(lo, 1);
+    ASSERT_EQ(unlink(in_dir(dir, "0000000001.twj")), 0);
+    tw_durable_config c = df_cfg(dir, fire_none);
+    c.segment_bytes = 4096;
+    open_fails(c, TW_EIO, "0000000001.twj is missing");
+    /* Repair opens what is there. */
+    c.flags = TW_DURABLE_REPAIR;
+    tw_durable *d = df_open(&c);
+    ASSERT_LT(df_pending(d), 40);
+    ASSERT_GT(df_pending(d), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    df_rm_dir(dir);
+}
+
+/* Compaction deleted the first segments (the manifest says which is the
+ * oldest now); deleting that one is noticed, a leftover older than it is
+ * deleted, a damaged manifest refused. */
+static void test_oldest_after_compaction(void)
+{
+    char buf[256];
+    const char *dir = df_new_dir(buf, sizeof buf, NULL);
+    tw_durable *d = forty(dir);
+    for (int i = 0; i < 20; i++) {
+        char k[16];
+        int kl = snprintf(k, sizeof k, "s%02d", i);
+        ASSERT_EQ(tw_durable_cancel(d, k, (size_t)kl), 0);
+    }
+    tw__durable_sync(d);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    unsigned lo;
+    count_segments(dir, &lo);
+    ASSERT_GT(lo, 1);
+    ASSERT_EQ(access(in_dir(dir, "MANIFEST"), F_OK), 0);
+    tw_durable_config c = df_cfg(dir, fire_none);
+    c.segment_bytes = 4096;
+    /* A leftover of an interrupted deletion goes. */
+    char name[32], old[32];
+    snprintf(old, sizeof old, "%010u.twj", lo - 1);
+    snprintf(name, sizeof name, "%010u.twj", lo);
+    unsigned char junk[64] = "stale";
+    df_write_file(in_dir(dir, old), junk, sizeof junk);
+    d = df_open(&c);
+    ASSERT_EQ(df_pending(d), 20);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    ASSERT(access(in_dir(dir, old), F_OK) != 0);
+    /* A damaged manifest. */
+    unsigned char *m;
+    size_t mn = df_read_file(in_dir(dir, "MANIFEST"), &m);
+    m[9] ^= 1;
+    df_write_file(in_dir(dir, "MANIFEST"), m, mn);
+    open_fails(c, TW_EIO, "MANIFEST: damaged");
+    m[9] ^= 1;
+    df_write_file(in_dir(dir, "MANIFEST"), m, mn);
+    free(m);
+    /* The oldest deleted. */
+    ASSERT_EQ(unlink(in_dir(dir, name)), 0);
+    char want[64];
+    snprintf(want, sizeof want, "%s is missing", name);
+    open_fails(c, TW_EIO, want);
+    df_rm_dir(dir);
+}
+
+/* One case by name (argv[1]), or all. */
+#define CASE(fn)                                                               \
+    if (argc < 2 || strcmp(argv[1], #fn) == 0)                                 \
+    RUN_TEST(fn)
+
+int main(int argc, char **argv)
+{
+    CASE(test_lock_removed);
+    CASE(test_oldest_segment_deleted);
+    CASE(test_oldest_after_compaction);
+    return tw_test_done();
+}
