@@ -1368,6 +1368,18 @@ static void errmsg(const tw_durable_config *cfg, const char *fmt, ...)
     va_end(ap);
 }
 
+/* errno @e of @what on @path: its code, and a message with the cause
+ * (the code's own words, or the system's for an I/O error). */
+static int os_error(const tw_durable_config *cfg, int e, const char *what,
+                    const char *path)
+{
+    char why[128];
+    int rc = tw__jr_errno(e);
+    errmsg(cfg, "%s %s: %s", what, path,
+           rc == TW_EIO ? strerror_r(e, why, sizeof why) : tw_strerror(rc));
+    return rc;
+}
+
 struct replay_ctx {
     jstore *s;
     uint32_t no;
@@ -1618,7 +1630,7 @@ static int replay_segment(jstore *s, const tw_durable_config *cfg,
 
 /* After the replay: live counts per segment, the writer's position, and a
  * fresh segment if there was none or damage was repaired. */
-static int replay_done(jstore *s, bool damaged)
+static int replay_done(jstore *s, const tw_durable_config *cfg, bool damaged)
 {
     for (size_t i = 0; i < s->nbuckets; i++)
         for (struct dnode *n = hnode(s, s->buckets[i]); n;
@@ -1631,9 +1643,14 @@ static int replay_done(jstore *s, bool damaged)
         if (!damaged)
             tw__jr_publish(&s->w);
     }
-    if (s->w.nseg == 0 || damaged)
-        return tw__jr_new_segment(
-            &s->w, s->w.nseg ? s->w.segs[s->w.nseg - 1].no + 1 : 1);
+    if (s->w.nseg == 0 || damaged) {
+        uint32_t no = s->w.nseg ? s->w.segs[s->w.nseg - 1].no + 1 : 1;
+        int rc = tw__jr_new_segment(&s->w, no);
+        if (rc)
+            errmsg(cfg, "cannot make %s/%010u.twj: %s", cfg->dir, no,
+                   tw_strerror(rc));
+        return rc;
+    }
     return 0;
 }
 
@@ -1734,7 +1751,7 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
     *damaged |= f.legacy;
     if (!rc)
         fit_table(s);
-    return rc ? rc : replay_done(s, *damaged);
+    return rc ? rc : replay_done(s, cfg, *damaged);
 }
 /* fsync the directory that holds @path (its first @len bytes name it). */
 static void sync_parent(const char *path, size_t len)
@@ -1753,23 +1770,41 @@ static void sync_parent(const char *path, size_t len)
     }
 }
 
-/* mkdir -p @dir; each directory made is made durable in its parent. */
-static int make_dirs(const char *dir)
+/* mkdir -p @cfg->dir; each directory made is made durable in its
+ * parent. On failure the message names the directory that could not be
+ * made and why. */
+static int make_dirs(const tw_durable_config *cfg)
 {
     char path[4096];
-    size_t n = strlen(dir);
-    if (n >= sizeof path)
+    size_t n = strlen(cfg->dir);
+    if (n >= sizeof path) {
+        errmsg(cfg, "dir: longer than %zu bytes", sizeof path - 1);
         return TW_EINVAL;
-    memcpy(path, dir, n + 1);
+    }
+    memcpy(path, cfg->dir, n + 1);
     for (size_t i = 1; i <= n; i++) {
         if (path[i] != '/' && path[i] != 0)
             continue;
         char c = path[i];
         path[i] = 0;
-        if (mkdir(path, 0755) == 0)
+        if (mkdir(path, 0755) == 0) {
             sync_parent(path, i);
-        else if (errno != EEXIST)
-            return errno == ENOSPC ? TW_ENOSPC : TW_EIO;
+        } else if (errno != EEXIST) {
+            int e = errno;
+            if (e != ENOTDIR)
+                return os_error(cfg, e, "cannot make the directory", path);
+            /* Name the file in the way: the parent of what was made. */
+            while (i > 0 && path[i - 1] == '/')
+                i--;
+            while (i > 0 && path[i - 1] != '/')
+                i--;
+            while (i > 1 && path[i - 1] == '/')
+                i--;
+            path[i] = 0;
+            errmsg(cfg, "cannot make the directory %s: %s is not a directory",
+                   cfg->dir, path);
+            return TW_ENOTDIR;
+        }
         path[i] = c;
     }
     return 0;
@@ -1810,16 +1845,12 @@ static void init_store(jstore *s, const tw_durable_config *cfg,
 /* Make and open the directory and take its lock. */
 static int lock_dir(jstore *s, const tw_durable_config *cfg)
 {
-    int rc = make_dirs(cfg->dir);
-    if (rc) {
-        errmsg(cfg, "%s: cannot make the directory", cfg->dir);
+    int rc = make_dirs(cfg);
+    if (rc)
         return rc;
-    }
     s->dirfd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (s->dirfd < 0) {
-        errmsg(cfg, "%s: cannot open the directory", cfg->dir);
-        return TW_EIO;
-    }
+    if (s->dirfd < 0)
+        return os_error(cfg, errno, "cannot open the directory", cfg->dir);
     s->w.dirfd = s->dirfd;
     /* The lock is on the directory itself, which cannot be deleted or
      * replaced from under an open store as a file in it can. LOCK is
@@ -1831,8 +1862,11 @@ static int lock_dir(jstore *s, const tw_durable_config *cfg)
     if (!rc2) {
         s->lockfd =
             openat(s->dirfd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        if (s->lockfd < 0)
-            return TW_EIO;
+        if (s->lockfd < 0) {
+            char lock[4096];
+            snprintf(lock, sizeof lock, "%s/LOCK", cfg->dir);
+            return os_error(cfg, errno, "cannot open or create", lock);
+        }
         if (flock(s->lockfd, LOCK_EX | LOCK_NB) != 0)
             rc2 = errno == EWOULDBLOCK ? TW_EBUSY : TW_EIO;
     }
@@ -1884,9 +1918,18 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
 {
     uint64_t seg_bytes =
         cfg->segment_bytes ? cfg->segment_bytes : UINT64_C(64) << 20;
-    if (cfg->sync > TW_DURABLE_SYNC_INTERVAL || seg_bytes < 4096 ||
-        seg_bytes > (UINT64_C(1) << 31) || cfg->executor_threads > 1024)
+    if (cfg->sync > TW_DURABLE_SYNC_INTERVAL) {
+        errmsg(cfg, "sync: %u is not a TW_DURABLE_SYNC_* mode", cfg->sync);
         return TW_EINVAL;
+    }
+    if (seg_bytes < 4096 || seg_bytes > (UINT64_C(1) << 31)) {
+        errmsg(cfg, "segment_bytes: 4096 <= n <= 2147483648 (0: 64 MiB)");
+        return TW_EINVAL;
+    }
+    if (cfg->executor_threads > 1024) {
+        errmsg(cfg, "executor_threads: n <= 1024");
+        return TW_EINVAL;
+    }
     jstore *s = tw__calloc(1, sizeof *s);
     if (!s)
         return TW_ENOMEM;
@@ -1934,15 +1977,48 @@ int tw_durable_open_sized(tw_durable **out, const tw_durable_config *cfg,
     return rc != 0 ? rc : (tw_durable_open)(out, &c);
 }
 
+/* The fields every backend shares, and which backend: TW_EINVAL with a
+ * message naming the field, or 0. */
+static int check_config(tw_durable **out, const tw_durable_config *cfg)
+{
+    if (!out) {
+        errmsg(cfg, "out: NULL");
+        return TW_EINVAL;
+    }
+    if (!cfg->fire) {
+        errmsg(cfg, "fire: a callback is required");
+        return TW_EINVAL;
+    }
+    if (cfg->redis && cfg->dir) {
+        errmsg(cfg, "dir and redis: set one (dir: a journal in that "
+                    "directory; redis: the Redis backend)");
+        return TW_EINVAL;
+    }
+    if (!cfg->redis && (!cfg->dir || !cfg->dir[0])) {
+        errmsg(cfg, "dir: required (the journal's directory), or redis");
+        return TW_EINVAL;
+    }
+    if (cfg->redis && cfg->shards > (1u << 20)) {
+        errmsg(cfg, "shards: 0 < n <= 1048576 (0: 64)");
+        return TW_EINVAL;
+    }
+    return 0;
+}
+
 int(tw_durable_open)(tw_durable **out, const tw_durable_config *cfg)
 {
-    if (!out || !cfg || !cfg->fire)
+    if (!cfg)
         return TW_EINVAL;
-    if (cfg->redis)
-        return tw__durable_redis_open(out, cfg);
-    if (!cfg->dir || !cfg->dir[0])
-        return TW_EINVAL;
-    return j_open(out, cfg);
+    if (cfg->errbuf && cfg->errbuf_len)
+        cfg->errbuf[0] = 0;
+    int rc = check_config(out, cfg);
+    if (!rc)
+        rc = cfg->redis ? tw__durable_redis_open(out, cfg) : j_open(out, cfg);
+    /* Every failure says something, if only the code's meaning. */
+    if (rc && cfg->errbuf && cfg->errbuf_len && !cfg->errbuf[0])
+        errmsg(cfg, "%s: %s", cfg->redis ? cfg->redis : cfg->dir,
+               tw_strerror(rc));
+    return rc;
 }
 
 static bool key_ok(const void *key, size_t key_len)

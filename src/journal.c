@@ -421,6 +421,26 @@ int tw__jr_preallocate(int fd, uint64_t bytes)
     return fallocate(fd, 0, 0, (off_t)bytes) == 0 ? 0 : TW_EIO;
 }
 
+int tw__jr_errno(int e)
+{
+    switch (e) {
+    case ENOSPC:
+    case EDQUOT:
+        return TW_ENOSPC;
+    case EACCES:
+    case EPERM:
+        return TW_EACCES;
+    case EROFS:
+        return TW_EROFS;
+    case ENOTDIR:
+        return TW_ENOTDIR;
+    case ENOMEM:
+        return TW_ENOMEM;
+    default:
+        return TW_EIO;
+    }
+}
+
 jr_seg *tw__jr_seg(jr_writer *w, uint32_t no)
 {
     if (w->nseg == 0 || no < w->segs[0].no)
@@ -461,7 +481,7 @@ int tw__jr_new_segment(jr_writer *w, uint32_t no)
     int fd =
         openat(w->dirfd, name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
-        return errno == ENOSPC ? TW_ENOSPC : TW_EIO;
+        return tw__jr_errno(errno);
     /* Allocate the segment's blocks now: an fdatasync after a write into
      * allocated blocks need not also commit a new file size (measured on
      * ext4: 120 against 175 us). Where it is not supported, appends grow

@@ -265,6 +265,9 @@ jr_seg *tw__jr_seg(jr_writer *w, uint32_t no);
  * sync covers; called after the position changes outside tw__jr_flush()
  * and tw__jr_new_segment(). */
 void tw__jr_publish(jr_writer *w);
+/* The TW_E* code of errno @e from a file system call: TW_ENOSPC,
+ * TW_EACCES, TW_EROFS, TW_ENOTDIR, TW_ENOMEM, else TW_EIO. */
+int tw__jr_errno(int e);
 /* Close every fd, free memory. */
 void tw__jr_close(jr_writer *w);
 /* "dir/NNNNNNNNNN.twj" name of segment @no into @buf (>= 16 bytes). */

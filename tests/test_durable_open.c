@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mount.h>
 
 #include "durable_fixture.h"
@@ -37,6 +38,7 @@ static void open_fails(tw_durable_config c, int code, const char *want)
         TW_TEST_FAIL_("open: %s (%s), want %s", tw_err_name(rc), err,
                       tw_err_name(code));
     ASSERT_NULL(d);
+    fprintf(stderr, "   %s: %s\n", tw_err_name(rc), err);
     if (!strstr(err, want))
         TW_TEST_FAIL_("message \"%s\" lacks \"%s\"", err, want);
 }
@@ -216,6 +218,179 @@ static void test_oldest_after_compaction(void)
     df_rm_dir(dir);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Errors that say why. */
+
+static void test_einval(void)
+{
+    char buf[256];
+    const char *dir = df_new_dir(buf, sizeof buf, NULL);
+    tw_durable_config c = df_cfg(dir, fire_none);
+    c.fire = NULL;
+    open_fails(c, TW_EINVAL, "fire: ");
+    c = df_cfg(NULL, fire_none);
+    open_fails(c, TW_EINVAL, "dir: ");
+    c.dir = "";
+    open_fails(c, TW_EINVAL, "dir: ");
+    c = df_cfg(dir, fire_none);
+    c.redis = "127.0.0.1:1";
+    open_fails(c, TW_EINVAL, "dir and redis: ");
+    c = df_cfg(dir, fire_none);
+    c.sync = 4;
+    open_fails(c, TW_EINVAL, "sync: ");
+    c = df_cfg(dir, fire_none);
+    c.segment_bytes = 4095;
+    open_fails(c, TW_EINVAL, "segment_bytes: 4096 <= n <= 2147483648");
+    c.segment_bytes = (UINT64_C(1) << 31) + 1;
+    open_fails(c, TW_EINVAL, "segment_bytes: ");
+    c = df_cfg(dir, fire_none);
+    c.executor_threads = 1025;
+    open_fails(c, TW_EINVAL, "executor_threads: n <= 1024");
+    c = df_cfg(NULL, fire_none);
+    c.redis = "127.0.0.1:1";
+    c.shards = (1u << 20) + 1;
+    open_fails(c, TW_EINVAL, "shards: 0 < n <= 1048576");
+    char longdir[5000];
+    memset(longdir, 'a', sizeof longdir - 1);
+    longdir[0] = '/';
+    longdir[sizeof longdir - 1] = 0;
+    c = df_cfg(longdir, fire_none);
+    open_fails(c, TW_EINVAL, "dir: longer than");
+    /* Nothing was made. */
+    unsigned lo;
+    ASSERT_EQ(count_segments(dir, &lo), 0);
+    ASSERT(access(in_dir(dir, "LOCK"), F_OK) != 0);
+    df_rm_dir(dir);
+}
+
+static void test_not_a_directory(void)
+{
+    char buf[256];
+    const char *dir = df_new_dir(buf, sizeof buf, NULL);
+    char file[300], below[400];
+    snprintf(file, sizeof file, "%s/file", dir);
+    df_write_file(file, (const unsigned char *)"x", 1);
+    tw_durable_config c = df_cfg(file, fire_none);
+    open_fails(c, TW_ENOTDIR, "not a directory");
+    snprintf(below, sizeof below, "%s/file/store", dir);
+    c.dir = below;
+    open_fails(c, TW_ENOTDIR, "not a directory");
+    ASSERT_NOT_NULL(strstr(err, file)); /* names the file in the way */
+    df_rm_dir(dir);
+}
+
+/* In a child that drops root (uid and gid 65534): a store directory it
+ * may not write, and one it would have to make in such a directory. */
+static int unprivileged(void *arg)
+{
+    const char *dir = arg;
+    if (setgid(65534) != 0 || setuid(65534) != 0)
+        return 's';
+    char store[400], below[400];
+    snprintf(store, sizeof store, "%s/store", dir);
+    tw_durable_config c = df_cfg(store, fire_none);
+    open_fails(c, TW_EACCES, "permission denied");
+    ASSERT_NOT_NULL(strstr(err, "LOCK"));
+    snprintf(below, sizeof below, "%s/store/sub", dir);
+    c.dir = below;
+    open_fails(c, TW_EACCES, "permission denied");
+    return 'y';
+}
+
+static void test_permission_denied(void)
+{
+    char buf[256];
+    char *dir = (char *)df_new_dir(buf, sizeof buf, NULL);
+    ASSERT_EQ(chmod(dir, 0755), 0);
+    char store[400];
+    snprintf(store, sizeof store, "%s/store", dir);
+    ASSERT_EQ(mkdir(store, 0755), 0);
+    if (geteuid() != 0) { /* then it is simply not ours to write */
+        ASSERT_EQ(chmod(store, 0555), 0);
+        tw_durable_config c = df_cfg(store, fire_none);
+        open_fails(c, TW_EACCES, "permission denied");
+    } else {
+        ASSERT_EQ(df_in_child(unprivileged, dir), 'y');
+    }
+    df_rm_dir(dir);
+}
+
+/* A tmpfs of @kib KiB mounted at @at in a mount namespace of this (child)
+ * process's own, so that it goes with the process whatever happens; or
+ * false (and why) if this process may not mount. */
+static bool mount_tmpfs(const char *at, unsigned kib)
+{
+    char opt[64];
+    snprintf(opt, sizeof opt, "size=%uk,mode=0755", kib);
+    if (unshare(CLONE_NEWNS) == 0 &&
+        mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0 &&
+        mount("tw_test", at, "tmpfs", 0, opt) == 0)
+        return true;
+    fprintf(stderr, "   skipped: cannot mount a tmpfs at %s: %s\n", at,
+            strerror(errno));
+    return false;
+}
+
+/* Run @fn on a fresh directory in a child (it mounts there). */
+static void in_child_on_dir(int (*fn)(void *arg))
+{
+    char buf[256];
+    char *dir = (char *)df_new_dir(buf, sizeof buf, NULL);
+    ASSERT_EQ(df_in_child(fn, dir), 'y');
+    df_rm_dir(dir);
+}
+
+static int read_only(void *arg)
+{
+    const char *dir = arg;
+    if (!mount_tmpfs(dir, 1024))
+        return 'y';
+    char store[400];
+    snprintf(store, sizeof store, "%s/store", dir);
+    tw_durable_config c = df_cfg(store, fire_none);
+    tw_durable *d = df_open(&c);
+    ASSERT_EQ(tw_durable_schedule(d, "k", 1, INT64_MAX / 2, "", 0), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    ASSERT_EQ(mount(NULL, dir, NULL, MS_REMOUNT | MS_RDONLY, NULL), 0);
+    open_fails(c, TW_EROFS, "read-only file system");
+    /* A new store there too. */
+    char fresh[400];
+    snprintf(fresh, sizeof fresh, "%s/fresh", dir);
+    c.dir = fresh;
+    open_fails(c, TW_EROFS, "read-only file system");
+    return 'y';
+}
+
+static void test_read_only(void)
+{
+    in_child_on_dir(read_only);
+}
+
+static int full_disk(void *arg)
+{
+    const char *dir = arg;
+    if (!mount_tmpfs(dir, 64))
+        return 'y';
+    /* Fill it. */
+    int fd = open(in_dir(dir, "fill"), O_WRONLY | O_CREAT, 0644);
+    ASSERT(fd >= 0);
+    static const char block[4096];
+    while (write(fd, block, sizeof block) > 0)
+        ;
+    ASSERT_EQ(errno, ENOSPC);
+    close(fd);
+    char store[400];
+    snprintf(store, sizeof store, "%s/store", dir);
+    tw_durable_config c = df_cfg(store, fire_none);
+    open_fails(c, TW_ENOSPC, "no space left on device");
+    return 'y';
+}
+
+static void test_full_disk(void)
+{
+    in_child_on_dir(full_disk);
+}
+
 /* One case by name (argv[1]), or all. */
 #define CASE(fn)                                                               \
     if (argc < 2 || strcmp(argv[1], #fn) == 0)                                 \
@@ -226,5 +401,10 @@ int main(int argc, char **argv)
     CASE(test_lock_removed);
     CASE(test_oldest_segment_deleted);
     CASE(test_oldest_after_compaction);
+    CASE(test_einval);
+    CASE(test_not_a_directory);
+    CASE(test_permission_denied);
+    CASE(test_read_only);
+    CASE(test_full_disk);
     return tw_test_done();
 }

@@ -114,8 +114,10 @@ typedef struct tw_durable_config {
     uint64_t (*mono_ns)(void *clock_arg); /* monotonic clock, ns */
     void *clock_arg;                      /* passed to both clocks */
 
-    /* Optional: on a failed open, a message naming what failed (for
-     * TW_EIO: the segment file and the offset of the damage), NUL-ended. */
+    /* Optional: on a failed open, a message saying why, NUL-ended: the
+     * field of a TW_EINVAL, the file and the system's reason of a file
+     * system error, for TW_EIO the segment file and the offset of the
+     * damage (or the missing segment). Set to "" as an open begins. */
     char *errbuf;      /* NULL = no message */
     size_t errbuf_len; /* bytes at @errbuf */
 
@@ -157,10 +159,16 @@ typedef struct tw_durable_item {
  * tw_durable_open - open (or create) a store and start firing its timers.
  * Every pending timer is back in the wheel before it returns; those whose
  * due time passed while no process had the store open fire at once, in due
- * order. Returns 0; TW_EINVAL (bad @cfg, nothing written); TW_EBUSY (the
- * directory is open in another process or handle); TW_EIO (corruption in
- * the middle of the journal, unless TW_DURABLE_REPAIR); TW_ECONN (Redis
- * unreachable); TW_ENOMEM; TW_ENOSPC. On failure *@out is unchanged.
+ * order. Returns 0 or, with a message in cfg->errbuf saying why:
+ * TW_EINVAL (bad @cfg, naming the field; nothing written; both @dir and
+ * @redis set is TW_EINVAL too); TW_EBUSY (the directory is open in another
+ * process or handle: the directory itself is locked, so deleting its LOCK
+ * file does not let a second process in); TW_EIO (corruption in the
+ * middle of the journal, unless TW_DURABLE_REPAIR, or a segment missing,
+ * the oldest included, or another I/O error); TW_ENOTDIR (@dir or one of
+ * its parents is a file); TW_EACCES (permission denied); TW_EROFS
+ * (read-only file system); TW_ENOSPC; TW_ECONN (Redis unreachable);
+ * TW_ENOMEM. On failure *@out is unchanged.
  */
 TW_EXTERN int tw_durable_open(tw_durable **out, const tw_durable_config *cfg);
 
@@ -193,9 +201,13 @@ TW_EXTERN int tw_durable_schedule(tw_durable *d, const void *key,
 /*
  * tw_durable_cancel - make @key never fire (again). Returns 0 once that is
  * durable; TW_ENOENT if @key is not pending (never scheduled, or done);
- * TW_EINVAL, TW_EIO, TW_ENOSPC, TW_ECONN or TW_ESHUTDOWN. A delivery of
- * @key whose callback is already running is not stopped: the call still
- * returns 0 and the key is not delivered again.
+ * TW_EINVAL, TW_EIO, TW_ENOSPC, TW_ECONN or TW_ESHUTDOWN. Once it has
+ * returned 0, no delivery of @key whose callback had not started will
+ * start (journal: even one already due and queued behind other
+ * callbacks). A delivery whose callback is already running is not
+ * stopped: the call still returns 0 and the key is not delivered again.
+ * The same holds for the old version after a tw_durable_schedule() that
+ * replaces @key.
  *
  * Disk errors (journal): TW_EIO or TW_ENOSPC from a write means nothing
  * changed; from a failed fdatasync the change stays in memory and may or
