@@ -1471,10 +1471,10 @@ static int list_segments(jstore *s, uint32_t **out, size_t *n)
     return 0;
 }
 
-/* Size the key table once from the segments' sizes (the newest counted
- * as full: it is preallocated): at 128 bytes a record and two keys a
- * bucket it rarely has to grow during the replay, and each growth would
- * touch every node again. A guess: too small costs a growth, too large
+/* Size the key table once from the segments' sizes (the newest's
+ * allocated size, a little more than its records): at 128 bytes a record and
+ * two keys a bucket it rarely has to grow during the replay, and each growth
+ * would touch every node again. A guess: too small costs a growth, too large
  * one rehash at the end (fit_table()). */
 static void presize_table(jstore *s, const uint32_t *nos, size_t cnt)
 {
@@ -1568,17 +1568,16 @@ static int bad_header(jstore *s, const tw_durable_config *cfg,
     return 1;
 }
 
-/* Zeros after the last record (at @end) are the preallocated rest of the
+/* Zeros after the last record (at @end) are the allocated rest of the
  * segment; anything else is a torn tail, cleared so that no stale record
  * can ever follow the next append. */
-static int clear_tail(jstore *s, struct seg_file *f, size_t end)
+static int clear_tail(struct seg_file *f, size_t end)
 {
     if (end >= f->size || all_zero(f->buf, end, f->size))
         return 0;
     if (ftruncate(f->fd, (off_t)end) != 0 || fdatasync(f->fd) != 0)
         return TW_EIO;
-    if (f->last)
-        (void)tw__jr_preallocate(f->fd, s->w.segment_bytes);
+    f->size = end; /* appends allocate again as they need */
     return 0;
 }
 
@@ -1598,6 +1597,7 @@ static int keep_segment(jstore *s, struct seg_file *f, size_t end,
     s->w.segs[s->w.nseg++] = (jr_seg){.no = f->no,
                                       .fd = f->fd,
                                       .size = end,
+                                      .alloc = f->size,
                                       .records = sched,
                                       .seed = f->seed};
     f->fd = -1;
@@ -1624,7 +1624,7 @@ static int replay_segment(jstore *s, const tw_durable_config *cfg,
     if (rc < 0)
         return rc;
     *damaged |= rc == 1;
-    rc = clear_tail(s, f, end);
+    rc = clear_tail(f, end);
     return rc ? rc : keep_segment(s, f, end, c.sched);
 }
 

@@ -136,7 +136,11 @@ typedef struct jr_seg {
     uint64_t records; /* JR_SCHED records in it */
     uint64_t live;    /* of those, the current version of a pending key */
     uint32_t seed;    /* its records' checksum seed (from its salt) */
+    uint64_t alloc;   /* the file's size: allocated ahead of @size */
 } jr_seg;
+
+/* A new segment's first allocation; it doubles as the segment fills. */
+#define JR_ALLOC_MIN (64u << 10)
 
 /* A futex word and how many threads sleep on it. */
 typedef struct jr_futex {
@@ -159,6 +163,7 @@ typedef struct jr_writer {
     uint64_t written;   /* LSN */
     uint32_t sync_mode; /* TW_DURABLE_SYNC_* */
     uint64_t segment_bytes;
+    bool falloc_off; /* fallocate() is not supported here */
     /*
      * Group commit. sync_mu guards the fields below (leaders and waiters
      * take it without *mu, so a waiter never queues behind appenders for
@@ -249,8 +254,6 @@ int tw__jr_wait(jr_writer *w, uint64_t lsn);
 /* Make everything written so far durable, whatever the sync_mode (*mu
  * held; released while it waits). */
 int tw__jr_sync_all(jr_writer *w);
-/* Allocate @bytes of zeros for a segment file. */
-int tw__jr_preallocate(int fd, uint64_t bytes);
 /* MANIFEST: read the number of the oldest segment the store must have
  * (0; TW_ENOENT if there is no manifest: the oldest is 1; TW_EIO if it is
  * damaged) / write it durably (tmp file, rename, directory fsync). */

@@ -2,8 +2,10 @@
 /*
  * tests/test_durable_open.c - what a journal store's open refuses, and
  * that it says why: a second process on a live store even after LOCK was
- * deleted, a deleted oldest segment (with and without a manifest), and
- * every error of tw_durable_open() with its code and message.
+ * deleted, a deleted oldest segment (with and without a manifest), every
+ * error of tw_durable_open() with its code and message, and how little a
+ * small store takes on disk (a new segment: 64 KiB, growing with its
+ * records).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -391,6 +393,47 @@ static void test_full_disk(void)
     in_child_on_dir(full_disk);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Footprint. */
+
+/* A new store with the default 64 MiB segments takes 64 KiB on disk
+ * (JR_ALLOC_MIN), and a segment grows with its records (at most twice their
+ * bytes), so an open reads little more than the records. */
+static void test_small_footprint(void)
+{
+    char buf[256];
+    const char *dir = df_new_dir(buf, sizeof buf, NULL);
+    tw_durable_config c = df_cfg(dir, fire_none);
+    c.segment_bytes = 0; /* 64 MiB */
+    c.sync = TW_DURABLE_SYNC_NONE;
+    tw_durable *d = df_open(&c);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    struct stat st;
+    ASSERT_EQ(stat(in_dir(dir, "0000000001.twj"), &st), 0);
+    ASSERT_LE(st.st_size, 65536);
+    ASSERT_LE((uint64_t)st.st_blocks * 512, 65536 + 8192);
+    d = df_open(&c);
+    char pay[100];
+    memset(pay, 'p', sizeof pay);
+    for (int i = 0; i < 3000; i++) {
+        char k[16];
+        int kl = snprintf(k, sizeof k, "f%d", i);
+        ASSERT_EQ(tw_durable_schedule(d, k, (size_t)kl, INT64_MAX / 2, pay,
+                                      sizeof pay),
+                  0);
+    }
+    tw_durable_stats ds;
+    ASSERT_EQ(tw_durable_stats_get(d, &ds), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    ASSERT_EQ(stat(in_dir(dir, "0000000001.twj"), &st), 0);
+    ASSERT_GE((uint64_t)st.st_size, ds.journal_bytes);
+    ASSERT_LE((uint64_t)st.st_size, 2 * ds.journal_bytes);
+    d = df_open(&c);
+    ASSERT_EQ(df_pending(d), 3000);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    df_rm_dir(dir);
+}
+
 /* One case by name (argv[1]), or all. */
 #define CASE(fn)                                                               \
     if (argc < 2 || strcmp(argv[1], #fn) == 0)                                 \
@@ -406,5 +449,6 @@ int main(int argc, char **argv)
     CASE(test_permission_denied);
     CASE(test_read_only);
     CASE(test_full_disk);
+    CASE(test_small_footprint);
     return tw_test_done();
 }
