@@ -19,7 +19,7 @@
  * growing until the next retry.) Nothing is delivered before
  * its due time by the wall clock, except after the wall clock steps back
  * by S: a timer scheduled then for a time the store has already passed
- * fires at once, early by at most S (README.md "Durable timers").
+ * fires at once, early by at most S (docs/guide/durable.md).
  *
  * Thread safety: tw_durable_schedule(), tw_durable_cancel() and
  * tw_durable_stats_get() may be called from any thread, callbacks included.
@@ -28,7 +28,7 @@
  * close() waits for it gets TW_ESHUTDOWN, nothing changed, from every call
  * once close() has begun.
  *
- * This header is the contract; see README.md "Durable timers" for the
+ * This header is the contract; see docs/guide/durable.md for the
  * guarantees table and the journal format.
  */
 #ifndef TWHEEL_DURABLE_H
@@ -80,7 +80,8 @@ typedef int (*tw_durable_fire_fn)(tw_durable *d, const tw_durable_timer *t,
 /* cfg.flags */
 #define TW_DURABLE_REPAIR                                                      \
     1u /* open a journal with corruption in its middle                         \
-          by dropping the damaged records */
+          by dropping the damaged records, or with a                           \
+          segment missing */
 
 /* Where a store keeps its timers and how it delivers them. */
 typedef struct tw_durable_config {
@@ -93,7 +94,9 @@ typedef struct tw_durable_config {
                                   starts at once, and calls that arrive
                                   while it runs share the next one */
     uint32_t executor_threads; /* 0 = fire on the store's own thread */
-    uint64_t segment_bytes;    /* 0 = 64 MiB */
+    uint64_t segment_bytes;    /* 0 = 64 MiB: a segment's most bytes; its
+                                  file starts at 64 KiB and doubles as it
+                                  fills */
 
     /* Redis backend. NULL = the journal in @dir. */
     const char *redis;           /* "host:port[,host:port...]" seed nodes */
