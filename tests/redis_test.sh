@@ -4,7 +4,8 @@
 # processes that this script starts on 127.0.0.1 (random free ports, a
 # temporary directory) and always stops, also on failure.
 # Usage: tests/redis_test.sh SCENARIO TEST_BINARY
-#   semantics | econn | crash | many   one server
+#   semantics | econn | crash | many | garbage
+#                                      one server
 #   suite                              one server; TEST_BINARY is
 #                                      test_durable_semantics
 #   share | share-kill | reshard |     a 3-master cluster
@@ -109,7 +110,7 @@ cluster() { # MASTERS REPLICAS_PER_MASTER
 }
 
 case $scenario in
-  semantics | econn | crash | many | suite)
+  semantics | econn | crash | many | garbage | suite)
     port=$(pick_ports 1)
     if [ "$scenario" = econn ] || [ "$scenario" = crash ]; then
       extra=(--appendonly yes --appendfsync always)

@@ -11,6 +11,8 @@
  *              release on close, two handles on one namespace; stats
  *              (backlog, lateness histogram)
  *   econn      unreachable at open and mid-run: TW_ECONN, then recovery
+ *   garbage    damaged data in every key of every shard: set aside into
+ *              the quarantine hashes, the rest of each shard fires
  *   many       tw_durable_schedule_many: batches, keys given twice, and
  *              (one server) a dead server's TW_ECONN per item
  *   crash      kill -9 of the server (appendfsync always) and restart:
@@ -25,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -466,6 +469,175 @@ static void stats_test(void)
     ASSERT_EQ(hist_sum(&st, 0), 6);
     ASSERT_EQ(tw_durable_close(d), 0);
     printf("stats: ok\n");
+}
+
+/* ------------------------------------------------------------------------ */
+/* Raw commands to the servers, for planting and reading data behind the
+ * store's back (routed by the slot of the first key). */
+
+static tw__rc *raw;
+
+static redisReply *rawv(int argc, const char **argv)
+{
+    size_t len[16];
+    ASSERT(argc <= 16);
+    for (int i = 0; i < argc; i++)
+        len[i] = strlen(argv[i]);
+    tw__rc_cmd c = {
+        argc, argv, len, argc > 1 ? tw__rc_slot(argv[1], len[1]) : -1, NULL, 0};
+    ASSERT_EQ(tw__rc_exec(raw, &c, 1), 0);
+    ASSERT(c.reply);
+    return c.reply;
+}
+
+#define RAW(...)                                                               \
+    freeReplyObject(                                                           \
+        rawv(sizeof((const char *[]){__VA_ARGS__}) / sizeof(const char *),     \
+             (const char *[]){__VA_ARGS__}))
+
+/* The name of shard @s's key with suffix @c in namespace @ns. */
+static const char *skey(char *b, const char *ns, int s, char c)
+{
+    snprintf(b, 96, "{%s:%d}:%c", ns, s, c);
+    return b;
+}
+
+static bool has_field(const char *ns, int s, const char *field)
+{
+    char k[96];
+    redisReply *r =
+        rawv(3, (const char *[]){"HEXISTS", skey(k, ns, s, 'q'), field});
+    bool yes = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    if (!yes)
+        fprintf(stderr, "  {%s:%d}:q has no field %s\n", ns, s, field);
+    freeReplyObject(r);
+    return yes;
+}
+
+/* Garbage in every key of every shard (values that are not
+ * "due,attempt,payload", due times and attempts out of range, a member of
+ * :d without a value, leases that ran out with no or a bad value, :s and
+ * :v that are not numbers, and keys of the wrong type: a string, a hash or
+ * a list where another type is expected, the quarantine hash itself a
+ * string): every normal timer scheduled after it fires (each twice: a
+ * retry runs DONE over the same shards), a cancel and a replace work, the
+ * damage is set aside into :q and counted in the stats. */
+static void garbage(void)
+{
+    char ns[32], k[96], due[32], v[64];
+    snprintf(ns, sizeof ns, "gb%d", (int)getpid());
+    ASSERT_EQ(tw__rc_open(&raw, seeds), 0);
+    reset_tab();
+    int64_t t0 = wall_ms();
+    snprintf(due, sizeof due, "%lld", (long long)t0);
+    /* Shard 0: bad values; a fractional score and a lease that ran out,
+     * both with good values, must still fire. */
+    static const char *const badv[][2] = {{"bad", "garbage"},
+                                          {"nodig", "abc,1,x"},
+                                          {"huge", "99999999999999999999,1,x"},
+                                          {"max+1", "9223372036854775808,1,x"},
+                                          {"negatt", "5,-1,x"},
+                                          {"bigatt", "5,4294967296,x"},
+                                          {"nocomma", "5,1"},
+                                          {"empty", ""}};
+    for (size_t i = 0; i < sizeof badv / sizeof badv[0]; i++) {
+        RAW("HSET", skey(k, ns, 0, 'p'), badv[i][0], badv[i][1]);
+        RAW("ZADD", skey(k, ns, 0, 'd'), due, badv[i][0]);
+    }
+    RAW("ZADD", skey(k, ns, 0, 'd'), due, "novalue");
+    RAW("HSET", skey(k, ns, 0, 'p'), "lease", "junk");
+    RAW("ZADD", skey(k, ns, 0, 'd'), "-1024", "lease");
+    RAW("ZADD", skey(k, ns, 0, 'd'), "-2048", "lease2");
+    RAW("SET", skey(k, ns, 0, 's'), "junk");
+    RAW("SET", skey(k, ns, 0, 'v'), "1e300");
+    snprintf(v, sizeof v, "%lld,1,frac", (long long)t0);
+    RAW("HSET", skey(k, ns, 0, 'p'), "k900", v);
+    snprintf(v, sizeof v, "%lld.5", (long long)t0);
+    RAW("ZADD", skey(k, ns, 0, 'd'), v, "k900");
+    snprintf(v, sizeof v, "%lld,1,lease", (long long)t0);
+    RAW("HSET", skey(k, ns, 0, 'p'), "k901", v);
+    RAW("ZADD", skey(k, ns, 0, 'd'), "-1024", "k901");
+    /* Shard 1: :p and :q are strings; a timer of :d lost its value. */
+    RAW("SET", skey(k, ns, 1, 'p'), "not a hash");
+    RAW("SET", skey(k, ns, 1, 'q'), "not a hash either");
+    RAW("ZADD", skey(k, ns, 1, 'd'), due, "k902");
+    /* Shard 2: :d is a string, :s a hash. */
+    RAW("SET", skey(k, ns, 2, 'd'), "not a zset");
+    RAW("HSET", skey(k, ns, 2, 's'), "a", "b");
+    /* Shard 3: :v a hash, :s a list; scores that are never due. */
+    RAW("HSET", skey(k, ns, 3, 'v'), "a", "b");
+    RAW("LPUSH", skey(k, ns, 3, 's'), "x");
+    RAW("HSET", skey(k, ns, 3, 'p'), "inf", "1,1,x");
+    RAW("ZADD", skey(k, ns, 3, 'd'), "+inf", "inf");
+
+    tw_durable_config cfg = base_cfg(ns);
+    cfg.shards = 4;
+    tw_durable *d;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    retry_first = 100;
+    /* Beyond the horizon (300 ms): claimed by CLAIM, which reads the
+     * garbage; 40 keys fall into every one of the 4 shards. */
+    t0 = wall_ms();
+    for (int i = 0; i < 40; i++)
+        ASSERT_EQ(sched(d, i, t0 + 500 + 10 * i, "n"), 0);
+    ASSERT_EQ(cancel(d, 5), 0);
+    ASSERT_EQ(sched(d, 6, t0 + 600, "new"), 0);
+    int64_t end = wall_ms() + 15000;
+    for (int i = 0; i < 40; i++) {
+        uint32_t want = i == 5 ? 0 : 2;
+        while (tab[i].count < want && wall_ms() < end)
+            sleep_ms(10);
+        if (tab[i].count != want)
+            fprintf(stderr, "  k%d delivered %u times\n", i,
+                    (unsigned)tab[i].count);
+        ASSERT_EQ(tab[i].count, want);
+    }
+    while ((tab[900].count < 2 || tab[901].count < 1) && wall_ms() < end)
+        sleep_ms(10);
+    ASSERT_EQ(tab[900].count, 2);
+    ASSERT(!strcmp(tab[900].payload, "frac"));
+    ASSERT_EQ(tab[901].count, 1);
+    ASSERT_EQ(tab[901].last_attempt, 2);
+    ASSERT(!strcmp(tab[6].payload, "new"));
+    ASSERT_EQ(tab[902].count, 0);
+    check_none_early(0, 40);
+
+    char f[64];
+    for (size_t i = 0; i < sizeof badv / sizeof badv[0]; i++) {
+        snprintf(f, sizeof f, "p:%s", badv[i][0]);
+        ASSERT(has_field(ns, 0, f));
+    }
+    ASSERT(has_field(ns, 0, "d:novalue"));
+    ASSERT(has_field(ns, 0, "p:lease"));
+    ASSERT(has_field(ns, 0, "d:lease2"));
+    ASSERT(has_field(ns, 0, "k:s"));
+    ASSERT(has_field(ns, 0, "k:v"));
+    ASSERT(has_field(ns, 1, "k:p"));
+    ASSERT(has_field(ns, 1, "k:q"));
+    ASSERT(has_field(ns, 1, "d:k902"));
+    ASSERT(has_field(ns, 2, "k:d"));
+    ASSERT(has_field(ns, 2, "k:s"));
+    ASSERT(has_field(ns, 3, "k:v"));
+    ASSERT(has_field(ns, 3, "k:s"));
+    long long total = 0;
+    for (int s = 0; s < 4; s++) {
+        redisReply *r = rawv(2, (const char *[]){"HLEN", skey(k, ns, s, 'q')});
+        ASSERT_EQ(r->type, REDIS_REPLY_INTEGER);
+        total += r->integer;
+        freeReplyObject(r);
+    }
+    ASSERT_EQ(total, 13 + 3 + 2 + 2); /* the fields above, per shard */
+    tw_durable_stats st;
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.quarantined, (uint64_t)total);
+    /* The old-sized struct gets no quarantined field (and no overflow). */
+    ASSERT_EQ(tw_durable_stats_get_sized(
+                  d, &st, offsetof(tw_durable_stats, quarantined)),
+              0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    retry_first = 0;
+    tw__rc_close(raw);
+    printf("garbage: ok\n");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -913,6 +1085,8 @@ int main(int argc, char **argv)
         dienode(argv[3], strtoll(argv[4], NULL, 10));
     else if (!strcmp(mode, "econn"))
         econn();
+    else if (!strcmp(mode, "garbage"))
+        garbage();
     else if (!strcmp(mode, "many"))
         many();
     else if (!strcmp(mode, "crash") || !strcmp(mode, "failover") ||
