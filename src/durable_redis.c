@@ -132,6 +132,15 @@
 #define CHECK_AHEAD_MS 5 /* a timer is checked up to this long before due */
 #endif
 #define DONE_BATCH 1024
+/* A check's answer is trusted for this long after the check was sent: a
+ * timer whose callback cannot start by then (its answer came late, or
+ * callbacks ahead of it ran long) is checked again. This bounds the window
+ * in which a replace or cancel that returned does not stop a callback. */
+#ifndef CHECK_MAX_AGE_MS
+#define CHECK_MAX_AGE_MS 200
+#endif
+#define GROUPS_MAX 16    /* worker threads: one per master, at most */
+#define TOPOLOGY_MS 1000 /* how often the masters of the shards are read */
 
 enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_COUNT };
 enum { CHK_VER = -1, CHK_SCORE = -2 }; /* the plain commands of a check */
@@ -448,8 +457,9 @@ struct rtimer {
     bool fired; /* its callback has started (stats: not backlog) */
     int64_t due_ms;
     uint64_t token;
-    uint64_t ver; /* :v of its shard when it was last known to be ours */
-    bool full;    /* :v moved since: the next check reads its score */
+    uint64_t ver;    /* :v of its shard when it was last known to be ours */
+    bool full;       /* :v moved since: the next check reads its score */
+    uint64_t chk_at; /* real monotonic ms: its last check was sent then */
     size_t key_len, payload_len;
     char data[];
 };
@@ -458,6 +468,20 @@ struct rtimer {
 struct done {
     struct rtimer *r;
     int res;
+};
+
+/* The shards whose master is one node, and the thread that talks to it
+ * for them: claims, checks and completions. A master that stalls holds
+ * only its own group's thread (see the top of the file). */
+struct grp {
+    struct rd *d;
+    pthread_t thr, cthr; /* checks and completions; claims */
+    bool started, quit;  /* quit: stop its worker alone */
+    pthread_cond_t cv, ccv;
+    struct rtimer *todo; /* due timers to check, from the firer (mu) */
+    struct done *pend;   /* callbacks done, DONE not yet sent (mu) */
+    size_t npend, cap_pend;
+    uint64_t pend_due; /* mono ms: send the completions by then */
 };
 
 struct shard_keys {
@@ -483,19 +507,21 @@ struct rd {
     bool op_busy;
 
     pthread_mutex_t mu;
-    pthread_cond_t cv, claim_cv;
-    tw_wheel *wheel;      /* ticks: monotonic ms; under mu */
-    struct rtimer *due;   /* filled by the wheel's callbacks */
-    struct rtimer *held;  /* every rtimer alive */
+    pthread_cond_t cv, claim_cv; /* the firer's, the topology thread's */
+    tw_wheel *wheel;             /* ticks: monotonic ms; under mu */
+    struct rtimer *due;          /* filled by the wheel's callbacks */
+    struct rtimer *held;         /* every rtimer alive */
     struct rtimer *ready; /* checked, waiting for their due time (firer) */
-    bool stop;
+    bool stop, gstop;     /* stop the firer and topology; then the groups */
+    bool thr_on, claimer_on;
     pthread_t thr, claimer;
+    struct grp grp[GROUPS_MAX];
+    uint8_t *grp_of;               /* per shard: its group (mu) */
+    char grp_name[GROUPS_MAX][64]; /* "host:port" of each group's master */
+    uint32_t ngrp;
     uint64_t next_check; /* no claim check before (real monotonic ms) */
     uint64_t fired, retried, cancelled;
     uint64_t late_hist[TW_LATE_BUCKETS];
-    struct done *pend; /* callbacks done, DONE not yet sent (firer) */
-    size_t npend, cap_pend;
-    uint64_t pend_due; /* mono ms: send the completions by then */
 };
 
 static const struct tw_durable_ops rd_ops;
@@ -854,29 +880,37 @@ static bool parse_val(const char *s, size_t n, struct pval *v)
 /* ------------------------------------------------------------------------ */
 /* The node's thread: claim, fire, complete. */
 
-/* CLAIM on every shard. Returns true when some shard had more. */
-static bool claim_all(struct rd *d)
+/* CLAIM on the shards of group @g. Returns true when some shard had
+ * more. */
+static bool claim_group(struct rd *d, struct grp *g)
 {
-    size_t n = d->shards;
-    struct call *calls = tw__malloc(n * sizeof *calls);
-    tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
+    size_t n = 0;
+    struct call *calls = tw__malloc(d->shards * sizeof *calls);
+    tw__rc_cmd *cmds = tw__calloc(d->shards, sizeof *cmds);
     bool more = false;
     if (!calls || !cmds)
         goto out;
     int64_t now = rd_wall(d);
-    for (uint32_t s = 0; s < n; s++) {
-        call_init(d, &calls[s], S_CLAIM, s);
-        call_num(&calls[s], now);
-        call_num(&calls[s], sat_add(now, d->horizon_ms));
-        call_num(&calls[s], d->lease_ms);
-        call_num(&calls[s], CLAIM_MAX);
+    pthread_mutex_lock(&d->mu);
+    for (uint32_t s = 0; s < d->shards; s++)
+        if (&d->grp[d->grp_of[s]] == g)
+            calls[n++].shard = s;
+    pthread_mutex_unlock(&d->mu);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t s = calls[i].shard;
+        call_init(d, &calls[i], S_CLAIM, s);
+        call_num(&calls[i], now);
+        call_num(&calls[i], sat_add(now, d->horizon_ms));
+        call_num(&calls[i], d->lease_ms);
+        call_num(&calls[i], CLAIM_MAX);
     }
     run_calls(d, calls, cmds, n);
     int64_t wall = rd_wall(d);
     uint64_t mono = rd_mono_ms(d);
     pthread_mutex_lock(&d->mu);
-    for (uint32_t s = 0; s < n; s++) {
-        redisReply *r = cmds[s].reply;
+    for (size_t c = 0; c < n; c++) {
+        uint32_t s = calls[c].shard;
+        redisReply *r = cmds[c].reply;
         if (!r || r->type != REDIS_REPLY_ARRAY || !r->elements)
             continue;
         if (reply_u64(r->element[0]))
@@ -906,6 +940,58 @@ out:
     return more;
 }
 
+/* Which master holds each shard (CLUSTER SLOTS): the shards of one master
+ * form a group with its own thread. A server without cluster support, or
+ * no answer, changes nothing (everything starts in group 0). Groups only
+ * say which thread waits for which node: a stale map is never wrong, only
+ * less independent. The topology thread, and open. */
+static void grp_refresh(struct rd *d)
+{
+    const char *argv[2] = {"CLUSTER", "SLOTS"};
+    size_t len[2] = {7, 5};
+    tw__rc_cmd cmd = {2, argv, len, -1, NULL, 0};
+    uint8_t *of = tw__malloc(d->shards);
+    if (!of || tw__rc_exec(d->rc, &cmd, 1) || !cmd.reply ||
+        cmd.reply->type != REDIS_REPLY_ARRAY) {
+        free_replies(&cmd, 1);
+        tw__free(of);
+        return;
+    }
+    redisReply *r = cmd.reply;
+    pthread_mutex_lock(&d->mu);
+    for (uint32_t s = 0; s < d->shards; s++) {
+        of[s] = d->grp_of[s];
+        int slot = d->sk[s].slot;
+        for (size_t i = 0; i < r->elements; i++) {
+            redisReply *e = r->element[i];
+            if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
+                e->element[0]->type != REDIS_REPLY_INTEGER ||
+                e->element[1]->type != REDIS_REPLY_INTEGER ||
+                e->element[2]->type != REDIS_REPLY_ARRAY ||
+                e->element[2]->elements < 2 ||
+                e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
+                e->element[2]->element[1]->type != REDIS_REPLY_INTEGER ||
+                slot < e->element[0]->integer || slot > e->element[1]->integer)
+                continue;
+            char name[64];
+            snprintf(name, sizeof name, "%s:%lld",
+                     e->element[2]->element[0]->str,
+                     e->element[2]->element[1]->integer);
+            uint32_t g = 0;
+            while (g < d->ngrp && strcmp(d->grp_name[g], name))
+                g++;
+            if (g == d->ngrp && d->ngrp < GROUPS_MAX)
+                snprintf(d->grp_name[d->ngrp++], 64, "%s", name);
+            of[s] = (uint8_t)(g < d->ngrp ? g : s % GROUPS_MAX);
+            break;
+        }
+    }
+    memcpy(d->grp_of, of, d->shards);
+    pthread_mutex_unlock(&d->mu);
+    free_replies(&cmd, 1);
+    tw__free(of);
+}
+
 /* One fire round: a round trip carrying the DONE calls of the completions
  * waiting in d->pend (one script call per shard) and the claim check of
  * the due timers (one HMGET of :t per shard); then the callbacks of the
@@ -913,6 +999,9 @@ out:
  * DONE_DELAY_MS after their callback returned. Firer thread. */
 struct fround {
     struct rd *d;
+    struct grp *g;            /* the group whose shards these are */
+    uint64_t sent;            /* real monotonic ms: the checks were sent */
+    struct done *pend;        /* the completions sent, taken from g->pend */
     struct rtimer **v;        /* the due timers */
     size_t n, np;             /* due timers; completions d->pend[0..np) sent */
     uint32_t *chk, *chz, *dn; /* per shard: its GET of :v, ZMSCORE and
@@ -935,6 +1024,7 @@ struct fround {
 
 static void fr_free(struct fround *f)
 {
+    tw__free(f->pend);
     void *v[] = {f->v,     f->chk,    f->dn,    f->cnt_chk, f->cnt_dn,
                  f->cmds,  f->script, f->argv,  f->len,     f->num,
                  f->owner, f->base,   f->ok,    f->cnt_ret, f->keys,
@@ -973,7 +1063,7 @@ static bool fr_alloc(struct fround *f, struct rtimer *list)
             nargs += 2;
     }
     for (size_t i = 0; i < f->np; i++) {
-        struct rtimer *r = d->pend[i].r;
+        struct rtimer *r = f->pend[i].r;
         uint32_t sh = r->shard;
         if (f->cnt_dn[sh]++ == 0) {
             nargs += DONE_FIXED;
@@ -981,7 +1071,7 @@ static bool fr_alloc(struct fround *f, struct rtimer *list)
         }
         if (r->full || r->ver != f->dver[sh])
             f->dmix[sh] = true;
-        f->cnt_ret[sh] += d->pend[i].res > 0;
+        f->cnt_ret[sh] += f->pend[i].res > 0;
     }
     f->cmds = tw__calloc(3u * S, sizeof *f->cmds);
     f->script = tw__malloc(3u * S * sizeof *f->script);
@@ -1026,7 +1116,7 @@ static void fr_heads(struct fround *f)
 {
     struct rd *d = f->d;
     for (size_t i = 0; i < f->np; i++) {
-        uint32_t sh = d->pend[i].r->shard;
+        uint32_t sh = f->pend[i].r->shard;
         if (f->dn[sh])
             continue;
         tw__rc_cmd *c = fr_cmd(f, sh, S_DONE, f->dn, f->cnt_dn, 2, DONE_FIXED,
@@ -1063,9 +1153,8 @@ static void fr_heads(struct fround *f)
  * whose reply element is whose. */
 static void fr_fill(struct fround *f)
 {
-    struct rd *d = f->d;
     for (size_t i = 0; i < f->np; i++) {
-        struct done *p = &d->pend[i];
+        struct done *p = &f->pend[i];
         size_t c = f->dn[p->r->shard] - 1, j = f->fill[c]++, m = f->keys[c];
         tw__rc_cmd *cmd = &f->cmds[c];
         const char **av = (const char **)cmd->argv + DONE_FIXED;
@@ -1113,7 +1202,7 @@ static void fr_completions(struct fround *f, int64_t wall, uint64_t mono)
                 ? reply_u64(rep->element[m])
                 : 0;
         for (size_t j = 0; j < m; j++) {
-            struct done *p = &d->pend[f->owner[f->base[c] + j]];
+            struct done *p = &f->pend[f->owner[f->base[c] + j]];
             long long res = -1;
             if (rep && rep->type == REDIS_REPLY_ARRAY && j < rep->elements &&
                 rep->element[j]->type == REDIS_REPLY_INTEGER)
@@ -1131,22 +1220,16 @@ static void fr_completions(struct fround *f, int64_t wall, uint64_t mono)
             }
         }
     }
-    if (f->np) {
-        memmove(d->pend, d->pend + f->np, (d->npend - f->np) * sizeof *d->pend);
-        d->npend -= f->np;
-    }
 }
 
-/* A timer still ours: fire it now if due, else keep it in d->ready
- * until its due time (it was checked up to CHECK_AHEAD_MS early). mu
- * held. */
+/* A timer still ours goes to d->ready, where the firer starts its
+ * callback once it is due (it was checked up to CHECK_AHEAD_MS early) and
+ * while its answer is younger than CHECK_MAX_AGE_MS. mu held. */
 static void ready_or_ok(struct fround *f, size_t i, int64_t wall)
 {
     struct rtimer *r = f->v[i];
-    if (r->due_ms <= wall) {
-        f->ok[i] = true;
-        return;
-    }
+    (void)wall;
+    r->chk_at = f->sent;
     r->next = f->d->ready;
     f->d->ready = r;
 }
@@ -1208,21 +1291,24 @@ static void fr_checks(struct fround *f, int64_t wall, uint64_t mono)
  * brings the timer back). mu held. */
 static void pend_add(struct rd *d, struct rtimer *r, int res)
 {
-    if (d->npend == d->cap_pend) {
-        size_t cap = d->cap_pend ? 2 * d->cap_pend : 256;
-        struct done *np2 = tw__realloc(d->pend, cap * sizeof *np2);
+    struct grp *g = &d->grp[d->grp_of[r->shard]];
+    if (g->npend == g->cap_pend) {
+        size_t cap = g->cap_pend ? 2 * g->cap_pend : 256;
+        struct done *np2 = tw__realloc(g->pend, cap * sizeof *np2);
         if (np2) {
-            d->pend = np2;
-            d->cap_pend = cap;
+            g->pend = np2;
+            g->cap_pend = cap;
         }
     }
-    if (d->npend < d->cap_pend) {
+    if (g->npend < g->cap_pend) {
         uint64_t now = rd_mono_ms(d);
-        if (!d->npend)
-            d->pend_due = now + DONE_DELAY_MS;
-        if (res > 0 && d->pend_due > now + RETRY_DONE_MS)
-            d->pend_due = now + RETRY_DONE_MS;
-        d->pend[d->npend++] = (struct done){r, res};
+        if (!g->npend)
+            g->pend_due = now + DONE_DELAY_MS;
+        if (res > 0 && g->pend_due > now + RETRY_DONE_MS)
+            g->pend_due = now + RETRY_DONE_MS;
+        g->pend[g->npend++] = (struct done){r, res};
+        if (g->npend == 1 || res > 0 || g->npend >= DONE_BATCH)
+            pthread_cond_signal(&g->cv);
     } else {
         rt_free_locked(d, r);
     }
@@ -1252,17 +1338,18 @@ static void fire_one(struct rd *d, struct rtimer *r)
     pthread_mutex_unlock(&d->mu);
 }
 
-/* Run the callback of every timer still ours and due. */
-static void fr_fire(struct fround *f)
+/* Check @r again: its answer is too old to be trusted. mu held. */
+static void recheck_locked(struct rd *d, struct rtimer *r)
 {
-    for (size_t i = 0; i < f->n; i++)
-        if (f->ok[i])
-            fire_one(f->d, f->v[i]);
+    tw_wheel_add(d->wheel, &r->tm, tw_wheel_now(d->wheel));
+    d->next_check = 0;
 }
 
-/* Fire the checked timers of d->ready that are due now (never early);
- * returns the earliest due time of those left, or INT64_MAX. mu held
- * (released around the callbacks). */
+/* Fire the checked timers of d->ready that are due now (never early),
+ * each only if its check was sent at most CHECK_MAX_AGE_MS before its
+ * callback starts (else it is checked again); returns the earliest due
+ * time of those left, or INT64_MAX. mu held (released around the
+ * callbacks). */
 static int64_t fire_ready(struct rd *d)
 {
     int64_t wall = rd_wall(d), next = INT64_MAX;
@@ -1282,6 +1369,12 @@ static int64_t fire_ready(struct rd *d)
     pthread_mutex_unlock(&d->mu);
     for (struct rtimer *r = go, *n2; r; r = n2) {
         n2 = r->next;
+        if (real_mono_ms() - r->chk_at > CHECK_MAX_AGE_MS) {
+            pthread_mutex_lock(&d->mu);
+            recheck_locked(d, r);
+            pthread_mutex_unlock(&d->mu);
+            continue;
+        }
         fire_one(d, r);
     }
     pthread_mutex_lock(&d->mu);
@@ -1300,48 +1393,155 @@ static void fr_later(struct rd *d, struct rtimer *list)
     pthread_mutex_unlock(&d->mu);
 }
 
-static void fire_batch(struct rd *d, struct rtimer *list, bool flush)
+/* One round trip for group @g (its worker thread): the completions
+ * waiting in g->pend when @flush, and the checks of @list; the timers
+ * still ours go to d->ready for the firer. */
+static void fire_batch(struct rd *d, struct grp *g, struct rtimer *list,
+                       bool flush)
 {
-    struct fround f = {.d = d, .np = flush ? d->npend : 0};
+    struct fround f = {.d = d, .g = g};
+    pthread_mutex_lock(&d->mu);
+    if (flush && g->npend &&
+        (f.pend = tw__malloc(g->npend * sizeof *f.pend)) != NULL) {
+        f.np = g->npend;
+        memcpy(f.pend, g->pend, f.np * sizeof *f.pend);
+        g->npend = 0;
+    }
+    pthread_mutex_unlock(&d->mu);
     if (!fr_alloc(&f, list)) {
-        fr_later(d, list); /* completions stay pending */
+        fr_later(d, list);
+        pthread_mutex_lock(&d->mu); /* the completions stay pending */
+        for (size_t i = 0; i < f.np; i++)
+            pend_add(d, f.pend[i].r, f.pend[i].res);
+        pthread_mutex_unlock(&d->mu);
         fr_free(&f);
         return;
     }
     f.wall = rd_wall(d);
     fr_heads(&f);
     fr_fill(&f);
+    f.sent = real_mono_ms();
     run_cmds(d, f.cmds, f.script, f.ncmd);
     int64_t wall = rd_wall(d);
     uint64_t mono = rd_mono_ms(d);
     pthread_mutex_lock(&d->mu);
     fr_completions(&f, wall, mono);
     fr_checks(&f, wall, mono);
+    pthread_cond_signal(&d->cv);
     pthread_mutex_unlock(&d->mu);
     free_replies(f.cmds, f.ncmd);
-    fr_fire(&f);
     fr_free(&f);
 }
 
-/* The claimer: CLAIM every horizon/4 (at once again when a shard had more
- * than CLAIM_MAX due), on its own thread so that firing never waits for a
- * claim round trip. */
+static void *rd_group(void *arg);
+static void *rd_group_claim(void *arg);
+
+/* Start the threads of every group a shard is in (mu held). The shards
+ * of a group whose threads cannot be started move to group 0 (rd_start
+ * fails the open if group 0's cannot). */
+static void grp_start_locked(struct rd *d)
+{
+    for (uint32_t s = 0; s < d->shards; s++) {
+        struct grp *g = &d->grp[d->grp_of[s]];
+        if (g->started)
+            continue;
+        g->started = !pthread_create(&g->thr, NULL, rd_group, g);
+        if (g->started && pthread_create(&g->cthr, NULL, rd_group_claim, g)) {
+            g->quit = true; /* its worker runs alone: stop it */
+            pthread_cond_signal(&g->cv);
+            pthread_mutex_unlock(&d->mu);
+            pthread_join(g->thr, NULL);
+            pthread_mutex_lock(&d->mu);
+            g->quit = false;
+            g->started = false;
+        }
+        if (!g->started)
+            d->grp_of[s] = 0;
+    }
+}
+
+/* The topology thread: the masters of the shards every TOPOLOGY_MS (a
+ * master that moved, or a failover, regroups the shards). Its round trip
+ * may wait for a stalled node: nothing else waits for it. */
 static void *rd_claimer(void *arg)
 {
     struct rd *d = arg;
+    pthread_mutex_lock(&d->mu);
+    while (!d->stop) {
+        struct timespec ts;
+        tw__mono_after(&ts, (uint64_t)TOPOLOGY_MS * 1000000u);
+        pthread_cond_timedwait(&d->claim_cv, &d->mu, &ts);
+        if (d->stop)
+            break;
+        pthread_mutex_unlock(&d->mu);
+        grp_refresh(d);
+        pthread_mutex_lock(&d->mu);
+        grp_start_locked(d);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* Completions of @g waiting long enough, or many enough, to be sent. mu
+ * held. */
+static bool done_due(const struct grp *g, uint64_t now)
+{
+    return g->npend && (g->npend >= DONE_BATCH || now >= g->pend_due);
+}
+
+/* A group's claimer: CLAIM on its shards every horizon/4 (at once again
+ * when a shard had more than CLAIM_MAX due), on its own thread so that
+ * checks never wait for a claim round trip. */
+static void *rd_group_claim(void *arg)
+{
+    struct grp *g = arg;
+    struct rd *d = g->d;
     uint64_t period = d->horizon_ms / 4 ? d->horizon_ms / 4 : 1;
     pthread_mutex_lock(&d->mu);
     while (!d->stop) {
         pthread_mutex_unlock(&d->mu);
-        bool more = claim_all(d);
+        bool more = claim_group(d, g);
         pthread_mutex_lock(&d->mu);
         if (more || d->stop)
             continue;
         struct timespec ts;
         tw__mono_after(&ts, (uint64_t)period * 1000000u);
-        pthread_cond_timedwait(&d->claim_cv, &d->mu, &ts);
+        pthread_cond_timedwait(&g->ccv, &d->mu, &ts);
     }
     pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* A group's worker: the checks the firer hands it and its completions,
+ * one round trip at a time to its master only, so that a master that does
+ * not answer holds only its own shards. */
+static void *rd_group(void *arg)
+{
+    struct grp *g = arg;
+    struct rd *d = g->d;
+    pthread_mutex_lock(&d->mu);
+    while (!d->gstop && !g->quit) {
+        uint64_t mono = rd_mono_ms(d);
+        bool flush = done_due(g, mono);
+        struct rtimer *list = g->todo;
+        if (!flush && !list) {
+            uint64_t wait = IDLE_WAIT_MS;
+            if (g->npend && g->pend_due > mono && g->pend_due - mono < wait)
+                wait = g->pend_due - mono;
+            struct timespec ts;
+            tw__mono_after(&ts, wait * 1000000u);
+            pthread_cond_timedwait(&g->cv, &d->mu, &ts);
+            continue;
+        }
+        g->todo = NULL;
+        pthread_mutex_unlock(&d->mu);
+        fire_batch(d, g, list, flush);
+        pthread_mutex_lock(&d->mu);
+    }
+    bool last = g->npend > 0;
+    pthread_mutex_unlock(&d->mu);
+    if (last) /* the last completions */
+        fire_batch(d, g, NULL, true);
     return NULL;
 }
 
@@ -1373,12 +1573,6 @@ static bool take_due(struct rd *d, uint64_t now, struct rtimer **list,
     return any;
 }
 
-/* Completions waiting long enough, or many enough, to be sent. */
-static bool done_due(const struct rd *d, uint64_t now)
-{
-    return d->npend && (d->npend >= DONE_BATCH || now >= d->pend_due);
-}
-
 static void cv_wait_ms(struct rd *d, uint64_t wait);
 
 /* @wait ms, or less if the first checked timer (due at @ready, wall ms,
@@ -1392,14 +1586,11 @@ static uint64_t cap_ready(struct rd *d, int64_t ready, uint64_t wait)
     return wait < w ? wait : w;
 }
 
-/* Sleep until the next due timer, the completions' deadline, the first
- * checked timer's due time (@ready, wall ms), a signal, or IDLE_WAIT_MS.
- * mu held. */
+/* Sleep until the next due timer, the first checked timer's due time
+ * (@ready, wall ms), a signal, or IDLE_WAIT_MS. mu held. */
 static void rd_sleep(struct rd *d, uint64_t now, bool early, int64_t ready)
 {
     uint64_t until = tw_wheel_next_expiry(d->wheel);
-    if (d->npend && until > d->pend_due)
-        until = d->pend_due;
     uint64_t wait = until > now ? until - now : 0;
     if (wait > IDLE_WAIT_MS)
         wait = IDLE_WAIT_MS;
@@ -1418,10 +1609,26 @@ static void cv_wait_ms(struct rd *d, uint64_t wait)
     pthread_cond_timedwait(&d->cv, &d->mu, &ts);
 }
 
-/* The firer: advance the wheel, check, fire, complete. A check round trip
- * starts at most every CHECK_GAP_MS (at once when the last one took a
- * timer already late), so that timers due close together share one (a
- * round trip costs Redis far more than a key). */
+/* Hand the due timers of @list to the workers of their groups. mu
+ * held. */
+static void dispatch_locked(struct rd *d, struct rtimer *list)
+{
+    for (struct rtimer *r = list, *next; r; r = next) {
+        next = r->next;
+        struct grp *g = &d->grp[d->grp_of[r->shard]];
+        if (!g->todo)
+            pthread_cond_signal(&g->cv);
+        r->next = g->todo;
+        g->todo = r;
+    }
+}
+
+/* The firer: advance the wheel, hand the due timers to their groups'
+ * workers to be checked, start the callbacks of the timers they found
+ * still ours. A batch of checks starts at most every CHECK_GAP_MS (at
+ * once when the last one took a timer already late), so that timers due
+ * close together share one round trip (which costs Redis far more than a
+ * key). */
 static void *rd_main(void *arg)
 {
     struct rd *d = arg;
@@ -1429,27 +1636,22 @@ static void *rd_main(void *arg)
     while (!d->stop) {
         int64_t next_ready = d->ready ? fire_ready(d) : INT64_MAX;
         uint64_t now = rd_mono_ms(d), real = real_mono_ms();
-        if (real < d->next_check && !done_due(d, now)) {
+        if (real < d->next_check) {
             cv_wait_ms(d, cap_ready(d, next_ready, d->next_check - real));
             continue;
         }
         struct rtimer *list = NULL;
         bool behind = false;
         bool early = take_due(d, now, &list, &behind);
-        if (list || done_due(d, now)) {
-            bool flush = done_due(d, now);
-            if (list) /* no gap while behind: no sleep with timers late */
-                d->next_check = real + (behind ? 0 : CHECK_GAP_MS);
-            pthread_mutex_unlock(&d->mu);
-            fire_batch(d, list, flush);
-            pthread_mutex_lock(&d->mu);
+        if (list) {
+            /* No gap while behind: no sleep with timers late. */
+            d->next_check = real + (behind ? 0 : CHECK_GAP_MS);
+            dispatch_locked(d, list);
             continue;
         }
         rd_sleep(d, now, early, next_ready);
     }
     pthread_mutex_unlock(&d->mu);
-    if (d->npend) /* the last completions */
-        fire_batch(d, NULL, true);
     return NULL;
 }
 
@@ -1965,7 +2167,12 @@ static void rd_free(struct rd *d)
         struct rtimer *r = d->held;
         rt_free_locked(d, r);
     }
-    tw__free(d->pend);
+    for (int g = 0; g < GROUPS_MAX; g++) {
+        tw__free(d->grp[g].pend);
+        pthread_cond_destroy(&d->grp[g].cv);
+        pthread_cond_destroy(&d->grp[g].ccv);
+    }
+    tw__free(d->grp_of);
     tw_wheel_destroy(d->wheel);
     tw__rc_close(d->rc);
     pthread_mutex_destroy(&d->mu);
@@ -1976,16 +2183,39 @@ static void rd_free(struct rd *d)
     tw__free(d);
 }
 
-static int rd_close(tw_durable *base)
+/* Stop the firer and the topology thread, then the groups' threads (the
+ * firer's last callbacks give them completions to send). */
+static void rd_stop(struct rd *d)
 {
-    struct rd *d = (struct rd *)base;
     pthread_mutex_lock(&d->mu);
     d->stop = true;
     pthread_cond_signal(&d->cv);
     pthread_cond_signal(&d->claim_cv);
+    for (int g = 0; g < GROUPS_MAX; g++)
+        pthread_cond_signal(&d->grp[g].ccv);
     pthread_mutex_unlock(&d->mu);
-    pthread_join(d->thr, NULL);
-    pthread_join(d->claimer, NULL);
+    if (d->thr_on)
+        pthread_join(d->thr, NULL);
+    if (d->claimer_on)
+        pthread_join(d->claimer, NULL);
+    pthread_mutex_lock(&d->mu);
+    d->gstop = true;
+    for (int g = 0; g < GROUPS_MAX; g++)
+        pthread_cond_signal(&d->grp[g].cv);
+    pthread_mutex_unlock(&d->mu);
+    for (int g = 0; g < GROUPS_MAX; g++) {
+        if (!d->grp[g].started)
+            continue;
+        pthread_join(d->grp[g].thr, NULL);
+        pthread_join(d->grp[g].cthr, NULL);
+        d->grp[g].started = false;
+    }
+}
+
+static int rd_close(tw_durable *base)
+{
+    struct rd *d = (struct rd *)base;
+    rd_stop(d);
     /* Give the claims not fired back, so that no one waits for a lease. */
     int rc = 0;
     while (d->held) {
@@ -2055,7 +2285,17 @@ static struct rd *rd_new(const tw_durable_config *cfg)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&d->cv, &ca);
     pthread_cond_init(&d->claim_cv, &ca);
+    for (int g = 0; g < GROUPS_MAX; g++) {
+        d->grp[g].d = d;
+        pthread_cond_init(&d->grp[g].cv, &ca);
+        pthread_cond_init(&d->grp[g].ccv, &ca);
+    }
     pthread_condattr_destroy(&ca);
+    d->grp_of = tw__calloc(d->shards, 1);
+    if (!d->grp_of) {
+        rd_free(d);
+        return NULL;
+    }
     return d;
 }
 
@@ -2098,17 +2338,23 @@ static int rd_load_scripts(struct rd *d)
     return 0;
 }
 
-/* Start the claimer and the firer. */
+/* Group the shards by master, start the groups' threads, the topology
+ * thread and the firer. */
 static int rd_start(struct rd *d)
 {
-    if (pthread_create(&d->claimer, NULL, rd_claimer, d))
-        return TW_ENOMEM;
-    if (pthread_create(&d->thr, NULL, rd_main, d)) {
-        pthread_mutex_lock(&d->mu);
-        d->stop = true;
-        pthread_cond_signal(&d->claim_cv);
-        pthread_mutex_unlock(&d->mu);
-        pthread_join(d->claimer, NULL);
+    grp_refresh(d);
+    pthread_mutex_lock(&d->mu);
+    grp_start_locked(d);
+    bool ok = true;
+    for (uint32_t s = 0; s < d->shards; s++)
+        ok = ok && d->grp[d->grp_of[s]].started;
+    pthread_mutex_unlock(&d->mu);
+    if (ok)
+        d->claimer_on = !pthread_create(&d->claimer, NULL, rd_claimer, d);
+    if (ok && d->claimer_on)
+        d->thr_on = !pthread_create(&d->thr, NULL, rd_main, d);
+    if (!ok || !d->claimer_on || !d->thr_on) {
+        rd_stop(d);
         return TW_ENOMEM;
     }
     return 0;

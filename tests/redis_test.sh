@@ -9,7 +9,7 @@
 #   suite                              one server; TEST_BINARY is
 #                                      test_durable_semantics
 #   share | share-kill | reshard |     a 3-master cluster
-#   many-cluster
+#   many-cluster | stall
 #   failover                           3 masters + 3 replicas
 # Exit 77 (skipped) when redis-server is not installed. TW_WRAP (e.g.
 # "gdb -batch -ex run -ex bt --args") wraps the one-server runs.
@@ -66,11 +66,12 @@ start() {
 }
 
 extra=()
+cextra=()
 cluster() { # MASTERS REPLICAS_PER_MASTER
   local m=$1 r=$2 n=$(($1 * ($2 + 1))) base i
   base=$(pick_ports "$n")
   extra=(--cluster-enabled yes --cluster-node-timeout 1000
-    --cluster-config-file nodes.conf --appendonly yes)
+    --cluster-config-file nodes.conf --appendonly yes "${cextra[@]}")
   local addrs=()
   for ((i = 0; i < n; i++)); do
     start $((base + i))
@@ -132,9 +133,12 @@ case $scenario in
     fi
     exit $rc
     ;;
-  share | share-kill | reshard | many-cluster)
+  share | share-kill | reshard | many-cluster | stall)
+    # stall: the healthy masters keep serving while one is stopped.
+    [ "$scenario" = stall ] && cextra=(--cluster-require-full-coverage no)
     cluster 3 0
     case $scenario in
+      stall) "$bin" stall "$seeds" ;;
       many-cluster) "$bin" many "$seeds" ;;
       share) "$bin" share "$seeds" 3 "${TW_REDIS_TIMERS:-100000}" 0 "$tmp" ;;
       share-kill) "$bin" share "$seeds" 3 20000 1 "$tmp" ;;
