@@ -436,17 +436,25 @@ static uint64_t hist_sum(const tw_durable_stats *s, unsigned from)
     return n;
 }
 
-static void stats_test(void)
+/* A store of its own namespace (@prefix and our pid) whose first callback
+ * waits for gate_state 2. */
+static tw_durable *open_gated(const char *prefix)
 {
     char ns[32];
-    snprintf(ns, sizeof ns, "st%d", (int)getpid());
+    snprintf(ns, sizeof ns, "%s%d", prefix, (int)getpid());
     tw_durable_config cfg = base_cfg(ns);
     cfg.fire = gate_fire;
     tw_durable *d;
-    tw_durable_stats st;
     reset_tab();
     gate_state = 1;
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    return d;
+}
+
+static void stats_test(void)
+{
+    tw_durable *d = open_gated("st");
+    tw_durable_stats st;
     int64_t t0 = wall_ms();
     ASSERT_EQ(sched(d, 300, t0 - 5000, "late"), 0); /* held in its callback */
     while (gate_state != 3)
@@ -609,18 +617,15 @@ static void garbage(void)
         snprintf(f, sizeof f, "p:%s", badv[i][0]);
         ASSERT(has_field(ns, 0, f));
     }
-    ASSERT(has_field(ns, 0, "d:novalue"));
-    ASSERT(has_field(ns, 0, "p:lease"));
-    ASSERT(has_field(ns, 0, "d:lease2"));
-    ASSERT(has_field(ns, 0, "k:s"));
-    ASSERT(has_field(ns, 0, "k:v"));
-    ASSERT(has_field(ns, 1, "k:p"));
-    ASSERT(has_field(ns, 1, "k:q"));
-    ASSERT(has_field(ns, 1, "d:k902"));
-    ASSERT(has_field(ns, 2, "k:d"));
-    ASSERT(has_field(ns, 2, "k:s"));
-    ASSERT(has_field(ns, 3, "k:v"));
-    ASSERT(has_field(ns, 3, "k:s"));
+    static const struct {
+        int shard;
+        const char *field;
+    } set_aside[] = {{0, "d:novalue"}, {0, "p:lease"}, {0, "d:lease2"},
+                     {0, "k:s"},       {0, "k:v"},     {1, "k:p"},
+                     {1, "k:q"},       {1, "d:k902"},  {2, "k:d"},
+                     {2, "k:s"},       {3, "k:v"},     {3, "k:s"}};
+    for (size_t i = 0; i < sizeof set_aside / sizeof set_aside[0]; i++)
+        ASSERT(has_field(ns, set_aside[i].shard, set_aside[i].field));
     long long total = 0;
     for (int s = 0; s < 4; s++) {
         redisReply *r = rawv(2, (const char *[]){"HLEN", skey(k, ns, s, 'q')});
@@ -805,14 +810,7 @@ static void stall(void)
  * checked again and found cancelled. */
 static void age_test(void)
 {
-    char ns[32];
-    snprintf(ns, sizeof ns, "age%d", (int)getpid());
-    tw_durable_config cfg = base_cfg(ns);
-    cfg.fire = gate_fire;
-    tw_durable *d;
-    reset_tab();
-    gate_state = 1;
-    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    tw_durable *d = open_gated("age");
     int64_t t0 = wall_ms();
     for (int i = 600; i < 606; i++) /* within the horizon: claimed now */
         ASSERT_EQ(sched(d, i, t0 + 200, "v"), 0);
