@@ -949,8 +949,13 @@ static bool begin_delivery(jstore *s, struct delivery *dl)
         tw__free(dl);
         return false;
     }
-    int64_t late_ms = wall(s) - dl->rec.due_ms;
-    uint64_t late_us = late_ms > 0 ? (uint64_t)late_ms * 1000u : 0;
+    int64_t late_ms; /* due_ms may be anywhere in int64: saturate */
+    if (__builtin_sub_overflow(wall(s), dl->rec.due_ms, &late_ms))
+        late_ms = INT64_MAX;
+    uint64_t late_us = late_ms > 0 && late_ms < INT64_MAX / 1000
+                           ? (uint64_t)late_ms * 1000u
+                       : late_ms > 0 ? UINT64_MAX
+                                     : 0;
     s->late_hist[tw__late_bucket(late_us)]++;
     return true;
 }

@@ -145,6 +145,10 @@ typedef struct tw_durable_stats {
     uint64_t backlog; /* due timers whose delivery has not started yet */
     uint64_t late_hist[TW_LATE_BUCKETS]; /* deliveries by how late they
                                             started after due_ms (wheel.h) */
+    /* Fields below were added after 0.2.0. */
+    uint64_t quarantined; /* Redis: entries set aside in the namespace's
+                             quarantine hashes (values that could not be
+                             read; docs/guide/redis.md); journal: 0 */
 } tw_durable_stats;
 
 /* One timer of tw_durable_schedule_many() (or one key of
