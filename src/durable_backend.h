@@ -81,7 +81,7 @@ struct tw_durable {
      * (TW_ESHUTDOWN) from then on, for every backend (src/durable.c). */
     atomic_bool closing;
     /* Opened with TW_DURABLE_READONLY: the public calls refuse every
-     * change (TW_EINVAL). */
+     * change (TW_EROFS). */
     bool readonly;
 };
 
