@@ -60,6 +60,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -1221,6 +1222,10 @@ static int j_list(tw_durable *d, const struct tw__list_req *q,
         }
     }
     pthread_mutex_unlock(&s->mu);
+    /* A loop of listings would take the lock again at once, before the
+     * store's thread (woken by the unlock, but not yet running) can:
+     * firing would wait behind page after page. Let it run first. */
+    sched_yield();
     return rc ? rc : (int)n;
 }
 

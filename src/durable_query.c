@@ -50,7 +50,10 @@ int tw_durable_list(tw_durable *d, int64_t from_ms, int64_t to_ms,
      * after its entry, unless @from_ms lies beyond it. */
     struct tw__list_req q = {
         .from = from_ms > 0 ? (uint64_t)from_ms : 0,
-        .to = to_ms > 0 ? (uint64_t)to_ms : 0,
+        /* INT64_MAX: no upper end, a due time of INT64_MAX included. */
+        .to = to_ms == INT64_MAX ? UINT64_MAX
+              : to_ms > 0        ? (uint64_t)to_ms
+                                 : 0,
         .max = max > INT_MAX ? (size_t)INT_MAX : max,
         .keybuf = keybuf,
         .keybuf_len = keybuf_len,

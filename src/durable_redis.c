@@ -2269,7 +2269,10 @@ static const char get_script[] =
 
 /* LIST KEYS: d p; ARGV: from key after to max. The shard's first max
  * timers with (due, key) after (from, key) (after = 1) or due >= from,
- * and due < to, in (due, key) order: {key, due, key, due, ...}. Waiting
+ * and due < to, in (due, key) order: {key, due, key, due, ...}, each
+ * due as text (a waiting key's score as Redis writes it, a claimed key's
+ * due time as its value holds it: a Lua number would not keep an int64
+ * exact, and Redis would turn one past 2^63 into garbage). Waiting
  * keys are :d's non-negative scores, which a sorted set orders by (score,
  * member bytes): the start is a rank, found by ZCOUNT and, among the
  * members at the cursor's own score, a binary search by rank (O(log^2 n)).
@@ -2309,10 +2312,11 @@ static const char list_script[] =
     " for j=i,math.min(i+99,#c) do part[#part+1]=c[j] end\n"
     " local v=redis.call('HMGET',KEYS[2],unpack(part))\n"
     " for j=1,#part do\n"
-    "  local d=v[j] and tonumber(string.match(v[j],'^(-?%d+),'))\n"
+    "  local t=v[j] and string.match(v[j],'^(-?%d+),')\n"
+    "  local d=t and tonumber(t)\n"
     "  if d then\n"
-    "   d=math.max(d,0)\n"
-    "   if d<to and past(d,part[j]) then cl[#cl+1]={d,part[j]} end\n"
+    "   if d<0 then d,t=0,'0' end\n"
+    "   if d<to and past(d,part[j]) then cl[#cl+1]={d,part[j],t} end\n"
     "  end\n"
     " end\n"
     "end\n"
@@ -2329,11 +2333,11 @@ static const char list_script[] =
     " if cd and (not wd or cd[1]<wd or (cd[1]==wd and lt(cd[2],w[2*i-1])))"
     " then\n"
     "  out[#out+1]=cd[2]\n"
-    "  out[#out+1]=cd[1]\n"
+    "  out[#out+1]=cd[3]\n"
     "  j=j+1\n"
     " else\n"
     "  out[#out+1]=w[2*i-1]\n"
-    "  out[#out+1]=wd\n"
+    "  out[#out+1]=w[2*i]\n"
     "  i=i+1\n"
     " end\n"
     "end\n"
@@ -2409,6 +2413,28 @@ static int lent_cmp(const void *a, const void *b)
     return x->key->len < y->key->len ? -1 : x->key->len > y->key->len;
 }
 
+/* A due time as LIST returns it: an integer, or a score in a double's
+ * text form; clamped to [0, INT64_MAX]. False if it is neither. */
+static bool list_due(const redisReply *u, uint64_t *due)
+{
+    if (u->type != REDIS_REPLY_STRING || !u->len || u->len > 40)
+        return false;
+    char b[48], *end;
+    memcpy(b, u->str, u->len);
+    b[u->len] = '\0';
+    double v = strtod(b, &end);
+    if (end != b + u->len || v != v)
+        return false;
+    long long i = strtoll(b, &end, 10);
+    if (end == b + u->len) /* an integer: exact */
+        *due = i < 0 ? 0 : (uint64_t)i;
+    else
+        *due = v <= 0                       ? 0
+               : v >= 9223372036854775807.0 ? INT64_MAX
+                                            : (uint64_t)v;
+    return true;
+}
+
 /* The entries of one shard's LIST reply into @e; how many, or -1 when the
  * reply is not a LIST reply. */
 static long list_reply(const redisReply *r, struct lent *e)
@@ -2416,12 +2442,12 @@ static long list_reply(const redisReply *r, struct lent *e)
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements % 2)
         return -1;
     for (size_t i = 0; i < r->elements; i += 2) {
-        const redisReply *k = r->element[i], *u = r->element[i + 1];
+        const redisReply *k = r->element[i];
+        uint64_t due;
         if (k->type != REDIS_REPLY_STRING || !k->len ||
-            k->len > TW_DURABLE_KEY_MAX || u->type != REDIS_REPLY_INTEGER ||
-            u->integer < 0)
+            k->len > TW_DURABLE_KEY_MAX || !list_due(r->element[i + 1], &due))
             return -1;
-        e[i / 2] = (struct lent){(uint64_t)u->integer, k};
+        e[i / 2] = (struct lent){due, k};
     }
     return (long)(r->elements / 2);
 }

@@ -1183,6 +1183,42 @@ static void test_readonly(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* Due times at the ends of int64 list in order with the rest, exactly
+ * below 2^53 (Redis orders larger ones to within a double's precision);
+ * INT64_MAX is in the range that ends at INT64_MAX. */
+static void test_list_extremes(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    const int64_t p53 = INT64_C(1) << 53;
+    ASSERT_EQ(sched(d, "x-max", INT64_MAX, ""), 0);
+    ASSERT_EQ(sched(d, "x-big", p53 + 1, ""), 0);
+    ASSERT_EQ(sched(d, "x-53", p53 - 1, ""), 0);
+    ASSERT_EQ(sched(d, "x-far", t0 + 100000, ""), 0);
+    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    tw_durable_entry e[8];
+    char kb[TW_DURABLE_KEY_MAX];
+    ASSERT_EQ(tw_durable_list(d, t0, INT64_MAX, &c, e, 8, kb, sizeof kb), 4);
+    ASSERT_EQ(c.done, 1);
+    static const char *const order[] = {"x-far", "x-53", "x-big", "x-max"};
+    for (int i = 0; i < 4; i++) {
+        ASSERT_EQ(e[i].key_len, strlen(order[i]));
+        ASSERT(!memcmp(e[i].key, order[i], e[i].key_len));
+    }
+    ASSERT_EQ(e[0].due_ms, t0 + 100000);
+    ASSERT_EQ(e[1].due_ms, p53 - 1);
+    ASSERT_GE(e[2].due_ms, p53);
+    ASSERT_EQ(e[3].due_ms, INT64_MAX);
+    /* A range that ends below INT64_MAX leaves it out. */
+    c = (tw_durable_cursor)TW_DURABLE_CURSOR_INIT;
+    ASSERT_EQ(tw_durable_list(d, t0, INT64_MAX - 1, &c, e, 8, kb, sizeof kb),
+              3);
+    tw_durable_info in;
+    ASSERT_EQ(get(d, "x-big", &in, NULL, 0), 0);
+    ASSERT_EQ(in.due_ms, p53 + 1); /* get is exact on both */
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 #define RUN(fn)                                                                \
     do {                                                                       \
         reset();                                                               \
@@ -1215,5 +1251,6 @@ int tw_sem_run(const tw_sem_backend *b)
     RUN(test_list_reopen);
     RUN(test_metrics);
     RUN(test_readonly);
+    RUN(test_list_extremes);
     return tw_test_done();
 }

@@ -368,7 +368,8 @@ typedef struct tw_durable_entry {
 
 /*
  * tw_durable_list - the next timers the store holds with a due time in
- * [@from_ms, @to_ms), in order of (due time, key bytes), after *@cur.
+ * [@from_ms, @to_ms), in order of (due time, key bytes), after *@cur
+ * (@to_ms INT64_MAX: no upper end; a due time of INT64_MAX is listed).
  * @cur: where the previous call stopped (TW_DURABLE_CURSOR_INIT to start);
  * advanced past the entries returned, and cur->done set when the range has
  * no more. @out: room for @max entries; their keys are copied into @keybuf
