@@ -257,7 +257,7 @@ if has durable; then
   } | grep '^system=' | tee "$out/durable.txt"
   stop_all_redis
   rm -rf "$dwork"
-  awk -f bench/report/durable_csv.awk "$out/durable.txt" >>"$csv"
+  awk -f bench/report/rounds_csv.awk "$out/durable.txt" >>"$csv"
 fi
 
 # 3c. The Redis backend against the sorted-set poller most Redis delay
@@ -280,7 +280,7 @@ if has redis; then
       done
     } | tee "$out/redis.txt"
     stop_all_redis
-    awk -f bench/report/redis_csv.awk "$out/redis.txt" >>"$csv"
+    awk -f bench/report/rounds_csv.awk "$out/redis.txt" >>"$csv"
   else
     echo "redis: skipped (bench_redis needs hiredis; scripts/deps.sh bench" \
       "installs libhiredis-dev)" | tee "$out/redis.txt"

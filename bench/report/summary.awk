@@ -16,7 +16,8 @@ NR == 1 { next }
     if ($2 ~ /^dur_/) { dur_w[$2] = 1; dur_n[$2] = $1 }
     if ($2 ~ /^redis_/) redis_n = $1
 }
-function m(n, w, e) { return med[n, w, e] + 0 }
+# (Every read checks membership first: reading med[k] would create k.)
+function m(n, w, e) { return ((n, w, e) in med) ? med[n, w, e] + 0 : 0 }
 function ratio(a, b) { return b > 0 ? a / b : 0 }
 function higher_better(u) { return u ~ /\/s$/ }
 # The median of workload w, engine e, whatever its n (service, durable and
@@ -33,6 +34,14 @@ function spread(w, e,   k, f) {
         split(k, f, SUBSEP)
         if (f[2] == w && f[3] == e)
             return reps[k] > 1 ? sprintf("%g..%g, %d runs", lo[k], hi[k], reps[k]) : "1 run"
+    }
+    return "-"
+}
+# Workload w, engine e as "median [min..max]" in format fmt; "-" if absent.
+function cell(w, e, fmt,   k, f) {
+    for (k in med) {
+        split(k, f, SUBSEP)
+        if (f[2] == w && f[3] == e) return sprintf(fmt, med[k], lo[k], hi[k])
     }
     return "-"
 }
@@ -60,13 +69,16 @@ function rtarget(what, w, a, b, op, need,   x, y, have) {
             spread(w, b)
 }
 # One "slower" line when twheel engine t is behind peer p on row (n, w).
-function slower_row(n, w, t, p,   a, b, u, worse) {
+# (The spreads overlap when neither side's runs all beat the other's.)
+function slower_row(n, w, t, p,   a, b, u, worse, ov) {
+    if (!((n, w, t) in med) || !((n, w, p) in med)) return
     a = med[n, w, t]; b = med[n, w, p]; u = unit[n, w, t]
-    if (a == "" || b == "" || a + 0 <= 0 || b + 0 <= 0) return
+    if (a + 0 <= 0 || b + 0 <= 0) return
     worse = higher_better(u) ? a + 0 < b + 0 : a + 0 > b + 0
     if (!worse) return
-    printf "%-9s %-18s %-20s %10.2f  %-16s %10.2f %-8s %.2fx\n", n, w, t, a, p,
-        b, u, higher_better(u) ? b / a : a / b
+    ov = hi[n, w, t] + 0 >= lo[n, w, p] + 0 && hi[n, w, p] + 0 >= lo[n, w, t] + 0
+    printf "%-9s %-18s %-20s %10.2f  %-16s %10.2f %-8s %.2fx%s\n", n, w, t, a, p,
+        b, u, higher_better(u) ? b / a : a / b, ov ? "  (spreads overlap)" : ""
     slower++
 }
 END {
@@ -194,36 +206,17 @@ END {
         w = "dur_sched_" dps[i]
         if (!(w in dur_w)) continue
         printf "%-14s", dps[i]
-        for (j = 1; j <= 4; j++) {
-            v = "-"
-            for (k in med) {
-                split(k, f, SUBSEP)
-                if (f[2] == w && f[3] == de[j])
-                    v = sprintf("%d [%d..%d]", med[k], lo[k], hi[k])
-            }
-            printf " %22s", v
-        }
+        for (j = 1; j <= 4; j++) printf " %22s", cell(w, de[j], "%d [%d..%d]")
         printf "\n"
     }
     printf "(SYNC_GROUP and Redis always: every acknowledged call on stable storage; SYNC_INTERVAL and Redis everysec: written, synced within 1 s)\n"
 
     printf "\n== Redis backend against the sorted-set poller (median [min..max] of its runs)\n"
     printf "%-34s %24s %24s\n", "metric", "twheel-redis", "poller-100ms"
-    split("redis_cpu:Redis CPU ms per 1000 timers redis_p99:p99 lateness (ms)", rl, " ")
-    for (i = 1; i <= 2; i++) {
-        w = i == 1 ? "redis_cpu" : "redis_p99"
-        lab = i == 1 ? "Redis CPU ms per 1000 fired timers" : "p99 lateness, ms"
-        printf "%-34s", lab
-        split("twheel-redis poller-100ms", re, " ")
-        for (j = 1; j <= 2; j++) {
-            v = "-"
-            for (k in med) {
-                split(k, f, SUBSEP)
-                if (f[2] == w && f[3] == re[j])
-                    v = sprintf("%.2f [%.2f..%.2f]", med[k], lo[k], hi[k])
-            }
-            printf " %24s", v
-        }
-        printf "\n"
-    }
+    printf "%-34s %24s %24s\n", "Redis CPU ms per 1000 fired timers",
+        cell("redis_cpu", "twheel-redis", "%.2f [%.2f..%.2f]"),
+        cell("redis_cpu", "poller-100ms", "%.2f [%.2f..%.2f]")
+    printf "%-34s %24s %24s\n", "p99 lateness, ms",
+        cell("redis_p99", "twheel-redis", "%.2f [%.2f..%.2f]"),
+        cell("redis_p99", "poller-100ms", "%.2f [%.2f..%.2f]")
 }
