@@ -77,9 +77,11 @@ function slower_row(n, w, t, p,   a, b, u, worse, ov) {
     worse = higher_better(u) ? a + 0 < b + 0 : a + 0 > b + 0
     if (!worse) return
     ov = hi[n, w, t] + 0 >= lo[n, w, p] + 0 && hi[n, w, p] + 0 >= lo[n, w, t] + 0
-    printf "%-9s %-18s %-20s %10.2f  %-16s %10.2f %-8s %.2fx%s\n", n, w, t, a, p,
-        b, u, higher_better(u) ? b / a : a / b, ov ? "  (spreads overlap)" : ""
-    slower++
+    # Kept to be printed in order: round (core, service, durable, Redis),
+    # then size, row and engines.
+    srt[++slower] = sprintf("%d %012d %s %s %s", w ~ /^svc_/ ? 2 : w ~ /^dur_/ ? 3 : w ~ /^redis_/ ? 4 : 1, n, w, t, p)
+    line[slower] = sprintf("%-9s %-18s %-20s %10.2f  %-16s %10.2f %-8s %.2fx%s", n, w, t, a, p,
+        b, u, higher_better(u) ? b / a : a / b, ov ? "  (spreads overlap)" : "")
 }
 END {
     big = 1000000
@@ -159,6 +161,12 @@ END {
             slower_row(n, w, "twheel", e)
         }
     }
+    for (i = 2; i <= slower; i++)
+        for (j = i; j > 1 && srt[j - 1] > srt[j]; j--) {
+            t = srt[j]; srt[j] = srt[j - 1]; srt[j - 1] = t
+            t = line[j]; line[j] = line[j - 1]; line[j - 1] = t
+        }
+    for (i = 1; i <= slower; i++) print line[i]
     if (!slower) printf "none\n"
 
     printf "\n== Memory (bytes per pending timer or task; target <= 48)\n"
