@@ -526,7 +526,11 @@ const char *tw_version_string(void)
     X(TW_ENOENT, "no such key")                                                \
     X(TW_EIO, "I/O error or corrupt data")                                     \
     X(TW_ENOSPC, "no space left on device")                                    \
-    X(TW_ECONN, "remote store unreachable")
+    X(TW_ECONN, "remote store unreachable")                                    \
+    /* The durable store's file system errors. */                              \
+    X(TW_EACCES, "permission denied")                                          \
+    X(TW_EROFS, "read-only file system")                                       \
+    X(TW_ENOTDIR, "not a directory")
 #define TW_ERROR_MESSAGE(code, msg)                                            \
     case code:                                                                 \
         return msg;
