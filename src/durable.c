@@ -1724,7 +1724,8 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
         tw__free(nos);
         return rc;
     }
-    presize_table(s, nos + i, cnt - i);
+    if (i < cnt) /* (nos is NULL when there is no segment) */
+        presize_table(s, nos + i, cnt - i);
     struct seg_file f = {.fd = -1};
     for (size_t i0 = i; i < cnt && rc == 0; i++) {
         f.no = nos[i];
