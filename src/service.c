@@ -1670,10 +1670,15 @@ int tw_service_stop(tw_service *s, tw_unprocessed_fn fn, void *ctx)
     return h.handed > INT_MAX ? INT_MAX : (int)h.handed;
 }
 
-void tw_service_destroy(tw_service *s)
+int tw_service_destroy(tw_service *s)
 {
     if (s == NULL)
-        return;
+        return 0;
+    /* From a task, the timer thread (a caller-supplied executor's callback)
+     * or stop's callback: stop would wait for this very thread and the
+     * frees below would pull the service from under it. */
+    if (tw_cur.s == s)
+        return TW_EDEADLK;
     tw_service_stop(s, NULL, NULL);
     reg_remove(s);
     for (uint32_t k = 0; k < atomic_load(&s->prods.n) && k < MAX_PRODS; k++)
@@ -1683,6 +1688,7 @@ void tw_service_destroy(tw_service *s)
     tw__exec_destroy(&s->exec);
     tw_wheel_destroy(s->timer.wheel);
     tw__free(s);
+    return 0;
 }
 
 int tw_service_get_stats_sized(const tw_service *s, tw_service_stats *out,
