@@ -45,6 +45,7 @@ void (*tw__service_xpop_hook)(tw_service *s, tw_id id);
 void (*tw__service_xdrop_hook)(tw_service *s, tw_id id);
 void (*tw__service_accepted_hook)(tw_service *s, tw_id id);
 void (*tw__service_reserved_hook)(tw_service *s);
+void (*tw__service_pushed_hook)(tw_service *s);
 void (*tw__service_drained_hook)(tw_service *s);
 void (*tw__service_sum_hook)(tw_service *s);
 void (*tw__service_lazy_hook)(tw_service *s, tw_id id, uint64_t now);
@@ -623,15 +624,59 @@ static void mag_put(struct prod *p, const struct reserved *v)
 }
 
 /*
+ * Stop has begun after schedule_fast() pushed node @v->n on producer @p's
+ * stack: take the node back if it is still there. Only @p's owner pushes
+ * on that stack, so its top is this call's node unless somebody took the
+ * stack whole (stop, or the timer thread before it quit); that somebody
+ * then arms it or hands it back, and the call has succeeded. Returns
+ * TW_ESHUTDOWN (the node back in the magazine, the count dropped) or 0.
+ * Context: @p's owner.
+ */
+static __attribute__((noinline)) int
+schedule_undo(tw_service *s, struct prod *p, const struct reserved *v)
+{
+    struct node *top = atomic_exchange(&p->subq, NULL);
+    if (top == NULL)
+        return 0;
+    struct node *rest = node_of_timer(top->t.tw__next);
+    if (rest != NULL) { /* older calls' nodes: back for stop to take */
+        struct node *tail = rest;
+        while (tail->t.tw__next != NULL)
+            tail = node_of_timer(tail->t.tw__next);
+        struct node *h = atomic_load(&p->subq);
+        do {
+            tail->t.tw__next = h != NULL ? &h->t : NULL;
+        } while (!atomic_compare_exchange_weak(&p->subq, &h, rest));
+    }
+    uint64_t st = atomic_load(&v->n->state);
+    do {
+        if (st & ST_CANCELLED) {
+            /* A cancel with the id (not returned yet, but an id can be
+             * guessed) won and released the slot. */
+            node_free(&s->pool, v->n);
+            atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
+            return 0;
+        }
+    } while (!atomic_compare_exchange_weak(&v->n->state, &st, v->st));
+    prod_drop(p);
+    mag_put(p, v);
+    return TW_ESHUTDOWN;
+}
+
+/*
  * tw_schedule() of an exact one-shot task by producer @p: its function
- * from @p's last one or the table (a new one takes its entry once the
- * call can no longer fail otherwise), a node from its magazine, a slot in
- * its own count, its own stack. Returns 0, TW_ESHUTDOWN, TW_EAGAIN (the
- * table filled up meanwhile), or 1 if the shared path must do the call.
+ * from @p's last one or the table, a node from its magazine, a slot in its
+ * own count, its own stack. Returns 0, TW_ESHUTDOWN, TW_EAGAIN (the table
+ * filled up meanwhile), or 1 if the shared path must do the call.
  *
- * The count goes up before the stop check, both seq_cst, and stop sets
- * STOPPED_BIT before it sums the counts: either stop sees our slot and
- * waits for the push (and hands the task back), or we see the bit.
+ * One atomic read-modify-write: the push. The count goes up (a plain
+ * store: only @p's owner writes it) before the push, and the stop check
+ * (seq_cst) comes after it. Stop sets STOPPED_BIT (seq_cst) before it
+ * takes the stacks (seq_cst exchanges) and sums the counts. If the check
+ * does not see the bit, stop's exchange of this stack comes after the push
+ * and takes the node, and with it (release, acquire) the count. If it
+ * does, the node may be on the stack after stop took it for the last
+ * time: schedule_undo() takes it back.
  */
 static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
                                 void *arg, uint64_t delay, tw_id *id)
@@ -645,24 +690,28 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
         return 1; /* table full: the shared path says so */
     if (!mag_take(s, p, &v))
         return 1;
-    atomic_fetch_add(&p->added, 1);
-    TEST_HOOK(tw__service_reserved_hook, s);
-    if (atomic_load(&s->submit.pending) & STOPPED_BIT)
-        rc = TW_ESHUTDOWN;
-    else if (rc == 1) /* a new function: its entry only now */
-        rc = tw__fn_index(&s->pool, fn, &v.fidx);
-    if (rc != 0) {
-        prod_drop(p);
-        mag_put(p, &v);
+    if (rc == 1 && (rc = tw__fn_index(&s->pool, fn, &v.fidx)) != 0) {
+        mag_put(p, &v); /* the table filled up meanwhile */
         return rc;
     }
     if (fn != p->last_fn) {
         p->last_fn = fn;
         p->last_fidx = v.fidx;
     }
+    atomic_store_explicit(
+        &p->added, atomic_load_explicit(&p->added, memory_order_relaxed) + 1,
+        memory_order_relaxed);
+    TEST_HOOK(tw__service_reserved_hook, s);
     if (s->cfg.lazy) {
         struct sched r = {fn, arg, delay, 0, 0, KIND_ONCE, 0, NULL};
-        sched_publish(s, &r, &v, &p->subq, id);
+        tw_id made;
+        sched_publish(s, &r, &v, &p->subq, &made);
+        TEST_HOOK(tw__service_pushed_hook, s);
+        if ((atomic_load(&s->submit.pending) & STOPPED_BIT) &&
+            (rc = schedule_undo(s, p, &v)) != 0)
+            return rc;
+        if (id != NULL)
+            *id = made;
         return 0;
     }
     /* sched_publish() for an exact one-shot deadline, written out: through
@@ -674,10 +723,15 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
     n->t.tw__expires = tick;
     uint64_t st = (v.st & ~UINT64_C(0xffffffff)) |
                   ((uint64_t)v.fidx << ST_PAY_SHIFT) | LOC_QUEUED;
-    if (id != NULL)
-        *id = make_id(st, v.idx);
     atomic_store_explicit(&n->state, st, memory_order_release);
     stack_push(&p->subq, n);
+    TEST_HOOK(tw__service_pushed_hook, s);
+    /* A failed call does not write *@id. */
+    if ((atomic_load(&s->submit.pending) & STOPPED_BIT) &&
+        (rc = schedule_undo(s, p, &v)) != 0)
+        return rc;
+    if (id != NULL)
+        *id = make_id(st, v.idx);
     wake_for_tick(s, tick);
     return 0;
 }
