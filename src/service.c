@@ -365,12 +365,19 @@ static __attribute__((noinline)) struct prod *prod_claim(tw_service *s)
     return p;
 }
 
-static inline struct prod *prod_get(tw_service *s)
+/* This thread's producer for @s if it has one cached, else NULL. */
+static inline struct prod *prod_cached(tw_service *s)
 {
     for (unsigned i = 0; i < PROD_CACHE; i++)
         if (prod_cache[i].s == s && prod_cache[i].serial == s->prods.serial)
             return prod_cache[i].p;
-    return prod_claim(s);
+    return NULL;
+}
+
+static inline struct prod *prod_get(tw_service *s)
+{
+    struct prod *p = prod_cached(s);
+    return p != NULL ? p : prod_claim(s);
 }
 
 static void trampoline(tw_timer *t, void *arg);
@@ -629,11 +636,14 @@ static void mag_put(struct prod *p, const struct reserved *v)
  * on that stack, so its top is this call's node unless somebody took the
  * stack whole (stop, or the timer thread before it quit); that somebody
  * then arms it or hands it back, and the call has succeeded. Returns
- * TW_ESHUTDOWN (the node back in the magazine, the count dropped) or 0.
+ * TW_ESHUTDOWN (the node back in the magazine, the count dropped, *@id
+ * back to @was) or 0.
  * Context: @p's owner.
  */
-static __attribute__((noinline)) int
-schedule_undo(tw_service *s, struct prod *p, const struct reserved *v)
+static __attribute__((noinline)) int schedule_undo(tw_service *s,
+                                                   struct prod *p,
+                                                   const struct reserved *v,
+                                                   tw_id *id, tw_id was)
 {
     struct node *top = atomic_exchange(&p->subq, NULL);
     if (top == NULL)
@@ -660,6 +670,8 @@ schedule_undo(tw_service *s, struct prod *p, const struct reserved *v)
     } while (!atomic_compare_exchange_weak(&v->n->state, &st, v->st));
     prod_drop(p);
     mag_put(p, v);
+    if (id != NULL)
+        *id = was; /* a failed call leaves *@id as it was */
     return TW_ESHUTDOWN;
 }
 
@@ -704,14 +716,11 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
     TEST_HOOK(tw__service_reserved_hook, s);
     if (s->cfg.lazy) {
         struct sched r = {fn, arg, delay, 0, 0, KIND_ONCE, 0, NULL};
-        tw_id made;
-        sched_publish(s, &r, &v, &p->subq, &made);
+        tw_id was = id != NULL ? *id : 0;
+        sched_publish(s, &r, &v, &p->subq, id);
         TEST_HOOK(tw__service_pushed_hook, s);
-        if ((atomic_load(&s->submit.pending) & STOPPED_BIT) &&
-            (rc = schedule_undo(s, p, &v)) != 0)
-            return rc;
-        if (id != NULL)
-            *id = made;
+        if (atomic_load(&s->submit.pending) & STOPPED_BIT)
+            return schedule_undo(s, p, &v, id, was);
         return 0;
     }
     /* sched_publish() for an exact one-shot deadline, written out: through
@@ -723,15 +732,17 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
     n->t.tw__expires = tick;
     uint64_t st = (v.st & ~UINT64_C(0xffffffff)) |
                   ((uint64_t)v.fidx << ST_PAY_SHIFT) | LOC_QUEUED;
+    /* *@id before the push: the task may run at once and read it. */
+    tw_id was = 0;
+    if (id != NULL) {
+        was = *id;
+        *id = make_id(st, v.idx);
+    }
     atomic_store_explicit(&n->state, st, memory_order_release);
     stack_push(&p->subq, n);
     TEST_HOOK(tw__service_pushed_hook, s);
-    /* A failed call does not write *@id. */
-    if ((atomic_load(&s->submit.pending) & STOPPED_BIT) &&
-        (rc = schedule_undo(s, p, &v)) != 0)
-        return rc;
-    if (id != NULL)
-        *id = make_id(st, v.idx);
+    if (atomic_load(&s->submit.pending) & STOPPED_BIT)
+        return schedule_undo(s, p, &v, id, was);
     wake_for_tick(s, tick);
     return 0;
 }
@@ -1298,6 +1309,29 @@ __attribute__((noinline)) static void drop_queued(tw_service *s, struct node *n,
     atomic_fetch_sub(&s->busy, 1);
 }
 
+/* What a cancel does once it has won on node @n of task @id, which was at
+ * @loc: release the pending slot (@drop), mark the node for the timer
+ * thread, wake it. Out of line, so that cancel_id() keeps no stack frame
+ * in its common case. */
+static __attribute__((noinline)) bool
+cancel_won(tw_service *s, struct node *n, tw_id id, unsigned loc, bool drop)
+{
+    if (drop) {
+        struct prod *p = prod_get(s);
+        if (p != NULL)
+            prod_drop(p);
+        else
+            pending_drop(s);
+    }
+    if (loc == LOC_ARMED)
+        cancel_mark(&s->pool, n, (uint32_t)id - 1);
+    if (loc == LOC_ARMED || loc == LOC_QUEUED)
+        wake_for_cancel(s);
+    if (loc == LOC_DISPATCHED && s->cfg.nexec != 0)
+        drop_queued(s, n, id);
+    return true;
+}
+
 /* Cancel task @id; true if this call did. @drop: release its pending slot
  * (false: a replacing schedule call takes it over). */
 static bool cancel_id(tw_service *s, tw_id id, bool drop)
@@ -1314,20 +1348,19 @@ static bool cancel_id(tw_service *s, tw_id id, bool drop)
         if (loc == LOC_FREE || (loc == LOC_RUNNING && !(st & ST_PERIODIC)))
             return false;
     } while (!atomic_compare_exchange_weak(&n->state, &st, st | ST_CANCELLED));
-    if (drop) {
-        struct prod *p = prod_get(s);
-        if (p != NULL)
+    /* The common case without a call: a task the timer thread has not
+     * taken yet, cancelled by a thread with a producer, while the timer
+     * thread does not sleep long (wake_for_cancel() would do nothing). */
+    if (loc == LOC_QUEUED && drop) {
+        struct prod *p = prod_cached(s);
+        if (p != NULL) {
             prod_drop(p);
-        else
-            pending_drop(s);
+            if (!atomic_load(&s->timer.sleep_long))
+                return true;
+            return cancel_won(s, n, id, loc, false);
+        }
     }
-    if (loc == LOC_ARMED)
-        cancel_mark(&s->pool, n, (uint32_t)id - 1);
-    if (loc == LOC_ARMED || loc == LOC_QUEUED)
-        wake_for_cancel(s);
-    if (loc == LOC_DISPATCHED && s->cfg.nexec != 0)
-        drop_queued(s, n, id);
-    return true;
+    return cancel_won(s, n, id, loc, drop);
 }
 
 bool tw_cancel(tw_service *s, tw_id id)
