@@ -1420,7 +1420,8 @@ static uint64_t prods_sum(tw_service *m, bool dropped)
  * read too, and a reservation still held when the releases are read is
  * counted. The sum is thus never below the reservations held throughout
  * the call, and never wraps: 0 only when nothing is pending. Stop's side
- * of the handshake in schedule_fast() is its read of the added counts.
+ * of the handshake in schedule_fast() is its exchange of each producer's
+ * stack, after which it reads the added counts.
  * With max_pending, only the shared count moves, down as well. */
 uint64_t tw_service_pending(const tw_service *s)
 {
