@@ -541,6 +541,15 @@ unsigned tw_version(void)
     return TW_VERSION_HEX;
 }
 
+#define TW_STR_(x) #x
+#define TW_STR(x) TW_STR_(x)
+
+const char *tw_version_string(void)
+{
+    return TW_STR(TW_VERSION_MAJOR) "." TW_STR(TW_VERSION_MINOR) "." TW_STR(
+        TW_VERSION_PATCH);
+}
+
 /* One row per TW_E* code: its name and a message true for every use. */
 #define TW_ERRORS(X)                                                           \
     X(TW_EINVAL, "invalid argument")                                           \
@@ -553,7 +562,11 @@ unsigned tw_version(void)
     X(TW_ENOENT, "no such key")                                                \
     X(TW_EIO, "I/O error or corrupt data")                                     \
     X(TW_ENOSPC, "no space left on device")                                    \
-    X(TW_ECONN, "remote store unreachable")
+    X(TW_ECONN, "remote store unreachable")                                    \
+    /* The durable store's file system errors. */                              \
+    X(TW_EACCES, "permission denied")                                          \
+    X(TW_EROFS, "read-only file system")                                       \
+    X(TW_ENOTDIR, "not a directory")
 #define TW_ERROR_MESSAGE(code, msg)                                            \
     case code:                                                                 \
         return msg;
