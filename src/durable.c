@@ -1865,7 +1865,15 @@ static int first_segment(jstore *s, const tw_durable_config *cfg,
     }
     *first = i;
     bool gone = i < cnt ? nos[i] > oldest : manifest;
-    if (gone && !repair && (manifest || seg_version(s, nos[i]) != 1)) {
+    if (gone && repair) {
+        /* What is there is the journal from now on. */
+        if (i < cnt)
+            return tw__jr_manifest_write(s->dirfd, nos[i]);
+        if (unlinkat(s->dirfd, "MANIFEST", 0) != 0 && errno != ENOENT)
+            return TW_EIO;
+        return 0;
+    }
+    if (gone && (manifest || seg_version(s, nos[i]) != 1)) {
         errmsg(cfg,
                "%s/%010u.twj is missing: the journal begins at segment "
                "%u%s",
@@ -1889,7 +1897,8 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
         tw__free(nos);
         return rc;
     }
-    presize_table(s, nos + i, cnt - i);
+    if (i < cnt) /* (nos is NULL when there is no segment) */
+        presize_table(s, nos + i, cnt - i);
     struct seg_file f = {.fd = -1};
     for (size_t i0 = i; i < cnt && rc == 0; i++) {
         f.no = nos[i];

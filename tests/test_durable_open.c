@@ -163,11 +163,16 @@ static void test_oldest_segment_deleted(void)
     tw_durable_config c = df_cfg(dir, fire_none);
     c.segment_bytes = 4096;
     open_fails(c, TW_EIO, "0000000001.twj is missing");
-    /* Repair opens what is there. */
+    /* Repair opens what is there, which is the journal from then on. */
     c.flags = TW_DURABLE_REPAIR;
     tw_durable *d = df_open(&c);
-    ASSERT_LT(df_pending(d), 40);
-    ASSERT_GT(df_pending(d), 0);
+    uint64_t left = df_pending(d);
+    ASSERT_LT(left, 40);
+    ASSERT_GT(left, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    c.flags = 0;
+    d = df_open(&c);
+    ASSERT_EQ(df_pending(d), left);
     ASSERT_EQ(tw_durable_close(d), 0);
     df_rm_dir(dir);
 }
@@ -204,8 +209,10 @@ static void test_oldest_after_compaction(void)
     ASSERT_EQ(tw_durable_close(d), 0);
     ASSERT(access(in_dir(dir, old), F_OK) != 0);
     /* A damaged manifest. */
-    unsigned char *m;
+    unsigned char *m, m0[16];
     size_t mn = df_read_file(in_dir(dir, "MANIFEST"), &m);
+    ASSERT_EQ(mn, sizeof m0);
+    memcpy(m0, m, sizeof m0);
     m[9] ^= 1;
     df_write_file(in_dir(dir, "MANIFEST"), m, mn);
     open_fails(c, TW_EIO, "MANIFEST: damaged");
@@ -217,6 +224,20 @@ static void test_oldest_after_compaction(void)
     char want[64];
     snprintf(want, sizeof want, "%s is missing", name);
     open_fails(c, TW_EIO, want);
+    /* Every segment deleted: still refused; repair starts afresh, and
+     * the new segment 1 is not taken for a leftover. */
+    df_rm_dir(dir);
+    ASSERT_EQ(mkdir(dir, 0700), 0);
+    df_write_file(in_dir(dir, "MANIFEST"), m0, sizeof m0);
+    open_fails(c, TW_EIO, "no segment is left");
+    c.flags = TW_DURABLE_REPAIR;
+    d = df_open(&c);
+    ASSERT_EQ(tw_durable_schedule(d, "n", 1, INT64_MAX / 2, "", 0), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    c.flags = 0;
+    d = df_open(&c);
+    ASSERT_EQ(df_pending(d), 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
     df_rm_dir(dir);
 }
 
