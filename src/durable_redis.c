@@ -1329,8 +1329,11 @@ static void fire_one(struct rd *d, struct rtimer *r)
     pthread_mutex_lock(&d->mu);
     r->fired = true;
     d->callbacks++;
-    d->late_hist[tw__late_bucket(late > 0 ? (uint64_t)late : 0)]++;
-    d->late_sum_us += late > 0 ? (uint64_t)late : 0;
+    uint64_t late_us = late > 0 ? (uint64_t)late : 0;
+    d->late_sum_us = late_us > UINT64_MAX - d->late_sum_us
+                         ? UINT64_MAX
+                         : d->late_sum_us + late_us;
+    d->late_hist[tw__late_bucket(late_us)]++;
     pthread_mutex_unlock(&d->mu);
     int res = tw__durable_fire(&d->base, d->fire, &t, d->fire_arg);
     pthread_mutex_lock(&d->mu);

@@ -45,7 +45,7 @@ if [ "$mode" = redis ]; then
   "$store" redis "$addr" "$ns" 30
   r=(--url "$addr" --ns "$ns" --shards 8)
   expect_rc 0 "$tw" redis ls "${r[@]}"
-  [ "$(wc -l <"$tmp/out")" = 31 ] || fail "redis ls: $(wc -l <"$tmp/out") lines"
+  [ "$(wc -l <"$tmp/out")" = 32 ] || fail "redis ls: $(wc -l <"$tmp/out") lines"
   head -1 "$tmp/out" | grep -q ' t000$' || fail "redis ls order"
   grep -q 'bin\\x01\\xff$' "$tmp/out" || fail "redis ls: binary key"
   expect_rc 0 "$tw" redis ls "${r[@]}" --json --limit 7
@@ -58,14 +58,14 @@ d=json.load(open(sys.argv[1]))["after"]; print("%d,%s" % (d["due_ms"], d["key"])
   grep -q 'payload:  2 bytes: p5' "$tmp/out" || fail "redis get"
   expect_rc 1 "$tw" redis get "${r[@]}" nosuch
   expect_rc 0 "$tw" redis stats "${r[@]}" --json
-  $py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["pending"]==31, d' "$tmp/out"
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["pending"]==32, d' "$tmp/out"
   expect_rc 0 "$tw" redis check "${r[@]}"
-  grep -q '31 pending timers' "$tmp/out" || fail "redis check"
+  grep -q '32 pending timers' "$tmp/out" || fail "redis check"
   expect_rc 2 "$tw" redis repair "${r[@]}"
   # Read-only: nothing was claimed or changed by any of it.
   expect_rc 0 "$tw" redis ls "${r[@]}" --json
   $py -c 'import json,sys; d=json.load(open(sys.argv[1]))
-assert d["count"]==31 and all(t["state"]=="waiting" for t in d["timers"]), d' "$tmp/out"
+assert d["count"]==32 and all(t["state"]=="waiting" for t in d["timers"]), d' "$tmp/out"
   step "redis: ls, get, stats, check; repair refused"
   exit 0
 fi
