@@ -1918,7 +1918,7 @@ static int rd_load_scripts(struct rd *d)
         int rc = tw__rc_exec(d->rc, &cmd, 1);
         if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_STRING ||
                     cmd.reply->len != 40))
-            rc = TW_EIO;
+            rc = tw__rc_cmd_error(d->rc, &cmd, "SCRIPT LOAD");
         if (!rc)
             memcpy(d->sha[i], cmd.reply->str, 41);
         free_replies(&cmd, 1);
@@ -1947,18 +1947,38 @@ static int rd_start(struct rd *d)
 int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
 {
     const char *ns = cfg->redis_namespace ? cfg->redis_namespace : "tw";
-    if (!*ns || strlen(ns) > 64 || strchr(ns, '{') || strchr(ns, '}'))
+    if (!*ns || strlen(ns) > 64 || strchr(ns, '{') || strchr(ns, '}')) {
+        if (cfg->errbuf && cfg->errbuf_len)
+            snprintf(cfg->errbuf, cfg->errbuf_len,
+                     "redis_namespace: 1 to 64 bytes without '{' or '}'");
         return TW_EINVAL;
+    }
     struct rd *d = rd_new(cfg);
     if (!d)
         return TW_ENOMEM;
     int rc = rd_keys(d, ns);
     if (!rc && tw_wheel_create(&d->wheel, NULL, rd_mono_ms(d)))
         rc = TW_ENOMEM;
-    if (!rc)
-        rc = tw__rc_open(&d->rc, cfg->redis);
-    if (!rc)
+    if (!rc) {
+        tw__rc_opts o = {cfg->redis,
+                         cfg->redis_user,
+                         cfg->redis_password,
+                         cfg->redis_sentinel_user,
+                         cfg->redis_sentinel_password,
+                         cfg->redis_tls_ca_file,
+                         cfg->redis_tls_ca_dir,
+                         cfg->redis_tls_cert_file,
+                         cfg->redis_tls_key_file,
+                         cfg->redis_tls_server_name,
+                         cfg->errbuf,
+                         cfg->errbuf_len};
+        rc = tw__rc_open(&d->rc, &o);
+    }
+    if (!rc) {
         rc = rd_load_scripts(d);
+        if (rc)
+            tw__rc_last_error(d->rc, cfg->errbuf, cfg->errbuf_len);
+    }
     if (!rc)
         rc = rd_start(d);
     if (rc) {

@@ -517,7 +517,11 @@ unsigned tw_version(void)
     X(TW_ENOENT, "no such key")                                                \
     X(TW_EIO, "I/O error or corrupt data")                                     \
     X(TW_ENOSPC, "no space left on device")                                    \
-    X(TW_ECONN, "remote store unreachable")
+    X(TW_ECONN, "remote store unreachable")                                    \
+    TW_ERRORS_REMOTE(X)
+/* Remote stores' own codes. */
+#define TW_ERRORS_REMOTE(X)                                                    \
+    X(TW_EAUTH, "remote store refused the credentials or their rights")
 #define TW_ERROR_MESSAGE(code, msg)                                            \
     case code:                                                                 \
         return msg;

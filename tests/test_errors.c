@@ -23,6 +23,8 @@ static const struct {
     {TW_EIO, EIO, "TW_EIO"},
     {TW_ENOSPC, ENOSPC, "TW_ENOSPC"},
     {TW_ECONN, ENOTCONN, "TW_ECONN"},
+    /* Remote stores. */
+    {TW_EAUTH, EKEYREJECTED, "TW_EAUTH"},
 };
 #define NCODES (sizeof(codes) / sizeof(codes[0]))
 
