@@ -91,6 +91,7 @@
 #define RC_HOST_MAX 256 /* host name, IP address or socket path, with NUL */
 #define RC_MAX_SENTINELS 16
 #define RC_ERR_MAX 320
+#define RC_SENTINEL_CHECK_MS 1000
 
 /* One open connection: a socket, its TLS session if any, and a reader. */
 struct rc_conn {
@@ -121,7 +122,8 @@ struct rc_node {
     uint32_t backoff_ms;
     bool failed; /* the connection broke or could not be made */
     int err;     /* the code of the last failure (TW_ECONN, TW_EAUTH...) */
-    char *obuf;  /* the flusher's output buffer */
+    uint64_t checked_ns; /* Sentinel: when the sentinels last confirmed it */
+    char *obuf;          /* the flusher's output buffer */
     size_t ocap;
 };
 
@@ -713,6 +715,19 @@ static bool conn_up(tw__rc *c, struct rc_node *n)
     bool stale = n->stale;
     n->stale = false;
     pthread_mutex_unlock(&n->mu);
+    uint64_t now = mono_ns();
+    if (n->conn && !stale && c->sentinel &&
+        now - n->checked_ns > RC_SENTINEL_CHECK_MS * 1000000ull) {
+        /* A forced failover leaves the old master a master (without
+         * replicas) until the sentinels reconfigure it, up to ~10 s
+         * later: ask them once a second whether it is still the one. */
+        char host[RC_HOST_MAX], why[200];
+        int port;
+        n->checked_ns = now;
+        if (!sentinel_ask(c, host, &port, why, sizeof why) &&
+            (port != n->port || strcmp(host, n->host)))
+            stale = true;
+    }
     if (n->conn && !stale)
         return true;
     if (n->conn) {
@@ -741,6 +756,7 @@ static bool conn_up(tw__rc *c, struct rc_node *n)
     if (!rc) {
         rc = conn_open(c, n->host, n->port, false, &n->conn, why, sizeof why);
         if (!rc) {
+            n->checked_ns = mono_ns();
             n->backoff_ms = 0;
             n->err = 0;
             return true;

@@ -3,7 +3,8 @@
 # The Redis backend against servers set up as in production, started by
 # this script on 127.0.0.1 (random free ports, a temporary directory) and
 # always stopped, also on failure.
-# Usage: tests/redis_prod.sh SCENARIO TEST_REDIS_PROD [TEST_DURABLE_SEMANTICS]
+# Usage: tests/redis_prod.sh SCENARIO TEST_REDIS_PROD [TEST_DURABLE_SEMANTICS
+#        TEST_DURABLE_REDIS]
 #   auth          one server: requirepass, ACL users (the minimal ACL of
 #                 docs/guide/redis.md, one lacking a command, a wrong
 #                 password), a Unix socket, /db and ?db=, bad addresses, a
@@ -15,7 +16,9 @@
 #                 untrusted CA, a wrong host name, no client cert and a
 #                 plain port are refused, each with its reason
 #   tls-cluster   3 masters, TLS only (tls-cluster yes), password: the
-#                 backend-neutral suite (tests/durable_semantics.c)
+#                 backend-neutral suite (tests/durable_semantics.c), then
+#                 slots resharded while timers flow (MOVED and ASK over
+#                 TLS; test_durable_redis reshard)
 #   sentinel      a master, a replica, three sentinels, passwords on both:
 #                 timers flow, SENTINEL FAILOVER, nothing acknowledged lost
 #                 with wait_replicas 1, calls resume on the new master
@@ -24,6 +27,7 @@ set -euo pipefail
 scenario=$1
 bin=$2
 sem=${3:-}
+dred=${4:-}
 command -v redis-server >/dev/null || { echo "redis-server missing: skipped"; exit 77; }
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/twprod.XXXXXX")
 pids=()
@@ -212,7 +216,17 @@ case $scenario in
       done
       export TW_SEM_TLS_CA=$c/ca.crt TW_SEM_TLS_CERT=$c/client.crt
       export TW_SEM_TLS_KEY=$c/client.key TW_SEM_PASSWORD=$PW
-      "$sem" suite "rediss://127.0.0.1:$base,127.0.0.1:$((base + 1))"
+      seeds="rediss://127.0.0.1:$base,127.0.0.1:$((base + 1))"
+      "$sem" suite "$seeds"
+      if [ -n "$dred" ]; then
+        from=$("${tcli[@]}" -p "$base" -a "$PW" cluster myid)
+        to=$("${tcli[@]}" -p $((base + 1)) -a "$PW" cluster myid)
+        export TW_REDIS_RESHARD="${tcli[*]} -a $PW --cluster reshard 127.0.0.1:$base \
+          --cluster-from $from --cluster-to $to --cluster-slots 3000 \
+          --cluster-yes --cluster-pipeline 50 >$tmp/reshard.log 2>&1 ||
+          { cat $tmp/reshard.log; exit 1; }"
+        "$dred" reshard "$seeds"
+      fi
     fi
     ;;
   sentinel)
@@ -262,7 +276,23 @@ CONF
       want="redis-sentinel master \"twm\": sentinel 127.0.0.1"
     expect TW_ECONN addr="redis-sentinel://:$PW@$sents/nosuch" spassword="$SPW" \
       want='knows no master named "nosuch"'
-    export TW_FAILOVER="${cli[*]} -p $((base + 2)) -a $SPW sentinel failover twm >/dev/null"
+    # The failover, then wait (up to 30 s) until the sentinels name the
+    # replica and it says it is the master.
+    cat >"$tmp/failover.sh" <<SH
+set -e
+out=\$(${cli[*]} -p $((base + 2)) -a $SPW sentinel failover twm)
+[ "\$out" = OK ] || { echo "SENTINEL FAILOVER: \$out" >&2; exit 1; }
+for i in \$(seq 600); do
+  if ${cli[*]} -p $((base + 2)) -a $SPW sentinel get-master-addr-by-name twm | grep -qx $r &&
+    ${cli[*]} -p $r -a $PW role | head -1 | grep -qx master; then
+    exit 0
+  fi
+  sleep 0.05
+done
+echo "the failover did not complete in 30 s" >&2
+exit 1
+SH
+    export TW_FAILOVER="sh $tmp/failover.sh"
     "$bin" sentinel addr="redis-sentinel://$sents/twm" password="$PW" spassword="$SPW"
     now=$("${cli[@]}" -p $((base + 2)) -a "$SPW" sentinel get-master-addr-by-name twm | tail -1)
     [ "$now" = "$r" ] || { echo "the failover did not happen (master port $now)" >&2; exit 1; }

@@ -137,6 +137,11 @@ static tw_durable_config base_cfg(const char *ns)
     c.shards = 8;
     c.horizon_ms = 300;
     c.lease_ms = 2000;
+    /* A server set up as in production (tests/redis_prod.sh tls-cluster). */
+    c.redis_password = getenv("TW_SEM_PASSWORD");
+    c.redis_tls_ca_file = getenv("TW_SEM_TLS_CA");
+    c.redis_tls_cert_file = getenv("TW_SEM_TLS_CERT");
+    c.redis_tls_key_file = getenv("TW_SEM_TLS_KEY");
     return c;
 }
 
