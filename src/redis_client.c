@@ -246,6 +246,16 @@ static void rc_seterr(tw__rc *c, int code, const char *fmt, ...)
     pthread_mutex_unlock(&c->map_mu);
 }
 
+/* snprintf for messages that may be cut short (on purpose). */
+__attribute__((format(printf, 3, 4))) static void say(char *buf, size_t len,
+                                                      const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, len, fmt, ap);
+    va_end(ap);
+}
+
 /* A node's name in messages: host:port, [v6]:port or unix:path. */
 static void addr_str(const char *host, int port, char *buf, size_t len)
 {
@@ -701,7 +711,7 @@ static int sentinel_ask(tw__rc *c, char *host, int *port, char *why,
         }
         char a[RC_HOST_MAX + 16];
         addr_str(s->host, s->port, a, sizeof a);
-        snprintf(why, wlen, "sentinel %s: %s", a, w);
+        say(why, wlen, "sentinel %s: %s", a, w);
         rc = r;
     }
     return rc;
