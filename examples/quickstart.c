@@ -30,10 +30,9 @@ int main(int argc, char **argv)
     tw_timer idle;
     char line[256];
 
-    if (argc > 1) {
-        puts("usage: quickstart < input (echoes lines, reports 2 s idle)");
-        return strcmp(argv[1], "--help") == 0 ? 0 : 2;
-    }
+    if (argc > 1) /* --help: exit 0, anything else: 2 */
+        return puts("usage: quickstart < input"),
+               strcmp(argv[1], "--help") ? 2 : 0;
     if (tw_wheel_create(&w, NULL, now_ns() / TICK_NS) != 0)
         return 1;
     tw_timer_init(&idle, on_idle, NULL);

@@ -71,7 +71,8 @@ int main(void)
         return 1;
     tw_wheel_advance(w, 10);
     tw_wheel_destroy(w);
-    printf("consumer: fired %d, version %x\n", fired, tw_version());
+    printf("consumer: fired %d, version %x (%s)\n", fired, tw_version(),
+           tw_version_string());
     return fired == 1 && tw_version() == TW_VERSION_HEX ? 0 : 1;
 }
 C

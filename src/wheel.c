@@ -505,6 +505,15 @@ unsigned tw_version(void)
     return TW_VERSION_HEX;
 }
 
+#define TW_STR_(x) #x
+#define TW_STR(x) TW_STR_(x)
+
+const char *tw_version_string(void)
+{
+    return TW_STR(TW_VERSION_MAJOR) "." TW_STR(TW_VERSION_MINOR) "." TW_STR(
+        TW_VERSION_PATCH);
+}
+
 /* One row per TW_E* code: its name and a message true for every use. */
 #define TW_ERRORS(X)                                                           \
     X(TW_EINVAL, "invalid argument")                                           \

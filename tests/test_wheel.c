@@ -77,6 +77,14 @@ static void test_sizes_and_version(void)
 #endif
     ASSERT_LE(sizeof(tw_timer), 48);
     ASSERT_EQ(tw_version(), TW_VERSION_HEX);
+    {
+        /* The string form names the same version: "MAJOR.MINOR.PATCH". */
+        char want[32];
+        unsigned v = tw_version();
+        snprintf(want, sizeof want, "%u.%u.%u", v >> 16, (v >> 8) & 255u,
+                 v & 255u);
+        ASSERT_STR_EQ(tw_version_string(), want);
+    }
     ASSERT_STR_EQ(tw_strerror(0), "success");
     ASSERT_STR_EQ(tw_strerror(TW_EINVAL), "invalid argument");
     ASSERT_STR_EQ(tw_strerror(TW_ENOMEM), "out of memory");

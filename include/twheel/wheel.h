@@ -117,6 +117,13 @@ typedef struct tw_wheel_config {
 /* The version of the library linked in, as TW_VERSION_HEX. */
 TW_EXTERN unsigned tw_version(void);
 
+/*
+ * tw_version_string - the version of the library linked in, as text:
+ * "MAJOR.MINOR.PATCH" (e.g. "0.2.0"), the same version as tw_version().
+ * Return: a static string, never NULL.
+ */
+TW_EXTERN const char *tw_version_string(void);
+
 /* A static English message for a TW_E* code (or 0). Never NULL. */
 TW_EXTERN const char *tw_strerror(int err);
 
