@@ -20,30 +20,22 @@
  */
 #define _GNU_SOURCE
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "fixture.h"
 #include "test.h"
 #include "twheel/durable.h"
 
+/* CLOCK_REALTIME in ms: the durable store's due times. */
 static int64_t wall_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) && errno == EINTR)
-        ;
 }
 
 static const char *wants[8], *secrets[8], *keep;
@@ -113,13 +105,13 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 /* Schedule, replace and see one delivery of the new version. */
 static void flow(tw_durable *d)
 {
-    int64_t due = wall_ms() + 300;
+    int64_t due = wall_ms() + 100;
     ASSERT_EQ(tw_durable_schedule(d, "k1", 2, due, "old", 3), 0);
     ASSERT_EQ(tw_durable_schedule(d, "k1", 2, due, "new", 3), 0);
     ASSERT_EQ(tw_durable_cancel(d, "nokey", 5), TW_ENOENT);
     for (int i = 0; i < 1000 && atomic_load(&fired) == 0; i++)
         sleep_ms(10);
-    sleep_ms(300); /* a second delivery would come within this */
+    sleep_ms(200); /* a second delivery would come within this */
     ASSERT_EQ(atomic_load(&fired), 1);
     ASSERT_EQ(atomic_load(&fired_new), 1);
     if (keep)
