@@ -1928,6 +1928,23 @@ static int rd_load_scripts(struct rd *d)
     return 0;
 }
 
+/* Can this user reach the namespace's keys? A GET of shard 0's version
+ * key: an ACL user without the key pattern fails now, with NOPERM and
+ * TW_EAUTH, rather than at its first schedule. Other errors (a value of
+ * another type) are left to the scripts. */
+static int rd_probe_keys(struct rd *d)
+{
+    const char *argv[2] = {"GET", d->sk[0].name[NKEYS - 1]};
+    size_t len[2] = {3, d->sk[0].len[NKEYS - 1]};
+    tw__rc_cmd cmd = {2, argv, len, d->sk[0].slot, NULL, 0};
+    int rc = tw__rc_exec(d->rc, &cmd, 1);
+    if (!rc && cmd.reply->type == REDIS_REPLY_ERROR &&
+        !strncmp(cmd.reply->str, "NOPERM", 6))
+        rc = tw__rc_cmd_error(d->rc, &cmd, "GET of a key of the namespace");
+    free_replies(&cmd, 1);
+    return rc;
+}
+
 /* Start the claimer and the firer. */
 static int rd_start(struct rd *d)
 {
@@ -1976,6 +1993,8 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
     }
     if (!rc) {
         rc = rd_load_scripts(d);
+        if (!rc)
+            rc = rd_probe_keys(d);
         if (rc)
             tw__rc_last_error(d->rc, cfg->errbuf, cfg->errbuf_len);
     }

@@ -66,6 +66,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -107,6 +108,7 @@ struct rc_req {
     bool asking;
     bool done;
     struct rc_req *next;
+    bool unsent; /* a WAIT that could not cover the writes it follows */
 };
 
 struct rc_node {
@@ -123,6 +125,7 @@ struct rc_node {
     bool failed; /* the connection broke or could not be made */
     int err;     /* the code of the last failure (TW_ECONN, TW_EAUTH...) */
     uint64_t checked_ns; /* Sentinel: when the sentinels last confirmed it */
+    uint64_t conn_cmds;  /* commands other than WAIT sent on this conn */
     char *obuf;          /* the flusher's output buffer */
     size_t ocap;
 };
@@ -766,6 +769,7 @@ static bool conn_up(tw__rc *c, struct rc_node *n)
     if (!rc) {
         rc = conn_open(c, n->host, n->port, false, &n->conn, why, sizeof why);
         if (!rc) {
+            n->conn_cmds = 0;
             n->checked_ns = mono_ns();
             n->backoff_ms = 0;
             n->err = 0;
@@ -890,6 +894,17 @@ static void flight_write(tw__rc *c, struct flight *f)
     size_t at = 0;
     bool ok = true;
     for (struct rc_req *r = f->b; r && ok; r = r->next) {
+        /* WAIT counts the replicas that have this connection's writes. As
+         * the first command of a new connection it would count none of the
+         * writes sent on the one that broke (and answer at once): it is
+         * failed instead, so that a write is never acknowledged by a WAIT
+         * that did not cover it. */
+        bool wait = r->cmd->argc >= 1 && r->cmd->argvlen[0] == 4 &&
+                    !strncasecmp(r->cmd->argv[0], "WAIT", 4);
+        r->unsent = wait && n->conn_cmds == 0;
+        if (r->unsent)
+            continue;
+        n->conn_cmds += !wait;
         if (r->asking)
             ok = obuf_put(n, &at, asking, sizeof asking - 1);
         char *cmd;
@@ -916,6 +931,11 @@ static void flight_read(tw__rc *c, struct flight *f)
     char why[200];
     for (; r && f->up; r = r->next) {
         redisReply *rep;
+        if (r->unsent) {
+            r->cmd->reply = NULL;
+            r->cmd->err = TW_ECONN;
+            continue;
+        }
         if (r->asking) {
             if (conn_get(f->n->conn, &rep, why, sizeof why))
                 break;
@@ -1009,7 +1029,7 @@ static bool one_done(void *arg)
 /* Send one command to one node (refresh, probes). */
 static void run_one(tw__rc *c, struct rc_node *n, tw__rc_cmd *cmd)
 {
-    struct rc_req r = {cmd, false, false, NULL};
+    struct rc_req r = {cmd, false, false, NULL, false};
     pthread_mutex_lock(&n->mu);
     *n->tail = &r;
     n->tail = &r.next;
@@ -1595,7 +1615,7 @@ static size_t exec_queue(struct exec *x)
             continue;
         struct rc_node *nd = x->target[i];
         x->reqs[i] =
-            (struct rc_req){&x->cmds[i], x->reqs[i].asking, false, NULL};
+            (struct rc_req){&x->cmds[i], x->reqs[i].asking, false, NULL, false};
         pthread_mutex_lock(&nd->mu);
         *nd->tail = &x->reqs[i];
         nd->tail = &x->reqs[i].next;

@@ -6,10 +6,12 @@
 # Usage: tests/redis_prod.sh SCENARIO TEST_REDIS_PROD [TEST_DURABLE_SEMANTICS
 #        TEST_DURABLE_REDIS]
 #   auth          one server: requirepass, ACL users (the minimal ACL of
-#                 docs/guide/redis.md, one lacking a command, a wrong
+#                 docs/guide/redis.md, one lacking a command, one lacking
+#                 the namespace's keys, a wrong
 #                 password), a Unix socket, /db and ?db=, bad addresses, a
 #                 name that does not resolve, a closed port; no message
-#                 shows a password
+#                 shows a password; a WAIT is never the first command of a
+#                 new connection (it would count none of the writes)
 #   cluster-auth  3 masters with requirepass/masterauth; /db refused
 #   tls           one server with tls-port and tls-auth-clients yes, with
 #                 certificates made here: CA + client cert works; an
@@ -102,6 +104,9 @@ case $scenario in
     # shellcheck disable=SC2086
     "${cli[@]}" -p "$port" -a "$PW" ACL SETUSER twless on '>app-Pass-1' \
       resetkeys '~{tw:*' resetchannels -@all ${ACL_CMDS/+script|load /} >/dev/null
+    # shellcheck disable=SC2086
+    "${cli[@]}" -p "$port" -a "$PW" ACL SETUSER twother on '>app-Pass-1' \
+      resetkeys '~{other:*' resetchannels -@all $ACL_CMDS >/dev/null
     a=127.0.0.1:$port
     expect 0 addr="redis://:$PW@$a"
     expect 0 addr="$a" password="$PW"
@@ -111,7 +116,11 @@ case $scenario in
     expect TW_EAUTH addr="redis://:wrong-Pass-9@$a" want="redis $a: AUTH" want=WRONGPASS
     expect TW_EAUTH addr="redis://twapp:wrong-Pass-9@$a" want=WRONGPASS
     expect TW_EAUTH addr="$a" want="redis $a" want=NOAUTH
+    "$bin" wait-fresh "redis://:$PW@$a" \
+      "${cli[*]} -p $port -a $PW client kill type normal >/dev/null"
     expect TW_EAUTH addr="redis://twless:app-Pass-1@$a" ns=tw want=NOPERM want="script|load"
+    expect TW_EAUTH addr="redis://twother:app-Pass-1@$a" ns=tw want=NOPERM \
+      want="GET of a key of the namespace"
     # The database: /5 and ?db=3 over the Unix socket, nothing in db 0.
     expect 0 addr="redis://:$PW@$a/5" keep=in5
     expect 0 addr="unix://$tmp/one/redis.sock?db=3" password="$PW" keep=in3

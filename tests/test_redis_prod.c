@@ -12,6 +12,11 @@
  *       secret=TEXT. On success a timer is scheduled, replaced, fires
  *       once with the new payload; a keep=KEY timer is left pending (due
  *       in an hour) for the script to find in Redis.
+ *   test_redis_prod wait-fresh ADDRESS KILL
+ *       the client: a WAIT that would be the first command of a new
+ *       connection (the one that carried the writes was killed by the
+ *       shell command KILL) fails with TW_ECONN instead of counting no
+ *       writes; on a connection that wrote, WAIT answers.
  *   test_redis_prod sentinel KEY=VALUE...
  *       timers flow through a Sentinel-managed master with wait_replicas
  *       1 while $TW_FAILOVER (SENTINEL FAILOVER) runs; every acknowledged
@@ -27,6 +32,7 @@
 #include <string.h>
 
 #include "fixture.h"
+#include "redis_client.h"
 #include "test.h"
 #include "twheel/durable.h"
 
@@ -238,8 +244,52 @@ static int sentinel_main(int argc, char **argv)
     return 0;
 }
 
+/* ---- WAIT only on the connection that carried the writes ---- */
+
+static int exec1(tw__rc *c, int argc, const char **argv, long long *out)
+{
+    size_t len[3];
+    for (int i = 0; i < argc; i++)
+        len[i] = strlen(argv[i]);
+    tw__rc_cmd cmd = {argc, argv, len, tw__rc_slot("twk", 3), NULL, 0};
+    int rc = tw__rc_exec(c, &cmd, 1);
+    if (!rc) {
+        ASSERT_NE(cmd.reply->type, REDIS_REPLY_ERROR);
+        *out = cmd.reply->integer;
+        freeReplyObject(cmd.reply);
+    }
+    return rc;
+}
+
+static int wait_main(const char *addr, const char *kill)
+{
+    static const char *set[3] = {"SET", "twk", "v"};
+    static const char *wait[3] = {"WAIT", "0", "100"};
+    tw__rc *c;
+    char err[256] = "";
+    tw__rc_opts o = {.addr = addr, .errbuf = err, .errbuf_len = sizeof err};
+    ASSERT_EQ(tw__rc_open(&c, &o), 0);
+    long long v;
+    ASSERT_EQ(exec1(c, 3, set, &v), 0);
+    ASSERT_EQ(exec1(c, 3, wait, &v), 0); /* same connection: answered */
+    ASSERT_EQ(system(kill), 0);
+    /* The dead connection: no reply. */
+    ASSERT_EQ(exec1(c, 3, wait, &v), TW_ECONN);
+    sleep_ms(100); /* past the reconnect back-off */
+    /* A new connection whose first command would be WAIT: refused. */
+    ASSERT_EQ(exec1(c, 3, wait, &v), TW_ECONN);
+    /* After a write on it, WAIT counts that write. */
+    ASSERT_EQ(exec1(c, 3, set, &v), 0);
+    ASSERT_EQ(exec1(c, 3, wait, &v), 0);
+    tw__rc_close(c);
+    fprintf(stderr, "wait-fresh: ok\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 4 && !strcmp(argv[1], "wait-fresh"))
+        return wait_main(argv[2], argv[3]);
     if (argc >= 3 && !strcmp(argv[1], "open"))
         return open_main(argc, argv);
     if (argc >= 2 && !strcmp(argv[1], "sentinel"))
