@@ -737,8 +737,12 @@ static bool conn_up(tw__rc *c, struct rc_node *n)
         char host[RC_HOST_MAX], why[200];
         int port;
         n->checked_ns = now;
-        if (!sentinel_ask(c, host, &port, why, sizeof why) &&
-            (port != n->port || strcmp(host, n->host)))
+        int rc = sentinel_ask(c, host, &port, why, sizeof why);
+        if (rc)
+            /* No sentinel answers: keep the master we have, and do not
+             * pay the connect timeouts on every flight; ask again in 10 s. */
+            n->checked_ns = now + 9000 * 1000000ull;
+        else if (port != n->port || strcmp(host, n->host))
             stale = true;
     }
     if (n->conn && !stale)
