@@ -88,8 +88,9 @@ expect() { # CODE KEY=VALUE...: one open, checked by the test program
 
 # The smallest ACL the backend needs (docs/guide/redis.md): its commands,
 # the commands its scripts call, and its namespace's keys.
-ACL_CMDS="+evalsha +eval +script|load +cluster|slots +wait +get +zmscore +zcard +zcount +ping +select +role
-  +hdel +hget +hmget +hset +mget +set +zadd +zrangebyscore +zrem +zscore"
+ACL_CMDS="+evalsha +eval +script|load +cluster|slots +wait +get +zmscore +zcard +zcount +hlen
+  +ping +select +role
+  +del +dump +hdel +hget +hmget +hset +set +type +zadd +zrangebyscore +zrem +zscore"
 
 case $scenario in
   auth)

@@ -4,10 +4,14 @@
 # one server (semantics, the backend-neutral suite, unreachable, kill -9
 # with appendfsync always) and
 # 3-master clusters (3 nodes sharing 100,000 timers, kill -9 of a node,
-# slot migration, failover to a replica with WAIT); and servers set up as
-# in production (tests/redis_prod.sh: passwords, ACL users, Unix socket,
-# databases, TLS, a TLS cluster, Sentinel). Each scenario starts and stops
-# its own servers (tests/redis_test.sh, tests/redis_prod.sh).
+# slot migration, failover to a replica with WAIT, a master stopped with
+# SIGSTOP); and servers set up as in production (tests/redis_prod.sh:
+# passwords, ACL users, Unix socket, databases, TLS, a TLS cluster,
+# Sentinel). Each scenario starts and stops its own servers
+# (tests/redis_test.sh, tests/redis_prod.sh). The one-server scenarios and
+# the backend-neutral suite also run under ASan+UBSan (20-asan-ubsan.sh)
+# and TSan (30-tsan.sh), which build the Redis backend when hiredis is
+# there.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
