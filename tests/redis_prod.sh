@@ -101,13 +101,13 @@ case $scenario in
     wait_ping -p "$port" -a "$PW"
     # shellcheck disable=SC2086
     "${cli[@]}" -p "$port" -a "$PW" ACL SETUSER twapp on '>app-Pass-1' \
-      resetkeys '~{tw:*' resetchannels -@all $ACL_CMDS >/dev/null
+      resetkeys '~{tw:*' resetchannels nocommands $ACL_CMDS >/dev/null
     # shellcheck disable=SC2086
     "${cli[@]}" -p "$port" -a "$PW" ACL SETUSER twless on '>app-Pass-1' \
-      resetkeys '~{tw:*' resetchannels -@all ${ACL_CMDS/+script|load /} >/dev/null
+      resetkeys '~{tw:*' resetchannels nocommands ${ACL_CMDS/+script|load /} >/dev/null
     # shellcheck disable=SC2086
     "${cli[@]}" -p "$port" -a "$PW" ACL SETUSER twother on '>app-Pass-1' \
-      resetkeys '~{other:*' resetchannels -@all $ACL_CMDS >/dev/null
+      resetkeys '~{other:*' resetchannels nocommands $ACL_CMDS >/dev/null
     a=127.0.0.1:$port
     expect 0 addr="redis://:$PW@$a"
     expect 0 addr="$a" password="$PW"
