@@ -77,6 +77,9 @@ stop_all_redis() {
   redis_dirs=()
 }
 trap stop_all_redis EXIT
+# A signal ends the script through exit, so the EXIT trap runs too.
+trap 'exit 130' INT
+trap 'exit 143' TERM
 # start_redis DIR ARGS...: a redis-server on a free loopback port (set in
 # $rport, its pid in $rpid) with its files in DIR.
 start_redis() {
@@ -254,7 +257,8 @@ if has durable; then
         done
       done
     done
-  } | grep '^system=' | tee "$out/durable.txt"
+  } | grep '^system=' | tee "$out/durable.txt" &
+  wait $! # (in the background so that a signal stops the servers at once)
   stop_all_redis
   rm -rf "$dwork"
   awk -f bench/report/rounds_csv.awk "$out/durable.txt" >>"$csv"
@@ -278,7 +282,8 @@ if has redis; then
         "$build/bench/bench_redis" poll "127.0.0.1:$rport" "$rpid" 5000 2000 100
         redis-cli -p "$rport" flushall >/dev/null
       done
-    } | tee "$out/redis.txt"
+    } | tee "$out/redis.txt" &
+    wait $!
     stop_all_redis
     awk -f bench/report/rounds_csv.awk "$out/redis.txt" >>"$csv"
   else
