@@ -2201,10 +2201,10 @@ int(tw_durable_open)(tw_durable **out, const tw_durable_config *cfg)
     int rc = check_config(out, cfg);
     if (!rc)
         rc = cfg->redis ? tw__durable_redis_open(out, cfg) : j_open(out, cfg);
-    /* Every failure says something, if only the code's meaning. */
+    /* Every failure says something, if only the code's meaning. Never
+     * cfg->redis itself: a URL may hold a password. */
     if (rc && cfg->errbuf && cfg->errbuf_len && !cfg->errbuf[0])
-        errmsg(cfg, "%s: %s", cfg->redis ? cfg->redis : cfg->dir,
-               tw_strerror(rc));
+        errmsg(cfg, "%s: %s", cfg->redis ? "redis" : cfg->dir, tw_strerror(rc));
     return rc;
 }
 

@@ -2610,7 +2610,7 @@ static int rd_load_scripts(struct rd *d)
         int rc = tw__rc_exec(d->rc, &cmd, 1);
         if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_STRING ||
                     cmd.reply->len != 40))
-            rc = TW_EIO;
+            rc = tw__rc_cmd_error(d->rc, &cmd, "SCRIPT LOAD");
         if (!rc)
             memcpy(d->sha[i], cmd.reply->str, 41);
         free_replies(&cmd, 1);
@@ -2618,6 +2618,23 @@ static int rd_load_scripts(struct rd *d)
             return rc;
     }
     return 0;
+}
+
+/* Can this user reach the namespace's keys? A GET of shard 0's version
+ * key: an ACL user without the key pattern fails now, with NOPERM and
+ * TW_EAUTH, rather than at its first schedule. Other errors (a value of
+ * another type) are left to the scripts. */
+static int rd_probe_keys(struct rd *d)
+{
+    const char *argv[2] = {"GET", d->sk[0].name[NKEYS - 1]};
+    size_t len[2] = {3, d->sk[0].len[NKEYS - 1]};
+    tw__rc_cmd cmd = {2, argv, len, d->sk[0].slot, NULL, 0};
+    int rc = tw__rc_exec(d->rc, &cmd, 1);
+    if (!rc && cmd.reply->type == REDIS_REPLY_ERROR &&
+        !strncmp(cmd.reply->str, "NOPERM", 6))
+        rc = tw__rc_cmd_error(d->rc, &cmd, "GET of a key of the namespace");
+    free_replies(&cmd, 1);
+    return rc;
 }
 
 /* Group the shards by master, start the groups' threads, the topology
@@ -2645,20 +2662,42 @@ static int rd_start(struct rd *d)
 int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
 {
     const char *ns = cfg->redis_namespace ? cfg->redis_namespace : "tw";
-    if (!*ns || strlen(ns) > 64 || strchr(ns, '{') || strchr(ns, '}'))
+    if (!*ns || strlen(ns) > 64 || strchr(ns, '{') || strchr(ns, '}')) {
+        if (cfg->errbuf && cfg->errbuf_len)
+            snprintf(cfg->errbuf, cfg->errbuf_len,
+                     "redis_namespace: 1 to 64 bytes without '{' or '}'");
         return TW_EINVAL;
+    }
     struct rd *d = rd_new(cfg);
     if (!d)
         return TW_ENOMEM;
     int rc = rd_keys(d, ns);
     if (!rc && tw_wheel_create(&d->wheel, NULL, rd_mono_ms(d)))
         rc = TW_ENOMEM;
-    if (!rc)
-        rc = tw__rc_open(&d->rc, cfg->redis);
-    if (!rc)
+    if (!rc) {
+        tw__rc_opts o = {cfg->redis,
+                         cfg->redis_user,
+                         cfg->redis_password,
+                         cfg->redis_sentinel_user,
+                         cfg->redis_sentinel_password,
+                         cfg->redis_tls_ca_file,
+                         cfg->redis_tls_ca_dir,
+                         cfg->redis_tls_cert_file,
+                         cfg->redis_tls_key_file,
+                         cfg->redis_tls_server_name,
+                         cfg->errbuf,
+                         cfg->errbuf_len};
+        rc = tw__rc_open(&d->rc, &o);
+    }
+    if (!rc) {
         rc = rd_load_scripts(d);
+        if (!rc)
+            rc = rd_probe_keys(d);
+        if (rc)
+            tw__rc_last_error(d->rc, cfg->errbuf, cfg->errbuf_len);
+    }
     d->base.readonly = cfg->flags & TW_DURABLE_READONLY;
-    if (cfg->flags & TW_DURABLE_NOFIRE)
+    if (!rc && (cfg->flags & TW_DURABLE_NOFIRE))
         rc = TW_EINVAL; /* a claim would wait for its lease */
     if (!rc && !d->base.readonly)
         rc = rd_start(d);

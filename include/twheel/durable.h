@@ -7,10 +7,14 @@
  *   - the journal (default, cfg.redis == NULL): an append-only journal of
  *     segments in the directory cfg.dir, one process per directory, with an
  *     in-memory wheel as its index;
- *   - Redis (cfg.redis = "host:port[,host:port...]"): one Redis server or a
- *     Redis Cluster is the source of truth, and every process that opens the
- *     same namespace claims the timers due within a short horizon into its
- *     own wheel and fires them.
+ *   - Redis (cfg.redis = "host:port[,host:port...]" or a URL:
+ *     redis://[user[:password]@]host[:port][,host[:port]...][/db],
+ *     rediss://... (TLS), unix:///path/redis.sock[?db=N],
+ *     redis-sentinel://[user[:password]@]host[:port][,...]/master-name):
+ *     one Redis server, a Redis Cluster or a Sentinel-managed master is the
+ *     source of truth, and every process that opens the same namespace
+ *     claims the timers due within a short horizon into its own wheel and
+ *     fires them. See docs/guide/redis.md.
  *
  * Delivery is at least once: a callback may see the same timer again after
  * a crash (attempt > 1), and must tolerate it. (The journal counts up to
@@ -114,7 +118,8 @@ typedef struct tw_durable_config {
                                   fills */
 
     /* Redis backend. NULL = the journal in @dir. */
-    const char *redis;           /* "host:port[,host:port...]" seed nodes */
+    const char *redis;           /* "host:port[,host:port...]" seed nodes,
+                                    or a URL (see the top of this file) */
     const char *redis_namespace; /* key prefix; NULL = "tw" */
     uint32_t shards;             /* 0 = 64 */
     uint32_t horizon_ms;         /* 0 = 2000: how far ahead a node claims */
@@ -143,6 +148,27 @@ typedef struct tw_durable_config {
     uint32_t sync_interval_ms; /* TW_DURABLE_SYNC_INTERVAL: longest time
                                   between a write and its fdatasync;
                                   0 = 1000 */
+
+    /* Fields below were added after 0.2.0 (zero = default): the Redis
+     * backend's credentials and TLS files. A field that is set overrides
+     * the same part of a cfg.redis URL. Secrets given here stay out of
+     * the command line and the logs; no message or counter ever shows a
+     * password. */
+    const char *redis_user;              /* ACL user; NULL = the URL's, else the
+                                            server's "default" user */
+    const char *redis_password;          /* NULL = the URL's, else no AUTH */
+    const char *redis_sentinel_user;     /* AUTH for the sentinels of a */
+    const char *redis_sentinel_password; /* redis-sentinel:// address */
+    const char *redis_tls_ca_file;       /* rediss://: PEM CAs to trust;
+                                            NULL (and no ca_dir) = the
+                                            system's store */
+    const char *redis_tls_ca_dir;        /* a hashed directory of CAs */
+    const char *redis_tls_cert_file;     /* client certificate chain (PEM)
+                                            for servers that ask for one */
+    const char *redis_tls_key_file;      /* its private key (PEM) */
+    const char *redis_tls_server_name;   /* name sent (SNI) and checked in
+                                            the server's certificate; NULL =
+                                            each node's host */
 } tw_durable_config;
 
 /* A store's counters, from tw_durable_stats_get(). */
@@ -189,10 +215,13 @@ typedef struct tw_durable_item {
  * process or handle: the directory itself is locked, so deleting its LOCK
  * file does not let a second process in); TW_EIO (corruption in the
  * middle of the journal, unless TW_DURABLE_REPAIR, or a segment missing,
- * the oldest included, or another I/O error); TW_ENOTDIR (@dir or one of
- * its parents is a file); TW_EACCES (permission denied); TW_EROFS
- * (read-only file system); TW_ENOSPC; TW_ECONN (Redis unreachable);
- * TW_ENOMEM. On failure *@out is unchanged.
+ * the oldest included, or another I/O error; for Redis, an error reply
+ * other than the ones below); TW_ENOTDIR (@dir or one of its parents is a
+ * file); TW_EACCES (permission denied); TW_EROFS (read-only file system);
+ * TW_ENOSPC; TW_ECONN (Redis unreachable, or its TLS refused); TW_EAUTH
+ * (Redis refused the password, the user, or a command or key the store
+ * needs); TW_ENOMEM. On failure *@out is unchanged; for Redis the message
+ * names the node and carries Redis's own error text, never a password.
  */
 TW_EXTERN int tw_durable_open(tw_durable **out, const tw_durable_config *cfg);
 
