@@ -2161,7 +2161,15 @@ int tw_durable_open_sized(tw_durable **out, const tw_durable_config *cfg,
     if (cfg == NULL)
         return TW_EINVAL;
     int rc = tw__config_copy(&c, sizeof c, cfg, cfg_size);
-    return rc != 0 ? rc : (tw_durable_open)(out, &c);
+    if (rc != 0) {
+        /* Only a struct larger than ours fails, so @cfg holds errbuf. */
+        errmsg(cfg,
+               "config: a field of a newer twheel is set (this library "
+               "knows %zu of the struct's %zu bytes)",
+               sizeof c, cfg_size);
+        return rc;
+    }
+    return (tw_durable_open)(out, &c);
 }
 
 /* The fields every backend shares, and which backend: TW_EINVAL with a
