@@ -1812,6 +1812,16 @@ int tbd_serve(const struct tbd_options *opt)
 {
     g.opt = opt;
     g.started_mono = mono_ms();
+    /* Blocked before any thread starts (the store's), so that only the
+     * signalfd sees them. */
+    sigset_t ss;
+    sigemptyset(&ss);
+    sigaddset(&ss, SIGINT);
+    sigaddset(&ss, SIGTERM);
+    sigaddset(&ss, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &ss, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
     uname(&g.uts);
     {
         unsigned char rb[8] = {0};
@@ -1849,7 +1859,8 @@ int tbd_serve(const struct tbd_options *opt)
             fprintf(stderr, "twheeld: cannot read the jobs back from %s: %s\n",
                     opt->dir, tw_strerror((int)n));
             tbd_store_close(g.store);
-            return 1;
+            /* 3: this library has no listing call (tests skip on it). */
+            return n == TW_EINVAL ? 3 : 1;
         }
         g.id_mark = r.mark > r.max_id ? r.mark : r.max_id;
         g.next_id = g.id_mark + 1;
@@ -1866,13 +1877,6 @@ int tbd_serve(const struct tbd_options *opt)
     }
     report_port(g.lfd);
 
-    sigset_t ss;
-    sigemptyset(&ss);
-    sigaddset(&ss, SIGINT);
-    sigaddset(&ss, SIGTERM);
-    sigaddset(&ss, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &ss, NULL);
-    signal(SIGPIPE, SIG_IGN);
     g.sfd = signalfd(-1, &ss, SFD_NONBLOCK | SFD_CLOEXEC);
     g.ep = epoll_create1(EPOLL_CLOEXEC);
     static int tag_listen, tag_signal, tag_store;

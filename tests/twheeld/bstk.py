@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Helpers of twheeld's tests: start twheeld and beanstalkd on loopback
 ports, talk the protocol, compare replies."""
+import atexit
 import os
 import re
 import shutil
@@ -36,6 +37,18 @@ def wait_port(port, proc, timeout=20.0):
     raise RuntimeError("server did not listen on %d" % port)
 
 
+_servers = []
+
+
+@atexit.register
+def _stop_all():
+    """No server outlives its test, whatever way the test ends."""
+    for s in _servers:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+
+
 class Server:
     """A twheeld or beanstalkd process on a free loopback port."""
 
@@ -45,6 +58,7 @@ class Server:
         self.argv = argv + ["-l", "127.0.0.1", "-p", str(self.port)]
         self.proc = subprocess.Popen(self.argv, stderr=subprocess.PIPE
                                      if os.environ.get("TBD_QUIET") else None)
+        _servers.append(self)
         wait_port(self.port, self.proc)
 
     def rss_kb(self):
