@@ -506,6 +506,7 @@ static void conn_free(struct conn *c)
 
 static void job_make_ready(struct job *j);
 static void waiting_remove(struct conn *c);
+static void conn_pump(struct conn *c);
 
 static void conn_close(struct conn *c)
 {
@@ -827,7 +828,7 @@ static void store_completions(void)
                 if (c->pending_writes == 0)
                     conn_free(c);
             } else {
-                conn_flush(c);
+                conn_pump(c);
             }
         }
         free(w->payload);
@@ -1584,6 +1585,30 @@ static void conn_process(struct conn *c)
     }
 }
 
+/*
+ * Runs buffered commands and writes replies until neither moves: once a
+ * flush makes room, commands held back by backpressure run without
+ * waiting for more input (which may never come).
+ */
+static void conn_pump(struct conn *c)
+{
+    for (;;) {
+        size_t in_before = c->in_len - c->in_off;
+        size_t out_before = c->out_bytes;
+        if (c->in)
+            conn_process(c);
+        if (c->closed)
+            return;
+        conn_flush(c);
+        if (c->closed || !c->in || c->in_len == c->in_off ||
+            c->out_bytes >= OUT_CAP)
+            return;
+        /* Stop when neither the input nor the output moved. */
+        if (c->in_len - c->in_off == in_before && c->out_bytes >= out_before)
+            return;
+    }
+}
+
 static void conn_readable(struct conn *c)
 {
     for (int rounds = 0; rounds < 4 && !c->closed; rounds++) {
@@ -1623,7 +1648,7 @@ static void conn_readable(struct conn *c)
             free(c->in);
             c->in = NULL;
         }
-        conn_flush(c);
+        conn_pump(c);
     }
 }
 
@@ -1930,14 +1955,8 @@ int tbd_serve(const struct tbd_options *opt)
                     conn_close(c);
                     continue;
                 }
-                if (evs[i].events & EPOLLOUT) {
-                    conn_flush(c);
-                    /* Room again: run what was held back. */
-                    if (!c->closed && c->in && c->out_bytes < OUT_CAP) {
-                        conn_process(c);
-                        conn_flush(c);
-                    }
-                }
+                if (evs[i].events & EPOLLOUT)
+                    conn_pump(c);
                 if (!c->closed && (evs[i].events & (EPOLLIN | EPOLLHUP)))
                     conn_readable(c);
             }
