@@ -138,6 +138,7 @@ struct conn {
     bool closed; /* socket gone; freed with its last pending write */
     bool close_after_flush;
     bool producer, worker;
+    struct conn *dead_next; /* closed, on g.dead until freed */
 };
 
 enum { IN_LINE, IN_BODY, IN_SKIP, IN_DISCARD };
@@ -154,6 +155,7 @@ static struct server {
     size_t jcap, njobs;
     uint64_t next_id, id_mark; /* ids <= id_mark may be issued freely */
     struct conn *w_head, *w_tail;
+    struct conn *dead;     /* closed connections, freed by reap() */
     uint64_t nready_total; /* ready jobs in all tubes */
     bool queue_dirty;
     bool draining;
@@ -545,8 +547,25 @@ static void conn_close(struct conn *c)
     }
     c->use = NULL;
     c->nwatch = 0;
-    if (c->pending_writes == 0)
-        conn_free(c);
+    /* Freed by reap() at the end of the loop iteration, never here: the
+     * callers, and later events of the same epoll batch, still hold it. */
+    c->dead_next = g.dead;
+    g.dead = c;
+}
+
+/* Frees the closed connections whose store writes have all come back. */
+static void reap(void)
+{
+    struct conn **pp = &g.dead;
+    while (*pp) {
+        struct conn *c = *pp;
+        if (c->pending_writes == 0) {
+            *pp = c->dead_next;
+            conn_free(c);
+        } else {
+            pp = &c->dead_next;
+        }
+    }
 }
 
 /* Writes what is ready; closes the connection on an error. */
@@ -824,12 +843,8 @@ static void store_completions(void)
                 o->ready = true;
             }
             c->pending_writes--;
-            if (c->closed) {
-                if (c->pending_writes == 0)
-                    conn_free(c);
-            } else {
+            if (!c->closed)
                 conn_pump(c);
-            }
         }
         free(w->payload);
         free(w);
@@ -1963,6 +1978,7 @@ int tbd_serve(const struct tbd_options *opt)
         }
         if (g.queue_dirty)
             process_queue();
+        reap();
     }
     logv(0, "shutting down");
     close(g.lfd);
