@@ -817,9 +817,8 @@ static uint64_t next_job_id(void)
     return id;
 }
 
-static void store_completions(void)
+static void store_completions(struct tbd_write *w)
 {
-    struct tbd_write *w = tbd_store_take(g.store);
     while (w) {
         struct tbd_write *nx = w->next;
         struct conn *c = w->owner;
@@ -1937,7 +1936,7 @@ int tbd_serve(const struct tbd_options *opt)
         int timeout = to == TW_WHEEL_NO_TIMEOUT ? -1
                       : to > 60000              ? 60000
                                                 : (int)to;
-        if (g.queue_dirty)
+        if (g.queue_dirty || (g.store && tbd_store_pending_inline(g.store)))
             timeout = 0;
         int n = epoll_wait(g.ep, evs, 256, timeout);
         if (n < 0 && errno != EINTR) {
@@ -1960,7 +1959,7 @@ int tbd_serve(const struct tbd_options *opt)
                     }
                 }
             } else if (p == &tag_store) {
-                store_completions();
+                store_completions(tbd_store_take(g.store));
             } else {
                 struct conn *c = p;
                 if (c->closed)
@@ -1976,8 +1975,14 @@ int tbd_serve(const struct tbd_options *opt)
                     conn_readable(c);
             }
         }
-        if (g.queue_dirty)
-            process_queue();
+        for (int round = 0; round < 2; round++) {
+            if (g.queue_dirty)
+                process_queue();
+            /* Inline writes: this iteration's batch, then its replies
+             * (which may run held-back commands: one more round). */
+            if (g.store && tbd_store_pending_inline(g.store))
+                store_completions(tbd_store_run_inline(g.store));
+        }
         reap();
     }
     logv(0, "shutting down");

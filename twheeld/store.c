@@ -23,13 +23,17 @@
  * every key at start-up whatever its due time, so the due time carries no
  * meaning and the job state lives in the payload alone.
  *
- * Writes. The event loop never blocks on the store: it queues writes to
- * one writer thread, which takes everything queued, writes runs of
+ * Writes. With -f 0 the event loop never blocks on the store: it queues
+ * writes to one writer thread, which takes everything queued, writes runs of
  * schedules with tw_durable_schedule_many() and runs of cancels with
  * tw_durable_cancel_many() (in queue order, so the writes of one job
  * keep their order), and hands the batch back through an eventfd. Every
  * connection's writes share the batch and so the fdatasync: with -f 0 one
  * fdatasync covers everything that arrived while the previous one ran.
+ * With -f MS > 0 or -F a durable call returns once its record is written
+ * to the kernel, with no fdatasync to wait for: the event loop then
+ * writes the writes of one loop iteration itself, in one batch, and
+ * replies when the batch returns (tbd_store_run_inline()).
  */
 #include "store.h"
 
@@ -49,6 +53,7 @@
 
 struct tbd_store {
     tw_durable *d;
+    bool inline_writes; /* -f MS > 0 or -F: writes on the caller's thread */
     int efd;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -93,6 +98,22 @@ static void write_run(struct tbd_store *s, struct tbd_write *first, size_t n)
     }
 }
 
+/* Writes the list @head, runs of one kind at a time, in order. */
+static void write_batch(struct tbd_store *s, struct tbd_write *head)
+{
+    for (struct tbd_write *run = head; run;) {
+        size_t k = 1;
+        struct tbd_write *e = run;
+        while (e->next && e->next->kind == run->kind && k < BATCH_MAX) {
+            e = e->next;
+            k++;
+        }
+        struct tbd_write *after = e->next;
+        write_run(s, run, k);
+        run = after;
+    }
+}
+
 static void *writer(void *arg)
 {
     struct tbd_store *s = arg;
@@ -115,17 +136,7 @@ static void *writer(void *arg)
         last->next = NULL;
         pthread_mutex_unlock(&s->mu);
 
-        for (struct tbd_write *run = head; run;) {
-            size_t k = 1;
-            struct tbd_write *e = run;
-            while (e->next && e->next->kind == run->kind) {
-                e = e->next;
-                k++;
-            }
-            struct tbd_write *after = e->next;
-            write_run(s, run, k);
-            run = after;
-        }
+        write_batch(s, head);
 
         pthread_mutex_lock(&s->mu);
         s->written += n;
@@ -172,6 +183,14 @@ int tbd_store_open(struct tbd_store **out, const char *dir, int fsync_ms,
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    /* Without an fdatasync to wait for, a write is a write(2): cheaper
+     * on the event loop's thread, batched per loop iteration, than a
+     * hand-off to another thread and back. */
+    s->inline_writes = fsync_ms != 0;
+    if (s->inline_writes) {
+        *out = s;
+        return 0;
+    }
     if (pthread_create(&s->thread, NULL, writer, s) != 0) {
         close(s->efd);
         tw_durable_close(s->d);
@@ -238,6 +257,26 @@ long tbd_store_recover(struct tbd_store *s,
 #endif
 }
 
+bool tbd_store_pending_inline(struct tbd_store *s)
+{
+    return s->inline_writes && s->q_head != NULL;
+}
+
+struct tbd_write *tbd_store_run_inline(struct tbd_store *s)
+{
+    struct tbd_write *head = s->q_head;
+    s->q_head = s->q_tail = NULL;
+    if (head) {
+        write_batch(s, head);
+        size_t n = 0;
+        for (struct tbd_write *w = head; w; w = w->next)
+            n++;
+        s->written += n;
+        s->batches++;
+    }
+    return head;
+}
+
 void tbd_store_submit(struct tbd_store *s, struct tbd_write *w)
 {
     w->next = NULL;
@@ -285,11 +324,20 @@ void tbd_store_close(struct tbd_store *s)
 {
     if (!s)
         return;
-    pthread_mutex_lock(&s->mu);
-    s->stop = true;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    pthread_join(s->thread, NULL);
+    if (s->inline_writes) {
+        /* Whatever is still queued: written, its replies never sent. */
+        for (struct tbd_write *w = tbd_store_run_inline(s), *nx; w; w = nx) {
+            nx = w->next;
+            free(w->payload);
+            free(w);
+        }
+    } else {
+        pthread_mutex_lock(&s->mu);
+        s->stop = true;
+        pthread_cond_signal(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
     tw_durable_close(s->d);
     close(s->efd);
     pthread_mutex_destroy(&s->mu);

@@ -5,6 +5,7 @@
 #ifndef TWHEELD_STORE_H
 #define TWHEELD_STORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,6 +45,13 @@ long tbd_store_recover(struct tbd_store *s,
                        void (*fn)(void *arg, const char *key, size_t key_len,
                                   const void *p, size_t n),
                        void *arg);
+
+/* True when writes run on the event loop (-f MS > 0, -F) and some wait. */
+bool tbd_store_pending_inline(struct tbd_store *s);
+
+/* Inline mode: write everything queued, now, on this thread; returns the
+ * completed writes, oldest first. */
+struct tbd_write *tbd_store_run_inline(struct tbd_store *s);
 
 /* Queue @w (event loop thread). Its completion comes back in order. */
 void tbd_store_submit(struct tbd_store *s, struct tbd_write *w);

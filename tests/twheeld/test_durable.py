@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """twheeld with -b: jobs survive kill -9 in the right state.
+Both with -f 0 and with -f 200.
 1. One job in each state, kill -9, restart: ready stays ready, delayed keeps
    its due time, reserved comes back ready, buried stays buried, deleted
    stays gone, ids are not reused (also after every job was deleted).
@@ -34,8 +35,8 @@ def job_state(c, jid):
     return yaml_map(r)
 
 
-def states(d):
-    s = start_twheeld("-b", d, "-f", "0")
+def states(d, fl):
+    s = start_twheeld("-b", d, "-f", fl)
     c = Client(s.port)
     a = put(c, b"ready")
     b = put(c, b"delayed long", delay=3600)
@@ -55,7 +56,7 @@ def states(d):
     big = put(c, body, pri=4294967295)
     s.kill9()
     time.sleep(1.2)  # h's delay passes while the server is down
-    s = start_twheeld("-b", d, "-f", "0")
+    s = start_twheeld("-b", d, "-f", fl)
     c = Client(s.port)
     want = {a: ("delayed", "3"), b: ("delayed", "10"), e: ("ready", "10"),
             g: ("buried", "7"), h: ("ready", "10"),
@@ -75,14 +76,14 @@ def states(d):
     for jid in want:
         check(c.cmd(b"delete %d\r\n" % jid) == b"DELETED\r\n", "delete all")
     s.kill9()
-    s = start_twheeld("-b", d, "-f", "0")
+    s = start_twheeld("-b", d, "-f", fl)
     c = Client(s.port)
     nid = put(c, b"new")
     check(nid > big, "id %d not reused (last %d)" % (nid, big))
     check(c.cmd(b"stats-job %d\r\n" % a) == b"NOT_FOUND\r\n", "gone")
     c.close()
     check(s.stop() == 0, "clean stop")
-    print("states: ok")
+    print("states -f %s: ok" % fl)
 
 
 class Load(threading.Thread):
@@ -130,8 +131,8 @@ class Load(threading.Thread):
             pass  # the server was killed
 
 
-def load(d, conns=32, seconds=2.0):
-    s = start_twheeld("-b", d, "-f", "0")
+def load(d, fl, conns=32, seconds=2.0):
+    s = start_twheeld("-b", d, "-f", fl)
     stop = threading.Event()
     ts = [Load(s.port, k, stop) for k in range(conns)]
     for t in ts:
@@ -141,7 +142,7 @@ def load(d, conns=32, seconds=2.0):
     stop.set()
     for t in ts:
         t.join(10)
-    s = start_twheeld("-b", d, "-f", "0")
+    s = start_twheeld("-b", d, "-f", fl)
     c = Client(s.port)
     checked = 0
     maxid = 0
@@ -162,8 +163,8 @@ def load(d, conns=32, seconds=2.0):
     check(nid > maxid, "id %d after restart, max before %d" % (nid, maxid))
     c.close()
     check(s.stop() == 0, "clean stop")
-    print("load: %d acknowledged jobs and %d deletes checked after kill -9"
-          % (checked, sum(len(t.deleted) for t in ts)))
+    print("load -f %s: %d acknowledged jobs and %d deletes checked after "
+          "kill -9" % (fl, checked, sum(len(t.deleted) for t in ts)))
 
 
 def main():
@@ -177,8 +178,12 @@ def main():
         print("SKIP: this twheel has no tw_durable_list()")
         return SKIP
     try:
-        states(os.path.join(d, "states"))
-        load(os.path.join(d, "load"))
+        # -f 0: writes on the writer thread, replies after the fdatasync;
+        # -f 200: writes on the event loop, replies after the write(2).
+        # Both must survive kill -9 of the process.
+        for f in ("0", "200"):
+            states(os.path.join(d, "states" + f), f)
+            load(os.path.join(d, "load" + f), f)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     print("ok")
