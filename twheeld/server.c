@@ -879,6 +879,16 @@ static void reply_job(struct conn *c, const char *word, struct job *j)
     reply_raw(c, j->body, (size_t)j->body_len + 2);
 }
 
+/* Starts (or restarts) @j's TTR: first the DEADLINE_SOON point, then
+ * the deadline itself (job_timer_fn()). */
+static void arm_ttr(struct job *j, uint64_t now)
+{
+    j->deadline = now + (uint64_t)j->ttr_s * 1000u;
+    j->soon_phase = j->ttr_s * 1000u > SAFETY_MS;
+    tw_wheel_add(g.wheel, &j->timer,
+                 j->soon_phase ? j->deadline - SAFETY_MS : j->deadline);
+}
+
 static void reserve_job(struct conn *c, struct job *j, uint64_t now)
 {
     job_unlink(j);
@@ -888,10 +898,7 @@ static void reserve_job(struct conn *c, struct job *j, uint64_t now)
     j->reserves++;
     j->tube->nreserved++;
     jl_push(&c->reserved, j);
-    j->deadline = now + (uint64_t)j->ttr_s * 1000u;
-    j->soon_phase = j->ttr_s * 1000u > SAFETY_MS;
-    tw_wheel_add(g.wheel, &j->timer,
-                 j->soon_phase ? j->deadline - SAFETY_MS : j->deadline);
+    arm_ttr(j, now);
     reply_job(c, "RESERVED", j);
 }
 
@@ -1336,20 +1343,6 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
         store_delete(c, cmd->id, "DELETED\r\n");
         break;
     case TBD_RELEASE:
-        j = reserved_by(c, cmd->id);
-        if (!j) {
-            reply(c, "NOT_FOUND\r\n");
-            break;
-        }
-        job_unlink(j);
-        j->pri = cmd->pri;
-        j->releases++;
-        if (cmd->delay > 0)
-            job_make_delayed(j, cmd->delay, now);
-        else
-            job_make_ready(j);
-        store_job(c, j, "RELEASED\r\n");
-        break;
     case TBD_BURY:
         j = reserved_by(c, cmd->id);
         if (!j) {
@@ -1358,9 +1351,17 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
         }
         job_unlink(j);
         j->pri = cmd->pri;
-        j->buries++;
-        job_make_buried(j);
-        store_job(c, j, "BURIED\r\n");
+        if (cmd->op == TBD_BURY) {
+            j->buries++;
+            job_make_buried(j);
+        } else {
+            j->releases++;
+            if (cmd->delay > 0)
+                job_make_delayed(j, cmd->delay, now);
+            else
+                job_make_ready(j);
+        }
+        store_job(c, j, cmd->op == TBD_BURY ? "BURIED\r\n" : "RELEASED\r\n");
         break;
     case TBD_TOUCH:
         j = reserved_by(c, cmd->id);
@@ -1368,10 +1369,7 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
             reply(c, "NOT_FOUND\r\n");
             break;
         }
-        j->deadline = now + (uint64_t)j->ttr_s * 1000u;
-        j->soon_phase = j->ttr_s * 1000u > SAFETY_MS;
-        tw_wheel_add(g.wheel, &j->timer,
-                     j->soon_phase ? j->deadline - SAFETY_MS : j->deadline);
+        arm_ttr(j, now);
         reply(c, "TOUCHED\r\n");
         break;
     case TBD_WATCH:
