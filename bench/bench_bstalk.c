@@ -299,6 +299,13 @@ static double run_threads(void *(*fn)(void *), struct worker *ws, int n,
 
 int main(int argc, char **argv)
 {
+    static const char usage[] =
+        "usage: bench_bstalk -p PORT [-h HOST] [-c CONNS] [-d DEPTH] "
+        "[-t S] [-s BYTES] [-n JOBS] [-D DELAY_S] put|reserve|delayed|late\n";
+    if (argc == 2 && !strcmp(argv[1], "--help")) {
+        fputs(usage, stdout);
+        return 0;
+    }
     int opt;
     while ((opt = getopt(argc, argv, "h:p:c:d:t:s:n:D:")) != -1) {
         switch (opt) {
@@ -331,9 +338,7 @@ int main(int argc, char **argv)
         }
     }
     if (!port || optind >= argc || conns < 1 || depth < 1 || max_delay < 1) {
-        fprintf(stderr, "usage: bench_bstalk -p PORT [-c CONNS] [-d DEPTH] "
-                        "[-t S] [-s BYTES] [-n JOBS] [-D DELAY_S] "
-                        "put|reserve|delayed|late\n");
+        fputs(usage, stderr);
         return 2;
     }
     mode = argv[optind];

@@ -643,17 +643,20 @@ static int parse_names(const char *arg, const char *const *names, int count,
     return 0;
 }
 
+static int help_asked; /* --help: the usage on stdout, exit status 0 */
+
 static void usage(void)
 {
-    fprintf(stderr,
+    fprintf(help_asked ? stdout : stderr,
             "usage: bench_core [--n N,N...] [--reps R] [--engines a,b]\n"
             "                  [--workloads a,b] [--cap-ms MS] [--csv FILE]\n"
             "                  [--churn-steps N] [--callgrind 1] [--list]\n");
-    exit(2);
+    exit(help_asked ? 0 : 2);
 }
 
 int main(int argc, char **argv)
 {
+    help_asked = argc == 2 && strcmp(argv[1], "--help") == 0;
     const char *n_list = "1000000", *csv_path = NULL;
     const char *eng_names[N_ENGINES], *wl_names[WL_COUNT];
     unsigned eng_set = (1u << N_ENGINES) - 1, wl_set = 0;

@@ -682,8 +682,9 @@ int main(int argc, char **argv)
     if (argc >= 6 && strcmp(argv[1], "sqlite") == 0)
         return bench_sqlite(argc, argv);
 #endif
+    int help = argc == 2 && strcmp(argv[1], "--help") == 0;
     fprintf(
-        stderr,
+        help ? stdout : stderr,
         "usage: bench_durable twheel sched|isched|cancel DIR THREADS SECONDS "
         "[PAYLOAD [BATCH]]\n"
         "       bench_durable twheel recover DIR N [PAYLOAD [KEYLEN]]\n"
@@ -691,5 +692,5 @@ int main(int argc, char **argv)
         "DEPTH [PAYLOAD]\n"
         "       bench_durable sqlite sched FILE THREADS SECONDS "
         "[PAYLOAD]\n");
-    return 2;
+    return help ? 0 : 2;
 }

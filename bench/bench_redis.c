@@ -471,8 +471,14 @@ int main(int argc, char **argv)
         poll_mode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
                   atoi(argv[6]));
     else {
-        fprintf(stderr, "usage: see bench/bench_redis.c\n");
-        return 2;
+        int help = argc == 2 && strcmp(argv[1], "--help") == 0;
+        fprintf(help ? stdout : stderr,
+                "usage: bench_redis sched SEEDS NODES THREADS N\n"
+                "       bench_redis fire SEEDS REDIS_PID N WINDOW_MS\n"
+                "       bench_redis poll SEEDS REDIS_PID N WINDOW_MS "
+                "INTERVAL_MS\n"
+                "(bench/bench_redis.c says what each mode measures)\n");
+        return help ? 0 : 2;
     }
     return 0;
 }

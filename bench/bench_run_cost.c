@@ -80,8 +80,10 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--lazy") == 0) {
             flags = TW_SERVICE_LAZY_CLOCK;
         } else {
-            fprintf(stderr, "usage: %s [--tasks N] [--lazy]\n", argv[0]);
-            return 2;
+            int help = strcmp(argv[i], "--help") == 0;
+            fprintf(help ? stdout : stderr, "usage: %s [--tasks N] [--lazy]\n",
+                    argv[0]);
+            return help ? 0 : 2;
         }
     }
     if (n < 2)

@@ -23,7 +23,8 @@
  * p50/p99/max of 100,000 tasks spread over 10 s on 1 ms ticks (--quick:
  * 20,000 over 2 s). --quick also uses N = 200,000 and shorter idle windows.
  *
- * Each throughput figure is the median of R runs (default 3, --quick 1).
+ * Each throughput figure is the median of R runs (default 3, --quick 1);
+ * after each table a "spread" line per figure gives median, min and max.
  * --throughput stops after the throughput table, --exact leaves out the
  * lazy-clock rows, --cpu divides by the producers' CPU time rather than
  * the wall-clock time (steadier on a loaded machine, for comparing builds;
@@ -190,6 +191,7 @@ static void wait_released(tw_service *s, uint64_t cancelled)
 
 struct tput {
     double cold, warm, cancel, pairs;
+    double lo[4], hi[4]; /* the slowest and the fastest run of each */
 };
 
 static int cmp_double(const void *a, const void *b)
@@ -228,8 +230,16 @@ static struct tput throughput(int nthreads, uint32_t flags, uint64_t *delays,
         tw_service_stop(s, NULL, NULL);
         tw_service_destroy(s);
     }
-    return (struct tput){median(v[0], reps), median(v[1], reps),
-                         median(v[2], reps), median(v[3], reps)};
+    struct tput t;
+    t.cold = median(v[0], reps);
+    t.warm = median(v[1], reps);
+    t.cancel = median(v[2], reps);
+    t.pairs = median(v[3], reps);
+    for (int m = 0; m < 4; m++) { /* median() sorted each row */
+        t.lo[m] = v[m][0];
+        t.hi[m] = v[m][reps - 1];
+    }
+    return t;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -299,13 +309,15 @@ static int parse_producers(const char *arg, int *out)
     return k;
 }
 
+static int help_asked; /* --help: the usage on stdout, exit status 0 */
+
 static void usage(const char *argv0)
 {
-    fprintf(stderr,
+    fprintf(help_asked ? stdout : stderr,
             "usage: %s [--quick] [--tasks N] [--reps R] [--producers 1,2,4] "
             "[--throughput] [--exact] [--cpu]\n",
             argv0);
-    exit(2);
+    exit(help_asked ? 0 : 2);
 }
 
 /* The throughput table: one row per metric, one column per producer
@@ -336,6 +348,17 @@ static void throughput_table(const int *np, int nnp, int clocks,
             }
             printf("\n");
         }
+        /* The spread of each figure, for scripts: one line per metric and
+         * producer count, "spread METRIC CLOCK PRODUCERS median min max". */
+        static const char *const keys[4] = {"schedule", "schedule_grown",
+                                            "cancel", "pairs"};
+        for (int m = 0; m < 4; m++)
+            for (int k = 0; k < nnp; k++) {
+                const double *f = &t[k].cold;
+                printf("spread %s %s %d %.2f %.2f %.2f\n", keys[m],
+                       lazy ? "lazy" : "exact", np[k], f[m] / 1e6,
+                       t[k].lo[m] / 1e6, t[k].hi[m] / 1e6);
+            }
         fflush(stdout);
     }
 }
@@ -345,6 +368,7 @@ int main(int argc, char **argv)
     int quick = 0, reps = 0, only_tput = 0, clocks = 2, np[4] = {1, 2};
     int nnp = 2;
     size_t n = 1000000;
+    help_asked = argc == 2 && strcmp(argv[1], "--help") == 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             quick = 1;

@@ -137,11 +137,12 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--max-s") == 0 && i + 1 < argc)
             max_s = strtoull(argv[++i], NULL, 10);
         else {
-            fprintf(stderr,
+            int help = strcmp(argv[i], "--help") == 0;
+            fprintf(help ? stdout : stderr,
                     "usage: %s [--tasks N] [--slack-ms M] [--tick-us T] "
                     "[--min-s A] [--max-s B]\n",
                     argv[0]);
-            return 2;
+            return help ? 0 : 2;
         }
     }
     n = n ? n : 100000;

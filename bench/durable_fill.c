@@ -38,9 +38,11 @@ static uint64_t mono_ns(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3 && argc != 4) {
-        fprintf(stderr, "usage: durable_fill DIR N [SEGMENT_MB]\n");
-        return 2;
+    int help = argc == 2 && strcmp(argv[1], "--help") == 0;
+    if (help || (argc != 3 && argc != 4)) {
+        fprintf(help ? stdout : stderr,
+                "usage: durable_fill DIR N [SEGMENT_MB]\n");
+        return help ? 0 : 2;
     }
     tw_durable_config c;
     memset(&c, 0, sizeof c);

@@ -90,9 +90,11 @@ out:
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || argc > 4) {
-        fprintf(stderr, "usage: %s DIR [COUNT [BYTES]]\n", argv[0]);
-        return 2;
+    int help = argc == 2 && strcmp(argv[1], "--help") == 0;
+    if (help || argc < 2 || argc > 4) {
+        fprintf(help ? stdout : stderr, "usage: %s DIR [COUNT [BYTES]]\n",
+                argv[0]);
+        return help ? 0 : 2;
     }
     int count = argc > 2 ? atoi(argv[2]) : 2000;
     long bytes = argc > 3 ? atol(argv[3]) : 112;

@@ -3,7 +3,8 @@
 # from the comment block right above each TW_EXTERN declaration: NAME from
 # its "name - summary" line (or the block's first sentence), SYNOPSIS from
 # the declaration, DESCRIPTION from the rest of the block (kernel-doc
-# "@arg:" lines become a tagged list), SEE ALSO the header's page.
+# "@arg:" lines become a tagged list, "@arg" and "%CONST" in the text
+# italic and bold), SEE ALSO the header's page.
 # Usage: awk -v outdir=DIR -v version=X.Y.Z -f man_functions.awk HEADERS...
 # Prints the names it wrote, one per line.
 
@@ -12,6 +13,20 @@ function esc(s) {
     if (s ~ /^[.']/)
         s = "\\&" s
     return s
+}
+
+# esc() and kernel-doc's inline markers: "@name" (a parameter or field) in
+# italics, as man pages set arguments; "%NAME" (a constant) in bold.
+function text(s,    out) {
+    s = esc(s)
+    out = ""
+    while (match(s, /[@%][A-Za-z_][A-Za-z0-9_]*/)) {
+        out = out substr(s, 1, RSTART - 1) \
+            (substr(s, RSTART, 1) == "@" ? "\\fI" : "\\fB") \
+            substr(s, RSTART + 1, RLENGTH - 1) "\\fP"
+        s = substr(s, RSTART + RLENGTH)
+    }
+    return out s
 }
 
 function flush_page(    name, f, hdr, i, line, summary, start, m, rest, lead) {
@@ -50,7 +65,7 @@ function flush_page(    name, f, hdr, i, line, summary, start, m, rest, lead) {
     printf ".TH %s 3 \"\" \"twheel %s\" \"twheel manual\"\n", name,
         version > f
     print ".SH NAME" > f
-    printf "%s \\- %s\n", name, esc(summary) > f
+    printf "%s \\- %s\n", name, text(summary) > f
     print ".SH SYNOPSIS" > f
     print ".nf" > f
     printf ".B #include <twheel/%s>\n", hdr > f
@@ -68,7 +83,7 @@ function flush_page(    name, f, hdr, i, line, summary, start, m, rest, lead) {
     print ".fi" > f
     print ".SH DESCRIPTION" > f
     if (lead != "")
-        print esc(lead) > f
+        print text(lead) > f
     for (i = start; i <= ncom; i++) {
         line = com[i]
         if (line == "") {
@@ -80,12 +95,12 @@ function flush_page(    name, f, hdr, i, line, summary, start, m, rest, lead) {
             print ".TP" > f
             printf ".I %s\n", m > f
             if (rest != "")
-                print esc(rest) > f
+                print text(rest) > f
         } else if (line ~ /^(Context|Return|Returns):/) {
             print ".PP" > f
-            print esc(line) > f
+            print text(line) > f
         } else {
-            print esc(line) > f
+            print text(line) > f
         }
     }
     print ".SH SEE ALSO" > f

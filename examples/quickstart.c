@@ -38,16 +38,12 @@ int main(int argc, char **argv)
     tw_timer_init(&idle, on_idle, NULL);
     tw_wheel_add(w, &idle, tw_wheel_now(w) + 2000);
     for (;;) {
-        /* Sleep until the start of the next expiry tick, in whole ms rounded
-         * up (never wake early and spin); UINT64_MAX means no timer. */
-        uint64_t next = tw_wheel_next_expiry(w), now = now_ns(), wait_ns;
-        int timeout = -1;
-        if (next <= UINT64_MAX / TICK_NS) {
-            wait_ns = next * TICK_NS > now ? next * TICK_NS - now : 0;
-            timeout = wait_ns / 1000000 >= INT_MAX
-                          ? INT_MAX
-                          : (int)((wait_ns + 999999) / 1000000);
-        }
+        /* Sleep until the next expiry: tw_wheel_timeout() gives the ticks
+         * (ms) from now, so poll never wakes early; -1: no timer pending. */
+        uint64_t dt = tw_wheel_timeout(w, now_ns() / TICK_NS);
+        int timeout = dt == TW_WHEEL_NO_TIMEOUT ? -1
+                      : dt > INT_MAX            ? INT_MAX
+                                                : (int)dt;
         struct pollfd pfd = {.fd = 0, .events = POLLIN};
         if (poll(&pfd, 1, timeout) > 0) {
             ssize_t n = read(0, line, sizeof line);

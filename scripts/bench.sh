@@ -1,21 +1,31 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# The main job: builds twheel in Release (build/bench) and runs the benchmark
-# suite: the core wheel against a binary heap, libuv and libevent
-# (bench_core), the timer service (bench_service) against Netty's
-# HashedWheelTimer and Java's ScheduledThreadPoolExecutor (bench/peers/java).
+# The main job: builds twheel in Release (build/bench) and runs four rounds,
+# each beside its peers in the same run: the core wheel against a binary
+# heap, libuv and libevent (bench_core); the timer service (bench_service)
+# against Netty's HashedWheelTimer and Java's ScheduledThreadPoolExecutor
+# (bench/peers/java); the durable journal (SYNC_GROUP, SYNC_INTERVAL)
+# against Redis with appendfsync always and everysec (bench_durable); the
+# Redis backend against a sorted-set poller (bench_redis). The Redis
+# rounds run on redis-server processes this script starts on 127.0.0.1
+# (free ports, directories under build/bench) and always stops.
 # Prints the tables and writes build/bench/results/: results.csv (every
-# figure), *.txt (each program's own table), bench.png (gnuplot), machine.txt.
-# Installs the Debian packages it needs first (scripts/deps.sh bench).
+# figure), *.txt (each program's own output), bench.png (gnuplot),
+# machine.txt, summary.txt (verdicts). Installs the Debian packages it
+# needs first (scripts/deps.sh bench).
 #
 # Usage: scripts/bench.sh [--full] [--reps R] [--no-java] [--instr]
-#   default  quick mode (about two minutes on 2 cores): 1e3 and 1e5 pending
-#            timers with every workload, 1e6 with add/cancel/churn/memory
-#            (and expiry for twheel and the heap); the service and the Java
-#            peers with 200,000 tasks
-#   --full   1e3, 1e5, 1e6 and 1e7 pending timers, every workload; service
-#            and Java peers with 1,000,000 tasks (about 50 minutes); implies
-#            --instr
+#                         [--rounds core,service,durable,redis]
+#   default  quick mode (under 5 minutes on 2 cores from a fresh clone):
+#            1e3 and 1e5 pending timers with every workload, 1e6 with
+#            add/cancel/churn/memory (and expiry for twheel and the heap);
+#            the service and the Java peers with 1,000,000 tasks, 3 and 5
+#            runs (a run then spans many scheduler time slices); the durable
+#            round, 3 runs of 1 s per system, one item per call and 32; the
+#            Redis round, 3 runs each of 5,000 timers over 2 s
+#   --full   1e3, 1e5, 1e6 and 1e7 pending timers, every workload (about
+#            50 minutes); implies --instr
+#   --rounds only the rounds named (default all four)
 #   --instr  also count instructions and simulated cache misses per
 #            operation under callgrind (noise-free; about a minute)
 set -euo pipefail
@@ -25,17 +35,22 @@ full=0
 reps=5
 java=1
 instr=0
+rounds=core,service,durable,redis
 while (($#)); do
   case $1 in
     --full) full=1; instr=1 ;;
     --instr) instr=1 ;;
     --reps) reps=$2; shift ;;
     --no-java) java=0 ;;
-    *) echo "usage: $0 [--full] [--reps R] [--no-java] [--instr]" >&2; exit 2 ;;
+    --rounds) rounds=$2; shift ;;
+    *) echo "usage: $0 [--full] [--reps R] [--no-java] [--instr]" \
+      "[--rounds core,service,durable,redis]" >&2; exit 2 ;;
   esac
   shift
 done
 
+has() { [[ ",$rounds," == *",$1,"* ]]; }
+has service || java=0
 scripts/deps.sh bench
 build=$root/build/bench
 out=$build/results
@@ -48,11 +63,58 @@ if ! flock -n 9; then
 fi
 rm -rf "$out"/results.csv "$out"/instr.csv "$out"/*.txt "$out"/bench.png \
   "$out"/callgrind
+# redis-server processes started here, each stopped on any exit.
+redis_pids=()
+redis_dirs=()
+stop_all_redis() {
+  local p
+  for p in "${redis_pids[@]}"; do
+    kill "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
+  redis_pids=()
+  ((${#redis_dirs[@]})) && rm -rf "${redis_dirs[@]}"
+  redis_dirs=()
+}
+trap stop_all_redis EXIT
+# A signal ends the script through exit, so the EXIT trap runs too.
+trap 'exit 130' INT
+trap 'exit 143' TERM
+# start_redis DIR ARGS...: a redis-server on a free loopback port (set in
+# $rport, its pid in $rpid) with its files in DIR.
+start_redis() {
+  local dir=$1 try
+  shift
+  mkdir -p "$dir"
+  redis_dirs+=("$dir")
+  for try in 1 2 3 4 5 6 7 8 9 10; do
+    rport=$((20000 + RANDOM % 40000))
+    if (exec 3<>"/dev/tcp/127.0.0.1/$rport") 2>/dev/null; then continue; fi
+    redis-server --bind 127.0.0.1 --port "$rport" --dir "$dir" --save '' \
+      --logfile "$dir/log" "$@" &
+    rpid=$!
+    redis_pids+=("$rpid")
+    for _ in $(seq 50); do
+      if redis-cli -p "$rport" ping >/dev/null 2>&1; then return 0; fi
+      kill -0 "$rpid" 2>/dev/null || break
+      sleep 0.1
+    done
+  done
+  echo "cannot start redis-server (log: $dir/log)" >&2
+  return 1
+}
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DTWHEEL_BUILD_TESTS=OFF -DTWHEEL_BUILD_EXAMPLES=OFF >"$build.log" 2>&1 ||
   { cat "$build.log"; exit 1; }
-cmake --build "$build" -j2 --target bench_core bench_service
+targets=(bench_core bench_service)
+has durable && targets+=(bench_durable)
+# bench_redis exists when hiredis was found (scripts/deps.sh installs it).
+if has redis && grep -q '^build bench/bench_redis:' "$build/build.ninja"; then
+  targets+=(bench_redis)
+fi
+cmake --build "$build" -j2 --target "${targets[@]}"
 csv=$out/results.csv
+echo "n,workload,engine,unit,median,min,max,reps,speedup_vs_heap,fired_fraction,note" >"$csv"
 t_start=$SECONDS
 
 # Progress: one line per stage with the time spent so far and an estimate
@@ -61,15 +123,19 @@ t_start=$SECONDS
 stages=()
 weights=()
 plan() { stages+=("$1"); weights+=("$2"); }
-if ((full)); then
+if ! has core; then
+  :
+elif ((full)); then
   plan "core, 1e3..1e7 timers, every engine" 2400
 else
   plan "core, 1e3 and 1e5 timers" 40
   plan "core, 1e6 timers, add/cancel/churn/memory" 25
   plan "core, 1e6 timers, expiry (twheel and heap)" 10
 fi
-plan "service (bench_service)" $((full ? 120 : 25))
-((java)) && plan "Java peers (Netty HWT, JDK STPE)" $((full ? 300 : 40))
+has service && plan "service (bench_service)" $((full ? 120 : 20))
+((java)) && plan "Java peers (Netty HWT, JDK STPE)" $((full ? 300 : 45))
+has durable && plan "durable store (journal, Redis always/everysec)" 35
+has redis && plan "Redis backend (twheel, sorted-set poller)" 30
 ((instr)) && plan "callgrind counts" 60
 plan "summary and plot" 2
 stage_no=0
@@ -107,13 +173,18 @@ cat "$out/machine.txt"
 
 # 1. The core wheel and the C peers.
 core=("$build/bench/bench_core" --reps "$reps" --csv "$csv")
-if ((full)); then
+# The service rows: 1,000,000 tasks (a run of 200,000 lasted 2-7 ms, less
+# than a scheduler time slice, so one preemption halved a figure), twheel's
+# median of 3 runs beside the Java peers' median of 5, each with its spread.
+svc_args=(--quick --tasks 1000000 --reps 3)
+tasks=1000000
+idle_ms=1000
+if ! has core; then
+  :
+elif ((full)); then
   stage "core, 1e3..1e7 timers, every engine"
   "${core[@]}" --n 1000,100000,1000000,10000000 --workloads all \
     --cap-ms 10000 | tee "$out/core.txt"
-  svc_args=()
-  tasks=1000000
-  idle_ms=3000
 else
   stage "core, 1e3 and 1e5 timers"
   "${core[@]}" --n 1000,100000 --workloads all --cap-ms 1000 |
@@ -127,22 +198,22 @@ else
   stage "core, 1e6 timers, expiry (twheel and heap)"
   "${core[@]}" --n 1000000 --cap-ms 1000 --engines twheel,twheel-netty,heap \
     --workloads expire_1,expire_jump | tee -a "$out/core.txt"
-  # Three runs per service row, as the Java peers get five: a single run
-  # of 200,000 cancels swings by 2x on this kind of shared machine.
-  svc_args=(--quick --reps 3)
-  tasks=200000
-  idle_ms=1000
 fi
+((full)) && svc_args=(--tasks 1000000 --reps 3) && idle_ms=3000
 
 # 2. The service (its own program; the median of its 3 runs per row)
-stage "service (bench_service)"
-"$build/bench/bench_service" "${svc_args[@]}" | tee "$out/service.txt"
-awk -v n="$tasks" -v reps=3 -f bench/report/service_csv.awk \
-  "$out/service.txt" >>"$csv"
+if has service; then
+  stage "service (bench_service)"
+  "$build/bench/bench_service" "${svc_args[@]}" | tee "$out/service.txt"
+  awk -v n="$tasks" -v reps=3 -f bench/report/service_csv.awk \
+    "$out/service.txt" >>"$csv"
+fi
 
 # 3. ... and its Java peers.
 ((java)) && stage "Java peers (Netty HWT, JDK STPE)"
-if ((java)) && command -v javac >/dev/null && command -v java >/dev/null &&
+if ((!java)); then
+  :
+elif command -v javac >/dev/null && command -v java >/dev/null &&
   [ -r /usr/share/java/netty-common.jar ]; then
   mkdir -p "$build/java"
   javac -d "$build/java" -cp /usr/share/java/netty-common.jar \
@@ -154,6 +225,71 @@ if ((java)) && command -v javac >/dev/null && command -v java >/dev/null &&
 else
   echo "java: skipped (needs javac, java and /usr/share/java/netty-common.jar;" \
     "scripts/deps.sh bench installs them)" | tee "$out/java.txt"
+fi
+
+# 3b. The durable store: twheel's journal (TW_DURABLE_SYNC_GROUP: every
+# call fdatasync'ed; SYNC_INTERVAL: written, fdatasync'ed every second)
+# against a Redis sorted-set delay queue with appendonly yes and
+# appendfsync always (fsync'ed) and everysec (the interval's durability),
+# one redis-server switched with CONFIG SET. 4 threads schedule fresh keys
+# (64-byte payloads), one item per call and 32 (Redis: 32 pipelined per
+# round trip); 3 runs of 1 s of each system, interleaved, so a slow second
+# of the shared disk falls on every side; medians and spreads go to the CSV.
+if has durable; then
+  stage "durable store (journal, Redis always/everysec)"
+  dwork=$build/durable-work
+  rm -rf "$dwork"
+  start_redis "$dwork/redis" --appendonly yes --appendfsync always
+  dbin=$build/bench/bench_durable
+  {
+    for depth in 1 32; do
+      for r in 1 2 3; do
+        "$dbin" twheel sched "$dwork/g" 4 1 64 "$depth" |
+          sed 's/^system=twheel /system=twheel-group /'
+        rm -rf "${dwork:?}/g"
+        "$dbin" twheel isched "$dwork/i" 4 1 64 "$depth"
+        rm -rf "${dwork:?}/i"
+        for mode in always everysec; do
+          redis-cli -p "$rport" config set appendfsync "$mode" >/dev/null
+          "$dbin" redis sched "$rport" 4 1 "$depth" |
+            sed "s/^system=redis /system=redis-$mode /"
+          redis-cli -p "$rport" flushall >/dev/null
+        done
+      done
+    done
+  } | grep '^system=' | tee "$out/durable.txt" &
+  wait $! # (in the background so that a signal stops the servers at once)
+  stop_all_redis
+  rm -rf "$dwork"
+  awk -f bench/report/rounds_csv.awk "$out/durable.txt" >>"$csv"
+fi
+
+# 3c. The Redis backend against the sorted-set poller most Redis delay
+# queues use (ZADD + HSET per timer, a Lua ZRANGEBYSCORE + ZREM + HDEL every
+# 100 ms), on one redis-server without persistence: 5,000 timers due over
+# 2 s, 3 runs of each, interleaved; Redis CPU per 1000 fired timers (from
+# /proc, loading and firing) and the p99 lateness of the callbacks.
+if has redis; then
+  stage "Redis backend (twheel, sorted-set poller)"
+  if [ -x "$build/bench/bench_redis" ]; then
+    rwork=$build/redis-work
+    rm -rf "$rwork"
+    start_redis "$rwork" --appendonly no
+    {
+      for r in 1 2 3; do
+        "$build/bench/bench_redis" fire "127.0.0.1:$rport" "$rpid" 5000 2000
+        redis-cli -p "$rport" flushall >/dev/null
+        "$build/bench/bench_redis" poll "127.0.0.1:$rport" "$rpid" 5000 2000 100
+        redis-cli -p "$rport" flushall >/dev/null
+      done
+    } | tee "$out/redis.txt" &
+    wait $!
+    stop_all_redis
+    awk -f bench/report/rounds_csv.awk "$out/redis.txt" >>"$csv"
+  else
+    echo "redis: skipped (bench_redis needs hiredis; scripts/deps.sh bench" \
+      "installs libhiredis-dev)" | tee "$out/redis.txt"
+  fi
 fi
 
 # 4. Instruction and cache-miss counts: the same code paths under callgrind,
@@ -199,8 +335,12 @@ stage "summary and plot"
 awk -F, -f bench/report/summary.awk "$csv" | tee "$out/summary.txt"
 plot="plot: skipped (no gnuplot)"
 if command -v gnuplot >/dev/null; then
-  sizes=$(awk -F, 'NR > 1 && $2 !~ /^svc_/ { print $1 }' "$csv" | sort -n | uniq)
-  gnuplot -e "csv='$csv'; out='$out/bench.png'; nmin=$(echo "$sizes" | head -1); nmax=$(echo "$sizes" | tail -1)" \
+  sizes=$(awk -F, 'NR > 1 && $2 !~ /^(svc|dur|redis)_/ { print $1 }' "$csv" | sort -n | uniq)
+  # A round not in the CSV leaves its panel empty.
+  hv() { grep -q "^[0-9]*,$1" "$csv" && echo 1 || echo 0; }
+  have="have_core=$(hv '[a-z]*,twheel,'); have_svc=$(hv svc_); have_dur=$(hv dur_); have_redis=$(hv redis_)"
+  [ -n "$sizes" ] || sizes=1000
+  gnuplot -e "csv='$csv'; out='$out/bench.png'; nmin=$(echo "$sizes" | head -1); nmax=$(echo "$sizes" | tail -1); $have" \
     bench/report/plot.gp && plot="plot:    $out/bench.png"
 fi
 echo

@@ -113,6 +113,7 @@ step "consumers: pkg-config and find_package(twheel 0.2) ok; 0.1 refused"
 ex=$work/examples
 mkdir -p "$ex/bin"
 cp -r "$root/examples/quickstart.c" "$root/examples/election.c" \
+  "$root"/examples/hello_*.c \
   "$root/examples/loops" "$root/examples/idle_server" "$ex/"
 build_example() { # SOURCE [PKG...]
   local src=$1 name
@@ -126,8 +127,22 @@ build_example() { # SOURCE [PKG...]
 }
 build_example quickstart.c
 build_example election.c
+build_example hello_service.c
+build_example hello_repeated.c
+build_example hello_durable.c
 build_example idle_server/idle_server.c
 build_example idle_server/idle_load.c
+build_example idle_server/idle_stall.c
+# README: a program linked against a private prefix finds the library at
+# run time only through an rpath (or LD_LIBRARY_PATH).
+if "$ex/bin/hello_service" --help >/dev/null 2>&1; then
+  fail "hello_service ran without an rpath or LD_LIBRARY_PATH"
+fi
+cc -std=c11 "$ex/hello_service.c" -o "$ex/bin/hello_rpath" \
+  $(pkg-config --cflags --libs twheel) \
+  -Wl,-rpath,"$(pkg-config --variable=libdir twheel)"
+"$ex/bin/hello_rpath" >"$ex/hello_rpath.out" ||
+  fail "hello_service with an rpath: $(tail -1 "$ex/hello_rpath.out")"
 build_example loops/epoll_loop.c
 build_example loops/uv_loop.c libuv
 build_example loops/event_loop.c libevent
@@ -142,7 +157,7 @@ case $rc in
   77) step "uring_loop: io_uring not allowed here, compile-tested only" ;;
   *) fail "uring_loop: $(tail -1 "$ex/uring_loop.out")" ;;
 esac
-step "8 examples built with pkg-config only; --help exits 0; loops ran"
+step "$(ls "$ex/bin" | grep -vc "^hello_rpath$") examples built with pkg-config only; --help exits 0; loops ran; an rpath finds the private prefix"
 
 # 3. As a subproject of a parent with its own settings.
 sub=$work/parent

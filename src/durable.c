@@ -30,9 +30,13 @@
  * callbacks run on that thread or on the executors. After a callback, a
  * DONE record (or a new SCHED for a retry) is appended if the node is still
  * the key's current version; a key replaced or cancelled meanwhile left its
- * old node ORPHAN, which is just freed. DONE records are not waited for: a
- * crash before they are durable means a repeat delivery, which the contract
- * allows.
+ * old node ORPHAN, which is just freed. A cancel or replace marks the node
+ * ORPHAN under the mutex, and a callback starts only after a look at that
+ * mark under the same mutex (begin_delivery()), so once a cancel or replace
+ * has returned, no delivery of the old version whose callback had not
+ * started will start; only one already running is not stopped. DONE records are
+ * not waited for: a crash before they are durable means a repeat delivery,
+ * which the contract allows.
  *
  * Time: the thread sleeps on CLOCK_MONOTONIC for at most WALL_CHECK_MS
  * between readings of the wall clock. The wheel never goes back: after the
@@ -883,7 +887,7 @@ static struct delivery *read_record(jstore *s, struct dnode *n)
     if (!dl)
         return NULL;
     if (pread(g->fd, dl->raw, size, n->off) != (ssize_t)size ||
-        tw__jr_decode(dl->raw, size, n->off, &dl->rec) != size ||
+        tw__jr_decode(dl->raw, size, n->off, g->seed, &dl->rec) != size ||
         dl->rec.type != JR_SCHED) {
         tw__free(dl);
         return NULL;
@@ -931,14 +935,29 @@ static void complete(jstore *s, struct delivery *dl, int r)
     tw__free(dl);
 }
 
-/* A delivery's callback is about to run (mutex held): it leaves the
- * backlog, and how late it starts is counted. */
-static void begin_delivery(jstore *s, const struct delivery *dl)
+/* A delivery's callback is about to run (mutex held, and held since the
+ * caller last looked at the node): it leaves the backlog, and how late it
+ * starts is counted. Returns false, with @dl freed, if a cancel or replace
+ * of its key was applied since the delivery began: those run under the
+ * same mutex, so once one has returned 0 this is where every delivery of
+ * the old version that has not started yet stops. */
+static bool begin_delivery(jstore *s, struct delivery *dl)
 {
-    int64_t late_ms = wall(s) - dl->rec.due_ms;
-    uint64_t late_us = late_ms > 0 ? (uint64_t)late_ms * 1000u : 0;
     s->backlog--;
+    if (dl->node->fl & DN_ORPHAN) {
+        node_free(s, dl->node);
+        tw__free(dl);
+        return false;
+    }
+    int64_t late_ms; /* due_ms may be anywhere in int64: saturate */
+    if (__builtin_sub_overflow(wall(s), dl->rec.due_ms, &late_ms))
+        late_ms = INT64_MAX;
+    uint64_t late_us = late_ms > 0 && late_ms < INT64_MAX / 1000
+                           ? (uint64_t)late_ms * 1000u
+                       : late_ms > 0 ? UINT64_MAX
+                                     : 0;
     s->late_hist[tw__late_bucket(late_us)]++;
+    return true;
 }
 
 static int run_callback(jstore *s, struct delivery *dl)
@@ -1021,7 +1040,8 @@ static void deliver_chunk(jstore *s)
     while (head) {
         struct delivery *dl = head;
         head = dl->next;
-        begin_delivery(s, dl);
+        if (!begin_delivery(s, dl))
+            continue;
         pthread_mutex_unlock(&s->mu);
         int r = run_callback(s, dl);
         pthread_mutex_lock(&s->mu);
@@ -1042,8 +1062,11 @@ static void *exec_main(void *arg)
         s->qhead = dl->next;
         if (!s->qhead)
             s->qtail = NULL;
+        if (!begin_delivery(s, dl)) {
+            pthread_cond_broadcast(&s->round_cv);
+            continue;
+        }
         s->running++;
-        begin_delivery(s, dl);
         pthread_mutex_unlock(&s->mu);
         int r = run_callback(s, dl);
         pthread_mutex_lock(&s->mu);
@@ -1130,7 +1153,7 @@ static int compact_oldest(jstore *s)
             return TW_EIO;
         }
         size_t end;
-        tw__jr_scan(buf, g.size, false, true, compact_one, &c, &end);
+        tw__jr_scan(buf, g.size, g.seed, false, true, compact_one, &c, &end);
         tw__free(buf);
         if (c.err)
             return c.err;
@@ -1350,6 +1373,18 @@ static void errmsg(const tw_durable_config *cfg, const char *fmt, ...)
     va_end(ap);
 }
 
+/* errno @e of @what on @path: its code, and a message with the cause
+ * (the code's own words, or the system's for an I/O error). */
+static int os_error(const tw_durable_config *cfg, int e, const char *what,
+                    const char *path)
+{
+    char why[128];
+    int rc = tw__jr_errno(e);
+    errmsg(cfg, "%s %s: %s", what, path,
+           rc == TW_EIO ? strerror_r(e, why, sizeof why) : tw_strerror(rc));
+    return rc;
+}
+
 struct replay_ctx {
     jstore *s;
     uint32_t no;
@@ -1441,10 +1476,10 @@ static int list_segments(jstore *s, uint32_t **out, size_t *n)
     return 0;
 }
 
-/* Size the key table once from the segments' sizes (the newest counted
- * as full: it is preallocated): at 128 bytes a record and two keys a
- * bucket it rarely has to grow during the replay, and each growth would
- * touch every node again. A guess: too small costs a growth, too large
+/* Size the key table once from the segments' sizes (the newest's
+ * allocated size, a little more than its records): at 128 bytes a record and
+ * two keys a bucket it rarely has to grow during the replay, and each growth
+ * would touch every node again. A guess: too small costs a growth, too large
  * one rehash at the end (fit_table()). */
 static void presize_table(jstore *s, const uint32_t *nos, size_t cnt)
 {
@@ -1479,7 +1514,9 @@ static void fit_table(jstore *s)
 /* A segment file read whole. */
 struct seg_file {
     uint32_t no;
-    bool last; /* the newest segment */
+    uint32_t seed; /* its records' checksum seed */
+    bool last;     /* the newest segment */
+    bool legacy;   /* some segment read so far is in format 1 */
     char name[16];
     int fd;
     size_t size;
@@ -1536,17 +1573,16 @@ static int bad_header(jstore *s, const tw_durable_config *cfg,
     return 1;
 }
 
-/* Zeros after the last record (at @end) are the preallocated rest of the
+/* Zeros after the last record (at @end) are the allocated rest of the
  * segment; anything else is a torn tail, cleared so that no stale record
  * can ever follow the next append. */
-static int clear_tail(jstore *s, struct seg_file *f, size_t end)
+static int clear_tail(struct seg_file *f, size_t end)
 {
     if (end >= f->size || all_zero(f->buf, end, f->size))
         return 0;
     if (ftruncate(f->fd, (off_t)end) != 0 || fdatasync(f->fd) != 0)
         return TW_EIO;
-    if (f->last)
-        (void)tw__jr_preallocate(f->fd, s->w.segment_bytes);
+    f->size = end; /* appends allocate again as they need */
     return 0;
 }
 
@@ -1563,8 +1599,12 @@ static int keep_segment(jstore *s, struct seg_file *f, size_t end,
         s->w.segs = ns;
         s->w.cap = nc;
     }
-    s->w.segs[s->w.nseg++] =
-        (jr_seg){.no = f->no, .fd = f->fd, .size = end, .records = sched};
+    s->w.segs[s->w.nseg++] = (jr_seg){.no = f->no,
+                                      .fd = f->fd,
+                                      .size = end,
+                                      .alloc = f->size,
+                                      .records = sched,
+                                      .seed = f->seed};
     f->fd = -1;
     return 0;
 }
@@ -1576,24 +1616,26 @@ static int replay_segment(jstore *s, const tw_durable_config *cfg,
     int rc = read_segment(s, f);
     if (rc)
         return rc;
-    if (!tw__jr_seg_hdr_ok(f->buf, f->size, f->no))
+    unsigned version = tw__jr_seg_hdr_ok(f->buf, f->size, f->no, &f->seed);
+    if (!version)
         return bad_header(s, cfg, f, damaged);
+    f->legacy |= version == JR_VERSION_1;
     struct replay_ctx c = {.s = s, .no = f->no};
     size_t end = f->size;
-    rc = tw__jr_scan(f->buf, f->size, f->last, cfg->flags & TW_DURABLE_REPAIR,
-                     replay_one, &c, &end);
+    rc = tw__jr_scan(f->buf, f->size, f->seed, f->last,
+                     cfg->flags & TW_DURABLE_REPAIR, replay_one, &c, &end);
     if (rc == TW_EIO)
         errmsg(cfg, "%s/%s offset %zu: corrupt record", cfg->dir, f->name, end);
     if (rc < 0)
         return rc;
     *damaged |= rc == 1;
-    rc = clear_tail(s, f, end);
+    rc = clear_tail(f, end);
     return rc ? rc : keep_segment(s, f, end, c.sched);
 }
 
 /* After the replay: live counts per segment, the writer's position, and a
  * fresh segment if there was none or damage was repaired. */
-static int replay_done(jstore *s, bool damaged)
+static int replay_done(jstore *s, const tw_durable_config *cfg, bool damaged)
 {
     for (size_t i = 0; i < s->nbuckets; i++)
         for (struct dnode *n = hnode(s, s->buckets[i]); n;
@@ -1606,9 +1648,79 @@ static int replay_done(jstore *s, bool damaged)
         if (!damaged)
             tw__jr_publish(&s->w);
     }
-    if (s->w.nseg == 0 || damaged)
-        return tw__jr_new_segment(
-            &s->w, s->w.nseg ? s->w.segs[s->w.nseg - 1].no + 1 : 1);
+    if (s->w.nseg == 0 || damaged) {
+        uint32_t no = s->w.nseg ? s->w.segs[s->w.nseg - 1].no + 1 : 1;
+        int rc = tw__jr_new_segment(&s->w, no);
+        if (rc)
+            errmsg(cfg, "cannot make %s/%010u.twj: %s", cfg->dir, no,
+                   tw_strerror(rc));
+        return rc;
+    }
+    return 0;
+}
+
+/* The format version of segment @no's header, or 0. */
+static unsigned seg_version(jstore *s, uint32_t no)
+{
+    char name[16];
+    unsigned char hdr[JR_SEG_HDR];
+    uint32_t seed;
+    tw__jr_seg_name(name, no);
+    int fd = openat(s->dirfd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t got = pread(fd, hdr, sizeof hdr, 0);
+    close(fd);
+    return got == (ssize_t)sizeof hdr
+               ? tw__jr_seg_hdr_ok(hdr, sizeof hdr, no, &seed)
+               : 0;
+}
+
+/* Check that the oldest segment the store must have (MANIFEST, else 1) is
+ * there, and delete the older ones, left by a deletion that a crash
+ * interrupted (the manifest is written first); *@first: the index in
+ * @nos of the oldest segment to replay. TW_DURABLE_REPAIR opens whatever
+ * is there. A format-1 journal without a manifest may have deleted its
+ * oldest segments: nothing can be checked. */
+static int first_segment(jstore *s, const tw_durable_config *cfg,
+                         const uint32_t *nos, size_t cnt, size_t *first)
+{
+    bool repair = cfg->flags & TW_DURABLE_REPAIR;
+    uint32_t oldest = 1;
+    int rc = tw__jr_manifest_read(s->dirfd, &oldest);
+    bool manifest = rc == 0;
+    if (rc == TW_EIO && !repair) {
+        errmsg(cfg, "%s/MANIFEST: damaged", cfg->dir);
+        return TW_EIO;
+    }
+    if (rc)
+        oldest = 1;
+    size_t i = 0;
+    for (; manifest && i < cnt && nos[i] < oldest; i++) {
+        char name[16];
+        tw__jr_seg_name(name, nos[i]);
+        if (unlinkat(s->dirfd, name, 0) != 0)
+            return TW_EIO;
+        (void)fsync(s->dirfd);
+    }
+    *first = i;
+    bool gone = i < cnt ? nos[i] > oldest : manifest;
+    if (gone && repair) {
+        /* What is there is the journal from now on. */
+        if (i < cnt)
+            return tw__jr_manifest_write(s->dirfd, nos[i]);
+        if (unlinkat(s->dirfd, "MANIFEST", 0) != 0 && errno != ENOENT)
+            return TW_EIO;
+        return 0;
+    }
+    if (gone && (manifest || seg_version(s, nos[i]) != 1)) {
+        errmsg(cfg,
+               "%s/%010u.twj is missing: the journal begins at segment "
+               "%u%s",
+               cfg->dir, oldest, oldest,
+               i < cnt ? "" : " and no segment is left");
+        return TW_EIO;
+    }
     return 0;
 }
 
@@ -1619,12 +1731,19 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
     int rc = list_segments(s, &nos, &cnt);
     if (rc)
         return rc;
-    presize_table(s, nos, cnt);
+    size_t i = 0;
+    rc = first_segment(s, cfg, nos, cnt, &i);
+    if (rc) {
+        tw__free(nos);
+        return rc;
+    }
+    if (i < cnt) /* (nos is NULL when there is no segment) */
+        presize_table(s, nos + i, cnt - i);
     struct seg_file f = {.fd = -1};
-    for (size_t i = 0; i < cnt && rc == 0; i++) {
+    for (size_t i0 = i; i < cnt && rc == 0; i++) {
         f.no = nos[i];
         f.last = i + 1 == cnt;
-        if (i && nos[i] != nos[i - 1] + 1 &&
+        if (i > i0 && nos[i] != nos[i - 1] + 1 &&
             !(cfg->flags & TW_DURABLE_REPAIR)) {
             tw__jr_seg_name(f.name, f.no);
             errmsg(cfg, "%s/%s: segment %u is missing", cfg->dir, f.name,
@@ -1641,9 +1760,12 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
     }
     tw__free(f.buf);
     tw__free(nos);
+    /* A format-1 journal is rewritten in format 2 as after a repair: a
+     * new segment, everything older copied forward and deleted. */
+    *damaged |= f.legacy;
     if (!rc)
         fit_table(s);
-    return rc ? rc : replay_done(s, *damaged);
+    return rc ? rc : replay_done(s, cfg, *damaged);
 }
 /* fsync the directory that holds @path (its first @len bytes name it). */
 static void sync_parent(const char *path, size_t len)
@@ -1662,23 +1784,41 @@ static void sync_parent(const char *path, size_t len)
     }
 }
 
-/* mkdir -p @dir; each directory made is made durable in its parent. */
-static int make_dirs(const char *dir)
+/* mkdir -p @cfg->dir; each directory made is made durable in its
+ * parent. On failure the message names the directory that could not be
+ * made and why. */
+static int make_dirs(const tw_durable_config *cfg)
 {
     char path[4096];
-    size_t n = strlen(dir);
-    if (n >= sizeof path)
+    size_t n = strlen(cfg->dir);
+    if (n >= sizeof path) {
+        errmsg(cfg, "dir: longer than %zu bytes", sizeof path - 1);
         return TW_EINVAL;
-    memcpy(path, dir, n + 1);
+    }
+    memcpy(path, cfg->dir, n + 1);
     for (size_t i = 1; i <= n; i++) {
         if (path[i] != '/' && path[i] != 0)
             continue;
         char c = path[i];
         path[i] = 0;
-        if (mkdir(path, 0755) == 0)
+        if (mkdir(path, 0755) == 0) {
             sync_parent(path, i);
-        else if (errno != EEXIST)
-            return errno == ENOSPC ? TW_ENOSPC : TW_EIO;
+        } else if (errno != EEXIST) {
+            int e = errno;
+            if (e != ENOTDIR)
+                return os_error(cfg, e, "cannot make the directory", path);
+            /* Name the file in the way: the parent of what was made. */
+            while (i > 0 && path[i - 1] == '/')
+                i--;
+            while (i > 0 && path[i - 1] != '/')
+                i--;
+            while (i > 1 && path[i - 1] == '/')
+                i--;
+            path[i] = 0;
+            errmsg(cfg, "cannot make the directory %s: %s is not a directory",
+                   cfg->dir, path);
+            return TW_ENOTDIR;
+        }
         path[i] = c;
     }
     return 0;
@@ -1719,25 +1859,34 @@ static void init_store(jstore *s, const tw_durable_config *cfg,
 /* Make and open the directory and take its lock. */
 static int lock_dir(jstore *s, const tw_durable_config *cfg)
 {
-    int rc = make_dirs(cfg->dir);
-    if (rc) {
-        errmsg(cfg, "%s: cannot make the directory", cfg->dir);
+    int rc = make_dirs(cfg);
+    if (rc)
         return rc;
-    }
     s->dirfd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (s->dirfd < 0) {
-        errmsg(cfg, "%s: cannot open the directory", cfg->dir);
-        return TW_EIO;
-    }
+    if (s->dirfd < 0)
+        return os_error(cfg, errno, "cannot open the directory", cfg->dir);
     s->w.dirfd = s->dirfd;
-    s->lockfd = openat(s->dirfd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (s->lockfd < 0)
-        return TW_EIO;
-    if (flock(s->lockfd, LOCK_EX | LOCK_NB) != 0) {
-        errmsg(cfg, "%s: open in another process or handle", cfg->dir);
-        return errno == EWOULDBLOCK ? TW_EBUSY : TW_EIO;
+    /* The lock is on the directory itself, which cannot be deleted or
+     * replaced from under an open store as a file in it can. LOCK is
+     * locked as well, for a process of an older version (which locks
+     * only LOCK) on the same directory. */
+    int rc2 = 0;
+    if (flock(s->dirfd, LOCK_EX | LOCK_NB) != 0)
+        rc2 = errno == EWOULDBLOCK ? TW_EBUSY : TW_EIO;
+    if (!rc2) {
+        s->lockfd =
+            openat(s->dirfd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (s->lockfd < 0) {
+            char lock[4096];
+            snprintf(lock, sizeof lock, "%s/LOCK", cfg->dir);
+            return os_error(cfg, errno, "cannot open or create", lock);
+        }
+        if (flock(s->lockfd, LOCK_EX | LOCK_NB) != 0)
+            rc2 = errno == EWOULDBLOCK ? TW_EBUSY : TW_EIO;
     }
-    return 0;
+    if (rc2 == TW_EBUSY)
+        errmsg(cfg, "%s: open in another process or handle", cfg->dir);
+    return rc2;
 }
 
 /* Replay the journal; after a repair, rewrite everything live so the
@@ -1783,9 +1932,18 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
 {
     uint64_t seg_bytes =
         cfg->segment_bytes ? cfg->segment_bytes : UINT64_C(64) << 20;
-    if (cfg->sync > TW_DURABLE_SYNC_INTERVAL || seg_bytes < 4096 ||
-        seg_bytes > (UINT64_C(1) << 31) || cfg->executor_threads > 1024)
+    if (cfg->sync > TW_DURABLE_SYNC_INTERVAL) {
+        errmsg(cfg, "sync: %u is not a TW_DURABLE_SYNC_* mode", cfg->sync);
         return TW_EINVAL;
+    }
+    if (seg_bytes < 4096 || seg_bytes > (UINT64_C(1) << 31)) {
+        errmsg(cfg, "segment_bytes: 4096 <= n <= 2147483648 (0: 64 MiB)");
+        return TW_EINVAL;
+    }
+    if (cfg->executor_threads > 1024) {
+        errmsg(cfg, "executor_threads: n <= 1024");
+        return TW_EINVAL;
+    }
     jstore *s = tw__calloc(1, sizeof *s);
     if (!s)
         return TW_ENOMEM;
@@ -1833,15 +1991,48 @@ int tw_durable_open_sized(tw_durable **out, const tw_durable_config *cfg,
     return rc != 0 ? rc : (tw_durable_open)(out, &c);
 }
 
+/* The fields every backend shares, and which backend: TW_EINVAL with a
+ * message naming the field, or 0. */
+static int check_config(tw_durable **out, const tw_durable_config *cfg)
+{
+    if (!out) {
+        errmsg(cfg, "out: NULL");
+        return TW_EINVAL;
+    }
+    if (!cfg->fire) {
+        errmsg(cfg, "fire: a callback is required");
+        return TW_EINVAL;
+    }
+    if (cfg->redis && cfg->dir) {
+        errmsg(cfg, "dir and redis: set one (dir: a journal in that "
+                    "directory; redis: the Redis backend)");
+        return TW_EINVAL;
+    }
+    if (!cfg->redis && (!cfg->dir || !cfg->dir[0])) {
+        errmsg(cfg, "dir: required (the journal's directory), or redis");
+        return TW_EINVAL;
+    }
+    if (cfg->redis && cfg->shards > (1u << 20)) {
+        errmsg(cfg, "shards: 0 < n <= 1048576 (0: 64)");
+        return TW_EINVAL;
+    }
+    return 0;
+}
+
 int(tw_durable_open)(tw_durable **out, const tw_durable_config *cfg)
 {
-    if (!out || !cfg || !cfg->fire)
+    if (!cfg)
         return TW_EINVAL;
-    if (cfg->redis)
-        return tw__durable_redis_open(out, cfg);
-    if (!cfg->dir || !cfg->dir[0])
-        return TW_EINVAL;
-    return j_open(out, cfg);
+    if (cfg->errbuf && cfg->errbuf_len)
+        cfg->errbuf[0] = 0;
+    int rc = check_config(out, cfg);
+    if (!rc)
+        rc = cfg->redis ? tw__durable_redis_open(out, cfg) : j_open(out, cfg);
+    /* Every failure says something, if only the code's meaning. */
+    if (rc && cfg->errbuf && cfg->errbuf_len && !cfg->errbuf[0])
+        errmsg(cfg, "%s: %s", cfg->redis ? cfg->redis : cfg->dir,
+               tw_strerror(rc));
+    return rc;
 }
 
 static bool key_ok(const void *key, size_t key_len)

@@ -3,7 +3,7 @@
  * src/durable_redis.c - the Redis backend of twheel/durable.h.
  *
  * Data model. A key goes to shard fnv1a(key) % shards; shard s of
- * namespace ns keeps four keys with the hash tag {ns:s}, so they share one
+ * namespace ns keeps five keys with the hash tag {ns:s}, so they share one
  * cluster slot and one Lua script can change them atomically:
  *   {ns:s}:d  sorted set  key -> due ms (>= 0: waiting, not claimed), or
  *                         -T (claimed; T is the claim's token)
@@ -12,6 +12,15 @@
  *   {ns:s}:v  string      the shard's version: moves whenever a key that
  *                         may be claimed is replaced, cancelled or
  *                         claimed again after its lease ran out
+ *   {ns:s}:q  hash        quarantine: what a script could not read, set
+ *                         aside (field -> the raw bytes): "p:<key>" a value
+ *                         of :p that is not "due,attempt,payload" (due in
+ *                         int64, attempt in uint32); "d:<key>" the score of
+ *                         a member of :d without a value; "k:<c>" a whole
+ *                         key :c of the wrong type (its DUMP) or an :s or
+ *                         :v that is not an integer in [0, 2^53). What is
+ *                         set aside is removed; the rest of the shard goes
+ *                         on. HLEN is counted in stats.quarantined.
  * A pending key is in :d and :p, nowhere else. A claim's token is
  * T = max(last T + 1, expiry * 1024), where expiry is the lease's end in
  * ms (max(due, now) + lease): unique per claim within the shard, growing
@@ -78,6 +87,14 @@
  * when :v had moved); DONE then sees another score and leaves the new
  * version alone.
  *
+ * Due times. Any int64: a due time the wall clock has reached fires at
+ * once (INT64_MIN included) and one it has not stays pending (INT64_MAX
+ * in practice forever), as in the journal. The value keeps the due time
+ * exactly; the score of a waiting key is max(due, 0) (a negative score is
+ * a claim), a double, exact below 2^53. Tokens and versions need the wall
+ * clock below 2^53 / 1024 ms (the year 2248). Local arithmetic on due
+ * times saturates (sat_add).
+ *
  * Failure. A node that dies leaves its claimed scores in :d; the first
  * CLAIM after they run out (by any node) gives the timers back. A node
  * that cannot reach Redis fires nothing it cannot check and retries every
@@ -102,7 +119,7 @@
 #include "internal.h"
 #include "redis_client.h"
 
-#define NKEYS 4
+#define NKEYS 5
 #define CLAIM_MAX 1000
 #define RETRY_MS 100
 #define IDLE_WAIT_MS 50
@@ -115,18 +132,94 @@
 #define CHECK_AHEAD_MS 5 /* a timer is checked up to this long before due */
 #endif
 #define DONE_BATCH 1024
+/* A check's answer is trusted for this long after the check was sent: a
+ * timer whose callback cannot start by then (its answer came late, or
+ * callbacks ahead of it ran long) is checked again. This bounds the window
+ * in which a replace or cancel that returned does not stop a callback. */
+#ifndef CHECK_MAX_AGE_MS
+#define CHECK_MAX_AGE_MS 200
+#endif
+#define GROUPS_MAX 16    /* worker threads: one per master, at most */
+#define TOPOLOGY_MS 1000 /* how often the masters of the shards are read */
 
 enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_COUNT };
 enum { CHK_VER = -1, CHK_SCORE = -2 }; /* the plain commands of a check */
 
-/* KEYS: 1 d, 2 p, 3 s, 4 v. A claim's token T (see the top of the file)
- * is max(last + 1, expiry * 1024), and a new version of :v is max(last +
- * 1, now * 1024): both grow with the clock, so that a master that lost
- * its last writes in a failover does not hand out a value seen before.
- * Lua numbers are doubles: both stay exact integers below 2^53 (until
- * the year 2248). A value of :p is "due,attempt,payload"; the scripts
- * that give a lease back (CLAIM, DONE, RELEASE) read the due time and
- * attempt from it. */
+/* KEYS: 1 d, 2 p, 3 s, 4 v, 5 q. A claim's token T (see the top of the
+ * file) is max(last + 1, expiry * 1024), and a new version of :v is
+ * max(last + 1, now * 1024): both grow with the clock, so that a master
+ * that lost its last writes in a failover does not hand out a value seen
+ * before. Lua numbers are doubles: both stay exact integers below 2^53
+ * (until the year 2248). A value of :p is "due,attempt,payload"; the
+ * scripts that give a lease back (CLAIM, DONE, RELEASE) read the due time
+ * and attempt from it.
+ *
+ * Every value a script reads may be anything (an operator, a bug, an
+ * older version): PRELUDE's helpers check each one, and what cannot be
+ * used is set aside into the quarantine hash :q (see the top of the file)
+ * and removed, so that the rest of the shard goes on. Each script's body
+ * is a function M run under pcall: a command that fails (a key of the
+ * wrong type) makes EPILOGUE set aside every key of the wrong type and
+ * run M once more. M reads before it writes, so a failed first run wrote
+ * nothing that a second run would do twice (SCHED's HSET, at most). */
+#define PRELUDE                                                                \
+    "local D,P,S,V,Q=KEYS[1],KEYS[2],KEYS[3],KEYS[4],KEYS[5]\n"                \
+    "local function q(f,x) redis.call('HSET',Q,f,x) end\n"                     \
+    /* A value of :p: due, attempt, #due, #attempt; nil if it is not    */     \
+    /* "-?digits,digits," within int64 and uint32 (as parse_val reads) */      \
+    "local function pv(s)\n"                                                   \
+    " if type(s)~='string' then return nil end\n"                              \
+    " local d,a=string.match(s,'^(%-?%d+),(%d+),')\n"                          \
+    " if not d then return nil end\n"                                          \
+    " local u=string.gsub(d,'^%-','')\n"                                       \
+    " if #u>19 or (#u==19 and u>(u==d and '9223372036854775807' or"            \
+    " '9223372036854775808')) or #a>10 or tonumber(a)>4294967295 then\n"       \
+    "  return nil\n"                                                           \
+    " end\n"                                                                   \
+    " return tonumber(d),tonumber(a),#d,#a\n"                                  \
+    "end\n"                                                                    \
+    /* s with its attempt set to a (saturated at 2^32 - 1). */                 \
+    "local function att(s,a,nd,na)\n"                                          \
+    " return string.sub(s,1,nd+1)..string.format('%d',math.min(a,4294967295))" \
+    "..string.sub(s,nd+na+2)\n"                                                \
+    "end\n"                                                                    \
+    /* :s or :v: an integer in [0, 2^53), else set aside: 0, true. */          \
+    "local function cnt(k,c)\n"                                                \
+    " local x=redis.call('GET',k)\n"                                           \
+    " if not x then return 0 end\n"                                            \
+    " local n=tonumber(x)\n"                                                   \
+    " if n and n>=0 and n<9007199254740992 and n==math.floor(n) then"          \
+    " return n end\n"                                                          \
+    " q('k:'..c,x)\n"                                                          \
+    " redis.call('DEL',k)\n"                                                   \
+    " return 0,true\n"                                                         \
+    "end\n"                                                                    \
+    /* A :d score as an integer (floored; NaN, inf, absent: nil). */           \
+    "local function sc(x)\n"                                                   \
+    " local n=x and tonumber(x)\n"                                             \
+    " if n and n==n and n~=math.huge and n~=-math.huge then\n"                 \
+    "  return math.floor(n)\n"                                                 \
+    " end\n"                                                                   \
+    "end\n"                                                                    \
+    "local function M()\n"
+#define EPILOGUE                                                               \
+    "end\n"                                                                    \
+    "local ok,r=pcall(M)\n"                                                    \
+    "if ok then return r end\n"                                                \
+    "local w,any={'zset','hash','string','string','hash'},false\n"             \
+    "for _,i in ipairs({5,1,2,3,4}) do\n"                                      \
+    " local t=redis.call('TYPE',KEYS[i])\n"                                    \
+    " t=type(t)=='table' and t.ok or t\n"                                      \
+    " if t~='none' and t~=w[i] then\n"                                         \
+    "  local x=redis.call('DUMP',KEYS[i])\n"                                   \
+    "  redis.call('DEL',KEYS[i])\n"                                            \
+    "  q('k:'..string.sub(KEYS[i],-1),x)\n"                                    \
+    "  any=true\n"                                                             \
+    " end\n"                                                                   \
+    "end\n"                                                                    \
+    "if any then return M() end\n"                                             \
+    "error(r)\n"
+
 static const char *const scripts[S_COUNT] = {
     /* SCHED ARGV: claim_until now lease, then (key due value)... where
      * value is "due,1,payload". A key given twice keeps its last item.
@@ -136,87 +229,103 @@ static const char *const scripts[S_COUNT] = {
      * of a script and of each command it runs is paid once per batch.
      * ZADD replaces a claimed or waiting key's score, so an older claim's
      * token is gone with it; if any key existed (HSET counts the new
-     * ones), :v moves. */
-    "local untl,now,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"
-    "tonumber(ARGV[3])\n"
-    "local m=(#ARGV-3)/3\n"
-    "local seen,pv,fz,nk,nd,nj={},{},{},{},{},{}\n"
-    "for j=m,1,-1 do\n"
-    " local i=3*j+1\n"
-    " local k,due=ARGV[i],tonumber(ARGV[i+1])\n"
-    " if not seen[k] then\n"
-    "  seen[k]=true\n"
-    "  pv[#pv+1]=k\n"
-    "  pv[#pv+1]=ARGV[i+2]\n"
-    "  if due<=untl then\n"
-    "   nk[#nk+1]=k\n"
-    "   nd[#nd+1]=due\n"
-    "   nj[#nj+1]=j\n"
-    "  else\n"
-    "   fz[#fz+1]=ARGV[i+1]\n"
-    "   fz[#fz+1]=k\n"
-    "  end\n"
-    " end\n"
-    "end\n"
-    "local old=#pv/2-redis.call('HSET',KEYS[2],unpack(pv))>0\n"
-    "if #fz>0 then redis.call('ZADD',KEYS[1],unpack(fz)) end\n"
-    "if #nk==0 and not old then return {} end\n"
-    "local c=redis.call('MGET',KEYS[3],KEYS[4])\n"
-    "local t,v=tonumber(c[1]) or 0,tonumber(c[2]) or 0\n"
-    "if old then\n"
-    " v=math.max(v+1,now*1024)\n"
-    " redis.call('SET',KEYS[4],v)\n"
-    "end\n"
-    "if #nk==0 then return {} end\n"
-    "local nz,out={},{v}\n"
-    "for i=1,#nk do\n"
-    " t=math.max(t+1,(math.max(nd[i],now)+lease)*1024)\n"
-    " nz[2*i-1]=-t\n"
-    " nz[2*i]=nk[i]\n"
-    " out[2*i]=nj[i]\n"
-    " out[2*i+1]=t\n"
-    "end\n"
-    "redis.call('SET',KEYS[3],t)\n"
-    "redis.call('ZADD',KEYS[1],unpack(nz))\n"
-    "return out\n",
+     * ones), :v moves. A due time below 0 waits with score 0 (a negative
+     * score is a claim); the value keeps the due time as given. */
+    PRELUDE "local untl,now,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"
+            "tonumber(ARGV[3])\n"
+            "local m=(#ARGV-3)/3\n"
+            "local seen,hv,fz,nk,nd,nj={},{},{},{},{},{}\n"
+            "for j=m,1,-1 do\n"
+            " local i=3*j+1\n"
+            " local k,due=ARGV[i],tonumber(ARGV[i+1])\n"
+            " if not seen[k] then\n"
+            "  seen[k]=true\n"
+            "  hv[#hv+1]=k\n"
+            "  hv[#hv+1]=ARGV[i+2]\n"
+            "  if due<=untl then\n"
+            "   nk[#nk+1]=k\n"
+            "   nd[#nd+1]=due\n"
+            "   nj[#nj+1]=j\n"
+            "  else\n"
+            "   fz[#fz+1]=ARGV[i+1]\n"
+            "   fz[#fz+1]=k\n"
+            "  end\n"
+            " end\n"
+            "end\n"
+            "local t,v,vb=0,0,false\n"
+            "if #nk>0 then t=cnt(S,'s') end\n"
+            "local old=#hv/2-redis.call('HSET',P,unpack(hv))>0\n"
+            "if old then v,vb=cnt(V,'v') end\n"
+            "if #fz>0 then redis.call('ZADD',D,unpack(fz)) end\n"
+            "if #nk==0 and not old then return {} end\n"
+            "if old then\n"
+            " v=math.max(v+1,now*1024)\n"
+            " redis.call('SET',V,v)\n"
+            "elseif #nk>0 then\n"
+            " v,vb=cnt(V,'v')\n"
+            " if vb then\n"
+            "  v=math.max(1,now*1024)\n"
+            "  redis.call('SET',V,v)\n"
+            " end\n"
+            "end\n"
+            "if #nk==0 then return {} end\n"
+            "local nz,out={},{v}\n"
+            "for i=1,#nk do\n"
+            " t=math.max(t+1,(math.max(nd[i],now)+lease)*1024)\n"
+            " nz[2*i-1]=-t\n"
+            " nz[2*i]=nk[i]\n"
+            " out[2*i]=nj[i]\n"
+            " out[2*i+1]=t\n"
+            "end\n"
+            "redis.call('SET',S,t)\n"
+            "redis.call('ZADD',D,unpack(nz))\n"
+            "return out\n" EPILOGUE,
     /* CANCEL ARGV: key now. :v moves. */
-    "local k=ARGV[1]\n"
-    "if redis.call('ZREM',KEYS[1],k)==0 then return 0 end\n"
-    "redis.call('HDEL',KEYS[2],k)\n"
-    "redis.call('SET',KEYS[4],math.max((tonumber(redis.call('GET',KEYS[4]))"
-    " or 0)+1,tonumber(ARGV[2])*1024))\n"
-    "return 1\n",
+    PRELUDE "local k=ARGV[1]\n"
+            "local v=cnt(V,'v')\n"
+            "if redis.call('ZREM',D,k)==0 then return 0 end\n"
+            "redis.call('HDEL',P,k)\n"
+            "redis.call('SET',V,math.max(v+1,tonumber(ARGV[2])*1024))\n"
+            "return 1\n" EPILOGUE,
     /* CLAIM ARGV: now until lease max. One range of :d holds both the
      * leases that ran out (score in [-(now * 1024 + 1023), 0): they go
      * back to their due time with attempt + 1, and :v moves) and the keys
      * due before until (score in [0, until]); the latter are claimed: a
-     * few commands per call, however many keys. Returns {} or: 1 if the
-     * range was full (more may follow), else 0; the shard's version; then
-     * (key token value) triples. */
+     * few commands per call, however many keys. A key whose value is not
+     * a valid "due,attempt,payload" (or that has none) is set aside.
+     * Returns {} or: 1 if the range was full (more may follow), else 0;
+     * the shard's version; then (key token value) triples. */
+    PRELUDE
     "local now,untl,lease,max=tonumber(ARGV[1]),tonumber(ARGV[2]),"
     "tonumber(ARGV[3]),tonumber(ARGV[4])\n"
-    "local ks=redis.call('ZRANGEBYSCORE',KEYS[1],-(now*1024+1023),untl,"
+    "local ks=redis.call('ZRANGEBYSCORE',D,-(now*1024+1023),untl,"
     "'WITHSCORES','LIMIT',0,max)\n"
     "local n=#ks/2\n"
     "if n==0 then return {} end\n"
-    "local c=redis.call('MGET',KEYS[3],KEYS[4])\n"
-    "local t,v=tonumber(c[1]) or 0,tonumber(c[2]) or 0\n"
-    "local keys,za,fz,out,m,ex={},{},{},{n==max and 1 or 0,0},0,false\n"
+    "local names={}\n"
+    "for i=1,n do names[i]=ks[2*i-1] end\n"
+    "local vals=redis.call('HMGET',P,unpack(names))\n"
+    "local t=cnt(S,'s')\n"
+    "local v,ex=cnt(V,'v')\n"
+    "local keys,za,fz,out,m,bd,bp={},{},{},{n==max and 1 or 0,0},0,{},{}\n"
     "for i=1,n do\n"
-    " local k,due=ks[2*i-1],tonumber(ks[2*i])\n"
-    " if due<0 then\n"
-    "  ex=true\n"
-    "  local s=redis.call('HGET',KEYS[2],k)\n"
+    " local k,due,s=names[i],sc(ks[2*i]),vals[i]\n"
+    " local d,a,nd,na=pv(s)\n"
+    " if not d or not due then\n"
     "  if s then\n"
-    "   local a=string.find(s,',',1,true)\n"
-    "   local b=string.find(s,',',a+1,true)\n"
-    "   redis.call('HSET',KEYS[2],k,string.sub(s,1,a)..string.format('%d',"
-    "tonumber(string.sub(s,a+1,b-1))+1)..string.sub(s,b))\n"
-    "   due=math.max(tonumber(string.sub(s,1,a-1)),0)\n"
+    "   q('p:'..k,s)\n"
+    "   bp[#bp+1]=k\n"
     "  else\n"
-    "   redis.call('ZREM',KEYS[1],k)\n"
-    "   due=nil\n"
+    "   q('d:'..k,ks[2*i])\n"
     "  end\n"
+    "  bd[#bd+1]=k\n"
+    "  due=nil\n"
+    " elseif due<0 then\n"
+    "  ex=true\n"
+    "  s=att(s,a+1,nd,na)\n"
+    "  vals[i]=s\n"
+    "  redis.call('HSET',P,k,s)\n"
+    "  due=math.max(d,0)\n"
     " end\n"
     " if due and due>untl then\n"
     "  fz[#fz+1]=due\n"
@@ -229,20 +338,21 @@ static const char *const scripts[S_COUNT] = {
     "  za[2*m]=k\n"
     "  out[3*m]=k\n"
     "  out[3*m+1]=t\n"
+    "  out[3*m+2]=vals[i]\n"
     " end\n"
     "end\n"
+    "if #bd>0 then redis.call('ZREM',D,unpack(bd)) end\n"
+    "if #bp>0 then redis.call('HDEL',P,unpack(bp)) end\n"
     "if ex then\n"
     " v=math.max(v+1,now*1024)\n"
-    " redis.call('SET',KEYS[4],v)\n"
+    " redis.call('SET',V,v)\n"
     "end\n"
     "out[2]=v\n"
-    "if #fz>0 then redis.call('ZADD',KEYS[1],unpack(fz)) end\n"
+    "if #fz>0 then redis.call('ZADD',D,unpack(fz)) end\n"
     "if m==0 then return out end\n"
-    "redis.call('SET',KEYS[3],t)\n"
-    "redis.call('ZADD',KEYS[1],unpack(za))\n"
-    "local pl=redis.call('HMGET',KEYS[2],unpack(keys))\n"
-    "for i=1,m do out[3*i+2]=pl[i] end\n"
-    "return out\n",
+    "redis.call('SET',S,t)\n"
+    "redis.call('ZADD',D,unpack(za))\n"
+    "return out\n" EPILOGUE,
     /* DONE ARGV: now claim_until lease n ver, then n keys, their n
      * tokens, then (i retry_ms) for the keys i (1..n) to deliver again.
      * ver: the version at which every key was known to be the node's, or
@@ -252,76 +362,90 @@ static const char *const scripts[S_COUNT] = {
      * Returns per key: -1 not ours, 0 done (or retry left in :d), or the token
      * of the retry's new claim; then, if a retry was claimed again, the shard's
      * version. Completed keys are removed with one command per structure,
-     * straight from ARGV when every key is done. */
-    "local now,untl,lease,n=tonumber(ARGV[1]),tonumber(ARGV[2]),"
-    "tonumber(ARGV[3]),tonumber(ARGV[4])\n"
-    "local out,all,rt={},true,{}\n"
-    "if ARGV[5]~='' and (tonumber(redis.call('GET',KEYS[4])) or 0)=="
-    "tonumber(ARGV[5]) then\n"
-    " for i=1,n do out[i]=0 end\n"
-    "else\n"
-    " local cur=redis.call('ZMSCORE',KEYS[1],unpack(ARGV,6,5+n))\n"
-    " for i=1,n do\n"
-    "  if cur[i] and -tonumber(cur[i])==tonumber(ARGV[5+n+i]) then\n"
-    "   out[i]=0\n"
-    "  else\n"
-    "   out[i]=-1\n"
-    "   all=false\n"
-    "  end\n"
-    " end\n"
-    "end\n"
-    "local t\n"
-    "for j=6+2*n,#ARGV,2 do\n"
-    " local i=tonumber(ARGV[j])\n"
-    " local k=ARGV[5+i]\n"
-    " local s=out[i]==0 and redis.call('HGET',KEYS[2],k)\n"
-    " if s then\n"
-    "  all=false\n"
-    "  rt[i]=true\n"
-    "  local a=string.find(s,',',1,true)\n"
-    "  local b=string.find(s,',',a+1,true)\n"
-    "  local due=now+tonumber(ARGV[j+1])\n"
-    "  redis.call('HSET',KEYS[2],k,string.format('%d,%d',due,"
-    "tonumber(string.sub(s,a+1,b-1))+1)..string.sub(s,b))\n"
-    "  if due<=untl then\n"
-    "   if not t then t=tonumber(redis.call('GET',KEYS[3])) or 0 end\n"
-    "   t=math.max(t+1,(due+lease)*1024)\n"
-    "   redis.call('SET',KEYS[3],t)\n"
-    "   redis.call('ZADD',KEYS[1],-t,k)\n"
-    "   out[i]=t\n"
-    "  else\n"
-    "   redis.call('ZADD',KEYS[1],due,k)\n"
-    "  end\n"
-    " end\n"
-    "end\n"
-    "if t then out[n+1]=tonumber(redis.call('GET',KEYS[4])) or 0 end\n"
-    "if all then\n"
-    " redis.call('ZREM',KEYS[1],unpack(ARGV,6,5+n))\n"
-    " redis.call('HDEL',KEYS[2],unpack(ARGV,6,5+n))\n"
-    " return out\n"
-    "end\n"
-    "local fin={}\n"
-    "for i=1,n do\n"
-    " if out[i]==0 and not rt[i] then fin[#fin+1]=ARGV[5+i] end\n"
-    "end\n"
-    "if #fin>0 then\n"
-    " redis.call('ZREM',KEYS[1],unpack(fin))\n"
-    " redis.call('HDEL',KEYS[2],unpack(fin))\n"
-    "end\n"
-    "return out\n",
+     * straight from ARGV when every key is done. A retry whose value is not
+     * valid any more is set aside (and is not ours). */
+    PRELUDE "local now,untl,lease,n=tonumber(ARGV[1]),tonumber(ARGV[2]),"
+            "tonumber(ARGV[3]),tonumber(ARGV[4])\n"
+            "local out,all,rt={},true,{}\n"
+            "local t,v=0,0\n"
+            "if #ARGV>5+2*n then t=cnt(S,'s') end\n"
+            "if ARGV[5]~='' or #ARGV>5+2*n then v=cnt(V,'v') end\n"
+            "if ARGV[5]~='' and v==tonumber(ARGV[5]) then\n"
+            " for i=1,n do out[i]=0 end\n"
+            "else\n"
+            " local cur=redis.call('ZMSCORE',D,unpack(ARGV,6,5+n))\n"
+            " for i=1,n do\n"
+            "  local c=sc(cur[i])\n"
+            "  if c and -c==tonumber(ARGV[5+n+i]) then\n"
+            "   out[i]=0\n"
+            "  else\n"
+            "   out[i]=-1\n"
+            "   all=false\n"
+            "  end\n"
+            " end\n"
+            "end\n"
+            "local re=false\n"
+            "for j=6+2*n,#ARGV,2 do\n"
+            " local i=tonumber(ARGV[j])\n"
+            " local k=ARGV[5+i]\n"
+            " local s=out[i]==0 and redis.call('HGET',P,k)\n"
+            " local d,a,nd,na=pv(s)\n"
+            " if s and not d then\n"
+            "  all=false\n"
+            "  q('p:'..k,s)\n"
+            "  redis.call('HDEL',P,k)\n"
+            "  redis.call('ZREM',D,k)\n"
+            "  out[i]=-1\n"
+            " elseif s then\n"
+            "  all=false\n"
+            "  rt[i]=true\n"
+            "  local due=now+tonumber(ARGV[j+1])\n"
+            "  redis.call('HSET',P,k,string.format('%d',due)..att(s,a+1,nd,na)"
+            ":sub(nd+1))\n"
+            "  if due<=untl then\n"
+            "   t=math.max(t+1,(due+lease)*1024)\n"
+            "   redis.call('SET',S,t)\n"
+            "   redis.call('ZADD',D,-t,k)\n"
+            "   out[i]=t\n"
+            "   re=true\n"
+            "  else\n"
+            "   redis.call('ZADD',D,due,k)\n"
+            "  end\n"
+            " end\n"
+            "end\n"
+            "if re then out[n+1]=v end\n"
+            "if all then\n"
+            " redis.call('ZREM',D,unpack(ARGV,6,5+n))\n"
+            " redis.call('HDEL',P,unpack(ARGV,6,5+n))\n"
+            " return out\n"
+            "end\n"
+            "local fin={}\n"
+            "for i=1,n do\n"
+            " if out[i]==0 and not rt[i] then fin[#fin+1]=ARGV[5+i] end\n"
+            "end\n"
+            "if #fin>0 then\n"
+            " redis.call('ZREM',D,unpack(fin))\n"
+            " redis.call('HDEL',P,unpack(fin))\n"
+            "end\n"
+            "return out\n" EPILOGUE,
     /* RELEASE ARGV: key token. Only the holder gives a key back, so :v
      * stays. */
-    "local k=ARGV[1]\n"
-    "local s=redis.call('ZSCORE',KEYS[1],k)\n"
-    "if not s or -tonumber(s)~=tonumber(ARGV[2]) then return 0 end\n"
-    "local v=redis.call('HGET',KEYS[2],k)\n"
-    "if not v then redis.call('ZREM',KEYS[1],k) return 0 end\n"
-    "local a=string.find(v,',',1,true)\n"
-    "redis.call('ZADD',KEYS[1],math.max(tonumber(string.sub(v,1,a-1)),0),k)\n"
-    "return 1\n",
+    PRELUDE "local k=ARGV[1]\n"
+            "local c=sc(redis.call('ZSCORE',D,k))\n"
+            "if not c or -c~=tonumber(ARGV[2]) then return 0 end\n"
+            "local s=redis.call('HGET',P,k)\n"
+            "local d=pv(s)\n"
+            "if not d then\n"
+            " if s then q('p:'..k,s) else q('d:'..k,tostring(c)) end\n"
+            " redis.call('HDEL',P,k)\n"
+            " redis.call('ZREM',D,k)\n"
+            " return 0\n"
+            "end\n"
+            "redis.call('ZADD',D,math.max(d,0),k)\n"
+            "return 1\n" EPILOGUE,
 };
 
-static const char key_suffix[NKEYS] = {'d', 'p', 's', 'v'};
+static const char key_suffix[NKEYS] = {'d', 'p', 's', 'v', 'q'};
 
 /* A claimed timer in the node's wheel: the key, then the payload. */
 struct rtimer {
@@ -333,8 +457,9 @@ struct rtimer {
     bool fired; /* its callback has started (stats: not backlog) */
     int64_t due_ms;
     uint64_t token;
-    uint64_t ver; /* :v of its shard when it was last known to be ours */
-    bool full;    /* :v moved since: the next check reads its score */
+    uint64_t ver;    /* :v of its shard when it was last known to be ours */
+    bool full;       /* :v moved since: the next check reads its score */
+    uint64_t chk_at; /* real monotonic ms: its last check was sent then */
     size_t key_len, payload_len;
     char data[];
 };
@@ -343,6 +468,20 @@ struct rtimer {
 struct done {
     struct rtimer *r;
     int res;
+};
+
+/* The shards whose master is one node, and the thread that talks to it
+ * for them: claims, checks and completions. A master that stalls holds
+ * only its own group's thread (see the top of the file). */
+struct grp {
+    struct rd *d;
+    pthread_t thr, cthr; /* checks and completions; claims */
+    bool started, quit;  /* quit: stop its worker alone */
+    pthread_cond_t cv, ccv;
+    struct rtimer *todo; /* due timers to check, from the firer (mu) */
+    struct done *pend;   /* callbacks done, DONE not yet sent (mu) */
+    size_t npend, cap_pend;
+    uint64_t pend_due; /* mono ms: send the completions by then */
 };
 
 struct shard_keys {
@@ -368,25 +507,45 @@ struct rd {
     bool op_busy;
 
     pthread_mutex_t mu;
-    pthread_cond_t cv, claim_cv;
-    tw_wheel *wheel;      /* ticks: monotonic ms; under mu */
-    struct rtimer *due;   /* filled by the wheel's callbacks */
-    struct rtimer *held;  /* every rtimer alive */
+    pthread_cond_t cv, claim_cv; /* the firer's, the topology thread's */
+    tw_wheel *wheel;             /* ticks: monotonic ms; under mu */
+    struct rtimer *due;          /* filled by the wheel's callbacks */
+    struct rtimer *held;         /* every rtimer alive */
     struct rtimer *ready; /* checked, waiting for their due time (firer) */
-    bool stop;
+    bool stop, gstop;     /* stop the firer and topology; then the groups */
+    bool thr_on, claimer_on;
     pthread_t thr, claimer;
+    struct grp grp[GROUPS_MAX];
+    uint8_t *grp_of;               /* per shard: its group (mu) */
+    char grp_name[GROUPS_MAX][64]; /* "host:port" of each group's master */
+    uint32_t ngrp;
     uint64_t next_check; /* no claim check before (real monotonic ms) */
     uint64_t fired, retried, cancelled;
     uint64_t late_hist[TW_LATE_BUCKETS];
-    struct done *pend; /* callbacks done, DONE not yet sent (firer) */
-    size_t npend, cap_pend;
-    uint64_t pend_due; /* mono ms: send the completions by then */
 };
 
 static const struct tw_durable_ops rd_ops;
 
 /* ------------------------------------------------------------------------ */
-/* Clocks. */
+/* Clocks. Due times are any int64 (the whole range, as for the journal);
+ * every sum with one saturates instead of overflowing. */
+
+static int64_t sat_add(int64_t a, int64_t b)
+{
+    int64_t r;
+    if (__builtin_add_overflow(a, b, &r))
+        return b > 0 ? INT64_MAX : INT64_MIN;
+    return r;
+}
+
+/* @a - @b, saturated. */
+static int64_t sat_sub(int64_t a, int64_t b)
+{
+    int64_t r;
+    if (__builtin_sub_overflow(a, b, &r))
+        return b < 0 ? INT64_MAX : INT64_MIN;
+    return r;
+}
 
 static int64_t rd_wall(struct rd *d)
 {
@@ -437,7 +596,7 @@ static void script_head(const struct rd *d, const char **av, size_t *al,
     al[0] = 7;
     av[1] = d->sha[script];
     al[1] = 40;
-    av[2] = "4";
+    av[2] = "5";
     al[2] = 1;
     for (int i = 0; i < NKEYS; i++) {
         av[3 + i] = d->sk[shard].name[i];
@@ -646,7 +805,7 @@ static void rt_arm_locked(struct rd *d, struct rtimer *r, int64_t wall,
         d->held = r;
         r->hpprev = &d->held;
     }
-    int64_t delta = r->due_ms - CHECK_AHEAD_MS - wall;
+    int64_t delta = sat_sub(sat_sub(r->due_ms, CHECK_AHEAD_MS), wall);
     uint64_t tick = mono + (delta > 0 ? (uint64_t)delta : 0);
     if (tick < tw_wheel_now(d->wheel))
         tick = tw_wheel_now(d->wheel);
@@ -683,45 +842,75 @@ struct pval {
     size_t len;
 };
 
+/* The decimal digits at @s (at least one, up to a comma) as a magnitude
+ * at most @max; the end in *@end. False if there is none or it is
+ * larger. */
+static bool parse_digits(const char *s, const char *lim, uint64_t max,
+                         uint64_t *out, const char **end)
+{
+    uint64_t x = 0;
+    const char *p = s;
+    for (; p < lim && *p >= '0' && *p <= '9'; p++)
+        if (__builtin_mul_overflow(x, 10u, &x) ||
+            __builtin_add_overflow(x, (uint64_t)(*p - '0'), &x) || x > max)
+            return false;
+    *out = x;
+    *end = p;
+    return p > s && p < lim && *p == ',';
+}
+
+/* Exactly what the scripts' pv() accepts: "-?digits,digits,payload"
+ * with the due time in int64 and the attempt in uint32. */
 static bool parse_val(const char *s, size_t n, struct pval *v)
 {
-    const char *c1 = memchr(s, ',', n);
-    const char *c2 = c1 ? memchr(c1 + 1, ',', n - (size_t)(c1 + 1 - s)) : NULL;
-    if (!c2)
+    const char *lim = s + n, *p = s;
+    bool neg = n && *p == '-';
+    uint64_t due, att;
+    p += neg;
+    if (!parse_digits(p, lim, (uint64_t)INT64_MAX + neg, &due, &p) ||
+        !parse_digits(p + 1, lim, UINT32_MAX, &att, &p))
         return false;
-    v->due = strtoll(s, NULL, 10);
-    v->attempt = (uint32_t)strtoul(c1 + 1, NULL, 10);
-    v->payload = c2 + 1;
-    v->len = n - (size_t)(c2 + 1 - s);
+    v->due = neg ? (int64_t)(0 - due) : (int64_t)due;
+    v->attempt = (uint32_t)att;
+    v->payload = p + 1;
+    v->len = n - (size_t)(p + 1 - s);
     return true;
 }
 
 /* ------------------------------------------------------------------------ */
 /* The node's thread: claim, fire, complete. */
 
-/* CLAIM on every shard. Returns true when some shard had more. */
-static bool claim_all(struct rd *d)
+/* CLAIM on the shards of group @g. Returns true when some shard had
+ * more. */
+static bool claim_group(struct rd *d, struct grp *g)
 {
-    size_t n = d->shards;
-    struct call *calls = tw__malloc(n * sizeof *calls);
-    tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
+    size_t n = 0;
+    struct call *calls = tw__malloc(d->shards * sizeof *calls);
+    tw__rc_cmd *cmds = tw__calloc(d->shards, sizeof *cmds);
     bool more = false;
     if (!calls || !cmds)
         goto out;
     int64_t now = rd_wall(d);
-    for (uint32_t s = 0; s < n; s++) {
-        call_init(d, &calls[s], S_CLAIM, s);
-        call_num(&calls[s], now);
-        call_num(&calls[s], now + d->horizon_ms);
-        call_num(&calls[s], d->lease_ms);
-        call_num(&calls[s], CLAIM_MAX);
+    pthread_mutex_lock(&d->mu);
+    for (uint32_t s = 0; s < d->shards; s++)
+        if (&d->grp[d->grp_of[s]] == g)
+            calls[n++].shard = s;
+    pthread_mutex_unlock(&d->mu);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t s = calls[i].shard;
+        call_init(d, &calls[i], S_CLAIM, s);
+        call_num(&calls[i], now);
+        call_num(&calls[i], sat_add(now, d->horizon_ms));
+        call_num(&calls[i], d->lease_ms);
+        call_num(&calls[i], CLAIM_MAX);
     }
     run_calls(d, calls, cmds, n);
     int64_t wall = rd_wall(d);
     uint64_t mono = rd_mono_ms(d);
     pthread_mutex_lock(&d->mu);
-    for (uint32_t s = 0; s < n; s++) {
-        redisReply *r = cmds[s].reply;
+    for (size_t c = 0; c < n; c++) {
+        uint32_t s = calls[c].shard;
+        redisReply *r = cmds[c].reply;
         if (!r || r->type != REDIS_REPLY_ARRAY || !r->elements)
             continue;
         if (reply_u64(r->element[0]))
@@ -751,6 +940,58 @@ out:
     return more;
 }
 
+/* Which master holds each shard (CLUSTER SLOTS): the shards of one master
+ * form a group with its own thread. A server without cluster support, or
+ * no answer, changes nothing (everything starts in group 0). Groups only
+ * say which thread waits for which node: a stale map is never wrong, only
+ * less independent. The topology thread, and open. */
+static void grp_refresh(struct rd *d)
+{
+    const char *argv[2] = {"CLUSTER", "SLOTS"};
+    size_t len[2] = {7, 5};
+    tw__rc_cmd cmd = {2, argv, len, -1, NULL, 0};
+    uint8_t *of = tw__malloc(d->shards);
+    if (!of || tw__rc_exec(d->rc, &cmd, 1) || !cmd.reply ||
+        cmd.reply->type != REDIS_REPLY_ARRAY) {
+        free_replies(&cmd, 1);
+        tw__free(of);
+        return;
+    }
+    redisReply *r = cmd.reply;
+    pthread_mutex_lock(&d->mu);
+    for (uint32_t s = 0; s < d->shards; s++) {
+        of[s] = d->grp_of[s];
+        int slot = d->sk[s].slot;
+        for (size_t i = 0; i < r->elements; i++) {
+            redisReply *e = r->element[i];
+            if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
+                e->element[0]->type != REDIS_REPLY_INTEGER ||
+                e->element[1]->type != REDIS_REPLY_INTEGER ||
+                e->element[2]->type != REDIS_REPLY_ARRAY ||
+                e->element[2]->elements < 2 ||
+                e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
+                e->element[2]->element[1]->type != REDIS_REPLY_INTEGER ||
+                slot < e->element[0]->integer || slot > e->element[1]->integer)
+                continue;
+            char name[64];
+            snprintf(name, sizeof name, "%s:%lld",
+                     e->element[2]->element[0]->str,
+                     e->element[2]->element[1]->integer);
+            uint32_t g = 0;
+            while (g < d->ngrp && strcmp(d->grp_name[g], name))
+                g++;
+            if (g == d->ngrp && d->ngrp < GROUPS_MAX)
+                snprintf(d->grp_name[d->ngrp++], 64, "%s", name);
+            of[s] = (uint8_t)(g < d->ngrp ? g : s % GROUPS_MAX);
+            break;
+        }
+    }
+    memcpy(d->grp_of, of, d->shards);
+    pthread_mutex_unlock(&d->mu);
+    free_replies(&cmd, 1);
+    tw__free(of);
+}
+
 /* One fire round: a round trip carrying the DONE calls of the completions
  * waiting in d->pend (one script call per shard) and the claim check of
  * the due timers (one HMGET of :t per shard); then the callbacks of the
@@ -758,6 +999,9 @@ out:
  * DONE_DELAY_MS after their callback returned. Firer thread. */
 struct fround {
     struct rd *d;
+    struct grp *g;            /* the group whose shards these are */
+    uint64_t sent;            /* real monotonic ms: the checks were sent */
+    struct done *pend;        /* the completions sent, taken from g->pend */
     struct rtimer **v;        /* the due timers */
     size_t n, np;             /* due timers; completions d->pend[0..np) sent */
     uint32_t *chk, *chz, *dn; /* per shard: its GET of :v, ZMSCORE and
@@ -780,6 +1024,7 @@ struct fround {
 
 static void fr_free(struct fround *f)
 {
+    tw__free(f->pend);
     void *v[] = {f->v,     f->chk,    f->dn,    f->cnt_chk, f->cnt_dn,
                  f->cmds,  f->script, f->argv,  f->len,     f->num,
                  f->owner, f->base,   f->ok,    f->cnt_ret, f->keys,
@@ -789,7 +1034,7 @@ static void fr_free(struct fround *f)
 }
 
 #define DONE_FIXED                                                             \
-    (3 + NKEYS + 5) /* EVALSHA sha 4 keys.. now untl lease n ver */
+    (3 + NKEYS + 5) /* EVALSHA sha 5 keys.. now untl lease n ver */
 
 /* Count the keys per shard and allocate; false when out of memory. */
 static bool fr_alloc(struct fround *f, struct rtimer *list)
@@ -818,7 +1063,7 @@ static bool fr_alloc(struct fround *f, struct rtimer *list)
             nargs += 2;
     }
     for (size_t i = 0; i < f->np; i++) {
-        struct rtimer *r = d->pend[i].r;
+        struct rtimer *r = f->pend[i].r;
         uint32_t sh = r->shard;
         if (f->cnt_dn[sh]++ == 0) {
             nargs += DONE_FIXED;
@@ -826,7 +1071,7 @@ static bool fr_alloc(struct fround *f, struct rtimer *list)
         }
         if (r->full || r->ver != f->dver[sh])
             f->dmix[sh] = true;
-        f->cnt_ret[sh] += d->pend[i].res > 0;
+        f->cnt_ret[sh] += f->pend[i].res > 0;
     }
     f->cmds = tw__calloc(3u * S, sizeof *f->cmds);
     f->script = tw__malloc(3u * S * sizeof *f->script);
@@ -871,7 +1116,7 @@ static void fr_heads(struct fround *f)
 {
     struct rd *d = f->d;
     for (size_t i = 0; i < f->np; i++) {
-        uint32_t sh = d->pend[i].r->shard;
+        uint32_t sh = f->pend[i].r->shard;
         if (f->dn[sh])
             continue;
         tw__rc_cmd *c = fr_cmd(f, sh, S_DONE, f->dn, f->cnt_dn, 2, DONE_FIXED,
@@ -879,8 +1124,8 @@ static void fr_heads(struct fround *f)
         const char **av = (const char **)c->argv;
         size_t *al = (size_t *)c->argvlen;
         script_head(d, av, al, S_DONE, sh);
-        long long a5[5] = {f->wall, f->wall + d->horizon_ms, d->lease_ms,
-                           f->cnt_dn[sh], (long long)f->dver[sh]};
+        long long a5[5] = {f->wall, sat_add(f->wall, d->horizon_ms),
+                           d->lease_ms, f->cnt_dn[sh], (long long)f->dver[sh]};
         put_nums(av + 3 + NKEYS, al + 3 + NKEYS, f->num + f->ni, a5, 5);
         f->ni += 5;
         if (f->dmix[sh])
@@ -908,9 +1153,8 @@ static void fr_heads(struct fround *f)
  * whose reply element is whose. */
 static void fr_fill(struct fround *f)
 {
-    struct rd *d = f->d;
     for (size_t i = 0; i < f->np; i++) {
-        struct done *p = &d->pend[i];
+        struct done *p = &f->pend[i];
         size_t c = f->dn[p->r->shard] - 1, j = f->fill[c]++, m = f->keys[c];
         tw__rc_cmd *cmd = &f->cmds[c];
         const char **av = (const char **)cmd->argv + DONE_FIXED;
@@ -958,7 +1202,7 @@ static void fr_completions(struct fround *f, int64_t wall, uint64_t mono)
                 ? reply_u64(rep->element[m])
                 : 0;
         for (size_t j = 0; j < m; j++) {
-            struct done *p = &d->pend[f->owner[f->base[c] + j]];
+            struct done *p = &f->pend[f->owner[f->base[c] + j]];
             long long res = -1;
             if (rep && rep->type == REDIS_REPLY_ARRAY && j < rep->elements &&
                 rep->element[j]->type == REDIS_REPLY_INTEGER)
@@ -968,7 +1212,7 @@ static void fr_completions(struct fround *f, int64_t wall, uint64_t mono)
                 p->r->ver = ver;
                 p->r->full = false;
                 p->r->attempt++;
-                p->r->due_ms = f->wall + p->res;
+                p->r->due_ms = sat_add(f->wall, p->res);
                 p->r->fired = false;
                 rt_arm_locked(d, p->r, wall, mono);
             } else {
@@ -976,22 +1220,16 @@ static void fr_completions(struct fround *f, int64_t wall, uint64_t mono)
             }
         }
     }
-    if (f->np) {
-        memmove(d->pend, d->pend + f->np, (d->npend - f->np) * sizeof *d->pend);
-        d->npend -= f->np;
-    }
 }
 
-/* A timer still ours: fire it now if due, else keep it in d->ready
- * until its due time (it was checked up to CHECK_AHEAD_MS early). mu
- * held. */
+/* A timer still ours goes to d->ready, where the firer starts its
+ * callback once it is due (it was checked up to CHECK_AHEAD_MS early) and
+ * while its answer is younger than CHECK_MAX_AGE_MS. mu held. */
 static void ready_or_ok(struct fround *f, size_t i, int64_t wall)
 {
     struct rtimer *r = f->v[i];
-    if (r->due_ms <= wall) {
-        f->ok[i] = true;
-        return;
-    }
+    (void)wall;
+    r->chk_at = f->sent;
     r->next = f->d->ready;
     f->d->ready = r;
 }
@@ -1013,10 +1251,17 @@ static void fr_checks(struct fround *f, int64_t wall, uint64_t mono)
         bool z = f->script[c] == CHK_SCORE;
         bool ans = rep && (z ? rep->type == REDIS_REPLY_ARRAY
                              : rep->type == REDIS_REPLY_STRING ||
-                                   rep->type == REDIS_REPLY_NIL);
-        double ver = ans && !z && rep->type == REDIS_REPLY_STRING
-                         ? strtod(rep->str, NULL)
-                         : 0;
+                                   rep->type == REDIS_REPLY_NIL ||
+                                   rep->type == REDIS_REPLY_ERROR);
+        /* A :v that is not a number (or not a string) proves nothing:
+         * the scores are read. */
+        bool vbad = ans && !z && rep->type == REDIS_REPLY_ERROR;
+        double ver = 0;
+        if (ans && !z && rep->type == REDIS_REPLY_STRING) {
+            char *end;
+            ver = strtod(rep->str, &end);
+            vbad = end == rep->str || *end || !(ver >= 0 && ver < 0x1p53);
+        }
         for (size_t j = 0; j < f->keys[c]; j++) {
             size_t i = f->owner[f->base[c] + j];
             struct rtimer *r = f->v[i];
@@ -1024,11 +1269,11 @@ static void fr_checks(struct fround *f, int64_t wall, uint64_t mono)
                 ans && z && j < rep->elements ? rep->element[j] : NULL;
             if (!ans || (z && !e)) {
                 tw_wheel_add(d->wheel, &r->tm, mono + RETRY_MS);
-            } else if (!z && (double)r->ver == ver) {
+            } else if (!z && !vbad && (double)r->ver == ver) {
                 ready_or_ok(f, i, wall);
             } else if (!z) {
                 r->full = true;
-                r->ver = (uint64_t)ver;
+                r->ver = vbad ? 0 : (uint64_t)ver;
                 tw_wheel_add(d->wheel, &r->tm, mono);
                 d->next_check = 0;
             } else if (e->type == REDIS_REPLY_STRING &&
@@ -1046,21 +1291,24 @@ static void fr_checks(struct fround *f, int64_t wall, uint64_t mono)
  * brings the timer back). mu held. */
 static void pend_add(struct rd *d, struct rtimer *r, int res)
 {
-    if (d->npend == d->cap_pend) {
-        size_t cap = d->cap_pend ? 2 * d->cap_pend : 256;
-        struct done *np2 = tw__realloc(d->pend, cap * sizeof *np2);
+    struct grp *g = &d->grp[d->grp_of[r->shard]];
+    if (g->npend == g->cap_pend) {
+        size_t cap = g->cap_pend ? 2 * g->cap_pend : 256;
+        struct done *np2 = tw__realloc(g->pend, cap * sizeof *np2);
         if (np2) {
-            d->pend = np2;
-            d->cap_pend = cap;
+            g->pend = np2;
+            g->cap_pend = cap;
         }
     }
-    if (d->npend < d->cap_pend) {
+    if (g->npend < g->cap_pend) {
         uint64_t now = rd_mono_ms(d);
-        if (!d->npend)
-            d->pend_due = now + DONE_DELAY_MS;
-        if (res > 0 && d->pend_due > now + RETRY_DONE_MS)
-            d->pend_due = now + RETRY_DONE_MS;
-        d->pend[d->npend++] = (struct done){r, res};
+        if (!g->npend)
+            g->pend_due = now + DONE_DELAY_MS;
+        if (res > 0 && g->pend_due > now + RETRY_DONE_MS)
+            g->pend_due = now + RETRY_DONE_MS;
+        g->pend[g->npend++] = (struct done){r, res};
+        if (g->npend == 1 || res > 0 || g->npend >= DONE_BATCH)
+            pthread_cond_signal(&g->cv);
     } else {
         rt_free_locked(d, r);
     }
@@ -1072,7 +1320,10 @@ static void fire_one(struct rd *d, struct rtimer *r)
     tw_durable_timer t = {
         r->data,        r->key_len, r->data + r->key_len,
         r->payload_len, r->due_ms,  r->attempt ? r->attempt : 1};
-    int64_t late = rd_wall_us(d) - r->due_ms * 1000;
+    int64_t due_us;
+    if (__builtin_mul_overflow(r->due_ms, 1000, &due_us))
+        due_us = r->due_ms < 0 ? INT64_MIN : INT64_MAX;
+    int64_t late = sat_sub(rd_wall_us(d), due_us);
     pthread_mutex_lock(&d->mu);
     r->fired = true;
     d->late_hist[tw__late_bucket(late > 0 ? (uint64_t)late : 0)]++;
@@ -1087,17 +1338,18 @@ static void fire_one(struct rd *d, struct rtimer *r)
     pthread_mutex_unlock(&d->mu);
 }
 
-/* Run the callback of every timer still ours and due. */
-static void fr_fire(struct fround *f)
+/* Check @r again: its answer is too old to be trusted. mu held. */
+static void recheck_locked(struct rd *d, struct rtimer *r)
 {
-    for (size_t i = 0; i < f->n; i++)
-        if (f->ok[i])
-            fire_one(f->d, f->v[i]);
+    tw_wheel_add(d->wheel, &r->tm, tw_wheel_now(d->wheel));
+    d->next_check = 0;
 }
 
-/* Fire the checked timers of d->ready that are due now (never early);
- * returns the earliest due time of those left, or INT64_MAX. mu held
- * (released around the callbacks). */
+/* Fire the checked timers of d->ready that are due now (never early),
+ * each only if its check was sent at most CHECK_MAX_AGE_MS before its
+ * callback starts (else it is checked again); returns the earliest due
+ * time of those left, or INT64_MAX. mu held (released around the
+ * callbacks). */
 static int64_t fire_ready(struct rd *d)
 {
     int64_t wall = rd_wall(d), next = INT64_MAX;
@@ -1117,6 +1369,12 @@ static int64_t fire_ready(struct rd *d)
     pthread_mutex_unlock(&d->mu);
     for (struct rtimer *r = go, *n2; r; r = n2) {
         n2 = r->next;
+        if (real_mono_ms() - r->chk_at > CHECK_MAX_AGE_MS) {
+            pthread_mutex_lock(&d->mu);
+            recheck_locked(d, r);
+            pthread_mutex_unlock(&d->mu);
+            continue;
+        }
         fire_one(d, r);
     }
     pthread_mutex_lock(&d->mu);
@@ -1135,48 +1393,155 @@ static void fr_later(struct rd *d, struct rtimer *list)
     pthread_mutex_unlock(&d->mu);
 }
 
-static void fire_batch(struct rd *d, struct rtimer *list, bool flush)
+/* One round trip for group @g (its worker thread): the completions
+ * waiting in g->pend when @flush, and the checks of @list; the timers
+ * still ours go to d->ready for the firer. */
+static void fire_batch(struct rd *d, struct grp *g, struct rtimer *list,
+                       bool flush)
 {
-    struct fround f = {.d = d, .np = flush ? d->npend : 0};
+    struct fround f = {.d = d, .g = g};
+    pthread_mutex_lock(&d->mu);
+    if (flush && g->npend &&
+        (f.pend = tw__malloc(g->npend * sizeof *f.pend)) != NULL) {
+        f.np = g->npend;
+        memcpy(f.pend, g->pend, f.np * sizeof *f.pend);
+        g->npend = 0;
+    }
+    pthread_mutex_unlock(&d->mu);
     if (!fr_alloc(&f, list)) {
-        fr_later(d, list); /* completions stay pending */
+        fr_later(d, list);
+        pthread_mutex_lock(&d->mu); /* the completions stay pending */
+        for (size_t i = 0; i < f.np; i++)
+            pend_add(d, f.pend[i].r, f.pend[i].res);
+        pthread_mutex_unlock(&d->mu);
         fr_free(&f);
         return;
     }
     f.wall = rd_wall(d);
     fr_heads(&f);
     fr_fill(&f);
+    f.sent = real_mono_ms();
     run_cmds(d, f.cmds, f.script, f.ncmd);
     int64_t wall = rd_wall(d);
     uint64_t mono = rd_mono_ms(d);
     pthread_mutex_lock(&d->mu);
     fr_completions(&f, wall, mono);
     fr_checks(&f, wall, mono);
+    pthread_cond_signal(&d->cv);
     pthread_mutex_unlock(&d->mu);
     free_replies(f.cmds, f.ncmd);
-    fr_fire(&f);
     fr_free(&f);
 }
 
-/* The claimer: CLAIM every horizon/4 (at once again when a shard had more
- * than CLAIM_MAX due), on its own thread so that firing never waits for a
- * claim round trip. */
+static void *rd_group(void *arg);
+static void *rd_group_claim(void *arg);
+
+/* Start the threads of every group a shard is in (mu held). The shards
+ * of a group whose threads cannot be started move to group 0 (rd_start
+ * fails the open if group 0's cannot). */
+static void grp_start_locked(struct rd *d)
+{
+    for (uint32_t s = 0; s < d->shards; s++) {
+        struct grp *g = &d->grp[d->grp_of[s]];
+        if (g->started)
+            continue;
+        g->started = !pthread_create(&g->thr, NULL, rd_group, g);
+        if (g->started && pthread_create(&g->cthr, NULL, rd_group_claim, g)) {
+            g->quit = true; /* its worker runs alone: stop it */
+            pthread_cond_signal(&g->cv);
+            pthread_mutex_unlock(&d->mu);
+            pthread_join(g->thr, NULL);
+            pthread_mutex_lock(&d->mu);
+            g->quit = false;
+            g->started = false;
+        }
+        if (!g->started)
+            d->grp_of[s] = 0;
+    }
+}
+
+/* The topology thread: the masters of the shards every TOPOLOGY_MS (a
+ * master that moved, or a failover, regroups the shards). Its round trip
+ * may wait for a stalled node: nothing else waits for it. */
 static void *rd_claimer(void *arg)
 {
     struct rd *d = arg;
+    pthread_mutex_lock(&d->mu);
+    while (!d->stop) {
+        struct timespec ts;
+        tw__mono_after(&ts, (uint64_t)TOPOLOGY_MS * 1000000u);
+        pthread_cond_timedwait(&d->claim_cv, &d->mu, &ts);
+        if (d->stop)
+            break;
+        pthread_mutex_unlock(&d->mu);
+        grp_refresh(d);
+        pthread_mutex_lock(&d->mu);
+        grp_start_locked(d);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* Completions of @g waiting long enough, or many enough, to be sent. mu
+ * held. */
+static bool done_due(const struct grp *g, uint64_t now)
+{
+    return g->npend && (g->npend >= DONE_BATCH || now >= g->pend_due);
+}
+
+/* A group's claimer: CLAIM on its shards every horizon/4 (at once again
+ * when a shard had more than CLAIM_MAX due), on its own thread so that
+ * checks never wait for a claim round trip. */
+static void *rd_group_claim(void *arg)
+{
+    struct grp *g = arg;
+    struct rd *d = g->d;
     uint64_t period = d->horizon_ms / 4 ? d->horizon_ms / 4 : 1;
     pthread_mutex_lock(&d->mu);
     while (!d->stop) {
         pthread_mutex_unlock(&d->mu);
-        bool more = claim_all(d);
+        bool more = claim_group(d, g);
         pthread_mutex_lock(&d->mu);
         if (more || d->stop)
             continue;
         struct timespec ts;
         tw__mono_after(&ts, (uint64_t)period * 1000000u);
-        pthread_cond_timedwait(&d->claim_cv, &d->mu, &ts);
+        pthread_cond_timedwait(&g->ccv, &d->mu, &ts);
     }
     pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* A group's worker: the checks the firer hands it and its completions,
+ * one round trip at a time to its master only, so that a master that does
+ * not answer holds only its own shards. */
+static void *rd_group(void *arg)
+{
+    struct grp *g = arg;
+    struct rd *d = g->d;
+    pthread_mutex_lock(&d->mu);
+    while (!d->gstop && !g->quit) {
+        uint64_t mono = rd_mono_ms(d);
+        bool flush = done_due(g, mono);
+        struct rtimer *list = g->todo;
+        if (!flush && !list) {
+            uint64_t wait = IDLE_WAIT_MS;
+            if (g->npend && g->pend_due > mono && g->pend_due - mono < wait)
+                wait = g->pend_due - mono;
+            struct timespec ts;
+            tw__mono_after(&ts, wait * 1000000u);
+            pthread_cond_timedwait(&g->cv, &d->mu, &ts);
+            continue;
+        }
+        g->todo = NULL;
+        pthread_mutex_unlock(&d->mu);
+        fire_batch(d, g, list, flush);
+        pthread_mutex_lock(&d->mu);
+    }
+    bool last = g->npend > 0;
+    pthread_mutex_unlock(&d->mu);
+    if (last) /* the last completions */
+        fire_batch(d, g, NULL, true);
     return NULL;
 }
 
@@ -1193,8 +1558,9 @@ static bool take_due(struct rd *d, uint64_t now, struct rtimer **list,
     while (d->due) {
         struct rtimer *r = d->due;
         d->due = r->next;
-        struct rtimer **to = r->due_ms > wall + CHECK_AHEAD_MS ? &early : list;
-        if (r->due_ms + CHECK_GAP_MS < wall)
+        struct rtimer **to =
+            r->due_ms > sat_add(wall, CHECK_AHEAD_MS) ? &early : list;
+        if (sat_add(r->due_ms, CHECK_GAP_MS) < wall)
             *behind = true;
         r->next = *to;
         *to = r;
@@ -1207,12 +1573,6 @@ static bool take_due(struct rd *d, uint64_t now, struct rtimer **list,
     return any;
 }
 
-/* Completions waiting long enough, or many enough, to be sent. */
-static bool done_due(const struct rd *d, uint64_t now)
-{
-    return d->npend && (d->npend >= DONE_BATCH || now >= d->pend_due);
-}
-
 static void cv_wait_ms(struct rd *d, uint64_t wait);
 
 /* @wait ms, or less if the first checked timer (due at @ready, wall ms,
@@ -1222,18 +1582,15 @@ static uint64_t cap_ready(struct rd *d, int64_t ready, uint64_t wait)
     if (ready == INT64_MAX)
         return wait;
     int64_t wall = rd_wall(d);
-    uint64_t w = ready > wall ? (uint64_t)(ready - wall) : 0;
+    uint64_t w = ready > wall ? (uint64_t)sat_sub(ready, wall) : 0;
     return wait < w ? wait : w;
 }
 
-/* Sleep until the next due timer, the completions' deadline, the first
- * checked timer's due time (@ready, wall ms), a signal, or IDLE_WAIT_MS.
- * mu held. */
+/* Sleep until the next due timer, the first checked timer's due time
+ * (@ready, wall ms), a signal, or IDLE_WAIT_MS. mu held. */
 static void rd_sleep(struct rd *d, uint64_t now, bool early, int64_t ready)
 {
     uint64_t until = tw_wheel_next_expiry(d->wheel);
-    if (d->npend && until > d->pend_due)
-        until = d->pend_due;
     uint64_t wait = until > now ? until - now : 0;
     if (wait > IDLE_WAIT_MS)
         wait = IDLE_WAIT_MS;
@@ -1252,10 +1609,26 @@ static void cv_wait_ms(struct rd *d, uint64_t wait)
     pthread_cond_timedwait(&d->cv, &d->mu, &ts);
 }
 
-/* The firer: advance the wheel, check, fire, complete. A check round trip
- * starts at most every CHECK_GAP_MS (at once when the last one took a
- * timer already late), so that timers due close together share one (a
- * round trip costs Redis far more than a key). */
+/* Hand the due timers of @list to the workers of their groups. mu
+ * held. */
+static void dispatch_locked(struct rd *d, struct rtimer *list)
+{
+    for (struct rtimer *r = list, *next; r; r = next) {
+        next = r->next;
+        struct grp *g = &d->grp[d->grp_of[r->shard]];
+        if (!g->todo)
+            pthread_cond_signal(&g->cv);
+        r->next = g->todo;
+        g->todo = r;
+    }
+}
+
+/* The firer: advance the wheel, hand the due timers to their groups'
+ * workers to be checked, start the callbacks of the timers they found
+ * still ours. A batch of checks starts at most every CHECK_GAP_MS (at
+ * once when the last one took a timer already late), so that timers due
+ * close together share one round trip (which costs Redis far more than a
+ * key). */
 static void *rd_main(void *arg)
 {
     struct rd *d = arg;
@@ -1263,27 +1636,22 @@ static void *rd_main(void *arg)
     while (!d->stop) {
         int64_t next_ready = d->ready ? fire_ready(d) : INT64_MAX;
         uint64_t now = rd_mono_ms(d), real = real_mono_ms();
-        if (real < d->next_check && !done_due(d, now)) {
+        if (real < d->next_check) {
             cv_wait_ms(d, cap_ready(d, next_ready, d->next_check - real));
             continue;
         }
         struct rtimer *list = NULL;
         bool behind = false;
         bool early = take_due(d, now, &list, &behind);
-        if (list || done_due(d, now)) {
-            bool flush = done_due(d, now);
-            if (list) /* no gap while behind: no sleep with timers late */
-                d->next_check = real + (behind ? 0 : CHECK_GAP_MS);
-            pthread_mutex_unlock(&d->mu);
-            fire_batch(d, list, flush);
-            pthread_mutex_lock(&d->mu);
+        if (list) {
+            /* No gap while behind: no sleep with timers late. */
+            d->next_check = real + (behind ? 0 : CHECK_GAP_MS);
+            dispatch_locked(d, list);
             continue;
         }
         rd_sleep(d, now, early, next_ready);
     }
     pthread_mutex_unlock(&d->mu);
-    if (d->npend) /* the last completions */
-        fire_batch(d, NULL, true);
     return NULL;
 }
 
@@ -1297,7 +1665,7 @@ static void *rd_main(void *arg)
 
 #define SCHED_CHUNK 1000
 #define VAL_HEAD 24                 /* "due,1," at most */
-#define SCHED_FIXED (3 + NKEYS + 3) /* EVALSHA sha 3 keys.. 3 numbers */
+#define SCHED_FIXED (3 + NKEYS + 3) /* EVALSHA sha 5 keys.. 3 numbers */
 
 struct sbatch {
     struct rd *d;
@@ -1358,7 +1726,7 @@ static int sb_alloc(struct sbatch *b)
         !b->cur || !b->cmds || !b->script || !b->num || !b->ibase || !b->who ||
         !b->tok || !b->vals)
         return TW_ENOMEM;
-    int64_t until = b->now + b->d->horizon_ms;
+    int64_t until = sat_add(b->now, b->d->horizon_ms);
     for (size_t i = 0; i < n; i++) {
         tw_durable_item *it = &b->it[i];
         it->result = 0;
@@ -1410,7 +1778,7 @@ static int sb_plan(struct sbatch *b)
 static void sb_fill(struct sbatch *b)
 {
     struct rd *d = b->d;
-    long long head[3] = {b->now + d->horizon_ms, b->now, d->lease_ms};
+    long long head[3] = {sat_add(b->now, d->horizon_ms), b->now, d->lease_ms};
     for (size_t c = 0; c < b->ncmd; c++) {
         const char **av = b->argv + b->arg0[c];
         size_t *al = b->len + b->arg0[c];
@@ -1721,26 +2089,29 @@ static int rd_cancel_many(tw_durable *base, tw_durable_item *items, size_t n)
     return tw__durable_first_error(items, n);
 }
 
-/* Per shard: ZCARD :d (pending) and ZCOUNT :d 0 now (due, not claimed by
- * any node yet: backlog; claimed keys have negative scores). */
-#define STAT_CMDS 2
+/* Per shard: ZCARD :d (pending), ZCOUNT :d 0 now (due, not claimed by
+ * any node yet: backlog; claimed keys have negative scores) and HLEN :q
+ * (set aside). A key of the wrong type answers with an error: 0. */
+#define STAT_CMDS 3
 
 static void stat_cmds(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
                       const char *now, size_t now_len)
 {
+    static const char *const cmd[STAT_CMDS] = {"ZCARD", "ZCOUNT", "HLEN"};
+    static const int argc[STAT_CMDS] = {2, 4, 2}, key[STAT_CMDS] = {0, 0, 4};
     for (size_t i = 0; i < STAT_CMDS * (size_t)d->shards; i++) {
         struct shard_keys *k = &d->sk[i / STAT_CMDS];
         struct call *c = &calls[i];
-        c->argv[0] = i % STAT_CMDS == 1 ? "ZCOUNT" : "ZCARD";
+        size_t j = i % STAT_CMDS;
+        c->argv[0] = cmd[j];
         c->len[0] = strlen(c->argv[0]);
-        c->argv[1] = k->name[0];
-        c->len[1] = k->len[0];
+        c->argv[1] = k->name[key[j]];
+        c->len[1] = k->len[key[j]];
         c->argv[2] = "0";
         c->len[2] = 1;
         c->argv[3] = now;
         c->len[3] = now_len;
-        cmds[i] = (tw__rc_cmd){
-            i % STAT_CMDS == 1 ? 4 : 2, c->argv, c->len, k->slot, NULL, 0};
+        cmds[i] = (tw__rc_cmd){argc[j], c->argv, c->len, k->slot, NULL, 0};
     }
 }
 
@@ -1770,17 +2141,18 @@ static int rd_stats(tw_durable *base, tw_durable_stats *out)
     int now_len = snprintf(now, sizeof now, "%lld", (long long)wall);
     stat_cmds(d, calls, cmds, now, (size_t)now_len);
     int rc = tw__rc_exec(d->rc, cmds, n);
-    uint64_t pending = 0, backlog = 0;
+    uint64_t sum[STAT_CMDS] = {0}; /* pending, backlog, quarantined */
     for (size_t i = 0; i < n; i++)
-        *(i % STAT_CMDS == 1 ? &backlog : &pending) += reply_u64(cmds[i].reply);
+        sum[i % STAT_CMDS] += reply_u64(cmds[i].reply);
     free_replies(cmds, n);
     tw__free(cmds);
     tw__free(calls);
     if (rc)
         return rc;
     pthread_mutex_lock(&d->mu);
-    out->pending = pending;
-    out->backlog = backlog + local_backlog(d, wall);
+    out->pending = sum[0];
+    out->backlog = sum[1] + local_backlog(d, wall);
+    out->quarantined = sum[2];
     out->fired = d->fired;
     out->retried = d->retried;
     out->cancelled = d->cancelled;
@@ -1795,7 +2167,12 @@ static void rd_free(struct rd *d)
         struct rtimer *r = d->held;
         rt_free_locked(d, r);
     }
-    tw__free(d->pend);
+    for (int g = 0; g < GROUPS_MAX; g++) {
+        tw__free(d->grp[g].pend);
+        pthread_cond_destroy(&d->grp[g].cv);
+        pthread_cond_destroy(&d->grp[g].ccv);
+    }
+    tw__free(d->grp_of);
     tw_wheel_destroy(d->wheel);
     tw__rc_close(d->rc);
     pthread_mutex_destroy(&d->mu);
@@ -1806,16 +2183,39 @@ static void rd_free(struct rd *d)
     tw__free(d);
 }
 
-static int rd_close(tw_durable *base)
+/* Stop the firer and the topology thread, then the groups' threads (the
+ * firer's last callbacks give them completions to send). */
+static void rd_stop(struct rd *d)
 {
-    struct rd *d = (struct rd *)base;
     pthread_mutex_lock(&d->mu);
     d->stop = true;
     pthread_cond_signal(&d->cv);
     pthread_cond_signal(&d->claim_cv);
+    for (int g = 0; g < GROUPS_MAX; g++)
+        pthread_cond_signal(&d->grp[g].ccv);
     pthread_mutex_unlock(&d->mu);
-    pthread_join(d->thr, NULL);
-    pthread_join(d->claimer, NULL);
+    if (d->thr_on)
+        pthread_join(d->thr, NULL);
+    if (d->claimer_on)
+        pthread_join(d->claimer, NULL);
+    pthread_mutex_lock(&d->mu);
+    d->gstop = true;
+    for (int g = 0; g < GROUPS_MAX; g++)
+        pthread_cond_signal(&d->grp[g].cv);
+    pthread_mutex_unlock(&d->mu);
+    for (int g = 0; g < GROUPS_MAX; g++) {
+        if (!d->grp[g].started)
+            continue;
+        pthread_join(d->grp[g].thr, NULL);
+        pthread_join(d->grp[g].cthr, NULL);
+        d->grp[g].started = false;
+    }
+}
+
+static int rd_close(tw_durable *base)
+{
+    struct rd *d = (struct rd *)base;
+    rd_stop(d);
     /* Give the claims not fired back, so that no one waits for a lease. */
     int rc = 0;
     while (d->held) {
@@ -1885,7 +2285,17 @@ static struct rd *rd_new(const tw_durable_config *cfg)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&d->cv, &ca);
     pthread_cond_init(&d->claim_cv, &ca);
+    for (int g = 0; g < GROUPS_MAX; g++) {
+        d->grp[g].d = d;
+        pthread_cond_init(&d->grp[g].cv, &ca);
+        pthread_cond_init(&d->grp[g].ccv, &ca);
+    }
     pthread_condattr_destroy(&ca);
+    d->grp_of = tw__calloc(d->shards, 1);
+    if (!d->grp_of) {
+        rd_free(d);
+        return NULL;
+    }
     return d;
 }
 
@@ -1928,17 +2338,23 @@ static int rd_load_scripts(struct rd *d)
     return 0;
 }
 
-/* Start the claimer and the firer. */
+/* Group the shards by master, start the groups' threads, the topology
+ * thread and the firer. */
 static int rd_start(struct rd *d)
 {
-    if (pthread_create(&d->claimer, NULL, rd_claimer, d))
-        return TW_ENOMEM;
-    if (pthread_create(&d->thr, NULL, rd_main, d)) {
-        pthread_mutex_lock(&d->mu);
-        d->stop = true;
-        pthread_cond_signal(&d->claim_cv);
-        pthread_mutex_unlock(&d->mu);
-        pthread_join(d->claimer, NULL);
+    grp_refresh(d);
+    pthread_mutex_lock(&d->mu);
+    grp_start_locked(d);
+    bool ok = true;
+    for (uint32_t s = 0; s < d->shards; s++)
+        ok = ok && d->grp[d->grp_of[s]].started;
+    pthread_mutex_unlock(&d->mu);
+    if (ok)
+        d->claimer_on = !pthread_create(&d->claimer, NULL, rd_claimer, d);
+    if (ok && d->claimer_on)
+        d->thr_on = !pthread_create(&d->thr, NULL, rd_main, d);
+    if (!ok || !d->claimer_on || !d->thr_on) {
+        rd_stop(d);
         return TW_ENOMEM;
     }
     return 0;

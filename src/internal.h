@@ -88,8 +88,10 @@ extern void (*tw__service_xdrop_hook)(struct tw_service *s, uint64_t id);
 extern void (*tw__service_accepted_hook)(struct tw_service *s, uint64_t id);
 /* tw__service_reserved_hook: a tw_schedule() by a producer (a thread with
  * its own count, stack and magazine) has counted its task as pending and
- * has not yet checked whether the service is stopping. */
+ * has not yet pushed it. tw__service_pushed_hook: it has pushed it and not
+ * yet checked whether the service is stopping. */
 extern void (*tw__service_reserved_hook)(struct tw_service *s);
+extern void (*tw__service_pushed_hook)(struct tw_service *s);
 /* tw__service_drained_hook: the timer thread has taken this round's cancel
  * bits and has not yet advanced its wheel. */
 extern void (*tw__service_drained_hook)(struct tw_service *s);

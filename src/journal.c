@@ -16,10 +16,13 @@
  * after it began. A failed fdatasync is reported to every caller whose
  * record it covered.
  *
- * Segments are preallocated (fallocate) when they are made, so that an
+ * Segments are allocated ahead of their appends (fallocate), so that an
  * append writes into allocated blocks and its fdatasync need not commit a
- * new file size; an older segment is cut to its last record and synced
- * whole before the next one is made.
+ * new file size: JR_ALLOC_MIN when made, then twice as much whenever an
+ * append would pass the end, up to the segment size. So a small store's
+ * segment stays small on disk and its open reads little, and a large one
+ * changes its file size a few times per segment. An older segment is cut
+ * to its last record and synced whole before the next one is made.
  *
  * Torn tails: every record carries "synced", the offset up to which its
  * segment was durable when it was written. A record that fails its checksum
@@ -40,6 +43,7 @@
 #include <linux/futex.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -161,9 +165,10 @@ static uint64_t get64(const unsigned char *p)
 /* ------------------------------------------------------------------------ */
 /* Records. */
 
-size_t tw__jr_encode(unsigned char *buf, int type, const void *key,
-                     size_t key_len, int64_t due_ms, uint32_t attempt,
-                     const void *payload, size_t payload_len, uint32_t synced)
+size_t tw__jr_encode(unsigned char *buf, uint32_t seed, int type,
+                     const void *key, size_t key_len, int64_t due_ms,
+                     uint32_t attempt, const void *payload, size_t payload_len,
+                     uint32_t synced)
 {
     size_t size = tw__jr_size(type, key_len, payload_len);
     put32(buf + 4, (uint32_t)(size - JR_REC_HDR));
@@ -181,12 +186,12 @@ size_t tw__jr_encode(unsigned char *buf, int type, const void *key,
     memcpy(p, key, key_len);
     if (type == JR_SCHED && payload_len)
         memcpy(p + key_len, payload, payload_len);
-    put32(buf, tw__crc32c(0, buf + 4, size - 4));
+    put32(buf, tw__crc32c(seed, buf + 4, size - 4));
     return size;
 }
 
 size_t tw__jr_decode(const unsigned char *p, size_t n, uint32_t off,
-                     jr_rec *out)
+                     uint32_t seed, jr_rec *out)
 {
     if (n < JR_REC_HDR)
         return 0;
@@ -207,7 +212,7 @@ size_t tw__jr_decode(const unsigned char *p, size_t n, uint32_t off,
         return 0;
     }
     size_t size = JR_REC_HDR + (size_t)len;
-    if (tw__crc32c(0, p + 4, size - 4) != get32(p))
+    if (tw__crc32c(seed, p + 4, size - 4) != get32(p))
         return 0;
     out->off = off;
     out->size = (uint32_t)size;
@@ -231,27 +236,59 @@ size_t tw__jr_decode(const unsigned char *p, size_t n, uint32_t off,
     return size;
 }
 
-bool tw__jr_seg_hdr_ok(const unsigned char *p, size_t n, uint32_t seg)
+uint32_t tw__jr_seed(uint64_t salt)
 {
-    return n >= JR_SEG_HDR && memcmp(p, "TWJOURN1", 8) == 0 &&
-           get32(p + 8) == 1 && get32(p + 12) == seg &&
-           get32(p + 28) == tw__crc32c(0, p, 28);
+    unsigned char b[8];
+    put64(b, salt);
+    return tw__crc32c(0, b, sizeof b);
 }
 
-void tw__jr_seg_hdr(unsigned char *p, uint32_t seg)
+unsigned tw__jr_seg_hdr_ok(const unsigned char *p, size_t n, uint32_t seg,
+                           uint32_t *seed)
+{
+    if (n < JR_SEG_HDR || memcmp(p, "TWJOURN1", 8) != 0 ||
+        get32(p + 12) != seg || get32(p + 28) != tw__crc32c(0, p, 28))
+        return 0;
+    uint32_t v = get32(p + 8);
+    if (v == JR_VERSION_1 && get64(p + 16) == 0)
+        *seed = 0; /* format 1: the records' checksums are unsalted */
+    else if (v == JR_VERSION)
+        *seed = tw__jr_seed(get64(p + 16));
+    else
+        return 0;
+    return v;
+}
+
+void tw__jr_seg_hdr(unsigned char *p, uint32_t seg, uint64_t salt)
 {
     memset(p, 0, JR_SEG_HDR);
     memcpy(p, "TWJOURN1", 8);
-    put32(p + 8, 1);
+    put32(p + 8, JR_VERSION);
     put32(p + 12, seg);
+    put64(p + 16, salt);
     put32(p + 28, tw__crc32c(0, p, 28));
+}
+
+uint64_t tw__jr_new_salt(void)
+{
+    uint64_t salt = 0;
+    if (getrandom(&salt, sizeof salt, GRND_NONBLOCK) != (ssize_t)sizeof salt) {
+        /* No entropy yet (early boot): still unknown to any payload's
+         * author in practice, and distinct per segment. */
+        static _Atomic uint64_t ctr;
+        salt = tw__clock_ns(CLOCK_REALTIME) ^
+               (tw__clock_ns(CLOCK_MONOTONIC) << 21) ^
+               ((uint64_t)getpid() << 40) ^
+               (atomic_fetch_add(&ctr, 1) * 0x9E3779B97F4A7C15u);
+    }
+    return salt;
 }
 
 /* The first offset >= @from holding a valid record, or @n. A record's
  * length field (bytes 4..7) is never zero, so runs of zero bytes (the
  * preallocated end of a segment) are skipped a word at a time. */
-static size_t next_valid(const unsigned char *p, size_t n, size_t from,
-                         jr_rec *r)
+static size_t next_valid(const unsigned char *p, size_t n, uint32_t seed,
+                         size_t from, jr_rec *r)
 {
     size_t o = from;
     while (o + JR_REC_HDR <= n) {
@@ -274,21 +311,22 @@ static size_t next_valid(const unsigned char *p, size_t n, size_t from,
             o = cand > o ? cand : o + 1;
             continue;
         }
-        if (tw__jr_decode(p + o, n - o, (uint32_t)o, r))
+        if (tw__jr_decode(p + o, n - o, (uint32_t)o, seed, r))
             return o;
         o++;
     }
     return n;
 }
 
-int tw__jr_scan(const unsigned char *p, size_t n, bool last, bool repair,
-                int (*fn)(void *arg, const jr_rec *r), void *arg, size_t *end)
+int tw__jr_scan(const unsigned char *p, size_t n, uint32_t seed, bool last,
+                bool repair, int (*fn)(void *arg, const jr_rec *r), void *arg,
+                size_t *end)
 {
     size_t o = JR_SEG_HDR;
     int damaged = 0;
     jr_rec r;
     while (o < n) {
-        size_t sz = tw__jr_decode(p + o, n - o, (uint32_t)o, &r);
+        size_t sz = tw__jr_decode(p + o, n - o, (uint32_t)o, seed, &r);
         if (sz) {
             int rc = fn ? fn(arg, &r) : 0;
             if (rc)
@@ -299,14 +337,14 @@ int tw__jr_scan(const unsigned char *p, size_t n, bool last, bool repair,
         /* A bad record at o. In the newest segment it is a torn tail
          * unless a later good record was written after o was synced. */
         size_t bad = o;
-        size_t nx = next_valid(p, n, o + 1, &r);
+        size_t nx = next_valid(p, n, seed, o + 1, &r);
         if (last) {
             bool synced_past = false;
             jr_rec q;
             for (size_t k = nx; k < n;) {
-                size_t qs = tw__jr_decode(p + k, n - k, (uint32_t)k, &q);
+                size_t qs = tw__jr_decode(p + k, n - k, (uint32_t)k, seed, &q);
                 if (!qs) {
-                    k = next_valid(p, n, k + 1, &q);
+                    k = next_valid(p, n, seed, k + 1, &q);
                     continue;
                 }
                 if (q.synced > bad) {
@@ -381,9 +419,44 @@ static int do_sync(jr_writer *w, int fd)
     return sync_fd(fd);
 }
 
-int tw__jr_preallocate(int fd, uint64_t bytes)
+/* Make @g's file at least @need bytes long, allocated: twice its size
+ * (JR_ALLOC_MIN at first), or @need if more, but not past the segment
+ * size unless one record needs it. Where fallocate() fails, appends grow
+ * the file themselves. */
+static void seg_grow(jr_writer *w, jr_seg *g, uint64_t need)
 {
-    return fallocate(fd, 0, 0, (off_t)bytes) == 0 ? 0 : TW_EIO;
+    if (need <= g->alloc || w->falloc_off)
+        return;
+    uint64_t want = g->alloc * 2 > JR_ALLOC_MIN ? g->alloc * 2 : JR_ALLOC_MIN;
+    uint64_t cap = w->segment_bytes > need ? w->segment_bytes : need;
+    if (want < need)
+        want = need;
+    if (want > cap)
+        want = cap;
+    if (fallocate(g->fd, 0, 0, (off_t)want) == 0)
+        g->alloc = want;
+    else if (errno == EOPNOTSUPP)
+        w->falloc_off = true;
+}
+
+int tw__jr_errno(int e)
+{
+    switch (e) {
+    case ENOSPC:
+    case EDQUOT:
+        return TW_ENOSPC;
+    case EACCES:
+    case EPERM:
+        return TW_EACCES;
+    case EROFS:
+        return TW_EROFS;
+    case ENOTDIR:
+        return TW_ENOTDIR;
+    case ENOMEM:
+        return TW_ENOMEM;
+    default:
+        return TW_EIO;
+    }
 }
 
 jr_seg *tw__jr_seg(jr_writer *w, uint32_t no)
@@ -426,14 +499,15 @@ int tw__jr_new_segment(jr_writer *w, uint32_t no)
     int fd =
         openat(w->dirfd, name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
-        return errno == ENOSPC ? TW_ENOSPC : TW_EIO;
-    /* Allocate the segment's blocks now: an fdatasync after a write into
-     * allocated blocks need not also commit a new file size (measured on
-     * ext4: 120 against 175 us). Where it is not supported, appends grow
-     * the file. */
-    (void)tw__jr_preallocate(fd, w->segment_bytes);
+        return tw__jr_errno(errno);
+    /* Allocate the segment's first blocks now: an fdatasync after a write
+     * into allocated blocks need not also commit a new file size (measured
+     * on ext4: 120 against 175 us). */
+    jr_seg g = {.no = no, .fd = fd, .size = JR_SEG_HDR};
+    seg_grow(w, &g, JR_SEG_HDR);
     unsigned char hdr[JR_SEG_HDR];
-    tw__jr_seg_hdr(hdr, no);
+    uint64_t salt = tw__jr_new_salt();
+    tw__jr_seg_hdr(hdr, no, salt);
     int rc = do_pwrite(fd, hdr, sizeof hdr, 0);
     if (!rc)
         rc = do_sync(w, fd);
@@ -444,8 +518,8 @@ int tw__jr_new_segment(jr_writer *w, uint32_t no)
         unlinkat(w->dirfd, name, 0);
         return rc;
     }
-    w->segs[w->nseg++] =
-        (jr_seg){.no = no, .fd = fd, .size = JR_SEG_HDR, .records = 0};
+    g.seed = tw__jr_seed(salt);
+    w->segs[w->nseg++] = g;
     w->written = JR_LSN(no, JR_SEG_HDR);
     tw__jr_publish(w);
     return 0;
@@ -477,8 +551,8 @@ int tw__jr_stage(jr_writer *w, int type, const void *key, size_t key_len,
     }
     uint32_t synced =
         (uint32_t)(w->synced >> 32) == cur->no ? (uint32_t)w->synced : 0;
-    tw__jr_encode(w->buf + w->staged, type, key, key_len, due_ms, attempt,
-                  payload, payload_len, synced);
+    tw__jr_encode(w->buf + w->staged, cur->seed, type, key, key_len, due_ms,
+                  attempt, payload, payload_len, synced);
     *seg = cur->no;
     *off = (uint32_t)(cur->size + w->staged);
     w->staged += size;
@@ -494,12 +568,14 @@ int tw__jr_flush(jr_writer *w, uint64_t *lsn)
     w->staged = 0;
     w->staged_sched = 0;
     if (n) {
+        seg_grow(w, cur, cur->size + n);
         int rc = do_pwrite(cur->fd, w->buf, n, (off_t)cur->size);
         if (rc) {
             /* Leave no partial record behind for the next append to
              * follow. */
             if (ftruncate(cur->fd, (off_t)cur->size) != 0)
                 rc = TW_EIO;
+            cur->alloc = cur->size;
             return rc;
         }
         cur->size += n;
@@ -685,6 +761,46 @@ void tw__jr_writeback(jr_writer *w)
     pthread_mutex_unlock(&w->sync_mu);
 }
 
+#define MANIFEST_SIZE 16u
+
+int tw__jr_manifest_read(int dirfd, uint32_t *oldest)
+{
+    int fd = openat(dirfd, "MANIFEST", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? TW_ENOENT : TW_EIO;
+    unsigned char b[MANIFEST_SIZE + 1];
+    ssize_t got = pread(fd, b, sizeof b, 0);
+    close(fd);
+    if (got != (ssize_t)MANIFEST_SIZE || memcmp(b, "TWMANIF1", 8) != 0 ||
+        get32(b + 12) != tw__crc32c(0, b, 12) || get32(b + 8) == 0)
+        return TW_EIO;
+    *oldest = get32(b + 8);
+    return 0;
+}
+
+int tw__jr_manifest_write(int dirfd, uint32_t oldest)
+{
+    unsigned char b[MANIFEST_SIZE];
+    memcpy(b, "TWMANIF1", 8);
+    put32(b + 8, oldest);
+    put32(b + 12, tw__crc32c(0, b, 12));
+    int fd = openat(dirfd, "MANIFEST.tmp",
+                    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return errno == ENOSPC ? TW_ENOSPC : TW_EIO;
+    int rc = do_pwrite(fd, b, sizeof b, 0);
+    if (!rc && fsync(fd) != 0)
+        rc = TW_EIO;
+    close(fd);
+    if (!rc && renameat(dirfd, "MANIFEST.tmp", dirfd, "MANIFEST") != 0)
+        rc = TW_EIO;
+    if (!rc && fsync(dirfd) != 0)
+        rc = TW_EIO;
+    if (rc)
+        unlinkat(dirfd, "MANIFEST.tmp", 0);
+    return rc;
+}
+
 int tw__jr_drop_oldest(jr_writer *w)
 {
     if (w->nseg < 2)
@@ -694,6 +810,12 @@ int tw__jr_drop_oldest(jr_writer *w)
     jr_seg s = w->segs[0];
     char name[16];
     tw__jr_seg_name(name, s.no);
+    /* The manifest first: a crash between the two leaves a segment older
+     * than it says, which the next open deletes; the other order would
+     * leave a segment missing. */
+    int rc = tw__jr_manifest_write(w->dirfd, w->segs[1].no);
+    if (rc)
+        return rc;
     if (unlinkat(w->dirfd, name, 0) != 0 || fsync(w->dirfd) != 0)
         return TW_EIO;
     close(s.fd);

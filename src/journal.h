@@ -4,13 +4,13 @@
  * checksummed records in one directory, appended under the store's mutex
  * and made durable by group commit.
  *
- * Segment file "NNNNNNNNNN.twj" (its number in decimal):
+ * Segment file "NNNNNNNNNN.twj" (its number in decimal), format 2:
  *
- *   header (32 bytes): "TWJOURN1" | u32 version | u32 segment number |
- *                      u64 0 | u32 0 | u32 crc32c of bytes 0..27
+ *   header (32 bytes): "TWJOURN1" | u32 version (2) | u32 segment number |
+ *                      u64 salt | u32 0 | u32 crc32c of bytes 0..27
  *   records, back to back, none split across segments:
  *
- *   0   u32 crc32c of bytes 4 .. 16 + len
+ *   0   u32 crc32c of the segment's salt (8 bytes) then bytes 4 .. 16 + len
  *   4   u32 len        bytes after this 16-byte header
  *   8   u8  type       JR_SCHED, JR_CANCEL, JR_DONE, JR_FIRE
  *   9   u8  0
@@ -21,6 +21,33 @@
  *       others: key
  *
  * All integers little-endian. Nothing here knows about keys' meaning.
+ *
+ * Why a salt. A payload is user data of up to 1 MiB and may hold anything,
+ * the bytes of a journal record included (copied from another journal, or
+ * written on purpose). The reader looks for valid records past a bad one
+ * (to tell a torn tail from damage, and to skip damage in repair mode), so
+ * with a plain checksum such bytes inside a torn record's payload passed
+ * for a record. Every segment gets its own random 64-bit salt, from
+ * getrandom(), when it is made, and every record's checksum covers it: a
+ * record image is valid in one segment only, and one made without reading
+ * that segment's header matches with probability 2^-32 (the width of the
+ * checksum). Considered and not taken: block framing as LevelDB's log does
+ * (a record may only begin at a block start or right after another), which
+ * also rules forgery out but splits large records into fragments that a
+ * delivery would have to gather again with several reads; and chaining
+ * each checksum to the previous record's, as SQLite's WAL also does, which
+ * would leave nothing after damage to check or keep in repair mode.
+ *
+ * Format 1 (twheel 0.2 and older) is the same with version 1 and no salt
+ * (checksums from 0). Such a journal still opens: its segments are read
+ * with the unsalted checksum, and the open rewrites every live record into
+ * a new format-2 segment and deletes the old ones, so the format-1 reader
+ * runs once, at that upgrade.
+ *
+ * MANIFEST (written only once a segment has been deleted): "TWMANIF1" |
+ * u32 number of the oldest segment the store still has | u32 crc32c of
+ * bytes 0..11. Without it the oldest segment is 1. Every segment from
+ * that one to the newest must be present.
  */
 #ifndef TWHEEL_JOURNAL_H
 #define TWHEEL_JOURNAL_H
@@ -35,6 +62,8 @@
 #define JR_REC_HDR 16u
 #define JR_SCHED_FIXED 16u /* due, attempt, payload_len */
 #define JR_MAX_BODY (JR_SCHED_FIXED + 1024u + 1024u * 1024u)
+#define JR_VERSION 2u   /* what this code writes */
+#define JR_VERSION_1 1u /* unsalted, still read */
 
 enum { JR_SCHED = 1, JR_CANCEL = 2, JR_DONE = 3, JR_FIRE = 4 };
 
@@ -54,16 +83,19 @@ typedef struct jr_rec {
     uint32_t payload_len;
 } jr_rec;
 
-/* Decode the record at @p (@n bytes available). Returns its size (> 0) if
- * the record is complete, well formed and its checksum matches; 0 if not. */
+/* Decode the record at @p (@n bytes available) of a segment whose
+ * checksum seed is @seed. Returns its size (> 0) if the record is
+ * complete, well formed and its checksum matches; 0 if not. */
 size_t tw__jr_decode(const unsigned char *p, size_t n, uint32_t off,
-                     jr_rec *out);
+                     uint32_t seed, jr_rec *out);
 
-/* Encode a record into @buf (room for JR_REC_HDR + body); returns its
- * size. @payload is for JR_SCHED only. */
-size_t tw__jr_encode(unsigned char *buf, int type, const void *key,
-                     size_t key_len, int64_t due_ms, uint32_t attempt,
-                     const void *payload, size_t payload_len, uint32_t synced);
+/* Encode a record for a segment whose checksum seed is @seed into @buf
+ * (room for JR_REC_HDR + body); returns its size. @payload is for
+ * JR_SCHED only. */
+size_t tw__jr_encode(unsigned char *buf, uint32_t seed, int type,
+                     const void *key, size_t key_len, int64_t due_ms,
+                     uint32_t attempt, const void *payload, size_t payload_len,
+                     uint32_t synced);
 
 static inline size_t tw__jr_size(int type, size_t key_len, size_t payload_len)
 {
@@ -71,12 +103,19 @@ static inline size_t tw__jr_size(int type, size_t key_len, size_t payload_len)
            (type == JR_SCHED ? JR_SCHED_FIXED + payload_len : 0);
 }
 
-/* Segment header: check / write. */
-bool tw__jr_seg_hdr_ok(const unsigned char *p, size_t n, uint32_t seg);
-void tw__jr_seg_hdr(unsigned char *p, uint32_t seg);
+/* The checksum seed of a segment with @salt: the CRC32C of its 8 bytes. */
+uint32_t tw__jr_seed(uint64_t salt);
+/* A fresh random salt. */
+uint64_t tw__jr_new_salt(void);
+/* Segment header: check (returns its format version, *@seed set, or 0 if
+ * it is not a valid header of segment @seg) / write (format 2). */
+unsigned tw__jr_seg_hdr_ok(const unsigned char *p, size_t n, uint32_t seg,
+                           uint32_t *seed);
+void tw__jr_seg_hdr(unsigned char *p, uint32_t seg, uint64_t salt);
 
 /*
- * Scan one segment's records from JR_SEG_HDR. @last: the newest segment
+ * Scan one segment's records from JR_SEG_HDR (@seed: its checksum seed,
+ * from tw__jr_seg_hdr_ok()). @last: the newest segment
  * (a bad record there may be a torn tail). @repair: skip damage.
  * Calls @fn for each good record. Returns:
  *   0 and *@end = the offset after the last good record (where a torn tail
@@ -85,8 +124,9 @@ void tw__jr_seg_hdr(unsigned char *p, uint32_t seg);
  *   TW_EIO with *@end = the offset of the damage.
  * @fn returning non-zero stops the scan with that value.
  */
-int tw__jr_scan(const unsigned char *p, size_t n, bool last, bool repair,
-                int (*fn)(void *arg, const jr_rec *r), void *arg, size_t *end);
+int tw__jr_scan(const unsigned char *p, size_t n, uint32_t seed, bool last,
+                bool repair, int (*fn)(void *arg, const jr_rec *r), void *arg,
+                size_t *end);
 
 /* One segment file. */
 typedef struct jr_seg {
@@ -95,7 +135,12 @@ typedef struct jr_seg {
     uint64_t size;    /* bytes written (header included) */
     uint64_t records; /* JR_SCHED records in it */
     uint64_t live;    /* of those, the current version of a pending key */
+    uint32_t seed;    /* its records' checksum seed (from its salt) */
+    uint64_t alloc;   /* the file's size: allocated ahead of @size */
 } jr_seg;
+
+/* A new segment's first allocation; it doubles as the segment fills. */
+#define JR_ALLOC_MIN (64u << 10)
 
 /* A futex word and how many threads sleep on it. */
 typedef struct jr_futex {
@@ -118,6 +163,7 @@ typedef struct jr_writer {
     uint64_t written;   /* LSN */
     uint32_t sync_mode; /* TW_DURABLE_SYNC_* */
     uint64_t segment_bytes;
+    bool falloc_off; /* fallocate() is not supported here */
     /*
      * Group commit. sync_mu guards the fields below (leaders and waiters
      * take it without *mu, so a waiter never queues behind appenders for
@@ -208,9 +254,13 @@ int tw__jr_wait(jr_writer *w, uint64_t lsn);
 /* Make everything written so far durable, whatever the sync_mode (*mu
  * held; released while it waits). */
 int tw__jr_sync_all(jr_writer *w);
-/* Allocate @bytes of zeros for a segment file. */
-int tw__jr_preallocate(int fd, uint64_t bytes);
-/* Delete the oldest segment (it must not be the current one). */
+/* MANIFEST: read the number of the oldest segment the store must have
+ * (0; TW_ENOENT if there is no manifest: the oldest is 1; TW_EIO if it is
+ * damaged) / write it durably (tmp file, rename, directory fsync). */
+int tw__jr_manifest_read(int dirfd, uint32_t *oldest);
+int tw__jr_manifest_write(int dirfd, uint32_t oldest);
+/* Delete the oldest segment (it must not be the current one), after
+ * recording the next one as the oldest in the manifest. */
 int tw__jr_drop_oldest(jr_writer *w);
 /* The segment numbered @no, or NULL. */
 jr_seg *tw__jr_seg(jr_writer *w, uint32_t no);
@@ -218,6 +268,9 @@ jr_seg *tw__jr_seg(jr_writer *w, uint32_t no);
  * sync covers; called after the position changes outside tw__jr_flush()
  * and tw__jr_new_segment(). */
 void tw__jr_publish(jr_writer *w);
+/* The TW_E* code of errno @e from a file system call: TW_ENOSPC,
+ * TW_EACCES, TW_EROFS, TW_ENOTDIR, TW_ENOMEM, else TW_EIO. */
+int tw__jr_errno(int e);
 /* Close every fd, free memory. */
 void tw__jr_close(jr_writer *w);
 /* "dir/NNNNNNNNNN.twj" name of segment @no into @buf (>= 16 bytes). */

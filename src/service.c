@@ -45,6 +45,7 @@ void (*tw__service_xpop_hook)(tw_service *s, tw_id id);
 void (*tw__service_xdrop_hook)(tw_service *s, tw_id id);
 void (*tw__service_accepted_hook)(tw_service *s, tw_id id);
 void (*tw__service_reserved_hook)(tw_service *s);
+void (*tw__service_pushed_hook)(tw_service *s);
 void (*tw__service_drained_hook)(tw_service *s);
 void (*tw__service_sum_hook)(tw_service *s);
 void (*tw__service_lazy_hook)(tw_service *s, tw_id id, uint64_t now);
@@ -364,12 +365,19 @@ static __attribute__((noinline)) struct prod *prod_claim(tw_service *s)
     return p;
 }
 
-static inline struct prod *prod_get(tw_service *s)
+/* This thread's producer for @s if it has one cached, else NULL. */
+static inline struct prod *prod_cached(tw_service *s)
 {
     for (unsigned i = 0; i < PROD_CACHE; i++)
         if (prod_cache[i].s == s && prod_cache[i].serial == s->prods.serial)
             return prod_cache[i].p;
-    return prod_claim(s);
+    return NULL;
+}
+
+static inline struct prod *prod_get(tw_service *s)
+{
+    struct prod *p = prod_cached(s);
+    return p != NULL ? p : prod_claim(s);
 }
 
 static void trampoline(tw_timer *t, void *arg);
@@ -623,15 +631,64 @@ static void mag_put(struct prod *p, const struct reserved *v)
 }
 
 /*
+ * Stop has begun after schedule_fast() pushed node @v->n on producer @p's
+ * stack: take the node back if it is still there. Only @p's owner pushes
+ * on that stack, so its top is this call's node unless somebody took the
+ * stack whole (stop, or the timer thread before it quit); that somebody
+ * then arms it or hands it back, and the call has succeeded. Returns
+ * TW_ESHUTDOWN (the node back in the magazine, the count dropped, *@id
+ * back to @was) or 0.
+ * Context: @p's owner.
+ */
+static __attribute__((noinline)) int schedule_undo(tw_service *s,
+                                                   struct prod *p,
+                                                   const struct reserved *v,
+                                                   tw_id *id, tw_id was)
+{
+    struct node *top = atomic_exchange(&p->subq, NULL);
+    if (top == NULL)
+        return 0;
+    struct node *rest = node_of_timer(top->t.tw__next);
+    if (rest != NULL) { /* older calls' nodes: back for stop to take */
+        struct node *tail = rest;
+        while (tail->t.tw__next != NULL)
+            tail = node_of_timer(tail->t.tw__next);
+        struct node *h = atomic_load(&p->subq);
+        do {
+            tail->t.tw__next = h != NULL ? &h->t : NULL;
+        } while (!atomic_compare_exchange_weak(&p->subq, &h, rest));
+    }
+    uint64_t st = atomic_load(&v->n->state);
+    do {
+        if (st & ST_CANCELLED) {
+            /* A cancel with the id (not returned yet, but an id can be
+             * guessed) won and released the slot. */
+            node_free(&s->pool, v->n);
+            atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
+            return 0;
+        }
+    } while (!atomic_compare_exchange_weak(&v->n->state, &st, v->st));
+    prod_drop(p);
+    mag_put(p, v);
+    if (id != NULL)
+        *id = was; /* a failed call leaves *@id as it was */
+    return TW_ESHUTDOWN;
+}
+
+/*
  * tw_schedule() of an exact one-shot task by producer @p: its function
- * from @p's last one or the table (a new one takes its entry once the
- * call can no longer fail otherwise), a node from its magazine, a slot in
- * its own count, its own stack. Returns 0, TW_ESHUTDOWN, TW_EAGAIN (the
- * table filled up meanwhile), or 1 if the shared path must do the call.
+ * from @p's last one or the table, a node from its magazine, a slot in its
+ * own count, its own stack. Returns 0, TW_ESHUTDOWN, TW_EAGAIN (the table
+ * filled up meanwhile), or 1 if the shared path must do the call.
  *
- * The count goes up before the stop check, both seq_cst, and stop sets
- * STOPPED_BIT before it sums the counts: either stop sees our slot and
- * waits for the push (and hands the task back), or we see the bit.
+ * One atomic read-modify-write: the push. The count goes up (a plain
+ * store: only @p's owner writes it) before the push, and the stop check
+ * (seq_cst) comes after it. Stop sets STOPPED_BIT (seq_cst) before it
+ * takes the stacks (seq_cst exchanges) and sums the counts. If the check
+ * does not see the bit, stop's exchange of this stack comes after the push
+ * and takes the node, and with it (release, acquire) the count. If it
+ * does, the node may be on the stack after stop took it for the last
+ * time: schedule_undo() takes it back.
  */
 static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
                                 void *arg, uint64_t delay, tw_id *id)
@@ -645,24 +702,25 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
         return 1; /* table full: the shared path says so */
     if (!mag_take(s, p, &v))
         return 1;
-    atomic_fetch_add(&p->added, 1);
-    TEST_HOOK(tw__service_reserved_hook, s);
-    if (atomic_load(&s->submit.pending) & STOPPED_BIT)
-        rc = TW_ESHUTDOWN;
-    else if (rc == 1) /* a new function: its entry only now */
-        rc = tw__fn_index(&s->pool, fn, &v.fidx);
-    if (rc != 0) {
-        prod_drop(p);
-        mag_put(p, &v);
+    if (rc == 1 && (rc = tw__fn_index(&s->pool, fn, &v.fidx)) != 0) {
+        mag_put(p, &v); /* the table filled up meanwhile */
         return rc;
     }
     if (fn != p->last_fn) {
         p->last_fn = fn;
         p->last_fidx = v.fidx;
     }
+    atomic_store_explicit(
+        &p->added, atomic_load_explicit(&p->added, memory_order_relaxed) + 1,
+        memory_order_relaxed);
+    TEST_HOOK(tw__service_reserved_hook, s);
     if (s->cfg.lazy) {
         struct sched r = {fn, arg, delay, 0, 0, KIND_ONCE, 0, NULL};
+        tw_id was = id != NULL ? *id : 0;
         sched_publish(s, &r, &v, &p->subq, id);
+        TEST_HOOK(tw__service_pushed_hook, s);
+        if (atomic_load(&s->submit.pending) & STOPPED_BIT)
+            return schedule_undo(s, p, &v, id, was);
         return 0;
     }
     /* sched_publish() for an exact one-shot deadline, written out: through
@@ -674,10 +732,17 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
     n->t.tw__expires = tick;
     uint64_t st = (v.st & ~UINT64_C(0xffffffff)) |
                   ((uint64_t)v.fidx << ST_PAY_SHIFT) | LOC_QUEUED;
-    if (id != NULL)
+    /* *@id before the push: the task may run at once and read it. */
+    tw_id was = 0;
+    if (id != NULL) {
+        was = *id;
         *id = make_id(st, v.idx);
+    }
     atomic_store_explicit(&n->state, st, memory_order_release);
     stack_push(&p->subq, n);
+    TEST_HOOK(tw__service_pushed_hook, s);
+    if (atomic_load(&s->submit.pending) & STOPPED_BIT)
+        return schedule_undo(s, p, &v, id, was);
     wake_for_tick(s, tick);
     return 0;
 }
@@ -1244,6 +1309,29 @@ __attribute__((noinline)) static void drop_queued(tw_service *s, struct node *n,
     atomic_fetch_sub(&s->busy, 1);
 }
 
+/* What a cancel does once it has won on node @n of task @id, which was at
+ * @loc: release the pending slot (@drop), mark the node for the timer
+ * thread, wake it. Out of line, so that cancel_id() keeps no stack frame
+ * in its common case. */
+static __attribute__((noinline)) bool
+cancel_won(tw_service *s, struct node *n, tw_id id, unsigned loc, bool drop)
+{
+    if (drop) {
+        struct prod *p = prod_get(s);
+        if (p != NULL)
+            prod_drop(p);
+        else
+            pending_drop(s);
+    }
+    if (loc == LOC_ARMED)
+        cancel_mark(&s->pool, n, (uint32_t)id - 1);
+    if (loc == LOC_ARMED || loc == LOC_QUEUED)
+        wake_for_cancel(s);
+    if (loc == LOC_DISPATCHED && s->cfg.nexec != 0)
+        drop_queued(s, n, id);
+    return true;
+}
+
 /* Cancel task @id; true if this call did. @drop: release its pending slot
  * (false: a replacing schedule call takes it over). */
 static bool cancel_id(tw_service *s, tw_id id, bool drop)
@@ -1260,20 +1348,19 @@ static bool cancel_id(tw_service *s, tw_id id, bool drop)
         if (loc == LOC_FREE || (loc == LOC_RUNNING && !(st & ST_PERIODIC)))
             return false;
     } while (!atomic_compare_exchange_weak(&n->state, &st, st | ST_CANCELLED));
-    if (drop) {
-        struct prod *p = prod_get(s);
-        if (p != NULL)
+    /* The common case without a call: a task the timer thread has not
+     * taken yet, cancelled by a thread with a producer, while the timer
+     * thread does not sleep long (wake_for_cancel() would do nothing). */
+    if (loc == LOC_QUEUED && drop) {
+        struct prod *p = prod_cached(s);
+        if (p != NULL) {
             prod_drop(p);
-        else
-            pending_drop(s);
+            if (!atomic_load(&s->timer.sleep_long))
+                return true;
+            return cancel_won(s, n, id, loc, false);
+        }
     }
-    if (loc == LOC_ARMED)
-        cancel_mark(&s->pool, n, (uint32_t)id - 1);
-    if (loc == LOC_ARMED || loc == LOC_QUEUED)
-        wake_for_cancel(s);
-    if (loc == LOC_DISPATCHED && s->cfg.nexec != 0)
-        drop_queued(s, n, id);
-    return true;
+    return cancel_won(s, n, id, loc, drop);
 }
 
 bool tw_cancel(tw_service *s, tw_id id)
@@ -1333,7 +1420,8 @@ static uint64_t prods_sum(tw_service *m, bool dropped)
  * read too, and a reservation still held when the releases are read is
  * counted. The sum is thus never below the reservations held throughout
  * the call, and never wraps: 0 only when nothing is pending. Stop's side
- * of the handshake in schedule_fast() is its read of the added counts.
+ * of the handshake in schedule_fast() is its exchange of each producer's
+ * stack, after which it reads the added counts.
  * With max_pending, only the shared count moves, down as well. */
 uint64_t tw_service_pending(const tw_service *s)
 {
@@ -1670,10 +1758,15 @@ int tw_service_stop(tw_service *s, tw_unprocessed_fn fn, void *ctx)
     return h.handed > INT_MAX ? INT_MAX : (int)h.handed;
 }
 
-void tw_service_destroy(tw_service *s)
+int tw_service_destroy(tw_service *s)
 {
     if (s == NULL)
-        return;
+        return 0;
+    /* From a task, the timer thread (a caller-supplied executor's callback)
+     * or stop's callback: stop would wait for this very thread and the
+     * frees below would pull the service from under it. */
+    if (tw_cur.s == s)
+        return TW_EDEADLK;
     tw_service_stop(s, NULL, NULL);
     reg_remove(s);
     for (uint32_t k = 0; k < atomic_load(&s->prods.n) && k < MAX_PRODS; k++)
@@ -1683,6 +1776,7 @@ void tw_service_destroy(tw_service *s)
     tw__exec_destroy(&s->exec);
     tw_wheel_destroy(s->timer.wheel);
     tw__free(s);
+    return 0;
 }
 
 int tw_service_get_stats_sized(const tw_service *s, tw_service_stats *out,

@@ -510,6 +510,62 @@ static void test_past_due(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* The whole int64 range of due times, the same on every backend: a due
+ * time at or before the clock (INT64_MIN, -1, 0, 1 included) fires at once
+ * with its due_ms handed back exactly; one the clock has not reached
+ * (2^53 +- 1, where a double stops being exact, INT64_MAX - 1, INT64_MAX)
+ * stays pending, across a reopen, until it is cancelled. Nothing
+ * overflows on the way (this suite runs under UBSan). */
+static void test_int64_extremes(void)
+{
+    static const struct {
+        const char *key;
+        int64_t due;
+    } past[] = {{"min", INT64_MIN},
+                {"min+1", INT64_MIN + 1},
+                {"-2^53", -(INT64_C(1) << 53)},
+                {"-1", -1},
+                {"0", 0},
+                {"1", 1}},
+      future[] = {{"2^53-1", (INT64_C(1) << 53) - 1},
+                  {"2^53", INT64_C(1) << 53},
+                  {"2^53+1", (INT64_C(1) << 53) + 1},
+                  {"max-1", INT64_MAX - 1},
+                  {"max", INT64_MAX}};
+    size_t np = sizeof past / sizeof past[0];
+    size_t nf = sizeof future / sizeof future[0];
+    tw_durable *d = open_new();
+    for (size_t i = 0; i < nf; i++)
+        ASSERT_EQ(sched(d, future[i].key, future[i].due, "f"), 0);
+    for (size_t i = 0; i < np; i++)
+        ASSERT_EQ(sched(d, past[i].key, past[i].due, "p"), 0);
+    for (size_t i = 0; i < np; i++)
+        wait_count(past[i].key, 1);
+    settle(d);
+    for (size_t i = 0; i < np; i++) {
+        struct rec r = snap(past[i].key);
+        ASSERT_EQ(r.count, 1);
+        ASSERT_EQ(r.due_ms[0], past[i].due);
+        ASSERT_EQ(r.attempt[0], 1);
+    }
+    for (size_t i = 0; i < nf; i++)
+        ASSERT_EQ(count_of(future[i].key), 0);
+    done_flush(d, nf);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = reopen();
+    settle(d);
+    done_flush(d, nf);
+    for (size_t i = 0; i < np; i++)
+        ASSERT_EQ(count_of(past[i].key), 1);
+    for (size_t i = 0; i < nf; i++) {
+        ASSERT_EQ(count_of(future[i].key), 0);
+        ASSERT_EQ(cancel(d, future[i].key), 0);
+    }
+    ASSERT_EQ(stats(d).pending, 0);
+    ASSERT_EQ(early, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 /* Counters: pending, fired, cancelled, retried. */
 static void test_stats(void)
 {
@@ -721,6 +777,7 @@ int tw_sem_run(const tw_sem_backend *b)
     RUN(test_cancel_many);
     RUN(test_retry_and_fail);
     RUN(test_past_due);
+    RUN(test_int64_extremes);
     RUN(test_stats);
     RUN(test_close_reopen);
     RUN(test_calls_during_close);

@@ -4,11 +4,12 @@
 # processes that this script starts on 127.0.0.1 (random free ports, a
 # temporary directory) and always stops, also on failure.
 # Usage: tests/redis_test.sh SCENARIO TEST_BINARY
-#   semantics | econn | crash | many   one server
+#   semantics | econn | crash | many | garbage
+#                                      one server
 #   suite                              one server; TEST_BINARY is
 #                                      test_durable_semantics
 #   share | share-kill | reshard |     a 3-master cluster
-#   many-cluster
+#   many-cluster | stall
 #   failover                           3 masters + 3 replicas
 # Exit 77 (skipped) when redis-server is not installed. TW_WRAP (e.g.
 # "gdb -batch -ex run -ex bt --args") wraps the one-server runs.
@@ -65,11 +66,12 @@ start() {
 }
 
 extra=()
+cextra=()
 cluster() { # MASTERS REPLICAS_PER_MASTER
   local m=$1 r=$2 n=$(($1 * ($2 + 1))) base i
   base=$(pick_ports "$n")
   extra=(--cluster-enabled yes --cluster-node-timeout 1000
-    --cluster-config-file nodes.conf --appendonly yes)
+    --cluster-config-file nodes.conf --appendonly yes "${cextra[@]}")
   local addrs=()
   for ((i = 0; i < n; i++)); do
     start $((base + i))
@@ -109,7 +111,7 @@ cluster() { # MASTERS REPLICAS_PER_MASTER
 }
 
 case $scenario in
-  semantics | econn | crash | many | suite)
+  semantics | econn | crash | many | garbage | suite)
     port=$(pick_ports 1)
     if [ "$scenario" = econn ] || [ "$scenario" = crash ]; then
       extra=(--appendonly yes --appendfsync always)
@@ -131,9 +133,12 @@ case $scenario in
     fi
     exit $rc
     ;;
-  share | share-kill | reshard | many-cluster)
+  share | share-kill | reshard | many-cluster | stall)
+    # stall: the healthy masters keep serving while one is stopped.
+    [ "$scenario" = stall ] && cextra=(--cluster-require-full-coverage no)
     cluster 3 0
     case $scenario in
+      stall) "$bin" stall "$seeds" ;;
       many-cluster) "$bin" many "$seeds" ;;
       share) "$bin" share "$seeds" 3 "${TW_REDIS_TIMERS:-100000}" 0 "$tmp" ;;
       share-kill) "$bin" share "$seeds" 3 20000 1 "$tmp" ;;

@@ -9,8 +9,12 @@
  * Modes:
  *   semantics  schedule, replace, cancel, retries, never early, bad input,
  *              release on close, two handles on one namespace; stats
- *              (backlog, lateness histogram)
+ *              (backlog, lateness histogram); a check's bounded age
  *   econn      unreachable at open and mid-run: TW_ECONN, then recovery
+ *   garbage    damaged data in every key of every shard: set aside into
+ *              the quarantine hashes, the rest of each shard fires
+ *   stall      a master stopped (SIGSTOP) in a cluster: no cancelled key
+ *              delivered after its cancel, healthy masters' keys on time
  *   many       tw_durable_schedule_many: batches, keys given twice, and
  *              (one server) a dead server's TW_ECONN per item
  *   crash      kill -9 of the server (appendfsync always) and restart:
@@ -25,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -431,17 +436,25 @@ static uint64_t hist_sum(const tw_durable_stats *s, unsigned from)
     return n;
 }
 
-static void stats_test(void)
+/* A store of its own namespace (@prefix and our pid) whose first callback
+ * waits for gate_state 2. */
+static tw_durable *open_gated(const char *prefix)
 {
     char ns[32];
-    snprintf(ns, sizeof ns, "st%d", (int)getpid());
+    snprintf(ns, sizeof ns, "%s%d", prefix, (int)getpid());
     tw_durable_config cfg = base_cfg(ns);
     cfg.fire = gate_fire;
     tw_durable *d;
-    tw_durable_stats st;
     reset_tab();
     gate_state = 1;
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    return d;
+}
+
+static void stats_test(void)
+{
+    tw_durable *d = open_gated("st");
+    tw_durable_stats st;
     int64_t t0 = wall_ms();
     ASSERT_EQ(sched(d, 300, t0 - 5000, "late"), 0); /* held in its callback */
     while (gate_state != 3)
@@ -466,6 +479,355 @@ static void stats_test(void)
     ASSERT_EQ(hist_sum(&st, 0), 6);
     ASSERT_EQ(tw_durable_close(d), 0);
     printf("stats: ok\n");
+}
+
+/* ------------------------------------------------------------------------ */
+/* Raw commands to the servers, for planting and reading data behind the
+ * store's back (routed by the slot of the first key). */
+
+static tw__rc *raw;
+
+static redisReply *rawv(int argc, const char **argv)
+{
+    size_t len[16];
+    ASSERT(argc <= 16);
+    for (int i = 0; i < argc; i++)
+        len[i] = strlen(argv[i]);
+    tw__rc_cmd c = {
+        argc, argv, len, argc > 1 ? tw__rc_slot(argv[1], len[1]) : -1, NULL, 0};
+    ASSERT_EQ(tw__rc_exec(raw, &c, 1), 0);
+    ASSERT(c.reply);
+    return c.reply;
+}
+
+#define RAW(...)                                                               \
+    freeReplyObject(                                                           \
+        rawv(sizeof((const char *[]){__VA_ARGS__}) / sizeof(const char *),     \
+             (const char *[]){__VA_ARGS__}))
+
+/* The name of shard @s's key with suffix @c in namespace @ns. */
+static const char *skey(char *b, const char *ns, int s, char c)
+{
+    snprintf(b, 96, "{%s:%d}:%c", ns, s, c);
+    return b;
+}
+
+static bool has_field(const char *ns, int s, const char *field)
+{
+    char k[96];
+    redisReply *r =
+        rawv(3, (const char *[]){"HEXISTS", skey(k, ns, s, 'q'), field});
+    bool yes = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    if (!yes)
+        fprintf(stderr, "  {%s:%d}:q has no field %s\n", ns, s, field);
+    freeReplyObject(r);
+    return yes;
+}
+
+/* Garbage in every key of every shard (values that are not
+ * "due,attempt,payload", due times and attempts out of range, a member of
+ * :d without a value, leases that ran out with no or a bad value, :s and
+ * :v that are not numbers, and keys of the wrong type: a string, a hash or
+ * a list where another type is expected, the quarantine hash itself a
+ * string): every normal timer scheduled after it fires (each twice: a
+ * retry runs DONE over the same shards), a cancel and a replace work, the
+ * damage is set aside into :q and counted in the stats. */
+static void garbage(void)
+{
+    char ns[32], k[96], due[32], v[64];
+    snprintf(ns, sizeof ns, "gb%d", (int)getpid());
+    ASSERT_EQ(tw__rc_open(&raw, seeds), 0);
+    reset_tab();
+    int64_t t0 = wall_ms();
+    snprintf(due, sizeof due, "%lld", (long long)t0);
+    /* Shard 0: bad values; a fractional score and a lease that ran out,
+     * both with good values, must still fire. */
+    static const char *const badv[][2] = {{"bad", "garbage"},
+                                          {"nodig", "abc,1,x"},
+                                          {"huge", "99999999999999999999,1,x"},
+                                          {"max+1", "9223372036854775808,1,x"},
+                                          {"negatt", "5,-1,x"},
+                                          {"bigatt", "5,4294967296,x"},
+                                          {"nocomma", "5,1"},
+                                          {"empty", ""}};
+    for (size_t i = 0; i < sizeof badv / sizeof badv[0]; i++) {
+        RAW("HSET", skey(k, ns, 0, 'p'), badv[i][0], badv[i][1]);
+        RAW("ZADD", skey(k, ns, 0, 'd'), due, badv[i][0]);
+    }
+    RAW("ZADD", skey(k, ns, 0, 'd'), due, "novalue");
+    RAW("HSET", skey(k, ns, 0, 'p'), "lease", "junk");
+    RAW("ZADD", skey(k, ns, 0, 'd'), "-1024", "lease");
+    RAW("ZADD", skey(k, ns, 0, 'd'), "-2048", "lease2");
+    RAW("SET", skey(k, ns, 0, 's'), "junk");
+    RAW("SET", skey(k, ns, 0, 'v'), "1e300");
+    snprintf(v, sizeof v, "%lld,1,frac", (long long)t0);
+    RAW("HSET", skey(k, ns, 0, 'p'), "k900", v);
+    snprintf(v, sizeof v, "%lld.5", (long long)t0);
+    RAW("ZADD", skey(k, ns, 0, 'd'), v, "k900");
+    snprintf(v, sizeof v, "%lld,1,lease", (long long)t0);
+    RAW("HSET", skey(k, ns, 0, 'p'), "k901", v);
+    RAW("ZADD", skey(k, ns, 0, 'd'), "-1024", "k901");
+    /* Shard 1: :p and :q are strings; a timer of :d lost its value. */
+    RAW("SET", skey(k, ns, 1, 'p'), "not a hash");
+    RAW("SET", skey(k, ns, 1, 'q'), "not a hash either");
+    RAW("ZADD", skey(k, ns, 1, 'd'), due, "k902");
+    /* Shard 2: :d is a string, :s a hash. */
+    RAW("SET", skey(k, ns, 2, 'd'), "not a zset");
+    RAW("HSET", skey(k, ns, 2, 's'), "a", "b");
+    /* Shard 3: :v a hash, :s a list; scores that are never due. */
+    RAW("HSET", skey(k, ns, 3, 'v'), "a", "b");
+    RAW("LPUSH", skey(k, ns, 3, 's'), "x");
+    RAW("HSET", skey(k, ns, 3, 'p'), "inf", "1,1,x");
+    RAW("ZADD", skey(k, ns, 3, 'd'), "+inf", "inf");
+
+    tw_durable_config cfg = base_cfg(ns);
+    cfg.shards = 4;
+    tw_durable *d;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    retry_first = 100;
+    /* Beyond the horizon (300 ms): claimed by CLAIM, which reads the
+     * garbage; 40 keys fall into every one of the 4 shards. */
+    t0 = wall_ms();
+    for (int i = 0; i < 40; i++)
+        ASSERT_EQ(sched(d, i, t0 + 500 + 10 * i, "n"), 0);
+    ASSERT_EQ(cancel(d, 5), 0);
+    ASSERT_EQ(sched(d, 6, t0 + 600, "new"), 0);
+    int64_t end = wall_ms() + 15000;
+    for (int i = 0; i < 40; i++) {
+        uint32_t want = i == 5 ? 0 : 2;
+        while (tab[i].count < want && wall_ms() < end)
+            sleep_ms(10);
+        if (tab[i].count != want)
+            fprintf(stderr, "  k%d delivered %u times\n", i,
+                    (unsigned)tab[i].count);
+        ASSERT_EQ(tab[i].count, want);
+    }
+    while ((tab[900].count < 2 || tab[901].count < 1) && wall_ms() < end)
+        sleep_ms(10);
+    ASSERT_EQ(tab[900].count, 2);
+    ASSERT(!strcmp(tab[900].payload, "frac"));
+    ASSERT_EQ(tab[901].count, 1);
+    ASSERT_EQ(tab[901].last_attempt, 2);
+    ASSERT(!strcmp(tab[6].payload, "new"));
+    ASSERT_EQ(tab[902].count, 0);
+    check_none_early(0, 40);
+
+    char f[64];
+    for (size_t i = 0; i < sizeof badv / sizeof badv[0]; i++) {
+        snprintf(f, sizeof f, "p:%s", badv[i][0]);
+        ASSERT(has_field(ns, 0, f));
+    }
+    static const struct {
+        int shard;
+        const char *field;
+    } set_aside[] = {{0, "d:novalue"}, {0, "p:lease"}, {0, "d:lease2"},
+                     {0, "k:s"},       {0, "k:v"},     {1, "k:p"},
+                     {1, "k:q"},       {1, "d:k902"},  {2, "k:d"},
+                     {2, "k:s"},       {3, "k:v"},     {3, "k:s"}};
+    for (size_t i = 0; i < sizeof set_aside / sizeof set_aside[0]; i++)
+        ASSERT(has_field(ns, set_aside[i].shard, set_aside[i].field));
+    long long total = 0;
+    for (int s = 0; s < 4; s++) {
+        redisReply *r = rawv(2, (const char *[]){"HLEN", skey(k, ns, s, 'q')});
+        ASSERT_EQ(r->type, REDIS_REPLY_INTEGER);
+        total += r->integer;
+        freeReplyObject(r);
+    }
+    ASSERT_EQ(total, 13 + 3 + 2 + 2); /* the fields above, per shard */
+    tw_durable_stats st;
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.quarantined, (uint64_t)total);
+    /* The old-sized struct gets no quarantined field (and no overflow). */
+    ASSERT_EQ(tw_durable_stats_get_sized(
+                  d, &st, offsetof(tw_durable_stats, quarantined)),
+              0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    retry_first = 0;
+    tw__rc_close(raw);
+    printf("garbage: ok\n");
+}
+
+/* ------------------------------------------------------------------------ */
+/* A stalled master (SIGSTOP) in a 3-master cluster. Keys A0..A3 (healthy
+ * masters) and B0 (the stalled master) are due at +400 ms, the master of
+ * B is stopped at +300 ms and the A keys are cancelled at +500 ms. A
+ * cancelled key must never be delivered after its cancel returned (a check
+ * answer is trusted for CHECK_MAX_AGE_MS at most), and the H keys (healthy
+ * masters, due at +600 .. +1500 ms while the master is stopped) must be
+ * delivered on time: within STALL_LATE_MS of their due time (generous for
+ * a loaded 2-core machine: on an idle one they start 0-5 ms late; a round
+ * that waited for the stopped master would make them 1-2.5 s late). The
+ * B keys (due +400 .. +1200 ms) are delivered after SIGCONT. */
+
+#define STALL_MS 2500
+#define STALL_LATE_MS 800
+
+/* The port of the master of @slot, from CLUSTER SLOTS. */
+static long long master_port(int slot)
+{
+    redisReply *r = rawv(2, (const char *[]){"CLUSTER", "SLOTS"});
+    long long port = -1;
+    ASSERT_EQ(r->type, REDIS_REPLY_ARRAY);
+    for (size_t i = 0; i < r->elements; i++) {
+        redisReply *e = r->element[i];
+        if (e->elements >= 3 && e->element[0]->integer <= slot &&
+            slot <= e->element[1]->integer)
+            port = e->element[2]->element[1]->integer;
+    }
+    freeReplyObject(r);
+    ASSERT(port > 0);
+    return port;
+}
+
+static uint32_t fnv_shard(const char *k, uint32_t shards)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *k; k++)
+        h = (h ^ (unsigned char)*k) * 1099511628211ull;
+    return (uint32_t)(h % shards);
+}
+
+/* The master port of key k<id>'s shard in namespace @ns. */
+static long long port_of_key(const char *ns, int id, uint32_t shards)
+{
+    char k[32], sk[96];
+    snprintf(k, sizeof k, "k%d", id);
+    skey(sk, ns, (int)fnv_shard(k, shards), 'd');
+    return master_port(tw__rc_slot(sk, strlen(sk)));
+}
+
+/* The pid of the server that holds @slot (INFO server, routed there). */
+static long long pid_of_slot(int slot)
+{
+    const char *argv[2] = {"INFO", "server"};
+    size_t len[2] = {4, 6};
+    tw__rc_cmd c = {2, argv, len, slot, NULL, 0};
+    ASSERT_EQ(tw__rc_exec(raw, &c, 1), 0);
+    ASSERT(c.reply && c.reply->type == REDIS_REPLY_STRING);
+    const char *p = strstr(c.reply->str, "process_id:");
+    ASSERT(p);
+    long long pid = atoll(p + 11);
+    freeReplyObject(c.reply);
+    return pid;
+}
+
+static void stall(void)
+{
+    char ns[32], sk[96];
+    snprintf(ns, sizeof ns, "stall%d", (int)getpid());
+    ASSERT_EQ(tw__rc_open(&raw, seeds), 0);
+    tw_durable_config cfg = base_cfg(ns);
+    cfg.shards = 16;
+    cfg.horizon_ms = 2000; /* everything below is claimed when scheduled */
+    cfg.lease_ms = 10000;  /* no lease runs out during the stall */
+    /* Pick the keys: B on the master of shard 0's slot, A and H elsewhere. */
+    int bslot = tw__rc_slot(skey(sk, ns, 0, 'd'), strlen(sk));
+    long long bport = master_port(bslot);
+    int a[4], na = 0, b[3], nb = 0, h[10], nh = 0;
+    for (int id = 1; na < 4 || nb < 3 || nh < 10; id++) {
+        ASSERT(id < 10000);
+        bool onb = port_of_key(ns, id, cfg.shards) == bport;
+        if (onb && nb < 3)
+            b[nb++] = id;
+        else if (!onb && na < 4)
+            a[na++] = id;
+        else if (!onb && nh < 10)
+            h[nh++] = id;
+    }
+    pid_t bpid = (pid_t)pid_of_slot(bslot);
+    reset_tab();
+    tw_durable *d;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    int64_t t0 = wall_ms();
+    for (int i = 0; i < 4; i++)
+        ASSERT_EQ(sched(d, a[i], t0 + 400, "a"), 0);
+    for (int i = 0; i < 3; i++)
+        ASSERT_EQ(sched(d, b[i], t0 + 400 + 400 * i, "b"), 0);
+    for (int i = 0; i < 10; i++)
+        ASSERT_EQ(sched(d, h[i], t0 + 600 + 100 * i, "h"), 0);
+    while (wall_ms() < t0 + 300)
+        sleep_ms(1);
+    fprintf(stderr, "  SIGSTOP master :%lld (pid %d) at +%lld ms\n", bport,
+            (int)bpid, (long long)(wall_ms() - t0));
+    ASSERT_EQ(kill(bpid, SIGSTOP), 0);
+    while (wall_ms() < t0 + 500)
+        sleep_ms(1);
+    int64_t cancelled_us[4];
+    for (int i = 0; i < 4; i++) {
+        int rc = cancel(d, a[i]);
+        cancelled_us[i] = wall_us();
+        /* 0, or TW_ENOENT if its delivery was already completed. */
+        ASSERT(rc == 0 || rc == TW_ENOENT);
+    }
+    while (wall_ms() < t0 + 300 + STALL_MS)
+        sleep_ms(5);
+    ASSERT_EQ(kill(bpid, SIGCONT), 0);
+    fprintf(stderr, "  SIGCONT at +%lld ms\n", (long long)(wall_ms() - t0));
+    int64_t end = wall_ms() + 20000;
+    while (wall_ms() < end) {
+        int i = 0;
+        while (i < 3 && tab[b[i]].count)
+            i++;
+        if (i == 3)
+            break;
+        sleep_ms(10);
+    }
+    sleep_ms(500);
+    for (int i = 0; i < 4; i++) {
+        struct rec *r = &tab[a[i]];
+        fprintf(stderr,
+                "  A k%d: %u deliveries, first %+lld ms from due, "
+                "cancel returned %+lld ms\n",
+                a[i], (unsigned)r->count,
+                r->count ? (long long)(r->first_us / 1000 - (t0 + 400)) : 0,
+                (long long)(cancelled_us[i] / 1000 - (t0 + 400)));
+        ASSERT(r->count <= 1);
+        if (r->count)
+            ASSERT(r->first_us < cancelled_us[i]);
+    }
+    for (int i = 0; i < 10; i++) {
+        struct rec *r = &tab[h[i]];
+        long long late = r->count ? r->first_us / 1000 - r->due : -1;
+        fprintf(stderr, "  H k%d: %u deliveries, %lld ms late\n", h[i],
+                (unsigned)r->count, late);
+        ASSERT_EQ(r->count, 1);
+        ASSERT(late < STALL_LATE_MS);
+    }
+    for (int i = 0; i < 3; i++)
+        ASSERT_EQ(tab[b[i]].count, 1);
+    check_none_early(0, 10000);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    tw__rc_close(raw);
+    printf("stall: ok\n");
+}
+
+/* ------------------------------------------------------------------------ */
+/* A check's answer has a bounded age (CHECK_MAX_AGE_MS, 200 ms, in
+ * src/durable_redis.c). Six keys due at once are checked in one round;
+ * the first callback blocks; meanwhile all six are cancelled (0), and the
+ * callback is held 600 ms more. The five whose callbacks had not started
+ * must never start: their answers are too old by then, so they are
+ * checked again and found cancelled. */
+static void age_test(void)
+{
+    tw_durable *d = open_gated("age");
+    int64_t t0 = wall_ms();
+    for (int i = 600; i < 606; i++) /* within the horizon: claimed now */
+        ASSERT_EQ(sched(d, i, t0 + 200, "v"), 0);
+    for (int i = 0; i < 5000 && gate_state != 3; i++)
+        sleep_ms(1);
+    ASSERT_EQ(gate_state, 3);
+    for (int i = 600; i < 606; i++)
+        ASSERT_EQ(cancel(d, i), 0);
+    sleep_ms(600);
+    gate_state = 2;
+    sleep_ms(1000);
+    uint64_t n = 0;
+    for (int i = 600; i < 606; i++)
+        n += tab[i].count;
+    ASSERT_EQ(n, 1); /* the one whose callback was running */
+    ASSERT_EQ(tw_durable_close(d), 0);
+    printf("age: ok\n");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -909,10 +1271,15 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "semantics")) {
         semantics();
         stats_test();
+        age_test();
     } else if (!strcmp(mode, "dienode") && argc == 5)
         dienode(argv[3], strtoll(argv[4], NULL, 10));
     else if (!strcmp(mode, "econn"))
         econn();
+    else if (!strcmp(mode, "garbage"))
+        garbage();
+    else if (!strcmp(mode, "stall"))
+        stall();
     else if (!strcmp(mode, "many"))
         many();
     else if (!strcmp(mode, "crash") || !strcmp(mode, "failover") ||

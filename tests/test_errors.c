@@ -23,6 +23,10 @@ static const struct {
     {TW_EIO, EIO, "TW_EIO"},
     {TW_ENOSPC, ENOSPC, "TW_ENOSPC"},
     {TW_ECONN, ENOTCONN, "TW_ECONN"},
+    /* The durable store's file system errors. */
+    {TW_EACCES, EACCES, "TW_EACCES"},
+    {TW_EROFS, EROFS, "TW_EROFS"},
+    {TW_ENOTDIR, ENOTDIR, "TW_ENOTDIR"},
 };
 #define NCODES (sizeof(codes) / sizeof(codes[0]))
 

@@ -13,9 +13,12 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fixture.h"
 #include "internal.h"
@@ -616,6 +619,114 @@ static void test_calls_from_task(void)
     }
 }
 
+/* tw_service_destroy() and tw_service_stop() from the service's own
+ * threads: a task on the timer thread and on an executor, a caller-supplied
+ * executor's callback (the timer thread) and stop's unprocessed callback.
+ * Each returns TW_EDEADLK and the service goes on as if it had not been
+ * called. Without the check, destroy frees the service under the thread
+ * that called it (and stop would wait for itself), so this runs in a child
+ * that an alarm ends after 30 s (a hang fails the test, it does not stall
+ * it); the parent asserts that the child exited with 0. */
+struct selfkill {
+    tw_service *s;
+    _Atomic int destroy_rc, stop_rc, calls;
+};
+
+static void selfkill_task(tw_id id, void *arg)
+{
+    (void)id;
+    struct selfkill *k = arg;
+    atomic_store(&k->destroy_rc, tw_service_destroy(k->s));
+    atomic_store(&k->stop_rc, tw_service_stop(k->s, NULL, NULL));
+    atomic_fetch_add(&k->calls, 1);
+}
+
+static void selfkill_execute(tw_service *s, tw_id job, void *ctx)
+{
+    struct selfkill *k = ctx;
+    atomic_store(&k->destroy_rc, tw_service_destroy(s));
+    atomic_store(&k->stop_rc, tw_service_stop(s, NULL, NULL));
+    atomic_fetch_add(&k->calls, 1);
+    tw_service_run(s, job);
+}
+
+static void selfkill_unprocessed(tw_id id, tw_task_fn fn, void *arg, void *ctx)
+{
+    (void)id;
+    (void)fn;
+    (void)arg;
+    struct selfkill *k = ctx;
+    atomic_store(&k->destroy_rc, tw_service_destroy(k->s));
+    atomic_fetch_add(&k->calls, 1);
+}
+
+static void destroy_from_own_threads(void)
+{
+    /* 0: a task on the timer thread; 1: on the executor pool; 2: the
+     * callback of a caller-supplied executor. */
+    for (int mode = 0; mode < 3; mode++) {
+        static struct selfkill k;
+        memset(&k, 0, sizeof(k));
+        atomic_store(&k.destroy_rc, 1);
+        atomic_store(&k.stop_rc, 1);
+        tw_service_config cfg = {.executor_threads = mode == 1 ? 2u : 0u};
+        if (mode == 2) {
+            cfg.execute = selfkill_execute;
+            cfg.execute_ctx = &k;
+        }
+        tw_service *s = vclock_service(&cfg);
+        k.s = s;
+        struct rec after = {0};
+        struct rec later = {0};
+        ASSERT_EQ(
+            tw_schedule(s, mode == 2 ? nop_task : selfkill_task, &k, MS, NULL),
+            0);
+        ASSERT_EQ(tw_schedule(s, rec_task, &later, 5 * MS, NULL), 0);
+        vset(s, MS);
+        WAIT_FOR(atomic_load(&k.calls) >= 1, 30);
+        ASSERT_EQ(atomic_load(&k.destroy_rc), TW_EDEADLK);
+        ASSERT_EQ(atomic_load(&k.stop_rc), TW_EDEADLK);
+        /* Nothing was done: the service schedules, runs and stops. */
+        ASSERT_EQ(tw_schedule(s, rec_task, &after, MS, NULL), 0);
+        vset(s, 2 * MS);
+        WAIT_FOR(atomic_load(&after.runs) == 1, 30);
+        ASSERT_EQ(tw_service_pending(s), 1);
+        ASSERT_EQ(tw_service_stop(s, NULL, NULL), 1); /* @later */
+        ASSERT_EQ(atomic_load(&later.runs), 0);
+        ASSERT_EQ(tw_service_destroy(s), 0);
+    }
+    /* From stop's unprocessed callback: every task is still handed back
+     * once, and the service is freed by the destroy after stop. */
+    static struct selfkill k;
+    memset(&k, 0, sizeof(k));
+    atomic_store(&k.destroy_rc, 1);
+    tw_service *s = vclock_service(NULL);
+    k.s = s;
+    for (int i = 0; i < 3; i++)
+        ASSERT_EQ(tw_schedule(s, nop_task, NULL, SEC, NULL), 0);
+    ASSERT_EQ(tw_service_stop(s, selfkill_unprocessed, &k), 3);
+    ASSERT_EQ(atomic_load(&k.calls), 3);
+    ASSERT_EQ(atomic_load(&k.destroy_rc), TW_EDEADLK);
+    ASSERT_EQ(tw_service_destroy(s), 0);
+}
+
+static void test_destroy_from_own_threads(void)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) {
+        signal(SIGALRM, SIG_DFL);
+        alarm(30);
+        destroy_from_own_threads();
+        _exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT(WIFEXITED(status));
+    ASSERT_EQ(WEXITSTATUS(status), 0);
+}
+
 /* tw_cancel_wait: returns only when the task is not running. */
 struct blocker {
     _Atomic int started;
@@ -973,6 +1084,7 @@ int main(void)
     RUN_TEST(test_stop);
     RUN_TEST(test_ids);
     RUN_TEST(test_calls_from_task);
+    RUN_TEST(test_destroy_from_own_threads);
     RUN_TEST(test_cancel_wait);
     RUN_TEST(test_cancel_releases_memory);
     RUN_TEST(test_tickless);

@@ -33,10 +33,12 @@ static tw_service *real_service(void)
 
 /* ------------------------------------------------------------------------ */
 /* Stop against a reservation: the producer has counted its task and not yet
- * looked for the stop. The hook starts stop on another thread and returns
- * only once stop has marked the service stopped, so stop runs while the
- * task is counted but not pushed: stop must wait for it, and the task must
- * either be refused (TW_ESHUTDOWN) or handed back, never lost. */
+ * pushed it. The hook starts stop on another thread and returns only once
+ * stop has marked the service stopped, so stop runs while the task is
+ * counted but not pushed: stop must wait for it, and the task must either
+ * be refused (TW_ESHUTDOWN, nothing handed back) or accepted and handed
+ * back (0, handed back once), never lost: the producer pushes, sees the
+ * stop and takes its task back unless stop took it first. */
 
 static struct {
     tw_service *s;
@@ -81,15 +83,74 @@ static void test_stop_during_reservation(void)
     int rc = tw_schedule(rs.s, nop, NULL, 10 * SEC, &id);
     tw__service_reserved_hook = NULL;
     pthread_join(rs.stopper, NULL);
-    ASSERT_EQ(rc, TW_ESHUTDOWN);
-    ASSERT_EQ(atomic_load(&rs.stop_rc), 0); /* nothing to hand back */
-    ASSERT_EQ(tw_service_pending(rs.s), 0);
     tw_service_stats st;
     tw_service_get_stats(rs.s, &st);
-    ASSERT_EQ(st.handed_back, 0);
+    if (rc == TW_ESHUTDOWN) {
+        ASSERT_EQ(atomic_load(&rs.stop_rc), 0); /* nothing to hand back */
+        ASSERT_EQ(st.handed_back, 0);
+    } else {
+        ASSERT_EQ(rc, 0);
+        ASSERT_EQ(atomic_load(&rs.stop_rc), 1);
+        ASSERT_EQ(st.handed_back, 1);
+    }
+    ASSERT_EQ(tw_service_pending(rs.s), 0);
     /* The refused task's record went back to the magazine, no leak. */
     ASSERT_EQ(tw_schedule(rs.s, nop, NULL, SEC, NULL), TW_ESHUTDOWN);
     tw_service_destroy(rs.s);
+}
+
+/* Stop after the push and before the producer looks for it: the hook runs
+ * a whole stop, which takes the pushed task and hands it back; the call
+ * then sees the stop, finds its stack empty and returns 0 (the task was
+ * accepted: handed back once, never lost, never refused after a hand-back).
+ * Each clock mode (the lazy clock publishes through another path). */
+static struct {
+    tw_service *s;
+    bool armed;
+    int stop_rc;
+    tw_id handed;
+} ps;
+
+static void on_handed(tw_id id, tw_task_fn fn, void *arg, void *ctx)
+{
+    (void)fn;
+    (void)arg;
+    (void)ctx;
+    ps.handed = id;
+}
+
+static void pushed_hook(tw_service *s)
+{
+    if (!ps.armed || s != ps.s)
+        return;
+    ps.armed = false;
+    ps.stop_rc = tw_service_stop(s, on_handed, NULL);
+}
+
+static void test_stop_after_push(void)
+{
+    for (int lazy = 0; lazy < 2; lazy++) {
+        tw_service_config cfg = {.flags = lazy ? TW_SERVICE_LAZY_CLOCK : 0};
+        ASSERT_EQ(tw_service_create(&ps.s, &cfg), 0);
+        ASSERT_EQ(tw_service_start(ps.s), 0);
+        tw_id warm;
+        ASSERT_EQ(tw_schedule(ps.s, nop, NULL, 10 * SEC, &warm), 0);
+        ASSERT(tw_cancel(ps.s, warm));
+        ps.handed = 0;
+        ps.stop_rc = -1;
+        tw__service_pushed_hook = pushed_hook;
+        ps.armed = true;
+        tw_id id = 0;
+        int rc = tw_schedule(ps.s, nop, NULL, 10 * SEC, &id);
+        tw__service_pushed_hook = NULL;
+        ASSERT(!ps.armed); /* the hook ran */
+        ASSERT_EQ(rc, 0);
+        ASSERT_EQ(ps.stop_rc, 1);
+        ASSERT_EQ(ps.handed, id);
+        ASSERT_EQ(tw_service_pending(ps.s), 0);
+        ASSERT_EQ(tw_schedule(ps.s, nop, NULL, SEC, NULL), TW_ESHUTDOWN);
+        tw_service_destroy(ps.s);
+    }
 }
 
 /* After stop has returned: a thread whose producer counts a task before it
@@ -335,6 +396,7 @@ static void test_thread_outlives_service(void)
 int main(int argc, char **argv)
 {
     RUN_SELECTED(test_stop_during_reservation);
+    RUN_SELECTED(test_stop_after_push);
     RUN_SELECTED(test_stop_hands_back_producer_tasks);
     RUN_SELECTED(test_pending_zero_while_late_producer_counts);
     RUN_SELECTED(test_pending_sum_across_producers);

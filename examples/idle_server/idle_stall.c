@@ -85,6 +85,11 @@ int main(int argc, char **argv)
     uint64_t port = 0, pid = 0, idle = 0, active = 1500, silent = 500;
 
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            printf("usage: idle_stall --port N --pid PID --idle DUR "
+                   "[--active N] [--silent N]\n");
+            return 0;
+        }
         const char *v = NULL;
         int bad = 0;
         if (cli_option(argc, argv, &i, "--port", &v))

@@ -19,7 +19,7 @@
  * growing until the next retry.) Nothing is delivered before
  * its due time by the wall clock, except after the wall clock steps back
  * by S: a timer scheduled then for a time the store has already passed
- * fires at once, early by at most S (README.md "Durable timers").
+ * fires at once, early by at most S (docs/guide/durable.md).
  *
  * Thread safety: tw_durable_schedule(), tw_durable_cancel() and
  * tw_durable_stats_get() may be called from any thread, callbacks included.
@@ -28,7 +28,7 @@
  * close() waits for it gets TW_ESHUTDOWN, nothing changed, from every call
  * once close() has begun.
  *
- * This header is the contract; see README.md "Durable timers" for the
+ * This header is the contract; see docs/guide/durable.md for the
  * guarantees table and the journal format.
  */
 #ifndef TWHEEL_DURABLE_H
@@ -80,7 +80,8 @@ typedef int (*tw_durable_fire_fn)(tw_durable *d, const tw_durable_timer *t,
 /* cfg.flags */
 #define TW_DURABLE_REPAIR                                                      \
     1u /* open a journal with corruption in its middle                         \
-          by dropping the damaged records */
+          by dropping the damaged records, or with a                           \
+          segment missing */
 
 /* Where a store keeps its timers and how it delivers them. */
 typedef struct tw_durable_config {
@@ -93,7 +94,9 @@ typedef struct tw_durable_config {
                                   starts at once, and calls that arrive
                                   while it runs share the next one */
     uint32_t executor_threads; /* 0 = fire on the store's own thread */
-    uint64_t segment_bytes;    /* 0 = 64 MiB */
+    uint64_t segment_bytes;    /* 0 = 64 MiB: a segment's most bytes; its
+                                  file starts at 64 KiB and doubles as it
+                                  fills */
 
     /* Redis backend. NULL = the journal in @dir. */
     const char *redis;           /* "host:port[,host:port...]" seed nodes */
@@ -114,8 +117,10 @@ typedef struct tw_durable_config {
     uint64_t (*mono_ns)(void *clock_arg); /* monotonic clock, ns */
     void *clock_arg;                      /* passed to both clocks */
 
-    /* Optional: on a failed open, a message naming what failed (for
-     * TW_EIO: the segment file and the offset of the damage), NUL-ended. */
+    /* Optional: on a failed open, a message saying why, NUL-ended: the
+     * field of a TW_EINVAL, the file and the system's reason of a file
+     * system error, for TW_EIO the segment file and the offset of the
+     * damage (or the missing segment). Set to "" as an open begins. */
     char *errbuf;      /* NULL = no message */
     size_t errbuf_len; /* bytes at @errbuf */
 
@@ -140,6 +145,10 @@ typedef struct tw_durable_stats {
     uint64_t backlog; /* due timers whose delivery has not started yet */
     uint64_t late_hist[TW_LATE_BUCKETS]; /* deliveries by how late they
                                             started after due_ms (wheel.h) */
+    /* Fields below were added after 0.2.0. */
+    uint64_t quarantined; /* Redis: entries set aside in the namespace's
+                             quarantine hashes (values that could not be
+                             read; docs/guide/redis.md); journal: 0 */
 } tw_durable_stats;
 
 /* One timer of tw_durable_schedule_many() (or one key of
@@ -157,10 +166,16 @@ typedef struct tw_durable_item {
  * tw_durable_open - open (or create) a store and start firing its timers.
  * Every pending timer is back in the wheel before it returns; those whose
  * due time passed while no process had the store open fire at once, in due
- * order. Returns 0; TW_EINVAL (bad @cfg, nothing written); TW_EBUSY (the
- * directory is open in another process or handle); TW_EIO (corruption in
- * the middle of the journal, unless TW_DURABLE_REPAIR); TW_ECONN (Redis
- * unreachable); TW_ENOMEM; TW_ENOSPC. On failure *@out is unchanged.
+ * order. Returns 0 or, with a message in cfg->errbuf saying why:
+ * TW_EINVAL (bad @cfg, naming the field; nothing written; both @dir and
+ * @redis set is TW_EINVAL too); TW_EBUSY (the directory is open in another
+ * process or handle: the directory itself is locked, so deleting its LOCK
+ * file does not let a second process in); TW_EIO (corruption in the
+ * middle of the journal, unless TW_DURABLE_REPAIR, or a segment missing,
+ * the oldest included, or another I/O error); TW_ENOTDIR (@dir or one of
+ * its parents is a file); TW_EACCES (permission denied); TW_EROFS
+ * (read-only file system); TW_ENOSPC; TW_ECONN (Redis unreachable);
+ * TW_ENOMEM. On failure *@out is unchanged.
  */
 TW_EXTERN int tw_durable_open(tw_durable **out, const tw_durable_config *cfg);
 
@@ -193,9 +208,13 @@ TW_EXTERN int tw_durable_schedule(tw_durable *d, const void *key,
 /*
  * tw_durable_cancel - make @key never fire (again). Returns 0 once that is
  * durable; TW_ENOENT if @key is not pending (never scheduled, or done);
- * TW_EINVAL, TW_EIO, TW_ENOSPC, TW_ECONN or TW_ESHUTDOWN. A delivery of
- * @key whose callback is already running is not stopped: the call still
- * returns 0 and the key is not delivered again.
+ * TW_EINVAL, TW_EIO, TW_ENOSPC, TW_ECONN or TW_ESHUTDOWN. Once it has
+ * returned 0, no delivery of @key whose callback had not started will
+ * start (journal: even one already due and queued behind other
+ * callbacks). A delivery whose callback is already running is not
+ * stopped: the call still returns 0 and the key is not delivered again.
+ * The same holds for the old version after a tw_durable_schedule() that
+ * replaces @key.
  *
  * Disk errors (journal): TW_EIO or TW_ENOSPC from a write means nothing
  * changed; from a failed fdatasync the change stays in memory and may or

@@ -52,9 +52,11 @@
  * no setting lives there. A program that unloads the library with
  * dlclose() must first let every thread that scheduled or cancelled exit.
  *
- * Deadlock rules: tw_service_stop() and tw_cancel_wait() must not be called
- * from inside the task they would wait for (they return TW_EDEADLK), nor
- * while holding a lock that a task takes.
+ * Deadlock rules: tw_service_stop(), tw_service_destroy() and
+ * tw_cancel_wait() must not be called from inside the task they would wait
+ * for (they return TW_EDEADLK and do nothing; stop and destroy do so on any
+ * of the service's own threads), nor while holding a lock that a task
+ * takes.
  */
 #ifndef TWHEEL_SERVICE_H
 #define TWHEEL_SERVICE_H
@@ -408,17 +410,19 @@ TW_EXTERN uint64_t tw_service_pending(const tw_service *s);
  * not run is handed to @fn. Waits until no task is running, joins the
  * service's threads.
  *
- * Context: any thread except the service's own. @fn may call the other
- * functions on @s (schedule and start fail with TW_ESHUTDOWN, stop with
- * TW_EDEADLK), but not tw_service_destroy(). With a caller-supplied
- * executor, stop waits until tw_service_run() was called for every job the
- * executor received: never call it from a thread that must still make one
- * of those calls (for example the thread that drains the executor's
- * queue), or while holding a lock that thread needs; that wait is not
- * detected and never ends.
+ * Context: any thread except the service's own: from a task of @s (on an
+ * executor thread or the timer thread), from the callback of a
+ * caller-supplied executor (the timer thread) and from @fn it returns
+ * TW_EDEADLK and does nothing. @fn may call the other functions on @s
+ * (schedule and start fail with TW_ESHUTDOWN, stop and destroy with
+ * TW_EDEADLK). With a caller-supplied executor, stop waits until
+ * tw_service_run() was called for every job the executor received: never
+ * call it from a thread that must still make one of those calls (for
+ * example the thread that drains the executor's queue), or while holding a
+ * lock that thread needs; that wait is not detected and never ends.
  * Return: how many tasks were handed back (>= 0); 0 if already stopped;
- * TW_EDEADLK (nothing done) when called from inside a task of @s;
- * TW_EINVAL for a NULL @s.
+ * TW_EDEADLK (nothing done) when called from the service's own threads as
+ * above; TW_EINVAL for a NULL @s.
  */
 TW_EXTERN int tw_service_stop(tw_service *s, tw_unprocessed_fn fn, void *ctx);
 
@@ -429,9 +433,12 @@ TW_EXTERN int tw_service_stop(tw_service *s, tw_unprocessed_fn fn, void *ctx);
  * Unprocessed tasks are dropped. No other call on @s may be running or
  * follow.
  *
- * Context: not from a task of @s.
+ * Context: any thread except the service's own, as for tw_service_stop():
+ * from a task of @s, from a caller-supplied executor's callback or from
+ * stop's @fn it returns TW_EDEADLK and does nothing (@s stays as it was).
+ * Return: 0 (@s is freed), or TW_EDEADLK as above.
  */
-TW_EXTERN void tw_service_destroy(tw_service *s);
+TW_EXTERN int tw_service_destroy(tw_service *s);
 
 /**
  * tw_service_run - run a job that a caller-supplied executor received.

@@ -63,6 +63,11 @@ extern "C" {
 #define TW_EIO (-EIO)             /* an I/O error or corrupt stored data */
 #define TW_ENOSPC (-ENOSPC)       /* no space left on the device */
 #define TW_ECONN (-ENOTCONN)      /* a remote store cannot be reached */
+/* Error codes of the durable store's open that name the file system's
+ * reason (0.3.0). */
+#define TW_EACCES (-EACCES)   /* permission denied */
+#define TW_EROFS (-EROFS)     /* read-only file system */
+#define TW_ENOTDIR (-ENOTDIR) /* a path names a file, not a directory */
 
 /*
  * TW_LATE_BUCKETS - buckets of the lateness histograms in tw_service_stats

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # CI stage: clang ASan+UBSan (unsigned-overflow checks on wheel.c), every
-# test that a sanitizer runtime allows (label nosan excluded).
+# test that a sanitizer runtime allows (label nosan excluded), the Redis
+# backend's one-server scenarios and the backend-neutral suite on Redis
+# included (TWHEEL_REDIS=ON: hiredis and redis-server come from
+# scripts/deps.sh test, so they are never skipped for lack of it).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
-configure_build build/ci-asan -DCMAKE_BUILD_TYPE=Asan -DCMAKE_C_COMPILER=clang
+configure_build build/ci-asan -DCMAKE_BUILD_TYPE=Asan -DCMAKE_C_COMPILER=clang \
+  -DTWHEEL_REDIS=ON
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_ctest build/ci-asan -LE nosan

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# CI stage: the API reference (Doxygen, from include/twheel/*.h and docs/).
+# CI stage: the paths the Markdown names, and the API reference (Doxygen,
+# from include/twheel/*.h and docs/).
 # Any Doxygen warning fails it, an undocumented public name among them.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
+# Every examples/, docs/, bench/, scripts/, src/ or include/ path that a
+# Markdown file names exists.
+scripts/check_md_paths.sh "$root"
 dir=build/ci-docs
 mkdir -p build
 cmake -S "$root" -B "$dir" -G Ninja -DTWHEEL_BUILD_TESTS=OFF \
@@ -26,5 +30,11 @@ for name in $(sed -n 's/^TW_EXTERN[^(]*[ *]\([a-z_0-9]*\)(.*/\1/p' include/twhee
   fi
 done
 [ "$missing" = 0 ] || exit 1
+# kernel-doc's markers are typeset, never shown: no "@key" or "%CONST" left
+# in a page's text (they become italic and bold).
+if grep -nE '(^|[^A-Za-z0-9_])[@%][A-Za-z_]' "$man3"/*.3; then
+  echo "docs: man pages show kernel-doc markers literally (above)"
+  exit 1
+fi
 echo "docs: $(find "$dir/docs/man/man3" -name '*.3' | wc -l) man pages," \
   "HTML in $dir/docs/html, no warnings"

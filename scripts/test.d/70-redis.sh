@@ -4,9 +4,11 @@
 # one server (semantics, the backend-neutral suite, unreachable, kill -9
 # with appendfsync always) and
 # 3-master clusters (3 nodes sharing 100,000 timers, kill -9 of a node,
-# slot migration, failover to a replica with WAIT). About a minute and a
-# half here; each scenario starts and stops its own servers
-# (tests/redis_test.sh).
+# slot migration, failover to a replica with WAIT, a master stopped with
+# SIGSTOP). About two minutes here; each scenario starts and stops its own
+# servers (tests/redis_test.sh). The one-server scenarios and the
+# backend-neutral suite also run under ASan+UBSan (20-asan-ubsan.sh) and
+# TSan (30-tsan.sh), which build the Redis backend when hiredis is there.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
