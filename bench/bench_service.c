@@ -88,6 +88,9 @@ static void nop_task(tw_id id, void *arg)
 
 enum op { OP_SCHEDULE, OP_CANCEL, OP_PAIRS };
 
+/* Cancels that found their task already run (see OP_CANCEL). */
+static _Atomic uint64_t cancel_missed;
+
 struct worker {
     pthread_t thread;
     tw_service *s;
@@ -123,9 +126,12 @@ static void *worker_main(void *p)
                 abort();
         break;
     case OP_CANCEL:
+        /* False only for a task that already ran: a phase that lasts
+         * longer than the shortest delay (1 s) on a loaded machine. */
         for (size_t i = 0; i < w->n; i++)
             if (!tw_cancel(w->s, w->ids[i]))
-                abort();
+                atomic_fetch_add_explicit(&cancel_missed, 1,
+                                          memory_order_relaxed);
         break;
     case OP_PAIRS:
         for (size_t i = 0; i < w->n; i++) {
@@ -218,15 +224,21 @@ static struct tput throughput(int nthreads, uint32_t flags, uint64_t *delays,
         check(tw_service_create(&s, &cfg), "tw_service_create");
         check(tw_service_start(s), "tw_service_start");
         uint64_t cancelled = 0;
+        atomic_store(&cancel_missed, 0);
         v[0][r] = run_op(s, OP_SCHEDULE, nthreads, delays, ids, n);
         v[2][r] = run_op(s, OP_CANCEL, nthreads, delays, ids, n);
         cancelled += n - n % (size_t)nthreads;
-        wait_released(s, cancelled);
+        wait_released(s, cancelled - atomic_load(&cancel_missed));
         v[1][r] = run_op(s, OP_SCHEDULE, nthreads, delays, ids, n);
         run_op(s, OP_CANCEL, nthreads, delays, ids, n);
         cancelled += n - n % (size_t)nthreads;
-        wait_released(s, cancelled);
+        wait_released(s, cancelled - atomic_load(&cancel_missed));
         v[3][r] = run_op(s, OP_PAIRS, nthreads, delays, ids, n);
+        if (atomic_load(&cancel_missed) != 0)
+            fprintf(stderr,
+                    "bench_service: %" PRIu64 " cancels found their task run "
+                    "(a phase outlasted the 1 s shortest delay)\n",
+                    atomic_load(&cancel_missed));
         tw_service_stop(s, NULL, NULL);
         tw_service_destroy(s);
     }

@@ -6,10 +6,10 @@ set -euo pipefail
 group=${1:-all}
 test_pkgs=(cmake ninja-build gcc clang clang-format libclang-rt-14-dev llvm-14 valgrind
   pkg-config faketime procps libuv1-dev libevent-dev liburing-dev doxygen
-  dpkg-dev libhiredis-dev redis-server redis-tools
-  beanstalkd ruby ruby-beaneater nodejs)
+  dpkg-dev libhiredis-dev libssl-dev openssl redis-server redis-tools
+  python3-prometheus-client beanstalkd ruby ruby-beaneater nodejs)
 bench_pkgs=(cmake ninja-build gcc pkg-config libuv1-dev libevent-dev
-  redis-server redis-tools libhiredis-dev libsqlite3-dev
+  redis-server redis-tools libhiredis-dev libssl-dev libsqlite3-dev
   gnuplot-nox default-jdk-headless libnetty-java procps)
 case $group in
   test) pkgs=("${test_pkgs[@]}") ;;

@@ -3,7 +3,8 @@
 # The install check, as a user would meet twheel:
 #  1. configure with one prefix, install with --prefix into another (the
 #     relocated case); check the SONAME, the version file (0.1 refused), the
-#     man pages; build consumers with pkg-config and with find_package;
+#     man pages; build consumers with pkg-config and with find_package, also
+#     as on a machine without hiredis's development files (no hiredis.pc);
 #  2. build every example alone against that install with pkg-config only
 #     (copied out of the tree, so no include can reach back into it), run
 #     the event-loop ones and ask each for --help;
@@ -45,7 +46,11 @@ grep -q '^tw_wheel_add \\- ' "$man3/tw_wheel_add.3" 2>/dev/null &&
   fail "no man page for tw_wheel_add"
 [ -f "$prefix/share/doc/twheel/html/index.html" ] || fail "no HTML reference"
 [ -f "$prefix/share/doc/twheel/LICENSE" ] || fail "no LICENSE installed"
-step "relocated install in $prefix: SONAME $soname, man pages, HTML, LICENSE"
+"$prefix/bin/twheel" --help | grep -q '^usage: twheel' ||
+  fail "no twheel tool installed, or its --help failed"
+grep -q '^\.TH TWHEEL 1' "$prefix/share/man/man1/twheel.1" 2>/dev/null ||
+  fail "no man page twheel(1)"
+step "relocated install in $prefix: SONAME $soname, man pages, HTML, LICENSE, twheel(1)"
 
 cat >"$work/consumer.c" <<'C'
 #include <stdio.h>
@@ -76,6 +81,12 @@ int main(void)
 }
 C
 
+# The Redis backend (and its TLS) are built when their libraries are
+# there, and configure says so.
+grep -q 'twheel: Redis backend ON' "$work/build.log" ||
+  fail "configure did not say the Redis backend is built"
+grep -q 'Redis TLS ON' "$work/build.log" || fail "configure did not say TLS is built"
+
 # pkg-config, shared library: the paths must point into $prefix.
 export PKG_CONFIG_PATH=$libdir/pkgconfig
 inc=$(pkg-config --variable=includedir twheel)
@@ -83,6 +94,25 @@ inc=$(pkg-config --variable=includedir twheel)
 cc -std=c11 -Wall -Werror "$work/consumer.c" -o "$work/consumer_pc" \
   $(pkg-config --cflags --libs twheel)
 LD_LIBRARY_PATH=$libdir "$work/consumer_pc"
+
+# A machine without hiredis's (or OpenSSL's) development files: with
+# PKG_CONFIG_LIBDIR only twheel.pc is visible. The shared library's
+# consumers need neither; only a static link names them (Libs.private).
+# No internal define of twheel's build reaches a consumer's flags.
+nodev=(env PKG_CONFIG_LIBDIR="$libdir/pkgconfig" PKG_CONFIG_PATH=)
+flags=$("${nodev[@]}" pkg-config --cflags --libs twheel) ||
+  fail "pkg-config twheel needs another module: $flags"
+cflags=$("${nodev[@]}" pkg-config --cflags twheel)
+[ "$(echo $cflags)" = "-I$inc" ] || fail "pkg-config --cflags twheel: '$cflags'"
+case $("${nodev[@]}" pkg-config --static --libs twheel) in
+  *-lhiredis*-lssl*) ;;
+  *) fail "pkg-config --static --libs twheel lacks -lhiredis -lssl" ;;
+esac
+if grep -rq '_FILE_OFFSET_BITS\|hiredis.h\|PkgConfig::' "$libdir/cmake/twheel"; then
+  fail "the CMake package leaks an internal define or a pkg-config module"
+fi
+cc -std=c11 -Wall -Werror "$work/consumer.c" -o "$work/consumer_nodev" $flags
+LD_LIBRARY_PATH=$libdir "$work/consumer_nodev"
 
 # find_package(twheel 0.2), shared and static; 0.1 must be refused.
 cmake_consumer() { # DIR VERSION
@@ -100,14 +130,17 @@ CM
   cmake -S "$1" -B "$1/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
     >"$1.log" 2>&1
 }
-cmake_consumer "$work/cm" 0.2 || { cat "$work/cm.log"; exit 1; }
+# Configured as on a machine without hiredis.pc (find_package must not
+# look for it).
+PKG_CONFIG_LIBDIR=$work/empty cmake_consumer "$work/cm" 0.2 ||
+  { cat "$work/cm.log"; exit 1; }
 cmake --build "$work/cm/build" >/dev/null
 "$work/cm/build/consumer"
 "$work/cm/build/consumer_static"
 if cmake_consumer "$work/cm01" 0.1; then
   fail "find_package(twheel 0.1) accepted version 0.2"
 fi
-step "consumers: pkg-config and find_package(twheel 0.2) ok; 0.1 refused"
+step "consumers: pkg-config and find_package(twheel 0.2) ok without hiredis.pc; no internal define; 0.1 refused"
 
 # 2. The examples, alone, against the install.
 ex=$work/examples
@@ -206,6 +239,10 @@ cmake --build "$deb/build" >>"$deb.log" 2>&1 || { cat "$deb.log"; exit 1; }
 (cd "$deb/build" && cpack -G DEB >>"$deb.log" 2>&1) || { cat "$deb.log"; exit 1; }
 pkg=$(ls "$deb"/build/twheel_*.deb)
 dpkg-deb -f "$pkg" Package Version Depends
+# The runtime libraries of the Redis backend are declared.
+for dep in libhiredis libssl; do
+  dpkg-deb -f "$pkg" Depends | grep -q "$dep" || fail "the package does not depend on $dep"
+done
 r=$deb/root
 mkdir -p "$r/var/lib/dpkg/info" "$r/var/lib/dpkg/updates"
 touch "$r/var/lib/dpkg/status"

@@ -60,6 +60,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -72,6 +73,7 @@
 
 #include "clock.h"
 #include "durable_backend.h"
+#include "durable_index.h"
 #include "internal.h"
 #include "journal.h"
 
@@ -172,6 +174,17 @@ typedef struct jstore {
     jr_futex apply_seq;
     uint64_t backlog; /* nodes due (in due[] or the queue), not yet begun */
     uint64_t late_hist[TW_LATE_BUCKETS];
+    uint64_t callbacks;   /* callbacks running now (stats.running) */
+    uint64_t late_sum_us; /* stats.late_sum_us */
+    /* tw_durable_list()'s ordered index (src/durable_index.c): NULL until
+     * its first call builds it; from then on every node in the key table
+     * is in it at tw_timer_expires() of its timer (rearm(), node_remove()).
+     * If keeping it up to date runs out of memory it is dropped, and the
+     * next listing builds it again. */
+    tw__dx *dx;
+    /* TW_DURABLE_READONLY: no lock, no writes, no threads; NOFIRE (or
+     * READONLY): no store thread or executors, so nothing is delivered. */
+    bool readonly, nofire;
 } jstore;
 
 /* ------------------------------------------------------------------------ */
@@ -512,11 +525,37 @@ static void seg_live(jstore *s, uint32_t no, int delta)
         g->live += (uint64_t)(int64_t)delta;
 }
 
+/* ------------------------------------------------------------------------ */
+/* The ordered index of tw_durable_list(), once built. */
+
+static void index_drop(jstore *s)
+{
+    tw__dx_free(s->dx);
+    s->dx = NULL;
+}
+
+/* Node @n leaves the key table (or is about to move). */
+static void index_out(jstore *s, struct dnode *n)
+{
+    if (s->dx)
+        (void)tw__dx_erase(s->dx, tw_timer_expires(&n->tm), (uintptr_t)n);
+}
+
+/* Arm node @n (in the key table) for @tick, in the wheel and the index. */
+static void rearm(jstore *s, struct dnode *n, uint64_t tick)
+{
+    index_out(s, n);
+    tw_wheel_add(s->wheel, &n->tm, tick);
+    if (s->dx && tw__dx_insert(s->dx, tick, (uintptr_t)n) != 0)
+        index_drop(s);
+}
+
 /* Unlink the node at @p from the table and the wheel; free it unless a
  * delivery still holds it (then it becomes an orphan). */
 static void node_remove(jstore *s, struct hpos p)
 {
     struct dnode *n = hout(s, p);
+    index_out(s, n);
     seg_live(s, n->seg, -1);
     if (n->fl & DN_FIRING) {
         n->fl |= DN_ORPHAN;
@@ -600,7 +639,7 @@ static void sched_apply(jstore *s, const tw_durable_item *it,
     }
     node_record(n, seg, off); /* its attempt is 0 */
     seg_live(s, seg, +1);
-    tw_wheel_add(s->wheel, &n->tm, tick_of(it->due_ms));
+    rearm(s, n, tick_of(it->due_ms));
     kick_if_earlier(s, it->due_ms);
 }
 
@@ -839,6 +878,8 @@ static int j_stats(tw_durable *d, tw_durable_stats *out)
     out->recovery_us = s->recovery_us;
     out->syncs = s->w.syncs;
     out->backlog = s->backlog;
+    out->running = s->callbacks;
+    out->late_sum_us = s->late_sum_us;
     memcpy(out->late_hist, s->late_hist, sizeof out->late_hist);
     pthread_mutex_unlock(&s->mu);
     return 0;
@@ -860,7 +901,7 @@ static void on_due(tw_timer *t, void *arg)
         size_t nc = s->due_cap ? s->due_cap * 2 : 256;
         struct dnode **nd = tw__realloc(s->due, nc * sizeof *nd);
         if (!nd) { /* try again in a moment */
-            tw_wheel_add(s->wheel, t, tick_of(wall(s)) + RETRY_IO_MS);
+            rearm(s, n, tick_of(wall(s)) + RETRY_IO_MS);
             return;
         }
         s->due = nd;
@@ -901,6 +942,7 @@ static struct delivery *read_record(jstore *s, struct dnode *n)
 static void complete(jstore *s, struct delivery *dl, int r)
 {
     struct dnode *n = dl->node;
+    s->callbacks--;
     if (r > 0)
         s->retried++;
     else
@@ -921,7 +963,7 @@ static void complete(jstore *s, struct delivery *dl, int r)
         }
         /* On failure the old record and its FIRE records stay: after a
          * crash it is delivered again with a higher attempt. */
-        tw_wheel_add(s->wheel, &n->tm, tick_of(due));
+        rearm(s, n, tick_of(due));
         kick_if_earlier(s, due);
     } else {
         uint32_t seg, off;
@@ -957,6 +999,10 @@ static bool begin_delivery(jstore *s, struct delivery *dl)
                        : late_ms > 0 ? UINT64_MAX
                                      : 0;
     s->late_hist[tw__late_bucket(late_us)]++;
+    s->late_sum_us = late_us > UINT64_MAX - s->late_sum_us
+                         ? UINT64_MAX
+                         : s->late_sum_us + late_us;
+    s->callbacks++;
     return true;
 }
 
@@ -989,7 +1035,7 @@ static struct delivery *start_delivery(jstore *s, struct dnode *n,
     if (!dl) {
         s->backlog--;
         n->fl &= (uint16_t)~DN_FIRING;
-        tw_wheel_add(s->wheel, &n->tm, tw_wheel_now(s->wheel) + RETRY_IO_MS);
+        rearm(s, n, tw_wheel_now(s->wheel) + RETRY_IO_MS);
         return NULL;
     }
     fires_add(n);
@@ -1076,6 +1122,111 @@ static void *exec_main(void *arg)
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Look-up and listing. */
+
+static void index_key(void *ctx, uintptr_t h, const unsigned char **key,
+                      size_t *len)
+{
+    (void)ctx;
+    const struct dnode *n = (const struct dnode *)h;
+    *key = n->key;
+    *len = n->key_len;
+}
+
+/* Build the ordered index from the key table (mutex held): every node of
+ * the table's chains, the old table's unmoved buckets included. */
+static int index_build(jstore *s)
+{
+    s->dx = tw__dx_new(index_key, s, s->seed);
+    if (!s->dx)
+        return TW_ENOMEM;
+    for (int t = 0; t < 2; t++) {
+        const uint32_t *b = t ? s->old : s->buckets;
+        size_t from = t ? s->moved : 0, to = t ? s->nold : s->nbuckets;
+        for (size_t i = from; b && i < to; i++)
+            for (struct dnode *n = hnode(s, b[i]); n; n = hnode(s, hlink(n)))
+                if (tw__dx_insert(s->dx, tw_timer_expires(&n->tm),
+                                  (uintptr_t)n) != 0) {
+                    index_drop(s);
+                    return TW_ENOMEM;
+                }
+    }
+    return 0;
+}
+
+/* WAITING or DUE: due by the wall clock, or its delivery has begun. */
+static uint32_t node_state(const struct dnode *n, int64_t now)
+{
+    bool due = (n->fl & DN_FIRING) || tw_timer_expires(&n->tm) <= tick_of(now);
+    return due ? TW_DURABLE_DUE : TW_DURABLE_WAITING;
+}
+
+static int j_get(tw_durable *d, const void *key, size_t key_len,
+                 tw_durable_info *info, void *buf, size_t buf_len)
+{
+    jstore *s = (jstore *)d;
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    struct dnode *n = hat(s, hfind(s, key, key_len));
+    struct delivery *dl = n ? read_record(s, n) : NULL;
+    if (!n) {
+        rc = TW_ENOENT;
+    } else if (!dl) {
+        rc = TW_EIO;
+    } else {
+        /* The next delivery counts one more than those begun so far. */
+        info->attempt = attempt_sum(dl->rec.attempt, (n->fl & DN_FIRES) + 1u);
+        info->due_ms = dl->rec.due_ms;
+        info->state = node_state(n, wall(s));
+        info->payload_len = dl->rec.payload_len;
+        if (buf_len && dl->rec.payload_len)
+            memcpy(buf, dl->rec.payload,
+                   buf_len < dl->rec.payload_len ? buf_len
+                                                 : dl->rec.payload_len);
+    }
+    pthread_mutex_unlock(&s->mu);
+    tw__free(dl);
+    return rc;
+}
+
+static int j_list(tw_durable *d, const struct tw__list_req *q,
+                  tw_durable_entry *out, bool *end)
+{
+    jstore *s = (jstore *)d;
+    size_t used = 0, n = 0;
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    if (!s->dx)
+        rc = index_build(s);
+    if (!rc) {
+        tw__dx_iter it;
+        tw__dx_seek(&it, s->dx, q->from, q->key, q->key_len, q->after);
+        int64_t now = wall(s);
+        while (n < q->max) {
+            uint64_t tick;
+            uintptr_t h;
+            if (!tw__dx_next(&it, &tick, &h) || tick >= q->to) {
+                *end = true;
+                break;
+            }
+            const struct dnode *dn = (const struct dnode *)h;
+            if (!tw__list_put(q, &used, &out[n], dn->key, dn->key_len, tick,
+                              now))
+                break;
+            if (dn->fl & DN_FIRING)
+                out[n].state = TW_DURABLE_DUE;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    /* A loop of listings would take the lock again at once, before the
+     * store's thread (woken by the unlock, but not yet running) can:
+     * firing would wait behind page after page. Let it run first. */
+    sched_yield();
+    return rc ? rc : (int)n;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1306,6 +1457,7 @@ static void free_all(jstore *s)
     tw__free(s->old);
     tw__free(s->due);
     tw__free(s->exec);
+    tw__dx_free(s->dx);
     tw_wheel_destroy(s->wheel);
     tw__jr_close(&s->w);
     if (s->lockfd >= 0)
@@ -1339,12 +1491,14 @@ static int j_close(tw_durable *d)
     pthread_cond_broadcast(&s->cv);
     pthread_cond_broadcast(&s->round_cv);
     pthread_mutex_unlock(&s->mu);
-    pthread_join(s->thr, NULL);
-    stop_executors(s);
+    if (!s->nofire) {
+        pthread_join(s->thr, NULL);
+        stop_executors(s);
+    }
     pthread_mutex_lock(&s->mu);
     int rc = 0;
-    jr_seg *cur = &s->w.segs[s->w.nseg - 1];
-    if (s->w.synced < s->w.written && fdatasync(cur->fd) != 0)
+    jr_seg *cur = s->w.nseg ? &s->w.segs[s->w.nseg - 1] : NULL;
+    if (cur && s->w.synced < s->w.written && fdatasync(cur->fd) != 0)
         rc = TW_EIO;
     pthread_mutex_unlock(&s->mu);
     free_all(s);
@@ -1356,6 +1510,8 @@ static const struct tw_durable_ops journal_ops = {
     .cancel = j_cancel,
     .close = j_close,
     .stats = j_stats,
+    .get = j_get,
+    .list = j_list,
     .schedule_many = j_schedule_many,
     .cancel_many = j_cancel_many,
 };
@@ -1528,7 +1684,8 @@ struct seg_file {
 static int read_segment(jstore *s, struct seg_file *f)
 {
     tw__jr_seg_name(f->name, f->no);
-    f->fd = openat(s->dirfd, f->name, O_RDWR | O_CLOEXEC);
+    f->fd = openat(s->dirfd, f->name,
+                   (s->readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
     struct stat st;
     if (f->fd < 0 || fstat(f->fd, &st) != 0)
         return TW_EIO;
@@ -1567,7 +1724,8 @@ static int bad_header(jstore *s, const tw_durable_config *cfg,
     }
     close(f->fd);
     f->fd = -1;
-    unlinkat(s->dirfd, f->name, 0);
+    if (!s->readonly)
+        unlinkat(s->dirfd, f->name, 0);
     fsync(s->dirfd);
     *damaged |= !empty;
     return 1;
@@ -1629,7 +1787,7 @@ static int replay_segment(jstore *s, const tw_durable_config *cfg,
     if (rc < 0)
         return rc;
     *damaged |= rc == 1;
-    rc = clear_tail(f, end);
+    rc = s->readonly ? 0 : clear_tail(f, end);
     return rc ? rc : keep_segment(s, f, end, c.sched);
 }
 
@@ -1641,6 +1799,8 @@ static int replay_done(jstore *s, const tw_durable_config *cfg, bool damaged)
         for (struct dnode *n = hnode(s, s->buckets[i]); n;
              n = hnode(s, hlink(n)))
             seg_live(s, n->seg, +1);
+    if (s->readonly)
+        return 0; /* nothing is written: no new segment */
     if (s->w.nseg) {
         jr_seg *cur = &s->w.segs[s->w.nseg - 1];
         s->w.written = JR_LSN(cur->no, cur->size);
@@ -1859,6 +2019,16 @@ static void init_store(jstore *s, const tw_durable_config *cfg,
 /* Make and open the directory and take its lock. */
 static int lock_dir(jstore *s, const tw_durable_config *cfg)
 {
+    if (s->readonly) { /* the directory as it is: no lock, nothing made */
+        s->dirfd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        s->w.dirfd = s->dirfd;
+        if (s->dirfd >= 0)
+            return 0;
+        if (errno != ENOENT)
+            return os_error(cfg, errno, "cannot open the directory", cfg->dir);
+        errmsg(cfg, "%s: no such directory", cfg->dir);
+        return TW_ENOENT;
+    }
     int rc = make_dirs(cfg);
     if (rc)
         return rc;
@@ -1897,7 +2067,7 @@ static int recover(jstore *s, const tw_durable_config *cfg)
     bool damaged = false;
     pthread_mutex_lock(&s->mu);
     int rc = replay(s, cfg, &damaged);
-    if (rc == 0 && damaged) {
+    if (rc == 0 && damaged && !s->readonly) {
         uint32_t fresh = s->w.segs[s->w.nseg - 1].no;
         while (rc == 0 && s->w.segs[0].no < fresh)
             rc = compact_oldest(s);
@@ -1949,6 +2119,9 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
         return TW_ENOMEM;
     uint64_t t0 = real_mono_ns(NULL);
     init_store(s, cfg, seg_bytes, t0);
+    s->readonly = cfg->flags & TW_DURABLE_READONLY;
+    s->base.readonly = s->readonly;
+    s->nofire = s->readonly || (cfg->flags & TW_DURABLE_NOFIRE);
     int rc = TW_ENOMEM;
     s->nbuckets = 1024;
     s->buckets = tw__calloc(s->nbuckets, sizeof *s->buckets);
@@ -1959,7 +2132,7 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
     if (!rc) {
         s->recovered = s->count;
         s->recovery_us = (real_mono_ns(NULL) - t0) / 1000;
-        rc = start_threads(s, cfg->executor_threads);
+        rc = s->nofire ? 0 : start_threads(s, cfg->executor_threads);
     }
     if (rc) {
         free_all(s);
@@ -1988,7 +2161,15 @@ int tw_durable_open_sized(tw_durable **out, const tw_durable_config *cfg,
     if (cfg == NULL)
         return TW_EINVAL;
     int rc = tw__config_copy(&c, sizeof c, cfg, cfg_size);
-    return rc != 0 ? rc : (tw_durable_open)(out, &c);
+    if (rc != 0) {
+        /* Only a struct larger than ours fails, so @cfg holds errbuf. */
+        errmsg(cfg,
+               "config: a field of a newer twheel is set (this library "
+               "knows %zu of the struct's %zu bytes)",
+               sizeof c, cfg_size);
+        return rc;
+    }
+    return (tw_durable_open)(out, &c);
 }
 
 /* The fields every backend shares, and which backend: TW_EINVAL with a
@@ -2028,10 +2209,10 @@ int(tw_durable_open)(tw_durable **out, const tw_durable_config *cfg)
     int rc = check_config(out, cfg);
     if (!rc)
         rc = cfg->redis ? tw__durable_redis_open(out, cfg) : j_open(out, cfg);
-    /* Every failure says something, if only the code's meaning. */
+    /* Every failure says something, if only the code's meaning. Never
+     * cfg->redis itself: a URL may hold a password. */
     if (rc && cfg->errbuf && cfg->errbuf_len && !cfg->errbuf[0])
-        errmsg(cfg, "%s: %s", cfg->redis ? cfg->redis : cfg->dir,
-               tw_strerror(rc));
+        errmsg(cfg, "%s: %s", cfg->redis ? "redis" : cfg->dir, tw_strerror(rc));
     return rc;
 }
 
@@ -2055,6 +2236,8 @@ int tw_durable_schedule(tw_durable *d, const void *key, size_t key_len,
         return TW_EINVAL;
     if (closing(d))
         return TW_ESHUTDOWN;
+    if (d->readonly)
+        return TW_EROFS;
     return d->ops->schedule(d, key, key_len, due_ms, payload, payload_len);
 }
 
@@ -2064,6 +2247,8 @@ int tw_durable_cancel(tw_durable *d, const void *key, size_t key_len)
         return TW_EINVAL;
     if (closing(d))
         return TW_ESHUTDOWN;
+    if (d->readonly)
+        return TW_EROFS;
     return d->ops->cancel(d, key, key_len);
 }
 
@@ -2091,7 +2276,7 @@ static bool item_ok(const tw_durable_item *it)
 static size_t check_items(tw_durable *d, tw_durable_item *items, size_t n,
                           bool cancel)
 {
-    int refuse = closing(d) ? TW_ESHUTDOWN : 0;
+    int refuse = closing(d) ? TW_ESHUTDOWN : d->readonly ? TW_EROFS : 0;
     size_t valid = 0;
     for (size_t i = 0; i < n; i++) {
         bool ok = cancel ? key_ok(items[i].key, items[i].key_len)

@@ -15,8 +15,42 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <string.h>
 
 #include "twheel/durable.h"
+
+/* A listing call as the backends see it: the entries with (due, key)
+ * after (@from, @key) (@after) or with due >= @from (!@after), due < @to,
+ * at most @max, keys copied to @keybuf. Dues are the wheel's: Unix ms,
+ * before 1970 as 0. */
+struct tw__list_req {
+    uint64_t from, to;
+    const unsigned char *key;
+    size_t key_len;
+    bool after;
+    size_t max; /* 1 .. INT_MAX */
+    unsigned char *keybuf;
+    size_t keybuf_len;
+};
+
+/* Copy key @k of @len bytes into @q's key buffer at *@used, if it fits,
+ * and make entry @e of it. False when it does not fit. */
+static inline bool tw__list_put(const struct tw__list_req *q, size_t *used,
+                                tw_durable_entry *e, const void *k, size_t len,
+                                uint64_t due, int64_t now)
+{
+    if (len > q->keybuf_len - *used)
+        return false;
+    memcpy(q->keybuf + *used, k, len);
+    e->key = q->keybuf + *used;
+    e->key_len = len;
+    e->due_ms = (int64_t)due;
+    e->state =
+        now >= 0 && due <= (uint64_t)now ? TW_DURABLE_DUE : TW_DURABLE_WAITING;
+    e->reserved = 0;
+    *used += len;
+    return true;
+}
 
 struct tw_durable_ops {
     int (*schedule)(tw_durable *d, const void *key, size_t key_len,
@@ -30,6 +64,15 @@ struct tw_durable_ops {
     /* Optional (NULL = a loop over cancel). Only key and key_len of the
      * items are read; the rest as for schedule_many. */
     int (*cancel_many)(tw_durable *d, tw_durable_item *items, size_t n);
+    /* tw_durable_get() and tw_durable_list() (src/durable_query.c checks
+     * their arguments: a valid key, non-NULL info; *info is zeroed). */
+    int (*get)(tw_durable *d, const void *key, size_t key_len,
+               tw_durable_info *info, void *buf, size_t buf_len);
+    /* The entries of @q into @out (q->max of them at most), in (due, key)
+     * order; *@end set when the range has no more. Returns how many, or a
+     * negative error. */
+    int (*list)(tw_durable *d, const struct tw__list_req *q,
+                tw_durable_entry *out, bool *end);
 };
 
 struct tw_durable {
@@ -37,6 +80,9 @@ struct tw_durable {
     /* tw_durable_close() has begun: the public calls refuse every change
      * (TW_ESHUTDOWN) from then on, for every backend (src/durable.c). */
     atomic_bool closing;
+    /* Opened with TW_DURABLE_READONLY: the public calls refuse every
+     * change (TW_EROFS). */
+    bool readonly;
 };
 
 /* The store whose callback this thread is running, or NULL: close() of

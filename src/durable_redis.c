@@ -522,6 +522,8 @@ struct rd {
     uint64_t next_check; /* no claim check before (real monotonic ms) */
     uint64_t fired, retried, cancelled;
     uint64_t late_hist[TW_LATE_BUCKETS];
+    uint64_t callbacks;   /* callbacks running now (stats.running); under mu */
+    uint64_t late_sum_us; /* stats.late_sum_us; under mu */
 };
 
 static const struct tw_durable_ops rd_ops;
@@ -1326,10 +1328,16 @@ static void fire_one(struct rd *d, struct rtimer *r)
     int64_t late = sat_sub(rd_wall_us(d), due_us);
     pthread_mutex_lock(&d->mu);
     r->fired = true;
-    d->late_hist[tw__late_bucket(late > 0 ? (uint64_t)late : 0)]++;
+    d->callbacks++;
+    uint64_t late_us = late > 0 ? (uint64_t)late : 0;
+    d->late_sum_us = late_us > UINT64_MAX - d->late_sum_us
+                         ? UINT64_MAX
+                         : d->late_sum_us + late_us;
+    d->late_hist[tw__late_bucket(late_us)]++;
     pthread_mutex_unlock(&d->mu);
     int res = tw__durable_fire(&d->base, d->fire, &t, d->fire_arg);
     pthread_mutex_lock(&d->mu);
+    d->callbacks--;
     if (res > 0)
         d->retried++;
     else
@@ -2156,6 +2164,8 @@ static int rd_stats(tw_durable *base, tw_durable_stats *out)
     out->fired = d->fired;
     out->retried = d->retried;
     out->cancelled = d->cancelled;
+    out->running = d->callbacks;
+    out->late_sum_us = d->late_sum_us;
     memcpy(out->late_hist, d->late_hist, sizeof out->late_hist);
     pthread_mutex_unlock(&d->mu);
     return 0;
@@ -2250,6 +2260,276 @@ void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out)
     tw__rc_stats_get(((struct rd *)d)->rc, out);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Look-up and listing: read-only scripts, sent with EVAL (Redis caches a
+ * script's compiled body by its digest), one per shard. */
+
+/* GET KEYS: d p; ARGV: key. nil, or {score, value of :p}. */
+static const char get_script[] =
+    "local s=redis.call('ZSCORE',KEYS[1],ARGV[1])\n"
+    "if not s then return false end\n"
+    "return {s,redis.call('HGET',KEYS[2],ARGV[1]) or ''}\n";
+
+/* LIST KEYS: d p; ARGV: from key after to max. The shard's first max
+ * timers with (due, key) after (from, key) (after = 1) or due >= from,
+ * and due < to, in (due, key) order: {key, due, key, due, ...}, each
+ * due as text (a waiting key's score as Redis writes it, a claimed key's
+ * due time as its value holds it: a Lua number would not keep an int64
+ * exact, and Redis would turn one past 2^63 into garbage). Waiting
+ * keys are :d's non-negative scores, which a sorted set orders by (score,
+ * member bytes): the start is a rank, found by ZCOUNT and, among the
+ * members at the cursor's own score, a binary search by rank (O(log^2 n)).
+ * Claimed keys (negative scores) keep their due time in :p: at most
+ * 10,000 of them are read, 100 values at a time, and merged in.
+ * Members are compared byte by byte, as Redis orders them (Lua's own
+ * string order follows the locale). */
+static const char list_script[] =
+    "local from,key,aft,to,max=tonumber(ARGV[1]),ARGV[2],ARGV[3]=='1',"
+    "tonumber(ARGV[4]),tonumber(ARGV[5])\n"
+    "local z=KEYS[1]\n"
+    "local function lt(a,b)\n"
+    " for i=1,math.min(#a,#b) do\n"
+    "  local x,y=string.byte(a,i),string.byte(b,i)\n"
+    "  if x~=y then return x<y end\n"
+    " end\n"
+    " return #a<#b\n"
+    "end\n"
+    "local function past(d,k)\n"
+    " if d~=from then return d>from end\n"
+    " return not aft or lt(key,k)\n"
+    "end\n"
+    "local lo=redis.call('ZCOUNT',z,'-inf','('..ARGV[1])\n"
+    "if aft then\n"
+    " local hi=redis.call('ZCOUNT',z,'-inf',ARGV[1])\n"
+    " while lo<hi do\n"
+    "  local mid=math.floor((lo+hi)/2)\n"
+    "  if lt(key,redis.call('ZRANGE',z,mid,mid)[1]) then hi=mid\n"
+    "  else lo=mid+1 end\n"
+    " end\n"
+    "end\n"
+    "local w=redis.call('ZRANGE',z,lo,lo+max-1,'WITHSCORES')\n"
+    "local c=redis.call('ZRANGEBYSCORE',z,'-inf','(0','LIMIT',0,10000)\n"
+    "local cl={}\n"
+    "for i=1,#c,100 do\n"
+    " local part={}\n"
+    " for j=i,math.min(i+99,#c) do part[#part+1]=c[j] end\n"
+    " local v=redis.call('HMGET',KEYS[2],unpack(part))\n"
+    " for j=1,#part do\n"
+    "  local t=v[j] and string.match(v[j],'^(-?%d+),')\n"
+    "  local d=t and tonumber(t)\n"
+    "  if d then\n"
+    "   if d<0 then d,t=0,'0' end\n"
+    "   if d<to and past(d,part[j]) then cl[#cl+1]={d,part[j],t} end\n"
+    "  end\n"
+    " end\n"
+    "end\n"
+    "table.sort(cl,function(a,b)\n"
+    " if a[1]~=b[1] then return a[1]<b[1] end\n"
+    " return lt(a[2],b[2])\n"
+    "end)\n"
+    "local out,i,j={},1,1\n"
+    "while #out<2*max do\n"
+    " local wd=w[2*i] and tonumber(w[2*i])\n"
+    " if wd and wd>=to then wd=nil end\n"
+    " local cd=cl[j]\n"
+    " if not wd and not cd then break end\n"
+    " if cd and (not wd or cd[1]<wd or (cd[1]==wd and lt(cd[2],w[2*i-1])))"
+    " then\n"
+    "  out[#out+1]=cd[2]\n"
+    "  out[#out+1]=cd[3]\n"
+    "  j=j+1\n"
+    " else\n"
+    "  out[#out+1]=w[2*i-1]\n"
+    "  out[#out+1]=w[2*i]\n"
+    "  i=i+1\n"
+    " end\n"
+    "end\n"
+    "return out\n";
+
+/* EVAL of @script on @shard's :d and :p with @argc arguments. */
+static void eval_cmd(struct rd *d, tw__rc_cmd *cmd, const char **argv,
+                     size_t *len, const char *script, size_t script_len,
+                     uint32_t shard, int argc)
+{
+    argv[0] = "EVAL";
+    len[0] = 4;
+    argv[1] = script;
+    len[1] = script_len;
+    argv[2] = "2";
+    len[2] = 1;
+    for (int k = 0; k < 2; k++) {
+        argv[3 + k] = d->sk[shard].name[k];
+        len[3 + k] = d->sk[shard].len[k];
+    }
+    *cmd = (tw__rc_cmd){5 + argc, argv, len, d->sk[shard].slot, NULL, 0};
+}
+
+static int rd_get(tw_durable *base, const void *key, size_t key_len,
+                  tw_durable_info *info, void *buf, size_t buf_len)
+{
+    struct rd *d = (struct rd *)base;
+    const char *argv[6];
+    size_t len[6];
+    tw__rc_cmd cmd;
+    eval_cmd(d, &cmd, argv, len, get_script, sizeof get_script - 1,
+             shard_of(d, key, key_len), 1);
+    argv[5] = key;
+    len[5] = key_len;
+    int rc = tw__rc_exec(d->rc, &cmd, 1);
+    const redisReply *r = cmd.reply;
+    struct pval v;
+    if (!rc && r && r->type == REDIS_REPLY_NIL) {
+        rc = TW_ENOENT;
+    } else if (!rc &&
+               (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+                r->element[0]->type != REDIS_REPLY_STRING ||
+                r->element[1]->type != REDIS_REPLY_STRING ||
+                !parse_val(r->element[1]->str, r->element[1]->len, &v))) {
+        rc = TW_EIO; /* not what this library writes */
+    } else if (!rc) {
+        info->due_ms = v.due;
+        info->attempt = v.attempt ? v.attempt : 1;
+        info->state = v.due <= rd_wall(d) ? TW_DURABLE_DUE : TW_DURABLE_WAITING;
+        info->payload_len = v.len;
+        if (buf_len && v.len)
+            memcpy(buf, v.payload, buf_len < v.len ? buf_len : v.len);
+    }
+    free_replies(&cmd, 1);
+    return rc;
+}
+
+/* One listed timer while the shards' replies are merged. */
+struct lent {
+    uint64_t due;
+    const redisReply *key;
+};
+
+static int lent_cmp(const void *a, const void *b)
+{
+    const struct lent *x = a, *y = b;
+    if (x->due != y->due)
+        return x->due < y->due ? -1 : 1;
+    size_t n = x->key->len < y->key->len ? x->key->len : y->key->len;
+    int c = memcmp(x->key->str, y->key->str, n);
+    if (c)
+        return c;
+    return x->key->len < y->key->len ? -1 : x->key->len > y->key->len;
+}
+
+/* A due time as LIST returns it: an integer, or a score in a double's
+ * text form; clamped to [0, INT64_MAX]. False if it is neither. */
+static bool list_due(const redisReply *u, uint64_t *due)
+{
+    if (u->type != REDIS_REPLY_STRING || !u->len || u->len > 40)
+        return false;
+    char b[48], *end;
+    memcpy(b, u->str, u->len);
+    b[u->len] = '\0';
+    double v = strtod(b, &end);
+    if (end != b + u->len || v != v)
+        return false;
+    long long i = strtoll(b, &end, 10);
+    if (end == b + u->len) /* an integer: exact */
+        *due = i < 0 ? 0 : (uint64_t)i;
+    else
+        *due = v <= 0                       ? 0
+               : v >= 9223372036854775807.0 ? INT64_MAX
+                                            : (uint64_t)v;
+    return true;
+}
+
+/* The entries of one shard's LIST reply into @e; how many, or -1 when the
+ * reply is not a LIST reply. */
+static long list_reply(const redisReply *r, struct lent *e)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements % 2)
+        return -1;
+    for (size_t i = 0; i < r->elements; i += 2) {
+        const redisReply *k = r->element[i];
+        uint64_t due;
+        if (k->type != REDIS_REPLY_STRING || !k->len ||
+            k->len > TW_DURABLE_KEY_MAX || !list_due(r->element[i + 1], &due))
+            return -1;
+        e[i / 2] = (struct lent){due, k};
+    }
+    return (long)(r->elements / 2);
+}
+
+static int rd_list(tw_durable *base, const struct tw__list_req *q,
+                   tw_durable_entry *out, bool *end)
+{
+    struct rd *d = (struct rd *)base;
+    size_t ns = d->shards, per = q->max;
+    tw__rc_cmd *cmds = tw__calloc(ns, sizeof *cmds);
+    const char **argv = tw__malloc(ns * 10 * sizeof *argv);
+    size_t *len = tw__malloc(ns * 10 * sizeof *len);
+    char nums[3][24];
+    size_t nl[3];
+    nl[0] = (size_t)snprintf(nums[0], 24, "%" PRIu64, q->from);
+    nl[1] = (size_t)snprintf(nums[1], 24, "%" PRIu64, q->to);
+    nl[2] = (size_t)snprintf(nums[2], 24, "%zu", per);
+    struct lent *all = NULL;
+    int rc = cmds && argv && len ? 0 : TW_ENOMEM;
+    for (size_t i = 0; i < ns && !rc; i++) {
+        const char **a = argv + 10 * i;
+        size_t *l = len + 10 * i;
+        eval_cmd(d, &cmds[i], a, l, list_script, sizeof list_script - 1,
+                 (uint32_t)i, 5);
+        a[5] = nums[0];
+        l[5] = nl[0];
+        a[6] = q->key_len ? (const char *)q->key : "";
+        l[6] = q->key_len;
+        a[7] = q->after ? "1" : "0";
+        l[7] = 1;
+        a[8] = nums[1];
+        l[8] = nl[1];
+        a[9] = nums[2];
+        l[9] = nl[2];
+    }
+    if (!rc)
+        rc = tw__rc_exec(d->rc, cmds, ns);
+    size_t total = 0;
+    bool more = false; /* some shard may hold more than it returned */
+    for (size_t i = 0; i < ns && !rc; i++) {
+        const redisReply *r = cmds[i].reply;
+        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements / 2 > per)
+            rc = TW_EIO;
+        else
+            total += r->elements / 2;
+    }
+    if (!rc && total)
+        all = tw__malloc(total * sizeof *all);
+    if (!rc && total && !all)
+        rc = TW_ENOMEM;
+    size_t k = 0;
+    for (size_t i = 0; i < ns && !rc && all; i++) { /* none: all is NULL */
+        long got = list_reply(cmds[i].reply, all + k);
+        if (got < 0)
+            rc = TW_EIO;
+        else
+            k += (size_t)got;
+        more |= got == (long)per;
+    }
+    size_t n = 0, used = 0;
+    if (!rc) {
+        if (total)
+            qsort(all, total, sizeof *all, lent_cmp);
+        int64_t now = rd_wall(d);
+        while (n < q->max && n < total &&
+               tw__list_put(q, &used, &out[n], all[n].key->str, all[n].key->len,
+                            all[n].due, now))
+            n++;
+        *end = n == total && !more;
+    }
+    tw__free(all);
+    if (cmds)
+        free_replies(cmds, ns);
+    tw__free(cmds);
+    tw__free(argv);
+    tw__free(len);
+    return rc ? rc : (int)n;
+}
+
 static const struct tw_durable_ops rd_ops = {
     .schedule = rd_schedule,
     .schedule_many = rd_schedule_many,
@@ -2257,6 +2537,8 @@ static const struct tw_durable_ops rd_ops = {
     .cancel = rd_cancel,
     .close = rd_close,
     .stats = rd_stats,
+    .get = rd_get,
+    .list = rd_list,
 };
 
 /* A handle with @cfg's settings (defaults filled in); NULL when out of
@@ -2328,7 +2610,7 @@ static int rd_load_scripts(struct rd *d)
         int rc = tw__rc_exec(d->rc, &cmd, 1);
         if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_STRING ||
                     cmd.reply->len != 40))
-            rc = TW_EIO;
+            rc = tw__rc_cmd_error(d->rc, &cmd, "SCRIPT LOAD");
         if (!rc)
             memcpy(d->sha[i], cmd.reply->str, 41);
         free_replies(&cmd, 1);
@@ -2336,6 +2618,23 @@ static int rd_load_scripts(struct rd *d)
             return rc;
     }
     return 0;
+}
+
+/* Can this user reach the namespace's keys? A GET of shard 0's version
+ * key: an ACL user without the key pattern fails now, with NOPERM and
+ * TW_EAUTH, rather than at its first schedule. Other errors (a value of
+ * another type) are left to the scripts. */
+static int rd_probe_keys(struct rd *d)
+{
+    const char *argv[2] = {"GET", d->sk[0].name[NKEYS - 1]};
+    size_t len[2] = {3, d->sk[0].len[NKEYS - 1]};
+    tw__rc_cmd cmd = {2, argv, len, d->sk[0].slot, NULL, 0};
+    int rc = tw__rc_exec(d->rc, &cmd, 1);
+    if (!rc && cmd.reply->type == REDIS_REPLY_ERROR &&
+        !strncmp(cmd.reply->str, "NOPERM", 6))
+        rc = tw__rc_cmd_error(d->rc, &cmd, "GET of a key of the namespace");
+    free_replies(&cmd, 1);
+    return rc;
 }
 
 /* Group the shards by master, start the groups' threads, the topology
@@ -2363,19 +2662,44 @@ static int rd_start(struct rd *d)
 int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
 {
     const char *ns = cfg->redis_namespace ? cfg->redis_namespace : "tw";
-    if (!*ns || strlen(ns) > 64 || strchr(ns, '{') || strchr(ns, '}'))
+    if (!*ns || strlen(ns) > 64 || strchr(ns, '{') || strchr(ns, '}')) {
+        if (cfg->errbuf && cfg->errbuf_len)
+            snprintf(cfg->errbuf, cfg->errbuf_len,
+                     "redis_namespace: 1 to 64 bytes without '{' or '}'");
         return TW_EINVAL;
+    }
     struct rd *d = rd_new(cfg);
     if (!d)
         return TW_ENOMEM;
     int rc = rd_keys(d, ns);
     if (!rc && tw_wheel_create(&d->wheel, NULL, rd_mono_ms(d)))
         rc = TW_ENOMEM;
-    if (!rc)
-        rc = tw__rc_open(&d->rc, cfg->redis);
-    if (!rc)
+    if (!rc) {
+        tw__rc_opts o = {cfg->redis,
+                         cfg->redis_user,
+                         cfg->redis_password,
+                         cfg->redis_sentinel_user,
+                         cfg->redis_sentinel_password,
+                         cfg->redis_tls_ca_file,
+                         cfg->redis_tls_ca_dir,
+                         cfg->redis_tls_cert_file,
+                         cfg->redis_tls_key_file,
+                         cfg->redis_tls_server_name,
+                         cfg->errbuf,
+                         cfg->errbuf_len};
+        rc = tw__rc_open(&d->rc, &o);
+    }
+    if (!rc) {
         rc = rd_load_scripts(d);
-    if (!rc)
+        if (!rc)
+            rc = rd_probe_keys(d);
+        if (rc)
+            tw__rc_last_error(d->rc, cfg->errbuf, cfg->errbuf_len);
+    }
+    d->base.readonly = cfg->flags & TW_DURABLE_READONLY;
+    if (!rc && (cfg->flags & TW_DURABLE_NOFIRE))
+        rc = TW_EINVAL; /* a claim would wait for its lease */
+    if (!rc && !d->base.readonly)
         rc = rd_start(d);
     if (rc) {
         rd_free(d);

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * src/redis_client.h - a small Redis / Redis Cluster client on hiredis for
- * the durable Redis backend. Internal; names carry the tw__rc prefix.
+ * src/redis_client.h - a small Redis / Redis Cluster / Sentinel client for
+ * the durable Redis backend: hiredis's reply reader and command formatter
+ * over our own sockets, plain or TLS (OpenSSL). Internal; names carry the
+ * tw__rc prefix.
  *
  * Calls from many threads are batched: a thread that finds a node's
  * connection idle sends every command queued for that node in one write and
@@ -38,10 +40,34 @@ typedef struct tw__rc_cmd {
 /* The slot of a key (hash tags honoured). */
 int tw__rc_slot(const void *key, size_t len);
 
-/* Connect to the first reachable seed of "host:port[,host:port...]" and
- * load the slot map. 0, TW_EINVAL (bad seeds), TW_ECONN or TW_ENOMEM. */
-int tw__rc_open(tw__rc **out, const char *seeds);
+/* What tw__rc_open needs: the address (cfg.redis: "host:port[,...]" or a
+ * URL), the secrets and TLS files of tw_durable_config (NULL = unset), and
+ * where to say why an open failed. */
+typedef struct tw__rc_opts {
+    const char *addr;
+    const char *user, *password;
+    const char *sentinel_user, *sentinel_password;
+    const char *tls_ca_file, *tls_ca_dir, *tls_cert_file, *tls_key_file;
+    const char *tls_server_name;
+    char *errbuf;
+    size_t errbuf_len;
+} tw__rc_opts;
+
+/* Connect to the first reachable seed (or the master the sentinels name),
+ * authenticate, select the database and load the slot map. 0, TW_EINVAL
+ * (bad address or TLS files), TW_ECONN, TW_EAUTH, TW_EIO or TW_ENOMEM; on
+ * failure o->errbuf says why, with the address and never a secret. */
+int tw__rc_open(tw__rc **out, const tw__rc_opts *o);
 void tw__rc_close(tw__rc *c);
+
+/* A command's failure as a code, with a message for tw__rc_last_error:
+ * "redis ADDR: WHAT: <Redis's text>" for an error reply (TW_EAUTH for
+ * NOAUTH, WRONGPASS and NOPERM, TW_EIO for any other), or the connection's
+ * last failure for an err. */
+int tw__rc_cmd_error(tw__rc *c, const tw__rc_cmd *cmd, const char *what);
+
+/* The last failure's message (NUL-ended, truncated to @len). */
+void tw__rc_last_error(tw__rc *c, char *buf, size_t len);
 
 /* Run @n commands, pipelined per node and batched with other threads'.
  * Returns 0 when every command has a reply, else the first err. */

@@ -566,7 +566,11 @@ const char *tw_version_string(void)
     /* The durable store's file system errors. */                              \
     X(TW_EACCES, "permission denied")                                          \
     X(TW_EROFS, "read-only file system")                                       \
-    X(TW_ENOTDIR, "not a directory")
+    X(TW_ENOTDIR, "not a directory")                                           \
+    TW_ERRORS_REMOTE(X)
+/* Remote stores' own codes. */
+#define TW_ERRORS_REMOTE(X)                                                    \
+    X(TW_EAUTH, "remote store refused the credentials or their rights")
 #define TW_ERROR_MESSAGE(code, msg)                                            \
     case code:                                                                 \
         return msg;

@@ -104,6 +104,16 @@ static void race_close(tw_durable *d);
 static atomic_int self_close_rc = 1; /* a payload "X" closes its own store */
 static atomic_int race_armed;        /* a payload "C" runs race_close() once */
 
+/* A payload "B" holds its callback until unblock(). */
+static atomic_int blocked, unblocked;
+
+static void block_here(void)
+{
+    atomic_store(&blocked, 1);
+    while (!atomic_load(&unblocked))
+        sleep_real_ms(1);
+}
+
 static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)arg;
@@ -112,6 +122,8 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
         race_close(d);
     if (t->payload_len == 1 && *(const char *)t->payload == 'X')
         atomic_store(&self_close_rc, tw_durable_close(d));
+    if (t->payload_len == 1 && *(const char *)t->payload == 'B')
+        block_here();
     int64_t at = now_ms();
     if (at < t->due_ms)
         early++;
@@ -757,6 +769,456 @@ static void test_close_from_callback(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Look-up and listing. */
+
+static int get(tw_durable *d, const char *key, tw_durable_info *info, char *buf,
+               size_t len)
+{
+    return tw_durable_get(d, key, strlen(key), info, buf, len);
+}
+
+/* Wait in real time until get(@key) shows it WAITING with @attempt, or
+ * fails with TW_ENOENT when @attempt is 0 (a completion may reach the
+ * store a little after its callback returned). */
+static void wait_get(tw_durable *d, const char *key, uint32_t attempt)
+{
+    tw_durable_info in;
+    for (int i = 0; i < WAIT_MS; i++) {
+        int rc = get(d, key, &in, NULL, 0);
+        if (attempt ? rc == 0 && in.attempt == attempt &&
+                          in.state == TW_DURABLE_WAITING
+                    : rc == TW_ENOENT)
+            return;
+        sleep_real_ms(1);
+    }
+    int rc = get(d, key, &in, NULL, 0);
+    fprintf(stderr,
+            "%s: get(%s) never showed attempt %u: %d, attempt %u, state %u, "
+            "due %lld, now %lld\n",
+            be->name, key, attempt, rc, in.attempt, in.state,
+            (long long)in.due_ms, (long long)now_ms());
+    ASSERT(0);
+}
+
+/* tw_durable_get: due time, attempt, state and payload into the caller's
+ * buffer with its full length; TW_ENOENT once cancelled or completed. */
+static void test_get(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    tw_durable_info in;
+    char buf[16];
+    ASSERT_EQ(get(d, "g1", &in, buf, sizeof buf), TW_ENOENT);
+    ASSERT_EQ(sched(d, "g1", t0 + 100000, "hello"), 0);
+    memset(buf, '#', sizeof buf);
+    ASSERT_EQ(get(d, "g1", &in, buf, sizeof buf), 0);
+    ASSERT_EQ(in.due_ms, t0 + 100000);
+    ASSERT_EQ(in.attempt, 1);
+    ASSERT_EQ(in.state, TW_DURABLE_WAITING);
+    ASSERT_EQ(in.payload_len, 5);
+    ASSERT(!memcmp(buf, "hello#", 6));
+    /* A short buffer gets what fits and the full length. */
+    memset(buf, '#', sizeof buf);
+    ASSERT_EQ(get(d, "g1", &in, buf, 2), 0);
+    ASSERT_EQ(in.payload_len, 5);
+    ASSERT(!memcmp(buf, "he#", 3));
+    ASSERT_EQ(get(d, "g1", &in, NULL, 0), 0);
+    ASSERT_EQ(in.payload_len, 5);
+    /* Bad arguments. */
+    ASSERT_EQ(tw_durable_get(d, "g1", 2, NULL, NULL, 0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_get(d, "g1", 0, &in, NULL, 0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_get(d, NULL, 2, &in, NULL, 0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_get(d, "g1", 2, &in, NULL, 4), TW_EINVAL);
+    ASSERT_EQ(tw_durable_get(NULL, "g1", 2, &in, NULL, 0), TW_EINVAL);
+    /* A replace shows the new version; a cancel ends it. */
+    ASSERT_EQ(sched(d, "g1", t0 + 200000, ""), 0);
+    ASSERT_EQ(get(d, "g1", &in, buf, sizeof buf), 0);
+    ASSERT_EQ(in.due_ms, t0 + 200000);
+    ASSERT_EQ(in.payload_len, 0);
+    ASSERT_EQ(cancel(d, "g1"), 0);
+    ASSERT_EQ(get(d, "g1", &in, buf, sizeof buf), TW_ENOENT);
+    /* A retry is the same key again, with a new due time and attempt. */
+    ASSERT_EQ(sched(d, "g2", t0 + 50, "R1000x1"), 0);
+    advance(50);
+    wait_count("g2", 1);
+    /* The retry: attempt 2, due 1000 ms after that delivery (a backend
+     * with TW_SEM_KNOWN_DONE_LAG writes it within 100 ms of its clock). */
+    for (int i = 0; i < WAIT_MS && stats(d).retried < 1; i++)
+        sleep_real_ms(1); /* the callback has returned: its retry is queued */
+    advance(150);
+    wait_get(d, "g2", 2);
+    ASSERT_EQ(get(d, "g2", &in, buf, sizeof buf), 0);
+    /* 1000 ms after the callback returned: the journal counts from its
+     * return, Redis from when its completion arrived (here the injected
+     * clock stands still in between, except the 150 ms step). */
+    ASSERT_GE(in.due_ms, snap("g2").at_ms[0] + 1000);
+    ASSERT_LE(in.due_ms, now_ms() + 1000);
+    ASSERT_EQ(in.state, TW_DURABLE_WAITING);
+    ASSERT_EQ(in.payload_len, 7);
+    ASSERT(!memcmp(buf, "R1000x1", 7));
+    advance(1000);
+    wait_count("g2", 2);
+    advance(500);
+    wait_get(d, "g2", 0);
+    ASSERT_EQ(early, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* A running callback: stats.running counts it, get and list show DUE. */
+static void test_running_state(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    atomic_store(&blocked, 0);
+    atomic_store(&unblocked, 0);
+    ASSERT_EQ(stats(d).running, 0);
+    ASSERT_EQ(sched(d, "run", t0 + 10, "B"), 0);
+    ASSERT_EQ(sched(d, "later", t0 + 100000, ""), 0);
+    advance(10);
+    for (int i = 0; i < WAIT_MS && !atomic_load(&blocked); i++)
+        sleep_real_ms(1);
+    ASSERT(atomic_load(&blocked));
+    ASSERT_EQ(stats(d).running, 1);
+    tw_durable_info in;
+    ASSERT_EQ(get(d, "run", &in, NULL, 0), 0);
+    ASSERT_EQ(in.state, TW_DURABLE_DUE);
+    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    tw_durable_entry e[4];
+    char kb[TW_DURABLE_KEY_MAX];
+    ASSERT_EQ(tw_durable_list(d, 0, INT64_MAX, &c, e, 4, kb, sizeof kb), 2);
+    ASSERT_EQ(e[0].key_len, 3);
+    ASSERT(!memcmp(e[0].key, "run", 3));
+    ASSERT_EQ(e[0].due_ms, t0 + 10);
+    ASSERT_EQ(e[0].state, TW_DURABLE_DUE);
+    ASSERT_EQ(e[1].state, TW_DURABLE_WAITING);
+    ASSERT_EQ(c.done, 1);
+    atomic_store(&unblocked, 1);
+    wait_count("run", 1);
+    wait_fired(d, 1);
+    for (int i = 0; i < WAIT_MS && stats(d).running; i++)
+        sleep_real_ms(1);
+    ASSERT_EQ(stats(d).running, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* The expected listing: keys in (due, key bytes) order. */
+struct want {
+    const char *key;
+    int64_t due;
+};
+
+static int want_cmp(const void *a, const void *b)
+{
+    const struct want *x = a, *y = b;
+    if (x->due != y->due)
+        return x->due < y->due ? -1 : 1;
+    size_t lx = strlen(x->key), ly = strlen(y->key);
+    int c = memcmp(x->key, y->key, lx < ly ? lx : ly);
+    return c ? c : (lx > ly) - (lx < ly);
+}
+
+/* Page through [@from, @to) @page entries at a time from *@c, to the end
+ * or until @stop_after entries; check the entries against @w[0 .. @n) in
+ * order; returns how many were read. */
+static size_t list_check(tw_durable *d, tw_durable_cursor *c, int64_t from,
+                         int64_t to, size_t page, const struct want *w,
+                         size_t n, size_t stop_after)
+{
+    tw_durable_entry e[16];
+    char kb[TW_DURABLE_KEY_MAX];
+    size_t got = 0;
+    ASSERT_LE(page, 16);
+    while (!c->done && got < stop_after) {
+        int k = tw_durable_list(d, from, to, c, e, page, kb, sizeof kb);
+        ASSERT_GE(k, 0);
+        ASSERT_LE((size_t)k, page);
+        for (int i = 0; i < k; i++, got++) {
+            ASSERT_LT(got, n);
+            size_t len = strlen(w[got].key);
+            if (e[i].key_len != len || memcmp(e[i].key, w[got].key, len) ||
+                e[i].due_ms != w[got].due)
+                fprintf(
+                    stderr, "%s: entry %zu: %.*s at %lld, want %s at %lld\n",
+                    be->name, got, (int)e[i].key_len, (const char *)e[i].key,
+                    (long long)e[i].due_ms, w[got].key, (long long)w[got].due);
+            ASSERT_EQ(e[i].key_len, len);
+            ASSERT(!memcmp(e[i].key, w[got].key, len));
+            ASSERT_EQ(e[i].due_ms, w[got].due);
+        }
+        if (!c->done)
+            ASSERT_EQ((size_t)k, page);
+    }
+    return got;
+}
+
+/* Keys in (due, key bytes) order, both near (a Redis node has claimed
+ * them) and far; ties broken by bytes whatever the locale; the range's
+ * ends; pages of every size; a key buffer too short. */
+static void test_list_order(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    static const char *const tie[] = {"m\x80", "m", "m\x7f", "mA", "m\x01"};
+    struct want w[64];
+    size_t n = 0;
+    for (int i = 0; i < 5; i++) { /* near, due together */
+        w[n] = (struct want){tie[i], t0 + 200};
+        ASSERT_EQ(sched(d, w[n].key, w[n].due, ""), 0);
+        n++;
+    }
+    static char names[40][16];
+    for (int i = 0; i < 40; i++) { /* far, some due together */
+        snprintf(names[i], sizeof names[i], "f%02d", (i * 7) % 40);
+        w[n] = (struct want){names[i], t0 + 100000 + (i % 13) * 1000};
+        ASSERT_EQ(sched(d, w[n].key, w[n].due, ""), 0);
+        n++;
+    }
+    ASSERT_EQ(sched(d, "before", t0 + 199, ""), 0);   /* before from */
+    ASSERT_EQ(sched(d, "at-to", t0 + 200000, ""), 0); /* at to: excluded */
+    qsort(w, n, sizeof *w, want_cmp);
+    for (size_t page = 1; page <= 16; page += 5) {
+        tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+        ASSERT_EQ(
+            list_check(d, &c, t0 + 200, t0 + 200000, page, w, n, SIZE_MAX), n);
+        ASSERT_EQ(c.done, 1);
+    }
+    /* An empty range, a key buffer that fits no key, bad arguments. */
+    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    tw_durable_entry e[8];
+    char kb[TW_DURABLE_KEY_MAX];
+    ASSERT_EQ(tw_durable_list(d, t0, t0, &c, e, 2, kb, sizeof kb), 0);
+    ASSERT_EQ(c.done, 1);
+    c = (tw_durable_cursor)TW_DURABLE_CURSOR_INIT;
+    ASSERT_EQ(tw_durable_list(d, t0, t0 + 200000, &c, e, 2, kb, 3), TW_EINVAL);
+    ASSERT_EQ(c.key_len, 0);
+    /* "m" and "m\x01" fit 4 bytes, "m\x7f" no longer does. */
+    ASSERT_EQ(tw_durable_list(d, t0 + 200, t0 + 200000, &c, e, 8, kb, 4), 2);
+    ASSERT_EQ(c.done, 0);
+    ASSERT_EQ(e[0].key_len, 1);
+    ASSERT_EQ(e[1].key_len, 2);
+    ASSERT(!memcmp(e[1].key, "m\x01", 2));
+    ASSERT_EQ(tw_durable_list(d, t0, t0 + 1, &c, e, 0, kb, 4), TW_EINVAL);
+    ASSERT_EQ(tw_durable_list(d, t0, t0 + 1, NULL, e, 2, kb, 4), TW_EINVAL);
+    ASSERT_EQ(tw_durable_list(d, t0, t0 + 1, &c, NULL, 2, kb, 4), TW_EINVAL);
+    ASSERT_EQ(tw_durable_list(d, t0, t0 + 1, &c, e, 2, NULL, 4), TW_EINVAL);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* What an iteration sees while timers are scheduled, moved, cancelled
+ * and fired between its pages (durable.h): what stays ahead of the cursor
+ * once, what moves ahead again at its new place, nothing that went
+ * behind it, was cancelled or completed. */
+static void test_list_concurrent(void)
+{
+    tw_durable *d = open_new();
+    /* k00 .. k09 near (a Redis node claims them at once), k10 .. k19
+     * far. */
+    int64_t t0 = now_ms(), b = t0 + 100, far = t0 + 100000;
+    char k[20][16];
+    for (int i = 0; i < 20; i++) {
+        snprintf(k[i], sizeof k[i], "k%02d", i);
+        ASSERT_EQ(sched(d, k[i], (i < 10 ? b : far) + i * 10, ""), 0);
+    }
+    struct want first[5];
+    for (int i = 0; i < 5; i++)
+        first[i] = (struct want){k[i], b + i * 10};
+    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    ASSERT_EQ(list_check(d, &c, 0, INT64_MAX, 5, first, 5, 5), 5);
+    ASSERT_EQ(c.done, 0);
+    ASSERT_EQ(cancel(d, "k07"), 0);
+    ASSERT_EQ(sched(d, "new-behind", b + 15, ""), 0);
+    ASSERT_EQ(sched(d, "new-ahead", b + 75, ""), 0);
+    ASSERT_EQ(sched(d, "k02", far + 195, ""), 0); /* behind -> ahead */
+    ASSERT_EQ(sched(d, "k10", b + 5, ""), 0);     /* ahead -> behind */
+    /* Fire everything due by b + 90: k00 .. k09 but k07 (k02 moved),
+     * new-behind, new-ahead and k10. */
+    advance(b + 90 - t0);
+    const char *fired[] = {"k00",        "k01",       "k03", "k04",
+                           "k05",        "k06",       "k08", "k09",
+                           "new-behind", "new-ahead", "k10"};
+    for (size_t i = 0; i < sizeof fired / sizeof *fired; i++)
+        wait_count(fired[i], 1);
+    wait_fired(d, 11);
+    done_flush(d, 10); /* k11 .. k19, k02 */
+    struct want rest[10];
+    for (int i = 0; i < 9; i++)
+        rest[i] = (struct want){k[11 + i], far + (11 + i) * 10};
+    rest[9] = (struct want){"k02", far + 195};
+    ASSERT_EQ(list_check(d, &c, 0, INT64_MAX, 4, rest, 10, SIZE_MAX), 10);
+    ASSERT_EQ(c.done, 1);
+    ASSERT_EQ(count_of("k07"), 0);
+    ASSERT_EQ(early, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* A cursor is plain data: it resumes after a close and reopen. */
+static void test_list_reopen(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    struct want w[12];
+    static char names[12][16];
+    for (int i = 0; i < 12; i++) {
+        snprintf(names[i], sizeof names[i], "r%02d", i);
+        w[i] = (struct want){names[i], t0 + 100000 + (i / 3) * 1000};
+        ASSERT_EQ(sched(d, names[i], w[i].due, "x"), 0);
+    }
+    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    ASSERT_EQ(list_check(d, &c, t0, INT64_MAX, 4, w, 12, 4), 4);
+    tw_durable_cursor saved = c;
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = reopen();
+    ASSERT_EQ(list_check(d, &saved, t0, INT64_MAX, 3, w + 4, 8, SIZE_MAX), 8);
+    ASSERT_EQ(saved.done, 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* Metrics: the stats as exposition text, snprintf-style into a buffer
+ * (the length it needs when cut), the same text to a FILE *, labels on
+ * every sample, bad labels refused. (tests/metrics_scrape.py parses it
+ * with prometheus_client's parsers.) */
+static void test_metrics(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    ASSERT_EQ(sched(d, "m1", t0 + 100000, ""), 0);
+    ASSERT_EQ(sched(d, "m2", t0 + 100000, ""), 0);
+    ASSERT_EQ(sched(d, "m3", t0, ""), 0);
+    wait_count("m3", 1);
+    wait_fired(d, 1);
+    done_flush(d, 2);
+    static char buf[16384], cut[64];
+    long n = tw_durable_metrics(d, "store=\"a\\\"b\"", 0, buf, sizeof buf);
+    ASSERT_GT(n, 0);
+    ASSERT_LT(n, (long)sizeof buf);
+    ASSERT_EQ((long)strlen(buf), n);
+    ASSERT_NOT_NULL(
+        strstr(buf, "\ntwheel_durable_pending{store=\"a\\\"b\"} 2\n"));
+    ASSERT_NOT_NULL(
+        strstr(buf, "\ntwheel_durable_fired_total{store=\"a\\\"b\"} 1\n"));
+    ASSERT_NOT_NULL(strstr(buf, "# TYPE twheel_durable_fired_total counter\n"));
+    ASSERT_NOT_NULL(strstr(buf, "twheel_durable_lateness_seconds_bucket{"
+                                "store=\"a\\\"b\",le=\"+Inf\"} 1\n"));
+    ASSERT_NOT_NULL(strstr(buf, "twheel_durable_lateness_seconds_count{store="
+                                "\"a\\\"b\"} 1\n"));
+    ASSERT_NULL(strstr(buf, "# EOF"));
+    /* Cut: the same length back, the start of the same text, NUL-ended. */
+    ASSERT_EQ(tw_durable_metrics(d, "store=\"a\\\"b\"", 0, cut, sizeof cut), n);
+    ASSERT_EQ(strlen(cut), sizeof cut - 1);
+    ASSERT(!memcmp(cut, buf, sizeof cut - 1));
+    /* No buffer: just the length (shorter without the labels). */
+    long plain = tw_durable_metrics(d, NULL, 0, NULL, 0);
+    ASSERT_GT(plain, 0);
+    ASSERT_LT(plain, n);
+    /* OpenMetrics: counter families named without _total, "# EOF" last. */
+    long m = tw_durable_metrics(d, NULL, TW_DURABLE_METRICS_OPENMETRICS, buf,
+                                sizeof buf);
+    ASSERT_GT(m, 6);
+    ASSERT_STR_EQ(buf + m - 6, "# EOF\n");
+    ASSERT_NOT_NULL(strstr(buf, "# TYPE twheel_durable_fired counter\n"));
+    ASSERT_NOT_NULL(strstr(buf, "\ntwheel_durable_fired_total 1\n"));
+    /* A FILE gets the same text as the buffer. */
+    FILE *f = tmpfile();
+    ASSERT_NOT_NULL(f);
+    ASSERT_EQ(
+        tw_durable_metrics_fprint(d, NULL, TW_DURABLE_METRICS_OPENMETRICS, f),
+        0);
+    ASSERT_EQ(ftell(f), m);
+    static char back[16384];
+    rewind(f);
+    ASSERT_EQ(fread(back, 1, sizeof back, f), (size_t)m);
+    ASSERT(!memcmp(back, buf, (size_t)m));
+    fclose(f);
+    /* Bad labels and arguments. */
+    static const char *const bad[] = {"",         "a",         "a=b",
+                                      "a=\"b",    "1a=\"b\"",  "a=\"b\",",
+                                      "a=\"b\"c", "a=\"\\x\"", "a=\"\n\""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        ASSERT_EQ(tw_durable_metrics(d, bad[i], 0, buf, sizeof buf), TW_EINVAL);
+    ASSERT_EQ(
+        tw_durable_metrics(d, "a=\"\",b_2=\"\\n\\\\\"", 0, buf, sizeof buf) > 0,
+        1);
+    ASSERT_EQ(tw_durable_metrics(d, NULL, 2, buf, sizeof buf), TW_EINVAL);
+    ASSERT_EQ(tw_durable_metrics(d, NULL, 0, NULL, 1), TW_EINVAL);
+    ASSERT_EQ(tw_durable_metrics(NULL, NULL, 0, buf, sizeof buf), TW_EINVAL);
+    ASSERT_EQ(tw_durable_metrics_fprint(d, NULL, 0, NULL), TW_EINVAL);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* TW_DURABLE_READONLY: a second handle on a store that is open (the
+ * journal takes no lock for it) sees its timers, refuses every change and
+ * delivers nothing, while the store runs on. */
+static void test_readonly(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    ASSERT_EQ(sched(d, "ro-far", t0 + 100000, "f"), 0);
+    ASSERT_EQ(sched(d, "ro-cancelled", t0 + 100000, "c"), 0);
+    ASSERT_EQ(cancel(d, "ro-cancelled"), 0);
+    tw_durable_config c = cfg_for(store_name);
+    c.flags = TW_DURABLE_READONLY;
+    tw_durable *r = NULL;
+    ASSERT_EQ(tw_durable_open(&r, &c), 0);
+    tw_durable_info in;
+    char buf[8];
+    ASSERT_EQ(get(r, "ro-far", &in, buf, sizeof buf), 0);
+    ASSERT_EQ(in.due_ms, t0 + 100000);
+    ASSERT_EQ(get(r, "ro-cancelled", &in, NULL, 0), TW_ENOENT);
+    ASSERT_EQ(stats(r).pending, 1);
+    ASSERT_EQ(sched(r, "ro-new", t0, ""), TW_EROFS);
+    ASSERT_EQ(cancel(r, "ro-far"), TW_EROFS);
+    tw_durable_item it = {"ro-far", 6, t0, NULL, 0, 0};
+    ASSERT_EQ(tw_durable_schedule_many(r, &it, 1), TW_EROFS);
+    ASSERT_EQ(tw_durable_cancel_many(r, &it, 1), TW_EROFS);
+    /* The read-only handle delivers nothing: "ro-now" fires once, by d. */
+    ASSERT_EQ(sched(d, "ro-now", t0, ""), 0);
+    wait_count("ro-now", 1);
+    settle(d);
+    ASSERT_EQ(count_of("ro-now"), 1);
+    ASSERT_EQ(get(d, "ro-far", &in, NULL, 0), 0);
+    ASSERT_EQ(tw_durable_close(r), 0);
+    ASSERT_EQ(sched(d, "ro-after", t0 + 100000, ""), 0);
+    done_flush(d, 2);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* Due times at the ends of int64 list in order with the rest, exactly
+ * below 2^53 (Redis orders larger ones to within a double's precision);
+ * INT64_MAX is in the range that ends at INT64_MAX. */
+static void test_list_extremes(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    const int64_t p53 = INT64_C(1) << 53;
+    ASSERT_EQ(sched(d, "x-max", INT64_MAX, ""), 0);
+    ASSERT_EQ(sched(d, "x-big", p53 + 1, ""), 0);
+    ASSERT_EQ(sched(d, "x-53", p53 - 1, ""), 0);
+    ASSERT_EQ(sched(d, "x-far", t0 + 100000, ""), 0);
+    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    tw_durable_entry e[8];
+    char kb[TW_DURABLE_KEY_MAX];
+    ASSERT_EQ(tw_durable_list(d, t0, INT64_MAX, &c, e, 8, kb, sizeof kb), 4);
+    ASSERT_EQ(c.done, 1);
+    static const char *const order[] = {"x-far", "x-53", "x-big", "x-max"};
+    for (int i = 0; i < 4; i++) {
+        ASSERT_EQ(e[i].key_len, strlen(order[i]));
+        ASSERT(!memcmp(e[i].key, order[i], e[i].key_len));
+    }
+    ASSERT_EQ(e[0].due_ms, t0 + 100000);
+    ASSERT_EQ(e[1].due_ms, p53 - 1);
+    ASSERT_GE(e[2].due_ms, p53);
+    ASSERT_EQ(e[3].due_ms, INT64_MAX);
+    /* A range that ends below INT64_MAX leaves it out. */
+    c = (tw_durable_cursor)TW_DURABLE_CURSOR_INIT;
+    ASSERT_EQ(tw_durable_list(d, t0, INT64_MAX - 1, &c, e, 8, kb, sizeof kb),
+              3);
+    tw_durable_info in;
+    ASSERT_EQ(get(d, "x-big", &in, NULL, 0), 0);
+    ASSERT_EQ(in.due_ms, p53 + 1); /* get is exact on both */
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 #define RUN(fn)                                                                \
     do {                                                                       \
         reset();                                                               \
@@ -782,5 +1244,13 @@ int tw_sem_run(const tw_sem_backend *b)
     RUN(test_close_reopen);
     RUN(test_calls_during_close);
     RUN(test_close_from_callback);
+    RUN(test_get);
+    RUN(test_running_state);
+    RUN(test_list_order);
+    RUN(test_list_concurrent);
+    RUN(test_list_reopen);
+    RUN(test_metrics);
+    RUN(test_readonly);
+    RUN(test_list_extremes);
     return tw_test_done();
 }

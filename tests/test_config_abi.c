@@ -190,7 +190,11 @@ static void test_durable_layouts(void)
     ASSERT_EQ(tw_durable_schedule(d, "k", 1, INT64_MAX / 2, NULL, 0), 0);
     ASSERT_EQ(tw_durable_close(d), 0);
     free(cfg);
-    /* A newer caller setting a field we do not know. */
+    /* A newer caller setting a field we do not know: refused, and the
+     * message (into the errbuf its struct names) says why. */
+    char err[200] = "";
+    full.errbuf = err;
+    full.errbuf_len = sizeof err;
     unsigned char buf[sizeof full + 8];
     memcpy(buf, &full, sizeof full);
     memset(buf + sizeof full, 0, 8);
@@ -198,6 +202,10 @@ static void test_durable_layouts(void)
     d = NULL;
     ASSERT_EQ(tw_durable_open_sized(&d, (void *)buf, sizeof buf), TW_EINVAL);
     ASSERT_NULL(d);
+    if (strstr(err, "newer twheel") == NULL)
+        TW_TEST_FAIL_("message: \"%s\"", err);
+    full.errbuf = NULL;
+    full.errbuf_len = 0;
     /* Reopen through the plain name: the timer is still there. */
     ASSERT_EQ(tw_durable_open(&d, &full), 0);
     tw_durable_stats st;

@@ -23,25 +23,11 @@
 
 #include "internal.h"
 #include "journal.h"
+#include "durable_fixture.h"
 #include "test.h"
 
 /* ------------------------------------------------------------------------ */
-/* Injected clock and a log of deliveries. */
-
-static _Atomic int64_t fake_wall = 1700000000000;
-static _Atomic uint64_t fake_mono = 1000000000;
-
-static int64_t clk_wall(void *arg)
-{
-    (void)arg;
-    return atomic_load(&fake_wall);
-}
-
-static uint64_t clk_mono(void *arg)
-{
-    (void)arg;
-    return atomic_load(&fake_mono);
-}
+/* A log of deliveries (the injected clock is durable_fixture.h's). */
 
 #define LOG_MAX 4096
 struct fired {
@@ -71,7 +57,7 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
         memcpy(f->payload, t->payload, t->payload_len);
     f->payload[t->payload_len] = 0;
     f->due_ms = t->due_ms;
-    f->at_ms = atomic_load(&fake_wall);
+    f->at_ms = atomic_load(&df_wall);
     f->attempt = t->attempt;
     int r = 0;
     if (retry_times > 0) {
@@ -104,45 +90,12 @@ static char tmpl_dir[256];
 
 static const char *new_dir(void)
 {
-    snprintf(tmpl_dir, sizeof tmpl_dir, "/tmp/tw_durable_XXXXXX");
-    ASSERT_NOT_NULL(mkdtemp(tmpl_dir));
-    return tmpl_dir;
-}
-
-static void rm_dir(const char *dir)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    ASSERT_EQ(system(cmd), 0);
+    return df_new_dir(tmpl_dir, sizeof tmpl_dir, NULL);
 }
 
 static tw_durable_config base_cfg(const char *dir)
 {
-    tw_durable_config c;
-    memset(&c, 0, sizeof c);
-    c.dir = dir;
-    c.fire = on_fire;
-    c.sync = TW_DURABLE_SYNC_EACH;
-    c.segment_bytes = 16384;
-    c.wall_ms = clk_wall;
-    c.mono_ns = clk_mono;
-    return c;
-}
-
-static tw_durable *open_ok(const tw_durable_config *c)
-{
-    tw_durable *d = NULL;
-    char err[256] = "";
-    tw_durable_config cc = *c;
-    if (!cc.errbuf) {
-        cc.errbuf = err;
-        cc.errbuf_len = sizeof err;
-    }
-    int rc = tw_durable_open(&d, &cc);
-    if (rc)
-        fprintf(stderr, "open: %s (%s)\n", tw_strerror(rc), cc.errbuf);
-    ASSERT_EQ(rc, 0);
-    return d;
+    return df_cfg(dir, on_fire);
 }
 
 static int sched(tw_durable *d, const char *key, int64_t due, const char *p)
@@ -159,7 +112,7 @@ static tw_durable_stats stats(tw_durable *d)
 
 static void set_wall(int64_t ms)
 {
-    atomic_store(&fake_wall, ms);
+    atomic_store(&df_wall, ms);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -194,7 +147,7 @@ static void test_bad_input(void)
     ASSERT_EQ(tw_durable_open(&d, NULL), TW_EINVAL);
     ASSERT_EQ((uintptr_t)d, 1); /* unchanged on failure */
 
-    d = open_ok(&c);
+    d = df_open(&c);
     tw_durable_stats st0 = stats(d);
     static char big[TW_DURABLE_PAYLOAD_MAX + 1];
     char key[TW_DURABLE_KEY_MAX + 1];
@@ -247,7 +200,7 @@ static void test_bad_input(void)
     ASSERT_EQ(stats(d).pending, 3);
     ASSERT_EQ(tw_durable_close(d), 0);
     ASSERT_EQ(tw_durable_close(NULL), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 static void test_fire_at_due(void)
@@ -257,7 +210,7 @@ static void test_fire_at_due(void)
     tw_durable_config c = base_cfg(dir);
     int64_t t0 = 1700000000000;
     set_wall(t0);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     ASSERT_EQ(sched(d, "a", t0 + 100, "pa"), 0);
     ASSERT_EQ(sched(d, "b", t0 + 50, ""), 0);
     ASSERT_EQ(stats(d).pending, 2);
@@ -289,12 +242,12 @@ static void test_fire_at_due(void)
     ASSERT_EQ(fired_log[2].due_ms, -5);
     ASSERT_EQ(tw_durable_close(d), 0);
     /* Completed timers stay completed. */
-    d = open_ok(&c);
+    d = df_open(&c);
     tw__durable_sync(d);
     ASSERT_EQ(stats(d).recovered, 0);
     ASSERT_EQ(nfired, 3);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 static void test_replace_cancel(void)
@@ -304,7 +257,7 @@ static void test_replace_cancel(void)
     tw_durable_config c = base_cfg(dir);
     int64_t t0 = 1700000000000;
     set_wall(t0);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     ASSERT_EQ(sched(d, "k", t0 + 100, "old"), 0);
     ASSERT_EQ(sched(d, "k", t0 + 200, "new"), 0);
     ASSERT_EQ(stats(d).pending, 1);
@@ -318,7 +271,7 @@ static void test_replace_cancel(void)
     ASSERT_EQ(nfired, 0);
     ASSERT_EQ(tw_durable_close(d), 0);
     /* After a restart: still the new version, still no x. */
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, 1);
     set_wall(t0 + 199);
     tw__durable_sync(d);
@@ -330,7 +283,7 @@ static void test_replace_cancel(void)
     ASSERT_EQ(fired_log[0].due_ms, t0 + 200);
     ASSERT_EQ(log_count("x"), 0);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 static void test_retry(void)
@@ -340,7 +293,7 @@ static void test_retry(void)
     tw_durable_config c = base_cfg(dir);
     int64_t t0 = 1700000000000;
     set_wall(t0);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     retry_ms = 50;
     retry_times = 2;
     ASSERT_EQ(sched(d, "r", t0 + 10, "p"), 0);
@@ -353,7 +306,7 @@ static void test_retry(void)
     ASSERT_EQ(nfired, 1);
     ASSERT_EQ(tw_durable_close(d), 0);
     /* The retry survives a restart with its attempt count. */
-    d = open_ok(&c);
+    d = df_open(&c);
     set_wall(t0 + 60);
     tw__durable_sync(d);
     ASSERT_EQ(nfired, 2);
@@ -369,7 +322,7 @@ static void test_retry(void)
     ASSERT_EQ(st.fired, 1);
     ASSERT_EQ(st.pending, 0);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 static void test_recovery_order(void)
@@ -380,7 +333,7 @@ static void test_recovery_order(void)
     c.sync = TW_DURABLE_SYNC_GROUP;
     int64_t t0 = 1700000000000;
     set_wall(t0);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     /* Due times in a scrambled order, some long ago. */
     for (int i = 0; i < 200; i++) {
         char k[16];
@@ -393,7 +346,7 @@ static void test_recovery_order(void)
     /* Down for a year: everything is overdue, fires at once, in due
      * order, none lost. */
     set_wall(t0 + 365LL * 86400 * 1000);
-    d = open_ok(&c);
+    d = df_open(&c);
     tw_durable_stats st = stats(d);
     ASSERT_EQ(st.recovered, 201);
     tw__durable_sync(d);
@@ -403,7 +356,7 @@ static void test_recovery_order(void)
     for (int i = 1; i < nfired; i++)
         ASSERT_LE(fired_log[i - 1].due_ms, fired_log[i].due_ms);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /* A child delivers and dies inside the callback: the FIRE record was
@@ -450,12 +403,12 @@ static void test_attempt_after_crash(void)
     die_in_child(dir, t0, true);
     tw_durable_config c = base_cfg(dir);
     set_wall(t0 + 5);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     tw__durable_sync(d);
     ASSERT_EQ(nfired, 1);
     ASSERT_EQ(fired_log[0].attempt, 2);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 
     log_reset();
     dir = new_dir();
@@ -466,7 +419,7 @@ static void test_attempt_after_crash(void)
     retry_times = 1;
     c = base_cfg(dir);
     set_wall(t0 + 5);
-    d = open_ok(&c);
+    d = df_open(&c);
     tw__durable_sync(d);
     ASSERT_EQ(nfired, 1);
     ASSERT_EQ(fired_log[0].attempt, 3);
@@ -475,14 +428,14 @@ static void test_attempt_after_crash(void)
     ASSERT_EQ(nfired, 2);
     ASSERT_EQ(fired_log[1].attempt, 4);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 static void test_busy(void)
 {
     const char *dir = new_dir();
     tw_durable_config c = base_cfg(dir);
-    tw_durable *d = open_ok(&c), *d2 = NULL;
+    tw_durable *d = df_open(&c), *d2 = NULL;
     ASSERT_EQ(tw_durable_open(&d2, &c), TW_EBUSY);
     ASSERT_NULL(d2);
     int p[2];
@@ -506,18 +459,18 @@ static void test_busy(void)
     int status;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     ASSERT_EQ(tw_durable_close(d), 0);
-    d = open_ok(&c); /* the lock went with the handle */
+    d = df_open(&c); /* the lock went with the handle */
     ASSERT_EQ(tw_durable_close(d), 0);
     /* Missing parents are made too; a file in the way is an error. */
     char nested[600];
     snprintf(nested, sizeof nested, "%s/a/b/c/", dir);
     c.dir = nested;
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(sched(d, "n", INT64_MAX / 2, ""), 0);
     ASSERT_EQ(tw_durable_close(d), 0);
     snprintf(nested, sizeof nested, "%s/a/b/c/LOCK/x", dir);
     ASSERT_EQ(tw_durable_open(&d, &c), TW_ENOTDIR);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 static void test_clock_steps(void)
@@ -527,7 +480,7 @@ static void test_clock_steps(void)
     tw_durable_config c = base_cfg(dir);
     int64_t t0 = 1700000000000, hour = 3600 * 1000;
     set_wall(t0);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     tw__durable_sync(d);
     ASSERT_EQ(sched(d, "a", t0 + 10000, "a"), 0);
     /* Step back one hour: "a" keeps its Unix due time. */
@@ -563,7 +516,7 @@ static void test_clock_steps(void)
     ASSERT_STR_EQ(fired_log[3].key, "d");
     ASSERT_EQ(stats(d).pending, 1);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -577,35 +530,13 @@ static const char *seg1(const char *dir)
     return seg_path;
 }
 
-static size_t read_file(const char *path, unsigned char **out)
-{
-    FILE *f = fopen(path, "rb");
-    ASSERT_NOT_NULL(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)n + 1);
-    ASSERT_EQ(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *out = b;
-    return (size_t)n;
-}
-
-static void write_file(const char *path, const unsigned char *b, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    ASSERT_NOT_NULL(f);
-    ASSERT_EQ(fwrite(b, 1, n, f), n);
-    fclose(f);
-}
-
 /* A store with keys k0..k4 far in the future; returns the segment's bytes
  * and the record offsets. */
 static size_t five_records(const char *dir, unsigned char **bytes,
                            size_t offs[6])
 {
     tw_durable_config c = base_cfg(dir);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     offs[0] = JR_SEG_HDR;
     for (int i = 0; i < 5; i++) {
         char k[4] = {'k', (char)('0' + i), 0};
@@ -613,7 +544,7 @@ static size_t five_records(const char *dir, unsigned char **bytes,
         offs[i + 1] = offs[i] + tw__jr_size(JR_SCHED, 2, 7);
     }
     ASSERT_EQ(tw_durable_close(d), 0);
-    size_t n = read_file(seg1(dir), bytes);
+    size_t n = df_read_file(seg1(dir), bytes);
     /* The segment was preallocated: zeros after the last record. */
     ASSERT_GE(n, offs[5]);
     for (size_t i = offs[5]; i < n; i++)
@@ -630,16 +561,16 @@ static void test_torn_tail(void)
     /* Cut anywhere in the last two records: the records before the cut
      * are all there, the torn one is gone, and the store works on. */
     for (size_t cut = offs[3]; cut <= n; cut++) {
-        write_file(seg1(dir), b, cut);
+        df_write_file(seg1(dir), b, cut);
         tw_durable_config c = base_cfg(dir);
-        tw_durable *d = open_ok(&c);
+        tw_durable *d = df_open(&c);
         size_t whole = cut >= offs[5] ? 5 : cut >= offs[4] ? 4 : 3;
         tw_durable_stats st = stats(d);
         ASSERT_EQ(st.recovered, whole);
         ASSERT_EQ(st.journal_bytes, offs[whole]);
         ASSERT_EQ(sched(d, "after", INT64_MAX / 2, ""), 0);
         ASSERT_EQ(tw_durable_close(d), 0);
-        d = open_ok(&c);
+        d = df_open(&c);
         ASSERT_EQ(stats(d).recovered, whole + 1);
         ASSERT_EQ(tw_durable_close(d), 0);
     }
@@ -648,31 +579,31 @@ static void test_torn_tail(void)
      * its last record and synced before the new one was made.) */
     {
         tw_durable_config c = base_cfg(dir);
-        tw_durable *d = open_ok(&c);
+        tw_durable *d = df_open(&c);
         tw_durable_stats st = stats(d);
         ASSERT_EQ(tw_durable_close(d), 0);
         ASSERT_EQ(truncate(seg1(dir), (off_t)st.journal_bytes), 0);
         char next[600];
         snprintf(next, sizeof next, "%s/0000000002.twj", dir);
         unsigned char *z = calloc(1, 16384);
-        write_file(next, z, 16384);
+        df_write_file(next, z, 16384);
         free(z);
-        d = open_ok(&c);
+        d = df_open(&c);
         ASSERT_EQ(stats(d).recovered, st.pending);
         ASSERT_EQ(sched(d, "later", INT64_MAX / 2, ""), 0);
         ASSERT_EQ(tw_durable_close(d), 0);
-        d = open_ok(&c);
+        d = df_open(&c);
         ASSERT_EQ(stats(d).recovered, st.pending + 1);
         ASSERT_EQ(tw_durable_close(d), 0);
     }
     /* A cut inside the segment header of the only segment. */
-    write_file(seg1(dir), b, 10);
+    df_write_file(seg1(dir), b, 10);
     tw_durable_config c = base_cfg(dir);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, 0);
     ASSERT_EQ(tw_durable_close(d), 0);
     free(b);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /* A write torn in the middle of an unsynced batch: record 3 never reached
@@ -684,7 +615,7 @@ static void test_torn_batch(void)
     const char *dir = new_dir();
     tw_durable_config c = base_cfg(dir);
     c.sync = TW_DURABLE_SYNC_NONE;
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     size_t offs[6];
     offs[0] = JR_SEG_HDR;
     for (int i = 0; i < 5; i++) {
@@ -694,21 +625,21 @@ static void test_torn_batch(void)
     }
     ASSERT_EQ(tw_durable_close(d), 0);
     unsigned char *b;
-    size_t n = read_file(seg1(dir), &b);
+    size_t n = df_read_file(seg1(dir), &b);
     memset(b + offs[3], 0, offs[4] - offs[3]);
-    write_file(seg1(dir), b, n);
+    df_write_file(seg1(dir), b, n);
     c.sync = TW_DURABLE_SYNC_EACH;
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, 3);
     ASSERT_EQ(sched(d, "n3", INT64_MAX / 2, "payload"), 0); /* same size */
     ASSERT_EQ(tw_durable_close(d), 0);
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, 4);
     ASSERT_EQ(tw_durable_cancel(d, "k4", 2), TW_ENOENT);
     ASSERT_EQ(tw_durable_cancel(d, "n3", 2), 0);
     ASSERT_EQ(tw_durable_close(d), 0);
     free(b);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 static void test_bit_flips(void)
@@ -722,9 +653,9 @@ static void test_bit_flips(void)
     for (size_t o = offs[4]; o < n; o++) {
         memcpy(m, b, n);
         m[o] ^= (unsigned char)(1u << (o % 8));
-        write_file(seg1(dir), m, n);
+        df_write_file(seg1(dir), m, n);
         tw_durable_config c = base_cfg(dir);
-        tw_durable *d = open_ok(&c);
+        tw_durable *d = df_open(&c);
         ASSERT_EQ(stats(d).recovered, 4);
         ASSERT_EQ(tw_durable_close(d), 0);
     }
@@ -733,7 +664,7 @@ static void test_bit_flips(void)
     for (int r = 0; r < 4; r++) {
         memcpy(m, b, n);
         m[offs[r] + 20] ^= 0x10;
-        write_file(seg1(dir), m, n);
+        df_write_file(seg1(dir), m, n);
         tw_durable_config c = base_cfg(dir);
         char err[256] = "";
         c.errbuf = err;
@@ -747,24 +678,24 @@ static void test_bit_flips(void)
             TW_TEST_FAIL_("error message \"%s\" lacks \"%s\"", err, want);
         /* The file was left alone. */
         unsigned char *again;
-        ASSERT_EQ(read_file(seg1(dir), &again), n);
+        ASSERT_EQ(df_read_file(seg1(dir), &again), n);
         ASSERT_EQ(memcmp(again, m, n), 0);
         free(again);
         /* REPAIR drops the damaged record and rewrites the rest. */
         c.flags = TW_DURABLE_REPAIR;
-        d = open_ok(&c);
+        d = df_open(&c);
         ASSERT_EQ(stats(d).recovered, 4);
         ASSERT_EQ(tw_durable_close(d), 0);
         c.flags = 0;
-        d = open_ok(&c);
+        d = df_open(&c);
         ASSERT_EQ(stats(d).recovered, 4);
         ASSERT_EQ(tw_durable_close(d), 0);
-        rm_dir(dir);
+        df_rm_dir(dir);
         ASSERT_EQ(mkdir(dir, 0755), 0);
     }
     free(m);
     free(b);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /* Damage in an older segment, and a segment missing in the middle. */
@@ -773,7 +704,7 @@ static void test_old_segment_damage(void)
     const char *dir = new_dir();
     tw_durable_config c = base_cfg(dir);
     c.segment_bytes = 4096;
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     char pay[300];
     memset(pay, 'q', sizeof pay);
     for (int i = 0; i < 40; i++) {
@@ -788,9 +719,9 @@ static void test_old_segment_damage(void)
     ASSERT_EQ(tw_durable_close(d), 0);
     /* Flip a bit in the first record of segment 1 (an older one). */
     unsigned char *b;
-    size_t n = read_file(seg1(dir), &b);
+    size_t n = df_read_file(seg1(dir), &b);
     b[JR_SEG_HDR + 40] ^= 1;
-    write_file(seg1(dir), b, n);
+    df_write_file(seg1(dir), b, n);
     char err[256] = "";
     c.errbuf = err;
     c.errbuf_len = sizeof err;
@@ -798,12 +729,12 @@ static void test_old_segment_damage(void)
     if (!strstr(err, "0000000001.twj offset 32"))
         TW_TEST_FAIL_("error message \"%s\"", err);
     c.flags = TW_DURABLE_REPAIR;
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, 39);
     ASSERT_EQ(tw_durable_cancel(d, "s00", 3), TW_ENOENT);
     ASSERT_EQ(tw_durable_close(d), 0);
     c.flags = 0;
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, 39);
     st = stats(d);
     ASSERT_EQ(tw_durable_close(d), 0);
@@ -826,7 +757,7 @@ static void test_old_segment_damage(void)
     err[0] = 0;
     ASSERT_EQ(tw_durable_open(&d, &c), TW_EIO);
     ASSERT(strstr(err, "missing") != NULL);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -865,7 +796,7 @@ static void test_disk_faults(void)
     tw_durable_config c = base_cfg(dir);
     int64_t t0 = 1700000000000;
     set_wall(t0);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     ASSERT_EQ(sched(d, "keep1", t0 + 1000, "a"), 0);
     tw__journal_fault = fault_hook;
     const int ops[2] = {'w', 's'};
@@ -902,7 +833,7 @@ static void test_disk_faults(void)
     ASSERT_EQ(sched(d, "keep2", t0 + 1000, "b"), 0);
     tw__journal_fault = NULL;
     ASSERT_EQ(tw_durable_close(d), 0);
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, 2);
     set_wall(t0 + 1000);
     tw__durable_sync(d);
@@ -910,7 +841,7 @@ static void test_disk_faults(void)
     ASSERT_EQ(log_count("keep2"), 1);
     ASSERT_EQ(log_count("fail"), 0);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /* ENOSPC while a new segment is made (its header write) is returned too. */
@@ -919,7 +850,7 @@ static void test_fault_rotation(void)
     const char *dir = new_dir();
     tw_durable_config c = base_cfg(dir);
     c.segment_bytes = 4096;
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     char pay[1000];
     memset(pay, 'p', sizeof pay);
     int i = 0;
@@ -948,10 +879,10 @@ static void test_fault_rotation(void)
     ASSERT_EQ(fails, 8);
     ASSERT_EQ(stats(d).pending, (uint64_t)i);
     ASSERT_EQ(tw_durable_close(d), 0);
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, (uint64_t)i);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -998,7 +929,7 @@ static void test_schedule_many(void)
     c.segment_bytes = 4096;
     int64_t t0 = 1700000000000;
     set_wall(t0);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     ASSERT_EQ(sched(d, "m7", t0 + 500, "old"), 0);
     tw_durable_item it[MANY + 2];
     many_items(it, MANY, t0 + 1000);
@@ -1019,7 +950,7 @@ static void test_schedule_many(void)
     ASSERT_LE(st.syncs - syncs, 1 + 2 * (st.segments - segs));
     ASSERT_EQ(tw_durable_schedule_many(d, it, 0), 0);
     ASSERT_EQ(tw_durable_close(d), 0);
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, MANY);
     set_wall(t0 + 1000);
     tw__durable_sync(d);
@@ -1033,7 +964,7 @@ static void test_schedule_many(void)
     ASSERT_STR_EQ(payload_of("m5"), "again");
     ASSERT_EQ(stats(d).pending, 0);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /* A write fault in the middle of a batch fails the items of that write
@@ -1047,7 +978,7 @@ static void test_schedule_many_faults(void)
     c.segment_bytes = 1 << 20; /* no new segment: writes are the groups */
     int64_t t0 = 1700000000000;
     set_wall(t0);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     tw_durable_item it[MANY];
     many_items(it, MANY, t0 + 1000);
     fault_arm('w', EIO, 1, 1);
@@ -1075,10 +1006,10 @@ static void test_schedule_many_faults(void)
     many_items(it, 10, t0 + 1000);
     ASSERT_EQ(tw_durable_schedule_many(d, it, 10), 0);
     ASSERT_EQ(tw_durable_close(d), 0);
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, MANY);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /* tw_durable_cancel_many: 152 keys (more than a write group), one of them
@@ -1094,7 +1025,7 @@ static void test_cancel_many(void)
     c.segment_bytes = 1 << 20; /* no new segment: writes are the groups */
     int64_t t0 = 1700000000000;
     set_wall(t0);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     tw_durable_item it[MANY + 3];
     many_items(it, MANY, t0 + 1000);
     ASSERT_EQ(tw_durable_schedule_many(d, it, MANY), 0);
@@ -1133,7 +1064,7 @@ static void test_cancel_many(void)
     tw__journal_fault = NULL;
     ASSERT_EQ(stats(d).pending, 1 + 64);
     ASSERT_EQ(tw_durable_close(d), 0);
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, 1 + 64);
     set_wall(t0 + 1000);
     tw__durable_sync(d);
@@ -1144,7 +1075,7 @@ static void test_cancel_many(void)
     ASSERT_EQ(log_count("m278"), 0);
     ASSERT_EQ(log_count("m3"), 0);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1154,13 +1085,13 @@ static _Atomic int jump_armed;
 
 /* The wall clock; once armed, the read returns the time, then both clocks
  * jump 400 ms, as if time passed right after the store read it. */
-static int64_t clk_wall_jump(void *arg)
+static int64_t df_clk_wall_jump(void *arg)
 {
     (void)arg;
-    int64_t v = atomic_load(&fake_wall);
+    int64_t v = atomic_load(&df_wall);
     if (atomic_exchange(&jump_armed, 0)) {
-        atomic_fetch_add(&fake_wall, 400);
-        atomic_fetch_add(&fake_mono, UINT64_C(400) * 1000000u);
+        atomic_fetch_add(&df_wall, 400);
+        atomic_fetch_add(&df_mono, UINT64_C(400) * 1000000u);
     }
     return v;
 }
@@ -1175,10 +1106,10 @@ static void test_clock_moves_in_round(void)
     log_reset();
     const char *dir = new_dir();
     tw_durable_config c = base_cfg(dir);
-    c.wall_ms = clk_wall_jump;
+    c.wall_ms = df_clk_wall_jump;
     int64_t t0 = 1700000000000;
     set_wall(t0);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     tw__durable_sync(d); /* the store's thread now sleeps, reading no clock */
     atomic_store(&jump_armed, 1);
     /* Due before the store's next wall check: kicks a round, whose wall
@@ -1189,7 +1120,7 @@ static void test_clock_moves_in_round(void)
     ASSERT_EQ(atomic_load(&jump_armed), 0);
     ASSERT_EQ(log_count("x"), 1);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1227,7 +1158,7 @@ static void test_late_stats(void)
     c.fire = backlog_fire;
     int64_t t0 = 1700000000000;
     set_wall(t0);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     ASSERT_EQ(sched(d, "b0", t0 + 1000, ""), 0);
     ASSERT_EQ(sched(d, "b1", t0 + 1000, ""), 0);
     ASSERT_EQ(sched(d, "b2", t0 + 1000, ""), 0);
@@ -1258,7 +1189,7 @@ static void test_late_stats(void)
     ASSERT_EQ(hist_total(&st), 5);
     ASSERT_EQ(st.backlog, 0);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1284,7 +1215,7 @@ static void test_compaction(void)
     c.segment_bytes = 4096;
     int64_t t0 = 1700000000000;
     set_wall(t0);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     /* 20 long-lived keys, then heavy churn of others. */
     for (int i = 0; i < 20; i++) {
         char k[16];
@@ -1312,7 +1243,7 @@ static void test_compaction(void)
     ASSERT_LE(maxbytes, 4 * 4096);
     ASSERT_EQ((int)st.segments, count_files(dir));
     ASSERT_EQ(tw_durable_close(d), 0);
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, 30);
     set_wall(t0 + 2000000);
     tw__durable_sync(d);
@@ -1323,7 +1254,7 @@ static void test_compaction(void)
     }
     ASSERT_EQ(nfired, 30);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 static void test_executors(void)
@@ -1335,7 +1266,7 @@ static void test_executors(void)
     c.sync = TW_DURABLE_SYNC_GROUP;
     int64_t t0 = 1700000000000;
     set_wall(t0);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     for (int i = 0; i < 100; i++) {
         char k[16];
         snprintf(k, sizeof k, "e%d", i);
@@ -1346,7 +1277,7 @@ static void test_executors(void)
     ASSERT_EQ(nfired, 100);
     ASSERT_EQ(stats(d).pending, 0);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 struct gc_arg {
@@ -1372,7 +1303,7 @@ static void test_group_commit(void)
     c.sync = TW_DURABLE_SYNC_GROUP;
     c.wall_ms = NULL;
     c.mono_ns = NULL;
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     uint64_t s0 = stats(d).syncs;
     pthread_t th[8];
     struct gc_arg a[8];
@@ -1389,10 +1320,10 @@ static void test_group_commit(void)
             st.syncs - s0);
     ASSERT_LT(st.syncs - s0, 1600);
     ASSERT_EQ(tw_durable_close(d), 0);
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, 1600);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /*
@@ -1440,7 +1371,7 @@ static void test_sync_interleaving(void)
     const char *dir = new_dir();
     tw_durable_config c = base_cfg(dir);
     c.sync = TW_DURABLE_SYNC_GROUP;
-    il_store = open_ok(&c);
+    il_store = df_open(&c);
     atomic_store(&il_syncs, 0);
     tw__journal_fault = il_hook;
     ASSERT_EQ(sched(il_store, "early", INT64_MAX / 2, "e"), 0);
@@ -1451,11 +1382,11 @@ static void test_sync_interleaving(void)
     /* Working again, and the acknowledged key survives a reopen. */
     ASSERT_EQ(sched(il_store, "after", INT64_MAX / 2, "a"), 0);
     ASSERT_EQ(tw_durable_close(il_store), 0);
-    il_store = open_ok(&c);
+    il_store = df_open(&c);
     ASSERT_EQ(tw_durable_cancel(il_store, "early", 5), 0);
     ASSERT_EQ(tw_durable_cancel(il_store, "after", 5), 0);
     ASSERT_EQ(tw_durable_close(il_store), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /*
@@ -1480,7 +1411,7 @@ static void test_sync_interval(void)
     tw_durable_config c = base_cfg(dir);
     c.sync = TW_DURABLE_SYNC_INTERVAL;
     c.sync_interval_ms = 100;
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     tw__durable_sync(d); /* the first round: the interval starts */
     atomic_store(&iv_syncs, 0);
     tw__journal_fault = iv_count;
@@ -1492,17 +1423,17 @@ static void test_sync_interval(void)
     ASSERT_EQ(tw_durable_cancel(d, "iv0", 3), 0);
     tw__durable_sync(d);
     ASSERT_EQ(atomic_load(&iv_syncs), 0); /* acknowledged, not synced */
-    atomic_fetch_add(&fake_mono, UINT64_C(99) * 1000000u);
+    atomic_fetch_add(&df_mono, UINT64_C(99) * 1000000u);
     tw__durable_sync(d);
     ASSERT_EQ(atomic_load(&iv_syncs), 0);
-    atomic_fetch_add(&fake_mono, UINT64_C(1) * 1000000u);
+    atomic_fetch_add(&df_mono, UINT64_C(1) * 1000000u);
     tw__durable_sync(d);
     ASSERT_EQ(atomic_load(&iv_syncs), 1); /* 100 ms after the last */
     tw__durable_sync(d);
     ASSERT_EQ(atomic_load(&iv_syncs), 1);
     tw__journal_fault = NULL;
     ASSERT_EQ(tw_durable_close(d), 0);
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, 9);
     ASSERT_EQ(tw_durable_close(d), 0);
 
@@ -1511,14 +1442,14 @@ static void test_sync_interval(void)
     c.wall_ms = NULL;
     c.mono_ns = NULL;
     c.sync_interval_ms = 20;
-    d = open_ok(&c);
+    d = df_open(&c);
     uint64_t s0 = stats(d).syncs;
     ASSERT_EQ(sched(d, "real", INT64_MAX / 2, "r"), 0);
     for (int i = 0; i < 10000 && stats(d).syncs == s0; i++)
         usleep(1000);
     ASSERT_LT(s0, stats(d).syncs);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /* A pending timer's record: 64 bytes plus the key, rounded up to 16. */
@@ -1548,7 +1479,7 @@ static void test_rearm_from_callback(void)
     int64_t t0 = 1700000000000;
     set_wall(t0);
     rearm_count = 0;
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     ASSERT_EQ(sched(d, "job", t0 + 10, "first"), 0);
     ASSERT_EQ(sched(d, "other", t0 + 500, "o"), 0);
     set_wall(t0 + 10);
@@ -1556,7 +1487,7 @@ static void test_rearm_from_callback(void)
     ASSERT_EQ(rearm_count, 1);
     ASSERT_EQ(stats(d).pending, 1); /* job again; other cancelled */
     ASSERT_EQ(tw_durable_close(d), 0);
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, 1);
     set_wall(t0 + 110);
     tw__durable_sync(d);
@@ -1569,7 +1500,7 @@ static void test_rearm_from_callback(void)
     ASSERT_EQ(rearm_count, 3);
     ASSERT_EQ(stats(d).pending, 0);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /* The largest payload goes to disk and comes back whole at fire time,
@@ -1598,18 +1529,18 @@ static void test_big_payload(void)
     uint64_t rng = 7;
     for (size_t i = 0; i < TW_DURABLE_PAYLOAD_MAX; i++)
         p[i] = (unsigned char)tw_test_rand(&rng);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     ASSERT_EQ(
         tw_durable_schedule(d, "big", 3, t0 + 5, p, TW_DURABLE_PAYLOAD_MAX), 0);
     ASSERT_EQ(tw_durable_close(d), 0);
-    d = open_ok(&c);
+    d = df_open(&c);
     set_wall(t0 + 5);
     tw__durable_sync(d);
     ASSERT_EQ(big_len, TW_DURABLE_PAYLOAD_MAX);
     ASSERT_EQ(big_crc, tw__crc32c(0, p, TW_DURABLE_PAYLOAD_MAX));
     ASSERT_EQ(tw_durable_close(d), 0);
     free(p);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 /* The key table grows a few buckets per new key: while it does, keys in
@@ -1626,7 +1557,7 @@ static void test_key_table_growth(void)
     c.segment_bytes = 1 << 20;
     int64_t t0 = 1700000000000;
     set_wall(t0);
-    tw_durable *d = open_ok(&c);
+    tw_durable *d = df_open(&c);
     static bool gone[GROW_KEYS];
     memset(gone, 0, sizeof gone);
     size_t pending = 0, growing = 0, nb = 0, nold = 0, grew = 0, last_nb = 0;
@@ -1674,7 +1605,7 @@ static void test_key_table_growth(void)
     ASSERT_GE(checks, 3);
     ASSERT_EQ(stats(d).pending, pending);
     ASSERT_EQ(tw_durable_close(d), 0);
-    d = open_ok(&c);
+    d = df_open(&c);
     ASSERT_EQ(stats(d).recovered, pending);
     for (size_t i = 0; i < GROW_KEYS; i++) {
         snprintf(k, sizeof k, "g%zu", i);
@@ -1682,7 +1613,7 @@ static void test_key_table_growth(void)
     }
     ASSERT_EQ(stats(d).pending, 0);
     ASSERT_EQ(tw_durable_close(d), 0);
-    rm_dir(dir);
+    df_rm_dir(dir);
 }
 
 static void test_node_size(void)

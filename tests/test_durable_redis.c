@@ -142,6 +142,11 @@ static tw_durable_config base_cfg(const char *ns)
     c.shards = 8;
     c.horizon_ms = 300;
     c.lease_ms = 2000;
+    /* A server set up as in production (tests/redis_prod.sh tls-cluster). */
+    c.redis_password = getenv("TW_SEM_PASSWORD");
+    c.redis_tls_ca_file = getenv("TW_SEM_TLS_CA");
+    c.redis_tls_cert_file = getenv("TW_SEM_TLS_CERT");
+    c.redis_tls_key_file = getenv("TW_SEM_TLS_KEY");
     return c;
 }
 
@@ -536,7 +541,7 @@ static void garbage(void)
 {
     char ns[32], k[96], due[32], v[64];
     snprintf(ns, sizeof ns, "gb%d", (int)getpid());
-    ASSERT_EQ(tw__rc_open(&raw, seeds), 0);
+    ASSERT_EQ(tw__rc_open(&raw, &(tw__rc_opts){.addr = seeds}), 0);
     reset_tab();
     int64_t t0 = wall_ms();
     snprintf(due, sizeof due, "%lld", (long long)t0);
@@ -715,7 +720,7 @@ static void stall(void)
 {
     char ns[32], sk[96];
     snprintf(ns, sizeof ns, "stall%d", (int)getpid());
-    ASSERT_EQ(tw__rc_open(&raw, seeds), 0);
+    ASSERT_EQ(tw__rc_open(&raw, &(tw__rc_opts){.addr = seeds}), 0);
     tw_durable_config cfg = base_cfg(ns);
     cfg.shards = 16;
     cfg.horizon_ms = 2000; /* everything below is claimed when scheduled */

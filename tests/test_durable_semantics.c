@@ -3,9 +3,11 @@
  * tests/test_durable_semantics.c - tests/durable_semantics.c on one
  * backend. Usage:
  *   test_durable_semantics                 the journal, in a temp directory
- *   test_durable_semantics suite HOST:PORT Redis (tests/redis_test.sh runs
+ *   test_durable_semantics suite ADDRESS   Redis (tests/redis_test.sh runs
  *                                          it; TW_SEM_REDIS may name the
- *                                          address instead)
+ *                                          address instead; TW_SEM_PASSWORD
+ *                                          and TW_SEM_TLS_CA, _CERT, _KEY
+ *                                          set the password and TLS files)
  */
 #define _GNU_SOURCE
 
@@ -41,6 +43,11 @@ static void redis_setup(tw_durable_config *cfg, const char *store, void *arg)
     cfg->redis_namespace = keep("%s%s", ns_prefix, store);
     cfg->shards = 8;
     cfg->horizon_ms = 300; /* the claimer runs every 75 ms of real time */
+    /* A server set up as in production (tests/redis_prod.sh tls-cluster). */
+    cfg->redis_password = getenv("TW_SEM_PASSWORD");
+    cfg->redis_tls_ca_file = getenv("TW_SEM_TLS_CA");
+    cfg->redis_tls_cert_file = getenv("TW_SEM_TLS_CERT");
+    cfg->redis_tls_key_file = getenv("TW_SEM_TLS_KEY");
 }
 
 int main(int argc, char **argv)

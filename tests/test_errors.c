@@ -27,6 +27,8 @@ static const struct {
     {TW_EACCES, EACCES, "TW_EACCES"},
     {TW_EROFS, EROFS, "TW_EROFS"},
     {TW_ENOTDIR, ENOTDIR, "TW_ENOTDIR"},
+    /* Remote stores. */
+    {TW_EAUTH, EKEYREJECTED, "TW_EAUTH"},
 };
 #define NCODES (sizeof(codes) / sizeof(codes[0]))
 

@@ -7,10 +7,14 @@
  *   - the journal (default, cfg.redis == NULL): an append-only journal of
  *     segments in the directory cfg.dir, one process per directory, with an
  *     in-memory wheel as its index;
- *   - Redis (cfg.redis = "host:port[,host:port...]"): one Redis server or a
- *     Redis Cluster is the source of truth, and every process that opens the
- *     same namespace claims the timers due within a short horizon into its
- *     own wheel and fires them.
+ *   - Redis (cfg.redis = "host:port[,host:port...]" or a URL:
+ *     redis://[user[:password]@]host[:port][,host[:port]...][/db],
+ *     rediss://... (TLS), unix:///path/redis.sock[?db=N],
+ *     redis-sentinel://[user[:password]@]host[:port][,...]/master-name):
+ *     one Redis server, a Redis Cluster or a Sentinel-managed master is the
+ *     source of truth, and every process that opens the same namespace
+ *     claims the timers due within a short horizon into its own wheel and
+ *     fires them. See docs/guide/redis.md.
  *
  * Delivery is at least once: a callback may see the same timer again after
  * a crash (attempt > 1), and must tolerate it. (The journal counts up to
@@ -38,6 +42,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -82,6 +87,20 @@ typedef int (*tw_durable_fire_fn)(tw_durable *d, const tw_durable_timer *t,
     1u /* open a journal with corruption in its middle                         \
           by dropping the damaged records, or with a                           \
           segment missing */
+/* Look without touching, for inspection tools (both backends): the
+ * journal is read as it is (no lock taken, so a live store in another
+ * process may hold the directory; nothing is written, created, truncated
+ * or deleted; a record being appended meanwhile may be missed), Redis is
+ * only read; nothing is ever delivered. tw_durable_get(), _list() and
+ * _stats_get() work; every change returns TW_EROFS. With
+ * TW_DURABLE_REPAIR: damaged records are skipped as a repair would,
+ * but nothing is written (a dry run). A missing directory is TW_ENOENT. */
+#define TW_DURABLE_READONLY 2u
+/* Journal only: open (and replay, repair) without delivering anything:
+ * no store thread or executors run, so no callback is called until
+ * close; schedule and cancel still work. For tools that must change a
+ * journal without firing it (a repair). Redis: TW_EINVAL. */
+#define TW_DURABLE_NOFIRE 4u
 
 /* Where a store keeps its timers and how it delivers them. */
 typedef struct tw_durable_config {
@@ -99,7 +118,8 @@ typedef struct tw_durable_config {
                                   fills */
 
     /* Redis backend. NULL = the journal in @dir. */
-    const char *redis;           /* "host:port[,host:port...]" seed nodes */
+    const char *redis;           /* "host:port[,host:port...]" seed nodes,
+                                    or a URL (see the top of this file) */
     const char *redis_namespace; /* key prefix; NULL = "tw" */
     uint32_t shards;             /* 0 = 64 */
     uint32_t horizon_ms;         /* 0 = 2000: how far ahead a node claims */
@@ -128,6 +148,27 @@ typedef struct tw_durable_config {
     uint32_t sync_interval_ms; /* TW_DURABLE_SYNC_INTERVAL: longest time
                                   between a write and its fdatasync;
                                   0 = 1000 */
+
+    /* Fields below were added after 0.2.0 (zero = default): the Redis
+     * backend's credentials and TLS files. A field that is set overrides
+     * the same part of a cfg.redis URL. Secrets given here stay out of
+     * the command line and the logs; no message or counter ever shows a
+     * password. */
+    const char *redis_user;              /* ACL user; NULL = the URL's, else the
+                                            server's "default" user */
+    const char *redis_password;          /* NULL = the URL's, else no AUTH */
+    const char *redis_sentinel_user;     /* AUTH for the sentinels of a */
+    const char *redis_sentinel_password; /* redis-sentinel:// address */
+    const char *redis_tls_ca_file;       /* rediss://: PEM CAs to trust;
+                                            NULL (and no ca_dir) = the
+                                            system's store */
+    const char *redis_tls_ca_dir;        /* a hashed directory of CAs */
+    const char *redis_tls_cert_file;     /* client certificate chain (PEM)
+                                            for servers that ask for one */
+    const char *redis_tls_key_file;      /* its private key (PEM) */
+    const char *redis_tls_server_name;   /* name sent (SNI) and checked in
+                                            the server's certificate; NULL =
+                                            each node's host */
 } tw_durable_config;
 
 /* A store's counters, from tw_durable_stats_get(). */
@@ -149,6 +190,8 @@ typedef struct tw_durable_stats {
     uint64_t quarantined; /* Redis: entries set aside in the namespace's
                              quarantine hashes (values that could not be
                              read; docs/guide/redis.md); journal: 0 */
+    uint64_t running;     /* callbacks of this handle running now */
+    uint64_t late_sum_us; /* sum of the lateness late_hist counts, in us */
 } tw_durable_stats;
 
 /* One timer of tw_durable_schedule_many() (or one key of
@@ -172,10 +215,13 @@ typedef struct tw_durable_item {
  * process or handle: the directory itself is locked, so deleting its LOCK
  * file does not let a second process in); TW_EIO (corruption in the
  * middle of the journal, unless TW_DURABLE_REPAIR, or a segment missing,
- * the oldest included, or another I/O error); TW_ENOTDIR (@dir or one of
- * its parents is a file); TW_EACCES (permission denied); TW_EROFS
- * (read-only file system); TW_ENOSPC; TW_ECONN (Redis unreachable);
- * TW_ENOMEM. On failure *@out is unchanged.
+ * the oldest included, or another I/O error; for Redis, an error reply
+ * other than the ones below); TW_ENOTDIR (@dir or one of its parents is a
+ * file); TW_EACCES (permission denied); TW_EROFS (read-only file system);
+ * TW_ENOSPC; TW_ECONN (Redis unreachable, or its TLS refused); TW_EAUTH
+ * (Redis refused the password, the user, or a command or key the store
+ * needs); TW_ENOMEM. On failure *@out is unchanged; for Redis the message
+ * names the node and carries Redis's own error text, never a password.
  */
 TW_EXTERN int tw_durable_open(tw_durable **out, const tw_durable_config *cfg);
 
@@ -272,6 +318,161 @@ TW_EXTERN int tw_durable_stats_get_sized(tw_durable *d, tw_durable_stats *out,
 TW_EXTERN int tw_durable_stats_get(tw_durable *d, tw_durable_stats *out);
 #define tw_durable_stats_get(d, out)                                           \
     tw_durable_stats_get_sized((d), (out), sizeof(tw_durable_stats))
+
+/*
+ * Look-up and listing
+ * -------------------
+ * A timer's state, as tw_durable_get() and tw_durable_list() report it.
+ * The store holds a key from its schedule until its delivery completes
+ * (the callback returned 0 or < 0) or it is cancelled; in between it is
+ * WAITING (its due time has not come by the store's wall clock) or DUE
+ * (its due time has come: its delivery is queued, claimed by a node or
+ * its callback is running). A timer whose callback asked for a retry is
+ * WAITING again, with its new due time.
+ */
+#define TW_DURABLE_WAITING 1u
+#define TW_DURABLE_DUE 2u
+
+/* What tw_durable_get() tells of one timer. */
+typedef struct tw_durable_info {
+    int64_t due_ms;       /* its due time (Unix ms), as scheduled or retried */
+    uint32_t attempt;     /* the attempt its next delivery shows (1 for a
+                             timer never delivered); for a DUE timer it may
+                             already be the delivery under way */
+    uint32_t state;       /* TW_DURABLE_WAITING or TW_DURABLE_DUE */
+    size_t payload_len;   /* the payload's full length, even when it did not
+                             fit the caller's buffer */
+    uint64_t reserved[2]; /* zero */
+} tw_durable_info;
+
+/*
+ * tw_durable_get - look up @key: whether the store holds it, its due time,
+ * attempt and state into *@info, and its payload into @buf.
+ * @buf: up to @buf_len bytes of the payload are copied there (NULL with
+ * @buf_len 0 asks for the info alone); info->payload_len is the full
+ * length, so a caller whose buffer was short calls again with one of that
+ * size (the payload may have changed in between: compare again). Nothing
+ * is allocated for the caller.
+ * Returns 0; TW_ENOENT when the store does not hold @key (never scheduled,
+ * cancelled, or delivered and completed); TW_EINVAL (NULL @d or @info, bad
+ * key, NULL @buf with @buf_len > 0); TW_ESHUTDOWN (closing); TW_EIO (the
+ * journal's record could not be read back); TW_ECONN; TW_ENOMEM.
+ * Journal: one read of the timer's record, under the store's lock. Redis:
+ * one atomic script on the key's shard (one round trip).
+ * Context: any thread, callbacks included.
+ */
+TW_EXTERN int tw_durable_get(tw_durable *d, const void *key, size_t key_len,
+                             tw_durable_info *info, void *buf, size_t buf_len);
+
+/*
+ * Where a listing stands: plain data, so it can be kept, copied or written
+ * to a file and used again with the same store after a reopen (or from
+ * another process of a Redis namespace). Start with TW_DURABLE_CURSOR_INIT
+ * (all zero). It holds the (due time, key) of the last entry returned;
+ * the next call returns what comes after it.
+ */
+typedef struct tw_durable_cursor {
+    int64_t due_ms;   /* of the last entry returned */
+    uint32_t key_len; /* 0: nothing returned yet (start at from_ms) */
+    uint32_t done;    /* set once a call reached the end of its range */
+    unsigned char key[TW_DURABLE_KEY_MAX]; /* of the last entry returned */
+} tw_durable_cursor;
+#define TW_DURABLE_CURSOR_INIT                                                 \
+    {                                                                          \
+        0, 0, 0,                                                               \
+        {                                                                      \
+            0                                                                  \
+        }                                                                      \
+    }
+
+/* One timer of a listing. */
+typedef struct tw_durable_entry {
+    const void *key; /* into the caller's key buffer */
+    size_t key_len;  /* bytes of key */
+    int64_t due_ms;  /* the time the store will deliver it at (Unix ms; a
+                        due time before 1970 lists as 0) */
+    uint32_t state;  /* TW_DURABLE_WAITING or TW_DURABLE_DUE */
+    uint32_t reserved;
+} tw_durable_entry;
+
+/*
+ * tw_durable_list - the next timers the store holds with a due time in
+ * [@from_ms, @to_ms), in order of (due time, key bytes), after *@cur
+ * (@to_ms INT64_MAX: no upper end; a due time of INT64_MAX is listed).
+ * @cur: where the previous call stopped (TW_DURABLE_CURSOR_INIT to start);
+ * advanced past the entries returned, and cur->done set when the range has
+ * no more. @out: room for @max entries; their keys are copied into @keybuf
+ * (@keybuf_len bytes; the call stops early rather than split a key, and
+ * @keybuf_len >= TW_DURABLE_KEY_MAX always fits one).
+ * Returns the number of entries written (0 .. @max; 0 with cur->done at
+ * the end), or TW_EINVAL (NULL argument, @max 0, @keybuf_len too short
+ * for the next key), TW_ESHUTDOWN, TW_ECONN or TW_ENOMEM, with *@cur
+ * unchanged.
+ *
+ * What an iteration sees. Each call is one snapshot (journal: under the
+ * store's lock; Redis: one atomic script per shard, the shards read one
+ * after the other in one pipelined round trip). Across calls the cursor is
+ * a position, not a snapshot: entries come in strictly increasing (due,
+ * key) order, so a key is never returned twice at the same due time. A
+ * timer that stays in the range at a (due, key) after the cursor is
+ * returned exactly once; one scheduled (or moved) to a place the cursor
+ * has passed is not; one moved ahead of the cursor is returned again at
+ * its new place; one cancelled or completed before the cursor reaches it
+ * is not returned.
+ *
+ * Cost. Journal: O(log n + @max) under the store's lock, after a first
+ * call that builds an ordered index of the pending timers (O(n log n),
+ * about 24 bytes a timer, kept up to date from then on at O(log n) per
+ * change). Redis: one read-only script per shard, each O(log^2 n + @max +
+ * c) where c is the shard's claimed timers (due within cfg.horizon_ms or
+ * running), of which at most 10,000 per shard are read; no KEYS or SCAN.
+ * Context: any thread, callbacks included.
+ */
+TW_EXTERN int tw_durable_list(tw_durable *d, int64_t from_ms, int64_t to_ms,
+                              tw_durable_cursor *cur, tw_durable_entry *out,
+                              size_t max, void *keybuf, size_t keybuf_len);
+
+/*
+ * Metrics
+ * -------
+ * The counters of tw_durable_stats_get() as text a Prometheus server (or
+ * any OpenMetrics scraper) reads from an HTTP endpoint such as /metrics:
+ * twheel_durable_pending, _backlog, _running (gauges), _fired_total,
+ * _retried_total, _cancelled_total, _syncs_total (counters),
+ * _journal_bytes, _segments, _recovered, _recovery_seconds (gauges) and
+ * the histogram twheel_durable_lateness_seconds (how late deliveries
+ * started; bucket le="x" counts those at most x late, in whole us).
+ */
+/* Flags of tw_durable_metrics(). Default: the Prometheus text format
+ * 0.0.4 (Content-Type: text/plain; version=0.0.4). */
+#define TW_DURABLE_METRICS_OPENMETRICS                                         \
+    1u /* OpenMetrics 1.0 text, ending "# EOF" (Content-Type:                  \
+          application/openmetrics-text; version=1.0.0) */
+
+/*
+ * tw_durable_metrics - the store's metrics as text into @buf, like
+ * snprintf(): at most @len bytes, NUL-ended when @len > 0.
+ * @labels: NULL, or labels added to every sample, as the text between the
+ * braces of the exposition format (for example `store="orders"`): names
+ * [a-zA-Z_][a-zA-Z0-9_]*, values in double quotes with \\, \" and \n
+ * escapes; anything else is TW_EINVAL.
+ * @flags: 0 or TW_DURABLE_METRICS_OPENMETRICS.
+ * Returns the length of the whole text (without its NUL): if it is >=
+ * @len the text was cut, and a buffer of the returned length + 1 holds it.
+ * Or a negative error: TW_EINVAL, TW_ESHUTDOWN, or what
+ * tw_durable_stats_get() returns (TW_ECONN, TW_ENOMEM). Nothing is
+ * allocated for the caller. Context: any thread, callbacks included.
+ */
+TW_EXTERN long tw_durable_metrics(tw_durable *d, const char *labels,
+                                  unsigned flags, char *buf, size_t len);
+
+/*
+ * tw_durable_metrics_fprint - tw_durable_metrics() written to @f.
+ * Returns 0, TW_EIO (a write to @f failed), or an error as above.
+ * Context: any thread, callbacks included.
+ */
+TW_EXTERN int tw_durable_metrics_fprint(tw_durable *d, const char *labels,
+                                        unsigned flags, FILE *f);
 
 #ifdef __cplusplus
 }

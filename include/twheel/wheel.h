@@ -69,6 +69,14 @@ extern "C" {
 #define TW_EROFS (-EROFS)     /* read-only file system */
 #define TW_ENOTDIR (-ENOTDIR) /* a path names a file, not a directory */
 
+/* Remote stores: the server refused the credentials (wrong password,
+ * unknown or disabled user, AUTH missing) or the rights they carry (an ACL
+ * user without a command or key the store needs). EKEYREJECTED ("key was
+ * rejected by service") because the server rejected what we presented;
+ * EACCES and EPERM stay with local permissions, so a wrong password and a
+ * directory that may not be written are told apart by the code alone. */
+#define TW_EAUTH (-EKEYREJECTED)
+
 /*
  * TW_LATE_BUCKETS - buckets of the lateness histograms in tw_service_stats
  * and tw_durable_stats. Bucket 0 counts runs that started less than 1 us

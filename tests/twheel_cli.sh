@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# The twheel tool against real stores made by tests/twheel_cli_store.c.
+# Usage:
+#   tests/twheel_cli.sh journal TWHEEL STORE
+#       a journal: ls (pages, --after, --json), get, stats (--metrics),
+#       check; read-only verbs on a directory a live store holds, which
+#       goes on undisturbed, and repair refused there; then damage in the
+#       middle of the journal: check and repair --dry-run exit 1 and change
+#       nothing, repair fixes it, check passes again.
+#   TWHEEL=... STORE=... tests/redis_test.sh suite tests/twheel_cli.sh
+#       the same verbs on a Redis namespace (redis_test.sh passes "suite"
+#       and the server's address).
+set -euo pipefail
+py=/usr/bin/python3
+fail() { echo "FAIL: $*" >&2; exit 1; }
+step() { echo "ok: $*"; }
+expect_rc() { # WANT CMD...: run CMD, its status must be WANT
+  local want=$1 rc=0
+  shift
+  "$@" >"$tmp/out" 2>"$tmp/err" || rc=$?
+  [ "$rc" = "$want" ] || { cat "$tmp/out" "$tmp/err" >&2; fail "$* exited $rc, want $want"; }
+}
+
+if [ "$1" = suite ]; then # from redis_test.sh
+  mode=redis addr=$2 tw=$TWHEEL store=$STORE
+else
+  mode=$1 tw=$2 store=$3
+fi
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/twcli.XXXXXX")
+holder=
+cleanup() {
+  if [ -n "$holder" ]; then kill -9 "$holder" 2>/dev/null || true; fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+expect_rc 0 "$tw" --help
+grep -q '^usage: twheel' "$tmp/out" || fail "--help"
+expect_rc 2 "$tw" journal
+expect_rc 2 "$tw" nosuch ls x
+
+if [ "$mode" = redis ]; then
+  ns=twcli$$
+  "$store" redis "$addr" "$ns" 30
+  r=(--url "$addr" --ns "$ns" --shards 8)
+  expect_rc 0 "$tw" redis ls "${r[@]}"
+  [ "$(wc -l <"$tmp/out")" = 32 ] || fail "redis ls: $(wc -l <"$tmp/out") lines"
+  head -1 "$tmp/out" | grep -q ' t000$' || fail "redis ls order"
+  grep -q 'bin\\x01\\xff$' "$tmp/out" || fail "redis ls: binary key"
+  expect_rc 0 "$tw" redis ls "${r[@]}" --json --limit 7
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1]));
+assert d["count"]==7 and d["more"] and d["after"]["key"]=="t006", d' "$tmp/out"
+  expect_rc 0 "$tw" redis ls "${r[@]}" --after "$($py -c 'import json,sys
+d=json.load(open(sys.argv[1]))["after"]; print("%d,%s" % (d["due_ms"], d["key"]))' "$tmp/out")" --limit 1
+  grep -q ' t007$' "$tmp/out" || fail "redis ls --after"
+  expect_rc 0 "$tw" redis get "${r[@]}" t005
+  grep -q 'payload:  2 bytes: p5' "$tmp/out" || fail "redis get"
+  expect_rc 1 "$tw" redis get "${r[@]}" nosuch
+  expect_rc 0 "$tw" redis stats "${r[@]}" --json
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["pending"]==32, d' "$tmp/out"
+  expect_rc 0 "$tw" redis check "${r[@]}"
+  grep -q '32 pending timers' "$tmp/out" || fail "redis check"
+  expect_rc 2 "$tw" redis repair "${r[@]}"
+  # Read-only: nothing was claimed or changed by any of it.
+  expect_rc 0 "$tw" redis ls "${r[@]}" --json
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1]))
+assert d["count"]==32 and all(t["state"]=="waiting" for t in d["timers"]), d' "$tmp/out"
+  step "redis: ls, get, stats, check; repair refused"
+  exit 0
+fi
+
+dir=$tmp/j
+"$store" make "$dir" 50
+expect_rc 0 "$tw" journal ls "$dir"
+[ "$(wc -l <"$tmp/out")" = 51 ] || fail "ls: $(wc -l <"$tmp/out") lines"
+head -1 "$tmp/out" | grep -q 'waiting  t000$' || fail "ls order: $(head -1 "$tmp/out")"
+tail -1 "$tmp/out" | grep -q 'bin\\x01\\xff$' || fail "ls: binary key"
+expect_rc 0 "$tw" journal ls "$dir" --json
+$py -c 'import json,sys; d=json.load(open(sys.argv[1])); t=d["timers"]
+assert d["count"]==51 and not d["more"] and len(t)==51, d
+assert [x["due_ms"] for x in t]==sorted(x["due_ms"] for x in t)
+assert t[-1]["key"]=="bin\x01\xff" and t[-1]["key_hex"]=="62696e01ff", t[-1]' "$tmp/out"
+expect_rc 0 "$tw" journal ls "$dir" --limit 10
+[ "$(wc -l <"$tmp/out")" = 11 ] || fail "ls --limit"
+after=$(tail -1 "$tmp/out" | sed -n 's/^(more: --after \(.*\))$/\1/p')
+[ -n "$after" ] || fail "ls --limit: no resume line"
+expect_rc 0 "$tw" journal ls "$dir" --after "$after" --limit 1
+grep -q ' t010$' "$tmp/out" || fail "ls --after: $(cat "$tmp/out")"
+from=$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["timers"][40]["due_ms"])' <(
+  "$tw" journal ls "$dir" --json))
+expect_rc 0 "$tw" journal ls "$dir" --from "$from" --to $((from + 2000))
+[ "$(wc -l <"$tmp/out")" = 2 ] && head -1 "$tmp/out" | grep -q ' t040$' || fail "ls --from --to"
+step "journal ls: order, pages, --after, --from/--to, --json, binary keys"
+
+expect_rc 0 "$tw" journal get "$dir" t007
+grep -q 'payload:  2 bytes: p7' "$tmp/out" && grep -q 'attempt:  1' "$tmp/out" || fail "get"
+expect_rc 0 "$tw" journal get "$dir" t007 --json
+$py -c 'import json,sys; d=json.load(open(sys.argv[1]))
+assert d["found"] and d["payload"]=="p7" and d["state"]=="waiting", d' "$tmp/out"
+expect_rc 1 "$tw" journal get "$dir" nosuch
+expect_rc 0 "$tw" journal stats "$dir"
+grep -q '^pending *51$' "$tmp/out" || fail "stats"
+expect_rc 0 "$tw" journal stats "$dir" --metrics
+grep -q '^twheel_durable_pending 51$' "$tmp/out" || fail "stats --metrics"
+expect_rc 0 "$tw" journal check "$dir"
+grep -q 'ok: .* 51 pending timers' "$tmp/out" || fail "check"
+expect_rc 2 "$tw" journal ls "$tmp/nosuch"
+[ ! -e "$tmp/nosuch" ] || fail "ls made a directory"
+step "journal get, stats (--metrics), check; a missing directory is not made"
+
+# A live store holds the directory: read-only verbs work and leave it be.
+coproc HOLD { exec "$store" hold "$dir" 50; }
+holder=$HOLD_PID
+read -r line <&"${HOLD[0]}"
+[ "$line" = held ] || fail "holder: $line"
+expect_rc 0 "$tw" journal ls "$dir"
+grep -q ' held-1$' "$tmp/out" || fail "ls of a live store"
+expect_rc 0 "$tw" journal check "$dir"
+expect_rc 0 "$tw" journal get "$dir" held-1
+expect_rc 0 "$tw" journal stats "$dir"
+expect_rc 0 "$tw" journal repair "$dir"   # no damage: nothing to repair
+grep -q 'nothing to repair' "$tmp/out" || fail "repair of a sound live store"
+# Damage in the middle of the journal while the store runs: repair refuses.
+seg=$(ls "$dir" | grep -v LOCK | sort | head -1)
+cp "$dir/$seg" "$tmp/seg.orig"
+$py -c 'import sys; f=open(sys.argv[1],"r+b"); f.seek(100); b=f.read(1); f.seek(100)
+f.write(bytes([b[0]^0xff]))' "$dir/$seg"
+expect_rc 2 "$tw" journal repair "$dir"
+grep -q 'held by a live store' "$tmp/err" || fail "repair of a live store: $(cat "$tmp/err")"
+echo go >&"${HOLD[1]}"
+wait "$holder" || fail "the live store was disturbed"
+holder=
+step "live store: ls, get, stats, check work; repair refused; the store ran on"
+
+# The damage: found, reported with its place, dry run changes nothing.
+sum() { (cd "$dir" && ls -l --time-style=+%s; md5sum ./*) | md5sum; }
+before=$(sum)
+expect_rc 1 "$tw" journal check "$dir"
+grep -q "damaged: .*$seg offset [0-9]*: corrupt record" "$tmp/out" || fail "check: $(cat "$tmp/out")"
+expect_rc 1 "$tw" journal check "$dir" --json
+$py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert not d["ok"], d' "$tmp/out"
+expect_rc 1 "$tw" journal repair "$dir" --dry-run
+keep=$(sed -n 's/.*keep \([0-9]*\) pending timers.*/\1/p' "$tmp/out")
+[ -n "$keep" ] && [ "$keep" -lt 53 ] && [ "$keep" -gt 40 ] || fail "dry run: $(cat "$tmp/out")"
+[ "$(sum)" = "$before" ] || fail "check or the dry run changed the directory"
+expect_rc 0 "$tw" journal repair "$dir"
+grep -q "repaired .* $keep pending timers kept" "$tmp/out" || fail "repair: $(cat "$tmp/out")"
+expect_rc 0 "$tw" journal check "$dir"
+grep -q "$keep pending timers" "$tmp/out" || fail "check after repair"
+step "damage: check exits 1 with its place, dry run changes nothing, repair keeps $keep"

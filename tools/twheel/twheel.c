@@ -1,0 +1,595 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tools/twheel/twheel.c - look inside a durable store: list, look up,
+ * count, check and repair the timers of a journal directory or a Redis
+ * namespace (twheel(1)). Uses only the public headers.
+ *
+ * Read-only verbs (ls, get, stats, check, and repair --dry-run) open the
+ * store with TW_DURABLE_READONLY: no lock is taken and nothing is written,
+ * so a store that another process holds keeps running undisturbed, and
+ * nothing is ever delivered. repair opens with TW_DURABLE_REPAIR and
+ * TW_DURABLE_NOFIRE, which takes the directory's lock: a live store's
+ * directory is refused (TW_EBUSY).
+ *
+ * Exit status: 0 done (check: no damage); 1 damage found (check, repair
+ * --dry-run) or the key is not held (get); 2 usage or other errors.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <twheel/durable.h>
+
+#define PAGE 1000
+
+struct opts {
+    const char *backend; /* "journal" or "redis" */
+    const char *verb;
+    const char *dir;  /* journal */
+    const char *url;  /* redis: host:port[,host:port...] */
+    const char *ns;   /* redis namespace */
+    uint32_t shards;  /* redis */
+    const char *key;  /* get */
+    int64_t from, to; /* ls */
+    uint64_t limit;   /* ls: 0 = all */
+    bool json, dry_run, metrics, have_after;
+    tw_durable_cursor after; /* ls --after DUE,KEY */
+};
+
+static int usage(FILE *f, int rc)
+{
+    fputs("usage: twheel journal VERB DIR [options]\n"
+          "       twheel redis VERB --url HOST:PORT[,...] [--ns NS] "
+          "[--shards N] [options]\n"
+          "verbs:\n"
+          "  ls [--from MS] [--to MS] [--limit N] [--after DUE,KEY]\n"
+          "                 pending timers in due order\n"
+          "  get KEY        one timer: due time, state, attempt, payload\n"
+          "  stats [--metrics]\n"
+          "                 counts (--metrics: Prometheus text format)\n"
+          "  check          read everything, change nothing; exit 1 on "
+          "damage\n"
+          "  repair [--dry-run]\n"
+          "                 drop damaged records (journal only)\n"
+          "options: --json  machine-readable output\n"
+          "         --help  this text\n"
+          "Read-only verbs never take the journal's lock and never deliver "
+          "a timer;\nrepair refuses a directory that a live store holds.\n",
+          f);
+    return rc;
+}
+
+static int no_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)t;
+    (void)arg;
+    return 0; /* read-only and no-fire handles deliver nothing */
+}
+
+/* Open @o's store with @flags; on failure a message and 0. */
+static tw_durable *open_store(const struct opts *o, uint32_t flags, int *rc,
+                              char *err, size_t err_len)
+{
+    tw_durable_config c;
+    memset(&c, 0, sizeof c);
+    c.fire = no_fire;
+    c.flags = flags;
+    c.errbuf = err;
+    c.errbuf_len = err_len;
+    err[0] = '\0';
+    if (!strcmp(o->backend, "journal")) {
+        c.dir = o->dir;
+    } else {
+        c.redis = o->url;
+        c.redis_namespace = o->ns;
+        c.shards = o->shards;
+    }
+    tw_durable *d = NULL;
+    *rc = tw_durable_open(&d, &c);
+    return *rc ? NULL : d;
+}
+
+static const char *where(const struct opts *o)
+{
+    return o->dir ? o->dir : o->url;
+}
+
+static void open_failed(const struct opts *o, int rc, const char *err)
+{
+    fprintf(stderr, "twheel: %s: %s%s%s\n", where(o), tw_strerror(rc),
+            err[0] ? ": " : "", err);
+    if (rc == TW_EBUSY)
+        fprintf(stderr,
+                "twheel: %s is held by a live store; stop it "
+                "first (read-only verbs work while it runs)\n",
+                where(o));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Output. */
+
+/* Bytes as a JSON string: printable ASCII as is, others escaped; a byte
+ * above 0x7f becomes \u00XX (so the string's code points are the bytes). */
+static void json_str(const void *p, size_t n)
+{
+    const unsigned char *s = p;
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned c = s[i];
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20 || c >= 0x7f)
+            printf("\\u%04x", c);
+        else
+            putchar((int)c);
+    }
+    putchar('"');
+}
+
+/* Bytes for a terminal: printable ASCII as is, others as \xHH. */
+static void human_str(const void *p, size_t n)
+{
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++) {
+        unsigned c = s[i];
+        if (c < 0x20 || c >= 0x7f || c == '\\')
+            printf("\\x%02x", c);
+        else
+            putchar((int)c);
+    }
+}
+
+static void hex(const void *p, size_t n)
+{
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++)
+        printf("%02x", s[i]);
+}
+
+/* Unix ms as UTC ISO 8601. */
+static void iso(int64_t ms, char *out, size_t len)
+{
+    time_t t = (time_t)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
+    struct tm tm;
+    if (!gmtime_r(&t, &tm)) {
+        snprintf(out, len, "?");
+        return;
+    }
+    size_t n = strftime(out, len, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(out + n, len - n, ".%03dZ", (int)(((ms % 1000) + 1000) % 1000));
+}
+
+static const char *state_name(uint32_t st)
+{
+    return st == TW_DURABLE_DUE ? "due" : "waiting";
+}
+
+/* ------------------------------------------------------------------------ */
+/* Verbs. */
+
+static int cmd_ls(const struct opts *o, tw_durable *d)
+{
+    static tw_durable_entry e[PAGE];
+    static char kb[PAGE * 64 + TW_DURABLE_KEY_MAX];
+    tw_durable_cursor c = o->after;
+    uint64_t shown = 0;
+    bool first = true;
+    if (o->json)
+        fputs("{\"timers\":[", stdout);
+    while (!c.done && (!o->limit || shown < o->limit)) {
+        size_t want = PAGE;
+        if (o->limit && o->limit - shown < want)
+            want = (size_t)(o->limit - shown);
+        int n = tw_durable_list(d, o->from, o->to, &c, e, want, kb, sizeof kb);
+        if (n < 0) {
+            fprintf(stderr, "twheel: list: %s\n", tw_strerror(n));
+            return 2;
+        }
+        for (int i = 0; i < n; i++, shown++) {
+            char when[40];
+            iso(e[i].due_ms, when, sizeof when);
+            if (o->json) {
+                printf("%s\n{\"key\":", first ? "" : ",");
+                json_str(e[i].key, e[i].key_len);
+                printf(",\"key_hex\":\"");
+                hex(e[i].key, e[i].key_len);
+                printf("\",\"due_ms\":%" PRId64 ",\"due\":\"%s\","
+                       "\"state\":\"%s\"}",
+                       e[i].due_ms, when, state_name(e[i].state));
+            } else {
+                printf("%s  %-7s  ", when, state_name(e[i].state));
+                human_str(e[i].key, e[i].key_len);
+                putchar('\n');
+            }
+            first = false;
+        }
+    }
+    /* Where to resume: --after DUE,KEY (keys with bytes a shell cannot
+     * pass are printed in hex only in JSON). */
+    if (o->json) {
+        printf("\n],\"count\":%" PRIu64 ",\"more\":%s", shown,
+               c.done ? "false" : "true");
+        if (!c.done) {
+            printf(",\"after\":{\"due_ms\":%" PRId64 ",\"key\":", c.due_ms);
+            json_str(c.key, c.key_len);
+            printf(",\"key_hex\":\"");
+            hex(c.key, c.key_len);
+            printf("\"}");
+        }
+        puts("}");
+    } else if (!c.done) {
+        printf("(more: --after %" PRId64 ",", c.due_ms);
+        human_str(c.key, c.key_len);
+        puts(")");
+    }
+    return 0;
+}
+
+static int cmd_get(const struct opts *o, tw_durable *d)
+{
+    size_t kl = strlen(o->key);
+    tw_durable_info in;
+    char *buf = NULL;
+    int rc;
+    /* The payload may change between the calls: ask until it fits. */
+    for (size_t cap = 256;;) {
+        char *nb = realloc(buf, cap);
+        if (!nb) {
+            free(buf);
+            fputs("twheel: out of memory\n", stderr);
+            return 2;
+        }
+        buf = nb;
+        rc = tw_durable_get(d, o->key, kl, &in, buf, cap);
+        if (rc || in.payload_len <= cap)
+            break;
+        cap = in.payload_len;
+    }
+    if (rc == TW_ENOENT) {
+        if (o->json)
+            puts("{\"found\":false}");
+        else
+            printf("%s: not held (never scheduled, cancelled, or done)\n",
+                   o->key);
+        free(buf);
+        return 1;
+    }
+    if (rc) {
+        fprintf(stderr, "twheel: get: %s\n", tw_strerror(rc));
+        free(buf);
+        return 2;
+    }
+    char when[40];
+    iso(in.due_ms, when, sizeof when);
+    if (o->json) {
+        printf("{\"found\":true,\"key\":");
+        json_str(o->key, kl);
+        printf(",\"due_ms\":%" PRId64 ",\"due\":\"%s\",\"state\":\"%s\","
+               "\"attempt\":%" PRIu32 ",\"payload_len\":%zu,\"payload\":",
+               in.due_ms, when, state_name(in.state), in.attempt,
+               in.payload_len);
+        json_str(buf, in.payload_len);
+        printf(",\"payload_hex\":\"");
+        hex(buf, in.payload_len);
+        puts("\"}");
+    } else {
+        printf("key:      ");
+        human_str(o->key, kl);
+        printf("\ndue:      %s (%" PRId64 " ms)\nstate:    %s\n"
+               "attempt:  %" PRIu32 "\npayload:  %zu bytes: ",
+               when, in.due_ms, state_name(in.state), in.attempt,
+               in.payload_len);
+        human_str(buf, in.payload_len);
+        putchar('\n');
+    }
+    free(buf);
+    return 0;
+}
+
+static int cmd_stats(const struct opts *o, tw_durable *d)
+{
+    if (o->metrics) {
+        int rc = tw_durable_metrics_fprint(d, NULL, 0, stdout);
+        if (rc)
+            fprintf(stderr, "twheel: metrics: %s\n", tw_strerror(rc));
+        return rc ? 2 : 0;
+    }
+    tw_durable_stats s;
+    int rc = tw_durable_stats_get(d, &s);
+    if (rc) {
+        fprintf(stderr, "twheel: stats: %s\n", tw_strerror(rc));
+        return 2;
+    }
+    static const char *const names[] = {"pending",   "backlog",
+                                        "segments",  "journal_bytes",
+                                        "recovered", "recovery_us"};
+    uint64_t v[] = {s.pending,       s.backlog,   s.segments,
+                    s.journal_bytes, s.recovered, s.recovery_us};
+    size_t n = sizeof v / sizeof *v;
+    if (strcmp(o->backend, "journal"))
+        n = 2; /* the rest describe a journal */
+    for (size_t i = 0; i < n; i++) {
+        if (o->json)
+            printf("%s\"%s\":%" PRIu64, i ? "," : "{", names[i], v[i]);
+        else
+            printf("%-14s %" PRIu64 "\n", names[i], v[i]);
+    }
+    if (o->json)
+        puts("}");
+    return 0;
+}
+
+/* Every listed timer must read back (get) with the same due time. */
+static int walk_all(tw_durable *d, uint64_t *count, char *why, size_t len)
+{
+    static tw_durable_entry e[PAGE];
+    static char kb[PAGE * 64 + TW_DURABLE_KEY_MAX];
+    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    *count = 0;
+    while (!c.done) {
+        int n = tw_durable_list(d, INT64_MIN, INT64_MAX, &c, e, PAGE, kb,
+                                sizeof kb);
+        if (n < 0) {
+            snprintf(why, len, "list: %s", tw_strerror(n));
+            return 2;
+        }
+        for (int i = 0; i < n; i++) {
+            tw_durable_info in;
+            int rc = tw_durable_get(d, e[i].key, e[i].key_len, &in, NULL, 0);
+            /* A listing's due time is exact below 2^53; Redis orders and
+             * lists larger ones as doubles. */
+            int64_t due = in.due_ms > 0 ? in.due_ms : 0;
+            if (rc || (double)due != (double)e[i].due_ms) {
+                snprintf(why, len, "timer %.*s: %s", (int)e[i].key_len,
+                         (const char *)e[i].key,
+                         rc ? tw_strerror(rc) : "due time differs");
+                return 1;
+            }
+        }
+        *count += (uint64_t)n;
+    }
+    return 0;
+}
+
+static int cmd_check(const struct opts *o, tw_durable *d)
+{
+    char why[256] = "";
+    uint64_t n;
+    tw_durable_stats s;
+    int rc = walk_all(d, &n, why, sizeof why);
+    if (!rc && tw_durable_stats_get(d, &s) == 0 && s.pending != n) {
+        snprintf(why, sizeof why, "%" PRIu64 " pending, %" PRIu64 " listed",
+                 s.pending, n);
+        rc = 1;
+    }
+    if (o->json) {
+        printf("{\"ok\":%s,\"timers\":%" PRIu64 ",\"problem\":",
+               rc ? "false" : "true", n);
+        json_str(why, strlen(why));
+        puts("}");
+    } else if (rc) {
+        printf("%s: damaged: %s\n", where(o), why);
+    } else {
+        printf("%s: ok: every record read and checked, %" PRIu64
+               " pending timers, each read back\n",
+               where(o), n);
+    }
+    return rc;
+}
+
+/* check and repair --dry-run both open read-only; damage that stops the
+ * open is reported here. */
+static int report_damage(const struct opts *o, const char *err, bool dry)
+{
+    char rep[512] = "";
+    uint64_t kept = 0;
+    int rc;
+    if (dry) { /* what a repair would keep */
+        tw_durable *d = open_store(o, TW_DURABLE_READONLY | TW_DURABLE_REPAIR,
+                                   &rc, rep, sizeof rep);
+        if (d) {
+            tw_durable_stats s;
+            if (tw_durable_stats_get(d, &s) == 0)
+                kept = s.pending;
+            tw_durable_close(d);
+        }
+    }
+    if (o->json) {
+        printf("{\"ok\":false,\"damage\":");
+        json_str(err, strlen(err));
+        if (dry)
+            printf(",\"repair_would_keep\":%" PRIu64, kept);
+        puts("}");
+    } else {
+        printf("%s: damaged: %s\n", where(o), err);
+        if (dry)
+            printf("a repair would drop the damaged records and keep %" PRIu64
+                   " pending timers (run: twheel journal repair %s)\n",
+                   kept, where(o));
+    }
+    return 1;
+}
+
+static int cmd_repair(const struct opts *o)
+{
+    char err[512];
+    int rc;
+    if (strcmp(o->backend, "journal")) {
+        fputs("twheel: repair is for journals (Redis keeps its own data)\n",
+              stderr);
+        return 2;
+    }
+    tw_durable *d = open_store(o, TW_DURABLE_READONLY, &rc, err, sizeof err);
+    if (d) {
+        tw_durable_close(d);
+        if (o->json)
+            puts("{\"ok\":true,\"repaired\":false}");
+        else
+            printf("%s: no damage, nothing to repair\n", where(o));
+        return 0;
+    }
+    if (rc != TW_EIO) {
+        open_failed(o, rc, err);
+        return 2;
+    }
+    if (o->dry_run)
+        return report_damage(o, err, true);
+    char err2[512];
+    d = open_store(o, TW_DURABLE_REPAIR | TW_DURABLE_NOFIRE, &rc, err2,
+                   sizeof err2);
+    if (!d) {
+        open_failed(o, rc, err2);
+        return 2;
+    }
+    tw_durable_stats s;
+    uint64_t kept = tw_durable_stats_get(d, &s) == 0 ? s.pending : 0;
+    rc = tw_durable_close(d);
+    if (rc) {
+        fprintf(stderr, "twheel: %s: close: %s\n", where(o), tw_strerror(rc));
+        return 2;
+    }
+    if (o->json) {
+        printf("{\"ok\":true,\"repaired\":true,\"damage\":");
+        json_str(err, strlen(err));
+        printf(",\"kept\":%" PRIu64 "}\n", kept);
+    } else {
+        printf("%s: repaired (%s); %" PRIu64 " pending timers kept\n", where(o),
+               err, kept);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Arguments. */
+
+static bool num(const char *s, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_after(const char *s, tw_durable_cursor *c)
+{
+    const char *comma = strchr(s, ',');
+    char n[32];
+    if (!comma || comma == s || (size_t)(comma - s) >= sizeof n)
+        return false;
+    memcpy(n, s, (size_t)(comma - s));
+    n[comma - s] = '\0';
+    int64_t due;
+    size_t kl = strlen(comma + 1);
+    if (!num(n, &due) || !kl || kl > TW_DURABLE_KEY_MAX)
+        return false;
+    memset(c, 0, sizeof *c);
+    c->due_ms = due;
+    c->key_len = (uint32_t)kl;
+    memcpy(c->key, comma + 1, kl);
+    return true;
+}
+
+static int parse(int argc, char **argv, struct opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->from = INT64_MIN;
+    o->to = INT64_MAX;
+    const char *pos[4];
+    int npos = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t x;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+            return 1;
+        if (!strcmp(a, "--json")) {
+            o->json = true;
+        } else if (!strcmp(a, "--dry-run")) {
+            o->dry_run = true;
+        } else if (!strcmp(a, "--metrics")) {
+            o->metrics = true;
+        } else if (!strcmp(a, "--url") && v) {
+            o->url = v, i++;
+        } else if (!strcmp(a, "--ns") && v) {
+            o->ns = v, i++;
+        } else if (!strcmp(a, "--shards") && v && num(v, &x) && x > 0 &&
+                   x <= 1 << 20) {
+            o->shards = (uint32_t)x, i++;
+        } else if (!strcmp(a, "--from") && v && num(v, &o->from)) {
+            i++;
+        } else if (!strcmp(a, "--to") && v && num(v, &o->to)) {
+            i++;
+        } else if (!strcmp(a, "--limit") && v && num(v, &x) && x > 0) {
+            o->limit = (uint64_t)x, i++;
+        } else if (!strcmp(a, "--after") && v && parse_after(v, &o->after)) {
+            o->have_after = true, i++;
+        } else if (a[0] == '-' && a[1] == '-') {
+            fprintf(stderr, "twheel: bad option or value: %s\n", a);
+            return -1;
+        } else if (npos < 4) {
+            pos[npos++] = a;
+        } else {
+            return -1;
+        }
+    }
+    if (npos < 2)
+        return -1;
+    o->backend = pos[0];
+    o->verb = pos[1];
+    bool journal = !strcmp(o->backend, "journal");
+    if (!journal && (strcmp(o->backend, "redis") || !o->url))
+        return -1;
+    int want = (journal ? 3 : 2) + !strcmp(o->verb, "get");
+    if (npos != want)
+        return -1;
+    if (journal)
+        o->dir = pos[2];
+    if (!strcmp(o->verb, "get"))
+        o->key = pos[want - 1];
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o;
+    int p = parse(argc, argv, &o);
+    if (p == 1)
+        return usage(stdout, 0);
+    if (p < 0)
+        return usage(stderr, 2);
+    if (o.key && (!*o.key || strlen(o.key) > TW_DURABLE_KEY_MAX)) {
+        fputs("twheel: a key is 1 to 1024 bytes\n", stderr);
+        return 2;
+    }
+    if (!strcmp(o.verb, "repair"))
+        return cmd_repair(&o);
+    int (*fn)(const struct opts *, tw_durable *) =
+        !strcmp(o.verb, "ls")      ? cmd_ls
+        : !strcmp(o.verb, "get")   ? cmd_get
+        : !strcmp(o.verb, "stats") ? cmd_stats
+        : !strcmp(o.verb, "check") ? cmd_check
+                                   : NULL;
+    if (!fn)
+        return usage(stderr, 2);
+    char err[512];
+    int rc;
+    tw_durable *d = open_store(&o, TW_DURABLE_READONLY, &rc, err, sizeof err);
+    if (!d) {
+        if (fn == cmd_check && rc == TW_EIO)
+            return report_damage(&o, err, false);
+        open_failed(&o, rc, err);
+        return 2;
+    }
+    int res = fn(&o, d);
+    tw_durable_close(d);
+    return res;
+}
