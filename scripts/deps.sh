@@ -7,7 +7,7 @@ group=${1:-all}
 test_pkgs=(cmake ninja-build gcc clang clang-format libclang-rt-14-dev llvm-14 valgrind
   pkg-config faketime procps libuv1-dev libevent-dev liburing-dev doxygen
   dpkg-dev libhiredis-dev libssl-dev openssl redis-server redis-tools
-  python3-prometheus-client)
+  python3-prometheus-client beanstalkd ruby ruby-beaneater nodejs)
 bench_pkgs=(cmake ninja-build gcc pkg-config libuv1-dev libevent-dev
   redis-server redis-tools libhiredis-dev libssl-dev libsqlite3-dev
   gnuplot-nox default-jdk-headless libnetty-java procps)
@@ -23,6 +23,10 @@ for p in "${pkgs[@]}"; do
     missing+=("$p")
   fi
 done
+# npm: Debian's package, unless a nodejs that bundles it is installed.
+if [ "$group" != bench ] && ! command -v npm >/dev/null; then
+  missing+=(npm)
+fi
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
   sudo_cmd=()

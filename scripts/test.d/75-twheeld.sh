@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# CI stage: twheeld, the beanstalkd-compatible server. Its protocol against
+# a real beanstalkd (one session, 102 malformed lines), kill -9 under load
+# with -b, 10,000 idle connections and a client that never reads, and two
+# real clients (ruby-beaneater from Debian, jackd from npm) with the same
+# transcript on twheeld and beanstalkd. Needs scripts/deps.sh test; the npm
+# client goes to build/npm-clients (git-ignored). About a minute here.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+cd "$root"
+for tool in beanstalkd ruby node npm python3; do
+  command -v "$tool" >/dev/null ||
+    { echo "twheeld stage: $tool missing (scripts/deps.sh test)" >&2; exit 1; }
+done
+ruby -e "require 'beaneater'" ||
+  { echo "twheeld stage: ruby-beaneater missing" >&2; exit 1; }
+scripts/twheeld-clients.sh build/npm-clients
+configure_build build/ci-twheeld -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_C_COMPILER=gcc -DTWHEEL_BUILD_BENCH=OFF -DTWHEEL_BUILD_EXAMPLES=OFF
+# Skipped tests (exit 77) fail the stage: every part must run here.
+out=$(ctest --test-dir build/ci-twheeld --output-on-failure -L twheeld -j2) ||
+  { echo "$out"; exit 1; }
+echo "$out"
+if grep -q "Not Run\|Skipped" <<<"$out"; then
+  echo "twheeld stage: a test was skipped" >&2
+  exit 1
+fi

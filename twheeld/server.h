@@ -1,0 +1,23 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * server.h - twheeld's event loop and job model (server.c).
+ */
+#ifndef TWHEELD_SERVER_H
+#define TWHEELD_SERVER_H
+
+#include <stdint.h>
+
+struct tbd_options {
+    const char *addr;      /* -l: listen address (NULL = 0.0.0.0) */
+    int port;              /* -p */
+    const char *dir;       /* -b: journal directory, NULL = memory only */
+    int fsync_ms;          /* -f MS (0 = every write), -1 with -F */
+    uint32_t max_job_size; /* -z */
+    int verbose;           /* -V count */
+    int port_fd;           /* test aid: write the bound port there, or -1 */
+};
+
+/* Runs the server until SIGINT/SIGTERM. Returns the process exit code. */
+int tbd_serve(const struct tbd_options *opt);
+
+#endif

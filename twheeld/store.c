@@ -1,0 +1,346 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * store.c - twheeld's jobs in twheel's durable store.
+ *
+ * Encoding. Every job is one durable timer: key "j<id>", payload the
+ * whole job record (state, priority, TTR, delay and due time by the wall
+ * clock, counters, tube name, body; see server.c job_record()). The
+ * timer's own due time is a constant far in the future (STORE_DUE, year
+ * 3000): the store never fires a job. Delays, TTRs and pauses run on the
+ * server's in-memory wheel; the store is the job table, written at every
+ * change a crash must see (put, release, bury, kick, delete) and read
+ * back once at start-up. A reserved job is stored as it was before the
+ * reserve (ready), which is what it becomes after a crash. Key "m" holds
+ * a high-water mark of job ids, written before any INSERTED with an id
+ * above the previous mark, so that ids are never reused after a restart
+ * even when every job was deleted.
+ *
+ * Why not let the store fire the delayed jobs? A fired timer is gone from
+ * the store unless its callback asks for a retry, and a retry moves its
+ * due time: a ready or buried job would then have to live at some future
+ * due time, invisible to a restarted server until that time comes. The
+ * store's listing call (tw_durable_list() with tw_durable_get()) reads
+ * every key at start-up whatever its due time, so the due time carries no
+ * meaning and the job state lives in the payload alone.
+ *
+ * Writes. With -f 0 the event loop never blocks on the store: it queues
+ * writes to one writer thread, which takes everything queued, writes runs of
+ * schedules with tw_durable_schedule_many() and runs of cancels with
+ * tw_durable_cancel_many() (in queue order, so the writes of one job
+ * keep their order), and hands the batch back through an eventfd. Every
+ * connection's writes share the batch and so the fdatasync: with -f 0 one
+ * fdatasync covers everything that arrived while the previous one ran.
+ * With -f MS > 0 or -F a durable call returns once its record is written
+ * to the kernel, with no fdatasync to wait for: the event loop then
+ * writes the writes of one loop iteration itself, in one batch, and
+ * replies when the batch returns (tbd_store_run_inline()).
+ */
+#include "store.h"
+
+#include "twheel/durable.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#define STORE_DUE INT64_C(32503680000000) /* 3000-01-01 in Unix ms */
+#define BATCH_MAX 4096                    /* writes per writer round */
+
+struct tbd_store {
+    tw_durable *d;
+    bool inline_writes; /* -f MS > 0 or -F: writes on the caller's thread */
+    int efd;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    struct tbd_write *q_head, *q_tail;       /* queued */
+    struct tbd_write *done_head, *done_tail; /* completed */
+    uint64_t written, batches;
+    tw_durable_item items[BATCH_MAX];
+};
+
+/* Jobs never fire (STORE_DUE); if the clock ever gets there, keep them. */
+static int store_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)t;
+    (void)arg;
+    return 86400000;
+}
+
+/* Writes the run [first, first + n) of one kind; results into each. */
+static void write_run(struct tbd_store *s, struct tbd_write *first, size_t n)
+{
+    struct tbd_write *w = first;
+    for (size_t i = 0; i < n; i++, w = w->next) {
+        s->items[i] = (tw_durable_item){.key = w->key,
+                                        .key_len = w->key_len,
+                                        .due_ms = STORE_DUE,
+                                        .payload = w->payload,
+                                        .payload_len = w->payload_len};
+    }
+    if (first->kind == TBD_W_SCHED)
+        tw_durable_schedule_many(s->d, s->items, n);
+    else
+        tw_durable_cancel_many(s->d, s->items, n);
+    w = first;
+    for (size_t i = 0; i < n; i++, w = w->next) {
+        w->result = s->items[i].result;
+        /* Deleting a job that was never written is not an error. */
+        if (w->kind == TBD_W_CANCEL && w->result == TW_ENOENT)
+            w->result = 0;
+    }
+}
+
+/* Writes the list @head, runs of one kind at a time, in order. */
+static void write_batch(struct tbd_store *s, struct tbd_write *head)
+{
+    for (struct tbd_write *run = head; run;) {
+        size_t k = 1;
+        struct tbd_write *e = run;
+        while (e->next && e->next->kind == run->kind && k < BATCH_MAX) {
+            e = e->next;
+            k++;
+        }
+        struct tbd_write *after = e->next;
+        write_run(s, run, k);
+        run = after;
+    }
+}
+
+static void *writer(void *arg)
+{
+    struct tbd_store *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->q_head && !s->stop)
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (!s->q_head)
+            break;
+        /* Take up to BATCH_MAX writes. */
+        struct tbd_write *head = s->q_head, *last = head;
+        size_t n = 1;
+        while (last->next && n < BATCH_MAX) {
+            last = last->next;
+            n++;
+        }
+        s->q_head = last->next;
+        if (!s->q_head)
+            s->q_tail = NULL;
+        last->next = NULL;
+        pthread_mutex_unlock(&s->mu);
+
+        write_batch(s, head);
+
+        pthread_mutex_lock(&s->mu);
+        s->written += n;
+        s->batches++;
+        if (s->done_tail)
+            s->done_tail->next = head;
+        else
+            s->done_head = head;
+        s->done_tail = last;
+        uint64_t one = 1;
+        ssize_t r = write(s->efd, &one, sizeof(one));
+        (void)r; /* eventfd: fails only when the counter would overflow */
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+int tbd_store_open(struct tbd_store **out, const char *dir, int fsync_ms,
+                   char *err, size_t err_len)
+{
+    struct tbd_store *s = calloc(1, sizeof(*s));
+    if (!s)
+        return TW_ENOMEM;
+    tw_durable_config cfg = {
+        .dir = dir, .fire = store_fire, .errbuf = err, .errbuf_len = err_len};
+    if (fsync_ms == 0) {
+        cfg.sync = TW_DURABLE_SYNC_GROUP;
+    } else if (fsync_ms > 0) {
+        cfg.sync = TW_DURABLE_SYNC_INTERVAL;
+        cfg.sync_interval_ms = (uint32_t)fsync_ms;
+    } else {
+        cfg.sync = TW_DURABLE_SYNC_NONE;
+    }
+    int rc = tw_durable_open(&s->d, &cfg);
+    if (rc != 0) {
+        free(s);
+        return rc;
+    }
+    s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (s->efd < 0) {
+        tw_durable_close(s->d);
+        free(s);
+        return -errno;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    /* Without an fdatasync to wait for, a write is a write(2): cheaper
+     * on the event loop's thread, batched per loop iteration, than a
+     * hand-off to another thread and back. */
+    s->inline_writes = fsync_ms != 0;
+    if (s->inline_writes) {
+        *out = s;
+        return 0;
+    }
+    if (pthread_create(&s->thread, NULL, writer, s) != 0) {
+        close(s->efd);
+        tw_durable_close(s->d);
+        free(s);
+        if (err && err_len)
+            snprintf(err, err_len, "cannot start the writer thread");
+        return TW_ENOMEM;
+    }
+    *out = s;
+    return 0;
+}
+
+long tbd_store_recover(struct tbd_store *s,
+                       void (*fn)(void *arg, const char *key, size_t key_len,
+                                  const void *p, size_t n),
+                       void *arg)
+{
+#ifdef TW_DURABLE_WAITING
+    static tw_durable_cursor cur; /* 1 KiB: off the stack; start-up only */
+    memset(&cur, 0, sizeof(cur));
+    enum { PAGE = 256 };
+    tw_durable_entry ents[PAGE];
+    size_t buf_len = TW_DURABLE_PAYLOAD_MAX;
+    char *keys = malloc((size_t)PAGE * TW_DURABLE_KEY_MAX);
+    char *buf = malloc(buf_len);
+    long total = 0;
+    if (!keys || !buf) {
+        free(keys);
+        free(buf);
+        return TW_ENOMEM;
+    }
+    while (!cur.done) {
+        int n = tw_durable_list(s->d, 0, INT64_MAX, &cur, ents, PAGE, keys,
+                                (size_t)PAGE * TW_DURABLE_KEY_MAX);
+        if (n < 0) {
+            total = n;
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            tw_durable_info info;
+            int rc = tw_durable_get(s->d, ents[i].key, ents[i].key_len, &info,
+                                    buf, buf_len);
+            if (rc == TW_ENOENT)
+                continue;
+            if (rc != 0) {
+                free(keys);
+                free(buf);
+                return rc;
+            }
+            size_t plen =
+                info.payload_len < buf_len ? info.payload_len : buf_len;
+            fn(arg, ents[i].key, ents[i].key_len, buf, plen);
+            total++;
+        }
+    }
+    free(keys);
+    free(buf);
+    return total;
+#else
+    (void)s;
+    (void)fn;
+    (void)arg;
+    return TW_EINVAL;
+#endif
+}
+
+bool tbd_store_pending_inline(struct tbd_store *s)
+{
+    return s->inline_writes && s->q_head != NULL;
+}
+
+struct tbd_write *tbd_store_run_inline(struct tbd_store *s)
+{
+    struct tbd_write *head = s->q_head;
+    s->q_head = s->q_tail = NULL;
+    if (head) {
+        write_batch(s, head);
+        size_t n = 0;
+        for (struct tbd_write *w = head; w; w = w->next)
+            n++;
+        s->written += n;
+        s->batches++;
+    }
+    return head;
+}
+
+void tbd_store_submit(struct tbd_store *s, struct tbd_write *w)
+{
+    w->next = NULL;
+    pthread_mutex_lock(&s->mu);
+    if (s->q_tail)
+        s->q_tail->next = w;
+    else
+        s->q_head = w;
+    s->q_tail = w;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int tbd_store_fd(const struct tbd_store *s)
+{
+    return s->efd;
+}
+
+struct tbd_write *tbd_store_take(struct tbd_store *s)
+{
+    uint64_t v;
+    ssize_t r = read(s->efd, &v, sizeof(v));
+    (void)r; /* EAGAIN when already drained: nothing to do */
+    pthread_mutex_lock(&s->mu);
+    struct tbd_write *h = s->done_head;
+    s->done_head = s->done_tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    return h;
+}
+
+void tbd_store_counts(struct tbd_store *s, uint64_t *written, uint64_t *batches,
+                      uint64_t *journal_bytes)
+{
+    pthread_mutex_lock(&s->mu);
+    *written = s->written;
+    *batches = s->batches;
+    pthread_mutex_unlock(&s->mu);
+    tw_durable_stats st;
+    *journal_bytes = 0;
+    if (tw_durable_stats_get(s->d, &st) == 0)
+        *journal_bytes = st.journal_bytes;
+}
+
+void tbd_store_close(struct tbd_store *s)
+{
+    if (!s)
+        return;
+    if (s->inline_writes) {
+        /* Whatever is still queued: written, its replies never sent. */
+        for (struct tbd_write *w = tbd_store_run_inline(s), *nx; w; w = nx) {
+            nx = w->next;
+            free(w->payload);
+            free(w);
+        }
+    } else {
+        pthread_mutex_lock(&s->mu);
+        s->stop = true;
+        pthread_cond_signal(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    tw_durable_close(s->d);
+    close(s->efd);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}

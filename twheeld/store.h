@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * store.h - twheeld's jobs in twheel's durable store (see store.c).
+ */
+#ifndef TWHEELD_STORE_H
+#define TWHEELD_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct tbd_store;
+
+#define TBD_W_SCHED 1  /* write key := payload */
+#define TBD_W_CANCEL 2 /* remove key */
+
+/* One write, queued by the event loop and handed back once it is done. */
+struct tbd_write {
+    struct tbd_write *next;
+    int kind;     /* TBD_W_* */
+    int result;   /* out: 0 or a TW_E* code */
+    char key[24]; /* "j<id>" or "m" */
+    size_t key_len;
+    void *payload; /* malloc'd, freed by the owner */
+    size_t payload_len;
+    void *owner;  /* the event loop's: who waits for it */
+    uint64_t tag; /* the event loop's */
+};
+
+/*
+ * tbd_store_open - open the journal in @dir. @fsync_ms: 0 = fdatasync
+ * before each acknowledgement (group commit), > 0 = at most that many ms
+ * between a write and its fdatasync, < 0 = never. Returns 0 or a TW_E*
+ * code with a message in @err.
+ */
+int tbd_store_open(struct tbd_store **out, const char *dir, int fsync_ms,
+                   char *err, size_t err_len);
+
+/*
+ * tbd_store_recover - call @fn once for every key the store holds, with
+ * its payload. Returns the number of keys, or a negative TW_E* code
+ * (TW_EINVAL when this library cannot list its keys).
+ */
+long tbd_store_recover(struct tbd_store *s,
+                       void (*fn)(void *arg, const char *key, size_t key_len,
+                                  const void *p, size_t n),
+                       void *arg);
+
+/* True when writes run on the event loop (-f MS > 0, -F) and some wait. */
+bool tbd_store_pending_inline(struct tbd_store *s);
+
+/* Inline mode: write everything queued, now, on this thread; returns the
+ * completed writes, oldest first. */
+struct tbd_write *tbd_store_run_inline(struct tbd_store *s);
+
+/* Queue @w (event loop thread). Its completion comes back in order. */
+void tbd_store_submit(struct tbd_store *s, struct tbd_write *w);
+
+/* An eventfd that becomes readable when completions are waiting. */
+int tbd_store_fd(const struct tbd_store *s);
+
+/* Take the completed writes, oldest first (event loop thread). */
+struct tbd_write *tbd_store_take(struct tbd_store *s);
+
+/* Counters for stats: records written, batches, journal bytes. */
+void tbd_store_counts(struct tbd_store *s, uint64_t *written, uint64_t *batches,
+                      uint64_t *journal_bytes);
+
+/* Stop the writer after the queued writes and close the store. */
+void tbd_store_close(struct tbd_store *s);
+
+#endif
