@@ -11,7 +11,8 @@
  *       on failure, that errbuf holds every want=TEXT and none of the
  *       secret=TEXT. On success a timer is scheduled, replaced, fires
  *       once with the new payload; a keep=KEY timer is left pending (due
- *       in an hour) for the script to find in Redis.
+ *       in an hour) for the script to find in Redis; another is looked up,
+ *       listed and cancelled, and the stats read.
  *   test_redis_prod wait-fresh ADDRESS KILL
  *       the client: a WAIT that would be the first command of a new
  *       connection (the one that carried the writes was killed by the
@@ -124,6 +125,25 @@ static void flow(tw_durable *d)
         ASSERT_EQ(tw_durable_schedule(d, keep, strlen(keep),
                                       wall_ms() + 3600 * 1000, "kept", 4),
                   0);
+    /* The operator's calls too (the smallest ACL must cover them): look
+     * up, list, stats, cancel of a pending key. */
+    int64_t far = wall_ms() + 7200 * 1000;
+    ASSERT_EQ(tw_durable_schedule(d, "k2", 2, far, "later", 5), 0);
+    tw_durable_info info;
+    char buf[16];
+    ASSERT_EQ(tw_durable_get(d, "k2", 2, &info, buf, sizeof buf), 0);
+    ASSERT_EQ(info.due_ms, far);
+    ASSERT_EQ(info.payload_len, 5);
+    tw_durable_cursor cur = TW_DURABLE_CURSOR_INIT;
+    tw_durable_entry e[4];
+    char keys[TW_DURABLE_KEY_MAX];
+    ASSERT_EQ(tw_durable_list(d, far, far + 1, &cur, e, 4, keys, sizeof keys),
+              1);
+    ASSERT_EQ(e[0].key_len, 2);
+    tw_durable_stats st;
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT(st.pending >= 1);
+    ASSERT_EQ(tw_durable_cancel(d, "k2", 2), 0);
 }
 
 static int open_main(int argc, char **argv)
