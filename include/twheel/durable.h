@@ -316,6 +316,8 @@ TW_EXTERN int tw_durable_stats_get_sized(tw_durable *d, tw_durable_stats *out,
 /* tw_durable_stats_get - tw_durable_stats_get_sized() for this header's
  * struct (the plain name is the macro below). */
 TW_EXTERN int tw_durable_stats_get(tw_durable *d, tw_durable_stats *out);
+/* tw_durable_stats_get() as a call of the sized form with this header's
+ * size. */
 #define tw_durable_stats_get(d, out)                                           \
     tw_durable_stats_get_sized((d), (out), sizeof(tw_durable_stats))
 
@@ -330,8 +332,8 @@ TW_EXTERN int tw_durable_stats_get(tw_durable *d, tw_durable_stats *out);
  * its callback is running). A timer whose callback asked for a retry is
  * WAITING again, with its new due time.
  */
-#define TW_DURABLE_WAITING 1u
-#define TW_DURABLE_DUE 2u
+#define TW_DURABLE_WAITING 1u /* its due time has not come */
+#define TW_DURABLE_DUE 2u     /* due: queued, claimed or running */
 
 /* What tw_durable_get() tells of one timer. */
 typedef struct tw_durable_info {
@@ -377,6 +379,7 @@ typedef struct tw_durable_cursor {
     uint32_t done;    /* set once a call reached the end of its range */
     unsigned char key[TW_DURABLE_KEY_MAX]; /* of the last entry returned */
 } tw_durable_cursor;
+/* A cursor at the start of a listing (all zero). */
 #define TW_DURABLE_CURSOR_INIT                                                 \
     {                                                                          \
         0, 0, 0,                                                               \
@@ -387,12 +390,12 @@ typedef struct tw_durable_cursor {
 
 /* One timer of a listing. */
 typedef struct tw_durable_entry {
-    const void *key; /* into the caller's key buffer */
-    size_t key_len;  /* bytes of key */
-    int64_t due_ms;  /* the time the store will deliver it at (Unix ms; a
-                        due time before 1970 lists as 0) */
-    uint32_t state;  /* TW_DURABLE_WAITING or TW_DURABLE_DUE */
-    uint32_t reserved;
+    const void *key;   /* into the caller's key buffer */
+    size_t key_len;    /* bytes of key */
+    int64_t due_ms;    /* the time the store will deliver it at (Unix ms; a
+                          due time before 1970 lists as 0) */
+    uint32_t state;    /* TW_DURABLE_WAITING or TW_DURABLE_DUE */
+    uint32_t reserved; /* zero */
 } tw_durable_entry;
 
 /*
