@@ -78,15 +78,19 @@ static void check_walk(tw__dx *x, uint64_t t, const char *k, int after,
     }
 }
 
-int main(void)
+/* Usage: test_durable_index [OPS] (default 40,000 random operations; the
+ * valgrind stage runs fewer). */
+int main(int argc, char **argv)
 {
+    int ops = argc > 1 ? atoi(argv[1]) : 40000;
+    ASSERT(ops > 0);
     srand(12345);
     for (int i = 0; i < KEYS; i++) /* bytes above 0x7f sort last */
         snprintf(keys[i], sizeof keys[i], "%c%04d", i % 3 ? 'k' : 0xe9, i);
     tw__dx *x = tw__dx_new(key_fn, NULL, 42);
     ASSERT_NOT_NULL(x);
     size_t count = 0;
-    for (int op = 0; op < 40000; op++) {
+    for (int op = 0; op < ops; op++) {
         int i = rand() % KEYS;
         int r = rand() % 10;
         if (r < 5) {

@@ -5,7 +5,9 @@
 # hook); any memcheck error or any byte lost or still reachable fails the
 # test. test_wheel_diff (10^6 random operations per configuration, minutes
 # under valgrind's ~30-50x slowdown) is excluded from the CTest run and run
-# here with 20,000 operations per configuration instead. idle_server is
+# here with 20,000 operations per configuration instead, and the journal
+# index's model tests (45 s each under valgrind) with 4,000 of their
+# 40,000 operations. idle_server is
 # excluded too: it is a shell script that loads a real server for seconds,
 # and CTest's emulator hook only wraps executables it builds. Tests run one
 # at a time: valgrind runs a process's threads on one core, and the
@@ -15,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dir=${1:-build/ci-valgrind}
-exclude='^(test_wheel_diff|idle_server)$'
+exclude='^(test_wheel_diff|test_durable_index|test_durable_index_deep|idle_server)$'
 vg="valgrind;--tool=memcheck;--error-exitcode=99;--leak-check=full"
 vg+=";--show-leak-kinds=all;--errors-for-leak-kinds=all;--num-callers=30"
 vg+=";--fair-sched=yes"
@@ -31,3 +33,7 @@ vgargs=()
 IFS=';' read -r -a vgargs <<<"$vg"
 "${vgargs[@]}" "$dir/tests/test_wheel_diff" 20000
 echo "valgrind: test_wheel_diff ran with 20000 operations per configuration"
+for t in test_durable_index test_durable_index_deep; do
+  "${vgargs[@]}" "$dir/tests/$t" 4000
+done
+echo "valgrind: test_durable_index(_deep) ran with 4000 operations each"
