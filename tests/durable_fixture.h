@@ -80,6 +80,23 @@ static inline tw_durable *df_open(const tw_durable_config *c)
     return d;
 }
 
+/* Schedule @n timers far in the future, keys printf(@key_fmt, i), each
+ * with a payload of @payload_len (<= 1024) bytes of @fill. */
+static inline void df_fill(tw_durable *d, const char *key_fmt, int n, char fill,
+                           size_t payload_len)
+{
+    char pay[1024];
+    ASSERT(payload_len <= sizeof pay);
+    memset(pay, fill, payload_len);
+    for (int i = 0; i < n; i++) {
+        char k[32];
+        int kl = snprintf(k, sizeof k, key_fmt, i);
+        ASSERT_EQ(tw_durable_schedule(d, k, (size_t)kl, INT64_MAX / 2, pay,
+                                      payload_len),
+                  0);
+    }
+}
+
 static inline uint64_t df_pending(tw_durable *d)
 {
     tw_durable_stats st;

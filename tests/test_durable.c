@@ -705,15 +705,7 @@ static void test_old_segment_damage(void)
     tw_durable_config c = base_cfg(dir);
     c.segment_bytes = 4096;
     tw_durable *d = df_open(&c);
-    char pay[300];
-    memset(pay, 'q', sizeof pay);
-    for (int i = 0; i < 40; i++) {
-        char k[16];
-        snprintf(k, sizeof k, "s%02d", i);
-        ASSERT_EQ(tw_durable_schedule(d, k, strlen(k), INT64_MAX / 2, pay,
-                                      sizeof pay),
-                  0);
-    }
+    df_fill(d, "s%02d", 40, 'q', 300);
     tw_durable_stats st = stats(d);
     ASSERT_GE(st.segments, 3);
     ASSERT_EQ(tw_durable_close(d), 0);

@@ -139,15 +139,7 @@ static tw_durable *forty(const char *dir)
     tw_durable_config c = df_cfg(dir, fire_none);
     c.segment_bytes = 4096;
     tw_durable *d = df_open(&c);
-    char pay[300];
-    memset(pay, 'q', sizeof pay);
-    for (int i = 0; i < 40; i++) {
-        char k[16];
-        int kl = snprintf(k, sizeof k, "s%02d", i);
-        ASSERT_EQ(tw_durable_schedule(d, k, (size_t)kl, INT64_MAX / 2, pay,
-                                      sizeof pay),
-                  0);
-    }
+    df_fill(d, "s%02d", 40, 'q', 300);
     return d;
 }
 
@@ -434,15 +426,7 @@ static void test_small_footprint(void)
     ASSERT_LE(st.st_size, 65536);
     ASSERT_LE((uint64_t)st.st_blocks * 512, 65536 + 8192);
     d = df_open(&c);
-    char pay[100];
-    memset(pay, 'p', sizeof pay);
-    for (int i = 0; i < 3000; i++) {
-        char k[16];
-        int kl = snprintf(k, sizeof k, "f%d", i);
-        ASSERT_EQ(tw_durable_schedule(d, k, (size_t)kl, INT64_MAX / 2, pay,
-                                      sizeof pay),
-                  0);
-    }
+    df_fill(d, "f%d", 3000, 'p', 100);
     tw_durable_stats ds;
     ASSERT_EQ(tw_durable_stats_get(d, &ds), 0);
     ASSERT_EQ(tw_durable_close(d), 0);
