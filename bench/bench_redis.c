@@ -13,7 +13,17 @@
  *   bench_redis poll SEEDS REDIS_PID N WINDOW_MS INTERVAL_MS
  *       the common approach: ZADD+HSET per timer (one Lua call, pipelined),
  *       and a poller that runs a Lua ZRANGEBYSCORE+ZREM+HDEL every
- *       INTERVAL_MS; lateness and Redis CPU the same way.
+ *       INTERVAL_MS; lateness and Redis CPU the same way. It deletes the
+ *       due timers before any callback runs: a poller that dies, or loses
+ *       the reply, drops them, and nothing fences a stale poller.
+ *   bench_redis lpoll SEEDS REDIS_PID N WINDOW_MS INTERVAL_MS
+ *       the same poller with the guarantees twheel gives (minus its
+ *       precision): each poll moves the due timers into an active set
+ *       with a lease (score: the lease's end) and a token per timer, and
+ *       gives back the leases that ran out; after the callbacks, one
+ *       completion script per batch removes each timer whose token is
+ *       still the one it was claimed with. The anchor for twheel's Redis
+ *       CPU per fired timer.
  */
 #define _GNU_SOURCE
 
@@ -460,6 +470,149 @@ static void poll_mode(const char *seeds, int pid, int n, int window_ms,
     free(due);
 }
 
+/* The lease-poller. KEYS: z (due), h (payloads), a (active: key -> lease
+ * end), t (key -> token), c (the last token). ARGV: now lease max. */
+static const char lpoll_script[] =
+    "local now,lease,max=tonumber(ARGV[1]),tonumber(ARGV[2]),ARGV[3]\n"
+    "local ex=redis.call('ZRANGEBYSCORE',KEYS[3],'-inf',now,'LIMIT',0,max)\n"
+    "if #ex>0 then\n"
+    " local z={}\n"
+    " for i=1,#ex do z[2*i-1]=now; z[2*i]=ex[i] end\n"
+    " redis.call('ZREM',KEYS[3],unpack(ex))\n"
+    " redis.call('ZADD',KEYS[1],unpack(z))\n"
+    "end\n"
+    "local ks=redis.call('ZRANGEBYSCORE',KEYS[1],'-inf',now,'LIMIT',0,max)\n"
+    "if #ks==0 then return {} end\n"
+    "local t=tonumber(redis.call('INCRBY',KEYS[5],#ks))-#ks\n"
+    "local za,th,out={},{},{}\n"
+    "local ps=redis.call('HMGET',KEYS[2],unpack(ks))\n"
+    "for i=1,#ks do\n"
+    " za[2*i-1]=now+lease; za[2*i]=ks[i]\n"
+    " th[2*i-1]=ks[i]; th[2*i]=t+i\n"
+    " out[3*i-2]=ks[i]; out[3*i-1]=t+i; out[3*i]=ps[i]\n"
+    "end\n"
+    "redis.call('ZREM',KEYS[1],unpack(ks))\n"
+    "redis.call('ZADD',KEYS[3],unpack(za))\n"
+    "redis.call('HSET',KEYS[4],unpack(th))\n"
+    "return out\n";
+/* ARGV: n, n keys, n tokens: a key is done when its token is still the
+ * one it was claimed with. */
+static const char ldone_script[] =
+    "local n=tonumber(ARGV[1])\n"
+    "local cur=redis.call('HMGET',KEYS[4],unpack(ARGV,2,1+n))\n"
+    "local fin={}\n"
+    "for i=1,n do\n"
+    " if cur[i]==ARGV[1+n+i] then fin[#fin+1]=ARGV[1+i] end\n"
+    "end\n"
+    "if #fin==0 then return 0 end\n"
+    "redis.call('ZREM',KEYS[3],unpack(fin))\n"
+    "redis.call('HDEL',KEYS[2],unpack(fin))\n"
+    "redis.call('HDEL',KEYS[4],unpack(fin))\n"
+    "return #fin\n";
+
+static void lpoll_mode(const char *seeds, int pid, int n, int window_ms,
+                       int interval_ms)
+{
+    char host[64];
+    int port;
+    if (sscanf(seeds, "%63[^:]:%d", host, &port) != 2)
+        exit(2);
+    redisContext *c = redisConnect(host, port);
+    if (!c || c->err)
+        exit(1);
+    late = calloc((size_t)n, sizeof *late);
+    int64_t *due = calloc((size_t)n, sizeof *due);
+    const char **av = calloc(2 * 1000 + 8, sizeof *av);
+    size_t *al = calloc(2 * 1000 + 8, sizeof *al);
+    char(*num)[24] = calloc(1000 + 1, sizeof *num);
+    if (!late || !due || !av || !al || !num)
+        exit(1);
+    int64_t start_ms = now_us() / 1000 + 3000 + n / 20;
+    struct cpu c0 = cpu_now(pid);
+    char sha[3][41];
+    const char *src[3] = {add_script, lpoll_script, ldone_script};
+    for (int i = 0; i < 3; i++) {
+        redisReply *r = redisCommand(c, "SCRIPT LOAD %s", src[i]);
+        if (!r || r->type != REDIS_REPLY_STRING)
+            exit(1);
+        memcpy(sha[i], r->str, 41);
+        freeReplyObject(r);
+    }
+    for (int i = 0; i < n; i += 1000) {
+        int m = n - i < 1000 ? n - i : 1000;
+        for (int j = i; j < i + m; j++) {
+            due[j] = start_ms + (int64_t)j * window_ms / n;
+            redisAppendCommand(c, "EVALSHA %s 2 lp:z lp:h %lld f%d %s", sha[0],
+                               (long long)due[j], j,
+                               "payload-32-bytes-..............");
+        }
+        for (int j = 0; j < m; j++) {
+            void *rep;
+            if (redisGetReply(c, &rep) != REDIS_OK)
+                exit(1);
+            freeReplyObject(rep);
+        }
+    }
+    struct cpu c1 = cpu_now(pid);
+    int64_t end = (start_ms + window_ms + 5000) * 1000;
+    int64_t next = now_us();
+    while (nlate < (size_t)n && now_us() < end) {
+        sleep_us(next - now_us());
+        next += (int64_t)interval_ms * 1000;
+        for (;;) {
+            redisReply *r = redisCommand(
+                c, "EVALSHA %s 5 lp:z lp:h lp:a lp:t lp:c %lld 30000 1000",
+                sha[1], (long long)(now_us() / 1000));
+            if (!r || r->type != REDIS_REPLY_ARRAY)
+                exit(1);
+            size_t got = r->elements / 3;
+            /* The callbacks: the lateness of each, then one completion. */
+            av[0] = "EVALSHA";
+            av[1] = sha[2];
+            av[2] = "5";
+            const char *kn[5] = {"lp:z", "lp:h", "lp:a", "lp:t", "lp:c"};
+            for (int k = 0; k < 5; k++)
+                av[3 + k] = kn[k];
+            av[8] = num[1000];
+            for (int k = 0; k < 8; k++)
+                al[k] = strlen(av[k]);
+            al[8] = (size_t)snprintf(num[1000], 24, "%zu", got);
+            int64_t t = now_us();
+            for (size_t i = 0; i < got; i++) {
+                redisReply *k = r->element[3 * i];
+                int id = atoi(k->str + 1);
+                late[nlate++] = t - due[id] * 1000;
+                av[9 + i] = k->str;
+                al[9 + i] = k->len;
+                av[9 + got + i] = num[i];
+                al[9 + got + i] =
+                    (size_t)snprintf(num[i], 24, "%lld",
+                                     r->element[3 * i + 1]->integer);
+            }
+            if (got) {
+                redisReply *dr = redisCommandArgv(c, (int)(9 + 2 * got), av,
+                                                  al);
+                if (!dr || dr->type != REDIS_REPLY_INTEGER ||
+                    dr->integer != (long long)got)
+                    exit(1);
+                freeReplyObject(dr);
+            }
+            freeReplyObject(r);
+            if (got < 1000)
+                break;
+        }
+    }
+    struct cpu c2 = cpu_now(pid);
+    redisFree(c);
+    char name[32];
+    snprintf(name, sizeof name, "lpoll %d ms", interval_ms);
+    report_late(name, late, nlate, (size_t)n, c0, c1, c2);
+    free(due);
+    free(av);
+    free(al);
+    free(num);
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -470,12 +623,17 @@ int main(int argc, char **argv)
     else if (argc >= 7 && !strcmp(argv[1], "poll"))
         poll_mode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
                   atoi(argv[6]));
+    else if (argc >= 7 && !strcmp(argv[1], "lpoll"))
+        lpoll_mode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
+                   atoi(argv[6]));
     else {
         int help = argc == 2 && strcmp(argv[1], "--help") == 0;
         fprintf(help ? stdout : stderr,
                 "usage: bench_redis sched SEEDS NODES THREADS N\n"
                 "       bench_redis fire SEEDS REDIS_PID N WINDOW_MS\n"
                 "       bench_redis poll SEEDS REDIS_PID N WINDOW_MS "
+                "INTERVAL_MS\n"
+                "       bench_redis lpoll SEEDS REDIS_PID N WINDOW_MS "
                 "INTERVAL_MS\n"
                 "(bench/bench_redis.c says what each mode measures)\n");
         return help ? 0 : 2;

@@ -7,7 +7,9 @@
 # missing). TIMERS (default 20000) and WINDOW_MS (10000) size the firing
 # runs; SCHED_N (default 100000 per node) the schedule runs; REPS (default
 # 3) runs of each schedule and firing figure, of which the median is
-# printed (by schedules/s, resp. Redis CPU total).
+# printed (by schedules/s, resp. Redis CPU total). FIRE_ONLY=1: only the
+# firing runs (twheel, the lease-poller and the bare poller, 100 ms), at
+# TIMERS over WINDOW_MS; SHARDS and OWNER_LEASE_MS are passed to twheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/bench-redis}
@@ -58,6 +60,12 @@ median() {
   done
   printf '%s\n' "${out[@]}" | sort -k"$field","$field"g | sed -n "$(((reps + 1) / 2))p"
 }
+if [ -n "${FIRE_ONLY:-}" ]; then
+  median 25 env LOAD_BATCH=500 "$bin" fire "$seeds" "$pid" "$timers" "$window"
+  median 25 "$bin" lpoll "$seeds" "$pid" "$timers" "$window" 100
+  median 25 "$bin" poll "$seeds" "$pid" "$timers" "$window" 100
+  exit 0
+fi
 # Schedules: one call per timer from 64 threads, then batches of 4096
 # (tw_durable_schedule_many) from 2 threads; one node, then two.
 median 9 "$bin" sched "$seeds" 1 64 "$sched_n"
@@ -74,6 +82,7 @@ redis-cli -p "$port" flushall >/dev/null
 # tw_durable_schedule_many (500 per call), then the pollers.
 median 25 "$bin" fire "$seeds" "$pid" "$timers" "$window"
 median 25 env LOAD_BATCH=500 "$bin" fire "$seeds" "$pid" "$timers" "$window"
+median 25 "$bin" lpoll "$seeds" "$pid" "$timers" "$window" 100
 median 25 "$bin" poll "$seeds" "$pid" "$timers" "$window" 100
 median 25 "$bin" poll "$seeds" "$pid" "$timers" "$window" 1000
 
