@@ -16,6 +16,12 @@
  *       INTERVAL_MS; lateness and Redis CPU the same way. It deletes the
  *       due timers before any callback runs: a poller that dies, or loses
  *       the reply, drops them, and nothing fences a stale poller.
+ *   bench_redis idle SEEDS REDIS_PID NODES SECONDS
+ *       NODES twheel node processes on one namespace with nothing due
+ *       (SHARDS shards, default 1024): Redis CPU per second of their
+ *       claims (and ownership rounds), measured over SECONDS.
+ * OWNER_LEASE_MS=L (fire, idle): twheel with fenced shard ownership, a
+ * shard lease of L ms (cfg.redis_shard_lease_ms).
  *   bench_redis lpoll SEEDS REDIS_PID N WINDOW_MS INTERVAL_MS
  *       the same poller with the guarantees twheel gives (minus its
  *       precision): each poll moves the due timers into an active set
@@ -352,6 +358,12 @@ static void *load_main(void *arg)
     return NULL;
 }
 
+static uint32_t owner_lease(void)
+{
+    const char *e = getenv("OWNER_LEASE_MS");
+    return e ? (uint32_t)atoi(e) : 0;
+}
+
 static void fire_mode(const char *seeds, int pid, int n, int window_ms)
 {
     late = calloc((size_t)n, sizeof *late);
@@ -362,6 +374,7 @@ static void fire_mode(const char *seeds, int pid, int n, int window_ms)
     cfg.redis_namespace = "fire";
     cfg.fire = late_fire;
     cfg.shards = getenv("SHARDS") ? (uint32_t)atoi(getenv("SHARDS")) : 0;
+    cfg.redis_shard_lease_ms = owner_lease();
     tw_durable *d;
     if (tw_durable_open(&d, &cfg))
         exit(1);
@@ -385,8 +398,9 @@ static void fire_mode(const char *seeds, int pid, int n, int window_ms)
     tw_durable_close(d);
     size_t got = nlate < nlate_max ? nlate : nlate_max;
     char name[32];
-    snprintf(name, sizeof name, "twheel %ush b%d", cfg.shards ? cfg.shards : 64,
-             batch);
+    snprintf(name, sizeof name, "twheel%s %ush b%d",
+             cfg.redis_shard_lease_ms ? " own" : "",
+             cfg.shards ? cfg.shards : 64, batch);
     report_late(name, late, got, (size_t)n, c0, c1, c2);
 }
 
@@ -585,13 +599,12 @@ static void lpoll_mode(const char *seeds, int pid, int n, int window_ms,
                 av[9 + i] = k->str;
                 al[9 + i] = k->len;
                 av[9 + got + i] = num[i];
-                al[9 + got + i] =
-                    (size_t)snprintf(num[i], 24, "%lld",
-                                     r->element[3 * i + 1]->integer);
+                al[9 + got + i] = (size_t)snprintf(
+                    num[i], 24, "%lld", r->element[3 * i + 1]->integer);
             }
             if (got) {
-                redisReply *dr = redisCommandArgv(c, (int)(9 + 2 * got), av,
-                                                  al);
+                redisReply *dr =
+                    redisCommandArgv(c, (int)(9 + 2 * got), av, al);
                 if (!dr || dr->type != REDIS_REPLY_INTEGER ||
                     dr->integer != (long long)got)
                     exit(1);
@@ -613,6 +626,49 @@ static void lpoll_mode(const char *seeds, int pid, int n, int window_ms,
     free(num);
 }
 
+static void idle_mode(const char *seeds, int pid, int nodes, int secs)
+{
+    int go[2];
+    if (pipe(go))
+        exit(1);
+    fflush(NULL);
+    pid_t kids[64];
+    for (int i = 0; i < nodes && i < 64; i++) {
+        kids[i] = fork();
+        if (kids[i] == 0) {
+            close(go[1]);
+            tw_durable_config cfg;
+            memset(&cfg, 0, sizeof cfg);
+            cfg.redis = seeds;
+            cfg.redis_namespace = "idle";
+            cfg.fire = nop_fire;
+            cfg.shards =
+                getenv("SHARDS") ? (uint32_t)atoi(getenv("SHARDS")) : 1024;
+            cfg.redis_shard_lease_ms = owner_lease();
+            tw_durable *d;
+            if (tw_durable_open(&d, &cfg))
+                _exit(1);
+            char c;
+            while (read(go[0], &c, 1) > 0) /* until the parent closes it */
+                ;
+            tw_durable_close(d);
+            _exit(0);
+        }
+    }
+    close(go[0]);
+    sleep_us(3000000); /* every node open, ownership settled */
+    double r0 = cpu_ms(pid);
+    sleep_us((int64_t)secs * 1000000);
+    double r1 = cpu_ms(pid);
+    close(go[1]);
+    while (wait(NULL) > 0)
+        ;
+    printf("idle%-4s %d nodes, %s shards: redis cpu %.1f ms/s\n",
+           owner_lease() ? " own" : "", nodes,
+           getenv("SHARDS") ? getenv("SHARDS") : "1024",
+           (r1 - r0) / (double)secs);
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -623,6 +679,8 @@ int main(int argc, char **argv)
     else if (argc >= 7 && !strcmp(argv[1], "poll"))
         poll_mode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
                   atoi(argv[6]));
+    else if (argc >= 6 && !strcmp(argv[1], "idle"))
+        idle_mode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
     else if (argc >= 7 && !strcmp(argv[1], "lpoll"))
         lpoll_mode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
                    atoi(argv[6]));
@@ -633,6 +691,7 @@ int main(int argc, char **argv)
                 "       bench_redis fire SEEDS REDIS_PID N WINDOW_MS\n"
                 "       bench_redis poll SEEDS REDIS_PID N WINDOW_MS "
                 "INTERVAL_MS\n"
+                "       bench_redis idle SEEDS REDIS_PID NODES SECONDS\n"
                 "       bench_redis lpoll SEEDS REDIS_PID N WINDOW_MS "
                 "INTERVAL_MS\n"
                 "(bench/bench_redis.c says what each mode measures)\n");

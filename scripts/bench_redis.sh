@@ -8,8 +8,10 @@
 # runs; SCHED_N (default 100000 per node) the schedule runs; REPS (default
 # 3) runs of each schedule and firing figure, of which the median is
 # printed (by schedules/s, resp. Redis CPU total). FIRE_ONLY=1: only the
-# firing runs (twheel, the lease-poller and the bare poller, 100 ms), at
-# TIMERS over WINDOW_MS; SHARDS and OWNER_LEASE_MS are passed to twheel.
+# firing runs (twheel, twheel with shard ownership (a 5 s shard lease),
+# the lease-poller and the bare poller, 100 ms), at TIMERS over WINDOW_MS
+# (SHARDS: twheel's shards). IDLE_ONLY=1: only Redis's CPU with nothing
+# due, 1024 shards, 1 and 4 nodes, without and with ownership.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/bench-redis}
@@ -60,8 +62,16 @@ median() {
   done
   printf '%s\n' "${out[@]}" | sort -k"$field","$field"g | sed -n "$(((reps + 1) / 2))p"
 }
+if [ -n "${IDLE_ONLY:-}" ]; then
+  for n in 1 4; do
+    median 8 "$bin" idle "$seeds" "$pid" "$n" 10
+    median 9 env OWNER_LEASE_MS=5000 "$bin" idle "$seeds" "$pid" "$n" 10
+  done
+  exit 0
+fi
 if [ -n "${FIRE_ONLY:-}" ]; then
   median 25 env LOAD_BATCH=500 "$bin" fire "$seeds" "$pid" "$timers" "$window"
+  median 26 env LOAD_BATCH=500 OWNER_LEASE_MS=5000 "$bin" fire "$seeds" "$pid" "$timers" "$window"
   median 25 "$bin" lpoll "$seeds" "$pid" "$timers" "$window" 100
   median 25 "$bin" poll "$seeds" "$pid" "$timers" "$window" 100
   exit 0

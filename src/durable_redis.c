@@ -118,6 +118,7 @@
 #include "durable_backend.h"
 #include "internal.h"
 #include "redis_client.h"
+#include "redis_owner.h"
 
 #define NKEYS 5
 #define CLAIM_MAX 1000
@@ -163,7 +164,7 @@ enum { CHK_VER = -1, CHK_SCORE = -2 }; /* the plain commands of a check */
  * run M once more. M reads before it writes, so a failed first run wrote
  * nothing that a second run would do twice (SCHED's HSET, at most). */
 #define PRELUDE                                                                \
-    "local D,P,S,V,Q=KEYS[1],KEYS[2],KEYS[3],KEYS[4],KEYS[5]\n"                \
+    FENCE "local D,P,S,V,Q=KEYS[1],KEYS[2],KEYS[3],KEYS[4],KEYS[5]\n"          \
     "local function q(f,x) redis.call('HSET',Q,f,x) end\n"                     \
     /* A value of :p: due, attempt, #due, #attempt; nil if it is not    */     \
     /* "-?digits,digits," within int64 and uint32 (as parse_val reads) */      \
@@ -219,6 +220,15 @@ enum { CHK_VER = -1, CHK_SCORE = -2 }; /* the plain commands of a check */
     "end\n"                                                                    \
     "if any then return M() end\n"                                             \
     "error(r)\n"
+
+/* A script given a sixth key, the shard's ownership record :o, takes a
+ * fence as an extra first argument and does nothing (error FENCED) unless
+ * :o still holds it (src/redis_owner.c): a node that lost the shard is
+ * refused. */
+#define FENCE                                                                  \
+    "if #KEYS>5 and redis.call('GET',KEYS[6])~=table.remove(ARGV,1) then\n"    \
+    " return redis.error_reply('FENCED')\n"                                    \
+    "end\n"
 
 static const char *const scripts[S_COUNT] = {
     /* SCHED ARGV: claim_until now lease, then (key due value)... where
@@ -460,6 +470,9 @@ struct rtimer {
     uint64_t ver;    /* :v of its shard when it was last known to be ours */
     bool full;       /* :v moved since: the next check reads its score */
     uint64_t chk_at; /* real monotonic ms: its last check was sent then */
+    uint64_t epoch;  /* the shard's epoch when its owner claimed it, or 0 */
+    uint64_t dl;     /* real monotonic ms: never fired from then on (its
+                        claim may have run out); 0 = no such limit */
     size_t key_len, payload_len;
     char data[];
 };
@@ -493,6 +506,7 @@ struct shard_keys {
 struct rd {
     struct tw_durable base;
     tw__rc *rc;
+    tw__own *own; /* shard ownership (cfg.redis_shard_lease_ms), or NULL */
     uint32_t shards, horizon_ms, lease_ms, wait_replicas, wait_timeout_ms;
     tw_durable_fire_fn fire;
     void *fire_arg;
@@ -587,6 +601,8 @@ struct call {
     char num[6][24];
     int argc, nnum, script;
     uint32_t shard;
+    char fence[TW__OWN_FENCE_MAX]; /* call_fence */
+    uint64_t epoch;
 };
 
 /* A script call's first 3 + NKEYS arguments: EVALSHA, the digest, NKEYS
@@ -619,6 +635,20 @@ static void call_arg(struct call *c, const void *p, size_t n)
 {
     c->argv[c->argc] = n ? p : "";
     c->len[c->argc++] = n;
+}
+
+/* Fence @c (right after call_init) by its shard's ownership record: false
+ * when the shard is not this node's (see FENCE). */
+static bool call_fence(struct rd *d, struct call *c)
+{
+    size_t fl, kl;
+    if (!tw__own_fence(d->own, c->shard, c->fence, &fl, &c->epoch))
+        return false;
+    const char *key = tw__own_key(d->own, c->shard, &kl);
+    c->argv[2] = "6";
+    call_arg(c, key, kl);
+    call_arg(c, c->fence, fl);
+    return true;
 }
 
 static void call_num(struct call *c, long long v)
@@ -785,6 +815,8 @@ static struct rtimer *rt_new(struct rd *d, uint32_t shard, const void *key,
     r->token = token;
     r->ver = 0;
     r->full = false;
+    r->epoch = 0;
+    r->dl = 0;
     r->key_len = key_len;
     r->payload_len = payload_len;
     memcpy(r->data, key, key_len);
@@ -898,14 +930,22 @@ static bool claim_group(struct rd *d, struct grp *g)
         if (&d->grp[d->grp_of[s]] == g)
             calls[n++].shard = s;
     pthread_mutex_unlock(&d->mu);
+    size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t s = calls[i].shard;
-        call_init(d, &calls[i], S_CLAIM, s);
-        call_num(&calls[i], now);
-        call_num(&calls[i], sat_add(now, d->horizon_ms));
-        call_num(&calls[i], d->lease_ms);
-        call_num(&calls[i], CLAIM_MAX);
+        calls[m].shard = s;
+        call_init(d, &calls[m], S_CLAIM, s);
+        calls[m].epoch = 0;
+        if (d->own && !call_fence(d, &calls[m]))
+            continue; /* not this node's shard */
+        struct call *c = &calls[m++];
+        call_num(c, now);
+        call_num(c, sat_add(now, d->horizon_ms));
+        call_num(c, d->lease_ms);
+        call_num(c, CLAIM_MAX);
     }
+    n = m;
+    uint64_t sent = real_mono_ms();
     run_calls(d, calls, cmds, n);
     int64_t wall = rd_wall(d);
     uint64_t mono = rd_mono_ms(d);
@@ -930,6 +970,11 @@ static bool claim_group(struct rd *d, struct grp *g)
             if (!t) /* the lease expires and the timer comes back */
                 continue;
             t->ver = ver;
+            t->epoch = calls[c].epoch;
+            if (t->epoch) /* the local image of its claim's end */
+                t->dl = sent +
+                        (uint64_t)(v.due > now ? sat_sub(v.due, now) : 0) +
+                        d->lease_ms - d->lease_ms / 5;
             rt_arm_locked(d, t, wall, mono);
         }
     }
@@ -1321,7 +1366,8 @@ static void fire_one(struct rd *d, struct rtimer *r)
 {
     tw_durable_timer t = {
         r->data,        r->key_len, r->data + r->key_len,
-        r->payload_len, r->due_ms,  r->attempt ? r->attempt : 1};
+        r->payload_len, r->due_ms,  r->attempt ? r->attempt : 1,
+        r->epoch,       r->token};
     int64_t due_us;
     if (__builtin_mul_overflow(r->due_ms, 1000, &due_us))
         due_us = r->due_ms < 0 ? INT64_MIN : INT64_MAX;
@@ -1377,6 +1423,13 @@ static int64_t fire_ready(struct rd *d)
     pthread_mutex_unlock(&d->mu);
     for (struct rtimer *r = go, *n2; r; r = n2) {
         n2 = r->next;
+        if (r->dl && real_mono_ms() >= r->dl) {
+            /* Its claim may have run out: the shard's owner delivers it. */
+            pthread_mutex_lock(&d->mu);
+            rt_free_locked(d, r);
+            pthread_mutex_unlock(&d->mu);
+            continue;
+        }
         if (real_mono_ms() - r->chk_at > CHECK_MAX_AGE_MS) {
             pthread_mutex_lock(&d->mu);
             recheck_locked(d, r);
@@ -2173,6 +2226,7 @@ static int rd_stats(tw_durable *base, tw_durable_stats *out)
 
 static void rd_free(struct rd *d)
 {
+    tw__own_close(d->own);
     while (d->held) {
         struct rtimer *r = d->held;
         rt_free_locked(d, r);
@@ -2251,6 +2305,8 @@ static int rd_close(tw_durable *base)
         for (size_t i = 0; i < nb; i++) /* after their keys were sent */
             rt_free_locked(d, batch[i]);
     }
+    tw__own_close(d->own); /* then the shards go to the next owners */
+    d->own = NULL;
     rd_free(d);
     return rc;
 }
@@ -2552,6 +2608,8 @@ static struct rd *rd_new(const tw_durable_config *cfg)
     d->shards = cfg->shards ? cfg->shards : 64;
     d->horizon_ms = cfg->horizon_ms ? cfg->horizon_ms : 2000;
     d->lease_ms = cfg->lease_ms ? cfg->lease_ms : 30000;
+    if (cfg->redis_shard_lease_ms && cfg->redis_shard_lease_ms < d->lease_ms)
+        d->lease_ms = cfg->redis_shard_lease_ms;
     d->wait_replicas = cfg->wait_replicas;
     d->wait_timeout_ms = cfg->wait_timeout_ms ? cfg->wait_timeout_ms : 1000;
     d->fire = cfg->fire;
@@ -2659,6 +2717,16 @@ static int rd_start(struct rd *d)
     return 0;
 }
 
+/* A shard became this node's: claim at once. */
+static void own_gain(void *arg)
+{
+    struct rd *d = arg;
+    pthread_mutex_lock(&d->mu);
+    for (int g = 0; g < GROUPS_MAX; g++)
+        pthread_cond_signal(&d->grp[g].ccv);
+    pthread_mutex_unlock(&d->mu);
+}
+
 int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
 {
     const char *ns = cfg->redis_namespace ? cfg->redis_namespace : "tw";
@@ -2699,6 +2767,9 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
     d->base.readonly = cfg->flags & TW_DURABLE_READONLY;
     if (!rc && (cfg->flags & TW_DURABLE_NOFIRE))
         rc = TW_EINVAL; /* a claim would wait for its lease */
+    if (!rc && !d->base.readonly && cfg->redis_shard_lease_ms)
+        rc = tw__own_open(&d->own, d->rc, ns, d->shards,
+                          cfg->redis_shard_lease_ms, own_gain, d);
     if (!rc && !d->base.readonly)
         rc = rd_start(d);
     if (rc) {

@@ -61,6 +61,14 @@ typedef struct tw_durable_timer {
     size_t payload_len;  /* bytes of payload */
     int64_t due_ms;      /* Unix time in ms (CLOCK_REALTIME) */
     uint32_t attempt;    /* 1 on the first delivery, 2 after one retry... */
+    /* Fields below were added after 0.2.0: a fencing token for the
+     * callback's own downstream writes. Redis: @token is the claim's token,
+     * unique per claim and growing within the key's shard (a later
+     * delivery of any key of the shard has a larger one); @epoch is the
+     * shard's ownership epoch when the timer was claimed by its shard's
+     * owner (cfg.redis_shard_lease_ms), else 0. Journal: both 0. */
+    uint64_t epoch;
+    uint64_t token;
 } tw_durable_timer;
 
 /*
@@ -169,6 +177,15 @@ typedef struct tw_durable_config {
     const char *redis_tls_server_name;   /* name sent (SNI) and checked in
                                             the server's certificate; NULL =
                                             each node's host */
+
+    /* Redis: fenced shard ownership (docs/guide/redis.md). 0 = off: every
+     * node claims every shard. > 0: each shard has one owner at a time,
+     * chosen among the live nodes by rendezvous hashing and recorded in
+     * Redis with an epoch; only the owner claims the shard's timers; its
+     * record lasts this many ms (5000 is a good start) and a crashed
+     * owner's shards move after it; claims then last min(lease_ms, this)
+     * ms. Every node of a namespace should use the same value. */
+    uint32_t redis_shard_lease_ms;
 } tw_durable_config;
 
 /* A store's counters, from tw_durable_stats_get(). */

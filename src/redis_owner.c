@@ -1,0 +1,536 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * src/redis_owner.c - fenced shard ownership for the Redis backend
+ * (cfg.redis_shard_lease_ms > 0; src/durable_redis.c uses it).
+ *
+ * Without it every node claims every shard: N nodes cost Redis N times
+ * the claims of one, whether anything is due or not. With it each shard
+ * has one owner at a time, and only the owner claims its due timers.
+ *
+ * Keys (namespace ns, shard s):
+ *   {ns}:m    sorted set  node id -> the end of its membership (ms of
+ *                         Redis's clock): the live nodes
+ *   {ns:s}:o  string      the shard's record "E:node", with an expiry
+ *                         (PX) of the shard lease, set by Redis: only the
+ *                         master's clock judges it
+ *   {ns:s}:e  string      the shard's last epoch E (never expires)
+ * :o and :e share the shard's hash tag, so the shard's own scripts
+ * (src/durable_redis.c) read :o in the same atomic step as its timers.
+ *
+ * Epochs. A new record takes E = max(last E + 1, now_ms * 1024) (now from
+ * Redis's TIME): E only grows, and a master that lost its last writes in a
+ * failover still does not hand out an E seen before, unless the clocks
+ * disagree by more than the time between the lost write and the next one
+ * (the same rule as the tokens of src/durable_redis.c).
+ *
+ * Fencing. The fence of a shard is the value of its record, "E:node". A
+ * script that depends on ownership (CLAIM) is given :o as an extra key and
+ * the fence as an extra first argument, and does nothing (error FENCED)
+ * unless :o still holds exactly that value: a node whose record expired
+ * (it stalled, or lost Redis), or was taken over, is refused.
+ *
+ * Trust. A node trusts a record until send + lease - margin on its own
+ * monotonic clock, where send is when the request that created or renewed
+ * it was sent (the record cannot have expired before then) and margin is
+ * lease / 5; after that it claims nothing for the shard until a renewal
+ * answers. A node stopped (SIGSTOP, a long pause) therefore stops by
+ * itself, and its scripts are refused by the fence when it resumes.
+ *
+ * Rounds. A thread runs a round every lease / 8: one script refreshes the
+ * node's membership (expiry: now + lease) and returns the live nodes; each
+ * shard goes to the live node of the highest weight tw__own_weight(node,
+ * shard) (rendezvous hashing: a join or leave moves only the shards whose
+ * best node changed, about 1/N of them). Then, pipelined, for each shard
+ * this node should own and does not (or last renewed lease / 4 ago): ACQ
+ * (take it when it has no record, renew it when the record is still this
+ * node's fence); for each shard it holds and should not: REL (delete the
+ * record if it is still its fence). A shard whose record another node
+ * holds is tried again the next round.
+ *
+ * Hand-over. On a graceful close (tw__own_close) the node releases every
+ * record and leaves the membership set, after src/durable_redis.c has sent
+ * its last completions and given back its unfired claims, so the next
+ * owner takes the shard within a round. On a crash the record expires
+ * after the lease and the membership after the lease too; the next owner
+ * takes the shard at its first round after that. The timers a node
+ * claimed keep their own per-timer claims (src/durable_redis.c), so a
+ * hand-over neither doubles nor drops them.
+ *
+ * Costs. Per round: one membership script per node, and one ACQ per
+ * shard the node owns every second round (renewal), so a fleet renews each
+ * shard once per lease / 4 whatever its size.
+ */
+#define _GNU_SOURCE
+
+#include "redis_owner.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "internal.h"
+
+enum { O_BEAT, O_ACQ, O_REL, O_COUNT };
+
+/* BEAT KEYS: m. ARGV: node ttl_ms. Returns the live nodes. A key of the
+ * wrong type is removed (it would stop every node from seeing the
+ * others). */
+static const char beat_script[] =
+    "local ty=redis.call('TYPE',KEYS[1])\n"
+    "ty=type(ty)=='table' and ty.ok or ty\n"
+    "if ty~='zset' and ty~='none' then redis.call('DEL',KEYS[1]) end\n"
+    "local t=redis.call('TIME')\n"
+    "local now=tonumber(t[1])*1000+math.floor(tonumber(t[2])/1000)\n"
+    "redis.call('ZREMRANGEBYSCORE',KEYS[1],'-inf',now)\n"
+    "redis.call('ZADD',KEYS[1],now+tonumber(ARGV[2]),ARGV[1])\n"
+    "return redis.call('ZRANGE',KEYS[1],0,-1)\n";
+
+/* ACQ KEYS: o e. ARGV: node lease_ms fence ("" when the node holds none).
+ * Returns {1, fence} when the shard is the node's (renewed, or taken
+ * because it had no record), {0, the holder's record} otherwise. A value
+ * of the wrong type is removed; an :e that is not a number counts as 0
+ * (the clock still makes the new epoch larger). */
+static const char acq_script[] =
+    "local function get(k)\n"
+    " local v=redis.pcall('GET',k)\n"
+    " if type(v)=='table' and v.err then redis.call('DEL',k) return false end\n"
+    " return v\n"
+    "end\n"
+    "local o=get(KEYS[1])\n"
+    "if o and o==ARGV[3] then\n"
+    " redis.call('PEXPIRE',KEYS[1],ARGV[2])\n"
+    " return {1,o}\n"
+    "end\n"
+    "if o then return {0,o} end\n"
+    "local t=redis.call('TIME')\n"
+    "local ms=tonumber(t[1])*1000+math.floor(tonumber(t[2])/1000)\n"
+    "local l=tonumber(get(KEYS[2]))\n"
+    "if not l or l~=l or l<0 or l>=9007199254740992 then l=0 end\n"
+    "local e=string.format('%d',math.max(math.floor(l)+1,ms*1024))\n"
+    "local f=e..':'..ARGV[1]\n"
+    "redis.call('SET',KEYS[2],e)\n"
+    "redis.call('SET',KEYS[1],f,'PX',ARGV[2])\n"
+    "return {1,f}\n";
+
+/* REL KEYS: o. ARGV: fence. Deletes the record if it is still the
+ * fence. */
+static const char rel_script[] =
+    "local v=redis.pcall('GET',KEYS[1])\n"
+    "if v==ARGV[1] then redis.call('DEL',KEYS[1]) return 1 end\n"
+    "return 0\n";
+
+static const char *const own_scripts[O_COUNT] = {beat_script, acq_script,
+                                                 rel_script};
+
+struct oshard {
+    char key[96], ekey[96];
+    size_t klen, elen;
+    int slot;
+    bool owned;
+    char fence[TW__OWN_FENCE_MAX];
+    size_t flen;
+    uint64_t epoch;
+    uint64_t trust_until; /* monotonic ms */
+    uint64_t renewed;     /* monotonic ms: the last renewal was sent */
+};
+
+struct tw__own {
+    tw__rc *rc;
+    uint32_t shards, lease_ms;
+    char node[17];
+    char mkey[96];
+    size_t mlen;
+    int mslot;
+    char sha[O_COUNT][41];
+    struct oshard *s; /* under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop, thr_on;
+    pthread_t thr;
+    void (*on_gain)(void *);
+    void *arg;
+};
+
+static uint64_t mono_ms(void)
+{
+    return tw__clock_ns(CLOCK_MONOTONIC) / 1000000u;
+}
+
+static uint64_t fnv(const void *p, size_t n, uint64_t h)
+{
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ c[i]) * 1099511628211ull;
+    return h;
+}
+
+uint64_t tw__own_weight(const char *node, size_t len, uint32_t shard)
+{
+    /* splitmix64's finalizer over the node's hash and the shard. */
+    uint64_t z = fnv(node, len, 1469598103934665603ull) ^
+                 ((uint64_t)shard + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+const char *tw__own_key(const tw__own *o, uint32_t shard, size_t *len)
+{
+    *len = o->s[shard].klen;
+    return o->s[shard].key;
+}
+
+const char *tw__own_node(const tw__own *o)
+{
+    return o->node;
+}
+
+bool tw__own_fence(tw__own *o, uint32_t shard, char *fence, size_t *len,
+                   uint64_t *epoch)
+{
+    bool ok;
+    uint64_t now = mono_ms();
+    pthread_mutex_lock(&o->mu);
+    struct oshard *s = &o->s[shard];
+    ok = s->owned && now < s->trust_until;
+    if (ok) {
+        memcpy(fence, s->fence, s->flen);
+        *len = s->flen;
+        *epoch = s->epoch;
+    }
+    pthread_mutex_unlock(&o->mu);
+    return ok;
+}
+
+static bool is_noscript(const redisReply *r)
+{
+    return r && r->type == REDIS_REPLY_ERROR && r->str &&
+           !strncmp(r->str, "NOSCRIPT", 8);
+}
+
+/* Run @n script calls (argv[0..1] EVALSHA and the digest, writable) of
+ * the scripts @which[i]; a node without the script gets EVAL. */
+static void run(tw__own *o, tw__rc_cmd *cmds, const int *which, size_t n)
+{
+    tw__rc_exec(o->rc, cmds, n);
+    for (size_t i = 0; i < n; i++) {
+        if (!is_noscript(cmds[i].reply))
+            continue;
+        freeReplyObject(cmds[i].reply);
+        cmds[i].reply = NULL;
+        const char **av = (const char **)cmds[i].argv;
+        size_t *al = (size_t *)cmds[i].argvlen;
+        av[0] = "EVAL";
+        al[0] = 4;
+        av[1] = own_scripts[which[i]];
+        al[1] = strlen(own_scripts[which[i]]);
+        tw__rc_exec(o->rc, &cmds[i], 1);
+    }
+}
+
+static void free_replies(tw__rc_cmd *cmds, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (cmds[i].reply)
+            freeReplyObject(cmds[i].reply);
+}
+
+/* The membership script; the live nodes into *@live (strings owned by
+ * *@rep, free with freeReplyObject), this node always among them. */
+static size_t beat(tw__own *o, redisReply **rep, const char ***live)
+{
+    char ttl[24];
+    const char *av[6] = {"EVALSHA", o->sha[O_BEAT], "1", o->mkey, o->node, ttl};
+    size_t al[6] = {7, 40, 1, o->mlen, 16, 0};
+    al[5] = (size_t)snprintf(ttl, sizeof ttl, "%u", o->lease_ms);
+    tw__rc_cmd cmd = {6, av, al, o->mslot, NULL, 0};
+    int which = O_BEAT;
+    run(o, &cmd, &which, 1);
+    *rep = cmd.reply;
+    redisReply *r = cmd.reply;
+    size_t n = r && r->type == REDIS_REPLY_ARRAY ? r->elements : 0;
+    *live = tw__malloc((n + 1) * sizeof **live);
+    if (!*live)
+        return 0;
+    size_t m = 0;
+    bool self = false;
+    for (size_t i = 0; i < n; i++) {
+        if (r->element[i]->type != REDIS_REPLY_STRING)
+            continue;
+        (*live)[m++] = r->element[i]->str;
+        self = self || !strcmp(r->element[i]->str, o->node);
+    }
+    if (!self) /* no answer: this node alone is known alive */
+        (*live)[m++] = o->node;
+    return m;
+}
+
+/* The live node of the highest weight for @shard. */
+static const char *best(const char **live, size_t n, uint32_t shard)
+{
+    const char *b = NULL;
+    uint64_t bw = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t w = tw__own_weight(live[i], strlen(live[i]), shard);
+        if (!b || w > bw || (w == bw && strcmp(live[i], b) > 0)) {
+            b = live[i];
+            bw = w;
+        }
+    }
+    return b;
+}
+
+/* An epoch from a fence "E:node". */
+static uint64_t fence_epoch(const char *f, size_t n)
+{
+    uint64_t e = 0;
+    for (size_t i = 0; i < n && f[i] >= '0' && f[i] <= '9'; i++)
+        e = e * 10 + (uint64_t)(f[i] - '0');
+    return e;
+}
+
+/* One round (see the top of the file); true if a shard was gained. */
+static bool round_once(tw__own *o)
+{
+    redisReply *brep = NULL;
+    const char **live = NULL;
+    size_t nl = beat(o, &brep, &live);
+    bool gained = false;
+    size_t S = o->shards;
+    tw__rc_cmd *cmds = tw__calloc(S ? S : 1, sizeof *cmds);
+    const char **av = tw__malloc(8 * (S ? S : 1) * sizeof *av);
+    size_t *al = tw__malloc(8 * (S ? S : 1) * sizeof *al);
+    int *which = tw__malloc((S ? S : 1) * sizeof *which);
+    uint32_t *sh = tw__malloc((S ? S : 1) * sizeof *sh);
+    char(*fb)[TW__OWN_FENCE_MAX] = tw__malloc((S ? S : 1) * sizeof *fb);
+    char lease[24];
+    size_t ll = (size_t)snprintf(lease, sizeof lease, "%u", o->lease_ms);
+    if (!nl || !cmds || !av || !al || !which || !sh || !fb)
+        goto out;
+    size_t n = 0;
+    uint64_t now = mono_ms();
+    pthread_mutex_lock(&o->mu);
+    for (uint32_t s = 0; s < S; s++) {
+        struct oshard *x = &o->s[s];
+        bool mine = !strcmp(best(live, nl, s), o->node);
+        const char **a = av + 8 * n;
+        size_t *l = al + 8 * n;
+        if (mine && (!x->owned || now - x->renewed >= o->lease_ms / 4)) {
+            memcpy(fb[n], x->fence, x->flen);
+            const char *v[8] = {"EVALSHA", o->sha[O_ACQ], "2",   x->key,
+                                x->ekey,   o->node,       lease, fb[n]};
+            size_t vl[8] = {7,       40, 1,  x->klen,
+                            x->elen, 16, ll, x->owned ? x->flen : 0};
+            memcpy(a, v, 8 * sizeof *a);
+            memcpy(l, vl, 8 * sizeof *l);
+            cmds[n] = (tw__rc_cmd){8, a, l, x->slot, NULL, 0};
+            which[n] = O_ACQ;
+        } else if (!mine && x->owned) {
+            /* Stop trusting it now; the record goes after. */
+            x->owned = false;
+            memcpy(fb[n], x->fence, x->flen);
+            const char *v[5] = {"EVALSHA", o->sha[O_REL], "1", x->key, fb[n]};
+            size_t vl[5] = {7, 40, 1, x->klen, x->flen};
+            memcpy(a, v, 5 * sizeof *a);
+            memcpy(l, vl, 5 * sizeof *l);
+            cmds[n] = (tw__rc_cmd){5, a, l, x->slot, NULL, 0};
+            which[n] = O_REL;
+        } else {
+            continue;
+        }
+        sh[n++] = s;
+    }
+    pthread_mutex_unlock(&o->mu);
+    uint64_t sent = mono_ms();
+    run(o, cmds, which, n);
+    uint64_t margin = o->lease_ms / 5;
+    pthread_mutex_lock(&o->mu);
+    for (size_t i = 0; i < n; i++) {
+        redisReply *r = cmds[i].reply;
+        struct oshard *x = &o->s[sh[i]];
+        if (which[i] != O_ACQ || !r || r->type != REDIS_REPLY_ARRAY ||
+            r->elements != 2 || r->element[0]->type != REDIS_REPLY_INTEGER ||
+            r->element[1]->type != REDIS_REPLY_STRING)
+            continue; /* no answer: the trust runs out by itself */
+        redisReply *f = r->element[1];
+        if (r->element[0]->integer != 1 || f->len > TW__OWN_FENCE_MAX) {
+            x->owned = false;
+            continue;
+        }
+        gained = gained || !x->owned;
+        x->owned = true;
+        memcpy(x->fence, f->str, f->len);
+        x->flen = f->len;
+        x->epoch = fence_epoch(f->str, f->len);
+        x->renewed = sent;
+        x->trust_until = sent + o->lease_ms - margin;
+    }
+    pthread_mutex_unlock(&o->mu);
+    free_replies(cmds, n);
+out:
+    if (brep)
+        freeReplyObject(brep);
+    tw__free(live);
+    tw__free(cmds);
+    tw__free(av);
+    tw__free(al);
+    tw__free(which);
+    tw__free(sh);
+    tw__free(fb);
+    return gained;
+}
+
+static void *own_main(void *arg)
+{
+    tw__own *o = arg;
+    uint64_t period = o->lease_ms / 8 ? o->lease_ms / 8 : 1;
+    pthread_mutex_lock(&o->mu);
+    while (!o->stop) {
+        pthread_mutex_unlock(&o->mu);
+        bool g = round_once(o);
+        if (g && o->on_gain)
+            o->on_gain(o->arg);
+        pthread_mutex_lock(&o->mu);
+        if (o->stop)
+            break;
+        struct timespec ts;
+        tw__mono_after(&ts, period * 1000000u);
+        pthread_cond_timedwait(&o->cv, &o->mu, &ts);
+    }
+    pthread_mutex_unlock(&o->mu);
+    return NULL;
+}
+
+static int load_scripts(tw__own *o)
+{
+    for (int i = 0; i < O_COUNT; i++) {
+        const char *av[3] = {"SCRIPT", "LOAD", own_scripts[i]};
+        size_t al[3] = {6, 4, strlen(own_scripts[i])};
+        tw__rc_cmd cmd = {3, av, al, -1, NULL, 0};
+        int rc = tw__rc_exec(o->rc, &cmd, 1);
+        if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_STRING ||
+                    cmd.reply->len != 40))
+            rc = tw__rc_cmd_error(o->rc, &cmd, "SCRIPT LOAD");
+        if (!rc)
+            memcpy(o->sha[i], cmd.reply->str, 41);
+        free_replies(&cmd, 1);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* A random node id: 16 hex digits. */
+static void node_id(char out[17])
+{
+    uint64_t x = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&x, sizeof x, 1, f) != 1)
+        x = tw__clock_ns(CLOCK_REALTIME) ^ ((uint64_t)getpid() << 32);
+    if (f)
+        fclose(f);
+    snprintf(out, 17, "%016llx", (unsigned long long)x);
+}
+
+int tw__own_open(tw__own **out, tw__rc *rc, const char *ns, uint32_t shards,
+                 uint32_t lease_ms, void (*on_gain)(void *), void *arg)
+{
+    tw__own *o = tw__calloc(1, sizeof *o);
+    if (!o)
+        return TW_ENOMEM;
+    o->s = tw__calloc(shards ? shards : 1, sizeof *o->s);
+    if (!o->s) {
+        tw__free(o);
+        return TW_ENOMEM;
+    }
+    o->rc = rc;
+    o->shards = shards;
+    o->lease_ms = lease_ms;
+    o->on_gain = on_gain;
+    o->arg = arg;
+    node_id(o->node);
+    o->mlen = (size_t)snprintf(o->mkey, sizeof o->mkey, "{%s}:m", ns);
+    o->mslot = tw__rc_slot(o->mkey, o->mlen);
+    for (uint32_t s = 0; s < shards; s++) {
+        struct oshard *x = &o->s[s];
+        x->klen = (size_t)snprintf(x->key, sizeof x->key, "{%s:%u}:o", ns, s);
+        x->elen = (size_t)snprintf(x->ekey, sizeof x->ekey, "{%s:%u}:e", ns, s);
+        x->slot = tw__rc_slot(x->key, x->klen);
+    }
+    pthread_mutex_init(&o->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&o->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    int e = load_scripts(o);
+    if (!e) {
+        round_once(o); /* own what it can before the first claim */
+        o->thr_on = !pthread_create(&o->thr, NULL, own_main, o);
+        if (!o->thr_on)
+            e = TW_ENOMEM;
+    }
+    if (e) {
+        tw__own_close(o);
+        return e;
+    }
+    *out = o;
+    return 0;
+}
+
+void tw__own_close(tw__own *o)
+{
+    if (!o)
+        return;
+    pthread_mutex_lock(&o->mu);
+    o->stop = true;
+    pthread_cond_signal(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+    if (o->thr_on)
+        pthread_join(o->thr, NULL);
+    /* Release every record still this node's, and leave. */
+    size_t S = o->shards, n = 0;
+    tw__rc_cmd *cmds = tw__calloc(S + 1, sizeof *cmds);
+    const char **av = tw__malloc(5 * (S + 1) * sizeof *av);
+    size_t *al = tw__malloc(5 * (S + 1) * sizeof *al);
+    int *which = tw__malloc((S + 1) * sizeof *which);
+    if (cmds && av && al && which && o->sha[O_REL][0]) {
+        for (uint32_t s = 0; s < S; s++) {
+            struct oshard *x = &o->s[s];
+            if (!x->owned)
+                continue;
+            x->owned = false;
+            const char **a = av + 5 * n;
+            size_t *l = al + 5 * n;
+            const char *v[5] = {"EVALSHA", o->sha[O_REL], "1", x->key,
+                                x->fence};
+            size_t vl[5] = {7, 40, 1, x->klen, x->flen};
+            memcpy(a, v, sizeof v);
+            memcpy(l, vl, sizeof vl);
+            cmds[n] = (tw__rc_cmd){5, a, l, x->slot, NULL, 0};
+            which[n++] = O_REL;
+        }
+        const char **a = av + 5 * n;
+        size_t *l = al + 5 * n;
+        const char *v[3] = {"ZREM", o->mkey, o->node};
+        size_t vl[3] = {4, o->mlen, 16};
+        memcpy(a, v, sizeof v);
+        memcpy(l, vl, sizeof vl);
+        cmds[n] = (tw__rc_cmd){3, a, l, o->mslot, NULL, 0};
+        which[n++] = -1;
+        run(o, cmds, which, n);
+        free_replies(cmds, n);
+    }
+    tw__free(cmds);
+    tw__free(av);
+    tw__free(al);
+    tw__free(which);
+    pthread_cond_destroy(&o->cv);
+    pthread_mutex_destroy(&o->mu);
+    tw__free(o->s);
+    tw__free(o);
+}
