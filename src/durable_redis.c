@@ -471,8 +471,8 @@ struct rtimer {
     bool full;       /* :v moved since: the next check reads its score */
     uint64_t chk_at; /* real monotonic ms: its last check was sent then */
     uint64_t epoch;  /* the shard's epoch when its owner claimed it, or 0 */
-    uint64_t dl;     /* real monotonic ms: never fired from then on (its
-                        claim may have run out); 0 = no such limit */
+    uint64_t dl;     /* monotonic ms (rd_mono_ms): never fired from then on
+                        (its claim may have run out); 0 = no limit */
     size_t key_len, payload_len;
     char data[];
 };
@@ -945,7 +945,7 @@ static bool claim_group(struct rd *d, struct grp *g)
         call_num(c, CLAIM_MAX);
     }
     n = m;
-    uint64_t sent = real_mono_ms();
+    uint64_t csent = rd_mono_ms(d);
     run_calls(d, calls, cmds, n);
     int64_t wall = rd_wall(d);
     uint64_t mono = rd_mono_ms(d);
@@ -972,7 +972,7 @@ static bool claim_group(struct rd *d, struct grp *g)
             t->ver = ver;
             t->epoch = calls[c].epoch;
             if (t->epoch) /* the local image of its claim's end */
-                t->dl = sent +
+                t->dl = csent +
                         (uint64_t)(v.due > now ? sat_sub(v.due, now) : 0) +
                         d->lease_ms - d->lease_ms / 5;
             rt_arm_locked(d, t, wall, mono);
@@ -1423,7 +1423,7 @@ static int64_t fire_ready(struct rd *d)
     pthread_mutex_unlock(&d->mu);
     for (struct rtimer *r = go, *n2; r; r = n2) {
         n2 = r->next;
-        if (r->dl && real_mono_ms() >= r->dl) {
+        if (r->dl && rd_mono_ms(d) >= r->dl) {
             /* Its claim may have run out: the shard's owner delivers it. */
             pthread_mutex_lock(&d->mu);
             rt_free_locked(d, r);
@@ -2309,6 +2309,11 @@ static int rd_close(tw_durable *base)
     d->own = NULL;
     rd_free(d);
     return rc;
+}
+
+struct tw__own *tw__durable_redis_own(struct tw_durable *d)
+{
+    return ((struct rd *)d)->own;
 }
 
 void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out)

@@ -44,4 +44,9 @@ void tw__own_close(tw__own *o);
  * among the live nodes owns the shard). */
 uint64_t tw__own_weight(const char *node, size_t len, uint32_t shard);
 
+/* Tests: the ownership of a Redis store (src/durable_redis.c), NULL when
+ * it is off. */
+struct tw_durable;
+tw__own *tw__durable_redis_own(struct tw_durable *d);
+
 #endif

@@ -8,6 +8,8 @@
 #                                      one server
 #   suite                              one server; TEST_BINARY is
 #                                      test_durable_semantics
+#   owner | owner-kill | owner-stop    one server; TEST_BINARY is
+#                                      test_redis_owner
 #   share | share-kill | reshard |     a 3-master cluster
 #   many-cluster | stall
 #   failover                           3 masters + 3 replicas
@@ -105,6 +107,18 @@ case $scenario in
       while read -r p; do pids+=("$p"); done <"$tmp/pids"
     fi
     exit $rc
+    ;;
+  owner | owner-kill | owner-stop)
+    # Fenced shard ownership: node processes on one server.
+    port=$(pick_ports 1)
+    start "$port"
+    mode=${scenario#owner-}
+    if [ "$mode" = owner ]; then
+      "$bin" owner "127.0.0.1:$port"
+    else
+      mkdir -p "$tmp/nodes"
+      "$bin" "$mode" "127.0.0.1:$port" "$tmp/nodes"
+    fi
     ;;
   share | share-kill | reshard | many-cluster | stall)
     # stall: the healthy masters keep serving while one is stopped.

@@ -7,7 +7,9 @@
  *                                          it; TW_SEM_REDIS may name the
  *                                          address instead; TW_SEM_PASSWORD
  *                                          and TW_SEM_TLS_CA, _CERT, _KEY
- *                                          set the password and TLS files)
+ *                                          set the password and TLS files,
+ *                                          TW_SEM_SHARD_LEASE_MS turns on
+ *                                          shard ownership)
  */
 #define _GNU_SOURCE
 
@@ -48,6 +50,9 @@ static void redis_setup(tw_durable_config *cfg, const char *store, void *arg)
     cfg->redis_tls_ca_file = getenv("TW_SEM_TLS_CA");
     cfg->redis_tls_cert_file = getenv("TW_SEM_TLS_CERT");
     cfg->redis_tls_key_file = getenv("TW_SEM_TLS_KEY");
+    /* Fenced shard ownership on (the redis_suite_owner test). */
+    const char *lease = getenv("TW_SEM_SHARD_LEASE_MS");
+    cfg->redis_shard_lease_ms = lease ? (uint32_t)atoi(lease) : 0;
 }
 
 int main(int argc, char **argv)
