@@ -8,7 +8,7 @@
  * has one owner at a time, and only the owner claims its due timers.
  *
  * Keys (namespace ns, shard s):
- *   {ns}:m    sorted set  node id -> the end of its membership (ms of
+ *   {ns:m}    sorted set  node id -> the end of its membership (ms of
  *                         Redis's clock): the live nodes
  *   {ns:s}:o  string      the shard's record "E:node", with an expiry
  *                         (PX) of the shard lease, set by Redis: only the
@@ -78,7 +78,8 @@ enum { O_BEAT, O_ACQ, O_REL, O_COUNT };
 
 /* BEAT KEYS: m. ARGV: node ttl_ms. Returns the live nodes. A key of the
  * wrong type is removed (it would stop every node from seeing the
- * others). */
+ * others), and so is an entry that claims to live longer than two ttls
+ * (no node writes one; it would win shards it never takes). */
 static const char beat_script[] =
     "local ty=redis.call('TYPE',KEYS[1])\n"
     "ty=type(ty)=='table' and ty.ok or ty\n"
@@ -86,14 +87,18 @@ static const char beat_script[] =
     "local t=redis.call('TIME')\n"
     "local now=tonumber(t[1])*1000+math.floor(tonumber(t[2])/1000)\n"
     "redis.call('ZREMRANGEBYSCORE',KEYS[1],'-inf',now)\n"
+    "redis.call('ZREMRANGEBYSCORE',KEYS[1],'('..(now+2*tonumber(ARGV[2])),"
+    "'+inf')\n"
     "redis.call('ZADD',KEYS[1],now+tonumber(ARGV[2]),ARGV[1])\n"
     "return redis.call('ZRANGE',KEYS[1],0,-1)\n";
 
 /* ACQ KEYS: o e. ARGV: node lease_ms fence ("" when the node holds none).
  * Returns {1, fence} when the shard is the node's (renewed, or taken
  * because it had no record), {0, the holder's record} otherwise. A value
- * of the wrong type is removed; an :e that is not a number counts as 0
- * (the clock still makes the new epoch larger). */
+ * of the wrong type, or a record that is not "digits:16 hex digits" or
+ * has no expiry (no node writes one: it would hold the shard forever),
+ * is removed; an :e that is not a number counts as 0 (the clock still
+ * makes the new epoch larger). */
 static const char acq_script[] =
     "local function get(k)\n"
     " local v=redis.pcall('GET',k)\n"
@@ -104,6 +109,11 @@ static const char acq_script[] =
     "if o and o==ARGV[3] then\n"
     " redis.call('PEXPIRE',KEYS[1],ARGV[2])\n"
     " return {1,o}\n"
+    "end\n"
+    "if o and (not string.match(o,'^%d+:%x+$') or #o>48 or"
+    " redis.call('PTTL',KEYS[1])<0) then\n"
+    " redis.call('DEL',KEYS[1])\n"
+    " o=false\n"
     "end\n"
     "if o then return {0,o} end\n"
     "local t=redis.call('TIME')\n"
@@ -259,7 +269,10 @@ static size_t beat(tw__own *o, redisReply **rep, const char ***live)
     size_t m = 0;
     bool self = false;
     for (size_t i = 0; i < n; i++) {
-        if (r->element[i]->type != REDIS_REPLY_STRING)
+        /* Only ids this code writes: 16 hex digits. */
+        if (r->element[i]->type != REDIS_REPLY_STRING ||
+            r->element[i]->len != 16 ||
+            strspn(r->element[i]->str, "0123456789abcdef") != 16)
             continue;
         (*live)[m++] = r->element[i]->str;
         self = self || !strcmp(r->element[i]->str, o->node);
@@ -453,7 +466,7 @@ int tw__own_open(tw__own **out, tw__rc *rc, const char *ns, uint32_t shards,
     o->on_gain = on_gain;
     o->arg = arg;
     node_id(o->node);
-    o->mlen = (size_t)snprintf(o->mkey, sizeof o->mkey, "{%s}:m", ns);
+    o->mlen = (size_t)snprintf(o->mkey, sizeof o->mkey, "{%s:m}", ns);
     o->mslot = tw__rc_slot(o->mkey, o->mlen);
     for (uint32_t s = 0; s < shards; s++) {
         struct oshard *x = &o->s[s];

@@ -219,15 +219,56 @@ static int epoch_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     return 0;
 }
 
+static redisContext *connect_seed(void);
+
+/* Damaged ownership data must not hold a shard: records that never
+ * expire or are not "E:node", an epoch that is not a number, a member
+ * that claims to live for a day, a membership key of the wrong type. */
+static void plant(const char *ns)
+{
+    redisContext *rc = connect_seed();
+    const char *cmds[][4] = {
+        {"SET", "{%s:0}:o", "garbage"},
+        {"SET", "{%s:1}:o", "123:abcdefabcdefabcd"},
+        {"SET", "{%s:2}:e", "not-a-number"},
+        {"SET", "{%s:m}", "a string"},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char key[64];
+        snprintf(key, sizeof key, cmds[i][1], ns);
+        redisReply *r =
+            redisCommand(rc, "%s %s %s", cmds[i][0], key, cmds[i][2]);
+        ASSERT(r && r->type != REDIS_REPLY_ERROR);
+        freeReplyObject(r);
+    }
+    freeReplyObject(redisCommand(rc, "SET {%s:3}:o 1:0000000000000bad", ns));
+    freeReplyObject(redisCommand(rc, "SET {%s:4}:o 9:ffffffffffffffff", ns));
+    redisFree(rc);
+}
+
+static void plant_member(const char *ns)
+{
+    redisContext *rc = connect_seed();
+    redisReply *r = redisCommand(rc, "ZADD {%s:m} %lld ffffffffffffffff", ns,
+                                 (long long)wall_ms() + 86400000);
+    ASSERT(r && r->type == REDIS_REPLY_INTEGER);
+    freeReplyObject(r);
+    redisFree(rc);
+}
+
 static void owner(void)
 {
     hashing();
     char ns[32];
     snprintf(ns, sizeof ns, "own%d", (int)getpid());
+    plant(ns);
     oshards = 1024;
     tw_durable_config c = ocfg(ns, oshards, 1000, epoch_fire);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
         ASSERT_EQ(tw_durable_open(&hs[i], &c), 0);
+        if (i == 0) /* the key is a sorted set again by now */
+            plant_member(ns);
+    }
     pthread_t th;
     ASSERT_EQ(pthread_create(&th, NULL, sampler, NULL), 0);
     static int o1[1024], o2[1024], o3[1024];
