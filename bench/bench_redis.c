@@ -418,8 +418,8 @@ static const char add_script[] = "redis.call('ZADD',KEYS[1],ARGV[1],ARGV[2])\n"
                                  "redis.call('HSET',KEYS[2],ARGV[2],ARGV[3])\n"
                                  "return 1\n";
 
-static void poll_mode(const char *seeds, int pid, int n, int window_ms,
-                      int interval_ms)
+/* A poller's connection to SEEDS ("host:port"). */
+static redisContext *poll_connect(const char *seeds)
 {
     char host[64];
     int port;
@@ -428,6 +428,35 @@ static void poll_mode(const char *seeds, int pid, int n, int window_ms,
     redisContext *c = redisConnect(host, port);
     if (!c || c->err)
         exit(1);
+    return c;
+}
+
+/* A poller's load: timers "f<i>" due evenly over the window into
+ * PREFIX:z and PREFIX:h by the add script @sha, 1000 per pipeline. */
+static void poll_load(redisContext *c, const char *sha, const char *prefix,
+                      int64_t *due, int n, int64_t start_ms, int window_ms)
+{
+    for (int i = 0; i < n; i += 1000) {
+        int m = n - i < 1000 ? n - i : 1000;
+        for (int j = i; j < i + m; j++) {
+            due[j] = start_ms + (int64_t)j * window_ms / n;
+            redisAppendCommand(c, "EVALSHA %s 2 %s:z %s:h %lld f%d %s", sha,
+                               prefix, prefix, (long long)due[j], j,
+                               "payload-32-bytes-..............");
+        }
+        for (int j = 0; j < m; j++) {
+            void *rep;
+            if (redisGetReply(c, &rep) != REDIS_OK)
+                exit(1);
+            freeReplyObject(rep);
+        }
+    }
+}
+
+static void poll_mode(const char *seeds, int pid, int n, int window_ms,
+                      int interval_ms)
+{
+    redisContext *c = poll_connect(seeds);
     late = calloc((size_t)n, sizeof *late);
     int64_t *due = calloc((size_t)n, sizeof *due);
     int64_t start_ms = now_us() / 1000 + 3000 + n / 20;
@@ -439,21 +468,7 @@ static void poll_mode(const char *seeds, int pid, int n, int window_ms,
     r = redisCommand(c, "SCRIPT LOAD %s", poll_script);
     memcpy(poll_sha, r->str, 41);
     freeReplyObject(r);
-    for (int i = 0; i < n; i += 1000) {
-        int m = n - i < 1000 ? n - i : 1000;
-        for (int j = i; j < i + m; j++) {
-            due[j] = start_ms + (int64_t)j * window_ms / n;
-            redisAppendCommand(c, "EVALSHA %s 2 pq:z pq:h %lld f%d %s", add_sha,
-                               (long long)due[j], j,
-                               "payload-32-bytes-..............");
-        }
-        for (int j = 0; j < m; j++) {
-            void *rep;
-            if (redisGetReply(c, &rep) != REDIS_OK)
-                exit(1);
-            freeReplyObject(rep);
-        }
-    }
+    poll_load(c, add_sha, "pq", due, n, start_ms, window_ms);
     struct cpu c1 = cpu_now(pid);
     int64_t end = (start_ms + window_ms + 5000) * 1000;
     int64_t next = now_us();
@@ -527,13 +542,7 @@ static const char ldone_script[] =
 static void lpoll_mode(const char *seeds, int pid, int n, int window_ms,
                        int interval_ms)
 {
-    char host[64];
-    int port;
-    if (sscanf(seeds, "%63[^:]:%d", host, &port) != 2)
-        exit(2);
-    redisContext *c = redisConnect(host, port);
-    if (!c || c->err)
-        exit(1);
+    redisContext *c = poll_connect(seeds);
     late = calloc((size_t)n, sizeof *late);
     int64_t *due = calloc((size_t)n, sizeof *due);
     const char **av = calloc(2 * 1000 + 8, sizeof *av);
@@ -552,21 +561,7 @@ static void lpoll_mode(const char *seeds, int pid, int n, int window_ms,
         memcpy(sha[i], r->str, 41);
         freeReplyObject(r);
     }
-    for (int i = 0; i < n; i += 1000) {
-        int m = n - i < 1000 ? n - i : 1000;
-        for (int j = i; j < i + m; j++) {
-            due[j] = start_ms + (int64_t)j * window_ms / n;
-            redisAppendCommand(c, "EVALSHA %s 2 lp:z lp:h %lld f%d %s", sha[0],
-                               (long long)due[j], j,
-                               "payload-32-bytes-..............");
-        }
-        for (int j = 0; j < m; j++) {
-            void *rep;
-            if (redisGetReply(c, &rep) != REDIS_OK)
-                exit(1);
-            freeReplyObject(rep);
-        }
-    }
+    poll_load(c, sha[0], "lp", due, n, start_ms, window_ms);
     struct cpu c1 = cpu_now(pid);
     int64_t end = (start_ms + window_ms + 5000) * 1000;
     int64_t next = now_us();

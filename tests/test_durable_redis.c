@@ -39,31 +39,11 @@
 #include <unistd.h>
 
 #include "redis_client.h"
+#include "redis_fixture.h"
 #include "test.h"
 #include "twheel/durable.h"
 
 static const char *seeds;
-
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t wall_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) && errno == EINTR)
-        ;
-}
 
 static void sh(const char *var)
 {
@@ -1069,19 +1049,6 @@ static int node_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     struct drec r = {(uint32_t)key_id(t), t->attempt, t->due_ms, wall_us()};
     ASSERT_EQ(write(out_fd, &r, sizeof r), (ssize_t)sizeof r);
     return 0;
-}
-
-/* The 1-minute load average, 0 when unknown. */
-static double load_avg(void)
-{
-    double l = 0;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (fscanf(f, "%lf", &l) != 1)
-            l = 0;
-        fclose(f);
-    }
-    return l;
 }
 
 static int cmp64(const void *a, const void *b)

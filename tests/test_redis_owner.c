@@ -35,29 +35,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "redis_fixture.h"
 #include "redis_owner.h"
 #include "test.h"
 #include "twheel/durable.h"
 
 static const char *seeds;
-
-static int64_t wall_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static int64_t wall_ms(void)
-{
-    return wall_us() / 1000;
-}
-
-static void sleep_ms(int64_t ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
 
 /* The shard of a key, as src/durable_redis.c computes it. */
 static uint32_t shard_of(const char *key, uint32_t shards)
@@ -417,6 +400,18 @@ static void read_id(const char *dir, int n, char *out)
     }
 }
 
+/* Fork nodes 0, 1, 2 of @c; their pids and ids. */
+static void spawn3(const char *dir, const tw_durable_config *c, pid_t *pid,
+                   char (*idb)[17], const char **ids)
+{
+    for (int i = 0; i < 3; i++)
+        pid[i] = node(dir, i, c);
+    for (int i = 0; i < 3; i++) {
+        read_id(dir, i, idb[i]);
+        ids[i] = idb[i];
+    }
+}
+
 /* Every record of the nodes 0..n-1 so far. */
 static size_t read_recs(const char *dir, int n, struct drec **out)
 {
@@ -479,18 +474,6 @@ static redisContext *connect_seed(void)
 /* ------------------------------------------------------------------------ */
 /* kill */
 
-static double load_avg(void)
-{
-    double l = 0;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (fscanf(f, "%lf", &l) != 1)
-            l = 0;
-        fclose(f);
-    }
-    return l;
-}
-
 static void kill_test(const char *dir)
 {
     enum { N = 3000, SH = 32, LEASE = 2000, SPREAD = 6000 };
@@ -500,12 +483,7 @@ static void kill_test(const char *dir)
     pid_t pid[3];
     char idb[3][17];
     const char *ids[3];
-    for (int i = 0; i < 3; i++)
-        pid[i] = node(dir, i, &c);
-    for (int i = 0; i < 3; i++) {
-        read_id(dir, i, idb[i]);
-        ids[i] = idb[i];
-    }
+    spawn3(dir, &c, pid, idb, ids);
     redisContext *rc = connect_seed();
     int own[SH];
     settle_redis(rc, ns, SH, ids, 3, own);
@@ -606,12 +584,7 @@ static void stop_test(const char *dir)
     pid_t pid[3];
     char idb[3][17];
     const char *ids[3];
-    for (int i = 0; i < 3; i++)
-        pid[i] = node(dir, i, &c);
-    for (int i = 0; i < 3; i++) {
-        read_id(dir, i, idb[i]);
-        ids[i] = idb[i];
-    }
+    spawn3(dir, &c, pid, idb, ids);
     c.horizon_ms = 1000;
     /* This process schedules and cancels: a fourth node (a handle without
      * ownership would claim every shard's due timers). */
