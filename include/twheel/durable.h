@@ -63,12 +63,12 @@ typedef struct tw_durable_timer {
     uint32_t attempt;    /* 1 on the first delivery, 2 after one retry... */
     /* Fields below were added after 0.2.0: a fencing token for the
      * callback's own downstream writes. Redis: @token is the claim's token,
-     * unique per claim and growing within the key's shard (a later
-     * delivery of any key of the shard has a larger one); @epoch is the
+     * unique per claim and growing within the key's shard (a later claim
+     * of any key of the shard has a larger one); @epoch is the
      * shard's ownership epoch when the timer was claimed by its shard's
      * owner (cfg.redis_shard_lease_ms), else 0. Journal: both 0. */
-    uint64_t epoch;
-    uint64_t token;
+    uint64_t epoch; /* the owner's epoch at the claim, or 0 */
+    uint64_t token; /* the claim's token (Redis), or 0 */
 } tw_durable_timer;
 
 /*
