@@ -8,7 +8,8 @@
 #                                      one server
 #   suite                              one server; TEST_BINARY is
 #                                      test_durable_semantics
-#   owner | owner-kill | owner-stop    one server; TEST_BINARY is
+#   owner | owner-kill | owner-stop |  one server; TEST_BINARY is
+#   owner-pause
 #                                      test_redis_owner
 #   share | share-kill | reshard |     a 3-master cluster
 #   many-cluster | stall
@@ -108,13 +109,14 @@ case $scenario in
     fi
     exit $rc
     ;;
-  owner | owner-kill | owner-stop)
+  owner | owner-kill | owner-stop | owner-pause)
     # Fenced shard ownership: node processes on one server.
     port=$(pick_ports 1)
+    [ "$scenario" = owner-pause ] && extra=(--enable-debug-command yes)
     start "$port"
     mode=${scenario#owner-}
-    if [ "$mode" = owner ]; then
-      "$bin" owner "127.0.0.1:$port"
+    if [ "$mode" = owner ] || [ "$mode" = pause ]; then
+      "$bin" "$mode" "127.0.0.1:$port"
     else
       mkdir -p "$tmp/nodes"
       "$bin" "$mode" "127.0.0.1:$port" "$tmp/nodes"
