@@ -350,8 +350,8 @@ static int64_t bm_next(const tw_wheel *w, const uint64_t *bm, uint64_t i)
 
 /* ------------------------------------------------------------------------ */
 /* Lists. A timer's pprev points at whatever points at it: a slot head, the
- * due list head, a local list head in advance(), or the previous timer's
- * next field. */
+ * due list head, a local list head of advance_loop() or run_due() (the
+ * chains being fired), or the previous timer's next field. */
 
 static inline void list_push(tw_timer **head, tw_timer *t)
 {
