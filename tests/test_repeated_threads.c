@@ -25,13 +25,6 @@
 #include "internal.h"
 #include "test.h"
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Poll @v until it reaches @want; false after 10 s (a generous bound). */
 static bool wait_for(atomic_int *v, int want)
 {
@@ -72,9 +65,9 @@ static void rate_trigger(tw_repeated *rt, void *arg)
     (void)rt;
     ASSERT_EQ(atomic_fetch_add(&r->inside, 1), 0);
     if (n < MAX_RUNS)
-        r->at[n] = now_ns();
+        r->at[n] = mono_now();
     if (n < MAX_RUNS)
-        r->end[n] = now_ns();
+        r->end[n] = mono_now();
     atomic_fetch_sub(&r->inside, 1);
     atomic_store(&r->runs, n + 1);
 }
@@ -111,7 +104,7 @@ static int measure_rate(tw_service *s, uint64_t timeout_ms, uint64_t adjust_ms,
     memset(&r, 0, sizeof r);
     r.adjust_to = adjust_ms * MS;
     ASSERT_EQ(tw_repeated_create(&rt, s, &cfg), 0);
-    t0 = now_ns();
+    t0 = mono_now();
     ASSERT_EQ(tw_repeated_start(rt), 0);
     sleep_ms(window_ms);
     tw_repeated_stop(rt);
