@@ -2,15 +2,17 @@
 /*
  * tests/redis_fixture.h - helpers of the tests that run against real
  * redis-server processes (tests/test_durable_redis.c,
- * tests/test_redis_owner.c): real clocks, sleeps and the load average.
+ * tests/test_redis_owner.c): the real wall clock and the load average
+ * (sleep_ms is tests/fixture.h's).
  */
 #ifndef TWHEEL_TEST_REDIS_FIXTURE_H
 #define TWHEEL_TEST_REDIS_FIXTURE_H
 
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <time.h>
+
+#include "fixture.h" /* sleep_ms */
 
 static inline int64_t wall_ms(void)
 {
@@ -24,13 +26,6 @@ static inline int64_t wall_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static inline void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) && errno == EINTR)
-        ;
 }
 
 /* The 1-minute load average, 0 when unknown. */

@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixture.h" /* sleep_ms */
 #include "redis_client.h"
 #include "redis_fixture.h"
 #include "test.h"
