@@ -2488,8 +2488,8 @@ static int rd_get(tw_durable *base, const void *key, size_t key_len,
                   tw_durable_info *info, void *buf, size_t buf_len)
 {
     struct rd *d = (struct rd *)base;
-    const char *argv[6];
-    size_t len[6];
+    const char *argv[7];
+    size_t len[7];
     tw__rc_cmd cmd;
     eval_cmd(d, &cmd, argv, len, get_script, sizeof get_script - 1,
              shard_of(d, key, key_len), 1, "dpx");

@@ -1585,7 +1585,13 @@ static void test_touch(void)
         atomic_store(&unblocked, 1);
         wait_count("tn", 2);
         struct rec n = snap("tn");
-        ASSERT_EQ(n.attempt[0] + n.attempt[1], 3); /* 1 and 2 */
+        /* Attempt 1 and a later one (2, or more when a node whose
+         * callback still runs claimed it again first, and its lease ran
+         * out too). */
+        uint32_t lo = n.attempt[0] < n.attempt[1] ? n.attempt[0] : n.attempt[1];
+        uint32_t hi = n.attempt[0] ^ n.attempt[1] ^ lo;
+        ASSERT_EQ(lo, 1);
+        ASSERT_GE(hi, 2);
         ASSERT_EQ(tw_durable_close(d2), 0);
     }
     ASSERT_EQ(tw_durable_close(d), 0);
