@@ -596,6 +596,9 @@ struct rd {
     uint64_t callbacks;   /* callbacks running now (stats.running); under mu */
     uint64_t late_sum_us; /* stats.late_sum_us; under mu */
     struct tw__retry retry; /* cfg's retry policy */
+    /* TW_DURABLE_NOFIRE: no threads, nothing claimed or delivered; a
+     * schedule is refused (SCHED claims what is due soon at once). */
+    bool nofire;
 };
 
 static const struct tw_durable_ops rd_ops;
@@ -1979,6 +1982,11 @@ static void sb_wait(struct sbatch *b)
 
 static int rd_schedule_many(tw_durable *base, tw_durable_item *items, size_t n)
 {
+    if (((struct rd *)base)->nofire) {
+        for (size_t i = 0; i < n; i++)
+            items[i].result = TW_EINVAL;
+        return n ? TW_EINVAL : 0;
+    }
     struct sbatch b = {.d = (struct rd *)base, .it = items, .n = n};
     b.now = rd_wall(b.d);
     int rc = sb_alloc(&b);
@@ -2158,6 +2166,8 @@ static int rd_schedule(tw_durable *base, const void *key, size_t key_len,
 {
     struct op_wait w = {.kind = OP_SCHED,
                         .it = {key, key_len, due_ms, payload, payload_len, 0}};
+    if (((struct rd *)base)->nofire)
+        return TW_EINVAL;
     return op_run((struct rd *)base, &w);
 }
 
@@ -2974,9 +2984,8 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
             tw__rc_last_error(d->rc, cfg->errbuf, cfg->errbuf_len);
     }
     d->base.readonly = cfg->flags & TW_DURABLE_READONLY;
-    if (!rc && (cfg->flags & TW_DURABLE_NOFIRE))
-        rc = TW_EINVAL; /* a claim would wait for its lease */
-    if (!rc && !d->base.readonly)
+    d->nofire = cfg->flags & TW_DURABLE_NOFIRE;
+    if (!rc && !d->base.readonly && !d->nofire)
         rc = rd_start(d);
     if (rc) {
         rd_free(d);

@@ -110,10 +110,14 @@ typedef int (*tw_durable_fire_fn)(tw_durable *d, const tw_durable_timer *t,
  * TW_DURABLE_REPAIR: damaged records are skipped as a repair would,
  * but nothing is written (a dry run). A missing directory is TW_ENOENT. */
 #define TW_DURABLE_READONLY 2u
-/* Journal only: open (and replay, repair) without delivering anything:
- * no store thread or executors run, so no callback is called until
- * close; schedule and cancel still work. For tools that must change a
- * journal without firing it (a repair). Redis: TW_EINVAL. */
+/* Open (and replay, repair) without delivering anything: no store thread
+ * or executors run, so no callback is called until close. For tools that
+ * must change a store without firing it (a repair, a re-arm of a dead
+ * letter). Journal: schedule and cancel still work. Redis: nothing is
+ * claimed; cancel, tw_durable_rearm() and tw_durable_dead_delete() work,
+ * tw_durable_schedule() and _schedule_many() return TW_EINVAL (a
+ * schedule claims a timer due soon at once, and no one would fire it
+ * before its lease ran out). */
 #define TW_DURABLE_NOFIRE 4u
 
 /* Where a store keeps its timers and how it delivers them. */
