@@ -25,6 +25,14 @@
  * node, CANCEL and DONE remove it, FIRE counts a delivery that began, DEAD
  * makes or replaces it as a dead letter.
  *
+ * With a retry policy (max_attempts) a crash must count against the
+ * timer whose callback was running, not against every timer of its chunk
+ * whose callback had not started yet: then each delivery's FIRE record is
+ * written just before its own callback starts (under the mutex, in
+ * begin_delivery()), and not synced: a kill -9 keeps it (it is in the
+ * kernel), a crash of the machine may lose the count of the last
+ * attempts.
+ *
  * Retry policy and dead letters: after a callback, tw__retry_next()
  * (src/durable_dead.c) says done, again in n ms, or dead. A delivery whose
  * attempt (the record's plus its FIRE records) would pass max_attempts,
@@ -1067,6 +1075,16 @@ static bool begin_delivery(jstore *s, struct delivery *dl)
         tw__free(dl);
         return false;
     }
+    if (s->retry.max_attempts) {
+        /* This callback's own FIRE record, written (not synced) as it
+         * starts. Without it (a write error) the attempt is not counted;
+         * the delivery happens all the same. */
+        uint32_t seg, off;
+        uint64_t lsn;
+        if (tw__jr_append(&s->w, JR_FIRE, dl->node->key, dl->node->key_len, 0,
+                          0, NULL, 0, &seg, &off, &lsn) == 0)
+            fires_add(dl->node);
+    }
     int64_t late_ms; /* due_ms may be anywhere in int64: saturate */
     if (__builtin_sub_overflow(wall(s), dl->rec.due_ms, &late_ms))
         late_ms = INT64_MAX;
@@ -1115,8 +1133,12 @@ static struct delivery *start_delivery(jstore *s, struct dnode *n,
         tw__free(dl);
         return NULL;
     }
-    if (dl && tw__jr_append(&s->w, JR_FIRE, n->key, n->key_len, 0, 0, NULL, 0,
-                            &seg, &off, lsn) != 0) {
+    /* With a retry policy the FIRE record waits for the callback
+     * (begin_delivery()): see the top of the file. */
+    bool per_callback = s->retry.max_attempts != 0;
+    if (dl && !per_callback &&
+        tw__jr_append(&s->w, JR_FIRE, n->key, n->key_len, 0, 0, NULL, 0, &seg,
+                      &off, lsn) != 0) {
         tw__free(dl);
         dl = NULL;
     }
@@ -1126,8 +1148,10 @@ static struct delivery *start_delivery(jstore *s, struct dnode *n,
         rearm(s, n, tw_wheel_now(s->wheel) + RETRY_IO_MS);
         return NULL;
     }
-    fires_add(n);
-    dl->attempt = attempt_sum(dl->rec.attempt, n->fl & DN_FIRES);
+    if (!per_callback)
+        fires_add(n);
+    dl->attempt =
+        attempt_sum(dl->rec.attempt, (n->fl & DN_FIRES) + per_callback);
     return dl;
 }
 

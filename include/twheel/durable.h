@@ -23,11 +23,19 @@
  * (up to 8,191 in a row; past that, attempt stops growing until the next
  * retry), on Redis by the claim's lease running out. So with
  * cfg.max_attempts a timer that crashes its process every time ends as a
- * dead letter (see "Retry policy and dead letters" below). Nothing is
- * delivered before
- * its due time by the wall clock, except after the wall clock steps back
- * by S: a timer scheduled then for a time the store has already passed
- * fires at once, early by at most S (docs/guide/durable.md).
+ * dead letter (see "Retry policy and dead letters" below). What else a
+ * crash costs: the journal writes FIRE records for a batch of due timers
+ * and syncs them before the batch's callbacks run, so each timer of the
+ * batch whose callback had not started counts an attempt too; with
+ * cfg.max_attempts set it writes each FIRE record instead as its callback
+ * starts (not synced: a crash of the machine may lose the count of the
+ * last attempts), so only the running timer's count grows. On Redis every
+ * timer the dead node had claimed (due within cfg.horizon_ms) counts an
+ * attempt, started or not, and so does a completed one whose completion
+ * had not reached Redis yet (completions wait up to 500 ms for a batch).
+ * Nothing is delivered before its due time by the wall clock, except after the
+ * wall clock steps back by S: a timer scheduled then for a time the store has
+ * already passed fires at once, early by at most S (docs/guide/durable.md).
  *
  * Thread safety: tw_durable_schedule(), tw_durable_cancel() and
  * tw_durable_stats_get() may be called from any thread, callbacks included.
