@@ -1248,26 +1248,35 @@ static void index_key(void *ctx, uintptr_t h, const unsigned char **key,
     *len = n->key_len;
 }
 
-/* Build the ordered index from the key table (mutex held): every node of
- * the table's chains, the old table's unmoved buckets included. */
-static int index_build(jstore *s)
+/* Build an ordered index into *@x from the key table (mutex held): every
+ * node of the table's chains, the old table's unmoved buckets included,
+ * that is a dead letter (@dead: at tick 0, so in key order) or pending
+ * (!@dead: at its tick). On failure *@x stays NULL. */
+static int table_index(jstore *s, tw__dx **x, bool dead)
 {
-    s->dx = tw__dx_new(index_key, s, s->seed);
-    if (!s->dx)
+    *x = tw__dx_new(index_key, s, s->seed);
+    if (!*x)
         return TW_ENOMEM;
     for (int t = 0; t < 2; t++) {
         const uint32_t *b = t ? s->old : s->buckets;
         size_t from = t ? s->moved : 0, to = t ? s->nold : s->nbuckets;
         for (size_t i = from; b && i < to; i++)
             for (struct dnode *n = hnode(s, b[i]); n; n = hnode(s, hlink(n)))
-                if (!(n->fl & DN_DEAD) &&
-                    tw__dx_insert(s->dx, tw_timer_expires(&n->tm),
+                if (!(n->fl & DN_DEAD) == !dead &&
+                    tw__dx_insert(*x, dead ? 0 : tw_timer_expires(&n->tm),
                                   (uintptr_t)n) != 0) {
-                    index_drop(s);
+                    tw__dx_free(*x);
+                    *x = NULL;
                     return TW_ENOMEM;
                 }
     }
     return 0;
+}
+
+/* The ordered index of pending timers, from the key table. */
+static int index_build(jstore *s)
+{
+    return table_index(s, &s->dx, false);
 }
 
 /* WAITING or DUE: due by the wall clock, or its delivery has begun. */
@@ -1391,28 +1400,6 @@ static int j_dead_op(tw_durable *d, const void *key, size_t key_len,
     return tw__jr_wait_unlock(&s->w, lsn);
 }
 
-/* Order the dead letters (mutex held), as index_build() does the pending
- * timers. */
-static int dead_build(jstore *s)
-{
-    s->dxd = tw__dx_new(index_key, s, s->seed);
-    if (!s->dxd)
-        return TW_ENOMEM;
-    for (int t = 0; t < 2 && s->ndead; t++) {
-        const uint32_t *b = t ? s->old : s->buckets;
-        size_t from = t ? s->moved : 0, to = t ? s->nold : s->nbuckets;
-        for (size_t i = from; b && i < to; i++)
-            for (struct dnode *n = hnode(s, b[i]); n; n = hnode(s, hlink(n)))
-                if ((n->fl & DN_DEAD) &&
-                    tw__dx_insert(s->dxd, 0, (uintptr_t)n) != 0) {
-                    tw__dx_free(s->dxd);
-                    s->dxd = NULL;
-                    return TW_ENOMEM;
-                }
-    }
-    return 0;
-}
-
 /* The due time kept in dead node @n's record (its header and the first
  * field of its body; the record was checked when it was replayed or
  * written), 0 if it cannot be read or lies before 1970. */
@@ -1436,7 +1423,7 @@ static int j_list_dead(tw_durable *d, const struct tw__list_req *q,
     int rc = 0;
     pthread_mutex_lock(&s->mu);
     if (!s->dxd)
-        rc = dead_build(s);
+        rc = table_index(s, &s->dxd, true);
     if (!rc) {
         tw__dx_iter it;
         tw__dx_seek(&it, s->dxd, 0, q->key, q->key_len, q->after);

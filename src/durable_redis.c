@@ -2587,6 +2587,18 @@ static long list_reply(const redisReply *r, struct lent *e)
     return (long)(r->elements / 2);
 }
 
+/* What a listing of @ns shards allocated (each may be NULL). */
+static void list_free(void *all, tw__rc_cmd *cmds, size_t ns, const char **argv,
+                      size_t *len)
+{
+    tw__free(all);
+    if (cmds)
+        free_replies(cmds, ns);
+    tw__free(cmds);
+    tw__free(argv);
+    tw__free(len);
+}
+
 static int rd_list(tw_durable *base, const struct tw__list_req *q,
                    tw_durable_entry *out, bool *end)
 {
@@ -2653,12 +2665,7 @@ static int rd_list(tw_durable *base, const struct tw__list_req *q,
             n++;
         *end = n == total && !more;
     }
-    tw__free(all);
-    if (cmds)
-        free_replies(cmds, ns);
-    tw__free(cmds);
-    tw__free(argv);
-    tw__free(len);
+    list_free(all, cmds, ns, argv, len);
     return rc ? rc : (int)n;
 }
 
@@ -2804,12 +2811,7 @@ static int rd_list_dead(tw_durable *base, const struct tw__list_req *q,
         }
         *end = n == total && !more;
     }
-    tw__free(all);
-    if (cmds)
-        free_replies(cmds, ns);
-    tw__free(cmds);
-    tw__free(argv);
-    tw__free(len);
+    list_free(all, cmds, ns, argv, len);
     return rc ? rc : (int)n;
 }
 

@@ -181,6 +181,16 @@ static void iso(int64_t ms, char *out, size_t len)
     snprintf(out + n, len - n, ".%03dZ", (int)(((ms % 1000) + 1000) % 1000));
 }
 
+/* The fields a listed entry shows in JSON, its object left open. */
+static void json_entry(const tw_durable_entry *e, const char *when, bool first)
+{
+    printf("%s\n{\"key\":", first ? "" : ",");
+    json_str(e->key, e->key_len);
+    printf(",\"key_hex\":\"");
+    hex(e->key, e->key_len);
+    printf("\",\"due_ms\":%" PRId64 ",\"due\":\"%s\"", e->due_ms, when);
+}
+
 static const char *state_name(uint32_t st)
 {
     return st == TW_DURABLE_DUE    ? "due"
@@ -213,13 +223,8 @@ static int cmd_ls(const struct opts *o, tw_durable *d)
             char when[40];
             iso(e[i].due_ms, when, sizeof when);
             if (o->json) {
-                printf("%s\n{\"key\":", first ? "" : ",");
-                json_str(e[i].key, e[i].key_len);
-                printf(",\"key_hex\":\"");
-                hex(e[i].key, e[i].key_len);
-                printf("\",\"due_ms\":%" PRId64 ",\"due\":\"%s\","
-                       "\"state\":\"%s\"}",
-                       e[i].due_ms, when, state_name(e[i].state));
+                json_entry(&e[i], when, first);
+                printf(",\"state\":\"%s\"}", state_name(e[i].state));
             } else {
                 printf("%s  %-7s  ", when, state_name(e[i].state));
                 human_str(e[i].key, e[i].key_len);
@@ -368,13 +373,9 @@ static int cmd_dead(const struct opts *o, tw_durable *d)
             char when[40];
             iso(e[i].due_ms, when, sizeof when);
             if (o->json) {
-                printf("%s\n{\"key\":", shown ? "," : "");
-                json_str(e[i].key, e[i].key_len);
-                printf(",\"key_hex\":\"");
-                hex(e[i].key, e[i].key_len);
-                printf("\",\"due_ms\":%" PRId64 ",\"due\":\"%s\","
-                       "\"attempts\":%" PRIu32 ",\"payload_len\":%zu}",
-                       e[i].due_ms, when, in.attempt, in.payload_len);
+                json_entry(&e[i], when, !shown);
+                printf(",\"attempts\":%" PRIu32 ",\"payload_len\":%zu}",
+                       in.attempt, in.payload_len);
             } else {
                 printf("%s  attempts %-5" PRIu32 "  ", when, in.attempt);
                 human_str(e[i].key, e[i].key_len);
