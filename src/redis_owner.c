@@ -47,6 +47,11 @@
  * record if it is still its fence). A shard whose record another node
  * holds is tried again the next round.
  *
+ * A node whose firer is held by one callback for half a lease (the
+ * healthy hook) sends nothing in its rounds: its membership and records
+ * run out and its shards move, as a dead node's would; it takes them
+ * again when it is healthy.
+ *
  * Hand-over. On a graceful close (tw__own_close) the node releases every
  * record and leaves the membership set, after src/durable_redis.c has sent
  * its last completions and given back its unfired claims, so the next
@@ -162,6 +167,7 @@ struct tw__own {
     bool stop, thr_on;
     pthread_t thr;
     void (*on_gain)(void *);
+    bool (*healthy)(void *);
     void *arg;
 };
 
@@ -309,6 +315,8 @@ static uint64_t fence_epoch(const char *f, size_t n)
 /* One round (see the top of the file); true if a shard was gained. */
 static bool round_once(tw__own *o)
 {
+    if (o->healthy && !o->healthy(o->arg))
+        return false; /* let membership and records run out */
     redisReply *brep = NULL;
     const char **live = NULL;
     size_t nl = beat(o, &brep, &live);
@@ -450,7 +458,8 @@ static void node_id(char out[17])
 }
 
 int tw__own_open(tw__own **out, tw__rc *rc, const char *ns, uint32_t shards,
-                 uint32_t lease_ms, void (*on_gain)(void *), void *arg)
+                 uint32_t lease_ms, void (*on_gain)(void *),
+                 bool (*healthy)(void *), void *arg)
 {
     tw__own *o = tw__calloc(1, sizeof *o);
     if (!o)
@@ -464,6 +473,7 @@ int tw__own_open(tw__own **out, tw__rc *rc, const char *ns, uint32_t shards,
     o->shards = shards;
     o->lease_ms = lease_ms;
     o->on_gain = on_gain;
+    o->healthy = healthy;
     o->arg = arg;
     node_id(o->node);
     o->mlen = (size_t)snprintf(o->mkey, sizeof o->mkey, "{%s:m}", ns);

@@ -20,9 +20,13 @@ typedef struct tw__own tw__own;
 /* Start owning shards of namespace @ns (@shards shards, a shard record
  * lasting @lease_ms) over @rc: register in the membership set, then a
  * thread renews, acquires and releases. @on_gain(@arg) is called (no lock
- * held) after a round that gained a shard. Returns 0 or TW_ENOMEM. */
+ * held) after a round that gained a shard; a round in which
+ * @healthy(@arg) (may be NULL) is false sends nothing, so that the node's
+ * membership and records run out and its shards move. Returns 0 or
+ * TW_ENOMEM. */
 int tw__own_open(tw__own **out, tw__rc *rc, const char *ns, uint32_t shards,
-                 uint32_t lease_ms, void (*on_gain)(void *), void *arg);
+                 uint32_t lease_ms, void (*on_gain)(void *),
+                 bool (*healthy)(void *), void *arg);
 
 /* Is @shard this node's, its lease still trusted on the local monotonic
  * clock? If so, its fence into @fence (TW__OWN_FENCE_MAX bytes, not
