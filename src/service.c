@@ -374,6 +374,15 @@ static inline struct prod *prod_cached(tw_service *s)
     return NULL;
 }
 
+/* prod_cached() that looks at the first entry only, where the producer of
+ * a thread's first service is (prod_claim()); NULL if it is not there. */
+static inline struct prod *prod_first(const tw_service *s)
+{
+    return prod_cache[0].s == s && prod_cache[0].serial == s->prods.serial
+               ? prod_cache[0].p
+               : NULL;
+}
+
 static inline struct prod *prod_get(tw_service *s)
 {
     struct prod *p = prod_cached(s);
@@ -747,20 +756,89 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
     return 0;
 }
 
-int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
-                tw_id *id)
+/*
+ * schedule_fast() when everything is at hand (s->cfg.hot, the function
+ * that @p's last call used, a node in its magazine), from @now, the
+ * CLOCK_MONOTONIC estimate: the same steps, written for the fewest
+ * instructions and registers (no call on the way, so no frame; the rare
+ * cases are calls in tail position). Context: @p's owner.
+ */
+static inline __attribute__((always_inline)) int
+schedule_hot(tw_service *s, struct prod *p, void *arg, uint64_t delay,
+             tw_id *id, uint64_t now)
+{
+    struct node *n = p->mag, *next = node_of_timer(n->t.tw__next);
+    p->mag = next;
+    if (next != NULL)
+        __builtin_prefetch(next, 1); /* see mag_take() */
+    uint64_t rel = now > s->cfg.start_ns ? now - s->cfg.start_ns : 0;
+    uint64_t tick = ceil_tick(s, add_sat(rel, delay));
+    uint64_t st = (atomic_load_explicit(&n->state, memory_order_relaxed) &
+                   ~UINT64_C(0xffffffff)) |
+                  ((uint64_t)p->last_fidx << ST_PAY_SHIFT) | LOC_QUEUED;
+    n->t.tw__pprev = NULL; /* tw__next: the push */
+    n->t.tw__expires = tick;
+    n->t.tw__arg = arg;
+    atomic_store_explicit(
+        &p->added, atomic_load_explicit(&p->added, memory_order_relaxed) + 1,
+        memory_order_relaxed);
+    TEST_HOOK(tw__service_reserved_hook, s);
+    /* *@id before the push: the task may run at once and read it. */
+    tw_id was = 0;
+    if (id != NULL) {
+        was = *id;
+        *id = make_id(st, node_index(n));
+    }
+    atomic_store_explicit(&n->state, st, memory_order_release);
+    stack_push(&p->subq, n);
+    TEST_HOOK(tw__service_pushed_hook, s);
+    if (atomic_load(&s->submit.pending) & STOPPED_BIT) {
+        /* What schedule_undo() puts back (see mag_take()). */
+        struct reserved v = {
+            .idx = node_index(n), .n = n, .st = st & ~UINT64_C(0xffffffff)};
+        return schedule_undo(s, p, &v, id, was);
+    }
+    if (tick < atomic_load(&s->timer.sleep_until))
+        wake_for_tick(s, tick);
+    return 0;
+}
+
+/* tw_schedule() when schedule_hot() could not be taken at once: the
+ * producer further down the thread's cache, the clock from
+ * tw__tsc_refresh(), a new function or an empty magazine
+ * (schedule_fast()), or the shared path. */
+static __attribute__((noinline)) int schedule_warm(tw_service *s, tw_task_fn fn,
+                                                   void *arg, uint64_t delay_ns,
+                                                   tw_id *id)
 {
     /* A producer exists only on a started service (prod_claim()), so
      * this path does not read `started`, which shares a line with what
      * the timer thread writes all the time. */
     if (s != NULL && fn != NULL && s->cfg.slack_ns == 0) {
         struct prod *p = prod_get(s);
+        if (p != NULL && s->cfg.hot && fn == p->last_fn && p->mag != NULL)
+            return schedule_hot(s, p, arg, delay_ns, id,
+                                tw__tsc_now(s->cfg.tsc));
         int rc = p != NULL ? schedule_fast(s, p, fn, arg, delay_ns, id) : 1;
         if (rc <= 0)
             return rc;
     }
     return schedule(s, fn, arg, delay_ns, s ? s->cfg.slack_ns : 0, 0, KIND_ONCE,
                     0, NULL, id);
+}
+
+int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
+                tw_id *id)
+{
+    /* The thread's first cached producer only (prod_claim() fills the
+     * cache from its first entry); the others take schedule_warm(). */
+    struct prod *p;
+    uint64_t now;
+    if (s != NULL && (p = prod_first(s)) != NULL && s->cfg.hot &&
+        fn == p->last_fn && fn != NULL && p->mag != NULL &&
+        tw__tsc_fast(s->cfg.tsc, &now))
+        return schedule_hot(s, p, arg, delay_ns, id, now);
+    return schedule_warm(s, fn, arg, delay_ns, id);
 }
 
 int tw_schedule_window(tw_service *s, tw_task_fn fn, void *arg,
@@ -951,15 +1029,25 @@ static bool tick_deadline(const tw_service *s, uint64_t target,
     return true;
 }
 
-static void timer_sleep(tw_service *s, uint64_t target, uint64_t now)
+/*
+ * Sleep until tick @target (@now: this round's tick), or until woken. A
+ * @nap (after a round that took work, @target at most @now + 1) sleeps
+ * even if more work has come meanwhile: it is taken at the next tick, in
+ * one batch, instead of a round per few submissions, whose exchanges of
+ * the producers' stacks and reads of their nodes race the producers for
+ * those cache lines. A request due before @target wakes the thread
+ * (wake_for_tick()), one pushed before sleep_until was set waits at most
+ * until @target, and a cancel's record is released within the tick.
+ */
+static void timer_sleep(tw_service *s, uint64_t target, uint64_t now, bool nap)
 {
     struct timespec ts;
     bool timed = tick_deadline(s, target, &ts);
     pthread_mutex_lock(&s->timer.mu);
     atomic_store(&s->timer.sleep_until, target);
     atomic_store(&s->timer.sleep_long, target > now + 1);
-    if (!s->timer.kicked && !atomic_load(&s->timer.quit) && !subq_any(s) &&
-        atomic_load(&s->pool.cancel_dirty) == 0) {
+    if (!s->timer.kicked && !atomic_load(&s->timer.quit) &&
+        (nap || (!subq_any(s) && atomic_load(&s->pool.cancel_dirty) == 0))) {
         if (timed)
             pthread_cond_timedwait(&s->timer.cv, &s->timer.mu, &ts);
         else
@@ -994,15 +1082,16 @@ static void *timer_main(void *p)
         dispatch_flush(s);
         free_flush(&s->pool);
         atomic_fetch_add(&s->timer.round_end, 1);
-        if (s->timer.local != NULL || subq_any(s) ||
-            atomic_load(&s->pool.cancel_dirty) != 0)
+        if (s->timer.local != NULL ||
+            (!active &&
+             (subq_any(s) || atomic_load(&s->pool.cancel_dirty) != 0)))
             continue;
         uint64_t next = tw_wheel_next_expiry(s->timer.wheel);
         if (next <= now)
             continue;
         if (active && next > now + 1)
             next = now + 1; /* poll once more before sleeping long */
-        timer_sleep(s, next, now);
+        timer_sleep(s, next, now, active);
     }
     free_flush(&s->pool);
     tw_cur.s = NULL;
@@ -1352,7 +1441,9 @@ static bool cancel_id(tw_service *s, tw_id id, bool drop)
      * taken yet, cancelled by a thread with a producer, while the timer
      * thread does not sleep long (wake_for_cancel() would do nothing). */
     if (loc == LOC_QUEUED && drop) {
-        struct prod *p = prod_cached(s);
+        struct prod *p = prod_first(s);
+        if (p == NULL)
+            p = prod_cached(s);
         if (p != NULL) {
             prod_drop(p);
             if (!atomic_load(&s->timer.sleep_long))
@@ -1556,6 +1647,8 @@ static void config_apply(tw_service *s, const tw_service_config *cfg,
     s->cfg.tick_recip = tw__recip(z->tick);
     if (cfg->clock == NULL && z->clock_id == CLOCK_MONOTONIC)
         s->cfg.tsc = tw__tsc_mono();
+    s->cfg.hot = s->cfg.tsc != NULL && !s->cfg.lazy && s->cfg.slack_ns == 0 &&
+                 s->cfg.max_pending == 0;
     s->cfg.start_ns = s->cfg.clock ? s->cfg.clock(s->cfg.clock_ctx)
                                    : tw__clock_ns((clockid_t)s->cfg.clock_id);
     atomic_fetch_add(&s->pool.mem, sizeof(*s));

@@ -265,7 +265,13 @@ struct tw__tsc; /* src/service_clock.h */
  */
 #define MAX_PRODS 64u
 struct prod {
+    /* The line of subq holds nothing else (the padding on both sides, as
+     * the allocation need not be aligned): the timer thread reads and
+     * exchanges it all the time, and the owner's fields below would go
+     * with it. */
+    PAD(0);
     _Atomic(struct node *) subq;
+    PAD(1);
     _Atomic uint64_t added, dropped; /* only their sums over all mean much */
     _Atomic bool owned;
     /* The owner's: */
@@ -273,7 +279,7 @@ struct prod {
     uint32_t fr_next, fr_end; /* never-used indexes [fr_next, fr_end) */
     tw_task_fn last_fn;       /* the last function and its entry */
     uint32_t last_fidx;
-    PAD(0);
+    PAD(2);
 };
 
 /* The side record of a periodic task (tw__arg of its node). */
@@ -303,6 +309,8 @@ struct tw_service {
         void *execute_ctx;
         uint32_t nexec;
         bool lazy; /* TW_SERVICE_LAZY_CLOCK */
+        bool hot;  /* tw_schedule() may take schedule_hot(): no slack, no
+                      lazy clock, no max_pending, the TSC estimate */
         tw_wheel_config wcfg;
     } cfg;
 
