@@ -115,9 +115,10 @@ static inline uint64_t ceil_tick(const tw_service *s, uint64_t ns)
 }
 
 /* @a + @b, or NEVER if that does not fit. */
-static uint64_t add_sat(uint64_t a, uint64_t b)
+static inline uint64_t add_sat(uint64_t a, uint64_t b)
 {
-    return b >= NEVER - a ? NEVER : a + b;
+    uint64_t r;
+    return __builtin_add_overflow(a, b, &r) ? NEVER : r;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -172,6 +173,10 @@ static void wake_for_tick(tw_service *s, uint64_t tick)
     uint64_t v = atomic_load(&s->timer.sleep_until);
     while (tick < v) {
         if (atomic_compare_exchange_weak(&s->timer.sleep_until, &v, 0)) {
+            /* No other call need come here until the thread sleeps
+             * again (and sets wake_ns again, under timer.mu, so the
+             * wake() below follows any store it overwrites). */
+            atomic_store(&s->timer.wake_ns, 0);
             wake(s);
             return;
         }
@@ -558,9 +563,9 @@ static inline void sched_publish(tw_service *s, const struct sched *r,
     n->t.tw__expires = tick;
     /* While QUEUED, tw__pprev carries the window's width in ticks (a
      * narrower window is still inside the caller's). */
-    n->t.tw__pprev =
-        (tw_timer **)(uintptr_t)(last - tick < UINTPTR_MAX ? last - tick
-                                                           : UINTPTR_MAX);
+    n->t.tw__pprev = (tw_timer **)(uintptr_t)(last - tick < UINTPTR_MAX - 1
+                                                  ? last - tick
+                                                  : UINTPTR_MAX - 1);
     uint64_t st = (v->st & ~UINT64_C(0xffffffff)) |
                   ((uint64_t)v->fidx << ST_PAY_SHIFT) | flags | LOC_QUEUED;
     if (id != NULL)
@@ -772,12 +777,13 @@ schedule_hot(tw_service *s, struct prod *p, void *arg, uint64_t delay,
     if (next != NULL)
         __builtin_prefetch(next, 1); /* see mag_take() */
     uint64_t rel = now > s->cfg.start_ns ? now - s->cfg.start_ns : 0;
-    uint64_t tick = ceil_tick(s, add_sat(rel, delay));
+    /* The deadline in ns: the timer thread works out its tick. */
+    uint64_t due = add_sat(rel, delay);
     uint64_t st = (atomic_load_explicit(&n->state, memory_order_relaxed) &
                    ~UINT64_C(0xffffffff)) |
                   ((uint64_t)p->last_fidx << ST_PAY_SHIFT) | LOC_QUEUED;
-    n->t.tw__pprev = NULL; /* tw__next: the push */
-    n->t.tw__expires = tick;
+    n->t.tw__pprev = QUEUED_NS; /* tw__next: the push */
+    n->t.tw__expires = due;
     n->t.tw__arg = arg;
     atomic_store_explicit(
         &p->added, atomic_load_explicit(&p->added, memory_order_relaxed) + 1,
@@ -798,8 +804,8 @@ schedule_hot(tw_service *s, struct prod *p, void *arg, uint64_t delay,
             .idx = node_index(n), .n = n, .st = st & ~UINT64_C(0xffffffff)};
         return schedule_undo(s, p, &v, id, was);
     }
-    if (tick < atomic_load(&s->timer.sleep_until))
-        wake_for_tick(s, tick);
+    if (due < atomic_load(&s->timer.wake_ns)) /* tick < sleep_until */
+        wake_for_tick(s, ceil_tick(s, due));
     return 0;
 }
 
@@ -898,6 +904,10 @@ static void take_submission(tw_service *s, struct node *n, void *ctx)
     n->t.tw__pprev = NULL;
     if (!move_or_free(s, n, LOC_ARMED, ST_RELATIVE, true, &st))
         return;
+    if (span == (uintptr_t)QUEUED_NS) { /* schedule_hot() */
+        n->t.tw__expires = ceil_tick(s, n->t.tw__expires);
+        span = 0;
+    }
     if (st & ST_RELATIVE) {
         if (*now == 0)
             *now = rel_ns(s) | 1; /* never 0; 1 ns later is harmless */
@@ -1043,8 +1053,15 @@ static void timer_sleep(tw_service *s, uint64_t target, uint64_t now, bool nap)
 {
     struct timespec ts;
     bool timed = tick_deadline(s, target, &ts);
+    /* The first ns of tick target - 1, plus 1: a deadline before it has
+     * a tick before target (NEVER: every finite deadline). */
+    uint64_t wake_ns = target == 0 ? 0
+                       : target - 1 < NEVER / s->cfg.tick_ns
+                           ? (target - 1) * s->cfg.tick_ns + 1
+                           : NEVER;
     pthread_mutex_lock(&s->timer.mu);
     atomic_store(&s->timer.sleep_until, target);
+    atomic_store(&s->timer.wake_ns, wake_ns);
     atomic_store(&s->timer.sleep_long, target > now + 1);
     if (!s->timer.kicked && !atomic_load(&s->timer.quit) &&
         (nap || (!subq_any(s) && atomic_load(&s->pool.cancel_dirty) == 0))) {
@@ -1055,6 +1072,7 @@ static void timer_sleep(tw_service *s, uint64_t target, uint64_t now, bool nap)
         atomic_fetch_add_explicit(&s->wakeups, 1, memory_order_relaxed);
     }
     s->timer.kicked = false;
+    atomic_store(&s->timer.wake_ns, 0);
     atomic_store(&s->timer.sleep_until, 0);
     atomic_store(&s->timer.sleep_long, false);
     pthread_mutex_unlock(&s->timer.mu);
@@ -1431,10 +1449,12 @@ static bool cancel_id(tw_service *s, tw_id id, bool drop)
         return false;
     unsigned loc;
     do {
-        if (ST_GEN(st) != ST_GEN(id) || (st & ST_CANCELLED))
+        /* Another generation, or cancelled already. */
+        if (((st ^ id) >> 32 | (st & ST_CANCELLED)) != 0)
             return false;
         loc = ST_LOC(st);
-        if (loc == LOC_FREE || (loc == LOC_RUNNING && !(st & ST_PERIODIC)))
+        if (loc != LOC_QUEUED &&
+            (loc == LOC_FREE || (loc == LOC_RUNNING && !(st & ST_PERIODIC))))
             return false;
     } while (!atomic_compare_exchange_weak(&n->state, &st, st | ST_CANCELLED));
     /* The common case without a call: a task the timer thread has not

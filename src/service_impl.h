@@ -73,7 +73,9 @@
  *               that the timer thread adds to its clock when it takes the
  *               node: TW_SERVICE_LAZY_CLOCK; tw__pprev is no link but
  *               the width in ticks of the task's window, 0 for an exact
- *               deadline); owner: the timer thread
+ *               deadline, or QUEUED_NS: tw__expires is the exact
+ *               deadline in ns, relative, whose tick the timer thread
+ *               works out); owner: the timer thread
  *   ARMED       in the wheel (or parked forever for a "never" deadline);
  *               owner: the timer thread. A cancel also sets the node's bit
  *               in a hierarchical bitmap so the timer thread unlinks and
@@ -339,8 +341,11 @@ struct tw_service {
     /* The timer thread. */
     struct {
         _Atomic uint64_t sleep_until; /* tick; 0 while awake */
-        _Atomic bool sleep_long;      /* asleep for more than a tick */
-        _Atomic bool in_task; /* lazy only: the timer thread runs a task */
+        /* A request due (relative ns) before this wakes the thread: the
+         * first ns of tick sleep_until - 1, plus 1; 0 while awake. */
+        _Atomic uint64_t wake_ns;
+        _Atomic bool sleep_long; /* asleep for more than a tick */
+        _Atomic bool in_task;    /* lazy only: the timer thread runs a task */
         PAD(0);
         pthread_mutex_t mu;
         pthread_cond_t cv;
@@ -390,6 +395,8 @@ struct tw_service {
 };
 
 #define NEVER UINT64_MAX /* deadline tick of a task that never runs */
+/* tw__pprev of a QUEUED node whose tw__expires is a deadline in ns. */
+#define QUEUED_NS ((tw_timer **)UINTPTR_MAX)
 #define STOPPED_BIT (UINT64_C(1) << 63)
 
 /* ------------------------------------------------------------------------ */
@@ -445,16 +452,18 @@ static inline struct node *node_of_timer(tw_timer *t)
     return t ? TW_CONTAINER_OF(t, struct node, t) : NULL;
 }
 
-/* The node @id names, with its current state, or NULL. */
+/* The node @id names, with its current state, or NULL. A node whose
+ * generation differs from the id's is not the id's task: every caller
+ * checks that, and a location other than FREE (a never-used node, the
+ * only one with generation 0, is FREE). */
 static inline struct node *node_lookup(const struct node_pool *p, tw_id id,
                                        uint64_t *st)
 {
-    uint32_t low = (uint32_t)id;
-    if (low == 0 || ST_GEN(id) == 0 ||
-        low > atomic_load_explicit(&((struct node_pool *)p)->fresh,
-                                   memory_order_acquire))
+    uint32_t idx = (uint32_t)id - 1; /* an id's low half 0: UINT32_MAX */
+    if (idx >= atomic_load_explicit(&((struct node_pool *)p)->fresh,
+                                    memory_order_acquire))
         return NULL;
-    struct node *n = node_at(p, low - 1);
+    struct node *n = node_at(p, idx);
     *st = atomic_load(&n->state);
     return n;
 }
