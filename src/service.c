@@ -833,6 +833,17 @@ static __attribute__((noinline)) int schedule_warm(tw_service *s, tw_task_fn fn,
                     0, NULL, id);
 }
 
+/* tw_schedule() with everything at hand but the TSC estimate: the clock
+ * from tw__tsc_refresh() (a stale anchor, or no estimate on this machine).
+ * Out of line, so that tw_schedule() never has the call. */
+static __attribute__((noinline)) int schedule_clock(tw_service *s,
+                                                    struct prod *p, void *arg,
+                                                    uint64_t delay_ns,
+                                                    tw_id *id)
+{
+    return schedule_hot(s, p, arg, delay_ns, id, tw__tsc_refresh(s->cfg.tsc));
+}
+
 int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
                 tw_id *id)
 {
@@ -841,9 +852,11 @@ int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
     struct prod *p;
     uint64_t now;
     if (s != NULL && (p = prod_first(s)) != NULL && s->cfg.hot &&
-        fn == p->last_fn && fn != NULL && p->mag != NULL &&
-        tw__tsc_fast(s->cfg.tsc, &now))
-        return schedule_hot(s, p, arg, delay_ns, id, now);
+        fn == p->last_fn && fn != NULL && p->mag != NULL) {
+        if (tw__tsc_fast(s->cfg.tsc, &now))
+            return schedule_hot(s, p, arg, delay_ns, id, now);
+        return schedule_clock(s, p, arg, delay_ns, id);
+    }
     return schedule_warm(s, fn, arg, delay_ns, id);
 }
 

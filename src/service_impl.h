@@ -312,7 +312,8 @@ struct tw_service {
         uint32_t nexec;
         bool lazy; /* TW_SERVICE_LAZY_CLOCK */
         bool hot;  /* tw_schedule() may take schedule_hot(): no slack, no
-                      lazy clock, no max_pending, the TSC estimate */
+                      lazy clock, no max_pending, the built-in
+                      CLOCK_MONOTONIC (its TSC estimate) */
         tw_wheel_config wcfg;
     } cfg;
 
