@@ -103,9 +103,10 @@
  * timer thread publishes the tick it sleeps until; a producer wakes it (mutex +
  * condition variable on CLOCK_MONOTONIC) only when its deadline is earlier, so
  * scheduling work for later costs no system call. After a round with work the
- * timer thread polls once more a tick later instead of sleeping long, so a
- * burst of cancels needs at most one wake-up; when idle it sleeps without
- * timeout.
+ * timer thread sleeps until the next tick, even if more work has come (it
+ * takes that then, in one batch), instead of sleeping long, so a burst of
+ * cancels needs at most one wake-up and a stream of requests one round per
+ * tick; when idle it sleeps without timeout.
  *
  * Task functions are stored as indexes into a small lock-free open-
  * addressing table (per service, max_callbacks entries): this is what keeps
