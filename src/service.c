@@ -690,6 +690,42 @@ static __attribute__((noinline)) int schedule_undo(tw_service *s,
 }
 
 /*
+ * The end of an exact one-shot schedule by producer @p: fill node @n (its
+ * state @free_st, FREE; reserved and counted) for function entry @fidx
+ * and a task due @due ns after the start (the timer
+ * thread works out its tick: QUEUED_NS), set *@id, push it on @p's stack,
+ * then the stop check and the wake-up. Returns 0 or TW_ESHUTDOWN (see
+ * schedule_fast()). Context: @p's owner.
+ */
+static inline __attribute__((always_inline)) int
+publish_exact(tw_service *s, struct prod *p, struct node *n, uint64_t free_st,
+              uint32_t fidx, void *arg, uint64_t due, tw_id *id)
+{
+    uint64_t st = (free_st & ~UINT64_C(0xffffffff)) |
+                  ((uint64_t)fidx << ST_PAY_SHIFT) | LOC_QUEUED;
+    n->t.tw__pprev = QUEUED_NS; /* tw__next: the push */
+    n->t.tw__expires = due;
+    n->t.tw__arg = arg;
+    /* *@id before the push: the task may run at once and read it. */
+    tw_id was = 0;
+    if (id != NULL) {
+        was = *id;
+        *id = make_id(st, node_index(n));
+    }
+    atomic_store_explicit(&n->state, st, memory_order_release);
+    stack_push(&p->subq, n);
+    TEST_HOOK(tw__service_pushed_hook, s);
+    if (atomic_load(&s->submit.pending) & STOPPED_BIT) {
+        /* What schedule_undo() puts back (see mag_take()). */
+        struct reserved v = {.n = n, .st = free_st};
+        return schedule_undo(s, p, &v, id, was);
+    }
+    if (due < atomic_load(&s->timer.wake_ns)) /* tick < sleep_until */
+        wake_for_tick(s, ceil_tick(s, due));
+    return 0;
+}
+
+/*
  * tw_schedule() of an exact one-shot task by producer @p: its function
  * from @p's last one or the table, a node from its magazine, a slot in its
  * own count, its own stack. Returns 0, TW_ESHUTDOWN, TW_EAGAIN (the table
@@ -740,25 +776,8 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
     /* sched_publish() for an exact one-shot deadline, written out: through
      * sched_publish() a tw_schedule() runs 6.5% more instructions
      * (callgrind, bench_service --throughput --exact --producers 1). */
-    uint64_t tick = ceil_tick(s, add_sat(rel_ns_deadline(s), delay));
-    struct node *n = v.n;
-    node_init(n, arg);
-    n->t.tw__expires = tick;
-    uint64_t st = (v.st & ~UINT64_C(0xffffffff)) |
-                  ((uint64_t)v.fidx << ST_PAY_SHIFT) | LOC_QUEUED;
-    /* *@id before the push: the task may run at once and read it. */
-    tw_id was = 0;
-    if (id != NULL) {
-        was = *id;
-        *id = make_id(st, v.idx);
-    }
-    atomic_store_explicit(&n->state, st, memory_order_release);
-    stack_push(&p->subq, n);
-    TEST_HOOK(tw__service_pushed_hook, s);
-    if (atomic_load(&s->submit.pending) & STOPPED_BIT)
-        return schedule_undo(s, p, &v, id, was);
-    wake_for_tick(s, tick);
-    return 0;
+    return publish_exact(s, p, v.n, v.st, v.fidx, arg,
+                         add_sat(rel_ns_deadline(s), delay), id);
 }
 
 /*
@@ -777,36 +796,14 @@ schedule_hot(tw_service *s, struct prod *p, void *arg, uint64_t delay,
     if (next != NULL)
         __builtin_prefetch(next, 1); /* see mag_take() */
     uint64_t rel = now > s->cfg.start_ns ? now - s->cfg.start_ns : 0;
-    /* The deadline in ns: the timer thread works out its tick. */
     uint64_t due = add_sat(rel, delay);
-    uint64_t st = (atomic_load_explicit(&n->state, memory_order_relaxed) &
-                   ~UINT64_C(0xffffffff)) |
-                  ((uint64_t)p->last_fidx << ST_PAY_SHIFT) | LOC_QUEUED;
-    n->t.tw__pprev = QUEUED_NS; /* tw__next: the push */
-    n->t.tw__expires = due;
-    n->t.tw__arg = arg;
+    uint64_t free_st = atomic_load_explicit(&n->state, memory_order_relaxed);
+    uint32_t fidx = p->last_fidx;
     atomic_store_explicit(
         &p->added, atomic_load_explicit(&p->added, memory_order_relaxed) + 1,
         memory_order_relaxed);
     TEST_HOOK(tw__service_reserved_hook, s);
-    /* *@id before the push: the task may run at once and read it. */
-    tw_id was = 0;
-    if (id != NULL) {
-        was = *id;
-        *id = make_id(st, node_index(n));
-    }
-    atomic_store_explicit(&n->state, st, memory_order_release);
-    stack_push(&p->subq, n);
-    TEST_HOOK(tw__service_pushed_hook, s);
-    if (atomic_load(&s->submit.pending) & STOPPED_BIT) {
-        /* What schedule_undo() puts back (see mag_take()). */
-        struct reserved v = {
-            .idx = node_index(n), .n = n, .st = st & ~UINT64_C(0xffffffff)};
-        return schedule_undo(s, p, &v, id, was);
-    }
-    if (due < atomic_load(&s->timer.wake_ns)) /* tick < sleep_until */
-        wake_for_tick(s, ceil_tick(s, due));
-    return 0;
+    return publish_exact(s, p, n, free_st, fidx, arg, due, id);
 }
 
 /* tw_schedule() when schedule_hot() could not be taken at once: the
