@@ -40,11 +40,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -595,24 +593,6 @@ int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
     int rc = tw__jr_stage(w, type, key, key_len, due_ms, attempt, payload,
                           payload_len, seg, off);
     return rc ? rc : tw__jr_flush(w, lsn);
-}
-
-void tw__futex_wait(jr_futex *f, unsigned val)
-{
-    atomic_fetch_add(&f->sleepers, 1);
-    (void)syscall(SYS_futex, (unsigned *)&f->word, FUTEX_WAIT_PRIVATE, val,
-                  NULL, NULL, 0);
-    atomic_fetch_sub(&f->sleepers, 1);
-}
-
-void tw__futex_bump(jr_futex *f)
-{
-    /* A sleeper counted after this load read the word after the add, so
-     * it does not sleep: the wake is needed only for those counted. */
-    atomic_fetch_add(&f->word, 1);
-    if (atomic_load(&f->sleepers))
-        (void)syscall(SYS_futex, (unsigned *)&f->word, FUTEX_WAKE_PRIVATE,
-                      INT_MAX, NULL, NULL, 0);
 }
 
 void tw__jr_publish(jr_writer *w)

@@ -58,6 +58,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "futex.h" /* jr_futex */
+
 #define JR_SEG_HDR 32u
 #define JR_REC_HDR 16u
 #define JR_SCHED_FIXED 16u /* due, attempt, payload_len */
@@ -141,12 +143,6 @@ typedef struct jr_seg {
 
 /* A new segment's first allocation; it doubles as the segment fills. */
 #define JR_ALLOC_MIN (64u << 10)
-
-/* A futex word and how many threads sleep on it. */
-typedef struct jr_futex {
-    atomic_uint word;
-    atomic_int sleepers;
-} jr_futex;
 
 /* LSN: segment number << 32 | offset. */
 #define JR_LSN(seg, off) (((uint64_t)(seg) << 32) | (uint64_t)(off))
@@ -244,10 +240,6 @@ int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
 int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn);
 /* tw__jr_wait_unlock() for a caller that does not hold *mu. */
 int tw__jr_wait_nolock(jr_writer *w, uint64_t lsn);
-/* Sleep while @f's word is @val (or until a signal). */
-void tw__futex_wait(jr_futex *f, unsigned val);
-/* Change @f's word and wake every sleeper (no system call if none). */
-void tw__futex_bump(jr_futex *f);
 /* tw__jr_wait_unlock() that takes *mu again before it returns. SYNC_NONE
  * and SYNC_INTERVAL return at once. */
 int tw__jr_wait(jr_writer *w, uint64_t lsn);

@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixture.h" /* sleep_ms */
 #include "redis_client.h"
 #include "test.h"
 #include "twheel/durable.h"
@@ -56,13 +57,6 @@ static int64_t wall_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) && errno == EINTR)
-        ;
 }
 
 static void sh(const char *var)

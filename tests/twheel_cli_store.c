@@ -20,19 +20,14 @@
 
 #include <twheel/durable.h>
 
+#include "fixture.h" /* now_ms */
+
 static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
     (void)t;
     (void)arg;
     return 0;
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static int fail(const char *what, int rc)
