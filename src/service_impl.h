@@ -244,6 +244,7 @@ struct node_pool {
     /* The batch of nodes the timer thread is freeing (node_pool.h). */
     struct node *free_first;
     uint32_t free_count;
+    struct node *free_ring[4];   /* the batch's last 4 nodes, by count % 4 */
     _Atomic uint64_t nodes, mem; /* statistics */
 };
 
