@@ -182,6 +182,9 @@ typedef struct jstore {
      * If keeping it up to date runs out of memory it is dropped, and the
      * next listing builds it again. */
     tw__dx *dx;
+    /* tw_durable_scan() calls running: compaction waits for them (it
+     * would move records a scan has not read yet behind its position). */
+    unsigned scanning;
     /* TW_DURABLE_READONLY: no lock, no writes, no threads; NOFIRE (or
      * READONLY): no store thread or executors, so nothing is delivered. */
     bool readonly, nofire;
@@ -1229,13 +1232,168 @@ static int j_list(tw_durable *d, const struct tw__list_req *q,
     return rc ? rc : (int)n;
 }
 
+/* tw_durable_scan(): the segments are read in blocks without the lock
+ * (records are never changed once written, and a dup() of the segment's
+ * descriptor keeps even a deleted file readable); under the lock, once a
+ * block, each SCHED record is looked up: it is handed over when its key's
+ * node still points at it (the key's current version). The scan ends at
+ * the journal's end as it was when the call began. */
+#define SCAN_BLOCK (1u << 20)
+#define SCAN_HITS 4096u
+
+struct scan_hit {
+    jr_rec rec;
+    uint32_t attempt, state;
+    bool live;
+};
+
+struct scan_ctx {
+    jstore *s;
+    tw_durable_scan_fn fn;
+    void *arg;
+    uint32_t no; /* the segment being read */
+    struct scan_hit *hits;
+    size_t nhits;
+    long count;
+    int stop; /* non-zero: what the scan returns */
+};
+
+/* Check the hits under the lock, then hand the live ones to the caller. */
+static void scan_flush(struct scan_ctx *c)
+{
+    jstore *s = c->s;
+    pthread_mutex_lock(&s->mu);
+    int64_t now = wall(s);
+    for (size_t i = 0; i < c->nhits; i++) {
+        struct scan_hit *h = &c->hits[i];
+        struct dnode *n = hat(s, hfind(s, h->rec.key, h->rec.key_len));
+        h->live = n && n->seg == c->no && n->off == h->rec.off;
+        if (h->live) {
+            h->attempt = attempt_sum(h->rec.attempt, (n->fl & DN_FIRES) + 1u);
+            h->state = node_state(n, now);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < c->nhits && !c->stop; i++) {
+        const struct scan_hit *h = &c->hits[i];
+        if (!h->live)
+            continue;
+        tw_durable_scanned t = {.key = h->rec.key,
+                                .key_len = h->rec.key_len,
+                                .payload = h->rec.payload,
+                                .payload_len = h->rec.payload_len,
+                                .due_ms = h->rec.due_ms,
+                                .attempt = h->attempt,
+                                .state = h->state};
+        c->count++;
+        int r = c->fn(c->arg, &t);
+        if (r)
+            c->stop = r < 0 ? r : 1;
+    }
+    c->nhits = 0;
+}
+
+/* The SCHED records of bytes [@pos, @end) of the segment open as @fd
+ * (checksum seed @seed), block by block into @buf (@cap bytes). */
+static int scan_segment(struct scan_ctx *c, int fd, uint32_t seed, uint64_t pos,
+                        uint64_t end, unsigned char *buf, size_t cap)
+{
+    while (pos < end && !c->stop) {
+        size_t want = end - pos < cap ? (size_t)(end - pos) : cap;
+        if (pread(fd, buf, want, (off_t)pos) != (ssize_t)want)
+            return TW_EIO;
+        size_t off = 0;
+        while (off + JR_REC_HDR <= want) {
+            const unsigned char *h = buf + off;
+            uint32_t len = (uint32_t)h[4] | (uint32_t)h[5] << 8 |
+                           (uint32_t)h[6] << 16 | (uint32_t)h[7] << 24;
+            if (len > JR_MAX_BODY)
+                return TW_EIO;
+            size_t size = JR_REC_HDR + (size_t)len;
+            if (off + size > want)
+                break; /* the next block begins with it */
+            jr_rec r;
+            if (tw__jr_decode(h, size, (uint32_t)(pos + off), seed, &r) != size)
+                return TW_EIO;
+            if (r.type == JR_SCHED) {
+                c->hits[c->nhits++] = (struct scan_hit){.rec = r};
+                if (c->nhits == SCAN_HITS)
+                    scan_flush(c);
+            }
+            off += size;
+        }
+        scan_flush(c); /* before @buf is read into again */
+        if (off == 0)
+            return TW_EIO; /* a record cut short by the end */
+        pos += off;
+    }
+    return 0;
+}
+
+static long j_scan(tw_durable *d, tw_durable_scan_fn fn, void *arg)
+{
+    jstore *s = (jstore *)d;
+    size_t cap = SCAN_BLOCK + JR_REC_HDR + JR_MAX_BODY; /* any record fits */
+    struct scan_ctx c = {.s = s, .fn = fn, .arg = arg};
+    unsigned char *buf = tw__malloc(cap);
+    c.hits = tw__malloc(SCAN_HITS * sizeof *c.hits);
+    if (!buf || !c.hits) {
+        tw__free(buf);
+        tw__free(c.hits);
+        return TW_ENOMEM;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->scanning++;
+    uint32_t next = 0, end_no = 0;
+    uint64_t end_off = 0;
+    if (s->w.nseg) {
+        next = s->w.segs[0].no;
+        end_no = s->w.segs[s->w.nseg - 1].no;
+        end_off = s->w.segs[s->w.nseg - 1].size;
+    }
+    size_t nseg = s->w.nseg;
+    pthread_mutex_unlock(&s->mu);
+    int rc = 0;
+    while (nseg && !rc && !c.stop) {
+        pthread_mutex_lock(&s->mu);
+        const jr_seg *g = NULL;
+        for (size_t i = 0; i < s->w.nseg && !g; i++)
+            if (s->w.segs[i].no >= next && s->w.segs[i].no <= end_no)
+                g = &s->w.segs[i];
+        int fd = g ? fcntl(g->fd, F_DUPFD_CLOEXEC, 0) : -1;
+        uint32_t seed = g ? g->seed : 0;
+        uint64_t size = g ? (g->no == end_no ? end_off : g->size) : 0;
+        c.no = g ? g->no : 0;
+        pthread_mutex_unlock(&s->mu);
+        if (!g)
+            break;
+        if (fd < 0) {
+            rc = TW_EIO;
+            break;
+        }
+        rc = scan_segment(&c, fd, seed, JR_SEG_HDR, size, buf, cap);
+        close(fd);
+        if (c.no == end_no)
+            break;
+        next = c.no + 1;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->scanning--;
+    pthread_mutex_unlock(&s->mu);
+    tw__free(buf);
+    tw__free(c.hits);
+    if (rc)
+        return rc;
+    return c.stop < 0 ? c.stop : c.count;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Compaction. */
 
 static bool need_compact(jstore *s)
 {
     jr_writer *w = &s->w;
-    if (w->nseg < 2 || atomic_load(&w->inflight))
+    if (w->nseg < 2 || atomic_load(&w->inflight) || s->scanning)
         return false;
     if (w->segs[0].live == 0)
         return true;
@@ -1512,6 +1670,7 @@ static const struct tw_durable_ops journal_ops = {
     .stats = j_stats,
     .get = j_get,
     .list = j_list,
+    .scan = j_scan,
     .schedule_many = j_schedule_many,
     .cancel_many = j_cancel_many,
 };

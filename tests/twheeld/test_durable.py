@@ -12,13 +12,11 @@ Both with -f 0 and with -f 200.
 Usage: test_durable.py --twheeld PATH"""
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
 
-from bstk import (SKIP, Client, check, start_twheeld, tempdir, twheeld_path,
-                  yaml_map)
+from bstk import Client, check, start_twheeld, tempdir, yaml_map
 
 
 def put(c, body, pri=10, delay=0, ttr=60):
@@ -169,14 +167,6 @@ def load(d, fl, conns=32, seconds=2.0):
 
 def main():
     d = tempdir()
-    # A library without tw_durable_list() cannot read jobs back: twheeld
-    # refuses -b with exit code 3 (else it fails later, on the bad address).
-    p = subprocess.run([twheeld_path(), "-b", os.path.join(d, "probe"), "-l",
-                        "256.0.0.1"],
-                       stderr=subprocess.DEVNULL, timeout=30)
-    if p.returncode == 3:
-        print("SKIP: this twheel has no tw_durable_list()")
-        return SKIP
     try:
         # -f 0: writes on the writer thread, replies after the fdatasync;
         # -f 200: writes on the event loop, replies after the write(2).
