@@ -69,23 +69,34 @@ static const char *const state_name[] = {"ready", "delayed", "reserved",
 struct conn;
 struct tube;
 
+/*
+ * A job: 168 bytes on LP64, from job_alloc()'s chunks, and its body in a
+ * separate block. With a store (-b), the body of a delayed or buried job
+ * whose record the store holds is not kept in memory (job_evict()): it is
+ * read back from the store when the job becomes ready or is peeked at
+ * (job_load_body()). Bodies never change, so any record of the job the
+ * store holds has it. That is what a million delayed jobs cost: the
+ * store's key table and this struct, without the bodies.
+ */
 struct job {
     uint64_t id;
     uint32_t pri, ttr_s, delay_s;
-    int state;
+    uint32_t body_len;
+    uint8_t state;
+    bool soon_phase;   /* reserved: timer is at deadline - SAFETY_MS */
+    bool stored;       /* a store write of it succeeded */
+    uint8_t writes;    /* its store writes under way (saturating) */
+    uint32_t heap_idx; /* in the tube's ready heap */
     struct tube *tube;
     int64_t created_wall; /* Unix ms of the put */
     int64_t due_wall;     /* delayed: Unix ms it becomes ready */
     uint64_t deadline;    /* delayed/reserved: monotonic ms */
     tw_timer timer;       /* delay, or TTR (soon phase, then deadline) */
-    bool soon_phase;      /* reserved: timer is at deadline - SAFETY_MS */
     struct conn *reserver;
     struct job *l_next, *l_prev; /* tube's delayed/buried or conn's list */
-    size_t heap_idx;             /* in the tube's ready heap */
-    struct job *h_next;          /* id hash chain */
+    struct job *h_next;          /* id hash chain; job_alloc()'s free list */
     uint32_t reserves, timeouts, releases, buries, kicks;
-    uint32_t body_len;
-    char body[]; /* body_len bytes, then "\r\n" */
+    char *body; /* body_len bytes, then "\r\n"; NULL when evicted */
 };
 
 struct jlist {
@@ -234,6 +245,39 @@ static void jl_remove(struct jlist *l, struct job *j)
     l->n--;
 }
 
+/* ---- job memory ---- */
+
+#define JOB_CHUNK 4096 /* jobs per allocation */
+
+static struct job *job_free_list;
+
+/* A zeroed job, from chunks of JOB_CHUNK that are kept until exit (no
+ * allocator header a job); NULL when out of memory. */
+static struct job *job_alloc(void)
+{
+    if (!job_free_list) {
+        struct job *chunk = malloc(JOB_CHUNK * sizeof(*chunk));
+        if (!chunk)
+            return NULL;
+        for (size_t i = 0; i < JOB_CHUNK; i++) {
+            chunk[i].h_next = job_free_list;
+            job_free_list = &chunk[i];
+        }
+    }
+    struct job *j = job_free_list;
+    job_free_list = j->h_next;
+    memset(j, 0, sizeof(*j));
+    return j;
+}
+
+static void job_release(struct job *j)
+{
+    free(j->body);
+    j->body = NULL;
+    j->h_next = job_free_list;
+    job_free_list = j;
+}
+
 /* ---- job table ---- */
 
 static size_t hash_id(uint64_t id, size_t cap)
@@ -293,7 +337,7 @@ static bool job_less(const struct job *a, const struct job *b)
 static void heap_set(struct tube *t, size_t i, struct job *j)
 {
     t->heap[i] = j;
-    j->heap_idx = i;
+    j->heap_idx = (uint32_t)i;
 }
 
 static void heap_up(struct tube *t, size_t i)
@@ -534,7 +578,7 @@ static void conn_close(struct conn *c)
         job_make_ready(j);
     }
     if (c->put_job) {
-        free(c->put_job);
+        job_release(c->put_job);
         c->put_job = NULL;
     }
     if (c->use) {
@@ -677,7 +721,7 @@ static void job_free(struct job *j)
 {
     struct tube *t = j->tube;
     job_table_remove(j);
-    free(j);
+    job_release(j);
     tube_maybe_free(t);
 }
 
@@ -730,6 +774,8 @@ static struct tbd_write *job_write(struct job *j, int stored_state,
 {
     struct tbd_write *w = write_new(TBD_W_SCHED, c);
     w->key_len = (size_t)snprintf(w->key, sizeof(w->key), "j%" PRIu64, j->id);
+    if (j->writes < UINT8_MAX)
+        j->writes++;
     size_t n = REC_HEAD + j->tube->name_len + j->body_len;
     unsigned char *p = xmalloc(n), *q = p;
     *q++ = REC_JOB;
@@ -817,6 +863,75 @@ static uint64_t next_job_id(void)
     return id;
 }
 
+/* The id of store key "j<id>", or 0. */
+static uint64_t key_id(const char *key, size_t len)
+{
+    uint64_t id = 0;
+    for (size_t i = 1; i < len; i++)
+        id = id * 10 + (uint64_t)(key[i] - '0');
+    return len > 1 && key[0] == 'j' ? id : 0;
+}
+
+/* Drops @j's body from memory when the store holds it and nothing here
+ * needs it: a delayed or buried job with no write under way. */
+static void job_evict(struct job *j)
+{
+    if (g.store && j->stored && j->writes == 0 && j->body &&
+        (j->state == J_DELAYED || j->state == J_BURIED)) {
+        free(j->body);
+        j->body = NULL;
+    }
+}
+
+/* A job record @w came back from the store. */
+static void job_written(struct tbd_write *w)
+{
+    struct job *j = job_find(key_id(w->key, w->key_len));
+    if (!j)
+        return; /* deleted meanwhile */
+    if (j->writes > 0 && j->writes < UINT8_MAX)
+        j->writes--;
+    j->stored |= w->result == 0;
+    job_evict(j);
+}
+
+/* The body of @j, read back from the store, into a new block (body_len
+ * bytes and "\r\n"); NULL, logged, when the store does not have it. */
+static char *body_from_store(const struct job *j)
+{
+    char key[24];
+    size_t kl = (size_t)snprintf(key, sizeof(key), "j%" PRIu64, j->id);
+    size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + (size_t)j->body_len, len = 0;
+    unsigned char *p = malloc(cap);
+    char *body = malloc((size_t)j->body_len + 2);
+    int rc =
+        p && body ? tbd_store_get(g.store, key, kl, p, cap, &len) : TW_ENOMEM;
+    size_t off =
+        rc == 0 && len >= REC_HEAD ? REC_HEAD - 4 + p[REC_HEAD - 5] : 0;
+    if (rc == 0 && (off + 4 + j->body_len != len || len > cap ||
+                    get_u32(p + off) != j->body_len))
+        rc = TW_EIO;
+    if (rc == 0) {
+        memcpy(body, p + off + 4, j->body_len);
+        memcpy(body + j->body_len, "\r\n", 2);
+    } else {
+        logv(0, "job %" PRIu64 ": cannot read its body back: %s", j->id,
+             tw_strerror(rc));
+        free(body);
+        body = NULL;
+    }
+    free(p);
+    return body;
+}
+
+/* Makes sure @j's body is in memory; false (logged) if it cannot be. */
+static bool job_load_body(struct job *j)
+{
+    if (!j->body)
+        j->body = body_from_store(j);
+    return j->body != NULL;
+}
+
 static void store_completions(struct tbd_write *w)
 {
     while (w) {
@@ -825,6 +940,8 @@ static void store_completions(struct tbd_write *w)
         if (w->result != 0)
             logv(0, "store write %.*s failed: %s", (int)w->key_len, w->key,
                  tw_strerror(w->result));
+        if (w->kind == TBD_W_SCHED && w->key[0] == 'j')
+            job_written(w);
         if (c) {
             struct out *o = (struct out *)(uintptr_t)w->tag;
             if (o) {
@@ -875,8 +992,15 @@ static void waiting_remove(struct conn *c)
 
 static void reply_job(struct conn *c, const char *word, struct job *j)
 {
+    /* A peek at a delayed or buried job whose body is in the store. */
+    char *tmp = j->body ? NULL : body_from_store(j);
+    if (!j->body && !tmp) {
+        reply(c, "INTERNAL_ERROR\r\n");
+        return;
+    }
     replyf(c, "%s %" PRIu64 " %u\r\n", word, j->id, j->body_len);
-    reply_raw(c, j->body, (size_t)j->body_len + 2);
+    reply_raw(c, j->body ? j->body : tmp, (size_t)j->body_len + 2);
+    free(tmp);
 }
 
 /* Starts (or restarts) @j's TTR: first the DEADLINE_SOON point, then
@@ -955,6 +1079,10 @@ static void job_timer_fn(tw_timer *tm, void *arg)
     struct job *j = arg;
     uint64_t now = tw_wheel_now(g.wheel);
     if (j->state == J_DELAYED) {
+        if (!job_load_body(j)) { /* the store failed: try again later */
+            tw_wheel_add(g.wheel, &j->timer, now + 1000);
+            return;
+        }
         jl_remove(&j->tube->delayed, j);
         g.counts[J_DELAYED]--;
         job_make_ready(j);
@@ -1050,7 +1178,7 @@ static void put_finish(struct conn *c)
     c->put_job = NULL;
     c->in_state = IN_LINE;
     if (memcmp(j->body + j->body_len, "\r\n", 2) != 0) {
-        free(j);
+        job_release(j);
         reply(c, "EXPECTED_CRLF\r\n");
         return;
     }
@@ -1084,8 +1212,11 @@ static void cmd_put(struct conn *c, const struct tbd_cmd *cmd)
                                                          : "DRAINING\r\n";
         return;
     }
-    struct job *j = calloc(1, sizeof(*j) + cmd->bytes + 2);
-    if (!j) {
+    struct job *j = job_alloc();
+    char *body = j ? malloc(cmd->bytes + 2) : NULL;
+    if (j && !body)
+        job_release(j);
+    if (!body) {
         c->in_state = IN_SKIP;
         c->skip_left = cmd->bytes + 2;
         c->skip_reply = "OUT_OF_MEMORY\r\n";
@@ -1095,6 +1226,7 @@ static void cmd_put(struct conn *c, const struct tbd_cmd *cmd)
     j->delay_s = cmd->delay;
     j->ttr_s = cmd->ttr ? cmd->ttr : 1;
     j->body_len = (uint32_t)cmd->bytes;
+    j->body = body;
     tw_timer_init(&j->timer, job_timer_fn, j);
     c->put_job = j;
     c->body_got = 0;
@@ -1279,11 +1411,14 @@ static void cmd_list(struct conn *c, int op)
 }
 
 /* Kicks @j (buried or delayed) to ready; stores it. */
-static void kick_one(struct job *j)
+static bool kick_one(struct job *j)
 {
+    if (!job_load_body(j))
+        return false;
     job_unlink(j);
     j->kicks++;
     job_make_ready(j);
+    return true;
 }
 
 static void run_command(struct conn *c, const struct tbd_cmd *cmd)
@@ -1436,7 +1571,8 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
         struct tbd_write *last = NULL;
         while (k < cmd->bound && l->head) {
             j = l->head;
-            kick_one(j);
+            if (!kick_one(j))
+                break; /* its body could not be read back (logged) */
             k++;
             if (g.store) {
                 /* Each write but the last goes at once; the reply waits
@@ -1460,7 +1596,10 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
             reply(c, "NOT_FOUND\r\n");
             break;
         }
-        kick_one(j);
+        if (!kick_one(j)) {
+            reply(c, "INTERNAL_ERROR\r\n");
+            break;
+        }
         store_job(c, j, "KICKED\r\n");
         break;
     case TBD_STATS_JOB:
@@ -1754,8 +1893,11 @@ static void recover_one(void *arg, const char *key, size_t key_len,
         return;
     }
     struct tube *t = tube_get(tname, tl);
-    struct job *j = calloc(1, sizeof(*j) + bl + 2);
-    if (!t || !j) {
+    struct job *j = job_alloc();
+    /* Delayed and buried jobs leave their bodies in the store. */
+    bool cold = state == J_BURIED || (state == J_DELAYED && due > r->now_wall);
+    char *body = cold || !j ? NULL : malloc((size_t)bl + 2);
+    if (!t || !j || (!cold && !body)) {
         fputs("twheeld: out of memory during recovery\n", stderr);
         exit(1);
     }
@@ -1771,8 +1913,12 @@ static void recover_one(void *arg, const char *key, size_t key_len,
     j->buries = cnt[3];
     j->kicks = cnt[4];
     j->body_len = bl;
-    memcpy(j->body, q, bl);
-    memcpy(j->body + bl, "\r\n", 2);
+    j->stored = true;
+    if (body) {
+        memcpy(body, q, bl);
+        memcpy(body + bl, "\r\n", 2);
+        j->body = body;
+    }
     j->tube = t;
     tw_timer_init(&j->timer, job_timer_fn, j);
     job_table_insert(j);

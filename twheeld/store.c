@@ -226,6 +226,16 @@ long tbd_store_recover(struct tbd_store *s,
     return tw_durable_scan(s->d, recover_one, &r);
 }
 
+int tbd_store_get(struct tbd_store *s, const char *key, size_t key_len,
+                  void *buf, size_t len, size_t *plen)
+{
+    tw_durable_info in;
+    int rc = tw_durable_get(s->d, key, key_len, &in, buf, len);
+    if (rc == 0)
+        *plen = in.payload_len;
+    return rc;
+}
+
 bool tbd_store_pending_inline(struct tbd_store *s)
 {
     return s->inline_writes && s->q_head != NULL;

@@ -46,6 +46,15 @@ long tbd_store_recover(struct tbd_store *s,
                                   const void *p, size_t n),
                        void *arg);
 
+/*
+ * tbd_store_get - the payload of @key into @buf (@len bytes), its full
+ * length into *@plen. Returns 0, TW_ENOENT or another TW_E* code. Any
+ * thread; on the event loop it waits for the store's lock (a batch being
+ * written, not an fdatasync).
+ */
+int tbd_store_get(struct tbd_store *s, const char *key, size_t key_len,
+                  void *buf, size_t len, size_t *plen);
+
 /* True when writes run on the event loop (-f MS > 0, -F) and some wait. */
 bool tbd_store_pending_inline(struct tbd_store *s);
 

@@ -84,6 +84,79 @@ def states(d, fl):
     print("states -f %s: ok" % fl)
 
 
+def bodies(d, fl):
+    """Delayed and buried jobs keep their bodies in the store only: every
+    way a body comes back (peek, peek-delayed, peek-buried, the delay
+    running out, kick, kick-job), before and after a restart, gives it
+    back byte for byte."""
+    s = start_twheeld("-b", d, "-f", fl)
+    c = Client(s.port)
+    c.cmd(b"use b\r\n")
+    c.cmd(b"watch b\r\n")
+    c.cmd(b"ignore default\r\n")
+    bd = {}
+
+    def body(k):
+        return (b"%s-" % k) + os.urandom(40).replace(b"\r\n", b"xx")
+
+    for k in (b"d-long", b"d-short", b"bury", b"kick", b"kickjob"):
+        bd[k] = body(k)
+    ids = {b"d-long": put(c, bd[b"d-long"], delay=3600),
+           b"d-short": put(c, bd[b"d-short"], delay=1)}
+    for k in (b"bury", b"kick", b"kickjob"):
+        ids[k] = put(c, bd[k], pri=20)
+        r = c.cmd(b"reserve-with-timeout 0\r\n")
+        check(r.startswith(b"RESERVED %d " % ids[k]), "reserve %r" % r)
+        check(c.cmd(b"bury %d 1\r\n" % ids[k]) == b"BURIED\r\n", "bury")
+
+    def found(cmd, k):
+        r = c.cmd(cmd)
+        want = b"FOUND %d %d\r\n%s\r\n" % (ids[k], len(bd[k]), bd[k])
+        check(r == want, "%r: %r, want %r" % (cmd, r, want))
+
+    for k in ids:
+        found(b"peek %d\r\n" % ids[k], k)
+    found(b"peek-buried\r\n", b"bury")
+    s.kill9()
+    s = start_twheeld("-b", d, "-f", fl)
+    c = Client(s.port)
+    c.cmd(b"use b\r\n")
+    c.cmd(b"watch b\r\n")
+    c.cmd(b"ignore default\r\n")
+    # d-short's delay (1 s) runs out: ready, with its body.
+    r = c.cmd(b"reserve-with-timeout 5\r\n")
+    check(r == b"RESERVED %d %d\r\n%s\r\n" % (ids[b"d-short"],
+                                               len(bd[b"d-short"]),
+                                               bd[b"d-short"]), "d-short")
+    check(c.cmd(b"delete %d\r\n" % ids[b"d-short"]) == b"DELETED\r\n", "del")
+    del ids[b"d-short"]
+    for k in ids:
+        found(b"peek %d\r\n" % ids[k], k)
+    found(b"peek-delayed\r\n", b"d-long")
+    found(b"peek-buried\r\n", b"bury")
+    check(c.cmd(b"kick-job %d\r\n" % ids[b"kickjob"]) == b"KICKED\r\n",
+          "kick-job")
+    check(c.cmd(b"kick 10\r\n") == b"KICKED 2\r\n", "kick")
+    got = set()
+    for _ in range(3):
+        r = c.cmd(b"reserve-with-timeout 0\r\n")
+        check(r.startswith(b"RESERVED "), "reserve %r" % r)
+        jid = int(r.split()[1])
+        k = [k for k in ids if ids[k] == jid][0]
+        check(r.endswith(b" %d\r\n%s\r\n" % (len(bd[k]), bd[k])),
+              "body of %r" % k)
+        got.add(k)
+    check(got == {b"bury", b"kick", b"kickjob"}, "kicked %r" % got)
+    # A delay that runs out while the server is up: a short one.
+    jid = put(c, b"soon", delay=1)
+    ids[b"soon"], bd[b"soon"] = jid, b"soon"
+    r = c.cmd(b"reserve-with-timeout 5\r\n")
+    check(r == b"RESERVED %d 4\r\nsoon\r\n" % jid, "soon: %r" % r)
+    c.close()
+    check(s.stop() == 0, "clean stop")
+    print("bodies -f %s: ok" % fl)
+
+
 class Load(threading.Thread):
     """One connection: put; then delete, bury or leave, as ids say."""
 
@@ -173,6 +246,7 @@ def main():
         # Both must survive kill -9 of the process.
         for f in ("0", "200"):
             states(os.path.join(d, "states" + f), f)
+            bodies(os.path.join(d, "bodies" + f), f)
             load(os.path.join(d, "load" + f), f)
     finally:
         shutil.rmtree(d, ignore_errors=True)
