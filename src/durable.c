@@ -715,6 +715,27 @@ static void prefetch_keys(jstore *s, const tw_durable_item *items, size_t n)
             __builtin_prefetch(hnode(s, hlink(first[i])));
 }
 
+/* The same for the keys of @n (<= RECS_AHEAD) records, @stride bytes
+ * apart from @r: replay and scan look up one record's key after the
+ * other, each a miss in a large table unless asked for ahead. */
+#define RECS_AHEAD 16
+static void prefetch_recs(jstore *s, const jr_rec *r, size_t n, size_t stride)
+{
+    if (s->nbuckets < 4096)
+        return;
+    hnd *b[RECS_AHEAD];
+    for (size_t i = 0; i < n; i++) {
+        const jr_rec *x = (const jr_rec *)((const char *)r + i * stride);
+        b[i] = hbucket(s, hkey(s->seed, x->key, x->key_len));
+        __builtin_prefetch(b[i]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct dnode *first = hnode(s, *b[i]);
+        if (first)
+            __builtin_prefetch(first);
+    }
+}
+
 /* Stage @it's CANCEL record, the @k-th of its group (state in @st[k]; the
  * node it ends in st[k].fresh); TW_EAGAIN: commit first. A key the group
  * already cancels is gone (TW_ENOENT), as if the calls had been made one
@@ -1266,6 +1287,10 @@ static void scan_flush(struct scan_ctx *c)
     int64_t now = wall(s);
     for (size_t i = 0; i < c->nhits; i++) {
         struct scan_hit *h = &c->hits[i];
+        if (i % RECS_AHEAD == 0)
+            prefetch_recs(s, &h->rec,
+                          c->nhits - i < RECS_AHEAD ? c->nhits - i : RECS_AHEAD,
+                          sizeof *h);
         struct dnode *n = hat(s, hfind(s, h->rec.key, h->rec.key_len));
         h->live = n && n->seg == c->no && n->off == h->rec.off;
         if (h->live) {
@@ -1704,11 +1729,12 @@ struct replay_ctx {
     jstore *s;
     uint32_t no;
     uint64_t sched;
+    jr_rec batch[RECS_AHEAD]; /* records read, not yet applied */
+    size_t nbatch;
 };
 
-static int replay_one(void *arg, const jr_rec *r)
+static int replay_apply(struct replay_ctx *c, const jr_rec *r)
 {
-    struct replay_ctx *c = arg;
     jstore *s = c->s;
     if (r->type == JR_SCHED && hreserve(s) != 0)
         return TW_ENOMEM;
@@ -1739,6 +1765,27 @@ static int replay_one(void *arg, const jr_rec *r)
         break;
     }
     return 0;
+}
+
+/* Apply the records batched so far, in order, their keys asked for
+ * ahead. */
+static int replay_flush(struct replay_ctx *c)
+{
+    prefetch_recs(c->s, c->batch, c->nbatch, sizeof c->batch[0]);
+    int rc = 0;
+    for (size_t i = 0; i < c->nbatch && !rc; i++)
+        rc = replay_apply(c, &c->batch[i]);
+    c->nbatch = 0;
+    return rc;
+}
+
+/* tw__jr_scan()'s callback: records point into the segment's buffer,
+ * which outlives the scan, so they are applied RECS_AHEAD at a time. */
+static int replay_one(void *arg, const jr_rec *r)
+{
+    struct replay_ctx *c = arg;
+    c->batch[c->nbatch++] = *r;
+    return c->nbatch == RECS_AHEAD ? replay_flush(c) : 0;
 }
 
 static int cmp_u32(const void *a, const void *b)
@@ -1941,6 +1988,9 @@ static int replay_segment(jstore *s, const tw_durable_config *cfg,
     size_t end = f->size;
     rc = tw__jr_scan(f->buf, f->size, f->seed, f->last,
                      cfg->flags & TW_DURABLE_REPAIR, replay_one, &c, &end);
+    int frc = replay_flush(&c); /* the records before any damage */
+    if (rc >= 0 && frc)
+        rc = frc;
     if (rc == TW_EIO)
         errmsg(cfg, "%s/%s offset %zu: corrupt record", cfg->dir, f->name, end);
     if (rc < 0)
