@@ -182,6 +182,10 @@ typedef struct jstore {
      * If keeping it up to date runs out of memory it is dropped, and the
      * next listing builds it again. */
     tw__dx *dx;
+    /* While @dx is being built (index_step()): keys whose hash modulo
+     * @dx_mod is below @dx_pos have been visited. */
+    bool dx_building;
+    size_t dx_mod, dx_pos;
     /* tw_durable_scan() calls running: compaction waits for them (it
      * would move records a scan has not read yet behind its position). */
     unsigned scanning;
@@ -535,6 +539,7 @@ static void index_drop(jstore *s)
 {
     tw__dx_free(s->dx);
     s->dx = NULL;
+    s->dx_building = false;
 }
 
 /* Node @n leaves the key table (or is about to move). */
@@ -1160,24 +1165,64 @@ static void index_key(void *ctx, uintptr_t h, const unsigned char **key,
     *len = n->key_len;
 }
 
-/* Build the ordered index from the key table (mutex held): every node of
- * the table's chains, the old table's unmoved buckets included. */
-static int index_build(jstore *s)
+/*
+ * The ordered index is built in steps (mutex held for each; listings
+ * let go of it between steps, so schedules and firing go on while a
+ * large index is built). From the first step on, the index is kept up to
+ * date like a built one (rearm(), index_out()), so a key changed before
+ * the walk reaches it is in already and the walk skips it (tw__dx_has()).
+ * The walk goes by classes of hash modulo @dx_mod, the size of the
+ * smaller table when it began: both tables' sizes stay multiples of it as
+ * the table grows, so a key's class never changes and every key that was
+ * in the table when the walk began is in the buckets of its class,
+ * whichever table holds it.
+ */
+#define INDEX_STEP_BUCKETS 512u
+
+#ifdef TW_TEST_HOOKS
+void (*tw__durable_index_hook)(struct tw_durable *d);
+#endif
+
+static int index_add(jstore *s, struct dnode *n)
 {
-    s->dx = tw__dx_new(index_key, s, s->seed);
-    if (!s->dx)
-        return TW_ENOMEM;
-    for (int t = 0; t < 2; t++) {
-        const uint32_t *b = t ? s->old : s->buckets;
-        size_t from = t ? s->moved : 0, to = t ? s->nold : s->nbuckets;
-        for (size_t i = from; b && i < to; i++)
-            for (struct dnode *n = hnode(s, b[i]); n; n = hnode(s, hlink(n)))
-                if (tw__dx_insert(s->dx, tw_timer_expires(&n->tm),
-                                  (uintptr_t)n) != 0) {
-                    index_drop(s);
-                    return TW_ENOMEM;
-                }
+    uint64_t t = tw_timer_expires(&n->tm);
+    if (tw__dx_has(s->dx, t, (uintptr_t)n))
+        return 0;
+    return tw__dx_insert(s->dx, t, (uintptr_t)n);
+}
+
+/* One step of the walk; 0 (dx_building cleared when done) or TW_ENOMEM
+ * (the index dropped). */
+static int index_step(jstore *s)
+{
+    if (!s->dx) {
+        s->dx = tw__dx_new(index_key, s, s->seed);
+        if (!s->dx)
+            return TW_ENOMEM;
+        s->dx_building = true;
+        s->dx_mod = s->old ? s->nold : s->nbuckets;
+        s->dx_pos = 0;
     }
+    if (s->nbuckets < s->dx_mod) { /* never shrinks once open; if it did */
+        s->dx_mod = s->nbuckets;
+        s->dx_pos = 0; /* again: index_add() skips what is in */
+    }
+    size_t per = s->nbuckets / s->dx_mod + (s->old ? s->nold / s->dx_mod : 0);
+    size_t classes = INDEX_STEP_BUCKETS / per ? INDEX_STEP_BUCKETS / per : 1;
+    for (; classes && s->dx_pos < s->dx_mod; classes--, s->dx_pos++)
+        for (int t = 0; t < 2; t++) {
+            const uint32_t *b = t ? s->old : s->buckets;
+            size_t nb = t ? s->nold : s->nbuckets;
+            for (size_t i = s->dx_pos; b && i < nb; i += s->dx_mod)
+                for (struct dnode *n = hnode(s, b[i]); n;
+                     n = hnode(s, hlink(n)))
+                    if (index_add(s, n) != 0) {
+                        index_drop(s);
+                        return TW_ENOMEM;
+                    }
+        }
+    if (s->dx_pos == s->dx_mod)
+        s->dx_building = false;
     return 0;
 }
 
@@ -1223,8 +1268,21 @@ static int j_list(tw_durable *d, const struct tw__list_req *q,
     size_t used = 0, n = 0;
     int rc = 0;
     pthread_mutex_lock(&s->mu);
-    if (!s->dx)
-        rc = index_build(s);
+    while (!rc && (!s->dx || s->dx_building)) {
+        rc = index_step(s);
+        if (!rc && s->dx_building) {
+            /* Let schedules and the store's thread in between steps. */
+            pthread_mutex_unlock(&s->mu);
+            sched_yield();
+#ifdef TW_TEST_HOOKS
+            if (tw__durable_index_hook)
+                tw__durable_index_hook(d);
+#endif
+            pthread_mutex_lock(&s->mu);
+            if (atomic_load(&s->base.closing))
+                rc = TW_ESHUTDOWN;
+        }
+    }
     if (!rc) {
         tw__dx_iter it;
         tw__dx_seek(&it, s->dx, q->from, q->key, q->key_len, q->after);

@@ -318,6 +318,22 @@ static void job_table_insert(struct job *j)
     g.njobs++;
 }
 
+/* Room for @n jobs without a rehash (best effort: at start-up). */
+static void job_table_reserve(uint64_t n)
+{
+    size_t cap = g.jcap;
+    while (cap < n && cap < ((size_t)1 << 40))
+        cap *= 2;
+    if (cap == g.jcap || g.njobs)
+        return;
+    struct job **nt = calloc(cap, sizeof(*nt));
+    if (nt) {
+        free(g.jobs);
+        g.jobs = nt;
+        g.jcap = cap;
+    }
+}
+
 static void job_table_remove(struct job *j)
 {
     struct job **pp = &g.jobs[hash_id(j->id, g.jcap)];
@@ -2037,6 +2053,7 @@ int tbd_serve(const struct tbd_options *opt)
         }
         struct recover_ctx r = {.now_wall = wall_ms(), .now_mono = mono_ms()};
         uint64_t t0 = mono_ms();
+        job_table_reserve(tbd_store_keys(g.store));
         long n = tbd_store_recover(g.store, recover_one, &r);
         if (n < 0) {
             fprintf(stderr, "twheeld: cannot read the jobs back from %s: %s\n",

@@ -236,6 +236,12 @@ int tbd_store_get(struct tbd_store *s, const char *key, size_t key_len,
     return rc;
 }
 
+uint64_t tbd_store_keys(struct tbd_store *s)
+{
+    tw_durable_stats st;
+    return tw_durable_stats_get(s->d, &st) == 0 ? st.pending : 0;
+}
+
 bool tbd_store_pending_inline(struct tbd_store *s)
 {
     return s->inline_writes && s->q_head != NULL;

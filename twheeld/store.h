@@ -55,6 +55,9 @@ long tbd_store_recover(struct tbd_store *s,
 int tbd_store_get(struct tbd_store *s, const char *key, size_t key_len,
                   void *buf, size_t len, size_t *plen);
 
+/* How many keys the store holds (0 if it cannot tell). */
+uint64_t tbd_store_keys(struct tbd_store *s);
+
 /* True when writes run on the event loop (-f MS > 0, -F) and some wait. */
 bool tbd_store_pending_inline(struct tbd_store *s);
 
