@@ -82,6 +82,9 @@ s=socket.create_connection(('127.0.0.1',$P)); s.sendall(b'stats\r\n')
 d=b''
 while b'draining' not in d: d+=s.recv(65536)
 print([l for l in d.decode().splitlines() if l.startswith('current-jobs-delayed')][0])")
-  echo "$srv restart after kill -9: answering in $(echo "$t1 - $t0" | bc) s, $n, RSS $(($(rss "$PID") / 1024)) MB"
+  # CPU time the server used until then (user + system): what the restart
+  # costs on a machine that other work shares.
+  cpu=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$PID/stat")
+  echo "$srv restart after kill -9: answering in $(echo "$t1 - $t0" | bc) s (CPU $cpu s), $n, RSS $(($(rss "$PID") / 1024)) MB"
   stop "$PID"
 done

@@ -1261,6 +1261,27 @@ static int j_get(tw_durable *d, const void *key, size_t key_len,
     return rc;
 }
 
+/* Let go of the store's lock after holding it since @t0 (monotonic ns),
+ * and leave it free at least that long: a loop of listings (or of the
+ * index build's steps) would take it again at once, before a thread woken
+ * by the unlock (the store's, about to fire) can run and take it, and
+ * firing would wait behind page after page. So a listing loop holds the
+ * lock at most about half of the time, and a waiter gets it within one
+ * page. */
+static void list_unlock(jstore *s, uint64_t t0)
+{
+    uint64_t held = tw__clock_ns(CLOCK_MONOTONIC) - t0;
+    pthread_mutex_unlock(&s->mu);
+    if (held < 20000) { /* short: a yield is enough */
+        sched_yield();
+        return;
+    }
+    if (held > 10000000)
+        held = 10000000;
+    struct timespec ts = {0, (long)held};
+    nanosleep(&ts, NULL);
+}
+
 static int j_list(tw_durable *d, const struct tw__list_req *q,
                   tw_durable_entry *out, bool *end)
 {
@@ -1268,17 +1289,18 @@ static int j_list(tw_durable *d, const struct tw__list_req *q,
     size_t used = 0, n = 0;
     int rc = 0;
     pthread_mutex_lock(&s->mu);
+    uint64_t t0 = tw__clock_ns(CLOCK_MONOTONIC);
     while (!rc && (!s->dx || s->dx_building)) {
         rc = index_step(s);
         if (!rc && s->dx_building) {
             /* Let schedules and the store's thread in between steps. */
-            pthread_mutex_unlock(&s->mu);
-            sched_yield();
+            list_unlock(s, t0);
 #ifdef TW_TEST_HOOKS
             if (tw__durable_index_hook)
                 tw__durable_index_hook(d);
 #endif
             pthread_mutex_lock(&s->mu);
+            t0 = tw__clock_ns(CLOCK_MONOTONIC);
             if (atomic_load(&s->base.closing))
                 rc = TW_ESHUTDOWN;
         }
@@ -1303,11 +1325,7 @@ static int j_list(tw_durable *d, const struct tw__list_req *q,
             n++;
         }
     }
-    pthread_mutex_unlock(&s->mu);
-    /* A loop of listings would take the lock again at once, before the
-     * store's thread (woken by the unlock, but not yet running) can:
-     * firing would wait behind page after page. Let it run first. */
-    sched_yield();
+    list_unlock(s, t0);
     return rc ? rc : (int)n;
 }
 
