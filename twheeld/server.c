@@ -174,6 +174,9 @@ static struct server {
     uint64_t job_timeouts, total_jobs, total_conns, cur_conns;
     uint64_t producers, workers, waiting;
     uint64_t counts[4]; /* jobs by state */
+    uint64_t bodies;    /* job bodies in memory (the rest are in the store) */
+    int mfd;            /* --metrics-port listener, or -1 */
+    unsigned nmconn;    /* its connections open */
     uint64_t started_mono;
     char server_id[17];
     struct utsname uts;
@@ -272,6 +275,7 @@ static struct job *job_alloc(void)
 
 static void job_release(struct job *j)
 {
+    g.bodies -= j->body != NULL;
     free(j->body);
     j->body = NULL;
     j->h_next = job_free_list;
@@ -896,6 +900,7 @@ static void job_evict(struct job *j)
         (j->state == J_DELAYED || j->state == J_BURIED)) {
         free(j->body);
         j->body = NULL;
+        g.bodies--;
     }
 }
 
@@ -943,8 +948,10 @@ static char *body_from_store(const struct job *j)
 /* Makes sure @j's body is in memory; false (logged) if it cannot be. */
 static bool job_load_body(struct job *j)
 {
-    if (!j->body)
+    if (!j->body) {
         j->body = body_from_store(j);
+        g.bodies += j->body != NULL;
+    }
     return j->body != NULL;
 }
 
@@ -1243,6 +1250,7 @@ static void cmd_put(struct conn *c, const struct tbd_cmd *cmd)
     j->ttr_s = cmd->ttr ? cmd->ttr : 1;
     j->body_len = (uint32_t)cmd->bytes;
     j->body = body;
+    g.bodies++;
     tw_timer_init(&j->timer, job_timer_fn, j);
     c->put_job = j;
     c->body_got = 0;
@@ -1934,6 +1942,7 @@ static void recover_one(void *arg, const char *key, size_t key_len,
         memcpy(body, q, bl);
         memcpy(body + bl, "\r\n", 2);
         j->body = body;
+        g.bodies++;
     }
     j->tube = t;
     tw_timer_init(&j->timer, job_timer_fn, j);
@@ -1952,6 +1961,213 @@ static void recover_one(void *arg, const char *key, size_t key_len,
     if (id > r->max_id)
         r->max_id = id;
     r->jobs++;
+}
+
+/* ---- /metrics (--metrics-port) ---- */
+
+/*
+ * A minimal HTTP/1.x endpoint on the event loop: one request per
+ * connection (GET /metrics, the Prometheus text format 0.0.4), then the
+ * connection is closed. At most MCONN_MAX connections at once (more are
+ * closed at accept), each closed after MCONN_MS whatever it has sent, a
+ * request of more than MCONN_IN bytes answered 431: a scraper that stalls
+ * or floods costs a bounded buffer and never blocks the loop.
+ */
+#define MCONN_MAX 16
+#define MCONN_MS 5000
+#define MCONN_IN 2048
+
+struct mconn {
+    int fd;
+    tw_timer timer;
+    size_t in_len, out_len, out_off;
+    char *out;
+    char in[MCONN_IN];
+};
+
+static void mconn_close(struct mconn *m)
+{
+    tw_wheel_cancel(g.wheel, &m->timer);
+    close(m->fd);
+    free(m->out);
+    free(m);
+    g.nmconn--;
+}
+
+/* Its time is up: the next event (a hang-up now) closes it; not freed
+ * here, as this iteration's events may still name it. */
+static void mconn_timeout(tw_timer *t, void *arg)
+{
+    (void)t;
+    shutdown(((struct mconn *)arg)->fd, SHUT_RDWR);
+}
+
+/* printf into the growing text *@b (*@n used of *@cap). */
+static void mtext(char **b, size_t *n, size_t *cap, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(*b + *n, *cap - *n, fmt, ap);
+        va_end(ap);
+        if (k < 0)
+            return;
+        if ((size_t)k < *cap - *n) {
+            *n += (size_t)k;
+            return;
+        }
+        *cap = (*cap + (size_t)k) * 2;
+        *b = realloc(*b, *cap);
+        if (!*b)
+            abort();
+    }
+}
+
+/* twheeld's counters, then the store's (tw_durable_metrics()). */
+static char *metrics_text(size_t *len)
+{
+    size_t n = 0, cap = 8192;
+    char *b = xmalloc(cap);
+    b[0] = '\0';
+    mtext(&b, &n, &cap,
+          "# HELP twheeld_jobs Jobs by state.\n# TYPE twheeld_jobs gauge\n");
+    for (int i = 0; i < 4; i++)
+        mtext(&b, &n, &cap, "twheeld_jobs{state=\"%s\"} %" PRIu64 "\n",
+              state_name[i], g.counts[i]);
+    mtext(&b, &n, &cap,
+          "# HELP twheeld_bodies_in_memory Job bodies held in memory (the "
+          "other jobs' bodies are read from the store when needed).\n"
+          "# TYPE twheeld_bodies_in_memory gauge\n"
+          "twheeld_bodies_in_memory %" PRIu64 "\n",
+          g.bodies);
+    mtext(&b, &n, &cap,
+          "# HELP twheeld_jobs_total Jobs put since start.\n"
+          "# TYPE twheeld_jobs_total counter\ntwheeld_jobs_total %" PRIu64
+          "\n# HELP twheeld_job_timeouts_total Reserved jobs whose TTR ran "
+          "out.\n# TYPE twheeld_job_timeouts_total counter\n"
+          "twheeld_job_timeouts_total %" PRIu64 "\n",
+          g.total_jobs, g.job_timeouts);
+    mtext(&b, &n, &cap,
+          "# HELP twheeld_connections Open client connections.\n"
+          "# TYPE twheeld_connections gauge\ntwheeld_connections %" PRIu64
+          "\n# HELP twheeld_connections_total Client connections accepted.\n"
+          "# TYPE twheeld_connections_total counter\n"
+          "twheeld_connections_total %" PRIu64 "\n",
+          g.cur_conns, g.total_conns);
+    mtext(&b, &n, &cap,
+          "# HELP twheeld_commands_total Commands by name.\n"
+          "# TYPE twheeld_commands_total counter\n");
+    for (int op = 0; op < TBD_OP_COUNT; op++)
+        mtext(&b, &n, &cap, "twheeld_commands_total{cmd=\"%s\"} %" PRIu64 "\n",
+              tbd_op_name(op), g.cmd[op]);
+    if (g.store) {
+        uint64_t written, batches, jbytes;
+        tbd_store_counts(g.store, &written, &batches, &jbytes);
+        mtext(&b, &n, &cap,
+              "# HELP twheeld_store_writes_total Job records written to the "
+              "store.\n# TYPE twheeld_store_writes_total counter\n"
+              "twheeld_store_writes_total %" PRIu64
+              "\n# HELP twheeld_store_batches_total Batches they were "
+              "written in.\n# TYPE twheeld_store_batches_total counter\n"
+              "twheeld_store_batches_total %" PRIu64 "\n",
+              written, batches);
+        long k = tbd_store_metrics(g.store, b + n, cap - n);
+        if (k >= 0 && (size_t)k >= cap - n) {
+            cap = n + (size_t)k + 1;
+            b = realloc(b, cap);
+            if (!b)
+                abort();
+            k = tbd_store_metrics(g.store, b + n, cap - n);
+        }
+        if (k >= 0 && (size_t)k < cap - n)
+            n += (size_t)k;
+    }
+    *len = n;
+    return b;
+}
+
+/* Answers the request in m->in (complete or too long). */
+static void mconn_answer(struct mconn *m, bool too_long)
+{
+    const char *status = "200 OK";
+    size_t blen = 0;
+    char *body = NULL;
+    if (too_long) {
+        status = "431 Request Header Fields Too Large";
+    } else if (!strncmp(m->in, "GET /metrics ", 13) ||
+               !strncmp(m->in, "GET /metrics?", 13)) {
+        body = metrics_text(&blen);
+    } else if (!strncmp(m->in, "GET ", 4) || !strncmp(m->in, "HEAD ", 5)) {
+        status = "404 Not Found";
+    } else {
+        status = "405 Method Not Allowed";
+    }
+    char head[256];
+    int hl = snprintf(head, sizeof(head),
+                      "HTTP/1.1 %s\r\nContent-Type: text/plain; "
+                      "version=0.0.4; charset=utf-8\r\nContent-Length: "
+                      "%zu\r\nConnection: close\r\n\r\n",
+                      status, blen);
+    m->out = xmalloc((size_t)hl + blen);
+    memcpy(m->out, head, (size_t)hl);
+    if (blen)
+        memcpy(m->out + hl, body, blen);
+    free(body);
+    m->out_len = (size_t)hl + blen;
+    m->out_off = 0;
+    struct epoll_event e = {.events = EPOLLOUT,
+                            .data.ptr = (void *)((uintptr_t)m | 1u)};
+    epoll_ctl(g.ep, EPOLL_CTL_MOD, m->fd, &e);
+}
+
+static void mconn_event(struct mconn *m, uint32_t events)
+{
+    if (!m->out) {
+        ssize_t r = read(m->fd, m->in + m->in_len, MCONN_IN - 1 - m->in_len);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+            mconn_close(m);
+            return;
+        }
+        if (r > 0)
+            m->in_len += (size_t)r;
+        m->in[m->in_len] = '\0';
+        if (strstr(m->in, "\r\n\r\n") || strstr(m->in, "\n\n"))
+            mconn_answer(m, false);
+        else if (m->in_len == MCONN_IN - 1)
+            mconn_answer(m, true);
+        return;
+    }
+    if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
+        return;
+    ssize_t w = write(m->fd, m->out + m->out_off, m->out_len - m->out_off);
+    if (w < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    if (w > 0)
+        m->out_off += (size_t)w;
+    if (w <= 0 || m->out_off == m->out_len)
+        mconn_close(m);
+}
+
+static void metrics_accept(void)
+{
+    for (;;) {
+        int fd = accept4(g.mfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return;
+        struct mconn *m = g.nmconn < MCONN_MAX ? calloc(1, sizeof(*m)) : NULL;
+        if (!m) {
+            close(fd);
+            continue;
+        }
+        m->fd = fd;
+        g.nmconn++;
+        tw_timer_init(&m->timer, mconn_timeout, m);
+        tw_wheel_add(g.wheel, &m->timer, tw_wheel_now(g.wheel) + MCONN_MS);
+        struct epoll_event e = {.events = EPOLLIN,
+                                .data.ptr = (void *)((uintptr_t)m | 1u)};
+        if (epoll_ctl(g.ep, EPOLL_CTL_ADD, fd, &e) != 0)
+            mconn_close(m);
+    }
 }
 
 /* ---- main loop ---- */
@@ -1990,9 +2206,9 @@ static int listen_on(const char *addr, int port)
     return fd;
 }
 
-static void report_port(int fd)
+static void report_port(int fd, int port_fd)
 {
-    if (g.opt->port_fd < 0)
+    if (port_fd < 0)
         return;
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
@@ -2003,8 +2219,8 @@ static void report_port(int fd)
         else if (ss.ss_family == AF_INET6)
             port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
     }
-    dprintf(g.opt->port_fd, "%d\n", port);
-    close(g.opt->port_fd);
+    dprintf(port_fd, "%d\n", port);
+    close(port_fd);
 }
 
 int tbd_serve(const struct tbd_options *opt)
@@ -2074,13 +2290,27 @@ int tbd_serve(const struct tbd_options *opt)
         tbd_store_close(g.store);
         return 1;
     }
-    report_port(g.lfd);
+    g.mfd = -1;
+    if (opt->metrics_port >= 0) {
+        g.mfd = listen_on(opt->addr, opt->metrics_port);
+        if (g.mfd < 0) {
+            close(g.lfd);
+            tbd_store_close(g.store);
+            return 1;
+        }
+        report_port(g.mfd, opt->metrics_port_fd);
+    }
+    report_port(g.lfd, opt->port_fd);
 
     g.sfd = signalfd(-1, &ss, SFD_NONBLOCK | SFD_CLOEXEC);
     g.ep = epoll_create1(EPOLL_CLOEXEC);
-    static int tag_listen, tag_signal, tag_store;
+    static int tag_listen, tag_signal, tag_store, tag_metrics;
     struct epoll_event e = {.events = EPOLLIN, .data.ptr = &tag_listen};
     epoll_ctl(g.ep, EPOLL_CTL_ADD, g.lfd, &e);
+    if (g.mfd >= 0) {
+        e.data.ptr = &tag_metrics;
+        epoll_ctl(g.ep, EPOLL_CTL_ADD, g.mfd, &e);
+    }
     e.data.ptr = &tag_signal;
     epoll_ctl(g.ep, EPOLL_CTL_ADD, g.sfd, &e);
     if (g.store) {
@@ -2108,6 +2338,11 @@ int tbd_serve(const struct tbd_options *opt)
             void *p = evs[i].data.ptr;
             if (p == &tag_listen) {
                 conn_accept();
+            } else if (p == &tag_metrics) {
+                metrics_accept();
+            } else if ((uintptr_t)p & 1u) {
+                mconn_event((struct mconn *)((uintptr_t)p & ~(uintptr_t)1),
+                            evs[i].events);
             } else if (p == &tag_signal) {
                 struct signalfd_siginfo si;
                 while (read(g.sfd, &si, sizeof(si)) == sizeof(si)) {
@@ -2147,6 +2382,8 @@ int tbd_serve(const struct tbd_options *opt)
     }
     logv(0, "shutting down");
     close(g.lfd);
+    if (g.mfd >= 0)
+        close(g.mfd);
     /* Flush the store: every acknowledged write stays. */
     tbd_store_close(g.store);
     return 0;

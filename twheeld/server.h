@@ -15,6 +15,8 @@ struct tbd_options {
     uint32_t max_job_size; /* -z */
     int verbose;           /* -V count */
     int port_fd;           /* test aid: write the bound port there, or -1 */
+    int metrics_port;      /* --metrics-port: HTTP /metrics, -1 = none */
+    int metrics_port_fd;   /* test aid: its bound port goes there, or -1 */
 };
 
 /* Runs the server until SIGINT/SIGTERM. Returns the process exit code. */

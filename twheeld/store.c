@@ -236,6 +236,11 @@ int tbd_store_get(struct tbd_store *s, const char *key, size_t key_len,
     return rc;
 }
 
+long tbd_store_metrics(struct tbd_store *s, char *buf, size_t len)
+{
+    return tw_durable_metrics(s->d, NULL, 0, buf, len);
+}
+
 uint64_t tbd_store_keys(struct tbd_store *s)
 {
     tw_durable_stats st;

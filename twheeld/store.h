@@ -55,6 +55,10 @@ long tbd_store_recover(struct tbd_store *s,
 int tbd_store_get(struct tbd_store *s, const char *key, size_t key_len,
                   void *buf, size_t len, size_t *plen);
 
+/* The store's own metrics (tw_durable_metrics()) into @buf, as
+ * snprintf(); negative TW_E* on error. */
+long tbd_store_metrics(struct tbd_store *s, char *buf, size_t len);
+
 /* How many keys the store holds (0 if it cannot tell). */
 uint64_t tbd_store_keys(struct tbd_store *s);
 
