@@ -2002,75 +2002,55 @@ static void mconn_timeout(tw_timer *t, void *arg)
     shutdown(((struct mconn *)arg)->fd, SHUT_RDWR);
 }
 
-/* printf into the growing text *@b (*@n used of *@cap). */
-static void mtext(char **b, size_t *n, size_t *cap, const char *fmt, ...)
-{
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(*b + *n, *cap - *n, fmt, ap);
-        va_end(ap);
-        if (k < 0)
-            return;
-        if ((size_t)k < *cap - *n) {
-            *n += (size_t)k;
-            return;
-        }
-        *cap = (*cap + (size_t)k) * 2;
-        *b = realloc(*b, *cap);
-        if (!*b)
-            abort();
-    }
-}
-
 /* twheeld's counters, then the store's (tw_durable_metrics()). */
 static char *metrics_text(size_t *len)
 {
-    size_t n = 0, cap = 8192;
-    char *b = xmalloc(cap);
-    b[0] = '\0';
-    mtext(&b, &n, &cap,
-          "# HELP twheeld_jobs Jobs by state.\n# TYPE twheeld_jobs gauge\n");
+    size_t n, cap;
+    char *b;
+    yaml_begin(&b, &n, &cap); /* a growing text, as for the YAML replies */
+    yaml_add(&b, &n, &cap,
+             "# HELP twheeld_jobs Jobs by state.\n# TYPE twheeld_jobs gauge\n");
     for (int i = 0; i < 4; i++)
-        mtext(&b, &n, &cap, "twheeld_jobs{state=\"%s\"} %" PRIu64 "\n",
-              state_name[i], g.counts[i]);
-    mtext(&b, &n, &cap,
-          "# HELP twheeld_bodies_in_memory Job bodies held in memory (the "
-          "other jobs' bodies are read from the store when needed).\n"
-          "# TYPE twheeld_bodies_in_memory gauge\n"
-          "twheeld_bodies_in_memory %" PRIu64 "\n",
-          g.bodies);
-    mtext(&b, &n, &cap,
-          "# HELP twheeld_jobs_total Jobs put since start.\n"
-          "# TYPE twheeld_jobs_total counter\ntwheeld_jobs_total %" PRIu64
-          "\n# HELP twheeld_job_timeouts_total Reserved jobs whose TTR ran "
-          "out.\n# TYPE twheeld_job_timeouts_total counter\n"
-          "twheeld_job_timeouts_total %" PRIu64 "\n",
-          g.total_jobs, g.job_timeouts);
-    mtext(&b, &n, &cap,
-          "# HELP twheeld_connections Open client connections.\n"
-          "# TYPE twheeld_connections gauge\ntwheeld_connections %" PRIu64
-          "\n# HELP twheeld_connections_total Client connections accepted.\n"
-          "# TYPE twheeld_connections_total counter\n"
-          "twheeld_connections_total %" PRIu64 "\n",
-          g.cur_conns, g.total_conns);
-    mtext(&b, &n, &cap,
-          "# HELP twheeld_commands_total Commands by name.\n"
-          "# TYPE twheeld_commands_total counter\n");
+        yaml_add(&b, &n, &cap, "twheeld_jobs{state=\"%s\"} %" PRIu64 "\n",
+                 state_name[i], g.counts[i]);
+    yaml_add(&b, &n, &cap,
+             "# HELP twheeld_bodies_in_memory Job bodies held in memory (the "
+             "other jobs' bodies are read from the store when needed).\n"
+             "# TYPE twheeld_bodies_in_memory gauge\n"
+             "twheeld_bodies_in_memory %" PRIu64 "\n",
+             g.bodies);
+    yaml_add(&b, &n, &cap,
+             "# HELP twheeld_jobs_total Jobs put since start.\n"
+             "# TYPE twheeld_jobs_total counter\ntwheeld_jobs_total %" PRIu64
+             "\n# HELP twheeld_job_timeouts_total Reserved jobs whose TTR ran "
+             "out.\n# TYPE twheeld_job_timeouts_total counter\n"
+             "twheeld_job_timeouts_total %" PRIu64 "\n",
+             g.total_jobs, g.job_timeouts);
+    yaml_add(&b, &n, &cap,
+             "# HELP twheeld_connections Open client connections.\n"
+             "# TYPE twheeld_connections gauge\ntwheeld_connections %" PRIu64
+             "\n# HELP twheeld_connections_total Client connections accepted.\n"
+             "# TYPE twheeld_connections_total counter\n"
+             "twheeld_connections_total %" PRIu64 "\n",
+             g.cur_conns, g.total_conns);
+    yaml_add(&b, &n, &cap,
+             "# HELP twheeld_commands_total Commands by name.\n"
+             "# TYPE twheeld_commands_total counter\n");
     for (int op = 0; op < TBD_OP_COUNT; op++)
-        mtext(&b, &n, &cap, "twheeld_commands_total{cmd=\"%s\"} %" PRIu64 "\n",
-              tbd_op_name(op), g.cmd[op]);
+        yaml_add(&b, &n, &cap,
+                 "twheeld_commands_total{cmd=\"%s\"} %" PRIu64 "\n",
+                 tbd_op_name(op), g.cmd[op]);
     if (g.store) {
         uint64_t written, batches, jbytes;
         tbd_store_counts(g.store, &written, &batches, &jbytes);
-        mtext(&b, &n, &cap,
-              "# HELP twheeld_store_writes_total Job records written to the "
-              "store.\n# TYPE twheeld_store_writes_total counter\n"
-              "twheeld_store_writes_total %" PRIu64
-              "\n# HELP twheeld_store_batches_total Batches they were "
-              "written in.\n# TYPE twheeld_store_batches_total counter\n"
-              "twheeld_store_batches_total %" PRIu64 "\n",
-              written, batches);
+        yaml_add(&b, &n, &cap,
+                 "# HELP twheeld_store_writes_total Job records written to the "
+                 "store.\n# TYPE twheeld_store_writes_total counter\n"
+                 "twheeld_store_writes_total %" PRIu64
+                 "\n# HELP twheeld_store_batches_total Batches they were "
+                 "written in.\n# TYPE twheeld_store_batches_total counter\n"
+                 "twheeld_store_batches_total %" PRIu64 "\n",
+                 written, batches);
         long k = tbd_store_metrics(g.store, b + n, cap - n);
         if (k >= 0 && (size_t)k >= cap - n) {
             cap = n + (size_t)k + 1;
