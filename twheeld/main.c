@@ -23,6 +23,13 @@ static const char usage[] =
     "            (default 50); -f 0: reply only after the fdatasync\n"
     "  -F        never fdatasync (a crash of the process loses nothing,\n"
     "            a crash of the machine may)\n"
+    "  --redis URL\n"
+    "            keep every job in Redis instead (redis://host:port, ...)\n"
+    "  --namespace NS\n"
+    "            the Redis key prefix (default tw)\n"
+    "  --node N  this server's number, 0..4095 (default 0): its job ids\n"
+    "            are N * 2^40 + 1, ...; servers sharing a Redis namespace\n"
+    "            each need their own\n"
     "  -l ADDR   listen on ADDR (default 0.0.0.0)\n"
     "  -p PORT   listen on TCP port PORT (default 11300; 0 = any)\n"
     "  -z BYTES  largest job body (default 65535)\n"
@@ -75,6 +82,9 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         {"metrics-port", required_argument, NULL, 'M'},
         {"metrics-port-fd", required_argument, NULL, 'Q'},
+        {"redis", required_argument, NULL, 'R'},
+        {"namespace", required_argument, NULL, 'N'},
+        {"node", required_argument, NULL, 'D'},
         {NULL, 0, NULL, 0}};
     while ((opt = getopt_long(argc, argv, "b:f:Fl:p:z:s:cnVP:", longopts,
                               NULL)) != -1) {
@@ -127,6 +137,20 @@ int main(int argc, char **argv)
             }
             o.metrics_port = (int)v;
             break;
+        case 'R':
+            o.redis = optarg;
+            break;
+        case 'N':
+            o.redis_ns = optarg;
+            break;
+        case 'D':
+            if (num_arg(optarg, 0, 4095, &v)) {
+                fprintf(stderr, "twheeld: --node: bad number %s (0..4095)\n",
+                        optarg);
+                return 2;
+            }
+            o.node = (uint32_t)v;
+            break;
         case 'Q':
             /* Undocumented test aid: the metrics port goes to this fd. */
             if (num_arg(optarg, 0, INT_MAX, &v))
@@ -143,6 +167,10 @@ int main(int argc, char **argv)
             fputs(usage, stderr);
             return 2;
         }
+    }
+    if (o.dir && o.redis) {
+        fputs("twheeld: -b and --redis exclude each other\n", stderr);
+        return 2;
     }
     if (optind < argc) {
         fprintf(stderr, "twheeld: unexpected argument %s\n", argv[optind]);

@@ -61,6 +61,7 @@
 #define URGENT 1024u           /* priority below which a job is urgent */
 #define SAFETY_MS 1000         /* DEADLINE_SOON margin, as beanstalkd */
 #define ID_BLOCK 1024          /* ids issued per high-water-mark write */
+#define NODE_SHIFT 40          /* --node N: ids N * 2^40 + 1 ... (< 2^53) */
 
 enum jstate { J_READY, J_DELAYED, J_RESERVED, J_BURIED };
 static const char *const state_name[] = {"ready", "delayed", "reserved",
@@ -863,6 +864,15 @@ static void store_delete(struct conn *c, uint64_t id, const char *text)
     submit(c, w, text);
 }
 
+/* The store key of this server's high-water mark of ids: "m", or with
+ * --node N > 0 "m<N>" (each server its own). */
+static size_t mark_key(char *buf, size_t len)
+{
+    if (g.opt->node == 0)
+        return (size_t)snprintf(buf, len, "m");
+    return (size_t)snprintf(buf, len, "m%" PRIu32, g.opt->node);
+}
+
 /* Issues the next job id; raises the stored high-water mark first. */
 static uint64_t next_job_id(void)
 {
@@ -870,8 +880,7 @@ static uint64_t next_job_id(void)
     if (id > g.id_mark && g.store) {
         g.id_mark = id + ID_BLOCK;
         struct tbd_write *w = write_new(TBD_W_SCHED, NULL);
-        w->key[0] = 'm';
-        w->key_len = 1;
+        w->key_len = mark_key(w->key, sizeof(w->key));
         unsigned char *p = xmalloc(10), *q = p;
         *q++ = REC_MARK;
         *q++ = REC_VERSION;
@@ -1872,7 +1881,7 @@ static void conn_accept(void)
 /* ---- recovery ---- */
 
 struct recover_ctx {
-    uint64_t max_id, mark, jobs, bad;
+    uint64_t max_id, mark, jobs, bad, others;
     int64_t now_wall;
     uint64_t now_mono;
 };
@@ -1882,9 +1891,17 @@ static void recover_one(void *arg, const char *key, size_t key_len,
 {
     struct recover_ctx *r = arg;
     const unsigned char *p = payload;
-    if (key_len == 1 && key[0] == 'm') {
-        if (n >= 10 && p[0] == REC_MARK && get_u64(p + 2) > r->mark)
+    if (key_len && key[0] == 'm') {
+        char mk[24];
+        size_t ml = mark_key(mk, sizeof(mk));
+        if (key_len == ml && !memcmp(key, mk, ml) && n >= 10 &&
+            p[0] == REC_MARK && get_u64(p + 2) > r->mark)
             r->mark = get_u64(p + 2);
+        return;
+    }
+    /* Another server's job (--node): not this one's to serve. */
+    if (key_id(key, key_len) >> NODE_SHIFT != g.opt->node) {
+        r->others++;
         return;
     }
     if (n < REC_HEAD || p[0] != REC_JOB || p[1] != REC_VERSION) {
@@ -2236,14 +2253,16 @@ int tbd_serve(const struct tbd_options *opt)
         return 1;
     }
     g.default_tube = tube_get("default", 7);
-    g.next_id = 1;
+    g.next_id = ((uint64_t)opt->node << NODE_SHIFT) + 1;
+    g.id_mark = g.next_id - 1;
 
-    if (opt->dir) {
+    if (opt->dir || opt->redis) {
+        const char *where = opt->dir ? opt->dir : opt->redis;
         char err[256] = "";
-        int rc =
-            tbd_store_open(&g.store, opt->dir, opt->fsync_ms, err, sizeof(err));
+        int rc = tbd_store_open(&g.store, opt->dir, opt->redis, opt->redis_ns,
+                                opt->fsync_ms, err, sizeof(err));
         if (rc != 0) {
-            fprintf(stderr, "twheeld: cannot open %s: %s%s%s\n", opt->dir,
+            fprintf(stderr, "twheeld: cannot open %s: %s%s%s\n", where,
                     tw_strerror(rc), err[0] ? ": " : "", err);
             return 1;
         }
@@ -2253,16 +2272,19 @@ int tbd_serve(const struct tbd_options *opt)
         long n = tbd_store_recover(g.store, recover_one, &r);
         if (n < 0) {
             fprintf(stderr, "twheeld: cannot read the jobs back from %s: %s\n",
-                    opt->dir, tw_strerror((int)n));
+                    where, tw_strerror((int)n));
             tbd_store_close(g.store);
             return 1;
         }
-        g.id_mark = r.mark > r.max_id ? r.mark : r.max_id;
+        if (r.mark > g.id_mark)
+            g.id_mark = r.mark;
+        if (r.max_id > g.id_mark)
+            g.id_mark = r.max_id;
         g.next_id = g.id_mark + 1;
         logv(1,
              "%s: %" PRIu64 " jobs recovered in %" PRIu64 " ms (%" PRIu64
-             " unreadable), next id %" PRIu64,
-             opt->dir, r.jobs, mono_ms() - t0, r.bad, g.next_id);
+             " unreadable, %" PRIu64 " of other nodes), next id %" PRIu64,
+             where, r.jobs, mono_ms() - t0, r.bad, r.others, g.next_id);
     }
 
     g.lfd = listen_on(opt->addr, opt->port);

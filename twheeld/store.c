@@ -155,15 +155,19 @@ static void *writer(void *arg)
     return NULL;
 }
 
-int tbd_store_open(struct tbd_store **out, const char *dir, int fsync_ms,
-                   char *err, size_t err_len)
+int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
+                   const char *ns, int fsync_ms, char *err, size_t err_len)
 {
     struct tbd_store *s = calloc(1, sizeof(*s));
     if (!s)
         return TW_ENOMEM;
     tw_durable_config cfg = {
         .dir = dir, .fire = store_fire, .errbuf = err, .errbuf_len = err_len};
-    if (fsync_ms == 0) {
+    if (!dir) {
+        cfg.redis = redis;
+        cfg.redis_namespace = ns;
+        fsync_ms = 0; /* the writer thread: a write is a round trip */
+    } else if (fsync_ms == 0) {
         cfg.sync = TW_DURABLE_SYNC_GROUP;
     } else if (fsync_ms > 0) {
         cfg.sync = TW_DURABLE_SYNC_INTERVAL;
