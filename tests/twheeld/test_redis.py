@@ -58,6 +58,7 @@ def main():
         a3 = put(ca, b"a-reserved")
         a4 = put(ca, b"a-deleted")
         b1 = put(cb, b"b-ready")
+        bk = put(cb, b"b-kept", delay=3600)
         for jid in (a1, a2, a3, a4):
             check(NODE <= jid < 2 * NODE, "node 1 id %d" % jid)
         check(2 * NODE <= b1 < 3 * NODE, "node 2 id %d" % b1)
@@ -91,13 +92,17 @@ def main():
         check(r == b"RESERVED %d 10\r\na-reserved\r\n" % a3, "a3: %r" % r)
         a5 = put(ca, b"after")
         check(a4 < a5 < 2 * NODE, "id %d after restart" % a5)
-        check(state(ca, b1) is None, "a does not serve b's jobs")
+        check(state(ca, bk) is None, "a does not serve b's jobs")
+        check(yaml_map(ca.cmd(b"stats\r\n"))["current-jobs-delayed"] == "1",
+              "a's delayed jobs: a2 only")
         # b after a kill -9 too: nothing of its own left, ids go on.
         b.kill9()
         b = server(2)
         cb = Client(b.port)
-        check(yaml_map(cb.cmd(b"stats\r\n"))["current-jobs-ready"] == "0",
-              "b's jobs after restart")
+        st = yaml_map(cb.cmd(b"stats\r\n"))
+        check(st["current-jobs-ready"] == "0" and
+              st["current-jobs-delayed"] == "1", "b's jobs after restart")
+        check(state(cb, bk)["state"] == "delayed", "b-kept")
         b2 = put(cb, b"b-after")
         check(b1 < b2 < 3 * NODE, "b id %d after restart" % b2)
         ca.close()
