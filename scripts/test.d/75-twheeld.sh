@@ -6,8 +6,8 @@
 # real clients (ruby-beaneater from Debian, jackd from npm) with the same
 # transcript on twheeld and beanstalkd, /metrics parsed by prometheus_client,
 # two servers on one redis-server namespace with kill -9 of each. Needs
-# scripts/deps.sh test; the npm
-# client goes to build/npm-clients (git-ignored). About a minute here.
+# scripts/deps.sh test; the npm client goes to build/npm-clients
+# (git-ignored). About a minute here.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
