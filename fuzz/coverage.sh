@@ -16,7 +16,7 @@ llvm_profdata=$(command -v llvm-profdata-14 || command -v llvm-profdata)
 flags=(-O1 -g -fprofile-instr-generate -fcoverage-mapping -Iinclude -Isrc
   -DTWHEEL_STATIC -pthread)
 for name in wheel service; do
-  srcs=(src/wheel.c)
+  srcs=(src/wheel.c src/common.c)
   [ "$name" = service ] && srcs+=(src/service.c)
   clang "${flags[@]}" -o "$out/cov_$name" "${srcs[@]}" "fuzz/fuzz_$name.c" \
     fuzz/replay_main.c

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Runs twheel's libFuzzer harnesses one after the other, each for
-# FUZZ_SECONDS (default 60), on a working corpus in the build tree seeded
-# from fuzz/corpus/<name>/. Exits non-zero on the first failure and leaves
-# the crashing input in BINDIR/artifacts/.
+# FUZZ_SECONDS (default 60) or for a fixed number of runs (FUZZ_RUNS), on a
+# working corpus in the build tree seeded from fuzz/corpus/<name>/. Exits
+# non-zero on the first failure and leaves the crashing input in
+# BINDIR/artifacts/.
 # Usage: fuzz/run.sh BINDIR NAME...   (the `fuzz` CMake target calls it)
 # Environment: FUZZ_SECONDS  seconds per harness (default 60)
+#              FUZZ_RUNS     "NAME=COUNT ...": these harnesses run COUNT
+#                            inputs (seeds included) instead, whatever the
+#                            machine's speed (scripts/test.d/50-fuzz.sh)
 #              FUZZ_ARGS     extra libFuzzer flags
 #              FUZZ_UPDATE_SEEDS=1  merge new coverage back into fuzz/corpus/
 set -euo pipefail
@@ -23,11 +27,24 @@ for name in "$@"; do
   export TSAN_OPTIONS="halt_on_error=1:report_signal_unsafe=0:suppressions=$src/tsan.supp"
   mkdir -p "$work"
   log=$bin/fuzz-$name.log
-  echo "fuzz_$name: ${secs}s, corpus $work (+ seeds $seeds)"
+  runs=
+  for nr in ${FUZZ_RUNS:-}; do
+    [ "${nr%%=*}" = "$name" ] && runs=${nr#*=}
+  done
+  if [ -n "$runs" ]; then
+    # A fixed amount of work; the outer timeout is a generous bound.
+    limit=(-runs="$runs")
+    outer=900
+    echo "fuzz_$name: $runs runs, corpus $work (+ seeds $seeds)"
+  else
+    limit=(-max_total_time="$secs")
+    outer=$((secs * 2 + 120))
+    echo "fuzz_$name: ${secs}s, corpus $work (+ seeds $seeds)"
+  fi
   # The outer timeout turns any other hang into a failure.
+  t0=$SECONDS
   # shellcheck disable=SC2086
-  if ! timeout -k 10 $((secs * 2 + 120)) "$bin/fuzz_$name" \
-    -max_total_time="$secs" -timeout=20 \
+  if ! timeout -k 10 "$outer" "$bin/fuzz_$name" "${limit[@]}" -timeout=20 \
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$bin/artifacts/" \
     ${FUZZ_ARGS:-} "$work" "$seeds" >"$log" 2>&1; then
     tail -n 60 "$log"
@@ -36,7 +53,8 @@ for name in "$@"; do
   fi
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 || true)
-  echo "fuzz_$name: ok, $execs executions, $cov, $(ls "$work" | wc -l) corpus files"
+  echo "fuzz_$name: ok, $execs executions in $((SECONDS - t0)) s, $cov," \
+    "$(ls "$work" | wc -l) corpus files"
   if [ "${FUZZ_UPDATE_SEEDS:-0}" = 1 ]; then
     "$bin/fuzz_$name" -merge=1 "$seeds" "$work" >>"$log" 2>&1
     echo "fuzz_$name: seeds now $(ls "$seeds" | wc -l) files"

@@ -22,7 +22,26 @@
  * timer fires.
  *
  * Replay applies the records in order: SCHED makes or replaces the key's
- * node, CANCEL and DONE remove it, FIRE counts a delivery that began.
+ * node, CANCEL and DONE remove it, FIRE counts a delivery that began, DEAD
+ * makes or replaces it as a dead letter.
+ *
+ * With a retry policy (max_attempts) a crash must count against the
+ * timer whose callback was running, not against every timer of its chunk
+ * whose callback had not started yet: then each delivery's FIRE record is
+ * written just before its own callback starts (under the mutex, in
+ * begin_delivery()), and not synced: a kill -9 keeps it (it is in the
+ * kernel), a crash of the machine may lose the count of the last
+ * attempts.
+ *
+ * Retry policy and dead letters: after a callback, tw__retry_next()
+ * (src/durable_dead.c) says done, again in n ms, or dead. A delivery whose
+ * attempt (the record's plus its FIRE records) would pass max_attempts,
+ * i.e. the earlier ones crashed, goes dead before its callback runs. Dead
+ * is a DEAD record, the SCHED record's body (due time of the last
+ * delivery, attempts made, payload) under another type: the node stays
+ * in the key table, out of the wheel, until a schedule replaces it, a
+ * rearm writes a SCHED record for it, or a delete a CANCEL record.
+ * Compaction copies DEAD records forward as it copies SCHED records.
  *
  * Firing: the store's thread advances the wheel to the wall clock; due
  * nodes are marked FIRING, their records read, FIRE records appended and
@@ -82,10 +101,13 @@
 #define CHUNK_BYTES (4u << 20)
 #define RETRY_IO_MS 1000
 
-/* dnode.fl: bits 0-13 count the FIRE records after the node's SCHED
- * record (deliveries begun since it was written; saturating), bits 14 and
- * 15 are flags. */
-#define DN_FIRES 0x3fffu
+/* dnode.fl: bits 0-12 count the FIRE records after the node's SCHED
+ * record (deliveries begun since it was written; saturating), bits 13 to
+ * 15 are flags. DN_DEAD: a dead letter, whose record is a DEAD record; it
+ * is in the key table (and the dead index once built) but never in the
+ * wheel or the ordered index of pending timers. */
+#define DN_FIRES 0x1fffu
+#define DN_DEAD 0x2000u
 #define DN_FIRING 0x4000u
 #define DN_ORPHAN 0x8000u
 
@@ -189,6 +211,11 @@ typedef struct jstore {
     /* tw_durable_scan() calls running: compaction waits for them (it
      * would move records a scan has not read yet behind its position). */
     unsigned scanning;
+    /* The dead letters in key order (all at tick 0) for
+     * tw_durable_list_dead(): NULL until its first call, as dx. */
+    tw__dx *dxd;
+    uint64_t ndead;         /* nodes with DN_DEAD */
+    struct tw__retry retry; /* cfg's policy */
     /* TW_DURABLE_READONLY: no lock, no writes, no threads; NOFIRE (or
      * READONLY): no store thread or executors, so nothing is delivered. */
     bool readonly, nofire;
@@ -558,12 +585,60 @@ static void rearm(jstore *s, struct dnode *n, uint64_t tick)
         index_drop(s);
 }
 
+/* The dead index, once built: node @n enters it. */
+static void dead_in(jstore *s, struct dnode *n)
+{
+    if (s->dxd && tw__dx_insert(s->dxd, 0, (uintptr_t)n) != 0) {
+        tw__dx_free(s->dxd); /* the next listing builds it again */
+        s->dxd = NULL;
+    }
+}
+
+/* Node @n is not a dead letter any more (if it was). */
+static void dead_clear(jstore *s, struct dnode *n)
+{
+    if (!(n->fl & DN_DEAD))
+        return;
+    if (s->dxd)
+        (void)tw__dx_erase(s->dxd, 0, (uintptr_t)n);
+    n->fl &= (uint16_t)~DN_DEAD;
+    s->ndead--;
+}
+
+/* Make node @n (in the key table, neither in the wheel's hands nor being
+ * delivered) a dead letter: a DEAD record with @rec's due time and
+ * payload and @attempt attempts made. Not waited for, as DONE is not: a
+ * crash before it is durable brings the timer back, and the policy sends
+ * it here again. Returns 0 or the append's error (nothing changed). Mutex
+ * held. */
+static int to_dead(jstore *s, struct dnode *n, const jr_rec *rec,
+                   uint32_t attempt)
+{
+    uint32_t seg, off;
+    uint64_t lsn;
+    int rc =
+        tw__jr_append(&s->w, JR_DEAD, n->key, n->key_len, rec->due_ms, attempt,
+                      rec->payload, rec->payload_len, &seg, &off, &lsn);
+    if (rc)
+        return rc;
+    seg_live(s, n->seg, -1);
+    seg_live(s, seg, +1);
+    node_record(n, seg, off);
+    index_out(s, n);
+    tw_wheel_cancel(s->wheel, &n->tm);
+    n->fl |= DN_DEAD;
+    s->ndead++;
+    dead_in(s, n);
+    return 0;
+}
+
 /* Unlink the node at @p from the table and the wheel; free it unless a
  * delivery still holds it (then it becomes an orphan). */
 static void node_remove(jstore *s, struct hpos p)
 {
     struct dnode *n = hout(s, p);
     index_out(s, n);
+    dead_clear(s, n);
     seg_live(s, n->seg, -1);
     if (n->fl & DN_FIRING) {
         n->fl |= DN_ORPHAN;
@@ -639,6 +714,7 @@ static void sched_apply(jstore *s, const tw_durable_item *it,
         if (fresh) /* an earlier item of the batch made the node */
             node_free(s, fresh);
         seg_live(s, n->seg, -1);
+        dead_clear(s, n); /* a dead letter is replaced as well */
     } else {
         if (n) /* being delivered: it becomes an orphan */
             node_remove(s, p);
@@ -753,7 +829,7 @@ static int cancel_stage(jstore *s, tw_durable_item *it, struct staged_item *st,
     for (size_t j = 0; nd && j < k; j++)
         if (st[j].staged && st[j].fresh == nd)
             nd = NULL;
-    if (!nd)
+    if (!nd || (nd->fl & DN_DEAD)) /* a dead letter is not pending */
         return TW_ENOENT;
     int rc = tw__jr_stage(&s->w, JR_CANCEL, it->key, it->key_len, 0, 0, NULL, 0,
                           &st[k].seg, &st[k].off);
@@ -896,7 +972,8 @@ static int j_stats(tw_durable *d, tw_durable_stats *out)
     jstore *s = (jstore *)d;
     pthread_mutex_lock(&s->mu);
     memset(out, 0, sizeof *out);
-    out->pending = s->count;
+    out->pending = s->count - s->ndead;
+    out->dead = s->ndead;
     out->fired = s->fired;
     out->retried = s->retried;
     out->cancelled = s->cancelled;
@@ -958,7 +1035,7 @@ static struct delivery *read_record(jstore *s, struct dnode *n)
         return NULL;
     if (pread(g->fd, dl->raw, size, n->off) != (ssize_t)size ||
         tw__jr_decode(dl->raw, size, n->off, g->seed, &dl->rec) != size ||
-        dl->rec.type != JR_SCHED) {
+        (dl->rec.type != JR_SCHED && dl->rec.type != JR_DEAD)) {
         tw__free(dl);
         return NULL;
     }
@@ -972,14 +1049,21 @@ static void complete(jstore *s, struct delivery *dl, int r)
 {
     struct dnode *n = dl->node;
     s->callbacks--;
-    if (r > 0)
+    if (r > 0 || r == TW_DURABLE_FIRE_RETRY)
         s->retried++;
     else
         s->fired++;
+    int next = tw__retry_next(&s->retry, dl->attempt, r);
     if (n->fl & DN_ORPHAN) {
         node_free(s, n);
-    } else if (r > 0) {
-        int64_t due = wall(s) + r;
+    } else if (next == TW__RETRY_DEAD) {
+        n->fl &= (uint16_t)~DN_FIRING;
+        /* On failure it stays pending: delivered again a little later,
+         * past max_attempts it comes back here before its callback. */
+        if (to_dead(s, n, &dl->rec, dl->attempt) != 0)
+            rearm(s, n, tick_of(wall(s)) + RETRY_IO_MS);
+    } else if (next > 0) {
+        int64_t due = wall(s) + next;
         uint32_t seg, off;
         uint64_t lsn;
         n->fl &= (uint16_t)~DN_FIRING;
@@ -1020,6 +1104,16 @@ static bool begin_delivery(jstore *s, struct delivery *dl)
         tw__free(dl);
         return false;
     }
+    if (s->retry.max_attempts) {
+        /* This callback's own FIRE record, written (not synced) as it
+         * starts. Without it (a write error) the attempt is not counted;
+         * the delivery happens all the same. */
+        uint32_t seg, off;
+        uint64_t lsn;
+        if (tw__jr_append(&s->w, JR_FIRE, dl->node->key, dl->node->key_len, 0,
+                          0, NULL, 0, &seg, &off, &lsn) == 0)
+            fires_add(dl->node);
+    }
     int64_t late_ms; /* due_ms may be anywhere in int64: saturate */
     if (__builtin_sub_overflow(wall(s), dl->rec.due_ms, &late_ms))
         late_ms = INT64_MAX;
@@ -1056,8 +1150,24 @@ static struct delivery *start_delivery(jstore *s, struct dnode *n,
 {
     struct delivery *dl = read_record(s, n);
     uint32_t seg, off;
-    if (dl && tw__jr_append(&s->w, JR_FIRE, n->key, n->key_len, 0, 0, NULL, 0,
-                            &seg, &off, lsn) != 0) {
+    unsigned fires = n->fl & DN_FIRES;
+    if (dl &&
+        !tw__retry_may(&s->retry, attempt_sum(dl->rec.attempt, fires + 1u))) {
+        /* The deliveries before crashed (each left a FIRE record): the
+         * policy's attempts are used up. */
+        s->backlog--;
+        n->fl &= (uint16_t)~DN_FIRING;
+        if (to_dead(s, n, &dl->rec, attempt_sum(dl->rec.attempt, fires)))
+            rearm(s, n, tw_wheel_now(s->wheel) + RETRY_IO_MS);
+        tw__free(dl);
+        return NULL;
+    }
+    /* With a retry policy the FIRE record waits for the callback
+     * (begin_delivery()): see the top of the file. */
+    bool per_callback = s->retry.max_attempts != 0;
+    if (dl && !per_callback &&
+        tw__jr_append(&s->w, JR_FIRE, n->key, n->key_len, 0, 0, NULL, 0, &seg,
+                      &off, lsn) != 0) {
         tw__free(dl);
         dl = NULL;
     }
@@ -1067,8 +1177,10 @@ static struct delivery *start_delivery(jstore *s, struct dnode *n,
         rearm(s, n, tw_wheel_now(s->wheel) + RETRY_IO_MS);
         return NULL;
     }
-    fires_add(n);
-    dl->attempt = attempt_sum(dl->rec.attempt, n->fl & DN_FIRES);
+    if (!per_callback)
+        fires_add(n);
+    dl->attempt =
+        attempt_sum(dl->rec.attempt, (n->fl & DN_FIRES) + per_callback);
     return dl;
 }
 
@@ -1165,6 +1277,31 @@ static void index_key(void *ctx, uintptr_t h, const unsigned char **key,
     *len = n->key_len;
 }
 
+/* Build an ordered index into *@x from the key table (mutex held): every
+ * node of the table's chains, the old table's unmoved buckets included,
+ * that is a dead letter (@dead: at tick 0, so in key order) or pending
+ * (!@dead: at its tick). On failure *@x stays NULL. */
+static int table_index(jstore *s, tw__dx **x, bool dead)
+{
+    *x = tw__dx_new(index_key, s, s->seed);
+    if (!*x)
+        return TW_ENOMEM;
+    for (int t = 0; t < 2; t++) {
+        const uint32_t *b = t ? s->old : s->buckets;
+        size_t from = t ? s->moved : 0, to = t ? s->nold : s->nbuckets;
+        for (size_t i = from; b && i < to; i++)
+            for (struct dnode *n = hnode(s, b[i]); n; n = hnode(s, hlink(n)))
+                if (!(n->fl & DN_DEAD) == !dead &&
+                    tw__dx_insert(*x, dead ? 0 : tw_timer_expires(&n->tm),
+                                  (uintptr_t)n) != 0) {
+                    tw__dx_free(*x);
+                    *x = NULL;
+                    return TW_ENOMEM;
+                }
+    }
+    return 0;
+}
+
 /*
  * The ordered index is built in steps (mutex held for each; listings
  * let go of it between steps, so schedules and firing go on while a
@@ -1185,6 +1322,8 @@ void (*tw__durable_index_hook)(struct tw_durable *d);
 
 static int index_add(jstore *s, struct dnode *n)
 {
+    if (n->fl & DN_DEAD) /* dead letters are in dxd, not here */
+        return 0;
     uint64_t t = tw_timer_expires(&n->tm);
     if (tw__dx_has(s->dx, t, (uintptr_t)n))
         return 0;
@@ -1250,6 +1389,10 @@ static int j_get(tw_durable *d, const void *key, size_t key_len,
         info->attempt = attempt_sum(dl->rec.attempt, (n->fl & DN_FIRES) + 1u);
         info->due_ms = dl->rec.due_ms;
         info->state = node_state(n, wall(s));
+        if (n->fl & DN_DEAD) { /* the attempts it had */
+            info->attempt = dl->rec.attempt;
+            info->state = TW_DURABLE_DEAD;
+        }
         info->payload_len = dl->rec.payload_len;
         if (buf_len && dl->rec.payload_len)
             memcpy(buf, dl->rec.payload,
@@ -1369,7 +1512,10 @@ static void scan_flush(struct scan_ctx *c)
                           sizeof *h);
         struct dnode *n = hat(s, hfind(s, h->rec.key, h->rec.key_len));
         h->live = n && n->seg == c->no && n->off == h->rec.off;
-        if (h->live) {
+        if (h->live && (n->fl & DN_DEAD)) { /* as tw_durable_get() says */
+            h->attempt = h->rec.attempt;
+            h->state = TW_DURABLE_DEAD;
+        } else if (h->live) {
             h->attempt = attempt_sum(h->rec.attempt, (n->fl & DN_FIRES) + 1u);
             h->state = node_state(n, now);
         }
@@ -1416,7 +1562,7 @@ static int scan_segment(struct scan_ctx *c, int fd, uint32_t seed, uint64_t pos,
             jr_rec r;
             if (tw__jr_decode(h, size, (uint32_t)(pos + off), seed, &r) != size)
                 return TW_EIO;
-            if (r.type == JR_SCHED) {
+            if (r.type == JR_SCHED || r.type == JR_DEAD) {
                 c->hits[c->nhits++] = (struct scan_hit){.rec = r};
                 if (c->nhits == SCAN_HITS)
                     scan_flush(c);
@@ -1489,6 +1635,108 @@ static long j_scan(tw_durable *d, tw_durable_scan_fn fn, void *arg)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Dead letters (see the top of the file). */
+
+static int j_dead_op(tw_durable *d, const void *key, size_t key_len,
+                     int64_t due_ms, bool del)
+{
+    jstore *s = (jstore *)d;
+    uint32_t seg, off;
+    uint64_t lsn;
+    int rc;
+    pthread_mutex_lock(&s->mu);
+    struct hpos p = hfind(s, key, key_len);
+    struct dnode *n = hat(s, p);
+    if (!n || !(n->fl & DN_DEAD)) {
+        rc = TW_ENOENT;
+    } else if (del) {
+        rc = tw__jr_append(&s->w, JR_CANCEL, key, key_len, 0, 0, NULL, 0, &seg,
+                           &off, &lsn);
+        if (!rc)
+            node_remove(s, p);
+    } else {
+        /* A SCHED record of its payload with attempt 0: the next delivery
+         * is attempt 1, and the policy starts over. */
+        struct delivery *dl = read_record(s, n);
+        rc = dl ? tw__jr_append(&s->w, JR_SCHED, key, key_len, due_ms, 0,
+                                dl->rec.payload, dl->rec.payload_len, &seg,
+                                &off, &lsn)
+                : TW_EIO;
+        if (!rc) {
+            seg_live(s, n->seg, -1);
+            seg_live(s, seg, +1);
+            dead_clear(s, n);
+            node_record(n, seg, off);
+            rearm(s, n, tick_of(due_ms));
+            kick_if_earlier(s, due_ms);
+        }
+        tw__free(dl);
+    }
+    if (rc) {
+        pthread_mutex_unlock(&s->mu);
+        return rc;
+    }
+    return tw__jr_wait_unlock(&s->w, lsn);
+}
+
+/* The due time kept in dead node @n's record (its header and the first
+ * field of its body; the record was checked when it was replayed or
+ * written), 0 if it cannot be read or lies before 1970. */
+static int64_t dead_due(jstore *s, const struct dnode *n)
+{
+    jr_seg *g = tw__jr_seg(&s->w, n->seg);
+    unsigned char b[JR_REC_HDR + 8];
+    if (!g || pread(g->fd, b, sizeof b, n->off) != (ssize_t)sizeof b)
+        return 0;
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | b[JR_REC_HDR + i];
+    return (int64_t)v > 0 ? (int64_t)v : 0;
+}
+
+static int j_list_dead(tw_durable *d, const struct tw__list_req *q,
+                       tw_durable_entry *out, bool *end)
+{
+    jstore *s = (jstore *)d;
+    size_t used = 0, n = 0;
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    if (!s->dxd)
+        rc = table_index(s, &s->dxd, true);
+    if (!rc) {
+        tw__dx_iter it;
+        tw__dx_seek(&it, s->dxd, 0, q->key, q->key_len, q->after);
+        while (n < q->max) {
+            uint64_t tick;
+            uintptr_t h;
+            if (!tw__dx_next(&it, &tick, &h)) {
+                *end = true;
+                break;
+            }
+            const struct dnode *dn = (const struct dnode *)h;
+            if (!tw__list_put(q, &used, &out[n], dn->key, dn->key_len, 0, 0))
+                break;
+            out[n].due_ms = dead_due(s, dn);
+            out[n].state = TW_DURABLE_DEAD;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc ? rc : (int)n;
+}
+
+/* No lease to renew: whether a delivery of @key is under way. */
+static int j_touch(tw_durable *d, const void *key, size_t key_len)
+{
+    jstore *s = (jstore *)d;
+    pthread_mutex_lock(&s->mu);
+    const struct dnode *n = hat(s, hfind(s, key, key_len));
+    int rc = n && (n->fl & DN_FIRING) ? 0 : TW_ENOENT;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Compaction. */
 
 static bool need_compact(jstore *s)
@@ -1520,7 +1768,7 @@ static int compact_one(void *arg, const jr_rec *r)
 {
     struct compact_ctx *c = arg;
     jstore *s = c->s;
-    if (r->type != JR_SCHED)
+    if (r->type != JR_SCHED && r->type != JR_DEAD)
         return 0;
     if (++c->batch % CHUNK == 0) { /* let callers in now and then */
         pthread_mutex_unlock(&s->mu);
@@ -1531,7 +1779,7 @@ static int compact_one(void *arg, const jr_rec *r)
         return 0;
     uint32_t seg, off;
     uint64_t lsn;
-    int rc = tw__jr_append(&s->w, JR_SCHED, r->key, r->key_len, r->due_ms,
+    int rc = tw__jr_append(&s->w, r->type, r->key, r->key_len, r->due_ms,
                            attempt_sum(r->attempt, n->fl & DN_FIRES),
                            r->payload, r->payload_len, &seg, &off, &lsn);
     if (rc) {
@@ -1717,6 +1965,7 @@ static void free_all(jstore *s)
     tw__free(s->due);
     tw__free(s->exec);
     tw__dx_free(s->dx);
+    tw__dx_free(s->dxd);
     tw_wheel_destroy(s->wheel);
     tw__jr_close(&s->w);
     if (s->lockfd >= 0)
@@ -1774,6 +2023,9 @@ static const struct tw_durable_ops journal_ops = {
     .scan = j_scan,
     .schedule_many = j_schedule_many,
     .cancel_many = j_cancel_many,
+    .dead_op = j_dead_op,
+    .list_dead = j_list_dead,
+    .touch = j_touch,
 };
 
 /* ------------------------------------------------------------------------ */
@@ -1812,12 +2064,13 @@ struct replay_ctx {
 static int replay_apply(struct replay_ctx *c, const jr_rec *r)
 {
     jstore *s = c->s;
-    if (r->type == JR_SCHED && hreserve(s) != 0)
+    if ((r->type == JR_SCHED || r->type == JR_DEAD) && hreserve(s) != 0)
         return TW_ENOMEM;
     struct hpos p = hfind(s, r->key, r->key_len);
     struct dnode *n = hat(s, p);
     switch (r->type) {
     case JR_SCHED:
+    case JR_DEAD:
         c->sched++;
         if (!n) {
             n = node_new(s, r->key, r->key_len);
@@ -1825,8 +2078,15 @@ static int replay_apply(struct replay_ctx *c, const jr_rec *r)
                 return TW_ENOMEM;
             hin(s, p, n);
         }
+        dead_clear(s, n);
         node_record(n, c->no, r->off);
-        tw_wheel_add(s->wheel, &n->tm, tick_of(r->due_ms));
+        if (r->type == JR_SCHED) {
+            tw_wheel_add(s->wheel, &n->tm, tick_of(r->due_ms));
+        } else {
+            tw_wheel_cancel(s->wheel, &n->tm);
+            n->fl |= DN_DEAD;
+            s->ndead++;
+        }
         break;
     case JR_FIRE:
         if (n)
@@ -1834,6 +2094,7 @@ static int replay_apply(struct replay_ctx *c, const jr_rec *r)
         break;
     default: /* CANCEL, DONE */
         if (n) {
+            dead_clear(s, n);
             hout(s, p);
             tw_wheel_cancel(s->wheel, &n->tm);
             node_free(s, n);
@@ -1952,9 +2213,10 @@ static void fit_table(jstore *s)
 /* A segment file read whole. */
 struct seg_file {
     uint32_t no;
-    uint32_t seed; /* its records' checksum seed */
-    bool last;     /* the newest segment */
-    bool legacy;   /* some segment read so far is in format 1 */
+    uint32_t seed;    /* its records' checksum seed */
+    bool last;        /* the newest segment */
+    bool legacy;      /* some segment read so far is in format 1 */
+    unsigned version; /* the format of the segment read last */
     char name[16];
     int fd;
     size_t size;
@@ -2044,7 +2306,8 @@ static int keep_segment(jstore *s, struct seg_file *f, size_t end,
                                       .size = end,
                                       .alloc = f->size,
                                       .records = sched,
-                                      .seed = f->seed};
+                                      .seed = f->seed,
+                                      .version = f->version};
     f->fd = -1;
     return 0;
 }
@@ -2060,6 +2323,7 @@ static int replay_segment(jstore *s, const tw_durable_config *cfg,
     if (!version)
         return bad_header(s, cfg, f, damaged);
     f->legacy |= version == JR_VERSION_1;
+    f->version = version;
     struct replay_ctx c = {.s = s, .no = f->no};
     size_t end = f->size;
     rc = tw__jr_scan(f->buf, f->size, f->seed, f->last,
@@ -2277,6 +2541,7 @@ static void init_store(jstore *s, const tw_durable_config *cfg,
     s->base.ops = &journal_ops;
     s->dirfd = s->lockfd = -1;
     s->fire = cfg->fire;
+    tw__retry_init(&s->retry, cfg);
     s->fire_arg = cfg->fire_arg;
     s->wall_ms = cfg->wall_ms ? cfg->wall_ms : real_wall_ms;
     s->mono_ns = cfg->mono_ns ? cfg->mono_ns : real_mono_ns;
@@ -2415,7 +2680,7 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
     if (!rc)
         rc = recover(s, cfg);
     if (!rc) {
-        s->recovered = s->count;
+        s->recovered = s->count - s->ndead;
         s->recovery_us = (real_mono_ns(NULL) - t0) / 1000;
         rc = s->nofire ? 0 : start_threads(s, cfg->executor_threads);
     }
@@ -2476,6 +2741,10 @@ static int check_config(tw_durable **out, const tw_durable_config *cfg)
     }
     if (!cfg->redis && (!cfg->dir || !cfg->dir[0])) {
         errmsg(cfg, "dir: required (the journal's directory), or redis");
+        return TW_EINVAL;
+    }
+    if (cfg->retry_jitter_pct > 100) {
+        errmsg(cfg, "retry_jitter_pct: 0 .. 100");
         return TW_EINVAL;
     }
     if (cfg->redis && cfg->shards > (1u << 20)) {

@@ -75,6 +75,16 @@ struct tw_durable_ops {
                 tw_durable_entry *out, bool *end);
     /* tw_durable_scan() (@fn non-NULL). */
     long (*scan)(tw_durable *d, tw_durable_scan_fn fn, void *arg);
+    /* Dead letters (src/durable_dead.c checks the arguments and refuses
+     * changes of a read-only store): tw_durable_rearm() at @due_ms, or
+     * tw_durable_dead_delete() when @del; tw_durable_list_dead() with
+     * @q's from and to unused (its keys in byte order after q->key when
+     * q->after); tw_durable_touch(). */
+    int (*dead_op)(tw_durable *d, const void *key, size_t key_len,
+                   int64_t due_ms, bool del);
+    int (*list_dead)(tw_durable *d, const struct tw__list_req *q,
+                     tw_durable_entry *out, bool *end);
+    int (*touch)(tw_durable *d, const void *key, size_t key_len);
 };
 
 struct tw_durable {
@@ -112,6 +122,26 @@ static inline int tw__durable_first_error(const tw_durable_item *items,
         if (items[i].result)
             return items[i].result;
     return 0;
+}
+
+/* A store's retry policy (cfg.max_attempts, retry_*; src/durable_dead.c),
+ * applied by both backends the same way. */
+struct tw__retry {
+    uint32_t max_attempts; /* 0: no limit */
+    uint32_t base_ms, max_ms, jitter_pct;
+};
+#define TW__RETRY_DEAD (-1) /* tw__retry_next(): to the dead letters */
+
+/* The policy of @cfg (checked by tw_durable_open()). */
+void tw__retry_init(struct tw__retry *p, const tw_durable_config *cfg);
+/* What follows a delivery of @attempt whose callback returned @r: 0 done,
+ * n > 0 deliver again in n ms, or TW__RETRY_DEAD. */
+int tw__retry_next(const struct tw__retry *p, uint32_t attempt, int r);
+/* Whether a delivery of @attempt may run its callback at all: one past
+ * max_attempts (the earlier ones crashed) goes to the dead letters. */
+static inline bool tw__retry_may(const struct tw__retry *p, uint32_t attempt)
+{
+    return !p->max_attempts || attempt <= p->max_attempts;
 }
 
 /* The Redis backend's open (src/durable_redis.c). @cfg has been checked for

@@ -154,6 +154,8 @@ static void render(struct mout *o, const tw_durable_stats *s)
     gauge(o, "twheel_durable_backlog",
           "Due timers whose delivery has not started.", s->backlog);
     gauge(o, "twheel_durable_running", "Callbacks running now.", s->running);
+    gauge(o, "twheel_durable_dead",
+          "Dead letters: timers the retry policy gave up on.", s->dead);
     counter(o, "twheel_durable_fired",
             "Deliveries whose callback returned 0 or less (done).", s->fired);
     counter(o, "twheel_durable_retried",

@@ -3,7 +3,7 @@
  * src/durable_redis.c - the Redis backend of twheel/durable.h.
  *
  * Data model. A key goes to shard fnv1a(key) % shards; shard s of
- * namespace ns keeps five keys with the hash tag {ns:s}, so they share one
+ * namespace ns keeps six keys with the hash tag {ns:s}, so they share one
  * cluster slot and one Lua script can change them atomically:
  *   {ns:s}:d  sorted set  key -> due ms (>= 0: waiting, not claimed), or
  *                         -T (claimed; T is the claim's token)
@@ -21,7 +21,23 @@
  *                         :v that is not an integer in [0, 2^53). What is
  *                         set aside is removed; the rest of the shard goes
  *                         on. HLEN is counted in stats.quarantined.
- * A pending key is in :d and :p, nowhere else. A claim's token is
+ *   {ns:s}:x  sorted set  the dead letters: key -> 0 (all one score, so
+ *                         ZRANGEBYLEX lists them in key order); a dead
+ *                         key's value stays in :p ("due,attempt,payload":
+ *                         its last due time and the attempts it had).
+ * A pending key is in :d and :p, nowhere else; a dead one in :x and :p.
+ *
+ * Dead letters. The firer applies the retry policy (src/durable_dead.c)
+ * to each result: a timer to give up on goes in DONE as a retry of -1 ms,
+ * which DONE, if the key is still the node's, moves from :d to :x. A
+ * delivery whose attempt already passes max_attempts (the lease of each
+ * one before ran out: its node died in the callback, and CLAIM counted
+ * the attempt) goes the same way without its callback. REARM puts a dead
+ * key back into :d (attempt 1), DDEL deletes it, SCHED of it replaces it
+ * (ZREM :x). CANCEL, CLAIM and RELEASE read :d only, so a dead key is
+ * neither cancelled nor claimed. TOUCH renews a running claim: a new
+ * token whose lease ends lease_ms from now, if the score is still -T of
+ * the caller's claim. A claim's token is
  * T = max(last T + 1, expiry * 1024), where expiry is the lease's end in
  * ms (max(due, now) + lease): unique per claim within the shard, growing
  * with the clock, and floor(T / 1024) >= expiry; a lease ran out when
@@ -119,7 +135,7 @@
 #include "internal.h"
 #include "redis_client.h"
 
-#define NKEYS 5
+#define NKEYS 6
 #define CLAIM_MAX 1000
 #define RETRY_MS 100
 #define IDLE_WAIT_MS 50
@@ -142,10 +158,20 @@
 #define GROUPS_MAX 16    /* worker threads: one per master, at most */
 #define TOPOLOGY_MS 1000 /* how often the masters of the shards are read */
 
-enum { S_SCHED, S_CANCEL, S_CLAIM, S_DONE, S_RELEASE, S_COUNT };
+enum {
+    S_SCHED,
+    S_CANCEL,
+    S_CLAIM,
+    S_DONE,
+    S_RELEASE,
+    S_REARM,
+    S_DDEL,
+    S_TOUCH,
+    S_COUNT
+};
 enum { CHK_VER = -1, CHK_SCORE = -2 }; /* the plain commands of a check */
 
-/* KEYS: 1 d, 2 p, 3 s, 4 v, 5 q. A claim's token T (see the top of the
+/* KEYS: 1 d, 2 p, 3 s, 4 v, 5 q, 6 x. A claim's token T (see the top of the
  * file) is max(last + 1, expiry * 1024), and a new version of :v is
  * max(last + 1, now * 1024): both grow with the clock, so that a master
  * that lost its last writes in a failover does not hand out a value seen
@@ -163,7 +189,7 @@ enum { CHK_VER = -1, CHK_SCORE = -2 }; /* the plain commands of a check */
  * run M once more. M reads before it writes, so a failed first run wrote
  * nothing that a second run would do twice (SCHED's HSET, at most). */
 #define PRELUDE                                                                \
-    "local D,P,S,V,Q=KEYS[1],KEYS[2],KEYS[3],KEYS[4],KEYS[5]\n"                \
+    "local D,P,S,V,Q,X=KEYS[1],KEYS[2],KEYS[3],KEYS[4],KEYS[5],KEYS[6]\n"      \
     "local function q(f,x) redis.call('HSET',Q,f,x) end\n"                     \
     /* A value of :p: due, attempt, #due, #attempt; nil if it is not    */     \
     /* "-?digits,digits," within int64 and uint32 (as parse_val reads) */      \
@@ -206,8 +232,8 @@ enum { CHK_VER = -1, CHK_SCORE = -2 }; /* the plain commands of a check */
     "end\n"                                                                    \
     "local ok,r=pcall(M)\n"                                                    \
     "if ok then return r end\n"                                                \
-    "local w,any={'zset','hash','string','string','hash'},false\n"             \
-    "for _,i in ipairs({5,1,2,3,4}) do\n"                                      \
+    "local w,any={'zset','hash','string','string','hash','zset'},false\n"      \
+    "for _,i in ipairs({5,1,2,3,4,6}) do\n"                                    \
     " local t=redis.call('TYPE',KEYS[i])\n"                                    \
     " t=type(t)=='table' and t.ok or t\n"                                      \
     " if t~='none' and t~=w[i] then\n"                                         \
@@ -234,12 +260,13 @@ static const char *const scripts[S_COUNT] = {
     PRELUDE "local untl,now,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"
             "tonumber(ARGV[3])\n"
             "local m=(#ARGV-3)/3\n"
-            "local seen,hv,fz,nk,nd,nj={},{},{},{},{},{}\n"
+            "local seen,hv,fz,nk,nd,nj,ks={},{},{},{},{},{},{}\n"
             "for j=m,1,-1 do\n"
             " local i=3*j+1\n"
             " local k,due=ARGV[i],tonumber(ARGV[i+1])\n"
             " if not seen[k] then\n"
             "  seen[k]=true\n"
+            "  ks[#ks+1]=k\n"
             "  hv[#hv+1]=k\n"
             "  hv[#hv+1]=ARGV[i+2]\n"
             "  if due<=untl then\n"
@@ -255,6 +282,7 @@ static const char *const scripts[S_COUNT] = {
             "local t,v,vb=0,0,false\n"
             "if #nk>0 then t=cnt(S,'s') end\n"
             "local old=#hv/2-redis.call('HSET',P,unpack(hv))>0\n"
+            "redis.call('ZREM',X,unpack(ks))\n"
             "if old then v,vb=cnt(V,'v') end\n"
             "if #fz>0 then redis.call('ZADD',D,unpack(fz)) end\n"
             "if #nk==0 and not old then return {} end\n"
@@ -354,7 +382,9 @@ static const char *const scripts[S_COUNT] = {
     "redis.call('ZADD',D,unpack(za))\n"
     "return out\n" EPILOGUE,
     /* DONE ARGV: now claim_until lease n ver, then n keys, their n
-     * tokens, then (i retry_ms) for the keys i (1..n) to deliver again.
+     * tokens, then (i retry_ms) for the keys i (1..n) to deliver again
+     * (retry_ms -1: to the dead letters :x instead; -2: the same, with
+     * its attempt one less: that delivery did not run).
      * ver: the version at which every key was known to be the node's, or
      * "": if :v is still ver, every key is still ours (nothing that takes
      * a claim away happened since), else each score is compared with its
@@ -396,6 +426,14 @@ static const char *const scripts[S_COUNT] = {
             "  redis.call('HDEL',P,k)\n"
             "  redis.call('ZREM',D,k)\n"
             "  out[i]=-1\n"
+            " elseif s and tonumber(ARGV[j+1])<0 then\n"
+            "  all=false\n"
+            "  rt[i]=true\n"
+            "  if ARGV[j+1]=='-2' and a>0 then\n"
+            "   redis.call('HSET',P,k,att(s,a-1,nd,na))\n"
+            "  end\n"
+            "  redis.call('ZREM',D,k)\n"
+            "  redis.call('ZADD',X,0,k)\n"
             " elseif s then\n"
             "  all=false\n"
             "  rt[i]=true\n"
@@ -443,9 +481,42 @@ static const char *const scripts[S_COUNT] = {
             "end\n"
             "redis.call('ZADD',D,math.max(d,0),k)\n"
             "return 1\n" EPILOGUE,
+    /* REARM ARGV: key due. A dead key back into :d at due with attempt 1.
+     * 0: not dead; -1: its value could not be read (set aside). */
+    PRELUDE "local k=ARGV[1]\n"
+            "if not redis.call('ZSCORE',X,k) then return 0 end\n"
+            "local s=redis.call('HGET',P,k)\n"
+            "local d,a,nd,na=pv(s)\n"
+            "redis.call('ZREM',X,k)\n"
+            "if not d then\n"
+            " if s then\n"
+            "  q('p:'..k,s)\n"
+            "  redis.call('HDEL',P,k)\n"
+            " end\n"
+            " return -1\n"
+            "end\n"
+            "redis.call('HSET',P,k,ARGV[2]..',1,'..string.sub(s,nd+na+3))\n"
+            "redis.call('ZADD',D,tonumber(ARGV[2])<0 and 0 or ARGV[2],k)\n"
+            "return 1\n" EPILOGUE,
+    /* DDEL ARGV: key. 1 if a dead key was deleted, else 0. */
+    PRELUDE "local k=ARGV[1]\n"
+            "if redis.call('ZREM',X,k)==0 then return 0 end\n"
+            "redis.call('HDEL',P,k)\n"
+            "return 1\n" EPILOGUE,
+    /* TOUCH ARGV: key token now lease. The claim -token renewed: a new
+     * token with the lease ending lease ms from now; 0 if the score is
+     * not -token any more (the claim was taken away). */
+    PRELUDE "local k=ARGV[1]\n"
+            "local c=sc(redis.call('ZSCORE',D,k))\n"
+            "if not c or -c~=tonumber(ARGV[2]) then return 0 end\n"
+            "local t=math.max(cnt(S,'s')+1,"
+            "(tonumber(ARGV[3])+tonumber(ARGV[4]))*1024)\n"
+            "redis.call('SET',S,t)\n"
+            "redis.call('ZADD',D,-t,k)\n"
+            "return t\n" EPILOGUE,
 };
 
-static const char key_suffix[NKEYS] = {'d', 'p', 's', 'v', 'q'};
+static const char key_suffix[NKEYS] = {'d', 'p', 's', 'v', 'q', 'x'};
 
 /* A claimed timer in the node's wheel: the key, then the payload. */
 struct rtimer {
@@ -524,6 +595,10 @@ struct rd {
     uint64_t late_hist[TW_LATE_BUCKETS];
     uint64_t callbacks;   /* callbacks running now (stats.running); under mu */
     uint64_t late_sum_us; /* stats.late_sum_us; under mu */
+    struct tw__retry retry; /* cfg's retry policy */
+    /* TW_DURABLE_NOFIRE: no threads, nothing claimed or delivered; a
+     * schedule is refused (SCHED claims what is due soon at once). */
+    bool nofire;
 };
 
 static const struct tw_durable_ops rd_ops;
@@ -598,7 +673,7 @@ static void script_head(const struct rd *d, const char **av, size_t *al,
     al[0] = 7;
     av[1] = d->sha[script];
     al[1] = 40;
-    av[2] = "5";
+    av[2] = "6"; /* NKEYS */
     al[2] = 1;
     for (int i = 0; i < NKEYS; i++) {
         av[3 + i] = d->sk[shard].name[i];
@@ -1036,7 +1111,7 @@ static void fr_free(struct fround *f)
 }
 
 #define DONE_FIXED                                                             \
-    (3 + NKEYS + 5) /* EVALSHA sha 5 keys.. now untl lease n ver */
+    (3 + NKEYS + 5) /* EVALSHA sha 6 keys.. now untl lease n ver */
 
 /* Count the keys per shard and allocate; false when out of memory. */
 static bool fr_alloc(struct fround *f, struct rtimer *list)
@@ -1073,7 +1148,7 @@ static bool fr_alloc(struct fround *f, struct rtimer *list)
         }
         if (r->full || r->ver != f->dver[sh])
             f->dmix[sh] = true;
-        f->cnt_ret[sh] += f->pend[i].res > 0;
+        f->cnt_ret[sh] += f->pend[i].res != 0; /* a retry, or dead (-1) */
     }
     f->cmds = tw__calloc(3u * S, sizeof *f->cmds);
     f->script = tw__malloc(3u * S * sizeof *f->script);
@@ -1166,7 +1241,7 @@ static void fr_fill(struct fround *f)
         long long tok = (long long)p->r->token;
         put_nums(av + m + j, al + m + j, f->num + f->ni++, &tok, 1);
         f->owner[f->base[c] + j] = i;
-        if (p->res > 0) {
+        if (p->res != 0) {
             long long two[2] = {(long long)j + 1, p->res};
             put_nums((const char **)cmd->argv + cmd->argc,
                      (size_t *)cmd->argvlen + cmd->argc, f->num + f->ni, two,
@@ -1316,9 +1391,28 @@ static void pend_add(struct rd *d, struct rtimer *r, int res)
     }
 }
 
+/* A struct done's result besides a retry's delay (> 0) and 0 (done): to
+ * the dead letters after its callback ran (TW__RETRY_DEAD, -1), or
+ * without it running (-2: its :p attempt, already counted up by CLAIM for
+ * the delivery that will not happen, is taken back by one in DONE). */
+#define RD_DEAD_UNRUN (-2)
+
+/* The timer whose callback this thread runs (tw_durable_touch()). */
+static _Thread_local struct rtimer *rd_cur;
+
 /* Run the callback of a checked timer; count it, its lateness. */
 static void fire_one(struct rd *d, struct rtimer *r)
 {
+    uint32_t att = r->attempt ? r->attempt : 1;
+    if (!tw__retry_may(&d->retry, att)) {
+        /* The deliveries before ran out of their leases (crashes): the
+         * policy's attempts are used up. */
+        pthread_mutex_lock(&d->mu);
+        r->fired = true;
+        pend_add(d, r, RD_DEAD_UNRUN);
+        pthread_mutex_unlock(&d->mu);
+        return;
+    }
     tw_durable_timer t = {
         r->data,        r->key_len, r->data + r->key_len,
         r->payload_len, r->due_ms,  r->attempt ? r->attempt : 1};
@@ -1335,14 +1429,16 @@ static void fire_one(struct rd *d, struct rtimer *r)
                          : d->late_sum_us + late_us;
     d->late_hist[tw__late_bucket(late_us)]++;
     pthread_mutex_unlock(&d->mu);
+    rd_cur = r;
     int res = tw__durable_fire(&d->base, d->fire, &t, d->fire_arg);
+    rd_cur = NULL;
     pthread_mutex_lock(&d->mu);
     d->callbacks--;
-    if (res > 0)
+    if (res > 0 || res == TW_DURABLE_FIRE_RETRY)
         d->retried++;
     else
         d->fired++;
-    pend_add(d, r, res);
+    pend_add(d, r, tw__retry_next(&d->retry, att, res));
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -1886,6 +1982,11 @@ static void sb_wait(struct sbatch *b)
 
 static int rd_schedule_many(tw_durable *base, tw_durable_item *items, size_t n)
 {
+    if (((struct rd *)base)->nofire) {
+        for (size_t i = 0; i < n; i++)
+            items[i].result = TW_EINVAL;
+        return n ? TW_EINVAL : 0;
+    }
     struct sbatch b = {.d = (struct rd *)base, .it = items, .n = n};
     b.now = rd_wall(b.d);
     int rc = sb_alloc(&b);
@@ -2065,6 +2166,8 @@ static int rd_schedule(tw_durable *base, const void *key, size_t key_len,
 {
     struct op_wait w = {.kind = OP_SCHED,
                         .it = {key, key_len, due_ms, payload, payload_len, 0}};
+    if (((struct rd *)base)->nofire)
+        return TW_EINVAL;
     return op_run((struct rd *)base, &w);
 }
 
@@ -2098,15 +2201,18 @@ static int rd_cancel_many(tw_durable *base, tw_durable_item *items, size_t n)
 }
 
 /* Per shard: ZCARD :d (pending), ZCOUNT :d 0 now (due, not claimed by
- * any node yet: backlog; claimed keys have negative scores) and HLEN :q
- * (set aside). A key of the wrong type answers with an error: 0. */
-#define STAT_CMDS 3
+ * any node yet: backlog; claimed keys have negative scores), HLEN :q
+ * (set aside) and ZCARD :x (dead letters). A key of the wrong type
+ * answers with an error: 0. */
+#define STAT_CMDS 4
 
 static void stat_cmds(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
                       const char *now, size_t now_len)
 {
-    static const char *const cmd[STAT_CMDS] = {"ZCARD", "ZCOUNT", "HLEN"};
-    static const int argc[STAT_CMDS] = {2, 4, 2}, key[STAT_CMDS] = {0, 0, 4};
+    static const char *const cmd[STAT_CMDS] = {"ZCARD", "ZCOUNT", "HLEN",
+                                               "ZCARD"};
+    static const int argc[STAT_CMDS] = {2, 4, 2, 2},
+                     key[STAT_CMDS] = {0, 0, 4, 5};
     for (size_t i = 0; i < STAT_CMDS * (size_t)d->shards; i++) {
         struct shard_keys *k = &d->sk[i / STAT_CMDS];
         struct call *c = &calls[i];
@@ -2149,7 +2255,7 @@ static int rd_stats(tw_durable *base, tw_durable_stats *out)
     int now_len = snprintf(now, sizeof now, "%lld", (long long)wall);
     stat_cmds(d, calls, cmds, now, (size_t)now_len);
     int rc = tw__rc_exec(d->rc, cmds, n);
-    uint64_t sum[STAT_CMDS] = {0}; /* pending, backlog, quarantined */
+    uint64_t sum[STAT_CMDS] = {0}; /* pending, backlog, quarantined, dead */
     for (size_t i = 0; i < n; i++)
         sum[i % STAT_CMDS] += reply_u64(cmds[i].reply);
     free_replies(cmds, n);
@@ -2161,6 +2267,7 @@ static int rd_stats(tw_durable *base, tw_durable_stats *out)
     out->pending = sum[0];
     out->backlog = sum[1] + local_backlog(d, wall);
     out->quarantined = sum[2];
+    out->dead = sum[3];
     out->fired = d->fired;
     out->retried = d->retried;
     out->cancelled = d->cancelled;
@@ -2264,11 +2371,30 @@ void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out)
 /* Look-up and listing: read-only scripts, sent with EVAL (Redis caches a
  * script's compiled body by its digest), one per shard. */
 
-/* GET KEYS: d p; ARGV: key. nil, or {score, value of :p}. */
+/* GET KEYS: d p x; ARGV: key. nil, or {score, value of :p}; the score of
+ * a dead letter is "dead". */
 static const char get_script[] =
     "local s=redis.call('ZSCORE',KEYS[1],ARGV[1])\n"
+    "if not s and redis.call('ZSCORE',KEYS[3],ARGV[1]) then s='dead' end\n"
     "if not s then return false end\n"
     "return {s,redis.call('HGET',KEYS[2],ARGV[1]) or ''}\n";
+
+/* DEAD KEYS: x p; ARGV: key after max. The shard's first max dead
+ * letters after key (after = 1) or from the first, in key order:
+ * {key, due, ...}, due the integer text at the head of its value, or
+ * "0" when the value does not begin with one. */
+static const char dead_script[] =
+    "local m=tonumber(ARGV[3])\n"
+    "local r=redis.call('ZRANGEBYLEX',KEYS[1],"
+    "ARGV[2]=='1' and '('..ARGV[1] or '-','+','LIMIT',0,m)\n"
+    "if #r==0 then return {} end\n"
+    "local v=redis.call('HMGET',KEYS[2],unpack(r))\n"
+    "local out={}\n"
+    "for i=1,#r do\n"
+    " out[2*i-1]=r[i]\n"
+    " out[2*i]=v[i] and string.match(v[i],'^(-?%d+),') or '0'\n"
+    "end\n"
+    "return out\n";
 
 /* LIST KEYS: d p; ARGV: from key after to max. The shard's first max
  * timers with (due, key) after (from, key) (after = 1) or due >= from,
@@ -2346,35 +2472,39 @@ static const char list_script[] =
     "end\n"
     "return out\n";
 
-/* EVAL of @script on @shard's :d and :p with @argc arguments. */
+/* EVAL of @script on @shard's :d and :p (@keys "dp"; or the suffixes of
+ * the keys it takes, in order: 2 or 3) with @argc arguments. */
 static void eval_cmd(struct rd *d, tw__rc_cmd *cmd, const char **argv,
                      size_t *len, const char *script, size_t script_len,
-                     uint32_t shard, int argc)
+                     uint32_t shard, int argc, const char *keys)
 {
+    int nk = (int)strlen(keys);
     argv[0] = "EVAL";
     len[0] = 4;
     argv[1] = script;
     len[1] = script_len;
-    argv[2] = "2";
+    argv[2] = nk == 3 ? "3" : "2";
     len[2] = 1;
-    for (int k = 0; k < 2; k++) {
-        argv[3 + k] = d->sk[shard].name[k];
-        len[3 + k] = d->sk[shard].len[k];
+    for (int k = 0; k < nk; k++) {
+        int i = (int)((const char *)memchr(key_suffix, keys[k], NKEYS) -
+                      key_suffix);
+        argv[3 + k] = d->sk[shard].name[i];
+        len[3 + k] = d->sk[shard].len[i];
     }
-    *cmd = (tw__rc_cmd){5 + argc, argv, len, d->sk[shard].slot, NULL, 0};
+    *cmd = (tw__rc_cmd){3 + nk + argc, argv, len, d->sk[shard].slot, NULL, 0};
 }
 
 static int rd_get(tw_durable *base, const void *key, size_t key_len,
                   tw_durable_info *info, void *buf, size_t buf_len)
 {
     struct rd *d = (struct rd *)base;
-    const char *argv[6];
-    size_t len[6];
+    const char *argv[7];
+    size_t len[7];
     tw__rc_cmd cmd;
     eval_cmd(d, &cmd, argv, len, get_script, sizeof get_script - 1,
-             shard_of(d, key, key_len), 1);
-    argv[5] = key;
-    len[5] = key_len;
+             shard_of(d, key, key_len), 1, "dpx");
+    argv[6] = key;
+    len[6] = key_len;
     int rc = tw__rc_exec(d->rc, &cmd, 1);
     const redisReply *r = cmd.reply;
     struct pval v;
@@ -2390,6 +2520,8 @@ static int rd_get(tw_durable *base, const void *key, size_t key_len,
         info->due_ms = v.due;
         info->attempt = v.attempt ? v.attempt : 1;
         info->state = v.due <= rd_wall(d) ? TW_DURABLE_DUE : TW_DURABLE_WAITING;
+        if (r->element[0]->len == 4 && !memcmp(r->element[0]->str, "dead", 4))
+            info->state = TW_DURABLE_DEAD; /* attempt: the attempts it had */
         info->payload_len = v.len;
         if (buf_len && v.len)
             memcpy(buf, v.payload, buf_len < v.len ? buf_len : v.len);
@@ -2455,6 +2587,18 @@ static long list_reply(const redisReply *r, struct lent *e)
     return (long)(r->elements / 2);
 }
 
+/* What a listing of @ns shards allocated (each may be NULL). */
+static void list_free(void *all, tw__rc_cmd *cmds, size_t ns, const char **argv,
+                      size_t *len)
+{
+    tw__free(all);
+    if (cmds)
+        free_replies(cmds, ns);
+    tw__free(cmds);
+    tw__free(argv);
+    tw__free(len);
+}
+
 static int rd_list(tw_durable *base, const struct tw__list_req *q,
                    tw_durable_entry *out, bool *end)
 {
@@ -2474,7 +2618,7 @@ static int rd_list(tw_durable *base, const struct tw__list_req *q,
         const char **a = argv + 10 * i;
         size_t *l = len + 10 * i;
         eval_cmd(d, &cmds[i], a, l, list_script, sizeof list_script - 1,
-                 (uint32_t)i, 5);
+                 (uint32_t)i, 5, "dp");
         a[5] = nums[0];
         l[5] = nl[0];
         a[6] = q->key_len ? (const char *)q->key : "";
@@ -2521,27 +2665,179 @@ static int rd_list(tw_durable *base, const struct tw__list_req *q,
             n++;
         *end = n == total && !more;
     }
-    tw__free(all);
-    if (cmds)
-        free_replies(cmds, ns);
-    tw__free(cmds);
-    tw__free(argv);
-    tw__free(len);
+    list_free(all, cmds, ns, argv, len);
+    return rc ? rc : (int)n;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Dead letters and touch (see the top of the file). */
+
+/* One script call on @shard; its integer reply into *@out. */
+static int call_int(struct rd *d, struct call *c, long long *out)
+{
+    tw__rc_cmd cmd;
+    int rc = run_calls(d, c, &cmd, 1);
+    const redisReply *r = cmd.reply;
+    if (!rc && (!r || r->type != REDIS_REPLY_INTEGER))
+        rc = TW_EIO;
+    if (!rc)
+        *out = r->integer;
+    free_replies(&cmd, 1);
+    return rc;
+}
+
+static int rd_dead_op(tw_durable *base, const void *key, size_t key_len,
+                      int64_t due_ms, bool del)
+{
+    struct rd *d = (struct rd *)base;
+    uint32_t sh = shard_of(d, key, key_len);
+    struct call c;
+    call_init(d, &c, del ? S_DDEL : S_REARM, sh);
+    call_arg(&c, key, key_len);
+    if (!del)
+        call_num(&c, due_ms);
+    long long res = 0;
+    int rc = call_int(d, &c, &res);
+    if (!rc)
+        rc = res == 1 ? 0 : res == 0 ? TW_ENOENT : TW_EIO;
+    if (!rc && d->wait_replicas)
+        wait_many(d, &sh, &rc, 1);
+    return rc;
+}
+
+static int rd_touch(tw_durable *base, const void *key, size_t key_len)
+{
+    struct rd *d = (struct rd *)base;
+    struct rtimer *r = rd_cur;
+    if (!r || r->d != d || r->key_len != key_len ||
+        memcmp(r->data, key, key_len))
+        return TW_ENOENT;
+    pthread_mutex_lock(&d->mu);
+    long long tok = (long long)r->token;
+    pthread_mutex_unlock(&d->mu);
+    struct call c;
+    call_init(d, &c, S_TOUCH, r->shard);
+    call_arg(&c, key, key_len);
+    call_num(&c, tok);
+    call_num(&c, rd_wall(d));
+    call_num(&c, d->lease_ms);
+    long long t = 0;
+    int rc = call_int(d, &c, &t);
+    if (!rc && t <= 0)
+        rc = TW_ENOENT;
+    if (!rc) { /* its DONE, after the callback, is fenced by the new token */
+        pthread_mutex_lock(&d->mu);
+        r->token = (uint64_t)t;
+        pthread_mutex_unlock(&d->mu);
+    }
+    return rc;
+}
+
+/* A dead letter of a DEAD reply while the shards' replies are merged. */
+struct dent {
+    const redisReply *key, *due;
+};
+
+static int dent_cmp(const void *a, const void *b)
+{
+    const struct dent *x = a, *y = b;
+    size_t n = x->key->len < y->key->len ? x->key->len : y->key->len;
+    int c = memcmp(x->key->str, y->key->str, n);
+    if (c)
+        return c;
+    return x->key->len < y->key->len ? -1 : x->key->len > y->key->len;
+}
+
+static int rd_list_dead(tw_durable *base, const struct tw__list_req *q,
+                        tw_durable_entry *out, bool *end)
+{
+    struct rd *d = (struct rd *)base;
+    size_t ns = d->shards, per = q->max, total = 0;
+    tw__rc_cmd *cmds = tw__calloc(ns, sizeof *cmds);
+    const char **argv = tw__malloc(ns * 8 * sizeof *argv);
+    size_t *len = tw__malloc(ns * 8 * sizeof *len);
+    char num[24];
+    size_t numlen = (size_t)snprintf(num, sizeof num, "%zu", per);
+    int rc = cmds && argv && len ? 0 : TW_ENOMEM;
+    for (size_t i = 0; i < ns && !rc; i++) {
+        const char **a = argv + 8 * i;
+        size_t *l = len + 8 * i;
+        eval_cmd(d, &cmds[i], a, l, dead_script, sizeof dead_script - 1,
+                 (uint32_t)i, 3, "xp");
+        a[5] = q->key_len ? (const char *)q->key : "";
+        l[5] = q->key_len;
+        a[6] = q->after ? "1" : "0";
+        l[6] = 1;
+        a[7] = num;
+        l[7] = numlen;
+    }
+    if (!rc)
+        rc = tw__rc_exec(d->rc, cmds, ns);
+    for (size_t i = 0; i < ns && !rc; i++) {
+        const redisReply *r = cmds[i].reply;
+        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements % 2 ||
+            r->elements / 2 > per)
+            rc = TW_EIO;
+        else
+            total += r->elements / 2;
+    }
+    struct dent *all = !rc && total ? tw__malloc(total * sizeof *all) : NULL;
+    if (!rc && total && !all)
+        rc = TW_ENOMEM;
+    bool more = false; /* some shard may hold more than it returned */
+    size_t k = 0;
+    for (size_t i = 0; i < ns && !rc && all; i++) {
+        const redisReply *r = cmds[i].reply;
+        for (size_t j = 0; j < r->elements && !rc; j += 2) {
+            const redisReply *key = r->element[j];
+            if (key->type != REDIS_REPLY_STRING || !key->len ||
+                key->len > TW_DURABLE_KEY_MAX)
+                rc = TW_EIO;
+            all[k++] = (struct dent){key, r->element[j + 1]};
+        }
+        more |= r->elements / 2 == per;
+    }
+    size_t n = 0, used = 0;
+    if (!rc) {
+        if (total)
+            qsort(all, total, sizeof *all, dent_cmp);
+        while (n < q->max && n < total &&
+               tw__list_put(q, &used, &out[n], all[n].key->str, all[n].key->len,
+                            0, 0)) {
+            uint64_t due = 0;
+            out[n].due_ms = list_due(all[n].due, &due) ? (int64_t)due : 0;
+            out[n].state = TW_DURABLE_DEAD;
+            n++;
+        }
+        *end = n == total && !more;
+    }
+    list_free(all, cmds, ns, argv, len);
     return rc ? rc : (int)n;
 }
 
 /* tw_durable_scan(): HSCAN of every shard's :p, the shards that have more
- * in one pipelined round trip at a time. Values that are not what this
- * library writes are skipped (a CLAIM sets them aside). */
+ * in one pipelined round trip at a time, by a read-only script that also
+ * says which keys are dead letters (in :x). Values that are not what this
+ * library writes are skipped (a CLAIM sets them aside).
+ * SCAN KEYS: p x; ARGV: cursor. {cursor, {key, value, dead 0/1, ...}}. */
 #define SCAN_COUNT "1000"
+static const char scan_script[] =
+    "local r=redis.call('HSCAN',KEYS[1],ARGV[1],'COUNT'," SCAN_COUNT ")\n"
+    "local out={}\n"
+    "for i=1,#r[2],2 do\n"
+    " out[#out+1]=r[2][i]\n"
+    " out[#out+1]=r[2][i+1]\n"
+    " out[#out+1]=redis.call('ZSCORE',KEYS[2],r[2][i]) and 1 or 0\n"
+    "end\n"
+    "return {r[1],out}\n";
 
 static long rd_scan(tw_durable *base, tw_durable_scan_fn fn, void *arg)
 {
     struct rd *d = (struct rd *)base;
     size_t ns = d->shards;
     tw__rc_cmd *cmds = tw__calloc(ns, sizeof *cmds);
-    const char **argv = tw__malloc(ns * 5 * sizeof *argv);
-    size_t *len = tw__malloc(ns * 5 * sizeof *len);
+    const char **argv = tw__malloc(ns * 6 * sizeof *argv);
+    size_t *len = tw__malloc(ns * 6 * sizeof *len);
     char(*cur)[24] = tw__calloc(ns, sizeof *cur);
     uint32_t *shard = tw__malloc(ns * sizeof *shard);
     long count = 0;
@@ -2553,19 +2849,21 @@ static long rd_scan(tw_durable *base, tw_durable_scan_fn fn, void *arg)
     }
     while (!rc && active) {
         for (size_t i = 0; i < active; i++) {
-            const char **a = argv + 5 * i;
-            size_t *l = len + 5 * i, sh = shard[i];
-            a[0] = "HSCAN";
-            l[0] = 5;
-            a[1] = d->sk[sh].name[1];
-            l[1] = d->sk[sh].len[1];
-            a[2] = cur[sh];
-            l[2] = strlen(cur[sh]);
-            a[3] = "COUNT";
-            l[3] = 5;
-            a[4] = SCAN_COUNT;
-            l[4] = sizeof SCAN_COUNT - 1;
-            cmds[i] = (tw__rc_cmd){5, a, l, d->sk[sh].slot, NULL, 0};
+            const char **a = argv + 6 * i;
+            size_t *l = len + 6 * i, sh = shard[i];
+            a[0] = "EVAL";
+            l[0] = 4;
+            a[1] = scan_script;
+            l[1] = sizeof scan_script - 1;
+            a[2] = "2";
+            l[2] = 1;
+            a[3] = d->sk[sh].name[1]; /* :p */
+            l[3] = d->sk[sh].len[1];
+            a[4] = d->sk[sh].name[5]; /* :x */
+            l[4] = d->sk[sh].len[5];
+            a[5] = cur[sh];
+            l[5] = strlen(cur[sh]);
+            cmds[i] = (tw__rc_cmd){6, a, l, d->sk[sh].slot, NULL, 0};
         }
         rc = tw__rc_exec(d->rc, cmds, active);
         int64_t now = rd_wall(d);
@@ -2576,13 +2874,15 @@ static long rd_scan(tw_durable *base, tw_durable_scan_fn fn, void *arg)
                 r->element[0]->type != REDIS_REPLY_STRING ||
                 r->element[0]->len >= sizeof cur[0] ||
                 r->element[1]->type != REDIS_REPLY_ARRAY ||
-                r->element[1]->elements % 2) {
+                r->element[1]->elements % 3) {
                 rc = TW_EIO;
                 break;
             }
             const redisReply *f = r->element[1];
-            for (size_t j = 0; j < f->elements && !rc; j += 2) {
+            for (size_t j = 0; j < f->elements && !rc; j += 3) {
                 const redisReply *k = f->element[j], *v = f->element[j + 1];
+                bool dead = f->element[j + 2]->type == REDIS_REPLY_INTEGER &&
+                            f->element[j + 2]->integer == 1;
                 struct pval pv;
                 if (k->type != REDIS_REPLY_STRING || !k->len ||
                     k->len > TW_DURABLE_KEY_MAX ||
@@ -2595,7 +2895,8 @@ static long rd_scan(tw_durable *base, tw_durable_scan_fn fn, void *arg)
                                         .payload_len = pv.len,
                                         .due_ms = pv.due,
                                         .attempt = pv.attempt ? pv.attempt : 1,
-                                        .state = pv.due <= now
+                                        .state = dead ? TW_DURABLE_DEAD
+                                                 : pv.due <= now
                                                      ? TW_DURABLE_DUE
                                                      : TW_DURABLE_WAITING};
                 count++;
@@ -2633,6 +2934,9 @@ static const struct tw_durable_ops rd_ops = {
     .get = rd_get,
     .list = rd_list,
     .scan = rd_scan,
+    .dead_op = rd_dead_op,
+    .list_dead = rd_list_dead,
+    .touch = rd_touch,
 };
 
 /* A handle with @cfg's settings (defaults filled in); NULL when out of
@@ -2650,6 +2954,7 @@ static struct rd *rd_new(const tw_durable_config *cfg)
     d->wait_timeout_ms = cfg->wait_timeout_ms ? cfg->wait_timeout_ms : 1000;
     d->fire = cfg->fire;
     d->fire_arg = cfg->fire_arg;
+    tw__retry_init(&d->retry, cfg);
     d->wall_fn = cfg->wall_ms;
     d->mono_fn = cfg->mono_ns;
     d->clock_arg = cfg->clock_arg;
@@ -2791,9 +3096,8 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
             tw__rc_last_error(d->rc, cfg->errbuf, cfg->errbuf_len);
     }
     d->base.readonly = cfg->flags & TW_DURABLE_READONLY;
-    if (!rc && (cfg->flags & TW_DURABLE_NOFIRE))
-        rc = TW_EINVAL; /* a claim would wait for its lease */
-    if (!rc && !d->base.readonly)
+    d->nofire = cfg->flags & TW_DURABLE_NOFIRE;
+    if (!rc && !d->base.readonly && !d->nofire)
         rc = rd_start(d);
     if (rc) {
         rd_free(d);

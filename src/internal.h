@@ -9,19 +9,7 @@
 #include "twheel/repeated.h"
 #include "twheel/wheel.h"
 
-/* The library's allocator (src/wheel.c; tw_set_allocator() replaces it).
- * Every allocation in src/ goes through these. */
-void *tw__malloc(size_t n);
-void *tw__calloc(size_t n, size_t size);
-void *tw__realloc(void *p, size_t n);
-void tw__free(void *p);
-
-/* Copy the caller's config of @src_size bytes into @dst (@dst_size bytes),
- * zeroing what the caller's struct did not have. TW_EINVAL, with @dst
- * zeroed, if @src is longer and any byte past @dst_size is non-zero. A
- * NULL @src gives an all-zero @dst. (src/config.c) */
-int tw__config_copy(void *dst, size_t dst_size, const void *src,
-                    size_t src_size);
+#include "common.h" /* tw__malloc & co, tw__config_copy */
 
 /* The TW_LATE_BUCKETS bucket of a run that started @late_us microseconds
  * after its due time (see twheel/wheel.h). */

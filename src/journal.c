@@ -40,11 +40,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -177,14 +175,15 @@ size_t tw__jr_encode(unsigned char *buf, uint32_t seed, int type,
     put16(buf + 10, (uint16_t)key_len);
     put32(buf + 12, synced);
     unsigned char *p = buf + JR_REC_HDR;
-    if (type == JR_SCHED) {
+    bool body = type == JR_SCHED || type == JR_DEAD;
+    if (body) {
         put64(p, (uint64_t)due_ms);
         put32(p + 8, attempt);
         put32(p + 12, (uint32_t)payload_len);
         p += JR_SCHED_FIXED;
     }
     memcpy(p, key, key_len);
-    if (type == JR_SCHED && payload_len)
+    if (body && payload_len)
         memcpy(p + key_len, payload, payload_len);
     put32(buf, tw__crc32c(seed, buf + 4, size - 4));
     return size;
@@ -201,7 +200,7 @@ size_t tw__jr_decode(const unsigned char *p, size_t n, uint32_t off,
     if (len > JR_MAX_BODY || len > n - JR_REC_HDR || p[9] != 0 ||
         key_len == 0 || key_len > TW_DURABLE_KEY_MAX)
         return 0;
-    if (type == JR_SCHED) {
+    if (type == JR_SCHED || type == JR_DEAD) {
         if (len < JR_SCHED_FIXED + key_len ||
             get32(p + JR_REC_HDR + 12) != len - JR_SCHED_FIXED - key_len)
             return 0;
@@ -220,7 +219,7 @@ size_t tw__jr_decode(const unsigned char *p, size_t n, uint32_t off,
     out->synced = get32(p + 12);
     out->key_len = key_len;
     const unsigned char *b = p + JR_REC_HDR;
-    if (type == JR_SCHED) {
+    if (type == JR_SCHED || type == JR_DEAD) {
         out->due_ms = (int64_t)get64(b);
         out->attempt = get32(b + 8);
         out->payload_len = get32(b + 12);
@@ -252,7 +251,7 @@ unsigned tw__jr_seg_hdr_ok(const unsigned char *p, size_t n, uint32_t seg,
     uint32_t v = get32(p + 8);
     if (v == JR_VERSION_1 && get64(p + 16) == 0)
         *seed = 0; /* format 1: the records' checksums are unsalted */
-    else if (v == JR_VERSION)
+    else if (v == JR_VERSION || v == JR_VERSION_3)
         *seed = tw__jr_seed(get64(p + 16));
     else
         return 0;
@@ -519,10 +518,28 @@ int tw__jr_new_segment(jr_writer *w, uint32_t no)
         return rc;
     }
     g.seed = tw__jr_seed(salt);
+    g.version = JR_VERSION;
     w->segs[w->nseg++] = g;
     w->written = JR_LSN(no, JR_SEG_HDR);
     tw__jr_publish(w);
     return 0;
+}
+
+/* Say format 3 in segment @g's header, its salt kept (see journal.h): the
+ * 32 bytes are rewritten in place, before the first DEAD record. */
+static int seg_v3(jr_seg *g)
+{
+    unsigned char hdr[JR_SEG_HDR];
+    uint32_t seed;
+    if (pread(g->fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr ||
+        !tw__jr_seg_hdr_ok(hdr, sizeof hdr, g->no, &seed) || seed != g->seed)
+        return TW_EIO;
+    put32(hdr + 8, JR_VERSION_3);
+    put32(hdr + 28, tw__crc32c(0, hdr, 28));
+    int rc = do_pwrite(g->fd, hdr, sizeof hdr, 0);
+    if (!rc)
+        g->version = JR_VERSION_3;
+    return rc;
 }
 
 int tw__jr_stage(jr_writer *w, int type, const void *key, size_t key_len,
@@ -541,6 +558,11 @@ int tw__jr_stage(jr_writer *w, int type, const void *key, size_t key_len,
             return rc;
         cur = &w->segs[w->nseg - 1];
     }
+    if (type == JR_DEAD && cur->version != JR_VERSION_3) {
+        int rc = seg_v3(cur);
+        if (rc)
+            return rc;
+    }
     if (w->staged + size > w->buf_cap) {
         size_t nc = w->staged + size < 4096 ? 4096 : w->staged + size;
         unsigned char *nb = tw__realloc(w->buf, nc);
@@ -556,7 +578,7 @@ int tw__jr_stage(jr_writer *w, int type, const void *key, size_t key_len,
     *seg = cur->no;
     *off = (uint32_t)(cur->size + w->staged);
     w->staged += size;
-    w->staged_sched += type == JR_SCHED;
+    w->staged_sched += type == JR_SCHED || type == JR_DEAD;
     return 0;
 }
 
@@ -595,24 +617,6 @@ int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
     int rc = tw__jr_stage(w, type, key, key_len, due_ms, attempt, payload,
                           payload_len, seg, off);
     return rc ? rc : tw__jr_flush(w, lsn);
-}
-
-void tw__futex_wait(jr_futex *f, unsigned val)
-{
-    atomic_fetch_add(&f->sleepers, 1);
-    (void)syscall(SYS_futex, (unsigned *)&f->word, FUTEX_WAIT_PRIVATE, val,
-                  NULL, NULL, 0);
-    atomic_fetch_sub(&f->sleepers, 1);
-}
-
-void tw__futex_bump(jr_futex *f)
-{
-    /* A sleeper counted after this load read the word after the add, so
-     * it does not sleep: the wake is needed only for those counted. */
-    atomic_fetch_add(&f->word, 1);
-    if (atomic_load(&f->sleepers))
-        (void)syscall(SYS_futex, (unsigned *)&f->word, FUTEX_WAKE_PRIVATE,
-                      INT_MAX, NULL, NULL, 0);
 }
 
 void tw__jr_publish(jr_writer *w)

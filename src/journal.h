@@ -4,20 +4,22 @@
  * checksummed records in one directory, appended under the store's mutex
  * and made durable by group commit.
  *
- * Segment file "NNNNNNNNNN.twj" (its number in decimal), format 2:
+ * Segment file "NNNNNNNNNN.twj" (its number in decimal), format 2 or 3
+ * (below):
  *
- *   header (32 bytes): "TWJOURN1" | u32 version (2) | u32 segment number |
+ *   header (32 bytes): "TWJOURN1" | u32 version (2, 3) | u32 segment number |
  *                      u64 salt | u32 0 | u32 crc32c of bytes 0..27
  *   records, back to back, none split across segments:
  *
  *   0   u32 crc32c of the segment's salt (8 bytes) then bytes 4 .. 16 + len
  *   4   u32 len        bytes after this 16-byte header
- *   8   u8  type       JR_SCHED, JR_CANCEL, JR_DONE, JR_FIRE
+ *   8   u8  type       JR_SCHED, JR_CANCEL, JR_DONE, JR_FIRE, JR_DEAD
  *   9   u8  0
  *   10  u16 key_len    1 .. TW_DURABLE_KEY_MAX
  *   12  u32 synced     this segment was durable up to this offset when the
  *                      record was written (tells a torn tail from damage)
- *   16  SCHED: i64 due_ms | u32 attempt | u32 payload_len | key | payload
+ *   16  SCHED, DEAD: i64 due_ms | u32 attempt | u32 payload_len | key |
+ *       payload
  *       others: key
  *
  * All integers little-endian. Nothing here knows about keys' meaning.
@@ -37,6 +39,17 @@
  * delivery would have to gather again with several reads; and chaining
  * each checksum to the previous record's, as SQLite's WAL also does, which
  * would leave nothing after damage to check or keep in repair mode.
+ *
+ * Format 3 is format 2 that may hold DEAD records (a timer moved to the
+ * dead letters: the due time of its last delivery, the attempts it had,
+ * its payload). A segment is written as format 2 and its header is
+ * rewritten in place to say 3 (same salt) just before its first DEAD
+ * record is written, so a journal without dead letters still opens with
+ * the code before dead letters, and one with them is refused by it with
+ * "bad segment header" (TW_EIO) instead of being misread: that code
+ * knows no DEAD record and would take one for damage, or for a torn tail
+ * to cut. This code reads DEAD records in any format-2 or 3 segment (the
+ * header rewrite and the record are not made durable together).
  *
  * Format 1 (twheel 0.2 and older) is the same with version 1 and no salt
  * (checksums from 0). Such a journal still opens: its segments are read
@@ -58,14 +71,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "futex.h" /* jr_futex */
+
 #define JR_SEG_HDR 32u
 #define JR_REC_HDR 16u
 #define JR_SCHED_FIXED 16u /* due, attempt, payload_len */
 #define JR_MAX_BODY (JR_SCHED_FIXED + 1024u + 1024u * 1024u)
 #define JR_VERSION 2u   /* what this code writes */
+#define JR_VERSION_3 3u /* a segment that holds DEAD records */
 #define JR_VERSION_1 1u /* unsalted, still read */
 
-enum { JR_SCHED = 1, JR_CANCEL = 2, JR_DONE = 3, JR_FIRE = 4 };
+enum { JR_SCHED = 1, JR_CANCEL = 2, JR_DONE = 3, JR_FIRE = 4, JR_DEAD = 5 };
 
 uint32_t tw__crc32c(uint32_t crc, const void *buf, size_t n);
 
@@ -100,7 +116,8 @@ size_t tw__jr_encode(unsigned char *buf, uint32_t seed, int type,
 static inline size_t tw__jr_size(int type, size_t key_len, size_t payload_len)
 {
     return JR_REC_HDR + key_len +
-           (type == JR_SCHED ? JR_SCHED_FIXED + payload_len : 0);
+           (type == JR_SCHED || type == JR_DEAD ? JR_SCHED_FIXED + payload_len
+                                                : 0);
 }
 
 /* The checksum seed of a segment with @salt: the CRC32C of its 8 bytes. */
@@ -133,20 +150,15 @@ typedef struct jr_seg {
     uint32_t no;
     int fd;
     uint64_t size;    /* bytes written (header included) */
-    uint64_t records; /* JR_SCHED records in it */
+    uint64_t records; /* JR_SCHED and JR_DEAD records in it */
     uint64_t live;    /* of those, the current version of a pending key */
     uint32_t seed;    /* its records' checksum seed (from its salt) */
     uint64_t alloc;   /* the file's size: allocated ahead of @size */
+    uint32_t version; /* its header's format version */
 } jr_seg;
 
 /* A new segment's first allocation; it doubles as the segment fills. */
 #define JR_ALLOC_MIN (64u << 10)
-
-/* A futex word and how many threads sleep on it. */
-typedef struct jr_futex {
-    atomic_uint word;
-    atomic_int sleepers;
-} jr_futex;
 
 /* LSN: segment number << 32 | offset. */
 #define JR_LSN(seg, off) (((uint64_t)(seg) << 32) | (uint64_t)(off))
@@ -244,10 +256,6 @@ int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
 int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn);
 /* tw__jr_wait_unlock() for a caller that does not hold *mu. */
 int tw__jr_wait_nolock(jr_writer *w, uint64_t lsn);
-/* Sleep while @f's word is @val (or until a signal). */
-void tw__futex_wait(jr_futex *f, unsigned val);
-/* Change @f's word and wake every sleeper (no system call if none). */
-void tw__futex_bump(jr_futex *f);
 /* tw__jr_wait_unlock() that takes *mu again before it returns. SYNC_NONE
  * and SYNC_INTERVAL return at once. */
 int tw__jr_wait(jr_writer *w, uint64_t lsn);

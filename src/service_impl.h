@@ -38,8 +38,9 @@
  *
  * The state word
  * --------------
- * Task records ("nodes", 48 bytes on LP64) live in chunks of 4096 that never
- * move; a node is a tw_timer (40 bytes) plus one atomic 64-bit state word:
+ * Task records ("nodes", 40 bytes on LP64) live in chunks of 4096 that never
+ * move; a node is a tw_timer whose function pointer is one atomic 64-bit
+ * state word (struct node below):
  *
  *   bits 63..32  generation (never 0; bumped each time the node is freed)
  *   bits 31..5   payload: while the node is live, the index of the task
@@ -107,9 +108,10 @@
  *
  * Task functions are stored as indexes into a small lock-free open-
  * addressing table (per service, max_callbacks entries): this is what keeps
- * a node at 48 bytes, since the tw_timer's own callback slot must hold the
- * service's trampoline. The trampoline finds the service through the
- * node's chunk, which records its owner.
+ * a node at 40 bytes, since the index fits in the state word that takes the
+ * place of the tw_timer's own callback (the wheel calls the service's
+ * trampoline for every timer). The trampoline finds the service through
+ * the node's chunk, which records its owner.
  */
 #ifndef TWHEEL_SERVICE_IMPL_H
 #define TWHEEL_SERVICE_IMPL_H

@@ -99,6 +99,8 @@
  */
 #include "twheel/wheel.h"
 
+#include "common.h" /* the allocator */
+
 #include <assert.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -348,8 +350,8 @@ static int64_t bm_next(const tw_wheel *w, const uint64_t *bm, uint64_t i)
 
 /* ------------------------------------------------------------------------ */
 /* Lists. A timer's pprev points at whatever points at it: a slot head, the
- * due list head, a local list head in advance(), or the previous timer's
- * next field. */
+ * due list head, a local list head of advance_loop() or run_due() (the
+ * chains being fired), or the previous timer's next field. */
 
 static inline void list_push(tw_timer **head, tw_timer *t)
 {
@@ -480,124 +482,6 @@ __attribute__((noinline)) static void due_push(tw_wheel *w, tw_timer *t)
             w->due_min = e;
     }
     list_push(&w->due, t);
-}
-
-/* ------------------------------------------------------------------------ */
-/* Allocator: every allocation of the library goes through these (the
- * other sources call them as tw__malloc & co, see internal.h). */
-
-static struct {
-    void *(*malloc_fn)(size_t);
-    void *(*calloc_fn)(size_t, size_t);
-    void *(*realloc_fn)(void *, size_t);
-    void (*free_fn)(void *);
-} alloc_fns = {malloc, calloc, realloc, free};
-
-/* Declared here as well so that wheel.c stays free of internal.h. */
-void *tw__malloc(size_t n);
-void *tw__calloc(size_t n, size_t size);
-void *tw__realloc(void *p, size_t n);
-void tw__free(void *p);
-
-int tw_set_allocator(void *(*malloc_fn)(size_t),
-                     void *(*calloc_fn)(size_t, size_t),
-                     void *(*realloc_fn)(void *, size_t),
-                     void (*free_fn)(void *))
-{
-    if (!malloc_fn || !calloc_fn || !realloc_fn || !free_fn)
-        return TW_EINVAL;
-    alloc_fns.malloc_fn = malloc_fn;
-    alloc_fns.calloc_fn = calloc_fn;
-    alloc_fns.realloc_fn = realloc_fn;
-    alloc_fns.free_fn = free_fn;
-    return 0;
-}
-
-void *tw__malloc(size_t n)
-{
-    return alloc_fns.malloc_fn(n);
-}
-
-void *tw__calloc(size_t n, size_t size)
-{
-    return alloc_fns.calloc_fn(n, size);
-}
-
-void *tw__realloc(void *p, size_t n)
-{
-    return alloc_fns.realloc_fn(p, n);
-}
-
-void tw__free(void *p)
-{
-    alloc_fns.free_fn(p);
-}
-
-/* ------------------------------------------------------------------------ */
-/* Public API: set-up. */
-
-unsigned tw_version(void)
-{
-    return TW_VERSION_HEX;
-}
-
-#define TW_STR_(x) #x
-#define TW_STR(x) TW_STR_(x)
-
-const char *tw_version_string(void)
-{
-    return TW_STR(TW_VERSION_MAJOR) "." TW_STR(TW_VERSION_MINOR) "." TW_STR(
-        TW_VERSION_PATCH);
-}
-
-/* One row per TW_E* code: its name and a message true for every use. */
-#define TW_ERRORS(X)                                                           \
-    X(TW_EINVAL, "invalid argument")                                           \
-    X(TW_ENOMEM, "out of memory")                                              \
-    X(TW_EAGAIN, "limit reached (max_pending, max_callbacks) or no thread "    \
-                 "could be started")                                           \
-    X(TW_EBUSY, "resource busy")                                               \
-    X(TW_ESHUTDOWN, "timer service is stopped")                                \
-    X(TW_EDEADLK, "call would wait for itself")                                \
-    X(TW_ENOENT, "no such key")                                                \
-    X(TW_EIO, "I/O error or corrupt data")                                     \
-    X(TW_ENOSPC, "no space left on device")                                    \
-    X(TW_ECONN, "remote store unreachable")                                    \
-    /* The durable store's file system errors. */                              \
-    X(TW_EACCES, "permission denied")                                          \
-    X(TW_EROFS, "read-only file system")                                       \
-    X(TW_ENOTDIR, "not a directory")                                           \
-    TW_ERRORS_REMOTE(X)
-/* Remote stores' own codes. */
-#define TW_ERRORS_REMOTE(X)                                                    \
-    X(TW_EAUTH, "remote store refused the credentials or their rights")
-#define TW_ERROR_MESSAGE(code, msg)                                            \
-    case code:                                                                 \
-        return msg;
-#define TW_ERROR_NAME(code, msg)                                               \
-    case code:                                                                 \
-        return #code;
-
-const char *tw_strerror(int err)
-{
-    switch (err) {
-    case 0:
-        return "success";
-        TW_ERRORS(TW_ERROR_MESSAGE)
-    default:
-        return "unknown error";
-    }
-}
-
-const char *tw_err_name(int err)
-{
-    switch (err) {
-    case 0:
-        return "0";
-        TW_ERRORS(TW_ERROR_NAME)
-    default:
-        return "unknown";
-    }
 }
 
 /* The shape of a wheel, worked out from its configuration before any

@@ -71,7 +71,8 @@ static void sleep_real_ms(int ms)
 
 /* ------------------------------------------------------------------------ */
 /* Deliveries, per key. The payload tells the callback what to return:
- * "R<n>x<m>..." returns n on attempts 1..m, "F..." returns -1, else 0. */
+ * "R<n>x<m>..." returns n on attempts 1..m, "F..." returns -1, "D"
+ * TW_DURABLE_FIRE_DEAD, "Y" TW_DURABLE_FIRE_RETRY, else 0. */
 
 #define KEYS 64
 #define ATT 8
@@ -106,6 +107,11 @@ static atomic_int race_armed;        /* a payload "C" runs race_close() once */
 
 /* A payload "B" holds its callback until unblock(). */
 static atomic_int blocked, unblocked;
+/* A payload "K" (touch) or "N" (no touch) holds its callback until
+ * unblocked, counting its deliveries as they begin; "K" calls
+ * tw_durable_touch() on its key every millisecond of real time. */
+static atomic_int entered_k, entered_n, touches, touch_rc;
+static void sleep_real_ms(int ms);
 
 static void block_here(void)
 {
@@ -124,6 +130,19 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
         atomic_store(&self_close_rc, tw_durable_close(d));
     if (t->payload_len == 1 && *(const char *)t->payload == 'B')
         block_here();
+    if (t->payload_len == 1 && *(const char *)t->payload == 'K') {
+        atomic_fetch_add(&entered_k, 1);
+        while (!atomic_load(&unblocked)) {
+            atomic_store(&touch_rc, tw_durable_touch(d, t->key, t->key_len));
+            atomic_fetch_add(&touches, 1);
+            sleep_real_ms(1);
+        }
+    }
+    if (t->payload_len == 1 && *(const char *)t->payload == 'N') {
+        atomic_fetch_add(&entered_n, 1);
+        while (!atomic_load(&unblocked))
+            sleep_real_ms(1);
+    }
     int64_t at = now_ms();
     if (at < t->due_ms)
         early++;
@@ -150,6 +169,10 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
         return n;
     if (pl[0] == 'F')
         return -1;
+    if (!strcmp(pl, "D"))
+        return TW_DURABLE_FIRE_DEAD;
+    if (!strcmp(pl, "Y"))
+        return TW_DURABLE_FIRE_RETRY;
     return 0;
 }
 
@@ -179,8 +202,12 @@ static void wait_count(const char *key, uint32_t n)
     ASSERT(0);
 }
 
+/* The retry policy and lease of the stores a test opens (reset()). */
+static tw_durable_config pol;
+
 static void reset(void)
 {
+    memset(&pol, 0, sizeof pol);
     pthread_mutex_lock(&mu);
     nrecs = 0;
     pthread_mutex_unlock(&mu);
@@ -199,6 +226,12 @@ static tw_durable_config cfg_for(const char *store)
     c.wall_ms = clk_wall;
     c.mono_ns = clk_mono;
     be->setup(&c, store, be->arg);
+    c.max_attempts = pol.max_attempts;
+    c.retry_ms = pol.retry_ms;
+    c.retry_max_ms = pol.retry_max_ms;
+    c.retry_jitter_pct = pol.retry_jitter_pct;
+    if (pol.lease_ms)
+        c.lease_ms = pol.lease_ms;
     return c;
 }
 
@@ -1246,7 +1279,10 @@ static int on_scan(void *arg, const tw_durable_scanned *t)
     c->state[c->n] = t->state;
     c->n++;
     if (c->cancel_from && c->n >= c->cancel_from)
-        ASSERT_EQ(tw_durable_cancel(c->d, t->key, t->key_len), 0);
+        ASSERT_EQ(t->state == TW_DURABLE_DEAD
+                      ? tw_durable_dead_delete(c->d, t->key, t->key_len)
+                      : tw_durable_cancel(c->d, t->key, t->key_len),
+                  0);
     return c->n == c->stop_at ? c->stop_at % 2 ? -5 : 1 : 0;
 }
 
@@ -1272,15 +1308,29 @@ static void test_scan(void)
     ASSERT_EQ(sched(d, "s-x", t0 + 100000, "gone"), 0);
     ASSERT_EQ(cancel(d, "s-x"), 0);
     ASSERT_EQ(sched(d, "s-r", t0 + 50, "R1000x1"), 0); /* retried once */
+    ASSERT_EQ(sched(d, "s-dead", t0 + 50, "D"), 0);    /* a dead letter */
     advance(50);
     wait_count("s-r", 1);
+    wait_count("s-dead", 1);
     for (int i = 0; i < WAIT_MS && stats(d).retried < 1; i++)
         sleep_real_ms(1);
     advance(150);
     wait_get(d, "s-r", 2);
+    tw_durable_info in;
+    for (int i = 0; i < WAIT_MS; i++) { /* its DEAD record may lag */
+        if (get(d, "s-dead", &in, NULL, 0) == 0 && in.state == TW_DURABLE_DEAD)
+            break;
+        sleep_real_ms(1);
+    }
+    ASSERT_EQ(in.state, TW_DURABLE_DEAD);
     struct scan_seen c = {.d = d};
-    ASSERT_EQ(tw_durable_scan(d, on_scan, &c), 4);
-    ASSERT_EQ(c.n, 4);
+    ASSERT_EQ(tw_durable_scan(d, on_scan, &c), 5);
+    ASSERT_EQ(c.n, 5);
+    int dl = scan_find(&c, "s-dead");
+    ASSERT(dl >= 0);
+    ASSERT_EQ(c.state[dl], TW_DURABLE_DEAD);
+    ASSERT_EQ(c.attempt[dl], in.attempt);
+    ASSERT_STR_EQ(c.pl[dl], "D");
     int a = scan_find(&c, "s-a"), b = scan_find(&c, "s-b"),
         cc = scan_find(&c, "s-c"), r = scan_find(&c, "s-r");
     ASSERT(a >= 0 && b >= 0 && cc >= 0 && r >= 0);
@@ -1294,7 +1344,6 @@ static void test_scan(void)
     ASSERT_EQ(c.due[cc], t0 + 400000);
     ASSERT_STR_EQ(c.pl[r], "R1000x1");
     ASSERT_EQ(c.attempt[r], 2);
-    tw_durable_info in;
     ASSERT_EQ(get(d, "s-r", &in, NULL, 0), 0);
     ASSERT_EQ(c.due[r], in.due_ms);
     /* Stopping: a positive return gives the count so far, a negative one
@@ -1309,15 +1358,361 @@ static void test_scan(void)
     ASSERT_EQ(tw_durable_close(d), 0);
     d = reopen();
     c = (struct scan_seen){.d = d};
-    ASSERT_EQ(tw_durable_scan(d, on_scan, &c), 4);
+    ASSERT_EQ(tw_durable_scan(d, on_scan, &c), 5);
     ASSERT_STR_EQ(c.pl[scan_find(&c, "s-c")], "new");
+    ASSERT_EQ(c.state[scan_find(&c, "s-dead")], TW_DURABLE_DEAD);
     /* The callback cancels what it is handed: the store is not locked. */
     c = (struct scan_seen){.d = d, .cancel_from = 1};
-    ASSERT_EQ(tw_durable_scan(d, on_scan, &c), 4);
+    ASSERT_EQ(tw_durable_scan(d, on_scan, &c), 5);
     c = (struct scan_seen){.d = d};
     ASSERT_EQ(tw_durable_scan(d, on_scan, &c), 0);
     ASSERT_EQ(stats(d).pending, 0);
     ASSERT_EQ(early, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Retry policy, dead letters, touch. */
+
+static int is_dead(tw_durable *d, const char *key)
+{
+    tw_durable_info in;
+    return get(d, key, &in, NULL, 0) == 0 && in.state == TW_DURABLE_DEAD;
+}
+
+/* Move the clock 50 ms at a time (with a pause of real time for the
+ * store to deliver what came due) until every key of @keys is a dead
+ * letter; fails after WAIT_MS of real time. */
+static void run_until_dead(tw_durable *d, const char *const *keys, int n)
+{
+    for (int round = 0; round < WAIT_MS / 20; round++) {
+        int dead = 0;
+        for (int i = 0; i < n; i++)
+            dead += is_dead(d, keys[i]);
+        if (dead == n)
+            return;
+        advance(50);
+        sleep_real_ms(20);
+    }
+    for (int i = 0; i < n; i++)
+        fprintf(stderr, "%s: %s dead %d, delivered %u times\n", be->name,
+                keys[i], is_dead(d, keys[i]), count_of(keys[i]));
+    ASSERT(0);
+}
+
+/* The dead letters of @d, in order, into @keys (up to 8; pages of 2). */
+static int dead_keys(tw_durable *d, char keys[8][16])
+{
+    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    tw_durable_entry e[2];
+    char kb[TW_DURABLE_KEY_MAX];
+    int n = 0;
+    while (!c.done) {
+        int got = tw_durable_list_dead(d, &c, e, 2, kb, sizeof kb);
+        ASSERT_GE(got, 0);
+        ASSERT_LE(got, 2);
+        for (int i = 0; i < got; i++) {
+            ASSERT_LT(n, 8);
+            ASSERT_EQ(e[i].state, TW_DURABLE_DEAD);
+            ASSERT_LT(e[i].key_len, 16);
+            memcpy(keys[n], e[i].key, e[i].key_len);
+            keys[n++][e[i].key_len] = 0;
+        }
+    }
+    return n;
+}
+
+/* max_attempts ends a timer that retries forever, one that asks for the
+ * backoff, and one that returns TW_DURABLE_FIRE_DEAD, as dead letters:
+ * durable, found by get, counted, listed in key order, not cancelled,
+ * re-armed (the attempts start over), deleted, replaced by a schedule;
+ * bad input changes nothing. */
+static void test_dead_letters(void)
+{
+    pol.max_attempts = 3;
+    pol.retry_ms = 100;
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    ASSERT_EQ(sched(d, "dl-r", t0 + 10, "R50x9"), 0); /* retries forever */
+    ASSERT_EQ(sched(d, "dl-d", t0 + 10, "D"), 0);
+    ASSERT_EQ(sched(d, "dl-y", t0 + 10, "Y"), 0);
+    ASSERT_EQ(sched(d, "dl-ok", t0 + 10, "R50x1"), 0); /* one retry, done */
+    ASSERT_EQ(sched(d, "dl-p", t0 + 1000000, "p"), 0);
+    static const char *const three[] = {"dl-r", "dl-d", "dl-y"};
+    run_until_dead(d, three, 3);
+    struct rec r = snap("dl-r"), y = snap("dl-y");
+    ASSERT_EQ(r.count, 3);
+    ASSERT_EQ(y.count, 3);
+    ASSERT_EQ(count_of("dl-d"), 1);
+    for (uint32_t i = 0; i < 3; i++) {
+        ASSERT_EQ(r.attempt[i], i + 1);
+        ASSERT_EQ(y.attempt[i], i + 1);
+    }
+    ASSERT_GE(y.at_ms[1], y.at_ms[0] + 100); /* the fixed backoff */
+    ASSERT_GE(y.at_ms[2], y.at_ms[1] + 100);
+    for (int i = 0; i < WAIT_MS && count_of("dl-ok") < 2; i++) {
+        advance(50);
+        sleep_real_ms(1);
+    }
+    ASSERT_EQ(count_of("dl-ok"), 2);
+    done_flush(d, 1); /* dl-p: dead letters are not pending */
+    tw_durable_info in;
+    char buf[16];
+    memset(buf, 0, sizeof buf);
+    ASSERT_EQ(get(d, "dl-r", &in, buf, sizeof buf), 0);
+    ASSERT_EQ(in.state, TW_DURABLE_DEAD);
+    ASSERT_EQ(in.attempt, 3);
+    ASSERT_EQ(in.due_ms, r.due_ms[2]);
+    ASSERT_EQ(in.payload_len, 5);
+    ASSERT(!memcmp(buf, "R50x9", 5));
+    ASSERT_EQ(get(d, "dl-d", &in, NULL, 0), 0);
+    ASSERT_EQ(in.state, TW_DURABLE_DEAD);
+    ASSERT_EQ(in.attempt, 1);
+    tw_durable_stats st = stats(d);
+    ASSERT_EQ(st.dead, 3);
+    ASSERT_EQ(st.pending, 1);
+    /* Not pending: cancel does not reach it, listing does not show it. */
+    ASSERT_EQ(cancel(d, "dl-d"), TW_ENOENT);
+    ASSERT(is_dead(d, "dl-d"));
+    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    tw_durable_entry e[8];
+    char kb[TW_DURABLE_KEY_MAX];
+    ASSERT_EQ(tw_durable_list(d, INT64_MIN, INT64_MAX, &c, e, 8, kb, sizeof kb),
+              1);
+    ASSERT_EQ(e[0].key_len, 4); /* dl-p */
+    char keys[8][16];
+    ASSERT_EQ(dead_keys(d, keys), 3);
+    ASSERT_STR_EQ(keys[0], "dl-d");
+    ASSERT_STR_EQ(keys[1], "dl-r");
+    ASSERT_STR_EQ(keys[2], "dl-y");
+    c = (tw_durable_cursor)TW_DURABLE_CURSOR_INIT;
+    ASSERT_EQ(tw_durable_list_dead(d, &c, e, 8, kb, sizeof kb), 3);
+    ASSERT_EQ(c.done, 1);
+    ASSERT_EQ(e[1].due_ms, r.due_ms[2]);
+    /* Bad input: TW_EINVAL, nothing changed; not dead: TW_ENOENT. */
+    static char big[TW_DURABLE_KEY_MAX + 1];
+    ASSERT_EQ(tw_durable_rearm(NULL, "dl-d", 4, t0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_rearm(d, NULL, 4, t0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_rearm(d, "dl-d", 0, t0), TW_EINVAL);
+    ASSERT_EQ(tw_durable_dead_delete(d, big, sizeof big), TW_EINVAL);
+    ASSERT_EQ(tw_durable_dead_delete(NULL, "dl-d", 4), TW_EINVAL);
+    ASSERT_EQ(tw_durable_touch(d, NULL, 1), TW_EINVAL);
+    c = (tw_durable_cursor)TW_DURABLE_CURSOR_INIT;
+    ASSERT_EQ(tw_durable_list_dead(d, &c, e, 0, kb, sizeof kb), TW_EINVAL);
+    ASSERT_EQ(tw_durable_list_dead(d, NULL, e, 8, kb, sizeof kb), TW_EINVAL);
+    ASSERT_EQ(tw_durable_list_dead(d, &c, e, 8, kb, 2), TW_EINVAL);
+    ASSERT_EQ(c.key_len, 0); /* unchanged */
+    ASSERT_EQ(c.done, 0);
+    ASSERT_EQ(tw_durable_rearm(d, "dl-ok", 5, t0), TW_ENOENT);
+    ASSERT_EQ(tw_durable_rearm(d, "nope", 4, t0), TW_ENOENT);
+    ASSERT_EQ(tw_durable_dead_delete(d, "nope", 4), TW_ENOENT);
+    ASSERT_EQ(tw_durable_rearm(d, "dl-p", 4, t0), TW_ENOENT);
+    ASSERT_EQ(tw_durable_dead_delete(d, "dl-p", 4), TW_ENOENT);
+    ASSERT_EQ(tw_durable_touch(d, "dl-p", 4), TW_ENOENT); /* not running */
+    ASSERT_EQ(get(d, "dl-p", &in, NULL, 0), 0);
+    ASSERT_EQ(in.due_ms, t0 + 1000000);
+    ASSERT_EQ(stats(d).dead, 3);
+    /* Durable. */
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = reopen();
+    st = stats(d);
+    ASSERT_EQ(st.dead, 3);
+    ASSERT_EQ(st.pending, 1);
+    ASSERT_EQ(get(d, "dl-r", &in, NULL, 0), 0);
+    ASSERT_EQ(in.state, TW_DURABLE_DEAD);
+    ASSERT_EQ(in.attempt, 3);
+    ASSERT_EQ(dead_keys(d, keys), 3);
+    /* Re-armed: pending at its new due time with attempt 1, and the
+     * policy starts over (three more deliveries, dead again). */
+    int64_t t1 = now_ms();
+    ASSERT_EQ(tw_durable_rearm(d, "dl-r", 4, t1 + 10), 0);
+    ASSERT_EQ(get(d, "dl-r", &in, NULL, 0), 0);
+    ASSERT_EQ(in.state, TW_DURABLE_WAITING);
+    ASSERT_EQ(in.attempt, 1);
+    ASSERT_EQ(in.due_ms, t1 + 10);
+    ASSERT_EQ(stats(d).dead, 2);
+    ASSERT_EQ(tw_durable_rearm(d, "dl-r", 4, t1 + 10), TW_ENOENT);
+    static const char *const one[] = {"dl-r"};
+    run_until_dead(d, one, 1);
+    r = snap("dl-r");
+    ASSERT_EQ(r.count, 6);
+    ASSERT_EQ(r.attempt[3], 1);
+    ASSERT_EQ(r.attempt[5], 3);
+    ASSERT_GE(r.at_ms[3], t1 + 10);
+    /* Deleted. */
+    ASSERT_EQ(tw_durable_dead_delete(d, "dl-y", 4), 0);
+    ASSERT_EQ(get(d, "dl-y", &in, NULL, 0), TW_ENOENT);
+    ASSERT_EQ(tw_durable_dead_delete(d, "dl-y", 4), TW_ENOENT);
+    ASSERT_EQ(stats(d).dead, 2);
+    /* Replaced by a schedule of its key: pending, delivered, done. */
+    ASSERT_EQ(sched(d, "dl-d", now_ms() + 10, "again"), 0);
+    ASSERT_EQ(stats(d).dead, 1);
+    ASSERT_EQ(get(d, "dl-d", &in, NULL, 0), 0);
+    ASSERT_EQ(in.state, TW_DURABLE_WAITING);
+    ASSERT_EQ(in.attempt, 1);
+    advance(10);
+    wait_count("dl-d", 2);
+    ASSERT_EQ(dead_keys(d, keys), 1);
+    ASSERT_STR_EQ(keys[0], "dl-r");
+    /* A read-only handle lists them and changes nothing. */
+    tw_durable_config rc = cfg_for(store_name);
+    rc.flags = TW_DURABLE_READONLY;
+    tw_durable *ro = NULL;
+    ASSERT_EQ(tw_durable_open(&ro, &rc), 0);
+    ASSERT_EQ(stats(ro).dead, 1);
+    ASSERT_EQ(dead_keys(ro, keys), 1);
+    ASSERT_EQ(tw_durable_rearm(ro, "dl-r", 4, t1), TW_EROFS);
+    ASSERT_EQ(tw_durable_dead_delete(ro, "dl-r", 4), TW_EROFS);
+    ASSERT_EQ(tw_durable_close(ro), 0);
+    ASSERT(is_dead(d, "dl-r"));
+    ASSERT_EQ(early, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    /* A policy that cannot be honoured is refused at open. */
+    pol.retry_jitter_pct = 101;
+    tw_durable_config bad = cfg_for("dl-bad");
+    ASSERT_EQ(tw_durable_open(&d, &bad), TW_EINVAL);
+}
+
+/* The backoff of TW_DURABLE_FIRE_RETRY: exponential from retry_ms,
+ * capped at retry_max_ms, read exactly from each retry's due time (a
+ * backend with TW_SEM_KNOWN_DONE_LAG writes it up to 150 ms later here);
+ * then jitter: each delay cut by up to retry_jitter_pct percent. */
+static void test_backoff(void)
+{
+    pol.max_attempts = 5;
+    pol.retry_ms = 100;
+    pol.retry_max_ms = 400;
+    tw_durable *d = open_new();
+    ASSERT_EQ(sched(d, "bx", now_ms() + 10, "Y"), 0);
+    advance(10);
+    static const int64_t want[] = {100, 200, 400, 400};
+    /* The clock moves past a retry's DONE delay only where there is one
+     * (the journal writes the retry as the callback returns, and a step
+     * could make it due at once). */
+    const int64_t lag = be->known & TW_SEM_KNOWN_DONE_LAG ? 150 : 0;
+    tw_durable_info in;
+    for (uint32_t n = 1; n <= 4; n++) {
+        wait_count("bx", n);
+        for (int i = 0; i < WAIT_MS && stats(d).retried < n; i++)
+            sleep_real_ms(1);
+        advance(lag);
+        wait_get(d, "bx", n + 1);
+        ASSERT_EQ(get(d, "bx", &in, NULL, 0), 0);
+        int64_t gap = in.due_ms - snap("bx").at_ms[n - 1];
+        ASSERT_GE(gap, want[n - 1]);
+        ASSERT_LE(gap, want[n - 1] + lag);
+        advance(in.due_ms - now_ms());
+    }
+    wait_count("bx", 5);
+    static const char *const bx[] = {"bx"};
+    run_until_dead(d, bx, 1);
+    ASSERT_EQ(get(d, "bx", &in, NULL, 0), 0);
+    ASSERT_EQ(in.attempt, 5);
+    ASSERT_EQ(tw_durable_close(d), 0);
+
+    /* Jitter: 20 timers that failed together retry spread over
+     * [500, 1000] ms (+150 as above), not all at one time. */
+    reset();
+    pol.max_attempts = 2;
+    pol.retry_ms = 1000;
+    pol.retry_jitter_pct = 50;
+    d = open_new();
+    char k[20][8];
+    for (int i = 0; i < 20; i++) {
+        snprintf(k[i], sizeof k[i], "j%d", i);
+        ASSERT_EQ(sched(d, k[i], now_ms() + 10, "Y"), 0);
+    }
+    advance(10);
+    for (int i = 0; i < 20; i++)
+        wait_count(k[i], 1);
+    for (int i = 0; i < WAIT_MS && stats(d).retried < 20; i++)
+        sleep_real_ms(1);
+    advance(lag);
+    int64_t first = 0;
+    bool spread = false;
+    for (int i = 0; i < 20; i++) {
+        wait_get(d, k[i], 2);
+        ASSERT_EQ(get(d, k[i], &in, NULL, 0), 0);
+        int64_t gap = in.due_ms - snap(k[i]).at_ms[0];
+        ASSERT_GE(gap, 500);
+        ASSERT_LE(gap, 1000 + lag);
+        if (i == 0)
+            first = in.due_ms;
+        spread |= in.due_ms != first;
+    }
+    ASSERT(spread);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* tw_durable_touch. Journal (no lease): 0 while a delivery of the key is
+ * under way, from its callback or any thread, TW_ENOENT otherwise.
+ * Redis: a callback that runs for twice its lease_ms and touches is not
+ * delivered again by another node; one that does not touch is (at
+ * least once). The clock moves 250 ms at a time (a quarter lease); after
+ * each step the touching callback is seen to touch, and the other node
+ * gets 200 ms of real time (over two of its claim rounds, 75 ms apart)
+ * to claim whatever lease ran out. */
+static void test_touch(void)
+{
+    bool lease = !strcmp(be->name, "redis");
+    pol.lease_ms = 1000;
+    atomic_store(&unblocked, 0);
+    atomic_store(&entered_k, 0);
+    atomic_store(&entered_n, 0);
+    atomic_store(&touches, 0);
+    atomic_store(&touch_rc, 1);
+    tw_durable *d = open_new();
+    tw_durable *d2 = lease ? reopen() : NULL;
+    ASSERT_EQ(sched(d, "tk", now_ms() + 10, "K"), 0);
+    advance(10);
+    for (int i = 0; i < WAIT_MS && atomic_load(&touches) < 2; i++)
+        sleep_real_ms(1);
+    ASSERT_GE(atomic_load(&touches), 2);
+    ASSERT_EQ(atomic_load(&touch_rc), 0);
+    /* Only the callback of the key renews its lease on Redis. */
+    ASSERT_EQ(tw_durable_touch(d, "tk", 2), lease ? TW_ENOENT : 0);
+    ASSERT_EQ(tw_durable_touch(d, "other", 5), TW_ENOENT);
+    for (int step = 0; step < 8; step++) {
+        advance(250);
+        int seen = atomic_load(&touches);
+        for (int i = 0; i < WAIT_MS && atomic_load(&touches) < seen + 2; i++)
+            sleep_real_ms(1);
+        sleep_real_ms(200);
+        ASSERT_EQ(atomic_load(&entered_k), 1);
+        ASSERT_EQ(atomic_load(&touch_rc), 0);
+    }
+    atomic_store(&unblocked, 1);
+    wait_count("tk", 1);
+    wait_fired(d, 1);
+    done_flush(d, 0);
+    ASSERT_EQ(tw_durable_touch(d, "tk", 2), TW_ENOENT); /* done */
+    ASSERT_EQ(atomic_load(&entered_k), 1);
+    if (lease) {
+        /* Without touch: past its lease, the other node delivers it too
+         * (attempt 2) while the first callback still runs. */
+        atomic_store(&unblocked, 0);
+        ASSERT_EQ(sched(d, "tn", now_ms() + 10, "N"), 0);
+        advance(10);
+        for (int i = 0; i < WAIT_MS && atomic_load(&entered_n) < 1; i++)
+            sleep_real_ms(1);
+        ASSERT_EQ(atomic_load(&entered_n), 1);
+        for (int i = 0; i < WAIT_MS / 20 && atomic_load(&entered_n) < 2; i++) {
+            advance(250);
+            sleep_real_ms(20);
+        }
+        ASSERT_EQ(atomic_load(&entered_n), 2);
+        atomic_store(&unblocked, 1);
+        wait_count("tn", 2);
+        struct rec n = snap("tn");
+        /* Attempt 1 and a later one (2, or more when a node whose
+         * callback still runs claimed it again first, and its lease ran
+         * out too). */
+        uint32_t lo = n.attempt[0] < n.attempt[1] ? n.attempt[0] : n.attempt[1];
+        uint32_t hi = n.attempt[0] ^ n.attempt[1] ^ lo;
+        ASSERT_EQ(lo, 1);
+        ASSERT_GE(hi, 2);
+        ASSERT_EQ(tw_durable_close(d2), 0);
+    }
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
@@ -1355,5 +1750,8 @@ int tw_sem_run(const tw_sem_backend *b)
     RUN(test_readonly);
     RUN(test_list_extremes);
     RUN(test_scan);
+    RUN(test_dead_letters);
+    RUN(test_backoff);
+    RUN(test_touch);
     return tw_test_done();
 }

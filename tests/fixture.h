@@ -8,6 +8,7 @@
 #ifndef TWHEEL_TEST_FIXTURE_H
 #define TWHEEL_TEST_FIXTURE_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -82,6 +83,65 @@ static inline void sleep_us(uint64_t us)
 static inline void sleep_ms(uint64_t ms)
 {
     sleep_ns(ms * MS);
+}
+
+/* CLOCK_REALTIME in milliseconds (the durable store's wall clock). */
+static inline int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Poll @cond every millisecond for at most @sec seconds, then assert it. */
+#define WAIT_FOR(cond, sec)                                                    \
+    do {                                                                       \
+        uint64_t wf_end_ = mono_now() + (uint64_t)(sec)*SEC;                   \
+        while (!(cond) && mono_now() < wf_end_)                                \
+            sleep_ns(MS);                                                      \
+        ASSERT(cond);                                                          \
+    } while (0)
+
+/* ------------------------------------------------------------------------ */
+/* Tasks the tests schedule. */
+
+/* blocking_task: blocks until blocked.release is set; blocked.running
+ * counts the runs that started. */
+static struct {
+    _Atomic int running;
+    _Atomic bool release;
+} blocked __attribute__((unused));
+
+static inline void blocked_reset(void)
+{
+    atomic_store(&blocked.running, 0);
+    atomic_store(&blocked.release, false);
+}
+
+static inline void blocking_task(tw_id id, void *arg)
+{
+    (void)id;
+    (void)arg;
+    atomic_fetch_add(&blocked.running, 1);
+    while (!atomic_load(&blocked.release))
+        sleep_ns(100000);
+}
+
+/* runs_task(@arg = struct runs *): counts its runs and notes the thread and
+ * the virtual time (since VCLOCK_START) of the last. */
+struct runs {
+    _Atomic int n;
+    _Atomic uint64_t at;
+    pthread_t thread;
+};
+
+static inline void runs_task(tw_id id, void *arg)
+{
+    (void)id;
+    struct runs *r = arg;
+    r->thread = pthread_self();
+    atomic_store(&r->at, atomic_load(&vnow) - VCLOCK_START);
+    atomic_fetch_add(&r->n, 1);
 }
 
 /* Built with a sanitizer: real-time cases shrink their load. */

@@ -34,6 +34,7 @@ def check(families, openmetrics):
     by = {f.name: f for f in families}
     # Both parsers name a counter's family without _total.
     want = {"twheel_durable_pending": "gauge",
+            "twheel_durable_dead": "gauge",
             "twheel_durable_fired": "counter",
             "twheel_durable_lateness_seconds": "histogram"}
     for name, typ in want.items():
@@ -44,6 +45,7 @@ def check(families, openmetrics):
     assert value["twheel_durable_pending"] == 5, value
     assert value["twheel_durable_fired_total"] == 5, value
     assert value["twheel_durable_running"] == 0, value
+    assert value["twheel_durable_dead"] == 0, value
     assert value["twheel_durable_lateness_seconds_count"] == 5, value
     buckets = [s for s in by["twheel_durable_lateness_seconds"].samples
                if s.name.endswith("_bucket")]

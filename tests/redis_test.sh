@@ -8,6 +8,7 @@
 #                                      one server
 #   suite                              one server; TEST_BINARY is
 #                                      test_durable_semantics
+#   poison                             one server; test_durable_poison
 #   share | share-kill | reshard |     a 3-master cluster
 #   many-cluster | stall
 #   failover                           3 masters + 3 replicas
@@ -84,7 +85,7 @@ cluster() { # MASTERS REPLICAS_PER_MASTER
 }
 
 case $scenario in
-  semantics | econn | crash | many | garbage | suite)
+  semantics | econn | crash | many | garbage | suite | poison)
     port=$(pick_ports 1)
     if [ "$scenario" = econn ] || [ "$scenario" = crash ]; then
       extra=(--appendonly yes --appendfsync always)

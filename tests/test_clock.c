@@ -12,7 +12,11 @@
  *   and to the end of the 64-bit range runs each due task once and each
  *   periodic task once (no burst of missed runs); a clock that steps back
  *   (outside the clock's contract) makes nothing run early or twice, it
- *   only delays work until the clock is back where it was.
+ *   only delays work until the clock is back where it was; nor does it
+ *   make the timer thread spin or strand a task due at once.
+ * - TW_SERVICE_LAZY_CLOCK with tasks on the timer thread: a call made
+ *   while a long task runs there is due its delay after the call, not
+ *   after the long task.
  * The wall clock (CLOCK_REALTIME) is read nowhere, so a wall-clock jump
  * cannot reach the service; the injected clock stands in for a monotonic
  * clock that behaves as oddly as it can.
@@ -329,11 +333,93 @@ static void test_step_back(void)
     tw_service_destroy(s);
 }
 
+/* ------------------------------------------------------------------------ */
+/* A caller-supplied clock that steps back. */
+
+static uint64_t cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * SEC + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * The clock at 10 s steps back to 9 s; a delay-0 task and a 500 ms task
+ * are scheduled. Before the fix the delay-0 task was due in the wheel but
+ * below the wheel's time, and the timer thread looped on it at 100% CPU
+ * until the clock caught up. Now the service's time stays at 10 s: the
+ * delay-0 task runs at once, the other 500 ms after 10 s, and the timer
+ * thread sleeps meanwhile. Bound: under a third of 400 ms of real time in
+ * CPU time for the whole process (a spinning thread takes nearly all).
+ */
+static void test_clock_step_back(void)
+{
+    tw_service_config cfg = {0};
+    tw_service *s = vclock_service(&cfg);
+    atomic_store(&vnow, VBASE + 10 * SEC);
+    tw__service_sync(s);
+    atomic_store(&vnow, VBASE + 9 * SEC);
+    struct runs now = {0}, later = {0};
+    ASSERT_EQ(tw_schedule(s, runs_task, &now, 0, NULL), 0);
+    ASSERT_EQ(tw_schedule(s, runs_task, &later, 500 * MS, NULL), 0);
+    tw__service_sync(s);
+    ASSERT_EQ(atomic_load(&now.n), 1); /* before the fix: 0 */
+    uint64_t c0 = cpu_ns(), t0 = mono_now();
+    sleep_ns(400 * MS);
+    uint64_t cpu = cpu_ns() - c0, real = mono_now() - t0;
+    fprintf(stderr, "   %.1f ms CPU in %.1f ms\n", (double)cpu / 1e6,
+            (double)real / 1e6);
+    ASSERT_LT(cpu, real / 3);
+    atomic_store(&vnow, VBASE + 10 * SEC + 499 * MS);
+    tw__service_sync(s);
+    ASSERT_EQ(atomic_load(&later.n), 0); /* never early */
+    atomic_store(&vnow, VBASE + 10 * SEC + 500 * MS);
+    tw__service_sync(s);
+    ASSERT_EQ(atomic_load(&later.n), 1);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    tw_service_destroy(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/*
+ * TW_SERVICE_LAZY_CLOCK with tasks on the timer thread: a 100 ms task is
+ * scheduled while a long task runs there; the clock moves 300 ms before
+ * the long task returns. Before the fix the call left its deadline to the
+ * timer thread, which computed it after the long task: due at 400 ms, 300
+ * ms late. Now a call made while a task runs on the timer thread reads the
+ * clock itself: due at 100 ms, so it runs as soon as the long task ends.
+ */
+static void test_lazy_clock_busy_timer_thread(void)
+{
+    tw_service_config cfg = {0};
+    cfg.flags = TW_SERVICE_LAZY_CLOCK;
+    tw_service *s = vclock_service(&cfg);
+    blocked_reset();
+    /* Periodic: its deadline is read at the call (a lazy one may be a
+     * tick later, and the virtual clock stands still). */
+    tw_id bid = 0;
+    ASSERT_EQ(
+        tw_schedule_fixed_rate(s, blocking_task, NULL, 0, 100 * SEC, &bid), 0);
+    WAIT_FOR(atomic_load(&blocked.running) == 1, 10);
+    struct runs b = {0};
+    ASSERT_EQ(tw_schedule(s, runs_task, &b, 100 * MS, NULL), 0);
+    atomic_store(&vnow, VBASE + 300 * MS);
+    atomic_store(&blocked.release, true);
+    tw__service_sync(s);
+    ASSERT_EQ(atomic_load(&b.n), 1); /* before the fix: 0 until 400 ms */
+    ASSERT_EQ(atomic_load(&b.at), 300 * MS);
+    ASSERT(tw_cancel(s, bid));
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    tw_service_destroy(s);
+}
+
 int main(void)
 {
     RUN_TEST(test_spurious_virtual);
     RUN_TEST(test_jump_forward);
     RUN_TEST(test_step_back);
     RUN_TEST(test_spurious_real);
+    RUN_TEST(test_clock_step_back);
+    RUN_TEST(test_lazy_clock_busy_timer_thread);
     return tw_test_done();
 }

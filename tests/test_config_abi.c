@@ -182,12 +182,22 @@ static void test_durable_layouts(void)
     char dir[] = "/tmp/tw_config_abi_XXXXXX";
     ASSERT_NOT_NULL(mkdtemp(dir));
     tw_durable_config full = {.dir = dir, .fire = fire};
+    tw_durable_stats st;
     /* An older caller that knew the journal fields only. */
     size_t old_len = offsetof(tw_durable_config, redis);
     void *cfg = exact_copy(&full, old_len);
     tw_durable *d = NULL;
     ASSERT_EQ(tw_durable_open_sized(&d, cfg, old_len), 0);
     ASSERT_EQ(tw_durable_schedule(d, "k", 1, INT64_MAX / 2, NULL, 0), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    free(cfg);
+    /* One built before the retry policy: no limit (its fields unread). */
+    old_len = offsetof(tw_durable_config, max_attempts);
+    cfg = exact_copy(&full, old_len);
+    ASSERT_EQ(tw_durable_open_sized(&d, cfg, old_len), 0);
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.pending, 1);
+    ASSERT_EQ(st.dead, 0);
     ASSERT_EQ(tw_durable_close(d), 0);
     free(cfg);
     /* A newer caller setting a field we do not know: refused, and the
@@ -208,7 +218,6 @@ static void test_durable_layouts(void)
     full.errbuf_len = 0;
     /* Reopen through the plain name: the timer is still there. */
     ASSERT_EQ(tw_durable_open(&d, &full), 0);
-    tw_durable_stats st;
     ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
     ASSERT_EQ(st.pending, 1);
     ASSERT_EQ(tw_durable_close(d), 0);

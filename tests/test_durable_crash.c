@@ -46,6 +46,7 @@
 
 #include <twheel/durable.h>
 
+#include "fixture.h" /* now_ms */
 #include "test.h"
 
 #define THREADS 4
@@ -60,13 +61,6 @@ struct msg {
     int32_t rc;
     int64_t due, at, rec_due;
 };
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Child. */

@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixture.h" /* sleep_ms */
 #include "redis_client.h"
 #include "test.h"
 #include "twheel/durable.h"
@@ -56,13 +57,6 @@ static int64_t wall_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) && errno == EINTR)
-        ;
 }
 
 static void sh(const char *var)
@@ -529,12 +523,22 @@ static bool has_field(const char *ns, int s, const char *field)
     return yes;
 }
 
+/* The shard of @key among @shards (as src/durable_redis.c: FNV-1a). */
+static int shard_of_key(const char *key, int shards)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++)
+        h = (h ^ *p) * 1099511628211ull;
+    return (int)(h % (uint64_t)shards);
+}
+
 /* Garbage in every key of every shard (values that are not
  * "due,attempt,payload", due times and attempts out of range, a member of
  * :d without a value, leases that ran out with no or a bad value, :s and
  * :v that are not numbers, and keys of the wrong type: a string, a hash or
  * a list where another type is expected, the quarantine hash itself a
- * string): every normal timer scheduled after it fires (each twice: a
+ * string, the dead letters' sorted set a string, a dead letter with a bad
+ * value): every normal timer scheduled after it fires (each twice: a
  * retry runs DONE over the same shards), a cancel and a replace work, the
  * damage is set aside into :q and counted in the stats. */
 static void garbage(void)
@@ -572,8 +576,10 @@ static void garbage(void)
     snprintf(v, sizeof v, "%lld,1,lease", (long long)t0);
     RAW("HSET", skey(k, ns, 0, 'p'), "k901", v);
     RAW("ZADD", skey(k, ns, 0, 'd'), "-1024", "k901");
-    /* Shard 1: :p and :q are strings; a timer of :d lost its value. */
+    /* Shard 1: :p, :q and :x (dead letters) are strings; a timer of :d
+     * lost its value. */
     RAW("SET", skey(k, ns, 1, 'p'), "not a hash");
+    RAW("SET", skey(k, ns, 1, 'x'), "not a zset");
     RAW("SET", skey(k, ns, 1, 'q'), "not a hash either");
     RAW("ZADD", skey(k, ns, 1, 'd'), due, "k902");
     /* Shard 2: :d is a string, :s a hash. */
@@ -584,6 +590,11 @@ static void garbage(void)
     RAW("LPUSH", skey(k, ns, 3, 's'), "x");
     RAW("HSET", skey(k, ns, 3, 'p'), "inf", "1,1,x");
     RAW("ZADD", skey(k, ns, 3, 'd'), "+inf", "inf");
+
+    /* A dead letter whose value is not "due,attempt,payload". */
+    int ds = shard_of_key("kdead", 4);
+    RAW("ZADD", skey(k, ns, ds, 'x'), "0", "kdead");
+    RAW("HSET", skey(k, ns, ds, 'p'), "kdead", "zzz");
 
     tw_durable_config cfg = base_cfg(ns);
     cfg.shards = 4;
@@ -616,6 +627,18 @@ static void garbage(void)
     ASSERT(!strcmp(tab[6].payload, "new"));
     ASSERT_EQ(tab[902].count, 0);
     check_none_early(0, 40);
+    /* The bad dead letter: re-arming it sets its value aside (TW_EIO),
+     * and it is neither dead nor pending any more. */
+    tw_durable_info in;
+    ASSERT_EQ(tw_durable_rearm(d, "kdead", 5, wall_ms()), TW_EIO);
+    ASSERT_EQ(tw_durable_get(d, "kdead", 5, &in, NULL, 0), TW_ENOENT);
+    ASSERT_EQ(tw_durable_rearm(d, "kdead", 5, wall_ms()), TW_ENOENT);
+    ASSERT(has_field(ns, ds, "p:kdead"));
+    tw_durable_cursor dc = TW_DURABLE_CURSOR_INIT;
+    tw_durable_entry de[4];
+    char dkb[TW_DURABLE_KEY_MAX];
+    ASSERT_EQ(tw_durable_list_dead(d, &dc, de, 4, dkb, sizeof dkb), 0);
+    ASSERT_EQ(dc.done, 1);
 
     char f[64];
     for (size_t i = 0; i < sizeof badv / sizeof badv[0]; i++) {
@@ -627,8 +650,9 @@ static void garbage(void)
         const char *field;
     } set_aside[] = {{0, "d:novalue"}, {0, "p:lease"}, {0, "d:lease2"},
                      {0, "k:s"},       {0, "k:v"},     {1, "k:p"},
-                     {1, "k:q"},       {1, "d:k902"},  {2, "k:d"},
-                     {2, "k:s"},       {3, "k:v"},     {3, "k:s"}};
+                     {1, "k:q"},       {1, "k:x"},     {1, "d:k902"},
+                     {2, "k:d"},       {2, "k:s"},     {3, "k:v"},
+                     {3, "k:s"}};
     for (size_t i = 0; i < sizeof set_aside / sizeof set_aside[0]; i++)
         ASSERT(has_field(ns, set_aside[i].shard, set_aside[i].field));
     long long total = 0;
@@ -638,7 +662,8 @@ static void garbage(void)
         total += r->integer;
         freeReplyObject(r);
     }
-    ASSERT_EQ(total, 13 + 3 + 2 + 2); /* the fields above, per shard */
+    /* The fields above, per shard, and p:kdead. */
+    ASSERT_EQ(total, 13 + 4 + 2 + 2 + 1);
     tw_durable_stats st;
     ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
     ASSERT_EQ(st.quarantined, (uint64_t)total);

@@ -2,7 +2,12 @@
 /*
  * tests/test_repeated_threads.c - RepeatedTimer on a real tw_service, with
  * real threads and CLOCK_MONOTONIC (the exact semantics are checked in
- * virtual time by test_repeated.c). Runs under ThreadSanitizer.
+ * virtual time by test_repeated.c). Runs under ThreadSanitizer. At
+ * max_pending: a timer whose free slots another user takes during its run
+ * re-arms all the same (it keeps its own slot), on a virtual clock; and
+ * the reported case on the real clock (8 timers at max_pending = 8,
+ * resets of four in a loop): every reset succeeds, every timer keeps
+ * running.
  *
  * Timing rules: "never early" bounds are exact (a run never starts before
  * its timeout has passed since the previous one returned). Lower bounds on
@@ -19,13 +24,6 @@
 #include "fixture.h"
 #include "internal.h"
 #include "test.h"
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* Poll @v until it reaches @want; false after 10 s (a generous bound). */
 static bool wait_for(atomic_int *v, int want)
@@ -67,9 +65,9 @@ static void rate_trigger(tw_repeated *rt, void *arg)
     (void)rt;
     ASSERT_EQ(atomic_fetch_add(&r->inside, 1), 0);
     if (n < MAX_RUNS)
-        r->at[n] = now_ns();
+        r->at[n] = mono_now();
     if (n < MAX_RUNS)
-        r->end[n] = now_ns();
+        r->end[n] = mono_now();
     atomic_fetch_sub(&r->inside, 1);
     atomic_store(&r->runs, n + 1);
 }
@@ -106,7 +104,7 @@ static int measure_rate(tw_service *s, uint64_t timeout_ms, uint64_t adjust_ms,
     memset(&r, 0, sizeof r);
     r.adjust_to = adjust_ms * MS;
     ASSERT_EQ(tw_repeated_create(&rt, s, &cfg), 0);
-    t0 = now_ns();
+    t0 = mono_now();
     ASSERT_EQ(tw_repeated_start(rt), 0);
     sleep_ms(window_ms);
     tw_repeated_stop(rt);
@@ -398,6 +396,132 @@ static void test_service_stop_hands_back(void)
     tw_service_destroy(s);
 }
 
+/* ------------------------------------------------------------------------ */
+static void noop(tw_id id, void *arg)
+{
+    (void)id;
+    (void)arg;
+}
+
+/*
+ * A RepeatedTimer's re-arm after a run at max_pending: while on_trigger
+ * runs, another user takes every free slot. Before the fix the run had
+ * released its slot at its start, the re-arm failed with TW_EAGAIN and the
+ * timer stopped for good, silently. Now the re-arm takes over the running
+ * task's own slot.
+ */
+static struct {
+    tw_service *s;
+    _Atomic int runs;
+    int fillers;
+    tw_id filler[4];
+} rt_at_max;
+
+static void fill_on_trigger(tw_repeated *rt, void *arg)
+{
+    (void)rt;
+    (void)arg;
+    if (atomic_fetch_add(&rt_at_max.runs, 1) != 0)
+        return;
+    /* The first run: take every slot left (another user at max_pending). */
+    while (rt_at_max.fillers < 4 &&
+           tw_schedule(rt_at_max.s, noop, NULL, 100 * SEC,
+                       &rt_at_max.filler[rt_at_max.fillers]) == 0)
+        rt_at_max.fillers++;
+}
+
+static void test_repeated_rearm_at_max(void)
+{
+    tw_service_config cfg = {0};
+    cfg.max_pending = 2;
+    tw_service *s = vclock_service(&cfg);
+    rt_at_max.s = s;
+    tw_repeated_config rc = {0};
+    rc.timeout_ns = 10 * MS;
+    rc.on_trigger = fill_on_trigger;
+    tw_repeated *rt = NULL;
+    ASSERT_EQ(tw_repeated_create(&rt, s, &rc), 0);
+    ASSERT_EQ(tw_repeated_start(rt), 0);
+    ASSERT_EQ(tw_service_pending(s), 1);
+    atomic_store(&vnow, VCLOCK_START + 10 * MS);
+    tw__service_sync(s);
+    ASSERT_EQ(atomic_load(&rt_at_max.runs), 1);
+    ASSERT_EQ(rt_at_max.fillers, 1); /* the timer kept its slot meanwhile */
+    ASSERT_EQ(tw_service_pending(s), 2);
+    atomic_store(&vnow, VCLOCK_START + 20 * MS);
+    tw__service_sync(s);
+    ASSERT_EQ(atomic_load(&rt_at_max.runs), 2); /* before the fix: 1 */
+    atomic_store(&vnow, VCLOCK_START + 30 * MS);
+    tw__service_sync(s);
+    ASSERT_EQ(atomic_load(&rt_at_max.runs), 3);
+    ASSERT_EQ(tw_repeated_rearm_failures(rt), 0);
+    /* Resets at max_pending succeed too. */
+    for (int i = 0; i < 100; i++)
+        ASSERT_EQ(tw_repeated_reset(rt, 0), 0);
+    ASSERT_EQ(tw_service_pending(s), 2);
+    tw_repeated_destroy(rt);
+    ASSERT_EQ(tw_service_pending(s), 1);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 1);
+    tw_service_destroy(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/*
+ * The reported case, on the real clock: 8 RepeatedTimers with a 1 ms
+ * timeout on a service with max_pending = 8, one thread resetting timers
+ * 0-3 in a loop for 300 ms. Every reset must succeed, no re-arm may fail,
+ * and afterwards every timer must still run (bound: one more run each
+ * within 10 s; they run every millisecond). Before the fix one of timers
+ * 4-7 stopped for good in 4 of 4 runs.
+ */
+#define NRT 8
+
+static _Atomic long rt_runs[NRT];
+
+static void rt_count(tw_repeated *rt, void *arg)
+{
+    (void)rt;
+    atomic_fetch_add((_Atomic long *)arg, 1);
+}
+
+static void test_repeated_resets_at_max_realtime(void)
+{
+    tw_service_config cfg = {0};
+    cfg.max_pending = NRT;
+    tw_service *s = NULL;
+    ASSERT_EQ(tw_service_create(&s, &cfg), 0);
+    tw_repeated *rt[NRT];
+    for (int i = 0; i < NRT; i++) {
+        tw_repeated_config rc = {0};
+        rc.timeout_ns = MS;
+        rc.on_trigger = rt_count;
+        rc.arg = &rt_runs[i];
+        ASSERT_EQ(tw_repeated_create(&rt[i], s, &rc), 0);
+        ASSERT_EQ(tw_repeated_start(rt[i]), 0);
+    }
+    long resets = 0;
+    uint64_t end = mono_now() + 300 * MS;
+    while (mono_now() < end) {
+        for (int i = 0; i < 4; i++) {
+            ASSERT_EQ(tw_repeated_reset(rt[i], 0), 0);
+            resets++;
+        }
+    }
+    long before[NRT];
+    for (int i = 0; i < NRT; i++)
+        before[i] = atomic_load(&rt_runs[i]);
+    for (int i = 0; i < NRT; i++) {
+        WAIT_FOR(atomic_load(&rt_runs[i]) > before[i], 10);
+        ASSERT_EQ(tw_repeated_rearm_failures(rt[i]), 0);
+    }
+    fprintf(stderr, "   %ld resets; timer 4 ran %ld times\n", resets,
+            atomic_load(&rt_runs[4]));
+    for (int i = 0; i < NRT; i++)
+        tw_repeated_destroy(rt[i]);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    tw_service_destroy(s);
+}
+
 int main(void)
 {
     RUN_TEST(test_rate_50ms);
@@ -406,5 +530,7 @@ int main(void)
     RUN_TEST(test_destroy_in_flight);
     RUN_TEST(test_threads_stress);
     RUN_TEST(test_service_stop_hands_back);
+    RUN_TEST(test_repeated_rearm_at_max);
+    RUN_TEST(test_repeated_resets_at_max_realtime);
     return tw_test_done();
 }

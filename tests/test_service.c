@@ -25,15 +25,6 @@
 #include "test.h"
 #include "twheel/service.h"
 
-/* Poll @cond every millisecond for at most @sec seconds, then assert it. */
-#define WAIT_FOR(cond, sec)                                                    \
-    do {                                                                       \
-        uint64_t wf_end_ = mono_now() + (uint64_t)(sec)*SEC;                   \
-        while (!(cond) && mono_now() < wf_end_)                                \
-            sleep_ns(MS);                                                      \
-        ASSERT(cond);                                                          \
-    } while (0)
-
 /* ------------------------------------------------------------------------ */
 /* Virtual clock. */
 

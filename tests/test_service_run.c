@@ -10,6 +10,8 @@
  * - tw_service_start() from a task never waits for a concurrent stop.
  * - A replacing call between a job's acceptance and its run takes the
  *   pending slot over exactly once.
+ * - tw_service_run() on a service with the built-in executor pool ignores
+ *   every id, even that of a task waiting in the pool's queue.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -292,10 +294,46 @@ static void test_replace_between_accept_and_run(void)
     replace_in_accept_window(1);
 }
 
+/* ------------------------------------------------------------------------ */
+/*
+ * tw_service_run() on a service with the built-in executor pool ignores
+ * every id (the pool hands out no jobs), even the id of a task waiting in
+ * the pool's queue.
+ */
+static void test_run_ignored_on_pool(void)
+{
+    tw_service_config cfg = {0};
+    cfg.executor_threads = 1;
+    tw_service *s = vclock_service(&cfg);
+    blocked_reset();
+    ASSERT_EQ(tw_schedule(s, blocking_task, NULL, 0, NULL), 0);
+    WAIT_FOR(atomic_load(&blocked.running) == 1, 10);
+    /* X is due at once and waits in the pool's queue behind the blocker;
+     * calls for it must not run it here. Before the fix the first call
+     * after the dispatch ran X on this thread, leaving its record linked
+     * in the queue. */
+    struct runs x = {0};
+    tw_id xid = 0;
+    ASSERT_EQ(tw_schedule(s, runs_task, &x, 0, &xid), 0);
+    for (int i = 0; i < 300; i++) {
+        tw_service_run(s, xid);
+        sleep_ns(MS);
+    }
+    ASSERT_EQ(atomic_load(&x.n), 0);
+    atomic_store(&blocked.release, true);
+    WAIT_FOR(atomic_load(&x.n) == 1, 10);
+    ASSERT(!pthread_equal(x.thread, pthread_self()));
+    tw__service_sync(s);
+    ASSERT_EQ(tw_service_pending(s), 0);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    tw_service_destroy(s);
+}
+
 int main(int argc, char **argv)
 {
     RUN_SELECTED(test_run_job_once);
     RUN_SELECTED(test_start_from_task_during_stop);
     RUN_SELECTED(test_replace_between_accept_and_run);
+    RUN_SELECTED(test_run_ignored_on_pool);
     return tw_test_done();
 }

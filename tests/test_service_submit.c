@@ -18,6 +18,11 @@
  * - Periodic arithmetic near UINT64_MAX clamps to "never".
  * - tw_repeated_reset() on a service exactly at max_pending succeeds and
  *   moves the run; a reset that fails changes nothing.
+ * - A call that fails (max_callbacks) never moves the pending count, while
+ *   another thread floods such calls (a stress complement to the forced
+ *   case in test_service_held_alloc).
+ * - A replacing schedule at max_pending whose old task has just started
+ *   (RUNNING, its slot not yet released) succeeds.
  *
  * The services run on a virtual clock (tw_service_config.clock) except in
  * the flood, which measures real lateness.
@@ -513,6 +518,119 @@ static void test_repeated_reset_at_max(void)
     tw_service_destroy(s);
 }
 
+/* ------------------------------------------------------------------------ */
+/* A call that fails holds no pending slot, not even for a moment. */
+
+NOP_TASK(noop)
+NOP_TASK(other_fn)
+
+static _Atomic bool stop_flood;
+static _Atomic long flood_calls;
+
+static void *flood_other_fn(void *p)
+{
+    tw_service *s = p;
+    while (!atomic_load(&stop_flood)) {
+        ASSERT_EQ(tw_schedule(s, other_fn, NULL, SEC, NULL), TW_EAGAIN);
+        atomic_fetch_add(&flood_calls, 1);
+    }
+    return NULL;
+}
+
+/*
+ * max_callbacks = 1 is taken by noop; another thread schedules other_fn in
+ * a loop (always TW_EAGAIN). Nothing is pending, so every read of the
+ * pending count must say 0 and every schedule of noop must succeed. Before
+ * the fix the failing calls reserved a slot first: the count read 1 about
+ * a third of the time and valid calls failed with TW_EAGAIN.
+ */
+static void test_failed_call_holds_no_slot(void)
+{
+    tw_service_config cfg = {0};
+    cfg.max_pending = 1;
+    cfg.max_callbacks = 1;
+    tw_service *s = vclock_service(&cfg);
+    tw_id a = 0;
+    ASSERT_EQ(tw_schedule(s, noop, NULL, SEC, &a), 0); /* takes the entry */
+    ASSERT(tw_cancel(s, a));
+    ASSERT_EQ(tw_service_pending(s), 0);
+    atomic_store(&stop_flood, false);
+    pthread_t t;
+    ASSERT_EQ(pthread_create(&t, NULL, flood_other_fn, s), 0);
+    while (atomic_load(&flood_calls) < 1000)
+        sleep_ns(100000);
+    long nonzero = 0, failed = 0;
+    for (int i = 0; i < 200000; i++) {
+        if (tw_service_pending(s) != 0)
+            nonzero++;
+        if ((i & 15) == 0) {
+            int rc = tw_schedule(s, noop, NULL, SEC, &a);
+            if (rc != 0)
+                failed++;
+            else
+                ASSERT(tw_cancel(s, a));
+        }
+    }
+    atomic_store(&stop_flood, true);
+    pthread_join(t, NULL);
+    fprintf(stderr, "   %ld failing calls meanwhile\n",
+            atomic_load(&flood_calls));
+    ASSERT_EQ(nonzero, 0);
+    ASSERT_EQ(failed, 0);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    tw_service_destroy(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* A replacing call at max_pending while the old task has just started. */
+
+static struct {
+    tw_service *s;
+    tw_id old;
+    int rc;
+    bool cancelled;
+    tw_id nid;
+    struct runs *r;
+    _Atomic int calls;
+} rp;
+
+static void replace_from_hook(tw_service *s, tw_id id)
+{
+    if (id != rp.old)
+        return;
+    atomic_fetch_add(&rp.calls, 1);
+    /* The old task is RUNNING and has not released its slot yet. */
+    rp.rc = tw__schedule_replace(s, runs_task, rp.r, 10 * MS, rp.old,
+                                 &rp.cancelled, &rp.nid);
+}
+
+static void test_replace_running_at_max(void)
+{
+    tw_service_config cfg = {0};
+    cfg.max_pending = 1;
+    tw_service *s = vclock_service(&cfg);
+    struct runs a = {0}, b = {0};
+    rp.r = &b;
+    rp.rc = -1;
+    ASSERT_EQ(tw__schedule_replace(s, runs_task, &a, MS, 0, NULL, &rp.old), 0);
+    ASSERT_EQ(tw_service_pending(s), 1);
+    tw__service_started_hook = replace_from_hook;
+    atomic_store(&vnow, VCLOCK_START + MS);
+    tw__service_sync(s);
+    tw__service_started_hook = NULL;
+    ASSERT_EQ(atomic_load(&rp.calls), 1);
+    ASSERT_EQ(atomic_load(&a.n), 1);
+    ASSERT_EQ(rp.rc, 0); /* before the fix: TW_EAGAIN */
+    ASSERT(!rp.cancelled);
+    ASSERT_EQ(tw_service_pending(s), 1); /* the new task's slot */
+    atomic_store(&vnow, VCLOCK_START + 11 * MS);
+    tw__service_sync(s);
+    ASSERT_EQ(atomic_load(&b.n), 1);
+    ASSERT_EQ(tw_service_pending(s), 0);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    tw_service_destroy(s);
+}
+
 int main(int argc, char **argv)
 {
     RUN_SELECTED(test_failed_schedule_keeps_fn_table);
@@ -521,5 +639,7 @@ int main(int argc, char **argv)
     RUN_SELECTED(test_flood_does_not_starve_ticks);
     RUN_SELECTED(test_lazy_reading_not_older_than_call);
     RUN_SELECTED(test_repeated_reset_at_max);
+    RUN_SELECTED(test_failed_call_holds_no_slot);
+    RUN_SELECTED(test_replace_running_at_max);
     return tw_test_done();
 }

@@ -8,6 +8,8 @@
 #       goes on undisturbed, and repair refused there; then damage in the
 #       middle of the journal: check and repair --dry-run exit 1 and change
 #       nothing, repair fixes it, check passes again.
+#       Dead letters (a journal of its own): dead, get, stats; rearm and
+#       delete refused while a live store holds it, then done.
 #   TWHEEL=... STORE=... tests/redis_test.sh suite tests/twheel_cli.sh
 #       the same verbs on a Redis namespace (redis_test.sh passes "suite"
 #       and the server's address).
@@ -67,6 +69,25 @@ d=json.load(open(sys.argv[1]))["after"]; print("%d,%s" % (d["due_ms"], d["key"])
   $py -c 'import json,sys; d=json.load(open(sys.argv[1]))
 assert d["count"]==32 and all(t["state"]=="waiting" for t in d["timers"]), d' "$tmp/out"
   step "redis: ls, get, stats, check; repair refused"
+  # Dead letters: listed, counted, re-armed and deleted beside the store.
+  expect_rc 0 "$tw" redis dead "${r[@]}"
+  [ "$(wc -l <"$tmp/out")" = 2 ] && head -1 "$tmp/out" | grep -q 'attempts 1 *dead-a$' ||
+    fail "redis dead: $(cat "$tmp/out")"
+  expect_rc 0 "$tw" redis stats "${r[@]}" --json
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["dead"]==2 and d["pending"]==32, d' "$tmp/out"
+  expect_rc 0 "$tw" redis get "${r[@]}" dead-b
+  grep -q 'state:    dead' "$tmp/out" || fail "redis get of a dead letter"
+  expect_rc 0 "$tw" redis rearm "${r[@]}" dead-a --at 4102444800000
+  expect_rc 1 "$tw" redis rearm "${r[@]}" dead-a
+  expect_rc 0 "$tw" redis delete "${r[@]}" dead-b --json
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"], d' "$tmp/out"
+  expect_rc 1 "$tw" redis delete "${r[@]}" dead-b
+  expect_rc 0 "$tw" redis dead "${r[@]}" --json
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["count"]==0, d' "$tmp/out"
+  expect_rc 0 "$tw" redis get "${r[@]}" dead-a --json
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1]))
+assert d["state"]=="waiting" and d["attempt"]==1 and d["due_ms"]==4102444800000, d' "$tmp/out"
+  step "redis: dead, rearm, delete"
   exit 0
 fi
 
@@ -108,6 +129,53 @@ grep -q 'ok: .* 51 pending timers' "$tmp/out" || fail "check"
 expect_rc 2 "$tw" journal ls "$tmp/nosuch"
 [ ! -e "$tmp/nosuch" ] || fail "ls made a directory"
 step "journal get, stats (--metrics), check; a missing directory is not made"
+
+# Dead letters, in a journal of their own.
+dd=$tmp/d
+"$store" make "$dd" 3
+expect_rc 0 "$tw" journal dead "$dd"
+[ "$(wc -l <"$tmp/out")" = 2 ] && head -1 "$tmp/out" | grep -q 'attempts 1 *dead-a$' ||
+  fail "dead: $(cat "$tmp/out")"
+expect_rc 0 "$tw" journal dead "$dd" --json
+$py -c 'import json,sys; d=json.load(open(sys.argv[1]))
+assert d["count"]==2 and [x["key"] for x in d["dead"]]==["dead-a","dead-b"], d
+assert d["dead"][0]["attempts"]==1 and d["dead"][0]["payload_len"]==2, d' "$tmp/out"
+expect_rc 0 "$tw" journal dead "$dd" --limit 1
+[ "$(wc -l <"$tmp/out")" = 2 ] && grep -q '^(more' "$tmp/out" || fail "dead --limit"
+expect_rc 0 "$tw" journal get "$dd" dead-a
+grep -q 'state:    dead' "$tmp/out" || fail "get of a dead letter"
+expect_rc 0 "$tw" journal stats "$dd"
+grep -q '^dead *2$' "$tmp/out" && grep -q '^pending *4$' "$tmp/out" || fail "stats: dead"
+expect_rc 0 "$tw" journal stats "$dd" --metrics
+grep -q '^twheel_durable_dead 2$' "$tmp/out" || fail "stats --metrics: dead"
+coproc HOLD { exec "$store" hold "$dd" 3; }
+holder=$HOLD_PID
+read -r line <&"${HOLD[0]}"
+[ "$line" = held ] || fail "holder: $line"
+expect_rc 0 "$tw" journal dead "$dd"
+[ "$(wc -l <"$tmp/out")" = 2 ] || fail "dead of a live store"
+expect_rc 2 "$tw" journal rearm "$dd" dead-a
+grep -q 'held by a live store' "$tmp/err" || fail "rearm of a live store: $(cat "$tmp/err")"
+expect_rc 2 "$tw" journal delete "$dd" dead-b
+grep -q 'held by a live store' "$tmp/err" || fail "delete of a live store"
+echo go >&"${HOLD[1]}"
+wait "$holder" || fail "the live store was disturbed"
+holder=
+expect_rc 1 "$tw" journal rearm "$dd" t000 # pending, not dead
+expect_rc 1 "$tw" journal delete "$dd" nosuch
+expect_rc 2 "$tw" journal rearm "$dd" dead-a --at soon
+expect_rc 0 "$tw" journal rearm "$dd" dead-a --at 4102444800000 --json
+$py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] and d["due_ms"]==4102444800000, d' "$tmp/out"
+expect_rc 0 "$tw" journal get "$dd" dead-a --json
+$py -c 'import json,sys; d=json.load(open(sys.argv[1]))
+assert d["state"]=="waiting" and d["attempt"]==1 and d["payload"]=="da", d' "$tmp/out"
+expect_rc 0 "$tw" journal delete "$dd" dead-b
+grep -q '^dead-b: deleted$' "$tmp/out" || fail "delete"
+expect_rc 0 "$tw" journal dead "$dd" --json
+$py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["count"]==0, d' "$tmp/out"
+expect_rc 0 "$tw" journal stats "$dd"
+grep -q '^dead *0$' "$tmp/out" || fail "stats after rearm and delete"
+step "dead letters: dead, get, stats; rearm and delete refused on a live store, then done"
 
 # A live store holds the directory: read-only verbs work and leave it be.
 coproc HOLD { exec "$store" hold "$dir" 50; }

@@ -4,9 +4,11 @@
  * twheel tool at.
  *   make DIR N          a journal with N timers t000.. (due an hour and
  *                       more ahead, i seconds apart, payload "p<i>") and
- *                       one whose key has bytes a terminal cannot show
- *   redis ADDR NS N     the same N timers in a Redis namespace (8 shards),
- *                       and "huge" due at 2^53 + 1 ms
+ *                       one whose key has bytes a terminal cannot show;
+ *                       and two dead letters, dead-a and dead-b (their
+ *                       callbacks returned TW_DURABLE_FIRE_DEAD)
+ *   redis ADDR NS N     the same N timers and dead letters in a Redis
+ *                       namespace (8 shards), and "huge" due at 2^53 + 1 ms
  *   hold DIR N          open the journal of "make DIR N", schedule held-1,
  *                       print "held", wait for a line on stdin, then check
  *                       that the store still holds N + 2 timers, can
@@ -20,19 +22,33 @@
 
 #include <twheel/durable.h>
 
+#include "fixture.h" /* now_ms */
+
 static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
-    (void)t;
     (void)arg;
-    return 0;
+    return t->key_len > 5 && !memcmp(t->key, "dead-", 5) ? TW_DURABLE_FIRE_DEAD
+                                                         : 0;
 }
 
-static int64_t now_ms(void)
+/* Schedule dead-a and dead-b due now and wait (10 s at most) until both
+ * are dead letters. */
+static int make_dead(tw_durable *d, int64_t now)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    int rc;
+    if ((rc = tw_durable_schedule(d, "dead-a", 6, now, "da", 2)) ||
+        (rc = tw_durable_schedule(d, "dead-b", 6, now, "db", 2)))
+        return rc;
+    for (int i = 0; i < 10000; i++) {
+        tw_durable_stats s;
+        if ((rc = tw_durable_stats_get(d, &s)))
+            return rc;
+        if (s.dead == 2)
+            return 0;
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    return TW_EAGAIN;
 }
 
 static int fail(const char *what, int rc)
@@ -73,6 +89,8 @@ int main(int argc, char **argv)
         rc = tw_durable_schedule(d, "bin\x01\xff", 5, base + n * 1000, "", 0);
         if (rc)
             return fail("schedule", rc);
+        if ((rc = make_dead(d, now_ms())))
+            return fail("dead letters", rc);
         /* Redis lists due times past 2^53 as doubles: check must still
          * find this one sound. */
         if (!strcmp(mode, "redis") &&

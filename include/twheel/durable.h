@@ -17,13 +17,25 @@
  *     fires them. See docs/guide/redis.md.
  *
  * Delivery is at least once: a callback may see the same timer again after
- * a crash (attempt > 1), and must tolerate it. (The journal counts up to
- * 16,383 deliveries that began and neither completed nor asked for a retry,
- * i.e. crashes inside the callback, in a row; past that, attempt stops
- * growing until the next retry.) Nothing is delivered before
- * its due time by the wall clock, except after the wall clock steps back
- * by S: a timer scheduled then for a time the store has already passed
- * fires at once, early by at most S (docs/guide/durable.md).
+ * a crash (attempt > 1), and must tolerate it. A delivery that began and
+ * neither completed nor asked for a retry (a crash inside the callback)
+ * counts as an attempt on both backends: on the journal by its FIRE record
+ * (up to 8,191 in a row; past that, attempt stops growing until the next
+ * retry), on Redis by the claim's lease running out. So with
+ * cfg.max_attempts a timer that crashes its process every time ends as a
+ * dead letter (see "Retry policy and dead letters" below). What else a
+ * crash costs: the journal writes FIRE records for a batch of due timers
+ * and syncs them before the batch's callbacks run, so each timer of the
+ * batch whose callback had not started counts an attempt too; with
+ * cfg.max_attempts set it writes each FIRE record instead as its callback
+ * starts (not synced: a crash of the machine may lose the count of the
+ * last attempts), so only the running timer's count grows. On Redis every
+ * timer the dead node had claimed (due within cfg.horizon_ms) counts an
+ * attempt, started or not, and so does a completed one whose completion
+ * had not reached Redis yet (completions wait up to 500 ms for a batch).
+ * Nothing is delivered before its due time by the wall clock, except after the
+ * wall clock steps back by S: a timer scheduled then for a time the store has
+ * already passed fires at once, early by at most S (docs/guide/durable.md).
  *
  * Thread safety: tw_durable_schedule(), tw_durable_cancel() and
  * tw_durable_stats_get() may be called from any thread, callbacks included.
@@ -66,10 +78,20 @@ typedef struct tw_durable_timer {
 /*
  * Called once the timer is due. Return 0: done, recorded as completed,
  * never delivered again. Return n > 0: deliver again in n ms (attempt + 1).
- * Return < 0: done as well (a failure the caller has handled).
+ * Return TW_DURABLE_FIRE_RETRY: deliver again after the store's backoff
+ * (cfg.retry_ms ...). Return TW_DURABLE_FIRE_DEAD: move the timer to the
+ * dead letters at once. Any other value < 0: done as well (a failure the
+ * caller has handled). A retry (n > 0 or FIRE_RETRY) of a delivery whose
+ * attempt is cfg.max_attempts moves the timer to the dead letters instead.
  */
 typedef int (*tw_durable_fire_fn)(tw_durable *d, const tw_durable_timer *t,
                                   void *arg);
+
+/* Results of a tw_durable_fire_fn beyond 0 and n > 0. Both lie far below
+ * every TW_E* code, so a callback that returns an error code keeps its
+ * meaning ("done"). */
+#define TW_DURABLE_FIRE_RETRY (-0x40000000) /* again after the backoff */
+#define TW_DURABLE_FIRE_DEAD (-0x40000001)  /* to the dead letters now */
 
 /* cfg.sync */
 #define TW_DURABLE_SYNC_GROUP 0u /* fdatasyncs shared by concurrent calls */
@@ -96,10 +118,14 @@ typedef int (*tw_durable_fire_fn)(tw_durable *d, const tw_durable_timer *t,
  * TW_DURABLE_REPAIR: damaged records are skipped as a repair would,
  * but nothing is written (a dry run). A missing directory is TW_ENOENT. */
 #define TW_DURABLE_READONLY 2u
-/* Journal only: open (and replay, repair) without delivering anything:
- * no store thread or executors run, so no callback is called until
- * close; schedule and cancel still work. For tools that must change a
- * journal without firing it (a repair). Redis: TW_EINVAL. */
+/* Open (and replay, repair) without delivering anything: no store thread
+ * or executors run, so no callback is called until close. For tools that
+ * must change a store without firing it (a repair, a re-arm of a dead
+ * letter). Journal: schedule and cancel still work. Redis: nothing is
+ * claimed; cancel, tw_durable_rearm() and tw_durable_dead_delete() work,
+ * tw_durable_schedule() and _schedule_many() return TW_EINVAL (a
+ * schedule claims a timer due soon at once, and no one would fire it
+ * before its lease ran out). */
 #define TW_DURABLE_NOFIRE 4u
 
 /* Where a store keeps its timers and how it delivers them. */
@@ -169,13 +195,32 @@ typedef struct tw_durable_config {
     const char *redis_tls_server_name;   /* name sent (SNI) and checked in
                                             the server's certificate; NULL =
                                             each node's host */
+
+    /* Fields below were added after 0.2.0 (zero = no limit, as before):
+     * the retry policy, per store (for every process of a Redis namespace
+     * give the same; the node that delivers a timer applies its own). */
+    uint32_t max_attempts;     /* 0 = no limit; else the most deliveries a
+                                  timer gets: a retry asked by the attempt
+                                  max_attempts, or a delivery that would be
+                                  attempt max_attempts + 1 (after crashes),
+                                  moves it to the dead letters */
+    uint32_t retry_ms;         /* TW_DURABLE_FIRE_RETRY's first delay;
+                                  0 = 1000 */
+    uint32_t retry_max_ms;     /* 0 (or <= retry_ms): every delay is
+                                  retry_ms (fixed); else exponential:
+                                  retry_ms * 2^(attempt - 1), at most this */
+    uint32_t retry_jitter_pct; /* 0 .. 100: each delay is cut by a random
+                                  part of up to this percent (spreads the
+                                  retries of timers that failed together);
+                                  more than 100 is TW_EINVAL */
 } tw_durable_config;
 
 /* A store's counters, from tw_durable_stats_get(). */
 typedef struct tw_durable_stats {
     uint64_t pending;       /* timers scheduled and not yet done */
     uint64_t fired;         /* callbacks that returned 0 or < 0 */
-    uint64_t retried;       /* callbacks that returned > 0 */
+    uint64_t retried;       /* callbacks that asked for a retry (> 0 or
+                               TW_DURABLE_FIRE_RETRY) */
     uint64_t cancelled;     /* successful cancels (one per key) */
     uint64_t journal_bytes; /* bytes of all segments on disk */
     uint64_t segments;      /* segment files on disk */
@@ -192,6 +237,7 @@ typedef struct tw_durable_stats {
                              read; docs/guide/redis.md); journal: 0 */
     uint64_t running;     /* callbacks of this handle running now */
     uint64_t late_sum_us; /* sum of the lateness late_hist counts, in us */
+    uint64_t dead;        /* timers in the dead letters now */
 } tw_durable_stats;
 
 /* One timer of tw_durable_schedule_many() (or one key of
@@ -334,14 +380,16 @@ TW_EXTERN int tw_durable_stats_get(tw_durable *d, tw_durable_stats *out);
  */
 #define TW_DURABLE_WAITING 1u /* its due time has not come */
 #define TW_DURABLE_DUE 2u     /* due: queued, claimed or running */
+#define TW_DURABLE_DEAD 3u    /* a dead letter (tw_durable_get() only) */
 
 /* What tw_durable_get() tells of one timer. */
 typedef struct tw_durable_info {
     int64_t due_ms;       /* its due time (Unix ms), as scheduled or retried */
     uint32_t attempt;     /* the attempt its next delivery shows (1 for a
                              timer never delivered); for a DUE timer it may
-                             already be the delivery under way */
-    uint32_t state;       /* TW_DURABLE_WAITING or TW_DURABLE_DUE */
+                             already be the delivery under way; for a DEAD
+                             one, the attempts it had */
+    uint32_t state;       /* TW_DURABLE_WAITING, _DUE or _DEAD */
     size_t payload_len;   /* the payload's full length, even when it did not
                              fit the caller's buffer */
     uint64_t reserved[2]; /* zero */
@@ -355,6 +403,8 @@ typedef struct tw_durable_info {
  * length, so a caller whose buffer was short calls again with one of that
  * size (the payload may have changed in between: compare again). Nothing
  * is allocated for the caller.
+ * A dead letter is found too (state TW_DURABLE_DEAD, due_ms the due time
+ * of its last delivery).
  * Returns 0; TW_ENOENT when the store does not hold @key (never scheduled,
  * cancelled, or delivered and completed); TW_EINVAL (NULL @d or @info, bad
  * key, NULL @buf with @buf_len > 0); TW_ESHUTDOWN (closing); TW_EIO (the
@@ -443,7 +493,7 @@ typedef struct tw_durable_scanned {
     size_t payload_len;  /* bytes of payload */
     int64_t due_ms;      /* its due time (Unix ms), as scheduled or retried */
     uint32_t attempt;    /* as tw_durable_get() reports it */
-    uint32_t state;      /* TW_DURABLE_WAITING or TW_DURABLE_DUE */
+    uint32_t state;      /* TW_DURABLE_WAITING, _DUE or _DEAD */
 } tw_durable_scanned;
 
 /* Called by tw_durable_scan() for each timer: return 0 to go on, anything
@@ -454,7 +504,9 @@ typedef int (*tw_durable_scan_fn)(void *arg, const tw_durable_scanned *t);
  * tw_durable_scan - hand every timer the store holds, with its payload,
  * to @fn, in no particular order: what a program does at start-up to read
  * its state back (tw_durable_list() plus one tw_durable_get() a key does
- * the same in due order, at many times the cost).
+ * the same in due order, at many times the cost). Dead letters are handed
+ * over too, with state TW_DURABLE_DEAD and the attempts they had, as
+ * tw_durable_get() reports them.
  * @fn runs on the calling thread without any lock of the store held, so
  * it may call the store (schedule, cancel, get...).
  * Returns the number of timers handed to @fn; when @fn returns non-zero
@@ -481,12 +533,90 @@ typedef int (*tw_durable_scan_fn)(void *arg, const tw_durable_scanned *t);
 TW_EXTERN long tw_durable_scan(tw_durable *d, tw_durable_scan_fn fn, void *arg);
 
 /*
+ * Retry policy and dead letters
+ * -----------------------------
+ * A timer is delivered until its callback completes it, or until the
+ * retry policy of cfg (max_attempts, retry_ms, retry_max_ms,
+ * retry_jitter_pct) gives up: then it becomes a dead letter. So does a
+ * timer whose callback returns TW_DURABLE_FIRE_DEAD. A dead letter keeps
+ * its key, payload, the due time of its last delivery and its attempts;
+ * it is never delivered, is durable as a pending timer is (it survives
+ * close, reopen and kill -9), is counted in stats.dead, found by
+ * tw_durable_get() (state TW_DURABLE_DEAD) and listed by
+ * tw_durable_list_dead(), until tw_durable_rearm() makes it pending again
+ * or tw_durable_dead_delete() drops it. tw_durable_schedule() of its key
+ * replaces it as it replaces a pending timer; tw_durable_cancel() of it is
+ * TW_ENOENT (it is not pending) and leaves it.
+ *
+ * Dead letters have their own listing call rather than a state filter on
+ * tw_durable_list(): that one walks due times in a range, and a dead
+ * letter has no due time to wait for; dead letters are listed in key
+ * order, and tw_durable_list() keeps its signature and cost.
+ */
+
+/*
+ * tw_durable_rearm - make dead letter @key pending again at @due_ms with
+ * its payload; its next delivery is attempt 1 (the policy starts over).
+ * Returns 0 once that is durable; TW_ENOENT if @key is not a dead letter
+ * (pending, never scheduled, done); TW_EINVAL (NULL @d, bad key);
+ * TW_EROFS (a read-only store); TW_ESHUTDOWN; TW_EIO (the journal's record
+ * could not be read back; Redis: its value could not be read and was set
+ * aside into quarantine); TW_ENOSPC; TW_ECONN; TW_ENOMEM.
+ * Context: any thread, callbacks included.
+ */
+TW_EXTERN int tw_durable_rearm(tw_durable *d, const void *key, size_t key_len,
+                               int64_t due_ms);
+
+/*
+ * tw_durable_dead_delete - drop dead letter @key for good. Returns 0 once
+ * that is durable; TW_ENOENT if @key is not a dead letter; TW_EINVAL,
+ * TW_EROFS, TW_ESHUTDOWN, TW_EIO, TW_ENOSPC, TW_ECONN as above.
+ * Context: any thread, callbacks included.
+ */
+TW_EXTERN int tw_durable_dead_delete(tw_durable *d, const void *key,
+                                     size_t key_len);
+
+/*
+ * tw_durable_list_dead - the next dead letters after *@cur, in order of
+ * their key bytes (cur->due_ms is not used; a cursor of tw_durable_list()
+ * must not be passed here). Arguments, return value and what an iteration
+ * sees as for tw_durable_list(), with each entry's state TW_DURABLE_DEAD
+ * and due_ms the due time of its last delivery (0 on Redis when its value
+ * cannot be read). Cost: journal: O(log n + @max) under the store's lock
+ * after a first call that orders the dead letters (O(n log n) over the
+ * pending and dead timers); Redis: one read-only script per shard, each
+ * O(log n + @max). Context: any thread, callbacks included.
+ */
+TW_EXTERN int tw_durable_list_dead(tw_durable *d, tw_durable_cursor *cur,
+                                   tw_durable_entry *out, size_t max,
+                                   void *keybuf, size_t keybuf_len);
+
+/*
+ * tw_durable_touch - tell the store that the callback delivering @key is
+ * still at work. Redis: called from that callback, it renews the claim's
+ * lease for cfg.lease_ms from now (as beanstalkd's touch or a BullMQ lock
+ * renewal), so a callback that runs longer than lease_ms and touches at
+ * least once per lease_ms is not delivered again by another node; one
+ * that does not touch is (at least once). Journal: there is no lease (a
+ * delivery ends only with its callback or its process); the call reports
+ * whether a delivery of @key is under way.
+ * Returns 0 (lease renewed; journal: a delivery of @key has begun and not
+ * completed); TW_ENOENT (Redis: not called from the callback of @key, or
+ * the claim is not this node's any more, so another delivery may start:
+ * finish soon; journal: no delivery of @key under way); TW_EINVAL;
+ * TW_EROFS; TW_ESHUTDOWN; TW_ECONN. Context: Redis: the callback of @key;
+ * journal: any thread.
+ */
+TW_EXTERN int tw_durable_touch(tw_durable *d, const void *key, size_t key_len);
+
+/*
  * Metrics
  * -------
  * The counters of tw_durable_stats_get() as text a Prometheus server (or
  * any OpenMetrics scraper) reads from an HTTP endpoint such as /metrics:
  * twheel_durable_pending, _backlog, _running (gauges), _fired_total,
- * _retried_total, _cancelled_total, _syncs_total (counters),
+ * _dead (gauge: dead letters), _retried_total, _cancelled_total,
+ * _syncs_total (counters),
  * _journal_bytes, _segments, _recovered, _recovery_seconds (gauges) and
  * the histogram twheel_durable_lateness_seconds (how late deliveries
  * started; bucket le="x" counts those at most x late, in whole us).

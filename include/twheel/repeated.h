@@ -22,7 +22,7 @@
  * so it may free arg.
  *
  * The service must outlive its timers: destroy every RepeatedTimer before
- * tw_service_stop(), or give the tasks stop() hands back to
+ * tw_service_stop(), or give the tasks tw_service_stop() hands back to
  * tw_repeated_unprocessed(); a RepeatedTimer task that the service drops
  * (stop with a NULL callback, tw_service_destroy) keeps its timer's memory,
  * and its on_destroy, from ever being released.

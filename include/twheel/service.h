@@ -257,7 +257,7 @@ TW_EXTERN int tw_service_start(tw_service *s);
  *            unloaded machine within one tick after. A delay whose
  *            deadline does not fit in 64 bits of nanoseconds means
  *            "never": the task is accepted and pending but never runs,
- *            and stop() hands it back.
+ *            and tw_service_stop() hands it back.
  * @id: may be NULL; receives the task's id before the task can run.
  *
  * On failure nothing changed and *@id is left as it was: the first call

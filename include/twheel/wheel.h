@@ -20,8 +20,9 @@
  * recover the owner in the callback with TW_CONTAINER_OF. A timer must stay
  * in memory, and must not be re-initialised, while it is pending.
  *
- * wheel.h and src/wheel.c depend on nothing else in twheel and can be copied
- * into another project as they are.
+ * wheel.h, src/wheel.c and src/common.[ch] (the allocator, version and error
+ * strings) depend on nothing else in twheel and can be copied into another
+ * project as they are.
  */
 #ifndef TWHEEL_WHEEL_H
 #define TWHEEL_WHEEL_H

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# CI stage: gcc Debug build, every test.
+# CI stage: gcc Debug build (with the Redis backend), every test but the
+# Redis and twheeld ones: the one-server Redis scenarios run under
+# ASan+UBSan (20-asan-ubsan.sh), the others in the Redis stage
+# (70-redis.sh), twheeld's in its stage (75-twheeld.sh), both on this same
+# build tree.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
-configure_build build/ci-debug -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=gcc
-run_ctest build/ci-debug
+debug_build
+run_ctest build/ci-debug -LE "redis|twheeld"

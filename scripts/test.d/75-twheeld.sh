@@ -18,12 +18,12 @@ done
 ruby -e "require 'beaneater'" ||
   { echo "twheeld stage: ruby-beaneater missing" >&2; exit 1; }
 scripts/twheeld-clients.sh build/npm-clients
-configure_build build/ci-twheeld -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_C_COMPILER=gcc -DTWHEEL_BUILD_BENCH=OFF -DTWHEEL_BUILD_EXAMPLES=OFF
+# The debug stage's tree (built once; that stage leaves these tests here).
+debug_build
 # Skipped tests (exit 77) fail the stage: every part must run here.
 # One at a time: the protocol test compares TTR timings with a real
 # beanstalkd, and the kill -9 test loads the machine meanwhile.
-out=$(ctest --test-dir build/ci-twheeld --output-on-failure -L twheeld -j1) ||
+out=$(ctest --test-dir build/ci-debug --output-on-failure -L twheeld -j1) ||
   { echo "$out"; exit 1; }
 echo "$out"
 if grep -q "Not Run\|Skipped" <<<"$out"; then

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# CI stage: every C source and header in the tree follows .clang-format.
-# Fix with: clang-format -i $(git ls-files '*.c' '*.h')
+# CI stage: every C source and header in the tree follows .clang-format
+# (fix with: clang-format -i $(git ls-files '*.c' '*.h')), and every
+# function that a comment in src/ or include/ names as name() exists
+# (scripts/check_comment_names.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 files=$(git ls-files '*.c' '*.h' 2>/dev/null || find . -name '*.[ch]' -not -path './build*')
 clang-format --dry-run --Werror $files
 echo "format: $(echo "$files" | wc -w) files clean"
+scripts/check_comment_names.py .

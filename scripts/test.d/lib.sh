@@ -15,6 +15,15 @@ configure_build() {
   cmake --build "$dir" -j"$jobs"
 }
 
+# debug_build: the gcc Debug tree build/ci-debug with the Redis backend,
+# TLS and the several-server Redis scenarios, shared by the debug and Redis
+# stages (the second finds it built and only runs its tests).
+debug_build() {
+  configure_build build/ci-debug -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_C_COMPILER=gcc -DTWHEEL_REDIS=ON -DTWHEEL_REDIS_TLS=ON \
+    -DTWHEEL_REDIS_CLUSTER_TESTS=ON
+}
+
 # run_ctest DIR CTEST_ARGS...
 run_ctest() {
   local dir=$1

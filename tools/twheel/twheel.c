@@ -4,15 +4,20 @@
  * count, check and repair the timers of a journal directory or a Redis
  * namespace (twheel(1)). Uses only the public headers.
  *
- * Read-only verbs (ls, get, stats, check, and repair --dry-run) open the
- * store with TW_DURABLE_READONLY: no lock is taken and nothing is written,
- * so a store that another process holds keeps running undisturbed, and
- * nothing is ever delivered. repair opens with TW_DURABLE_REPAIR and
- * TW_DURABLE_NOFIRE, which takes the directory's lock: a live store's
- * directory is refused (TW_EBUSY).
+ * Read-only verbs (ls, get, stats, check, dead, and repair --dry-run)
+ * open the store with TW_DURABLE_READONLY: no lock is taken and nothing
+ * is written, so a store that another process holds keeps running
+ * undisturbed, and nothing is ever delivered. repair opens with
+ * TW_DURABLE_REPAIR and TW_DURABLE_NOFIRE, and rearm and delete (of a
+ * dead letter) with TW_DURABLE_NOFIRE, which takes the directory's lock:
+ * a live store's directory is refused (TW_EBUSY). A Redis namespace is
+ * shared by design: rearm and delete are one atomic script each, made
+ * through a handle that claims and delivers nothing, beside the live
+ * nodes.
  *
  * Exit status: 0 done (check: no damage); 1 damage found (check, repair
- * --dry-run) or the key is not held (get); 2 usage or other errors.
+ * --dry-run), the key is not held (get) or is not a dead letter (rearm,
+ * delete); 2 usage or other errors.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -30,11 +35,13 @@
 struct opts {
     const char *backend; /* "journal" or "redis" */
     const char *verb;
-    const char *dir;  /* journal */
-    const char *url;  /* redis: host:port[,host:port...] */
-    const char *ns;   /* redis namespace */
-    uint32_t shards;  /* redis */
-    const char *key;  /* get */
+    const char *dir; /* journal */
+    const char *url; /* redis: host:port[,host:port...] */
+    const char *ns;  /* redis namespace */
+    uint32_t shards; /* redis */
+    const char *key; /* get, rearm, delete */
+    int64_t at;      /* rearm --at MS */
+    bool have_at;
     int64_t from, to; /* ls */
     uint64_t limit;   /* ls: 0 = all */
     bool json, dry_run, metrics, have_after;
@@ -56,10 +63,19 @@ static int usage(FILE *f, int rc)
           "damage\n"
           "  repair [--dry-run]\n"
           "                 drop damaged records (journal only)\n"
+          "  dead [--limit N]\n"
+          "                 dead letters (timers the retry policy gave up "
+          "on), by key\n"
+          "  rearm KEY [--at MS]\n"
+          "                 make dead letter KEY pending again at MS "
+          "(Unix ms; default\n"
+          "                 now), its attempts counted from 1\n"
+          "  delete KEY     drop dead letter KEY\n"
           "options: --json  machine-readable output\n"
           "         --help  this text\n"
           "Read-only verbs never take the journal's lock and never deliver "
-          "a timer;\nrepair refuses a directory that a live store holds.\n",
+          "a timer;\nrepair, rearm and delete refuse a directory that a "
+          "live store holds.\n",
           f);
     return rc;
 }
@@ -165,9 +181,21 @@ static void iso(int64_t ms, char *out, size_t len)
     snprintf(out + n, len - n, ".%03dZ", (int)(((ms % 1000) + 1000) % 1000));
 }
 
+/* The fields a listed entry shows in JSON, its object left open. */
+static void json_entry(const tw_durable_entry *e, const char *when, bool first)
+{
+    printf("%s\n{\"key\":", first ? "" : ",");
+    json_str(e->key, e->key_len);
+    printf(",\"key_hex\":\"");
+    hex(e->key, e->key_len);
+    printf("\",\"due_ms\":%" PRId64 ",\"due\":\"%s\"", e->due_ms, when);
+}
+
 static const char *state_name(uint32_t st)
 {
-    return st == TW_DURABLE_DUE ? "due" : "waiting";
+    return st == TW_DURABLE_DUE    ? "due"
+           : st == TW_DURABLE_DEAD ? "dead"
+                                   : "waiting";
 }
 
 /* ------------------------------------------------------------------------ */
@@ -195,13 +223,8 @@ static int cmd_ls(const struct opts *o, tw_durable *d)
             char when[40];
             iso(e[i].due_ms, when, sizeof when);
             if (o->json) {
-                printf("%s\n{\"key\":", first ? "" : ",");
-                json_str(e[i].key, e[i].key_len);
-                printf(",\"key_hex\":\"");
-                hex(e[i].key, e[i].key_len);
-                printf("\",\"due_ms\":%" PRId64 ",\"due\":\"%s\","
-                       "\"state\":\"%s\"}",
-                       e[i].due_ms, when, state_name(e[i].state));
+                json_entry(&e[i], when, first);
+                printf(",\"state\":\"%s\"}", state_name(e[i].state));
             } else {
                 printf("%s  %-7s  ", when, state_name(e[i].state));
                 human_str(e[i].key, e[i].key_len);
@@ -306,14 +329,14 @@ static int cmd_stats(const struct opts *o, tw_durable *d)
         fprintf(stderr, "twheel: stats: %s\n", tw_strerror(rc));
         return 2;
     }
-    static const char *const names[] = {"pending",   "backlog",
-                                        "segments",  "journal_bytes",
-                                        "recovered", "recovery_us"};
-    uint64_t v[] = {s.pending,       s.backlog,   s.segments,
+    static const char *const names[] = {
+        "pending",       "backlog",   "dead",       "segments",
+        "journal_bytes", "recovered", "recovery_us"};
+    uint64_t v[] = {s.pending,       s.backlog,   s.dead,       s.segments,
                     s.journal_bytes, s.recovered, s.recovery_us};
     size_t n = sizeof v / sizeof *v;
     if (strcmp(o->backend, "journal"))
-        n = 2; /* the rest describe a journal */
+        n = 3; /* the rest describe a journal */
     for (size_t i = 0; i < n; i++) {
         if (o->json)
             printf("%s\"%s\":%" PRIu64, i ? "," : "{", names[i], v[i]);
@@ -322,6 +345,102 @@ static int cmd_stats(const struct opts *o, tw_durable *d)
     }
     if (o->json)
         puts("}");
+    return 0;
+}
+
+static int cmd_dead(const struct opts *o, tw_durable *d)
+{
+    static tw_durable_entry e[PAGE];
+    static char kb[PAGE * 64 + TW_DURABLE_KEY_MAX];
+    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    uint64_t shown = 0;
+    if (o->json)
+        fputs("{\"dead\":[", stdout);
+    while (!c.done && (!o->limit || shown < o->limit)) {
+        size_t want = PAGE;
+        if (o->limit && o->limit - shown < want)
+            want = (size_t)(o->limit - shown);
+        int n = tw_durable_list_dead(d, &c, e, want, kb, sizeof kb);
+        if (n < 0) {
+            fprintf(stderr, "twheel: dead: %s\n", tw_strerror(n));
+            return 2;
+        }
+        for (int i = 0; i < n; i++, shown++) {
+            tw_durable_info in;
+            memset(&in, 0, sizeof in);
+            /* Gone since the listing (re-armed, deleted): attempts 0. */
+            (void)tw_durable_get(d, e[i].key, e[i].key_len, &in, NULL, 0);
+            char when[40];
+            iso(e[i].due_ms, when, sizeof when);
+            if (o->json) {
+                json_entry(&e[i], when, !shown);
+                printf(",\"attempts\":%" PRIu32 ",\"payload_len\":%zu}",
+                       in.attempt, in.payload_len);
+            } else {
+                printf("%s  attempts %-5" PRIu32 "  ", when, in.attempt);
+                human_str(e[i].key, e[i].key_len);
+                putchar('\n');
+            }
+        }
+    }
+    if (o->json)
+        printf("\n],\"count\":%" PRIu64 ",\"more\":%s}\n", shown,
+               c.done ? "false" : "true");
+    else if (!c.done)
+        puts("(more: raise --limit)");
+    return 0;
+}
+
+/* rearm and delete: a handle that delivers nothing (journal: holding the
+ * directory's lock, so a live store's directory is refused). */
+static int cmd_dead_op(const struct opts *o)
+{
+    char err[512];
+    int rc;
+    tw_durable *d = open_store(o, TW_DURABLE_NOFIRE, &rc, err, sizeof err);
+    if (!d) {
+        open_failed(o, rc, err);
+        return 2;
+    }
+    bool rearm = !strcmp(o->verb, "rearm");
+    int64_t at = o->at;
+    if (rearm && !o->have_at) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        at = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    }
+    size_t kl = strlen(o->key);
+    rc = rearm ? tw_durable_rearm(d, o->key, kl, at)
+               : tw_durable_dead_delete(d, o->key, kl);
+    int cr = tw_durable_close(d);
+    if (rc == TW_ENOENT) {
+        if (o->json)
+            puts("{\"ok\":false,\"dead\":false}");
+        else
+            printf("%s: not a dead letter\n", o->key);
+        return 1;
+    }
+    if (!rc)
+        rc = cr;
+    if (rc) {
+        fprintf(stderr, "twheel: %s: %s\n", o->verb, tw_strerror(rc));
+        return 2;
+    }
+    char when[40];
+    iso(at, when, sizeof when);
+    if (o->json) {
+        printf("{\"ok\":true,\"key\":");
+        json_str(o->key, kl);
+        if (rearm)
+            printf(",\"due_ms\":%" PRId64 ",\"due\":\"%s\"", at, when);
+        puts("}");
+    } else {
+        human_str(o->key, kl);
+        if (rearm)
+            printf(": re-armed, due %s (%" PRId64 " ms)\n", when, at);
+        else
+            puts(": deleted");
+    }
     return 0;
 }
 
@@ -532,6 +651,8 @@ static int parse(int argc, char **argv, struct opts *o)
             o->limit = (uint64_t)x, i++;
         } else if (!strcmp(a, "--after") && v && parse_after(v, &o->after)) {
             o->have_after = true, i++;
+        } else if (!strcmp(a, "--at") && v && num(v, &o->at)) {
+            o->have_at = true, i++;
         } else if (a[0] == '-' && a[1] == '-') {
             fprintf(stderr, "twheel: bad option or value: %s\n", a);
             return -1;
@@ -548,12 +669,14 @@ static int parse(int argc, char **argv, struct opts *o)
     bool journal = !strcmp(o->backend, "journal");
     if (!journal && (strcmp(o->backend, "redis") || !o->url))
         return -1;
-    int want = (journal ? 3 : 2) + !strcmp(o->verb, "get");
+    bool keyed = !strcmp(o->verb, "get") || !strcmp(o->verb, "rearm") ||
+                 !strcmp(o->verb, "delete");
+    int want = (journal ? 3 : 2) + keyed;
     if (npos != want)
         return -1;
     if (journal)
         o->dir = pos[2];
-    if (!strcmp(o->verb, "get"))
+    if (keyed)
         o->key = pos[want - 1];
     return 0;
 }
@@ -572,11 +695,14 @@ int main(int argc, char **argv)
     }
     if (!strcmp(o.verb, "repair"))
         return cmd_repair(&o);
+    if (!strcmp(o.verb, "rearm") || !strcmp(o.verb, "delete"))
+        return cmd_dead_op(&o);
     int (*fn)(const struct opts *, tw_durable *) =
         !strcmp(o.verb, "ls")      ? cmd_ls
         : !strcmp(o.verb, "get")   ? cmd_get
         : !strcmp(o.verb, "stats") ? cmd_stats
         : !strcmp(o.verb, "check") ? cmd_check
+        : !strcmp(o.verb, "dead")  ? cmd_dead
                                    : NULL;
     if (!fn)
         return usage(stderr, 2);

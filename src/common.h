@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * src/common.h - what src/common.c gives every part of the library: the
+ * allocator and the copy of growing config structs. With twheel/wheel.h,
+ * src/wheel.c and src/common.c it is all the single-threaded wheel needs.
+ * Nothing here is public API; names carry the tw__ prefix.
+ */
+#ifndef TWHEEL_COMMON_H
+#define TWHEEL_COMMON_H
+
+#include <stddef.h>
+
+/* The library's allocator (tw_set_allocator() replaces it). Every
+ * allocation in src/ goes through these. */
+void *tw__malloc(size_t n);
+void *tw__calloc(size_t n, size_t size);
+void *tw__realloc(void *p, size_t n);
+void tw__free(void *p);
+
+/* Copy the caller's config of @src_size bytes into @dst (@dst_size bytes),
+ * zeroing what the caller's struct did not have. TW_EINVAL, with @dst
+ * zeroed, if @src is longer and any byte past @dst_size is non-zero. A
+ * NULL @src gives an all-zero @dst. */
+int tw__config_copy(void *dst, size_t dst_size, const void *src,
+                    size_t src_size);
+
+#endif
