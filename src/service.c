@@ -115,9 +115,10 @@ static inline uint64_t ceil_tick(const tw_service *s, uint64_t ns)
 }
 
 /* @a + @b, or NEVER if that does not fit. */
-static uint64_t add_sat(uint64_t a, uint64_t b)
+static inline uint64_t add_sat(uint64_t a, uint64_t b)
 {
-    return b >= NEVER - a ? NEVER : a + b;
+    uint64_t r;
+    return __builtin_add_overflow(a, b, &r) ? NEVER : r;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -172,6 +173,10 @@ static void wake_for_tick(tw_service *s, uint64_t tick)
     uint64_t v = atomic_load(&s->timer.sleep_until);
     while (tick < v) {
         if (atomic_compare_exchange_weak(&s->timer.sleep_until, &v, 0)) {
+            /* No other call need come here until the thread sleeps
+             * again (and sets wake_ns again, under timer.mu, so the
+             * wake() below follows any store it overwrites). */
+            atomic_store(&s->timer.wake_ns, 0);
             wake(s);
             return;
         }
@@ -374,6 +379,15 @@ static inline struct prod *prod_cached(tw_service *s)
     return NULL;
 }
 
+/* prod_cached() that looks at the first entry only, where the producer of
+ * a thread's first service is (prod_claim()); NULL if it is not there. */
+static inline struct prod *prod_first(const tw_service *s)
+{
+    return prod_cache[0].s == s && prod_cache[0].serial == s->prods.serial
+               ? prod_cache[0].p
+               : NULL;
+}
+
 static inline struct prod *prod_get(tw_service *s)
 {
     struct prod *p = prod_cached(s);
@@ -549,9 +563,9 @@ static inline void sched_publish(tw_service *s, const struct sched *r,
     n->t.tw__expires = tick;
     /* While QUEUED, tw__pprev carries the window's width in ticks (a
      * narrower window is still inside the caller's). */
-    n->t.tw__pprev =
-        (tw_timer **)(uintptr_t)(last - tick < UINTPTR_MAX ? last - tick
-                                                           : UINTPTR_MAX);
+    n->t.tw__pprev = (tw_timer **)(uintptr_t)(last - tick < UINTPTR_MAX - 1
+                                                  ? last - tick
+                                                  : UINTPTR_MAX - 1);
     uint64_t st = (v->st & ~UINT64_C(0xffffffff)) |
                   ((uint64_t)v->fidx << ST_PAY_SHIFT) | flags | LOC_QUEUED;
     if (id != NULL)
@@ -676,6 +690,42 @@ static __attribute__((noinline)) int schedule_undo(tw_service *s,
 }
 
 /*
+ * The end of an exact one-shot schedule by producer @p: fill node @n (its
+ * state @free_st, FREE; reserved and counted) for function entry @fidx
+ * and a task due @due ns after the start (the timer
+ * thread works out its tick: QUEUED_NS), set *@id, push it on @p's stack,
+ * then the stop check and the wake-up. Returns 0 or TW_ESHUTDOWN (see
+ * schedule_fast()). Context: @p's owner.
+ */
+static inline __attribute__((always_inline)) int
+publish_exact(tw_service *s, struct prod *p, struct node *n, uint64_t free_st,
+              uint32_t fidx, void *arg, uint64_t due, tw_id *id)
+{
+    uint64_t st = (free_st & ~UINT64_C(0xffffffff)) |
+                  ((uint64_t)fidx << ST_PAY_SHIFT) | LOC_QUEUED;
+    n->t.tw__pprev = QUEUED_NS; /* tw__next: the push */
+    n->t.tw__expires = due;
+    n->t.tw__arg = arg;
+    /* *@id before the push: the task may run at once and read it. */
+    tw_id was = 0;
+    if (id != NULL) {
+        was = *id;
+        *id = make_id(st, node_index(n));
+    }
+    atomic_store_explicit(&n->state, st, memory_order_release);
+    stack_push(&p->subq, n);
+    TEST_HOOK(tw__service_pushed_hook, s);
+    if (atomic_load(&s->submit.pending) & STOPPED_BIT) {
+        /* What schedule_undo() puts back (see mag_take()). */
+        struct reserved v = {.n = n, .st = free_st};
+        return schedule_undo(s, p, &v, id, was);
+    }
+    if (due < atomic_load(&s->timer.wake_ns)) /* tick < sleep_until */
+        wake_for_tick(s, ceil_tick(s, due));
+    return 0;
+}
+
+/*
  * tw_schedule() of an exact one-shot task by producer @p: its function
  * from @p's last one or the table, a node from its magazine, a slot in its
  * own count, its own stack. Returns 0, TW_ESHUTDOWN, TW_EAGAIN (the table
@@ -726,41 +776,88 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
     /* sched_publish() for an exact one-shot deadline, written out: through
      * sched_publish() a tw_schedule() runs 6.5% more instructions
      * (callgrind, bench_service --throughput --exact --producers 1). */
-    uint64_t tick = ceil_tick(s, add_sat(rel_ns_deadline(s), delay));
-    struct node *n = v.n;
-    node_init(n, arg);
-    n->t.tw__expires = tick;
-    uint64_t st = (v.st & ~UINT64_C(0xffffffff)) |
-                  ((uint64_t)v.fidx << ST_PAY_SHIFT) | LOC_QUEUED;
-    /* *@id before the push: the task may run at once and read it. */
-    tw_id was = 0;
-    if (id != NULL) {
-        was = *id;
-        *id = make_id(st, v.idx);
-    }
-    atomic_store_explicit(&n->state, st, memory_order_release);
-    stack_push(&p->subq, n);
-    TEST_HOOK(tw__service_pushed_hook, s);
-    if (atomic_load(&s->submit.pending) & STOPPED_BIT)
-        return schedule_undo(s, p, &v, id, was);
-    wake_for_tick(s, tick);
-    return 0;
+    return publish_exact(s, p, v.n, v.st, v.fidx, arg,
+                         add_sat(rel_ns_deadline(s), delay), id);
 }
 
-int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
-                tw_id *id)
+/*
+ * schedule_fast() when everything is at hand (s->cfg.hot, the function
+ * that @p's last call used, a node in its magazine), from @now, the
+ * CLOCK_MONOTONIC estimate: the same steps, written for the fewest
+ * instructions and registers (no call on the way, so no frame; the rare
+ * cases are calls in tail position). Context: @p's owner.
+ */
+static inline __attribute__((always_inline)) int
+schedule_hot(tw_service *s, struct prod *p, void *arg, uint64_t delay,
+             tw_id *id, uint64_t now)
+{
+    struct node *n = p->mag, *next = node_of_timer(n->t.tw__next);
+    p->mag = next;
+    /* The next node (see mag_take()) and, from the timer thread's free
+     * batches, the one 4 further (node_free_batched()); prefetching NULL
+     * or a stale pointer is harmless. */
+    __builtin_prefetch(next, 1);
+    __builtin_prefetch((const void *)n->t.tw__pprev, 1);
+    uint64_t rel = now > s->cfg.start_ns ? now - s->cfg.start_ns : 0;
+    uint64_t due = add_sat(rel, delay);
+    uint64_t free_st = atomic_load_explicit(&n->state, memory_order_relaxed);
+    uint32_t fidx = p->last_fidx;
+    atomic_store_explicit(
+        &p->added, atomic_load_explicit(&p->added, memory_order_relaxed) + 1,
+        memory_order_relaxed);
+    TEST_HOOK(tw__service_reserved_hook, s);
+    return publish_exact(s, p, n, free_st, fidx, arg, due, id);
+}
+
+/* tw_schedule() when schedule_hot() could not be taken at once: the
+ * producer further down the thread's cache, the clock from
+ * tw__tsc_refresh(), a new function or an empty magazine
+ * (schedule_fast()), or the shared path. */
+static __attribute__((noinline)) int schedule_warm(tw_service *s, tw_task_fn fn,
+                                                   void *arg, uint64_t delay_ns,
+                                                   tw_id *id)
 {
     /* A producer exists only on a started service (prod_claim()), so
      * this path does not read `started`, which shares a line with what
      * the timer thread writes all the time. */
     if (s != NULL && fn != NULL && s->cfg.slack_ns == 0) {
         struct prod *p = prod_get(s);
+        if (p != NULL && s->cfg.hot && fn == p->last_fn && p->mag != NULL)
+            return schedule_hot(s, p, arg, delay_ns, id,
+                                tw__tsc_now(s->cfg.tsc));
         int rc = p != NULL ? schedule_fast(s, p, fn, arg, delay_ns, id) : 1;
         if (rc <= 0)
             return rc;
     }
     return schedule(s, fn, arg, delay_ns, s ? s->cfg.slack_ns : 0, 0, KIND_ONCE,
                     0, NULL, id);
+}
+
+/* tw_schedule() with everything at hand but the TSC estimate: the clock
+ * from tw__tsc_refresh() (a stale anchor, or no estimate on this machine).
+ * Out of line, so that tw_schedule() never has the call. */
+static __attribute__((noinline)) int schedule_clock(tw_service *s,
+                                                    struct prod *p, void *arg,
+                                                    uint64_t delay_ns,
+                                                    tw_id *id)
+{
+    return schedule_hot(s, p, arg, delay_ns, id, tw__tsc_refresh(s->cfg.tsc));
+}
+
+int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
+                tw_id *id)
+{
+    /* The thread's first cached producer only (prod_claim() fills the
+     * cache from its first entry); the others take schedule_warm(). */
+    struct prod *p;
+    uint64_t now;
+    if (s != NULL && (p = prod_first(s)) != NULL && s->cfg.hot &&
+        fn == p->last_fn && fn != NULL && p->mag != NULL) {
+        if (tw__tsc_fast(s->cfg.tsc, &now))
+            return schedule_hot(s, p, arg, delay_ns, id, now);
+        return schedule_clock(s, p, arg, delay_ns, id);
+    }
+    return schedule_warm(s, fn, arg, delay_ns, id);
 }
 
 int tw_schedule_window(tw_service *s, tw_task_fn fn, void *arg,
@@ -820,6 +917,10 @@ static void take_submission(tw_service *s, struct node *n, void *ctx)
     n->t.tw__pprev = NULL;
     if (!move_or_free(s, n, LOC_ARMED, ST_RELATIVE, true, &st))
         return;
+    if (span == (uintptr_t)QUEUED_NS) { /* schedule_hot() */
+        n->t.tw__expires = ceil_tick(s, n->t.tw__expires);
+        span = 0;
+    }
     if (st & ST_RELATIVE) {
         if (*now == 0)
             *now = rel_ns(s) | 1; /* never 0; 1 ns later is harmless */
@@ -951,15 +1052,32 @@ static bool tick_deadline(const tw_service *s, uint64_t target,
     return true;
 }
 
-static void timer_sleep(tw_service *s, uint64_t target, uint64_t now)
+/*
+ * Sleep until tick @target (@now: this round's tick), or until woken. A
+ * @nap (after a round that took work, @target at most @now + 1) sleeps
+ * even if more work has come meanwhile: it is taken at the next tick, in
+ * one batch, instead of a round per few submissions, whose exchanges of
+ * the producers' stacks and reads of their nodes race the producers for
+ * those cache lines. A request due before @target wakes the thread
+ * (wake_for_tick()), one pushed before sleep_until was set waits at most
+ * until @target, and a cancel's record is released within the tick.
+ */
+static void timer_sleep(tw_service *s, uint64_t target, uint64_t now, bool nap)
 {
     struct timespec ts;
     bool timed = tick_deadline(s, target, &ts);
+    /* The first ns of tick target - 1, plus 1: a deadline before it has
+     * a tick before target (NEVER: every finite deadline). */
+    uint64_t wake_ns = target == 0 ? 0
+                       : target - 1 < NEVER / s->cfg.tick_ns
+                           ? (target - 1) * s->cfg.tick_ns + 1
+                           : NEVER;
     pthread_mutex_lock(&s->timer.mu);
     atomic_store(&s->timer.sleep_until, target);
+    atomic_store(&s->timer.wake_ns, wake_ns);
     atomic_store(&s->timer.sleep_long, target > now + 1);
-    if (!s->timer.kicked && !atomic_load(&s->timer.quit) && !subq_any(s) &&
-        atomic_load(&s->pool.cancel_dirty) == 0) {
+    if (!s->timer.kicked && !atomic_load(&s->timer.quit) &&
+        (nap || (!subq_any(s) && atomic_load(&s->pool.cancel_dirty) == 0))) {
         if (timed)
             pthread_cond_timedwait(&s->timer.cv, &s->timer.mu, &ts);
         else
@@ -967,6 +1085,7 @@ static void timer_sleep(tw_service *s, uint64_t target, uint64_t now)
         atomic_fetch_add_explicit(&s->wakeups, 1, memory_order_relaxed);
     }
     s->timer.kicked = false;
+    atomic_store(&s->timer.wake_ns, 0);
     atomic_store(&s->timer.sleep_until, 0);
     atomic_store(&s->timer.sleep_long, false);
     pthread_mutex_unlock(&s->timer.mu);
@@ -994,15 +1113,16 @@ static void *timer_main(void *p)
         dispatch_flush(s);
         free_flush(&s->pool);
         atomic_fetch_add(&s->timer.round_end, 1);
-        if (s->timer.local != NULL || subq_any(s) ||
-            atomic_load(&s->pool.cancel_dirty) != 0)
+        if (s->timer.local != NULL ||
+            (!active &&
+             (subq_any(s) || atomic_load(&s->pool.cancel_dirty) != 0)))
             continue;
         uint64_t next = tw_wheel_next_expiry(s->timer.wheel);
         if (next <= now)
             continue;
         if (active && next > now + 1)
             next = now + 1; /* poll once more before sleeping long */
-        timer_sleep(s, next, now);
+        timer_sleep(s, next, now, active);
     }
     free_flush(&s->pool);
     tw_cur.s = NULL;
@@ -1342,17 +1462,21 @@ static bool cancel_id(tw_service *s, tw_id id, bool drop)
         return false;
     unsigned loc;
     do {
-        if (ST_GEN(st) != ST_GEN(id) || (st & ST_CANCELLED))
+        /* Another generation, or cancelled already. */
+        if (((st ^ id) >> 32 | (st & ST_CANCELLED)) != 0)
             return false;
         loc = ST_LOC(st);
-        if (loc == LOC_FREE || (loc == LOC_RUNNING && !(st & ST_PERIODIC)))
+        if (loc != LOC_QUEUED &&
+            (loc == LOC_FREE || (loc == LOC_RUNNING && !(st & ST_PERIODIC))))
             return false;
     } while (!atomic_compare_exchange_weak(&n->state, &st, st | ST_CANCELLED));
     /* The common case without a call: a task the timer thread has not
      * taken yet, cancelled by a thread with a producer, while the timer
      * thread does not sleep long (wake_for_cancel() would do nothing). */
     if (loc == LOC_QUEUED && drop) {
-        struct prod *p = prod_cached(s);
+        struct prod *p = prod_first(s);
+        if (p == NULL)
+            p = prod_cached(s);
         if (p != NULL) {
             prod_drop(p);
             if (!atomic_load(&s->timer.sleep_long))
@@ -1556,6 +1680,8 @@ static void config_apply(tw_service *s, const tw_service_config *cfg,
     s->cfg.tick_recip = tw__recip(z->tick);
     if (cfg->clock == NULL && z->clock_id == CLOCK_MONOTONIC)
         s->cfg.tsc = tw__tsc_mono();
+    s->cfg.hot = s->cfg.tsc != NULL && !s->cfg.lazy && s->cfg.slack_ns == 0 &&
+                 s->cfg.max_pending == 0;
     s->cfg.start_ns = s->cfg.clock ? s->cfg.clock(s->cfg.clock_ctx)
                                    : tw__clock_ns((clockid_t)s->cfg.clock_id);
     atomic_fetch_add(&s->pool.mem, sizeof(*s));

@@ -110,8 +110,9 @@ uint64_t tw__tsc_refresh(struct tw__tsc *c);
  * calibration) on first use. */
 struct tw__tsc *tw__tsc_mono(void);
 
-/* CLOCK_MONOTONIC in ns, or later by at most a few us; never earlier. */
-static inline uint64_t tw__tsc_now(struct tw__tsc *c)
+/* tw__tsc_now()'s fast path: true and *@now the estimate, or false when
+ * the anchor is stale, being updated, or the estimate is off. */
+static inline bool tw__tsc_fast(struct tw__tsc *c, uint64_t *now)
 {
 #if TW__HAVE_TSC
     uint32_t q = atomic_load_explicit(&c->seq, memory_order_acquire);
@@ -122,11 +123,23 @@ static inline uint64_t tw__tsc_now(struct tw__tsc *c)
     atomic_thread_fence(memory_order_acquire);
     uint64_t d = __rdtsc() - t0;
     if (d <= lim && !(q & 1) &&
-        atomic_load_explicit(&c->seq, memory_order_relaxed) == q)
-        return m0 +
-               (uint64_t)(((unsigned __int128)d * mult + UINT32_MAX) >> 32);
+        atomic_load_explicit(&c->seq, memory_order_relaxed) == q) {
+        *now =
+            m0 + (uint64_t)(((unsigned __int128)d * mult + UINT32_MAX) >> 32);
+        return true;
+    }
+#else
+    (void)c;
+    (void)now;
 #endif
-    return tw__tsc_refresh(c);
+    return false;
+}
+
+/* CLOCK_MONOTONIC in ns, or later by at most a few us; never earlier. */
+static inline uint64_t tw__tsc_now(struct tw__tsc *c)
+{
+    uint64_t now;
+    return tw__tsc_fast(c, &now) ? now : tw__tsc_refresh(c);
 }
 
 #endif

@@ -74,7 +74,9 @@
  *               that the timer thread adds to its clock when it takes the
  *               node: TW_SERVICE_LAZY_CLOCK; tw__pprev is no link but
  *               the width in ticks of the task's window, 0 for an exact
- *               deadline); owner: the timer thread
+ *               deadline, or QUEUED_NS: tw__expires is the exact
+ *               deadline in ns, relative, whose tick the timer thread
+ *               works out); owner: the timer thread
  *   ARMED       in the wheel (or parked forever for a "never" deadline);
  *               owner: the timer thread. A cancel also sets the node's bit
  *               in a hierarchical bitmap so the timer thread unlinks and
@@ -102,9 +104,10 @@
  * timer thread publishes the tick it sleeps until; a producer wakes it (mutex +
  * condition variable on CLOCK_MONOTONIC) only when its deadline is earlier, so
  * scheduling work for later costs no system call. After a round with work the
- * timer thread polls once more a tick later instead of sleeping long, so a
- * burst of cancels needs at most one wake-up; when idle it sleeps without
- * timeout.
+ * timer thread sleeps until the next tick, even if more work has come (it
+ * takes that then, in one batch), instead of sleeping long, so a burst of
+ * cancels needs at most one wake-up and a stream of requests one round per
+ * tick; when idle it sleeps without timeout.
  *
  * Task functions are stored as indexes into a small lock-free open-
  * addressing table (per service, max_callbacks entries): this is what keeps
@@ -241,6 +244,7 @@ struct node_pool {
     /* The batch of nodes the timer thread is freeing (node_pool.h). */
     struct node *free_first;
     uint32_t free_count;
+    struct node *free_ring[4];   /* the batch's last 4 nodes, by count % 4 */
     _Atomic uint64_t nodes, mem; /* statistics */
 };
 
@@ -267,7 +271,13 @@ struct tw__tsc; /* src/service_clock.h */
  */
 #define MAX_PRODS 64u
 struct prod {
+    /* The line of subq holds nothing else (the padding on both sides, as
+     * the allocation need not be aligned): the timer thread reads and
+     * exchanges it all the time, and the owner's fields below would go
+     * with it. */
+    PAD(0);
     _Atomic(struct node *) subq;
+    PAD(1);
     _Atomic uint64_t added, dropped; /* only their sums over all mean much */
     _Atomic bool owned;
     /* The owner's: */
@@ -275,7 +285,7 @@ struct prod {
     uint32_t fr_next, fr_end; /* never-used indexes [fr_next, fr_end) */
     tw_task_fn last_fn;       /* the last function and its entry */
     uint32_t last_fidx;
-    PAD(0);
+    PAD(2);
 };
 
 /* The side record of a periodic task (tw__arg of its node). */
@@ -305,6 +315,9 @@ struct tw_service {
         void *execute_ctx;
         uint32_t nexec;
         bool lazy; /* TW_SERVICE_LAZY_CLOCK */
+        bool hot;  /* tw_schedule() may take schedule_hot(): no slack, no
+                      lazy clock, no max_pending, the built-in
+                      CLOCK_MONOTONIC (its TSC estimate) */
         tw_wheel_config wcfg;
     } cfg;
 
@@ -333,8 +346,11 @@ struct tw_service {
     /* The timer thread. */
     struct {
         _Atomic uint64_t sleep_until; /* tick; 0 while awake */
-        _Atomic bool sleep_long;      /* asleep for more than a tick */
-        _Atomic bool in_task; /* lazy only: the timer thread runs a task */
+        /* A request due (relative ns) before this wakes the thread: the
+         * first ns of tick sleep_until - 1, plus 1; 0 while awake. */
+        _Atomic uint64_t wake_ns;
+        _Atomic bool sleep_long; /* asleep for more than a tick */
+        _Atomic bool in_task;    /* lazy only: the timer thread runs a task */
         PAD(0);
         pthread_mutex_t mu;
         pthread_cond_t cv;
@@ -384,6 +400,8 @@ struct tw_service {
 };
 
 #define NEVER UINT64_MAX /* deadline tick of a task that never runs */
+/* tw__pprev of a QUEUED node whose tw__expires is a deadline in ns. */
+#define QUEUED_NS ((tw_timer **)UINTPTR_MAX)
 #define STOPPED_BIT (UINT64_C(1) << 63)
 
 /* ------------------------------------------------------------------------ */
@@ -439,16 +457,18 @@ static inline struct node *node_of_timer(tw_timer *t)
     return t ? TW_CONTAINER_OF(t, struct node, t) : NULL;
 }
 
-/* The node @id names, with its current state, or NULL. */
+/* The node @id names, with its current state, or NULL. A node whose
+ * generation differs from the id's is not the id's task: every caller
+ * checks that, and a location other than FREE (a never-used node, the
+ * only one with generation 0, is FREE). */
 static inline struct node *node_lookup(const struct node_pool *p, tw_id id,
                                        uint64_t *st)
 {
-    uint32_t low = (uint32_t)id;
-    if (low == 0 || ST_GEN(id) == 0 ||
-        low > atomic_load_explicit(&((struct node_pool *)p)->fresh,
-                                   memory_order_acquire))
+    uint32_t idx = (uint32_t)id - 1; /* an id's low half 0: UINT32_MAX */
+    if (idx >= atomic_load_explicit(&((struct node_pool *)p)->fresh,
+                                    memory_order_acquire))
         return NULL;
-    struct node *n = node_at(p, low - 1);
+    struct node *n = node_at(p, idx);
     *st = atomic_load(&n->state);
     return n;
 }
