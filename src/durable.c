@@ -204,6 +204,13 @@ typedef struct jstore {
      * If keeping it up to date runs out of memory it is dropped, and the
      * next listing builds it again. */
     tw__dx *dx;
+    /* While @dx is being built (index_step()): keys whose hash modulo
+     * @dx_mod is below @dx_pos have been visited. */
+    bool dx_building;
+    size_t dx_mod, dx_pos;
+    /* tw_durable_scan() calls running: compaction waits for them (it
+     * would move records a scan has not read yet behind its position). */
+    unsigned scanning;
     /* The dead letters in key order (all at tick 0) for
      * tw_durable_list_dead(): NULL until its first call, as dx. */
     tw__dx *dxd;
@@ -559,6 +566,7 @@ static void index_drop(jstore *s)
 {
     tw__dx_free(s->dx);
     s->dx = NULL;
+    s->dx_building = false;
 }
 
 /* Node @n leaves the key table (or is about to move). */
@@ -786,6 +794,27 @@ static void prefetch_keys(jstore *s, const tw_durable_item *items, size_t n)
     for (size_t i = 0; i < n; i++)
         if (first[i] && hlink(first[i]))
             __builtin_prefetch(hnode(s, hlink(first[i])));
+}
+
+/* The same for the keys of @n (<= RECS_AHEAD) records, @stride bytes
+ * apart from @r: replay and scan look up one record's key after the
+ * other, each a miss in a large table unless asked for ahead. */
+#define RECS_AHEAD 16
+static void prefetch_recs(jstore *s, const jr_rec *r, size_t n, size_t stride)
+{
+    if (s->nbuckets < 4096)
+        return;
+    hnd *b[RECS_AHEAD];
+    for (size_t i = 0; i < n; i++) {
+        const jr_rec *x = (const jr_rec *)((const char *)r + i * stride);
+        b[i] = hbucket(s, hkey(s->seed, x->key, x->key_len));
+        __builtin_prefetch(b[i]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct dnode *first = hnode(s, *b[i]);
+        if (first)
+            __builtin_prefetch(first);
+    }
 }
 
 /* Stage @it's CANCEL record, the @k-th of its group (state in @st[k]; the
@@ -1273,10 +1302,67 @@ static int table_index(jstore *s, tw__dx **x, bool dead)
     return 0;
 }
 
-/* The ordered index of pending timers, from the key table. */
-static int index_build(jstore *s)
+/*
+ * The ordered index is built in steps (mutex held for each; listings
+ * let go of it between steps, so schedules and firing go on while a
+ * large index is built). From the first step on, the index is kept up to
+ * date like a built one (rearm(), index_out()), so a key changed before
+ * the walk reaches it is in already and the walk skips it (tw__dx_has()).
+ * The walk goes by classes of hash modulo @dx_mod, the size of the
+ * smaller table when it began: both tables' sizes stay multiples of it as
+ * the table grows, so a key's class never changes and every key that was
+ * in the table when the walk began is in the buckets of its class,
+ * whichever table holds it.
+ */
+#define INDEX_STEP_BUCKETS 512u
+
+#ifdef TW_TEST_HOOKS
+void (*tw__durable_index_hook)(struct tw_durable *d);
+#endif
+
+static int index_add(jstore *s, struct dnode *n)
 {
-    return table_index(s, &s->dx, false);
+    if (n->fl & DN_DEAD) /* dead letters are in dxd, not here */
+        return 0;
+    uint64_t t = tw_timer_expires(&n->tm);
+    if (tw__dx_has(s->dx, t, (uintptr_t)n))
+        return 0;
+    return tw__dx_insert(s->dx, t, (uintptr_t)n);
+}
+
+/* One step of the walk; 0 (dx_building cleared when done) or TW_ENOMEM
+ * (the index dropped). */
+static int index_step(jstore *s)
+{
+    if (!s->dx) {
+        s->dx = tw__dx_new(index_key, s, s->seed);
+        if (!s->dx)
+            return TW_ENOMEM;
+        s->dx_building = true;
+        s->dx_mod = s->old ? s->nold : s->nbuckets;
+        s->dx_pos = 0;
+    }
+    if (s->nbuckets < s->dx_mod) { /* never shrinks once open; if it did */
+        s->dx_mod = s->nbuckets;
+        s->dx_pos = 0; /* again: index_add() skips what is in */
+    }
+    size_t per = s->nbuckets / s->dx_mod + (s->old ? s->nold / s->dx_mod : 0);
+    size_t classes = INDEX_STEP_BUCKETS / per ? INDEX_STEP_BUCKETS / per : 1;
+    for (; classes && s->dx_pos < s->dx_mod; classes--, s->dx_pos++)
+        for (int t = 0; t < 2; t++) {
+            const uint32_t *b = t ? s->old : s->buckets;
+            size_t nb = t ? s->nold : s->nbuckets;
+            for (size_t i = s->dx_pos; b && i < nb; i += s->dx_mod)
+                for (struct dnode *n = hnode(s, b[i]); n;
+                     n = hnode(s, hlink(n)))
+                    if (index_add(s, n) != 0) {
+                        index_drop(s);
+                        return TW_ENOMEM;
+                    }
+        }
+    if (s->dx_pos == s->dx_mod)
+        s->dx_building = false;
+    return 0;
 }
 
 /* WAITING or DUE: due by the wall clock, or its delivery has begun. */
@@ -1318,6 +1404,27 @@ static int j_get(tw_durable *d, const void *key, size_t key_len,
     return rc;
 }
 
+/* Let go of the store's lock after holding it since @t0 (monotonic ns),
+ * and leave it free at least that long: a loop of listings (or of the
+ * index build's steps) would take it again at once, before a thread woken
+ * by the unlock (the store's, about to fire) can run and take it, and
+ * firing would wait behind page after page. So a listing loop holds the
+ * lock at most about half of the time, and a waiter gets it within one
+ * page. */
+static void list_unlock(jstore *s, uint64_t t0)
+{
+    uint64_t held = tw__clock_ns(CLOCK_MONOTONIC) - t0;
+    pthread_mutex_unlock(&s->mu);
+    if (held < 20000) { /* short: a yield is enough */
+        sched_yield();
+        return;
+    }
+    if (held > 10000000)
+        held = 10000000;
+    struct timespec ts = {0, (long)held};
+    nanosleep(&ts, NULL);
+}
+
 static int j_list(tw_durable *d, const struct tw__list_req *q,
                   tw_durable_entry *out, bool *end)
 {
@@ -1325,8 +1432,22 @@ static int j_list(tw_durable *d, const struct tw__list_req *q,
     size_t used = 0, n = 0;
     int rc = 0;
     pthread_mutex_lock(&s->mu);
-    if (!s->dx)
-        rc = index_build(s);
+    uint64_t t0 = tw__clock_ns(CLOCK_MONOTONIC);
+    while (!rc && (!s->dx || s->dx_building)) {
+        rc = index_step(s);
+        if (!rc && s->dx_building) {
+            /* Let schedules and the store's thread in between steps. */
+            list_unlock(s, t0);
+#ifdef TW_TEST_HOOKS
+            if (tw__durable_index_hook)
+                tw__durable_index_hook(d);
+#endif
+            pthread_mutex_lock(&s->mu);
+            t0 = tw__clock_ns(CLOCK_MONOTONIC);
+            if (atomic_load(&s->base.closing))
+                rc = TW_ESHUTDOWN;
+        }
+    }
     if (!rc) {
         tw__dx_iter it;
         tw__dx_seek(&it, s->dx, q->from, q->key, q->key_len, q->after);
@@ -1347,12 +1468,170 @@ static int j_list(tw_durable *d, const struct tw__list_req *q,
             n++;
         }
     }
-    pthread_mutex_unlock(&s->mu);
-    /* A loop of listings would take the lock again at once, before the
-     * store's thread (woken by the unlock, but not yet running) can:
-     * firing would wait behind page after page. Let it run first. */
-    sched_yield();
+    list_unlock(s, t0);
     return rc ? rc : (int)n;
+}
+
+/* tw_durable_scan(): the segments are read in blocks without the lock
+ * (records are never changed once written, and a dup() of the segment's
+ * descriptor keeps even a deleted file readable); under the lock, once a
+ * block, each SCHED record is looked up: it is handed over when its key's
+ * node still points at it (the key's current version). The scan ends at
+ * the journal's end as it was when the call began. */
+#define SCAN_BLOCK (1u << 20)
+#define SCAN_HITS 4096u
+
+struct scan_hit {
+    jr_rec rec;
+    uint32_t attempt, state;
+    bool live;
+};
+
+struct scan_ctx {
+    jstore *s;
+    tw_durable_scan_fn fn;
+    void *arg;
+    uint32_t no; /* the segment being read */
+    struct scan_hit *hits;
+    size_t nhits;
+    long count;
+    int stop; /* non-zero: what the scan returns */
+};
+
+/* Check the hits under the lock, then hand the live ones to the caller. */
+static void scan_flush(struct scan_ctx *c)
+{
+    jstore *s = c->s;
+    pthread_mutex_lock(&s->mu);
+    int64_t now = wall(s);
+    for (size_t i = 0; i < c->nhits; i++) {
+        struct scan_hit *h = &c->hits[i];
+        if (i % RECS_AHEAD == 0)
+            prefetch_recs(s, &h->rec,
+                          c->nhits - i < RECS_AHEAD ? c->nhits - i : RECS_AHEAD,
+                          sizeof *h);
+        struct dnode *n = hat(s, hfind(s, h->rec.key, h->rec.key_len));
+        h->live = n && n->seg == c->no && n->off == h->rec.off;
+        if (h->live && (n->fl & DN_DEAD)) { /* as tw_durable_get() says */
+            h->attempt = h->rec.attempt;
+            h->state = TW_DURABLE_DEAD;
+        } else if (h->live) {
+            h->attempt = attempt_sum(h->rec.attempt, (n->fl & DN_FIRES) + 1u);
+            h->state = node_state(n, now);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < c->nhits && !c->stop; i++) {
+        const struct scan_hit *h = &c->hits[i];
+        if (!h->live)
+            continue;
+        tw_durable_scanned t = {.key = h->rec.key,
+                                .key_len = h->rec.key_len,
+                                .payload = h->rec.payload,
+                                .payload_len = h->rec.payload_len,
+                                .due_ms = h->rec.due_ms,
+                                .attempt = h->attempt,
+                                .state = h->state};
+        c->count++;
+        int r = c->fn(c->arg, &t);
+        if (r)
+            c->stop = r < 0 ? r : 1;
+    }
+    c->nhits = 0;
+}
+
+/* The SCHED records of bytes [@pos, @end) of the segment open as @fd
+ * (checksum seed @seed), block by block into @buf (@cap bytes). */
+static int scan_segment(struct scan_ctx *c, int fd, uint32_t seed, uint64_t pos,
+                        uint64_t end, unsigned char *buf, size_t cap)
+{
+    while (pos < end && !c->stop) {
+        size_t want = end - pos < cap ? (size_t)(end - pos) : cap;
+        if (pread(fd, buf, want, (off_t)pos) != (ssize_t)want)
+            return TW_EIO;
+        size_t off = 0;
+        while (off + JR_REC_HDR <= want) {
+            const unsigned char *h = buf + off;
+            uint32_t len = (uint32_t)h[4] | (uint32_t)h[5] << 8 |
+                           (uint32_t)h[6] << 16 | (uint32_t)h[7] << 24;
+            if (len > JR_MAX_BODY)
+                return TW_EIO;
+            size_t size = JR_REC_HDR + (size_t)len;
+            if (off + size > want)
+                break; /* the next block begins with it */
+            jr_rec r;
+            if (tw__jr_decode(h, size, (uint32_t)(pos + off), seed, &r) != size)
+                return TW_EIO;
+            if (r.type == JR_SCHED || r.type == JR_DEAD) {
+                c->hits[c->nhits++] = (struct scan_hit){.rec = r};
+                if (c->nhits == SCAN_HITS)
+                    scan_flush(c);
+            }
+            off += size;
+        }
+        scan_flush(c); /* before @buf is read into again */
+        if (off == 0)
+            return TW_EIO; /* a record cut short by the end */
+        pos += off;
+    }
+    return 0;
+}
+
+static long j_scan(tw_durable *d, tw_durable_scan_fn fn, void *arg)
+{
+    jstore *s = (jstore *)d;
+    size_t cap = SCAN_BLOCK + JR_REC_HDR + JR_MAX_BODY; /* any record fits */
+    struct scan_ctx c = {.s = s, .fn = fn, .arg = arg};
+    unsigned char *buf = tw__malloc(cap);
+    c.hits = tw__malloc(SCAN_HITS * sizeof *c.hits);
+    if (!buf || !c.hits) {
+        tw__free(buf);
+        tw__free(c.hits);
+        return TW_ENOMEM;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->scanning++;
+    uint32_t next = 0, end_no = 0;
+    uint64_t end_off = 0;
+    if (s->w.nseg) {
+        next = s->w.segs[0].no;
+        end_no = s->w.segs[s->w.nseg - 1].no;
+        end_off = s->w.segs[s->w.nseg - 1].size;
+    }
+    size_t nseg = s->w.nseg;
+    pthread_mutex_unlock(&s->mu);
+    int rc = 0;
+    while (nseg && !rc && !c.stop) {
+        pthread_mutex_lock(&s->mu);
+        const jr_seg *g = NULL;
+        for (size_t i = 0; i < s->w.nseg && !g; i++)
+            if (s->w.segs[i].no >= next && s->w.segs[i].no <= end_no)
+                g = &s->w.segs[i];
+        int fd = g ? fcntl(g->fd, F_DUPFD_CLOEXEC, 0) : -1;
+        uint32_t seed = g ? g->seed : 0;
+        uint64_t size = g ? (g->no == end_no ? end_off : g->size) : 0;
+        c.no = g ? g->no : 0;
+        pthread_mutex_unlock(&s->mu);
+        if (!g)
+            break;
+        if (fd < 0) {
+            rc = TW_EIO;
+            break;
+        }
+        rc = scan_segment(&c, fd, seed, JR_SEG_HDR, size, buf, cap);
+        close(fd);
+        if (c.no == end_no)
+            break;
+        next = c.no + 1;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->scanning--;
+    pthread_mutex_unlock(&s->mu);
+    tw__free(buf);
+    tw__free(c.hits);
+    if (rc)
+        return rc;
+    return c.stop < 0 ? c.stop : c.count;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1463,7 +1742,7 @@ static int j_touch(tw_durable *d, const void *key, size_t key_len)
 static bool need_compact(jstore *s)
 {
     jr_writer *w = &s->w;
-    if (w->nseg < 2 || atomic_load(&w->inflight))
+    if (w->nseg < 2 || atomic_load(&w->inflight) || s->scanning)
         return false;
     if (w->segs[0].live == 0)
         return true;
@@ -1741,6 +2020,7 @@ static const struct tw_durable_ops journal_ops = {
     .stats = j_stats,
     .get = j_get,
     .list = j_list,
+    .scan = j_scan,
     .schedule_many = j_schedule_many,
     .cancel_many = j_cancel_many,
     .dead_op = j_dead_op,
@@ -1777,11 +2057,12 @@ struct replay_ctx {
     jstore *s;
     uint32_t no;
     uint64_t sched;
+    jr_rec batch[RECS_AHEAD]; /* records read, not yet applied */
+    size_t nbatch;
 };
 
-static int replay_one(void *arg, const jr_rec *r)
+static int replay_apply(struct replay_ctx *c, const jr_rec *r)
 {
-    struct replay_ctx *c = arg;
     jstore *s = c->s;
     if ((r->type == JR_SCHED || r->type == JR_DEAD) && hreserve(s) != 0)
         return TW_ENOMEM;
@@ -1821,6 +2102,27 @@ static int replay_one(void *arg, const jr_rec *r)
         break;
     }
     return 0;
+}
+
+/* Apply the records batched so far, in order, their keys asked for
+ * ahead. */
+static int replay_flush(struct replay_ctx *c)
+{
+    prefetch_recs(c->s, c->batch, c->nbatch, sizeof c->batch[0]);
+    int rc = 0;
+    for (size_t i = 0; i < c->nbatch && !rc; i++)
+        rc = replay_apply(c, &c->batch[i]);
+    c->nbatch = 0;
+    return rc;
+}
+
+/* tw__jr_scan()'s callback: records point into the segment's buffer,
+ * which outlives the scan, so they are applied RECS_AHEAD at a time. */
+static int replay_one(void *arg, const jr_rec *r)
+{
+    struct replay_ctx *c = arg;
+    c->batch[c->nbatch++] = *r;
+    return c->nbatch == RECS_AHEAD ? replay_flush(c) : 0;
 }
 
 static int cmp_u32(const void *a, const void *b)
@@ -2026,6 +2328,9 @@ static int replay_segment(jstore *s, const tw_durable_config *cfg,
     size_t end = f->size;
     rc = tw__jr_scan(f->buf, f->size, f->seed, f->last,
                      cfg->flags & TW_DURABLE_REPAIR, replay_one, &c, &end);
+    int frc = replay_flush(&c); /* the records before any damage */
+    if (rc >= 0 && frc)
+        rc = frc;
     if (rc == TW_EIO)
         errmsg(cfg, "%s/%s offset %zu: corrupt record", cfg->dir, f->name, end);
     if (rc < 0)

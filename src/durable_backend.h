@@ -73,6 +73,8 @@ struct tw_durable_ops {
      * negative error. */
     int (*list)(tw_durable *d, const struct tw__list_req *q,
                 tw_durable_entry *out, bool *end);
+    /* tw_durable_scan() (@fn non-NULL). */
+    long (*scan)(tw_durable *d, tw_durable_scan_fn fn, void *arg);
     /* Dead letters (src/durable_dead.c checks the arguments and refuses
      * changes of a read-only store): tw_durable_rearm() at @due_ms, or
      * tw_durable_dead_delete() when @del; tw_durable_list_dead() with

@@ -190,6 +190,20 @@ int tw__dx_insert(tw__dx *x, uint64_t tick, uintptr_t h)
     return 0;
 }
 
+bool tw__dx_has(const tw__dx *x, uint64_t tick, uintptr_t h)
+{
+    const unsigned char *k;
+    size_t kl;
+    x->key(x->ctx, h, &k, &kl);
+    for (uint32_t t = x->root; t;) {
+        int c = cmp_key(x, tick, k, kl, t);
+        if (c == 0)
+            return N(x, t)->h == h;
+        t = c < 0 ? N(x, t)->l : N(x, t)->r;
+    }
+    return false;
+}
+
 static uint32_t erase(tw__dx *x, uint32_t t, uint64_t tick,
                       const unsigned char *k, size_t kl, uintptr_t h,
                       bool *found)

@@ -30,6 +30,9 @@ void tw__dx_free(tw__dx *x);
 /* Add handle @h at @tick. 0 or TW_ENOMEM (nothing changed). */
 int tw__dx_insert(tw__dx *x, uint64_t tick, uintptr_t h);
 
+/* Whether handle @h is in at @tick. */
+bool tw__dx_has(const tw__dx *x, uint64_t tick, uintptr_t h);
+
 /* Remove handle @h if it is in at @tick; returns whether it was. */
 bool tw__dx_erase(tw__dx *x, uint64_t tick, uintptr_t h);
 

@@ -79,3 +79,12 @@ int tw_durable_list(tw_durable *d, int64_t from_ms, int64_t to_ms,
     cur->done = q.from >= q.to || end;
     return n;
 }
+
+long tw_durable_scan(tw_durable *d, tw_durable_scan_fn fn, void *arg)
+{
+    if (!d || !fn)
+        return TW_EINVAL;
+    if (refused(d))
+        return TW_ESHUTDOWN;
+    return d->ops->scan ? d->ops->scan(d, fn, arg) : TW_EINVAL;
+}

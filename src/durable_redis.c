@@ -2883,6 +2883,115 @@ static int rd_list_dead(tw_durable *base, const struct tw__list_req *q,
     return rc ? rc : (int)n;
 }
 
+/* tw_durable_scan(): HSCAN of every shard's :p, the shards that have more
+ * in one pipelined round trip at a time, by a read-only script that also
+ * says which keys are dead letters (in :x). Values that are not what this
+ * library writes are skipped (a CLAIM sets them aside).
+ * SCAN KEYS: p x; ARGV: cursor. {cursor, {key, value, dead 0/1, ...}}. */
+#define SCAN_COUNT "1000"
+static const char scan_script[] =
+    "local r=redis.call('HSCAN',KEYS[1],ARGV[1],'COUNT'," SCAN_COUNT ")\n"
+    "local out={}\n"
+    "for i=1,#r[2],2 do\n"
+    " out[#out+1]=r[2][i]\n"
+    " out[#out+1]=r[2][i+1]\n"
+    " out[#out+1]=redis.call('ZSCORE',KEYS[2],r[2][i]) and 1 or 0\n"
+    "end\n"
+    "return {r[1],out}\n";
+
+static long rd_scan(tw_durable *base, tw_durable_scan_fn fn, void *arg)
+{
+    struct rd *d = (struct rd *)base;
+    size_t ns = d->shards;
+    tw__rc_cmd *cmds = tw__calloc(ns, sizeof *cmds);
+    const char **argv = tw__malloc(ns * 6 * sizeof *argv);
+    size_t *len = tw__malloc(ns * 6 * sizeof *len);
+    char(*cur)[24] = tw__calloc(ns, sizeof *cur);
+    uint32_t *shard = tw__malloc(ns * sizeof *shard);
+    long count = 0;
+    int rc = cmds && argv && len && cur && shard ? 0 : TW_ENOMEM;
+    size_t active = ns;
+    for (size_t i = 0; i < ns && !rc; i++) {
+        cur[i][0] = '0';
+        shard[i] = (uint32_t)i;
+    }
+    while (!rc && active) {
+        for (size_t i = 0; i < active; i++) {
+            const char **a = argv + 6 * i;
+            size_t *l = len + 6 * i, sh = shard[i];
+            a[0] = "EVAL";
+            l[0] = 4;
+            a[1] = scan_script;
+            l[1] = sizeof scan_script - 1;
+            a[2] = "2";
+            l[2] = 1;
+            a[3] = d->sk[sh].name[1]; /* :p */
+            l[3] = d->sk[sh].len[1];
+            a[4] = d->sk[sh].name[5]; /* :x */
+            l[4] = d->sk[sh].len[5];
+            a[5] = cur[sh];
+            l[5] = strlen(cur[sh]);
+            cmds[i] = (tw__rc_cmd){6, a, l, d->sk[sh].slot, NULL, 0};
+        }
+        rc = tw__rc_exec(d->rc, cmds, active);
+        int64_t now = rd_wall(d);
+        size_t still = 0;
+        for (size_t i = 0; i < active && !rc; i++) {
+            const redisReply *r = cmds[i].reply;
+            if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+                r->element[0]->type != REDIS_REPLY_STRING ||
+                r->element[0]->len >= sizeof cur[0] ||
+                r->element[1]->type != REDIS_REPLY_ARRAY ||
+                r->element[1]->elements % 3) {
+                rc = TW_EIO;
+                break;
+            }
+            const redisReply *f = r->element[1];
+            for (size_t j = 0; j < f->elements && !rc; j += 3) {
+                const redisReply *k = f->element[j], *v = f->element[j + 1];
+                bool dead = f->element[j + 2]->type == REDIS_REPLY_INTEGER &&
+                            f->element[j + 2]->integer == 1;
+                struct pval pv;
+                if (k->type != REDIS_REPLY_STRING || !k->len ||
+                    k->len > TW_DURABLE_KEY_MAX ||
+                    v->type != REDIS_REPLY_STRING ||
+                    !parse_val(v->str, v->len, &pv))
+                    continue;
+                tw_durable_scanned t = {.key = k->str,
+                                        .key_len = k->len,
+                                        .payload = pv.payload,
+                                        .payload_len = pv.len,
+                                        .due_ms = pv.due,
+                                        .attempt = pv.attempt ? pv.attempt : 1,
+                                        .state = dead ? TW_DURABLE_DEAD
+                                                 : pv.due <= now
+                                                     ? TW_DURABLE_DUE
+                                                     : TW_DURABLE_WAITING};
+                count++;
+                int x = fn(arg, &t);
+                if (x)
+                    rc = x < 0 ? x : 1;
+            }
+            size_t sh = shard[i];
+            memcpy(cur[sh], r->element[0]->str, r->element[0]->len);
+            cur[sh][r->element[0]->len] = '\0';
+            if (strcmp(cur[sh], "0") != 0)
+                shard[still++] = (uint32_t)sh;
+        }
+        free_replies(cmds, active);
+        memset(cmds, 0, active * sizeof *cmds);
+        active = still;
+    }
+    tw__free(cmds);
+    tw__free(argv);
+    tw__free(len);
+    tw__free(cur);
+    tw__free(shard);
+    if (rc == 1)
+        return count;
+    return rc ? rc : count;
+}
+
 static const struct tw_durable_ops rd_ops = {
     .schedule = rd_schedule,
     .schedule_many = rd_schedule_many,
@@ -2892,6 +3001,7 @@ static const struct tw_durable_ops rd_ops = {
     .stats = rd_stats,
     .get = rd_get,
     .list = rd_list,
+    .scan = rd_scan,
     .dead_op = rd_dead_op,
     .list_dead = rd_list_dead,
     .touch = rd_touch,

@@ -93,6 +93,10 @@ extern void (*tw__service_sum_hook)(struct tw_service *s);
  * and takes the next submission. */
 extern void (*tw__service_lazy_hook)(struct tw_service *s, uint64_t id,
                                      uint64_t now);
+/* tw__durable_index_hook: a journal listing that builds the ordered index
+ * has let go of the store's lock between two steps of the build. */
+struct tw_durable;
+extern void (*tw__durable_index_hook)(struct tw_durable *d);
 #endif
 /* tw_schedule() of a one-shot task that keeps its pending slot while it
  * runs and takes over the slot of task @old (0: none; @old must be a task

@@ -1252,6 +1252,128 @@ static void test_list_extremes(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* tw_durable_scan: every timer once with its payload, due time, attempt
+ * and state; not the old version of a replaced key, nor a cancelled one;
+ * the callback may call the store (no lock held) and stop the scan. */
+struct scan_seen {
+    tw_durable *d;
+    int n, cancel_from, stop_at;
+    char key[16][16];
+    char pl[16][16];
+    int64_t due[16];
+    uint32_t attempt[16], state[16];
+};
+
+static int on_scan(void *arg, const tw_durable_scanned *t)
+{
+    struct scan_seen *c = arg;
+    ASSERT_LT(c->n, 16);
+    ASSERT_LT(t->key_len, sizeof c->key[0]);
+    ASSERT_LT(t->payload_len, sizeof c->pl[0]);
+    memcpy(c->key[c->n], t->key, t->key_len);
+    c->key[c->n][t->key_len] = '\0';
+    memcpy(c->pl[c->n], t->payload, t->payload_len);
+    c->pl[c->n][t->payload_len] = '\0';
+    c->due[c->n] = t->due_ms;
+    c->attempt[c->n] = t->attempt;
+    c->state[c->n] = t->state;
+    c->n++;
+    if (c->cancel_from && c->n >= c->cancel_from)
+        ASSERT_EQ(t->state == TW_DURABLE_DEAD
+                      ? tw_durable_dead_delete(c->d, t->key, t->key_len)
+                      : tw_durable_cancel(c->d, t->key, t->key_len),
+                  0);
+    return c->n == c->stop_at ? c->stop_at % 2 ? -5 : 1 : 0;
+}
+
+static int scan_find(const struct scan_seen *c, const char *key)
+{
+    int at = -1;
+    for (int i = 0; i < c->n; i++)
+        if (!strcmp(c->key[i], key)) {
+            ASSERT_EQ(at, -1); /* once */
+            at = i;
+        }
+    return at;
+}
+
+static void test_scan(void)
+{
+    tw_durable *d = open_new();
+    /* First a dead letter: the clock moves 50 ms at a time (with a pause
+     * of real time) until its delivery has made it one. */
+    tw_durable_info in;
+    ASSERT_EQ(sched(d, "s-dead", now_ms() + 10, "D"), 0);
+    for (int i = 0; i < WAIT_MS / 20; i++) {
+        if (get(d, "s-dead", &in, NULL, 0) == 0 && in.state == TW_DURABLE_DEAD)
+            break;
+        advance(50);
+        sleep_real_ms(20);
+    }
+    ASSERT_EQ(in.state, TW_DURABLE_DEAD);
+    int64_t t0 = now_ms();
+    ASSERT_EQ(sched(d, "s-a", t0 + 100000, "alpha"), 0);
+    ASSERT_EQ(sched(d, "s-b", t0 + 200000, ""), 0);
+    ASSERT_EQ(sched(d, "s-c", t0 + 300000, "old"), 0);
+    ASSERT_EQ(sched(d, "s-c", t0 + 400000, "new"), 0); /* replaced */
+    ASSERT_EQ(sched(d, "s-x", t0 + 100000, "gone"), 0);
+    ASSERT_EQ(cancel(d, "s-x"), 0);
+    ASSERT_EQ(sched(d, "s-r", t0 + 50, "R1000x1"), 0); /* retried once */
+    advance(50);
+    wait_count("s-r", 1);
+    for (int i = 0; i < WAIT_MS && stats(d).retried < 1; i++)
+        sleep_real_ms(1);
+    advance(150);
+    wait_get(d, "s-r", 2);
+    ASSERT_EQ(get(d, "s-dead", &in, NULL, 0), 0);
+    struct scan_seen c = {.d = d};
+    ASSERT_EQ(tw_durable_scan(d, on_scan, &c), 5);
+    ASSERT_EQ(c.n, 5);
+    int dl = scan_find(&c, "s-dead");
+    ASSERT(dl >= 0);
+    ASSERT_EQ(c.state[dl], TW_DURABLE_DEAD);
+    ASSERT_EQ(c.attempt[dl], in.attempt);
+    ASSERT_STR_EQ(c.pl[dl], "D");
+    int a = scan_find(&c, "s-a"), b = scan_find(&c, "s-b"),
+        cc = scan_find(&c, "s-c"), r = scan_find(&c, "s-r");
+    ASSERT(a >= 0 && b >= 0 && cc >= 0 && r >= 0);
+    ASSERT_EQ(scan_find(&c, "s-x"), -1);
+    ASSERT_STR_EQ(c.pl[a], "alpha");
+    ASSERT_EQ(c.due[a], t0 + 100000);
+    ASSERT_EQ(c.attempt[a], 1);
+    ASSERT_EQ(c.state[a], TW_DURABLE_WAITING);
+    ASSERT_STR_EQ(c.pl[b], "");
+    ASSERT_STR_EQ(c.pl[cc], "new");
+    ASSERT_EQ(c.due[cc], t0 + 400000);
+    ASSERT_STR_EQ(c.pl[r], "R1000x1");
+    ASSERT_EQ(c.attempt[r], 2);
+    ASSERT_EQ(get(d, "s-r", &in, NULL, 0), 0);
+    ASSERT_EQ(c.due[r], in.due_ms);
+    /* Stopping: a positive return gives the count so far, a negative one
+     * itself. */
+    c = (struct scan_seen){.d = d, .stop_at = 2};
+    ASSERT_EQ(tw_durable_scan(d, on_scan, &c), 2);
+    c = (struct scan_seen){.d = d, .stop_at = 1};
+    ASSERT_EQ(tw_durable_scan(d, on_scan, &c), -5);
+    ASSERT_EQ(tw_durable_scan(d, NULL, &c), TW_EINVAL);
+    ASSERT_EQ(tw_durable_scan(NULL, on_scan, &c), TW_EINVAL);
+    /* The same after a reopen. */
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = reopen();
+    c = (struct scan_seen){.d = d};
+    ASSERT_EQ(tw_durable_scan(d, on_scan, &c), 5);
+    ASSERT_STR_EQ(c.pl[scan_find(&c, "s-c")], "new");
+    ASSERT_EQ(c.state[scan_find(&c, "s-dead")], TW_DURABLE_DEAD);
+    /* The callback cancels what it is handed: the store is not locked. */
+    c = (struct scan_seen){.d = d, .cancel_from = 1};
+    ASSERT_EQ(tw_durable_scan(d, on_scan, &c), 5);
+    c = (struct scan_seen){.d = d};
+    ASSERT_EQ(tw_durable_scan(d, on_scan, &c), 0);
+    ASSERT_EQ(stats(d).pending, 0);
+    ASSERT_EQ(early, 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Retry policy, dead letters, touch. */
 
@@ -1630,6 +1752,7 @@ int tw_sem_run(const tw_sem_backend *b)
     RUN(test_metrics);
     RUN(test_readonly);
     RUN(test_list_extremes);
+    RUN(test_scan);
     RUN(test_dead_letters);
     RUN(test_backoff);
     RUN(test_touch);

@@ -61,6 +61,7 @@
 #define URGENT 1024u           /* priority below which a job is urgent */
 #define SAFETY_MS 1000         /* DEADLINE_SOON margin, as beanstalkd */
 #define ID_BLOCK 1024          /* ids issued per high-water-mark write */
+#define NODE_SHIFT 40          /* --node N: ids N * 2^40 + 1 ... (< 2^53) */
 
 enum jstate { J_READY, J_DELAYED, J_RESERVED, J_BURIED };
 static const char *const state_name[] = {"ready", "delayed", "reserved",
@@ -69,23 +70,34 @@ static const char *const state_name[] = {"ready", "delayed", "reserved",
 struct conn;
 struct tube;
 
+/*
+ * A job: 168 bytes on LP64, from job_alloc()'s chunks, and its body in a
+ * separate block. With a store (-b), the body of a delayed or buried job
+ * whose record the store holds is not kept in memory (job_evict()): it is
+ * read back from the store when the job becomes ready or is peeked at
+ * (job_load_body()). Bodies never change, so any record of the job the
+ * store holds has it. That is what a million delayed jobs cost: the
+ * store's key table and this struct, without the bodies.
+ */
 struct job {
     uint64_t id;
     uint32_t pri, ttr_s, delay_s;
-    int state;
+    uint32_t body_len;
+    uint8_t state;
+    bool soon_phase;   /* reserved: timer is at deadline - SAFETY_MS */
+    bool stored;       /* a store write of it succeeded */
+    uint8_t writes;    /* its store writes under way (saturating) */
+    uint32_t heap_idx; /* in the tube's ready heap */
     struct tube *tube;
     int64_t created_wall; /* Unix ms of the put */
     int64_t due_wall;     /* delayed: Unix ms it becomes ready */
     uint64_t deadline;    /* delayed/reserved: monotonic ms */
     tw_timer timer;       /* delay, or TTR (soon phase, then deadline) */
-    bool soon_phase;      /* reserved: timer is at deadline - SAFETY_MS */
     struct conn *reserver;
     struct job *l_next, *l_prev; /* tube's delayed/buried or conn's list */
-    size_t heap_idx;             /* in the tube's ready heap */
-    struct job *h_next;          /* id hash chain */
+    struct job *h_next;          /* id hash chain; job_alloc()'s free list */
     uint32_t reserves, timeouts, releases, buries, kicks;
-    uint32_t body_len;
-    char body[]; /* body_len bytes, then "\r\n" */
+    char *body; /* body_len bytes, then "\r\n"; NULL when evicted */
 };
 
 struct jlist {
@@ -163,6 +175,9 @@ static struct server {
     uint64_t job_timeouts, total_jobs, total_conns, cur_conns;
     uint64_t producers, workers, waiting;
     uint64_t counts[4]; /* jobs by state */
+    uint64_t bodies;    /* job bodies in memory (the rest are in the store) */
+    int mfd;            /* --metrics-port listener, or -1 */
+    unsigned nmconn;    /* its connections open */
     uint64_t started_mono;
     char server_id[17];
     struct utsname uts;
@@ -234,6 +249,40 @@ static void jl_remove(struct jlist *l, struct job *j)
     l->n--;
 }
 
+/* ---- job memory ---- */
+
+#define JOB_CHUNK 4096 /* jobs per allocation */
+
+static struct job *job_free_list;
+
+/* A zeroed job, from chunks of JOB_CHUNK that are kept until exit (no
+ * allocator header a job); NULL when out of memory. */
+static struct job *job_alloc(void)
+{
+    if (!job_free_list) {
+        struct job *chunk = malloc(JOB_CHUNK * sizeof(*chunk));
+        if (!chunk)
+            return NULL;
+        for (size_t i = 0; i < JOB_CHUNK; i++) {
+            chunk[i].h_next = job_free_list;
+            job_free_list = &chunk[i];
+        }
+    }
+    struct job *j = job_free_list;
+    job_free_list = j->h_next;
+    memset(j, 0, sizeof(*j));
+    return j;
+}
+
+static void job_release(struct job *j)
+{
+    g.bodies -= j->body != NULL;
+    free(j->body);
+    j->body = NULL;
+    j->h_next = job_free_list;
+    job_free_list = j;
+}
+
 /* ---- job table ---- */
 
 static size_t hash_id(uint64_t id, size_t cap)
@@ -274,6 +323,22 @@ static void job_table_insert(struct job *j)
     g.njobs++;
 }
 
+/* Room for @n jobs without a rehash (best effort: at start-up). */
+static void job_table_reserve(uint64_t n)
+{
+    size_t cap = g.jcap;
+    while (cap < n && cap < ((size_t)1 << 40))
+        cap *= 2;
+    if (cap == g.jcap || g.njobs)
+        return;
+    struct job **nt = calloc(cap, sizeof(*nt));
+    if (nt) {
+        free(g.jobs);
+        g.jobs = nt;
+        g.jcap = cap;
+    }
+}
+
 static void job_table_remove(struct job *j)
 {
     struct job **pp = &g.jobs[hash_id(j->id, g.jcap)];
@@ -293,7 +358,7 @@ static bool job_less(const struct job *a, const struct job *b)
 static void heap_set(struct tube *t, size_t i, struct job *j)
 {
     t->heap[i] = j;
-    j->heap_idx = i;
+    j->heap_idx = (uint32_t)i;
 }
 
 static void heap_up(struct tube *t, size_t i)
@@ -534,7 +599,7 @@ static void conn_close(struct conn *c)
         job_make_ready(j);
     }
     if (c->put_job) {
-        free(c->put_job);
+        job_release(c->put_job);
         c->put_job = NULL;
     }
     if (c->use) {
@@ -677,7 +742,7 @@ static void job_free(struct job *j)
 {
     struct tube *t = j->tube;
     job_table_remove(j);
-    free(j);
+    job_release(j);
     tube_maybe_free(t);
 }
 
@@ -730,6 +795,8 @@ static struct tbd_write *job_write(struct job *j, int stored_state,
 {
     struct tbd_write *w = write_new(TBD_W_SCHED, c);
     w->key_len = (size_t)snprintf(w->key, sizeof(w->key), "j%" PRIu64, j->id);
+    if (j->writes < UINT8_MAX)
+        j->writes++;
     size_t n = REC_HEAD + j->tube->name_len + j->body_len;
     unsigned char *p = xmalloc(n), *q = p;
     *q++ = REC_JOB;
@@ -797,6 +864,15 @@ static void store_delete(struct conn *c, uint64_t id, const char *text)
     submit(c, w, text);
 }
 
+/* The store key of this server's high-water mark of ids: "m", or with
+ * --node N > 0 "m<N>" (each server its own). */
+static size_t mark_key(char *buf, size_t len)
+{
+    if (g.opt->node == 0)
+        return (size_t)snprintf(buf, len, "m");
+    return (size_t)snprintf(buf, len, "m%" PRIu32, g.opt->node);
+}
+
 /* Issues the next job id; raises the stored high-water mark first. */
 static uint64_t next_job_id(void)
 {
@@ -804,8 +880,7 @@ static uint64_t next_job_id(void)
     if (id > g.id_mark && g.store) {
         g.id_mark = id + ID_BLOCK;
         struct tbd_write *w = write_new(TBD_W_SCHED, NULL);
-        w->key[0] = 'm';
-        w->key_len = 1;
+        w->key_len = mark_key(w->key, sizeof(w->key));
         unsigned char *p = xmalloc(10), *q = p;
         *q++ = REC_MARK;
         *q++ = REC_VERSION;
@@ -817,6 +892,78 @@ static uint64_t next_job_id(void)
     return id;
 }
 
+/* The id of store key "j<id>", or 0. */
+static uint64_t key_id(const char *key, size_t len)
+{
+    uint64_t id = 0;
+    for (size_t i = 1; i < len; i++)
+        id = id * 10 + (uint64_t)(key[i] - '0');
+    return len > 1 && key[0] == 'j' ? id : 0;
+}
+
+/* Drops @j's body from memory when the store holds it and nothing here
+ * needs it: a delayed or buried job with no write under way. */
+static void job_evict(struct job *j)
+{
+    if (g.store && j->stored && j->writes == 0 && j->body &&
+        (j->state == J_DELAYED || j->state == J_BURIED)) {
+        free(j->body);
+        j->body = NULL;
+        g.bodies--;
+    }
+}
+
+/* A job record @w came back from the store. */
+static void job_written(struct tbd_write *w)
+{
+    struct job *j = job_find(key_id(w->key, w->key_len));
+    if (!j)
+        return; /* deleted meanwhile */
+    if (j->writes > 0 && j->writes < UINT8_MAX)
+        j->writes--;
+    j->stored |= w->result == 0;
+    job_evict(j);
+}
+
+/* The body of @j, read back from the store, into a new block (body_len
+ * bytes and "\r\n"); NULL, logged, when the store does not have it. */
+static char *body_from_store(const struct job *j)
+{
+    char key[24];
+    size_t kl = (size_t)snprintf(key, sizeof(key), "j%" PRIu64, j->id);
+    size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + (size_t)j->body_len, len = 0;
+    unsigned char *p = malloc(cap);
+    char *body = malloc((size_t)j->body_len + 2);
+    int rc =
+        p && body ? tbd_store_get(g.store, key, kl, p, cap, &len) : TW_ENOMEM;
+    size_t off =
+        rc == 0 && len >= REC_HEAD ? REC_HEAD - 4 + p[REC_HEAD - 5] : 0;
+    if (rc == 0 && (off + 4 + j->body_len != len || len > cap ||
+                    get_u32(p + off) != j->body_len))
+        rc = TW_EIO;
+    if (rc == 0) {
+        memcpy(body, p + off + 4, j->body_len);
+        memcpy(body + j->body_len, "\r\n", 2);
+    } else {
+        logv(0, "job %" PRIu64 ": cannot read its body back: %s", j->id,
+             tw_strerror(rc));
+        free(body);
+        body = NULL;
+    }
+    free(p);
+    return body;
+}
+
+/* Makes sure @j's body is in memory; false (logged) if it cannot be. */
+static bool job_load_body(struct job *j)
+{
+    if (!j->body) {
+        j->body = body_from_store(j);
+        g.bodies += j->body != NULL;
+    }
+    return j->body != NULL;
+}
+
 static void store_completions(struct tbd_write *w)
 {
     while (w) {
@@ -825,6 +972,8 @@ static void store_completions(struct tbd_write *w)
         if (w->result != 0)
             logv(0, "store write %.*s failed: %s", (int)w->key_len, w->key,
                  tw_strerror(w->result));
+        if (w->kind == TBD_W_SCHED && w->key[0] == 'j')
+            job_written(w);
         if (c) {
             struct out *o = (struct out *)(uintptr_t)w->tag;
             if (o) {
@@ -875,8 +1024,15 @@ static void waiting_remove(struct conn *c)
 
 static void reply_job(struct conn *c, const char *word, struct job *j)
 {
+    /* A peek at a delayed or buried job whose body is in the store. */
+    char *tmp = j->body ? NULL : body_from_store(j);
+    if (!j->body && !tmp) {
+        reply(c, "INTERNAL_ERROR\r\n");
+        return;
+    }
     replyf(c, "%s %" PRIu64 " %u\r\n", word, j->id, j->body_len);
-    reply_raw(c, j->body, (size_t)j->body_len + 2);
+    reply_raw(c, j->body ? j->body : tmp, (size_t)j->body_len + 2);
+    free(tmp);
 }
 
 /* Starts (or restarts) @j's TTR: first the DEADLINE_SOON point, then
@@ -955,6 +1111,10 @@ static void job_timer_fn(tw_timer *tm, void *arg)
     struct job *j = arg;
     uint64_t now = tw_wheel_now(g.wheel);
     if (j->state == J_DELAYED) {
+        if (!job_load_body(j)) { /* the store failed: try again later */
+            tw_wheel_add(g.wheel, &j->timer, now + 1000);
+            return;
+        }
         jl_remove(&j->tube->delayed, j);
         g.counts[J_DELAYED]--;
         job_make_ready(j);
@@ -1050,7 +1210,7 @@ static void put_finish(struct conn *c)
     c->put_job = NULL;
     c->in_state = IN_LINE;
     if (memcmp(j->body + j->body_len, "\r\n", 2) != 0) {
-        free(j);
+        job_release(j);
         reply(c, "EXPECTED_CRLF\r\n");
         return;
     }
@@ -1084,8 +1244,11 @@ static void cmd_put(struct conn *c, const struct tbd_cmd *cmd)
                                                          : "DRAINING\r\n";
         return;
     }
-    struct job *j = calloc(1, sizeof(*j) + cmd->bytes + 2);
-    if (!j) {
+    struct job *j = job_alloc();
+    char *body = j ? malloc(cmd->bytes + 2) : NULL;
+    if (j && !body)
+        job_release(j);
+    if (!body) {
         c->in_state = IN_SKIP;
         c->skip_left = cmd->bytes + 2;
         c->skip_reply = "OUT_OF_MEMORY\r\n";
@@ -1095,6 +1258,8 @@ static void cmd_put(struct conn *c, const struct tbd_cmd *cmd)
     j->delay_s = cmd->delay;
     j->ttr_s = cmd->ttr ? cmd->ttr : 1;
     j->body_len = (uint32_t)cmd->bytes;
+    j->body = body;
+    g.bodies++;
     tw_timer_init(&j->timer, job_timer_fn, j);
     c->put_job = j;
     c->body_got = 0;
@@ -1279,11 +1444,14 @@ static void cmd_list(struct conn *c, int op)
 }
 
 /* Kicks @j (buried or delayed) to ready; stores it. */
-static void kick_one(struct job *j)
+static bool kick_one(struct job *j)
 {
+    if (!job_load_body(j))
+        return false;
     job_unlink(j);
     j->kicks++;
     job_make_ready(j);
+    return true;
 }
 
 static void run_command(struct conn *c, const struct tbd_cmd *cmd)
@@ -1436,7 +1604,8 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
         struct tbd_write *last = NULL;
         while (k < cmd->bound && l->head) {
             j = l->head;
-            kick_one(j);
+            if (!kick_one(j))
+                break; /* its body could not be read back (logged) */
             k++;
             if (g.store) {
                 /* Each write but the last goes at once; the reply waits
@@ -1460,7 +1629,10 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
             reply(c, "NOT_FOUND\r\n");
             break;
         }
-        kick_one(j);
+        if (!kick_one(j)) {
+            reply(c, "INTERNAL_ERROR\r\n");
+            break;
+        }
         store_job(c, j, "KICKED\r\n");
         break;
     case TBD_STATS_JOB:
@@ -1709,7 +1881,7 @@ static void conn_accept(void)
 /* ---- recovery ---- */
 
 struct recover_ctx {
-    uint64_t max_id, mark, jobs, bad;
+    uint64_t max_id, mark, jobs, bad, others;
     int64_t now_wall;
     uint64_t now_mono;
 };
@@ -1719,9 +1891,17 @@ static void recover_one(void *arg, const char *key, size_t key_len,
 {
     struct recover_ctx *r = arg;
     const unsigned char *p = payload;
-    if (key_len == 1 && key[0] == 'm') {
-        if (n >= 10 && p[0] == REC_MARK && get_u64(p + 2) > r->mark)
+    if (key_len && key[0] == 'm') {
+        char mk[24];
+        size_t ml = mark_key(mk, sizeof(mk));
+        if (key_len == ml && !memcmp(key, mk, ml) && n >= 10 &&
+            p[0] == REC_MARK && get_u64(p + 2) > r->mark)
             r->mark = get_u64(p + 2);
+        return;
+    }
+    /* Another server's job (--node): not this one's to serve. */
+    if (key_id(key, key_len) >> NODE_SHIFT != g.opt->node) {
+        r->others++;
         return;
     }
     if (n < REC_HEAD || p[0] != REC_JOB || p[1] != REC_VERSION) {
@@ -1754,8 +1934,11 @@ static void recover_one(void *arg, const char *key, size_t key_len,
         return;
     }
     struct tube *t = tube_get(tname, tl);
-    struct job *j = calloc(1, sizeof(*j) + bl + 2);
-    if (!t || !j) {
+    struct job *j = job_alloc();
+    /* Delayed and buried jobs leave their bodies in the store. */
+    bool cold = state == J_BURIED || (state == J_DELAYED && due > r->now_wall);
+    char *body = cold || !j ? NULL : malloc((size_t)bl + 2);
+    if (!t || !j || (!cold && !body)) {
         fputs("twheeld: out of memory during recovery\n", stderr);
         exit(1);
     }
@@ -1771,8 +1954,13 @@ static void recover_one(void *arg, const char *key, size_t key_len,
     j->buries = cnt[3];
     j->kicks = cnt[4];
     j->body_len = bl;
-    memcpy(j->body, q, bl);
-    memcpy(j->body + bl, "\r\n", 2);
+    j->stored = true;
+    if (body) {
+        memcpy(body, q, bl);
+        memcpy(body + bl, "\r\n", 2);
+        j->body = body;
+        g.bodies++;
+    }
     j->tube = t;
     tw_timer_init(&j->timer, job_timer_fn, j);
     job_table_insert(j);
@@ -1790,6 +1978,193 @@ static void recover_one(void *arg, const char *key, size_t key_len,
     if (id > r->max_id)
         r->max_id = id;
     r->jobs++;
+}
+
+/* ---- /metrics (--metrics-port) ---- */
+
+/*
+ * A minimal HTTP/1.x endpoint on the event loop: one request per
+ * connection (GET /metrics, the Prometheus text format 0.0.4), then the
+ * connection is closed. At most MCONN_MAX connections at once (more are
+ * closed at accept), each closed after MCONN_MS whatever it has sent, a
+ * request of more than MCONN_IN bytes answered 431: a scraper that stalls
+ * or floods costs a bounded buffer and never blocks the loop.
+ */
+#define MCONN_MAX 16
+#define MCONN_MS 5000
+#define MCONN_IN 2048
+
+struct mconn {
+    int fd;
+    tw_timer timer;
+    size_t in_len, out_len, out_off;
+    char *out;
+    char in[MCONN_IN];
+};
+
+static void mconn_close(struct mconn *m)
+{
+    tw_wheel_cancel(g.wheel, &m->timer);
+    close(m->fd);
+    free(m->out);
+    free(m);
+    g.nmconn--;
+}
+
+/* Its time is up: the next event (a hang-up now) closes it; not freed
+ * here, as this iteration's events may still name it. */
+static void mconn_timeout(tw_timer *t, void *arg)
+{
+    (void)t;
+    shutdown(((struct mconn *)arg)->fd, SHUT_RDWR);
+}
+
+/* twheeld's counters, then the store's (tw_durable_metrics()). */
+static char *metrics_text(size_t *len)
+{
+    size_t n, cap;
+    char *b;
+    yaml_begin(&b, &n, &cap); /* a growing text, as for the YAML replies */
+    yaml_add(&b, &n, &cap,
+             "# HELP twheeld_jobs Jobs by state.\n# TYPE twheeld_jobs gauge\n");
+    for (int i = 0; i < 4; i++)
+        yaml_add(&b, &n, &cap, "twheeld_jobs{state=\"%s\"} %" PRIu64 "\n",
+                 state_name[i], g.counts[i]);
+    yaml_add(&b, &n, &cap,
+             "# HELP twheeld_bodies_in_memory Job bodies held in memory (the "
+             "other jobs' bodies are read from the store when needed).\n"
+             "# TYPE twheeld_bodies_in_memory gauge\n"
+             "twheeld_bodies_in_memory %" PRIu64 "\n",
+             g.bodies);
+    yaml_add(&b, &n, &cap,
+             "# HELP twheeld_jobs_total Jobs put since start.\n"
+             "# TYPE twheeld_jobs_total counter\ntwheeld_jobs_total %" PRIu64
+             "\n# HELP twheeld_job_timeouts_total Reserved jobs whose TTR ran "
+             "out.\n# TYPE twheeld_job_timeouts_total counter\n"
+             "twheeld_job_timeouts_total %" PRIu64 "\n",
+             g.total_jobs, g.job_timeouts);
+    yaml_add(&b, &n, &cap,
+             "# HELP twheeld_connections Open client connections.\n"
+             "# TYPE twheeld_connections gauge\ntwheeld_connections %" PRIu64
+             "\n# HELP twheeld_connections_total Client connections accepted.\n"
+             "# TYPE twheeld_connections_total counter\n"
+             "twheeld_connections_total %" PRIu64 "\n",
+             g.cur_conns, g.total_conns);
+    yaml_add(&b, &n, &cap,
+             "# HELP twheeld_commands_total Commands by name.\n"
+             "# TYPE twheeld_commands_total counter\n");
+    for (int op = 0; op < TBD_OP_COUNT; op++)
+        yaml_add(&b, &n, &cap,
+                 "twheeld_commands_total{cmd=\"%s\"} %" PRIu64 "\n",
+                 tbd_op_name(op), g.cmd[op]);
+    if (g.store) {
+        uint64_t written, batches, jbytes;
+        tbd_store_counts(g.store, &written, &batches, &jbytes);
+        yaml_add(&b, &n, &cap,
+                 "# HELP twheeld_store_writes_total Job records written to the "
+                 "store.\n# TYPE twheeld_store_writes_total counter\n"
+                 "twheeld_store_writes_total %" PRIu64
+                 "\n# HELP twheeld_store_batches_total Batches they were "
+                 "written in.\n# TYPE twheeld_store_batches_total counter\n"
+                 "twheeld_store_batches_total %" PRIu64 "\n",
+                 written, batches);
+        long k = tbd_store_metrics(g.store, b + n, cap - n);
+        if (k >= 0 && (size_t)k >= cap - n) {
+            cap = n + (size_t)k + 1;
+            b = realloc(b, cap);
+            if (!b)
+                abort();
+            k = tbd_store_metrics(g.store, b + n, cap - n);
+        }
+        if (k >= 0 && (size_t)k < cap - n)
+            n += (size_t)k;
+    }
+    *len = n;
+    return b;
+}
+
+/* Answers the request in m->in (complete or too long). */
+static void mconn_answer(struct mconn *m, bool too_long)
+{
+    const char *status = "200 OK";
+    size_t blen = 0;
+    char *body = NULL;
+    if (too_long) {
+        status = "431 Request Header Fields Too Large";
+    } else if (!strncmp(m->in, "GET /metrics ", 13) ||
+               !strncmp(m->in, "GET /metrics?", 13)) {
+        body = metrics_text(&blen);
+    } else if (!strncmp(m->in, "GET ", 4) || !strncmp(m->in, "HEAD ", 5)) {
+        status = "404 Not Found";
+    } else {
+        status = "405 Method Not Allowed";
+    }
+    char head[256];
+    int hl = snprintf(head, sizeof(head),
+                      "HTTP/1.1 %s\r\nContent-Type: text/plain; "
+                      "version=0.0.4; charset=utf-8\r\nContent-Length: "
+                      "%zu\r\nConnection: close\r\n\r\n",
+                      status, blen);
+    m->out = xmalloc((size_t)hl + blen);
+    memcpy(m->out, head, (size_t)hl);
+    if (blen)
+        memcpy(m->out + hl, body, blen);
+    free(body);
+    m->out_len = (size_t)hl + blen;
+    m->out_off = 0;
+    struct epoll_event e = {.events = EPOLLOUT,
+                            .data.ptr = (void *)((uintptr_t)m | 1u)};
+    epoll_ctl(g.ep, EPOLL_CTL_MOD, m->fd, &e);
+}
+
+static void mconn_event(struct mconn *m, uint32_t events)
+{
+    if (!m->out) {
+        ssize_t r = read(m->fd, m->in + m->in_len, MCONN_IN - 1 - m->in_len);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+            mconn_close(m);
+            return;
+        }
+        if (r > 0)
+            m->in_len += (size_t)r;
+        m->in[m->in_len] = '\0';
+        if (strstr(m->in, "\r\n\r\n") || strstr(m->in, "\n\n"))
+            mconn_answer(m, false);
+        else if (m->in_len == MCONN_IN - 1)
+            mconn_answer(m, true);
+        return;
+    }
+    if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
+        return;
+    ssize_t w = write(m->fd, m->out + m->out_off, m->out_len - m->out_off);
+    if (w < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    if (w > 0)
+        m->out_off += (size_t)w;
+    if (w <= 0 || m->out_off == m->out_len)
+        mconn_close(m);
+}
+
+static void metrics_accept(void)
+{
+    for (;;) {
+        int fd = accept4(g.mfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return;
+        struct mconn *m = g.nmconn < MCONN_MAX ? calloc(1, sizeof(*m)) : NULL;
+        if (!m) {
+            close(fd);
+            continue;
+        }
+        m->fd = fd;
+        g.nmconn++;
+        tw_timer_init(&m->timer, mconn_timeout, m);
+        tw_wheel_add(g.wheel, &m->timer, tw_wheel_now(g.wheel) + MCONN_MS);
+        struct epoll_event e = {.events = EPOLLIN,
+                                .data.ptr = (void *)((uintptr_t)m | 1u)};
+        if (epoll_ctl(g.ep, EPOLL_CTL_ADD, fd, &e) != 0)
+            mconn_close(m);
+    }
 }
 
 /* ---- main loop ---- */
@@ -1828,9 +2203,9 @@ static int listen_on(const char *addr, int port)
     return fd;
 }
 
-static void report_port(int fd)
+static void report_port(int fd, int port_fd)
 {
-    if (g.opt->port_fd < 0)
+    if (port_fd < 0)
         return;
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
@@ -1841,8 +2216,8 @@ static void report_port(int fd)
         else if (ss.ss_family == AF_INET6)
             port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
     }
-    dprintf(g.opt->port_fd, "%d\n", port);
-    close(g.opt->port_fd);
+    dprintf(port_fd, "%d\n", port);
+    close(port_fd);
 }
 
 int tbd_serve(const struct tbd_options *opt)
@@ -1878,33 +2253,38 @@ int tbd_serve(const struct tbd_options *opt)
         return 1;
     }
     g.default_tube = tube_get("default", 7);
-    g.next_id = 1;
+    g.next_id = ((uint64_t)opt->node << NODE_SHIFT) + 1;
+    g.id_mark = g.next_id - 1;
 
-    if (opt->dir) {
+    if (opt->dir || opt->redis) {
+        const char *where = opt->dir ? opt->dir : opt->redis;
         char err[256] = "";
-        int rc =
-            tbd_store_open(&g.store, opt->dir, opt->fsync_ms, err, sizeof(err));
+        int rc = tbd_store_open(&g.store, opt->dir, opt->redis, opt->redis_ns,
+                                opt->fsync_ms, err, sizeof(err));
         if (rc != 0) {
-            fprintf(stderr, "twheeld: cannot open %s: %s%s%s\n", opt->dir,
+            fprintf(stderr, "twheeld: cannot open %s: %s%s%s\n", where,
                     tw_strerror(rc), err[0] ? ": " : "", err);
             return 1;
         }
         struct recover_ctx r = {.now_wall = wall_ms(), .now_mono = mono_ms()};
         uint64_t t0 = mono_ms();
+        job_table_reserve(tbd_store_keys(g.store));
         long n = tbd_store_recover(g.store, recover_one, &r);
         if (n < 0) {
             fprintf(stderr, "twheeld: cannot read the jobs back from %s: %s\n",
-                    opt->dir, tw_strerror((int)n));
+                    where, tw_strerror((int)n));
             tbd_store_close(g.store);
-            /* 3: this library has no listing call (tests skip on it). */
-            return n == TW_EINVAL ? 3 : 1;
+            return 1;
         }
-        g.id_mark = r.mark > r.max_id ? r.mark : r.max_id;
+        if (r.mark > g.id_mark)
+            g.id_mark = r.mark;
+        if (r.max_id > g.id_mark)
+            g.id_mark = r.max_id;
         g.next_id = g.id_mark + 1;
         logv(1,
              "%s: %" PRIu64 " jobs recovered in %" PRIu64 " ms (%" PRIu64
-             " unreadable), next id %" PRIu64,
-             opt->dir, r.jobs, mono_ms() - t0, r.bad, g.next_id);
+             " unreadable, %" PRIu64 " of other nodes), next id %" PRIu64,
+             where, r.jobs, mono_ms() - t0, r.bad, r.others, g.next_id);
     }
 
     g.lfd = listen_on(opt->addr, opt->port);
@@ -1912,13 +2292,27 @@ int tbd_serve(const struct tbd_options *opt)
         tbd_store_close(g.store);
         return 1;
     }
-    report_port(g.lfd);
+    g.mfd = -1;
+    if (opt->metrics_port >= 0) {
+        g.mfd = listen_on(opt->addr, opt->metrics_port);
+        if (g.mfd < 0) {
+            close(g.lfd);
+            tbd_store_close(g.store);
+            return 1;
+        }
+        report_port(g.mfd, opt->metrics_port_fd);
+    }
+    report_port(g.lfd, opt->port_fd);
 
     g.sfd = signalfd(-1, &ss, SFD_NONBLOCK | SFD_CLOEXEC);
     g.ep = epoll_create1(EPOLL_CLOEXEC);
-    static int tag_listen, tag_signal, tag_store;
+    static int tag_listen, tag_signal, tag_store, tag_metrics;
     struct epoll_event e = {.events = EPOLLIN, .data.ptr = &tag_listen};
     epoll_ctl(g.ep, EPOLL_CTL_ADD, g.lfd, &e);
+    if (g.mfd >= 0) {
+        e.data.ptr = &tag_metrics;
+        epoll_ctl(g.ep, EPOLL_CTL_ADD, g.mfd, &e);
+    }
     e.data.ptr = &tag_signal;
     epoll_ctl(g.ep, EPOLL_CTL_ADD, g.sfd, &e);
     if (g.store) {
@@ -1946,6 +2340,11 @@ int tbd_serve(const struct tbd_options *opt)
             void *p = evs[i].data.ptr;
             if (p == &tag_listen) {
                 conn_accept();
+            } else if (p == &tag_metrics) {
+                metrics_accept();
+            } else if ((uintptr_t)p & 1u) {
+                mconn_event((struct mconn *)((uintptr_t)p & ~(uintptr_t)1),
+                            evs[i].events);
             } else if (p == &tag_signal) {
                 struct signalfd_siginfo si;
                 while (read(g.sfd, &si, sizeof(si)) == sizeof(si)) {
@@ -1985,6 +2384,8 @@ int tbd_serve(const struct tbd_options *opt)
     }
     logv(0, "shutting down");
     close(g.lfd);
+    if (g.mfd >= 0)
+        close(g.mfd);
     /* Flush the store: every acknowledged write stays. */
     tbd_store_close(g.store);
     return 0;

@@ -11,10 +11,15 @@ struct tbd_options {
     const char *addr;      /* -l: listen address (NULL = 0.0.0.0) */
     int port;              /* -p */
     const char *dir;       /* -b: journal directory, NULL = memory only */
+    const char *redis;     /* --redis: the store on Redis (not with -b) */
+    const char *redis_ns;  /* --namespace (NULL = the library's "tw") */
+    uint32_t node;         /* --node: this server's share of job ids */
     int fsync_ms;          /* -f MS (0 = every write), -1 with -F */
     uint32_t max_job_size; /* -z */
     int verbose;           /* -V count */
     int port_fd;           /* test aid: write the bound port there, or -1 */
+    int metrics_port;      /* --metrics-port: HTTP /metrics, -1 = none */
+    int metrics_port_fd;   /* test aid: its bound port goes there, or -1 */
 };
 
 /* Runs the server until SIGINT/SIGTERM. Returns the process exit code. */

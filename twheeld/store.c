@@ -19,9 +19,10 @@
  * the store unless its callback asks for a retry, and a retry moves its
  * due time: a ready or buried job would then have to live at some future
  * due time, invisible to a restarted server until that time comes. The
- * store's listing call (tw_durable_list() with tw_durable_get()) reads
- * every key at start-up whatever its due time, so the due time carries no
- * meaning and the job state lives in the payload alone.
+ * store's scan (tw_durable_scan(): on the journal one sequential read of
+ * its segments) hands every key back at start-up whatever its due time,
+ * so the due time carries no meaning and the job state lives in the
+ * payload alone.
  *
  * Writes. With -f 0 the event loop never blocks on the store: it queues
  * writes to one writer thread, which takes everything queued, writes runs of
@@ -154,15 +155,19 @@ static void *writer(void *arg)
     return NULL;
 }
 
-int tbd_store_open(struct tbd_store **out, const char *dir, int fsync_ms,
-                   char *err, size_t err_len)
+int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
+                   const char *ns, int fsync_ms, char *err, size_t err_len)
 {
     struct tbd_store *s = calloc(1, sizeof(*s));
     if (!s)
         return TW_ENOMEM;
     tw_durable_config cfg = {
         .dir = dir, .fire = store_fire, .errbuf = err, .errbuf_len = err_len};
-    if (fsync_ms == 0) {
+    if (!dir) {
+        cfg.redis = redis;
+        cfg.redis_namespace = ns;
+        fsync_ms = 0; /* the writer thread: a write is a round trip */
+    } else if (fsync_ms == 0) {
         cfg.sync = TW_DURABLE_SYNC_GROUP;
     } else if (fsync_ms > 0) {
         cfg.sync = TW_DURABLE_SYNC_INTERVAL;
@@ -203,58 +208,47 @@ int tbd_store_open(struct tbd_store **out, const char *dir, int fsync_ms,
     return 0;
 }
 
+struct recover_fn {
+    void (*fn)(void *arg, const char *key, size_t key_len, const void *p,
+               size_t n);
+    void *arg;
+};
+
+static int recover_one(void *arg, const tw_durable_scanned *t)
+{
+    struct recover_fn *r = arg;
+    r->fn(r->arg, t->key, t->key_len, t->payload, t->payload_len);
+    return 0;
+}
+
 long tbd_store_recover(struct tbd_store *s,
                        void (*fn)(void *arg, const char *key, size_t key_len,
                                   const void *p, size_t n),
                        void *arg)
 {
-#ifdef TW_DURABLE_WAITING
-    static tw_durable_cursor cur; /* 1 KiB: off the stack; start-up only */
-    memset(&cur, 0, sizeof(cur));
-    enum { PAGE = 256 };
-    tw_durable_entry ents[PAGE];
-    size_t buf_len = TW_DURABLE_PAYLOAD_MAX;
-    char *keys = malloc((size_t)PAGE * TW_DURABLE_KEY_MAX);
-    char *buf = malloc(buf_len);
-    long total = 0;
-    if (!keys || !buf) {
-        free(keys);
-        free(buf);
-        return TW_ENOMEM;
-    }
-    while (!cur.done) {
-        int n = tw_durable_list(s->d, 0, INT64_MAX, &cur, ents, PAGE, keys,
-                                (size_t)PAGE * TW_DURABLE_KEY_MAX);
-        if (n < 0) {
-            total = n;
-            break;
-        }
-        for (int i = 0; i < n; i++) {
-            tw_durable_info info;
-            int rc = tw_durable_get(s->d, ents[i].key, ents[i].key_len, &info,
-                                    buf, buf_len);
-            if (rc == TW_ENOENT)
-                continue;
-            if (rc != 0) {
-                free(keys);
-                free(buf);
-                return rc;
-            }
-            size_t plen =
-                info.payload_len < buf_len ? info.payload_len : buf_len;
-            fn(arg, ents[i].key, ents[i].key_len, buf, plen);
-            total++;
-        }
-    }
-    free(keys);
-    free(buf);
-    return total;
-#else
-    (void)s;
-    (void)fn;
-    (void)arg;
-    return TW_EINVAL;
-#endif
+    struct recover_fn r = {fn, arg};
+    return tw_durable_scan(s->d, recover_one, &r);
+}
+
+int tbd_store_get(struct tbd_store *s, const char *key, size_t key_len,
+                  void *buf, size_t len, size_t *plen)
+{
+    tw_durable_info in;
+    int rc = tw_durable_get(s->d, key, key_len, &in, buf, len);
+    if (rc == 0)
+        *plen = in.payload_len;
+    return rc;
+}
+
+long tbd_store_metrics(struct tbd_store *s, char *buf, size_t len)
+{
+    return tw_durable_metrics(s->d, NULL, 0, buf, len);
+}
+
+uint64_t tbd_store_keys(struct tbd_store *s)
+{
+    tw_durable_stats st;
+    return tw_durable_stats_get(s->d, &st) == 0 ? st.pending : 0;
 }
 
 bool tbd_store_pending_inline(struct tbd_store *s)

@@ -28,13 +28,15 @@ struct tbd_write {
 };
 
 /*
- * tbd_store_open - open the journal in @dir. @fsync_ms: 0 = fdatasync
- * before each acknowledgement (group commit), > 0 = at most that many ms
- * between a write and its fdatasync, < 0 = never. Returns 0 or a TW_E*
- * code with a message in @err.
+ * tbd_store_open - open the journal in @dir, or with @dir NULL the Redis
+ * namespace @ns (NULL: the library's default) at @redis. @fsync_ms (the
+ * journal): 0 = fdatasync before each acknowledgement (group commit),
+ * > 0 = at most that many ms between a write and its fdatasync, < 0 =
+ * never. On Redis writes always go through the writer thread (a write
+ * is a round trip). Returns 0 or a TW_E* code with a message in @err.
  */
-int tbd_store_open(struct tbd_store **out, const char *dir, int fsync_ms,
-                   char *err, size_t err_len);
+int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
+                   const char *ns, int fsync_ms, char *err, size_t err_len);
 
 /*
  * tbd_store_recover - call @fn once for every key the store holds, with
@@ -45,6 +47,22 @@ long tbd_store_recover(struct tbd_store *s,
                        void (*fn)(void *arg, const char *key, size_t key_len,
                                   const void *p, size_t n),
                        void *arg);
+
+/*
+ * tbd_store_get - the payload of @key into @buf (@len bytes), its full
+ * length into *@plen. Returns 0, TW_ENOENT or another TW_E* code. Any
+ * thread; on the event loop it waits for the store's lock (a batch being
+ * written, not an fdatasync).
+ */
+int tbd_store_get(struct tbd_store *s, const char *key, size_t key_len,
+                  void *buf, size_t len, size_t *plen);
+
+/* The store's own metrics (tw_durable_metrics()) into @buf, as
+ * snprintf(); negative TW_E* on error. */
+long tbd_store_metrics(struct tbd_store *s, char *buf, size_t len);
+
+/* How many keys the store holds (0 if it cannot tell). */
+uint64_t tbd_store_keys(struct tbd_store *s);
 
 /* True when writes run on the event loop (-f MS > 0, -F) and some wait. */
 bool tbd_store_pending_inline(struct tbd_store *s);

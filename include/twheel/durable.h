@@ -502,6 +502,53 @@ TW_EXTERN int tw_durable_list(tw_durable *d, int64_t from_ms, int64_t to_ms,
                               tw_durable_cursor *cur, tw_durable_entry *out,
                               size_t max, void *keybuf, size_t keybuf_len);
 
+/* One timer as tw_durable_scan() hands it over: valid during the call. */
+typedef struct tw_durable_scanned {
+    const void *key;     /* key_len bytes */
+    size_t key_len;      /* bytes of key */
+    const void *payload; /* payload_len bytes */
+    size_t payload_len;  /* bytes of payload */
+    int64_t due_ms;      /* its due time (Unix ms), as scheduled or retried */
+    uint32_t attempt;    /* as tw_durable_get() reports it */
+    uint32_t state;      /* TW_DURABLE_WAITING, _DUE or _DEAD */
+} tw_durable_scanned;
+
+/* Called by tw_durable_scan() for each timer: return 0 to go on, anything
+ * else to stop the scan. */
+typedef int (*tw_durable_scan_fn)(void *arg, const tw_durable_scanned *t);
+
+/*
+ * tw_durable_scan - hand every timer the store holds, with its payload,
+ * to @fn, in no particular order: what a program does at start-up to read
+ * its state back (tw_durable_list() plus one tw_durable_get() a key does
+ * the same in due order, at many times the cost). Dead letters are handed
+ * over too, with state TW_DURABLE_DEAD and the attempts they had, as
+ * tw_durable_get() reports them.
+ * @fn runs on the calling thread without any lock of the store held, so
+ * it may call the store (schedule, cancel, get...).
+ * Returns the number of timers handed to @fn; when @fn returns non-zero
+ * the scan stops and returns that value if it is negative, else the count
+ * so far (the stopping timer included). Errors: TW_EINVAL (NULL @d or
+ * @fn), TW_ESHUTDOWN, TW_EIO (a journal record could not be read back),
+ * TW_ECONN, TW_ENOMEM; @fn may have been called before an error.
+ *
+ * What a scan sees. A timer the store holds, unchanged, from the start of
+ * the call to its end is handed over exactly once (journal) or at least
+ * once (Redis: HSCAN may repeat an entry while its hash is resized).
+ * One scheduled, replaced, retried, cancelled or completed during the call
+ * is handed over at most once (journal: its version before the change, if
+ * the scan read it first) or, on Redis, as HSCAN finds it.
+ *
+ * Cost. Journal: one sequential read of the journal's segments in 1 MiB
+ * blocks, without the store's lock; the lock is taken once a block, to
+ * see which of its records are the keys' current versions (one hash
+ * look-up a record); compaction waits while a scan runs. Memory: one
+ * block. Redis: HSCAN of each shard's payload hash, 1,000 entries a
+ * round trip.
+ * Context: any thread, callbacks included.
+ */
+TW_EXTERN long tw_durable_scan(tw_durable *d, tw_durable_scan_fn fn, void *arg);
+
 /*
  * Retry policy and dead letters
  * -----------------------------

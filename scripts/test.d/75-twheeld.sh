@@ -4,12 +4,14 @@
 # a real beanstalkd (one session, 102 malformed lines), kill -9 under load
 # with -b, 10,000 idle connections and a client that never reads, and two
 # real clients (ruby-beaneater from Debian, jackd from npm) with the same
-# transcript on twheeld and beanstalkd. Needs scripts/deps.sh test; the npm
-# client goes to build/npm-clients (git-ignored). About a minute here.
+# transcript on twheeld and beanstalkd, /metrics parsed by prometheus_client,
+# two servers on one redis-server namespace with kill -9 of each. Needs
+# scripts/deps.sh test; the npm client goes to build/npm-clients
+# (git-ignored). About a minute here.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
-for tool in beanstalkd ruby node npm python3; do
+for tool in beanstalkd redis-server ruby node npm python3; do
   command -v "$tool" >/dev/null ||
     { echo "twheeld stage: $tool missing (scripts/deps.sh test)" >&2; exit 1; }
 done

@@ -12,13 +12,11 @@ Both with -f 0 and with -f 200.
 Usage: test_durable.py --twheeld PATH"""
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
 
-from bstk import (SKIP, Client, check, start_twheeld, tempdir, twheeld_path,
-                  yaml_map)
+from bstk import Client, check, start_twheeld, tempdir, yaml_map
 
 
 def put(c, body, pri=10, delay=0, ttr=60):
@@ -84,6 +82,79 @@ def states(d, fl):
     c.close()
     check(s.stop() == 0, "clean stop")
     print("states -f %s: ok" % fl)
+
+
+def bodies(d, fl):
+    """Delayed and buried jobs keep their bodies in the store only: every
+    way a body comes back (peek, peek-delayed, peek-buried, the delay
+    running out, kick, kick-job), before and after a restart, gives it
+    back byte for byte."""
+    s = start_twheeld("-b", d, "-f", fl)
+    c = Client(s.port)
+    c.cmd(b"use b\r\n")
+    c.cmd(b"watch b\r\n")
+    c.cmd(b"ignore default\r\n")
+    bd = {}
+
+    def body(k):
+        return (b"%s-" % k) + os.urandom(40).replace(b"\r\n", b"xx")
+
+    for k in (b"d-long", b"d-short", b"bury", b"kick", b"kickjob"):
+        bd[k] = body(k)
+    ids = {b"d-long": put(c, bd[b"d-long"], delay=3600),
+           b"d-short": put(c, bd[b"d-short"], delay=1)}
+    for k in (b"bury", b"kick", b"kickjob"):
+        ids[k] = put(c, bd[k], pri=20)
+        r = c.cmd(b"reserve-with-timeout 0\r\n")
+        check(r.startswith(b"RESERVED %d " % ids[k]), "reserve %r" % r)
+        check(c.cmd(b"bury %d 1\r\n" % ids[k]) == b"BURIED\r\n", "bury")
+
+    def found(cmd, k):
+        r = c.cmd(cmd)
+        want = b"FOUND %d %d\r\n%s\r\n" % (ids[k], len(bd[k]), bd[k])
+        check(r == want, "%r: %r, want %r" % (cmd, r, want))
+
+    for k in ids:
+        found(b"peek %d\r\n" % ids[k], k)
+    found(b"peek-buried\r\n", b"bury")
+    s.kill9()
+    s = start_twheeld("-b", d, "-f", fl)
+    c = Client(s.port)
+    c.cmd(b"use b\r\n")
+    c.cmd(b"watch b\r\n")
+    c.cmd(b"ignore default\r\n")
+    # d-short's delay (1 s) runs out: ready, with its body.
+    r = c.cmd(b"reserve-with-timeout 5\r\n")
+    check(r == b"RESERVED %d %d\r\n%s\r\n" % (ids[b"d-short"],
+                                               len(bd[b"d-short"]),
+                                               bd[b"d-short"]), "d-short")
+    check(c.cmd(b"delete %d\r\n" % ids[b"d-short"]) == b"DELETED\r\n", "del")
+    del ids[b"d-short"]
+    for k in ids:
+        found(b"peek %d\r\n" % ids[k], k)
+    found(b"peek-delayed\r\n", b"d-long")
+    found(b"peek-buried\r\n", b"bury")
+    check(c.cmd(b"kick-job %d\r\n" % ids[b"kickjob"]) == b"KICKED\r\n",
+          "kick-job")
+    check(c.cmd(b"kick 10\r\n") == b"KICKED 2\r\n", "kick")
+    got = set()
+    for _ in range(3):
+        r = c.cmd(b"reserve-with-timeout 0\r\n")
+        check(r.startswith(b"RESERVED "), "reserve %r" % r)
+        jid = int(r.split()[1])
+        k = [k for k in ids if ids[k] == jid][0]
+        check(r.endswith(b" %d\r\n%s\r\n" % (len(bd[k]), bd[k])),
+              "body of %r" % k)
+        got.add(k)
+    check(got == {b"bury", b"kick", b"kickjob"}, "kicked %r" % got)
+    # A delay that runs out while the server is up: a short one.
+    jid = put(c, b"soon", delay=1)
+    ids[b"soon"], bd[b"soon"] = jid, b"soon"
+    r = c.cmd(b"reserve-with-timeout 5\r\n")
+    check(r == b"RESERVED %d 4\r\nsoon\r\n" % jid, "soon: %r" % r)
+    c.close()
+    check(s.stop() == 0, "clean stop")
+    print("bodies -f %s: ok" % fl)
 
 
 class Load(threading.Thread):
@@ -169,20 +240,13 @@ def load(d, fl, conns=32, seconds=2.0):
 
 def main():
     d = tempdir()
-    # A library without tw_durable_list() cannot read jobs back: twheeld
-    # refuses -b with exit code 3 (else it fails later, on the bad address).
-    p = subprocess.run([twheeld_path(), "-b", os.path.join(d, "probe"), "-l",
-                        "256.0.0.1"],
-                       stderr=subprocess.DEVNULL, timeout=30)
-    if p.returncode == 3:
-        print("SKIP: this twheel has no tw_durable_list()")
-        return SKIP
     try:
         # -f 0: writes on the writer thread, replies after the fdatasync;
         # -f 200: writes on the event loop, replies after the write(2).
         # Both must survive kill -9 of the process.
         for f in ("0", "200"):
             states(os.path.join(d, "states" + f), f)
+            bodies(os.path.join(d, "bodies" + f), f)
             load(os.path.join(d, "load" + f), f)
     finally:
         shutil.rmtree(d, ignore_errors=True)
