@@ -994,8 +994,9 @@ static int j_stats(tw_durable *d, tw_durable_stats *out)
 /* ------------------------------------------------------------------------ */
 /* Firing. */
 
-/* The store whose thread is in advance_wheel(): nodes' arg slots hold the
- * key table's links, so on_due() finds its store here. */
+/* The store whose thread is in store_main()'s tw_wheel_advance(): nodes'
+ * arg slots hold the key table's links, so on_due() finds its store
+ * here. */
 static _Thread_local jstore *advancing;
 
 static void on_due(tw_timer *t, void *arg)

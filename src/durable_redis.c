@@ -1121,7 +1121,8 @@ static void grp_refresh(struct rd *d)
 
 /* One fire round: a round trip carrying the DONE calls of the completions
  * waiting in d->pend (one script call per shard) and the claim check of
- * the due timers (one HMGET of :t per shard); then the callbacks of the
+ * the due timers (per shard, a GET of its version key :v, or a ZMSCORE
+ * of :d for timers whose round was full); then the callbacks of the
  * timers still ours. Completions are sent in batches, at most
  * DONE_DELAY_MS after their callback returned. Firer thread. */
 struct fround {
