@@ -5,7 +5,7 @@
  *
  * Design
  * ------
- * One mutex orders everything: a call appends its record (journal.c) and
+ * One mutex orders everything: a call appends its record (journal.h) and
  * changes the in-memory index in the same critical section, so the journal's
  * order is the order of the changes; then it waits for group commit. A
  * schedule is a batch of one: a batch stages its records, writes them with
@@ -1026,11 +1026,9 @@ static struct delivery *read_record(jstore *s, struct dnode *n)
     unsigned char hdr[JR_REC_HDR];
     if (!g || pread(g->fd, hdr, sizeof hdr, n->off) != (ssize_t)sizeof hdr)
         return NULL;
-    uint32_t len = (uint32_t)hdr[4] | (uint32_t)hdr[5] << 8 |
-                   (uint32_t)hdr[6] << 16 | (uint32_t)hdr[7] << 24;
-    if (len > JR_MAX_BODY)
+    size_t size = tw__jr_hdr_size(hdr);
+    if (!size)
         return NULL;
-    size_t size = JR_REC_HDR + (size_t)len;
     struct delivery *dl = tw__malloc(sizeof *dl + size);
     if (!dl)
         return NULL;
@@ -1553,11 +1551,9 @@ static int scan_segment(struct scan_ctx *c, int fd, uint32_t seed, uint64_t pos,
         size_t off = 0;
         while (off + JR_REC_HDR <= want) {
             const unsigned char *h = buf + off;
-            uint32_t len = (uint32_t)h[4] | (uint32_t)h[5] << 8 |
-                           (uint32_t)h[6] << 16 | (uint32_t)h[7] << 24;
-            if (len > JR_MAX_BODY)
+            size_t size = tw__jr_hdr_size(h);
+            if (!size)
                 return TW_EIO;
-            size_t size = JR_REC_HDR + (size_t)len;
             if (off + size > want)
                 break; /* the next block begins with it */
             jr_rec r;
@@ -1686,13 +1682,11 @@ static int j_dead_op(tw_durable *d, const void *key, size_t key_len,
 static int64_t dead_due(jstore *s, const struct dnode *n)
 {
     jr_seg *g = tw__jr_seg(&s->w, n->seg);
-    unsigned char b[JR_REC_HDR + 8];
+    unsigned char b[JR_REC_HDR + JR_B_ATTEMPT];
     if (!g || pread(g->fd, b, sizeof b, n->off) != (ssize_t)sizeof b)
         return 0;
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | b[JR_REC_HDR + i];
-    return (int64_t)v > 0 ? (int64_t)v : 0;
+    int64_t v = (int64_t)tw__jr_get64(b + JR_REC_HDR + JR_B_DUE);
+    return v > 0 ? v : 0;
 }
 
 static int j_list_dead(tw_durable *d, const struct tw__list_req *q,
@@ -2148,10 +2142,8 @@ static int list_segments(jstore *s, uint32_t **out, size_t *n)
     int rc = 0;
     struct dirent *e;
     while ((e = readdir(dir)) != NULL) {
-        unsigned no;
-        char tail;
-        if (strlen(e->d_name) != 14 ||
-            sscanf(e->d_name, "%10u.tw%c", &no, &tail) != 2 || tail != 'j')
+        uint32_t no;
+        if (!tw__jr_seg_parse(e->d_name, &no))
             continue;
         if (cnt == cap) {
             cap = cap ? cap * 2 : 16;
@@ -2185,7 +2177,7 @@ static void presize_table(jstore *s, const uint32_t *nos, size_t cnt)
 {
     uint64_t old_bytes = 0;
     for (size_t i = 0; i < cnt; i++) {
-        char name[16];
+        char name[JR_SEG_NAME_MAX];
         struct stat st;
         tw__jr_seg_name(name, nos[i]);
         if (fstatat(s->dirfd, name, &st, 0) == 0)
@@ -2218,7 +2210,7 @@ struct seg_file {
     bool last;        /* the newest segment */
     bool legacy;      /* some segment read so far is in format 1 */
     unsigned version; /* the format of the segment read last */
-    char name[16];
+    char name[JR_SEG_NAME_MAX];
     int fd;
     size_t size;
     unsigned char *buf; /* reused from segment to segment */
@@ -2372,7 +2364,7 @@ static int replay_done(jstore *s, const tw_durable_config *cfg, bool damaged)
 /* The format version of segment @no's header, or 0. */
 static unsigned seg_version(jstore *s, uint32_t no)
 {
-    char name[16];
+    char name[JR_SEG_NAME_MAX];
     unsigned char hdr[JR_SEG_HDR];
     uint32_t seed;
     tw__jr_seg_name(name, no);
@@ -2407,7 +2399,7 @@ static int first_segment(jstore *s, const tw_durable_config *cfg,
         oldest = 1;
     size_t i = 0;
     for (; manifest && i < cnt && nos[i] < oldest; i++) {
-        char name[16];
+        char name[JR_SEG_NAME_MAX];
         tw__jr_seg_name(name, nos[i]);
         if (unlinkat(s->dirfd, name, 0) != 0)
             return TW_EIO;

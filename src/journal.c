@@ -124,43 +124,6 @@ uint32_t tw__crc32c(uint32_t crc, const void *buf, size_t n)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Little-endian fields. */
-
-static void put16(unsigned char *p, uint16_t v)
-{
-    p[0] = (unsigned char)v;
-    p[1] = (unsigned char)(v >> 8);
-}
-
-static void put32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static void put64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint16_t get16(const unsigned char *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static uint32_t get32(const unsigned char *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-           (uint32_t)p[3] << 24;
-}
-
-static uint64_t get64(const unsigned char *p)
-{
-    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
-
-/* ------------------------------------------------------------------------ */
 /* Records. */
 
 size_t tw__jr_encode(unsigned char *buf, uint32_t seed, int type,
@@ -169,23 +132,24 @@ size_t tw__jr_encode(unsigned char *buf, uint32_t seed, int type,
                      uint32_t synced)
 {
     size_t size = tw__jr_size(type, key_len, payload_len);
-    put32(buf + 4, (uint32_t)(size - JR_REC_HDR));
-    buf[8] = (unsigned char)type;
-    buf[9] = 0;
-    put16(buf + 10, (uint16_t)key_len);
-    put32(buf + 12, synced);
+    tw__jr_put32(buf + JR_RH_LEN, (uint32_t)(size - JR_REC_HDR));
+    buf[JR_RH_TYPE] = (unsigned char)type;
+    buf[JR_RH_PAD] = 0;
+    tw__jr_put16(buf + JR_RH_KEY_LEN, (uint16_t)key_len);
+    tw__jr_put32(buf + JR_RH_SYNCED, synced);
     unsigned char *p = buf + JR_REC_HDR;
     bool body = type == JR_SCHED || type == JR_DEAD;
     if (body) {
-        put64(p, (uint64_t)due_ms);
-        put32(p + 8, attempt);
-        put32(p + 12, (uint32_t)payload_len);
+        tw__jr_put64(p + JR_B_DUE, (uint64_t)due_ms);
+        tw__jr_put32(p + JR_B_ATTEMPT, attempt);
+        tw__jr_put32(p + JR_B_PAY_LEN, (uint32_t)payload_len);
         p += JR_SCHED_FIXED;
     }
     memcpy(p, key, key_len);
     if (body && payload_len)
         memcpy(p + key_len, payload, payload_len);
-    put32(buf, tw__crc32c(seed, buf + 4, size - 4));
+    tw__jr_put32(buf + JR_RH_CRC,
+                 tw__crc32c(seed, buf + JR_RH_LEN, size - JR_RH_LEN));
     return size;
 }
 
@@ -194,15 +158,16 @@ size_t tw__jr_decode(const unsigned char *p, size_t n, uint32_t off,
 {
     if (n < JR_REC_HDR)
         return 0;
-    uint32_t len = get32(p + 4);
-    uint8_t type = p[8];
-    uint16_t key_len = get16(p + 10);
-    if (len > JR_MAX_BODY || len > n - JR_REC_HDR || p[9] != 0 ||
+    uint32_t len = tw__jr_get32(p + JR_RH_LEN);
+    uint8_t type = p[JR_RH_TYPE];
+    uint16_t key_len = tw__jr_get16(p + JR_RH_KEY_LEN);
+    if (len > JR_MAX_BODY || len > n - JR_REC_HDR || p[JR_RH_PAD] != 0 ||
         key_len == 0 || key_len > TW_DURABLE_KEY_MAX)
         return 0;
     if (type == JR_SCHED || type == JR_DEAD) {
         if (len < JR_SCHED_FIXED + key_len ||
-            get32(p + JR_REC_HDR + 12) != len - JR_SCHED_FIXED - key_len)
+            tw__jr_get32(p + JR_REC_HDR + JR_B_PAY_LEN) !=
+                len - JR_SCHED_FIXED - key_len)
             return 0;
     } else if (type == JR_CANCEL || type == JR_DONE || type == JR_FIRE) {
         if (len != key_len)
@@ -211,18 +176,19 @@ size_t tw__jr_decode(const unsigned char *p, size_t n, uint32_t off,
         return 0;
     }
     size_t size = JR_REC_HDR + (size_t)len;
-    if (tw__crc32c(seed, p + 4, size - 4) != get32(p))
+    if (tw__crc32c(seed, p + JR_RH_LEN, size - JR_RH_LEN) !=
+        tw__jr_get32(p + JR_RH_CRC))
         return 0;
     out->off = off;
     out->size = (uint32_t)size;
     out->type = type;
-    out->synced = get32(p + 12);
+    out->synced = tw__jr_get32(p + JR_RH_SYNCED);
     out->key_len = key_len;
     const unsigned char *b = p + JR_REC_HDR;
     if (type == JR_SCHED || type == JR_DEAD) {
-        out->due_ms = (int64_t)get64(b);
-        out->attempt = get32(b + 8);
-        out->payload_len = get32(b + 12);
+        out->due_ms = (int64_t)tw__jr_get64(b + JR_B_DUE);
+        out->attempt = tw__jr_get32(b + JR_B_ATTEMPT);
+        out->payload_len = tw__jr_get32(b + JR_B_PAY_LEN);
         out->key = b + JR_SCHED_FIXED;
         out->payload = out->key + key_len;
     } else {
@@ -238,21 +204,22 @@ size_t tw__jr_decode(const unsigned char *p, size_t n, uint32_t off,
 uint32_t tw__jr_seed(uint64_t salt)
 {
     unsigned char b[8];
-    put64(b, salt);
+    tw__jr_put64(b, salt);
     return tw__crc32c(0, b, sizeof b);
 }
 
 unsigned tw__jr_seg_hdr_ok(const unsigned char *p, size_t n, uint32_t seg,
                            uint32_t *seed)
 {
-    if (n < JR_SEG_HDR || memcmp(p, "TWJOURN1", 8) != 0 ||
-        get32(p + 12) != seg || get32(p + 28) != tw__crc32c(0, p, 28))
+    if (n < JR_SEG_HDR || memcmp(p + JR_SH_MAGIC, JR_SEG_MAGIC, 8) != 0 ||
+        tw__jr_get32(p + JR_SH_NO) != seg ||
+        tw__jr_get32(p + JR_SH_CRC) != tw__crc32c(0, p, JR_SH_CRC))
         return 0;
-    uint32_t v = get32(p + 8);
-    if (v == JR_VERSION_1 && get64(p + 16) == 0)
+    uint32_t v = tw__jr_get32(p + JR_SH_VERSION);
+    if (v == JR_VERSION_1 && tw__jr_get64(p + JR_SH_SALT) == 0)
         *seed = 0; /* format 1: the records' checksums are unsalted */
     else if (v == JR_VERSION || v == JR_VERSION_3)
-        *seed = tw__jr_seed(get64(p + 16));
+        *seed = tw__jr_seed(tw__jr_get64(p + JR_SH_SALT));
     else
         return 0;
     return v;
@@ -261,11 +228,17 @@ unsigned tw__jr_seg_hdr_ok(const unsigned char *p, size_t n, uint32_t seg,
 void tw__jr_seg_hdr(unsigned char *p, uint32_t seg, uint64_t salt)
 {
     memset(p, 0, JR_SEG_HDR);
-    memcpy(p, "TWJOURN1", 8);
-    put32(p + 8, JR_VERSION);
-    put32(p + 12, seg);
-    put64(p + 16, salt);
-    put32(p + 28, tw__crc32c(0, p, 28));
+    memcpy(p + JR_SH_MAGIC, JR_SEG_MAGIC, 8);
+    tw__jr_put32(p + JR_SH_VERSION, JR_VERSION);
+    tw__jr_put32(p + JR_SH_NO, seg);
+    tw__jr_put64(p + JR_SH_SALT, salt);
+    tw__jr_put32(p + JR_SH_CRC, tw__crc32c(0, p, JR_SH_CRC));
+}
+
+void tw__jr_seg_hdr_v3(unsigned char *p)
+{
+    tw__jr_put32(p + JR_SH_VERSION, JR_VERSION_3);
+    tw__jr_put32(p + JR_SH_CRC, tw__crc32c(0, p, JR_SH_CRC));
 }
 
 uint64_t tw__jr_new_salt(void)
@@ -291,7 +264,7 @@ static size_t next_valid(const unsigned char *p, size_t n, uint32_t seed,
 {
     size_t o = from;
     while (o + JR_REC_HDR <= n) {
-        if (p[o + 4] == 0 && p[o + 5] == 0 && p[o + 6] == 0 && p[o + 7] == 0) {
+        if (tw__jr_get32(p + o + JR_RH_LEN) == 0) {
             size_t z = o + 8;
             while (z + 8 <= n) {
                 uint64_t v;
@@ -370,11 +343,6 @@ int tw__jr_scan(const unsigned char *p, size_t n, uint32_t seed, bool last,
 
 /* ------------------------------------------------------------------------ */
 /* Writer. */
-
-void tw__jr_seg_name(char *buf, uint32_t no)
-{
-    snprintf(buf, 16, "%010u.twj", no);
-}
 
 static int fault(int op)
 {
@@ -493,7 +461,7 @@ int tw__jr_new_segment(jr_writer *w, uint32_t no)
             w->synced = JR_LSN(cur->no, cur->size);
         pthread_mutex_unlock(&w->sync_mu);
     }
-    char name[16];
+    char name[JR_SEG_NAME_MAX];
     tw__jr_seg_name(name, no);
     int fd =
         openat(w->dirfd, name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -534,8 +502,7 @@ static int seg_v3(jr_seg *g)
     if (pread(g->fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr ||
         !tw__jr_seg_hdr_ok(hdr, sizeof hdr, g->no, &seed) || seed != g->seed)
         return TW_EIO;
-    put32(hdr + 8, JR_VERSION_3);
-    put32(hdr + 28, tw__crc32c(0, hdr, 28));
+    tw__jr_seg_hdr_v3(hdr);
     int rc = do_pwrite(g->fd, hdr, sizeof hdr, 0);
     if (!rc)
         g->version = JR_VERSION_3;
@@ -765,29 +732,29 @@ void tw__jr_writeback(jr_writer *w)
     pthread_mutex_unlock(&w->sync_mu);
 }
 
-#define MANIFEST_SIZE 16u
-
 int tw__jr_manifest_read(int dirfd, uint32_t *oldest)
 {
     int fd = openat(dirfd, "MANIFEST", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return errno == ENOENT ? TW_ENOENT : TW_EIO;
-    unsigned char b[MANIFEST_SIZE + 1];
+    unsigned char b[JR_MANIFEST_SIZE + 1];
     ssize_t got = pread(fd, b, sizeof b, 0);
     close(fd);
-    if (got != (ssize_t)MANIFEST_SIZE || memcmp(b, "TWMANIF1", 8) != 0 ||
-        get32(b + 12) != tw__crc32c(0, b, 12) || get32(b + 8) == 0)
+    if (got != (ssize_t)JR_MANIFEST_SIZE ||
+        memcmp(b, JR_MANIFEST_MAGIC, 8) != 0 ||
+        tw__jr_get32(b + JR_MF_CRC) != tw__crc32c(0, b, JR_MF_CRC) ||
+        tw__jr_get32(b + JR_MF_OLDEST) == 0)
         return TW_EIO;
-    *oldest = get32(b + 8);
+    *oldest = tw__jr_get32(b + JR_MF_OLDEST);
     return 0;
 }
 
 int tw__jr_manifest_write(int dirfd, uint32_t oldest)
 {
-    unsigned char b[MANIFEST_SIZE];
-    memcpy(b, "TWMANIF1", 8);
-    put32(b + 8, oldest);
-    put32(b + 12, tw__crc32c(0, b, 12));
+    unsigned char b[JR_MANIFEST_SIZE];
+    memcpy(b, JR_MANIFEST_MAGIC, 8);
+    tw__jr_put32(b + JR_MF_OLDEST, oldest);
+    tw__jr_put32(b + JR_MF_CRC, tw__crc32c(0, b, JR_MF_CRC));
     int fd = openat(dirfd, "MANIFEST.tmp",
                     O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
@@ -812,7 +779,7 @@ int tw__jr_drop_oldest(jr_writer *w)
     if (atomic_load(&w->inflight))
         return TW_EBUSY; /* a sync may still use an old fd */
     jr_seg s = w->segs[0];
-    char name[16];
+    char name[JR_SEG_NAME_MAX];
     tw__jr_seg_name(name, s.no);
     /* The manifest first: a crash between the two leaves a segment older
      * than it says, which the next open deletes; the other order would

@@ -4,63 +4,7 @@
  * checksummed records in one directory, appended under the store's mutex
  * and made durable by group commit.
  *
- * Segment file "NNNNNNNNNN.twj" (its number in decimal), format 2 or 3
- * (below):
- *
- *   header (32 bytes): "TWJOURN1" | u32 version (2, 3) | u32 segment number |
- *                      u64 salt | u32 0 | u32 crc32c of bytes 0..27
- *   records, back to back, none split across segments:
- *
- *   0   u32 crc32c of the segment's salt (8 bytes) then bytes 4 .. 16 + len
- *   4   u32 len        bytes after this 16-byte header
- *   8   u8  type       JR_SCHED, JR_CANCEL, JR_DONE, JR_FIRE, JR_DEAD
- *   9   u8  0
- *   10  u16 key_len    1 .. TW_DURABLE_KEY_MAX
- *   12  u32 synced     this segment was durable up to this offset when the
- *                      record was written (tells a torn tail from damage)
- *   16  SCHED, DEAD: i64 due_ms | u32 attempt | u32 payload_len | key |
- *       payload
- *       others: key
- *
- * All integers little-endian. Nothing here knows about keys' meaning.
- *
- * Why a salt. A payload is user data of up to 1 MiB and may hold anything,
- * the bytes of a journal record included (copied from another journal, or
- * written on purpose). The reader looks for valid records past a bad one
- * (to tell a torn tail from damage, and to skip damage in repair mode), so
- * with a plain checksum such bytes inside a torn record's payload passed
- * for a record. Every segment gets its own random 64-bit salt, from
- * getrandom(), when it is made, and every record's checksum covers it: a
- * record image is valid in one segment only, and one made without reading
- * that segment's header matches with probability 2^-32 (the width of the
- * checksum). Considered and not taken: block framing as LevelDB's log does
- * (a record may only begin at a block start or right after another), which
- * also rules forgery out but splits large records into fragments that a
- * delivery would have to gather again with several reads; and chaining
- * each checksum to the previous record's, as SQLite's WAL also does, which
- * would leave nothing after damage to check or keep in repair mode.
- *
- * Format 3 is format 2 that may hold DEAD records (a timer moved to the
- * dead letters: the due time of its last delivery, the attempts it had,
- * its payload). A segment is written as format 2 and its header is
- * rewritten in place to say 3 (same salt) just before its first DEAD
- * record is written, so a journal without dead letters still opens with
- * the code before dead letters, and one with them is refused by it with
- * "bad segment header" (TW_EIO) instead of being misread: that code
- * knows no DEAD record and would take one for damage, or for a torn tail
- * to cut. This code reads DEAD records in any format-2 or 3 segment (the
- * header rewrite and the record are not made durable together).
- *
- * Format 1 (twheel 0.2 and older) is the same with version 1 and no salt
- * (checksums from 0). Such a journal still opens: its segments are read
- * with the unsalted checksum, and the open rewrites every live record into
- * a new format-2 segment and deletes the old ones, so the format-1 reader
- * runs once, at that upgrade.
- *
- * MANIFEST (written only once a segment has been deleted): "TWMANIF1" |
- * u32 number of the oldest segment the store still has | u32 crc32c of
- * bytes 0..11. Without it the oldest segment is 1. Every segment from
- * that one to the newest must be present.
+ * The byte layout is in journal_format.h.
  */
 #ifndef TWHEEL_JOURNAL_H
 #define TWHEEL_JOURNAL_H
@@ -72,64 +16,10 @@
 #include <stdint.h>
 
 #include "futex.h" /* jr_futex */
+#include "journal_format.h"
 
-#define JR_SEG_HDR 32u
-#define JR_REC_HDR 16u
-#define JR_SCHED_FIXED 16u /* due, attempt, payload_len */
-#define JR_MAX_BODY (JR_SCHED_FIXED + 1024u + 1024u * 1024u)
-#define JR_VERSION 2u   /* what this code writes */
-#define JR_VERSION_3 3u /* a segment that holds DEAD records */
-#define JR_VERSION_1 1u /* unsalted, still read */
-
-enum { JR_SCHED = 1, JR_CANCEL = 2, JR_DONE = 3, JR_FIRE = 4, JR_DEAD = 5 };
-
-uint32_t tw__crc32c(uint32_t crc, const void *buf, size_t n);
-
-/* One decoded record; pointers into the scanned buffer. */
-typedef struct jr_rec {
-    uint32_t off;  /* offset of the record in its segment */
-    uint32_t size; /* JR_REC_HDR + len */
-    uint8_t type;
-    uint32_t synced;
-    const unsigned char *key;
-    uint16_t key_len;
-    int64_t due_ms;
-    uint32_t attempt;
-    const unsigned char *payload;
-    uint32_t payload_len;
-} jr_rec;
-
-/* Decode the record at @p (@n bytes available) of a segment whose
- * checksum seed is @seed. Returns its size (> 0) if the record is
- * complete, well formed and its checksum matches; 0 if not. */
-size_t tw__jr_decode(const unsigned char *p, size_t n, uint32_t off,
-                     uint32_t seed, jr_rec *out);
-
-/* Encode a record for a segment whose checksum seed is @seed into @buf
- * (room for JR_REC_HDR + body); returns its size. @payload is for
- * JR_SCHED only. */
-size_t tw__jr_encode(unsigned char *buf, uint32_t seed, int type,
-                     const void *key, size_t key_len, int64_t due_ms,
-                     uint32_t attempt, const void *payload, size_t payload_len,
-                     uint32_t synced);
-
-static inline size_t tw__jr_size(int type, size_t key_len, size_t payload_len)
-{
-    return JR_REC_HDR + key_len +
-           (type == JR_SCHED || type == JR_DEAD ? JR_SCHED_FIXED + payload_len
-                                                : 0);
-}
-
-/* The checksum seed of a segment with @salt: the CRC32C of its 8 bytes. */
-uint32_t tw__jr_seed(uint64_t salt);
 /* A fresh random salt. */
 uint64_t tw__jr_new_salt(void);
-/* Segment header: check (returns its format version, *@seed set, or 0 if
- * it is not a valid header of segment @seg) / write (format 2). */
-unsigned tw__jr_seg_hdr_ok(const unsigned char *p, size_t n, uint32_t seg,
-                           uint32_t *seed);
-void tw__jr_seg_hdr(unsigned char *p, uint32_t seg, uint64_t salt);
-
 /*
  * Scan one segment's records from JR_SEG_HDR (@seed: its checksum seed,
  * from tw__jr_seg_hdr_ok()). @last: the newest segment
@@ -281,9 +171,6 @@ void tw__jr_publish(jr_writer *w);
 int tw__jr_errno(int e);
 /* Close every fd, free memory. */
 void tw__jr_close(jr_writer *w);
-/* "dir/NNNNNNNNNN.twj" name of segment @no into @buf (>= 16 bytes). */
-void tw__jr_seg_name(char *buf, uint32_t no);
-
 /* Test hook: called before each write (op 'w') and fdatasync (op 's') of
  * the journal; a non-zero return is the errno the operation then fails
  * with. NULL in production. */
