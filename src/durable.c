@@ -5,12 +5,12 @@
  *
  * Design
  * ------
- * One mutex orders everything: a call appends its record (journal.h) and
- * changes the in-memory index in the same critical section, so the journal's
- * order is the order of the changes; then it waits for group commit. A
- * schedule is a batch of one: a batch stages its records, writes them with
- * one pwrite() per SCHED_GROUP, applies them to the index in order, and
- * waits once.
+ * One mutex orders everything: a call appends its record
+ * (journal_writer.c) and changes the in-memory index in the same critical
+ * section, so the journal's order is the order of the changes; then it
+ * waits for group commit. A schedule is a batch of one: a batch stages
+ * its records, writes them with one pwrite() per SCHED_GROUP, applies them
+ * to the index in order, and waits once.
  *
  * Index: a hash table of keys (chained) to nodes. A node is a tw_timer in
  * the wheel (tick = Unix ms) whose arg slot is the hash link, where its
@@ -21,7 +21,8 @@
  * due times stay on disk; the store's thread reads the record back when the
  * timer fires.
  *
- * Replay applies the records in order: SCHED makes or replaces the key's
+ * Replay (journal_reader.c lists, reads and scans the segments; this file
+ * applies their records) goes in order: SCHED makes or replaces the key's
  * node, CANCEL and DONE remove it, FIRE counts a delivery that began, DEAD
  * makes or replaces it as a dead letter.
  *
@@ -75,7 +76,6 @@
 
 #include "twheel/durable.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -1023,17 +1023,13 @@ static void on_due(tw_timer *t, void *arg)
 static struct delivery *read_record(jstore *s, struct dnode *n)
 {
     jr_seg *g = tw__jr_seg(&s->w, n->seg);
-    unsigned char hdr[JR_REC_HDR];
-    if (!g || pread(g->fd, hdr, sizeof hdr, n->off) != (ssize_t)sizeof hdr)
-        return NULL;
-    size_t size = tw__jr_hdr_size(hdr);
+    size_t size = g ? tw__jr_rec_size_at(g, n->off) : 0;
     if (!size)
         return NULL;
     struct delivery *dl = tw__malloc(sizeof *dl + size);
     if (!dl)
         return NULL;
-    if (pread(g->fd, dl->raw, size, n->off) != (ssize_t)size ||
-        tw__jr_decode(dl->raw, size, n->off, g->seed, &dl->rec) != size ||
+    if (!tw__jr_read_rec(g, n->off, dl->raw, size, &dl->rec) ||
         (dl->rec.type != JR_SCHED && dl->rec.type != JR_DEAD)) {
         tw__free(dl);
         return NULL;
@@ -1539,39 +1535,24 @@ static void scan_flush(struct scan_ctx *c)
     c->nhits = 0;
 }
 
-/* The SCHED records of bytes [@pos, @end) of the segment open as @fd
- * (checksum seed @seed), block by block into @buf (@cap bytes). */
-static int scan_segment(struct scan_ctx *c, int fd, uint32_t seed, uint64_t pos,
-                        uint64_t end, unsigned char *buf, size_t cap)
+/* tw__jr_read_blocks()'s callbacks: the SCHED and DEAD records of a block
+ * are gathered, then checked and handed out before the next block is
+ * read. */
+static void scan_rec(void *arg, const jr_rec *r)
 {
-    while (pos < end && !c->stop) {
-        size_t want = end - pos < cap ? (size_t)(end - pos) : cap;
-        if (pread(fd, buf, want, (off_t)pos) != (ssize_t)want)
-            return TW_EIO;
-        size_t off = 0;
-        while (off + JR_REC_HDR <= want) {
-            const unsigned char *h = buf + off;
-            size_t size = tw__jr_hdr_size(h);
-            if (!size)
-                return TW_EIO;
-            if (off + size > want)
-                break; /* the next block begins with it */
-            jr_rec r;
-            if (tw__jr_decode(h, size, (uint32_t)(pos + off), seed, &r) != size)
-                return TW_EIO;
-            if (r.type == JR_SCHED || r.type == JR_DEAD) {
-                c->hits[c->nhits++] = (struct scan_hit){.rec = r};
-                if (c->nhits == SCAN_HITS)
-                    scan_flush(c);
-            }
-            off += size;
-        }
-        scan_flush(c); /* before @buf is read into again */
-        if (off == 0)
-            return TW_EIO; /* a record cut short by the end */
-        pos += off;
+    struct scan_ctx *c = arg;
+    if (r->type == JR_SCHED || r->type == JR_DEAD) {
+        c->hits[c->nhits++] = (struct scan_hit){.rec = *r};
+        if (c->nhits == SCAN_HITS)
+            scan_flush(c);
     }
-    return 0;
+}
+
+static int scan_block_end(void *arg)
+{
+    struct scan_ctx *c = arg;
+    scan_flush(c);
+    return c->stop;
 }
 
 static long j_scan(tw_durable *d, tw_durable_scan_fn fn, void *arg)
@@ -1615,7 +1596,8 @@ static long j_scan(tw_durable *d, tw_durable_scan_fn fn, void *arg)
             rc = TW_EIO;
             break;
         }
-        rc = scan_segment(&c, fd, seed, JR_SEG_HDR, size, buf, cap);
+        rc = tw__jr_read_blocks(fd, seed, JR_SEG_HDR, size, buf, cap, scan_rec,
+                                scan_block_end, &c);
         close(fd);
         if (c.no == end_no)
             break;
@@ -1682,10 +1664,9 @@ static int j_dead_op(tw_durable *d, const void *key, size_t key_len,
 static int64_t dead_due(jstore *s, const struct dnode *n)
 {
     jr_seg *g = tw__jr_seg(&s->w, n->seg);
-    unsigned char b[JR_REC_HDR + JR_B_ATTEMPT];
-    if (!g || pread(g->fd, b, sizeof b, n->off) != (ssize_t)sizeof b)
+    int64_t v = 0;
+    if (!g || !tw__jr_due_at(g, n->off, &v))
         return 0;
-    int64_t v = (int64_t)tw__jr_get64(b + JR_REC_HDR + JR_B_DUE);
     return v > 0 ? v : 0;
 }
 
@@ -2120,54 +2101,6 @@ static int replay_one(void *arg, const jr_rec *r)
     return c->nbatch == RECS_AHEAD ? replay_flush(c) : 0;
 }
 
-static int cmp_u32(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Segment numbers in the directory, sorted. */
-static int list_segments(jstore *s, uint32_t **out, size_t *n)
-{
-    int fd = dup(s->dirfd);
-    if (fd < 0)
-        return TW_EIO;
-    DIR *dir = fdopendir(fd);
-    if (!dir) {
-        close(fd);
-        return TW_EIO;
-    }
-    uint32_t *v = NULL;
-    size_t cnt = 0, cap = 0;
-    int rc = 0;
-    struct dirent *e;
-    while ((e = readdir(dir)) != NULL) {
-        uint32_t no;
-        if (!tw__jr_seg_parse(e->d_name, &no))
-            continue;
-        if (cnt == cap) {
-            cap = cap ? cap * 2 : 16;
-            uint32_t *nv = tw__realloc(v, cap * sizeof *nv);
-            if (!nv) {
-                rc = TW_ENOMEM;
-                break;
-            }
-            v = nv;
-        }
-        v[cnt++] = no;
-    }
-    closedir(dir);
-    if (rc) {
-        tw__free(v);
-        return rc;
-    }
-    if (cnt)
-        qsort(v, cnt, sizeof *v, cmp_u32);
-    *out = v;
-    *n = cnt;
-    return 0;
-}
-
 /* Size the key table once from the segments' sizes (the newest's
  * allocated size, a little more than its records): at 128 bytes a record and
  * two keys a bucket it rarely has to grow during the replay, and each growth
@@ -2203,58 +2136,14 @@ static void fit_table(jstore *s)
         (void)hresize(s, want);
 }
 
-/* A segment file read whole. */
-struct seg_file {
-    uint32_t no;
-    uint32_t seed;    /* its records' checksum seed */
-    bool last;        /* the newest segment */
-    bool legacy;      /* some segment read so far is in format 1 */
-    unsigned version; /* the format of the segment read last */
-    char name[JR_SEG_NAME_MAX];
-    int fd;
-    size_t size;
-    unsigned char *buf; /* reused from segment to segment */
-    size_t buf_cap;
-};
-
-/* Open segment @f->no and read it into @f->buf. */
-static int read_segment(jstore *s, struct seg_file *f)
-{
-    tw__jr_seg_name(f->name, f->no);
-    f->fd = openat(s->dirfd, f->name,
-                   (s->readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
-    struct stat st;
-    if (f->fd < 0 || fstat(f->fd, &st) != 0)
-        return TW_EIO;
-    f->size = (size_t)st.st_size;
-    if (f->size > f->buf_cap) {
-        unsigned char *nb = tw__realloc(f->buf, f->size);
-        if (!nb)
-            return TW_ENOMEM;
-        f->buf = nb;
-        f->buf_cap = f->size;
-    }
-    if (pread(f->fd, f->buf, f->size, 0) != (ssize_t)f->size)
-        return TW_EIO;
-    return 0;
-}
-
-static bool all_zero(const unsigned char *p, size_t from, size_t to)
-{
-    for (size_t k = from; k < to; k++)
-        if (p[k])
-            return false;
-    return true;
-}
-
 /* A segment whose header is bad: 1 if it was deleted (a crash while the
  * newest segment was being made: it is preallocated before its header is
  * written and synced, and gets records only after that, so nothing but
  * zeros follow; or any, with TW_DURABLE_REPAIR), else TW_EIO. */
-static int bad_header(jstore *s, const tw_durable_config *cfg,
-                      struct seg_file *f, bool *damaged)
+static int bad_header(jstore *s, const tw_durable_config *cfg, jr_seg_file *f,
+                      bool *damaged)
 {
-    bool empty = f->last && all_zero(f->buf, JR_SEG_HDR, f->size);
+    bool empty = f->last && tw__jr_all_zero(f->buf, JR_SEG_HDR, f->size);
     if (!empty && !(cfg->flags & TW_DURABLE_REPAIR)) {
         errmsg(cfg, "%s/%s offset 0: bad segment header", cfg->dir, f->name);
         return TW_EIO;
@@ -2268,48 +2157,11 @@ static int bad_header(jstore *s, const tw_durable_config *cfg,
     return 1;
 }
 
-/* Zeros after the last record (at @end) are the allocated rest of the
- * segment; anything else is a torn tail, cleared so that no stale record
- * can ever follow the next append. */
-static int clear_tail(struct seg_file *f, size_t end)
-{
-    if (end >= f->size || all_zero(f->buf, end, f->size))
-        return 0;
-    if (ftruncate(f->fd, (off_t)end) != 0 || fdatasync(f->fd) != 0)
-        return TW_EIO;
-    f->size = end; /* appends allocate again as they need */
-    return 0;
-}
-
-/* Hand the replayed segment @f, @end bytes long with @sched SCHED records,
- * to the writer (which then owns its fd). */
-static int keep_segment(jstore *s, struct seg_file *f, size_t end,
-                        uint64_t sched)
-{
-    if (s->w.nseg == s->w.cap) {
-        size_t nc = s->w.cap ? s->w.cap * 2 : 8;
-        jr_seg *ns = tw__realloc(s->w.segs, nc * sizeof *ns);
-        if (!ns)
-            return TW_ENOMEM;
-        s->w.segs = ns;
-        s->w.cap = nc;
-    }
-    s->w.segs[s->w.nseg++] = (jr_seg){.no = f->no,
-                                      .fd = f->fd,
-                                      .size = end,
-                                      .alloc = f->size,
-                                      .records = sched,
-                                      .seed = f->seed,
-                                      .version = f->version};
-    f->fd = -1;
-    return 0;
-}
-
 /* Replay segment @f into the index and keep it. */
 static int replay_segment(jstore *s, const tw_durable_config *cfg,
-                          struct seg_file *f, bool *damaged)
+                          jr_seg_file *f, bool *damaged)
 {
-    int rc = read_segment(s, f);
+    int rc = tw__jr_read_segment(s->dirfd, s->readonly, f);
     if (rc)
         return rc;
     unsigned version = tw__jr_seg_hdr_ok(f->buf, f->size, f->no, &f->seed);
@@ -2329,8 +2181,8 @@ static int replay_segment(jstore *s, const tw_durable_config *cfg,
     if (rc < 0)
         return rc;
     *damaged |= rc == 1;
-    rc = s->readonly ? 0 : clear_tail(f, end);
-    return rc ? rc : keep_segment(s, f, end, c.sched);
+    rc = s->readonly ? 0 : tw__jr_clear_tail(f, end);
+    return rc ? rc : tw__jr_adopt(&s->w, f, end, c.sched);
 }
 
 /* After the replay: live counts per segment, the writer's position, and a
@@ -2359,23 +2211,6 @@ static int replay_done(jstore *s, const tw_durable_config *cfg, bool damaged)
         return rc;
     }
     return 0;
-}
-
-/* The format version of segment @no's header, or 0. */
-static unsigned seg_version(jstore *s, uint32_t no)
-{
-    char name[JR_SEG_NAME_MAX];
-    unsigned char hdr[JR_SEG_HDR];
-    uint32_t seed;
-    tw__jr_seg_name(name, no);
-    int fd = openat(s->dirfd, name, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t got = pread(fd, hdr, sizeof hdr, 0);
-    close(fd);
-    return got == (ssize_t)sizeof hdr
-               ? tw__jr_seg_hdr_ok(hdr, sizeof hdr, no, &seed)
-               : 0;
 }
 
 /* Check that the oldest segment the store must have (MANIFEST, else 1) is
@@ -2415,7 +2250,7 @@ static int first_segment(jstore *s, const tw_durable_config *cfg,
             return TW_EIO;
         return 0;
     }
-    if (gone && (manifest || seg_version(s, nos[i]) != 1)) {
+    if (gone && (manifest || tw__jr_seg_version(s->dirfd, nos[i]) != 1)) {
         errmsg(cfg,
                "%s/%010u.twj is missing: the journal begins at segment "
                "%u%s",
@@ -2430,7 +2265,7 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
 {
     uint32_t *nos = NULL;
     size_t cnt = 0;
-    int rc = list_segments(s, &nos, &cnt);
+    int rc = tw__jr_list_segments(s->dirfd, &nos, &cnt);
     if (rc)
         return rc;
     size_t i = 0;
@@ -2441,7 +2276,7 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
     }
     if (i < cnt) /* (nos is NULL when there is no segment) */
         presize_table(s, nos + i, cnt - i);
-    struct seg_file f = {.fd = -1};
+    jr_seg_file f = {.fd = -1};
     for (size_t i0 = i; i < cnt && rc == 0; i++) {
         f.no = nos[i];
         f.last = i + 1 == cnt;

@@ -4,7 +4,8 @@
  * checksummed records in one directory, appended under the store's mutex
  * and made durable by group commit.
  *
- * The byte layout is in journal_format.h.
+ * The byte layout is in journal_format.h (codec: journal_format.c), the
+ * writer in journal_writer.c, the reader in journal_reader.c.
  */
 #ifndef TWHEEL_JOURNAL_H
 #define TWHEEL_JOURNAL_H
@@ -34,6 +35,39 @@ uint64_t tw__jr_new_salt(void);
 int tw__jr_scan(const unsigned char *p, size_t n, uint32_t seed, bool last,
                 bool repair, int (*fn)(void *arg, const jr_rec *r), void *arg,
                 size_t *end);
+
+/* MANIFEST: read the number of the oldest segment the store must have
+ * (0; TW_ENOENT if there is no manifest: the oldest is 1; TW_EIO if it is
+ * damaged). */
+int tw__jr_manifest_read(int dirfd, uint32_t *oldest);
+/* The segment numbers of the files in directory @dirfd, sorted, into a
+ * new array *@out (tw__free() it; NULL when there is none). */
+int tw__jr_list_segments(int dirfd, uint32_t **out, size_t *n);
+/* The format version of segment @no's header, or 0. */
+unsigned tw__jr_seg_version(int dirfd, uint32_t no);
+
+/* A segment file read whole, as the open's replay reads it. */
+typedef struct jr_seg_file {
+    uint32_t no;
+    uint32_t seed;    /* its records' checksum seed */
+    bool last;        /* the newest segment */
+    bool legacy;      /* some segment read so far is in format 1 */
+    unsigned version; /* the format of the segment read last */
+    char name[JR_SEG_NAME_MAX];
+    int fd;
+    size_t size;
+    unsigned char *buf; /* reused from segment to segment */
+    size_t buf_cap;
+} jr_seg_file;
+
+/* Open segment @f->no (read-only if @readonly) and read it into @f->buf. */
+int tw__jr_read_segment(int dirfd, bool readonly, jr_seg_file *f);
+/* Whether bytes [@from, @to) of @p are all zero. */
+bool tw__jr_all_zero(const unsigned char *p, size_t from, size_t to);
+/* Zeros after the last record (at @end) are the allocated rest of the
+ * segment; anything else is a torn tail, cleared (cut and synced) so that
+ * no stale record can ever follow the next append. */
+int tw__jr_clear_tail(jr_seg_file *f, size_t end);
 
 /* One segment file. */
 typedef struct jr_seg {
@@ -152,10 +186,8 @@ int tw__jr_wait(jr_writer *w, uint64_t lsn);
 /* Make everything written so far durable, whatever the sync_mode (*mu
  * held; released while it waits). */
 int tw__jr_sync_all(jr_writer *w);
-/* MANIFEST: read the number of the oldest segment the store must have
- * (0; TW_ENOENT if there is no manifest: the oldest is 1; TW_EIO if it is
- * damaged) / write it durably (tmp file, rename, directory fsync). */
-int tw__jr_manifest_read(int dirfd, uint32_t *oldest);
+/* MANIFEST: write the number of the oldest segment durably (tmp file,
+ * rename, directory fsync). */
 int tw__jr_manifest_write(int dirfd, uint32_t oldest);
 /* Delete the oldest segment (it must not be the current one), after
  * recording the next one as the oldest in the manifest. */
@@ -169,8 +201,35 @@ void tw__jr_publish(jr_writer *w);
 /* The TW_E* code of errno @e from a file system call: TW_ENOSPC,
  * TW_EACCES, TW_EROFS, TW_ENOTDIR, TW_ENOMEM, else TW_EIO. */
 int tw__jr_errno(int e);
+/* Hand segment @f, replayed, @end bytes long with @sched SCHED and DEAD
+ * records, to the writer (which then owns its fd; @f->fd becomes -1). */
+int tw__jr_adopt(jr_writer *w, jr_seg_file *f, size_t end, uint64_t sched);
 /* Close every fd, free memory. */
 void tw__jr_close(jr_writer *w);
+/*
+ * Records read back from a live segment @g (a jr_writer's), at @off:
+ * the size its header claims (0 if it cannot be read or is larger than any
+ * record); the record itself into @buf (@size bytes), decoded into *@out
+ * (false unless it reads whole and decodes to @size bytes); the due time
+ * field of a SCHED or DEAD record (false if it cannot be read).
+ */
+size_t tw__jr_rec_size_at(const jr_seg *g, uint32_t off);
+bool tw__jr_read_rec(const jr_seg *g, uint32_t off, unsigned char *buf,
+                     size_t size, jr_rec *out);
+bool tw__jr_due_at(const jr_seg *g, uint32_t off, int64_t *due);
+/*
+ * Read bytes [@pos, @end) of the segment open as @fd (checksum seed @seed)
+ * block by block into @buf (@cap bytes, room for the largest record),
+ * calling @rec for each record and @block_end after each block, before
+ * @buf is read into again; @block_end returning non-zero ends the read
+ * after that block. Returns 0, or TW_EIO at a record that does not decode
+ * or is cut short by @end.
+ */
+int tw__jr_read_blocks(int fd, uint32_t seed, uint64_t pos, uint64_t end,
+                       unsigned char *buf, size_t cap,
+                       void (*rec)(void *arg, const jr_rec *r),
+                       int (*block_end)(void *arg), void *arg);
+
 /* Test hook: called before each write (op 'w') and fdatasync (op 's') of
  * the journal; a non-zero return is the errno the operation then fails
  * with. NULL in production. */
