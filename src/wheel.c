@@ -420,13 +420,14 @@ __attribute__((noinline)) static void chain_emptied(tw_wheel *w,
         slot_emptied(w, (unsigned)(idx >> w->bits), idx & w->mask);
 }
 
+/* Unlink pending @t. Its tw__next is left as it was: a timer that is not
+ * pending has no list, and every link writes tw__next first. */
 static inline void timer_unlink(tw_wheel *w, tw_timer *t)
 {
     tw_timer **pprev = t->tw__pprev;
     tw_timer *next = t->tw__next;
     *pprev = next;
     t->tw__pprev = NULL;
-    t->tw__next = NULL;
     w->removes++;
     if (next != NULL)
         next->tw__pprev = pprev;
@@ -482,6 +483,10 @@ __attribute__((noinline)) static void due_push(tw_wheel *w, tw_timer *t)
             w->due_min = e;
     }
     list_push(&w->due, t);
+    /* The due list runs in the next advance: tw_wheel_advance() then
+     * finds now >= hint without looking at the list. */
+    w->hint = 0;
+    w->hint_ok = 0;
 }
 
 /* The shape of a wheel, worked out from its configuration before any
@@ -920,7 +925,9 @@ int tw__wheel_add_window_any(tw_wheel *w, tw_timer *t, uint64_t earliest,
 
 bool tw_wheel_cancel(tw_wheel *w, tw_timer *t)
 {
-    if (w == NULL || t == NULL || t->tw__pprev == NULL)
+    /* @t before @w: the read of @t between the two tests keeps them apart
+     * (combined, they cost two flags and an OR). */
+    if (t == NULL || t->tw__pprev == NULL || w == NULL)
         return false;
     /* Both neighbours are written: ask for their lines now rather than
      * when the stores reach the cache. */
@@ -1091,8 +1098,7 @@ fire_chains(tw_wheel *w, tw_timer **fl, unsigned n)
         fl[c] = next;
         if (next != NULL)
             next->tw__pprev = &fl[c];
-        t->tw__pprev = NULL;
-        t->tw__next = NULL;
+        t->tw__pprev = NULL; /* not pending; tw__next is left as it is */
         w->removes++;
         if (w->fire == NULL)
             t->tw__fn(t, t->tw__arg);
@@ -1316,21 +1322,29 @@ __attribute__((noinline)) static size_t advance_work(tw_wheel *w, uint64_t now)
     size_t ran = 0;
     if (w->due != NULL)
         ran += run_due(w);
-    if (w->cshift == 0 && advance_loop(w, now, &ran, 1))
-        return ran;
-    advance_loop(w, now, &ran, K);
+    if (w->cshift != 0 || !advance_loop(w, now, &ran, 1))
+        advance_loop(w, now, &ran, K);
+    if (w->due != NULL) {
+        /* Callbacks added due timers: the loop's hint must not hide them
+         * (see due_push). */
+        w->hint = 0;
+        w->hint_ok = 0;
+    }
     return ran;
 }
 
 size_t tw_wheel_advance(tw_wheel *w, uint64_t now)
 {
-    if (now < w->now)
-        return 0;
-    if (w->due == NULL && now < w->hint) {
+    /* The hint is 0 while the due list is not empty (due_push), so one
+     * test covers both. */
+    if (now < w->hint) {
         /* The common call of an event loop: nothing to do yet. */
-        w->now = now;
+        if (now > w->now)
+            w->now = now;
         return 0;
     }
+    if (now < w->now)
+        return 0;
     return advance_work(w, now);
 }
 
@@ -1399,6 +1413,7 @@ int tw__wheel_check(const tw_wheel *w)
             seen_min = t->tw__expires;
     }
     CHECK(w->due == NULL || w->due_min <= seen_min);
+    CHECK(w->due == NULL || (w->hint == 0 && !w->hint_ok));
     for (unsigned k = 0; k < w->levels; k++) {
         const uint64_t *bm = level_bitmap(w, k);
         int used = !bm_empty(w, bm);

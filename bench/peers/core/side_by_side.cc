@@ -13,6 +13,12 @@
  *       bench/peers/core/side_by_side.cc wheel.o timeout.o -o drv
  *   taskset -c 1 ./drv N REPS all|twheel,ratas,wahern WORKLOADS
  *
+ * Instructions of the timed loops alone: build with -DTW_CALLGRIND (each
+ * clock read toggles callgrind's collection) and run REPS = 0 (the warm-up
+ * only) under
+ *   valgrind --tool=callgrind --collect-atstart=no ./drv N 0 ENGINE WORKLOAD
+ * whose total divided by N is instructions per operation.
+ *
  * WORKLOADS: any of add,add_rand,cancel,cancel_rand,expire_1 (or all).
  * Deadlines uniform in [1, 2^20] ticks, one fixed seed and permutation;
  * prints ns per operation (per expired timer for expire_1).
@@ -32,11 +38,17 @@ extern "C" {
 #include "timeout.h"
 }
 #include "timer-wheel.h"
+#ifdef TW_CALLGRIND
+#include <valgrind/callgrind.h>
+#define MARK() CALLGRIND_TOGGLE_COLLECT
+#else
+#define MARK() ((void)0)
+#endif
 
 static const uint64_t DL_MAX = 1u << 20;
 static uint64_t rng = 0x12345678abcdefULL;
 static uint64_t rnd() { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
-static double now_ns() { timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec * 1e9 + ts.tv_nsec; }
+static double now_ns() { MARK(); timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec * 1e9 + ts.tv_nsec; }
 
 static size_t N;
 static uint32_t *g_dl, *g_perm, *g_dlp;
