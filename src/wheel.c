@@ -1174,13 +1174,16 @@ hand_over(tw_wheel *w, uint64_t slot, tw_timer **fl, unsigned C)
  * Move @t (expiring at @e, unlinked) from a slot being visited at tick @now
  * to its lower level: a visit's granule holds now, so the level of
  * e ^ now is below the visited one and never the rounds level, and the
- * caller's own next_event() finds the slot; @chain picks the list.
+ * caller's own next_event() finds the slot; @chain picks the list; @from
+ * is the visited level when it is 1 (a constant), else 0.
  */
 __attribute__((always_inline)) static inline void
 cascade(tw_wheel *w, tw_timer *t, uint64_t e, uint64_t now, uint64_t mask,
-        unsigned chain, unsigned C)
+        unsigned chain, unsigned C, unsigned from)
 {
-    unsigned k = w->level_of_msb[msb64(e ^ now)];
+    /* From level 1 every timer that does not run now goes to level 0:
+     * e and now differ only in the low digit. */
+    unsigned k = from == 1 ? 0 : w->level_of_msb[msb64(e ^ now)];
     const struct level *lv = &w->lv[k];
     uint64_t slot = (e >> lv->shift) & mask;
     tw_timer **h = lv->heads + (size_t)slot * C;
@@ -1196,39 +1199,23 @@ cascade(tw_wheel *w, tw_timer *t, uint64_t e, uint64_t now, uint64_t mask,
 }
 
 /*
- * Visit slot (@k, @slot) at tick w->now (the start of its granule): timers
- * expiring now join the fire chains @fl (dealt round-robin by *@nfire),
- * timers of later rounds stay, all others move to a lower level. The
- * slot's non-empty chains are walked in turn, the next timer of each
- * prefetched, so that their cache misses overlap.
+ * The walk of visit_slot(): the @n chains @chain of a slot of a level with
+ * granularity 2^@gshift, whose heads @h are empty now. Timers expiring now
+ * join the fire chains @fl (dealt round-robin by *@nfire); in a rounds
+ * level (@rounds, a constant) timers of later rounds go back into @h
+ * (their least expiry into *@newmin); all others move to a lower level
+ * (@from: 1 when the slot is of level 1, a constant). The chains are
+ * walked in turn, the next timer of each prefetched, so that their cache
+ * misses overlap. Returns whether a timer went back into @h.
  */
-__attribute__((always_inline)) static inline void
-visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
-           unsigned *nfire, unsigned C)
+__attribute__((always_inline)) static inline int
+walk_chains(tw_wheel *w, tw_timer **chain, unsigned n, tw_timer **fl,
+            unsigned *nfire, tw_timer **h, uint64_t now, unsigned gshift,
+            uint64_t *newmin, unsigned C, int rounds, unsigned from)
 {
-    tw_timer **h = slot_heads(w, k, slot, C);
-    tw_timer *chain[K];
-    unsigned n = 0;
-    int rounds = is_rounds_level(w, k);
-    unsigned gshift = w->lv[k].shift;
-    uint64_t now = w->now, newmin = UINT64_MAX;
     int kept = 0;
     unsigned moved = 0; /* deals the chains of the cascade's targets */
     uint64_t mask = w->mask;
-
-    if (rounds && floor_pow2(w->slotmin[slot], gshift) > now)
-        return; /* nothing of this round here: skip the walk */
-    if (k == 0 && !rounds && *nfire == 0) {
-        *nfire = hand_over(w, slot, fl, C);
-        return;
-    }
-    for (unsigned c = 0; c < C; c++) {
-        if (h[c] != NULL)
-            chain[n++] = h[c];
-        h[c] = NULL;
-    }
-    slot_emptied(w, k, slot);
-
     while (n > 0) {
         for (unsigned i = 0; i < n;) {
             tw_timer *t = chain[i];
@@ -1249,13 +1236,56 @@ visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
                 /* A later round: back into the same slot. */
                 list_push(&h[i & (C - 1)], t);
                 kept = 1;
-                if (e < newmin)
-                    newmin = e;
+                if (e < *newmin)
+                    *newmin = e;
             } else {
-                cascade(w, t, e, now, mask, moved++, C);
+                cascade(w, t, e, now, mask, moved++, C, from);
             }
         }
     }
+    return kept;
+}
+
+/*
+ * Visit slot (@k, @slot) at tick w->now (the start of its granule): timers
+ * expiring now join the fire chains @fl (dealt round-robin by *@nfire),
+ * timers of later rounds stay, all others move to a lower level
+ * (walk_chains()).
+ */
+__attribute__((always_inline)) static inline void
+visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
+           unsigned *nfire, unsigned C)
+{
+    tw_timer **h = slot_heads(w, k, slot, C);
+    tw_timer *chain[K];
+    unsigned n = 0;
+    int rounds = is_rounds_level(w, k);
+    unsigned gshift = w->lv[k].shift;
+    uint64_t now = w->now, newmin = UINT64_MAX;
+    int kept = 0;
+
+    if (rounds && floor_pow2(w->slotmin[slot], gshift) > now)
+        return; /* nothing of this round here: skip the walk */
+    if (k == 0 && !rounds && *nfire == 0) {
+        *nfire = hand_over(w, slot, fl, C);
+        return;
+    }
+    for (unsigned c = 0; c < C; c++) {
+        if (h[c] != NULL)
+            chain[n++] = h[c];
+        h[c] = NULL;
+    }
+    slot_emptied(w, k, slot);
+
+    /* The same walk compiled three times, so that the tests that do not
+     * change within a slot are constants in its loop. */
+    if (rounds)
+        kept = walk_chains(w, chain, n, fl, nfire, h, now, gshift, &newmin, C,
+                           1, 0);
+    else if (k == 1)
+        walk_chains(w, chain, n, fl, nfire, h, now, gshift, &newmin, C, 0, 1);
+    else
+        walk_chains(w, chain, n, fl, nfire, h, now, gshift, &newmin, C, 0, 0);
     if (kept) {
         slot_filled(w, k, slot);
         w->slotmin[slot] = newmin;
@@ -1271,13 +1301,12 @@ advance_loop(tw_wheel *w, uint64_t now, size_t *ran, unsigned C)
     /* An exact hint saves the first search: the last advance left it, and
      * since then adds only lowered it to their slot's tick, no slot became
      * empty (chain_emptied) and now moved only short of it. */
-    int exact = w->hint_ok && w->hint != UINT64_MAX;
-    w->hint_ok = 0; /* until the loop leaves a fresh hint */
+    int exact = w->hint_ok; /* never set with an empty wheel's UINT64_MAX */
+    w->hint_ok = 0;         /* until the loop leaves a fresh hint */
     for (;;) {
         uint64_t t = w->hint;
         if (!exact && next_event(w, &t) != 0) {
             w->hint = UINT64_MAX;
-            w->hint_ok = !w->rounds;
             break;
         }
         exact = 0;
@@ -1307,7 +1336,11 @@ advance_loop(tw_wheel *w, uint64_t now, size_t *ran, unsigned C)
                 visit_slot(w, k, slot, fl, &nfire, C);
         }
         /* list_push left each chain's head pointing at its fl entry. */
-        *ran += fire_chains(w, fl, nfire < K ? nfire : K);
+        /* One chain is the common case: a constant there. */
+        if (nfire == 1)
+            *ran += fire_chains(w, fl, 1);
+        else
+            *ran += fire_chains(w, fl, nfire < K ? nfire : K);
         if (C == 1 && w->cshift != 0)
             return 0;
     }
@@ -1433,6 +1466,8 @@ int tw__wheel_check(const tw_wheel *w)
         CHECK(next > w->now);
         CHECK(w->hint <= next); /* the fast path never skips work */
         CHECK(!w->hint_ok || w->hint == next);
+    } else {
+        CHECK(!w->hint_ok);
     }
     /* Every timer was found through the bitmaps: none hides elsewhere. */
     CHECK(n == pending(w));
