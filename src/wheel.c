@@ -157,32 +157,34 @@ struct level {
 };
 
 struct tw_wheel {
+    /* First, so that tw_wheel_cancel_inline() finds it in wheel.h: its
+     * tw__removes counts the timers cancelled, moved or run, ever; pending
+     * timers (due list included) = adds - tw__removes. */
+    struct tw__wheel_head head;
     /* tw__wheel_set_fire(): one callback for every timer, whose tw__fn
      * this wheel then never reads (NULL: each timer's own). */
     tw_timer_fn fire;
     void *fire_arg;
     uint64_t now;
-    uint64_t hint;       /* no slot needs a visit before this tick */
-    uint32_t hint_ok;    /* hint is next_event()'s tick (advance_loop) */
-    uint64_t adds;       /* timers added, ever; its low bits deal chains */
-    uint64_t removes;    /* timers cancelled, moved or run, ever; pending
-                            timers (due list included) = adds - removes */
-    uint64_t level_map;  /* bit k: level k has an occupied slot */
-    tw_timer **heads;    /* [level][slot][chain], 64-byte aligned */
-    void *heads_mem;     /* its allocation (see heads_alloc) */
-    uintptr_t heads_end; /* the address just past that table */
-    size_t grow_at;      /* widen the table when count reaches this */
-    uint32_t cshift;     /* log2 of the lists per slot: 0 or log2(K) */
-    uint32_t fast_k;     /* tw_wheel_add's fast path takes levels below */
-    uint64_t *slotmin;   /* [slot]: lower bound of expiries, rounds level */
-    tw_timer *due;       /* timers added with expires <= now */
-    uint64_t due_min;    /* lower bound of the due list's expiries */
-    uint64_t mask;       /* S - 1 */
-    uint32_t bits;       /* b */
-    uint32_t levels;     /* L */
-    uint32_t rounds;     /* 1 if the top level keeps later rounds */
-    uint32_t rounds_k;   /* that level's index, or 64 when there is none */
-    uint32_t bm_layers;  /* layers of a level's bitmap tree */
+    uint64_t hint;      /* no slot needs a visit before this tick */
+    uint32_t hint_ok;   /* hint is next_event()'s tick (advance_loop) */
+    uint32_t exact_ok;  /* !rounds: an advance may leave hint_ok set */
+    uint64_t adds;      /* timers added, ever; its low bits deal chains */
+    uint64_t level_map; /* bit k: level k has an occupied slot */
+    tw_timer **heads;   /* [level][slot][chain], 64-byte aligned */
+    void *heads_mem;    /* its allocation (see heads_alloc) */
+    size_t grow_at;     /* widen the table when count reaches this */
+    uint32_t cshift;    /* log2 of the lists per slot: 0 or log2(K) */
+    uint32_t fast_k;    /* tw_wheel_add's fast path takes levels below */
+    uint64_t *slotmin;  /* [slot]: lower bound of expiries, rounds level */
+    tw_timer *due;      /* timers added with expires <= now */
+    uint64_t due_min;   /* lower bound of the due list's expiries */
+    uint64_t mask;      /* S - 1 */
+    uint32_t bits;      /* b */
+    uint32_t levels;    /* L */
+    uint32_t rounds;    /* 1 if the top level keeps later rounds */
+    uint32_t rounds_k;  /* that level's index, or 64 when there is none */
+    uint32_t bm_layers; /* layers of a level's bitmap tree */
     uint32_t bm_off[TW_BM_MAX_LAYERS]; /* word offset of each layer */
     uint32_t bm_len[TW_BM_MAX_LAYERS]; /* words in each layer */
     uint8_t level_of_msb[64];          /* msb(E ^ now) -> level */
@@ -228,7 +230,7 @@ static inline uint64_t slot_tick(const tw_wheel *w, unsigned k, uint64_t slot)
 /* Pending timers, the due list included. */
 static inline size_t pending(const tw_wheel *w)
 {
-    return (size_t)(w->adds - w->removes); /* removes <= adds */
+    return (size_t)(w->adds - w->head.tw__removes); /* removes <= adds */
 }
 
 static inline int is_rounds_level(const tw_wheel *w, unsigned k)
@@ -366,7 +368,10 @@ static inline void list_push(tw_timer **head, tw_timer *t)
 static inline int in_heads(const tw_wheel *w, tw_timer **p)
 {
     uintptr_t a = (uintptr_t)p;
-    return a >= (uintptr_t)w->heads && a < w->heads_end;
+    /* Two tests: a subtraction that wraps would trip the unsigned
+     * overflow check of the sanitizer builds. */
+    return a >= w->head.tw__heads &&
+           a - w->head.tw__heads < w->head.tw__heads_len;
 }
 
 static int slot_empty(tw_timer *const *h, unsigned C)
@@ -428,11 +433,16 @@ static inline void timer_unlink(tw_wheel *w, tw_timer *t)
     tw_timer *next = t->tw__next;
     *pprev = next;
     t->tw__pprev = NULL;
-    w->removes++;
+    w->head.tw__removes++;
     if (next != NULL)
         next->tw__pprev = pprev;
     else if (in_heads(w, pprev))
         chain_emptied(w, pprev);
+}
+
+void tw__wheel_list_emptied(tw_wheel *w, tw_timer **head)
+{
+    chain_emptied(w, head);
 }
 
 /* Forward: the first tick after now at which rounds slot @slot has work. */
@@ -565,8 +575,9 @@ static void set_heads(tw_wheel *w, tw_timer **heads, void *mem, unsigned cshift)
     w->heads = heads;
     w->heads_mem = mem;
     w->cshift = cshift;
-    w->heads_end =
-        (uintptr_t)(heads + (((size_t)w->levels << w->bits) << cshift));
+    w->head.tw__heads = (uintptr_t)heads;
+    w->head.tw__heads_len =
+        (((size_t)w->levels << w->bits) << cshift) * sizeof(*heads);
     for (unsigned k = 0; k < w->levels; k++)
         w->lv[k].heads = heads + (((size_t)k << w->bits) << cshift);
 }
@@ -605,6 +616,7 @@ static tw_wheel *wheel_layout(char *mem, tw_timer **heads, void *heads_mem,
     w->bits = bits;
     w->levels = levels;
     w->rounds = z->rounds;
+    w->exact_ok = !z->rounds;
     w->rounds_k = z->rounds ? levels - 1 : 64;
     w->bm_layers = z->bm_layers;
     memcpy(w->bm_off, z->bm_off, sizeof(z->bm_off));
@@ -1004,10 +1016,21 @@ static inline int next_event(const tw_wheel *w, uint64_t *tick)
     if ((w->level_map & 1) && !is_rounds_level(w, 0)) {
         uint64_t d = (w->now & w->mask) + 1;
         if (d <= w->mask) {
-            uint64_t word = w->lv[0].bm[d >> 6] & (~UINT64_C(0) << (d & 63));
+            const uint64_t *bm = w->lv[0].bm;
+            uint64_t word = bm[d >> 6] & (~UINT64_C(0) << (d & 63));
             if (word != 0) {
                 *tick = (w->now & ~w->mask) | (d & ~UINT64_C(63)) | ctz64(word);
                 return 0;
+            }
+            /* A later word (65 to 4,096 slots): the layer above says
+             * which. */
+            if (w->bm_layers == 2) {
+                uint64_t sum = bm[w->bm_off[1]] & (~UINT64_C(1) << (d >> 6));
+                if (sum != 0) {
+                    uint64_t wi = ctz64(sum);
+                    *tick = (w->now & ~w->mask) | (wi << 6) | ctz64(bm[wi]);
+                    return 0;
+                }
             }
         }
     }
@@ -1099,7 +1122,7 @@ fire_chains(tw_wheel *w, tw_timer **fl, unsigned n)
         if (next != NULL)
             next->tw__pprev = &fl[c];
         t->tw__pprev = NULL; /* not pending; tw__next is left as it is */
-        w->removes++;
+        w->head.tw__removes++;
         if (w->fire == NULL)
             t->tw__fn(t, t->tw__arg);
         else /* one callback for the wheel (tw__wheel_set_fire) */
@@ -1174,19 +1197,25 @@ hand_over(tw_wheel *w, uint64_t slot, tw_timer **fl, unsigned C)
  * Move @t (expiring at @e, unlinked) from a slot being visited at tick @now
  * to its lower level: a visit's granule holds now, so the level of
  * e ^ now is below the visited one and never the rounds level, and the
- * caller's own next_event() finds the slot; @chain picks the list; @from
- * is the visited level when it is 1 (a constant), else 0.
+ * caller's own next_event() finds the slot; @chain picks the list. @from
+ * is the visited level when it is 1 (a constant), else 0: from level 1
+ * every timer goes to level 0 (e and now differ only in the low digit),
+ * whose heads the caller read once (@heads0; a store through a timer's
+ * pprev could otherwise be the level's heads field, read again each time).
  */
 __attribute__((always_inline)) static inline void
 cascade(tw_wheel *w, tw_timer *t, uint64_t e, uint64_t now, uint64_t mask,
-        unsigned chain, unsigned C, unsigned from)
+        unsigned chain, unsigned C, unsigned from, tw_timer **heads0)
 {
-    /* From level 1 every timer that does not run now goes to level 0:
-     * e and now differ only in the low digit. */
-    unsigned k = from == 1 ? 0 : w->level_of_msb[msb64(e ^ now)];
-    const struct level *lv = &w->lv[k];
-    uint64_t slot = (e >> lv->shift) & mask;
-    tw_timer **h = lv->heads + (size_t)slot * C;
+    unsigned k = 0;
+    uint64_t slot = e & mask;
+    tw_timer **h = heads0 + (size_t)slot * C;
+    if (from != 1) {
+        k = w->level_of_msb[msb64(e ^ now)];
+        const struct level *lv = &w->lv[k];
+        slot = (e >> lv->shift) & mask;
+        h = lv->heads + (size_t)slot * C;
+    }
     /* The slot's first list while it is empty (hand_over() checks that one
      * alone first), else the next in turn; a slot whose first list is not
      * empty is marked already. */
@@ -1216,6 +1245,7 @@ walk_chains(tw_wheel *w, tw_timer **chain, unsigned n, tw_timer **fl,
     int kept = 0;
     unsigned moved = 0; /* deals the chains of the cascade's targets */
     uint64_t mask = w->mask;
+    tw_timer **heads0 = w->lv[0].heads;
     while (n > 0) {
         for (unsigned i = 0; i < n;) {
             tw_timer *t = chain[i];
@@ -1239,7 +1269,7 @@ walk_chains(tw_wheel *w, tw_timer **chain, unsigned n, tw_timer **fl,
                 if (e < *newmin)
                     *newmin = e;
             } else {
-                cascade(w, t, e, now, mask, moved++, C, from);
+                cascade(w, t, e, now, mask, moved++, C, from, heads0);
             }
         }
     }
@@ -1312,7 +1342,7 @@ advance_loop(tw_wheel *w, uint64_t now, size_t *ran, unsigned C)
         exact = 0;
         if (t > now) {
             w->hint = t;
-            w->hint_ok = !w->rounds;
+            w->hint_ok = w->exact_ok;
             break;
         }
         w->now = t;
