@@ -368,10 +368,7 @@ static inline void list_push(tw_timer **head, tw_timer *t)
 static inline int in_heads(const tw_wheel *w, tw_timer **p)
 {
     uintptr_t a = (uintptr_t)p;
-    /* Two tests: a subtraction that wraps would trip the unsigned
-     * overflow check of the sanitizer builds. */
-    return a >= w->head.tw__heads &&
-           a - w->head.tw__heads < w->head.tw__heads_len;
+    return a >= w->head.tw__heads && a < w->head.tw__heads_end;
 }
 
 static int slot_empty(tw_timer *const *h, unsigned C)
@@ -576,8 +573,8 @@ static void set_heads(tw_wheel *w, tw_timer **heads, void *mem, unsigned cshift)
     w->heads_mem = mem;
     w->cshift = cshift;
     w->head.tw__heads = (uintptr_t)heads;
-    w->head.tw__heads_len =
-        (((size_t)w->levels << w->bits) << cshift) * sizeof(*heads);
+    w->head.tw__heads_end =
+        (uintptr_t)(heads + (((size_t)w->levels << w->bits) << cshift));
     for (unsigned k = 0; k < w->levels; k++)
         w->lv[k].heads = heads + (((size_t)k << w->bits) << cshift);
 }

@@ -273,7 +273,7 @@ TW_EXTERN bool tw_wheel_cancel(tw_wheel *w, tw_timer *t);
 struct tw__wheel_head {
     uint64_t tw__removes;    /* timers cancelled, moved or run, ever */
     uintptr_t tw__heads;     /* the address of its table of list heads */
-    uintptr_t tw__heads_len; /* that table's size in bytes */
+    uintptr_t tw__heads_end; /* the address just past that table */
 };
 
 /* Private: tw_wheel_cancel_inline() unlinked the last timer of the list
@@ -311,7 +311,7 @@ static inline bool tw_wheel_cancel_inline(tw_wheel *w, tw_timer *t)
     if (next != NULL)
         next->tw__pprev = pprev;
     else if ((uintptr_t)pprev >= h->tw__heads &&
-             (uintptr_t)pprev - h->tw__heads < h->tw__heads_len)
+             (uintptr_t)pprev < h->tw__heads_end)
         tw__wheel_list_emptied(w, pprev); /* maybe its slot is empty now */
     return true;
 }

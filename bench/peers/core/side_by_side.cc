@@ -41,6 +41,11 @@ extern "C" {
 #include "timeout.h"
 }
 #include "timer-wheel.h"
+/* Against a wheel.c from before tw_wheel_cancel_inline(): twinl is then
+ * the same as twheel. */
+#ifdef TW_NO_CANCEL_INLINE
+#define tw_wheel_cancel_inline tw_wheel_cancel
+#endif
 #ifdef TW_CALLGRIND
 #include <valgrind/callgrind.h>
 #define MARK() CALLGRIND_TOGGLE_COLLECT
