@@ -47,7 +47,8 @@
  * Firing: the store's thread advances the wheel to the wall clock; due
  * nodes are marked FIRING, their records read, FIRE records appended and
  * synced (so a redelivery after a crash shows attempt + 1), then the
- * callbacks run on that thread or on the executors. After a callback, a
+ * callbacks run on the shared executor (src/durable_exec.h): on that
+ * thread, or on executor_threads of their own. After a callback, a
  * DONE record (or a new SCHED for a retry) is appended if the node is still
  * the key's current version; a key replaced or cancelled meanwhile left its
  * old node ORPHAN, which is just freed. A cancel or replace marks the node
@@ -92,6 +93,7 @@
 
 #include "clock.h"
 #include "durable_backend.h"
+#include "durable_exec.h"
 #include "durable_index.h"
 #include "internal.h"
 #include "journal.h"
@@ -125,7 +127,7 @@ struct dnode {
 };
 
 struct delivery {
-    struct delivery *next;
+    struct tw__durable_job job; /* first: the executor's link */
     struct dnode *node;
     uint32_t attempt; /* this delivery's: deliveries begun, itself included */
     jr_rec rec;       /* points into raw */
@@ -180,24 +182,20 @@ typedef struct jstore {
     struct dnode **due;
     size_t ndue, due_cap, due_pos;
 
-    pthread_t *exec;
-    uint32_t nexec;
-    bool exec_stop;
-    struct delivery *qhead, *qtail;
-    unsigned running;
-    pthread_cond_t qcv;
+    /* Runs the callbacks (src/durable_exec.h): on this store's thread,
+     * or on executor_threads of their own. */
+    struct tw__durable_exec exec;
 
-    uint64_t fired, retried, cancelled, recovered, recovery_us;
+    uint64_t cancelled, recovered, recovery_us;
     uint64_t sync_every_ns, next_sync; /* SYNC_INTERVAL, monotonic ns */
     /* Flat combining of schedule calls: queued (newest first), the
      * holder of mu applying them, a futex word bumped when it lets go. */
     _Atomic(struct sreq *) pend;
     atomic_bool combining;
     jr_futex apply_seq;
-    uint64_t backlog; /* nodes due (in due[] or the queue), not yet begun */
-    uint64_t late_hist[TW_LATE_BUCKETS];
-    uint64_t callbacks;   /* callbacks running now (stats.running) */
-    uint64_t late_sum_us; /* stats.late_sum_us */
+    /* fired, retried, lateness, running; backlog: nodes due (in due[] or
+     * the executor's queue) whose callback has not begun. */
+    struct tw__durable_counts counts;
     /* tw_durable_list()'s ordered index (src/durable_index.c): NULL until
      * its first call builds it; from then on every node in the key table
      * is in it at tw_timer_expires() of its timer (rearm(), node_remove()).
@@ -974,8 +972,6 @@ static int j_stats(tw_durable *d, tw_durable_stats *out)
     memset(out, 0, sizeof *out);
     out->pending = s->count - s->ndead;
     out->dead = s->ndead;
-    out->fired = s->fired;
-    out->retried = s->retried;
     out->cancelled = s->cancelled;
     for (size_t i = 0; i < s->w.nseg; i++)
         out->journal_bytes += s->w.segs[i].size;
@@ -983,10 +979,7 @@ static int j_stats(tw_durable *d, tw_durable_stats *out)
     out->recovered = s->recovered;
     out->recovery_us = s->recovery_us;
     out->syncs = s->w.syncs;
-    out->backlog = s->backlog;
-    out->running = s->callbacks;
-    out->late_sum_us = s->late_sum_us;
-    memcpy(out->late_hist, s->late_hist, sizeof out->late_hist);
+    tw__durable_counts_stats(&s->counts, out);
     pthread_mutex_unlock(&s->mu);
     return 0;
 }
@@ -1016,7 +1009,7 @@ static void on_due(tw_timer *t, void *arg)
     }
     n->fl |= DN_FIRING;
     s->due[s->ndue++] = n;
-    s->backlog++;
+    s->counts.backlog++;
 }
 
 /* Read node @n's SCHED record back (mutex held). NULL on failure. */
@@ -1034,7 +1027,6 @@ static struct delivery *read_record(jstore *s, struct dnode *n)
         tw__free(dl);
         return NULL;
     }
-    dl->next = NULL;
     dl->node = n;
     return dl;
 }
@@ -1043,11 +1035,7 @@ static struct delivery *read_record(jstore *s, struct dnode *n)
 static void complete(jstore *s, struct delivery *dl, int r)
 {
     struct dnode *n = dl->node;
-    s->callbacks--;
-    if (r > 0 || r == TW_DURABLE_FIRE_RETRY)
-        s->retried++;
-    else
-        s->fired++;
+    tw__durable_counts_end(&s->counts, r);
     int next = tw__retry_next(&s->retry, dl->attempt, r);
     if (n->fl & DN_ORPHAN) {
         node_free(s, n);
@@ -1093,7 +1081,7 @@ static void complete(jstore *s, struct delivery *dl, int r)
  * the old version that has not started yet stops. */
 static bool begin_delivery(jstore *s, struct delivery *dl)
 {
-    s->backlog--;
+    s->counts.backlog--;
     if (dl->node->fl & DN_ORPHAN) {
         node_free(s, dl->node);
         tw__free(dl);
@@ -1109,18 +1097,8 @@ static bool begin_delivery(jstore *s, struct delivery *dl)
                           0, NULL, 0, &seg, &off, &lsn) == 0)
             fires_add(dl->node);
     }
-    int64_t late_ms; /* due_ms may be anywhere in int64: saturate */
-    if (__builtin_sub_overflow(wall(s), dl->rec.due_ms, &late_ms))
-        late_ms = INT64_MAX;
-    uint64_t late_us = late_ms > 0 && late_ms < INT64_MAX / 1000
-                           ? (uint64_t)late_ms * 1000u
-                       : late_ms > 0 ? UINT64_MAX
-                                     : 0;
-    s->late_hist[tw__late_bucket(late_us)]++;
-    s->late_sum_us = late_us > UINT64_MAX - s->late_sum_us
-                         ? UINT64_MAX
-                         : s->late_sum_us + late_us;
-    s->callbacks++;
+    tw__durable_counts_begin(&s->counts,
+                             tw__durable_late_us(wall(s), dl->rec.due_ms));
     return true;
 }
 
@@ -1150,7 +1128,7 @@ static struct delivery *start_delivery(jstore *s, struct dnode *n,
         !tw__retry_may(&s->retry, attempt_sum(dl->rec.attempt, fires + 1u))) {
         /* The deliveries before crashed (each left a FIRE record): the
          * policy's attempts are used up. */
-        s->backlog--;
+        s->counts.backlog--;
         n->fl &= (uint16_t)~DN_FIRING;
         if (to_dead(s, n, &dl->rec, attempt_sum(dl->rec.attempt, fires)))
             rearm(s, n, tw_wheel_now(s->wheel) + RETRY_IO_MS);
@@ -1167,7 +1145,7 @@ static struct delivery *start_delivery(jstore *s, struct dnode *n,
         dl = NULL;
     }
     if (!dl) {
-        s->backlog--;
+        s->counts.backlog--;
         n->fl &= (uint16_t)~DN_FIRING;
         rearm(s, n, tw_wheel_now(s->wheel) + RETRY_IO_MS);
         return NULL;
@@ -1179,17 +1157,40 @@ static struct delivery *start_delivery(jstore *s, struct dnode *n,
     return dl;
 }
 
-/* Deliver up to CHUNK due nodes (mutex held; released around callbacks). */
+/* One delivery on the executor (src/durable_exec.h): no lock held. */
+static void run_delivery(struct tw__durable_job *job, void *ctx)
+{
+    jstore *s = ctx;
+    struct delivery *dl = (struct delivery *)job;
+    pthread_mutex_lock(&s->mu);
+    if (begin_delivery(s, dl)) {
+        pthread_mutex_unlock(&s->mu);
+        int r = run_callback(s, dl);
+        pthread_mutex_lock(&s->mu);
+        complete(s, dl, r);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Close left @job queued: its node stays pending in the journal. */
+static void drop_delivery(struct tw__durable_job *job, void *ctx)
+{
+    (void)ctx;
+    tw__free(job);
+}
+
+/* Deliver up to CHUNK due nodes (mutex held; released while the executor
+ * takes them: inline, their callbacks run before this returns). */
 static void deliver_chunk(jstore *s)
 {
-    struct delivery *head = NULL, **tail = &head;
+    struct tw__durable_jobs jobs;
+    tw__durable_jobs_init(&jobs);
     uint64_t lsn = 0;
-    int count = 0;
     size_t bytes = 0; /* payloads read under the mutex in this chunk */
-    while (s->due_pos < s->ndue && count < CHUNK && bytes < CHUNK_BYTES) {
+    while (s->due_pos < s->ndue && jobs.n < CHUNK && bytes < CHUNK_BYTES) {
         struct dnode *n = s->due[s->due_pos++];
         if (n->fl & DN_ORPHAN) {
-            s->backlog--;
+            s->counts.backlog--;
             node_free(s, n);
             continue;
         }
@@ -1197,67 +1198,19 @@ static void deliver_chunk(jstore *s)
         if (!dl)
             continue;
         bytes += dl->rec.size;
-        *tail = dl;
-        tail = &dl->next;
-        count++;
+        tw__durable_jobs_add(&jobs, &dl->job);
     }
     if (s->due_pos == s->ndue)
         s->ndue = s->due_pos = 0;
-    if (!head)
+    if (!jobs.n)
         return;
     /* The FIRE records are durable before any callback runs; if that fails
      * the deliveries still happen (at least once holds; only the attempt a
      * repeat after a crash shows may be lower). */
     (void)tw__jr_wait(&s->w, lsn);
-    if (s->nexec) {
-        if (s->qtail)
-            s->qtail->next = head;
-        else
-            s->qhead = head;
-        s->qtail =
-            (struct delivery *)((char *)tail - offsetof(struct delivery, next));
-        pthread_cond_broadcast(&s->qcv);
-        return;
-    }
-    while (head) {
-        struct delivery *dl = head;
-        head = dl->next;
-        if (!begin_delivery(s, dl))
-            continue;
-        pthread_mutex_unlock(&s->mu);
-        int r = run_callback(s, dl);
-        pthread_mutex_lock(&s->mu);
-        complete(s, dl, r);
-    }
-}
-
-static void *exec_main(void *arg)
-{
-    jstore *s = arg;
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        while (!s->qhead && !s->exec_stop)
-            pthread_cond_wait(&s->qcv, &s->mu);
-        if (s->exec_stop)
-            break;
-        struct delivery *dl = s->qhead;
-        s->qhead = dl->next;
-        if (!s->qhead)
-            s->qtail = NULL;
-        if (!begin_delivery(s, dl)) {
-            pthread_cond_broadcast(&s->round_cv);
-            continue;
-        }
-        s->running++;
-        pthread_mutex_unlock(&s->mu);
-        int r = run_callback(s, dl);
-        pthread_mutex_lock(&s->mu);
-        complete(s, dl, r);
-        s->running--;
-        pthread_cond_broadcast(&s->round_cv);
-    }
     pthread_mutex_unlock(&s->mu);
-    return NULL;
+    tw__durable_exec_submit(&s->exec, &jobs);
+    pthread_mutex_lock(&s->mu);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1883,10 +1836,13 @@ static void *store_main(void *arg)
             tw__jr_writeback(&s->w);
             pthread_mutex_lock(&s->mu);
         }
-        if (s->nexec)
-            while ((s->qhead || s->running) && !s->stop &&
-                   s->round_req != s->round_done)
-                pthread_cond_wait(&s->round_cv, &s->mu);
+        if (s->round_req != s->round_done && !s->stop &&
+            tw__durable_exec_threaded(&s->exec)) {
+            /* tw__durable_sync(): this round's callbacks return first. */
+            pthread_mutex_unlock(&s->mu);
+            tw__durable_exec_wait_idle(&s->exec);
+            pthread_mutex_lock(&s->mu);
+        }
         s->round_done = req;
         pthread_cond_broadcast(&s->round_cv);
         wait_round(s, now, mono0);
@@ -1928,10 +1884,7 @@ void tw__durable_table(struct tw_durable *d, size_t *nbuckets, size_t *nold)
 
 static void free_all(jstore *s)
 {
-    for (struct delivery *dl = s->qhead, *nx; dl; dl = nx) {
-        nx = dl->next;
-        tw__free(dl);
-    }
+    tw__durable_exec_destroy(&s->exec);
     /* Every node lives in the slab's chunks. */
     for (size_t i = 0; i < s->slab.nchunks; i++)
         tw__free(s->slab.chunks[i]);
@@ -1939,7 +1892,6 @@ static void free_all(jstore *s)
     tw__free(s->buckets);
     tw__free(s->old);
     tw__free(s->due);
-    tw__free(s->exec);
     tw__dx_free(s->dx);
     tw__dx_free(s->dxd);
     tw_wheel_destroy(s->wheel);
@@ -1950,21 +1902,9 @@ static void free_all(jstore *s)
         close(s->dirfd);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->round_cv);
-    pthread_cond_destroy(&s->qcv);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->w.sync_mu);
     tw__free(s);
-}
-
-/* Stop the executors (a delivery still queued is dropped) and join them. */
-static void stop_executors(jstore *s)
-{
-    pthread_mutex_lock(&s->mu);
-    s->exec_stop = true;
-    pthread_cond_broadcast(&s->qcv);
-    pthread_mutex_unlock(&s->mu);
-    for (uint32_t i = 0; i < s->nexec; i++)
-        pthread_join(s->exec[i], NULL);
 }
 
 static int j_close(tw_durable *d)
@@ -1977,7 +1917,8 @@ static int j_close(tw_durable *d)
     pthread_mutex_unlock(&s->mu);
     if (!s->nofire) {
         pthread_join(s->thr, NULL);
-        stop_executors(s);
+        /* A delivery still queued is dropped (delivered after reopen). */
+        tw__durable_exec_stop(&s->exec);
     }
     pthread_mutex_lock(&s->mu);
     int rc = 0;
@@ -2385,7 +2326,6 @@ static void init_store(jstore *s, const tw_durable_config *cfg,
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_cond_init(&s->round_cv, NULL);
-    pthread_cond_init(&s->qcv, NULL);
     s->w.mu = &s->mu;
     s->w.sync_mode = cfg->sync;
     s->sync_every_ns =
@@ -2458,21 +2398,14 @@ static int recover(jstore *s, const tw_durable_config *cfg)
  * running. */
 static int start_threads(jstore *s, uint32_t nexec)
 {
-    int rc = 0;
-    if (nexec) {
-        s->exec = tw__calloc(nexec, sizeof *s->exec);
-        if (!s->exec)
-            return TW_ENOMEM;
-        for (; s->nexec < nexec; s->nexec++)
-            if (pthread_create(&s->exec[s->nexec], NULL, exec_main, s) != 0)
-                break;
-        if (s->nexec < nexec)
-            rc = TW_ENOMEM;
-    }
+    int rc =
+        tw__durable_exec_init(&s->exec, nexec, run_delivery, drop_delivery, s);
+    if (!rc)
+        rc = tw__durable_exec_start(&s->exec);
     if (!rc && pthread_create(&s->thr, NULL, store_main, s) != 0)
         rc = TW_ENOMEM;
     if (rc)
-        stop_executors(s);
+        tw__durable_exec_stop(&s->exec);
     return rc;
 }
 
@@ -2519,6 +2452,155 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
     *out = &s->base;
     return 0;
 }
+/* ------------------------------------------------------------------------ */
+/* The shared delivery path (src/durable_exec.h). */
+
+static bool exec_take(tw_timer *job, void *ctx)
+{
+    struct tw__durable_exec *x = ctx;
+    if (!atomic_load_explicit(&x->dropping, memory_order_acquire))
+        return true;
+    x->drop((struct tw__durable_job *)job, x->ctx);
+    pthread_mutex_lock(&x->mu);
+    if (--x->pending == 0)
+        pthread_cond_broadcast(&x->idle);
+    pthread_mutex_unlock(&x->mu);
+    return false;
+}
+
+static void exec_run(tw_timer *job, void *ctx)
+{
+    struct tw__durable_exec *x = ctx;
+    x->run((struct tw__durable_job *)job, x->ctx);
+    pthread_mutex_lock(&x->mu);
+    if (--x->pending == 0)
+        pthread_cond_broadcast(&x->idle);
+    pthread_mutex_unlock(&x->mu);
+}
+
+int tw__durable_exec_init(struct tw__durable_exec *x, uint32_t nthreads,
+                          tw__durable_run_fn run, tw__durable_drop_fn drop,
+                          void *ctx)
+{
+    x->run = run;
+    x->drop = drop;
+    x->ctx = ctx;
+    x->pending = 0;
+    x->started = false;
+    atomic_init(&x->dropping, false);
+    if (tw__exec_init(&x->pool, nthreads, exec_take, exec_run, x) != 0)
+        return TW_ENOMEM;
+    if (pthread_mutex_init(&x->mu, NULL) != 0)
+        goto fail_pool;
+    if (pthread_cond_init(&x->idle, NULL) != 0)
+        goto fail_mu;
+    x->ready = true;
+    return 0;
+fail_mu:
+    pthread_mutex_destroy(&x->mu);
+fail_pool:
+    tw__exec_destroy(&x->pool);
+    return TW_ENOMEM;
+}
+
+int tw__durable_exec_start(struct tw__durable_exec *x)
+{
+    if (tw__exec_start(&x->pool) != 0)
+        return TW_ENOMEM;
+    x->started = true;
+    return 0;
+}
+
+void tw__durable_exec_submit(struct tw__durable_exec *x,
+                             struct tw__durable_jobs *l)
+{
+    tw_timer *first = l->head;
+    size_t n = l->n;
+    tw__durable_jobs_init(l);
+    if (!first)
+        return;
+    if (!tw__durable_exec_threaded(x)) {
+        while (first) {
+            tw_timer *job = first;
+            first = job->tw__next; /* run() may free the job */
+            x->run((struct tw__durable_job *)job, x->ctx);
+        }
+        return;
+    }
+    /* Counted before the push: tw__durable_exec_wait_idle() never misses
+     * a job. */
+    pthread_mutex_lock(&x->mu);
+    x->pending += n;
+    pthread_mutex_unlock(&x->mu);
+    tw__exec_push(&x->pool, first);
+}
+
+void tw__durable_exec_wait_idle(struct tw__durable_exec *x)
+{
+    pthread_mutex_lock(&x->mu);
+    while (x->pending)
+        pthread_cond_wait(&x->idle, &x->mu);
+    pthread_mutex_unlock(&x->mu);
+}
+
+void tw__durable_exec_stop(struct tw__durable_exec *x)
+{
+    if (!x->started)
+        return;
+    atomic_store_explicit(&x->dropping, true, memory_order_release);
+    tw__exec_stop(&x->pool);
+    x->started = false;
+}
+
+void tw__durable_exec_destroy(struct tw__durable_exec *x)
+{
+    if (!x->ready)
+        return;
+    pthread_cond_destroy(&x->idle);
+    pthread_mutex_destroy(&x->mu);
+    tw__exec_destroy(&x->pool);
+    x->ready = false;
+}
+
+uint64_t tw__durable_late_us(int64_t now_ms, int64_t due_ms)
+{
+    int64_t late_ms; /* due_ms may be anywhere in int64: saturate */
+    if (__builtin_sub_overflow(now_ms, due_ms, &late_ms))
+        late_ms = INT64_MAX;
+    return late_ms > 0 && late_ms < INT64_MAX / 1000 ? (uint64_t)late_ms * 1000u
+           : late_ms > 0                             ? UINT64_MAX
+                                                     : 0;
+}
+
+void tw__durable_counts_begin(struct tw__durable_counts *c, uint64_t late_us)
+{
+    c->late_hist[tw__late_bucket(late_us)]++;
+    c->late_sum_us = late_us > UINT64_MAX - c->late_sum_us
+                         ? UINT64_MAX
+                         : c->late_sum_us + late_us;
+    c->running++;
+}
+
+void tw__durable_counts_end(struct tw__durable_counts *c, int r)
+{
+    c->running--;
+    if (r > 0 || r == TW_DURABLE_FIRE_RETRY)
+        c->retried++;
+    else
+        c->fired++;
+}
+
+void tw__durable_counts_stats(const struct tw__durable_counts *c,
+                              tw_durable_stats *out)
+{
+    out->fired = c->fired;
+    out->retried = c->retried;
+    out->backlog = c->backlog;
+    out->running = c->running;
+    out->late_sum_us = c->late_sum_us;
+    memcpy(out->late_hist, c->late_hist, sizeof out->late_hist);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Public calls. */
 
