@@ -151,4 +151,59 @@ void tw__durable_counts_end(struct tw__durable_counts *c, int r);
 void tw__durable_counts_stats(const struct tw__durable_counts *c,
                               tw_durable_stats *out);
 
+/* The store whose callback this thread is running, or NULL: close() of
+ * that store from inside its own callback would wait for itself, and
+ * returns TW_EDEADLK instead (src/durable.c). */
+extern _Thread_local tw_durable *tw__durable_running;
+
+/* Every backend calls its callbacks through this. */
+static inline int tw__durable_fire(tw_durable *d, tw_durable_fire_fn fn,
+                                   const tw_durable_timer *t, void *arg)
+{
+    tw_durable *outer = tw__durable_running;
+    tw__durable_running = d;
+    int res = fn(d, t, arg);
+    tw__durable_running = outer;
+    return res;
+}
+
+/* The first non-zero result of @items, or 0: what a schedule_many call
+ * returns once every item's result is set. */
+static inline int tw__durable_first_error(const tw_durable_item *items,
+                                          size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (items[i].result)
+            return items[i].result;
+    return 0;
+}
+
+/* A store's retry policy (cfg.max_attempts, retry_*; src/durable_dead.c),
+ * applied by both backends the same way. */
+struct tw__retry {
+    uint32_t max_attempts; /* 0: no limit */
+    uint32_t base_ms, max_ms, jitter_pct;
+};
+#define TW__RETRY_DEAD (-1) /* tw__retry_next(): to the dead letters */
+
+/* The policy of @cfg (checked by tw_durable_open()). */
+void tw__retry_init(struct tw__retry *p, const tw_durable_config *cfg);
+/* What follows a delivery of @attempt whose callback returned @r: 0 done,
+ * n > 0 deliver again in n ms, or TW__RETRY_DEAD. */
+int tw__retry_next(const struct tw__retry *p, uint32_t attempt, int r);
+/* Whether a delivery of @attempt may run its callback at all: one past
+ * max_attempts (the earlier ones crashed) goes to the dead letters. */
+static inline bool tw__retry_may(const struct tw__retry *p, uint32_t attempt)
+{
+    return !p->max_attempts || attempt <= p->max_attempts;
+}
+
+/* The default clocks of cfg.wall_ms (CLOCK_REALTIME, ms) and cfg.mono_ns
+ * (CLOCK_MONOTONIC, ns); @arg is unused. */
+int64_t tw__durable_real_wall_ms(void *arg);
+uint64_t tw__durable_real_mono_ns(void *arg);
+/* Write a message into cfg->errbuf, if it has one. */
+void tw__durable_errmsg(const tw_durable_config *cfg, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 #endif
