@@ -33,6 +33,7 @@
 
 #include "clock.h"
 #include "durable_backend.h"
+#include "durable_combine.h"
 #include "durable_exec.h"
 #include "internal.h"
 
@@ -208,6 +209,59 @@ void tw__durable_counts_stats(const struct tw__durable_counts *c,
     out->running = c->running;
     out->late_sum_us = c->late_sum_us;
     memcpy(out->late_hist, c->late_hist, sizeof out->late_hist);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The call combiner (src/durable_combine.h). */
+
+/* Apply every call queued so far, in arrival order (mu held), a few
+ * rounds while more arrive. */
+static void combine(struct tw__combiner *c)
+{
+    atomic_store(&c->combining, true);
+    for (int round = 0; round < TW__COMBINE_ROUNDS; round++) {
+        struct tw__combine_req *r = atomic_exchange(&c->pend, NULL);
+        struct tw__combine_req *fifo = NULL;
+        if (!r)
+            break;
+        while (r) {
+            struct tw__combine_req *nx = r->next;
+            r->next = fifo;
+            fifo = r;
+            r = nx;
+        }
+        c->apply(fifo, c->ctx);
+    }
+    atomic_store(&c->combining, false);
+}
+
+/* A caller that finds the mutex taken by a combiner sleeps on seq instead
+ * of queueing for the mutex; when no combiner runs it takes the mutex. */
+void tw__combine_run(struct tw__combiner *c, struct tw__combine_req *r)
+{
+    atomic_init(&r->done, false);
+    r->next = atomic_load(&c->pend);
+    while (!atomic_compare_exchange_weak(&c->pend, &r->next, r))
+        ;
+    while (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+        unsigned seq = atomic_load(&c->seq.word);
+        bool locked = pthread_mutex_trylock(c->mu) == 0;
+        if (!locked && !atomic_load(&c->combining)) {
+            pthread_mutex_lock(c->mu);
+            locked = true;
+        }
+        if (locked) {
+            if (!atomic_load_explicit(&r->done, memory_order_acquire))
+                combine(c);
+            if (c->after)
+                c->after(c->ctx);
+            pthread_mutex_unlock(c->mu);
+            /* Callers that queued meanwhile try again. */
+            tw__futex_bump(&c->seq);
+            return;
+        }
+        tw__futex_wait(&c->seq, seq);
+    }
 }
 
 /* ------------------------------------------------------------------------ */

@@ -208,18 +208,15 @@ struct staged_item {
 
 /* Items staged before their records are written with one pwrite(). */
 #define SCHED_GROUP 64
-/* Rounds of queued calls one combiner applies before it lets go. */
-#define COMBINE_ROUNDS 4
 
 /* A tw_durable_schedule_many() or tw_durable_cancel_many() call queued
  * for the combiner. */
 struct sreq {
-    struct sreq *next;
+    struct tw__combine_req req; /* first: the combiner's */
     tw_durable_item *items;
     size_t n;
     bool cancel;  /* the items are cancels */
     uint64_t lsn; /* the end of its records once applied; 0: none */
-    atomic_bool done;
 };
 
 /* An entry for @it's key if it needs one: the key is new, or its entry is
@@ -416,71 +413,44 @@ static void apply_items(jstore *s, tw_durable_item *items, size_t n,
     commit_group(s, items + from, st, n - from, cancel, lsn);
 }
 
-/* Apply every call queued so far, in arrival order (mutex held), a few
- * rounds while more arrive; each is marked done once applied, and its
- * caller may return at once, so nothing of it is touched after that. */
-static void combine(jstore *s)
+/* The combiner's round (src/durable_combine.h; mutex held): each call
+ * applied in arrival order and marked done, so that its caller may
+ * return at once and nothing of it is touched after that. */
+static void apply_round(struct tw__combine_req *first, void *ctx)
 {
-    atomic_store(&s->combining, true);
-    for (int round = 0; round < COMBINE_ROUNDS; round++) {
-        struct sreq *r = atomic_exchange(&s->pend, NULL), *fifo = NULL;
-        if (!r)
-            break;
-        while (r) {
-            struct sreq *nx = r->next;
-            r->next = fifo;
-            fifo = r;
-            r = nx;
-        }
-        for (r = fifo; r;) {
-            struct sreq *nx = r->next;
-            apply_items(s, r->items, r->n, r->cancel, &r->lsn);
-            atomic_store_explicit(&r->done, true, memory_order_release);
-            r = nx;
-        }
+    jstore *s = ctx;
+    for (struct tw__combine_req *r = first, *nx; r; r = nx) {
+        struct sreq *q = (struct sreq *)r;
+        nx = r->next;
+        apply_items(s, q->items, q->n, q->cancel, &q->lsn);
+        tw__combine_done(r);
     }
-    atomic_store(&s->combining, false);
 }
 
-/* Wait until a combiner (perhaps this caller) has applied @me. A caller
- * that finds the mutex taken by a combiner sleeps on apply_seq instead of
- * queueing for the mutex; when no combiner runs it takes the mutex. */
-static void wait_applied(jstore *s, struct sreq *me)
+/* After the combiner's rounds (mutex held): the store's thread starts
+ * writeback if the writer wants it. */
+static void after_rounds(void *ctx)
 {
-    while (!atomic_load_explicit(&me->done, memory_order_acquire)) {
-        unsigned seq = atomic_load(&s->apply_seq.word);
-        bool locked = pthread_mutex_trylock(&s->mu) == 0;
-        if (!locked && !atomic_load(&s->combining)) {
-            pthread_mutex_lock(&s->mu);
-            locked = true;
-        }
-        if (locked) {
-            if (!atomic_load_explicit(&me->done, memory_order_acquire))
-                combine(s);
-            if (tw__jr_wb_wanted(&s->w) && !s->kicked) {
-                s->kicked = true; /* the store's thread starts writeback */
-                pthread_cond_signal(&s->cv);
-            }
-            pthread_mutex_unlock(&s->mu);
-            /* Callers that queued meanwhile try again. */
-            tw__futex_bump(&s->apply_seq);
-            return;
-        }
-        tw__futex_wait(&s->apply_seq, seq);
+    jstore *s = ctx;
+    if (tw__jr_wb_wanted(&s->w) && !s->kicked) {
+        s->kicked = true;
+        pthread_cond_signal(&s->cv);
     }
+}
+
+void tw__journal_combiner_init(jstore *s)
+{
+    tw__combine_init(&s->combiner, &s->mu, apply_round, after_rounds, s);
 }
 
 /* Group commit of a batch: the call is queued, applied by whichever
  * caller holds the mutex (flat combining: one lock hand-off for many
  * calls, schedules and cancels in arrival order), then one wait covers its
  * records. */
-static int j_submit(jstore *s, tw_durable_item *items, size_t n, bool cancel)
+static int submit_call(jstore *s, tw_durable_item *items, size_t n, bool cancel)
 {
     struct sreq me = {.items = items, .n = n, .cancel = cancel};
-    me.next = atomic_load(&s->pend);
-    while (!atomic_compare_exchange_weak(&s->pend, &me.next, &me))
-        ;
-    wait_applied(s, &me);
+    tw__combine_run(&s->combiner, &me.req);
     int rc = me.lsn ? tw__jr_wait_nolock(&s->w, me.lsn) : 0;
     for (size_t i = 0; i < n; i++)
         if (!items[i].result)
@@ -490,12 +460,12 @@ static int j_submit(jstore *s, tw_durable_item *items, size_t n, bool cancel)
 
 int tw__journal_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
 {
-    return j_submit((jstore *)d, items, n, false);
+    return submit_call((jstore *)d, items, n, false);
 }
 
 int tw__journal_cancel_many(tw_durable *d, tw_durable_item *items, size_t n)
 {
-    return j_submit((jstore *)d, items, n, true);
+    return submit_call((jstore *)d, items, n, true);
 }
 
 int tw__journal_schedule(tw_durable *d, const void *key, size_t key_len,

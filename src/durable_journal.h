@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "durable_backend.h"
+#include "durable_combine.h"
 #include "durable_exec.h"
 #include "durable_index.h"
 #include "futex.h"
@@ -73,17 +74,16 @@ typedef struct jstore {
 
     uint64_t cancelled, recovered, recovery_us;
     uint64_t sync_every_ns, next_sync; /* SYNC_INTERVAL, monotonic ns */
-    /* Flat combining of schedule calls: queued (newest first), the
-     * holder of mu applying them, a futex word bumped when it lets go. */
-    _Atomic(struct sreq *) pend;
-    atomic_bool combining;
-    jr_futex apply_seq;
+    /* Flat combining of schedule and cancel calls (src/durable_combine.h),
+     * applied under mu. */
+    struct tw__combiner combiner;
     /* fired, retried, lateness, running; backlog: entries due (in due[] or
      * the executor's queue) whose callback has not begun. */
     struct tw__durable_counts counts;
     /* tw_durable_list()'s ordered index (src/durable_index.c): NULL until
      * its first call builds it; from then on every entry in the key table
-     * is in it at tw_timer_expires() of its timer (rearm(), entry_remove()).
+     * is in it at tw_timer_expires() of its timer (tw__journal_rearm(),
+     * tw__journal_entry_remove()).
      * If keeping it up to date runs out of memory it is dropped, and the
      * next listing builds it again. */
     tw__dx *dx;
@@ -168,6 +168,8 @@ int tw__journal_cancel(tw_durable *d, const void *key, size_t key_len);
 int tw__journal_schedule_many(tw_durable *d, tw_durable_item *items, size_t n);
 int tw__journal_cancel_many(tw_durable *d, tw_durable_item *items, size_t n);
 int tw__journal_stats(tw_durable *d, tw_durable_stats *out);
+/* Set up the store's call combiner (at open). */
+void tw__journal_combiner_init(jstore *s);
 
 /* durable_journal_fire.c: the store's thread and deliveries. */
 /* The wheel's callback of every entry (only within the store's thread's

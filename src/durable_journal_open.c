@@ -409,6 +409,7 @@ static void init_store(jstore *s, const tw_durable_config *cfg,
     pthread_condattr_destroy(&ca);
     pthread_cond_init(&s->round_cv, NULL);
     s->w.mu = &s->mu;
+    tw__journal_combiner_init(s);
     s->w.sync_mode = cfg->sync;
     s->sync_every_ns =
         (uint64_t)(cfg->sync_interval_ms ? cfg->sync_interval_ms : 1000) *

@@ -802,17 +802,23 @@ static void test_calls_during_close(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* Timer @key (due now) calls close() from its callback: TW_EDEADLK. */
+static void close_from_callback(tw_durable *d, const char *key)
+{
+    atomic_store(&self_close_rc, 1);
+    ASSERT_EQ(sched(d, key, now_ms(), "X"), 0);
+    wait_count(key, 1);
+    for (int i = 0; i < WAIT_MS && atomic_load(&self_close_rc) == 1; i++)
+        sleep_real_ms(1);
+    ASSERT_EQ(atomic_load(&self_close_rc), TW_EDEADLK);
+}
+
 /* close() from inside the store's own callback would wait for itself:
  * TW_EDEADLK, and the store goes on as if it had not been called. */
 static void test_close_from_callback(void)
 {
     tw_durable *d = open_new();
-    atomic_store(&self_close_rc, 1);
-    ASSERT_EQ(sched(d, "self-close", now_ms(), "X"), 0);
-    wait_count("self-close", 1);
-    for (int i = 0; i < WAIT_MS && atomic_load(&self_close_rc) == 1; i++)
-        sleep_real_ms(1);
-    ASSERT_EQ(atomic_load(&self_close_rc), TW_EDEADLK);
+    close_from_callback(d, "self-close");
     ASSERT_EQ(sched(d, "after-self-close", now_ms(), "a"), 0);
     wait_count("after-self-close", 1);
     settle(d);
@@ -842,12 +848,7 @@ static void test_executor_threads(void)
     wait_count("pair1", 1);
     wait_count("pair2", 1);
     ASSERT_EQ(atomic_load(&pair_alone), 0);
-    atomic_store(&self_close_rc, 1);
-    ASSERT_EQ(sched(d, "exec-self-close", now_ms(), "X"), 0);
-    wait_count("exec-self-close", 1);
-    for (int i = 0; i < WAIT_MS && atomic_load(&self_close_rc) == 1; i++)
-        sleep_real_ms(1);
-    ASSERT_EQ(atomic_load(&self_close_rc), TW_EDEADLK);
+    close_from_callback(d, "exec-self-close");
     settle(d);
     ASSERT_EQ(early, 0);
     ASSERT_EQ(tw_durable_close(d), 0);
