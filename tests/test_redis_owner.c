@@ -27,9 +27,9 @@
  *   churn  (3 masters + 3 replicas, wait_replicas = 1) handles join and
  *          leave while timers flow, and a master is killed (kill -9,
  *          the TW_REDIS_KILL command): every acknowledged timer
- *          delivered; per shard, in the order of the claims' tokens, the
- *          epochs the callbacks see never go back and each belongs to
- *          one node
+ *          delivered, within 15 s of its due time; per shard, in the
+ *          order of the claims' tokens, the epochs the callbacks see
+ *          never go back and each belongs to one node
  *   clock  one handle's wall clock (injected) stepped +2 s, then -2 s,
  *          while it owns shards and others join and leave: never two
  *          handles trusting one shard, every timer delivered once, the
@@ -971,6 +971,38 @@ static void close_handle(int i)
     printf("  handle %d left\n", i);
 }
 
+static void close_all(void)
+{
+    for (int i = 0; i < NH; i++)
+        if (hs[i])
+            close_handle(i);
+}
+
+/* Start the producer on @d (see struct prod). */
+static pthread_t load_start(tw_durable *d, int rate, int lead, int spread)
+{
+    pr.d = d;
+    pr.rate = rate;
+    pr.lead = lead;
+    pr.spread = spread;
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, prod_main, NULL), 0);
+    return th;
+}
+
+/* Stop the producer @th, wait up to @wait_ms for every acknowledged
+ * timer, then 1 s more for anything late (see wait_acked). Returns the
+ * acknowledged timers missing. */
+static int load_finish(pthread_t th, int64_t wait_ms, int *cnt, int *first)
+{
+    pr.stop = 1;
+    pthread_join(th, NULL);
+    int missing = wait_acked(wall_ms() + wait_ms, cnt, first);
+    sleep_ms(1000); /* anything late or twice still to come */
+    wait_acked(0, cnt, first);
+    return missing;
+}
+
 static int cmp_dv_token(const void *a, const void *b)
 {
     const struct dv *x = a, *y = b;
@@ -992,10 +1024,11 @@ static void show_twice(const int *cnt, int64_t t0)
                shard_of(k, oshards), (long long)(pr.due[i] - t0));
         for (size_t j = 0; j < dvn; j++)
             if (dvs[j].id == i)
-                printf(" [handle %d at %lld ms, epoch %llu token %llu]",
+                printf(" [handle %d at %lld ms, epoch of %lld ms, token of "
+                       "%lld ms]",
                        dvs[j].node, (long long)(dvs[j].fired_us / 1000 - t0),
-                       (unsigned long long)dvs[j].epoch,
-                       (unsigned long long)dvs[j].token);
+                       (long long)(dvs[j].epoch / 1024) - t0,
+                       (long long)(dvs[j].token / 1024) - t0);
         printf("\n");
     }
     pthread_mutex_unlock(&dvmu);
@@ -1014,12 +1047,7 @@ static void churn_test(void)
     static int own[1024];
     static uint64_t ep[1024];
     settle(own, ep);
-    pr.d = hs[0];
-    pr.rate = 500;
-    pr.lead = 1200;
-    pr.spread = 1000;
-    pthread_t th;
-    ASSERT_EQ(pthread_create(&th, NULL, prod_main, NULL), 0);
+    pthread_t th = load_start(hs[0], 500, 1200, 1000);
     int64_t t0 = wall_ms();
     /* Handle 0 produces and stays; the others come and go. */
     sleep_ms(2000);
@@ -1035,12 +1063,8 @@ static void churn_test(void)
     sleep_ms(1500);
     close_handle(2);
     sleep_ms(1500);
-    pr.stop = 1;
-    pthread_join(th, NULL);
     static int cnt[PMAX], first[PMAX];
-    int missing = wait_acked(wall_ms() + 30000, cnt, first);
-    sleep_ms(1000); /* anything late still to come */
-    wait_acked(0, cnt, first);
+    int missing = load_finish(th, 30000, cnt, first);
     int acked = 0, dups = 0;
     int64_t late = 0;
     for (int i = 0; i < pr.n; i++) {
@@ -1049,9 +1073,7 @@ static void churn_test(void)
         if (cnt[i] && dvs[first[i]].fired_us - pr.due[i] * 1000 > late)
             late = dvs[first[i]].fired_us - pr.due[i] * 1000;
     }
-    for (int i = 0; i < NH; i++)
-        if (hs[i])
-            close_handle(i);
+    close_all();
     show_twice(cnt, t0);
     /* Per shard, in token order: the owner's epoch never goes back, and
      * an epoch is one node's. */
@@ -1092,6 +1114,10 @@ static void churn_test(void)
     ASSERT_EQ(shared, 0);
     ASSERT(acked >= 1000); /* the run did exercise the flow */
     ASSERT_GT(moves, 0);   /* shards did change hands */
+    /* The dead master's shards wait for the failover (node timeout 1 s,
+     * then the election), the client's retries and the claims' ends
+     * (the lease, 2 s): 3.4 to 5.9 s on a loaded 2-core machine. */
+    ASSERT_LE(late / 1000, 15000);
     printf("churn: ok\n");
 }
 
@@ -1129,12 +1155,7 @@ static void clock_test(void)
     ASSERT_EQ(pthread_create(&ts, NULL, sampler, NULL), 0);
     /* Due from 0.5 to 2 s ahead: those due within the horizon (1 s) are
      * claimed at once by the producer, whatever the shard's owner. */
-    pr.d = hs[1];
-    pr.rate = 300;
-    pr.lead = 500;
-    pr.spread = 1500;
-    pthread_t th;
-    ASSERT_EQ(pthread_create(&th, NULL, prod_main, NULL), 0);
+    pthread_t th = load_start(hs[1], 300, 500, 1500);
     /* +2 s while it owns shards; a join takes some of them (its claims
      * made ahead meet another owner's), then -2 s and a leave gives
      * shards back to it. */
@@ -1154,17 +1175,11 @@ static void clock_test(void)
     sleep_ms(1500);
     atomic_store(&off, 0);
     sleep_ms(1000);
-    pr.stop = 1;
-    pthread_join(th, NULL);
     static int cnt[PMAX], first[PMAX];
-    int missing = wait_acked(wall_ms() + 20000, cnt, first);
-    sleep_ms(1000);
-    wait_acked(0, cnt, first);
+    int missing = load_finish(th, 20000, cnt, first);
     stop_sampler = 1;
     pthread_join(ts, NULL);
-    for (int i = 0; i < NH; i++)
-        if (hs[i])
-            close_handle(i);
+    close_all();
     int dups = 0, early = 0, early0 = 0, by0 = 0;
     int64_t most0 = 0, late0 = 0, late = 0;
     pthread_mutex_lock(&dvmu);
@@ -1250,12 +1265,7 @@ static void graceful_test(void)
     static int o1[1024], o2[1024], o3[1024];
     static uint64_t e1[1024], e2[1024], e3[1024];
     settle(o1, e1);
-    pr.d = hs[0];
-    pr.rate = 500;
-    pr.lead = 1200;
-    pr.spread = 800;
-    pthread_t th;
-    ASSERT_EQ(pthread_create(&th, NULL, prod_main, NULL), 0);
+    pthread_t th = load_start(hs[0], 500, 1200, 800);
     sleep_ms(2500);
     open_handle(3, &c);
     int64_t t = wall_ms();
@@ -1267,15 +1277,9 @@ static void graceful_test(void)
     settle(o3, e3);
     int64_t leave_ms = wall_ms() - t;
     sleep_ms(2500);
-    pr.stop = 1;
-    pthread_join(th, NULL);
     static int cnt[PMAX], first[PMAX];
-    int missing = wait_acked(wall_ms() + 20000, cnt, first);
-    sleep_ms(1000);
-    wait_acked(0, cnt, first);
-    for (int i = 0; i < NH; i++)
-        if (hs[i])
-            close_handle(i);
+    int missing = load_finish(th, 20000, cnt, first);
+    close_all();
     int wrong = 0;
     int mj = moved(o1, o2, -1, 3, &wrong), ml = moved(o2, o3, 2, -1, &wrong);
     int was2 = 0;
