@@ -50,6 +50,11 @@ struct tw__key_entry {
     unsigned char key[];
 };
 
+/* The entry's own bytes on LP64, before the key (the guide's memory
+ * figures count on them). */
+_Static_assert(sizeof(void *) != 8 || offsetof(struct tw__key_entry, key) == 52,
+               "a key entry is 52 bytes, then the key, on LP64");
+
 typedef uint32_t tw__key_handle;
 
 #define TW__KEY_SLAB_GRAIN 8u
