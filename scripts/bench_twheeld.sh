@@ -91,5 +91,15 @@ print([l for l in d.decode().splitlines() if l.startswith('current-jobs-delayed'
   cpu=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$PID/stat")
   rq=$(cat /proc/"$PID"/task/*/schedstat | awk '{w += $2} END {printf "%.2f", w / 1e9}')
   echo "$srv restart after kill -9: answering in $(echo "$t1 - $t0" | bc) s (CPU $cpu s, waiting for a CPU $rq s), $n, RSS $(($(rss "$PID") / 1024)) MB"
+  # Then until peek-delayed answers (twheeld reads delayed jobs from the
+  # store's ordered listing, built at its first use).
+  python3 -c "
+import socket
+s=socket.create_connection(('127.0.0.1',$P)); s.sendall(b'peek-delayed\r\n')
+d=b''
+while b'\r\n' not in d: d+=s.recv(65536)
+assert d.startswith(b'FOUND'), d"
+  t2=$(date +%s.%N)
+  echo "$srv restart after kill -9: peek-delayed answers in $(echo "$t2 - $t0" | bc) s, RSS $(($(rss "$PID") / 1024)) MB"
   stop "$PID"
 done

@@ -86,6 +86,8 @@ struct job {
     uint8_t state;
     bool soon_phase;   /* reserved: timer is at deadline - SAFETY_MS */
     bool stored;       /* a store write of it succeeded */
+    bool timed;        /* taken from the store while delayed: its record
+                          may fire until a write of it is done */
     uint8_t writes;    /* its store writes under way (saturating) */
     uint32_t heap_idx; /* in the tube's ready heap */
     struct tube *tube;
@@ -113,6 +115,7 @@ struct tube {
     size_t nready, cap;
     uint64_t nurgent, nreserved, total_jobs;
     struct jlist delayed, buried;
+    uint64_t ncold; /* delayed jobs held by the store alone (-b, --redis) */
     uint64_t using, watching, waiting;
     uint64_t cmd_delete, cmd_pause;
     uint32_t pause_s;
@@ -451,7 +454,7 @@ static struct tube *tube_get(const char *name, size_t len)
 static void tube_maybe_free(struct tube *t)
 {
     if (t == g.default_tube || t->using || t->watching || t->nready ||
-        t->nreserved || t->delayed.n || t->buried.n)
+        t->nreserved || t->delayed.n || t->ncold || t->buried.n)
         return;
     struct tube **pp = &g.tubes;
     while (*pp != t)
@@ -853,17 +856,6 @@ static void store_job(struct conn *c, struct job *j, const char *text)
     submit(c, job_write(j, st, c), text);
 }
 
-static void store_delete(struct conn *c, uint64_t id, const char *text)
-{
-    if (!g.store) {
-        reply(c, text);
-        return;
-    }
-    struct tbd_write *w = write_new(TBD_W_CANCEL, c);
-    w->key_len = (size_t)snprintf(w->key, sizeof(w->key), "j%" PRIu64, id);
-    submit(c, w, text);
-}
-
 /* The store key of this server's high-water mark of ids: "m", or with
  * --node N > 0 "m<N>" (each server its own). */
 static size_t mark_key(char *buf, size_t len)
@@ -901,6 +893,93 @@ static uint64_t key_id(const char *key, size_t len)
     return len > 1 && key[0] == 'j' ? id : 0;
 }
 
+/* True when store key @key is a job of this server (--node). */
+static bool key_mine(const char *key, size_t len)
+{
+    return key_id(key, len) >> NODE_SHIFT == g.opt->node;
+}
+
+/* A job record read back from the store (job_write()'s layout). */
+struct rec {
+    int state;
+    uint32_t pri, ttr, delay, body_len;
+    uint32_t cnt[5]; /* reserves, timeouts, releases, buries, kicks */
+    uint64_t id;
+    int64_t due, created;
+    const char *tube;
+    size_t tube_len;
+    const unsigned char *body;
+};
+
+/* Parses the @n bytes at @p into @r; false if they are not a job record. */
+static bool rec_parse(const unsigned char *p, size_t n, struct rec *r)
+{
+    if (n < REC_HEAD || p[0] != REC_JOB || p[1] != REC_VERSION ||
+        p[2] > J_BURIED)
+        return false;
+    const unsigned char *q = p + 3;
+    r->state = p[2];
+    r->pri = get_u32(q);
+    r->ttr = get_u32(q + 4);
+    r->delay = get_u32(q + 8);
+    q += 12;
+    r->id = get_u64(q);
+    r->due = (int64_t)get_u64(q + 8);
+    r->created = (int64_t)get_u64(q + 16);
+    q += 24;
+    for (int i = 0; i < 5; i++, q += 4)
+        r->cnt[i] = get_u32(q);
+    r->tube_len = *q++;
+    if (r->tube_len == 0 || r->tube_len > TBD_TUBE_NAME_MAX ||
+        (size_t)(q - p) + r->tube_len + 4 > n)
+        return false;
+    r->tube = (const char *)q;
+    q += r->tube_len;
+    r->body_len = get_u32(q);
+    q += 4;
+    r->body = q;
+    return (size_t)(q - p) + r->body_len == n && r->id != 0;
+}
+
+/* A job (in no table, list or state count) from @r, its body with it
+ * when @body; NULL when out of memory. */
+static struct job *job_from_rec(const struct rec *r, bool body)
+{
+    struct tube *t = tube_get(r->tube, r->tube_len);
+    struct job *j = t ? job_alloc() : NULL;
+    char *b = body && j ? malloc((size_t)r->body_len + 2) : NULL;
+    if (!j || (body && !b)) {
+        if (j)
+            job_release(j);
+        if (t)
+            tube_maybe_free(t);
+        return NULL;
+    }
+    j->id = r->id;
+    j->pri = r->pri;
+    j->ttr_s = r->ttr ? r->ttr : 1;
+    j->delay_s = r->delay;
+    j->due_wall = r->due;
+    j->created_wall = r->created;
+    j->reserves = r->cnt[0];
+    j->timeouts = r->cnt[1];
+    j->releases = r->cnt[2];
+    j->buries = r->cnt[3];
+    j->kicks = r->cnt[4];
+    j->body_len = r->body_len;
+    j->stored = true;
+    j->state = (uint8_t)r->state;
+    if (b) {
+        memcpy(b, r->body, r->body_len);
+        memcpy(b + r->body_len, "\r\n", 2);
+        j->body = b;
+        g.bodies++;
+    }
+    j->tube = t;
+    tw_timer_init(&j->timer, job_timer_fn, j);
+    return j;
+}
+
 /* Drops @j's body from memory when the store holds it and nothing here
  * needs it: a delayed or buried job with no write under way. */
 static void job_evict(struct job *j)
@@ -922,6 +1001,8 @@ static void job_written(struct tbd_write *w)
     if (j->writes > 0 && j->writes < UINT8_MAX)
         j->writes--;
     j->stored |= w->result == 0;
+    if (w->result == 0 && w->due_ms == 0)
+        j->timed = false;
     job_evict(j);
 }
 
@@ -974,6 +1055,15 @@ static void store_completions(struct tbd_write *w)
                  tw_strerror(w->result));
         if (w->kind == TBD_W_SCHED && w->key[0] == 'j')
             job_written(w);
+        if (w->cold && w->result != 0) {
+            /* A delayed job the store did not take: gone (logged). */
+            struct tube *t = w->cold;
+            t->ncold--;
+            g.counts[J_DELAYED]--;
+            tube_maybe_free(t);
+        }
+        if (w->unclaim)
+            tbd_store_unclaim(g.store, w->key, w->key_len);
         if (c) {
             struct out *o = (struct out *)(uintptr_t)w->tag;
             if (o) {
@@ -998,6 +1088,124 @@ static void store_completions(struct tbd_write *w)
         free(w);
         w = nx;
     }
+}
+
+/* ---- delayed jobs in the store (-b, --redis) ---- */
+
+/*
+ * With a store, a delayed job is not in memory: its tube counts it
+ * (ncold), the store holds its record with the job's due time and fires
+ * it (store.c); fired_jobs() makes it ready here. A command that names a
+ * delayed job reads it back from the store (cold_get()).
+ */
+
+/* Writes @j (delayed by j->delay_s from now) to the store with its due
+ * time, then frees it; @in_table: it is in the job table. */
+static void job_go_cold(struct conn *c, struct job *j, bool in_table,
+                        const char *text)
+{
+    struct tube *t = j->tube;
+    j->due_wall = wall_ms() + (int64_t)j->delay_s * 1000;
+    struct tbd_write *w = job_write(j, J_DELAYED, c);
+    w->due_ms = j->due_wall;
+    w->cold = t;
+    t->ncold++;
+    g.counts[J_DELAYED]++;
+    if (in_table)
+        job_table_remove(j);
+    job_release(j);
+    submit(c, w, text);
+}
+
+/* @j, read back from the store while delayed (job_from_rec()), joins the
+ * jobs in memory as ready. */
+static void cold_ready(struct job *j)
+{
+    struct tube *t = j->tube;
+    if (j->state == J_DELAYED && j->id >> NODE_SHIFT == g.opt->node &&
+        t->ncold) {
+        t->ncold--;
+        g.counts[J_DELAYED]--;
+    }
+    job_table_insert(j);
+    job_make_ready(j);
+}
+
+/* The jobs the store fired: ready now, unless already in memory. */
+static void fired_jobs(void)
+{
+    if (!g.store)
+        return;
+    for (struct tbd_fired *f = tbd_store_take_fired(g.store), *nx; f; f = nx) {
+        nx = f->next;
+        uint64_t id = key_id(f->key, f->key_len);
+        struct rec r;
+        if (id && !job_find(id) && rec_parse(f->payload, f->payload_len, &r) &&
+            r.id == id) {
+            struct job *j = job_from_rec(&r, true);
+            if (j)
+                cold_ready(j);
+            else
+                logv(0, "job %" PRIu64 ": out of memory, left in the store",
+                     id);
+        }
+        free(f);
+    }
+}
+
+/*
+ * A delayed job of this server that the store holds and memory does not,
+ * read back (not in the job table, state J_DELAYED, its body loaded,
+ * deadline set); NULL if there is none with @id. Free it with
+ * job_free_cold() unless it joins memory (cold_ready()).
+ */
+static struct job *cold_get(uint64_t id)
+{
+    if (!g.store || id >> NODE_SHIFT != g.opt->node)
+        return NULL;
+    char key[24];
+    size_t kl = (size_t)snprintf(key, sizeof(key), "j%" PRIu64, id);
+    size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + g.opt->max_job_size, len = 0;
+    unsigned char *p = malloc(cap);
+    struct rec r;
+    int64_t now = wall_ms();
+    struct job *j = NULL;
+    if (p && tbd_store_get(g.store, key, kl, p, cap, &len) == 0 && len <= cap &&
+        rec_parse(p, len, &r) && r.id == id && r.state == J_DELAYED &&
+        r.due > now)
+        j = job_from_rec(&r, true);
+    free(p);
+    if (j)
+        j->deadline = tw_wheel_now(g.wheel) + (uint64_t)(j->due_wall - now);
+    return j;
+}
+
+static void job_free_cold(struct job *j)
+{
+    struct tube *t = j->tube;
+    job_release(j);
+    tube_maybe_free(t);
+}
+
+/* The job @id in memory, or read back from the store into memory when
+ * it is delayed there: then ready, timed, and *@warmed set. */
+static struct job *job_find_warm(uint64_t id, bool *warmed)
+{
+    *warmed = false;
+    struct job *j = job_find(id);
+    if (j || !g.store)
+        return j;
+    fired_jobs();
+    j = job_find(id);
+    if (j)
+        return j;
+    j = cold_get(id);
+    if (j) {
+        j->timed = true;
+        cold_ready(j);
+        *warmed = true;
+    }
+    return j;
 }
 
 /* ---- reserving ---- */
@@ -1217,16 +1425,20 @@ static void put_finish(struct conn *c)
     j->id = next_job_id();
     j->created_wall = wall_ms();
     j->tube = c->use;
-    job_table_insert(j);
     g.total_jobs++;
     j->tube->total_jobs++;
+    char text[48];
+    snprintf(text, sizeof(text), "INSERTED %" PRIu64 "\r\n", j->id);
+    if (j->delay_s > 0 && g.store) {
+        job_go_cold(c, j, false, text);
+        return;
+    }
+    job_table_insert(j);
     uint64_t now = tw_wheel_now(g.wheel);
     if (j->delay_s > 0)
         job_make_delayed(j, j->delay_s, now);
     else
         job_make_ready(j);
-    char text[48];
-    snprintf(text, sizeof(text), "INSERTED %" PRIu64 "\r\n", j->id);
     store_job(c, j, text);
 }
 
@@ -1340,7 +1552,7 @@ static void cmd_stats_tube(struct conn *c, struct tube *t, uint64_t now)
          "\ncurrent-jobs-ready: %zu\ncurrent-jobs-reserved: %" PRIu64
          "\ncurrent-jobs-delayed: %" PRIu64 "\ncurrent-jobs-buried: %" PRIu64
          "\ntotal-jobs: %" PRIu64 "\n",
-         t->name, t->nurgent, t->nready, t->nreserved, t->delayed.n,
+         t->name, t->nurgent, t->nready, t->nreserved, t->delayed.n + t->ncold,
          t->buried.n, t->total_jobs);
     YADD("current-using: %" PRIu64 "\ncurrent-watching: %" PRIu64
          "\ncurrent-waiting: %" PRIu64 "\ncmd-delete: %" PRIu64
@@ -1454,6 +1666,139 @@ static bool kick_one(struct job *j)
     return true;
 }
 
+static void cmd_delete(struct conn *c, uint64_t id)
+{
+    struct job *j = job_find(id);
+    char key[24];
+    size_t kl = (size_t)snprintf(key, sizeof(key), "j%" PRIu64, id);
+    /* A job whose store record may fire: no delivery of it may reach
+     * fired_jobs() from now until its cancel is done (store.c). */
+    bool claim = g.store && (!j || j->timed);
+    if (claim) {
+        tbd_store_claim(g.store, key, kl);
+        fired_jobs();
+        j = job_find(id);
+    }
+    struct tube *t;
+    if (j && !(j->state == J_RESERVED && j->reserver != c)) {
+        t = j->tube;
+        j->tube->cmd_delete++;
+        job_unlink(j);
+        job_free(j);
+    } else if (!j && (j = cold_get(id)) != NULL) {
+        t = j->tube;
+        t->cmd_delete++;
+        t->ncold--;
+        g.counts[J_DELAYED]--;
+        job_free_cold(j);
+    } else {
+        if (claim)
+            tbd_store_unclaim(g.store, key, kl);
+        reply(c, "NOT_FOUND\r\n");
+        return;
+    }
+    (void)t;
+    if (!g.store) {
+        reply(c, "DELETED\r\n");
+        return;
+    }
+    struct tbd_write *w = write_new(TBD_W_CANCEL, c);
+    memcpy(w->key, key, kl + 1);
+    w->key_len = kl;
+    w->unclaim = claim;
+    submit(c, w, "DELETED\r\n");
+}
+
+/*
+ * Calls @fn for the delayed jobs of tube @t the store holds, in due
+ * order, each read back (cold_get()), until @fn returns false. Walks the
+ * store's listing of delayed jobs of every tube.
+ */
+static void cold_each(struct tube *t, bool (*fn)(void *arg, struct job *j),
+                      void *arg)
+{
+    fired_jobs();
+    void *cur = NULL;
+    char keys[64][24];
+    size_t lens[64];
+    bool more = t->ncold > 0;
+    while (more) {
+        long n = tbd_store_list_delayed(g.store, &cur, keys, lens, 64);
+        if (n < 0)
+            logv(0, "cannot list the delayed jobs: %s", tw_strerror((int)n));
+        if (n <= 0)
+            break;
+        for (long i = 0; i < n && more; i++) {
+            uint64_t id = key_id(keys[i], lens[i]);
+            if (!id || job_find(id))
+                continue;
+            struct job *j = cold_get(id);
+            if (!j)
+                continue;
+            if (j->tube != t) {
+                job_free_cold(j);
+                continue;
+            }
+            more = fn(arg, j);
+        }
+    }
+    tbd_store_list_end(cur);
+}
+
+struct cold_arg {
+    struct conn *c;
+    uint32_t left, kicked;
+    struct tbd_write *last;
+};
+
+static bool cold_peek_one(void *arg, struct job *j)
+{
+    struct cold_arg *a = arg;
+    cmd_peek_reply(a->c, j);
+    a->kicked = 1;
+    job_free_cold(j);
+    return false;
+}
+
+/* peek-delayed with a store: the delayed job of the used tube due first. */
+static void cold_peek(struct conn *c)
+{
+    struct cold_arg a = {.c = c};
+    cold_each(c->use, cold_peek_one, &a);
+    if (!a.kicked)
+        reply(c, "NOT_FOUND\r\n");
+}
+
+static bool cold_kick_one(void *arg, struct job *j)
+{
+    struct cold_arg *a = arg;
+    j->timed = true;
+    cold_ready(j);
+    j->kicks++;
+    /* Each write but the last goes at once; the reply waits for the
+     * last, and writes complete in order. */
+    if (a->last)
+        submit(a->c, a->last, NULL);
+    a->last = job_write(j, J_READY, a->c);
+    a->kicked++;
+    return --a->left > 0;
+}
+
+/* kick @bound with a store and no buried job in @t: its delayed jobs,
+ * those due first first. */
+static void cold_kick(struct conn *c, struct tube *t, uint32_t bound)
+{
+    struct cold_arg a = {.c = c, .left = bound};
+    if (bound)
+        cold_each(t, cold_kick_one, &a);
+    char text[40];
+    snprintf(text, sizeof(text), "KICKED %u\r\n", a.kicked);
+    if (a.last)
+        submit(c, a.last, text);
+    else
+        reply(c, text);
+}
+
 static void run_command(struct conn *c, const struct tbd_cmd *cmd)
 {
     uint64_t now = tw_wheel_now(g.wheel);
@@ -1462,6 +1807,7 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
     logv(3, "fd %d: %s", c->fd, tbd_op_name(cmd->op));
     struct job *j;
     struct tube *t;
+    bool warmed;
     switch (cmd->op) {
     case TBD_BAD_FORMAT:
         reply(c, "BAD_FORMAT\r\n");
@@ -1488,7 +1834,7 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
         cmd_reserve(c, (int64_t)cmd->timeout * 1000);
         break;
     case TBD_RESERVE_JOB:
-        j = job_find(cmd->id);
+        j = job_find_warm(cmd->id, &warmed);
         if (!j || j->state == J_RESERVED) {
             reply(c, "NOT_FOUND\r\n");
             break;
@@ -1498,17 +1844,11 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
             g.workers++;
         }
         reserve_job(c, j, now);
+        if (warmed) /* it was delayed in the store: ready after a crash */
+            submit(c, job_write(j, J_READY, c), NULL);
         break;
     case TBD_DELETE:
-        j = job_find(cmd->id);
-        if (!j || (j->state == J_RESERVED && j->reserver != c)) {
-            reply(c, "NOT_FOUND\r\n");
-            break;
-        }
-        j->tube->cmd_delete++;
-        job_unlink(j);
-        job_free(j);
-        store_delete(c, cmd->id, "DELETED\r\n");
+        cmd_delete(c, cmd->id);
         break;
     case TBD_RELEASE:
     case TBD_BURY:
@@ -1524,6 +1864,11 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
             job_make_buried(j);
         } else {
             j->releases++;
+            if (cmd->delay > 0 && g.store) {
+                j->delay_s = cmd->delay;
+                job_go_cold(c, j, true, "RELEASED\r\n");
+                break;
+            }
             if (cmd->delay > 0)
                 job_make_delayed(j, cmd->delay, now);
             else
@@ -1578,12 +1923,32 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
         replyf(c, "WATCHING %zu\r\n", c->nwatch);
         break;
     case TBD_PEEK:
-        cmd_peek_reply(c, job_find(cmd->id));
+    case TBD_STATS_JOB:
+        j = job_find(cmd->id);
+        if (!j && g.store) {
+            fired_jobs();
+            j = job_find(cmd->id);
+        }
+        struct job *cold = j ? NULL : cold_get(cmd->id);
+        if (cold)
+            j = cold;
+        if (cmd->op == TBD_PEEK)
+            cmd_peek_reply(c, j);
+        else if (!j)
+            reply(c, "NOT_FOUND\r\n");
+        else
+            cmd_stats_job(c, j, now);
+        if (cold)
+            job_free_cold(cold);
         break;
     case TBD_PEEK_READY:
         cmd_peek_reply(c, c->use->nready ? c->use->heap[0] : NULL);
         break;
     case TBD_PEEK_DELAYED: {
+        if (g.store) {
+            cold_peek(c);
+            break;
+        }
         /* O(delayed jobs of the tube): the delays themselves live in the
          * wheel, which has no order to read. */
         struct job *best = NULL;
@@ -1599,6 +1964,10 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
         break;
     case TBD_KICK: {
         t = c->use;
+        if (g.store && !t->buried.n) {
+            cold_kick(c, t, cmd->bound);
+            break;
+        }
         uint32_t k = 0;
         struct jlist *l = t->buried.n ? &t->buried : &t->delayed;
         struct tbd_write *last = NULL;
@@ -1624,7 +1993,12 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
         break;
     }
     case TBD_KICK_JOB:
-        j = job_find(cmd->id);
+        j = job_find_warm(cmd->id, &warmed);
+        if (warmed) { /* delayed in the store: ready now */
+            j->kicks++;
+            store_job(c, j, "KICKED\r\n");
+            break;
+        }
         if (!j || (j->state != J_BURIED && j->state != J_DELAYED)) {
             reply(c, "NOT_FOUND\r\n");
             break;
@@ -1634,13 +2008,6 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
             break;
         }
         store_job(c, j, "KICKED\r\n");
-        break;
-    case TBD_STATS_JOB:
-        j = job_find(cmd->id);
-        if (!j)
-            reply(c, "NOT_FOUND\r\n");
-        else
-            cmd_stats_job(c, j, now);
         break;
     case TBD_STATS_TUBE:
         t = tube_find(cmd->tube, cmd->tube_len);
@@ -1881,9 +2248,8 @@ static void conn_accept(void)
 /* ---- recovery ---- */
 
 struct recover_ctx {
-    uint64_t max_id, mark, jobs, bad, others;
+    uint64_t max_id, mark, jobs, cold, bad, others;
     int64_t now_wall;
-    uint64_t now_mono;
 };
 
 static void recover_one(void *arg, const char *key, size_t key_len,
@@ -1900,84 +2266,41 @@ static void recover_one(void *arg, const char *key, size_t key_len,
         return;
     }
     /* Another server's job (--node): not this one's to serve. */
-    if (key_id(key, key_len) >> NODE_SHIFT != g.opt->node) {
+    if (!key_mine(key, key_len)) {
         r->others++;
         return;
     }
-    if (n < REC_HEAD || p[0] != REC_JOB || p[1] != REC_VERSION) {
+    struct rec rc;
+    if (!rec_parse(p, n, &rc) || job_find(rc.id)) {
         r->bad++;
         return;
     }
-    const unsigned char *q = p + 3;
-    int state = p[2];
-    uint32_t pri = get_u32(q), ttr = get_u32(q + 4), delay = get_u32(q + 8);
-    q += 12;
-    uint64_t id = get_u64(q);
-    int64_t due = (int64_t)get_u64(q + 8);
-    int64_t created = (int64_t)get_u64(q + 16);
-    q += 24;
-    uint32_t cnt[5];
-    for (int i = 0; i < 5; i++, q += 4)
-        cnt[i] = get_u32(q);
-    size_t tl = *q++;
-    if (tl == 0 || tl > TBD_TUBE_NAME_MAX || (size_t)(q - p) + tl + 4 > n ||
-        state > J_BURIED) {
-        r->bad++;
+    if (rc.id > r->max_id)
+        r->max_id = rc.id;
+    r->jobs++;
+    if (rc.state == J_DELAYED && rc.due > r->now_wall) {
+        /* The store fires it; only its tube counts it here. */
+        struct tube *t = tube_get(rc.tube, rc.tube_len);
+        if (!t) {
+            fputs("twheeld: out of memory during recovery\n", stderr);
+            exit(1);
+        }
+        t->ncold++;
+        g.counts[J_DELAYED]++;
+        r->cold++;
         return;
     }
-    const char *tname = (const char *)q;
-    q += tl;
-    uint32_t bl = get_u32(q);
-    q += 4;
-    if ((size_t)(q - p) + bl != n || job_find(id) || id == 0) {
-        r->bad++;
-        return;
-    }
-    struct tube *t = tube_get(tname, tl);
-    struct job *j = job_alloc();
-    /* Delayed and buried jobs leave their bodies in the store. */
-    bool cold = state == J_BURIED || (state == J_DELAYED && due > r->now_wall);
-    char *body = cold || !j ? NULL : malloc((size_t)bl + 2);
-    if (!t || !j || (!cold && !body)) {
+    /* Buried jobs leave their bodies in the store. */
+    struct job *j = job_from_rec(&rc, rc.state != J_BURIED);
+    if (!j) {
         fputs("twheeld: out of memory during recovery\n", stderr);
         exit(1);
     }
-    j->id = id;
-    j->pri = pri;
-    j->ttr_s = ttr ? ttr : 1;
-    j->delay_s = delay;
-    j->due_wall = due;
-    j->created_wall = created;
-    j->reserves = cnt[0];
-    j->timeouts = cnt[1];
-    j->releases = cnt[2];
-    j->buries = cnt[3];
-    j->kicks = cnt[4];
-    j->body_len = bl;
-    j->stored = true;
-    if (body) {
-        memcpy(body, q, bl);
-        memcpy(body + bl, "\r\n", 2);
-        j->body = body;
-        g.bodies++;
-    }
-    j->tube = t;
-    tw_timer_init(&j->timer, job_timer_fn, j);
     job_table_insert(j);
-    if (state == J_BURIED) {
+    if (rc.state == J_BURIED)
         job_make_buried(j);
-    } else if (state == J_DELAYED && due > r->now_wall) {
-        j->state = J_DELAYED;
-        g.counts[J_DELAYED]++;
-        j->deadline = r->now_mono + (uint64_t)(due - r->now_wall);
-        jl_push(&t->delayed, j);
-        tw_wheel_add(g.wheel, &j->timer, j->deadline);
-    } else {
+    else
         job_make_ready(j);
-    }
-    if (id > r->max_id)
-        r->max_id = id;
-    r->jobs++;
 }
 
 /* ---- /metrics (--metrics-port) ---- */
@@ -2266,7 +2589,7 @@ int tbd_serve(const struct tbd_options *opt)
                     tw_strerror(rc), err[0] ? ": " : "", err);
             return 1;
         }
-        struct recover_ctx r = {.now_wall = wall_ms(), .now_mono = mono_ms()};
+        struct recover_ctx r = {.now_wall = wall_ms()};
         uint64_t t0 = mono_ms();
         job_table_reserve(tbd_store_keys(g.store));
         long n = tbd_store_recover(g.store, recover_one, &r);
@@ -2283,8 +2606,9 @@ int tbd_serve(const struct tbd_options *opt)
         g.next_id = g.id_mark + 1;
         logv(1,
              "%s: %" PRIu64 " jobs recovered in %" PRIu64 " ms (%" PRIu64
-             " unreadable, %" PRIu64 " of other nodes), next id %" PRIu64,
-             where, r.jobs, mono_ms() - t0, r.bad, r.others, g.next_id);
+             " delayed in the store, %" PRIu64 " unreadable, %" PRIu64
+             " of other nodes), next id %" PRIu64,
+             where, r.jobs, mono_ms() - t0, r.cold, r.bad, r.others, g.next_id);
     }
 
     g.lfd = listen_on(opt->addr, opt->port);
@@ -2357,6 +2681,7 @@ int tbd_serve(const struct tbd_options *opt)
                 }
             } else if (p == &tag_store) {
                 store_completions(tbd_store_take(g.store));
+                fired_jobs();
             } else {
                 struct conn *c = p;
                 if (c->closed)

@@ -4,25 +4,28 @@
  *
  * Encoding. Every job is one durable timer: key "j<id>", payload the
  * whole job record (state, priority, TTR, delay and due time by the wall
- * clock, counters, tube name, body; see server.c job_record()). The
- * timer's own due time is a constant far in the future (STORE_DUE, year
- * 3000): the store never fires a job. Delays, TTRs and pauses run on the
- * server's in-memory wheel; the store is the job table, written at every
- * change a crash must see (put, release, bury, kick, delete) and read
- * back once at start-up. A reserved job is stored as it was before the
+ * clock, counters, tube name, body; see server.c job_record()). A delayed
+ * job's timer is due when the job is (with a store, the server keeps
+ * nothing of a delayed job in memory but counts: the store holds it and
+ * fires it); every other job's timer is due at a constant far in the
+ * future (STORE_DUE, year 3000), so it never fires. The state of a job
+ * lives in its payload: a reserved job is stored as it was before the
  * reserve (ready), which is what it becomes after a crash. Key "m" holds
  * a high-water mark of job ids, written before any INSERTED with an id
  * above the previous mark, so that ids are never reused after a restart
  * even when every job was deleted.
  *
- * Why not let the store fire the delayed jobs? A fired timer is gone from
- * the store unless its callback asks for a retry, and a retry moves its
- * due time: a ready or buried job would then have to live at some future
- * due time, invisible to a restarted server until that time comes. The
- * store's scan (tw_durable_scan(): on the journal one sequential read of
- * its segments) hands every key back at start-up whatever its due time,
- * so the due time carries no meaning and the job state lives in the
- * payload alone.
+ * Firing. When a delayed job's timer fires, store_fire() copies its key
+ * and payload to a list the event loop takes (tbd_store_take_fired(),
+ * woken through the eventfd) and asks the store to deliver it again in
+ * FIRED_KEEP_MS: the timer stays in the store, and the job, now ready in
+ * the server's memory, stays durable. Its payload still says "delayed"
+ * with a due time in the past, which a restart reads as ready. If the
+ * job is still in memory when the timer fires again, the event loop
+ * ignores it; a job that changes state (reserve and release, bury,
+ * delete) is rewritten or cancelled anyway. At start-up the store's scan
+ * (tw_durable_scan(): on the journal one sequential read of its
+ * segments) hands every key back whatever its due time.
  *
  * Writes. With -f 0 the event loop never blocks on the store: it queues
  * writes to one writer thread, which takes everything queued, writes runs of
@@ -51,6 +54,8 @@
 
 #define STORE_DUE INT64_C(32503680000000) /* 3000-01-01 in Unix ms */
 #define BATCH_MAX 4096                    /* writes per writer round */
+#define FIRED_KEEP_MS 0x3fffffff          /* about 12 days: a fired job stays */
+#define CLAIM_MAX 64 /* claims with room; more are allocated */
 
 struct tbd_store {
     tw_durable *d;
@@ -63,16 +68,60 @@ struct tbd_store {
     struct tbd_write *q_head, *q_tail;       /* queued */
     struct tbd_write *done_head, *done_tail; /* completed */
     uint64_t written, batches;
+    /* Fired jobs and claims, under fmu (store_fire() runs on the store's
+     * thread). */
+    pthread_mutex_t fmu;
+    struct tbd_fired *f_head, *f_tail;
+    struct claim {
+        char key[24];
+        size_t len;
+    } * claims;
+    size_t nclaims, claims_cap;
     tw_durable_item items[BATCH_MAX];
 };
 
-/* Jobs never fire (STORE_DUE); if the clock ever gets there, keep them. */
+static bool claimed(const struct tbd_store *s, const void *key, size_t len)
+{
+    for (size_t i = 0; i < s->nclaims; i++)
+        if (s->claims[i].len == len && !memcmp(s->claims[i].key, key, len))
+            return true;
+    return false;
+}
+
+/* A delayed job is due: hand it to the event loop, keep it in the store
+ * (see the top of this file). */
 static int store_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
-    (void)t;
-    (void)arg;
-    return 86400000;
+    struct tbd_store *s = arg;
+    if (t->key_len >= sizeof(((struct tbd_fired *)0)->key))
+        return FIRED_KEEP_MS; /* not a key of ours */
+    pthread_mutex_lock(&s->fmu);
+    if (claimed(s, t->key, t->key_len)) {
+        /* Its delete is under way: done. */
+        pthread_mutex_unlock(&s->fmu);
+        return 0;
+    }
+    struct tbd_fired *f = malloc(sizeof(*f) + t->payload_len);
+    if (!f) {
+        pthread_mutex_unlock(&s->fmu);
+        return 1000; /* again in a second */
+    }
+    f->next = NULL;
+    f->key_len = t->key_len;
+    memcpy(f->key, t->key, t->key_len);
+    f->payload_len = t->payload_len;
+    memcpy(f->payload, t->payload, t->payload_len);
+    if (s->f_tail)
+        s->f_tail->next = f;
+    else
+        s->f_head = f;
+    s->f_tail = f;
+    uint64_t one = 1;
+    ssize_t r = write(s->efd, &one, sizeof(one));
+    (void)r; /* eventfd: fails only when the counter would overflow */
+    pthread_mutex_unlock(&s->fmu);
+    return FIRED_KEEP_MS;
 }
 
 /* Writes the run [first, first + n) of one kind; results into each. */
@@ -80,11 +129,12 @@ static void write_run(struct tbd_store *s, struct tbd_write *first, size_t n)
 {
     struct tbd_write *w = first;
     for (size_t i = 0; i < n; i++, w = w->next) {
-        s->items[i] = (tw_durable_item){.key = w->key,
-                                        .key_len = w->key_len,
-                                        .due_ms = STORE_DUE,
-                                        .payload = w->payload,
-                                        .payload_len = w->payload_len};
+        s->items[i] =
+            (tw_durable_item){.key = w->key,
+                              .key_len = w->key_len,
+                              .due_ms = w->due_ms ? w->due_ms : STORE_DUE,
+                              .payload = w->payload,
+                              .payload_len = w->payload_len};
     }
     if (first->kind == TBD_W_SCHED)
         tw_durable_schedule_many(s->d, s->items, n);
@@ -161,8 +211,11 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
     struct tbd_store *s = calloc(1, sizeof(*s));
     if (!s)
         return TW_ENOMEM;
-    tw_durable_config cfg = {
-        .dir = dir, .fire = store_fire, .errbuf = err, .errbuf_len = err_len};
+    tw_durable_config cfg = {.dir = dir,
+                             .fire = store_fire,
+                             .fire_arg = s,
+                             .errbuf = err,
+                             .errbuf_len = err_len};
     if (!dir) {
         cfg.redis = redis;
         cfg.redis_namespace = ns;
@@ -175,19 +228,24 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
     } else {
         cfg.sync = TW_DURABLE_SYNC_NONE;
     }
-    int rc = tw_durable_open(&s->d, &cfg);
-    if (rc != 0) {
-        free(s);
-        return rc;
-    }
+    /* The store may fire as soon as it is open: all of this first. */
     s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (s->efd < 0) {
-        tw_durable_close(s->d);
         free(s);
         return -errno;
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_mutex_init(&s->fmu, NULL);
+    int rc = tw_durable_open(&s->d, &cfg);
+    if (rc != 0) {
+        close(s->efd);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        pthread_mutex_destroy(&s->fmu);
+        free(s);
+        return rc;
+    }
     /* Without an fdatasync to wait for, a write is a write(2): cheaper
      * on the event loop's thread, batched per loop iteration, than a
      * hand-off to another thread and back. */
@@ -197,8 +255,8 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
         return 0;
     }
     if (pthread_create(&s->thread, NULL, writer, s) != 0) {
-        close(s->efd);
         tw_durable_close(s->d);
+        close(s->efd);
         free(s);
         if (err && err_len)
             snprintf(err, err_len, "cannot start the writer thread");
@@ -301,6 +359,80 @@ struct tbd_write *tbd_store_take(struct tbd_store *s)
     return h;
 }
 
+struct tbd_fired *tbd_store_take_fired(struct tbd_store *s)
+{
+    pthread_mutex_lock(&s->fmu);
+    struct tbd_fired *h = s->f_head;
+    s->f_head = s->f_tail = NULL;
+    pthread_mutex_unlock(&s->fmu);
+    return h;
+}
+
+void tbd_store_claim(struct tbd_store *s, const char *key, size_t key_len)
+{
+    pthread_mutex_lock(&s->fmu);
+    if (s->nclaims == s->claims_cap) {
+        size_t ncap = s->claims_cap ? s->claims_cap * 2 : CLAIM_MAX;
+        struct claim *nc = realloc(s->claims, ncap * sizeof(*nc));
+        if (!nc) {
+            fputs("twheeld: out of memory\n", stderr);
+            abort();
+        }
+        s->claims = nc;
+        s->claims_cap = ncap;
+    }
+    memcpy(s->claims[s->nclaims].key, key, key_len);
+    s->claims[s->nclaims++].len = key_len;
+    pthread_mutex_unlock(&s->fmu);
+}
+
+void tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len)
+{
+    pthread_mutex_lock(&s->fmu);
+    for (size_t i = 0; i < s->nclaims; i++) {
+        if (s->claims[i].len == key_len &&
+            !memcmp(s->claims[i].key, key, key_len)) {
+            s->claims[i] = s->claims[--s->nclaims];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->fmu);
+}
+
+long tbd_store_list_delayed(struct tbd_store *s, void **cursor,
+                            char (*keys)[24], size_t *lens, size_t max)
+{
+    tw_durable_cursor *cur = *cursor;
+    if (!cur) {
+        cur = calloc(1, sizeof(*cur));
+        if (!cur)
+            return TW_ENOMEM;
+        *cursor = cur;
+    }
+    if (cur->done)
+        return 0;
+    tw_durable_entry e[64];
+    char kb[64 * 24];
+    if (max > 64)
+        max = 64;
+    int n = tw_durable_list(s->d, 0, STORE_DUE, cur, e, max, kb, sizeof(kb));
+    if (n < 0)
+        return n;
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        if (e[i].key_len >= 24)
+            continue; /* not a job key */
+        memcpy(keys[k], e[i].key, e[i].key_len);
+        lens[k++] = e[i].key_len;
+    }
+    return (long)k;
+}
+
+void tbd_store_list_end(void *cursor)
+{
+    free(cursor);
+}
+
 void tbd_store_counts(struct tbd_store *s, uint64_t *written, uint64_t *batches,
                       uint64_t *journal_bytes)
 {
@@ -334,7 +466,13 @@ void tbd_store_close(struct tbd_store *s)
     }
     tw_durable_close(s->d);
     close(s->efd);
+    for (struct tbd_fired *f = s->f_head, *nx; f; f = nx) {
+        nx = f->next;
+        free(f);
+    }
+    free(s->claims);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->fmu);
     free(s);
 }

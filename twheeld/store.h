@@ -21,10 +21,21 @@ struct tbd_write {
     int result;   /* out: 0 or a TW_E* code */
     char key[24]; /* "j<id>" or "m" */
     size_t key_len;
-    void *payload; /* malloc'd, freed by the owner */
+    int64_t due_ms; /* TBD_W_SCHED: when the store fires it; 0 = never */
+    void *payload;  /* malloc'd, freed by the owner */
     size_t payload_len;
     void *owner;  /* the event loop's: who waits for it */
     uint64_t tag; /* the event loop's */
+    void *cold;   /* the event loop's: a delayed job's tube, or NULL */
+    bool unclaim; /* the event loop's: tbd_store_unclaim() its key once done */
+};
+
+/* A job the store fired (its delay ran out), handed to the event loop. */
+struct tbd_fired {
+    struct tbd_fired *next;
+    size_t key_len, payload_len;
+    char key[24];
+    unsigned char payload[]; /* payload_len bytes */
 };
 
 /*
@@ -79,6 +90,28 @@ int tbd_store_fd(const struct tbd_store *s);
 
 /* Take the completed writes, oldest first (event loop thread). */
 struct tbd_write *tbd_store_take(struct tbd_store *s);
+
+/* The jobs the store fired since the last call, oldest first (event loop
+ * thread; free() each). The eventfd becomes readable when there are. */
+struct tbd_fired *tbd_store_take_fired(struct tbd_store *s);
+
+/* While @key is claimed, a delivery of it is dropped (completed, not
+ * handed over): for a delete whose cancel is under way. Claim before
+ * taking the fired jobs, so that none of @key slips in between. */
+void tbd_store_claim(struct tbd_store *s, const char *key, size_t key_len);
+void tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len);
+
+/*
+ * tbd_store_list_delayed - up to @max keys of delayed jobs (due before
+ * "never") from *@cursor on, in due order, into @keys (24 bytes each,
+ * lengths into @lens); *@cursor (NULL to start) is made and advanced.
+ * Returns the number, 0 at the end, or a negative TW_E* code. Free the
+ * cursor with tbd_store_list_end(). The first listing builds the store's
+ * ordered index (tw_durable_list(), docs/guide/twheeld.md says its cost).
+ */
+long tbd_store_list_delayed(struct tbd_store *s, void **cursor,
+                            char (*keys)[24], size_t *lens, size_t max);
+void tbd_store_list_end(void *cursor);
 
 /* Counters for stats: records written, batches, journal bytes. */
 void tbd_store_counts(struct tbd_store *s, uint64_t *written, uint64_t *batches,
