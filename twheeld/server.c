@@ -750,7 +750,9 @@ static void job_free(struct job *j)
 }
 
 /* The store record of @j: see store.c for the encoding's purpose. */
-enum { REC_JOB = 'J', REC_MARK = 'M', REC_VERSION = 1 };
+/* Version 2 of a job record ends with the node (--node) of the server
+ * that holds the job; version 1 (without it) is still read. */
+enum { REC_JOB = 'J', REC_MARK = 'M', REC_VERSION = 2 };
 
 static void put_u32(unsigned char **p, uint32_t v)
 {
@@ -800,7 +802,7 @@ static struct tbd_write *job_write(struct job *j, int stored_state,
     w->key_len = (size_t)snprintf(w->key, sizeof(w->key), "j%" PRIu64, j->id);
     if (j->writes < UINT8_MAX)
         j->writes++;
-    size_t n = REC_HEAD + j->tube->name_len + j->body_len;
+    size_t n = REC_HEAD + j->tube->name_len + j->body_len + 4;
     unsigned char *p = xmalloc(n), *q = p;
     *q++ = REC_JOB;
     *q++ = REC_VERSION;
@@ -821,6 +823,8 @@ static struct tbd_write *job_write(struct job *j, int stored_state,
     q += j->tube->name_len;
     put_u32(&q, j->body_len);
     memcpy(q, j->body, j->body_len);
+    q += j->body_len;
+    put_u32(&q, g.opt->node);
     w->payload = p;
     w->payload_len = n;
     return w;
@@ -893,17 +897,12 @@ static uint64_t key_id(const char *key, size_t len)
     return len > 1 && key[0] == 'j' ? id : 0;
 }
 
-/* True when store key @key is a job of this server (--node). */
-static bool key_mine(const char *key, size_t len)
-{
-    return key_id(key, len) >> NODE_SHIFT == g.opt->node;
-}
-
 /* A job record read back from the store (job_write()'s layout). */
 struct rec {
     int state;
     uint32_t pri, ttr, delay, body_len;
     uint32_t cnt[5]; /* reserves, timeouts, releases, buries, kicks */
+    uint32_t owner;  /* --node of the server that holds it */
     uint64_t id;
     int64_t due, created;
     const char *tube;
@@ -914,9 +913,10 @@ struct rec {
 /* Parses the @n bytes at @p into @r; false if they are not a job record. */
 static bool rec_parse(const unsigned char *p, size_t n, struct rec *r)
 {
-    if (n < REC_HEAD || p[0] != REC_JOB || p[1] != REC_VERSION ||
+    if (n < REC_HEAD || p[0] != REC_JOB || p[1] < 1 || p[1] > REC_VERSION ||
         p[2] > J_BURIED)
         return false;
+    size_t tail = p[1] >= 2 ? 4 : 0; /* the owner */
     const unsigned char *q = p + 3;
     r->state = p[2];
     r->pri = get_u32(q);
@@ -938,7 +938,11 @@ static bool rec_parse(const unsigned char *p, size_t n, struct rec *r)
     r->body_len = get_u32(q);
     q += 4;
     r->body = q;
-    return (size_t)(q - p) + r->body_len == n && r->id != 0;
+    if ((size_t)(q - p) + r->body_len + tail != n || r->id == 0)
+        return false;
+    r->owner =
+        tail ? get_u32(q + r->body_len) : (uint32_t)(r->id >> NODE_SHIFT);
+    return true;
 }
 
 /* A job (in no table, list or state count) from @r, its body with it
@@ -1012,18 +1016,18 @@ static char *body_from_store(const struct job *j)
 {
     char key[24];
     size_t kl = (size_t)snprintf(key, sizeof(key), "j%" PRIu64, j->id);
-    size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + (size_t)j->body_len, len = 0;
+    size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + (size_t)j->body_len + 4;
+    size_t len = 0;
     unsigned char *p = malloc(cap);
     char *body = malloc((size_t)j->body_len + 2);
     int rc =
         p && body ? tbd_store_get(g.store, key, kl, p, cap, &len) : TW_ENOMEM;
-    size_t off =
-        rc == 0 && len >= REC_HEAD ? REC_HEAD - 4 + p[REC_HEAD - 5] : 0;
-    if (rc == 0 && (off + 4 + j->body_len != len || len > cap ||
-                    get_u32(p + off) != j->body_len))
+    struct rec r;
+    if (rc == 0 && (len > cap || !rec_parse(p, len, &r) || r.id != j->id ||
+                    r.body_len != j->body_len))
         rc = TW_EIO;
     if (rc == 0) {
-        memcpy(body, p + off + 4, j->body_len);
+        memcpy(body, r.body, j->body_len);
         memcpy(body + j->body_len, "\r\n", 2);
     } else {
         logv(0, "job %" PRIu64 ": cannot read its body back: %s", j->id,
@@ -1067,7 +1071,7 @@ static void store_completions(struct tbd_write *w)
         if (c) {
             struct out *o = (struct out *)(uintptr_t)w->tag;
             if (o) {
-                if (w->result != 0) {
+                if (w->result != 0 && !w->keep_reply) {
                     static const char e[] = "INTERNAL_ERROR\r\n";
                     c->out_bytes -= o->len;
                     if (o->cap < sizeof(e) - 1) {
@@ -1117,13 +1121,12 @@ static void job_go_cold(struct conn *c, struct job *j, bool in_table,
     submit(c, w, text);
 }
 
-/* @j, read back from the store while delayed (job_from_rec()), joins the
- * jobs in memory as ready. */
-static void cold_ready(struct job *j)
+/* @j, read back from the store (job_from_rec()), joins the jobs in
+ * memory as ready; @counted: its tube counts it as delayed here. */
+static void cold_ready(struct job *j, bool counted)
 {
     struct tube *t = j->tube;
-    if (j->state == J_DELAYED && j->id >> NODE_SHIFT == g.opt->node &&
-        t->ncold) {
+    if (counted && t->ncold) {
         t->ncold--;
         g.counts[J_DELAYED]--;
     }
@@ -1143,9 +1146,14 @@ static void fired_jobs(void)
         if (id && !job_find(id) && rec_parse(f->payload, f->payload_len, &r) &&
             r.id == id) {
             struct job *j = job_from_rec(&r, true);
-            if (j)
-                cold_ready(j);
-            else
+            if (j) {
+                cold_ready(j, r.state == J_DELAYED && r.owner == g.opt->node);
+                /* Redis: from now on this server holds it (another may
+                 * have taken the put), and the record must not fire on
+                 * another server again. */
+                if (g.opt->redis)
+                    submit(NULL, job_write(j, J_READY, NULL), NULL);
+            } else
                 logv(0, "job %" PRIu64 ": out of memory, left in the store",
                      id);
         }
@@ -1161,18 +1169,19 @@ static void fired_jobs(void)
  */
 static struct job *cold_get(uint64_t id)
 {
-    if (!g.store || id >> NODE_SHIFT != g.opt->node)
+    if (!g.store)
         return NULL;
     char key[24];
     size_t kl = (size_t)snprintf(key, sizeof(key), "j%" PRIu64, id);
-    size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + g.opt->max_job_size, len = 0;
+    size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + g.opt->max_job_size + 4;
+    size_t len = 0;
     unsigned char *p = malloc(cap);
     struct rec r;
     int64_t now = wall_ms();
     struct job *j = NULL;
     if (p && tbd_store_get(g.store, key, kl, p, cap, &len) == 0 && len <= cap &&
-        rec_parse(p, len, &r) && r.id == id && r.state == J_DELAYED &&
-        r.due > now)
+        rec_parse(p, len, &r) && r.id == id && r.owner == g.opt->node &&
+        r.state == J_DELAYED && r.due > now)
         j = job_from_rec(&r, true);
     free(p);
     if (j)
@@ -1202,7 +1211,7 @@ static struct job *job_find_warm(uint64_t id, bool *warmed)
     j = cold_get(id);
     if (j) {
         j->timed = true;
-        cold_ready(j);
+        cold_ready(j, true);
         *warmed = true;
     }
     return j;
@@ -1253,6 +1262,27 @@ static void arm_ttr(struct job *j, uint64_t now)
                  j->soon_phase ? j->deadline - SAFETY_MS : j->deadline);
 }
 
+/*
+ * Redis: the record of a reserved job is due TTR + TAKEOVER_GRACE_MS
+ * from now (a ready job, to whichever server the store hands it), so that
+ * when this server dies the job comes back ready on another. While it
+ * lives, this server releases the job at its TTR and writes it back
+ * undated (ttr_ended()), well before the grace runs out; a touch dates it
+ * again.
+ */
+#define TAKEOVER_GRACE_MS 2000
+
+static void lease_write(struct conn *c, struct job *j, const char *text)
+{
+    struct tbd_write *w = job_write(j, J_READY, c);
+    w->due_ms = wall_ms() + (int64_t)j->ttr_s * 1000 + TAKEOVER_GRACE_MS;
+    /* Failed, it leaves the job reserved here (logged): only a takeover
+     * after a crash is lost. */
+    w->keep_reply = true;
+    j->timed = true;
+    submit(c, w, text);
+}
+
 static void reserve_job(struct conn *c, struct job *j, uint64_t now)
 {
     job_unlink(j);
@@ -1263,7 +1293,18 @@ static void reserve_job(struct conn *c, struct job *j, uint64_t now)
     j->tube->nreserved++;
     jl_push(&c->reserved, j);
     arm_ttr(j, now);
-    reply_job(c, "RESERVED", j);
+    if (!g.opt->redis || !g.store || !job_load_body(j)) {
+        reply_job(c, "RESERVED", j);
+        return;
+    }
+    /* Redis: RESERVED goes once the lease is in Redis, so a job whose
+     * RESERVED reached a worker comes back on another server if this one
+     * dies. */
+    char head[48];
+    snprintf(head, sizeof(head), "RESERVED %" PRIu64 " %u\r\n", j->id,
+             j->body_len);
+    lease_write(c, j, head);
+    reply_raw(c, j->body, (size_t)j->body_len + 2);
 }
 
 /* The best ready job of the unpaused tubes @c watches. */
@@ -1347,6 +1388,8 @@ static void job_timer_fn(tw_timer *tm, void *arg)
     j->timeouts++;
     g.job_timeouts++;
     job_make_ready(j);
+    if (g.opt->redis) /* undated again: see lease_write() */
+        submit(NULL, job_write(j, J_READY, NULL), NULL);
 }
 
 /* ---- commands ---- */
@@ -1773,7 +1816,7 @@ static bool cold_kick_one(void *arg, struct job *j)
 {
     struct cold_arg *a = arg;
     j->timed = true;
-    cold_ready(j);
+    cold_ready(j, true);
     j->kicks++;
     /* Each write but the last goes at once; the reply waits for the
      * last, and writes complete in order. */
@@ -1883,7 +1926,10 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
             break;
         }
         arm_ttr(j, now);
-        reply(c, "TOUCHED\r\n");
+        if (g.opt->redis && g.store)
+            lease_write(c, j, "TOUCHED\r\n");
+        else
+            reply(c, "TOUCHED\r\n");
         break;
     case TBD_WATCH:
         t = tube_get(cmd->tube, cmd->tube_len);
@@ -2250,10 +2296,11 @@ static void conn_accept(void)
 struct recover_ctx {
     uint64_t max_id, mark, jobs, cold, bad, others;
     int64_t now_wall;
+    int64_t never; /* the due time of an undated record */
 };
 
 static void recover_one(void *arg, const char *key, size_t key_len,
-                        const void *payload, size_t n)
+                        int64_t due_ms, const void *payload, size_t n)
 {
     struct recover_ctx *r = arg;
     const unsigned char *p = payload;
@@ -2265,14 +2312,14 @@ static void recover_one(void *arg, const char *key, size_t key_len,
             r->mark = get_u64(p + 2);
         return;
     }
-    /* Another server's job (--node): not this one's to serve. */
-    if (!key_mine(key, key_len)) {
-        r->others++;
-        return;
-    }
     struct rec rc;
     if (!rec_parse(p, n, &rc) || job_find(rc.id)) {
         r->bad++;
+        return;
+    }
+    /* Another server's job (--node): not this one's to serve. */
+    if (rc.owner != g.opt->node) {
+        r->others++;
         return;
     }
     if (rc.id > r->max_id)
@@ -2290,8 +2337,11 @@ static void recover_one(void *arg, const char *key, size_t key_len,
         r->cold++;
         return;
     }
+    /* Redis: a record that may still fire (a reserved job's, or a fired
+     * one's) is written back undated, or another server would take it. */
+    bool undate = g.opt->redis && due_ms < r->never;
     /* Buried jobs leave their bodies in the store. */
-    struct job *j = job_from_rec(&rc, rc.state != J_BURIED);
+    struct job *j = job_from_rec(&rc, rc.state != J_BURIED || undate);
     if (!j) {
         fputs("twheeld: out of memory during recovery\n", stderr);
         exit(1);
@@ -2301,6 +2351,8 @@ static void recover_one(void *arg, const char *key, size_t key_len,
         job_make_buried(j);
     else
         job_make_ready(j);
+    if (undate)
+        submit(NULL, job_write(j, j->state, NULL), NULL);
 }
 
 /* ---- /metrics (--metrics-port) ---- */
@@ -2589,7 +2641,8 @@ int tbd_serve(const struct tbd_options *opt)
                     tw_strerror(rc), err[0] ? ": " : "", err);
             return 1;
         }
-        struct recover_ctx r = {.now_wall = wall_ms()};
+        struct recover_ctx r = {.now_wall = wall_ms(),
+                                .never = tbd_store_never()};
         uint64_t t0 = mono_ms();
         job_table_reserve(tbd_store_keys(g.store));
         long n = tbd_store_recover(g.store, recover_one, &r);

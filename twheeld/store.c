@@ -219,6 +219,10 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
     if (!dir) {
         cfg.redis = redis;
         cfg.redis_namespace = ns;
+        /* Each shard of the namespace has one owner among the live
+         * servers; a dead server's shards (and the jobs due in them)
+         * move to the others after this (docs/guide/twheeld.md). */
+        cfg.redis_shard_lease_ms = TBD_SHARD_LEASE_MS;
         fsync_ms = 0; /* the writer thread: a write is a round trip */
     } else if (fsync_ms == 0) {
         cfg.sync = TW_DURABLE_SYNC_GROUP;
@@ -267,21 +271,26 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
 }
 
 struct recover_fn {
-    void (*fn)(void *arg, const char *key, size_t key_len, const void *p,
-               size_t n);
+    void (*fn)(void *arg, const char *key, size_t key_len, int64_t due_ms,
+               const void *p, size_t n);
     void *arg;
 };
 
 static int recover_one(void *arg, const tw_durable_scanned *t)
 {
     struct recover_fn *r = arg;
-    r->fn(r->arg, t->key, t->key_len, t->payload, t->payload_len);
+    r->fn(r->arg, t->key, t->key_len, t->due_ms, t->payload, t->payload_len);
     return 0;
+}
+
+int64_t tbd_store_never(void)
+{
+    return STORE_DUE;
 }
 
 long tbd_store_recover(struct tbd_store *s,
                        void (*fn)(void *arg, const char *key, size_t key_len,
-                                  const void *p, size_t n),
+                                  int64_t due_ms, const void *p, size_t n),
                        void *arg)
 {
     struct recover_fn r = {fn, arg};

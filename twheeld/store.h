@@ -11,6 +11,9 @@
 
 struct tbd_store;
 
+/* --redis: the store's shard lease (cfg.redis_shard_lease_ms). */
+#define TBD_SHARD_LEASE_MS 5000
+
 #define TBD_W_SCHED 1  /* write key := payload */
 #define TBD_W_CANCEL 2 /* remove key */
 
@@ -28,6 +31,7 @@ struct tbd_write {
     uint64_t tag; /* the event loop's */
     void *cold;   /* the event loop's: a delayed job's tube, or NULL */
     bool unclaim; /* the event loop's: tbd_store_unclaim() its key once done */
+    bool keep_reply; /* the event loop's: its reply stands even if it fails */
 };
 
 /* A job the store fired (its delay ran out), handed to the event loop. */
@@ -51,13 +55,16 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
 
 /*
  * tbd_store_recover - call @fn once for every key the store holds, with
- * its payload. Returns the number of keys, or a negative TW_E* code
- * (TW_EINVAL when this library cannot list its keys).
+ * its due time and payload. Returns the number of keys, or a negative TW_E*
+ * code (TW_EINVAL when this library cannot list its keys).
  */
 long tbd_store_recover(struct tbd_store *s,
                        void (*fn)(void *arg, const char *key, size_t key_len,
-                                  const void *p, size_t n),
+                                  int64_t due_ms, const void *p, size_t n),
                        void *arg);
+
+/* The due time of a record that never fires (year 3000, Unix ms). */
+int64_t tbd_store_never(void);
 
 /*
  * tbd_store_get - the payload of @key into @buf (@len bytes), its full
