@@ -80,6 +80,14 @@ struct tbd_store {
     tw_durable_item items[BATCH_MAX];
 };
 
+/* Makes the eventfd readable: something waits for the event loop. */
+static void wake(struct tbd_store *s)
+{
+    uint64_t one = 1;
+    ssize_t r = write(s->efd, &one, sizeof(one));
+    (void)r; /* eventfd: fails only when the counter would overflow */
+}
+
 static bool claimed(const struct tbd_store *s, const void *key, size_t len)
 {
     for (size_t i = 0; i < s->nclaims; i++)
@@ -117,9 +125,7 @@ static int store_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     else
         s->f_head = f;
     s->f_tail = f;
-    uint64_t one = 1;
-    ssize_t r = write(s->efd, &one, sizeof(one));
-    (void)r; /* eventfd: fails only when the counter would overflow */
+    wake(s);
     pthread_mutex_unlock(&s->fmu);
     return FIRED_KEEP_MS;
 }
@@ -197,9 +203,7 @@ static void *writer(void *arg)
         else
             s->done_head = head;
         s->done_tail = last;
-        uint64_t one = 1;
-        ssize_t r = write(s->efd, &one, sizeof(one));
-        (void)r; /* eventfd: fails only when the counter would overflow */
+        wake(s);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;

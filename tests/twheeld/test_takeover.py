@@ -16,105 +16,79 @@ of them back either (B deleted each one).
 Skipped (77) without redis-server.
 Usage: test_takeover.py --twheeld BINARY"""
 import os
-import shutil
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bstk import (SKIP, Client, check, free_port, start_twheeld,  # noqa: E402
-                  tempdir, wait_port, yaml_map)
+from bstk import (Client, check, put_job, with_redis,  # noqa: E402
+                  yaml_map)
 
 TAKEOVER_BOUND = 30.0
 DELAYED = 20
 
 
-def put(c, body, delay=0, ttr=60):
-    r = c.cmd(b"put 10 %d %d %d\r\n%s\r\n" % (delay, ttr, len(body), body))
-    check(r.startswith(b"INSERTED "), "put: %r" % r)
-    return int(r.split()[1])
+def session(server):
+    a, b = server(1), server(2)
+    ca = Client(a.port)
+    t_put = time.monotonic()
+    delayed = {put_job(ca, b"delayed-%d" % i, delay=2): b"delayed-%d" % i
+               for i in range(DELAYED)}
+    leased = put_job(ca, b"leased", ttr=3)
+    w = Client(a.port)
+    # RESERVED comes once the job's lease is in Redis.
+    r = w.cmd(b"reserve-with-timeout 0\r\n")
+    t_reserve = time.monotonic()
+    check(r == b"RESERVED %d 6\r\nleased\r\n" % leased, "reserve %r" % r)
+    a.kill9()
+    t_kill = time.monotonic()
+    # A worker on B gets every one of A's jobs.
+    cb = Client(b.port, timeout=30)
+    got = {}
+    while len(got) < DELAYED + 1 and \
+            time.monotonic() - t_kill < TAKEOVER_BOUND:
+        r = cb.cmd(b"reserve-with-timeout 1\r\n")
+        if r == b"TIMED_OUT\r\n":
+            continue
+        head, body = r.split(b"\r\n")[:2]
+        jid = int(head.split()[1])
+        check(jid not in got, "job %d delivered twice" % jid)
+        got[jid] = (body, time.monotonic())
+        check(cb.cmd(b"delete %d\r\n" % jid) == b"DELETED\r\n", "delete")
+    missing = set(delayed) - set(got)
+    check(not missing, "not taken over within %.0f s: %r" %
+          (TAKEOVER_BOUND, sorted(missing)))
+    check(leased in got, "the reserved job was not taken over")
+    for jid, body in delayed.items():
+        check(got[jid][0] == body, "job %d body %r" % (jid, got[jid][0]))
+        check(got[jid][1] >= t_put + 2, "job %d before its delay" % jid)
+    check(got[leased][0] == b"leased", "leased body")
+    check(got[leased][1] >= t_reserve + 3, "leased job before its TTR")
+    late = max(t for _, t in got.values()) - t_kill
+    print("taken over: %d jobs, the last %.1f s after the kill" %
+          (len(got), late))
+    # A again: none of them (B holds or deleted them).
+    a = server(1)
+    ca = Client(a.port)
+    st = yaml_map(ca.cmd(b"stats\r\n"))
+    check(st["current-jobs-ready"] == "0" and
+          st["current-jobs-reserved"] == "0", "A after restart: %r" %
+          {k: st[k] for k in ("current-jobs-ready",
+                              "current-jobs-delayed")})
+    for jid in got:
+        check(ca.cmd(b"peek %d\r\n" % jid) == b"NOT_FOUND\r\n",
+              "A serves job %d again" % jid)
+    b.kill9()
+    b = server(2)
+    cb = Client(b.port)
+    check(cb.cmd(b"reserve-with-timeout 0\r\n") == b"TIMED_OUT\r\n",
+          "B after restart has a deleted job back")
+    for c in (ca, cb, w):
+        c.close()
+    check(a.stop() == 0 and b.stop() == 0, "clean stop")
 
 
 def main():
-    if not shutil.which("redis-server"):
-        print("SKIP: redis-server missing")
-        return SKIP
-    d = tempdir()
-    rport = free_port()
-    redis = subprocess.Popen(["redis-server", "--port", str(rport), "--bind",
-                              "127.0.0.1", "--save", "", "--appendonly", "no",
-                              "--dir", d], stdout=subprocess.DEVNULL)
-    try:
-        wait_port(rport, redis)
-        url = "redis://127.0.0.1:%d" % rport
-
-        def server(node):
-            return start_twheeld("--redis", url, "--namespace", "takeover",
-                                 "--node", str(node))
-
-        a, b = server(1), server(2)
-        ca = Client(a.port)
-        t_put = time.monotonic()
-        delayed = {put(ca, b"delayed-%d" % i, delay=2): b"delayed-%d" % i
-                   for i in range(DELAYED)}
-        leased = put(ca, b"leased", ttr=3)
-        w = Client(a.port)
-        # RESERVED comes once the job's lease is in Redis.
-        r = w.cmd(b"reserve-with-timeout 0\r\n")
-        t_reserve = time.monotonic()
-        check(r == b"RESERVED %d 6\r\nleased\r\n" % leased, "reserve %r" % r)
-        a.kill9()
-        t_kill = time.monotonic()
-        # A worker on B gets every one of A's jobs.
-        cb = Client(b.port, timeout=30)
-        got = {}
-        while len(got) < DELAYED + 1 and \
-                time.monotonic() - t_kill < TAKEOVER_BOUND:
-            r = cb.cmd(b"reserve-with-timeout 1\r\n")
-            if r == b"TIMED_OUT\r\n":
-                continue
-            head, body = r.split(b"\r\n")[:2]
-            jid = int(head.split()[1])
-            check(jid not in got, "job %d delivered twice" % jid)
-            got[jid] = (body, time.monotonic())
-            check(cb.cmd(b"delete %d\r\n" % jid) == b"DELETED\r\n", "delete")
-        missing = set(delayed) - set(got)
-        check(not missing, "not taken over within %.0f s: %r" %
-              (TAKEOVER_BOUND, sorted(missing)))
-        check(leased in got, "the reserved job was not taken over")
-        for jid, body in delayed.items():
-            check(got[jid][0] == body, "job %d body %r" % (jid, got[jid][0]))
-            check(got[jid][1] >= t_put + 2, "job %d before its delay" % jid)
-        check(got[leased][0] == b"leased", "leased body")
-        check(got[leased][1] >= t_reserve + 3, "leased job before its TTR")
-        late = max(t for _, t in got.values()) - t_kill
-        print("taken over: %d jobs, the last %.1f s after the kill" %
-              (len(got), late))
-        # A again: none of them (B holds or deleted them).
-        a = server(1)
-        ca = Client(a.port)
-        st = yaml_map(ca.cmd(b"stats\r\n"))
-        check(st["current-jobs-ready"] == "0" and
-              st["current-jobs-reserved"] == "0", "A after restart: %r" %
-              {k: st[k] for k in ("current-jobs-ready",
-                                  "current-jobs-delayed")})
-        for jid in got:
-            check(ca.cmd(b"peek %d\r\n" % jid) == b"NOT_FOUND\r\n",
-                  "A serves job %d again" % jid)
-        b.kill9()
-        b = server(2)
-        cb = Client(b.port)
-        check(cb.cmd(b"reserve-with-timeout 0\r\n") == b"TIMED_OUT\r\n",
-              "B after restart has a deleted job back")
-        for c in (ca, cb, w):
-            c.close()
-        check(a.stop() == 0 and b.stop() == 0, "clean stop")
-    finally:
-        redis.kill()
-        redis.wait()
-        shutil.rmtree(d, ignore_errors=True)
-    print("ok")
-    return 0
+    return with_redis("takeover", session)
 
 
 if __name__ == "__main__":
