@@ -76,7 +76,9 @@ struct tbd_store {
         char key[24];
         size_t len;
     } * claims;
-    size_t nclaims, claims_cap;
+    /* [claims_off, nclaims) in claim order; released ones have len 0
+     * (cancels complete in order, so a release is mostly the first) */
+    size_t claims_off, nclaims, claims_cap;
     tw_durable_item items[BATCH_MAX];
 };
 
@@ -90,7 +92,7 @@ static void wake(struct tbd_store *s)
 
 static bool claimed(const struct tbd_store *s, const void *key, size_t len)
 {
-    for (size_t i = 0; i < s->nclaims; i++)
+    for (size_t i = s->claims_off; i < s->nclaims; i++)
         if (s->claims[i].len == len && !memcmp(s->claims[i].key, key, len))
             return true;
     return false;
@@ -384,6 +386,12 @@ struct tbd_fired *tbd_store_take_fired(struct tbd_store *s)
 void tbd_store_claim(struct tbd_store *s, const char *key, size_t key_len)
 {
     pthread_mutex_lock(&s->fmu);
+    if (s->nclaims == s->claims_cap && s->claims_off > 0) {
+        memmove(s->claims, s->claims + s->claims_off,
+                (s->nclaims - s->claims_off) * sizeof(*s->claims));
+        s->nclaims -= s->claims_off;
+        s->claims_off = 0;
+    }
     if (s->nclaims == s->claims_cap) {
         size_t ncap = s->claims_cap ? s->claims_cap * 2 : CLAIM_MAX;
         struct claim *nc = realloc(s->claims, ncap * sizeof(*nc));
@@ -402,13 +410,17 @@ void tbd_store_claim(struct tbd_store *s, const char *key, size_t key_len)
 void tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len)
 {
     pthread_mutex_lock(&s->fmu);
-    for (size_t i = 0; i < s->nclaims; i++) {
+    for (size_t i = s->claims_off; i < s->nclaims; i++) {
         if (s->claims[i].len == key_len &&
             !memcmp(s->claims[i].key, key, key_len)) {
-            s->claims[i] = s->claims[--s->nclaims];
+            s->claims[i].len = 0;
             break;
         }
     }
+    while (s->claims_off < s->nclaims && s->claims[s->claims_off].len == 0)
+        s->claims_off++;
+    if (s->claims_off == s->nclaims)
+        s->claims_off = s->nclaims = 0;
     pthread_mutex_unlock(&s->fmu);
 }
 
