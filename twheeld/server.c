@@ -1753,93 +1753,171 @@ static void cmd_delete(struct conn *c, uint64_t id)
 }
 
 /*
- * Calls @fn for the delayed jobs of tube @t the store holds, in due
- * order, each read back (cold_get()), until @fn returns false. Walks the
- * store's listing of delayed jobs of every tube.
+ * peek-delayed and kick of delayed jobs with a store: a query on the
+ * store's thread (tbd_store_query(): one scan of the store, off the event
+ * loop) finds the ids of the tube's delayed jobs due first; their reply
+ * waits, in order, in the connection's output meanwhile (query_done()).
  */
-static void cold_each(struct tube *t, bool (*fn)(void *arg, struct job *j),
-                      void *arg)
+enum { Q_PEEK, Q_KICK };
+
+/* On the query thread: a delayed job of this server in tube q->tube. */
+static bool query_match(const struct tbd_query *q, const void *payload,
+                        size_t n, int64_t *due, uint64_t *id)
 {
-    fired_jobs();
-    void *cur = NULL;
-    char keys[64][24];
-    size_t lens[64];
-    bool more = t->ncold > 0;
-    while (more) {
-        long n = tbd_store_list_delayed(g.store, &cur, keys, lens, 64);
-        if (n < 0)
-            logv(0, "cannot list the delayed jobs: %s", tw_strerror((int)n));
-        if (n <= 0)
-            break;
-        for (long i = 0; i < n && more; i++) {
-            uint64_t id = key_id(keys[i], lens[i]);
-            if (!id || job_find(id))
-                continue;
-            struct job *j = cold_get(id);
-            if (!j)
-                continue;
-            if (j->tube != t) {
-                job_free_cold(j);
-                continue;
-            }
-            more = fn(arg, j);
-        }
-    }
-    tbd_store_list_end(cur);
+    struct rec r;
+    if (!rec_parse(payload, n, &r) || r.state != J_DELAYED || r.due <= q->now ||
+        r.owner != q->node || r.tube_len != q->tube_len ||
+        memcmp(r.tube, q->tube, r.tube_len) != 0)
+        return false;
+    *due = r.due;
+    *id = r.id;
+    return true;
 }
 
-struct cold_arg {
-    struct conn *c;
-    uint32_t left, kicked;
-    struct tbd_write *last;
-};
-
-static bool cold_peek_one(void *arg, struct job *j)
+static void cold_query(struct conn *c, struct tube *t, int kind, size_t want,
+                       struct out *o)
 {
-    struct cold_arg *a = arg;
-    cmd_peek_reply(a->c, j);
-    a->kicked = 1;
-    job_free_cold(j);
-    return false;
+    struct tbd_query *q = calloc(1, sizeof(*q));
+    if (!q)
+        abort();
+    q->match = query_match;
+    memcpy(q->tube, t->name, t->name_len);
+    q->tube_len = t->name_len;
+    q->node = g.opt->node;
+    q->now = wall_ms();
+    q->want = want;
+    q->kind = kind;
+    q->owner = c;
+    q->tag = (uint64_t)(uintptr_t)o;
+    c->pending_writes++;
+    tbd_store_query(g.store, q);
 }
 
-/* peek-delayed with a store: the delayed job of the used tube due first. */
+/* A reply of up to @cap bytes whose text comes later (query_done()). */
+static struct out *reply_later(struct conn *c, size_t cap)
+{
+    struct out *o = out_new(cap);
+    o->len = 0;
+    o->ready = false;
+    out_link(c, o);
+    return o;
+}
+
+static void out_fill(struct conn *c, struct out *o, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(o->data, o->cap, fmt, ap);
+    va_end(ap);
+    o->len = n < 0 ? 0 : (size_t)n < o->cap ? (size_t)n : o->cap - 1;
+    c->out_bytes += o->len;
+}
+
+/* peek-delayed with a store. */
 static void cold_peek(struct conn *c)
 {
-    struct cold_arg a = {.c = c};
-    cold_each(c->use, cold_peek_one, &a);
-    if (!a.kicked)
+    if (!c->use->ncold) {
         reply(c, "NOT_FOUND\r\n");
-}
-
-static bool cold_kick_one(void *arg, struct job *j)
-{
-    struct cold_arg *a = arg;
-    j->timed = true;
-    cold_ready(j, true);
-    j->kicks++;
-    /* Each write but the last goes at once; the reply waits for the
-     * last, and writes complete in order. */
-    if (a->last)
-        submit(a->c, a->last, NULL);
-    a->last = job_write(j, J_READY, a->c);
-    a->kicked++;
-    return --a->left > 0;
+        return;
+    }
+    cold_query(c, c->use, Q_PEEK, 1,
+               reply_later(c, 64 + (size_t)g.opt->max_job_size));
 }
 
 /* kick @bound with a store and no buried job in @t: its delayed jobs,
  * those due first first. */
 static void cold_kick(struct conn *c, struct tube *t, uint32_t bound)
 {
-    struct cold_arg a = {.c = c, .left = bound};
-    if (bound)
-        cold_each(t, cold_kick_one, &a);
-    char text[40];
-    snprintf(text, sizeof(text), "KICKED %u\r\n", a.kicked);
-    if (a.last)
-        submit(c, a.last, text);
-    else
-        reply(c, text);
+    if (!t->ncold || !bound) {
+        reply(c, "KICKED 0\r\n");
+        return;
+    }
+    cold_query(c, t, Q_KICK, bound < t->ncold ? bound : t->ncold,
+               reply_later(c, 32));
+}
+
+/* Kicks what query @q found; the reply @o waits for the last write. */
+static void query_kick(struct conn *c, struct tbd_query *q, struct out *o)
+{
+    uint32_t k = 0;
+    struct tbd_write *last = NULL;
+    for (size_t i = 0; i < q->n; i++) {
+        if (job_find(q->ids[i]))
+            continue; /* fired meanwhile: ready already */
+        struct job *j = cold_get(q->ids[i]);
+        if (!j)
+            continue; /* deleted or kicked meanwhile */
+        j->timed = true;
+        cold_ready(j, true);
+        j->kicks++;
+        k++;
+        /* Each write but the last goes at once; the reply waits for the
+         * last, and writes complete in order. */
+        if (last)
+            submit(c, last, NULL);
+        last = job_write(j, J_READY, c);
+    }
+    out_fill(c, o, "KICKED %u\r\n", k);
+    if (last) {
+        last->tag = (uint64_t)(uintptr_t)o;
+        c->pending_writes++;
+        tbd_store_submit(g.store, last);
+    } else {
+        o->ready = true;
+    }
+}
+
+/* The queries the store answered. */
+static void query_done(struct tbd_query *q)
+{
+    for (struct tbd_query *nx; q; q = nx) {
+        nx = q->next;
+        struct conn *c = q->owner;
+        struct out *o = (struct out *)(uintptr_t)q->tag;
+        c->pending_writes--;
+        if (q->result != 0)
+            logv(0, "cannot read the delayed jobs back: %s",
+                 tw_strerror(q->result));
+        if (!c->closed) {
+            fired_jobs();
+            struct job *j = NULL;
+            if (q->kind == Q_KICK) {
+                query_kick(c, q, o);
+            } else if (q->result != 0) {
+                out_fill(c, o, "INTERNAL_ERROR\r\n");
+                o->ready = true;
+            } else if (q->n && !job_find(q->ids[0]) &&
+                       (j = cold_get(q->ids[0])) != NULL) {
+                out_fill(c, o, "FOUND %" PRIu64 " %u\r\n", j->id, j->body_len);
+                memcpy(o->data + o->len, j->body, (size_t)j->body_len + 2);
+                o->len += (size_t)j->body_len + 2;
+                c->out_bytes += (size_t)j->body_len + 2;
+                o->ready = true;
+                job_free_cold(j);
+            } else if (q->n) {
+                /* It became ready or went meanwhile: ask again. */
+                c->out_bytes -= o->len;
+                o->len = 0;
+                q->n = 0;
+                free(q->ids);
+                q->ids = NULL;
+                struct tube *t = tube_find(q->tube, q->tube_len);
+                if (t && t->ncold) {
+                    cold_query(c, t, Q_PEEK, 1, o);
+                    free(q);
+                    continue;
+                }
+                out_fill(c, o, "NOT_FOUND\r\n");
+                o->ready = true;
+            } else {
+                out_fill(c, o, "NOT_FOUND\r\n");
+                o->ready = true;
+            }
+            conn_pump(c);
+        }
+        free(q->ids);
+        free(q);
+    }
 }
 
 static void run_command(struct conn *c, const struct tbd_cmd *cmd)
@@ -2735,6 +2813,7 @@ int tbd_serve(const struct tbd_options *opt)
             } else if (p == &tag_store) {
                 store_completions(tbd_store_take(g.store));
                 fired_jobs();
+                query_done(tbd_store_take_queries(g.store));
             } else {
                 struct conn *c = p;
                 if (c->closed)

@@ -79,6 +79,12 @@ struct tbd_store {
     /* [claims_off, nclaims) in claim order; released ones have len 0
      * (cancels complete in order, so a release is mostly the first) */
     size_t claims_off, nclaims, claims_cap;
+    /* Queries (tbd_store_query()) and their thread, under qmu. */
+    pthread_t qthread;
+    pthread_mutex_t qmu;
+    pthread_cond_t qcv;
+    bool stop_queries;
+    struct tbd_query *qq_head, *qdone;
     tw_durable_item items[BATCH_MAX];
 };
 
@@ -211,6 +217,30 @@ static void *writer(void *arg)
     return NULL;
 }
 
+static void *querier(void *arg);
+
+/* Stops the query thread after the query it runs; queued ones are
+ * dropped with their owners' memory (the server is stopping). */
+static void stop_querier(struct tbd_store *s)
+{
+    pthread_mutex_lock(&s->qmu);
+    s->stop_queries = true;
+    struct tbd_query *q = s->qq_head;
+    s->qq_head = NULL;
+    pthread_cond_signal(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
+    pthread_join(s->qthread, NULL);
+    for (struct tbd_query *nx; q; q = nx) {
+        nx = q->next;
+        free(q);
+    }
+    for (struct tbd_query *nx; s->qdone; s->qdone = nx) {
+        nx = s->qdone->next;
+        free(s->qdone->ids);
+        free(s->qdone);
+    }
+}
+
 int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
                    const char *ns, int fsync_ms, char *err, size_t err_len)
 {
@@ -247,12 +277,22 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_mutex_init(&s->fmu, NULL);
+    pthread_mutex_init(&s->qmu, NULL);
+    pthread_cond_init(&s->qcv, NULL);
     int rc = tw_durable_open(&s->d, &cfg);
+    if (rc == 0 && pthread_create(&s->qthread, NULL, querier, s) != 0) {
+        tw_durable_close(s->d);
+        rc = TW_ENOMEM;
+        if (err && err_len)
+            snprintf(err, err_len, "cannot start the query thread");
+    }
     if (rc != 0) {
         close(s->efd);
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->cv);
         pthread_mutex_destroy(&s->fmu);
+        pthread_mutex_destroy(&s->qmu);
+        pthread_cond_destroy(&s->qcv);
         free(s);
         return rc;
     }
@@ -265,6 +305,7 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
         return 0;
     }
     if (pthread_create(&s->thread, NULL, writer, s) != 0) {
+        stop_querier(s);
         tw_durable_close(s->d);
         close(s->efd);
         free(s);
@@ -424,38 +465,115 @@ void tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len)
     pthread_mutex_unlock(&s->fmu);
 }
 
-long tbd_store_list_delayed(struct tbd_store *s, void **cursor,
-                            char (*keys)[24], size_t *lens, size_t max)
+/* One delayed job's place in a query's answer. */
+struct qhit {
+    int64_t due;
+    uint64_t id;
+};
+
+struct qscan {
+    struct tbd_query *q;
+    struct qhit *hits;
+    size_t n, cap;
+};
+
+static int qhit_cmp(const void *a, const void *b)
 {
-    tw_durable_cursor *cur = *cursor;
-    if (!cur) {
-        cur = calloc(1, sizeof(*cur));
-        if (!cur)
-            return TW_ENOMEM;
-        *cursor = cur;
-    }
-    if (cur->done)
-        return 0;
-    tw_durable_entry e[64];
-    char kb[64 * 24];
-    if (max > 64)
-        max = 64;
-    int n = tw_durable_list(s->d, 0, STORE_DUE, cur, e, max, kb, sizeof(kb));
-    if (n < 0)
-        return n;
-    size_t k = 0;
-    for (int i = 0; i < n; i++) {
-        if (e[i].key_len >= 24)
-            continue; /* not a job key */
-        memcpy(keys[k], e[i].key, e[i].key_len);
-        lens[k++] = e[i].key_len;
-    }
-    return (long)k;
+    const struct qhit *x = a, *y = b;
+    if (x->due != y->due)
+        return x->due < y->due ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
 }
 
-void tbd_store_list_end(void *cursor)
+static int query_one(void *arg, const tw_durable_scanned *t)
 {
-    free(cursor);
+    struct qscan *qs = arg;
+    struct qhit h;
+    if (!qs->q->match(qs->q, t->payload, t->payload_len, &h.due, &h.id))
+        return 0;
+    if (qs->q->want == 1 && qs->n == 1) { /* peek: the earliest alone */
+        if (qhit_cmp(&h, &qs->hits[0]) < 0)
+            qs->hits[0] = h;
+        return 0;
+    }
+    if (qs->n == qs->cap) {
+        size_t ncap = qs->cap ? qs->cap * 2 : 64;
+        struct qhit *nh = realloc(qs->hits, ncap * sizeof(*nh));
+        if (!nh)
+            return TW_ENOMEM;
+        qs->hits = nh;
+        qs->cap = ncap;
+    }
+    qs->hits[qs->n++] = h;
+    return 0;
+}
+
+static void run_query(struct tbd_store *s, struct tbd_query *q)
+{
+    struct qscan qs = {.q = q};
+    long rc = tw_durable_scan(s->d, query_one, &qs);
+    q->result = rc < 0 ? (int)rc : 0;
+    q->ids = NULL;
+    q->n = 0;
+    if (rc >= 0 && qs.n) {
+        qsort(qs.hits, qs.n, sizeof(*qs.hits), qhit_cmp);
+        size_t n = qs.n < q->want ? qs.n : q->want;
+        q->ids = malloc(n * sizeof(*q->ids));
+        if (!q->ids) {
+            q->result = TW_ENOMEM;
+        } else {
+            for (size_t i = 0; i < n; i++)
+                q->ids[i] = qs.hits[i].id;
+            q->n = n;
+        }
+    }
+    free(qs.hits);
+}
+
+static void *querier(void *arg)
+{
+    struct tbd_store *s = arg;
+    pthread_mutex_lock(&s->qmu);
+    for (;;) {
+        while (!s->qq_head && !s->stop_queries)
+            pthread_cond_wait(&s->qcv, &s->qmu);
+        if (!s->qq_head)
+            break;
+        struct tbd_query *q = s->qq_head;
+        s->qq_head = q->next;
+        pthread_mutex_unlock(&s->qmu);
+        run_query(s, q);
+        pthread_mutex_lock(&s->qmu);
+        q->next = NULL;
+        struct tbd_query **pp = &s->qdone;
+        while (*pp)
+            pp = &(*pp)->next;
+        *pp = q;
+        wake(s);
+    }
+    pthread_mutex_unlock(&s->qmu);
+    return NULL;
+}
+
+void tbd_store_query(struct tbd_store *s, struct tbd_query *q)
+{
+    q->next = NULL;
+    pthread_mutex_lock(&s->qmu);
+    struct tbd_query **pp = &s->qq_head;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = q;
+    pthread_cond_signal(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
+}
+
+struct tbd_query *tbd_store_take_queries(struct tbd_store *s)
+{
+    pthread_mutex_lock(&s->qmu);
+    struct tbd_query *h = s->qdone;
+    s->qdone = NULL;
+    pthread_mutex_unlock(&s->qmu);
+    return h;
 }
 
 void tbd_store_counts(struct tbd_store *s, uint64_t *written, uint64_t *batches,
@@ -489,6 +607,7 @@ void tbd_store_close(struct tbd_store *s)
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->thread, NULL);
     }
+    stop_querier(s);
     tw_durable_close(s->d);
     close(s->efd);
     for (struct tbd_fired *f = s->f_head, *nx; f; f = nx) {
@@ -499,5 +618,7 @@ void tbd_store_close(struct tbd_store *s)
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->fmu);
+    pthread_mutex_destroy(&s->qmu);
+    pthread_cond_destroy(&s->qcv);
     free(s);
 }

@@ -109,16 +109,36 @@ void tbd_store_claim(struct tbd_store *s, const char *key, size_t key_len);
 void tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len);
 
 /*
- * tbd_store_list_delayed - up to @max keys of delayed jobs (due before
- * "never") from *@cursor on, in due order, into @keys (24 bytes each,
- * lengths into @lens); *@cursor (NULL to start) is made and advanced.
- * Returns the number, 0 at the end, or a negative TW_E* code. Free the
- * cursor with tbd_store_list_end(). The first listing builds the store's
- * ordered index (tw_durable_list(), docs/guide/twheeld.md says its cost).
+ * A question about the delayed jobs the store holds, answered on the
+ * store's query thread by one tw_durable_scan() (on the journal one
+ * sequential read, without the store's lock), so the event loop never
+ * waits for it: the ids of the @want records that @match accepts with the
+ * earliest (due, id), earliest first.
  */
-long tbd_store_list_delayed(struct tbd_store *s, void **cursor,
-                            char (*keys)[24], size_t *lens, size_t max);
-void tbd_store_list_end(void *cursor);
+struct tbd_query {
+    struct tbd_query *next;
+    /* in */
+    bool (*match)(const struct tbd_query *q, const void *payload, size_t n,
+                  int64_t *due, uint64_t *id); /* on the query thread */
+    char tube[256];
+    size_t tube_len;
+    uint32_t node;
+    int64_t now; /* Unix ms */
+    size_t want;
+    void *owner;  /* the event loop's: who waits for it */
+    uint64_t tag; /* the event loop's */
+    int kind;     /* the event loop's */
+    /* out */
+    int result;    /* 0 or a TW_E* code */
+    uint64_t *ids; /* n ids, malloc'd (free() them) */
+    size_t n;
+};
+
+/* Queue @q (event loop thread); it comes back through the eventfd. */
+void tbd_store_query(struct tbd_store *s, struct tbd_query *q);
+
+/* The answered queries, oldest first (event loop thread). */
+struct tbd_query *tbd_store_take_queries(struct tbd_store *s);
 
 /* Counters for stats: records written, batches, journal bytes. */
 void tbd_store_counts(struct tbd_store *s, uint64_t *written, uint64_t *batches,

@@ -11,7 +11,7 @@ Both with -f 0 and with -f 200.
    and no job whose DELETED reached a client comes back.
 3. 100,000 delayed jobs cost at most DELAYED_MAX_BYTES of resident memory
    each (the store holds them; twheeld keeps a count), and one of them
-   is peeked at, kicked, reserved and deleted.
+   is peeked at, kicked, reserved and deleted; kick 3 kicks three.
 Usage: test_durable.py --twheeld PATH"""
 import os
 import shutil
@@ -276,6 +276,11 @@ def delayed_memory(d):
     r = c.cmd(b"reserve-with-timeout 0\r\n")
     check(r.startswith(b"RESERVED %d 16" % jid), "reserve %r" % r)
     check(c.cmd(b"delete %d\r\n" % jid) == b"DELETED\r\n", "delete")
+    # kick: the three due first (no buried job in the tube).
+    check(c.cmd(b"kick 3\r\n") == b"KICKED 3\r\n", "kick 3")
+    st = yaml_map(c.cmd(b"stats\r\n"))
+    check(st["current-jobs-ready"] == "3" and
+          st["current-jobs-delayed"] == str(DELAYED_JOBS - 3), "%r" % st)
     c.close()
     check(s.stop() == 0, "clean stop")
     print("delayed jobs: %.0f bytes of resident memory each (%d jobs)" %
