@@ -116,6 +116,11 @@ struct tube {
     uint64_t nurgent, nreserved, total_jobs;
     struct jlist delayed, buried;
     uint64_t ncold; /* delayed jobs held by the store alone (-b, --redis) */
+    /* Of those, the one due first (first_id 0: not known); see
+     * cold_first(). */
+    int64_t first_due;
+    uint64_t first_id;
+    uint64_t cold_adds; /* delayed jobs added to the store, ever */
     uint64_t using, watching, waiting;
     uint64_t cmd_delete, cmd_pause;
     uint32_t pause_s;
@@ -1103,6 +1108,24 @@ static void store_completions(struct tbd_write *w)
  * delayed job reads it back from the store (cold_get()).
  */
 
+/*
+ * A tube's first delayed job in the store, (first_due, first_id), is
+ * known while every delayed job added to the store since it was found
+ * was compared with it: those of the recovery scan, of put and release
+ * (cold_first()), and the answer of a peek query. Jobs that leave do not
+ * matter, unless it is the one that leaves: peek-delayed reads it back
+ * and asks the query thread when it is gone.
+ */
+static void cold_first(struct tube *t, int64_t due, uint64_t id, bool first)
+{
+    t->cold_adds++;
+    if (first || (t->first_id && (due < t->first_due ||
+                                  (due == t->first_due && id < t->first_id)))) {
+        t->first_due = due;
+        t->first_id = id;
+    }
+}
+
 /* Writes @j (delayed by j->delay_s from now) to the store with its due
  * time, then frees it; @in_table: it is in the job table. */
 static void job_go_cold(struct conn *c, struct job *j, bool in_table,
@@ -1113,6 +1136,7 @@ static void job_go_cold(struct conn *c, struct job *j, bool in_table,
     struct tbd_write *w = job_write(j, J_DELAYED, c);
     w->due_ms = j->due_wall;
     w->cold = t;
+    cold_first(t, j->due_wall, j->id, t->ncold == 0);
     t->ncold++;
     g.counts[J_DELAYED]++;
     if (in_table)
@@ -1787,6 +1811,7 @@ static void cold_query(struct conn *c, struct tube *t, int kind, size_t want,
     q->now = wall_ms();
     q->want = want;
     q->kind = kind;
+    q->gen = t->cold_adds;
     q->owner = c;
     q->tag = (uint64_t)(uintptr_t)o;
     c->pending_writes++;
@@ -1816,9 +1841,22 @@ static void out_fill(struct conn *c, struct out *o, const char *fmt, ...)
 /* peek-delayed with a store. */
 static void cold_peek(struct conn *c)
 {
-    if (!c->use->ncold) {
+    struct tube *t = c->use;
+    if (!t->ncold) {
         reply(c, "NOT_FOUND\r\n");
         return;
+    }
+    if (t->first_id) {
+        fired_jobs();
+        struct job *j = job_find(t->first_id) ? NULL : cold_get(t->first_id);
+        if (j && j->tube == t && j->due_wall == t->first_due) {
+            cmd_peek_reply(c, j);
+            job_free_cold(j);
+            return;
+        }
+        if (j)
+            job_free_cold(j);
+        t->first_id = 0; /* it left: ask the store */
     }
     cold_query(c, c->use, Q_PEEK, 1,
                reply_later(c, 64 + (size_t)g.opt->max_job_size));
@@ -1888,6 +1926,11 @@ static void query_done(struct tbd_query *q)
                 o->ready = true;
             } else if (q->n && !job_find(q->ids[0]) &&
                        (j = cold_get(q->ids[0])) != NULL) {
+                /* The first, unless one was added since the scan. */
+                if (j->tube->cold_adds == q->gen) {
+                    j->tube->first_due = j->due_wall;
+                    j->tube->first_id = j->id;
+                }
                 out_fill(c, o, "FOUND %" PRIu64 " %u\r\n", j->id, j->body_len);
                 memcpy(o->data + o->len, j->body, (size_t)j->body_len + 2);
                 o->len += (size_t)j->body_len + 2;
@@ -2410,6 +2453,7 @@ static void recover_one(void *arg, const char *key, size_t key_len,
             fputs("twheeld: out of memory during recovery\n", stderr);
             exit(1);
         }
+        cold_first(t, rc.due, rc.id, t->ncold == 0);
         t->ncold++;
         g.counts[J_DELAYED]++;
         r->cold++;

@@ -128,6 +128,7 @@ struct tbd_query {
     void *owner;  /* the event loop's: who waits for it */
     uint64_t tag; /* the event loop's */
     int kind;     /* the event loop's */
+    uint64_t gen; /* the event loop's */
     /* out */
     int result;    /* 0 or a TW_E* code */
     uint64_t *ids; /* n ids, malloc'd (free() them) */

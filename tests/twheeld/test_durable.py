@@ -266,10 +266,18 @@ def delayed_memory(d):
     per_job = (s.rss_kb() - before) * 1024.0 / DELAYED_JOBS
     check(per_job <= DELAYED_MAX_BYTES, "%.0f bytes of resident memory a "
           "delayed job (at most %d)" % (per_job, DELAYED_MAX_BYTES))
-    # One of them, read back from the store in every way.
+    # peek-delayed: the one due first, known from the puts (id 2, the
+    # first of delay 3600); then one due earlier; once that one is
+    # deleted, id 2 again (from the store's query thread).
+    first = b"FOUND 2 16\r\nbody-00000000000\r\n"
+    check(c.cmd(b"peek-delayed\r\n") == first, "peek-delayed")
+    early = put(c, b"early", delay=100)
     r = c.cmd(b"peek-delayed\r\n")
-    check(r.startswith(b"FOUND ") and b"body-" in r, "peek-delayed %r" % r)
-    jid = int(r.split()[1])
+    check(r == b"FOUND %d 5\r\nearly\r\n" % early, "peek-delayed %r" % r)
+    check(c.cmd(b"delete %d\r\n" % early) == b"DELETED\r\n", "delete")
+    check(c.cmd(b"peek-delayed\r\n") == first, "peek-delayed after delete")
+    # One of them, read back from the store in every way.
+    jid = 2
     m = yaml_map(c.cmd(b"stats-job %d\r\n" % jid))
     check(m["state"] == "delayed" and int(m["time-left"]) > 3000, "%r" % m)
     check(c.cmd(b"kick-job %d\r\n" % jid) == b"KICKED\r\n", "kick-job")
