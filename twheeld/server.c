@@ -580,6 +580,7 @@ static void conn_free(struct conn *c)
 }
 
 static void job_make_ready(struct job *j);
+static void job_undate(struct job *j);
 static void waiting_remove(struct conn *c);
 static void conn_pump(struct conn *c);
 
@@ -605,6 +606,7 @@ static void conn_close(struct conn *c)
         g.counts[J_RESERVED]--;
         j->reserver = NULL;
         job_make_ready(j);
+        job_undate(j);
     }
     if (c->put_job) {
         job_release(c->put_job);
@@ -1010,7 +1012,8 @@ static void job_written(struct tbd_write *w)
     if (j->writes > 0 && j->writes < UINT8_MAX)
         j->writes--;
     j->stored |= w->result == 0;
-    if (w->result == 0 && w->due_ms == 0)
+    /* Undated, and no later write (which may date it) under way. */
+    if (w->result == 0 && w->due_ms == 0 && j->writes == 0)
         j->timed = false;
     job_evict(j);
 }
@@ -1307,6 +1310,14 @@ static void lease_write(struct conn *c, struct job *j, const char *text)
     submit(c, w, text);
 }
 
+/* Redis: a job in memory whose record may fire on another server (a
+ * reserved job's, after lease_write()) is written back undated. */
+static void job_undate(struct job *j)
+{
+    if (g.opt->redis && g.store && j->timed)
+        submit(NULL, job_write(j, J_READY, NULL), NULL);
+}
+
 static void reserve_job(struct conn *c, struct job *j, uint64_t now)
 {
     job_unlink(j);
@@ -1412,8 +1423,7 @@ static void job_timer_fn(tw_timer *tm, void *arg)
     j->timeouts++;
     g.job_timeouts++;
     job_make_ready(j);
-    if (g.opt->redis) /* undated again: see lease_write() */
-        submit(NULL, job_write(j, J_READY, NULL), NULL);
+    job_undate(j);
 }
 
 /* ---- commands ---- */
@@ -2008,7 +2018,9 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
             g.workers++;
         }
         reserve_job(c, j, now);
-        if (warmed) /* it was delayed in the store: ready after a crash */
+        /* It was delayed in the store: ready after a crash (on Redis
+         * reserve_job() wrote its lease). */
+        if (warmed && !g.opt->redis)
             submit(c, job_write(j, J_READY, c), NULL);
         break;
     case TBD_DELETE:

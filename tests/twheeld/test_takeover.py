@@ -10,7 +10,9 @@ TAKEOVER_BOUND seconds of the kill. The bound, as docs/guide/twheeld.md
 states it: the store's shard lease (5 s) for A's shards to move, plus the
 claim A held (at most the shard lease again), plus the grace of a
 reserved job (2 s) and the TTR, plus margin for a loaded machine.
-Then A is started again (same --node): it serves none of the jobs B took
+Before that, 20 jobs reserved from A by a connection that then closes
+are A's ready jobs: B must not take them once their lease would have run
+out (TTR + 2 s + LEFT_MARGIN). Then A is started again (same --node): it serves none of the jobs B took
 (each job is delivered once), and B after a kill -9 and restart has none
 of them back either (B deleted each one).
 Skipped (77) without redis-server.
@@ -25,11 +27,28 @@ from bstk import (Client, check, put_job, with_redis,  # noqa: E402
 
 TAKEOVER_BOUND = 30.0
 DELAYED = 20
+LEFT_MARGIN = 3.0  # past TTR + grace: B would have fired a dated lease
 
 
 def session(server):
     a, b = server(1), server(2)
     ca = Client(a.port)
+    # Jobs a worker reserved and then left (its connection closed) are
+    # ready on A again and stay A's: B must not take them when their
+    # reserve's TTR + 2 s runs out (20 jobs: their shards are on B too).
+    w2 = Client(a.port)
+    left = [put_job(ca, b"left-%d" % i, ttr=1) for i in range(20)]
+    for _ in left:
+        check(w2.cmd(b"reserve-with-timeout 0\r\n").startswith(
+            b"RESERVED "), "reserve")
+    w2.close()
+    time.sleep(1 + 2 + LEFT_MARGIN)
+    check(b.rss_kb() > 0 and Client(b.port).cmd(
+        b"reserve-with-timeout 0\r\n") == b"TIMED_OUT\r\n",
+        "B took a job reserved from A and released by a closed connection")
+    for jid in left:
+        check(ca.cmd(b"delete %d\r\n" % jid) == b"DELETED\r\n",
+              "A's job %d" % jid)
     t_put = time.monotonic()
     delayed = {put_job(ca, b"delayed-%d" % i, delay=2): b"delayed-%d" % i
                for i in range(DELAYED)}
