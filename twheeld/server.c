@@ -116,10 +116,11 @@ struct tube {
     uint64_t nurgent, nreserved, total_jobs;
     struct jlist delayed, buried;
     uint64_t ncold; /* delayed jobs held by the store alone (-b, --redis) */
-    /* Of those, the one due first (first_id 0: not known); see
-     * cold_first(). */
-    int64_t first_due;
-    uint64_t first_id;
+    /* Of those, the first ones by (due, id): see cold_add(). */
+    struct tbd_hit *first; /* FIRST_MAX entries once used */
+    uint32_t nfirst;
+    bool first_known; /* first[] holds every one up to first_bound */
+    struct tbd_hit first_bound;
     uint64_t cold_adds; /* delayed jobs added to the store, ever */
     uint64_t using, watching, waiting;
     uint64_t cmd_delete, cmd_pause;
@@ -448,6 +449,9 @@ static struct tube *tube_get(const char *name, size_t len)
         return NULL;
     memcpy(t->name, name, len);
     t->name_len = len;
+    /* No delayed job yet: first[] (empty) holds all of them. */
+    t->first_known = true;
+    t->first_bound = (struct tbd_hit){INT64_MAX, UINT64_MAX};
     tw_timer_init(&t->pause_timer, tube_unpause, t);
     t->next = g.tubes;
     g.tubes = t;
@@ -467,6 +471,7 @@ static void tube_maybe_free(struct tube *t)
     *pp = t->next;
     tw_wheel_cancel(g.wheel, &t->pause_timer);
     free(t->heap);
+    free(t->first);
     free(t);
     g.ntubes--;
 }
@@ -1112,21 +1117,58 @@ static void store_completions(struct tbd_write *w)
  */
 
 /*
- * A tube's first delayed job in the store, (first_due, first_id), is
- * known while every delayed job added to the store since it was found
- * was compared with it: those of the recovery scan, of put and release
- * (cold_first()), and the answer of a peek query. Jobs that leave do not
- * matter, unless it is the one that leaves: peek-delayed reads it back
- * and asks the query thread when it is gone.
+ * peek-delayed's memory of a tube's delayed jobs in the store: first[]
+ * holds, sorted by (due, id), every one up to first_bound (first_known),
+ * at most FIRST_MAX. Jobs that leave (fire, are deleted or kicked) stay
+ * in it until peek-delayed meets them at its front, reads them back and
+ * drops them; each one added (start-up scan, put, release) goes in if it
+ * comes before the bound, which then moves down to the last one kept.
+ * When first[] runs dry with a finite bound, the query thread refills it
+ * (query_done()). FIRST_MAX * 16 bytes a tube with delayed jobs.
  */
-static void cold_first(struct tube *t, int64_t due, uint64_t id, bool first)
+#define FIRST_MAX 256
+
+static bool hit_less(struct tbd_hit a, struct tbd_hit b)
 {
+    return a.due < b.due || (a.due == b.due && a.id < b.id);
+}
+
+static void cold_add(struct tube *t, int64_t due, uint64_t id)
+{
+    struct tbd_hit h = {due, id};
     t->cold_adds++;
-    if (first || (t->first_id && (due < t->first_due ||
-                                  (due == t->first_due && id < t->first_id)))) {
-        t->first_due = due;
-        t->first_id = id;
+    if (!t->first_known || hit_less(t->first_bound, h))
+        return;
+    if (!t->first) {
+        t->first = malloc(FIRST_MAX * sizeof(*t->first));
+        if (!t->first) {
+            t->first_known = false;
+            return;
+        }
     }
+    uint32_t lo = 0, hi = t->nfirst;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (hit_less(t->first[mid], h))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    bool full = t->nfirst == FIRST_MAX;
+    if (full && lo == FIRST_MAX) {
+        /* It comes after all of them and stays out: the bound moves down
+         * to the last one. */
+        t->first_bound = t->first[FIRST_MAX - 1];
+        return;
+    }
+    if (full)
+        t->nfirst--; /* the last one goes */
+    memmove(&t->first[lo + 1], &t->first[lo],
+            (t->nfirst - lo) * sizeof(*t->first));
+    t->first[lo] = h;
+    t->nfirst++;
+    if (full)
+        t->first_bound = t->first[FIRST_MAX - 1];
 }
 
 /* Writes @j (delayed by j->delay_s from now) to the store with its due
@@ -1139,7 +1181,7 @@ static void job_go_cold(struct conn *c, struct job *j, bool in_table,
     struct tbd_write *w = job_write(j, J_DELAYED, c);
     w->due_ms = j->due_wall;
     w->cold = t;
-    cold_first(t, j->due_wall, j->id, t->ncold == 0);
+    cold_add(t, j->due_wall, j->id);
     t->ncold++;
     g.counts[J_DELAYED]++;
     if (in_table)
@@ -1856,19 +1898,26 @@ static void cold_peek(struct conn *c)
         reply(c, "NOT_FOUND\r\n");
         return;
     }
-    if (t->first_id) {
-        fired_jobs();
-        struct job *j = job_find(t->first_id) ? NULL : cold_get(t->first_id);
-        if (j && j->tube == t && j->due_wall == t->first_due) {
+    fired_jobs();
+    while (t->nfirst) {
+        struct tbd_hit h = t->first[0];
+        struct job *j = job_find(h.id) ? NULL : cold_get(h.id);
+        if (j && j->tube == t && j->due_wall == h.due) {
             cmd_peek_reply(c, j);
             job_free_cold(j);
             return;
         }
         if (j)
             job_free_cold(j);
-        t->first_id = 0; /* it left: ask the store */
+        memmove(&t->first[0], &t->first[1],
+                --t->nfirst * sizeof(*t->first)); /* it left */
     }
-    cold_query(c, c->use, Q_PEEK, 1,
+    if (t->first_known && t->first_bound.due == INT64_MAX) {
+        reply(c, "NOT_FOUND\r\n"); /* first[] held all of them */
+        return;
+    }
+    t->first_known = false;
+    cold_query(c, t, Q_PEEK, FIRST_MAX,
                reply_later(c, 64 + (size_t)g.opt->max_job_size));
 }
 
@@ -1890,9 +1939,9 @@ static void query_kick(struct conn *c, struct tbd_query *q, struct out *o)
     uint32_t k = 0;
     struct tbd_write *last = NULL;
     for (size_t i = 0; i < q->n; i++) {
-        if (job_find(q->ids[i]))
+        if (job_find(q->hits[i].id))
             continue; /* fired meanwhile: ready already */
-        struct job *j = cold_get(q->ids[i]);
+        struct job *j = cold_get(q->hits[i].id);
         if (!j)
             continue; /* deleted or kicked meanwhile */
         j->timed = true;
@@ -1916,6 +1965,47 @@ static void query_kick(struct conn *c, struct tbd_query *q, struct out *o)
 }
 
 /* The queries the store answered. */
+/* A peek query's answer: first[] of its tube from it (unless a delayed
+ * job was added since the scan), then the first of it still delayed.
+ * Returns false when it should be asked again. */
+static bool query_peek(struct conn *c, struct tbd_query *q, struct out *o)
+{
+    struct tube *t = tube_find(q->tube, q->tube_len);
+    if (t && t->cold_adds == q->gen && !t->first_known &&
+        (t->first || (t->first = malloc(FIRST_MAX * sizeof(*t->first))))) {
+        memcpy(t->first, q->hits, q->n * sizeof(*q->hits));
+        t->nfirst = (uint32_t)q->n;
+        t->first_known = true;
+        t->first_bound = q->n < FIRST_MAX
+                             ? (struct tbd_hit){INT64_MAX, UINT64_MAX}
+                             : q->hits[q->n - 1];
+    }
+    for (size_t i = 0; t && i < q->n; i++) {
+        if (job_find(q->hits[i].id))
+            continue; /* fired meanwhile */
+        struct job *j = cold_get(q->hits[i].id);
+        if (!j)
+            continue; /* deleted or kicked meanwhile */
+        bool ok = j->tube == t && j->due_wall == q->hits[i].due;
+        if (ok) {
+            out_fill(c, o, "FOUND %" PRIu64 " %u\r\n", j->id, j->body_len);
+            memcpy(o->data + o->len, j->body, (size_t)j->body_len + 2);
+            o->len += (size_t)j->body_len + 2;
+            c->out_bytes += (size_t)j->body_len + 2;
+        }
+        job_free_cold(j);
+        if (ok)
+            return true;
+    }
+    /* None of them is delayed any more: more may follow if the answer
+     * was full. */
+    if (t && t->ncold && q->n == q->want)
+        return false;
+    out_fill(c, o, "NOT_FOUND\r\n");
+    return true;
+}
+
+/* The queries the store answered. */
 static void query_done(struct tbd_query *q)
 {
     for (struct tbd_query *nx; q; q = nx) {
@@ -1928,47 +2018,20 @@ static void query_done(struct tbd_query *q)
                  tw_strerror(q->result));
         if (!c->closed) {
             fired_jobs();
-            struct job *j = NULL;
             if (q->kind == Q_KICK) {
                 query_kick(c, q, o);
             } else if (q->result != 0) {
                 out_fill(c, o, "INTERNAL_ERROR\r\n");
                 o->ready = true;
-            } else if (q->n && !job_find(q->ids[0]) &&
-                       (j = cold_get(q->ids[0])) != NULL) {
-                /* The first, unless one was added since the scan. */
-                if (j->tube->cold_adds == q->gen) {
-                    j->tube->first_due = j->due_wall;
-                    j->tube->first_id = j->id;
-                }
-                out_fill(c, o, "FOUND %" PRIu64 " %u\r\n", j->id, j->body_len);
-                memcpy(o->data + o->len, j->body, (size_t)j->body_len + 2);
-                o->len += (size_t)j->body_len + 2;
-                c->out_bytes += (size_t)j->body_len + 2;
-                o->ready = true;
-                job_free_cold(j);
-            } else if (q->n) {
-                /* It became ready or went meanwhile: ask again. */
-                c->out_bytes -= o->len;
-                o->len = 0;
-                q->n = 0;
-                free(q->ids);
-                q->ids = NULL;
-                struct tube *t = tube_find(q->tube, q->tube_len);
-                if (t && t->ncold) {
-                    cold_query(c, t, Q_PEEK, 1, o);
-                    free(q);
-                    continue;
-                }
-                out_fill(c, o, "NOT_FOUND\r\n");
+            } else if (query_peek(c, q, o)) {
                 o->ready = true;
             } else {
-                out_fill(c, o, "NOT_FOUND\r\n");
-                o->ready = true;
+                cold_query(c, tube_find(q->tube, q->tube_len), Q_PEEK,
+                           FIRST_MAX, o);
             }
             conn_pump(c);
         }
-        free(q->ids);
+        free(q->hits);
         free(q);
     }
 }
@@ -2465,7 +2528,7 @@ static void recover_one(void *arg, const char *key, size_t key_len,
             fputs("twheeld: out of memory during recovery\n", stderr);
             exit(1);
         }
-        cold_first(t, rc.due, rc.id, t->ncold == 0);
+        cold_add(t, rc.due, rc.id);
         t->ncold++;
         g.counts[J_DELAYED]++;
         r->cold++;

@@ -236,7 +236,7 @@ static void stop_querier(struct tbd_store *s)
     }
     for (struct tbd_query *nx; s->qdone; s->qdone = nx) {
         nx = s->qdone->next;
-        free(s->qdone->ids);
+        free(s->qdone->hits);
         free(s->qdone);
     }
 }
@@ -465,21 +465,15 @@ void tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len)
     pthread_mutex_unlock(&s->fmu);
 }
 
-/* One delayed job's place in a query's answer. */
-struct qhit {
-    int64_t due;
-    uint64_t id;
-};
-
 struct qscan {
     struct tbd_query *q;
-    struct qhit *hits;
+    struct tbd_hit *hits;
     size_t n, cap;
 };
 
 static int qhit_cmp(const void *a, const void *b)
 {
-    const struct qhit *x = a, *y = b;
+    const struct tbd_hit *x = a, *y = b;
     if (x->due != y->due)
         return x->due < y->due ? -1 : 1;
     return x->id < y->id ? -1 : x->id > y->id;
@@ -488,17 +482,19 @@ static int qhit_cmp(const void *a, const void *b)
 static int query_one(void *arg, const tw_durable_scanned *t)
 {
     struct qscan *qs = arg;
-    struct qhit h;
+    struct tbd_hit h;
     if (!qs->q->match(qs->q, t->payload, t->payload_len, &h.due, &h.id))
         return 0;
-    if (qs->q->want == 1 && qs->n == 1) { /* peek: the earliest alone */
-        if (qhit_cmp(&h, &qs->hits[0]) < 0)
-            qs->hits[0] = h;
-        return 0;
+    /* Keep the @want earliest: sort and cut once 4 * @want are held, so
+     * a scan holds O(@want) of them (kick of many: up to all). */
+    size_t keep = qs->q->want;
+    if (qs->n == qs->cap && keep <= SIZE_MAX / 4 && qs->n >= 4 * keep) {
+        qsort(qs->hits, qs->n, sizeof(*qs->hits), qhit_cmp);
+        qs->n = keep;
     }
     if (qs->n == qs->cap) {
         size_t ncap = qs->cap ? qs->cap * 2 : 64;
-        struct qhit *nh = realloc(qs->hits, ncap * sizeof(*nh));
+        struct tbd_hit *nh = realloc(qs->hits, ncap * sizeof(*nh));
         if (!nh)
             return TW_ENOMEM;
         qs->hits = nh;
@@ -513,21 +509,15 @@ static void run_query(struct tbd_store *s, struct tbd_query *q)
     struct qscan qs = {.q = q};
     long rc = tw_durable_scan(s->d, query_one, &qs);
     q->result = rc < 0 ? (int)rc : 0;
-    q->ids = NULL;
+    q->hits = NULL;
     q->n = 0;
     if (rc >= 0 && qs.n) {
         qsort(qs.hits, qs.n, sizeof(*qs.hits), qhit_cmp);
-        size_t n = qs.n < q->want ? qs.n : q->want;
-        q->ids = malloc(n * sizeof(*q->ids));
-        if (!q->ids) {
-            q->result = TW_ENOMEM;
-        } else {
-            for (size_t i = 0; i < n; i++)
-                q->ids[i] = qs.hits[i].id;
-            q->n = n;
-        }
+        q->n = qs.n < q->want ? qs.n : q->want;
+        q->hits = qs.hits; /* the tail past n is not read */
+    } else {
+        free(qs.hits);
     }
-    free(qs.hits);
 }
 
 static void *querier(void *arg)

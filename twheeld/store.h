@@ -108,12 +108,18 @@ struct tbd_fired *tbd_store_take_fired(struct tbd_store *s);
 void tbd_store_claim(struct tbd_store *s, const char *key, size_t key_len);
 void tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len);
 
+/* A delayed job in a query's answer. */
+struct tbd_hit {
+    int64_t due; /* Unix ms */
+    uint64_t id;
+};
+
 /*
  * A question about the delayed jobs the store holds, answered on the
  * store's query thread by one tw_durable_scan() (on the journal one
  * sequential read, without the store's lock), so the event loop never
- * waits for it: the ids of the @want records that @match accepts with the
- * earliest (due, id), earliest first.
+ * waits for it: the @want records that @match accepts with the earliest
+ * (due, id), earliest first.
  */
 struct tbd_query {
     struct tbd_query *next;
@@ -130,8 +136,8 @@ struct tbd_query {
     int kind;     /* the event loop's */
     uint64_t gen; /* the event loop's */
     /* out */
-    int result;    /* 0 or a TW_E* code */
-    uint64_t *ids; /* n ids, malloc'd (free() them) */
+    int result;           /* 0 or a TW_E* code */
+    struct tbd_hit *hits; /* n of them, malloc'd (free() them) */
     size_t n;
 };
 
