@@ -10,7 +10,9 @@
  * Jobs: a hash table by id; in its tube, a ready job sits in a binary heap
  * ordered by (priority, id) (the ready queue, as in beanstalkd; no time is
  * kept there), a delayed or buried job in a list, a reserved job in its
- * reserver's list.
+ * reserver's list. With a store (-b, --redis) a delayed job is not in
+ * memory at all: the store holds and fires it ("delayed jobs in the
+ * store" below).
  *
  * Memory per connection is bounded: a line is at most TBD_LINE_MAX bytes,
  * a body at most -z bytes (JOB_TOO_BIG beyond), the input buffer is

@@ -4,7 +4,8 @@
  *
  * Encoding. Every job is one durable timer: key "j<id>", payload the
  * whole job record (state, priority, TTR, delay and due time by the wall
- * clock, counters, tube name, body; see server.c job_record()). A delayed
+ * clock, counters, tube name, body, the node holding it; see server.c
+ * job_write()). A delayed
  * job's timer is due when the job is (with a store, the server keeps
  * nothing of a delayed job in memory but counts: the store holds it and
  * fires it); every other job's timer is due at a constant far in the
