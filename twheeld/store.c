@@ -72,7 +72,7 @@ struct tbd_store {
     /* Fired jobs and claims, under fmu (store_fire() runs on the store's
      * thread). */
     pthread_mutex_t fmu;
-    struct tbd_fired *f_head, *f_tail;
+    struct tbd_fired *f_head; /* newest first */
     struct claim {
         char key[24];
         size_t len;
@@ -124,16 +124,12 @@ static int store_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
         pthread_mutex_unlock(&s->fmu);
         return 1000; /* again in a second */
     }
-    f->next = NULL;
     f->key_len = t->key_len;
     memcpy(f->key, t->key, t->key_len);
     f->payload_len = t->payload_len;
     memcpy(f->payload, t->payload, t->payload_len);
-    if (s->f_tail)
-        s->f_tail->next = f;
-    else
-        s->f_head = f;
-    s->f_tail = f;
+    f->next = s->f_head; /* newest first; tbd_store_take_fired() turns it */
+    s->f_head = f;
     wake(s);
     pthread_mutex_unlock(&s->fmu);
     return FIRED_KEEP_MS;
@@ -220,6 +216,23 @@ static void *writer(void *arg)
 
 static void *querier(void *arg);
 
+/* Frees @s, its store closed (or never opened) and its threads gone. */
+static void store_free(struct tbd_store *s)
+{
+    close(s->efd);
+    for (struct tbd_fired *f = s->f_head, *nx; f; f = nx) {
+        nx = f->next;
+        free(f);
+    }
+    free(s->claims);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->fmu);
+    pthread_mutex_destroy(&s->qmu);
+    pthread_cond_destroy(&s->qcv);
+    free(s);
+}
+
 /* Stops the query thread after the query it runs; queued ones are
  * dropped with their owners' memory (the server is stopping). */
 static void stop_querier(struct tbd_store *s)
@@ -288,13 +301,7 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
             snprintf(err, err_len, "cannot start the query thread");
     }
     if (rc != 0) {
-        close(s->efd);
-        pthread_mutex_destroy(&s->mu);
-        pthread_cond_destroy(&s->cv);
-        pthread_mutex_destroy(&s->fmu);
-        pthread_mutex_destroy(&s->qmu);
-        pthread_cond_destroy(&s->qcv);
-        free(s);
+        store_free(s);
         return rc;
     }
     /* Without an fdatasync to wait for, a write is a write(2): cheaper
@@ -308,8 +315,7 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
     if (pthread_create(&s->thread, NULL, writer, s) != 0) {
         stop_querier(s);
         tw_durable_close(s->d);
-        close(s->efd);
-        free(s);
+        store_free(s);
         if (err && err_len)
             snprintf(err, err_len, "cannot start the writer thread");
         return TW_ENOMEM;
@@ -419,9 +425,15 @@ struct tbd_write *tbd_store_take(struct tbd_store *s)
 struct tbd_fired *tbd_store_take_fired(struct tbd_store *s)
 {
     pthread_mutex_lock(&s->fmu);
-    struct tbd_fired *h = s->f_head;
-    s->f_head = s->f_tail = NULL;
+    struct tbd_fired *f = s->f_head, *h = NULL;
+    s->f_head = NULL;
     pthread_mutex_unlock(&s->fmu);
+    while (f) { /* oldest first */
+        struct tbd_fired *nx = f->next;
+        f->next = h;
+        h = f;
+        f = nx;
+    }
     return h;
 }
 
@@ -521,25 +533,32 @@ static void run_query(struct tbd_store *s, struct tbd_query *q)
     }
 }
 
+/* Appends @q to the list at @head (queries are few: a walk). */
+static void query_append(struct tbd_query **head, struct tbd_query *q)
+{
+    q->next = NULL;
+    while (*head)
+        head = &(*head)->next;
+    *head = q;
+}
+
+/* The query thread: answers the queued queries one at a time, in order,
+ * until stop_querier(). */
 static void *querier(void *arg)
 {
     struct tbd_store *s = arg;
     pthread_mutex_lock(&s->qmu);
-    for (;;) {
-        while (!s->qq_head && !s->stop_queries)
-            pthread_cond_wait(&s->qcv, &s->qmu);
-        if (!s->qq_head)
-            break;
+    while (!s->stop_queries) {
         struct tbd_query *q = s->qq_head;
+        if (!q) {
+            pthread_cond_wait(&s->qcv, &s->qmu);
+            continue;
+        }
         s->qq_head = q->next;
         pthread_mutex_unlock(&s->qmu);
         run_query(s, q);
         pthread_mutex_lock(&s->qmu);
-        q->next = NULL;
-        struct tbd_query **pp = &s->qdone;
-        while (*pp)
-            pp = &(*pp)->next;
-        *pp = q;
+        query_append(&s->qdone, q);
         wake(s);
     }
     pthread_mutex_unlock(&s->qmu);
@@ -548,12 +567,8 @@ static void *querier(void *arg)
 
 void tbd_store_query(struct tbd_store *s, struct tbd_query *q)
 {
-    q->next = NULL;
     pthread_mutex_lock(&s->qmu);
-    struct tbd_query **pp = &s->qq_head;
-    while (*pp)
-        pp = &(*pp)->next;
-    *pp = q;
+    query_append(&s->qq_head, q);
     pthread_cond_signal(&s->qcv);
     pthread_mutex_unlock(&s->qmu);
 }
@@ -600,16 +615,5 @@ void tbd_store_close(struct tbd_store *s)
     }
     stop_querier(s);
     tw_durable_close(s->d);
-    close(s->efd);
-    for (struct tbd_fired *f = s->f_head, *nx; f; f = nx) {
-        nx = f->next;
-        free(f);
-    }
-    free(s->claims);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->fmu);
-    pthread_mutex_destroy(&s->qmu);
-    pthread_cond_destroy(&s->qcv);
-    free(s);
+    store_free(s);
 }
