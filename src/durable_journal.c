@@ -369,17 +369,17 @@ static int cancel_stage(jstore *s, tw_durable_item *it, struct staged_item *st,
                         size_t k)
 {
     st[k].staged = false;
-    struct tw__key_entry *nd =
+    struct tw__key_entry *e =
         tw__key_at(&s->keys, tw__key_find(&s->keys, it->key, it->key_len));
-    for (size_t j = 0; nd && j < k; j++)
-        if (st[j].staged && st[j].fresh == nd)
-            nd = NULL;
-    if (!nd || (nd->fl & ENT_DEAD)) /* a dead letter is not pending */
+    for (size_t j = 0; e && j < k; j++)
+        if (st[j].staged && st[j].fresh == e)
+            e = NULL;
+    if (!e || (e->fl & ENT_DEAD)) /* a dead letter is not pending */
         return TW_ENOENT;
     int rc = tw__jr_stage(&s->w, JR_CANCEL, it->key, it->key_len, 0, 0, NULL, 0,
                           &st[k].seg, &st[k].off);
     st[k].staged = rc == 0;
-    st[k].fresh = nd;
+    st[k].fresh = e;
     return rc;
 }
 

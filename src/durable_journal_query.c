@@ -221,11 +221,10 @@ int tw__journal_list(tw_durable *d, const struct tw__list_req *q,
                 *end = true;
                 break;
             }
-            const struct tw__key_entry *dn = (const struct tw__key_entry *)h;
-            if (!tw__list_put(q, &used, &out[n], dn->key, dn->key_len, tick,
-                              now))
+            const struct tw__key_entry *e = (const struct tw__key_entry *)h;
+            if (!tw__list_put(q, &used, &out[n], e->key, e->key_len, tick, now))
                 break;
-            if (dn->fl & ENT_FIRING)
+            if (e->fl & ENT_FIRING)
                 out[n].state = TW_DURABLE_DUE;
             n++;
         }
@@ -459,10 +458,10 @@ int tw__journal_list_dead(tw_durable *d, const struct tw__list_req *q,
                 *end = true;
                 break;
             }
-            const struct tw__key_entry *dn = (const struct tw__key_entry *)h;
-            if (!tw__list_put(q, &used, &out[n], dn->key, dn->key_len, 0, 0))
+            const struct tw__key_entry *e = (const struct tw__key_entry *)h;
+            if (!tw__list_put(q, &used, &out[n], e->key, e->key_len, 0, 0))
                 break;
-            out[n].due_ms = dead_due(s, dn);
+            out[n].due_ms = dead_due(s, e);
             out[n].state = TW_DURABLE_DEAD;
             n++;
         }
