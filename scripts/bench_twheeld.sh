@@ -20,12 +20,21 @@ cleanup() {
 }
 trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Until a connection to port $1 succeeds, polled every 50 ms by one
+# process (a new interpreter per poll took a CPU of its own from the server
+# it waited for: twheeld listens only once its jobs are back).
 wait_up() {
-  for _ in $(seq 1 600); do
-    if python3 -c "import socket,sys; socket.create_connection(('127.0.0.1',$1),timeout=1)" 2>/dev/null; then return 0; fi
-    sleep 0.05
-  done
-  return 1
+  python3 - "$1" <<'PY'
+import socket, sys, time
+end = time.monotonic() + 300
+while time.monotonic() < end:
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1).close()
+        sys.exit(0)
+    except OSError:
+        time.sleep(0.05)
+sys.exit(1)
+PY
 }
 # start NAME DIR FLAGS...: starts a server, sets $P (port) and $PID.
 start() {
@@ -91,5 +100,15 @@ print([l for l in d.decode().splitlines() if l.startswith('current-jobs-delayed'
   cpu=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$PID/stat")
   rq=$(cat /proc/"$PID"/task/*/schedstat | awk '{w += $2} END {printf "%.2f", w / 1e9}')
   echo "$srv restart after kill -9: answering in $(echo "$t1 - $t0" | bc) s (CPU $cpu s, waiting for a CPU $rq s), $n, RSS $(($(rss "$PID") / 1024)) MB"
+  # Then until peek-delayed answers (twheeld reads delayed jobs from the
+  # store's ordered listing, built at its first use).
+  python3 -c "
+import socket
+s=socket.create_connection(('127.0.0.1',$P)); s.sendall(b'peek-delayed\r\n')
+d=b''
+while b'\r\n' not in d: d+=s.recv(65536)
+assert d.startswith(b'FOUND'), d"
+  t2=$(date +%s.%N)
+  echo "$srv restart after kill -9: peek-delayed answers in $(echo "$t2 - $t0" | bc) s, RSS $(($(rss "$PID") / 1024)) MB"
   stop "$PID"
 done

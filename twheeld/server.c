@@ -10,7 +10,9 @@
  * Jobs: a hash table by id; in its tube, a ready job sits in a binary heap
  * ordered by (priority, id) (the ready queue, as in beanstalkd; no time is
  * kept there), a delayed or buried job in a list, a reserved job in its
- * reserver's list.
+ * reserver's list. With a store (-b, --redis) a delayed job is not in
+ * memory at all: the store holds and fires it ("delayed jobs in the
+ * store" below).
  *
  * Memory per connection is bounded: a line is at most TBD_LINE_MAX bytes,
  * a body at most -z bytes (JOB_TOO_BIG beyond), the input buffer is
@@ -86,6 +88,8 @@ struct job {
     uint8_t state;
     bool soon_phase;   /* reserved: timer is at deadline - SAFETY_MS */
     bool stored;       /* a store write of it succeeded */
+    bool timed;        /* taken from the store while delayed: its record
+                          may fire until a write of it is done */
     uint8_t writes;    /* its store writes under way (saturating) */
     uint32_t heap_idx; /* in the tube's ready heap */
     struct tube *tube;
@@ -113,6 +117,13 @@ struct tube {
     size_t nready, cap;
     uint64_t nurgent, nreserved, total_jobs;
     struct jlist delayed, buried;
+    uint64_t ncold; /* delayed jobs held by the store alone (-b, --redis) */
+    /* Of those, the first ones by (due, id): see cold_add(). */
+    struct tbd_hit *first; /* FIRST_MAX entries once used */
+    uint32_t nfirst;
+    bool first_known; /* first[] holds every one up to first_bound */
+    struct tbd_hit first_bound;
+    uint64_t cold_adds; /* delayed jobs added to the store, ever */
     uint64_t using, watching, waiting;
     uint64_t cmd_delete, cmd_pause;
     uint32_t pause_s;
@@ -440,6 +451,9 @@ static struct tube *tube_get(const char *name, size_t len)
         return NULL;
     memcpy(t->name, name, len);
     t->name_len = len;
+    /* No delayed job yet: first[] (empty) holds all of them. */
+    t->first_known = true;
+    t->first_bound = (struct tbd_hit){INT64_MAX, UINT64_MAX};
     tw_timer_init(&t->pause_timer, tube_unpause, t);
     t->next = g.tubes;
     g.tubes = t;
@@ -451,7 +465,7 @@ static struct tube *tube_get(const char *name, size_t len)
 static void tube_maybe_free(struct tube *t)
 {
     if (t == g.default_tube || t->using || t->watching || t->nready ||
-        t->nreserved || t->delayed.n || t->buried.n)
+        t->nreserved || t->delayed.n || t->ncold || t->buried.n)
         return;
     struct tube **pp = &g.tubes;
     while (*pp != t)
@@ -459,6 +473,7 @@ static void tube_maybe_free(struct tube *t)
     *pp = t->next;
     tw_wheel_cancel(g.wheel, &t->pause_timer);
     free(t->heap);
+    free(t->first);
     free(t);
     g.ntubes--;
 }
@@ -572,6 +587,7 @@ static void conn_free(struct conn *c)
 }
 
 static void job_make_ready(struct job *j);
+static void job_undate(struct job *j);
 static void waiting_remove(struct conn *c);
 static void conn_pump(struct conn *c);
 
@@ -597,6 +613,7 @@ static void conn_close(struct conn *c)
         g.counts[J_RESERVED]--;
         j->reserver = NULL;
         job_make_ready(j);
+        job_undate(j);
     }
     if (c->put_job) {
         job_release(c->put_job);
@@ -747,7 +764,9 @@ static void job_free(struct job *j)
 }
 
 /* The store record of @j: see store.c for the encoding's purpose. */
-enum { REC_JOB = 'J', REC_MARK = 'M', REC_VERSION = 1 };
+/* Version 2 of a job record ends with the node (--node) of the server
+ * that holds the job; version 1 (without it) is still read. */
+enum { REC_JOB = 'J', REC_MARK = 'M', REC_VERSION = 2 };
 
 static void put_u32(unsigned char **p, uint32_t v)
 {
@@ -797,7 +816,7 @@ static struct tbd_write *job_write(struct job *j, int stored_state,
     w->key_len = (size_t)snprintf(w->key, sizeof(w->key), "j%" PRIu64, j->id);
     if (j->writes < UINT8_MAX)
         j->writes++;
-    size_t n = REC_HEAD + j->tube->name_len + j->body_len;
+    size_t n = REC_HEAD + j->tube->name_len + j->body_len + 4;
     unsigned char *p = xmalloc(n), *q = p;
     *q++ = REC_JOB;
     *q++ = REC_VERSION;
@@ -818,6 +837,8 @@ static struct tbd_write *job_write(struct job *j, int stored_state,
     q += j->tube->name_len;
     put_u32(&q, j->body_len);
     memcpy(q, j->body, j->body_len);
+    q += j->body_len;
+    put_u32(&q, g.opt->node);
     w->payload = p;
     w->payload_len = n;
     return w;
@@ -851,17 +872,6 @@ static void store_job(struct conn *c, struct job *j, const char *text)
     }
     int st = j->state == J_RESERVED ? J_READY : j->state;
     submit(c, job_write(j, st, c), text);
-}
-
-static void store_delete(struct conn *c, uint64_t id, const char *text)
-{
-    if (!g.store) {
-        reply(c, text);
-        return;
-    }
-    struct tbd_write *w = write_new(TBD_W_CANCEL, c);
-    w->key_len = (size_t)snprintf(w->key, sizeof(w->key), "j%" PRIu64, id);
-    submit(c, w, text);
 }
 
 /* The store key of this server's high-water mark of ids: "m", or with
@@ -901,6 +911,93 @@ static uint64_t key_id(const char *key, size_t len)
     return len > 1 && key[0] == 'j' ? id : 0;
 }
 
+/* A job record read back from the store (job_write()'s layout). */
+struct rec {
+    int state;
+    uint32_t pri, ttr, delay, body_len;
+    uint32_t cnt[5]; /* reserves, timeouts, releases, buries, kicks */
+    uint32_t owner;  /* --node of the server that holds it */
+    uint64_t id;
+    int64_t due, created;
+    const char *tube;
+    size_t tube_len;
+    const unsigned char *body;
+};
+
+/* Parses the @n bytes at @p into @r; false if they are not a job record. */
+static bool rec_parse(const unsigned char *p, size_t n, struct rec *r)
+{
+    if (n < REC_HEAD || p[0] != REC_JOB || p[1] < 1 || p[1] > REC_VERSION ||
+        p[2] > J_BURIED)
+        return false;
+    size_t tail = p[1] >= 2 ? 4 : 0; /* the owner */
+    const unsigned char *q = p + 3;
+    r->state = p[2];
+    r->pri = get_u32(q);
+    r->ttr = get_u32(q + 4);
+    r->delay = get_u32(q + 8);
+    q += 12;
+    r->id = get_u64(q);
+    r->due = (int64_t)get_u64(q + 8);
+    r->created = (int64_t)get_u64(q + 16);
+    q += 24;
+    for (int i = 0; i < 5; i++, q += 4)
+        r->cnt[i] = get_u32(q);
+    r->tube_len = *q++;
+    if (r->tube_len == 0 || r->tube_len > TBD_TUBE_NAME_MAX ||
+        (size_t)(q - p) + r->tube_len + 4 > n)
+        return false;
+    r->tube = (const char *)q;
+    q += r->tube_len;
+    r->body_len = get_u32(q);
+    q += 4;
+    r->body = q;
+    if ((size_t)(q - p) + r->body_len + tail != n || r->id == 0)
+        return false;
+    r->owner =
+        tail ? get_u32(q + r->body_len) : (uint32_t)(r->id >> NODE_SHIFT);
+    return true;
+}
+
+/* A job (in no table, list or state count) from @r, its body with it
+ * when @body; NULL when out of memory. */
+static struct job *job_from_rec(const struct rec *r, bool body)
+{
+    struct tube *t = tube_get(r->tube, r->tube_len);
+    struct job *j = t ? job_alloc() : NULL;
+    char *b = body && j ? malloc((size_t)r->body_len + 2) : NULL;
+    if (!j || (body && !b)) {
+        if (j)
+            job_release(j);
+        if (t)
+            tube_maybe_free(t);
+        return NULL;
+    }
+    j->id = r->id;
+    j->pri = r->pri;
+    j->ttr_s = r->ttr ? r->ttr : 1;
+    j->delay_s = r->delay;
+    j->due_wall = r->due;
+    j->created_wall = r->created;
+    j->reserves = r->cnt[0];
+    j->timeouts = r->cnt[1];
+    j->releases = r->cnt[2];
+    j->buries = r->cnt[3];
+    j->kicks = r->cnt[4];
+    j->body_len = r->body_len;
+    j->stored = true;
+    j->state = (uint8_t)r->state;
+    if (b) {
+        memcpy(b, r->body, r->body_len);
+        memcpy(b + r->body_len, "\r\n", 2);
+        j->body = b;
+        g.bodies++;
+    }
+    j->tube = t;
+    tw_timer_init(&j->timer, job_timer_fn, j);
+    return j;
+}
+
 /* Drops @j's body from memory when the store holds it and nothing here
  * needs it: a delayed or buried job with no write under way. */
 static void job_evict(struct job *j)
@@ -922,6 +1019,9 @@ static void job_written(struct tbd_write *w)
     if (j->writes > 0 && j->writes < UINT8_MAX)
         j->writes--;
     j->stored |= w->result == 0;
+    /* Undated, and no later write (which may date it) under way. */
+    if (w->result == 0 && w->due_ms == 0 && j->writes == 0)
+        j->timed = false;
     job_evict(j);
 }
 
@@ -931,18 +1031,18 @@ static char *body_from_store(const struct job *j)
 {
     char key[24];
     size_t kl = (size_t)snprintf(key, sizeof(key), "j%" PRIu64, j->id);
-    size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + (size_t)j->body_len, len = 0;
+    size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + (size_t)j->body_len + 4;
+    size_t len = 0;
     unsigned char *p = malloc(cap);
     char *body = malloc((size_t)j->body_len + 2);
     int rc =
         p && body ? tbd_store_get(g.store, key, kl, p, cap, &len) : TW_ENOMEM;
-    size_t off =
-        rc == 0 && len >= REC_HEAD ? REC_HEAD - 4 + p[REC_HEAD - 5] : 0;
-    if (rc == 0 && (off + 4 + j->body_len != len || len > cap ||
-                    get_u32(p + off) != j->body_len))
+    struct rec r;
+    if (rc == 0 && (len > cap || !rec_parse(p, len, &r) || r.id != j->id ||
+                    r.body_len != j->body_len))
         rc = TW_EIO;
     if (rc == 0) {
-        memcpy(body, p + off + 4, j->body_len);
+        memcpy(body, r.body, j->body_len);
         memcpy(body + j->body_len, "\r\n", 2);
     } else {
         logv(0, "job %" PRIu64 ": cannot read its body back: %s", j->id,
@@ -974,10 +1074,19 @@ static void store_completions(struct tbd_write *w)
                  tw_strerror(w->result));
         if (w->kind == TBD_W_SCHED && w->key[0] == 'j')
             job_written(w);
+        if (w->cold && w->result != 0) {
+            /* A delayed job the store did not take: gone (logged). */
+            struct tube *t = w->cold;
+            t->ncold--;
+            g.counts[J_DELAYED]--;
+            tube_maybe_free(t);
+        }
+        if (w->unclaim)
+            tbd_store_unclaim(g.store, w->key, w->key_len);
         if (c) {
             struct out *o = (struct out *)(uintptr_t)w->tag;
             if (o) {
-                if (w->result != 0) {
+                if (w->result != 0 && !w->keep_reply) {
                     static const char e[] = "INTERNAL_ERROR\r\n";
                     c->out_bytes -= o->len;
                     if (o->cap < sizeof(e) - 1) {
@@ -998,6 +1107,185 @@ static void store_completions(struct tbd_write *w)
         free(w);
         w = nx;
     }
+}
+
+/* ---- delayed jobs in the store (-b, --redis) ---- */
+
+/*
+ * With a store, a delayed job is not in memory: its tube counts it
+ * (ncold), the store holds its record with the job's due time and fires
+ * it (store.c); fired_jobs() makes it ready here. A command that names a
+ * delayed job reads it back from the store (cold_get()).
+ */
+
+/*
+ * peek-delayed's memory of a tube's delayed jobs in the store: first[]
+ * holds, sorted by (due, id), every one up to first_bound (first_known),
+ * at most FIRST_MAX. Jobs that leave (fire, are deleted or kicked) stay
+ * in it until peek-delayed meets them at its front, reads them back and
+ * drops them; each one added (start-up scan, put, release) goes in if it
+ * comes before the bound, which then moves down to the last one kept.
+ * When first[] runs dry with a finite bound, the query thread refills it
+ * (query_done()). FIRST_MAX * 16 bytes a tube with delayed jobs.
+ */
+#define FIRST_MAX 256
+
+static bool hit_less(struct tbd_hit a, struct tbd_hit b)
+{
+    return a.due < b.due || (a.due == b.due && a.id < b.id);
+}
+
+static void cold_add(struct tube *t, int64_t due, uint64_t id)
+{
+    struct tbd_hit h = {due, id};
+    t->cold_adds++;
+    if (!t->first_known || hit_less(t->first_bound, h))
+        return;
+    if (!t->first) {
+        t->first = malloc(FIRST_MAX * sizeof(*t->first));
+        if (!t->first) {
+            t->first_known = false;
+            return;
+        }
+    }
+    uint32_t lo = 0, hi = t->nfirst;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (hit_less(t->first[mid], h))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    bool full = t->nfirst == FIRST_MAX;
+    if (full && lo == FIRST_MAX) {
+        /* It comes after all of them and stays out: the bound moves down
+         * to the last one. */
+        t->first_bound = t->first[FIRST_MAX - 1];
+        return;
+    }
+    if (full)
+        t->nfirst--; /* the last one goes */
+    memmove(&t->first[lo + 1], &t->first[lo],
+            (t->nfirst - lo) * sizeof(*t->first));
+    t->first[lo] = h;
+    t->nfirst++;
+    if (full)
+        t->first_bound = t->first[FIRST_MAX - 1];
+}
+
+/* Writes @j (delayed by j->delay_s from now) to the store with its due
+ * time, then frees it; @in_table: it is in the job table. */
+static void job_go_cold(struct conn *c, struct job *j, bool in_table,
+                        const char *text)
+{
+    struct tube *t = j->tube;
+    j->due_wall = wall_ms() + (int64_t)j->delay_s * 1000;
+    struct tbd_write *w = job_write(j, J_DELAYED, c);
+    w->due_ms = j->due_wall;
+    w->cold = t;
+    cold_add(t, j->due_wall, j->id);
+    t->ncold++;
+    g.counts[J_DELAYED]++;
+    if (in_table)
+        job_table_remove(j);
+    job_release(j);
+    submit(c, w, text);
+}
+
+/* @j, read back from the store (job_from_rec()), joins the jobs in
+ * memory as ready; @counted: its tube counts it as delayed here. */
+static void cold_ready(struct job *j, bool counted)
+{
+    struct tube *t = j->tube;
+    if (counted && t->ncold) {
+        t->ncold--;
+        g.counts[J_DELAYED]--;
+    }
+    job_table_insert(j);
+    job_make_ready(j);
+}
+
+/* The jobs the store fired: ready now, unless already in memory. */
+static void fired_jobs(void)
+{
+    if (!g.store)
+        return;
+    for (struct tbd_fired *f = tbd_store_take_fired(g.store), *nx; f; f = nx) {
+        nx = f->next;
+        uint64_t id = key_id(f->key, f->key_len);
+        struct rec r;
+        if (id && !job_find(id) && rec_parse(f->payload, f->payload_len, &r) &&
+            r.id == id) {
+            struct job *j = job_from_rec(&r, true);
+            if (j) {
+                cold_ready(j, r.state == J_DELAYED && r.owner == g.opt->node);
+                /* Redis: from now on this server holds it (another may
+                 * have taken the put), and the record must not fire on
+                 * another server again. */
+                if (g.opt->redis)
+                    submit(NULL, job_write(j, J_READY, NULL), NULL);
+            } else
+                logv(0, "job %" PRIu64 ": out of memory, left in the store",
+                     id);
+        }
+        free(f);
+    }
+}
+
+/*
+ * A delayed job of this server that the store holds and memory does not,
+ * read back (not in the job table, state J_DELAYED, its body loaded,
+ * deadline set); NULL if there is none with @id. Free it with
+ * job_free_cold() unless it joins memory (cold_ready()).
+ */
+static struct job *cold_get(uint64_t id)
+{
+    if (!g.store)
+        return NULL;
+    char key[24];
+    size_t kl = (size_t)snprintf(key, sizeof(key), "j%" PRIu64, id);
+    size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + g.opt->max_job_size + 4;
+    size_t len = 0;
+    unsigned char *p = malloc(cap);
+    struct rec r;
+    int64_t now = wall_ms();
+    struct job *j = NULL;
+    if (p && tbd_store_get(g.store, key, kl, p, cap, &len) == 0 && len <= cap &&
+        rec_parse(p, len, &r) && r.id == id && r.owner == g.opt->node &&
+        r.state == J_DELAYED && r.due > now)
+        j = job_from_rec(&r, true);
+    free(p);
+    if (j)
+        j->deadline = tw_wheel_now(g.wheel) + (uint64_t)(j->due_wall - now);
+    return j;
+}
+
+static void job_free_cold(struct job *j)
+{
+    struct tube *t = j->tube;
+    job_release(j);
+    tube_maybe_free(t);
+}
+
+/* The job @id in memory, or read back from the store into memory when
+ * it is delayed there: then ready, timed, and *@warmed set. */
+static struct job *job_find_warm(uint64_t id, bool *warmed)
+{
+    *warmed = false;
+    struct job *j = job_find(id);
+    if (j || !g.store)
+        return j;
+    fired_jobs();
+    j = job_find(id);
+    if (j)
+        return j;
+    j = cold_get(id);
+    if (j) {
+        j->timed = true;
+        cold_ready(j, true);
+        *warmed = true;
+    }
+    return j;
 }
 
 /* ---- reserving ---- */
@@ -1045,6 +1333,35 @@ static void arm_ttr(struct job *j, uint64_t now)
                  j->soon_phase ? j->deadline - SAFETY_MS : j->deadline);
 }
 
+/*
+ * Redis: the record of a reserved job is due TTR + TAKEOVER_GRACE_MS
+ * from now (a ready job, to whichever server the store hands it), so that
+ * when this server dies the job comes back ready on another. While it
+ * lives, this server releases the job at its TTR and writes it back
+ * undated (ttr_ended()), well before the grace runs out; a touch dates it
+ * again.
+ */
+#define TAKEOVER_GRACE_MS 2000
+
+static void lease_write(struct conn *c, struct job *j, const char *text)
+{
+    struct tbd_write *w = job_write(j, J_READY, c);
+    w->due_ms = wall_ms() + (int64_t)j->ttr_s * 1000 + TAKEOVER_GRACE_MS;
+    /* Failed, it leaves the job reserved here (logged): only a takeover
+     * after a crash is lost. */
+    w->keep_reply = true;
+    j->timed = true;
+    submit(c, w, text);
+}
+
+/* Redis: a job in memory whose record may fire on another server (a
+ * reserved job's, after lease_write()) is written back undated. */
+static void job_undate(struct job *j)
+{
+    if (g.opt->redis && g.store && j->timed)
+        submit(NULL, job_write(j, J_READY, NULL), NULL);
+}
+
 static void reserve_job(struct conn *c, struct job *j, uint64_t now)
 {
     job_unlink(j);
@@ -1055,7 +1372,18 @@ static void reserve_job(struct conn *c, struct job *j, uint64_t now)
     j->tube->nreserved++;
     jl_push(&c->reserved, j);
     arm_ttr(j, now);
-    reply_job(c, "RESERVED", j);
+    if (!g.opt->redis || !g.store || !job_load_body(j)) {
+        reply_job(c, "RESERVED", j);
+        return;
+    }
+    /* Redis: RESERVED goes once the lease is in Redis, so a job whose
+     * RESERVED reached a worker comes back on another server if this one
+     * dies. */
+    char head[48];
+    snprintf(head, sizeof(head), "RESERVED %" PRIu64 " %u\r\n", j->id,
+             j->body_len);
+    lease_write(c, j, head);
+    reply_raw(c, j->body, (size_t)j->body_len + 2);
 }
 
 /* The best ready job of the unpaused tubes @c watches. */
@@ -1139,6 +1467,7 @@ static void job_timer_fn(tw_timer *tm, void *arg)
     j->timeouts++;
     g.job_timeouts++;
     job_make_ready(j);
+    job_undate(j);
 }
 
 /* ---- commands ---- */
@@ -1217,16 +1546,20 @@ static void put_finish(struct conn *c)
     j->id = next_job_id();
     j->created_wall = wall_ms();
     j->tube = c->use;
-    job_table_insert(j);
     g.total_jobs++;
     j->tube->total_jobs++;
+    char text[48];
+    snprintf(text, sizeof(text), "INSERTED %" PRIu64 "\r\n", j->id);
+    if (j->delay_s > 0 && g.store) {
+        job_go_cold(c, j, false, text);
+        return;
+    }
+    job_table_insert(j);
     uint64_t now = tw_wheel_now(g.wheel);
     if (j->delay_s > 0)
         job_make_delayed(j, j->delay_s, now);
     else
         job_make_ready(j);
-    char text[48];
-    snprintf(text, sizeof(text), "INSERTED %" PRIu64 "\r\n", j->id);
     store_job(c, j, text);
 }
 
@@ -1340,7 +1673,7 @@ static void cmd_stats_tube(struct conn *c, struct tube *t, uint64_t now)
          "\ncurrent-jobs-ready: %zu\ncurrent-jobs-reserved: %" PRIu64
          "\ncurrent-jobs-delayed: %" PRIu64 "\ncurrent-jobs-buried: %" PRIu64
          "\ntotal-jobs: %" PRIu64 "\n",
-         t->name, t->nurgent, t->nready, t->nreserved, t->delayed.n,
+         t->name, t->nurgent, t->nready, t->nreserved, t->delayed.n + t->ncold,
          t->buried.n, t->total_jobs);
     YADD("current-using: %" PRIu64 "\ncurrent-watching: %" PRIu64
          "\ncurrent-waiting: %" PRIu64 "\ncmd-delete: %" PRIu64
@@ -1454,6 +1787,257 @@ static bool kick_one(struct job *j)
     return true;
 }
 
+static void cmd_delete(struct conn *c, uint64_t id)
+{
+    struct job *j = job_find(id);
+    char key[24];
+    size_t kl = (size_t)snprintf(key, sizeof(key), "j%" PRIu64, id);
+    /* A job whose store record may fire: no delivery of it may reach
+     * fired_jobs() from now until its cancel is done (store.c). */
+    bool claim = g.store && (!j || j->timed);
+    if (claim) {
+        tbd_store_claim(g.store, key, kl);
+        fired_jobs();
+        j = job_find(id);
+    }
+    struct tube *t;
+    if (j && !(j->state == J_RESERVED && j->reserver != c)) {
+        t = j->tube;
+        j->tube->cmd_delete++;
+        job_unlink(j);
+        job_free(j);
+    } else if (!j && (j = cold_get(id)) != NULL) {
+        t = j->tube;
+        t->cmd_delete++;
+        t->ncold--;
+        g.counts[J_DELAYED]--;
+        job_free_cold(j);
+    } else {
+        if (claim)
+            tbd_store_unclaim(g.store, key, kl);
+        reply(c, "NOT_FOUND\r\n");
+        return;
+    }
+    (void)t;
+    if (!g.store) {
+        reply(c, "DELETED\r\n");
+        return;
+    }
+    struct tbd_write *w = write_new(TBD_W_CANCEL, c);
+    memcpy(w->key, key, kl + 1);
+    w->key_len = kl;
+    w->unclaim = claim;
+    submit(c, w, "DELETED\r\n");
+}
+
+/*
+ * peek-delayed and kick of delayed jobs with a store: a query on the
+ * store's thread (tbd_store_query(): one scan of the store, off the event
+ * loop) finds the ids of the tube's delayed jobs due first; their reply
+ * waits, in order, in the connection's output meanwhile (query_done()).
+ */
+enum { Q_PEEK, Q_KICK };
+
+/* On the query thread: a delayed job of this server in tube q->tube. */
+static bool query_match(const struct tbd_query *q, const void *payload,
+                        size_t n, int64_t *due, uint64_t *id)
+{
+    struct rec r;
+    if (!rec_parse(payload, n, &r) || r.state != J_DELAYED || r.due <= q->now ||
+        r.owner != q->node || r.tube_len != q->tube_len ||
+        memcmp(r.tube, q->tube, r.tube_len) != 0)
+        return false;
+    *due = r.due;
+    *id = r.id;
+    return true;
+}
+
+static void cold_query(struct conn *c, struct tube *t, int kind, size_t want,
+                       struct out *o)
+{
+    struct tbd_query *q = calloc(1, sizeof(*q));
+    if (!q)
+        abort();
+    q->match = query_match;
+    memcpy(q->tube, t->name, t->name_len);
+    q->tube_len = t->name_len;
+    q->node = g.opt->node;
+    q->now = wall_ms();
+    q->want = want;
+    q->kind = kind;
+    q->gen = t->cold_adds;
+    q->owner = c;
+    q->tag = (uint64_t)(uintptr_t)o;
+    c->pending_writes++;
+    tbd_store_query(g.store, q);
+}
+
+/* A reply of up to @cap bytes whose text comes later (query_done()). */
+static struct out *reply_later(struct conn *c, size_t cap)
+{
+    struct out *o = out_new(cap);
+    o->len = 0;
+    o->ready = false;
+    out_link(c, o);
+    return o;
+}
+
+static void out_fill(struct conn *c, struct out *o, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(o->data, o->cap, fmt, ap);
+    va_end(ap);
+    o->len = n < 0 ? 0 : (size_t)n < o->cap ? (size_t)n : o->cap - 1;
+    c->out_bytes += o->len;
+}
+
+/* peek-delayed with a store. */
+static void cold_peek(struct conn *c)
+{
+    struct tube *t = c->use;
+    if (!t->ncold) {
+        reply(c, "NOT_FOUND\r\n");
+        return;
+    }
+    fired_jobs();
+    while (t->nfirst) {
+        struct tbd_hit h = t->first[0];
+        struct job *j = job_find(h.id) ? NULL : cold_get(h.id);
+        if (j && j->tube == t && j->due_wall == h.due) {
+            cmd_peek_reply(c, j);
+            job_free_cold(j);
+            return;
+        }
+        if (j)
+            job_free_cold(j);
+        memmove(&t->first[0], &t->first[1],
+                --t->nfirst * sizeof(*t->first)); /* it left */
+    }
+    if (t->first_known && t->first_bound.due == INT64_MAX) {
+        reply(c, "NOT_FOUND\r\n"); /* first[] held all of them */
+        return;
+    }
+    t->first_known = false;
+    cold_query(c, t, Q_PEEK, FIRST_MAX,
+               reply_later(c, 64 + (size_t)g.opt->max_job_size));
+}
+
+/* kick @bound with a store and no buried job in @t: its delayed jobs,
+ * those due first first. */
+static void cold_kick(struct conn *c, struct tube *t, uint32_t bound)
+{
+    if (!t->ncold || !bound) {
+        reply(c, "KICKED 0\r\n");
+        return;
+    }
+    cold_query(c, t, Q_KICK, bound < t->ncold ? bound : t->ncold,
+               reply_later(c, 32));
+}
+
+/* Kicks what query @q found; the reply @o waits for the last write. */
+static void query_kick(struct conn *c, struct tbd_query *q, struct out *o)
+{
+    uint32_t k = 0;
+    struct tbd_write *last = NULL;
+    for (size_t i = 0; i < q->n; i++) {
+        if (job_find(q->hits[i].id))
+            continue; /* fired meanwhile: ready already */
+        struct job *j = cold_get(q->hits[i].id);
+        if (!j)
+            continue; /* deleted or kicked meanwhile */
+        j->timed = true;
+        cold_ready(j, true);
+        j->kicks++;
+        k++;
+        /* Each write but the last goes at once; the reply waits for the
+         * last, and writes complete in order. */
+        if (last)
+            submit(c, last, NULL);
+        last = job_write(j, J_READY, c);
+    }
+    out_fill(c, o, "KICKED %u\r\n", k);
+    if (last) {
+        last->tag = (uint64_t)(uintptr_t)o;
+        c->pending_writes++;
+        tbd_store_submit(g.store, last);
+    } else {
+        o->ready = true;
+    }
+}
+
+/* The queries the store answered. */
+/* A peek query's answer: first[] of its tube from it (unless a delayed
+ * job was added since the scan), then the first of it still delayed.
+ * Returns false when it should be asked again. */
+static bool query_peek(struct conn *c, struct tbd_query *q, struct out *o)
+{
+    struct tube *t = tube_find(q->tube, q->tube_len);
+    if (t && t->cold_adds == q->gen && !t->first_known &&
+        (t->first || (t->first = malloc(FIRST_MAX * sizeof(*t->first))))) {
+        memcpy(t->first, q->hits, q->n * sizeof(*q->hits));
+        t->nfirst = (uint32_t)q->n;
+        t->first_known = true;
+        t->first_bound = q->n < FIRST_MAX
+                             ? (struct tbd_hit){INT64_MAX, UINT64_MAX}
+                             : q->hits[q->n - 1];
+    }
+    for (size_t i = 0; t && i < q->n; i++) {
+        if (job_find(q->hits[i].id))
+            continue; /* fired meanwhile */
+        struct job *j = cold_get(q->hits[i].id);
+        if (!j)
+            continue; /* deleted or kicked meanwhile */
+        bool ok = j->tube == t && j->due_wall == q->hits[i].due;
+        if (ok) {
+            out_fill(c, o, "FOUND %" PRIu64 " %u\r\n", j->id, j->body_len);
+            memcpy(o->data + o->len, j->body, (size_t)j->body_len + 2);
+            o->len += (size_t)j->body_len + 2;
+            c->out_bytes += (size_t)j->body_len + 2;
+        }
+        job_free_cold(j);
+        if (ok)
+            return true;
+    }
+    /* None of them is delayed any more: more may follow if the answer
+     * was full. */
+    if (t && t->ncold && q->n == q->want)
+        return false;
+    out_fill(c, o, "NOT_FOUND\r\n");
+    return true;
+}
+
+/* The queries the store answered. */
+static void query_done(struct tbd_query *q)
+{
+    for (struct tbd_query *nx; q; q = nx) {
+        nx = q->next;
+        struct conn *c = q->owner;
+        struct out *o = (struct out *)(uintptr_t)q->tag;
+        c->pending_writes--;
+        if (q->result != 0)
+            logv(0, "cannot read the delayed jobs back: %s",
+                 tw_strerror(q->result));
+        if (!c->closed) {
+            fired_jobs();
+            if (q->kind == Q_KICK) {
+                query_kick(c, q, o);
+            } else if (q->result != 0) {
+                out_fill(c, o, "INTERNAL_ERROR\r\n");
+                o->ready = true;
+            } else if (query_peek(c, q, o)) {
+                o->ready = true;
+            } else {
+                cold_query(c, tube_find(q->tube, q->tube_len), Q_PEEK,
+                           FIRST_MAX, o);
+            }
+            conn_pump(c);
+        }
+        free(q->hits);
+        free(q);
+    }
+}
+
 static void run_command(struct conn *c, const struct tbd_cmd *cmd)
 {
     uint64_t now = tw_wheel_now(g.wheel);
@@ -1462,6 +2046,7 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
     logv(3, "fd %d: %s", c->fd, tbd_op_name(cmd->op));
     struct job *j;
     struct tube *t;
+    bool warmed;
     switch (cmd->op) {
     case TBD_BAD_FORMAT:
         reply(c, "BAD_FORMAT\r\n");
@@ -1488,7 +2073,7 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
         cmd_reserve(c, (int64_t)cmd->timeout * 1000);
         break;
     case TBD_RESERVE_JOB:
-        j = job_find(cmd->id);
+        j = job_find_warm(cmd->id, &warmed);
         if (!j || j->state == J_RESERVED) {
             reply(c, "NOT_FOUND\r\n");
             break;
@@ -1498,17 +2083,13 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
             g.workers++;
         }
         reserve_job(c, j, now);
+        /* It was delayed in the store: ready after a crash (on Redis
+         * reserve_job() wrote its lease). */
+        if (warmed && !g.opt->redis)
+            submit(c, job_write(j, J_READY, c), NULL);
         break;
     case TBD_DELETE:
-        j = job_find(cmd->id);
-        if (!j || (j->state == J_RESERVED && j->reserver != c)) {
-            reply(c, "NOT_FOUND\r\n");
-            break;
-        }
-        j->tube->cmd_delete++;
-        job_unlink(j);
-        job_free(j);
-        store_delete(c, cmd->id, "DELETED\r\n");
+        cmd_delete(c, cmd->id);
         break;
     case TBD_RELEASE:
     case TBD_BURY:
@@ -1524,6 +2105,11 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
             job_make_buried(j);
         } else {
             j->releases++;
+            if (cmd->delay > 0 && g.store) {
+                j->delay_s = cmd->delay;
+                job_go_cold(c, j, true, "RELEASED\r\n");
+                break;
+            }
             if (cmd->delay > 0)
                 job_make_delayed(j, cmd->delay, now);
             else
@@ -1538,7 +2124,10 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
             break;
         }
         arm_ttr(j, now);
-        reply(c, "TOUCHED\r\n");
+        if (g.opt->redis && g.store)
+            lease_write(c, j, "TOUCHED\r\n");
+        else
+            reply(c, "TOUCHED\r\n");
         break;
     case TBD_WATCH:
         t = tube_get(cmd->tube, cmd->tube_len);
@@ -1578,12 +2167,32 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
         replyf(c, "WATCHING %zu\r\n", c->nwatch);
         break;
     case TBD_PEEK:
-        cmd_peek_reply(c, job_find(cmd->id));
+    case TBD_STATS_JOB:
+        j = job_find(cmd->id);
+        if (!j && g.store) {
+            fired_jobs();
+            j = job_find(cmd->id);
+        }
+        struct job *cold = j ? NULL : cold_get(cmd->id);
+        if (cold)
+            j = cold;
+        if (cmd->op == TBD_PEEK)
+            cmd_peek_reply(c, j);
+        else if (!j)
+            reply(c, "NOT_FOUND\r\n");
+        else
+            cmd_stats_job(c, j, now);
+        if (cold)
+            job_free_cold(cold);
         break;
     case TBD_PEEK_READY:
         cmd_peek_reply(c, c->use->nready ? c->use->heap[0] : NULL);
         break;
     case TBD_PEEK_DELAYED: {
+        if (g.store) {
+            cold_peek(c);
+            break;
+        }
         /* O(delayed jobs of the tube): the delays themselves live in the
          * wheel, which has no order to read. */
         struct job *best = NULL;
@@ -1599,6 +2208,10 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
         break;
     case TBD_KICK: {
         t = c->use;
+        if (g.store && !t->buried.n) {
+            cold_kick(c, t, cmd->bound);
+            break;
+        }
         uint32_t k = 0;
         struct jlist *l = t->buried.n ? &t->buried : &t->delayed;
         struct tbd_write *last = NULL;
@@ -1624,7 +2237,12 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
         break;
     }
     case TBD_KICK_JOB:
-        j = job_find(cmd->id);
+        j = job_find_warm(cmd->id, &warmed);
+        if (warmed) { /* delayed in the store: ready now */
+            j->kicks++;
+            store_job(c, j, "KICKED\r\n");
+            break;
+        }
         if (!j || (j->state != J_BURIED && j->state != J_DELAYED)) {
             reply(c, "NOT_FOUND\r\n");
             break;
@@ -1634,13 +2252,6 @@ static void run_command(struct conn *c, const struct tbd_cmd *cmd)
             break;
         }
         store_job(c, j, "KICKED\r\n");
-        break;
-    case TBD_STATS_JOB:
-        j = job_find(cmd->id);
-        if (!j)
-            reply(c, "NOT_FOUND\r\n");
-        else
-            cmd_stats_job(c, j, now);
         break;
     case TBD_STATS_TUBE:
         t = tube_find(cmd->tube, cmd->tube_len);
@@ -1881,13 +2492,13 @@ static void conn_accept(void)
 /* ---- recovery ---- */
 
 struct recover_ctx {
-    uint64_t max_id, mark, jobs, bad, others;
+    uint64_t max_id, mark, jobs, cold, bad, others;
     int64_t now_wall;
-    uint64_t now_mono;
+    int64_t never; /* the due time of an undated record */
 };
 
 static void recover_one(void *arg, const char *key, size_t key_len,
-                        const void *payload, size_t n)
+                        int64_t due_ms, const void *payload, size_t n)
 {
     struct recover_ctx *r = arg;
     const unsigned char *p = payload;
@@ -1899,85 +2510,48 @@ static void recover_one(void *arg, const char *key, size_t key_len,
             r->mark = get_u64(p + 2);
         return;
     }
+    struct rec rc;
+    if (!rec_parse(p, n, &rc) || job_find(rc.id)) {
+        r->bad++;
+        return;
+    }
     /* Another server's job (--node): not this one's to serve. */
-    if (key_id(key, key_len) >> NODE_SHIFT != g.opt->node) {
+    if (rc.owner != g.opt->node) {
         r->others++;
         return;
     }
-    if (n < REC_HEAD || p[0] != REC_JOB || p[1] != REC_VERSION) {
-        r->bad++;
+    if (rc.id > r->max_id)
+        r->max_id = rc.id;
+    r->jobs++;
+    if (rc.state == J_DELAYED && rc.due > r->now_wall) {
+        /* The store fires it; only its tube counts it here. */
+        struct tube *t = tube_get(rc.tube, rc.tube_len);
+        if (!t) {
+            fputs("twheeld: out of memory during recovery\n", stderr);
+            exit(1);
+        }
+        cold_add(t, rc.due, rc.id);
+        t->ncold++;
+        g.counts[J_DELAYED]++;
+        r->cold++;
         return;
     }
-    const unsigned char *q = p + 3;
-    int state = p[2];
-    uint32_t pri = get_u32(q), ttr = get_u32(q + 4), delay = get_u32(q + 8);
-    q += 12;
-    uint64_t id = get_u64(q);
-    int64_t due = (int64_t)get_u64(q + 8);
-    int64_t created = (int64_t)get_u64(q + 16);
-    q += 24;
-    uint32_t cnt[5];
-    for (int i = 0; i < 5; i++, q += 4)
-        cnt[i] = get_u32(q);
-    size_t tl = *q++;
-    if (tl == 0 || tl > TBD_TUBE_NAME_MAX || (size_t)(q - p) + tl + 4 > n ||
-        state > J_BURIED) {
-        r->bad++;
-        return;
-    }
-    const char *tname = (const char *)q;
-    q += tl;
-    uint32_t bl = get_u32(q);
-    q += 4;
-    if ((size_t)(q - p) + bl != n || job_find(id) || id == 0) {
-        r->bad++;
-        return;
-    }
-    struct tube *t = tube_get(tname, tl);
-    struct job *j = job_alloc();
-    /* Delayed and buried jobs leave their bodies in the store. */
-    bool cold = state == J_BURIED || (state == J_DELAYED && due > r->now_wall);
-    char *body = cold || !j ? NULL : malloc((size_t)bl + 2);
-    if (!t || !j || (!cold && !body)) {
+    /* Redis: a record that may still fire (a reserved job's, or a fired
+     * one's) is written back undated, or another server would take it. */
+    bool undate = g.opt->redis && due_ms < r->never;
+    /* Buried jobs leave their bodies in the store. */
+    struct job *j = job_from_rec(&rc, rc.state != J_BURIED || undate);
+    if (!j) {
         fputs("twheeld: out of memory during recovery\n", stderr);
         exit(1);
     }
-    j->id = id;
-    j->pri = pri;
-    j->ttr_s = ttr ? ttr : 1;
-    j->delay_s = delay;
-    j->due_wall = due;
-    j->created_wall = created;
-    j->reserves = cnt[0];
-    j->timeouts = cnt[1];
-    j->releases = cnt[2];
-    j->buries = cnt[3];
-    j->kicks = cnt[4];
-    j->body_len = bl;
-    j->stored = true;
-    if (body) {
-        memcpy(body, q, bl);
-        memcpy(body + bl, "\r\n", 2);
-        j->body = body;
-        g.bodies++;
-    }
-    j->tube = t;
-    tw_timer_init(&j->timer, job_timer_fn, j);
     job_table_insert(j);
-    if (state == J_BURIED) {
+    if (rc.state == J_BURIED)
         job_make_buried(j);
-    } else if (state == J_DELAYED && due > r->now_wall) {
-        j->state = J_DELAYED;
-        g.counts[J_DELAYED]++;
-        j->deadline = r->now_mono + (uint64_t)(due - r->now_wall);
-        jl_push(&t->delayed, j);
-        tw_wheel_add(g.wheel, &j->timer, j->deadline);
-    } else {
+    else
         job_make_ready(j);
-    }
-    if (id > r->max_id)
-        r->max_id = id;
-    r->jobs++;
+    if (undate)
+        submit(NULL, job_write(j, j->state, NULL), NULL);
 }
 
 /* ---- /metrics (--metrics-port) ---- */
@@ -2266,7 +2840,8 @@ int tbd_serve(const struct tbd_options *opt)
                     tw_strerror(rc), err[0] ? ": " : "", err);
             return 1;
         }
-        struct recover_ctx r = {.now_wall = wall_ms(), .now_mono = mono_ms()};
+        struct recover_ctx r = {.now_wall = wall_ms(),
+                                .never = tbd_store_never()};
         uint64_t t0 = mono_ms();
         job_table_reserve(tbd_store_keys(g.store));
         long n = tbd_store_recover(g.store, recover_one, &r);
@@ -2283,8 +2858,9 @@ int tbd_serve(const struct tbd_options *opt)
         g.next_id = g.id_mark + 1;
         logv(1,
              "%s: %" PRIu64 " jobs recovered in %" PRIu64 " ms (%" PRIu64
-             " unreadable, %" PRIu64 " of other nodes), next id %" PRIu64,
-             where, r.jobs, mono_ms() - t0, r.bad, r.others, g.next_id);
+             " delayed in the store, %" PRIu64 " unreadable, %" PRIu64
+             " of other nodes), next id %" PRIu64,
+             where, r.jobs, mono_ms() - t0, r.cold, r.bad, r.others, g.next_id);
     }
 
     g.lfd = listen_on(opt->addr, opt->port);
@@ -2357,6 +2933,8 @@ int tbd_serve(const struct tbd_options *opt)
                 }
             } else if (p == &tag_store) {
                 store_completions(tbd_store_take(g.store));
+                fired_jobs();
+                query_done(tbd_store_take_queries(g.store));
             } else {
                 struct conn *c = p;
                 if (c->closed)

@@ -4,25 +4,29 @@
  *
  * Encoding. Every job is one durable timer: key "j<id>", payload the
  * whole job record (state, priority, TTR, delay and due time by the wall
- * clock, counters, tube name, body; see server.c job_record()). The
- * timer's own due time is a constant far in the future (STORE_DUE, year
- * 3000): the store never fires a job. Delays, TTRs and pauses run on the
- * server's in-memory wheel; the store is the job table, written at every
- * change a crash must see (put, release, bury, kick, delete) and read
- * back once at start-up. A reserved job is stored as it was before the
+ * clock, counters, tube name, body, the node holding it; see server.c
+ * job_write()). A delayed
+ * job's timer is due when the job is (with a store, the server keeps
+ * nothing of a delayed job in memory but counts: the store holds it and
+ * fires it); every other job's timer is due at a constant far in the
+ * future (STORE_DUE, year 3000), so it never fires. The state of a job
+ * lives in its payload: a reserved job is stored as it was before the
  * reserve (ready), which is what it becomes after a crash. Key "m" holds
  * a high-water mark of job ids, written before any INSERTED with an id
  * above the previous mark, so that ids are never reused after a restart
  * even when every job was deleted.
  *
- * Why not let the store fire the delayed jobs? A fired timer is gone from
- * the store unless its callback asks for a retry, and a retry moves its
- * due time: a ready or buried job would then have to live at some future
- * due time, invisible to a restarted server until that time comes. The
- * store's scan (tw_durable_scan(): on the journal one sequential read of
- * its segments) hands every key back at start-up whatever its due time,
- * so the due time carries no meaning and the job state lives in the
- * payload alone.
+ * Firing. When a delayed job's timer fires, store_fire() copies its key
+ * and payload to a list the event loop takes (tbd_store_take_fired(),
+ * woken through the eventfd) and asks the store to deliver it again in
+ * FIRED_KEEP_MS: the timer stays in the store, and the job, now ready in
+ * the server's memory, stays durable. Its payload still says "delayed"
+ * with a due time in the past, which a restart reads as ready. If the
+ * job is still in memory when the timer fires again, the event loop
+ * ignores it; a job that changes state (reserve and release, bury,
+ * delete) is rewritten or cancelled anyway. At start-up the store's scan
+ * (tw_durable_scan(): on the journal one sequential read of its
+ * segments) hands every key back whatever its due time.
  *
  * Writes. With -f 0 the event loop never blocks on the store: it queues
  * writes to one writer thread, which takes everything queued, writes runs of
@@ -51,6 +55,8 @@
 
 #define STORE_DUE INT64_C(32503680000000) /* 3000-01-01 in Unix ms */
 #define BATCH_MAX 4096                    /* writes per writer round */
+#define FIRED_KEEP_MS 0x3fffffff          /* about 12 days: a fired job stays */
+#define CLAIM_MAX 64 /* claims with room; more are allocated */
 
 struct tbd_store {
     tw_durable *d;
@@ -63,16 +69,70 @@ struct tbd_store {
     struct tbd_write *q_head, *q_tail;       /* queued */
     struct tbd_write *done_head, *done_tail; /* completed */
     uint64_t written, batches;
+    /* Fired jobs and claims, under fmu (store_fire() runs on the store's
+     * thread). */
+    pthread_mutex_t fmu;
+    struct tbd_fired *f_head; /* newest first */
+    struct claim {
+        char key[24];
+        size_t len;
+    } * claims;
+    /* [claims_off, nclaims) in claim order; released ones have len 0
+     * (cancels complete in order, so a release is mostly the first) */
+    size_t claims_off, nclaims, claims_cap;
+    /* Queries (tbd_store_query()) and their thread, under qmu. */
+    pthread_t qthread;
+    pthread_mutex_t qmu;
+    pthread_cond_t qcv;
+    bool stop_queries;
+    struct tbd_query *qq_head, *qdone;
     tw_durable_item items[BATCH_MAX];
 };
 
-/* Jobs never fire (STORE_DUE); if the clock ever gets there, keep them. */
+/* Makes the eventfd readable: something waits for the event loop. */
+static void wake(struct tbd_store *s)
+{
+    uint64_t one = 1;
+    ssize_t r = write(s->efd, &one, sizeof(one));
+    (void)r; /* eventfd: fails only when the counter would overflow */
+}
+
+static bool claimed(const struct tbd_store *s, const void *key, size_t len)
+{
+    for (size_t i = s->claims_off; i < s->nclaims; i++)
+        if (s->claims[i].len == len && !memcmp(s->claims[i].key, key, len))
+            return true;
+    return false;
+}
+
+/* A delayed job is due: hand it to the event loop, keep it in the store
+ * (see the top of this file). */
 static int store_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
-    (void)t;
-    (void)arg;
-    return 86400000;
+    struct tbd_store *s = arg;
+    if (t->key_len >= sizeof(((struct tbd_fired *)0)->key))
+        return FIRED_KEEP_MS; /* not a key of ours */
+    pthread_mutex_lock(&s->fmu);
+    if (claimed(s, t->key, t->key_len)) {
+        /* Its delete is under way: done. */
+        pthread_mutex_unlock(&s->fmu);
+        return 0;
+    }
+    struct tbd_fired *f = malloc(sizeof(*f) + t->payload_len);
+    if (!f) {
+        pthread_mutex_unlock(&s->fmu);
+        return 1000; /* again in a second */
+    }
+    f->key_len = t->key_len;
+    memcpy(f->key, t->key, t->key_len);
+    f->payload_len = t->payload_len;
+    memcpy(f->payload, t->payload, t->payload_len);
+    f->next = s->f_head; /* newest first; tbd_store_take_fired() turns it */
+    s->f_head = f;
+    wake(s);
+    pthread_mutex_unlock(&s->fmu);
+    return FIRED_KEEP_MS;
 }
 
 /* Writes the run [first, first + n) of one kind; results into each. */
@@ -80,11 +140,12 @@ static void write_run(struct tbd_store *s, struct tbd_write *first, size_t n)
 {
     struct tbd_write *w = first;
     for (size_t i = 0; i < n; i++, w = w->next) {
-        s->items[i] = (tw_durable_item){.key = w->key,
-                                        .key_len = w->key_len,
-                                        .due_ms = STORE_DUE,
-                                        .payload = w->payload,
-                                        .payload_len = w->payload_len};
+        s->items[i] =
+            (tw_durable_item){.key = w->key,
+                              .key_len = w->key_len,
+                              .due_ms = w->due_ms ? w->due_ms : STORE_DUE,
+                              .payload = w->payload,
+                              .payload_len = w->payload_len};
     }
     if (first->kind == TBD_W_SCHED)
         tw_durable_schedule_many(s->d, s->items, n);
@@ -147,12 +208,51 @@ static void *writer(void *arg)
         else
             s->done_head = head;
         s->done_tail = last;
-        uint64_t one = 1;
-        ssize_t r = write(s->efd, &one, sizeof(one));
-        (void)r; /* eventfd: fails only when the counter would overflow */
+        wake(s);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
+}
+
+static void *querier(void *arg);
+
+/* Frees @s, its store closed (or never opened) and its threads gone. */
+static void store_free(struct tbd_store *s)
+{
+    close(s->efd);
+    for (struct tbd_fired *f = s->f_head, *nx; f; f = nx) {
+        nx = f->next;
+        free(f);
+    }
+    free(s->claims);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->fmu);
+    pthread_mutex_destroy(&s->qmu);
+    pthread_cond_destroy(&s->qcv);
+    free(s);
+}
+
+/* Stops the query thread after the query it runs; queued ones are
+ * dropped with their owners' memory (the server is stopping). */
+static void stop_querier(struct tbd_store *s)
+{
+    pthread_mutex_lock(&s->qmu);
+    s->stop_queries = true;
+    struct tbd_query *q = s->qq_head;
+    s->qq_head = NULL;
+    pthread_cond_signal(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
+    pthread_join(s->qthread, NULL);
+    for (struct tbd_query *nx; q; q = nx) {
+        nx = q->next;
+        free(q);
+    }
+    for (struct tbd_query *nx; s->qdone; s->qdone = nx) {
+        nx = s->qdone->next;
+        free(s->qdone->hits);
+        free(s->qdone);
+    }
 }
 
 int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
@@ -161,11 +261,18 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
     struct tbd_store *s = calloc(1, sizeof(*s));
     if (!s)
         return TW_ENOMEM;
-    tw_durable_config cfg = {
-        .dir = dir, .fire = store_fire, .errbuf = err, .errbuf_len = err_len};
+    tw_durable_config cfg = {.dir = dir,
+                             .fire = store_fire,
+                             .fire_arg = s,
+                             .errbuf = err,
+                             .errbuf_len = err_len};
     if (!dir) {
         cfg.redis = redis;
         cfg.redis_namespace = ns;
+        /* Each shard of the namespace has one owner among the live
+         * servers; a dead server's shards (and the jobs due in them)
+         * move to the others after this (docs/guide/twheeld.md). */
+        cfg.redis_shard_lease_ms = TBD_SHARD_LEASE_MS;
         fsync_ms = 0; /* the writer thread: a write is a round trip */
     } else if (fsync_ms == 0) {
         cfg.sync = TW_DURABLE_SYNC_GROUP;
@@ -175,19 +282,28 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
     } else {
         cfg.sync = TW_DURABLE_SYNC_NONE;
     }
-    int rc = tw_durable_open(&s->d, &cfg);
-    if (rc != 0) {
-        free(s);
-        return rc;
-    }
+    /* The store may fire as soon as it is open: all of this first. */
     s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (s->efd < 0) {
-        tw_durable_close(s->d);
         free(s);
         return -errno;
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_mutex_init(&s->fmu, NULL);
+    pthread_mutex_init(&s->qmu, NULL);
+    pthread_cond_init(&s->qcv, NULL);
+    int rc = tw_durable_open(&s->d, &cfg);
+    if (rc == 0 && pthread_create(&s->qthread, NULL, querier, s) != 0) {
+        tw_durable_close(s->d);
+        rc = TW_ENOMEM;
+        if (err && err_len)
+            snprintf(err, err_len, "cannot start the query thread");
+    }
+    if (rc != 0) {
+        store_free(s);
+        return rc;
+    }
     /* Without an fdatasync to wait for, a write is a write(2): cheaper
      * on the event loop's thread, batched per loop iteration, than a
      * hand-off to another thread and back. */
@@ -197,9 +313,9 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
         return 0;
     }
     if (pthread_create(&s->thread, NULL, writer, s) != 0) {
-        close(s->efd);
+        stop_querier(s);
         tw_durable_close(s->d);
-        free(s);
+        store_free(s);
         if (err && err_len)
             snprintf(err, err_len, "cannot start the writer thread");
         return TW_ENOMEM;
@@ -209,21 +325,26 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
 }
 
 struct recover_fn {
-    void (*fn)(void *arg, const char *key, size_t key_len, const void *p,
-               size_t n);
+    void (*fn)(void *arg, const char *key, size_t key_len, int64_t due_ms,
+               const void *p, size_t n);
     void *arg;
 };
 
 static int recover_one(void *arg, const tw_durable_scanned *t)
 {
     struct recover_fn *r = arg;
-    r->fn(r->arg, t->key, t->key_len, t->payload, t->payload_len);
+    r->fn(r->arg, t->key, t->key_len, t->due_ms, t->payload, t->payload_len);
     return 0;
+}
+
+int64_t tbd_store_never(void)
+{
+    return STORE_DUE;
 }
 
 long tbd_store_recover(struct tbd_store *s,
                        void (*fn)(void *arg, const char *key, size_t key_len,
-                                  const void *p, size_t n),
+                                  int64_t due_ms, const void *p, size_t n),
                        void *arg)
 {
     struct recover_fn r = {fn, arg};
@@ -301,6 +422,166 @@ struct tbd_write *tbd_store_take(struct tbd_store *s)
     return h;
 }
 
+struct tbd_fired *tbd_store_take_fired(struct tbd_store *s)
+{
+    pthread_mutex_lock(&s->fmu);
+    struct tbd_fired *f = s->f_head, *h = NULL;
+    s->f_head = NULL;
+    pthread_mutex_unlock(&s->fmu);
+    while (f) { /* oldest first */
+        struct tbd_fired *nx = f->next;
+        f->next = h;
+        h = f;
+        f = nx;
+    }
+    return h;
+}
+
+void tbd_store_claim(struct tbd_store *s, const char *key, size_t key_len)
+{
+    pthread_mutex_lock(&s->fmu);
+    if (s->nclaims == s->claims_cap && s->claims_off > 0) {
+        memmove(s->claims, s->claims + s->claims_off,
+                (s->nclaims - s->claims_off) * sizeof(*s->claims));
+        s->nclaims -= s->claims_off;
+        s->claims_off = 0;
+    }
+    if (s->nclaims == s->claims_cap) {
+        size_t ncap = s->claims_cap ? s->claims_cap * 2 : CLAIM_MAX;
+        struct claim *nc = realloc(s->claims, ncap * sizeof(*nc));
+        if (!nc) {
+            fputs("twheeld: out of memory\n", stderr);
+            abort();
+        }
+        s->claims = nc;
+        s->claims_cap = ncap;
+    }
+    memcpy(s->claims[s->nclaims].key, key, key_len);
+    s->claims[s->nclaims++].len = key_len;
+    pthread_mutex_unlock(&s->fmu);
+}
+
+void tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len)
+{
+    pthread_mutex_lock(&s->fmu);
+    for (size_t i = s->claims_off; i < s->nclaims; i++) {
+        if (s->claims[i].len == key_len &&
+            !memcmp(s->claims[i].key, key, key_len)) {
+            s->claims[i].len = 0;
+            break;
+        }
+    }
+    while (s->claims_off < s->nclaims && s->claims[s->claims_off].len == 0)
+        s->claims_off++;
+    if (s->claims_off == s->nclaims)
+        s->claims_off = s->nclaims = 0;
+    pthread_mutex_unlock(&s->fmu);
+}
+
+struct qscan {
+    struct tbd_query *q;
+    struct tbd_hit *hits;
+    size_t n, cap;
+};
+
+static int qhit_cmp(const void *a, const void *b)
+{
+    const struct tbd_hit *x = a, *y = b;
+    if (x->due != y->due)
+        return x->due < y->due ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static int query_one(void *arg, const tw_durable_scanned *t)
+{
+    struct qscan *qs = arg;
+    struct tbd_hit h;
+    if (!qs->q->match(qs->q, t->payload, t->payload_len, &h.due, &h.id))
+        return 0;
+    /* Keep the @want earliest: sort and cut once 4 * @want are held, so
+     * a scan holds O(@want) of them (kick of many: up to all). */
+    size_t keep = qs->q->want;
+    if (qs->n == qs->cap && keep <= SIZE_MAX / 4 && qs->n >= 4 * keep) {
+        qsort(qs->hits, qs->n, sizeof(*qs->hits), qhit_cmp);
+        qs->n = keep;
+    }
+    if (qs->n == qs->cap) {
+        size_t ncap = qs->cap ? qs->cap * 2 : 64;
+        struct tbd_hit *nh = realloc(qs->hits, ncap * sizeof(*nh));
+        if (!nh)
+            return TW_ENOMEM;
+        qs->hits = nh;
+        qs->cap = ncap;
+    }
+    qs->hits[qs->n++] = h;
+    return 0;
+}
+
+static void run_query(struct tbd_store *s, struct tbd_query *q)
+{
+    struct qscan qs = {.q = q};
+    long rc = tw_durable_scan(s->d, query_one, &qs);
+    q->result = rc < 0 ? (int)rc : 0;
+    q->hits = NULL;
+    q->n = 0;
+    if (rc >= 0 && qs.n) {
+        qsort(qs.hits, qs.n, sizeof(*qs.hits), qhit_cmp);
+        q->n = qs.n < q->want ? qs.n : q->want;
+        q->hits = qs.hits; /* the tail past n is not read */
+    } else {
+        free(qs.hits);
+    }
+}
+
+/* Appends @q to the list at @head (queries are few: a walk). */
+static void query_append(struct tbd_query **head, struct tbd_query *q)
+{
+    q->next = NULL;
+    while (*head)
+        head = &(*head)->next;
+    *head = q;
+}
+
+/* The query thread: answers the queued queries one at a time, in order,
+ * until stop_querier(). */
+static void *querier(void *arg)
+{
+    struct tbd_store *s = arg;
+    pthread_mutex_lock(&s->qmu);
+    while (!s->stop_queries) {
+        struct tbd_query *q = s->qq_head;
+        if (!q) {
+            pthread_cond_wait(&s->qcv, &s->qmu);
+            continue;
+        }
+        s->qq_head = q->next;
+        pthread_mutex_unlock(&s->qmu);
+        run_query(s, q);
+        pthread_mutex_lock(&s->qmu);
+        query_append(&s->qdone, q);
+        wake(s);
+    }
+    pthread_mutex_unlock(&s->qmu);
+    return NULL;
+}
+
+void tbd_store_query(struct tbd_store *s, struct tbd_query *q)
+{
+    pthread_mutex_lock(&s->qmu);
+    query_append(&s->qq_head, q);
+    pthread_cond_signal(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
+}
+
+struct tbd_query *tbd_store_take_queries(struct tbd_store *s)
+{
+    pthread_mutex_lock(&s->qmu);
+    struct tbd_query *h = s->qdone;
+    s->qdone = NULL;
+    pthread_mutex_unlock(&s->qmu);
+    return h;
+}
+
 void tbd_store_counts(struct tbd_store *s, uint64_t *written, uint64_t *batches,
                       uint64_t *journal_bytes)
 {
@@ -332,9 +613,7 @@ void tbd_store_close(struct tbd_store *s)
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->thread, NULL);
     }
+    stop_querier(s);
     tw_durable_close(s->d);
-    close(s->efd);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    free(s);
+    store_free(s);
 }

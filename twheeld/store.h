@@ -11,6 +11,9 @@
 
 struct tbd_store;
 
+/* --redis: the store's shard lease (cfg.redis_shard_lease_ms). */
+#define TBD_SHARD_LEASE_MS 5000
+
 #define TBD_W_SCHED 1  /* write key := payload */
 #define TBD_W_CANCEL 2 /* remove key */
 
@@ -21,10 +24,22 @@ struct tbd_write {
     int result;   /* out: 0 or a TW_E* code */
     char key[24]; /* "j<id>" or "m" */
     size_t key_len;
-    void *payload; /* malloc'd, freed by the owner */
+    int64_t due_ms; /* TBD_W_SCHED: when the store fires it; 0 = never */
+    void *payload;  /* malloc'd, freed by the owner */
     size_t payload_len;
     void *owner;  /* the event loop's: who waits for it */
     uint64_t tag; /* the event loop's */
+    void *cold;   /* the event loop's: a delayed job's tube, or NULL */
+    bool unclaim; /* the event loop's: tbd_store_unclaim() its key once done */
+    bool keep_reply; /* the event loop's: its reply stands even if it fails */
+};
+
+/* A job the store fired (its delay ran out), handed to the event loop. */
+struct tbd_fired {
+    struct tbd_fired *next;
+    size_t key_len, payload_len;
+    char key[24];
+    unsigned char payload[]; /* payload_len bytes */
 };
 
 /*
@@ -40,13 +55,16 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
 
 /*
  * tbd_store_recover - call @fn once for every key the store holds, with
- * its payload. Returns the number of keys, or a negative TW_E* code
- * (TW_EINVAL when this library cannot list its keys).
+ * its due time and payload. Returns the number of keys, or a negative TW_E*
+ * code (TW_EINVAL when this library cannot list its keys).
  */
 long tbd_store_recover(struct tbd_store *s,
                        void (*fn)(void *arg, const char *key, size_t key_len,
-                                  const void *p, size_t n),
+                                  int64_t due_ms, const void *p, size_t n),
                        void *arg);
+
+/* The due time of a record that never fires (year 3000, Unix ms). */
+int64_t tbd_store_never(void);
 
 /*
  * tbd_store_get - the payload of @key into @buf (@len bytes), its full
@@ -79,6 +97,55 @@ int tbd_store_fd(const struct tbd_store *s);
 
 /* Take the completed writes, oldest first (event loop thread). */
 struct tbd_write *tbd_store_take(struct tbd_store *s);
+
+/* The jobs the store fired since the last call, oldest first (event loop
+ * thread; free() each). The eventfd becomes readable when there are. */
+struct tbd_fired *tbd_store_take_fired(struct tbd_store *s);
+
+/* While @key is claimed, a delivery of it is dropped (completed, not
+ * handed over): for a delete whose cancel is under way. Claim before
+ * taking the fired jobs, so that none of @key slips in between. */
+void tbd_store_claim(struct tbd_store *s, const char *key, size_t key_len);
+void tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len);
+
+/* A delayed job in a query's answer. */
+struct tbd_hit {
+    int64_t due; /* Unix ms */
+    uint64_t id;
+};
+
+/*
+ * A question about the delayed jobs the store holds, answered on the
+ * store's query thread by one tw_durable_scan() (on the journal one
+ * sequential read, without the store's lock), so the event loop never
+ * waits for it: the @want records that @match accepts with the earliest
+ * (due, id), earliest first.
+ */
+struct tbd_query {
+    struct tbd_query *next;
+    /* in */
+    bool (*match)(const struct tbd_query *q, const void *payload, size_t n,
+                  int64_t *due, uint64_t *id); /* on the query thread */
+    char tube[256];
+    size_t tube_len;
+    uint32_t node;
+    int64_t now; /* Unix ms */
+    size_t want;
+    void *owner;  /* the event loop's: who waits for it */
+    uint64_t tag; /* the event loop's */
+    int kind;     /* the event loop's */
+    uint64_t gen; /* the event loop's */
+    /* out */
+    int result;           /* 0 or a TW_E* code */
+    struct tbd_hit *hits; /* n of them, malloc'd (free() them) */
+    size_t n;
+};
+
+/* Queue @q (event loop thread); it comes back through the eventfd. */
+void tbd_store_query(struct tbd_store *s, struct tbd_query *q);
+
+/* The answered queries, oldest first (event loop thread). */
+struct tbd_query *tbd_store_take_queries(struct tbd_store *s);
 
 /* Counters for stats: records written, batches, journal bytes. */
 void tbd_store_counts(struct tbd_store *s, uint64_t *written, uint64_t *batches,

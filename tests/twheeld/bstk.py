@@ -38,6 +38,7 @@ def wait_port(port, proc, timeout=20.0):
 
 
 _servers = []
+_redis = []
 
 
 @atexit.register
@@ -47,6 +48,10 @@ def _stop_all():
         if s.proc.poll() is None:
             s.proc.kill()
             s.proc.wait()
+    for p in _redis:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 class Server:
@@ -174,6 +179,52 @@ def yaml_map(reply):
         if m:
             out[m.group(1)] = m.group(2)
     return out
+
+
+def start_redis(d):
+    """A redis-server on a free loopback port that persists nothing (its
+    files in @d); killed at exit whatever way the test ends. Returns the
+    process and its port."""
+    port = free_port()
+    p = subprocess.Popen(["redis-server", "--port", str(port), "--bind",
+                          "127.0.0.1", "--save", "", "--appendonly", "no",
+                          "--dir", d], stdout=subprocess.DEVNULL)
+    _redis.append(p)
+    wait_port(port, p)
+    return p, port
+
+
+def with_redis(namespace, fn):
+    """Runs fn(server) with a redis-server of its own, where server(node)
+    starts a twheeld --node node on @namespace there; prints "ok" and
+    returns 0 when @fn returns, SKIP without redis-server. Everything
+    started is stopped."""
+    if not shutil.which("redis-server"):
+        print("SKIP: redis-server missing")
+        return SKIP
+    d = tempdir()
+    redis, port = start_redis(d)
+    url = "redis://127.0.0.1:%d" % port
+
+    def server(node):
+        return start_twheeld("--redis", url, "--namespace", namespace,
+                             "--node", str(node))
+    try:
+        fn(server)
+    finally:
+        redis.kill()
+        redis.wait()
+        shutil.rmtree(d, ignore_errors=True)
+    print("ok")
+    return 0
+
+
+def put_job(c, body, pri=10, delay=0, ttr=60):
+    """put through Client @c; the new job's id."""
+    r = c.cmd(b"put %d %d %d %d\r\n%s\r\n" % (pri, delay, ttr, len(body),
+                                                body))
+    check(r.startswith(b"INSERTED "), "put: %r" % r)
+    return int(r.split()[1])
 
 
 def tempdir():

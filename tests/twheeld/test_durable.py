@@ -9,6 +9,9 @@ Both with -f 0 and with -f 200.
    in the middle; after the restart every job whose INSERTED reached a
    client is there in the state its last acknowledged command left it in,
    and no job whose DELETED reached a client comes back.
+3. 100,000 delayed jobs cost at most DELAYED_MAX_BYTES of resident memory
+   each (the store holds them; twheeld keeps a count), and one of them
+   is peeked at, kicked, reserved and deleted; kick 3 kicks three.
 Usage: test_durable.py --twheeld PATH"""
 import os
 import shutil
@@ -238,6 +241,60 @@ def load(d, fl, conns=32, seconds=2.0):
           "kill -9" % (fl, checked, sum(len(t.deleted) for t in ts)))
 
 
+# Delayed jobs held by the store alone: what one costs in twheeld's
+# resident memory. The journal's index entry is about 68 bytes; twheeld
+# kept 168 more (its job, timer, lists and table) before delayed jobs
+# lived in the store only.
+DELAYED_JOBS = 100000
+DELAYED_MAX_BYTES = 120
+
+
+def delayed_memory(d):
+    s = start_twheeld("-b", d, "-f", "200")
+    c = Client(s.port)
+    put(c, b"warm-up", delay=7200)
+    before = s.rss_kb()
+    batch = 1000
+    for i in range(0, DELAYED_JOBS, batch):
+        c.send(b"".join(b"put 10 %d 60 16\r\nbody-%011d\r\n" %
+                        (3600 + j % 600, i + j) for j in range(batch)))
+        for _ in range(batch):
+            ln = c.line()
+            check(ln.startswith(b"INSERTED "), "put: %r" % ln)
+    st = yaml_map(c.cmd(b"stats\r\n"))
+    check(st["current-jobs-delayed"] == str(DELAYED_JOBS + 1), "delayed")
+    per_job = (s.rss_kb() - before) * 1024.0 / DELAYED_JOBS
+    check(per_job <= DELAYED_MAX_BYTES, "%.0f bytes of resident memory a "
+          "delayed job (at most %d)" % (per_job, DELAYED_MAX_BYTES))
+    # peek-delayed: the one due first, known from the puts (id 2, the
+    # first of delay 3600); then one due earlier; once that one is
+    # deleted, id 2 again (from the store's query thread).
+    first = b"FOUND 2 16\r\nbody-00000000000\r\n"
+    check(c.cmd(b"peek-delayed\r\n") == first, "peek-delayed")
+    early = put(c, b"early", delay=100)
+    r = c.cmd(b"peek-delayed\r\n")
+    check(r == b"FOUND %d 5\r\nearly\r\n" % early, "peek-delayed %r" % r)
+    check(c.cmd(b"delete %d\r\n" % early) == b"DELETED\r\n", "delete")
+    check(c.cmd(b"peek-delayed\r\n") == first, "peek-delayed after delete")
+    # One of them, read back from the store in every way.
+    jid = 2
+    m = yaml_map(c.cmd(b"stats-job %d\r\n" % jid))
+    check(m["state"] == "delayed" and int(m["time-left"]) > 3000, "%r" % m)
+    check(c.cmd(b"kick-job %d\r\n" % jid) == b"KICKED\r\n", "kick-job")
+    r = c.cmd(b"reserve-with-timeout 0\r\n")
+    check(r.startswith(b"RESERVED %d 16" % jid), "reserve %r" % r)
+    check(c.cmd(b"delete %d\r\n" % jid) == b"DELETED\r\n", "delete")
+    # kick: the three due first (no buried job in the tube).
+    check(c.cmd(b"kick 3\r\n") == b"KICKED 3\r\n", "kick 3")
+    st = yaml_map(c.cmd(b"stats\r\n"))
+    check(st["current-jobs-ready"] == "3" and
+          st["current-jobs-delayed"] == str(DELAYED_JOBS - 3), "%r" % st)
+    c.close()
+    check(s.stop() == 0, "clean stop")
+    print("delayed jobs: %.0f bytes of resident memory each (%d jobs)" %
+          (per_job, DELAYED_JOBS))
+
+
 def main():
     d = tempdir()
     try:
@@ -248,6 +305,7 @@ def main():
             states(os.path.join(d, "states" + f), f)
             bodies(os.path.join(d, "bodies" + f), f)
             load(os.path.join(d, "load" + f), f)
+        delayed_memory(os.path.join(d, "memory"))
     finally:
         shutil.rmtree(d, ignore_errors=True)
     print("ok")

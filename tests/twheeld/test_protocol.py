@@ -6,12 +6,13 @@ beanstalkd, and every reply must be the same (stats replies compared on
 the fields the protocol defines). Then malformed lines, each on a fresh
 connection, must get beanstalkd's answer.
 Usage: test_protocol.py --twheeld PATH"""
+import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from bstk import (SKIP, Client, check, have_beanstalkd, start_beanstalkd,
-                  start_twheeld, yaml_map)
+                  start_twheeld, tempdir, yaml_map)
 
 # Fields of stats whose values depend on the process, not the protocol.
 VOLATILE = {"pid", "version", "rusage-utime", "rusage-stime", "uptime",
@@ -213,23 +214,28 @@ def main():
     if not have_beanstalkd():
         print("SKIP: beanstalkd is not installed")
         return SKIP
-    servers = [start_twheeld(), start_beanstalkd()]
+    # twheeld twice: in memory, and with -b (then a delayed job lives in
+    # the journal alone and every command that names one reads it back).
+    d = tempdir()
+    servers = [start_twheeld(), start_twheeld("-b", d), start_beanstalkd()]
     try:
         got = [run(s) for s in servers]
         bad = 0
-        for a, b in zip(*got):
-            if a != b:
-                print("session differs at conn %d %r:\n  twheeld    %r\n"
-                      "  beanstalkd %r" % (a[0], a[1], a[2], b[2]))
-                bad += 1
-        check(len(got[0]) == len(got[1]), "same number of replies")
+        for name, mine in (("twheeld", got[0]), ("twheeld -b", got[1])):
+            for a, b in zip(mine, got[2]):
+                if a != b:
+                    print("session differs at conn %d %r:\n  %-10s %r\n"
+                          "  beanstalkd %r" % (a[0], a[1], name, a[2], b[2]))
+                    bad += 1
+            check(len(mine) == len(got[2]), "same number of replies")
         check(bad == 0, "%d replies of the session differ" % bad)
-        print("session: %d replies agree" % len(got[0]))
+        print("session: %d replies agree (twheeld, twheeld -b)" % len(got[0]))
         # Fresh servers, each input on its own connection; the two servers
         # at once (a case without
         # a reply waits out its timeout).
         for s in servers:
             s.stop()
+        shutil.rmtree(d, ignore_errors=True)
         servers[:] = [start_twheeld(), start_beanstalkd()]
         def all_replies(port):
             return [first_reply(port, d) for d in MALFORMED]

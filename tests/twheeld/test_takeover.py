@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""twheeld --redis: a dead server's jobs are taken over by the others.
+Two servers (--node 1 and 2) on one namespace of a real redis-server
+(started here on a free loopback port, killed at the end). Through A:
+20 jobs delayed 2 s and one job reserved with TTR 3 s. kill -9 of A; a
+worker on B alone must get all 21 jobs: each delayed job not before its
+due time, the reserved one not before its TTR ran out, every one within
+TAKEOVER_BOUND seconds of the kill. The bound, as docs/guide/twheeld.md
+states it: the store's shard lease (5 s) for A's shards to move, plus the
+claim A held (at most the shard lease again), plus the grace of a
+reserved job (2 s) and the TTR, plus margin for a loaded machine.
+Before that, 20 jobs reserved from A by a connection that then closes
+are A's ready jobs: B must not take them once their lease would have run
+out (TTR + 2 s + LEFT_MARGIN). Then A is started again (same --node): it serves none of the jobs B took
+(each job is delivered once), and B after a kill -9 and restart has none
+of them back either (B deleted each one).
+Skipped (77) without redis-server.
+Usage: test_takeover.py --twheeld BINARY"""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bstk import (Client, check, put_job, with_redis,  # noqa: E402
+                  yaml_map)
+
+TAKEOVER_BOUND = 30.0
+DELAYED = 20
+LEFT_MARGIN = 3.0  # past TTR + grace: B would have fired a dated lease
+
+
+def session(server):
+    a, b = server(1), server(2)
+    ca = Client(a.port)
+    # Jobs a worker reserved and then left (its connection closed) are
+    # ready on A again and stay A's: B must not take them when their
+    # reserve's TTR + 2 s runs out (20 jobs: their shards are on B too).
+    w2 = Client(a.port)
+    left = [put_job(ca, b"left-%d" % i, ttr=1) for i in range(20)]
+    for _ in left:
+        check(w2.cmd(b"reserve-with-timeout 0\r\n").startswith(
+            b"RESERVED "), "reserve")
+    w2.close()
+    time.sleep(1 + 2 + LEFT_MARGIN)
+    check(b.rss_kb() > 0 and Client(b.port).cmd(
+        b"reserve-with-timeout 0\r\n") == b"TIMED_OUT\r\n",
+        "B took a job reserved from A and released by a closed connection")
+    for jid in left:
+        check(ca.cmd(b"delete %d\r\n" % jid) == b"DELETED\r\n",
+              "A's job %d" % jid)
+    t_put = time.monotonic()
+    delayed = {put_job(ca, b"delayed-%d" % i, delay=2): b"delayed-%d" % i
+               for i in range(DELAYED)}
+    leased = put_job(ca, b"leased", ttr=3)
+    w = Client(a.port)
+    # RESERVED comes once the job's lease is in Redis.
+    r = w.cmd(b"reserve-with-timeout 0\r\n")
+    t_reserve = time.monotonic()
+    check(r == b"RESERVED %d 6\r\nleased\r\n" % leased, "reserve %r" % r)
+    a.kill9()
+    t_kill = time.monotonic()
+    # A worker on B gets every one of A's jobs.
+    cb = Client(b.port, timeout=30)
+    got = {}
+    while len(got) < DELAYED + 1 and \
+            time.monotonic() - t_kill < TAKEOVER_BOUND:
+        r = cb.cmd(b"reserve-with-timeout 1\r\n")
+        if r == b"TIMED_OUT\r\n":
+            continue
+        head, body = r.split(b"\r\n")[:2]
+        jid = int(head.split()[1])
+        check(jid not in got, "job %d delivered twice" % jid)
+        got[jid] = (body, time.monotonic())
+        check(cb.cmd(b"delete %d\r\n" % jid) == b"DELETED\r\n", "delete")
+    missing = set(delayed) - set(got)
+    check(not missing, "not taken over within %.0f s: %r" %
+          (TAKEOVER_BOUND, sorted(missing)))
+    check(leased in got, "the reserved job was not taken over")
+    for jid, body in delayed.items():
+        check(got[jid][0] == body, "job %d body %r" % (jid, got[jid][0]))
+        check(got[jid][1] >= t_put + 2, "job %d before its delay" % jid)
+    check(got[leased][0] == b"leased", "leased body")
+    check(got[leased][1] >= t_reserve + 3, "leased job before its TTR")
+    late = max(t for _, t in got.values()) - t_kill
+    print("taken over: %d jobs, the last %.1f s after the kill" %
+          (len(got), late))
+    # A again: none of them (B holds or deleted them).
+    a = server(1)
+    ca = Client(a.port)
+    st = yaml_map(ca.cmd(b"stats\r\n"))
+    check(st["current-jobs-ready"] == "0" and
+          st["current-jobs-reserved"] == "0", "A after restart: %r" %
+          {k: st[k] for k in ("current-jobs-ready",
+                              "current-jobs-delayed")})
+    for jid in got:
+        check(ca.cmd(b"peek %d\r\n" % jid) == b"NOT_FOUND\r\n",
+              "A serves job %d again" % jid)
+    b.kill9()
+    b = server(2)
+    cb = Client(b.port)
+    check(cb.cmd(b"reserve-with-timeout 0\r\n") == b"TIMED_OUT\r\n",
+          "B after restart has a deleted job back")
+    for c in (ca, cb, w):
+        c.close()
+    check(a.stop() == 0 and b.stop() == 0, "clean stop")
+
+
+def main():
+    return with_redis("takeover", session)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
