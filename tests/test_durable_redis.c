@@ -510,7 +510,7 @@ static bool has_field(const char *ns, int s, const char *field)
     return yes;
 }
 
-/* The shard of @key among @shards (as src/durable_redis.c: FNV-1a). */
+/* The shard of @key among @shards (as src/durable_redis_impl.h: FNV-1a). */
 static int shard_of_key(const char *key, int shards)
 {
     uint64_t h = 1469598103934665603ull;
@@ -820,7 +820,7 @@ static void stall(void)
 
 /* ------------------------------------------------------------------------ */
 /* A check's answer has a bounded age (CHECK_MAX_AGE_MS, 200 ms, in
- * src/durable_redis.c). Six keys due at once are checked in one round;
+ * src/redis_fire.c). Six keys due at once are checked in one round;
  * the first callback blocks; meanwhile all six are cancelled (0), and the
  * callback is held 600 ms more. The five whose callbacks had not started
  * must never start: their answers are too old by then, so they are
