@@ -453,30 +453,75 @@ static void poll_load(redisContext *c, const char *sha, const char *prefix,
     }
 }
 
+/* A poller's run: its connection, its timers' due times, Redis's and
+ * this process's CPU at its start and after its load. */
+struct poller {
+    redisContext *c;
+    int64_t *due;
+    int64_t start_ms, end_us;
+    int pid, n;
+    struct cpu c0, c1;
+};
+
+/* Connect, size the run and load @nsrc scripts @src into @sha. */
+static void poller_begin(struct poller *p, const char *seeds, int pid, int n,
+                         const char *const *src, char (*sha)[41], int nsrc)
+{
+    p->c = poll_connect(seeds);
+    p->pid = pid;
+    p->n = n;
+    late = calloc((size_t)n, sizeof *late);
+    p->due = calloc((size_t)n, sizeof *p->due);
+    if (!late || !p->due)
+        exit(1);
+    p->start_ms = now_us() / 1000 + 3000 + n / 20;
+    p->c0 = cpu_now(pid);
+    for (int i = 0; i < nsrc; i++) {
+        redisReply *r = redisCommand(p->c, "SCRIPT LOAD %s", src[i]);
+        if (!r || r->type != REDIS_REPLY_STRING)
+            exit(1);
+        memcpy(sha[i], r->str, 41);
+        freeReplyObject(r);
+    }
+}
+
+/* Load the timers into PREFIX:z and PREFIX:h by the add script @sha. */
+static void poller_load(struct poller *p, const char *sha, const char *prefix,
+                        int window_ms)
+{
+    poll_load(p->c, sha, prefix, p->due, p->n, p->start_ms, window_ms);
+    p->c1 = cpu_now(p->pid);
+    p->end_us = (p->start_ms + window_ms + 5000) * 1000;
+}
+
+/* The report of a poller "@kind @interval_ms ms", and its end. */
+static void poller_end(struct poller *p, const char *kind, int interval_ms)
+{
+    struct cpu c2 = cpu_now(p->pid);
+    redisFree(p->c);
+    char name[32];
+    snprintf(name, sizeof name, "%s %d ms", kind, interval_ms);
+    report_late(name, late, nlate, (size_t)p->n, p->c0, p->c1, c2);
+    free(p->due);
+}
+
 static void poll_mode(const char *seeds, int pid, int n, int window_ms,
                       int interval_ms)
 {
-    redisContext *c = poll_connect(seeds);
-    late = calloc((size_t)n, sizeof *late);
-    int64_t *due = calloc((size_t)n, sizeof *due);
-    int64_t start_ms = now_us() / 1000 + 3000 + n / 20;
-    struct cpu c0 = cpu_now(pid);
-    redisReply *r = redisCommand(c, "SCRIPT LOAD %s", add_script);
-    char add_sha[41], poll_sha[41];
-    memcpy(add_sha, r->str, 41);
-    freeReplyObject(r);
-    r = redisCommand(c, "SCRIPT LOAD %s", poll_script);
-    memcpy(poll_sha, r->str, 41);
-    freeReplyObject(r);
-    poll_load(c, add_sha, "pq", due, n, start_ms, window_ms);
-    struct cpu c1 = cpu_now(pid);
-    int64_t end = (start_ms + window_ms + 5000) * 1000;
+    struct poller p;
+    const char *src[2] = {add_script, poll_script};
+    char sha[2][41];
+    poller_begin(&p, seeds, pid, n, src, sha, 2);
+    poller_load(&p, sha[0], "pq", window_ms);
+    redisContext *c = p.c;
+    int64_t *due = p.due;
+    redisReply *r;
     int64_t next = now_us();
-    while (nlate < (size_t)n && now_us() < end) {
+    while (nlate < (size_t)n && now_us() < p.end_us) {
         sleep_us(next - now_us());
         next += (int64_t)interval_ms * 1000;
         for (;;) {
-            r = redisCommand(c, "EVALSHA %s 2 pq:z pq:h %lld 1000", poll_sha,
+            r = redisCommand(c, "EVALSHA %s 2 pq:z pq:h %lld 1000", sha[1],
                              (long long)(now_us() / 1000));
             if (!r || r->type != REDIS_REPLY_ARRAY)
                 exit(1);
@@ -491,12 +536,7 @@ static void poll_mode(const char *seeds, int pid, int n, int window_ms,
                 break;
         }
     }
-    struct cpu c2 = cpu_now(pid);
-    redisFree(c);
-    char name[32];
-    snprintf(name, sizeof name, "poll %d ms", interval_ms);
-    report_late(name, late, nlate, (size_t)n, c0, c1, c2);
-    free(due);
+    poller_end(&p, "poll", interval_ms);
 }
 
 /* The lease-poller. KEYS: z (due), h (payloads), a (active: key -> lease
@@ -542,30 +582,20 @@ static const char ldone_script[] =
 static void lpoll_mode(const char *seeds, int pid, int n, int window_ms,
                        int interval_ms)
 {
-    redisContext *c = poll_connect(seeds);
-    late = calloc((size_t)n, sizeof *late);
-    int64_t *due = calloc((size_t)n, sizeof *due);
+    struct poller p;
+    char sha[3][41];
+    const char *src[3] = {add_script, lpoll_script, ldone_script};
+    poller_begin(&p, seeds, pid, n, src, sha, 3);
     const char **av = calloc(2 * 1000 + 8, sizeof *av);
     size_t *al = calloc(2 * 1000 + 8, sizeof *al);
     char(*num)[24] = calloc(1000 + 1, sizeof *num);
-    if (!late || !due || !av || !al || !num)
+    if (!av || !al || !num)
         exit(1);
-    int64_t start_ms = now_us() / 1000 + 3000 + n / 20;
-    struct cpu c0 = cpu_now(pid);
-    char sha[3][41];
-    const char *src[3] = {add_script, lpoll_script, ldone_script};
-    for (int i = 0; i < 3; i++) {
-        redisReply *r = redisCommand(c, "SCRIPT LOAD %s", src[i]);
-        if (!r || r->type != REDIS_REPLY_STRING)
-            exit(1);
-        memcpy(sha[i], r->str, 41);
-        freeReplyObject(r);
-    }
-    poll_load(c, sha[0], "lp", due, n, start_ms, window_ms);
-    struct cpu c1 = cpu_now(pid);
-    int64_t end = (start_ms + window_ms + 5000) * 1000;
+    poller_load(&p, sha[0], "lp", window_ms);
+    redisContext *c = p.c;
+    int64_t *due = p.due;
     int64_t next = now_us();
-    while (nlate < (size_t)n && now_us() < end) {
+    while (nlate < (size_t)n && now_us() < p.end_us) {
         sleep_us(next - now_us());
         next += (int64_t)interval_ms * 1000;
         for (;;) {
@@ -610,12 +640,7 @@ static void lpoll_mode(const char *seeds, int pid, int n, int window_ms,
                 break;
         }
     }
-    struct cpu c2 = cpu_now(pid);
-    redisFree(c);
-    char name[32];
-    snprintf(name, sizeof name, "lpoll %d ms", interval_ms);
-    report_late(name, late, nlate, (size_t)n, c0, c1, c2);
-    free(due);
+    poller_end(&p, "lpoll", interval_ms);
     free(av);
     free(al);
     free(num);

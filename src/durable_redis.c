@@ -196,6 +196,33 @@ void tw__rd_wait_many(struct rd *d, const uint32_t *shard, int *rc, size_t n)
     tw__free(cmds);
 }
 
+/* One zeroed allocation for the arrays of @parts: each part's pointer
+ * (*parts[i].out) is set to room for its count elements of its size,
+ * aligned for any type. Returns the block (tw__free() frees every
+ * array), or NULL when out of memory. */
+void *tw__rd_alloc_parts(const struct tw__rd_part *parts, size_t n)
+{
+    const size_t align = _Alignof(max_align_t);
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t bytes;
+        if (__builtin_mul_overflow(parts[i].count, parts[i].size, &bytes) ||
+            __builtin_add_overflow(total, bytes + align - 1, &total))
+            return NULL;
+        total -= total % align;
+    }
+    char *block = tw__calloc(1, total ? total : 1);
+    if (!block)
+        return NULL;
+    for (size_t i = 0, at = 0; i < n; i++) {
+        void *p = block + at;
+        memcpy(parts[i].out, &p, sizeof p);
+        at += parts[i].count * parts[i].size + align - 1;
+        at -= at % align;
+    }
+    return block;
+}
+
 /* One script call on @shard; its integer reply into *@out. */
 int tw__rd_call_int(struct rd *d, struct call *c, long long *out)
 {
@@ -438,64 +465,70 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
 #define VAL_HEAD 24                 /* "due,1," at most */
 #define SCHED_FIXED (3 + NKEYS + 3) /* EVALSHA sha 5 keys.. 3 numbers */
 
+/* What a batch holds per item and per command. */
+struct sb_item {
+    struct rtimer *rt; /* its local timer if due in the horizon */
+    size_t cmd, pos;   /* its command, its triple in it */
+    long long tok;     /* the token of its claim, or 0 */
+};
+struct sb_cmd {
+    size_t cnt, arg0, ibase; /* items, first argument, first slot in who */
+};
+
 struct sbatch {
     struct rd *d;
     tw_durable_item *it;
     size_t n, ncmd;
     int64_t now;
-    struct rtimer **rt;  /* per item: its local timer if due in the horizon */
-    size_t *cmd, *pos;   /* per item: its command, its triple in it */
-    size_t *cnt, *arg0;  /* per command: items, first argument */
-    size_t *ibase, *who; /* per command its first slot in who: its items */
-    long long *tok;      /* per item: the token of its claim, or 0 */
-    uint32_t *cshard;    /* per command: its shard */
-    size_t *cur;         /* per shard: its open command + 1, or 0 */
+    struct sb_item *item; /* per item */
+    struct sb_cmd *cm;    /* per command (at most one per item) */
+    size_t *who;          /* per command from its ibase: its items */
+    uint32_t *cshard;     /* per command: its shard */
+    size_t *cur;          /* per shard: its open command + 1, or 0 */
     tw__rc_cmd *cmds;
     int *script;
     const char **argv;
     size_t *len;
     char (*num)[24]; /* per item its due, then 3 per command */
     char *vals;      /* per item its value in :p, "due,1,payload" */
+    void *block;     /* every array above, in one allocation */
 };
 
 static void sb_free(struct sbatch *b)
 {
-    if (b->rt)
+    if (b->block)
         for (size_t i = 0; i < b->n; i++)
-            tw__free(b->rt[i]);
-    void *v[] = {b->rt,     b->cmd,  b->pos,    b->cnt,  b->arg0, b->cur,
-                 b->cshard, b->cmds, b->script, b->argv, b->len,  b->num,
-                 b->ibase,  b->who,  b->tok,    b->vals};
-    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
-        tw__free(v[i]);
+            tw__free(b->item[i].rt);
+    tw__free(b->block);
 }
 
-/* Allocate the per-item and per-command arrays (at most one command per
- * item) and the local timers of the items due within the horizon; an item
- * whose timer cannot be allocated fails with TW_ENOMEM and is not sent. */
+/* Allocate the batch's arrays at once, sized for the worst case (a
+ * command per shard, and one more per SCHED_CHUNK items), and the local
+ * timers of the items due within the horizon; an item whose timer cannot
+ * be allocated fails with TW_ENOMEM and is not sent. */
 static int sb_alloc(struct sbatch *b)
 {
-    size_t n = b->n;
-    b->rt = tw__calloc(n, sizeof *b->rt);
-    b->cmd = tw__malloc(n * sizeof *b->cmd);
-    b->pos = tw__malloc(n * sizeof *b->pos);
-    b->cnt = tw__malloc(n * sizeof *b->cnt);
-    b->arg0 = tw__malloc(n * sizeof *b->arg0);
-    b->cshard = tw__malloc(n * sizeof *b->cshard);
-    b->cur = tw__calloc(b->d->shards, sizeof *b->cur);
-    b->cmds = tw__calloc(n, sizeof *b->cmds);
-    b->script = tw__malloc(n * sizeof *b->script);
-    b->num = tw__malloc(4 * n * sizeof *b->num);
-    b->ibase = tw__malloc(n * sizeof *b->ibase);
-    b->who = tw__malloc(n * sizeof *b->who);
-    b->tok = tw__calloc(n, sizeof *b->tok);
+    size_t n = b->n, S = b->d->shards;
+    size_t ncmd = S + n / SCHED_CHUNK < n ? S + n / SCHED_CHUNK : n;
     size_t vbytes = 1;
     for (size_t i = 0; i < n; i++)
         vbytes += VAL_HEAD + b->it[i].payload_len;
-    b->vals = tw__malloc(vbytes);
-    if (!b->rt || !b->cmd || !b->pos || !b->cnt || !b->arg0 || !b->cshard ||
-        !b->cur || !b->cmds || !b->script || !b->num || !b->ibase || !b->who ||
-        !b->tok || !b->vals)
+    size_t nargs = 3 * n + SCHED_FIXED * ncmd + 1;
+    struct tw__rd_part parts[] = {
+        {&b->item, n + 1, sizeof *b->item},
+        {&b->cm, ncmd + 1, sizeof *b->cm},
+        {&b->who, n + 1, sizeof *b->who},
+        {&b->cshard, ncmd + 1, sizeof *b->cshard},
+        {&b->cur, S, sizeof *b->cur},
+        {&b->cmds, ncmd + 1, sizeof *b->cmds},
+        {&b->script, ncmd + 1, sizeof *b->script},
+        {&b->argv, nargs, sizeof *b->argv},
+        {&b->len, nargs, sizeof *b->len},
+        {&b->num, 4 * n + 1, sizeof *b->num},
+        {&b->vals, vbytes, 1},
+    };
+    b->block = tw__rd_alloc_parts(parts, sizeof parts / sizeof parts[0]);
+    if (!b->block)
         return TW_ENOMEM;
     int64_t until = sat_add(b->now, b->d->horizon_ms);
     for (size_t i = 0; i < n; i++) {
@@ -503,10 +536,10 @@ static int sb_alloc(struct sbatch *b)
         it->result = 0;
         if (it->due_ms > until)
             continue;
-        b->rt[i] = tw__rd_rt_new(b->d, shard_of(b->d, it->key, it->key_len),
-                                 it->key, it->key_len, it->payload,
-                                 it->payload_len, it->due_ms, 0, 1);
-        if (!b->rt[i])
+        b->item[i].rt = tw__rd_rt_new(
+            b->d, shard_of(b->d, it->key, it->key_len), it->key, it->key_len,
+            it->payload, it->payload_len, it->due_ms, 0, 1);
+        if (!b->item[i].rt)
             it->result = TW_ENOMEM;
     }
     return 0;
@@ -514,35 +547,31 @@ static int sb_alloc(struct sbatch *b)
 
 /* Give each item to its shard's open command (a new one when the shard has
  * none or it is full), then lay out every command's arguments. */
-static int sb_plan(struct sbatch *b)
+static void sb_plan(struct sbatch *b)
 {
-    size_t nargs = 0;
     for (size_t i = 0; i < b->n; i++) {
         tw_durable_item *it = &b->it[i];
         if (it->result)
             continue;
         uint32_t sh = shard_of(b->d, it->key, it->key_len);
         size_t c = b->cur[sh];
-        if (!c || b->cnt[c - 1] == SCHED_CHUNK) {
+        if (!c || b->cm[c - 1].cnt == SCHED_CHUNK) {
             c = b->cur[sh] = ++b->ncmd;
-            b->cnt[c - 1] = 0;
+            b->cm[c - 1].cnt = 0;
             b->cshard[c - 1] = sh;
         }
-        b->cmd[i] = c - 1;
-        b->pos[i] = b->cnt[c - 1]++;
+        b->item[i].cmd = c - 1;
+        b->item[i].pos = b->cm[c - 1].cnt++;
     }
-    for (size_t c = 0, ni = 0; c < b->ncmd; c++) {
-        b->arg0[c] = nargs;
-        nargs += SCHED_FIXED + 3 * b->cnt[c];
-        b->ibase[c] = ni;
-        ni += b->cnt[c];
+    for (size_t c = 0, ni = 0, nargs = 0; c < b->ncmd; c++) {
+        b->cm[c].arg0 = nargs;
+        nargs += SCHED_FIXED + 3 * b->cm[c].cnt;
+        b->cm[c].ibase = ni;
+        ni += b->cm[c].cnt;
     }
     for (size_t i = 0; i < b->n; i++)
         if (!b->it[i].result)
-            b->who[b->ibase[b->cmd[i]] + b->pos[i]] = i;
-    b->argv = tw__malloc((nargs ? nargs : 1) * sizeof *b->argv);
-    b->len = tw__malloc((nargs ? nargs : 1) * sizeof *b->len);
-    return b->argv && b->len ? 0 : TW_ENOMEM;
+            b->who[b->cm[b->item[i].cmd].ibase + b->item[i].pos] = i;
 }
 
 /* Fill every command: the script call's head, then one triple per item. */
@@ -551,14 +580,14 @@ static void sb_fill(struct sbatch *b)
     struct rd *d = b->d;
     long long head[3] = {sat_add(b->now, d->horizon_ms), b->now, d->lease_ms};
     for (size_t c = 0; c < b->ncmd; c++) {
-        const char **av = b->argv + b->arg0[c];
-        size_t *al = b->len + b->arg0[c];
+        const char **av = b->argv + b->cm[c].arg0;
+        size_t *al = b->len + b->cm[c].arg0;
         struct shard_keys *k = &d->sk[b->cshard[c]];
         tw__rd_script_head(d, av, al, S_SCHED, b->cshard[c]);
         tw__rd_put_nums(av + 3 + NKEYS, al + 3 + NKEYS, b->num + b->n + 3 * c,
                         head, 3);
         b->cmds[c] = (tw__rc_cmd){
-            (int)(SCHED_FIXED + 3 * b->cnt[c]), av, al, k->slot, NULL, 0};
+            (int)(SCHED_FIXED + 3 * b->cm[c].cnt), av, al, k->slot, NULL, 0};
         b->script[c] = S_SCHED;
     }
     char *v = b->vals;
@@ -566,7 +595,8 @@ static void sb_fill(struct sbatch *b)
         tw_durable_item *it = &b->it[i];
         if (it->result)
             continue;
-        size_t at = b->arg0[b->cmd[i]] + SCHED_FIXED + 3 * b->pos[i];
+        const struct sb_item *e = &b->item[i];
+        size_t at = b->cm[e->cmd].arg0 + SCHED_FIXED + 3 * e->pos;
         long long due = it->due_ms;
         b->argv[at] = it->key;
         b->len[at] = it->key_len;
@@ -583,8 +613,8 @@ static void sb_fill(struct sbatch *b)
 }
 
 /* Read command @c's reply, the shard's version and (item, token) pairs,
- * into b->tok and b->ver of its items; a command with no reply, or not
- * SCHED's, fails its items. */
+ * into the tokens of its items and the versions of their timers; a
+ * command with no reply, or not SCHED's, fails its items. */
 static void sb_reply(struct sbatch *b, size_t c)
 {
     const redisReply *r = b->cmds[c].reply;
@@ -596,17 +626,17 @@ static void sb_reply(struct sbatch *b, size_t c)
     for (size_t e = 1; !err && e < r->elements; e += 2) {
         const redisReply *j = r->element[e], *t = r->element[e + 1];
         if (j->type != REDIS_REPLY_INTEGER || t->type != REDIS_REPLY_INTEGER ||
-            j->integer < 1 || (size_t)j->integer > b->cnt[c])
+            j->integer < 1 || (size_t)j->integer > b->cm[c].cnt)
             err = TW_EIO;
         else {
-            size_t i = b->who[b->ibase[c] + (size_t)j->integer - 1];
-            b->tok[i] = t->integer;
-            if (b->rt[i])
-                b->rt[i]->ver = ver;
+            size_t i = b->who[b->cm[c].ibase + (size_t)j->integer - 1];
+            b->item[i].tok = t->integer;
+            if (b->item[i].rt)
+                b->item[i].rt->ver = ver;
         }
     }
-    for (size_t p = 0; err && p < b->cnt[c]; p++)
-        b->it[b->who[b->ibase[c] + p]].result = err;
+    for (size_t p = 0; err && p < b->cm[c].cnt; p++)
+        b->it[b->who[b->cm[c].ibase + p]].result = err;
 }
 
 /* Each item's result from its command's reply; the items claimed at once
@@ -621,10 +651,11 @@ static void sb_results(struct sbatch *b)
     bool armed = false;
     pthread_mutex_lock(&d->mu);
     for (size_t i = 0; i < b->n; i++) {
-        if (!b->it[i].result && b->tok[i] > 0 && b->rt[i]) {
-            b->rt[i]->token = (uint64_t)b->tok[i];
-            tw__rd_rt_arm_locked(d, b->rt[i], wall, mono);
-            b->rt[i] = NULL;
+        struct sb_item *e = &b->item[i];
+        if (!b->it[i].result && e->tok > 0 && e->rt) {
+            e->rt->token = (uint64_t)e->tok;
+            tw__rd_rt_arm_locked(d, e->rt, wall, mono);
+            e->rt = NULL;
             armed = true;
         }
     }
@@ -643,7 +674,7 @@ static void sb_wait(struct sbatch *b)
         tw__rd_wait_many(b->d, b->cshard, rc, b->ncmd);
     for (size_t i = 0; i < b->n; i++)
         if (!b->it[i].result)
-            b->it[i].result = rc ? rc[b->cmd[i]] : TW_ENOMEM;
+            b->it[i].result = rc ? rc[b->item[i].cmd] : TW_ENOMEM;
     tw__free(rc);
 }
 
@@ -657,14 +688,13 @@ static int rd_schedule_many(tw_durable *base, tw_durable_item *items, size_t n)
     struct sbatch b = {.d = (struct rd *)base, .it = items, .n = n};
     b.now = rd_wall(b.d);
     int rc = sb_alloc(&b);
-    if (!rc)
-        rc = sb_plan(&b);
     if (rc) {
         for (size_t i = 0; i < n; i++)
             items[i].result = rc;
         sb_free(&b);
         return rc;
     }
+    sb_plan(&b);
     sb_fill(&b);
     tw__rd_run_cmds(b.d, b.cmds, b.script, b.ncmd);
     sb_results(&b);

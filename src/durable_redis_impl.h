@@ -13,6 +13,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -243,6 +244,14 @@ int tw__rd_run_calls(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
 void tw__rd_wait_many(struct rd *d, const uint32_t *shard, int *rc, size_t n);
 int tw__rd_call_int(struct rd *d, struct call *c, long long *out);
 bool tw__rd_parse_val(const char *s, size_t n, struct pval *v);
+
+/* One array of a block that tw__rd_alloc_parts() allocates: @out is the
+ * address of the array's pointer (of any object type). */
+struct tw__rd_part {
+    void *out;
+    size_t count, size;
+};
+void *tw__rd_alloc_parts(const struct tw__rd_part *parts, size_t n);
 
 /* Local timers, claiming and firing (src/redis_fire.c). */
 struct rtimer *tw__rd_rt_new(struct rd *d, uint32_t shard, const void *key,

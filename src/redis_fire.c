@@ -157,17 +157,13 @@ void tw__rd_rt_free_locked(struct rd *d, struct rtimer *r)
 /* ------------------------------------------------------------------------ */
 /* The node's thread: claim, fire, complete. */
 
-/* CLAIM on the shards of group @g. Returns true when some shard had
- * more. */
-static bool claim_group(struct rd *d, struct grp *g)
+/* The CLAIM calls of group @g's shards into @calls (at most d->shards),
+ * fenced by ownership when it is on (a shard not this node's is left
+ * out); how many. */
+static size_t claim_calls(struct rd *d, struct grp *g, struct call *calls,
+                          int64_t now)
 {
     size_t n = 0;
-    struct call *calls = tw__malloc(d->shards * sizeof *calls);
-    tw__rc_cmd *cmds = tw__calloc(d->shards, sizeof *cmds);
-    bool more = false;
-    if (!calls || !cmds)
-        goto out;
-    int64_t now = rd_wall(d);
     pthread_mutex_lock(&d->mu);
     for (uint32_t s = 0; s < d->shards; s++)
         if (&d->grp[d->grp_of[s]] == g)
@@ -187,43 +183,62 @@ static bool claim_group(struct rd *d, struct grp *g)
         call_num(c, d->lease_ms);
         call_num(c, CLAIM_MAX);
     }
-    n = m;
-    uint64_t csent = rd_mono_ms(d);
-    tw__rd_run_calls(d, calls, cmds, n);
-    int64_t wall = rd_wall(d);
-    uint64_t mono = rd_mono_ms(d);
-    pthread_mutex_lock(&d->mu);
-    for (size_t c = 0; c < n; c++) {
-        uint32_t s = calls[c].shard;
-        redisReply *r = cmds[c].reply;
-        if (!r || r->type != REDIS_REPLY_ARRAY || !r->elements)
+    return m;
+}
+
+/* The timers of one CLAIM reply @r (of call @c, sent at @csent, real
+ * monotonic ms, with "now" @now) into the wheel; true when the shard had
+ * more. mu held. */
+static bool claim_reply(struct rd *d, const struct call *c, const redisReply *r,
+                        int64_t now, uint64_t csent, int64_t wall,
+                        uint64_t mono)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY || !r->elements)
+        return false;
+    uint64_t ver = r->elements > 1 ? reply_u64(r->element[1]) : 0;
+    for (size_t i = 2; i + 3 <= r->elements; i += 3) {
+        redisReply **e = r->element + i;
+        struct pval v;
+        if (e[0]->type != REDIS_REPLY_STRING ||
+            e[2]->type != REDIS_REPLY_STRING ||
+            !tw__rd_parse_val(e[2]->str, e[2]->len, &v))
             continue;
-        if (reply_u64(r->element[0]))
-            more = true;
-        uint64_t ver = r->elements > 1 ? reply_u64(r->element[1]) : 0;
-        for (size_t i = 2; i + 3 <= r->elements; i += 3) {
-            redisReply **e = r->element + i;
-            struct pval v;
-            if (e[0]->type != REDIS_REPLY_STRING ||
-                e[2]->type != REDIS_REPLY_STRING ||
-                !tw__rd_parse_val(e[2]->str, e[2]->len, &v))
-                continue;
-            struct rtimer *t =
-                tw__rd_rt_new(d, s, e[0]->str, e[0]->len, v.payload, v.len,
-                              v.due, reply_u64(e[1]), v.attempt);
-            if (!t) /* the lease expires and the timer comes back */
-                continue;
-            t->ver = ver;
-            t->epoch = calls[c].epoch;
-            if (t->epoch) /* the local image of its claim's end */
-                t->dl = csent +
-                        (uint64_t)(v.due > now ? sat_sub(v.due, now) : 0) +
-                        d->lease_ms - d->lease_ms / 5;
-            tw__rd_rt_arm_locked(d, t, wall, mono);
-        }
+        struct rtimer *t =
+            tw__rd_rt_new(d, c->shard, e[0]->str, e[0]->len, v.payload, v.len,
+                          v.due, reply_u64(e[1]), v.attempt);
+        if (!t) /* the lease expires and the timer comes back */
+            continue;
+        t->ver = ver;
+        t->epoch = c->epoch;
+        if (t->epoch) /* the local image of its claim's end */
+            t->dl = csent + (uint64_t)(v.due > now ? sat_sub(v.due, now) : 0) +
+                    d->lease_ms - d->lease_ms / 5;
+        tw__rd_rt_arm_locked(d, t, wall, mono);
     }
-    pthread_mutex_unlock(&d->mu);
-out:
+    return reply_u64(r->element[0]) != 0;
+}
+
+/* CLAIM on the shards of group @g. Returns true when some shard had
+ * more. */
+static bool claim_group(struct rd *d, struct grp *g)
+{
+    size_t n = 0;
+    struct call *calls = tw__malloc(d->shards * sizeof *calls);
+    tw__rc_cmd *cmds = tw__calloc(d->shards, sizeof *cmds);
+    bool more = false;
+    if (calls && cmds) {
+        int64_t now = rd_wall(d);
+        n = claim_calls(d, g, calls, now);
+        uint64_t csent = rd_mono_ms(d);
+        tw__rd_run_calls(d, calls, cmds, n);
+        int64_t wall = rd_wall(d);
+        uint64_t mono = rd_mono_ms(d);
+        pthread_mutex_lock(&d->mu);
+        for (size_t c = 0; c < n; c++)
+            more |= claim_reply(d, &calls[c], cmds[c].reply, now, csent, wall,
+                                mono);
+        pthread_mutex_unlock(&d->mu);
+    }
     if (cmds)
         free_replies(cmds, n);
     tw__free(calls);
@@ -283,6 +298,23 @@ static void grp_refresh(struct rd *d)
     tw__free(of);
 }
 
+enum { FR_DONE, FR_VER, FR_SCORE, FR_KINDS }; /* a shard's commands */
+
+/* What a round holds for one shard. */
+struct fr_shard {
+    uint32_t cmd[FR_KINDS];  /* its DONE, GET of :v, ZMSCORE: command + 1 */
+    uint32_t keys[FR_KINDS]; /* the completions or timers of each */
+    uint32_t ret;            /* its completions that retry or go dead */
+    bool dmix;               /* its completions have different versions */
+    uint64_t dver;           /* else the version of all of them */
+};
+
+/* One command of a round: element j of its reply is timer or completion
+ * owner[base + j]; keys of them, fill placed so far. */
+struct fr_cmd {
+    size_t base, keys, fill;
+};
+
 /* One fire round: a round trip carrying the DONE calls of the completions
  * waiting in d->pend (one script call per shard) and the claim check of
  * the due timers (per shard, a GET of its version key :v, or a ZMSCORE
@@ -296,107 +328,93 @@ struct fround {
     struct done *pend;        /* the completions sent, taken from g->pend */
     struct rtimer **v;        /* the due timers */
     size_t n, np;             /* due timers; completions d->pend[0..np) sent */
-    uint32_t *chk, *chz, *dn; /* per shard: its GET of :v, ZMSCORE and
-                                 DONE command + 1 */
-    uint32_t *cnt_chk, *cnt_z, *cnt_dn, *cnt_ret; /* per shard: keys, ... */
-    uint64_t *dver; /* per shard: the version of all its completions */
-    bool *dmix;     /* per shard: they have different versions */
-    tw__rc_cmd *cmds;
-    int *script;
+    struct fr_shard *sh;      /* per shard */
+    struct fr_cmd *cm;        /* per command */
+    tw__rc_cmd *cmds;         /* per command, as the client takes them */
+    int *script;              /* per command: S_DONE, CHK_VER or CHK_SCORE */
     size_t ncmd, ai, ni, acc; /* commands, arguments, numbers, keys used */
     const char **argv;
     size_t *len;
     char (*num)[24];
-    size_t *owner, *base; /* element j of command c's reply is timer or
-                             completion owner[base[c] + j] */
-    size_t *keys, *fill;  /* per command: its keys, the ones placed */
-    bool *ok;             /* per due timer: still ours, fire it */
-    int64_t wall;         /* the "now" the DONE calls were given */
+    size_t *owner;
+    void *block;  /* every array above but pend, in one allocation */
+    int64_t wall; /* the "now" the DONE calls were given */
 };
 
 static void fr_free(struct fround *f)
 {
     tw__free(f->pend);
-    void *v[] = {f->v,     f->chk,    f->dn,    f->cnt_chk, f->cnt_dn,
-                 f->cmds,  f->script, f->argv,  f->len,     f->num,
-                 f->owner, f->base,   f->ok,    f->cnt_ret, f->keys,
-                 f->fill,  f->chz,    f->cnt_z, f->dver,    f->dmix};
-    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
-        tw__free(v[i]);
+    tw__free(f->block);
 }
 
 #define DONE_FIXED                                                             \
     (3 + NKEYS + 5) /* EVALSHA sha 6 keys.. now untl lease n ver */
 
-/* Count the keys per shard and allocate; false when out of memory. */
+static size_t min_size(size_t a, size_t b)
+{
+    return a < b ? a : b;
+}
+
+/* Allocate the round's arrays at once, sized for the worst case of its n
+ * timers and np completions: at most one DONE per shard with completions,
+ * two checks per shard with timers; then count the keys per shard. False
+ * when out of memory. */
 static bool fr_alloc(struct fround *f, struct rtimer *list)
 {
-    struct rd *d = f->d;
-    uint32_t S = d->shards;
+    size_t S = f->d->shards;
     for (struct rtimer *r = list; r; r = r->next)
         f->n++;
-    f->chk = tw__calloc(S, sizeof *f->chk);
-    f->chz = tw__calloc(S, sizeof *f->chz);
-    f->dn = tw__calloc(S, sizeof *f->dn);
-    f->cnt_chk = tw__calloc(S, sizeof *f->cnt_chk);
-    f->cnt_z = tw__calloc(S, sizeof *f->cnt_z);
-    f->cnt_dn = tw__calloc(S, sizeof *f->cnt_dn);
-    f->cnt_ret = tw__calloc(S, sizeof *f->cnt_ret);
-    f->dver = tw__calloc(S, sizeof *f->dver);
-    f->dmix = tw__calloc(S, sizeof *f->dmix);
-    f->v = tw__malloc((f->n ? f->n : 1) * sizeof *f->v);
-    if (!f->chk || !f->chz || !f->dn || !f->cnt_chk || !f->cnt_z ||
-        !f->cnt_dn || !f->cnt_ret || !f->dver || !f->dmix || !f->v)
+    size_t ndone = min_size(S, f->np), nchk = min_size(2 * S, f->n);
+    size_t ncmd = ndone + nchk + 1;
+    size_t nargs = f->n + 4 * f->np + 2 * nchk + DONE_FIXED * ndone + 1;
+    struct tw__rd_part parts[] = {
+        {&f->sh, S, sizeof *f->sh},
+        {&f->v, f->n + 1, sizeof *f->v},
+        {&f->cm, ncmd, sizeof *f->cm},
+        {&f->cmds, ncmd, sizeof *f->cmds},
+        {&f->script, ncmd, sizeof *f->script},
+        {&f->argv, nargs, sizeof *f->argv},
+        {&f->len, nargs, sizeof *f->len},
+        {&f->num, 3 * f->np + 5 * ndone + 1, sizeof *f->num},
+        {&f->owner, f->n + f->np + 1, sizeof *f->owner},
+    };
+    f->block = tw__rd_alloc_parts(parts, sizeof parts / sizeof parts[0]);
+    if (!f->block)
         return false;
-    size_t k = 0, nargs = f->n + 4 * f->np;
+    size_t k = 0;
     for (struct rtimer *r = list; r; r = r->next) {
         f->v[k++] = r;
-        if ((r->full ? f->cnt_z : f->cnt_chk)[r->shard]++ == 0)
-            nargs += 2;
+        f->sh[r->shard].keys[r->full ? FR_SCORE : FR_VER]++;
     }
     for (size_t i = 0; i < f->np; i++) {
         struct rtimer *r = f->pend[i].r;
-        uint32_t sh = r->shard;
-        if (f->cnt_dn[sh]++ == 0) {
-            nargs += DONE_FIXED;
-            f->dver[sh] = r->ver;
-        }
-        if (r->full || r->ver != f->dver[sh])
-            f->dmix[sh] = true;
-        f->cnt_ret[sh] += f->pend[i].res != 0; /* a retry, or dead (-1) */
+        struct fr_shard *sh = &f->sh[r->shard];
+        if (sh->keys[FR_DONE]++ == 0)
+            sh->dver = r->ver;
+        if (r->full || r->ver != sh->dver)
+            sh->dmix = true;
+        sh->ret += f->pend[i].res != 0; /* a retry, or dead (-1) */
     }
-    f->cmds = tw__calloc(3u * S, sizeof *f->cmds);
-    f->script = tw__malloc(3u * S * sizeof *f->script);
-    f->base = tw__calloc(3u * S, sizeof *f->base);
-    f->keys = tw__calloc(3u * S, sizeof *f->keys);
-    f->fill = tw__calloc(3u * S, sizeof *f->fill);
-    f->argv = tw__malloc((nargs ? nargs : 1) * sizeof *f->argv);
-    f->len = tw__malloc((nargs ? nargs : 1) * sizeof *f->len);
-    f->num = tw__malloc((3 * f->np + 5 * S + 1) * sizeof *f->num);
-    f->owner = tw__malloc((f->n + f->np + 1) * sizeof *f->owner);
-    f->ok = tw__calloc(f->n ? f->n : 1, sizeof *f->ok);
-    return f->cmds && f->script && f->base && f->keys && f->fill && f->argv &&
-           f->len && f->num && f->owner && f->ok;
+    return true;
 }
 
-/* Start a command of @argc0 fixed arguments for @shard, with room for
- * @keys keys of @per arguments each and @extra more. */
+/* Start @shard's command of @kind, of @argc0 fixed arguments, with room
+ * for its keys of @per arguments each and @extra more. */
 static tw__rc_cmd *fr_cmd(struct fround *f, uint32_t shard, int script,
-                          uint32_t *index, const uint32_t *keys, size_t per,
-                          size_t argc0, size_t extra)
+                          int kind, size_t per, size_t argc0, size_t extra)
 {
-    size_t c = f->ncmd++;
+    size_t c = f->ncmd++, keys = f->sh[shard].keys[kind];
     tw__rc_cmd *cmd = &f->cmds[c];
-    index[shard] = (uint32_t)f->ncmd;
-    f->base[c] = f->acc;
-    f->keys[c] = keys[shard];
-    f->acc += keys[shard];
+    f->sh[shard].cmd[kind] = (uint32_t)f->ncmd;
+    f->cm[c].base = f->acc;
+    f->cm[c].keys = keys;
+    f->acc += keys;
     f->script[c] = script;
     cmd->argv = &f->argv[f->ai];
     cmd->argvlen = &f->len[f->ai];
     cmd->slot = f->d->sk[shard].slot;
     cmd->argc = (int)argc0;
-    f->ai += argc0 + per * keys[shard] + extra;
+    f->ai += argc0 + per * keys + extra;
     return cmd;
 }
 
@@ -408,35 +426,36 @@ static void fr_heads(struct fround *f)
 {
     struct rd *d = f->d;
     for (size_t i = 0; i < f->np; i++) {
-        uint32_t sh = f->pend[i].r->shard;
-        if (f->dn[sh])
+        uint32_t s = f->pend[i].r->shard;
+        struct fr_shard *sh = &f->sh[s];
+        if (sh->cmd[FR_DONE])
             continue;
-        tw__rc_cmd *c = fr_cmd(f, sh, S_DONE, f->dn, f->cnt_dn, 2, DONE_FIXED,
-                               2u * f->cnt_ret[sh]);
+        tw__rc_cmd *c =
+            fr_cmd(f, s, S_DONE, FR_DONE, 2, DONE_FIXED, 2u * sh->ret);
         const char **av = (const char **)c->argv;
         size_t *al = (size_t *)c->argvlen;
-        tw__rd_script_head(d, av, al, S_DONE, sh);
+        tw__rd_script_head(d, av, al, S_DONE, s);
         long long a5[5] = {f->wall, sat_add(f->wall, d->horizon_ms),
-                           d->lease_ms, f->cnt_dn[sh], (long long)f->dver[sh]};
+                           d->lease_ms, sh->keys[FR_DONE], (long long)sh->dver};
         tw__rd_put_nums(av + 3 + NKEYS, al + 3 + NKEYS, f->num + f->ni, a5, 5);
         f->ni += 5;
-        if (f->dmix[sh])
-            al[3 + NKEYS + 4] = 0;         /* "": compare each key's score */
-        c->argc += 2 * (int)f->cnt_dn[sh]; /* retries follow */
+        if (sh->dmix)
+            al[3 + NKEYS + 4] = 0; /* "": compare each key's score */
+        c->argc += 2 * (int)sh->keys[FR_DONE]; /* retries follow */
     }
     for (size_t i = 0; i < f->n; i++) {
-        uint32_t sh = f->v[i]->shard;
+        uint32_t s = f->v[i]->shard;
         bool z = f->v[i]->full;
-        if ((z ? f->chz : f->chk)[sh])
+        if (f->sh[s].cmd[z ? FR_SCORE : FR_VER])
             continue;
-        tw__rc_cmd *c = z ? fr_cmd(f, sh, CHK_SCORE, f->chz, f->cnt_z, 1, 2, 0)
-                          : fr_cmd(f, sh, CHK_VER, f->chk, f->cnt_chk, 0, 2, 0);
+        tw__rc_cmd *c = z ? fr_cmd(f, s, CHK_SCORE, FR_SCORE, 1, 2, 0)
+                          : fr_cmd(f, s, CHK_VER, FR_VER, 0, 2, 0);
         const char **av = (const char **)c->argv;
         size_t *al = (size_t *)c->argvlen;
         av[0] = z ? "ZMSCORE" : "GET";
         al[0] = z ? 7 : 3;
-        av[1] = d->sk[sh].name[z ? 0 : 3];
-        al[1] = d->sk[sh].len[z ? 0 : 3];
+        av[1] = d->sk[s].name[z ? 0 : 3];
+        al[1] = d->sk[s].len[z ? 0 : 3];
     }
 }
 
@@ -447,7 +466,8 @@ static void fr_fill(struct fround *f)
 {
     for (size_t i = 0; i < f->np; i++) {
         struct done *p = &f->pend[i];
-        size_t c = f->dn[p->r->shard] - 1, j = f->fill[c]++, m = f->keys[c];
+        size_t c = f->sh[p->r->shard].cmd[FR_DONE] - 1;
+        size_t j = f->cm[c].fill++, m = f->cm[c].keys;
         tw__rc_cmd *cmd = &f->cmds[c];
         const char **av = (const char **)cmd->argv + DONE_FIXED;
         size_t *al = (size_t *)cmd->argvlen + DONE_FIXED;
@@ -455,7 +475,7 @@ static void fr_fill(struct fround *f)
         al[j] = p->r->key_len;
         long long tok = (long long)p->r->token;
         tw__rd_put_nums(av + m + j, al + m + j, f->num + f->ni++, &tok, 1);
-        f->owner[f->base[c] + j] = i;
+        f->owner[f->cm[c].base + j] = i;
         if (p->res != 0) {
             long long two[2] = {(long long)j + 1, p->res};
             tw__rd_put_nums((const char **)cmd->argv + cmd->argc,
@@ -467,9 +487,9 @@ static void fr_fill(struct fround *f)
     }
     for (size_t i = 0; i < f->n; i++) {
         struct rtimer *r = f->v[i];
-        size_t c = (r->full ? f->chz : f->chk)[r->shard] - 1;
+        size_t c = f->sh[r->shard].cmd[r->full ? FR_SCORE : FR_VER] - 1;
         tw__rc_cmd *cmd = &f->cmds[c];
-        f->owner[f->base[c] + f->fill[c]++] = i;
+        f->owner[f->cm[c].base + f->cm[c].fill++] = i;
         if (r->full) {
             ((const char **)cmd->argv)[cmd->argc] = r->data;
             ((size_t *)cmd->argvlen)[cmd->argc] = r->key_len;
@@ -488,13 +508,13 @@ static void fr_completions(struct fround *f, int64_t wall, uint64_t mono)
         if (f->script[c] < 0)
             continue;
         redisReply *rep = f->cmds[c].reply;
-        size_t m = f->keys[c];
+        size_t m = f->cm[c].keys;
         uint64_t ver =
             rep && rep->type == REDIS_REPLY_ARRAY && rep->elements > m
                 ? reply_u64(rep->element[m])
                 : 0;
         for (size_t j = 0; j < m; j++) {
-            struct done *p = &f->pend[f->owner[f->base[c] + j]];
+            struct done *p = &f->pend[f->owner[f->cm[c].base + j]];
             long long res = -1;
             if (rep && rep->type == REDIS_REPLY_ARRAY && j < rep->elements &&
                 rep->element[j]->type == REDIS_REPLY_INTEGER)
@@ -554,8 +574,8 @@ static void fr_checks(struct fround *f, int64_t wall, uint64_t mono)
             ver = strtod(rep->str, &end);
             vbad = end == rep->str || *end || !(ver >= 0 && ver < 0x1p53);
         }
-        for (size_t j = 0; j < f->keys[c]; j++) {
-            size_t i = f->owner[f->base[c] + j];
+        for (size_t j = 0; j < f->cm[c].keys; j++) {
+            size_t i = f->owner[f->cm[c].base + j];
             struct rtimer *r = f->v[i];
             redisReply *e =
                 ans && z && j < rep->elements ? rep->element[j] : NULL;

@@ -82,22 +82,40 @@ int tw__rd_get(tw_durable *base, const void *key, size_t key_len,
     return rc;
 }
 
-/* One listed timer while the shards' replies are merged. */
+/* ------------------------------------------------------------------------ */
+/* Listings: one script call per shard, pipelined; the pages of every
+ * shard merged and sorted here. */
+
+/* One listed timer or dead letter while the shards' replies are merged. */
 struct lent {
     uint64_t due;
     const redisReply *key;
 };
 
+/* Byte order of two keys, as Redis orders members. */
+static int key_cmp(const redisReply *x, const redisReply *y)
+{
+    size_t n = x->len < y->len ? x->len : y->len;
+    int c = memcmp(x->str, y->str, n);
+    if (c)
+        return c;
+    return x->len < y->len ? -1 : x->len > y->len;
+}
+
+/* (due, key) order: LIST's. */
 static int lent_cmp(const void *a, const void *b)
 {
     const struct lent *x = a, *y = b;
     if (x->due != y->due)
         return x->due < y->due ? -1 : 1;
-    size_t n = x->key->len < y->key->len ? x->key->len : y->key->len;
-    int c = memcmp(x->key->str, y->key->str, n);
-    if (c)
-        return c;
-    return x->key->len < y->key->len ? -1 : x->key->len > y->key->len;
+    return key_cmp(x->key, y->key);
+}
+
+/* Key order: DEAD's. */
+static int dent_cmp(const void *a, const void *b)
+{
+    const struct lent *x = a, *y = b;
+    return key_cmp(x->key, y->key);
 }
 
 /* A due time as LIST returns it: an integer, or a score in a double's
@@ -122,102 +140,172 @@ static bool list_due(const redisReply *u, uint64_t *due)
     return true;
 }
 
-/* The entries of one shard's LIST reply into @e; how many, or -1 when the
- * reply is not a LIST reply. */
-static long list_reply(const redisReply *r, struct lent *e)
+/* A DEAD entry's due time: the integer at the head of its value, or 0. */
+static bool dead_entry_due(const redisReply *u, uint64_t *due)
 {
-    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements % 2)
-        return -1;
-    for (size_t i = 0; i < r->elements; i += 2) {
-        const redisReply *k = r->element[i];
-        uint64_t due;
-        if (k->type != REDIS_REPLY_STRING || !k->len ||
-            k->len > TW_DURABLE_KEY_MAX || !list_due(r->element[i + 1], &due))
-            return -1;
-        e[i / 2] = (struct lent){due, k};
-    }
-    return (long)(r->elements / 2);
+    if (!list_due(u, due))
+        *due = 0;
+    return true;
 }
 
-/* What a listing of @ns shards allocated (each may be NULL). */
-static void list_free(void *all, tw__rc_cmd *cmds, size_t ns, const char **argv,
-                      size_t *len)
+/* A listing as sent to every shard: @script on the keys @keys ("dp",
+ * "xp") with the @argc arguments @arg, returning at most @per (key, due)
+ * pairs; @due reads a pair's due time (false: not a reply of ours), @cmp
+ * orders the merged entries. */
+struct page_req {
+    const char *script, *keys;
+    const char *const *arg;
+    const size_t *arg_len;
+    int argc;
+    size_t per;
+    bool (*due)(const redisReply *u, uint64_t *due);
+    int (*cmp)(const void *a, const void *b);
+};
+
+/* The merged page: every shard's entries in @all (their keys point into
+ * the replies in @cmds), sorted; @more when a shard may hold more than it
+ * returned. */
+struct page {
+    tw__rc_cmd *cmds;
+    const char **argv;
+    size_t *len;
+    size_t ns, total;
+    struct lent *all;
+    bool more;
+};
+
+static void page_free(struct page *pg)
 {
-    tw__free(all);
-    if (cmds)
-        free_replies(cmds, ns);
-    tw__free(cmds);
-    tw__free(argv);
-    tw__free(len);
+    tw__free(pg->all);
+    if (pg->cmds)
+        free_replies(pg->cmds, pg->ns);
+    tw__free(pg->cmds);
+    tw__free(pg->argv);
+    tw__free(pg->len);
+}
+
+/* Send @q's script to every shard, one round trip per node. */
+static int page_send(struct rd *d, const struct page_req *q, struct page *pg)
+{
+    size_t ns = pg->ns, k = 3 + strlen(q->keys) + (size_t)q->argc;
+    pg->cmds = tw__calloc(ns, sizeof *pg->cmds);
+    pg->argv = tw__malloc(ns * k * sizeof *pg->argv);
+    pg->len = tw__malloc(ns * k * sizeof *pg->len);
+    if (!pg->cmds || !pg->argv || !pg->len)
+        return TW_ENOMEM;
+    for (size_t i = 0; i < ns; i++) {
+        const char **a = pg->argv + k * i;
+        size_t *l = pg->len + k * i;
+        eval_cmd(d, &pg->cmds[i], a, l, q->script, strlen(q->script),
+                 (uint32_t)i, q->argc, q->keys);
+        memcpy(a + k - (size_t)q->argc, q->arg, (size_t)q->argc * sizeof *a);
+        memcpy(l + k - (size_t)q->argc, q->arg_len,
+               (size_t)q->argc * sizeof *l);
+    }
+    return tw__rc_exec(d->rc, pg->cmds, ns);
+}
+
+/* The entries of shard reply @r into @e; false when it is not a reply of
+ * @q's script. */
+static bool page_entries(const struct page_req *q, const redisReply *r,
+                         struct lent *e)
+{
+    for (size_t i = 0; i < r->elements; i += 2) {
+        const redisReply *k = r->element[i];
+        if (k->type != REDIS_REPLY_STRING || !k->len ||
+            k->len > TW_DURABLE_KEY_MAX || !q->due(r->element[i + 1], &e->due))
+            return false;
+        e->key = k;
+        e++;
+    }
+    return true;
+}
+
+/* One page of a listing over every shard, merged and sorted into @pg
+ * (page_free() it). */
+static int page_read(struct rd *d, const struct page_req *q, struct page *pg)
+{
+    *pg = (struct page){.ns = d->shards};
+    int rc = page_send(d, q, pg);
+    for (size_t i = 0; i < pg->ns && !rc; i++) {
+        const redisReply *r = pg->cmds[i].reply;
+        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements % 2 ||
+            r->elements / 2 > q->per)
+            rc = TW_EIO;
+        else
+            pg->total += r->elements / 2;
+    }
+    if (rc || !pg->total)
+        return rc;
+    pg->all = tw__malloc(pg->total * sizeof *pg->all);
+    if (!pg->all)
+        return TW_ENOMEM;
+    for (size_t i = 0, k = 0; i < pg->ns; i++) {
+        const redisReply *r = pg->cmds[i].reply;
+        if (!page_entries(q, r, pg->all + k))
+            return TW_EIO;
+        k += r->elements / 2;
+        pg->more |= r->elements / 2 == q->per;
+    }
+    qsort(pg->all, pg->total, sizeof *pg->all, q->cmp);
+    return 0;
 }
 
 int tw__rd_list(tw_durable *base, const struct tw__list_req *q,
                 tw_durable_entry *out, bool *end)
 {
     struct rd *d = (struct rd *)base;
-    size_t ns = d->shards, per = q->max;
-    tw__rc_cmd *cmds = tw__calloc(ns, sizeof *cmds);
-    const char **argv = tw__malloc(ns * 10 * sizeof *argv);
-    size_t *len = tw__malloc(ns * 10 * sizeof *len);
     char nums[3][24];
-    size_t nl[3];
-    nl[0] = (size_t)snprintf(nums[0], 24, "%" PRIu64, q->from);
-    nl[1] = (size_t)snprintf(nums[1], 24, "%" PRIu64, q->to);
-    nl[2] = (size_t)snprintf(nums[2], 24, "%zu", per);
-    struct lent *all = NULL;
-    int rc = cmds && argv && len ? 0 : TW_ENOMEM;
-    for (size_t i = 0; i < ns && !rc; i++) {
-        const char **a = argv + 10 * i;
-        size_t *l = len + 10 * i;
-        eval_cmd(d, &cmds[i], a, l, tw__redis_list_script,
-                 strlen(tw__redis_list_script), (uint32_t)i, 5, "dp");
-        a[5] = nums[0];
-        l[5] = nl[0];
-        a[6] = q->key_len ? (const char *)q->key : "";
-        l[6] = q->key_len;
-        a[7] = q->after ? "1" : "0";
-        l[7] = 1;
-        a[8] = nums[1];
-        l[8] = nl[1];
-        a[9] = nums[2];
-        l[9] = nl[2];
-    }
-    if (!rc)
-        rc = tw__rc_exec(d->rc, cmds, ns);
-    size_t total = 0;
-    bool more = false; /* some shard may hold more than it returned */
-    for (size_t i = 0; i < ns && !rc; i++) {
-        const redisReply *r = cmds[i].reply;
-        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements / 2 > per)
-            rc = TW_EIO;
-        else
-            total += r->elements / 2;
-    }
-    if (!rc && total)
-        all = tw__malloc(total * sizeof *all);
-    if (!rc && total && !all)
-        rc = TW_ENOMEM;
-    size_t k = 0;
-    for (size_t i = 0; i < ns && !rc && all; i++) { /* none: all is NULL */
-        long got = list_reply(cmds[i].reply, all + k);
-        if (got < 0)
-            rc = TW_EIO;
-        else
-            k += (size_t)got;
-        more |= got == (long)per;
-    }
+    size_t al[5];
+    al[0] = (size_t)snprintf(nums[0], 24, "%" PRIu64, q->from);
+    al[3] = (size_t)snprintf(nums[1], 24, "%" PRIu64, q->to);
+    al[4] = (size_t)snprintf(nums[2], 24, "%zu", q->max);
+    al[1] = q->key_len;
+    al[2] = 1;
+    const char *arg[5] = {nums[0], q->key_len ? (const char *)q->key : "",
+                          q->after ? "1" : "0", nums[1], nums[2]};
+    struct page_req req = {
+        tw__redis_list_script, "dp", arg, al, 5, q->max, list_due, lent_cmp};
+    struct page pg;
+    int rc = page_read(d, &req, &pg);
     size_t n = 0, used = 0;
     if (!rc) {
-        if (total)
-            qsort(all, total, sizeof *all, lent_cmp);
         int64_t now = rd_wall(d);
-        while (n < q->max && n < total &&
-               tw__list_put(q, &used, &out[n], all[n].key->str, all[n].key->len,
-                            all[n].due, now))
+        while (n < q->max && n < pg.total &&
+               tw__list_put(q, &used, &out[n], pg.all[n].key->str,
+                            pg.all[n].key->len, pg.all[n].due, now))
             n++;
-        *end = n == total && !more;
+        *end = n == pg.total && !pg.more;
     }
-    list_free(all, cmds, ns, argv, len);
+    page_free(&pg);
+    return rc ? rc : (int)n;
+}
+
+int tw__rd_list_dead(tw_durable *base, const struct tw__list_req *q,
+                     tw_durable_entry *out, bool *end)
+{
+    struct rd *d = (struct rd *)base;
+    char num[24];
+    size_t al[3] = {q->key_len, 1,
+                    (size_t)snprintf(num, sizeof num, "%zu", q->max)};
+    const char *arg[3] = {q->key_len ? (const char *)q->key : "",
+                          q->after ? "1" : "0", num};
+    struct page_req req = {tw__redis_dead_script, "xp",    arg, al, 3, q->max,
+                           dead_entry_due,        dent_cmp};
+    struct page pg;
+    int rc = page_read(d, &req, &pg);
+    size_t n = 0, used = 0;
+    if (!rc) {
+        while (n < q->max && n < pg.total &&
+               tw__list_put(q, &used, &out[n], pg.all[n].key->str,
+                            pg.all[n].key->len, 0, 0)) {
+            out[n].due_ms = (int64_t)pg.all[n].due;
+            out[n].state = TW_DURABLE_DEAD;
+            n++;
+        }
+        *end = n == pg.total && !pg.more;
+    }
+    page_free(&pg);
     return rc ? rc : (int)n;
 }
 
@@ -243,86 +331,83 @@ int tw__rd_dead_op(tw_durable *base, const void *key, size_t key_len,
     return rc;
 }
 
-/* A dead letter of a DEAD reply while the shards' replies are merged. */
-struct dent {
-    const redisReply *key, *due;
+struct scan {
+    tw__rc_cmd *cmds;
+    const char **argv;
+    size_t *len;
+    char (*cur)[24]; /* per shard: its HSCAN cursor */
+    uint32_t *shard; /* the shards with more, [0, active) */
+    size_t active;
+    long count; /* entries handed to the callback */
 };
 
-static int dent_cmp(const void *a, const void *b)
+/* Hand the entries of one SCAN reply to @fn: 0, the callback's stop (1)
+ * or error, or TW_EIO for a reply that is not SCAN's. */
+static int scan_reply(const redisReply *r, int64_t now, tw_durable_scan_fn fn,
+                      void *arg, long *count)
 {
-    const struct dent *x = a, *y = b;
-    size_t n = x->key->len < y->key->len ? x->key->len : y->key->len;
-    int c = memcmp(x->key->str, y->key->str, n);
-    if (c)
-        return c;
-    return x->key->len < y->key->len ? -1 : x->key->len > y->key->len;
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[0]->type != REDIS_REPLY_STRING || r->element[0]->len >= 24 ||
+        r->element[1]->type != REDIS_REPLY_ARRAY || r->element[1]->elements % 3)
+        return TW_EIO;
+    const redisReply *f = r->element[1];
+    for (size_t j = 0; j < f->elements; j += 3) {
+        const redisReply *k = f->element[j], *v = f->element[j + 1];
+        bool dead = f->element[j + 2]->type == REDIS_REPLY_INTEGER &&
+                    f->element[j + 2]->integer == 1;
+        struct pval pv;
+        if (k->type != REDIS_REPLY_STRING || !k->len ||
+            k->len > TW_DURABLE_KEY_MAX || v->type != REDIS_REPLY_STRING ||
+            !tw__rd_parse_val(v->str, v->len, &pv))
+            continue;
+        tw_durable_scanned t = {.key = k->str,
+                                .key_len = k->len,
+                                .payload = pv.payload,
+                                .payload_len = pv.len,
+                                .due_ms = pv.due,
+                                .attempt = pv.attempt ? pv.attempt : 1,
+                                .state = dead            ? TW_DURABLE_DEAD
+                                         : pv.due <= now ? TW_DURABLE_DUE
+                                                         : TW_DURABLE_WAITING};
+        (*count)++;
+        int x = fn(arg, &t);
+        if (x)
+            return x < 0 ? x : 1;
+    }
+    return 0;
 }
 
-int tw__rd_list_dead(tw_durable *base, const struct tw__list_req *q,
-                     tw_durable_entry *out, bool *end)
+/* One round trip: SCAN on every shard that has more; the shards whose
+ * cursor came back "0" are done. */
+static int scan_round(struct rd *d, struct scan *s, tw_durable_scan_fn fn,
+                      void *arg)
 {
-    struct rd *d = (struct rd *)base;
-    size_t ns = d->shards, per = q->max, total = 0;
-    tw__rc_cmd *cmds = tw__calloc(ns, sizeof *cmds);
-    const char **argv = tw__malloc(ns * 8 * sizeof *argv);
-    size_t *len = tw__malloc(ns * 8 * sizeof *len);
-    char num[24];
-    size_t numlen = (size_t)snprintf(num, sizeof num, "%zu", per);
-    int rc = cmds && argv && len ? 0 : TW_ENOMEM;
-    for (size_t i = 0; i < ns && !rc; i++) {
-        const char **a = argv + 8 * i;
-        size_t *l = len + 8 * i;
-        eval_cmd(d, &cmds[i], a, l, tw__redis_dead_script,
-                 strlen(tw__redis_dead_script), (uint32_t)i, 3, "xp");
-        a[5] = q->key_len ? (const char *)q->key : "";
-        l[5] = q->key_len;
-        a[6] = q->after ? "1" : "0";
-        l[6] = 1;
-        a[7] = num;
-        l[7] = numlen;
+    for (size_t i = 0; i < s->active; i++) {
+        uint32_t sh = s->shard[i];
+        eval_cmd(d, &s->cmds[i], s->argv + 6 * i, s->len + 6 * i,
+                 tw__redis_scan_script, strlen(tw__redis_scan_script), sh, 1,
+                 "px");
+        s->argv[6 * i + 5] = s->cur[sh];
+        s->len[6 * i + 5] = strlen(s->cur[sh]);
     }
-    if (!rc)
-        rc = tw__rc_exec(d->rc, cmds, ns);
-    for (size_t i = 0; i < ns && !rc; i++) {
-        const redisReply *r = cmds[i].reply;
-        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements % 2 ||
-            r->elements / 2 > per)
-            rc = TW_EIO;
-        else
-            total += r->elements / 2;
+    int rc = tw__rc_exec(d->rc, s->cmds, s->active);
+    int64_t now = rd_wall(d);
+    size_t still = 0;
+    for (size_t i = 0; i < s->active && !rc; i++) {
+        const redisReply *r = s->cmds[i].reply;
+        rc = scan_reply(r, now, fn, arg, &s->count);
+        if (rc == TW_EIO)
+            break;
+        uint32_t sh = s->shard[i];
+        memcpy(s->cur[sh], r->element[0]->str, r->element[0]->len);
+        s->cur[sh][r->element[0]->len] = '\0';
+        if (strcmp(s->cur[sh], "0") != 0)
+            s->shard[still++] = sh;
     }
-    struct dent *all = !rc && total ? tw__malloc(total * sizeof *all) : NULL;
-    if (!rc && total && !all)
-        rc = TW_ENOMEM;
-    bool more = false; /* some shard may hold more than it returned */
-    size_t k = 0;
-    for (size_t i = 0; i < ns && !rc && all; i++) {
-        const redisReply *r = cmds[i].reply;
-        for (size_t j = 0; j < r->elements && !rc; j += 2) {
-            const redisReply *key = r->element[j];
-            if (key->type != REDIS_REPLY_STRING || !key->len ||
-                key->len > TW_DURABLE_KEY_MAX)
-                rc = TW_EIO;
-            all[k++] = (struct dent){key, r->element[j + 1]};
-        }
-        more |= r->elements / 2 == per;
-    }
-    size_t n = 0, used = 0;
-    if (!rc) {
-        if (total)
-            qsort(all, total, sizeof *all, dent_cmp);
-        while (n < q->max && n < total &&
-               tw__list_put(q, &used, &out[n], all[n].key->str, all[n].key->len,
-                            0, 0)) {
-            uint64_t due = 0;
-            out[n].due_ms = list_due(all[n].due, &due) ? (int64_t)due : 0;
-            out[n].state = TW_DURABLE_DEAD;
-            n++;
-        }
-        *end = n == total && !more;
-    }
-    list_free(all, cmds, ns, argv, len);
-    return rc ? rc : (int)n;
+    free_replies(s->cmds, s->active);
+    memset(s->cmds, 0, s->active * sizeof *s->cmds);
+    s->active = still;
+    return rc;
 }
 
 /* tw_durable_scan(): HSCAN of every shard's :p, the shards that have more
@@ -333,91 +418,25 @@ long tw__rd_scan(tw_durable *base, tw_durable_scan_fn fn, void *arg)
 {
     struct rd *d = (struct rd *)base;
     size_t ns = d->shards;
-    tw__rc_cmd *cmds = tw__calloc(ns, sizeof *cmds);
-    const char **argv = tw__malloc(ns * 6 * sizeof *argv);
-    size_t *len = tw__malloc(ns * 6 * sizeof *len);
-    char(*cur)[24] = tw__calloc(ns, sizeof *cur);
-    uint32_t *shard = tw__malloc(ns * sizeof *shard);
-    long count = 0;
-    int rc = cmds && argv && len && cur && shard ? 0 : TW_ENOMEM;
-    size_t active = ns;
+    struct scan s = {.active = ns};
+    s.cmds = tw__calloc(ns, sizeof *s.cmds);
+    s.argv = tw__malloc(ns * 6 * sizeof *s.argv);
+    s.len = tw__malloc(ns * 6 * sizeof *s.len);
+    s.cur = tw__calloc(ns, sizeof *s.cur);
+    s.shard = tw__malloc(ns * sizeof *s.shard);
+    int rc = s.cmds && s.argv && s.len && s.cur && s.shard ? 0 : TW_ENOMEM;
     for (size_t i = 0; i < ns && !rc; i++) {
-        cur[i][0] = '0';
-        shard[i] = (uint32_t)i;
+        s.cur[i][0] = '0';
+        s.shard[i] = (uint32_t)i;
     }
-    while (!rc && active) {
-        for (size_t i = 0; i < active; i++) {
-            const char **a = argv + 6 * i;
-            size_t *l = len + 6 * i, sh = shard[i];
-            a[0] = "EVAL";
-            l[0] = 4;
-            a[1] = tw__redis_scan_script;
-            l[1] = strlen(tw__redis_scan_script);
-            a[2] = "2";
-            l[2] = 1;
-            a[3] = d->sk[sh].name[1]; /* :p */
-            l[3] = d->sk[sh].len[1];
-            a[4] = d->sk[sh].name[5]; /* :x */
-            l[4] = d->sk[sh].len[5];
-            a[5] = cur[sh];
-            l[5] = strlen(cur[sh]);
-            cmds[i] = (tw__rc_cmd){6, a, l, d->sk[sh].slot, NULL, 0};
-        }
-        rc = tw__rc_exec(d->rc, cmds, active);
-        int64_t now = rd_wall(d);
-        size_t still = 0;
-        for (size_t i = 0; i < active && !rc; i++) {
-            const redisReply *r = cmds[i].reply;
-            if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-                r->element[0]->type != REDIS_REPLY_STRING ||
-                r->element[0]->len >= sizeof cur[0] ||
-                r->element[1]->type != REDIS_REPLY_ARRAY ||
-                r->element[1]->elements % 3) {
-                rc = TW_EIO;
-                break;
-            }
-            const redisReply *f = r->element[1];
-            for (size_t j = 0; j < f->elements && !rc; j += 3) {
-                const redisReply *k = f->element[j], *v = f->element[j + 1];
-                bool dead = f->element[j + 2]->type == REDIS_REPLY_INTEGER &&
-                            f->element[j + 2]->integer == 1;
-                struct pval pv;
-                if (k->type != REDIS_REPLY_STRING || !k->len ||
-                    k->len > TW_DURABLE_KEY_MAX ||
-                    v->type != REDIS_REPLY_STRING ||
-                    !tw__rd_parse_val(v->str, v->len, &pv))
-                    continue;
-                tw_durable_scanned t = {.key = k->str,
-                                        .key_len = k->len,
-                                        .payload = pv.payload,
-                                        .payload_len = pv.len,
-                                        .due_ms = pv.due,
-                                        .attempt = pv.attempt ? pv.attempt : 1,
-                                        .state = dead ? TW_DURABLE_DEAD
-                                                 : pv.due <= now
-                                                     ? TW_DURABLE_DUE
-                                                     : TW_DURABLE_WAITING};
-                count++;
-                int x = fn(arg, &t);
-                if (x)
-                    rc = x < 0 ? x : 1;
-            }
-            size_t sh = shard[i];
-            memcpy(cur[sh], r->element[0]->str, r->element[0]->len);
-            cur[sh][r->element[0]->len] = '\0';
-            if (strcmp(cur[sh], "0") != 0)
-                shard[still++] = (uint32_t)sh;
-        }
-        free_replies(cmds, active);
-        memset(cmds, 0, active * sizeof *cmds);
-        active = still;
-    }
-    tw__free(cmds);
-    tw__free(argv);
-    tw__free(len);
-    tw__free(cur);
-    tw__free(shard);
+    while (!rc && s.active)
+        rc = scan_round(d, &s, fn, arg);
+    tw__free(s.cmds);
+    tw__free(s.argv);
+    tw__free(s.len);
+    tw__free(s.cur);
+    tw__free(s.shard);
     if (rc == 1)
-        return count;
-    return rc ? rc : count;
+        return s.count;
+    return rc ? rc : s.count;
 }
