@@ -12,7 +12,7 @@
  * its records, writes them with one pwrite() per SCHED_GROUP, applies them
  * to the index in order, and waits once.
  *
- * Index: a hash table of keys (chained) to nodes. A node is a tw_timer in
+ * Index: a hash table of keys (chained) to entries. An entry is a tw_timer in
  * the wheel (tick = Unix ms) whose arg slot is the hash link, where its
  * schedule record lives (segment, offset), how many deliveries began
  * since that record was written (FIRE records after it; the attempt a
@@ -23,7 +23,7 @@
  *
  * Replay (journal_reader.c lists, reads and scans the segments; this file
  * applies their records) goes in order: SCHED makes or replaces the key's
- * node, CANCEL and DONE remove it, FIRE counts a delivery that began, DEAD
+ * entry, CANCEL and DONE remove it, FIRE counts a delivery that began, DEAD
  * makes or replaces it as a dead letter.
  *
  * With a retry policy (max_attempts) a crash must count against the
@@ -39,18 +39,19 @@
  * attempt (the record's plus its FIRE records) would pass max_attempts,
  * i.e. the earlier ones crashed, goes dead before its callback runs. Dead
  * is a DEAD record, the SCHED record's body (due time of the last
- * delivery, attempts made, payload) under another type: the node stays
+ * delivery, attempts made, payload) under another type: the entry stays
  * in the key table, out of the wheel, until a schedule replaces it, a
  * rearm writes a SCHED record for it, or a delete a CANCEL record.
  * Compaction copies DEAD records forward as it copies SCHED records.
  *
  * Firing: the store's thread advances the wheel to the wall clock; due
- * nodes are marked FIRING, their records read, FIRE records appended and
+ * entries are marked FIRING, their records read, FIRE records appended and
  * synced (so a redelivery after a crash shows attempt + 1), then the
- * callbacks run on that thread or on the executors. After a callback, a
- * DONE record (or a new SCHED for a retry) is appended if the node is still
+ * callbacks run on the shared executor (src/durable_exec.h): on that
+ * thread, or on executor_threads of their own. After a callback, a
+ * DONE record (or a new SCHED for a retry) is appended if the entry is still
  * the key's current version; a key replaced or cancelled meanwhile left its
- * old node ORPHAN, which is just freed. A cancel or replace marks the node
+ * old entry ORPHAN, which is just freed. A cancel or replace marks the entry
  * ORPHAN under the mutex, and a callback starts only after a look at that
  * mark under the same mutex (begin_delivery()), so once a cancel or replace
  * has returned, no delivery of the old version whose callback had not
@@ -92,77 +93,41 @@
 
 #include "clock.h"
 #include "durable_backend.h"
+#include "durable_exec.h"
 #include "durable_index.h"
 #include "internal.h"
 #include "journal.h"
+#include "key_table.h"
 
 #define WALL_CHECK_MS 250
 #define CHUNK 256
 #define CHUNK_BYTES (4u << 20)
 #define RETRY_IO_MS 1000
 
-/* dnode.fl: bits 0-12 count the FIRE records after the node's SCHED
+/* An entry's fl: bits 0-12 count the FIRE records after the entry's SCHED
  * record (deliveries begun since it was written; saturating), bits 13 to
- * 15 are flags. DN_DEAD: a dead letter, whose record is a DEAD record; it
+ * 15 are flags. ENT_DEAD: a dead letter, whose record is a DEAD record; it
  * is in the key table (and the dead index once built) but never in the
  * wheel or the ordered index of pending timers. */
-#define DN_FIRES 0x1fffu
-#define DN_DEAD 0x2000u
-#define DN_FIRING 0x4000u
-#define DN_ORPHAN 0x8000u
-
-/* 52 bytes, then the key: the key table's chain runs through the timer's
- * arg slot (hlink()), which the wheel only hands to on_due(), and on_due()
- * does not use it. The attempt of the next delivery is not kept here: it
- * is the record's attempt, read back with the payload, plus the FIRE
- * records counted in fl, plus one. */
-struct dnode {
-    tw_timer tm;
-    uint32_t seg, off; /* the SCHED record of this version */
-    uint16_t key_len;
-    uint16_t fl; /* DN_FIRES count and DN_ flags */
-    unsigned char key[];
-};
+#define ENT_FIRES 0x1fffu
+#define ENT_DEAD 0x2000u
+#define ENT_FIRING 0x4000u
+#define ENT_ORPHAN 0x8000u
 
 struct delivery {
-    struct delivery *next;
-    struct dnode *node;
+    struct tw__durable_job job; /* first: the executor's link */
+    struct tw__key_entry *entry;
     uint32_t attempt; /* this delivery's: deliveries begun, itself included */
     jr_rec rec;       /* points into raw */
     unsigned char raw[];
 };
 
-/* Nodes come from chunks, one free list per 8-byte size class, so a node
- * costs its own bytes rounded up to 8 and no allocator header. Memory of
- * freed nodes is kept for new ones until close. */
-#define SLAB_GRAIN 8u
-#define SLAB_CHUNK (256u * 1024u)
-#define SLAB_CLASSES                                                           \
-    ((offsetof(struct dnode, key) + TW_DURABLE_KEY_MAX + SLAB_GRAIN - 1) /     \
-         SLAB_GRAIN +                                                          \
-     1)
-
-struct slab {
-    void *free[SLAB_CLASSES];
-    unsigned char *cur;
-    size_t left;
-    void **chunks;
-    size_t nchunks, cap;
-};
-
 typedef struct jstore {
     struct tw_durable base;
-    struct slab slab;
     pthread_mutex_t mu;
     jr_writer w;
     tw_wheel *wheel;
-    uint32_t *buckets; /* node handles; chains run through hlink() */
-    size_t nbuckets, count;
-    /* While the table grows: the previous one, half as large, whose
-     * buckets below @moved have been moved to @buckets (hgrow_step()). */
-    uint32_t *old;
-    size_t nold, moved;
-    uint64_t seed;
+    struct tw__key_table keys; /* src/key_table.h */
     tw_durable_fire_fn fire;
     void *fire_arg;
     int64_t (*wall_ms)(void *);
@@ -177,30 +142,26 @@ typedef struct jstore {
     int64_t wake_at;
     uint64_t round_req, round_done;
     pthread_cond_t round_cv;
-    struct dnode **due;
+    struct tw__key_entry **due;
     size_t ndue, due_cap, due_pos;
 
-    pthread_t *exec;
-    uint32_t nexec;
-    bool exec_stop;
-    struct delivery *qhead, *qtail;
-    unsigned running;
-    pthread_cond_t qcv;
+    /* Runs the callbacks (src/durable_exec.h): on this store's thread,
+     * or on executor_threads of their own. */
+    struct tw__durable_exec exec;
 
-    uint64_t fired, retried, cancelled, recovered, recovery_us;
+    uint64_t cancelled, recovered, recovery_us;
     uint64_t sync_every_ns, next_sync; /* SYNC_INTERVAL, monotonic ns */
     /* Flat combining of schedule calls: queued (newest first), the
      * holder of mu applying them, a futex word bumped when it lets go. */
     _Atomic(struct sreq *) pend;
     atomic_bool combining;
     jr_futex apply_seq;
-    uint64_t backlog; /* nodes due (in due[] or the queue), not yet begun */
-    uint64_t late_hist[TW_LATE_BUCKETS];
-    uint64_t callbacks;   /* callbacks running now (stats.running) */
-    uint64_t late_sum_us; /* stats.late_sum_us */
+    /* fired, retried, lateness, running; backlog: entries due (in due[] or
+     * the executor's queue) whose callback has not begun. */
+    struct tw__durable_counts counts;
     /* tw_durable_list()'s ordered index (src/durable_index.c): NULL until
-     * its first call builds it; from then on every node in the key table
-     * is in it at tw_timer_expires() of its timer (rearm(), node_remove()).
+     * its first call builds it; from then on every entry in the key table
+     * is in it at tw_timer_expires() of its timer (rearm(), entry_remove()).
      * If keeping it up to date runs out of memory it is dropped, and the
      * next listing builds it again. */
     tw__dx *dx;
@@ -214,7 +175,7 @@ typedef struct jstore {
     /* The dead letters in key order (all at tick 0) for
      * tw_durable_list_dead(): NULL until its first call, as dx. */
     tw__dx *dxd;
-    uint64_t ndead;         /* nodes with DN_DEAD */
+    uint64_t ndead;         /* entries with ENT_DEAD */
     struct tw__retry retry; /* cfg's policy */
     /* TW_DURABLE_READONLY: no lock, no writes, no threads; NOFIRE (or
      * READONLY): no store thread or executors, so nothing is delivered. */
@@ -247,302 +208,23 @@ static uint64_t tick_of(int64_t ms)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Hash table. */
-
-static uint64_t hkey(uint64_t seed, const unsigned char *p, size_t n)
-{
-    uint64_t h = seed ^ (n * 0x9E3779B97F4A7C15u);
-    while (n >= 8) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        h = (h ^ v) * 0xff51afd7ed558ccdu;
-        h ^= h >> 32;
-        p += 8;
-        n -= 8;
-    }
-    uint64_t v = 0;
-    memcpy(&v, p, n);
-    h = (h ^ v) * 0xc4ceb9fe1a85ec53u;
-    h ^= h >> 29;
-    h *= 0xff51afd7ed558ccdu;
-    return h ^ (h >> 32);
-}
-
-/* Nodes are named in the key table by 32-bit handles: 1 + the node's
- * 8-byte unit in the slab (chunk * SLAB_UNITS + unit); 0 is none. A bucket
- * costs 4 bytes, and a chain runs through the nodes' arg slots, which hold
- * handles too. A node that is not in the table keeps its own handle in its
- * arg slot (hin() and hout() keep this), so it can always be freed. */
-typedef uint32_t hnd;
-#define SLAB_UNITS (SLAB_CHUNK / SLAB_GRAIN)
-#define SLAB_CHUNKS_MAX ((size_t)(UINT32_MAX - 1) / SLAB_UNITS)
-
-static struct dnode *hnode(const jstore *s, hnd h)
-{
-    if (!h)
-        return NULL;
-    h--;
-    return (struct dnode *)((unsigned char *)s->slab.chunks[h / SLAB_UNITS] +
-                            (size_t)(h % SLAB_UNITS) * SLAB_GRAIN);
-}
-
-/* The handle in @n's arg slot: the next node of its chain while it is in
- * the table, its own handle while it is not. */
-static hnd hlink(const struct dnode *n)
-{
-    return (hnd)(uintptr_t)n->tm.tw__arg;
-}
-
-static void hlink_set(struct dnode *n, hnd h)
-{
-    n->tm.tw__arg = (void *)(uintptr_t)h;
-}
-
-/* A place in the key table: a bucket (prev NULL) or the link of node
- * @prev. */
-struct hpos {
-    hnd *bucket;
-    struct dnode *prev;
-};
-
-static hnd hpos_get(struct hpos p)
-{
-    return p.prev ? hlink(p.prev) : *p.bucket;
-}
-
-static void hpos_set(struct hpos p, hnd h)
-{
-    if (p.prev)
-        hlink_set(p.prev, h);
-    else
-        *p.bucket = h;
-}
-
-/* The node at @p, or NULL. */
-static struct dnode *hat(const jstore *s, struct hpos p)
-{
-    return hnode(s, hpos_get(p));
-}
-
-/* Put node @n (not in the table) in at @p. */
-static void hin(jstore *s, struct hpos p, struct dnode *n)
-{
-    hnd self = hlink(n);
-    hlink_set(n, hpos_get(p));
-    hpos_set(p, self);
-    s->count++;
-}
-
-/* Take the node at @p out of the table; returns it. */
-static struct dnode *hout(jstore *s, struct hpos p)
-{
-    hnd self = hpos_get(p);
-    struct dnode *n = hnode(s, self);
-    hpos_set(p, hlink(n));
-    hlink_set(n, self);
-    s->count--;
-    return n;
-}
-
-/* The bucket of hash @h: in the previous table while the table grows and
- * @h's bucket there has not been moved yet. */
-static hnd *hbucket(const jstore *s, uint64_t h)
-{
-    if (s->old != NULL) {
-        size_t j = h & (s->nold - 1);
-        if (j >= s->moved)
-            return &s->old[j];
-    }
-    return &s->buckets[h & (s->nbuckets - 1)];
-}
-
-/* Where @key is in the table, or where it would go (hat() is NULL). */
-static struct hpos hfind(jstore *s, const void *key, size_t len)
-{
-    struct hpos p = {hbucket(s, hkey(s->seed, key, len)), NULL};
-    for (struct dnode *n; (n = hat(s, p)) != NULL; p.prev = n)
-        if (n->key_len == len && memcmp(n->key, key, len) == 0)
-            return p;
-    return p;
-}
-
-/* Growth moves HGROW_STEP buckets of the previous table per key added,
- * so that no call pays for rehashing the whole table at once (about a
- * second at ten million keys); it ends long before the new table is full
- * (after nold / HGROW_STEP of the 2 * nold keys that would fill it). Only
- * hreserve() moves buckets: a place hfind() returned stays valid until the
- * next hreserve(). */
-#define HGROW_STEP 4u
-
-/* Move the chain that starts at @h into table @b of @nb buckets (a power
- * of two). */
-static void hmove_chain(jstore *s, hnd h, hnd *b, size_t nb)
-{
-    for (hnd nx; h; h = nx) {
-        struct dnode *n = hnode(s, h);
-        nx = hlink(n);
-        size_t j = hkey(s->seed, n->key, n->key_len) & (nb - 1);
-        hlink_set(n, b[j]);
-        b[j] = h;
-    }
-}
-
-static void hgrow_step(jstore *s, size_t steps)
-{
-    if (s->old == NULL)
-        return;
-    for (; steps > 0 && s->moved < s->nold; steps--) {
-        hnd h = s->old[s->moved];
-        s->old[s->moved++] = 0;
-        hmove_chain(s, h, s->buckets, s->nbuckets);
-    }
-    if (s->moved == s->nold) {
-        tw__free(s->old);
-        s->old = NULL;
-        s->nold = s->moved = 0;
-    }
-}
-
-/* Finish a growth under way. */
-static void hgrow_finish(jstore *s)
-{
-    hgrow_step(s, SIZE_MAX);
-}
-
-/* Start loading the first node of bucket @i + 8 and the second of bucket
- * @i (its first was asked for 8 buckets ago): the rehash below visits
- * nodes in bucket order, which is random in memory. */
-static void prefetch_chain(jstore *s, size_t i)
-{
-    if (i + 8 < s->nbuckets && s->buckets[i + 8])
-        __builtin_prefetch(hnode(s, s->buckets[i + 8]));
-    if (i < s->nbuckets && s->buckets[i]) {
-        hnd second = hlink(hnode(s, s->buckets[i]));
-        if (second)
-            __builtin_prefetch(hnode(s, second));
-    }
-}
-
-/* Rehash into @nb buckets (a power of two); TW_ENOMEM with nothing
- * changed. */
-static int hresize(jstore *s, size_t nb)
-{
-    hgrow_finish(s);
-    hnd *b = tw__calloc(nb, sizeof *b);
-    if (!b)
-        return TW_ENOMEM;
-    for (size_t i = 0; i < s->nbuckets; i++) {
-        prefetch_chain(s, i + 8);
-        hmove_chain(s, s->buckets[i], b, nb);
-    }
-    tw__free(s->buckets);
-    s->buckets = b;
-    s->nbuckets = nb;
-    return 0;
-}
-
-/* Room for one more key; TW_ENOMEM with nothing changed. One to two keys
- * per 4-byte bucket: 2 to 4 bytes of table per key, up to 6 while the
- * table grows. */
-static int hreserve(jstore *s)
-{
-    hgrow_step(s, HGROW_STEP);
-    if (s->count < 2 * s->nbuckets) /* at most two keys per bucket */
-        return 0;
-    hgrow_finish(s); /* not reached while growing: see HGROW_STEP */
-    hnd *b = tw__calloc(s->nbuckets * 2, sizeof *b);
-    if (!b)
-        return TW_ENOMEM;
-    s->old = s->buckets;
-    s->nold = s->nbuckets;
-    s->moved = 0;
-    s->buckets = b;
-    s->nbuckets *= 2;
-    hgrow_step(s, HGROW_STEP);
-    return 0;
-}
+/* Key entries. */
 
 static void on_due(tw_timer *t, void *arg);
 
-static size_t node_class(size_t key_len)
-{
-    return (offsetof(struct dnode, key) + key_len + SLAB_GRAIN - 1) /
-           SLAB_GRAIN;
-}
-
-/* A node's memory and its handle (*@h). A node on a free list keeps its
- * handle in its arg slot; the list runs through its first word. */
-static struct dnode *slab_alloc(struct slab *sl, size_t cls, hnd *h)
-{
-    struct dnode *p = sl->free[cls];
-    if (p) {
-        memcpy(&sl->free[cls], p, sizeof(void *));
-        *h = hlink(p);
-        return p;
-    }
-    size_t size = cls * SLAB_GRAIN;
-    if (sl->left < size) {
-        if (sl->nchunks == SLAB_CHUNKS_MAX) /* handles would not fit */
-            return NULL;
-        if (sl->nchunks == sl->cap) {
-            size_t nc = sl->cap ? sl->cap * 2 : 16;
-            void **ch = tw__realloc(sl->chunks, nc * sizeof *ch);
-            if (!ch)
-                return NULL;
-            sl->chunks = ch;
-            sl->cap = nc;
-        }
-        unsigned char *c = tw__malloc(SLAB_CHUNK);
-        if (!c)
-            return NULL;
-        sl->chunks[sl->nchunks++] = c;
-        sl->cur = c;
-        sl->left = SLAB_CHUNK;
-    }
-    p = (struct dnode *)sl->cur;
-    *h = (hnd)(1 + (sl->nchunks - 1) * SLAB_UNITS +
-               (SLAB_CHUNK - sl->left) / SLAB_GRAIN);
-    sl->cur += size;
-    sl->left -= size;
-    return p;
-}
-
-static void node_free(jstore *s, struct dnode *n)
-{
-    size_t cls = node_class(n->key_len);
-    memcpy(n, &s->slab.free[cls], sizeof(void *));
-    s->slab.free[cls] = n;
-}
-
-/* A node out of the table (its arg slot holds its own handle). */
-static struct dnode *node_new(jstore *s, const void *key, size_t len)
-{
-    hnd h;
-    struct dnode *n = slab_alloc(&s->slab, node_class(len), &h);
-    if (!n)
-        return NULL;
-    tw_timer_init(&n->tm, on_due, NULL);
-    hlink_set(n, h);
-    n->seg = n->off = 0;
-    n->key_len = (uint16_t)len;
-    n->fl = 0;
-    memcpy(n->key, key, len);
-    return n;
-}
-
 /* @n's current version is the SCHED record at @seg/@off, whose attempt
  * counts every delivery begun so far (none since it). */
-static void node_record(struct dnode *n, uint32_t seg, uint32_t off)
+static void entry_record(struct tw__key_entry *n, uint32_t seg, uint32_t off)
 {
     n->seg = seg;
     n->off = off;
-    n->fl &= (uint16_t)~DN_FIRES;
+    n->fl &= (uint16_t)~ENT_FIRES;
 }
 
 /* One more delivery of @n began (its FIRE record is written). */
-static void fires_add(struct dnode *n)
+static void fires_add(struct tw__key_entry *n)
 {
-    if ((n->fl & DN_FIRES) != DN_FIRES)
+    if ((n->fl & ENT_FIRES) != ENT_FIRES)
         n->fl++;
 }
 
@@ -569,15 +251,15 @@ static void index_drop(jstore *s)
     s->dx_building = false;
 }
 
-/* Node @n leaves the key table (or is about to move). */
-static void index_out(jstore *s, struct dnode *n)
+/* Entry @n leaves the key table (or is about to move). */
+static void index_out(jstore *s, struct tw__key_entry *n)
 {
     if (s->dx)
         (void)tw__dx_erase(s->dx, tw_timer_expires(&n->tm), (uintptr_t)n);
 }
 
-/* Arm node @n (in the key table) for @tick, in the wheel and the index. */
-static void rearm(jstore *s, struct dnode *n, uint64_t tick)
+/* Arm entry @n (in the key table) for @tick, in the wheel and the index. */
+static void rearm(jstore *s, struct tw__key_entry *n, uint64_t tick)
 {
     index_out(s, n);
     tw_wheel_add(s->wheel, &n->tm, tick);
@@ -585,8 +267,8 @@ static void rearm(jstore *s, struct dnode *n, uint64_t tick)
         index_drop(s);
 }
 
-/* The dead index, once built: node @n enters it. */
-static void dead_in(jstore *s, struct dnode *n)
+/* The dead index, once built: entry @n enters it. */
+static void dead_in(jstore *s, struct tw__key_entry *n)
 {
     if (s->dxd && tw__dx_insert(s->dxd, 0, (uintptr_t)n) != 0) {
         tw__dx_free(s->dxd); /* the next listing builds it again */
@@ -594,24 +276,24 @@ static void dead_in(jstore *s, struct dnode *n)
     }
 }
 
-/* Node @n is not a dead letter any more (if it was). */
-static void dead_clear(jstore *s, struct dnode *n)
+/* Entry @n is not a dead letter any more (if it was). */
+static void dead_clear(jstore *s, struct tw__key_entry *n)
 {
-    if (!(n->fl & DN_DEAD))
+    if (!(n->fl & ENT_DEAD))
         return;
     if (s->dxd)
         (void)tw__dx_erase(s->dxd, 0, (uintptr_t)n);
-    n->fl &= (uint16_t)~DN_DEAD;
+    n->fl &= (uint16_t)~ENT_DEAD;
     s->ndead--;
 }
 
-/* Make node @n (in the key table, neither in the wheel's hands nor being
+/* Make entry @n (in the key table, neither in the wheel's hands nor being
  * delivered) a dead letter: a DEAD record with @rec's due time and
  * payload and @attempt attempts made. Not waited for, as DONE is not: a
  * crash before it is durable brings the timer back, and the policy sends
  * it here again. Returns 0 or the append's error (nothing changed). Mutex
  * held. */
-static int to_dead(jstore *s, struct dnode *n, const jr_rec *rec,
+static int to_dead(jstore *s, struct tw__key_entry *n, const jr_rec *rec,
                    uint32_t attempt)
 {
     uint32_t seg, off;
@@ -623,28 +305,28 @@ static int to_dead(jstore *s, struct dnode *n, const jr_rec *rec,
         return rc;
     seg_live(s, n->seg, -1);
     seg_live(s, seg, +1);
-    node_record(n, seg, off);
+    entry_record(n, seg, off);
     index_out(s, n);
     tw_wheel_cancel(s->wheel, &n->tm);
-    n->fl |= DN_DEAD;
+    n->fl |= ENT_DEAD;
     s->ndead++;
     dead_in(s, n);
     return 0;
 }
 
-/* Unlink the node at @p from the table and the wheel; free it unless a
+/* Unlink the entry at @p from the table and the wheel; free it unless a
  * delivery still holds it (then it becomes an orphan). */
-static void node_remove(jstore *s, struct hpos p)
+static void entry_remove(jstore *s, struct tw__key_pos p)
 {
-    struct dnode *n = hout(s, p);
+    struct tw__key_entry *n = tw__key_take(&s->keys, p);
     index_out(s, n);
     dead_clear(s, n);
     seg_live(s, n->seg, -1);
-    if (n->fl & DN_FIRING) {
-        n->fl |= DN_ORPHAN;
+    if (n->fl & ENT_FIRING) {
+        n->fl |= ENT_ORPHAN;
     } else {
         tw_wheel_cancel(s->wheel, &n->tm);
-        node_free(s, n);
+        tw__key_entry_free(&s->keys, n);
     }
 }
 
@@ -661,9 +343,9 @@ static void kick_if_earlier(jstore *s, int64_t due)
 
 /* One item of a schedule batch while its group of records is staged. */
 struct staged_item {
-    struct dnode *fresh; /* the node its key gets, if it needs a new one (a
-                            cancel: the node it ends) */
-    uint32_t seg, off;   /* where its record goes */
+    struct tw__key_entry *fresh; /* the entry its key gets, if it needs a new
+                            one (a cancel: the entry it ends) */
+    uint32_t seg, off;           /* where its record goes */
     bool staged;
 };
 
@@ -683,45 +365,46 @@ struct sreq {
     atomic_bool done;
 };
 
-/* A node for @it's key if it needs one: the key is new, or its node is
- * being delivered (that node becomes an orphan). */
+/* An entry for @it's key if it needs one: the key is new, or its entry is
+ * being delivered (that entry becomes an orphan). */
 static int sched_prepare(jstore *s, const tw_durable_item *it,
-                         struct dnode **fresh)
+                         struct tw__key_entry **fresh)
 {
-    struct dnode *old = hat(s, hfind(s, it->key, it->key_len));
+    struct tw__key_entry *old =
+        tw__key_at(&s->keys, tw__key_find(&s->keys, it->key, it->key_len));
     *fresh = NULL;
-    if (old && !(old->fl & DN_FIRING))
+    if (old && !(old->fl & ENT_FIRING))
         return 0;
     if (!old) {
-        int rc = hreserve(s);
+        int rc = tw__key_reserve(&s->keys);
         if (rc)
             return rc;
     }
-    *fresh = node_new(s, it->key, it->key_len);
+    *fresh = tw__key_entry_new(&s->keys, it->key, it->key_len, on_due);
     return *fresh ? 0 : TW_ENOMEM;
 }
 
 /* Point @it's key at its record, written at @seg/@off. @fresh is non-NULL
- * whenever the key has no node or one being delivered: sched_prepare()
+ * whenever the key has no entry or one being delivered: sched_prepare()
  * made it, and only the same batch's earlier items changed the index since
  * (they add and replace, never remove or start a delivery). */
 static void sched_apply(jstore *s, const tw_durable_item *it,
-                        struct dnode *fresh, uint32_t seg, uint32_t off)
+                        struct tw__key_entry *fresh, uint32_t seg, uint32_t off)
 {
-    struct hpos p = hfind(s, it->key, it->key_len);
-    struct dnode *n = hat(s, p);
-    if (n && !(n->fl & DN_FIRING)) {
-        if (fresh) /* an earlier item of the batch made the node */
-            node_free(s, fresh);
+    struct tw__key_pos p = tw__key_find(&s->keys, it->key, it->key_len);
+    struct tw__key_entry *n = tw__key_at(&s->keys, p);
+    if (n && !(n->fl & ENT_FIRING)) {
+        if (fresh) /* an earlier item of the batch made the entry */
+            tw__key_entry_free(&s->keys, fresh);
         seg_live(s, n->seg, -1);
         dead_clear(s, n); /* a dead letter is replaced as well */
     } else {
         if (n) /* being delivered: it becomes an orphan */
-            node_remove(s, p);
-        hin(s, p, fresh);
+            entry_remove(s, p);
+        tw__key_insert(&s->keys, p, fresh);
         n = fresh;
     }
-    node_record(n, seg, off); /* its attempt is 0 */
+    entry_record(n, seg, off); /* its attempt is 0 */
     seg_live(s, seg, +1);
     rearm(s, n, tick_of(it->due_ms));
     kick_if_earlier(s, it->due_ms);
@@ -742,9 +425,10 @@ static void commit_group(jstore *s, tw_durable_item *items,
         if (rc) {
             items[i].result = rc;
             if (!cancel && st[i].fresh)
-                node_free(s, st[i].fresh);
+                tw__key_entry_free(&s->keys, st[i].fresh);
         } else if (cancel) {
-            node_remove(s, hfind(s, items[i].key, items[i].key_len));
+            entry_remove(
+                s, tw__key_find(&s->keys, items[i].key, items[i].key_len));
             s->cancelled++;
         } else {
             sched_apply(s, &items[i], st[i].fresh, st[i].seg, st[i].off);
@@ -765,7 +449,7 @@ static int sched_stage(jstore *s, tw_durable_item *it, struct staged_item *e)
                       it->payload, it->payload_len, &e->seg, &e->off);
     if (rc) {
         if (e->fresh)
-            node_free(s, e->fresh);
+            tw__key_entry_free(&s->keys, e->fresh);
         return rc;
     }
     e->staged = true;
@@ -773,27 +457,31 @@ static int sched_stage(jstore *s, tw_durable_item *it, struct staged_item *e)
 }
 
 /* Start loading the key table's buckets of @n items (at most
- * SCHED_GROUP), then their first and second nodes: a large table misses the
+ * SCHED_GROUP), then their first and second entries: a large table misses the
  * cache on nearly every lookup, and the misses of a group overlap this way
  * instead of coming one after the other. */
 static void prefetch_keys(jstore *s, const tw_durable_item *items, size_t n)
 {
-    if (n < 2 || s->nbuckets < 4096) /* nothing to overlap, or cached */
+    if (n < 2 || s->keys.nbuckets < 4096) /* nothing to overlap, or cached */
         return;
     for (size_t i = 0; i < n; i++)
         __builtin_prefetch(
-            hbucket(s, hkey(s->seed, items[i].key, items[i].key_len)));
-    struct dnode *first[SCHED_GROUP];
+            tw__key_bucket(&s->keys, tw__key_hash(s->keys.seed, items[i].key,
+                                                  items[i].key_len)));
+    struct tw__key_entry *first[SCHED_GROUP];
     for (size_t i = 0; i < n; i++) {
-        first[i] = hnode(
-            s, *hbucket(s, hkey(s->seed, items[i].key, items[i].key_len)));
+        first[i] = tw__key_entry_of(
+            &s->keys,
+            *tw__key_bucket(&s->keys, tw__key_hash(s->keys.seed, items[i].key,
+                                                   items[i].key_len)));
         if (first[i])
             __builtin_prefetch(first[i]);
     }
-    /* A bucket holds up to two keys: its second node too. */
+    /* A bucket holds up to two keys: its second entry too. */
     for (size_t i = 0; i < n; i++)
-        if (first[i] && hlink(first[i]))
-            __builtin_prefetch(hnode(s, hlink(first[i])));
+        if (first[i] && tw__key_link(first[i]))
+            __builtin_prefetch(
+                tw__key_entry_of(&s->keys, tw__key_link(first[i])));
 }
 
 /* The same for the keys of @n (<= RECS_AHEAD) records, @stride bytes
@@ -802,34 +490,36 @@ static void prefetch_keys(jstore *s, const tw_durable_item *items, size_t n)
 #define RECS_AHEAD 16
 static void prefetch_recs(jstore *s, const jr_rec *r, size_t n, size_t stride)
 {
-    if (s->nbuckets < 4096)
+    if (s->keys.nbuckets < 4096)
         return;
-    hnd *b[RECS_AHEAD];
+    tw__key_handle *b[RECS_AHEAD];
     for (size_t i = 0; i < n; i++) {
         const jr_rec *x = (const jr_rec *)((const char *)r + i * stride);
-        b[i] = hbucket(s, hkey(s->seed, x->key, x->key_len));
+        b[i] = tw__key_bucket(&s->keys,
+                              tw__key_hash(s->keys.seed, x->key, x->key_len));
         __builtin_prefetch(b[i]);
     }
     for (size_t i = 0; i < n; i++) {
-        struct dnode *first = hnode(s, *b[i]);
+        struct tw__key_entry *first = tw__key_entry_of(&s->keys, *b[i]);
         if (first)
             __builtin_prefetch(first);
     }
 }
 
 /* Stage @it's CANCEL record, the @k-th of its group (state in @st[k]; the
- * node it ends in st[k].fresh); TW_EAGAIN: commit first. A key the group
+ * entry it ends in st[k].fresh); TW_EAGAIN: commit first. A key the group
  * already cancels is gone (TW_ENOENT), as if the calls had been made one
  * after the other. */
 static int cancel_stage(jstore *s, tw_durable_item *it, struct staged_item *st,
                         size_t k)
 {
     st[k].staged = false;
-    struct dnode *nd = hat(s, hfind(s, it->key, it->key_len));
+    struct tw__key_entry *nd =
+        tw__key_at(&s->keys, tw__key_find(&s->keys, it->key, it->key_len));
     for (size_t j = 0; nd && j < k; j++)
         if (st[j].staged && st[j].fresh == nd)
             nd = NULL;
-    if (!nd || (nd->fl & DN_DEAD)) /* a dead letter is not pending */
+    if (!nd || (nd->fl & ENT_DEAD)) /* a dead letter is not pending */
         return TW_ENOENT;
     int rc = tw__jr_stage(&s->w, JR_CANCEL, it->key, it->key_len, 0, 0, NULL, 0,
                           &st[k].seg, &st[k].off);
@@ -972,10 +662,8 @@ static int j_stats(tw_durable *d, tw_durable_stats *out)
     jstore *s = (jstore *)d;
     pthread_mutex_lock(&s->mu);
     memset(out, 0, sizeof *out);
-    out->pending = s->count - s->ndead;
+    out->pending = s->keys.count - s->ndead;
     out->dead = s->ndead;
-    out->fired = s->fired;
-    out->retried = s->retried;
     out->cancelled = s->cancelled;
     for (size_t i = 0; i < s->w.nseg; i++)
         out->journal_bytes += s->w.segs[i].size;
@@ -983,10 +671,7 @@ static int j_stats(tw_durable *d, tw_durable_stats *out)
     out->recovered = s->recovered;
     out->recovery_us = s->recovery_us;
     out->syncs = s->w.syncs;
-    out->backlog = s->backlog;
-    out->running = s->callbacks;
-    out->late_sum_us = s->late_sum_us;
-    memcpy(out->late_hist, s->late_hist, sizeof out->late_hist);
+    tw__durable_counts_stats(&s->counts, out);
     pthread_mutex_unlock(&s->mu);
     return 0;
 }
@@ -994,19 +679,19 @@ static int j_stats(tw_durable *d, tw_durable_stats *out)
 /* ------------------------------------------------------------------------ */
 /* Firing. */
 
-/* The store whose thread is in store_main()'s tw_wheel_advance(): nodes'
+/* The store whose thread is in store_main()'s tw_wheel_advance(): entries'
  * arg slots hold the key table's links, so on_due() finds its store
  * here. */
 static _Thread_local jstore *advancing;
 
 static void on_due(tw_timer *t, void *arg)
 {
-    (void)arg; /* hlink(), not ours to use here */
+    (void)arg; /* tw__key_link(), not ours to use here */
     jstore *s = advancing;
-    struct dnode *n = TW_CONTAINER_OF(t, struct dnode, tm);
+    struct tw__key_entry *n = TW_CONTAINER_OF(t, struct tw__key_entry, tm);
     if (s->ndue == s->due_cap) {
         size_t nc = s->due_cap ? s->due_cap * 2 : 256;
-        struct dnode **nd = tw__realloc(s->due, nc * sizeof *nd);
+        struct tw__key_entry **nd = tw__realloc(s->due, nc * sizeof *nd);
         if (!nd) { /* try again in a moment */
             rearm(s, n, tick_of(wall(s)) + RETRY_IO_MS);
             return;
@@ -1014,13 +699,13 @@ static void on_due(tw_timer *t, void *arg)
         s->due = nd;
         s->due_cap = nc;
     }
-    n->fl |= DN_FIRING;
+    n->fl |= ENT_FIRING;
     s->due[s->ndue++] = n;
-    s->backlog++;
+    s->counts.backlog++;
 }
 
-/* Read node @n's SCHED record back (mutex held). NULL on failure. */
-static struct delivery *read_record(jstore *s, struct dnode *n)
+/* Read entry @n's SCHED record back (mutex held). NULL on failure. */
+static struct delivery *read_record(jstore *s, struct tw__key_entry *n)
 {
     jr_seg *g = tw__jr_seg(&s->w, n->seg);
     size_t size = g ? tw__jr_rec_size_at(g, n->off) : 0;
@@ -1034,25 +719,20 @@ static struct delivery *read_record(jstore *s, struct dnode *n)
         tw__free(dl);
         return NULL;
     }
-    dl->next = NULL;
-    dl->node = n;
+    dl->entry = n;
     return dl;
 }
 
 /* After the callback returned @r (mutex held). Frees @dl. */
 static void complete(jstore *s, struct delivery *dl, int r)
 {
-    struct dnode *n = dl->node;
-    s->callbacks--;
-    if (r > 0 || r == TW_DURABLE_FIRE_RETRY)
-        s->retried++;
-    else
-        s->fired++;
+    struct tw__key_entry *n = dl->entry;
+    tw__durable_counts_end(&s->counts, r);
     int next = tw__retry_next(&s->retry, dl->attempt, r);
-    if (n->fl & DN_ORPHAN) {
-        node_free(s, n);
+    if (n->fl & ENT_ORPHAN) {
+        tw__key_entry_free(&s->keys, n);
     } else if (next == TW__RETRY_DEAD) {
-        n->fl &= (uint16_t)~DN_FIRING;
+        n->fl &= (uint16_t)~ENT_FIRING;
         /* On failure it stays pending: delivered again a little later,
          * past max_attempts it comes back here before its callback. */
         if (to_dead(s, n, &dl->rec, dl->attempt) != 0)
@@ -1061,13 +741,13 @@ static void complete(jstore *s, struct delivery *dl, int r)
         int64_t due = wall(s) + next;
         uint32_t seg, off;
         uint64_t lsn;
-        n->fl &= (uint16_t)~DN_FIRING;
+        n->fl &= (uint16_t)~ENT_FIRING;
         if (tw__jr_append(&s->w, JR_SCHED, n->key, n->key_len, due, dl->attempt,
                           dl->rec.payload, dl->rec.payload_len, &seg, &off,
                           &lsn) == 0) {
             seg_live(s, n->seg, -1);
             seg_live(s, seg, +1);
-            node_record(n, seg, off);
+            entry_record(n, seg, off);
         }
         /* On failure the old record and its FIRE records stay: after a
          * crash it is delivered again with a higher attempt. */
@@ -1079,23 +759,23 @@ static void complete(jstore *s, struct delivery *dl, int r)
         /* Not waited for: a DONE lost in a crash means one more delivery. */
         (void)tw__jr_append(&s->w, JR_DONE, n->key, n->key_len, 0, 0, NULL, 0,
                             &seg, &off, &lsn);
-        n->fl &= (uint16_t)~DN_FIRING;
-        node_remove(s, hfind(s, n->key, n->key_len));
+        n->fl &= (uint16_t)~ENT_FIRING;
+        entry_remove(s, tw__key_find(&s->keys, n->key, n->key_len));
     }
     tw__free(dl);
 }
 
 /* A delivery's callback is about to run (mutex held, and held since the
- * caller last looked at the node): it leaves the backlog, and how late it
+ * caller last looked at the entry): it leaves the backlog, and how late it
  * starts is counted. Returns false, with @dl freed, if a cancel or replace
  * of its key was applied since the delivery began: those run under the
  * same mutex, so once one has returned 0 this is where every delivery of
  * the old version that has not started yet stops. */
 static bool begin_delivery(jstore *s, struct delivery *dl)
 {
-    s->backlog--;
-    if (dl->node->fl & DN_ORPHAN) {
-        node_free(s, dl->node);
+    s->counts.backlog--;
+    if (dl->entry->fl & ENT_ORPHAN) {
+        tw__key_entry_free(&s->keys, dl->entry);
         tw__free(dl);
         return false;
     }
@@ -1105,22 +785,12 @@ static bool begin_delivery(jstore *s, struct delivery *dl)
          * the delivery happens all the same. */
         uint32_t seg, off;
         uint64_t lsn;
-        if (tw__jr_append(&s->w, JR_FIRE, dl->node->key, dl->node->key_len, 0,
+        if (tw__jr_append(&s->w, JR_FIRE, dl->entry->key, dl->entry->key_len, 0,
                           0, NULL, 0, &seg, &off, &lsn) == 0)
-            fires_add(dl->node);
+            fires_add(dl->entry);
     }
-    int64_t late_ms; /* due_ms may be anywhere in int64: saturate */
-    if (__builtin_sub_overflow(wall(s), dl->rec.due_ms, &late_ms))
-        late_ms = INT64_MAX;
-    uint64_t late_us = late_ms > 0 && late_ms < INT64_MAX / 1000
-                           ? (uint64_t)late_ms * 1000u
-                       : late_ms > 0 ? UINT64_MAX
-                                     : 0;
-    s->late_hist[tw__late_bucket(late_us)]++;
-    s->late_sum_us = late_us > UINT64_MAX - s->late_sum_us
-                         ? UINT64_MAX
-                         : s->late_sum_us + late_us;
-    s->callbacks++;
+    tw__durable_counts_begin(&s->counts,
+                             tw__durable_late_us(wall(s), dl->rec.due_ms));
     return true;
 }
 
@@ -1137,21 +807,21 @@ static int run_callback(jstore *s, struct delivery *dl)
     return tw__durable_fire(&s->base, s->fire, &t, s->fire_arg);
 }
 
-/* Read due node @n's record and append its FIRE record (*@lsn: its end).
- * On I/O trouble or no memory the node goes back into the wheel to be
+/* Read due entry @n's record and append its FIRE record (*@lsn: its end).
+ * On I/O trouble or no memory the entry goes back into the wheel to be
  * tried again later, and NULL is returned. */
-static struct delivery *start_delivery(jstore *s, struct dnode *n,
+static struct delivery *start_delivery(jstore *s, struct tw__key_entry *n,
                                        uint64_t *lsn)
 {
     struct delivery *dl = read_record(s, n);
     uint32_t seg, off;
-    unsigned fires = n->fl & DN_FIRES;
+    unsigned fires = n->fl & ENT_FIRES;
     if (dl &&
         !tw__retry_may(&s->retry, attempt_sum(dl->rec.attempt, fires + 1u))) {
         /* The deliveries before crashed (each left a FIRE record): the
          * policy's attempts are used up. */
-        s->backlog--;
-        n->fl &= (uint16_t)~DN_FIRING;
+        s->counts.backlog--;
+        n->fl &= (uint16_t)~ENT_FIRING;
         if (to_dead(s, n, &dl->rec, attempt_sum(dl->rec.attempt, fires)))
             rearm(s, n, tw_wheel_now(s->wheel) + RETRY_IO_MS);
         tw__free(dl);
@@ -1167,97 +837,72 @@ static struct delivery *start_delivery(jstore *s, struct dnode *n,
         dl = NULL;
     }
     if (!dl) {
-        s->backlog--;
-        n->fl &= (uint16_t)~DN_FIRING;
+        s->counts.backlog--;
+        n->fl &= (uint16_t)~ENT_FIRING;
         rearm(s, n, tw_wheel_now(s->wheel) + RETRY_IO_MS);
         return NULL;
     }
     if (!per_callback)
         fires_add(n);
     dl->attempt =
-        attempt_sum(dl->rec.attempt, (n->fl & DN_FIRES) + per_callback);
+        attempt_sum(dl->rec.attempt, (n->fl & ENT_FIRES) + per_callback);
     return dl;
 }
 
-/* Deliver up to CHUNK due nodes (mutex held; released around callbacks). */
+/* One delivery on the executor (src/durable_exec.h): no lock held. */
+static void run_delivery(struct tw__durable_job *job, void *ctx)
+{
+    jstore *s = ctx;
+    struct delivery *dl = (struct delivery *)job;
+    pthread_mutex_lock(&s->mu);
+    if (begin_delivery(s, dl)) {
+        pthread_mutex_unlock(&s->mu);
+        int r = run_callback(s, dl);
+        pthread_mutex_lock(&s->mu);
+        complete(s, dl, r);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Close left @job queued: its entry stays pending in the journal. */
+static void drop_delivery(struct tw__durable_job *job, void *ctx)
+{
+    (void)ctx;
+    tw__free(job);
+}
+
+/* Deliver up to CHUNK due entries (mutex held; released while the executor
+ * takes them: inline, their callbacks run before this returns). */
 static void deliver_chunk(jstore *s)
 {
-    struct delivery *head = NULL, **tail = &head;
+    struct tw__durable_jobs jobs;
+    tw__durable_jobs_init(&jobs);
     uint64_t lsn = 0;
-    int count = 0;
     size_t bytes = 0; /* payloads read under the mutex in this chunk */
-    while (s->due_pos < s->ndue && count < CHUNK && bytes < CHUNK_BYTES) {
-        struct dnode *n = s->due[s->due_pos++];
-        if (n->fl & DN_ORPHAN) {
-            s->backlog--;
-            node_free(s, n);
+    while (s->due_pos < s->ndue && jobs.n < CHUNK && bytes < CHUNK_BYTES) {
+        struct tw__key_entry *n = s->due[s->due_pos++];
+        if (n->fl & ENT_ORPHAN) {
+            s->counts.backlog--;
+            tw__key_entry_free(&s->keys, n);
             continue;
         }
         struct delivery *dl = start_delivery(s, n, &lsn);
         if (!dl)
             continue;
         bytes += dl->rec.size;
-        *tail = dl;
-        tail = &dl->next;
-        count++;
+        tw__durable_jobs_add(&jobs, &dl->job);
     }
     if (s->due_pos == s->ndue)
         s->ndue = s->due_pos = 0;
-    if (!head)
+    if (!jobs.n)
         return;
     /* The FIRE records are durable before any callback runs; if that fails
      * the deliveries still happen (at least once holds; only the attempt a
      * repeat after a crash shows may be lower). */
     (void)tw__jr_wait(&s->w, lsn);
-    if (s->nexec) {
-        if (s->qtail)
-            s->qtail->next = head;
-        else
-            s->qhead = head;
-        s->qtail =
-            (struct delivery *)((char *)tail - offsetof(struct delivery, next));
-        pthread_cond_broadcast(&s->qcv);
-        return;
-    }
-    while (head) {
-        struct delivery *dl = head;
-        head = dl->next;
-        if (!begin_delivery(s, dl))
-            continue;
-        pthread_mutex_unlock(&s->mu);
-        int r = run_callback(s, dl);
-        pthread_mutex_lock(&s->mu);
-        complete(s, dl, r);
-    }
-}
-
-static void *exec_main(void *arg)
-{
-    jstore *s = arg;
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        while (!s->qhead && !s->exec_stop)
-            pthread_cond_wait(&s->qcv, &s->mu);
-        if (s->exec_stop)
-            break;
-        struct delivery *dl = s->qhead;
-        s->qhead = dl->next;
-        if (!s->qhead)
-            s->qtail = NULL;
-        if (!begin_delivery(s, dl)) {
-            pthread_cond_broadcast(&s->round_cv);
-            continue;
-        }
-        s->running++;
-        pthread_mutex_unlock(&s->mu);
-        int r = run_callback(s, dl);
-        pthread_mutex_lock(&s->mu);
-        complete(s, dl, r);
-        s->running--;
-        pthread_cond_broadcast(&s->round_cv);
-    }
     pthread_mutex_unlock(&s->mu);
-    return NULL;
+    tw__durable_exec_submit(&s->exec, &jobs);
+    pthread_mutex_lock(&s->mu);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1267,26 +912,28 @@ static void index_key(void *ctx, uintptr_t h, const unsigned char **key,
                       size_t *len)
 {
     (void)ctx;
-    const struct dnode *n = (const struct dnode *)h;
+    const struct tw__key_entry *n = (const struct tw__key_entry *)h;
     *key = n->key;
     *len = n->key_len;
 }
 
 /* Build an ordered index into *@x from the key table (mutex held): every
- * node of the table's chains, the old table's unmoved buckets included,
+ * entry of the table's chains, the old table's unmoved buckets included,
  * that is a dead letter (@dead: at tick 0, so in key order) or pending
  * (!@dead: at its tick). On failure *@x stays NULL. */
 static int table_index(jstore *s, tw__dx **x, bool dead)
 {
-    *x = tw__dx_new(index_key, s, s->seed);
+    *x = tw__dx_new(index_key, s, s->keys.seed);
     if (!*x)
         return TW_ENOMEM;
     for (int t = 0; t < 2; t++) {
-        const uint32_t *b = t ? s->old : s->buckets;
-        size_t from = t ? s->moved : 0, to = t ? s->nold : s->nbuckets;
+        const uint32_t *b = t ? s->keys.old : s->keys.buckets;
+        size_t from = t ? s->keys.moved : 0,
+               to = t ? s->keys.nold : s->keys.nbuckets;
         for (size_t i = from; b && i < to; i++)
-            for (struct dnode *n = hnode(s, b[i]); n; n = hnode(s, hlink(n)))
-                if (!(n->fl & DN_DEAD) == !dead &&
+            for (struct tw__key_entry *n = tw__key_entry_of(&s->keys, b[i]); n;
+                 n = tw__key_entry_of(&s->keys, tw__key_link(n)))
+                if (!(n->fl & ENT_DEAD) == !dead &&
                     tw__dx_insert(*x, dead ? 0 : tw_timer_expires(&n->tm),
                                   (uintptr_t)n) != 0) {
                     tw__dx_free(*x);
@@ -1315,9 +962,9 @@ static int table_index(jstore *s, tw__dx **x, bool dead)
 void (*tw__durable_index_hook)(struct tw_durable *d);
 #endif
 
-static int index_add(jstore *s, struct dnode *n)
+static int index_add(jstore *s, struct tw__key_entry *n)
 {
-    if (n->fl & DN_DEAD) /* dead letters are in dxd, not here */
+    if (n->fl & ENT_DEAD) /* dead letters are in dxd, not here */
         return 0;
     uint64_t t = tw_timer_expires(&n->tm);
     if (tw__dx_has(s->dx, t, (uintptr_t)n))
@@ -1330,26 +977,27 @@ static int index_add(jstore *s, struct dnode *n)
 static int index_step(jstore *s)
 {
     if (!s->dx) {
-        s->dx = tw__dx_new(index_key, s, s->seed);
+        s->dx = tw__dx_new(index_key, s, s->keys.seed);
         if (!s->dx)
             return TW_ENOMEM;
         s->dx_building = true;
-        s->dx_mod = s->old ? s->nold : s->nbuckets;
+        s->dx_mod = s->keys.old ? s->keys.nold : s->keys.nbuckets;
         s->dx_pos = 0;
     }
-    if (s->nbuckets < s->dx_mod) { /* never shrinks once open; if it did */
-        s->dx_mod = s->nbuckets;
+    if (s->keys.nbuckets < s->dx_mod) { /* never shrinks once open; if it did */
+        s->dx_mod = s->keys.nbuckets;
         s->dx_pos = 0; /* again: index_add() skips what is in */
     }
-    size_t per = s->nbuckets / s->dx_mod + (s->old ? s->nold / s->dx_mod : 0);
+    size_t per = s->keys.nbuckets / s->dx_mod +
+                 (s->keys.old ? s->keys.nold / s->dx_mod : 0);
     size_t classes = INDEX_STEP_BUCKETS / per ? INDEX_STEP_BUCKETS / per : 1;
     for (; classes && s->dx_pos < s->dx_mod; classes--, s->dx_pos++)
         for (int t = 0; t < 2; t++) {
-            const uint32_t *b = t ? s->old : s->buckets;
-            size_t nb = t ? s->nold : s->nbuckets;
+            const uint32_t *b = t ? s->keys.old : s->keys.buckets;
+            size_t nb = t ? s->keys.nold : s->keys.nbuckets;
             for (size_t i = s->dx_pos; b && i < nb; i += s->dx_mod)
-                for (struct dnode *n = hnode(s, b[i]); n;
-                     n = hnode(s, hlink(n)))
+                for (struct tw__key_entry *n = tw__key_entry_of(&s->keys, b[i]);
+                     n; n = tw__key_entry_of(&s->keys, tw__key_link(n)))
                     if (index_add(s, n) != 0) {
                         index_drop(s);
                         return TW_ENOMEM;
@@ -1361,9 +1009,9 @@ static int index_step(jstore *s)
 }
 
 /* WAITING or DUE: due by the wall clock, or its delivery has begun. */
-static uint32_t node_state(const struct dnode *n, int64_t now)
+static uint32_t entry_state(const struct tw__key_entry *n, int64_t now)
 {
-    bool due = (n->fl & DN_FIRING) || tw_timer_expires(&n->tm) <= tick_of(now);
+    bool due = (n->fl & ENT_FIRING) || tw_timer_expires(&n->tm) <= tick_of(now);
     return due ? TW_DURABLE_DUE : TW_DURABLE_WAITING;
 }
 
@@ -1373,7 +1021,8 @@ static int j_get(tw_durable *d, const void *key, size_t key_len,
     jstore *s = (jstore *)d;
     int rc = 0;
     pthread_mutex_lock(&s->mu);
-    struct dnode *n = hat(s, hfind(s, key, key_len));
+    struct tw__key_entry *n =
+        tw__key_at(&s->keys, tw__key_find(&s->keys, key, key_len));
     struct delivery *dl = n ? read_record(s, n) : NULL;
     if (!n) {
         rc = TW_ENOENT;
@@ -1381,10 +1030,10 @@ static int j_get(tw_durable *d, const void *key, size_t key_len,
         rc = TW_EIO;
     } else {
         /* The next delivery counts one more than those begun so far. */
-        info->attempt = attempt_sum(dl->rec.attempt, (n->fl & DN_FIRES) + 1u);
+        info->attempt = attempt_sum(dl->rec.attempt, (n->fl & ENT_FIRES) + 1u);
         info->due_ms = dl->rec.due_ms;
-        info->state = node_state(n, wall(s));
-        if (n->fl & DN_DEAD) { /* the attempts it had */
+        info->state = entry_state(n, wall(s));
+        if (n->fl & ENT_DEAD) { /* the attempts it had */
             info->attempt = dl->rec.attempt;
             info->state = TW_DURABLE_DEAD;
         }
@@ -1454,11 +1103,11 @@ static int j_list(tw_durable *d, const struct tw__list_req *q,
                 *end = true;
                 break;
             }
-            const struct dnode *dn = (const struct dnode *)h;
+            const struct tw__key_entry *dn = (const struct tw__key_entry *)h;
             if (!tw__list_put(q, &used, &out[n], dn->key, dn->key_len, tick,
                               now))
                 break;
-            if (dn->fl & DN_FIRING)
+            if (dn->fl & ENT_FIRING)
                 out[n].state = TW_DURABLE_DUE;
             n++;
         }
@@ -1471,7 +1120,7 @@ static int j_list(tw_durable *d, const struct tw__list_req *q,
  * (records are never changed once written, and a dup() of the segment's
  * descriptor keeps even a deleted file readable); under the lock, once a
  * block, each SCHED record is looked up: it is handed over when its key's
- * node still points at it (the key's current version). The scan ends at
+ * entry still points at it (the key's current version). The scan ends at
  * the journal's end as it was when the call began. */
 #define SCAN_BLOCK (1u << 20)
 #define SCAN_HITS 4096u
@@ -1505,14 +1154,15 @@ static void scan_flush(struct scan_ctx *c)
             prefetch_recs(s, &h->rec,
                           c->nhits - i < RECS_AHEAD ? c->nhits - i : RECS_AHEAD,
                           sizeof *h);
-        struct dnode *n = hat(s, hfind(s, h->rec.key, h->rec.key_len));
+        struct tw__key_entry *n = tw__key_at(
+            &s->keys, tw__key_find(&s->keys, h->rec.key, h->rec.key_len));
         h->live = n && n->seg == c->no && n->off == h->rec.off;
-        if (h->live && (n->fl & DN_DEAD)) { /* as tw_durable_get() says */
+        if (h->live && (n->fl & ENT_DEAD)) { /* as tw_durable_get() says */
             h->attempt = h->rec.attempt;
             h->state = TW_DURABLE_DEAD;
         } else if (h->live) {
-            h->attempt = attempt_sum(h->rec.attempt, (n->fl & DN_FIRES) + 1u);
-            h->state = node_state(n, now);
+            h->attempt = attempt_sum(h->rec.attempt, (n->fl & ENT_FIRES) + 1u);
+            h->state = entry_state(n, now);
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -1624,15 +1274,15 @@ static int j_dead_op(tw_durable *d, const void *key, size_t key_len,
     uint64_t lsn;
     int rc;
     pthread_mutex_lock(&s->mu);
-    struct hpos p = hfind(s, key, key_len);
-    struct dnode *n = hat(s, p);
-    if (!n || !(n->fl & DN_DEAD)) {
+    struct tw__key_pos p = tw__key_find(&s->keys, key, key_len);
+    struct tw__key_entry *n = tw__key_at(&s->keys, p);
+    if (!n || !(n->fl & ENT_DEAD)) {
         rc = TW_ENOENT;
     } else if (del) {
         rc = tw__jr_append(&s->w, JR_CANCEL, key, key_len, 0, 0, NULL, 0, &seg,
                            &off, &lsn);
         if (!rc)
-            node_remove(s, p);
+            entry_remove(s, p);
     } else {
         /* A SCHED record of its payload with attempt 0: the next delivery
          * is attempt 1, and the policy starts over. */
@@ -1645,7 +1295,7 @@ static int j_dead_op(tw_durable *d, const void *key, size_t key_len,
             seg_live(s, n->seg, -1);
             seg_live(s, seg, +1);
             dead_clear(s, n);
-            node_record(n, seg, off);
+            entry_record(n, seg, off);
             rearm(s, n, tick_of(due_ms));
             kick_if_earlier(s, due_ms);
         }
@@ -1658,10 +1308,10 @@ static int j_dead_op(tw_durable *d, const void *key, size_t key_len,
     return tw__jr_wait_unlock(&s->w, lsn);
 }
 
-/* The due time kept in dead node @n's record (its header and the first
+/* The due time kept in dead entry @n's record (its header and the first
  * field of its body; the record was checked when it was replayed or
  * written), 0 if it cannot be read or lies before 1970. */
-static int64_t dead_due(jstore *s, const struct dnode *n)
+static int64_t dead_due(jstore *s, const struct tw__key_entry *n)
 {
     jr_seg *g = tw__jr_seg(&s->w, n->seg);
     int64_t v = 0;
@@ -1689,7 +1339,7 @@ static int j_list_dead(tw_durable *d, const struct tw__list_req *q,
                 *end = true;
                 break;
             }
-            const struct dnode *dn = (const struct dnode *)h;
+            const struct tw__key_entry *dn = (const struct tw__key_entry *)h;
             if (!tw__list_put(q, &used, &out[n], dn->key, dn->key_len, 0, 0))
                 break;
             out[n].due_ms = dead_due(s, dn);
@@ -1706,8 +1356,9 @@ static int j_touch(tw_durable *d, const void *key, size_t key_len)
 {
     jstore *s = (jstore *)d;
     pthread_mutex_lock(&s->mu);
-    const struct dnode *n = hat(s, hfind(s, key, key_len));
-    int rc = n && (n->fl & DN_FIRING) ? 0 : TW_ENOENT;
+    const struct tw__key_entry *n =
+        tw__key_at(&s->keys, tw__key_find(&s->keys, key, key_len));
+    int rc = n && (n->fl & ENT_FIRING) ? 0 : TW_ENOENT;
     pthread_mutex_unlock(&s->mu);
     return rc;
 }
@@ -1750,13 +1401,14 @@ static int compact_one(void *arg, const jr_rec *r)
         pthread_mutex_unlock(&s->mu);
         pthread_mutex_lock(&s->mu);
     }
-    struct dnode *n = hat(s, hfind(s, r->key, r->key_len));
+    struct tw__key_entry *n =
+        tw__key_at(&s->keys, tw__key_find(&s->keys, r->key, r->key_len));
     if (!n || n->seg != c->no || n->off != r->off)
         return 0;
     uint32_t seg, off;
     uint64_t lsn;
     int rc = tw__jr_append(&s->w, r->type, r->key, r->key_len, r->due_ms,
-                           attempt_sum(r->attempt, n->fl & DN_FIRES),
+                           attempt_sum(r->attempt, n->fl & ENT_FIRES),
                            r->payload, r->payload_len, &seg, &off, &lsn);
     if (rc) {
         c->err = rc;
@@ -1764,7 +1416,7 @@ static int compact_one(void *arg, const jr_rec *r)
     }
     seg_live(s, n->seg, -1);
     seg_live(s, seg, +1);
-    node_record(n, seg, off);
+    entry_record(n, seg, off);
     c->lsn = lsn;
     return 0;
 }
@@ -1883,10 +1535,13 @@ static void *store_main(void *arg)
             tw__jr_writeback(&s->w);
             pthread_mutex_lock(&s->mu);
         }
-        if (s->nexec)
-            while ((s->qhead || s->running) && !s->stop &&
-                   s->round_req != s->round_done)
-                pthread_cond_wait(&s->round_cv, &s->mu);
+        if (s->round_req != s->round_done && !s->stop &&
+            tw__durable_exec_threaded(&s->exec)) {
+            /* tw__durable_sync(): this round's callbacks return first. */
+            pthread_mutex_unlock(&s->mu);
+            tw__durable_exec_wait_idle(&s->exec);
+            pthread_mutex_lock(&s->mu);
+        }
         s->round_done = req;
         pthread_cond_broadcast(&s->round_cv);
         wait_round(s, now, mono0);
@@ -1909,17 +1564,17 @@ void tw__durable_sync(tw_durable *d)
     pthread_mutex_unlock(&s->mu);
 }
 
-size_t tw__durable_node_size(size_t key_len)
+size_t tw__durable_entry_size(size_t key_len)
 {
-    return node_class(key_len) * SLAB_GRAIN;
+    return tw__key_entry_size(key_len);
 }
 
 void tw__durable_table(struct tw_durable *d, size_t *nbuckets, size_t *nold)
 {
     jstore *s = (jstore *)d;
     pthread_mutex_lock(&s->mu);
-    *nbuckets = s->nbuckets;
-    *nold = s->nold;
+    *nbuckets = s->keys.nbuckets;
+    *nold = s->keys.nold;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -1928,18 +1583,9 @@ void tw__durable_table(struct tw_durable *d, size_t *nbuckets, size_t *nold)
 
 static void free_all(jstore *s)
 {
-    for (struct delivery *dl = s->qhead, *nx; dl; dl = nx) {
-        nx = dl->next;
-        tw__free(dl);
-    }
-    /* Every node lives in the slab's chunks. */
-    for (size_t i = 0; i < s->slab.nchunks; i++)
-        tw__free(s->slab.chunks[i]);
-    tw__free(s->slab.chunks);
-    tw__free(s->buckets);
-    tw__free(s->old);
+    tw__durable_exec_destroy(&s->exec);
+    tw__key_table_free(&s->keys); /* and every entry */
     tw__free(s->due);
-    tw__free(s->exec);
     tw__dx_free(s->dx);
     tw__dx_free(s->dxd);
     tw_wheel_destroy(s->wheel);
@@ -1950,21 +1596,9 @@ static void free_all(jstore *s)
         close(s->dirfd);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->round_cv);
-    pthread_cond_destroy(&s->qcv);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->w.sync_mu);
     tw__free(s);
-}
-
-/* Stop the executors (a delivery still queued is dropped) and join them. */
-static void stop_executors(jstore *s)
-{
-    pthread_mutex_lock(&s->mu);
-    s->exec_stop = true;
-    pthread_cond_broadcast(&s->qcv);
-    pthread_mutex_unlock(&s->mu);
-    for (uint32_t i = 0; i < s->nexec; i++)
-        pthread_join(s->exec[i], NULL);
 }
 
 static int j_close(tw_durable *d)
@@ -1977,7 +1611,8 @@ static int j_close(tw_durable *d)
     pthread_mutex_unlock(&s->mu);
     if (!s->nofire) {
         pthread_join(s->thr, NULL);
-        stop_executors(s);
+        /* A delivery still queued is dropped (delivered after reopen). */
+        tw__durable_exec_stop(&s->exec);
     }
     pthread_mutex_lock(&s->mu);
     int rc = 0;
@@ -2040,27 +1675,28 @@ struct replay_ctx {
 static int replay_apply(struct replay_ctx *c, const jr_rec *r)
 {
     jstore *s = c->s;
-    if ((r->type == JR_SCHED || r->type == JR_DEAD) && hreserve(s) != 0)
+    if ((r->type == JR_SCHED || r->type == JR_DEAD) &&
+        tw__key_reserve(&s->keys) != 0)
         return TW_ENOMEM;
-    struct hpos p = hfind(s, r->key, r->key_len);
-    struct dnode *n = hat(s, p);
+    struct tw__key_pos p = tw__key_find(&s->keys, r->key, r->key_len);
+    struct tw__key_entry *n = tw__key_at(&s->keys, p);
     switch (r->type) {
     case JR_SCHED:
     case JR_DEAD:
         c->sched++;
         if (!n) {
-            n = node_new(s, r->key, r->key_len);
+            n = tw__key_entry_new(&s->keys, r->key, r->key_len, on_due);
             if (!n)
                 return TW_ENOMEM;
-            hin(s, p, n);
+            tw__key_insert(&s->keys, p, n);
         }
         dead_clear(s, n);
-        node_record(n, c->no, r->off);
+        entry_record(n, c->no, r->off);
         if (r->type == JR_SCHED) {
             tw_wheel_add(s->wheel, &n->tm, tick_of(r->due_ms));
         } else {
             tw_wheel_cancel(s->wheel, &n->tm);
-            n->fl |= DN_DEAD;
+            n->fl |= ENT_DEAD;
             s->ndead++;
         }
         break;
@@ -2071,9 +1707,9 @@ static int replay_apply(struct replay_ctx *c, const jr_rec *r)
     default: /* CANCEL, DONE */
         if (n) {
             dead_clear(s, n);
-            hout(s, p);
+            tw__key_take(&s->keys, p);
             tw_wheel_cancel(s->wheel, &n->tm);
-            node_free(s, n);
+            tw__key_entry_free(&s->keys, n);
         }
         break;
     }
@@ -2104,7 +1740,7 @@ static int replay_one(void *arg, const jr_rec *r)
 /* Size the key table once from the segments' sizes (the newest's
  * allocated size, a little more than its records): at 128 bytes a record and
  * two keys a bucket it rarely has to grow during the replay, and each growth
- * would touch every node again. A guess: too small costs a growth, too large
+ * would touch every entry again. A guess: too small costs a growth, too large
  * one rehash at the end (fit_table()). */
 static void presize_table(jstore *s, const uint32_t *nos, size_t cnt)
 {
@@ -2116,11 +1752,11 @@ static void presize_table(jstore *s, const uint32_t *nos, size_t cnt)
         if (fstatat(s->dirfd, name, &st, 0) == 0)
             old_bytes += (uint64_t)st.st_size;
     }
-    size_t want = s->nbuckets;
+    size_t want = s->keys.nbuckets;
     while (want < old_bytes / 256 && want < ((size_t)1 << 40))
         want *= 2;
-    if (want > s->nbuckets)
-        (void)hresize(s, want);
+    if (want > s->keys.nbuckets)
+        (void)tw__key_resize(&s->keys, want);
 }
 
 /* After the replay: a table sized for records that turned out dead (or
@@ -2128,12 +1764,12 @@ static void presize_table(jstore *s, const uint32_t *nos, size_t cnt)
  * fails. */
 static void fit_table(jstore *s)
 {
-    hgrow_finish(s);
-    size_t want = s->nbuckets;
-    while (want > 1024 && s->count < want)
+    tw__key_grow_finish(&s->keys);
+    size_t want = s->keys.nbuckets;
+    while (want > 1024 && s->keys.count < want)
         want /= 2;
-    if (want < s->nbuckets)
-        (void)hresize(s, want);
+    if (want < s->keys.nbuckets)
+        (void)tw__key_resize(&s->keys, want);
 }
 
 /* A segment whose header is bad: 1 if it was deleted (a crash while the
@@ -2189,9 +1825,10 @@ static int replay_segment(jstore *s, const tw_durable_config *cfg,
  * fresh segment if there was none or damage was repaired. */
 static int replay_done(jstore *s, const tw_durable_config *cfg, bool damaged)
 {
-    for (size_t i = 0; i < s->nbuckets; i++)
-        for (struct dnode *n = hnode(s, s->buckets[i]); n;
-             n = hnode(s, hlink(n)))
+    for (size_t i = 0; i < s->keys.nbuckets; i++)
+        for (struct tw__key_entry *n =
+                 tw__key_entry_of(&s->keys, s->keys.buckets[i]);
+             n; n = tw__key_entry_of(&s->keys, tw__key_link(n)))
             seg_live(s, n->seg, +1);
     if (s->readonly)
         return 0; /* nothing is written: no new segment */
@@ -2364,7 +2001,7 @@ static int make_dirs(const tw_durable_config *cfg)
 /* Fill a new store's fields from @cfg and make its locks (nothing can
  * fail). */
 static void init_store(jstore *s, const tw_durable_config *cfg,
-                       uint64_t seg_bytes, uint64_t t0)
+                       uint64_t seg_bytes)
 {
     s->base.ops = &journal_ops;
     s->dirfd = s->lockfd = -1;
@@ -2376,7 +2013,6 @@ static void init_store(jstore *s, const tw_durable_config *cfg,
     s->fake_mono = cfg->mono_ns != NULL;
     s->clock_arg = cfg->clock_arg;
     s->wake_at = INT64_MAX;
-    s->seed = t0 ^ (uint64_t)(uintptr_t)s;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->w.sync_mu, NULL);
     pthread_condattr_t ca;
@@ -2385,7 +2021,6 @@ static void init_store(jstore *s, const tw_durable_config *cfg,
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_cond_init(&s->round_cv, NULL);
-    pthread_cond_init(&s->qcv, NULL);
     s->w.mu = &s->mu;
     s->w.sync_mode = cfg->sync;
     s->sync_every_ns =
@@ -2458,21 +2093,14 @@ static int recover(jstore *s, const tw_durable_config *cfg)
  * running. */
 static int start_threads(jstore *s, uint32_t nexec)
 {
-    int rc = 0;
-    if (nexec) {
-        s->exec = tw__calloc(nexec, sizeof *s->exec);
-        if (!s->exec)
-            return TW_ENOMEM;
-        for (; s->nexec < nexec; s->nexec++)
-            if (pthread_create(&s->exec[s->nexec], NULL, exec_main, s) != 0)
-                break;
-        if (s->nexec < nexec)
-            rc = TW_ENOMEM;
-    }
+    int rc =
+        tw__durable_exec_init(&s->exec, nexec, run_delivery, drop_delivery, s);
+    if (!rc)
+        rc = tw__durable_exec_start(&s->exec);
     if (!rc && pthread_create(&s->thr, NULL, store_main, s) != 0)
         rc = TW_ENOMEM;
     if (rc)
-        stop_executors(s);
+        tw__durable_exec_stop(&s->exec);
     return rc;
 }
 
@@ -2496,19 +2124,18 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
     if (!s)
         return TW_ENOMEM;
     uint64_t t0 = real_mono_ns(NULL);
-    init_store(s, cfg, seg_bytes, t0);
+    init_store(s, cfg, seg_bytes);
     s->readonly = cfg->flags & TW_DURABLE_READONLY;
     s->base.readonly = s->readonly;
     s->nofire = s->readonly || (cfg->flags & TW_DURABLE_NOFIRE);
     int rc = TW_ENOMEM;
-    s->nbuckets = 1024;
-    s->buckets = tw__calloc(s->nbuckets, sizeof *s->buckets);
-    if (s->buckets && tw_wheel_create(&s->wheel, NULL, tick_of(wall(s))) == 0)
+    if (tw__key_table_init(&s->keys, 1024, t0 ^ (uint64_t)(uintptr_t)s) == 0 &&
+        tw_wheel_create(&s->wheel, NULL, tick_of(wall(s))) == 0)
         rc = lock_dir(s, cfg);
     if (!rc)
         rc = recover(s, cfg);
     if (!rc) {
-        s->recovered = s->count - s->ndead;
+        s->recovered = s->keys.count - s->ndead;
         s->recovery_us = (real_mono_ns(NULL) - t0) / 1000;
         rc = s->nofire ? 0 : start_threads(s, cfg->executor_threads);
     }
@@ -2519,6 +2146,155 @@ static int j_open(tw_durable **out, const tw_durable_config *cfg)
     *out = &s->base;
     return 0;
 }
+/* ------------------------------------------------------------------------ */
+/* The shared delivery path (src/durable_exec.h). */
+
+static bool exec_take(tw_timer *job, void *ctx)
+{
+    struct tw__durable_exec *x = ctx;
+    if (!atomic_load_explicit(&x->dropping, memory_order_acquire))
+        return true;
+    x->drop((struct tw__durable_job *)job, x->ctx);
+    pthread_mutex_lock(&x->mu);
+    if (--x->pending == 0)
+        pthread_cond_broadcast(&x->idle);
+    pthread_mutex_unlock(&x->mu);
+    return false;
+}
+
+static void exec_run(tw_timer *job, void *ctx)
+{
+    struct tw__durable_exec *x = ctx;
+    x->run((struct tw__durable_job *)job, x->ctx);
+    pthread_mutex_lock(&x->mu);
+    if (--x->pending == 0)
+        pthread_cond_broadcast(&x->idle);
+    pthread_mutex_unlock(&x->mu);
+}
+
+int tw__durable_exec_init(struct tw__durable_exec *x, uint32_t nthreads,
+                          tw__durable_run_fn run, tw__durable_drop_fn drop,
+                          void *ctx)
+{
+    x->run = run;
+    x->drop = drop;
+    x->ctx = ctx;
+    x->pending = 0;
+    x->started = false;
+    atomic_init(&x->dropping, false);
+    if (tw__exec_init(&x->pool, nthreads, exec_take, exec_run, x) != 0)
+        return TW_ENOMEM;
+    if (pthread_mutex_init(&x->mu, NULL) != 0)
+        goto fail_pool;
+    if (pthread_cond_init(&x->idle, NULL) != 0)
+        goto fail_mu;
+    x->ready = true;
+    return 0;
+fail_mu:
+    pthread_mutex_destroy(&x->mu);
+fail_pool:
+    tw__exec_destroy(&x->pool);
+    return TW_ENOMEM;
+}
+
+int tw__durable_exec_start(struct tw__durable_exec *x)
+{
+    if (tw__exec_start(&x->pool) != 0)
+        return TW_ENOMEM;
+    x->started = true;
+    return 0;
+}
+
+void tw__durable_exec_submit(struct tw__durable_exec *x,
+                             struct tw__durable_jobs *l)
+{
+    tw_timer *first = l->head;
+    size_t n = l->n;
+    tw__durable_jobs_init(l);
+    if (!first)
+        return;
+    if (!tw__durable_exec_threaded(x)) {
+        while (first) {
+            tw_timer *job = first;
+            first = job->tw__next; /* run() may free the job */
+            x->run((struct tw__durable_job *)job, x->ctx);
+        }
+        return;
+    }
+    /* Counted before the push: tw__durable_exec_wait_idle() never misses
+     * a job. */
+    pthread_mutex_lock(&x->mu);
+    x->pending += n;
+    pthread_mutex_unlock(&x->mu);
+    tw__exec_push(&x->pool, first);
+}
+
+void tw__durable_exec_wait_idle(struct tw__durable_exec *x)
+{
+    pthread_mutex_lock(&x->mu);
+    while (x->pending)
+        pthread_cond_wait(&x->idle, &x->mu);
+    pthread_mutex_unlock(&x->mu);
+}
+
+void tw__durable_exec_stop(struct tw__durable_exec *x)
+{
+    if (!x->started)
+        return;
+    atomic_store_explicit(&x->dropping, true, memory_order_release);
+    tw__exec_stop(&x->pool);
+    x->started = false;
+}
+
+void tw__durable_exec_destroy(struct tw__durable_exec *x)
+{
+    if (!x->ready)
+        return;
+    pthread_cond_destroy(&x->idle);
+    pthread_mutex_destroy(&x->mu);
+    tw__exec_destroy(&x->pool);
+    x->ready = false;
+}
+
+uint64_t tw__durable_late_us(int64_t now_ms, int64_t due_ms)
+{
+    int64_t late_ms; /* due_ms may be anywhere in int64: saturate */
+    if (__builtin_sub_overflow(now_ms, due_ms, &late_ms))
+        late_ms = INT64_MAX;
+    return late_ms > 0 && late_ms < INT64_MAX / 1000 ? (uint64_t)late_ms * 1000u
+           : late_ms > 0                             ? UINT64_MAX
+                                                     : 0;
+}
+
+void tw__durable_counts_begin(struct tw__durable_counts *c, uint64_t late_us)
+{
+    c->late_hist[tw__late_bucket(late_us)]++;
+    c->late_sum_us = late_us > UINT64_MAX - c->late_sum_us
+                         ? UINT64_MAX
+                         : c->late_sum_us + late_us;
+    c->running++;
+}
+
+void tw__durable_counts_end(struct tw__durable_counts *c, int r)
+{
+    c->running--;
+    if (r > 0 || r == TW_DURABLE_FIRE_RETRY)
+        c->retried++;
+    else
+        c->fired++;
+}
+
+void tw__durable_counts_stats(const struct tw__durable_counts *c,
+                              tw_durable_stats *out)
+{
+    out->fired = c->fired;
+    out->retried = c->retried;
+    out->backlog = c->backlog;
+    out->running = c->running;
+    out->late_sum_us = c->late_sum_us;
+    memcpy(out->late_hist, c->late_hist, sizeof out->late_hist);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Public calls. */
 
