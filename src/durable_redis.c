@@ -296,6 +296,7 @@ static struct rd *rd_new(const tw_durable_config *cfg)
     d->wait_timeout_ms = cfg->wait_timeout_ms ? cfg->wait_timeout_ms : 1000;
     d->fire = cfg->fire;
     d->fire_arg = cfg->fire_arg;
+    d->nexec = cfg->executor_threads;
     tw__retry_init(&d->retry, cfg);
     d->wall_fn = cfg->wall_ms;
     d->mono_fn = cfg->mono_ns;
@@ -378,17 +379,22 @@ static int rd_probe_keys(struct rd *d)
     return rc;
 }
 
-/* Can this node deliver its shards' timers? Not while one callback has
- * held the firer for half a shard lease: the node then stops renewing its
- * ownership, so that the other nodes take its shards (and the claims that
- * run out), as they would take a silent node's. */
+/* Can this node deliver its shards' timers? Not while callbacks have
+ * held every thread that runs them (the firer, or all executor_threads)
+ * for half a shard lease: the node then stops renewing its ownership, so
+ * that the other nodes take its shards (and the claims that run out), as
+ * they would take a silent node's. cb_start is the start of the last
+ * callback that began, so all those running began at least that long
+ * ago. */
 static bool own_healthy(void *arg)
 {
     struct rd *d = arg;
+    uint64_t cap = d->nexec ? d->nexec : 1;
     pthread_mutex_lock(&d->mu);
-    uint64_t since = d->cb_start;
+    uint64_t since = d->cb_start, running = d->counts.running;
     pthread_mutex_unlock(&d->mu);
-    return !since || rd_mono_ms(d) - since < d->shard_lease_ms / 2;
+    return !since || running < cap ||
+           rd_mono_ms(d) - since < d->shard_lease_ms / 2;
 }
 
 /* A shard became this node's: claim at once. */
@@ -963,21 +969,18 @@ static int rd_stats(tw_durable *base, tw_durable_stats *out)
         return rc;
     pthread_mutex_lock(&d->mu);
     out->pending = sum[0];
-    out->backlog = sum[1] + local_backlog(d, wall);
     out->quarantined = sum[2];
     out->dead = sum[3];
-    out->fired = d->fired;
-    out->retried = d->retried;
+    tw__durable_counts_stats(&d->counts, out);
+    out->backlog = sum[1] + local_backlog(d, wall);
     out->cancelled = d->cancelled;
-    out->running = d->callbacks;
-    out->late_sum_us = d->late_sum_us;
-    memcpy(out->late_hist, d->late_hist, sizeof out->late_hist);
     pthread_mutex_unlock(&d->mu);
     return 0;
 }
 
 static void rd_free(struct rd *d)
 {
+    tw__durable_exec_destroy(&d->exec);
     tw__own_close(d->own);
     while (d->held) {
         struct rtimer *r = d->held;

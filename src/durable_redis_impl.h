@@ -22,6 +22,7 @@
 
 #include "clock.h"
 #include "durable_backend.h"
+#include "durable_exec.h"
 #include "internal.h"
 #include "redis_client.h"
 #include "redis_owner.h"
@@ -45,6 +46,7 @@ struct rtimer {
     uint64_t epoch;  /* the shard's epoch when its owner claimed it, or 0 */
     uint64_t dl;     /* monotonic ms (rd_mono_ms): never fired from then on
                         (its claim may have run out); 0 = no limit */
+    struct tw__durable_job job; /* its delivery while on the executor */
     size_t key_len, payload_len;
     char data[];
 };
@@ -106,14 +108,16 @@ struct rd {
     char grp_name[GROUPS_MAX][64]; /* "host:port" of each group's master */
     uint32_t ngrp;
     uint64_t next_check; /* no claim check before (real monotonic ms) */
-    uint64_t fired, retried, cancelled;
-    uint64_t late_hist[TW_LATE_BUCKETS];
-    uint64_t callbacks; /* callbacks running now (stats.running); under mu */
-    uint64_t cb_start;  /* rd_mono_ms when the running callback began, or
-                           0; under mu */
+    uint64_t cancelled;
+    struct tw__durable_counts counts; /* fired, retried, running, late */
+    uint64_t cb_start;       /* rd_mono_ms when the last callback began, or 0
+                                when none runs; under mu */
     uint32_t shard_lease_ms; /* cfg.redis_shard_lease_ms */
-    uint64_t late_sum_us;    /* stats.late_sum_us; under mu */
-    struct tw__retry retry;  /* cfg's retry policy */
+    /* The callbacks' executor (cfg.executor_threads; 0: they run on the
+     * firer thread), src/durable_exec.h. */
+    struct tw__durable_exec exec;
+    uint32_t nexec;
+    struct tw__retry retry; /* cfg's retry policy */
     /* TW_DURABLE_NOFIRE: no threads, nothing claimed or delivered; a
      * schedule is refused (SCHED claims what is due soon at once). */
     bool nofire;

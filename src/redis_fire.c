@@ -658,24 +658,16 @@ static void fire_one(struct rd *d, struct rtimer *r)
     int64_t late = sat_sub(rd_wall_us(d), due_us);
     pthread_mutex_lock(&d->mu);
     r->fired = true;
-    d->callbacks++;
     d->cb_start = rd_mono_ms(d);
-    uint64_t late_us = late > 0 ? (uint64_t)late : 0;
-    d->late_sum_us = late_us > UINT64_MAX - d->late_sum_us
-                         ? UINT64_MAX
-                         : d->late_sum_us + late_us;
-    d->late_hist[tw__late_bucket(late_us)]++;
+    tw__durable_counts_begin(&d->counts, late > 0 ? (uint64_t)late : 0);
     pthread_mutex_unlock(&d->mu);
     rd_cur = r;
     int res = tw__durable_fire(&d->base, d->fire, &t, d->fire_arg);
     rd_cur = NULL;
     pthread_mutex_lock(&d->mu);
-    d->callbacks--;
-    d->cb_start = 0;
-    if (res > 0 || res == TW_DURABLE_FIRE_RETRY)
-        d->retried++;
-    else
-        d->fired++;
+    tw__durable_counts_end(&d->counts, res);
+    if (!d->counts.running)
+        d->cb_start = 0;
     pend_add(d, r, tw__retry_next(&d->retry, att, res));
     pthread_mutex_unlock(&d->mu);
 }
@@ -685,13 +677,50 @@ static void recheck_locked(struct rd *d, struct rtimer *r)
 {
     tw_wheel_add(d->wheel, &r->tm, tw_wheel_now(d->wheel));
     d->next_check = 0;
+    pthread_cond_signal(&d->cv); /* from an executor thread: wake the firer */
 }
 
-/* Fire the checked timers of d->ready that are due now (never early),
- * each only if its check was sent at most CHECK_MAX_AGE_MS before its
- * callback starts (else it is checked again); returns the earliest due
- * time of those left, or INT64_MAX. mu held (released around the
- * callbacks). */
+/* A delivery as the executor runs it (src/durable_exec.h): on the firer
+ * thread when executor_threads is 0, else on an executor thread, maybe
+ * long after the firer took it. Either way its claim is judged when its
+ * callback is about to start: a claim that may have run out is dropped
+ * (the shard's owner delivers it), an answer older than CHECK_MAX_AGE_MS
+ * is checked again; only then does the callback run. */
+static void fire_job(struct tw__durable_job *job, void *ctx)
+{
+    struct rd *d = ctx;
+    struct rtimer *r = TW_CONTAINER_OF(job, struct rtimer, job);
+    if (r->dl && rd_mono_ms(d) >= r->dl) {
+        /* Its claim may have run out: the shard's owner delivers it. */
+        pthread_mutex_lock(&d->mu);
+        tw__rd_rt_free_locked(d, r);
+        pthread_mutex_unlock(&d->mu);
+        return;
+    }
+    if (real_mono_ms() - r->chk_at > CHECK_MAX_AGE_MS) {
+        pthread_mutex_lock(&d->mu);
+        recheck_locked(d, r);
+        pthread_mutex_unlock(&d->mu);
+        return;
+    }
+    fire_one(d, r);
+}
+
+/* A delivery that close left queued: nothing to do here. Its timer stays
+ * in d->held, whose claims close gives back (RELEASE), so the timer is
+ * delivered again at once by whoever claims it next (at least once). */
+static void drop_job(struct tw__durable_job *job, void *ctx)
+{
+    (void)job;
+    (void)ctx;
+}
+
+/* Deliver the checked timers of d->ready that are due now (never early)
+ * through the executor (fire_job()), each only if its check was sent at
+ * most CHECK_MAX_AGE_MS before its callback starts (else it is checked
+ * again); returns the earliest due time of those left, or INT64_MAX. mu
+ * held (released around the submission, which runs the callbacks when
+ * executor_threads is 0). */
 static int64_t fire_ready(struct rd *d)
 {
     int64_t wall = rd_wall(d), next = INT64_MAX;
@@ -708,24 +737,12 @@ static int64_t fire_ready(struct rd *d)
             pp = &r->next;
         }
     }
+    struct tw__durable_jobs jobs;
+    tw__durable_jobs_init(&jobs);
+    for (struct rtimer *r = go; r; r = r->next)
+        tw__durable_jobs_add(&jobs, &r->job);
     pthread_mutex_unlock(&d->mu);
-    for (struct rtimer *r = go, *n2; r; r = n2) {
-        n2 = r->next;
-        if (r->dl && rd_mono_ms(d) >= r->dl) {
-            /* Its claim may have run out: the shard's owner delivers it. */
-            pthread_mutex_lock(&d->mu);
-            tw__rd_rt_free_locked(d, r);
-            pthread_mutex_unlock(&d->mu);
-            continue;
-        }
-        if (real_mono_ms() - r->chk_at > CHECK_MAX_AGE_MS) {
-            pthread_mutex_lock(&d->mu);
-            recheck_locked(d, r);
-            pthread_mutex_unlock(&d->mu);
-            continue;
-        }
-        fire_one(d, r);
-    }
+    tw__durable_exec_submit(&d->exec, &jobs);
     pthread_mutex_lock(&d->mu);
     return next;
 }
@@ -1036,10 +1053,14 @@ int tw__rd_touch(tw_durable *base, const void *key, size_t key_len)
  * thread and the firer. */
 int tw__rd_start(struct rd *d)
 {
-    grp_refresh(d);
+    bool ok =
+        !tw__durable_exec_init(&d->exec, d->nexec, fire_job, drop_job, d) &&
+        !tw__durable_exec_start(&d->exec);
+    if (ok)
+        grp_refresh(d);
     pthread_mutex_lock(&d->mu);
-    grp_start_locked(d);
-    bool ok = true;
+    if (ok)
+        grp_start_locked(d);
     for (uint32_t s = 0; s < d->shards; s++)
         ok = ok && d->grp[d->grp_of[s]].started;
     pthread_mutex_unlock(&d->mu);
@@ -1054,8 +1075,10 @@ int tw__rd_start(struct rd *d)
     return 0;
 }
 
-/* Stop the firer and the topology thread, then the groups' threads (the
- * firer's last callbacks give them completions to send). */
+/* Stop the firer and the topology thread, then the executor (the
+ * deliveries still queued are dropped, the callbacks running finish),
+ * then the groups' threads (the last callbacks give them completions to
+ * send). */
 void tw__rd_stop(struct rd *d)
 {
     pthread_mutex_lock(&d->mu);
@@ -1069,6 +1092,7 @@ void tw__rd_stop(struct rd *d)
         pthread_join(d->thr, NULL);
     if (d->claimer_on)
         pthread_join(d->claimer, NULL);
+    tw__durable_exec_stop(&d->exec);
     pthread_mutex_lock(&d->mu);
     d->gstop = true;
     for (int g = 0; g < GROUPS_MAX; g++)

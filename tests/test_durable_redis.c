@@ -422,6 +422,9 @@ static uint64_t hist_sum(const tw_durable_stats *s, unsigned from)
     return n;
 }
 
+/* The executor_threads of the next open_gated(). */
+static uint32_t gate_exec;
+
 /* A store of its own namespace (@prefix and our pid) whose first callback
  * waits for gate_state 2. */
 static tw_durable *open_gated(const char *prefix)
@@ -430,6 +433,7 @@ static tw_durable *open_gated(const char *prefix)
     snprintf(ns, sizeof ns, "%s%d", prefix, (int)getpid());
     tw_durable_config cfg = base_cfg(ns);
     cfg.fire = gate_fire;
+    cfg.executor_threads = gate_exec;
     tw_durable *d;
     reset_tab();
     gate_state = 1;
@@ -824,10 +828,13 @@ static void stall(void)
  * the first callback blocks; meanwhile all six are cancelled (0), and the
  * callback is held 600 ms more. The five whose callbacks had not started
  * must never start: their answers are too old by then, so they are
- * checked again and found cancelled. */
-static void age_test(void)
+ * checked again and found cancelled. With @nexec executor threads (1:
+ * the five wait in the executor's queue behind the first), the age is
+ * judged when a callback is about to start on its executor thread. */
+static void age_test(const char *prefix, uint32_t nexec)
 {
-    tw_durable *d = open_gated("age");
+    gate_exec = nexec;
+    tw_durable *d = open_gated(prefix);
     int64_t t0 = wall_ms();
     for (int i = 600; i < 606; i++) /* within the horizon: claimed now */
         ASSERT_EQ(sched(d, i, t0 + 200, "v"), 0);
@@ -844,7 +851,8 @@ static void age_test(void)
         n += tab[i].count;
     ASSERT_EQ(n, 1); /* the one whose callback was running */
     ASSERT_EQ(tw_durable_close(d), 0);
-    printf("age: ok\n");
+    gate_exec = 0;
+    printf("age (executor_threads %u): ok\n", (unsigned)nexec);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1275,7 +1283,8 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "semantics")) {
         semantics();
         stats_test();
-        age_test();
+        age_test("age", 0);
+        age_test("agex", 1);
     } else if (!strcmp(mode, "dienode") && argc == 5)
         dienode(argv[3], strtoll(argv[4], NULL, 10));
     else if (!strcmp(mode, "econn"))
