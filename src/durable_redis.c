@@ -346,16 +346,7 @@ static int rd_keys(struct rd *d, const char *ns)
 static int rd_load_scripts(struct rd *d)
 {
     for (int i = 0; i < S_COUNT; i++) {
-        const char *argv[3] = {"SCRIPT", "LOAD", tw__redis_scripts[i]};
-        size_t len[3] = {6, 4, strlen(tw__redis_scripts[i])};
-        tw__rc_cmd cmd = {3, argv, len, -1, NULL, 0};
-        int rc = tw__rc_exec(d->rc, &cmd, 1);
-        if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_STRING ||
-                    cmd.reply->len != 40))
-            rc = tw__rc_cmd_error(d->rc, &cmd, "SCRIPT LOAD");
-        if (!rc)
-            memcpy(d->sha[i], cmd.reply->str, 41);
-        free_replies(&cmd, 1);
+        int rc = tw__rc_script_load(d->rc, tw__redis_scripts[i], d->sha[i]);
         if (rc)
             return rc;
     }
