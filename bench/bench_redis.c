@@ -579,6 +579,42 @@ static const char ldone_script[] =
     "redis.call('HDEL',KEYS[4],unpack(fin))\n"
     "return #fin\n";
 
+/* The lease-poller's callbacks for the claims of @r (the lateness of
+ * each), then their one completion by the done script @sha; how many. */
+static size_t lpoll_done(redisContext *c, const char *sha, redisReply *r,
+                         const int64_t *due)
+{
+    static const char *av[2 * 1000 + 8];
+    static size_t al[2 * 1000 + 8];
+    static char num[1000 + 1][24];
+    size_t got = r->elements / 3;
+    const char *head[9] = {"EVALSHA", sha,    "5",    "lp:z",   "lp:h",
+                           "lp:a",    "lp:t", "lp:c", num[1000]};
+    memcpy(av, head, sizeof head);
+    for (int k = 0; k < 8; k++)
+        al[k] = strlen(av[k]);
+    al[8] = (size_t)snprintf(num[1000], 24, "%zu", got);
+    int64_t t = now_us();
+    for (size_t i = 0; i < got; i++) {
+        redisReply *k = r->element[3 * i];
+        int id = atoi(k->str + 1);
+        late[nlate++] = t - due[id] * 1000;
+        av[9 + i] = k->str;
+        al[9 + i] = k->len;
+        av[9 + got + i] = num[i];
+        al[9 + got + i] = (size_t)snprintf(num[i], 24, "%lld",
+                                           r->element[3 * i + 1]->integer);
+    }
+    if (got) {
+        redisReply *dr = redisCommandArgv(c, (int)(9 + 2 * got), av, al);
+        if (!dr || dr->type != REDIS_REPLY_INTEGER ||
+            dr->integer != (long long)got)
+            exit(1);
+        freeReplyObject(dr);
+    }
+    return got;
+}
+
 static void lpoll_mode(const char *seeds, int pid, int n, int window_ms,
                        int interval_ms)
 {
@@ -586,64 +622,24 @@ static void lpoll_mode(const char *seeds, int pid, int n, int window_ms,
     char sha[3][41];
     const char *src[3] = {add_script, lpoll_script, ldone_script};
     poller_begin(&p, seeds, pid, n, src, sha, 3);
-    const char **av = calloc(2 * 1000 + 8, sizeof *av);
-    size_t *al = calloc(2 * 1000 + 8, sizeof *al);
-    char(*num)[24] = calloc(1000 + 1, sizeof *num);
-    if (!av || !al || !num)
-        exit(1);
     poller_load(&p, sha[0], "lp", window_ms);
-    redisContext *c = p.c;
-    int64_t *due = p.due;
     int64_t next = now_us();
     while (nlate < (size_t)n && now_us() < p.end_us) {
         sleep_us(next - now_us());
         next += (int64_t)interval_ms * 1000;
         for (;;) {
             redisReply *r = redisCommand(
-                c, "EVALSHA %s 5 lp:z lp:h lp:a lp:t lp:c %lld 30000 1000",
+                p.c, "EVALSHA %s 5 lp:z lp:h lp:a lp:t lp:c %lld 30000 1000",
                 sha[1], (long long)(now_us() / 1000));
             if (!r || r->type != REDIS_REPLY_ARRAY)
                 exit(1);
-            size_t got = r->elements / 3;
-            /* The callbacks: the lateness of each, then one completion. */
-            av[0] = "EVALSHA";
-            av[1] = sha[2];
-            av[2] = "5";
-            const char *kn[5] = {"lp:z", "lp:h", "lp:a", "lp:t", "lp:c"};
-            for (int k = 0; k < 5; k++)
-                av[3 + k] = kn[k];
-            av[8] = num[1000];
-            for (int k = 0; k < 8; k++)
-                al[k] = strlen(av[k]);
-            al[8] = (size_t)snprintf(num[1000], 24, "%zu", got);
-            int64_t t = now_us();
-            for (size_t i = 0; i < got; i++) {
-                redisReply *k = r->element[3 * i];
-                int id = atoi(k->str + 1);
-                late[nlate++] = t - due[id] * 1000;
-                av[9 + i] = k->str;
-                al[9 + i] = k->len;
-                av[9 + got + i] = num[i];
-                al[9 + got + i] = (size_t)snprintf(
-                    num[i], 24, "%lld", r->element[3 * i + 1]->integer);
-            }
-            if (got) {
-                redisReply *dr =
-                    redisCommandArgv(c, (int)(9 + 2 * got), av, al);
-                if (!dr || dr->type != REDIS_REPLY_INTEGER ||
-                    dr->integer != (long long)got)
-                    exit(1);
-                freeReplyObject(dr);
-            }
+            size_t got = lpoll_done(p.c, sha[2], r, p.due);
             freeReplyObject(r);
             if (got < 1000)
                 break;
         }
     }
     poller_end(&p, "lpoll", interval_ms);
-    free(av);
-    free(al);
-    free(num);
 }
 
 static void idle_mode(const char *seeds, int pid, int nodes, int secs)
