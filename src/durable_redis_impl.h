@@ -6,7 +6,8 @@
  * (struct grp), a script call (struct call), the clocks, and the
  * functions one file calls in another. Locks: d->op_mu (the combiner,
  * src/durable_redis.c) is never held with d->mu; d->mu guards the wheel,
- * the timers' lists, the groups' queues and the counters.
+ * the timers' lists, the groups' queues and the counters; the executor
+ * (d->exec) is called with neither held.
  */
 #ifndef TWHEEL_DURABLE_REDIS_IMPL_H
 #define TWHEEL_DURABLE_REDIS_IMPL_H

@@ -10,9 +10,13 @@
  * each group has a claimer thread (CLAIM) and a worker thread (checks and
  * completions), each talking to its master only, so that a master that
  * stalls holds only its own shards. One firer thread advances the wheel,
- * hands the due timers to their groups' workers and starts the callbacks
- * of those found still the node's. The wheel is shared under mu: a
- * schedule adds the timers it claims at once.
+ * hands the due timers to their groups' workers and delivers those found
+ * still the node's through the durable layer's executor
+ * (src/durable_exec.h): their callbacks run on the firer itself when
+ * cfg.executor_threads is 0, else on the executor's threads, and each
+ * delivery's claim is judged again when its callback is about to start
+ * (fire_job()). The wheel is shared under mu: a schedule adds the timers
+ * it claims at once.
  *
  * Claiming. The claimer runs CLAIM on every shard each horizon/4: one
  * range of :d, [-(now * 1024 + 1023), now + horizon], holds both the
