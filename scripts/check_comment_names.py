@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""Every function a comment in src/ or include/ names as `name()` exists.
+"""Comments in src/ and include/ name functions that exist and state the
+sizes the code asserts.
+
+Every function a comment names as `name()` exists.
 
 A name counts as existing when the C code of the library, its tool or its
 server (src/, include/, tools/, twheeld/; comments and strings left out)
@@ -9,6 +12,11 @@ or a call, which the compiler has checked against a declaration (so the
 libc and POSIX functions that the code calls count too). Names that only comments use and that are not ours (libc, POSIX,
 Linux, other projects) are listed in ALLOWED below. Prints each stale name
 with the places that name it and exits 1 if there is one.
+A size a comment states ("a node is 40 bytes", "sizeof(tw_timer) is 40
+bytes") is checked where the code asserts it: for each
+`_Static_assert(sizeof(T) == N` or `sizeof(struct T) == N`, every comment
+of the file that defines T that names T (or the last word of its name,
+"node" for dx_node) followed within two words by "M bytes" must say M = N.
 Usage: scripts/check_comment_names.py [ROOT]   (the format stage runs it)
 """
 import re
@@ -68,6 +76,35 @@ def split(text):
     return "".join(code), comments
 
 
+SIZE_ASSERT = re.compile(
+    r"_Static_assert\s*\([^;]*?\bsizeof\s*\(\s*(?:struct\s+)?(\w+)\s*\)"
+    r"\s*==\s*(\d+)", re.S)
+
+
+def size_claims(texts):
+    """Stale sizes: (file, type, asserted, stated) where a comment of the
+    file that defines the type states another size than its assert."""
+    asserted = {}
+    for f, (code, _) in texts.items():
+        for name, n in SIZE_ASSERT.findall(code):
+            asserted[name] = int(n)
+    bad = []
+    for name, n in sorted(asserted.items()):
+        define = re.compile(r"\bstruct\s+" + name + r"\s*\{")
+        nouns = {name, name.rsplit("_", 1)[-1]}
+        said = re.compile(r"\b(?:" + "|".join(sorted(nouns)) + r")s?\b\W+"
+                          r"(?:\w+\W+){0,2}?(\d+) bytes", re.I)
+        for f, (code, comments) in texts.items():
+            if not define.search(code) and not re.search(
+                    r"\btypedef\s+struct\s+\w+\s+" + name + r"\s*;", code):
+                continue
+            for com in comments:
+                for m in said.findall(" ".join(com.split())):
+                    if int(m) != n:
+                        bad.append((f, name, n, int(m)))
+    return bad, len(asserted)
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else "."
     files = subprocess.run(["git", "-C", root, "ls-files", "*.c", "*.h"],
@@ -75,9 +112,12 @@ def main():
                            text=True).stdout.split()
     known = set()
     named = {}
+    texts = {}
     for f in files:
         with open(f"{root}/{f}", encoding="utf-8", errors="replace") as fh:
             code, comments = split(fh.read())
+        if f.startswith(("src/", "include/")):
+            texts[f] = (code, comments)
         if f.startswith(LIBRARY):
             known.update(NAME_CALL.findall(code))
         if f.startswith(("src/", "include/")):
@@ -92,10 +132,14 @@ def main():
     gone = sorted(k for k in KNOWN_STALE if k not in named or k in known)
     for name in gone:
         print(f"{name}() is no longer stale: remove it from KNOWN_STALE")
-    if stale or gone:
+    bad, nsizes = size_claims(texts)
+    for f, name, n, m in bad:
+        print(f"{f}: a comment says {name} is {m} bytes; the code asserts {n}")
+    if stale or gone or bad:
         return 1
     print(f"comment names: {len(named)} functions named in comments of src/ "
-          "and include/, each exists")
+          f"and include/, each exists; {nsizes} asserted sizes, every "
+          "comment agrees")
     return 0
 
 

@@ -28,6 +28,9 @@ struct dx_node {
     uint32_t pri;
     uint32_t l, r;
 };
+#if UINTPTR_MAX == UINT64_MAX
+_Static_assert(sizeof(struct dx_node) == 32, "a node is 32 bytes on LP64");
+#endif
 
 struct tw__dx {
     struct dx_node **chunks;

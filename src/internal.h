@@ -11,6 +11,10 @@
 
 #include "common.h" /* tw__malloc & co, tw__config_copy */
 
+#if UINTPTR_MAX == UINT64_MAX
+_Static_assert(sizeof(tw_timer) == 40, "a timer is 40 bytes on LP64");
+#endif
+
 /* The TW_LATE_BUCKETS bucket of a run that started @late_us microseconds
  * after its due time (see twheel/wheel.h). */
 static inline unsigned tw__late_bucket(uint64_t late_us)

@@ -10,7 +10,9 @@
 #                                      test_durable_semantics
 #   poison                             one server; test_durable_poison
 #   owner | owner-kill | owner-stop |  one server; TEST_BINARY is
-#   owner-pause
+#   owner-pause | owner-clock |        test_redis_owner
+#   owner-graceful
+#   owner-churn                        3 masters + 3 replicas;
 #                                      test_redis_owner
 #   share | share-kill | reshard |     a 3-master cluster
 #   many-cluster | stall
@@ -110,13 +112,14 @@ case $scenario in
     fi
     exit $rc
     ;;
-  owner | owner-kill | owner-stop | owner-pause)
+  owner | owner-kill | owner-stop | owner-pause | owner-clock | owner-graceful)
     # Fenced shard ownership: node processes on one server.
     port=$(pick_ports 1)
     [ "$scenario" = owner-pause ] && extra=(--enable-debug-command yes)
     start "$port"
     mode=${scenario#owner-}
-    if [ "$mode" = owner ] || [ "$mode" = pause ]; then
+    if [ "$mode" = owner ] || [ "$mode" = pause ] || [ "$mode" = clock ] ||
+      [ "$mode" = graceful ]; then
       "$bin" "$mode" "127.0.0.1:$port"
     else
       mkdir -p "$tmp/nodes"
@@ -143,14 +146,14 @@ case $scenario in
         ;;
     esac
     ;;
-  failover)
+  failover | owner-churn)
     cluster 3 1
     # The master of slot 0's shard range: kill the first master.
     victim=$(redis-cli -p "$cbase" cluster nodes | awk '/master/ && !/fail/ {print $2}' |
       head -1 | sed 's/@.*//; s/.*://')
     export TW_REDIS_KILL="kill -9 ${pid_of[$victim]}"
     seeds=127.0.0.1:$cbase,127.0.0.1:$((cbase + 1)),127.0.0.1:$((cbase + 2)),127.0.0.1:$((cbase + 3))
-    "$bin" failover "$seeds"
+    "$bin" "${scenario#owner-}" "$seeds"
     ;;
   *)
     echo "unknown scenario $scenario" >&2
