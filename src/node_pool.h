@@ -17,7 +17,7 @@
  *   bits 31..5   while the node is free: the index + 1 of the first node
  *                of the next batch on the free list (POOL_INDEX_BITS bits
  *                right below the generation); otherwise the user's
- *   bits 4..0    the user's; the pool keeps them as it finds them
+ *   bits 4..0    the user's (the free list leaves them as they are)
  *
  * All the pool knows of the word's low half is that an index + 1 needs
  * POOL_INDEX_BITS (27) bits, which it puts at the top of the half: the user
