@@ -5,6 +5,7 @@
 # Usage: scripts/bench_twheeld.sh BUILD_DIR [SECONDS] [DELAYED_JOBS]
 #   BUILD_DIR holds twheeld/twheeld and bench/bench_bstalk (Release).
 #   ONLY=many: only the many-delayed-jobs rows (memory, disk, restart).
+#   ONLY=rates: only the other rows (puts/s, reserve+delete/s, lateness).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 b=${1:?usage: $0 BUILD_DIR [SECONDS] [DELAYED_JOBS]}
@@ -56,7 +57,7 @@ rss() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
 
 echo "# $(date -u +%F) $(nproc) cores; twheeld $("$tw" -v | cut -d' ' -f2), beanstalkd $(beanstalkd -v 2>&1 | cut -d' ' -f2)"
 for srv in beanstalkd twheeld; do
-  if [ "${ONLY:-all}" = all ]; then
+  if [ "${ONLY:-all}" != many ]; then
   # Reply after fdatasync: beanstalkd -f 0, twheeld -f 0.
   for c in 1 64; do
     start "$srv" "$work/$srv-f0-$c" -f 0
@@ -75,6 +76,7 @@ for srv in beanstalkd twheeld; do
   echo "$srv -f 1000 $("$load" -p "$P" -c 8 -d 64 -n 20000 -D 3 late)"
   stop "$PID"
   fi
+  [ "${ONLY:-all}" = rates ] && continue
   # Many delayed jobs: memory, disk, restart after kill -9.
   start "$srv" "$work/$srv-many" -f 1000
   echo "$srv -f 1000 $("$load" -p "$P" -c 8 -d 256 -n "$njobs" -D 86400 delayed)"

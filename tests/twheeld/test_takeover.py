@@ -3,13 +3,16 @@
 """twheeld --redis: a dead server's jobs are taken over by the others.
 Two servers (--node 1 and 2) on one namespace of a real redis-server
 (started here on a free loopback port, killed at the end). Through A:
-20 jobs delayed 2 s and one job reserved with TTR 3 s. kill -9 of A; a
-worker on B alone must get all 21 jobs: each delayed job not before its
-due time, the reserved one not before its TTR ran out, every one within
-TAKEOVER_BOUND seconds of the kill. The bound, as docs/guide/twheeld.md
-states it: the store's shard lease (5 s) for A's shards to move, plus the
-claim A held (at most the shard lease again), plus the grace of a
-reserved job (2 s) and the TTR, plus margin for a loaded machine.
+20 jobs delayed 2 s, one job reserved with TTR 3 s, 5 ready jobs and 3
+buried ones. kill -9 of A; a worker on B alone must get all of them:
+each delayed job not before its due time, the reserved one not before
+its TTR ran out, the ready ones by reserve, the buried ones buried (a
+kick-job on B answers KICKED, and only then are they reserved), every
+one within TAKEOVER_BOUND seconds of the kill. The bound, as
+docs/guide/twheeld.md states it: A's liveness record runs out 10 s after
+its last renewal, plus the store's shard lease (5 s) for A's shards to
+move and the claim A held (at most the shard lease again), plus margin
+for a loaded machine.
 Before that, 20 jobs reserved from A by a connection that then closes
 are A's ready jobs: B must not take them once their lease would have run
 out (TTR + 2 s + LEFT_MARGIN). Then A is started again (same --node): it serves none of the jobs B took
@@ -27,6 +30,8 @@ from bstk import (Client, check, put_job, with_redis,  # noqa: E402
 
 TAKEOVER_BOUND = 30.0
 DELAYED = 20
+READY = 5
+BURIED = 3
 LEFT_MARGIN = 3.0  # past TTR + grace: B would have fired a dated lease
 
 
@@ -49,10 +54,21 @@ def session(server):
     for jid in left:
         check(ca.cmd(b"delete %d\r\n" % jid) == b"DELETED\r\n",
               "A's job %d" % jid)
+    # Buried jobs of A (priority 0: reserved before anything else).
+    buried = [put_job(ca, b"buried-%d" % i, pri=0) for i in range(BURIED)]
+    wb = Client(a.port)
+    for jid in buried:
+        r = wb.cmd(b"reserve-with-timeout 0\r\n")
+        check(r.startswith(b"RESERVED %d " % jid), "reserve %r" % r)
+        check(wb.cmd(b"bury %d 0\r\n" % jid) == b"BURIED\r\n", "bury")
+    wb.close()
     t_put = time.monotonic()
     delayed = {put_job(ca, b"delayed-%d" % i, delay=2): b"delayed-%d" % i
                for i in range(DELAYED)}
     leased = put_job(ca, b"leased", ttr=3)
+    # Ready jobs of A (priority 100: after the leased one).
+    ready = {put_job(ca, b"ready-%d" % i, pri=100): b"ready-%d" % i
+             for i in range(READY)}
     w = Client(a.port)
     # RESERVED comes once the job's lease is in Redis.
     r = w.cmd(b"reserve-with-timeout 0\r\n")
@@ -63,20 +79,35 @@ def session(server):
     # A worker on B gets every one of A's jobs.
     cb = Client(b.port, timeout=30)
     got = {}
-    while len(got) < DELAYED + 1 and \
+    kicked = set()
+    while len(got) < DELAYED + 1 + READY + BURIED and \
             time.monotonic() - t_kill < TAKEOVER_BOUND:
+        for jid in set(buried) - kicked:
+            r = cb.cmd(b"kick-job %d\r\n" % jid)
+            check(r in (b"KICKED\r\n", b"NOT_FOUND\r\n"), "kick %r" % r)
+            if r == b"KICKED\r\n":
+                kicked.add(jid)
         r = cb.cmd(b"reserve-with-timeout 1\r\n")
         if r == b"TIMED_OUT\r\n":
             continue
         head, body = r.split(b"\r\n")[:2]
         jid = int(head.split()[1])
         check(jid not in got, "job %d delivered twice" % jid)
+        check(jid not in buried or jid in kicked,
+              "buried job %d ready on B before a kick" % jid)
         got[jid] = (body, time.monotonic())
         check(cb.cmd(b"delete %d\r\n" % jid) == b"DELETED\r\n", "delete")
     missing = set(delayed) - set(got)
     check(not missing, "not taken over within %.0f s: %r" %
           (TAKEOVER_BOUND, sorted(missing)))
     check(leased in got, "the reserved job was not taken over")
+    missing = (set(ready) | set(buried)) - set(got)
+    check(not missing, "ready and buried jobs not taken over within %.0f s:"
+          " %r" % (TAKEOVER_BOUND, sorted(missing)))
+    for jid, body in ready.items():
+        check(got[jid][0] == body, "job %d body %r" % (jid, got[jid][0]))
+    for i, jid in enumerate(buried):
+        check(got[jid][0] == b"buried-%d" % i, "buried job %d body" % jid)
     for jid, body in delayed.items():
         check(got[jid][0] == body, "job %d body %r" % (jid, got[jid][0]))
         check(got[jid][1] >= t_put + 2, "job %d before its delay" % jid)
@@ -90,8 +121,9 @@ def session(server):
     ca = Client(a.port)
     st = yaml_map(ca.cmd(b"stats\r\n"))
     check(st["current-jobs-ready"] == "0" and
+          st["current-jobs-buried"] == "0" and
           st["current-jobs-reserved"] == "0", "A after restart: %r" %
-          {k: st[k] for k in ("current-jobs-ready",
+          {k: st[k] for k in ("current-jobs-ready", "current-jobs-buried",
                               "current-jobs-delayed")})
     for jid in got:
         check(ca.cmd(b"peek %d\r\n" % jid) == b"NOT_FOUND\r\n",
