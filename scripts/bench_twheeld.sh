@@ -71,10 +71,14 @@ for srv in beanstalkd twheeld; do
   echo "$srv -f 1000 $("$load" -p "$P" -c 1 -t "$secs" reserve)"
   echo "$srv -f 1000 $("$load" -p "$P" -c 16 -t "$secs" reserve)"
   stop "$PID"
-  # Lateness of delayed jobs becoming ready (delays 1..3 s).
-  start "$srv" "$work/$srv-late" -f 1000
-  echo "$srv -f 1000 $("$load" -p "$P" -c 8 -d 64 -n 20000 -D 3 late)"
-  stop "$PID"
+  # Lateness of delayed jobs becoming ready (delays of 1, 2 or 3 s):
+  # puts pipelined 64 deep (each second's jobs due in a burst as dense
+  # as the server took the puts), then one at a time per connection.
+  for d in 64 1; do
+    start "$srv" "$work/$srv-late-$d" -f 1000
+    echo "$srv -f 1000 $("$load" -p "$P" -c 8 -d "$d" -n 20000 -D 3 late)"
+    stop "$PID"
+  done
   fi
   [ "${ONLY:-all}" = rates ] && continue
   # Many delayed jobs: memory, disk, restart after kill -9.
