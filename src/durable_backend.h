@@ -2,13 +2,16 @@
 /*
  * src/durable_backend.h - how twheel/durable.h reaches its backends.
  *
- * tw_durable_open() (src/durable.c) validates the parts of the config that
- * every backend shares (fire, key and payload limits are checked per call),
- * then opens the journal backend when cfg->redis is NULL and the Redis
- * backend (src/durable_redis.c) otherwise. Every backend's handle begins
- * with struct tw_durable, whose ops table the public calls dispatch through.
- * The public functions check their arguments (NULL, empty or oversized key,
- * oversized payload) before dispatching, so a backend sees valid input only.
+ * What a backend differs in: its handle begins with struct tw_durable,
+ * whose ops table (store a batch, cancel a batch, close, stats, look-ups,
+ * dead letters) the public calls of src/durable.c dispatch through, and
+ * its open. tw_durable_open() validates the parts of the config that every
+ * backend shares, then opens the journal backend when cfg->redis is NULL
+ * and the Redis backend otherwise. The public functions check their
+ * arguments (NULL, empty or oversized key, oversized payload) before
+ * dispatching, so a backend sees valid input only. What the backends
+ * share (the executor, delivery counters and rules, retry policy, clocks)
+ * is in src/durable_exec.h.
  */
 #ifndef TWHEEL_DURABLE_BACKEND_H
 #define TWHEEL_DURABLE_BACKEND_H
@@ -17,6 +20,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "durable_exec.h"
 #include "twheel/durable.h"
 
 /* A listing call as the backends see it: the entries with (due, key)
@@ -97,55 +101,11 @@ struct tw_durable {
     bool readonly;
 };
 
-/* The store whose callback this thread is running, or NULL: close() of
- * that store from inside its own callback would wait for itself, and
- * returns TW_EDEADLK instead (src/durable.c). */
-extern _Thread_local tw_durable *tw__durable_running;
-
-/* Every backend calls its callbacks through this. */
-static inline int tw__durable_fire(tw_durable *d, tw_durable_fire_fn fn,
-                                   const tw_durable_timer *t, void *arg)
-{
-    tw_durable *outer = tw__durable_running;
-    tw__durable_running = d;
-    int res = fn(d, t, arg);
-    tw__durable_running = outer;
-    return res;
-}
-
-/* The first non-zero result of @items, or 0: what a schedule_many call
- * returns once every item's result is set. */
-static inline int tw__durable_first_error(const tw_durable_item *items,
-                                          size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (items[i].result)
-            return items[i].result;
-    return 0;
-}
-
-/* A store's retry policy (cfg.max_attempts, retry_*; src/durable_dead.c),
- * applied by both backends the same way. */
-struct tw__retry {
-    uint32_t max_attempts; /* 0: no limit */
-    uint32_t base_ms, max_ms, jitter_pct;
-};
-#define TW__RETRY_DEAD (-1) /* tw__retry_next(): to the dead letters */
-
-/* The policy of @cfg (checked by tw_durable_open()). */
-void tw__retry_init(struct tw__retry *p, const tw_durable_config *cfg);
-/* What follows a delivery of @attempt whose callback returned @r: 0 done,
- * n > 0 deliver again in n ms, or TW__RETRY_DEAD. */
-int tw__retry_next(const struct tw__retry *p, uint32_t attempt, int r);
-/* Whether a delivery of @attempt may run its callback at all: one past
- * max_attempts (the earlier ones crashed) goes to the dead letters. */
-static inline bool tw__retry_may(const struct tw__retry *p, uint32_t attempt)
-{
-    return !p->max_attempts || attempt <= p->max_attempts;
-}
-
-/* The Redis backend's open (src/durable_redis.c). @cfg has been checked for
- * the shared fields and cfg->redis is non-NULL. */
+/* Each backend's open. @cfg has been checked for the shared fields
+ * (src/durable.c). The journal's (src/durable_journal_open.c): cfg->dir
+ * is set. */
+int tw__durable_journal_open(tw_durable **out, const tw_durable_config *cfg);
+/* The Redis backend's (src/durable_redis.c): cfg->redis is non-NULL. */
 int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg);
 
 #endif

@@ -5,8 +5,8 @@
  * callback, and the argument checks of tw_durable_rearm(),
  * tw_durable_dead_delete(), tw_durable_list_dead() and tw_durable_touch()
  * before the backend's operation (src/durable_backend.h). Where a backend
- * keeps its dead letters is described with the backend (src/durable.c,
- * src/durable_redis.c).
+ * keeps its dead letters is described with the backend
+ * (src/durable_journal.c, src/durable_redis.c).
  */
 #define _GNU_SOURCE
 

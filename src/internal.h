@@ -134,16 +134,17 @@ int tw__repeated_create_on(tw_repeated **out, const tw__sched *sched,
 /* The task function every RepeatedTimer schedules. */
 void tw__repeated_task(tw_id id, void *arg);
 
-/* Durable store test hooks (src/durable.c). tw__durable_sync returns once
- * the store's thread has run a whole round that began after the call (read
- * the wall clock, fired what is due, compacted) and every callback it
- * started has returned. tw__durable_node_size: bytes of one pending
- * timer's record with a key of @key_len bytes. tw__durable_table: the
- * journal key table's bucket count and, while it grows, the previous
- * table's (else 0). */
+/* Durable store test hooks of the journal backend (tw__durable_sync in
+ * src/durable_journal_fire.c, the others in src/durable_journal.c).
+ * tw__durable_sync returns once the store's thread has run a whole round
+ * that began after the call (read the wall clock, fired what is due,
+ * compacted) and every callback it started has returned.
+ * tw__durable_entry_size: bytes of one pending timer's record with a key of
+ * @key_len bytes. tw__durable_table: the journal key table's bucket count and,
+ * while it grows, the previous table's (else 0). */
 struct tw_durable;
 void tw__durable_sync(struct tw_durable *d);
-size_t tw__durable_node_size(size_t key_len);
+size_t tw__durable_entry_size(size_t key_len);
 void tw__durable_table(struct tw_durable *d, size_t *nbuckets, size_t *nold);
 
 #endif

@@ -4,8 +4,9 @@
  * directory listed, read whole and scanned, torn tails told from damage and
  * cleared, damage skipped in repair mode, the MANIFEST read, and one record
  * read back from a live segment (format in journal_format.h; the writer is
- * journal_writer.c). The open's replay (durable.c) drives it segment by
- * segment; delivery, listing and scanning read records back through it.
+ * journal_writer.c). The open's replay (durable_journal_open.c) drives it
+ * segment by segment; delivery, listing and scanning read records back
+ * through it.
  *
  * Torn tails: every record carries "synced", the offset up to which its
  * segment was durable when it was written. A record that fails its checksum

@@ -112,6 +112,21 @@ static atomic_int blocked, unblocked;
  * tw_durable_touch() on its key every millisecond of real time. */
 static atomic_int entered_k, entered_n, touches, touch_rc;
 static void sleep_real_ms(int ms);
+/* A payload "P" waits for a second "P" to be inside its callback at the
+ * same time, at most PAIR_WAIT_MS of real time; pair_alone counts those
+ * that waited in vain. */
+#define PAIR_WAIT_MS 10000
+static atomic_int pair_in, pair_alone;
+
+static void pair_here(void)
+{
+    atomic_fetch_add(&pair_in, 1);
+    int i = 0;
+    while (atomic_load(&pair_in) < 2 && i++ < PAIR_WAIT_MS)
+        sleep_real_ms(1);
+    if (atomic_load(&pair_in) < 2)
+        atomic_fetch_add(&pair_alone, 1);
+}
 
 static void block_here(void)
 {
@@ -130,6 +145,8 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
         atomic_store(&self_close_rc, tw_durable_close(d));
     if (t->payload_len == 1 && *(const char *)t->payload == 'B')
         block_here();
+    if (t->payload_len == 1 && *(const char *)t->payload == 'P')
+        pair_here();
     if (t->payload_len == 1 && *(const char *)t->payload == 'K') {
         atomic_fetch_add(&entered_k, 1);
         while (!atomic_load(&unblocked)) {
@@ -230,6 +247,7 @@ static tw_durable_config cfg_for(const char *store)
     c.retry_ms = pol.retry_ms;
     c.retry_max_ms = pol.retry_max_ms;
     c.retry_jitter_pct = pol.retry_jitter_pct;
+    c.executor_threads = pol.executor_threads;
     if (pol.lease_ms)
         c.lease_ms = pol.lease_ms;
     return c;
@@ -784,21 +802,55 @@ static void test_calls_during_close(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* Timer @key (due now) calls close() from its callback: TW_EDEADLK. */
+static void close_from_callback(tw_durable *d, const char *key)
+{
+    atomic_store(&self_close_rc, 1);
+    ASSERT_EQ(sched(d, key, now_ms(), "X"), 0);
+    wait_count(key, 1);
+    for (int i = 0; i < WAIT_MS && atomic_load(&self_close_rc) == 1; i++)
+        sleep_real_ms(1);
+    ASSERT_EQ(atomic_load(&self_close_rc), TW_EDEADLK);
+}
+
 /* close() from inside the store's own callback would wait for itself:
  * TW_EDEADLK, and the store goes on as if it had not been called. */
 static void test_close_from_callback(void)
 {
     tw_durable *d = open_new();
-    atomic_store(&self_close_rc, 1);
-    ASSERT_EQ(sched(d, "self-close", now_ms(), "X"), 0);
-    wait_count("self-close", 1);
-    for (int i = 0; i < WAIT_MS && atomic_load(&self_close_rc) == 1; i++)
-        sleep_real_ms(1);
-    ASSERT_EQ(atomic_load(&self_close_rc), TW_EDEADLK);
+    close_from_callback(d, "self-close");
     ASSERT_EQ(sched(d, "after-self-close", now_ms(), "a"), 0);
     wait_count("after-self-close", 1);
     settle(d);
     ASSERT_EQ(count_of("self-close"), 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* executor_threads: callbacks run on that many threads of their own, so
+ * two due timers whose callbacks each wait for the other both get in (run
+ * one after the other on one thread, the first waits PAIR_WAIT_MS in vain
+ * and the test fails). close() from a callback on an executor is
+ * TW_EDEADLK there too. */
+static void test_executor_threads(void)
+{
+    if (be->known & TW_SEM_KNOWN_INLINE_FIRE) {
+        fprintf(stderr, "  known difference: executor_threads ignored\n");
+        return;
+    }
+    pol.executor_threads = 2;
+    tw_durable *d = open_new();
+    atomic_store(&pair_in, 0);
+    atomic_store(&pair_alone, 0);
+    int64_t t0 = now_ms();
+    ASSERT_EQ(sched(d, "pair1", t0 + 10, "P"), 0);
+    ASSERT_EQ(sched(d, "pair2", t0 + 10, "P"), 0);
+    advance(10);
+    wait_count("pair1", 1);
+    wait_count("pair2", 1);
+    ASSERT_EQ(atomic_load(&pair_alone), 0);
+    close_from_callback(d, "exec-self-close");
+    settle(d);
+    ASSERT_EQ(early, 0);
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
@@ -1744,6 +1796,7 @@ int tw_sem_run(const tw_sem_backend *b)
     RUN(test_close_reopen);
     RUN(test_calls_during_close);
     RUN(test_close_from_callback);
+    RUN(test_executor_threads);
     RUN(test_get);
     RUN(test_running_state);
     RUN(test_list_order);

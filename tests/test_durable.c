@@ -1610,17 +1610,17 @@ static void test_key_table_growth(void)
 
 static void test_node_size(void)
 {
-    ASSERT_EQ(tw__durable_node_size(0), 56);
-    ASSERT_EQ(tw__durable_node_size(1), 56);
-    ASSERT_EQ(tw__durable_node_size(4), 56);
-    ASSERT_EQ(tw__durable_node_size(5), 64);
-    ASSERT_EQ(tw__durable_node_size(16), 72);
-    ASSERT_EQ(tw__durable_node_size(20), 72);
-    ASSERT_EQ(tw__durable_node_size(21), 80);
+    ASSERT_EQ(tw__durable_entry_size(0), 56);
+    ASSERT_EQ(tw__durable_entry_size(1), 56);
+    ASSERT_EQ(tw__durable_entry_size(4), 56);
+    ASSERT_EQ(tw__durable_entry_size(5), 64);
+    ASSERT_EQ(tw__durable_entry_size(16), 72);
+    ASSERT_EQ(tw__durable_entry_size(20), 72);
+    ASSERT_EQ(tw__durable_entry_size(21), 80);
     /* 52 bytes and the key's padding to 8: with at most 4 bytes of key
      * table a key, within 64 bytes plus the key at every length. */
     for (size_t k = 1; k <= TW_DURABLE_KEY_MAX; k++)
-        ASSERT(tw__durable_node_size(k) - k <= 59);
+        ASSERT(tw__durable_entry_size(k) - k <= 59);
     /* The checksum is CRC32C (its check value). */
     ASSERT_EQ(tw__crc32c(0, "123456789", 9), 0xE3069283u);
 }
