@@ -453,30 +453,75 @@ static void poll_load(redisContext *c, const char *sha, const char *prefix,
     }
 }
 
+/* A poller's run: its connection, its timers' due times, Redis's and
+ * this process's CPU at its start and after its load. */
+struct poller {
+    redisContext *c;
+    int64_t *due;
+    int64_t start_ms, end_us;
+    int pid, n;
+    struct cpu c0, c1;
+};
+
+/* Connect, size the run and load @nsrc scripts @src into @sha. */
+static void poller_begin(struct poller *p, const char *seeds, int pid, int n,
+                         const char *const *src, char (*sha)[41], int nsrc)
+{
+    p->c = poll_connect(seeds);
+    p->pid = pid;
+    p->n = n;
+    late = calloc((size_t)n, sizeof *late);
+    p->due = calloc((size_t)n, sizeof *p->due);
+    if (!late || !p->due)
+        exit(1);
+    p->start_ms = now_us() / 1000 + 3000 + n / 20;
+    p->c0 = cpu_now(pid);
+    for (int i = 0; i < nsrc; i++) {
+        redisReply *r = redisCommand(p->c, "SCRIPT LOAD %s", src[i]);
+        if (!r || r->type != REDIS_REPLY_STRING)
+            exit(1);
+        memcpy(sha[i], r->str, 41);
+        freeReplyObject(r);
+    }
+}
+
+/* Load the timers into PREFIX:z and PREFIX:h by the add script @sha. */
+static void poller_load(struct poller *p, const char *sha, const char *prefix,
+                        int window_ms)
+{
+    poll_load(p->c, sha, prefix, p->due, p->n, p->start_ms, window_ms);
+    p->c1 = cpu_now(p->pid);
+    p->end_us = (p->start_ms + window_ms + 5000) * 1000;
+}
+
+/* The report of a poller "@kind @interval_ms ms", and its end. */
+static void poller_end(struct poller *p, const char *kind, int interval_ms)
+{
+    struct cpu c2 = cpu_now(p->pid);
+    redisFree(p->c);
+    char name[32];
+    snprintf(name, sizeof name, "%s %d ms", kind, interval_ms);
+    report_late(name, late, nlate, (size_t)p->n, p->c0, p->c1, c2);
+    free(p->due);
+}
+
 static void poll_mode(const char *seeds, int pid, int n, int window_ms,
                       int interval_ms)
 {
-    redisContext *c = poll_connect(seeds);
-    late = calloc((size_t)n, sizeof *late);
-    int64_t *due = calloc((size_t)n, sizeof *due);
-    int64_t start_ms = now_us() / 1000 + 3000 + n / 20;
-    struct cpu c0 = cpu_now(pid);
-    redisReply *r = redisCommand(c, "SCRIPT LOAD %s", add_script);
-    char add_sha[41], poll_sha[41];
-    memcpy(add_sha, r->str, 41);
-    freeReplyObject(r);
-    r = redisCommand(c, "SCRIPT LOAD %s", poll_script);
-    memcpy(poll_sha, r->str, 41);
-    freeReplyObject(r);
-    poll_load(c, add_sha, "pq", due, n, start_ms, window_ms);
-    struct cpu c1 = cpu_now(pid);
-    int64_t end = (start_ms + window_ms + 5000) * 1000;
+    struct poller p;
+    const char *src[2] = {add_script, poll_script};
+    char sha[2][41];
+    poller_begin(&p, seeds, pid, n, src, sha, 2);
+    poller_load(&p, sha[0], "pq", window_ms);
+    redisContext *c = p.c;
+    int64_t *due = p.due;
+    redisReply *r;
     int64_t next = now_us();
-    while (nlate < (size_t)n && now_us() < end) {
+    while (nlate < (size_t)n && now_us() < p.end_us) {
         sleep_us(next - now_us());
         next += (int64_t)interval_ms * 1000;
         for (;;) {
-            r = redisCommand(c, "EVALSHA %s 2 pq:z pq:h %lld 1000", poll_sha,
+            r = redisCommand(c, "EVALSHA %s 2 pq:z pq:h %lld 1000", sha[1],
                              (long long)(now_us() / 1000));
             if (!r || r->type != REDIS_REPLY_ARRAY)
                 exit(1);
@@ -491,12 +536,7 @@ static void poll_mode(const char *seeds, int pid, int n, int window_ms,
                 break;
         }
     }
-    struct cpu c2 = cpu_now(pid);
-    redisFree(c);
-    char name[32];
-    snprintf(name, sizeof name, "poll %d ms", interval_ms);
-    report_late(name, late, nlate, (size_t)n, c0, c1, c2);
-    free(due);
+    poller_end(&p, "poll", interval_ms);
 }
 
 /* The lease-poller. KEYS: z (due), h (payloads), a (active: key -> lease
@@ -539,86 +579,67 @@ static const char ldone_script[] =
     "redis.call('HDEL',KEYS[4],unpack(fin))\n"
     "return #fin\n";
 
+/* The lease-poller's callbacks for the claims of @r (the lateness of
+ * each), then their one completion by the done script @sha; how many. */
+static size_t lpoll_done(redisContext *c, const char *sha, redisReply *r,
+                         const int64_t *due)
+{
+    static const char *av[2 * 1000 + 8];
+    static size_t al[2 * 1000 + 8];
+    static char num[1000 + 1][24];
+    size_t got = r->elements / 3;
+    const char *head[9] = {"EVALSHA", sha,    "5",    "lp:z",   "lp:h",
+                           "lp:a",    "lp:t", "lp:c", num[1000]};
+    memcpy(av, head, sizeof head);
+    for (int k = 0; k < 8; k++)
+        al[k] = strlen(av[k]);
+    al[8] = (size_t)snprintf(num[1000], 24, "%zu", got);
+    int64_t t = now_us();
+    for (size_t i = 0; i < got; i++) {
+        redisReply *k = r->element[3 * i];
+        int id = atoi(k->str + 1);
+        late[nlate++] = t - due[id] * 1000;
+        av[9 + i] = k->str;
+        al[9 + i] = k->len;
+        av[9 + got + i] = num[i];
+        al[9 + got + i] = (size_t)snprintf(num[i], 24, "%lld",
+                                           r->element[3 * i + 1]->integer);
+    }
+    if (got) {
+        redisReply *dr = redisCommandArgv(c, (int)(9 + 2 * got), av, al);
+        if (!dr || dr->type != REDIS_REPLY_INTEGER ||
+            dr->integer != (long long)got)
+            exit(1);
+        freeReplyObject(dr);
+    }
+    return got;
+}
+
 static void lpoll_mode(const char *seeds, int pid, int n, int window_ms,
                        int interval_ms)
 {
-    redisContext *c = poll_connect(seeds);
-    late = calloc((size_t)n, sizeof *late);
-    int64_t *due = calloc((size_t)n, sizeof *due);
-    const char **av = calloc(2 * 1000 + 8, sizeof *av);
-    size_t *al = calloc(2 * 1000 + 8, sizeof *al);
-    char(*num)[24] = calloc(1000 + 1, sizeof *num);
-    if (!late || !due || !av || !al || !num)
-        exit(1);
-    int64_t start_ms = now_us() / 1000 + 3000 + n / 20;
-    struct cpu c0 = cpu_now(pid);
+    struct poller p;
     char sha[3][41];
     const char *src[3] = {add_script, lpoll_script, ldone_script};
-    for (int i = 0; i < 3; i++) {
-        redisReply *r = redisCommand(c, "SCRIPT LOAD %s", src[i]);
-        if (!r || r->type != REDIS_REPLY_STRING)
-            exit(1);
-        memcpy(sha[i], r->str, 41);
-        freeReplyObject(r);
-    }
-    poll_load(c, sha[0], "lp", due, n, start_ms, window_ms);
-    struct cpu c1 = cpu_now(pid);
-    int64_t end = (start_ms + window_ms + 5000) * 1000;
+    poller_begin(&p, seeds, pid, n, src, sha, 3);
+    poller_load(&p, sha[0], "lp", window_ms);
     int64_t next = now_us();
-    while (nlate < (size_t)n && now_us() < end) {
+    while (nlate < (size_t)n && now_us() < p.end_us) {
         sleep_us(next - now_us());
         next += (int64_t)interval_ms * 1000;
         for (;;) {
             redisReply *r = redisCommand(
-                c, "EVALSHA %s 5 lp:z lp:h lp:a lp:t lp:c %lld 30000 1000",
+                p.c, "EVALSHA %s 5 lp:z lp:h lp:a lp:t lp:c %lld 30000 1000",
                 sha[1], (long long)(now_us() / 1000));
             if (!r || r->type != REDIS_REPLY_ARRAY)
                 exit(1);
-            size_t got = r->elements / 3;
-            /* The callbacks: the lateness of each, then one completion. */
-            av[0] = "EVALSHA";
-            av[1] = sha[2];
-            av[2] = "5";
-            const char *kn[5] = {"lp:z", "lp:h", "lp:a", "lp:t", "lp:c"};
-            for (int k = 0; k < 5; k++)
-                av[3 + k] = kn[k];
-            av[8] = num[1000];
-            for (int k = 0; k < 8; k++)
-                al[k] = strlen(av[k]);
-            al[8] = (size_t)snprintf(num[1000], 24, "%zu", got);
-            int64_t t = now_us();
-            for (size_t i = 0; i < got; i++) {
-                redisReply *k = r->element[3 * i];
-                int id = atoi(k->str + 1);
-                late[nlate++] = t - due[id] * 1000;
-                av[9 + i] = k->str;
-                al[9 + i] = k->len;
-                av[9 + got + i] = num[i];
-                al[9 + got + i] = (size_t)snprintf(
-                    num[i], 24, "%lld", r->element[3 * i + 1]->integer);
-            }
-            if (got) {
-                redisReply *dr =
-                    redisCommandArgv(c, (int)(9 + 2 * got), av, al);
-                if (!dr || dr->type != REDIS_REPLY_INTEGER ||
-                    dr->integer != (long long)got)
-                    exit(1);
-                freeReplyObject(dr);
-            }
+            size_t got = lpoll_done(p.c, sha[2], r, p.due);
             freeReplyObject(r);
             if (got < 1000)
                 break;
         }
     }
-    struct cpu c2 = cpu_now(pid);
-    redisFree(c);
-    char name[32];
-    snprintf(name, sizeof name, "lpoll %d ms", interval_ms);
-    report_late(name, late, nlate, (size_t)n, c0, c1, c2);
-    free(due);
-    free(av);
-    free(al);
-    free(num);
+    poller_end(&p, "lpoll", interval_ms);
 }
 
 static void idle_mode(const char *seeds, int pid, int nodes, int secs)

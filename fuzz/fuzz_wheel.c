@@ -195,7 +195,9 @@ static void model_add_window(ftimer *f, uint64_t e, unsigned shift)
 
 static void model_cancel(ftimer *f)
 {
-    bool r = tw_wheel_cancel(S.w, &f->t);
+    /* Odd timers through the inline cancel: the same results. */
+    bool r = f->idx % 2 ? tw_wheel_cancel_inline(S.w, &f->t)
+                        : tw_wheel_cancel(S.w, &f->t);
     TRACE("  cancel %u -> %d\n", f->idx, r);
     FZ_CHECK(r == f->pending, "cancel(%u) = %d, model pending %d", f->idx, r,
              f->pending);

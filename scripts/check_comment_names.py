@@ -30,7 +30,7 @@ ALLOWED = {
     "uv_backend_timeout",  # libuv, which the wheel's API follows
     "uv_err_name",
     "uv_replace_allocator",
-    "pv",  # a Lua function inside the Redis scripts (src/durable_redis.c)
+    "pv",  # a Lua function inside the Redis scripts (src/redis_scripts.c)
 }
 
 # Names still in comments of files under other work; each entry goes when

@@ -1484,6 +1484,22 @@ int tw__rc_cmd_error(tw__rc *c, const tw__rc_cmd *cmd, const char *what)
     return node_error(c, n, cmd, what);
 }
 
+int tw__rc_script_load(tw__rc *c, const char *src, char sha[41])
+{
+    const char *argv[3] = {"SCRIPT", "LOAD", src};
+    size_t len[3] = {6, 4, strlen(src)};
+    tw__rc_cmd cmd = {3, argv, len, -1, NULL, 0};
+    int rc = tw__rc_exec(c, &cmd, 1);
+    if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_STRING ||
+                cmd.reply->len != 40))
+        rc = tw__rc_cmd_error(c, &cmd, "SCRIPT LOAD");
+    if (!rc)
+        memcpy(sha, cmd.reply->str, 41);
+    if (cmd.reply)
+        freeReplyObject(cmd.reply);
+    return rc;
+}
+
 static int node_error(tw__rc *c, const struct rc_node *n, const tw__rc_cmd *cmd,
                       const char *what)
 {

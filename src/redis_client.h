@@ -66,6 +66,12 @@ void tw__rc_close(tw__rc *c);
  * last failure for an err. */
 int tw__rc_cmd_error(tw__rc *c, const tw__rc_cmd *cmd, const char *what);
 
+/* SCRIPT LOAD of Lua @src on any node; its digest (40 hex digits and a
+ * NUL) into @sha. Other nodes learn the script by EVAL on their first
+ * NOSCRIPT: the digest is the same everywhere. 0, or as
+ * tw__rc_cmd_error(). */
+int tw__rc_script_load(tw__rc *c, const char *src, char sha[41]);
+
 /* The last failure's message (NUL-ended, truncated to @len). */
 void tw__rc_last_error(tw__rc *c, char *buf, size_t len);
 

@@ -429,16 +429,7 @@ static void *own_main(void *arg)
 static int load_scripts(tw__own *o)
 {
     for (int i = 0; i < O_COUNT; i++) {
-        const char *av[3] = {"SCRIPT", "LOAD", own_scripts[i]};
-        size_t al[3] = {6, 4, strlen(own_scripts[i])};
-        tw__rc_cmd cmd = {3, av, al, -1, NULL, 0};
-        int rc = tw__rc_exec(o->rc, &cmd, 1);
-        if (!rc && (!cmd.reply || cmd.reply->type != REDIS_REPLY_STRING ||
-                    cmd.reply->len != 40))
-            rc = tw__rc_cmd_error(o->rc, &cmd, "SCRIPT LOAD");
-        if (!rc)
-            memcpy(o->sha[i], cmd.reply->str, 41);
-        free_replies(&cmd, 1);
+        int rc = tw__rc_script_load(o->rc, own_scripts[i], o->sha[i]);
         if (rc)
             return rc;
     }

@@ -157,32 +157,34 @@ struct level {
 };
 
 struct tw_wheel {
+    /* First, so that tw_wheel_cancel_inline() finds it in wheel.h: its
+     * tw__removes counts the timers cancelled, moved or run, ever; pending
+     * timers (due list included) = adds - tw__removes. */
+    struct tw__wheel_head head;
     /* tw__wheel_set_fire(): one callback for every timer, whose tw__fn
      * this wheel then never reads (NULL: each timer's own). */
     tw_timer_fn fire;
     void *fire_arg;
     uint64_t now;
-    uint64_t hint;       /* no slot needs a visit before this tick */
-    uint32_t hint_ok;    /* hint is next_event()'s tick (advance_loop) */
-    uint64_t adds;       /* timers added, ever; its low bits deal chains */
-    uint64_t removes;    /* timers cancelled, moved or run, ever; pending
-                            timers (due list included) = adds - removes */
-    uint64_t level_map;  /* bit k: level k has an occupied slot */
-    tw_timer **heads;    /* [level][slot][chain], 64-byte aligned */
-    void *heads_mem;     /* its allocation (see heads_alloc) */
-    uintptr_t heads_end; /* the address just past that table */
-    size_t grow_at;      /* widen the table when count reaches this */
-    uint32_t cshift;     /* log2 of the lists per slot: 0 or log2(K) */
-    uint32_t fast_k;     /* tw_wheel_add's fast path takes levels below */
-    uint64_t *slotmin;   /* [slot]: lower bound of expiries, rounds level */
-    tw_timer *due;       /* timers added with expires <= now */
-    uint64_t due_min;    /* lower bound of the due list's expiries */
-    uint64_t mask;       /* S - 1 */
-    uint32_t bits;       /* b */
-    uint32_t levels;     /* L */
-    uint32_t rounds;     /* 1 if the top level keeps later rounds */
-    uint32_t rounds_k;   /* that level's index, or 64 when there is none */
-    uint32_t bm_layers;  /* layers of a level's bitmap tree */
+    uint64_t hint;      /* no slot needs a visit before this tick */
+    uint32_t hint_ok;   /* hint is next_event()'s tick (advance_loop) */
+    uint32_t exact_ok;  /* !rounds: an advance may leave hint_ok set */
+    uint64_t adds;      /* timers added, ever; its low bits deal chains */
+    uint64_t level_map; /* bit k: level k has an occupied slot */
+    tw_timer **heads;   /* [level][slot][chain], 64-byte aligned */
+    void *heads_mem;    /* its allocation (see heads_alloc) */
+    size_t grow_at;     /* widen the table when count reaches this */
+    uint32_t cshift;    /* log2 of the lists per slot: 0 or log2(K) */
+    uint32_t fast_k;    /* tw_wheel_add's fast path takes levels below */
+    uint64_t *slotmin;  /* [slot]: lower bound of expiries, rounds level */
+    tw_timer *due;      /* timers added with expires <= now */
+    uint64_t due_min;   /* lower bound of the due list's expiries */
+    uint64_t mask;      /* S - 1 */
+    uint32_t bits;      /* b */
+    uint32_t levels;    /* L */
+    uint32_t rounds;    /* 1 if the top level keeps later rounds */
+    uint32_t rounds_k;  /* that level's index, or 64 when there is none */
+    uint32_t bm_layers; /* layers of a level's bitmap tree */
     uint32_t bm_off[TW_BM_MAX_LAYERS]; /* word offset of each layer */
     uint32_t bm_len[TW_BM_MAX_LAYERS]; /* words in each layer */
     uint8_t level_of_msb[64];          /* msb(E ^ now) -> level */
@@ -228,7 +230,7 @@ static inline uint64_t slot_tick(const tw_wheel *w, unsigned k, uint64_t slot)
 /* Pending timers, the due list included. */
 static inline size_t pending(const tw_wheel *w)
 {
-    return (size_t)(w->adds - w->removes); /* removes <= adds */
+    return (size_t)(w->adds - w->head.tw__removes); /* removes <= adds */
 }
 
 static inline int is_rounds_level(const tw_wheel *w, unsigned k)
@@ -366,7 +368,7 @@ static inline void list_push(tw_timer **head, tw_timer *t)
 static inline int in_heads(const tw_wheel *w, tw_timer **p)
 {
     uintptr_t a = (uintptr_t)p;
-    return a >= (uintptr_t)w->heads && a < w->heads_end;
+    return a >= w->head.tw__heads && a < w->head.tw__heads_end;
 }
 
 static int slot_empty(tw_timer *const *h, unsigned C)
@@ -420,18 +422,24 @@ __attribute__((noinline)) static void chain_emptied(tw_wheel *w,
         slot_emptied(w, (unsigned)(idx >> w->bits), idx & w->mask);
 }
 
+/* Unlink pending @t. Its tw__next is left as it was: a timer that is not
+ * pending has no list, and every link writes tw__next first. */
 static inline void timer_unlink(tw_wheel *w, tw_timer *t)
 {
     tw_timer **pprev = t->tw__pprev;
     tw_timer *next = t->tw__next;
     *pprev = next;
     t->tw__pprev = NULL;
-    t->tw__next = NULL;
-    w->removes++;
+    w->head.tw__removes++;
     if (next != NULL)
         next->tw__pprev = pprev;
     else if (in_heads(w, pprev))
         chain_emptied(w, pprev);
+}
+
+void tw__wheel_list_emptied(tw_wheel *w, tw_timer **head)
+{
+    chain_emptied(w, head);
 }
 
 /* Forward: the first tick after now at which rounds slot @slot has work. */
@@ -482,6 +490,10 @@ __attribute__((noinline)) static void due_push(tw_wheel *w, tw_timer *t)
             w->due_min = e;
     }
     list_push(&w->due, t);
+    /* The due list runs in the next advance: tw_wheel_advance() then
+     * finds now >= hint without looking at the list. */
+    w->hint = 0;
+    w->hint_ok = 0;
 }
 
 /* The shape of a wheel, worked out from its configuration before any
@@ -560,7 +572,8 @@ static void set_heads(tw_wheel *w, tw_timer **heads, void *mem, unsigned cshift)
     w->heads = heads;
     w->heads_mem = mem;
     w->cshift = cshift;
-    w->heads_end =
+    w->head.tw__heads = (uintptr_t)heads;
+    w->head.tw__heads_end =
         (uintptr_t)(heads + (((size_t)w->levels << w->bits) << cshift));
     for (unsigned k = 0; k < w->levels; k++)
         w->lv[k].heads = heads + (((size_t)k << w->bits) << cshift);
@@ -600,6 +613,7 @@ static tw_wheel *wheel_layout(char *mem, tw_timer **heads, void *heads_mem,
     w->bits = bits;
     w->levels = levels;
     w->rounds = z->rounds;
+    w->exact_ok = !z->rounds;
     w->rounds_k = z->rounds ? levels - 1 : 64;
     w->bm_layers = z->bm_layers;
     memcpy(w->bm_off, z->bm_off, sizeof(z->bm_off));
@@ -920,7 +934,9 @@ int tw__wheel_add_window_any(tw_wheel *w, tw_timer *t, uint64_t earliest,
 
 bool tw_wheel_cancel(tw_wheel *w, tw_timer *t)
 {
-    if (w == NULL || t == NULL || t->tw__pprev == NULL)
+    /* @t before @w: the read of @t between the two tests keeps them apart
+     * (combined, they cost two flags and an OR). */
+    if (t == NULL || t->tw__pprev == NULL || w == NULL)
         return false;
     /* Both neighbours are written: ask for their lines now rather than
      * when the stores reach the cache. */
@@ -997,10 +1013,21 @@ static inline int next_event(const tw_wheel *w, uint64_t *tick)
     if ((w->level_map & 1) && !is_rounds_level(w, 0)) {
         uint64_t d = (w->now & w->mask) + 1;
         if (d <= w->mask) {
-            uint64_t word = w->lv[0].bm[d >> 6] & (~UINT64_C(0) << (d & 63));
+            const uint64_t *bm = w->lv[0].bm;
+            uint64_t word = bm[d >> 6] & (~UINT64_C(0) << (d & 63));
             if (word != 0) {
                 *tick = (w->now & ~w->mask) | (d & ~UINT64_C(63)) | ctz64(word);
                 return 0;
+            }
+            /* A later word (65 to 4,096 slots): the layer above says
+             * which. */
+            if (w->bm_layers == 2) {
+                uint64_t sum = bm[w->bm_off[1]] & (~UINT64_C(1) << (d >> 6));
+                if (sum != 0) {
+                    uint64_t wi = ctz64(sum);
+                    *tick = (w->now & ~w->mask) | (wi << 6) | ctz64(bm[wi]);
+                    return 0;
+                }
             }
         }
     }
@@ -1091,9 +1118,8 @@ fire_chains(tw_wheel *w, tw_timer **fl, unsigned n)
         fl[c] = next;
         if (next != NULL)
             next->tw__pprev = &fl[c];
-        t->tw__pprev = NULL;
-        t->tw__next = NULL;
-        w->removes++;
+        t->tw__pprev = NULL; /* not pending; tw__next is left as it is */
+        w->head.tw__removes++;
         if (w->fire == NULL)
             t->tw__fn(t, t->tw__arg);
         else /* one callback for the wheel (tw__wheel_set_fire) */
@@ -1168,16 +1194,25 @@ hand_over(tw_wheel *w, uint64_t slot, tw_timer **fl, unsigned C)
  * Move @t (expiring at @e, unlinked) from a slot being visited at tick @now
  * to its lower level: a visit's granule holds now, so the level of
  * e ^ now is below the visited one and never the rounds level, and the
- * caller's own next_event() finds the slot; @chain picks the list.
+ * caller's own next_event() finds the slot; @chain picks the list. @from
+ * is the visited level when it is 1 (a constant), else 0: from level 1
+ * every timer goes to level 0 (e and now differ only in the low digit),
+ * whose heads the caller read once (@heads0; a store through a timer's
+ * pprev could otherwise be the level's heads field, read again each time).
  */
 __attribute__((always_inline)) static inline void
 cascade(tw_wheel *w, tw_timer *t, uint64_t e, uint64_t now, uint64_t mask,
-        unsigned chain, unsigned C)
+        unsigned chain, unsigned C, unsigned from, tw_timer **heads0)
 {
-    unsigned k = w->level_of_msb[msb64(e ^ now)];
-    const struct level *lv = &w->lv[k];
-    uint64_t slot = (e >> lv->shift) & mask;
-    tw_timer **h = lv->heads + (size_t)slot * C;
+    unsigned k = 0;
+    uint64_t slot = e & mask;
+    tw_timer **h = heads0 + (size_t)slot * C;
+    if (from != 1) {
+        k = w->level_of_msb[msb64(e ^ now)];
+        const struct level *lv = &w->lv[k];
+        slot = (e >> lv->shift) & mask;
+        h = lv->heads + (size_t)slot * C;
+    }
     /* The slot's first list while it is empty (hand_over() checks that one
      * alone first), else the next in turn; a slot whose first list is not
      * empty is marked already. */
@@ -1190,39 +1225,24 @@ cascade(tw_wheel *w, tw_timer *t, uint64_t e, uint64_t now, uint64_t mask,
 }
 
 /*
- * Visit slot (@k, @slot) at tick w->now (the start of its granule): timers
- * expiring now join the fire chains @fl (dealt round-robin by *@nfire),
- * timers of later rounds stay, all others move to a lower level. The
- * slot's non-empty chains are walked in turn, the next timer of each
- * prefetched, so that their cache misses overlap.
+ * The walk of visit_slot(): the @n chains @chain of a slot of a level with
+ * granularity 2^@gshift, whose heads @h are empty now. Timers expiring now
+ * join the fire chains @fl (dealt round-robin by *@nfire); in a rounds
+ * level (@rounds, a constant) timers of later rounds go back into @h
+ * (their least expiry into *@newmin); all others move to a lower level
+ * (@from: 1 when the slot is of level 1, a constant). The chains are
+ * walked in turn, the next timer of each prefetched, so that their cache
+ * misses overlap. Returns whether a timer went back into @h.
  */
-__attribute__((always_inline)) static inline void
-visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
-           unsigned *nfire, unsigned C)
+__attribute__((always_inline)) static inline int
+walk_chains(tw_wheel *w, tw_timer **chain, unsigned n, tw_timer **fl,
+            unsigned *nfire, tw_timer **h, uint64_t now, unsigned gshift,
+            uint64_t *newmin, unsigned C, int rounds, unsigned from)
 {
-    tw_timer **h = slot_heads(w, k, slot, C);
-    tw_timer *chain[K];
-    unsigned n = 0;
-    int rounds = is_rounds_level(w, k);
-    unsigned gshift = w->lv[k].shift;
-    uint64_t now = w->now, newmin = UINT64_MAX;
     int kept = 0;
     unsigned moved = 0; /* deals the chains of the cascade's targets */
     uint64_t mask = w->mask;
-
-    if (rounds && floor_pow2(w->slotmin[slot], gshift) > now)
-        return; /* nothing of this round here: skip the walk */
-    if (k == 0 && !rounds && *nfire == 0) {
-        *nfire = hand_over(w, slot, fl, C);
-        return;
-    }
-    for (unsigned c = 0; c < C; c++) {
-        if (h[c] != NULL)
-            chain[n++] = h[c];
-        h[c] = NULL;
-    }
-    slot_emptied(w, k, slot);
-
+    tw_timer **heads0 = w->lv[0].heads;
     while (n > 0) {
         for (unsigned i = 0; i < n;) {
             tw_timer *t = chain[i];
@@ -1243,13 +1263,56 @@ visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
                 /* A later round: back into the same slot. */
                 list_push(&h[i & (C - 1)], t);
                 kept = 1;
-                if (e < newmin)
-                    newmin = e;
+                if (e < *newmin)
+                    *newmin = e;
             } else {
-                cascade(w, t, e, now, mask, moved++, C);
+                cascade(w, t, e, now, mask, moved++, C, from, heads0);
             }
         }
     }
+    return kept;
+}
+
+/*
+ * Visit slot (@k, @slot) at tick w->now (the start of its granule): timers
+ * expiring now join the fire chains @fl (dealt round-robin by *@nfire),
+ * timers of later rounds stay, all others move to a lower level
+ * (walk_chains()).
+ */
+__attribute__((always_inline)) static inline void
+visit_slot(tw_wheel *w, unsigned k, uint64_t slot, tw_timer **fl,
+           unsigned *nfire, unsigned C)
+{
+    tw_timer **h = slot_heads(w, k, slot, C);
+    tw_timer *chain[K];
+    unsigned n = 0;
+    int rounds = is_rounds_level(w, k);
+    unsigned gshift = w->lv[k].shift;
+    uint64_t now = w->now, newmin = UINT64_MAX;
+    int kept = 0;
+
+    if (rounds && floor_pow2(w->slotmin[slot], gshift) > now)
+        return; /* nothing of this round here: skip the walk */
+    if (k == 0 && !rounds && *nfire == 0) {
+        *nfire = hand_over(w, slot, fl, C);
+        return;
+    }
+    for (unsigned c = 0; c < C; c++) {
+        if (h[c] != NULL)
+            chain[n++] = h[c];
+        h[c] = NULL;
+    }
+    slot_emptied(w, k, slot);
+
+    /* The same walk compiled three times, so that the tests that do not
+     * change within a slot are constants in its loop. */
+    if (rounds)
+        kept = walk_chains(w, chain, n, fl, nfire, h, now, gshift, &newmin, C,
+                           1, 0);
+    else if (k == 1)
+        walk_chains(w, chain, n, fl, nfire, h, now, gshift, &newmin, C, 0, 1);
+    else
+        walk_chains(w, chain, n, fl, nfire, h, now, gshift, &newmin, C, 0, 0);
     if (kept) {
         slot_filled(w, k, slot);
         w->slotmin[slot] = newmin;
@@ -1265,19 +1328,18 @@ advance_loop(tw_wheel *w, uint64_t now, size_t *ran, unsigned C)
     /* An exact hint saves the first search: the last advance left it, and
      * since then adds only lowered it to their slot's tick, no slot became
      * empty (chain_emptied) and now moved only short of it. */
-    int exact = w->hint_ok && w->hint != UINT64_MAX;
-    w->hint_ok = 0; /* until the loop leaves a fresh hint */
+    int exact = w->hint_ok; /* never set with an empty wheel's UINT64_MAX */
+    w->hint_ok = 0;         /* until the loop leaves a fresh hint */
     for (;;) {
         uint64_t t = w->hint;
         if (!exact && next_event(w, &t) != 0) {
             w->hint = UINT64_MAX;
-            w->hint_ok = !w->rounds;
             break;
         }
         exact = 0;
         if (t > now) {
             w->hint = t;
-            w->hint_ok = !w->rounds;
+            w->hint_ok = w->exact_ok;
             break;
         }
         w->now = t;
@@ -1301,7 +1363,11 @@ advance_loop(tw_wheel *w, uint64_t now, size_t *ran, unsigned C)
                 visit_slot(w, k, slot, fl, &nfire, C);
         }
         /* list_push left each chain's head pointing at its fl entry. */
-        *ran += fire_chains(w, fl, nfire < K ? nfire : K);
+        /* One chain is the common case: a constant there. */
+        if (nfire == 1)
+            *ran += fire_chains(w, fl, 1);
+        else
+            *ran += fire_chains(w, fl, nfire < K ? nfire : K);
         if (C == 1 && w->cshift != 0)
             return 0;
     }
@@ -1316,21 +1382,29 @@ __attribute__((noinline)) static size_t advance_work(tw_wheel *w, uint64_t now)
     size_t ran = 0;
     if (w->due != NULL)
         ran += run_due(w);
-    if (w->cshift == 0 && advance_loop(w, now, &ran, 1))
-        return ran;
-    advance_loop(w, now, &ran, K);
+    if (w->cshift != 0 || !advance_loop(w, now, &ran, 1))
+        advance_loop(w, now, &ran, K);
+    if (w->due != NULL) {
+        /* Callbacks added due timers: the loop's hint must not hide them
+         * (see due_push). */
+        w->hint = 0;
+        w->hint_ok = 0;
+    }
     return ran;
 }
 
 size_t tw_wheel_advance(tw_wheel *w, uint64_t now)
 {
-    if (now < w->now)
-        return 0;
-    if (w->due == NULL && now < w->hint) {
+    /* The hint is 0 while the due list is not empty (due_push), so one
+     * test covers both. */
+    if (now < w->hint) {
         /* The common call of an event loop: nothing to do yet. */
-        w->now = now;
+        if (now > w->now)
+            w->now = now;
         return 0;
     }
+    if (now < w->now)
+        return 0;
     return advance_work(w, now);
 }
 
@@ -1399,6 +1473,7 @@ int tw__wheel_check(const tw_wheel *w)
             seen_min = t->tw__expires;
     }
     CHECK(w->due == NULL || w->due_min <= seen_min);
+    CHECK(w->due == NULL || (w->hint == 0 && !w->hint_ok));
     for (unsigned k = 0; k < w->levels; k++) {
         const uint64_t *bm = level_bitmap(w, k);
         int used = !bm_empty(w, bm);
@@ -1418,6 +1493,8 @@ int tw__wheel_check(const tw_wheel *w)
         CHECK(next > w->now);
         CHECK(w->hint <= next); /* the fast path never skips work */
         CHECK(!w->hint_ok || w->hint == next);
+    } else {
+        CHECK(!w->hint_ok);
     }
     /* Every timer was found through the bitmaps: none hides elsewhere. */
     CHECK(n == pending(w));

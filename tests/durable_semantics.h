@@ -21,7 +21,7 @@ typedef struct tw_sem_backend {
 
 /*
  * Known difference (the Redis backend): a delivery's completion reaches the
- * store up to DONE_DELAY_MS (500 ms, src/durable_redis.c; of cfg.mono_ns
+ * store up to DONE_DELAY_MS (500 ms, src/redis_fire.c; of cfg.mono_ns
  * when injected) after its callback returned and stats.fired counted it.
  * Until then tw_durable_cancel() of that key returns 0 (and counts as
  * cancelled) instead of TW_ENOENT, and stats.pending still counts it. The

@@ -102,7 +102,7 @@ static void child(bool first)
         cfg.shards = 4;
         cfg.horizon_ms = 200;
         /* Longer than a completion may wait for its batch (DONE_DELAY_MS,
-         * 500 ms, src/durable_redis.c), or a completed timer would be
+         * 500 ms, src/redis_fire.c), or a completed timer would be
          * claimed again before its completion reached Redis. */
         cfg.lease_ms = 1500;
     } else {

@@ -68,7 +68,7 @@ int main(int argc, char **argv)
         /* A namespace of our own: a rerun on the same server starts empty. */
         snprintf(ns_prefix, sizeof ns_prefix, "twsem%ld-", (long)getpid());
         tw_sem_backend b = {"redis", redis_setup, (void *)redis,
-                            TW_SEM_KNOWN_DONE_LAG | TW_SEM_KNOWN_INLINE_FIRE};
+                            TW_SEM_KNOWN_DONE_LAG};
         return tw_sem_run(&b);
     }
     char tmpl[] = "/tmp/twsem.XXXXXX";

@@ -61,7 +61,7 @@
 
 static const char *seeds;
 
-/* The shard of a key, as src/durable_redis.c computes it. */
+/* The shard of a key, as src/durable_redis_impl.h computes it. */
 static uint32_t shard_of(const char *key, uint32_t shards)
 {
     uint64_t h = 1469598103934665603ull;

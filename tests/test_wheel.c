@@ -911,6 +911,79 @@ static void test_add_unchecked(void)
 #endif
 }
 
+/* tw_wheel_cancel_inline: the same results as tw_wheel_cancel (a twin
+ * wheel with the same timers, cancelled with it) for the first, a middle
+ * and the last timer of a list, a timer alone in its slot (the slot
+ * becomes empty), a due timer and an idle one; on narrow and wide tables. */
+struct twin {
+    tw_wheel *w[2]; /* [0]: tw_wheel_cancel_inline, [1]: tw_wheel_cancel */
+    struct rec r[2][6];
+};
+
+static void twin_cancel(struct twin *tw, int i, bool expect)
+{
+    ASSERT_EQ(tw_wheel_cancel_inline(tw->w[0], &tw->r[0][i].t), expect);
+    ASSERT_EQ(tw_wheel_cancel(tw->w[1], &tw->r[1][i].t), expect);
+    ASSERT(!tw_timer_pending(&tw->r[0][i].t));
+    for (int k = 0; k < 2; k++)
+        check(tw->w[k]);
+    ASSERT_EQ(tw_wheel_count(tw->w[0]), tw_wheel_count(tw->w[1]));
+    ASSERT_EQ(tw_wheel_next_expiry(tw->w[0]), tw_wheel_next_expiry(tw->w[1]));
+}
+
+static void twin_add(struct twin *tw, int i, uint64_t at)
+{
+    for (int k = 0; k < 2; k++)
+        ASSERT_EQ(tw_wheel_add(tw->w[k], &tw->r[k][i].t, at), 0);
+}
+
+static void test_cancel_inline(void)
+{
+    for (size_t s = 0; s < NSHAPES; s++) {
+        for (int wide = 0; wide < 2; wide++) {
+            struct twin tw;
+            for (int k = 0; k < 2; k++) {
+                tw.w[k] = make(s, 10);
+                if (wide)
+                    tw__wheel_widen_at(tw.w[k], 1);
+                for (int i = 0; i < 6; i++) {
+                    tw.r[k][i] = (struct rec){.id = i};
+                    tw_timer_init(&tw.r[k][i].t, record, NULL);
+                }
+            }
+            /* r[0..2] share a tick, r[3] is alone and earliest, r[4] is
+             * due, r[5] is never added. */
+            static const uint64_t at[5] = {300, 300, 300, 200, 5};
+            for (int i = 0; i < 5; i++)
+                twin_add(&tw, i, at[i]);
+            twin_cancel(&tw, 5, false); /* idle */
+            twin_cancel(&tw, 4, true);  /* due */
+            twin_cancel(&tw, 3, true);  /* alone in its slot */
+            twin_cancel(&tw, 1, true);
+            twin_cancel(&tw, 1, false); /* twice */
+            ASSERT_EQ(tw_wheel_count(tw.w[0]), 2);
+            nlog = 0;
+            ASSERT_EQ(tw_wheel_advance(tw.w[0], 1000), 2);
+            ASSERT_EQ(tw.r[0][0].runs + tw.r[0][2].runs, 2);
+            ASSERT_EQ(tw.r[0][1].runs + tw.r[0][3].runs + tw.r[0][4].runs, 0);
+            ASSERT_EQ(tw_wheel_advance(tw.w[1], 1000), 2);
+            /* Every timer of a slot, first to last and last to first. */
+            for (int order = 0; order < 2; order++) {
+                for (int i = 0; i < 3; i++)
+                    twin_add(&tw, i, 2000);
+                for (int i = 0; i < 3; i++)
+                    twin_cancel(&tw, order ? 2 - i : i, true);
+                ASSERT_EQ(tw_wheel_count(tw.w[0]), 0);
+                ASSERT_EQ(tw_wheel_next_expiry(tw.w[0]), UINT64_MAX);
+            }
+            for (int k = 0; k < 2; k++) {
+                ASSERT_EQ(tw_wheel_advance(tw.w[k], 5000), 0);
+                tw_wheel_destroy(tw.w[k]);
+            }
+        }
+    }
+}
+
 int main(void)
 {
     RUN_TEST(test_sizes_and_version);
@@ -935,5 +1008,6 @@ int main(void)
     RUN_TEST(test_crowd_at_one_tick);
     RUN_TEST(test_widen);
     RUN_TEST(test_add_unchecked);
+    RUN_TEST(test_cancel_inline);
     return tw_test_done();
 }

@@ -268,6 +268,54 @@ TW_EXTERN int tw_wheel_add_window(tw_wheel *w, tw_timer *t, uint64_t earliest,
  */
 TW_EXTERN bool tw_wheel_cancel(tw_wheel *w, tw_timer *t);
 
+/* Private: the first fields of every wheel, the part of it that
+ * tw_wheel_cancel_inline() reads and writes. Not for use. */
+struct tw__wheel_head {
+    uint64_t tw__removes;    /* timers cancelled, moved or run, ever */
+    uintptr_t tw__heads;     /* the address of its table of list heads */
+    uintptr_t tw__heads_end; /* the address just past that table */
+};
+
+/* Private: tw_wheel_cancel_inline() unlinked the last timer of the list
+ * whose head is @head. Not for use. */
+TW_EXTERN void tw__wheel_list_emptied(tw_wheel *w, tw_timer **head);
+
+/**
+ * tw_wheel_cancel_inline - tw_wheel_cancel() compiled into the caller.
+ * @w: the wheel, not NULL.
+ * @t: the timer, not NULL; it must not be pending in another wheel.
+ *
+ * The same effect and result as tw_wheel_cancel(@w, @t) for arguments
+ * that are not NULL (NULL ones are not checked: the call crashes), without
+ * a call into the library in the common case: a cancel in the caller's
+ * own loop costs about as many instructions as a linked-list unlink
+ * (BENCHMARKS.md, "Core wheel: the expiry path and an inline cancel").
+ * It compiles against the layout of this header's version of the library:
+ * a program built with it must run with a library of the same
+ * TW_VERSION_MAJOR and TW_VERSION_MINOR.
+ *
+ * Context: the owner thread, callbacks included.
+ * Return: true if @t was pending (it will not run), false if it was not (a
+ * no-op).
+ */
+static inline bool tw_wheel_cancel_inline(tw_wheel *w, tw_timer *t)
+{
+    tw_timer **pprev = t->tw__pprev;
+    if (pprev == NULL)
+        return false;
+    struct tw__wheel_head *h = (struct tw__wheel_head *)(void *)w;
+    tw_timer *next = t->tw__next;
+    *pprev = next;
+    t->tw__pprev = NULL;
+    h->tw__removes++;
+    if (next != NULL)
+        next->tw__pprev = pprev;
+    else if ((uintptr_t)pprev >= h->tw__heads &&
+             (uintptr_t)pprev < h->tw__heads_end)
+        tw__wheel_list_emptied(w, pprev); /* maybe its slot is empty now */
+    return true;
+}
+
 /* tw_timer_pending - true while @t is armed and has not run yet. */
 TW_EXTERN bool tw_timer_pending(const tw_timer *t);
 

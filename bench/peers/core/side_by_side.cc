@@ -11,7 +11,16 @@
  *   gcc -O3 -DNDEBUG -Iinclude -c src/wheel.c -o wheel.o
  *   g++ -O3 -DNDEBUG -std=c++17 -Iinclude -I$P -w \
  *       bench/peers/core/side_by_side.cc wheel.o timeout.o -o drv
- *   taskset -c 1 ./drv N REPS all|twheel,ratas,wahern WORKLOADS
+ *   taskset -c 1 ./drv N REPS all|twheel,ratas,wahern,twinl WORKLOADS
+ *
+ * twinl is twheel with tw_wheel_cancel_inline() in the two cancel
+ * workloads (the same as twheel in the others); "all" runs it too.
+ *
+ * Instructions of the timed loops alone: build with -DTW_CALLGRIND (each
+ * clock read toggles callgrind's collection) and run REPS = 0 (the warm-up
+ * only) under
+ *   valgrind --tool=callgrind --collect-atstart=no ./drv N 0 ENGINE WORKLOAD
+ * whose total divided by N is instructions per operation.
  *
  * WORKLOADS: any of add,add_rand,cancel,cancel_rand,expire_1 (or all).
  * Deadlines uniform in [1, 2^20] ticks, one fixed seed and permutation;
@@ -32,11 +41,22 @@ extern "C" {
 #include "timeout.h"
 }
 #include "timer-wheel.h"
+/* Against a wheel.c from before tw_wheel_cancel_inline(): twinl is then
+ * the same as twheel. */
+#ifdef TW_NO_CANCEL_INLINE
+#define tw_wheel_cancel_inline tw_wheel_cancel
+#endif
+#ifdef TW_CALLGRIND
+#include <valgrind/callgrind.h>
+#define MARK() CALLGRIND_TOGGLE_COLLECT
+#else
+#define MARK() ((void)0)
+#endif
 
 static const uint64_t DL_MAX = 1u << 20;
 static uint64_t rng = 0x12345678abcdefULL;
 static uint64_t rnd() { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
-static double now_ns() { timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec * 1e9 + ts.tv_nsec; }
+static double now_ns() { MARK(); timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec * 1e9 + ts.tv_nsec; }
 
 static size_t N;
 static uint32_t *g_dl, *g_perm, *g_dlp;
@@ -48,7 +68,7 @@ static const char *wl_names[] = {"add", "add_rand", "cancel", "cancel_rand", "ex
 
 // ---- twheel
 static void tw_cb(tw_timer *t, void *a) { (void)t; (void)a; fired++; }
-static double run_tw(int wl) {
+template <bool INL> static double run_tw_t(int wl) {
     const size_t n = N; const uint32_t *const dl = g_dl, *const perm = g_perm, *const dlp = g_dlp;
     const uint64_t base = 1000;
     tw_timer *t = (tw_timer *)aligned_alloc(64, ((n * sizeof(tw_timer)) + 63) / 64 * 64);
@@ -59,7 +79,9 @@ static double run_tw(int wl) {
     else if (wl == ADD_RAND) { t0 = now_ns(); for (size_t k = 0; k < n; k++) tw_wheel_add(w, &t[perm[k]], base + dlp[k]); t1 = now_ns(); }
     else {
         for (size_t i = 0; i < n; i++) tw_wheel_add(w, &t[i], base + dl[i]);
-        if (wl == CANCEL) { t0 = now_ns(); for (size_t i = 0; i < n; i++) tw_wheel_cancel(w, &t[i]); t1 = now_ns(); }
+        if (wl == CANCEL && INL) { t0 = now_ns(); for (size_t i = 0; i < n; i++) tw_wheel_cancel_inline(w, &t[i]); t1 = now_ns(); }
+        else if (wl == CANCEL_RAND && INL) { t0 = now_ns(); for (size_t k = 0; k < n; k++) tw_wheel_cancel_inline(w, &t[perm[k]]); t1 = now_ns(); }
+        else if (wl == CANCEL) { t0 = now_ns(); for (size_t i = 0; i < n; i++) tw_wheel_cancel(w, &t[i]); t1 = now_ns(); }
         else if (wl == CANCEL_RAND) { t0 = now_ns(); for (size_t k = 0; k < n; k++) tw_wheel_cancel(w, &t[perm[k]]); t1 = now_ns(); }
         else { t0 = now_ns(); for (uint64_t x = base + 1; x <= base + DL_MAX; x++) tw_wheel_advance(w, x); t1 = now_ns();
             if (fired != n) { fprintf(stderr, "twheel fired %zu\n", fired); exit(1); } }
@@ -115,7 +137,10 @@ static double run_wahern(int wl) {
 }
 
 struct Eng { const char *name; double (*run)(int); };
-static Eng engs[] = {{"twheel", run_tw}, {"ratas", run_ratas}, {"wahern", run_wahern}};
+static double run_tw(int wl) { return run_tw_t<false>(wl); }
+static double run_tw_inl(int wl) { return run_tw_t<true>(wl); }
+static Eng engs[] = {{"twheel", run_tw}, {"ratas", run_ratas}, {"wahern", run_wahern}, {"twinl", run_tw_inl}};
+enum { NENG = sizeof(engs) / sizeof(engs[0]) };
 
 int main(int argc, char **argv) {
     if (argc < 5) { fprintf(stderr, "usage: drv N REPS engines workloads\n"); return 2; }
@@ -128,15 +153,15 @@ int main(int argc, char **argv) {
     auto has = [](const std::string &list, const char *x) { if (list == "all") return true; std::string l = "," + list + ","; return l.find(std::string(",") + x + ",") != std::string::npos; };
     for (int wl = 0; wl < NWL; wl++) {
         if (!has(ws, wl_names[wl])) continue;
-        std::vector<std::vector<double>> r(3);
+        std::vector<std::vector<double>> r(NENG);
         for (int rep = -1; rep < reps; rep++)
-            for (int e = 0; e < 3; e++) {
+            for (int e = 0; e < NENG; e++) {
                 if (!has(es, engs[e].name)) continue;
                 double v = engs[e].run(wl);
                 if (rep >= 0) r[e].push_back(v);
             }
         printf("%zu %-12s", N, wl_names[wl]);
-        for (int e = 0; e < 3; e++) {
+        for (int e = 0; e < NENG; e++) {
             if (r[e].empty()) continue;
             std::sort(r[e].begin(), r[e].end());
             printf("  %s %.2f", engs[e].name, r[e][r[e].size() / 2]);
