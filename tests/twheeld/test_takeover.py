@@ -18,6 +18,10 @@ are A's ready jobs: B must not take them once their lease would have run
 out (TTR + 2 s + LEFT_MARGIN). Then A is started again (same --node): it serves none of the jobs B took
 (each job is delivered once), and B after a kill -9 and restart has none
 of them back either (B deleted each one).
+Then, on a namespace of its own, a server alone: killed with -9 and
+started again after its liveness record ran out (LIVE_OUT), it must not
+wait for a takeover that no other server will do (its own store fires
+the record) and has its ready and buried jobs back.
 Skipped (77) without redis-server.
 Usage: test_takeover.py --twheeld BINARY"""
 import os
@@ -32,7 +36,8 @@ TAKEOVER_BOUND = 30.0
 DELAYED = 20
 READY = 5
 BURIED = 3
-LEFT_MARGIN = 3.0  # past TTR + grace: B would have fired a dated lease
+LEFT_MARGIN = 3.0
+LIVE_OUT = 12.0  # past the liveness record's 10 s  # past TTR + grace: B would have fired a dated lease
 
 
 def session(server):
@@ -138,8 +143,32 @@ def session(server):
     check(a.stop() == 0 and b.stop() == 0, "clean stop")
 
 
+def alone(server):
+    a = server(1)
+    ca = Client(a.port)
+    ready = [put_job(ca, b"r%d" % i) for i in range(3)]
+    jid = put_job(ca, b"b", pri=0)
+    check(ca.cmd(b"reserve-with-timeout 0\r\n").startswith(
+        b"RESERVED %d " % jid), "reserve")
+    check(ca.cmd(b"bury %d 0\r\n" % jid) == b"BURIED\r\n", "bury")
+    a.kill9()
+    time.sleep(LIVE_OUT)
+    # server() waits for the port (bstk.wait_port: 20 s at most).
+    a = server(1)
+    ca = Client(a.port)
+    st = yaml_map(ca.cmd(b"stats\r\n"))
+    check(st["current-jobs-ready"] == "3" and st["current-jobs-buried"] ==
+          "1", "alone after restart: %r" %
+          {k: st[k] for k in ("current-jobs-ready", "current-jobs-buried")})
+    for i in ready:
+        check(ca.cmd(b"peek %d\r\n" % i).startswith(b"FOUND "), "peek")
+    ca.close()
+    check(a.stop() == 0, "clean stop")
+
+
 def main():
-    return with_redis("takeover", session)
+    rc = with_redis("takeover", session)
+    return rc if rc else with_redis("alone", alone)
 
 
 if __name__ == "__main__":
