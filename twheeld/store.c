@@ -622,19 +622,23 @@ void tbd_store_close(struct tbd_store *s)
 {
     if (!s)
         return;
+    /* Whatever is still queued is written; its replies are never sent. */
+    struct tbd_write *left;
     if (s->inline_writes) {
-        /* Whatever is still queued: written, its replies never sent. */
-        for (struct tbd_write *w = tbd_store_run_inline(s), *nx; w; w = nx) {
-            nx = w->next;
-            free(w->payload);
-            free(w);
-        }
+        left = tbd_store_run_inline(s);
     } else {
         pthread_mutex_lock(&s->mu);
         s->stop = true;
         pthread_cond_signal(&s->cv);
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->thread, NULL);
+        left = s->done_head; /* written after the event loop's last take */
+        s->done_head = s->done_tail = NULL;
+    }
+    for (struct tbd_write *nx; left; left = nx) {
+        nx = left->next;
+        free(left->payload);
+        free(left);
     }
     stop_querier(s);
     tw_durable_close(s->d);
