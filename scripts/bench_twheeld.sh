@@ -5,6 +5,7 @@
 # Usage: scripts/bench_twheeld.sh BUILD_DIR [SECONDS] [DELAYED_JOBS]
 #   BUILD_DIR holds twheeld/twheeld and bench/bench_bstalk (Release).
 #   ONLY=many: only the many-delayed-jobs rows (memory, disk, restart).
+#   ONLY=rates: only the other rows (puts/s, reserve+delete/s, lateness).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 b=${1:?usage: $0 BUILD_DIR [SECONDS] [DELAYED_JOBS]}
@@ -36,11 +37,10 @@ while time.monotonic() < end:
 sys.exit(1)
 PY
 }
-# start NAME DIR FLAGS...: starts a server, sets $P (port) and $PID.
-start() {
+# launch NAME DIR FLAGS...: starts a server on port $P, sets $PID.
+launch() {
   local name=$1 dir=$2
   shift 2
-  P=$(port)
   mkdir -p "$dir"
   if [ "$name" = twheeld ]; then
     "$tw" -l 127.0.0.1 -p "$P" -b "$dir" "$@" 2>/dev/null &
@@ -49,6 +49,12 @@ start() {
   fi
   PID=$!
   pids+=("$PID")
+}
+# start NAME DIR FLAGS...: starts a server, sets $P (port) and $PID,
+# returns once it accepts connections.
+start() {
+  P=$(port)
+  launch "$@"
   wait_up "$P"
 }
 stop() { kill "$1"; wait "$1" 2>/dev/null || true; }
@@ -56,7 +62,7 @@ rss() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
 
 echo "# $(date -u +%F) $(nproc) cores; twheeld $("$tw" -v | cut -d' ' -f2), beanstalkd $(beanstalkd -v 2>&1 | cut -d' ' -f2)"
 for srv in beanstalkd twheeld; do
-  if [ "${ONLY:-all}" = all ]; then
+  if [ "${ONLY:-all}" != many ]; then
   # Reply after fdatasync: beanstalkd -f 0, twheeld -f 0.
   for c in 1 64; do
     start "$srv" "$work/$srv-f0-$c" -f 0
@@ -70,11 +76,16 @@ for srv in beanstalkd twheeld; do
   echo "$srv -f 1000 $("$load" -p "$P" -c 1 -t "$secs" reserve)"
   echo "$srv -f 1000 $("$load" -p "$P" -c 16 -t "$secs" reserve)"
   stop "$PID"
-  # Lateness of delayed jobs becoming ready (delays 1..3 s).
-  start "$srv" "$work/$srv-late" -f 1000
-  echo "$srv -f 1000 $("$load" -p "$P" -c 8 -d 64 -n 20000 -D 3 late)"
-  stop "$PID"
+  # Lateness of delayed jobs becoming ready (delays of 1, 2 or 3 s):
+  # puts pipelined 64 deep (each second's jobs due in a burst as dense
+  # as the server took the puts), then one at a time per connection.
+  for d in 64 1; do
+    start "$srv" "$work/$srv-late-$d" -f 1000
+    echo "$srv -f 1000 $("$load" -p "$P" -c 8 -d "$d" -n 20000 -D 3 late)"
+    stop "$PID"
+  done
   fi
+  [ "${ONLY:-all}" = rates ] && continue
   # Many delayed jobs: memory, disk, restart after kill -9.
   start "$srv" "$work/$srv-many" -f 1000
   echo "$srv -f 1000 $("$load" -p "$P" -c 8 -d 256 -n "$njobs" -D 86400 delayed)"
@@ -82,33 +93,52 @@ for srv in beanstalkd twheeld; do
   echo "$srv $njobs delayed: RSS $(($(rss "$PID") / 1024)) MB, disk $(du -sm "$work/$srv-many" | cut -f1) MB"
   kill -9 "$PID"
   wait "$PID" 2>/dev/null || true
+  P=$(port)
   t0=$(date +%s.%N)
-  start "$srv" "$work/$srv-many" -f 1000
-  # Until the first reply to a command: beanstalkd listens (and accepts
-  # connections) before it reads its binlog back, so a connect alone
-  # says nothing.
-  n=$(python3 -c "
-import socket
-s=socket.create_connection(('127.0.0.1',$P)); s.sendall(b'stats\r\n')
-d=b''
-while b'draining' not in d: d+=s.recv(65536)
-print([l for l in d.decode().splitlines() if l.startswith('current-jobs-delayed')][0])")
-  t1=$(date +%s.%N)
+  launch "$srv" "$work/$srv-many" -f 1000
+  # One client, started with the server: it connects as soon as the
+  # server listens, then times the first reply to `stats` and, on the
+  # same connection, the reply to `peek-delayed` (from t0). beanstalkd
+  # listens (and accepts connections) before it reads its binlog back,
+  # so a connect alone says nothing. (The script once started a second
+  # Python interpreter for peek-delayed, which added 1.3 to 2.1 s to
+  # both servers.)
+  read -r t1 t2 n < <(python3 - "$P" "$t0" <<'PY'
+import socket, sys, time
+port, t0 = int(sys.argv[1]), float(sys.argv[2])
+end = time.monotonic() + 300
+while True:
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=300)
+        break
+    except OSError:
+        if time.monotonic() > end:
+            sys.exit(1)
+        time.sleep(0.05)
+def ask(cmd, done):
+    s.sendall(cmd)
+    d = b""
+    while not done(d):
+        c = s.recv(65536)
+        if not c:
+            sys.exit(1)
+        d += c
+    return d
+d = ask(b"stats\r\n", lambda d: b"draining" in d)
+t1 = time.time()
+n = [l for l in d.decode().splitlines()
+     if l.startswith("current-jobs-delayed")][0].split()[1]
+d = ask(b"peek-delayed\r\n", lambda d: b"\r\n" in d)
+t2 = time.time()
+assert d.startswith(b"FOUND"), d
+print("%.2f %.2f %s" % (t1 - t0, t2 - t0, n))
+PY
+)
   # The CPU time the server used until then (user + system) and how long
   # its threads waited for a CPU (schedstat, ns on a run queue): on a
   # machine that other work shares, the wall time is mostly that wait.
   cpu=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$PID/stat")
   rq=$(cat /proc/"$PID"/task/*/schedstat | awk '{w += $2} END {printf "%.2f", w / 1e9}')
-  echo "$srv restart after kill -9: answering in $(echo "$t1 - $t0" | bc) s (CPU $cpu s, waiting for a CPU $rq s), $n, RSS $(($(rss "$PID") / 1024)) MB"
-  # Then until peek-delayed answers (twheeld reads delayed jobs from the
-  # store's ordered listing, built at its first use).
-  python3 -c "
-import socket
-s=socket.create_connection(('127.0.0.1',$P)); s.sendall(b'peek-delayed\r\n')
-d=b''
-while b'\r\n' not in d: d+=s.recv(65536)
-assert d.startswith(b'FOUND'), d"
-  t2=$(date +%s.%N)
-  echo "$srv restart after kill -9: peek-delayed answers in $(echo "$t2 - $t0" | bc) s, RSS $(($(rss "$PID") / 1024)) MB"
+  echo "$srv restart after kill -9: answering stats in $t1 s, peek-delayed in $t2 s (CPU $cpu s, waiting for a CPU $rq s until then), current-jobs-delayed $n, RSS $(($(rss "$PID") / 1024)) MB"
   stop "$PID"
 done

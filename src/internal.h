@@ -11,6 +11,10 @@
 
 #include "common.h" /* tw__malloc & co, tw__config_copy */
 
+/* A cache line of padding in a struct, so that the fields on either side do
+ * not share one (the name tells the pads of one struct apart). */
+#define PAD(n) char pad##n[64]
+
 #if UINTPTR_MAX == UINT64_MAX
 _Static_assert(sizeof(tw_timer) == 40, "a timer is 40 bytes on LP64");
 #endif

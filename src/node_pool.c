@@ -1,32 +1,21 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * src/node_pool.c - the service's task records (src/service_impl.h).
+ * src/node_pool.c - the node pool's rare operations: set-up, tear-down and
+ * growth (the layout and the operations on every call's path are in
+ * src/node_pool.h).
  *
- * Records live in chunks of 4096 that never move, found through a two-level
+ * Nodes live in chunks of 4096 that never move, found through a two-level
  * directory that only grows (lock-free: a thread that loses the race to
- * publish a block frees its own). Free records form a Treiber stack of
- * batches (up to 64 records each, see node_pool.h) whose head carries a
- * tag against ABA; a record's generation is bumped each time
- * it is freed, so an id names one use of a record only. A cancel of a
- * record in the wheel sets its bit in a three-level bitmap (record, chunk,
- * directory block) that the timer thread drains. Task functions are kept in
- * a lock-free open-addressing table, a record stores its function's index.
+ * publish a block frees its own).
  */
 #include <string.h>
 
 #include "node_pool.h"
 
-int tw__pool_init(struct node_pool *p, struct tw_service *owner, uint32_t nfns,
-                  uint32_t salt)
+void tw__pool_init(struct node_pool *p, void *owner, uint32_t salt)
 {
-    p->fns = tw__calloc((size_t)nfns, sizeof(*p->fns));
-    if (p->fns == NULL)
-        return TW_ENOMEM;
-    p->fn_mask = nfns - 1;
     p->salt = salt;
     p->owner = owner;
-    atomic_fetch_add(&p->mem, (uint64_t)nfns * sizeof(*p->fns));
-    return 0;
 }
 
 void tw__pool_destroy(struct node_pool *p)
@@ -42,7 +31,6 @@ void tw__pool_destroy(struct node_pool *p)
         }
         tw__free(db);
     }
-    tw__free((void *)p->fns);
 }
 
 /* The directory block for chunk @d, made if missing. NULL: no memory. */
@@ -100,26 +88,4 @@ int tw__pool_grow(struct node_pool *p, uint32_t idx)
         tw__free(raw);
     }
     return 0;
-}
-
-/* ------------------------------------------------------------------------ */
-/* The function table's inserts. */
-
-int tw__fn_index(struct node_pool *p, tw_task_fn fn, uint32_t *out)
-{
-    uint32_t h = fn_hash(fn);
-    for (uint32_t i = 0; i <= p->fn_mask; i++) {
-        uint32_t slot = (h + i) & p->fn_mask;
-        tw_task_fn cur =
-            atomic_load_explicit(&p->fns[slot], memory_order_acquire);
-        if (cur == NULL && atomic_compare_exchange_strong_explicit(
-                               &p->fns[slot], &cur, fn, memory_order_acq_rel,
-                               memory_order_acquire))
-            cur = fn; /* ours now */
-        if (cur == fn) {
-            *out = slot;
-            return 0;
-        }
-    }
-    return TW_EAGAIN;
 }

@@ -3,9 +3,9 @@
  * src/service.c - the thread-safe timer service (twheel/service.h).
  *
  * The design, the state word of a task record and the lock order are in
- * src/service_impl.h; the records themselves in src/node_pool.c, the
- * executor threads in src/exec_pool.c. This file follows a task down the
- * pipeline:
+ * src/service_impl.h; the records themselves in the node pool
+ * (src/node_pool.h), the executor threads in src/exec_pool.c. This file follows
+ * a task down the pipeline:
  *
  *   submit        tw_schedule*(): validate, reserve, publish on the stack
  *   timer thread  takes the stack and the cancel marks, advances the wheel
@@ -148,6 +148,29 @@ static inline bool move_or_free(tw_service *s, struct node *n, unsigned loc,
                                            (v & ~(ST_LOC_MASK | clear)) | loc));
     *was = v;
     return true;
+}
+
+/* The entry of @fn in the function table, added if new: 0 and *@out, or
+ * TW_EAGAIN if the table is full. Out of line: the first call with a
+ * function, or a call without a producer. */
+static __attribute__((noinline)) int fn_index(struct fn_table *ft,
+                                              tw_task_fn fn, uint32_t *out)
+{
+    uint32_t h = fn_hash(fn);
+    for (uint32_t i = 0; i <= ft->mask; i++) {
+        uint32_t slot = (h + i) & ft->mask;
+        tw_task_fn cur =
+            atomic_load_explicit(&ft->fns[slot], memory_order_acquire);
+        if (cur == NULL && atomic_compare_exchange_strong_explicit(
+                               &ft->fns[slot], &cur, fn, memory_order_acq_rel,
+                               memory_order_acquire))
+            cur = fn; /* ours now */
+        if (cur == fn) {
+            *out = slot;
+            return 0;
+        }
+    }
+    return TW_EAGAIN;
 }
 
 /* The node @id names, with its current state, or NULL. */
@@ -341,8 +364,7 @@ static struct prod *prod_adopt(tw_service *s)
     struct prod *p = tw__calloc(1, sizeof(*p));
     if (p != NULL) {
         atomic_init(&p->owned, true);
-        atomic_fetch_add_explicit(&s->pool.mem, sizeof(*p),
-                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->mem, sizeof(*p), memory_order_relaxed);
     }
     /* A slot that stays NULL (no memory) is skipped by everybody. */
     atomic_store_explicit(&s->prods.slot[n], p, memory_order_release);
@@ -503,7 +525,7 @@ static inline int sched_validate(tw_service *s, const struct sched *r)
 static inline int sched_reserve(tw_service *s, const struct sched *r,
                                 struct reserved *v)
 {
-    int rc = fn_find(&s->pool, r->fn, &v->fidx);
+    int rc = fn_find(&s->fns, r->fn, &v->fidx);
     if (rc < 0)
         return rc;
     bool fn_new = rc == 1;
@@ -518,11 +540,11 @@ static inline int sched_reserve(tw_service *s, const struct sched *r,
         !atomic_load_explicit(&s->timer.started, memory_order_acquire))
         rc = tw_service_start(s);
     if (rc == 0 && fn_new && r->replace != 0)
-        rc = tw__fn_index(&s->pool, r->fn, &v->fidx);
+        rc = fn_index(&s->fns, r->fn, &v->fidx);
     if (rc == 0)
         rc = take_slot(s, r->replace, r->replaced);
     if (rc == 0 && fn_new && r->replace == 0 &&
-        (rc = tw__fn_index(&s->pool, r->fn, &v->fidx)))
+        (rc = fn_index(&s->fns, r->fn, &v->fidx)))
         pending_drop(s); /* the table filled up meanwhile */
     if (rc == 0)
         return 0;
@@ -748,11 +770,11 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
     v.rec = NULL;
     if (fn == p->last_fn)
         v.fidx = p->last_fidx;
-    else if ((rc = fn_find(&s->pool, fn, &v.fidx)) < 0)
+    else if ((rc = fn_find(&s->fns, fn, &v.fidx)) < 0)
         return 1; /* table full: the shared path says so */
     if (!mag_take(s, p, &v))
         return 1;
-    if (rc == 1 && (rc = tw__fn_index(&s->pool, fn, &v.fidx)) != 0) {
+    if (rc == 1 && (rc = fn_index(&s->fns, fn, &v.fidx)) != 0) {
         mag_put(p, &v); /* the table filled up meanwhile */
         return rc;
     }
@@ -1229,7 +1251,7 @@ static void call_task(tw_service *s, struct node *n, uint64_t rst, tw_id id,
         pending_drop(s);
     void *arg =
         periodic ? ((struct periodic *)n->t.tw__arg)->arg : n->t.tw__arg;
-    tw_task_fn fn = fn_at(&s->pool, rst);
+    tw_task_fn fn = fn_at(&s->fns, rst);
     tw_service *saved_s = tw_cur.s;
     tw_id saved_id = tw_cur.id;
     tw_cur.s = s;
@@ -1285,7 +1307,7 @@ static void trampoline(tw_timer *t, void *arg)
 {
     (void)arg;
     struct node *n = node_of_timer(t);
-    tw_service *s = chunk_tail_at(n)->owner;
+    tw_service *s = node_owner(n);
     if (s->cfg.execute == NULL && s->cfg.nexec == 0) {
         /* With the lazy clock: while a task runs here nobody takes the
          * submissions, so calls meanwhile read the clock themselves. */
@@ -1684,7 +1706,7 @@ static void config_apply(tw_service *s, const tw_service_config *cfg,
                  s->cfg.max_pending == 0;
     s->cfg.start_ns = s->cfg.clock ? s->cfg.clock(s->cfg.clock_ctx)
                                    : tw__clock_ns((clockid_t)s->cfg.clock_id);
-    atomic_fetch_add(&s->pool.mem, sizeof(*s));
+    atomic_fetch_add(&s->mem, sizeof(*s));
 }
 
 int(tw_service_create)(tw_service **out, const tw_service_config *cfg)
@@ -1706,8 +1728,14 @@ int(tw_service_create)(tw_service **out, const tw_service_config *cfg)
     uint32_t salt =
         (uint32_t)sn * UINT32_C(0x85EBCA6B) ^ (uint32_t)(uintptr_t)s;
     s->prods.serial = sn;
-    if ((rc = tw__pool_init(&s->pool, s, z.nfns, salt)) != 0)
+    tw__pool_init(&s->pool, s, salt);
+    s->fns.fns = tw__calloc((size_t)z.nfns, sizeof(*s->fns.fns));
+    if (s->fns.fns == NULL) {
+        rc = TW_ENOMEM;
         goto fail_pool;
+    }
+    s->fns.mask = z.nfns - 1;
+    atomic_fetch_add(&s->mem, (uint64_t)z.nfns * sizeof(*s->fns.fns));
     rc = tw__exec_init(&s->exec, cfg->executor_threads, exec_take, exec_run, s);
     if (rc != 0)
         goto fail_exec;
@@ -1728,7 +1756,7 @@ fail_sync:
 fail_wheel:
     tw__exec_destroy(&s->exec);
 fail_exec:
-    tw__pool_destroy(&s->pool);
+    tw__free((void *)s->fns.fns);
 fail_pool:
     tw__free(s);
     return rc;
@@ -1794,7 +1822,7 @@ static void hand_back(tw_service *s, struct node *n, uint64_t st,
         void *arg = n->t.tw__arg;
         if (st & ST_PERIODIC)
             arg = ((struct periodic *)arg)->arg;
-        h->fn(make_id(st, node_index(n)), fn_at(&s->pool, st), arg, h->ctx);
+        h->fn(make_id(st, node_index(n)), fn_at(&s->fns, st), arg, h->ctx);
     }
     node_free(&s->pool, n);
     atomic_fetch_add_explicit(&s->handed, 1, memory_order_relaxed);
@@ -1898,6 +1926,7 @@ int tw_service_destroy(tw_service *s)
     for (uint32_t k = 0; k < atomic_load(&s->prods.n) && k < MAX_PRODS; k++)
         tw__free(atomic_load(&s->prods.slot[k]));
     tw__pool_destroy(&s->pool);
+    tw__free((void *)s->fns.fns);
     sync_destroy(s, N_MUTEX, N_COND);
     tw__exec_destroy(&s->exec);
     tw_wheel_destroy(s->timer.wheel);
@@ -1923,7 +1952,8 @@ int tw_service_get_stats_sized(const tw_service *s, tw_service_stats *out,
     st.handed_back = atomic_load_explicit(&m->handed, memory_order_relaxed);
     st.wakeups = atomic_load_explicit(&m->wakeups, memory_order_relaxed);
     st.nodes = atomic_load_explicit(&m->pool.nodes, memory_order_relaxed);
-    st.memory_bytes = atomic_load_explicit(&m->pool.mem, memory_order_relaxed);
+    st.memory_bytes = atomic_load_explicit(&m->pool.mem, memory_order_relaxed) +
+                      atomic_load_explicit(&m->mem, memory_order_relaxed);
     st.backlog = atomic_load_explicit(&m->backlog, memory_order_relaxed);
     tw__svc_stats_out(out, out_size, &st);
     return 0;

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * src/service_impl.h - the timer service's records and state, shared by
- * src/node_pool.[ch] and src/service.c (src/exec_pool.c sees none of it).
+ * src/service_impl.h - the timer service's state and the meaning of its
+ * records' state words, for src/service.c (the records themselves are the
+ * node pool's, src/node_pool.h; src/exec_pool.c sees none of it).
  *
  * Pipeline
  * --------
@@ -38,18 +39,20 @@
  *
  * The state word
  * --------------
- * Task records ("nodes", 40 bytes on LP64) live in chunks of 4096 that never
- * move; a node is a tw_timer whose function pointer is one atomic 64-bit
- * state word (struct node below):
+ * Task records ("nodes", 40 bytes on LP64) come from the node pool
+ * (src/node_pool.h): a node is a tw_timer whose function pointer is one
+ * atomic 64-bit state word, whose generation and free-list link are the
+ * pool's and the rest the service's:
  *
- *   bits 63..32  generation (never 0; bumped each time the node is freed)
+ *   bits 63..32  generation (the pool's: never 0; bumped each time the
+ *                node is freed)
  *   bits 31..5   payload: while the node is live, the index of the task
  *                function in the service's function table (bits 28..5),
  *                ST_HOLD and ST_DROPPED (bits 29, 30: a one-shot task that
  *                keeps its pending slot while it runs, and whether that
  *                slot was released or taken over) and ST_RELATIVE (bit
- *                31, see below); while it is on the free list, the next
- *                free node (+1)
+ *                31, see below); while it is on the free list, the pool's
+ *                link (POOL_INDEX_BITS bits at POOL_LINK_SHIFT)
  *   bit  4       periodic (tw__arg points at a side record)
  *   bit  3       cancelled (or claimed by stop)
  *   bits 2..0    location: FREE, QUEUED, ARMED, DISPATCHED, RUNNING
@@ -126,6 +129,7 @@
 #include <stdint.h>
 
 #include "exec_pool.h"
+#include "node_pool.h"
 #include "twheel/service.h"
 
 /* ------------------------------------------------------------------------ */
@@ -136,9 +140,15 @@ enum { LOC_FREE = 0, LOC_QUEUED, LOC_ARMED, LOC_DISPATCHED, LOC_RUNNING };
 #define ST_LOC_MASK UINT64_C(7)
 #define ST_CANCELLED UINT64_C(8)
 #define ST_PERIODIC UINT64_C(16)
-#define ST_PAY_SHIFT 5
-#define ST_PAY_MASK ((UINT64_C(1) << 27) - 1)
-#define ST_GEN(st) ((uint32_t)((st) >> 32))
+#define ST_PAY_SHIFT POOL_LINK_SHIFT
+#define ST_PAY_MASK POOL_LINK_MASK
+#define ST_GEN(st) POOL_GEN(st)
+/* The pool frees a node with its low half 0, and links free nodes through
+ * the payload: the flags below it read FREE then. */
+_Static_assert(LOC_FREE == 0, "a node the pool frees is FREE");
+_Static_assert((ST_LOC_MASK | ST_CANCELLED | ST_PERIODIC) <
+                   (UINT64_C(1) << POOL_LINK_SHIFT),
+               "the pool's link leaves the flags alone");
 #define ST_LOC(st) ((unsigned)((st)&ST_LOC_MASK))
 #define ST_PAY(st) ((uint32_t)(((st) >> ST_PAY_SHIFT) & ST_PAY_MASK))
 /* Live nodes: the payload's low 24 bits are the function index; a QUEUED
@@ -155,101 +165,15 @@ enum { LOC_FREE = 0, LOC_QUEUED, LOC_ARMED, LOC_DISPATCHED, LOC_RUNNING };
 #define ST_DROPPED (UINT64_C(1) << 30)
 
 /* ------------------------------------------------------------------------ */
-/* Nodes and their chunks. */
-
-/* Chunks: 4096 nodes, each chunk in a block aligned to 2^18 bytes so that a
- * node's index follows from its address. */
-#define CHUNK_BITS 12
-#define CHUNK_NODES (1u << CHUNK_BITS)
-#define CHUNK_ALIGN ((uintptr_t)1 << 18)
-#define DIR_BITS 9 /* chunks per directory block: 512 */
-#define DIR_BLOCKS 64
-/* At most 2^27 - 1 nodes: the index + 1 must fit the 27-bit payload. */
-#define MAX_NODES ((UINT32_C(1) << 27) - 1)
-
-/*
- * A node is a wheel timer whose function pointer is the state word (on
- * LP64, where both are 8 bytes): the service's wheel calls one function
- * for every timer (tw__wheel_set_fire) and never reads a timer's tw__fn,
- * so the 8 bytes that held the same trampoline in every node hold the
- * state instead. Nodes are never given to tw_timer_init() (which would
- * write tw__fn over the state); node_init() sets the other fields.
- */
-#if UINTPTR_MAX == UINT64_MAX
-struct node {
-    union {
-        tw_timer t;
-        struct {
-            void *link_[3];         /* tw__next, tw__pprev, tw__expires */
-            _Atomic uint64_t state; /* in place of tw__fn */
-            void *arg_;             /* tw__arg */
-        };
-    };
-};
-_Static_assert(offsetof(struct node, state) == offsetof(tw_timer, tw__fn),
-               "the state word is in the place of tw__fn");
-_Static_assert(sizeof(struct node) == 40, "a node is 40 bytes on LP64");
-#else
-struct node {
-    tw_timer t;
-    _Atomic uint64_t state;
-};
-#endif
-
-/* Everything a chunk holds after its nodes. */
-struct chunk_tail {
-    void *raw;                             /* what to tw__free() */
-    struct tw_service *owner;              /* for the wheel's trampoline */
-    uint32_t number;                       /* chunk index */
-    _Atomic uint64_t l1;                   /* bit w: l0[w] may be non-zero */
-    _Atomic uint64_t l0[CHUNK_NODES / 64]; /* cancel bits of ARMED nodes */
-};
-
-#define CHUNK_BYTES                                                            \
-    (CHUNK_NODES * sizeof(struct node) + sizeof(struct chunk_tail))
-_Static_assert(CHUNK_BYTES <= CHUNK_ALIGN, "a chunk fits its alignment");
-/* What a chunk asks the allocator for: room to align it by hand. */
-#define CHUNK_RAW_BYTES (CHUNK_BYTES + CHUNK_ALIGN - 1)
-
-struct dirblock {
-    _Atomic(struct node *) chunk[1u << DIR_BITS];
-    _Atomic uint64_t dirty[(1u << DIR_BITS) / 64]; /* chunks with bits */
-};
-
-#define PAD(n) char pad##n[64]
-
-/* Nodes a producer takes from the pool at a time (its magazine), and the
- * size of the batches the timer thread frees. */
-#define MAG_NODES 64u
-
-/*
- * The node pool (src/node_pool.h, src/node_pool.c): chunks reached through
- * a two-level directory, the free list, the cancel bitmap and the function
- * table.
- */
-struct node_pool {
-    _Atomic(tw_task_fn) *fns;
-    uint32_t fn_mask;
-    uint32_t salt; /* first generations differ between services */
-    struct tw_service *owner;
-    PAD(0);
-    _Atomic uint64_t free_head; /* tag << 32 | (index + 1) */
-    PAD(3);
-    _Atomic uint32_t fresh; /* first never-used index (every cancel reads
-                               it; it moves 64 at a time) */
-    PAD(1);
-    _Atomic uint64_t cancel_dirty; /* dirblocks with cancel bits */
-    PAD(2);
-    _Atomic(struct dirblock *) dir[DIR_BLOCKS];
-    /* The batch of nodes the timer thread is freeing (node_pool.h). */
-    struct node *free_first;
-    uint32_t free_count;
-    struct node *free_ring[4];   /* the batch's last 4 nodes, by count % 4 */
-    _Atomic uint64_t nodes, mem; /* statistics */
-};
-
-/* ------------------------------------------------------------------------ */
 /* The service. */
+
+/* Task functions: a lock-free open-addressing table of max_callbacks
+ * entries (a power of two); a live node's state word holds its function's
+ * index (ST_FN()). */
+struct fn_table {
+    _Atomic(tw_task_fn) *fns;
+    uint32_t mask;
+};
 
 struct tw__tsc; /* src/service_clock.h */
 
@@ -321,6 +245,7 @@ struct tw_service {
         tw_wheel_config wcfg;
     } cfg;
 
+    struct fn_table fns;
     struct node_pool pool;
 
     /* Producers to the timer thread. */
@@ -393,8 +318,8 @@ struct tw_service {
     } life;
 
     /* Statistics (the pool keeps its own). Runs are counted in late[]
-     * only: ran is their sum. */
-    _Atomic uint64_t cancelled, handed, wakeups;
+     * only: ran is their sum. mem: the bytes held outside the pool. */
+    _Atomic uint64_t cancelled, handed, wakeups, mem;
     PAD(2);
     _Atomic uint64_t late[TW_LATE_BUCKETS];
 };
@@ -407,54 +332,20 @@ struct tw_service {
 /* ------------------------------------------------------------------------ */
 /* Node helpers, inline: they are on every call's path. */
 
-static inline struct chunk_tail *chunk_tail_of(struct node *first)
-{
-    return (struct chunk_tail *)(void *)((char *)first +
-                                         CHUNK_NODES * sizeof(struct node));
-}
-
-/* The chunk tail of the chunk that holds @n. */
-static inline struct chunk_tail *chunk_tail_at(const struct node *n)
-{
-    uintptr_t base = (uintptr_t)n & ~(CHUNK_ALIGN - 1);
-    return chunk_tail_of((struct node *)(void *)base);
-}
-
-static inline struct node *node_at(const struct node_pool *p, uint32_t idx)
-{
-    struct dirblock *db = atomic_load_explicit(
-        &((struct node_pool *)p)->dir[idx >> (CHUNK_BITS + DIR_BITS)],
-        memory_order_acquire);
-    struct node *c = atomic_load_explicit(
-        &db->chunk[(idx >> CHUNK_BITS) & ((1u << DIR_BITS) - 1)],
-        memory_order_acquire);
-    return c + (idx & (CHUNK_NODES - 1));
-}
-
-static inline uint32_t node_index(const struct node *n)
-{
-    uintptr_t base = (uintptr_t)n & ~(CHUNK_ALIGN - 1);
-    uint32_t off = (uint32_t)(((uintptr_t)n - base) / sizeof(struct node));
-    return chunk_tail_at(n)->number << CHUNK_BITS | off;
-}
-
 static inline tw_id make_id(uint64_t st, uint32_t idx)
 {
     return (st & ~UINT64_C(0xffffffff)) | (uint64_t)(idx + 1);
 }
 
-/* A node about to be queued: not linked, no deadline yet, @arg. */
+/* A node about to be queued: not linked, no deadline yet, @arg (its state
+ * word, in the place of tw__fn, is left alone: nodes never go through
+ * tw_timer_init()). */
 static inline void node_init(struct node *n, void *arg)
 {
     n->t.tw__next = NULL;
     n->t.tw__pprev = NULL;
     n->t.tw__expires = 0;
     n->t.tw__arg = arg;
-}
-
-static inline struct node *node_of_timer(tw_timer *t)
-{
-    return t ? TW_CONTAINER_OF(t, struct node, t) : NULL;
 }
 
 /* The node @id names, with its current state, or NULL. A node whose
@@ -473,9 +364,60 @@ static inline struct node *node_lookup(const struct node_pool *p, tw_id id,
     return n;
 }
 
-static inline tw_task_fn fn_at(const struct node_pool *p, uint64_t st)
+/* Free the side record of owned node @n if it has one; its state word. */
+static inline uint64_t side_record_free(struct node *n)
 {
-    return atomic_load_explicit(&p->fns[ST_FN(st)], memory_order_acquire);
+    uint64_t st = atomic_load_explicit(&n->state, memory_order_relaxed);
+    if (st & ST_PERIODIC)
+        tw__free(n->t.tw__arg);
+    return st;
+}
+
+/* Free owned node @n and its side record: now (a batch of one), or into
+ * the batch the timer thread is building (pushed when full or at
+ * free_flush()). It gets a new generation and reads FREE. */
+static inline void node_free(struct node_pool *p, struct node *n)
+{
+    pool_free(p, n, side_record_free(n));
+}
+
+static inline void node_free_batched(struct node_pool *p, struct node *n)
+{
+    pool_free_batched(p, n, side_record_free(n));
+}
+
+/* ------------------------------------------------------------------------ */
+/* The function table. */
+
+static inline uint32_t fn_hash(tw_task_fn fn)
+{
+    uint64_t x = (uint64_t)(uintptr_t)fn * UINT64_C(0x9E3779B97F4A7C15);
+    return (uint32_t)(x >> 40);
+}
+
+/* Look @fn up without taking an entry: 0 and *@out its entry, 1 if it is
+ * not there but there is room, TW_EAGAIN if the table is full. */
+static inline int fn_find(const struct fn_table *ft, tw_task_fn fn,
+                          uint32_t *out)
+{
+    uint32_t h = fn_hash(fn);
+    for (uint32_t i = 0; i <= ft->mask; i++) {
+        uint32_t slot = (h + i) & ft->mask;
+        tw_task_fn cur =
+            atomic_load_explicit(&ft->fns[slot], memory_order_acquire);
+        if (cur == NULL)
+            return 1;
+        if (cur == fn) {
+            *out = slot;
+            return 0;
+        }
+    }
+    return TW_EAGAIN;
+}
+
+static inline tw_task_fn fn_at(const struct fn_table *ft, uint64_t st)
+{
+    return atomic_load_explicit(&ft->fns[ST_FN(st)], memory_order_acquire);
 }
 
 #endif

@@ -190,6 +190,7 @@ static struct server {
     int mfd;            /* --metrics-port listener, or -1 */
     unsigned nmconn;    /* its connections open */
     uint64_t started_mono;
+    tw_timer live_timer; /* --redis: renews this server's liveness record */
     char server_id[17];
     struct utsname uts;
 } g;
@@ -902,6 +903,103 @@ static uint64_t next_job_id(void)
     return id;
 }
 
+/*
+ * --redis: liveness. Each server keeps the record "n<node>" due LIVE_MS
+ * ahead of now, rewritten every LIVE_RENEW_MS. When a server dies its
+ * record fires LIVE_MS later on the owner of its shard, which takes over
+ * the dead server's ready and buried jobs (takeover_start()); the store
+ * delivers the record again every TBD_LIVE_RETRY_MS until the takeover
+ * is done and cancels it. A server starting again waits until a takeover
+ * of its jobs is over before it reads back the records that still name
+ * it (live_wait()).
+ */
+#define LIVE_MS 10000
+#define LIVE_RENEW_MS 2000
+#define LIVE_GUARD_MS 2000 /* start-up: due this soon counts as run out */
+#define LIVE_WAIT_MAX_MS (3 * LIVE_MS)
+#define LIVE_LEN 14
+enum { REC_LIVE = 'L' };
+
+static size_t live_key(char *buf, size_t len, uint32_t node)
+{
+    return (size_t)snprintf(buf, len, "n%" PRIu32, node);
+}
+
+/* The payload of this server's liveness record due at @due. */
+static unsigned char *live_payload(int64_t due)
+{
+    unsigned char *p = xmalloc(LIVE_LEN), *q = p;
+    *q++ = REC_LIVE;
+    *q++ = REC_VERSION;
+    put_u32(&q, g.opt->node);
+    put_u64(&q, (uint64_t)due);
+    return p;
+}
+
+static void live_renew(void)
+{
+    struct tbd_write *w = write_new(TBD_W_SCHED, NULL);
+    w->key_len = live_key(w->key, sizeof(w->key), g.opt->node);
+    w->due_ms = wall_ms() + LIVE_MS;
+    w->payload = live_payload(w->due_ms);
+    w->payload_len = LIVE_LEN;
+    tbd_store_submit(g.store, w);
+}
+
+static void live_fn(tw_timer *tm, void *arg)
+{
+    (void)arg;
+    live_renew();
+    tw_wheel_add(g.wheel, tm, tw_wheel_now(g.wheel) + LIVE_RENEW_MS);
+}
+
+/*
+ * Start-up with --redis, before the jobs are read back: if this server's
+ * previous liveness record ran out (or is about to), another server may
+ * be taking its jobs over; wait until that takeover cancelled the record
+ * (or until this server's own store fires it: no other server is
+ * there), at most LIVE_WAIT_MAX_MS. Then write the record anew.
+ */
+static void live_wait(void)
+{
+    char key[24];
+    size_t kl = live_key(key, sizeof(key), g.opt->node);
+    uint64_t t0 = mono_ms();
+    bool said = false;
+    for (;;) {
+        unsigned char p[LIVE_LEN];
+        size_t len = 0;
+        int rc = tbd_store_get(g.store, key, kl, p, sizeof(p), &len);
+        if (rc == TW_ENOENT)
+            break;
+        if (rc == 0 && len == LIVE_LEN && p[0] == REC_LIVE &&
+            (int64_t)get_u64(p + 6) > wall_ms() + LIVE_GUARD_MS)
+            break;
+        if (tbd_store_fired_has(g.store, key, kl))
+            break;
+        if (mono_ms() - t0 > LIVE_WAIT_MAX_MS) {
+            logv(0,
+                 "liveness record %s: no takeover finished in %d ms, "
+                 "going on",
+                 key, LIVE_WAIT_MAX_MS);
+            break;
+        }
+        if (!said)
+            logv(0,
+                 "liveness record %s ran out: waiting for the takeover "
+                 "of this server's jobs",
+                 key);
+        said = true;
+        usleep(100000);
+    }
+    int64_t due = wall_ms() + LIVE_MS;
+    unsigned char *p = live_payload(due);
+    int rc = tbd_store_put(g.store, key, kl, due, p, LIVE_LEN);
+    if (rc != 0)
+        logv(0, "liveness record %s: %s", key, tw_strerror(rc));
+    free(p);
+}
+
 /* The id of store key "j<id>", or 0. */
 static uint64_t key_id(const char *key, size_t len)
 {
@@ -1205,7 +1303,10 @@ static void cold_ready(struct job *j, bool counted)
     job_make_ready(j);
 }
 
-/* The jobs the store fired: ready now, unless already in memory. */
+static void live_fired(const unsigned char *p, size_t n);
+
+/* The jobs the store fired: ready now (buried if they were, taken over
+ * from a dead server), unless already in memory. */
 static void fired_jobs(void)
 {
     if (!g.store)
@@ -1214,16 +1315,25 @@ static void fired_jobs(void)
         nx = f->next;
         uint64_t id = key_id(f->key, f->key_len);
         struct rec r;
-        if (id && !job_find(id) && rec_parse(f->payload, f->payload_len, &r) &&
-            r.id == id) {
+        if (f->key_len && f->key[0] == 'n') {
+            live_fired(f->payload, f->payload_len);
+        } else if (id && !job_find(id) &&
+                   rec_parse(f->payload, f->payload_len, &r) && r.id == id) {
             struct job *j = job_from_rec(&r, true);
             if (j) {
-                cold_ready(j, r.state == J_DELAYED && r.owner == g.opt->node);
+                if (r.state == J_BURIED) {
+                    /* Taken over from a dead server: buried here. */
+                    job_table_insert(j);
+                    job_make_buried(j);
+                } else {
+                    cold_ready(j,
+                               r.state == J_DELAYED && r.owner == g.opt->node);
+                }
                 /* Redis: from now on this server holds it (another may
                  * have taken the put), and the record must not fire on
                  * another server again. */
                 if (g.opt->redis)
-                    submit(NULL, job_write(j, J_READY, NULL), NULL);
+                    submit(NULL, job_write(j, j->state, NULL), NULL);
             } else
                 logv(0, "job %" PRIu64 ": out of memory, left in the store",
                      id);
@@ -1836,7 +1946,7 @@ static void cmd_delete(struct conn *c, uint64_t id)
  * loop) finds the ids of the tube's delayed jobs due first; their reply
  * waits, in order, in the connection's output meanwhile (query_done()).
  */
-enum { Q_PEEK, Q_KICK };
+enum { Q_PEEK, Q_KICK, Q_TAKE };
 
 /* On the query thread: a delayed job of this server in tube q->tube. */
 static bool query_match(const struct tbd_query *q, const void *payload,
@@ -2007,11 +2117,129 @@ static bool query_peek(struct conn *c, struct tbd_query *q, struct out *o)
     return true;
 }
 
+/*
+ * Takeover (--redis): the ready and buried jobs of a dead server (its
+ * liveness record fired here), and those whose record was about to fire
+ * anyway (reserved there, or fired there and not yet rewritten).
+ */
+#define TAKE_MAX 65536 /* ids per query; more: another query */
+
+/* On the query thread: a job that server q->node holds, not delayed. */
+static bool take_match(const struct tbd_query *q, const void *payload, size_t n,
+                       int64_t *due, uint64_t *id)
+{
+    struct rec r;
+    if (!rec_parse(payload, n, &r) || r.owner != q->node ||
+        (r.state == J_DELAYED && r.due > q->now))
+        return false;
+    *due = 0;
+    *id = r.id;
+    return true;
+}
+
+static void takeover_start(uint32_t node)
+{
+    struct tbd_query *q = calloc(1, sizeof(*q));
+    if (!q)
+        abort();
+    q->match = take_match;
+    q->node = node;
+    q->now = wall_ms();
+    q->want = TAKE_MAX;
+    q->kind = Q_TAKE;
+    tbd_store_query(g.store, q);
+}
+
+/* A liveness record fired here: another server's, it is dead. */
+static void live_fired(const unsigned char *p, size_t n)
+{
+    if (!g.opt->redis || n != LIVE_LEN || p[0] != REC_LIVE)
+        return;
+    uint32_t node = get_u32(p + 2);
+    if (node == g.opt->node) {
+        /* This server's own, fired here: it was late renewing it. */
+        logv(0, "own liveness record ran out: renewed");
+        live_renew();
+        return;
+    }
+    logv(0, "node %" PRIu32 " is dead: taking over its jobs", node);
+    takeover_start(node);
+}
+
+/*
+ * The answer of takeover_start(): each job still named by the dead
+ * server's record is rewritten naming this server and due now, so that
+ * the owner of its shard fires it and takes it (fired_jobs(): ready
+ * stays ready, buried stays buried). Then the liveness record goes.
+ */
+static void takeover_done(struct tbd_query *q)
+{
+    if (q->result != 0) {
+        logv(0, "takeover of node %" PRIu32 ": %s (again later)", q->node,
+             tw_strerror(q->result));
+        return;
+    }
+    /* The dead server came back meanwhile (its record renewed) or another
+     * takeover finished (its record gone): nothing to do. */
+    char lk[24];
+    unsigned char lp[LIVE_LEN];
+    size_t lkl = live_key(lk, sizeof(lk), q->node), ll = 0;
+    if (tbd_store_get(g.store, lk, lkl, lp, sizeof(lp), &ll) != 0 ||
+        ll != LIVE_LEN || (int64_t)get_u64(lp + 6) > wall_ms())
+        return;
+    size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + g.opt->max_job_size + 4;
+    unsigned char *p = xmalloc(cap + 4);
+    size_t moved = 0;
+    for (size_t i = 0; i < q->n; i++) {
+        struct tbd_write *w = write_new(TBD_W_SCHED, NULL);
+        w->key_len = (size_t)snprintf(w->key, sizeof(w->key), "j%" PRIu64,
+                                      q->hits[i].id);
+        size_t len = 0;
+        int64_t due;
+        uint64_t id;
+        if (tbd_store_get(g.store, w->key, w->key_len, p, cap, &len) != 0 ||
+            len > cap || !take_match(q, p, len, &due, &id) ||
+            id != q->hits[i].id) {
+            free(w); /* gone or changed since the scan */
+            continue;
+        }
+        if (p[2] == J_DELAYED) /* fired there: ready */
+            p[2] = J_READY;
+        if (p[1] < 2) { /* version 1: the owner is appended */
+            p[1] = 2;
+            len += 4;
+        }
+        unsigned char *o = p + len - 4;
+        put_u32(&o, g.opt->node);
+        w->payload = xmalloc(len);
+        memcpy(w->payload, p, len);
+        w->payload_len = len;
+        w->due_ms = wall_ms();
+        tbd_store_submit(g.store, w);
+        moved++;
+    }
+    free(p);
+    logv(0, "node %" PRIu32 ": %zu jobs handed over", q->node, moved);
+    if (q->n == q->want) {
+        takeover_start(q->node);
+        return;
+    }
+    struct tbd_write *w = write_new(TBD_W_CANCEL, NULL);
+    w->key_len = live_key(w->key, sizeof(w->key), q->node);
+    tbd_store_submit(g.store, w);
+}
+
 /* The queries the store answered. */
 static void query_done(struct tbd_query *q)
 {
     for (struct tbd_query *nx; q; q = nx) {
         nx = q->next;
+        if (q->kind == Q_TAKE) {
+            takeover_done(q);
+            free(q->hits);
+            free(q);
+            continue;
+        }
         struct conn *c = q->owner;
         struct out *o = (struct out *)(uintptr_t)q->tag;
         c->pending_writes--;
@@ -2510,6 +2738,8 @@ static void recover_one(void *arg, const char *key, size_t key_len,
             r->mark = get_u64(p + 2);
         return;
     }
+    if (key_len && key[0] == 'n')
+        return; /* a server's liveness record */
     struct rec rc;
     if (!rec_parse(p, n, &rc) || job_find(rc.id)) {
         r->bad++;
@@ -2840,6 +3070,8 @@ int tbd_serve(const struct tbd_options *opt)
                     tw_strerror(rc), err[0] ? ": " : "", err);
             return 1;
         }
+        if (opt->redis)
+            live_wait();
         struct recover_ctx r = {.now_wall = wall_ms(),
                                 .never = tbd_store_never()};
         uint64_t t0 = mono_ms();
@@ -2861,6 +3093,12 @@ int tbd_serve(const struct tbd_options *opt)
              " delayed in the store, %" PRIu64 " unreadable, %" PRIu64
              " of other nodes), next id %" PRIu64,
              where, r.jobs, mono_ms() - t0, r.cold, r.bad, r.others, g.next_id);
+    }
+
+    if (opt->redis) {
+        tw_timer_init(&g.live_timer, live_fn, NULL);
+        tw_wheel_add(g.wheel, &g.live_timer,
+                     tw_wheel_now(g.wheel) + LIVE_RENEW_MS);
     }
 
     g.lfd = listen_on(opt->addr, opt->port);

@@ -130,9 +130,32 @@ static int store_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     memcpy(f->payload, t->payload, t->payload_len);
     f->next = s->f_head; /* newest first; tbd_store_take_fired() turns it */
     s->f_head = f;
-    wake(s);
+    /* One wake for a run of fired jobs: while the list is not empty the
+     * event loop has one coming (it takes the whole list after reading
+     * the eventfd). */
+    if (!f->next)
+        wake(s);
     pthread_mutex_unlock(&s->fmu);
-    return FIRED_KEEP_MS;
+    /* A server's liveness record (server.c): again soon, until the
+     * takeover it starts cancels it. */
+    return t->key_len && ((const char *)t->key)[0] == 'n' ? TBD_LIVE_RETRY_MS
+                                                          : FIRED_KEEP_MS;
+}
+
+bool tbd_store_fired_has(struct tbd_store *s, const char *key, size_t key_len)
+{
+    bool has = false;
+    pthread_mutex_lock(&s->fmu);
+    for (const struct tbd_fired *f = s->f_head; f && !has; f = f->next)
+        has = f->key_len == key_len && !memcmp(f->key, key, key_len);
+    pthread_mutex_unlock(&s->fmu);
+    return has;
+}
+
+int tbd_store_put(struct tbd_store *s, const char *key, size_t key_len,
+                  int64_t due_ms, const void *p, size_t n)
+{
+    return tw_durable_schedule(s->d, key, key_len, due_ms, p, n);
 }
 
 /* Writes the run [first, first + n) of one kind; results into each. */

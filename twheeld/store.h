@@ -63,6 +63,18 @@ long tbd_store_recover(struct tbd_store *s,
                                   int64_t due_ms, const void *p, size_t n),
                        void *arg);
 
+/* A liveness record that fired is delivered again this often until it is
+ * cancelled (a takeover that did not finish is done again). */
+#define TBD_LIVE_RETRY_MS 10000
+
+/* True when the fired jobs not yet taken include @key. */
+bool tbd_store_fired_has(struct tbd_store *s, const char *key, size_t key_len);
+
+/* Writes @key := @p now, on the caller's thread (start-up only: it passes
+ * the writer's queue). Returns 0 or a TW_E* code. */
+int tbd_store_put(struct tbd_store *s, const char *key, size_t key_len,
+                  int64_t due_ms, const void *p, size_t n);
+
 /* The due time of a record that never fires (year 3000, Unix ms). */
 int64_t tbd_store_never(void);
 

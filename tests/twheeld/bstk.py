@@ -95,6 +95,16 @@ def twheeld_path():
     return os.environ.get("TWHEELD", "twheeld")
 
 
+def sanitized():
+    """Whether the twheeld under test is built with AddressSanitizer or
+    ThreadSanitizer, whose shadow memory and quarantine make resident
+    memory say nothing of the server's own."""
+    path = shutil.which(twheeld_path()) or twheeld_path()
+    with open(path, "rb") as f:
+        image = f.read()
+    return b"__asan_init" in image or b"__tsan_init" in image
+
+
 def start_twheeld(*extra):
     return Server([twheeld_path()] + list(extra), "twheeld")
 
