@@ -18,8 +18,8 @@
  *     the result goes), and set up a struct tw__combiner once with
  *     tw__combine_init(): @mu is held while apply() runs (the journal
  *     passes its store mutex; a backend whose batches do I/O without its
- *     store lock, as the Redis backend's op_run()/op_batch() do, passes a
- *     mutex of the combiner's own, which then plays the part of op_busy),
+ *     store lock, as the Redis backend's op_batch() does, passes a mutex
+ *     of the combiner's own, d->op_mu there),
  *     apply(first, ctx) runs one round: the requests from @first on
  *     through ->next, oldest first; it sets each one's result and calls
  *     tw__combine_done() on it, after which the request may be gone (its
@@ -29,9 +29,9 @@
  *   - per call: tw__combine_run(c, &req) returns once apply() has done
  *     the request, on this thread or another; then read the result.
  *
- * The Redis backend would adopt it by replacing op_run() with
- * tw__combine_run() and calling op_batch() from its apply() on the round's
- * list, then tw__combine_done() on each request.
+ * Users: the journal (apply_round() in src/durable_journal.c, under its
+ * store mutex) and the Redis backend (op_round() in src/durable_redis.c,
+ * one pipelined batch per round, under a mutex of its own).
  */
 #ifndef TWHEEL_DURABLE_COMBINE_H
 #define TWHEEL_DURABLE_COMBINE_H

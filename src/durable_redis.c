@@ -21,9 +21,10 @@
  * Schedules. tw_durable_schedule_many groups its items by shard: one SCHED
  * call per shard (up to SCHED_CHUNK items), all calls pipelined, one round
  * trip per Redis node. tw_durable_schedule and tw_durable_cancel from many
- * threads are combined: the calls queued while a batch is in flight become
- * the next batch (op_run). SCHED moves :v when one of its keys existed
- * (HSET counts the new fields), CANCEL when it removed a key.
+ * threads are combined (src/durable_combine.h): the calls queued while a
+ * batch is in flight become the next batch (op_run()). SCHED moves :v when one
+ * of its keys existed (HSET counts the new fields), CANCEL when it removed a
+ * key.
  *
  * Due times. Any int64: a due time the wall clock has reached fires at
  * once (INT64_MIN included) and one it has not stays pending (INT64_MAX
@@ -277,6 +278,7 @@ bool tw__rd_parse_val(const char *s, size_t n, struct pval *v)
 
 static const struct tw_durable_ops rd_ops;
 static void rd_free(struct rd *d);
+static void op_round(struct tw__combine_req *first, void *ctx);
 
 /* A handle with @cfg's settings (defaults filled in); NULL when out of
  * memory. */
@@ -303,7 +305,7 @@ static struct rd *rd_new(const tw_durable_config *cfg)
     d->clock_arg = cfg->clock_arg;
     pthread_mutex_init(&d->mu, NULL);
     pthread_mutex_init(&d->op_mu, NULL);
-    d->op_tail = &d->op_head;
+    tw__combine_init(&d->comb, &d->op_mu, op_round, NULL, d);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -704,23 +706,21 @@ static int rd_schedule_many(tw_durable *base, tw_durable_item *items, size_t n)
 }
 
 /* ------------------------------------------------------------------------ */
-/* One-per-call schedules and cancels from many threads: combined. A caller
- * queues its call; when no batch is in flight it takes the whole queue (its
- * own call and every other thread's) and runs it as one batch: the
- * schedules as one rd_schedule_many, the cancels as one pipelined round
- * trip. Meanwhile the others sleep on their own condition variable until
- * their call is answered, or until they are at the head of the queue when
- * the batch in flight ends (then they run the next batch). */
+/* One-per-call schedules and cancels from many threads: combined by the
+ * durable layer's call combiner (src/durable_combine.h) under d->op_mu, a
+ * mutex of the combiner's own (a batch does its round trips without
+ * d->mu). The caller that gets op_mu takes every call queued so far (its
+ * own and every other thread's) and runs them as one batch (op_batch()):
+ * the schedules as one rd_schedule_many, the cancels as one pipelined
+ * round trip; the others sleep until their call is answered, and the
+ * calls queued meanwhile make the next batch. */
 
 enum { OP_SCHED, OP_CANCEL };
-#define OP_ROUNDS 4 /* batches a caller runs in a row, its own included */
 
 struct op_wait {
+    struct tw__combine_req req; /* first: the combiner's */
     int kind;
     tw_durable_item it; /* a cancel uses key and key_len */
-    pthread_cond_t cv;
-    bool done;
-    struct op_wait *next;
 };
 
 /* WAIT after the cancels that succeeded; a failed WAIT fails its cancel. */
@@ -784,74 +784,54 @@ static void cancel_batch(struct rd *d, struct op_wait **v, size_t n)
 static void op_batch(struct rd *d, struct op_wait *list)
 {
     size_t n = 0, ns = 0, nc = 0;
-    for (struct op_wait *w = list; w; w = w->next)
+    for (struct tw__combine_req *r = &list->req; r; r = r->next)
         n++;
     tw_durable_item *items = tw__malloc(n * sizeof *items);
     struct op_wait **v = tw__malloc(n * sizeof *v);
     if (!items || !v) {
-        for (struct op_wait *w = list; w; w = w->next)
-            w->it.result = TW_ENOMEM;
+        for (struct tw__combine_req *r = &list->req; r; r = r->next)
+            ((struct op_wait *)r)->it.result = TW_ENOMEM;
         tw__free(items);
         tw__free(v);
         return;
     }
-    for (struct op_wait *w = list; w; w = w->next)
+    for (struct tw__combine_req *r = &list->req; r; r = r->next) {
+        struct op_wait *w = (struct op_wait *)r;
         if (w->kind == OP_SCHED)
             items[ns++] = w->it;
         else
             v[nc++] = w;
+    }
     if (nc)
         cancel_batch(d, v, nc);
     if (ns)
         rd_schedule_many(&d->base, items, ns);
     ns = 0;
-    for (struct op_wait *w = list; w; w = w->next)
+    for (struct tw__combine_req *r = &list->req; r; r = r->next) {
+        struct op_wait *w = (struct op_wait *)r;
         if (w->kind == OP_SCHED)
             w->it.result = items[ns++].result;
+    }
     tw__free(items);
     tw__free(v);
 }
 
-/* Queue @w and wait for its result, running batches when none is in
- * flight; a caller that ran a batch runs the next ones too (at most
- * OP_ROUNDS in all) while more are queued, saving a wake-up per batch. */
+/* The combiner's round (op_mu held, d->mu not): the calls from @first on
+ * as one batch, then each marked done, after which its caller may return
+ * (so ->next is read first). */
+static void op_round(struct tw__combine_req *first, void *ctx)
+{
+    op_batch(ctx, (struct op_wait *)first);
+    for (struct tw__combine_req *r = first, *nx; r; r = nx) {
+        nx = r->next;
+        tw__combine_done(r);
+    }
+}
+
+/* Queue @w and return its result once a batch has run it. */
 static int op_run(struct rd *d, struct op_wait *w)
 {
-    pthread_cond_init(&w->cv, NULL);
-    w->done = false;
-    w->next = NULL;
-    pthread_mutex_lock(&d->op_mu);
-    *d->op_tail = w;
-    d->op_tail = &w->next;
-    for (int rounds = 0;;) {
-        if (w->done &&
-            (!rounds || rounds >= OP_ROUNDS || !d->op_head || d->op_busy))
-            break;
-        if (d->op_busy) {
-            pthread_cond_wait(&w->cv, &d->op_mu);
-            continue;
-        }
-        struct op_wait *list = d->op_head;
-        d->op_head = NULL;
-        d->op_tail = &d->op_head;
-        d->op_busy = true;
-        pthread_mutex_unlock(&d->op_mu);
-        op_batch(d, list);
-        rounds++;
-        pthread_mutex_lock(&d->op_mu);
-        for (struct op_wait *x = list, *next; x; x = next) {
-            next = x->next; /* x may be gone once done is seen */
-            x->done = true;
-            if (x != w)
-                pthread_cond_signal(&x->cv);
-        }
-        d->op_busy = false;
-    }
-    /* Whoever is at the head now runs the next batch. */
-    if (d->op_head && !d->op_busy)
-        pthread_cond_signal(&d->op_head->cv);
-    pthread_mutex_unlock(&d->op_mu);
-    pthread_cond_destroy(&w->cv);
+    tw__combine_run(&d->comb, &w->req);
     return w->it.result;
 }
 

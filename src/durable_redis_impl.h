@@ -4,8 +4,9 @@
  * (src/durable_redis.c says which file does what): the handle struct rd,
  * a claimed timer (struct rtimer), a group of shards and its threads
  * (struct grp), a script call (struct call), the clocks, and the
- * functions one file calls in another. Locks: d->op_mu (the combiner,
- * src/durable_redis.c) is never held with d->mu; d->mu guards the wheel,
+ * functions one file calls in another. Locks: d->op_mu (held while a
+ * combined batch runs, src/durable_redis.c) is taken before d->mu, never
+ * after; d->mu guards the wheel,
  * the timers' lists, the groups' queues and the counters; the executor
  * (d->exec) is called with neither held.
  */
@@ -23,6 +24,7 @@
 
 #include "clock.h"
 #include "durable_backend.h"
+#include "durable_combine.h"
 #include "durable_exec.h"
 #include "internal.h"
 #include "redis_client.h"
@@ -91,9 +93,8 @@ struct rd {
     char sha[S_COUNT][41];
     struct shard_keys *sk;
 
-    pthread_mutex_t op_mu; /* the combiner of one-per-call operations */
-    struct op_wait *op_head, **op_tail;
-    bool op_busy;
+    pthread_mutex_t op_mu;    /* held while a combined batch runs */
+    struct tw__combiner comb; /* one-per-call operations (op_run()) */
 
     pthread_mutex_t mu;
     pthread_cond_t cv, claim_cv; /* the firer's, the topology thread's */

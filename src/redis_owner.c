@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * src/redis_owner.c - fenced shard ownership for the Redis backend
- * (cfg.redis_shard_lease_ms > 0; src/durable_redis.c uses it).
+ * (cfg.redis_shard_lease_ms > 0; src/durable_redis.c opens it and fences
+ * its calls with it, src/redis_fire.c claims under it).
  *
  * Without it every node claims every shard: N nodes cost Redis N times
  * the claims of one, whether anything is due or not. With it each shard
@@ -15,13 +16,13 @@
  *                         master's clock judges it
  *   {ns:s}:e  string      the shard's last epoch E (never expires)
  * :o and :e share the shard's hash tag, so the shard's own scripts
- * (src/durable_redis.c) read :o in the same atomic step as its timers.
+ * (src/redis_scripts.c) read :o in the same atomic step as its timers.
  *
  * Epochs. A new record takes E = max(last E + 1, now_ms * 1024) (now from
  * Redis's TIME): E only grows, and a master that lost its last writes in a
  * failover still does not hand out an E seen before, unless the clocks
  * disagree by more than the time between the lost write and the next one
- * (the same rule as the tokens of src/durable_redis.c).
+ * (the same rule as the tokens of src/redis_scripts.c).
  *
  * Fencing. The fence of a shard is the value of its record, "E:node". A
  * script that depends on ownership (CLAIM) is given :o as an extra key and
@@ -47,18 +48,20 @@
  * record if it is still its fence). A shard whose record another node
  * holds is tried again the next round.
  *
- * A node whose firer is held by one callback for half a lease (the
- * healthy hook) sends nothing in its rounds: its membership and records
- * run out and its shards move, as a dead node's would; it takes them
- * again when it is healthy.
+ * A node whose callback threads (the firer, or every executor thread) are
+ * all held by callbacks for half a lease (the healthy hook, own_healthy()
+ * in src/durable_redis.c) sends nothing in its rounds: its membership and
+ * records run out and its shards move, as a dead node's would; it takes
+ * them again when it is healthy.
  *
  * Hand-over. On a graceful close (tw__own_close) the node releases every
- * record and leaves the membership set, after src/durable_redis.c has sent
- * its last completions and given back its unfired claims, so the next
- * owner takes the shard within a round. On a crash the record expires
- * after the lease and the membership after the lease too; the next owner
- * takes the shard at its first round after that. The timers a node
- * claimed keep their own per-timer claims (src/durable_redis.c), so a
+ * record and leaves the membership set, after the backend has sent its
+ * last completions (src/redis_fire.c) and given back its unfired claims
+ * (rd_close() in src/durable_redis.c), so the next owner takes the shard
+ * within a round. On a crash the record expires after the lease and the
+ * membership after the lease too; the next owner takes the shard at its
+ * first round after that. The timers a node
+ * claimed keep their own per-timer claims (src/redis_scripts.c), so a
  * hand-over neither doubles nor drops them.
  *
  * Costs. Per round: one membership script per node, and one ACQ per

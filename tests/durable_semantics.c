@@ -833,10 +833,6 @@ static void test_close_from_callback(void)
  * TW_EDEADLK there too. */
 static void test_executor_threads(void)
 {
-    if (be->known & TW_SEM_KNOWN_INLINE_FIRE) {
-        fprintf(stderr, "  known difference: executor_threads ignored\n");
-        return;
-    }
     pol.executor_threads = 2;
     tw_durable *d = open_new();
     atomic_store(&pair_in, 0);

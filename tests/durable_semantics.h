@@ -30,14 +30,6 @@ typedef struct tw_sem_backend {
  */
 #define TW_SEM_KNOWN_DONE_LAG 1u
 
-/*
- * Known difference (the Redis backend until its callbacks run on the shared
- * executor, src/durable_exec.h): callbacks run on the backend's own
- * threads and cfg.executor_threads is ignored. The suite then skips
- * test_executor_threads; drop the flag to run it.
- */
-#define TW_SEM_KNOWN_INLINE_FIRE 2u
-
 /* Run every rule against @b; aborts on the first failure, returns 0. */
 int tw_sem_run(const tw_sem_backend *b);
 

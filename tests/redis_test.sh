@@ -11,7 +11,7 @@
 #   poison                             one server; test_durable_poison
 #   owner | owner-kill | owner-stop |  one server; TEST_BINARY is
 #   owner-pause | owner-clock |        test_redis_owner
-#   owner-graceful
+#   owner-graceful | owner-busy
 #   owner-churn                        3 masters + 3 replicas;
 #                                      test_redis_owner
 #   share | share-kill | reshard |     a 3-master cluster
@@ -112,14 +112,15 @@ case $scenario in
     fi
     exit $rc
     ;;
-  owner | owner-kill | owner-stop | owner-pause | owner-clock | owner-graceful)
+  owner | owner-kill | owner-stop | owner-pause | owner-clock | owner-graceful | \
+    owner-busy)
     # Fenced shard ownership: node processes on one server.
     port=$(pick_ports 1)
     [ "$scenario" = owner-pause ] && extra=(--enable-debug-command yes)
     start "$port"
     mode=${scenario#owner-}
     if [ "$mode" = owner ] || [ "$mode" = pause ] || [ "$mode" = clock ] ||
-      [ "$mode" = graceful ]; then
+      [ "$mode" = graceful ] || [ "$mode" = busy ]; then
       "$bin" "$mode" "127.0.0.1:$port"
     else
       mkdir -p "$tmp/nodes"

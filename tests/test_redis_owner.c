@@ -38,6 +38,11 @@
  *   graceful  a join and a graceful leave under a steady load: p99
  *          lateness within 1 s, nothing delivered twice, exactly the
  *          shards rendezvous hashing names move
+ *   busy   the health rule with executor_threads = 2 (a 2 s shard lease,
+ *          two handles): one callback held for 1.5 leases leaves the
+ *          node its shards (same owners, same epochs); both threads held
+ *          past half a lease and the node gives its shards up (the other
+ *          handle trusts every shard); released, it takes its own again
  */
 #define _GNU_SOURCE
 
@@ -1326,14 +1331,143 @@ static void graceful_test(void)
     printf("graceful: ok\n");
 }
 
+/* ------------------------------------------------------------------------ */
+/* busy: the health rule (own_healthy() in src/durable_redis.c) with
+ * executor threads. Handle 0 (executor_threads = 2) holds its callbacks
+ * until released; handle 1 returns at once. */
+
+static atomic_int busy_in, busy_go;
+static tw_durable *busy_d;
+
+/* Handle 0's callbacks wait for busy_go, touching their claims (which
+ * last the shard lease) so that they are not delivered again meanwhile. */
+static int busy_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)arg;
+    if (d != busy_d)
+        return 0;
+    busy_in++;
+    for (int i = 1; !busy_go; i++) {
+        sleep_ms(1);
+        if (i % 250 == 0)
+            (void)tw_durable_touch(d, t->key, t->key_len);
+    }
+    busy_in--;
+    return 0;
+}
+
+/* Schedule, due now, the first of the keys "busy<i>" from *@i on whose
+ * shard @owner names handle 0. */
+static void busy_sched(const int *owner, int *i)
+{
+    for (;; (*i)++) {
+        char k[32];
+        snprintf(k, sizeof k, "busy%d", *i);
+        if (owner[shard_of(k, oshards)] != 0)
+            continue;
+        ASSERT_EQ(tw_durable_schedule(busy_d, k, strlen(k), wall_ms(), "x", 1),
+                  0);
+        (*i)++;
+        return;
+    }
+}
+
+/* Wait (20 s at most) until @n callbacks of handle 0 are held. */
+static void busy_wait_in(int n)
+{
+    int64_t end = wall_ms() + 20000;
+    while (busy_in != n) {
+        ASSERT(wall_ms() < end);
+        sleep_ms(5);
+    }
+}
+
+static void busy_test(void)
+{
+    enum { LEASE = 2000 };
+    char ns[32];
+    snprintf(ns, sizeof ns, "obusy%d", (int)getpid());
+    oshards = 32; /* handle 0 owns none with probability 2^-32 */
+    tw_durable_config c = ocfg(ns, oshards, LEASE, busy_fire);
+    c.executor_threads = 2;
+    tw_durable *a, *b;
+    ASSERT_EQ(tw_durable_open(&a, &c), 0);
+    busy_d = a;
+    c.executor_threads = 0;
+    ASSERT_EQ(tw_durable_open(&b, &c), 0);
+    pthread_mutex_lock(&hmu);
+    hs[0] = a;
+    hs[1] = b;
+    pthread_mutex_unlock(&hmu);
+    int owner[32], owner2[32], mine = 0, ki = 0;
+    uint64_t epoch[32], epoch2[32];
+    settle(owner, epoch);
+    for (uint32_t s = 0; s < oshards; s++)
+        mine += owner[s] == 0;
+    ASSERT_GT(mine, 0);
+
+    /* One thread of two held for 1.5 leases (three times half a lease):
+     * the node stays healthy, renews, and keeps every shard with the
+     * same epoch (a move would have given a new one). */
+    busy_sched(owner, &ki);
+    busy_wait_in(1);
+    sleep_ms(LEASE * 3 / 2);
+    settle(owner2, epoch2);
+    for (uint32_t s = 0; s < oshards; s++) {
+        ASSERT_EQ(owner2[s], owner[s]);
+        ASSERT_EQ(epoch2[s], epoch[s]);
+    }
+    ASSERT_EQ(busy_in, 1);
+    busy_go = 1;
+    busy_wait_in(0);
+    busy_go = 0;
+
+    /* Both threads held: after half a lease the node stops renewing, its
+     * records run out and handle 1 takes every shard (within 20 s; about
+     * 1.5 leases). */
+    busy_sched(owner, &ki);
+    busy_sched(owner, &ki);
+    busy_wait_in(2);
+    int64_t t0 = wall_ms(), end = t0 + 20000;
+    for (;;) {
+        int held = 0;
+        char f[TW__OWN_FENCE_MAX];
+        size_t fl;
+        uint64_t e;
+        for (uint32_t s = 0; s < oshards; s++)
+            held += tw__own_fence(tw__durable_redis_own(b), s, f, &fl, &e);
+        if (held == (int)oshards)
+            break;
+        ASSERT(wall_ms() < end);
+        sleep_ms(20);
+    }
+    printf("  both threads held: the other handle owns all %u shards after "
+           "%lld ms\n",
+           oshards, (long long)(wall_ms() - t0));
+    ASSERT_EQ(busy_in, 2);
+
+    /* Released: the node is healthy again and takes its shards back. */
+    busy_go = 1;
+    busy_wait_in(0);
+    settle(owner2, epoch2);
+    for (uint32_t s = 0; s < oshards; s++)
+        ASSERT_EQ(owner2[s], owner[s]);
+    pthread_mutex_lock(&hmu);
+    hs[0] = hs[1] = NULL;
+    pthread_mutex_unlock(&hmu);
+    ASSERT_EQ(tw_durable_close(a), 0);
+    ASSERT_EQ(tw_durable_close(b), 0);
+    printf("busy: ok\n");
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     signal(SIGPIPE, SIG_DFL);
     if (argc < 3) {
         fprintf(stderr,
-                "usage: %s owner|kill|stop|pause|churn|clock|graceful ADDRESS "
-                "[DIR]\n",
+                "usage: %s owner|kill|stop|pause|churn|clock|graceful|busy "
+                "ADDRESS [DIR]\n",
                 argv[0]);
         return 2;
     }
@@ -1352,6 +1486,8 @@ int main(int argc, char **argv)
         clock_test();
     else if (!strcmp(argv[1], "graceful"))
         graceful_test();
+    else if (!strcmp(argv[1], "busy"))
+        busy_test();
     else {
         fprintf(stderr, "unknown mode %s\n", argv[1]);
         return 2;

@@ -6,7 +6,8 @@
 # slot migration, failover to a replica with WAIT, a master stopped with
 # SIGSTOP, many timers), fenced shard ownership under faults (a master
 # killed while nodes join and leave, a wall clock stepped +-2 s, a graceful
-# join and leave under load; about 50 s of the stage's 3 min) and servers
+# join and leave under load, callbacks holding the executor threads; about
+# 60 s of the stage's 3 min) and servers
 # set up as in production
 # (tests/redis_prod.sh: ACL users on a cluster, a TLS cluster, Sentinel).
 # Each scenario starts and stops its own servers (tests/redis_test.sh,
