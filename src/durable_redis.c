@@ -300,8 +300,9 @@ static struct rd *rd_new(const tw_durable_config *cfg)
     d->fire_arg = cfg->fire_arg;
     d->nexec = cfg->executor_threads;
     tw__retry_init(&d->retry, cfg);
-    d->wall_fn = cfg->wall_ms;
-    d->mono_fn = cfg->mono_ns;
+    /* The clock defaults of every backend (src/durable.c). */
+    d->wall_fn = cfg->wall_ms ? cfg->wall_ms : tw__durable_real_wall_ms;
+    d->mono_fn = cfg->mono_ns ? cfg->mono_ns : tw__durable_real_mono_ns;
     d->clock_arg = cfg->clock_arg;
     pthread_mutex_init(&d->mu, NULL);
     pthread_mutex_init(&d->op_mu, NULL);

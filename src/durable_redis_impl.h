@@ -167,9 +167,7 @@ static inline int64_t sat_sub(int64_t a, int64_t b)
 
 static inline int64_t rd_wall(struct rd *d)
 {
-    if (d->wall_fn)
-        return d->wall_fn(d->clock_arg);
-    return (int64_t)(tw__clock_ns(CLOCK_REALTIME) / 1000000u);
+    return d->wall_fn(d->clock_arg);
 }
 
 /* The monotonic clock in ms, never the hook's: for pacing I/O. */
@@ -181,16 +179,14 @@ static inline uint64_t real_mono_ms(void)
 /* The wall clock in us (the hook's ms when one is set). */
 static inline int64_t rd_wall_us(struct rd *d)
 {
-    if (d->wall_fn)
+    if (d->wall_fn != tw__durable_real_wall_ms)
         return d->wall_fn(d->clock_arg) * 1000;
     return (int64_t)(tw__clock_ns(CLOCK_REALTIME) / 1000u);
 }
 
 static inline uint64_t rd_mono_ms(struct rd *d)
 {
-    if (d->mono_fn)
-        return d->mono_fn(d->clock_arg) / 1000000u;
-    return real_mono_ms();
+    return d->mono_fn(d->clock_arg) / 1000000u;
 }
 
 static inline uint32_t shard_of(const struct rd *d, const void *key, size_t len)
