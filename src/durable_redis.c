@@ -93,12 +93,6 @@ void tw__rd_put_nums(const char **argv, size_t *len, char (*num)[24],
     }
 }
 
-static bool is_noscript(const redisReply *r)
-{
-    return r && r->type == REDIS_REPLY_ERROR && r->str &&
-           !strncmp(r->str, "NOSCRIPT", 8);
-}
-
 /* Run @n commands pipelined; @script[i] is the script of cmds[i] (its
  * argv[0..1] are EVALSHA and the digest, and its argv array is the
  * caller's, writable) or -1 for a plain command. Returns 0 or the first
@@ -110,7 +104,7 @@ int tw__rd_run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
     for (int pass = 0; pass < 2; pass++) {
         size_t again = 0;
         for (size_t i = 0; i < n; i++)
-            if (script[i] >= 0 && is_noscript(cmds[i].reply))
+            if (script[i] >= 0 && tw__rc_is_noscript(cmds[i].reply))
                 again++;
         if (!again)
             break;
@@ -123,16 +117,9 @@ int tw__rd_run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
         }
         size_t j = 0;
         for (size_t i = 0; i < n; i++) {
-            if (script[i] < 0 || !is_noscript(cmds[i].reply))
+            if (script[i] < 0 || !tw__rc_noscript_to_eval(
+                                     &cmds[i], tw__redis_scripts[script[i]]))
                 continue;
-            freeReplyObject(cmds[i].reply);
-            cmds[i].reply = NULL;
-            const char **argv = (const char **)cmds[i].argv;
-            size_t *len = (size_t *)cmds[i].argvlen;
-            argv[0] = "EVAL";
-            len[0] = 4;
-            argv[1] = tw__redis_scripts[script[i]];
-            len[1] = strlen(tw__redis_scripts[script[i]]);
             sub[j] = cmds[i];
             idx[j++] = i;
         }
@@ -193,7 +180,7 @@ void tw__rd_wait_many(struct rd *d, const uint32_t *shard, int *rc, size_t n)
             rc[i] = TW_EIO;
     }
     if (cmds)
-        free_replies(cmds, n);
+        tw__rc_free_replies(cmds, n);
     tw__free(cmds);
 }
 
@@ -234,7 +221,7 @@ int tw__rd_call_int(struct rd *d, struct call *c, long long *out)
         rc = TW_EIO;
     if (!rc)
         *out = r->integer;
-    free_replies(&cmd, 1);
+    tw__rc_free_replies(&cmd, 1);
     return rc;
 }
 
@@ -369,7 +356,7 @@ static int rd_probe_keys(struct rd *d)
     if (!rc && cmd.reply->type == REDIS_REPLY_ERROR &&
         !strncmp(cmd.reply->str, "NOPERM", 6))
         rc = tw__rc_cmd_error(d->rc, &cmd, "GET of a key of the namespace");
-    free_replies(&cmd, 1);
+    tw__rc_free_replies(&cmd, 1);
     return rc;
 }
 
@@ -769,7 +756,7 @@ static void cancel_batch(struct rd *d, struct op_wait **v, size_t n)
         v[i]->it.result = e;
     }
     if (cmds)
-        free_replies(cmds, n);
+        tw__rc_free_replies(cmds, n);
     if (!rc && d->wait_replicas)
         cancel_wait(d, v, calls, n);
     for (size_t i = 0; i < n; i++)
@@ -934,7 +921,7 @@ static int rd_stats(tw_durable *base, tw_durable_stats *out)
     uint64_t sum[STAT_CMDS] = {0}; /* pending, backlog, quarantined, dead */
     for (size_t i = 0; i < n; i++)
         sum[i % STAT_CMDS] += reply_u64(cmds[i].reply);
-    free_replies(cmds, n);
+    tw__rc_free_replies(cmds, n);
     tw__free(cmds);
     tw__free(calls);
     if (rc)
@@ -998,7 +985,7 @@ static int rd_close(tw_durable *base)
             int e = tw__rd_run_calls(d, c, cmds, n);
             if (!rc)
                 rc = e;
-            free_replies(cmds, n);
+            tw__rc_free_replies(cmds, n);
         }
         for (size_t i = 0; i < nb; i++) /* after their keys were sent */
             tw__rd_rt_free_locked(d, batch[i]);

@@ -222,13 +222,6 @@ static inline void call_num(struct call *c, long long v)
     call_arg(c, b, (size_t)n);
 }
 
-static inline void free_replies(tw__rc_cmd *cmds, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (cmds[i].reply)
-            freeReplyObject(cmds[i].reply);
-}
-
 /* ------------------------------------------------------------------------ */
 /* What the files of the backend share. */
 

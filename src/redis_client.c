@@ -1041,6 +1041,34 @@ static void run_one(tw__rc *c, struct rc_node *n, tw__rc_cmd *cmd)
     node_serve(c, n, one_done, &r);
 }
 
+bool tw__rc_is_noscript(const redisReply *r)
+{
+    return r && r->type == REDIS_REPLY_ERROR && r->str &&
+           !strncmp(r->str, "NOSCRIPT", 8);
+}
+
+bool tw__rc_noscript_to_eval(tw__rc_cmd *cmd, const char *src)
+{
+    if (!tw__rc_is_noscript(cmd->reply))
+        return false;
+    freeReplyObject(cmd->reply);
+    cmd->reply = NULL;
+    const char **argv = (const char **)cmd->argv;
+    size_t *len = (size_t *)cmd->argvlen;
+    argv[0] = "EVAL";
+    len[0] = 4;
+    argv[1] = src;
+    len[1] = strlen(src);
+    return true;
+}
+
+void tw__rc_free_replies(tw__rc_cmd *cmds, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (cmds[i].reply)
+            freeReplyObject(cmds[i].reply);
+}
+
 static int node_error(tw__rc *c, const struct rc_node *n, const tw__rc_cmd *cmd,
                       const char *what);
 

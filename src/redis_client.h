@@ -16,6 +16,7 @@
 #ifndef TWHEEL_REDIS_CLIENT_H
 #define TWHEEL_REDIS_CLIENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -71,6 +72,18 @@ int tw__rc_cmd_error(tw__rc *c, const tw__rc_cmd *cmd, const char *what);
  * NOSCRIPT: the digest is the same everywhere. 0, or as
  * tw__rc_cmd_error(). */
 int tw__rc_script_load(tw__rc *c, const char *src, char sha[41]);
+
+/* Whether @r is Redis's NOSCRIPT error (the node lacks the digest). */
+bool tw__rc_is_noscript(const redisReply *r);
+
+/* A script call (argv[0] EVALSHA, argv[1] the digest, both writable)
+ * whose reply is NOSCRIPT: frees the reply and turns the call into EVAL
+ * of Lua @src, to be run again; true. Any other reply: false, nothing
+ * changed. */
+bool tw__rc_noscript_to_eval(tw__rc_cmd *cmd, const char *src);
+
+/* Free the replies of @n commands (NULL ones skipped). */
+void tw__rc_free_replies(tw__rc_cmd *cmds, size_t n);
 
 /* The last failure's message (NUL-ended, truncated to @len). */
 void tw__rc_last_error(tw__rc *c, char *buf, size_t len);

@@ -244,7 +244,7 @@ static bool claim_group(struct rd *d, struct grp *g)
         pthread_mutex_unlock(&d->mu);
     }
     if (cmds)
-        free_replies(cmds, n);
+        tw__rc_free_replies(cmds, n);
     tw__free(calls);
     tw__free(cmds);
     return more;
@@ -263,7 +263,7 @@ static void grp_refresh(struct rd *d)
     uint8_t *of = tw__malloc(d->shards);
     if (!of || tw__rc_exec(d->rc, &cmd, 1) || !cmd.reply ||
         cmd.reply->type != REDIS_REPLY_ARRAY) {
-        free_replies(&cmd, 1);
+        tw__rc_free_replies(&cmd, 1);
         tw__free(of);
         return;
     }
@@ -298,7 +298,7 @@ static void grp_refresh(struct rd *d)
     }
     memcpy(d->grp_of, of, d->shards);
     pthread_mutex_unlock(&d->mu);
-    free_replies(&cmd, 1);
+    tw__rc_free_replies(&cmd, 1);
     tw__free(of);
 }
 
@@ -799,7 +799,7 @@ static void fire_batch(struct rd *d, struct grp *g, struct rtimer *list,
     fr_checks(&f, wall, mono);
     pthread_cond_signal(&d->cv);
     pthread_mutex_unlock(&d->mu);
-    free_replies(f.cmds, f.ncmd);
+    tw__rc_free_replies(f.cmds, f.ncmd);
     fr_free(&f);
 }
 

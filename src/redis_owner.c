@@ -225,37 +225,16 @@ bool tw__own_fence(tw__own *o, uint32_t shard, char *fence, size_t *len,
     return ok;
 }
 
-static bool is_noscript(const redisReply *r)
-{
-    return r && r->type == REDIS_REPLY_ERROR && r->str &&
-           !strncmp(r->str, "NOSCRIPT", 8);
-}
-
-/* Run @n script calls (argv[0..1] EVALSHA and the digest, writable) of
- * the scripts @which[i]; a node without the script gets EVAL. */
+/* Run @n commands: script calls (argv[0..1] EVALSHA and the digest,
+ * writable) of the scripts @which[i], or plain ones where @which[i] is -1;
+ * a node without a script gets EVAL. */
 static void run(tw__own *o, tw__rc_cmd *cmds, const int *which, size_t n)
 {
     tw__rc_exec(o->rc, cmds, n);
-    for (size_t i = 0; i < n; i++) {
-        if (!is_noscript(cmds[i].reply))
-            continue;
-        freeReplyObject(cmds[i].reply);
-        cmds[i].reply = NULL;
-        const char **av = (const char **)cmds[i].argv;
-        size_t *al = (size_t *)cmds[i].argvlen;
-        av[0] = "EVAL";
-        al[0] = 4;
-        av[1] = own_scripts[which[i]];
-        al[1] = strlen(own_scripts[which[i]]);
-        tw__rc_exec(o->rc, &cmds[i], 1);
-    }
-}
-
-static void free_replies(tw__rc_cmd *cmds, size_t n)
-{
     for (size_t i = 0; i < n; i++)
-        if (cmds[i].reply)
-            freeReplyObject(cmds[i].reply);
+        if (which[i] >= 0 &&
+            tw__rc_noscript_to_eval(&cmds[i], own_scripts[which[i]]))
+            tw__rc_exec(o->rc, &cmds[i], 1);
 }
 
 /* The membership script; the live nodes into *@live (strings owned by
@@ -394,7 +373,7 @@ static bool round_once(tw__own *o)
         x->trust_until = sent + o->lease_ms - margin;
     }
     pthread_mutex_unlock(&o->mu);
-    free_replies(cmds, n);
+    tw__rc_free_replies(cmds, n);
 out:
     if (brep)
         freeReplyObject(brep);
@@ -540,7 +519,7 @@ void tw__own_close(tw__own *o)
         cmds[n] = (tw__rc_cmd){3, a, l, o->mslot, NULL, 0};
         which[n++] = -1;
         run(o, cmds, which, n);
-        free_replies(cmds, n);
+        tw__rc_free_replies(cmds, n);
     }
     tw__free(cmds);
     tw__free(av);

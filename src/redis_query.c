@@ -78,7 +78,7 @@ int tw__rd_get(tw_durable *base, const void *key, size_t key_len,
         if (buf_len && v.len)
             memcpy(buf, v.payload, buf_len < v.len ? buf_len : v.len);
     }
-    free_replies(&cmd, 1);
+    tw__rc_free_replies(&cmd, 1);
     return rc;
 }
 
@@ -178,7 +178,7 @@ static void page_free(struct page *pg)
 {
     tw__free(pg->all);
     if (pg->cmds)
-        free_replies(pg->cmds, pg->ns);
+        tw__rc_free_replies(pg->cmds, pg->ns);
     tw__free(pg->cmds);
     tw__free(pg->argv);
     tw__free(pg->len);
@@ -404,7 +404,7 @@ static int scan_round(struct rd *d, struct scan *s, tw_durable_scan_fn fn,
         if (strcmp(s->cur[sh], "0") != 0)
             s->shard[still++] = sh;
     }
-    free_replies(s->cmds, s->active);
+    tw__rc_free_replies(s->cmds, s->active);
     memset(s->cmds, 0, s->active * sizeof *s->cmds);
     s->active = still;
     return rc;
