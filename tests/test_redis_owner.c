@@ -252,7 +252,7 @@ static void plant(const char *ns)
         {"SET", "{%s:0}:o", "garbage"},
         {"SET", "{%s:1}:o", "123:abcdefabcdefabcd"},
         {"SET", "{%s:2}:e", "not-a-number"},
-        {"SET", "{%s:m}", "a string"},
+        {"SET", "{%s:0}:m", "a string"},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char key[64];
@@ -270,7 +270,7 @@ static void plant(const char *ns)
 static void plant_member(const char *ns)
 {
     redisContext *rc = connect_seed();
-    redisReply *r = redisCommand(rc, "ZADD {%s:m} %lld ffffffffffffffff", ns,
+    redisReply *r = redisCommand(rc, "ZADD {%s:0}:m %lld ffffffffffffffff", ns,
                                  (long long)wall_ms() + 86400000);
     ASSERT(r && r->type == REDIS_REPLY_INTEGER);
     freeReplyObject(r);
