@@ -9,8 +9,10 @@
  * has one owner at a time, and only the owner claims its due timers.
  *
  * Keys (namespace ns, shard s):
- *   {ns:m}    sorted set  node id -> the end of its membership (ms of
- *                         Redis's clock): the live nodes
+ *   {ns:S}:m  sorted set  node id -> the end of its membership (ms of
+ *                         Redis's clock): the live nodes, as one master
+ *                         sees them; S is the lowest shard that master
+ *                         serves (below)
  *   {ns:s}:o  string      the shard's record "E:node", with an expiry
  *                         (PX) of the shard lease, set by Redis: only the
  *                         master's clock judges it
@@ -37,9 +39,32 @@
  * answers. A node stopped (SIGSTOP, a long pause) therefore stops by
  * itself, and its scripts are refused by the fence when it resumes.
  *
- * Rounds. A thread runs a round every lease / 8: one script refreshes the
- * node's membership (expiry: now + lease) and returns the live nodes; each
- * shard goes to the live node of the highest weight tw__own_weight(node,
+ * Masters. In a Redis Cluster the shards live on several masters. The
+ * shards one master serves (the client's slot map, tw__rc_slot_node) form
+ * a group, and each group has its own round thread that talks to that
+ * master only, so a master that stalls or fails holds only its own
+ * shards: the renewals on the other masters go on (a supervisor thread
+ * reads the map every round period and starts a thread for a master that
+ * has none; a shard stays in one round at a time, so a shard that moved
+ * while its old master's round still waits is renewed again only after
+ * that round gave up). Membership is kept per master too, in the group's
+ * key {ns:S}:m (S: the group's lowest shard, so every node that reads
+ * the same map names the same key, which lives on that master): a node
+ * is live for a master's shards while it beats on that master, and the
+ * shards of a master are spread over the nodes live there. A master that
+ * stalls therefore stops only its own membership and renewals; when it
+ * fails over, its replica has the set (up to the writes it lost, which
+ * the next beats put back) and the group's key is read there. Nodes whose
+ * maps disagree for a moment (a reshard, a failover) may name different
+ * keys for a master: each then spreads the shards over the nodes of its
+ * key, which may pick other owners for a while; the records still allow
+ * one owner per shard, and the views agree again once the maps do.
+ *
+ * Rounds. A group's thread runs a round every lease / 8: one script
+ * refreshes the node's membership on the group's key (expiry: now +
+ * lease) and returns the live nodes (no answer: the round sends nothing
+ * more, and the trust runs out by itself); each of the group's shards
+ * goes to the live node of the highest weight tw__own_weight(node,
  * shard) (rendezvous hashing: a join or leave moves only the shards whose
  * best node changed, about 1/N of them). Then, pipelined, for each shard
  * this node should own and does not (or last renewed lease / 4 ago): ACQ
@@ -55,8 +80,8 @@
  * them again when it is healthy.
  *
  * Hand-over. On a graceful close (tw__own_close) the node releases every
- * record and leaves the membership set, after the backend has sent its
- * last completions (src/redis_fire.c) and given back its unfired claims
+ * record and leaves every membership set it beats, after the backend has sent
+ * its last completions (src/redis_fire.c) and given back its unfired claims
  * (rd_close() in src/durable_redis.c), so the next owner takes the shard
  * within a round. On a crash the record expires after the lease and the
  * membership after the lease too; the next owner takes the shard at its
@@ -64,9 +89,10 @@
  * claimed keep their own per-timer claims (src/redis_scripts.c), so a
  * hand-over neither doubles nor drops them.
  *
- * Costs. Per round: one membership script per node, and one ACQ per
- * shard the node owns every second round (renewal), so a fleet renews each
- * shard once per lease / 4 whatever its size.
+ * Costs. Per round: one membership script per node and master, and one
+ * ACQ per shard the node owns every second round (renewal), so a fleet
+ * renews each shard once per lease / 4 whatever its size. Threads: one
+ * per master, and the supervisor.
  */
 #define _GNU_SOURCE
 

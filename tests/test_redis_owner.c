@@ -44,8 +44,8 @@
  *          past half a lease and the node gives its shards up (the other
  *          handle trusts every shard); released, it takes its own again
  *   stall  (3 masters, cluster-require-full-coverage no) two handles
- *          with a 2 s shard lease own 16 shards; one master (the one
- *          holding the slot of {ns:m}) is stopped (SIGSTOP) for 2.5
+ *          with a 2 s shard lease own 16 shards; one master (shard
+ *          0's, with that membership set) is stopped (SIGSTOP) for 2.5
  *          leases while 600 timers of every shard fall due: the timers
  *          of the healthy masters' shards are all delivered once, at
  *          most STALL_LATE_MS late; the stopped master's once, after it
@@ -1509,9 +1509,9 @@ static void stall_test(void)
     oshards = 16;
     tw__rc *rc;
     ASSERT_EQ(tw__rc_open(&rc, &(tw__rc_opts){.addr = seeds}), 0);
-    /* The victim: the master of {ns:m}'s slot (where a single membership
-     * set would live); which shards are its. */
-    snprintf(k, sizeof k, "{%s:m}", ns);
+    /* The victim: the master of shard 0, which holds the membership set
+     * of its shards ({ns:0}:m); which shards are its. */
+    snprintf(k, sizeof k, "{%s:0}:m", ns);
     pid_t vpid = slot_pid(rc, tw__rc_slot(k, strlen(k)));
     static bool onv[1024];
     int nv = 0;
