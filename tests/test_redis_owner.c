@@ -48,8 +48,9 @@
  *          0's, with that membership set) is stopped (SIGSTOP) for 2.5
  *          leases while 600 timers of every shard fall due: the timers
  *          of the healthy masters' shards are all delivered once, at
- *          most STALL_LATE_MS late; the stopped master's once, after it
- *          resumes; never two handles trusting one shard
+ *          most STALL_LATE_MS late, and those shards keep their owners
+ *          and epochs; the stopped master's once, after it resumes;
+ *          never two handles trusting one shard
  */
 #define _GNU_SOURCE
 
@@ -1560,6 +1561,14 @@ static void stall_test(void)
     wait_acked(0, cnt, first);
     stop_sampler = 1;
     pthread_join(ts, NULL);
+    /* The healthy masters' shards kept their owners and epochs: their
+     * records never ran out. */
+    static int own2[1024];
+    static uint64_t ep2[1024];
+    settle(own2, ep2);
+    int hmoved = 0;
+    for (uint32_t s = 0; s < oshards; s++)
+        hmoved += !onv[s] && (own2[s] != own[s] || ep2[s] != ep[s]);
     int twice = 0, hlate = 0, vearly = 0, hn = 0;
     int64_t hmax = 0, vmax = 0;
     pthread_mutex_lock(&dvmu);
@@ -1586,16 +1595,18 @@ static void stall_test(void)
     pthread_mutex_unlock(&dvmu);
     close_all();
     show_twice(cnt, t0);
-    printf("  healthy masters: %d timers, %d at least %d ms late, at most "
+    printf("  healthy masters: %d of their shards with a new owner or "
+           "epoch, %d timers, %d at least %d ms late, at most "
            "%lld ms late; stopped master: %d timers, delivered at most %lld "
            "ms after max(due, SIGCONT), %d early; missing %d, twice %d; "
            "%ld samples, %ld with two trusting handles\n",
-           hn, hlate, STALL_LATE_MS, (long long)hmax, pr.n - hn,
+           hmoved, hn, hlate, STALL_LATE_MS, (long long)hmax, pr.n - hn,
            (long long)vmax, vearly, missing, twice, (long)samples,
            (long)doubles);
     ASSERT_EQ(missing, 0);
     ASSERT_EQ(twice, 0);
     ASSERT_EQ(hlate, 0);
+    ASSERT_EQ(hmoved, 0);
     ASSERT_EQ(vearly, 0);
     ASSERT_EQ(doubles, 0);
     /* The stopped master's shards: their records ran out during the stop;
