@@ -1149,6 +1149,16 @@ static void churn_test(void)
     printf("churn: ok\n");
 }
 
+/* settle(), then start the sampler (stop_sampler = 1 and join it). */
+static pthread_t settle_sampled(int *owner, uint64_t *epoch)
+{
+    settle(owner, epoch);
+    pthread_t ts;
+    stop_sampler = 0;
+    ASSERT_EQ(pthread_create(&ts, NULL, sampler, NULL), 0);
+    return ts;
+}
+
 static int64_t stepped_wall(void *arg)
 {
     return wall_ms() + atomic_load((atomic_llong *)arg);
@@ -1177,10 +1187,7 @@ static void clock_test(void)
     open_handle(2, &c);
     static int own[1024];
     static uint64_t ep[1024];
-    settle(own, ep);
-    pthread_t ts;
-    stop_sampler = 0;
-    ASSERT_EQ(pthread_create(&ts, NULL, sampler, NULL), 0);
+    pthread_t ts = settle_sampled(own, ep);
     /* Due from 0.5 to 2 s ahead: those due within the horizon (1 s) are
      * claimed at once by the producer, whatever the shard's owner. */
     pthread_t th = load_start(hs[1], 300, 500, 1500);
@@ -1488,21 +1495,6 @@ static void busy_test(void)
 #define STALL_LATE_MS (STALL_LEASE_MS / 2 + 1000)
 #define STALL_N 600
 
-/* The pid of the server that holds @slot (INFO server, routed there). */
-static pid_t slot_pid(tw__rc *rc, int slot)
-{
-    const char *argv[2] = {"INFO", "server"};
-    size_t len[2] = {4, 6};
-    tw__rc_cmd c = {2, argv, len, slot, NULL, 0};
-    ASSERT_EQ(tw__rc_exec(rc, &c, 1), 0);
-    ASSERT(c.reply && c.reply->type == REDIS_REPLY_STRING);
-    const char *p = strstr(c.reply->str, "process_id:");
-    ASSERT(p);
-    pid_t pid = (pid_t)atoll(p + 11);
-    freeReplyObject(c.reply);
-    return pid;
-}
-
 static void stall_test(void)
 {
     char ns[32], k[96];
@@ -1529,10 +1521,7 @@ static void stall_test(void)
     open_handle(1, &c);
     static int own[1024];
     static uint64_t ep[1024];
-    settle(own, ep);
-    pthread_t ts;
-    stop_sampler = 0;
-    ASSERT_EQ(pthread_create(&ts, NULL, sampler, NULL), 0);
+    pthread_t ts = settle_sampled(own, ep);
     /* Due from +1 s to +9 s: before, during and after the stop. */
     int64_t t0 = wall_ms();
     for (int i = 0; i < STALL_N; i++) {
