@@ -80,14 +80,14 @@
  * them again when it is healthy.
  *
  * Hand-over. On a graceful close (tw__own_close) the node releases every
- * record and leaves every membership set it beats, after the backend has sent
- * its last completions (src/redis_fire.c) and given back its unfired claims
- * (rd_close() in src/durable_redis.c), so the next owner takes the shard
- * within a round. On a crash the record expires after the lease and the
- * membership after the lease too; the next owner takes the shard at its
- * first round after that. The timers a node
- * claimed keep their own per-timer claims (src/redis_scripts.c), so a
- * hand-over neither doubles nor drops them.
+ * record and leaves every membership set it beats, after the backend has
+ * sent its last completions (src/redis_fire.c) and given back its unfired
+ * claims (rd_close() in src/durable_redis.c), so the next owner takes the
+ * shard within a round. On a crash the record expires after the lease and
+ * the membership after the lease too; the next owner takes the shard at
+ * its first round after that. The timers a node claimed keep their own
+ * per-timer claims (src/redis_scripts.c), so a hand-over neither doubles
+ * nor drops them.
  *
  * Costs. Per round: one membership script per node and master, and one
  * ACQ per shard the node owns every second round (renewal), so a fleet
@@ -110,11 +110,12 @@
 
 enum { O_BEAT, O_ACQ, O_REL, O_COUNT };
 
-/* BEAT KEYS: m. ARGV: node ttl_ms. Returns the live nodes. The key
- * lasts two ttls after the last beat (a key that no group names any more
- * goes by itself). A key of the wrong type is removed (it would stop every node
- * from seeing the others), and so is an entry that claims to live longer than
- * two ttls (no node writes one; it would win shards it never takes). */
+/* BEAT KEYS: m. ARGV: node ttl_ms. Returns the live nodes. The key lasts
+ * two ttls after the last beat (a key that no group names any more goes
+ * by itself). A key of the wrong type is removed (it would stop every
+ * node from seeing the others), and so is an entry that claims to live
+ * longer than two ttls (no node writes one; it would win shards it never
+ * takes). */
 static const char beat_script[] =
     "local ty=redis.call('TYPE',KEYS[1])\n"
     "ty=type(ty)=='table' and ty.ok or ty\n"
