@@ -49,8 +49,9 @@
  *          leases while 600 timers of every shard fall due: the timers
  *          of the healthy masters' shards are all delivered once, at
  *          most STALL_LATE_MS late, and those shards keep their owners
- *          and epochs; the stopped master's once, after it resumes;
- *          never two handles trusting one shard
+ *          and epochs, both handles stay in the healthy masters'
+ *          membership sets; the stopped master's once, after it
+ *          resumes; never two handles trusting one shard
  */
 #define _GNU_SOURCE
 
@@ -1507,11 +1508,22 @@ static void stall_test(void)
     snprintf(k, sizeof k, "{%s:0}:m", ns);
     pid_t vpid = slot_pid(rc, tw__rc_slot(k, strlen(k)));
     static bool onv[1024];
-    int nv = 0;
+    int nv = 0, nm = 0;
+    pid_t mpid[3];
+    uint32_t mlow[3]; /* each master's lowest shard: its membership key */
     for (uint32_t s = 0; s < oshards; s++) {
         snprintf(k, sizeof k, "{%s:%u}:d", ns, s);
-        onv[s] = slot_pid(rc, tw__rc_slot(k, strlen(k))) == vpid;
+        pid_t p = slot_pid(rc, tw__rc_slot(k, strlen(k)));
+        onv[s] = p == vpid;
         nv += onv[s];
+        int m = 0;
+        while (m < nm && mpid[m] != p)
+            m++;
+        if (m == nm) {
+            ASSERT(nm < 3);
+            mpid[nm] = p;
+            mlow[nm++] = s;
+        }
     }
     printf("  %d of %u shards on the stopped master (pid %d)\n", nv, oshards,
            (int)vpid);
@@ -1539,6 +1551,30 @@ static void stall_test(void)
     int64_t tstop = wall_ms();
     ASSERT_EQ(kill(vpid, SIGSTOP), 0);
     printf("  SIGSTOP at +%lld ms\n", (long long)(tstop - t0));
+    while (wall_ms() < tstop + STALL_LEASE_MS * 2)
+        sleep_ms(5);
+    /* Two leases into the stop: both handles still live in the
+     * membership set of every healthy master (entries not yet ended). */
+    int mlive = 0, mhealthy = 0;
+    for (int m = 0; m < nm; m++) {
+        if (mpid[m] == vpid)
+            continue;
+        char mk[96], now[24];
+        snprintf(mk, sizeof mk, "{%s:%u}:m", ns, mlow[m]);
+        snprintf(now, sizeof now, "%lld", (long long)wall_ms());
+        const char *argv[4] = {"ZCOUNT", mk, now, "+inf"};
+        size_t len[4] = {6, strlen(mk), strlen(now), 4};
+        tw__rc_cmd zc = {4, argv, len, tw__rc_slot(mk, strlen(mk)), NULL, 0};
+        ASSERT_EQ(tw__rc_exec(rc, &zc, 1), 0);
+        ASSERT(zc.reply && zc.reply->type == REDIS_REPLY_INTEGER);
+        mhealthy++;
+        mlive += zc.reply->integer == 2;
+        freeReplyObject(zc.reply);
+    }
+    printf("  during the stop: %d of %d healthy masters list both handles\n",
+           mlive, mhealthy);
+    ASSERT_GT(mhealthy, 0);
+    ASSERT_EQ(mlive, mhealthy);
     while (wall_ms() < tstop + STALL_LEASE_MS * 5 / 2)
         sleep_ms(5);
     int64_t tcont = wall_ms();
