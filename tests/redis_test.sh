@@ -15,6 +15,7 @@
 #   owner-churn                        3 masters + 3 replicas;
 #                                      test_redis_owner
 #   owner-stall                        a 3-master cluster; test_redis_owner
+#                                      stall, then stall-dead
 #   share | share-kill | reshard |     a 3-master cluster
 #   many-cluster | stall
 #   failover                           3 masters + 3 replicas
@@ -134,7 +135,12 @@ case $scenario in
       cextra=(--cluster-require-full-coverage no)
     cluster 3 0
     case $scenario in
-      stall | owner-stall) "$bin" "${scenario#owner-}" "$seeds" ;;
+      stall) "$bin" stall "$seeds" ;;
+      owner-stall)
+        mkdir -p "$tmp/nodes"
+        "$bin" stall "$seeds"
+        "$bin" stall-dead "$seeds" "$tmp/nodes"
+        ;;
       many-cluster) "$bin" many "$seeds" ;;
       share) "$bin" share "$seeds" 3 "${TW_REDIS_TIMERS:-100000}" 0 "$tmp" ;;
       share-kill) "$bin" share "$seeds" 3 20000 1 "$tmp" ;;

@@ -52,6 +52,12 @@
  *          and epochs, both handles stay in the healthy masters'
  *          membership sets; the stopped master's once, after it
  *          resumes; never two handles trusting one shard
+ *   stall-dead  (the same cluster, DIR) a node process and two handles,
+ *          64 shards; one master stopped, then the node killed (kill -9):
+ *          its shards on the healthy masters are trusted by the two
+ *          handles within the lease + lease / 8 + 1 s (membership is per
+ *          master: the stopped one does not keep the dead node alive);
+ *          never two handles trusting one shard
  */
 #define _GNU_SOURCE
 
@@ -1642,6 +1648,115 @@ static void stall_test(void)
     printf("stall: ok\n");
 }
 
+/* Every shard whose onv[s] is false trusted by the rendezvous winner among
+ * the live handles, within @ms; how long it took, -1 if it did not. */
+static int64_t settle_healthy(const bool *onv, int64_t ms)
+{
+    int64_t t0 = wall_ms();
+    for (;;) {
+        const char *ids[NH];
+        int idx[NH], n = 0;
+        pthread_mutex_lock(&hmu);
+        for (int i = 0; i < NH; i++)
+            if (hs[i]) {
+                ids[n] = tw__own_node(tw__durable_redis_own(hs[i]));
+                idx[n++] = i;
+            }
+        bool ok = true;
+        for (uint32_t s = 0; s < oshards && ok; s++) {
+            char f[TW__OWN_FENCE_MAX];
+            size_t fl;
+            uint64_t e;
+            ok =
+                onv[s] ||
+                tw__own_fence(tw__durable_redis_own(hs[idx[winner(ids, n, s)]]),
+                              s, f, &fl, &e);
+        }
+        pthread_mutex_unlock(&hmu);
+        if (ok)
+            return wall_ms() - t0;
+        if (wall_ms() - t0 > ms)
+            return -1;
+        sleep_ms(20);
+    }
+}
+
+/* stall-dead: see the top of the file. */
+static void stall_dead_test(const char *dir)
+{
+    char ns[32], k[96];
+    snprintf(ns, sizeof ns, "odead%d", (int)getpid());
+    oshards = 64;
+    tw__rc *rc;
+    ASSERT_EQ(tw__rc_open(&rc, &(tw__rc_opts){.addr = seeds}), 0);
+    snprintf(k, sizeof k, "{%s:0}:m", ns);
+    pid_t vpid = slot_pid(rc, tw__rc_slot(k, strlen(k)));
+    static bool onv[1024];
+    for (uint32_t s = 0; s < oshards; s++) {
+        snprintf(k, sizeof k, "{%s:%u}:d", ns, s);
+        onv[s] = slot_pid(rc, tw__rc_slot(k, strlen(k))) == vpid;
+    }
+    tw_durable_config c = ocfg(ns, oshards, STALL_LEASE_MS, nop_fire);
+    pid_t child = node(dir, 0, &c);
+    char cid[17];
+    read_id(dir, 0, cid);
+    open_handle(0, &c);
+    open_handle(1, &c);
+    /* All three settled: each healthy master's shard recorded for the
+     * winner among the three. */
+    const char *ids[3] = {cid, tw__own_node(tw__durable_redis_own(hs[0])),
+                          tw__own_node(tw__durable_redis_own(hs[1]))};
+    int childs = 0;
+    int64_t end = wall_ms() + 20000;
+    for (bool ok = false; !ok;) {
+        ASSERT(wall_ms() < end);
+        sleep_ms(50);
+        ok = true;
+        childs = 0;
+        for (uint32_t s = 0; s < oshards && ok; s++) {
+            if (onv[s])
+                continue;
+            int w = winner(ids, 3, s);
+            childs += w == 0;
+            snprintf(k, sizeof k, "{%s:%u}:o", ns, s);
+            const char *argv[2] = {"GET", k};
+            size_t len[2] = {3, strlen(k)};
+            tw__rc_cmd g = {2, argv, len, tw__rc_slot(k, strlen(k)), NULL, 0};
+            ASSERT_EQ(tw__rc_exec(rc, &g, 1), 0);
+            ok = g.reply->type == REDIS_REPLY_STRING &&
+                 strchr(g.reply->str, ':') &&
+                 !strcmp(strchr(g.reply->str, ':') + 1, ids[w]);
+            freeReplyObject(g.reply);
+        }
+    }
+    ASSERT_GT(childs, 0);
+    pthread_t ts;
+    stop_sampler = 0;
+    ASSERT_EQ(pthread_create(&ts, NULL, sampler, NULL), 0);
+    ASSERT_EQ(kill(vpid, SIGSTOP), 0);
+    sleep_ms(STALL_LEASE_MS / 4); /* the stop is seen: rounds wait on it */
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    /* Its membership entries and records run out after the lease; the
+     * next round takes its shards: lease + a round period, and a second
+     * of room for the machine. */
+    int64_t bound = STALL_LEASE_MS + STALL_LEASE_MS / 8 + 1000;
+    int64_t took = settle_healthy(onv, 2 * bound);
+    ASSERT_EQ(kill(vpid, SIGCONT), 0);
+    stop_sampler = 1;
+    pthread_join(ts, NULL);
+    printf("  node killed during the stop: its %d shards on the healthy "
+           "masters trusted by the others after %lld ms (bound %lld); %ld "
+           "samples, %ld with two trusting handles\n",
+           childs, (long long)took, (long long)bound, (long)samples,
+           (long)doubles);
+    close_all();
+    tw__rc_close(rc);
+    ASSERT(took >= 0 && took <= bound);
+    ASSERT_EQ(doubles, 0);
+    printf("stall-dead: ok\n");
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1649,7 +1764,8 @@ int main(int argc, char **argv)
     if (argc < 3) {
         fprintf(
             stderr,
-            "usage: %s owner|kill|stop|pause|churn|clock|graceful|busy|stall "
+            "usage: %s owner|kill|stop|pause|churn|clock|graceful|busy|stall|"
+            "stall-dead "
             "ADDRESS [DIR]\n",
             argv[0]);
         return 2;
@@ -1673,6 +1789,8 @@ int main(int argc, char **argv)
         busy_test();
     else if (!strcmp(argv[1], "stall"))
         stall_test();
+    else if (!strcmp(argv[1], "stall-dead") && argc == 4)
+        stall_dead_test(argv[3]);
     else {
         fprintf(stderr, "unknown mode %s\n", argv[1]);
         return 2;
