@@ -192,11 +192,14 @@ static void *sampler(void *arg)
     return NULL;
 }
 
-/* Wait until every shard is trusted by exactly the rendezvous winner
- * among the live handles; owner[s] = its handle, epoch[s] its epoch. */
-static void settle(int *owner, uint64_t *epoch)
+/* Wait (at most @ms) until every shard (but those where @skip, may be
+ * NULL, is true) is trusted by the rendezvous winner among the live
+ * handles; owner[s] = its handle, epoch[s] its epoch (either may be
+ * NULL). How long it took, or -1. */
+static int64_t settle_within(int *owner, uint64_t *epoch, const bool *skip,
+                             int64_t ms)
 {
-    int64_t end = wall_ms() + 20000;
+    int64_t t0 = wall_ms();
     for (;;) {
         const char *ids[NH];
         int idx[NH], n = 0;
@@ -208,19 +211,32 @@ static void settle(int *owner, uint64_t *epoch)
             }
         bool ok = true;
         for (uint32_t s = 0; s < oshards && ok; s++) {
+            if (skip && skip[s])
+                continue;
             int w = idx[winner(ids, n, s)];
             char f[TW__OWN_FENCE_MAX];
             size_t fl;
-            ok = tw__own_fence(tw__durable_redis_own(hs[w]), s, f, &fl,
-                               &epoch[s]);
-            owner[s] = w;
+            uint64_t e = 0;
+            ok = tw__own_fence(tw__durable_redis_own(hs[w]), s, f, &fl, &e);
+            if (owner)
+                owner[s] = w;
+            if (epoch)
+                epoch[s] = e;
         }
         pthread_mutex_unlock(&hmu);
         if (ok)
-            return;
-        ASSERT(wall_ms() < end);
+            return wall_ms() - t0;
+        if (wall_ms() - t0 > ms)
+            return -1;
         sleep_ms(20);
     }
+}
+
+/* Wait until every shard is trusted by exactly the rendezvous winner
+ * among the live handles; owner[s] = its handle, epoch[s] its epoch. */
+static void settle(int *owner, uint64_t *epoch)
+{
+    ASSERT(settle_within(owner, epoch, NULL, 20000) >= 0);
 }
 
 static atomic_int cb_seen, cb_bad, cb_unheld;
@@ -1502,35 +1518,45 @@ static void busy_test(void)
 #define STALL_LATE_MS (STALL_LEASE_MS / 2 + 1000)
 #define STALL_N 600
 
+/* The masters of namespace @ns's shards (oshards): the victim, shard 0's
+ * master, which holds the membership set of its shards ({ns:0}:m), is
+ * returned; onv[s]: shard s is the victim's; mpid[0..*nm) the masters'
+ * pids, mlow[] the lowest shard of each (its membership key). */
+static pid_t stall_masters(tw__rc *rc, const char *ns, bool *onv, pid_t *mpid,
+                           uint32_t *mlow, int *nm)
+{
+    char k[96];
+    *nm = 0;
+    for (uint32_t s = 0; s < oshards; s++) {
+        snprintf(k, sizeof k, "{%s:%u}:d", ns, s);
+        pid_t p = slot_pid(rc, tw__rc_slot(k, strlen(k)));
+        int m = 0;
+        while (m < *nm && mpid[m] != p)
+            m++;
+        if (m == *nm) {
+            ASSERT(*nm < 3);
+            mpid[*nm] = p;
+            mlow[(*nm)++] = s;
+        }
+        onv[s] = m == 0;
+    }
+    return mpid[0];
+}
+
 static void stall_test(void)
 {
-    char ns[32], k[96];
+    char ns[32];
     snprintf(ns, sizeof ns, "ostall%d", (int)getpid());
     oshards = 16;
     tw__rc *rc;
     ASSERT_EQ(tw__rc_open(&rc, &(tw__rc_opts){.addr = seeds}), 0);
-    /* The victim: the master of shard 0, which holds the membership set
-     * of its shards ({ns:0}:m); which shards are its. */
-    snprintf(k, sizeof k, "{%s:0}:m", ns);
-    pid_t vpid = slot_pid(rc, tw__rc_slot(k, strlen(k)));
     static bool onv[1024];
-    int nv = 0, nm = 0;
     pid_t mpid[3];
-    uint32_t mlow[3]; /* each master's lowest shard: its membership key */
-    for (uint32_t s = 0; s < oshards; s++) {
-        snprintf(k, sizeof k, "{%s:%u}:d", ns, s);
-        pid_t p = slot_pid(rc, tw__rc_slot(k, strlen(k)));
-        onv[s] = p == vpid;
+    uint32_t mlow[3];
+    int nm = 0, nv = 0;
+    pid_t vpid = stall_masters(rc, ns, onv, mpid, mlow, &nm);
+    for (uint32_t s = 0; s < oshards; s++)
         nv += onv[s];
-        int m = 0;
-        while (m < nm && mpid[m] != p)
-            m++;
-        if (m == nm) {
-            ASSERT(nm < 3);
-            mpid[nm] = p;
-            mlow[nm++] = s;
-        }
-    }
     printf("  %d of %u shards on the stopped master (pid %d)\n", nv, oshards,
            (int)vpid);
     ASSERT(nv > 0 && nv < (int)oshards);
@@ -1648,39 +1674,6 @@ static void stall_test(void)
     printf("stall: ok\n");
 }
 
-/* Every shard whose onv[s] is false trusted by the rendezvous winner among
- * the live handles, within @ms; how long it took, -1 if it did not. */
-static int64_t settle_healthy(const bool *onv, int64_t ms)
-{
-    int64_t t0 = wall_ms();
-    for (;;) {
-        const char *ids[NH];
-        int idx[NH], n = 0;
-        pthread_mutex_lock(&hmu);
-        for (int i = 0; i < NH; i++)
-            if (hs[i]) {
-                ids[n] = tw__own_node(tw__durable_redis_own(hs[i]));
-                idx[n++] = i;
-            }
-        bool ok = true;
-        for (uint32_t s = 0; s < oshards && ok; s++) {
-            char f[TW__OWN_FENCE_MAX];
-            size_t fl;
-            uint64_t e;
-            ok =
-                onv[s] ||
-                tw__own_fence(tw__durable_redis_own(hs[idx[winner(ids, n, s)]]),
-                              s, f, &fl, &e);
-        }
-        pthread_mutex_unlock(&hmu);
-        if (ok)
-            return wall_ms() - t0;
-        if (wall_ms() - t0 > ms)
-            return -1;
-        sleep_ms(20);
-    }
-}
-
 /* stall-dead: see the top of the file. */
 static void stall_dead_test(const char *dir)
 {
@@ -1689,13 +1682,11 @@ static void stall_dead_test(const char *dir)
     oshards = 64;
     tw__rc *rc;
     ASSERT_EQ(tw__rc_open(&rc, &(tw__rc_opts){.addr = seeds}), 0);
-    snprintf(k, sizeof k, "{%s:0}:m", ns);
-    pid_t vpid = slot_pid(rc, tw__rc_slot(k, strlen(k)));
     static bool onv[1024];
-    for (uint32_t s = 0; s < oshards; s++) {
-        snprintf(k, sizeof k, "{%s:%u}:d", ns, s);
-        onv[s] = slot_pid(rc, tw__rc_slot(k, strlen(k))) == vpid;
-    }
+    pid_t mpid[3];
+    uint32_t mlow[3];
+    int nm;
+    pid_t vpid = stall_masters(rc, ns, onv, mpid, mlow, &nm);
     tw_durable_config c = ocfg(ns, oshards, STALL_LEASE_MS, nop_fire);
     pid_t child = node(dir, 0, &c);
     char cid[17];
@@ -1741,7 +1732,7 @@ static void stall_dead_test(const char *dir)
      * next round takes its shards: lease + a round period, and a second
      * of room for the machine. */
     int64_t bound = STALL_LEASE_MS + STALL_LEASE_MS / 8 + 1000;
-    int64_t took = settle_healthy(onv, 2 * bound);
+    int64_t took = settle_within(NULL, NULL, onv, 2 * bound);
     ASSERT_EQ(kill(vpid, SIGCONT), 0);
     stop_sampler = 1;
     pthread_join(ts, NULL);
