@@ -50,8 +50,10 @@
  *          of the healthy masters' shards are all delivered once, at
  *          most STALL_LATE_MS late, and those shards keep their owners
  *          and epochs, both handles stay in the healthy masters'
- *          membership sets; the stopped master's once, after it
- *          resumes; never two handles trusting one shard
+ *          membership sets; the stopped master's after it resumes,
+ *          once but for those whose callback ran just before the stop
+ *          (their completion never reached it: STALL_DONE_MS); never
+ *          two handles trusting one shard
  *   stall-dead  (the same cluster, DIR) a node process and two handles,
  *          64 shards; one master stopped, then the node killed (kill -9):
  *          its shards on the healthy masters are trusted by the two
@@ -1517,6 +1519,13 @@ static void busy_test(void)
 #define STALL_LEASE_MS 2000
 #define STALL_LATE_MS (STALL_LEASE_MS / 2 + 1000)
 #define STALL_N 600
+/* A callback's completion waits up to 500 ms for its batch
+ * (DONE_DELAY_MS, src/redis_fire.c): a callback that ran this long before
+ * the stop may not have been completed; one that starts after the stop
+ * had its check answered before it (a check's answer is trusted for 200
+ * ms, CHECK_MAX_AGE_MS). Both with room for a loaded machine. */
+#define STALL_DONE_MS 1000
+#define CHECK_AGE_MS 500
 
 /* The masters of namespace @ns's shards (oshards): the victim, shard 0's
  * master, which holds the membership set of its shards ({ns:0}:m), is
@@ -1626,17 +1635,25 @@ static void stall_test(void)
     int hmoved = 0;
     for (uint32_t s = 0; s < oshards; s++)
         hmoved += !onv[s] && (own2[s] != own[s] || ep2[s] != ep[s]);
-    int twice = 0, hlate = 0, vearly = 0, hn = 0;
+    int twice = 0, vagain = 0, hlate = 0, vearly = 0, hn = 0;
     int64_t hmax = 0, vmax = 0;
     pthread_mutex_lock(&dvmu);
     for (int i = 0; i < pr.n; i++) {
         char key[16];
         snprintf(key, sizeof key, "k%d", i);
         bool v = onv[shard_of(key, oshards)];
-        twice += cnt[i] > 1;
         if (!cnt[i])
             continue;
-        int64_t late = dvs[first[i]].fired_us / 1000 - pr.due[i];
+        int64_t fired = dvs[first[i]].fired_us / 1000;
+        /* The one window for a second delivery: a callback that ran on
+         * the stopped master's shard just before the stop, whose batched
+         * completion (up to 500 ms later) never reached it; the claim
+         * ran out meanwhile and the next owner delivers it again. */
+        bool window = v && cnt[i] == 2 && fired >= tstop - STALL_DONE_MS &&
+                      fired <= tstop + CHECK_AGE_MS;
+        vagain += cnt[i] > 1 && window;
+        twice += cnt[i] > 1 && !window;
+        int64_t late = fired - pr.due[i];
         if (!v) {
             hn++;
             hmax = late > hmax ? late : hmax;
@@ -1655,10 +1672,11 @@ static void stall_test(void)
     printf("  healthy masters: %d of their shards with a new owner or "
            "epoch, %d timers, %d at least %d ms late, at most "
            "%lld ms late; stopped master: %d timers, delivered at most %lld "
-           "ms after max(due, SIGCONT), %d early; missing %d, twice %d; "
-           "%ld samples, %ld with two trusting handles\n",
+           "ms after max(due, SIGCONT), %d early, %d again after SIGCONT "
+           "(first run just before the stop); missing %d, other "
+           "twice %d; %ld samples, %ld with two trusting handles\n",
            hmoved, hn, hlate, STALL_LATE_MS, (long long)hmax, pr.n - hn,
-           (long long)vmax, vearly, missing, twice, (long)samples,
+           (long long)vmax, vearly, vagain, missing, twice, (long)samples,
            (long)doubles);
     ASSERT_EQ(missing, 0);
     ASSERT_EQ(twice, 0);
