@@ -185,10 +185,11 @@ static struct server {
     uint64_t cmd[TBD_OP_COUNT];
     uint64_t job_timeouts, total_jobs, total_conns, cur_conns;
     uint64_t producers, workers, waiting;
-    uint64_t counts[4]; /* jobs by state */
-    uint64_t bodies;    /* job bodies in memory (the rest are in the store) */
-    int mfd;            /* --metrics-port listener, or -1 */
-    unsigned nmconn;    /* its connections open */
+    uint64_t counts[4];  /* jobs by state */
+    uint64_t bodies;     /* job bodies in memory (the rest are in the store) */
+    uint64_t unreadable; /* store records skipped or set aside (hostile) */
+    int mfd;             /* --metrics-port listener, or -1 */
+    unsigned nmconn;     /* its connections open */
     uint64_t started_mono;
     tw_timer live_timer; /* --redis: renews this server's liveness record */
     char server_id[17];
@@ -903,6 +904,24 @@ static uint64_t next_job_id(void)
     return id;
 }
 
+/* The number of @len bytes at @s, decimal digits without a leading zero
+ * (but "0"), if it is at most @max; else -1. */
+static int64_t key_num(const char *s, size_t len, uint64_t max)
+{
+    if (len == 0 || len > 20 || (s[0] == '0' && len > 1))
+        return -1;
+    uint64_t v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        uint64_t d = (uint64_t)(s[i] - '0');
+        if (v > (max - d) / 10)
+            return -1;
+        v = v * 10 + d;
+    }
+    return (int64_t)v;
+}
+
 /*
  * --redis: liveness. Each server keeps the record "n<node>" due LIVE_MS
  * ahead of now, rewritten every LIVE_RENEW_MS. When a server dies its
@@ -918,6 +937,9 @@ static uint64_t next_job_id(void)
 #define LIVE_GUARD_MS 2000 /* start-up: due this soon counts as run out */
 #define LIVE_WAIT_MAX_MS (3 * LIVE_MS)
 #define LIVE_LEN 14
+/* A fired liveness record due further ahead than this was not written by
+ * a server renewing it (LIVE_MS ahead of its clock): removed. */
+#define LIVE_AHEAD_MAX_MS (10 * LIVE_MS)
 enum { REC_LIVE = 'L' };
 
 static size_t live_key(char *buf, size_t len, uint32_t node)
@@ -934,6 +956,24 @@ static unsigned char *live_payload(int64_t due)
     put_u32(&q, g.opt->node);
     put_u64(&q, (uint64_t)due);
     return p;
+}
+
+/*
+ * The node and due time of the liveness record @p (@n bytes) under key
+ * @key: true only for a record as live_payload() writes it, under the
+ * key live_key() gives its node, due no later than @due_max (a record
+ * due far ahead was not written by a server renewing it).
+ */
+static bool live_parse(const char *key, size_t key_len, const unsigned char *p,
+                       size_t n, int64_t due_max, uint32_t *node, int64_t *due)
+{
+    if (n != LIVE_LEN || p[0] != REC_LIVE || p[1] < 2 || p[1] > REC_VERSION ||
+        key_len < 2 || key[0] != 'n')
+        return false;
+    *node = get_u32(p + 2);
+    *due = (int64_t)get_u64(p + 6);
+    return key_num(key + 1, key_len - 1, UINT32_MAX) == (int64_t)*node &&
+           *due <= due_max;
 }
 
 static void live_renew(void)
@@ -972,8 +1012,15 @@ static void live_wait(void)
         int rc = tbd_store_get(g.store, key, kl, p, sizeof(p), &len);
         if (rc == TW_ENOENT)
             break;
-        if (rc == 0 && len == LIVE_LEN && p[0] == REC_LIVE &&
-            (int64_t)get_u64(p + 6) > wall_ms() + LIVE_GUARD_MS)
+        uint32_t node;
+        int64_t due;
+        if (rc == 0 && !live_parse(key, kl, p, len, INT64_MAX, &node, &due)) {
+            /* Not a record a takeover acts on (live_fired()). */
+            g.unreadable++;
+            logv(0, "liveness record %s unreadable: written anew", key);
+            break;
+        }
+        if (rc == 0 && due > wall_ms() + LIVE_GUARD_MS)
             break;
         if (tbd_store_fired_has(g.store, key, kl))
             break;
@@ -1000,13 +1047,13 @@ static void live_wait(void)
     free(p);
 }
 
-/* The id of store key "j<id>", or 0. */
+/* The id of store key "j<id>" (as job_write() spells it), or 0. */
 static uint64_t key_id(const char *key, size_t len)
 {
-    uint64_t id = 0;
-    for (size_t i = 1; i < len; i++)
-        id = id * 10 + (uint64_t)(key[i] - '0');
-    return len > 1 && key[0] == 'j' ? id : 0;
+    if (len < 2 || key[0] != 'j')
+        return 0;
+    int64_t id = key_num(key + 1, len - 1, INT64_MAX);
+    return id > 0 ? (uint64_t)id : 0;
 }
 
 /* A job record read back from the store (job_write()'s layout). */
@@ -1022,7 +1069,16 @@ struct rec {
     const unsigned char *body;
 };
 
-/* Parses the @n bytes at @p into @r; false if they are not a job record. */
+/* The latest wall-clock time a job record may hold (Unix ms, about the
+ * year 285,000): what job_write() writes is far below, and arithmetic on
+ * anything below it cannot overflow. */
+#define REC_TIME_MAX (INT64_C(1) << 53)
+
+/*
+ * Parses the @n bytes at @p into @r; false if they are not a job record
+ * as job_write() writes it: lengths that add up, a known state, a tube
+ * name a client may send, times in [0, REC_TIME_MAX], an id above 0.
+ */
 static bool rec_parse(const unsigned char *p, size_t n, struct rec *r)
 {
     if (n < REC_HEAD || p[0] != REC_JOB || p[1] < 1 || p[1] > REC_VERSION ||
@@ -1042,8 +1098,9 @@ static bool rec_parse(const unsigned char *p, size_t n, struct rec *r)
     for (int i = 0; i < 5; i++, q += 4)
         r->cnt[i] = get_u32(q);
     r->tube_len = *q++;
-    if (r->tube_len == 0 || r->tube_len > TBD_TUBE_NAME_MAX ||
-        (size_t)(q - p) + r->tube_len + 4 > n)
+    if ((size_t)(q - p) + r->tube_len + 4 > n ||
+        !tbd_tube_name_ok((const char *)q, r->tube_len) || r->due < 0 ||
+        r->due > REC_TIME_MAX || r->created < 0 || r->created > REC_TIME_MAX)
         return false;
     r->tube = (const char *)q;
     q += r->tube_len;
@@ -1303,10 +1360,21 @@ static void cold_ready(struct job *j, bool counted)
     job_make_ready(j);
 }
 
-static void live_fired(const unsigned char *p, size_t n);
+static void live_fired(const char *key, size_t key_len, const unsigned char *p,
+                       size_t n);
+
+/* A fired record of job @id that this server must not serve: one in
+ * its own range of ids that it has not issued yet (a job of another
+ * server cannot have it; served, it would meet the job this server
+ * issues with that id). */
+static bool fired_squats(uint64_t id)
+{
+    return (id >> NODE_SHIFT) == g.opt->node && id >= g.next_id;
+}
 
 /* The jobs the store fired: ready now (buried if they were, taken over
- * from a dead server), unless already in memory. */
+ * from a dead server), unless already in memory. A record that is not a
+ * job record of its key is left in the store (logged, counted). */
 static void fired_jobs(void)
 {
     if (!g.store)
@@ -1315,10 +1383,15 @@ static void fired_jobs(void)
         nx = f->next;
         uint64_t id = key_id(f->key, f->key_len);
         struct rec r;
+        bool ok = false;
         if (f->key_len && f->key[0] == 'n') {
-            live_fired(f->payload, f->payload_len);
-        } else if (id && !job_find(id) &&
-                   rec_parse(f->payload, f->payload_len, &r) && r.id == id) {
+            live_fired(f->key, f->key_len, f->payload, f->payload_len);
+            ok = true;
+        } else if (id && job_find(id)) {
+            ok = true; /* in memory already */
+        } else if (id && rec_parse(f->payload, f->payload_len, &r) &&
+                   r.id == id && !fired_squats(id)) {
+            ok = true;
             struct job *j = job_from_rec(&r, true);
             if (j) {
                 if (r.state == J_BURIED) {
@@ -1337,6 +1410,13 @@ static void fired_jobs(void)
             } else
                 logv(0, "job %" PRIu64 ": out of memory, left in the store",
                      id);
+        }
+        if (!ok) {
+            g.unreadable++;
+            logv(0,
+                 "store record %.*s fired: not a job record of its key, "
+                 "left in the store",
+                 (int)f->key_len, f->key);
         }
         free(f);
     }
@@ -2150,12 +2230,29 @@ static void takeover_start(uint32_t node)
     tbd_store_query(g.store, q);
 }
 
-/* A liveness record fired here: another server's, it is dead. */
-static void live_fired(const unsigned char *p, size_t n)
+/*
+ * A liveness record fired here: another server's, it is dead. One that
+ * is not a record a server wrote (live_parse()) is removed, logged and
+ * counted: a takeover is never started from it, and it does not fire
+ * again every TBD_LIVE_RETRY_MS.
+ */
+static void live_fired(const char *key, size_t key_len, const unsigned char *p,
+                       size_t n)
 {
-    if (!g.opt->redis || n != LIVE_LEN || p[0] != REC_LIVE)
+    if (!g.opt->redis)
         return;
-    uint32_t node = get_u32(p + 2);
+    uint32_t node;
+    int64_t due;
+    if (!live_parse(key, key_len, p, n, wall_ms() + LIVE_AHEAD_MAX_MS, &node,
+                    &due)) {
+        g.unreadable++;
+        logv(0, "liveness record %.*s unreadable: removed", (int)key_len, key);
+        struct tbd_write *w = write_new(TBD_W_CANCEL, NULL);
+        memcpy(w->key, key, key_len);
+        w->key_len = key_len;
+        tbd_store_submit(g.store, w);
+        return;
+    }
     if (node == g.opt->node) {
         /* This server's own, fired here: it was late renewing it. */
         logv(0, "own liveness record ran out: renewed");
@@ -2741,8 +2838,12 @@ static void recover_one(void *arg, const char *key, size_t key_len,
     if (key_len && key[0] == 'n')
         return; /* a server's liveness record */
     struct rec rc;
-    if (!rec_parse(p, n, &rc) || job_find(rc.id)) {
+    if (!rec_parse(p, n, &rc) || rc.id != key_id(key, key_len) ||
+        job_find(rc.id)) {
         r->bad++;
+        g.unreadable++;
+        logv(1, "store record %.*s: not a job record of its key, skipped",
+             (int)(key_len < 32 ? key_len : 32), key);
         return;
     }
     /* Another server's job (--node): not this one's to serve. */
@@ -2870,8 +2971,12 @@ static char *metrics_text(size_t *len)
                  "twheeld_store_writes_total %" PRIu64
                  "\n# HELP twheeld_store_batches_total Batches they were "
                  "written in.\n# TYPE twheeld_store_batches_total counter\n"
-                 "twheeld_store_batches_total %" PRIu64 "\n",
-                 written, batches);
+                 "twheeld_store_batches_total %" PRIu64
+                 "\n# HELP twheeld_store_unreadable_total Records read from "
+                 "the store that are not what twheeld writes, skipped or "
+                 "removed.\n# TYPE twheeld_store_unreadable_total counter\n"
+                 "twheeld_store_unreadable_total %" PRIu64 "\n",
+                 written, batches, g.unreadable);
         long k = tbd_store_metrics(g.store, b + n, cap - n);
         if (k >= 0 && (size_t)k >= cap - n) {
             cap = n + (size_t)k + 1;

@@ -6,8 +6,7 @@ gets, through a raw socket, records in the layout of the store (a shard's
 :p hash "due,attempt,payload" and :d sorted set) whose payloads are
 hostile: job records (twheeld/server.c job_write()) truncated, too long,
 with a wrong body length, an unknown state, a tube name no client may
-send, a key that names another id, an absurd creation time, a body above
--z, an id in the server's own range that it has not issued yet; liveness
+send, a key that names another id, an absurd creation or due time, an id in the server's own range that it has not issued yet; liveness
 records ("n<node>") with garbage, a node that is not the key's, the
 server's own node, a due time far ahead, a key without a number, and
 2,000 records of servers that never existed. Beside them a dead node 3
@@ -93,6 +92,15 @@ def planted(r, key):
     return r.cmd(b"HEXISTS", tag + b":p", key) == b"1"
 
 
+def rearmed(r, key, t):
+    """True once the store fired @key (planted due at @t) to this server:
+    it keeps a fired job's record, due again days later (store.c
+    FIRED_KEEP_MS)."""
+    tag = b"{%s:%d}" % (NS.encode(), shard(key))
+    score = r.cmd(b"ZSCORE", tag + b":d", key)
+    return score is not None and float(score) > t + 86400000
+
+
 def job_rec(jid, body=b"x", tube=b"default", state=0, pri=10, ttr=60,
             delay=0, due=0, created=None, owner=1, body_len=None):
     """A job record in job_write()'s layout (version 2)."""
@@ -150,19 +158,18 @@ def session(server, rport):
         ("created INT64_MIN", lambda i: job_rec(i, created=-(1 << 63))),
         ("due in 9999 years", lambda i: job_rec(i, state=1, delay=1,
                                                 due=(1 << 62))),
-        ("body above -z", lambda i: job_rec(i, body=b"b" * 70000)),
     ]
     for k, (what, make) in enumerate(cases):
-        jid = own + 1 + k
+        jid = NODE + 10 + k  # below own: never issued
         plant(r, b"j%d" % jid, NEVER, make(jid))
         bad[jid] = what
     # A key that names another id: the record is not that job's.
-    other = own + 50
-    plant(r, b"j%d" % (own + 49), NEVER, job_rec(other, b"other key"))
+    other = NODE + 60
+    plant(r, b"j%d" % (other - 1), NEVER, job_rec(other, b"other key"))
     bad[other] = "key of another id"
-    bad[own + 49] = "key of another id"
-    plant(r, b"jxyz", NEVER, job_rec(own + 51, b"no id"))
-    bad[own + 51] = "key without an id"
+    bad[other - 1] = "key of another id"
+    plant(r, b"jxyz", NEVER, job_rec(other + 1, b"no id"))
+    bad[other + 1] = "key without an id"
     for _ in range(2 * (len(cases) + 4)):
         r.read()
     a = server(1)  # bstk.wait_port: up within 20 s, or the test fails
@@ -201,7 +208,7 @@ def session(server, rport):
         bad[jid] = "node 3's hostile record"
     bad[dead + 9] = "node 3's record under another key"
     # A record of another node with an id this server issues next.
-    plant(r, b"j%d" % (nxt + 2), t, job_rec(nxt + 2, b"squatter", owner=3))
+    plant(r, b"j%d" % (nxt + 2), t, job_rec(nxt + 2, b"squatter", owner=4))
     plant(r, b"n3", t - 1000, live_rec(3, t - 1000))
     junk = {
         b"n4": b"garbage",  # not a liveness record
@@ -215,7 +222,9 @@ def session(server, rport):
         plant(r, k, t - 1000, p)
     for _ in range(2 * (2 + len(hostile3) + 2 + len(junk))):
         r.read()
-    # This server's next ids: none of them is the squatter's job.
+    # This server's next ids: none of them is the squatter's job, which
+    # fired here before they are issued.
+    until(lambda: rearmed(r, b"j%d" % (nxt + 2), t), "the squatter fired")
     for i in range(3):
         jid = put_job(c, b"next-%d" % i)
         check(jid == nxt + i, "id %d" % jid)
