@@ -188,8 +188,13 @@ static struct server {
     uint64_t counts[4];  /* jobs by state */
     uint64_t bodies;     /* job bodies in memory (the rest are in the store) */
     uint64_t unreadable; /* store records skipped or set aside (hostile) */
-    int mfd;             /* --metrics-port listener, or -1 */
-    unsigned nmconn;     /* its connections open */
+    /* --redis takeovers: the query out (or NULL) and the dead nodes that
+     * wait for the next one, sorted (takeover_start()). */
+    struct tbd_query *take_q;
+    uint32_t *take_wait;
+    size_t ntake_wait, take_wait_cap;
+    int mfd;         /* --metrics-port listener, or -1 */
+    unsigned nmconn; /* its connections open */
     uint64_t started_mono;
     tw_timer live_timer; /* --redis: renews this server's liveness record */
     char server_id[17];
@@ -2204,12 +2209,30 @@ static bool query_peek(struct conn *c, struct tbd_query *q, struct out *o)
  */
 #define TAKE_MAX 65536 /* ids per query; more: another query */
 
-/* On the query thread: a job that server q->node holds, not delayed. */
+/* True when the sorted @set of @n nodes holds @node. */
+static bool nodes_have(const uint32_t *set, size_t n, uint32_t node)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (set[mid] == node)
+            return true;
+        if (set[mid] < node)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return false;
+}
+
+/* On the query thread: a job that a server of q->nodes holds, not
+ * delayed. */
 static bool take_match(const struct tbd_query *q, const void *payload, size_t n,
                        int64_t *due, uint64_t *id)
 {
     struct rec r;
-    if (!rec_parse(payload, n, &r) || r.owner != q->node ||
+    if (!rec_parse(payload, n, &r) ||
+        !nodes_have(q->nodes, q->nnodes, r.owner) ||
         (r.state == J_DELAYED && r.due > q->now))
         return false;
     *due = 0;
@@ -2217,17 +2240,52 @@ static bool take_match(const struct tbd_query *q, const void *payload, size_t n,
     return true;
 }
 
-static void takeover_start(uint32_t node)
+/* Sends the takeover query of the nodes that wait, unless one is out:
+ * one scan of the store for every dead node at once, however many
+ * liveness records fired together. */
+static void takeover_next(void)
 {
+    if (g.take_q || g.ntake_wait == 0)
+        return;
     struct tbd_query *q = calloc(1, sizeof(*q));
     if (!q)
         abort();
     q->match = take_match;
-    q->node = node;
+    q->nodes = g.take_wait;
+    q->nnodes = g.ntake_wait;
+    g.take_wait = NULL;
+    g.ntake_wait = g.take_wait_cap = 0;
     q->now = wall_ms();
     q->want = TAKE_MAX;
     q->kind = Q_TAKE;
+    g.take_q = q;
     tbd_store_query(g.store, q);
+}
+
+/* Takes over the jobs of @node: it joins the next takeover query, unless
+ * this one or the next covers it already. */
+static void takeover_start(uint32_t node)
+{
+    if ((g.take_q && nodes_have(g.take_q->nodes, g.take_q->nnodes, node)) ||
+        nodes_have(g.take_wait, g.ntake_wait, node)) {
+        takeover_next();
+        return;
+    }
+    if (g.ntake_wait == g.take_wait_cap) {
+        size_t ncap = g.take_wait_cap ? 2 * g.take_wait_cap : 16;
+        g.take_wait = realloc(g.take_wait, ncap * sizeof(*g.take_wait));
+        if (!g.take_wait)
+            abort();
+        g.take_wait_cap = ncap;
+    }
+    size_t i = g.ntake_wait;
+    while (i > 0 && g.take_wait[i - 1] > node) {
+        g.take_wait[i] = g.take_wait[i - 1];
+        i--;
+    }
+    g.take_wait[i] = node;
+    g.ntake_wait++;
+    takeover_next();
 }
 
 /*
@@ -2271,23 +2329,32 @@ static void live_fired(const char *key, size_t key_len, const unsigned char *p,
  */
 static void takeover_done(struct tbd_query *q)
 {
+    g.take_q = NULL;
     if (q->result != 0) {
-        logv(0, "takeover of node %" PRIu32 ": %s (again later)", q->node,
+        /* Their liveness records fire again (TBD_LIVE_RETRY_MS). */
+        logv(0, "takeover of %zu nodes: %s (again later)", q->nnodes,
              tw_strerror(q->result));
+        takeover_next();
         return;
     }
-    /* The dead server came back meanwhile (its record renewed) or another
-     * takeover finished (its record gone): nothing to do. */
-    char lk[24];
-    unsigned char lp[LIVE_LEN];
-    size_t lkl = live_key(lk, sizeof(lk), q->node), ll = 0;
-    if (tbd_store_get(g.store, lk, lkl, lp, sizeof(lp), &ll) != 0 ||
-        ll != LIVE_LEN || (int64_t)get_u64(lp + 6) > wall_ms())
-        return;
+    /* Of the nodes, those still dead: not back meanwhile (their record
+     * renewed), nor taken over by another server (their record gone). */
+    size_t ndead = 0;
+    for (size_t i = 0; i < q->nnodes; i++) {
+        char lk[24];
+        unsigned char lp[LIVE_LEN];
+        size_t lkl = live_key(lk, sizeof(lk), q->nodes[i]), ll = 0;
+        uint32_t node;
+        int64_t due;
+        if (tbd_store_get(g.store, lk, lkl, lp, sizeof(lp), &ll) == 0 &&
+            live_parse(lk, lkl, lp, ll, wall_ms(), &node, &due))
+            q->nodes[ndead++] = q->nodes[i]; /* still sorted */
+    }
+    q->nnodes = ndead;
     size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + g.opt->max_job_size + 4;
     unsigned char *p = xmalloc(cap + 4);
     size_t moved = 0;
-    for (size_t i = 0; i < q->n; i++) {
+    for (size_t i = 0; i < q->n && ndead > 0; i++) {
         struct tbd_write *w = write_new(TBD_W_SCHED, NULL);
         w->key_len = (size_t)snprintf(w->key, sizeof(w->key), "j%" PRIu64,
                                       q->hits[i].id);
@@ -2316,14 +2383,20 @@ static void takeover_done(struct tbd_query *q)
         moved++;
     }
     free(p);
-    logv(0, "node %" PRIu32 ": %zu jobs handed over", q->node, moved);
-    if (q->n == q->want) {
-        takeover_start(q->node);
-        return;
+    if (ndead == 1)
+        logv(0, "node %" PRIu32 ": %zu jobs handed over", q->nodes[0], moved);
+    else if (ndead > 1)
+        logv(0, "%zu dead nodes: %zu jobs handed over", ndead, moved);
+    for (size_t i = 0; i < ndead; i++) {
+        if (q->n == q->want) {
+            takeover_start(q->nodes[i]); /* more of theirs: again */
+            continue;
+        }
+        struct tbd_write *w = write_new(TBD_W_CANCEL, NULL);
+        w->key_len = live_key(w->key, sizeof(w->key), q->nodes[i]);
+        tbd_store_submit(g.store, w);
     }
-    struct tbd_write *w = write_new(TBD_W_CANCEL, NULL);
-    w->key_len = live_key(w->key, sizeof(w->key), q->node);
-    tbd_store_submit(g.store, w);
+    takeover_next();
 }
 
 /* The queries the store answered. */
@@ -2333,6 +2406,7 @@ static void query_done(struct tbd_query *q)
         nx = q->next;
         if (q->kind == Q_TAKE) {
             takeover_done(q);
+            free(q->nodes);
             free(q->hits);
             free(q);
             continue;
@@ -3309,5 +3383,6 @@ int tbd_serve(const struct tbd_options *opt)
         close(g.mfd);
     /* Flush the store: every acknowledged write stays. */
     tbd_store_close(g.store);
+    free(g.take_wait);
     return 0;
 }
