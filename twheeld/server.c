@@ -909,6 +909,40 @@ static uint64_t next_job_id(void)
     return id;
 }
 
+/*
+ * A record read back from the store that is not what this server writes
+ * (whoever wrote it): counted, and logged with its key (its first 32
+ * bytes, bytes outside printable ASCII as '?'), at most UNREADABLE_LOGS
+ * a minute, so that a flood of them cannot flood the log.
+ */
+#define UNREADABLE_LOGS 10
+static void unreadable(const char *key, size_t key_len, const char *what)
+{
+    static uint64_t minute, logged, quiet;
+    uint64_t now = mono_ms() / 60000;
+    g.unreadable++;
+    if (now != minute) {
+        if (quiet)
+            logv(0,
+                 "%" PRIu64 " more unreadable store records not logged "
+                 "(twheeld_store_unreadable_total)",
+                 quiet);
+        minute = now;
+        logged = quiet = 0;
+    }
+    if (logged >= UNREADABLE_LOGS) {
+        quiet++;
+        return;
+    }
+    logged++;
+    char k[33];
+    size_t n = key_len < 32 ? key_len : 32;
+    for (size_t i = 0; i < n; i++)
+        k[i] = key[i] >= 0x20 && key[i] < 0x7f ? key[i] : '?';
+    k[n] = '\0';
+    logv(0, "store record %s: %s", k, what);
+}
+
 /* The number of @len bytes at @s, decimal digits without a leading zero
  * (but "0"), if it is at most @max; else -1. */
 static int64_t key_num(const char *s, size_t len, uint64_t max)
@@ -1021,8 +1055,7 @@ static void live_wait(void)
         int64_t due;
         if (rc == 0 && !live_parse(key, kl, p, len, INT64_MAX, &node, &due)) {
             /* Not a record a takeover acts on (live_fired()). */
-            g.unreadable++;
-            logv(0, "liveness record %s unreadable: written anew", key);
+            unreadable(key, kl, "not a liveness record, written anew");
             break;
         }
         if (rc == 0 && due > wall_ms() + LIVE_GUARD_MS)
@@ -1417,11 +1450,9 @@ static void fired_jobs(void)
                      id);
         }
         if (!ok) {
-            g.unreadable++;
-            logv(0,
-                 "store record %.*s fired: not a job record of its key, "
-                 "left in the store",
-                 (int)f->key_len, f->key);
+            unreadable(f->key, f->key_len,
+                       "fired, not a job record of its key: left in the "
+                       "store");
         }
         free(f);
     }
@@ -2259,6 +2290,14 @@ static void takeover_next(void)
     q->want = TAKE_MAX;
     q->kind = Q_TAKE;
     g.take_q = q;
+    /* One line a query, however many records fired. */
+    if (q->nnodes == 1)
+        logv(0, "node %" PRIu32 " is dead: taking over its jobs", q->nodes[0]);
+    else
+        logv(0,
+             "%zu nodes are dead (%" PRIu32 " to %" PRIu32
+             "): taking over their jobs",
+             q->nnodes, q->nodes[0], q->nodes[q->nnodes - 1]);
     tbd_store_query(g.store, q);
 }
 
@@ -2303,8 +2342,7 @@ static void live_fired(const char *key, size_t key_len, const unsigned char *p,
     int64_t due;
     if (!live_parse(key, key_len, p, n, wall_ms() + LIVE_AHEAD_MAX_MS, &node,
                     &due)) {
-        g.unreadable++;
-        logv(0, "liveness record %.*s unreadable: removed", (int)key_len, key);
+        unreadable(key, key_len, "fired, not a liveness record: removed");
         struct tbd_write *w = write_new(TBD_W_CANCEL, NULL);
         memcpy(w->key, key, key_len);
         w->key_len = key_len;
@@ -2317,7 +2355,6 @@ static void live_fired(const char *key, size_t key_len, const unsigned char *p,
         live_renew();
         return;
     }
-    logv(0, "node %" PRIu32 " is dead: taking over its jobs", node);
     takeover_start(node);
 }
 
@@ -2915,9 +2952,7 @@ static void recover_one(void *arg, const char *key, size_t key_len,
     if (!rec_parse(p, n, &rc) || rc.id != key_id(key, key_len) ||
         job_find(rc.id)) {
         r->bad++;
-        g.unreadable++;
-        logv(1, "store record %.*s: not a job record of its key, skipped",
-             (int)(key_len < 32 ? key_len : 32), key);
+        unreadable(key, key_len, "not a job record of its key, skipped");
         return;
     }
     /* Another server's job (--node): not this one's to serve. */

@@ -28,6 +28,7 @@ import socket
 import struct
 import sys
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bstk  # noqa: E402
@@ -144,8 +145,19 @@ def alive(c):
     check(c.cmd(b"delete %d\r\n" % jid) == b"DELETED\r\n", "delete")
 
 
-def session(server, rport):
+def unreadable_total(mport):
+    """twheeld_store_unreadable_total from /metrics."""
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % mport,
+                                timeout=10) as f:
+        for ln in f.read().decode().splitlines():
+            if ln.startswith("twheeld_store_unreadable_total "):
+                return int(float(ln.split()[1]))
+    check(False, "no twheeld_store_unreadable_total in /metrics")
+
+
+def session(rport):
     r = Resp(rport)
+    mport = bstk.free_port()
     t = now_ms()
     # Before the start: records of node 1 that its recovery reads.
     bad = {}  # id -> what it is; none may be served
@@ -178,7 +190,10 @@ def session(server, rport):
     bad[other + 1] = "key without an id"
     for _ in range(2 * (len(cases) + 4)):
         r.read()
-    a = server(1)  # bstk.wait_port: up within 20 s, or the test fails
+    # bstk.wait_port: up within 20 s, or the test fails.
+    a = bstk.start_twheeld("--redis", "redis://127.0.0.1:%d" % rport,
+                           "--namespace", NS, "--node", "1",
+                           "--metrics-port", str(mport))
     c = Client(a.port)
     f = c.cmd(b"peek %d\r\n" % own)
     check(f == b"FOUND %d 5\r\nlegit\r\n" % own, "valid record: %r" % f)
@@ -189,6 +204,9 @@ def session(server, rport):
         check(peek(c, jid) == b"NOT_FOUND\r\n", "served: " + what)
         check(c.cmd(b"stats-job %d\r\n" % jid) == b"NOT_FOUND\r\n",
               "stats-job of " + what)
+    # Each skipped record is counted: n1 and the job records.
+    n = unreadable_total(mport)
+    check(n == 1 + len(cases) + 2, "unreadable at start-up: %d" % n)
     tubes = c.cmd(b"list-tubes\r\n")
     check(tubes == b"OK 14\r\n---\n- default\n\r\n", "tubes %r" % tubes)
     alive(c)
@@ -265,6 +283,8 @@ def session(server, rport):
           "unusable liveness records removed: %r" %
           [k for k in list(junk) + [b"n3"] if planted(r, k)])
     check(planted(r, b"n1"), "its own liveness record")
+    n2 = unreadable_total(mport)
+    check(n2 >= n + 1 + len(junk), "unreadable counted %d, %d" % (n, n2))
     alive(c)
 
     # Thousands of servers that never existed, all "dead" at once. A kick
@@ -308,9 +328,10 @@ def session(server, rport):
 
 def main():
     def fn(server):
-        # with_redis's redis-server, the last one bstk started.
+        # with_redis's redis-server, the last one bstk started; twheeld
+        # is started here, with --metrics-port.
         argv = bstk._redis[-1].args
-        session(server, int(argv[argv.index("--port") + 1]))
+        session(int(argv[argv.index("--port") + 1]))
     return with_redis(NS, fn)
 
 
