@@ -1401,13 +1401,19 @@ static void cold_ready(struct job *j, bool counted)
 static void live_fired(const char *key, size_t key_len, const unsigned char *p,
                        size_t n);
 
+/* True when this server issues job id @id (--node: its range). */
+static bool own_id(uint64_t id)
+{
+    return (id >> NODE_SHIFT) == g.opt->node;
+}
+
 /* A fired record of job @id that this server must not serve: one in
  * its own range of ids that it has not issued yet (a job of another
  * server cannot have it; served, it would meet the job this server
  * issues with that id). */
 static bool fired_squats(uint64_t id)
 {
-    return (id >> NODE_SHIFT) == g.opt->node && id >= g.next_id;
+    return own_id(id) && id >= g.next_id;
 }
 
 /* The jobs the store fired: ready now (buried if they were, taken over
@@ -2941,8 +2947,17 @@ static void recover_one(void *arg, const char *key, size_t key_len,
     if (key_len && key[0] == 'm') {
         char mk[24];
         size_t ml = mark_key(mk, sizeof(mk));
-        if (key_len == ml && !memcmp(key, mk, ml) && n >= 10 &&
-            p[0] == REC_MARK && get_u64(p + 2) > r->mark)
+        if (key_len != ml || memcmp(key, mk, ml) != 0)
+            return; /* another server's */
+        /* A mark beyond this server's range of ids would make it issue
+         * another's (or wrap around). */
+        if (n != 10 || p[0] != REC_MARK || !own_id(get_u64(p + 2))) {
+            unreadable(key, key_len,
+                       "not a mark of this server's ids, "
+                       "skipped");
+            return;
+        }
+        if (get_u64(p + 2) > r->mark)
             r->mark = get_u64(p + 2);
         return;
     }
@@ -2960,7 +2975,9 @@ static void recover_one(void *arg, const char *key, size_t key_len,
         r->others++;
         return;
     }
-    if (rc.id > r->max_id)
+    /* Ids of this server's range only: a job taken over from another
+     * server keeps that one's id. */
+    if (own_id(rc.id) && rc.id > r->max_id)
         r->max_id = rc.id;
     r->jobs++;
     if (rc.state == J_DELAYED && rc.due > r->now_wall) {

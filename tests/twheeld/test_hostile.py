@@ -188,7 +188,13 @@ def session(rport):
     bad[other - 1] = "key of another id"
     plant(r, b"jxyz", NEVER, job_rec(other + 1, b"no id"))
     bad[other + 1] = "key without an id"
-    for _ in range(2 * (len(cases) + 4)):
+    # Its high-water mark of ids, beyond its range: ids would wrap.
+    plant(r, b"m1", NEVER, b"M\x02" + struct.pack("<Q", (1 << 64) - 1))
+    # A job it holds, taken over from node 5 earlier (node 5's id): its
+    # next ids stay in its own range.
+    taken = 5 * NODE + 7
+    plant(r, b"j%d" % taken, NEVER, job_rec(taken, b"taken", owner=1))
+    for _ in range(2 * (len(cases) + 6)):
         r.read()
     # bstk.wait_port: up within 20 s, or the test fails.
     a = bstk.start_twheeld("--redis", "redis://127.0.0.1:%d" % rport,
@@ -206,13 +212,16 @@ def session(rport):
               "stats-job of " + what)
     # Each skipped record is counted: n1 and the job records.
     n = unreadable_total(mport)
-    check(n == 1 + len(cases) + 2, "unreadable at start-up: %d" % n)
+    check(n == 1 + len(cases) + 3, "unreadable at start-up: %d" % n)
+    check(peek(c, taken) == b"FOUND %d 5\r\ntaken\r\n" % taken, "taken")
+    check(c.cmd(b"delete %d\r\n" % taken) == b"DELETED\r\n", "delete")
     tubes = c.cmd(b"list-tubes\r\n")
     check(tubes == b"OK 14\r\n---\n- default\n\r\n", "tubes %r" % tubes)
     alive(c)
 
     # Running: this server's ready job, which nothing may take from it.
     mine = put_job(c, b"mine")
+    check(own < mine < own + 1024, "id %d after recovery" % mine)
     nxt = mine + 1  # the next ids it issues
     t = now_ms()
     dead = 3 * NODE
