@@ -1425,6 +1425,36 @@ __attribute__((noinline)) static size_t advance_work(tw_wheel *w, uint64_t now)
     return ran;
 }
 
+/*
+ * advance_work() for the commonest visit of a wheel advanced one tick at a
+ * time: @now is the exact hint (hint_ok), a tick that starts no granule
+ * above level 0, of a wide table, with the due list empty (the hint would
+ * be 0). Its one visit is the level-0 slot of @now, occupied, whose timers
+ * all run now; then the next event is the new exact hint, as at the end of
+ * advance_loop(). The same steps as advance_work(), without its loop over
+ * levels and the frame that the walks need.
+ */
+__attribute__((noinline)) static size_t advance_tick(tw_wheel *w, uint64_t now)
+{
+    tw_timer *fl[K];
+    w->hint_ok = 0; /* until a fresh hint is left, as in advance_loop() */
+    w->now = now;
+    unsigned n = hand_over(w, now & w->mask, fl, K);
+    size_t ran = n == 1 ? fire_chains(w, fl, 1) : fire_chains(w, fl, n);
+    if (w->due != NULL) {
+        w->hint = 0; /* callbacks added due timers (see due_push) */
+        return ran;
+    }
+    uint64_t t;
+    if (next_event(w, &t) != 0) {
+        w->hint = UINT64_MAX;
+    } else {
+        w->hint = t; /* after now: every occupied slot lies ahead */
+        w->hint_ok = w->exact_ok;
+    }
+    return ran;
+}
+
 size_t tw_wheel_advance(tw_wheel *w, uint64_t now)
 {
     /* The hint is 0 while the due list is not empty (due_push), so one
@@ -1437,6 +1467,8 @@ size_t tw_wheel_advance(tw_wheel *w, uint64_t now)
     }
     if (now < w->now)
         return 0;
+    if (now == w->hint && w->hint_ok && (now & w->mask) != 0 && w->cshift != 0)
+        return advance_tick(w, now);
     return advance_work(w, now);
 }
 
