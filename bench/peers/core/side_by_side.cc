@@ -16,7 +16,9 @@
  * The engines' order rotates by one from rep to rep.
  *
  * twinl is twheel with tw_wheel_cancel_inline() in the two cancel
- * workloads (the same as twheel in the others); "all" runs it too.
+ * workloads (the same as twheel in the others); twunc is twheel with
+ * tw_wheel_add_unchecked() in the two add workloads (and runs only
+ * those); "all" runs both.
  *
  * Instructions of the timed loops alone: build with -DTW_CALLGRIND (each
  * clock read toggles callgrind's collection) and run REPS = 0 (the warm-up
@@ -72,14 +74,16 @@ static const char *wl_names[] = {"add", "add_rand", "cancel", "cancel_rand", "ex
 
 // ---- twheel
 static void tw_cb(tw_timer *t, void *a) { (void)t; (void)a; fired++; }
-template <bool INL> static double run_tw_t(int wl) {
+template <bool INL, bool UNC = false> static double run_tw_t(int wl) {
     const size_t n = N; const uint32_t *const dl = g_dl, *const perm = g_perm, *const dlp = g_dlp;
     const uint64_t base = 1000;
     tw_timer *t = (tw_timer *)aligned_alloc(64, ((n * sizeof(tw_timer)) + 63) / 64 * 64);
     for (size_t i = 0; i < n; i++) tw_timer_init(&t[i], tw_cb, NULL);
     tw_wheel *w; tw_wheel_create(&w, NULL, base);
     double t0 = 0, t1 = 0; fired = 0;
-    if (wl == ADD) { t0 = now_ns(); for (size_t i = 0; i < n; i++) tw_wheel_add(w, &t[i], base + dl[i]); t1 = now_ns(); }
+    if (wl == ADD && UNC) { t0 = now_ns(); for (size_t i = 0; i < n; i++) tw_wheel_add_unchecked(w, &t[i], base + dl[i]); t1 = now_ns(); }
+    else if (wl == ADD_RAND && UNC) { t0 = now_ns(); for (size_t k = 0; k < n; k++) tw_wheel_add_unchecked(w, &t[perm[k]], base + dlp[k]); t1 = now_ns(); }
+    else if (wl == ADD) { t0 = now_ns(); for (size_t i = 0; i < n; i++) tw_wheel_add(w, &t[i], base + dl[i]); t1 = now_ns(); }
     else if (wl == ADD_RAND) { t0 = now_ns(); for (size_t k = 0; k < n; k++) tw_wheel_add(w, &t[perm[k]], base + dlp[k]); t1 = now_ns(); }
     else {
         for (size_t i = 0; i < n; i++) tw_wheel_add(w, &t[i], base + dl[i]);
@@ -149,7 +153,8 @@ static double run_wahern(int wl) {
 struct Eng { const char *name; double (*run)(int); };
 static double run_tw(int wl) { return run_tw_t<false>(wl); }
 static double run_tw_inl(int wl) { return run_tw_t<true>(wl); }
-static Eng engs[] = {{"twheel", run_tw}, {"ratas", run_ratas}, {"wahern", run_wahern}, {"twinl", run_tw_inl}};
+static double run_tw_unc(int wl) { return run_tw_t<false, true>(wl); }
+static Eng engs[] = {{"twheel", run_tw}, {"ratas", run_ratas}, {"wahern", run_wahern}, {"twinl", run_tw_inl}, {"twunc", run_tw_unc}};
 enum { NENG = sizeof(engs) / sizeof(engs[0]) };
 
 int main(int argc, char **argv) {
@@ -171,6 +176,7 @@ int main(int argc, char **argv) {
                  * in the caches, or evicted). */
                 int e = (j + rep + 1) % NENG;
                 if (!has(es, engs[e].name)) continue;
+                if (e == 4 && wl != ADD && wl != ADD_RAND) continue; /* twunc: adds only */
                 double v = engs[e].run(wl);
                 if (rep >= 0) r[e].push_back(v);
             }
