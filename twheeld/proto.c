@@ -109,6 +109,16 @@ static int name_char(unsigned char c)
            (c >= '0' && c <= '9') || (c != 0 && strchr("-+/;.$_()", c));
 }
 
+bool tbd_tube_name_ok(const char *name, size_t len)
+{
+    if (len == 0 || len > TBD_TUBE_NAME_MAX || *name == '-')
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (!name_char((unsigned char)name[i]))
+            return false;
+    return true;
+}
+
 /* Reads " <tube name>" up to the next space or the end. */
 static int rd_tube(struct rd *r, struct tbd_cmd *out)
 {
@@ -122,7 +132,7 @@ static int rd_tube(struct rd *r, struct tbd_cmd *out)
         r->p++;
     }
     size_t n = (size_t)(r->p - start);
-    if (n == 0 || n > TBD_TUBE_NAME_MAX || *start == '-')
+    if (!tbd_tube_name_ok(start, n))
         return -1;
     memcpy(out->tube, start, n);
     out->tube[n] = '\0';

@@ -9,6 +9,7 @@
 #ifndef TWHEELD_PROTO_H
 #define TWHEELD_PROTO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -65,6 +66,10 @@ struct tbd_cmd {
  * Returns out->op: a command, TBD_UNKNOWN_COMMAND or TBD_BAD_FORMAT.
  */
 int tbd_parse(const char *line, size_t len, struct tbd_cmd *out);
+
+/* True when the @len bytes at @name are a tube name a client may send:
+ * 1 to TBD_TUBE_NAME_MAX of [A-Za-z0-9-+/;.$_()], not starting with '-'. */
+bool tbd_tube_name_ok(const char *name, size_t len);
 
 /* The protocol name of @op ("put", "reserve-with-timeout", ...). */
 const char *tbd_op_name(int op);

@@ -185,10 +185,16 @@ static struct server {
     uint64_t cmd[TBD_OP_COUNT];
     uint64_t job_timeouts, total_jobs, total_conns, cur_conns;
     uint64_t producers, workers, waiting;
-    uint64_t counts[4]; /* jobs by state */
-    uint64_t bodies;    /* job bodies in memory (the rest are in the store) */
-    int mfd;            /* --metrics-port listener, or -1 */
-    unsigned nmconn;    /* its connections open */
+    uint64_t counts[4];  /* jobs by state */
+    uint64_t bodies;     /* job bodies in memory (the rest are in the store) */
+    uint64_t unreadable; /* store records skipped or set aside (hostile) */
+    /* --redis takeovers: the query out (or NULL) and the dead nodes that
+     * wait for the next one, sorted (takeover_start()). */
+    struct tbd_query *take_q;
+    uint32_t *take_wait;
+    size_t ntake_wait, take_wait_cap;
+    int mfd;         /* --metrics-port listener, or -1 */
+    unsigned nmconn; /* its connections open */
     uint64_t started_mono;
     tw_timer live_timer; /* --redis: renews this server's liveness record */
     char server_id[17];
@@ -904,6 +910,58 @@ static uint64_t next_job_id(void)
 }
 
 /*
+ * A record read back from the store that is not what this server writes
+ * (whoever wrote it): counted, and logged with its key (its first 32
+ * bytes, bytes outside printable ASCII as '?'), at most UNREADABLE_LOGS
+ * a minute, so that a flood of them cannot flood the log.
+ */
+#define UNREADABLE_LOGS 10
+static void unreadable(const char *key, size_t key_len, const char *what)
+{
+    static uint64_t minute, logged, quiet;
+    uint64_t now = mono_ms() / 60000;
+    g.unreadable++;
+    if (now != minute) {
+        if (quiet)
+            logv(0,
+                 "%" PRIu64 " more unreadable store records not logged "
+                 "(twheeld_store_unreadable_total)",
+                 quiet);
+        minute = now;
+        logged = quiet = 0;
+    }
+    if (logged >= UNREADABLE_LOGS) {
+        quiet++;
+        return;
+    }
+    logged++;
+    char k[33];
+    size_t n = key_len < 32 ? key_len : 32;
+    for (size_t i = 0; i < n; i++)
+        k[i] = key[i] >= 0x20 && key[i] < 0x7f ? key[i] : '?';
+    k[n] = '\0';
+    logv(0, "store record %s: %s", k, what);
+}
+
+/* The number of @len bytes at @s, decimal digits without a leading zero
+ * (but "0"), if it is at most @max; else -1. */
+static int64_t key_num(const char *s, size_t len, uint64_t max)
+{
+    if (len == 0 || len > 20 || (s[0] == '0' && len > 1))
+        return -1;
+    uint64_t v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        uint64_t d = (uint64_t)(s[i] - '0');
+        if (v > (max - d) / 10)
+            return -1;
+        v = v * 10 + d;
+    }
+    return (int64_t)v;
+}
+
+/*
  * --redis: liveness. Each server keeps the record "n<node>" due LIVE_MS
  * ahead of now, rewritten every LIVE_RENEW_MS. When a server dies its
  * record fires LIVE_MS later on the owner of its shard, which takes over
@@ -918,6 +976,9 @@ static uint64_t next_job_id(void)
 #define LIVE_GUARD_MS 2000 /* start-up: due this soon counts as run out */
 #define LIVE_WAIT_MAX_MS (3 * LIVE_MS)
 #define LIVE_LEN 14
+/* A fired liveness record due further ahead than this was not written by
+ * a server renewing it (LIVE_MS ahead of its clock): removed. */
+#define LIVE_AHEAD_MAX_MS (10 * LIVE_MS)
 enum { REC_LIVE = 'L' };
 
 static size_t live_key(char *buf, size_t len, uint32_t node)
@@ -934,6 +995,24 @@ static unsigned char *live_payload(int64_t due)
     put_u32(&q, g.opt->node);
     put_u64(&q, (uint64_t)due);
     return p;
+}
+
+/*
+ * The node and due time of the liveness record @p (@n bytes) under key
+ * @key: true only for a record as live_payload() writes it, under the
+ * key live_key() gives its node, due no later than @due_max (a record
+ * due far ahead was not written by a server renewing it).
+ */
+static bool live_parse(const char *key, size_t key_len, const unsigned char *p,
+                       size_t n, int64_t due_max, uint32_t *node, int64_t *due)
+{
+    if (n != LIVE_LEN || p[0] != REC_LIVE || p[1] < 2 || p[1] > REC_VERSION ||
+        key_len < 2 || key[0] != 'n')
+        return false;
+    *node = get_u32(p + 2);
+    *due = (int64_t)get_u64(p + 6);
+    return key_num(key + 1, key_len - 1, UINT32_MAX) == (int64_t)*node &&
+           *due <= due_max;
 }
 
 static void live_renew(void)
@@ -972,8 +1051,14 @@ static void live_wait(void)
         int rc = tbd_store_get(g.store, key, kl, p, sizeof(p), &len);
         if (rc == TW_ENOENT)
             break;
-        if (rc == 0 && len == LIVE_LEN && p[0] == REC_LIVE &&
-            (int64_t)get_u64(p + 6) > wall_ms() + LIVE_GUARD_MS)
+        uint32_t node;
+        int64_t due;
+        if (rc == 0 && !live_parse(key, kl, p, len, INT64_MAX, &node, &due)) {
+            /* Not a record a takeover acts on (live_fired()). */
+            unreadable(key, kl, "not a liveness record, written anew");
+            break;
+        }
+        if (rc == 0 && due > wall_ms() + LIVE_GUARD_MS)
             break;
         if (tbd_store_fired_has(g.store, key, kl))
             break;
@@ -1000,13 +1085,13 @@ static void live_wait(void)
     free(p);
 }
 
-/* The id of store key "j<id>", or 0. */
+/* The id of store key "j<id>" (as job_write() spells it), or 0. */
 static uint64_t key_id(const char *key, size_t len)
 {
-    uint64_t id = 0;
-    for (size_t i = 1; i < len; i++)
-        id = id * 10 + (uint64_t)(key[i] - '0');
-    return len > 1 && key[0] == 'j' ? id : 0;
+    if (len < 2 || key[0] != 'j')
+        return 0;
+    int64_t id = key_num(key + 1, len - 1, INT64_MAX);
+    return id > 0 ? (uint64_t)id : 0;
 }
 
 /* A job record read back from the store (job_write()'s layout). */
@@ -1022,7 +1107,16 @@ struct rec {
     const unsigned char *body;
 };
 
-/* Parses the @n bytes at @p into @r; false if they are not a job record. */
+/* The latest wall-clock time a job record may hold (Unix ms, about the
+ * year 285,000): what job_write() writes is far below, and arithmetic on
+ * anything below it cannot overflow. */
+#define REC_TIME_MAX (INT64_C(1) << 53)
+
+/*
+ * Parses the @n bytes at @p into @r; false if they are not a job record
+ * as job_write() writes it: lengths that add up, a known state, a tube
+ * name a client may send, times in [0, REC_TIME_MAX], an id above 0.
+ */
 static bool rec_parse(const unsigned char *p, size_t n, struct rec *r)
 {
     if (n < REC_HEAD || p[0] != REC_JOB || p[1] < 1 || p[1] > REC_VERSION ||
@@ -1042,8 +1136,9 @@ static bool rec_parse(const unsigned char *p, size_t n, struct rec *r)
     for (int i = 0; i < 5; i++, q += 4)
         r->cnt[i] = get_u32(q);
     r->tube_len = *q++;
-    if (r->tube_len == 0 || r->tube_len > TBD_TUBE_NAME_MAX ||
-        (size_t)(q - p) + r->tube_len + 4 > n)
+    if ((size_t)(q - p) + r->tube_len + 4 > n ||
+        !tbd_tube_name_ok((const char *)q, r->tube_len) || r->due < 0 ||
+        r->due > REC_TIME_MAX || r->created < 0 || r->created > REC_TIME_MAX)
         return false;
     r->tube = (const char *)q;
     q += r->tube_len;
@@ -1303,10 +1398,27 @@ static void cold_ready(struct job *j, bool counted)
     job_make_ready(j);
 }
 
-static void live_fired(const unsigned char *p, size_t n);
+static void live_fired(const char *key, size_t key_len, const unsigned char *p,
+                       size_t n);
+
+/* True when this server issues job id @id (--node: its range). */
+static bool own_id(uint64_t id)
+{
+    return (id >> NODE_SHIFT) == g.opt->node;
+}
+
+/* A fired record of job @id that this server must not serve: one in
+ * its own range of ids that it has not issued yet (a job of another
+ * server cannot have it; served, it would meet the job this server
+ * issues with that id). */
+static bool fired_squats(uint64_t id)
+{
+    return own_id(id) && id >= g.next_id;
+}
 
 /* The jobs the store fired: ready now (buried if they were, taken over
- * from a dead server), unless already in memory. */
+ * from a dead server), unless already in memory. A record that is not a
+ * job record of its key is left in the store (logged, counted). */
 static void fired_jobs(void)
 {
     if (!g.store)
@@ -1315,10 +1427,15 @@ static void fired_jobs(void)
         nx = f->next;
         uint64_t id = key_id(f->key, f->key_len);
         struct rec r;
+        bool ok = false;
         if (f->key_len && f->key[0] == 'n') {
-            live_fired(f->payload, f->payload_len);
-        } else if (id && !job_find(id) &&
-                   rec_parse(f->payload, f->payload_len, &r) && r.id == id) {
+            live_fired(f->key, f->key_len, f->payload, f->payload_len);
+            ok = true;
+        } else if (id && job_find(id)) {
+            ok = true; /* in memory already */
+        } else if (id && rec_parse(f->payload, f->payload_len, &r) &&
+                   r.id == id && !fired_squats(id)) {
+            ok = true;
             struct job *j = job_from_rec(&r, true);
             if (j) {
                 if (r.state == J_BURIED) {
@@ -1337,6 +1454,11 @@ static void fired_jobs(void)
             } else
                 logv(0, "job %" PRIu64 ": out of memory, left in the store",
                      id);
+        }
+        if (!ok) {
+            unreadable(f->key, f->key_len,
+                       "fired, not a job record of its key: left in the "
+                       "store");
         }
         free(f);
     }
@@ -2124,12 +2246,30 @@ static bool query_peek(struct conn *c, struct tbd_query *q, struct out *o)
  */
 #define TAKE_MAX 65536 /* ids per query; more: another query */
 
-/* On the query thread: a job that server q->node holds, not delayed. */
+/* True when the sorted @set of @n nodes holds @node. */
+static bool nodes_have(const uint32_t *set, size_t n, uint32_t node)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (set[mid] == node)
+            return true;
+        if (set[mid] < node)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return false;
+}
+
+/* On the query thread: a job that a server of q->nodes holds, not
+ * delayed. */
 static bool take_match(const struct tbd_query *q, const void *payload, size_t n,
                        int64_t *due, uint64_t *id)
 {
     struct rec r;
-    if (!rec_parse(payload, n, &r) || r.owner != q->node ||
+    if (!rec_parse(payload, n, &r) ||
+        !nodes_have(q->nodes, q->nnodes, r.owner) ||
         (r.state == J_DELAYED && r.due > q->now))
         return false;
     *due = 0;
@@ -2137,32 +2277,90 @@ static bool take_match(const struct tbd_query *q, const void *payload, size_t n,
     return true;
 }
 
-static void takeover_start(uint32_t node)
+/* Sends the takeover query of the nodes that wait, unless one is out:
+ * one scan of the store for every dead node at once, however many
+ * liveness records fired together. */
+static void takeover_next(void)
 {
+    if (g.take_q || g.ntake_wait == 0)
+        return;
     struct tbd_query *q = calloc(1, sizeof(*q));
     if (!q)
         abort();
     q->match = take_match;
-    q->node = node;
+    q->nodes = g.take_wait;
+    q->nnodes = g.ntake_wait;
+    g.take_wait = NULL;
+    g.ntake_wait = g.take_wait_cap = 0;
     q->now = wall_ms();
     q->want = TAKE_MAX;
     q->kind = Q_TAKE;
+    g.take_q = q;
+    /* One line a query, however many records fired. */
+    if (q->nnodes == 1)
+        logv(0, "node %" PRIu32 " is dead: taking over its jobs", q->nodes[0]);
+    else
+        logv(0,
+             "%zu nodes are dead (%" PRIu32 " to %" PRIu32
+             "): taking over their jobs",
+             q->nnodes, q->nodes[0], q->nodes[q->nnodes - 1]);
     tbd_store_query(g.store, q);
 }
 
-/* A liveness record fired here: another server's, it is dead. */
-static void live_fired(const unsigned char *p, size_t n)
+/* Takes over the jobs of @node: it joins the next takeover query, unless
+ * this one or the next covers it already. */
+static void takeover_start(uint32_t node)
 {
-    if (!g.opt->redis || n != LIVE_LEN || p[0] != REC_LIVE)
+    if ((g.take_q && nodes_have(g.take_q->nodes, g.take_q->nnodes, node)) ||
+        nodes_have(g.take_wait, g.ntake_wait, node)) {
+        takeover_next();
         return;
-    uint32_t node = get_u32(p + 2);
+    }
+    if (g.ntake_wait == g.take_wait_cap) {
+        size_t ncap = g.take_wait_cap ? 2 * g.take_wait_cap : 16;
+        g.take_wait = realloc(g.take_wait, ncap * sizeof(*g.take_wait));
+        if (!g.take_wait)
+            abort();
+        g.take_wait_cap = ncap;
+    }
+    size_t i = g.ntake_wait;
+    while (i > 0 && g.take_wait[i - 1] > node) {
+        g.take_wait[i] = g.take_wait[i - 1];
+        i--;
+    }
+    g.take_wait[i] = node;
+    g.ntake_wait++;
+    takeover_next();
+}
+
+/*
+ * A liveness record fired here: another server's, it is dead. One that
+ * is not a record a server wrote (live_parse()) is removed, logged and
+ * counted: a takeover is never started from it, and it does not fire
+ * again every TBD_LIVE_RETRY_MS.
+ */
+static void live_fired(const char *key, size_t key_len, const unsigned char *p,
+                       size_t n)
+{
+    if (!g.opt->redis)
+        return;
+    uint32_t node;
+    int64_t due;
+    if (!live_parse(key, key_len, p, n, wall_ms() + LIVE_AHEAD_MAX_MS, &node,
+                    &due)) {
+        unreadable(key, key_len, "fired, not a liveness record: removed");
+        struct tbd_write *w = write_new(TBD_W_CANCEL, NULL);
+        memcpy(w->key, key, key_len);
+        w->key_len = key_len;
+        tbd_store_submit(g.store, w);
+        return;
+    }
     if (node == g.opt->node) {
         /* This server's own, fired here: it was late renewing it. */
         logv(0, "own liveness record ran out: renewed");
         live_renew();
         return;
     }
-    logv(0, "node %" PRIu32 " is dead: taking over its jobs", node);
     takeover_start(node);
 }
 
@@ -2174,23 +2372,32 @@ static void live_fired(const unsigned char *p, size_t n)
  */
 static void takeover_done(struct tbd_query *q)
 {
+    g.take_q = NULL;
     if (q->result != 0) {
-        logv(0, "takeover of node %" PRIu32 ": %s (again later)", q->node,
+        /* Their liveness records fire again (TBD_LIVE_RETRY_MS). */
+        logv(0, "takeover of %zu nodes: %s (again later)", q->nnodes,
              tw_strerror(q->result));
+        takeover_next();
         return;
     }
-    /* The dead server came back meanwhile (its record renewed) or another
-     * takeover finished (its record gone): nothing to do. */
-    char lk[24];
-    unsigned char lp[LIVE_LEN];
-    size_t lkl = live_key(lk, sizeof(lk), q->node), ll = 0;
-    if (tbd_store_get(g.store, lk, lkl, lp, sizeof(lp), &ll) != 0 ||
-        ll != LIVE_LEN || (int64_t)get_u64(lp + 6) > wall_ms())
-        return;
+    /* Of the nodes, those still dead: not back meanwhile (their record
+     * renewed), nor taken over by another server (their record gone). */
+    size_t ndead = 0;
+    for (size_t i = 0; i < q->nnodes; i++) {
+        char lk[24];
+        unsigned char lp[LIVE_LEN];
+        size_t lkl = live_key(lk, sizeof(lk), q->nodes[i]), ll = 0;
+        uint32_t node;
+        int64_t due;
+        if (tbd_store_get(g.store, lk, lkl, lp, sizeof(lp), &ll) == 0 &&
+            live_parse(lk, lkl, lp, ll, wall_ms(), &node, &due))
+            q->nodes[ndead++] = q->nodes[i]; /* still sorted */
+    }
+    q->nnodes = ndead;
     size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + g.opt->max_job_size + 4;
     unsigned char *p = xmalloc(cap + 4);
     size_t moved = 0;
-    for (size_t i = 0; i < q->n; i++) {
+    for (size_t i = 0; i < q->n && ndead > 0; i++) {
         struct tbd_write *w = write_new(TBD_W_SCHED, NULL);
         w->key_len = (size_t)snprintf(w->key, sizeof(w->key), "j%" PRIu64,
                                       q->hits[i].id);
@@ -2219,14 +2426,20 @@ static void takeover_done(struct tbd_query *q)
         moved++;
     }
     free(p);
-    logv(0, "node %" PRIu32 ": %zu jobs handed over", q->node, moved);
-    if (q->n == q->want) {
-        takeover_start(q->node);
-        return;
+    if (ndead == 1)
+        logv(0, "node %" PRIu32 ": %zu jobs handed over", q->nodes[0], moved);
+    else if (ndead > 1)
+        logv(0, "%zu dead nodes: %zu jobs handed over", ndead, moved);
+    for (size_t i = 0; i < ndead; i++) {
+        if (q->n == q->want) {
+            takeover_start(q->nodes[i]); /* more of theirs: again */
+            continue;
+        }
+        struct tbd_write *w = write_new(TBD_W_CANCEL, NULL);
+        w->key_len = live_key(w->key, sizeof(w->key), q->nodes[i]);
+        tbd_store_submit(g.store, w);
     }
-    struct tbd_write *w = write_new(TBD_W_CANCEL, NULL);
-    w->key_len = live_key(w->key, sizeof(w->key), q->node);
-    tbd_store_submit(g.store, w);
+    takeover_next();
 }
 
 /* The queries the store answered. */
@@ -2236,6 +2449,7 @@ static void query_done(struct tbd_query *q)
         nx = q->next;
         if (q->kind == Q_TAKE) {
             takeover_done(q);
+            free(q->nodes);
             free(q->hits);
             free(q);
             continue;
@@ -2733,16 +2947,27 @@ static void recover_one(void *arg, const char *key, size_t key_len,
     if (key_len && key[0] == 'm') {
         char mk[24];
         size_t ml = mark_key(mk, sizeof(mk));
-        if (key_len == ml && !memcmp(key, mk, ml) && n >= 10 &&
-            p[0] == REC_MARK && get_u64(p + 2) > r->mark)
+        if (key_len != ml || memcmp(key, mk, ml) != 0)
+            return; /* another server's */
+        /* A mark beyond this server's range of ids would make it issue
+         * another's (or wrap around). */
+        if (n != 10 || p[0] != REC_MARK || !own_id(get_u64(p + 2))) {
+            unreadable(key, key_len,
+                       "not a mark of this server's ids, "
+                       "skipped");
+            return;
+        }
+        if (get_u64(p + 2) > r->mark)
             r->mark = get_u64(p + 2);
         return;
     }
     if (key_len && key[0] == 'n')
         return; /* a server's liveness record */
     struct rec rc;
-    if (!rec_parse(p, n, &rc) || job_find(rc.id)) {
+    if (!rec_parse(p, n, &rc) || rc.id != key_id(key, key_len) ||
+        job_find(rc.id)) {
         r->bad++;
+        unreadable(key, key_len, "not a job record of its key, skipped");
         return;
     }
     /* Another server's job (--node): not this one's to serve. */
@@ -2750,7 +2975,9 @@ static void recover_one(void *arg, const char *key, size_t key_len,
         r->others++;
         return;
     }
-    if (rc.id > r->max_id)
+    /* Ids of this server's range only: a job taken over from another
+     * server keeps that one's id. */
+    if (own_id(rc.id) && rc.id > r->max_id)
         r->max_id = rc.id;
     r->jobs++;
     if (rc.state == J_DELAYED && rc.due > r->now_wall) {
@@ -2870,8 +3097,12 @@ static char *metrics_text(size_t *len)
                  "twheeld_store_writes_total %" PRIu64
                  "\n# HELP twheeld_store_batches_total Batches they were "
                  "written in.\n# TYPE twheeld_store_batches_total counter\n"
-                 "twheeld_store_batches_total %" PRIu64 "\n",
-                 written, batches);
+                 "twheeld_store_batches_total %" PRIu64
+                 "\n# HELP twheeld_store_unreadable_total Records read from "
+                 "the store that are not what twheeld writes, skipped or "
+                 "removed.\n# TYPE twheeld_store_unreadable_total counter\n"
+                 "twheeld_store_unreadable_total %" PRIu64 "\n",
+                 written, batches, g.unreadable);
         long k = tbd_store_metrics(g.store, b + n, cap - n);
         if (k >= 0 && (size_t)k >= cap - n) {
             cap = n + (size_t)k + 1;
@@ -3204,5 +3435,6 @@ int tbd_serve(const struct tbd_options *opt)
         close(g.mfd);
     /* Flush the store: every acknowledged write stays. */
     tbd_store_close(g.store);
+    free(g.take_wait);
     return 0;
 }

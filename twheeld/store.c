@@ -269,10 +269,12 @@ static void stop_querier(struct tbd_store *s)
     pthread_join(s->qthread, NULL);
     for (struct tbd_query *nx; q; q = nx) {
         nx = q->next;
+        free(q->nodes);
         free(q);
     }
     for (struct tbd_query *nx; s->qdone; s->qdone = nx) {
         nx = s->qdone->next;
+        free(s->qdone->nodes);
         free(s->qdone->hits);
         free(s->qdone);
     }

@@ -141,6 +141,8 @@ struct tbd_query {
     char tube[256];
     size_t tube_len;
     uint32_t node;
+    uint32_t *nodes; /* sorted, nnodes of them; malloc'd, freed with @q */
+    size_t nnodes;
     int64_t now; /* Unix ms */
     size_t want;
     void *owner;  /* the event loop's: who waits for it */
