@@ -1560,7 +1560,7 @@ static void reply_job(struct conn *c, const char *word, struct job *j)
 static void arm_ttr(struct job *j, uint64_t now)
 {
     j->deadline = now + (uint64_t)j->ttr_s * 1000u;
-    j->soon_phase = j->ttr_s * 1000u > SAFETY_MS;
+    j->soon_phase = (uint64_t)j->ttr_s * 1000u > SAFETY_MS;
     tw_wheel_add(g.wheel, &j->timer,
                  j->soon_phase ? j->deadline - SAFETY_MS : j->deadline);
 }
