@@ -19,8 +19,9 @@
  * it claims at once.
  *
  * Claiming. The claimer runs CLAIM on every shard each horizon/4: one
- * range of :d, [-(now * 1024 + 1023), now + horizon], holds both the
- * leases that ran out (they go back to their due time with attempt + 1,
+ * range of :d, [-(R * 1024 + 1023), now + horizon] (R: Redis's TIME,
+ * which alone judges the end of a lease), holds both the leases that ran
+ * out (they go back to their due time with attempt + 1,
  * and :v moves) and the keys due within the horizon; those get a token
  * each and come back with their payloads and the shard's :v. SCHED and a
  * retry in DONE claim at once when the due time is within the horizon, so

@@ -44,10 +44,15 @@
  * token whose lease ends lease_ms from now, if the score is still -T of
  * the caller's claim. A claim's token is
  * T = max(last T + 1, expiry * 1024), where expiry is the lease's end in
- * ms (max(due, now) + lease): unique per claim within the shard, growing
- * with the clock, and floor(T / 1024) >= expiry; a lease ran out when
- * floor(T / 1024) <= now, i.e. when the score is in
- * [-(now * 1024 + 1023), 0). So the lease, the token and the fencing of a
+ * ms of Redis's clock (TIME in the script: R + max(due - now, 0) + lease,
+ * R Redis's time, now the caller's wall clock): unique per claim within
+ * the shard, growing with the clock, and floor(T / 1024) >= expiry; a
+ * lease ran out when floor(T / 1024) <= R, i.e. when the score is in
+ * [-(R * 1024 + 1023), 0). Only the master's clock judges a lease (a node
+ * whose wall clock is stepped or skewed takes back no claim early; the
+ * caller's clock only says how far ahead the due time is). Scripts that
+ * call TIME and then write are replicated by their effects (the default
+ * since Redis 5). So the lease, the token and the fencing of a
  * claimed key are one score: claiming a key is one ZADD entry, checking
  * it one ZMSCORE entry, completing it one ZREM and one HDEL entry, with
  * no other per-key structure (earlier versions kept a lease set, token,
@@ -113,6 +118,11 @@
     " redis.call('DEL',k)\n"                                                   \
     " return 0,true\n"                                                         \
     "end\n"                                                                    \
+    /* Redis's clock (TIME) in ms: what judges the end of a lease. */ \
+    "local function rnow()\n" \
+    " local t=redis.call('TIME')\n" \
+    " return tonumber(t[1])*1000+math.floor(tonumber(t[2])/1000)\n" \
+    "end\n" \
     /* A :d score as an integer (floored; NaN, inf, absent: nil). */           \
     "local function sc(x)\n"                                                   \
     " local n=x and tonumber(x)\n"                                             \
@@ -200,9 +210,9 @@ const char *const tw__redis_scripts[S_COUNT] = {
             " end\n"
             "end\n"
             "if #nk==0 then return {} end\n"
-            "local nz,out={},{v}\n"
+            "local nz,out,rn={},{v},rnow()\n"
             "for i=1,#nk do\n"
-            " t=math.max(t+1,(math.max(nd[i],now)+lease)*1024)\n"
+            " t=math.max(t+1,(rn+math.max(nd[i]-now,0)+lease)*1024)\n"
             " nz[2*i-1]=-t\n"
             " nz[2*i]=nk[i]\n"
             " out[2*i]=nj[i]\n"
@@ -229,7 +239,8 @@ const char *const tw__redis_scripts[S_COUNT] = {
     PRELUDE
     "local now,untl,lease,max=tonumber(ARGV[1]),tonumber(ARGV[2]),"
     "tonumber(ARGV[3]),tonumber(ARGV[4])\n"
-    "local ks=redis.call('ZRANGEBYSCORE',D,-(now*1024+1023),untl,"
+    "local rn=rnow()\n"
+    "local ks=redis.call('ZRANGEBYSCORE',D,-(rn*1024+1023),untl,"
     "'WITHSCORES','LIMIT',0,max)\n"
     "local n=#ks/2\n"
     "if n==0 then return {} end\n"
@@ -263,7 +274,7 @@ const char *const tw__redis_scripts[S_COUNT] = {
     "  fz[#fz+1]=k\n"
     " elseif due then\n"
     "  m=m+1\n"
-    "  t=math.max(t+1,(math.max(due,now)+lease)*1024)\n"
+    "  t=math.max(t+1,(rn+math.max(due-now,0)+lease)*1024)\n"
     "  keys[m]=k\n"
     "  za[2*m-1]=-t\n"
     "  za[2*m]=k\n"
@@ -344,7 +355,7 @@ const char *const tw__redis_scripts[S_COUNT] = {
             "  redis.call('HSET',P,k,string.format('%d',due)..att(s,a+1,nd,na)"
             ":sub(nd+1))\n"
             "  if due<=untl then\n"
-            "   t=math.max(t+1,(due+lease)*1024)\n"
+            "   t=math.max(t+1,(rnow()+tonumber(ARGV[j+1])+lease)*1024)\n"
             "   redis.call('SET',S,t)\n"
             "   redis.call('ZADD',D,-t,k)\n"
             "   out[i]=t\n"
@@ -412,8 +423,7 @@ const char *const tw__redis_scripts[S_COUNT] = {
     PRELUDE "local k=ARGV[1]\n"
             "local c=sc(redis.call('ZSCORE',D,k))\n"
             "if not c or -c~=tonumber(ARGV[2]) then return 0 end\n"
-            "local t=math.max(cnt(S,'s')+1,"
-            "(tonumber(ARGV[3])+tonumber(ARGV[4]))*1024)\n"
+            "local t=math.max(cnt(S,'s')+1,(rnow()+tonumber(ARGV[4]))*1024)\n"
             "redis.call('SET',S,t)\n"
             "redis.call('ZADD',D,-t,k)\n"
             "return t\n" EPILOGUE,

@@ -5,7 +5,7 @@
 # 3-master clusters (3 nodes sharing 100,000 timers, kill -9 of a node,
 # slot migration, failover to a replica with WAIT, a master stopped with
 # SIGSTOP, many timers), fenced shard ownership under faults (a master
-# killed while nodes join and leave, a wall clock stepped +-2 s, a graceful
+# killed while nodes join and leave, a wall clock stepped +-2 s and +-3 s, a graceful
 # join and leave under load, callbacks holding the executor threads; about
 # 60 s of the stage's 3 min) and servers
 # set up as in production
