@@ -83,7 +83,7 @@
 #include "internal.h"
 
 #define RC_SLOTS 16384
-#define RC_MAX_NODES 64
+#define RC_MAX_NODES TW__RC_NODES_MAX
 #define RC_MAX_ROUNDS 16
 #define RC_CONNECT_MS 500
 #define RC_IO_MS 3000
@@ -1499,6 +1499,14 @@ void tw__rc_close(tw__rc *c)
     wipe(c->server_name);
     pthread_mutex_destroy(&c->map_mu);
     tw__free(c);
+}
+
+int tw__rc_slot_node(tw__rc *c, int slot)
+{
+    pthread_mutex_lock(&c->map_mu);
+    int n = c->slot_node[slot < 0 || slot >= RC_SLOTS ? 0 : slot];
+    pthread_mutex_unlock(&c->map_mu);
+    return n;
 }
 
 int tw__rc_cmd_error(tw__rc *c, const tw__rc_cmd *cmd, const char *what)

@@ -41,6 +41,14 @@ typedef struct tw__rc_cmd {
 /* The slot of a key (hash tags honoured). */
 int tw__rc_slot(const void *key, size_t len);
 
+/* The most nodes a client knows (masters, replicas that were promoted). */
+#define TW__RC_NODES_MAX 64
+
+/* The node that serves @slot in the current slot map: an index below
+ * TW__RC_NODES_MAX, the same for every slot of one node for the life of
+ * the client (a promoted replica is another node). */
+int tw__rc_slot_node(tw__rc *c, int slot);
+
 /* What tw__rc_open needs: the address (cfg.redis: "host:port[,...]" or a
  * URL), the secrets and TLS files of tw_durable_config (NULL = unset), and
  * where to say why an open failed. */

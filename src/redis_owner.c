@@ -9,8 +9,10 @@
  * has one owner at a time, and only the owner claims its due timers.
  *
  * Keys (namespace ns, shard s):
- *   {ns:m}    sorted set  node id -> the end of its membership (ms of
- *                         Redis's clock): the live nodes
+ *   {ns:S}:m  sorted set  node id -> the end of its membership (ms of
+ *                         Redis's clock): the live nodes, as one master
+ *                         sees them; S is the lowest shard that master
+ *                         serves (below)
  *   {ns:s}:o  string      the shard's record "E:node", with an expiry
  *                         (PX) of the shard lease, set by Redis: only the
  *                         master's clock judges it
@@ -37,9 +39,32 @@
  * answers. A node stopped (SIGSTOP, a long pause) therefore stops by
  * itself, and its scripts are refused by the fence when it resumes.
  *
- * Rounds. A thread runs a round every lease / 8: one script refreshes the
- * node's membership (expiry: now + lease) and returns the live nodes; each
- * shard goes to the live node of the highest weight tw__own_weight(node,
+ * Masters. In a Redis Cluster the shards live on several masters. The
+ * shards one master serves (the client's slot map, tw__rc_slot_node) form
+ * a group, and each group has its own round thread that talks to that
+ * master only, so a master that stalls or fails holds only its own
+ * shards: the renewals on the other masters go on (a supervisor thread
+ * reads the map every round period and starts a thread for a master that
+ * has none; a shard stays in one round at a time, so a shard that moved
+ * while its old master's round still waits is renewed again only after
+ * that round gave up). Membership is kept per master too, in the group's
+ * key {ns:S}:m (S: the group's lowest shard, so every node that reads
+ * the same map names the same key, which lives on that master): a node
+ * is live for a master's shards while it beats on that master, and the
+ * shards of a master are spread over the nodes live there. A master that
+ * stalls therefore stops only its own membership and renewals; when it
+ * fails over, its replica has the set (up to the writes it lost, which
+ * the next beats put back) and the group's key is read there. Nodes whose
+ * maps disagree for a moment (a reshard, a failover) may name different
+ * keys for a master: each then spreads the shards over the nodes of its
+ * key, which may pick other owners for a while; the records still allow
+ * one owner per shard, and the views agree again once the maps do.
+ *
+ * Rounds. A group's thread runs a round every lease / 8: one script
+ * refreshes the node's membership on the group's key (expiry: now +
+ * lease) and returns the live nodes (no answer: the round sends nothing
+ * more, and the trust runs out by itself); each of the group's shards
+ * goes to the live node of the highest weight tw__own_weight(node,
  * shard) (rendezvous hashing: a join or leave moves only the shards whose
  * best node changed, about 1/N of them). Then, pipelined, for each shard
  * this node should own and does not (or last renewed lease / 4 ago): ACQ
@@ -55,18 +80,19 @@
  * them again when it is healthy.
  *
  * Hand-over. On a graceful close (tw__own_close) the node releases every
- * record and leaves the membership set, after the backend has sent its
- * last completions (src/redis_fire.c) and given back its unfired claims
- * (rd_close() in src/durable_redis.c), so the next owner takes the shard
- * within a round. On a crash the record expires after the lease and the
- * membership after the lease too; the next owner takes the shard at its
- * first round after that. The timers a node
- * claimed keep their own per-timer claims (src/redis_scripts.c), so a
- * hand-over neither doubles nor drops them.
+ * record and leaves every membership set it beats, after the backend has
+ * sent its last completions (src/redis_fire.c) and given back its unfired
+ * claims (rd_close() in src/durable_redis.c), so the next owner takes the
+ * shard within a round. On a crash the record expires after the lease and
+ * the membership after the lease too; the next owner takes the shard at
+ * its first round after that. The timers a node claimed keep their own
+ * per-timer claims (src/redis_scripts.c), so a hand-over neither doubles
+ * nor drops them.
  *
- * Costs. Per round: one membership script per node, and one ACQ per
- * shard the node owns every second round (renewal), so a fleet renews each
- * shard once per lease / 4 whatever its size.
+ * Costs. Per round: one membership script per node and master, and one
+ * ACQ per shard the node owns every second round (renewal), so a fleet
+ * renews each shard once per lease / 4 whatever its size. Threads: one
+ * per master, and the supervisor.
  */
 #define _GNU_SOURCE
 
@@ -84,10 +110,12 @@
 
 enum { O_BEAT, O_ACQ, O_REL, O_COUNT };
 
-/* BEAT KEYS: m. ARGV: node ttl_ms. Returns the live nodes. A key of the
- * wrong type is removed (it would stop every node from seeing the
- * others), and so is an entry that claims to live longer than two ttls
- * (no node writes one; it would win shards it never takes). */
+/* BEAT KEYS: m. ARGV: node ttl_ms. Returns the live nodes. The key lasts
+ * two ttls after the last beat (a key that no group names any more goes
+ * by itself). A key of the wrong type is removed (it would stop every
+ * node from seeing the others), and so is an entry that claims to live
+ * longer than two ttls (no node writes one; it would win shards it never
+ * takes). */
 static const char beat_script[] =
     "local ty=redis.call('TYPE',KEYS[1])\n"
     "ty=type(ty)=='table' and ty.ok or ty\n"
@@ -98,6 +126,7 @@ static const char beat_script[] =
     "redis.call('ZREMRANGEBYSCORE',KEYS[1],'('..(now+2*tonumber(ARGV[2])),"
     "'+inf')\n"
     "redis.call('ZADD',KEYS[1],now+tonumber(ARGV[2]),ARGV[1])\n"
+    "redis.call('PEXPIRE',KEYS[1],2*tonumber(ARGV[2]))\n"
     "return redis.call('ZRANGE',KEYS[1],0,-1)\n";
 
 /* ACQ KEYS: o e. ARGV: node lease_ms fence ("" when the node holds none).
@@ -148,6 +177,8 @@ struct oshard {
     char key[96], ekey[96];
     size_t klen, elen;
     int slot;
+    int grp;   /* the master group (tw__rc_slot_node) whose thread runs it */
+    bool busy; /* in a group's round now: no other group sends for it */
     bool owned;
     char fence[TW__OWN_FENCE_MAX];
     size_t flen;
@@ -156,19 +187,30 @@ struct oshard {
     uint64_t renewed;     /* monotonic ms: the last renewal was sent */
 };
 
+/* A master group: the shards one master serves, and the thread that runs
+ * their rounds. */
+struct ogrp {
+    tw__own *o;
+    int idx;
+    bool on; /* the thread runs (set once) */
+    pthread_t thr;
+    char mkey[96]; /* the membership key it beat last ("" none), its own */
+    size_t mlen;
+    int mslot;
+};
+
 struct tw__own {
     tw__rc *rc;
     uint32_t shards, lease_ms;
     char node[17];
-    char mkey[96];
-    size_t mlen;
-    int mslot;
+    char ns[72];
     char sha[O_COUNT][41];
     struct oshard *s; /* under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop, thr_on;
-    pthread_t thr;
+    pthread_t thr; /* the supervisor: groups, and their threads */
+    struct ogrp grp[TW__RC_NODES_MAX];
     void (*on_gain)(void *);
     bool (*healthy)(void *);
     void *arg;
@@ -237,26 +279,30 @@ static void run(tw__own *o, tw__rc_cmd *cmds, const int *which, size_t n)
             tw__rc_exec(o->rc, &cmds[i], 1);
 }
 
-/* The membership script; the live nodes into *@live (strings owned by
- * *@rep, free with freeReplyObject), this node always among them. */
-static size_t beat(tw__own *o, redisReply **rep, const char ***live)
+/* The membership script on key @mk (@ml bytes, slot @slot); the live
+ * nodes into *@live (strings owned by *@rep, free with freeReplyObject),
+ * this node always among them. 0 when the master did not answer. */
+static size_t beat(tw__own *o, const char *mk, size_t ml, int slot,
+                   redisReply **rep, const char ***live)
 {
     char ttl[24];
-    const char *av[6] = {"EVALSHA", o->sha[O_BEAT], "1", o->mkey, o->node, ttl};
-    size_t al[6] = {7, 40, 1, o->mlen, 16, 0};
+    const char *av[6] = {"EVALSHA", o->sha[O_BEAT], "1", mk, o->node, ttl};
+    size_t al[6] = {7, 40, 1, ml, 16, 0};
     al[5] = (size_t)snprintf(ttl, sizeof ttl, "%u", o->lease_ms);
-    tw__rc_cmd cmd = {6, av, al, o->mslot, NULL, 0};
+    tw__rc_cmd cmd = {6, av, al, slot, NULL, 0};
     int which = O_BEAT;
     run(o, &cmd, &which, 1);
     *rep = cmd.reply;
+    *live = NULL;
     redisReply *r = cmd.reply;
-    size_t n = r && r->type == REDIS_REPLY_ARRAY ? r->elements : 0;
-    *live = tw__malloc((n + 1) * sizeof **live);
+    if (!r || r->type != REDIS_REPLY_ARRAY)
+        return 0;
+    *live = tw__malloc((r->elements + 1) * sizeof **live);
     if (!*live)
         return 0;
     size_t m = 0;
     bool self = false;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < r->elements; i++) {
         /* Only ids this code writes: 16 hex digits. */
         if (r->element[i]->type != REDIS_REPLY_STRING ||
             r->element[i]->len != 16 ||
@@ -265,7 +311,7 @@ static size_t beat(tw__own *o, redisReply **rep, const char ***live)
         (*live)[m++] = r->element[i]->str;
         self = self || !strcmp(r->element[i]->str, o->node);
     }
-    if (!self) /* no answer: this node alone is known alive */
+    if (!self) /* it was just added: only a damaged reply lacks it */
         (*live)[m++] = o->node;
     return m;
 }
@@ -294,30 +340,58 @@ static uint64_t fence_epoch(const char *f, size_t n)
     return e;
 }
 
-/* One round (see the top of the file); true if a shard was gained. */
-static bool round_once(tw__own *o)
+/* One round of group @g (see the top of the file); true if a shard was
+ * gained. */
+static bool round_group(tw__own *o, struct ogrp *g)
 {
     if (o->healthy && !o->healthy(o->arg))
         return false; /* let membership and records run out */
-    redisReply *brep = NULL;
-    const char **live = NULL;
-    size_t nl = beat(o, &brep, &live);
-    bool gained = false;
-    size_t S = o->shards;
+    size_t S = o->shards, n = 0, nsh = 0;
     tw__rc_cmd *cmds = tw__calloc(S ? S : 1, sizeof *cmds);
     const char **av = tw__malloc(8 * (S ? S : 1) * sizeof *av);
     size_t *al = tw__malloc(8 * (S ? S : 1) * sizeof *al);
     int *which = tw__malloc((S ? S : 1) * sizeof *which);
     uint32_t *sh = tw__malloc((S ? S : 1) * sizeof *sh);
     char(*fb)[TW__OWN_FENCE_MAX] = tw__malloc((S ? S : 1) * sizeof *fb);
-    char lease[24];
-    size_t ll = (size_t)snprintf(lease, sizeof lease, "%u", o->lease_ms);
-    if (!nl || !cmds || !av || !al || !which || !sh || !fb)
+    redisReply *brep = NULL;
+    const char **live = NULL;
+    bool gained = false;
+    if (!cmds || !av || !al || !which || !sh || !fb)
         goto out;
-    size_t n = 0;
-    uint64_t now = mono_ms();
+    /* The group's shards not in another group's round (the map moved
+     * while that one waits for its master); the lowest names the
+     * membership key. */
+    int low = -1;
     pthread_mutex_lock(&o->mu);
     for (uint32_t s = 0; s < S; s++) {
+        struct oshard *x = &o->s[s];
+        if (x->grp != g->idx)
+            continue;
+        if (low < 0)
+            low = (int)s;
+        if (!x->busy) {
+            x->busy = true;
+            sh[nsh++] = s;
+        }
+    }
+    pthread_mutex_unlock(&o->mu);
+    if (low < 0)
+        goto out;
+    g->mlen =
+        (size_t)snprintf(g->mkey, sizeof g->mkey, "{%s:%d}:m", o->ns, low);
+    g->mslot = o->s[low].slot;
+    size_t nl = beat(o, g->mkey, g->mlen, g->mslot, &brep, &live);
+    if (!nl)
+        goto unbusy; /* no answer: the trust runs out by itself */
+    char lease[24];
+    size_t ll = (size_t)snprintf(lease, sizeof lease, "%u", o->lease_ms);
+    uint64_t now = mono_ms();
+    uint32_t *csh = tw__malloc((nsh ? nsh : 1) * sizeof *csh);
+    if (!csh)
+        goto unbusy;
+    pthread_mutex_lock(&o->mu);
+    for (size_t i = 0; i < nsh; i++) {
+        uint32_t s = sh[i];
         struct oshard *x = &o->s[s];
         bool mine = !strcmp(best(live, nl, s), o->node);
         const char **a = av + 8 * n;
@@ -345,7 +419,7 @@ static bool round_once(tw__own *o)
         } else {
             continue;
         }
-        sh[n++] = s;
+        csh[n++] = s;
     }
     pthread_mutex_unlock(&o->mu);
     uint64_t sent = mono_ms();
@@ -354,7 +428,7 @@ static bool round_once(tw__own *o)
     pthread_mutex_lock(&o->mu);
     for (size_t i = 0; i < n; i++) {
         redisReply *r = cmds[i].reply;
-        struct oshard *x = &o->s[sh[i]];
+        struct oshard *x = &o->s[csh[i]];
         if (which[i] != O_ACQ || !r || r->type != REDIS_REPLY_ARRAY ||
             r->elements != 2 || r->element[0]->type != REDIS_REPLY_INTEGER ||
             r->element[1]->type != REDIS_REPLY_STRING)
@@ -374,6 +448,12 @@ static bool round_once(tw__own *o)
     }
     pthread_mutex_unlock(&o->mu);
     tw__rc_free_replies(cmds, n);
+    tw__free(csh);
+unbusy:
+    pthread_mutex_lock(&o->mu);
+    for (size_t i = 0; i < nsh; i++)
+        o->s[sh[i]].busy = false;
+    pthread_mutex_unlock(&o->mu);
 out:
     if (brep)
         freeReplyObject(brep);
@@ -387,22 +467,71 @@ out:
     return gained;
 }
 
-static void *own_main(void *arg)
+/* Wait one round period, or until close; false when closing. mu held. */
+static bool wait_period(tw__own *o)
 {
-    tw__own *o = arg;
     uint64_t period = o->lease_ms / 8 ? o->lease_ms / 8 : 1;
+    if (o->stop)
+        return false;
+    struct timespec ts;
+    tw__mono_after(&ts, period * 1000000u);
+    pthread_cond_timedwait(&o->cv, &o->mu, &ts);
+    return !o->stop;
+}
+
+static void *grp_main(void *arg)
+{
+    struct ogrp *g = arg;
+    tw__own *o = g->o;
     pthread_mutex_lock(&o->mu);
     while (!o->stop) {
         pthread_mutex_unlock(&o->mu);
-        bool g = round_once(o);
-        if (g && o->on_gain)
+        bool gained = round_group(o, g);
+        if (gained && o->on_gain)
             o->on_gain(o->arg);
         pthread_mutex_lock(&o->mu);
-        if (o->stop)
+        if (!wait_period(o))
             break;
-        struct timespec ts;
-        tw__mono_after(&ts, period * 1000000u);
-        pthread_cond_timedwait(&o->cv, &o->mu, &ts);
+    }
+    pthread_mutex_unlock(&o->mu);
+    return NULL;
+}
+
+/* Which master serves each shard now (the client's slot map, kept
+ * current by its redirects and reconnects); @used[i]: some shard is in
+ * group i. */
+static void map_groups(tw__own *o, bool *used)
+{
+    memset(used, 0, TW__RC_NODES_MAX * sizeof *used);
+    for (uint32_t s = 0; s < o->shards; s++) {
+        int gi = tw__rc_slot_node(o->rc, o->s[s].slot);
+        if (gi < 0 || gi >= TW__RC_NODES_MAX)
+            gi = 0;
+        used[gi] = true;
+        pthread_mutex_lock(&o->mu);
+        o->s[s].grp = gi;
+        pthread_mutex_unlock(&o->mu);
+    }
+}
+
+/* The supervisor: every period, the groups again, and a thread for each
+ * group that has none (a thread whose master no longer serves a shard
+ * idles until close). */
+static void *own_main(void *arg)
+{
+    tw__own *o = arg;
+    bool used[TW__RC_NODES_MAX];
+    pthread_mutex_lock(&o->mu);
+    while (!o->stop) {
+        pthread_mutex_unlock(&o->mu);
+        map_groups(o, used);
+        pthread_mutex_lock(&o->mu);
+        for (int i = 0; i < TW__RC_NODES_MAX && !o->stop; i++)
+            if (used[i] && !o->grp[i].on)
+                o->grp[i].on =
+                    !pthread_create(&o->grp[i].thr, NULL, grp_main, &o->grp[i]);
+        if (!wait_period(o))
+            break;
     }
     pthread_mutex_unlock(&o->mu);
     return NULL;
@@ -449,8 +578,11 @@ int tw__own_open(tw__own **out, tw__rc *rc, const char *ns, uint32_t shards,
     o->healthy = healthy;
     o->arg = arg;
     node_id(o->node);
-    o->mlen = (size_t)snprintf(o->mkey, sizeof o->mkey, "{%s:m}", ns);
-    o->mslot = tw__rc_slot(o->mkey, o->mlen);
+    snprintf(o->ns, sizeof o->ns, "%s", ns);
+    for (int i = 0; i < TW__RC_NODES_MAX; i++) {
+        o->grp[i].o = o;
+        o->grp[i].idx = i;
+    }
     for (uint32_t s = 0; s < shards; s++) {
         struct oshard *x = &o->s[s];
         x->klen = (size_t)snprintf(x->key, sizeof x->key, "{%s:%u}:o", ns, s);
@@ -465,7 +597,12 @@ int tw__own_open(tw__own **out, tw__rc *rc, const char *ns, uint32_t shards,
     pthread_condattr_destroy(&ca);
     int e = load_scripts(o);
     if (!e) {
-        round_once(o); /* own what it can before the first claim */
+        /* Own what it can before the first claim. */
+        bool used[TW__RC_NODES_MAX];
+        map_groups(o, used);
+        for (int i = 0; i < TW__RC_NODES_MAX; i++)
+            if (used[i])
+                round_group(o, &o->grp[i]);
         o->thr_on = !pthread_create(&o->thr, NULL, own_main, o);
         if (!o->thr_on)
             e = TW_ENOMEM;
@@ -484,16 +621,20 @@ void tw__own_close(tw__own *o)
         return;
     pthread_mutex_lock(&o->mu);
     o->stop = true;
-    pthread_cond_signal(&o->cv);
+    pthread_cond_broadcast(&o->cv);
     pthread_mutex_unlock(&o->mu);
     if (o->thr_on)
         pthread_join(o->thr, NULL);
-    /* Release every record still this node's, and leave. */
-    size_t S = o->shards, n = 0;
-    tw__rc_cmd *cmds = tw__calloc(S + 1, sizeof *cmds);
-    const char **av = tw__malloc(5 * (S + 1) * sizeof *av);
-    size_t *al = tw__malloc(5 * (S + 1) * sizeof *al);
-    int *which = tw__malloc((S + 1) * sizeof *which);
+    for (int i = 0; i < TW__RC_NODES_MAX; i++)
+        if (o->grp[i].on)
+            pthread_join(o->grp[i].thr, NULL);
+    /* Release every record still this node's, and leave every membership
+     * set it beat. */
+    size_t S = o->shards, n = 0, M = TW__RC_NODES_MAX;
+    tw__rc_cmd *cmds = tw__calloc(S + M, sizeof *cmds);
+    const char **av = tw__malloc(5 * (S + M) * sizeof *av);
+    size_t *al = tw__malloc(5 * (S + M) * sizeof *al);
+    int *which = tw__malloc((S + M) * sizeof *which);
     if (cmds && av && al && which && o->sha[O_REL][0]) {
         for (uint32_t s = 0; s < S; s++) {
             struct oshard *x = &o->s[s];
@@ -510,14 +651,19 @@ void tw__own_close(tw__own *o)
             cmds[n] = (tw__rc_cmd){5, a, l, x->slot, NULL, 0};
             which[n++] = O_REL;
         }
-        const char **a = av + 5 * n;
-        size_t *l = al + 5 * n;
-        const char *v[3] = {"ZREM", o->mkey, o->node};
-        size_t vl[3] = {4, o->mlen, 16};
-        memcpy(a, v, sizeof v);
-        memcpy(l, vl, sizeof vl);
-        cmds[n] = (tw__rc_cmd){3, a, l, o->mslot, NULL, 0};
-        which[n++] = -1;
+        for (size_t i = 0; i < M; i++) {
+            struct ogrp *g = &o->grp[i];
+            if (!g->mlen)
+                continue;
+            const char **a = av + 5 * n;
+            size_t *l = al + 5 * n;
+            const char *v[3] = {"ZREM", g->mkey, o->node};
+            size_t vl[3] = {4, g->mlen, 16};
+            memcpy(a, v, sizeof v);
+            memcpy(l, vl, sizeof vl);
+            cmds[n] = (tw__rc_cmd){3, a, l, g->mslot, NULL, 0};
+            which[n++] = -1;
+        }
         run(o, cmds, which, n);
         tw__rc_free_replies(cmds, n);
     }

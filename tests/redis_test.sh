@@ -14,6 +14,8 @@
 #   owner-graceful | owner-busy
 #   owner-churn                        3 masters + 3 replicas;
 #                                      test_redis_owner
+#   owner-stall                        a 3-master cluster; test_redis_owner
+#                                      stall, then stall-dead
 #   share | share-kill | reshard |     a 3-master cluster
 #   many-cluster | stall
 #   failover                           3 masters + 3 replicas
@@ -127,12 +129,18 @@ case $scenario in
       "$bin" "$mode" "127.0.0.1:$port" "$tmp/nodes"
     fi
     ;;
-  share | share-kill | reshard | many-cluster | stall)
+  share | share-kill | reshard | many-cluster | stall | owner-stall)
     # stall: the healthy masters keep serving while one is stopped.
-    [ "$scenario" = stall ] && cextra=(--cluster-require-full-coverage no)
+    [ "${scenario#owner-}" = stall ] &&
+      cextra=(--cluster-require-full-coverage no)
     cluster 3 0
     case $scenario in
       stall) "$bin" stall "$seeds" ;;
+      owner-stall)
+        mkdir -p "$tmp/nodes"
+        "$bin" stall "$seeds"
+        "$bin" stall-dead "$seeds" "$tmp/nodes"
+        ;;
       many-cluster) "$bin" many "$seeds" ;;
       share) "$bin" share "$seeds" 3 "${TW_REDIS_TIMERS:-100000}" 0 "$tmp" ;;
       share-kill) "$bin" share "$seeds" 3 20000 1 "$tmp" ;;

@@ -739,21 +739,6 @@ static long long port_of_key(const char *ns, int id, uint32_t shards)
     return master_port(tw__rc_slot(sk, strlen(sk)));
 }
 
-/* The pid of the server that holds @slot (INFO server, routed there). */
-static long long pid_of_slot(int slot)
-{
-    const char *argv[2] = {"INFO", "server"};
-    size_t len[2] = {4, 6};
-    tw__rc_cmd c = {2, argv, len, slot, NULL, 0};
-    ASSERT_EQ(tw__rc_exec(raw, &c, 1), 0);
-    ASSERT(c.reply && c.reply->type == REDIS_REPLY_STRING);
-    const char *p = strstr(c.reply->str, "process_id:");
-    ASSERT(p);
-    long long pid = atoll(p + 11);
-    freeReplyObject(c.reply);
-    return pid;
-}
-
 static void stall(void)
 {
     char ns[32], sk[96];
@@ -777,7 +762,7 @@ static void stall(void)
         else if (!onb && nh < 10)
             h[nh++] = id;
     }
-    pid_t bpid = (pid_t)pid_of_slot(bslot);
+    pid_t bpid = slot_pid(raw, bslot);
     reset_tab();
     tw_durable *d;
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);

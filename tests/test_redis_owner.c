@@ -45,6 +45,23 @@
  *          node its shards (same owners, same epochs); both threads held
  *          past half a lease and the node gives its shards up (the other
  *          handle trusts every shard); released, it takes its own again
+ *   stall  (3 masters, cluster-require-full-coverage no) two handles
+ *          with a 2 s shard lease own 16 shards; one master (shard
+ *          0's, with that membership set) is stopped (SIGSTOP) for 2.5
+ *          leases while 600 timers of every shard fall due: the timers
+ *          of the healthy masters' shards are all delivered once, at
+ *          most STALL_LATE_MS late, and those shards keep their owners
+ *          and epochs, both handles stay in the healthy masters'
+ *          membership sets; the stopped master's after it resumes,
+ *          once but for those whose callback ran just before the stop
+ *          (their completion never reached it: STALL_DONE_MS); never
+ *          two handles trusting one shard
+ *   stall-dead  (the same cluster, DIR) a node process and two handles,
+ *          64 shards; one master stopped, then the node killed (kill -9):
+ *          its shards on the healthy masters are trusted by the two
+ *          handles within the lease + lease / 8 + 1 s (membership is per
+ *          master: the stopped one does not keep the dead node alive);
+ *          never two handles trusting one shard
  */
 #define _GNU_SOURCE
 
@@ -179,11 +196,14 @@ static void *sampler(void *arg)
     return NULL;
 }
 
-/* Wait until every shard is trusted by exactly the rendezvous winner
- * among the live handles; owner[s] = its handle, epoch[s] its epoch. */
-static void settle(int *owner, uint64_t *epoch)
+/* Wait (at most @ms) until every shard (but those where @skip, may be
+ * NULL, is true) is trusted by the rendezvous winner among the live
+ * handles; owner[s] = its handle, epoch[s] its epoch (either may be
+ * NULL). How long it took, or -1. */
+static int64_t settle_within(int *owner, uint64_t *epoch, const bool *skip,
+                             int64_t ms)
 {
-    int64_t end = wall_ms() + 20000;
+    int64_t t0 = wall_ms();
     for (;;) {
         const char *ids[NH];
         int idx[NH], n = 0;
@@ -195,19 +215,32 @@ static void settle(int *owner, uint64_t *epoch)
             }
         bool ok = true;
         for (uint32_t s = 0; s < oshards && ok; s++) {
+            if (skip && skip[s])
+                continue;
             int w = idx[winner(ids, n, s)];
             char f[TW__OWN_FENCE_MAX];
             size_t fl;
-            ok = tw__own_fence(tw__durable_redis_own(hs[w]), s, f, &fl,
-                               &epoch[s]);
-            owner[s] = w;
+            uint64_t e = 0;
+            ok = tw__own_fence(tw__durable_redis_own(hs[w]), s, f, &fl, &e);
+            if (owner)
+                owner[s] = w;
+            if (epoch)
+                epoch[s] = e;
         }
         pthread_mutex_unlock(&hmu);
         if (ok)
-            return;
-        ASSERT(wall_ms() < end);
+            return wall_ms() - t0;
+        if (wall_ms() - t0 > ms)
+            return -1;
         sleep_ms(20);
     }
+}
+
+/* Wait until every shard is trusted by exactly the rendezvous winner
+ * among the live handles; owner[s] = its handle, epoch[s] its epoch. */
+static void settle(int *owner, uint64_t *epoch)
+{
+    ASSERT(settle_within(owner, epoch, NULL, 20000) >= 0);
 }
 
 static atomic_int cb_seen, cb_bad, cb_unheld;
@@ -247,7 +280,7 @@ static void plant(const char *ns)
         {"SET", "{%s:0}:o", "garbage"},
         {"SET", "{%s:1}:o", "123:abcdefabcdefabcd"},
         {"SET", "{%s:2}:e", "not-a-number"},
-        {"SET", "{%s:m}", "a string"},
+        {"SET", "{%s:0}:m", "a string"},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char key[64];
@@ -265,7 +298,7 @@ static void plant(const char *ns)
 static void plant_member(const char *ns)
 {
     redisContext *rc = connect_seed();
-    redisReply *r = redisCommand(rc, "ZADD {%s:m} %lld ffffffffffffffff", ns,
+    redisReply *r = redisCommand(rc, "ZADD {%s:0}:m %lld ffffffffffffffff", ns,
                                  (long long)wall_ms() + 86400000);
     ASSERT(r && r->type == REDIS_REPLY_INTEGER);
     freeReplyObject(r);
@@ -1143,6 +1176,16 @@ static void churn_test(void)
     printf("churn: ok\n");
 }
 
+/* settle(), then start the sampler (stop_sampler = 1 and join it). */
+static pthread_t settle_sampled(int *owner, uint64_t *epoch)
+{
+    settle(owner, epoch);
+    pthread_t ts;
+    stop_sampler = 0;
+    ASSERT_EQ(pthread_create(&ts, NULL, sampler, NULL), 0);
+    return ts;
+}
+
 static int64_t stepped_wall(void *arg)
 {
     return wall_ms() + atomic_load((atomic_llong *)arg);
@@ -1174,10 +1217,7 @@ static void clock_test(void)
     open_handle(2, &c);
     static int own[1024];
     static uint64_t ep[1024];
-    settle(own, ep);
-    pthread_t ts;
-    stop_sampler = 0;
-    ASSERT_EQ(pthread_create(&ts, NULL, sampler, NULL), 0);
+    pthread_t ts = settle_sampled(own, ep);
     /* Due from 0.5 to 2 s ahead: those due within the horizon (1 s) are
      * claimed at once by the producer, whatever the shard's owner. */
     pthread_t th = load_start(hs[1], 300, 500, 1500);
@@ -1472,15 +1512,276 @@ static void busy_test(void)
     printf("busy: ok\n");
 }
 
+/* ------------------------------------------------------------------------ */
+/* stall: see the top of the file. */
+
+/* A healthy master's timer may be late by at most this: its shard's
+ * owner goes on renewing it during the stall, so nothing but the machine
+ * delays it. Half a shard lease plus 1 s leaves room for a loaded 2-core
+ * machine and a renewal that came late; a round that waited for the
+ * stopped master (its socket times out after 3 s) makes them late by
+ * seconds. */
+#define STALL_LEASE_MS 2000
+#define STALL_LATE_MS (STALL_LEASE_MS / 2 + 1000)
+#define STALL_N 600
+/* A callback's completion waits up to 500 ms for its batch
+ * (DONE_DELAY_MS, src/redis_fire.c): a callback that ran this long before
+ * the stop may not have been completed; one that starts after the stop
+ * had its check answered before it (a check's answer is trusted for 200
+ * ms, CHECK_MAX_AGE_MS). Both with room for a loaded machine. */
+#define STALL_DONE_MS 1000
+#define CHECK_AGE_MS 500
+
+/* The masters of namespace @ns's shards (oshards): the victim, shard 0's
+ * master, which holds the membership set of its shards ({ns:0}:m), is
+ * returned; onv[s]: shard s is the victim's; mpid[0..*nm) the masters'
+ * pids, mlow[] the lowest shard of each (its membership key). */
+static pid_t stall_masters(tw__rc *rc, const char *ns, bool *onv, pid_t *mpid,
+                           uint32_t *mlow, int *nm)
+{
+    char k[96];
+    *nm = 0;
+    for (uint32_t s = 0; s < oshards; s++) {
+        snprintf(k, sizeof k, "{%s:%u}:d", ns, s);
+        pid_t p = slot_pid(rc, tw__rc_slot(k, strlen(k)));
+        int m = 0;
+        while (m < *nm && mpid[m] != p)
+            m++;
+        if (m == *nm) {
+            ASSERT(*nm < 3);
+            mpid[*nm] = p;
+            mlow[(*nm)++] = s;
+        }
+        onv[s] = m == 0;
+    }
+    return mpid[0];
+}
+
+static void stall_test(void)
+{
+    char ns[32];
+    snprintf(ns, sizeof ns, "ostall%d", (int)getpid());
+    oshards = 16;
+    tw__rc *rc;
+    ASSERT_EQ(tw__rc_open(&rc, &(tw__rc_opts){.addr = seeds}), 0);
+    static bool onv[1024];
+    pid_t mpid[3];
+    uint32_t mlow[3];
+    int nm = 0, nv = 0;
+    pid_t vpid = stall_masters(rc, ns, onv, mpid, mlow, &nm);
+    for (uint32_t s = 0; s < oshards; s++)
+        nv += onv[s];
+    printf("  %d of %u shards on the stopped master (pid %d)\n", nv, oshards,
+           (int)vpid);
+    ASSERT(nv > 0 && nv < (int)oshards);
+    tw_durable_config c = ocfg(ns, oshards, STALL_LEASE_MS, log_fire);
+    open_handle(0, &c);
+    open_handle(1, &c);
+    static int own[1024];
+    static uint64_t ep[1024];
+    pthread_t ts = settle_sampled(own, ep);
+    /* Due from +1 s to +9 s: before, during and after the stop. */
+    int64_t t0 = wall_ms();
+    for (int i = 0; i < STALL_N; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "k%d", i);
+        pr.due[i] = t0 + 1000 + (int64_t)i * 8000 / STALL_N;
+        ASSERT_EQ(
+            tw_durable_schedule(hs[i % 2], key, strlen(key), pr.due[i], "x", 1),
+            0);
+        pr.acked[i] = 1;
+        pr.n = i + 1;
+    }
+    while (wall_ms() < t0 + 2000)
+        sleep_ms(5);
+    int64_t tstop = wall_ms();
+    ASSERT_EQ(kill(vpid, SIGSTOP), 0);
+    printf("  SIGSTOP at +%lld ms\n", (long long)(tstop - t0));
+    while (wall_ms() < tstop + STALL_LEASE_MS * 2)
+        sleep_ms(5);
+    /* Two leases into the stop: both handles still live in the
+     * membership set of every healthy master (entries not yet ended). */
+    int mlive = 0, mhealthy = 0;
+    for (int m = 0; m < nm; m++) {
+        if (mpid[m] == vpid)
+            continue;
+        char mk[96], now[24];
+        snprintf(mk, sizeof mk, "{%s:%u}:m", ns, mlow[m]);
+        snprintf(now, sizeof now, "%lld", (long long)wall_ms());
+        const char *argv[4] = {"ZCOUNT", mk, now, "+inf"};
+        size_t len[4] = {6, strlen(mk), strlen(now), 4};
+        tw__rc_cmd zc = {4, argv, len, tw__rc_slot(mk, strlen(mk)), NULL, 0};
+        ASSERT_EQ(tw__rc_exec(rc, &zc, 1), 0);
+        ASSERT(zc.reply && zc.reply->type == REDIS_REPLY_INTEGER);
+        mhealthy++;
+        mlive += zc.reply->integer == 2;
+        freeReplyObject(zc.reply);
+    }
+    printf("  during the stop: %d of %d healthy masters list both handles\n",
+           mlive, mhealthy);
+    ASSERT_GT(mhealthy, 0);
+    ASSERT_EQ(mlive, mhealthy);
+    while (wall_ms() < tstop + STALL_LEASE_MS * 5 / 2)
+        sleep_ms(5);
+    int64_t tcont = wall_ms();
+    ASSERT_EQ(kill(vpid, SIGCONT), 0);
+    printf("  SIGCONT at +%lld ms\n", (long long)(tcont - t0));
+    static int cnt[PMAX], first[PMAX];
+    int missing = wait_acked(wall_ms() + 30000, cnt, first);
+    sleep_ms(1000); /* anything late or twice still to come */
+    wait_acked(0, cnt, first);
+    stop_sampler = 1;
+    pthread_join(ts, NULL);
+    /* The healthy masters' shards kept their owners and epochs: their
+     * records never ran out. */
+    static int own2[1024];
+    static uint64_t ep2[1024];
+    settle(own2, ep2);
+    int hmoved = 0;
+    for (uint32_t s = 0; s < oshards; s++)
+        hmoved += !onv[s] && (own2[s] != own[s] || ep2[s] != ep[s]);
+    int twice = 0, vagain = 0, hlate = 0, vearly = 0, hn = 0;
+    int64_t hmax = 0, vmax = 0;
+    pthread_mutex_lock(&dvmu);
+    for (int i = 0; i < pr.n; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "k%d", i);
+        bool v = onv[shard_of(key, oshards)];
+        if (!cnt[i])
+            continue;
+        int64_t fired = dvs[first[i]].fired_us / 1000;
+        /* The one window for a second delivery: a callback that ran on
+         * the stopped master's shard just before the stop, whose batched
+         * completion (up to 500 ms later) never reached it; the claim
+         * ran out meanwhile and the next owner delivers it again. */
+        bool window = v && cnt[i] == 2 && fired >= tstop - STALL_DONE_MS &&
+                      fired <= tstop + CHECK_AGE_MS;
+        vagain += cnt[i] > 1 && window;
+        twice += cnt[i] > 1 && !window;
+        int64_t late = fired - pr.due[i];
+        if (!v) {
+            hn++;
+            hmax = late > hmax ? late : hmax;
+            hlate += late >= STALL_LATE_MS;
+        } else {
+            /* Due during the stop: delivered after SIGCONT. */
+            int64_t from = pr.due[i] > tcont ? pr.due[i] : tcont;
+            int64_t after = dvs[first[i]].fired_us / 1000 - from;
+            vmax = after > vmax ? after : vmax;
+            vearly += late < 0;
+        }
+    }
+    pthread_mutex_unlock(&dvmu);
+    close_all();
+    show_twice(cnt, t0);
+    printf("  healthy masters: %d of their shards with a new owner or "
+           "epoch, %d timers, %d at least %d ms late, at most "
+           "%lld ms late; stopped master: %d timers, delivered at most %lld "
+           "ms after max(due, SIGCONT), %d early, %d again after SIGCONT "
+           "(first run just before the stop); missing %d, other "
+           "twice %d; %ld samples, %ld with two trusting handles\n",
+           hmoved, hn, hlate, STALL_LATE_MS, (long long)hmax, pr.n - hn,
+           (long long)vmax, vearly, vagain, missing, twice, (long)samples,
+           (long)doubles);
+    ASSERT_EQ(missing, 0);
+    ASSERT_EQ(twice, 0);
+    ASSERT_EQ(hlate, 0);
+    ASSERT_EQ(hmoved, 0);
+    ASSERT_EQ(vearly, 0);
+    ASSERT_EQ(doubles, 0);
+    /* The stopped master's shards: their records ran out during the stop;
+     * the next round after SIGCONT takes them again (the client may first
+     * wait out a reconnect back-off of at most 1 s). */
+    ASSERT_LE(vmax, 10000);
+    tw__rc_close(rc);
+    printf("stall: ok\n");
+}
+
+/* stall-dead: see the top of the file. */
+static void stall_dead_test(const char *dir)
+{
+    char ns[32], k[96];
+    snprintf(ns, sizeof ns, "odead%d", (int)getpid());
+    oshards = 64;
+    tw__rc *rc;
+    ASSERT_EQ(tw__rc_open(&rc, &(tw__rc_opts){.addr = seeds}), 0);
+    static bool onv[1024];
+    pid_t mpid[3];
+    uint32_t mlow[3];
+    int nm;
+    pid_t vpid = stall_masters(rc, ns, onv, mpid, mlow, &nm);
+    tw_durable_config c = ocfg(ns, oshards, STALL_LEASE_MS, nop_fire);
+    pid_t child = node(dir, 0, &c);
+    char cid[17];
+    read_id(dir, 0, cid);
+    open_handle(0, &c);
+    open_handle(1, &c);
+    /* All three settled: each healthy master's shard recorded for the
+     * winner among the three. */
+    const char *ids[3] = {cid, tw__own_node(tw__durable_redis_own(hs[0])),
+                          tw__own_node(tw__durable_redis_own(hs[1]))};
+    int childs = 0;
+    int64_t end = wall_ms() + 20000;
+    for (bool ok = false; !ok;) {
+        ASSERT(wall_ms() < end);
+        sleep_ms(50);
+        ok = true;
+        childs = 0;
+        for (uint32_t s = 0; s < oshards && ok; s++) {
+            if (onv[s])
+                continue;
+            int w = winner(ids, 3, s);
+            childs += w == 0;
+            snprintf(k, sizeof k, "{%s:%u}:o", ns, s);
+            const char *argv[2] = {"GET", k};
+            size_t len[2] = {3, strlen(k)};
+            tw__rc_cmd g = {2, argv, len, tw__rc_slot(k, strlen(k)), NULL, 0};
+            ASSERT_EQ(tw__rc_exec(rc, &g, 1), 0);
+            ok = g.reply->type == REDIS_REPLY_STRING &&
+                 strchr(g.reply->str, ':') &&
+                 !strcmp(strchr(g.reply->str, ':') + 1, ids[w]);
+            freeReplyObject(g.reply);
+        }
+    }
+    ASSERT_GT(childs, 0);
+    pthread_t ts;
+    stop_sampler = 0;
+    ASSERT_EQ(pthread_create(&ts, NULL, sampler, NULL), 0);
+    ASSERT_EQ(kill(vpid, SIGSTOP), 0);
+    sleep_ms(STALL_LEASE_MS / 4); /* the stop is seen: rounds wait on it */
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    /* Its membership entries and records run out after the lease; the
+     * next round takes its shards: lease + a round period, and a second
+     * of room for the machine. */
+    int64_t bound = STALL_LEASE_MS + STALL_LEASE_MS / 8 + 1000;
+    int64_t took = settle_within(NULL, NULL, onv, 2 * bound);
+    ASSERT_EQ(kill(vpid, SIGCONT), 0);
+    stop_sampler = 1;
+    pthread_join(ts, NULL);
+    printf("  node killed during the stop: its %d shards on the healthy "
+           "masters trusted by the others after %lld ms (bound %lld); %ld "
+           "samples, %ld with two trusting handles\n",
+           childs, (long long)took, (long long)bound, (long)samples,
+           (long)doubles);
+    close_all();
+    tw__rc_close(rc);
+    ASSERT(took >= 0 && took <= bound);
+    ASSERT_EQ(doubles, 0);
+    printf("stall-dead: ok\n");
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     signal(SIGPIPE, SIG_DFL);
     if (argc < 3) {
-        fprintf(stderr,
-                "usage: %s owner|kill|stop|pause|churn|clock|graceful|busy "
-                "ADDRESS [DIR]\n",
-                argv[0]);
+        fprintf(
+            stderr,
+            "usage: %s owner|kill|stop|pause|churn|clock|graceful|busy|stall|"
+            "stall-dead "
+            "ADDRESS [DIR]\n",
+            argv[0]);
         return 2;
     }
     seeds = argv[2];
@@ -1500,6 +1801,10 @@ int main(int argc, char **argv)
         graceful_test();
     else if (!strcmp(argv[1], "busy"))
         busy_test();
+    else if (!strcmp(argv[1], "stall"))
+        stall_test();
+    else if (!strcmp(argv[1], "stall-dead") && argc == 4)
+        stall_dead_test(argv[3]);
     else {
         fprintf(stderr, "unknown mode %s\n", argv[1]);
         return 2;

@@ -13,8 +13,12 @@
  *       bench/peers/core/side_by_side.cc wheel.o timeout.o -o drv
  *   taskset -c 1 ./drv N REPS all|twheel,ratas,wahern,twinl WORKLOADS
  *
+ * The engines' order rotates by one from rep to rep.
+ *
  * twinl is twheel with tw_wheel_cancel_inline() in the two cancel
- * workloads (the same as twheel in the others); "all" runs it too.
+ * workloads (the same as twheel in the others); twunc is twheel with
+ * tw_wheel_add_unchecked() in the two add workloads (and runs only
+ * those); "all" runs both.
  *
  * Instructions of the timed loops alone: build with -DTW_CALLGRIND (each
  * clock read toggles callgrind's collection) and run REPS = 0 (the warm-up
@@ -22,7 +26,9 @@
  *   valgrind --tool=callgrind --collect-atstart=no ./drv N 0 ENGINE WORKLOAD
  * whose total divided by N is instructions per operation.
  *
- * WORKLOADS: any of add,add_rand,cancel,cancel_rand,expire_1 (or all).
+ * WORKLOADS: any of add,add_rand,cancel,cancel_rand,expire_1,expire_jump
+ * (or all); expire_jump is one advance past every deadline (ratas's
+ * advance(2^20), which steps through the ticks inside).
  * Deadlines uniform in [1, 2^20] ticks, one fixed seed and permutation;
  * prints ns per operation (per expired timer for expire_1).
  */
@@ -63,19 +69,21 @@ static uint32_t *g_dl, *g_perm, *g_dlp;
 static size_t fired;
 static volatile int sink;
 
-enum { ADD, ADD_RAND, CANCEL, CANCEL_RAND, EXP1, NWL };
-static const char *wl_names[] = {"add", "add_rand", "cancel", "cancel_rand", "expire_1"};
+enum { ADD, ADD_RAND, CANCEL, CANCEL_RAND, EXP1, EXPJ, NWL };
+static const char *wl_names[] = {"add", "add_rand", "cancel", "cancel_rand", "expire_1", "expire_jump"};
 
 // ---- twheel
 static void tw_cb(tw_timer *t, void *a) { (void)t; (void)a; fired++; }
-template <bool INL> static double run_tw_t(int wl) {
+template <bool INL, bool UNC = false> static double run_tw_t(int wl) {
     const size_t n = N; const uint32_t *const dl = g_dl, *const perm = g_perm, *const dlp = g_dlp;
     const uint64_t base = 1000;
     tw_timer *t = (tw_timer *)aligned_alloc(64, ((n * sizeof(tw_timer)) + 63) / 64 * 64);
     for (size_t i = 0; i < n; i++) tw_timer_init(&t[i], tw_cb, NULL);
     tw_wheel *w; tw_wheel_create(&w, NULL, base);
     double t0 = 0, t1 = 0; fired = 0;
-    if (wl == ADD) { t0 = now_ns(); for (size_t i = 0; i < n; i++) tw_wheel_add(w, &t[i], base + dl[i]); t1 = now_ns(); }
+    if (wl == ADD && UNC) { t0 = now_ns(); for (size_t i = 0; i < n; i++) tw_wheel_add_unchecked(w, &t[i], base + dl[i]); t1 = now_ns(); }
+    else if (wl == ADD_RAND && UNC) { t0 = now_ns(); for (size_t k = 0; k < n; k++) tw_wheel_add_unchecked(w, &t[perm[k]], base + dlp[k]); t1 = now_ns(); }
+    else if (wl == ADD) { t0 = now_ns(); for (size_t i = 0; i < n; i++) tw_wheel_add(w, &t[i], base + dl[i]); t1 = now_ns(); }
     else if (wl == ADD_RAND) { t0 = now_ns(); for (size_t k = 0; k < n; k++) tw_wheel_add(w, &t[perm[k]], base + dlp[k]); t1 = now_ns(); }
     else {
         for (size_t i = 0; i < n; i++) tw_wheel_add(w, &t[i], base + dl[i]);
@@ -83,6 +91,8 @@ template <bool INL> static double run_tw_t(int wl) {
         else if (wl == CANCEL_RAND && INL) { t0 = now_ns(); for (size_t k = 0; k < n; k++) tw_wheel_cancel_inline(w, &t[perm[k]]); t1 = now_ns(); }
         else if (wl == CANCEL) { t0 = now_ns(); for (size_t i = 0; i < n; i++) tw_wheel_cancel(w, &t[i]); t1 = now_ns(); }
         else if (wl == CANCEL_RAND) { t0 = now_ns(); for (size_t k = 0; k < n; k++) tw_wheel_cancel(w, &t[perm[k]]); t1 = now_ns(); }
+        else if (wl == EXPJ) { t0 = now_ns(); tw_wheel_advance(w, base + DL_MAX); t1 = now_ns();
+            if (fired != n) { fprintf(stderr, "twheel fired %zu\n", fired); exit(1); } }
         else { t0 = now_ns(); for (uint64_t x = base + 1; x <= base + DL_MAX; x++) tw_wheel_advance(w, x); t1 = now_ns();
             if (fired != n) { fprintf(stderr, "twheel fired %zu\n", fired); exit(1); } }
     }
@@ -105,6 +115,8 @@ static double run_ratas(int wl) {
         for (size_t i = 0; i < n; i++) w->schedule(&t[i], dl[i]);
         if (wl == CANCEL) { t0 = now_ns(); for (size_t i = 0; i < n; i++) t[i].cancel(); t1 = now_ns(); }
         else if (wl == CANCEL_RAND) { t0 = now_ns(); for (size_t k = 0; k < n; k++) t[perm[k]].cancel(); t1 = now_ns(); }
+        else if (wl == EXPJ) { t0 = now_ns(); w->advance(DL_MAX); t1 = now_ns();
+            if (fired != n) { fprintf(stderr, "ratas fired %zu\n", fired); exit(1); } }
         else { t0 = now_ns(); for (uint64_t x = 1; x <= DL_MAX; x++) w->advance(1); t1 = now_ns();
             if (fired != n) { fprintf(stderr, "ratas fired %zu\n", fired); exit(1); } }
     }
@@ -129,6 +141,8 @@ static double run_wahern(int wl) {
         for (size_t i = 0; i < n; i++) timeouts_add(T, &t[i], base + dl[i]);
         if (wl == CANCEL) { t0 = now_ns(); for (size_t i = 0; i < n; i++) timeouts_del(T, &t[i]); t1 = now_ns(); }
         else if (wl == CANCEL_RAND) { t0 = now_ns(); for (size_t k = 0; k < n; k++) timeouts_del(T, &t[perm[k]]); t1 = now_ns(); }
+        else if (wl == EXPJ) { t0 = now_ns(); timeouts_update(T, base + DL_MAX); while (timeouts_get(T)) fired++; t1 = now_ns();
+            if (fired != n) { fprintf(stderr, "wahern fired %zu\n", fired); exit(1); } }
         else { t0 = now_ns(); for (uint64_t x = base + 1; x <= base + DL_MAX; x++) { timeouts_update(T, x); while (timeouts_get(T)) fired++; } t1 = now_ns();
             if (fired != n) { fprintf(stderr, "wahern fired %zu\n", fired); exit(1); } }
     }
@@ -139,7 +153,8 @@ static double run_wahern(int wl) {
 struct Eng { const char *name; double (*run)(int); };
 static double run_tw(int wl) { return run_tw_t<false>(wl); }
 static double run_tw_inl(int wl) { return run_tw_t<true>(wl); }
-static Eng engs[] = {{"twheel", run_tw}, {"ratas", run_ratas}, {"wahern", run_wahern}, {"twinl", run_tw_inl}};
+static double run_tw_unc(int wl) { return run_tw_t<false, true>(wl); }
+static Eng engs[] = {{"twheel", run_tw}, {"ratas", run_ratas}, {"wahern", run_wahern}, {"twinl", run_tw_inl}, {"twunc", run_tw_unc}};
 enum { NENG = sizeof(engs) / sizeof(engs[0]) };
 
 int main(int argc, char **argv) {
@@ -155,8 +170,13 @@ int main(int argc, char **argv) {
         if (!has(ws, wl_names[wl])) continue;
         std::vector<std::vector<double>> r(NENG);
         for (int rep = -1; rep < reps; rep++)
-            for (int e = 0; e < NENG; e++) {
+            for (int j = 0; j < NENG; j++) {
+                /* Each rep starts one engine later, so that no engine
+                 * always runs after the same one (whose memory it finds
+                 * in the caches, or evicted). */
+                int e = (j + rep + 1) % NENG;
                 if (!has(es, engs[e].name)) continue;
+                if (e == 4 && wl != ADD && wl != ADD_RAND) continue; /* twunc: adds only */
                 double v = engs[e].run(wl);
                 if (rep >= 0) r[e].push_back(v);
             }
