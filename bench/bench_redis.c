@@ -584,8 +584,8 @@ static const char ldone_script[] =
 static size_t lpoll_done(redisContext *c, const char *sha, redisReply *r,
                          const int64_t *due)
 {
-    static const char *av[2 * 1000 + 8];
-    static size_t al[2 * 1000 + 8];
+    static const char *av[2 * 1000 + 9]; /* 9 fixed, 1000 keys, tokens */
+    static size_t al[2 * 1000 + 9];
     static char num[1000 + 1][24];
     size_t got = r->elements / 3;
     const char *head[9] = {"EVALSHA", sha,    "5",    "lp:z",   "lp:h",

@@ -104,6 +104,7 @@ struct rd {
     struct rtimer *ready; /* checked, waiting for their due time (firer) */
     bool stop, gstop;     /* stop the firer and topology; then the groups */
     bool thr_on, claimer_on;
+    bool no_mget; /* MGET refused (an ACL without it): GET per shard (mu) */
     pthread_t thr, claimer;
     struct grp grp[GROUPS_MAX];
     uint8_t *grp_of;               /* per shard: its group (mu) */

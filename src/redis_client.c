@@ -1563,6 +1563,14 @@ void tw__rc_last_error(tw__rc *c, char *buf, size_t len)
     pthread_mutex_unlock(&c->map_mu);
 }
 
+bool tw__rc_cluster(tw__rc *c)
+{
+    pthread_mutex_lock(&c->map_mu);
+    bool r = c->cluster;
+    pthread_mutex_unlock(&c->map_mu);
+    return r;
+}
+
 void tw__rc_stats_get(tw__rc *c, tw__rc_stats *out)
 {
     pthread_mutex_lock(&c->map_mu);

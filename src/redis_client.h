@@ -90,6 +90,11 @@ bool tw__rc_is_noscript(const redisReply *r);
  * changed. */
 bool tw__rc_noscript_to_eval(tw__rc_cmd *cmd, const char *src);
 
+/* Whether @c talks to a Redis Cluster (CLUSTER SLOTS answered): the keys
+ * of one command must then share a slot. Otherwise one server holds every
+ * slot, and a command may name keys of any slots. */
+bool tw__rc_cluster(tw__rc *c);
+
 /* Free the replies of @n commands (NULL ones skipped). */
 void tw__rc_free_replies(tw__rc_cmd *cmds, size_t n);
 

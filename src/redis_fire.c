@@ -19,8 +19,9 @@
  * it claims at once.
  *
  * Claiming. The claimer runs CLAIM on every shard each horizon/4: one
- * range of :d, [-(now * 1024 + 1023), now + horizon], holds both the
- * leases that ran out (they go back to their due time with attempt + 1,
+ * range of :d, [-(R * 1024 + 1023), now + horizon] (R: Redis's TIME,
+ * which alone judges the end of a lease), holds both the leases that ran
+ * out (they go back to their due time with attempt + 1,
  * and :v moves) and the keys due within the horizon; those get a token
  * each and come back with their payloads and the shard's :v. SCHED and a
  * retry in DONE claim at once when the due time is within the horizon, so
@@ -30,7 +31,8 @@
  *
  * Firing. When the wheel says a timer is due within CHECK_AHEAD_MS (and
  * the wall clock agrees), the node asks Redis whether it is still its own:
- * one GET of :v per shard per batch (a batch starts at most every
+ * one GET of :v per shard per batch, or on one server (not a cluster) one
+ * MGET of the :v of every shard in the batch (a batch starts at most every
  * CHECK_GAP_MS, at once while the firer is behind, and takes every timer
  * due in the next CHECK_AHEAD_MS, so the timers of several milliseconds
  * share one round trip, which is most of what a check costs Redis). If :v
@@ -90,7 +92,10 @@
 #define CHECK_MAX_AGE_MS 200
 #endif
 #define TOPOLOGY_MS 1000 /* how often the masters of the shards are read */
-enum { CHK_VER = -1, CHK_SCORE = -2 }; /* the plain commands of a check */
+/* The plain commands of a check: a GET of one shard's :v, a ZMSCORE of
+ * its :d, or one MGET of the :v of every shard in the round (one server,
+ * not a cluster). */
+enum { CHK_VER = -1, CHK_SCORE = -2, CHK_MVER = -3 };
 
 static void on_wheel(tw_timer *t, void *arg)
 {
@@ -311,6 +316,7 @@ struct fr_shard {
     uint32_t ret;            /* its completions that retry or go dead */
     bool dmix;               /* its completions have different versions */
     uint64_t dver;           /* else the version of all of them */
+    uint32_t mpos;           /* its :v's element in the round's MGET */
 };
 
 /* One command of a round: element j of its reply is timer or completion
@@ -332,6 +338,8 @@ struct fround {
     struct done *pend;        /* the completions sent, taken from g->pend */
     struct rtimer **v;        /* the due timers */
     size_t n, np;             /* due timers; completions d->pend[0..np) sent */
+    size_t nver;              /* of the due timers, those checked by :v */
+    bool one;                 /* one server: every :v in one MGET */
     struct fr_shard *sh;      /* per shard */
     struct fr_cmd *cm;        /* per command */
     tw__rc_cmd *cmds;         /* per command, as the client takes them */
@@ -389,6 +397,7 @@ static bool fr_alloc(struct fround *f, struct rtimer *list)
     for (struct rtimer *r = list; r; r = r->next) {
         f->v[k++] = r;
         f->sh[r->shard].keys[r->full ? FR_SCORE : FR_VER]++;
+        f->nver += !r->full;
     }
     for (size_t i = 0; i < f->np; i++) {
         struct rtimer *r = f->pend[i].r;
@@ -422,6 +431,40 @@ static tw__rc_cmd *fr_cmd(struct fround *f, uint32_t shard, int script,
     return cmd;
 }
 
+/* On one server (no cluster), one MGET of the :v of every shard with
+ * timers to check by version, in place of a GET per shard: the per-command
+ * cost of Redis is paid once per round, not once per shard. */
+static void fr_mget(struct fround *f)
+{
+    struct rd *d = f->d;
+    size_t c = f->ncmd++;
+    tw__rc_cmd *cmd = &f->cmds[c];
+    const char **av = &f->argv[f->ai];
+    size_t *al = &f->len[f->ai];
+    f->cm[c].base = f->acc;
+    f->cm[c].keys = f->nver;
+    f->acc += f->nver;
+    f->script[c] = CHK_MVER;
+    av[0] = "MGET";
+    al[0] = 4;
+    int argc = 1;
+    for (size_t i = 0; i < f->n; i++) {
+        struct fr_shard *sh = &f->sh[f->v[i]->shard];
+        if (f->v[i]->full || sh->cmd[FR_VER])
+            continue;
+        if (argc == 1)
+            cmd->slot = d->sk[f->v[i]->shard].slot;
+        sh->cmd[FR_VER] = (uint32_t)c + 1;
+        sh->mpos = (uint32_t)argc - 1;
+        av[argc] = d->sk[f->v[i]->shard].name[3];
+        al[argc++] = d->sk[f->v[i]->shard].len[3];
+    }
+    cmd->argv = av;
+    cmd->argvlen = al;
+    cmd->argc = argc;
+    f->ai += (size_t)argc;
+}
+
 /* The DONE command of each shard with completions (first: they free
  * leases), then the check commands of each shard with due timers: a GET
  * of its version :v for the timers known to be ours at some version, a
@@ -447,6 +490,8 @@ static void fr_heads(struct fround *f)
             al[3 + NKEYS + 4] = 0; /* "": compare each key's score */
         c->argc += 2 * (int)sh->keys[FR_DONE]; /* retries follow */
     }
+    if (f->one && f->nver)
+        fr_mget(f);
     for (size_t i = 0; i < f->n; i++) {
         uint32_t s = f->v[i]->shard;
         bool z = f->v[i]->full;
@@ -550,6 +595,23 @@ static void ready_or_ok(struct fround *f, size_t i, int64_t wall)
     f->d->ready = r;
 }
 
+/* The version that a GET of :v (or an MGET's element) answered: a nil is
+ * 0 (no version yet). False when it proves nothing (an error reply, a
+ * value that is not a number in [0, 2^53)): the scores are read. A :v of
+ * the wrong type is an error to GET but a nil to MGET; the next script on
+ * the shard sets it aside (src/redis_scripts.c). */
+static bool ver_reply(const redisReply *e, double *ver)
+{
+    *ver = 0;
+    if (e->type == REDIS_REPLY_NIL)
+        return true;
+    if (e->type != REDIS_REPLY_STRING)
+        return false;
+    char *end;
+    *ver = strtod(e->str, &end);
+    return end != e->str && !*end && *ver >= 0 && *ver < 0x1p53;
+}
+
 /* The check replies. A GET of :v: a timer known to be ours at that
  * version is fired; one known at an older version (:v moved: some key
  * of the shard was replaced, cancelled or claimed again) has its score
@@ -564,32 +626,32 @@ static void fr_checks(struct fround *f, int64_t wall, uint64_t mono)
         if (f->script[c] >= 0)
             continue;
         redisReply *rep = f->cmds[c].reply;
-        bool z = f->script[c] == CHK_SCORE;
-        bool ans = rep && (z ? rep->type == REDIS_REPLY_ARRAY
-                             : rep->type == REDIS_REPLY_STRING ||
-                                   rep->type == REDIS_REPLY_NIL ||
-                                   rep->type == REDIS_REPLY_ERROR);
-        /* A :v that is not a number (or not a string) proves nothing:
-         * the scores are read. */
-        bool vbad = ans && !z && rep->type == REDIS_REPLY_ERROR;
-        double ver = 0;
-        if (ans && !z && rep->type == REDIS_REPLY_STRING) {
-            char *end;
-            ver = strtod(rep->str, &end);
-            vbad = end == rep->str || *end || !(ver >= 0 && ver < 0x1p53);
-        }
+        bool z = f->script[c] == CHK_SCORE, m = f->script[c] == CHK_MVER;
+        bool ans = rep && (z || m ? rep->type == REDIS_REPLY_ARRAY
+                                  : rep->type == REDIS_REPLY_STRING ||
+                                        rep->type == REDIS_REPLY_NIL ||
+                                        rep->type == REDIS_REPLY_ERROR);
+        if (ans && m && rep->elements != (size_t)f->cmds[c].argc - 1)
+            ans = false;
+        if (m && rep && rep->type == REDIS_REPLY_ERROR)
+            d->no_mget = true; /* e.g. NOPERM: a GET per shard from now */
         for (size_t j = 0; j < f->cm[c].keys; j++) {
             size_t i = f->owner[f->cm[c].base + j];
             struct rtimer *r = f->v[i];
-            redisReply *e =
-                ans && z && j < rep->elements ? rep->element[j] : NULL;
-            if (!ans || (z && !e)) {
+            redisReply *e = NULL;
+            if (ans && z)
+                e = j < rep->elements ? rep->element[j] : NULL;
+            else if (ans)
+                e = m ? rep->element[f->sh[r->shard].mpos] : rep;
+            double ver = 0;
+            bool vok = !z && e && ver_reply(e, &ver);
+            if (!e) {
                 tw_wheel_add(d->wheel, &r->tm, mono + RETRY_MS);
-            } else if (!z && !vbad && (double)r->ver == ver) {
+            } else if (vok && (double)r->ver == ver) {
                 ready_or_ok(f, i, wall);
             } else if (!z) {
                 r->full = true;
-                r->ver = vbad ? 0 : (uint64_t)ver;
+                r->ver = vok ? (uint64_t)ver : 0;
                 tw_wheel_add(d->wheel, &r->tm, mono);
                 d->next_check = 0;
             } else if (e->type == REDIS_REPLY_STRING &&
@@ -788,6 +850,10 @@ static void fire_batch(struct rd *d, struct grp *g, struct rtimer *list,
         return;
     }
     f.wall = rd_wall(d);
+    bool one = !tw__rc_cluster(d->rc);
+    pthread_mutex_lock(&d->mu);
+    f.one = one && !d->no_mget;
+    pthread_mutex_unlock(&d->mu);
     fr_heads(&f);
     fr_fill(&f);
     f.sent = real_mono_ms();

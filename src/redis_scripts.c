@@ -44,10 +44,15 @@
  * token whose lease ends lease_ms from now, if the score is still -T of
  * the caller's claim. A claim's token is
  * T = max(last T + 1, expiry * 1024), where expiry is the lease's end in
- * ms (max(due, now) + lease): unique per claim within the shard, growing
- * with the clock, and floor(T / 1024) >= expiry; a lease ran out when
- * floor(T / 1024) <= now, i.e. when the score is in
- * [-(now * 1024 + 1023), 0). So the lease, the token and the fencing of a
+ * ms of Redis's clock (TIME in the script: R + max(due - now, 0) + lease,
+ * R Redis's time, now the caller's wall clock): unique per claim within
+ * the shard, growing with the clock, and floor(T / 1024) >= expiry; a
+ * lease ran out when floor(T / 1024) <= R, i.e. when the score is in
+ * [-(R * 1024 + 1023), 0). Only the master's clock judges a lease (a node
+ * whose wall clock is stepped or skewed takes back no claim early; the
+ * caller's clock only says how far ahead the due time is). Scripts that
+ * call TIME and then write are replicated by their effects (the default
+ * since Redis 5). So the lease, the token and the fencing of a
  * claimed key are one score: claiming a key is one ZADD entry, checking
  * it one ZMSCORE entry, completing it one ZREM and one HDEL entry, with
  * no other per-key structure (earlier versions kept a lease set, token,
@@ -86,16 +91,21 @@
     "local function q(f,x) redis.call('HSET',Q,f,x) end\n"                     \
     /* A value of :p: due, attempt, #due, #attempt; nil if it is not    */     \
     /* "-?digits,digits," within int64 and uint32 (as parse_val reads) */      \
+    /* (the range checks only for 19 digits of due or 10 of attempt).  */     \
+    "local mx,fl,tn,sm=math.max,math.floor,tonumber,string.match\n"             \
     "local function pv(s)\n"                                                   \
     " if type(s)~='string' then return nil end\n"                              \
-    " local d,a=string.match(s,'^(%-?%d+),(%d+),')\n"                          \
+    " local d,a=sm(s,'^(%-?%d+),(%d+),')\n"                                    \
     " if not d then return nil end\n"                                          \
-    " local u=string.gsub(d,'^%-','')\n"                                       \
-    " if #u>19 or (#u==19 and u>(u==d and '9223372036854775807' or"            \
-    " '9223372036854775808')) or #a>10 or tonumber(a)>4294967295 then\n"       \
-    "  return nil\n"                                                           \
+    " local nd,na=#d,#a\n"                                                     \
+    " if nd>18 or na>9 then\n"                                                 \
+    "  local u=string.gsub(d,'^%-','')\n"                                      \
+    "  if #u>19 or (#u==19 and u>(u==d and '9223372036854775807' or"           \
+    "  '9223372036854775808')) or na>10 or tn(a)>4294967295 then\n"            \
+    "   return nil\n"                                                          \
+    "  end\n"                                                                  \
     " end\n"                                                                   \
-    " return tonumber(d),tonumber(a),#d,#a\n"                                  \
+    " return tn(d),tn(a),nd,na\n"                                              \
     "end\n"                                                                    \
     /* s with its attempt set to a (saturated at 2^32 - 1). */                 \
     "local function att(s,a,nd,na)\n"                                          \
@@ -113,11 +123,16 @@
     " redis.call('DEL',k)\n"                                                   \
     " return 0,true\n"                                                         \
     "end\n"                                                                    \
+    /* Redis's clock (TIME) in ms: what judges the end of a lease. */ \
+    "local function rnow()\n" \
+    " local t=redis.call('TIME')\n" \
+    " return tonumber(t[1])*1000+math.floor(tonumber(t[2])/1000)\n" \
+    "end\n" \
     /* A :d score as an integer (floored; NaN, inf, absent: nil). */           \
     "local function sc(x)\n"                                                   \
-    " local n=x and tonumber(x)\n"                                             \
+    " local n=x and tn(x)\n"                                                   \
     " if n and n==n and n~=math.huge and n~=-math.huge then\n"                 \
-    "  return math.floor(n)\n"                                                 \
+    "  return fl(n)\n"                                                         \
     " end\n"                                                                   \
     "end\n"                                                                    \
     "local function M()\n"
@@ -200,9 +215,9 @@ const char *const tw__redis_scripts[S_COUNT] = {
             " end\n"
             "end\n"
             "if #nk==0 then return {} end\n"
-            "local nz,out={},{v}\n"
+            "local nz,out,rn={},{v},rnow()\n"
             "for i=1,#nk do\n"
-            " t=math.max(t+1,(math.max(nd[i],now)+lease)*1024)\n"
+            " t=math.max(t+1,(rn+math.max(nd[i]-now,0)+lease)*1024)\n"
             " nz[2*i-1]=-t\n"
             " nz[2*i]=nk[i]\n"
             " out[2*i]=nj[i]\n"
@@ -218,72 +233,79 @@ const char *const tw__redis_scripts[S_COUNT] = {
             "redis.call('HDEL',P,k)\n"
             "redis.call('SET',V,math.max(v+1,tonumber(ARGV[2])*1024))\n"
             "return 1\n" EPILOGUE,
-    /* CLAIM ARGV: now until lease max. One range of :d holds both the
-     * leases that ran out (score in [-(now * 1024 + 1023), 0): they go
-     * back to their due time with attempt + 1, and :v moves) and the keys
-     * due before until (score in [0, until]); the latter are claimed: a
-     * few commands per call, however many keys. A key whose value is not
-     * a valid "due,attempt,payload" (or that has none) is set aside.
+    /* CLAIM ARGV: now until lease max. Two ranges of :d: the leases that
+     * ran out (score in [-(R * 1024 + 1023), 0), read with their scores:
+     * they go back to their due time with attempt + 1, and :v moves), then
+     * the keys due before until (score in [0, until], read without their
+     * scores, which Redis would format as doubles at about 0.5 us a key:
+     * a waiting key's score is max(its value's due, 0)); the latter are
+     * claimed: a few commands per call, however many keys. A key whose value is
+     * not a valid "due,attempt,payload" (or that has none) is set aside.
      * Returns {} or: 1 if the range was full (more may follow), else 0;
      * the shard's version; then (key token value) triples. */
-    PRELUDE
-    "local now,untl,lease,max=tonumber(ARGV[1]),tonumber(ARGV[2]),"
-    "tonumber(ARGV[3]),tonumber(ARGV[4])\n"
-    "local ks=redis.call('ZRANGEBYSCORE',D,-(now*1024+1023),untl,"
-    "'WITHSCORES','LIMIT',0,max)\n"
-    "local n=#ks/2\n"
-    "if n==0 then return {} end\n"
-    "local names={}\n"
-    "for i=1,n do names[i]=ks[2*i-1] end\n"
-    "local vals=redis.call('HMGET',P,unpack(names))\n"
-    "local t=cnt(S,'s')\n"
-    "local v,ex=cnt(V,'v')\n"
-    "local keys,za,fz,out,m,bd,bp={},{},{},{n==max and 1 or 0,0},0,{},{}\n"
-    "for i=1,n do\n"
-    " local k,due,s=names[i],sc(ks[2*i]),vals[i]\n"
-    " local d,a,nd,na=pv(s)\n"
-    " if not d or not due then\n"
-    "  if s then\n"
-    "   q('p:'..k,s)\n"
-    "   bp[#bp+1]=k\n"
-    "  else\n"
-    "   q('d:'..k,ks[2*i])\n"
-    "  end\n"
-    "  bd[#bd+1]=k\n"
-    "  due=nil\n"
-    " elseif due<0 then\n"
-    "  ex=true\n"
-    "  s=att(s,a+1,nd,na)\n"
-    "  vals[i]=s\n"
-    "  redis.call('HSET',P,k,s)\n"
-    "  due=math.max(d,0)\n"
-    " end\n"
-    " if due and due>untl then\n"
-    "  fz[#fz+1]=due\n"
-    "  fz[#fz+1]=k\n"
-    " elseif due then\n"
-    "  m=m+1\n"
-    "  t=math.max(t+1,(math.max(due,now)+lease)*1024)\n"
-    "  keys[m]=k\n"
-    "  za[2*m-1]=-t\n"
-    "  za[2*m]=k\n"
-    "  out[3*m]=k\n"
-    "  out[3*m+1]=t\n"
-    "  out[3*m+2]=vals[i]\n"
-    " end\n"
-    "end\n"
-    "if #bd>0 then redis.call('ZREM',D,unpack(bd)) end\n"
-    "if #bp>0 then redis.call('HDEL',P,unpack(bp)) end\n"
-    "if ex then\n"
-    " v=math.max(v+1,now*1024)\n"
-    " redis.call('SET',V,v)\n"
-    "end\n"
-    "out[2]=v\n"
-    "if #fz>0 then redis.call('ZADD',D,unpack(fz)) end\n"
-    "if m==0 then return out end\n"
-    "redis.call('SET',S,t)\n"
-    "redis.call('ZADD',D,unpack(za))\n"
-    "return out\n" EPILOGUE,
+    PRELUDE "local now,untl,lease,max=tonumber(ARGV[1]),tonumber(ARGV[2]),"
+            "tonumber(ARGV[3]),tonumber(ARGV[4])\n"
+            "local rn=rnow()\n"
+            "local ks=redis.call('ZRANGEBYSCORE',D,-(rn*1024+1023),'(0',"
+            "'WITHSCORES','LIMIT',0,max)\n"
+            "local ne,names=#ks/2,{}\n"
+            "for i=1,ne do names[i]=ks[2*i-1] end\n"
+            "if ne<max then\n"
+            " local w=redis.call('ZRANGEBYSCORE',D,0,untl,'LIMIT',0,max-ne)\n"
+            " for i=1,#w do names[ne+i]=w[i] end\n"
+            "end\n"
+            "local n=#names\n"
+            "if n==0 then return {} end\n"
+            "local vals=redis.call('HMGET',P,unpack(names))\n"
+            "local t=cnt(S,'s')\n"
+            "local v,ex=cnt(V,'v')\n"
+            "local za,fz,out,m,bd,bp={},{},{n==max and 1 or 0,0},0,{},{}\n"
+            "for i=1,n do\n"
+            " local k,s=names[i],vals[i]\n"
+            " local d,a,nd,na=pv(s)\n"
+            " local due\n"
+            " if i<=ne then due=sc(ks[2*i]) elseif d then due=mx(d,0) end\n"
+            " if not d or not due then\n"
+            "  if s then\n"
+            "   q('p:'..k,s)\n"
+            "   bp[#bp+1]=k\n"
+            "  else\n"
+            "   q('d:'..k,i<=ne and ks[2*i] or redis.call('ZSCORE',D,k))\n"
+            "  end\n"
+            "  bd[#bd+1]=k\n"
+            "  due=nil\n"
+            " elseif due<0 then\n"
+            "  ex=true\n"
+            "  s=att(s,a+1,nd,na)\n"
+            "  vals[i]=s\n"
+            "  redis.call('HSET',P,k,s)\n"
+            "  due=math.max(d,0)\n"
+            " end\n"
+            " if due and due>untl then\n"
+            "  fz[#fz+1]=due\n"
+            "  fz[#fz+1]=k\n"
+            " elseif due then\n"
+            "  m=m+1\n"
+            "  t=mx(t+1,(rn+mx(due-now,0)+lease)*1024)\n"
+            "  za[2*m-1]=-t\n"
+            "  za[2*m]=k\n"
+            "  out[3*m]=k\n"
+            "  out[3*m+1]=t\n"
+            "  out[3*m+2]=vals[i]\n"
+            " end\n"
+            "end\n"
+            "if #bd>0 then redis.call('ZREM',D,unpack(bd)) end\n"
+            "if #bp>0 then redis.call('HDEL',P,unpack(bp)) end\n"
+            "if ex then\n"
+            " v=math.max(v+1,now*1024)\n"
+            " redis.call('SET',V,v)\n"
+            "end\n"
+            "out[2]=v\n"
+            "if #fz>0 then redis.call('ZADD',D,unpack(fz)) end\n"
+            "if m==0 then return out end\n"
+            "redis.call('SET',S,t)\n"
+            "redis.call('ZADD',D,unpack(za))\n"
+            "return out\n" EPILOGUE,
     /* DONE ARGV: now claim_until lease n ver, then n keys, their n
      * tokens, then (i retry_ms) for the keys i (1..n) to deliver again
      * (retry_ms -1: to the dead letters :x instead; -2: the same, with
@@ -344,7 +366,7 @@ const char *const tw__redis_scripts[S_COUNT] = {
             "  redis.call('HSET',P,k,string.format('%d',due)..att(s,a+1,nd,na)"
             ":sub(nd+1))\n"
             "  if due<=untl then\n"
-            "   t=math.max(t+1,(due+lease)*1024)\n"
+            "   t=math.max(t+1,(rnow()+tonumber(ARGV[j+1])+lease)*1024)\n"
             "   redis.call('SET',S,t)\n"
             "   redis.call('ZADD',D,-t,k)\n"
             "   out[i]=t\n"
@@ -412,8 +434,7 @@ const char *const tw__redis_scripts[S_COUNT] = {
     PRELUDE "local k=ARGV[1]\n"
             "local c=sc(redis.call('ZSCORE',D,k))\n"
             "if not c or -c~=tonumber(ARGV[2]) then return 0 end\n"
-            "local t=math.max(cnt(S,'s')+1,"
-            "(tonumber(ARGV[3])+tonumber(ARGV[4]))*1024)\n"
+            "local t=math.max(cnt(S,'s')+1,(rnow()+tonumber(ARGV[4]))*1024)\n"
             "redis.call('SET',S,t)\n"
             "redis.call('ZADD',D,-t,k)\n"
             "return t\n" EPILOGUE,

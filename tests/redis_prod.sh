@@ -90,7 +90,7 @@ expect() { # CODE KEY=VALUE...: one open, checked by the test program
 # the commands its scripts call, and its namespace's keys.
 ACL_CMDS="+evalsha +eval +script|load +cluster|slots +wait +get +zmscore +zcard +zcount +hlen
   +ping +select +role
-  +del +dump +hdel +hget +hmget +hset +set +type +zadd +zrange +zrangebyscore +zrangebylex +zrem +zscore"
+  +del +dump +hdel +hget +hmget +hset +set +time +type +zadd +zrange +zrangebyscore +zrangebylex +zrem +zscore"
 
 case $scenario in
   auth)
