@@ -182,6 +182,17 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     r->count++;
     pthread_mutex_unlock(&mu);
     int n, m;
+    /* TW_SEM_SLOW_RETURN_MS=N: every callback returns N ms of real time
+     * after its delivery was counted, so that a test that reads the store
+     * or moves the clock before the callback returned fails (the
+     * test_durable_semantics_slow CTest entry). */
+    static atomic_int slow = -1;
+    if (atomic_load(&slow) < 0) {
+        const char *e = getenv("TW_SEM_SLOW_RETURN_MS");
+        atomic_store(&slow, e ? atoi(e) : 0);
+    }
+    if (atomic_load(&slow) > 0)
+        sleep_real_ms(atomic_load(&slow));
     if (sscanf(pl, "R%dx%d", &n, &m) == 2 && (int)t->attempt <= m)
         return n;
     if (pl[0] == 'F')
@@ -321,6 +332,10 @@ static void wait_fired(tw_durable *d, uint64_t n)
  * (moved by 500 ms here; stats.pending is then awaited in real time). */
 static void done_flush(tw_durable *d, uint64_t want_pending)
 {
+    /* A delivery is counted as its callback starts; its completion is
+     * queued when the callback returns. */
+    for (int i = 0; i < WAIT_MS && stats(d).running; i++)
+        sleep_real_ms(1);
     if (be->known & TW_SEM_KNOWN_DONE_LAG) {
         advance(500);
         for (int i = 0; i < WAIT_MS && stats(d).pending != want_pending; i++)
