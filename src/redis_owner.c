@@ -352,11 +352,12 @@ static bool round_group(tw__own *o, struct ogrp *g)
     size_t *al = tw__malloc(8 * (S ? S : 1) * sizeof *al);
     int *which = tw__malloc((S ? S : 1) * sizeof *which);
     uint32_t *sh = tw__malloc((S ? S : 1) * sizeof *sh);
+    uint32_t *csh = tw__malloc((S ? S : 1) * sizeof *csh); /* sent for */
     char(*fb)[TW__OWN_FENCE_MAX] = tw__malloc((S ? S : 1) * sizeof *fb);
     redisReply *brep = NULL;
     const char **live = NULL;
     bool gained = false;
-    if (!cmds || !av || !al || !which || !sh || !fb)
+    if (!cmds || !av || !al || !which || !sh || !csh || !fb)
         goto out;
     /* The group's shards not in another group's round (the map moved
      * while that one waits for its master); the lowest names the
@@ -386,9 +387,6 @@ static bool round_group(tw__own *o, struct ogrp *g)
     char lease[24];
     size_t ll = (size_t)snprintf(lease, sizeof lease, "%u", o->lease_ms);
     uint64_t now = mono_ms();
-    uint32_t *csh = tw__malloc((nsh ? nsh : 1) * sizeof *csh);
-    if (!csh)
-        goto unbusy;
     pthread_mutex_lock(&o->mu);
     for (size_t i = 0; i < nsh; i++) {
         uint32_t s = sh[i];
@@ -448,7 +446,6 @@ static bool round_group(tw__own *o, struct ogrp *g)
     }
     pthread_mutex_unlock(&o->mu);
     tw__rc_free_replies(cmds, n);
-    tw__free(csh);
 unbusy:
     pthread_mutex_lock(&o->mu);
     for (size_t i = 0; i < nsh; i++)
@@ -463,6 +460,7 @@ out:
     tw__free(al);
     tw__free(which);
     tw__free(sh);
+    tw__free(csh);
     tw__free(fb);
     return gained;
 }
