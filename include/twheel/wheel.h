@@ -351,7 +351,8 @@ TW_EXTERN size_t tw_wheel_advance(tw_wheel *w, uint64_t now);
  * too few levels to cover 64 bits), add one more for each top-level slot
  * whose earliest timer was cancelled or moved since that slot was last
  * visited: cancel stays O(1), so the slot's remembered minimum is a lower
- * bound until the next visit refreshes it.
+ * bound until the next visit refreshes it. With tw_wheel_cancel_inline(),
+ * add one for each slot it emptied since that slot was last visited.
  *
  * Return: that tick, or UINT64_MAX when nothing is pending.
  */
