@@ -91,6 +91,7 @@ struct rd {
     uint64_t (*mono_fn)(void *);
     void *clock_arg;
     char sha[S_COUNT][41];
+    char msha[S_COUNT][41]; /* the multi-shard forms' (SCHED, CLAIM, DONE) */
     struct shard_keys *sk;
 
     pthread_mutex_t op_mu;    /* held while a combined batch runs */
@@ -104,7 +105,8 @@ struct rd {
     struct rtimer *ready; /* checked, waiting for their due time (firer) */
     bool stop, gstop;     /* stop the firer and topology; then the groups */
     bool thr_on, claimer_on;
-    bool no_mget; /* MGET refused (an ACL without it): GET per shard (mu) */
+    bool no_mget;  /* MGET refused (an ACL without it): GET per shard (mu) */
+    bool no_multi; /* merged calls refused: one call per shard (atomic) */
     pthread_t thr, claimer;
     struct grp grp[GROUPS_MAX];
     uint8_t *grp_of;               /* per shard: its group (mu) */
@@ -240,6 +242,12 @@ int tw__rd_run_calls(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
 void tw__rd_wait_many(struct rd *d, const uint32_t *shard, int *rc, size_t n);
 int tw__rd_call_int(struct rd *d, struct call *c, long long *out);
 bool tw__rd_parse_val(const char *s, size_t n, struct pval *v);
+
+#ifdef TW_TEST_HOOKS
+/* Tests: send every multi-shard call malformed, so that Redis refuses it
+ * as a whole (src/durable_redis.c). */
+extern bool tw__rd_multi_break;
+#endif
 
 /* One array of a block that tw__rd_alloc_parts() allocates: @out is the
  * address of the array's pointer (of any object type). */
