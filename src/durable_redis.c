@@ -1212,6 +1212,11 @@ struct tw__own *tw__durable_redis_own(struct tw_durable *d)
     return ((struct rd *)d)->own;
 }
 
+bool tw__durable_redis_no_multi(struct tw_durable *d)
+{
+    return __atomic_load_n(&((struct rd *)d)->no_multi, __ATOMIC_RELAXED);
+}
+
 void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out)
 {
     tw__rc_stats_get(((struct rd *)d)->rc, out);

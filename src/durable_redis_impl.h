@@ -243,12 +243,6 @@ void tw__rd_wait_many(struct rd *d, const uint32_t *shard, int *rc, size_t n);
 int tw__rd_call_int(struct rd *d, struct call *c, long long *out);
 bool tw__rd_parse_val(const char *s, size_t n, struct pval *v);
 
-#ifdef TW_TEST_HOOKS
-/* Tests: send every multi-shard call malformed, so that Redis refuses it
- * as a whole (src/durable_redis.c). */
-extern bool tw__rd_multi_break;
-#endif
-
 /* One array of a block that tw__rd_alloc_parts() allocates: @out is the
  * address of the array's pointer (of any object type). */
 struct tw__rd_part {
