@@ -9,7 +9,9 @@
  *                             in Redis (a shard's keys, tokens, versions,
  *                             dead letters, quarantine)
  *   src/durable_redis.c       this file: open, schedule/cancel, stats,
- *                             close; running scripts (EVALSHA, NOSCRIPT)
+ *                             close
+ *   src/redis_multi.[ch]      running scripts (EVALSHA, NOSCRIPT), many
+ *                             shards' calls merged into one
  *   src/redis_owner.[ch]      fenced shard ownership
  *                             (cfg.redis_shard_lease_ms)
  *   src/redis_fire.c          claiming, checking, firing, completing
@@ -93,254 +95,16 @@ void tw__rd_put_nums(const char **argv, size_t *len, char (*num)[24],
     }
 }
 
-/* The text of script @id: one of S_COUNT, or S_COUNT + s for the
- * multi-shard form of script s. */
-static const char *script_src(int id)
-{
-    return id < S_COUNT ? tw__redis_scripts[id]
-                        : tw__redis_multi_scripts[id - S_COUNT];
-}
-
-/* tw__rd_run_cmds without merging: every command as it is. */
-static int run_plain(struct rd *d, tw__rc_cmd *cmds, const int *script,
-                     size_t n)
-{
-    int rc = tw__rc_exec(d->rc, cmds, n);
-    for (int pass = 0; pass < 2; pass++) {
-        size_t again = 0;
-        for (size_t i = 0; i < n; i++)
-            if (script[i] >= 0 && tw__rc_is_noscript(cmds[i].reply))
-                again++;
-        if (!again)
-            break;
-        tw__rc_cmd *sub = tw__calloc(again, sizeof *sub);
-        size_t *idx = tw__calloc(again, sizeof *idx);
-        if (!sub || !idx) {
-            tw__free(sub);
-            tw__free(idx);
-            return TW_ENOMEM;
-        }
-        size_t j = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (script[i] < 0 ||
-                !tw__rc_noscript_to_eval(&cmds[i], script_src(script[i])))
-                continue;
-            sub[j] = cmds[i];
-            idx[j++] = i;
-        }
-        tw__rc_exec(d->rc, sub, again);
-        rc = 0;
-        for (size_t k = 0; k < again; k++)
-            cmds[idx[k]] = sub[k];
-        for (size_t i = 0; i < n && !rc; i++)
-            rc = cmds[i].err;
-        tw__free(sub);
-        tw__free(idx);
-    }
-    return rc;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Many shards in one script call. On a server that is not a cluster, a
- * run of consecutive calls of SCHED, CLAIM or DONE (one per shard) goes
- * as one call of the script's multi-shard form (src/redis_scripts.c):
- * Redis's cost per script call (the call, its argument and reply
- * handling, a wake-up) is then paid once per round instead of once per
- * shard. Each shard's part runs the one-shard script with the same keys
- * and arguments, fenced the same way, and gets its own reply, so callers
- * see exactly what separate calls would have answered. A merged call
- * that fails as a whole (not NOSCRIPT, which loads the script) is sent
- * again as separate calls; if those are answered, the server does not
- * take the merged form (a proxy that wants one slot per call, say) and
- * every later call goes separately (d->no_multi). In a cluster a
- * script's keys must share a slot: separate calls, always. */
-
-#ifdef TW_TEST_HOOKS
-bool tw__rd_multi_break;
-#endif
-
-/* A part's number of keys: argv[2] of a script call ("6", or "7" with a
- * fence). */
-static size_t call_nkeys(const tw__rc_cmd *c)
-{
-    size_t k = 0;
-    for (size_t i = 0; i < c->argvlen[2]; i++)
-        k = k * 10 + (size_t)(c->argv[2][i] - '0');
-    return k;
-}
-
-/* A run of cmds[first .. first + n) of @script, merged into one call. */
-struct mrun {
-    size_t first, n;
-    int script;
-};
-
-/* The runs of commands worth merging (two calls or more) into @runs (room for
- * n / 2); how many. */
-static size_t find_runs(const int *script, size_t n, struct mrun *runs)
-{
-    size_t m = 0;
-    for (size_t i = 0, j; i < n; i = j) {
-        for (j = i + 1; j < n && script[j] == script[i]; j++)
-            ;
-        if (j - i >= 2 && script[i] >= 0 && tw__redis_multi_scripts[script[i]])
-            runs[m++] = (struct mrun){i, j - i, script[i]};
-    }
-    return m;
-}
-
-/* Build the merged call of run @r into @out, its arguments in @av, @al
- * (room for 3 + the parts' arguments + 2 per part) and @num (1 + 2 per
- * part). */
-static void merge_run(struct rd *d, const tw__rc_cmd *cmds,
-                      const struct mrun *r, tw__rc_cmd *out, const char **av,
-                      size_t *al, char (*num)[24])
-{
-    size_t nk = 0, a = 3;
-    for (size_t j = 0; j < r->n; j++) {
-        const tw__rc_cmd *c = &cmds[r->first + j];
-        size_t k = call_nkeys(c);
-        for (size_t i = 0; i < k; i++, a++) {
-            av[a] = c->argv[3 + i];
-            al[a] = c->argvlen[3 + i];
-        }
-        nk += k;
-    }
-    for (size_t j = 0; j < r->n; j++) {
-        const tw__rc_cmd *c = &cmds[r->first + j];
-        size_t k = call_nkeys(c), na = (size_t)c->argc - 3 - k;
-        long long two[2] = {(long long)k, (long long)na};
-        tw__rd_put_nums(av + a, al + a, num + 1 + 2 * j, two, 2);
-#ifdef TW_TEST_HOOKS
-        if (tw__rd_multi_break && !j)
-            al[a] = 0; /* "": the script refuses the call */
-#endif
-        a += 2;
-        for (size_t i = 0; i < na; i++, a++) {
-            av[a] = c->argv[3 + k + i];
-            al[a] = c->argvlen[3 + k + i];
-        }
-    }
-    av[0] = "EVALSHA";
-    al[0] = 7;
-    av[1] = d->msha[r->script];
-    al[1] = 40;
-    long long k = (long long)nk;
-    tw__rd_put_nums(av + 2, al + 2, num, &k, 1);
-    *out = (tw__rc_cmd){(int)a, av, al, cmds[r->first].slot, NULL, 0};
-}
-
-/* The parts' replies from merged call @m of run @r; false when it has
- * none to give (an error as a whole, or a reply of another shape). */
-static bool split_run(tw__rc_cmd *cmds, const struct mrun *r, tw__rc_cmd *m)
-{
-    redisReply *rep = m->reply;
-    if (m->err) {
-        for (size_t j = 0; j < r->n; j++) {
-            cmds[r->first + j].reply = NULL;
-            cmds[r->first + j].err = m->err;
-        }
-        return true;
-    }
-    if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != r->n)
-        return false;
-    for (size_t j = 0; j < r->n; j++) {
-        cmds[r->first + j].reply = rep->element[j];
-        cmds[r->first + j].err = 0;
-        rep->element[j] = NULL;
-    }
-    return true;
-}
-
-/* A run whose merged call failed as a whole: its calls one by one. If
- * one of them is answered (not an error), the server does not take
- * merged calls: none from now on. */
-static void run_apart(struct rd *d, tw__rc_cmd *cmds, const int *script,
-                      const struct mrun *r)
-{
-    tw__rc_cmd *c = cmds + r->first;
-    run_plain(d, c, script + r->first, r->n);
-    for (size_t j = 0; j < r->n; j++)
-        if (c[j].reply && c[j].reply->type != REDIS_REPLY_ERROR) {
-            __atomic_store_n(&d->no_multi, true, __ATOMIC_RELAXED);
-            break;
-        }
-}
-
 /* Run @n commands pipelined; @script[i] is the script of cmds[i] (its
  * argv[0..1] are EVALSHA and the digest, and its argv array is the
  * caller's, writable) or -1 for a plain command. Returns 0 or the first
  * transport error. A node that lost its script cache (restart, failover)
  * gets EVAL, which loads the script there again. On a server that is not
- * a cluster, consecutive calls of one script that has a multi-shard form
- * go as one call (see above). */
+ * a cluster, consecutive calls of SCHED, CLAIM or DONE go as one call of
+ * the script's multi-shard form (src/redis_multi.h). */
 int tw__rd_run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
 {
-    if (n < 2 || __atomic_load_n(&d->no_multi, __ATOMIC_RELAXED) ||
-        tw__rc_cluster(d->rc))
-        return run_plain(d, cmds, script, n);
-    struct mrun *runs = tw__malloc(n / 2 * sizeof *runs);
-    size_t nr = runs ? find_runs(script, n, runs) : 0;
-    if (!nr) {
-        tw__free(runs);
-        return run_plain(d, cmds, script, n);
-    }
-    size_t nout = n, nargs = 0, nnum = 0;
-    for (size_t i = 0; i < nr; i++) {
-        nout -= runs[i].n - 1;
-        nargs += 3;
-        nnum += 1 + 2 * runs[i].n;
-        for (size_t j = 0; j < runs[i].n; j++)
-            nargs += (size_t)cmds[runs[i].first + j].argc - 1;
-    }
-    tw__rc_cmd *out;
-    int *oscript;
-    size_t *from;
-    const char **av;
-    size_t *al;
-    char(*num)[24];
-    struct tw__rd_part parts[] = {
-        {&out, nout, sizeof *out},   {&oscript, nout, sizeof *oscript},
-        {&from, nout, sizeof *from}, {&av, nargs, sizeof *av},
-        {&al, nargs, sizeof *al},    {&num, nnum, sizeof *num},
-    };
-    void *block = tw__rd_alloc_parts(parts, sizeof parts / sizeof parts[0]);
-    if (!block) {
-        tw__free(runs);
-        return run_plain(d, cmds, script, n);
-    }
-    size_t k = 0, a = 0, u = 0;
-    for (size_t i = 0, r = 0; i < n; k++) {
-        from[k] = i;
-        if (r < nr && runs[r].first == i) {
-            merge_run(d, cmds, &runs[r], &out[k], av + a, al + a, num + u);
-            oscript[k] = S_COUNT + runs[r].script;
-            a += (size_t)out[k].argc;
-            u += 1 + 2 * runs[r].n;
-            i += runs[r++].n;
-        } else {
-            out[k] = cmds[i];
-            oscript[k] = script[i++];
-        }
-    }
-    run_plain(d, out, oscript, nout);
-    for (size_t j = 0, r = 0; j < nout; j++) {
-        if (r < nr && runs[r].first == from[j]) {
-            if (!split_run(cmds, &runs[r], &out[j]))
-                run_apart(d, cmds, script, &runs[r]);
-            if (out[j].reply)
-                freeReplyObject(out[j].reply);
-            r++;
-        } else {
-            cmds[from[j]] = out[j];
-        }
-    }
-    int rc = 0;
-    for (size_t i = 0; i < n && !rc; i++)
-        rc = cmds[i].err;
-    tw__free(block);
-    tw__free(runs);
-    return rc;
+    return tw__rm_exec(d->rc, &d->rm, cmds, script, n);
 }
 
 /* tw__rd_run_cmds for fixed-size script calls. */
@@ -543,11 +307,13 @@ static int rd_keys(struct rd *d, const char *ns)
  * their first NOSCRIPT. The digest is the same everywhere. */
 static int rd_load_scripts(struct rd *d)
 {
+    d->rm = (struct tw__rm){tw__redis_scripts, tw__redis_multi_scripts,
+                            d->rm_sha, S_COUNT, false};
     for (int i = 0; i < S_COUNT; i++) {
         int rc = tw__rc_script_load(d->rc, tw__redis_scripts[i], d->sha[i]);
         if (!rc && tw__redis_multi_scripts[i])
             rc = tw__rc_script_load(d->rc, tw__redis_multi_scripts[i],
-                                    d->msha[i]);
+                                    d->rm_sha[i]);
         if (rc)
             return rc;
     }
@@ -1214,7 +980,7 @@ struct tw__own *tw__durable_redis_own(struct tw_durable *d)
 
 bool tw__durable_redis_no_multi(struct tw_durable *d)
 {
-    return __atomic_load_n(&((struct rd *)d)->no_multi, __ATOMIC_RELAXED);
+    return tw__rm_off(&((struct rd *)d)->rm);
 }
 
 void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out)

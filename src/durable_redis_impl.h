@@ -28,6 +28,7 @@
 #include "durable_exec.h"
 #include "internal.h"
 #include "redis_client.h"
+#include "redis_multi.h"
 #include "redis_owner.h"
 #include "redis_scripts.h"
 
@@ -91,7 +92,8 @@ struct rd {
     uint64_t (*mono_fn)(void *);
     void *clock_arg;
     char sha[S_COUNT][41];
-    char msha[S_COUNT][41]; /* the multi-shard forms' (SCHED, CLAIM, DONE) */
+    char rm_sha[S_COUNT][41]; /* the multi-shard forms' (SCHED, CLAIM, DONE) */
+    struct tw__rm rm;         /* script calls, merged (src/redis_multi.h) */
     struct shard_keys *sk;
 
     pthread_mutex_t op_mu;    /* held while a combined batch runs */
@@ -105,8 +107,7 @@ struct rd {
     struct rtimer *ready; /* checked, waiting for their due time (firer) */
     bool stop, gstop;     /* stop the firer and topology; then the groups */
     bool thr_on, claimer_on;
-    bool no_mget;  /* MGET refused (an ACL without it): GET per shard (mu) */
-    bool no_multi; /* merged calls refused: one call per shard (atomic) */
+    bool no_mget; /* MGET refused (an ACL without it): GET per shard (mu) */
     pthread_t thr, claimer;
     struct grp grp[GROUPS_MAX];
     uint8_t *grp_of;               /* per shard: its group (mu) */

@@ -56,10 +56,5 @@ tw__own *tw__durable_redis_own(struct tw_durable *d);
 /* Tests: has a Redis store stopped merging many shards' calls into one
  * (the server refused a merged call as a whole; src/durable_redis.c)? */
 bool tw__durable_redis_no_multi(struct tw_durable *d);
-#ifdef TW_TEST_HOOKS
-/* Tests: send every merged call malformed, so that Redis refuses it as
- * a whole. */
-extern bool tw__rd_multi_break;
-#endif
 
 #endif

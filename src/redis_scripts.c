@@ -68,6 +68,8 @@
  */
 #include "redis_scripts.h"
 
+#include "redis_multi.h"
+
 /* KEYS: 1 d, 2 p, 3 s, 4 v, 5 q, 6 x. A claim's token T (see the top of the
  * file) is max(last + 1, expiry * 1024), and a new version of :v is
  * max(last + 1, now * 1024): both grow with the clock, so that a master
@@ -454,43 +456,13 @@ const char *const tw__redis_scripts[S_COUNT] = {
 };
 
 /* Many shards in one call, on a server that is not a cluster (in a
- * cluster a script's keys must share a slot): the multi-shard form of
- * SCHED, CLAIM and DONE runs the one-shard script (the same text, as the
- * function one(KEYS, ARGV)) once per part. KEYS: every part's keys (6, or
- * 7 with the fence's :o) one part after the other; ARGV: per part, its
- * number of keys, its number of arguments, then its arguments. Returns
- * one element per part, what the one-shard script returns for it; a part
- * that fails (FENCED, or an error its own script does not recover from)
- * is an error element, and the other parts are unaffected. Redis runs a
- * script call for its keys and the calls of the parts' commands, but pays
- * its per-call cost (the call itself, the argument and reply
- * formatting, the wake-up) once for the round. */
-#define MULTI_OPEN "local function one(KEYS,ARGV)\n"
-#define MULTI_CLOSE                                                            \
-    "end\n"                                                                    \
-    "local out,ki,ai,n={},0,1,#ARGV\n"                                         \
-    "while ai<=n do\n"                                                         \
-    " local nk,na=tonumber(ARGV[ai]),tonumber(ARGV[ai+1])\n"                   \
-    " if not nk or not na or nk<0 or na<0 or ki+nk>#KEYS or ai+1+na>n then\n"  \
-    "  return redis.error_reply('ERR malformed multi-shard call')\n"           \
-    " end\n"                                                                   \
-    " local k,a={},{}\n"                                                       \
-    " for i=1,nk do k[i]=KEYS[ki+i] end\n"                                     \
-    " for i=1,na do a[i]=ARGV[ai+1+i] end\n"                                   \
-    " ki,ai=ki+nk,ai+2+na\n"                                                   \
-    " local ok,r=pcall(one,k,a)\n"                                             \
-    " if not ok then\n"                                                        \
-    "  r={err=type(r)=='table' and r.err or tostring(r)}\n"                    \
-    " end\n"                                                                   \
-    " if r==nil then r=false end\n"                                            \
-    " out[#out+1]=r\n"                                                         \
-    "end\n"                                                                    \
-    "return out\n"
-
+ * cluster a script's keys must share a slot): SCHED, CLAIM and DONE in
+ * the multi-shard form of src/redis_multi.h, each shard's part run by the
+ * one-shard script's own text, so fenced and checked the same way. */
 const char *const tw__redis_multi_scripts[S_COUNT] = {
-    [S_SCHED] = MULTI_OPEN SCHED_SRC MULTI_CLOSE,
-    [S_CLAIM] = MULTI_OPEN CLAIM_SRC MULTI_CLOSE,
-    [S_DONE] = MULTI_OPEN DONE_SRC MULTI_CLOSE,
+    [S_SCHED] = TW__RM_FORM(SCHED_SRC),
+    [S_CLAIM] = TW__RM_FORM(CLAIM_SRC),
+    [S_DONE] = TW__RM_FORM(DONE_SRC),
 };
 
 const char tw__redis_key_suffix[NKEYS] = {'d', 'p', 's', 'v', 'q', 'x'};
