@@ -10,7 +10,9 @@
 # command do, less than /proc's totals.
 # Usage: scripts/bench_redis_calls.sh BUILD_DIR...   (Release builds with
 # bench/bench_redis). TIMERS (default 20000), WINDOW_MS (10000), SHARDS
-# (64), OWNER_LEASE_MS (5000; 0: without ownership).
+# (64), OWNER_LEASE_MS (5000; 0: without ownership). POLLER=1: each round
+# also runs the lease-poller (`bench_redis lpoll`, 100 ms, of the first
+# build) after the builds, counted the same way.
 # Prints one line per run: the build, the bench's own line, then per 1000
 # fired timers: the calls of each command and the usec inside EVALSHA and
 # in all commands.
@@ -38,12 +40,19 @@ pid=$!
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
 echo "# $(date -u +%FT%TZ) $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# TIMERS=$timers WINDOW_MS=$window SHARDS=${SHARDS:-64} OWNER_LEASE_MS=${OWNER_LEASE_MS:-5000}"
+runs=("$@")
+[ -n "${POLLER:-}" ] && runs+=(lpoll)
 for _ in $(seq "$reps"); do
-  for b in "$@"; do
+  for b in "${runs[@]}"; do
     redis-cli -p "$port" config resetstat >/dev/null
-    line=$(env LOAD_BATCH=500 OWNER_LEASE_MS="${OWNER_LEASE_MS:-5000}" \
-      SHARDS="${SHARDS:-64}" "$b/bench/bench_redis" fire "127.0.0.1:$port" \
-      "$pid" "$timers" "$window")
+    if [ "$b" = lpoll ]; then
+      line=$("$1/bench/bench_redis" lpoll "127.0.0.1:$port" "$pid" "$timers" \
+        "$window" 100)
+    else
+      line=$(env LOAD_BATCH=500 OWNER_LEASE_MS="${OWNER_LEASE_MS:-5000}" \
+        SHARDS="${SHARDS:-64}" "$b/bench/bench_redis" fire \
+        "127.0.0.1:$port" "$pid" "$timers" "$window")
+    fi
     stats=$(redis-cli -p "$port" info commandstats | tr -d '\r')
     redis-cli -p "$port" flushall >/dev/null
     echo "$b: $line"

@@ -91,7 +91,9 @@
  *
  * Costs. Per round: one membership script per node and master, and one
  * ACQ per shard the node owns every second round (renewal), so a fleet
- * renews each shard once per lease / 4 whatever its size. Threads: one
+ * renews each shard once per lease / 4 whatever its size. On a server
+ * that is not a cluster a round's ACQs go as one script call, and so do
+ * its RELs (src/redis_multi.h). Threads: one
  * per master, and the supervisor.
  */
 #define _GNU_SOURCE
