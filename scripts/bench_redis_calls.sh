@@ -12,7 +12,9 @@
 # bench/bench_redis). TIMERS (default 20000), WINDOW_MS (10000), SHARDS
 # (64), OWNER_LEASE_MS (5000; 0: without ownership). POLLER=1: each round
 # also runs the lease-poller (`bench_redis lpoll`, 100 ms, of the first
-# build) after the builds, counted the same way.
+# build) after the builds, counted the same way. IDLE=1: instead,
+# `bench_redis idle` (nothing due, SHARDS default 1024, NODES node
+# processes, default 1, 10 s measured), calls per second of the run.
 # Prints one line per run: the build, the bench's own line, then per 1000
 # fired timers: the calls of each command and the usec inside EVALSHA and
 # in all commands.
@@ -45,7 +47,12 @@ runs=("$@")
 for _ in $(seq "$reps"); do
   for b in "${runs[@]}"; do
     redis-cli -p "$port" config resetstat >/dev/null
-    if [ "$b" = lpoll ]; then
+    t0=$(date +%s.%N)
+    if [ -n "${IDLE:-}" ]; then
+      line=$(env OWNER_LEASE_MS="${OWNER_LEASE_MS:-5000}" \
+        SHARDS="${SHARDS:-1024}" "$b/bench/bench_redis" idle \
+        "127.0.0.1:$port" "$pid" "${NODES:-1}" 10)
+    elif [ "$b" = lpoll ]; then
       line=$("$1/bench/bench_redis" lpoll "127.0.0.1:$port" "$pid" "$timers" \
         "$window" 100)
     else
@@ -54,8 +61,14 @@ for _ in $(seq "$reps"); do
         "127.0.0.1:$port" "$pid" "$timers" "$window")
     fi
     stats=$(redis-cli -p "$port" info commandstats | tr -d '\r')
+    secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
     redis-cli -p "$port" flushall >/dev/null
     echo "$b: $line"
+    [ -n "${IDLE:-}" ] && { echo "$stats" | awk -v s="$secs" -F'[:=,]' '
+      /^cmdstat_/ && $1 !~ /(config|info)/ { tc += $3; tu += $5 }
+      /^cmdstat_evalsha:/ { ec = $3; eu = $5 }
+      END { printf "  per second: evalsha %.1f calls %.0f usec; all %.1f calls\n",
+                   ec / s, eu / s, tc / s }'; continue; }
     echo "$stats" | awk -v n="$timers" -F'[:=,]' '
       /^cmdstat_/ { sub("cmdstat_", "", $1); calls[$1] = $3; usec[$1] = $5;
                     tc += $3; tu += $5 }
