@@ -9,9 +9,7 @@
  *                             in Redis (a shard's keys, tokens, versions,
  *                             dead letters, quarantine)
  *   src/durable_redis.c       this file: open, schedule/cancel, stats,
- *                             close
- *   src/redis_multi.[ch]      running scripts (EVALSHA, NOSCRIPT), many
- *                             shards' calls merged into one
+ *                             close; running scripts (EVALSHA, NOSCRIPT)
  *   src/redis_owner.[ch]      fenced shard ownership
  *                             (cfg.redis_shard_lease_ms)
  *   src/redis_fire.c          claiming, checking, firing, completing
@@ -99,12 +97,42 @@ void tw__rd_put_nums(const char **argv, size_t *len, char (*num)[24],
  * argv[0..1] are EVALSHA and the digest, and its argv array is the
  * caller's, writable) or -1 for a plain command. Returns 0 or the first
  * transport error. A node that lost its script cache (restart, failover)
- * gets EVAL, which loads the script there again. On a server that is not
- * a cluster, consecutive calls of SCHED, CLAIM or DONE go as one call of
- * the script's multi-shard form (src/redis_multi.h). */
+ * gets EVAL, which loads the script there again. */
 int tw__rd_run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
 {
-    return tw__rm_exec(d->rc, &d->rm, cmds, script, n);
+    int rc = tw__rc_exec(d->rc, cmds, n);
+    for (int pass = 0; pass < 2; pass++) {
+        size_t again = 0;
+        for (size_t i = 0; i < n; i++)
+            if (script[i] >= 0 && tw__rc_is_noscript(cmds[i].reply))
+                again++;
+        if (!again)
+            break;
+        tw__rc_cmd *sub = tw__calloc(again, sizeof *sub);
+        size_t *idx = tw__calloc(again, sizeof *idx);
+        if (!sub || !idx) {
+            tw__free(sub);
+            tw__free(idx);
+            return TW_ENOMEM;
+        }
+        size_t j = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (script[i] < 0 || !tw__rc_noscript_to_eval(
+                                     &cmds[i], tw__redis_scripts[script[i]]))
+                continue;
+            sub[j] = cmds[i];
+            idx[j++] = i;
+        }
+        tw__rc_exec(d->rc, sub, again);
+        rc = 0;
+        for (size_t k = 0; k < again; k++)
+            cmds[idx[k]] = sub[k];
+        for (size_t i = 0; i < n && !rc; i++)
+            rc = cmds[i].err;
+        tw__free(sub);
+        tw__free(idx);
+    }
+    return rc;
 }
 
 /* tw__rd_run_cmds for fixed-size script calls. */
@@ -307,13 +335,8 @@ static int rd_keys(struct rd *d, const char *ns)
  * their first NOSCRIPT. The digest is the same everywhere. */
 static int rd_load_scripts(struct rd *d)
 {
-    d->rm = (struct tw__rm){tw__redis_scripts, tw__redis_multi_scripts,
-                            d->rm_sha, S_COUNT, false};
     for (int i = 0; i < S_COUNT; i++) {
         int rc = tw__rc_script_load(d->rc, tw__redis_scripts[i], d->sha[i]);
-        if (!rc && tw__redis_multi_scripts[i])
-            rc = tw__rc_script_load(d->rc, tw__redis_multi_scripts[i],
-                                    d->rm_sha[i]);
         if (rc)
             return rc;
     }
@@ -976,11 +999,6 @@ static int rd_close(tw_durable *base)
 struct tw__own *tw__durable_redis_own(struct tw_durable *d)
 {
     return ((struct rd *)d)->own;
-}
-
-bool tw__durable_redis_no_multi(struct tw_durable *d)
-{
-    return tw__rm_off(&((struct rd *)d)->rm);
 }
 
 void tw__durable_redis_client_stats(struct tw_durable *d, tw__rc_stats *out)

@@ -28,7 +28,6 @@
 #include "durable_exec.h"
 #include "internal.h"
 #include "redis_client.h"
-#include "redis_multi.h"
 #include "redis_owner.h"
 #include "redis_scripts.h"
 
@@ -92,8 +91,6 @@ struct rd {
     uint64_t (*mono_fn)(void *);
     void *clock_arg;
     char sha[S_COUNT][41];
-    char rm_sha[S_COUNT][41]; /* the multi-shard forms' (SCHED, CLAIM, DONE) */
-    struct tw__rm rm;         /* script calls, merged (src/redis_multi.h) */
     struct shard_keys *sk;
 
     pthread_mutex_t op_mu;    /* held while a combined batch runs */

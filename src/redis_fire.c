@@ -18,9 +18,7 @@
  * (fire_job()). The wheel is shared under mu: a schedule adds the timers
  * it claims at once.
  *
- * Claiming. The claimer runs CLAIM on every shard each horizon/4 (on a
- * server that is not a cluster, the round's CLAIMs go as one script call,
- * and a round's DONEs as another: src/redis_multi.h): one
+ * Claiming. The claimer runs CLAIM on every shard each horizon/4: one
  * range of :d, [-(R * 1024 + 1023), now + horizon] (R: Redis's TIME,
  * which alone judges the end of a lease), holds both the leases that ran
  * out (they go back to their due time with attempt + 1,

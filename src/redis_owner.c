@@ -91,9 +91,7 @@
  *
  * Costs. Per round: one membership script per node and master, and one
  * ACQ per shard the node owns every second round (renewal), so a fleet
- * renews each shard once per lease / 4 whatever its size. On a server
- * that is not a cluster a round's ACQs go as one script call, and so do
- * its RELs (src/redis_multi.h). Threads: one
+ * renews each shard once per lease / 4 whatever its size. Threads: one
  * per master, and the supervisor.
  */
 #define _GNU_SOURCE
@@ -109,7 +107,6 @@
 
 #include "clock.h"
 #include "internal.h"
-#include "redis_multi.h"
 
 enum { O_BEAT, O_ACQ, O_REL, O_COUNT };
 
@@ -139,48 +136,42 @@ static const char beat_script[] =
  * has no expiry (no node writes one: it would hold the shard forever),
  * is removed; an :e that is not a number counts as 0 (the clock still
  * makes the new epoch larger). */
-#define ACQ_SRC                                                                \
-    "local function get(k)\n"                                                  \
-    " local v=redis.pcall('GET',k)\n"                                          \
-    " if type(v)=='table' and v.err then redis.call('DEL',k) return false "    \
-    "end\n"                                                                    \
-    " return v\n"                                                              \
-    "end\n"                                                                    \
-    "local o=get(KEYS[1])\n"                                                   \
-    "if o and o==ARGV[3] then\n"                                               \
-    " redis.call('PEXPIRE',KEYS[1],ARGV[2])\n"                                 \
-    " return {1,o}\n"                                                          \
-    "end\n"                                                                    \
-    "if o and (not string.match(o,'^%d+:%x+$') or #o>48 or"                    \
-    " redis.call('PTTL',KEYS[1])<0) then\n"                                    \
-    " redis.call('DEL',KEYS[1])\n"                                             \
-    " o=false\n"                                                               \
-    "end\n"                                                                    \
-    "if o then return {0,o} end\n"                                             \
-    "local t=redis.call('TIME')\n"                                             \
-    "local ms=tonumber(t[1])*1000+math.floor(tonumber(t[2])/1000)\n"           \
-    "local l=tonumber(get(KEYS[2]))\n"                                         \
-    "if not l or l~=l or l<0 or l>=9007199254740992 then l=0 end\n"            \
-    "local e=string.format('%d',math.max(math.floor(l)+1,ms*1024))\n"          \
-    "local f=e..':'..ARGV[1]\n"                                                \
-    "redis.call('SET',KEYS[2],e)\n"                                            \
-    "redis.call('SET',KEYS[1],f,'PX',ARGV[2])\n"                               \
-    "return {1,f}\n"
+static const char acq_script[] =
+    "local function get(k)\n"
+    " local v=redis.pcall('GET',k)\n"
+    " if type(v)=='table' and v.err then redis.call('DEL',k) return false end\n"
+    " return v\n"
+    "end\n"
+    "local o=get(KEYS[1])\n"
+    "if o and o==ARGV[3] then\n"
+    " redis.call('PEXPIRE',KEYS[1],ARGV[2])\n"
+    " return {1,o}\n"
+    "end\n"
+    "if o and (not string.match(o,'^%d+:%x+$') or #o>48 or"
+    " redis.call('PTTL',KEYS[1])<0) then\n"
+    " redis.call('DEL',KEYS[1])\n"
+    " o=false\n"
+    "end\n"
+    "if o then return {0,o} end\n"
+    "local t=redis.call('TIME')\n"
+    "local ms=tonumber(t[1])*1000+math.floor(tonumber(t[2])/1000)\n"
+    "local l=tonumber(get(KEYS[2]))\n"
+    "if not l or l~=l or l<0 or l>=9007199254740992 then l=0 end\n"
+    "local e=string.format('%d',math.max(math.floor(l)+1,ms*1024))\n"
+    "local f=e..':'..ARGV[1]\n"
+    "redis.call('SET',KEYS[2],e)\n"
+    "redis.call('SET',KEYS[1],f,'PX',ARGV[2])\n"
+    "return {1,f}\n";
 
 /* REL KEYS: o. ARGV: fence. Deletes the record if it is still the
  * fence. */
-#define REL_SRC                                                                \
-    "local v=redis.pcall('GET',KEYS[1])\n"                                     \
-    "if v==ARGV[1] then redis.call('DEL',KEYS[1]) return 1 end\n"              \
-    "return 0\n"
+static const char rel_script[] =
+    "local v=redis.pcall('GET',KEYS[1])\n"
+    "if v==ARGV[1] then redis.call('DEL',KEYS[1]) return 1 end\n"
+    "return 0\n";
 
-static const char *const own_scripts[O_COUNT] = {beat_script, ACQ_SRC, REL_SRC};
-/* Many shards' renewals (or releases) of one round in one call, on a
- * server that is not a cluster (src/redis_multi.h). */
-static const char *const own_multi[O_COUNT] = {
-    [O_ACQ] = TW__RM_FORM(ACQ_SRC),
-    [O_REL] = TW__RM_FORM(REL_SRC),
-};
+static const char *const own_scripts[O_COUNT] = {beat_script, acq_script,
+                                                 rel_script};
 
 struct oshard {
     char key[96], ekey[96];
@@ -214,9 +205,7 @@ struct tw__own {
     char node[17];
     char ns[72];
     char sha[O_COUNT][41];
-    char msha[O_COUNT][41]; /* own_multi's */
-    struct tw__rm rm;       /* script calls, merged */
-    struct oshard *s;       /* under mu */
+    struct oshard *s; /* under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop, thr_on;
@@ -280,11 +269,14 @@ bool tw__own_fence(tw__own *o, uint32_t shard, char *fence, size_t *len,
 
 /* Run @n commands: script calls (argv[0..1] EVALSHA and the digest,
  * writable) of the scripts @which[i], or plain ones where @which[i] is -1;
- * a node without a script gets EVAL; many shards' calls of one script go
- * as one on a server that is not a cluster (src/redis_multi.h). */
+ * a node without a script gets EVAL. */
 static void run(tw__own *o, tw__rc_cmd *cmds, const int *which, size_t n)
 {
-    tw__rm_exec(o->rc, &o->rm, cmds, which, n);
+    tw__rc_exec(o->rc, cmds, n);
+    for (size_t i = 0; i < n; i++)
+        if (which[i] >= 0 &&
+            tw__rc_noscript_to_eval(&cmds[i], own_scripts[which[i]]))
+            tw__rc_exec(o->rc, &cmds[i], 1);
 }
 
 /* The membership script on key @mk (@ml bytes, slot @slot); the live
@@ -545,11 +537,8 @@ static void *own_main(void *arg)
 
 static int load_scripts(tw__own *o)
 {
-    o->rm = (struct tw__rm){own_scripts, own_multi, o->msha, O_COUNT, false};
     for (int i = 0; i < O_COUNT; i++) {
         int rc = tw__rc_script_load(o->rc, own_scripts[i], o->sha[i]);
-        if (!rc && own_multi[i])
-            rc = tw__rc_script_load(o->rc, own_multi[i], o->msha[i]);
         if (rc)
             return rc;
     }

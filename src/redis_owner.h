@@ -53,8 +53,4 @@ uint64_t tw__own_weight(const char *node, size_t len, uint32_t shard);
 struct tw_durable;
 tw__own *tw__durable_redis_own(struct tw_durable *d);
 
-/* Tests: has a Redis store stopped merging many shards' calls into one
- * (the server refused a merged call as a whole; src/durable_redis.c)? */
-bool tw__durable_redis_no_multi(struct tw_durable *d);
-
 #endif

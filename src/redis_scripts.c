@@ -68,8 +68,6 @@
  */
 #include "redis_scripts.h"
 
-#include "redis_multi.h"
-
 /* KEYS: 1 d, 2 p, 3 s, 4 v, 5 q, 6 x. A claim's token T (see the top of the
  * file) is max(last + 1, expiry * 1024), and a new version of :v is
  * max(last + 1, now * 1024): both grow with the clock, so that a master
@@ -166,237 +164,68 @@
     " return redis.error_reply('FENCED')\n"                                    \
     "end\n"
 
-/* SCHED ARGV: claim_until now lease, then (key due value)... where
- * value is "due,1,payload". A key given twice keeps its last item.
- * Returns {} or, when some items were claimed at once (due within the
- * horizon), the shard's version, then (item, token) pairs. A constant
- * number of commands per call, however many items: the per-call cost
- * of a script and of each command it runs is paid once per batch.
- * ZADD replaces a claimed or waiting key's score, so an older claim's
- * token is gone with it; if any key existed (HSET counts the new
- * ones), :v moves. A due time below 0 waits with score 0 (a negative
- * score is a claim); the value keeps the due time as given. */
-#define SCHED_SRC                                                              \
-    PRELUDE "local untl,now,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"        \
-            "tonumber(ARGV[3])\n"                                              \
-            "local m=(#ARGV-3)/3\n"                                            \
-            "local seen,hv,fz,nk,nd,nj,ks={},{},{},{},{},{},{}\n"              \
-            "for j=m,1,-1 do\n"                                                \
-            " local i=3*j+1\n"                                                 \
-            " local k,due=ARGV[i],tonumber(ARGV[i+1])\n"                       \
-            " if not seen[k] then\n"                                           \
-            "  seen[k]=true\n"                                                 \
-            "  ks[#ks+1]=k\n"                                                  \
-            "  hv[#hv+1]=k\n"                                                  \
-            "  hv[#hv+1]=ARGV[i+2]\n"                                          \
-            "  if due<=untl then\n"                                            \
-            "   nk[#nk+1]=k\n"                                                 \
-            "   nd[#nd+1]=due\n"                                               \
-            "   nj[#nj+1]=j\n"                                                 \
-            "  else\n"                                                         \
-            "   fz[#fz+1]=ARGV[i+1]\n"                                         \
-            "   fz[#fz+1]=k\n"                                                 \
-            "  end\n"                                                          \
-            " end\n"                                                           \
-            "end\n"                                                            \
-            "local t,v,vb=0,0,false\n"                                         \
-            "if #nk>0 then t=cnt(S,'s') end\n"                                 \
-            "local old=#hv/2-redis.call('HSET',P,unpack(hv))>0\n"              \
-            "redis.call('ZREM',X,unpack(ks))\n"                                \
-            "if old then v,vb=cnt(V,'v') end\n"                                \
-            "if #fz>0 then redis.call('ZADD',D,unpack(fz)) end\n"              \
-            "if #nk==0 and not old then return {} end\n"                       \
-            "if old then\n"                                                    \
-            " v=math.max(v+1,now*1024)\n"                                      \
-            " redis.call('SET',V,v)\n"                                         \
-            "elseif #nk>0 then\n"                                              \
-            " v,vb=cnt(V,'v')\n"                                               \
-            " if vb then\n"                                                    \
-            "  v=math.max(1,now*1024)\n"                                       \
-            "  redis.call('SET',V,v)\n"                                        \
-            " end\n"                                                           \
-            "end\n"                                                            \
-            "if #nk==0 then return {} end\n"                                   \
-            "local nz,out,rn={},{v},rnow()\n"                                  \
-            "for i=1,#nk do\n"                                                 \
-            " t=math.max(t+1,(rn+math.max(nd[i]-now,0)+lease)*1024)\n"         \
-            " nz[2*i-1]=-t\n"                                                  \
-            " nz[2*i]=nk[i]\n"                                                 \
-            " out[2*i]=nj[i]\n"                                                \
-            " out[2*i+1]=t\n"                                                  \
-            "end\n"                                                            \
-            "redis.call('SET',S,t)\n"                                          \
-            "redis.call('ZADD',D,unpack(nz))\n"                                \
-            "return out\n" EPILOGUE
-
-/* CLAIM ARGV: now until lease max. Two ranges of :d: the leases that
- * ran out (score in [-(R * 1024 + 1023), 0), read with their scores:
- * they go back to their due time with attempt + 1, and :v moves), then
- * the keys due before until (score in [0, until], read without their
- * scores, which Redis would format as doubles at about 0.5 us a key:
- * a waiting key's score is max(its value's due, 0)); the latter are
- * claimed: a few commands per call, however many keys. A key whose value is
- * not a valid "due,attempt,payload" (or that has none) is set aside.
- * Returns {} or: 1 if the range was full (more may follow), else 0;
- * the shard's version; then (key token value) triples. */
-#define CLAIM_SRC                                                              \
-    PRELUDE "local now,untl,lease,max=tonumber(ARGV[1]),tonumber(ARGV[2]),"    \
-            "tonumber(ARGV[3]),tonumber(ARGV[4])\n"                            \
-            "local rn=rnow()\n"                                                \
-            "local ks=redis.call('ZRANGEBYSCORE',D,-(rn*1024+1023),'(0',"      \
-            "'WITHSCORES','LIMIT',0,max)\n"                                    \
-            "local ne,names=#ks/2,{}\n"                                        \
-            "for i=1,ne do names[i]=ks[2*i-1] end\n"                           \
-            "if ne<max then\n"                                                 \
-            " local w=redis.call('ZRANGEBYSCORE',D,0,untl,'LIMIT',0,max-ne)\n" \
-            " for i=1,#w do names[ne+i]=w[i] end\n"                            \
-            "end\n"                                                            \
-            "local n=#names\n"                                                 \
-            "if n==0 then return {} end\n"                                     \
-            "local vals=redis.call('HMGET',P,unpack(names))\n"                 \
-            "local t=cnt(S,'s')\n"                                             \
-            "local v,ex=cnt(V,'v')\n"                                          \
-            "local za,fz,out,m,bd,bp={},{},{n==max and 1 or 0,0},0,{},{}\n"    \
-            "for i=1,n do\n"                                                   \
-            " local k,s=names[i],vals[i]\n"                                    \
-            " local d,a,nd,na=pv(s)\n"                                         \
-            " local due\n"                                                     \
-            " if i<=ne then due=sc(ks[2*i]) elseif d then due=mx(d,0) end\n"   \
-            " if not d or not due then\n"                                      \
-            "  if s then\n"                                                    \
-            "   q('p:'..k,s)\n"                                                \
-            "   bp[#bp+1]=k\n"                                                 \
-            "  else\n"                                                         \
-            "   q('d:'..k,i<=ne and ks[2*i] or redis.call('ZSCORE',D,k))\n"    \
-            "  end\n"                                                          \
-            "  bd[#bd+1]=k\n"                                                  \
-            "  due=nil\n"                                                      \
-            " elseif due<0 then\n"                                             \
-            "  ex=true\n"                                                      \
-            "  s=att(s,a+1,nd,na)\n"                                           \
-            "  vals[i]=s\n"                                                    \
-            "  redis.call('HSET',P,k,s)\n"                                     \
-            "  due=math.max(d,0)\n"                                            \
-            " end\n"                                                           \
-            " if due and due>untl then\n"                                      \
-            "  fz[#fz+1]=due\n"                                                \
-            "  fz[#fz+1]=k\n"                                                  \
-            " elseif due then\n"                                               \
-            "  m=m+1\n"                                                        \
-            "  t=mx(t+1,(rn+mx(due-now,0)+lease)*1024)\n"                      \
-            "  za[2*m-1]=-t\n"                                                 \
-            "  za[2*m]=k\n"                                                    \
-            "  out[3*m]=k\n"                                                   \
-            "  out[3*m+1]=t\n"                                                 \
-            "  out[3*m+2]=vals[i]\n"                                           \
-            " end\n"                                                           \
-            "end\n"                                                            \
-            "if #bd>0 then redis.call('ZREM',D,unpack(bd)) end\n"              \
-            "if #bp>0 then redis.call('HDEL',P,unpack(bp)) end\n"              \
-            "if ex then\n"                                                     \
-            " v=math.max(v+1,now*1024)\n"                                      \
-            " redis.call('SET',V,v)\n"                                         \
-            "end\n"                                                            \
-            "out[2]=v\n"                                                       \
-            "if #fz>0 then redis.call('ZADD',D,unpack(fz)) end\n"              \
-            "if m==0 then return out end\n"                                    \
-            "redis.call('SET',S,t)\n"                                          \
-            "redis.call('ZADD',D,unpack(za))\n"                                \
-            "return out\n" EPILOGUE
-
-/* DONE ARGV: now claim_until lease n ver, then n keys, their n
- * tokens, then (i retry_ms) for the keys i (1..n) to deliver again
- * (retry_ms -1: to the dead letters :x instead; -2: the same, with
- * its attempt one less: that delivery did not run).
- * ver: the version at which every key was known to be the node's, or
- * "": if :v is still ver, every key is still ours (nothing that takes
- * a claim away happened since), else each score is compared with its
- * token.
- * Returns per key: -1 not ours, 0 done (or retry left in :d), or the token
- * of the retry's new claim; then, if a retry was claimed again, the shard's
- * version. Completed keys are removed with one command per structure,
- * straight from ARGV when every key is done. A retry whose value is not
- * valid any more is set aside (and is not ours). */
-#define DONE_SRC                                                               \
-    PRELUDE                                                                    \
-    "local now,untl,lease,n=tonumber(ARGV[1]),tonumber(ARGV[2]),"              \
-    "tonumber(ARGV[3]),tonumber(ARGV[4])\n"                                    \
-    "local out,all,rt={},true,{}\n"                                            \
-    "local t,v=0,0\n"                                                          \
-    "if #ARGV>5+2*n then t=cnt(S,'s') end\n"                                   \
-    "if ARGV[5]~='' or #ARGV>5+2*n then v=cnt(V,'v') end\n"                    \
-    "if ARGV[5]~='' and v==tonumber(ARGV[5]) then\n"                           \
-    " for i=1,n do out[i]=0 end\n"                                             \
-    "else\n"                                                                   \
-    " local cur=redis.call('ZMSCORE',D,unpack(ARGV,6,5+n))\n"                  \
-    " for i=1,n do\n"                                                          \
-    "  local c=sc(cur[i])\n"                                                   \
-    "  if c and -c==tonumber(ARGV[5+n+i]) then\n"                              \
-    "   out[i]=0\n"                                                            \
-    "  else\n"                                                                 \
-    "   out[i]=-1\n"                                                           \
-    "   all=false\n"                                                           \
-    "  end\n"                                                                  \
-    " end\n"                                                                   \
-    "end\n"                                                                    \
-    "local re,rn=false\n"                                                      \
-    "for j=6+2*n,#ARGV,2 do\n"                                                 \
-    " local i=tonumber(ARGV[j])\n"                                             \
-    " local k=ARGV[5+i]\n"                                                     \
-    " local s=out[i]==0 and redis.call('HGET',P,k)\n"                          \
-    " local d,a,nd,na=pv(s)\n"                                                 \
-    " if s and not d then\n"                                                   \
-    "  all=false\n"                                                            \
-    "  q('p:'..k,s)\n"                                                         \
-    "  redis.call('HDEL',P,k)\n"                                               \
-    "  redis.call('ZREM',D,k)\n"                                               \
-    "  out[i]=-1\n"                                                            \
-    " elseif s and tonumber(ARGV[j+1])<0 then\n"                               \
-    "  all=false\n"                                                            \
-    "  rt[i]=true\n"                                                           \
-    "  if ARGV[j+1]=='-2' and a>0 then\n"                                      \
-    "   redis.call('HSET',P,k,att(s,a-1,nd,na))\n"                             \
-    "  end\n"                                                                  \
-    "  redis.call('ZREM',D,k)\n"                                               \
-    "  redis.call('ZADD',X,0,k)\n"                                             \
-    " elseif s then\n"                                                         \
-    "  all=false\n"                                                            \
-    "  rt[i]=true\n"                                                           \
-    "  local due=now+tonumber(ARGV[j+1])\n"                                    \
-    "  redis.call('HSET',P,k,string.format('%d',due)..att(s,a+1,nd,na)"        \
-    ":sub(nd+1))\n"                                                            \
-    "  if due<=untl then\n"                                                    \
-    "   rn=rn or rnow()\n"                                                     \
-    "   t=math.max(t+1,(rn+tonumber(ARGV[j+1])+lease)*1024)\n"                 \
-    "   redis.call('ZADD',D,-t,k)\n"                                           \
-    "   out[i]=t\n"                                                            \
-    "   re=true\n"                                                             \
-    "  else\n"                                                                 \
-    "   redis.call('ZADD',D,due,k)\n"                                          \
-    "  end\n"                                                                  \
-    " end\n"                                                                   \
-    "end\n"                                                                    \
-    "if re then\n"                                                             \
-    " out[n+1]=v\n"                                                            \
-    " redis.call('SET',S,t)\n"                                                 \
-    "end\n"                                                                    \
-    "if all then\n"                                                            \
-    " redis.call('ZREM',D,unpack(ARGV,6,5+n))\n"                               \
-    " redis.call('HDEL',P,unpack(ARGV,6,5+n))\n"                               \
-    " return out\n"                                                            \
-    "end\n"                                                                    \
-    "local fin={}\n"                                                           \
-    "for i=1,n do\n"                                                           \
-    " if out[i]==0 and not rt[i] then fin[#fin+1]=ARGV[5+i] end\n"             \
-    "end\n"                                                                    \
-    "if #fin>0 then\n"                                                         \
-    " redis.call('ZREM',D,unpack(fin))\n"                                      \
-    " redis.call('HDEL',P,unpack(fin))\n"                                      \
-    "end\n"                                                                    \
-    "return out\n" EPILOGUE
-
 const char *const tw__redis_scripts[S_COUNT] = {
-    SCHED_SRC,
+    /* SCHED ARGV: claim_until now lease, then (key due value)... where
+     * value is "due,1,payload". A key given twice keeps its last item.
+     * Returns {} or, when some items were claimed at once (due within the
+     * horizon), the shard's version, then (item, token) pairs. A constant
+     * number of commands per call, however many items: the per-call cost
+     * of a script and of each command it runs is paid once per batch.
+     * ZADD replaces a claimed or waiting key's score, so an older claim's
+     * token is gone with it; if any key existed (HSET counts the new
+     * ones), :v moves. A due time below 0 waits with score 0 (a negative
+     * score is a claim); the value keeps the due time as given. */
+    PRELUDE "local untl,now,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"
+            "tonumber(ARGV[3])\n"
+            "local m=(#ARGV-3)/3\n"
+            "local seen,hv,fz,nk,nd,nj,ks={},{},{},{},{},{},{}\n"
+            "for j=m,1,-1 do\n"
+            " local i=3*j+1\n"
+            " local k,due=ARGV[i],tonumber(ARGV[i+1])\n"
+            " if not seen[k] then\n"
+            "  seen[k]=true\n"
+            "  ks[#ks+1]=k\n"
+            "  hv[#hv+1]=k\n"
+            "  hv[#hv+1]=ARGV[i+2]\n"
+            "  if due<=untl then\n"
+            "   nk[#nk+1]=k\n"
+            "   nd[#nd+1]=due\n"
+            "   nj[#nj+1]=j\n"
+            "  else\n"
+            "   fz[#fz+1]=ARGV[i+1]\n"
+            "   fz[#fz+1]=k\n"
+            "  end\n"
+            " end\n"
+            "end\n"
+            "local t,v,vb=0,0,false\n"
+            "if #nk>0 then t=cnt(S,'s') end\n"
+            "local old=#hv/2-redis.call('HSET',P,unpack(hv))>0\n"
+            "redis.call('ZREM',X,unpack(ks))\n"
+            "if old then v,vb=cnt(V,'v') end\n"
+            "if #fz>0 then redis.call('ZADD',D,unpack(fz)) end\n"
+            "if #nk==0 and not old then return {} end\n"
+            "if old then\n"
+            " v=math.max(v+1,now*1024)\n"
+            " redis.call('SET',V,v)\n"
+            "elseif #nk>0 then\n"
+            " v,vb=cnt(V,'v')\n"
+            " if vb then\n"
+            "  v=math.max(1,now*1024)\n"
+            "  redis.call('SET',V,v)\n"
+            " end\n"
+            "end\n"
+            "if #nk==0 then return {} end\n"
+            "local nz,out,rn={},{v},rnow()\n"
+            "for i=1,#nk do\n"
+            " t=math.max(t+1,(rn+math.max(nd[i]-now,0)+lease)*1024)\n"
+            " nz[2*i-1]=-t\n"
+            " nz[2*i]=nk[i]\n"
+            " out[2*i]=nj[i]\n"
+            " out[2*i+1]=t\n"
+            "end\n"
+            "redis.call('SET',S,t)\n"
+            "redis.call('ZADD',D,unpack(nz))\n"
+            "return out\n" EPILOGUE,
     /* CANCEL ARGV: key now. :v moves. */
     PRELUDE "local k=ARGV[1]\n"
             "local v=cnt(V,'v')\n"
@@ -404,8 +233,167 @@ const char *const tw__redis_scripts[S_COUNT] = {
             "redis.call('HDEL',P,k)\n"
             "redis.call('SET',V,math.max(v+1,tonumber(ARGV[2])*1024))\n"
             "return 1\n" EPILOGUE,
-    CLAIM_SRC,
-    DONE_SRC,
+    /* CLAIM ARGV: now until lease max. Two ranges of :d: the leases that
+     * ran out (score in [-(R * 1024 + 1023), 0), read with their scores:
+     * they go back to their due time with attempt + 1, and :v moves), then
+     * the keys due before until (score in [0, until], read without their
+     * scores, which Redis would format as doubles at about 0.5 us a key:
+     * a waiting key's score is max(its value's due, 0)); the latter are
+     * claimed: a few commands per call, however many keys. A key whose value is
+     * not a valid "due,attempt,payload" (or that has none) is set aside.
+     * Returns {} or: 1 if the range was full (more may follow), else 0;
+     * the shard's version; then (key token value) triples. */
+    PRELUDE "local now,untl,lease,max=tonumber(ARGV[1]),tonumber(ARGV[2]),"
+            "tonumber(ARGV[3]),tonumber(ARGV[4])\n"
+            "local rn=rnow()\n"
+            "local ks=redis.call('ZRANGEBYSCORE',D,-(rn*1024+1023),'(0',"
+            "'WITHSCORES','LIMIT',0,max)\n"
+            "local ne,names=#ks/2,{}\n"
+            "for i=1,ne do names[i]=ks[2*i-1] end\n"
+            "if ne<max then\n"
+            " local w=redis.call('ZRANGEBYSCORE',D,0,untl,'LIMIT',0,max-ne)\n"
+            " for i=1,#w do names[ne+i]=w[i] end\n"
+            "end\n"
+            "local n=#names\n"
+            "if n==0 then return {} end\n"
+            "local vals=redis.call('HMGET',P,unpack(names))\n"
+            "local t=cnt(S,'s')\n"
+            "local v,ex=cnt(V,'v')\n"
+            "local za,fz,out,m,bd,bp={},{},{n==max and 1 or 0,0},0,{},{}\n"
+            "for i=1,n do\n"
+            " local k,s=names[i],vals[i]\n"
+            " local d,a,nd,na=pv(s)\n"
+            " local due\n"
+            " if i<=ne then due=sc(ks[2*i]) elseif d then due=mx(d,0) end\n"
+            " if not d or not due then\n"
+            "  if s then\n"
+            "   q('p:'..k,s)\n"
+            "   bp[#bp+1]=k\n"
+            "  else\n"
+            "   q('d:'..k,i<=ne and ks[2*i] or redis.call('ZSCORE',D,k))\n"
+            "  end\n"
+            "  bd[#bd+1]=k\n"
+            "  due=nil\n"
+            " elseif due<0 then\n"
+            "  ex=true\n"
+            "  s=att(s,a+1,nd,na)\n"
+            "  vals[i]=s\n"
+            "  redis.call('HSET',P,k,s)\n"
+            "  due=math.max(d,0)\n"
+            " end\n"
+            " if due and due>untl then\n"
+            "  fz[#fz+1]=due\n"
+            "  fz[#fz+1]=k\n"
+            " elseif due then\n"
+            "  m=m+1\n"
+            "  t=mx(t+1,(rn+mx(due-now,0)+lease)*1024)\n"
+            "  za[2*m-1]=-t\n"
+            "  za[2*m]=k\n"
+            "  out[3*m]=k\n"
+            "  out[3*m+1]=t\n"
+            "  out[3*m+2]=vals[i]\n"
+            " end\n"
+            "end\n"
+            "if #bd>0 then redis.call('ZREM',D,unpack(bd)) end\n"
+            "if #bp>0 then redis.call('HDEL',P,unpack(bp)) end\n"
+            "if ex then\n"
+            " v=math.max(v+1,now*1024)\n"
+            " redis.call('SET',V,v)\n"
+            "end\n"
+            "out[2]=v\n"
+            "if #fz>0 then redis.call('ZADD',D,unpack(fz)) end\n"
+            "if m==0 then return out end\n"
+            "redis.call('SET',S,t)\n"
+            "redis.call('ZADD',D,unpack(za))\n"
+            "return out\n" EPILOGUE,
+    /* DONE ARGV: now claim_until lease n ver, then n keys, their n
+     * tokens, then (i retry_ms) for the keys i (1..n) to deliver again
+     * (retry_ms -1: to the dead letters :x instead; -2: the same, with
+     * its attempt one less: that delivery did not run).
+     * ver: the version at which every key was known to be the node's, or
+     * "": if :v is still ver, every key is still ours (nothing that takes
+     * a claim away happened since), else each score is compared with its
+     * token.
+     * Returns per key: -1 not ours, 0 done (or retry left in :d), or the token
+     * of the retry's new claim; then, if a retry was claimed again, the shard's
+     * version. Completed keys are removed with one command per structure,
+     * straight from ARGV when every key is done. A retry whose value is not
+     * valid any more is set aside (and is not ours). */
+    PRELUDE "local now,untl,lease,n=tonumber(ARGV[1]),tonumber(ARGV[2]),"
+            "tonumber(ARGV[3]),tonumber(ARGV[4])\n"
+            "local out,all,rt={},true,{}\n"
+            "local t,v=0,0\n"
+            "if #ARGV>5+2*n then t=cnt(S,'s') end\n"
+            "if ARGV[5]~='' or #ARGV>5+2*n then v=cnt(V,'v') end\n"
+            "if ARGV[5]~='' and v==tonumber(ARGV[5]) then\n"
+            " for i=1,n do out[i]=0 end\n"
+            "else\n"
+            " local cur=redis.call('ZMSCORE',D,unpack(ARGV,6,5+n))\n"
+            " for i=1,n do\n"
+            "  local c=sc(cur[i])\n"
+            "  if c and -c==tonumber(ARGV[5+n+i]) then\n"
+            "   out[i]=0\n"
+            "  else\n"
+            "   out[i]=-1\n"
+            "   all=false\n"
+            "  end\n"
+            " end\n"
+            "end\n"
+            "local re,rn=false\n"
+            "for j=6+2*n,#ARGV,2 do\n"
+            " local i=tonumber(ARGV[j])\n"
+            " local k=ARGV[5+i]\n"
+            " local s=out[i]==0 and redis.call('HGET',P,k)\n"
+            " local d,a,nd,na=pv(s)\n"
+            " if s and not d then\n"
+            "  all=false\n"
+            "  q('p:'..k,s)\n"
+            "  redis.call('HDEL',P,k)\n"
+            "  redis.call('ZREM',D,k)\n"
+            "  out[i]=-1\n"
+            " elseif s and tonumber(ARGV[j+1])<0 then\n"
+            "  all=false\n"
+            "  rt[i]=true\n"
+            "  if ARGV[j+1]=='-2' and a>0 then\n"
+            "   redis.call('HSET',P,k,att(s,a-1,nd,na))\n"
+            "  end\n"
+            "  redis.call('ZREM',D,k)\n"
+            "  redis.call('ZADD',X,0,k)\n"
+            " elseif s then\n"
+            "  all=false\n"
+            "  rt[i]=true\n"
+            "  local due=now+tonumber(ARGV[j+1])\n"
+            "  redis.call('HSET',P,k,string.format('%d',due)..att(s,a+1,nd,na)"
+            ":sub(nd+1))\n"
+            "  if due<=untl then\n"
+            "   rn=rn or rnow()\n"
+            "   t=math.max(t+1,(rn+tonumber(ARGV[j+1])+lease)*1024)\n"
+            "   redis.call('ZADD',D,-t,k)\n"
+            "   out[i]=t\n"
+            "   re=true\n"
+            "  else\n"
+            "   redis.call('ZADD',D,due,k)\n"
+            "  end\n"
+            " end\n"
+            "end\n"
+            "if re then\n"
+            " out[n+1]=v\n"
+            " redis.call('SET',S,t)\n"
+            "end\n"
+            "if all then\n"
+            " redis.call('ZREM',D,unpack(ARGV,6,5+n))\n"
+            " redis.call('HDEL',P,unpack(ARGV,6,5+n))\n"
+            " return out\n"
+            "end\n"
+            "local fin={}\n"
+            "for i=1,n do\n"
+            " if out[i]==0 and not rt[i] then fin[#fin+1]=ARGV[5+i] end\n"
+            "end\n"
+            "if #fin>0 then\n"
+            " redis.call('ZREM',D,unpack(fin))\n"
+            " redis.call('HDEL',P,unpack(fin))\n"
+            "end\n"
+            "return out\n" EPILOGUE,
     /* RELEASE ARGV: key token. Only the holder gives a key back, so :v
      * stays. */
     PRELUDE "local k=ARGV[1]\n"
@@ -453,16 +441,6 @@ const char *const tw__redis_scripts[S_COUNT] = {
             "redis.call('SET',S,t)\n"
             "redis.call('ZADD',D,-t,k)\n"
             "return t\n" EPILOGUE,
-};
-
-/* Many shards in one call, on a server that is not a cluster (in a
- * cluster a script's keys must share a slot): SCHED, CLAIM and DONE in
- * the multi-shard form of src/redis_multi.h, each shard's part run by the
- * one-shard script's own text, so fenced and checked the same way. */
-const char *const tw__redis_multi_scripts[S_COUNT] = {
-    [S_SCHED] = TW__RM_FORM(SCHED_SRC),
-    [S_CLAIM] = TW__RM_FORM(CLAIM_SRC),
-    [S_DONE] = TW__RM_FORM(DONE_SRC),
 };
 
 const char tw__redis_key_suffix[NKEYS] = {'d', 'p', 's', 'v', 'q', 'x'};

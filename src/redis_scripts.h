@@ -28,12 +28,6 @@ enum {
 extern const char *const tw__redis_scripts[S_COUNT];
 extern const char tw__redis_key_suffix[NKEYS];
 
-/* The multi-shard form of a script (many shards' calls in one, on a
- * server that is not a cluster; src/redis_scripts.c says how its keys
- * and arguments are laid out), or NULL where there is none (every script
- * but SCHED, CLAIM and DONE). */
-extern const char *const tw__redis_multi_scripts[S_COUNT];
-
 /* The read-only scripts of tw_durable_get(), _list_dead(), _list() and
  * _scan(), sent by EVAL (src/redis_query.c). */
 extern const char tw__redis_get_script[];

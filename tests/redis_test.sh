@@ -11,8 +11,7 @@
 #   poison                             one server; test_durable_poison
 #   owner | owner-kill | owner-stop |  one server; TEST_BINARY is
 #   owner-pause | owner-clock |        test_redis_owner
-#   owner-graceful | owner-busy |
-#   owner-multi
+#   owner-graceful | owner-busy
 #   owner-churn                        3 masters + 3 replicas;
 #                                      test_redis_owner
 #   owner-stall                        a 3-master cluster; test_redis_owner
@@ -116,14 +115,14 @@ case $scenario in
     exit $rc
     ;;
   owner | owner-kill | owner-stop | owner-pause | owner-clock | owner-graceful | \
-    owner-busy | owner-multi)
+    owner-busy)
     # Fenced shard ownership: node processes on one server.
     port=$(pick_ports 1)
     [ "$scenario" = owner-pause ] && extra=(--enable-debug-command yes)
     start "$port"
     mode=${scenario#owner-}
     if [ "$mode" = owner ] || [ "$mode" = pause ] || [ "$mode" = clock ] ||
-      [ "$mode" = graceful ] || [ "$mode" = busy ] || [ "$mode" = multi ]; then
+      [ "$mode" = graceful ] || [ "$mode" = busy ]; then
       "$bin" "$mode" "127.0.0.1:$port"
     else
       mkdir -p "$tmp/nodes"

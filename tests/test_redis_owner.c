@@ -62,12 +62,6 @@
  *          handles within the lease + lease / 8 + 1 s (membership is per
  *          master: the stopped one does not keep the dead node alive);
  *          never two handles trusting one shard
- *   multi  (one server, 32 shards) many shards in one script call:
- *          fewer calls than shards per claim and renewal round; a shard whose
- * record another node took and one whose record is of the wrong type are
- * refused within the calls that claim the other shards' timers (delivered once
- * each; theirs stay unclaimed); merged calls refused as a whole go apart,
- * nothing lost or doubled, and merging stops
  */
 #define _GNU_SOURCE
 
@@ -85,7 +79,6 @@
 #include <unistd.h>
 
 #include "redis_fixture.h"
-#include "redis_multi.h"
 #include "redis_owner.h"
 #include "test.h"
 #include "twheel/durable.h"
@@ -1778,206 +1771,6 @@ static void stall_dead_test(const char *dir)
     printf("stall-dead: ok\n");
 }
 
-/* ------------------------------------------------------------------------ */
-/* multi */
-
-#define MU_SHARDS 32
-#define MU_KEYS 640
-static atomic_int mu_fired[MU_KEYS];
-static atomic_int mu_other; /* deliveries of keys not of this test */
-
-static int mu_index(const tw_durable_timer *t)
-{
-    int i;
-    char buf[32];
-    if (t->key_len >= sizeof buf)
-        return -1;
-    memcpy(buf, t->key, t->key_len);
-    buf[t->key_len] = 0;
-    return sscanf(buf, "mu%d", &i) == 1 && i >= 0 && i < MU_KEYS ? i : -1;
-}
-
-static int mu_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
-{
-    (void)d;
-    (void)arg;
-    int i = mu_index(t);
-    if (i < 0)
-        atomic_fetch_add(&mu_other, 1);
-    else
-        atomic_fetch_add(&mu_fired[i], 1);
-    return 0;
-}
-
-/* calls=N of the command @cmd in INFO commandstats, or 0. */
-static long long cmd_calls(redisContext *rc, const char *cmd)
-{
-    redisReply *r = redisCommand(rc, "INFO commandstats");
-    ASSERT(r && r->type == REDIS_REPLY_STRING);
-    char pat[64];
-    snprintf(pat, sizeof pat, "cmdstat_%s:calls=", cmd);
-    const char *p = strstr(r->str, pat);
-    long long n = p ? atoll(p + strlen(pat)) : 0;
-    freeReplyObject(r);
-    return n;
-}
-
-static bool all_trusted(tw_durable *d, uint32_t shards)
-{
-    for (uint32_t s = 0; s < shards; s++) {
-        char f[TW__OWN_FENCE_MAX];
-        size_t fl;
-        uint64_t e;
-        if (!tw__own_fence(tw__durable_redis_own(d), s, f, &fl, &e))
-            return false;
-    }
-    return true;
-}
-
-/* Many shards in one script call (a server that is not a cluster): fewer
- * calls than shards per claim or renewal round; one shard whose record another
- * node took and one whose record is of the wrong type are refused in the same
- * calls that claim the other shards' timers; a server that refuses the
- * merged call as a whole gets separate calls. */
-static void multi_test(void)
-{
-    const char *ns = "mu";
-    redisContext *rc = connect_seed();
-    /* 1. A 2 s shard lease on 32 shards: claim rounds every horizon / 4
-     * (250 ms), ownership rounds every lease / 8 (a membership beat) with
-     * a renewal of every shard every lease / 4. In 2 s, one call per
-     * shard would be 7 * 32 = 224 CLAIM calls and 3 * 32 = 96 renewals or
-     * more; merged, one call per round of each. */
-    tw_durable_config c = ocfg("mu1", MU_SHARDS, 2000, mu_fire);
-    tw_durable *d;
-    ASSERT_EQ(tw_durable_open(&d, &c), 0);
-    int64_t end = wall_ms() + 15000;
-    while (!all_trusted(d, MU_SHARDS)) {
-        ASSERT(wall_ms() < end);
-        sleep_ms(20);
-    }
-    freeReplyObject(redisCommand(rc, "CONFIG RESETSTAT"));
-    sleep_ms(2000);
-    long long calls = cmd_calls(rc, "evalsha");
-    printf("multi: %lld EVALSHA in 2 s, 32 shards\n", calls);
-    ASSERT(calls > 0 && calls < 2 * MU_SHARDS);
-    tw_durable_close(d);
-
-    c = ocfg(ns, MU_SHARDS, 20000, mu_fire);
-    ASSERT_EQ(tw_durable_open(&d, &c), 0);
-    end = wall_ms() + 15000;
-    while (!all_trusted(d, MU_SHARDS)) {
-        ASSERT(wall_ms() < end);
-        sleep_ms(20);
-    }
-
-    /* 2. Just after a renewal (the record's PTTL is back near the lease:
-     * the next one is 5 s away, and the node trusts its fences until
-     * then), shard a's record is taken by another node and shard b's
-     * replaced by a value of the wrong type. Timers due in 1.5 s in every
-     * shard are claimed by the next rounds: a's and b's parts are refused
-     * (FENCED; an error its GET raises) while the node still sends them,
-     * and the other shards' timers are delivered once each. */
-    uint32_t a = 0, b = 1;
-    char ka[32], kb[32];
-    snprintf(ka, sizeof ka, "{%s:%u}:o", ns, a);
-    snprintf(kb, sizeof kb, "{%s:%u}:o", ns, b);
-    end = wall_ms() + 15000;
-    for (;;) {
-        redisReply *r = redisCommand(rc, "PTTL %s", ka);
-        ASSERT(r && r->type == REDIS_REPLY_INTEGER);
-        long long ttl = r->integer;
-        freeReplyObject(r);
-        if (ttl > 19500)
-            break;
-        ASSERT(wall_ms() < end);
-        sleep_ms(5);
-    }
-    redisReply *r = redisCommand(rc, "SET %s %lld:ffffffffffffffff PX 60000",
-                                 ka, (long long)(wall_ms() + 1) * 1024 * 1024);
-    ASSERT(r && r->type == REDIS_REPLY_STATUS);
-    freeReplyObject(r);
-    freeReplyObject(redisCommand(rc, "DEL %s", kb));
-    r = redisCommand(rc, "HSET %s x y", kb);
-    ASSERT(r && r->type == REDIS_REPLY_INTEGER);
-    freeReplyObject(r);
-    int64_t due = wall_ms() + 1500;
-    tw_durable_item *it = calloc(MU_KEYS, sizeof *it);
-    char(*key)[16] = calloc(MU_KEYS, sizeof *key);
-    ASSERT(it && key);
-    int in_ab = 0;
-    for (int i = 0; i < MU_KEYS; i++) {
-        int n = snprintf(key[i], sizeof key[i], "mu%d", i);
-        it[i] = (tw_durable_item){key[i], (size_t)n, due, "p", 1, 0};
-        uint32_t s = shard_of(key[i], MU_SHARDS);
-        in_ab += s == a || s == b;
-    }
-    ASSERT(in_ab > 0);
-    ASSERT_EQ(tw_durable_schedule_many(d, it, MU_KEYS), 0);
-    int64_t stop = due + 1000;
-    while (wall_ms() < stop)
-        sleep_ms(20);
-    /* Still trusted: every claim round until now sent both parts. */
-    char f[TW__OWN_FENCE_MAX];
-    size_t fl;
-    uint64_t e;
-    ASSERT(tw__own_fence(tw__durable_redis_own(d), a, f, &fl, &e));
-    ASSERT(tw__own_fence(tw__durable_redis_own(d), b, f, &fl, &e));
-    for (int i = 0; i < MU_KEYS; i++) {
-        uint32_t s = shard_of(key[i], MU_SHARDS);
-        int want = s == a || s == b ? 0 : 1;
-        if (atomic_load(&mu_fired[i]) != want)
-            printf("multi: %s (shard %u) delivered %d times\n", key[i], s,
-                   atomic_load(&mu_fired[i]));
-        ASSERT_EQ(atomic_load(&mu_fired[i]), want);
-    }
-    /* a's and b's timers are still waiting, unclaimed (score >= 0). */
-    for (uint32_t s = a; s <= b; s++) {
-        r = redisCommand(rc, "ZCOUNT {%s:%u}:d 0 +inf", ns, s);
-        ASSERT(r && r->type == REDIS_REPLY_INTEGER);
-        int n = 0;
-        for (int i = 0; i < MU_KEYS; i++)
-            n += shard_of(key[i], MU_SHARDS) == s;
-        ASSERT_EQ(r->integer, n);
-        freeReplyObject(r);
-    }
-    /* The refusals were parts' errors inside merged calls, not merged
-     * calls refused as a whole (which would have stopped merging). */
-    ASSERT(!tw__durable_redis_no_multi(d));
-    freeReplyObject(redisCommand(rc, "DEL %s %s", ka, kb));
-    tw_durable_close(d);
-    ASSERT_EQ(atomic_load(&mu_other), 0);
-
-    /* 3. A server that refuses the merged calls as a whole (the test hook
-     * sends them malformed): the same calls go apart, every timer is
-     * delivered once, and later calls are not merged. */
-    for (int i = 0; i < MU_KEYS; i++)
-        atomic_store(&mu_fired[i], 0);
-    tw__rd_multi_break = true;
-    c = ocfg("mu2", MU_SHARDS, 0, mu_fire);
-    ASSERT_EQ(tw_durable_open(&d, &c), 0);
-    due = wall_ms() + 300;
-    for (int i = 0; i < MU_KEYS; i++)
-        it[i].due_ms = due;
-    ASSERT_EQ(tw_durable_schedule_many(d, it, MU_KEYS), 0);
-    end = wall_ms() + 10000;
-    for (int i = 0; i < MU_KEYS; i++)
-        while (atomic_load(&mu_fired[i]) < 1) {
-            ASSERT(wall_ms() < end);
-            sleep_ms(10);
-        }
-    ASSERT(tw__durable_redis_no_multi(d));
-    sleep_ms(300);
-    tw_durable_close(d);
-    tw__rd_multi_break = false;
-    for (int i = 0; i < MU_KEYS; i++)
-        ASSERT_EQ(atomic_load(&mu_fired[i]), 1);
-    free(it);
-    free(key);
-    redisFree(rc);
-    printf("multi: ok\n");
-}
-
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1986,7 +1779,7 @@ int main(int argc, char **argv)
         fprintf(
             stderr,
             "usage: %s owner|kill|stop|pause|churn|clock|graceful|busy|stall|"
-            "stall-dead|multi "
+            "stall-dead "
             "ADDRESS [DIR]\n",
             argv[0]);
         return 2;
@@ -2010,8 +1803,6 @@ int main(int argc, char **argv)
         busy_test();
     else if (!strcmp(argv[1], "stall"))
         stall_test();
-    else if (!strcmp(argv[1], "multi"))
-        multi_test();
     else if (!strcmp(argv[1], "stall-dead") && argc == 4)
         stall_dead_test(argv[3]);
     else {
