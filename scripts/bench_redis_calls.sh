@@ -10,7 +10,9 @@
 # command do, less than /proc's totals.
 # Usage: scripts/bench_redis_calls.sh BUILD_DIR...   (Release builds with
 # bench/bench_redis). TIMERS (default 20000), WINDOW_MS (10000), SHARDS
-# (64), OWNER_LEASE_MS (5000; 0: without ownership). POLLER=1: each round
+# (64), OWNER_LEASE_MS (5000; 0: without ownership). A BUILD_DIR@G
+# argument runs that build with cfg.redis_check_gap_ms = G (a check batch
+# at most every G ms; the default 4). POLLER=1: each round
 # also runs the lease-poller (`bench_redis lpoll`, 100 ms, of the first
 # build) after the builds, counted the same way. IDLE=1: instead,
 # `bench_redis idle` (nothing due, SHARDS default 1024, NODES node
@@ -50,14 +52,17 @@ for _ in $(seq "$reps"); do
     t0=$(date +%s.%N)
     if [ -n "${IDLE:-}" ]; then
       line=$(env OWNER_LEASE_MS="${OWNER_LEASE_MS:-5000}" \
-        SHARDS="${SHARDS:-1024}" "$b/bench/bench_redis" idle \
+        SHARDS="${SHARDS:-1024}" "${b%@*}/bench/bench_redis" idle \
         "127.0.0.1:$port" "$pid" "${NODES:-1}" 10)
     elif [ "$b" = lpoll ]; then
-      line=$("$1/bench/bench_redis" lpoll "127.0.0.1:$port" "$pid" "$timers" \
+      line=$("${1%@*}/bench/bench_redis" lpoll "127.0.0.1:$port" "$pid" "$timers" \
         "$window" 100)
     else
+      gap=0
+      [[ "$b" == *@* ]] && gap=${b##*@}
       line=$(env LOAD_BATCH=500 OWNER_LEASE_MS="${OWNER_LEASE_MS:-5000}" \
-        SHARDS="${SHARDS:-64}" "$b/bench/bench_redis" fire \
+        CHECK_GAP_MS="$gap" \
+        SHARDS="${SHARDS:-64}" "${b%@*}/bench/bench_redis" fire \
         "127.0.0.1:$port" "$pid" "$timers" "$window")
     fi
     stats=$(redis-cli -p "$port" info commandstats | tr -d '\r')
