@@ -135,7 +135,14 @@
 /* ------------------------------------------------------------------------ */
 /* The state word. */
 
-enum { LOC_FREE = 0, LOC_QUEUED, LOC_ARMED, LOC_DISPATCHED, LOC_RUNNING };
+enum {
+    LOC_FREE = 0,
+    LOC_QUEUED,
+    LOC_ARMED,
+    LOC_DISPATCHED,
+    LOC_RUNNING,
+    LOC_RING /* in a producer's ring; the payload is its slot (RING_*) */
+};
 
 #define ST_LOC_MASK UINT64_C(7)
 #define ST_CANCELLED UINT64_C(8)
@@ -194,6 +201,41 @@ struct tw__tsc; /* src/service_clock.h */
  * counts and its magazine. Freed with the service.
  */
 #define MAX_PRODS 64u
+
+/*
+ * A producer's ring: where its exact one-shot calls go (publish_exact())
+ * while it has room, its own stack (subq) taking the rest. A slot is one
+ * word, generation << 32 | node index << RS_SHIFT | RS_* state, eight to
+ * a cache line, and it carries the cancel of the task in it:
+ *
+ *   RS_QUEUED     written by the owner, then published by moving tail
+ *   RS_TAKEN      the consumer (timer thread, or stop) took the node: from
+ *                 then on the node's state word decides, as for a node
+ *                 from a stack
+ *   RS_DONE       cancelled by the owner before the consumer took it: the
+ *                 node went straight back to the owner's magazine, never
+ *                 read by the consumer (so a schedule+cancel pair keeps
+ *                 its record in the producer's cache)
+ *   RS_CANCELLED  cancelled by another thread: the consumer frees the node
+ *   RS_WITHDRAWN  the owner's call failed after publishing (stop began)
+ *
+ * Only the owner writes RS_QUEUED slots and tail, only the consumer moves
+ * head; a slot below head is the owner's again. The node of a RS_QUEUED
+ * slot reads LOC_RING with the slot's place (producer index << RING_BITS
+ * | position) as its payload, so that tw_cancel() finds the slot from the
+ * id; its tw__next holds the function's entry, which the consumer moves
+ * into the state word when it takes the node.
+ */
+#define RING_BITS 16
+#define RING_SLOTS (1u << RING_BITS)
+#define RING_MASK (RING_SLOTS - 1u)
+#define RS_SHIFT 3
+#define RS_MASK UINT64_C(7)
+enum { RS_QUEUED = 1, RS_TAKEN, RS_DONE, RS_CANCELLED, RS_WITHDRAWN };
+_Static_assert(POOL_INDEX_BITS + RS_SHIFT <= 32, "a slot holds an index");
+_Static_assert(((MAX_PRODS - 1u) << RING_BITS | RING_MASK) < (1u << 24),
+               "a ring place fits the payload beside the flags above it");
+
 struct prod {
     /* The line of subq holds nothing else (the padding on both sides, as
      * the allocation need not be aligned): the timer thread reads and
@@ -201,7 +243,10 @@ struct prod {
      * with it. */
     PAD(0);
     _Atomic(struct node *) subq;
+    _Atomic uint64_t tail; /* ring positions published (the owner's) */
     PAD(1);
+    _Atomic uint64_t head; /* ring positions taken (the consumer's) */
+    PAD(3);
     _Atomic uint64_t added, dropped; /* only their sums over all mean much */
     _Atomic bool owned;
     /* The owner's: */
@@ -209,6 +254,10 @@ struct prod {
     uint32_t fr_next, fr_end; /* never-used indexes [fr_next, fr_end) */
     tw_task_fn last_fn;       /* the last function and its entry */
     uint32_t last_fidx;
+    uint64_t ring_end;      /* head + RING_SLOTS as last read: tail stops
+                               there (0 without a ring: the stack only) */
+    uint32_t ring_tag;      /* this producer's index << RING_BITS */
+    _Atomic uint64_t *ring; /* RING_SLOTS slots, or NULL (no memory) */
     PAD(2);
 };
 
