@@ -803,6 +803,7 @@ static __attribute__((noinline)) int publish_full(tw_service *s, struct prod *p,
                           (free_st & ~UINT64_C(0xffffffff)) |
                               ((uint64_t)fidx << ST_PAY_SHIFT) | LOC_QUEUED,
                           memory_order_release);
+    n->t.tw__pprev = QUEUED_NS; /* tw__next: the link */
     stack_push(&p->subq, n);
     TEST_HOOK(tw__service_pushed_hook, s);
     if (atomic_load(&s->submit.pending) & STOPPED_BIT) {
@@ -826,8 +827,7 @@ static inline __attribute__((always_inline)) int
 publish_exact(tw_service *s, struct prod *p, struct node *n, uint64_t free_st,
               uint32_t fidx, void *arg, uint64_t due, tw_id *id)
 {
-    n->t.tw__pprev = QUEUED_NS; /* tw__next: the link, or the entry */
-    n->t.tw__expires = due;
+    n->t.tw__expires = due; /* QUEUED_NS (for the ring: ring_take()) */
     n->t.tw__arg = arg;
     /* *@id before the push: the task may run at once and read it. */
     tw_id was = 0;
@@ -1159,6 +1159,7 @@ ring_take(tw_service *s, struct prod *p, uint32_t pos,
     struct node *n = node_at(&s->pool, (uint32_t)v >> RS_SHIFT);
     uint64_t fidx = (uintptr_t)n->t.tw__next;
     uint64_t ring_pay = p->ring_tag | pos;
+    n->t.tw__pprev = QUEUED_NS; /* its deadline is in ns */
     /* From LOC_RING to LOC_QUEUED, the function's entry in place of the
      * slot's place. After RS_TAKEN a cancel may set the cancelled bit in
      * the state word meanwhile (nothing else): the exclusive or keeps it.
