@@ -49,6 +49,7 @@ void (*tw__service_pushed_hook)(tw_service *s);
 void (*tw__service_drained_hook)(tw_service *s);
 void (*tw__service_sum_hook)(tw_service *s);
 void (*tw__service_lazy_hook)(tw_service *s, tw_id id, uint64_t now);
+void (*tw__service_ring_hook)(tw_service *s, tw_id id, bool taken);
 #define TEST_HOOK(hook, ...)                                                   \
     do {                                                                       \
         if ((hook) != NULL)                                                    \
@@ -1134,6 +1135,12 @@ static inline unsigned subq_drain(tw_service *s, unsigned max,
     return i;
 }
 
+/* The id of the task that ring slot word @v names. */
+static inline tw_id ring_id(uint64_t v)
+{
+    return (v & ~UINT64_C(0xffffffff)) + ((uint32_t)v >> RS_SHIFT) + 1;
+}
+
 /*
  * Slot @pos of producer @p's ring (@p the producer at index @k), below
  * tail: take its node to @take as a node from a stack (LOC_QUEUED, its
@@ -1148,10 +1155,14 @@ ring_take(tw_service *s, struct prod *p, uint32_t pos,
 {
     _Atomic uint64_t *w = &p->ring[pos];
     uint64_t v = atomic_load_explicit(w, memory_order_acquire);
+    if ((v & RS_MASK) == RS_QUEUED)
+        TEST_HOOK(tw__service_ring_hook, s, ring_id(v), false);
     while ((v & RS_MASK) == RS_QUEUED &&
            !atomic_compare_exchange_weak(w, &v, (v & ~RS_MASK) | RS_TAKEN)) {
     }
     unsigned rs = (unsigned)(v & RS_MASK);
+    if (rs == RS_QUEUED)
+        TEST_HOOK(tw__service_ring_hook, s, ring_id(v), true);
     if (rs == RS_DONE)
         return 1;
     if (rs != RS_QUEUED && rs != RS_CANCELLED)
