@@ -1135,11 +1135,13 @@ static inline unsigned subq_drain(tw_service *s, unsigned max,
     return i;
 }
 
-/* The id of the task that ring slot word @v names. */
+#ifdef TW_TEST_HOOKS
+/* The id of the task that ring slot word @v names (for the test hook). */
 static inline tw_id ring_id(uint64_t v)
 {
     return (v & ~UINT64_C(0xffffffff)) + ((uint32_t)v >> RS_SHIFT) + 1;
 }
+#endif
 
 /*
  * Slot @pos of producer @p's ring (@p the producer at index @k), below

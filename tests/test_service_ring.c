@@ -48,15 +48,18 @@ static void warm(tw_service *s)
  * waits in the drained hook until released (or until stop tells it to
  * quit), so that what is scheduled meanwhile stays in the rings. */
 
+/* The hooks are installed once, before any service starts (main()), and
+ * act only when armed. */
 static struct {
-    tw_service *s;
+    _Atomic(tw_service *) s;
     _Atomic int hold; /* 1: hold the next round; 2: holding; 0: go */
 } hd;
 
 static void hold_hook(tw_service *s)
 {
     int one = 1;
-    if (s != hd.s || !atomic_compare_exchange_strong(&hd.hold, &one, 2))
+    if (s != atomic_load(&hd.s) ||
+        !atomic_compare_exchange_strong(&hd.hold, &one, 2))
         return;
     while (atomic_load(&hd.hold) == 2 && !atomic_load(&s->timer.quit))
         sleep_us(100);
@@ -64,8 +67,7 @@ static void hold_hook(tw_service *s)
 
 static void hold_timer(tw_service *s)
 {
-    hd.s = s;
-    tw__service_drained_hook = hold_hook;
+    atomic_store(&hd.s, s);
     atomic_store(&hd.hold, 1);
     tw__service_kick(s);
     while (atomic_load(&hd.hold) != 2)
@@ -75,7 +77,6 @@ static void hold_timer(tw_service *s)
 static void release_timer(void)
 {
     atomic_store(&hd.hold, 0);
-    tw__service_drained_hook = NULL;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -128,14 +129,17 @@ static struct {
 
 static void race_hook(tw_service *s, tw_id id, bool taken)
 {
-    if (s != rc.s || taken != rc.at_take || id != atomic_load(&rc.target))
+    /* rc's other fields are set before target. */
+    if (id == 0 || id != atomic_load(&rc.target) || s != rc.s ||
+        taken != rc.at_take)
         return;
-    atomic_store(&rc.target, 0);
     if (!rc.by_owner) {
         rc.won = tw_cancel(s, id);
         rc.again = tw_cancel(s, id);
+        atomic_store(&rc.target, 0);
         return;
     }
+    atomic_store(&rc.target, 0);
     atomic_store(&rc.step, 1);
     while (atomic_load(&rc.step) != 2)
         sleep_us(100);
@@ -155,7 +159,6 @@ static void test_cancel_races_take(void)
         tw_id id;
         ASSERT_EQ(tw_schedule(rc.s, runs_task, &r, 0, &id), 0);
         atomic_store(&rc.target, id);
-        tw__service_ring_hook = race_hook;
         release_timer();
         tw__service_kick(rc.s);
         if (rc.by_owner) {
@@ -167,7 +170,6 @@ static void test_cancel_races_take(void)
         WAIT_FOR(atomic_load(&rc.target) == 0, 10); /* the hook ran */
         tw__service_sync(rc.s);
         tw__service_sync(rc.s);
-        tw__service_ring_hook = NULL;
         ASSERT(rc.won);
         ASSERT(!rc.again);
         ASSERT_EQ(atomic_load(&r.n), 0);
@@ -379,6 +381,8 @@ static void test_memory_promise_sleeping(void)
 
 int main(int argc, char **argv)
 {
+    tw__service_drained_hook = hold_hook;
+    tw__service_ring_hook = race_hook;
     RUN_SELECTED(test_owner_cancel_reuses_record);
     RUN_SELECTED(test_cancel_races_take);
     RUN_SELECTED(test_stop_takes_ring);
