@@ -10,8 +10,10 @@
  *
  *   producer (tw_schedule*)                                service.c
  *     | takes a record from the node pool                   node_pool.[ch]
- *     v pushes it on the submission stack (lock-free)
- *   timer thread: takes the stack whole, cancel bitmap too service.c
+ *     v puts it in its ring (exact one-shot) or pushes it on a
+ *     | submission stack (lock-free)
+ *   timer thread: takes the rings' new slots and the stacks
+ *     | whole, the cancel bitmap too                       service.c
  *     v arms the record in its tw_wheel                     wheel.c
  *   wheel: at the deadline calls the trampoline (dispatch) service.c
  *     v runs the task there, or hands it to an executor
@@ -21,7 +23,15 @@
  *
  * Cancels go against the flow: tw_cancel() only sets a bit in the record's
  * state word (and, for a record in the wheel, a bit in the cancel bitmap);
- * whoever owns the record at that moment sees the bit and frees it.
+ * whoever owns the record at that moment sees the bit and frees it. A
+ * task still in a ring slot is cancelled in the slot instead (RS_* below);
+ * the ring's owner takes the record back at once.
+ *
+ * A ring slot outranks the state word while the task is in it: the node
+ * reads LOC_RING, and the consumer's compare-and-swap of the slot
+ * (RS_QUEUED to RS_TAKEN) hands the decision to the state word. So a cancel
+ * wins either in the slot (before the take) or in the state word (after
+ * it), never in both.
  *
  * Locks
  * -----
@@ -55,7 +65,8 @@
  *                link (POOL_INDEX_BITS bits at POOL_LINK_SHIFT)
  *   bit  4       periodic (tw__arg points at a side record)
  *   bit  3       cancelled (or claimed by stop)
- *   bits 2..0    location: FREE, QUEUED, ARMED, DISPATCHED, RUNNING
+ *   bits 2..0    location: FREE, QUEUED, ARMED, DISPATCHED, RUNNING,
+ *                RING
  *
  * A tw_id is generation << 32 | (index + 1), so a stale id never matches a
  * reused node. The location says who owns the node's links; only the owner
@@ -63,6 +74,9 @@
  * by CAS. The owner that sees the cancelled bit frees the node:
  *
  *   FREE       -> QUEUED      a producer's schedule call
+ *   FREE       -> RING        a producer's exact one-shot schedule call
+ *   RING       -> QUEUED      the consumer takes the ring slot
+ *   RING       -> FREE        the ring's owner cancelled it in the slot
  *   QUEUED     -> ARMED       the timer thread takes the stack
  *   ARMED      -> DISPATCHED  due, for an executor (timer thread)
  *   ARMED      -> RUNNING     due, run on the timer thread itself
@@ -91,6 +105,11 @@
  *               (under the pool's mutex, which executors take to pop).
  *   RUNNING     its function runs; a one-shot task cannot be cancelled
  *               any more, a periodic one can (it is freed after the run)
+ *   RING        in a producer's ring (an exact one-shot task not yet
+ *               taken): the payload is the slot's place, tw__next the
+ *               function's entry; the slot decides until the consumer
+ *               takes it, and the consumer then moves it to QUEUED
+ *               (keeping a cancelled bit a cancel set after the take)
  *
  * tw_service_stop() joins the threads, becomes the owner of everything and
  * claims each live node by setting its cancelled bit, so a racing
@@ -98,7 +117,9 @@
  *
  * Producers (tw_schedule) never lock. A thread with a producer of its own
  * (struct prod below) takes a node from its magazine, adds one to its own
- * pending count and pushes the node on its own Treiber stack; other calls
+ * pending count and puts the node in its ring (an exact one-shot task
+ * while the ring has room) or pushes it on its own Treiber stack; other
+ * calls
  * pop a node from the shared free list (a Treiber stack of batches, head
  * tagged against ABA), reserve a pending slot in the shared count with one
  * atomic operation as the call's last fallible step (so a failing call
