@@ -367,9 +367,12 @@ static struct prod *prod_adopt(tw_service *s)
         atomic_init(&p->owned, true);
         p->ring_tag = n << RING_BITS;
         /* Without its ring the producer uses its stack only. */
-        p->ring = tw__calloc(RING_SLOTS, sizeof(*p->ring));
+        p->ring = tw__calloc(RING_SLOTS, sizeof(*p->ring) + 1);
+        if (p->ring != NULL)
+            p->done = (_Atomic uint8_t *)(void *)(p->ring + RING_SLOTS);
         atomic_fetch_add_explicit(
-            &s->mem, sizeof(*p) + (p->ring ? RING_SLOTS * sizeof(*p->ring) : 0),
+            &s->mem,
+            sizeof(*p) + (p->ring ? RING_SLOTS * (sizeof(*p->ring) + 1) : 0),
             memory_order_relaxed);
     }
     /* A slot that stays NULL (no memory) is skipped by everybody. */
@@ -773,6 +776,7 @@ publish_ring(tw_service *s, struct prod *p, struct node *n, uint32_t idx,
                           gen | (uint64_t)(p->ring_tag | pos) << ST_PAY_SHIFT |
                               LOC_RING,
                           memory_order_release);
+    atomic_store_explicit(&p->done[pos], 0, memory_order_relaxed);
     atomic_exchange(&p->tail, t + 1);
     TEST_HOOK(tw__service_pushed_hook, s);
     if (atomic_load(&s->submit.pending) & STOPPED_BIT)
@@ -1216,9 +1220,13 @@ static unsigned ring_drain(tw_service *s, unsigned max,
         done += (unsigned)(t - h);
         /* Newest first, as from a stack: the wheel fires tasks of one
          * tick in the order they were scheduled. */
-        for (uint64_t i = t; i != h; i--)
-            owner_cancelled +=
-                ring_take(s, p, (uint32_t)(i - 1) & RING_MASK, take, ctx);
+        for (uint64_t i = t; i != h; i--) {
+            uint32_t pos = (uint32_t)(i - 1) & RING_MASK;
+            if (atomic_load_explicit(&p->done[pos], memory_order_relaxed))
+                owner_cancelled++; /* RS_DONE: no need to read the slot */
+            else
+                owner_cancelled += ring_take(s, p, pos, take, ctx);
+        }
         atomic_store_explicit(&p->head, t, memory_order_release);
     }
     if (owner_cancelled != 0)
@@ -1796,6 +1804,8 @@ static inline __attribute__((always_inline)) bool cancel_id(tw_service *s,
                      (uint64_t)((uint32_t)id - 1) << RS_SHIFT | RS_QUEUED;
         if (atomic_compare_exchange_strong(&p->ring[pay & RING_MASK], &v,
                                            (v & ~RS_MASK) | RS_DONE)) {
+            atomic_store_explicit(&p->done[pay & RING_MASK], 1,
+                                  memory_order_relaxed);
             prod_drop(p);
             ring_reclaim(p, n, id);
             return true;

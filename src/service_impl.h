@@ -279,6 +279,12 @@ struct prod {
                                there (0 without a ring: the stack only) */
     uint32_t ring_tag;      /* this producer's index << RING_BITS */
     _Atomic uint64_t *ring; /* RING_SLOTS slots, or NULL (no memory) */
+    /* One byte per slot, after the slots: 1 once the owner has cancelled
+     * the slot's task (RS_DONE), 0 from its schedule call on. The consumer
+     * reads it first and skips the slot when set: 64 slots to a line
+     * instead of 8, so the lines the owner rewrites a lap later are
+     * fewer that the consumer has read. A hint only: RS_DONE decides. */
+    _Atomic uint8_t *done;
     PAD(2);
 };
 
