@@ -398,6 +398,7 @@ static void setup(fz_reader *r)
 static void event_loop(unsigned steps)
 {
     unsigned empty = 0;
+    size_t stale = 0;
     for (unsigned i = 0; i < steps; i++) {
         uint64_t ne = tw_wheel_next_expiry(S.w);
         if (ne == UINT64_MAX)
@@ -405,8 +406,13 @@ static void event_loop(unsigned steps)
         /* The header allows one empty wake-up per level. In rounds mode
          * a top-level slot whose earliest timer was moved or cancelled
          * keeps a stale lower bound, worth one more empty wake-up; at most
-         * one such slot per pending timer. */
-        size_t bound = S.levels + (S.rounds ? model_count() : 0);
+         * one such slot per pending timer. A slot that
+         * tw_wheel_cancel_inline() emptied stays marked until a visit: one
+         * more each (counted when a run of empty wake-ups starts: an
+         * empty wake-up runs no callback, so it leaves no new one). */
+        if (empty == 0)
+            stale = tw__wheel_stale_slots(S.w);
+        size_t bound = S.levels + (S.rounds ? model_count() : 0) + stale;
         if (do_advance(ne > S.now ? ne : S.now) == 0) {
             empty++;
             FZ_CHECK(empty <= bound,

@@ -32,6 +32,9 @@ static inline unsigned tw__late_bucket(uint64_t late_us)
  * tw__wheel_check_full also scans every slot and bitmap word. */
 int tw__wheel_check(const tw_wheel *w);
 int tw__wheel_check_full(const tw_wheel *w);
+/* Slots marked occupied whose lists are all empty: left so by
+ * tw_wheel_cancel_inline() until tw_wheel_advance() visits them. */
+size_t tw__wheel_stale_slots(const tw_wheel *w);
 
 /* Make @w call @fire(t, @arg) for every timer it runs, instead of each
  * timer's own function: the wheel then never reads a timer's tw__fn, and

@@ -151,6 +151,9 @@
 /* The invariant checkers used by the tests (also in src/internal.h). */
 int tw__wheel_check(const tw_wheel *w);
 int tw__wheel_check_full(const tw_wheel *w);
+/* For tests: slots marked occupied whose lists are all empty (left so by
+ * tw_wheel_cancel_inline() until a visit); also in src/internal.h. */
+size_t tw__wheel_stale_slots(const tw_wheel *w);
 /* For tests: widen a narrow table when the count reaches @n (see widen();
  * 0 changes nothing); returns the lists per slot. */
 unsigned tw__wheel_widen_at(tw_wheel *w, size_t n);
@@ -174,6 +177,10 @@ struct tw_wheel {
      * tw__removes counts the timers cancelled, moved or run, ever; pending
      * timers (due list included) = adds - tw__removes. */
     struct tw__wheel_head head;
+    /* The addresses of the table of list heads and just past it, for
+     * in_heads(); here, so that the hot fields below share their cache
+     * lines as they did when these two were part of the head. */
+    uintptr_t heads_lo, heads_end;
     /* tw__wheel_set_fire(): one callback for every timer, whose tw__fn
      * this wheel then never reads (NULL: each timer's own). */
     tw_timer_fn fire;
@@ -381,7 +388,7 @@ static inline void list_push(tw_timer **head, tw_timer *t)
 static inline int in_heads(const tw_wheel *w, tw_timer **p)
 {
     uintptr_t a = (uintptr_t)p;
-    return a >= w->head.tw__heads && a < w->head.tw__heads_end;
+    return a >= w->heads_lo && a < w->heads_end;
 }
 
 static int slot_empty(tw_timer *const *h, unsigned C)
@@ -448,11 +455,6 @@ static inline void timer_unlink(tw_wheel *w, tw_timer *t)
         next->tw__pprev = pprev;
     else if (in_heads(w, pprev))
         chain_emptied(w, pprev);
-}
-
-void tw__wheel_list_emptied(tw_wheel *w, tw_timer **head)
-{
-    chain_emptied(w, head);
 }
 
 /* Forward: the first tick after now at which rounds slot @slot has work. */
@@ -585,8 +587,8 @@ static void set_heads(tw_wheel *w, tw_timer **heads, void *mem, unsigned cshift)
     w->heads = heads;
     w->heads_mem = mem;
     w->cshift = cshift;
-    w->head.tw__heads = (uintptr_t)heads;
-    w->head.tw__heads_end =
+    w->heads_lo = (uintptr_t)heads;
+    w->heads_end =
         (uintptr_t)(heads + (((size_t)w->levels << w->bits) << cshift));
     for (unsigned k = 0; k < w->levels; k++)
         w->lv[k].heads = heads + (((size_t)k << w->bits) << cshift);
@@ -751,7 +753,8 @@ __attribute__((noinline)) static void widen(tw_wheel *w)
             tw_timer **to =
                 wide + ((((size_t)k << w->bits) + (size_t)s) << K_SHIFT);
             *to = *slot_heads(w, k, (uint64_t)s, 1);
-            (*to)->tw__pprev = to; /* an occupied slot's list is not empty */
+            if (*to != NULL) /* else emptied by tw_wheel_cancel_inline() */
+                (*to)->tw__pprev = to;
         }
     }
     tw__free(w->heads_mem);
@@ -1052,7 +1055,9 @@ uint64_t tw_wheel_next_expiry(const tw_wheel *w)
     uint64_t t;
     if (w->due != NULL)
         return w->due_min;
-    if (next_event(w, &t) != 0)
+    /* Slots emptied by tw_wheel_cancel_inline() stay marked until a visit:
+     * with no timer pending, none of them is work. */
+    if (next_event(w, &t) != 0 || pending(w) == 0)
         return UINT64_MAX;
     return t;
 }
@@ -1186,8 +1191,10 @@ hand_over(tw_wheel *w, uint64_t slot, tw_timer **fl, unsigned C)
         /* A slot filled by one cascade timer has only its first list. */
         fl[0] = h[0];
         h[0] = NULL;
-        fl[0]->tw__pprev = &fl[0]; /* an occupied slot */
         slot_emptied(w, 0, slot);
+        if (fl[0] == NULL)
+            return 0; /* emptied by tw_wheel_cancel_inline() */
+        fl[0]->tw__pprev = &fl[0];
         return 1;
     }
     /* Without a branch per chain: which chains are empty is random. */
@@ -1390,7 +1397,8 @@ advance_loop(tw_wheel *w, uint64_t now, size_t *ran, unsigned C)
         unsigned nfire = 0;
         if (top == 0 && !is_rounds_level(w, 0)) {
             /* The common tick: only level 0 starts a granule at t, so t
-             * came from its bitmap and slot t & mask is occupied. */
+             * came from its bitmap and slot t & mask is marked (occupied,
+             * or emptied by tw_wheel_cancel_inline()). */
             nfire = hand_over(w, t & w->mask, fl, C);
         }
         for (unsigned k = nfire == 0 ? top + 1 : 0; k > 0;) {
@@ -1436,8 +1444,9 @@ __attribute__((noinline)) static size_t advance_work(tw_wheel *w, uint64_t now)
  * advance_work() for the commonest visit of a wheel advanced one tick at a
  * time: @now is the exact hint (hint_ok), a tick that starts no granule
  * above level 0, of a wide table, with the due list empty (the hint would
- * be 0). Its one visit is the level-0 slot of @now, occupied, whose timers
- * all run now; then the next event is the new exact hint, as at the end of
+ * be 0). Its one visit is the level-0 slot of @now, marked occupied (and
+ * empty only if tw_wheel_cancel_inline() emptied it), whose timers all run
+ * now; then the next event is the new exact hint, as at the end of
  * advance_loop(). The same steps as advance_work(), without its loop over
  * levels and the frame that the walks need.
  */
@@ -1509,7 +1518,7 @@ static int check_slot(const tw_wheel *w, unsigned k, uint64_t s, size_t *n)
     tw_timer *const *h = slot_heads(w, k, s, C);
     int rounds = is_rounds_level(w, k), r;
     unsigned gshift = k * w->bits;
-    CHECK(!slot_empty(h, C));
+    /* Marked and empty: emptied by tw_wheel_cancel_inline(). */
     for (unsigned c = 0; c < C; c++) {
         if ((r = check_list(w, &h[c], n)) != 0)
             return r;
@@ -1579,9 +1588,11 @@ int tw__wheel_check_full(const tw_wheel *w)
         return r;
     for (unsigned k = 0; k < w->levels; k++) {
         const uint64_t *bm = level_bitmap(w, k);
+        /* Every occupied slot is marked; a marked one may be empty
+         * (tw_wheel_cancel_inline() does not unmark). */
         for (uint64_t s = 0; s <= w->mask; s++)
-            CHECK(slot_empty(slot_heads(w, k, s, chains_of(w)), chains_of(w)) ==
-                  !bm_test(w, bm, s));
+            CHECK(bm_test(w, bm, s) ||
+                  slot_empty(slot_heads(w, k, s, chains_of(w)), chains_of(w)));
         /* Upper bitmap layers summarise the layer below exactly. */
         for (unsigned l = 1; l < w->bm_layers; l++)
             for (uint32_t i = 0; i < w->bm_len[l - 1]; i++) {
@@ -1593,4 +1604,14 @@ int tw__wheel_check_full(const tw_wheel *w)
             CHECK(bm_test(w, bm, s) || w->slotmin[s] == UINT64_MAX);
     }
     return 0;
+}
+
+size_t tw__wheel_stale_slots(const tw_wheel *w)
+{
+    size_t n = 0;
+    for (unsigned k = 0; k < w->levels; k++)
+        for (uint64_t s = 0; s <= w->mask; s++)
+            n += bm_test(w, level_bitmap(w, k), s) &&
+                 slot_empty(slot_heads(w, k, s, chains_of(w)), chains_of(w));
+    return n;
 }

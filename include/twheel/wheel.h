@@ -271,14 +271,8 @@ TW_EXTERN bool tw_wheel_cancel(tw_wheel *w, tw_timer *t);
 /* Private: the first fields of every wheel, the part of it that
  * tw_wheel_cancel_inline() reads and writes. Not for use. */
 struct tw__wheel_head {
-    uint64_t tw__removes;    /* timers cancelled, moved or run, ever */
-    uintptr_t tw__heads;     /* the address of its table of list heads */
-    uintptr_t tw__heads_end; /* the address just past that table */
+    uint64_t tw__removes; /* timers cancelled, moved or run, ever */
 };
-
-/* Private: tw_wheel_cancel_inline() unlinked the last timer of the list
- * whose head is @head. Not for use. */
-TW_EXTERN void tw__wheel_list_emptied(tw_wheel *w, tw_timer **head);
 
 /**
  * tw_wheel_cancel_inline - tw_wheel_cancel() compiled into the caller.
@@ -287,12 +281,16 @@ TW_EXTERN void tw__wheel_list_emptied(tw_wheel *w, tw_timer **head);
  *
  * The same effect and result as tw_wheel_cancel(@w, @t) for arguments
  * that are not NULL (NULL ones are not checked: the call crashes), without
- * a call into the library in the common case: a cancel in the caller's
- * own loop costs about as many instructions as a linked-list unlink
- * (BENCHMARKS.md, "Core wheel: the expiry path and an inline cancel").
- * It compiles against the layout of this header's version of the library:
- * a program built with it must run with a library of the same
- * TW_VERSION_MAJOR and TW_VERSION_MINOR.
+ * a call into the library: a cancel in the caller's own loop costs what a
+ * linked-list unlink costs (BENCHMARKS.md, "Core wheel: the inline cancel
+ * without a call"). It does not look whether the list it leaves empty was
+ * the last of its slot: the slot stays marked occupied until
+ * tw_wheel_advance() reaches it and finds it empty, so
+ * tw_wheel_next_expiry() may name that slot's tick, at most one early
+ * wake-up per slot emptied this way (it still returns UINT64_MAX when no
+ * timer is pending). It compiles against the layout of this header's
+ * version of the library: a program built with it must run with a library
+ * of the same TW_VERSION_MAJOR and TW_VERSION_MINOR.
  *
  * Context: the owner thread, callbacks included.
  * Return: true if @t was pending (it will not run), false if it was not (a
@@ -310,9 +308,6 @@ static inline bool tw_wheel_cancel_inline(tw_wheel *w, tw_timer *t)
     h->tw__removes++;
     if (next != NULL)
         next->tw__pprev = pprev;
-    else if ((uintptr_t)pprev >= h->tw__heads &&
-             (uintptr_t)pprev < h->tw__heads_end)
-        tw__wheel_list_emptied(w, pprev); /* maybe its slot is empty now */
     return true;
 }
 
@@ -356,7 +351,8 @@ TW_EXTERN size_t tw_wheel_advance(tw_wheel *w, uint64_t now);
  * too few levels to cover 64 bits), add one more for each top-level slot
  * whose earliest timer was cancelled or moved since that slot was last
  * visited: cancel stays O(1), so the slot's remembered minimum is a lower
- * bound until the next visit refreshes it.
+ * bound until the next visit refreshes it. With tw_wheel_cancel_inline(),
+ * add one for each slot it emptied since that slot was last visited.
  *
  * Return: that tick, or UINT64_MAX when nothing is pending.
  */

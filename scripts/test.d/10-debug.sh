@@ -3,8 +3,8 @@
 # CI stage: gcc Debug build (with the Redis backend), every test but the
 # Redis and twheeld ones: the one-server Redis scenarios run under
 # ASan+UBSan (20-asan-ubsan.sh), the others in the Redis stage
-# (70-redis.sh), twheeld's in its stage (75-twheeld.sh), both on this same
-# build tree.
+# (70-redis.sh) on this same build tree; twheeld's in its stage
+# (75-twheeld.sh), on the ASan+UBSan tree.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"

@@ -6,12 +6,10 @@
 # backend-neutral suite on Redis and the one-server production setups
 # (TWHEEL_REDIS=ON: hiredis and redis-server come from scripts/deps.sh
 # test, so they are never skipped for lack of it); the scenarios with
-# several servers run in the Redis stage (70-redis.sh).
+# several servers run in the Redis stage (70-redis.sh). twheeld's tests
+# run in this tree too, one at a time, in the twheeld stage (75-twheeld.sh).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
-configure_build build/ci-asan -DCMAKE_BUILD_TYPE=Asan -DCMAKE_C_COMPILER=clang \
-  -DTWHEEL_REDIS=ON
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  run_ctest build/ci-asan -LE nosan
+asan_build
+run_ctest build/ci-asan -LE "nosan|twheeld"

@@ -7,7 +7,8 @@
 # transcript on twheeld and beanstalkd, /metrics parsed by prometheus_client,
 # two servers on one redis-server namespace with kill -9 of each. Needs
 # scripts/deps.sh test; the npm client goes to build/npm-clients
-# (git-ignored). About a minute here.
+# (git-ignored). The server and tools run under ASan+UBSan: the tests run
+# in the asan-ubsan stage's tree, once, one at a time. About 90 s here.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
@@ -18,12 +19,13 @@ done
 ruby -e "require 'beaneater'" ||
   { echo "twheeld stage: ruby-beaneater missing" >&2; exit 1; }
 scripts/twheeld-clients.sh build/npm-clients
-# The debug stage's tree (built once; that stage leaves these tests here).
-debug_build
+# The asan-ubsan stage's tree (built once; that stage leaves these tests
+# here).
+asan_build
 # Skipped tests (exit 77) fail the stage: every part must run here.
 # One at a time: the protocol test compares TTR timings with a real
 # beanstalkd, and the kill -9 test loads the machine meanwhile.
-out=$(ctest --test-dir build/ci-debug --output-on-failure -L twheeld -j1) ||
+out=$(ctest --test-dir build/ci-asan --output-on-failure -L twheeld -j1) ||
   { echo "$out"; exit 1; }
 echo "$out"
 if grep -q "Not Run\|Skipped" <<<"$out"; then

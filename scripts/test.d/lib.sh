@@ -24,6 +24,18 @@ debug_build() {
     -DTWHEEL_REDIS_CLUSTER_TESTS=ON
 }
 
+# asan_build: the clang ASan+UBSan tree build/ci-asan with the Redis
+# backend, shared by the asan-ubsan and twheeld stages (the second finds
+# it built and only runs the twheeld tests in it).
+asan_build() {
+  configure_build build/ci-asan -DCMAKE_BUILD_TYPE=Asan \
+    -DCMAKE_C_COMPILER=clang -DTWHEEL_REDIS=ON
+}
+
+# The sanitizers' settings for a test run in that tree.
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
 # run_ctest DIR CTEST_ARGS...
 run_ctest() {
   local dir=$1
