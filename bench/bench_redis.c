@@ -21,7 +21,8 @@
  *       (SHARDS shards, default 1024): Redis CPU per second of their
  *       claims (and ownership rounds), measured over SECONDS.
  * OWNER_LEASE_MS=L (fire, idle): twheel with fenced shard ownership, a
- * shard lease of L ms (cfg.redis_shard_lease_ms).
+ * shard lease of L ms (cfg.redis_shard_lease_ms). CHECK_GAP_MS=G (fire):
+ * at most one batch of claim checks every G ms (cfg.redis_check_gap_ms).
  *   bench_redis lpoll SEEDS REDIS_PID N WINDOW_MS INTERVAL_MS
  *       the same poller with the guarantees twheel gives (minus its
  *       precision): each poll moves the due timers into an active set
@@ -375,6 +376,8 @@ static void fire_mode(const char *seeds, int pid, int n, int window_ms)
     cfg.fire = late_fire;
     cfg.shards = getenv("SHARDS") ? (uint32_t)atoi(getenv("SHARDS")) : 0;
     cfg.redis_shard_lease_ms = owner_lease();
+    cfg.redis_check_gap_ms =
+        getenv("CHECK_GAP_MS") ? (uint32_t)atoi(getenv("CHECK_GAP_MS")) : 0;
     tw_durable *d;
     if (tw_durable_open(&d, &cfg))
         exit(1);

@@ -323,6 +323,10 @@ static int check_config(tw_durable **out, const tw_durable_config *cfg)
         tw__durable_errmsg(cfg, "retry_jitter_pct: 0 .. 100");
         return TW_EINVAL;
     }
+    if (cfg->redis && cfg->redis_check_gap_ms > 1000) {
+        tw__durable_errmsg(cfg, "redis_check_gap_ms: 0 .. 1000 (0: 4)");
+        return TW_EINVAL;
+    }
     if (cfg->redis && cfg->shards > (1u << 20)) {
         tw__durable_errmsg(cfg, "shards: 0 < n <= 1048576 (0: 64)");
         return TW_EINVAL;

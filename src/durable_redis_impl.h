@@ -110,7 +110,8 @@ struct rd {
     uint8_t *grp_of;               /* per shard: its group (mu) */
     char grp_name[GROUPS_MAX][64]; /* "host:port" of each group's master */
     uint32_t ngrp;
-    uint64_t next_check; /* no claim check before (real monotonic ms) */
+    uint64_t next_check;   /* no claim check before (real monotonic ms) */
+    uint32_t check_gap_ms; /* cfg.redis_check_gap_ms (0: CHECK_GAP_MS) */
     uint64_t cancelled;
     struct tw__durable_counts counts; /* fired, retried, running, late */
     uint64_t cb_start;       /* rd_mono_ms when the last callback began, or 0

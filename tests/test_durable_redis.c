@@ -1273,6 +1273,86 @@ static void share(int nodes, int timers, bool kill_one, const char *dir)
     printf("share: ok\n");
 }
 
+/* ------------------------------------------------------------------------ */
+/* cfg.redis_check_gap_ms: the claim checks' round trips, counted by Redis. */
+
+/* Calls of @cmd since the last CONFIG RESETSTAT (INFO commandstats). */
+static long long cmd_calls(const char *cmd)
+{
+    redisReply *r = rawv(2, (const char *[]){"INFO", "commandstats"});
+    ASSERT(r->type == REDIS_REPLY_STRING);
+    char pat[64];
+    snprintf(pat, sizeof pat, "cmdstat_%s:calls=", cmd);
+    const char *p = strstr(r->str, pat);
+    long long n = p ? atoll(p + strlen(pat)) : 0;
+    freeReplyObject(r);
+    return n;
+}
+
+/* 150 timers due 10 ms apart on 8 shards, with a check gap of @gap ms (0:
+ * the default): all delivered once, none early; returns the MGETs (one per
+ * batch of checks, on one server) Redis ran while they fired, and the
+ * latest start after due in *@late_ms. */
+static long long gap_run(uint32_t gap, int64_t *late_ms)
+{
+    char ns[32];
+    snprintf(ns, sizeof ns, "gap%u_%d", gap, (int)getpid());
+    tw_durable_config cfg = base_cfg(ns);
+    cfg.redis_check_gap_ms = gap;
+    tw_durable *d;
+    reset_tab();
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    enum { N = 150 };
+    int64_t t0 = wall_ms() + 700;
+    for (int i = 0; i < N; i++)
+        ASSERT_EQ(sched(d, i, t0 + 10 * i, "g"), 0);
+    RAW("CONFIG", "RESETSTAT");
+    ASSERT(wait_all(0, N, 20000)); /* 1.5 s of timers; a loaded machine */
+    settle(d);
+    long long mget = cmd_calls("mget");
+    check_none_early(0, N);
+    *late_ms = 0;
+    for (int i = 0; i < N; i++) {
+        ASSERT_EQ(tab[i].count, 1);
+        int64_t late = tab[i].first_us / 1000 - tab[i].due;
+        if (late > *late_ms)
+            *late_ms = late;
+    }
+    tw_durable_close(d);
+    return mget;
+}
+
+/* A longer gap batches the checks of more timers into one round trip:
+ * with the default 4 ms the 150 timers 10 ms apart take about one MGET
+ * each (at least half of them asserted: a check late on a loaded machine
+ * takes the timers due by then), with 250 ms at most one per 250 ms of
+ * the 1.5 s (6, and up to 14 asserted: a batch after a late one starts at
+ * once). A gap above 1000 ms is TW_EINVAL, naming the field. */
+static void gap_test(void)
+{
+    ASSERT_EQ(tw__rc_open(&raw, &(tw__rc_opts){.addr = seeds}), 0);
+    int64_t late_def, late_gap;
+    long long def = gap_run(0, &late_def);
+    long long gap = gap_run(250, &late_gap);
+    printf("gap: MGETs %lld with the default gap (latest start %lld ms after "
+           "due), %lld with 250 ms (%lld ms)\n",
+           def, (long long)late_def, gap, (long long)late_gap);
+    ASSERT(def >= 75);
+    ASSERT(gap >= 1 && gap <= 14);
+    tw__rc_close(raw);
+    raw = NULL;
+
+    char err[128];
+    tw_durable_config cfg = base_cfg("gapbad");
+    cfg.redis_check_gap_ms = 1001;
+    cfg.errbuf = err;
+    cfg.errbuf_len = sizeof err;
+    tw_durable *d = NULL;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), TW_EINVAL);
+    ASSERT(d == NULL);
+    ASSERT(strstr(err, "redis_check_gap_ms") != NULL);
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1302,6 +1382,8 @@ int main(int argc, char **argv)
         stall();
     else if (!strcmp(mode, "many"))
         many();
+    else if (!strcmp(mode, "gap"))
+        gap_test();
     else if (!strcmp(mode, "crash") || !strcmp(mode, "failover") ||
              !strcmp(mode, "reshard"))
         flow_test(mode);

@@ -230,6 +230,16 @@ typedef struct tw_durable_config {
      * owner's shards move after it; claims then last min(lease_ms, this)
      * ms. Every node of a namespace should use the same value. */
     uint32_t redis_shard_lease_ms;
+
+    /* Redis: the shortest time in ms between two claim checks of a node (a
+     * check asks Redis, in one round trip, whether the timers due in the
+     * next 5 ms are still the node's; docs/guide/redis.md). 0 = 4. Each
+     * round trip costs Redis more than the work of the keys it carries, so
+     * a longer gap lowers Redis CPU per fired timer and lets callbacks
+     * start up to this much later than due; the window in which a replace
+     * or cancel does not stop a callback stays as it is. 0 .. 1000; more
+     * is TW_EINVAL. Ignored by the journal. */
+    uint32_t redis_check_gap_ms;
 } tw_durable_config;
 
 /* A store's counters, from tw_durable_stats_get(). */
