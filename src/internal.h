@@ -104,6 +104,12 @@ extern void (*tw__service_sum_hook)(struct tw_service *s);
  * and takes the next submission. */
 extern void (*tw__service_lazy_hook)(struct tw_service *s, uint64_t id,
                                      uint64_t now);
+/* tw__service_ring_hook: the timer thread (or stop) has found task @id
+ * waiting in a producer's ring slot, before it tries to take it (@taken
+ * false), and again once it has taken it and not yet moved the task's
+ * state word on (@taken true). */
+extern void (*tw__service_ring_hook)(struct tw_service *s, uint64_t id,
+                                     bool taken);
 /* tw__durable_index_hook: a journal listing that builds the ordered index
  * has let go of the store's lock between two steps of the build. */
 struct tw_durable;

@@ -49,6 +49,7 @@ void (*tw__service_pushed_hook)(tw_service *s);
 void (*tw__service_drained_hook)(tw_service *s);
 void (*tw__service_sum_hook)(tw_service *s);
 void (*tw__service_lazy_hook)(tw_service *s, tw_id id, uint64_t now);
+void (*tw__service_ring_hook)(tw_service *s, tw_id id, bool taken);
 #define TEST_HOOK(hook, ...)                                                   \
     do {                                                                       \
         if ((hook) != NULL)                                                    \
@@ -364,7 +365,15 @@ static struct prod *prod_adopt(tw_service *s)
     struct prod *p = tw__calloc(1, sizeof(*p));
     if (p != NULL) {
         atomic_init(&p->owned, true);
-        atomic_fetch_add_explicit(&s->mem, sizeof(*p), memory_order_relaxed);
+        p->ring_tag = n << RING_BITS;
+        /* Without its ring the producer uses its stack only. */
+        p->ring = tw__calloc(RING_SLOTS, sizeof(*p->ring) + 1);
+        if (p->ring != NULL)
+            p->done = (_Atomic uint8_t *)(void *)(p->ring + RING_SLOTS);
+        atomic_fetch_add_explicit(
+            &s->mem,
+            sizeof(*p) + (p->ring ? RING_SLOTS * (sizeof(*p->ring) + 1) : 0),
+            memory_order_relaxed);
     }
     /* A slot that stays NULL (no memory) is skipped by everybody. */
     atomic_store_explicit(&s->prods.slot[n], p, memory_order_release);
@@ -417,7 +426,7 @@ static inline struct prod *prod_get(tw_service *s)
 }
 
 static void trampoline(tw_timer *t, void *arg);
-static bool cancel_id(tw_service *s, tw_id id, bool drop);
+static inline bool cancel_id(tw_service *s, tw_id id, bool drop);
 
 enum sched_kind {
     KIND_ONCE,  /* one-shot */
@@ -712,29 +721,94 @@ static __attribute__((noinline)) int schedule_undo(tw_service *s,
 }
 
 /*
- * The end of an exact one-shot schedule by producer @p: fill node @n (its
- * state @free_st, FREE; reserved and counted) for function entry @fidx
- * and a task due @due ns after the start (the timer
- * thread works out its tick: QUEUED_NS), set *@id, push it on @p's stack,
- * then the stop check and the wake-up. Returns 0 or TW_ESHUTDOWN (see
+ * Stop has begun after publish_ring() published node @n in slot @pos of
+ * producer @p's ring: withdraw it unless the consumer (stop) took it or a
+ * cancel won (then the call has succeeded). Returns TW_ESHUTDOWN (the node
+ * back in the magazine as @free_st, the count dropped, *@id back to @was)
+ * or 0. Context: @p's owner.
+ */
+static __attribute__((noinline)) int ring_undo(struct prod *p, struct node *n,
+                                               uint64_t free_st, uint32_t pos,
+                                               tw_id *id, tw_id was)
+{
+    uint64_t v = (free_st & ~UINT64_C(0xffffffff)) |
+                 (uint64_t)node_index(n) << RS_SHIFT | RS_QUEUED;
+    if (!atomic_compare_exchange_strong(&p->ring[pos], &v,
+                                        (v & ~RS_MASK) | RS_WITHDRAWN))
+        return 0;
+    prod_drop(p);
+    mag_put(p, &(struct reserved){.n = n, .st = free_st});
+    if (id != NULL)
+        *id = was;
+    return TW_ESHUTDOWN;
+}
+
+/* After the publication of a task due @due ns after the start: wake the
+ * timer thread if it sleeps past the task's tick. */
+static inline __attribute__((always_inline)) void wake_for_due(tw_service *s,
+                                                               uint64_t due)
+{
+    if (due < atomic_load(&s->timer.wake_ns)) /* tick < sleep_until */
+        wake_for_tick(s, ceil_tick(s, due));
+}
+
+/*
+ * Publish node @n (filled by publish_exact(); @free_st its FREE state,
+ * @fidx its function's entry, *@id already set, @was its old value) in
+ * slot @t of producer @p's ring, which has room, then the stop check and
+ * the wake-up. The slot is written before the state word, so that whoever
+ * sees LOC_RING sees the slot; the exchange of tail publishes both and is
+ * the full barrier between them and the read of wake_ns (see
  * schedule_fast()). Context: @p's owner.
  */
 static inline __attribute__((always_inline)) int
-publish_exact(tw_service *s, struct prod *p, struct node *n, uint64_t free_st,
-              uint32_t fidx, void *arg, uint64_t due, tw_id *id)
+publish_ring(tw_service *s, struct prod *p, struct node *n, uint32_t idx,
+             uint64_t free_st, uint32_t fidx, uint64_t due, uint64_t t,
+             tw_id *id, tw_id was)
 {
-    uint64_t st = (free_st & ~UINT64_C(0xffffffff)) |
-                  ((uint64_t)fidx << ST_PAY_SHIFT) | LOC_QUEUED;
-    n->t.tw__pprev = QUEUED_NS; /* tw__next: the push */
-    n->t.tw__expires = due;
-    n->t.tw__arg = arg;
-    /* *@id before the push: the task may run at once and read it. */
-    tw_id was = 0;
-    if (id != NULL) {
-        was = *id;
-        *id = make_id(st, node_index(n));
+    uint64_t gen = free_st & ~UINT64_C(0xffffffff);
+    uint32_t pos = (uint32_t)t & RING_MASK;
+    n->t.tw__next = (tw_timer *)(uintptr_t)fidx;
+    atomic_store_explicit(&p->ring[pos],
+                          gen | (uint64_t)idx << RS_SHIFT | RS_QUEUED,
+                          memory_order_relaxed);
+    atomic_store_explicit(&n->state,
+                          gen | (uint64_t)(p->ring_tag | pos) << ST_PAY_SHIFT |
+                              LOC_RING,
+                          memory_order_release);
+    atomic_store_explicit(&p->done[pos], 0, memory_order_relaxed);
+    atomic_exchange(&p->tail, t + 1);
+    TEST_HOOK(tw__service_pushed_hook, s);
+    if (atomic_load(&s->submit.pending) & STOPPED_BIT)
+        return ring_undo(p, n, free_st, pos, id, was);
+    wake_for_due(s, due);
+    return 0;
+}
+
+/*
+ * publish_exact() when producer @p's ring looked full: read head again,
+ * and publish in the ring if it has room now, else on @p's stack (as
+ * before there was a ring). Out of line, so that publish_exact() has no
+ * call on its way. Context: @p's owner.
+ */
+static __attribute__((noinline)) int publish_full(tw_service *s, struct prod *p,
+                                                  struct node *n, uint32_t idx,
+                                                  uint64_t free_st,
+                                                  uint32_t fidx, uint64_t due,
+                                                  tw_id *id, tw_id was)
+{
+    uint64_t t = atomic_load_explicit(&p->tail, memory_order_relaxed);
+    if (p->ring != NULL) {
+        p->ring_end =
+            atomic_load_explicit(&p->head, memory_order_acquire) + RING_SLOTS;
+        if (t != p->ring_end)
+            return publish_ring(s, p, n, idx, free_st, fidx, due, t, id, was);
     }
-    atomic_store_explicit(&n->state, st, memory_order_release);
+    atomic_store_explicit(&n->state,
+                          (free_st & ~UINT64_C(0xffffffff)) |
+                              ((uint64_t)fidx << ST_PAY_SHIFT) | LOC_QUEUED,
+                          memory_order_release);
+    n->t.tw__pprev = QUEUED_NS; /* tw__next: the link */
     stack_push(&p->subq, n);
     TEST_HOOK(tw__service_pushed_hook, s);
     if (atomic_load(&s->submit.pending) & STOPPED_BIT) {
@@ -742,9 +816,35 @@ publish_exact(tw_service *s, struct prod *p, struct node *n, uint64_t free_st,
         struct reserved v = {.n = n, .st = free_st};
         return schedule_undo(s, p, &v, id, was);
     }
-    if (due < atomic_load(&s->timer.wake_ns)) /* tick < sleep_until */
-        wake_for_tick(s, ceil_tick(s, due));
+    wake_for_due(s, due);
     return 0;
+}
+
+/*
+ * The end of an exact one-shot schedule by producer @p: fill node @n (its
+ * state @free_st, FREE; reserved and counted) for function entry @fidx
+ * and a task due @due ns after the start (the timer thread works out its
+ * tick: QUEUED_NS), set *@id, publish it in @p's ring (its stack when the
+ * ring is full). Returns 0 or TW_ESHUTDOWN (see schedule_fast()).
+ * Context: @p's owner.
+ */
+static inline __attribute__((always_inline)) int
+publish_exact(tw_service *s, struct prod *p, struct node *n, uint64_t free_st,
+              uint32_t fidx, void *arg, uint64_t due, tw_id *id)
+{
+    n->t.tw__expires = due; /* QUEUED_NS (for the ring: ring_take()) */
+    n->t.tw__arg = arg;
+    /* *@id before the push: the task may run at once and read it. */
+    tw_id was = 0;
+    uint32_t idx = node_index(n);
+    if (id != NULL) {
+        was = *id;
+        *id = make_id(free_st, idx);
+    }
+    uint64_t t = atomic_load_explicit(&p->tail, memory_order_relaxed);
+    if (t != p->ring_end)
+        return publish_ring(s, p, n, idx, free_st, fidx, due, t, id, was);
+    return publish_full(s, p, n, idx, free_st, fidx, due, id, was);
 }
 
 /*
@@ -989,7 +1089,9 @@ static struct node *subq_next(tw_service *s, uint32_t *pos)
     return NULL;
 }
 
-/* Is any submission stack non-empty? (seq_cst loads: the timer thread's
+static bool ring_any(tw_service *s);
+
+/* Is any submission stack or ring non-empty? (seq_cst loads: the timer thread's
  * side of the wake-up handshake, see timer_sleep()). */
 static bool subq_any(tw_service *s)
 {
@@ -1001,7 +1103,7 @@ static bool subq_any(tw_service *s)
         if (q != NULL && atomic_load(q) != NULL)
             return true;
     }
-    return false;
+    return ring_any(s);
 }
 
 /*
@@ -1035,6 +1137,117 @@ static inline unsigned subq_drain(tw_service *s, unsigned max,
         take(s, n, ctx);
     }
     return i;
+}
+
+#ifdef TW_TEST_HOOKS
+/* The id of the task that ring slot word @v names (for the test hook). */
+static inline tw_id ring_id(uint64_t v)
+{
+    return (v & ~UINT64_C(0xffffffff)) + ((uint32_t)v >> RS_SHIFT) + 1;
+}
+#endif
+
+/*
+ * Slot @pos of producer @p's ring (@p the producer at index @k), below
+ * tail: take its node to @take as a node from a stack (LOC_QUEUED, its
+ * function entry in the payload; cancelled if a cancel won, so that
+ * @take frees it), or, for a task its owner cancelled, count it.
+ * Returns 1 for a task its owner cancelled, else 0.
+ * Context: the consumer (the timer thread, or stop once it is joined).
+ */
+static unsigned
+ring_take(tw_service *s, struct prod *p, uint32_t pos,
+          void (*take)(tw_service *s, struct node *n, void *ctx), void *ctx)
+{
+    _Atomic uint64_t *w = &p->ring[pos];
+    uint64_t v = atomic_load_explicit(w, memory_order_acquire);
+    if ((v & RS_MASK) == RS_QUEUED)
+        TEST_HOOK(tw__service_ring_hook, s, ring_id(v), false);
+    while ((v & RS_MASK) == RS_QUEUED &&
+           !atomic_compare_exchange_weak(w, &v, (v & ~RS_MASK) | RS_TAKEN)) {
+    }
+    unsigned rs = (unsigned)(v & RS_MASK);
+    if (rs == RS_QUEUED)
+        TEST_HOOK(tw__service_ring_hook, s, ring_id(v), true);
+    if (rs == RS_DONE)
+        return 1;
+    if (rs != RS_QUEUED && rs != RS_CANCELLED)
+        return 0; /* withdrawn */
+    struct node *n = node_at(&s->pool, (uint32_t)v >> RS_SHIFT);
+    uint64_t fidx = (uintptr_t)n->t.tw__next;
+    uint64_t ring_pay = p->ring_tag | pos;
+    n->t.tw__pprev = QUEUED_NS; /* its deadline is in ns */
+    /* From LOC_RING to LOC_QUEUED, the function's entry in place of the
+     * slot's place. After RS_TAKEN a cancel may set the cancelled bit in
+     * the state word meanwhile (nothing else): the exclusive or keeps it.
+     * After RS_CANCELLED nobody else writes it. */
+    uint64_t flip = (ring_pay ^ fidx) << ST_PAY_SHIFT | (LOC_RING ^ LOC_QUEUED);
+    if (rs == RS_QUEUED)
+        atomic_fetch_xor(&n->state, flip);
+    else
+        atomic_store(
+            &n->state,
+            (atomic_load_explicit(&n->state, memory_order_relaxed) ^ flip) |
+                ST_CANCELLED);
+    take(s, n, ctx);
+    return 0;
+}
+
+/*
+ * Take up to @max slots off the producers' rings, each to ring_take();
+ * *@left set if some remain. Returns how many.
+ * Context: the consumer.
+ */
+static unsigned ring_drain(tw_service *s, unsigned max,
+                           void (*take)(tw_service *s, struct node *n,
+                                        void *ctx),
+                           void *ctx, bool *left)
+{
+    uint32_t np = atomic_load_explicit(&s->prods.n, memory_order_acquire);
+    unsigned done = 0;
+    uint64_t owner_cancelled = 0;
+    for (uint32_t k = 0; k < np && k < MAX_PRODS; k++) {
+        struct prod *p =
+            atomic_load_explicit(&s->prods.slot[k], memory_order_acquire);
+        if (p == NULL || p->ring == NULL)
+            continue;
+        uint64_t h = atomic_load_explicit(&p->head, memory_order_relaxed);
+        uint64_t t = atomic_load(&p->tail);
+        if (t - h > max - done) {
+            t = h + (max - done);
+            *left = true;
+        }
+        done += (unsigned)(t - h);
+        /* Newest first, as from a stack: the wheel fires tasks of one
+         * tick in the order they were scheduled. */
+        for (uint64_t i = t; i != h; i--) {
+            uint32_t pos = (uint32_t)(i - 1) & RING_MASK;
+            if (atomic_load_explicit(&p->done[pos], memory_order_relaxed))
+                owner_cancelled++; /* RS_DONE: no need to read the slot */
+            else
+                owner_cancelled += ring_take(s, p, pos, take, ctx);
+        }
+        atomic_store_explicit(&p->head, t, memory_order_release);
+    }
+    if (owner_cancelled != 0)
+        atomic_fetch_add_explicit(&s->cancelled, owner_cancelled,
+                                  memory_order_relaxed);
+    return done;
+}
+
+/* Is any ring non-empty? (seq_cst loads of tail, as subq_any()). */
+static bool ring_any(tw_service *s)
+{
+    uint32_t np = atomic_load_explicit(&s->prods.n, memory_order_acquire);
+    for (uint32_t k = 0; k < np && k < MAX_PRODS; k++) {
+        struct prod *p =
+            atomic_load_explicit(&s->prods.slot[k], memory_order_acquire);
+        if (p != NULL && p->ring != NULL &&
+            atomic_load(&p->tail) !=
+                atomic_load_explicit(&p->head, memory_order_relaxed))
+            return true;
+    }
+    return false;
 }
 
 /* A node marked in the cancel bitmap. Context: the wheel's owner. */
@@ -1121,8 +1334,12 @@ static void *timer_main(void *p)
     while (!atomic_load(&s->timer.quit)) {
         uint64_t taken_at = 0;
         atomic_fetch_add(&s->timer.round_begin, 1);
-        bool active = subq_drain(s, DRAIN_BATCH, take_submission, &taken_at,
-                                 &taken_at) != 0;
+        unsigned took =
+            subq_drain(s, DRAIN_BATCH, take_submission, &taken_at, &taken_at);
+        bool ring_left = false;
+        took += ring_drain(s, DRAIN_BATCH - took, take_submission, &taken_at,
+                           &ring_left);
+        bool active = took != 0;
         if (atomic_load(&s->pool.cancel_dirty) != 0) {
             cancel_drain(&s->pool, take_cancel, s);
             active = true;
@@ -1135,7 +1352,7 @@ static void *timer_main(void *p)
         dispatch_flush(s);
         free_flush(&s->pool);
         atomic_fetch_add(&s->timer.round_end, 1);
-        if (s->timer.local != NULL ||
+        if (s->timer.local != NULL || ring_left ||
             (!active &&
              (subq_any(s) || atomic_load(&s->pool.cancel_dirty) != 0)))
             continue;
@@ -1467,21 +1684,29 @@ cancel_won(tw_service *s, struct node *n, tw_id id, unsigned loc, bool drop)
     }
     if (loc == LOC_ARMED)
         cancel_mark(&s->pool, n, (uint32_t)id - 1);
-    if (loc == LOC_ARMED || loc == LOC_QUEUED)
+    if (loc == LOC_ARMED || loc == LOC_QUEUED || loc == LOC_RING)
         wake_for_cancel(s);
     if (loc == LOC_DISPATCHED && s->cfg.nexec != 0)
         drop_queued(s, n, id);
     return true;
 }
 
-/* Cancel task @id; true if this call did. @drop: release its pending slot
- * (false: a replacing schedule call takes it over). */
-static bool cancel_id(tw_service *s, tw_id id, bool drop)
+/* Node @n (state @st), cancelled in producer @p's ring by its owner (the
+ * caller), is @p's again: the consumer will not read it. A new
+ * generation, so that the id is stale, and into the magazine. */
+static inline void ring_reclaim(struct prod *p, struct node *n, uint64_t st)
 {
-    uint64_t st;
-    struct node *n = lookup(s, id, &st);
-    if (n == NULL)
-        return false;
+    node_release(n, st);
+    n->t.tw__next = p->mag != NULL ? &p->mag->t : NULL;
+    p->mag = n;
+}
+
+/* Cancel task @id, whose node @n read @st, by its state word: true if
+ * this call did. @drop: release its pending slot (false: a replacing
+ * schedule call takes it over). */
+static inline __attribute__((always_inline)) bool
+cancel_state(tw_service *s, struct node *n, tw_id id, uint64_t st, bool drop)
+{
     unsigned loc;
     do {
         /* Another generation, or cancelled already. */
@@ -1495,7 +1720,7 @@ static bool cancel_id(tw_service *s, tw_id id, bool drop)
     /* The common case without a call: a task the timer thread has not
      * taken yet, cancelled by a thread with a producer, while the timer
      * thread does not sleep long (wake_for_cancel() would do nothing). */
-    if (loc == LOC_QUEUED && drop) {
+    if ((loc == LOC_QUEUED || loc == LOC_RING) && drop) {
         struct prod *p = prod_first(s);
         if (p == NULL)
             p = prod_cached(s);
@@ -1507,6 +1732,86 @@ static bool cancel_id(tw_service *s, tw_id id, bool drop)
         }
     }
     return cancel_won(s, n, id, loc, drop);
+}
+
+/*
+ * Cancel task @id, whose node @n read @st (LOC_RING), in its ring slot:
+ * the slot's compare-and-swap decides against the consumer and other
+ * cancels. The owner of the ring takes the node straight back into its
+ * magazine (RS_DONE); another thread leaves it to the consumer
+ * (RS_CANCELLED), which frees it within a tick. Once the consumer has
+ * taken the node (RS_TAKEN), its state word decides, as for a node from a
+ * stack. Out of line: cancel_id() does the owner's common case.
+ */
+static __attribute__((noinline)) bool
+cancel_ring(tw_service *s, struct node *n, tw_id id, uint64_t st, bool drop)
+{
+    if (((st ^ id) >> 32 | (st & ST_CANCELLED)) != 0)
+        return false;
+    uint32_t pay = ST_PAY(st);
+    struct prod *rp = atomic_load_explicit(&s->prods.slot[pay >> RING_BITS],
+                                           memory_order_acquire);
+    _Atomic uint64_t *w = &rp->ring[pay & RING_MASK];
+    uint64_t task = (id & ~UINT64_C(0xffffffff)) | (uint64_t)((uint32_t)id - 1)
+                                                       << RS_SHIFT;
+    uint64_t v = atomic_load(w);
+    if (v == (task | RS_QUEUED)) {
+        struct prod *p = prod_first(s);
+        if (p == NULL)
+            p = prod_cached(s);
+        bool mine = p == rp;
+        if (atomic_compare_exchange_strong(
+                w, &v, task | (mine ? RS_DONE : RS_CANCELLED))) {
+            if (drop && p != NULL)
+                prod_drop(p);
+            else if (drop)
+                pending_drop(s);
+            if (mine)
+                ring_reclaim(p, n, st);
+            else
+                wake_for_cancel(s);
+            return true;
+        }
+    }
+    if ((v & ~RS_MASK) == task && (v & RS_MASK) != RS_TAKEN)
+        return false; /* cancelled or withdrawn already */
+    /* Taken (or the slot moved on after the consumer took the node, whose
+     * state word then reads another location). */
+    return cancel_state(s, n, id, atomic_load(&n->state), drop);
+}
+
+/* Cancel task @id; true if this call did. @drop: release its pending slot
+ * (false: a replacing schedule call takes it over). */
+static inline __attribute__((always_inline)) bool cancel_id(tw_service *s,
+                                                            tw_id id, bool drop)
+{
+    uint64_t st;
+    struct node *n = lookup(s, id, &st);
+    if (n == NULL)
+        return false;
+    if (ST_LOC(st) != LOC_RING)
+        return cancel_state(s, n, id, st, drop);
+    /* The common case of a schedule+cancel pair: the thread that owns the
+     * ring, before the consumer took the task. One compare-and-swap on
+     * the slot, which the call that scheduled the task wrote, and the
+     * node goes back to the magazine. */
+    struct prod *p = prod_first(s);
+    uint32_t pay = ST_PAY(st);
+    if (p != NULL && drop && (pay & ~RING_MASK) == p->ring_tag) {
+        /* The slot names the task (generation and index, RS_QUEUED) only
+         * while the task waits in it: the swap checks the id as well. */
+        uint64_t v = (id & ~UINT64_C(0xffffffff)) |
+                     (uint64_t)((uint32_t)id - 1) << RS_SHIFT | RS_QUEUED;
+        if (atomic_compare_exchange_strong(&p->ring[pay & RING_MASK], &v,
+                                           (v & ~RS_MASK) | RS_DONE)) {
+            atomic_store_explicit(&p->done[pay & RING_MASK], 1,
+                                  memory_order_relaxed);
+            prod_drop(p);
+            ring_reclaim(p, n, id);
+            return true;
+        }
+    }
+    return cancel_ring(s, n, id, st, drop);
 }
 
 bool tw_cancel(tw_service *s, tw_id id)
@@ -1870,7 +2175,9 @@ static void stop_wheel(tw_service *s, struct handing *h)
 static void stop_submissions(tw_service *s, struct handing *h)
 {
     for (;;) {
-        if (subq_drain(s, UINT_MAX, stop_take, h, NULL) != 0)
+        bool left = false;
+        if (subq_drain(s, UINT_MAX, stop_take, h, NULL) != 0 ||
+            ring_drain(s, UINT_MAX, stop_take, h, &left) != 0)
             continue;
         if (tw_service_pending(s) == 0)
             break;
@@ -1923,8 +2230,12 @@ int tw_service_destroy(tw_service *s)
         return TW_EDEADLK;
     tw_service_stop(s, NULL, NULL);
     reg_remove(s);
-    for (uint32_t k = 0; k < atomic_load(&s->prods.n) && k < MAX_PRODS; k++)
-        tw__free(atomic_load(&s->prods.slot[k]));
+    for (uint32_t k = 0; k < atomic_load(&s->prods.n) && k < MAX_PRODS; k++) {
+        struct prod *p = atomic_load(&s->prods.slot[k]);
+        if (p != NULL)
+            tw__free((void *)p->ring);
+        tw__free(p);
+    }
     tw__pool_destroy(&s->pool);
     tw__free((void *)s->fns.fns);
     sync_destroy(s, N_MUTEX, N_COND);

@@ -10,8 +10,10 @@
  *
  *   producer (tw_schedule*)                                service.c
  *     | takes a record from the node pool                   node_pool.[ch]
- *     v pushes it on the submission stack (lock-free)
- *   timer thread: takes the stack whole, cancel bitmap too service.c
+ *     v puts it in its ring (exact one-shot) or pushes it on a
+ *     | submission stack (lock-free)
+ *   timer thread: takes the rings' new slots and the stacks
+ *     | whole, the cancel bitmap too                       service.c
  *     v arms the record in its tw_wheel                     wheel.c
  *   wheel: at the deadline calls the trampoline (dispatch) service.c
  *     v runs the task there, or hands it to an executor
@@ -21,7 +23,15 @@
  *
  * Cancels go against the flow: tw_cancel() only sets a bit in the record's
  * state word (and, for a record in the wheel, a bit in the cancel bitmap);
- * whoever owns the record at that moment sees the bit and frees it.
+ * whoever owns the record at that moment sees the bit and frees it. A
+ * task still in a ring slot is cancelled in the slot instead (RS_* below);
+ * the ring's owner takes the record back at once.
+ *
+ * A ring slot outranks the state word while the task is in it: the node
+ * reads LOC_RING, and the consumer's compare-and-swap of the slot
+ * (RS_QUEUED to RS_TAKEN) hands the decision to the state word. So a cancel
+ * wins either in the slot (before the take) or in the state word (after
+ * it), never in both.
  *
  * Locks
  * -----
@@ -55,7 +65,8 @@
  *                link (POOL_INDEX_BITS bits at POOL_LINK_SHIFT)
  *   bit  4       periodic (tw__arg points at a side record)
  *   bit  3       cancelled (or claimed by stop)
- *   bits 2..0    location: FREE, QUEUED, ARMED, DISPATCHED, RUNNING
+ *   bits 2..0    location: FREE, QUEUED, ARMED, DISPATCHED, RUNNING,
+ *                RING
  *
  * A tw_id is generation << 32 | (index + 1), so a stale id never matches a
  * reused node. The location says who owns the node's links; only the owner
@@ -63,6 +74,9 @@
  * by CAS. The owner that sees the cancelled bit frees the node:
  *
  *   FREE       -> QUEUED      a producer's schedule call
+ *   FREE       -> RING        a producer's exact one-shot schedule call
+ *   RING       -> QUEUED      the consumer takes the ring slot
+ *   RING       -> FREE        the ring's owner cancelled it in the slot
  *   QUEUED     -> ARMED       the timer thread takes the stack
  *   ARMED      -> DISPATCHED  due, for an executor (timer thread)
  *   ARMED      -> RUNNING     due, run on the timer thread itself
@@ -91,6 +105,11 @@
  *               (under the pool's mutex, which executors take to pop).
  *   RUNNING     its function runs; a one-shot task cannot be cancelled
  *               any more, a periodic one can (it is freed after the run)
+ *   RING        in a producer's ring (an exact one-shot task not yet
+ *               taken): the payload is the slot's place, tw__next the
+ *               function's entry; the slot decides until the consumer
+ *               takes it, and the consumer then moves it to QUEUED
+ *               (keeping a cancelled bit a cancel set after the take)
  *
  * tw_service_stop() joins the threads, becomes the owner of everything and
  * claims each live node by setting its cancelled bit, so a racing
@@ -98,7 +117,9 @@
  *
  * Producers (tw_schedule) never lock. A thread with a producer of its own
  * (struct prod below) takes a node from its magazine, adds one to its own
- * pending count and pushes the node on its own Treiber stack; other calls
+ * pending count and puts the node in its ring (an exact one-shot task
+ * while the ring has room) or pushes it on its own Treiber stack; other
+ * calls
  * pop a node from the shared free list (a Treiber stack of batches, head
  * tagged against ABA), reserve a pending slot in the shared count with one
  * atomic operation as the call's last fallible step (so a failing call
@@ -135,7 +156,14 @@
 /* ------------------------------------------------------------------------ */
 /* The state word. */
 
-enum { LOC_FREE = 0, LOC_QUEUED, LOC_ARMED, LOC_DISPATCHED, LOC_RUNNING };
+enum {
+    LOC_FREE = 0,
+    LOC_QUEUED,
+    LOC_ARMED,
+    LOC_DISPATCHED,
+    LOC_RUNNING,
+    LOC_RING /* in a producer's ring; the payload is its slot (RING_*) */
+};
 
 #define ST_LOC_MASK UINT64_C(7)
 #define ST_CANCELLED UINT64_C(8)
@@ -194,6 +222,41 @@ struct tw__tsc; /* src/service_clock.h */
  * counts and its magazine. Freed with the service.
  */
 #define MAX_PRODS 64u
+
+/*
+ * A producer's ring: where its exact one-shot calls go (publish_exact())
+ * while it has room, its own stack (subq) taking the rest. A slot is one
+ * word, generation << 32 | node index << RS_SHIFT | RS_* state, eight to
+ * a cache line, and it carries the cancel of the task in it:
+ *
+ *   RS_QUEUED     written by the owner, then published by moving tail
+ *   RS_TAKEN      the consumer (timer thread, or stop) took the node: from
+ *                 then on the node's state word decides, as for a node
+ *                 from a stack
+ *   RS_DONE       cancelled by the owner before the consumer took it: the
+ *                 node went straight back to the owner's magazine, never
+ *                 read by the consumer (so a schedule+cancel pair keeps
+ *                 its record in the producer's cache)
+ *   RS_CANCELLED  cancelled by another thread: the consumer frees the node
+ *   RS_WITHDRAWN  the owner's call failed after publishing (stop began)
+ *
+ * Only the owner writes RS_QUEUED slots and tail, only the consumer moves
+ * head; a slot below head is the owner's again. The node of a RS_QUEUED
+ * slot reads LOC_RING with the slot's place (producer index << RING_BITS
+ * | position) as its payload, so that tw_cancel() finds the slot from the
+ * id; its tw__next holds the function's entry, which the consumer moves
+ * into the state word when it takes the node.
+ */
+#define RING_BITS 16
+#define RING_SLOTS (1u << RING_BITS)
+#define RING_MASK (RING_SLOTS - 1u)
+#define RS_SHIFT 3
+#define RS_MASK UINT64_C(7)
+enum { RS_QUEUED = 1, RS_TAKEN, RS_DONE, RS_CANCELLED, RS_WITHDRAWN };
+_Static_assert(POOL_INDEX_BITS + RS_SHIFT <= 32, "a slot holds an index");
+_Static_assert(((MAX_PRODS - 1u) << RING_BITS | RING_MASK) < (1u << 24),
+               "a ring place fits the payload beside the flags above it");
+
 struct prod {
     /* The line of subq holds nothing else (the padding on both sides, as
      * the allocation need not be aligned): the timer thread reads and
@@ -201,7 +264,10 @@ struct prod {
      * with it. */
     PAD(0);
     _Atomic(struct node *) subq;
+    _Atomic uint64_t tail; /* ring positions published (the owner's) */
     PAD(1);
+    _Atomic uint64_t head; /* ring positions taken (the consumer's) */
+    PAD(3);
     _Atomic uint64_t added, dropped; /* only their sums over all mean much */
     _Atomic bool owned;
     /* The owner's: */
@@ -209,6 +275,16 @@ struct prod {
     uint32_t fr_next, fr_end; /* never-used indexes [fr_next, fr_end) */
     tw_task_fn last_fn;       /* the last function and its entry */
     uint32_t last_fidx;
+    uint64_t ring_end;      /* head + RING_SLOTS as last read: tail stops
+                               there (0 without a ring: the stack only) */
+    uint32_t ring_tag;      /* this producer's index << RING_BITS */
+    _Atomic uint64_t *ring; /* RING_SLOTS slots, or NULL (no memory) */
+    /* One byte per slot, after the slots: 1 once the owner has cancelled
+     * the slot's task (RS_DONE), 0 from its schedule call on. The consumer
+     * reads it first and skips the slot when set: 64 slots to a line
+     * instead of 8, so the lines the owner rewrites a lap later are
+     * fewer that the consumer has read. A hint only: RS_DONE decides. */
+    _Atomic uint8_t *done;
     PAD(2);
 };
 

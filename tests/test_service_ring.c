@@ -1,0 +1,393 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_service_ring.c - the producers' rings (src/service_impl.h,
+ * RS_*): a slot carries the cancel of the task in it until the timer
+ * thread takes the task. Forced interleavings: the timer thread held in a
+ * round (tw__service_drained_hook) so that tasks stay in a ring, and a
+ * cancel between the timer thread's look at a slot and its take, or
+ * between the take and the move of the task's state word
+ * (tw__service_ring_hook), by the ring's owner and by another thread.
+ * Also: the owner's cancelled record reused at once, a producer thread
+ * that exits with tasks in its ring, stop with tasks in a ring, a ring
+ * that fills up (the stack takes the rest), and the memory promise for a
+ * task cancelled in a ring by another thread.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <pthread.h>
+
+#include "fixture.h"
+#include "internal.h"
+#include "service_impl.h"
+
+static tw_service *real_service(void)
+{
+    tw_service *s;
+    ASSERT_EQ(tw_service_create(&s, NULL), 0);
+    ASSERT_EQ(tw_service_start(s), 0);
+    return s;
+}
+
+static uint64_t cancelled_count(tw_service *s)
+{
+    tw_service_stats st;
+    tw_service_get_stats(s, &st);
+    return st.cancelled;
+}
+
+/* This thread's producer exists, its function known: one pair. */
+static void warm(tw_service *s)
+{
+    tw_id id;
+    ASSERT_EQ(tw_schedule(s, runs_task, &(struct runs){0}, 10 * SEC, &id), 0);
+    ASSERT(tw_cancel(s, id));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Holding the timer thread: after it has taken a round's submissions it
+ * waits in the drained hook until released (or until stop tells it to
+ * quit), so that what is scheduled meanwhile stays in the rings. */
+
+/* The hooks are installed once, before any service starts (main()), and
+ * act only when armed. */
+static struct {
+    _Atomic(tw_service *) s;
+    _Atomic int hold; /* 1: hold the next round; 2: holding; 0: go */
+} hd;
+
+static void hold_hook(tw_service *s)
+{
+    int one = 1;
+    if (s != atomic_load(&hd.s) ||
+        !atomic_compare_exchange_strong(&hd.hold, &one, 2))
+        return;
+    while (atomic_load(&hd.hold) == 2 && !atomic_load(&s->timer.quit))
+        sleep_us(100);
+}
+
+static void hold_timer(tw_service *s)
+{
+    atomic_store(&hd.s, s);
+    atomic_store(&hd.hold, 1);
+    tw__service_kick(s);
+    while (atomic_load(&hd.hold) != 2)
+        sleep_us(100);
+}
+
+static void release_timer(void)
+{
+    atomic_store(&hd.hold, 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The owner cancels a task in its ring: true once, then false; the record
+ * goes straight back to its magazine (the next call gets the same index,
+ * a new generation, and the old id stays stale); the timer thread counts
+ * the cancel when it passes the slot, and the task never runs. */
+static void test_owner_cancel_reuses_record(void)
+{
+    tw_service *s = real_service();
+    warm(s);
+    hold_timer(s);
+    struct runs r1 = {0}, r2 = {0};
+    tw_id id1, id2;
+    ASSERT_EQ(tw_schedule(s, runs_task, &r1, 0, &id1), 0);
+    ASSERT(tw_cancel(s, id1));
+    ASSERT(!tw_cancel(s, id1));
+    ASSERT_EQ(tw_schedule(s, runs_task, &r2, 0, &id2), 0);
+    ASSERT_EQ((uint32_t)id2, (uint32_t)id1);
+    ASSERT(id2 != id1);
+    ASSERT(!tw_cancel(s, id1)); /* stale: never the new task */
+    ASSERT_EQ(tw_service_pending(s), 1);
+    release_timer();
+    WAIT_FOR(atomic_load(&r2.n) == 1, 10);
+    tw__service_sync(s);
+    ASSERT_EQ(atomic_load(&r1.n), 0);
+    ASSERT_EQ(cancelled_count(s), 2); /* the warm-up's and id1 */
+    ASSERT_EQ(tw_service_pending(s), 0);
+    ASSERT(!tw_cancel(s, id2)); /* it ran */
+    tw_service_destroy(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* A cancel against the timer thread's take, forced at both points of the
+ * take (tw__service_ring_hook): before its compare-and-swap of the slot
+ * (the cancel wins in the slot) and after it (the cancel wins in the state
+ * word, and the timer thread must free the record instead of arming it).
+ * The canceller is the timer thread itself (a thread without a producer:
+ * another thread than the owner), or the owner, which the hook waits for.
+ * Each way: the cancel returns true once, the task (due at once) never
+ * runs, its record is released (counted) in that round, nothing pending. */
+static struct {
+    tw_service *s;
+    _Atomic tw_id target;
+    bool at_take; /* the hook's point: false before the take, true after */
+    bool by_owner;
+    _Atomic int step; /* by_owner: 1 the hook waits, 2 the owner is done */
+    bool won, again;
+} rc;
+
+static void race_hook(tw_service *s, tw_id id, bool taken)
+{
+    /* rc's other fields are set before target. */
+    if (id == 0 || id != atomic_load(&rc.target) || s != rc.s ||
+        taken != rc.at_take)
+        return;
+    if (!rc.by_owner) {
+        rc.won = tw_cancel(s, id);
+        rc.again = tw_cancel(s, id);
+        atomic_store(&rc.target, 0);
+        return;
+    }
+    atomic_store(&rc.target, 0);
+    atomic_store(&rc.step, 1);
+    while (atomic_load(&rc.step) != 2)
+        sleep_us(100);
+}
+
+static void test_cancel_races_take(void)
+{
+    for (int k = 0; k < 4; k++) {
+        rc.s = real_service();
+        rc.at_take = k & 1;
+        rc.by_owner = k >> 1;
+        rc.won = rc.again = false;
+        atomic_store(&rc.step, 0);
+        warm(rc.s);
+        hold_timer(rc.s);
+        struct runs r = {0};
+        tw_id id;
+        ASSERT_EQ(tw_schedule(rc.s, runs_task, &r, 0, &id), 0);
+        atomic_store(&rc.target, id);
+        release_timer();
+        tw__service_kick(rc.s);
+        if (rc.by_owner) {
+            WAIT_FOR(atomic_load(&rc.step) == 1, 10);
+            rc.won = tw_cancel(rc.s, id);
+            rc.again = tw_cancel(rc.s, id);
+            atomic_store(&rc.step, 2);
+        }
+        WAIT_FOR(atomic_load(&rc.target) == 0, 10); /* the hook ran */
+        tw__service_sync(rc.s);
+        tw__service_sync(rc.s);
+        ASSERT(rc.won);
+        ASSERT(!rc.again);
+        ASSERT_EQ(atomic_load(&r.n), 0);
+        ASSERT_EQ(cancelled_count(rc.s), 2);
+        ASSERT_EQ(tw_service_pending(rc.s), 0);
+        tw_service_destroy(rc.s);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Stop hands back what waits in the rings, and only that: the timer thread
+ * is held with tasks in the ring of this thread (some cancelled by it,
+ * some by another thread) when stop begins. */
+static struct {
+    tw_id ids[64];
+    bool handed[64];
+    int nhanded;
+} hb;
+
+static void on_handed(tw_id id, tw_task_fn fn, void *arg, void *ctx)
+{
+    (void)ctx;
+    ASSERT(fn == runs_task);
+    for (int i = 0; i < 64; i++)
+        if (hb.ids[i] == id) {
+            ASSERT(!hb.handed[i]);
+            ASSERT(arg != NULL);
+            hb.handed[i] = true;
+        }
+    hb.nhanded++;
+}
+
+struct cancel_range {
+    tw_service *s;
+    const tw_id *ids;
+    int from, to;
+    bool all_won;
+};
+
+static void *cancel_range_main(void *arg)
+{
+    struct cancel_range *c = arg;
+    c->all_won = true;
+    for (int i = c->from; i < c->to; i++)
+        c->all_won = c->all_won && tw_cancel(c->s, c->ids[i]) &&
+                     !tw_cancel(c->s, c->ids[i]);
+    return NULL;
+}
+
+static void test_stop_takes_ring(void)
+{
+    tw_service *s = real_service();
+    warm(s);
+    hold_timer(s);
+    memset(&hb, 0, sizeof(hb));
+    static struct runs r[64];
+    memset(r, 0, sizeof(r));
+    for (int i = 0; i < 64; i++)
+        ASSERT_EQ(tw_schedule(s, runs_task, &r[i], 0, &hb.ids[i]), 0);
+    for (int i = 0; i < 16; i++) /* the owner */
+        ASSERT(tw_cancel(s, hb.ids[i]));
+    struct cancel_range c = {s, hb.ids, 16, 32, false};
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, cancel_range_main, &c), 0);
+    pthread_join(th, NULL);
+    ASSERT(c.all_won);
+    ASSERT_EQ(tw_service_pending(s), 32);
+    /* Stop makes the held timer thread quit before it takes the ring. */
+    ASSERT_EQ(tw_service_stop(s, on_handed, NULL), 32);
+    release_timer();
+    ASSERT_EQ(hb.nhanded, 32);
+    for (int i = 0; i < 64; i++) {
+        ASSERT_EQ(hb.handed[i], i >= 32);
+        ASSERT_EQ(atomic_load(&r[i].n), 0);
+    }
+    ASSERT_EQ(cancelled_count(s), 1 + 32);
+    ASSERT_EQ(tw_service_pending(s), 0);
+    tw_service_destroy(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* A producer thread exits with tasks in its ring, some cancelled by it:
+ * another thread cancels some of the rest, and each of those records is
+ * released in the timer thread's next round (the memory promise), the
+ * owner's at once. A new thread takes the producer over, ring and all, and
+ * stop hands back exactly the tasks still pending. */
+static struct {
+    tw_service *s;
+    tw_id ids[64];
+    struct runs r[64];
+} ex;
+
+static void *exiting_main(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 64; i++)
+        ASSERT_EQ(tw_schedule(ex.s, runs_task, &ex.r[i], 10 * SEC, &ex.ids[i]),
+                  0);
+    for (int i = 0; i < 16; i++)
+        ASSERT(tw_cancel(ex.s, ex.ids[i]));
+    return NULL;
+}
+
+static void *one_more_main(void *arg)
+{
+    tw_id *id = arg;
+    ASSERT_EQ(tw_schedule(ex.s, runs_task, &ex.r[0], 10 * SEC, id), 0);
+    return NULL;
+}
+
+static void test_exited_producer_ring(void)
+{
+    memset(&ex, 0, sizeof(ex));
+    memset(&hb, 0, sizeof(hb));
+    ex.s = real_service();
+    hold_timer(ex.s);
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, exiting_main, NULL), 0);
+    pthread_join(th, NULL);
+    uint32_t owned = 99;
+    ASSERT_EQ(tw__service_producers(ex.s, &owned), 1);
+    ASSERT_EQ(owned, 0); /* released when the thread exited */
+    /* This thread has no producer: each cancel is another thread's. */
+    struct cancel_range c = {ex.s, ex.ids, 16, 32, false};
+    cancel_range_main(&c);
+    ASSERT(c.all_won);
+    ASSERT_EQ(tw_service_pending(ex.s), 32);
+    release_timer();
+    tw__service_sync(ex.s);
+    ASSERT_EQ(cancelled_count(ex.s), 32);
+    tw_id last;
+    ASSERT_EQ(pthread_create(&th, NULL, one_more_main, &last), 0);
+    pthread_join(th, NULL);
+    ASSERT_EQ(tw__service_producers(ex.s, NULL), 1); /* taken over */
+    memcpy(hb.ids, ex.ids, sizeof(hb.ids));
+    hb.ids[0] = last; /* ids[0] was cancelled */
+    ASSERT_EQ(tw_service_stop(ex.s, on_handed, NULL), 33);
+    ASSERT_EQ(hb.nhanded, 33);
+    for (int i = 0; i < 64; i++)
+        ASSERT_EQ(hb.handed[i], i == 0 || i >= 32);
+    for (int i = 0; i < 64; i++)
+        ASSERT_EQ(atomic_load(&ex.r[i].n), 0);
+    tw_service_destroy(ex.s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* A full ring: the calls after RING_SLOTS go on the producer's stack, and
+ * every task is accepted, cancelled once and released. */
+static void test_full_ring_falls_back(void)
+{
+    enum { N = RING_SLOTS + 100 };
+    tw_service *s = real_service();
+    warm(s);
+    hold_timer(s);
+    tw_id *ids = calloc(N, sizeof(*ids));
+    ASSERT(ids != NULL);
+    struct runs r = {0};
+    for (int i = 0; i < N; i++)
+        ASSERT_EQ(tw_schedule(s, runs_task, &r, 10 * SEC, &ids[i]), 0);
+    ASSERT_EQ(tw_service_pending(s), N);
+    for (int i = 0; i < N; i++)
+        ASSERT(tw_cancel(s, ids[i]));
+    ASSERT_EQ(tw_service_pending(s), 0);
+    release_timer();
+    WAIT_FOR(cancelled_count(s) == 1 + (uint64_t)N, 30);
+    for (int i = 0; i < N; i++)
+        ASSERT(!tw_cancel(s, ids[i]));
+    free(ids);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    ASSERT_EQ(atomic_load(&r.n), 0);
+    tw_service_destroy(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The memory promise while the timer thread sleeps long: a task scheduled
+ * later than the one it sleeps for does not wake it and may wait in the
+ * ring; cancelled there by another thread, its record must still be
+ * released within about a tick (the cancel wakes the thread). The bound
+ * is generous (2 s against a 1 ms tick). */
+static void *cancel_one_main(void *arg)
+{
+    struct cancel_range *c = arg;
+    c->all_won = tw_cancel(c->s, c->ids[0]);
+    return NULL;
+}
+
+static void test_memory_promise_sleeping(void)
+{
+    tw_service *s = real_service();
+    warm(s);
+    tw__service_sync(s);
+    struct runs r = {0};
+    tw_id early, late;
+    ASSERT_EQ(tw_schedule(s, runs_task, &r, 10 * SEC, &early), 0);
+    tw__service_sync(s);
+    tw__service_sync(s); /* it sleeps until the early task now */
+    uint64_t before = cancelled_count(s);
+    ASSERT_EQ(tw_schedule(s, runs_task, &r, 20 * SEC, &late), 0);
+    struct cancel_range c = {s, &late, 0, 1, false};
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, cancel_one_main, &c), 0);
+    pthread_join(th, NULL);
+    ASSERT(c.all_won);
+    WAIT_FOR(cancelled_count(s) == before + 1, 2);
+    ASSERT_EQ(tw_service_pending(s), 1);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 1);
+    tw_service_destroy(s);
+}
+
+int main(int argc, char **argv)
+{
+    tw__service_drained_hook = hold_hook;
+    tw__service_ring_hook = race_hook;
+    RUN_SELECTED(test_owner_cancel_reuses_record);
+    RUN_SELECTED(test_cancel_races_take);
+    RUN_SELECTED(test_stop_takes_ring);
+    RUN_SELECTED(test_exited_producer_ring);
+    RUN_SELECTED(test_full_ring_falls_back);
+    RUN_SELECTED(test_memory_promise_sleeping);
+    return tw_test_done();
+}
