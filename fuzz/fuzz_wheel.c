@@ -78,6 +78,9 @@ static struct {
     uint64_t adv_to, start, cur;
     uint64_t last; /* expiry of the last timer run in this advance */
     size_t fired;
+    /* An inline cancel may have left a slot marked and empty since the
+     * last count of such slots found none (the count scans every slot). */
+    bool maybe_stale;
 } S;
 
 /* FZ_TRACE=1 in the environment prints every step (for a crash input). */
@@ -199,6 +202,8 @@ static void model_cancel(ftimer *f)
     bool r = f->idx % 2 ? tw_wheel_cancel_inline(S.w, &f->t)
                         : tw_wheel_cancel(S.w, &f->t);
     TRACE("  cancel %u -> %d\n", f->idx, r);
+    if (r && f->idx % 2)
+        S.maybe_stale = true;
     FZ_CHECK(r == f->pending, "cancel(%u) = %d, model pending %d", f->idx, r,
              f->pending);
     f->pending = false;
@@ -356,6 +361,7 @@ static void setup(fz_reader *r)
      * and allow the most levels any slot count can have. */
     uint32_t slots = cp && cp->slots ? cp->slots : 256;
     S.slots = 1;
+    S.maybe_stale = false;
     while (S.slots < slots)
         S.slots <<= 1;
     unsigned bits = 0;
@@ -410,8 +416,11 @@ static void event_loop(unsigned steps)
          * tw_wheel_cancel_inline() emptied stays marked until a visit: one
          * more each (counted when a run of empty wake-ups starts: an
          * empty wake-up runs no callback, so it leaves no new one). */
-        if (empty == 0)
+        if (empty == 0 && S.maybe_stale) {
             stale = tw__wheel_stale_slots(S.w);
+            S.maybe_stale = stale != 0;
+        } else if (empty == 0)
+            stale = 0;
         size_t bound = S.levels + (S.rounds ? model_count() : 0) + stale;
         if (do_advance(ne > S.now ? ne : S.now) == 0) {
             empty++;
