@@ -271,7 +271,14 @@ struct prod {
     _Atomic uint64_t added, dropped; /* only their sums over all mean much */
     _Atomic bool owned;
     /* The owner's: */
-    struct node *mag;         /* chain through tw__next */
+    struct node *mag; /* chain through tw__next */
+    /* The records on top of mag that the owner's cancels took back from
+     * its ring (ring_reclaim()), at most MAG_NODES; the next ones go on
+     * spill, a chain pushed on the pool's free list whole once it holds
+     * MAG_NODES: a burst of such cancels leaves a bounded number of
+     * records here, out of the other threads' reach. */
+    uint32_t mag_back, spill_n;
+    struct node *spill;
     uint32_t fr_next, fr_end; /* never-used indexes [fr_next, fr_end) */
     tw_task_fn last_fn;       /* the last function and its entry */
     uint32_t last_fidx;
