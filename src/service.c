@@ -633,6 +633,7 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
 static __attribute__((noinline)) bool mag_refill(tw_service *s, struct prod *p)
 {
     uint32_t f;
+    p->mag_back = 0;
     p->mag = free_pop(&s->pool);
     if (p->mag != NULL)
         return true;
@@ -652,7 +653,7 @@ static inline bool mag_take(tw_service *s, struct prod *p, struct reserved *v)
     struct node *n = p->mag;
     if (n != NULL) {
         p->mag = node_of_timer(n->t.tw__next);
-        p->mag_back -= p->mag_back != 0;
+        p->mag_back--;
         /* The next call's node, most likely last written by the timer
          * thread: its miss overlaps this call. */
         if (p->mag != NULL)
@@ -916,7 +917,7 @@ schedule_hot(tw_service *s, struct prod *p, void *arg, uint64_t delay,
 {
     struct node *n = p->mag, *next = node_of_timer(n->t.tw__next);
     p->mag = next;
-    p->mag_back -= p->mag_back != 0;
+    p->mag_back--;
     /* The next node (see mag_take()) and, from the timer thread's free
      * batches, the one 4 further (node_free_batched()); prefetching NULL
      * or a stale pointer is harmless. */
@@ -1716,7 +1717,7 @@ static inline void ring_reclaim(tw_service *s, struct prod *p, struct node *n,
                                 uint64_t st)
 {
     node_release(n, st);
-    if (p->mag_back == MAG_NODES) {
+    if (p->mag_back >= (int32_t)MAG_NODES) {
         ring_spill(s, p, n);
         return;
     }
