@@ -626,6 +626,39 @@ static void test_ring_lap(void)
     tw_service_destroy(s);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Another thread cancels a task in the owner's ring first, then the owner
+ * tries: the owner's cancel loses and must not take the record back (the
+ * timer thread frees it: taken back too, it would be freed twice and the
+ * owner's next call would get it while it is still in the ring). */
+static void test_other_then_owner_cancel(void)
+{
+    tw_service *s = real_service();
+    warm(s);
+    hold_timer(s);
+    struct runs r = {0};
+    tw_id x, y;
+    ASSERT_EQ(tw_schedule(s, runs_task, &r, 0, &x), 0);
+    struct cancel_range c = {s, &x, 0, 1, false};
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, cancel_one_main, &c), 0);
+    pthread_join(th, NULL);
+    ASSERT(c.all_won);
+    ASSERT(!tw_cancel(s, x));
+    ASSERT_EQ(loc_of(s, x), LOC_RING); /* still the timer thread's to free */
+    ASSERT_EQ(tw_schedule(s, runs_task, &r, 0, &y), 0);
+    ASSERT((uint32_t)y != (uint32_t)x);
+    ASSERT_EQ(tw_service_pending(s), 1);
+    release_timer();
+    WAIT_FOR(atomic_load(&r.n) == 1, 10);
+    WAIT_FOR(cancelled_count(s) == 2, 10);
+    ASSERT_EQ(loc_of(s, x), LOC_FREE);
+    ASSERT_EQ(tw_service_pending(s), 0);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    ASSERT_EQ(atomic_load(&r.n), 1);
+    tw_service_destroy(s);
+}
+
 int main(int argc, char **argv)
 {
     tw__service_drained_hook = hold_hook;
@@ -640,5 +673,6 @@ int main(int argc, char **argv)
     RUN_SELECTED(test_stop_withdraws_slot);
     RUN_SELECTED(test_service_threads_as_producers);
     RUN_SELECTED(test_ring_lap);
+    RUN_SELECTED(test_other_then_owner_cancel);
     return tw_test_done();
 }
