@@ -356,6 +356,16 @@ static void *cancel_one_main(void *arg)
     return NULL;
 }
 
+/* tw_cancel(@s, @id) on a new thread (so: not the owner of a ring). */
+static bool cancel_on_other_thread(tw_service *s, tw_id id)
+{
+    struct cancel_range c = {s, &id, 0, 1, false};
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, cancel_one_main, &c), 0);
+    pthread_join(th, NULL);
+    return c.all_won;
+}
+
 static void test_memory_promise_sleeping(void)
 {
     tw_service *s = real_service();
@@ -368,11 +378,7 @@ static void test_memory_promise_sleeping(void)
     tw__service_sync(s); /* it sleeps until the early task now */
     uint64_t before = cancelled_count(s);
     ASSERT_EQ(tw_schedule(s, runs_task, &r, 20 * SEC, &late), 0);
-    struct cancel_range c = {s, &late, 0, 1, false};
-    pthread_t th;
-    ASSERT_EQ(pthread_create(&th, NULL, cancel_one_main, &c), 0);
-    pthread_join(th, NULL);
-    ASSERT(c.all_won);
+    ASSERT(cancel_on_other_thread(s, late));
     WAIT_FOR(cancelled_count(s) == before + 1, 2);
     ASSERT_EQ(tw_service_pending(s), 1);
     ASSERT_EQ(tw_service_stop(s, NULL, NULL), 1);
@@ -639,11 +645,7 @@ static void test_other_then_owner_cancel(void)
     struct runs r = {0};
     tw_id x, y;
     ASSERT_EQ(tw_schedule(s, runs_task, &r, 0, &x), 0);
-    struct cancel_range c = {s, &x, 0, 1, false};
-    pthread_t th;
-    ASSERT_EQ(pthread_create(&th, NULL, cancel_one_main, &c), 0);
-    pthread_join(th, NULL);
-    ASSERT(c.all_won);
+    ASSERT(cancel_on_other_thread(s, x));
     ASSERT(!tw_cancel(s, x));
     ASSERT_EQ(loc_of(s, x), LOC_RING); /* still the timer thread's to free */
     ASSERT_EQ(tw_schedule(s, runs_task, &r, 0, &y), 0);
