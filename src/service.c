@@ -633,6 +633,7 @@ static int schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay,
 static __attribute__((noinline)) bool mag_refill(tw_service *s, struct prod *p)
 {
     uint32_t f;
+    p->mag_back = 0;
     p->mag = free_pop(&s->pool);
     if (p->mag != NULL)
         return true;
@@ -652,6 +653,7 @@ static inline bool mag_take(tw_service *s, struct prod *p, struct reserved *v)
     struct node *n = p->mag;
     if (n != NULL) {
         p->mag = node_of_timer(n->t.tw__next);
+        p->mag_back--;
         /* The next call's node, most likely last written by the timer
          * thread: its miss overlaps this call. */
         if (p->mag != NULL)
@@ -915,6 +917,7 @@ schedule_hot(tw_service *s, struct prod *p, void *arg, uint64_t delay,
 {
     struct node *n = p->mag, *next = node_of_timer(n->t.tw__next);
     p->mag = next;
+    p->mag_back--;
     /* The next node (see mag_take()) and, from the timer thread's free
      * batches, the one 4 further (node_free_batched()); prefetching NULL
      * or a stale pointer is harmless. */
@@ -1691,12 +1694,34 @@ cancel_won(tw_service *s, struct node *n, tw_id id, unsigned loc, bool drop)
     return true;
 }
 
+/* Node @n (released), one more than the magazine of producer @p keeps:
+ * onto its spill chain, which goes to the pool's free list as a batch
+ * once it holds MAG_NODES. */
+static __attribute__((noinline)) void ring_spill(tw_service *s, struct prod *p,
+                                                 struct node *n)
+{
+    n->t.tw__next = p->spill != NULL ? &p->spill->t : NULL;
+    p->spill = n;
+    if (++p->spill_n == MAG_NODES) {
+        free_push(&s->pool, n);
+        p->spill = NULL;
+        p->spill_n = 0;
+    }
+}
+
 /* Node @n (state @st), cancelled in producer @p's ring by its owner (the
  * caller), is @p's again: the consumer will not read it. A new
- * generation, so that the id is stale, and into the magazine. */
-static inline void ring_reclaim(struct prod *p, struct node *n, uint64_t st)
+ * generation, so that the id is stale, and into the magazine (or, beyond
+ * MAG_NODES taken back, towards the pool: ring_spill()). */
+static inline void ring_reclaim(tw_service *s, struct prod *p, struct node *n,
+                                uint64_t st)
 {
     node_release(n, st);
+    if (p->mag_back >= (int32_t)MAG_NODES) {
+        ring_spill(s, p, n);
+        return;
+    }
+    p->mag_back++;
     n->t.tw__next = p->mag != NULL ? &p->mag->t : NULL;
     p->mag = n;
 }
@@ -1767,7 +1792,7 @@ cancel_ring(tw_service *s, struct node *n, tw_id id, uint64_t st, bool drop)
             else if (drop)
                 pending_drop(s);
             if (mine)
-                ring_reclaim(p, n, st);
+                ring_reclaim(s, p, n, st);
             else
                 wake_for_cancel(s);
             return true;
@@ -1807,7 +1832,7 @@ static inline __attribute__((always_inline)) bool cancel_id(tw_service *s,
             atomic_store_explicit(&p->done[pay & RING_MASK], 1,
                                   memory_order_relaxed);
             prod_drop(p);
-            ring_reclaim(p, n, id);
+            ring_reclaim(s, p, n, id);
             return true;
         }
     }

@@ -271,7 +271,17 @@ struct prod {
     _Atomic uint64_t added, dropped; /* only their sums over all mean much */
     _Atomic bool owned;
     /* The owner's: */
-    struct node *mag;         /* chain through tw__next */
+    struct node *mag; /* chain through tw__next */
+    /* How many records mag holds beyond the batch it was last refilled
+     * with (mag_refill() sets 0, a call that takes one subtracts 1, a
+     * cancel that takes one back from the ring, ring_reclaim(), adds 1):
+     * at most MAG_NODES. Beyond that such records go on spill, a chain
+     * pushed on the pool's free list whole once it holds MAG_NODES, so
+     * that a burst of cancels leaves a bounded number of records here,
+     * out of the other threads' reach. */
+    int32_t mag_back;
+    uint32_t spill_n;
+    struct node *spill;
     uint32_t fr_next, fr_end; /* never-used indexes [fr_next, fr_end) */
     tw_task_fn last_fn;       /* the last function and its entry */
     uint32_t last_fidx;

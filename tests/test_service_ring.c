@@ -356,6 +356,16 @@ static void *cancel_one_main(void *arg)
     return NULL;
 }
 
+/* tw_cancel(@s, @id) on a new thread (so: not the owner of a ring). */
+static bool cancel_on_other_thread(tw_service *s, tw_id id)
+{
+    struct cancel_range c = {s, &id, 0, 1, false};
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, cancel_one_main, &c), 0);
+    pthread_join(th, NULL);
+    return c.all_won;
+}
+
 static void test_memory_promise_sleeping(void)
 {
     tw_service *s = real_service();
@@ -368,14 +378,286 @@ static void test_memory_promise_sleeping(void)
     tw__service_sync(s); /* it sleeps until the early task now */
     uint64_t before = cancelled_count(s);
     ASSERT_EQ(tw_schedule(s, runs_task, &r, 20 * SEC, &late), 0);
-    struct cancel_range c = {s, &late, 0, 1, false};
-    pthread_t th;
-    ASSERT_EQ(pthread_create(&th, NULL, cancel_one_main, &c), 0);
-    pthread_join(th, NULL);
-    ASSERT(c.all_won);
+    ASSERT(cancel_on_other_thread(s, late));
     WAIT_FOR(cancelled_count(s) == before + 1, 2);
     ASSERT_EQ(tw_service_pending(s), 1);
     ASSERT_EQ(tw_service_stop(s, NULL, NULL), 1);
+    tw_service_destroy(s);
+}
+
+/* Has the timer thread taken every ring's slots? (It takes DRAIN_BATCH a
+ * round: a full ring takes several rounds, more than a tw__service_sync().)
+ */
+static bool rings_empty(tw_service *s)
+{
+    for (uint32_t k = 0; k < atomic_load(&s->prods.n) && k < MAX_PRODS; k++) {
+        struct prod *p = atomic_load(&s->prods.slot[k]);
+        if (p != NULL && atomic_load(&p->head) != atomic_load(&p->tail))
+            return false;
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The owner's cancels take records back into its magazine; a burst of them
+ * (a ring full of tasks that all end before their deadline) must not keep
+ * them all there, out of reach of the other threads: the magazine keeps a
+ * bounded number and gives the rest back to the pool. Measured by the
+ * records a second thread then needs: with the burst's records in the
+ * pool, it allocates no new chunk of 4096 (memory_bytes stays within one
+ * chunk); kept in the first thread's magazine, it would need N new ones. */
+static uint64_t memory_bytes(tw_service *s)
+{
+    tw_service_stats st;
+    tw_service_get_stats(s, &st);
+    return st.memory_bytes;
+}
+
+enum { BURST = 4 * 4096 };
+
+static void *burst_main(void *arg)
+{
+    tw_service *s = arg;
+    static tw_id ids[BURST];
+    for (int i = 0; i < BURST; i++)
+        ASSERT_EQ(
+            tw_schedule(s, runs_task, &(struct runs){0}, 10 * SEC, &ids[i]), 0);
+    for (int i = 0; i < BURST; i++)
+        ASSERT(tw_cancel(s, ids[i]));
+    return NULL;
+}
+
+static void test_owner_burst_returns_records(void)
+{
+    tw_service *s = real_service();
+    warm(s);
+    hold_timer(s); /* the burst stays in the ring: the owner's cancels */
+    burst_main(s);
+    ASSERT_EQ(tw_service_pending(s), 0);
+    uint64_t before = memory_bytes(s);
+    /* Another thread's producer (this one stays owned). Its ring lives
+     * with the producer: leave that out of the comparison. */
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, burst_main, s), 0);
+    pthread_join(th, NULL);
+    uint64_t ring = sizeof(struct prod) + RING_SLOTS * 9u;
+    uint64_t grew = memory_bytes(s) - before - ring;
+    ASSERT(grew < 4096u * sizeof(struct node) + 4096u);
+    release_timer();
+    WAIT_FOR(cancelled_count(s) == 1 + 2 * (uint64_t)BURST, 10);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    tw_service_destroy(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Stop begins after a call published its task in the ring and before the
+ * call looks for the stop (tw__service_pushed_hook), and stop is held (in
+ * its hand-back of a task from the wheel) until the call has looked: the
+ * call withdraws its slot, returns TW_ESHUTDOWN with *id as it was, and
+ * stop, which passes the slot later, neither hands the task back nor
+ * counts it; nothing stays pending. (When stop takes the slot first, the
+ * call succeeds: test_service_producers, test_stop_after_push.) */
+static struct {
+    tw_service *s;
+    _Atomic bool armed;
+    _Atomic int step; /* 1: stop is in its hand-back; 2: the call is done */
+    int stop_rc;
+    int nhanded;
+    tw_id handed;
+} wd;
+
+static void wd_handed(tw_id id, tw_task_fn fn, void *arg, void *ctx)
+{
+    (void)fn;
+    (void)arg;
+    (void)ctx;
+    wd.handed = id;
+    wd.nhanded++;
+    atomic_store(&wd.step, 1);
+    while (atomic_load(&wd.step) != 2)
+        sleep_us(100);
+}
+
+static void *wd_stop_main(void *arg)
+{
+    (void)arg;
+    wd.stop_rc = tw_service_stop(wd.s, wd_handed, NULL);
+    return NULL;
+}
+
+static pthread_t wd_stopper;
+
+static void wd_pushed(tw_service *s)
+{
+    bool yes = true;
+    if (s != wd.s || !atomic_compare_exchange_strong(&wd.armed, &yes, false))
+        return;
+    ASSERT_EQ(pthread_create(&wd_stopper, NULL, wd_stop_main, NULL), 0);
+    while (atomic_load(&wd.step) != 1)
+        sleep_us(100);
+}
+
+static void test_stop_withdraws_slot(void)
+{
+    memset(&wd, 0, sizeof(wd));
+    wd.s = real_service();
+    warm(wd.s);
+    struct runs r = {0};
+    tw_id armed;
+    ASSERT_EQ(tw_schedule(wd.s, runs_task, &r, 10 * SEC, &armed), 0);
+    tw__service_sync(wd.s);
+    tw__service_sync(wd.s); /* in the wheel */
+    tw__service_pushed_hook = wd_pushed;
+    atomic_store(&wd.armed, true);
+    tw_id id = 12345;
+    int sched_rc = tw_schedule(wd.s, runs_task, &r, 10 * SEC, &id);
+    tw__service_pushed_hook = NULL;
+    ASSERT(!atomic_load(&wd.armed)); /* the hook ran */
+    ASSERT_EQ(sched_rc, TW_ESHUTDOWN);
+    ASSERT_EQ(id, 12345);
+    atomic_store(&wd.step, 2);
+    pthread_join(wd_stopper, NULL);
+    ASSERT_EQ(wd.stop_rc, 1);
+    ASSERT_EQ(wd.nhanded, 1);
+    ASSERT_EQ(wd.handed, armed);
+    ASSERT_EQ(tw_service_pending(wd.s), 0);
+    ASSERT_EQ(cancelled_count(wd.s), 1); /* the warm-up's only */
+    ASSERT_EQ(atomic_load(&r.n), 0);
+    ASSERT_EQ(tw_schedule(wd.s, runs_task, &r, 0, NULL), TW_ESHUTDOWN);
+    tw_service_destroy(wd.s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The timer thread, and an executor thread, as producers: a task schedules
+ * a task due at once and one due later, then cancels the later one and
+ * tries again. Both tasks wait in the ring of the running thread (the
+ * timer thread cannot take the slot while it runs the task: the state
+ * word reads LOC_RING there); the owner's cancel wins once, the task due
+ * at once runs once, on a thread of the service, and nothing stays. */
+static struct {
+    tw_service *s;
+    struct runs now_r, later_r;
+    _Atomic int done;
+    bool in_ring, won, again;
+} tp;
+
+static unsigned loc_of(tw_service *s, tw_id id)
+{
+    return ST_LOC(atomic_load(&node_at(&s->pool, (uint32_t)id - 1)->state));
+}
+
+static void tp_task(tw_id self, void *arg)
+{
+    (void)self;
+    (void)arg;
+    tw_id now_id, later_id;
+    ASSERT_EQ(tw_schedule(tp.s, runs_task, &tp.now_r, 0, &now_id), 0);
+    ASSERT_EQ(tw_schedule(tp.s, runs_task, &tp.later_r, 10 * SEC, &later_id),
+              0);
+    tp.in_ring = loc_of(tp.s, later_id) == LOC_RING;
+    tp.won = tw_cancel(tp.s, later_id);
+    tp.again = tw_cancel(tp.s, later_id);
+    atomic_store(&tp.done, 1);
+}
+
+static void test_service_threads_as_producers(void)
+{
+    for (uint32_t nexec = 0; nexec < 2; nexec++) {
+        memset(&tp, 0, sizeof(tp));
+        tw_service_config cfg = {.executor_threads = nexec};
+        ASSERT_EQ(tw_service_create(&tp.s, &cfg), 0);
+        ASSERT_EQ(tw_service_start(tp.s), 0);
+        ASSERT_EQ(tw_schedule(tp.s, tp_task, NULL, 0, NULL), 0);
+        WAIT_FOR(atomic_load(&tp.done) == 1, 10);
+        WAIT_FOR(atomic_load(&tp.now_r.n) == 1, 10);
+        tw__service_sync(tp.s);
+        if (nexec == 0)
+            ASSERT(tp.in_ring); /* an executor's: it may have been taken */
+        ASSERT(tp.won);
+        ASSERT(!tp.again);
+        ASSERT_EQ(atomic_load(&tp.now_r.n), 1);
+        ASSERT_EQ(atomic_load(&tp.later_r.n), 0);
+        WAIT_FOR(tw_service_pending(tp.s) == 0, 10);
+        ASSERT_EQ(cancelled_count(tp.s), 1);
+        ASSERT_EQ(tw_service_stop(tp.s, NULL, NULL), 0);
+        ASSERT_EQ(atomic_load(&tp.now_r.n), 1);
+        tw_service_destroy(tp.s);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* A full lap: RING_SLOTS tasks fill the ring exactly (the last one in it,
+ * the next on the stack), the timer thread takes them, and the next call
+ * finds room again in the next lap. There, the records come back with new
+ * generations: no id of the first lap cancels a task of the second, and
+ * each task of the second is cancelled once by its owner. */
+static void test_ring_lap(void)
+{
+    tw_service *s = real_service();
+    warm(s);
+    tw__service_sync(s);
+    hold_timer(s);
+    enum { N = RING_SLOTS };
+    tw_id *ids = calloc(2 * (size_t)N + 1, sizeof(*ids));
+    ASSERT(ids != NULL);
+    struct runs r = {0};
+    for (int i = 0; i < N; i++)
+        ASSERT_EQ(tw_schedule(s, runs_task, &r, 10 * SEC, &ids[i]), 0);
+    ASSERT_EQ(loc_of(s, ids[N - 1]), LOC_RING);
+    ASSERT_EQ(tw_schedule(s, runs_task, &r, 10 * SEC, &ids[N]), 0);
+    ASSERT_EQ(loc_of(s, ids[N]), LOC_QUEUED); /* full: the stack */
+    release_timer();
+    WAIT_FOR(rings_empty(s), 10);
+    tw__service_sync(s);
+    for (int i = 0; i <= N; i++)
+        ASSERT(tw_cancel(s, ids[i]));
+    tw__service_sync(s);
+    tw__service_sync(s); /* their records back in the pool */
+    hold_timer(s);
+    for (int i = N + 1; i <= 2 * N; i++) {
+        ASSERT_EQ(tw_schedule(s, runs_task, &r, 10 * SEC, &ids[i]), 0);
+        ASSERT_EQ(loc_of(s, ids[i]), LOC_RING);
+    }
+    for (int i = 0; i <= N; i++)
+        ASSERT(!tw_cancel(s, ids[i]));
+    ASSERT_EQ(tw_service_pending(s), N);
+    for (int i = N + 1; i <= 2 * N; i++)
+        ASSERT(tw_cancel(s, ids[i]) && !tw_cancel(s, ids[i]));
+    ASSERT_EQ(tw_service_pending(s), 0);
+    release_timer();
+    WAIT_FOR(cancelled_count(s) == 2 + 2 * (uint64_t)N, 10);
+    free(ids);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    ASSERT_EQ(atomic_load(&r.n), 0);
+    tw_service_destroy(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Another thread cancels a task in the owner's ring first, then the owner
+ * tries: the owner's cancel loses and must not take the record back (the
+ * timer thread frees it: taken back too, it would be freed twice and the
+ * owner's next call would get it while it is still in the ring). */
+static void test_other_then_owner_cancel(void)
+{
+    tw_service *s = real_service();
+    warm(s);
+    hold_timer(s);
+    struct runs r = {0};
+    tw_id x, y;
+    ASSERT_EQ(tw_schedule(s, runs_task, &r, 0, &x), 0);
+    ASSERT(cancel_on_other_thread(s, x));
+    ASSERT(!tw_cancel(s, x));
+    ASSERT_EQ(loc_of(s, x), LOC_RING); /* still the timer thread's to free */
+    ASSERT_EQ(tw_schedule(s, runs_task, &r, 0, &y), 0);
+    ASSERT((uint32_t)y != (uint32_t)x);
+    ASSERT_EQ(tw_service_pending(s), 1);
+    release_timer();
+    WAIT_FOR(atomic_load(&r.n) == 1, 10);
+    WAIT_FOR(cancelled_count(s) == 2, 10);
+    ASSERT_EQ(loc_of(s, x), LOC_FREE);
+    ASSERT_EQ(tw_service_pending(s), 0);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    ASSERT_EQ(atomic_load(&r.n), 1);
     tw_service_destroy(s);
 }
 
@@ -389,5 +671,10 @@ int main(int argc, char **argv)
     RUN_SELECTED(test_exited_producer_ring);
     RUN_SELECTED(test_full_ring_falls_back);
     RUN_SELECTED(test_memory_promise_sleeping);
+    RUN_SELECTED(test_owner_burst_returns_records);
+    RUN_SELECTED(test_stop_withdraws_slot);
+    RUN_SELECTED(test_service_threads_as_producers);
+    RUN_SELECTED(test_ring_lap);
+    RUN_SELECTED(test_other_then_owner_cancel);
     return tw_test_done();
 }
