@@ -733,8 +733,7 @@ static __attribute__((noinline)) int ring_undo(struct prod *p, struct node *n,
                                                uint64_t free_st, uint32_t pos,
                                                tw_id *id, tw_id was)
 {
-    uint64_t v = (free_st & ~UINT64_C(0xffffffff)) |
-                 (uint64_t)node_index(n) << RS_SHIFT | RS_QUEUED;
+    uint64_t v = ring_word(free_st, node_index(n)) | RS_QUEUED;
     if (!atomic_compare_exchange_strong(&p->ring[pos], &v,
                                         (v & ~RS_MASK) | RS_WITHDRAWN))
         return 0;
@@ -771,8 +770,7 @@ publish_ring(tw_service *s, struct prod *p, struct node *n, uint32_t idx,
     uint64_t gen = free_st & ~UINT64_C(0xffffffff);
     uint32_t pos = (uint32_t)t & RING_MASK;
     n->t.tw__next = (tw_timer *)(uintptr_t)fidx;
-    atomic_store_explicit(&p->ring[pos],
-                          gen | (uint64_t)idx << RS_SHIFT | RS_QUEUED,
+    atomic_store_explicit(&p->ring[pos], ring_word(gen, idx) | RS_QUEUED,
                           memory_order_relaxed);
     atomic_store_explicit(&n->state,
                           gen | (uint64_t)(p->ring_tag | pos) << ST_PAY_SHIFT |
@@ -1777,8 +1775,7 @@ cancel_ring(tw_service *s, struct node *n, tw_id id, uint64_t st, bool drop)
     struct prod *rp = atomic_load_explicit(&s->prods.slot[pay >> RING_BITS],
                                            memory_order_acquire);
     _Atomic uint64_t *w = &rp->ring[pay & RING_MASK];
-    uint64_t task = (id & ~UINT64_C(0xffffffff)) | (uint64_t)((uint32_t)id - 1)
-                                                       << RS_SHIFT;
+    uint64_t task = ring_word(id, (uint32_t)id - 1);
     uint64_t v = atomic_load(w);
     if (v == (task | RS_QUEUED)) {
         struct prod *p = prod_first(s);
@@ -1825,8 +1822,7 @@ static inline __attribute__((always_inline)) bool cancel_id(tw_service *s,
     if (p != NULL && drop && (pay & ~RING_MASK) == p->ring_tag) {
         /* The slot names the task (generation and index, RS_QUEUED) only
          * while the task waits in it: the swap checks the id as well. */
-        uint64_t v = (id & ~UINT64_C(0xffffffff)) |
-                     (uint64_t)((uint32_t)id - 1) << RS_SHIFT | RS_QUEUED;
+        uint64_t v = ring_word(id, (uint32_t)id - 1) | RS_QUEUED;
         if (atomic_compare_exchange_strong(&p->ring[pay & RING_MASK], &v,
                                            (v & ~RS_MASK) | RS_DONE)) {
             atomic_store_explicit(&p->done[pay & RING_MASK], 1,

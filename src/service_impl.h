@@ -253,6 +253,13 @@ struct tw__tsc; /* src/service_clock.h */
 #define RS_SHIFT 3
 #define RS_MASK UINT64_C(7)
 enum { RS_QUEUED = 1, RS_TAKEN, RS_DONE, RS_CANCELLED, RS_WITHDRAWN };
+
+/* The slot word naming the node at index @idx of generation @gen (the
+ * high half of a state word or an id), without its RS_* state. */
+static inline uint64_t ring_word(uint64_t gen, uint32_t idx)
+{
+    return (gen & ~UINT64_C(0xffffffff)) | (uint64_t)idx << RS_SHIFT;
+}
 _Static_assert(POOL_INDEX_BITS + RS_SHIFT <= 32, "a slot holds an index");
 _Static_assert(((MAX_PRODS - 1u) << RING_BITS | RING_MASK) < (1u << 24),
                "a ring place fits the payload beside the flags above it");
