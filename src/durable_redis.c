@@ -279,7 +279,8 @@ static struct rd *rd_new(const tw_durable_config *cfg)
     d->horizon_ms = cfg->horizon_ms ? cfg->horizon_ms : 2000;
     d->lease_ms = cfg->lease_ms ? cfg->lease_ms : 30000;
     d->shard_lease_ms = cfg->redis_shard_lease_ms;
-    d->check_gap_ms = cfg->redis_check_gap_ms;
+    d->check_gap_ms =
+        cfg->redis_check_gap_ms ? cfg->redis_check_gap_ms : CHECK_GAP_MS;
     if (cfg->redis_shard_lease_ms && cfg->redis_shard_lease_ms < d->lease_ms)
         d->lease_ms = cfg->redis_shard_lease_ms;
     d->wait_replicas = cfg->wait_replicas;

@@ -80,6 +80,12 @@ struct shard_keys {
     int slot;
 };
 
+/* The shortest time between two batches of claim checks, ms, unless
+ * cfg.redis_check_gap_ms says otherwise (src/redis_fire.c). */
+#ifndef CHECK_GAP_MS
+#define CHECK_GAP_MS 4
+#endif
+
 struct rd {
     struct tw_durable base;
     tw__rc *rc;
@@ -111,7 +117,7 @@ struct rd {
     char grp_name[GROUPS_MAX][64]; /* "host:port" of each group's master */
     uint32_t ngrp;
     uint64_t next_check;   /* no claim check before (real monotonic ms) */
-    uint32_t check_gap_ms; /* cfg.redis_check_gap_ms (0: CHECK_GAP_MS) */
+    uint32_t check_gap_ms; /* cfg.redis_check_gap_ms, else CHECK_GAP_MS */
     uint64_t cancelled;
     struct tw__durable_counts counts; /* fired, retried, running, late */
     uint64_t cb_start;       /* rd_mono_ms when the last callback began, or 0

@@ -77,11 +77,6 @@
 #define IDLE_WAIT_MS 50
 #define DONE_DELAY_MS 500 /* longest wait of a completion for a batch */
 #define RETRY_DONE_MS 100 /* the same for a retry (it waits for the reply) */
-#ifndef CHECK_GAP_MS
-#define CHECK_GAP_MS                                                           \
-    4 /* shortest time between two claim checks, unless                        \
-         cfg.redis_check_gap_ms says otherwise */
-#endif
 #ifndef CHECK_AHEAD_MS
 #define CHECK_AHEAD_MS 5 /* a timer is checked up to this long before due */
 #endif
@@ -983,12 +978,6 @@ static void *rd_group(void *arg)
     return NULL;
 }
 
-/* The shortest time between two batches of checks, ms. */
-static uint64_t check_gap(const struct rd *d)
-{
-    return d->check_gap_ms ? d->check_gap_ms : CHECK_GAP_MS;
-}
-
 /* Take the due timers out of the wheel into *@list; a timer the wheel
  * thinks due but the wall clock does not (it stepped back) goes back in:
  * never fired early. Returns true if there was such a timer; *@behind:
@@ -996,7 +985,6 @@ static uint64_t check_gap(const struct rd *d)
 static bool take_due(struct rd *d, uint64_t now, struct rtimer **list,
                      bool *behind)
 {
-    int64_t gap = (int64_t)check_gap(d);
     tw_wheel_advance(d->wheel, now);
     struct rtimer *early = NULL;
     int64_t wall = rd_wall(d);
@@ -1005,7 +993,7 @@ static bool take_due(struct rd *d, uint64_t now, struct rtimer **list,
         d->due = r->next;
         struct rtimer **to =
             r->due_ms > sat_add(wall, CHECK_AHEAD_MS) ? &early : list;
-        if (sat_add(r->due_ms, gap) < wall)
+        if (sat_add(r->due_ms, d->check_gap_ms) < wall)
             *behind = true;
         r->next = *to;
         *to = r;
@@ -1070,8 +1058,8 @@ static void dispatch_locked(struct rd *d, struct rtimer *list)
 
 /* The firer: advance the wheel, hand the due timers to their groups'
  * workers to be checked, start the callbacks of the timers they found
- * still ours. A batch of checks starts at most every CHECK_GAP_MS
- * (cfg.redis_check_gap_ms) (at
+ * still ours. A batch of checks starts at most every d->check_gap_ms
+ * (cfg.redis_check_gap_ms, else CHECK_GAP_MS) (at
  * once when the last one took a timer already late), so that timers due
  * close together share one round trip (which costs Redis far more than a
  * key). */
@@ -1091,7 +1079,7 @@ static void *rd_main(void *arg)
         bool early = take_due(d, now, &list, &behind);
         if (list) {
             /* No gap while behind: no sleep with timers late. */
-            d->next_check = real + (behind ? 0 : check_gap(d));
+            d->next_check = real + (behind ? 0 : d->check_gap_ms);
             dispatch_locked(d, list);
             continue;
         }
