@@ -416,11 +416,10 @@ static void event_loop(unsigned steps)
          * tw_wheel_cancel_inline() emptied stays marked until a visit: one
          * more each (counted when a run of empty wake-ups starts: an
          * empty wake-up runs no callback, so it leaves no new one). */
-        if (empty == 0 && S.maybe_stale) {
-            stale = tw__wheel_stale_slots(S.w);
+        if (empty == 0) {
+            stale = S.maybe_stale ? tw__wheel_stale_slots(S.w) : 0;
             S.maybe_stale = stale != 0;
-        } else if (empty == 0)
-            stale = 0;
+        }
         size_t bound = S.levels + (S.rounds ? model_count() : 0) + stale;
         if (do_advance(ne > S.now ? ne : S.now) == 0) {
             empty++;
