@@ -5,14 +5,19 @@
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 jobs=$(nproc)
 
-# configure_build DIR CMAKE_ARGS...: configure with -Werror and build.
-configure_build() {
+# configure_tree DIR CMAKE_ARGS...: configure with -Werror.
+configure_tree() {
   local dir=$1
   shift
   mkdir -p "$(dirname "$dir")"
   cmake -S "$root" -B "$dir" -G Ninja -DTWHEEL_WERROR=ON "$@" >"$dir.log" 2>&1 ||
     { cat "$dir.log"; return 1; }
-  cmake --build "$dir" -j"$jobs"
+}
+
+# configure_build DIR CMAKE_ARGS...: configure with -Werror and build.
+configure_build() {
+  configure_tree "$@"
+  cmake --build "$1" -j"$jobs"
 }
 
 # debug_build: the gcc Debug tree build/ci-debug with the Redis backend,
