@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# CI stage: the test suite under valgrind memcheck, in a gcc Debug build
-# without sanitizers. Every test runs through valgrind (CTest's emulator
+# CI stage: the test suite under valgrind memcheck, in the debug stage's
+# gcc Debug tree without sanitizers (build/ci-debug, built once, configured
+# here with valgrind as CTest's emulator: its tests' commands change, no
+# compile does). Every test runs through valgrind (CTest's emulator
 # hook); any memcheck error or any byte lost or still reachable fails the
 # test. test_wheel_diff (10^6 random operations per configuration, minutes
 # under valgrind's ~30-50x slowdown) is excluded from the CTest run and run
@@ -18,21 +20,17 @@
 # by a script (the Redis scenarios, twheeld's drivers, the examples fed by
 # sh -c) would run their programs without it, and run in the debug, ASan
 # and Redis stages instead.
-# test_clock_wall preloads libfaketime and is not registered in this build.
-# Usage: scripts/test.d/valgrind.sh [BUILD_DIR]
+# test_clock_wall preloads libfaketime and is not registered while the
+# emulator is set.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-dir=${1:-build/ci-valgrind}
+. "$(dirname "$0")/lib.sh"
+cd "$root"
+dir=build/ci-debug
 exclude='^(test_wheel_diff|test_durable_index|test_durable_index_deep|test_durable_crash|idle_server)$'
 vg="valgrind;--tool=memcheck;--error-exitcode=99;--leak-check=full"
 vg+=";--show-leak-kinds=all;--errors-for-leak-kinds=all;--num-callers=30"
 vg+=";--fair-sched=yes"
-mkdir -p "$(dirname "$dir")"
-cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_C_COMPILER=gcc -DTWHEEL_WERROR=ON -DTWHEEL_BUILD_BENCH=OFF \
-  -DTWHEEL_BUILD_EXAMPLES=ON "-DCMAKE_CROSSCOMPILING_EMULATOR=$vg" \
-  >"$dir.log" 2>&1 || { cat "$dir.log"; exit 1; }
-cmake --build "$dir" -j"$(nproc)"
+debug_build "-DCMAKE_CROSSCOMPILING_EMULATOR=$vg"
 wrapped=$(ctest --test-dir "$dir" --show-only=json-v1 | python3 -c '
 import json, sys
 names = [t["name"] for t in json.load(sys.stdin)["tests"]
