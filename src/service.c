@@ -302,6 +302,7 @@ static void prod_release(struct prod_ref *r)
         }
     pthread_mutex_unlock(&reg_mu);
     r->s = NULL;
+    r->p = NULL; /* prod_first() reads s == NULL as "no producer" */
 }
 
 /* Enter @s in the registry of live services. */
@@ -341,6 +342,14 @@ static void prod_key_init(void)
     prod_key_rc = pthread_key_create(&prod_key, prod_thread_exit);
 }
 
+/* A producer's hot_fn while no call may take schedule_hot(): a function
+ * no caller has, as tw_schedule() tests fn against hot_fn only. */
+static void no_fn(tw_id id, void *arg)
+{
+    (void)id;
+    (void)arg;
+}
+
 /* An unowned producer of @s, now ours, or a new one; NULL if none can be
  * had (all MAX_PRODS taken, or no memory). */
 static struct prod *prod_adopt(tw_service *s)
@@ -368,8 +377,7 @@ static struct prod *prod_adopt(tw_service *s)
         p->ring_tag = n << RING_BITS;
         /* Without its ring the producer uses its stack only. */
         p->ring = tw__calloc(RING_SLOTS, sizeof(*p->ring) + 1);
-        if (p->ring != NULL)
-            p->done = (_Atomic uint8_t *)(void *)(p->ring + RING_SLOTS);
+        p->hot_fn = no_fn;
         atomic_fetch_add_explicit(
             &s->mem,
             sizeof(*p) + (p->ring ? RING_SLOTS * (sizeof(*p->ring) + 1) : 0),
@@ -414,8 +422,12 @@ static inline struct prod *prod_cached(tw_service *s)
  * a thread's first service is (prod_claim()); NULL if it is not there. */
 static inline struct prod *prod_first(const tw_service *s)
 {
-    return prod_cache[0].s == s && prod_cache[0].serial == s->prods.serial
-               ? prod_cache[0].p
+    /* An entry names a service (s != NULL) exactly when it holds a
+     * producer, so that @s NULL finds none without a test of its own. */
+    struct prod *p = prod_cache[0].p;
+    return prod_cache[0].s == s && p != NULL &&
+                   prod_cache[0].serial == s->prods.serial
+               ? p
                : NULL;
 }
 
@@ -725,88 +737,101 @@ static __attribute__((noinline)) int schedule_undo(tw_service *s,
 /*
  * Stop has begun after publish_ring() published node @n in slot @pos of
  * producer @p's ring: withdraw it unless the consumer (stop) took it or a
- * cancel won (then the call has succeeded). Returns TW_ESHUTDOWN (the node
- * back in the magazine as @free_st, the count dropped, *@id back to @was)
- * or 0. Context: @p's owner.
+ * cancel won (then the call has succeeded); @task is its id. Returns
+ * TW_ESHUTDOWN (the node back in the magazine, FREE in its generation,
+ * the count dropped, *@id back to @was) or 0. Context: @p's owner.
  */
 static __attribute__((noinline)) int ring_undo(struct prod *p, struct node *n,
-                                               uint64_t free_st, uint32_t pos,
+                                               tw_id task, uint32_t pos,
                                                tw_id *id, tw_id was)
 {
-    uint64_t v = ring_word(free_st, node_index(n)) | RS_QUEUED;
+    uint64_t v = rs_word(task, RS_QUEUED);
     if (!atomic_compare_exchange_strong(&p->ring[pos], &v,
-                                        (v & ~RS_MASK) | RS_WITHDRAWN))
+                                        rs_word(task, RS_WITHDRAWN)))
         return 0;
     prod_drop(p);
-    mag_put(p, &(struct reserved){.n = n, .st = free_st});
+    mag_put(p, &(struct reserved){.n = n, .st = task & ~UINT64_C(0xffffffff)});
     if (id != NULL)
         *id = was;
     return TW_ESHUTDOWN;
 }
 
+/* wake_for_due() when the timer thread sleeps past the task's tick (or
+ * is being woken): out of line, so that the producers' fast path makes
+ * no call and keeps its values in caller-saved registers. Returns 0. */
+static __attribute__((noinline)) int wake_for_due_slow(tw_service *s,
+                                                       uint64_t due)
+{
+    wake_for_tick(s, ceil_tick(s, due));
+    return 0;
+}
+
 /* After the publication of a task due @due ns after the start: wake the
- * timer thread if it sleeps past the task's tick. */
-static inline __attribute__((always_inline)) void wake_for_due(tw_service *s,
-                                                               uint64_t due)
+ * timer thread if it sleeps past the task's tick. Returns 0. */
+static inline __attribute__((always_inline)) int wake_for_due(tw_service *s,
+                                                              uint64_t due)
 {
     if (due < atomic_load(&s->timer.wake_ns)) /* tick < sleep_until */
-        wake_for_tick(s, ceil_tick(s, due));
+        return wake_for_due_slow(s, due);
+    return 0;
 }
 
 /*
- * Publish node @n (filled by publish_exact(); @free_st its FREE state,
- * @fidx its function's entry, *@id already set, @was its old value) in
- * slot @t of producer @p's ring, which has room, then the stop check and
- * the wake-up. The slot is written before the state word, so that whoever
- * sees LOC_RING sees the slot; the exchange of tail publishes both and is
- * the full barrier between them and the read of wake_ns (see
- * schedule_fast()). Context: @p's owner.
+ * Publish node @n (filled by publish_exact() for task @task, its
+ * function's entry in p->last_fidx, *@id already set, @was its old
+ * value) in slot @t of producer @p's ring, which has room, then the stop
+ * check and the wake-up. The slot is written before the state word, so
+ * that whoever sees LOC_RING sees the slot; the exchange of tail
+ * publishes both and is the full barrier between them and the read of
+ * wake_ns (see schedule_fast()). Context: @p's owner.
  */
 static inline __attribute__((always_inline)) int
-publish_ring(tw_service *s, struct prod *p, struct node *n, uint32_t idx,
-             uint64_t free_st, uint32_t fidx, uint64_t due, uint64_t t,
-             tw_id *id, tw_id was)
+publish_ring(tw_service *s, struct prod *p, struct node *n, tw_id task,
+             uint64_t due, uint64_t t, tw_id *id, tw_id was)
 {
-    uint64_t gen = free_st & ~UINT64_C(0xffffffff);
+    uint64_t gen = task & ~UINT64_C(0xffffffff);
     uint32_t pos = (uint32_t)t & RING_MASK;
-    n->t.tw__next = (tw_timer *)(uintptr_t)fidx;
-    atomic_store_explicit(&p->ring[pos], ring_word(gen, idx) | RS_QUEUED,
+    n->t.tw__next = (tw_timer *)(uintptr_t)p->last_fidx;
+    atomic_store_explicit(&p->ring[pos], rs_word(task, RS_QUEUED),
                           memory_order_relaxed);
     atomic_store_explicit(&n->state,
                           gen | (uint64_t)(p->ring_tag | pos) << ST_PAY_SHIFT |
                               LOC_RING,
                           memory_order_release);
-    atomic_store_explicit(&p->done[pos], 0, memory_order_relaxed);
+    atomic_store_explicit(ring_done(p->ring, pos), 0, memory_order_relaxed);
     atomic_exchange(&p->tail, t + 1);
     TEST_HOOK(tw__service_pushed_hook, s);
     if (atomic_load(&s->submit.pending) & STOPPED_BIT)
-        return ring_undo(p, n, free_st, pos, id, was);
-    wake_for_due(s, due);
-    return 0;
+        return ring_undo(p, n, task, pos, id, was);
+    return wake_for_due(s, due);
 }
 
 /*
  * publish_exact() when producer @p's ring looked full: read head again,
- * and publish in the ring if it has room now, else on @p's stack (as
- * before there was a ring). Out of line, so that publish_exact() has no
- * call on its way. Context: @p's owner.
+ * and publish node @n (filled, @free_st its FREE state, *@id set, @was
+ * its old value) in the ring if it has room now, else on
+ * @p's stack (as before there was a ring). Out of line and with few
+ * arguments, so that publish_exact() reaches it by a jump. Context: @p's
+ * owner.
  */
 static __attribute__((noinline)) int publish_full(tw_service *s, struct prod *p,
-                                                  struct node *n, uint32_t idx,
-                                                  uint64_t free_st,
-                                                  uint32_t fidx, uint64_t due,
-                                                  tw_id *id, tw_id was)
+                                                  struct node *n,
+                                                  uint64_t free_st, tw_id *id,
+                                                  tw_id was)
 {
+    uint64_t due = n->t.tw__expires;
     uint64_t t = atomic_load_explicit(&p->tail, memory_order_relaxed);
     if (p->ring != NULL) {
         p->ring_end =
             atomic_load_explicit(&p->head, memory_order_acquire) + RING_SLOTS;
         if (t != p->ring_end)
-            return publish_ring(s, p, n, idx, free_st, fidx, due, t, id, was);
+            return publish_ring(s, p, n, make_id(free_st, node_index(n)),
+                                due, t, id, was);
     }
     atomic_store_explicit(&n->state,
                           (free_st & ~UINT64_C(0xffffffff)) |
-                              ((uint64_t)fidx << ST_PAY_SHIFT) | LOC_QUEUED,
+                              ((uint64_t)p->last_fidx << ST_PAY_SHIFT) |
+                              LOC_QUEUED,
                           memory_order_release);
     n->t.tw__pprev = QUEUED_NS; /* tw__next: the link */
     stack_push(&p->subq, n);
@@ -816,35 +841,34 @@ static __attribute__((noinline)) int publish_full(tw_service *s, struct prod *p,
         struct reserved v = {.n = n, .st = free_st};
         return schedule_undo(s, p, &v, id, was);
     }
-    wake_for_due(s, due);
-    return 0;
+    return wake_for_due(s, due);
 }
 
 /*
  * The end of an exact one-shot schedule by producer @p: fill node @n (its
- * state @free_st, FREE; reserved and counted) for function entry @fidx
- * and a task due @due ns after the start (the timer thread works out its
- * tick: QUEUED_NS), set *@id, publish it in @p's ring (its stack when the
- * ring is full). Returns 0 or TW_ESHUTDOWN (see schedule_fast()).
- * Context: @p's owner.
+ * state @free_st, FREE; reserved and counted) for the function whose
+ * entry is p->last_fidx and a task due @due ns after the start (the timer
+ * thread works out its tick: QUEUED_NS), set *@id, publish it in @p's
+ * ring (its stack when the ring is full). Returns 0 or TW_ESHUTDOWN (see
+ * schedule_fast()). Context: @p's owner.
  */
 static inline __attribute__((always_inline)) int
 publish_exact(tw_service *s, struct prod *p, struct node *n, uint64_t free_st,
-              uint32_t fidx, void *arg, uint64_t due, tw_id *id)
+              void *arg, uint64_t due, tw_id *id)
 {
     n->t.tw__expires = due; /* QUEUED_NS (for the ring: ring_take()) */
     n->t.tw__arg = arg;
     /* *@id before the push: the task may run at once and read it. */
     tw_id was = 0;
-    uint32_t idx = node_index(n);
+    tw_id task = make_id(free_st, node_index(n));
     if (id != NULL) {
         was = *id;
-        *id = make_id(free_st, idx);
+        *id = task;
     }
     uint64_t t = atomic_load_explicit(&p->tail, memory_order_relaxed);
     if (t != p->ring_end)
-        return publish_ring(s, p, n, idx, free_st, fidx, due, t, id, was);
-    return publish_full(s, p, n, idx, free_st, fidx, due, id, was);
+        return publish_ring(s, p, n, task, due, t, id, was);
+    return publish_full(s, p, n, free_st, id, was);
 }
 
 /*
@@ -881,6 +905,7 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
     if (fn != p->last_fn) {
         p->last_fn = fn;
         p->last_fidx = v.fidx;
+        p->hot_fn = s->cfg.hot ? fn : no_fn;
     }
     atomic_store_explicit(
         &p->added, atomic_load_explicit(&p->added, memory_order_relaxed) + 1,
@@ -898,7 +923,7 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
     /* sched_publish() for an exact one-shot deadline, written out: through
      * sched_publish() a tw_schedule() runs 6.5% more instructions
      * (callgrind, bench_service --throughput --exact --producers 1). */
-    return publish_exact(s, p, v.n, v.st, v.fidx, arg,
+    return publish_exact(s, p, v.n, v.st, arg,
                          add_sat(rel_ns_deadline(s), delay), id);
 }
 
@@ -921,15 +946,15 @@ schedule_hot(tw_service *s, struct prod *p, void *arg, uint64_t delay,
      * or a stale pointer is harmless. */
     __builtin_prefetch(next, 1);
     __builtin_prefetch((const void *)n->t.tw__pprev, 1);
-    uint64_t rel = now > s->cfg.start_ns ? now - s->cfg.start_ns : 0;
-    uint64_t due = add_sat(rel, delay);
+    /* @now is CLOCK_MONOTONIC (or the estimate, never earlier) and the
+     * start a reading of it at create: not below it. */
+    uint64_t due = add_sat(now - s->cfg.start_ns, delay);
     uint64_t free_st = atomic_load_explicit(&n->state, memory_order_relaxed);
-    uint32_t fidx = p->last_fidx;
     atomic_store_explicit(
         &p->added, atomic_load_explicit(&p->added, memory_order_relaxed) + 1,
         memory_order_relaxed);
     TEST_HOOK(tw__service_reserved_hook, s);
-    return publish_exact(s, p, n, free_st, fidx, arg, due, id);
+    return publish_exact(s, p, n, free_st, arg, due, id);
 }
 
 /* tw_schedule() when schedule_hot() could not be taken at once: the
@@ -945,7 +970,7 @@ static __attribute__((noinline)) int schedule_warm(tw_service *s, tw_task_fn fn,
      * the timer thread writes all the time. */
     if (s != NULL && fn != NULL && s->cfg.slack_ns == 0) {
         struct prod *p = prod_get(s);
-        if (p != NULL && s->cfg.hot && fn == p->last_fn && p->mag != NULL)
+        if (p != NULL && fn == p->hot_fn && p->mag != NULL)
             return schedule_hot(s, p, arg, delay_ns, id,
                                 tw__tsc_now(s->cfg.tsc));
         int rc = p != NULL ? schedule_fast(s, p, fn, arg, delay_ns, id) : 1;
@@ -974,8 +999,7 @@ int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
      * cache from its first entry); the others take schedule_warm(). */
     struct prod *p;
     uint64_t now;
-    if (s != NULL && (p = prod_first(s)) != NULL && s->cfg.hot &&
-        fn == p->last_fn && fn != NULL && p->mag != NULL) {
+    if ((p = prod_first(s)) != NULL && fn == p->hot_fn && p->mag != NULL) {
         if (tw__tsc_fast(s->cfg.tsc, &now))
             return schedule_hot(s, p, arg, delay_ns, id, now);
         return schedule_clock(s, p, arg, delay_ns, id);
@@ -1140,14 +1164,6 @@ static inline unsigned subq_drain(tw_service *s, unsigned max,
     return i;
 }
 
-#ifdef TW_TEST_HOOKS
-/* The id of the task that ring slot word @v names (for the test hook). */
-static inline tw_id ring_id(uint64_t v)
-{
-    return (v & ~UINT64_C(0xffffffff)) + ((uint32_t)v >> RS_SHIFT) + 1;
-}
-#endif
-
 /*
  * Slot @pos of producer @p's ring (@p the producer at index @k), below
  * tail: take its node to @take as a node from a stack (LOC_QUEUED, its
@@ -1162,19 +1178,19 @@ ring_take(tw_service *s, struct prod *p, uint32_t pos,
 {
     _Atomic uint64_t *w = &p->ring[pos];
     uint64_t v = atomic_load_explicit(w, memory_order_acquire);
-    if ((v & RS_MASK) == RS_QUEUED)
-        TEST_HOOK(tw__service_ring_hook, s, ring_id(v), false);
-    while ((v & RS_MASK) == RS_QUEUED &&
-           !atomic_compare_exchange_weak(w, &v, (v & ~RS_MASK) | RS_TAKEN)) {
+    if (rs_state(v) == RS_QUEUED)
+        TEST_HOOK(tw__service_ring_hook, s, rs_id(v), false);
+    while (rs_state(v) == RS_QUEUED &&
+           !atomic_compare_exchange_weak(w, &v, rs_word(rs_id(v), RS_TAKEN))) {
     }
-    unsigned rs = (unsigned)(v & RS_MASK);
+    unsigned rs = rs_state(v);
     if (rs == RS_QUEUED)
-        TEST_HOOK(tw__service_ring_hook, s, ring_id(v), true);
+        TEST_HOOK(tw__service_ring_hook, s, rs_id(v), true);
     if (rs == RS_DONE)
         return 1;
     if (rs != RS_QUEUED && rs != RS_CANCELLED)
         return 0; /* withdrawn */
-    struct node *n = node_at(&s->pool, (uint32_t)v >> RS_SHIFT);
+    struct node *n = node_at(&s->pool, (uint32_t)rs_id(v) - 1);
     uint64_t fidx = (uintptr_t)n->t.tw__next;
     uint64_t ring_pay = p->ring_tag | pos;
     n->t.tw__pprev = QUEUED_NS; /* its deadline is in ns */
@@ -1223,7 +1239,7 @@ static unsigned ring_drain(tw_service *s, unsigned max,
          * tick in the order they were scheduled. */
         for (uint64_t i = t; i != h; i--) {
             uint32_t pos = (uint32_t)(i - 1) & RING_MASK;
-            if (atomic_load_explicit(&p->done[pos], memory_order_relaxed))
+            if (atomic_load_explicit(ring_done(p->ring, pos), memory_order_relaxed))
                 owner_cancelled++; /* RS_DONE: no need to read the slot */
             else
                 owner_cancelled += ring_take(s, p, pos, take, ctx);
@@ -1775,15 +1791,14 @@ cancel_ring(tw_service *s, struct node *n, tw_id id, uint64_t st, bool drop)
     struct prod *rp = atomic_load_explicit(&s->prods.slot[pay >> RING_BITS],
                                            memory_order_acquire);
     _Atomic uint64_t *w = &rp->ring[pay & RING_MASK];
-    uint64_t task = ring_word(id, (uint32_t)id - 1);
     uint64_t v = atomic_load(w);
-    if (v == (task | RS_QUEUED)) {
+    if (v == rs_word(id, RS_QUEUED)) {
         struct prod *p = prod_first(s);
         if (p == NULL)
             p = prod_cached(s);
         bool mine = p == rp;
         if (atomic_compare_exchange_strong(
-                w, &v, task | (mine ? RS_DONE : RS_CANCELLED))) {
+                w, &v, rs_word(id, mine ? RS_DONE : RS_CANCELLED))) {
             if (drop && p != NULL)
                 prod_drop(p);
             else if (drop)
@@ -1795,7 +1810,7 @@ cancel_ring(tw_service *s, struct node *n, tw_id id, uint64_t st, bool drop)
             return true;
         }
     }
-    if ((v & ~RS_MASK) == task && (v & RS_MASK) != RS_TAKEN)
+    if (rs_id(v) == id && rs_state(v) != RS_TAKEN)
         return false; /* cancelled or withdrawn already */
     /* Taken (or the slot moved on after the consumer took the node, whose
      * state word then reads another location). */
@@ -1822,10 +1837,10 @@ static inline __attribute__((always_inline)) bool cancel_id(tw_service *s,
     if (p != NULL && drop && (pay & ~RING_MASK) == p->ring_tag) {
         /* The slot names the task (generation and index, RS_QUEUED) only
          * while the task waits in it: the swap checks the id as well. */
-        uint64_t v = ring_word(id, (uint32_t)id - 1) | RS_QUEUED;
+        uint64_t v = rs_word(id, RS_QUEUED);
         if (atomic_compare_exchange_strong(&p->ring[pay & RING_MASK], &v,
-                                           (v & ~RS_MASK) | RS_DONE)) {
-            atomic_store_explicit(&p->done[pay & RING_MASK], 1,
+                                           rs_word(id, RS_DONE))) {
+            atomic_store_explicit(ring_done(p->ring, pay & RING_MASK), 1,
                                   memory_order_relaxed);
             prod_drop(p);
             ring_reclaim(s, p, n, id);

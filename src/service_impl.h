@@ -226,8 +226,9 @@ struct tw__tsc; /* src/service_clock.h */
 /*
  * A producer's ring: where its exact one-shot calls go (publish_exact())
  * while it has room, its own stack (subq) taking the rest. A slot is one
- * word, generation << 32 | node index << RS_SHIFT | RS_* state, eight to
- * a cache line, and it carries the cancel of the task in it:
+ * word, the task's id with an RS_* state in the top bits of its low half
+ * (above the index + 1), eight to a cache line, and it carries the
+ * cancel of the task in it:
  *
  *   RS_QUEUED     written by the owner, then published by moving tail
  *   RS_TAKEN      the consumer (timer thread, or stop) took the node: from
@@ -250,19 +251,45 @@ struct tw__tsc; /* src/service_clock.h */
 #define RING_BITS 16
 #define RING_SLOTS (1u << RING_BITS)
 #define RING_MASK (RING_SLOTS - 1u)
-#define RS_SHIFT 3
-#define RS_MASK UINT64_C(7)
+#define RS_SHIFT 29
+#define RS_MASK (UINT64_C(7) << RS_SHIFT)
 enum { RS_QUEUED = 1, RS_TAKEN, RS_DONE, RS_CANCELLED, RS_WITHDRAWN };
+_Static_assert(POOL_INDEX_BITS <= RS_SHIFT, "an id's low half fits below");
 
-/* The slot word naming the node at index @idx of generation @gen (the
- * high half of a state word or an id), without its RS_* state. */
-static inline uint64_t ring_word(uint64_t gen, uint32_t idx)
+/* The slot word of task @id in state @rs (RS_*): the id is the word, so
+ * that the calls that have the id (the schedule that made it, a cancel)
+ * make the word with one instruction. */
+static inline uint64_t rs_word(tw_id id, unsigned rs)
 {
-    return (gen & ~UINT64_C(0xffffffff)) | (uint64_t)idx << RS_SHIFT;
+    return id | (uint64_t)rs << RS_SHIFT;
 }
-_Static_assert(POOL_INDEX_BITS + RS_SHIFT <= 32, "a slot holds an index");
+
+/* A slot word's state (RS_*) and the id of its task. */
+static inline unsigned rs_state(uint64_t v)
+{
+    return (unsigned)(v >> RS_SHIFT) & 7u;
+}
+
+static inline tw_id rs_id(uint64_t v)
+{
+    return v & ~RS_MASK;
+}
+
 _Static_assert(((MAX_PRODS - 1u) << RING_BITS | RING_MASK) < (1u << 24),
                "a ring place fits the payload beside the flags above it");
+
+/*
+ * A slot's byte, after the ring's slots: 1 once the owner has cancelled
+ * the slot's task (RS_DONE), 0 from its schedule call on. The consumer
+ * reads it first and skips the slot when set: 64 slots to a line instead
+ * of 8, so the lines the owner rewrites a lap later are fewer that the
+ * consumer has read. A hint only: RS_DONE decides. At a fixed distance
+ * from the slot, so that no pointer of its own is loaded.
+ */
+static inline _Atomic uint8_t *ring_done(_Atomic uint64_t *ring, uint32_t pos)
+{
+    return (_Atomic uint8_t *)(void *)(ring + RING_SLOTS) + pos;
+}
 
 struct prod {
     /* The line of subq holds nothing else (the padding on both sides, as
@@ -292,16 +319,15 @@ struct prod {
     uint32_t fr_next, fr_end; /* never-used indexes [fr_next, fr_end) */
     tw_task_fn last_fn;       /* the last function and its entry */
     uint32_t last_fidx;
+    /* last_fn on a service that may take schedule_hot() (cfg.hot), else
+     * no_fn, as it is at first: tw_schedule()'s one test for both. */
+    tw_task_fn hot_fn;
     uint64_t ring_end;      /* head + RING_SLOTS as last read: tail stops
                                there (0 without a ring: the stack only) */
     uint32_t ring_tag;      /* this producer's index << RING_BITS */
-    _Atomic uint64_t *ring; /* RING_SLOTS slots, or NULL (no memory) */
-    /* One byte per slot, after the slots: 1 once the owner has cancelled
-     * the slot's task (RS_DONE), 0 from its schedule call on. The consumer
-     * reads it first and skips the slot when set: 64 slots to a line
-     * instead of 8, so the lines the owner rewrites a lap later are
-     * fewer that the consumer has read. A hint only: RS_DONE decides. */
-    _Atomic uint8_t *done;
+    /* RING_SLOTS slots, or NULL (no memory), then one byte per slot
+     * (ring_done()). */
+    _Atomic uint64_t *ring;
     PAD(2);
 };
 
