@@ -684,6 +684,7 @@ static inline bool mag_take(tw_service *s, struct prod *p, struct reserved *v)
 /* Put back what mag_take() gave (*@v). */
 static void mag_put(struct prod *p, const struct reserved *v)
 {
+    v->n->t.tw__expires = node_handle(v->st, node_index(v->n));
     atomic_store_explicit(&v->n->state, v->st, memory_order_relaxed);
     v->n->t.tw__next = p->mag != NULL ? &p->mag->t : NULL;
     p->mag = v->n;
@@ -750,7 +751,11 @@ static __attribute__((noinline)) int ring_undo(struct prod *p, struct node *n,
                                         rs_word(task, RS_WITHDRAWN)))
         return 0;
     prod_drop(p);
-    mag_put(p, &(struct reserved){.n = n, .st = task & ~UINT64_C(0xffffffff)});
+    n->t.tw__expires = task;
+    atomic_store_explicit(&n->state, task & ~UINT64_C(0xffffffff),
+                          memory_order_relaxed);
+    n->t.tw__next = p->mag != NULL ? &p->mag->t : NULL;
+    p->mag = n;
     if (id != NULL)
         *id = was;
     return TW_ESHUTDOWN;
@@ -808,29 +813,27 @@ publish_ring(tw_service *s, struct prod *p, struct node *n, tw_id task,
 
 /*
  * publish_exact() when producer @p's ring looked full: read head again,
- * and publish node @n (filled, @free_st its FREE state, *@id set, @was
- * its old value) in the ring if it has room now, else on
+ * and publish node @n (filled for task @task, *@id set, @was its old
+ * value) in the ring if it has room now, else on
  * @p's stack (as before there was a ring). Out of line and with few
  * arguments, so that publish_exact() reaches it by a jump. Context: @p's
  * owner.
  */
 static __attribute__((noinline)) int publish_full(tw_service *s, struct prod *p,
-                                                  struct node *n,
-                                                  uint64_t free_st, tw_id *id,
-                                                  tw_id was)
+                                                  struct node *n, tw_id task,
+                                                  tw_id *id, tw_id was)
 {
+    uint64_t gen = task & ~UINT64_C(0xffffffff);
     uint64_t due = n->t.tw__expires;
     uint64_t t = atomic_load_explicit(&p->tail, memory_order_relaxed);
     if (p->ring != NULL) {
         p->ring_end =
             atomic_load_explicit(&p->head, memory_order_acquire) + RING_SLOTS;
         if (t != p->ring_end)
-            return publish_ring(s, p, n, make_id(free_st, node_index(n)),
-                                due, t, id, was);
+            return publish_ring(s, p, n, task, due, t, id, was);
     }
     atomic_store_explicit(&n->state,
-                          (free_st & ~UINT64_C(0xffffffff)) |
-                              ((uint64_t)p->last_fidx << ST_PAY_SHIFT) |
+                          gen | ((uint64_t)p->last_fidx << ST_PAY_SHIFT) |
                               LOC_QUEUED,
                           memory_order_release);
     n->t.tw__pprev = QUEUED_NS; /* tw__next: the link */
@@ -838,29 +841,28 @@ static __attribute__((noinline)) int publish_full(tw_service *s, struct prod *p,
     TEST_HOOK(tw__service_pushed_hook, s);
     if (atomic_load(&s->submit.pending) & STOPPED_BIT) {
         /* What schedule_undo() puts back (see mag_take()). */
-        struct reserved v = {.n = n, .st = free_st};
+        struct reserved v = {.n = n, .st = gen};
         return schedule_undo(s, p, &v, id, was);
     }
     return wake_for_due(s, due);
 }
 
 /*
- * The end of an exact one-shot schedule by producer @p: fill node @n (its
- * state @free_st, FREE; reserved and counted) for the function whose
+ * The end of an exact one-shot schedule by producer @p: fill node @n (FREE,
+ * reserved and counted) for task @task, for the function whose
  * entry is p->last_fidx and a task due @due ns after the start (the timer
  * thread works out its tick: QUEUED_NS), set *@id, publish it in @p's
  * ring (its stack when the ring is full). Returns 0 or TW_ESHUTDOWN (see
  * schedule_fast()). Context: @p's owner.
  */
 static inline __attribute__((always_inline)) int
-publish_exact(tw_service *s, struct prod *p, struct node *n, uint64_t free_st,
+publish_exact(tw_service *s, struct prod *p, struct node *n, tw_id task,
               void *arg, uint64_t due, tw_id *id)
 {
     n->t.tw__expires = due; /* QUEUED_NS (for the ring: ring_take()) */
     n->t.tw__arg = arg;
     /* *@id before the push: the task may run at once and read it. */
     tw_id was = 0;
-    tw_id task = make_id(free_st, node_index(n));
     if (id != NULL) {
         was = *id;
         *id = task;
@@ -868,7 +870,7 @@ publish_exact(tw_service *s, struct prod *p, struct node *n, uint64_t free_st,
     uint64_t t = atomic_load_explicit(&p->tail, memory_order_relaxed);
     if (t != p->ring_end)
         return publish_ring(s, p, n, task, due, t, id, was);
-    return publish_full(s, p, n, free_st, id, was);
+    return publish_full(s, p, n, task, id, was);
 }
 
 /*
@@ -923,7 +925,7 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
     /* sched_publish() for an exact one-shot deadline, written out: through
      * sched_publish() a tw_schedule() runs 6.5% more instructions
      * (callgrind, bench_service --throughput --exact --producers 1). */
-    return publish_exact(s, p, v.n, v.st, arg,
+    return publish_exact(s, p, v.n, make_id(v.st, v.idx), arg,
                          add_sat(rel_ns_deadline(s), delay), id);
 }
 
@@ -949,12 +951,13 @@ schedule_hot(tw_service *s, struct prod *p, void *arg, uint64_t delay,
     /* @now is CLOCK_MONOTONIC (or the estimate, never earlier) and the
      * start a reading of it at create: not below it. */
     uint64_t due = add_sat(now - s->cfg.start_ns, delay);
-    uint64_t free_st = atomic_load_explicit(&n->state, memory_order_relaxed);
+    /* A node in a magazine holds its next id (node_handle()). */
+    tw_id task = n->t.tw__expires;
     atomic_store_explicit(
         &p->added, atomic_load_explicit(&p->added, memory_order_relaxed) + 1,
         memory_order_relaxed);
     TEST_HOOK(tw__service_reserved_hook, s);
-    return publish_exact(s, p, n, free_st, arg, due, id);
+    return publish_exact(s, p, n, task, arg, due, id);
 }
 
 /* tw_schedule() when schedule_hot() could not be taken at once: the
@@ -1723,14 +1726,14 @@ static __attribute__((noinline)) void ring_spill(tw_service *s, struct prod *p,
     }
 }
 
-/* Node @n (state @st), cancelled in producer @p's ring by its owner (the
+/* Node @n of task @id, cancelled in producer @p's ring by its owner (the
  * caller), is @p's again: the consumer will not read it. A new
  * generation, so that the id is stale, and into the magazine (or, beyond
  * MAG_NODES taken back, towards the pool: ring_spill()). */
 static inline void ring_reclaim(tw_service *s, struct prod *p, struct node *n,
-                                uint64_t st)
+                                tw_id id)
 {
-    node_release(n, st);
+    node_release_at(n, (uint32_t)id - 1, id);
     if (p->mag_back >= (int32_t)MAG_NODES) {
         ring_spill(s, p, n);
         return;
@@ -1804,7 +1807,7 @@ cancel_ring(tw_service *s, struct node *n, tw_id id, uint64_t st, bool drop)
             else if (drop)
                 pending_drop(s);
             if (mine)
-                ring_reclaim(s, p, n, st);
+                ring_reclaim(s, p, n, id);
             else
                 wake_for_cancel(s);
             return true;
