@@ -796,14 +796,15 @@ publish_ring(tw_service *s, struct prod *p, struct node *n, tw_id task,
 {
     uint64_t gen = task & ~UINT64_C(0xffffffff);
     uint32_t pos = (uint32_t)t & RING_MASK;
+    _Atomic uint64_t *ring = p->ring;
     n->t.tw__next = (tw_timer *)(uintptr_t)p->last_fidx;
-    atomic_store_explicit(&p->ring[pos], rs_word(task, RS_QUEUED),
+    atomic_store_explicit(&ring[pos], rs_word(task, RS_QUEUED),
                           memory_order_relaxed);
     atomic_store_explicit(&n->state,
                           gen | (uint64_t)(p->ring_tag | pos) << ST_PAY_SHIFT |
                               LOC_RING,
                           memory_order_release);
-    atomic_store_explicit(ring_done(p->ring, pos), 0, memory_order_relaxed);
+    atomic_store_explicit(ring_done(ring, pos), 0, memory_order_relaxed);
     atomic_exchange(&p->tail, t + 1);
     TEST_HOOK(tw__service_pushed_hook, s);
     if (atomic_load(&s->submit.pending) & STOPPED_BIT)
@@ -1840,10 +1841,11 @@ static inline __attribute__((always_inline)) bool cancel_id(tw_service *s,
     if (p != NULL && drop && (pay & ~RING_MASK) == p->ring_tag) {
         /* The slot names the task (generation and index, RS_QUEUED) only
          * while the task waits in it: the swap checks the id as well. */
+        _Atomic uint64_t *ring = p->ring;
         uint64_t v = rs_word(id, RS_QUEUED);
-        if (atomic_compare_exchange_strong(&p->ring[pay & RING_MASK], &v,
+        if (atomic_compare_exchange_strong(&ring[pay & RING_MASK], &v,
                                            rs_word(id, RS_DONE))) {
-            atomic_store_explicit(ring_done(p->ring, pay & RING_MASK), 1,
+            atomic_store_explicit(ring_done(ring, pay & RING_MASK), 1,
                                   memory_order_relaxed);
             prod_drop(p);
             ring_reclaim(s, p, n, id);

@@ -288,7 +288,7 @@ _Static_assert(((MAX_PRODS - 1u) << RING_BITS | RING_MASK) < (1u << 24),
  */
 static inline _Atomic uint8_t *ring_done(_Atomic uint64_t *ring, uint32_t pos)
 {
-    return (_Atomic uint8_t *)(void *)(ring + RING_SLOTS) + pos;
+    return (_Atomic uint8_t *)(void *)(ring + RING_SLOTS) + (size_t)pos;
 }
 
 struct prod {
