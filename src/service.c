@@ -50,6 +50,7 @@ void (*tw__service_drained_hook)(tw_service *s);
 void (*tw__service_sum_hook)(tw_service *s);
 void (*tw__service_lazy_hook)(tw_service *s, tw_id id, uint64_t now);
 void (*tw__service_ring_hook)(tw_service *s, tw_id id, bool taken);
+void (*tw__service_cancel_ring_hook)(tw_service *s, tw_id id);
 #define TEST_HOOK(hook, ...)                                                   \
     do {                                                                       \
         if ((hook) != NULL)                                                    \
@@ -342,6 +343,27 @@ static void prod_key_init(void)
     prod_key_rc = pthread_key_create(&prod_key, prod_thread_exit);
 }
 
+/* A ring of 2^@bits slots (counted in @s's memory), or NULL. */
+static struct ring *ring_new(tw_service *s, unsigned bits)
+{
+    uint32_t mask = (UINT32_C(1) << bits) - 1;
+    struct ring *r = tw__calloc(1, ring_bytes(mask));
+    if (r != NULL) {
+        r->mask = mask;
+        atomic_fetch_add_explicit(&s->mem, ring_bytes(mask),
+                                  memory_order_relaxed);
+    }
+    return r;
+}
+
+/* Producer @p's owner's copies of ring @r's slots, bytes and mask. */
+static void prod_ring_use(struct prod *p, struct ring *r)
+{
+    p->ring_slot = r->slot;
+    p->ring_byte = ring_done(r, r->mask, 0);
+    p->ring_mask = r->mask;
+}
+
 /* A producer's hot_fn while no call may take schedule_hot(): a function
  * no caller has, as tw_schedule() tests fn against hot_fn only. */
 static void no_fn(tw_id id, void *arg)
@@ -375,13 +397,14 @@ static struct prod *prod_adopt(tw_service *s)
     if (p != NULL) {
         atomic_init(&p->owned, true);
         p->ring_tag = n << RING_BITS;
-        /* Without its ring the producer uses its stack only. */
-        p->ring = tw__calloc(RING_SLOTS, sizeof(*p->ring) + 1);
         p->hot_fn = no_fn;
-        atomic_fetch_add_explicit(
-            &s->mem,
-            sizeof(*p) + (p->ring ? RING_SLOTS * (sizeof(*p->ring) + 1) : 0),
-            memory_order_relaxed);
+        /* Without its ring the producer uses its stack only. */
+        struct ring *r = ring_new(s, RING_MIN_BITS);
+        if (r != NULL)
+            prod_ring_use(p, r);
+        p->ring_cap = RING_SLOTS;
+        atomic_init(&p->ring, r);
+        atomic_fetch_add_explicit(&s->mem, sizeof(*p), memory_order_relaxed);
     }
     /* A slot that stays NULL (no memory) is skipped by everybody. */
     atomic_store_explicit(&s->prods.slot[n], p, memory_order_release);
@@ -747,7 +770,7 @@ static __attribute__((noinline)) int ring_undo(struct prod *p, struct node *n,
                                                tw_id *id, tw_id was)
 {
     uint64_t v = rs_word(task, RS_QUEUED);
-    if (!atomic_compare_exchange_strong(&p->ring[pos], &v,
+    if (!atomic_compare_exchange_strong(&p->ring_slot[pos], &v,
                                         rs_word(task, RS_WITHDRAWN)))
         return 0;
     prod_drop(p);
@@ -795,21 +818,43 @@ publish_ring(tw_service *s, struct prod *p, struct node *n, tw_id task,
              uint64_t due, uint64_t t, tw_id *id, tw_id was)
 {
     uint64_t gen = task & ~UINT64_C(0xffffffff);
-    uint32_t pos = (uint32_t)t & RING_MASK;
-    _Atomic uint64_t *ring = p->ring;
+    uint32_t pos = (uint32_t)t & p->ring_mask;
     n->t.tw__next = (tw_timer *)(uintptr_t)p->last_fidx;
-    atomic_store_explicit(&ring[pos], rs_word(task, RS_QUEUED),
+    atomic_store_explicit(&p->ring_slot[pos], rs_word(task, RS_QUEUED),
                           memory_order_relaxed);
     atomic_store_explicit(&n->state,
                           gen | (uint64_t)(p->ring_tag | pos) << ST_PAY_SHIFT |
                               LOC_RING,
                           memory_order_release);
-    atomic_store_explicit(ring_done(ring, pos), 0, memory_order_relaxed);
+    atomic_store_explicit(&p->ring_byte[pos], 0, memory_order_relaxed);
     atomic_exchange(&p->tail, t + 1);
     TEST_HOOK(tw__service_pushed_hook, s);
     if (atomic_load(&s->submit.pending) & STOPPED_BIT)
         return ring_undo(p, n, task, pos, id, was);
     return wake_for_due(s, due);
+}
+
+/*
+ * Producer @p's ring, found full before and empty now (the consumer has
+ * taken every slot up to tail): a ring twice its size in its place, or,
+ * without the memory, the same ring for good. See struct ring.
+ * Context: @p's owner.
+ */
+static __attribute__((noinline)) void prod_ring_grow(tw_service *s,
+                                                     struct prod *p)
+{
+    struct ring *old = atomic_load_explicit(&p->ring, memory_order_relaxed);
+    struct ring *r = NULL;
+    p->ring_grow = false;
+    if (p->ring_old_n == RING_GROWS ||
+        (r = ring_new(s, (unsigned)__builtin_ctz(old->mask + 1) + 1)) == NULL) {
+        p->ring_cap = old->mask + 1;
+        return;
+    }
+    p->ring_old[p->ring_old_n++] = old;
+    prod_ring_use(p, r);
+    /* Published to the consumer by the next exchange of tail. */
+    atomic_store_explicit(&p->ring, r, memory_order_release);
 }
 
 /*
@@ -827,16 +872,23 @@ static __attribute__((noinline)) int publish_full(tw_service *s, struct prod *p,
     uint64_t gen = task & ~UINT64_C(0xffffffff);
     uint64_t due = n->t.tw__expires;
     uint64_t t = atomic_load_explicit(&p->tail, memory_order_relaxed);
-    if (p->ring != NULL) {
-        p->ring_end =
-            atomic_load_explicit(&p->head, memory_order_acquire) + RING_SLOTS;
-        if (t != p->ring_end)
-            return publish_ring(s, p, n, task, due, t, id, was);
+    if (atomic_load_explicit(&p->ring, memory_order_relaxed) != NULL) {
+        uint64_t h = atomic_load_explicit(&p->head, memory_order_acquire);
+        if (p->ring_grow && h == t)
+            prod_ring_grow(s, p);
+        if (!p->ring_grow) {
+            p->ring_end = h + p->ring_mask + 1;
+            if (t != p->ring_end)
+                return publish_ring(s, p, n, task, due, t, id, was);
+            /* Full. A ring that may grow takes nothing more until it is
+             * empty again (the consumer takes it within a tick), then
+             * grows; meanwhile, the stack. */
+            p->ring_grow = p->ring_mask + 1 < p->ring_cap;
+        }
     }
-    atomic_store_explicit(&n->state,
-                          gen | ((uint64_t)p->last_fidx << ST_PAY_SHIFT) |
-                              LOC_QUEUED,
-                          memory_order_release);
+    atomic_store_explicit(
+        &n->state, gen | ((uint64_t)p->last_fidx << ST_PAY_SHIFT) | LOC_QUEUED,
+        memory_order_release);
     n->t.tw__pprev = QUEUED_NS; /* tw__next: the link */
     stack_push(&p->subq, n);
     TEST_HOOK(tw__service_pushed_hook, s);
@@ -1177,10 +1229,10 @@ static inline unsigned subq_drain(tw_service *s, unsigned max,
  * Context: the consumer (the timer thread, or stop once it is joined).
  */
 static unsigned
-ring_take(tw_service *s, struct prod *p, uint32_t pos,
+ring_take(tw_service *s, struct prod *p, struct ring *r, uint32_t pos,
           void (*take)(tw_service *s, struct node *n, void *ctx), void *ctx)
 {
-    _Atomic uint64_t *w = &p->ring[pos];
+    _Atomic uint64_t *w = &r->slot[pos];
     uint64_t v = atomic_load_explicit(w, memory_order_acquire);
     if (rs_state(v) == RS_QUEUED)
         TEST_HOOK(tw__service_ring_hook, s, rs_id(v), false);
@@ -1230,10 +1282,15 @@ static unsigned ring_drain(tw_service *s, unsigned max,
     for (uint32_t k = 0; k < np && k < MAX_PRODS; k++) {
         struct prod *p =
             atomic_load_explicit(&s->prods.slot[k], memory_order_acquire);
-        if (p == NULL || p->ring == NULL)
+        if (p == NULL)
             continue;
         uint64_t h = atomic_load_explicit(&p->head, memory_order_relaxed);
         uint64_t t = atomic_load(&p->tail);
+        /* After tail: the ring its slots up to tail went into (the owner
+         * changes it only when it has found the ring empty). */
+        struct ring *r = atomic_load_explicit(&p->ring, memory_order_acquire);
+        if (r == NULL)
+            continue;
         if (t - h > max - done) {
             t = h + (max - done);
             *left = true;
@@ -1242,11 +1299,12 @@ static unsigned ring_drain(tw_service *s, unsigned max,
         /* Newest first, as from a stack: the wheel fires tasks of one
          * tick in the order they were scheduled. */
         for (uint64_t i = t; i != h; i--) {
-            uint32_t pos = (uint32_t)(i - 1) & RING_MASK;
-            if (atomic_load_explicit(ring_done(p->ring, pos), memory_order_relaxed))
+            uint32_t pos = (uint32_t)(i - 1) & r->mask;
+            if (atomic_load_explicit(ring_done(r, r->mask, pos),
+                                     memory_order_relaxed))
                 owner_cancelled++; /* RS_DONE: no need to read the slot */
             else
-                owner_cancelled += ring_take(s, p, pos, take, ctx);
+                owner_cancelled += ring_take(s, p, r, pos, take, ctx);
         }
         atomic_store_explicit(&p->head, t, memory_order_release);
     }
@@ -1263,7 +1321,7 @@ static bool ring_any(tw_service *s)
     for (uint32_t k = 0; k < np && k < MAX_PRODS; k++) {
         struct prod *p =
             atomic_load_explicit(&s->prods.slot[k], memory_order_acquire);
-        if (p != NULL && p->ring != NULL &&
+        if (p != NULL &&
             atomic_load(&p->tail) !=
                 atomic_load_explicit(&p->head, memory_order_relaxed))
             return true;
@@ -1794,7 +1852,13 @@ cancel_ring(tw_service *s, struct node *n, tw_id id, uint64_t st, bool drop)
     uint32_t pay = ST_PAY(st);
     struct prod *rp = atomic_load_explicit(&s->prods.slot[pay >> RING_BITS],
                                            memory_order_acquire);
-    _Atomic uint64_t *w = &rp->ring[pay & RING_MASK];
+    TEST_HOOK(tw__service_cancel_ring_hook, s, id);
+    /* The ring the task went into, or a later one (then its slot is not
+     * the task's: the consumer has taken it). */
+    struct ring *r = atomic_load_explicit(&rp->ring, memory_order_acquire);
+    if ((pay & RING_MASK) > r->mask)
+        return cancel_state(s, n, id, atomic_load(&n->state), drop);
+    _Atomic uint64_t *w = &r->slot[pay & RING_MASK];
     uint64_t v = atomic_load(w);
     if (v == rs_word(id, RS_QUEUED)) {
         struct prod *p = prod_first(s);
@@ -1841,12 +1905,11 @@ static inline __attribute__((always_inline)) bool cancel_id(tw_service *s,
     if (p != NULL && drop && (pay & ~RING_MASK) == p->ring_tag) {
         /* The slot names the task (generation and index, RS_QUEUED) only
          * while the task waits in it: the swap checks the id as well. */
-        _Atomic uint64_t *ring = p->ring;
+        uint32_t pos = pay & RING_MASK; /* within this ring: rings grow */
         uint64_t v = rs_word(id, RS_QUEUED);
-        if (atomic_compare_exchange_strong(&ring[pay & RING_MASK], &v,
+        if (atomic_compare_exchange_strong(&p->ring_slot[pos], &v,
                                            rs_word(id, RS_DONE))) {
-            atomic_store_explicit(ring_done(ring, pay & RING_MASK), 1,
-                                  memory_order_relaxed);
+            atomic_store_explicit(&p->ring_byte[pos], 1, memory_order_relaxed);
             prod_drop(p);
             ring_reclaim(s, p, n, id);
             return true;
@@ -2273,8 +2336,11 @@ int tw_service_destroy(tw_service *s)
     reg_remove(s);
     for (uint32_t k = 0; k < atomic_load(&s->prods.n) && k < MAX_PRODS; k++) {
         struct prod *p = atomic_load(&s->prods.slot[k]);
-        if (p != NULL)
-            tw__free((void *)p->ring);
+        if (p != NULL) {
+            tw__free(atomic_load(&p->ring));
+            for (unsigned i = 0; i < p->ring_old_n; i++)
+                tw__free(p->ring_old[i]);
+        }
         tw__free(p);
     }
     tw__pool_destroy(&s->pool);

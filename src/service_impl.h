@@ -249,8 +249,34 @@ struct tw__tsc; /* src/service_clock.h */
  * into the state word when it takes the node.
  */
 #define RING_BITS 16
-#define RING_SLOTS (1u << RING_BITS)
-#define RING_MASK (RING_SLOTS - 1u)
+#define RING_SLOTS (1u << RING_BITS) /* the most a ring grows to */
+#define RING_MASK (RING_SLOTS - 1u)  /* a place's position, in any ring */
+#define RING_MIN_BITS 10
+#define RING_GROWS (RING_BITS - RING_MIN_BITS)
+
+/*
+ * A ring: its slots, then one byte per slot (ring_done()). A producer's
+ * ring starts with 2^RING_MIN_BITS slots (9 KiB) and doubles, up to
+ * RING_SLOTS (576 KiB), each time it was found full, at the first call
+ * that finds it empty after that (prod_ring_grow()): the consumer has
+ * then taken every slot, so no slot of the old ring is read again by the
+ * owner or the consumer. A cancel from another thread may still be
+ * looking at the old ring (it read the producer's ring just before the
+ * switch); that ring stays until the service is destroyed (at most
+ * RING_GROWS of them, less memory than the last ring), and a slot of it
+ * then only says RS_TAKEN or another task's id.
+ */
+struct ring {
+    uint32_t mask; /* slots - 1 */
+    _Atomic uint64_t slot[];
+};
+
+/* The size of a ring of @mask + 1 slots, in bytes. */
+static inline size_t ring_bytes(uint32_t mask)
+{
+    return sizeof(struct ring) + ((size_t)mask + 1) * (sizeof(uint64_t) + 1);
+}
+
 #define RS_SHIFT 29
 #define RS_MASK (UINT64_C(7) << RS_SHIFT)
 enum { RS_QUEUED = 1, RS_TAKEN, RS_DONE, RS_CANCELLED, RS_WITHDRAWN };
@@ -283,12 +309,14 @@ _Static_assert(((MAX_PRODS - 1u) << RING_BITS | RING_MASK) < (1u << 24),
  * the slot's task (RS_DONE), 0 from its schedule call on. The consumer
  * reads it first and skips the slot when set: 64 slots to a line instead
  * of 8, so the lines the owner rewrites a lap later are fewer that the
- * consumer has read. A hint only: RS_DONE decides. At a fixed distance
- * from the slot, so that no pointer of its own is loaded.
+ * consumer has read. A hint only: RS_DONE decides. Ring @r has @mask + 1
+ * slots.
  */
-static inline _Atomic uint8_t *ring_done(_Atomic uint64_t *ring, uint32_t pos)
+static inline _Atomic uint8_t *ring_done(struct ring *r, uint32_t mask,
+                                         uint32_t pos)
 {
-    return (_Atomic uint8_t *)(void *)(ring + RING_SLOTS) + (size_t)pos;
+    return (_Atomic uint8_t *)(void *)(r->slot + (size_t)mask + 1) +
+           (size_t)pos;
 }
 
 struct prod {
@@ -322,12 +350,22 @@ struct prod {
     /* last_fn on a service that may take schedule_hot() (cfg.hot), else
      * no_fn, as it is at first: tw_schedule()'s one test for both. */
     tw_task_fn hot_fn;
-    uint64_t ring_end;      /* head + RING_SLOTS as last read: tail stops
-                               there (0 without a ring: the stack only) */
-    uint32_t ring_tag;      /* this producer's index << RING_BITS */
-    /* RING_SLOTS slots, or NULL (no memory), then one byte per slot
-     * (ring_done()). */
-    _Atomic uint64_t *ring;
+    uint64_t ring_end; /* head + the ring's slots as last read: tail
+                          stops there (0 without a ring: the stack only;
+                          tail while the ring waits to grow) */
+    uint32_t ring_tag; /* this producer's index << RING_BITS */
+    /* The owner's copies of the ring's slots, bytes and mask. */
+    _Atomic uint64_t *ring_slot;
+    _Atomic uint8_t *ring_byte;
+    uint32_t ring_mask;
+    uint32_t ring_cap;  /* the most slots it may grow to */
+    bool ring_grow;     /* found full: grows once it is found empty */
+    uint8_t ring_old_n; /* rings it outgrew */
+    /* The ring, NULL without one (no memory). Only the owner changes it
+     * (prod_ring_grow()); the consumer reads it after tail, other threads'
+     * cancels when they find a task in it. */
+    struct ring *_Atomic ring;
+    struct ring *ring_old[RING_GROWS]; /* freed with the service */
     PAD(2);
 };
 
