@@ -99,6 +99,44 @@ static void release_timer(void)
     atomic_store(&hd.hold, 0);
 }
 
+static unsigned loc_of(tw_service *s, tw_id id)
+{
+    return ST_LOC(atomic_load(&node_at(&s->pool, (uint32_t)id - 1)->state));
+}
+
+/* The end of a test none of whose tasks ran: wait until the timer
+ * thread has counted @cancelled cancels, free @ids, stop (nothing ran),
+ * destroy. */
+static void end_quiet(tw_service *s, struct runs *r, uint64_t cancelled,
+                      tw_id *ids)
+{
+    WAIT_FOR(cancelled_count(s) == cancelled, 10);
+    free(ids);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    ASSERT_EQ(atomic_load(&r->n), 0);
+    tw_service_destroy(s);
+}
+
+/* With the timer thread held, fill producer @p's ring (this thread's
+ * producer) and put one more task on its stack. Returns their ids (the
+ * ring's slots + 1 of them, *@slots the ring's slots) in an array with
+ * room for one more. */
+static tw_id *fill_ring(tw_service *s, struct prod *p, struct runs *r,
+                        uint32_t *slots)
+{
+    uint32_t n = p->ring_mask + 1;
+    tw_id *ids = calloc((size_t)n + 2, sizeof(*ids));
+    ASSERT(ids != NULL);
+    tw__service_sync(s);
+    hold_timer(s);
+    for (uint32_t i = 0; i <= n; i++)
+        ASSERT_EQ(tw_schedule(s, runs_task, r, 10 * SEC, &ids[i]), 0);
+    ASSERT_EQ(loc_of(s, ids[n - 1]), LOC_RING);
+    ASSERT_EQ(loc_of(s, ids[n]), LOC_QUEUED); /* full: the stack */
+    *slots = n;
+    return ids;
+}
+
 /* ------------------------------------------------------------------------ */
 /* The owner cancels a task in its ring: true once, then false; the record
  * goes straight back to its magazine (the next call gets the same index,
@@ -454,25 +492,18 @@ static void *burst_main(void *arg)
 static uint64_t grow_ring(tw_service *s, struct prod *p, uint32_t want)
 {
     uint64_t n = 0;
-    tw_id *ids = calloc((size_t)want + 1, sizeof(*ids));
-    ASSERT(ids != NULL);
     while (p->ring_mask + 1 < want) {
-        uint32_t slots = p->ring_mask + 1;
-        tw__service_sync(s);
-        hold_timer(s);
-        for (uint32_t i = 0; i <= slots; i++)
-            ASSERT_EQ(
-                tw_schedule(s, runs_task, &(struct runs){0}, 10 * SEC, &ids[i]),
-                0);
+        uint32_t slots;
+        tw_id *ids = fill_ring(s, p, &(struct runs){0}, &slots);
         release_timer();
         WAIT_FOR(rings_empty(s), 10);
         for (uint32_t i = 0; i <= slots; i++)
             ASSERT(tw_cancel(s, ids[i]));
+        free(ids);
         warm(s); /* finds the ring empty: it grows */
         n += slots + 2;
         ASSERT_EQ(p->ring_mask + 1, 2 * slots);
     }
-    free(ids);
     return n;
 }
 
@@ -594,11 +625,6 @@ static struct {
     bool in_ring, won, again;
 } tp;
 
-static unsigned loc_of(tw_service *s, tw_id id)
-{
-    return ST_LOC(atomic_load(&node_at(&s->pool, (uint32_t)id - 1)->state));
-}
-
 static void tp_task(tw_id self, void *arg)
 {
     (void)self;
@@ -683,11 +709,7 @@ static void test_ring_lap(void)
         ASSERT(tw_cancel(s, ids[i]) && !tw_cancel(s, ids[i]));
     ASSERT_EQ(tw_service_pending(s), 0);
     release_timer();
-    WAIT_FOR(cancelled_count(s) == 2 + 2 * (uint64_t)N, 10);
-    free(ids);
-    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
-    ASSERT_EQ(atomic_load(&r.n), 0);
-    tw_service_destroy(s);
+    end_quiet(s, &r, 2 + 2 * (uint64_t)N, ids);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -736,18 +758,11 @@ static void test_ring_grows(void)
     ASSERT_EQ(p->ring_old_n, 0);
     p->ring_cap = 4u << RING_MIN_BITS; /* two doublings, then the cap */
     struct runs r = {0};
-    tw_id *ids = calloc((4u << RING_MIN_BITS) + 2, sizeof(*ids));
-    ASSERT(ids != NULL);
     uint64_t all = 1;
     for (unsigned round = 0; round < 3; round++) {
-        uint32_t slots = p->ring_mask + 1;
         struct ring *before = atomic_load(&p->ring);
-        tw__service_sync(s);
-        hold_timer(s);
-        for (uint32_t i = 0; i <= slots; i++)
-            ASSERT_EQ(tw_schedule(s, runs_task, &r, 10 * SEC, &ids[i]), 0);
-        ASSERT_EQ(loc_of(s, ids[slots - 1]), LOC_RING);
-        ASSERT_EQ(loc_of(s, ids[slots]), LOC_QUEUED); /* full: the stack */
+        uint32_t slots;
+        tw_id *ids = fill_ring(s, p, &r, &slots);
         ASSERT_EQ(p->ring_grow, round < 2);
         ASSERT(atomic_load(&p->ring) == before);
         release_timer();
@@ -768,12 +783,9 @@ static void test_ring_grows(void)
             ASSERT(tw_cancel(s, ids[i]) && !tw_cancel(s, ids[i]));
         all += slots + 2;
         ASSERT_EQ(tw_service_pending(s), 0);
+        free(ids);
     }
-    WAIT_FOR(cancelled_count(s) == all, 10);
-    free(ids);
-    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
-    ASSERT_EQ(atomic_load(&r.n), 0);
-    tw_service_destroy(s);
+    end_quiet(s, &r, all, NULL);
 }
 
 /* Without the memory for a bigger ring, the producer keeps its ring for
@@ -783,14 +795,9 @@ static void test_ring_grow_fails(void)
     tw_service *s = real_service();
     warm(s);
     struct prod *p = prod_at(s, 0);
-    uint32_t slots = p->ring_mask + 1;
     struct runs r = {0};
-    tw_id *ids = calloc(slots + 2, sizeof(*ids));
-    ASSERT(ids != NULL);
-    tw__service_sync(s);
-    hold_timer(s);
-    for (uint32_t i = 0; i <= slots; i++)
-        ASSERT_EQ(tw_schedule(s, runs_task, &r, 10 * SEC, &ids[i]), 0);
+    uint32_t slots;
+    tw_id *ids = fill_ring(s, p, &r, &slots);
     ASSERT(p->ring_grow);
     release_timer();
     WAIT_FOR(rings_empty(s), 10);
@@ -805,11 +812,7 @@ static void test_ring_grow_fails(void)
     for (uint32_t i = 0; i <= slots + 1; i++)
         ASSERT(tw_cancel(s, ids[i]));
     ASSERT_EQ(tw_service_pending(s), 0);
-    WAIT_FOR(cancelled_count(s) == 3 + (uint64_t)slots, 10);
-    free(ids);
-    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
-    ASSERT_EQ(atomic_load(&r.n), 0);
-    tw_service_destroy(s);
+    end_quiet(s, &r, 3 + (uint64_t)slots, ids);
 }
 
 /* Another thread's cancel reads the task's state word (in the ring) and
@@ -843,14 +846,9 @@ static void test_cancel_reads_grown_ring(void)
     tw_service *s = real_service();
     warm(s);
     struct prod *p = prod_at(s, 0);
-    uint32_t slots = p->ring_mask + 1;
     struct runs r = {0};
-    tw_id *ids = calloc(slots + 2, sizeof(*ids));
-    ASSERT(ids != NULL);
-    tw__service_sync(s);
-    hold_timer(s);
-    for (uint32_t i = 0; i <= slots; i++)
-        ASSERT_EQ(tw_schedule(s, runs_task, &r, 10 * SEC, &ids[i]), 0);
+    uint32_t slots;
+    tw_id *ids = fill_ring(s, p, &r, &slots);
     tw_id victim = ids[5];
     ASSERT_EQ(loc_of(s, victim), LOC_RING);
     atomic_store(&cg.id, victim);
@@ -875,11 +873,7 @@ static void test_cancel_reads_grown_ring(void)
         if (ids[i] != victim)
             ASSERT(tw_cancel(s, ids[i]));
     ASSERT_EQ(tw_service_pending(s), 0);
-    WAIT_FOR(cancelled_count(s) == 3 + (uint64_t)slots, 10);
-    free(ids);
-    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
-    ASSERT_EQ(atomic_load(&r.n), 0);
-    tw_service_destroy(s);
+    end_quiet(s, &r, 3 + (uint64_t)slots, ids);
 }
 
 int main(int argc, char **argv)
