@@ -110,6 +110,10 @@ extern void (*tw__service_lazy_hook)(struct tw_service *s, uint64_t id,
  * state word on (@taken true). */
 extern void (*tw__service_ring_hook)(struct tw_service *s, uint64_t id,
                                      bool taken);
+/* tw__service_cancel_ring_hook: a cancel of task @id by a thread other
+ * than its ring's owner has read the task's state word (in a ring) and
+ * not yet the producer's ring. */
+extern void (*tw__service_cancel_ring_hook)(struct tw_service *s, uint64_t id);
 /* tw__durable_index_hook: a journal listing that builds the ordered index
  * has let go of the store's lock between two steps of the build. */
 struct tw_durable;

@@ -50,6 +50,7 @@ void (*tw__service_drained_hook)(tw_service *s);
 void (*tw__service_sum_hook)(tw_service *s);
 void (*tw__service_lazy_hook)(tw_service *s, tw_id id, uint64_t now);
 void (*tw__service_ring_hook)(tw_service *s, tw_id id, bool taken);
+void (*tw__service_cancel_ring_hook)(tw_service *s, tw_id id);
 #define TEST_HOOK(hook, ...)                                                   \
     do {                                                                       \
         if ((hook) != NULL)                                                    \
@@ -302,6 +303,7 @@ static void prod_release(struct prod_ref *r)
         }
     pthread_mutex_unlock(&reg_mu);
     r->s = NULL;
+    r->p = NULL; /* prod_first() reads s == NULL as "no producer" */
 }
 
 /* Enter @s in the registry of live services. */
@@ -341,6 +343,35 @@ static void prod_key_init(void)
     prod_key_rc = pthread_key_create(&prod_key, prod_thread_exit);
 }
 
+/* A ring of 2^@bits slots (counted in @s's memory), or NULL. */
+static struct ring *ring_new(tw_service *s, unsigned bits)
+{
+    uint32_t mask = (UINT32_C(1) << bits) - 1;
+    struct ring *r = tw__calloc(1, ring_bytes(mask));
+    if (r != NULL) {
+        r->mask = mask;
+        atomic_fetch_add_explicit(&s->mem, ring_bytes(mask),
+                                  memory_order_relaxed);
+    }
+    return r;
+}
+
+/* Producer @p's owner's copies of ring @r's slots, bytes and mask. */
+static void prod_ring_use(struct prod *p, struct ring *r)
+{
+    p->ring_slot = r->slot;
+    p->ring_byte = ring_done(r, r->mask, 0);
+    p->ring_mask = r->mask;
+}
+
+/* A producer's hot_fn while no call may take schedule_hot(): a function
+ * no caller has, as tw_schedule() tests fn against hot_fn only. */
+static void no_fn(tw_id id, void *arg)
+{
+    (void)id;
+    (void)arg;
+}
+
 /* An unowned producer of @s, now ours, or a new one; NULL if none can be
  * had (all MAX_PRODS taken, or no memory). */
 static struct prod *prod_adopt(tw_service *s)
@@ -366,14 +397,14 @@ static struct prod *prod_adopt(tw_service *s)
     if (p != NULL) {
         atomic_init(&p->owned, true);
         p->ring_tag = n << RING_BITS;
+        p->hot_fn = no_fn;
         /* Without its ring the producer uses its stack only. */
-        p->ring = tw__calloc(RING_SLOTS, sizeof(*p->ring) + 1);
-        if (p->ring != NULL)
-            p->done = (_Atomic uint8_t *)(void *)(p->ring + RING_SLOTS);
-        atomic_fetch_add_explicit(
-            &s->mem,
-            sizeof(*p) + (p->ring ? RING_SLOTS * (sizeof(*p->ring) + 1) : 0),
-            memory_order_relaxed);
+        struct ring *r = ring_new(s, RING_MIN_BITS);
+        if (r != NULL)
+            prod_ring_use(p, r);
+        p->ring_cap = RING_SLOTS;
+        atomic_init(&p->ring, r);
+        atomic_fetch_add_explicit(&s->mem, sizeof(*p), memory_order_relaxed);
     }
     /* A slot that stays NULL (no memory) is skipped by everybody. */
     atomic_store_explicit(&s->prods.slot[n], p, memory_order_release);
@@ -414,8 +445,12 @@ static inline struct prod *prod_cached(tw_service *s)
  * a thread's first service is (prod_claim()); NULL if it is not there. */
 static inline struct prod *prod_first(const tw_service *s)
 {
-    return prod_cache[0].s == s && prod_cache[0].serial == s->prods.serial
-               ? prod_cache[0].p
+    /* An entry names a service (s != NULL) exactly when it holds a
+     * producer, so that @s NULL finds none without a test of its own. */
+    struct prod *p = prod_cache[0].p;
+    return prod_cache[0].s == s && p != NULL &&
+                   prod_cache[0].serial == s->prods.serial
+               ? p
                : NULL;
 }
 
@@ -672,6 +707,7 @@ static inline bool mag_take(tw_service *s, struct prod *p, struct reserved *v)
 /* Put back what mag_take() gave (*@v). */
 static void mag_put(struct prod *p, const struct reserved *v)
 {
+    v->n->t.tw__expires = node_handle(v->st, node_index(v->n));
     atomic_store_explicit(&v->n->state, v->st, memory_order_relaxed);
     v->n->t.tw__next = p->mag != NULL ? &p->mag->t : NULL;
     p->mag = v->n;
@@ -725,126 +761,169 @@ static __attribute__((noinline)) int schedule_undo(tw_service *s,
 /*
  * Stop has begun after publish_ring() published node @n in slot @pos of
  * producer @p's ring: withdraw it unless the consumer (stop) took it or a
- * cancel won (then the call has succeeded). Returns TW_ESHUTDOWN (the node
- * back in the magazine as @free_st, the count dropped, *@id back to @was)
- * or 0. Context: @p's owner.
+ * cancel won (then the call has succeeded); @task is its id. Returns
+ * TW_ESHUTDOWN (the node back in the magazine, FREE in its generation,
+ * the count dropped, *@id back to @was) or 0. Context: @p's owner.
  */
 static __attribute__((noinline)) int ring_undo(struct prod *p, struct node *n,
-                                               uint64_t free_st, uint32_t pos,
+                                               tw_id task, uint32_t pos,
                                                tw_id *id, tw_id was)
 {
-    uint64_t v = ring_word(free_st, node_index(n)) | RS_QUEUED;
-    if (!atomic_compare_exchange_strong(&p->ring[pos], &v,
-                                        (v & ~RS_MASK) | RS_WITHDRAWN))
+    uint64_t v = rs_word(task, RS_QUEUED);
+    if (!atomic_compare_exchange_strong(&p->ring_slot[pos], &v,
+                                        rs_word(task, RS_WITHDRAWN)))
         return 0;
     prod_drop(p);
-    mag_put(p, &(struct reserved){.n = n, .st = free_st});
+    n->t.tw__expires = task;
+    atomic_store_explicit(&n->state, task & ~UINT64_C(0xffffffff),
+                          memory_order_relaxed);
+    n->t.tw__next = p->mag != NULL ? &p->mag->t : NULL;
+    p->mag = n;
     if (id != NULL)
         *id = was;
     return TW_ESHUTDOWN;
 }
 
+/* wake_for_due() when the timer thread sleeps past the task's tick (or
+ * is being woken): out of line, so that the producers' fast path makes
+ * no call and keeps its values in caller-saved registers. Returns 0. */
+static __attribute__((noinline)) int wake_for_due_slow(tw_service *s,
+                                                       uint64_t due)
+{
+    wake_for_tick(s, ceil_tick(s, due));
+    return 0;
+}
+
 /* After the publication of a task due @due ns after the start: wake the
- * timer thread if it sleeps past the task's tick. */
-static inline __attribute__((always_inline)) void wake_for_due(tw_service *s,
-                                                               uint64_t due)
+ * timer thread if it sleeps past the task's tick. Returns 0. */
+static inline __attribute__((always_inline)) int wake_for_due(tw_service *s,
+                                                              uint64_t due)
 {
     if (due < atomic_load(&s->timer.wake_ns)) /* tick < sleep_until */
-        wake_for_tick(s, ceil_tick(s, due));
+        return wake_for_due_slow(s, due);
+    return 0;
 }
 
 /*
- * Publish node @n (filled by publish_exact(); @free_st its FREE state,
- * @fidx its function's entry, *@id already set, @was its old value) in
- * slot @t of producer @p's ring, which has room, then the stop check and
- * the wake-up. The slot is written before the state word, so that whoever
- * sees LOC_RING sees the slot; the exchange of tail publishes both and is
- * the full barrier between them and the read of wake_ns (see
- * schedule_fast()). Context: @p's owner.
+ * Publish node @n (filled by publish_exact() for task @task, its
+ * function's entry in p->last_fidx, *@id already set, @was its old
+ * value) in slot @t of producer @p's ring, which has room, then the stop
+ * check and the wake-up. The slot is written before the state word, so
+ * that whoever sees LOC_RING sees the slot; the exchange of tail
+ * publishes both and is the full barrier between them and the read of
+ * wake_ns (see schedule_fast()). Context: @p's owner.
  */
 static inline __attribute__((always_inline)) int
-publish_ring(tw_service *s, struct prod *p, struct node *n, uint32_t idx,
-             uint64_t free_st, uint32_t fidx, uint64_t due, uint64_t t,
-             tw_id *id, tw_id was)
+publish_ring(tw_service *s, struct prod *p, struct node *n, tw_id task,
+             uint64_t due, uint64_t t, tw_id *id, tw_id was)
 {
-    uint64_t gen = free_st & ~UINT64_C(0xffffffff);
-    uint32_t pos = (uint32_t)t & RING_MASK;
-    n->t.tw__next = (tw_timer *)(uintptr_t)fidx;
-    atomic_store_explicit(&p->ring[pos], ring_word(gen, idx) | RS_QUEUED,
+    uint64_t gen = task & ~UINT64_C(0xffffffff);
+    uint32_t pos = (uint32_t)t & p->ring_mask;
+    n->t.tw__next = (tw_timer *)(uintptr_t)p->last_fidx;
+    atomic_store_explicit(&p->ring_slot[pos], rs_word(task, RS_QUEUED),
                           memory_order_relaxed);
     atomic_store_explicit(&n->state,
                           gen | (uint64_t)(p->ring_tag | pos) << ST_PAY_SHIFT |
                               LOC_RING,
                           memory_order_release);
-    atomic_store_explicit(&p->done[pos], 0, memory_order_relaxed);
+    atomic_store_explicit(&p->ring_byte[pos], 0, memory_order_relaxed);
     atomic_exchange(&p->tail, t + 1);
     TEST_HOOK(tw__service_pushed_hook, s);
     if (atomic_load(&s->submit.pending) & STOPPED_BIT)
-        return ring_undo(p, n, free_st, pos, id, was);
-    wake_for_due(s, due);
-    return 0;
+        return ring_undo(p, n, task, pos, id, was);
+    return wake_for_due(s, due);
+}
+
+/*
+ * Producer @p's ring, found full before and empty now (the consumer has
+ * taken every slot up to tail): a ring twice its size in its place, or,
+ * without the memory, the same ring for good. See struct ring.
+ * Context: @p's owner.
+ */
+static __attribute__((noinline)) void prod_ring_grow(tw_service *s,
+                                                     struct prod *p)
+{
+    struct ring *old = atomic_load_explicit(&p->ring, memory_order_relaxed);
+    struct ring *r = NULL;
+    p->ring_grow = false;
+    if (p->ring_old_n == RING_GROWS ||
+        (r = ring_new(s, (unsigned)__builtin_ctz(old->mask + 1) + 1)) == NULL) {
+        p->ring_cap = old->mask + 1;
+        return;
+    }
+    p->ring_old[p->ring_old_n++] = old;
+    prod_ring_use(p, r);
+    /* Published to the consumer by the next exchange of tail. */
+    atomic_store_explicit(&p->ring, r, memory_order_release);
 }
 
 /*
  * publish_exact() when producer @p's ring looked full: read head again,
- * and publish in the ring if it has room now, else on @p's stack (as
- * before there was a ring). Out of line, so that publish_exact() has no
- * call on its way. Context: @p's owner.
+ * and publish node @n (filled for task @task, *@id set, @was its old
+ * value) in the ring if it has room now, else on
+ * @p's stack (as before there was a ring). Out of line and with few
+ * arguments, so that publish_exact() reaches it by a jump. Context: @p's
+ * owner.
  */
 static __attribute__((noinline)) int publish_full(tw_service *s, struct prod *p,
-                                                  struct node *n, uint32_t idx,
-                                                  uint64_t free_st,
-                                                  uint32_t fidx, uint64_t due,
+                                                  struct node *n, tw_id task,
                                                   tw_id *id, tw_id was)
 {
+    uint64_t gen = task & ~UINT64_C(0xffffffff);
+    uint64_t due = n->t.tw__expires;
     uint64_t t = atomic_load_explicit(&p->tail, memory_order_relaxed);
-    if (p->ring != NULL) {
-        p->ring_end =
-            atomic_load_explicit(&p->head, memory_order_acquire) + RING_SLOTS;
-        if (t != p->ring_end)
-            return publish_ring(s, p, n, idx, free_st, fidx, due, t, id, was);
+    if (atomic_load_explicit(&p->ring, memory_order_relaxed) != NULL) {
+        uint64_t h = atomic_load_explicit(&p->head, memory_order_acquire);
+        if (p->ring_grow && h == t)
+            prod_ring_grow(s, p);
+        if (!p->ring_grow) {
+            p->ring_end = h + p->ring_mask + 1;
+            if (t != p->ring_end)
+                return publish_ring(s, p, n, task, due, t, id, was);
+            /* Full. A ring that may grow takes nothing more until it is
+             * empty again (the consumer takes it within a tick), then
+             * grows; meanwhile, the stack. */
+            p->ring_grow = p->ring_mask + 1 < p->ring_cap;
+        }
     }
-    atomic_store_explicit(&n->state,
-                          (free_st & ~UINT64_C(0xffffffff)) |
-                              ((uint64_t)fidx << ST_PAY_SHIFT) | LOC_QUEUED,
-                          memory_order_release);
+    atomic_store_explicit(
+        &n->state, gen | ((uint64_t)p->last_fidx << ST_PAY_SHIFT) | LOC_QUEUED,
+        memory_order_release);
     n->t.tw__pprev = QUEUED_NS; /* tw__next: the link */
     stack_push(&p->subq, n);
     TEST_HOOK(tw__service_pushed_hook, s);
     if (atomic_load(&s->submit.pending) & STOPPED_BIT) {
         /* What schedule_undo() puts back (see mag_take()). */
-        struct reserved v = {.n = n, .st = free_st};
+        struct reserved v = {.n = n, .st = gen};
         return schedule_undo(s, p, &v, id, was);
     }
-    wake_for_due(s, due);
-    return 0;
+    return wake_for_due(s, due);
 }
 
 /*
- * The end of an exact one-shot schedule by producer @p: fill node @n (its
- * state @free_st, FREE; reserved and counted) for function entry @fidx
- * and a task due @due ns after the start (the timer thread works out its
- * tick: QUEUED_NS), set *@id, publish it in @p's ring (its stack when the
- * ring is full). Returns 0 or TW_ESHUTDOWN (see schedule_fast()).
- * Context: @p's owner.
+ * The end of an exact one-shot schedule by producer @p: fill node @n (FREE,
+ * reserved and counted) for task @task, for the function whose
+ * entry is p->last_fidx and a task due @due ns after the start (the timer
+ * thread works out its tick: QUEUED_NS), set *@id, publish it in @p's
+ * ring (its stack when the ring is full). Returns 0 or TW_ESHUTDOWN (see
+ * schedule_fast()). Context: @p's owner.
  */
 static inline __attribute__((always_inline)) int
-publish_exact(tw_service *s, struct prod *p, struct node *n, uint64_t free_st,
-              uint32_t fidx, void *arg, uint64_t due, tw_id *id)
+publish_exact(tw_service *s, struct prod *p, struct node *n, tw_id task,
+              void *arg, uint64_t due, tw_id *id)
 {
     n->t.tw__expires = due; /* QUEUED_NS (for the ring: ring_take()) */
     n->t.tw__arg = arg;
     /* *@id before the push: the task may run at once and read it. */
     tw_id was = 0;
-    uint32_t idx = node_index(n);
     if (id != NULL) {
         was = *id;
-        *id = make_id(free_st, idx);
+        *id = task;
     }
     uint64_t t = atomic_load_explicit(&p->tail, memory_order_relaxed);
     if (t != p->ring_end)
-        return publish_ring(s, p, n, idx, free_st, fidx, due, t, id, was);
-    return publish_full(s, p, n, idx, free_st, fidx, due, id, was);
+        return publish_ring(s, p, n, task, due, t, id, was);
+    return publish_full(s, p, n, task, id, was);
 }
 
 /*
@@ -881,6 +960,7 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
     if (fn != p->last_fn) {
         p->last_fn = fn;
         p->last_fidx = v.fidx;
+        p->hot_fn = s->cfg.hot ? fn : no_fn;
     }
     atomic_store_explicit(
         &p->added, atomic_load_explicit(&p->added, memory_order_relaxed) + 1,
@@ -898,7 +978,7 @@ static inline int schedule_fast(tw_service *s, struct prod *p, tw_task_fn fn,
     /* sched_publish() for an exact one-shot deadline, written out: through
      * sched_publish() a tw_schedule() runs 6.5% more instructions
      * (callgrind, bench_service --throughput --exact --producers 1). */
-    return publish_exact(s, p, v.n, v.st, v.fidx, arg,
+    return publish_exact(s, p, v.n, make_id(v.st, v.idx), arg,
                          add_sat(rel_ns_deadline(s), delay), id);
 }
 
@@ -921,15 +1001,16 @@ schedule_hot(tw_service *s, struct prod *p, void *arg, uint64_t delay,
      * or a stale pointer is harmless. */
     __builtin_prefetch(next, 1);
     __builtin_prefetch((const void *)n->t.tw__pprev, 1);
-    uint64_t rel = now > s->cfg.start_ns ? now - s->cfg.start_ns : 0;
-    uint64_t due = add_sat(rel, delay);
-    uint64_t free_st = atomic_load_explicit(&n->state, memory_order_relaxed);
-    uint32_t fidx = p->last_fidx;
+    /* @now is CLOCK_MONOTONIC (or the estimate, never earlier) and the
+     * start a reading of it at create: not below it. */
+    uint64_t due = add_sat(now - s->cfg.start_ns, delay);
+    /* A node in a magazine holds its next id (node_handle()). */
+    tw_id task = n->t.tw__expires;
     atomic_store_explicit(
         &p->added, atomic_load_explicit(&p->added, memory_order_relaxed) + 1,
         memory_order_relaxed);
     TEST_HOOK(tw__service_reserved_hook, s);
-    return publish_exact(s, p, n, free_st, fidx, arg, due, id);
+    return publish_exact(s, p, n, task, arg, due, id);
 }
 
 /* tw_schedule() when schedule_hot() could not be taken at once: the
@@ -945,7 +1026,7 @@ static __attribute__((noinline)) int schedule_warm(tw_service *s, tw_task_fn fn,
      * the timer thread writes all the time. */
     if (s != NULL && fn != NULL && s->cfg.slack_ns == 0) {
         struct prod *p = prod_get(s);
-        if (p != NULL && s->cfg.hot && fn == p->last_fn && p->mag != NULL)
+        if (p != NULL && fn == p->hot_fn && p->mag != NULL)
             return schedule_hot(s, p, arg, delay_ns, id,
                                 tw__tsc_now(s->cfg.tsc));
         int rc = p != NULL ? schedule_fast(s, p, fn, arg, delay_ns, id) : 1;
@@ -974,8 +1055,7 @@ int tw_schedule(tw_service *s, tw_task_fn fn, void *arg, uint64_t delay_ns,
      * cache from its first entry); the others take schedule_warm(). */
     struct prod *p;
     uint64_t now;
-    if (s != NULL && (p = prod_first(s)) != NULL && s->cfg.hot &&
-        fn == p->last_fn && fn != NULL && p->mag != NULL) {
+    if ((p = prod_first(s)) != NULL && fn == p->hot_fn && p->mag != NULL) {
         if (tw__tsc_fast(s->cfg.tsc, &now))
             return schedule_hot(s, p, arg, delay_ns, id, now);
         return schedule_clock(s, p, arg, delay_ns, id);
@@ -1140,14 +1220,6 @@ static inline unsigned subq_drain(tw_service *s, unsigned max,
     return i;
 }
 
-#ifdef TW_TEST_HOOKS
-/* The id of the task that ring slot word @v names (for the test hook). */
-static inline tw_id ring_id(uint64_t v)
-{
-    return (v & ~UINT64_C(0xffffffff)) + ((uint32_t)v >> RS_SHIFT) + 1;
-}
-#endif
-
 /*
  * Slot @pos of producer @p's ring (@p the producer at index @k), below
  * tail: take its node to @take as a node from a stack (LOC_QUEUED, its
@@ -1157,24 +1229,24 @@ static inline tw_id ring_id(uint64_t v)
  * Context: the consumer (the timer thread, or stop once it is joined).
  */
 static unsigned
-ring_take(tw_service *s, struct prod *p, uint32_t pos,
+ring_take(tw_service *s, struct prod *p, struct ring *r, uint32_t pos,
           void (*take)(tw_service *s, struct node *n, void *ctx), void *ctx)
 {
-    _Atomic uint64_t *w = &p->ring[pos];
+    _Atomic uint64_t *w = &r->slot[pos];
     uint64_t v = atomic_load_explicit(w, memory_order_acquire);
-    if ((v & RS_MASK) == RS_QUEUED)
-        TEST_HOOK(tw__service_ring_hook, s, ring_id(v), false);
-    while ((v & RS_MASK) == RS_QUEUED &&
-           !atomic_compare_exchange_weak(w, &v, (v & ~RS_MASK) | RS_TAKEN)) {
+    if (rs_state(v) == RS_QUEUED)
+        TEST_HOOK(tw__service_ring_hook, s, rs_id(v), false);
+    while (rs_state(v) == RS_QUEUED &&
+           !atomic_compare_exchange_weak(w, &v, rs_word(rs_id(v), RS_TAKEN))) {
     }
-    unsigned rs = (unsigned)(v & RS_MASK);
+    unsigned rs = rs_state(v);
     if (rs == RS_QUEUED)
-        TEST_HOOK(tw__service_ring_hook, s, ring_id(v), true);
+        TEST_HOOK(tw__service_ring_hook, s, rs_id(v), true);
     if (rs == RS_DONE)
         return 1;
     if (rs != RS_QUEUED && rs != RS_CANCELLED)
         return 0; /* withdrawn */
-    struct node *n = node_at(&s->pool, (uint32_t)v >> RS_SHIFT);
+    struct node *n = node_at(&s->pool, (uint32_t)rs_id(v) - 1);
     uint64_t fidx = (uintptr_t)n->t.tw__next;
     uint64_t ring_pay = p->ring_tag | pos;
     n->t.tw__pprev = QUEUED_NS; /* its deadline is in ns */
@@ -1210,10 +1282,15 @@ static unsigned ring_drain(tw_service *s, unsigned max,
     for (uint32_t k = 0; k < np && k < MAX_PRODS; k++) {
         struct prod *p =
             atomic_load_explicit(&s->prods.slot[k], memory_order_acquire);
-        if (p == NULL || p->ring == NULL)
+        if (p == NULL)
             continue;
         uint64_t h = atomic_load_explicit(&p->head, memory_order_relaxed);
         uint64_t t = atomic_load(&p->tail);
+        /* After tail: the ring its slots up to tail went into (the owner
+         * changes it only when it has found the ring empty). */
+        struct ring *r = atomic_load_explicit(&p->ring, memory_order_acquire);
+        if (r == NULL)
+            continue;
         if (t - h > max - done) {
             t = h + (max - done);
             *left = true;
@@ -1222,11 +1299,12 @@ static unsigned ring_drain(tw_service *s, unsigned max,
         /* Newest first, as from a stack: the wheel fires tasks of one
          * tick in the order they were scheduled. */
         for (uint64_t i = t; i != h; i--) {
-            uint32_t pos = (uint32_t)(i - 1) & RING_MASK;
-            if (atomic_load_explicit(&p->done[pos], memory_order_relaxed))
+            uint32_t pos = (uint32_t)(i - 1) & r->mask;
+            if (atomic_load_explicit(ring_done(r, r->mask, pos),
+                                     memory_order_relaxed))
                 owner_cancelled++; /* RS_DONE: no need to read the slot */
             else
-                owner_cancelled += ring_take(s, p, pos, take, ctx);
+                owner_cancelled += ring_take(s, p, r, pos, take, ctx);
         }
         atomic_store_explicit(&p->head, t, memory_order_release);
     }
@@ -1243,7 +1321,7 @@ static bool ring_any(tw_service *s)
     for (uint32_t k = 0; k < np && k < MAX_PRODS; k++) {
         struct prod *p =
             atomic_load_explicit(&s->prods.slot[k], memory_order_acquire);
-        if (p != NULL && p->ring != NULL &&
+        if (p != NULL &&
             atomic_load(&p->tail) !=
                 atomic_load_explicit(&p->head, memory_order_relaxed))
             return true;
@@ -1707,14 +1785,14 @@ static __attribute__((noinline)) void ring_spill(tw_service *s, struct prod *p,
     }
 }
 
-/* Node @n (state @st), cancelled in producer @p's ring by its owner (the
+/* Node @n of task @id, cancelled in producer @p's ring by its owner (the
  * caller), is @p's again: the consumer will not read it. A new
  * generation, so that the id is stale, and into the magazine (or, beyond
  * MAG_NODES taken back, towards the pool: ring_spill()). */
 static inline void ring_reclaim(tw_service *s, struct prod *p, struct node *n,
-                                uint64_t st)
+                                tw_id id)
 {
-    node_release(n, st);
+    node_release_at(n, (uint32_t)id - 1, id);
     if (p->mag_back >= (int32_t)MAG_NODES) {
         ring_spill(s, p, n);
         return;
@@ -1774,28 +1852,33 @@ cancel_ring(tw_service *s, struct node *n, tw_id id, uint64_t st, bool drop)
     uint32_t pay = ST_PAY(st);
     struct prod *rp = atomic_load_explicit(&s->prods.slot[pay >> RING_BITS],
                                            memory_order_acquire);
-    _Atomic uint64_t *w = &rp->ring[pay & RING_MASK];
-    uint64_t task = ring_word(id, (uint32_t)id - 1);
+    TEST_HOOK(tw__service_cancel_ring_hook, s, id);
+    /* The ring the task went into, or a later one (then its slot is not
+     * the task's: the consumer has taken it). */
+    struct ring *r = atomic_load_explicit(&rp->ring, memory_order_acquire);
+    if ((pay & RING_MASK) > r->mask)
+        return cancel_state(s, n, id, atomic_load(&n->state), drop);
+    _Atomic uint64_t *w = &r->slot[pay & RING_MASK];
     uint64_t v = atomic_load(w);
-    if (v == (task | RS_QUEUED)) {
+    if (v == rs_word(id, RS_QUEUED)) {
         struct prod *p = prod_first(s);
         if (p == NULL)
             p = prod_cached(s);
         bool mine = p == rp;
         if (atomic_compare_exchange_strong(
-                w, &v, task | (mine ? RS_DONE : RS_CANCELLED))) {
+                w, &v, rs_word(id, mine ? RS_DONE : RS_CANCELLED))) {
             if (drop && p != NULL)
                 prod_drop(p);
             else if (drop)
                 pending_drop(s);
             if (mine)
-                ring_reclaim(s, p, n, st);
+                ring_reclaim(s, p, n, id);
             else
                 wake_for_cancel(s);
             return true;
         }
     }
-    if ((v & ~RS_MASK) == task && (v & RS_MASK) != RS_TAKEN)
+    if (rs_id(v) == id && rs_state(v) != RS_TAKEN)
         return false; /* cancelled or withdrawn already */
     /* Taken (or the slot moved on after the consumer took the node, whose
      * state word then reads another location). */
@@ -1822,11 +1905,11 @@ static inline __attribute__((always_inline)) bool cancel_id(tw_service *s,
     if (p != NULL && drop && (pay & ~RING_MASK) == p->ring_tag) {
         /* The slot names the task (generation and index, RS_QUEUED) only
          * while the task waits in it: the swap checks the id as well. */
-        uint64_t v = ring_word(id, (uint32_t)id - 1) | RS_QUEUED;
-        if (atomic_compare_exchange_strong(&p->ring[pay & RING_MASK], &v,
-                                           (v & ~RS_MASK) | RS_DONE)) {
-            atomic_store_explicit(&p->done[pay & RING_MASK], 1,
-                                  memory_order_relaxed);
+        uint32_t pos = pay & RING_MASK; /* within this ring: rings grow */
+        uint64_t v = rs_word(id, RS_QUEUED);
+        if (atomic_compare_exchange_strong(&p->ring_slot[pos], &v,
+                                           rs_word(id, RS_DONE))) {
+            atomic_store_explicit(&p->ring_byte[pos], 1, memory_order_relaxed);
             prod_drop(p);
             ring_reclaim(s, p, n, id);
             return true;
@@ -2253,8 +2336,11 @@ int tw_service_destroy(tw_service *s)
     reg_remove(s);
     for (uint32_t k = 0; k < atomic_load(&s->prods.n) && k < MAX_PRODS; k++) {
         struct prod *p = atomic_load(&s->prods.slot[k]);
-        if (p != NULL)
-            tw__free((void *)p->ring);
+        if (p != NULL) {
+            tw__free(atomic_load(&p->ring));
+            for (unsigned i = 0; i < p->ring_old_n; i++)
+                tw__free(p->ring_old[i]);
+        }
         tw__free(p);
     }
     tw__pool_destroy(&s->pool);

@@ -115,17 +115,22 @@ struct tw__tsc *tw__tsc_mono(void);
 static inline bool tw__tsc_fast(struct tw__tsc *c, uint64_t *now)
 {
 #if TW__HAVE_TSC
+    /* The counter first, then the anchor: each value is used as soon as
+     * it is read, so that few are live at once (a caller's fast path
+     * then keeps everything in caller-saved registers). A counter read
+     * before an anchor that is newer than it gives d "negative", far
+     * above the limit: the slow path. */
+    uint64_t t = __rdtsc();
     uint32_t q = atomic_load_explicit(&c->seq, memory_order_acquire);
-    uint64_t t0 = atomic_load_explicit(&c->tsc0, memory_order_relaxed);
-    uint64_t m0 = atomic_load_explicit(&c->mono0, memory_order_relaxed);
+    uint64_t d = t - atomic_load_explicit(&c->tsc0, memory_order_relaxed);
     uint64_t mult = atomic_load_explicit(&c->mult, memory_order_relaxed);
-    uint64_t lim = atomic_load_explicit(&c->limit, memory_order_relaxed);
+    uint64_t m0 = atomic_load_explicit(&c->mono0, memory_order_relaxed);
+    bool ok = d <= atomic_load_explicit(&c->limit, memory_order_relaxed);
     atomic_thread_fence(memory_order_acquire);
-    uint64_t d = __rdtsc() - t0;
-    if (d <= lim && !(q & 1) &&
+    if (ok && !(q & 1) &&
         atomic_load_explicit(&c->seq, memory_order_relaxed) == q) {
-        *now =
-            m0 + (uint64_t)(((unsigned __int128)d * mult + UINT32_MAX) >> 32);
+        /* m0 + ceil(d * mult / 2^32), or 1 ns later: never earlier. */
+        *now = m0 + 1 + (uint64_t)(((unsigned __int128)d * mult) >> 32);
         return true;
     }
 #else

@@ -226,8 +226,9 @@ struct tw__tsc; /* src/service_clock.h */
 /*
  * A producer's ring: where its exact one-shot calls go (publish_exact())
  * while it has room, its own stack (subq) taking the rest. A slot is one
- * word, generation << 32 | node index << RS_SHIFT | RS_* state, eight to
- * a cache line, and it carries the cancel of the task in it:
+ * word, the task's id with an RS_* state in the top bits of its low half
+ * (above the index + 1), eight to a cache line, and it carries the
+ * cancel of the task in it:
  *
  *   RS_QUEUED     written by the owner, then published by moving tail
  *   RS_TAKEN      the consumer (timer thread, or stop) took the node: from
@@ -248,21 +249,75 @@ struct tw__tsc; /* src/service_clock.h */
  * into the state word when it takes the node.
  */
 #define RING_BITS 16
-#define RING_SLOTS (1u << RING_BITS)
-#define RING_MASK (RING_SLOTS - 1u)
-#define RS_SHIFT 3
-#define RS_MASK UINT64_C(7)
-enum { RS_QUEUED = 1, RS_TAKEN, RS_DONE, RS_CANCELLED, RS_WITHDRAWN };
+#define RING_SLOTS (1u << RING_BITS) /* the most a ring grows to */
+#define RING_MASK (RING_SLOTS - 1u)  /* a place's position, in any ring */
+#define RING_MIN_BITS 10
+#define RING_GROWS (RING_BITS - RING_MIN_BITS)
 
-/* The slot word naming the node at index @idx of generation @gen (the
- * high half of a state word or an id), without its RS_* state. */
-static inline uint64_t ring_word(uint64_t gen, uint32_t idx)
+/*
+ * A ring: its slots, then one byte per slot (ring_done()). A producer's
+ * ring starts with 2^RING_MIN_BITS slots (9 KiB) and doubles, up to
+ * RING_SLOTS (576 KiB), each time it was found full, at the first call
+ * that finds it empty after that (prod_ring_grow()): the consumer has
+ * then taken every slot, so no slot of the old ring is read again by the
+ * owner or the consumer. A cancel from another thread may still be
+ * looking at the old ring (it read the producer's ring just before the
+ * switch); that ring stays until the service is destroyed (at most
+ * RING_GROWS of them, less memory than the last ring), and a slot of it
+ * then only says RS_TAKEN or another task's id.
+ */
+struct ring {
+    uint32_t mask; /* slots - 1 */
+    _Atomic uint64_t slot[];
+};
+
+/* The size of a ring of @mask + 1 slots, in bytes. */
+static inline size_t ring_bytes(uint32_t mask)
 {
-    return (gen & ~UINT64_C(0xffffffff)) | (uint64_t)idx << RS_SHIFT;
+    return sizeof(struct ring) + ((size_t)mask + 1) * (sizeof(uint64_t) + 1);
 }
-_Static_assert(POOL_INDEX_BITS + RS_SHIFT <= 32, "a slot holds an index");
+
+#define RS_SHIFT 29
+#define RS_MASK (UINT64_C(7) << RS_SHIFT)
+enum { RS_QUEUED = 1, RS_TAKEN, RS_DONE, RS_CANCELLED, RS_WITHDRAWN };
+_Static_assert(POOL_INDEX_BITS <= RS_SHIFT, "an id's low half fits below");
+
+/* The slot word of task @id in state @rs (RS_*): the id is the word, so
+ * that the calls that have the id (the schedule that made it, a cancel)
+ * make the word with one instruction. */
+static inline uint64_t rs_word(tw_id id, unsigned rs)
+{
+    return id | (uint64_t)rs << RS_SHIFT;
+}
+
+/* A slot word's state (RS_*) and the id of its task. */
+static inline unsigned rs_state(uint64_t v)
+{
+    return (unsigned)(v >> RS_SHIFT) & 7u;
+}
+
+static inline tw_id rs_id(uint64_t v)
+{
+    return v & ~RS_MASK;
+}
+
 _Static_assert(((MAX_PRODS - 1u) << RING_BITS | RING_MASK) < (1u << 24),
                "a ring place fits the payload beside the flags above it");
+
+/*
+ * A slot's byte, after the ring's slots: 1 once the owner has cancelled
+ * the slot's task (RS_DONE), 0 from its schedule call on. The consumer
+ * reads it first and skips the slot when set: 64 slots to a line instead
+ * of 8, so the lines the owner rewrites a lap later are fewer that the
+ * consumer has read. A hint only: RS_DONE decides. Ring @r has @mask + 1
+ * slots.
+ */
+static inline _Atomic uint8_t *ring_done(struct ring *r, uint32_t mask,
+                                         uint32_t pos)
+{
+    return (_Atomic uint8_t *)(void *)(r->slot + (size_t)mask + 1) +
+           (size_t)pos;
+}
 
 struct prod {
     /* The line of subq holds nothing else (the padding on both sides, as
@@ -292,16 +347,25 @@ struct prod {
     uint32_t fr_next, fr_end; /* never-used indexes [fr_next, fr_end) */
     tw_task_fn last_fn;       /* the last function and its entry */
     uint32_t last_fidx;
-    uint64_t ring_end;      /* head + RING_SLOTS as last read: tail stops
-                               there (0 without a ring: the stack only) */
-    uint32_t ring_tag;      /* this producer's index << RING_BITS */
-    _Atomic uint64_t *ring; /* RING_SLOTS slots, or NULL (no memory) */
-    /* One byte per slot, after the slots: 1 once the owner has cancelled
-     * the slot's task (RS_DONE), 0 from its schedule call on. The consumer
-     * reads it first and skips the slot when set: 64 slots to a line
-     * instead of 8, so the lines the owner rewrites a lap later are
-     * fewer that the consumer has read. A hint only: RS_DONE decides. */
-    _Atomic uint8_t *done;
+    /* last_fn on a service that may take schedule_hot() (cfg.hot), else
+     * no_fn, as it is at first: tw_schedule()'s one test for both. */
+    tw_task_fn hot_fn;
+    uint64_t ring_end; /* head + the ring's slots as last read: tail
+                          stops there (0 without a ring: the stack only;
+                          tail while the ring waits to grow) */
+    uint32_t ring_tag; /* this producer's index << RING_BITS */
+    /* The owner's copies of the ring's slots, bytes and mask. */
+    _Atomic uint64_t *ring_slot;
+    _Atomic uint8_t *ring_byte;
+    uint32_t ring_mask;
+    uint32_t ring_cap;  /* the most slots it may grow to */
+    bool ring_grow;     /* found full: grows once it is found empty */
+    uint8_t ring_old_n; /* rings it outgrew */
+    /* The ring, NULL without one (no memory). Only the owner changes it
+     * (prod_ring_grow()); the consumer reads it after tail, other threads'
+     * cancels when they find a task in it. */
+    struct ring *_Atomic ring;
+    struct ring *ring_old[RING_GROWS]; /* freed with the service */
     PAD(2);
 };
 

@@ -43,6 +43,26 @@ static void warm(tw_service *s)
     ASSERT(tw_cancel(s, id));
 }
 
+/* The producer at index @k of @s (0: the first thread that scheduled). */
+static struct prod *prod_at(tw_service *s, uint32_t k)
+{
+    ASSERT(k < atomic_load(&s->prods.n));
+    struct prod *p = atomic_load(&s->prods.slot[k]);
+    ASSERT(p != NULL);
+    return p;
+}
+
+/* The library's allocator for this test: calloc() fails for a block of
+ * fail_size bytes while that is not 0 (a ring of a given size). */
+static _Atomic size_t fail_size;
+
+static void *ring_calloc(size_t n, size_t size)
+{
+    if (atomic_load(&fail_size) != 0 && n * size == atomic_load(&fail_size))
+        return NULL;
+    return calloc(n, size);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Holding the timer thread: after it has taken a round's submissions it
  * waits in the drained hook until released (or until stop tells it to
@@ -77,6 +97,44 @@ static void hold_timer(tw_service *s)
 static void release_timer(void)
 {
     atomic_store(&hd.hold, 0);
+}
+
+static unsigned loc_of(tw_service *s, tw_id id)
+{
+    return ST_LOC(atomic_load(&node_at(&s->pool, (uint32_t)id - 1)->state));
+}
+
+/* The end of a test none of whose tasks ran: wait until the timer
+ * thread has counted @cancelled cancels, free @ids, stop (nothing ran),
+ * destroy. */
+static void end_quiet(tw_service *s, struct runs *r, uint64_t cancelled,
+                      tw_id *ids)
+{
+    WAIT_FOR(cancelled_count(s) == cancelled, 10);
+    free(ids);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    ASSERT_EQ(atomic_load(&r->n), 0);
+    tw_service_destroy(s);
+}
+
+/* With the timer thread held, fill producer @p's ring (this thread's
+ * producer) and put one more task on its stack. Returns their ids (the
+ * ring's slots + 1 of them, *@slots the ring's slots) in an array with
+ * room for one more. */
+static tw_id *fill_ring(tw_service *s, struct prod *p, struct runs *r,
+                        uint32_t *slots)
+{
+    uint32_t n = p->ring_mask + 1;
+    tw_id *ids = calloc((size_t)n + 2, sizeof(*ids));
+    ASSERT(ids != NULL);
+    tw__service_sync(s);
+    hold_timer(s);
+    for (uint32_t i = 0; i <= n; i++)
+        ASSERT_EQ(tw_schedule(s, runs_task, r, 10 * SEC, &ids[i]), 0);
+    ASSERT_EQ(loc_of(s, ids[n - 1]), LOC_RING);
+    ASSERT_EQ(loc_of(s, ids[n]), LOC_QUEUED); /* full: the stack */
+    *slots = n;
+    return ids;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -427,10 +485,34 @@ static void *burst_main(void *arg)
     return NULL;
 }
 
+/* Grow producer @p's ring to at least @want slots: fill it with the
+ * timer thread held, let the thread take the tasks, cancel them, and one
+ * more call finds the ring empty and doubles it. Returns the tasks it
+ * scheduled (all cancelled). Context: @p's owner. */
+static uint64_t grow_ring(tw_service *s, struct prod *p, uint32_t want)
+{
+    uint64_t n = 0;
+    while (p->ring_mask + 1 < want) {
+        uint32_t slots;
+        tw_id *ids = fill_ring(s, p, &(struct runs){0}, &slots);
+        release_timer();
+        WAIT_FOR(rings_empty(s), 10);
+        for (uint32_t i = 0; i <= slots; i++)
+            ASSERT(tw_cancel(s, ids[i]));
+        free(ids);
+        warm(s); /* finds the ring empty: it grows */
+        n += slots + 2;
+        ASSERT_EQ(p->ring_mask + 1, 2 * slots);
+    }
+    return n;
+}
+
 static void test_owner_burst_returns_records(void)
 {
     tw_service *s = real_service();
     warm(s);
+    /* A ring that holds the whole burst. */
+    uint64_t grown = grow_ring(s, prod_at(s, 0), BURST);
     hold_timer(s); /* the burst stays in the ring: the owner's cancels */
     burst_main(s);
     ASSERT_EQ(tw_service_pending(s), 0);
@@ -440,11 +522,13 @@ static void test_owner_burst_returns_records(void)
     pthread_t th;
     ASSERT_EQ(pthread_create(&th, NULL, burst_main, s), 0);
     pthread_join(th, NULL);
-    uint64_t ring = sizeof(struct prod) + RING_SLOTS * 9u;
+    struct prod *other = prod_at(s, 1);
+    ASSERT_EQ(other->ring_old_n, 0); /* full, but never found empty */
+    uint64_t ring = sizeof(struct prod) + ring_bytes(other->ring_mask);
     uint64_t grew = memory_bytes(s) - before - ring;
     ASSERT(grew < 4096u * sizeof(struct node) + 4096u);
     release_timer();
-    WAIT_FOR(cancelled_count(s) == 1 + 2 * (uint64_t)BURST, 10);
+    WAIT_FOR(cancelled_count(s) == 1 + grown + 2 * (uint64_t)BURST, 10);
     ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
     tw_service_destroy(s);
 }
@@ -541,11 +625,6 @@ static struct {
     bool in_ring, won, again;
 } tp;
 
-static unsigned loc_of(tw_service *s, tw_id id)
-{
-    return ST_LOC(atomic_load(&node_at(&s->pool, (uint32_t)id - 1)->state));
-}
-
 static void tp_task(tw_id self, void *arg)
 {
     (void)self;
@@ -586,18 +665,22 @@ static void test_service_threads_as_producers(void)
 }
 
 /* ------------------------------------------------------------------------ */
-/* A full lap: RING_SLOTS tasks fill the ring exactly (the last one in it,
- * the next on the stack), the timer thread takes them, and the next call
- * finds room again in the next lap. There, the records come back with new
- * generations: no id of the first lap cancels a task of the second, and
- * each task of the second is cancelled once by its owner. */
+/* A full lap of a ring that may not grow: its slots' worth of tasks fill
+ * it exactly (the last one in it, the next on the stack), the timer
+ * thread takes them, and the next call finds room again in the next lap,
+ * in the same ring. There, the records come back with new generations: no
+ * id of the first lap cancels a task of the second, and each task of the
+ * second is cancelled once by its owner. */
 static void test_ring_lap(void)
 {
     tw_service *s = real_service();
     warm(s);
+    struct prod *p = prod_at(s, 0);
+    p->ring_cap = p->ring_mask + 1; /* as after a failed growth */
+    struct ring *first = atomic_load(&p->ring);
     tw__service_sync(s);
     hold_timer(s);
-    enum { N = RING_SLOTS };
+    const int N = (int)p->ring_mask + 1;
     tw_id *ids = calloc(2 * (size_t)N + 1, sizeof(*ids));
     ASSERT(ids != NULL);
     struct runs r = {0};
@@ -618,6 +701,7 @@ static void test_ring_lap(void)
         ASSERT_EQ(tw_schedule(s, runs_task, &r, 10 * SEC, &ids[i]), 0);
         ASSERT_EQ(loc_of(s, ids[i]), LOC_RING);
     }
+    ASSERT(atomic_load(&p->ring) == first);
     for (int i = 0; i <= N; i++)
         ASSERT(!tw_cancel(s, ids[i]));
     ASSERT_EQ(tw_service_pending(s), N);
@@ -625,11 +709,7 @@ static void test_ring_lap(void)
         ASSERT(tw_cancel(s, ids[i]) && !tw_cancel(s, ids[i]));
     ASSERT_EQ(tw_service_pending(s), 0);
     release_timer();
-    WAIT_FOR(cancelled_count(s) == 2 + 2 * (uint64_t)N, 10);
-    free(ids);
-    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
-    ASSERT_EQ(atomic_load(&r.n), 0);
-    tw_service_destroy(s);
+    end_quiet(s, &r, 2 + 2 * (uint64_t)N, ids);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -661,8 +741,144 @@ static void test_other_then_owner_cancel(void)
     tw_service_destroy(s);
 }
 
+/* ------------------------------------------------------------------------ */
+/* A ring starts small and doubles once it has been found full, at the
+ * first call that finds it empty again: with the timer thread held, a
+ * ring's worth of tasks fills it and the next task goes on the stack (the
+ * ring does not change while tasks wait in it); once the timer thread has
+ * taken them, the next call has a ring twice the size, counted in
+ * memory_bytes, and the outgrown one is kept. Every task of every ring is
+ * cancelled once by its owner. At the cap it stops growing. */
+static void test_ring_grows(void)
+{
+    tw_service *s = real_service();
+    warm(s);
+    struct prod *p = prod_at(s, 0);
+    ASSERT_EQ(p->ring_mask + 1, 1u << RING_MIN_BITS);
+    ASSERT_EQ(p->ring_old_n, 0);
+    p->ring_cap = 4u << RING_MIN_BITS; /* two doublings, then the cap */
+    struct runs r = {0};
+    uint64_t all = 1;
+    for (unsigned round = 0; round < 3; round++) {
+        struct ring *before = atomic_load(&p->ring);
+        uint32_t slots;
+        tw_id *ids = fill_ring(s, p, &r, &slots);
+        ASSERT_EQ(p->ring_grow, round < 2);
+        ASSERT(atomic_load(&p->ring) == before);
+        release_timer();
+        WAIT_FOR(rings_empty(s), 10);
+        uint64_t mem = memory_bytes(s);
+        ASSERT_EQ(tw_schedule(s, runs_task, &r, 10 * SEC, &ids[slots + 1]), 0);
+        ASSERT_EQ(loc_of(s, ids[slots + 1]), LOC_RING);
+        if (round < 2) {
+            ASSERT_EQ(p->ring_mask + 1, 2 * slots);
+            ASSERT_EQ(p->ring_old_n, round + 1);
+            ASSERT(p->ring_old[round] == before);
+            ASSERT(memory_bytes(s) - mem >= ring_bytes(p->ring_mask));
+        } else {
+            ASSERT_EQ(p->ring_mask + 1, slots);
+            ASSERT(atomic_load(&p->ring) == before);
+        }
+        for (uint32_t i = 0; i <= slots + 1; i++)
+            ASSERT(tw_cancel(s, ids[i]) && !tw_cancel(s, ids[i]));
+        all += slots + 2;
+        ASSERT_EQ(tw_service_pending(s), 0);
+        free(ids);
+    }
+    end_quiet(s, &r, all, NULL);
+}
+
+/* Without the memory for a bigger ring, the producer keeps its ring for
+ * good (and its tasks still go in it, or on the stack when it is full). */
+static void test_ring_grow_fails(void)
+{
+    tw_service *s = real_service();
+    warm(s);
+    struct prod *p = prod_at(s, 0);
+    struct runs r = {0};
+    uint32_t slots;
+    tw_id *ids = fill_ring(s, p, &r, &slots);
+    ASSERT(p->ring_grow);
+    release_timer();
+    WAIT_FOR(rings_empty(s), 10);
+    atomic_store(&fail_size, ring_bytes(2 * slots - 1));
+    ASSERT_EQ(tw_schedule(s, runs_task, &r, 10 * SEC, &ids[slots + 1]), 0);
+    atomic_store(&fail_size, 0);
+    ASSERT_EQ(loc_of(s, ids[slots + 1]), LOC_RING);
+    ASSERT_EQ(p->ring_mask + 1, slots);
+    ASSERT_EQ(p->ring_cap, slots);
+    ASSERT(!p->ring_grow);
+    ASSERT_EQ(p->ring_old_n, 0);
+    for (uint32_t i = 0; i <= slots + 1; i++)
+        ASSERT(tw_cancel(s, ids[i]));
+    ASSERT_EQ(tw_service_pending(s), 0);
+    end_quiet(s, &r, 3 + (uint64_t)slots, ids);
+}
+
+/* Another thread's cancel reads the task's state word (in the ring) and
+ * stops before it reads the producer's ring (tw__service_cancel_ring_hook).
+ * Meanwhile the timer thread takes the task and the owner's ring grows:
+ * the cancel then reads a slot of the new ring that is not the task's,
+ * and must cancel the task through its state word, once. */
+static struct {
+    _Atomic tw_id id;
+    _Atomic int stage; /* 1: the cancel waits in the hook; 2: go on */
+} cg;
+
+static void cancel_ring_hook(tw_service *s, uint64_t id)
+{
+    (void)s;
+    if (id != atomic_load(&cg.id))
+        return;
+    atomic_store(&cg.stage, 1);
+    while (atomic_load(&cg.stage) != 2)
+        sleep_us(100);
+}
+
+static void *cancel_main(void *arg)
+{
+    tw_service *s = arg;
+    return tw_cancel(s, atomic_load(&cg.id)) ? s : NULL;
+}
+
+static void test_cancel_reads_grown_ring(void)
+{
+    tw_service *s = real_service();
+    warm(s);
+    struct prod *p = prod_at(s, 0);
+    struct runs r = {0};
+    uint32_t slots;
+    tw_id *ids = fill_ring(s, p, &r, &slots);
+    tw_id victim = ids[5];
+    ASSERT_EQ(loc_of(s, victim), LOC_RING);
+    atomic_store(&cg.id, victim);
+    atomic_store(&cg.stage, 0);
+    tw__service_cancel_ring_hook = cancel_ring_hook;
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, cancel_main, s), 0);
+    while (atomic_load(&cg.stage) != 1)
+        sleep_us(100);
+    release_timer();
+    WAIT_FOR(rings_empty(s), 10);
+    ASSERT_EQ(tw_schedule(s, runs_task, &r, 10 * SEC, &ids[slots + 1]), 0);
+    ASSERT_EQ(p->ring_mask + 1, 2 * slots); /* grown */
+    ASSERT(loc_of(s, victim) != LOC_RING);
+    atomic_store(&cg.stage, 2);
+    void *won;
+    pthread_join(th, &won);
+    tw__service_cancel_ring_hook = NULL;
+    ASSERT(won == s);
+    ASSERT(!tw_cancel(s, victim));
+    for (uint32_t i = 0; i <= slots + 1; i++)
+        if (ids[i] != victim)
+            ASSERT(tw_cancel(s, ids[i]));
+    ASSERT_EQ(tw_service_pending(s), 0);
+    end_quiet(s, &r, 3 + (uint64_t)slots, ids);
+}
+
 int main(int argc, char **argv)
 {
+    ASSERT_EQ(tw_set_allocator(malloc, ring_calloc, realloc, free), 0);
     tw__service_drained_hook = hold_hook;
     tw__service_ring_hook = race_hook;
     RUN_SELECTED(test_owner_cancel_reuses_record);
@@ -676,5 +892,8 @@ int main(int argc, char **argv)
     RUN_SELECTED(test_service_threads_as_producers);
     RUN_SELECTED(test_ring_lap);
     RUN_SELECTED(test_other_then_owner_cancel);
+    RUN_SELECTED(test_ring_grows);
+    RUN_SELECTED(test_ring_grow_fails);
+    RUN_SELECTED(test_cancel_reads_grown_ring);
     return tw_test_done();
 }
