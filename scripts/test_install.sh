@@ -229,15 +229,21 @@ cmake --install "$sub/build" >/dev/null
   fail "subproject: twheel wrote the parent's CPack configuration"
 step "subproject: parent's build type and cache untouched; installs only with TWHEEL_INSTALL=ON"
 
-# 4. The Debian package, installed by dpkg into a scratch root.
+# 4. The Debian package, installed by dpkg into a scratch root. Built in
+# the tree of step 1 configured again for /usr: no compile command names
+# the prefix, so nothing is compiled twice; GNUInstallDirs recomputes the
+# directories it had chosen for the old prefix (lib/<multiarch> under
+# /usr), and the installed files are the same as from a tree configured
+# for /usr from the start.
 deb=$work/deb
-cmake -S "$root" -B "$deb/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DTWHEEL_WERROR=ON -DTWHEEL_BUILD_TESTS=OFF -DTWHEEL_BUILD_BENCH=OFF \
-  -DTWHEEL_BUILD_EXAMPLES=OFF -DTWHEEL_BUILD_DOCS=ON -DTWHEEL_DOCS_WERROR=OFF \
-  -DCMAKE_INSTALL_PREFIX=/usr >"$deb.log" 2>&1 || { cat "$deb.log"; exit 1; }
-cmake --build "$deb/build" >>"$deb.log" 2>&1 || { cat "$deb.log"; exit 1; }
-(cd "$deb/build" && cpack -G DEB >>"$deb.log" 2>&1) || { cat "$deb.log"; exit 1; }
-pkg=$(ls "$deb"/build/twheel_*.deb)
+mkdir -p "$deb"
+cmake -S "$root" -B "$work/build" -DCMAKE_INSTALL_PREFIX=/usr >"$deb.log" 2>&1 ||
+  { cat "$deb.log"; exit 1; }
+grep -q '^CMAKE_INSTALL_LIBDIR:PATH=lib/' "$work/build/CMakeCache.txt" ||
+  fail "configured again for /usr, the library directory stayed $(sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$work/build/CMakeCache.txt")"
+cmake --build "$work/build" >>"$deb.log" 2>&1 || { cat "$deb.log"; exit 1; }
+(cd "$work/build" && cpack -G DEB >>"$deb.log" 2>&1) || { cat "$deb.log"; exit 1; }
+pkg=$(ls "$work"/build/twheel_*.deb)
 dpkg-deb -f "$pkg" Package Version Depends
 # The runtime libraries of the Redis backend are declared.
 for dep in libhiredis libssl; do

@@ -7,8 +7,13 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
-configure_build build/ci-tsan -DCMAKE_BUILD_TYPE=Tsan -DCMAKE_C_COMPILER=clang \
+configure_tree build/ci-tsan -DCMAKE_BUILD_TYPE=Tsan -DCMAKE_C_COMPILER=clang \
   -DTWHEEL_REDIS=ON
+# Only what these tests run: the programs of tests/ and examples/ (and the
+# libraries they link). The benchmarks, twheeld, the twheel tool and the
+# shared library run in no test here; the ASan+UBSan stage builds them with
+# the same compiler and -Werror.
+cmake --build build/ci-tsan -j"$jobs" --target tests/all examples/all
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   run_ctest build/ci-tsan -L threads -LE redis
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \

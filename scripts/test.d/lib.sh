@@ -5,23 +5,31 @@
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 jobs=$(nproc)
 
-# configure_build DIR CMAKE_ARGS...: configure with -Werror and build.
-configure_build() {
+# configure_tree DIR CMAKE_ARGS...: configure with -Werror.
+configure_tree() {
   local dir=$1
   shift
   mkdir -p "$(dirname "$dir")"
   cmake -S "$root" -B "$dir" -G Ninja -DTWHEEL_WERROR=ON "$@" >"$dir.log" 2>&1 ||
     { cat "$dir.log"; return 1; }
-  cmake --build "$dir" -j"$jobs"
 }
 
-# debug_build: the gcc Debug tree build/ci-debug with the Redis backend,
-# TLS and the several-server Redis scenarios, shared by the debug and Redis
-# stages (the second finds it built and only runs its tests).
+# configure_build DIR CMAKE_ARGS...: configure with -Werror and build.
+configure_build() {
+  configure_tree "$@"
+  cmake --build "$1" -j"$jobs"
+}
+
+# debug_build [CMAKE_ARGS...]: the gcc Debug tree build/ci-debug with the
+# Redis backend, TLS and the several-server Redis scenarios, shared by the
+# debug, valgrind and Redis stages (the later ones find it built and only
+# run their tests). The valgrind stage passes its CTest emulator (valgrind);
+# without one given, none is set, so every other stage's tests run as they
+# are. Neither changes a compile command: nothing is rebuilt.
 debug_build() {
   configure_build build/ci-debug -DCMAKE_BUILD_TYPE=Debug \
     -DCMAKE_C_COMPILER=gcc -DTWHEEL_REDIS=ON -DTWHEEL_REDIS_TLS=ON \
-    -DTWHEEL_REDIS_CLUSTER_TESTS=ON
+    -DTWHEEL_REDIS_CLUSTER_TESTS=ON -DCMAKE_CROSSCOMPILING_EMULATOR= "$@"
 }
 
 # asan_build: the clang ASan+UBSan tree build/ci-asan with the Redis
