@@ -881,9 +881,12 @@ static __attribute__((noinline)) int publish_full(tw_service *s, struct prod *p,
             if (t != p->ring_end)
                 return publish_ring(s, p, n, task, due, t, id, was);
             /* Full. A ring that may grow takes nothing more until it is
-             * empty again (the consumer takes it within a tick), then
-             * grows; meanwhile, the stack. */
+             * empty again, then grows; meanwhile, the stack. The timer
+             * thread is woken to empty it now instead of at its next
+             * tick (at most RING_GROWS times in a producer's life). */
             p->ring_grow = p->ring_mask + 1 < p->ring_cap;
+            if (p->ring_grow)
+                wake(s);
         }
     }
     atomic_store_explicit(
