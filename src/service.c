@@ -774,11 +774,7 @@ static __attribute__((noinline)) int ring_undo(struct prod *p, struct node *n,
                                         rs_word(task, RS_WITHDRAWN)))
         return 0;
     prod_drop(p);
-    n->t.tw__expires = task;
-    atomic_store_explicit(&n->state, task & ~UINT64_C(0xffffffff),
-                          memory_order_relaxed);
-    n->t.tw__next = p->mag != NULL ? &p->mag->t : NULL;
-    p->mag = n;
+    mag_put(p, &(struct reserved){.n = n, .st = task & ~UINT64_C(0xffffffff)});
     if (id != NULL)
         *id = was;
     return TW_ESHUTDOWN;
@@ -1224,8 +1220,8 @@ static inline unsigned subq_drain(tw_service *s, unsigned max,
 }
 
 /*
- * Slot @pos of producer @p's ring (@p the producer at index @k), below
- * tail: take its node to @take as a node from a stack (LOC_QUEUED, its
+ * Slot @pos of ring @r, producer @p's ring when it published the slot,
+ * below tail: take its node to @take as a node from a stack (LOC_QUEUED, its
  * function entry in the payload; cancelled if a cancel won, so that
  * @take frees it), or, for a task its owner cancelled, count it.
  * Returns 1 for a task its owner cancelled, else 0.
@@ -1299,11 +1295,12 @@ static unsigned ring_drain(tw_service *s, unsigned max,
             *left = true;
         }
         done += (unsigned)(t - h);
+        uint32_t mask = r->mask;
         /* Newest first, as from a stack: the wheel fires tasks of one
          * tick in the order they were scheduled. */
         for (uint64_t i = t; i != h; i--) {
-            uint32_t pos = (uint32_t)(i - 1) & r->mask;
-            if (atomic_load_explicit(ring_done(r, r->mask, pos),
+            uint32_t pos = (uint32_t)(i - 1) & mask;
+            if (atomic_load_explicit(ring_done(r, mask, pos),
                                      memory_order_relaxed))
                 owner_cancelled++; /* RS_DONE: no need to read the slot */
             else
