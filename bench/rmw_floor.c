@@ -5,12 +5,14 @@
  *
  *   rmw_floor [ITERATIONS]   (default 100,000,000)
  *
- * A pair runs two locked read-modify-writes on the producer, each on a
- * line no other thread is touching at that moment: the push of the
- * record (a compare-and-swap whose full barrier is also the producer's
- * half of the wake-up handshake with a sleeping timer thread), and the
- * cancel's compare-and-swap of the record's state (it races the timer
- * thread's firing). This program runs the same two sequentially consistent
+ * Without membarrier(2) a pair runs two locked read-modify-writes on the
+ * producer, each on a line no other thread is touching at that moment:
+ * the publication of the record (an exchange whose full barrier is also
+ * the producer's half of the wake-up handshake with a sleeping timer
+ * thread), and the cancel's compare-and-swap of the ring slot (it races
+ * the timer thread's take). With membarrier(2) the publication is a
+ * plain store (src/fence.h) and only the cancel's remains: half the
+ * first figure below. This program runs two sequentially consistent
  * compare-and-swaps, each on its own cache line of its own thread, and
  * prints ns per iteration: the part of a pair no change of the
  * instructions around them can remove. For scale it also prints one

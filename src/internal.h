@@ -114,6 +114,9 @@ extern void (*tw__service_ring_hook)(struct tw_service *s, uint64_t id,
  * than its ring's owner has read the task's state word (in a ring) and
  * not yet the producer's ring. */
 extern void (*tw__service_cancel_ring_hook)(struct tw_service *s, uint64_t id);
+/* tw__fence_heavy_hook: tw__fence_heavy() (src/fence.h) is about to make
+ * the other threads execute a full barrier. */
+extern void (*tw__fence_heavy_hook)(void);
 /* tw__durable_index_hook: a journal listing that builds the ordered index
  * has let go of the store's lock between two steps of the build. */
 struct tw_durable;

@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "fence.h"
 #include "internal.h"
 #include "node_pool.h"
 #include "service_clock.h"
@@ -403,6 +404,7 @@ static struct prod *prod_adopt(tw_service *s)
         if (r != NULL)
             prod_ring_use(p, r);
         p->ring_cap = RING_SLOTS;
+        p->tail_plain = s->cfg.fence;
         atomic_init(&p->ring, r);
         atomic_fetch_add_explicit(&s->mem, sizeof(*p), memory_order_relaxed);
     }
@@ -805,9 +807,13 @@ static inline __attribute__((always_inline)) int wake_for_due(tw_service *s,
  * function's entry in p->last_fidx, *@id already set, @was its old
  * value) in slot @t of producer @p's ring, which has room, then the stop
  * check and the wake-up. The slot is written before the state word, so
- * that whoever sees LOC_RING sees the slot; the exchange of tail
- * publishes both and is the full barrier between them and the read of
- * wake_ns (see schedule_fast()). Context: @p's owner.
+ * that whoever sees LOC_RING sees the slot; the store of tail publishes
+ * both. Between it and the reads of the stop bit and wake_ns (see
+ * schedule_fast()) a full barrier is needed: the exchange of tail, or,
+ * with p->tail_plain, a release store and tw__fence_light() against the
+ * tw__fence_heavy() of timer_sleep() and tw_service_stop(), which is the
+ * 2 atomic read-modify-writes of a schedule and cancel pair made one.
+ * Context: @p's owner.
  */
 static inline __attribute__((always_inline)) int
 publish_ring(tw_service *s, struct prod *p, struct node *n, tw_id task,
@@ -823,7 +829,12 @@ publish_ring(tw_service *s, struct prod *p, struct node *n, tw_id task,
                               LOC_RING,
                           memory_order_release);
     atomic_store_explicit(&p->ring_byte[pos], 0, memory_order_relaxed);
-    atomic_exchange(&p->tail, t + 1);
+    if (p->tail_plain) {
+        atomic_store_explicit(&p->tail, t + 1, memory_order_release);
+        tw__fence_light();
+    } else {
+        atomic_exchange(&p->tail, t + 1);
+    }
     TEST_HOOK(tw__service_pushed_hook, s);
     if (atomic_load(&s->submit.pending) & STOPPED_BIT)
         return ring_undo(p, n, task, pos, id, was);
@@ -849,7 +860,7 @@ static __attribute__((noinline)) void prod_ring_grow(tw_service *s,
     }
     p->ring_old[p->ring_old_n++] = old;
     prod_ring_use(p, r);
-    /* Published to the consumer by the next exchange of tail. */
+    /* Published to the consumer by the next store of tail. */
     atomic_store_explicit(&p->ring, r, memory_order_release);
 }
 
@@ -1390,6 +1401,13 @@ static void timer_sleep(tw_service *s, uint64_t target, uint64_t now, bool nap)
     atomic_store(&s->timer.sleep_until, target);
     atomic_store(&s->timer.wake_ns, wake_ns);
     atomic_store(&s->timer.sleep_long, target > now + 1);
+    /* The producers publish in their rings without a full barrier
+     * (publish_ring()): this one stands for it, before the rings are read,
+     * when the sleep may be longer than the next tick. A nap, or a sleep
+     * to the next tick, may miss a task published meanwhile, which then
+     * waits until @target, as the comment above says. */
+    if (s->cfg.fence && !nap && target > now + 1)
+        tw__fence_heavy();
     if (!s->timer.kicked && !atomic_load(&s->timer.quit) &&
         (nap || (!subq_any(s) && atomic_load(&s->pool.cancel_dirty) == 0))) {
         if (timed)
@@ -2113,6 +2131,7 @@ static void config_apply(tw_service *s, const tw_service_config *cfg,
         s->cfg.tsc = tw__tsc_mono();
     s->cfg.hot = s->cfg.tsc != NULL && !s->cfg.lazy && s->cfg.slack_ns == 0 &&
                  s->cfg.max_pending == 0;
+    s->cfg.fence = tw__fence_ready();
     s->cfg.start_ns = s->cfg.clock ? s->cfg.clock(s->cfg.clock_ctx)
                                    : tw__clock_ns((clockid_t)s->cfg.clock_id);
     atomic_fetch_add(&s->mem, sizeof(*s));
@@ -2301,6 +2320,10 @@ int tw_service_stop(tw_service *s, tw_unprocessed_fn fn, void *ctx)
         return 0;
     }
     atomic_fetch_or(&s->submit.pending, STOPPED_BIT);
+    /* For the producers' rings (publish_ring()): a schedule either sees
+     * the bit or has published its slot before the rings are drained. */
+    if (s->cfg.fence)
+        tw__fence_heavy();
     if (atomic_load(&s->timer.started)) {
         join_threads(s);
         /* A caller-supplied executor: wait for the jobs it holds. */

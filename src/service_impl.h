@@ -360,6 +360,7 @@ struct prod {
     uint32_t ring_mask;
     uint32_t ring_cap;  /* the most slots it may grow to */
     bool ring_grow;     /* found full: grows once it is found empty */
+    bool tail_plain;    /* cfg.fence: tail is stored, not exchanged */
     uint8_t ring_old_n; /* rings it outgrew */
     /* The ring, NULL without one (no memory). Only the owner changes it
      * (prod_ring_grow()); the consumer reads it after tail, other threads'
@@ -395,10 +396,12 @@ struct tw_service {
         tw_execute_fn execute;
         void *execute_ctx;
         uint32_t nexec;
-        bool lazy; /* TW_SERVICE_LAZY_CLOCK */
-        bool hot;  /* tw_schedule() may take schedule_hot(): no slack, no
-                      lazy clock, no max_pending, the built-in
-                      CLOCK_MONOTONIC (its TSC estimate) */
+        bool lazy;  /* TW_SERVICE_LAZY_CLOCK */
+        bool hot;   /* tw_schedule() may take schedule_hot(): no slack, no
+                       lazy clock, no max_pending, the built-in
+                       CLOCK_MONOTONIC (its TSC estimate) */
+        bool fence; /* tw__fence_heavy() may be used (src/fence.h): the
+                       producers store their tails without a barrier */
         tw_wheel_config wcfg;
     } cfg;
 

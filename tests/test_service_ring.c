@@ -16,6 +16,7 @@
 
 #include <pthread.h>
 
+#include "fence.h"
 #include "fixture.h"
 #include "internal.h"
 #include "service_impl.h"
@@ -440,6 +441,85 @@ static void test_memory_promise_sleeping(void)
     WAIT_FOR(cancelled_count(s) == before + 1, 2);
     ASSERT_EQ(tw_service_pending(s), 1);
     ASSERT_EQ(tw_service_stop(s, NULL, NULL), 1);
+    tw_service_destroy(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The producers store their tails without a full barrier when the kernel
+ * offers membarrier(2) (src/fence.h): the timer thread's heavy barrier
+ * stands for theirs. It must come after the timer thread has said how long
+ * it sleeps (wake_ns, which a producer reads after its store) and before it
+ * reads the rings, whenever it may sleep past the next tick, and in stop
+ * after the stop bit. Counted and checked by tw__fence_heavy_hook; with
+ * TW_TEST_FENCE_OFF in the environment (the test's second CTest entry) the
+ * service must use none and exchange its tails as before. */
+static _Atomic(tw_service *) fence_s;
+static pthread_t fence_main;
+static _Atomic unsigned fence_timer, fence_stop, fence_bad;
+
+static void fence_hook(void)
+{
+    tw_service *s = fence_s;
+    if (s == NULL)
+        return;
+    if (pthread_equal(pthread_self(), fence_main)) {
+        if (atomic_load(&s->submit.pending) & STOPPED_BIT)
+            atomic_fetch_add(&fence_stop, 1);
+        else
+            atomic_fetch_add(&fence_bad, 1);
+        return;
+    }
+    atomic_fetch_add(&fence_timer, 1);
+    /* Sleeping long: both set, before the rings are read. */
+    if (atomic_load(&s->timer.wake_ns) == 0 ||
+        atomic_load(&s->timer.sleep_until) <= 1)
+        atomic_fetch_add(&fence_bad, 1);
+}
+
+static void test_fence_points(void)
+{
+    bool want = tw__fence_ready();
+    if (!want)
+        fprintf(stderr, "   no heavy barrier here (%s): tails exchanged\n",
+                getenv("TW_TEST_FENCE_OFF") ? "TW_TEST_FENCE_OFF"
+                                            : "no membarrier(2)");
+    fence_main = pthread_self();
+    atomic_store(&fence_timer, 0);
+    atomic_store(&fence_stop, 0);
+    atomic_store(&fence_bad, 0);
+    tw__fence_heavy_hook = fence_hook;
+    tw_service *s = real_service();
+    fence_s = s;
+    warm(s);
+    ASSERT_EQ(s->cfg.fence, want);
+    ASSERT_EQ(prod_at(s, 0)->tail_plain, want);
+    struct runs r = {0};
+    ASSERT_EQ(tw_schedule(s, runs_task, &r, 10 * SEC, NULL), 0);
+    tw__service_sync(s);
+    tw__service_sync(s);
+    if (want)
+        WAIT_FOR(atomic_load(&fence_timer) >= 1, 5);
+    /* Idle for 100 ticks: one long sleep, not a barrier per tick (a
+     * spurious wake-up may add one). */
+    unsigned before = atomic_load(&fence_timer);
+    sleep_ns(100 * MS);
+    ASSERT_LE(atomic_load(&fence_timer) - before, 2);
+    /* Busy, a task due at each of the next 100 ticks: sleeps to the next
+     * tick take no barrier (no interrupt of the producers per tick). */
+    struct runs busy = {0};
+    for (int k = 1; k <= 100; k++)
+        ASSERT_EQ(tw_schedule(s, runs_task, &busy, (uint64_t)k * MS, NULL), 0);
+    before = atomic_load(&fence_timer);
+    WAIT_FOR(atomic_load(&busy.n) == 100, 10);
+    ASSERT_LE(atomic_load(&fence_timer) - before, 10);
+    ASSERT_EQ(atomic_load(&fence_stop), 0);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 1);
+    ASSERT_EQ(atomic_load(&fence_stop), want ? 1 : 0);
+    if (!want)
+        ASSERT_EQ(atomic_load(&fence_timer), 0);
+    ASSERT_EQ(atomic_load(&fence_bad), 0);
+    fence_s = NULL;
+    tw__fence_heavy_hook = NULL;
     tw_service_destroy(s);
 }
 
@@ -895,5 +975,6 @@ int main(int argc, char **argv)
     RUN_SELECTED(test_ring_grows);
     RUN_SELECTED(test_ring_grow_fails);
     RUN_SELECTED(test_cancel_reads_grown_ring);
+    RUN_SELECTED(test_fence_points);
     return tw_test_done();
 }

@@ -33,12 +33,13 @@ vg+=";--fair-sched=yes"
 debug_build "-DCMAKE_CROSSCOMPILING_EMULATOR=$vg"
 # Two at a time (a valgrind process keeps one core busy, so two use both
 # cores), but the tests with real-time cases that need a core to
-# themselves run afterwards, one at a time: test_service (its real-time
-# cases), test_service_window (lateness), test_service_tsc (the TSC
-# estimate against the clock), test_clock (the lazy clock on a busy
-# thread), test_repeated_threads (periods on the real service).
-alone='test_service test_service_window test_service_tsc test_clock
-  test_repeated_threads'
+# themselves run afterwards, one at a time: test_service and
+# test_service_xchg (its real-time cases), test_service_window
+# (lateness), test_service_tsc (the TSC estimate against the clock),
+# test_clock (the lazy clock on a busy thread), test_repeated_threads
+# (periods on the real service).
+alone='test_service test_service_xchg test_service_window test_service_tsc
+  test_clock test_repeated_threads'
 read -r pair one < <(ctest --test-dir "$dir" --show-only=json-v1 |
   EXCLUDE="$exclude" ALONE="$alone" python3 -c '
 import json, os, re, sys
