@@ -34,6 +34,11 @@
 #define DRAIN_BATCH 8192 /* submissions per timer-thread round */
 
 #define TICK_MIN_NS UINT64_C(1000)
+/* The shortest tick with which the producers publish without a barrier
+ * (publish_ring()): the timer thread then asks the kernel for one at most
+ * every two ticks, 5,000 times a second. Below it the rings' tails are
+ * exchanged. */
+#define FENCE_MIN_TICK_NS UINT64_C(100000)
 #define TICK_MAX_NS (UINT64_C(86400) * 1000000000u)
 
 /* Test hooks (internal.h): only in the test build of the library
@@ -2131,7 +2136,7 @@ static void config_apply(tw_service *s, const tw_service_config *cfg,
         s->cfg.tsc = tw__tsc_mono();
     s->cfg.hot = s->cfg.tsc != NULL && !s->cfg.lazy && s->cfg.slack_ns == 0 &&
                  s->cfg.max_pending == 0;
-    s->cfg.fence = tw__fence_ready();
+    s->cfg.fence = z->tick >= FENCE_MIN_TICK_NS && tw__fence_ready();
     s->cfg.start_ns = s->cfg.clock ? s->cfg.clock(s->cfg.clock_ctx)
                                    : tw__clock_ns((clockid_t)s->cfg.clock_id);
     atomic_fetch_add(&s->mem, sizeof(*s));

@@ -521,6 +521,22 @@ static void test_fence_points(void)
     fence_s = NULL;
     tw__fence_heavy_hook = NULL;
     tw_service_destroy(s);
+
+    /* A tick under 100 us: the tails are exchanged (a barrier asked of the
+     * kernel every two ticks would interrupt the producers too often). */
+    tw_service_config cfg = {0};
+    cfg.tick_ns = 99 * 1000;
+    ASSERT_EQ(tw_service_create(&s, &cfg), 0);
+    ASSERT_EQ(tw_service_start(s), 0);
+    warm(s);
+    ASSERT(!s->cfg.fence);
+    ASSERT(!prod_at(s, 0)->tail_plain);
+    ASSERT_EQ(tw_service_stop(s, NULL, NULL), 0);
+    tw_service_destroy(s);
+    cfg.tick_ns = 100 * 1000;
+    ASSERT_EQ(tw_service_create(&s, &cfg), 0);
+    ASSERT_EQ(s->cfg.fence, want);
+    tw_service_destroy(s);
 }
 
 /* Has the timer thread taken every ring's slots? (It takes DRAIN_BATCH a
