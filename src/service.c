@@ -816,8 +816,8 @@ static inline __attribute__((always_inline)) int wake_for_due(tw_service *s,
  * both. Between it and the reads of the stop bit and wake_ns (see
  * schedule_fast()) a full barrier is needed: the exchange of tail, or,
  * with p->tail_plain, a release store and tw__fence_light() against the
- * tw__fence_heavy() of timer_sleep() and tw_service_stop(), which is the
- * 2 atomic read-modify-writes of a schedule and cancel pair made one.
+ * tw__fence_heavy() of timer_sleep() and tw_service_stop() (so that a
+ * schedule and cancel pair makes one atomic read-modify-write, not two).
  * Context: @p's owner.
  */
 static inline __attribute__((always_inline)) int
