@@ -30,8 +30,11 @@ bool tw__fence_ready(void)
     long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
     if (cmds < 0 || !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED))
         return false;
+    /* Registered, and one barrier taken, so that a filter that would
+     * refuse the barrier itself is found here and not later. */
     return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0,
-                   0) == 0;
+                   0) == 0 &&
+           syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
 #else
     return false;
 #endif
