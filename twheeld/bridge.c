@@ -2,6 +2,13 @@
 /*
  * bridge.c - twheeld: the store bridge: job records to the store, and their
  * completions.
+ *
+ * Durability (-b): a command that changes what a crash must see (put,
+ * release, bury, kick, kick-job, delete) queues a write to the store and
+ * its reply waits in the connection's output, in order, until the write
+ * is back; replies after it wait too. The change itself is made in memory
+ * at once, so other connections may see a job (reserve it) before its put
+ * is durable; its INSERTED is never sent before.
  */
 #define _GNU_SOURCE
 #include "tbd.h"

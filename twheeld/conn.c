@@ -2,6 +2,13 @@
 /*
  * conn.c - twheeld: connections: replies out (in order, held for store writes)
  * and commands in.
+ *
+ * Memory per connection is bounded: a line is at most TBD_LINE_MAX bytes,
+ * a body at most -z bytes (JOB_TOO_BIG beyond), the input buffer is
+ * allocated only while it holds bytes, and a connection whose unsent
+ * replies pass OUT_CAP bytes is not read from (nor are its buffered
+ * commands run) until the client reads them: a client that never reads
+ * costs OUT_CAP plus one reply, and TCP pushes back on it.
  */
 #define _GNU_SOURCE
 #include "tbd.h"

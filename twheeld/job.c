@@ -2,6 +2,12 @@
 /*
  * job.c - twheeld: job memory, the job table by id, job states, bodies in and
  * out of memory.
+ *
+ * Jobs: a hash table by id; in its tube, a ready job sits in a binary heap
+ * ordered by (priority, id) (the ready queue, as in beanstalkd; no time is
+ * kept there), a delayed or buried job in a list, a reserved job in its
+ * reserver's list. With a store (-b, --redis) a delayed job is not in
+ * memory at all: the store holds and fires it (cold.c).
  */
 #define _GNU_SOURCE
 #include "tbd.h"

@@ -5,28 +5,8 @@
  * One thread owns everything below: connections, tubes, jobs and a
  * twheel wheel (wheel.h) ticking in milliseconds of CLOCK_MONOTONIC that
  * holds every delay, TTR, reserve timeout and tube pause. The only other
- * thread is the durable store's writer (store.c).
- *
- * Jobs: a hash table by id; in its tube, a ready job sits in a binary heap
- * ordered by (priority, id) (the ready queue, as in beanstalkd; no time is
- * kept there), a delayed or buried job in a list, a reserved job in its
- * reserver's list. With a store (-b, --redis) a delayed job is not in
- * memory at all: the store holds and fires it ("delayed jobs in the
- * store" below).
- *
- * Memory per connection is bounded: a line is at most TBD_LINE_MAX bytes,
- * a body at most -z bytes (JOB_TOO_BIG beyond), the input buffer is
- * allocated only while it holds bytes, and a connection whose unsent
- * replies pass OUT_CAP bytes is not read from (nor are its buffered
- * commands run) until the client reads them: a client that never reads
- * costs OUT_CAP plus one reply, and TCP pushes back on it.
- *
- * Durability (-b): a command that changes what a crash must see (put,
- * release, bury, kick, kick-job, delete) queues a write to the store and
- * its reply waits in the connection's output, in order, until the write
- * is back; replies after it wait too. The change itself is made in memory
- * at once, so other connections may see a job (reserve it) before its put
- * is durable; its INSERTED is never sent before.
+ * thread is the durable store's writer (store.c). The files of twheeld
+ * and a command's way through them: docs/architecture.md.
  */
 #define _GNU_SOURCE
 #include "tbd.h"
