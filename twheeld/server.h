@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * server.h - twheeld's event loop and job model (server.c).
+ * server.h - twheeld's entry point, tbd_serve() (server.c); the job model
+ * and the rest of the server are in tbd.h.
  */
 #ifndef TWHEELD_SERVER_H
 #define TWHEELD_SERVER_H

@@ -4,8 +4,8 @@
  *
  * Encoding. Every job is one durable timer: key "j<id>", payload the
  * whole job record (state, priority, TTR, delay and due time by the wall
- * clock, counters, tube name, body, the node holding it; see server.c
- * job_write()). A delayed
+ * clock, counters, tube name, body, the node holding it; see record.c
+ * tbd_rec_encode()). A delayed
  * job's timer is due when the job is (with a store, the server keeps
  * nothing of a delayed job in memory but counts: the store holds it and
  * fires it); every other job's timer is due at a constant far in the
@@ -136,7 +136,7 @@ static int store_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     if (!f->next)
         wake(s);
     pthread_mutex_unlock(&s->fmu);
-    /* A server's liveness record (server.c): again soon, until the
+    /* A server's liveness record (live.c): again soon, until the
      * takeover it starts cancels it. */
     return t->key_len && ((const char *)t->key)[0] == 'n' ? TBD_LIVE_RETRY_MS
                                                           : FIRED_KEEP_MS;

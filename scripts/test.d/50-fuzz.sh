@@ -23,15 +23,16 @@ if [ -n "${FUZZ_SECONDS:-}" ]; then
   exec cmake --build "$dir" --target fuzz
 fi
 export FUZZ_RUNS="wheel=90000 service=8000 service_tsan=6000 journal=300000
-  twheeld_proto=1000000"
+  twheeld_proto=1000000 twheeld_record=1000000"
 # A fixed number of inputs is the same work however many run at once: the
 # harnesses run in two lanes side by side (what the fuzz target runs one
 # after the other, fuzz/run.sh on each), balanced by their times here
-# (service_tsan ~65 s, journal ~10 s, twheeld_proto ~3 s; wheel ~40 s,
+# (service_tsan ~65 s, journal ~10 s, twheeld_proto ~3 s, twheeld_record
+# ~3 s; wheel ~40 s,
 # service ~45 s). A harness alone keeps about one core busy: the service
 # harnesses' threads mostly wait on each other.
 cmake --build "$dir" -j"$(nproc)"
-fuzz/run.sh "$dir/fuzz" service_tsan journal twheeld_proto &
+fuzz/run.sh "$dir/fuzz" service_tsan journal twheeld_proto twheeld_record &
 lane1=$!
 rc=0
 fuzz/run.sh "$dir/fuzz" wheel service || rc=$?

@@ -4,7 +4,7 @@
 redis-server (started here on a free loopback port, killed at the end)
 gets, through a raw socket, records in the layout of the store (a shard's
 :p hash "due,attempt,payload" and :d sorted set) whose payloads are
-hostile: job records (twheeld/server.c job_write()) truncated, too long,
+hostile: job records (twheeld/record.c tbd_rec_encode()) truncated, too long,
 with a wrong body length, an unknown state, a tube name no client may
 send, a key that names another id or none, an absurd creation or due
 time, an id in the server's own range that it has not issued yet;

@@ -1,0 +1,242 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bridge.c - twheeld: the store bridge: job records to the store, and their
+ * completions.
+ *
+ * Durability (-b): a command that changes what a crash must see (put,
+ * release, bury, kick, kick-job, delete) queues a write to the store and
+ * its reply waits in the connection's output, in order, until the write
+ * is back; replies after it wait too. The change itself is made in memory
+ * at once, so other connections may see a job (reserve it) before its put
+ * is durable; its INSERTED is never sent before.
+ */
+#define _GNU_SOURCE
+#include "tbd.h"
+
+struct tbd_write *tbd_write_new(int kind, struct conn *c)
+{
+    struct tbd_write *w = calloc(1, sizeof(*w));
+    if (!w)
+        abort();
+    w->kind = kind;
+    w->owner = c;
+    return w;
+}
+
+/* Queues the record of @j (state as a crash should find it). */
+struct tbd_write *tbd_job_write(struct job *j, int stored_state, struct conn *c)
+{
+    struct tbd_write *w = tbd_write_new(TBD_W_SCHED, c);
+    w->key_len = (size_t)snprintf(w->key, sizeof(w->key), "j%" PRIu64, j->id);
+    if (j->writes < UINT8_MAX)
+        j->writes++;
+    struct rec r = {
+        .state = stored_state,
+        .pri = j->pri,
+        .ttr = j->ttr_s,
+        .delay = j->delay_s,
+        .body_len = j->body_len,
+        .cnt = {j->reserves, j->timeouts, j->releases, j->buries, j->kicks},
+        .owner = g.opt->node,
+        .id = j->id,
+        .due = j->due_wall,
+        .created = j->created_wall,
+        .tube = j->tube->name,
+        .tube_len = j->tube->name_len,
+        .body = (const unsigned char *)j->body};
+    size_t n = tbd_rec_size(r.tube_len, r.body_len);
+    unsigned char *p = tbd_xmalloc(n);
+    tbd_rec_encode(&r, p);
+    w->payload = p;
+    w->payload_len = n;
+    return w;
+}
+
+/*
+ * Sends @w to the store with @text as the reply it holds back; without a
+ * store the reply goes at once.
+ */
+void tbd_submit(struct conn *c, struct tbd_write *w, const char *text)
+{
+    if (!g.store) {
+        free(w->payload);
+        free(w);
+        if (text)
+            tbd_reply(c, text);
+        return;
+    }
+    if (text)
+        w->tag = (uint64_t)(uintptr_t)tbd_reply_held(c, text);
+    if (c)
+        c->pending_writes++;
+    tbd_store_submit(g.store, w);
+}
+
+void tbd_store_job(struct conn *c, struct job *j, const char *text)
+{
+    if (!g.store) {
+        tbd_reply(c, text);
+        return;
+    }
+    int st = j->state == J_RESERVED ? J_READY : j->state;
+    tbd_submit(c, tbd_job_write(j, st, c), text);
+}
+
+/* The store key of this server's high-water mark of ids: "m", or with
+ * --node N > 0 "m<N>" (each server its own). */
+size_t tbd_mark_key(char *buf, size_t len)
+{
+    if (g.opt->node == 0)
+        return (size_t)snprintf(buf, len, "m");
+    return (size_t)snprintf(buf, len, "m%" PRIu32, g.opt->node);
+}
+
+/* Issues the next job id; raises the stored high-water mark first. */
+uint64_t tbd_next_job_id(void)
+{
+    uint64_t id = g.next_id++;
+    if (id > g.id_mark && g.store) {
+        g.id_mark = id + ID_BLOCK;
+        struct tbd_write *w = tbd_write_new(TBD_W_SCHED, NULL);
+        w->key_len = tbd_mark_key(w->key, sizeof(w->key));
+        unsigned char *p = tbd_xmalloc(MARK_LEN);
+        tbd_mark_encode(p, g.id_mark);
+        w->payload = p;
+        w->payload_len = MARK_LEN;
+        tbd_store_submit(g.store, w);
+    }
+    return id;
+}
+
+/*
+ * A record read back from the store that is not what this server writes
+ * (whoever wrote it): counted, and logged with its key (its first 32
+ * bytes, bytes outside printable ASCII as '?'), at most UNREADABLE_LOGS
+ * a minute, so that a flood of them cannot flood the log.
+ */
+#define UNREADABLE_LOGS 10
+void tbd_unreadable(const char *key, size_t key_len, const char *what)
+{
+    static uint64_t minute, logged, quiet;
+    uint64_t now = tbd_mono_ms() / 60000;
+    g.unreadable++;
+    if (now != minute) {
+        if (quiet)
+            tbd_logv(0,
+                     "%" PRIu64 " more unreadable store records not logged "
+                     "(twheeld_store_unreadable_total)",
+                     quiet);
+        minute = now;
+        logged = quiet = 0;
+    }
+    if (logged >= UNREADABLE_LOGS) {
+        quiet++;
+        return;
+    }
+    logged++;
+    char k[33];
+    size_t n = key_len < 32 ? key_len : 32;
+    for (size_t i = 0; i < n; i++)
+        k[i] = key[i] >= 0x20 && key[i] < 0x7f ? key[i] : '?';
+    k[n] = '\0';
+    tbd_logv(0, "store record %s: %s", k, what);
+}
+
+/* A job (in no table, list or state count) from @r, its body with it
+ * when @body; NULL when out of memory. */
+struct job *tbd_job_from_rec(const struct rec *r, bool body)
+{
+    struct tube *t = tbd_tube_get(r->tube, r->tube_len);
+    struct job *j = t ? tbd_job_alloc() : NULL;
+    char *b = body && j ? malloc((size_t)r->body_len + 2) : NULL;
+    if (!j || (body && !b)) {
+        if (j)
+            tbd_job_release(j);
+        if (t)
+            tbd_tube_maybe_free(t);
+        return NULL;
+    }
+    j->id = r->id;
+    j->pri = r->pri;
+    j->ttr_s = r->ttr ? r->ttr : 1;
+    j->delay_s = r->delay;
+    j->due_wall = r->due;
+    j->created_wall = r->created;
+    j->reserves = r->cnt[0];
+    j->timeouts = r->cnt[1];
+    j->releases = r->cnt[2];
+    j->buries = r->cnt[3];
+    j->kicks = r->cnt[4];
+    j->body_len = r->body_len;
+    j->stored = true;
+    j->state = (uint8_t)r->state;
+    if (b) {
+        memcpy(b, r->body, r->body_len);
+        memcpy(b + r->body_len, "\r\n", 2);
+        j->body = b;
+        g.bodies++;
+    }
+    j->tube = t;
+    tw_timer_init(&j->timer, tbd_job_timer_fn, j);
+    return j;
+}
+
+/* A job record @w came back from the store. */
+static void job_written(struct tbd_write *w)
+{
+    struct job *j = tbd_job_find(tbd_key_id(w->key, w->key_len));
+    if (!j)
+        return; /* deleted meanwhile */
+    if (j->writes > 0 && j->writes < UINT8_MAX)
+        j->writes--;
+    j->stored |= w->result == 0;
+    /* Undated, and no later write (which may date it) under way. */
+    if (w->result == 0 && w->due_ms == 0 && j->writes == 0)
+        j->timed = false;
+    tbd_job_evict(j);
+}
+
+void tbd_store_completions(struct tbd_write *w)
+{
+    while (w) {
+        struct tbd_write *nx = w->next;
+        struct conn *c = w->owner;
+        if (w->result != 0)
+            tbd_logv(0, "store write %.*s failed: %s", (int)w->key_len, w->key,
+                     tw_strerror(w->result));
+        if (w->kind == TBD_W_SCHED && w->key[0] == 'j')
+            job_written(w);
+        if (w->cold && w->result != 0) {
+            /* A delayed job the store did not take: gone (logged). */
+            struct tube *t = w->cold;
+            t->ncold--;
+            g.counts[J_DELAYED]--;
+            tbd_tube_maybe_free(t);
+        }
+        if (w->unclaim)
+            tbd_store_unclaim(g.store, w->key, w->key_len);
+        if (c) {
+            struct out *o = (struct out *)(uintptr_t)w->tag;
+            if (o) {
+                if (w->result != 0 && !w->keep_reply) {
+                    static const char e[] = "INTERNAL_ERROR\r\n";
+                    c->out_bytes -= o->len;
+                    if (o->cap < sizeof(e) - 1) {
+                        /* cap is at least 32 (reply_held) */
+                        abort();
+                    }
+                    memcpy(o->data, e, sizeof(e) - 1);
+                    o->len = sizeof(e) - 1;
+                    c->out_bytes += o->len;
+                }
+                o->ready = true;
+            }
+            c->pending_writes--;
+            if (!c->closed)
+                tbd_conn_pump(c);
+        }
+        free(w->payload);
+        free(w);
+        w = nx;
+    }
+}

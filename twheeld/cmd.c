@@ -1,0 +1,557 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cmd.c - twheeld: the commands: the command table and each command's body.
+ */
+#define _GNU_SOURCE
+#include "tbd.h"
+
+/* ---- commands ---- */
+
+void tbd_conn_use(struct conn *c, struct tube *t)
+{
+    t->using ++;
+    struct tube *old = c->use;
+    c->use = t;
+    if (old) {
+        old->using --;
+        tbd_tube_maybe_free(old);
+    }
+}
+
+static bool conn_watches(struct conn *c, struct tube *t)
+{
+    for (size_t i = 0; i < c->nwatch; i++)
+        if (c->watch[i] == t)
+            return true;
+    return false;
+}
+
+/* A job @c may delete, bury or touch: reserved by @c. */
+static struct job *reserved_by(struct conn *c, uint64_t id)
+{
+    struct job *j = tbd_job_find(id);
+    return j && j->state == J_RESERVED && j->reserver == c ? j : NULL;
+}
+
+static void cmd_reserve(struct conn *c, int64_t timeout_ms)
+{
+    if (!c->worker) {
+        c->worker = true;
+        g.workers++;
+    }
+    uint64_t now = tw_wheel_now(g.wheel);
+    struct job *j = tbd_conn_candidate(c);
+    if (j) {
+        tbd_reserve_job(c, j, now);
+        return;
+    }
+    if (tbd_conn_deadline_soon(c, now)) {
+        tbd_reply(c, "DEADLINE_SOON\r\n");
+        return;
+    }
+    if (timeout_ms == 0) {
+        tbd_reply(c, "TIMED_OUT\r\n");
+        return;
+    }
+    c->waiting = true;
+    c->w_next = NULL;
+    c->w_prev = g.w_tail;
+    if (g.w_tail)
+        g.w_tail->w_next = c;
+    else
+        g.w_head = c;
+    g.w_tail = c;
+    g.waiting++;
+    for (size_t i = 0; i < c->nwatch; i++)
+        c->watch[i]->waiting++;
+    if (timeout_ms > 0)
+        tw_wheel_add(g.wheel, &c->wait_timer, now + (uint64_t)timeout_ms);
+}
+
+void tbd_put_finish(struct conn *c)
+{
+    struct job *j = c->put_job;
+    c->put_job = NULL;
+    c->in_state = IN_LINE;
+    if (memcmp(j->body + j->body_len, "\r\n", 2) != 0) {
+        tbd_job_release(j);
+        tbd_reply(c, "EXPECTED_CRLF\r\n");
+        return;
+    }
+    j->id = tbd_next_job_id();
+    j->created_wall = tbd_wall_ms();
+    j->tube = c->use;
+    g.total_jobs++;
+    j->tube->total_jobs++;
+    char text[48];
+    snprintf(text, sizeof(text), "INSERTED %" PRIu64 "\r\n", j->id);
+    if (j->delay_s > 0 && g.store) {
+        tbd_job_go_cold(c, j, false, text);
+        return;
+    }
+    tbd_job_table_insert(j);
+    uint64_t now = tw_wheel_now(g.wheel);
+    if (j->delay_s > 0)
+        tbd_job_make_delayed(j, j->delay_s, now);
+    else
+        tbd_job_make_ready(j);
+    tbd_store_job(c, j, text);
+}
+
+static void cmd_put(struct conn *c, const struct tbd_cmd *cmd)
+{
+    if (!c->producer) {
+        c->producer = true;
+        g.producers++;
+    }
+    if (cmd->bytes > g.opt->max_job_size || g.draining) {
+        /* As beanstalkd: the body is read and dropped, then the answer. */
+        c->in_state = IN_SKIP;
+        c->skip_left = cmd->bytes + 2;
+        c->skip_reply = cmd->bytes > g.opt->max_job_size ? "JOB_TOO_BIG\r\n"
+                                                         : "DRAINING\r\n";
+        return;
+    }
+    struct job *j = tbd_job_alloc();
+    char *body = j ? malloc(cmd->bytes + 2) : NULL;
+    if (j && !body)
+        tbd_job_release(j);
+    if (!body) {
+        c->in_state = IN_SKIP;
+        c->skip_left = cmd->bytes + 2;
+        c->skip_reply = "OUT_OF_MEMORY\r\n";
+        return;
+    }
+    j->pri = cmd->pri;
+    j->delay_s = cmd->delay;
+    j->ttr_s = cmd->ttr ? cmd->ttr : 1;
+    j->body_len = (uint32_t)cmd->bytes;
+    j->body = body;
+    g.bodies++;
+    tw_timer_init(&j->timer, tbd_job_timer_fn, j);
+    c->put_job = j;
+    c->body_got = 0;
+    c->in_state = IN_BODY;
+}
+
+void tbd_cmd_peek_reply(struct conn *c, struct job *j)
+{
+    if (!j)
+        tbd_reply(c, "NOT_FOUND\r\n");
+    else
+        tbd_reply_job(c, "FOUND", j);
+}
+
+/* Kicks @j (buried or delayed) to ready; stores it. */
+static bool kick_one(struct job *j)
+{
+    if (!tbd_job_load_body(j))
+        return false;
+    tbd_job_unlink(j);
+    j->kicks++;
+    tbd_job_make_ready(j);
+    return true;
+}
+
+void tbd_cmd_delete(struct conn *c, uint64_t id)
+{
+    struct job *j = tbd_job_find(id);
+    char key[24];
+    size_t kl = (size_t)snprintf(key, sizeof(key), "j%" PRIu64, id);
+    /* A job whose store record may fire: no delivery of it may reach
+     * tbd_fired_jobs() from now until its cancel is done (store.c). */
+    bool claim = g.store && (!j || j->timed);
+    if (claim) {
+        tbd_store_claim(g.store, key, kl);
+        tbd_fired_jobs();
+        j = tbd_job_find(id);
+    }
+    struct tube *t;
+    if (j && !(j->state == J_RESERVED && j->reserver != c)) {
+        t = j->tube;
+        j->tube->cmd_delete++;
+        tbd_job_unlink(j);
+        tbd_job_free(j);
+    } else if (!j && (j = tbd_cold_get(id)) != NULL) {
+        t = j->tube;
+        t->cmd_delete++;
+        t->ncold--;
+        g.counts[J_DELAYED]--;
+        tbd_job_free_cold(j);
+    } else {
+        if (claim)
+            tbd_store_unclaim(g.store, key, kl);
+        tbd_reply(c, "NOT_FOUND\r\n");
+        return;
+    }
+    (void)t;
+    if (!g.store) {
+        tbd_reply(c, "DELETED\r\n");
+        return;
+    }
+    struct tbd_write *w = tbd_write_new(TBD_W_CANCEL, c);
+    memcpy(w->key, key, kl + 1);
+    w->key_len = kl;
+    w->unclaim = claim;
+    tbd_submit(c, w, "DELETED\r\n");
+}
+
+/*
+ * One function per command: the command table below runs them. Each takes
+ * the connection, the parsed command and the wheel's time now.
+ */
+typedef void cmd_fn(struct conn *c, const struct tbd_cmd *cmd, uint64_t now);
+
+static void do_put(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
+{
+    (void)now;
+    cmd_put(c, cmd);
+}
+
+static void do_use(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
+{
+    (void)now;
+    struct tube *t = tbd_tube_get(cmd->tube, cmd->tube_len);
+    if (!t) {
+        tbd_reply(c, "OUT_OF_MEMORY\r\n");
+        return;
+    }
+    tbd_conn_use(c, t);
+    tbd_replyf(c, "USING %s\r\n", t->name);
+}
+
+static void do_reserve(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
+{
+    (void)cmd;
+    (void)now;
+    cmd_reserve(c, -1);
+}
+
+static void do_reserve_timeout(struct conn *c, const struct tbd_cmd *cmd,
+                               uint64_t now)
+{
+    (void)now;
+    cmd_reserve(c, (int64_t)cmd->timeout * 1000);
+}
+
+static void do_reserve_job(struct conn *c, const struct tbd_cmd *cmd,
+                           uint64_t now)
+{
+    bool warmed;
+    struct job *j = tbd_job_find_warm(cmd->id, &warmed);
+    if (!j || j->state == J_RESERVED) {
+        tbd_reply(c, "NOT_FOUND\r\n");
+        return;
+    }
+    if (!c->worker) {
+        c->worker = true;
+        g.workers++;
+    }
+    tbd_reserve_job(c, j, now);
+    /* It was delayed in the store: ready after a crash (on Redis
+     * tbd_reserve_job() wrote its lease). */
+    if (warmed && !g.opt->redis)
+        tbd_submit(c, tbd_job_write(j, J_READY, c), NULL);
+}
+
+static void do_delete(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
+{
+    (void)now;
+    tbd_cmd_delete(c, cmd->id);
+}
+
+/* release and bury. */
+static void do_release(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
+{
+    struct job *j = reserved_by(c, cmd->id);
+    if (!j) {
+        tbd_reply(c, "NOT_FOUND\r\n");
+        return;
+    }
+    tbd_job_unlink(j);
+    j->pri = cmd->pri;
+    if (cmd->op == TBD_BURY) {
+        j->buries++;
+        tbd_job_make_buried(j);
+    } else {
+        j->releases++;
+        if (cmd->delay > 0 && g.store) {
+            j->delay_s = cmd->delay;
+            tbd_job_go_cold(c, j, true, "RELEASED\r\n");
+            return;
+        }
+        if (cmd->delay > 0)
+            tbd_job_make_delayed(j, cmd->delay, now);
+        else
+            tbd_job_make_ready(j);
+    }
+    tbd_store_job(c, j, cmd->op == TBD_BURY ? "BURIED\r\n" : "RELEASED\r\n");
+}
+
+static void do_touch(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
+{
+    struct job *j = reserved_by(c, cmd->id);
+    if (!j) {
+        tbd_reply(c, "NOT_FOUND\r\n");
+        return;
+    }
+    tbd_arm_ttr(j, now);
+    if (g.opt->redis && g.store)
+        tbd_lease_write(c, j, "TOUCHED\r\n");
+    else
+        tbd_reply(c, "TOUCHED\r\n");
+}
+
+static void do_watch(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
+{
+    (void)now;
+    struct tube *t = tbd_tube_get(cmd->tube, cmd->tube_len);
+    if (!t) {
+        tbd_reply(c, "OUT_OF_MEMORY\r\n");
+        return;
+    }
+    if (!conn_watches(c, t)) {
+        struct tube **nw = realloc(c->watch, (c->nwatch + 1) * sizeof(*nw));
+        if (!nw) {
+            tbd_tube_maybe_free(t);
+            tbd_reply(c, "OUT_OF_MEMORY\r\n");
+            return;
+        }
+        c->watch = nw;
+        c->watch[c->nwatch++] = t;
+        t->watching++;
+    }
+    tbd_replyf(c, "WATCHING %zu\r\n", c->nwatch);
+}
+
+static void do_ignore(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
+{
+    (void)now;
+    struct tube *t = tbd_tube_find(cmd->tube, cmd->tube_len);
+    if (t && conn_watches(c, t)) {
+        if (c->nwatch == 1) {
+            tbd_reply(c, "NOT_IGNORED\r\n");
+            return;
+        }
+        size_t i = 0;
+        while (c->watch[i] != t)
+            i++;
+        memmove(&c->watch[i], &c->watch[i + 1],
+                (c->nwatch - i - 1) * sizeof(c->watch[0]));
+        c->nwatch--;
+        t->watching--;
+        tbd_tube_maybe_free(t);
+    }
+    tbd_replyf(c, "WATCHING %zu\r\n", c->nwatch);
+}
+
+/* peek and stats-job. */
+static void do_peek(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
+{
+    struct job *j = tbd_job_find(cmd->id);
+    if (!j && g.store) {
+        tbd_fired_jobs();
+        j = tbd_job_find(cmd->id);
+    }
+    struct job *cold = j ? NULL : tbd_cold_get(cmd->id);
+    if (cold)
+        j = cold;
+    if (cmd->op == TBD_PEEK)
+        tbd_cmd_peek_reply(c, j);
+    else if (!j)
+        tbd_reply(c, "NOT_FOUND\r\n");
+    else
+        tbd_cmd_stats_job(c, j, now);
+    if (cold)
+        tbd_job_free_cold(cold);
+}
+
+static void do_peek_ready(struct conn *c, const struct tbd_cmd *cmd,
+                          uint64_t now)
+{
+    (void)cmd;
+    (void)now;
+    tbd_cmd_peek_reply(c, c->use->nready ? c->use->heap[0] : NULL);
+}
+
+static void do_peek_delayed(struct conn *c, const struct tbd_cmd *cmd,
+                            uint64_t now)
+{
+    (void)cmd;
+    (void)now;
+    if (g.store) {
+        tbd_cold_peek(c);
+        return;
+    }
+    /* O(delayed jobs of the tube): the delays themselves live in the
+     * wheel, which has no order to read. */
+    struct job *best = NULL;
+    for (struct job *j = c->use->delayed.head; j; j = j->l_next)
+        if (!best || j->deadline < best->deadline ||
+            (j->deadline == best->deadline && j->id < best->id))
+            best = j;
+    tbd_cmd_peek_reply(c, best);
+}
+
+static void do_peek_buried(struct conn *c, const struct tbd_cmd *cmd,
+                           uint64_t now)
+{
+    (void)cmd;
+    (void)now;
+    tbd_cmd_peek_reply(c, c->use->buried.head);
+}
+
+static void do_kick(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
+{
+    (void)now;
+    struct tube *t = c->use;
+    if (g.store && !t->buried.n) {
+        tbd_cold_kick(c, t, cmd->bound);
+        return;
+    }
+    uint32_t k = 0;
+    struct jlist *l = t->buried.n ? &t->buried : &t->delayed;
+    struct tbd_write *last = NULL;
+    while (k < cmd->bound && l->head) {
+        struct job *j = l->head;
+        if (!kick_one(j))
+            break; /* its body could not be read back (logged) */
+        k++;
+        if (g.store) {
+            /* Each write but the last goes at once; the reply waits
+             * for the last, and writes complete in order. */
+            if (last)
+                tbd_submit(c, last, NULL);
+            last = tbd_job_write(j, J_READY, c);
+        }
+    }
+    char text[40];
+    snprintf(text, sizeof(text), "KICKED %u\r\n", k);
+    if (last)
+        tbd_submit(c, last, text);
+    else
+        tbd_reply(c, text);
+}
+
+static void do_kick_job(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
+{
+    (void)now;
+    bool warmed;
+    struct job *j = tbd_job_find_warm(cmd->id, &warmed);
+    if (warmed) { /* delayed in the store: ready now */
+        j->kicks++;
+        tbd_store_job(c, j, "KICKED\r\n");
+        return;
+    }
+    if (!j || (j->state != J_BURIED && j->state != J_DELAYED)) {
+        tbd_reply(c, "NOT_FOUND\r\n");
+        return;
+    }
+    if (!kick_one(j)) {
+        tbd_reply(c, "INTERNAL_ERROR\r\n");
+        return;
+    }
+    tbd_store_job(c, j, "KICKED\r\n");
+}
+
+static void do_stats_tube(struct conn *c, const struct tbd_cmd *cmd,
+                          uint64_t now)
+{
+    struct tube *t = tbd_tube_find(cmd->tube, cmd->tube_len);
+    if (!t)
+        tbd_reply(c, "NOT_FOUND\r\n");
+    else
+        tbd_cmd_stats_tube(c, t, now);
+}
+
+static void do_stats(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
+{
+    (void)cmd;
+    (void)now;
+    tbd_cmd_stats(c);
+}
+
+/* list-tubes and list-tubes-watched. */
+static void do_list(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
+{
+    (void)now;
+    tbd_cmd_list(c, cmd->op);
+}
+
+static void do_list_used(struct conn *c, const struct tbd_cmd *cmd,
+                         uint64_t now)
+{
+    (void)cmd;
+    (void)now;
+    tbd_replyf(c, "USING %s\r\n", c->use->name);
+}
+
+static void do_pause(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
+{
+    struct tube *t = tbd_tube_find(cmd->tube, cmd->tube_len);
+    if (!t) {
+        tbd_reply(c, "NOT_FOUND\r\n");
+        return;
+    }
+    t->cmd_pause++;
+    t->pause_s = cmd->delay;
+    if (cmd->delay) {
+        t->pause_until = now + (uint64_t)cmd->delay * 1000u;
+        tw_wheel_add(g.wheel, &t->pause_timer, t->pause_until);
+    } else {
+        t->pause_until = 0;
+        tw_wheel_cancel(g.wheel, &t->pause_timer);
+        g.queue_dirty = true;
+    }
+    tbd_reply(c, "PAUSED\r\n");
+}
+
+static void do_quit(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
+{
+    (void)cmd;
+    (void)now;
+    c->close_after_flush = true;
+}
+
+/* The command table: the function of each command (proto.h's ops). */
+static cmd_fn *const commands[TBD_OP_COUNT] = {
+    [TBD_PUT] = do_put,
+    [TBD_USE] = do_use,
+    [TBD_RESERVE] = do_reserve,
+    [TBD_RESERVE_TIMEOUT] = do_reserve_timeout,
+    [TBD_RESERVE_JOB] = do_reserve_job,
+    [TBD_DELETE] = do_delete,
+    [TBD_RELEASE] = do_release,
+    [TBD_BURY] = do_release,
+    [TBD_TOUCH] = do_touch,
+    [TBD_WATCH] = do_watch,
+    [TBD_IGNORE] = do_ignore,
+    [TBD_PEEK] = do_peek,
+    [TBD_PEEK_READY] = do_peek_ready,
+    [TBD_PEEK_DELAYED] = do_peek_delayed,
+    [TBD_PEEK_BURIED] = do_peek_buried,
+    [TBD_KICK] = do_kick,
+    [TBD_KICK_JOB] = do_kick_job,
+    [TBD_STATS_JOB] = do_peek,
+    [TBD_STATS_TUBE] = do_stats_tube,
+    [TBD_STATS] = do_stats,
+    [TBD_LIST_TUBES] = do_list,
+    [TBD_LIST_TUBE_USED] = do_list_used,
+    [TBD_LIST_TUBES_WATCHED] = do_list,
+    [TBD_PAUSE_TUBE] = do_pause,
+    [TBD_QUIT] = do_quit,
+};
+
+void tbd_run_command(struct conn *c, const struct tbd_cmd *cmd)
+{
+    uint64_t now = tw_wheel_now(g.wheel);
+    if (cmd->op >= 0)
+        g.cmd[cmd->op]++;
+    tbd_logv(3, "fd %d: %s", c->fd, tbd_op_name(cmd->op));
+    if (cmd->op == TBD_BAD_FORMAT)
+        tbd_reply(c, "BAD_FORMAT\r\n");
+    else if (cmd->op == TBD_UNKNOWN)
+        tbd_reply(c, "UNKNOWN_COMMAND\r\n");
+    else if (cmd->op >= 0 && cmd->op < TBD_OP_COUNT && commands[cmd->op])
+        commands[cmd->op](c, cmd, now);
+}

@@ -1,0 +1,229 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * job.c - twheeld: job memory, the job table by id, job states, bodies in and
+ * out of memory.
+ *
+ * Jobs: a hash table by id; in its tube, a ready job sits in a binary heap
+ * ordered by (priority, id) (the ready queue, as in beanstalkd; no time is
+ * kept there), a delayed or buried job in a list, a reserved job in its
+ * reserver's list. With a store (-b, --redis) a delayed job is not in
+ * memory at all: the store holds and fires it (cold.c).
+ */
+#define _GNU_SOURCE
+#include "tbd.h"
+
+/* ---- job memory ---- */
+
+#define JOB_CHUNK 4096 /* jobs per allocation */
+
+static struct job *job_free_list;
+
+/* A zeroed job, from chunks of JOB_CHUNK that are kept until exit (no
+ * allocator header a job); NULL when out of memory. */
+struct job *tbd_job_alloc(void)
+{
+    if (!job_free_list) {
+        struct job *chunk = malloc(JOB_CHUNK * sizeof(*chunk));
+        if (!chunk)
+            return NULL;
+        for (size_t i = 0; i < JOB_CHUNK; i++) {
+            chunk[i].h_next = job_free_list;
+            job_free_list = &chunk[i];
+        }
+    }
+    struct job *j = job_free_list;
+    job_free_list = j->h_next;
+    memset(j, 0, sizeof(*j));
+    return j;
+}
+
+void tbd_job_release(struct job *j)
+{
+    g.bodies -= j->body != NULL;
+    free(j->body);
+    j->body = NULL;
+    j->h_next = job_free_list;
+    job_free_list = j;
+}
+
+/* ---- job table ---- */
+
+static size_t hash_id(uint64_t id, size_t cap)
+{
+    return (size_t)((id * UINT64_C(0x9E3779B97F4A7C15)) >> 20) & (cap - 1);
+}
+
+struct job *tbd_job_find(uint64_t id)
+{
+    for (struct job *j = g.jobs[hash_id(id, g.jcap)]; j; j = j->h_next)
+        if (j->id == id)
+            return j;
+    return NULL;
+}
+
+void tbd_job_table_insert(struct job *j)
+{
+    if (g.njobs + 1 > g.jcap) {
+        size_t ncap = g.jcap * 2;
+        struct job **nt = calloc(ncap, sizeof(*nt));
+        if (nt) {
+            for (size_t i = 0; i < g.jcap; i++) {
+                for (struct job *e = g.jobs[i], *nx; e; e = nx) {
+                    nx = e->h_next;
+                    size_t h = hash_id(e->id, ncap);
+                    e->h_next = nt[h];
+                    nt[h] = e;
+                }
+            }
+            free(g.jobs);
+            g.jobs = nt;
+            g.jcap = ncap;
+        }
+    }
+    size_t h = hash_id(j->id, g.jcap);
+    j->h_next = g.jobs[h];
+    g.jobs[h] = j;
+    g.njobs++;
+}
+
+/* Room for @n jobs without a rehash (best effort: at start-up). */
+void tbd_job_table_reserve(uint64_t n)
+{
+    size_t cap = g.jcap;
+    while (cap < n && cap < ((size_t)1 << 40))
+        cap *= 2;
+    if (cap == g.jcap || g.njobs)
+        return;
+    struct job **nt = calloc(cap, sizeof(*nt));
+    if (nt) {
+        free(g.jobs);
+        g.jobs = nt;
+        g.jcap = cap;
+    }
+}
+
+void tbd_job_table_remove(struct job *j)
+{
+    struct job **pp = &g.jobs[hash_id(j->id, g.jcap)];
+    while (*pp != j)
+        pp = &(*pp)->h_next;
+    *pp = j->h_next;
+    g.njobs--;
+}
+
+/* ---- job states ---- */
+
+/* Puts @j (in no list) into its tube's ready queue. */
+void tbd_job_make_ready(struct job *j)
+{
+    j->state = J_READY;
+    g.counts[J_READY]++;
+    tbd_heap_push(j->tube, j);
+    if (j->pri < URGENT)
+        j->tube->nurgent++;
+    g.nready_total++;
+    g.queue_dirty = true;
+}
+
+/* Takes @j out of whatever list or queue its state keeps it in. */
+void tbd_job_unlink(struct job *j)
+{
+    tw_wheel_cancel(g.wheel, &j->timer);
+    g.counts[j->state]--;
+    switch (j->state) {
+    case J_READY:
+        tbd_heap_remove(j->tube, j);
+        if (j->pri < URGENT)
+            j->tube->nurgent--;
+        g.nready_total--;
+        break;
+    case J_DELAYED:
+        tbd_jl_remove(&j->tube->delayed, j);
+        break;
+    case J_BURIED:
+        tbd_jl_remove(&j->tube->buried, j);
+        break;
+    case J_RESERVED:
+        tbd_jl_remove(&j->reserver->reserved, j);
+        j->tube->nreserved--;
+        j->reserver = NULL;
+        break;
+    }
+}
+
+void tbd_job_make_delayed(struct job *j, uint32_t delay_s, uint64_t now)
+{
+    j->state = J_DELAYED;
+    g.counts[J_DELAYED]++;
+    j->delay_s = delay_s;
+    j->deadline = now + (uint64_t)delay_s * 1000u;
+    j->due_wall = tbd_wall_ms() + (int64_t)delay_s * 1000;
+    tbd_jl_push(&j->tube->delayed, j);
+    tw_wheel_add(g.wheel, &j->timer, j->deadline);
+}
+
+void tbd_job_make_buried(struct job *j)
+{
+    j->state = J_BURIED;
+    g.counts[J_BURIED]++;
+    tbd_jl_push(&j->tube->buried, j);
+}
+
+void tbd_job_free(struct job *j)
+{
+    struct tube *t = j->tube;
+    tbd_job_table_remove(j);
+    tbd_job_release(j);
+    tbd_tube_maybe_free(t);
+}
+
+/* Drops @j's body from memory when the store holds it and nothing here
+ * needs it: a delayed or buried job with no write under way. */
+void tbd_job_evict(struct job *j)
+{
+    if (g.store && j->stored && j->writes == 0 && j->body &&
+        (j->state == J_DELAYED || j->state == J_BURIED)) {
+        free(j->body);
+        j->body = NULL;
+        g.bodies--;
+    }
+}
+
+/* The body of @j, read back from the store, into a new block (body_len
+ * bytes and "\r\n"); NULL, logged, when the store does not have it. */
+char *tbd_body_from_store(const struct job *j)
+{
+    char key[24];
+    size_t kl = (size_t)snprintf(key, sizeof(key), "j%" PRIu64, j->id);
+    size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + (size_t)j->body_len + 4;
+    size_t len = 0;
+    unsigned char *p = malloc(cap);
+    char *body = malloc((size_t)j->body_len + 2);
+    int rc =
+        p && body ? tbd_store_get(g.store, key, kl, p, cap, &len) : TW_ENOMEM;
+    struct rec r;
+    if (rc == 0 && (len > cap || !tbd_rec_parse(p, len, &r) || r.id != j->id ||
+                    r.body_len != j->body_len))
+        rc = TW_EIO;
+    if (rc == 0) {
+        memcpy(body, r.body, j->body_len);
+        memcpy(body + j->body_len, "\r\n", 2);
+    } else {
+        tbd_logv(0, "job %" PRIu64 ": cannot read its body back: %s", j->id,
+                 tw_strerror(rc));
+        free(body);
+        body = NULL;
+    }
+    free(p);
+    return body;
+}
+
+/* Makes sure @j's body is in memory; false (logged) if it cannot be. */
+bool tbd_job_load_body(struct job *j)
+{
+    if (!j->body) {
+        j->body = tbd_body_from_store(j);
+        g.bodies += j->body != NULL;
+    }
+    return j->body != NULL;
+}

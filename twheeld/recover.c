@@ -1,0 +1,87 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * recover.c - twheeld: recovery at start-up: reading the store back.
+ */
+#define _GNU_SOURCE
+#include "tbd.h"
+
+/* ---- recovery ---- */
+
+/* A high-water mark record "m..." (tbd_next_job_id()). */
+static void recover_mark(struct recover_ctx *r, const char *key, size_t key_len,
+                         const unsigned char *p, size_t n)
+{
+    char mk[24];
+    size_t ml = tbd_mark_key(mk, sizeof(mk));
+    if (key_len != ml || memcmp(key, mk, ml) != 0)
+        return; /* another server's */
+    /* A mark beyond this server's range of ids would make it issue
+     * another's (or wrap around). */
+    if (n != MARK_LEN || p[0] != REC_MARK || !tbd_own_id(tbd_get_u64(p + 2))) {
+        tbd_unreadable(key, key_len,
+                       "not a mark of this server's ids, "
+                       "skipped");
+        return;
+    }
+    if (tbd_get_u64(p + 2) > r->mark)
+        r->mark = tbd_get_u64(p + 2);
+}
+
+void tbd_recover_one(void *arg, const char *key, size_t key_len, int64_t due_ms,
+                     const void *payload, size_t n)
+{
+    struct recover_ctx *r = arg;
+    const unsigned char *p = payload;
+    if (key_len && key[0] == 'm') {
+        recover_mark(r, key, key_len, p, n);
+        return;
+    }
+    if (key_len && key[0] == 'n')
+        return; /* a server's liveness record */
+    struct rec rc;
+    if (!tbd_rec_parse(p, n, &rc) || rc.id != tbd_key_id(key, key_len) ||
+        tbd_job_find(rc.id)) {
+        r->bad++;
+        tbd_unreadable(key, key_len, "not a job record of its key, skipped");
+        return;
+    }
+    /* Another server's job (--node): not this one's to serve. */
+    if (rc.owner != g.opt->node) {
+        r->others++;
+        return;
+    }
+    /* Ids of this server's range only: a job taken over from another
+     * server keeps that one's id. */
+    if (tbd_own_id(rc.id) && rc.id > r->max_id)
+        r->max_id = rc.id;
+    r->jobs++;
+    if (rc.state == J_DELAYED && rc.due > r->now_wall) {
+        /* The store fires it; only its tube counts it here. */
+        struct tube *t = tbd_tube_get(rc.tube, rc.tube_len);
+        if (!t) {
+            fputs("twheeld: out of memory during recovery\n", stderr);
+            exit(1);
+        }
+        tbd_cold_add(t, rc.due, rc.id);
+        t->ncold++;
+        g.counts[J_DELAYED]++;
+        r->cold++;
+        return;
+    }
+    /* Redis: a record that may still fire (a reserved job's, or a fired
+     * one's) is written back undated, or another server would take it. */
+    bool undate = g.opt->redis && due_ms < r->never;
+    /* Buried jobs leave their bodies in the store. */
+    struct job *j = tbd_job_from_rec(&rc, rc.state != J_BURIED || undate);
+    if (!j) {
+        fputs("twheeld: out of memory during recovery\n", stderr);
+        exit(1);
+    }
+    tbd_job_table_insert(j);
+    if (rc.state == J_BURIED)
+        tbd_job_make_buried(j);
+    else
+        tbd_job_make_ready(j);
+    if (undate)
+        tbd_submit(NULL, tbd_job_write(j, j->state, NULL), NULL);
+}

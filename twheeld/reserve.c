@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * reserve.c - twheeld: reserving: the waiting list, TTR and reserve timeouts.
+ */
+#define _GNU_SOURCE
+#include "tbd.h"
+
+/* ---- reserving ---- */
+
+void tbd_waiting_remove(struct conn *c)
+{
+    if (!c->waiting)
+        return;
+    c->waiting = false;
+    tw_wheel_cancel(g.wheel, &c->wait_timer);
+    if (c->w_prev)
+        c->w_prev->w_next = c->w_next;
+    else
+        g.w_head = c->w_next;
+    if (c->w_next)
+        c->w_next->w_prev = c->w_prev;
+    else
+        g.w_tail = c->w_prev;
+    c->w_next = c->w_prev = NULL;
+    g.waiting--;
+    for (size_t i = 0; i < c->nwatch; i++)
+        c->watch[i]->waiting--;
+}
+
+void tbd_reply_job(struct conn *c, const char *word, struct job *j)
+{
+    /* A peek at a delayed or buried job whose body is in the store. */
+    char *tmp = j->body ? NULL : tbd_body_from_store(j);
+    if (!j->body && !tmp) {
+        tbd_reply(c, "INTERNAL_ERROR\r\n");
+        return;
+    }
+    tbd_replyf(c, "%s %" PRIu64 " %u\r\n", word, j->id, j->body_len);
+    tbd_reply_raw(c, j->body ? j->body : tmp, (size_t)j->body_len + 2);
+    free(tmp);
+}
+
+/* Starts (or restarts) @j's TTR: first the DEADLINE_SOON point, then
+ * the deadline itself (tbd_job_timer_fn()). */
+void tbd_arm_ttr(struct job *j, uint64_t now)
+{
+    j->deadline = now + (uint64_t)j->ttr_s * 1000u;
+    j->soon_phase = (uint64_t)j->ttr_s * 1000u > SAFETY_MS;
+    tw_wheel_add(g.wheel, &j->timer,
+                 j->soon_phase ? j->deadline - SAFETY_MS : j->deadline);
+}
+
+/*
+ * Redis: the record of a reserved job is due TTR + TAKEOVER_GRACE_MS
+ * from now (a ready job, to whichever server the store hands it), so that
+ * when this server dies the job comes back ready on another. While it
+ * lives, this server releases the job at its TTR and writes it back
+ * undated (ttr_ended()), well before the grace runs out; a touch dates it
+ * again.
+ */
+#define TAKEOVER_GRACE_MS 2000
+
+void tbd_lease_write(struct conn *c, struct job *j, const char *text)
+{
+    struct tbd_write *w = tbd_job_write(j, J_READY, c);
+    w->due_ms = tbd_wall_ms() + (int64_t)j->ttr_s * 1000 + TAKEOVER_GRACE_MS;
+    /* Failed, it leaves the job reserved here (logged): only a takeover
+     * after a crash is lost. */
+    w->keep_reply = true;
+    j->timed = true;
+    tbd_submit(c, w, text);
+}
+
+/* Redis: a job in memory whose record may fire on another server (a
+ * reserved job's, after tbd_lease_write()) is written back undated. */
+void tbd_job_undate(struct job *j)
+{
+    if (g.opt->redis && g.store && j->timed)
+        tbd_submit(NULL, tbd_job_write(j, J_READY, NULL), NULL);
+}
+
+void tbd_reserve_job(struct conn *c, struct job *j, uint64_t now)
+{
+    tbd_job_unlink(j);
+    j->state = J_RESERVED;
+    g.counts[J_RESERVED]++;
+    j->reserver = c;
+    j->reserves++;
+    j->tube->nreserved++;
+    tbd_jl_push(&c->reserved, j);
+    tbd_arm_ttr(j, now);
+    if (!g.opt->redis || !g.store || !tbd_job_load_body(j)) {
+        tbd_reply_job(c, "RESERVED", j);
+        return;
+    }
+    /* Redis: RESERVED goes once the lease is in Redis, so a job whose
+     * RESERVED reached a worker comes back on another server if this one
+     * dies. */
+    char head[48];
+    snprintf(head, sizeof(head), "RESERVED %" PRIu64 " %u\r\n", j->id,
+             j->body_len);
+    tbd_lease_write(c, j, head);
+    tbd_reply_raw(c, j->body, (size_t)j->body_len + 2);
+}
+
+/* The best ready job of the unpaused tubes @c watches. */
+struct job *tbd_conn_candidate(struct conn *c)
+{
+    struct job *best = NULL;
+    for (size_t i = 0; i < c->nwatch; i++) {
+        struct tube *t = c->watch[i];
+        if (!t->nready || tbd_tube_paused(t))
+            continue;
+        if (!best || tbd_job_less(t->heap[0], best))
+            best = t->heap[0];
+    }
+    return best;
+}
+
+bool tbd_conn_deadline_soon(struct conn *c, uint64_t now)
+{
+    for (struct job *j = c->reserved.head; j; j = j->l_next)
+        if (now + SAFETY_MS >= j->deadline)
+            return true;
+    return false;
+}
+
+/* Gives ready jobs to waiting connections, oldest waiter first. */
+void tbd_process_queue(void)
+{
+    g.queue_dirty = false;
+    uint64_t now = tw_wheel_now(g.wheel);
+    for (struct conn *c = g.w_head, *nx; c && g.nready_total; c = nx) {
+        nx = c->w_next;
+        struct job *j = tbd_conn_candidate(c);
+        if (!j)
+            continue;
+        tbd_waiting_remove(c);
+        tbd_reserve_job(c, j, now);
+        tbd_conn_flush(c);
+    }
+}
+
+void tbd_wait_timeout_fn(tw_timer *tm, void *arg)
+{
+    (void)tm;
+    struct conn *c = arg;
+    tbd_waiting_remove(c);
+    tbd_reply(c, "TIMED_OUT\r\n");
+    tbd_conn_flush(c);
+}
+
+void tbd_job_timer_fn(tw_timer *tm, void *arg)
+{
+    (void)tm;
+    struct job *j = arg;
+    uint64_t now = tw_wheel_now(g.wheel);
+    if (j->state == J_DELAYED) {
+        if (!tbd_job_load_body(j)) { /* the store failed: try again later */
+            tw_wheel_add(g.wheel, &j->timer, now + 1000);
+            return;
+        }
+        tbd_jl_remove(&j->tube->delayed, j);
+        g.counts[J_DELAYED]--;
+        tbd_job_make_ready(j);
+        return;
+    }
+    if (j->state != J_RESERVED)
+        return;
+    struct conn *c = j->reserver;
+    if (j->soon_phase) {
+        j->soon_phase = false;
+        tw_wheel_add(g.wheel, &j->timer, j->deadline);
+        if (c->waiting) {
+            tbd_waiting_remove(c);
+            tbd_reply(c, "DEADLINE_SOON\r\n");
+            tbd_conn_flush(c);
+        }
+        return;
+    }
+    (void)now;
+    /* The TTR ran out: the job goes back to ready, as in beanstalkd. */
+    tbd_job_unlink(j);
+    j->timeouts++;
+    g.job_timeouts++;
+    tbd_job_make_ready(j);
+    tbd_job_undate(j);
+}

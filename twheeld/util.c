@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * util.c - twheeld: clocks, logging, allocation and job lists.
+ */
+#define _GNU_SOURCE
+#include "tbd.h"
+
+/* ---- clocks ---- */
+
+uint64_t tbd_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+int64_t tbd_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void tbd_logv(int level, const char *fmt, ...)
+{
+    if (g.opt && g.opt->verbose < level)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("twheeld: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+void *tbd_xmalloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p) {
+        fputs("twheeld: out of memory\n", stderr);
+        abort();
+    }
+    return p;
+}
+
+/* ---- lists ---- */
+
+void tbd_jl_push(struct jlist *l, struct job *j)
+{
+    j->l_next = NULL;
+    j->l_prev = l->tail;
+    if (l->tail)
+        l->tail->l_next = j;
+    else
+        l->head = j;
+    l->tail = j;
+    l->n++;
+}
+
+void tbd_jl_remove(struct jlist *l, struct job *j)
+{
+    if (j->l_prev)
+        j->l_prev->l_next = j->l_next;
+    else
+        l->head = j->l_next;
+    if (j->l_next)
+        j->l_next->l_prev = j->l_prev;
+    else
+        l->tail = j->l_prev;
+    j->l_next = j->l_prev = NULL;
+    l->n--;
+}
