@@ -193,7 +193,10 @@ static void job_written(struct tbd_write *w)
     /* Undated, and no later write (which may date it) under way. */
     if (w->result == 0 && w->due_ms == 0 && j->writes == 0)
         j->timed = false;
-    tbd_job_evict(j);
+    if (w->delayed)
+        tbd_job_cool(j, w->result == 0);
+    else
+        tbd_job_evict(j);
 }
 
 void tbd_store_completions(struct tbd_write *w)
@@ -206,13 +209,6 @@ void tbd_store_completions(struct tbd_write *w)
                      tw_strerror(w->result));
         if (w->kind == TBD_W_SCHED && w->key[0] == 'j')
             job_written(w);
-        if (w->cold && w->result != 0) {
-            /* A delayed job the store did not take: gone (logged). */
-            struct tube *t = w->cold;
-            t->ncold--;
-            g.counts[J_DELAYED]--;
-            tbd_tube_maybe_free(t);
-        }
         if (w->unclaim)
             tbd_store_unclaim(g.store, w->key, w->key_len);
         if (c) {

@@ -5,6 +5,8 @@
 #define _GNU_SOURCE
 #include "tbd.h"
 
+#include "delayq.h"
+
 /* ---- commands ---- */
 
 void tbd_conn_use(struct conn *c, struct tube *t)
@@ -85,16 +87,12 @@ void tbd_put_finish(struct conn *c)
     j->tube->total_jobs++;
     char text[48];
     snprintf(text, sizeof(text), "INSERTED %" PRIu64 "\r\n", j->id);
-    if (j->delay_s > 0 && g.store) {
-        tbd_job_go_cold(c, j, false, text);
+    if (j->delay_s > 0) {
+        tbd_job_delay(c, j, j->delay_s, false, text);
         return;
     }
     tbd_job_table_insert(j);
-    uint64_t now = tw_wheel_now(g.wheel);
-    if (j->delay_s > 0)
-        tbd_job_make_delayed(j, j->delay_s, now);
-    else
-        tbd_job_make_ready(j);
+    tbd_job_make_ready(j);
     tbd_store_job(c, j, text);
 }
 
@@ -153,38 +151,49 @@ static bool kick_one(struct job *j)
     return true;
 }
 
+/* The job @id as @c may delete it (any job but one another connection
+ * reserved), taken out of its state; NULL when there is none. A delayed
+ * job the store alone holds is in no table (its entry is dropped). */
+static struct job *delete_take(struct conn *c, uint64_t id, bool *cold,
+                               int *err)
+{
+    struct job *j = tbd_job_lookup(id, cold, err);
+    if (!j || (j->state == J_RESERVED && j->reserver != c)) {
+        if (j && *cold)
+            tbd_job_free_cold(j);
+        return NULL;
+    }
+    j->tube->cmd_delete++;
+    if (*cold)
+        tbd_dq_remove(g.dq, id);
+    else
+        tbd_job_unlink(j);
+    return j;
+}
+
 void tbd_cmd_delete(struct conn *c, uint64_t id)
 {
-    struct job *j = tbd_job_find(id);
     char key[24];
     size_t kl = (size_t)snprintf(key, sizeof(key), "j%" PRIu64, id);
+    struct job *j = tbd_job_find(id);
     /* A job whose store record may fire: no delivery of it may reach
      * tbd_fired_jobs() from now until its cancel is done (store.c). */
     bool claim = g.store && (!j || j->timed);
-    if (claim) {
+    if (claim)
         tbd_store_claim(g.store, key, kl);
-        tbd_fired_jobs();
-        j = tbd_job_find(id);
-    }
-    struct tube *t;
-    if (j && !(j->state == J_RESERVED && j->reserver != c)) {
-        t = j->tube;
-        j->tube->cmd_delete++;
-        tbd_job_unlink(j);
-        tbd_job_free(j);
-    } else if (!j && (j = tbd_cold_get(id)) != NULL) {
-        t = j->tube;
-        t->cmd_delete++;
-        t->ncold--;
-        g.counts[J_DELAYED]--;
-        tbd_job_free_cold(j);
-    } else {
+    bool cold;
+    int err;
+    j = delete_take(c, id, &cold, &err);
+    if (!j) {
         if (claim)
             tbd_store_unclaim(g.store, key, kl);
-        tbd_reply(c, "NOT_FOUND\r\n");
+        tbd_reply(c, err ? "INTERNAL_ERROR\r\n" : "NOT_FOUND\r\n");
         return;
     }
-    (void)t;
+    if (cold)
+        tbd_job_free_cold(j);
+    else
+        tbd_job_free(j);
     if (!g.store) {
         tbd_reply(c, "DELETED\r\n");
         return;
@@ -237,20 +246,24 @@ static void do_reserve_timeout(struct conn *c, const struct tbd_cmd *cmd,
 static void do_reserve_job(struct conn *c, const struct tbd_cmd *cmd,
                            uint64_t now)
 {
-    bool warmed;
-    struct job *j = tbd_job_find_warm(cmd->id, &warmed);
+    bool cold;
+    int err;
+    struct job *j = tbd_job_lookup(cmd->id, &cold, &err);
     if (!j || j->state == J_RESERVED) {
-        tbd_reply(c, "NOT_FOUND\r\n");
+        tbd_reply(c, err ? "INTERNAL_ERROR\r\n" : "NOT_FOUND\r\n");
         return;
     }
     if (!c->worker) {
         c->worker = true;
         g.workers++;
     }
+    bool was_delayed = j->state == J_DELAYED;
+    if (cold)
+        tbd_job_warm(j);
     tbd_reserve_job(c, j, now);
     /* It was delayed in the store: ready after a crash (on Redis
      * tbd_reserve_job() wrote its lease). */
-    if (warmed && !g.opt->redis)
+    if (was_delayed && g.store && !g.opt->redis)
         tbd_submit(c, tbd_job_write(j, J_READY, c), NULL);
 }
 
@@ -263,6 +276,7 @@ static void do_delete(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 /* release and bury. */
 static void do_release(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 {
+    (void)now;
     struct job *j = reserved_by(c, cmd->id);
     if (!j) {
         tbd_reply(c, "NOT_FOUND\r\n");
@@ -275,15 +289,11 @@ static void do_release(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
         tbd_job_make_buried(j);
     } else {
         j->releases++;
-        if (cmd->delay > 0 && g.store) {
-            j->delay_s = cmd->delay;
-            tbd_job_go_cold(c, j, true, "RELEASED\r\n");
+        if (cmd->delay > 0) {
+            tbd_job_delay(c, j, cmd->delay, true, "RELEASED\r\n");
             return;
         }
-        if (cmd->delay > 0)
-            tbd_job_make_delayed(j, cmd->delay, now);
-        else
-            tbd_job_make_ready(j);
+        tbd_job_make_ready(j);
     }
     tbd_store_job(c, j, cmd->op == TBD_BURY ? "BURIED\r\n" : "RELEASED\r\n");
 }
@@ -348,22 +358,17 @@ static void do_ignore(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 /* peek and stats-job. */
 static void do_peek(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 {
-    struct job *j = tbd_job_find(cmd->id);
-    if (!j && g.store) {
-        tbd_fired_jobs();
-        j = tbd_job_find(cmd->id);
-    }
-    struct job *cold = j ? NULL : tbd_cold_get(cmd->id);
-    if (cold)
-        j = cold;
-    if (cmd->op == TBD_PEEK)
+    bool cold;
+    int err;
+    struct job *j = tbd_job_lookup(cmd->id, &cold, &err);
+    if (!j)
+        tbd_reply(c, err ? "INTERNAL_ERROR\r\n" : "NOT_FOUND\r\n");
+    else if (cmd->op == TBD_PEEK)
         tbd_cmd_peek_reply(c, j);
-    else if (!j)
-        tbd_reply(c, "NOT_FOUND\r\n");
     else
         tbd_cmd_stats_job(c, j, now);
     if (cold)
-        tbd_job_free_cold(cold);
+        tbd_job_free_cold(j);
 }
 
 static void do_peek_ready(struct conn *c, const struct tbd_cmd *cmd,
@@ -379,18 +384,15 @@ static void do_peek_delayed(struct conn *c, const struct tbd_cmd *cmd,
 {
     (void)cmd;
     (void)now;
-    if (g.store) {
-        tbd_cold_peek(c);
-        return;
-    }
-    /* O(delayed jobs of the tube): the delays themselves live in the
-     * wheel, which has no order to read. */
-    struct job *best = NULL;
-    for (struct job *j = c->use->delayed.head; j; j = j->l_next)
-        if (!best || j->deadline < best->deadline ||
-            (j->deadline == best->deadline && j->id < best->id))
-            best = j;
-    tbd_cmd_peek_reply(c, best);
+    bool cold;
+    int err;
+    struct job *j = tbd_delayed_first(c->use, &cold, &err);
+    if (!j)
+        tbd_reply(c, err ? "INTERNAL_ERROR\r\n" : "NOT_FOUND\r\n");
+    else
+        tbd_cmd_peek_reply(c, j);
+    if (cold)
+        tbd_job_free_cold(j);
 }
 
 static void do_peek_buried(struct conn *c, const struct tbd_cmd *cmd,
@@ -401,21 +403,34 @@ static void do_peek_buried(struct conn *c, const struct tbd_cmd *cmd,
     tbd_cmd_peek_reply(c, c->use->buried.head);
 }
 
+/* Kicks @j, buried or delayed (@cold: read back from the store, in no
+ * table), to ready; false (logged) if its body could not be read back. */
+static bool kick_any(struct job *j, bool cold)
+{
+    if (cold) {
+        tbd_job_warm(j);
+        j->kicks++;
+        return true;
+    }
+    return kick_one(j);
+}
+
+/* kick: the tube's buried jobs if it has any, else its delayed jobs, due
+ * first first (as beanstalkd). */
 static void do_kick(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 {
     (void)now;
     struct tube *t = c->use;
-    if (g.store && !t->buried.n) {
-        tbd_cold_kick(c, t, cmd->bound);
-        return;
-    }
+    bool buried = t->buried.n > 0;
     uint32_t k = 0;
-    struct jlist *l = t->buried.n ? &t->buried : &t->delayed;
     struct tbd_write *last = NULL;
-    while (k < cmd->bound && l->head) {
-        struct job *j = l->head;
-        if (!kick_one(j))
-            break; /* its body could not be read back (logged) */
+    while (k < cmd->bound) {
+        bool cold = false;
+        int err = 0;
+        struct job *j =
+            buried ? t->buried.head : tbd_delayed_first(t, &cold, &err);
+        if (!j || !kick_any(j, cold))
+            break; /* none left, or its body could not be read (logged) */
         k++;
         if (g.store) {
             /* Each write but the last goes at once; the reply waits
@@ -436,18 +451,14 @@ static void do_kick(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 static void do_kick_job(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 {
     (void)now;
-    bool warmed;
-    struct job *j = tbd_job_find_warm(cmd->id, &warmed);
-    if (warmed) { /* delayed in the store: ready now */
-        j->kicks++;
-        tbd_store_job(c, j, "KICKED\r\n");
-        return;
-    }
+    bool cold;
+    int err;
+    struct job *j = tbd_job_lookup(cmd->id, &cold, &err);
     if (!j || (j->state != J_BURIED && j->state != J_DELAYED)) {
-        tbd_reply(c, "NOT_FOUND\r\n");
+        tbd_reply(c, err ? "INTERNAL_ERROR\r\n" : "NOT_FOUND\r\n");
         return;
     }
-    if (!kick_one(j)) {
+    if (!kick_any(j, cold)) {
         tbd_reply(c, "INTERNAL_ERROR\r\n");
         return;
     }

@@ -5,12 +5,15 @@
  *
  * Jobs: a hash table by id; in its tube, a ready job sits in a binary heap
  * ordered by (priority, id) (the ready queue, as in beanstalkd; no time is
- * kept there), a delayed or buried job in a list, a reserved job in its
- * reserver's list. With a store (-b, --redis) a delayed job is not in
- * memory at all: the store holds and fires it (cold.c).
+ * kept there), a buried job in a list, a reserved job in its reserver's
+ * list, and every delayed job has an entry in g.dq by (due, id)
+ * (delayed.c). With a store (-b, --redis) a delayed job whose record the
+ * store holds is that entry alone: the store fires it.
  */
 #define _GNU_SOURCE
 #include "tbd.h"
+
+#include "delayq.h"
 
 /* ---- job memory ---- */
 
@@ -129,7 +132,8 @@ void tbd_job_make_ready(struct job *j)
 void tbd_job_unlink(struct job *j)
 {
     tw_wheel_cancel(g.wheel, &j->timer);
-    g.counts[j->state]--;
+    if (j->state != J_DELAYED) /* delayed ones: tbd_dq_total(g.dq) */
+        g.counts[j->state]--;
     switch (j->state) {
     case J_READY:
         tbd_heap_remove(j->tube, j);
@@ -138,7 +142,7 @@ void tbd_job_unlink(struct job *j)
         g.nready_total--;
         break;
     case J_DELAYED:
-        tbd_jl_remove(&j->tube->delayed, j);
+        tbd_dq_remove(g.dq, j->id);
         break;
     case J_BURIED:
         tbd_jl_remove(&j->tube->buried, j);
@@ -149,17 +153,6 @@ void tbd_job_unlink(struct job *j)
         j->reserver = NULL;
         break;
     }
-}
-
-void tbd_job_make_delayed(struct job *j, uint32_t delay_s, uint64_t now)
-{
-    j->state = J_DELAYED;
-    g.counts[J_DELAYED]++;
-    j->delay_s = delay_s;
-    j->deadline = now + (uint64_t)delay_s * 1000u;
-    j->due_wall = tbd_wall_ms() + (int64_t)delay_s * 1000;
-    tbd_jl_push(&j->tube->delayed, j);
-    tw_wheel_add(g.wheel, &j->timer, j->deadline);
 }
 
 void tbd_job_make_buried(struct job *j)
@@ -178,11 +171,11 @@ void tbd_job_free(struct job *j)
 }
 
 /* Drops @j's body from memory when the store holds it and nothing here
- * needs it: a delayed or buried job with no write under way. */
+ * needs it: a buried job with no write under way. */
 void tbd_job_evict(struct job *j)
 {
     if (g.store && j->stored && j->writes == 0 && j->body &&
-        (j->state == J_DELAYED || j->state == J_BURIED)) {
+        j->state == J_BURIED) {
         free(j->body);
         j->body = NULL;
         g.bodies--;

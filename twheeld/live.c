@@ -50,6 +50,7 @@ void tbd_live_fn(tw_timer *tm, void *arg)
 {
     (void)arg;
     live_renew();
+    tbd_delayed_sweep();
     tw_wheel_add(g.wheel, tm, tw_wheel_now(g.wheel) + LIVE_RENEW_MS);
 }
 
@@ -162,7 +163,6 @@ static void takeover_next(void)
     g.ntake_wait = g.take_wait_cap = 0;
     q->now = tbd_wall_ms();
     q->want = TAKE_MAX;
-    q->kind = Q_TAKE;
     g.take_q = q;
     /* One line a query, however many records fired. */
     if (q->nnodes == 1)

@@ -5,6 +5,8 @@
 #define _GNU_SOURCE
 #include "tbd.h"
 
+#include "delayq.h"
+
 /* ---- /metrics (--metrics-port) ---- */
 
 /*
@@ -89,7 +91,8 @@ static char *metrics_text(size_t *len)
         "# HELP twheeld_jobs Jobs by state.\n# TYPE twheeld_jobs gauge\n");
     for (int i = 0; i < 4; i++)
         tbd_yaml_add(&b, &n, &cap, "twheeld_jobs{state=\"%s\"} %" PRIu64 "\n",
-                     state_name[i], g.counts[i]);
+                     state_name[i],
+                     i == J_DELAYED ? tbd_dq_total(g.dq) : g.counts[i]);
     tbd_yaml_add(
         &b, &n, &cap,
         "# HELP twheeld_bodies_in_memory Job bodies held in memory (the "

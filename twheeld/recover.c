@@ -62,10 +62,8 @@ void tbd_recover_one(void *arg, const char *key, size_t key_len, int64_t due_ms,
             fputs("twheeld: out of memory during recovery\n", stderr);
             exit(1);
         }
-        tbd_cold_add(t, rc.due, rc.id);
-        t->ncold++;
-        g.counts[J_DELAYED]++;
-        r->cold++;
+        tbd_delayed_recovered(t, rc.id, rc.due);
+        r->delayed++;
         return;
     }
     /* Redis: a record that may still fire (a reserved job's, or a fired

@@ -160,8 +160,7 @@ void tbd_job_timer_fn(tw_timer *tm, void *arg)
             tw_wheel_add(g.wheel, &j->timer, now + 1000);
             return;
         }
-        tbd_jl_remove(&j->tube->delayed, j);
-        g.counts[J_DELAYED]--;
+        tbd_job_unlink(j);
         tbd_job_make_ready(j);
         return;
     }

@@ -11,6 +11,8 @@
 #define _GNU_SOURCE
 #include "tbd.h"
 
+#include "delayq.h"
+
 struct server g;
 
 /* ---- main loop ---- */
@@ -98,7 +100,6 @@ static bool open_store(const struct tbd_options *opt)
     struct recover_ctx r = {.now_wall = tbd_wall_ms(),
                             .never = tbd_store_never()};
     uint64_t t0 = tbd_mono_ms();
-    tbd_job_table_reserve(tbd_store_keys(g.store));
     long n = tbd_store_recover(g.store, tbd_recover_one, &r);
     if (n < 0) {
         fprintf(stderr, "twheeld: cannot read the jobs back from %s: %s\n",
@@ -115,7 +116,7 @@ static bool open_store(const struct tbd_options *opt)
              "%s: %" PRIu64 " jobs recovered in %" PRIu64 " ms (%" PRIu64
              " delayed in the store, %" PRIu64 " unreadable, %" PRIu64
              " of other nodes), next id %" PRIu64,
-             where, r.jobs, tbd_mono_ms() - t0, r.cold, r.bad, r.others,
+             where, r.jobs, tbd_mono_ms() - t0, r.delayed, r.bad, r.others,
              g.next_id);
     return true;
 }
@@ -263,7 +264,8 @@ int tbd_serve(const struct tbd_options *opt)
     make_server_id();
     g.jcap = 1024;
     g.jobs = calloc(g.jcap, sizeof(*g.jobs));
-    if (!g.jobs || tw_wheel_create(&g.wheel, NULL, tbd_mono_ms()) != 0) {
+    if (!g.jobs || tbd_dq_new(&g.dq) != 0 ||
+        tw_wheel_create(&g.wheel, NULL, tbd_mono_ms()) != 0) {
         fputs("twheeld: out of memory\n", stderr);
         return 1;
     }

@@ -6,6 +6,8 @@
 #define _GNU_SOURCE
 #include "tbd.h"
 
+#include "delayq.h"
+
 void tbd_yaml_begin(char **buf, size_t *len, size_t *cap)
 {
     *cap = 2048;
@@ -72,7 +74,7 @@ void tbd_cmd_stats_tube(struct conn *c, struct tube *t, uint64_t now)
          "\ncurrent-jobs-ready: %zu\ncurrent-jobs-reserved: %" PRIu64
          "\ncurrent-jobs-delayed: %" PRIu64 "\ncurrent-jobs-buried: %" PRIu64
          "\ntotal-jobs: %" PRIu64 "\n",
-         t->name, t->nurgent, t->nready, t->nreserved, t->delayed.n + t->ncold,
+         t->name, t->nurgent, t->nready, t->nreserved, tbd_dq_count(g.dq, t->dq),
          t->buried.n, t->total_jobs);
     YADD("current-using: %" PRIu64 "\ncurrent-watching: %" PRIu64
          "\ncurrent-waiting: %" PRIu64 "\ncmd-delete: %" PRIu64
@@ -131,7 +133,7 @@ void tbd_cmd_stats(struct conn *c)
     YADD("---\ncurrent-jobs-urgent: %" PRIu64 "\ncurrent-jobs-ready: %" PRIu64
          "\ncurrent-jobs-reserved: %" PRIu64 "\ncurrent-jobs-delayed: %" PRIu64
          "\ncurrent-jobs-buried: %" PRIu64 "\n",
-         urgent, g.counts[J_READY], g.counts[J_RESERVED], g.counts[J_DELAYED],
+         urgent, g.counts[J_READY], g.counts[J_RESERVED], tbd_dq_total(g.dq),
          g.counts[J_BURIED]);
     stats_cmds(&b, &n, &cap);
     struct rusage ru;

@@ -29,7 +29,7 @@ struct tbd_write {
     size_t payload_len;
     void *owner;  /* the event loop's: who waits for it */
     uint64_t tag; /* the event loop's */
-    void *cold;   /* the event loop's: a delayed job's tube, or NULL */
+    bool delayed; /* the event loop's: a delayed job's record */
     bool unclaim; /* the event loop's: tbd_store_unclaim() its key once done */
     bool keep_reply; /* the event loop's: its reply stands even if it fails */
 };

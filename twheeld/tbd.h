@@ -98,14 +98,8 @@ struct tube {
     struct job **heap; /* ready jobs by (pri, id) */
     size_t nready, cap;
     uint64_t nurgent, nreserved, total_jobs;
-    struct jlist delayed, buried;
-    uint64_t ncold; /* delayed jobs held by the store alone (-b, --redis) */
-    /* Of those, the first ones by (due, id): see tbd_cold_add(). */
-    struct tbd_hit *first; /* FIRST_MAX entries once used */
-    uint32_t nfirst;
-    bool first_known; /* first[] holds every one up to first_bound */
-    struct tbd_hit first_bound;
-    uint64_t cold_adds; /* delayed jobs added to the store, ever */
+    struct jlist buried;
+    uint32_t dq; /* its queue of delayed jobs in g.dq (delayed.c) */
     uint64_t using, watching, waiting;
     uint64_t cmd_delete, cmd_pause;
     uint32_t pause_s;
@@ -167,7 +161,10 @@ struct server {
     uint64_t cmd[TBD_OP_COUNT];
     uint64_t job_timeouts, total_jobs, total_conns, cur_conns;
     uint64_t producers, workers, waiting;
-    uint64_t counts[4];  /* jobs by state */
+    uint64_t counts[4];  /* jobs by state (delayed: tbd_dq_total(g.dq)) */
+    struct tbd_dq *dq;   /* every delayed job (delayed.c) */
+    struct tube **qtube; /* the tube of each queue of g.dq */
+    uint32_t nqtube;
     uint64_t bodies;     /* job bodies in memory (the rest are in the store) */
     uint64_t unreadable; /* store records skipped or set aside (hostile) */
     /* --redis takeovers: the query out (or NULL) and the dead nodes that
@@ -185,8 +182,6 @@ struct server {
 
 extern struct server g;
 
-/* The kinds of store query (cold.c, live.c). */
-enum { Q_PEEK, Q_KICK, Q_TAKE };
 
 #define LIVE_RENEW_MS                                                          \
     2000 /* --redis: the liveness record's renewal (live.c)                    \
@@ -194,7 +189,7 @@ enum { Q_PEEK, Q_KICK, Q_TAKE };
 
 /* What recovery (recover.c) counts while it reads the store back. */
 struct recover_ctx {
-    uint64_t max_id, mark, jobs, cold, bad, others;
+    uint64_t max_id, mark, jobs, delayed, bad, others;
     int64_t now_wall;
     int64_t never; /* the due time of an undated record */
 };
@@ -216,7 +211,6 @@ void tbd_job_table_reserve(uint64_t n);
 void tbd_job_table_remove(struct job *j);
 void tbd_job_make_ready(struct job *j);
 void tbd_job_unlink(struct job *j);
-void tbd_job_make_delayed(struct job *j, uint32_t delay_s, uint64_t now);
 void tbd_job_make_buried(struct job *j);
 void tbd_job_free(struct job *j);
 void tbd_job_evict(struct job *j);
@@ -265,17 +259,18 @@ void tbd_live_fired(const char *key, size_t key_len, const unsigned char *p,
                     size_t n);
 void tbd_takeover_done(struct tbd_query *q);
 
-/* cold.c */
-void tbd_cold_add(struct tube *t, int64_t due, uint64_t id);
-void tbd_job_go_cold(struct conn *c, struct job *j, bool in_table,
-                     const char *text);
+/* delayed.c */
+void tbd_delayed_recovered(struct tube *t, uint64_t id, int64_t due);
+void tbd_job_delay(struct conn *c, struct job *j, uint32_t delay_s,
+                   bool in_table, const char *text);
+void tbd_job_cool(struct job *j, bool ok);
+struct job *tbd_job_lookup(uint64_t id, bool *cold, int *err);
+void tbd_job_warm(struct job *j);
+void tbd_job_free_cold(struct job *j);
+struct job *tbd_delayed_first(struct tube *t, bool *cold, int *err);
+void tbd_delayed_sweep(void);
 bool tbd_own_id(uint64_t id);
 void tbd_fired_jobs(void);
-struct job *tbd_cold_get(uint64_t id);
-void tbd_job_free_cold(struct job *j);
-struct job *tbd_job_find_warm(uint64_t id, bool *warmed);
-void tbd_cold_peek(struct conn *c);
-void tbd_cold_kick(struct conn *c, struct tube *t, uint32_t bound);
 void tbd_query_done(struct tbd_query *q);
 
 /* reserve.c */

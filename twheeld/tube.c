@@ -5,6 +5,8 @@
 #define _GNU_SOURCE
 #include "tbd.h"
 
+#include "delayq.h"
+
 /* ---- ready heap ---- */
 
 bool tbd_job_less(const struct job *a, const struct job *b)
@@ -93,13 +95,24 @@ struct tube *tbd_tube_get(const char *name, size_t len)
     if (t)
         return t;
     t = calloc(1, sizeof(*t));
-    if (!t)
+    if (!t || tbd_dq_queue_new(g.dq, &t->dq) != 0) {
+        free(t);
         return NULL;
+    }
+    if (t->dq >= g.nqtube) {
+        uint32_t n = g.nqtube ? 2 * g.nqtube : 16;
+        struct tube **q = realloc(g.qtube, (size_t)n * sizeof(*q));
+        if (!q) {
+            tbd_dq_queue_free(g.dq, t->dq);
+            free(t);
+            return NULL;
+        }
+        g.qtube = q;
+        g.nqtube = n;
+    }
+    g.qtube[t->dq] = t;
     memcpy(t->name, name, len);
     t->name_len = len;
-    /* No delayed job yet: first[] (empty) holds all of them. */
-    t->first_known = true;
-    t->first_bound = (struct tbd_hit){INT64_MAX, UINT64_MAX};
     tw_timer_init(&t->pause_timer, tube_unpause, t);
     t->next = g.tubes;
     g.tubes = t;
@@ -111,7 +124,7 @@ struct tube *tbd_tube_get(const char *name, size_t len)
 void tbd_tube_maybe_free(struct tube *t)
 {
     if (t == g.default_tube || t->using || t->watching || t->nready ||
-        t->nreserved || t->delayed.n || t->ncold || t->buried.n)
+        t->nreserved || tbd_dq_count(g.dq, t->dq) || t->buried.n)
         return;
     struct tube **pp = &g.tubes;
     while (*pp != t)
@@ -119,7 +132,8 @@ void tbd_tube_maybe_free(struct tube *t)
     *pp = t->next;
     tw_wheel_cancel(g.wheel, &t->pause_timer);
     free(t->heap);
-    free(t->first);
+    tbd_dq_queue_free(g.dq, t->dq);
+    g.qtube[t->dq] = NULL;
     free(t);
     g.ntubes--;
 }
