@@ -51,7 +51,7 @@ static void cmd_reserve(struct conn *c, int64_t timeout_ms)
         tbd_reply(c, "DEADLINE_SOON\r\n");
         return;
     }
-    if (timeout_ms == 0) {
+    if (timeout_ms == 0 || c->eof) { /* eof: as beanstalkd, no wait */
         tbd_reply(c, "TIMED_OUT\r\n");
         return;
     }
@@ -80,7 +80,6 @@ void tbd_put_finish(struct conn *c)
         tbd_reply(c, "EXPECTED_CRLF\r\n");
         return;
     }
-    j->id = tbd_next_job_id();
     j->created_wall = tbd_wall_ms();
     j->tube = c->use;
     g.total_jobs++;
@@ -120,6 +119,9 @@ static void cmd_put(struct conn *c, const struct tbd_cmd *cmd)
         c->skip_reply = "OUT_OF_MEMORY\r\n";
         return;
     }
+    /* The id is used up here, as beanstalkd's: a put whose body then
+     * lacks its "\r\n" (EXPECTED_CRLF) leaves a gap. */
+    j->id = tbd_next_job_id();
     j->pri = cmd->pri;
     j->delay_s = cmd->delay;
     j->ttr_s = cmd->ttr ? cmd->ttr : 1;

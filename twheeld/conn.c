@@ -86,7 +86,10 @@ static void conn_update_events(struct conn *c)
     if (c->closed)
         return;
     uint32_t ev = 0;
-    if (!c->close_after_flush && c->out_bytes < OUT_CAP)
+    /* No input while it cannot be taken: backpressure, the end of the
+     * client's input, or a full buffer behind a waiting reserve. */
+    if (!c->close_after_flush && !c->eof && c->out_bytes < OUT_CAP &&
+        !(c->waiting && c->in && c->in_len == IN_CAP))
         ev |= EPOLLIN;
     if (c->out_head && c->out_head->ready)
         ev |= EPOLLOUT;
@@ -228,6 +231,33 @@ static long find_crlf(const char *p, size_t n)
     return -1;
 }
 
+/*
+ * The rest of a line longer than TBD_LINE_MAX, as beanstalkd drops it: in
+ * chunks of TBD_LINE_MAX bytes, each searched for "\r\n" on its own (an
+ * end of line split between two chunks is not seen); at the first one
+ * found, BAD_FORMAT, and what follows it is the next command.
+ */
+static int in_discard(struct conn *c, const char *p, size_t avail)
+{
+    size_t room = TBD_LINE_MAX - c->disc_got;
+    size_t k = avail < room ? avail : room;
+    long e = c->disc_cr && p[0] == '\n' ? -2 : find_crlf(p, k);
+    if (e != -1) {
+        c->in_off += e == -2 ? 1 : (size_t)e + 2;
+        c->in_state = IN_LINE;
+        tbd_reply(c, "BAD_FORMAT\r\n");
+        return 1;
+    }
+    c->in_off += k;
+    c->disc_got = (uint16_t)(c->disc_got + k);
+    c->disc_cr = p[k - 1] == '\r';
+    if (c->disc_got == TBD_LINE_MAX) {
+        c->disc_got = 0;
+        c->disc_cr = false;
+    }
+    return 1;
+}
+
 /* Input in a state other than IN_LINE: skips, discards or takes body
  * bytes from the @avail at @p. 1: go on, -1: wait for more input, 0: in
  * IN_LINE (nothing done). */
@@ -245,16 +275,8 @@ static int in_nonline(struct conn *c, char *p, size_t avail)
         }
         return 1;
     }
-    if (c->in_state == IN_DISCARD) {
-        long e = find_crlf(p, avail);
-        if (e < 0) {
-            c->in_off += avail - 1;
-            return -1;
-        }
-        c->in_off += (size_t)e + 2;
-        c->in_state = IN_LINE;
-        return 1;
-    }
+    if (c->in_state == IN_DISCARD)
+        return in_discard(c, p, avail);
     if (c->in_state == IN_BODY) {
         struct job *j = c->put_job;
         size_t need = (size_t)j->body_len + 2 - c->body_got;
@@ -287,8 +309,8 @@ static void in_compact(struct conn *c)
 /* Runs the buffered input as far as backpressure allows. */
 static void conn_process(struct conn *c)
 {
-    while (!c->closed && !c->close_after_flush && c->out_bytes < OUT_CAP &&
-           c->in_off < c->in_len) {
+    while (!c->closed && !c->close_after_flush && !c->waiting &&
+           c->out_bytes < OUT_CAP && c->in_off < c->in_len) {
         char *p = c->in + c->in_off;
         size_t avail = c->in_len - c->in_off;
         int st = in_nonline(c, p, avail);
@@ -300,10 +322,12 @@ static void conn_process(struct conn *c)
         if (e < 0) {
             if (avail >= TBD_LINE_MAX) {
                 /* No end of line within the longest line: as beanstalkd,
-                 * BAD_FORMAT, and the rest of that line is dropped. */
-                tbd_reply(c, "BAD_FORMAT\r\n");
+                 * its first TBD_LINE_MAX bytes go, and the rest up to an
+                 * end of line, then BAD_FORMAT (in_discard()). */
                 c->in_state = IN_DISCARD;
-                c->in_off += avail - 1; /* keep a last '\r' */
+                c->in_off += TBD_LINE_MAX;
+                c->disc_got = 0;
+                c->disc_cr = false;
                 continue;
             }
             break;
@@ -316,6 +340,11 @@ static void conn_process(struct conn *c)
     if (c->closed)
         return;
     in_compact(c);
+    /* The client shut its side: once every command it sent has run (a
+     * partial one never will), the connection closes after its replies,
+     * as beanstalkd's does. */
+    if (c->eof && !c->waiting && c->out_bytes < OUT_CAP)
+        c->close_after_flush = true;
 }
 
 /*
@@ -342,6 +371,31 @@ void tbd_conn_pump(struct conn *c)
     }
 }
 
+/* The client shut its side. A reserve that waits ends (TIMED_OUT, as
+ * beanstalkd), and the commands already read still run (conn_process()). */
+static void conn_eof(struct conn *c)
+{
+    c->eof = true;
+    if (c->waiting) {
+        tbd_waiting_remove(c);
+        tbd_reply(c, "TIMED_OUT\r\n");
+    }
+    conn_process(c);
+}
+
+/* Runs the commands held behind the reserves that ended since the last
+ * call (tbd_waiting_remove()), once the job queue is processed. */
+void tbd_repump(void)
+{
+    while (g.repump) {
+        struct conn *c = g.repump;
+        g.repump = c->rp_next;
+        c->repump = false;
+        if (!c->closed)
+            tbd_conn_pump(c);
+    }
+}
+
 void tbd_conn_readable(struct conn *c)
 {
     for (int rounds = 0; rounds < 4 && !c->closed; rounds++) {
@@ -359,8 +413,8 @@ void tbd_conn_readable(struct conn *c)
             break;
         ssize_t r = read(c->fd, c->in + c->in_len, room);
         if (r == 0) {
-            tbd_conn_close(c);
-            return;
+            conn_eof(c);
+            break;
         }
         if (r < 0) {
             if (errno == EINTR)

@@ -25,6 +25,13 @@ void tbd_waiting_remove(struct conn *c)
     g.waiting--;
     for (size_t i = 0; i < c->nwatch; i++)
         c->watch[i]->waiting--;
+    /* The commands pipelined behind the reserve run once its reply is
+     * out (tbd_repump()). */
+    if (!c->closed && !c->repump && c->in && c->in_off < c->in_len) {
+        c->repump = true;
+        c->rp_next = g.repump;
+        g.repump = c;
+    }
 }
 
 void tbd_reply_job(struct conn *c, const char *word, struct job *j)

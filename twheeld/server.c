@@ -241,6 +241,7 @@ static void loop(void)
              * (which may run held-back commands: one more round). */
             if (g.store && tbd_store_pending_inline(g.store))
                 tbd_store_completions(tbd_store_run_inline(g.store));
+            tbd_repump();
         }
         tbd_reap();
     }

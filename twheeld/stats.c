@@ -48,13 +48,14 @@ static void yaml_send(struct conn *c, char *buf, size_t len)
 
 void tbd_cmd_stats_job(struct conn *c, struct job *j, uint64_t now)
 {
+    (void)now;
     char *b;
     size_t n, cap;
     tbd_yaml_begin(&b, &n, &cap);
     int64_t age = (tbd_wall_ms() - j->created_wall) / 1000;
     uint64_t left = 0;
-    if ((j->state == J_DELAYED || j->state == J_RESERVED) && j->deadline > now)
-        left = (j->deadline - now) / 1000u;
+    if (j->state == J_DELAYED || j->state == J_RESERVED)
+        left = tbd_secs_left(j->deadline);
     YADD("---\nid: %" PRIu64 "\ntube: %s\nstate: %s\npri: %u\nage: %" PRId64
          "\ndelay: %u\nttr: %u\ntime-left: %" PRIu64 "\nfile: 0\n",
          j->id, j->tube->name, state_name[j->state], j->pri,
@@ -69,7 +70,8 @@ void tbd_cmd_stats_tube(struct conn *c, struct tube *t, uint64_t now)
     char *b;
     size_t n, cap;
     tbd_yaml_begin(&b, &n, &cap);
-    uint64_t left = t->pause_until > now ? (t->pause_until - now) / 1000u : 0;
+    (void)now;
+    uint64_t left = t->pause_until ? tbd_secs_left(t->pause_until) : 0;
     YADD("---\nname: %s\ncurrent-jobs-urgent: %" PRIu64
          "\ncurrent-jobs-ready: %zu\ncurrent-jobs-reserved: %" PRIu64
          "\ncurrent-jobs-delayed: %" PRIu64 "\ncurrent-jobs-buried: %" PRIu64

@@ -136,6 +136,11 @@ struct conn {
     int pending_writes;
     bool closed; /* socket gone; freed with its last pending write */
     bool close_after_flush;
+    bool eof;          /* the client shut its side: no more input */
+    bool disc_cr;      /* IN_DISCARD: the chunk's last byte read is '\r' */
+    uint16_t disc_got; /* IN_DISCARD: bytes read of the current chunk */
+    bool repump;       /* on g.repump: its reserve ended, commands wait */
+    struct conn *rp_next;
     bool producer, worker;
     struct conn *dead_next; /* closed, on g.dead until freed */
 };
@@ -155,6 +160,7 @@ struct server {
     uint64_t next_id, id_mark; /* ids <= id_mark may be issued freely */
     struct conn *w_head, *w_tail;
     struct conn *dead;     /* closed connections, freed by tbd_reap() */
+    struct conn *repump;   /* connections whose wait ended (tbd_repump()) */
     uint64_t nready_total; /* ready jobs in all tubes */
     bool queue_dirty;
     bool draining;
@@ -197,6 +203,7 @@ struct recover_ctx {
 /* util.c */
 uint64_t tbd_mono_ms(void);
 int64_t tbd_wall_ms(void);
+uint64_t tbd_secs_left(uint64_t deadline);
 void tbd_logv(int level, const char *fmt, ...);
 void *tbd_xmalloc(size_t n);
 void tbd_jl_push(struct jlist *l, struct job *j);
@@ -239,6 +246,7 @@ void tbd_conn_flush(struct conn *c);
 void tbd_conn_pump(struct conn *c);
 void tbd_conn_readable(struct conn *c);
 void tbd_conn_accept(void);
+void tbd_repump(void);
 
 /* bridge.c */
 struct tbd_write *tbd_write_new(int kind, struct conn *c);

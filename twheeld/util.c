@@ -14,6 +14,20 @@ uint64_t tbd_mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/*
+ * Whole seconds from now to @deadline (monotonic ms, as the wheel's), 0
+ * once it passed: truncated from the clock's nanoseconds, as beanstalkd's
+ * time-left, so a delay of 5 s reads 4 right after it was set.
+ */
+uint64_t tbd_secs_left(uint64_t deadline)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    uint64_t end = deadline * 1000000u;
+    return end > now ? (end - now) / 1000000000u : 0;
+}
+
 int64_t tbd_wall_ms(void)
 {
     struct timespec ts;

@@ -111,10 +111,12 @@ def never_reads(s, want=20000, size=4096):
 
 def junk(s):
     c = Client(s.port)
-    # A line that never ends: one BAD_FORMAT, the rest of it dropped.
+    # A line of a million bytes: dropped, then one BAD_FORMAT once it
+    # ends (as beanstalkd: a reply at the end of the line, so that a
+    # pipelining client pairs the next reply with the next command).
     c.send(b"y" * 1000000)
-    check(c.reply() == b"BAD_FORMAT\r\n", "endless line")
     c.send(b"\r\nlist-tube-used\r\n")
+    check(c.reply() == b"BAD_FORMAT\r\n", "endless line")
     check(c.reply() == b"USING default\r\n", "next line after junk")
     # A body cut off by a hang-up; a body of binary bytes.
     d = Client(s.port)
