@@ -236,6 +236,28 @@ void sem_test_cas_many(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* A write that expects the version just delivered and completed: not
+ * pending (TW_ENOENT); on a backend with TW_SEM_KNOWN_DONE_LAG, until the
+ * completion reaches the store, it is still pending there and the write
+ * applies (as a cancel returns 0 then). */
+static void cas_just_done(tw_durable *d)
+{
+    uint64_t fired = sem_stats(d).fired;
+    ASSERT_EQ(sched_if(d, "jd", NULL, sem_now(), "j1"), 0);
+    sem_wait_count("jd", 1);
+    sem_wait_fired(d, fired + 1);
+    int rc = sched_if(d, "jd", "j1", sem_now() + FAR, "j2");
+    if (sem_backend()->known & TW_SEM_KNOWN_DONE_LAG) {
+        fprintf(stderr, "  known difference: write just after done = %d\n", rc);
+        ASSERT_EQ(rc, 0);
+        ASSERT_EQ(cancel_if(d, "jd", "j2"), 0);
+    } else {
+        ASSERT_EQ(rc, TW_ENOENT);
+    }
+    sem_done_flush(d, 0);
+    ASSERT_EQ(sched_if(d, "jd", "j1", sem_now() + FAR, "j3"), TW_ENOENT);
+}
+
 /* A timer whose callback is running (payload "B", held): a conditional
  * write compares with its stored payload; one that applies replaces (or
  * cancels) it, and the callback's "done" does not erase the new version.
@@ -289,6 +311,7 @@ void sem_test_cas_fire_race(void)
     sem_settle(d);
     ASSERT_EQ(sem_count("fc"), 1);
     ASSERT_EQ(sem_count("fs"), 1);
+    cas_just_done(d);
     ASSERT_EQ(sem_early(), 0);
     ASSERT_EQ(tw_durable_close(d), 0);
 }
