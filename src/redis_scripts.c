@@ -281,11 +281,12 @@ const char *const tw__redis_scripts[S_COUNT] = {
     PRELUDE SCHED_BODY "return SB(ARGV)\n" EPILOGUE,
     /* CANCEL ARGV: key now [expect]. :v moves. With expect (a
      * conditional cancel), only if the pending value's payload begins
-     * with it: else -1 (stale), nothing changed. */
+     * with it: else -1 (stale), nothing changed; a value that cannot be
+     * read is stale (CLAIM sets it aside), unless expect is empty. */
     PRELUDE
     "local k=ARGV[1]\n"
     "local v=cnt(V,'v')\n"
-    "if ARGV[3] and redis.call('ZSCORE',D,k) then\n"
+    "if ARGV[3] and #ARGV[3]>0 and redis.call('ZSCORE',D,k) then\n"
     " local s=redis.call('HGET',P,k) or ''\n"
     " local d,a,nd,na=pv(s)\n"
     " if not d or string.sub(s,nd+na+3,nd+na+2+#ARGV[3])~=ARGV[3] then\n"

@@ -1275,6 +1275,12 @@ static void test_readonly(void)
     tw_durable_item it = {"ro-far", 6, t0, NULL, 0, 0};
     ASSERT_EQ(tw_durable_schedule_many(r, &it, 1), TW_EROFS);
     ASSERT_EQ(tw_durable_cancel_many(r, &it, 1), TW_EROFS);
+    ASSERT_EQ(tw_durable_schedule_if(r, "ro-far", 6, "f", 1, t0, "g", 1),
+              TW_EROFS);
+    ASSERT_EQ(tw_durable_cancel_if(r, "ro-far", 6, "f", 1), TW_EROFS);
+    tw_durable_item_if ii = {"ro-far", 6, t0, NULL, 0, "f", 1, 0};
+    ASSERT_EQ(tw_durable_schedule_many_if(r, &ii, 1), TW_EROFS);
+    ASSERT_EQ(tw_durable_cancel_many_if(r, &ii, 1), TW_EROFS);
     /* The read-only handle delivers nothing: "ro-now" fires once, by d. */
     ASSERT_EQ(sched(d, "ro-now", t0, ""), 0);
     wait_count("ro-now", 1);

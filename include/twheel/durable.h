@@ -37,8 +37,10 @@
  * wall clock steps back by S: a timer scheduled then for a time the store has
  * already passed fires at once, early by at most S (docs/guide/durable.md).
  *
- * Thread safety: tw_durable_schedule(), tw_durable_cancel() and
- * tw_durable_stats_get() may be called from any thread, callbacks included.
+ * Thread safety: tw_durable_schedule(), tw_durable_cancel(), their
+ * batch and conditional forms (tw_durable_schedule_if() ...) and
+ * tw_durable_stats_get() may be called from any thread, callbacks
+ * included.
  * tw_durable_close() of a store from inside one of its own callbacks
  * returns TW_EDEADLK and does nothing. A callback that calls in while
  * close() waits for it gets TW_ESHUTDOWN, nothing changed, from every call
@@ -402,6 +404,9 @@ TW_EXTERN int tw_durable_cancel_many(tw_durable *d, tw_durable_item *items,
  *     pending (create only if absent; a dead letter counts as absent and
  *     is replaced, as tw_durable_schedule() replaces it); else TW_ESTALE.
  * When the condition fails nothing is written or changed.
+ * On Redis a failover that loses acknowledged writes (replication is
+ * asynchronous; cfg.wait_replicas narrows the window) can lose the
+ * version a writer last saw, as it can lose any write.
  *
  * "Pending" includes a timer whose delivery is under way (due, claimed,
  * its callback running): the condition compares with its stored payload
