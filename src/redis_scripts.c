@@ -2,8 +2,8 @@
 /*
  * src/redis_scripts.c - the Lua scripts of the Redis backend, and the
  * data model in Redis that they keep. The other files of the backend send
- * them by id (src/redis_scripts.h): src/durable_redis.c SCHED and CANCEL,
- * src/redis_fire.c CLAIM, DONE and TOUCH, src/durable_redis.c's close
+ * them by id (src/redis_scripts.h): src/durable_redis.c SCHED, SCHED_IF and
+ * CANCEL, src/redis_fire.c CLAIM, DONE and TOUCH, src/durable_redis.c's close
  * RELEASE, src/redis_query.c REARM, DDEL and the read-only GET, LIST,
  * DEAD and SCAN.
  *
@@ -60,7 +60,9 @@
  * completion).
  *
  * Every change is one script (EVALSHA; EVAL once on NOSCRIPT, which loads
- * it on that node): SCHED, CANCEL, CLAIM, DONE, RELEASE. Scripts that take
+ * it on that node): SCHED, CANCEL, CLAIM, DONE, RELEASE; SCHED_IF is
+ * SCHED behind the conditions of tw_durable_schedule_if() (CANCEL takes
+ * its condition as an optional argument). Scripts that take
  * many keys (SCHED, CLAIM, DONE) run a fixed number of variadic commands
  * per call, so Redis's per-call and per-command costs (a script call
  * about 4 us, each redis.call about 3 us more on the machine of
