@@ -398,9 +398,9 @@ static bool group_has_key(const tw_durable_item *items,
 }
 
 /* Condition @c of a conditional write against @it's key as the index
- * has it: 0, TW_ESTALE, TW_ENOENT, or TW_EIO when the key's record
- * cannot be read back (mutex held, so no write of the key comes between
- * this look and the write that follows it). */
+ * has it: 0, TW_ESTALE, TW_ENOENT; TW_EIO when the key's record cannot be
+ * read back (checksum included), TW_ENOMEM. Mutex held, so no write of
+ * the key comes between this look and the write that follows it. */
 static int cond_eval(jstore *s, const tw_durable_item *it,
                      const struct tw__cond *c)
 {
@@ -409,11 +409,18 @@ static int cond_eval(jstore *s, const tw_durable_item *it,
     bool pending = e && !(e->fl & ENT_DEAD);
     if (!pending || !c->expect || !c->expect_len)
         return tw__cond_check(c, pending, NULL, 0);
-    struct delivery *dl = tw__journal_read_record(s, e);
-    if (!dl)
+    jr_seg *g = tw__jr_seg(&s->w, e->seg);
+    size_t size = g ? tw__jr_rec_size_at(g, e->off) : 0;
+    if (!size)
         return TW_EIO;
-    int rc = tw__cond_check(c, true, dl->rec.payload, dl->rec.payload_len);
-    tw__free(dl);
+    unsigned char *raw = tw__malloc(size);
+    if (!raw)
+        return TW_ENOMEM;
+    jr_rec rec;
+    int rc = tw__jr_read_rec(g, e->off, raw, size, &rec) && rec.type == JR_SCHED
+                 ? tw__cond_check(c, true, rec.payload, rec.payload_len)
+                 : TW_EIO;
+    tw__free(raw);
     return rc;
 }
 
