@@ -121,7 +121,9 @@ const char *tw_version_string(void)
     TW_ERRORS_REMOTE(X)
 /* Remote stores' own codes. */
 #define TW_ERRORS_REMOTE(X)                                                    \
-    X(TW_EAUTH, "remote store refused the credentials or their rights")
+    X(TW_EAUTH, "remote store refused the credentials or their rights")        \
+    /* Conditional writes of the durable store. */                             \
+    X(TW_ESTALE, "stored record is not the expected version")
 #define TW_ERROR_MESSAGE(code, msg)                                            \
     case code:                                                                 \
         return msg;

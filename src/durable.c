@@ -454,6 +454,121 @@ int tw_durable_cancel_many(tw_durable *d, tw_durable_item *items, size_t n)
     return tw__durable_first_error(items, n);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Conditional writes: checked here, then split into the items and the
+ * conditions the backends take (struct tw__cond). */
+
+/* Items converted on the stack up to this many; more take an allocation. */
+#define IF_STACK 16
+
+static bool cond_item_ok(const tw_durable_item_if *it, bool cancel)
+{
+    if (!key_ok(it->key, it->key_len) ||
+        it->expect_len > TW_DURABLE_PAYLOAD_MAX ||
+        (it->expect_len && !it->expect))
+        return false;
+    if (cancel)
+        return it->expect != NULL; /* no "cancel if absent" */
+    return it->payload_len <= TW_DURABLE_PAYLOAD_MAX &&
+           (!it->payload_len || it->payload);
+}
+
+/* Check @in[0 .. n), copy the valid ones to @items and @cond (results 0,
+ * TW_EINVAL, or TW_ESHUTDOWN or TW_EROFS for every item of a store that
+ * refuses changes). Returns how many are still 0. */
+static size_t split_if(tw_durable *d, tw_durable_item_if *in, size_t n,
+                       bool cancel, tw_durable_item *items,
+                       struct tw__cond *cond)
+{
+    int refuse = closing(d) ? TW_ESHUTDOWN : d->readonly ? TW_EROFS : 0;
+    size_t valid = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool ok = cond_item_ok(&in[i], cancel);
+        in[i].result = ok ? refuse : TW_EINVAL;
+        if (!ok || refuse)
+            continue;
+        items[valid] =
+            (tw_durable_item){in[i].key,     in[i].key_len,     in[i].due_ms,
+                              in[i].payload, in[i].payload_len, 0};
+        cond[valid++] = (struct tw__cond){in[i].expect, in[i].expect_len};
+    }
+    return valid;
+}
+
+/* The conditional batch @in of @n items, schedules or cancels. */
+static int run_if(tw_durable *d, tw_durable_item_if *in, size_t n, bool cancel)
+{
+    if (!n)
+        return 0;
+    if (!d || !in)
+        return TW_EINVAL;
+    tw_durable_item sitems[IF_STACK], *items = sitems;
+    struct tw__cond scond[IF_STACK], *cond = scond;
+    if (n > IF_STACK) {
+        items = tw__malloc(n * sizeof *items);
+        cond = tw__malloc(n * sizeof *cond);
+        if (!items || !cond) {
+            tw__free(items);
+            tw__free(cond);
+            for (size_t i = 0; i < n; i++)
+                in[i].result = TW_ENOMEM;
+            return TW_ENOMEM;
+        }
+    }
+    size_t m = split_if(d, in, n, cancel, items, cond);
+    if (m)
+        (void)(cancel ? d->ops->cancel_if(d, items, cond, m)
+                      : d->ops->schedule_if(d, items, cond, m));
+    /* The valid items went out in order: give their results back. */
+    for (size_t i = 0, j = 0; i < n && j < m; i++)
+        if (!in[i].result)
+            in[i].result = items[j++].result;
+    if (items != sitems) {
+        tw__free(items);
+        tw__free(cond);
+    }
+    int first = 0;
+    for (size_t i = 0; i < n && !first; i++)
+        first = in[i].result;
+    return first;
+}
+
+int tw_durable_schedule_many_if(tw_durable *d, tw_durable_item_if *items,
+                                size_t n)
+{
+    return run_if(d, items, n, false);
+}
+
+int tw_durable_cancel_many_if(tw_durable *d, tw_durable_item_if *items,
+                              size_t n)
+{
+    return run_if(d, items, n, true);
+}
+
+int tw_durable_schedule_if(tw_durable *d, const void *key, size_t key_len,
+                           const void *expect, size_t expect_len,
+                           int64_t due_ms, const void *payload,
+                           size_t payload_len)
+{
+    tw_durable_item_if it = {key,         key_len, due_ms,     payload,
+                             payload_len, expect,  expect_len, 0};
+    if (!d)
+        return TW_EINVAL;
+    return run_if(d, &it, 1, false);
+}
+
+int tw_durable_cancel_if(tw_durable *d, const void *key, size_t key_len,
+                         const void *expect, size_t expect_len)
+{
+    tw_durable_item_if it = {.key = key,
+                             .key_len = key_len,
+                             .expect = expect,
+                             .expect_len = expect_len};
+    if (!d)
+        return TW_EINVAL;
+    return run_if(d, &it, 1, true);
+}
+
 int tw_durable_stats_get_sized(tw_durable *d, tw_durable_stats *out,
                                size_t out_size)
 {

@@ -56,6 +56,32 @@ static inline bool tw__list_put(const struct tw__list_req *q, size_t *used,
     return true;
 }
 
+/* The condition of a conditional write (tw_durable_schedule_if() and
+ * friends): @expect NULL, the key must not be pending; else it must be
+ * pending with a payload that begins with the @expect_len bytes at
+ * @expect. */
+struct tw__cond {
+    const void *expect;
+    size_t expect_len;
+};
+
+/* The result of @c against a key whose pending payload is @pl (@pl_len
+ * bytes), or that is not pending (@pending false): 0 (it holds),
+ * TW_ESTALE or TW_ENOENT. */
+static inline int tw__cond_check(const struct tw__cond *c, bool pending,
+                                 const void *pl, size_t pl_len)
+{
+    if (!c->expect)
+        return pending ? TW_ESTALE : 0;
+    if (!pending)
+        return TW_ENOENT;
+    if (!c->expect_len)
+        return 0;
+    return pl_len >= c->expect_len && !memcmp(pl, c->expect, c->expect_len)
+               ? 0
+               : TW_ESTALE;
+}
+
 struct tw_durable_ops {
     int (*schedule)(tw_durable *d, const void *key, size_t key_len,
                     int64_t due_ms, const void *payload, size_t payload_len);
@@ -89,6 +115,16 @@ struct tw_durable_ops {
     int (*list_dead)(tw_durable *d, const struct tw__list_req *q,
                      tw_durable_entry *out, bool *end);
     int (*touch)(tw_durable *d, const void *key, size_t key_len);
+    /* Conditional schedules and cancels (tw_durable_schedule_many_if(),
+     * _cancel_many_if()): as schedule_many and cancel_many, item i
+     * applied only if @cond[i] holds against the store as the items
+     * before it left it (each check atomic with its write), else its
+     * result is TW_ESTALE or TW_ENOENT. Items and conditions are valid
+     * (a cancel's expect is non-NULL). */
+    int (*schedule_if)(tw_durable *d, tw_durable_item *items,
+                       const struct tw__cond *cond, size_t n);
+    int (*cancel_if)(tw_durable *d, tw_durable_item *items,
+                     const struct tw__cond *cond, size_t n);
 };
 
 struct tw_durable {

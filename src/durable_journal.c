@@ -214,6 +214,7 @@ struct staged_item {
 struct sreq {
     struct tw__combine_req req; /* first: the combiner's */
     tw_durable_item *items;
+    const struct tw__cond *cond; /* per item, or NULL: unconditional */
     size_t n;
     bool cancel;  /* the items are cancels */
     uint64_t lsn; /* the end of its records once applied; 0: none */
@@ -383,12 +384,75 @@ static int cancel_stage(jstore *s, tw_durable_item *it, struct staged_item *st,
     return rc;
 }
 
+/* Whether an item of the group staged in @st[0 .. @k) (the items from
+ * @items) has @it's key. */
+static bool group_has_key(const tw_durable_item *items,
+                          const struct staged_item *st, size_t k,
+                          const tw_durable_item *it)
+{
+    for (size_t j = 0; j < k; j++)
+        if (st[j].staged && items[j].key_len == it->key_len &&
+            !memcmp(items[j].key, it->key, it->key_len))
+            return true;
+    return false;
+}
+
+/* Condition @c of a conditional write against @it's key as the index
+ * has it: 0, TW_ESTALE, TW_ENOENT; TW_EIO when the key's record cannot be
+ * read back (checksum included), TW_ENOMEM. Mutex held, so no write of
+ * the key comes between this look and the write that follows it. */
+static int cond_eval(jstore *s, const tw_durable_item *it,
+                     const struct tw__cond *c)
+{
+    struct tw__key_entry *e =
+        tw__key_at(&s->keys, tw__key_find(&s->keys, it->key, it->key_len));
+    bool pending = e && !(e->fl & ENT_DEAD);
+    if (!pending || !c->expect || !c->expect_len)
+        return tw__cond_check(c, pending, NULL, 0);
+    jr_seg *g = tw__jr_seg(&s->w, e->seg);
+    size_t size = g ? tw__jr_rec_size_at(g, e->off) : 0;
+    if (!size)
+        return TW_EIO;
+    unsigned char *raw = tw__malloc(size);
+    if (!raw)
+        return TW_ENOMEM;
+    jr_rec rec;
+    int rc = tw__jr_read_rec(g, e->off, raw, size, &rec) && rec.type == JR_SCHED
+                 ? tw__cond_check(c, true, rec.payload, rec.payload_len)
+                 : TW_EIO;
+    tw__free(raw);
+    return rc;
+}
+
+/* Stage item @i of @items, the (@i - @from)-th of its group; TW_EAGAIN:
+ * commit the group first. A conditional item is checked against the
+ * index, so one whose key an earlier item of the group changes (staged,
+ * not yet applied) waits for that group's commit. */
+static int stage_item(jstore *s, tw_durable_item *items,
+                      const struct tw__cond *cond, struct staged_item *st,
+                      size_t from, size_t i, bool cancel)
+{
+    size_t k = i - from;
+    st[k].staged = false;
+    if (cond) {
+        if (group_has_key(items + from, st, k, &items[i]))
+            return TW_EAGAIN;
+        int rc = cond_eval(s, &items[i], &cond[i]);
+        if (rc)
+            return rc;
+    }
+    return cancel ? cancel_stage(s, &items[i], st, k)
+                  : sched_stage(s, &items[i], &st[k]);
+}
+
 /* Stage, write and apply one call's items (mutex held), schedules or
- * cancels: their records go out in groups of SCHED_GROUP (one pwrite
- * each, fewer when a segment fills); *@lsn becomes the end of the last
- * one written (0: none). */
-static void apply_items(jstore *s, tw_durable_item *items, size_t n,
-                        bool cancel, uint64_t *lsn)
+ * cancels, each conditional item only if its condition holds: their
+ * records go out in groups of SCHED_GROUP (one pwrite each, fewer when a
+ * segment fills); *@lsn becomes the end of the last one written (0:
+ * none). */
+static void apply_items(jstore *s, tw_durable_item *items,
+                        const struct tw__cond *cond, size_t n, bool cancel,
+                        uint64_t *lsn)
 {
     struct staged_item st[SCHED_GROUP];
     size_t from = 0;
@@ -400,8 +464,7 @@ static void apply_items(jstore *s, tw_durable_item *items, size_t n,
         if (i == from)
             prefetch_keys(s, items + i,
                           n - i < SCHED_GROUP ? n - i : SCHED_GROUP);
-        int rc = cancel ? cancel_stage(s, &items[i], st, i - from)
-                        : sched_stage(s, &items[i], &st[i - from]);
+        int rc = stage_item(s, items, cond, st, from, i, cancel);
         if (rc == TW_EAGAIN) { /* a flush makes room; then stage again */
             commit_group(s, items + from, st, i - from, cancel, lsn);
             from = i;
@@ -422,7 +485,7 @@ static void apply_round(struct tw__combine_req *first, void *ctx)
     for (struct tw__combine_req *r = first, *nx; r; r = nx) {
         struct sreq *q = (struct sreq *)r;
         nx = r->next;
-        apply_items(s, q->items, q->n, q->cancel, &q->lsn);
+        apply_items(s, q->items, q->cond, q->n, q->cancel, &q->lsn);
         tw__combine_done(r);
     }
 }
@@ -447,9 +510,10 @@ void tw__journal_combiner_init(jstore *s)
  * caller holds the mutex (flat combining: one lock hand-off for many
  * calls, schedules and cancels in arrival order), then one wait covers its
  * records. */
-static int submit_call(jstore *s, tw_durable_item *items, size_t n, bool cancel)
+static int submit_call(jstore *s, tw_durable_item *items,
+                       const struct tw__cond *cond, size_t n, bool cancel)
 {
-    struct sreq me = {.items = items, .n = n, .cancel = cancel};
+    struct sreq me = {.items = items, .cond = cond, .n = n, .cancel = cancel};
     tw__combine_run(&s->combiner, &me.req);
     int rc = me.lsn ? tw__jr_wait_nolock(&s->w, me.lsn) : 0;
     for (size_t i = 0; i < n; i++)
@@ -460,12 +524,24 @@ static int submit_call(jstore *s, tw_durable_item *items, size_t n, bool cancel)
 
 int tw__journal_schedule_many(tw_durable *d, tw_durable_item *items, size_t n)
 {
-    return submit_call((jstore *)d, items, n, false);
+    return submit_call((jstore *)d, items, NULL, n, false);
 }
 
 int tw__journal_cancel_many(tw_durable *d, tw_durable_item *items, size_t n)
 {
-    return submit_call((jstore *)d, items, n, true);
+    return submit_call((jstore *)d, items, NULL, n, true);
+}
+
+int tw__journal_schedule_if(tw_durable *d, tw_durable_item *items,
+                            const struct tw__cond *cond, size_t n)
+{
+    return submit_call((jstore *)d, items, cond, n, false);
+}
+
+int tw__journal_cancel_if(tw_durable *d, tw_durable_item *items,
+                          const struct tw__cond *cond, size_t n)
+{
+    return submit_call((jstore *)d, items, cond, n, true);
 }
 
 int tw__journal_schedule(tw_durable *d, const void *key, size_t key_len,

@@ -167,6 +167,10 @@ int tw__journal_schedule(tw_durable *d, const void *key, size_t key_len,
 int tw__journal_cancel(tw_durable *d, const void *key, size_t key_len);
 int tw__journal_schedule_many(tw_durable *d, tw_durable_item *items, size_t n);
 int tw__journal_cancel_many(tw_durable *d, tw_durable_item *items, size_t n);
+int tw__journal_schedule_if(tw_durable *d, tw_durable_item *items,
+                            const struct tw__cond *cond, size_t n);
+int tw__journal_cancel_if(tw_durable *d, tw_durable_item *items,
+                          const struct tw__cond *cond, size_t n);
 int tw__journal_stats(tw_durable *d, tw_durable_stats *out);
 /* Set up the store's call combiner (at open). */
 void tw__journal_combiner_init(jstore *s);

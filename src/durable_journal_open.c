@@ -581,4 +581,6 @@ static const struct tw_durable_ops journal_ops = {
     .dead_op = tw__journal_dead_op,
     .list_dead = tw__journal_list_dead,
     .touch = tw__journal_touch,
+    .schedule_if = tw__journal_schedule_if,
+    .cancel_if = tw__journal_cancel_if,
 };

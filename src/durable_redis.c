@@ -467,6 +467,8 @@ struct sb_cmd {
 struct sbatch {
     struct rd *d;
     tw_durable_item *it;
+    const struct tw__cond *cond; /* per item (SCHED_IF), or NULL (SCHED) */
+    size_t stride;               /* arguments per item: 3, or 4 with cond */
     size_t n, ncmd;
     int64_t now;
     struct sb_item *item; /* per item */
@@ -501,8 +503,9 @@ static int sb_alloc(struct sbatch *b)
     size_t ncmd = S + n / SCHED_CHUNK < n ? S + n / SCHED_CHUNK : n;
     size_t vbytes = 1;
     for (size_t i = 0; i < n; i++)
-        vbytes += VAL_HEAD + b->it[i].payload_len;
-    size_t nargs = 3 * n + SCHED_FIXED * ncmd + 1;
+        vbytes += VAL_HEAD + b->it[i].payload_len +
+                  (b->cond ? 1 + b->cond[i].expect_len : 0);
+    size_t nargs = b->stride * n + SCHED_FIXED * ncmd + 1;
     struct tw__rd_part parts[] = {
         {&b->item, n + 1, sizeof *b->item},
         {&b->cm, ncmd + 1, sizeof *b->cm},
@@ -554,7 +557,7 @@ static void sb_plan(struct sbatch *b)
     }
     for (size_t c = 0, ni = 0, nargs = 0; c < b->ncmd; c++) {
         b->cm[c].arg0 = nargs;
-        nargs += SCHED_FIXED + 3 * b->cm[c].cnt;
+        nargs += SCHED_FIXED + b->stride * b->cm[c].cnt;
         b->cm[c].ibase = ni;
         ni += b->cm[c].cnt;
     }
@@ -563,21 +566,40 @@ static void sb_plan(struct sbatch *b)
             b->who[b->cm[b->item[i].cmd].ibase + b->item[i].pos] = i;
 }
 
-/* Fill every command: the script call's head, then one triple per item. */
+/* Item @i's condition as SCHED_IF takes it ("a": absent, or "=" and the
+ * expected bytes) at @v, into argument @at; returns the end of it. */
+static char *sb_cond(struct sbatch *b, size_t i, size_t at, char *v)
+{
+    const struct tw__cond *c = &b->cond[i];
+    b->argv[at] = v;
+    b->len[at] = c->expect ? 1 + c->expect_len : 1;
+    *v = c->expect ? '=' : 'a';
+    if (c->expect_len)
+        memcpy(v + 1, c->expect, c->expect_len);
+    return v + b->len[at];
+}
+
+/* Fill every command: the script call's head, then one triple per item
+ * (with its condition: a quadruple). */
 static void sb_fill(struct sbatch *b)
 {
     struct rd *d = b->d;
+    int script = b->cond ? S_SCHED_IF : S_SCHED;
     long long head[3] = {sat_add(b->now, d->horizon_ms), b->now, d->lease_ms};
     for (size_t c = 0; c < b->ncmd; c++) {
         const char **av = b->argv + b->cm[c].arg0;
         size_t *al = b->len + b->cm[c].arg0;
         struct shard_keys *k = &d->sk[b->cshard[c]];
-        tw__rd_script_head(d, av, al, S_SCHED, b->cshard[c]);
+        tw__rd_script_head(d, av, al, script, b->cshard[c]);
         tw__rd_put_nums(av + 3 + NKEYS, al + 3 + NKEYS, b->num + b->n + 3 * c,
                         head, 3);
-        b->cmds[c] = (tw__rc_cmd){
-            (int)(SCHED_FIXED + 3 * b->cm[c].cnt), av, al, k->slot, NULL, 0};
-        b->script[c] = S_SCHED;
+        b->cmds[c] = (tw__rc_cmd){(int)(SCHED_FIXED + b->stride * b->cm[c].cnt),
+                                  av,
+                                  al,
+                                  k->slot,
+                                  NULL,
+                                  0};
+        b->script[c] = script;
     }
     char *v = b->vals;
     for (size_t i = 0; i < b->n; i++) {
@@ -585,7 +607,7 @@ static void sb_fill(struct sbatch *b)
         if (it->result)
             continue;
         const struct sb_item *e = &b->item[i];
-        size_t at = b->cm[e->cmd].arg0 + SCHED_FIXED + 3 * e->pos;
+        size_t at = b->cm[e->cmd].arg0 + SCHED_FIXED + b->stride * e->pos;
         long long due = it->due_ms;
         b->argv[at] = it->key;
         b->len[at] = it->key_len;
@@ -598,7 +620,33 @@ static void sb_fill(struct sbatch *b)
         b->argv[at + 2] = v;
         b->len[at + 2] = h + 3 + it->payload_len;
         v += b->len[at + 2];
+        if (b->cond)
+            v = sb_cond(b, i, at + 3, v);
     }
+}
+
+/* SCHED_IF's reply to command @c: each item's code (0 applied, 1
+ * stale, 2 not pending) into its result; *@r becomes the SCHED reply
+ * within it. TW_EIO if the reply is not of that shape. */
+static int sb_codes(struct sbatch *b, size_t c, const redisReply **r)
+{
+    const redisReply *top = *r, *st;
+    if (!top || top->type != REDIS_REPLY_ARRAY || top->elements != 2 ||
+        (st = top->element[0])->type != REDIS_REPLY_ARRAY ||
+        st->elements != b->cm[c].cnt)
+        return TW_EIO;
+    for (size_t p = 0; p < st->elements; p++)
+        if (st->element[p]->type != REDIS_REPLY_INTEGER ||
+            st->element[p]->integer < 0 || st->element[p]->integer > 2)
+            return TW_EIO;
+    for (size_t p = 0; p < st->elements; p++) {
+        long long code = st->element[p]->integer;
+        b->it[b->who[b->cm[c].ibase + p]].result = code == 1   ? TW_ESTALE
+                                                   : code == 2 ? TW_ENOENT
+                                                               : 0;
+    }
+    *r = top->element[1];
+    return 0;
 }
 
 /* Read command @c's reply, the shard's version and (item, token) pairs,
@@ -608,6 +656,8 @@ static void sb_reply(struct sbatch *b, size_t c)
 {
     const redisReply *r = b->cmds[c].reply;
     int err = b->cmds[c].err;
+    if (!err && b->cond)
+        err = sb_codes(b, c, &r);
     if (!err && (!r || r->type != REDIS_REPLY_ARRAY ||
                  (r->elements && r->elements % 2 == 0)))
         err = TW_EIO;
@@ -667,14 +717,20 @@ static void sb_wait(struct sbatch *b)
     tw__free(rc);
 }
 
-static int rd_schedule_many(tw_durable *base, tw_durable_item *items, size_t n)
+/* A batch of schedules, conditional (SCHED_IF) when @cond is not NULL. */
+static int sched_run(tw_durable *base, tw_durable_item *items,
+                     const struct tw__cond *cond, size_t n)
 {
     if (((struct rd *)base)->nofire) {
         for (size_t i = 0; i < n; i++)
             items[i].result = TW_EINVAL;
         return n ? TW_EINVAL : 0;
     }
-    struct sbatch b = {.d = (struct rd *)base, .it = items, .n = n};
+    struct sbatch b = {.d = (struct rd *)base,
+                       .it = items,
+                       .cond = cond,
+                       .stride = cond ? 4 : 3,
+                       .n = n};
     b.now = rd_wall(b.d);
     int rc = sb_alloc(&b);
     if (rc) {
@@ -693,6 +749,17 @@ static int rd_schedule_many(tw_durable *base, tw_durable_item *items, size_t n)
     sb_wait(&b);
     sb_free(&b);
     return tw__durable_first_error(items, n);
+}
+
+static int rd_schedule_many(tw_durable *base, tw_durable_item *items, size_t n)
+{
+    return sched_run(base, items, NULL, n);
+}
+
+static int rd_schedule_if(tw_durable *base, tw_durable_item *items,
+                          const struct tw__cond *cond, size_t n)
+{
+    return sched_run(base, items, cond, n);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -732,8 +799,11 @@ static void cancel_wait(struct rd *d, struct op_wait **v,
     tw__free(rc);
 }
 
-/* The cancels of a batch: one CANCEL call per key, pipelined. */
-static void cancel_batch(struct rd *d, struct op_wait **v, size_t n)
+/* The cancels of a batch: one CANCEL call per key, pipelined; with
+ * @cond (per cancel), each only if its payload begins with the expected
+ * bytes. */
+static void cancel_batch(struct rd *d, struct op_wait **v,
+                         const struct tw__cond *cond, size_t n)
 {
     struct call *calls = tw__malloc(n * sizeof *calls);
     tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
@@ -744,6 +814,8 @@ static void cancel_batch(struct rd *d, struct op_wait **v, size_t n)
                          shard_of(d, v[i]->it.key, v[i]->it.key_len));
         call_arg(&calls[i], v[i]->it.key, v[i]->it.key_len);
         call_num(&calls[i], now);
+        if (cond)
+            call_arg(&calls[i], cond[i].expect, cond[i].expect_len);
     }
     if (!rc)
         tw__rd_run_calls(d, calls, cmds, n);
@@ -755,6 +827,8 @@ static void cancel_batch(struct rd *d, struct op_wait **v, size_t n)
             e = TW_EIO;
         if (!e && r->integer == 0)
             e = TW_ENOENT;
+        if (!e && r->integer < 0)
+            e = TW_ESTALE;
         v[i]->it.result = e;
     }
     if (cmds)
@@ -793,7 +867,7 @@ static void op_batch(struct rd *d, struct op_wait *list)
             v[nc++] = w;
     }
     if (nc)
-        cancel_batch(d, v, nc);
+        cancel_batch(d, v, NULL, nc);
     if (ns)
         rd_schedule_many(&d->base, items, ns);
     ns = 0;
@@ -844,7 +918,8 @@ static int rd_cancel(tw_durable *base, const void *key, size_t key_len)
 /* tw_durable_cancel_many: the items as one batch of cancels (one pipelined
  * round trip per node), in order, so a key given twice finds itself gone
  * the second time. */
-static int rd_cancel_many(tw_durable *base, tw_durable_item *items, size_t n)
+static int cancel_run(tw_durable *base, tw_durable_item *items,
+                      const struct tw__cond *cond, size_t n)
 {
     struct op_wait *w = tw__calloc(n, sizeof *w);
     struct op_wait **v = tw__malloc(n * sizeof *v);
@@ -856,12 +931,23 @@ static int rd_cancel_many(tw_durable *base, tw_durable_item *items, size_t n)
         v[i] = &w[i];
     }
     if (!rc)
-        cancel_batch((struct rd *)base, v, n);
+        cancel_batch((struct rd *)base, v, cond, n);
     for (size_t i = 0; i < n; i++)
         items[i].result = rc ? rc : w[i].it.result;
     tw__free(w);
     tw__free(v);
     return tw__durable_first_error(items, n);
+}
+
+static int rd_cancel_many(tw_durable *base, tw_durable_item *items, size_t n)
+{
+    return cancel_run(base, items, NULL, n);
+}
+
+static int rd_cancel_if(tw_durable *base, tw_durable_item *items,
+                        const struct tw__cond *cond, size_t n)
+{
+    return cancel_run(base, items, cond, n);
 }
 
 /* Per shard: ZCARD :d (pending), ZCOUNT :d 0 now (due, not claimed by
@@ -1021,4 +1107,6 @@ static const struct tw_durable_ops rd_ops = {
     .dead_op = tw__rd_dead_op,
     .list_dead = tw__rd_list_dead,
     .touch = tw__rd_touch,
+    .schedule_if = rd_schedule_if,
+    .cancel_if = rd_cancel_if,
 };

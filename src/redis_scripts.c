@@ -2,8 +2,8 @@
 /*
  * src/redis_scripts.c - the Lua scripts of the Redis backend, and the
  * data model in Redis that they keep. The other files of the backend send
- * them by id (src/redis_scripts.h): src/durable_redis.c SCHED and CANCEL,
- * src/redis_fire.c CLAIM, DONE and TOUCH, src/durable_redis.c's close
+ * them by id (src/redis_scripts.h): src/durable_redis.c SCHED, SCHED_IF and
+ * CANCEL, src/redis_fire.c CLAIM, DONE and TOUCH, src/durable_redis.c's close
  * RELEASE, src/redis_query.c REARM, DDEL and the read-only GET, LIST,
  * DEAD and SCAN.
  *
@@ -60,7 +60,9 @@
  * completion).
  *
  * Every change is one script (EVALSHA; EVAL once on NOSCRIPT, which loads
- * it on that node): SCHED, CANCEL, CLAIM, DONE, RELEASE. Scripts that take
+ * it on that node): SCHED, CANCEL, CLAIM, DONE, RELEASE; SCHED_IF is
+ * SCHED behind the conditions of tw_durable_schedule_if() (CANCEL takes
+ * its condition as an optional argument). Scripts that take
  * many keys (SCHED, CLAIM, DONE) run a fixed number of variadic commands
  * per call, so Redis's per-call and per-command costs (a script call
  * about 4 us, each redis.call about 3 us more on the machine of
@@ -164,6 +166,109 @@
     " return redis.error_reply('FENCED')\n"                                    \
     "end\n"
 
+/* SCHED's body as a function SB of its arguments (its parameter is named
+ * ARGV, so the body reads as a script's): SCHED runs it on its ARGV,
+ * SCHED_IF on the items whose conditions held. */
+#define SCHED_BODY                                                             \
+    "local function SB(ARGV)\n"                                                \
+    "local untl,now,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"                \
+    "tonumber(ARGV[3])\n"                                                      \
+    "local m=(#ARGV-3)/3\n"                                                    \
+    "local seen,hv,fz,nk,nd,nj,ks={},{},{},{},{},{},{}\n"                      \
+    "for j=m,1,-1 do\n"                                                        \
+    " local i=3*j+1\n"                                                         \
+    " local k,due=ARGV[i],tonumber(ARGV[i+1])\n"                               \
+    " if not seen[k] then\n"                                                   \
+    "  seen[k]=true\n"                                                         \
+    "  ks[#ks+1]=k\n"                                                          \
+    "  hv[#hv+1]=k\n"                                                          \
+    "  hv[#hv+1]=ARGV[i+2]\n"                                                  \
+    "  if due<=untl then\n"                                                    \
+    "   nk[#nk+1]=k\n"                                                         \
+    "   nd[#nd+1]=due\n"                                                       \
+    "   nj[#nj+1]=j\n"                                                         \
+    "  else\n"                                                                 \
+    "   fz[#fz+1]=ARGV[i+1]\n"                                                 \
+    "   fz[#fz+1]=k\n"                                                         \
+    "  end\n"                                                                  \
+    " end\n"                                                                   \
+    "end\n"                                                                    \
+    "local t,v,vb=0,0,false\n"                                                 \
+    "if #nk>0 then t=cnt(S,'s') end\n"                                         \
+    "local old=#hv/2-redis.call('HSET',P,unpack(hv))>0\n"                      \
+    "redis.call('ZREM',X,unpack(ks))\n"                                        \
+    "if old then v,vb=cnt(V,'v') end\n"                                        \
+    "if #fz>0 then redis.call('ZADD',D,unpack(fz)) end\n"                      \
+    "if #nk==0 and not old then return {} end\n"                               \
+    "if old then\n"                                                            \
+    " v=math.max(v+1,now*1024)\n"                                              \
+    " redis.call('SET',V,v)\n"                                                 \
+    "elseif #nk>0 then\n"                                                      \
+    " v,vb=cnt(V,'v')\n"                                                       \
+    " if vb then\n"                                                            \
+    "  v=math.max(1,now*1024)\n"                                               \
+    "  redis.call('SET',V,v)\n"                                                \
+    " end\n"                                                                   \
+    "end\n"                                                                    \
+    "if #nk==0 then return {} end\n"                                           \
+    "local nz,out,rn={},{v},rnow()\n"                                          \
+    "for i=1,#nk do\n"                                                         \
+    " t=math.max(t+1,(rn+math.max(nd[i]-now,0)+lease)*1024)\n"                 \
+    " nz[2*i-1]=-t\n"                                                          \
+    " nz[2*i]=nk[i]\n"                                                         \
+    " out[2*i]=nj[i]\n"                                                        \
+    " out[2*i+1]=t\n"                                                          \
+    "end\n"                                                                    \
+    "redis.call('SET',S,t)\n"                                                  \
+    "redis.call('ZADD',D,unpack(nz))\n"                                        \
+    "return out\n"                                                             \
+    "end\n"
+
+/* SCHED_IF's conditions: ARGV claim_until now lease, then (key due value
+ * cond)... with cond "a" (the key must not be pending) or "=" followed by
+ * the bytes its pending value's payload must begin with. The items are
+ * checked in order, each against the shard as the items before it left
+ * it (cur: the key's value, or false when not pending); those that hold
+ * go to SB, the others get their code. Returns {codes, SB's reply with
+ * its item numbers mapped back}; code per item 0 applied, 1 stale, 2 not
+ * pending. A value that cannot be read is stale (CLAIM sets it aside). */
+#define SCHED_IF_BODY                                                          \
+    SCHED_BODY                                                                 \
+    "local A,st,cur,map={ARGV[1],ARGV[2],ARGV[3]},{},{},{}\n"                  \
+    "for j=1,(#ARGV-3)/4 do\n"                                                 \
+    " local i=4*j\n"                                                           \
+    " local k,c=ARGV[i],ARGV[i+3]\n"                                           \
+    " local s=cur[k]\n"                                                        \
+    " if s==nil then\n"                                                        \
+    "  s=redis.call('ZSCORE',D,k) and (redis.call('HGET',P,k) or '') or "      \
+    "false\n"                                                                  \
+    " end\n"                                                                   \
+    " local r=0\n"                                                             \
+    " if c=='a' then\n"                                                        \
+    "  if s then r=1 end\n"                                                    \
+    " elseif not s then r=2\n"                                                 \
+    " elseif #c>1 then\n"                                                      \
+    "  local d,a,nd,na=pv(s)\n"                                                \
+    "  if not d or string.sub(s,nd+na+3,nd+na+1+#c)~=string.sub(c,2) then\n"   \
+    "   r=1\n"                                                                 \
+    "  end\n"                                                                  \
+    " end\n"                                                                   \
+    " st[j]=r\n"                                                               \
+    " if r==0 then\n"                                                          \
+    "  cur[k]=ARGV[i+2]\n"                                                     \
+    "  A[#A+1]=k\n"                                                            \
+    "  A[#A+1]=ARGV[i+1]\n"                                                    \
+    "  A[#A+1]=ARGV[i+2]\n"                                                    \
+    "  map[#map+1]=j\n"                                                        \
+    " else\n"                                                                  \
+    "  cur[k]=s\n"                                                             \
+    " end\n"                                                                   \
+    "end\n"                                                                    \
+    "if #map==0 then return {st,{}} end\n"                                     \
+    "local out=SB(A)\n"                                                        \
+    "for e=2,#out,2 do out[e]=map[out[e]] end\n"                               \
+    "return {st,out}\n"
+
 const char *const tw__redis_scripts[S_COUNT] = {
     /* SCHED ARGV: claim_until now lease, then (key due value)... where
      * value is "due,1,payload". A key given twice keeps its last item.
@@ -175,64 +280,25 @@ const char *const tw__redis_scripts[S_COUNT] = {
      * token is gone with it; if any key existed (HSET counts the new
      * ones), :v moves. A due time below 0 waits with score 0 (a negative
      * score is a claim); the value keeps the due time as given. */
-    PRELUDE "local untl,now,lease=tonumber(ARGV[1]),tonumber(ARGV[2]),"
-            "tonumber(ARGV[3])\n"
-            "local m=(#ARGV-3)/3\n"
-            "local seen,hv,fz,nk,nd,nj,ks={},{},{},{},{},{},{}\n"
-            "for j=m,1,-1 do\n"
-            " local i=3*j+1\n"
-            " local k,due=ARGV[i],tonumber(ARGV[i+1])\n"
-            " if not seen[k] then\n"
-            "  seen[k]=true\n"
-            "  ks[#ks+1]=k\n"
-            "  hv[#hv+1]=k\n"
-            "  hv[#hv+1]=ARGV[i+2]\n"
-            "  if due<=untl then\n"
-            "   nk[#nk+1]=k\n"
-            "   nd[#nd+1]=due\n"
-            "   nj[#nj+1]=j\n"
-            "  else\n"
-            "   fz[#fz+1]=ARGV[i+1]\n"
-            "   fz[#fz+1]=k\n"
-            "  end\n"
-            " end\n"
-            "end\n"
-            "local t,v,vb=0,0,false\n"
-            "if #nk>0 then t=cnt(S,'s') end\n"
-            "local old=#hv/2-redis.call('HSET',P,unpack(hv))>0\n"
-            "redis.call('ZREM',X,unpack(ks))\n"
-            "if old then v,vb=cnt(V,'v') end\n"
-            "if #fz>0 then redis.call('ZADD',D,unpack(fz)) end\n"
-            "if #nk==0 and not old then return {} end\n"
-            "if old then\n"
-            " v=math.max(v+1,now*1024)\n"
-            " redis.call('SET',V,v)\n"
-            "elseif #nk>0 then\n"
-            " v,vb=cnt(V,'v')\n"
-            " if vb then\n"
-            "  v=math.max(1,now*1024)\n"
-            "  redis.call('SET',V,v)\n"
-            " end\n"
-            "end\n"
-            "if #nk==0 then return {} end\n"
-            "local nz,out,rn={},{v},rnow()\n"
-            "for i=1,#nk do\n"
-            " t=math.max(t+1,(rn+math.max(nd[i]-now,0)+lease)*1024)\n"
-            " nz[2*i-1]=-t\n"
-            " nz[2*i]=nk[i]\n"
-            " out[2*i]=nj[i]\n"
-            " out[2*i+1]=t\n"
-            "end\n"
-            "redis.call('SET',S,t)\n"
-            "redis.call('ZADD',D,unpack(nz))\n"
-            "return out\n" EPILOGUE,
-    /* CANCEL ARGV: key now. :v moves. */
-    PRELUDE "local k=ARGV[1]\n"
-            "local v=cnt(V,'v')\n"
-            "if redis.call('ZREM',D,k)==0 then return 0 end\n"
-            "redis.call('HDEL',P,k)\n"
-            "redis.call('SET',V,math.max(v+1,tonumber(ARGV[2])*1024))\n"
-            "return 1\n" EPILOGUE,
+    PRELUDE SCHED_BODY "return SB(ARGV)\n" EPILOGUE,
+    /* CANCEL ARGV: key now [expect]. :v moves. With expect (a
+     * conditional cancel), only if the pending value's payload begins
+     * with it: else -1 (stale), nothing changed; a value that cannot be
+     * read is stale (CLAIM sets it aside), unless expect is empty. */
+    PRELUDE
+    "local k=ARGV[1]\n"
+    "local v=cnt(V,'v')\n"
+    "if ARGV[3] and #ARGV[3]>0 and redis.call('ZSCORE',D,k) then\n"
+    " local s=redis.call('HGET',P,k) or ''\n"
+    " local d,a,nd,na=pv(s)\n"
+    " if not d or string.sub(s,nd+na+3,nd+na+2+#ARGV[3])~=ARGV[3] then\n"
+    "  return -1\n"
+    " end\n"
+    "end\n"
+    "if redis.call('ZREM',D,k)==0 then return 0 end\n"
+    "redis.call('HDEL',P,k)\n"
+    "redis.call('SET',V,math.max(v+1,tonumber(ARGV[2])*1024))\n"
+    "return 1\n" EPILOGUE,
     /* CLAIM ARGV: now until lease max. Two ranges of :d: the leases that
      * ran out (score in [-(R * 1024 + 1023), 0), read with their scores:
      * they go back to their due time with attempt + 1, and :v moves), then
@@ -441,6 +507,9 @@ const char *const tw__redis_scripts[S_COUNT] = {
             "redis.call('SET',S,t)\n"
             "redis.call('ZADD',D,-t,k)\n"
             "return t\n" EPILOGUE,
+    /* SCHED_IF: SCHED of the items whose conditions hold (SCHED_IF_BODY
+     * above). */
+    PRELUDE SCHED_IF_BODY EPILOGUE,
 };
 
 const char tw__redis_key_suffix[NKEYS] = {'d', 'p', 's', 'v', 'q', 'x'};

@@ -16,6 +16,7 @@
 #define _GNU_SOURCE
 
 #include "durable_semantics.h"
+#include "durable_semantics_impl.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -1274,6 +1275,12 @@ static void test_readonly(void)
     tw_durable_item it = {"ro-far", 6, t0, NULL, 0, 0};
     ASSERT_EQ(tw_durable_schedule_many(r, &it, 1), TW_EROFS);
     ASSERT_EQ(tw_durable_cancel_many(r, &it, 1), TW_EROFS);
+    ASSERT_EQ(tw_durable_schedule_if(r, "ro-far", 6, "f", 1, t0, "g", 1),
+              TW_EROFS);
+    ASSERT_EQ(tw_durable_cancel_if(r, "ro-far", 6, "f", 1), TW_EROFS);
+    tw_durable_item_if ii = {"ro-far", 6, t0, NULL, 0, "f", 1, 0};
+    ASSERT_EQ(tw_durable_schedule_many_if(r, &ii, 1), TW_EROFS);
+    ASSERT_EQ(tw_durable_cancel_many_if(r, &ii, 1), TW_EROFS);
     /* The read-only handle delivers nothing: "ro-now" fires once, by d. */
     ASSERT_EQ(sched(d, "ro-now", t0, ""), 0);
     wait_count("ro-now", 1);
@@ -1789,6 +1796,97 @@ static void test_touch(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* ------------------------------------------------------------------------ */
+/* For the suite's other files (tests/durable_semantics_impl.h). */
+
+const tw_sem_backend *sem_backend(void)
+{
+    return be;
+}
+
+int64_t sem_now(void)
+{
+    return now_ms();
+}
+
+void sem_advance(int64_t ms)
+{
+    advance(ms);
+}
+
+void sem_sleep_ms(int ms)
+{
+    sleep_real_ms(ms);
+}
+
+tw_durable *sem_open_new(void)
+{
+    return open_new();
+}
+
+tw_durable *sem_reopen(void)
+{
+    return reopen();
+}
+
+uint32_t sem_count(const char *key)
+{
+    return count_of(key);
+}
+
+void sem_last_payload(const char *key, char *out, size_t len)
+{
+    snprintf(out, len, "%s", snap(key).payload);
+}
+
+void sem_wait_count(const char *key, uint32_t n)
+{
+    wait_count(key, n);
+}
+
+void sem_settle(tw_durable *d)
+{
+    settle(d);
+}
+
+void sem_done_flush(tw_durable *d, uint64_t want_pending)
+{
+    done_flush(d, want_pending);
+}
+
+void sem_wait_fired(tw_durable *d, uint64_t n)
+{
+    wait_fired(d, n);
+}
+
+tw_durable_stats sem_stats(tw_durable *d)
+{
+    return stats(d);
+}
+
+void sem_block_reset(void)
+{
+    atomic_store(&blocked, 0);
+    atomic_store(&unblocked, 0);
+}
+
+void sem_wait_blocked(void)
+{
+    for (int i = 0; i < WAIT_MS && !atomic_load(&blocked); i++)
+        sleep_real_ms(1);
+    ASSERT(atomic_load(&blocked));
+}
+
+void sem_unblock(void)
+{
+    atomic_store(&unblocked, 1);
+}
+
+int sem_early(void)
+{
+    return early;
+}
+
 #define RUN(fn)                                                                \
     do {                                                                       \
         reset();                                                               \
@@ -1827,5 +1925,9 @@ int tw_sem_run(const tw_sem_backend *b)
     RUN(test_dead_letters);
     RUN(test_backoff);
     RUN(test_touch);
+    RUN(sem_test_cas_single);
+    RUN(sem_test_cas_many);
+    RUN(sem_test_cas_fire_race);
+    RUN(sem_test_cas_threads);
     return tw_test_done();
 }

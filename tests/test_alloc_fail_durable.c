@@ -67,6 +67,45 @@ static int schedule_n(tw_durable *d, int i)
     return tw_durable_schedule(d, k, (size_t)kl, INT64_MAX / 2, p, (size_t)pl);
 }
 
+/* Conditional rewrites of keys 400 .. 599, the next allocation failing
+ * (the record read back to compare, the call's own): TW_ENOMEM with
+ * nothing changed, then the same call works. Returns how many failed. */
+static long schedule_if_nomem(tw_durable *d)
+{
+    long nomem = 0;
+    for (int i = 400; i < 600; i++) {
+        char k[32], p[64];
+        int kl = snprintf(k, sizeof k, "key-%d", i);
+        int pl = snprintf(p, sizeof p, "payload of %d, again", i);
+        tw_durable_stats before, after;
+        ASSERT_EQ(tw_durable_stats_get(d, &before), 0);
+        tw_af_arm(i % 3, false);
+        int rc = tw_durable_schedule_if(d, k, (size_t)kl, "payload of", 10,
+                                        INT64_MAX / 2, p, (size_t)pl);
+        tw_af_disarm();
+        if (rc == TW_ENOMEM) {
+            nomem++;
+            ASSERT_EQ(tw_durable_stats_get(d, &after), 0);
+            ASSERT_EQ(after.journal_bytes, before.journal_bytes);
+            rc = tw_durable_schedule_if(d, k, (size_t)kl, "payload of", 10,
+                                        INT64_MAX / 2, p, (size_t)pl);
+        }
+        ASSERT_EQ(rc, 0);
+    }
+    /* A batch of more items than are converted on the stack. */
+    tw_durable_item_if it[20];
+    for (int i = 0; i < 20; i++)
+        it[i] = (tw_durable_item_if){
+            "key-401", 7, INT64_MAX / 2, "p", 1, "payload of", 10, 0};
+    tw_af_arm(0, false);
+    ASSERT_EQ(tw_durable_schedule_many_if(d, it, 20), TW_ENOMEM);
+    tw_af_disarm();
+    for (int i = 0; i < 20; i++)
+        ASSERT_EQ(it[i].result, TW_ENOMEM);
+    printf("schedule_if: %ld calls met a failed allocation\n", nomem);
+    return nomem;
+}
+
 int main(void)
 {
     ASSERT_NOT_NULL(mkdtemp(dir));
@@ -127,6 +166,7 @@ int main(void)
         }
     }
     ASSERT_GT(nomem, 0);
+    ASSERT_GT(schedule_if_nomem(d), 0);
     ASSERT_EQ(tw_durable_close(d), 0);
     ASSERT_EQ(tw_af_live(), live0);
     ASSERT_EQ(tw_durable_open(&d, &c), 0);

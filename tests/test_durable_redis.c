@@ -545,6 +545,39 @@ static int shard_of_key(const char *key, int shards)
     return (int)(h % (uint64_t)shards);
 }
 
+/* Conditional writes (SCHED_IF, CANCEL with expected bytes) on damaged
+ * shards: keys of the wrong type are set aside and the write goes on; a
+ * pending key whose value cannot be read is stale for a non-empty expect,
+ * and matches an empty one. */
+static void garbage_cas(void)
+{
+    char ns[32], k[96];
+    snprintf(ns, sizeof ns, "gc%d", (int)getpid());
+    int sa = shard_of_key("ca", 4), sb = shard_of_key("cb", 4);
+    RAW("SET", skey(k, ns, sa, 'd'), "not a zset");
+    RAW("SET", skey(k, ns, sa, 'p'), "not a hash");
+    RAW("HSET", skey(k, ns, sb, 'p'), "cb", "zzz");
+    RAW("ZADD", skey(k, ns, sb, 'd'), "+inf", "cb"); /* never claimed */
+    tw_durable_config cfg = base_cfg(ns);
+    cfg.shards = 4;
+    tw_durable *d;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    int64_t far = wall_ms() + 1000000;
+    ASSERT_EQ(tw_durable_schedule_if(d, "ca", 2, NULL, 0, far, "t1", 2), 0);
+    ASSERT(has_field(ns, sa, "k:d"));
+    ASSERT(has_field(ns, sa, "k:p"));
+    ASSERT_EQ(tw_durable_schedule_if(d, "ca", 2, "t0", 2, far, "t2", 2),
+              TW_ESTALE);
+    ASSERT_EQ(tw_durable_schedule_if(d, "ca", 2, "t1", 2, far, "t2", 2), 0);
+    ASSERT_EQ(tw_durable_cancel_if(d, "ca", 2, "t2", 2), 0);
+    ASSERT_EQ(tw_durable_schedule_if(d, "cb", 2, "z", 1, far, "t1", 2),
+              TW_ESTALE);
+    ASSERT_EQ(tw_durable_cancel_if(d, "cb", 2, "z", 1), TW_ESTALE);
+    ASSERT_EQ(tw_durable_schedule_if(d, "cb", 2, "", 0, far, "t1", 2), 0);
+    ASSERT_EQ(tw_durable_cancel_if(d, "cb", 2, "t1", 2), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 /* Garbage in every key of every shard (values that are not
  * "due,attempt,payload", due times and attempts out of range, a member of
  * :d without a value, leases that ran out with no or a bad value, :s and
@@ -686,6 +719,7 @@ static void garbage(void)
               0);
     ASSERT_EQ(tw_durable_close(d), 0);
     retry_first = 0;
+    garbage_cas();
     tw__rc_close(raw);
     printf("garbage: ok\n");
 }

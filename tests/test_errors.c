@@ -29,6 +29,8 @@ static const struct {
     {TW_ENOTDIR, ENOTDIR, "TW_ENOTDIR"},
     /* Remote stores. */
     {TW_EAUTH, EKEYREJECTED, "TW_EAUTH"},
+    /* Conditional writes. */
+    {TW_ESTALE, ESTALE, "TW_ESTALE"},
 };
 #define NCODES (sizeof(codes) / sizeof(codes[0]))
 

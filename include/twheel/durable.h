@@ -37,8 +37,10 @@
  * wall clock steps back by S: a timer scheduled then for a time the store has
  * already passed fires at once, early by at most S (docs/guide/durable.md).
  *
- * Thread safety: tw_durable_schedule(), tw_durable_cancel() and
- * tw_durable_stats_get() may be called from any thread, callbacks included.
+ * Thread safety: tw_durable_schedule(), tw_durable_cancel(), their
+ * batch and conditional forms (tw_durable_schedule_if() ...) and
+ * tw_durable_stats_get() may be called from any thread, callbacks
+ * included.
  * tw_durable_close() of a store from inside one of its own callbacks
  * returns TW_EDEADLK and does nothing. A callback that calls in while
  * close() waits for it gets TW_ESHUTDOWN, nothing changed, from every call
@@ -377,6 +379,125 @@ TW_EXTERN int tw_durable_schedule_many(tw_durable *d, tw_durable_item *items,
  */
 TW_EXTERN int tw_durable_cancel_many(tw_durable *d, tw_durable_item *items,
                                      size_t n);
+
+/*
+ * Conditional writes (fencing)
+ * ----------------------------
+ * A writer that may have been paused (SIGSTOP, a long GC, a partition)
+ * while another took its work over must not write back a record it read
+ * before the pause: that would undo the other's rewrite, or bring back a
+ * timer the other deleted. The _if calls apply only when the key's stored
+ * record is still the one the writer last saw: the caller puts a write
+ * token at the start of each payload it writes (unique per write, never
+ * reused: then the check is a version check without ABA) and passes the
+ * token it last wrote or read as @expect.
+ *
+ * The condition, checked atomically with the write (journal: under the
+ * store's lock, the record read back from disk; Redis: inside the one
+ * script that writes):
+ *   - @expect non-NULL: @key is pending and its stored payload begins
+ *     with the @expect_len bytes at @expect (@expect_len 0: any pending
+ *     version). A key that is not pending (never scheduled, cancelled,
+ *     completed, or a dead letter) is TW_ENOENT; a pending key whose
+ *     payload does not begin so (a shorter payload included) TW_ESTALE.
+ *   - @expect NULL (@expect_len must be 0; schedules only): @key is not
+ *     pending (create only if absent; a dead letter counts as absent and
+ *     is replaced, as tw_durable_schedule() replaces it); else TW_ESTALE.
+ * When the condition fails nothing is written or changed.
+ * On Redis a failover that loses acknowledged writes (replication is
+ * asynchronous; cfg.wait_replicas narrows the window) can lose the
+ * version a writer last saw, as it can lose any write.
+ *
+ * "Pending" includes a timer whose delivery is under way (due, claimed,
+ * its callback running): the condition compares with its stored payload
+ * as for any other, and a write that applies replaces (or cancels) it as
+ * tw_durable_schedule() (tw_durable_cancel()) would: the running callback
+ * finishes, and its result (done, retry) is not recorded, so it never
+ * erases or overwrites the new version. Once a delivery has completed
+ * the key is not pending (TW_ENOENT); on Redis a completion reaches the
+ * store up to 500 ms after its callback returned, and until then the key
+ * still counts as pending (as for tw_durable_cancel()).
+ */
+
+/* One item of tw_durable_schedule_many_if() (or of
+ * tw_durable_cancel_many_if(), which reads key, expect and their
+ * lengths only). */
+typedef struct tw_durable_item_if {
+    const void *key;     /* as tw_durable_schedule()'s arguments */
+    size_t key_len;      /* bytes of key */
+    int64_t due_ms;      /* Unix time in ms */
+    const void *payload; /* may be NULL when payload_len is 0 */
+    size_t payload_len;  /* bytes of payload */
+    const void *expect;  /* the stored payload's expected first bytes, or
+                            NULL: the key must not be pending */
+    size_t expect_len;   /* bytes at expect; 0 when expect is NULL */
+    int result; /* out: what tw_durable_schedule_if() would have returned */
+} tw_durable_item_if;
+
+/*
+ * tw_durable_schedule_if - tw_durable_schedule() of @key if the condition
+ * of @expect holds (above): @expect non-NULL, @key is pending and its
+ * payload begins with the @expect_len bytes at @expect; @expect NULL (and
+ * @expect_len 0), @key is not pending.
+ * Returns 0 once the new version is durable (as tw_durable_schedule());
+ * TW_ESTALE (the stored record is another version, or with @expect NULL
+ * the key is pending) or TW_ENOENT (@expect non-NULL and @key not
+ * pending), nothing changed; TW_EINVAL (arguments as for
+ * tw_durable_schedule(), or NULL @expect with @expect_len > 0, or
+ * @expect_len > TW_DURABLE_PAYLOAD_MAX; nothing written); TW_EIO (journal:
+ * also when the stored record could not be read back to compare),
+ * TW_ENOSPC, TW_ECONN, TW_ENOMEM, TW_EROFS, TW_ESHUTDOWN.
+ * Cost: journal: one read of the key's current record under the store's
+ * lock (as tw_durable_get()) on top of a schedule; calls of several
+ * threads are combined and share fdatasyncs as schedules are. Redis: one
+ * script call, as a schedule.
+ * Context: any thread, callbacks included.
+ */
+TW_EXTERN int tw_durable_schedule_if(tw_durable *d, const void *key,
+                                     size_t key_len, const void *expect,
+                                     size_t expect_len, int64_t due_ms,
+                                     const void *payload, size_t payload_len);
+
+/*
+ * tw_durable_cancel_if - tw_durable_cancel() of @key if it is pending and
+ * its stored payload begins with the @expect_len bytes at @expect
+ * (@expect_len 0: any pending version, as tw_durable_cancel()).
+ * Returns 0 once the cancel is durable; TW_ENOENT (@key not pending) or
+ * TW_ESTALE (another version), nothing changed; TW_EINVAL (bad key, NULL
+ * @expect: there is no "cancel if absent"); TW_EIO, TW_ENOSPC, TW_ECONN,
+ * TW_ENOMEM, TW_EROFS, TW_ESHUTDOWN. What a cancel that applies stops is
+ * as for tw_durable_cancel().
+ * Context: any thread, callbacks included.
+ */
+TW_EXTERN int tw_durable_cancel_if(tw_durable *d, const void *key,
+                                   size_t key_len, const void *expect,
+                                   size_t expect_len);
+
+/*
+ * tw_durable_schedule_many_if - tw_durable_schedule_if() of @n items in
+ * one call, with the round trips of tw_durable_schedule_many(). Items are
+ * applied in order, each condition checked against the store as the items
+ * before it left it: an item may expect the token an earlier item of the
+ * same call wrote, and two items that expect the same version cannot both
+ * apply (the second gets TW_ESTALE). Each item's outcome is in its
+ * @result; not atomic as a whole (a crash may keep some applied items and
+ * not others; every item whose @result is 0 is durable when the call
+ * returns). Returns 0 if every item applied, else the first item's error;
+ * TW_EINVAL if @d or @items is NULL with @n > 0.
+ * Context: any thread, callbacks included.
+ */
+TW_EXTERN int tw_durable_schedule_many_if(tw_durable *d,
+                                          tw_durable_item_if *items, size_t n);
+
+/*
+ * tw_durable_cancel_many_if - tw_durable_cancel_if() of @n items in one
+ * call: only each item's key, expect and their lengths are read, the
+ * outcome goes to @result. In order (a key given twice is TW_ENOENT the
+ * second time), not atomic, returns as tw_durable_schedule_many_if().
+ * Context: any thread, callbacks included.
+ */
+TW_EXTERN int tw_durable_cancel_many_if(tw_durable *d,
+                                        tw_durable_item_if *items, size_t n);
 
 /*
  * tw_durable_stats_get_sized - a snapshot of the counters into @out, a

@@ -78,6 +78,12 @@ extern "C" {
  * directory that may not be written are told apart by the code alone. */
 #define TW_EAUTH (-EKEYREJECTED)
 
+/* Conditional writes (twheel/durable.h, tw_durable_schedule_if() and
+ * friends): the stored record is not the version the caller expected (it
+ * was rewritten since, or a key that had to be absent is pending). ESTALE
+ * ("stale file handle"): the caller's view of the record is stale. */
+#define TW_ESTALE (-ESTALE)
+
 /*
  * TW_LATE_BUCKETS - buckets of the lateness histograms in tw_service_stats
  * and tw_durable_stats. Bucket 0 counts runs that started less than 1 us
