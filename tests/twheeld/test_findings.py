@@ -240,57 +240,84 @@ def pipelined_delayed():
 
 # ---- finding 3 ----
 
+def wait_until(t):
+    """Until time.monotonic() >= @t: sleeps, then spins the last 2 ms."""
+    left = t - time.monotonic()
+    if left > 0.002:
+        time.sleep(left - 0.002)
+    while time.monotonic() < t:
+        pass
+
+
 def delete_at_due():
-    """twheeld -b: JOBS jobs delayed 1 s put in one write, then deletes of
-    all of them in one write sent at an offset around the due time (put +
-    0.90 ... 1.10 s, one offset a round, ROUNDS rounds). No one reserves
-    them, so each exists until deleted: beanstalkd answers DELETED to
-    every one. Then a reserve-with-timeout 2 must get none of them (a job
-    answered NOT_FOUND that is delivered is the harm). Measured on the
-    unfixed server: 11-28 NOT_FOUND of 400 at 1 s."""
+    """twheeld -b: deletes of delayed jobs (delay 1 s) sent around their
+    due time. No one reserves them, so each exists until deleted:
+    beanstalkd answers DELETED to every one. After the deletes a
+    reserve-with-timeout 1 loop must get none of them (a job answered
+    NOT_FOUND that is delivered is the harm).
+    To hit the moment reliably (a window of about a millisecond around
+    the due time): ROUNDS rounds of JOBS puts, GAP apart, one at a time;
+    then each job's delete is sent at the time its put was sent + 1 s +
+    an offset from -2 ms to +5.5 ms (the offsets cycle job by job), one
+    at a time. Then one round as the review did it: JOBS puts at full
+    speed, then all deletes in one write at the first put + 1 s. About
+    10 s. Measured on the unfixed server: 45-54 of 400 NOT_FOUND a timed
+    round (mostly at offsets -0.5 to +0.5 ms), each then delivered; 0-54
+    in the pipelined round."""
     d = tempdir()
     JOBS = 400
-    OFFSETS = (0.95, 0.99, 1.0, 1.01, 1.03, 1.06)
+    GAP = 0.0025
+    ROUNDS = 2
     s = start_twheeld("-b", d)
     total_nf, delivered, total = 0, 0, 0
     try:
         c = Client(s.port, timeout=30)
-        for rnd, off in enumerate(OFFSETS):
+        for rnd in range(ROUNDS + 1):
+            timed = rnd < ROUNDS
             c.cmd(b"use due%d\r\n" % rnd)
             c.cmd(b"watch due%d\r\n" % rnd)
             c.cmd(b"ignore %s\r\n" % (b"default" if rnd == 0 else
                                       b"due%d" % (rnd - 1)))
-            data = b"".join(put_cmd(b"d%d" % i, delay=1)
-                            for i in range(JOBS))
+            sent = []
             t0 = time.monotonic()
-            c.send(data)
-            ids = []
-            for _ in range(JOBS):
-                ln = c.line()
-                ids.append(int(ln.split()[1]))
-            left = t0 + off - time.monotonic()
-            if left > 0:
-                time.sleep(left)
-            c.send(b"".join(b"delete %d\r\n" % i for i in ids))
+            for i in range(JOBS):
+                if timed:
+                    wait_until(t0 + i * GAP)
+                t = time.monotonic()
+                sent.append((put(c, b"d%d" % i, delay=1), t))
             nf = []
-            for jid in ids:
-                r = c.line()
-                if r == b"NOT_FOUND":
-                    nf.append(jid)
-                elif r != b"DELETED":
-                    fail("delete %d: %r" % (jid, r))
+            if timed:
+                for i, (jid, t) in enumerate(sent):
+                    off = (i % 16) * 0.0005 - 0.002
+                    wait_until(t + 1.0 + off)
+                    r = c.cmd(b"delete %d\r\n" % jid)
+                    if r == b"NOT_FOUND\r\n":
+                        nf.append(jid)
+                    elif r != b"DELETED\r\n":
+                        fail("delete %d: %r" % (jid, r))
+            else:
+                wait_until(sent[0][1] + 1.0)
+                c.send(b"".join(b"delete %d\r\n" % jid for jid, _ in sent))
+                for jid, _ in sent:
+                    r = c.reply()
+                    if r == b"NOT_FOUND\r\n":
+                        nf.append(jid)
+                    elif r != b"DELETED\r\n":
+                        fail("delete %d: %r" % (jid, r))
             got = []
             while True:
-                r = c.cmd(b"reserve-with-timeout 2\r\n")
+                r = c.cmd(b"reserve-with-timeout 1\r\n")
                 if not r.startswith(b"RESERVED"):
                     break
                 jid = int(r.split()[1])
                 got.append(jid)
                 c.cmd(b"delete %d\r\n" % jid)
             back = set(got) & set(nf)
-            print("round %d (deletes at +%.2f s): %d NOT_FOUND of %d, %d of "
-                  "them delivered afterwards" % (rnd, off, len(nf), JOBS,
-                                                  len(back)))
+            print("round %d (%s): %d NOT_FOUND of %d deletes, %d of those "
+                  "jobs delivered afterwards" %
+                  (rnd, "each delete at its due time -2..+5.5 ms" if timed
+                   else "pipelined at the first due time", len(nf), JOBS,
+                   len(back)), flush=True)
             total_nf += len(nf)
             delivered += len(back)
             total += JOBS
@@ -403,7 +430,7 @@ def reserve_order():
                 buf += d
         except socket.timeout:
             pass
-        out.append(buf.replace(b"%d" % jid, b"<id>"))
+        out.append(buf.replace(b"RESERVED %d " % jid, b"RESERVED <id> "))
         c.close()
         p.close()
         return out
