@@ -8,7 +8,8 @@
 # two servers on one redis-server namespace with kill -9 of each. Needs
 # scripts/deps.sh test; the npm clients go to build/npm-clients
 # (git-ignored). The server and tools run under ASan+UBSan: the tests run
-# in the asan-ubsan stage's tree, once, one at a time. About 90 s here.
+# in the asan-ubsan stage's tree, once, one at a time. About 90 s here, plus
+# about 70 s for test_findings.py's cases and test_fencing.py.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
