@@ -2,13 +2,14 @@
 # SPDX-License-Identifier: MIT
 # CI stage: twheeld, the beanstalkd-compatible server. Its protocol against
 # a real beanstalkd (one session, 102 malformed lines), kill -9 under load
-# with -b, 10,000 idle connections and a client that never reads, and two
-# real clients (ruby-beaneater from Debian, jackd from npm) with the same
+# with -b, 10,000 idle connections and a client that never reads, and three
+# real clients (ruby-beaneater from Debian, jackd and fivebeans from npm) with the same
 # transcript on twheeld and beanstalkd, /metrics parsed by prometheus_client,
 # two servers on one redis-server namespace with kill -9 of each. Needs
-# scripts/deps.sh test; the npm client goes to build/npm-clients
+# scripts/deps.sh test; the npm clients go to build/npm-clients
 # (git-ignored). The server and tools run under ASan+UBSan: the tests run
-# in the asan-ubsan stage's tree, once, one at a time. About 90 s here.
+# in the asan-ubsan stage's tree, once, one at a time. About 90 s here, plus
+# about 70 s for test_findings.py's cases and test_fencing.py.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """Real beanstalkd clients nobody here wrote, against twheeld and against a
-real beanstalkd: the Debian package ruby-beaneater and the npm package
-jackd (scripts/twheeld-clients.sh installs it into build/npm-clients, or
-TBD_NPM_DIR). Each runs one scripted session (tests/twheeld/clients/) of
+real beanstalkd: the Debian package ruby-beaneater and the npm packages
+jackd and fivebeans (scripts/twheeld-clients.sh installs them into
+build/npm-clients, or TBD_NPM_DIR; fivebeans pipelines the commands it is
+given before their replies come). Each runs one scripted session (tests/twheeld/clients/) of
 put with delay, reserve with TTR, touch, release, bury, kick, tubes and
 stats against both servers at once; the transcripts must be identical.
 A client that is not installed is skipped (exit 77 if none ran).
@@ -32,6 +33,15 @@ def clients():
             jackd]))
     else:
         print("skipped: jackd (run scripts/twheeld-clients.sh)")
+    fivebeans = os.path.join(npm, "node_modules", "fivebeans")
+    if shutil.which("node") and os.path.isdir(fivebeans):
+        # --no-deprecation: its `new Buffer()` warning names the process.
+        out.append(("fivebeans (npm)", lambda port: [
+            "node", "--no-deprecation",
+            os.path.join(HERE, "clients", "session_fivebeans.js"), str(port),
+            fivebeans]))
+    else:
+        print("skipped: fivebeans (run scripts/twheeld-clients.sh)")
     if shutil.which("ruby") and subprocess.run(
             ["ruby", "-e", "require 'beaneater'"],
             stderr=subprocess.DEVNULL).returncode == 0:
