@@ -153,16 +153,35 @@ static bool kick_one(struct job *j)
     return true;
 }
 
-/* The job @id as @c may delete it (any job but one another connection
+/*
+ * The job @id as @c may delete it (any job but one another connection
  * reserved), taken out of its state; NULL when there is none. A delayed
- * job the store alone holds is in no table (its entry is dropped). */
-static struct job *delete_take(struct conn *c, uint64_t id, bool *cold,
-                               int *err)
+ * job the store alone holds is in no table (*@cold; its entry is dropped).
+ * When its record may fire, its key @key is claimed (*@claim): from then
+ * on no delivery of it reaches tbd_fired_jobs() until its cancel is done
+ * (store.c); one that came before the claim is taken first, and the job
+ * is then in memory, ready.
+ */
+static struct job *delete_take(struct conn *c, uint64_t id, const char *key,
+                               bool *cold, bool *claim, int *err)
 {
     struct job *j = tbd_job_lookup(id, cold, err);
+    *claim = j && g.store && (*cold || j->timed);
+    if (*claim) {
+        tbd_store_claim(g.store, key, strlen(key));
+        tbd_fired_jobs();
+        struct job *m = *cold ? tbd_job_find(id) : NULL;
+        if (m) { /* it fired meanwhile */
+            tbd_job_free_cold(j);
+            j = m;
+            *cold = false;
+        }
+    }
     if (!j || (j->state == J_RESERVED && j->reserver != c)) {
         if (j && *cold)
             tbd_job_free_cold(j);
+        if (*claim)
+            tbd_store_unclaim(g.store, key, strlen(key));
         return NULL;
     }
     j->tube->cmd_delete++;
@@ -177,18 +196,10 @@ void tbd_cmd_delete(struct conn *c, uint64_t id)
 {
     char key[24];
     size_t kl = (size_t)snprintf(key, sizeof(key), "j%" PRIu64, id);
-    struct job *j = tbd_job_find(id);
-    /* A job whose store record may fire: no delivery of it may reach
-     * tbd_fired_jobs() from now until its cancel is done (store.c). */
-    bool claim = g.store && (!j || j->timed);
-    if (claim)
-        tbd_store_claim(g.store, key, kl);
-    bool cold;
+    bool cold, claim;
     int err;
-    j = delete_take(c, id, &cold, &err);
+    struct job *j = delete_take(c, id, key, &cold, &claim, &err);
     if (!j) {
-        if (claim)
-            tbd_store_unclaim(g.store, key, kl);
         tbd_reply(c, err ? "INTERNAL_ERROR\r\n" : "NOT_FOUND\r\n");
         return;
     }

@@ -252,16 +252,16 @@ static void fired_in_memory(struct job *j, const struct rec *r)
 
 /*
  * Fired record @r of job @id, not in memory: this server's delayed job
- * becomes ready; a job of another server (it fell due in a shard this
- * server owns, or a takeover handed it here) is taken: ready, or buried
- * if it was. A delayed job of this server without an entry left meanwhile
- * (deleted, kicked): nothing.
+ * becomes ready (with or without an entry: the store may fire a job due
+ * while it opened before recovery could see it); a job of another server
+ * (it fell due in a shard this server owns, or a takeover handed it here)
+ * is taken: ready, or buried if it was. A job that left this server
+ * (deleted) cannot come back here: its key is claimed while its cancel
+ * is under way (tbd_cmd_delete()), and a delivery of a claimed key is
+ * dropped (store.c).
  */
 static void fired_cold(uint64_t id, const struct rec *r)
 {
-    bool mine = r->owner == g.opt->node;
-    if (mine && r->state == J_DELAYED && !tbd_dq_get(g.dq, id, NULL, NULL))
-        return;
     struct job *j = tbd_job_from_rec(r, true);
     if (!j) {
         tbd_logv(0, "job %" PRIu64 ": out of memory, left in the store", id);
