@@ -9,7 +9,7 @@
  * Besides memory safety (ASan, UBSan) the harness checks: a job record
  * that parses has a known state, an id above 0, a tube name a client may
  * send and times in [0, REC_TIME_MAX]; encoded again it parses to the
- * same fields, and a version 2 record encodes to the same bytes; a key
+ * same fields, and a version 3 record encodes to the same bytes; a key
  * id and a liveness record write back to the same bytes.
  */
 #include "fuzz.h"
@@ -30,7 +30,7 @@ static void check_rec(const uint8_t *data, size_t size)
     FZ_CHECK(a.created >= 0 && a.created <= REC_TIME_MAX, "created %" PRId64,
              a.created);
     size_t n = tbd_rec_size(a.tube_len, a.body_len);
-    FZ_CHECK(n <= size + 4, "size %zu of %zu", n, size);
+    FZ_CHECK(n <= size + 4 + REC_TOKEN, "size %zu of %zu", n, size);
     unsigned char *p = malloc(n);
     FZ_CHECK(p != NULL, "malloc");
     tbd_rec_encode(&a, p);
@@ -38,7 +38,8 @@ static void check_rec(const uint8_t *data, size_t size)
     FZ_CHECK(a.state == b.state && a.pri == b.pri && a.ttr == b.ttr &&
                  a.delay == b.delay && a.body_len == b.body_len &&
                  memcmp(a.cnt, b.cnt, sizeof(a.cnt)) == 0 &&
-                 a.owner == b.owner && a.id == b.id && a.due == b.due &&
+                 a.owner == b.owner && a.token == b.token &&
+                 a.id == b.id && a.due == b.due &&
                  a.created == b.created && a.tube_len == b.tube_len &&
                  memcmp(a.tube, b.tube, a.tube_len) == 0 &&
                  memcmp(a.body, b.body, a.body_len) == 0,

@@ -23,6 +23,69 @@ struct tbd_write *tbd_write_new(int kind, struct conn *c)
     return w;
 }
 
+/*
+ * A new write token: never 0 and never the same twice in this process (a
+ * bijective mix of a Weyl sequence), from a random start so that two
+ * servers' tokens practically never meet.
+ */
+uint64_t tbd_new_token(void)
+{
+    for (;;) {
+        uint64_t z = (g.token += UINT64_C(0x9E3779B97F4A7C15));
+        z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+        z ^= z >> 31;
+        if (z)
+            return z;
+    }
+}
+
+/*
+ * --redis: makes @w conditional on the record of @j being the one this
+ * server last wrote or read (its token), so that a server that lost the
+ * job to a takeover (it was stopped, or cut off) cannot change it: the
+ * write then fails with TW_ESTALE or TW_ENOENT (tbd_job_fenced()). The
+ * first write of a new job is not conditional: its id is this server's
+ * alone and no other server can have taken it before it exists (a record
+ * found under its key is not a job's: overwritten). One read from a
+ * record before version 3 (no token) must be there in any version.
+ */
+static void fence_job(struct tbd_write *w, const struct job *j)
+{
+    if (!g.opt->redis || (!j->token && !j->stored))
+        return;
+    w->cond = true;
+    if (j->token) {
+        unsigned char *q = w->expect;
+        *q++ = REC_JOB;
+        *q++ = REC_VERSION;
+        tbd_put_u64(&q, j->token);
+        w->expect_len = REC_FENCE_LEN;
+    }
+}
+
+/* --redis: makes @w conditional on the record being still the @n bytes
+ * at @p as read (its token; any version for a record before version 3). */
+void tbd_fence_raw(struct tbd_write *w, const unsigned char *p, size_t n)
+{
+    if (!g.opt->redis)
+        return;
+    w->cond = true;
+    if (n >= REC_FENCE_LEN && p[0] == REC_JOB && p[1] >= 3) {
+        memcpy(w->expect, p, REC_FENCE_LEN);
+        w->expect_len = REC_FENCE_LEN;
+    }
+}
+
+/* Queues the cancel of @j's record (fenced as tbd_job_write()). */
+struct tbd_write *tbd_job_cancel_write(struct job *j, struct conn *c)
+{
+    struct tbd_write *w = tbd_write_new(TBD_W_CANCEL, c);
+    w->key_len = (size_t)snprintf(w->key, sizeof(w->key), "j%" PRIu64, j->id);
+    fence_job(w, j);
+    return w;
+}
+
 /* Queues the record of @j (state as a crash should find it). */
 struct tbd_write *tbd_job_write(struct job *j, int stored_state, struct conn *c)
 {
@@ -30,6 +93,8 @@ struct tbd_write *tbd_job_write(struct job *j, int stored_state, struct conn *c)
     w->key_len = (size_t)snprintf(w->key, sizeof(w->key), "j%" PRIu64, j->id);
     if (j->writes < UINT8_MAX)
         j->writes++;
+    fence_job(w, j);
+    j->token = tbd_new_token(); /* the next write expects this one */
     struct rec r = {
         .state = stored_state,
         .pri = j->pri,
@@ -38,6 +103,7 @@ struct tbd_write *tbd_job_write(struct job *j, int stored_state, struct conn *c)
         .body_len = j->body_len,
         .cnt = {j->reserves, j->timeouts, j->releases, j->buries, j->kicks},
         .owner = g.opt->node,
+        .token = j->token,
         .id = j->id,
         .due = j->due_wall,
         .created = j->created_wall,
@@ -169,6 +235,7 @@ struct job *tbd_job_from_rec(const struct rec *r, bool body)
     j->kicks = r->cnt[4];
     j->body_len = r->body_len;
     j->stored = true;
+    j->token = r->token;
     j->state = (uint8_t)r->state;
     if (b) {
         memcpy(b, r->body, r->body_len);
@@ -181,12 +248,32 @@ struct job *tbd_job_from_rec(const struct rec *r, bool body)
     return j;
 }
 
+/* True when @w was refused because the record is no longer the one this
+ * server last wrote (fence_job()). A cancel of a record that is gone did
+ * what it had to (store.c). */
+static bool write_fenced(const struct tbd_write *w)
+{
+    return w->cond && (w->result == TW_ESTALE ||
+                       (w->result == TW_ENOENT && w->kind == TBD_W_SCHED));
+}
+
 /* A job record @w came back from the store. */
 static void job_written(struct tbd_write *w)
 {
-    struct job *j = tbd_job_find(tbd_key_id(w->key, w->key_len));
+    uint64_t id = tbd_key_id(w->key, w->key_len);
+    if (write_fenced(w)) {
+        tbd_job_fenced(id);
+        return;
+    }
+    struct job *j = tbd_job_find(id);
     if (!j)
         return; /* deleted meanwhile */
+    if (w->result != 0 && w->cond) {
+        /* It may or may not have landed: later writes of it expect any
+         * version (the token is unknown). */
+        j->token = 0;
+        j->stored = true;
+    }
     if (j->writes > 0 && j->writes < UINT8_MAX)
         j->writes--;
     j->stored |= w->result == 0;
@@ -207,22 +294,28 @@ void tbd_store_completions(struct tbd_write *w)
         if (w->result != 0)
             tbd_logv(0, "store write %.*s failed: %s", (int)w->key_len, w->key,
                      tw_strerror(w->result));
-        if (w->kind == TBD_W_SCHED && w->key[0] == 'j')
+        if (w->key[0] == 'j' && (w->kind == TBD_W_SCHED || write_fenced(w)))
             job_written(w);
+        if (w->key[0] == 'n' && w->result == 0 && w->tag > g.live_ok_at)
+            g.live_ok_at = w->tag; /* a liveness renewal landed */
         if (w->unclaim)
             tbd_store_unclaim(g.store, w->key, w->key_len);
         if (c) {
             struct out *o = (struct out *)(uintptr_t)w->tag;
             if (o) {
                 if (w->result != 0 && !w->keep_reply) {
-                    static const char e[] = "INTERNAL_ERROR\r\n";
+                    /* Fenced: another server has the job (or deleted
+                     * it): it is not found here. */
+                    const char *e = write_fenced(w) ? "NOT_FOUND\r\n"
+                                                    : "INTERNAL_ERROR\r\n";
+                    size_t el = strlen(e);
                     c->out_bytes -= o->len;
-                    if (o->cap < sizeof(e) - 1) {
+                    if (o->cap < el) {
                         /* cap is at least 32 (reply_held) */
                         abort();
                     }
-                    memcpy(o->data, e, sizeof(e) - 1);
-                    o->len = sizeof(e) - 1;
+                    memcpy(o->data, e, el);
+                    o->len = el;
                     c->out_bytes += o->len;
                 }
                 o->ready = true;

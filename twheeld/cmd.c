@@ -203,17 +203,16 @@ void tbd_cmd_delete(struct conn *c, uint64_t id)
         tbd_reply(c, err ? "INTERNAL_ERROR\r\n" : "NOT_FOUND\r\n");
         return;
     }
+    (void)kl;
+    struct tbd_write *w = g.store ? tbd_job_cancel_write(j, c) : NULL;
     if (cold)
         tbd_job_free_cold(j);
     else
         tbd_job_free(j);
-    if (!g.store) {
+    if (!w) {
         tbd_reply(c, "DELETED\r\n");
         return;
     }
-    struct tbd_write *w = tbd_write_new(TBD_W_CANCEL, c);
-    memcpy(w->key, key, kl + 1);
-    w->key_len = kl;
     w->unclaim = claim;
     tbd_submit(c, w, "DELETED\r\n");
 }

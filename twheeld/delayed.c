@@ -139,6 +139,21 @@ static struct job *cold_read(uint64_t id, int *err)
     return j;
 }
 
+/* --redis: a write of job @id was refused (its record is not the one
+ * this server last wrote: another server took the job over, and may have
+ * deleted it). This server stops serving it. */
+void tbd_job_fenced(uint64_t id)
+{
+    struct job *j = tbd_job_find(id);
+    tbd_logv(1, "job %" PRIu64 ": held by another server now: dropped", id);
+    if (j) {
+        tbd_job_unlink(j);
+        tbd_job_free(j);
+    } else {
+        dq_drop(id);
+    }
+}
+
 void tbd_job_free_cold(struct job *j)
 {
     struct tube *t = j->tube;
@@ -216,6 +231,19 @@ void tbd_delayed_sweep(void)
                 break;
             }
         }
+    }
+}
+
+/* Drops every entry (tbd_forget_jobs()). */
+void tbd_delayed_forget(void)
+{
+    for (struct tube *t = g.tubes, *nx; t; t = nx) {
+        nx = t->next; /* t may be freed */
+        uint32_t qno = t->dq;
+        uint64_t id;
+        int64_t due;
+        while (tbd_dq_first(g.dq, qno, &id, &due))
+            dq_drop(id);
     }
 }
 

@@ -188,7 +188,7 @@ char *tbd_body_from_store(const struct job *j)
 {
     char key[24];
     size_t kl = (size_t)snprintf(key, sizeof(key), "j%" PRIu64, j->id);
-    size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + (size_t)j->body_len + 4;
+    size_t cap = tbd_rec_size(TBD_TUBE_NAME_MAX, j->body_len);
     size_t len = 0;
     unsigned char *p = malloc(cap);
     char *body = malloc((size_t)j->body_len + 2);

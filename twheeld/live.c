@@ -43,6 +43,7 @@ static void live_renew(void)
     w->due_ms = tbd_wall_ms() + LIVE_MS;
     w->payload = live_payload(w->due_ms);
     w->payload_len = LIVE_LEN;
+    w->tag = tbd_mono_ms(); /* g.live_ok_at once it lands */
     tbd_store_submit(g.store, w);
 }
 
@@ -102,10 +103,45 @@ void tbd_live_wait(void)
     }
     int64_t due = tbd_wall_ms() + LIVE_MS;
     unsigned char *p = live_payload(due);
+    uint64_t sent = tbd_mono_ms();
     int rc = tbd_store_put(g.store, key, kl, due, p, LIVE_LEN);
     if (rc != 0)
         tbd_logv(0, "liveness record %s: %s", key, tw_strerror(rc));
+    else
+        g.live_ok_at = sent;
     free(p);
+}
+
+/*
+ * --redis, before the event loop takes any event: when no liveness
+ * renewal has landed for FENCE_MS (this server was stopped, starved or cut
+ * off from Redis), its record may have run out and another server may
+ * have taken its jobs over (and served, deleted them). What memory holds
+ * cannot be trusted any more: this server forgets every job, waits as at
+ * start-up until a takeover of its jobs is over (tbd_live_wait()) and
+ * reads back the jobs whose records still name it. Its own writes made
+ * meanwhile are fenced (bridge.c): none can undo the other's.
+ */
+#define FENCE_MS (LIVE_MS - LIVE_GUARD_MS)
+void tbd_live_check(void)
+{
+    uint64_t now = tbd_mono_ms();
+    if (!g.opt->redis || !g.store || now - g.live_ok_at < FENCE_MS)
+        return;
+    tbd_logv(0,
+             "no liveness renewal landed for %" PRIu64
+             " ms: this server's jobs may be another's now; reading them "
+             "back",
+             now - g.live_ok_at);
+    tbd_forget_jobs();
+    tbd_live_wait();
+    int rc = tbd_recover_all("redis");
+    if (rc != 0) {
+        /* Served from memory: nothing (it holds no job); again in
+         * FENCE_MS. */
+        tbd_logv(0, "cannot read the jobs back: %s", tw_strerror(rc));
+        g.live_ok_at = tbd_mono_ms();
+    }
 }
 
 /*
@@ -253,9 +289,10 @@ static size_t takeover_still_dead(struct tbd_query *q)
     return ndead;
 }
 
-/* Rewrites the record of job @hit_id (read into @p, of @cap bytes and 4
- * more) naming this server, due now; 1 if it did, 0 if the record is
- * gone or changed since the scan. */
+/* Rewrites the record of job @hit_id (read into @p, of @cap bytes)
+ * naming this server, due now, on the condition that it is still the
+ * record read; 1 if it did, 0 if the record is gone or changed since the
+ * scan. */
 static size_t takeover_move(struct tbd_query *q, uint64_t hit_id,
                             unsigned char *p, size_t cap)
 {
@@ -264,22 +301,21 @@ static size_t takeover_move(struct tbd_query *q, uint64_t hit_id,
     size_t len = 0;
     int64_t due;
     uint64_t id;
+    struct rec r;
     if (tbd_store_get(g.store, w->key, w->key_len, p, cap, &len) != 0 ||
-        len > cap || !take_match(q, p, len, &due, &id) || id != hit_id) {
+        len > cap || !take_match(q, p, len, &due, &id) || id != hit_id ||
+        !tbd_rec_parse(p, len, &r)) {
         free(w); /* gone or changed since the scan */
         return 0;
     }
-    if (p[2] == J_DELAYED) /* fired there: ready */
-        p[2] = J_READY;
-    if (p[1] < 2) { /* version 1: the owner is appended */
-        p[1] = 2;
-        len += 4;
-    }
-    unsigned char *o = p + len - 4;
-    tbd_put_u32(&o, g.opt->node);
-    w->payload = tbd_xmalloc(len);
-    memcpy(w->payload, p, len);
-    w->payload_len = len;
+    tbd_fence_raw(w, p, len);
+    if (r.state == J_DELAYED) /* fired there: ready */
+        r.state = J_READY;
+    r.owner = g.opt->node;
+    r.token = tbd_new_token();
+    w->payload_len = tbd_rec_size(r.tube_len, r.body_len);
+    w->payload = tbd_xmalloc(w->payload_len);
+    tbd_rec_encode(&r, w->payload);
     w->due_ms = tbd_wall_ms();
     tbd_store_submit(g.store, w);
     return 1;
@@ -302,8 +338,8 @@ void tbd_takeover_done(struct tbd_query *q)
         return;
     }
     size_t ndead = takeover_still_dead(q);
-    size_t cap = REC_HEAD + TBD_TUBE_NAME_MAX + g.opt->max_job_size + 4;
-    unsigned char *p = tbd_xmalloc(cap + 4);
+    size_t cap = tbd_rec_size(TBD_TUBE_NAME_MAX, g.opt->max_job_size);
+    unsigned char *p = tbd_xmalloc(cap);
     size_t moved = 0;
     for (size_t i = 0; i < q->n && ndead > 0; i++)
         moved += takeover_move(q, q->hits[i].id, p, cap);

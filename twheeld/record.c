@@ -89,12 +89,15 @@ uint64_t tbd_key_id(const char *key, size_t len)
  */
 bool tbd_rec_parse(const unsigned char *p, size_t n, struct rec *r)
 {
-    if (n < REC_HEAD || p[0] != REC_JOB || p[1] < 1 || p[1] > REC_VERSION ||
-        p[2] > REC_STATE_MAX)
+    if (n < 2 || p[0] != REC_JOB || p[1] < 1 || p[1] > REC_VERSION)
+        return false;
+    size_t tok = p[1] >= 3 ? REC_TOKEN : 0;
+    if (n < REC_HEAD + tok || p[2 + tok] > REC_STATE_MAX)
         return false;
     size_t tail = p[1] >= 2 ? 4 : 0; /* the owner */
-    const unsigned char *q = p + 3;
-    r->state = p[2];
+    r->token = tok ? tbd_get_u64(p + 2) : 0;
+    const unsigned char *q = p + 3 + tok;
+    r->state = p[2 + tok];
     r->pri = tbd_get_u32(q);
     r->ttr = tbd_get_u32(q + 4);
     r->delay = tbd_get_u32(q + 8);
@@ -130,6 +133,7 @@ void tbd_rec_encode(const struct rec *r, unsigned char *p)
     unsigned char *q = p;
     *q++ = REC_JOB;
     *q++ = REC_VERSION;
+    tbd_put_u64(&q, r->token);
     *q++ = (unsigned char)r->state;
     tbd_put_u32(&q, r->pri);
     tbd_put_u32(&q, r->ttr);
@@ -153,7 +157,7 @@ void tbd_mark_encode(unsigned char *p, uint64_t mark)
 {
     unsigned char *q = p;
     *q++ = REC_MARK;
-    *q++ = REC_VERSION;
+    *q++ = 2; /* marks and liveness records: version 2's layout */
     tbd_put_u64(&q, mark);
 }
 
@@ -163,7 +167,7 @@ void tbd_live_encode(unsigned char *p, uint32_t node, int64_t due)
 {
     unsigned char *q = p;
     *q++ = REC_LIVE;
-    *q++ = REC_VERSION;
+    *q++ = 2;
     tbd_put_u32(&q, node);
     tbd_put_u64(&q, (uint64_t)due);
 }

@@ -12,13 +12,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Version 2 of a job record ends with the node (--node) of the server
- * that holds the job; version 1 (without it) is still read. */
-enum { REC_JOB = 'J', REC_MARK = 'M', REC_LIVE = 'L', REC_VERSION = 2 };
+/* Version 3 of a job record has a write token after its version byte:
+ * 8 bytes, new at every write, so that the record's first REC_FENCE_LEN
+ * bytes name one write of it and no other (a conditional write expects
+ * them: tw_durable_schedule_if()). Version 2 ends with the node (--node)
+ * of the server that holds the job; versions 1 (without it) and 2 are
+ * still read. Marks and liveness records keep their layout. */
+enum { REC_JOB = 'J', REC_MARK = 'M', REC_LIVE = 'L', REC_VERSION = 3 };
 
-/* A job record's fixed part: the head, the tube name's length byte and
- * the body's length (the owner adds 4 more). */
+/* A job record's fixed part before version 3: the head, the tube name's
+ * length byte and the body's length (the owner adds 4 more). */
 #define REC_HEAD (3 + 4 * 3 + 8 * 3 + 4 * 5 + 1 + 4)
+#define REC_TOKEN 8                  /* the write token (version 3) */
+#define REC_FENCE_LEN (2 + REC_TOKEN) /* "J", version, token */
 #define MARK_LEN 10     /* a high-water mark record */
 #define LIVE_LEN 14     /* a liveness record */
 #define REC_STATE_MAX 3 /* the job states are 0 (ready) to 3 (buried) */
@@ -30,6 +36,7 @@ struct rec {
     uint32_t pri, ttr, delay, body_len;
     uint32_t cnt[5]; /* reserves, timeouts, releases, buries, kicks */
     uint32_t owner;  /* --node of the server that holds it */
+    uint64_t token;  /* the write token; 0 in records before version 3 */
     uint64_t id;
     int64_t due, created;
     const char *tube;
@@ -46,7 +53,7 @@ struct rec {
  * body of @body_len. */
 static inline size_t tbd_rec_size(size_t tube_len, uint32_t body_len)
 {
-    return REC_HEAD + tube_len + body_len + 4;
+    return REC_HEAD + REC_TOKEN + tube_len + body_len + 4;
 }
 
 void tbd_put_u32(unsigned char **p, uint32_t v);

@@ -83,3 +83,43 @@ void tbd_recover_one(void *arg, const char *key, size_t key_len, int64_t due_ms,
     if (undate)
         tbd_submit(NULL, tbd_job_write(j, j->state, NULL), NULL);
 }
+
+/* Reads every job of this server back from the store into memory (which
+ * holds none of them); ids go on above every id seen. Returns 0 or the
+ * store's TW_E* code. @where names the store in the log. */
+int tbd_recover_all(const char *where)
+{
+    struct recover_ctx r = {.now_wall = tbd_wall_ms(),
+                            .never = tbd_store_never()};
+    uint64_t t0 = tbd_mono_ms();
+    long n = tbd_store_recover(g.store, tbd_recover_one, &r);
+    if (n < 0)
+        return (int)n;
+    if (r.mark > g.id_mark)
+        g.id_mark = r.mark;
+    if (r.max_id > g.id_mark)
+        g.id_mark = r.max_id;
+    if (g.id_mark + 1 > g.next_id)
+        g.next_id = g.id_mark + 1;
+    tbd_logv(1,
+             "%s: %" PRIu64 " jobs recovered in %" PRIu64 " ms (%" PRIu64
+             " delayed in the store, %" PRIu64 " unreadable, %" PRIu64
+             " of other nodes), next id %" PRIu64,
+             where, r.jobs, tbd_mono_ms() - t0, r.delayed, r.bad, r.others,
+             g.next_id);
+    return 0;
+}
+
+/* Forgets every job in memory (the store keeps their records): the
+ * reserved ones leave their connections, the delayed entries go. */
+void tbd_forget_jobs(void)
+{
+    for (size_t i = 0; i < g.jcap; i++) {
+        while (g.jobs[i]) {
+            struct job *j = g.jobs[i];
+            tbd_job_unlink(j);
+            tbd_job_free(j);
+        }
+    }
+    tbd_delayed_forget();
+}

@@ -97,27 +97,13 @@ static bool open_store(const struct tbd_options *opt)
     }
     if (opt->redis)
         tbd_live_wait();
-    struct recover_ctx r = {.now_wall = tbd_wall_ms(),
-                            .never = tbd_store_never()};
-    uint64_t t0 = tbd_mono_ms();
-    long n = tbd_store_recover(g.store, tbd_recover_one, &r);
-    if (n < 0) {
+    rc = tbd_recover_all(where);
+    if (rc != 0) {
         fprintf(stderr, "twheeld: cannot read the jobs back from %s: %s\n",
-                where, tw_strerror((int)n));
+                where, tw_strerror(rc));
         tbd_store_close(g.store);
         return false;
     }
-    if (r.mark > g.id_mark)
-        g.id_mark = r.mark;
-    if (r.max_id > g.id_mark)
-        g.id_mark = r.max_id;
-    g.next_id = g.id_mark + 1;
-    tbd_logv(1,
-             "%s: %" PRIu64 " jobs recovered in %" PRIu64 " ms (%" PRIu64
-             " delayed in the store, %" PRIu64 " unreadable, %" PRIu64
-             " of other nodes), next id %" PRIu64,
-             where, r.jobs, tbd_mono_ms() - t0, r.delayed, r.bad, r.others,
-             g.next_id);
     return true;
 }
 
@@ -231,6 +217,7 @@ static void loop(void)
             perror("twheeld: epoll_wait");
             break;
         }
+        tbd_live_check(); /* before any event: a pause may have fenced it */
         tw_wheel_advance(g.wheel, tbd_mono_ms());
         for (int i = 0; i < n; i++)
             event(&evs[i], &running);

@@ -87,6 +87,7 @@ struct tbd_store {
     bool stop_queries;
     struct tbd_query *qq_head, *qdone;
     tw_durable_item items[BATCH_MAX];
+    tw_durable_item_if items_if[BATCH_MAX];
 };
 
 /* Makes the eventfd readable: something waits for the event loop. */
@@ -158,9 +159,41 @@ int tbd_store_put(struct tbd_store *s, const char *key, size_t key_len,
     return tw_durable_schedule(s->d, key, key_len, due_ms, p, n);
 }
 
+/* Writes the conditional run [first, first + n) of one kind. */
+static void write_run_if(struct tbd_store *s, struct tbd_write *first,
+                         size_t n)
+{
+    struct tbd_write *w = first;
+    for (size_t i = 0; i < n; i++, w = w->next) {
+        s->items_if[i] = (tw_durable_item_if){
+            .key = w->key,
+            .key_len = w->key_len,
+            .due_ms = w->due_ms ? w->due_ms : STORE_DUE,
+            .payload = w->payload,
+            .payload_len = w->payload_len,
+            .expect = w->expect_absent ? NULL : w->expect,
+            .expect_len = w->expect_absent ? 0 : w->expect_len};
+    }
+    if (first->kind == TBD_W_SCHED)
+        tw_durable_schedule_many_if(s->d, s->items_if, n);
+    else
+        tw_durable_cancel_many_if(s->d, s->items_if, n);
+    w = first;
+    for (size_t i = 0; i < n; i++, w = w->next) {
+        w->result = s->items_if[i].result;
+        /* A cancel of what is gone did what it had to. */
+        if (w->kind == TBD_W_CANCEL && w->result == TW_ENOENT)
+            w->result = 0;
+    }
+}
+
 /* Writes the run [first, first + n) of one kind; results into each. */
 static void write_run(struct tbd_store *s, struct tbd_write *first, size_t n)
 {
+    if (first->cond) {
+        write_run_if(s, first, n);
+        return;
+    }
     struct tbd_write *w = first;
     for (size_t i = 0; i < n; i++, w = w->next) {
         s->items[i] =
@@ -189,7 +222,8 @@ static void write_batch(struct tbd_store *s, struct tbd_write *head)
     for (struct tbd_write *run = head; run;) {
         size_t k = 1;
         struct tbd_write *e = run;
-        while (e->next && e->next->kind == run->kind && k < BATCH_MAX) {
+        while (e->next && e->next->kind == run->kind &&
+               e->next->cond == run->cond && k < BATCH_MAX) {
             e = e->next;
             k++;
         }

@@ -32,6 +32,16 @@ struct tbd_write {
     bool delayed; /* the event loop's: a delayed job's record */
     bool unclaim; /* the event loop's: tbd_store_unclaim() its key once done */
     bool keep_reply; /* the event loop's: its reply stands even if it fails */
+    /* A conditional write (--redis: a server's writes are fenced): it
+     * applies only if the key is pending and its payload begins with the
+     * expect_len bytes of expect (expect_len 0: any version), or with
+     * expect_absent only if the key is not pending; else result is
+     * TW_ESTALE or TW_ENOENT and nothing changed (tw_durable_schedule_if,
+     * tw_durable_cancel_if). */
+    bool cond;
+    bool expect_absent;
+    unsigned char expect[16];
+    size_t expect_len;
 };
 
 /* A job the store fired (its delay ran out), handed to the event loop. */

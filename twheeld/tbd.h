@@ -51,7 +51,7 @@ struct tube;
 struct mconn; /* metrics.c */
 
 /*
- * A job: 176 bytes on LP64, from tbd_job_alloc()'s chunks, and its body in a
+ * A job: 184 bytes on LP64, from tbd_job_alloc()'s chunks, and its body in a
  * separate block. With a store (-b), the body of a delayed or buried job
  * whose record the store holds is not kept in memory (tbd_job_evict()): it is
  * read back from the store when the job becomes ready or is peeked at
@@ -79,11 +79,13 @@ struct job {
     struct job *l_next, *l_prev; /* tube's delayed/buried or conn's list */
     struct job *h_next; /* id hash chain; tbd_job_alloc()'s free list */
     uint32_t reserves, timeouts, releases, buries, kicks;
-    char *body; /* body_len bytes, then "\r\n"; NULL when evicted */
+    char *body;     /* body_len bytes, then "\r\n"; NULL when evicted */
+    uint64_t token; /* the write token of its record as last written or
+                       read (0: none, or a record before version 3) */
 };
 
 #if defined(__LP64__)
-_Static_assert(sizeof(struct job) == 176, "struct job: 176 bytes on LP64");
+_Static_assert(sizeof(struct job) == 184, "struct job: 184 bytes on LP64");
 #endif
 
 struct jlist {
@@ -183,6 +185,9 @@ struct server {
     uint64_t started_mono;
     tw_timer live_timer; /* --redis: renews this server's liveness record */
     char server_id[17];
+    uint64_t token;       /* the last write token issued (tbd_new_token()) */
+    uint64_t live_ok_at;  /* --redis: monotonic ms the last liveness
+                             renewal that landed was sent */
     struct utsname uts;
 };
 
@@ -258,11 +263,15 @@ size_t tbd_mark_key(char *buf, size_t len);
 uint64_t tbd_next_job_id(void);
 void tbd_unreadable(const char *key, size_t key_len, const char *what);
 struct job *tbd_job_from_rec(const struct rec *r, bool body);
+uint64_t tbd_new_token(void);
+void tbd_fence_raw(struct tbd_write *w, const unsigned char *p, size_t n);
+struct tbd_write *tbd_job_cancel_write(struct job *j, struct conn *c);
 void tbd_store_completions(struct tbd_write *w);
 
 /* live.c */
 void tbd_live_fn(tw_timer *tm, void *arg);
 void tbd_live_wait(void);
+void tbd_live_check(void);
 void tbd_live_fired(const char *key, size_t key_len, const unsigned char *p,
                     size_t n);
 void tbd_takeover_done(struct tbd_query *q);
@@ -275,8 +284,10 @@ void tbd_job_cool(struct job *j, bool ok);
 struct job *tbd_job_lookup(uint64_t id, bool *cold, int *err);
 void tbd_job_warm(struct job *j);
 void tbd_job_free_cold(struct job *j);
+void tbd_job_fenced(uint64_t id);
 struct job *tbd_delayed_first(struct tube *t, bool *cold, int *err);
 void tbd_delayed_sweep(void);
+void tbd_delayed_forget(void);
 bool tbd_own_id(uint64_t id);
 void tbd_fired_jobs(void);
 void tbd_query_done(struct tbd_query *q);
@@ -312,6 +323,8 @@ void tbd_cmd_list(struct conn *c, int op);
 /* recover.c */
 void tbd_recover_one(void *arg, const char *key, size_t key_len, int64_t due_ms,
                      const void *payload, size_t n);
+int tbd_recover_all(const char *where);
+void tbd_forget_jobs(void);
 
 /* metrics.c */
 void tbd_mconn_event(struct mconn *m, uint32_t events);
