@@ -10,21 +10,30 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const char usage[] =
     "Usage: twheeld [OPTIONS]\n"
     "A beanstalkd-compatible work queue on twheel's durable timers.\n"
     "\n"
-    "  -b DIR    keep every job in a journal in DIR (made if missing);\n"
-    "            without -b jobs live in memory only\n"
+    "  -b DIR    keep every job in a journal in DIR (an existing\n"
+    "            directory, as beanstalkd's); without -b jobs live in\n"
+    "            memory only\n"
     "  -f MS     fdatasync at most MS milliseconds after a write\n"
     "            (default 50); -f 0: reply only after the fdatasync\n"
     "  -F        never fdatasync (a crash of the process loses nothing,\n"
     "            a crash of the machine may)\n"
     "  --redis URL\n"
     "            keep every job in Redis instead (redis://host:port, ...)\n"
+    "  --redis-user USER\n"
+    "            the Redis ACL user (default: the URL's)\n"
+    "  --redis-password-file FILE\n"
+    "            the Redis password: FILE's first line (or set\n"
+    "            TWHEELD_REDIS_PASSWORD; either keeps it out of ps, where\n"
+    "            a password in the URL shows until the server hides it)\n"
     "  --namespace NS\n"
     "            the Redis key prefix (default tw)\n"
     "  --node N  this server's number, 0..4095 (default 0): its job ids\n"
@@ -56,14 +65,177 @@ static int num_arg(const char *s, long lo, long hi, long *out)
     return 0;
 }
 
+/* A number option @name's argument @s in [@lo, @hi] into *@out; false
+ * (said on stderr) if it is not one. */
+static bool num_opt(const char *name, const char *s, long lo, long hi,
+                    long *out)
+{
+    if (num_arg(s, lo, hi, out) == 0)
+        return true;
+    fprintf(stderr, "twheeld: %s: bad number %s (%ld..%ld)\n", name, s, lo,
+            hi);
+    return false;
+}
+
+/* The first line of @path (without its end of line), malloc'd; NULL, said
+ * on stderr, if it cannot be read or is empty. */
+static char *first_line(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char buf[1024];
+    if (!f || !fgets(buf, sizeof(buf), f)) {
+        fprintf(stderr, "twheeld: --redis-password-file %s: %s\n", path,
+                f ? "empty" : strerror(errno));
+        if (f)
+            fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    buf[strcspn(buf, "\r\n")] = '\0';
+    char *p = buf[0] ? strdup(buf) : NULL;
+    explicit_bzero(buf, sizeof(buf));
+    if (!p)
+        fprintf(stderr, "twheeld: --redis-password-file %s: empty\n", path);
+    return p;
+}
+
+/*
+ * The URL @arg with any password in it overwritten in argv (so that ps
+ * shows "redis://user:***@..." once the server runs): a copy is returned
+ * for the store. Never NULL but when out of memory (exit 1).
+ */
+static const char *hide_url_password(char *arg)
+{
+    char *url = strdup(arg);
+    if (!url) {
+        fputs("twheeld: out of memory\n", stderr);
+        exit(1);
+    }
+    char *scheme = strstr(arg, "://");
+    char *auth = scheme ? scheme + 3 : NULL;
+    char *at = auth ? strchr(auth, '@') : NULL;
+    char *colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
+    if (colon)
+        memset(colon + 1, '*', (size_t)(at - colon - 1));
+    return url;
+}
+
+/* One option @opt (getopt_long's) into @o; 0, or the exit code. */
+static int take_opt(struct tbd_options *o, int opt, char *arg)
+{
+    long v;
+    switch (opt) {
+    case 'b':
+        o->dir = arg;
+        return 0;
+    case 'f':
+        if (!num_opt("-f", arg, 0, INT_MAX, &v))
+            return 2;
+        o->fsync_ms = (int)v;
+        return 0;
+    case 'F':
+        o->fsync_ms = -1;
+        return 0;
+    case 'l':
+        o->addr = arg;
+        return 0;
+    case 'p':
+        if (!num_opt("-p", arg, 0, 65535, &v))
+            return 2;
+        o->port = (int)v;
+        return 0;
+    case 'z':
+        /* The store keeps a body with its record in one payload of at
+         * most 1 MiB; leave room for the record's head. */
+        if (!num_opt("-z", arg, 0, 1024 * 1024 - 512, &v))
+            return 2;
+        o->max_job_size = (uint32_t)v;
+        return 0;
+    case 's':
+    case 'c':
+    case 'n':
+        return 0;
+    case 'V':
+        o->verbose++;
+        return 0;
+    }
+    return -1;
+}
+
+/* The long options into @o; 0, or the exit code (2: usage). */
+static int take_long_opt(struct tbd_options *o, int opt, char *arg)
+{
+    long v;
+    switch (opt) {
+    case 'M':
+        if (!num_opt("--metrics-port", arg, 0, 65535, &v))
+            return 2;
+        o->metrics_port = (int)v;
+        return 0;
+    case 'R':
+        o->redis = hide_url_password(arg);
+        return 0;
+    case 'U':
+        o->redis_user = arg;
+        return 0;
+    case 'W':
+        o->redis_password = first_line(arg);
+        return o->redis_password ? 0 : 1;
+    case 'N':
+        o->redis_ns = arg;
+        return 0;
+    case 'D':
+        if (!num_opt("--node", arg, 0, 4095, &v))
+            return 2;
+        o->node = (uint32_t)v;
+        return 0;
+    case 'Q': /* undocumented test aid: the metrics port goes to this fd */
+    case 'P': /* undocumented test aid: the bound port goes to this fd */
+        if (num_arg(arg, 0, INT_MAX, &v))
+            return 2;
+        *(opt == 'Q' ? &o->metrics_port_fd : &o->port_fd) = (int)v;
+        return 0;
+    }
+    fputs(usage, stderr);
+    return 2;
+}
+
+/* What the options say together; 0, or the exit code. */
+static int check_opts(struct tbd_options *o)
+{
+    if (o->dir && o->redis) {
+        fputs("twheeld: -b and --redis exclude each other\n", stderr);
+        return 2;
+    }
+    if ((o->redis_user || o->redis_password) && !o->redis) {
+        fputs("twheeld: a Redis user or password needs --redis\n", stderr);
+        return 2;
+    }
+    char *env = getenv("TWHEELD_REDIS_PASSWORD");
+    if (env && !o->redis_password && o->redis) {
+        o->redis_password = strdup(env);
+        if (!o->redis_password)
+            return 1;
+    }
+    if (env) /* wiped in place: gone from /proc/PID/environ too */
+        explicit_bzero(env, strlen(env));
+    unsetenv("TWHEELD_REDIS_PASSWORD"); /* not inherited by children */
+    struct stat st;
+    if (o->dir && (stat(o->dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
+        /* As beanstalkd: the directory must exist. */
+        fprintf(stderr, "twheeld: -b %s: %s\n", o->dir,
+                errno == 0 || S_ISREG(st.st_mode) ? "not a directory"
+                                                  : strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    struct tbd_options o = {.addr = NULL,
-                            .port = 11300,
-                            .dir = NULL,
+    struct tbd_options o = {.port = 11300,
                             .fsync_ms = 50,
                             .max_job_size = 65535,
-                            .verbose = 0,
                             .port_fd = -1,
                             .metrics_port = -1,
                             .metrics_port_fd = -1};
@@ -77,104 +249,27 @@ int main(int argc, char **argv)
             return 0;
         }
     }
-    int opt;
-    long v;
     static const struct option longopts[] = {
         {"metrics-port", required_argument, NULL, 'M'},
         {"metrics-port-fd", required_argument, NULL, 'Q'},
         {"redis", required_argument, NULL, 'R'},
+        {"redis-user", required_argument, NULL, 'U'},
+        {"redis-password-file", required_argument, NULL, 'W'},
         {"namespace", required_argument, NULL, 'N'},
         {"node", required_argument, NULL, 'D'},
         {NULL, 0, NULL, 0}};
-    while ((opt = getopt_long(argc, argv, "b:f:Fl:p:z:s:cnVP:", longopts,
-                              NULL)) != -1) {
-        switch (opt) {
-        case 'b':
-            o.dir = optarg;
-            break;
-        case 'f':
-            if (num_arg(optarg, 0, INT_MAX, &v)) {
-                fprintf(stderr, "twheeld: -f: bad number %s\n", optarg);
-                return 2;
-            }
-            o.fsync_ms = (int)v;
-            break;
-        case 'F':
-            o.fsync_ms = -1;
-            break;
-        case 'l':
-            o.addr = optarg;
-            break;
-        case 'p':
-            if (num_arg(optarg, 0, 65535, &v)) {
-                fprintf(stderr, "twheeld: -p: bad port %s\n", optarg);
-                return 2;
-            }
-            o.port = (int)v;
-            break;
-        case 'z':
-            /* The store keeps a body with its record in one payload of at
-             * most 1 MiB; leave room for the record's head. */
-            if (num_arg(optarg, 0, 1024 * 1024 - 512, &v)) {
-                fprintf(stderr, "twheeld: -z: bad size %s (0..%d)\n", optarg,
-                        1024 * 1024 - 512);
-                return 2;
-            }
-            o.max_job_size = (uint32_t)v;
-            break;
-        case 's':
-        case 'c':
-        case 'n':
-            break;
-        case 'V':
-            o.verbose++;
-            break;
-        case 'M':
-            if (num_arg(optarg, 0, 65535, &v)) {
-                fprintf(stderr, "twheeld: --metrics-port: bad port %s\n",
-                        optarg);
-                return 2;
-            }
-            o.metrics_port = (int)v;
-            break;
-        case 'R':
-            o.redis = optarg;
-            break;
-        case 'N':
-            o.redis_ns = optarg;
-            break;
-        case 'D':
-            if (num_arg(optarg, 0, 4095, &v)) {
-                fprintf(stderr, "twheeld: --node: bad number %s (0..4095)\n",
-                        optarg);
-                return 2;
-            }
-            o.node = (uint32_t)v;
-            break;
-        case 'Q':
-            /* Undocumented test aid: the metrics port goes to this fd. */
-            if (num_arg(optarg, 0, INT_MAX, &v))
-                return 2;
-            o.metrics_port_fd = (int)v;
-            break;
-        case 'P':
-            /* Undocumented test aid: write the bound port to this fd. */
-            if (num_arg(optarg, 0, INT_MAX, &v))
-                return 2;
-            o.port_fd = (int)v;
-            break;
-        default:
-            fputs(usage, stderr);
-            return 2;
-        }
+    int opt, rc = 0;
+    while (rc == 0 && (opt = getopt_long(argc, argv, "b:f:Fl:p:z:s:cnVP:",
+                                         longopts, NULL)) != -1) {
+        rc = take_opt(&o, opt, optarg);
+        if (rc < 0)
+            rc = take_long_opt(&o, opt, optarg);
     }
-    if (o.dir && o.redis) {
-        fputs("twheeld: -b and --redis exclude each other\n", stderr);
-        return 2;
-    }
-    if (optind < argc) {
+    if (rc == 0 && optind < argc) {
         fprintf(stderr, "twheeld: unexpected argument %s\n", argv[optind]);
-        return 2;
+        rc = 2;
     }
-    return tbd_serve(&o);
+    if (rc == 0)
+        rc = check_opts(&o);
+    return rc ? rc : tbd_serve(&o);
 }

@@ -86,10 +86,11 @@ static void make_server_id(void)
  * stderr) if it cannot. */
 static bool open_store(const struct tbd_options *opt)
 {
-    const char *where = opt->dir ? opt->dir : opt->redis;
+    char shown[256]; /* the URL without a password in it */
+    tbd_url_redact(opt->redis ? opt->redis : "", shown, sizeof(shown));
+    const char *where = opt->dir ? opt->dir : shown;
     char err[256] = "";
-    int rc = tbd_store_open(&g.store, opt->dir, opt->redis, opt->redis_ns,
-                            opt->fsync_ms, err, sizeof(err));
+    int rc = tbd_store_open(&g.store, opt, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "twheeld: cannot open %s: %s%s%s\n", where,
                 tw_strerror(rc), err[0] ? ": " : "", err);

@@ -14,6 +14,9 @@ struct tbd_options {
     const char *dir;       /* -b: journal directory, NULL = memory only */
     const char *redis;     /* --redis: the store on Redis (not with -b) */
     const char *redis_ns;  /* --namespace (NULL = the library's "tw") */
+    const char *redis_user;     /* --redis-user (NULL = the URL's) */
+    const char *redis_password; /* --redis-password-file or the environment
+                                   (NULL = the URL's) */
     uint32_t node;         /* --node: this server's share of job ids */
     int fsync_ms;          /* -f MS (0 = every write), -1 with -F */
     uint32_t max_job_size; /* -z */

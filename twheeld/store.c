@@ -42,6 +42,8 @@
  */
 #include "store.h"
 
+#include "server.h"
+
 #include "twheel/durable.h"
 
 #include <errno.h>
@@ -314,9 +316,11 @@ static void stop_querier(struct tbd_store *s)
     }
 }
 
-int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
-                   const char *ns, int fsync_ms, char *err, size_t err_len)
+int tbd_store_open(struct tbd_store **out, const struct tbd_options *opt,
+                   char *err, size_t err_len)
 {
+    const char *dir = opt->dir;
+    int fsync_ms = opt->fsync_ms;
     struct tbd_store *s = calloc(1, sizeof(*s));
     if (!s)
         return TW_ENOMEM;
@@ -326,8 +330,10 @@ int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
                              .errbuf = err,
                              .errbuf_len = err_len};
     if (!dir) {
-        cfg.redis = redis;
-        cfg.redis_namespace = ns;
+        cfg.redis = opt->redis;
+        cfg.redis_namespace = opt->redis_ns;
+        cfg.redis_user = opt->redis_user;
+        cfg.redis_password = opt->redis_password;
         /* Each shard of the namespace has one owner among the live
          * servers; a dead server's shards (and the jobs due in them)
          * move to the others after this (docs/guide/twheeld.md). */

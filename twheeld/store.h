@@ -53,15 +53,17 @@ struct tbd_fired {
 };
 
 /*
- * tbd_store_open - open the journal in @dir, or with @dir NULL the Redis
- * namespace @ns (NULL: the library's default) at @redis. @fsync_ms (the
+ * tbd_store_open - open the journal in @opt->dir, or with no dir the Redis
+ * namespace @opt->redis_ns (NULL: the library's default) at @opt->redis,
+ * with @opt->redis_user and _password when set. @opt->fsync_ms (the
  * journal): 0 = fdatasync before each acknowledgement (group commit),
  * > 0 = at most that many ms between a write and its fdatasync, < 0 =
  * never. On Redis writes always go through the writer thread (a write
  * is a round trip). Returns 0 or a TW_E* code with a message in @err.
  */
-int tbd_store_open(struct tbd_store **out, const char *dir, const char *redis,
-                   const char *ns, int fsync_ms, char *err, size_t err_len);
+struct tbd_options;
+int tbd_store_open(struct tbd_store **out, const struct tbd_options *opt,
+                   char *err, size_t err_len);
 
 /*
  * tbd_store_recover - call @fn once for every key the store holds, with

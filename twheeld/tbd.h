@@ -209,6 +209,7 @@ struct recover_ctx {
 uint64_t tbd_mono_ms(void);
 int64_t tbd_wall_ms(void);
 uint64_t tbd_secs_left(uint64_t deadline);
+void tbd_url_redact(const char *url, char *out, size_t n);
 void tbd_logv(int level, const char *fmt, ...);
 void *tbd_xmalloc(size_t n);
 void tbd_jl_push(struct jlist *l, struct job *j);

@@ -84,3 +84,18 @@ void tbd_jl_remove(struct jlist *l, struct job *j)
     j->l_next = j->l_prev = NULL;
     l->n--;
 }
+
+/* @url into @out (@n bytes) with the password of its user part, if any,
+ * as "***": what a message may show. */
+void tbd_url_redact(const char *url, char *out, size_t n)
+{
+    const char *auth = strstr(url, "://");
+    auth = auth ? auth + 3 : NULL;
+    const char *at = auth ? strchr(auth, '@') : NULL;
+    const char *colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
+    if (!colon) {
+        snprintf(out, n, "%s", url);
+        return;
+    }
+    snprintf(out, n, "%.*s***%s", (int)(colon + 1 - url), url, at);
+}

@@ -106,6 +106,11 @@ def sanitized():
 
 
 def start_twheeld(*extra):
+    """A twheeld with @extra arguments; the directory of a -b is made
+    first (twheeld, as beanstalkd, refuses one that does not exist)."""
+    for i, a in enumerate(extra[:-1]):
+        if a == "-b":
+            os.makedirs(extra[i + 1], exist_ok=True)
     return Server([twheeld_path()] + list(extra), "twheeld")
 
 
