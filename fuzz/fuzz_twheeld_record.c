@@ -38,9 +38,9 @@ static void check_rec(const uint8_t *data, size_t size)
     FZ_CHECK(a.state == b.state && a.pri == b.pri && a.ttr == b.ttr &&
                  a.delay == b.delay && a.body_len == b.body_len &&
                  memcmp(a.cnt, b.cnt, sizeof(a.cnt)) == 0 &&
-                 a.owner == b.owner && a.token == b.token &&
-                 a.id == b.id && a.due == b.due &&
-                 a.created == b.created && a.tube_len == b.tube_len &&
+                 a.owner == b.owner && a.token == b.token && a.id == b.id &&
+                 a.due == b.due && a.created == b.created &&
+                 a.tube_len == b.tube_len &&
                  memcmp(a.tube, b.tube, a.tube_len) == 0 &&
                  memcmp(a.body, b.body, a.body_len) == 0,
              "reparse differs");

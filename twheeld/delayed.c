@@ -269,8 +269,7 @@ static bool fired_squats(uint64_t id)
  * fired is its current one (the same due time). */
 static void fired_in_memory(struct job *j, const struct rec *r)
 {
-    if (j->state != J_DELAYED || r->state != J_DELAYED ||
-        r->due != j->due_wall)
+    if (j->state != J_DELAYED || r->state != J_DELAYED || r->due != j->due_wall)
         return;
     tbd_job_unlink(j);
     tbd_job_make_ready(j);

@@ -160,8 +160,8 @@ static void slot_clear(struct tbd_dq *dq, size_t i)
         size_t home = slot_of(ent(dq, dq->slots[k] - 1)->id, dq->slots_bits);
         /* The entry at k may move to the hole when its home is not in
          * (hole, k], cyclically. */
-        bool stays = hole <= k ? (home > hole && home <= k)
-                               : (home > hole || home <= k);
+        bool stays =
+            hole <= k ? (home > hole && home <= k) : (home > hole || home <= k);
         if (!stays) {
             dq->slots[hole] = dq->slots[k];
             hole = k;
@@ -185,8 +185,7 @@ static int entry_new(struct tbd_dq *dq, uint32_t *e)
         uint32_t c = dq->nentries >> CHUNK_BITS;
         if (c == dq->chunks_cap) {
             uint32_t ncap = dq->chunks_cap ? 2 * dq->chunks_cap : 16;
-            struct entry **nc =
-                realloc(dq->chunks, (size_t)ncap * sizeof(*nc));
+            struct entry **nc = realloc(dq->chunks, (size_t)ncap * sizeof(*nc));
             if (!nc)
                 return TW_ENOMEM;
             dq->chunks = nc;
@@ -217,8 +216,7 @@ static bool before(const struct tbd_dq *dq, uint32_t a, uint32_t b)
     return x->due < y->due || (x->due == y->due && x->id < y->id);
 }
 
-static void heap_set(struct tbd_dq *dq, struct queue *q, uint32_t i,
-                     uint32_t e)
+static void heap_set(struct tbd_dq *dq, struct queue *q, uint32_t i, uint32_t e)
 {
     q->heap[i] = e;
     ent(dq, e)->at = i;
@@ -376,7 +374,8 @@ uint64_t tbd_dq_total(const struct tbd_dq *dq)
 
 size_t tbd_dq_bytes(const struct tbd_dq *dq)
 {
-    size_t b = sizeof(*dq) + (size_t)dq->nchunks * CHUNK * sizeof(struct entry) +
+    size_t b = sizeof(*dq) +
+               (size_t)dq->nchunks * CHUNK * sizeof(struct entry) +
                (size_t)dq->chunks_cap * sizeof(*dq->chunks) +
                ((size_t)sizeof(*dq->slots) << dq->slots_bits) +
                (size_t)dq->nqueues * sizeof(*dq->queues);

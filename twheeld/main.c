@@ -72,8 +72,7 @@ static bool num_opt(const char *name, const char *s, long lo, long hi,
 {
     if (num_arg(s, lo, hi, out) == 0)
         return true;
-    fprintf(stderr, "twheeld: %s: bad number %s (%ld..%ld)\n", name, s, lo,
-            hi);
+    fprintf(stderr, "twheeld: %s: bad number %s (%ld..%ld)\n", name, s, lo, hi);
     return false;
 }
 

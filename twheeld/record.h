@@ -23,10 +23,10 @@ enum { REC_JOB = 'J', REC_MARK = 'M', REC_LIVE = 'L', REC_VERSION = 3 };
 /* A job record's fixed part before version 3: the head, the tube name's
  * length byte and the body's length (the owner adds 4 more). */
 #define REC_HEAD (3 + 4 * 3 + 8 * 3 + 4 * 5 + 1 + 4)
-#define REC_TOKEN 8                  /* the write token (version 3) */
+#define REC_TOKEN 8                   /* the write token (version 3) */
 #define REC_FENCE_LEN (2 + REC_TOKEN) /* "J", version, token */
-#define MARK_LEN 10     /* a high-water mark record */
-#define LIVE_LEN 14     /* a liveness record */
+#define MARK_LEN 10                   /* a high-water mark record */
+#define LIVE_LEN 14                   /* a liveness record */
 #define REC_STATE_MAX 3 /* the job states are 0 (ready) to 3 (buried) */
 #define NODE_SHIFT 40   /* --node N: ids N * 2^40 + 1 ... (< 2^53) */
 

@@ -9,21 +9,21 @@
 #include <stdint.h>
 
 struct tbd_options {
-    const char *addr;      /* -l: listen address (NULL = 0.0.0.0) */
-    int port;              /* -p */
-    const char *dir;       /* -b: journal directory, NULL = memory only */
-    const char *redis;     /* --redis: the store on Redis (not with -b) */
-    const char *redis_ns;  /* --namespace (NULL = the library's "tw") */
+    const char *addr;           /* -l: listen address (NULL = 0.0.0.0) */
+    int port;                   /* -p */
+    const char *dir;            /* -b: journal directory, NULL = memory only */
+    const char *redis;          /* --redis: the store on Redis (not with -b) */
+    const char *redis_ns;       /* --namespace (NULL = the library's "tw") */
     const char *redis_user;     /* --redis-user (NULL = the URL's) */
     const char *redis_password; /* --redis-password-file or the environment
                                    (NULL = the URL's) */
-    uint32_t node;         /* --node: this server's share of job ids */
-    int fsync_ms;          /* -f MS (0 = every write), -1 with -F */
-    uint32_t max_job_size; /* -z */
-    int verbose;           /* -V count */
-    int port_fd;           /* test aid: write the bound port there, or -1 */
-    int metrics_port;      /* --metrics-port: HTTP /metrics, -1 = none */
-    int metrics_port_fd;   /* test aid: its bound port goes there, or -1 */
+    uint32_t node;              /* --node: this server's share of job ids */
+    int fsync_ms;               /* -f MS (0 = every write), -1 with -F */
+    uint32_t max_job_size;      /* -z */
+    int verbose;                /* -V count */
+    int port_fd;         /* test aid: write the bound port there, or -1 */
+    int metrics_port;    /* --metrics-port: HTTP /metrics, -1 = none */
+    int metrics_port_fd; /* test aid: its bound port goes there, or -1 */
 };
 
 /* Runs the server until SIGINT/SIGTERM. Returns the process exit code. */

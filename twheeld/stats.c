@@ -76,8 +76,8 @@ void tbd_cmd_stats_tube(struct conn *c, struct tube *t, uint64_t now)
          "\ncurrent-jobs-ready: %zu\ncurrent-jobs-reserved: %" PRIu64
          "\ncurrent-jobs-delayed: %" PRIu64 "\ncurrent-jobs-buried: %" PRIu64
          "\ntotal-jobs: %" PRIu64 "\n",
-         t->name, t->nurgent, t->nready, t->nreserved, tbd_dq_count(g.dq, t->dq),
-         t->buried.n, t->total_jobs);
+         t->name, t->nurgent, t->nready, t->nreserved,
+         tbd_dq_count(g.dq, t->dq), t->buried.n, t->total_jobs);
     YADD("current-using: %" PRIu64 "\ncurrent-watching: %" PRIu64
          "\ncurrent-waiting: %" PRIu64 "\ncmd-delete: %" PRIu64
          "\ncmd-pause-tube: %" PRIu64 "\npause: %u\npause-time-left: %" PRIu64

@@ -162,8 +162,7 @@ int tbd_store_put(struct tbd_store *s, const char *key, size_t key_len,
 }
 
 /* Writes the conditional run [first, first + n) of one kind. */
-static void write_run_if(struct tbd_store *s, struct tbd_write *first,
-                         size_t n)
+static void write_run_if(struct tbd_store *s, struct tbd_write *first, size_t n)
 {
     struct tbd_write *w = first;
     for (size_t i = 0; i < n; i++, w = w->next) {
@@ -316,20 +315,14 @@ static void stop_querier(struct tbd_store *s)
     }
 }
 
-int tbd_store_open(struct tbd_store **out, const struct tbd_options *opt,
-                   char *err, size_t err_len)
+/* The store's configuration from @opt; its fsync interval into
+ * *@fsync_ms (0 on Redis: the writer thread, a write is a round trip). */
+static tw_durable_config store_config(const struct tbd_options *opt,
+                                      int *fsync_ms)
 {
-    const char *dir = opt->dir;
-    int fsync_ms = opt->fsync_ms;
-    struct tbd_store *s = calloc(1, sizeof(*s));
-    if (!s)
-        return TW_ENOMEM;
-    tw_durable_config cfg = {.dir = dir,
-                             .fire = store_fire,
-                             .fire_arg = s,
-                             .errbuf = err,
-                             .errbuf_len = err_len};
-    if (!dir) {
+    tw_durable_config cfg = {.dir = opt->dir};
+    *fsync_ms = opt->fsync_ms;
+    if (!opt->dir) {
         cfg.redis = opt->redis;
         cfg.redis_namespace = opt->redis_ns;
         cfg.redis_user = opt->redis_user;
@@ -338,15 +331,30 @@ int tbd_store_open(struct tbd_store **out, const struct tbd_options *opt,
          * servers; a dead server's shards (and the jobs due in them)
          * move to the others after this (docs/guide/twheeld.md). */
         cfg.redis_shard_lease_ms = TBD_SHARD_LEASE_MS;
-        fsync_ms = 0; /* the writer thread: a write is a round trip */
-    } else if (fsync_ms == 0) {
+        *fsync_ms = 0;
+    } else if (*fsync_ms == 0) {
         cfg.sync = TW_DURABLE_SYNC_GROUP;
-    } else if (fsync_ms > 0) {
+    } else if (*fsync_ms > 0) {
         cfg.sync = TW_DURABLE_SYNC_INTERVAL;
-        cfg.sync_interval_ms = (uint32_t)fsync_ms;
+        cfg.sync_interval_ms = (uint32_t)*fsync_ms;
     } else {
         cfg.sync = TW_DURABLE_SYNC_NONE;
     }
+    return cfg;
+}
+
+int tbd_store_open(struct tbd_store **out, const struct tbd_options *opt,
+                   char *err, size_t err_len)
+{
+    int fsync_ms;
+    struct tbd_store *s = calloc(1, sizeof(*s));
+    if (!s)
+        return TW_ENOMEM;
+    tw_durable_config cfg = store_config(opt, &fsync_ms);
+    cfg.fire = store_fire;
+    cfg.fire_arg = s;
+    cfg.errbuf = err;
+    cfg.errbuf_len = err_len;
     /* The store may fire as soon as it is open: all of this first. */
     s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (s->efd < 0) {

@@ -185,14 +185,13 @@ struct server {
     uint64_t started_mono;
     tw_timer live_timer; /* --redis: renews this server's liveness record */
     char server_id[17];
-    uint64_t token;       /* the last write token issued (tbd_new_token()) */
-    uint64_t live_ok_at;  /* --redis: monotonic ms the last liveness
-                             renewal that landed was sent */
+    uint64_t token;      /* the last write token issued (tbd_new_token()) */
+    uint64_t live_ok_at; /* --redis: monotonic ms the last liveness
+                            renewal that landed was sent */
     struct utsname uts;
 };
 
 extern struct server g;
-
 
 #define LIVE_RENEW_MS                                                          \
     2000 /* --redis: the liveness record's renewal (live.c)                    \
