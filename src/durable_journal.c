@@ -13,6 +13,7 @@
  *   durable_journal_compact.c  old segments' live records copied forward
  *   durable_journal_query.c    get, list, scan, dead letters
  *   durable_journal_open.c     open (directory, lock, replay) and close
+ *   durable_journal_damage.c   the open's reports of what it ignored
  * with struct jstore in durable_journal.h, the key table in key_table.c
  * and the journal's bytes in journal_format.c, journal_writer.c and
  * journal_reader.c.

@@ -184,6 +184,17 @@ int tw__journal_start_threads(jstore *s, uint32_t nexec);
  * not held). */
 void tw__journal_stop_threads(jstore *s);
 
+/* durable_journal_damage.c: cfg.on_damage's reports (twheel/durable.h).
+ * Report bytes [@from, @to) of segment @segment (@p: the whole file as
+ * read) as @kind, then each record whose header can be read in them;
+ * @trim: leave out the zeros at their end (a torn tail, a bad segment).
+ * Nothing when cfg.on_damage is NULL or no bytes are left. */
+void tw__journal_report_bytes(const tw_durable_config *cfg, uint32_t kind,
+                              uint32_t segment, const unsigned char *p,
+                              size_t from, size_t to, bool trim);
+/* Report segment @segment missing. */
+void tw__journal_report_missing(const tw_durable_config *cfg, uint32_t segment);
+
 /* durable_journal_compact.c */
 bool tw__journal_need_compact(jstore *s);
 /* Copy the oldest segment's live records forward and delete it (mutex

@@ -49,6 +49,9 @@ static int os_error(const tw_durable_config *cfg, int e, const char *what,
 
 struct replay_ctx {
     jstore *s;
+    const tw_durable_config *cfg;
+    const jr_seg_file *f;
+    size_t next; /* where the next record should begin: a gap is damage */
     uint32_t no;
     uint64_t sched;
     jr_rec batch[RECS_AHEAD]; /* records read, not yet applied */
@@ -117,6 +120,10 @@ static int replay_flush(struct replay_ctx *c)
 static int replay_one(void *arg, const jr_rec *r)
 {
     struct replay_ctx *c = arg;
+    if (r->off > c->next) /* damage skipped (repair mode) */
+        tw__journal_report_bytes(c->cfg, TW_DURABLE_DAMAGE_SKIPPED, c->no,
+                                 c->f->buf, c->next, r->off, false);
+    c->next = (size_t)r->off + r->size;
     c->batch[c->nbatch++] = *r;
     return c->nbatch == RECS_AHEAD ? replay_flush(c) : 0;
 }
@@ -169,6 +176,9 @@ static int bad_header(jstore *s, const tw_durable_config *cfg, jr_seg_file *f,
                            f->name);
         return TW_EIO;
     }
+    if (!empty)
+        tw__journal_report_bytes(cfg, TW_DURABLE_DAMAGE_SEGMENT, f->no, f->buf,
+                                 0, f->size, true);
     close(f->fd);
     f->fd = -1;
     if (!s->readonly)
@@ -190,7 +200,8 @@ static int replay_segment(jstore *s, const tw_durable_config *cfg,
         return bad_header(s, cfg, f, damaged);
     f->legacy |= version == JR_VERSION_1;
     f->version = version;
-    struct replay_ctx c = {.s = s, .no = f->no};
+    struct replay_ctx c = {
+        .s = s, .cfg = cfg, .f = f, .next = JR_SEG_HDR, .no = f->no};
     size_t end = f->size;
     rc = tw__jr_scan(f->buf, f->size, f->seed, f->last,
                      cfg->flags & TW_DURABLE_REPAIR, replay_one, &c, &end);
@@ -202,6 +213,11 @@ static int replay_segment(jstore *s, const tw_durable_config *cfg,
                            f->name, end);
     if (rc < 0)
         return rc;
+    /* Past the last good record: a torn tail in the newest segment;
+     * skipped damage at the end of an older one (repair mode). */
+    tw__journal_report_bytes(
+        cfg, end < f->size ? TW_DURABLE_DAMAGE_TAIL : TW_DURABLE_DAMAGE_SKIPPED,
+        f->no, f->buf, c.next, f->size, true);
     *damaged |= rc == 1;
     rc = s->readonly ? 0 : tw__jr_clear_tail(f, end);
     return rc ? rc : tw__jr_adopt(&s->w, f, end, c.sched);
@@ -311,6 +327,8 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
             rc = TW_EIO;
             break;
         }
+        for (uint32_t m = i > i0 ? nos[i - 1] + 1 : nos[i]; m < nos[i]; m++)
+            tw__journal_report_missing(cfg, m); /* repair mode */
         rc = replay_segment(s, cfg, &f, damaged);
         if (f.fd >= 0)
             close(f.fd);

@@ -17,6 +17,7 @@ set -euo pipefail
 py=/usr/bin/python3
 fail() { echo "FAIL: $*" >&2; exit 1; }
 step() { echo "ok: $*"; }
+shape() { $py -c 'import json,sys; print(sorted(json.load(open(sys.argv[1]))))' "$tmp/out"; }
 expect_rc() { # WANT CMD...: run CMD, its status must be WANT
   local want=$1 rc=0
   shift
@@ -64,6 +65,13 @@ d=json.load(open(sys.argv[1]))["after"]; print("%d,%s" % (d["due_ms"], d["key"])
   expect_rc 0 "$tw" redis check "${r[@]}"
   grep -q '32 pending timers' "$tmp/out" || fail "redis check"
   expect_rc 2 "$tw" redis repair "${r[@]}"
+  # A typo in --ns: nothing here, exit 3, not "ok, 0 pending".
+  expect_rc 3 "$tw" redis check --url "$addr" --ns "typo$ns" --shards 8
+  grep -q "nothing here: namespace typo$ns holds no timer" "$tmp/out" || fail "redis check --ns typo: $(cat "$tmp/out")"
+  expect_rc 3 "$tw" redis check --url "$addr" --ns "typo$ns" --json
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["status"]=="empty" and not d["ok"], d' "$tmp/out"
+  expect_rc 0 "$tw" redis stats --url "$addr" --ns "typo$ns"
+  grep -q 'nothing here' "$tmp/err" || fail "redis stats --ns typo warns"
   # Read-only: nothing was claimed or changed by any of it.
   expect_rc 0 "$tw" redis ls "${r[@]}" --json
   $py -c 'import json,sys; d=json.load(open(sys.argv[1]))
@@ -207,13 +215,79 @@ before=$(sum)
 expect_rc 1 "$tw" journal check "$dir"
 grep -q "damaged: .*$seg offset [0-9]*: corrupt record" "$tmp/out" || fail "check: $(cat "$tmp/out")"
 expect_rc 1 "$tw" journal check "$dir" --json
-$py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert not d["ok"], d' "$tmp/out"
+$py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert not d["ok"] and d["status"]=="damaged", d' "$tmp/out"
+damaged_shape=$(shape)
 expect_rc 1 "$tw" journal repair "$dir" --dry-run
 keep=$(sed -n 's/.*keep \([0-9]*\) pending timers.*/\1/p' "$tmp/out")
 [ -n "$keep" ] && [ "$keep" -lt 53 ] && [ "$keep" -gt 40 ] || fail "dry run: $(cat "$tmp/out")"
 [ "$(sum)" = "$before" ] || fail "check or the dry run changed the directory"
+grep -q "offset 70: schedule record of t001 .*: dropped" "$tmp/out" || fail "dry run names t001: $(cat "$tmp/out")"
 expect_rc 0 "$tw" journal repair "$dir"
 grep -q "repaired .* $keep pending timers kept" "$tmp/out" || fail "repair: $(cat "$tmp/out")"
+grep -q "damaged records dropped: $seg offset 70, 38 bytes, 1 record" "$tmp/out" &&
+  grep -q "offset 70: schedule record of t001 .*: dropped: no other version" "$tmp/out" ||
+  fail "repair names the dropped key: $(cat "$tmp/out")"
 expect_rc 0 "$tw" journal check "$dir"
 grep -q "$keep pending timers" "$tmp/out" || fail "check after repair"
 step "damage: check exits 1 with its place, dry run changes nothing, repair keeps $keep"
+
+# A torn tail: the newest segment cut in the middle of its last record, or
+# that record garbled. check reads the rest, names the file, offset and
+# bytes it ignored and the record's key, and exits 3; --json has the
+# same shape as for a sound journal or a damaged one.
+lastrec() { # DIR: "SEGMENT OFFSET SIZE" of the newest segment's last record
+  $py -c 'import os,struct,sys; d=sys.argv[1]
+seg=sorted(f for f in os.listdir(d) if f.endswith(".twj"))[-1]
+b=open(os.path.join(d,seg),"rb").read(); o=32; last=None
+while o+16<=len(b):
+    n=struct.unpack_from("<I",b,o+4)[0]
+    if n==0: break
+    last=(o,16+n); o+=16+n
+print(seg,*last)' "$1"
+}
+for cut in cut garble; do
+  tj=$tmp/torn-$cut
+  "$store" make "$tj" 20
+  read -r tseg toff tsize < <(lastrec "$tj")
+  expect_rc 0 "$tw" journal check "$tj" --json
+  sound_shape=$(shape)
+  if [ $cut = cut ]; then
+    truncate -s $((toff + 20)) "$tj/$tseg"
+    want="torn tail ignored: $tseg offset $toff, 20 bytes, 1 record"
+  else
+    $py -c 'import sys; f=open(sys.argv[1],"r+b"); f.seek(int(sys.argv[2])); f.write(b"X")' \
+      "$tj/$tseg" $((toff + tsize - 1))
+    want="torn tail ignored: $tseg offset $toff, $tsize bytes, 1 record"
+  fi
+  expect_rc 3 "$tw" journal check "$tj"
+  grep -q "$want" "$tmp/out" || fail "check, $cut: $(cat "$tmp/out")"
+  grep -q 'sound but not whole' "$tmp/out" || fail "check, $cut: status line"
+  if [ $cut = garble ]; then # a dead letter's DEAD record: pending again
+    grep -q "offset $toff: dead record of dead-[ab] .*an older version of it is kept" "$tmp/out" ||
+      fail "check, garble: the record's key: $(cat "$tmp/out")"
+  fi
+  expect_rc 3 "$tw" journal check "$tj" --json
+  [ "$(shape)" = "$sound_shape" ] && [ "$(shape)" = "$damaged_shape" ] ||
+    fail "check --json shape: $(shape) vs $sound_shape, $damaged_shape"
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1])); i=d["ignored"][0]
+assert not d["ok"] and d["status"]=="torn_tail", d
+assert i["kind"]=="torn_tail" and i["segment"]==sys.argv[2] and i["offset"]==int(sys.argv[3]), d
+assert i["records"]==1 and i["keys"][0]["record"]=="dead", d' "$tmp/out" "$tseg" "$toff"
+  expect_rc 0 "$tw" journal repair "$tj" # no damage: the next open cuts it
+  grep -q "$want" "$tmp/out" && grep -q 'nothing to repair' "$tmp/out" || fail "repair, $cut: $(cat "$tmp/out")"
+done
+step "torn tail (cut, garbled): check names segment, offset, bytes and the record, exit 3, one JSON shape"
+
+# Nothing here: a missing directory, one without a segment.
+expect_rc 3 "$tw" journal check "$tmp/nosuch"
+grep -q 'nothing here: no such directory' "$tmp/out" || fail "check of a missing directory"
+[ ! -e "$tmp/nosuch" ] || fail "check made a directory"
+expect_rc 2 "$tw" journal stats "$tmp/nosuch"
+grep -q 'no such directory' "$tmp/err" && ! grep -q 'no such key' "$tmp/err" || fail "stats of a missing directory: $(cat "$tmp/err")"
+mkdir "$tmp/empty"
+expect_rc 3 "$tw" journal check "$tmp/empty" --json
+[ "$(shape)" = "$sound_shape" ] || fail "check --json shape, empty"
+$py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["status"]=="empty", d' "$tmp/out"
+expect_rc 0 "$tw" journal stats "$tmp/empty"
+grep -q 'nothing here' "$tmp/err" || fail "stats of an empty directory warns"
+step "nothing here: check exits 3 on a missing or empty directory; stats warns"

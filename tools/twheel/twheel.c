@@ -26,59 +26,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
-#include <twheel/durable.h>
-
-#define PAGE 1000
-
-struct opts {
-    const char *backend; /* "journal" or "redis" */
-    const char *verb;
-    const char *dir; /* journal */
-    const char *url; /* redis: host:port[,host:port...] */
-    const char *ns;  /* redis namespace */
-    uint32_t shards; /* redis */
-    const char *key; /* get, rearm, delete */
-    int64_t at;      /* rearm --at MS */
-    bool have_at;
-    int64_t from, to; /* ls */
-    uint64_t limit;   /* ls: 0 = all */
-    bool json, dry_run, metrics, have_after;
-    tw_durable_cursor after; /* ls --after DUE,KEY */
-};
-
-static int usage(FILE *f, int rc)
-{
-    fputs("usage: twheel journal VERB DIR [options]\n"
-          "       twheel redis VERB --url HOST:PORT[,...] [--ns NS] "
-          "[--shards N] [options]\n"
-          "verbs:\n"
-          "  ls [--from MS] [--to MS] [--limit N] [--after DUE,KEY]\n"
-          "                 pending timers in due order\n"
-          "  get KEY        one timer: due time, state, attempt, payload\n"
-          "  stats [--metrics]\n"
-          "                 counts (--metrics: Prometheus text format)\n"
-          "  check          read everything, change nothing; exit 1 on "
-          "damage\n"
-          "  repair [--dry-run]\n"
-          "                 drop damaged records (journal only)\n"
-          "  dead [--limit N]\n"
-          "                 dead letters (timers the retry policy gave up "
-          "on), by key\n"
-          "  rearm KEY [--at MS]\n"
-          "                 make dead letter KEY pending again at MS "
-          "(Unix ms; default\n"
-          "                 now), its attempts counted from 1\n"
-          "  delete KEY     drop dead letter KEY\n"
-          "options: --json  machine-readable output\n"
-          "         --help  this text\n"
-          "Read-only verbs never take the journal's lock and never deliver "
-          "a timer;\nrepair, rearm and delete refuse a directory that a "
-          "live store holds.\n",
-          f);
-    return rc;
-}
+#include "twheel.h"
 
 static int no_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
@@ -89,8 +40,8 @@ static int no_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 }
 
 /* Open @o's store with @flags; on failure a message and 0. */
-static tw_durable *open_store(const struct opts *o, uint32_t flags, int *rc,
-                              char *err, size_t err_len)
+tw_durable *open_store(const struct opts *o, uint32_t flags, int *rc, char *err,
+                       size_t err_len, struct dmg_list *dl)
 {
     tw_durable_config c;
     memset(&c, 0, sizeof c);
@@ -98,6 +49,8 @@ static tw_durable *open_store(const struct opts *o, uint32_t flags, int *rc,
     c.flags = flags;
     c.errbuf = err;
     c.errbuf_len = err_len;
+    c.on_damage = dl ? dmg_collect : NULL;
+    c.on_damage_arg = dl;
     err[0] = '\0';
     if (!strcmp(o->backend, "journal")) {
         c.dir = o->dir;
@@ -111,13 +64,24 @@ static tw_durable *open_store(const struct opts *o, uint32_t flags, int *rc,
     return *rc ? NULL : d;
 }
 
-static const char *where(const struct opts *o)
+const char *where(const struct opts *o)
 {
     return o->dir ? o->dir : o->url;
 }
 
-static void open_failed(const struct opts *o, int rc, const char *err)
+/* A journal's directory that is not there: "nothing here", not a key. */
+bool journal_missing(const struct opts *o)
 {
+    struct stat st;
+    return o->dir && stat(o->dir, &st) != 0 && errno == ENOENT;
+}
+
+void open_failed(const struct opts *o, int rc, const char *err)
+{
+    if (rc == TW_ENOENT && journal_missing(o)) {
+        fprintf(stderr, "twheel: %s: no such directory\n", where(o));
+        return;
+    }
     fprintf(stderr, "twheel: %s: %s%s%s\n", where(o), tw_strerror(rc),
             err[0] ? ": " : "", err);
     if (rc == TW_EBUSY)
@@ -132,7 +96,7 @@ static void open_failed(const struct opts *o, int rc, const char *err)
 
 /* Bytes as a JSON string: printable ASCII as is, others escaped; a byte
  * above 0x7f becomes \u00XX (so the string's code points are the bytes). */
-static void json_str(const void *p, size_t n)
+void json_str(const void *p, size_t n)
 {
     const unsigned char *s = p;
     putchar('"');
@@ -149,7 +113,7 @@ static void json_str(const void *p, size_t n)
 }
 
 /* Bytes for a terminal: printable ASCII as is, others as \xHH. */
-static void human_str(const void *p, size_t n)
+void human_str(const void *p, size_t n)
 {
     const unsigned char *s = p;
     for (size_t i = 0; i < n; i++) {
@@ -161,7 +125,7 @@ static void human_str(const void *p, size_t n)
     }
 }
 
-static void hex(const void *p, size_t n)
+void hex(const void *p, size_t n)
 {
     const unsigned char *s = p;
     for (size_t i = 0; i < n; i++)
@@ -169,7 +133,7 @@ static void hex(const void *p, size_t n)
 }
 
 /* Unix ms as UTC ISO 8601. */
-static void iso(int64_t ms, char *out, size_t len)
+void iso(int64_t ms, char *out, size_t len)
 {
     time_t t = (time_t)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
     struct tm tm;
@@ -191,7 +155,7 @@ static void json_entry(const tw_durable_entry *e, const char *when, bool first)
     printf("\",\"due_ms\":%" PRId64 ",\"due\":\"%s\"", e->due_ms, when);
 }
 
-static const char *state_name(uint32_t st)
+const char *state_name(uint32_t st)
 {
     return st == TW_DURABLE_DUE    ? "due"
            : st == TW_DURABLE_DEAD ? "dead"
@@ -329,6 +293,10 @@ static int cmd_stats(const struct opts *o, tw_durable *d)
         fprintf(stderr, "twheel: stats: %s\n", tw_strerror(rc));
         return 2;
     }
+    if (o->dir ? s.segments == 0 : !s.pending && !s.dead)
+        fprintf(stderr, "twheel: warning: %s: nothing here (%s)\n", where(o),
+                o->dir ? "no journal segment in this directory"
+                       : "no timer and no dead letter in this namespace");
     static const char *const names[] = {
         "pending",       "backlog",   "dead",       "segments",
         "journal_bytes", "recovered", "recovery_us"};
@@ -397,7 +365,8 @@ static int cmd_dead_op(const struct opts *o)
 {
     char err[512];
     int rc;
-    tw_durable *d = open_store(o, TW_DURABLE_NOFIRE, &rc, err, sizeof err);
+    tw_durable *d =
+        open_store(o, TW_DURABLE_NOFIRE, &rc, err, sizeof err, NULL);
     if (!d) {
         open_failed(o, rc, err);
         return 2;
@@ -444,146 +413,6 @@ static int cmd_dead_op(const struct opts *o)
     return 0;
 }
 
-/* Every listed timer must read back (get) with the same due time. */
-static int walk_all(tw_durable *d, uint64_t *count, char *why, size_t len)
-{
-    static tw_durable_entry e[PAGE];
-    static char kb[PAGE * 64 + TW_DURABLE_KEY_MAX];
-    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
-    *count = 0;
-    while (!c.done) {
-        int n = tw_durable_list(d, INT64_MIN, INT64_MAX, &c, e, PAGE, kb,
-                                sizeof kb);
-        if (n < 0) {
-            snprintf(why, len, "list: %s", tw_strerror(n));
-            return 2;
-        }
-        for (int i = 0; i < n; i++) {
-            tw_durable_info in;
-            int rc = tw_durable_get(d, e[i].key, e[i].key_len, &in, NULL, 0);
-            /* A listing's due time is exact below 2^53; Redis orders and
-             * lists larger ones as doubles. */
-            int64_t due = in.due_ms > 0 ? in.due_ms : 0;
-            if (rc || (double)due != (double)e[i].due_ms) {
-                snprintf(why, len, "timer %.*s: %s", (int)e[i].key_len,
-                         (const char *)e[i].key,
-                         rc ? tw_strerror(rc) : "due time differs");
-                return 1;
-            }
-        }
-        *count += (uint64_t)n;
-    }
-    return 0;
-}
-
-static int cmd_check(const struct opts *o, tw_durable *d)
-{
-    char why[256] = "";
-    uint64_t n;
-    tw_durable_stats s;
-    int rc = walk_all(d, &n, why, sizeof why);
-    if (!rc && tw_durable_stats_get(d, &s) == 0 && s.pending != n) {
-        snprintf(why, sizeof why, "%" PRIu64 " pending, %" PRIu64 " listed",
-                 s.pending, n);
-        rc = 1;
-    }
-    if (o->json) {
-        printf("{\"ok\":%s,\"timers\":%" PRIu64 ",\"problem\":",
-               rc ? "false" : "true", n);
-        json_str(why, strlen(why));
-        puts("}");
-    } else if (rc) {
-        printf("%s: damaged: %s\n", where(o), why);
-    } else {
-        printf("%s: ok: every record read and checked, %" PRIu64
-               " pending timers, each read back\n",
-               where(o), n);
-    }
-    return rc;
-}
-
-/* check and repair --dry-run both open read-only; damage that stops the
- * open is reported here. */
-static int report_damage(const struct opts *o, const char *err, bool dry)
-{
-    char rep[512] = "";
-    uint64_t kept = 0;
-    int rc;
-    if (dry) { /* what a repair would keep */
-        tw_durable *d = open_store(o, TW_DURABLE_READONLY | TW_DURABLE_REPAIR,
-                                   &rc, rep, sizeof rep);
-        if (d) {
-            tw_durable_stats s;
-            if (tw_durable_stats_get(d, &s) == 0)
-                kept = s.pending;
-            tw_durable_close(d);
-        }
-    }
-    if (o->json) {
-        printf("{\"ok\":false,\"damage\":");
-        json_str(err, strlen(err));
-        if (dry)
-            printf(",\"repair_would_keep\":%" PRIu64, kept);
-        puts("}");
-    } else {
-        printf("%s: damaged: %s\n", where(o), err);
-        if (dry)
-            printf("a repair would drop the damaged records and keep %" PRIu64
-                   " pending timers (run: twheel journal repair %s)\n",
-                   kept, where(o));
-    }
-    return 1;
-}
-
-static int cmd_repair(const struct opts *o)
-{
-    char err[512];
-    int rc;
-    if (strcmp(o->backend, "journal")) {
-        fputs("twheel: repair is for journals (Redis keeps its own data)\n",
-              stderr);
-        return 2;
-    }
-    tw_durable *d = open_store(o, TW_DURABLE_READONLY, &rc, err, sizeof err);
-    if (d) {
-        tw_durable_close(d);
-        if (o->json)
-            puts("{\"ok\":true,\"repaired\":false}");
-        else
-            printf("%s: no damage, nothing to repair\n", where(o));
-        return 0;
-    }
-    if (rc != TW_EIO) {
-        open_failed(o, rc, err);
-        return 2;
-    }
-    if (o->dry_run)
-        return report_damage(o, err, true);
-    char err2[512];
-    d = open_store(o, TW_DURABLE_REPAIR | TW_DURABLE_NOFIRE, &rc, err2,
-                   sizeof err2);
-    if (!d) {
-        open_failed(o, rc, err2);
-        return 2;
-    }
-    tw_durable_stats s;
-    uint64_t kept = tw_durable_stats_get(d, &s) == 0 ? s.pending : 0;
-    rc = tw_durable_close(d);
-    if (rc) {
-        fprintf(stderr, "twheel: %s: close: %s\n", where(o), tw_strerror(rc));
-        return 2;
-    }
-    if (o->json) {
-        printf("{\"ok\":true,\"repaired\":true,\"damage\":");
-        json_str(err, strlen(err));
-        printf(",\"kept\":%" PRIu64 "}\n", kept);
-    } else {
-        printf("%s: repaired (%s); %" PRIu64 " pending timers kept\n", where(o),
-               err, kept);
-    }
-    return 0;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Arguments. */
 
@@ -617,6 +446,50 @@ static bool parse_after(const char *s, tw_durable_cursor *c)
     return true;
 }
 
+/* Options that take no value; the rest take one. */
+static bool flag_opt(const char *a, struct opts *o)
+{
+    bool *f = !strcmp(a, "--json")      ? &o->json
+              : !strcmp(a, "--dry-run") ? &o->dry_run
+              : !strcmp(a, "--metrics") ? &o->metrics
+              : !strcmp(a, "--replace") ? &o->replace
+                                        : NULL;
+    if (f)
+        *f = true;
+    return f != NULL;
+}
+
+/* Option @a with value @v (NULL if none): false if bad. */
+static bool value_opt(const char *a, const char *v, struct opts *o)
+{
+    int64_t x;
+    if (!v)
+        return false;
+    if (!strcmp(a, "--url"))
+        o->url = v;
+    else if (!strcmp(a, "--ns"))
+        o->ns = v;
+    else if (!strcmp(a, "--out") || !strcmp(a, "--in"))
+        o->file = v;
+    else if (!strcmp(a, "--shards") && num(v, &x) && x > 0 && x <= 1 << 20)
+        o->shards = (uint32_t)x;
+    else if (!strcmp(a, "--from") && num(v, &o->from))
+        ;
+    else if (!strcmp(a, "--to") && num(v, &o->to))
+        ;
+    else if (!strcmp(a, "--limit") && num(v, &x) && x > 0)
+        o->limit = (uint64_t)x;
+    else if (!strcmp(a, "--after") && parse_after(v, &o->after))
+        o->have_after = true;
+    else if (!strcmp(a, "--at") && num(v, &o->at))
+        o->have_at = true;
+    else
+        return false;
+    return true;
+}
+
+/* Returns 0, -1 (usage), 1 (--help: o->verb is the verb asked about, or
+ * NULL) or 2 (--version). */
 static int parse(int argc, char **argv, struct opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -624,48 +497,34 @@ static int parse(int argc, char **argv, struct opts *o)
     o->to = INT64_MAX;
     const char *pos[4];
     int npos = 0;
+    bool help = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t x;
         if (!strcmp(a, "--help") || !strcmp(a, "-h"))
-            return 1;
-        if (!strcmp(a, "--json")) {
-            o->json = true;
-        } else if (!strcmp(a, "--dry-run")) {
-            o->dry_run = true;
-        } else if (!strcmp(a, "--metrics")) {
-            o->metrics = true;
-        } else if (!strcmp(a, "--url") && v) {
-            o->url = v, i++;
-        } else if (!strcmp(a, "--ns") && v) {
-            o->ns = v, i++;
-        } else if (!strcmp(a, "--shards") && v && num(v, &x) && x > 0 &&
-                   x <= 1 << 20) {
-            o->shards = (uint32_t)x, i++;
-        } else if (!strcmp(a, "--from") && v && num(v, &o->from)) {
+            help = true;
+        else if (!strcmp(a, "--version"))
+            return 2;
+        else if (flag_opt(a, o))
+            ;
+        else if (a[0] == '-' && a[1] == '-') {
+            if (!value_opt(a, i + 1 < argc ? argv[i + 1] : NULL, o)) {
+                fprintf(stderr, "twheel: bad option or value: %s\n", a);
+                return -1;
+            }
             i++;
-        } else if (!strcmp(a, "--to") && v && num(v, &o->to)) {
-            i++;
-        } else if (!strcmp(a, "--limit") && v && num(v, &x) && x > 0) {
-            o->limit = (uint64_t)x, i++;
-        } else if (!strcmp(a, "--after") && v && parse_after(v, &o->after)) {
-            o->have_after = true, i++;
-        } else if (!strcmp(a, "--at") && v && num(v, &o->at)) {
-            o->have_at = true, i++;
-        } else if (a[0] == '-' && a[1] == '-') {
-            fprintf(stderr, "twheel: bad option or value: %s\n", a);
-            return -1;
-        } else if (npos < 4) {
+        } else if (npos < 4)
             pos[npos++] = a;
-        } else {
+        else
             return -1;
-        }
     }
-    if (npos < 2)
+    bool backend =
+        npos > 0 && (!strcmp(pos[0], "journal") || !strcmp(pos[0], "redis"));
+    o->backend = backend ? pos[0] : NULL;
+    o->verb = npos > 1 && backend ? pos[1] : npos > 0 ? pos[0] : NULL;
+    if (help)
+        return 1;
+    if (npos < 2 || !backend)
         return -1;
-    o->backend = pos[0];
-    o->verb = pos[1];
     bool journal = !strcmp(o->backend, "journal");
     if (!journal && (strcmp(o->backend, "redis") || !o->url))
         return -1;
@@ -681,41 +540,50 @@ static int parse(int argc, char **argv, struct opts *o)
     return 0;
 }
 
+/* The verbs that open the store read-only and look. */
+static int read_verb(const struct opts *o,
+                     int (*fn)(const struct opts *, tw_durable *))
+{
+    char err[512];
+    int rc;
+    tw_durable *d =
+        open_store(o, TW_DURABLE_READONLY, &rc, err, sizeof err, NULL);
+    if (!d) {
+        open_failed(o, rc, err);
+        return EX_ERROR;
+    }
+    int res = fn(o, d);
+    tw_durable_close(d);
+    return res;
+}
+
 int main(int argc, char **argv)
 {
     struct opts o;
     int p = parse(argc, argv, &o);
+    if (p == 2)
+        return printf("twheel %s\n", tw_version_string()), EX_OK;
     if (p == 1)
-        return usage(stdout, 0);
+        return help(stdout, o.verb, EX_OK);
     if (p < 0)
-        return usage(stderr, 2);
+        return help(stderr, o.verb, EX_ERROR);
     if (o.key && (!*o.key || strlen(o.key) > TW_DURABLE_KEY_MAX)) {
         fputs("twheel: a key is 1 to 1024 bytes\n", stderr);
-        return 2;
+        return EX_ERROR;
     }
     if (!strcmp(o.verb, "repair"))
         return cmd_repair(&o);
+    if (!strcmp(o.verb, "check"))
+        return cmd_check(&o);
     if (!strcmp(o.verb, "rearm") || !strcmp(o.verb, "delete"))
         return cmd_dead_op(&o);
     int (*fn)(const struct opts *, tw_durable *) =
         !strcmp(o.verb, "ls")      ? cmd_ls
         : !strcmp(o.verb, "get")   ? cmd_get
         : !strcmp(o.verb, "stats") ? cmd_stats
-        : !strcmp(o.verb, "check") ? cmd_check
         : !strcmp(o.verb, "dead")  ? cmd_dead
                                    : NULL;
     if (!fn)
-        return usage(stderr, 2);
-    char err[512];
-    int rc;
-    tw_durable *d = open_store(&o, TW_DURABLE_READONLY, &rc, err, sizeof err);
-    if (!d) {
-        if (fn == cmd_check && rc == TW_EIO)
-            return report_damage(&o, err, false);
-        open_failed(&o, rc, err);
-        return 2;
-    }
-    int res = fn(&o, d);
-    tw_durable_close(d);
-    return res;
+        return help(stderr, NULL, EX_ERROR);
+    return read_verb(&o, fn);
 }
