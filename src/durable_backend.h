@@ -89,6 +89,8 @@ struct tw_durable_ops {
     int (*list_dead)(tw_durable *d, const struct tw__list_req *q,
                      tw_durable_entry *out, bool *end);
     int (*touch)(tw_durable *d, const void *key, size_t key_len);
+    /* tw_durable_restore() (arguments checked, store writable). */
+    int (*restore)(tw_durable *d, const tw_durable_scanned *t);
 };
 
 struct tw_durable {

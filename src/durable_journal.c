@@ -126,7 +126,7 @@ void tw__journal_rearm(jstore *s, struct tw__key_entry *n, uint64_t tick)
 }
 
 /* The dead index, once built: entry @n enters it. */
-static void dead_in(jstore *s, struct tw__key_entry *n)
+void tw__journal_dead_in(jstore *s, struct tw__key_entry *n)
 {
     if (s->dxd && tw__dx_insert(s->dxd, 0, (uintptr_t)n) != 0) {
         tw__dx_free(s->dxd); /* the next listing builds it again */
@@ -168,7 +168,7 @@ int tw__journal_to_dead(jstore *s, struct tw__key_entry *n, const jr_rec *rec,
     tw_wheel_cancel(s->wheel, &n->tm);
     n->fl |= ENT_DEAD;
     s->ndead++;
-    dead_in(s, n);
+    tw__journal_dead_in(s, n);
     return 0;
 }
 

@@ -155,6 +155,7 @@ void tw__journal_index_drop(jstore *s);
 void tw__journal_index_out(jstore *s, struct tw__key_entry *n);
 void tw__journal_rearm(jstore *s, struct tw__key_entry *n, uint64_t tick);
 void tw__journal_dead_clear(jstore *s, struct tw__key_entry *n);
+void tw__journal_dead_in(jstore *s, struct tw__key_entry *n);
 int tw__journal_to_dead(jstore *s, struct tw__key_entry *n, const jr_rec *rec,
                         uint32_t attempt);
 void tw__journal_entry_remove(jstore *s, struct tw__key_pos p);
@@ -212,5 +213,6 @@ int tw__journal_dead_op(tw_durable *d, const void *key, size_t key_len,
 int tw__journal_list_dead(tw_durable *d, const struct tw__list_req *q,
                           tw_durable_entry *out, bool *end);
 int tw__journal_touch(tw_durable *d, const void *key, size_t key_len);
+int tw__journal_restore(tw_durable *d, const tw_durable_scanned *t);
 
 #endif

@@ -597,6 +597,7 @@ static const struct tw_durable_ops journal_ops = {
     .schedule_many = tw__journal_schedule_many,
     .cancel_many = tw__journal_cancel_many,
     .dead_op = tw__journal_dead_op,
+    .restore = tw__journal_restore,
     .list_dead = tw__journal_list_dead,
     .touch = tw__journal_touch,
 };

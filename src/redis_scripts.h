@@ -22,6 +22,7 @@ enum {
     S_REARM,
     S_DDEL,
     S_TOUCH,
+    S_RESTORE,
     S_COUNT
 };
 

@@ -657,6 +657,24 @@ TW_EXTERN int tw_durable_dead_delete(tw_durable *d, const void *key,
                                      size_t key_len);
 
 /*
+ * tw_durable_restore - put back one timer as tw_durable_scan() handed it
+ * over: what an import of an export, or a move from one store to another,
+ * needs (a function added after 0.2.0). @t's key, payload and due time;
+ * its state: TW_DURABLE_DEAD makes it a dead letter that had @t->attempt
+ * attempts, any other state a pending timer whose next delivery is
+ * attempt @t->attempt (0 counts as 1). It never replaces: a key the store
+ * holds, pending or dead, is TW_EEXIST and nothing changes (cancel or
+ * delete it first). Unlike tw_durable_schedule() it works through a
+ * TW_DURABLE_NOFIRE handle on both backends: on Redis the timer is
+ * written unclaimed, and a node claims it as any other.
+ * Returns 0 once that is durable; TW_EEXIST; TW_EINVAL (NULL @d or @t,
+ * bad key, payload too long); TW_EROFS (a read-only store); TW_ESHUTDOWN;
+ * TW_EIO; TW_ENOSPC; TW_ECONN; TW_ENOMEM.
+ * Context: any thread, callbacks included.
+ */
+TW_EXTERN int tw_durable_restore(tw_durable *d, const tw_durable_scanned *t);
+
+/*
  * tw_durable_list_dead - the next dead letters after *@cur, in order of
  * their key bytes (cur->due_ms is not used; a cursor of tw_durable_list()
  * must not be passed here). Arguments, return value and what an iteration

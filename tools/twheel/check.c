@@ -294,8 +294,7 @@ int cmd_check(const struct opts *o)
     tw_durable *d = NULL;
     if (journal_missing(o)) {
         r.status = "missing", r.rc = EX_WARN;
-    } else if (!(d = open_store(o, TW_DURABLE_READONLY, &rc, r.problem,
-                                sizeof r.problem, &l))) {
+    } else if (!(d = open_readonly(o, &rc, r.problem, sizeof r.problem, &l))) {
         if (rc != TW_EIO) {
             open_failed(o, rc, r.problem);
             free(l.v);

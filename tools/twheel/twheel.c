@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -96,33 +97,43 @@ void open_failed(const struct opts *o, int rc, const char *err)
 
 /* Bytes as a JSON string: printable ASCII as is, others escaped; a byte
  * above 0x7f becomes \u00XX (so the string's code points are the bytes). */
-void json_str(const void *p, size_t n)
+void json_str_f(FILE *f, const void *p, size_t n)
 {
     const unsigned char *s = p;
-    putchar('"');
+    putc('"', f);
     for (size_t i = 0; i < n; i++) {
         unsigned c = s[i];
         if (c == '"' || c == '\\')
-            printf("\\%c", c);
+            fprintf(f, "\\%c", c);
         else if (c < 0x20 || c >= 0x7f)
-            printf("\\u%04x", c);
+            fprintf(f, "\\u%04x", c);
         else
-            putchar((int)c);
+            putc((int)c, f);
     }
-    putchar('"');
+    putc('"', f);
+}
+
+void json_str(const void *p, size_t n)
+{
+    json_str_f(stdout, p, n);
 }
 
 /* Bytes for a terminal: printable ASCII as is, others as \xHH. */
-void human_str(const void *p, size_t n)
+void human_str_f(FILE *f, const void *p, size_t n)
 {
     const unsigned char *s = p;
     for (size_t i = 0; i < n; i++) {
         unsigned c = s[i];
         if (c < 0x20 || c >= 0x7f || c == '\\')
-            printf("\\x%02x", c);
+            fprintf(f, "\\x%02x", c);
         else
-            putchar((int)c);
+            putc((int)c, f);
     }
+}
+
+void human_str(const void *p, size_t n)
+{
+    human_str_f(stdout, p, n);
 }
 
 void hex(const void *p, size_t n)
@@ -540,14 +551,51 @@ static int parse(int argc, char **argv, struct opts *o)
     return 0;
 }
 
+/* A fingerprint of the names of @dir's files (0 if it cannot be read). */
+static uint64_t listing(const char *dir)
+{
+    DIR *d = opendir(dir);
+    uint64_t h = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        uint64_t x = 1469598103934665603ull;
+        for (const char *p = e->d_name; *p; p++)
+            x = (x ^ (unsigned char)*p) * 1099511628211ull;
+        h += x; /* in any order */
+    }
+    if (d)
+        closedir(d);
+    return h;
+}
+
+/* A read-only open of a live journal races its compaction, which may
+ * delete the oldest segment between the open's listing of the directory
+ * and its read of that segment: an open that fails while the directory's
+ * files change is tried again, up to five times. */
+tw_durable *open_readonly(const struct opts *o, int *rc, char *err,
+                          size_t err_len, struct dmg_list *dl)
+{
+    for (int i = 0;; i++) {
+        uint64_t before = o->dir ? listing(o->dir) : 0;
+        tw_durable *d =
+            open_store(o, TW_DURABLE_READONLY, rc, err, err_len, dl);
+        bool raced = !d && o->dir && (*rc == TW_EIO || *rc == TW_ENOENT) &&
+                     !journal_missing(o) && listing(o->dir) != before;
+        if (!raced || i == 4)
+            return d;
+        if (dl)
+            dl->n = 0;
+        nanosleep(&(struct timespec){0, 20000000}, NULL);
+    }
+}
+
 /* The verbs that open the store read-only and look. */
 static int read_verb(const struct opts *o,
                      int (*fn)(const struct opts *, tw_durable *))
 {
     char err[512];
     int rc;
-    tw_durable *d =
-        open_store(o, TW_DURABLE_READONLY, &rc, err, sizeof err, NULL);
+    tw_durable *d = open_readonly(o, &rc, err, sizeof err, NULL);
     if (!d) {
         open_failed(o, rc, err);
         return EX_ERROR;
@@ -577,12 +625,15 @@ int main(int argc, char **argv)
         return cmd_check(&o);
     if (!strcmp(o.verb, "rearm") || !strcmp(o.verb, "delete"))
         return cmd_dead_op(&o);
+    if (!strcmp(o.verb, "import"))
+        return cmd_import(&o);
     int (*fn)(const struct opts *, tw_durable *) =
-        !strcmp(o.verb, "ls")      ? cmd_ls
-        : !strcmp(o.verb, "get")   ? cmd_get
-        : !strcmp(o.verb, "stats") ? cmd_stats
-        : !strcmp(o.verb, "dead")  ? cmd_dead
-                                   : NULL;
+        !strcmp(o.verb, "ls")       ? cmd_ls
+        : !strcmp(o.verb, "get")    ? cmd_get
+        : !strcmp(o.verb, "stats")  ? cmd_stats
+        : !strcmp(o.verb, "dead")   ? cmd_dead
+        : !strcmp(o.verb, "export") ? cmd_export
+                                    : NULL;
     if (!fn)
         return help(stderr, NULL, EX_ERROR);
     return read_verb(&o, fn);

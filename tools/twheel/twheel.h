@@ -56,11 +56,15 @@ void dmg_collect(void *arg, const tw_durable_damage *d);
 /* twheel.c */
 tw_durable *open_store(const struct opts *o, uint32_t flags, int *rc, char *err,
                        size_t err_len, struct dmg_list *dl);
+tw_durable *open_readonly(const struct opts *o, int *rc, char *err,
+                          size_t err_len, struct dmg_list *dl);
 const char *where(const struct opts *o);
 bool journal_missing(const struct opts *o);
 void open_failed(const struct opts *o, int rc, const char *err);
 void json_str(const void *p, size_t n);
+void json_str_f(FILE *f, const void *p, size_t n);
 void human_str(const void *p, size_t n);
+void human_str_f(FILE *f, const void *p, size_t n);
 void hex(const void *p, size_t n);
 void iso(int64_t ms, char *out, size_t len);
 const char *state_name(uint32_t st);
@@ -71,5 +75,9 @@ int help(FILE *f, const char *verb, int rc);
 /* check.c */
 int cmd_check(const struct opts *o);
 int cmd_repair(const struct opts *o);
+
+/* port.c */
+int cmd_export(const struct opts *o, tw_durable *d);
+int cmd_import(const struct opts *o);
 
 #endif
