@@ -53,6 +53,18 @@ expect_rc 0 "$tw" --help
 grep -q '^usage: twheel' "$tmp/out" || fail "--help"
 expect_rc 2 "$tw" journal
 expect_rc 2 "$tw" nosuch ls x
+expect_rc 0 "$tw" --version
+grep -Eq '^twheel [0-9]+\.[0-9]+\.[0-9]+' "$tmp/out" || fail "--version: $(cat "$tmp/out")"
+expect_rc 0 "$tw" journal --help
+grep -q '^usage: twheel journal VERB' "$tmp/out" || fail "journal --help"
+for v in ls get stats check repair dead rearm delete export import; do
+  expect_rc 0 "$tw" "$v" --help
+  grep -q "^usage: twheel .*$v" "$tmp/out" || fail "$v --help: $(head -1 "$tmp/out")"
+  cp "$tmp/out" "$tmp/help-$v"
+  expect_rc 0 "$tw" journal "$v" /x --help
+  cmp -s "$tmp/out" "$tmp/help-$v" || fail "journal $v --help differs from $v --help"
+done
+[ "$(cat "$tmp"/help-* | sort -u | grep -c '^usage:')" = 10 ] || fail "verbs share a help text"
 
 if [ "$mode" = redis ]; then
   ns=twcli$$
@@ -180,7 +192,11 @@ $py -c 'import json,sys; d=json.load(open(sys.argv[1]))
 assert d["count"]==2 and [x["key"] for x in d["dead"]]==["dead-a","dead-b"], d
 assert d["dead"][0]["attempts"]==1 and d["dead"][0]["payload_len"]==2, d' "$tmp/out"
 expect_rc 0 "$tw" journal dead "$dd" --limit 1
-[ "$(wc -l <"$tmp/out")" = 2 ] && grep -q '^(more' "$tmp/out" || fail "dead --limit"
+[ "$(wc -l <"$tmp/out")" = 2 ] && grep -q '^(more: --after dead-a)$' "$tmp/out" || fail "dead --limit"
+expect_rc 0 "$tw" journal dead "$dd" --after dead-a
+[ "$(wc -l <"$tmp/out")" = 1 ] && grep -q ' dead-b$' "$tmp/out" || fail "dead --after: $(cat "$tmp/out")"
+expect_rc 0 "$tw" journal dead "$dd" --limit 1 --json
+$py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["more"] and d["after"]["key"]=="dead-a", d' "$tmp/out"
 expect_rc 0 "$tw" journal get "$dd" dead-a
 grep -q 'state:    dead' "$tmp/out" || fail "get of a dead letter"
 expect_rc 0 "$tw" journal stats "$dd"
@@ -251,8 +267,16 @@ damaged_shape=$(shape)
 expect_rc 1 "$tw" journal repair "$dir" --dry-run
 keep=$(sed -n 's/.*keep \([0-9]*\) pending timers.*/\1/p' "$tmp/out")
 [ -n "$keep" ] && [ "$keep" -lt 53 ] && [ "$keep" -gt 40 ] || fail "dry run: $(cat "$tmp/out")"
-[ "$(sum)" = "$before" ] || fail "check or the dry run changed the directory"
 grep -q "offset 70: schedule record of t001 .*: dropped" "$tmp/out" || fail "dry run names t001: $(cat "$tmp/out")"
+# ls and stats of the damaged journal show what a repair would keep, warn,
+# and exit 1; get refuses it.
+expect_rc 1 "$tw" journal ls "$dir"
+[ "$(wc -l <"$tmp/out")" = "$keep" ] && grep -q "warning: .*damaged: .*$seg offset 70" "$tmp/err" ||
+  fail "ls of a damaged journal: $(cat "$tmp/err")"
+expect_rc 1 "$tw" journal stats "$dir" --json
+$py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["pending"]==int(sys.argv[2]), d' "$tmp/out" "$keep"
+expect_rc 2 "$tw" journal get "$dir" t000
+[ "$(sum)" = "$before" ] || fail "check, the dry run, ls or stats changed the directory"
 expect_rc 0 "$tw" journal repair "$dir"
 grep -q "repaired .* $keep pending timers kept" "$tmp/out" || fail "repair: $(cat "$tmp/out")"
 grep -q "damaged records dropped: $seg offset 70, 38 bytes, 1 record" "$tmp/out" &&

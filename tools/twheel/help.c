@@ -41,7 +41,8 @@ static const struct {
            "Pending timers in order of due time, then key bytes: due time "
            "(UTC), state\n(waiting, due) and key. --from/--to: due in [from, "
            "to), Unix ms. --limit N:\nat most N; the last line then says "
-           "where to resume (--after DUE,KEY).\n"},
+           "where to resume (--after DUE,KEY).\nOn a journal damaged in its "
+           "middle: what a repair would keep, a warning,\nexit status 1.\n"},
     {"get", "twheel journal|redis get KEY [--json]\n"
             "One timer or dead letter: due time, state, attempt, payload. "
             "Exit status 1\nwhen the store does not hold KEY.\n"},
@@ -49,7 +50,8 @@ static const struct {
               "Pending timers, backlog, dead letters; for a journal its "
               "segments, bytes and\nlast recovery. --metrics: every counter "
               "in the Prometheus text format.\nWarns on stderr when nothing "
-              "is there.\n"},
+              "is there. On a journal damaged in its middle:\nwhat a repair "
+              "would keep, a warning, exit status 1.\n"},
     {"check", "twheel journal|redis check [--json]\n"
               "Reads every record and changes nothing, then reads each "
               "pending timer back.\nReports each thing ignored: a torn tail "

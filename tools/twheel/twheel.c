@@ -331,7 +331,7 @@ static int cmd_dead(const struct opts *o, tw_durable *d)
 {
     static tw_durable_entry e[PAGE];
     static char kb[PAGE * 64 + TW_DURABLE_KEY_MAX];
-    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    tw_durable_cursor c = o->after; /* --after KEY, or the start */
     uint64_t shown = 0;
     if (o->json)
         fputs("{\"dead\":[", stdout);
@@ -362,11 +362,22 @@ static int cmd_dead(const struct opts *o, tw_durable *d)
             }
         }
     }
-    if (o->json)
-        printf("\n],\"count\":%" PRIu64 ",\"more\":%s}\n", shown,
+    if (o->json) {
+        printf("\n],\"count\":%" PRIu64 ",\"more\":%s", shown,
                c.done ? "false" : "true");
-    else if (!c.done)
-        puts("(more: raise --limit)");
+        if (!c.done) {
+            printf(",\"after\":{\"key\":");
+            json_str(c.key, c.key_len);
+            printf(",\"key_hex\":\"");
+            hex(c.key, c.key_len);
+            printf("\"}");
+        }
+        puts("}");
+    } else if (!c.done) {
+        printf("(more: --after ");
+        human_str(c.key, c.key_len);
+        puts(")");
+    }
     return 0;
 }
 
@@ -438,6 +449,18 @@ static bool num(const char *s, int64_t *out)
     return true;
 }
 
+/* dead --after KEY: the cursor after dead letter KEY. */
+static bool parse_after_key(const char *s, tw_durable_cursor *c)
+{
+    size_t kl = strlen(s);
+    if (!kl || kl > TW_DURABLE_KEY_MAX)
+        return false;
+    memset(c, 0, sizeof *c);
+    c->key_len = (uint32_t)kl;
+    memcpy(c->key, s, kl);
+    return true;
+}
+
 static bool parse_after(const char *s, tw_durable_cursor *c)
 {
     const char *comma = strchr(s, ',');
@@ -490,8 +513,8 @@ static bool value_opt(const char *a, const char *v, struct opts *o)
         ;
     else if (!strcmp(a, "--limit") && num(v, &x) && x > 0)
         o->limit = (uint64_t)x;
-    else if (!strcmp(a, "--after") && parse_after(v, &o->after))
-        o->have_after = true;
+    else if (!strcmp(a, "--after"))
+        o->after_arg = v; /* ls: DUE,KEY; dead: KEY (checked by main) */
     else if (!strcmp(a, "--at") && num(v, &o->at))
         o->have_at = true;
     else
@@ -596,13 +619,27 @@ static int read_verb(const struct opts *o,
     char err[512];
     int rc;
     tw_durable *d = open_readonly(o, &rc, err, sizeof err, NULL);
+    bool damaged = false;
+    if (!d && rc == TW_EIO && o->dir && fn != cmd_get) {
+        /* Damage in the middle: show what a repair would keep. */
+        char e2[512];
+        d = open_store(o, TW_DURABLE_READONLY | TW_DURABLE_REPAIR, &rc, e2,
+                       sizeof e2, NULL);
+        if (d)
+            fprintf(stderr,
+                    "twheel: warning: %s: damaged: %s; showing what a "
+                    "repair would keep (twheel journal repair %s --dry-run "
+                    "names what it drops)\n",
+                    where(o), err, where(o));
+        damaged = d != NULL;
+    }
     if (!d) {
         open_failed(o, rc, err);
         return EX_ERROR;
     }
     int res = fn(o, d);
     tw_durable_close(d);
-    return res;
+    return res ? res : damaged ? EX_PROBLEM : EX_OK;
 }
 
 int main(int argc, char **argv)
@@ -610,11 +647,20 @@ int main(int argc, char **argv)
     struct opts o;
     int p = parse(argc, argv, &o);
     if (p == 2)
-        return printf("twheel %s\n", tw_version_string()), EX_OK;
+        return printf("twheel %d.%d.%d (libtwheel %s)\n", TW_VERSION_MAJOR,
+                      TW_VERSION_MINOR, TW_VERSION_PATCH, tw_version_string()),
+               EX_OK;
     if (p == 1)
         return help(stdout, o.verb, EX_OK);
     if (p < 0)
         return help(stderr, o.verb, EX_ERROR);
+    if (o.after_arg &&
+        !(strcmp(o.verb, "dead") ? parse_after(o.after_arg, &o.after)
+                                 : parse_after_key(o.after_arg, &o.after))) {
+        fprintf(stderr, "twheel: bad --after: %s (ls: DUE,KEY; dead: KEY)\n",
+                o.after_arg);
+        return EX_ERROR;
+    }
     if (o.key && (!*o.key || strlen(o.key) > TW_DURABLE_KEY_MAX)) {
         fputs("twheel: a key is 1 to 1024 bytes\n", stderr);
         return EX_ERROR;

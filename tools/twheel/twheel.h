@@ -37,8 +37,9 @@ struct opts {
     bool have_at;
     int64_t from, to; /* ls */
     uint64_t limit;   /* ls, dead: 0 = all */
-    bool json, dry_run, metrics, have_after, replace;
-    tw_durable_cursor after; /* ls, dead --after DUE,KEY */
+    bool json, dry_run, metrics, replace;
+    const char *after_arg;   /* --after as given */
+    tw_durable_cursor after; /* from it: ls DUE,KEY; dead KEY */
 };
 
 /* A damage report of an open, copied (cfg.on_damage). */
