@@ -170,7 +170,10 @@ grep -q 'payload:  2 bytes: p7' "$tmp/out" && grep -q 'attempt:  1' "$tmp/out" |
 expect_rc 0 "$tw" journal get "$dir" t007 --json
 $py -c 'import json,sys; d=json.load(open(sys.argv[1]))
 assert d["found"] and d["payload"]=="p7" and d["state"]=="waiting", d' "$tmp/out"
+get_shape=$(shape)
 expect_rc 1 "$tw" journal get "$dir" nosuch
+expect_rc 1 "$tw" journal get "$dir" nosuch --json
+[ "$(shape)" = "$get_shape" ] || fail "get --json: two shapes"
 expect_rc 0 "$tw" journal stats "$dir"
 grep -q '^pending *51$' "$tmp/out" || fail "stats"
 expect_rc 0 "$tw" journal stats "$dir" --metrics
@@ -219,8 +222,11 @@ holder=
 expect_rc 1 "$tw" journal rearm "$dd" t000 # pending, not dead
 expect_rc 1 "$tw" journal delete "$dd" nosuch
 expect_rc 2 "$tw" journal rearm "$dd" dead-a --at soon
+expect_rc 1 "$tw" journal rearm "$dd" t000 --json
+notdead_shape=$(shape)
 expect_rc 0 "$tw" journal rearm "$dd" dead-a --at 4102444800000 --json
 $py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] and d["due_ms"]==4102444800000, d' "$tmp/out"
+[ "$(shape)" = "$notdead_shape" ] || fail "rearm --json: two shapes"
 expect_rc 0 "$tw" journal get "$dd" dead-a --json
 $py -c 'import json,sys; d=json.load(open(sys.argv[1]))
 assert d["state"]=="waiting" and d["attempt"]==1 and d["payload"]=="da", d' "$tmp/out"

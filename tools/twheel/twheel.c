@@ -229,6 +229,31 @@ static int cmd_ls(const struct opts *o, tw_durable *d)
     return 0;
 }
 
+/* get --json: one shape, found or not (null fields when not). */
+static void get_json(const struct opts *o, const tw_durable_info *in,
+                     const char *buf, const char *when)
+{
+    size_t kl = strlen(o->key);
+    printf("{\"found\":%s,\"key\":", in ? "true" : "false");
+    json_str(o->key, kl);
+    printf(",\"key_hex\":\"");
+    hex(o->key, kl);
+    if (!in) {
+        puts("\",\"due_ms\":null,\"due\":null,\"state\":null,\"attempt\":"
+             "null,\"payload_len\":null,\"payload\":null,\"payload_hex\":"
+             "null}");
+        return;
+    }
+    printf("\",\"due_ms\":%" PRId64 ",\"due\":\"%s\",\"state\":\"%s\","
+           "\"attempt\":%" PRIu32 ",\"payload_len\":%zu,\"payload\":",
+           in->due_ms, when, state_name(in->state), in->attempt,
+           in->payload_len);
+    json_str(buf, in->payload_len);
+    printf(",\"payload_hex\":\"");
+    hex(buf, in->payload_len);
+    puts("\"}");
+}
+
 static int cmd_get(const struct opts *o, tw_durable *d)
 {
     size_t kl = strlen(o->key);
@@ -251,7 +276,7 @@ static int cmd_get(const struct opts *o, tw_durable *d)
     }
     if (rc == TW_ENOENT) {
         if (o->json)
-            puts("{\"found\":false}");
+            get_json(o, NULL, NULL, NULL);
         else
             printf("%s: not held (never scheduled, cancelled, or done)\n",
                    o->key);
@@ -266,16 +291,7 @@ static int cmd_get(const struct opts *o, tw_durable *d)
     char when[40];
     iso(in.due_ms, when, sizeof when);
     if (o->json) {
-        printf("{\"found\":true,\"key\":");
-        json_str(o->key, kl);
-        printf(",\"due_ms\":%" PRId64 ",\"due\":\"%s\",\"state\":\"%s\","
-               "\"attempt\":%" PRIu32 ",\"payload_len\":%zu,\"payload\":",
-               in.due_ms, when, state_name(in.state), in.attempt,
-               in.payload_len);
-        json_str(buf, in.payload_len);
-        printf(",\"payload_hex\":\"");
-        hex(buf, in.payload_len);
-        puts("\"}");
+        get_json(o, &in, buf, when);
     } else {
         printf("key:      ");
         human_str(o->key, kl);
@@ -404,27 +420,26 @@ static int cmd_dead_op(const struct opts *o)
     rc = rearm ? tw_durable_rearm(d, o->key, kl, at)
                : tw_durable_dead_delete(d, o->key, kl);
     int cr = tw_durable_close(d);
-    if (rc == TW_ENOENT) {
-        if (o->json)
-            puts("{\"ok\":false,\"dead\":false}");
-        else
-            printf("%s: not a dead letter\n", o->key);
-        return 1;
-    }
     if (!rc)
         rc = cr;
-    if (rc) {
+    if (rc && rc != TW_ENOENT) {
         fprintf(stderr, "twheel: %s: %s\n", o->verb, tw_strerror(rc));
         return 2;
     }
     char when[40];
     iso(at, when, sizeof when);
-    if (o->json) {
-        printf("{\"ok\":true,\"key\":");
+    if (o->json) { /* one shape: ok false when it was not a dead letter */
+        printf("{\"ok\":%s,\"dead\":%s,\"key\":", rc ? "false" : "true",
+               rc ? "false" : "true");
         json_str(o->key, kl);
-        if (rearm)
-            printf(",\"due_ms\":%" PRId64 ",\"due\":\"%s\"", at, when);
-        puts("}");
+        printf(",\"key_hex\":\"");
+        hex(o->key, kl);
+        if (rearm && !rc)
+            printf("\",\"due_ms\":%" PRId64 ",\"due\":\"%s\"}\n", at, when);
+        else
+            puts("\",\"due_ms\":null,\"due\":null}");
+    } else if (rc) {
+        printf("%s: not a dead letter\n", o->key);
     } else {
         human_str(o->key, kl);
         if (rearm)
@@ -432,7 +447,7 @@ static int cmd_dead_op(const struct opts *o)
         else
             puts(": deleted");
     }
-    return 0;
+    return rc ? EX_PROBLEM : EX_OK;
 }
 
 /* ------------------------------------------------------------------------ */
