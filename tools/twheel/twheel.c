@@ -537,6 +537,34 @@ static bool value_opt(const char *a, const char *v, struct opts *o)
     return true;
 }
 
+/* BACKEND VERB [DIR] [KEY] into @o; as parse(). */
+static int positionals(struct opts *o, const char **pos, int npos, bool help)
+{
+    bool backend =
+        npos > 0 && (!strcmp(pos[0], "journal") || !strcmp(pos[0], "redis"));
+    o->backend = backend ? pos[0] : NULL;
+    o->verb = npos > 1 && backend ? pos[1] : npos > 0 ? pos[0] : NULL;
+    if (help)
+        return 1;
+    if (npos < 2 || !backend)
+        return -1;
+    bool journal = !strcmp(o->backend, "journal");
+    if (!journal && !o->url) {
+        fputs("twheel: redis: --url HOST:PORT is required\n", stderr);
+        return -1;
+    }
+    bool keyed = !strcmp(o->verb, "get") || !strcmp(o->verb, "rearm") ||
+                 !strcmp(o->verb, "delete");
+    int want = (journal ? 3 : 2) + keyed;
+    if (npos != want)
+        return -1;
+    if (journal)
+        o->dir = pos[2];
+    if (keyed)
+        o->key = pos[want - 1];
+    return 0;
+}
+
 /* Returns 0, -1 (usage), 1 (--help: o->verb is the verb asked about, or
  * NULL) or 2 (--version). */
 static int parse(int argc, char **argv, struct opts *o)
@@ -566,27 +594,7 @@ static int parse(int argc, char **argv, struct opts *o)
         else
             return -1;
     }
-    bool backend =
-        npos > 0 && (!strcmp(pos[0], "journal") || !strcmp(pos[0], "redis"));
-    o->backend = backend ? pos[0] : NULL;
-    o->verb = npos > 1 && backend ? pos[1] : npos > 0 ? pos[0] : NULL;
-    if (help)
-        return 1;
-    if (npos < 2 || !backend)
-        return -1;
-    bool journal = !strcmp(o->backend, "journal");
-    if (!journal && (strcmp(o->backend, "redis") || !o->url))
-        return -1;
-    bool keyed = !strcmp(o->verb, "get") || !strcmp(o->verb, "rearm") ||
-                 !strcmp(o->verb, "delete");
-    int want = (journal ? 3 : 2) + keyed;
-    if (npos != want)
-        return -1;
-    if (journal)
-        o->dir = pos[2];
-    if (keyed)
-        o->key = pos[want - 1];
-    return 0;
+    return positionals(o, pos, npos, help);
 }
 
 /* A fingerprint of the names of @dir's files (0 if it cannot be read). */
