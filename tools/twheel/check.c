@@ -147,8 +147,8 @@ static void human_range(const struct opts *o, const tw_durable_damage *r,
            where(o), what, seg, r->offset, r->bytes, r->records,
            r->records == 1 ? "" : "s",
            r->kind == TW_DURABLE_DAMAGE_TAIL && !done
-               ? " (not durable when the store stopped; the next "
-                 "read-write open cuts it)"
+               ? " (a write cut short by a crash, or one a live store is "
+                 "making now; the next read-write open cuts it)"
                : "");
 }
 
