@@ -58,6 +58,9 @@ static const char *outcome(tw_durable *d, const tw_durable_damage *r,
     bool sched = !strcmp(r->record, "schedule") || !strcmp(r->record, "dead");
     if (rc && rc != TW_ENOENT)
         return "unknown";
+    if (sched && !rc && in->state != TW_DURABLE_DEAD &&
+        !strcmp(r->record, "dead"))
+        return "back"; /* its move to the dead letters is lost */
     if (sched)
         return rc ? "dropped" : "older";
     if (!strcmp(r->record, "fire"))
@@ -65,12 +68,14 @@ static const char *outcome(tw_durable *d, const tw_durable_damage *r,
     return rc ? "none" : "back";
 }
 
-static const char *outcome_text(const char *oc)
+static const char *outcome_text(const char *oc, const char *record)
 {
     return !strcmp(oc, "dropped") ? "dropped: no other version of it is kept"
            : !strcmp(oc, "older") ? "an older version of it is kept"
-           : !strcmp(oc, "back")  ? "pending again: its cancel or completion "
-                                    "is lost"
+           : !strcmp(oc, "back") && !strcmp(record, "dead")
+               ? "pending again: its move to the dead letters is lost"
+           : !strcmp(oc, "back") ? "pending again: its cancel or completion "
+                                   "is lost"
            : !strcmp(oc, "attempt")
                ? "kept; one delivery attempt is not counted"
            : !strcmp(oc, "none") ? "no change: the key is not held either way"
@@ -119,7 +124,7 @@ static void human_record(const struct opts *o, const struct dmg *m,
         printf(" due %s", when);
     }
     if (oc)
-        printf(": %s", outcome_text(oc));
+        printf(": %s", outcome_text(oc, r->record));
     putchar('\n');
 }
 
