@@ -15,6 +15,7 @@
  *                       due now (delivered and done at once) three times
  *                       each, in 8 KiB segments, so that old segments are
  *                       compacted and deleted while it runs
+ *   rload ADDR NS N     the same load on a Redis namespace (8 shards)
  *   hold DIR N          open the journal of "make DIR N", schedule held-1,
  *                       print "held", wait for a line on stdin, then check
  *                       that the store still holds N + 2 timers, can
@@ -66,7 +67,7 @@ static int fail(const char *what, int rc)
 /* Where @argv's store is: a Redis namespace or a journal directory. */
 static void configure(tw_durable_config *c, char **argv)
 {
-    if (!strcmp(argv[1], "redis")) {
+    if (!strcmp(argv[1], "redis") || !strcmp(argv[1], "rload")) {
         c->redis = argv[2];
         c->redis_namespace = argv[3];
         c->shards = 8;
@@ -114,7 +115,7 @@ int main(int argc, char **argv)
     int rc = tw_durable_open(&d, &c);
     if (rc)
         return fail("open", rc);
-    if (!strcmp(mode, "load"))
+    if (!strcmp(mode, "load") || !strcmp(mode, "rload"))
         return load(d, n);
     int64_t base = now_ms() + 3600 * 1000;
     if (strcmp(mode, "hold")) {
