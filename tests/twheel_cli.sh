@@ -53,6 +53,10 @@ expect_rc 0 "$tw" --help
 grep -q '^usage: twheel' "$tmp/out" || fail "--help"
 expect_rc 2 "$tw" journal
 expect_rc 2 "$tw" nosuch ls x
+# No password in any message: a URL's credentials are left out.
+expect_rc 2 "$tw" redis check --url redis://u:sekret@127.0.0.1:1
+! grep -q sekret "$tmp/out" "$tmp/err" && grep -q 'redis://\*\*\*@127.0.0.1:1' "$tmp/err" ||
+  fail "a password shown: $(cat "$tmp/err")"
 expect_rc 0 "$tw" --version
 grep -Eq '^twheel [0-9]+\.[0-9]+\.[0-9]+' "$tmp/out" || fail "--version: $(cat "$tmp/out")"
 expect_rc 0 "$tw" journal --help
@@ -118,7 +122,12 @@ assert d["count"]==32 and all(t["state"]=="waiting" for t in d["timers"]), d' "$
   expect_rc 0 "$tw" redis get "${r[@]}" dead-a --json
   $py -c 'import json,sys; d=json.load(open(sys.argv[1]))
 assert d["state"]=="waiting" and d["attempt"]==1 and d["due_ms"]==4102444800000, d' "$tmp/out"
-  step "redis: dead, rearm, delete"
+  # A password from the environment is used (this server has none: AUTH
+  # is refused) and never shown.
+  TWHEEL_REDIS_PASSWORD=sekret2 expect_rc 2 "$tw" redis check "${r[@]}"
+  grep -q 'refused the credentials' "$tmp/err" && ! grep -q sekret2 "$tmp/out" "$tmp/err" ||
+    fail "TWHEEL_REDIS_PASSWORD: $(cat "$tmp/err")"
+  step "redis: dead, rearm, delete; TWHEEL_REDIS_PASSWORD used, not shown"
   # A journal moved to Redis and back: export, import into an empty
   # namespace, export again: the same lines; and that namespace's export
   # into a journal gives them once more.

@@ -62,6 +62,9 @@ tw_durable *open_store(const struct opts *o, uint32_t flags, int *rc, char *err,
         c.dir = o->dir;
     } else {
         c.redis = o->url;
+        /* Kept out of the command line (ps shows it) and of messages. */
+        c.redis_user = getenv("TWHEEL_REDIS_USER");
+        c.redis_password = getenv("TWHEEL_REDIS_PASSWORD");
         c.redis_namespace = o->ns;
         c.shards = o->shards;
     }
@@ -70,9 +73,20 @@ tw_durable *open_store(const struct opts *o, uint32_t flags, int *rc, char *err,
     return *rc ? NULL : d;
 }
 
+/* @o's store as messages name it: the directory, or the Redis address
+ * with its credentials (user:password@ of a URL) left out. */
 const char *where(const struct opts *o)
 {
-    return o->dir ? o->dir : o->url;
+    static char shown[1024];
+    if (o->dir)
+        return o->dir;
+    const char *s = strstr(o->url, "://");
+    const char *at = s ? strrchr(s, '@') : NULL;
+    if (!at)
+        return o->url;
+    snprintf(shown, sizeof shown, "%.*s***%s", (int)(s + 3 - o->url), o->url,
+             at);
+    return shown;
 }
 
 /* A journal's directory that is not there: "nothing here", not a key. */
