@@ -193,8 +193,9 @@ void tw__journal_stop_threads(jstore *s);
 void tw__journal_report_bytes(const tw_durable_config *cfg, uint32_t kind,
                               uint32_t segment, const unsigned char *p,
                               size_t from, size_t to, bool trim);
-/* Report segment @segment missing. */
-void tw__journal_report_missing(const tw_durable_config *cfg, uint32_t segment);
+/* Report @count segments missing from @first on. */
+void tw__journal_report_missing(const tw_durable_config *cfg, uint32_t first,
+                                uint32_t count);
 
 /* durable_journal_compact.c */
 bool tw__journal_need_compact(jstore *s);

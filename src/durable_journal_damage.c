@@ -50,7 +50,11 @@ static uint64_t walk(const tw_durable_config *cfg, const unsigned char *p,
                      size_t from, size_t to, tw_durable_damage *d, bool report)
 {
     uint64_t count = 0;
-    for (size_t o = from; o < to;) {
+    /* A segment dropped for its header: its records begin after it. */
+    size_t o0 = d->kind == TW_DURABLE_DAMAGE_SEGMENT && from < JR_SEG_HDR
+                    ? JR_SEG_HDR
+                    : from;
+    for (size_t o = o0; o < to;) {
         tw_durable_damage r = *d;
         size_t sz = read_header(p + o, to - o, &r);
         if (!sz)
@@ -89,13 +93,15 @@ void tw__journal_report_bytes(const tw_durable_config *cfg, uint32_t kind,
     (void)walk(cfg, p, from, to, &d, true);
 }
 
-void tw__journal_report_missing(const tw_durable_config *cfg, uint32_t segment)
+void tw__journal_report_missing(const tw_durable_config *cfg, uint32_t first,
+                                uint32_t count)
 {
-    if (!cfg->on_damage)
+    if (!cfg->on_damage || !count)
         return;
     tw_durable_damage d;
     memset(&d, 0, sizeof d);
     d.kind = TW_DURABLE_DAMAGE_MISSING;
-    d.segment = segment;
+    d.segment = first;
+    d.records = count;
     cfg->on_damage(cfg->on_damage_arg, &d);
 }

@@ -275,6 +275,8 @@ static int first_segment(jstore *s, const tw_durable_config *cfg,
     for (; manifest && i < cnt && nos[i] < oldest; i++) {
         char name[JR_SEG_NAME_MAX];
         tw__jr_seg_name(name, nos[i]);
+        if (s->readonly) /* skipped, left for a writer to delete */
+            continue;
         if (unlinkat(s->dirfd, name, 0) != 0)
             return TW_EIO;
         (void)fsync(s->dirfd);
@@ -282,6 +284,10 @@ static int first_segment(jstore *s, const tw_durable_config *cfg,
     *first = i;
     bool gone = i < cnt ? nos[i] > oldest : manifest;
     if (gone && repair) {
+        if (i < cnt)
+            tw__journal_report_missing(cfg, oldest, nos[i] - oldest);
+        if (s->readonly)
+            return 0; /* a dry run: nothing written */
         /* What is there is the journal from now on. */
         if (i < cnt)
             return tw__jr_manifest_write(s->dirfd, nos[i]);
@@ -327,8 +333,13 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
             rc = TW_EIO;
             break;
         }
-        for (uint32_t m = i > i0 ? nos[i - 1] + 1 : nos[i]; m < nos[i]; m++)
-            tw__journal_report_missing(cfg, m); /* repair mode */
+        if (i > i0 && nos[i] != nos[i - 1] + 1) { /* repair mode */
+            tw__journal_report_missing(cfg, nos[i - 1] + 1,
+                                       nos[i] - nos[i - 1] - 1);
+            /* Rewritten after the replay, as damage is: left as it is,
+             * the gap would stop the next open without TW_DURABLE_REPAIR. */
+            *damaged = true;
+        }
         rc = replay_segment(s, cfg, &f, damaged);
         if (f.fd >= 0)
             close(f.fd);

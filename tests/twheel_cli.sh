@@ -372,6 +372,40 @@ assert sys.argv[4]=="cut" or i["keys"][0]["outcome"]=="back", d' "$tmp/out" "$ts
 done
 step "torn tail (cut, garbled): check names segment, offset, bytes and the record, exit 3, one JSON shape"
 
+# Missing segments, in a journal of many (a load of 8 KiB segments, old
+# ones compacted: it has a MANIFEST). A read-only open leaves a segment
+# older than the MANIFEST's oldest (a crash between the MANIFEST's write
+# and that segment's deletion) where it is; a dry run names missing
+# segments and writes nothing (no new MANIFEST either); repair passes
+# over them.
+mj=$tmp/many
+"$store" load "$mj" 600 >/dev/null
+segs=($(cd "$mj" && ls ./*.twj | sort))
+[ "${#segs[@]}" -ge 5 ] && [ -f "$mj/MANIFEST" ] || fail "load: ${#segs[@]} segments"
+oldest=$(basename "${segs[0]}" .twj)
+stale=$(printf '%010d.twj' $((10#$oldest - 1)))
+cp -a "$mj" "$tmp/many2"
+cp "$mj/$oldest.twj" "$tmp/many2/$stale"
+expect_rc 0 "$tw" journal check "$tmp/many2"
+[ -f "$tmp/many2/$stale" ] || fail "a read-only check deleted $stale"
+mid=$(basename "${segs[3]}")
+rm "$tmp/many2/$mid"
+sum2() { (cd "$tmp/many2" && ls -l --time-style=+%s; md5sum ./*) | md5sum; }
+before2=$(sum2)
+expect_rc 1 "$tw" journal check "$tmp/many2"
+grep -q "segment $((10#${mid%.twj})) is missing" "$tmp/out" || fail "check of a missing segment: $(cat "$tmp/out")"
+expect_rc 1 "$tw" journal repair "$tmp/many2" --dry-run
+grep -q "segments missing: 1 from $mid on" "$tmp/out" || fail "dry run of a missing segment: $(cat "$tmp/out")"
+rm "$tmp/many2/$oldest.twj" # the oldest the MANIFEST names, too
+before2=$(sum2)
+expect_rc 1 "$tw" journal repair "$tmp/many2" --dry-run
+grep -q "segments missing: 1 from $oldest.twj on" "$tmp/out" || fail "dry run of a missing oldest segment: $(cat "$tmp/out")"
+[ "$(sum2)" = "$before2" ] || fail "the dry run changed the directory"
+expect_rc 0 "$tw" journal repair "$tmp/many2"
+grep -q "segments missing: 1 from $mid on, passed over" "$tmp/out" || fail "repair of missing segments: $(cat "$tmp/out")"
+expect_rc 0 "$tw" journal check "$tmp/many2"
+step "missing segments: read-only opens delete nothing; dry run names them and writes nothing; repair passes over them"
+
 # Nothing here: a missing directory, one without a segment.
 expect_rc 3 "$tw" journal check "$tmp/nosuch"
 grep -q 'nothing here: no such directory' "$tmp/out" || fail "check of a missing directory"

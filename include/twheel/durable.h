@@ -272,7 +272,8 @@ struct tw_durable_damage {
     uint64_t records;   /* of a range: the records whose headers could be
                            read, walking from @offset (the walk stops at
                            the first header that cannot be read, so there
-                           may have been more); of a record: 1 */
+                           may have been more); of a record: 1; of
+                           missing segments: how many, from @segment on */
     const void *key;    /* a record's key as its bytes read, NULL when it
                            lies past the end of the bytes */
     size_t key_len;     /* bytes of key */
@@ -291,7 +292,8 @@ struct tw_durable_damage {
 #define TW_DURABLE_DAMAGE_SEGMENT                                              \
     3u /* TW_DURABLE_REPAIR: a segment with a bad header, dropped whole */
 #define TW_DURABLE_DAMAGE_MISSING                                              \
-    4u /* TW_DURABLE_REPAIR: a segment file missing, passed over */
+    4u /* TW_DURABLE_REPAIR: segment files missing (.records of them from      \
+          .segment on), passed over */
 #define TW_DURABLE_DAMAGE_RECORD                                               \
     5u /* one record in the bytes of the report before */
 

@@ -142,9 +142,10 @@ static void human_range(const struct opts *o, const tw_durable_damage *r,
         : r->kind == TW_DURABLE_DAMAGE_SEGMENT
             ? (done ? "segment with a bad header dropped"
                     : "segment with a bad header (a repair drops it)")
-            : "segment missing";
+            : "segments missing";
     if (r->kind == TW_DURABLE_DAMAGE_MISSING) {
-        printf("%s: %s: %s\n", where(o), what, seg);
+        printf("%s: %s: %" PRIu64 " from %s on%s\n", where(o), what, r->records,
+               seg, done ? ", passed over" : " (a repair passes over them)");
         return;
     }
     printf("%s: %s: %s offset %" PRIu64 ", %" PRIu64 " bytes, %" PRIu64
