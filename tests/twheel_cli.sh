@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 # The twheel tool against real stores made by tests/twheel_cli_store.c.
 # Usage:
-#   tests/twheel_cli.sh journal TWHEEL STORE
+#   tests/twheel_cli.sh journal TWHEEL STORE [TWHEELD]
 #       a journal: ls (pages, --after, --json), get, stats (--metrics),
 #       check; read-only verbs on a directory a live store holds, which
 #       goes on undisturbed, and repair refused there; then damage in the
@@ -28,7 +28,7 @@ expect_rc() { # WANT CMD...: run CMD, its status must be WANT
 if [ "$1" = suite ]; then # from redis_test.sh
   mode=redis addr=$2 tw=$TWHEEL store=$STORE
 else
-  mode=$1 tw=$2 store=$3
+  mode=$1 tw=$2 store=$3 twheeld=${4:-}
 fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/twcli.XXXXXX")
 holder=
@@ -478,3 +478,47 @@ miss=[k for k in acked if k not in have]
 assert not miss, "%d of %d acknowledged timers missing: %s" % (len(miss), len(acked), miss[:5])
 assert base64.b64decode(have[acked[-1]]["payload_b64"])==b"x"*200' "$tmp/out" "$tmp/acked" "$before"
 step "backup of a live journal under load: every timer acknowledged before it ($before) restored"
+
+# twheeld's jobs decoded: a server puts three jobs in two tubes (one
+# delayed, one buried) into its journal and stops; twheel jobs shows each.
+if [ -n "$twheeld" ]; then
+  port=$($py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  "$twheeld" -l 127.0.0.1 -p "$port" -b "$tmp/tbd" 2>"$tmp/tbd.log" &
+  holder=$!
+  $py - "$port" <<'PY' || fail "twheeld: $(cat "$tmp/tbd.log")"
+import socket, sys, time
+for _ in range(200):
+    try:
+        s = socket.create_connection(("127.0.0.1", int(sys.argv[1]))); break
+    except OSError:
+        time.sleep(0.05)
+f = s.makefile("rwb")
+def cmd(c, body=None):
+    f.write(c.encode() + b"\r\n")
+    if body is not None:
+        f.write(body + b"\r\n")
+    f.flush()
+    return f.readline().decode().strip()
+assert cmd("use emails") == "USING emails"
+assert cmd("put 10 0 60 5", b"hello") == "INSERTED 1"
+assert cmd("put 5 3600 30 3", b"a\x01b") == "INSERTED 2"
+assert cmd("use default") == "USING default"
+assert cmd("put 1 0 60 2", b"hi") == "INSERTED 3"
+assert cmd("reserve-with-timeout 0").startswith("RESERVED 3 ")
+f.readline()
+assert cmd("bury 3 7") == "BURIED"
+PY
+  kill "$holder"
+  wait "$holder" || fail "twheeld exit: $(cat "$tmp/tbd.log")"
+  holder=
+  expect_rc 0 "$tw" journal jobs "$tmp/tbd"
+  grep -Eq '^2 +delayed +emails +pri 5 .*body 3 bytes: a\\x01b$' "$tmp/out" &&
+    grep -Eq '^3 +buried +default +pri 7 .* 1/0/0/1/0 .*body 2 bytes: hi$' "$tmp/out" ||
+    fail "jobs: $(cat "$tmp/out")"
+  expect_rc 0 "$tw" journal jobs "$tmp/tbd" --json
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1])); j={x["id"]: x for x in d["jobs"]}
+assert d["count"]==3 and d["unreadable"]==0 and d["id_marks"]==1, d
+assert j[1]["state"]=="ready" and j[1]["tube"]=="emails" and j[1]["body"]=="hello" and j[1]["ttr_s"]==60, j[1]
+assert j[2]["delay_s"]==3600 and j[2]["due_ms"]>0 and j[2]["body"]=="a\x01b", j[2]' "$tmp/out"
+  step "twheel jobs: twheeld's jobs decoded (state, tube, priority, counters, body)"
+fi

@@ -23,6 +23,7 @@ static const char general[] =
     "  delete   drop a dead letter\n"
     "  export   every timer and dead letter, with payloads, as JSON lines\n"
     "  import   schedule what export wrote into a store\n"
+    "  jobs     twheeld's jobs, decoded (id, state, tube, counters, body)\n"
     "options: --json     machine-readable output\n"
     "         --help     this text, or a verb's\n"
     "         --version  the tool's and library's version\n"
@@ -82,6 +83,13 @@ static const struct {
                "Every pending timer and dead letter, with its payload, as "
                "JSON lines\n(one object a line; twheel(1) gives the fields) "
                "on stdout or into FILE.\nRead-only.\n"},
+    {"jobs", "twheel journal|redis jobs [--json]\n"
+             "The jobs of a twheeld store (-b DIR, or --redis with its "
+             "namespace),\ndecoded from their records: id, state, tube, "
+             "priority, TTR, due time,\nreserves/timeouts/releases/buries/"
+             "kicks and the body (its first 40 bytes;\n--json: all). In no "
+             "particular order. Exit status 1 when a record cannot\nbe "
+             "read. Read-only.\n"},
     {"import", "twheel journal|redis import [--in FILE] [--replace] "
                "[--json]\n"
                "Schedule the lines of an export (stdin or FILE) into the "

@@ -721,6 +721,7 @@ int main(int argc, char **argv)
         : !strcmp(o.verb, "stats")  ? cmd_stats
         : !strcmp(o.verb, "dead")   ? cmd_dead
         : !strcmp(o.verb, "export") ? cmd_export
+        : !strcmp(o.verb, "jobs")   ? cmd_jobs
                                     : NULL;
     if (!fn)
         return help(stderr, NULL, EX_ERROR);

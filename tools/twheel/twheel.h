@@ -77,6 +77,9 @@ int help(FILE *f, const char *verb, int rc);
 int cmd_check(const struct opts *o);
 int cmd_repair(const struct opts *o);
 
+/* jobs.c */
+int cmd_jobs(const struct opts *o, tw_durable *d);
+
 /* port.c */
 int cmd_export(const struct opts *o, tw_durable *d);
 int cmd_import(const struct opts *o);
