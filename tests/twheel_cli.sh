@@ -61,14 +61,14 @@ expect_rc 0 "$tw" --version
 grep -Eq '^twheel [0-9]+\.[0-9]+\.[0-9]+' "$tmp/out" || fail "--version: $(cat "$tmp/out")"
 expect_rc 0 "$tw" journal --help
 grep -q '^usage: twheel journal VERB' "$tmp/out" || fail "journal --help"
-for v in ls get stats check repair dead rearm delete export import; do
+for v in ls get stats check repair dead rearm delete export import jobs; do
   expect_rc 0 "$tw" "$v" --help
   grep -q "^usage: twheel .*$v" "$tmp/out" || fail "$v --help: $(head -1 "$tmp/out")"
   cp "$tmp/out" "$tmp/help-$v"
   expect_rc 0 "$tw" journal "$v" /x --help
   cmp -s "$tmp/out" "$tmp/help-$v" || fail "journal $v --help differs from $v --help"
 done
-[ "$(cat "$tmp"/help-* | sort -u | grep -c '^usage:')" = 10 ] || fail "verbs share a help text"
+[ "$(cat "$tmp"/help-* | sort -u | grep -c '^usage:')" = 11 ] || fail "verbs share a help text"
 
 if [ "$mode" = redis ]; then
   ns=twcli$$

@@ -27,6 +27,8 @@ static const char general[] =
     "options: --json     machine-readable output\n"
     "         --help     this text, or a verb's\n"
     "         --version  the tool's and library's version\n"
+    "environment: TWHEEL_REDIS_USER, TWHEEL_REDIS_PASSWORD (kept off the "
+    "command line)\n"
     "exit status: 0 done; 1 damage, key not held or not a dead letter; "
     "2 usage\nor another error; 3 check: sound, but a torn tail was ignored "
     "or nothing\nis there.\n"
