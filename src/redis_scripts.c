@@ -444,10 +444,12 @@ const char *const tw__redis_scripts[S_COUNT] = {
     /* RESTORE ARGV: key due value dead. A key the shard does not hold,
      * pending or dead, is written unclaimed: value into :p, the key into
      * :x (dead "1") or into :d at max(due, 0), where a node claims it as
-     * any other. 0 if the key is held already. */
+     * any other. 0 if the key is held already (in :d or :x; a value in
+     * :p without either is a leftover and is replaced). Only commands of
+     * the smallest ACL (docs/guide/redis.md). */
     PRELUDE "local k=ARGV[1]\n"
-            "if redis.call('HEXISTS',P,k)==1 or redis.call('ZSCORE',D,k) or "
-            "redis.call('ZSCORE',X,k) then return 0 end\n"
+            "if redis.call('ZSCORE',D,k) or redis.call('ZSCORE',X,k) then "
+            "return 0 end\n"
             "redis.call('HSET',P,k,ARGV[3])\n"
             "if ARGV[4]=='1' then redis.call('ZADD',X,0,k)\n"
             "else redis.call('ZADD',D,tonumber(ARGV[2])<0 and 0 or ARGV[2],k) "
