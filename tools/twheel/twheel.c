@@ -4,20 +4,27 @@
  * count, check and repair the timers of a journal directory or a Redis
  * namespace (twheel(1)). Uses only the public headers.
  *
- * Read-only verbs (ls, get, stats, check, dead, and repair --dry-run)
- * open the store with TW_DURABLE_READONLY: no lock is taken and nothing
- * is written, so a store that another process holds keeps running
- * undisturbed, and nothing is ever delivered. repair opens with
- * TW_DURABLE_REPAIR and TW_DURABLE_NOFIRE, and rearm and delete (of a
- * dead letter) with TW_DURABLE_NOFIRE, which takes the directory's lock:
- * a live store's directory is refused (TW_EBUSY). A Redis namespace is
- * shared by design: rearm and delete are one atomic script each, made
- * through a handle that claims and delivers nothing, beside the live
- * nodes.
+ * This file: the command line, opening a store, output helpers, and the
+ * verbs ls, get, stats, dead, rearm and delete; check.c has check and
+ * repair, port.c export and import, jobs.c twheeld's jobs, help.c the
+ * help texts (twheel.h: what they share).
  *
- * Exit status: 0 done (check: no damage); 1 damage found (check, repair
- * --dry-run), the key is not held (get) or is not a dead letter (rearm,
- * delete); 2 usage or other errors.
+ * Read-only verbs (ls, get, stats, check, dead, export, jobs, and repair
+ * --dry-run) open the store with TW_DURABLE_READONLY: no lock is taken
+ * and nothing is written, so a store that another process holds keeps
+ * running undisturbed, and nothing is ever delivered. repair opens with
+ * TW_DURABLE_REPAIR and TW_DURABLE_NOFIRE, and rearm, delete (of a dead
+ * letter) and import with TW_DURABLE_NOFIRE, which takes the directory's
+ * lock: a live store's directory is refused (TW_EBUSY). A Redis namespace
+ * is shared by design: rearm, delete and each imported timer are one
+ * atomic script each, made through a handle that claims and delivers
+ * nothing, beside the live nodes.
+ *
+ * Exit status (EX_* in twheel.h): 0 done; 1 damage found (check, repair
+ * --dry-run, and ls, stats, dead, export of a damaged journal), the key
+ * is not held (get), is not a dead letter (rearm, delete) or is held
+ * already (import); 2 usage or other errors; 3 check: sound but a torn
+ * tail was ignored, or nothing is there.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
