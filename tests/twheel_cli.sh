@@ -7,12 +7,18 @@
 #       check; read-only verbs on a directory a live store holds, which
 #       goes on undisturbed, and repair refused there; then damage in the
 #       middle of the journal: check and repair --dry-run exit 1 and change
-#       nothing, repair fixes it, check passes again.
-#       Dead letters (a journal of its own): dead, get, stats; rearm and
-#       delete refused while a live store holds it, then done.
+#       nothing (ls and stats show what a repair keeps), repair names the
+#       dropped key and fixes it, check passes again. Dead letters (a
+#       journal of its own): dead (--after), get, stats; rearm and delete
+#       refused while a live store holds it, then done. A torn tail (cut,
+#       garbled) named by check (exit 3); missing segments; nothing here
+#       (exit 3); export and import; a backup of a live journal under load
+#       restored; with TWHEELD, twheel jobs on a journal twheeld wrote.
+#       --help of each verb, --version, no password in messages.
 #   TWHEEL=... STORE=... tests/redis_test.sh suite tests/twheel_cli.sh
 #       the same verbs on a Redis namespace (redis_test.sh passes "suite"
-#       and the server's address).
+#       and the server's address), a misspelled namespace, moves from a
+#       journal to Redis and back, a backup of a live namespace restored.
 set -euo pipefail
 py=/usr/bin/python3
 fail() { echo "FAIL: $*" >&2; exit 1; }
