@@ -238,6 +238,14 @@ expect_rc 0 "$tw" journal dead "$dd" --after dead-a
 [ "$(wc -l <"$tmp/out")" = 1 ] && grep -q ' dead-b$' "$tmp/out" || fail "dead --after: $(cat "$tmp/out")"
 expect_rc 0 "$tw" journal dead "$dd" --limit 1 --json
 $py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["more"] and d["after"]["key"]=="dead-a", d' "$tmp/out"
+dead_shape=$(shape)
+expect_rc 0 "$tw" journal dead "$dd" --json
+$py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert not d["more"] and d["after"] is None, d' "$tmp/out"
+[ "$(shape)" = "$dead_shape" ] || fail "dead --json: two shapes"
+expect_rc 0 "$tw" journal ls "$dd" --json --limit 1
+ls_shape=$(shape)
+expect_rc 0 "$tw" journal ls "$dd" --json
+[ "$(shape)" = "$ls_shape" ] || fail "ls --json: two shapes"
 expect_rc 0 "$tw" journal get "$dd" dead-a
 grep -q 'state:    dead' "$tmp/out" || fail "get of a dead letter"
 expect_rc 0 "$tw" journal stats "$dd"

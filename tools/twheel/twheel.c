@@ -245,6 +245,8 @@ static int cmd_ls(const struct opts *o, tw_durable *d)
             printf(",\"key_hex\":\"");
             hex(c.key, c.key_len);
             printf("\"}");
+        } else {
+            printf(",\"after\":null"); /* one shape: null at the end */
         }
         puts("}");
     } else if (!c.done) {
@@ -413,6 +415,8 @@ static int cmd_dead(const struct opts *o, tw_durable *d)
             printf(",\"key_hex\":\"");
             hex(c.key, c.key_len);
             printf("\"}");
+        } else {
+            printf(",\"after\":null"); /* one shape: null at the end */
         }
         puts("}");
     } else if (!c.done) {
