@@ -166,11 +166,13 @@ int main(int argc, char **argv)
         perror("mkdtemp");
         return 1;
     }
-    tw_durable_config cfg = {.dir = dir, .fire = on_fire};
+    char why[256]; /* errbuf_len: how many bytes errbuf holds */
+    tw_durable_config cfg = {
+        .dir = dir, .fire = on_fire, .errbuf = why, .errbuf_len = sizeof why};
     tw_durable *d;
     int rc = tw_durable_open(&d, &cfg);
     if (rc) {
-        fprintf(stderr, "open %s: %s\n", dir, tw_strerror(rc));
+        fprintf(stderr, "open %s: %s: %s\n", dir, tw_strerror(rc), why);
         return 1;
     }
     int64_t t0 = now_ms();

@@ -74,7 +74,7 @@ static int open_store(tw_durable **d, const char *dir)
     cfg.errbuf_len = sizeof err;
     int rc = tw_durable_open(d, &cfg);
     if (rc)
-        fprintf(stderr, "open %s: %s %s\n", dir, tw_strerror(rc), err);
+        fprintf(stderr, "open %s: %s: %s\n", dir, tw_strerror(rc), err);
     return rc;
 }
 

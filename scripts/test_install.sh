@@ -50,7 +50,26 @@ grep -q '^tw_wheel_add \\- ' "$man3/tw_wheel_add.3" 2>/dev/null &&
   fail "no twheel tool installed, or its --help failed"
 grep -q '^\.TH TWHEEL 1' "$prefix/share/man/man1/twheel.1" 2>/dev/null ||
   fail "no man page twheel(1)"
-step "relocated install in $prefix: SONAME $soname, man pages, HTML, LICENSE, twheel(1)"
+# man finds section 3 in the prefix; twheel(1) names only pages and guides
+# the install has; the systemd unit runs twheeld from the prefix's sbin,
+# not from the prefix of the configure.
+if command -v man >/dev/null; then
+  MANPATH= man -M "$prefix/share/man" 3 tw_wheel_add 2>/dev/null |
+    grep -q 'tw_wheel_add' || fail "man -M $prefix/share/man 3 tw_wheel_add"
+fi
+see=$(sed -n '/^\.SH SEE ALSO/,$p' "$prefix/share/man/man1/twheel.1")
+for page in $(echo "$see" | sed -n 's/^\.BR \([a-z_.]*\) (3).*/\1/p'); do
+  [ -f "$man3/$page.3" ] || fail "twheel(1) names $page(3), which is not installed"
+done
+echo "$see" | grep -qF "$prefix/share/doc/twheel/guide" ||
+  fail "twheel(1) does not name the installed guides: $see"
+for g in durable.md redis.md; do
+  [ -f "$prefix/share/doc/twheel/guide/$g" ] || fail "guide $g not installed"
+done
+unit=$prefix/lib/systemd/system/twheeld.service
+grep -qF "ExecStart=$prefix/sbin/twheeld " "$unit" && [ -x "$prefix/sbin/twheeld" ] ||
+  fail "twheeld.service: $(grep ExecStart "$unit" 2>&1)"
+step "relocated install in $prefix: SONAME $soname, man pages (man 3 tw_wheel_add), HTML, LICENSE, twheel(1) and what it names, the unit's ExecStart"
 
 cat >"$work/consumer.c" <<'C'
 #include <stdio.h>

@@ -111,6 +111,7 @@ const char *tw_version_string(void)
     X(TW_ESHUTDOWN, "timer service is stopped")                                \
     X(TW_EDEADLK, "call would wait for itself")                                \
     X(TW_ENOENT, "no such key")                                                \
+    X(TW_EEXIST, "key already held")                                           \
     X(TW_EIO, "I/O error or corrupt data")                                     \
     X(TW_ENOSPC, "no space left on device")                                    \
     X(TW_ECONN, "remote store unreachable")                                    \

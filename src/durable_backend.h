@@ -125,6 +125,8 @@ struct tw_durable_ops {
                        const struct tw__cond *cond, size_t n);
     int (*cancel_if)(tw_durable *d, tw_durable_item *items,
                      const struct tw__cond *cond, size_t n);
+    /* tw_durable_restore() (arguments checked, store writable). */
+    int (*restore)(tw_durable *d, const tw_durable_scanned *t);
 };
 
 struct tw_durable {

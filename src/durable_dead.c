@@ -112,6 +112,18 @@ int tw_durable_dead_delete(tw_durable *d, const void *key, size_t key_len)
     return dead_op(d, key, key_len, 0, true);
 }
 
+int tw_durable_restore(tw_durable *d, const tw_durable_scanned *t)
+{
+    if (!d || !t || !key_ok(t->key, t->key_len) ||
+        t->payload_len > TW_DURABLE_PAYLOAD_MAX ||
+        (!t->payload && t->payload_len))
+        return TW_EINVAL;
+    int rc = refuse(d, true);
+    if (rc)
+        return rc;
+    return d->ops->restore ? d->ops->restore(d, t) : TW_EINVAL;
+}
+
 int tw_durable_touch(tw_durable *d, const void *key, size_t key_len)
 {
     if (!d || !key_ok(key, key_len))

@@ -13,6 +13,7 @@
  *   durable_journal_compact.c  old segments' live records copied forward
  *   durable_journal_query.c    get, list, scan, dead letters
  *   durable_journal_open.c     open (directory, lock, replay) and close
+ *   durable_journal_damage.c   the open's reports of what it ignored
  * with struct jstore in durable_journal.h, the key table in key_table.c
  * and the journal's bytes in journal_format.c, journal_writer.c and
  * journal_reader.c.
@@ -125,7 +126,7 @@ void tw__journal_rearm(jstore *s, struct tw__key_entry *n, uint64_t tick)
 }
 
 /* The dead index, once built: entry @n enters it. */
-static void dead_in(jstore *s, struct tw__key_entry *n)
+void tw__journal_dead_in(jstore *s, struct tw__key_entry *n)
 {
     if (s->dxd && tw__dx_insert(s->dxd, 0, (uintptr_t)n) != 0) {
         tw__dx_free(s->dxd); /* the next listing builds it again */
@@ -167,7 +168,7 @@ int tw__journal_to_dead(jstore *s, struct tw__key_entry *n, const jr_rec *rec,
     tw_wheel_cancel(s->wheel, &n->tm);
     n->fl |= ENT_DEAD;
     s->ndead++;
-    dead_in(s, n);
+    tw__journal_dead_in(s, n);
     return 0;
 }
 

@@ -155,6 +155,7 @@ void tw__journal_index_drop(jstore *s);
 void tw__journal_index_out(jstore *s, struct tw__key_entry *n);
 void tw__journal_rearm(jstore *s, struct tw__key_entry *n, uint64_t tick);
 void tw__journal_dead_clear(jstore *s, struct tw__key_entry *n);
+void tw__journal_dead_in(jstore *s, struct tw__key_entry *n);
 int tw__journal_to_dead(jstore *s, struct tw__key_entry *n, const jr_rec *rec,
                         uint32_t attempt);
 void tw__journal_entry_remove(jstore *s, struct tw__key_pos p);
@@ -188,6 +189,18 @@ int tw__journal_start_threads(jstore *s, uint32_t nexec);
  * not held). */
 void tw__journal_stop_threads(jstore *s);
 
+/* durable_journal_damage.c: cfg.on_damage's reports (twheel/durable.h).
+ * Report bytes [@from, @to) of segment @segment (@p: the whole file as
+ * read) as @kind, then each record whose header can be read in them;
+ * @trim: leave out the zeros at their end (a torn tail, a bad segment).
+ * Nothing when cfg.on_damage is NULL or no bytes are left. */
+void tw__journal_report_bytes(const tw_durable_config *cfg, uint32_t kind,
+                              uint32_t segment, const unsigned char *p,
+                              size_t from, size_t to, bool trim);
+/* Report @count segments missing from @first on. */
+void tw__journal_report_missing(const tw_durable_config *cfg, uint32_t first,
+                                uint32_t count);
+
 /* durable_journal_compact.c */
 bool tw__journal_need_compact(jstore *s);
 /* Copy the oldest segment's live records forward and delete it (mutex
@@ -205,5 +218,6 @@ int tw__journal_dead_op(tw_durable *d, const void *key, size_t key_len,
 int tw__journal_list_dead(tw_durable *d, const struct tw__list_req *q,
                           tw_durable_entry *out, bool *end);
 int tw__journal_touch(tw_durable *d, const void *key, size_t key_len);
+int tw__journal_restore(tw_durable *d, const tw_durable_scanned *t);
 
 #endif

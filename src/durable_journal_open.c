@@ -49,6 +49,9 @@ static int os_error(const tw_durable_config *cfg, int e, const char *what,
 
 struct replay_ctx {
     jstore *s;
+    const tw_durable_config *cfg;
+    const jr_seg_file *f;
+    size_t next; /* where the next record should begin: a gap is damage */
     uint32_t no;
     uint64_t sched;
     jr_rec batch[RECS_AHEAD]; /* records read, not yet applied */
@@ -117,6 +120,10 @@ static int replay_flush(struct replay_ctx *c)
 static int replay_one(void *arg, const jr_rec *r)
 {
     struct replay_ctx *c = arg;
+    if (r->off > c->next) /* damage skipped (repair mode) */
+        tw__journal_report_bytes(c->cfg, TW_DURABLE_DAMAGE_SKIPPED, c->no,
+                                 c->f->buf, c->next, r->off, false);
+    c->next = (size_t)r->off + r->size;
     c->batch[c->nbatch++] = *r;
     return c->nbatch == RECS_AHEAD ? replay_flush(c) : 0;
 }
@@ -169,6 +176,9 @@ static int bad_header(jstore *s, const tw_durable_config *cfg, jr_seg_file *f,
                            f->name);
         return TW_EIO;
     }
+    if (!empty)
+        tw__journal_report_bytes(cfg, TW_DURABLE_DAMAGE_SEGMENT, f->no, f->buf,
+                                 0, f->size, true);
     close(f->fd);
     f->fd = -1;
     if (!s->readonly)
@@ -190,7 +200,8 @@ static int replay_segment(jstore *s, const tw_durable_config *cfg,
         return bad_header(s, cfg, f, damaged);
     f->legacy |= version == JR_VERSION_1;
     f->version = version;
-    struct replay_ctx c = {.s = s, .no = f->no};
+    struct replay_ctx c = {
+        .s = s, .cfg = cfg, .f = f, .next = JR_SEG_HDR, .no = f->no};
     size_t end = f->size;
     rc = tw__jr_scan(f->buf, f->size, f->seed, f->last,
                      cfg->flags & TW_DURABLE_REPAIR, replay_one, &c, &end);
@@ -202,6 +213,11 @@ static int replay_segment(jstore *s, const tw_durable_config *cfg,
                            f->name, end);
     if (rc < 0)
         return rc;
+    /* Past the last good record: a torn tail in the newest segment;
+     * skipped damage at the end of an older one (repair mode). */
+    tw__journal_report_bytes(
+        cfg, end < f->size ? TW_DURABLE_DAMAGE_TAIL : TW_DURABLE_DAMAGE_SKIPPED,
+        f->no, f->buf, c.next, f->size, true);
     *damaged |= rc == 1;
     rc = s->readonly ? 0 : tw__jr_clear_tail(f, end);
     return rc ? rc : tw__jr_adopt(&s->w, f, end, c.sched);
@@ -259,6 +275,8 @@ static int first_segment(jstore *s, const tw_durable_config *cfg,
     for (; manifest && i < cnt && nos[i] < oldest; i++) {
         char name[JR_SEG_NAME_MAX];
         tw__jr_seg_name(name, nos[i]);
+        if (s->readonly) /* skipped, left for a writer to delete */
+            continue;
         if (unlinkat(s->dirfd, name, 0) != 0)
             return TW_EIO;
         (void)fsync(s->dirfd);
@@ -266,6 +284,10 @@ static int first_segment(jstore *s, const tw_durable_config *cfg,
     *first = i;
     bool gone = i < cnt ? nos[i] > oldest : manifest;
     if (gone && repair) {
+        if (i < cnt)
+            tw__journal_report_missing(cfg, oldest, nos[i] - oldest);
+        if (s->readonly)
+            return 0; /* a dry run: nothing written */
         /* What is there is the journal from now on. */
         if (i < cnt)
             return tw__jr_manifest_write(s->dirfd, nos[i]);
@@ -310,6 +332,13 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
                                f.name, nos[i - 1] + 1);
             rc = TW_EIO;
             break;
+        }
+        if (i > i0 && nos[i] != nos[i - 1] + 1) { /* repair mode */
+            tw__journal_report_missing(cfg, nos[i - 1] + 1,
+                                       nos[i] - nos[i - 1] - 1);
+            /* Rewritten after the replay, as damage is: left as it is,
+             * the gap would stop the next open without TW_DURABLE_REPAIR. */
+            *damaged = true;
         }
         rc = replay_segment(s, cfg, &f, damaged);
         if (f.fd >= 0)
@@ -579,6 +608,7 @@ static const struct tw_durable_ops journal_ops = {
     .schedule_many = tw__journal_schedule_many,
     .cancel_many = tw__journal_cancel_many,
     .dead_op = tw__journal_dead_op,
+    .restore = tw__journal_restore,
     .list_dead = tw__journal_list_dead,
     .touch = tw__journal_touch,
     .schedule_if = tw__journal_schedule_if,

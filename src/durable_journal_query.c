@@ -427,6 +427,49 @@ int tw__journal_dead_op(tw_durable *d, const void *key, size_t key_len,
     return tw__jr_wait_unlock(&s->w, lsn);
 }
 
+/* A new entry for @t's key, its record written: a SCHED record with the
+ * attempts made before (the next delivery is t->attempt), or a DEAD one
+ * with the attempts it had. */
+int tw__journal_restore(tw_durable *d, const tw_durable_scanned *t)
+{
+    jstore *s = (jstore *)d;
+    bool dead = t->state == TW_DURABLE_DEAD;
+    uint32_t made = dead ? t->attempt : t->attempt ? t->attempt - 1 : 0;
+    uint32_t seg, off;
+    uint64_t lsn;
+    struct tw__key_entry *n = NULL;
+    pthread_mutex_lock(&s->mu);
+    int rc = tw__key_reserve(&s->keys);
+    struct tw__key_pos p = tw__key_find(&s->keys, t->key, t->key_len);
+    if (!rc && tw__key_at(&s->keys, p))
+        rc = TW_EEXIST;
+    if (!rc && !(n = tw__key_entry_new(&s->keys, t->key, t->key_len,
+                                       tw__journal_on_due)))
+        rc = TW_ENOMEM;
+    if (!rc)
+        rc = tw__jr_append(&s->w, dead ? JR_DEAD : JR_SCHED, t->key, t->key_len,
+                           t->due_ms, made, t->payload, t->payload_len, &seg,
+                           &off, &lsn);
+    if (rc) {
+        if (n)
+            tw__key_entry_free(&s->keys, n);
+        pthread_mutex_unlock(&s->mu);
+        return rc;
+    }
+    tw__key_insert(&s->keys, p, n);
+    tw__journal_entry_record(n, seg, off);
+    tw__journal_seg_live(s, seg, +1);
+    if (dead) {
+        n->fl |= ENT_DEAD;
+        s->ndead++;
+        tw__journal_dead_in(s, n);
+    } else {
+        tw__journal_rearm(s, n, tw__journal_tick(t->due_ms));
+        tw__journal_kick_if_earlier(s, t->due_ms);
+    }
+    return tw__jr_wait_unlock(&s->w, lsn);
+}
+
 /* The due time kept in dead entry @n's record (its header and the first
  * field of its body; the record was checked when it was replayed or
  * written), 0 if it cannot be read or lies before 1970. */

@@ -1105,6 +1105,7 @@ static const struct tw_durable_ops rd_ops = {
     .list = tw__rd_list,
     .scan = tw__rd_scan,
     .dead_op = tw__rd_dead_op,
+    .restore = tw__rd_restore,
     .list_dead = tw__rd_list_dead,
     .touch = tw__rd_touch,
     .schedule_if = rd_schedule_if,

@@ -276,6 +276,7 @@ int tw__rd_list(tw_durable *base, const struct tw__list_req *q,
 int tw__rd_list_dead(tw_durable *base, const struct tw__list_req *q,
                      tw_durable_entry *out, bool *end);
 long tw__rd_scan(tw_durable *base, tw_durable_scan_fn fn, void *arg);
+int tw__rd_restore(tw_durable *base, const tw_durable_scanned *t);
 int tw__rd_dead_op(tw_durable *base, const void *key, size_t key_len,
                    int64_t due_ms, bool del);
 

@@ -331,6 +331,38 @@ int tw__rd_dead_op(tw_durable *base, const void *key, size_t key_len,
     return rc;
 }
 
+/* tw_durable_restore(): the value "due,attempt,payload" built here, the
+ * key written by RESTORE if its shard does not hold it. */
+int tw__rd_restore(tw_durable *base, const tw_durable_scanned *t)
+{
+    struct rd *d = (struct rd *)base;
+    bool dead = t->state == TW_DURABLE_DEAD;
+    uint32_t sh = shard_of(d, t->key, t->key_len);
+    char head[48];
+    int hn = snprintf(head, sizeof head, "%lld,%u,", (long long)t->due_ms,
+                      dead || t->attempt ? t->attempt : 1u);
+    char *val = tw__malloc((size_t)hn + t->payload_len + 1);
+    if (!val)
+        return TW_ENOMEM;
+    memcpy(val, head, (size_t)hn);
+    if (t->payload_len)
+        memcpy(val + hn, t->payload, t->payload_len);
+    struct call c;
+    tw__rd_call_init(d, &c, S_RESTORE, sh);
+    call_arg(&c, t->key, t->key_len);
+    call_num(&c, t->due_ms);
+    call_arg(&c, val, (size_t)hn + t->payload_len);
+    call_arg(&c, dead ? "1" : "0", 1);
+    long long res = 0;
+    int rc = tw__rd_call_int(d, &c, &res);
+    tw__free(val);
+    if (!rc)
+        rc = res == 1 ? 0 : TW_EEXIST;
+    if (!rc && d->wait_replicas)
+        tw__rd_wait_many(d, &sh, &rc, 1);
+    return rc;
+}
+
 struct scan {
     tw__rc_cmd *cmds;
     const char **argv;

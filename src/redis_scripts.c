@@ -4,8 +4,8 @@
  * data model in Redis that they keep. The other files of the backend send
  * them by id (src/redis_scripts.h): src/durable_redis.c SCHED, SCHED_IF and
  * CANCEL, src/redis_fire.c CLAIM, DONE and TOUCH, src/durable_redis.c's close
- * RELEASE, src/redis_query.c REARM, DDEL and the read-only GET, LIST,
- * DEAD and SCAN.
+ * RELEASE, src/redis_query.c REARM, DDEL, RESTORE and the read-only GET,
+ * LIST, DEAD and SCAN.
  *
  * Data model. A key goes to shard fnv1a(key) % shards; shard s of
  * namespace ns keeps six keys with the hash tag {ns:s}, so they share one
@@ -510,6 +510,20 @@ const char *const tw__redis_scripts[S_COUNT] = {
     /* SCHED_IF: SCHED of the items whose conditions hold (SCHED_IF_BODY
      * above). */
     PRELUDE SCHED_IF_BODY EPILOGUE,
+    /* RESTORE ARGV: key due value dead. A key the shard does not hold,
+     * pending or dead, is written unclaimed: value into :p, the key into
+     * :x (dead "1") or into :d at max(due, 0), where a node claims it as
+     * any other. 0 if the key is held already (in :d or :x; a value in
+     * :p without either is a leftover and is replaced). Only commands of
+     * the smallest ACL (docs/guide/redis.md). */
+    PRELUDE "local k=ARGV[1]\n"
+            "if redis.call('ZSCORE',D,k) or redis.call('ZSCORE',X,k) then "
+            "return 0 end\n"
+            "redis.call('HSET',P,k,ARGV[3])\n"
+            "if ARGV[4]=='1' then redis.call('ZADD',X,0,k)\n"
+            "else redis.call('ZADD',D,tonumber(ARGV[2])<0 and 0 or ARGV[2],k) "
+            "end\n"
+            "return 1\n" EPILOGUE,
 };
 
 const char tw__redis_key_suffix[NKEYS] = {'d', 'p', 's', 'v', 'q', 'x'};

@@ -23,6 +23,7 @@ enum {
     S_DDEL,
     S_TOUCH,
     S_SCHED_IF,
+    S_RESTORE,
     S_COUNT
 };
 

@@ -1507,6 +1507,57 @@ static int dead_keys(tw_durable *d, char keys[8][16])
  * durable, found by get, counted, listed in key order, not cancelled,
  * re-armed (the attempts start over), deleted, replaced by a schedule;
  * bad input changes nothing. */
+/* tw_durable_restore(): a pending timer keeps its attempt and is
+ * delivered when due with it; a dead letter keeps its due time, payload
+ * and attempts; both survive a reopen; a key held already is TW_EEXIST,
+ * nothing changed. */
+static void test_restore(void)
+{
+    tw_durable *d = open_new();
+    int64_t t0 = now_ms();
+    tw_durable_scanned p = {.key = "rs-p",
+                            .key_len = 4,
+                            .payload = "pp",
+                            .payload_len = 2,
+                            .due_ms = t0 + 100,
+                            .attempt = 3,
+                            .state = TW_DURABLE_WAITING};
+    tw_durable_scanned x = {.key = "rs-d",
+                            .key_len = 4,
+                            .payload = "dd",
+                            .payload_len = 2,
+                            .due_ms = t0 - 5,
+                            .attempt = 7,
+                            .state = TW_DURABLE_DEAD};
+    ASSERT_EQ(tw_durable_restore(d, &p), 0);
+    ASSERT_EQ(tw_durable_restore(d, &x), 0);
+    ASSERT_EQ(tw_durable_restore(d, &p), TW_EEXIST);
+    ASSERT_EQ(tw_durable_restore(d, &x), TW_EEXIST);
+    ASSERT_EQ(sched(d, "rs-s", t0 + 1000000, "s"), 0);
+    p.key = "rs-s";
+    ASSERT_EQ(tw_durable_restore(d, &p), TW_EEXIST);
+    ASSERT_EQ(tw_durable_restore(NULL, &p), TW_EINVAL);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    d = reopen();
+    tw_durable_info in;
+    char buf[8];
+    ASSERT_EQ(get(d, "rs-d", &in, buf, sizeof buf), 0);
+    ASSERT_EQ(in.state, TW_DURABLE_DEAD);
+    ASSERT_EQ(in.attempt, 7);
+    ASSERT_EQ(in.due_ms, t0 - 5);
+    ASSERT(in.payload_len == 2 && !memcmp(buf, "dd", 2));
+    ASSERT_EQ(get(d, "rs-s", &in, buf, sizeof buf), 0);
+    ASSERT(in.payload_len == 1 && buf[0] == 's');
+    ASSERT_EQ(stats(d).dead, 1);
+    advance(200);
+    wait_count("rs-p", 1);
+    struct rec r = snap("rs-p");
+    ASSERT_EQ(r.attempt[0], 3);
+    ASSERT_EQ(r.due_ms[0], t0 + 100);
+    ASSERT_STR_EQ(r.payload, "pp");
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 static void test_dead_letters(void)
 {
     pol.max_attempts = 3;
@@ -1923,6 +1974,7 @@ int tw_sem_run(const tw_sem_backend *b)
     RUN(test_list_extremes);
     RUN(test_scan);
     RUN(test_dead_letters);
+    RUN(test_restore);
     RUN(test_backoff);
     RUN(test_touch);
     RUN(sem_test_cas_single);

@@ -9,6 +9,13 @@
  *                       callbacks returned TW_DURABLE_FIRE_DEAD)
  *   redis ADDR NS N     the same N timers and dead letters in a Redis
  *                       namespace (8 shards), and "huge" due at 2^53 + 1 ms
+ *   load DIR N          a live store under load for a backup: schedule
+ *                       l000000.. (N of them, each printed on stdout once
+ *                       acknowledged) and, between them, schedule r00..r49
+ *                       due now (delivered and done at once) three times
+ *                       each, in 8 KiB segments, so that old segments are
+ *                       compacted and deleted while it runs
+ *   rload ADDR NS N     the same load on a Redis namespace (8 shards)
  *   hold DIR N          open the journal of "make DIR N", schedule held-1,
  *                       print "held", wait for a line on stdin, then check
  *                       that the store still holds N + 2 timers, can
@@ -57,6 +64,45 @@ static int fail(const char *what, int rc)
     return 1;
 }
 
+/* Where @argv's store is: a Redis namespace or a journal directory. */
+static void configure(tw_durable_config *c, char **argv)
+{
+    if (!strcmp(argv[1], "redis") || !strcmp(argv[1], "rload")) {
+        c->redis = argv[2];
+        c->redis_namespace = argv[3];
+        c->shards = 8;
+    } else {
+        c->dir = argv[2];
+    }
+    if (!strcmp(argv[1], "load"))
+        c->segment_bytes = 8192;
+}
+
+/* "load DIR N" (the store is open): see the top of the file. */
+static int load(tw_durable *d, long n)
+{
+    char pay[200];
+    memset(pay, 'x', sizeof pay);
+    int64_t base = now_ms() + 3600 * 1000;
+    for (long i = 0; i < n; i++) {
+        char k[16];
+        int kl = snprintf(k, sizeof k, "l%06ld", i);
+        int rc =
+            tw_durable_schedule(d, k, (size_t)kl, base + i, pay, sizeof pay);
+        if (rc)
+            return fail("schedule", rc);
+        printf("%s\n", k);
+        fflush(stdout);
+        for (long j = 0; j < 3; j++) { /* three dead records to one live */
+            kl = snprintf(k, sizeof k, "r%02ld", (i * 3 + j) % 50);
+            if ((rc = tw_durable_schedule(d, k, (size_t)kl, now_ms(), pay,
+                                          sizeof pay)))
+                return fail("schedule", rc);
+        }
+    }
+    return tw_durable_close(d) ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4)
@@ -64,17 +110,13 @@ int main(int argc, char **argv)
     tw_durable_config c = {.fire = on_fire};
     const char *mode = argv[1];
     long n = atol(argv[argc - 1]);
-    if (!strcmp(mode, "redis")) {
-        c.redis = argv[2];
-        c.redis_namespace = argv[3];
-        c.shards = 8;
-    } else {
-        c.dir = argv[2];
-    }
+    configure(&c, argv);
     tw_durable *d;
     int rc = tw_durable_open(&d, &c);
     if (rc)
         return fail("open", rc);
+    if (!strcmp(mode, "load") || !strcmp(mode, "rload"))
+        return load(d, n);
     int64_t base = now_ms() + 3600 * 1000;
     if (strcmp(mode, "hold")) {
         for (long i = 0; i < n; i++) {

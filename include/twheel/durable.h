@@ -63,6 +63,7 @@ extern "C" {
 #endif
 
 typedef struct tw_durable tw_durable;
+typedef struct tw_durable_damage tw_durable_damage;
 
 #define TW_DURABLE_KEY_MAX 1024u               /* longest key, in bytes */
 #define TW_DURABLE_PAYLOAD_MAX (1024u * 1024u) /* longest payload, bytes */
@@ -242,7 +243,61 @@ typedef struct tw_durable_config {
      * or cancel does not stop a callback stays as it is. 0 .. 1000; more
      * is TW_EINVAL. Ignored by the journal. */
     uint32_t redis_check_gap_ms;
+
+    /* Field below was added after 0.2.0 (NULL = no reports): called
+     * during the open of a journal, on the opening thread, once for each
+     * thing the replay ignored or dropped (a torn tail; with
+     * TW_DURABLE_REPAIR, damaged records, a segment with a bad header, a
+     * missing segment), then once for each record those bytes held; see
+     * tw_durable_damage below. Never called by the Redis backend, after
+     * the open returns, or for a journal without such things. */
+    void (*on_damage)(void *arg, const tw_durable_damage *dmg);
+    void *on_damage_arg; /* passed to on_damage */
 } tw_durable_config;
+
+/*
+ * What a journal's replay ignored or dropped, as cfg.on_damage is told
+ * (a struct added after 0.2.0). A report of one of the four kinds of
+ * bytes comes first, then one TW_DURABLE_DAMAGE_RECORD report for each
+ * record whose header could be read in those bytes, in file order.
+ * The headers are read without their checksum (which failed, or whose
+ * record was cut): the key and type are what the bytes say, and the
+ * damage may lie in the key itself. Valid during the call only.
+ */
+struct tw_durable_damage {
+    uint32_t kind;      /* TW_DURABLE_DAMAGE_* */
+    uint32_t segment;   /* the segment's number (its file: %010u.twj) */
+    uint64_t offset;    /* where the bytes begin in that file */
+    uint64_t bytes;     /* how many: to the last non-zero byte for a torn
+                           tail or a bad segment (the rest is the file's
+                           preallocated zeros); 0 for a missing segment */
+    uint64_t records;   /* of a range: the records whose headers could be
+                           read, walking from @offset (the walk stops at
+                           the first header that cannot be read, so there
+                           may have been more); of a record: 1; of
+                           missing segments: how many, from @segment on */
+    const void *key;    /* a record's key as its bytes read, NULL when it
+                           lies past the end of the bytes */
+    size_t key_len;     /* bytes of key */
+    const char *record; /* a record's type: "schedule", "cancel", "done",
+                           "fire" or "dead"; NULL for a range */
+    int64_t due_ms;     /* a schedule or dead record's due time, as its
+                           bytes read, else 0 */
+};
+/* tw_durable_damage.kind */
+#define TW_DURABLE_DAMAGE_TAIL                                                 \
+    1u /* the newest segment's torn tail: records after its last good one      \
+          (a write a crash cut, or damage no later record vouches for),        \
+          ignored, and cut off unless TW_DURABLE_READONLY */
+#define TW_DURABLE_DAMAGE_SKIPPED                                              \
+    2u /* TW_DURABLE_REPAIR: damaged records in the middle, dropped */
+#define TW_DURABLE_DAMAGE_SEGMENT                                              \
+    3u /* TW_DURABLE_REPAIR: a segment with a bad header, dropped whole */
+#define TW_DURABLE_DAMAGE_MISSING                                              \
+    4u /* TW_DURABLE_REPAIR: segment files missing (.records of them from      \
+          .segment on), passed over */
+#define TW_DURABLE_DAMAGE_RECORD                                               \
+    5u /* one record in the bytes of the report before */
 
 /* A store's counters, from tw_durable_stats_get(). */
 typedef struct tw_durable_stats {
@@ -723,6 +778,24 @@ TW_EXTERN int tw_durable_rearm(tw_durable *d, const void *key, size_t key_len,
  */
 TW_EXTERN int tw_durable_dead_delete(tw_durable *d, const void *key,
                                      size_t key_len);
+
+/*
+ * tw_durable_restore - put back one timer as tw_durable_scan() handed it
+ * over: what an import of an export, or a move from one store to another,
+ * needs (a function added after 0.2.0). @t's key, payload and due time;
+ * its state: TW_DURABLE_DEAD makes it a dead letter that had @t->attempt
+ * attempts, any other state a pending timer whose next delivery is
+ * attempt @t->attempt (0 counts as 1). It never replaces: a key the store
+ * holds, pending or dead, is TW_EEXIST and nothing changes (cancel or
+ * delete it first). Unlike tw_durable_schedule() it works through a
+ * TW_DURABLE_NOFIRE handle on both backends: on Redis the timer is
+ * written unclaimed, and a node claims it as any other.
+ * Returns 0 once that is durable; TW_EEXIST; TW_EINVAL (NULL @d or @t,
+ * bad key, payload too long); TW_EROFS (a read-only store); TW_ESHUTDOWN;
+ * TW_EIO; TW_ENOSPC; TW_ECONN; TW_ENOMEM.
+ * Context: any thread, callbacks included.
+ */
+TW_EXTERN int tw_durable_restore(tw_durable *d, const tw_durable_scanned *t);
 
 /*
  * tw_durable_list_dead - the next dead letters after *@cur, in order of

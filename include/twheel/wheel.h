@@ -61,6 +61,7 @@ extern "C" {
 #define TW_ESHUTDOWN (-ESHUTDOWN) /* the service is stopped */
 #define TW_EDEADLK (-EDEADLK)     /* the call would wait for itself */
 #define TW_ENOENT (-ENOENT)       /* no such key or object */
+#define TW_EEXIST (-EEXIST)       /* the key is held already */
 #define TW_EIO (-EIO)             /* an I/O error or corrupt stored data */
 #define TW_ENOSPC (-ENOSPC)       /* no space left on the device */
 #define TW_ECONN (-ENOTCONN)      /* a remote store cannot be reached */

@@ -11,7 +11,7 @@ cd "$root"
 scripts/check_md_paths.sh "$root"
 dir=build/ci-docs
 mkdir -p build
-cmake -S "$root" -B "$dir" -G Ninja -DTWHEEL_BUILD_TESTS=OFF \
+cmake -S "$root" -B "$dir" -G Ninja -DTWHEEL_BUILD_TESTS=OFF -DTWHEEL_DOCS_WERROR=ON \
   -DTWHEEL_BUILD_BENCH=OFF -DTWHEEL_BUILD_EXAMPLES=OFF >"$dir.log" 2>&1 ||
   { cat "$dir.log"; exit 1; }
 if ! cmake --build "$dir" --target docs >>"$dir.log" 2>&1; then

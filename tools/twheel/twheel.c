@@ -4,20 +4,27 @@
  * count, check and repair the timers of a journal directory or a Redis
  * namespace (twheel(1)). Uses only the public headers.
  *
- * Read-only verbs (ls, get, stats, check, dead, and repair --dry-run)
- * open the store with TW_DURABLE_READONLY: no lock is taken and nothing
- * is written, so a store that another process holds keeps running
- * undisturbed, and nothing is ever delivered. repair opens with
- * TW_DURABLE_REPAIR and TW_DURABLE_NOFIRE, and rearm and delete (of a
- * dead letter) with TW_DURABLE_NOFIRE, which takes the directory's lock:
- * a live store's directory is refused (TW_EBUSY). A Redis namespace is
- * shared by design: rearm and delete are one atomic script each, made
- * through a handle that claims and delivers nothing, beside the live
- * nodes.
+ * This file: the command line, opening a store, output helpers, and the
+ * verbs ls, get, stats, dead, rearm and delete; check.c has check and
+ * repair, port.c export and import, jobs.c twheeld's jobs, help.c the
+ * help texts (twheel.h: what they share).
  *
- * Exit status: 0 done (check: no damage); 1 damage found (check, repair
- * --dry-run), the key is not held (get) or is not a dead letter (rearm,
- * delete); 2 usage or other errors.
+ * Read-only verbs (ls, get, stats, check, dead, export, jobs, and repair
+ * --dry-run) open the store with TW_DURABLE_READONLY: no lock is taken
+ * and nothing is written, so a store that another process holds keeps
+ * running undisturbed, and nothing is ever delivered. repair opens with
+ * TW_DURABLE_REPAIR and TW_DURABLE_NOFIRE, and rearm, delete (of a dead
+ * letter) and import with TW_DURABLE_NOFIRE, which takes the directory's
+ * lock: a live store's directory is refused (TW_EBUSY). A Redis namespace
+ * is shared by design: rearm, delete and each imported timer are one
+ * atomic script each, made through a handle that claims and delivers
+ * nothing, beside the live nodes.
+ *
+ * Exit status (EX_* in twheel.h): 0 done; 1 damage found (check, repair
+ * --dry-run, and ls, stats, dead, export of a damaged journal), the key
+ * is not held (get), is not a dead letter (rearm, delete) or is held
+ * already (import); 2 usage or other errors; 3 check: sound but a torn
+ * tail was ignored, or nothing is there.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -26,59 +33,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <time.h>
 
-#include <twheel/durable.h>
-
-#define PAGE 1000
-
-struct opts {
-    const char *backend; /* "journal" or "redis" */
-    const char *verb;
-    const char *dir; /* journal */
-    const char *url; /* redis: host:port[,host:port...] */
-    const char *ns;  /* redis namespace */
-    uint32_t shards; /* redis */
-    const char *key; /* get, rearm, delete */
-    int64_t at;      /* rearm --at MS */
-    bool have_at;
-    int64_t from, to; /* ls */
-    uint64_t limit;   /* ls: 0 = all */
-    bool json, dry_run, metrics, have_after;
-    tw_durable_cursor after; /* ls --after DUE,KEY */
-};
-
-static int usage(FILE *f, int rc)
-{
-    fputs("usage: twheel journal VERB DIR [options]\n"
-          "       twheel redis VERB --url HOST:PORT[,...] [--ns NS] "
-          "[--shards N] [options]\n"
-          "verbs:\n"
-          "  ls [--from MS] [--to MS] [--limit N] [--after DUE,KEY]\n"
-          "                 pending timers in due order\n"
-          "  get KEY        one timer: due time, state, attempt, payload\n"
-          "  stats [--metrics]\n"
-          "                 counts (--metrics: Prometheus text format)\n"
-          "  check          read everything, change nothing; exit 1 on "
-          "damage\n"
-          "  repair [--dry-run]\n"
-          "                 drop damaged records (journal only)\n"
-          "  dead [--limit N]\n"
-          "                 dead letters (timers the retry policy gave up "
-          "on), by key\n"
-          "  rearm KEY [--at MS]\n"
-          "                 make dead letter KEY pending again at MS "
-          "(Unix ms; default\n"
-          "                 now), its attempts counted from 1\n"
-          "  delete KEY     drop dead letter KEY\n"
-          "options: --json  machine-readable output\n"
-          "         --help  this text\n"
-          "Read-only verbs never take the journal's lock and never deliver "
-          "a timer;\nrepair, rearm and delete refuse a directory that a "
-          "live store holds.\n",
-          f);
-    return rc;
-}
+#include "twheel.h"
 
 static int no_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
@@ -89,8 +48,8 @@ static int no_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 }
 
 /* Open @o's store with @flags; on failure a message and 0. */
-static tw_durable *open_store(const struct opts *o, uint32_t flags, int *rc,
-                              char *err, size_t err_len)
+tw_durable *open_store(const struct opts *o, uint32_t flags, int *rc, char *err,
+                       size_t err_len, struct dmg_list *dl)
 {
     tw_durable_config c;
     memset(&c, 0, sizeof c);
@@ -98,11 +57,21 @@ static tw_durable *open_store(const struct opts *o, uint32_t flags, int *rc,
     c.flags = flags;
     c.errbuf = err;
     c.errbuf_len = err_len;
+    c.on_damage = dl ? dmg_collect : NULL;
+    /* import writes without an fdatasync a line: the close makes it all
+     * durable (and its failure fails the import); a new segment is synced
+     * whole before the next one is begun in every mode. */
+    if (!strcmp(o->verb, "import"))
+        c.sync = TW_DURABLE_SYNC_NONE;
+    c.on_damage_arg = dl;
     err[0] = '\0';
     if (!strcmp(o->backend, "journal")) {
         c.dir = o->dir;
     } else {
         c.redis = o->url;
+        /* Kept out of the command line (ps shows it) and of messages. */
+        c.redis_user = getenv("TWHEEL_REDIS_USER");
+        c.redis_password = getenv("TWHEEL_REDIS_PASSWORD");
         c.redis_namespace = o->ns;
         c.shards = o->shards;
     }
@@ -111,13 +80,35 @@ static tw_durable *open_store(const struct opts *o, uint32_t flags, int *rc,
     return *rc ? NULL : d;
 }
 
-static const char *where(const struct opts *o)
+/* @o's store as messages name it: the directory, or the Redis address
+ * with its credentials (user:password@ of a URL) left out. */
+const char *where(const struct opts *o)
 {
-    return o->dir ? o->dir : o->url;
+    static char shown[1024];
+    if (o->dir)
+        return o->dir;
+    const char *s = strstr(o->url, "://");
+    const char *at = s ? strrchr(s, '@') : NULL;
+    if (!at)
+        return o->url;
+    snprintf(shown, sizeof shown, "%.*s***%s", (int)(s + 3 - o->url), o->url,
+             at);
+    return shown;
 }
 
-static void open_failed(const struct opts *o, int rc, const char *err)
+/* A journal's directory that is not there: "nothing here", not a key. */
+bool journal_missing(const struct opts *o)
 {
+    struct stat st;
+    return o->dir && stat(o->dir, &st) != 0 && errno == ENOENT;
+}
+
+void open_failed(const struct opts *o, int rc, const char *err)
+{
+    if (rc == TW_ENOENT && journal_missing(o)) {
+        fprintf(stderr, "twheel: %s: no such directory\n", where(o));
+        return;
+    }
     fprintf(stderr, "twheel: %s: %s%s%s\n", where(o), tw_strerror(rc),
             err[0] ? ": " : "", err);
     if (rc == TW_EBUSY)
@@ -132,36 +123,46 @@ static void open_failed(const struct opts *o, int rc, const char *err)
 
 /* Bytes as a JSON string: printable ASCII as is, others escaped; a byte
  * above 0x7f becomes \u00XX (so the string's code points are the bytes). */
-static void json_str(const void *p, size_t n)
+void json_str_f(FILE *f, const void *p, size_t n)
 {
     const unsigned char *s = p;
-    putchar('"');
+    putc('"', f);
     for (size_t i = 0; i < n; i++) {
         unsigned c = s[i];
         if (c == '"' || c == '\\')
-            printf("\\%c", c);
+            fprintf(f, "\\%c", c);
         else if (c < 0x20 || c >= 0x7f)
-            printf("\\u%04x", c);
+            fprintf(f, "\\u%04x", c);
         else
-            putchar((int)c);
+            putc((int)c, f);
     }
-    putchar('"');
+    putc('"', f);
+}
+
+void json_str(const void *p, size_t n)
+{
+    json_str_f(stdout, p, n);
 }
 
 /* Bytes for a terminal: printable ASCII as is, others as \xHH. */
-static void human_str(const void *p, size_t n)
+void human_str_f(FILE *f, const void *p, size_t n)
 {
     const unsigned char *s = p;
     for (size_t i = 0; i < n; i++) {
         unsigned c = s[i];
         if (c < 0x20 || c >= 0x7f || c == '\\')
-            printf("\\x%02x", c);
+            fprintf(f, "\\x%02x", c);
         else
-            putchar((int)c);
+            putc((int)c, f);
     }
 }
 
-static void hex(const void *p, size_t n)
+void human_str(const void *p, size_t n)
+{
+    human_str_f(stdout, p, n);
+}
+
+void hex(const void *p, size_t n)
 {
     const unsigned char *s = p;
     for (size_t i = 0; i < n; i++)
@@ -169,7 +170,7 @@ static void hex(const void *p, size_t n)
 }
 
 /* Unix ms as UTC ISO 8601. */
-static void iso(int64_t ms, char *out, size_t len)
+void iso(int64_t ms, char *out, size_t len)
 {
     time_t t = (time_t)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
     struct tm tm;
@@ -191,7 +192,7 @@ static void json_entry(const tw_durable_entry *e, const char *when, bool first)
     printf("\",\"due_ms\":%" PRId64 ",\"due\":\"%s\"", e->due_ms, when);
 }
 
-static const char *state_name(uint32_t st)
+const char *state_name(uint32_t st)
 {
     return st == TW_DURABLE_DUE    ? "due"
            : st == TW_DURABLE_DEAD ? "dead"
@@ -244,6 +245,8 @@ static int cmd_ls(const struct opts *o, tw_durable *d)
             printf(",\"key_hex\":\"");
             hex(c.key, c.key_len);
             printf("\"}");
+        } else {
+            printf(",\"after\":null"); /* one shape: null at the end */
         }
         puts("}");
     } else if (!c.done) {
@@ -252,6 +255,31 @@ static int cmd_ls(const struct opts *o, tw_durable *d)
         puts(")");
     }
     return 0;
+}
+
+/* get --json: one shape, found or not (null fields when not). */
+static void get_json(const struct opts *o, const tw_durable_info *in,
+                     const char *buf, const char *when)
+{
+    size_t kl = strlen(o->key);
+    printf("{\"found\":%s,\"key\":", in ? "true" : "false");
+    json_str(o->key, kl);
+    printf(",\"key_hex\":\"");
+    hex(o->key, kl);
+    if (!in) {
+        puts("\",\"due_ms\":null,\"due\":null,\"state\":null,\"attempt\":"
+             "null,\"payload_len\":null,\"payload\":null,\"payload_hex\":"
+             "null}");
+        return;
+    }
+    printf("\",\"due_ms\":%" PRId64 ",\"due\":\"%s\",\"state\":\"%s\","
+           "\"attempt\":%" PRIu32 ",\"payload_len\":%zu,\"payload\":",
+           in->due_ms, when, state_name(in->state), in->attempt,
+           in->payload_len);
+    json_str(buf, in->payload_len);
+    printf(",\"payload_hex\":\"");
+    hex(buf, in->payload_len);
+    puts("\"}");
 }
 
 static int cmd_get(const struct opts *o, tw_durable *d)
@@ -276,7 +304,7 @@ static int cmd_get(const struct opts *o, tw_durable *d)
     }
     if (rc == TW_ENOENT) {
         if (o->json)
-            puts("{\"found\":false}");
+            get_json(o, NULL, NULL, NULL);
         else
             printf("%s: not held (never scheduled, cancelled, or done)\n",
                    o->key);
@@ -291,16 +319,7 @@ static int cmd_get(const struct opts *o, tw_durable *d)
     char when[40];
     iso(in.due_ms, when, sizeof when);
     if (o->json) {
-        printf("{\"found\":true,\"key\":");
-        json_str(o->key, kl);
-        printf(",\"due_ms\":%" PRId64 ",\"due\":\"%s\",\"state\":\"%s\","
-               "\"attempt\":%" PRIu32 ",\"payload_len\":%zu,\"payload\":",
-               in.due_ms, when, state_name(in.state), in.attempt,
-               in.payload_len);
-        json_str(buf, in.payload_len);
-        printf(",\"payload_hex\":\"");
-        hex(buf, in.payload_len);
-        puts("\"}");
+        get_json(o, &in, buf, when);
     } else {
         printf("key:      ");
         human_str(o->key, kl);
@@ -329,6 +348,10 @@ static int cmd_stats(const struct opts *o, tw_durable *d)
         fprintf(stderr, "twheel: stats: %s\n", tw_strerror(rc));
         return 2;
     }
+    if (o->dir ? s.segments == 0 : !s.pending && !s.dead)
+        fprintf(stderr, "twheel: warning: %s: nothing here (%s)\n", where(o),
+                o->dir ? "no journal segment in this directory"
+                       : "no timer and no dead letter in this namespace");
     static const char *const names[] = {
         "pending",       "backlog",   "dead",       "segments",
         "journal_bytes", "recovered", "recovery_us"};
@@ -352,7 +375,7 @@ static int cmd_dead(const struct opts *o, tw_durable *d)
 {
     static tw_durable_entry e[PAGE];
     static char kb[PAGE * 64 + TW_DURABLE_KEY_MAX];
-    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
+    tw_durable_cursor c = o->after; /* --after KEY, or the start */
     uint64_t shown = 0;
     if (o->json)
         fputs("{\"dead\":[", stdout);
@@ -383,11 +406,24 @@ static int cmd_dead(const struct opts *o, tw_durable *d)
             }
         }
     }
-    if (o->json)
-        printf("\n],\"count\":%" PRIu64 ",\"more\":%s}\n", shown,
+    if (o->json) {
+        printf("\n],\"count\":%" PRIu64 ",\"more\":%s", shown,
                c.done ? "false" : "true");
-    else if (!c.done)
-        puts("(more: raise --limit)");
+        if (!c.done) {
+            printf(",\"after\":{\"key\":");
+            json_str(c.key, c.key_len);
+            printf(",\"key_hex\":\"");
+            hex(c.key, c.key_len);
+            printf("\"}");
+        } else {
+            printf(",\"after\":null"); /* one shape: null at the end */
+        }
+        puts("}");
+    } else if (!c.done) {
+        printf("(more: --after ");
+        human_str(c.key, c.key_len);
+        puts(")");
+    }
     return 0;
 }
 
@@ -397,7 +433,8 @@ static int cmd_dead_op(const struct opts *o)
 {
     char err[512];
     int rc;
-    tw_durable *d = open_store(o, TW_DURABLE_NOFIRE, &rc, err, sizeof err);
+    tw_durable *d =
+        open_store(o, TW_DURABLE_NOFIRE, &rc, err, sizeof err, NULL);
     if (!d) {
         open_failed(o, rc, err);
         return 2;
@@ -413,27 +450,26 @@ static int cmd_dead_op(const struct opts *o)
     rc = rearm ? tw_durable_rearm(d, o->key, kl, at)
                : tw_durable_dead_delete(d, o->key, kl);
     int cr = tw_durable_close(d);
-    if (rc == TW_ENOENT) {
-        if (o->json)
-            puts("{\"ok\":false,\"dead\":false}");
-        else
-            printf("%s: not a dead letter\n", o->key);
-        return 1;
-    }
     if (!rc)
         rc = cr;
-    if (rc) {
+    if (rc && rc != TW_ENOENT) {
         fprintf(stderr, "twheel: %s: %s\n", o->verb, tw_strerror(rc));
         return 2;
     }
     char when[40];
     iso(at, when, sizeof when);
-    if (o->json) {
-        printf("{\"ok\":true,\"key\":");
+    if (o->json) { /* one shape: ok false when it was not a dead letter */
+        printf("{\"ok\":%s,\"dead\":%s,\"key\":", rc ? "false" : "true",
+               rc ? "false" : "true");
         json_str(o->key, kl);
-        if (rearm)
-            printf(",\"due_ms\":%" PRId64 ",\"due\":\"%s\"", at, when);
-        puts("}");
+        printf(",\"key_hex\":\"");
+        hex(o->key, kl);
+        if (rearm && !rc)
+            printf("\",\"due_ms\":%" PRId64 ",\"due\":\"%s\"}\n", at, when);
+        else
+            puts("\",\"due_ms\":null,\"due\":null}");
+    } else if (rc) {
+        printf("%s: not a dead letter\n", o->key);
     } else {
         human_str(o->key, kl);
         if (rearm)
@@ -441,147 +477,7 @@ static int cmd_dead_op(const struct opts *o)
         else
             puts(": deleted");
     }
-    return 0;
-}
-
-/* Every listed timer must read back (get) with the same due time. */
-static int walk_all(tw_durable *d, uint64_t *count, char *why, size_t len)
-{
-    static tw_durable_entry e[PAGE];
-    static char kb[PAGE * 64 + TW_DURABLE_KEY_MAX];
-    tw_durable_cursor c = TW_DURABLE_CURSOR_INIT;
-    *count = 0;
-    while (!c.done) {
-        int n = tw_durable_list(d, INT64_MIN, INT64_MAX, &c, e, PAGE, kb,
-                                sizeof kb);
-        if (n < 0) {
-            snprintf(why, len, "list: %s", tw_strerror(n));
-            return 2;
-        }
-        for (int i = 0; i < n; i++) {
-            tw_durable_info in;
-            int rc = tw_durable_get(d, e[i].key, e[i].key_len, &in, NULL, 0);
-            /* A listing's due time is exact below 2^53; Redis orders and
-             * lists larger ones as doubles. */
-            int64_t due = in.due_ms > 0 ? in.due_ms : 0;
-            if (rc || (double)due != (double)e[i].due_ms) {
-                snprintf(why, len, "timer %.*s: %s", (int)e[i].key_len,
-                         (const char *)e[i].key,
-                         rc ? tw_strerror(rc) : "due time differs");
-                return 1;
-            }
-        }
-        *count += (uint64_t)n;
-    }
-    return 0;
-}
-
-static int cmd_check(const struct opts *o, tw_durable *d)
-{
-    char why[256] = "";
-    uint64_t n;
-    tw_durable_stats s;
-    int rc = walk_all(d, &n, why, sizeof why);
-    if (!rc && tw_durable_stats_get(d, &s) == 0 && s.pending != n) {
-        snprintf(why, sizeof why, "%" PRIu64 " pending, %" PRIu64 " listed",
-                 s.pending, n);
-        rc = 1;
-    }
-    if (o->json) {
-        printf("{\"ok\":%s,\"timers\":%" PRIu64 ",\"problem\":",
-               rc ? "false" : "true", n);
-        json_str(why, strlen(why));
-        puts("}");
-    } else if (rc) {
-        printf("%s: damaged: %s\n", where(o), why);
-    } else {
-        printf("%s: ok: every record read and checked, %" PRIu64
-               " pending timers, each read back\n",
-               where(o), n);
-    }
-    return rc;
-}
-
-/* check and repair --dry-run both open read-only; damage that stops the
- * open is reported here. */
-static int report_damage(const struct opts *o, const char *err, bool dry)
-{
-    char rep[512] = "";
-    uint64_t kept = 0;
-    int rc;
-    if (dry) { /* what a repair would keep */
-        tw_durable *d = open_store(o, TW_DURABLE_READONLY | TW_DURABLE_REPAIR,
-                                   &rc, rep, sizeof rep);
-        if (d) {
-            tw_durable_stats s;
-            if (tw_durable_stats_get(d, &s) == 0)
-                kept = s.pending;
-            tw_durable_close(d);
-        }
-    }
-    if (o->json) {
-        printf("{\"ok\":false,\"damage\":");
-        json_str(err, strlen(err));
-        if (dry)
-            printf(",\"repair_would_keep\":%" PRIu64, kept);
-        puts("}");
-    } else {
-        printf("%s: damaged: %s\n", where(o), err);
-        if (dry)
-            printf("a repair would drop the damaged records and keep %" PRIu64
-                   " pending timers (run: twheel journal repair %s)\n",
-                   kept, where(o));
-    }
-    return 1;
-}
-
-static int cmd_repair(const struct opts *o)
-{
-    char err[512];
-    int rc;
-    if (strcmp(o->backend, "journal")) {
-        fputs("twheel: repair is for journals (Redis keeps its own data)\n",
-              stderr);
-        return 2;
-    }
-    tw_durable *d = open_store(o, TW_DURABLE_READONLY, &rc, err, sizeof err);
-    if (d) {
-        tw_durable_close(d);
-        if (o->json)
-            puts("{\"ok\":true,\"repaired\":false}");
-        else
-            printf("%s: no damage, nothing to repair\n", where(o));
-        return 0;
-    }
-    if (rc != TW_EIO) {
-        open_failed(o, rc, err);
-        return 2;
-    }
-    if (o->dry_run)
-        return report_damage(o, err, true);
-    char err2[512];
-    d = open_store(o, TW_DURABLE_REPAIR | TW_DURABLE_NOFIRE, &rc, err2,
-                   sizeof err2);
-    if (!d) {
-        open_failed(o, rc, err2);
-        return 2;
-    }
-    tw_durable_stats s;
-    uint64_t kept = tw_durable_stats_get(d, &s) == 0 ? s.pending : 0;
-    rc = tw_durable_close(d);
-    if (rc) {
-        fprintf(stderr, "twheel: %s: close: %s\n", where(o), tw_strerror(rc));
-        return 2;
-    }
-    if (o->json) {
-        printf("{\"ok\":true,\"repaired\":true,\"damage\":");
-        json_str(err, strlen(err));
-        printf(",\"kept\":%" PRIu64 "}\n", kept);
-    } else {
-        printf("%s: repaired (%s); %" PRIu64 " pending timers kept\n", where(o),
-               err, kept);
-    }
-    return 0;
+    return rc ? EX_PROBLEM : EX_OK;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -595,6 +491,18 @@ static bool num(const char *s, int64_t *out)
     if (errno || end == s || *end)
         return false;
     *out = v;
+    return true;
+}
+
+/* dead --after KEY: the cursor after dead letter KEY. */
+static bool parse_after_key(const char *s, tw_durable_cursor *c)
+{
+    size_t kl = strlen(s);
+    if (!kl || kl > TW_DURABLE_KEY_MAX)
+        return false;
+    memset(c, 0, sizeof *c);
+    c->key_len = (uint32_t)kl;
+    memcpy(c->key, s, kl);
     return true;
 }
 
@@ -617,58 +525,64 @@ static bool parse_after(const char *s, tw_durable_cursor *c)
     return true;
 }
 
-static int parse(int argc, char **argv, struct opts *o)
+/* Options that take no value; the rest take one. */
+static bool flag_opt(const char *a, struct opts *o)
 {
-    memset(o, 0, sizeof *o);
-    o->from = INT64_MIN;
-    o->to = INT64_MAX;
-    const char *pos[4];
-    int npos = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t x;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h"))
-            return 1;
-        if (!strcmp(a, "--json")) {
-            o->json = true;
-        } else if (!strcmp(a, "--dry-run")) {
-            o->dry_run = true;
-        } else if (!strcmp(a, "--metrics")) {
-            o->metrics = true;
-        } else if (!strcmp(a, "--url") && v) {
-            o->url = v, i++;
-        } else if (!strcmp(a, "--ns") && v) {
-            o->ns = v, i++;
-        } else if (!strcmp(a, "--shards") && v && num(v, &x) && x > 0 &&
-                   x <= 1 << 20) {
-            o->shards = (uint32_t)x, i++;
-        } else if (!strcmp(a, "--from") && v && num(v, &o->from)) {
-            i++;
-        } else if (!strcmp(a, "--to") && v && num(v, &o->to)) {
-            i++;
-        } else if (!strcmp(a, "--limit") && v && num(v, &x) && x > 0) {
-            o->limit = (uint64_t)x, i++;
-        } else if (!strcmp(a, "--after") && v && parse_after(v, &o->after)) {
-            o->have_after = true, i++;
-        } else if (!strcmp(a, "--at") && v && num(v, &o->at)) {
-            o->have_at = true, i++;
-        } else if (a[0] == '-' && a[1] == '-') {
-            fprintf(stderr, "twheel: bad option or value: %s\n", a);
-            return -1;
-        } else if (npos < 4) {
-            pos[npos++] = a;
-        } else {
-            return -1;
-        }
-    }
-    if (npos < 2)
+    bool *f = !strcmp(a, "--json")      ? &o->json
+              : !strcmp(a, "--dry-run") ? &o->dry_run
+              : !strcmp(a, "--metrics") ? &o->metrics
+              : !strcmp(a, "--replace") ? &o->replace
+                                        : NULL;
+    if (f)
+        *f = true;
+    return f != NULL;
+}
+
+/* Option @a with value @v (NULL if none): false if bad. */
+static bool value_opt(const char *a, const char *v, struct opts *o)
+{
+    int64_t x;
+    if (!v)
+        return false;
+    if (!strcmp(a, "--url"))
+        o->url = v;
+    else if (!strcmp(a, "--ns"))
+        o->ns = v;
+    else if (!strcmp(a, "--out") || !strcmp(a, "--in"))
+        o->file = v;
+    else if (!strcmp(a, "--shards") && num(v, &x) && x > 0 && x <= 1 << 20)
+        o->shards = (uint32_t)x;
+    else if (!strcmp(a, "--from") && num(v, &o->from))
+        ;
+    else if (!strcmp(a, "--to") && num(v, &o->to))
+        ;
+    else if (!strcmp(a, "--limit") && num(v, &x) && x > 0)
+        o->limit = (uint64_t)x;
+    else if (!strcmp(a, "--after"))
+        o->after_arg = v; /* ls: DUE,KEY; dead: KEY (checked by main) */
+    else if (!strcmp(a, "--at") && num(v, &o->at))
+        o->have_at = true;
+    else
+        return false;
+    return true;
+}
+
+/* BACKEND VERB [DIR] [KEY] into @o; as parse(). */
+static int positionals(struct opts *o, const char **pos, int npos, bool help)
+{
+    bool backend =
+        npos > 0 && (!strcmp(pos[0], "journal") || !strcmp(pos[0], "redis"));
+    o->backend = backend ? pos[0] : NULL;
+    o->verb = npos > 1 && backend ? pos[1] : npos > 0 ? pos[0] : NULL;
+    if (help)
+        return 1;
+    if (npos < 2 || !backend)
         return -1;
-    o->backend = pos[0];
-    o->verb = pos[1];
     bool journal = !strcmp(o->backend, "journal");
-    if (!journal && (strcmp(o->backend, "redis") || !o->url))
+    if (!journal && !o->url) {
+        fputs("twheel: redis: --url HOST:PORT is required\n", stderr);
         return -1;
+    }
     bool keyed = !strcmp(o->verb, "get") || !strcmp(o->verb, "rearm") ||
                  !strcmp(o->verb, "delete");
     int want = (journal ? 3 : 2) + keyed;
@@ -681,41 +595,146 @@ static int parse(int argc, char **argv, struct opts *o)
     return 0;
 }
 
+/* Returns 0, -1 (usage), 1 (--help: o->verb is the verb asked about, or
+ * NULL) or 2 (--version). */
+static int parse(int argc, char **argv, struct opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->from = INT64_MIN;
+    o->to = INT64_MAX;
+    const char *pos[4];
+    int npos = 0;
+    bool help = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+            help = true;
+        else if (!strcmp(a, "--version"))
+            return 2;
+        else if (flag_opt(a, o))
+            ;
+        else if (a[0] == '-' && a[1] == '-') {
+            if (!value_opt(a, i + 1 < argc ? argv[i + 1] : NULL, o)) {
+                fprintf(stderr, "twheel: bad option or value: %s\n", a);
+                return -1;
+            }
+            i++;
+        } else if (npos < 4)
+            pos[npos++] = a;
+        else
+            return -1;
+    }
+    return positionals(o, pos, npos, help);
+}
+
+/* A fingerprint of the names of @dir's files (0 if it cannot be read). */
+static uint64_t listing(const char *dir)
+{
+    DIR *d = opendir(dir);
+    uint64_t h = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        uint64_t x = 1469598103934665603ull;
+        for (const char *p = e->d_name; *p; p++)
+            x = (x ^ (unsigned char)*p) * 1099511628211ull;
+        h += x; /* in any order */
+    }
+    if (d)
+        closedir(d);
+    return h;
+}
+
+/* A read-only open of a live journal races its compaction, which may
+ * delete the oldest segment between the open's listing of the directory
+ * and its read of that segment: an open that fails while the directory's
+ * files change is tried again, up to five times. */
+tw_durable *open_readonly(const struct opts *o, int *rc, char *err,
+                          size_t err_len, struct dmg_list *dl)
+{
+    for (int i = 0;; i++) {
+        uint64_t before = o->dir ? listing(o->dir) : 0;
+        tw_durable *d =
+            open_store(o, TW_DURABLE_READONLY, rc, err, err_len, dl);
+        bool raced = !d && o->dir && (*rc == TW_EIO || *rc == TW_ENOENT) &&
+                     !journal_missing(o) && listing(o->dir) != before;
+        if (!raced || i == 4)
+            return d;
+        if (dl)
+            dl->n = 0;
+        nanosleep(&(struct timespec){0, 20000000}, NULL);
+    }
+}
+
+/* The verbs that open the store read-only and look. */
+static int read_verb(const struct opts *o,
+                     int (*fn)(const struct opts *, tw_durable *))
+{
+    char err[512];
+    int rc;
+    tw_durable *d = open_readonly(o, &rc, err, sizeof err, NULL);
+    bool damaged = false;
+    if (!d && rc == TW_EIO && o->dir && fn != cmd_get) {
+        /* Damage in the middle: show what a repair would keep. */
+        char e2[512];
+        d = open_store(o, TW_DURABLE_READONLY | TW_DURABLE_REPAIR, &rc, e2,
+                       sizeof e2, NULL);
+        if (d)
+            fprintf(stderr,
+                    "twheel: warning: %s: damaged: %s; showing what a "
+                    "repair would keep (twheel journal repair %s --dry-run "
+                    "names what it drops)\n",
+                    where(o), err, where(o));
+        damaged = d != NULL;
+    }
+    if (!d) {
+        open_failed(o, rc, err);
+        return EX_ERROR;
+    }
+    int res = fn(o, d);
+    tw_durable_close(d);
+    return res ? res : damaged ? EX_PROBLEM : EX_OK;
+}
+
 int main(int argc, char **argv)
 {
     struct opts o;
     int p = parse(argc, argv, &o);
+    if (p == 2)
+        return printf("twheel %d.%d.%d (libtwheel %s)\n", TW_VERSION_MAJOR,
+                      TW_VERSION_MINOR, TW_VERSION_PATCH, tw_version_string()),
+               EX_OK;
     if (p == 1)
-        return usage(stdout, 0);
+        return help(stdout, o.verb, EX_OK);
     if (p < 0)
-        return usage(stderr, 2);
+        return help(stderr, o.verb, EX_ERROR);
+    if (o.after_arg &&
+        !(strcmp(o.verb, "dead") ? parse_after(o.after_arg, &o.after)
+                                 : parse_after_key(o.after_arg, &o.after))) {
+        fprintf(stderr, "twheel: bad --after: %s (ls: DUE,KEY; dead: KEY)\n",
+                o.after_arg);
+        return EX_ERROR;
+    }
     if (o.key && (!*o.key || strlen(o.key) > TW_DURABLE_KEY_MAX)) {
         fputs("twheel: a key is 1 to 1024 bytes\n", stderr);
-        return 2;
+        return EX_ERROR;
     }
     if (!strcmp(o.verb, "repair"))
         return cmd_repair(&o);
+    if (!strcmp(o.verb, "check"))
+        return cmd_check(&o);
     if (!strcmp(o.verb, "rearm") || !strcmp(o.verb, "delete"))
         return cmd_dead_op(&o);
+    if (!strcmp(o.verb, "import"))
+        return cmd_import(&o);
     int (*fn)(const struct opts *, tw_durable *) =
-        !strcmp(o.verb, "ls")      ? cmd_ls
-        : !strcmp(o.verb, "get")   ? cmd_get
-        : !strcmp(o.verb, "stats") ? cmd_stats
-        : !strcmp(o.verb, "check") ? cmd_check
-        : !strcmp(o.verb, "dead")  ? cmd_dead
-                                   : NULL;
+        !strcmp(o.verb, "ls")       ? cmd_ls
+        : !strcmp(o.verb, "get")    ? cmd_get
+        : !strcmp(o.verb, "stats")  ? cmd_stats
+        : !strcmp(o.verb, "dead")   ? cmd_dead
+        : !strcmp(o.verb, "export") ? cmd_export
+        : !strcmp(o.verb, "jobs")   ? cmd_jobs
+                                    : NULL;
     if (!fn)
-        return usage(stderr, 2);
-    char err[512];
-    int rc;
-    tw_durable *d = open_store(&o, TW_DURABLE_READONLY, &rc, err, sizeof err);
-    if (!d) {
-        if (fn == cmd_check && rc == TW_EIO)
-            return report_damage(&o, err, false);
-        open_failed(&o, rc, err);
-        return 2;
-    }
-    int res = fn(&o, d);
-    tw_durable_close(d);
-    return res;
+        return help(stderr, NULL, EX_ERROR);
+    return read_verb(&o, fn);
 }

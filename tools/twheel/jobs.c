@@ -1,0 +1,155 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tools/twheel/jobs.c - twheel jobs: the jobs of a twheeld store,
+ * decoded. twheeld (twheeld/store.c) keeps each job as one durable timer,
+ * key "j<id>", payload the job record that twheeld/server.c job_write()
+ * writes (rec_parse() reads it back); key "m" or "m<N>" holds a server's
+ * high-water mark of ids, "L<N>" a server's liveness record.
+ *
+ * Job record, integers little-endian: 'J' | u8 version (1, 2) | u8 state
+ * (0 ready, 1 delayed, 2 reserved, 3 buried) | u32 priority | u32 TTR s |
+ * u32 delay s | u64 id | u64 due (Unix ms) | u64 created (Unix ms) |
+ * u32 reserves, timeouts, releases, buries, kicks | u8 tube length | tube
+ * | u32 body length | body | (version 2) u32 owning node. A record of
+ * another version or layout is counted as unreadable, not guessed at.
+ */
+#include <inttypes.h>
+#include <string.h>
+
+#include "twheel.h"
+
+struct job {
+    unsigned state, version;
+    uint32_t pri, ttr, delay, cnt[5], body_len, node;
+    uint64_t id;
+    int64_t due, created;
+    const unsigned char *tube, *body;
+    size_t tube_len;
+};
+
+static uint64_t le(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* The @n bytes at @p as a job record into @j; false if they are not one
+ * of the versions above, or the lengths do not add up. */
+static bool job_parse(const unsigned char *p, size_t n, struct job *j)
+{
+    const size_t head = 3 + 12 + 24 + 20 + 1;
+    if (n < head + 4 || p[0] != 'J' || p[1] < 1 || p[1] > 2 || p[2] > 3)
+        return false;
+    j->version = p[1];
+    j->state = p[2];
+    j->pri = (uint32_t)le(p + 3, 4);
+    j->ttr = (uint32_t)le(p + 7, 4);
+    j->delay = (uint32_t)le(p + 11, 4);
+    j->id = le(p + 15, 8);
+    j->due = (int64_t)le(p + 23, 8);
+    j->created = (int64_t)le(p + 31, 8);
+    for (int i = 0; i < 5; i++)
+        j->cnt[i] = (uint32_t)le(p + 39 + 4 * i, 4);
+    j->tube_len = p[59];
+    j->tube = p + head;
+    size_t tail = j->version >= 2 ? 4 : 0;
+    if (head + j->tube_len + 4 > n)
+        return false;
+    j->body_len = (uint32_t)le(j->tube + j->tube_len, 4);
+    j->body = j->tube + j->tube_len + 4;
+    if (head + j->tube_len + 4 + (size_t)j->body_len + tail != n)
+        return false;
+    j->node =
+        tail ? (uint32_t)le(j->body + j->body_len, 4) : (uint32_t)(j->id >> 40);
+    return j->id != 0;
+}
+
+struct jobs_walk {
+    const struct opts *o;
+    uint64_t jobs, marks, other, unreadable;
+};
+
+static const char *const states[] = {"ready", "delayed", "reserved", "buried"};
+
+static void job_json(const struct job *j, const tw_durable_scanned *t,
+                     bool first)
+{
+    printf("%s\n{\"key\":", first ? "" : ",");
+    json_str(t->key, t->key_len);
+    printf(",\"id\":%" PRIu64 ",\"state\":\"%s\",\"tube\":", j->id,
+           states[j->state]);
+    json_str(j->tube, j->tube_len);
+    printf(",\"pri\":%" PRIu32 ",\"delay_s\":%" PRIu32 ",\"ttr_s\":%" PRIu32
+           ",\"due_ms\":%" PRId64 ",\"created_ms\":%" PRId64
+           ",\"reserves\":%" PRIu32 ",\"timeouts\":%" PRIu32
+           ",\"releases\":%" PRIu32 ",\"buries\":%" PRIu32 ",\"kicks\":%" PRIu32
+           ",\"node\":%" PRIu32 ",\"body_len\":%" PRIu32 ",\"body\":",
+           j->pri, j->delay, j->ttr, j->due, j->created, j->cnt[0], j->cnt[1],
+           j->cnt[2], j->cnt[3], j->cnt[4], j->node, j->body_len);
+    json_str(j->body, j->body_len);
+    putchar('}');
+}
+
+static void job_human(const struct job *j)
+{
+    char due[40] = "-"; /* not delayed */
+    if (j->due > 0)
+        iso(j->due, due, sizeof due);
+    printf("%-12" PRIu64 " %-8s %-10.*s pri %-10" PRIu32 " ttr %-6" PRIu32
+           " due %-24s r/t/rl/b/k %" PRIu32 "/%" PRIu32 "/%" PRIu32 "/%" PRIu32
+           "/%" PRIu32 "  body %" PRIu32 " bytes: ",
+           j->id, states[j->state], (int)j->tube_len, (const char *)j->tube,
+           j->pri, j->ttr, due, j->cnt[0], j->cnt[1], j->cnt[2], j->cnt[3],
+           j->cnt[4], j->body_len);
+    human_str(j->body, j->body_len < 40 ? j->body_len : 40);
+    puts(j->body_len > 40 ? "..." : "");
+}
+
+static int jobs_one(void *arg, const tw_durable_scanned *t)
+{
+    struct jobs_walk *w = arg;
+    const unsigned char *k = t->key;
+    struct job j;
+    if (t->key_len > 1 && k[0] == 'j') {
+        if (!job_parse(t->payload, t->payload_len, &j)) {
+            w->unreadable++;
+            fprintf(stderr, "twheel: %.*s: not a job record twheel reads\n",
+                    (int)t->key_len, (const char *)k);
+            return 0;
+        }
+        if (w->o->json)
+            job_json(&j, t, w->jobs == 0);
+        else
+            job_human(&j);
+        w->jobs++;
+    } else if (t->key_len >= 1 && k[0] == 'm') {
+        w->marks++;
+    } else {
+        w->other++;
+    }
+    return 0;
+}
+
+/* twheel jobs: every job of a twheeld store, decoded, in no order. */
+int cmd_jobs(const struct opts *o, tw_durable *d)
+{
+    struct jobs_walk w = {.o = o};
+    if (o->json)
+        fputs("{\"jobs\":[", stdout);
+    long n = tw_durable_scan(d, jobs_one, &w);
+    if (n < 0) {
+        if (o->json)
+            puts("]}");
+        fprintf(stderr, "twheel: jobs: %s\n", tw_strerror((int)n));
+        return EX_ERROR;
+    }
+    if (o->json)
+        printf("\n],\"count\":%" PRIu64 ",\"id_marks\":%" PRIu64
+               ",\"other\":%" PRIu64 ",\"unreadable\":%" PRIu64 "}\n",
+               w.jobs, w.marks, w.other, w.unreadable);
+    if (!w.jobs && !w.marks)
+        fprintf(stderr, "twheel: warning: %s: no twheeld job here\n", where(o));
+    return w.unreadable ? EX_PROBLEM : EX_OK;
+}
