@@ -497,6 +497,7 @@ step "backup of a live journal under load: every timer acknowledged before it ($
 # delayed, one buried) into its journal and stops; twheel jobs shows each.
 if [ -n "$twheeld" ]; then
   port=$($py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  mkdir -p "$tmp/tbd" # twheeld, as beanstalkd, wants it to exist
   "$twheeld" -l 127.0.0.1 -p "$port" -b "$tmp/tbd" 2>"$tmp/tbd.log" &
   holder=$!
   $py - "$port" <<'PY' || fail "twheeld: $(cat "$tmp/tbd.log")"

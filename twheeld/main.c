@@ -220,11 +220,13 @@ static int check_opts(struct tbd_options *o)
         explicit_bzero(env, strlen(env));
     unsetenv("TWHEELD_REDIS_PASSWORD"); /* not inherited by children */
     struct stat st;
-    if (o->dir && (stat(o->dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
-        /* As beanstalkd: the directory must exist. */
-        fprintf(stderr, "twheeld: -b %s: %s\n", o->dir,
-                errno == 0 || S_ISREG(st.st_mode) ? "not a directory"
-                                                  : strerror(errno));
+    const char *why = NULL;
+    if (o->dir && stat(o->dir, &st) != 0)
+        why = strerror(errno);
+    else if (o->dir && !S_ISDIR(st.st_mode))
+        why = "not a directory";
+    if (why) { /* as beanstalkd: the directory must exist */
+        fprintf(stderr, "twheeld: -b %s: %s\n", o->dir, why);
         return 1;
     }
     return 0;

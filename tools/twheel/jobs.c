@@ -2,11 +2,12 @@
 /*
  * tools/twheel/jobs.c - twheel jobs: the jobs of a twheeld store,
  * decoded. twheeld (twheeld/store.c) keeps each job as one durable timer,
- * key "j<id>", payload the job record that twheeld/server.c job_write()
- * writes (rec_parse() reads it back); key "m" or "m<N>" holds a server's
- * high-water mark of ids, "L<N>" a server's liveness record.
+ * key "j<id>", payload the job record of twheeld/record.c; key "m" or
+ * "m<N>" holds a server's high-water mark of ids, "n<N>" a server's
+ * liveness record.
  *
- * Job record, integers little-endian: 'J' | u8 version (1, 2) | u8 state
+ * Job record, integers little-endian: 'J' | u8 version (1, 2, 3) |
+ * (version 3) u64 write token | u8 state
  * (0 ready, 1 delayed, 2 reserved, 3 buried) | u32 priority | u32 TTR s |
  * u32 delay s | u64 id | u64 due (Unix ms) | u64 created (Unix ms) |
  * u32 reserves, timeouts, releases, buries, kicks | u8 tube length | tube
@@ -39,6 +40,21 @@ static uint64_t le(const unsigned char *p, int n)
  * of the versions above, or the lengths do not add up. */
 static bool job_parse(const unsigned char *p, size_t n, struct job *j)
 {
+    if (n >= 10 && p[0] == 'J' && p[1] == 3) {
+        /* Version 3: version 2 with a write token after the version. */
+        static unsigned char v2[2 + TW_DURABLE_PAYLOAD_MAX];
+        if (n - 8 > sizeof(v2))
+            return false;
+        v2[0] = 'J';
+        v2[1] = 2;
+        memcpy(v2 + 2, p + 10, n - 10);
+        if (!job_parse(v2, n - 8, j))
+            return false;
+        j->version = 3;
+        j->tube = p + (j->tube - v2) + 8;
+        j->body = p + (j->body - v2) + 8;
+        return true;
+    }
     const size_t head = 3 + 12 + 24 + 20 + 1;
     if (n < head + 4 || p[0] != 'J' || p[1] < 1 || p[1] > 2 || p[2] > 3)
         return false;
