@@ -24,10 +24,7 @@ static uint64_t rng = 88172645463325252ull;
 
 static uint64_t rnd(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
+    return tw_test_rand(&rng);
 }
 
 static bool model_first(uint32_t q, uint64_t *id, int64_t *due)
