@@ -536,4 +536,15 @@ assert d["count"]==3 and d["unreadable"]==0 and d["id_marks"]==1, d
 assert j[1]["state"]=="ready" and j[1]["tube"]=="emails" and j[1]["body"]=="hello" and j[1]["ttr_s"]==60, j[1]
 assert j[2]["delay_s"]==3600 and j[2]["due_ms"]>0 and j[2]["body"]=="a\x01b", j[2]' "$tmp/out"
   step "twheel jobs: twheeld's jobs decoded (state, tube, priority, counters, body)"
+  # Pages: two, then the rest, by id.
+  expect_rc 0 "$tw" journal jobs "$tmp/tbd" --limit 2 --json
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1]))
+assert sorted(x["id"] for x in d["jobs"])==[1,2] and d["after"]==2, d' "$tmp/out"
+  expect_rc 0 "$tw" journal jobs "$tmp/tbd" --limit 2 --after 2 --json
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1]))
+assert [x["id"] for x in d["jobs"]]==[3] and d["after"] is None, d' "$tmp/out"
+  expect_rc 0 "$tw" journal jobs "$tmp/tbd" --limit 1
+  grep -q '^(more: --after 1)$' "$tmp/out" || fail "jobs page: $(cat "$tmp/out")"
+  expect_rc 2 "$tw" journal jobs "$tmp/tbd" --after x
+  step "twheel jobs --limit/--after: pages by id"
 fi

@@ -85,13 +85,15 @@ static const struct {
                "Every pending timer and dead letter, with its payload, as "
                "JSON lines\n(one object a line; twheel(1) gives the fields) "
                "on stdout or into FILE.\nRead-only.\n"},
-    {"jobs", "twheel journal|redis jobs [--json]\n"
+    {"jobs", "twheel journal|redis jobs [--limit N] [--after ID] [--json]\n"
              "The jobs of a twheeld store (-b DIR, or --redis with its "
              "namespace),\ndecoded from their records: id, state, tube, "
              "priority, TTR, due time,\nreserves/timeouts/releases/buries/"
              "kicks and the body (its first 40 bytes;\n--json: all). In no "
-             "particular order. Exit status 1 when a record cannot\nbe "
-             "read. Read-only.\n"},
+             "particular order. --limit N: the N of lowest ids above\n"
+             "--after ID (0 without it); the last line then says where to "
+             "resume\n(--json: \"after\", null at the end). Exit status 1 "
+             "when a record cannot\nbe read. Read-only.\n"},
     {"import", "twheel journal|redis import [--in FILE] [--replace] "
                "[--json]\n"
                "Schedule the lines of an export (stdin or FILE) into the "

@@ -14,7 +14,9 @@
  * | u32 body length | body | (version 2) u32 owning node. A record of
  * another version or layout is counted as unreadable, not guessed at.
  */
+#include <errno.h>
 #include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "twheel.h"
@@ -85,6 +87,10 @@ static bool job_parse(const unsigned char *p, size_t n, struct job *j)
 struct jobs_walk {
     const struct opts *o;
     uint64_t jobs, marks, other, unreadable;
+    uint64_t after, upto; /* the page: ids in (after, upto] */
+    uint64_t *ids;        /* first pass: ids above after (n of cap) */
+    size_t n, cap;
+    bool oom;
 };
 
 static const char *const states[] = {"ready", "delayed", "reserved", "buried"};
@@ -123,12 +129,65 @@ static void job_human(const struct job *j)
     puts(j->body_len > 40 ? "..." : "");
 }
 
+/* First pass of a page (--limit): the ids of the jobs above --after. */
+static int jobs_ids(void *arg, const tw_durable_scanned *t)
+{
+    struct jobs_walk *w = arg;
+    struct job j;
+    const unsigned char *k = t->key;
+    if (t->key_len < 2 || k[0] != 'j' ||
+        !job_parse(t->payload, t->payload_len, &j) || j.id <= w->after)
+        return 0;
+    if (w->n == w->cap) {
+        size_t ncap = w->cap ? 2 * w->cap : 1024;
+        uint64_t *v = realloc(w->ids, ncap * sizeof(*v));
+        if (!v) {
+            w->oom = true;
+            return 1;
+        }
+        w->ids = v;
+        w->cap = ncap;
+    }
+    w->ids[w->n++] = j.id;
+    return 0;
+}
+
+static int cmp_id(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* --limit N [--after ID]: the page's bound into w->upto (UINT64_MAX: the
+ * page holds the rest); false on an error (said). */
+static bool jobs_page(tw_durable *d, struct jobs_walk *w)
+{
+    w->upto = UINT64_MAX;
+    if (!w->o->limit)
+        return true;
+    long n = tw_durable_scan(d, jobs_ids, w);
+    if (n < 0 || w->oom) {
+        fprintf(stderr, "twheel: jobs: %s\n",
+                tw_strerror(w->oom ? TW_ENOMEM : (int)n));
+        return false;
+    }
+    if (w->n > w->o->limit) {
+        qsort(w->ids, w->n, sizeof(*w->ids), cmp_id);
+        w->upto = w->ids[w->o->limit - 1];
+    }
+    return true;
+}
+
 static int jobs_one(void *arg, const tw_durable_scanned *t)
 {
     struct jobs_walk *w = arg;
     const unsigned char *k = t->key;
     struct job j;
-    if (t->key_len > 1 && k[0] == 'j') {
+    if (t->key_len > 1 && k[0] == 'j' &&
+        job_parse(t->payload, t->payload_len, &j) &&
+        (j.id <= w->after || j.id > w->upto)) {
+        return 0; /* not on this page */
+    } else if (t->key_len > 1 && k[0] == 'j') {
         if (!job_parse(t->payload, t->payload_len, &j)) {
             w->unreadable++;
             fprintf(stderr, "twheel: %.*s: not a job record twheel reads\n",
@@ -148,10 +207,25 @@ static int jobs_one(void *arg, const tw_durable_scanned *t)
     return 0;
 }
 
-/* twheel jobs: every job of a twheeld store, decoded, in no order. */
+/* twheel jobs: the jobs of a twheeld store, decoded, in no order; with
+ * --limit N the N of lowest ids above --after ID. */
 int cmd_jobs(const struct opts *o, tw_durable *d)
 {
     struct jobs_walk w = {.o = o};
+    char *end = NULL;
+    if (o->after_arg) {
+        errno = 0;
+        w.after = strtoull(o->after_arg, &end, 10);
+        if (errno || end == o->after_arg || *end) {
+            fprintf(stderr, "twheel: bad --after: %s (jobs: an id)\n",
+                    o->after_arg);
+            return EX_ERROR;
+        }
+    }
+    bool paged = jobs_page(d, &w);
+    free(w.ids);
+    if (!paged)
+        return EX_ERROR;
     if (o->json)
         fputs("{\"jobs\":[", stdout);
     long n = tw_durable_scan(d, jobs_one, &w);
@@ -161,10 +235,16 @@ int cmd_jobs(const struct opts *o, tw_durable *d)
         fprintf(stderr, "twheel: jobs: %s\n", tw_strerror((int)n));
         return EX_ERROR;
     }
+    if (o->json && w.upto != UINT64_MAX)
+        printf("\n],\"after\":%" PRIu64, w.upto);
+    else if (o->json)
+        fputs("\n],\"after\":null", stdout);
     if (o->json)
-        printf("\n],\"count\":%" PRIu64 ",\"id_marks\":%" PRIu64
+        printf(",\"count\":%" PRIu64 ",\"id_marks\":%" PRIu64
                ",\"other\":%" PRIu64 ",\"unreadable\":%" PRIu64 "}\n",
                w.jobs, w.marks, w.other, w.unreadable);
+    else if (w.upto != UINT64_MAX)
+        printf("(more: --after %" PRIu64 ")\n", w.upto);
     if (!w.jobs && !w.marks)
         fprintf(stderr, "twheel: warning: %s: no twheeld job here\n", where(o));
     return w.unreadable ? EX_PROBLEM : EX_OK;

@@ -707,7 +707,7 @@ int main(int argc, char **argv)
         return help(stdout, o.verb, EX_OK);
     if (p < 0)
         return help(stderr, o.verb, EX_ERROR);
-    if (o.after_arg &&
+    if (o.after_arg && strcmp(o.verb, "jobs") != 0 && /* jobs: an id */
         !(strcmp(o.verb, "dead") ? parse_after(o.after_arg, &o.after)
                                  : parse_after_key(o.after_arg, &o.after))) {
         fprintf(stderr, "twheel: bad --after: %s (ls: DUE,KEY; dead: KEY)\n",
