@@ -77,7 +77,8 @@ static inline int tw__cond_check(const struct tw__cond *c, bool pending,
         return TW_ENOENT;
     if (!c->expect_len)
         return 0;
-    return pl_len >= c->expect_len && !memcmp(pl, c->expect, c->expect_len)
+    return pl && pl_len >= c->expect_len &&
+                   !memcmp(pl, c->expect, c->expect_len)
                ? 0
                : TW_ESTALE;
 }
