@@ -64,8 +64,8 @@ int64_t tbd_key_num(const char *s, size_t len, uint64_t max)
 bool tbd_live_parse(const char *key, size_t key_len, const unsigned char *p,
                     size_t n, int64_t due_max, uint32_t *node, int64_t *due)
 {
-    if (n != LIVE_LEN || p[0] != REC_LIVE || p[1] < 2 || p[1] > REC_VERSION ||
-        key_len < 2 || key[0] != 'n')
+    if (n != LIVE_LEN || p[0] != REC_LIVE || p[1] != 2 || key_len < 2 ||
+        key[0] != 'n')
         return false;
     *node = tbd_get_u32(p + 2);
     *due = (int64_t)tbd_get_u64(p + 6);
