@@ -172,12 +172,14 @@ static int take_long_opt(struct tbd_options *o, int opt, char *arg)
         o->metrics_port = (int)v;
         return 0;
     case 'R':
+        free((char *)o->redis); /* given twice: the last counts */
         o->redis = hide_url_password(arg);
         return 0;
     case 'U':
         o->redis_user = arg;
         return 0;
     case 'W':
+        free((char *)o->redis_password);
         o->redis_password = first_line(arg);
         return o->redis_password ? 0 : 1;
     case 'N':
@@ -272,5 +274,13 @@ int main(int argc, char **argv)
     }
     if (rc == 0)
         rc = check_opts(&o);
-    return rc ? rc : tbd_serve(&o);
+    if (rc == 0)
+        rc = tbd_serve(&o);
+    /* The copies main made (hide_url_password(), the password). */
+    free((char *)o.redis);
+    if (o.redis_password) {
+        explicit_bzero((char *)o.redis_password, strlen(o.redis_password));
+        free((char *)o.redis_password);
+    }
+    return rc;
 }
