@@ -249,12 +249,11 @@ struct job *tbd_job_from_rec(const struct rec *r, bool body)
 }
 
 /* True when @w was refused because the record is no longer the one this
- * server last wrote (fence_job()). A cancel of a record that is gone did
- * what it had to (store.c). */
+ * server last wrote (fence_job()): another version, or gone (another
+ * server took the job and deleted it). */
 static bool write_fenced(const struct tbd_write *w)
 {
-    return w->cond && (w->result == TW_ESTALE ||
-                       (w->result == TW_ENOENT && w->kind == TBD_W_SCHED));
+    return w->cond && (w->result == TW_ESTALE || w->result == TW_ENOENT);
 }
 
 /* A job record @w came back from the store. */
@@ -286,40 +285,48 @@ static void job_written(struct tbd_write *w)
         tbd_job_evict(j);
 }
 
+/* The held reply @o of @c's write @w: ready, and if @w failed NOT_FOUND
+ * when it was fenced (the job is another server's), else, but for a reply
+ * that stands whatever happens, INTERNAL_ERROR. */
+static void reply_done(struct conn *c, struct out *o, const struct tbd_write *w)
+{
+    o->ready = true;
+    if (w->result == 0 || (w->keep_reply && !write_fenced(w)))
+        return;
+    const char *e = write_fenced(w) ? "NOT_FOUND\r\n" : "INTERNAL_ERROR\r\n";
+    size_t el = strlen(e);
+    if (o->cap < el) /* cap is at least 32 (reply_held) */
+        abort();
+    c->out_bytes -= o->len;
+    memcpy(o->data, e, el);
+    o->len = el;
+    c->out_bytes += o->len;
+}
+
 void tbd_store_completions(struct tbd_write *w)
 {
     while (w) {
         struct tbd_write *nx = w->next;
         struct conn *c = w->owner;
         if (w->result != 0)
-            tbd_logv(0, "store write %.*s failed: %s", (int)w->key_len, w->key,
-                     tw_strerror(w->result));
+            tbd_logv(write_fenced(w) ? 1 : 0, "store write %.*s failed: %s",
+                     (int)w->key_len, w->key, tw_strerror(w->result));
+        /* A conditional cancel that finds the record gone because this
+         * delete's claim dropped a delivery of it (which completed it)
+         * did what it had to. */
+        bool hit = w->unclaim && tbd_store_unclaim(g.store, w->key, w->key_len);
+        if (w->kind == TBD_W_CANCEL && w->result == TW_ENOENT && hit)
+            w->result = 0;
         if (w->key[0] == 'j' && (w->kind == TBD_W_SCHED || write_fenced(w)))
             job_written(w);
         if (w->key[0] == 'n' && w->result == 0 && w->tag > g.live_ok_at)
             g.live_ok_at = w->tag; /* a liveness renewal landed */
-        if (w->unclaim)
-            tbd_store_unclaim(g.store, w->key, w->key_len);
         if (c) {
             struct out *o = (struct out *)(uintptr_t)w->tag;
-            if (o) {
-                if (w->result != 0 && !w->keep_reply) {
-                    /* Fenced: another server has the job (or deleted
-                     * it): it is not found here. */
-                    const char *e = write_fenced(w) ? "NOT_FOUND\r\n"
-                                                    : "INTERNAL_ERROR\r\n";
-                    size_t el = strlen(e);
-                    c->out_bytes -= o->len;
-                    if (o->cap < el) {
-                        /* cap is at least 32 (reply_held) */
-                        abort();
-                    }
-                    memcpy(o->data, e, el);
-                    o->len = el;
-                    c->out_bytes += o->len;
-                }
-                o->ready = true;
-            }
+            if (o && w->reserving)
+                tbd_lease_done(c, o, w, write_fenced(w));
+            else if (o)
+                reply_done(c, o, w);
             c->pending_writes--;
             if (!c->closed)
                 tbd_conn_pump(c);

@@ -35,16 +35,18 @@ static struct job *reserved_by(struct conn *c, uint64_t id)
     return j && j->state == J_RESERVED && j->reserver == c ? j : NULL;
 }
 
-static void cmd_reserve(struct conn *c, int64_t timeout_ms)
+void tbd_cmd_reserve(struct conn *c, int64_t timeout_ms)
 {
     if (!c->worker) {
         c->worker = true;
         g.workers++;
     }
     uint64_t now = tw_wheel_now(g.wheel);
+    c->rsv_timeout_ms = timeout_ms;
+    c->rsv_start = now;
     struct job *j = tbd_conn_candidate(c);
     if (j) {
-        tbd_reserve_job(c, j, now);
+        tbd_reserve_job(c, j, now, RSV_ANY);
         return;
     }
     if (tbd_conn_deadline_soon(c, now)) {
@@ -245,14 +247,14 @@ static void do_reserve(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 {
     (void)cmd;
     (void)now;
-    cmd_reserve(c, -1);
+    tbd_cmd_reserve(c, -1);
 }
 
 static void do_reserve_timeout(struct conn *c, const struct tbd_cmd *cmd,
                                uint64_t now)
 {
     (void)now;
-    cmd_reserve(c, (int64_t)cmd->timeout * 1000);
+    tbd_cmd_reserve(c, (int64_t)cmd->timeout * 1000);
 }
 
 static void do_reserve_job(struct conn *c, const struct tbd_cmd *cmd,
@@ -272,7 +274,7 @@ static void do_reserve_job(struct conn *c, const struct tbd_cmd *cmd,
     bool was_delayed = j->state == J_DELAYED;
     if (cold)
         tbd_job_warm(j);
-    tbd_reserve_job(c, j, now);
+    tbd_reserve_job(c, j, now, RSV_BY_ID);
     /* It was delayed in the store: ready after a crash (on Redis
      * tbd_reserve_job() wrote its lease). */
     if (was_delayed && g.store && !g.opt->redis)

@@ -87,9 +87,10 @@ static void conn_update_events(struct conn *c)
         return;
     uint32_t ev = 0;
     /* No input while it cannot be taken: backpressure, the end of the
-     * client's input, or a full buffer behind a waiting reserve. */
+     * client's input, or a full buffer behind a reserve that waits (for
+     * a job, or for its lease to be written). */
     if (!c->close_after_flush && !c->eof && c->out_bytes < OUT_CAP &&
-        !(c->waiting && c->in && c->in_len == IN_CAP))
+        !((c->waiting || c->leasing) && c->in && c->in_len == IN_CAP))
         ev |= EPOLLIN;
     if (c->out_head && c->out_head->ready)
         ev |= EPOLLOUT;
@@ -309,7 +310,7 @@ static void in_compact(struct conn *c)
 /* Runs the buffered input as far as backpressure allows. */
 static void conn_process(struct conn *c)
 {
-    while (!c->closed && !c->close_after_flush && !c->waiting &&
+    while (!c->closed && !c->close_after_flush && !c->waiting && !c->leasing &&
            c->out_bytes < OUT_CAP && c->in_off < c->in_len) {
         char *p = c->in + c->in_off;
         size_t avail = c->in_len - c->in_off;
@@ -343,7 +344,7 @@ static void conn_process(struct conn *c)
     /* The client shut its side: once every command it sent has run (a
      * partial one never will), the connection closes after its replies,
      * as beanstalkd's does. */
-    if (c->eof && !c->waiting && c->out_bytes < OUT_CAP)
+    if (c->eof && !c->waiting && !c->leasing && c->out_bytes < OUT_CAP)
         c->close_after_flush = true;
 }
 

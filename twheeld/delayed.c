@@ -50,6 +50,12 @@ static void dq_drop(uint64_t id)
     tbd_tube_maybe_free(g.qtube[qno]);
 }
 
+/* True when @id is a delayed job of this server's index. */
+bool tbd_delayed_has(uint64_t id)
+{
+    return tbd_dq_get(g.dq, id, NULL, NULL);
+}
+
 /* A delayed job of this server that recovery read back: its entry alone
  * (the store holds and fires it). */
 void tbd_delayed_recovered(struct tube *t, uint64_t id, int64_t due)

@@ -39,8 +39,10 @@ void tbd_recover_one(void *arg, const char *key, size_t key_len, int64_t due_ms,
     if (key_len && key[0] == 'n')
         return; /* a server's liveness record */
     struct rec rc;
+    /* A second record of one job (a copy in another shard) is skipped
+     * like any other record that is not what this server writes. */
     if (!tbd_rec_parse(p, n, &rc) || rc.id != tbd_key_id(key, key_len) ||
-        tbd_job_find(rc.id)) {
+        tbd_job_find(rc.id) || tbd_delayed_has(rc.id)) {
         r->bad++;
         tbd_unreadable(key, key_len, "not a job record of its key, skipped");
         return;

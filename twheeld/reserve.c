@@ -86,7 +86,65 @@ void tbd_job_undate(struct job *j)
         tbd_submit(NULL, tbd_job_write(j, J_READY, NULL), NULL);
 }
 
-void tbd_reserve_job(struct conn *c, struct job *j, uint64_t now)
+/*
+ * --redis: the reply to a reserve (@how) of @j, held in @c's output until
+ * its lease is in Redis, with the body; the commands behind it wait
+ * (c->leasing). The lease is fenced (bridge.c): refused, the job was
+ * another server's already, and tbd_lease_done() takes the reply back.
+ */
+static void lease_reserved(struct conn *c, struct job *j, int how)
+{
+    char head[48];
+    int n = snprintf(head, sizeof(head), "RESERVED %" PRIu64 " %u\r\n", j->id,
+                     j->body_len);
+    size_t len = (size_t)n + j->body_len + 2;
+    struct out *o = tbd_out_new(len < 32 ? 32 : len);
+    memcpy(o->data, head, (size_t)n);
+    memcpy(o->data + n, j->body, (size_t)j->body_len + 2);
+    o->len = len;
+    o->ready = false;
+    tbd_out_link(c, o);
+    c->out_bytes += len;
+    struct tbd_write *w = tbd_job_write(j, J_READY, c);
+    w->due_ms = tbd_wall_ms() + (int64_t)j->ttr_s * 1000 + TAKEOVER_GRACE_MS;
+    w->keep_reply = true; /* failed otherwise: reserved here (logged) */
+    w->reserving = (uint8_t)how;
+    w->tag = (uint64_t)(uintptr_t)o;
+    j->timed = true;
+    c->leasing = true;
+    tbd_submit(c, w, NULL);
+}
+
+/*
+ * The lease write @w of @c's reserve came back; @o holds its reply. When
+ * it was fenced (the job is gone from here: another server has it) the
+ * reply goes: a reserve-job is NOT_FOUND, a reserve is made again with
+ * what is left of its timeout. Then the commands behind it run.
+ */
+void tbd_lease_done(struct conn *c, struct out *o, const struct tbd_write *w,
+                    bool fenced)
+{
+    c->leasing = false;
+    o->ready = true;
+    if (!fenced || c->closed)
+        return;
+    c->out_bytes -= o->len;
+    o->len = 0;
+    if (w->reserving == RSV_BY_ID) {
+        memcpy(o->data, "NOT_FOUND\r\n", 11);
+        o->len = 11;
+        c->out_bytes += o->len;
+        return;
+    }
+    int64_t left = c->rsv_timeout_ms;
+    if (left > 0) {
+        left -= (int64_t)(tw_wheel_now(g.wheel) - c->rsv_start);
+        left = left > 0 ? left : 0;
+    }
+    tbd_cmd_reserve(c, left);
+}
+
+void tbd_reserve_job(struct conn *c, struct job *j, uint64_t now, int how)
 {
     tbd_job_unlink(j);
     j->state = J_RESERVED;
@@ -103,11 +161,7 @@ void tbd_reserve_job(struct conn *c, struct job *j, uint64_t now)
     /* Redis: RESERVED goes once the lease is in Redis, so a job whose
      * RESERVED reached a worker comes back on another server if this one
      * dies. */
-    char head[48];
-    snprintf(head, sizeof(head), "RESERVED %" PRIu64 " %u\r\n", j->id,
-             j->body_len);
-    tbd_lease_write(c, j, head);
-    tbd_reply_raw(c, j->body, (size_t)j->body_len + 2);
+    lease_reserved(c, j, how);
 }
 
 /* The best ready job of the unpaused tubes @c watches. */
@@ -143,7 +197,7 @@ void tbd_process_queue(void)
         if (!j)
             continue;
         tbd_waiting_remove(c);
-        tbd_reserve_job(c, j, now);
+        tbd_reserve_job(c, j, now, RSV_ANY);
         tbd_conn_flush(c);
     }
 }

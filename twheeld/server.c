@@ -13,6 +13,8 @@
 
 #include "delayq.h"
 
+#include <sys/random.h>
+
 struct server g;
 
 /* ---- main loop ---- */
@@ -69,6 +71,26 @@ static void report_port(int fd, int port_fd)
 }
 
 /* g.server_id: 16 hex digits from /dev/urandom (zeros without it). */
+/*
+ * The start of this server's write tokens (tbd_new_token()): random, so
+ * that no two servers, nor two runs of one, issue the same sequence (a
+ * shared token would let one server's conditional write pass for
+ * another's). Without getrandom(2): the clocks, the pid and the node.
+ */
+static void seed_tokens(void)
+{
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed)) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_REALTIME, &a);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        seed = (uint64_t)a.tv_nsec * 0x9E3779B97F4A7C15u ^
+               (uint64_t)a.tv_sec << 20 ^ (uint64_t)b.tv_nsec ^
+               (uint64_t)getpid() << 40 ^ (uint64_t)g.opt->node << 52;
+    }
+    g.token = seed;
+}
+
 static void make_server_id(void)
 {
     unsigned char rb[8] = {0};
@@ -251,6 +273,7 @@ int tbd_serve(const struct tbd_options *opt)
 
     uname(&g.uts);
     make_server_id();
+    seed_tokens();
     g.jcap = 1024;
     g.jobs = calloc(g.jcap, sizeof(*g.jobs));
     if (!g.jobs || tbd_dq_new(&g.dq) != 0 ||

@@ -78,6 +78,7 @@ struct tbd_store {
     struct claim {
         char key[24];
         size_t len;
+        bool hit; /* a delivery of it was dropped (completed) */
     } * claims;
     /* [claims_off, nclaims) in claim order; released ones have len 0
      * (cancels complete in order, so a release is mostly the first) */
@@ -100,11 +101,16 @@ static void wake(struct tbd_store *s)
     (void)r; /* eventfd: fails only when the counter would overflow */
 }
 
-static bool claimed(const struct tbd_store *s, const void *key, size_t len)
+/* True when @key is claimed; the claim is marked hit (a delivery of the
+ * key is about to be dropped, which completes its record). */
+static bool claimed(struct tbd_store *s, const void *key, size_t len)
 {
-    for (size_t i = s->claims_off; i < s->nclaims; i++)
-        if (s->claims[i].len == len && !memcmp(s->claims[i].key, key, len))
+    for (size_t i = s->claims_off; i < s->nclaims; i++) {
+        if (s->claims[i].len == len && !memcmp(s->claims[i].key, key, len)) {
+            s->claims[i].hit = true;
             return true;
+        }
+    }
     return false;
 }
 
@@ -180,12 +186,8 @@ static void write_run_if(struct tbd_store *s, struct tbd_write *first, size_t n)
     else
         tw_durable_cancel_many_if(s->d, s->items_if, n);
     w = first;
-    for (size_t i = 0; i < n; i++, w = w->next) {
-        w->result = s->items_if[i].result;
-        /* A cancel of what is gone did what it had to. */
-        if (w->kind == TBD_W_CANCEL && w->result == TW_ENOENT)
-            w->result = 0;
-    }
+    for (size_t i = 0; i < n; i++, w = w->next)
+        w->result = s->items_if[i].result; /* ENOENT: the event loop's */
 }
 
 /* Writes the run [first, first + n) of one kind; results into each. */
@@ -530,17 +532,20 @@ void tbd_store_claim(struct tbd_store *s, const char *key, size_t key_len)
         s->claims_cap = ncap;
     }
     memcpy(s->claims[s->nclaims].key, key, key_len);
+    s->claims[s->nclaims].hit = false;
     s->claims[s->nclaims++].len = key_len;
     pthread_mutex_unlock(&s->fmu);
 }
 
-void tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len)
+bool tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len)
 {
+    bool hit = false;
     pthread_mutex_lock(&s->fmu);
     for (size_t i = s->claims_off; i < s->nclaims; i++) {
         if (s->claims[i].len == key_len &&
             !memcmp(s->claims[i].key, key, key_len)) {
             s->claims[i].len = 0;
+            hit = s->claims[i].hit;
             break;
         }
     }
@@ -549,6 +554,7 @@ void tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len)
     if (s->claims_off == s->nclaims)
         s->claims_off = s->nclaims = 0;
     pthread_mutex_unlock(&s->fmu);
+    return hit;
 }
 
 struct qscan {

@@ -31,7 +31,8 @@ struct tbd_write {
     uint64_t tag; /* the event loop's */
     bool delayed; /* the event loop's: a delayed job's record */
     bool unclaim; /* the event loop's: tbd_store_unclaim() its key once done */
-    bool keep_reply; /* the event loop's: its reply stands even if it fails */
+    bool keep_reply;   /* the event loop's: its reply stands even if it fails */
+    uint8_t reserving; /* the event loop's: a reserve's lease (RSV_*) */
     /* A conditional write (--redis: a server's writes are fenced): it
      * applies only if the key is pending and its payload begins with the
      * expect_len bytes of expect (expect_len 0: any version), or with
@@ -128,9 +129,11 @@ struct tbd_fired *tbd_store_take_fired(struct tbd_store *s);
 
 /* While @key is claimed, a delivery of it is dropped (completed, not
  * handed over): for a delete whose cancel is under way. Claim before
- * taking the fired jobs, so that none of @key slips in between. */
+ * taking the fired jobs, so that none of @key slips in between. Unclaim
+ * says whether a delivery was dropped meanwhile (its record completed:
+ * a conditional cancel then finds it gone, and that is its own doing). */
 void tbd_store_claim(struct tbd_store *s, const char *key, size_t key_len);
-void tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len);
+bool tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len);
 
 /* A delayed job in a query's answer. */
 struct tbd_hit {

@@ -138,16 +138,23 @@ struct conn {
     int pending_writes;
     bool closed; /* socket gone; freed with its last pending write */
     bool close_after_flush;
-    bool eof;          /* the client shut its side: no more input */
-    bool disc_cr;      /* IN_DISCARD: the chunk's last byte read is '\r' */
-    uint16_t disc_got; /* IN_DISCARD: bytes read of the current chunk */
-    bool repump;       /* on g.repump: its reserve ended, commands wait */
+    bool eof;               /* the client shut its side: no more input */
+    bool disc_cr;           /* IN_DISCARD: the chunk's last byte read is '\r' */
+    uint16_t disc_got;      /* IN_DISCARD: bytes read of the current chunk */
+    bool repump;            /* on g.repump: its reserve ended, commands wait */
+    bool leasing;           /* --redis: its RESERVED waits for the lease write,
+                               and the commands behind it wait too */
+    int64_t rsv_timeout_ms; /* its last reserve's timeout (-1: none) */
+    uint64_t rsv_start;     /* and when it came (wheel ms) */
     struct conn *rp_next;
     bool producer, worker;
     struct conn *dead_next; /* closed, on g.dead until freed */
 };
 
 enum { IN_LINE, IN_BODY, IN_SKIP, IN_DISCARD };
+/* What a lease write is for (tbd_write.reserving): none, a reserve, a
+ * reserve-job. */
+enum { RSV_NONE, RSV_ANY, RSV_BY_ID };
 
 struct server {
     const struct tbd_options *opt;
@@ -278,6 +285,7 @@ void tbd_takeover_done(struct tbd_query *q);
 
 /* delayed.c */
 void tbd_delayed_recovered(struct tube *t, uint64_t id, int64_t due);
+bool tbd_delayed_has(uint64_t id);
 void tbd_job_delay(struct conn *c, struct job *j, uint32_t delay_s,
                    bool in_table, const char *text);
 void tbd_job_cool(struct job *j, bool ok);
@@ -298,7 +306,9 @@ void tbd_reply_job(struct conn *c, const char *word, struct job *j);
 void tbd_arm_ttr(struct job *j, uint64_t now);
 void tbd_lease_write(struct conn *c, struct job *j, const char *text);
 void tbd_job_undate(struct job *j);
-void tbd_reserve_job(struct conn *c, struct job *j, uint64_t now);
+void tbd_reserve_job(struct conn *c, struct job *j, uint64_t now, int how);
+void tbd_lease_done(struct conn *c, struct out *o, const struct tbd_write *w,
+                    bool fenced);
 struct job *tbd_conn_candidate(struct conn *c);
 bool tbd_conn_deadline_soon(struct conn *c, uint64_t now);
 void tbd_process_queue(void);
@@ -310,6 +320,7 @@ void tbd_conn_use(struct conn *c, struct tube *t);
 void tbd_put_finish(struct conn *c);
 void tbd_cmd_peek_reply(struct conn *c, struct job *j);
 void tbd_cmd_delete(struct conn *c, uint64_t id);
+void tbd_cmd_reserve(struct conn *c, int64_t timeout_ms);
 void tbd_run_command(struct conn *c, const struct tbd_cmd *cmd);
 
 /* stats.c */
