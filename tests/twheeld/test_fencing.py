@@ -161,6 +161,66 @@ def session(server):
     check(not FAILS, "%d checks failed: deleted jobs came back" % len(FAILS))
 
 
+def short_pause(server):
+    """A pause shorter than the liveness record (6.5 s) past the lease of
+    jobs reserved with a TTR of 3 s (due TTR + 2 s): the owner of their
+    shard takes them (B), a worker there deletes each; A, continued, must
+    deliver none of them (a reserve is answered TIMED_OUT), and a delete
+    queued on A for each answers NOT_FOUND (B deleted it, not A's worker).
+    Measured before the fix: A delivered deleted jobs, and its deletes
+    answered DELETED (its writes passed the fence: every server issued the
+    same write tokens)."""
+    a, b = server(3), server(4)
+    ca = Client(a.port, timeout=60)
+    n = 8
+    ids = [put_job(ca, b"short-%d" % i, ttr=3) for i in range(n)]
+    for jid in ids:
+        r = ca.cmd(b"reserve-job %d\r\n" % jid)
+        check(r.startswith(b"RESERVED"), "reserve-job on A: %r" % r)
+    w = Client(a.port, timeout=60)
+    a.proc.send_signal(signal.SIGSTOP)
+    deleted = set()
+    try:
+        cb = Client(b.port, timeout=60)
+        end = time.monotonic() + 6.5
+        while time.monotonic() < end:
+            r = cb.cmd(b"reserve-with-timeout 0\r\n")
+            if r.startswith(b"RESERVED") and int(r.split()[1]) in ids:
+                jid = int(r.split()[1])
+                if cb.cmd(b"delete %d\r\n" % jid) == b"DELETED\r\n":
+                    deleted.add(jid)
+            else:
+                time.sleep(0.05)
+        check(deleted, "precondition: B took and deleted some of A's jobs "
+              "within 6.5 s (lease 3 + 2 s)")
+        ca.send(b"".join(b"delete %d\r\n" % jid for jid in sorted(deleted)))
+        w.send(b"reserve-with-timeout 0\r\n" * n)
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+    dels = [ca.reply() for _ in deleted]
+    served = [int(r.split()[1]) for r in (w.reply() for _ in range(n))
+              if r.startswith(b"RESERVED")]
+    again = sorted(set(served) & deleted)
+    print("short pause: B deleted %d of A's %d jobs; A then delivered %d "
+          "of them, its deletes answered %s" %
+          (len(deleted), n, len(again),
+           sorted(set(r.strip().decode() for r in dels))))
+    if again:
+        fail("A delivered %d jobs B had deleted" % len(again))
+    if any(r != b"NOT_FOUND\r\n" for r in dels):
+        fail("A's deletes of jobs B deleted: %r" % dels)
+    for c in (ca, cb, w):
+        c.close()
+    a.stop()
+    b.stop()
+    check(not FAILS, "%d checks failed" % len(FAILS))
+
+
+def both(server):
+    session(server)
+    short_pause(server)
+
+
 def main():
     # A server started again whose liveness record ran out waits for the
     # takeover to finish, at most 30 s (docs/guide/twheeld.md), before it
@@ -168,7 +228,7 @@ def main():
     wait = bstk.wait_port
     bstk.wait_port = lambda port, proc, timeout=45.0: wait(port, proc,
                                                            timeout)
-    return with_redis("fencing", session)
+    return with_redis("fencing", both)
 
 
 if __name__ == "__main__":
