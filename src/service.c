@@ -33,15 +33,11 @@
 #include "twheel/service.h"
 
 #include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
+#include <stddef.h>
 
 #include "service_impl.h"
 
-int tw__svc_schedule_shared(tw_service *s, tw_task_fn fn, void *arg,
-                            uint64_t delay, uint64_t width, uint64_t period,
-                            enum sched_kind kind, tw_id replace, bool *replaced,
-                            tw_id *id);
+/* Defined below, in the order a call meets them. */
 static inline int sched_validate(tw_service *s, const struct sched *r);
 static inline int sched_reserve(tw_service *s, const struct sched *r,
                                 struct reserved *v);

@@ -15,8 +15,6 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "service_impl.h"
 #include "service_prod.h"
@@ -26,6 +24,7 @@ struct drop {
     tw_id id;
 };
 
+/* Defined below, in the order a call meets them. */
 static inline __attribute__((always_inline)) bool
 cancel_id(tw_service *s, tw_id id, bool drop);
 static inline __attribute__((always_inline)) bool

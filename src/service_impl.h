@@ -1,21 +1,23 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * src/service_impl.h - the timer service's state and the meaning of its
- * records' state words, for src/service.c (the records themselves are the
- * node pool's, src/node_pool.h; src/exec_pool.c sees none of it).
+ * src/service_impl.h - the timer service's state, the meaning of its
+ * records' state words, and the inline helpers its files share (the
+ * src/service*.c files, listed at the top of src/service.c; the records
+ * themselves are the node pool's, src/node_pool.h; src/exec_pool.c sees
+ * none of it).
  *
  * Pipeline
  * --------
  * A task flows through the service in one direction:
  *
- *   producer (tw_schedule*)                                service.c
+ *   producer (tw_schedule*)                     service_submit.c, service.c
  *     | takes a record from the node pool                   node_pool.[ch]
  *     v puts it in its ring (exact one-shot) or pushes it on a
- *     | submission stack (lock-free)
+ *     | submission stack (lock-free)                    service_ring.[ch]
  *   timer thread: takes the rings' new slots and the stacks
- *     | whole, the cancel bitmap too                       service.c
+ *     | whole, the cancel bitmap too                     service_loop.c
  *     v arms the record in its tw_wheel                     wheel.c
- *   wheel: at the deadline calls the trampoline (dispatch) service.c
+ *   wheel: at the deadline calls the trampoline (dispatch) service_run.c
  *     v runs the task there, or hands it to an executor
  *   executor pool (or the caller's executor)               exec_pool.[ch]
  *     v runs the task; a periodic task goes back on the stack
@@ -211,7 +213,8 @@ struct tw__tsc; /* src/service_clock.h */
  * A producer: the state of one thread that schedules or cancels on one
  * service without max_pending (up to MAX_PRODS of them; other threads, and
  * every thread of a service with max_pending, take the shared paths). The
- * thread that owns it finds it through a thread-local cache (service.c).
+ * thread that owns it finds it through a thread-local cache
+ * (src/service_prod.h).
  *   - subq: its own submission stack, which only it and the timer thread
  *     (or stop) touch, instead of the shared one;
  *   - added, dropped: the tasks it reserved, and those its cancels (or
@@ -260,7 +263,7 @@ struct tw__tsc; /* src/service_clock.h */
  * A ring: its slots, then one byte per slot (ring_done()). A producer's
  * ring starts with 2^RING_MIN_BITS slots (9 KiB) and doubles, up to
  * RING_SLOTS (576 KiB), each time it was found full, at the first call
- * that finds it empty after that (prod_ring_grow()): the consumer has
+ * that finds it empty after that (tw__svc_ring_grow()): the consumer has
  * then taken every slot, so no slot of the old ring is read again by the
  * owner or the consumer. A cancel from another thread may still be
  * looking at the old ring (it read the producer's ring just before the
@@ -349,7 +352,7 @@ struct prod {
     uint32_t fr_next, fr_end; /* never-used indexes [fr_next, fr_end) */
     tw_task_fn last_fn;       /* the last function and its entry */
     uint32_t last_fidx;
-    /* last_fn on a service that may take schedule_hot() (cfg.hot), else
+    /* last_fn on a service that may take prod_schedule_cached() (cfg.hot), else
      * no_fn, as it is at first: tw_schedule()'s one test for both. */
     tw_task_fn hot_fn;
     uint64_t ring_end; /* head + the ring's slots as last read: tail
@@ -365,7 +368,7 @@ struct prod {
     bool tail_plain;    /* cfg.fence: tail is stored, not exchanged */
     uint8_t ring_old_n; /* rings it outgrew */
     /* The ring, NULL without one (no memory). Only the owner changes it
-     * (prod_ring_grow()); the consumer reads it after tail, other threads'
+     * (tw__svc_ring_grow()); the consumer reads it after tail, other threads'
      * cancels when they find a task in it. */
     struct ring *_Atomic ring;
     struct ring *ring_old[RING_GROWS]; /* freed with the service */
@@ -398,10 +401,10 @@ struct tw_service {
         tw_execute_fn execute;
         void *execute_ctx;
         uint32_t nexec;
-        bool lazy;  /* TW_SERVICE_LAZY_CLOCK */
-        bool hot;   /* tw_schedule() may take schedule_hot(): no slack, no
-                       lazy clock, no max_pending, the built-in
-                       CLOCK_MONOTONIC (its TSC estimate) */
+        bool lazy; /* TW_SERVICE_LAZY_CLOCK */
+        bool hot; /* tw_schedule() may take prod_schedule_cached(): no slack, no
+                     lazy clock, no max_pending, the built-in
+                     CLOCK_MONOTONIC (its TSC estimate) */
         bool fence; /* tw__fence_heavy() may be used (src/fence.h): the
                        producers store their tails without a barrier */
         tw_wheel_config wcfg;

@@ -15,9 +15,10 @@
 
 #include "twheel/service.h"
 
-/* Service test hooks (src/service.c). tw__service_kick: an injected
- * spurious wake-up of the timer thread (counted in stats.wakeups).
- * tw__service_node_size: bytes of one pending task's record. */
+/* Service test hooks (src/service.c; the hook variables there too).
+ * tw__service_kick: an injected spurious wake-up of the timer thread (counted
+ * in stats.wakeups). tw__service_node_size: bytes of one pending task's record.
+ */
 struct tw_service;
 void tw__service_kick(struct tw_service *s);
 /* Wait until the timer thread has run a whole round that began after this

@@ -11,15 +11,14 @@
 
 #include "twheel/service.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
-#include <time.h>
 #include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
+#include <time.h>
 
-#include "service_impl.h"
 #include "fence.h"
+#include "service_impl.h"
 
 #define TICK_MIN_NS UINT64_C(1000)
 /* The shortest tick with which the producers publish without a barrier

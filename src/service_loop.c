@@ -17,10 +17,10 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
-#include <string.h>
+#include <time.h>
 
-#include "service_impl.h"
 #include "fence.h"
+#include "service_impl.h"
 #include "service_ring.h"
 
 #define DRAIN_BATCH 8192 /* submissions per timer-thread round */
@@ -32,6 +32,7 @@ struct handing {
     uint64_t handed;
 };
 
+/* Defined below, in the order a call meets them. */
 static inline unsigned subq_drain(tw_service *s, unsigned max,
                                   void (*take)(tw_service *s, struct node *n,
                                                void *ctx),

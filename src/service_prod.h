@@ -21,7 +21,7 @@ extern _Thread_local struct prod_ref {
     tw_service *s;
     uint64_t serial;
     struct prod *p;
-} tw__prod_cache[PROD_CACHE] TLS_IE;
+} tw__svc_prod_cache[PROD_CACHE] TLS_IE;
 
 /* src/service_producer.c: the calling thread's producer of @s, taken now
  * if it has none (see tw__svc_prod_claim() there); a function no caller
@@ -42,9 +42,9 @@ int tw__svc_ring_undo(struct prod *p, struct node *n, tw_id task, uint32_t pos,
 static inline struct prod *prod_cached(tw_service *s)
 {
     for (unsigned i = 0; i < PROD_CACHE; i++)
-        if (tw__prod_cache[i].s == s &&
-            tw__prod_cache[i].serial == s->prods.serial)
-            return tw__prod_cache[i].p;
+        if (tw__svc_prod_cache[i].s == s &&
+            tw__svc_prod_cache[i].serial == s->prods.serial)
+            return tw__svc_prod_cache[i].p;
     return NULL;
 }
 
@@ -55,9 +55,9 @@ static inline struct prod *prod_first(const tw_service *s)
 {
     /* An entry names a service (s != NULL) exactly when it holds a
      * producer, so that @s NULL finds none without a test of its own. */
-    struct prod *p = tw__prod_cache[0].p;
-    return tw__prod_cache[0].s == s && p != NULL &&
-                   tw__prod_cache[0].serial == s->prods.serial
+    struct prod *p = tw__svc_prod_cache[0].p;
+    return tw__svc_prod_cache[0].s == s && p != NULL &&
+                   tw__svc_prod_cache[0].serial == s->prods.serial
                ? p
                : NULL;
 }

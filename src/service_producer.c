@@ -17,13 +17,11 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "service_impl.h"
 #include "service_prod.h"
 
-_Thread_local struct prod_ref tw__prod_cache[PROD_CACHE] TLS_IE;
+_Thread_local struct prod_ref tw__svc_prod_cache[PROD_CACHE] TLS_IE;
 static _Thread_local unsigned prod_victim TLS_IE;
 
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -74,8 +72,8 @@ static void prod_thread_exit(void *unused)
 {
     (void)unused;
     for (unsigned i = 0; i < PROD_CACHE; i++)
-        if (tw__prod_cache[i].s != NULL)
-            prod_release(&tw__prod_cache[i]);
+        if (tw__svc_prod_cache[i].s != NULL)
+            prod_release(&tw__svc_prod_cache[i]);
 }
 
 static void prod_key_init(void)
@@ -145,7 +143,7 @@ __attribute__((noinline)) struct prod *tw__svc_prod_claim(tw_service *s)
     struct prod *p = prod_adopt(s);
     if (p == NULL)
         return NULL;
-    struct prod_ref *r = &tw__prod_cache[prod_victim++ % PROD_CACHE];
+    struct prod_ref *r = &tw__svc_prod_cache[prod_victim++ % PROD_CACHE];
     if (r->s != NULL)
         prod_release(r);
     *r = (struct prod_ref){s, s->prods.serial, p};

@@ -13,8 +13,6 @@
 #include "twheel/service.h"
 
 #include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "service_impl.h"
 #include "service_prod.h"

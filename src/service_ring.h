@@ -11,51 +11,9 @@
 
 #include "service_impl.h"
 
-/*
- * Slot @pos of ring @r, producer @p's ring when it published the slot,
- * below tail: take its node to @take as a node from a stack (LOC_QUEUED, its
- * function entry in the payload; cancelled if a cancel won, so that
- * @take frees it), or, for a task its owner cancelled, count it.
- * Returns 1 for a task its owner cancelled, else 0.
- * Context: the consumer (the timer thread, or stop once it is joined).
- */
 static inline unsigned
 ring_take(tw_service *s, struct prod *p, struct ring *r, uint32_t pos,
-          void (*take)(tw_service *s, struct node *n, void *ctx), void *ctx)
-{
-    _Atomic uint64_t *w = &r->slot[pos];
-    uint64_t v = atomic_load_explicit(w, memory_order_acquire);
-    if (rs_state(v) == RS_QUEUED)
-        TEST_HOOK(tw__service_ring_hook, s, rs_id(v), false);
-    while (rs_state(v) == RS_QUEUED &&
-           !atomic_compare_exchange_weak(w, &v, rs_word(rs_id(v), RS_TAKEN))) {
-    }
-    unsigned rs = rs_state(v);
-    if (rs == RS_QUEUED)
-        TEST_HOOK(tw__service_ring_hook, s, rs_id(v), true);
-    if (rs == RS_DONE)
-        return 1;
-    if (rs != RS_QUEUED && rs != RS_CANCELLED)
-        return 0; /* withdrawn */
-    struct node *n = node_at(&s->pool, (uint32_t)rs_id(v) - 1);
-    uint64_t fidx = (uintptr_t)n->t.tw__next;
-    uint64_t ring_pay = p->ring_tag | pos;
-    n->t.tw__pprev = QUEUED_NS; /* its deadline is in ns */
-    /* From LOC_RING to LOC_QUEUED, the function's entry in place of the
-     * slot's place. After RS_TAKEN a cancel may set the cancelled bit in
-     * the state word meanwhile (nothing else): the exclusive or keeps it.
-     * After RS_CANCELLED nobody else writes it. */
-    uint64_t flip = (ring_pay ^ fidx) << ST_PAY_SHIFT | (LOC_RING ^ LOC_QUEUED);
-    if (rs == RS_QUEUED)
-        atomic_fetch_xor(&n->state, flip);
-    else
-        atomic_store(
-            &n->state,
-            (atomic_load_explicit(&n->state, memory_order_relaxed) ^ flip) |
-                ST_CANCELLED);
-    take(s, n, ctx);
-    return 0;
-}
+          void (*take)(tw_service *s, struct node *n, void *ctx), void *ctx);
 
 /*
  * Take up to @max slots off the producers' rings, each to ring_take();
@@ -104,6 +62,52 @@ static inline unsigned ring_drain(tw_service *s, unsigned max,
         atomic_fetch_add_explicit(&s->cancelled, owner_cancelled,
                                   memory_order_relaxed);
     return done;
+}
+
+/*
+ * Slot @pos of ring @r, producer @p's ring when it published the slot,
+ * below tail: take its node to @take as a node from a stack (LOC_QUEUED, its
+ * function entry in the payload; cancelled if a cancel won, so that
+ * @take frees it), or, for a task its owner cancelled, count it.
+ * Returns 1 for a task its owner cancelled, else 0.
+ * Context: the consumer (the timer thread, or stop once it is joined).
+ */
+static inline unsigned
+ring_take(tw_service *s, struct prod *p, struct ring *r, uint32_t pos,
+          void (*take)(tw_service *s, struct node *n, void *ctx), void *ctx)
+{
+    _Atomic uint64_t *w = &r->slot[pos];
+    uint64_t v = atomic_load_explicit(w, memory_order_acquire);
+    if (rs_state(v) == RS_QUEUED)
+        TEST_HOOK(tw__service_ring_hook, s, rs_id(v), false);
+    while (rs_state(v) == RS_QUEUED &&
+           !atomic_compare_exchange_weak(w, &v, rs_word(rs_id(v), RS_TAKEN))) {
+    }
+    unsigned rs = rs_state(v);
+    if (rs == RS_QUEUED)
+        TEST_HOOK(tw__service_ring_hook, s, rs_id(v), true);
+    if (rs == RS_DONE)
+        return 1;
+    if (rs != RS_QUEUED && rs != RS_CANCELLED)
+        return 0; /* withdrawn */
+    struct node *n = node_at(&s->pool, (uint32_t)rs_id(v) - 1);
+    uint64_t fidx = (uintptr_t)n->t.tw__next;
+    uint64_t ring_pay = p->ring_tag | pos;
+    n->t.tw__pprev = QUEUED_NS; /* its deadline is in ns */
+    /* From LOC_RING to LOC_QUEUED, the function's entry in place of the
+     * slot's place. After RS_TAKEN a cancel may set the cancelled bit in
+     * the state word meanwhile (nothing else): the exclusive or keeps it.
+     * After RS_CANCELLED nobody else writes it. */
+    uint64_t flip = (ring_pay ^ fidx) << ST_PAY_SHIFT | (LOC_RING ^ LOC_QUEUED);
+    if (rs == RS_QUEUED)
+        atomic_fetch_xor(&n->state, flip);
+    else
+        atomic_store(
+            &n->state,
+            (atomic_load_explicit(&n->state, memory_order_relaxed) ^ flip) |
+                ST_CANCELLED);
+    take(s, n, ctx);
+    return 0;
 }
 
 /* Is any ring non-empty? (seq_cst loads of tail, as subq_any()). */

@@ -12,12 +12,12 @@
 
 #include "twheel/service.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "service_impl.h"
 
+/* Defined below, in the order a call meets them. */
 static void run_node(tw_service *s, struct node *n, bool inline_wheel);
 static void call_task(tw_service *s, struct node *n, uint64_t rst, tw_id id,
                       bool timer_thread);

@@ -17,7 +17,7 @@
  *                             or a new one (src/service_producer.c)
  *   prod_schedule()           a new function, an empty magazine, the lazy
  *                             clock
- *   tw__svc_schedule_shared()         everything else (src/service.c)
+ *   tw__svc_schedule_shared() everything else (src/service.c)
  *
  * and the ring's full and stop cases (publish_full(), schedule_undo();
  * the ring itself is src/service_ring.c).
@@ -28,13 +28,12 @@
 #include "twheel/service.h"
 
 #include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
 
-#include "service_impl.h"
 #include "fence.h"
+#include "service_impl.h"
 #include "service_prod.h"
 
+/* Defined below, in the order a call meets them. */
 static inline __attribute__((always_inline)) int
 prod_schedule_cached(tw_service *s, struct prod *p, void *arg, uint64_t delay,
                      tw_id *id, uint64_t now);
