@@ -3,10 +3,10 @@
  * src/service_cancel.c - tw_cancel() and tw_cancel_wait(). A cancel only
  * sets the cancelled bit of the task's state word, or, for a task still in
  * a producer's ring, marks its slot (the ring's owner takes the record
- * straight back: ring_reclaim()); whoever owns the record then frees it
- * (src/service_impl.h, "The state word"). Read from the top, it follows
- * one call: tw_cancel(), cancel_id() (the owner's ring slot), then
- * cancel_state() and the rarer cases below it.
+ * straight back: ring_cancel_own(), src/service_ring.h); whoever owns the
+ * record then frees it (src/service_impl.h, "The state word"). Read from the
+ * top, it follows one call: tw_cancel(), cancel_id() (the owner's ring slot),
+ * then cancel_state() and the rarer cases below it.
  */
 
 #define _POSIX_C_SOURCE 200809L
@@ -18,6 +18,7 @@
 
 #include "service_impl.h"
 #include "service_prod.h"
+#include "service_ring.h"
 
 struct drop {
     tw_service *s;
@@ -34,10 +35,6 @@ cancel_won(tw_service *s, struct node *n, tw_id id, unsigned loc, bool drop);
 __attribute__((noinline)) static void drop_queued(tw_service *s, struct node *n,
                                                   tw_id id);
 static bool still_dispatched(tw_timer *job, void *arg);
-static inline void ring_reclaim(tw_service *s, struct prod *p, struct node *n,
-                                tw_id id);
-static __attribute__((noinline)) void ring_spill(tw_service *s, struct prod *p,
-                                                 struct node *n);
 static __attribute__((noinline)) bool
 cancel_ring(tw_service *s, struct node *n, tw_id id, uint64_t st, bool drop);
 static bool still_running(const tw_service *s, tw_id id);
@@ -59,23 +56,13 @@ static inline __attribute__((always_inline)) bool cancel_id(tw_service *s,
     if (ST_LOC(st) != LOC_RING)
         return cancel_state(s, n, id, st, drop);
     /* The common case of a schedule+cancel pair: the thread that owns the
-     * ring, before the consumer took the task. One compare-and-swap on
-     * the slot, which the call that scheduled the task wrote, and the
-     * node goes back to the magazine. */
+     * ring, before the consumer took the task (src/service_ring.h). */
     struct prod *p = prod_first(s);
     uint32_t pay = ST_PAY(st);
     if (p != NULL && drop && (pay & ~RING_MASK) == p->ring_tag) {
-        /* The slot names the task (generation and index, RS_QUEUED) only
-         * while the task waits in it: the swap checks the id as well. */
         uint32_t pos = pay & RING_MASK; /* within this ring: rings grow */
-        uint64_t v = rs_word(id, RS_QUEUED);
-        if (atomic_compare_exchange_strong(&p->ring_slot[pos], &v,
-                                           rs_word(id, RS_DONE))) {
-            atomic_store_explicit(&p->ring_byte[pos], 1, memory_order_relaxed);
-            prod_drop(p);
-            ring_reclaim(s, p, n, id);
+        if (ring_cancel_own(s, p, n, id, pos))
             return true;
-        }
     }
     return cancel_ring(s, n, id, st, drop);
 }
@@ -164,38 +151,6 @@ static bool still_dispatched(tw_timer *job, void *arg)
     uint64_t st = atomic_load(&node_of_timer(job)->state);
     TEST_HOOK(tw__service_xdrop_hook, d->s, d->id);
     return ST_GEN(st) == ST_GEN(d->id) && ST_LOC(st) == LOC_DISPATCHED;
-}
-
-/* Node @n of task @id, cancelled in producer @p's ring by its owner (the
- * caller), is @p's again: the consumer will not read it. A new
- * generation, so that the id is stale, and into the magazine (or, beyond
- * MAG_NODES taken back, towards the pool: ring_spill()). */
-static inline void ring_reclaim(tw_service *s, struct prod *p, struct node *n,
-                                tw_id id)
-{
-    node_release_at(n, (uint32_t)id - 1, id);
-    if (p->mag_back >= (int32_t)MAG_NODES) {
-        ring_spill(s, p, n);
-        return;
-    }
-    p->mag_back++;
-    n->t.tw__next = p->mag != NULL ? &p->mag->t : NULL;
-    p->mag = n;
-}
-
-/* Node @n (released), one more than the magazine of producer @p keeps:
- * onto its spill chain, which goes to the pool's free list as a batch
- * once it holds MAG_NODES. */
-static __attribute__((noinline)) void ring_spill(tw_service *s, struct prod *p,
-                                                 struct node *n)
-{
-    n->t.tw__next = p->spill != NULL ? &p->spill->t : NULL;
-    p->spill = n;
-    if (++p->spill_n == MAG_NODES) {
-        free_push(&s->pool, n);
-        p->spill = NULL;
-        p->spill_n = 0;
-    }
 }
 
 /*

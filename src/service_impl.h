@@ -730,6 +730,22 @@ static inline void wake_for_cancel(tw_service *s)
         wake(s);
 }
 
+/* src/service_loop.c: wake_for_due() when the timer thread sleeps past the
+ * task's tick (or is being woken): out of line, so that the producers'
+ * fast path makes no call and keeps its values in caller-saved registers.
+ * Returns 0. */
+int tw__svc_wake_for_due(tw_service *s, uint64_t due);
+
+/* After the publication of a task due @due ns after the start: wake the
+ * timer thread if it sleeps past the task's tick. Returns 0. */
+static inline __attribute__((always_inline)) int wake_for_due(tw_service *s,
+                                                              uint64_t due)
+{
+    if (due < atomic_load(&s->timer.wake_ns)) /* tick < sleep_until */
+        return tw__svc_wake_for_due(s, due);
+    return 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Pending counts and submission stacks. */
 

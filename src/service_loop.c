@@ -298,6 +298,13 @@ static bool subq_any(tw_service *s)
     return ring_any(s);
 }
 
+/* wake_for_due()'s call (src/service_impl.h). */
+int tw__svc_wake_for_due(tw_service *s, uint64_t due)
+{
+    wake_for_tick(s, ceil_tick(s, due));
+    return 0;
+}
+
 /* Hand back (to @fn, with @ctx) every task in the wheel and the queues,
  * once the timer thread is joined; how many. Context: tw_service_stop(),
  * under life.stop_mu. */

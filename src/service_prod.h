@@ -35,6 +35,7 @@ void tw__svc_no_fn(tw_id id, void *arg);
 struct ring *tw__svc_ring_new(tw_service *s, unsigned bits);
 void tw__svc_ring_use(struct prod *p, struct ring *r);
 void tw__svc_ring_grow(tw_service *s, struct prod *p);
+void tw__svc_ring_spill(tw_service *s, struct prod *p, struct node *n);
 int tw__svc_ring_undo(struct prod *p, struct node *n, tw_id task, uint32_t pos,
                       tw_id *id, tw_id was);
 

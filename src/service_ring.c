@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * src/service_ring.c - a producer's ring (struct ring, src/service_impl.h):
- * its memory, its growth, and the withdrawal of a slot when stop begins
- * during a call. Its owner publishes in it inline (publish_ring(),
- * src/service_submit.c), the consumer takes its slots (ring_drain(),
- * src/service_ring.h), a cancel marks a slot (cancel_ring(),
- * src/service_cancel.c).
+ * src/service_ring.c - a producer's ring (struct ring, src/service_impl.h),
+ * its rare operations: its memory, its growth, the withdrawal of a slot
+ * when stop begins during a call, the spill of records its owner's
+ * cancels took back beyond a magazine. The operations on every call are
+ * inline in src/service_ring.h; a cancel from another thread marks a slot
+ * in cancel_ring() (src/service_cancel.c).
  */
 
 #define _POSIX_C_SOURCE 200809L
@@ -81,4 +81,19 @@ __attribute__((noinline)) int tw__svc_ring_undo(struct prod *p, struct node *n,
     if (id != NULL)
         *id = was;
     return TW_ESHUTDOWN;
+}
+
+/* Node @n (released), one more than the magazine of producer @p keeps:
+ * onto its spill chain, which goes to the pool's free list as a batch
+ * once it holds MAG_NODES. */
+__attribute__((noinline)) void tw__svc_ring_spill(tw_service *s, struct prod *p,
+                                                  struct node *n)
+{
+    n->t.tw__next = p->spill != NULL ? &p->spill->t : NULL;
+    p->spill = n;
+    if (++p->spill_n == MAG_NODES) {
+        free_push(&s->pool, n);
+        p->spill = NULL;
+        p->spill_n = 0;
+    }
 }

@@ -1,15 +1,102 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * src/service_ring.h - the consumer's side of the producers' rings (struct
- * ring, src/service_impl.h): the timer thread, or stop once it has joined
- * the thread, takes the new slots (src/service_loop.c). Inline, so that
- * the loop calls its take function directly. The rest of the ring is
- * src/service_ring.c.
+ * src/service_ring.h - a producer's ring (struct ring, its slots and their
+ * states: src/service_impl.h), the operations on every call, inline: its
+ * owner publishes a task in it (publish_ring(), from tw_schedule()) and
+ * cancels a task still in it (ring_cancel_own(), from tw_cancel()); the
+ * consumer, the timer thread or stop once it has joined the thread, takes
+ * the new slots (ring_drain(), inline so that it calls its take function
+ * directly). The rare operations are src/service_ring.c.
  */
 #ifndef TWHEEL_SERVICE_RING_H
 #define TWHEEL_SERVICE_RING_H
 
+#include "fence.h"
 #include "service_impl.h"
+#include "service_prod.h"
+
+/* The owner's side. */
+
+/*
+ * Publish node @n (filled by publish_exact() for task @task, its
+ * function's entry in p->last_fidx, *@id already set, @was its old
+ * value) in slot @t of producer @p's ring, which has room, then the stop
+ * check and the wake-up. The slot is written before the state word, so
+ * that whoever sees LOC_RING sees the slot; the store of tail publishes
+ * both. Between it and the reads of the stop bit and wake_ns (see
+ * prod_schedule()) a full barrier is needed: the exchange of tail, or,
+ * with p->tail_plain, a release store and tw__fence_light() against the
+ * tw__fence_heavy() of timer_sleep() and tw_service_stop() (so that a
+ * schedule and cancel pair makes one atomic read-modify-write, not two).
+ * Context: @p's owner.
+ */
+static inline __attribute__((always_inline)) int
+publish_ring(tw_service *s, struct prod *p, struct node *n, tw_id task,
+             uint64_t due, uint64_t t, tw_id *id, tw_id was)
+{
+    uint64_t gen = task & ~UINT64_C(0xffffffff);
+    uint32_t pos = (uint32_t)t & p->ring_mask;
+    n->t.tw__next = (tw_timer *)(uintptr_t)p->last_fidx;
+    atomic_store_explicit(&p->ring_slot[pos], rs_word(task, RS_QUEUED),
+                          memory_order_relaxed);
+    atomic_store_explicit(&n->state,
+                          gen | (uint64_t)(p->ring_tag | pos) << ST_PAY_SHIFT |
+                              LOC_RING,
+                          memory_order_release);
+    atomic_store_explicit(&p->ring_byte[pos], 0, memory_order_relaxed);
+    if (p->tail_plain) {
+        atomic_store_explicit(&p->tail, t + 1, memory_order_release);
+        tw__fence_light();
+    } else {
+        atomic_exchange(&p->tail, t + 1);
+    }
+    TEST_HOOK(tw__service_pushed_hook, s);
+    if (atomic_load(&s->submit.pending) & STOPPED_BIT)
+        return tw__svc_ring_undo(p, n, task, pos, id, was);
+    return wake_for_due(s, due);
+}
+
+/* Node @n of task @id, cancelled in producer @p's ring by its owner (the
+ * caller), is @p's again: the consumer will not read it. A new
+ * generation, so that the id is stale, and into the magazine (or, beyond
+ * MAG_NODES taken back, towards the pool: tw__svc_ring_spill()). */
+static inline void ring_reclaim(tw_service *s, struct prod *p, struct node *n,
+                                tw_id id)
+{
+    node_release_at(n, (uint32_t)id - 1, id);
+    if (p->mag_back >= (int32_t)MAG_NODES) {
+        tw__svc_ring_spill(s, p, n);
+        return;
+    }
+    p->mag_back++;
+    n->t.tw__next = p->mag != NULL ? &p->mag->t : NULL;
+    p->mag = n;
+}
+
+/*
+ * Cancel task @id, whose node @n waits in slot @pos of producer @p's ring,
+ * as the ring's owner (the common case of a schedule+cancel pair): one
+ * compare-and-swap on the slot, which the call that scheduled the task
+ * wrote, and the node goes back to the magazine. The slot names the task
+ * (generation and index, RS_QUEUED) only while the task waits in it: the
+ * swap checks the id as well. False if it no longer waits there.
+ * Context: @p's owner.
+ */
+static inline __attribute__((always_inline)) bool
+ring_cancel_own(tw_service *s, struct prod *p, struct node *n, tw_id id,
+                uint32_t pos)
+{
+    uint64_t v = rs_word(id, RS_QUEUED);
+    if (!atomic_compare_exchange_strong(&p->ring_slot[pos], &v,
+                                        rs_word(id, RS_DONE)))
+        return false;
+    atomic_store_explicit(&p->ring_byte[pos], 1, memory_order_relaxed);
+    prod_drop(p);
+    ring_reclaim(s, p, n, id);
+    return true;
+}
+
+/* The consumer's side. */
 
 static inline unsigned
 ring_take(tw_service *s, struct prod *p, struct ring *r, uint32_t pos,

@@ -8,8 +8,9 @@
  * first producer, its last task function and a record in its magazine at
  * hand and reads the TSC estimate of the clock (src/service_clock.h), then
  * prod_schedule_cached() fills the record, publish_exact() and
- * publish_ring() put it in the producer's ring and wake_for_due() wakes
- * the timer thread if it sleeps past the task's tick. Below them the
+ * publish_ring() (src/service_ring.h) put it in the producer's ring and
+ * wake_for_due() (src/service_impl.h) wakes the timer thread if it sleeps
+ * past the task's tick. Below them the
  * calls that cannot take that path, each a step further from it:
  *
  *   prod_schedule_refresh()   the clock from tw__tsc_refresh()
@@ -32,6 +33,7 @@
 #include "fence.h"
 #include "service_impl.h"
 #include "service_prod.h"
+#include "service_ring.h"
 
 /* Defined below, in the order a call meets them. */
 static inline __attribute__((always_inline)) int
@@ -40,13 +42,6 @@ prod_schedule_cached(tw_service *s, struct prod *p, void *arg, uint64_t delay,
 static inline __attribute__((always_inline)) int
 publish_exact(tw_service *s, struct prod *p, struct node *n, tw_id task,
               void *arg, uint64_t due, tw_id *id);
-static inline __attribute__((always_inline)) int
-publish_ring(tw_service *s, struct prod *p, struct node *n, tw_id task,
-             uint64_t due, uint64_t t, tw_id *id, tw_id was);
-static inline __attribute__((always_inline)) int wake_for_due(tw_service *s,
-                                                              uint64_t due);
-static __attribute__((noinline)) int wake_for_due_slow(tw_service *s,
-                                                       uint64_t due);
 static __attribute__((noinline)) int
 prod_schedule_refresh(tw_service *s, struct prod *p, void *arg,
                       uint64_t delay_ns, tw_id *id);
@@ -135,65 +130,6 @@ publish_exact(tw_service *s, struct prod *p, struct node *n, tw_id task,
     if (t != p->ring_end)
         return publish_ring(s, p, n, task, due, t, id, was);
     return publish_full(s, p, n, task, id, was);
-}
-
-/*
- * Publish node @n (filled by publish_exact() for task @task, its
- * function's entry in p->last_fidx, *@id already set, @was its old
- * value) in slot @t of producer @p's ring, which has room, then the stop
- * check and the wake-up. The slot is written before the state word, so
- * that whoever sees LOC_RING sees the slot; the store of tail publishes
- * both. Between it and the reads of the stop bit and wake_ns (see
- * prod_schedule()) a full barrier is needed: the exchange of tail, or,
- * with p->tail_plain, a release store and tw__fence_light() against the
- * tw__fence_heavy() of timer_sleep() and tw_service_stop() (so that a
- * schedule and cancel pair makes one atomic read-modify-write, not two).
- * Context: @p's owner.
- */
-static inline __attribute__((always_inline)) int
-publish_ring(tw_service *s, struct prod *p, struct node *n, tw_id task,
-             uint64_t due, uint64_t t, tw_id *id, tw_id was)
-{
-    uint64_t gen = task & ~UINT64_C(0xffffffff);
-    uint32_t pos = (uint32_t)t & p->ring_mask;
-    n->t.tw__next = (tw_timer *)(uintptr_t)p->last_fidx;
-    atomic_store_explicit(&p->ring_slot[pos], rs_word(task, RS_QUEUED),
-                          memory_order_relaxed);
-    atomic_store_explicit(&n->state,
-                          gen | (uint64_t)(p->ring_tag | pos) << ST_PAY_SHIFT |
-                              LOC_RING,
-                          memory_order_release);
-    atomic_store_explicit(&p->ring_byte[pos], 0, memory_order_relaxed);
-    if (p->tail_plain) {
-        atomic_store_explicit(&p->tail, t + 1, memory_order_release);
-        tw__fence_light();
-    } else {
-        atomic_exchange(&p->tail, t + 1);
-    }
-    TEST_HOOK(tw__service_pushed_hook, s);
-    if (atomic_load(&s->submit.pending) & STOPPED_BIT)
-        return tw__svc_ring_undo(p, n, task, pos, id, was);
-    return wake_for_due(s, due);
-}
-
-/* After the publication of a task due @due ns after the start: wake the
- * timer thread if it sleeps past the task's tick. Returns 0. */
-static inline __attribute__((always_inline)) int wake_for_due(tw_service *s,
-                                                              uint64_t due)
-{
-    if (due < atomic_load(&s->timer.wake_ns)) /* tick < sleep_until */
-        return wake_for_due_slow(s, due);
-    return 0;
-}
-
-/* wake_for_due() when the timer thread sleeps past the task's tick (or
- * is being woken): out of line, so that the producers' fast path makes
- * no call and keeps its values in caller-saved registers. Returns 0. */
-static __attribute__((noinline)) int wake_for_due_slow(tw_service *s,
-                                                       uint64_t due)
-{
-    wake_for_tick(s, ceil_tick(s, due));
-    return 0;
 }
 
 /* tw_schedule() with everything at hand but the TSC estimate: the clock
