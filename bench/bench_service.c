@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "service_internal.h"
 #include "twheel/service.h"
 #include "fixture.h"
 

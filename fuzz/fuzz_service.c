@@ -35,6 +35,7 @@
 #include <twheel/service.h>
 
 #include "internal.h"
+#include "service_internal.h"
 
 #include "fuzz.h"
 

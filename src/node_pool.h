@@ -3,7 +3,7 @@
  * src/node_pool.h - a pool of timer records ("nodes"): their layout, the
  * chunks that hold them, the directory of chunks, index <-> address, the
  * free list and its batches, and a bitmap that marks nodes for the wheel's
- * owner. The pool knows nothing of its user (the service, src/service.c):
+ * owner. The pool knows nothing of its user (the service, src/service*.c):
  * it hands out nodes, takes them back, and marks them.
  *
  * A node is a tw_timer whose function pointer is one atomic 64-bit state

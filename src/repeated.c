@@ -39,6 +39,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "service_internal.h"
 #include "twheel/repeated.h"
 
 struct tw_repeated {

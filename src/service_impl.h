@@ -1,21 +1,23 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * src/service_impl.h - the timer service's state and the meaning of its
- * records' state words, for src/service.c (the records themselves are the
- * node pool's, src/node_pool.h; src/exec_pool.c sees none of it).
+ * src/service_impl.h - the timer service's state, the meaning of its
+ * records' state words, and the inline helpers its files share (the
+ * src/service*.c files, listed at the top of src/service.c; the records
+ * themselves are the node pool's, src/node_pool.h; src/exec_pool.c sees
+ * none of it).
  *
  * Pipeline
  * --------
  * A task flows through the service in one direction:
  *
- *   producer (tw_schedule*)                                service.c
+ *   producer (tw_schedule*)                     service_submit.c, service.c
  *     | takes a record from the node pool                   node_pool.[ch]
  *     v puts it in its ring (exact one-shot) or pushes it on a
- *     | submission stack (lock-free)
+ *     | submission stack (lock-free)                    service_ring.[ch]
  *   timer thread: takes the rings' new slots and the stacks
- *     | whole, the cancel bitmap too                       service.c
+ *     | whole, the cancel bitmap too                     service_loop.c
  *     v arms the record in its tw_wheel                     wheel.c
- *   wheel: at the deadline calls the trampoline (dispatch) service.c
+ *   wheel: at the deadline calls the trampoline (dispatch) service_run.c
  *     v runs the task there, or hands it to an executor
  *   executor pool (or the caller's executor)               exec_pool.[ch]
  *     v runs the task; a periodic task goes back on the stack
@@ -151,6 +153,8 @@
 
 #include "exec_pool.h"
 #include "node_pool.h"
+#include "service_clock.h"
+#include "service_internal.h"
 #include "twheel/service.h"
 
 /* ------------------------------------------------------------------------ */
@@ -209,7 +213,8 @@ struct tw__tsc; /* src/service_clock.h */
  * A producer: the state of one thread that schedules or cancels on one
  * service without max_pending (up to MAX_PRODS of them; other threads, and
  * every thread of a service with max_pending, take the shared paths). The
- * thread that owns it finds it through a thread-local cache (service.c).
+ * thread that owns it finds it through a thread-local cache
+ * (src/service_prod.h).
  *   - subq: its own submission stack, which only it and the timer thread
  *     (or stop) touch, instead of the shared one;
  *   - added, dropped: the tasks it reserved, and those its cancels (or
@@ -258,7 +263,7 @@ struct tw__tsc; /* src/service_clock.h */
  * A ring: its slots, then one byte per slot (ring_done()). A producer's
  * ring starts with 2^RING_MIN_BITS slots (9 KiB) and doubles, up to
  * RING_SLOTS (576 KiB), each time it was found full, at the first call
- * that finds it empty after that (prod_ring_grow()): the consumer has
+ * that finds it empty after that (tw__svc_ring_grow()): the consumer has
  * then taken every slot, so no slot of the old ring is read again by the
  * owner or the consumer. A cancel from another thread may still be
  * looking at the old ring (it read the producer's ring just before the
@@ -347,7 +352,7 @@ struct prod {
     uint32_t fr_next, fr_end; /* never-used indexes [fr_next, fr_end) */
     tw_task_fn last_fn;       /* the last function and its entry */
     uint32_t last_fidx;
-    /* last_fn on a service that may take schedule_hot() (cfg.hot), else
+    /* last_fn on a service that may take prod_schedule_cached() (cfg.hot), else
      * no_fn, as it is at first: tw_schedule()'s one test for both. */
     tw_task_fn hot_fn;
     uint64_t ring_end; /* head + the ring's slots as last read: tail
@@ -363,7 +368,7 @@ struct prod {
     bool tail_plain;    /* cfg.fence: tail is stored, not exchanged */
     uint8_t ring_old_n; /* rings it outgrew */
     /* The ring, NULL without one (no memory). Only the owner changes it
-     * (prod_ring_grow()); the consumer reads it after tail, other threads'
+     * (tw__svc_ring_grow()); the consumer reads it after tail, other threads'
      * cancels when they find a task in it. */
     struct ring *_Atomic ring;
     struct ring *ring_old[RING_GROWS]; /* freed with the service */
@@ -396,10 +401,10 @@ struct tw_service {
         tw_execute_fn execute;
         void *execute_ctx;
         uint32_t nexec;
-        bool lazy;  /* TW_SERVICE_LAZY_CLOCK */
-        bool hot;   /* tw_schedule() may take schedule_hot(): no slack, no
-                       lazy clock, no max_pending, the built-in
-                       CLOCK_MONOTONIC (its TSC estimate) */
+        bool lazy; /* TW_SERVICE_LAZY_CLOCK */
+        bool hot; /* tw_schedule() may take prod_schedule_cached(): no slack, no
+                     lazy clock, no max_pending, the built-in
+                     CLOCK_MONOTONIC (its TSC estimate) */
         bool fence; /* tw__fence_heavy() may be used (src/fence.h): the
                        producers store their tails without a barrier */
         tw_wheel_config wcfg;
@@ -579,5 +584,310 @@ static inline tw_task_fn fn_at(const struct fn_table *ft, uint64_t st)
 {
     return atomic_load_explicit(&ft->fns[ST_FN(st)], memory_order_acquire);
 }
+
+/* ------------------------------------------------------------------------ */
+/* Shared by the service's files (src/service*.c). */
+
+/* Test hooks (src/service_internal.h): calls only in the test build of
+ * the library (TW_TEST_HOOKS). */
+#ifdef TW_TEST_HOOKS
+#define TEST_HOOK(hook, ...)                                                   \
+    do {                                                                       \
+        if ((hook) != NULL)                                                    \
+            (hook)(__VA_ARGS__);                                               \
+    } while (0)
+#else
+#define TEST_HOOK(hook, ...) ((void)0)
+#endif
+
+/* The service whose thread this is, and the task this thread runs, for the
+ * TW_EDEADLK checks of tw_service_stop() and tw_cancel_wait() (defined in
+ * src/service.c). */
+struct tw__svc_cur {
+    tw_service *s;
+    tw_id id;
+};
+extern _Thread_local struct tw__svc_cur tw__svc_cur;
+
+/* ------------------------------------------------------------------------ */
+/* Clock and ticks. */
+
+/* Nanoseconds since the service was created. A caller-supplied clock
+ * that steps back (against its contract) is held at its latest reading,
+ * for every thread: the service's time never goes back, so nothing is due
+ * that the wheel has passed and the timer thread never spins on it. */
+static inline uint64_t rel_ns(const tw_service *s)
+{
+    if (s->cfg.clock == NULL) {
+        uint64_t now = tw__clock_ns((clockid_t)s->cfg.clock_id);
+        return now > s->cfg.start_ns ? now - s->cfg.start_ns : 0;
+    }
+    uint64_t now = s->cfg.clock(s->cfg.clock_ctx);
+    now = now > s->cfg.start_ns ? now - s->cfg.start_ns : 0;
+    _Atomic uint64_t *hi = &((tw_service *)s)->cfg.clock_hi;
+    uint64_t h = atomic_load_explicit(hi, memory_order_relaxed);
+    while (now > h &&
+           !atomic_compare_exchange_weak_explicit(
+               hi, &h, now, memory_order_relaxed, memory_order_relaxed)) {
+    }
+    return now > h ? now : h;
+}
+
+/* A producer's reading for a deadline: rel_ns(), or, on the built-in
+ * CLOCK_MONOTONIC, the TSC estimate, which is never earlier than the
+ * clock and at most a few us later (src/service_clock.c). Only for
+ * deadlines: the timer thread decides what is due on rel_ns(). */
+static inline uint64_t rel_ns_deadline(const tw_service *s)
+{
+    if (s->cfg.tsc == NULL)
+        return rel_ns(s);
+    uint64_t now = tw__tsc_now(s->cfg.tsc);
+    return now > s->cfg.start_ns ? now - s->cfg.start_ns : 0;
+}
+
+/* The first tick at or after @ns (relative), NEVER when @ns is. */
+static inline uint64_t ceil_tick(const tw_service *s, uint64_t ns)
+{
+    if (ns == NEVER)
+        return NEVER;
+    return tw__ceil_div(ns, s->cfg.tick_ns, s->cfg.tick_recip);
+}
+
+/* @a + @b, or NEVER if that does not fit. */
+static inline uint64_t add_sat(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return __builtin_add_overflow(a, b, &r) ? NEVER : r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Owners: move a node on, or free it if it was cancelled. */
+
+/*
+ * Move owned node @n to location @loc, clearing the bits @clear, unless it
+ * was cancelled: then free it (batched: on the timer thread, at the end of
+ * its round) and return false. *@was receives the state before the move
+ * (or before the free).
+ */
+static inline bool move_or_free(tw_service *s, struct node *n, unsigned loc,
+                                uint64_t clear, bool batched, uint64_t *was)
+{
+    uint64_t v = atomic_load(&n->state);
+    do {
+        if (v & ST_CANCELLED) {
+            if (batched)
+                node_free_batched(&s->pool, n);
+            else
+                node_free(&s->pool, n);
+            atomic_fetch_add_explicit(&s->cancelled, 1, memory_order_relaxed);
+            *was = v;
+            return false;
+        }
+    } while (!atomic_compare_exchange_weak(&n->state, &v,
+                                           (v & ~(ST_LOC_MASK | clear)) | loc));
+    *was = v;
+    return true;
+}
+
+/* The node @id names, with its current state, or NULL. */
+static inline struct node *lookup(const tw_service *s, tw_id id, uint64_t *st)
+{
+    return s != NULL ? node_lookup(&s->pool, id, st) : NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Waking the timer thread (it sleeps in timer_sleep(), src/service_loop.c). */
+
+static inline void wake(tw_service *s)
+{
+    pthread_mutex_lock(&s->timer.mu);
+    s->timer.kicked = true;
+    pthread_cond_signal(&s->timer.cv);
+    pthread_mutex_unlock(&s->timer.mu);
+}
+
+/* After queueing work due at @tick: wake the thread if it sleeps past it. */
+static inline void wake_for_tick(tw_service *s, uint64_t tick)
+{
+    uint64_t v = atomic_load(&s->timer.sleep_until);
+    while (tick < v) {
+        if (atomic_compare_exchange_weak(&s->timer.sleep_until, &v, 0)) {
+            /* No other call need come here until the thread sleeps
+             * again (and sets wake_ns again, under timer.mu, so the
+             * wake() below follows any store it overwrites). */
+            atomic_store(&s->timer.wake_ns, 0);
+            wake(s);
+            return;
+        }
+    }
+}
+
+/* After a cancel: the memory must be released within a tick. */
+static inline void wake_for_cancel(tw_service *s)
+{
+    if (atomic_load(&s->timer.sleep_long) &&
+        atomic_exchange(&s->timer.sleep_long, false))
+        wake(s);
+}
+
+/* src/service_loop.c: wake_for_due() when the timer thread sleeps past the
+ * task's tick (or is being woken): out of line, so that the producers'
+ * fast path makes no call and keeps its values in caller-saved registers.
+ * Returns 0. */
+int tw__svc_wake_for_due(tw_service *s, uint64_t due);
+
+/* After the publication of a task due @due ns after the start: wake the
+ * timer thread if it sleeps past the task's tick. Returns 0. */
+static inline __attribute__((always_inline)) int wake_for_due(tw_service *s,
+                                                              uint64_t due)
+{
+    if (due < atomic_load(&s->timer.wake_ns)) /* tick < sleep_until */
+        return tw__svc_wake_for_due(s, due);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pending counts and submission stacks. */
+
+/* Release a pending slot, from a thread without a producer. */
+static inline void pending_drop(tw_service *s)
+{
+    if (s->cfg.max_pending != 0)
+        atomic_fetch_sub_explicit(&s->submit.pending, 1, memory_order_relaxed);
+    else
+        atomic_fetch_add_explicit(&s->submit.released, 1, memory_order_release);
+}
+
+/* Producer @p released a pending slot. Context: its owner. */
+static inline void prod_drop(struct prod *p)
+{
+    atomic_store_explicit(
+        &p->dropped,
+        atomic_load_explicit(&p->dropped, memory_order_relaxed) + 1,
+        memory_order_release);
+}
+
+static inline void stack_push(_Atomic(struct node *) *q, struct node *n)
+{
+    struct node *h = atomic_load_explicit(q, memory_order_relaxed);
+    do {
+        n->t.tw__next = h != NULL ? &h->t : NULL;
+    } while (!atomic_compare_exchange_weak_explicit(
+        q, &h, n, memory_order_seq_cst, memory_order_relaxed));
+}
+
+/* ------------------------------------------------------------------------ */
+/* One schedule call: shared by the shared path (src/service.c) and a
+ * producer's call with the lazy clock (src/service_submit.c). */
+
+enum sched_kind {
+    KIND_ONCE,  /* one-shot */
+    KIND_HOLD,  /* one-shot that keeps its pending slot while it runs */
+    KIND_RATE,  /* fixed rate */
+    KIND_DELAY, /* fixed delay */
+};
+
+/* One schedule call's arguments. */
+struct sched {
+    tw_task_fn fn;
+    void *arg;
+    uint64_t delay, period;
+    uint64_t width; /* one-shot: the window's width in ns (0: exact) */
+    enum sched_kind kind;
+    tw_id replace; /* KIND_HOLD: a task to take over (see take_slot()) */
+    bool *replaced;
+};
+
+/* What sched_reserve() took for the call (apart from its pending slot).
+ * Kept apart from struct sched, whose fields then stay in registers. */
+struct reserved {
+    uint32_t fidx, idx; /* function table entry, node index */
+    struct node *n;     /* the node */
+    uint64_t st;        /* its state word, FREE */
+    struct periodic *rec;
+};
+
+static inline bool kind_periodic(enum sched_kind kind)
+{
+    return kind == KIND_RATE || kind == KIND_DELAY;
+}
+
+/* Fill the reserved node and push it on submission stack @q. */
+static inline void sched_publish(tw_service *s, const struct sched *r,
+                                 const struct reserved *v,
+                                 _Atomic(struct node *) *q, tw_id *id)
+{
+    uint64_t flags = kind_periodic(r->kind) ? ST_PERIODIC
+                     : r->kind == KIND_HOLD ? ST_HOLD
+                                            : 0;
+    void *arg = v->rec != NULL ? (void *)v->rec : r->arg;
+    /* Lazy clock: the timer thread is awake or polling, so it takes the
+     * request within about a tick and reads the clock then. */
+    bool lazy =
+        s->cfg.lazy && v->rec == NULL && r->width == 0 &&
+        !atomic_load_explicit(&s->timer.sleep_long, memory_order_relaxed) &&
+        !atomic_load_explicit(&s->timer.in_task, memory_order_relaxed);
+    uint64_t tick = r->delay, last = r->delay;
+    if (lazy) {
+        flags |= ST_RELATIVE;
+    } else {
+        uint64_t due = add_sat(rel_ns_deadline(s), r->delay);
+        if (v->rec != NULL)
+            v->rec->next_ns = due;
+        last = tick = ceil_tick(s, due);
+        if (r->width != 0 && due != NEVER)
+            tw__svc_window(s->cfg.tick_ns, due, r->width, &tick, &last);
+    }
+    struct node *n = v->n;
+    node_init(n, arg);
+    n->t.tw__expires = tick;
+    /* While QUEUED, tw__pprev carries the window's width in ticks (a
+     * narrower window is still inside the caller's). */
+    n->t.tw__pprev = (tw_timer **)(uintptr_t)(last - tick < UINTPTR_MAX - 1
+                                                  ? last - tick
+                                                  : UINTPTR_MAX - 1);
+    uint64_t st = (v->st & ~UINT64_C(0xffffffff)) |
+                  ((uint64_t)v->fidx << ST_PAY_SHIFT) | flags | LOC_QUEUED;
+    if (id != NULL)
+        *id = make_id(st, v->idx);
+    atomic_store_explicit(&n->state, st, memory_order_release);
+    stack_push(q, n);
+    if (lazy)
+        wake_for_cancel(s); /* it went to sleep long meanwhile */
+    else
+        wake_for_tick(s, last); /* only if it sleeps past the window */
+}
+
+/* ------------------------------------------------------------------------ */
+/* Functions one file of the service calls in another. */
+
+/* src/service.c: the entry of @fn in the function table, added if new: 0
+ * and *@out, or TW_EAGAIN if the table is full. */
+int tw__svc_fn_index(struct fn_table *ft, tw_task_fn fn, uint32_t *out);
+/* src/service.c: the shared path, for any call: schedule a task of @kind.
+ * @width: a one-shot's window in ns (0: exact). A non-zero @replace is a
+ * task to take over (see take_slot()), only for KIND_HOLD. */
+int tw__svc_schedule_shared(tw_service *s, tw_task_fn fn, void *arg,
+                            uint64_t delay, uint64_t width, uint64_t period,
+                            enum sched_kind kind, tw_id replace, bool *replaced,
+                            tw_id *id);
+/* src/service_cancel.c: cancel task @id (tw_cancel() with @drop; false: a
+ * replacing schedule call takes its pending slot over). */
+bool tw__svc_cancel(tw_service *s, tw_id id, bool drop);
+/* src/service_loop.c: the timer thread; and stop's hand-back of every
+ * task in the wheel and the submissions once the thread is joined (to
+ * @fn, with @ctx), returning how many it handed back. */
+void *tw__svc_timer_main(void *s);
+uint64_t tw__svc_stop_drain(tw_service *s, tw_unprocessed_fn fn, void *ctx);
+/* src/service_run.c: hand this round's due nodes to the executors; the
+ * wheel's callback for every node; the executor pool's take() and run(). */
+void tw__svc_dispatch_flush(tw_service *s);
+void tw__svc_trampoline(tw_timer *t, void *arg);
+bool tw__svc_exec_take(tw_timer *job, void *ctx);
+void tw__svc_exec_run(tw_timer *job, void *ctx);
+/* src/service_producer.c: the registry of live services (see struct
+ * prod): enter @s, take it out. */
+void tw__svc_reg_add(tw_service *s);
+void tw__svc_reg_remove(tw_service *s);
 
 #endif

@@ -24,6 +24,7 @@
 
 #include "fixture.h"
 #include "internal.h"
+#include "service_internal.h"
 #include "test.h"
 #include "test_alloc_fail.h"
 #include "twheel/repeated.h"

@@ -23,6 +23,7 @@
 
 #include "fixture.h"
 #include "internal.h"
+#include "service_internal.h"
 #include "test.h"
 
 /* Poll @v until it reaches @want; false after 10 s (a generous bound). */

@@ -22,6 +22,7 @@
 
 #include "fixture.h"
 #include "internal.h"
+#include "service_internal.h"
 #include "test.h"
 #include "twheel/service.h"
 

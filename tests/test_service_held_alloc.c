@@ -22,6 +22,7 @@
 #include <stdbool.h>
 
 #include "internal.h"
+#include "service_internal.h"
 #include "fixture.h"
 #include "test.h"
 #include "twheel/service.h"

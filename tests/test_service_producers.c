@@ -16,6 +16,7 @@
 
 #include "fixture.h"
 #include "internal.h"
+#include "service_internal.h"
 
 static void nop(tw_id id, void *arg)
 {

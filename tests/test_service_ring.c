@@ -19,6 +19,7 @@
 #include "fence.h"
 #include "fixture.h"
 #include "internal.h"
+#include "service_internal.h"
 #include "service_impl.h"
 
 static tw_service *real_service(void)

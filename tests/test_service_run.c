@@ -25,6 +25,7 @@
 
 #include "fixture.h"
 #include "internal.h"
+#include "service_internal.h"
 #include "test.h"
 #include "twheel/service.h"
 

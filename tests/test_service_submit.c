@@ -38,6 +38,7 @@
 
 #include "fixture.h"
 #include "internal.h"
+#include "service_internal.h"
 #include "test.h"
 #include "twheel/repeated.h"
 #include "twheel/service.h"
