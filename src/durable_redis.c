@@ -362,6 +362,87 @@ static int rd_probe_keys(struct rd *d)
     return rc;
 }
 
+/* The namespace's record {ns:meta}: "twheel-redis format F shards N",
+ * written by the first open that finds none (a namespace made before
+ * the record existed is adopted by the count of its first open since);
+ * a read-only or no-fire open only reads it. An open with cfg.shards 0
+ * takes the recorded count (64 when there is none); any other count must
+ * be the recorded one. GET and SET inside EVAL, so
+ * that two first opens agree on one record: the smallest ACL covers it. */
+#define META_FORMAT 1
+static const char meta_script[] = "local v=redis.call('GET',KEYS[1])\n"
+                                  "if v then return v end\n"
+                                  "if ARGV[2]=='1' then return false end\n"
+                                  "redis.call('SET',KEYS[1],ARGV[1])\n"
+                                  "return ARGV[1]\n";
+
+static int meta_refuse(char *eb, size_t el, const char *key, const char *why)
+{
+    if (eb && el)
+        snprintf(eb, el, "redis namespace record %s: %s", key, why);
+    return TW_EINVAL;
+}
+
+/* Check @rec, the record's text, against this open's shard count; with
+ * @adopt (cfg.shards 0) take its count. */
+static int meta_judge(struct rd *d, const char *rec, const char *key,
+                      bool adopt, char *eb, size_t el)
+{
+    unsigned f, n;
+    int end = 0;
+    char why[160];
+    if (sscanf(rec, "twheel-redis format %u shards %u%n", &f, &n, &end) != 2 ||
+        rec[end] || !n || n > 1u << 20)
+        return meta_refuse(eb, el, key,
+                           "not \"twheel-redis format F shards N\" (damaged: "
+                           "fix or delete it by hand)");
+    if (f > META_FORMAT) {
+        snprintf(why, sizeof why, "format %u is newer than this twheel's (%u)",
+                 f, META_FORMAT);
+        return meta_refuse(eb, el, key, why);
+    }
+    if (adopt) {
+        d->shards = n;
+        return 0;
+    }
+    if (n == d->shards)
+        return 0;
+    snprintf(why, sizeof why,
+             "the namespace has %u shards, this open asked for %u "
+             "(cfg.shards, twheel --shards)",
+             n, d->shards);
+    return meta_refuse(eb, el, key, why);
+}
+
+/* Read (or write, on a writing open that finds none) the record and
+ * judge it. */
+static int rd_meta(struct rd *d, const char *ns, bool ro, bool adopt, char *eb,
+                   size_t el)
+{
+    char key[80], rec[80];
+    int kl = snprintf(key, sizeof key, "{%s:meta}", ns);
+    int rl = snprintf(rec, sizeof rec, "twheel-redis format %d shards %u",
+                      META_FORMAT, d->shards);
+    const char *argv[6] = {"EVAL", meta_script, "1", key, rec, ro ? "1" : "0"};
+    size_t len[6] = {4, sizeof meta_script - 1, 1, (size_t)kl, (size_t)rl, 1};
+    tw__rc_cmd cmd = {6, argv, len, tw__rc_slot(key, (size_t)kl), NULL, 0};
+    int rc = tw__rc_exec(d->rc, &cmd, 1);
+    const redisReply *r = cmd.reply;
+    if (!rc && r->type == REDIS_REPLY_ERROR)
+        rc = tw__rc_cmd_error(d->rc, &cmd, "the namespace record");
+    else if (!rc && r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_NIL)
+        rc = TW_EIO;
+    if (rc) {
+        tw__rc_last_error(d->rc, eb, el);
+    } else if (r->type == REDIS_REPLY_STRING) {
+        char got[80];
+        snprintf(got, sizeof got, "%.*s", (int)r->len, r->str);
+        rc = meta_judge(d, got, key, adopt, eb, el);
+    }
+    tw__rc_free_replies(&cmd, 1);
+    return rc;
+}
+
 /* Can this node deliver its shards' timers? Not while callbacks have
  * held every thread that runs them (the firer, or all executor_threads)
  * for half a shard lease: the node then stops renewing its ownership, so
@@ -390,6 +471,53 @@ static void own_gain(void *arg)
     pthread_mutex_unlock(&d->mu);
 }
 
+/* The per-shard arrays again after a read-only open took the record's
+ * shard count. */
+static int rd_reshape(struct rd *d, const char *ns)
+{
+    tw__free(d->sk);
+    tw__free(d->grp_of);
+    d->sk = NULL;
+    d->grp_of = tw__calloc(d->shards, 1);
+    return d->grp_of ? rd_keys(d, ns) : TW_ENOMEM;
+}
+
+/* Connect, load the scripts, check the keys' permission and the
+ * namespace record. */
+static int rd_connect(struct rd *d, const tw_durable_config *cfg,
+                      const char *ns)
+{
+    tw__rc_opts o = {cfg->redis,
+                     cfg->redis_user,
+                     cfg->redis_password,
+                     cfg->redis_sentinel_user,
+                     cfg->redis_sentinel_password,
+                     cfg->redis_tls_ca_file,
+                     cfg->redis_tls_ca_dir,
+                     cfg->redis_tls_cert_file,
+                     cfg->redis_tls_key_file,
+                     cfg->redis_tls_server_name,
+                     cfg->errbuf,
+                     cfg->errbuf_len};
+    int rc = tw__rc_open(&d->rc, &o);
+    if (rc)
+        return rc;
+    rc = rd_load_scripts(d);
+    if (!rc)
+        rc = rd_probe_keys(d);
+    if (rc) {
+        tw__rc_last_error(d->rc, cfg->errbuf, cfg->errbuf_len);
+        return rc;
+    }
+    bool ro = cfg->flags & (TW_DURABLE_READONLY | TW_DURABLE_NOFIRE);
+    bool adopt = !cfg->shards;
+    uint32_t asked = d->shards;
+    rc = rd_meta(d, ns, ro, adopt, cfg->errbuf, cfg->errbuf_len);
+    if (!rc && d->shards != asked)
+        rc = rd_reshape(d, ns);
+    return rc;
+}
+
 int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
 {
     const char *ns = cfg->redis_namespace ? cfg->redis_namespace : "tw";
@@ -405,28 +533,8 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
     int rc = rd_keys(d, ns);
     if (!rc && tw_wheel_create(&d->wheel, NULL, rd_mono_ms(d)))
         rc = TW_ENOMEM;
-    if (!rc) {
-        tw__rc_opts o = {cfg->redis,
-                         cfg->redis_user,
-                         cfg->redis_password,
-                         cfg->redis_sentinel_user,
-                         cfg->redis_sentinel_password,
-                         cfg->redis_tls_ca_file,
-                         cfg->redis_tls_ca_dir,
-                         cfg->redis_tls_cert_file,
-                         cfg->redis_tls_key_file,
-                         cfg->redis_tls_server_name,
-                         cfg->errbuf,
-                         cfg->errbuf_len};
-        rc = tw__rc_open(&d->rc, &o);
-    }
-    if (!rc) {
-        rc = rd_load_scripts(d);
-        if (!rc)
-            rc = rd_probe_keys(d);
-        if (rc)
-            tw__rc_last_error(d->rc, cfg->errbuf, cfg->errbuf_len);
-    }
+    if (!rc)
+        rc = rd_connect(d, cfg, ns);
     d->base.readonly = cfg->flags & TW_DURABLE_READONLY;
     d->nofire = cfg->flags & TW_DURABLE_NOFIRE;
     if (!rc && !d->base.readonly && !d->nofire && cfg->redis_shard_lease_ms)

@@ -545,6 +545,98 @@ static int shard_of_key(const char *key, int shards)
     return (int)(h % (uint64_t)shards);
 }
 
+/* The namespace record {ns:meta} (issue 41): written at the first open,
+ * an open with another shard count refused naming both, a read-only
+ * open with shards 0 takes the recorded count, a namespace without the
+ * record (made by an older version) adopted, a damaged or newer record
+ * refused. */
+static int open_err(const char *ns, uint32_t shards, uint32_t flags, char *err,
+                    size_t len, tw_durable **out)
+{
+    tw_durable_config c = base_cfg(ns);
+    c.shards = shards;
+    c.flags = flags;
+    c.errbuf = err;
+    c.errbuf_len = len;
+    err[0] = '\0';
+    *out = NULL;
+    return tw_durable_open(out, &c);
+}
+
+static void meta_expect(const char *ns, const char *text)
+{
+    char k[96];
+    snprintf(k, sizeof k, "{%s:meta}", ns);
+    redisReply *r = rawv(2, (const char *[]){"GET", k});
+    ASSERT(r->type == REDIS_REPLY_STRING);
+    ASSERT_STR_EQ(r->str, text);
+    freeReplyObject(r);
+}
+
+static void shards_refused(const char *ns)
+{
+    char err[256];
+    tw_durable *d;
+    ASSERT_EQ(open_err(ns, 16, 0, err, sizeof err, &d), TW_EINVAL);
+    ASSERT(d == NULL);
+    printf("  refused: %s\n", err);
+    ASSERT(strstr(err, "has 8 shards") && strstr(err, "asked for 16"));
+    ASSERT_EQ(open_err(ns, 16, TW_DURABLE_READONLY, err, sizeof err, &d),
+              TW_EINVAL);
+    ASSERT_EQ(open_err(ns, 4, TW_DURABLE_NOFIRE, err, sizeof err, &d),
+              TW_EINVAL);
+    ASSERT(strstr(err, "has 8 shards") && strstr(err, "asked for 4"));
+    /* Read-only with shards 0: the record's 8, every timer seen. */
+    ASSERT_EQ(open_err(ns, 0, TW_DURABLE_READONLY, err, sizeof err, &d), 0);
+    tw_durable_stats st;
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.pending, 20);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    /* A writing open with shards 0 takes it too. */
+    ASSERT_EQ(open_err(ns, 0, 0, err, sizeof err, &d), 0);
+    ASSERT_EQ(tw_durable_cancel(d, "k5", 2), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+static void shards_test(void)
+{
+    char ns[32], k[96], err[256];
+    snprintf(ns, sizeof ns, "sh%d", (int)getpid());
+    snprintf(k, sizeof k, "{%s:meta}", ns);
+    ASSERT_EQ(tw__rc_open(&raw, &(tw__rc_opts){.addr = seeds}), 0);
+    tw_durable *d;
+    ASSERT_EQ(open_err(ns, 8, 0, err, sizeof err, &d), 0);
+    for (int i = 0; i < 20; i++)
+        ASSERT_EQ(sched(d, i, wall_ms() + 1000000, "x"), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    meta_expect(ns, "twheel-redis format 1 shards 8");
+    shards_refused(ns);
+    /* A namespace of an older version (no record): adopted. */
+    RAW("DEL", k);
+    ASSERT_EQ(open_err(ns, 8, 0, err, sizeof err, &d), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    meta_expect(ns, "twheel-redis format 1 shards 8");
+    /* A read-only open writes nothing. */
+    RAW("DEL", k);
+    ASSERT_EQ(open_err(ns, 8, TW_DURABLE_READONLY, err, sizeof err, &d), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    redisReply *r = rawv(2, (const char *[]){"EXISTS", k});
+    ASSERT_EQ(r->integer, 0);
+    freeReplyObject(r);
+    RAW("SET", k, "garbage");
+    ASSERT_EQ(open_err(ns, 8, 0, err, sizeof err, &d), TW_EINVAL);
+    ASSERT(strstr(err, "damaged") && strstr(err, k));
+    RAW("SET", k, "twheel-redis format 2 shards 8");
+    ASSERT_EQ(open_err(ns, 8, 0, err, sizeof err, &d), TW_EINVAL);
+    ASSERT(strstr(err, "format 2 is newer"));
+    RAW("DEL", k);
+    RAW("HSET", k, "f", "v");
+    ASSERT_EQ(open_err(ns, 8, 0, err, sizeof err, &d), TW_EIO);
+    ASSERT(strstr(err, "WRONGTYPE"));
+    tw__rc_close(raw);
+    raw = NULL;
+}
+
 /* Conditional writes (SCHED_IF, CANCEL with expected bytes) on damaged
  * shards: keys of the wrong type are set aside and the write goes on; a
  * pending key whose value cannot be read is stale for a non-empty expect,
@@ -1418,6 +1510,8 @@ int main(int argc, char **argv)
         many();
     else if (!strcmp(mode, "gap"))
         gap_test();
+    else if (!strcmp(mode, "shards"))
+        shards_test();
     else if (!strcmp(mode, "crash") || !strcmp(mode, "failover") ||
              !strcmp(mode, "reshard"))
         flow_test(mode);

@@ -105,6 +105,13 @@ d=json.load(open(sys.argv[1]))["after"]; print("%d,%s" % (d["due_ms"], d["key"])
   $py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["status"]=="empty" and not d["ok"], d' "$tmp/out"
   expect_rc 0 "$tw" redis stats --url "$addr" --ns "typo$ns"
   grep -q 'nothing here' "$tmp/err" || fail "redis stats --ns typo warns"
+  # The namespace records its shard count: another --shards is refused
+  # with both numbers; without --shards the recorded count is used.
+  expect_rc 2 "$tw" redis ls --url "$addr" --ns "$ns" --shards 16
+  grep -q 'has 8 shards, this open asked for 16' "$tmp/err" ||
+    fail "redis ls --shards 16: $(cat "$tmp/err")"
+  expect_rc 0 "$tw" redis ls --url "$addr" --ns "$ns"
+  [ "$(wc -l <"$tmp/out")" = 32 ] || fail "redis ls without --shards: $(wc -l <"$tmp/out") lines"
   # Read-only: nothing was claimed or changed by any of it.
   expect_rc 0 "$tw" redis ls "${r[@]}" --json
   $py -c 'import json,sys; d=json.load(open(sys.argv[1]))

@@ -158,7 +158,10 @@ typedef struct tw_durable_config {
     const char *redis;           /* "host:port[,host:port...]" seed nodes,
                                     or a URL (see the top of this file) */
     const char *redis_namespace; /* key prefix; NULL = "tw" */
-    uint32_t shards;             /* 0 = 64 */
+    uint32_t shards;             /* 0 = the namespace's recorded count
+                                    ({ns:meta}), or 64 for a new one;
+                                    another count than the recorded one:
+                                    TW_EINVAL at open */
     uint32_t horizon_ms;         /* 0 = 2000: how far ahead a node claims */
     uint32_t lease_ms;           /* 0 = 30000: a claim of a silent node is
                                     delivered by another node after this */
