@@ -471,6 +471,62 @@ static void own_gain(void *arg)
     pthread_mutex_unlock(&d->mu);
 }
 
+/* The type Redis names @t as the struct's static text (what
+ * tw_durable_damage.record points at). */
+static const char *type_name(const char *t)
+{
+    static const char *const known[] = {"string", "list", "set",
+                                        "zset",   "hash", "stream"};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (!strcmp(t, known[i]))
+            return known[i];
+    return "other";
+}
+
+/* One report per key of the namespace of the wrong type, through
+ * cfg.on_damage (TW_DURABLE_DAMAGE_REDIS_KEY): one TYPE per key, all
+ * pipelined, only when the caller asked for reports. The scripts set
+ * such a key aside at their next write; until then a read-only reader
+ * (twheel redis ls) cannot read that shard, and says which key it is. */
+static int rd_type_scan(struct rd *d, const tw_durable_config *cfg)
+{
+    static const char *const want[NKEYS] = {"zset",   "hash", "string",
+                                            "string", "hash", "zset"};
+    size_t n = (size_t)d->shards * NKEYS;
+    tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
+    const char **argv = tw__calloc(n * 2, sizeof *argv);
+    size_t *len = tw__calloc(n * 2, sizeof *len);
+    int rc = cmds && argv && len ? 0 : TW_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++) {
+        const struct shard_keys *k = &d->sk[i / NKEYS];
+        argv[2 * i] = "TYPE", len[2 * i] = 4;
+        argv[2 * i + 1] = k->name[i % NKEYS];
+        len[2 * i + 1] = k->len[i % NKEYS];
+        cmds[i] = (tw__rc_cmd){2, argv + 2 * i, len + 2 * i, k->slot, NULL, 0};
+    }
+    if (!rc)
+        rc = tw__rc_exec(d->rc, cmds, n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        const redisReply *r = cmds[i].reply;
+        if (r->type != REDIS_REPLY_STATUS || !strcmp(r->str, want[i % NKEYS]) ||
+            !strcmp(r->str, "none"))
+            continue;
+        tw_durable_damage dm = {.kind = TW_DURABLE_DAMAGE_REDIS_KEY,
+                                .segment = (uint32_t)(i / NKEYS),
+                                .records = 1,
+                                .key = argv[2 * i + 1],
+                                .key_len = len[2 * i + 1],
+                                .record = type_name(r->str)};
+        cfg->on_damage(cfg->on_damage_arg, &dm);
+    }
+    if (cmds)
+        tw__rc_free_replies(cmds, n);
+    tw__free(cmds);
+    tw__free(argv);
+    tw__free(len);
+    return rc;
+}
+
 /* The per-shard arrays again after a read-only open took the record's
  * shard count. */
 static int rd_reshape(struct rd *d, const char *ns)
@@ -515,6 +571,8 @@ static int rd_connect(struct rd *d, const tw_durable_config *cfg,
     rc = rd_meta(d, ns, ro, adopt, cfg->errbuf, cfg->errbuf_len);
     if (!rc && d->shards != asked)
         rc = rd_reshape(d, ns);
+    if (!rc && cfg->on_damage)
+        rc = rd_type_scan(d, cfg);
     return rc;
 }
 

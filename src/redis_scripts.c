@@ -21,7 +21,10 @@
  *                         aside (field -> the raw bytes): "p:<key>" a value
  *                         of :p that is not "due,attempt,payload" (due in
  *                         int64, attempt in uint32); "d:<key>" the score of
- *                         a member of :d without a value; "k:<c>" a whole
+ *                         a member of :d without a value; "s:<key>" a
+ *                         score of :d no script writes (below -2^53 or
+ *                         above 2^63, +-inf: CLAIM makes the key a claim
+ *                         that ran out, so it is delivered); "k:<c>" a whole
  *                         key :c of the wrong type (its DUMP) or an :s or
  *                         :v that is not an integer in [0, 2^53). What is
  *                         set aside is removed; the rest of the shard goes
@@ -312,6 +315,23 @@ const char *const tw__redis_scripts[S_COUNT] = {
     PRELUDE "local now,untl,lease,max=tonumber(ARGV[1]),tonumber(ARGV[2]),"
             "tonumber(ARGV[3]),tonumber(ARGV[4])\n"
             "local rn=rnow()\n"
+            /* Scores no script writes (below -2^53: no token is that
+             * large; above 2^63: no due time is), -inf and +inf
+             * included, would hold their keys forever: each is set aside
+             * as s:<key> and its key becomes a claim that ran out (-1),
+             * so the ranges below give it back with attempt + 1. */
+            "local bad={}\n"
+            "for _,r in ipairs({{'-inf','(-9007199254740992'},"
+            "{'(9223372036854775808','+inf'}}) do\n"
+            " local b=redis.call('ZRANGEBYSCORE',D,r[1],r[2],'WITHSCORES',"
+            "'LIMIT',0,max)\n"
+            " for i=1,#b,2 do\n"
+            "  q('s:'..b[i],b[i+1])\n"
+            "  bad[#bad+1]=-1\n"
+            "  bad[#bad+1]=b[i]\n"
+            " end\n"
+            "end\n"
+            "if #bad>0 then redis.call('ZADD',D,unpack(bad)) end\n"
             "local ks=redis.call('ZRANGEBYSCORE',D,-(rn*1024+1023),'(0',"
             "'WITHSCORES','LIMIT',0,max)\n"
             "local ne,names=#ks/2,{}\n"

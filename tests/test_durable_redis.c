@@ -649,7 +649,8 @@ static void garbage_cas(void)
     RAW("SET", skey(k, ns, sa, 'd'), "not a zset");
     RAW("SET", skey(k, ns, sa, 'p'), "not a hash");
     RAW("HSET", skey(k, ns, sb, 'p'), "cb", "zzz");
-    RAW("ZADD", skey(k, ns, sb, 'd'), "+inf", "cb"); /* never claimed */
+    /* Far off: never claimed during the test. */
+    RAW("ZADD", skey(k, ns, sb, 'd'), "4102444800000", "cb");
     tw_durable_config cfg = base_cfg(ns);
     cfg.shards = 4;
     tw_durable *d;
@@ -667,6 +668,46 @@ static void garbage_cas(void)
     ASSERT_EQ(tw_durable_cancel_if(d, "cb", 2, "z", 1), TW_ESTALE);
     ASSERT_EQ(tw_durable_schedule_if(d, "cb", 2, "", 0, far, "t1", 2), 0);
     ASSERT_EQ(tw_durable_cancel_if(d, "cb", 2, "t1", 2), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* Scores no script writes (issue 41): -inf, +inf, -1e300, 1e300 and one
+ * just below -2^53, each on a key whose value is sound and due now: each
+ * set aside (s:<key>, counted in stats.quarantined) and its timer
+ * delivered, as are the sound timers beside them. */
+static void garbage_scores(void)
+{
+    static const char *const sc[] = {"-inf", "+inf", "-1e300", "1e300",
+                                     "-9007199254740994"};
+    char ns[32], k[96], key[16], val[64], f[32];
+    snprintf(ns, sizeof ns, "gs%d", (int)getpid());
+    reset_tab();
+    int64_t t0 = wall_ms();
+    for (int i = 0; i < 5; i++) {
+        snprintf(key, sizeof key, "k%d", 100 + i);
+        snprintf(val, sizeof val, "%lld,1,bad", (long long)t0);
+        int s = shard_of_key(key, 4);
+        RAW("HSET", skey(k, ns, s, 'p'), key, val);
+        RAW("ZADD", skey(k, ns, s, 'd'), sc[i], key);
+    }
+    tw_durable_config cfg = base_cfg(ns);
+    cfg.shards = 4;
+    tw_durable *d;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    for (int i = 0; i < 20; i++)
+        ASSERT_EQ(sched(d, i, t0 + 100 + 10 * i, "ok"), 0);
+    ASSERT(wait_all(0, 20, 10000));
+    ASSERT(wait_all(100, 105, 10000));
+    for (int i = 0; i < 5; i++) {
+        snprintf(key, sizeof key, "k%d", 100 + i);
+        snprintf(f, sizeof f, "s:%s", key);
+        ASSERT(has_field(ns, shard_of_key(key, 4), f));
+        ASSERT_EQ(tab[100 + i].last_attempt, 2); /* a claim that ran out */
+    }
+    settle(d);
+    tw_durable_stats st;
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.quarantined, 5);
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
@@ -723,11 +764,12 @@ static void garbage(void)
     /* Shard 2: :d is a string, :s a hash. */
     RAW("SET", skey(k, ns, 2, 'd'), "not a zset");
     RAW("HSET", skey(k, ns, 2, 's'), "a", "b");
-    /* Shard 3: :v a hash, :s a list; scores that are never due. */
+    /* Shard 3: :v a hash, :s a list; a score no script writes (+inf:
+     * set aside, and its timer delivered as a claim that ran out). */
     RAW("HSET", skey(k, ns, 3, 'v'), "a", "b");
     RAW("LPUSH", skey(k, ns, 3, 's'), "x");
-    RAW("HSET", skey(k, ns, 3, 'p'), "inf", "1,1,x");
-    RAW("ZADD", skey(k, ns, 3, 'd'), "+inf", "inf");
+    RAW("HSET", skey(k, ns, 3, 'p'), "k903", "1,1,x");
+    RAW("ZADD", skey(k, ns, 3, 'd'), "+inf", "k903");
 
     /* A dead letter whose value is not "due,attempt,payload". */
     int ds = shard_of_key("kdead", 4);
@@ -756,7 +798,8 @@ static void garbage(void)
                     (unsigned)tab[i].count);
         ASSERT_EQ(tab[i].count, want);
     }
-    while ((tab[900].count < 2 || tab[901].count < 1) && wall_ms() < end)
+    while ((tab[900].count < 2 || tab[901].count < 1 || tab[903].count < 1) &&
+           wall_ms() < end)
         sleep_ms(10);
     ASSERT_EQ(tab[900].count, 2);
     ASSERT(!strcmp(tab[900].payload, "frac"));
@@ -764,6 +807,8 @@ static void garbage(void)
     ASSERT_EQ(tab[901].last_attempt, 2);
     ASSERT(!strcmp(tab[6].payload, "new"));
     ASSERT_EQ(tab[902].count, 0);
+    ASSERT_EQ(tab[903].count, 1);
+    ASSERT_EQ(tab[903].last_attempt, 2);
     check_none_early(0, 40);
     /* The bad dead letter: re-arming it sets its value aside (TW_EIO),
      * and it is neither dead nor pending any more. */
@@ -790,7 +835,7 @@ static void garbage(void)
                      {0, "k:s"},       {0, "k:v"},     {1, "k:p"},
                      {1, "k:q"},       {1, "k:x"},     {1, "d:k902"},
                      {2, "k:d"},       {2, "k:s"},     {3, "k:v"},
-                     {3, "k:s"}};
+                     {3, "k:s"},       {3, "s:k903"}};
     for (size_t i = 0; i < sizeof set_aside / sizeof set_aside[0]; i++)
         ASSERT(has_field(ns, set_aside[i].shard, set_aside[i].field));
     long long total = 0;
@@ -801,7 +846,7 @@ static void garbage(void)
         freeReplyObject(r);
     }
     /* The fields above, per shard, and p:kdead. */
-    ASSERT_EQ(total, 13 + 4 + 2 + 2 + 1);
+    ASSERT_EQ(total, 14 + 4 + 2 + 2 + 1);
     tw_durable_stats st;
     ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
     ASSERT_EQ(st.quarantined, (uint64_t)total);
@@ -812,6 +857,7 @@ static void garbage(void)
     ASSERT_EQ(tw_durable_close(d), 0);
     retry_first = 0;
     garbage_cas();
+    garbage_scores();
     tw__rc_close(raw);
     printf("garbage: ok\n");
 }
