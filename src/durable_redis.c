@@ -527,6 +527,106 @@ static int rd_type_scan(struct rd *d, const tw_durable_config *cfg)
     return rc;
 }
 
+/* The commands a claiming and firing store sends, directly or from its
+ * scripts, each as one probe on the scratch keys {ns:probe}:k (a
+ * string), :h (a hash) and :z (a sorted set), in an order that leaves
+ * nothing behind but :k, which expires. "?" marks the optional ones:
+ * WAIT with cfg.wait_replicas, PEXPIRE, PTTL and ZREMRANGEBYSCORE with
+ * ownership. A reply other than NOPERM (NOSCRIPT, WRONGTYPE, a cluster
+ * that is disabled) means the command may run. */
+static const char *const probes[][6] = {
+    {"GET", "k"},
+    {"SET", "k", "1", "PX", "10000"},
+    {"DUMP", "k"},
+    {"TYPE", "k"},
+    {"TIME"},
+    {"?o", "PEXPIRE", "k", "10000"},
+    {"?o", "PTTL", "k"},
+    {"HSET", "h", "f", "v"},
+    {"HGET", "h", "f"},
+    {"HMGET", "h", "f"},
+    {"HLEN", "h"},
+    {"HSCAN", "h", "0"},
+    {"HDEL", "h", "f"},
+    {"ZADD", "z", "0", "m"},
+    {"ZRANGE", "z", "0", "0"},
+    {"ZRANGEBYSCORE", "z", "0", "0"},
+    {"ZRANGEBYLEX", "z", "-", "+"},
+    {"ZSCORE", "z", "m"},
+    {"ZMSCORE", "z", "m"},
+    {"ZCARD", "z"},
+    {"ZCOUNT", "z", "0", "0"},
+    {"?o", "ZREMRANGEBYSCORE", "z", "1", "0"},
+    {"ZREM", "z", "m"},
+    {"EVAL", "return 1", "0"},
+    {"EVALSHA", "0000000000000000000000000000000000000000", "0"},
+    {"CLUSTER", "SLOTS"},
+    {"?w", "WAIT", "0", "0"},
+    {"DEL", "k"},
+};
+
+/* Fill @c with probe @p (scratch keys named from @key, "{ns:probe}:");
+ * false if the probe does not apply. */
+static bool probe_fill(struct rd *d, const char *const *p, const char *key,
+                       char (*names)[80], tw__rc_cmd *c, const char **argv,
+                       size_t *len)
+{
+    if (p[0][0] == '?') {
+        if ((p[0][1] == 'o' && !d->shard_lease_ms) ||
+            (p[0][1] == 'w' && !d->wait_replicas))
+            return false;
+        p++;
+    }
+    int argc = 0;
+    c->slot = -1;
+    for (; argc < 5 && p[argc]; argc++) {
+        argv[argc] = p[argc];
+        if (argc == 1 && !p[1][1] && strchr("khz", p[1][0])) {
+            snprintf(names[p[1][0] == 'k'   ? 0
+                           : p[1][0] == 'h' ? 1
+                                            : 2],
+                     80, "%s%c", key, p[1][0]);
+            argv[1] = names[p[1][0] == 'k' ? 0 : p[1][0] == 'h' ? 1 : 2];
+            c->slot = tw__rc_slot(argv[1], strlen(argv[1]));
+        }
+        len[argc] = strlen(argv[argc]);
+    }
+    c->argc = argc;
+    c->argv = argv;
+    c->argvlen = len;
+    return true;
+}
+
+/* Can this user run every command the store will send? One probe per
+ * command (probes[] above), all pipelined; the first refused (NOPERM)
+ * fails the open with TW_EAUTH, naming it. ACL DRYRUN would need a
+ * permission an application user seldom has; a probe needs only the
+ * command itself. */
+static int rd_probe_perms(struct rd *d, const char *ns)
+{
+    enum { NP = sizeof probes / sizeof probes[0] };
+    char key[80], names[3][80];
+    const char *argv[NP][5];
+    size_t len[NP][5];
+    tw__rc_cmd cmds[NP];
+    size_t n = 0;
+    snprintf(key, sizeof key, "{%s:probe}:", ns);
+    for (size_t i = 0; i < NP; i++)
+        if (probe_fill(d, probes[i], key, names, &cmds[n], argv[n], len[n]))
+            n++;
+    int rc = tw__rc_exec(d->rc, cmds, n);
+    for (size_t i = 0; i < n && !rc; i++) {
+        const redisReply *r = cmds[i].reply;
+        char what[40];
+        snprintf(what, sizeof what, "%s%s", cmds[i].argv[0],
+                 strcmp(cmds[i].argv[0], "CLUSTER") ? "" : " SLOTS");
+        if (r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOPERM", 6))
+            rc = tw__rc_cmd_error(d->rc, &cmds[i], what);
+    }
+    tw__rc_free_replies(cmds, n);
+    return rc;
+}
+
 /* The per-shard arrays again after a read-only open took the record's
  * shard count. */
 static int rd_reshape(struct rd *d, const char *ns)
@@ -573,6 +673,8 @@ static int rd_connect(struct rd *d, const tw_durable_config *cfg,
         rc = rd_reshape(d, ns);
     if (!rc && cfg->on_damage)
         rc = rd_type_scan(d, cfg);
+    if (!rc && !ro && (rc = rd_probe_perms(d, ns)))
+        tw__rc_last_error(d->rc, cfg->errbuf, cfg->errbuf_len);
     return rc;
 }
 
