@@ -294,8 +294,10 @@ static struct rd *rd_new(const tw_durable_config *cfg)
     d->mono_fn = cfg->mono_ns ? cfg->mono_ns : tw__durable_real_mono_ns;
     d->clock_arg = cfg->clock_arg;
     pthread_mutex_init(&d->mu, NULL);
-    pthread_mutex_init(&d->op_mu, NULL);
-    tw__combine_init(&d->comb, &d->op_mu, op_round, NULL, d);
+    for (int g = 0; g < GROUPS_MAX; g++) {
+        pthread_mutex_init(&d->op_mu[g], NULL);
+        tw__combine_init(&d->comb[g], &d->op_mu[g], op_round, NULL, d);
+    }
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -1032,10 +1034,11 @@ static int rd_schedule_if(tw_durable *base, tw_durable_item *items,
 
 /* ------------------------------------------------------------------------ */
 /* One-per-call schedules and cancels from many threads: combined by the
- * durable layer's call combiner (src/durable_combine.h) under d->op_mu, a
- * mutex of the combiner's own (a batch does its round trips without
- * d->mu). The caller that gets op_mu takes every call queued so far (its
- * own and every other thread's) and runs them as one batch (op_batch()):
+ * durable layer's call combiner (src/durable_combine.h), one per master
+ * (the key's shard's group, d->grp_of), each under its own d->op_mu[g]
+ * (a batch does its round trips without d->mu). The caller that gets a
+ * group's op_mu takes every call queued so far for that group (its own
+ * and every other thread's) and runs them as one batch (op_batch()):
  * the schedules as one rd_schedule_many, the cancels as one pipelined
  * round trip; the others sleep until their call is answered, and the
  * calls queued meanwhile make the next batch. */
@@ -1160,10 +1163,19 @@ static void op_round(struct tw__combine_req *first, void *ctx)
     }
 }
 
-/* Queue @w and return its result once a batch has run it. */
+/* Queue @w with the calls for its key's master and return its result
+ * once a batch has run it. Each master (group) has its own combiner, so
+ * a batch waits only for its own master: calls for the other masters'
+ * shards go on while one is stalled. A group read just before a
+ * reshard moved the shard still reaches the right node (the client
+ * routes by slot); only the batching is off until the map settles. */
 static int op_run(struct rd *d, struct op_wait *w)
 {
-    tw__combine_run(&d->comb, &w->req);
+    uint32_t s = shard_of(d, w->it.key, w->it.key_len);
+    pthread_mutex_lock(&d->mu);
+    unsigned g = d->grp_of[s];
+    pthread_mutex_unlock(&d->mu);
+    tw__combine_run(&d->comb[g], &w->req);
     return w->it.result;
 }
 
@@ -1310,7 +1322,8 @@ static void rd_free(struct rd *d)
     tw_wheel_destroy(d->wheel);
     tw__rc_close(d->rc);
     pthread_mutex_destroy(&d->mu);
-    pthread_mutex_destroy(&d->op_mu);
+    for (int g = 0; g < GROUPS_MAX; g++)
+        pthread_mutex_destroy(&d->op_mu[g]);
     pthread_cond_destroy(&d->cv);
     pthread_cond_destroy(&d->claim_cv);
     tw__free(d->sk);

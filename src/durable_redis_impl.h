@@ -4,9 +4,9 @@
  * (src/durable_redis.c says which file does what): the handle struct rd,
  * a claimed timer (struct rtimer), a group of shards and its threads
  * (struct grp), a script call (struct call), the clocks, and the
- * functions one file calls in another. Locks: d->op_mu (held while a
- * combined batch runs, src/durable_redis.c) is taken before d->mu, never
- * after; d->mu guards the wheel,
+ * functions one file calls in another. Locks: d->op_mu[g] (held while
+ * a combined batch of group g runs, src/durable_redis.c; one at a time)
+ * is taken before d->mu, never after; d->mu guards the wheel,
  * the timers' lists, the groups' queues and the counters; the executor
  * (d->exec) is called with neither held.
  */
@@ -99,8 +99,10 @@ struct rd {
     char sha[S_COUNT][41];
     struct shard_keys *sk;
 
-    pthread_mutex_t op_mu;    /* held while a combined batch runs */
-    struct tw__combiner comb; /* one-per-call operations (op_run()) */
+    /* One-per-call operations (op_run()), combined per group (master):
+     * a stalled master holds only the batches of its own shards. */
+    pthread_mutex_t op_mu[GROUPS_MAX];    /* held while a batch runs */
+    struct tw__combiner comb[GROUPS_MAX]; /* by d->grp_of[] of the key */
 
     pthread_mutex_t mu;
     pthread_cond_t cv, claim_cv; /* the firer's, the topology thread's */

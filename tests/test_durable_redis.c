@@ -911,6 +911,65 @@ static long long port_of_key(const char *ns, int id, uint32_t shards)
     return master_port(tw__rc_slot(sk, strlen(sk)));
 }
 
+/* Calls for healthy masters while another thread's call waits for the
+ * stopped one: each under STALL_CALL_MS (issue 41; with one combiner for
+ * every master they waited for the stalled master's round, 1.2 s and
+ * more). */
+#define STALL_CALL_MS 100
+struct stall_caller {
+    tw_durable *d;
+    const int *ids; /* 5 keys on the stopped master */
+    atomic_bool stop;
+    atomic_int calls;
+};
+
+static void *stall_caller_main(void *arg)
+{
+    struct stall_caller *c = arg;
+    for (int i = 0; !atomic_load(&c->stop); i++) {
+        atomic_fetch_add(&c->calls, 1);
+        sched(c->d, c->ids[i % 5], wall_ms() + 3600 * 1000, "x");
+    }
+    return NULL;
+}
+
+/* The other thread's state: it outlives stall_calls(), joined after
+ * SIGCONT (its call returns then, or with TW_ECONN). */
+static struct stall_caller stall_c;
+static pthread_t stall_th;
+
+static void stall_calls(tw_durable *d, const int *bx, const int *hx)
+{
+    struct stall_caller *c = &stall_c;
+    c->d = d;
+    c->ids = bx;
+    ASSERT_EQ(pthread_create(&stall_th, NULL, stall_caller_main, c), 0);
+    sleep_ms(100); /* its first call now waits for the stopped master */
+    int64_t worst = 0, far = wall_ms() + 3600 * 1000;
+    for (int i = 0; i < 10; i++) {
+        int64_t t = wall_us();
+        ASSERT_EQ(sched(d, hx[i], far, "h2"), 0);
+        int64_t ts = wall_us() - t;
+        t = wall_us();
+        ASSERT_EQ(cancel(d, hx[i]), 0);
+        int64_t tc = wall_us() - t;
+        worst = ts > worst ? ts : worst;
+        worst = tc > worst ? tc : worst;
+        if (worst >= STALL_CALL_MS * 1000)
+            fprintf(stderr, "  call %d: schedule %lld us, cancel %lld us\n", i,
+                    (long long)ts, (long long)tc);
+        ASSERT_LT(worst, STALL_CALL_MS * 1000);
+        sleep_ms(30);
+    }
+    fprintf(stderr,
+            "  healthy masters' schedules and cancels during the stop: "
+            "slowest %lld us (%d calls to the stopped one begun)\n",
+            (long long)worst, atomic_load(&c->calls));
+    ASSERT(atomic_load(&c->calls) >= 1);
+    ASSERT_LT(worst, STALL_CALL_MS * 1000);
+    atomic_store(&c->stop, true);
+}
+
 static void stall(void)
 {
     char ns[32], sk[96];
@@ -933,6 +992,16 @@ static void stall(void)
             a[na++] = id;
         else if (!onb && nh < 10)
             h[nh++] = id;
+    }
+    /* Never due during the test: keys for stall_calls(). */
+    int bx[5], nbx = 0, hx[10], nhx = 0;
+    for (int id = 10000; nbx < 5 || nhx < 10; id++) {
+        ASSERT(id < 20000);
+        bool onb = port_of_key(ns, id, cfg.shards) == bport;
+        if (onb && nbx < 5)
+            bx[nbx++] = id;
+        else if (!onb && nhx < 10)
+            hx[nhx++] = id;
     }
     pid_t bpid = slot_pid(raw, bslot);
     reset_tab();
@@ -959,9 +1028,11 @@ static void stall(void)
         /* 0, or TW_ENOENT if its delivery was already completed. */
         ASSERT(rc == 0 || rc == TW_ENOENT);
     }
+    stall_calls(d, bx, hx);
     while (wall_ms() < t0 + 300 + STALL_MS)
         sleep_ms(5);
     ASSERT_EQ(kill(bpid, SIGCONT), 0);
+    pthread_join(stall_th, NULL);
     fprintf(stderr, "  SIGCONT at +%lld ms\n", (long long)(wall_ms() - t0));
     int64_t end = wall_ms() + 20000;
     while (wall_ms() < end) {
