@@ -128,7 +128,7 @@ case $scenario in
     # of these 30 opened).
     own_cmds="+pexpire +pttl +zremrangebyscore"
     # shellcheck disable=SC2086
-    all=" $(echo $ACL_CMDS $own_cmds) "
+    all="$(printf ' %s' $ACL_CMDS $own_cmds) "
     # shellcheck disable=SC2086
     "${cli[@]}" -p "$port" -a "$PW" ACL SETUSER twown on '>app-Pass-1' \
       resetkeys '~{tw:*' resetchannels nocommands $all >/dev/null
