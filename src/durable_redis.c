@@ -567,10 +567,10 @@ static const char *const probes[][6] = {
     {"DEL", "k"},
 };
 
-/* Fill @c with probe @p (scratch keys named from @key, "{ns:probe}:");
- * false if the probe does not apply. */
+/* Fill @c with probe @p (its scratch key, if any, named from @key,
+ * "{ns:probe}:", into @names); false if the probe does not apply. */
 static bool probe_fill(struct rd *d, const char *const *p, const char *key,
-                       char (*names)[80], tw__rc_cmd *c, const char **argv,
+                       char (*names)[96], tw__rc_cmd *c, const char **argv,
                        size_t *len)
 {
     if (p[0][0] == '?') {
@@ -583,13 +583,14 @@ static bool probe_fill(struct rd *d, const char *const *p, const char *key,
     c->slot = -1;
     for (; argc < 5 && p[argc]; argc++) {
         argv[argc] = p[argc];
-        if (argc == 1 && !p[1][1] && strchr("khz", p[1][0])) {
-            snprintf(names[p[1][0] == 'k'   ? 0
-                           : p[1][0] == 'h' ? 1
-                                            : 2],
-                     80, "%s%c", key, p[1][0]);
-            argv[1] = names[p[1][0] == 'k' ? 0 : p[1][0] == 'h' ? 1 : 2];
-            c->slot = tw__rc_slot(argv[1], strlen(argv[1]));
+        static const char kinds[] = "khz"; /* names[0], [1], [2] */
+        const char *k =
+            argc == 1 && p[1][0] && !p[1][1] ? strchr(kinds, p[1][0]) : NULL;
+        if (k) {
+            char *name = names[k - kinds];
+            snprintf(name, 96, "%s%c", key, *k);
+            argv[1] = name;
+            c->slot = tw__rc_slot(name, strlen(name));
         }
         len[argc] = strlen(argv[argc]);
     }
@@ -607,7 +608,7 @@ static bool probe_fill(struct rd *d, const char *const *p, const char *key,
 static int rd_probe_perms(struct rd *d, const char *ns)
 {
     enum { NP = sizeof probes / sizeof probes[0] };
-    char key[80], names[3][80];
+    char key[80], names[3][96];
     const char *argv[NP][5];
     size_t len[NP][5];
     tw__rc_cmd cmds[NP];
