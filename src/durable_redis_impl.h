@@ -71,8 +71,16 @@ struct grp {
     struct rtimer *todo; /* due timers to check, from the firer (mu) */
     struct done *pend;   /* callbacks done, DONE not yet sent (mu) */
     size_t npend, cap_pend;
-    uint64_t pend_due; /* mono ms: send the completions by then */
+    uint64_t pend_due;     /* mono ms: send the completions by then */
+    uint32_t claim_rounds; /* its claimer's own: CLAIM rounds so far */
 };
+
+/* Every this many CLAIM rounds of a group (the first included), its CLAIM
+ * calls also look for scores no script writes (src/redis_scripts.c):
+ * two range reads a shard that find nothing unless data is damaged. */
+#ifndef DAMAGE_SCAN_ROUNDS
+#define DAMAGE_SCAN_ROUNDS 8
+#endif
 
 struct shard_keys {
     char name[NKEYS][96];
