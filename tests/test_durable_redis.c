@@ -711,33 +711,25 @@ static void garbage_scores(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
-/* Garbage in every key of every shard (values that are not
- * "due,attempt,payload", due times and attempts out of range, a member of
- * :d without a value, leases that ran out with no or a bad value, :s and
- * :v that are not numbers, and keys of the wrong type: a string, a hash or
- * a list where another type is expected, the quarantine hash itself a
- * string, the dead letters' sorted set a string, a dead letter with a bad
- * value): every normal timer scheduled after it fires (each twice: a
- * retry runs DONE over the same shards), a cancel and a replace work, the
- * damage is set aside into :q and counted in the stats. */
-static void garbage(void)
+/* Shard 0: bad values (they go to quarantine as p:<key>). */
+static const char *const badv[][2] = {{"bad", "garbage"},
+                                      {"nodig", "abc,1,x"},
+                                      {"huge", "99999999999999999999,1,x"},
+                                      {"max+1", "9223372036854775808,1,x"},
+                                      {"negatt", "5,-1,x"},
+                                      {"bigatt", "5,4294967296,x"},
+                                      {"nocomma", "5,1"},
+                                      {"empty", ""}};
+
+/* The garbage of garbage() into namespace @ns (4 shards); the shard of
+ * its bad dead letter. */
+static int garbage_plant(const char *ns)
 {
-    char ns[32], k[96], due[32], v[64];
-    snprintf(ns, sizeof ns, "gb%d", (int)getpid());
-    ASSERT_EQ(tw__rc_open(&raw, &(tw__rc_opts){.addr = seeds}), 0);
-    reset_tab();
+    char k[96], due[32], v[64];
     int64_t t0 = wall_ms();
     snprintf(due, sizeof due, "%lld", (long long)t0);
     /* Shard 0: bad values; a fractional score and a lease that ran out,
      * both with good values, must still fire. */
-    static const char *const badv[][2] = {{"bad", "garbage"},
-                                          {"nodig", "abc,1,x"},
-                                          {"huge", "99999999999999999999,1,x"},
-                                          {"max+1", "9223372036854775808,1,x"},
-                                          {"negatt", "5,-1,x"},
-                                          {"bigatt", "5,4294967296,x"},
-                                          {"nocomma", "5,1"},
-                                          {"empty", ""}};
     for (size_t i = 0; i < sizeof badv / sizeof badv[0]; i++) {
         RAW("HSET", skey(k, ns, 0, 'p'), badv[i][0], badv[i][1]);
         RAW("ZADD", skey(k, ns, 0, 'd'), due, badv[i][0]);
@@ -776,53 +768,15 @@ static void garbage(void)
     RAW("ZADD", skey(k, ns, ds, 'x'), "0", "kdead");
     RAW("HSET", skey(k, ns, ds, 'p'), "kdead", "zzz");
 
-    tw_durable_config cfg = base_cfg(ns);
-    cfg.shards = 4;
-    tw_durable *d;
-    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
-    retry_first = 100;
-    /* Beyond the horizon (300 ms): claimed by CLAIM, which reads the
-     * garbage; 40 keys fall into every one of the 4 shards. */
-    t0 = wall_ms();
-    for (int i = 0; i < 40; i++)
-        ASSERT_EQ(sched(d, i, t0 + 500 + 10 * i, "n"), 0);
-    ASSERT_EQ(cancel(d, 5), 0);
-    ASSERT_EQ(sched(d, 6, t0 + 600, "new"), 0);
-    int64_t end = wall_ms() + 15000;
-    for (int i = 0; i < 40; i++) {
-        uint32_t want = i == 5 ? 0 : 2;
-        while (tab[i].count < want && wall_ms() < end)
-            sleep_ms(10);
-        if (tab[i].count != want)
-            fprintf(stderr, "  k%d delivered %u times\n", i,
-                    (unsigned)tab[i].count);
-        ASSERT_EQ(tab[i].count, want);
-    }
-    while ((tab[900].count < 2 || tab[901].count < 1 || tab[903].count < 1) &&
-           wall_ms() < end)
-        sleep_ms(10);
-    ASSERT_EQ(tab[900].count, 2);
-    ASSERT(!strcmp(tab[900].payload, "frac"));
-    ASSERT_EQ(tab[901].count, 1);
-    ASSERT_EQ(tab[901].last_attempt, 2);
-    ASSERT(!strcmp(tab[6].payload, "new"));
-    ASSERT_EQ(tab[902].count, 0);
-    ASSERT_EQ(tab[903].count, 1);
-    ASSERT_EQ(tab[903].last_attempt, 2);
-    check_none_early(0, 40);
-    /* The bad dead letter: re-arming it sets its value aside (TW_EIO),
-     * and it is neither dead nor pending any more. */
-    tw_durable_info in;
-    ASSERT_EQ(tw_durable_rearm(d, "kdead", 5, wall_ms()), TW_EIO);
-    ASSERT_EQ(tw_durable_get(d, "kdead", 5, &in, NULL, 0), TW_ENOENT);
-    ASSERT_EQ(tw_durable_rearm(d, "kdead", 5, wall_ms()), TW_ENOENT);
-    ASSERT(has_field(ns, ds, "p:kdead"));
-    tw_durable_cursor dc = TW_DURABLE_CURSOR_INIT;
-    tw_durable_entry de[4];
-    char dkb[TW_DURABLE_KEY_MAX];
-    ASSERT_EQ(tw_durable_list_dead(d, &dc, de, 4, dkb, sizeof dkb), 0);
-    ASSERT_EQ(dc.done, 1);
+    return ds;
+}
 
+/* What garbage() must find set aside: every field, and their count in
+ * the stats. Returns how many there are. */
+static long long garbage_fields(const char *ns, int ds)
+{
+    char k[96];
+    ASSERT(has_field(ns, ds, "p:kdead"));
     char f[64];
     for (size_t i = 0; i < sizeof badv / sizeof badv[0]; i++) {
         snprintf(f, sizeof f, "p:%s", badv[i][0]);
@@ -847,6 +801,80 @@ static void garbage(void)
     }
     /* The fields above, per shard, and p:kdead. */
     ASSERT_EQ(total, 14 + 4 + 2 + 2 + 1);
+    return total;
+}
+
+/* The planted timers with sound values fired (until @end at most): the
+ * fractional score, the lease that ran out, the +inf score; not the one
+ * without a value. */
+static void garbage_planted_fired(int64_t end)
+{
+    while ((tab[900].count < 2 || tab[901].count < 1 || tab[903].count < 1) &&
+           wall_ms() < end)
+        sleep_ms(10);
+    ASSERT_EQ(tab[900].count, 2);
+    ASSERT(!strcmp(tab[900].payload, "frac"));
+    ASSERT_EQ(tab[901].count, 1);
+    ASSERT_EQ(tab[901].last_attempt, 2);
+    ASSERT(!strcmp(tab[6].payload, "new"));
+    ASSERT_EQ(tab[902].count, 0);
+    ASSERT_EQ(tab[903].count, 1);
+    ASSERT_EQ(tab[903].last_attempt, 2);
+    check_none_early(0, 40);
+}
+
+/* Garbage in every key of every shard (values that are not
+ * "due,attempt,payload", due times and attempts out of range, a member of
+ * :d without a value, leases that ran out with no or a bad value, :s and
+ * :v that are not numbers, and keys of the wrong type: a string, a hash or
+ * a list where another type is expected, the quarantine hash itself a
+ * string, the dead letters' sorted set a string, a dead letter with a bad
+ * value): every normal timer scheduled after it fires (each twice: a
+ * retry runs DONE over the same shards), a cancel and a replace work, the
+ * damage is set aside into :q and counted in the stats. */
+static void garbage(void)
+{
+    char ns[32];
+    snprintf(ns, sizeof ns, "gb%d", (int)getpid());
+    ASSERT_EQ(tw__rc_open(&raw, &(tw__rc_opts){.addr = seeds}), 0);
+    reset_tab();
+    int ds = garbage_plant(ns);
+    tw_durable_config cfg = base_cfg(ns);
+    cfg.shards = 4;
+    tw_durable *d;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    retry_first = 100;
+    /* Beyond the horizon (300 ms): claimed by CLAIM, which reads the
+     * garbage; 40 keys fall into every one of the 4 shards. */
+    int64_t t0 = wall_ms();
+    for (int i = 0; i < 40; i++)
+        ASSERT_EQ(sched(d, i, t0 + 500 + 10 * i, "n"), 0);
+    ASSERT_EQ(cancel(d, 5), 0);
+    ASSERT_EQ(sched(d, 6, t0 + 600, "new"), 0);
+    int64_t end = wall_ms() + 15000;
+    for (int i = 0; i < 40; i++) {
+        uint32_t want = i == 5 ? 0 : 2;
+        while (tab[i].count < want && wall_ms() < end)
+            sleep_ms(10);
+        if (tab[i].count != want)
+            fprintf(stderr, "  k%d delivered %u times\n", i,
+                    (unsigned)tab[i].count);
+        ASSERT_EQ(tab[i].count, want);
+    }
+    garbage_planted_fired(end);
+    /* The bad dead letter: re-arming it sets its value aside (TW_EIO),
+     * and it is neither dead nor pending any more. */
+    tw_durable_info in;
+    ASSERT_EQ(tw_durable_rearm(d, "kdead", 5, wall_ms()), TW_EIO);
+    ASSERT_EQ(tw_durable_get(d, "kdead", 5, &in, NULL, 0), TW_ENOENT);
+    ASSERT_EQ(tw_durable_rearm(d, "kdead", 5, wall_ms()), TW_ENOENT);
+    tw_durable_cursor dc = TW_DURABLE_CURSOR_INIT;
+    tw_durable_entry de[4];
+    char dkb[TW_DURABLE_KEY_MAX];
+    ASSERT_EQ(tw_durable_list_dead(d, &dc, de, 4, dkb, sizeof dkb), 0);
+    ASSERT_EQ(dc.done, 1);
+
+    long long total = garbage_fields(ns, ds);
     tw_durable_stats st;
     ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
     ASSERT_EQ(st.quarantined, (uint64_t)total);
@@ -970,6 +998,76 @@ static void stall_calls(tw_durable *d, const int *bx, const int *hx)
     atomic_store(&c->stop, true);
 }
 
+/* The stall test's keys: B on the stopped master (due during the stop),
+ * A and H on the others; bx and hx, never due, for stall_calls(). */
+struct stall_keys {
+    int a[4], b[3], h[10], bx[5], hx[10];
+};
+
+static void stall_pick(const char *ns, uint32_t shards, long long bport,
+                       struct stall_keys *k)
+{
+    int na = 0, nb = 0, nh = 0, nbx = 0, nhx = 0;
+    for (int id = 1; na < 4 || nb < 3 || nh < 10; id++) {
+        ASSERT(id < 10000);
+        bool onb = port_of_key(ns, id, shards) == bport;
+        if (onb && nb < 3)
+            k->b[nb++] = id;
+        else if (!onb && na < 4)
+            k->a[na++] = id;
+        else if (!onb && nh < 10)
+            k->h[nh++] = id;
+    }
+    for (int id = 10000; nbx < 5 || nhx < 10; id++) {
+        ASSERT(id < 20000);
+        bool onb = port_of_key(ns, id, shards) == bport;
+        if (onb && nbx < 5)
+            k->bx[nbx++] = id;
+        else if (!onb && nhx < 10)
+            k->hx[nhx++] = id;
+    }
+}
+
+/* After SIGCONT: the B keys delivered, no A key after its cancel
+ * returned, the H keys on time. */
+static void stall_check(const struct stall_keys *k, int64_t t0,
+                        const int64_t *cancelled_us)
+{
+    int64_t end = wall_ms() + 20000;
+    while (wall_ms() < end) {
+        int i = 0;
+        while (i < 3 && tab[k->b[i]].count)
+            i++;
+        if (i == 3)
+            break;
+        sleep_ms(10);
+    }
+    sleep_ms(500);
+    for (int i = 0; i < 4; i++) {
+        struct rec *r = &tab[k->a[i]];
+        fprintf(stderr,
+                "  A k%d: %u deliveries, first %+lld ms from due, "
+                "cancel returned %+lld ms\n",
+                k->a[i], (unsigned)r->count,
+                r->count ? (long long)(r->first_us / 1000 - (t0 + 400)) : 0,
+                (long long)(cancelled_us[i] / 1000 - (t0 + 400)));
+        ASSERT(r->count <= 1);
+        if (r->count)
+            ASSERT(r->first_us < cancelled_us[i]);
+    }
+    for (int i = 0; i < 10; i++) {
+        struct rec *r = &tab[k->h[i]];
+        long long late = r->count ? r->first_us / 1000 - r->due : -1;
+        fprintf(stderr, "  H k%d: %u deliveries, %lld ms late\n", k->h[i],
+                (unsigned)r->count, late);
+        ASSERT_EQ(r->count, 1);
+        ASSERT(late < STALL_LATE_MS);
+    }
+    for (int i = 0; i < 3; i++)
+        ASSERT_EQ(tab[k->b[i]].count, 1);
+    check_none_early(0, 10000);
+}
+
 static void stall(void)
 {
     char ns[32], sk[96];
@@ -982,38 +1080,19 @@ static void stall(void)
     /* Pick the keys: B on the master of shard 0's slot, A and H elsewhere. */
     int bslot = tw__rc_slot(skey(sk, ns, 0, 'd'), strlen(sk));
     long long bport = master_port(bslot);
-    int a[4], na = 0, b[3], nb = 0, h[10], nh = 0;
-    for (int id = 1; na < 4 || nb < 3 || nh < 10; id++) {
-        ASSERT(id < 10000);
-        bool onb = port_of_key(ns, id, cfg.shards) == bport;
-        if (onb && nb < 3)
-            b[nb++] = id;
-        else if (!onb && na < 4)
-            a[na++] = id;
-        else if (!onb && nh < 10)
-            h[nh++] = id;
-    }
-    /* Never due during the test: keys for stall_calls(). */
-    int bx[5], nbx = 0, hx[10], nhx = 0;
-    for (int id = 10000; nbx < 5 || nhx < 10; id++) {
-        ASSERT(id < 20000);
-        bool onb = port_of_key(ns, id, cfg.shards) == bport;
-        if (onb && nbx < 5)
-            bx[nbx++] = id;
-        else if (!onb && nhx < 10)
-            hx[nhx++] = id;
-    }
+    struct stall_keys k;
+    stall_pick(ns, cfg.shards, bport, &k);
     pid_t bpid = slot_pid(raw, bslot);
     reset_tab();
     tw_durable *d;
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
     int64_t t0 = wall_ms();
     for (int i = 0; i < 4; i++)
-        ASSERT_EQ(sched(d, a[i], t0 + 400, "a"), 0);
+        ASSERT_EQ(sched(d, k.a[i], t0 + 400, "a"), 0);
     for (int i = 0; i < 3; i++)
-        ASSERT_EQ(sched(d, b[i], t0 + 400 + 400 * i, "b"), 0);
+        ASSERT_EQ(sched(d, k.b[i], t0 + 400 + 400 * i, "b"), 0);
     for (int i = 0; i < 10; i++)
-        ASSERT_EQ(sched(d, h[i], t0 + 600 + 100 * i, "h"), 0);
+        ASSERT_EQ(sched(d, k.h[i], t0 + 600 + 100 * i, "h"), 0);
     while (wall_ms() < t0 + 300)
         sleep_ms(1);
     fprintf(stderr, "  SIGSTOP master :%lld (pid %d) at +%lld ms\n", bport,
@@ -1023,50 +1102,18 @@ static void stall(void)
         sleep_ms(1);
     int64_t cancelled_us[4];
     for (int i = 0; i < 4; i++) {
-        int rc = cancel(d, a[i]);
+        int rc = cancel(d, k.a[i]);
         cancelled_us[i] = wall_us();
         /* 0, or TW_ENOENT if its delivery was already completed. */
         ASSERT(rc == 0 || rc == TW_ENOENT);
     }
-    stall_calls(d, bx, hx);
+    stall_calls(d, k.bx, k.hx);
     while (wall_ms() < t0 + 300 + STALL_MS)
         sleep_ms(5);
     ASSERT_EQ(kill(bpid, SIGCONT), 0);
     pthread_join(stall_th, NULL);
     fprintf(stderr, "  SIGCONT at +%lld ms\n", (long long)(wall_ms() - t0));
-    int64_t end = wall_ms() + 20000;
-    while (wall_ms() < end) {
-        int i = 0;
-        while (i < 3 && tab[b[i]].count)
-            i++;
-        if (i == 3)
-            break;
-        sleep_ms(10);
-    }
-    sleep_ms(500);
-    for (int i = 0; i < 4; i++) {
-        struct rec *r = &tab[a[i]];
-        fprintf(stderr,
-                "  A k%d: %u deliveries, first %+lld ms from due, "
-                "cancel returned %+lld ms\n",
-                a[i], (unsigned)r->count,
-                r->count ? (long long)(r->first_us / 1000 - (t0 + 400)) : 0,
-                (long long)(cancelled_us[i] / 1000 - (t0 + 400)));
-        ASSERT(r->count <= 1);
-        if (r->count)
-            ASSERT(r->first_us < cancelled_us[i]);
-    }
-    for (int i = 0; i < 10; i++) {
-        struct rec *r = &tab[h[i]];
-        long long late = r->count ? r->first_us / 1000 - r->due : -1;
-        fprintf(stderr, "  H k%d: %u deliveries, %lld ms late\n", h[i],
-                (unsigned)r->count, late);
-        ASSERT_EQ(r->count, 1);
-        ASSERT(late < STALL_LATE_MS);
-    }
-    for (int i = 0; i < 3; i++)
-        ASSERT_EQ(tab[b[i]].count, 1);
-    check_none_early(0, 10000);
+    stall_check(&k, t0, cancelled_us);
     ASSERT_EQ(tw_durable_close(d), 0);
     tw__rc_close(raw);
     printf("stall: ok\n");
