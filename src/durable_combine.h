@@ -19,7 +19,7 @@
  *     tw__combine_init(): @mu is held while apply() runs (the journal
  *     passes its store mutex; a backend whose batches do I/O without its
  *     store lock, as the Redis backend's op_batch() does, passes a mutex
- *     of the combiner's own, d->op_mu there),
+ *     of the combiner's own, d->op_mu[g] there: one combiner per master),
  *     apply(first, ctx) runs one round: the requests from @first on
  *     through ->next, oldest first; it sets each one's result and calls
  *     tw__combine_done() on it, after which the request may be gone (its

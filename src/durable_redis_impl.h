@@ -4,9 +4,9 @@
  * (src/durable_redis.c says which file does what): the handle struct rd,
  * a claimed timer (struct rtimer), a group of shards and its threads
  * (struct grp), a script call (struct call), the clocks, and the
- * functions one file calls in another. Locks: d->op_mu (held while a
- * combined batch runs, src/durable_redis.c) is taken before d->mu, never
- * after; d->mu guards the wheel,
+ * functions one file calls in another. Locks: d->op_mu[g] (held while
+ * a combined batch of group g runs, src/durable_redis.c; one at a time)
+ * is taken before d->mu, never after; d->mu guards the wheel,
  * the timers' lists, the groups' queues and the counters; the executor
  * (d->exec) is called with neither held.
  */
@@ -71,8 +71,16 @@ struct grp {
     struct rtimer *todo; /* due timers to check, from the firer (mu) */
     struct done *pend;   /* callbacks done, DONE not yet sent (mu) */
     size_t npend, cap_pend;
-    uint64_t pend_due; /* mono ms: send the completions by then */
+    uint64_t pend_due;     /* mono ms: send the completions by then */
+    uint32_t claim_rounds; /* its claimer's own: CLAIM rounds so far */
 };
+
+/* Every this many CLAIM rounds of a group (the first included), its CLAIM
+ * calls also look for scores no script writes (src/redis_scripts.c):
+ * two range reads a shard that find nothing unless data is damaged. */
+#ifndef DAMAGE_SCAN_ROUNDS
+#define DAMAGE_SCAN_ROUNDS 8
+#endif
 
 struct shard_keys {
     char name[NKEYS][96];
@@ -99,8 +107,10 @@ struct rd {
     char sha[S_COUNT][41];
     struct shard_keys *sk;
 
-    pthread_mutex_t op_mu;    /* held while a combined batch runs */
-    struct tw__combiner comb; /* one-per-call operations (op_run()) */
+    /* One-per-call operations (op_run()), combined per group (master):
+     * a stalled master holds only the batches of its own shards. */
+    pthread_mutex_t op_mu[GROUPS_MAX];    /* held while a batch runs */
+    struct tw__combiner comb[GROUPS_MAX]; /* by d->grp_of[] of the key */
 
     pthread_mutex_t mu;
     pthread_cond_t cv, claim_cv; /* the firer's, the topology thread's */

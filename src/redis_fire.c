@@ -165,7 +165,8 @@ void tw__rd_rt_free_locked(struct rd *d, struct rtimer *r)
 
 /* The CLAIM calls of group @g's shards into @calls (at most d->shards),
  * fenced by ownership when it is on (a shard not this node's is left
- * out); how many. */
+ * out), every DAMAGE_SCAN_ROUNDS-th round with the scan for damaged
+ * scores; how many. */
 static size_t claim_calls(struct rd *d, struct grp *g, struct call *calls,
                           int64_t now)
 {
@@ -176,6 +177,7 @@ static size_t claim_calls(struct rd *d, struct grp *g, struct call *calls,
             calls[n++].shard = s;
     pthread_mutex_unlock(&d->mu);
     size_t m = 0;
+    bool scan = g->claim_rounds++ % DAMAGE_SCAN_ROUNDS == 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t s = calls[i].shard;
         calls[m].shard = s;
@@ -188,6 +190,7 @@ static size_t claim_calls(struct rd *d, struct grp *g, struct call *calls,
         call_num(c, sat_add(now, d->horizon_ms));
         call_num(c, d->lease_ms);
         call_num(c, CLAIM_MAX);
+        call_num(c, scan);
     }
     return m;
 }

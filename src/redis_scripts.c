@@ -21,7 +21,10 @@
  *                         aside (field -> the raw bytes): "p:<key>" a value
  *                         of :p that is not "due,attempt,payload" (due in
  *                         int64, attempt in uint32); "d:<key>" the score of
- *                         a member of :d without a value; "k:<c>" a whole
+ *                         a member of :d without a value; "s:<key>" a
+ *                         score of :d no script writes (below -2^53 or
+ *                         above 2^63, +-inf: CLAIM makes the key a claim
+ *                         that ran out, so it is delivered); "k:<c>" a whole
  *                         key :c of the wrong type (its DUMP) or an :s or
  *                         :v that is not an integer in [0, 2^53). What is
  *                         set aside is removed; the rest of the shard goes
@@ -299,10 +302,11 @@ const char *const tw__redis_scripts[S_COUNT] = {
     "redis.call('HDEL',P,k)\n"
     "redis.call('SET',V,math.max(v+1,tonumber(ARGV[2])*1024))\n"
     "return 1\n" EPILOGUE,
-    /* CLAIM ARGV: now until lease max. Two ranges of :d: the leases that
-     * ran out (score in [-(R * 1024 + 1023), 0), read with their scores:
-     * they go back to their due time with attempt + 1, and :v moves), then
-     * the keys due before until (score in [0, until], read without their
+    /* CLAIM ARGV: now until lease max scan (scan 1: look for damaged
+     * scores first, every DAMAGE_SCAN_ROUNDS-th round). Two ranges of :d: the
+     * leases that ran out (score in [-(R * 1024 + 1023), 0), read with their
+     * scores: they go back to their due time with attempt + 1, and :v moves),
+     * then the keys due before until (score in [0, until], read without their
      * scores, which Redis would format as doubles at about 0.5 us a key:
      * a waiting key's score is max(its value's due, 0)); the latter are
      * claimed: a few commands per call, however many keys. A key whose value is
@@ -312,6 +316,25 @@ const char *const tw__redis_scripts[S_COUNT] = {
     PRELUDE "local now,untl,lease,max=tonumber(ARGV[1]),tonumber(ARGV[2]),"
             "tonumber(ARGV[3]),tonumber(ARGV[4])\n"
             "local rn=rnow()\n"
+            /* Scores no script writes (below -2^53: no token is that
+             * large; above 2^63: no due time is), -inf and +inf
+             * included, would hold their keys forever: each is set aside
+             * as s:<key> and its key becomes a claim that ran out (-1),
+             * so the ranges below give it back with attempt + 1. */
+            "local bad={}\n"
+            "if ARGV[5]=='1' then\n"
+            "for _,r in ipairs({{'-inf','(-9007199254740992'},"
+            "{'(9223372036854775808','+inf'}}) do\n"
+            " local b=redis.call('ZRANGEBYSCORE',D,r[1],r[2],'WITHSCORES',"
+            "'LIMIT',0,max)\n"
+            " for i=1,#b,2 do\n"
+            "  q('s:'..b[i],b[i+1])\n"
+            "  bad[#bad+1]=-1\n"
+            "  bad[#bad+1]=b[i]\n"
+            " end\n"
+            "end\n"
+            "end\n"
+            "if #bad>0 then redis.call('ZADD',D,unpack(bad)) end\n"
             "local ks=redis.call('ZRANGEBYSCORE',D,-(rn*1024+1023),'(0',"
             "'WITHSCORES','LIMIT',0,max)\n"
             "local ne,names=#ks/2,{}\n"

@@ -4,7 +4,7 @@
 # processes that this script starts on 127.0.0.1 (random free ports, a
 # temporary directory) and always stops, also on failure.
 # Usage: tests/redis_test.sh SCENARIO TEST_BINARY
-#   semantics | econn | crash | many | garbage | gap
+#   semantics | econn | crash | many | garbage | gap | shards
 #                                      one server
 #   suite                              one server; TEST_BINARY is
 #                                      test_durable_semantics
@@ -92,7 +92,7 @@ cluster() { # MASTERS REPLICAS_PER_MASTER
 }
 
 case $scenario in
-  semantics | econn | crash | many | garbage | gap | suite | poison)
+  semantics | econn | crash | many | garbage | gap | shards | suite | poison)
     port=$(pick_ports 1)
     if [ "$scenario" = econn ] || [ "$scenario" = crash ]; then
       extra=(--appendonly yes --appendfsync always)

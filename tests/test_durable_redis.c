@@ -545,6 +545,98 @@ static int shard_of_key(const char *key, int shards)
     return (int)(h % (uint64_t)shards);
 }
 
+/* The namespace record {ns:meta} (issue 41): written at the first open,
+ * an open with another shard count refused naming both, a read-only
+ * open with shards 0 takes the recorded count, a namespace without the
+ * record (made by an older version) adopted, a damaged or newer record
+ * refused. */
+static int open_err(const char *ns, uint32_t shards, uint32_t flags, char *err,
+                    size_t len, tw_durable **out)
+{
+    tw_durable_config c = base_cfg(ns);
+    c.shards = shards;
+    c.flags = flags;
+    c.errbuf = err;
+    c.errbuf_len = len;
+    err[0] = '\0';
+    *out = NULL;
+    return tw_durable_open(out, &c);
+}
+
+static void meta_expect(const char *ns, const char *text)
+{
+    char k[96];
+    snprintf(k, sizeof k, "{%s:meta}", ns);
+    redisReply *r = rawv(2, (const char *[]){"GET", k});
+    ASSERT(r->type == REDIS_REPLY_STRING);
+    ASSERT_STR_EQ(r->str, text);
+    freeReplyObject(r);
+}
+
+static void shards_refused(const char *ns)
+{
+    char err[256];
+    tw_durable *d;
+    ASSERT_EQ(open_err(ns, 16, 0, err, sizeof err, &d), TW_EINVAL);
+    ASSERT(d == NULL);
+    printf("  refused: %s\n", err);
+    ASSERT(strstr(err, "has 8 shards") && strstr(err, "asked for 16"));
+    ASSERT_EQ(open_err(ns, 16, TW_DURABLE_READONLY, err, sizeof err, &d),
+              TW_EINVAL);
+    ASSERT_EQ(open_err(ns, 4, TW_DURABLE_NOFIRE, err, sizeof err, &d),
+              TW_EINVAL);
+    ASSERT(strstr(err, "has 8 shards") && strstr(err, "asked for 4"));
+    /* Read-only with shards 0: the record's 8, every timer seen. */
+    ASSERT_EQ(open_err(ns, 0, TW_DURABLE_READONLY, err, sizeof err, &d), 0);
+    tw_durable_stats st;
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.pending, 20);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    /* A writing open with shards 0 takes it too. */
+    ASSERT_EQ(open_err(ns, 0, 0, err, sizeof err, &d), 0);
+    ASSERT_EQ(tw_durable_cancel(d, "k5", 2), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+static void shards_test(void)
+{
+    char ns[32], k[96], err[256];
+    snprintf(ns, sizeof ns, "sh%d", (int)getpid());
+    snprintf(k, sizeof k, "{%s:meta}", ns);
+    ASSERT_EQ(tw__rc_open(&raw, &(tw__rc_opts){.addr = seeds}), 0);
+    tw_durable *d;
+    ASSERT_EQ(open_err(ns, 8, 0, err, sizeof err, &d), 0);
+    for (int i = 0; i < 20; i++)
+        ASSERT_EQ(sched(d, i, wall_ms() + 1000000, "x"), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    meta_expect(ns, "twheel-redis format 1 shards 8");
+    shards_refused(ns);
+    /* A namespace of an older version (no record): adopted. */
+    RAW("DEL", k);
+    ASSERT_EQ(open_err(ns, 8, 0, err, sizeof err, &d), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    meta_expect(ns, "twheel-redis format 1 shards 8");
+    /* A read-only open writes nothing. */
+    RAW("DEL", k);
+    ASSERT_EQ(open_err(ns, 8, TW_DURABLE_READONLY, err, sizeof err, &d), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    redisReply *r = rawv(2, (const char *[]){"EXISTS", k});
+    ASSERT_EQ(r->integer, 0);
+    freeReplyObject(r);
+    RAW("SET", k, "garbage");
+    ASSERT_EQ(open_err(ns, 8, 0, err, sizeof err, &d), TW_EINVAL);
+    ASSERT(strstr(err, "damaged") && strstr(err, k));
+    RAW("SET", k, "twheel-redis format 2 shards 8");
+    ASSERT_EQ(open_err(ns, 8, 0, err, sizeof err, &d), TW_EINVAL);
+    ASSERT(strstr(err, "format 2 is newer"));
+    RAW("DEL", k);
+    RAW("HSET", k, "f", "v");
+    ASSERT_EQ(open_err(ns, 8, 0, err, sizeof err, &d), TW_EIO);
+    ASSERT(strstr(err, "WRONGTYPE"));
+    tw__rc_close(raw);
+    raw = NULL;
+}
+
 /* Conditional writes (SCHED_IF, CANCEL with expected bytes) on damaged
  * shards: keys of the wrong type are set aside and the write goes on; a
  * pending key whose value cannot be read is stale for a non-empty expect,
@@ -557,7 +649,8 @@ static void garbage_cas(void)
     RAW("SET", skey(k, ns, sa, 'd'), "not a zset");
     RAW("SET", skey(k, ns, sa, 'p'), "not a hash");
     RAW("HSET", skey(k, ns, sb, 'p'), "cb", "zzz");
-    RAW("ZADD", skey(k, ns, sb, 'd'), "+inf", "cb"); /* never claimed */
+    /* Far off: never claimed during the test. */
+    RAW("ZADD", skey(k, ns, sb, 'd'), "4102444800000", "cb");
     tw_durable_config cfg = base_cfg(ns);
     cfg.shards = 4;
     tw_durable *d;
@@ -578,33 +671,65 @@ static void garbage_cas(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
-/* Garbage in every key of every shard (values that are not
- * "due,attempt,payload", due times and attempts out of range, a member of
- * :d without a value, leases that ran out with no or a bad value, :s and
- * :v that are not numbers, and keys of the wrong type: a string, a hash or
- * a list where another type is expected, the quarantine hash itself a
- * string, the dead letters' sorted set a string, a dead letter with a bad
- * value): every normal timer scheduled after it fires (each twice: a
- * retry runs DONE over the same shards), a cancel and a replace work, the
- * damage is set aside into :q and counted in the stats. */
-static void garbage(void)
+/* Scores no script writes (issue 41): -inf, +inf, -1e300, 1e300 and one
+ * just below -2^53, each on a key whose value is sound and due now: each
+ * set aside (s:<key>, counted in stats.quarantined) and its timer
+ * delivered, as are the sound timers beside them. */
+static void garbage_scores(void)
 {
-    char ns[32], k[96], due[32], v[64];
-    snprintf(ns, sizeof ns, "gb%d", (int)getpid());
-    ASSERT_EQ(tw__rc_open(&raw, &(tw__rc_opts){.addr = seeds}), 0);
+    static const char *const sc[] = {"-inf", "+inf", "-1e300", "1e300",
+                                     "-9007199254740994"};
+    char ns[32], k[96], key[16], val[64], f[32];
+    snprintf(ns, sizeof ns, "gs%d", (int)getpid());
     reset_tab();
+    int64_t t0 = wall_ms();
+    for (int i = 0; i < 5; i++) {
+        snprintf(key, sizeof key, "k%d", 100 + i);
+        snprintf(val, sizeof val, "%lld,1,bad", (long long)t0);
+        int s = shard_of_key(key, 4);
+        RAW("HSET", skey(k, ns, s, 'p'), key, val);
+        RAW("ZADD", skey(k, ns, s, 'd'), sc[i], key);
+    }
+    tw_durable_config cfg = base_cfg(ns);
+    cfg.shards = 4;
+    tw_durable *d;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    for (int i = 0; i < 20; i++)
+        ASSERT_EQ(sched(d, i, t0 + 100 + 10 * i, "ok"), 0);
+    ASSERT(wait_all(0, 20, 10000));
+    ASSERT(wait_all(100, 105, 10000));
+    for (int i = 0; i < 5; i++) {
+        snprintf(key, sizeof key, "k%d", 100 + i);
+        snprintf(f, sizeof f, "s:%s", key);
+        ASSERT(has_field(ns, shard_of_key(key, 4), f));
+        ASSERT_EQ(tab[100 + i].last_attempt, 2); /* a claim that ran out */
+    }
+    settle(d);
+    tw_durable_stats st;
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.quarantined, 5);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* Shard 0: bad values (they go to quarantine as p:<key>). */
+static const char *const badv[][2] = {{"bad", "garbage"},
+                                      {"nodig", "abc,1,x"},
+                                      {"huge", "99999999999999999999,1,x"},
+                                      {"max+1", "9223372036854775808,1,x"},
+                                      {"negatt", "5,-1,x"},
+                                      {"bigatt", "5,4294967296,x"},
+                                      {"nocomma", "5,1"},
+                                      {"empty", ""}};
+
+/* The garbage of garbage() into namespace @ns (4 shards); the shard of
+ * its bad dead letter. */
+static int garbage_plant(const char *ns)
+{
+    char k[96], due[32], v[64];
     int64_t t0 = wall_ms();
     snprintf(due, sizeof due, "%lld", (long long)t0);
     /* Shard 0: bad values; a fractional score and a lease that ran out,
      * both with good values, must still fire. */
-    static const char *const badv[][2] = {{"bad", "garbage"},
-                                          {"nodig", "abc,1,x"},
-                                          {"huge", "99999999999999999999,1,x"},
-                                          {"max+1", "9223372036854775808,1,x"},
-                                          {"negatt", "5,-1,x"},
-                                          {"bigatt", "5,4294967296,x"},
-                                          {"nocomma", "5,1"},
-                                          {"empty", ""}};
     for (size_t i = 0; i < sizeof badv / sizeof badv[0]; i++) {
         RAW("HSET", skey(k, ns, 0, 'p'), badv[i][0], badv[i][1]);
         RAW("ZADD", skey(k, ns, 0, 'd'), due, badv[i][0]);
@@ -631,17 +756,89 @@ static void garbage(void)
     /* Shard 2: :d is a string, :s a hash. */
     RAW("SET", skey(k, ns, 2, 'd'), "not a zset");
     RAW("HSET", skey(k, ns, 2, 's'), "a", "b");
-    /* Shard 3: :v a hash, :s a list; scores that are never due. */
+    /* Shard 3: :v a hash, :s a list; a score no script writes (+inf:
+     * set aside, and its timer delivered as a claim that ran out). */
     RAW("HSET", skey(k, ns, 3, 'v'), "a", "b");
     RAW("LPUSH", skey(k, ns, 3, 's'), "x");
-    RAW("HSET", skey(k, ns, 3, 'p'), "inf", "1,1,x");
-    RAW("ZADD", skey(k, ns, 3, 'd'), "+inf", "inf");
+    RAW("HSET", skey(k, ns, 3, 'p'), "k903", "1,1,x");
+    RAW("ZADD", skey(k, ns, 3, 'd'), "+inf", "k903");
 
     /* A dead letter whose value is not "due,attempt,payload". */
     int ds = shard_of_key("kdead", 4);
     RAW("ZADD", skey(k, ns, ds, 'x'), "0", "kdead");
     RAW("HSET", skey(k, ns, ds, 'p'), "kdead", "zzz");
 
+    return ds;
+}
+
+/* What garbage() must find set aside: every field, and their count in
+ * the stats. Returns how many there are. */
+static long long garbage_fields(const char *ns, int ds)
+{
+    char k[96];
+    ASSERT(has_field(ns, ds, "p:kdead"));
+    char f[64];
+    for (size_t i = 0; i < sizeof badv / sizeof badv[0]; i++) {
+        snprintf(f, sizeof f, "p:%s", badv[i][0]);
+        ASSERT(has_field(ns, 0, f));
+    }
+    static const struct {
+        int shard;
+        const char *field;
+    } set_aside[] = {{0, "d:novalue"}, {0, "p:lease"}, {0, "d:lease2"},
+                     {0, "k:s"},       {0, "k:v"},     {1, "k:p"},
+                     {1, "k:q"},       {1, "k:x"},     {1, "d:k902"},
+                     {2, "k:d"},       {2, "k:s"},     {3, "k:v"},
+                     {3, "k:s"},       {3, "s:k903"}};
+    for (size_t i = 0; i < sizeof set_aside / sizeof set_aside[0]; i++)
+        ASSERT(has_field(ns, set_aside[i].shard, set_aside[i].field));
+    long long total = 0;
+    for (int s = 0; s < 4; s++) {
+        redisReply *r = rawv(2, (const char *[]){"HLEN", skey(k, ns, s, 'q')});
+        ASSERT_EQ(r->type, REDIS_REPLY_INTEGER);
+        total += r->integer;
+        freeReplyObject(r);
+    }
+    /* The fields above, per shard, and p:kdead. */
+    ASSERT_EQ(total, 14 + 4 + 2 + 2 + 1);
+    return total;
+}
+
+/* The planted timers with sound values fired (until @end at most): the
+ * fractional score, the lease that ran out, the +inf score; not the one
+ * without a value. */
+static void garbage_planted_fired(int64_t end)
+{
+    while ((tab[900].count < 2 || tab[901].count < 1 || tab[903].count < 1) &&
+           wall_ms() < end)
+        sleep_ms(10);
+    ASSERT_EQ(tab[900].count, 2);
+    ASSERT(!strcmp(tab[900].payload, "frac"));
+    ASSERT_EQ(tab[901].count, 1);
+    ASSERT_EQ(tab[901].last_attempt, 2);
+    ASSERT(!strcmp(tab[6].payload, "new"));
+    ASSERT_EQ(tab[902].count, 0);
+    ASSERT_EQ(tab[903].count, 1);
+    ASSERT_EQ(tab[903].last_attempt, 2);
+    check_none_early(0, 40);
+}
+
+/* Garbage in every key of every shard (values that are not
+ * "due,attempt,payload", due times and attempts out of range, a member of
+ * :d without a value, leases that ran out with no or a bad value, :s and
+ * :v that are not numbers, and keys of the wrong type: a string, a hash or
+ * a list where another type is expected, the quarantine hash itself a
+ * string, the dead letters' sorted set a string, a dead letter with a bad
+ * value): every normal timer scheduled after it fires (each twice: a
+ * retry runs DONE over the same shards), a cancel and a replace work, the
+ * damage is set aside into :q and counted in the stats. */
+static void garbage(void)
+{
+    char ns[32];
+    snprintf(ns, sizeof ns, "gb%d", (int)getpid());
+    ASSERT_EQ(tw__rc_open(&raw, &(tw__rc_opts){.addr = seeds}), 0);
+    reset_tab();
+    int ds = garbage_plant(ns);
     tw_durable_config cfg = base_cfg(ns);
     cfg.shards = 4;
     tw_durable *d;
@@ -649,7 +846,7 @@ static void garbage(void)
     retry_first = 100;
     /* Beyond the horizon (300 ms): claimed by CLAIM, which reads the
      * garbage; 40 keys fall into every one of the 4 shards. */
-    t0 = wall_ms();
+    int64_t t0 = wall_ms();
     for (int i = 0; i < 40; i++)
         ASSERT_EQ(sched(d, i, t0 + 500 + 10 * i, "n"), 0);
     ASSERT_EQ(cancel(d, 5), 0);
@@ -664,52 +861,20 @@ static void garbage(void)
                     (unsigned)tab[i].count);
         ASSERT_EQ(tab[i].count, want);
     }
-    while ((tab[900].count < 2 || tab[901].count < 1) && wall_ms() < end)
-        sleep_ms(10);
-    ASSERT_EQ(tab[900].count, 2);
-    ASSERT(!strcmp(tab[900].payload, "frac"));
-    ASSERT_EQ(tab[901].count, 1);
-    ASSERT_EQ(tab[901].last_attempt, 2);
-    ASSERT(!strcmp(tab[6].payload, "new"));
-    ASSERT_EQ(tab[902].count, 0);
-    check_none_early(0, 40);
+    garbage_planted_fired(end);
     /* The bad dead letter: re-arming it sets its value aside (TW_EIO),
      * and it is neither dead nor pending any more. */
     tw_durable_info in;
     ASSERT_EQ(tw_durable_rearm(d, "kdead", 5, wall_ms()), TW_EIO);
     ASSERT_EQ(tw_durable_get(d, "kdead", 5, &in, NULL, 0), TW_ENOENT);
     ASSERT_EQ(tw_durable_rearm(d, "kdead", 5, wall_ms()), TW_ENOENT);
-    ASSERT(has_field(ns, ds, "p:kdead"));
     tw_durable_cursor dc = TW_DURABLE_CURSOR_INIT;
     tw_durable_entry de[4];
     char dkb[TW_DURABLE_KEY_MAX];
     ASSERT_EQ(tw_durable_list_dead(d, &dc, de, 4, dkb, sizeof dkb), 0);
     ASSERT_EQ(dc.done, 1);
 
-    char f[64];
-    for (size_t i = 0; i < sizeof badv / sizeof badv[0]; i++) {
-        snprintf(f, sizeof f, "p:%s", badv[i][0]);
-        ASSERT(has_field(ns, 0, f));
-    }
-    static const struct {
-        int shard;
-        const char *field;
-    } set_aside[] = {{0, "d:novalue"}, {0, "p:lease"}, {0, "d:lease2"},
-                     {0, "k:s"},       {0, "k:v"},     {1, "k:p"},
-                     {1, "k:q"},       {1, "k:x"},     {1, "d:k902"},
-                     {2, "k:d"},       {2, "k:s"},     {3, "k:v"},
-                     {3, "k:s"}};
-    for (size_t i = 0; i < sizeof set_aside / sizeof set_aside[0]; i++)
-        ASSERT(has_field(ns, set_aside[i].shard, set_aside[i].field));
-    long long total = 0;
-    for (int s = 0; s < 4; s++) {
-        redisReply *r = rawv(2, (const char *[]){"HLEN", skey(k, ns, s, 'q')});
-        ASSERT_EQ(r->type, REDIS_REPLY_INTEGER);
-        total += r->integer;
-        freeReplyObject(r);
-    }
-    /* The fields above, per shard, and p:kdead. */
-    ASSERT_EQ(total, 13 + 4 + 2 + 2 + 1);
+    long long total = garbage_fields(ns, ds);
     tw_durable_stats st;
     ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
     ASSERT_EQ(st.quarantined, (uint64_t)total);
@@ -720,6 +885,7 @@ static void garbage(void)
     ASSERT_EQ(tw_durable_close(d), 0);
     retry_first = 0;
     garbage_cas();
+    garbage_scores();
     tw__rc_close(raw);
     printf("garbage: ok\n");
 }
@@ -773,6 +939,135 @@ static long long port_of_key(const char *ns, int id, uint32_t shards)
     return master_port(tw__rc_slot(sk, strlen(sk)));
 }
 
+/* Calls for healthy masters while another thread's call waits for the
+ * stopped one: each under STALL_CALL_MS (issue 41; with one combiner for
+ * every master they waited for the stalled master's round, 1.2 s and
+ * more). */
+#define STALL_CALL_MS 100
+struct stall_caller {
+    tw_durable *d;
+    const int *ids; /* 5 keys on the stopped master */
+    atomic_bool stop;
+    atomic_int calls;
+};
+
+static void *stall_caller_main(void *arg)
+{
+    struct stall_caller *c = arg;
+    for (int i = 0; !atomic_load(&c->stop); i++) {
+        atomic_fetch_add(&c->calls, 1);
+        sched(c->d, c->ids[i % 5], wall_ms() + 3600 * 1000, "x");
+    }
+    return NULL;
+}
+
+/* The other thread's state: it outlives stall_calls(), joined after
+ * SIGCONT (its call returns then, or with TW_ECONN). */
+static struct stall_caller stall_c;
+static pthread_t stall_th;
+
+static void stall_calls(tw_durable *d, const int *bx, const int *hx)
+{
+    struct stall_caller *c = &stall_c;
+    c->d = d;
+    c->ids = bx;
+    ASSERT_EQ(pthread_create(&stall_th, NULL, stall_caller_main, c), 0);
+    sleep_ms(100); /* its first call now waits for the stopped master */
+    int64_t worst = 0, far = wall_ms() + 3600 * 1000;
+    for (int i = 0; i < 10; i++) {
+        int64_t t = wall_us();
+        ASSERT_EQ(sched(d, hx[i], far, "h2"), 0);
+        int64_t ts = wall_us() - t;
+        t = wall_us();
+        ASSERT_EQ(cancel(d, hx[i]), 0);
+        int64_t tc = wall_us() - t;
+        worst = ts > worst ? ts : worst;
+        worst = tc > worst ? tc : worst;
+        if (worst >= STALL_CALL_MS * 1000)
+            fprintf(stderr, "  call %d: schedule %lld us, cancel %lld us\n", i,
+                    (long long)ts, (long long)tc);
+        ASSERT_LT(worst, STALL_CALL_MS * 1000);
+        sleep_ms(30);
+    }
+    fprintf(stderr,
+            "  healthy masters' schedules and cancels during the stop: "
+            "slowest %lld us (%d calls to the stopped one begun)\n",
+            (long long)worst, atomic_load(&c->calls));
+    ASSERT(atomic_load(&c->calls) >= 1);
+    ASSERT_LT(worst, STALL_CALL_MS * 1000);
+    atomic_store(&c->stop, true);
+}
+
+/* The stall test's keys: B on the stopped master (due during the stop),
+ * A and H on the others; bx and hx, never due, for stall_calls(). */
+struct stall_keys {
+    int a[4], b[3], h[10], bx[5], hx[10];
+};
+
+static void stall_pick(const char *ns, uint32_t shards, long long bport,
+                       struct stall_keys *k)
+{
+    int na = 0, nb = 0, nh = 0, nbx = 0, nhx = 0;
+    for (int id = 1; na < 4 || nb < 3 || nh < 10; id++) {
+        ASSERT(id < 10000);
+        bool onb = port_of_key(ns, id, shards) == bport;
+        if (onb && nb < 3)
+            k->b[nb++] = id;
+        else if (!onb && na < 4)
+            k->a[na++] = id;
+        else if (!onb && nh < 10)
+            k->h[nh++] = id;
+    }
+    for (int id = 10000; nbx < 5 || nhx < 10; id++) {
+        ASSERT(id < 20000);
+        bool onb = port_of_key(ns, id, shards) == bport;
+        if (onb && nbx < 5)
+            k->bx[nbx++] = id;
+        else if (!onb && nhx < 10)
+            k->hx[nhx++] = id;
+    }
+}
+
+/* After SIGCONT: the B keys delivered, no A key after its cancel
+ * returned, the H keys on time. */
+static void stall_check(const struct stall_keys *k, int64_t t0,
+                        const int64_t *cancelled_us)
+{
+    int64_t end = wall_ms() + 20000;
+    while (wall_ms() < end) {
+        int i = 0;
+        while (i < 3 && tab[k->b[i]].count)
+            i++;
+        if (i == 3)
+            break;
+        sleep_ms(10);
+    }
+    sleep_ms(500);
+    for (int i = 0; i < 4; i++) {
+        struct rec *r = &tab[k->a[i]];
+        fprintf(stderr,
+                "  A k%d: %u deliveries, first %+lld ms from due, "
+                "cancel returned %+lld ms\n",
+                k->a[i], (unsigned)r->count,
+                r->count ? (long long)(r->first_us / 1000 - (t0 + 400)) : 0,
+                (long long)(cancelled_us[i] / 1000 - (t0 + 400)));
+        ASSERT(r->count <= 1);
+        if (r->count)
+            ASSERT(r->first_us < cancelled_us[i]);
+    }
+    for (int i = 0; i < 10; i++) {
+        struct rec *r = &tab[k->h[i]];
+        long long late = r->count ? r->first_us / 1000 - r->due : -1;
+        fprintf(stderr, "  H k%d: %u deliveries, %lld ms late\n", k->h[i],
+                (unsigned)r->count, late);
+        ASSERT_EQ(r->count, 1);
+        ASSERT(late < STALL_LATE_MS);
+    }
+    for (int i = 0; i < 3; i++)
+        ASSERT_EQ(tab[k->b[i]].count, 1);
+    check_none_early(0, 10000);
+}
+
 static void stall(void)
 {
     char ns[32], sk[96];
@@ -785,28 +1080,19 @@ static void stall(void)
     /* Pick the keys: B on the master of shard 0's slot, A and H elsewhere. */
     int bslot = tw__rc_slot(skey(sk, ns, 0, 'd'), strlen(sk));
     long long bport = master_port(bslot);
-    int a[4], na = 0, b[3], nb = 0, h[10], nh = 0;
-    for (int id = 1; na < 4 || nb < 3 || nh < 10; id++) {
-        ASSERT(id < 10000);
-        bool onb = port_of_key(ns, id, cfg.shards) == bport;
-        if (onb && nb < 3)
-            b[nb++] = id;
-        else if (!onb && na < 4)
-            a[na++] = id;
-        else if (!onb && nh < 10)
-            h[nh++] = id;
-    }
+    struct stall_keys k;
+    stall_pick(ns, cfg.shards, bport, &k);
     pid_t bpid = slot_pid(raw, bslot);
     reset_tab();
     tw_durable *d;
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
     int64_t t0 = wall_ms();
     for (int i = 0; i < 4; i++)
-        ASSERT_EQ(sched(d, a[i], t0 + 400, "a"), 0);
+        ASSERT_EQ(sched(d, k.a[i], t0 + 400, "a"), 0);
     for (int i = 0; i < 3; i++)
-        ASSERT_EQ(sched(d, b[i], t0 + 400 + 400 * i, "b"), 0);
+        ASSERT_EQ(sched(d, k.b[i], t0 + 400 + 400 * i, "b"), 0);
     for (int i = 0; i < 10; i++)
-        ASSERT_EQ(sched(d, h[i], t0 + 600 + 100 * i, "h"), 0);
+        ASSERT_EQ(sched(d, k.h[i], t0 + 600 + 100 * i, "h"), 0);
     while (wall_ms() < t0 + 300)
         sleep_ms(1);
     fprintf(stderr, "  SIGSTOP master :%lld (pid %d) at +%lld ms\n", bport,
@@ -816,48 +1102,18 @@ static void stall(void)
         sleep_ms(1);
     int64_t cancelled_us[4];
     for (int i = 0; i < 4; i++) {
-        int rc = cancel(d, a[i]);
+        int rc = cancel(d, k.a[i]);
         cancelled_us[i] = wall_us();
         /* 0, or TW_ENOENT if its delivery was already completed. */
         ASSERT(rc == 0 || rc == TW_ENOENT);
     }
+    stall_calls(d, k.bx, k.hx);
     while (wall_ms() < t0 + 300 + STALL_MS)
         sleep_ms(5);
     ASSERT_EQ(kill(bpid, SIGCONT), 0);
+    pthread_join(stall_th, NULL);
     fprintf(stderr, "  SIGCONT at +%lld ms\n", (long long)(wall_ms() - t0));
-    int64_t end = wall_ms() + 20000;
-    while (wall_ms() < end) {
-        int i = 0;
-        while (i < 3 && tab[b[i]].count)
-            i++;
-        if (i == 3)
-            break;
-        sleep_ms(10);
-    }
-    sleep_ms(500);
-    for (int i = 0; i < 4; i++) {
-        struct rec *r = &tab[a[i]];
-        fprintf(stderr,
-                "  A k%d: %u deliveries, first %+lld ms from due, "
-                "cancel returned %+lld ms\n",
-                a[i], (unsigned)r->count,
-                r->count ? (long long)(r->first_us / 1000 - (t0 + 400)) : 0,
-                (long long)(cancelled_us[i] / 1000 - (t0 + 400)));
-        ASSERT(r->count <= 1);
-        if (r->count)
-            ASSERT(r->first_us < cancelled_us[i]);
-    }
-    for (int i = 0; i < 10; i++) {
-        struct rec *r = &tab[h[i]];
-        long long late = r->count ? r->first_us / 1000 - r->due : -1;
-        fprintf(stderr, "  H k%d: %u deliveries, %lld ms late\n", h[i],
-                (unsigned)r->count, late);
-        ASSERT_EQ(r->count, 1);
-        ASSERT(late < STALL_LATE_MS);
-    }
-    for (int i = 0; i < 3; i++)
-        ASSERT_EQ(tab[b[i]].count, 1);
-    check_none_early(0, 10000);
+    stall_check(&k, t0, cancelled_us);
     ASSERT_EQ(tw_durable_close(d), 0);
     tw__rc_close(raw);
     printf("stall: ok\n");
@@ -1418,6 +1674,8 @@ int main(int argc, char **argv)
         many();
     else if (!strcmp(mode, "gap"))
         gap_test();
+    else if (!strcmp(mode, "shards"))
+        shards_test();
     else if (!strcmp(mode, "crash") || !strcmp(mode, "failover") ||
              !strcmp(mode, "reshard"))
         flow_test(mode);

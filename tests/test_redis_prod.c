@@ -71,7 +71,11 @@ static void set_field(tw_durable_config *cfg, const char *kv)
     F("sni", redis_tls_server_name)
     F("ns", redis_namespace)
 #undef F
-    if (!strncmp(kv, "want=", 5) && nwants < 8)
+    if (!strncmp(kv, "lease=", 6))
+        cfg->redis_shard_lease_ms = (uint32_t)atoi(v);
+    else if (!strncmp(kv, "wait=", 5))
+        cfg->wait_replicas = (uint32_t)atoi(v);
+    else if (!strncmp(kv, "want=", 5) && nwants < 8)
         wants[nwants++] = v;
     else if (!strncmp(kv, "secret=", 7) && nsecrets < 8)
         secrets[nsecrets++] = v;

@@ -105,6 +105,35 @@ d=json.load(open(sys.argv[1]))["after"]; print("%d,%s" % (d["due_ms"], d["key"])
   $py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["status"]=="empty" and not d["ok"], d' "$tmp/out"
   expect_rc 0 "$tw" redis stats --url "$addr" --ns "typo$ns"
   grep -q 'nothing here' "$tmp/err" || fail "redis stats --ns typo warns"
+  # The namespace records its shard count: another --shards is refused
+  # with both numbers; without --shards the recorded count is used.
+  expect_rc 2 "$tw" redis ls --url "$addr" --ns "$ns" --shards 16
+  grep -q 'has 8 shards, this open asked for 16' "$tmp/err" ||
+    fail "redis ls --shards 16: $(cat "$tmp/err")"
+  expect_rc 0 "$tw" redis ls --url "$addr" --ns "$ns"
+  [ "$(wc -l <"$tmp/out")" = 32 ] || fail "redis ls without --shards: $(wc -l <"$tmp/out") lines"
+  # A key of the wrong type: ls, check and stats name its shard and key
+  # and exit 1; --json prints a whole document.
+  bad=twbad$$
+  "$store" redis "$addr" "$bad" 30
+  rcli=(redis-cli -h "${addr%:*}" -p "${addr##*:}")
+  "${rcli[@]}" del "{$bad:3}:d" >/dev/null
+  "${rcli[@]}" set "{$bad:3}:d" junk >/dev/null
+  want="shard 3: key {$bad:3}:d is a string, not a zset"
+  expect_rc 1 "$tw" redis ls --url "$addr" --ns "$bad"
+  grep -qF "$want" "$tmp/err" || fail "redis ls, wrong type: $(cat "$tmp/err")"
+  expect_rc 1 "$tw" redis ls --url "$addr" --ns "$bad" --json
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["error"], d' "$tmp/out"
+  expect_rc 1 "$tw" redis check --url "$addr" --ns "$bad"
+  grep -qF "damaged: $want" "$tmp/out" || fail "redis check, wrong type: $(cat "$tmp/out")"
+  expect_rc 1 "$tw" redis check --url "$addr" --ns "$bad" --json
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1]))
+assert d["status"]=="damaged" and not d["ok"], d
+w=d["ignored"][0]
+assert (w["kind"], w["shard"], w["type"], w["want"])==("wrong_type", 3, "string", "zset"), d' "$tmp/out"
+  expect_rc 1 "$tw" redis stats --url "$addr" --ns "$bad" --json
+  $py -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/out"
+  step "redis: a key of the wrong type named by shard and key, exit 1"
   # Read-only: nothing was claimed or changed by any of it.
   expect_rc 0 "$tw" redis ls "${r[@]}" --json
   $py -c 'import json,sys; d=json.load(open(sys.argv[1]))

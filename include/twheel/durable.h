@@ -158,7 +158,10 @@ typedef struct tw_durable_config {
     const char *redis;           /* "host:port[,host:port...]" seed nodes,
                                     or a URL (see the top of this file) */
     const char *redis_namespace; /* key prefix; NULL = "tw" */
-    uint32_t shards;             /* 0 = 64 */
+    uint32_t shards;             /* 0 = the namespace's recorded count
+                                    ({ns:meta}), or 64 for a new one;
+                                    another count than the recorded one:
+                                    TW_EINVAL at open */
     uint32_t horizon_ms;         /* 0 = 2000: how far ahead a node claims */
     uint32_t lease_ms;           /* 0 = 30000: a claim of a silent node is
                                     delivered by another node after this */
@@ -249,8 +252,10 @@ typedef struct tw_durable_config {
      * thing the replay ignored or dropped (a torn tail; with
      * TW_DURABLE_REPAIR, damaged records, a segment with a bad header, a
      * missing segment), then once for each record those bytes held; see
-     * tw_durable_damage below. Never called by the Redis backend, after
-     * the open returns, or for a journal without such things. */
+     * tw_durable_damage below. Redis: once for each key of the namespace
+     * of the wrong type (TW_DURABLE_DAMAGE_REDIS_KEY; one TYPE a key at
+     * open, only when this is set). Never called after the open returns,
+     * or for a store without such things. */
     void (*on_damage)(void *arg, const tw_durable_damage *dmg);
     void *on_damage_arg; /* passed to on_damage */
 } tw_durable_config;
@@ -298,6 +303,11 @@ struct tw_durable_damage {
           .segment on), passed over */
 #define TW_DURABLE_DAMAGE_RECORD                                               \
     5u /* one record in the bytes of the report before */
+#define TW_DURABLE_DAMAGE_REDIS_KEY                                            \
+    6u /* Redis: a key of the namespace of the wrong type (.key its name,      \
+          .segment its shard, .record the type it has: "string", "hash",       \
+          "list", "set", "zset", "stream" or "other"); the scripts set it      \
+          aside at their next write to the shard */
 
 /* A store's counters, from tw_durable_stats_get(). */
 typedef struct tw_durable_stats {

@@ -158,6 +158,41 @@ static void human_range(const struct opts *o, const tw_durable_damage *r,
                : "");
 }
 
+/* The type a key of shard keys' suffix @c must have. */
+static const char *want_type(const tw_durable_damage *r)
+{
+    char c = r->key_len ? ((const char *)r->key)[r->key_len - 1] : 0;
+    return c == 'd' || c == 'x'   ? "zset"
+           : c == 'p' || c == 'q' ? "hash"
+                                  : "string";
+}
+
+/* A Redis key of the wrong type (TW_DURABLE_DAMAGE_REDIS_KEY) as one
+ * line of text, into @buf. */
+void redis_key_text(const tw_durable_damage *r, char *buf, size_t len)
+{
+    snprintf(buf, len,
+             "shard %" PRIu32 ": key %.*s is a %s, not a %s (the store sets "
+             "it aside at its next write to the shard)",
+             r->segment, (int)r->key_len, (const char *)r->key, r->record,
+             want_type(r));
+}
+
+static void redis_key_report(const struct opts *o, const tw_durable_damage *r,
+                             bool first)
+{
+    char text[TW_DURABLE_KEY_MAX + 200];
+    redis_key_text(r, text, sizeof text);
+    if (!o->json) {
+        printf("%s: wrong type: %s\n", where(o), text);
+        return;
+    }
+    printf("%s{\"kind\":\"wrong_type\",\"shard\":%" PRIu32 ",\"key\":",
+           first ? "" : ",", r->segment);
+    json_str(r->key, r->key_len);
+    printf(",\"type\":\"%s\",\"want\":\"%s\"}", r->record, want_type(r));
+}
+
 /* Print the reports of @l; @d: the store the open left, to judge each
  * lost record by (NULL: not judged); @done: the open wrote (a repair). */
 static void print_reports(const struct opts *o, const struct dmg_list *l,
@@ -169,6 +204,11 @@ static void print_reports(const struct opts *o, const struct dmg_list *l,
     for (size_t i = 0; i < l->n; i++) {
         const struct dmg *m = &l->v[i];
         tw_durable_info in;
+        if (m->d.kind == TW_DURABLE_DAMAGE_REDIS_KEY) {
+            redis_key_report(o, &m->d, first);
+            first = false;
+            continue;
+        }
         if (m->d.kind == TW_DURABLE_DAMAGE_RECORD) {
             const char *oc = outcome(d, &m->d, &in);
             if (o->json)
@@ -291,6 +331,20 @@ static void check_print(const struct opts *o, const struct check_res *r,
     puts("}");
 }
 
+/* Keys of the wrong type (Redis) are damage: exit 1, the first named
+ * in the problem (all of them in the reports). */
+static void check_redis_keys(const struct dmg_list *l, struct check_res *r)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        if (l->v[i].d.kind != TW_DURABLE_DAMAGE_REDIS_KEY)
+            continue;
+        redis_key_text(&l->v[i].d, r->problem, sizeof r->problem);
+        r->rc = EX_PROBLEM;
+        r->timers = 0;
+        return;
+    }
+}
+
 /* Read everything, change nothing (a read-only open). */
 int cmd_check(const struct opts *o)
 {
@@ -319,6 +373,7 @@ int cmd_check(const struct opts *o)
                      r.timers),
                 r.rc = EX_PROBLEM;
         r.dead = r.rc ? 0 : s.dead;
+        check_redis_keys(&l, &r);
         if (r.rc)
             r.status = "damaged";
         else if (o->dir ? s.segments == 0 : !s.pending && !s.dead)

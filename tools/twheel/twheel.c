@@ -202,6 +202,21 @@ const char *state_name(uint32_t st)
 /* ------------------------------------------------------------------------ */
 /* Verbs. */
 
+/* A listing that failed part way: the message, and with --json the
+ * document closed whole, with the error in it. */
+static int ls_failed(const struct opts *o, int rc, uint64_t shown)
+{
+    fprintf(stderr, "twheel: list: %s\n", tw_strerror(rc));
+    if (o->json) {
+        printf("\n],\"count\":%" PRIu64 ",\"more\":false,\"after\":null,"
+               "\"error\":",
+               shown);
+        json_str(tw_strerror(rc), strlen(tw_strerror(rc)));
+        puts("}");
+    }
+    return EX_ERROR;
+}
+
 static int cmd_ls(const struct opts *o, tw_durable *d)
 {
     static tw_durable_entry e[PAGE];
@@ -216,10 +231,8 @@ static int cmd_ls(const struct opts *o, tw_durable *d)
         if (o->limit && o->limit - shown < want)
             want = (size_t)(o->limit - shown);
         int n = tw_durable_list(d, o->from, o->to, &c, e, want, kb, sizeof kb);
-        if (n < 0) {
-            fprintf(stderr, "twheel: list: %s\n", tw_strerror(n));
-            return 2;
-        }
+        if (n < 0)
+            return ls_failed(o, n, shown);
         for (int i = 0; i < n; i++, shown++) {
             char when[40];
             iso(e[i].due_ms, when, sizeof when);
@@ -665,14 +678,32 @@ tw_durable *open_readonly(const struct opts *o, int *rc, char *err,
     }
 }
 
+/* Keys of a Redis namespace of the wrong type, each named on stderr;
+ * true if there is one (exit 1). */
+static bool redis_keys_warn(const struct opts *o, const struct dmg_list *l)
+{
+    bool any = false;
+    for (size_t i = 0; i < l->n; i++) {
+        char text[TW_DURABLE_KEY_MAX + 200];
+        if (l->v[i].d.kind != TW_DURABLE_DAMAGE_REDIS_KEY)
+            continue;
+        redis_key_text(&l->v[i].d, text, sizeof text);
+        fprintf(stderr, "twheel: warning: %s: damaged: %s\n", where(o), text);
+        any = true;
+    }
+    return any;
+}
+
 /* The verbs that open the store read-only and look. */
 static int read_verb(const struct opts *o,
                      int (*fn)(const struct opts *, tw_durable *))
 {
     char err[512];
     int rc;
-    tw_durable *d = open_readonly(o, &rc, err, sizeof err, NULL);
-    bool damaged = false;
+    struct dmg_list dl = {0};
+    tw_durable *d = open_readonly(o, &rc, err, sizeof err, o->dir ? NULL : &dl);
+    bool keys_bad = redis_keys_warn(o, &dl), damaged = false;
+    free(dl.v);
     if (!d && rc == TW_EIO && o->dir && fn != cmd_get) {
         /* Damage in the middle: show what a repair would keep. */
         char e2[512];
@@ -692,7 +723,7 @@ static int read_verb(const struct opts *o,
     }
     int res = fn(o, d);
     tw_durable_close(d);
-    return res ? res : damaged ? EX_PROBLEM : EX_OK;
+    return keys_bad ? EX_PROBLEM : res ? res : damaged ? EX_PROBLEM : EX_OK;
 }
 
 int main(int argc, char **argv)

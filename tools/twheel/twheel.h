@@ -53,6 +53,7 @@ struct dmg_list {
     bool lost; /* out of memory: some reports were not kept */
 };
 void dmg_collect(void *arg, const tw_durable_damage *d);
+void redis_key_text(const tw_durable_damage *r, char *buf, size_t len);
 
 /* twheel.c */
 tw_durable *open_store(const struct opts *o, uint32_t flags, int *rc, char *err,
