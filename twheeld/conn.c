@@ -172,9 +172,26 @@ void tbd_reap(void)
 }
 
 /* Writes what is ready; closes the connection on an error. */
+/* Frees the replies at the head of @c's output that hold nothing more to
+ * send (a reply taken back is empty: tbd_lease_done()). */
+static void drop_sent(struct conn *c)
+{
+    while (c->out_head && c->out_head->ready &&
+           c->out_head->off == c->out_head->len) {
+        struct out *o = c->out_head;
+        c->out_head = o->next;
+        if (!c->out_head)
+            c->out_tail = NULL;
+        free(o);
+    }
+}
+
 void tbd_conn_flush(struct conn *c)
 {
-    while (!c->closed && c->out_head && c->out_head->ready) {
+    for (;;) {
+        drop_sent(c); /* the head, if any, has bytes to send */
+        if (c->closed || !c->out_head || !c->out_head->ready)
+            break;
         struct iovec iov[64];
         int n = 0;
         for (struct out *o = c->out_head; o && o->ready && n < 64;

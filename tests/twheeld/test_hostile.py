@@ -331,8 +331,32 @@ def session(rport):
     check(kick_s < KICK_BOUND, "kick took %.1f s" % kick_s)
     check(worst < 2.0, "the server stalled %.1f s" % worst)
     alive(c)
+    vanished(r, c)
     c.close()
     check(a.stop() == 0, "clean stop")
+
+
+def vanished(r, c):
+    """A ready job whose record disappears from Redis behind the server's
+    back (someone else deleted it) is not handed out: its lease is a
+    conditional write, refused, so RESERVED is taken back and the reserve
+    waits on (TIMED_OUT), and the job is gone (peek NOT_FOUND). Before the
+    fix the reply stood, and a refused reply left an empty one at the head
+    of the output that stopped every later reply."""
+    check(c.cmd(b"use vanish\r\n") == b"USING vanish\r\n", "use")
+    check(c.cmd(b"watch vanish\r\n").startswith(b"WATCHING"), "watch")
+    check(c.cmd(b"ignore default\r\n").startswith(b"WATCHING"), "ignore")
+    jid = put_job(c, b"gone")
+    key = b"j%d" % jid
+    tag = b"{%s:%d}" % (NS.encode(), shard(key))
+    check(r.cmd(b"HDEL", tag + b":p", key) == b"1", "HDEL of the record")
+    r.cmd(b"ZREM", tag + b":d", key)
+    got = c.cmd(b"reserve-with-timeout 1\r\n")
+    check(got == b"TIMED_OUT\r\n", "reserve of a job whose record "
+          "vanished: %r" % got)
+    check(peek(c, jid) == b"NOT_FOUND\r\n", "peek of it")
+    alive(c)
+    print("a job whose record vanished: not handed out, gone")
 
 
 def main():
