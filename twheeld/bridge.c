@@ -28,10 +28,10 @@ struct tbd_write *tbd_write_new(int kind, struct conn *c)
  * bijective mix of a Weyl sequence), from a random start so that two
  * servers' tokens practically never meet.
  */
-uint64_t tbd_new_token(void)
+uint64_t tbd_new_token(struct server *s)
 {
     for (;;) {
-        uint64_t z = (g.token += UINT64_C(0x9E3779B97F4A7C15));
+        uint64_t z = (s->token += UINT64_C(0x9E3779B97F4A7C15));
         z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
         z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
         z ^= z >> 31;
@@ -52,7 +52,8 @@ uint64_t tbd_new_token(void)
  */
 static void fence_job(struct tbd_write *w, const struct job *j)
 {
-    if (!g.opt->redis || (!j->token && !j->stored))
+    struct server *s = j->tube->srv;
+    if (!s->opt->redis || (!j->token && !j->stored))
         return;
     w->cond = true;
     if (j->token) {
@@ -66,9 +67,10 @@ static void fence_job(struct tbd_write *w, const struct job *j)
 
 /* --redis: makes @w conditional on the record being still the @n bytes
  * at @p as read (its token; any version for a record before version 3). */
-void tbd_fence_raw(struct tbd_write *w, const unsigned char *p, size_t n)
+void tbd_fence_raw(struct server *s, struct tbd_write *w,
+                   const unsigned char *p, size_t n)
 {
-    if (!g.opt->redis)
+    if (!s->opt->redis)
         return;
     w->cond = true;
     if (n >= REC_FENCE_LEN && p[0] == REC_JOB && p[1] >= 3) {
@@ -89,12 +91,13 @@ struct tbd_write *tbd_job_cancel_write(struct job *j, struct conn *c)
 /* Queues the record of @j (state as a crash should find it). */
 struct tbd_write *tbd_job_write(struct job *j, int stored_state, struct conn *c)
 {
+    struct server *s = j->tube->srv;
     struct tbd_write *w = tbd_write_new(TBD_W_SCHED, c);
     w->key_len = (size_t)snprintf(w->key, sizeof(w->key), "j%" PRIu64, j->id);
     if (j->writes < UINT8_MAX)
         j->writes++;
     fence_job(w, j);
-    j->token = tbd_new_token(); /* the next write expects this one */
+    j->token = tbd_new_token(s); /* the next write expects this one */
     struct rec r = {
         .state = stored_state,
         .pri = j->pri,
@@ -102,7 +105,7 @@ struct tbd_write *tbd_job_write(struct job *j, int stored_state, struct conn *c)
         .delay = j->delay_s,
         .body_len = j->body_len,
         .cnt = {j->reserves, j->timeouts, j->releases, j->buries, j->kicks},
-        .owner = g.opt->node,
+        .owner = s->opt->node,
         .token = j->token,
         .id = j->id,
         .due = j->due_wall,
@@ -122,9 +125,10 @@ struct tbd_write *tbd_job_write(struct job *j, int stored_state, struct conn *c)
  * Sends @w to the store with @text as the reply it holds back; without a
  * store the reply goes at once.
  */
-void tbd_submit(struct conn *c, struct tbd_write *w, const char *text)
+void tbd_submit(struct server *s, struct conn *c, struct tbd_write *w,
+                const char *text)
 {
-    if (!g.store) {
+    if (!s->store) {
         free(w->payload);
         free(w);
         if (text)
@@ -135,41 +139,42 @@ void tbd_submit(struct conn *c, struct tbd_write *w, const char *text)
         w->tag = (uint64_t)(uintptr_t)tbd_reply_held(c, text);
     if (c)
         c->pending_writes++;
-    tbd_store_submit(g.store, w);
+    tbd_store_submit(s->store, w);
 }
 
 void tbd_store_job(struct conn *c, struct job *j, const char *text)
 {
-    if (!g.store) {
+    struct server *s = j->tube->srv;
+    if (!s->store) {
         tbd_reply(c, text);
         return;
     }
     int st = j->state == J_RESERVED ? J_READY : j->state;
-    tbd_submit(c, tbd_job_write(j, st, c), text);
+    tbd_submit(s, c, tbd_job_write(j, st, c), text);
 }
 
 /* The store key of this server's high-water mark of ids: "m", or with
  * --node N > 0 "m<N>" (each server its own). */
-size_t tbd_mark_key(char *buf, size_t len)
+size_t tbd_mark_key(struct server *s, char *buf, size_t len)
 {
-    if (g.opt->node == 0)
+    if (s->opt->node == 0)
         return (size_t)snprintf(buf, len, "m");
-    return (size_t)snprintf(buf, len, "m%" PRIu32, g.opt->node);
+    return (size_t)snprintf(buf, len, "m%" PRIu32, s->opt->node);
 }
 
 /* Issues the next job id; raises the stored high-water mark first. */
-uint64_t tbd_next_job_id(void)
+uint64_t tbd_next_job_id(struct server *s)
 {
-    uint64_t id = g.next_id++;
-    if (id > g.id_mark && g.store) {
-        g.id_mark = id + ID_BLOCK;
+    uint64_t id = s->next_id++;
+    if (id > s->id_mark && s->store) {
+        s->id_mark = id + ID_BLOCK;
         struct tbd_write *w = tbd_write_new(TBD_W_SCHED, NULL);
-        w->key_len = tbd_mark_key(w->key, sizeof(w->key));
+        w->key_len = tbd_mark_key(s, w->key, sizeof(w->key));
         unsigned char *p = tbd_xmalloc(MARK_LEN);
-        tbd_mark_encode(p, g.id_mark);
+        tbd_mark_encode(p, s->id_mark);
         w->payload = p;
         w->payload_len = MARK_LEN;
-        tbd_store_submit(g.store, w);
+        tbd_store_submit(s->store, w);
     }
     return id;
 }
@@ -181,14 +186,15 @@ uint64_t tbd_next_job_id(void)
  * a minute, so that a flood of them cannot flood the log.
  */
 #define UNREADABLE_LOGS 10
-void tbd_unreadable(const char *key, size_t key_len, const char *what)
+void tbd_unreadable(struct server *s, const char *key, size_t key_len,
+                    const char *what)
 {
     static uint64_t minute, logged, quiet;
     uint64_t now = tbd_mono_ms() / 60000;
-    g.unreadable++;
+    s->unreadable++;
     if (now != minute) {
         if (quiet)
-            tbd_logv(0,
+            tbd_logv(s, 0,
                      "%" PRIu64 " more unreadable store records not logged "
                      "(twheeld_store_unreadable_total)",
                      quiet);
@@ -205,19 +211,19 @@ void tbd_unreadable(const char *key, size_t key_len, const char *what)
     for (size_t i = 0; i < n; i++)
         k[i] = key[i] >= 0x20 && key[i] < 0x7f ? key[i] : '?';
     k[n] = '\0';
-    tbd_logv(0, "store record %s: %s", k, what);
+    tbd_logv(s, 0, "store record %s: %s", k, what);
 }
 
 /* A job (in no table, list or state count) from @r, its body with it
  * when @body; NULL when out of memory. */
-struct job *tbd_job_from_rec(const struct rec *r, bool body)
+struct job *tbd_job_from_rec(struct server *s, const struct rec *r, bool body)
 {
-    struct tube *t = tbd_tube_get(r->tube, r->tube_len);
+    struct tube *t = tbd_tube_get(s, r->tube, r->tube_len);
     struct job *j = t ? tbd_job_alloc() : NULL;
     char *b = body && j ? malloc((size_t)r->body_len + 2) : NULL;
     if (!j || (body && !b)) {
         if (j)
-            tbd_job_release(j);
+            tbd_job_release(s, j);
         if (t)
             tbd_tube_maybe_free(t);
         return NULL;
@@ -241,7 +247,7 @@ struct job *tbd_job_from_rec(const struct rec *r, bool body)
         memcpy(b, r->body, r->body_len);
         memcpy(b + r->body_len, "\r\n", 2);
         j->body = b;
-        g.bodies++;
+        s->bodies++;
     }
     j->tube = t;
     tw_timer_init(&j->timer, tbd_job_timer_fn, j);
@@ -257,14 +263,14 @@ static bool write_fenced(const struct tbd_write *w)
 }
 
 /* A job record @w came back from the store. */
-static void job_written(struct tbd_write *w)
+static void job_written(struct server *s, struct tbd_write *w)
 {
     uint64_t id = tbd_key_id(w->key, w->key_len);
     if (write_fenced(w)) {
-        tbd_job_fenced(id);
+        tbd_job_fenced(s, id);
         return;
     }
-    struct job *j = tbd_job_find(id);
+    struct job *j = tbd_job_find(s, id);
     if (!j)
         return; /* deleted meanwhile */
     if (w->result != 0 && w->cond) {
@@ -303,24 +309,25 @@ static void reply_done(struct conn *c, struct out *o, const struct tbd_write *w)
     c->out_bytes += o->len;
 }
 
-void tbd_store_completions(struct tbd_write *w)
+void tbd_store_completions(struct server *s, struct tbd_write *w)
 {
     while (w) {
         struct tbd_write *nx = w->next;
         struct conn *c = w->owner;
         if (w->result != 0)
-            tbd_logv(write_fenced(w) ? 1 : 0, "store write %.*s failed: %s",
+            tbd_logv(s, write_fenced(w) ? 1 : 0, "store write %.*s failed: %s",
                      (int)w->key_len, w->key, tw_strerror(w->result));
         /* A conditional cancel that finds the record gone because this
          * delete's claim dropped a delivery of it (which completed it)
          * did what it had to. */
-        bool hit = w->unclaim && tbd_store_unclaim(g.store, w->key, w->key_len);
+        bool hit =
+            w->unclaim && tbd_store_unclaim(s->store, w->key, w->key_len);
         if (w->kind == TBD_W_CANCEL && w->result == TW_ENOENT && hit)
             w->result = 0;
         if (w->key[0] == 'j' && (w->kind == TBD_W_SCHED || write_fenced(w)))
-            job_written(w);
-        if (w->key[0] == 'n' && w->result == 0 && w->tag > g.live_ok_at)
-            g.live_ok_at = w->tag; /* a liveness renewal landed */
+            job_written(s, w);
+        if (w->key[0] == 'n' && w->result == 0 && w->tag > s->live_ok_at)
+            s->live_ok_at = w->tag; /* a liveness renewal landed */
         if (c) {
             struct out *o = (struct out *)(uintptr_t)w->tag;
             if (o && w->reserving)

@@ -31,17 +31,19 @@ static bool conn_watches(struct conn *c, struct tube *t)
 /* A job @c may delete, bury or touch: reserved by @c. */
 static struct job *reserved_by(struct conn *c, uint64_t id)
 {
-    struct job *j = tbd_job_find(id);
+    struct server *s = c->srv;
+    struct job *j = tbd_job_find(s, id);
     return j && j->state == J_RESERVED && j->reserver == c ? j : NULL;
 }
 
 void tbd_cmd_reserve(struct conn *c, int64_t timeout_ms)
 {
+    struct server *s = c->srv;
     if (!c->worker) {
         c->worker = true;
-        g.workers++;
+        s->workers++;
     }
-    uint64_t now = tw_wheel_now(g.wheel);
+    uint64_t now = tw_wheel_now(s->wheel);
     c->rsv_timeout_ms = timeout_ms;
     c->rsv_start = now;
     struct job *j = tbd_conn_candidate(c);
@@ -59,32 +61,33 @@ void tbd_cmd_reserve(struct conn *c, int64_t timeout_ms)
     }
     c->waiting = true;
     c->w_next = NULL;
-    c->w_prev = g.w_tail;
-    if (g.w_tail)
-        g.w_tail->w_next = c;
+    c->w_prev = s->w_tail;
+    if (s->w_tail)
+        s->w_tail->w_next = c;
     else
-        g.w_head = c;
-    g.w_tail = c;
-    g.waiting++;
+        s->w_head = c;
+    s->w_tail = c;
+    s->waiting++;
     for (size_t i = 0; i < c->nwatch; i++)
         c->watch[i]->waiting++;
     if (timeout_ms > 0)
-        tw_wheel_add(g.wheel, &c->wait_timer, now + (uint64_t)timeout_ms);
+        tw_wheel_add(s->wheel, &c->wait_timer, now + (uint64_t)timeout_ms);
 }
 
 void tbd_put_finish(struct conn *c)
 {
+    struct server *s = c->srv;
     struct job *j = c->put_job;
     c->put_job = NULL;
     c->in_state = IN_LINE;
     if (memcmp(j->body + j->body_len, "\r\n", 2) != 0) {
-        tbd_job_release(j);
+        tbd_job_release(s, j);
         tbd_reply(c, "EXPECTED_CRLF\r\n");
         return;
     }
     j->created_wall = tbd_wall_ms();
     j->tube = c->use;
-    g.total_jobs++;
+    s->total_jobs++;
     j->tube->total_jobs++;
     char text[48];
     snprintf(text, sizeof(text), "INSERTED %" PRIu64 "\r\n", j->id);
@@ -99,22 +102,23 @@ void tbd_put_finish(struct conn *c)
 
 static void cmd_put(struct conn *c, const struct tbd_cmd *cmd)
 {
+    struct server *s = c->srv;
     if (!c->producer) {
         c->producer = true;
-        g.producers++;
+        s->producers++;
     }
-    if (cmd->bytes > g.opt->max_job_size || g.draining) {
+    if (cmd->bytes > s->opt->max_job_size || s->draining) {
         /* As beanstalkd: the body is read and dropped, then the answer. */
         c->in_state = IN_SKIP;
         c->skip_left = cmd->bytes + 2;
-        c->skip_reply = cmd->bytes > g.opt->max_job_size ? "JOB_TOO_BIG\r\n"
-                                                         : "DRAINING\r\n";
+        c->skip_reply = cmd->bytes > s->opt->max_job_size ? "JOB_TOO_BIG\r\n"
+                                                          : "DRAINING\r\n";
         return;
     }
     struct job *j = tbd_job_alloc();
     char *body = j ? malloc(cmd->bytes + 2) : NULL;
     if (j && !body)
-        tbd_job_release(j);
+        tbd_job_release(s, j);
     if (!body) {
         c->in_state = IN_SKIP;
         c->skip_left = cmd->bytes + 2;
@@ -123,13 +127,13 @@ static void cmd_put(struct conn *c, const struct tbd_cmd *cmd)
     }
     /* The id is used up here, as beanstalkd's: a put whose body then
      * lacks its "\r\n" (EXPECTED_CRLF) leaves a gap. */
-    j->id = tbd_next_job_id();
+    j->id = tbd_next_job_id(s);
     j->pri = cmd->pri;
     j->delay_s = cmd->delay;
     j->ttr_s = cmd->ttr ? cmd->ttr : 1;
     j->body_len = (uint32_t)cmd->bytes;
     j->body = body;
-    g.bodies++;
+    s->bodies++;
     tw_timer_init(&j->timer, tbd_job_timer_fn, j);
     c->put_job = j;
     c->body_got = 0;
@@ -167,12 +171,13 @@ static bool kick_one(struct job *j)
 static struct job *delete_take(struct conn *c, uint64_t id, const char *key,
                                bool *cold, bool *claim, int *err)
 {
-    struct job *j = tbd_job_lookup(id, cold, err);
-    *claim = j && g.store && (*cold || j->timed);
+    struct server *s = c->srv;
+    struct job *j = tbd_job_lookup(s, id, cold, err);
+    *claim = j && s->store && (*cold || j->timed);
     if (*claim) {
-        tbd_store_claim(g.store, key, strlen(key));
-        tbd_fired_jobs();
-        struct job *m = *cold ? tbd_job_find(id) : NULL;
+        tbd_store_claim(s->store, key, strlen(key));
+        tbd_fired_jobs(s);
+        struct job *m = *cold ? tbd_job_find(s, id) : NULL;
         if (m) { /* it fired meanwhile */
             tbd_job_free_cold(j);
             j = m;
@@ -183,12 +188,12 @@ static struct job *delete_take(struct conn *c, uint64_t id, const char *key,
         if (j && *cold)
             tbd_job_free_cold(j);
         if (*claim)
-            tbd_store_unclaim(g.store, key, strlen(key));
+            tbd_store_unclaim(s->store, key, strlen(key));
         return NULL;
     }
     j->tube->cmd_delete++;
     if (*cold)
-        tbd_dq_remove(g.dq, id);
+        tbd_dq_remove(s->dq, id);
     else
         tbd_job_unlink(j);
     return j;
@@ -196,6 +201,7 @@ static struct job *delete_take(struct conn *c, uint64_t id, const char *key,
 
 void tbd_cmd_delete(struct conn *c, uint64_t id)
 {
+    struct server *s = c->srv;
     char key[24];
     size_t kl = (size_t)snprintf(key, sizeof(key), "j%" PRIu64, id);
     bool cold, claim;
@@ -206,7 +212,7 @@ void tbd_cmd_delete(struct conn *c, uint64_t id)
         return;
     }
     (void)kl;
-    struct tbd_write *w = g.store ? tbd_job_cancel_write(j, c) : NULL;
+    struct tbd_write *w = s->store ? tbd_job_cancel_write(j, c) : NULL;
     if (cold)
         tbd_job_free_cold(j);
     else
@@ -216,7 +222,7 @@ void tbd_cmd_delete(struct conn *c, uint64_t id)
         return;
     }
     w->unclaim = claim;
-    tbd_submit(c, w, "DELETED\r\n");
+    tbd_submit(s, c, w, "DELETED\r\n");
 }
 
 /*
@@ -233,8 +239,9 @@ static void do_put(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 
 static void do_use(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 {
+    struct server *s = c->srv;
     (void)now;
-    struct tube *t = tbd_tube_get(cmd->tube, cmd->tube_len);
+    struct tube *t = tbd_tube_get(s, cmd->tube, cmd->tube_len);
     if (!t) {
         tbd_reply(c, "OUT_OF_MEMORY\r\n");
         return;
@@ -260,16 +267,17 @@ static void do_reserve_timeout(struct conn *c, const struct tbd_cmd *cmd,
 static void do_reserve_job(struct conn *c, const struct tbd_cmd *cmd,
                            uint64_t now)
 {
+    struct server *s = c->srv;
     bool cold;
     int err;
-    struct job *j = tbd_job_lookup(cmd->id, &cold, &err);
+    struct job *j = tbd_job_lookup(s, cmd->id, &cold, &err);
     if (!j || j->state == J_RESERVED) {
         tbd_reply(c, err ? "INTERNAL_ERROR\r\n" : "NOT_FOUND\r\n");
         return;
     }
     if (!c->worker) {
         c->worker = true;
-        g.workers++;
+        s->workers++;
     }
     bool was_delayed = j->state == J_DELAYED;
     if (cold)
@@ -277,8 +285,8 @@ static void do_reserve_job(struct conn *c, const struct tbd_cmd *cmd,
     tbd_reserve_job(c, j, now, RSV_BY_ID);
     /* It was delayed in the store: ready after a crash (on Redis
      * tbd_reserve_job() wrote its lease). */
-    if (was_delayed && g.store && !g.opt->redis)
-        tbd_submit(c, tbd_job_write(j, J_READY, c), NULL);
+    if (was_delayed && s->store && !s->opt->redis)
+        tbd_submit(s, c, tbd_job_write(j, J_READY, c), NULL);
 }
 
 static void do_delete(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
@@ -314,13 +322,14 @@ static void do_release(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 
 static void do_touch(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 {
+    struct server *s = c->srv;
     struct job *j = reserved_by(c, cmd->id);
     if (!j) {
         tbd_reply(c, "NOT_FOUND\r\n");
         return;
     }
     tbd_arm_ttr(j, now);
-    if (g.opt->redis && g.store)
+    if (s->opt->redis && s->store)
         tbd_lease_write(c, j, "TOUCHED\r\n");
     else
         tbd_reply(c, "TOUCHED\r\n");
@@ -328,8 +337,9 @@ static void do_touch(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 
 static void do_watch(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 {
+    struct server *s = c->srv;
     (void)now;
-    struct tube *t = tbd_tube_get(cmd->tube, cmd->tube_len);
+    struct tube *t = tbd_tube_get(s, cmd->tube, cmd->tube_len);
     if (!t) {
         tbd_reply(c, "OUT_OF_MEMORY\r\n");
         return;
@@ -350,8 +360,9 @@ static void do_watch(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 
 static void do_ignore(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 {
+    struct server *s = c->srv;
     (void)now;
-    struct tube *t = tbd_tube_find(cmd->tube, cmd->tube_len);
+    struct tube *t = tbd_tube_find(s, cmd->tube, cmd->tube_len);
     if (t && conn_watches(c, t)) {
         if (c->nwatch == 1) {
             tbd_reply(c, "NOT_IGNORED\r\n");
@@ -372,9 +383,10 @@ static void do_ignore(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 /* peek and stats-job. */
 static void do_peek(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 {
+    struct server *s = c->srv;
     bool cold;
     int err;
-    struct job *j = tbd_job_lookup(cmd->id, &cold, &err);
+    struct job *j = tbd_job_lookup(s, cmd->id, &cold, &err);
     if (!j)
         tbd_reply(c, err ? "INTERNAL_ERROR\r\n" : "NOT_FOUND\r\n");
     else if (cmd->op == TBD_PEEK)
@@ -433,6 +445,7 @@ static bool kick_any(struct job *j, bool cold)
  * first first (as beanstalkd). */
 static void do_kick(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 {
+    struct server *s = c->srv;
     (void)now;
     struct tube *t = c->use;
     bool buried = t->buried.n > 0;
@@ -446,28 +459,29 @@ static void do_kick(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
         if (!j || !kick_any(j, cold))
             break; /* none left, or its body could not be read (logged) */
         k++;
-        if (g.store) {
+        if (s->store) {
             /* Each write but the last goes at once; the reply waits
              * for the last, and writes complete in order. */
             if (last)
-                tbd_submit(c, last, NULL);
+                tbd_submit(s, c, last, NULL);
             last = tbd_job_write(j, J_READY, c);
         }
     }
     char text[40];
     snprintf(text, sizeof(text), "KICKED %u\r\n", k);
     if (last)
-        tbd_submit(c, last, text);
+        tbd_submit(s, c, last, text);
     else
         tbd_reply(c, text);
 }
 
 static void do_kick_job(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 {
+    struct server *s = c->srv;
     (void)now;
     bool cold;
     int err;
-    struct job *j = tbd_job_lookup(cmd->id, &cold, &err);
+    struct job *j = tbd_job_lookup(s, cmd->id, &cold, &err);
     if (!j || (j->state != J_BURIED && j->state != J_DELAYED)) {
         tbd_reply(c, err ? "INTERNAL_ERROR\r\n" : "NOT_FOUND\r\n");
         return;
@@ -482,7 +496,8 @@ static void do_kick_job(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 static void do_stats_tube(struct conn *c, const struct tbd_cmd *cmd,
                           uint64_t now)
 {
-    struct tube *t = tbd_tube_find(cmd->tube, cmd->tube_len);
+    struct server *s = c->srv;
+    struct tube *t = tbd_tube_find(s, cmd->tube, cmd->tube_len);
     if (!t)
         tbd_reply(c, "NOT_FOUND\r\n");
     else
@@ -513,7 +528,8 @@ static void do_list_used(struct conn *c, const struct tbd_cmd *cmd,
 
 static void do_pause(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 {
-    struct tube *t = tbd_tube_find(cmd->tube, cmd->tube_len);
+    struct server *s = c->srv;
+    struct tube *t = tbd_tube_find(s, cmd->tube, cmd->tube_len);
     if (!t) {
         tbd_reply(c, "NOT_FOUND\r\n");
         return;
@@ -522,11 +538,11 @@ static void do_pause(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
     t->pause_s = cmd->delay;
     if (cmd->delay) {
         t->pause_until = now + (uint64_t)cmd->delay * 1000u;
-        tw_wheel_add(g.wheel, &t->pause_timer, t->pause_until);
+        tw_wheel_add(s->wheel, &t->pause_timer, t->pause_until);
     } else {
         t->pause_until = 0;
-        tw_wheel_cancel(g.wheel, &t->pause_timer);
-        g.queue_dirty = true;
+        tw_wheel_cancel(s->wheel, &t->pause_timer);
+        s->queue_dirty = true;
     }
     tbd_reply(c, "PAUSED\r\n");
 }
@@ -569,10 +585,11 @@ static cmd_fn *const commands[TBD_OP_COUNT] = {
 
 void tbd_run_command(struct conn *c, const struct tbd_cmd *cmd)
 {
-    uint64_t now = tw_wheel_now(g.wheel);
+    struct server *s = c->srv;
+    uint64_t now = tw_wheel_now(s->wheel);
     if (cmd->op >= 0)
-        g.cmd[cmd->op]++;
-    tbd_logv(3, "fd %d: %s", c->fd, tbd_op_name(cmd->op));
+        s->cmd[cmd->op]++;
+    tbd_logv(s, 3, "fd %d: %s", c->fd, tbd_op_name(cmd->op));
     if (cmd->op == TBD_BAD_FORMAT)
         tbd_reply(c, "BAD_FORMAT\r\n");
     else if (cmd->op == TBD_UNKNOWN)

@@ -83,6 +83,7 @@ struct out *tbd_reply_held(struct conn *c, const char *s)
 
 static void conn_update_events(struct conn *c)
 {
+    struct server *s = c->srv;
     if (c->closed)
         return;
     uint32_t ev = 0;
@@ -97,7 +98,7 @@ static void conn_update_events(struct conn *c)
     if (ev == c->events)
         return;
     struct epoll_event e = {.events = ev, .data.ptr = c};
-    epoll_ctl(g.ep, EPOLL_CTL_MOD, c->fd, &e);
+    epoll_ctl(s->ep, EPOLL_CTL_MOD, c->fd, &e);
     c->events = ev;
 }
 
@@ -114,30 +115,31 @@ static void conn_free(struct conn *c)
 
 void tbd_conn_close(struct conn *c)
 {
+    struct server *s = c->srv;
     if (c->closed)
         return;
-    tbd_logv(2, "close fd %d", c->fd);
-    epoll_ctl(g.ep, EPOLL_CTL_DEL, c->fd, NULL);
+    tbd_logv(s, 2, "close fd %d", c->fd);
+    epoll_ctl(s->ep, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     c->closed = true;
-    g.cur_conns--;
+    s->cur_conns--;
     if (c->producer)
-        g.producers--;
+        s->producers--;
     if (c->worker)
-        g.workers--;
+        s->workers--;
     tbd_waiting_remove(c);
     while (c->reserved.head) {
         struct job *j = c->reserved.head;
         tbd_jl_remove(&c->reserved, j);
-        tw_wheel_cancel(g.wheel, &j->timer);
+        tw_wheel_cancel(s->wheel, &j->timer);
         j->tube->nreserved--;
-        g.counts[J_RESERVED]--;
+        s->counts[J_RESERVED]--;
         j->reserver = NULL;
         tbd_job_make_ready(j);
         tbd_job_undate(j);
     }
     if (c->put_job) {
-        tbd_job_release(c->put_job);
+        tbd_job_release(s, c->put_job);
         c->put_job = NULL;
     }
     if (c->use) {
@@ -152,14 +154,14 @@ void tbd_conn_close(struct conn *c)
     c->nwatch = 0;
     /* Freed by tbd_reap() at the end of the loop iteration, never here: the
      * callers, and later events of the same epoll batch, still hold it. */
-    c->dead_next = g.dead;
-    g.dead = c;
+    c->dead_next = s->dead;
+    s->dead = c;
 }
 
 /* Frees the closed connections whose store writes have all come back. */
-void tbd_reap(void)
+void tbd_reap(struct server *s)
 {
-    struct conn **pp = &g.dead;
+    struct conn **pp = &s->dead;
     while (*pp) {
         struct conn *c = *pp;
         if (c->pending_writes == 0) {
@@ -403,11 +405,11 @@ static void conn_eof(struct conn *c)
 
 /* Runs the commands held behind the reserves that ended since the last
  * call (tbd_waiting_remove()), once the job queue is processed. */
-void tbd_repump(void)
+void tbd_repump(struct server *s)
 {
-    while (g.repump) {
-        struct conn *c = g.repump;
-        g.repump = c->rp_next;
+    while (s->repump) {
+        struct conn *c = s->repump;
+        s->repump = c->rp_next;
         c->repump = false;
         if (!c->closed)
             tbd_conn_pump(c);
@@ -457,13 +459,13 @@ void tbd_conn_readable(struct conn *c)
     }
 }
 
-void tbd_conn_accept(void)
+void tbd_conn_accept(struct server *s)
 {
     for (int i = 0; i < 256; i++) {
-        int fd = accept4(g.lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-                tbd_logv(1, "accept: %s", strerror(errno));
+                tbd_logv(s, 1, "accept: %s", strerror(errno));
             return;
         }
         int one = 1;
@@ -477,24 +479,25 @@ void tbd_conn_accept(void)
             continue;
         }
         c->fd = fd;
+        c->srv = s;
         c->watch = w;
-        c->watch[0] = g.default_tube;
+        c->watch[0] = s->default_tube;
         c->nwatch = 1;
-        g.default_tube->watching++;
-        tbd_conn_use(c, g.default_tube);
+        s->default_tube->watching++;
+        tbd_conn_use(c, s->default_tube);
         tw_timer_init(&c->wait_timer, tbd_wait_timeout_fn, c);
         c->events = EPOLLIN;
         struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
-        if (epoll_ctl(g.ep, EPOLL_CTL_ADD, fd, &e) != 0) {
+        if (epoll_ctl(s->ep, EPOLL_CTL_ADD, fd, &e) != 0) {
             close(fd);
             free(w);
-            g.default_tube->watching--;
-            g.default_tube->using --;
+            s->default_tube->watching--;
+            s->default_tube->using --;
             free(c);
             continue;
         }
-        g.cur_conns++;
-        g.total_conns++;
-        tbd_logv(2, "accept fd %d", fd);
+        s->cur_conns++;
+        s->total_conns++;
+        tbd_logv(s, 2, "accept fd %d", fd);
     }
 }

@@ -27,15 +27,17 @@ struct mconn {
     size_t in_len, out_len, out_off;
     char *out;
     char in[MCONN_IN];
+    struct server *srv; /* its server */
 };
 
 static void mconn_close(struct mconn *m)
 {
-    tw_wheel_cancel(g.wheel, &m->timer);
+    struct server *s = m->srv;
+    tw_wheel_cancel(s->wheel, &m->timer);
     close(m->fd);
     free(m->out);
     free(m);
-    g.nmconn--;
+    s->nmconn--;
 }
 
 /* Its time is up: the next event (a hang-up now) closes it; not freed
@@ -47,12 +49,12 @@ static void mconn_timeout(tw_timer *t, void *arg)
 }
 
 /* The store's part of /metrics (with a store). */
-static void metrics_store(char **bp, size_t *np, size_t *capp)
+static void metrics_store(struct server *s, char **bp, size_t *np, size_t *capp)
 {
     char *b = *bp;
     size_t n = *np, cap = *capp;
     uint64_t written, batches, jbytes;
-    tbd_store_counts(g.store, &written, &batches, &jbytes);
+    tbd_store_counts(s->store, &written, &batches, &jbytes);
     tbd_yaml_add(&b, &n, &cap,
                  "# HELP twheeld_store_writes_total Job records written to the "
                  "store.\n# TYPE twheeld_store_writes_total counter\n"
@@ -64,14 +66,14 @@ static void metrics_store(char **bp, size_t *np, size_t *capp)
                  "the store that are not what twheeld writes, skipped or "
                  "removed.\n# TYPE twheeld_store_unreadable_total counter\n"
                  "twheeld_store_unreadable_total %" PRIu64 "\n",
-                 written, batches, g.unreadable);
-    long k = tbd_store_metrics(g.store, b + n, cap - n);
+                 written, batches, s->unreadable);
+    long k = tbd_store_metrics(s->store, b + n, cap - n);
     if (k >= 0 && (size_t)k >= cap - n) {
         cap = n + (size_t)k + 1;
         b = realloc(b, cap);
         if (!b)
             abort();
-        k = tbd_store_metrics(g.store, b + n, cap - n);
+        k = tbd_store_metrics(s->store, b + n, cap - n);
     }
     if (k >= 0 && (size_t)k < cap - n)
         n += (size_t)k;
@@ -81,7 +83,7 @@ static void metrics_store(char **bp, size_t *np, size_t *capp)
 }
 
 /* twheeld's counters, then the store's (tw_durable_metrics()). */
-static char *metrics_text(size_t *len)
+static char *metrics_text(struct server *s, size_t *len)
 {
     size_t n, cap;
     char *b;
@@ -92,14 +94,14 @@ static char *metrics_text(size_t *len)
     for (int i = 0; i < 4; i++)
         tbd_yaml_add(&b, &n, &cap, "twheeld_jobs{state=\"%s\"} %" PRIu64 "\n",
                      state_name[i],
-                     i == J_DELAYED ? tbd_dq_total(g.dq) : g.counts[i]);
+                     i == J_DELAYED ? tbd_dq_total(s->dq) : s->counts[i]);
     tbd_yaml_add(
         &b, &n, &cap,
         "# HELP twheeld_bodies_in_memory Job bodies held in memory (the "
         "other jobs' bodies are read from the store when needed).\n"
         "# TYPE twheeld_bodies_in_memory gauge\n"
         "twheeld_bodies_in_memory %" PRIu64 "\n",
-        g.bodies);
+        s->bodies);
     tbd_yaml_add(
         &b, &n, &cap,
         "# HELP twheeld_jobs_total Jobs put since start.\n"
@@ -107,7 +109,7 @@ static char *metrics_text(size_t *len)
         "\n# HELP twheeld_job_timeouts_total Reserved jobs whose TTR ran "
         "out.\n# TYPE twheeld_job_timeouts_total counter\n"
         "twheeld_job_timeouts_total %" PRIu64 "\n",
-        g.total_jobs, g.job_timeouts);
+        s->total_jobs, s->job_timeouts);
     tbd_yaml_add(
         &b, &n, &cap,
         "# HELP twheeld_connections Open client connections.\n"
@@ -115,16 +117,16 @@ static char *metrics_text(size_t *len)
         "\n# HELP twheeld_connections_total Client connections accepted.\n"
         "# TYPE twheeld_connections_total counter\n"
         "twheeld_connections_total %" PRIu64 "\n",
-        g.cur_conns, g.total_conns);
+        s->cur_conns, s->total_conns);
     tbd_yaml_add(&b, &n, &cap,
                  "# HELP twheeld_commands_total Commands by name.\n"
                  "# TYPE twheeld_commands_total counter\n");
     for (int op = 0; op < TBD_OP_COUNT; op++)
         tbd_yaml_add(&b, &n, &cap,
                      "twheeld_commands_total{cmd=\"%s\"} %" PRIu64 "\n",
-                     tbd_op_name(op), g.cmd[op]);
-    if (g.store)
-        metrics_store(&b, &n, &cap);
+                     tbd_op_name(op), s->cmd[op]);
+    if (s->store)
+        metrics_store(s, &b, &n, &cap);
     *len = n;
     return b;
 }
@@ -132,6 +134,7 @@ static char *metrics_text(size_t *len)
 /* Answers the request in m->in (complete or too long). */
 static void mconn_answer(struct mconn *m, bool too_long)
 {
+    struct server *s = m->srv;
     const char *status = "200 OK";
     size_t blen = 0;
     char *body = NULL;
@@ -139,7 +142,7 @@ static void mconn_answer(struct mconn *m, bool too_long)
         status = "431 Request Header Fields Too Large";
     } else if (!strncmp(m->in, "GET /metrics ", 13) ||
                !strncmp(m->in, "GET /metrics?", 13)) {
-        body = metrics_text(&blen);
+        body = metrics_text(s, &blen);
     } else if (!strncmp(m->in, "GET ", 4) || !strncmp(m->in, "HEAD ", 5)) {
         status = "404 Not Found";
     } else {
@@ -160,7 +163,7 @@ static void mconn_answer(struct mconn *m, bool too_long)
     m->out_off = 0;
     struct epoll_event e = {.events = EPOLLOUT,
                             .data.ptr = (void *)((uintptr_t)m | 1u)};
-    epoll_ctl(g.ep, EPOLL_CTL_MOD, m->fd, &e);
+    epoll_ctl(s->ep, EPOLL_CTL_MOD, m->fd, &e);
 }
 
 void tbd_mconn_event(struct mconn *m, uint32_t events)
@@ -191,24 +194,25 @@ void tbd_mconn_event(struct mconn *m, uint32_t events)
         mconn_close(m);
 }
 
-void tbd_metrics_accept(void)
+void tbd_metrics_accept(struct server *s)
 {
     for (;;) {
-        int fd = accept4(g.mfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept4(s->mfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             return;
-        struct mconn *m = g.nmconn < MCONN_MAX ? calloc(1, sizeof(*m)) : NULL;
+        struct mconn *m = s->nmconn < MCONN_MAX ? calloc(1, sizeof(*m)) : NULL;
         if (!m) {
             close(fd);
             continue;
         }
         m->fd = fd;
-        g.nmconn++;
+        m->srv = s;
+        s->nmconn++;
         tw_timer_init(&m->timer, mconn_timeout, m);
-        tw_wheel_add(g.wheel, &m->timer, tw_wheel_now(g.wheel) + MCONN_MS);
+        tw_wheel_add(s->wheel, &m->timer, tw_wheel_now(s->wheel) + MCONN_MS);
         struct epoll_event e = {.events = EPOLLIN,
                                 .data.ptr = (void *)((uintptr_t)m | 1u)};
-        if (epoll_ctl(g.ep, EPOLL_CTL_ADD, fd, &e) != 0)
+        if (epoll_ctl(s->ep, EPOLL_CTL_ADD, fd, &e) != 0)
             mconn_close(m);
     }
 }

@@ -9,28 +9,29 @@
 
 void tbd_waiting_remove(struct conn *c)
 {
+    struct server *s = c->srv;
     if (!c->waiting)
         return;
     c->waiting = false;
-    tw_wheel_cancel(g.wheel, &c->wait_timer);
+    tw_wheel_cancel(s->wheel, &c->wait_timer);
     if (c->w_prev)
         c->w_prev->w_next = c->w_next;
     else
-        g.w_head = c->w_next;
+        s->w_head = c->w_next;
     if (c->w_next)
         c->w_next->w_prev = c->w_prev;
     else
-        g.w_tail = c->w_prev;
+        s->w_tail = c->w_prev;
     c->w_next = c->w_prev = NULL;
-    g.waiting--;
+    s->waiting--;
     for (size_t i = 0; i < c->nwatch; i++)
         c->watch[i]->waiting--;
     /* The commands pipelined behind the reserve run once its reply is
      * out (tbd_repump()). */
     if (!c->closed && !c->repump && c->in && c->in_off < c->in_len) {
         c->repump = true;
-        c->rp_next = g.repump;
-        g.repump = c;
+        c->rp_next = s->repump;
+        s->repump = c;
     }
 }
 
@@ -51,9 +52,10 @@ void tbd_reply_job(struct conn *c, const char *word, struct job *j)
  * the deadline itself (tbd_job_timer_fn()). */
 void tbd_arm_ttr(struct job *j, uint64_t now)
 {
+    struct server *s = j->tube->srv;
     j->deadline = now + (uint64_t)j->ttr_s * 1000u;
     j->soon_phase = (uint64_t)j->ttr_s * 1000u > SAFETY_MS;
-    tw_wheel_add(g.wheel, &j->timer,
+    tw_wheel_add(s->wheel, &j->timer,
                  j->soon_phase ? j->deadline - SAFETY_MS : j->deadline);
 }
 
@@ -69,21 +71,23 @@ void tbd_arm_ttr(struct job *j, uint64_t now)
 
 void tbd_lease_write(struct conn *c, struct job *j, const char *text)
 {
+    struct server *s = j->tube->srv;
     struct tbd_write *w = tbd_job_write(j, J_READY, c);
     w->due_ms = tbd_wall_ms() + (int64_t)j->ttr_s * 1000 + TAKEOVER_GRACE_MS;
     /* Failed, it leaves the job reserved here (logged): only a takeover
      * after a crash is lost. */
     w->keep_reply = true;
     j->timed = true;
-    tbd_submit(c, w, text);
+    tbd_submit(s, c, w, text);
 }
 
 /* Redis: a job in memory whose record may fire on another server (a
  * reserved job's, after tbd_lease_write()) is written back undated. */
 void tbd_job_undate(struct job *j)
 {
-    if (g.opt->redis && g.store && j->timed)
-        tbd_submit(NULL, tbd_job_write(j, J_READY, NULL), NULL);
+    struct server *s = j->tube->srv;
+    if (s->opt->redis && s->store && j->timed)
+        tbd_submit(s, NULL, tbd_job_write(j, J_READY, NULL), NULL);
 }
 
 /*
@@ -94,6 +98,7 @@ void tbd_job_undate(struct job *j)
  */
 static void lease_reserved(struct conn *c, struct job *j, int how)
 {
+    struct server *s = j->tube->srv;
     char head[48];
     int n = snprintf(head, sizeof(head), "RESERVED %" PRIu64 " %u\r\n", j->id,
                      j->body_len);
@@ -112,7 +117,7 @@ static void lease_reserved(struct conn *c, struct job *j, int how)
     w->tag = (uint64_t)(uintptr_t)o;
     j->timed = true;
     c->leasing = true;
-    tbd_submit(c, w, NULL);
+    tbd_submit(s, c, w, NULL);
 }
 
 /*
@@ -124,6 +129,7 @@ static void lease_reserved(struct conn *c, struct job *j, int how)
 void tbd_lease_done(struct conn *c, struct out *o, const struct tbd_write *w,
                     bool fenced)
 {
+    struct server *s = c->srv;
     c->leasing = false;
     o->ready = true;
     if (!fenced || c->closed)
@@ -138,7 +144,7 @@ void tbd_lease_done(struct conn *c, struct out *o, const struct tbd_write *w,
     }
     int64_t left = c->rsv_timeout_ms;
     if (left > 0) {
-        left -= (int64_t)(tw_wheel_now(g.wheel) - c->rsv_start);
+        left -= (int64_t)(tw_wheel_now(s->wheel) - c->rsv_start);
         left = left > 0 ? left : 0;
     }
     tbd_cmd_reserve(c, left);
@@ -146,15 +152,16 @@ void tbd_lease_done(struct conn *c, struct out *o, const struct tbd_write *w,
 
 void tbd_reserve_job(struct conn *c, struct job *j, uint64_t now, int how)
 {
+    struct server *s = j->tube->srv;
     tbd_job_unlink(j);
     j->state = J_RESERVED;
-    g.counts[J_RESERVED]++;
+    s->counts[J_RESERVED]++;
     j->reserver = c;
     j->reserves++;
     j->tube->nreserved++;
     tbd_jl_push(&c->reserved, j);
     tbd_arm_ttr(j, now);
-    if (!g.opt->redis || !g.store || !tbd_job_load_body(j)) {
+    if (!s->opt->redis || !s->store || !tbd_job_load_body(j)) {
         tbd_reply_job(c, "RESERVED", j);
         return;
     }
@@ -187,11 +194,11 @@ bool tbd_conn_deadline_soon(struct conn *c, uint64_t now)
 }
 
 /* Gives ready jobs to waiting connections, oldest waiter first. */
-void tbd_process_queue(void)
+void tbd_process_queue(struct server *s)
 {
-    g.queue_dirty = false;
-    uint64_t now = tw_wheel_now(g.wheel);
-    for (struct conn *c = g.w_head, *nx; c && g.nready_total; c = nx) {
+    s->queue_dirty = false;
+    uint64_t now = tw_wheel_now(s->wheel);
+    for (struct conn *c = s->w_head, *nx; c && s->nready_total; c = nx) {
         nx = c->w_next;
         struct job *j = tbd_conn_candidate(c);
         if (!j)
@@ -215,10 +222,11 @@ void tbd_job_timer_fn(tw_timer *tm, void *arg)
 {
     (void)tm;
     struct job *j = arg;
-    uint64_t now = tw_wheel_now(g.wheel);
+    struct server *s = j->tube->srv;
+    uint64_t now = tw_wheel_now(s->wheel);
     if (j->state == J_DELAYED) {
         if (!tbd_job_load_body(j)) { /* the store failed: try again later */
-            tw_wheel_add(g.wheel, &j->timer, now + 1000);
+            tw_wheel_add(s->wheel, &j->timer, now + 1000);
             return;
         }
         tbd_job_unlink(j);
@@ -230,7 +238,7 @@ void tbd_job_timer_fn(tw_timer *tm, void *arg)
     struct conn *c = j->reserver;
     if (j->soon_phase) {
         j->soon_phase = false;
-        tw_wheel_add(g.wheel, &j->timer, j->deadline);
+        tw_wheel_add(s->wheel, &j->timer, j->deadline);
         if (c->waiting) {
             tbd_waiting_remove(c);
             tbd_reply(c, "DEADLINE_SOON\r\n");
@@ -242,7 +250,7 @@ void tbd_job_timer_fn(tw_timer *tm, void *arg)
     /* The TTR ran out: the job goes back to ready, as in beanstalkd. */
     tbd_job_unlink(j);
     j->timeouts++;
-    g.job_timeouts++;
+    s->job_timeouts++;
     tbd_job_make_ready(j);
     tbd_job_undate(j);
 }

@@ -15,7 +15,7 @@
 
 #include <sys/random.h>
 
-struct server g;
+static struct server the_server;
 
 /* ---- main loop ---- */
 
@@ -70,14 +70,14 @@ static void report_port(int fd, int port_fd)
     close(port_fd);
 }
 
-/* g.server_id: 16 hex digits from /dev/urandom (zeros without it). */
+/* s->server_id: 16 hex digits from /dev/urandom (zeros without it). */
 /*
  * The start of this server's write tokens (tbd_new_token()): random, so
  * that no two servers, nor two runs of one, issue the same sequence (a
  * shared token would let one server's conditional write pass for
  * another's). Without getrandom(2): the clocks, the pid and the node.
  */
-static void seed_tokens(void)
+static void seed_tokens(struct server *s)
 {
     uint64_t seed = 0;
     if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed)) {
@@ -86,12 +86,12 @@ static void seed_tokens(void)
         clock_gettime(CLOCK_MONOTONIC, &b);
         seed = (uint64_t)a.tv_nsec * 0x9E3779B97F4A7C15u ^
                (uint64_t)a.tv_sec << 20 ^ (uint64_t)b.tv_nsec ^
-               (uint64_t)getpid() << 40 ^ (uint64_t)g.opt->node << 52;
+               (uint64_t)getpid() << 40 ^ (uint64_t)s->opt->node << 52;
     }
-    g.token = seed;
+    s->token = seed;
 }
 
-static void make_server_id(void)
+static void make_server_id(struct server *s)
 {
     unsigned char rb[8] = {0};
     FILE *f = fopen("/dev/urandom", "rb");
@@ -101,54 +101,54 @@ static void make_server_id(void)
         fclose(f);
     }
     for (int i = 0; i < 8; i++)
-        snprintf(g.server_id + 2 * i, 3, "%02x", rb[i]);
+        snprintf(s->server_id + 2 * i, 3, "%02x", rb[i]);
 }
 
 /* -b or --redis: opens the store and reads the jobs back; false (said on
  * stderr) if it cannot. */
-static bool open_store(const struct tbd_options *opt)
+static bool open_store(struct server *s, const struct tbd_options *opt)
 {
     char shown[256]; /* the URL without a password in it */
     tbd_url_redact(opt->redis ? opt->redis : "", shown, sizeof(shown));
     const char *where = opt->dir ? opt->dir : shown;
     char err[256] = "";
-    int rc = tbd_store_open(&g.store, opt, err, sizeof(err));
+    int rc = tbd_store_open(&s->store, opt, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "twheeld: cannot open %s: %s%s%s\n", where,
                 tw_strerror(rc), err[0] ? ": " : "", err);
         return false;
     }
     if (opt->redis)
-        tbd_live_wait();
-    rc = tbd_recover_all(where);
+        tbd_live_wait(s);
+    rc = tbd_recover_all(s, where);
     if (rc != 0) {
         fprintf(stderr, "twheeld: cannot read the jobs back from %s: %s\n",
                 where, tw_strerror(rc));
-        tbd_store_close(g.store);
+        tbd_store_close(s->store);
         return false;
     }
     return true;
 }
 
 /* The listeners (commands, and --metrics-port); false if one fails. */
-static bool open_listeners(const struct tbd_options *opt)
+static bool open_listeners(struct server *s, const struct tbd_options *opt)
 {
-    g.lfd = listen_on(opt->addr, opt->port);
-    if (g.lfd < 0) {
-        tbd_store_close(g.store);
+    s->lfd = listen_on(opt->addr, opt->port);
+    if (s->lfd < 0) {
+        tbd_store_close(s->store);
         return false;
     }
-    g.mfd = -1;
+    s->mfd = -1;
     if (opt->metrics_port >= 0) {
-        g.mfd = listen_on(opt->addr, opt->metrics_port);
-        if (g.mfd < 0) {
-            close(g.lfd);
-            tbd_store_close(g.store);
+        s->mfd = listen_on(opt->addr, opt->metrics_port);
+        if (s->mfd < 0) {
+            close(s->lfd);
+            tbd_store_close(s->store);
             return false;
         }
-        report_port(g.mfd, opt->metrics_port_fd);
+        report_port(s->mfd, opt->metrics_port_fd);
     }
-    report_port(g.lfd, opt->port_fd);
+    report_port(s->lfd, opt->port_fd);
     return true;
 }
 
@@ -156,32 +156,32 @@ static bool open_listeners(const struct tbd_options *opt)
  * /metrics connection, tagged with bit 0). */
 static int tag_listen, tag_signal, tag_store, tag_metrics;
 
-static void epoll_setup(const sigset_t *ss)
+static void epoll_setup(struct server *s, const sigset_t *ss)
 {
-    g.sfd = signalfd(-1, ss, SFD_NONBLOCK | SFD_CLOEXEC);
-    g.ep = epoll_create1(EPOLL_CLOEXEC);
+    s->sfd = signalfd(-1, ss, SFD_NONBLOCK | SFD_CLOEXEC);
+    s->ep = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event e = {.events = EPOLLIN, .data.ptr = &tag_listen};
-    epoll_ctl(g.ep, EPOLL_CTL_ADD, g.lfd, &e);
-    if (g.mfd >= 0) {
+    epoll_ctl(s->ep, EPOLL_CTL_ADD, s->lfd, &e);
+    if (s->mfd >= 0) {
         e.data.ptr = &tag_metrics;
-        epoll_ctl(g.ep, EPOLL_CTL_ADD, g.mfd, &e);
+        epoll_ctl(s->ep, EPOLL_CTL_ADD, s->mfd, &e);
     }
     e.data.ptr = &tag_signal;
-    epoll_ctl(g.ep, EPOLL_CTL_ADD, g.sfd, &e);
-    if (g.store) {
+    epoll_ctl(s->ep, EPOLL_CTL_ADD, s->sfd, &e);
+    if (s->store) {
         e.data.ptr = &tag_store;
-        epoll_ctl(g.ep, EPOLL_CTL_ADD, tbd_store_fd(g.store), &e);
+        epoll_ctl(s->ep, EPOLL_CTL_ADD, tbd_store_fd(s->store), &e);
     }
 }
 
 /* The signals: SIGUSR1 drains, the others stop (*running = false). */
-static void signals_read(bool *running)
+static void signals_read(struct server *s, bool *running)
 {
     struct signalfd_siginfo si;
-    while (read(g.sfd, &si, sizeof(si)) == sizeof(si)) {
+    while (read(s->sfd, &si, sizeof(si)) == sizeof(si)) {
         if (si.ssi_signo == SIGUSR1) {
-            g.draining = true;
-            tbd_logv(0, "draining: put answers DRAINING");
+            s->draining = true;
+            tbd_logv(s, 0, "draining: put answers DRAINING");
         } else {
             *running = false;
         }
@@ -202,65 +202,66 @@ static void conn_event(struct conn *c, uint32_t events)
         tbd_conn_readable(c);
 }
 
-static void event(const struct epoll_event *ev, bool *running)
+static void event(struct server *s, const struct epoll_event *ev, bool *running)
 {
     void *p = ev->data.ptr;
     if (p == &tag_listen) {
-        tbd_conn_accept();
+        tbd_conn_accept(s);
     } else if (p == &tag_metrics) {
-        tbd_metrics_accept();
+        tbd_metrics_accept(s);
     } else if ((uintptr_t)p & 1u) {
         tbd_mconn_event((struct mconn *)((uintptr_t)p & ~(uintptr_t)1),
                         ev->events);
     } else if (p == &tag_signal) {
-        signals_read(running);
+        signals_read(s, running);
     } else if (p == &tag_store) {
-        tbd_store_completions(tbd_store_take(g.store));
-        tbd_fired_jobs();
-        tbd_query_done(tbd_store_take_queries(g.store));
+        tbd_store_completions(s, tbd_store_take(s->store));
+        tbd_fired_jobs(s);
+        tbd_query_done(s, tbd_store_take_queries(s->store));
     } else {
         conn_event(p, ev->events);
     }
 }
 
-static void loop(void)
+static void loop(struct server *s)
 {
     bool running = true;
     struct epoll_event evs[256];
     while (running) {
         uint64_t now = tbd_mono_ms();
-        uint64_t to = tw_wheel_timeout(g.wheel, now);
+        uint64_t to = tw_wheel_timeout(s->wheel, now);
         int timeout = to == TW_WHEEL_NO_TIMEOUT ? -1
                       : to > 60000              ? 60000
                                                 : (int)to;
-        if (g.queue_dirty || (g.store && tbd_store_pending_inline(g.store)))
+        if (s->queue_dirty || (s->store && tbd_store_pending_inline(s->store)))
             timeout = 0;
-        int n = epoll_wait(g.ep, evs, 256, timeout);
+        int n = epoll_wait(s->ep, evs, 256, timeout);
         if (n < 0 && errno != EINTR) {
             perror("twheeld: epoll_wait");
             break;
         }
-        tbd_live_check(); /* before any event: a pause may have fenced it */
-        tw_wheel_advance(g.wheel, tbd_mono_ms());
+        tbd_live_check(s); /* before any event: a pause may have fenced it */
+        tw_wheel_advance(s->wheel, tbd_mono_ms());
         for (int i = 0; i < n; i++)
-            event(&evs[i], &running);
+            event(s, &evs[i], &running);
         for (int round = 0; round < 2; round++) {
-            if (g.queue_dirty)
-                tbd_process_queue();
+            if (s->queue_dirty)
+                tbd_process_queue(s);
             /* Inline writes: this iteration's batch, then its replies
              * (which may run held-back commands: one more round). */
-            if (g.store && tbd_store_pending_inline(g.store))
-                tbd_store_completions(tbd_store_run_inline(g.store));
-            tbd_repump();
+            if (s->store && tbd_store_pending_inline(s->store))
+                tbd_store_completions(s, tbd_store_run_inline(s->store));
+            tbd_repump(s);
         }
-        tbd_reap();
+        tbd_reap(s);
     }
 }
 
 int tbd_serve(const struct tbd_options *opt)
 {
-    g.opt = opt;
-    g.started_mono = tbd_mono_ms();
+    struct server *s = &the_server;
+    s->opt = opt;
+    s->started_mono = tbd_mono_ms();
     /* Blocked before any thread starts (the store's), so that only the
      * signalfd sees them. */
     sigset_t ss;
@@ -271,36 +272,36 @@ int tbd_serve(const struct tbd_options *opt)
     sigprocmask(SIG_BLOCK, &ss, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    uname(&g.uts);
-    make_server_id();
-    seed_tokens();
-    g.jcap = 1024;
-    g.jobs = calloc(g.jcap, sizeof(*g.jobs));
-    if (!g.jobs || tbd_dq_new(&g.dq) != 0 ||
-        tw_wheel_create(&g.wheel, NULL, tbd_mono_ms()) != 0) {
+    uname(&s->uts);
+    make_server_id(s);
+    seed_tokens(s);
+    s->jcap = 1024;
+    s->jobs = calloc(s->jcap, sizeof(*s->jobs));
+    if (!s->jobs || tbd_dq_new(&s->dq) != 0 ||
+        tw_wheel_create(&s->wheel, NULL, tbd_mono_ms()) != 0) {
         fputs("twheeld: out of memory\n", stderr);
         return 1;
     }
-    g.default_tube = tbd_tube_get("default", 7);
-    g.next_id = ((uint64_t)opt->node << NODE_SHIFT) + 1;
-    g.id_mark = g.next_id - 1;
-    if ((opt->dir || opt->redis) && !open_store(opt))
+    s->default_tube = tbd_tube_get(s, "default", 7);
+    s->next_id = ((uint64_t)opt->node << NODE_SHIFT) + 1;
+    s->id_mark = s->next_id - 1;
+    if ((opt->dir || opt->redis) && !open_store(s, opt))
         return 1;
     if (opt->redis) {
-        tw_timer_init(&g.live_timer, tbd_live_fn, NULL);
-        tw_wheel_add(g.wheel, &g.live_timer,
-                     tw_wheel_now(g.wheel) + LIVE_RENEW_MS);
+        tw_timer_init(&s->live_timer, tbd_live_fn, s);
+        tw_wheel_add(s->wheel, &s->live_timer,
+                     tw_wheel_now(s->wheel) + LIVE_RENEW_MS);
     }
-    if (!open_listeners(opt))
+    if (!open_listeners(s, opt))
         return 1;
-    epoll_setup(&ss);
-    loop();
-    tbd_logv(0, "shutting down");
-    close(g.lfd);
-    if (g.mfd >= 0)
-        close(g.mfd);
+    epoll_setup(s, &ss);
+    loop(s);
+    tbd_logv(s, 0, "shutting down");
+    close(s->lfd);
+    if (s->mfd >= 0)
+        close(s->mfd);
     /* Flush the store: every acknowledged write stays. */
-    tbd_store_close(g.store);
-    free(g.take_wait);
+    tbd_store_close(s->store);
+    free(s->take_wait);
     return 0;
 }

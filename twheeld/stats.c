@@ -67,6 +67,7 @@ void tbd_cmd_stats_job(struct conn *c, struct job *j, uint64_t now)
 
 void tbd_cmd_stats_tube(struct conn *c, struct tube *t, uint64_t now)
 {
+    struct server *s = t->srv;
     char *b;
     size_t n, cap;
     tbd_yaml_begin(&b, &n, &cap);
@@ -77,7 +78,7 @@ void tbd_cmd_stats_tube(struct conn *c, struct tube *t, uint64_t now)
          "\ncurrent-jobs-delayed: %" PRIu64 "\ncurrent-jobs-buried: %" PRIu64
          "\ntotal-jobs: %" PRIu64 "\n",
          t->name, t->nurgent, t->nready, t->nreserved,
-         tbd_dq_count(g.dq, t->dq), t->buried.n, t->total_jobs);
+         tbd_dq_count(s->dq, t->dq), t->buried.n, t->total_jobs);
     YADD("current-using: %" PRIu64 "\ncurrent-watching: %" PRIu64
          "\ncurrent-waiting: %" PRIu64 "\ncmd-delete: %" PRIu64
          "\ncmd-pause-tube: %" PRIu64 "\npause: %u\npause-time-left: %" PRIu64
@@ -88,7 +89,7 @@ void tbd_cmd_stats_tube(struct conn *c, struct tube *t, uint64_t now)
 }
 
 /* The cmd-* lines of stats, in beanstalkd's order. */
-static void stats_cmds(char **bp, size_t *np, size_t *capp)
+static void stats_cmds(struct server *s, char **bp, size_t *np, size_t *capp)
 {
     static const int order[] = {TBD_PUT,
                                 TBD_PEEK,
@@ -116,7 +117,7 @@ static void stats_cmds(char **bp, size_t *np, size_t *capp)
     size_t n = *np, cap = *capp;
     for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
         /* As beanstalkd, reserve-job and kick-job have no counter. */
-        uint64_t v = g.cmd[order[i]];
+        uint64_t v = s->cmd[order[i]];
         YADD("cmd-%s: %" PRIu64 "\n", tbd_op_name(order[i]), v);
     }
     *bp = b;
@@ -126,47 +127,49 @@ static void stats_cmds(char **bp, size_t *np, size_t *capp)
 
 void tbd_cmd_stats(struct conn *c)
 {
+    struct server *s = c->srv;
     char *b;
     size_t n, cap;
     tbd_yaml_begin(&b, &n, &cap);
     uint64_t urgent = 0;
-    for (struct tube *t = g.tubes; t; t = t->next)
+    for (struct tube *t = s->tubes; t; t = t->next)
         urgent += t->nurgent;
     YADD("---\ncurrent-jobs-urgent: %" PRIu64 "\ncurrent-jobs-ready: %" PRIu64
          "\ncurrent-jobs-reserved: %" PRIu64 "\ncurrent-jobs-delayed: %" PRIu64
          "\ncurrent-jobs-buried: %" PRIu64 "\n",
-         urgent, g.counts[J_READY], g.counts[J_RESERVED], tbd_dq_total(g.dq),
-         g.counts[J_BURIED]);
-    stats_cmds(&b, &n, &cap);
+         urgent, s->counts[J_READY], s->counts[J_RESERVED], tbd_dq_total(s->dq),
+         s->counts[J_BURIED]);
+    stats_cmds(s, &b, &n, &cap);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     uint64_t written = 0, batches = 0, jbytes = 0;
-    if (g.store)
-        tbd_store_counts(g.store, &written, &batches, &jbytes);
+    if (s->store)
+        tbd_store_counts(s->store, &written, &batches, &jbytes);
     YADD("job-timeouts: %" PRIu64 "\ntotal-jobs: %" PRIu64
          "\nmax-job-size: %u\ncurrent-tubes: %" PRIu64
          "\ncurrent-connections: %" PRIu64 "\ncurrent-producers: %" PRIu64
          "\ncurrent-workers: %" PRIu64 "\ncurrent-waiting: %" PRIu64
          "\ntotal-connections: %" PRIu64 "\npid: %ld\n",
-         g.job_timeouts, g.total_jobs, g.opt->max_job_size, g.ntubes,
-         g.cur_conns, g.producers, g.workers, g.waiting, g.total_conns,
+         s->job_timeouts, s->total_jobs, s->opt->max_job_size, s->ntubes,
+         s->cur_conns, s->producers, s->workers, s->waiting, s->total_conns,
          (long)getpid());
     YADD("version: \"%s\"\nrusage-utime: %ld.%06ld\nrusage-stime: "
          "%ld.%06ld\nuptime: %" PRIu64 "\n",
          "twheeld " TBD_VERSION, (long)ru.ru_utime.tv_sec,
          (long)ru.ru_utime.tv_usec, (long)ru.ru_stime.tv_sec,
-         (long)ru.ru_stime.tv_usec, (tbd_mono_ms() - g.started_mono) / 1000u);
+         (long)ru.ru_stime.tv_usec, (tbd_mono_ms() - s->started_mono) / 1000u);
     YADD("binlog-oldest-index: 0\nbinlog-current-index: 0\n"
          "binlog-records-migrated: 0\nbinlog-records-written: %" PRIu64
          "\nbinlog-max-size: 67108864\ndraining: %s\nid: %s\nhostname: "
          "%s\nos: %s\nplatform: %s\n",
-         written, g.draining ? "true" : "false", g.server_id, g.uts.nodename,
-         g.uts.version, g.uts.machine);
+         written, s->draining ? "true" : "false", s->server_id, s->uts.nodename,
+         s->uts.version, s->uts.machine);
     yaml_send(c, b, n);
 }
 
 void tbd_cmd_list(struct conn *c, int op)
 {
+    struct server *s = c->srv;
     char *b;
     size_t n, cap;
     tbd_yaml_begin(&b, &n, &cap);
@@ -174,11 +177,11 @@ void tbd_cmd_list(struct conn *c, int op)
     if (op == TBD_LIST_TUBES) {
         /* Oldest first: the list is kept newest first. */
         size_t k = 0;
-        for (struct tube *t = g.tubes; t; t = t->next)
+        for (struct tube *t = s->tubes; t; t = t->next)
             k++;
         struct tube **v = tbd_xmalloc((k ? k : 1) * sizeof(*v));
         k = 0;
-        for (struct tube *t = g.tubes; t; t = t->next)
+        for (struct tube *t = s->tubes; t; t = t->next)
             v[k++] = t;
         while (k--)
             YADD("- %s\n", v[k]->name);

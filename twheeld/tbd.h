@@ -3,6 +3,13 @@
  * tbd.h - twheeld's internal header: the job model (struct job, tube,
  * conn, server), its constants, and the functions the files of twheeld
  * share (tbd_ names). One thread runs all of them (server.c).
+ *
+ * There is no global server: the one struct server is tbd_serve()'s
+ * (server.c), and it is passed along explicitly. A function takes it as
+ * its first parameter (struct server *s), or reaches it from an object it
+ * already has: a connection's or a tube's srv back-pointer, set when they
+ * are made, or a job's j->tube->srv. Wheel timer callbacks and store
+ * callbacks get theirs the same way from their argument.
  */
 #ifndef TWHEELD_TBD_H
 #define TWHEELD_TBD_H
@@ -101,12 +108,13 @@ struct tube {
     size_t nready, cap;
     uint64_t nurgent, nreserved, total_jobs;
     struct jlist buried;
-    uint32_t dq; /* its queue of delayed jobs in g.dq (delayed.c) */
+    uint32_t dq; /* its queue of delayed jobs in srv->dq (delayed.c) */
     uint64_t using, watching, waiting;
     uint64_t cmd_delete, cmd_pause;
     uint32_t pause_s;
     uint64_t pause_until; /* monotonic ms; 0 = not paused */
     tw_timer pause_timer;
+    struct server *srv; /* its server (set by tbd_tube_get()) */
 };
 
 struct out {
@@ -138,17 +146,18 @@ struct conn {
     int pending_writes;
     bool closed; /* socket gone; freed with its last pending write */
     bool close_after_flush;
-    bool eof;               /* the client shut its side: no more input */
-    bool disc_cr;           /* IN_DISCARD: the chunk's last byte read is '\r' */
-    uint16_t disc_got;      /* IN_DISCARD: bytes read of the current chunk */
-    bool repump;            /* on g.repump: its reserve ended, commands wait */
-    bool leasing;           /* --redis: its RESERVED waits for the lease write,
-                               and the commands behind it wait too */
+    bool eof;          /* the client shut its side: no more input */
+    bool disc_cr;      /* IN_DISCARD: the chunk's last byte read is '\r' */
+    uint16_t disc_got; /* IN_DISCARD: bytes read of the current chunk */
+    bool repump;       /* on srv->repump: its reserve ended, commands wait */
+    bool leasing;      /* --redis: its RESERVED waits for the lease write,
+                          and the commands behind it wait too */
     int64_t rsv_timeout_ms; /* its last reserve's timeout (-1: none) */
     uint64_t rsv_start;     /* and when it came (wheel ms) */
     struct conn *rp_next;
     bool producer, worker;
-    struct conn *dead_next; /* closed, on g.dead until freed */
+    struct conn *dead_next; /* closed, on srv->dead until freed */
+    struct server *srv;     /* its server (set by tbd_conn_accept()) */
 };
 
 enum { IN_LINE, IN_BODY, IN_SKIP, IN_DISCARD };
@@ -176,9 +185,9 @@ struct server {
     uint64_t cmd[TBD_OP_COUNT];
     uint64_t job_timeouts, total_jobs, total_conns, cur_conns;
     uint64_t producers, workers, waiting;
-    uint64_t counts[4];  /* jobs by state (delayed: tbd_dq_total(g.dq)) */
+    uint64_t counts[4];  /* jobs by state (delayed: tbd_dq_total(dq)) */
     struct tbd_dq *dq;   /* every delayed job (delayed.c) */
-    struct tube **qtube; /* the tube of each queue of g.dq */
+    struct tube **qtube; /* the tube of each queue of dq */
     uint32_t nqtube;
     uint64_t bodies;     /* job bodies in memory (the rest are in the store) */
     uint64_t unreadable; /* store records skipped or set aside (hostile) */
@@ -198,14 +207,13 @@ struct server {
     struct utsname uts;
 };
 
-extern struct server g;
-
 #define LIVE_RENEW_MS                                                          \
     2000 /* --redis: the liveness record's renewal (live.c)                    \
           */
 
 /* What recovery (recover.c) counts while it reads the store back. */
 struct recover_ctx {
+    struct server *srv; /* the server it reads back into */
     uint64_t max_id, mark, jobs, delayed, bad, others;
     int64_t now_wall;
     int64_t never; /* the due time of an undated record */
@@ -216,17 +224,17 @@ uint64_t tbd_mono_ms(void);
 int64_t tbd_wall_ms(void);
 uint64_t tbd_secs_left(uint64_t deadline);
 void tbd_url_redact(const char *url, char *out, size_t n);
-void tbd_logv(int level, const char *fmt, ...);
+void tbd_logv(struct server *s, int level, const char *fmt, ...);
 void *tbd_xmalloc(size_t n);
 void tbd_jl_push(struct jlist *l, struct job *j);
 void tbd_jl_remove(struct jlist *l, struct job *j);
 
 /* job.c */
 struct job *tbd_job_alloc(void);
-void tbd_job_release(struct job *j);
-struct job *tbd_job_find(uint64_t id);
+void tbd_job_release(struct server *s, struct job *j);
+struct job *tbd_job_find(struct server *s, uint64_t id);
 void tbd_job_table_insert(struct job *j);
-void tbd_job_table_reserve(uint64_t n);
+void tbd_job_table_reserve(struct server *s, uint64_t n);
 void tbd_job_table_remove(struct job *j);
 void tbd_job_make_ready(struct job *j);
 void tbd_job_unlink(struct job *j);
@@ -240,8 +248,8 @@ bool tbd_job_load_body(struct job *j);
 bool tbd_job_less(const struct job *a, const struct job *b);
 void tbd_heap_push(struct tube *t, struct job *j);
 void tbd_heap_remove(struct tube *t, struct job *j);
-struct tube *tbd_tube_find(const char *name, size_t len);
-struct tube *tbd_tube_get(const char *name, size_t len);
+struct tube *tbd_tube_find(struct server *s, const char *name, size_t len);
+struct tube *tbd_tube_get(struct server *s, const char *name, size_t len);
 void tbd_tube_maybe_free(struct tube *t);
 bool tbd_tube_paused(const struct tube *t);
 
@@ -253,52 +261,55 @@ void tbd_reply(struct conn *c, const char *s);
 void tbd_replyf(struct conn *c, const char *fmt, ...);
 struct out *tbd_reply_held(struct conn *c, const char *s);
 void tbd_conn_close(struct conn *c);
-void tbd_reap(void);
+void tbd_reap(struct server *s);
 void tbd_conn_flush(struct conn *c);
 void tbd_conn_pump(struct conn *c);
 void tbd_conn_readable(struct conn *c);
-void tbd_conn_accept(void);
-void tbd_repump(void);
+void tbd_conn_accept(struct server *s);
+void tbd_repump(struct server *s);
 
 /* bridge.c */
 struct tbd_write *tbd_write_new(int kind, struct conn *c);
 struct tbd_write *tbd_job_write(struct job *j, int stored_state,
                                 struct conn *c);
-void tbd_submit(struct conn *c, struct tbd_write *w, const char *text);
+void tbd_submit(struct server *s, struct conn *c, struct tbd_write *w,
+                const char *text);
 void tbd_store_job(struct conn *c, struct job *j, const char *text);
-size_t tbd_mark_key(char *buf, size_t len);
-uint64_t tbd_next_job_id(void);
-void tbd_unreadable(const char *key, size_t key_len, const char *what);
-struct job *tbd_job_from_rec(const struct rec *r, bool body);
-uint64_t tbd_new_token(void);
-void tbd_fence_raw(struct tbd_write *w, const unsigned char *p, size_t n);
+size_t tbd_mark_key(struct server *s, char *buf, size_t len);
+uint64_t tbd_next_job_id(struct server *s);
+void tbd_unreadable(struct server *s, const char *key, size_t key_len,
+                    const char *what);
+struct job *tbd_job_from_rec(struct server *s, const struct rec *r, bool body);
+uint64_t tbd_new_token(struct server *s);
+void tbd_fence_raw(struct server *s, struct tbd_write *w,
+                   const unsigned char *p, size_t n);
 struct tbd_write *tbd_job_cancel_write(struct job *j, struct conn *c);
-void tbd_store_completions(struct tbd_write *w);
+void tbd_store_completions(struct server *s, struct tbd_write *w);
 
 /* live.c */
 void tbd_live_fn(tw_timer *tm, void *arg);
-void tbd_live_wait(void);
-void tbd_live_check(void);
-void tbd_live_fired(const char *key, size_t key_len, const unsigned char *p,
-                    size_t n);
-void tbd_takeover_done(struct tbd_query *q);
+void tbd_live_wait(struct server *s);
+void tbd_live_check(struct server *s);
+void tbd_live_fired(struct server *s, const char *key, size_t key_len,
+                    const unsigned char *p, size_t n);
+void tbd_takeover_done(struct server *s, struct tbd_query *q);
 
 /* delayed.c */
 void tbd_delayed_recovered(struct tube *t, uint64_t id, int64_t due);
-bool tbd_delayed_has(uint64_t id);
+bool tbd_delayed_has(struct server *s, uint64_t id);
 void tbd_job_delay(struct conn *c, struct job *j, uint32_t delay_s,
                    bool in_table, const char *text);
 void tbd_job_cool(struct job *j, bool ok);
-struct job *tbd_job_lookup(uint64_t id, bool *cold, int *err);
+struct job *tbd_job_lookup(struct server *s, uint64_t id, bool *cold, int *err);
 void tbd_job_warm(struct job *j);
 void tbd_job_free_cold(struct job *j);
-void tbd_job_fenced(uint64_t id);
+void tbd_job_fenced(struct server *s, uint64_t id);
 struct job *tbd_delayed_first(struct tube *t, bool *cold, int *err);
-void tbd_delayed_sweep(void);
-void tbd_delayed_forget(void);
-bool tbd_own_id(uint64_t id);
-void tbd_fired_jobs(void);
-void tbd_query_done(struct tbd_query *q);
+void tbd_delayed_sweep(struct server *s);
+void tbd_delayed_forget(struct server *s);
+bool tbd_own_id(struct server *s, uint64_t id);
+void tbd_fired_jobs(struct server *s);
+void tbd_query_done(struct server *s, struct tbd_query *q);
 
 /* reserve.c */
 void tbd_waiting_remove(struct conn *c);
@@ -311,7 +322,7 @@ void tbd_lease_done(struct conn *c, struct out *o, const struct tbd_write *w,
                     bool fenced);
 struct job *tbd_conn_candidate(struct conn *c);
 bool tbd_conn_deadline_soon(struct conn *c, uint64_t now);
-void tbd_process_queue(void);
+void tbd_process_queue(struct server *s);
 void tbd_wait_timeout_fn(tw_timer *tm, void *arg);
 void tbd_job_timer_fn(tw_timer *tm, void *arg);
 
@@ -334,11 +345,11 @@ void tbd_cmd_list(struct conn *c, int op);
 /* recover.c */
 void tbd_recover_one(void *arg, const char *key, size_t key_len, int64_t due_ms,
                      const void *payload, size_t n);
-int tbd_recover_all(const char *where);
-void tbd_forget_jobs(void);
+int tbd_recover_all(struct server *s, const char *where);
+void tbd_forget_jobs(struct server *s);
 
 /* metrics.c */
 void tbd_mconn_event(struct mconn *m, uint32_t events);
-void tbd_metrics_accept(void);
+void tbd_metrics_accept(struct server *s);
 
 #endif

@@ -81,61 +81,63 @@ void tbd_heap_remove(struct tube *t, struct job *j)
 
 static void tube_unpause(tw_timer *tm, void *arg);
 
-struct tube *tbd_tube_find(const char *name, size_t len)
+struct tube *tbd_tube_find(struct server *s, const char *name, size_t len)
 {
-    for (struct tube *t = g.tubes; t; t = t->next)
+    for (struct tube *t = s->tubes; t; t = t->next)
         if (t->name_len == len && memcmp(t->name, name, len) == 0)
             return t;
     return NULL;
 }
 
-struct tube *tbd_tube_get(const char *name, size_t len)
+struct tube *tbd_tube_get(struct server *s, const char *name, size_t len)
 {
-    struct tube *t = tbd_tube_find(name, len);
+    struct tube *t = tbd_tube_find(s, name, len);
     if (t)
         return t;
     t = calloc(1, sizeof(*t));
-    if (!t || tbd_dq_queue_new(g.dq, &t->dq) != 0) {
+    if (!t || tbd_dq_queue_new(s->dq, &t->dq) != 0) {
         free(t);
         return NULL;
     }
-    if (t->dq >= g.nqtube) {
-        uint32_t n = g.nqtube ? 2 * g.nqtube : 16;
-        struct tube **q = realloc(g.qtube, (size_t)n * sizeof(*q));
+    if (t->dq >= s->nqtube) {
+        uint32_t n = s->nqtube ? 2 * s->nqtube : 16;
+        struct tube **q = realloc(s->qtube, (size_t)n * sizeof(*q));
         if (!q) {
-            tbd_dq_queue_free(g.dq, t->dq);
+            tbd_dq_queue_free(s->dq, t->dq);
             free(t);
             return NULL;
         }
-        g.qtube = q;
-        g.nqtube = n;
+        s->qtube = q;
+        s->nqtube = n;
     }
-    g.qtube[t->dq] = t;
+    s->qtube[t->dq] = t;
+    t->srv = s;
     memcpy(t->name, name, len);
     t->name_len = len;
     tw_timer_init(&t->pause_timer, tube_unpause, t);
-    t->next = g.tubes;
-    g.tubes = t;
-    g.ntubes++;
+    t->next = s->tubes;
+    s->tubes = t;
+    s->ntubes++;
     return t;
 }
 
 /* Frees @t if nothing refers to it any more (beanstalkd's tube lifetime). */
 void tbd_tube_maybe_free(struct tube *t)
 {
-    if (t == g.default_tube || t->using || t->watching || t->nready ||
-        t->nreserved || tbd_dq_count(g.dq, t->dq) || t->buried.n)
+    struct server *s = t->srv;
+    if (t == s->default_tube || t->using || t->watching || t->nready ||
+        t->nreserved || tbd_dq_count(s->dq, t->dq) || t->buried.n)
         return;
-    struct tube **pp = &g.tubes;
+    struct tube **pp = &s->tubes;
     while (*pp != t)
         pp = &(*pp)->next;
     *pp = t->next;
-    tw_wheel_cancel(g.wheel, &t->pause_timer);
+    tw_wheel_cancel(s->wheel, &t->pause_timer);
     free(t->heap);
-    tbd_dq_queue_free(g.dq, t->dq);
-    g.qtube[t->dq] = NULL;
+    tbd_dq_queue_free(s->dq, t->dq);
+    s->qtube[t->dq] = NULL;
     free(t);
-    g.ntubes--;
+    s->ntubes--;
 }
 
 bool tbd_tube_paused(const struct tube *t)
@@ -147,7 +149,8 @@ static void tube_unpause(tw_timer *tm, void *arg)
 {
     (void)tm;
     struct tube *t = arg;
+    struct server *s = t->srv;
     t->pause_until = 0;
     t->pause_s = 0;
-    g.queue_dirty = true;
+    s->queue_dirty = true;
 }

@@ -35,9 +35,9 @@ int64_t tbd_wall_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-void tbd_logv(int level, const char *fmt, ...)
+void tbd_logv(struct server *s, int level, const char *fmt, ...)
 {
-    if (g.opt && g.opt->verbose < level)
+    if (s->opt && s->opt->verbose < level)
         return;
     va_list ap;
     va_start(ap, fmt);
