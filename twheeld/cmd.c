@@ -380,21 +380,29 @@ static void do_ignore(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
     tbd_replyf(c, "WATCHING %zu\r\n", c->nwatch);
 }
 
+/* The reply of a command that looked up job @j (@err from the lookup):
+ * FOUND (or its stats with @stats), NOT_FOUND, or INTERNAL_ERROR when
+ * the store failed; a job read back from the store (@cold) is freed. */
+static void found_reply(struct conn *c, struct job *j, bool cold, int err,
+                        bool stats, uint64_t now)
+{
+    if (!j)
+        tbd_reply(c, err ? "INTERNAL_ERROR\r\n" : "NOT_FOUND\r\n");
+    else if (stats)
+        tbd_cmd_stats_job(c, j, now);
+    else
+        tbd_cmd_peek_reply(c, j);
+    if (cold)
+        tbd_job_free_cold(j);
+}
+
 /* peek and stats-job. */
 static void do_peek(struct conn *c, const struct tbd_cmd *cmd, uint64_t now)
 {
-    struct server *s = c->srv;
     bool cold;
     int err;
-    struct job *j = tbd_job_lookup(s, cmd->id, &cold, &err);
-    if (!j)
-        tbd_reply(c, err ? "INTERNAL_ERROR\r\n" : "NOT_FOUND\r\n");
-    else if (cmd->op == TBD_PEEK)
-        tbd_cmd_peek_reply(c, j);
-    else
-        tbd_cmd_stats_job(c, j, now);
-    if (cold)
-        tbd_job_free_cold(j);
+    struct job *j = tbd_job_lookup(c->srv, cmd->id, &cold, &err);
+    found_reply(c, j, cold, err, cmd->op == TBD_STATS_JOB, now);
 }
 
 static void do_peek_ready(struct conn *c, const struct tbd_cmd *cmd,
@@ -409,16 +417,10 @@ static void do_peek_delayed(struct conn *c, const struct tbd_cmd *cmd,
                             uint64_t now)
 {
     (void)cmd;
-    (void)now;
     bool cold;
     int err;
     struct job *j = tbd_delayed_first(c->use, &cold, &err);
-    if (!j)
-        tbd_reply(c, err ? "INTERNAL_ERROR\r\n" : "NOT_FOUND\r\n");
-    else
-        tbd_cmd_peek_reply(c, j);
-    if (cold)
-        tbd_job_free_cold(j);
+    found_reply(c, j, cold, err, false, now);
 }
 
 static void do_peek_buried(struct conn *c, const struct tbd_cmd *cmd,
