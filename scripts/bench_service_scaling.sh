@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 # bench_service_scaling.sh - the service's throughput with 1, 2 and 4
 # producer threads beside Netty's HashedWheelTimer in the same run
-# (BENCHMARKS.md, "Service: producers and the exact clock").
+# (bench/history/BENCHMARKS-notebook.md, "Timer service: producers and the exact clock").
 #
 # Usage: scripts/bench_service_scaling.sh [--tasks N] [--reps R] [--runs K]
 #        [--bin PATH]

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 # Exact deadlines against deadline windows (slack) in the timer service, and
 # the cost of a task run against a baseline commit. Release build in
-# build/bench-slack; BENCHMARKS.md ("Deadline windows ...") quotes it.
+# build/bench-slack; bench/history/BENCHMARKS-notebook.md ("Deadline windows ...") quotes it.
 #
 # Usage: scripts/bench_slack.sh [--reps R] [--baseline REF] [-- ARGS...]
 #   bench_slack ARGS...  R times (default 1): wake-ups, timer-thread CPU
