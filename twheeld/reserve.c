@@ -69,16 +69,21 @@ void tbd_arm_ttr(struct job *j, uint64_t now)
  */
 #define TAKEOVER_GRACE_MS 2000
 
-void tbd_lease_write(struct conn *c, struct job *j, const char *text)
+/* The lease record of reserved job @j: ready, due TTR + the grace from
+ * now. Failed, it leaves the job reserved here (logged): only a takeover
+ * after a crash is lost, so its reply stands (but for a fenced one). */
+static struct tbd_write *lease_record(struct conn *c, struct job *j)
 {
-    struct server *s = j->tube->srv;
     struct tbd_write *w = tbd_job_write(j, J_READY, c);
     w->due_ms = tbd_wall_ms() + (int64_t)j->ttr_s * 1000 + TAKEOVER_GRACE_MS;
-    /* Failed, it leaves the job reserved here (logged): only a takeover
-     * after a crash is lost. */
     w->keep_reply = true;
     j->timed = true;
-    tbd_submit(s, c, w, text);
+    return w;
+}
+
+void tbd_lease_write(struct conn *c, struct job *j, const char *text)
+{
+    tbd_submit(j->tube->srv, c, lease_record(c, j), text);
 }
 
 /* Redis: a job in memory whose record may fire on another server (a
@@ -110,12 +115,9 @@ static void lease_reserved(struct conn *c, struct job *j, int how)
     o->ready = false;
     tbd_out_link(c, o);
     c->out_bytes += len;
-    struct tbd_write *w = tbd_job_write(j, J_READY, c);
-    w->due_ms = tbd_wall_ms() + (int64_t)j->ttr_s * 1000 + TAKEOVER_GRACE_MS;
-    w->keep_reply = true; /* failed otherwise: reserved here (logged) */
+    struct tbd_write *w = lease_record(c, j);
     w->reserving = (uint8_t)how;
     w->tag = (uint64_t)(uintptr_t)o;
-    j->timed = true;
     c->leasing = true;
     tbd_submit(s, c, w, NULL);
 }
