@@ -42,38 +42,28 @@ static uint64_t le(const unsigned char *p, int n)
  * of the versions above, or the lengths do not add up. */
 static bool job_parse(const unsigned char *p, size_t n, struct job *j)
 {
-    if (n >= 10 && p[0] == 'J' && p[1] == 3) {
-        /* Version 3: version 2 with a write token after the version. */
-        static unsigned char v2[2 + TW_DURABLE_PAYLOAD_MAX];
-        if (n - 8 > sizeof(v2))
-            return false;
-        v2[0] = 'J';
-        v2[1] = 2;
-        memcpy(v2 + 2, p + 10, n - 10);
-        if (!job_parse(v2, n - 8, j))
-            return false;
-        j->version = 3;
-        j->tube = p + (j->tube - v2) + 8;
-        j->body = p + (j->body - v2) + 8;
-        return true;
-    }
-    const size_t head = 3 + 12 + 24 + 20 + 1;
-    if (n < head + 4 || p[0] != 'J' || p[1] < 1 || p[1] > 2 || p[2] > 3)
+    if (n < 2 || p[0] != 'J' || p[1] < 1 || p[1] > 3)
         return false;
+    /* The fields after the version byte: version 3 has the 8-byte write
+     * token first. */
+    const size_t start = 2 + (p[1] >= 3 ? 8 : 0), fixed = 1 + 12 + 24 + 20 + 1;
+    if (n < start + fixed + 4)
+        return false;
+    const unsigned char *q = p + start;
     j->version = p[1];
-    j->state = p[2];
-    j->pri = (uint32_t)le(p + 3, 4);
-    j->ttr = (uint32_t)le(p + 7, 4);
-    j->delay = (uint32_t)le(p + 11, 4);
-    j->id = le(p + 15, 8);
-    j->due = (int64_t)le(p + 23, 8);
-    j->created = (int64_t)le(p + 31, 8);
+    j->state = q[0];
+    j->pri = (uint32_t)le(q + 1, 4);
+    j->ttr = (uint32_t)le(q + 5, 4);
+    j->delay = (uint32_t)le(q + 9, 4);
+    j->id = le(q + 13, 8);
+    j->due = (int64_t)le(q + 21, 8);
+    j->created = (int64_t)le(q + 29, 8);
     for (int i = 0; i < 5; i++)
-        j->cnt[i] = (uint32_t)le(p + 39 + 4 * i, 4);
-    j->tube_len = p[59];
-    j->tube = p + head;
-    size_t tail = j->version >= 2 ? 4 : 0;
-    if (head + j->tube_len + 4 > n)
+        j->cnt[i] = (uint32_t)le(q + 37 + 4 * i, 4);
+    j->tube_len = q[57];
+    j->tube = q + fixed;
+    size_t head = start + fixed, tail = j->version >= 2 ? 4 : 0;
+    if (j->state > 3 || head + j->tube_len + 4 > n)
         return false;
     j->body_len = (uint32_t)le(j->tube + j->tube_len, 4);
     j->body = j->tube + j->tube_len + 4;
