@@ -110,12 +110,9 @@ static const char *hide_url_password(char *arg)
         fputs("twheeld: out of memory\n", stderr);
         exit(1);
     }
-    char *scheme = strstr(arg, "://");
-    char *auth = scheme ? scheme + 3 : NULL;
-    char *at = auth ? strchr(auth, '@') : NULL;
-    char *colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
-    if (colon)
-        memset(colon + 1, '*', (size_t)(at - colon - 1));
+    size_t off, len;
+    if (tbd_url_password(arg, &off, &len))
+        memset(arg + off, '*', len);
     return url;
 }
 

@@ -6,6 +6,8 @@
 #ifndef TWHEELD_SERVER_H
 #define TWHEELD_SERVER_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct tbd_options {
@@ -25,6 +27,9 @@ struct tbd_options {
     int metrics_port;    /* --metrics-port: HTTP /metrics, -1 = none */
     int metrics_port_fd; /* test aid: its bound port goes there, or -1 */
 };
+
+/* Where the password in @url's user part is (util.c); false without one. */
+bool tbd_url_password(const char *url, size_t *off, size_t *len);
 
 /* Runs the server until SIGINT/SIGTERM. Returns the process exit code. */
 int tbd_serve(const struct tbd_options *opt);

@@ -89,13 +89,24 @@ void tbd_jl_remove(struct jlist *l, struct job *j)
  * as "***": what a message may show. */
 void tbd_url_redact(const char *url, char *out, size_t n)
 {
+    size_t off, len;
+    if (!tbd_url_password(url, &off, &len))
+        snprintf(out, n, "%s", url);
+    else
+        snprintf(out, n, "%.*s***%s", (int)off, url, url + off + len);
+}
+
+/* Where the password of @url's user part ("scheme://user:PASSWORD@...")
+ * is: its offset into *@off, its length into *@len; false without one. */
+bool tbd_url_password(const char *url, size_t *off, size_t *len)
+{
     const char *auth = strstr(url, "://");
     auth = auth ? auth + 3 : NULL;
     const char *at = auth ? strchr(auth, '@') : NULL;
     const char *colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
-    if (!colon) {
-        snprintf(out, n, "%s", url);
-        return;
-    }
-    snprintf(out, n, "%.*s***%s", (int)(colon + 1 - url), url, at);
+    if (!colon)
+        return false;
+    *off = (size_t)(colon + 1 - url);
+    *len = (size_t)(at - colon - 1);
+    return true;
 }
