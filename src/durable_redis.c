@@ -2,21 +2,30 @@
 /*
  * src/durable_redis.c - the Redis backend of twheel/durable.h: open,
  * schedule and cancel (with the combiner of one-per-call operations),
- * stats, close, and the script calls every part sends.
+ * stats, close.
  *
  * The backend in files, in the order a timer goes through them:
  *   src/redis_scripts.[ch]    the Lua scripts and the data model they keep
  *                             in Redis (a shard's keys, tokens, versions,
  *                             dead letters, quarantine)
  *   src/durable_redis.c       this file: open, schedule/cancel, stats,
- *                             close; running scripts (EVALSHA, NOSCRIPT)
+ *                             close
+ *   src/redis_call.c          the script calls every part sends: a
+ *                             shard's keys, its fence, pipelined runs,
+ *                             WAIT for replicas
+ *   src/redis_eval.[ch]       loading scripts, EVALSHA and NOSCRIPT ->
+ *                             EVAL (the one copy, ownership's too)
  *   src/redis_owner.[ch]      fenced shard ownership
  *                             (cfg.redis_shard_lease_ms)
  *   src/redis_fire.c          claiming, checking, firing, completing
  *   src/redis_query.c         get, list, scan, dead letters
  *   src/durable_redis_impl.h  struct rd and what the files share
  *   src/redis_client.[ch]     the connections (hiredis protocol, cluster
- *                             routing, Sentinel, TLS)
+ *                             routing, Sentinel, TLS; its files are listed
+ *                             in src/redis_client_impl.h)
+ * Calls between them go one way (docs/architecture.md draws it): this
+ * file calls the others, src/redis_fire.c and src/redis_query.c call
+ * src/redis_call.c, and nothing calls back into this file.
  *
  * Schedules. tw_durable_schedule_many groups its items by shard: one SCHED
  * call per shard (up to SCHED_CHUNK items), all calls pipelined, one round
@@ -39,226 +48,7 @@
 #include <stdlib.h>
 
 #include "durable_redis_impl.h"
-
-/* ------------------------------------------------------------------------ */
-/* Script calls. */
-
-/* A script call's first 3 + NKEYS arguments: EVALSHA, the digest, NKEYS
- * and the shard's keys. */
-void tw__rd_script_head(const struct rd *d, const char **av, size_t *al,
-                        int script, uint32_t shard)
-{
-    av[0] = "EVALSHA";
-    al[0] = 7;
-    av[1] = d->sha[script];
-    al[1] = 40;
-    av[2] = "6"; /* NKEYS */
-    al[2] = 1;
-    for (int i = 0; i < NKEYS; i++) {
-        av[3 + i] = d->sk[shard].name[i];
-        al[3 + i] = d->sk[shard].len[i];
-    }
-}
-
-void tw__rd_call_init(struct rd *d, struct call *c, int script, uint32_t shard)
-{
-    c->script = script;
-    c->shard = shard;
-    c->nnum = 0;
-    tw__rd_script_head(d, c->argv, c->len, script, shard);
-    c->argc = 3 + NKEYS;
-}
-
-/* Fence @c (right after tw__rd_call_init) by its shard's ownership record:
- * false when the shard is not this node's (see FENCE). */
-bool tw__rd_call_fence(struct rd *d, struct call *c)
-{
-    size_t fl, kl;
-    if (!tw__own_fence(d->own, c->shard, c->fence, &fl, &c->epoch))
-        return false;
-    const char *key = tw__own_key(d->own, c->shard, &kl);
-    c->argv[2] = "7"; /* NKEYS + 1 */
-    call_arg(c, key, kl);
-    call_arg(c, c->fence, fl);
-    return true;
-}
-
-/* Write the numbers @v as decimal strings into @num, @argv and @len. */
-void tw__rd_put_nums(const char **argv, size_t *len, char (*num)[24],
-                     const long long *v, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        len[i] = (size_t)snprintf(num[i], 24, "%lld", v[i]);
-        argv[i] = num[i];
-    }
-}
-
-/* Run @n commands pipelined; @script[i] is the script of cmds[i] (its
- * argv[0..1] are EVALSHA and the digest, and its argv array is the
- * caller's, writable) or -1 for a plain command. Returns 0 or the first
- * transport error. A node that lost its script cache (restart, failover)
- * gets EVAL, which loads the script there again. */
-int tw__rd_run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
-{
-    int rc = tw__rc_exec(d->rc, cmds, n);
-    for (int pass = 0; pass < 2; pass++) {
-        size_t again = 0;
-        for (size_t i = 0; i < n; i++)
-            if (script[i] >= 0 && tw__rc_is_noscript(cmds[i].reply))
-                again++;
-        if (!again)
-            break;
-        tw__rc_cmd *sub = tw__calloc(again, sizeof *sub);
-        size_t *idx = tw__calloc(again, sizeof *idx);
-        if (!sub || !idx) {
-            tw__free(sub);
-            tw__free(idx);
-            return TW_ENOMEM;
-        }
-        size_t j = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (script[i] < 0 || !tw__rc_noscript_to_eval(
-                                     &cmds[i], tw__redis_scripts[script[i]]))
-                continue;
-            sub[j] = cmds[i];
-            idx[j++] = i;
-        }
-        tw__rc_exec(d->rc, sub, again);
-        rc = 0;
-        for (size_t k = 0; k < again; k++)
-            cmds[idx[k]] = sub[k];
-        for (size_t i = 0; i < n && !rc; i++)
-            rc = cmds[i].err;
-        tw__free(sub);
-        tw__free(idx);
-    }
-    return rc;
-}
-
-/* tw__rd_run_cmds for fixed-size script calls. */
-int tw__rd_run_calls(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
-                     size_t n)
-{
-    int *script = tw__malloc((n ? n : 1) * sizeof *script);
-    if (!script)
-        return TW_ENOMEM;
-    for (size_t i = 0; i < n; i++) {
-        cmds[i].argc = calls[i].argc;
-        cmds[i].argv = calls[i].argv;
-        cmds[i].argvlen = calls[i].len;
-        cmds[i].slot = d->sk[calls[i].shard].slot;
-        cmds[i].reply = NULL;
-        script[i] = calls[i].script;
-    }
-    int rc = tw__rd_run_cmds(d, cmds, script, n);
-    tw__free(script);
-    return rc;
-}
-
-/* WAIT for the configured replicas after the writes to each shard
- * @shard[0..n): one WAIT per entry, all pipelined, so one round trip per
- * node (a node's first WAIT covers everything written before it, and the
- * others then return at once). @rc[i]: 0, TW_EIO (fewer replicas in
- * time), TW_ECONN or TW_ENOMEM. */
-void tw__rd_wait_many(struct rd *d, const uint32_t *shard, int *rc, size_t n)
-{
-    char a[2][24];
-    const char *argv[3] = {"WAIT", a[0], a[1]};
-    size_t len[3] = {4, 0, 0};
-    len[1] = (size_t)snprintf(a[0], 24, "%u", d->wait_replicas);
-    len[2] = (size_t)snprintf(a[1], 24, "%u", d->wait_timeout_ms);
-    tw__rc_cmd *cmds = tw__calloc(n ? n : 1, sizeof *cmds);
-    for (size_t i = 0; i < n && cmds; i++)
-        cmds[i] = (tw__rc_cmd){3, argv, len, d->sk[shard[i]].slot, NULL, 0};
-    if (cmds)
-        tw__rc_exec(d->rc, cmds, n);
-    for (size_t i = 0; i < n; i++) {
-        const redisReply *r = cmds ? cmds[i].reply : NULL;
-        rc[i] = cmds ? cmds[i].err : TW_ENOMEM;
-        if (!rc[i] && (!r || r->type != REDIS_REPLY_INTEGER ||
-                       r->integer < (long long)d->wait_replicas))
-            rc[i] = TW_EIO;
-    }
-    if (cmds)
-        tw__rc_free_replies(cmds, n);
-    tw__free(cmds);
-}
-
-/* One zeroed allocation for the arrays of @parts: each part's pointer
- * (*parts[i].out) is set to room for its count elements of its size,
- * aligned for any type. Returns the block (tw__free() frees every
- * array), or NULL when out of memory. */
-void *tw__rd_alloc_parts(const struct tw__rd_part *parts, size_t n)
-{
-    const size_t align = _Alignof(max_align_t);
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t bytes;
-        if (__builtin_mul_overflow(parts[i].count, parts[i].size, &bytes) ||
-            __builtin_add_overflow(total, bytes + align - 1, &total))
-            return NULL;
-        total -= total % align;
-    }
-    char *block = tw__calloc(1, total ? total : 1);
-    if (!block)
-        return NULL;
-    for (size_t i = 0, at = 0; i < n; i++) {
-        void *p = block + at;
-        memcpy(parts[i].out, &p, sizeof p);
-        at += parts[i].count * parts[i].size + align - 1;
-        at -= at % align;
-    }
-    return block;
-}
-
-/* One script call on @shard; its integer reply into *@out. */
-int tw__rd_call_int(struct rd *d, struct call *c, long long *out)
-{
-    tw__rc_cmd cmd;
-    int rc = tw__rd_run_calls(d, c, &cmd, 1);
-    const redisReply *r = cmd.reply;
-    if (!rc && (!r || r->type != REDIS_REPLY_INTEGER))
-        rc = TW_EIO;
-    if (!rc)
-        *out = r->integer;
-    tw__rc_free_replies(&cmd, 1);
-    return rc;
-}
-
-/* The decimal digits at @s (at least one, up to a comma) as a magnitude
- * at most @max; the end in *@end. False if there is none or it is
- * larger. */
-static bool parse_digits(const char *s, const char *lim, uint64_t max,
-                         uint64_t *out, const char **end)
-{
-    uint64_t x = 0;
-    const char *p = s;
-    for (; p < lim && *p >= '0' && *p <= '9'; p++)
-        if (__builtin_mul_overflow(x, 10u, &x) ||
-            __builtin_add_overflow(x, (uint64_t)(*p - '0'), &x) || x > max)
-            return false;
-    *out = x;
-    *end = p;
-    return p > s && p < lim && *p == ',';
-}
-
-/* Exactly what the scripts' pv() accepts: "-?digits,digits,payload"
- * with the due time in int64 and the attempt in uint32. */
-bool tw__rd_parse_val(const char *s, size_t n, struct pval *v)
-{
-    const char *lim = s + n, *p = s;
-    bool neg = n && *p == '-';
-    uint64_t due, att;
-    p += neg;
-    if (!parse_digits(p, lim, (uint64_t)INT64_MAX + neg, &due, &p) ||
-        !parse_digits(p + 1, lim, UINT32_MAX, &att, &p))
-        return false;
-    v->due = neg ? (int64_t)(0 - due) : (int64_t)due;
-    v->attempt = (uint32_t)att;
-    v->payload = p + 1;
-    v->len = n - (size_t)(p + 1 - s);
-    return true;
-}
+#include "redis_eval.h"
 
 /* ------------------------------------------------------------------------ */
 /* Open. */
@@ -331,18 +121,6 @@ static int rd_keys(struct rd *d, const char *ns)
                 (size_t)snprintf(d->sk[s].name[k], sizeof d->sk[s].name[k],
                                  "{%s:%u}:%c", ns, s, tw__redis_key_suffix[k]);
         d->sk[s].slot = tw__rc_slot(d->sk[s].name[0], d->sk[s].len[0]);
-    }
-    return 0;
-}
-
-/* SCRIPT LOAD once on any node; other nodes learn each script by EVAL on
- * their first NOSCRIPT. The digest is the same everywhere. */
-static int rd_load_scripts(struct rd *d)
-{
-    for (int i = 0; i < S_COUNT; i++) {
-        int rc = tw__rc_script_load(d->rc, tw__redis_scripts[i], d->sha[i]);
-        if (rc)
-            return rc;
     }
     return 0;
 }
@@ -661,7 +439,7 @@ static int rd_connect(struct rd *d, const tw_durable_config *cfg,
     int rc = tw__rc_open(&d->rc, &o);
     if (rc)
         return rc;
-    rc = rd_load_scripts(d);
+    rc = tw__eval_load(d->rc, tw__redis_scripts, S_COUNT, d->sha);
     if (!rc)
         rc = rd_probe_keys(d);
     if (rc) {
@@ -1152,8 +930,9 @@ static void op_batch(struct rd *d, struct op_wait *list)
     tw__free(v);
 }
 
-/* The combiner's round (op_mu held, d->mu not): the calls from @first on
- * as one batch, then each marked done, after which its caller may return
+/* A round of one master's combiner (op_mu[g] held, d->mu not): the
+ * schedules and cancels queued for that master, from @first on, as one
+ * batch, then each marked done, after which its caller may return
  * (so ->next is read first). */
 static void op_round(struct tw__combine_req *first, void *ctx)
 {

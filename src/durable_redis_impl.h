@@ -243,7 +243,7 @@ static inline void call_num(struct call *c, long long v)
 /* ------------------------------------------------------------------------ */
 /* What the files of the backend share. */
 
-/* Script calls (src/durable_redis.c). */
+/* Script calls (src/redis_call.c). */
 void tw__rd_script_head(const struct rd *d, const char **av, size_t *al,
                         int script, uint32_t shard);
 void tw__rd_call_init(struct rd *d, struct call *c, int script, uint32_t shard);
