@@ -2,21 +2,32 @@
 /*
  * src/durable_redis.c - the Redis backend of twheel/durable.h: open,
  * schedule and cancel (with the combiner of one-per-call operations),
- * stats, close, and the script calls every part sends.
+ * stats, close.
  *
  * The backend in files, in the order a timer goes through them:
  *   src/redis_scripts.[ch]    the Lua scripts and the data model they keep
  *                             in Redis (a shard's keys, tokens, versions,
  *                             dead letters, quarantine)
  *   src/durable_redis.c       this file: open, schedule/cancel, stats,
- *                             close; running scripts (EVALSHA, NOSCRIPT)
+ *                             close
+ *   src/redis_checks.c        what an open checks: the namespace's
+ *                             record, the keys' types, permissions
+ *   src/redis_call.c          the script calls every part sends: a
+ *                             shard's keys, its fence, pipelined runs,
+ *                             WAIT for replicas
+ *   src/redis_eval.[ch]       loading scripts, EVALSHA and NOSCRIPT ->
+ *                             EVAL (the one copy, ownership's too)
  *   src/redis_owner.[ch]      fenced shard ownership
  *                             (cfg.redis_shard_lease_ms)
  *   src/redis_fire.c          claiming, checking, firing, completing
  *   src/redis_query.c         get, list, scan, dead letters
  *   src/durable_redis_impl.h  struct rd and what the files share
  *   src/redis_client.[ch]     the connections (hiredis protocol, cluster
- *                             routing, Sentinel, TLS)
+ *                             routing, Sentinel, TLS; its files are listed
+ *                             in src/redis_client_impl.h)
+ * Calls between them go one way (docs/architecture.md draws it): this
+ * file calls the others, src/redis_fire.c and src/redis_query.c call
+ * src/redis_call.c, and nothing calls back into this file.
  *
  * Schedules. tw_durable_schedule_many groups its items by shard: one SCHED
  * call per shard (up to SCHED_CHUNK items), all calls pipelined, one round
@@ -39,226 +50,7 @@
 #include <stdlib.h>
 
 #include "durable_redis_impl.h"
-
-/* ------------------------------------------------------------------------ */
-/* Script calls. */
-
-/* A script call's first 3 + NKEYS arguments: EVALSHA, the digest, NKEYS
- * and the shard's keys. */
-void tw__rd_script_head(const struct rd *d, const char **av, size_t *al,
-                        int script, uint32_t shard)
-{
-    av[0] = "EVALSHA";
-    al[0] = 7;
-    av[1] = d->sha[script];
-    al[1] = 40;
-    av[2] = "6"; /* NKEYS */
-    al[2] = 1;
-    for (int i = 0; i < NKEYS; i++) {
-        av[3 + i] = d->sk[shard].name[i];
-        al[3 + i] = d->sk[shard].len[i];
-    }
-}
-
-void tw__rd_call_init(struct rd *d, struct call *c, int script, uint32_t shard)
-{
-    c->script = script;
-    c->shard = shard;
-    c->nnum = 0;
-    tw__rd_script_head(d, c->argv, c->len, script, shard);
-    c->argc = 3 + NKEYS;
-}
-
-/* Fence @c (right after tw__rd_call_init) by its shard's ownership record:
- * false when the shard is not this node's (see FENCE). */
-bool tw__rd_call_fence(struct rd *d, struct call *c)
-{
-    size_t fl, kl;
-    if (!tw__own_fence(d->own, c->shard, c->fence, &fl, &c->epoch))
-        return false;
-    const char *key = tw__own_key(d->own, c->shard, &kl);
-    c->argv[2] = "7"; /* NKEYS + 1 */
-    call_arg(c, key, kl);
-    call_arg(c, c->fence, fl);
-    return true;
-}
-
-/* Write the numbers @v as decimal strings into @num, @argv and @len. */
-void tw__rd_put_nums(const char **argv, size_t *len, char (*num)[24],
-                     const long long *v, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        len[i] = (size_t)snprintf(num[i], 24, "%lld", v[i]);
-        argv[i] = num[i];
-    }
-}
-
-/* Run @n commands pipelined; @script[i] is the script of cmds[i] (its
- * argv[0..1] are EVALSHA and the digest, and its argv array is the
- * caller's, writable) or -1 for a plain command. Returns 0 or the first
- * transport error. A node that lost its script cache (restart, failover)
- * gets EVAL, which loads the script there again. */
-int tw__rd_run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script, size_t n)
-{
-    int rc = tw__rc_exec(d->rc, cmds, n);
-    for (int pass = 0; pass < 2; pass++) {
-        size_t again = 0;
-        for (size_t i = 0; i < n; i++)
-            if (script[i] >= 0 && tw__rc_is_noscript(cmds[i].reply))
-                again++;
-        if (!again)
-            break;
-        tw__rc_cmd *sub = tw__calloc(again, sizeof *sub);
-        size_t *idx = tw__calloc(again, sizeof *idx);
-        if (!sub || !idx) {
-            tw__free(sub);
-            tw__free(idx);
-            return TW_ENOMEM;
-        }
-        size_t j = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (script[i] < 0 || !tw__rc_noscript_to_eval(
-                                     &cmds[i], tw__redis_scripts[script[i]]))
-                continue;
-            sub[j] = cmds[i];
-            idx[j++] = i;
-        }
-        tw__rc_exec(d->rc, sub, again);
-        rc = 0;
-        for (size_t k = 0; k < again; k++)
-            cmds[idx[k]] = sub[k];
-        for (size_t i = 0; i < n && !rc; i++)
-            rc = cmds[i].err;
-        tw__free(sub);
-        tw__free(idx);
-    }
-    return rc;
-}
-
-/* tw__rd_run_cmds for fixed-size script calls. */
-int tw__rd_run_calls(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
-                     size_t n)
-{
-    int *script = tw__malloc((n ? n : 1) * sizeof *script);
-    if (!script)
-        return TW_ENOMEM;
-    for (size_t i = 0; i < n; i++) {
-        cmds[i].argc = calls[i].argc;
-        cmds[i].argv = calls[i].argv;
-        cmds[i].argvlen = calls[i].len;
-        cmds[i].slot = d->sk[calls[i].shard].slot;
-        cmds[i].reply = NULL;
-        script[i] = calls[i].script;
-    }
-    int rc = tw__rd_run_cmds(d, cmds, script, n);
-    tw__free(script);
-    return rc;
-}
-
-/* WAIT for the configured replicas after the writes to each shard
- * @shard[0..n): one WAIT per entry, all pipelined, so one round trip per
- * node (a node's first WAIT covers everything written before it, and the
- * others then return at once). @rc[i]: 0, TW_EIO (fewer replicas in
- * time), TW_ECONN or TW_ENOMEM. */
-void tw__rd_wait_many(struct rd *d, const uint32_t *shard, int *rc, size_t n)
-{
-    char a[2][24];
-    const char *argv[3] = {"WAIT", a[0], a[1]};
-    size_t len[3] = {4, 0, 0};
-    len[1] = (size_t)snprintf(a[0], 24, "%u", d->wait_replicas);
-    len[2] = (size_t)snprintf(a[1], 24, "%u", d->wait_timeout_ms);
-    tw__rc_cmd *cmds = tw__calloc(n ? n : 1, sizeof *cmds);
-    for (size_t i = 0; i < n && cmds; i++)
-        cmds[i] = (tw__rc_cmd){3, argv, len, d->sk[shard[i]].slot, NULL, 0};
-    if (cmds)
-        tw__rc_exec(d->rc, cmds, n);
-    for (size_t i = 0; i < n; i++) {
-        const redisReply *r = cmds ? cmds[i].reply : NULL;
-        rc[i] = cmds ? cmds[i].err : TW_ENOMEM;
-        if (!rc[i] && (!r || r->type != REDIS_REPLY_INTEGER ||
-                       r->integer < (long long)d->wait_replicas))
-            rc[i] = TW_EIO;
-    }
-    if (cmds)
-        tw__rc_free_replies(cmds, n);
-    tw__free(cmds);
-}
-
-/* One zeroed allocation for the arrays of @parts: each part's pointer
- * (*parts[i].out) is set to room for its count elements of its size,
- * aligned for any type. Returns the block (tw__free() frees every
- * array), or NULL when out of memory. */
-void *tw__rd_alloc_parts(const struct tw__rd_part *parts, size_t n)
-{
-    const size_t align = _Alignof(max_align_t);
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t bytes;
-        if (__builtin_mul_overflow(parts[i].count, parts[i].size, &bytes) ||
-            __builtin_add_overflow(total, bytes + align - 1, &total))
-            return NULL;
-        total -= total % align;
-    }
-    char *block = tw__calloc(1, total ? total : 1);
-    if (!block)
-        return NULL;
-    for (size_t i = 0, at = 0; i < n; i++) {
-        void *p = block + at;
-        memcpy(parts[i].out, &p, sizeof p);
-        at += parts[i].count * parts[i].size + align - 1;
-        at -= at % align;
-    }
-    return block;
-}
-
-/* One script call on @shard; its integer reply into *@out. */
-int tw__rd_call_int(struct rd *d, struct call *c, long long *out)
-{
-    tw__rc_cmd cmd;
-    int rc = tw__rd_run_calls(d, c, &cmd, 1);
-    const redisReply *r = cmd.reply;
-    if (!rc && (!r || r->type != REDIS_REPLY_INTEGER))
-        rc = TW_EIO;
-    if (!rc)
-        *out = r->integer;
-    tw__rc_free_replies(&cmd, 1);
-    return rc;
-}
-
-/* The decimal digits at @s (at least one, up to a comma) as a magnitude
- * at most @max; the end in *@end. False if there is none or it is
- * larger. */
-static bool parse_digits(const char *s, const char *lim, uint64_t max,
-                         uint64_t *out, const char **end)
-{
-    uint64_t x = 0;
-    const char *p = s;
-    for (; p < lim && *p >= '0' && *p <= '9'; p++)
-        if (__builtin_mul_overflow(x, 10u, &x) ||
-            __builtin_add_overflow(x, (uint64_t)(*p - '0'), &x) || x > max)
-            return false;
-    *out = x;
-    *end = p;
-    return p > s && p < lim && *p == ',';
-}
-
-/* Exactly what the scripts' pv() accepts: "-?digits,digits,payload"
- * with the due time in int64 and the attempt in uint32. */
-bool tw__rd_parse_val(const char *s, size_t n, struct pval *v)
-{
-    const char *lim = s + n, *p = s;
-    bool neg = n && *p == '-';
-    uint64_t due, att;
-    p += neg;
-    if (!parse_digits(p, lim, (uint64_t)INT64_MAX + neg, &due, &p) ||
-        !parse_digits(p + 1, lim, UINT32_MAX, &att, &p))
-        return false;
-    v->due = neg ? (int64_t)(0 - due) : (int64_t)due;
-    v->attempt = (uint32_t)att;
-    v->payload = p + 1;
-    v->len = n - (size_t)(p + 1 - s);
-    return true;
-}
+#include "redis_eval.h"
 
 /* ------------------------------------------------------------------------ */
 /* Open. */
@@ -335,116 +127,6 @@ static int rd_keys(struct rd *d, const char *ns)
     return 0;
 }
 
-/* SCRIPT LOAD once on any node; other nodes learn each script by EVAL on
- * their first NOSCRIPT. The digest is the same everywhere. */
-static int rd_load_scripts(struct rd *d)
-{
-    for (int i = 0; i < S_COUNT; i++) {
-        int rc = tw__rc_script_load(d->rc, tw__redis_scripts[i], d->sha[i]);
-        if (rc)
-            return rc;
-    }
-    return 0;
-}
-
-/* Can this user reach the namespace's keys? A GET of shard 0's version
- * key: an ACL user without the key pattern fails now, with NOPERM and
- * TW_EAUTH, rather than at its first schedule. Other errors (a value of
- * another type) are left to the scripts. */
-static int rd_probe_keys(struct rd *d)
-{
-    const char *argv[2] = {"GET", d->sk[0].name[NKEYS - 1]};
-    size_t len[2] = {3, d->sk[0].len[NKEYS - 1]};
-    tw__rc_cmd cmd = {2, argv, len, d->sk[0].slot, NULL, 0};
-    int rc = tw__rc_exec(d->rc, &cmd, 1);
-    if (!rc && cmd.reply->type == REDIS_REPLY_ERROR &&
-        !strncmp(cmd.reply->str, "NOPERM", 6))
-        rc = tw__rc_cmd_error(d->rc, &cmd, "GET of a key of the namespace");
-    tw__rc_free_replies(&cmd, 1);
-    return rc;
-}
-
-/* The namespace's record {ns:meta}: "twheel-redis format F shards N",
- * written by the first open that finds none (a namespace made before
- * the record existed is adopted by the count of its first open since);
- * a read-only or no-fire open only reads it. An open with cfg.shards 0
- * takes the recorded count (64 when there is none); any other count must
- * be the recorded one. GET and SET inside EVAL, so
- * that two first opens agree on one record: the smallest ACL covers it. */
-#define META_FORMAT 1
-static const char meta_script[] = "local v=redis.call('GET',KEYS[1])\n"
-                                  "if v then return v end\n"
-                                  "if ARGV[2]=='1' then return false end\n"
-                                  "redis.call('SET',KEYS[1],ARGV[1])\n"
-                                  "return ARGV[1]\n";
-
-static int meta_refuse(char *eb, size_t el, const char *key, const char *why)
-{
-    if (eb && el)
-        snprintf(eb, el, "redis namespace record %s: %s", key, why);
-    return TW_EINVAL;
-}
-
-/* Check @rec, the record's text, against this open's shard count; with
- * @adopt (cfg.shards 0) take its count. */
-static int meta_judge(struct rd *d, const char *rec, const char *key,
-                      bool adopt, char *eb, size_t el)
-{
-    unsigned f, n;
-    int end = 0;
-    char why[160];
-    if (sscanf(rec, "twheel-redis format %u shards %u%n", &f, &n, &end) != 2 ||
-        rec[end] || !n || n > 1u << 20)
-        return meta_refuse(eb, el, key,
-                           "not \"twheel-redis format F shards N\" (damaged: "
-                           "fix or delete it by hand)");
-    if (f > META_FORMAT) {
-        snprintf(why, sizeof why, "format %u is newer than this twheel's (%u)",
-                 f, META_FORMAT);
-        return meta_refuse(eb, el, key, why);
-    }
-    if (adopt) {
-        d->shards = n;
-        return 0;
-    }
-    if (n == d->shards)
-        return 0;
-    snprintf(why, sizeof why,
-             "the namespace has %u shards, this open asked for %u "
-             "(cfg.shards, twheel --shards)",
-             n, d->shards);
-    return meta_refuse(eb, el, key, why);
-}
-
-/* Read (or write, on a writing open that finds none) the record and
- * judge it. */
-static int rd_meta(struct rd *d, const char *ns, bool ro, bool adopt, char *eb,
-                   size_t el)
-{
-    char key[80], rec[80];
-    int kl = snprintf(key, sizeof key, "{%s:meta}", ns);
-    int rl = snprintf(rec, sizeof rec, "twheel-redis format %d shards %u",
-                      META_FORMAT, d->shards);
-    const char *argv[6] = {"EVAL", meta_script, "1", key, rec, ro ? "1" : "0"};
-    size_t len[6] = {4, sizeof meta_script - 1, 1, (size_t)kl, (size_t)rl, 1};
-    tw__rc_cmd cmd = {6, argv, len, tw__rc_slot(key, (size_t)kl), NULL, 0};
-    int rc = tw__rc_exec(d->rc, &cmd, 1);
-    const redisReply *r = cmd.reply;
-    if (!rc && r->type == REDIS_REPLY_ERROR)
-        rc = tw__rc_cmd_error(d->rc, &cmd, "the namespace record");
-    else if (!rc && r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_NIL)
-        rc = TW_EIO;
-    if (rc) {
-        tw__rc_last_error(d->rc, eb, el);
-    } else if (r->type == REDIS_REPLY_STRING) {
-        char got[80];
-        snprintf(got, sizeof got, "%.*s", (int)r->len, r->str);
-        rc = meta_judge(d, got, key, adopt, eb, el);
-    }
-    tw__rc_free_replies(&cmd, 1);
-    return rc;
-}
-
 /* Can this node deliver its shards' timers? Not while callbacks have
  * held every thread that runs them (the firer, or all executor_threads)
  * for half a shard lease: the node then stops renewing its ownership, so
@@ -471,163 +153,6 @@ static void own_gain(void *arg)
     for (int g = 0; g < GROUPS_MAX; g++)
         pthread_cond_signal(&d->grp[g].ccv);
     pthread_mutex_unlock(&d->mu);
-}
-
-/* The type Redis names @t as the struct's static text (what
- * tw_durable_damage.record points at). */
-static const char *type_name(const char *t)
-{
-    static const char *const known[] = {"string", "list", "set",
-                                        "zset",   "hash", "stream"};
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-        if (!strcmp(t, known[i]))
-            return known[i];
-    return "other";
-}
-
-/* One report per key of the namespace of the wrong type, through
- * cfg.on_damage (TW_DURABLE_DAMAGE_REDIS_KEY): one TYPE per key, all
- * pipelined, only when the caller asked for reports. The scripts set
- * such a key aside at their next write; until then a read-only reader
- * (twheel redis ls) cannot read that shard, and says which key it is. */
-static int rd_type_scan(struct rd *d, const tw_durable_config *cfg)
-{
-    static const char *const want[NKEYS] = {"zset",   "hash", "string",
-                                            "string", "hash", "zset"};
-    size_t n = (size_t)d->shards * NKEYS;
-    tw__rc_cmd *cmds = tw__calloc(n, sizeof *cmds);
-    const char **argv = tw__calloc(n * 2, sizeof *argv);
-    size_t *len = tw__calloc(n * 2, sizeof *len);
-    int rc = cmds && argv && len ? 0 : TW_ENOMEM;
-    for (size_t i = 0; !rc && i < n; i++) {
-        const struct shard_keys *k = &d->sk[i / NKEYS];
-        argv[2 * i] = "TYPE", len[2 * i] = 4;
-        argv[2 * i + 1] = k->name[i % NKEYS];
-        len[2 * i + 1] = k->len[i % NKEYS];
-        cmds[i] = (tw__rc_cmd){2, argv + 2 * i, len + 2 * i, k->slot, NULL, 0};
-    }
-    if (!rc)
-        rc = tw__rc_exec(d->rc, cmds, n);
-    for (size_t i = 0; !rc && i < n; i++) {
-        const redisReply *r = cmds[i].reply;
-        if (r->type != REDIS_REPLY_STATUS || !strcmp(r->str, want[i % NKEYS]) ||
-            !strcmp(r->str, "none"))
-            continue;
-        tw_durable_damage dm = {.kind = TW_DURABLE_DAMAGE_REDIS_KEY,
-                                .segment = (uint32_t)(i / NKEYS),
-                                .records = 1,
-                                .key = argv[2 * i + 1],
-                                .key_len = len[2 * i + 1],
-                                .record = type_name(r->str)};
-        cfg->on_damage(cfg->on_damage_arg, &dm);
-    }
-    if (cmds)
-        tw__rc_free_replies(cmds, n);
-    tw__free(cmds);
-    tw__free(argv);
-    tw__free(len);
-    return rc;
-}
-
-/* The commands a claiming and firing store sends, directly or from its
- * scripts, each as one probe on the scratch keys {ns:probe}:k (a
- * string), :h (a hash) and :z (a sorted set), in an order that leaves
- * nothing behind but :k, which expires. "?" marks the optional ones:
- * WAIT with cfg.wait_replicas, PEXPIRE, PTTL and ZREMRANGEBYSCORE with
- * ownership. A reply other than NOPERM (NOSCRIPT, WRONGTYPE, a cluster
- * that is disabled) means the command may run. */
-static const char *const probes[][6] = {
-    {"GET", "k"},
-    {"SET", "k", "1", "PX", "10000"},
-    {"DUMP", "k"},
-    {"TYPE", "k"},
-    {"TIME"},
-    {"?o", "PEXPIRE", "k", "10000"},
-    {"?o", "PTTL", "k"},
-    {"HSET", "h", "f", "v"},
-    {"HGET", "h", "f"},
-    {"HMGET", "h", "f"},
-    {"HLEN", "h"},
-    {"HSCAN", "h", "0"},
-    {"HDEL", "h", "f"},
-    {"ZADD", "z", "0", "m"},
-    {"ZRANGE", "z", "0", "0"},
-    {"ZRANGEBYSCORE", "z", "0", "0"},
-    {"ZRANGEBYLEX", "z", "-", "+"},
-    {"ZSCORE", "z", "m"},
-    {"ZMSCORE", "z", "m"},
-    {"ZCARD", "z"},
-    {"ZCOUNT", "z", "0", "0"},
-    {"?o", "ZREMRANGEBYSCORE", "z", "1", "0"},
-    {"ZREM", "z", "m"},
-    {"EVAL", "return 1", "0"},
-    {"EVALSHA", "0000000000000000000000000000000000000000", "0"},
-    {"CLUSTER", "SLOTS"},
-    {"?w", "WAIT", "0", "0"},
-    {"DEL", "k"},
-};
-
-/* Fill @c with probe @p (its scratch key, if any, named from @key,
- * "{ns:probe}:", into @names); false if the probe does not apply. */
-static bool probe_fill(struct rd *d, const char *const *p, const char *key,
-                       char (*names)[96], tw__rc_cmd *c, const char **argv,
-                       size_t *len)
-{
-    if (p[0][0] == '?') {
-        if ((p[0][1] == 'o' && !d->shard_lease_ms) ||
-            (p[0][1] == 'w' && !d->wait_replicas))
-            return false;
-        p++;
-    }
-    int argc = 0;
-    c->slot = -1;
-    for (; argc < 5 && p[argc]; argc++) {
-        argv[argc] = p[argc];
-        static const char kinds[] = "khz"; /* names[0], [1], [2] */
-        const char *k =
-            argc == 1 && p[1][0] && !p[1][1] ? strchr(kinds, p[1][0]) : NULL;
-        if (k) {
-            char *name = names[k - kinds];
-            snprintf(name, 96, "%s%c", key, *k);
-            argv[1] = name;
-            c->slot = tw__rc_slot(name, strlen(name));
-        }
-        len[argc] = strlen(argv[argc]);
-    }
-    c->argc = argc;
-    c->argv = argv;
-    c->argvlen = len;
-    return true;
-}
-
-/* Can this user run every command the store will send? One probe per
- * command (probes[] above), all pipelined; the first refused (NOPERM)
- * fails the open with TW_EAUTH, naming it. ACL DRYRUN would need a
- * permission an application user seldom has; a probe needs only the
- * command itself. */
-static int rd_probe_perms(struct rd *d, const char *ns)
-{
-    enum { NP = sizeof probes / sizeof probes[0] };
-    char key[80], names[3][96];
-    const char *argv[NP][5];
-    size_t len[NP][5];
-    tw__rc_cmd cmds[NP];
-    size_t n = 0;
-    snprintf(key, sizeof key, "{%s:probe}:", ns);
-    for (size_t i = 0; i < NP; i++)
-        if (probe_fill(d, probes[i], key, names, &cmds[n], argv[n], len[n]))
-            n++;
-    int rc = tw__rc_exec(d->rc, cmds, n);
-    for (size_t i = 0; i < n && !rc; i++) {
-        const redisReply *r = cmds[i].reply;
-        char what[40];
-        snprintf(what, sizeof what, "%s%s", cmds[i].argv[0],
-                 strcmp(cmds[i].argv[0], "CLUSTER") ? "" : " SLOTS");
-        if (r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOPERM", 6))
-            rc = tw__rc_cmd_error(d->rc, &cmds[i], what);
-    }
-    tw__rc_free_replies(cmds, n);
-    return rc;
 }
 
 /* The per-shard arrays again after a read-only open took the record's
@@ -661,9 +186,9 @@ static int rd_connect(struct rd *d, const tw_durable_config *cfg,
     int rc = tw__rc_open(&d->rc, &o);
     if (rc)
         return rc;
-    rc = rd_load_scripts(d);
+    rc = tw__eval_load(d->rc, tw__redis_scripts, S_COUNT, d->sha);
     if (!rc)
-        rc = rd_probe_keys(d);
+        rc = tw__rd_probe_keys(d);
     if (rc) {
         tw__rc_last_error(d->rc, cfg->errbuf, cfg->errbuf_len);
         return rc;
@@ -671,12 +196,12 @@ static int rd_connect(struct rd *d, const tw_durable_config *cfg,
     bool ro = cfg->flags & (TW_DURABLE_READONLY | TW_DURABLE_NOFIRE);
     bool adopt = !cfg->shards;
     uint32_t asked = d->shards;
-    rc = rd_meta(d, ns, ro, adopt, cfg->errbuf, cfg->errbuf_len);
+    rc = tw__rd_meta(d, ns, ro, adopt, cfg->errbuf, cfg->errbuf_len);
     if (!rc && d->shards != asked)
         rc = rd_reshape(d, ns);
     if (!rc && cfg->on_damage)
-        rc = rd_type_scan(d, cfg);
-    if (!rc && !ro && (rc = rd_probe_perms(d, ns)))
+        rc = tw__rd_type_scan(d, cfg);
+    if (!rc && !ro && (rc = tw__rd_probe_perms(d, ns)))
         tw__rc_last_error(d->rc, cfg->errbuf, cfg->errbuf_len);
     return rc;
 }
@@ -1152,8 +677,9 @@ static void op_batch(struct rd *d, struct op_wait *list)
     tw__free(v);
 }
 
-/* The combiner's round (op_mu held, d->mu not): the calls from @first on
- * as one batch, then each marked done, after which its caller may return
+/* A round of one master's combiner (op_mu[g] held, d->mu not): the
+ * schedules and cancels queued for that master, from @first on, as one
+ * batch, then each marked done, after which its caller may return
  * (so ->next is read first). */
 static void op_round(struct tw__combine_req *first, void *ctx)
 {

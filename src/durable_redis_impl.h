@@ -243,7 +243,7 @@ static inline void call_num(struct call *c, long long v)
 /* ------------------------------------------------------------------------ */
 /* What the files of the backend share. */
 
-/* Script calls (src/durable_redis.c). */
+/* Script calls (src/redis_call.c). */
 void tw__rd_script_head(const struct rd *d, const char **av, size_t *al,
                         int script, uint32_t shard);
 void tw__rd_call_init(struct rd *d, struct call *c, int script, uint32_t shard);
@@ -265,6 +265,17 @@ struct tw__rd_part {
     size_t count, size;
 };
 void *tw__rd_alloc_parts(const struct tw__rd_part *parts, size_t n);
+
+/* What an open checks (src/redis_checks.c): the keys reachable, the
+ * namespace's record (its shard count into d->shards when @adopt), the
+ * keys' types (reports through cfg.on_damage), every command allowed.
+ * 0 or a code, its message in @eb (cfg.errbuf) for the record, in the
+ * client's last error for the others. */
+int tw__rd_probe_keys(struct rd *d);
+int tw__rd_meta(struct rd *d, const char *ns, bool ro, bool adopt, char *eb,
+                size_t el);
+int tw__rd_type_scan(struct rd *d, const tw_durable_config *cfg);
+int tw__rd_probe_perms(struct rd *d, const char *ns);
 
 /* Local timers, claiming and firing (src/redis_fire.c). */
 struct rtimer *tw__rd_rt_new(struct rd *d, uint32_t shard, const void *key,

@@ -11,7 +11,9 @@
  * for their replies. Cluster routing: CRC16 key slots and CLUSTER SLOTS;
  * MOVED refreshes the map and retries, ASK retries once on the named node
  * after ASKING. A node whose connection fails is retried with back-off;
- * until then its commands fail with TW_ECONN at once.
+ * until then its commands fail with TW_ECONN at once. The client's files
+ * (network, TLS, addresses, connections, topology, queues, commands) are
+ * listed in src/redis_client_impl.h.
  */
 #ifndef TWHEEL_REDIS_CLIENT_H
 #define TWHEEL_REDIS_CLIENT_H
@@ -74,21 +76,6 @@ void tw__rc_close(tw__rc *c);
  * NOAUTH, WRONGPASS and NOPERM, TW_EIO for any other), or the connection's
  * last failure for an err. */
 int tw__rc_cmd_error(tw__rc *c, const tw__rc_cmd *cmd, const char *what);
-
-/* SCRIPT LOAD of Lua @src on any node; its digest (40 hex digits and a
- * NUL) into @sha. Other nodes learn the script by EVAL on their first
- * NOSCRIPT: the digest is the same everywhere. 0, or as
- * tw__rc_cmd_error(). */
-int tw__rc_script_load(tw__rc *c, const char *src, char sha[41]);
-
-/* Whether @r is Redis's NOSCRIPT error (the node lacks the digest). */
-bool tw__rc_is_noscript(const redisReply *r);
-
-/* A script call (argv[0] EVALSHA, argv[1] the digest, both writable)
- * whose reply is NOSCRIPT: frees the reply and turns the call into EVAL
- * of Lua @src, to be run again; true. Any other reply: false, nothing
- * changed. */
-bool tw__rc_noscript_to_eval(tw__rc_cmd *cmd, const char *src);
 
 /* Whether @c talks to a Redis Cluster (CLUSTER SLOTS answered): the keys
  * of one command must then share a slot. Otherwise one server holds every

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * src/redis_owner.c - fenced shard ownership for the Redis backend
- * (cfg.redis_shard_lease_ms > 0; src/durable_redis.c opens it and fences
- * its calls with it, src/redis_fire.c claims under it).
+ * (cfg.redis_shard_lease_ms > 0; src/durable_redis.c opens it,
+ * src/redis_call.c fences the backend's calls with it, src/redis_fire.c
+ * claims under it). Its scripts are loaded and run by src/redis_eval.c,
+ * as the backend's are.
  *
  * Without it every node claims every shard: N nodes cost Redis N times
  * the claims of one, whether anything is due or not. With it each shard
@@ -92,7 +94,8 @@
  * Costs. Per round: one membership script per node and master, and one
  * ACQ per shard the node owns every second round (renewal), so a fleet
  * renews each shard once per lease / 4 whatever its size. Threads: one
- * per master, and the supervisor.
+ * per master (master_rounds_thread()), and the supervisor
+ * (supervisor_thread()).
  */
 #define _GNU_SOURCE
 
@@ -107,6 +110,7 @@
 
 #include "clock.h"
 #include "internal.h"
+#include "redis_eval.h"
 
 enum { O_BEAT, O_ACQ, O_REL, O_COUNT };
 
@@ -267,18 +271,6 @@ bool tw__own_fence(tw__own *o, uint32_t shard, char *fence, size_t *len,
     return ok;
 }
 
-/* Run @n commands: script calls (argv[0..1] EVALSHA and the digest,
- * writable) of the scripts @which[i], or plain ones where @which[i] is -1;
- * a node without a script gets EVAL. */
-static void run(tw__own *o, tw__rc_cmd *cmds, const int *which, size_t n)
-{
-    tw__rc_exec(o->rc, cmds, n);
-    for (size_t i = 0; i < n; i++)
-        if (which[i] >= 0 &&
-            tw__rc_noscript_to_eval(&cmds[i], own_scripts[which[i]]))
-            tw__rc_exec(o->rc, &cmds[i], 1);
-}
-
 /* The membership script on key @mk (@ml bytes, slot @slot); the live
  * nodes into *@live (strings owned by *@rep, free with freeReplyObject),
  * this node always among them. 0 when the master did not answer. */
@@ -291,7 +283,7 @@ static size_t beat(tw__own *o, const char *mk, size_t ml, int slot,
     al[5] = (size_t)snprintf(ttl, sizeof ttl, "%u", o->lease_ms);
     tw__rc_cmd cmd = {6, av, al, slot, NULL, 0};
     int which = O_BEAT;
-    run(o, &cmd, &which, 1);
+    tw__eval_run(o->rc, &cmd, &which, 1, own_scripts);
     *rep = cmd.reply;
     *live = NULL;
     redisReply *r = cmd.reply;
@@ -340,31 +332,54 @@ static uint64_t fence_epoch(const char *f, size_t n)
     return e;
 }
 
-/* One round of group @g (see the top of the file); true if a shard was
- * gained. */
-static bool round_group(tw__own *o, struct ogrp *g)
+/* The buffers of one ownership round: per shard of the group, its ACQ or
+ * REL call (at most 8 arguments), the shard it is for, and a copy of the
+ * fence it sends. */
+struct oround {
+    tw__rc_cmd *cmds;
+    const char **av;
+    size_t *al;
+    int *which;
+    uint32_t *sh;  /* the group's shards taken for this round (busy) */
+    uint32_t *csh; /* the shard of each call */
+    char (*fb)[TW__OWN_FENCE_MAX];
+    size_t nsh, n;
+};
+
+static void round_free(struct oround *r)
 {
-    if (o->healthy && !o->healthy(o->arg))
-        return false; /* let membership and records run out */
-    size_t S = o->shards, n = 0, nsh = 0;
-    tw__rc_cmd *cmds = tw__calloc(S ? S : 1, sizeof *cmds);
-    const char **av = tw__malloc(8 * (S ? S : 1) * sizeof *av);
-    size_t *al = tw__malloc(8 * (S ? S : 1) * sizeof *al);
-    int *which = tw__malloc((S ? S : 1) * sizeof *which);
-    uint32_t *sh = tw__malloc((S ? S : 1) * sizeof *sh);
-    uint32_t *csh = tw__malloc((S ? S : 1) * sizeof *csh); /* sent for */
-    char(*fb)[TW__OWN_FENCE_MAX] = tw__malloc((S ? S : 1) * sizeof *fb);
-    redisReply *brep = NULL;
-    const char **live = NULL;
-    bool gained = false;
-    if (!cmds || !av || !al || !which || !sh || !csh || !fb)
-        goto out;
-    /* The group's shards not in another group's round (the map moved
-     * while that one waits for its master); the lowest names the
-     * membership key. */
+    tw__free(r->cmds);
+    tw__free(r->av);
+    tw__free(r->al);
+    tw__free(r->which);
+    tw__free(r->sh);
+    tw__free(r->csh);
+    tw__free(r->fb);
+}
+
+static bool round_alloc(struct oround *r, size_t S)
+{
+    size_t m = S ? S : 1;
+    *r = (struct oround){0};
+    r->cmds = tw__calloc(m, sizeof *r->cmds);
+    r->av = tw__malloc(8 * m * sizeof *r->av);
+    r->al = tw__malloc(8 * m * sizeof *r->al);
+    r->which = tw__malloc(m * sizeof *r->which);
+    r->sh = tw__malloc(m * sizeof *r->sh);
+    r->csh = tw__malloc(m * sizeof *r->csh);
+    r->fb = tw__malloc(m * sizeof *r->fb);
+    return r->cmds && r->av && r->al && r->which && r->sh && r->csh && r->fb;
+}
+
+/* Take group @g's shards that are not in another group's round (the map
+ * moved while that one waits for its master) into @r, marked busy. The
+ * group's lowest shard (it names the membership key), or -1 when the
+ * group has none. */
+static int round_take_shards(tw__own *o, struct ogrp *g, struct oround *r)
+{
     int low = -1;
     pthread_mutex_lock(&o->mu);
-    for (uint32_t s = 0; s < S; s++) {
+    for (uint32_t s = 0; s < o->shards; s++) {
         struct oshard *x = &o->s[s];
         if (x->grp != g->idx)
             continue;
@@ -372,67 +387,82 @@ static bool round_group(tw__own *o, struct ogrp *g)
             low = (int)s;
         if (!x->busy) {
             x->busy = true;
-            sh[nsh++] = s;
+            r->sh[r->nsh++] = s;
         }
     }
     pthread_mutex_unlock(&o->mu);
-    if (low < 0)
-        goto out;
-    g->mlen =
-        (size_t)snprintf(g->mkey, sizeof g->mkey, "{%s:%d}:m", o->ns, low);
-    g->mslot = o->s[low].slot;
-    size_t nl = beat(o, g->mkey, g->mlen, g->mslot, &brep, &live);
-    if (!nl)
-        goto unbusy; /* no answer: the trust runs out by itself */
-    char lease[24];
-    size_t ll = (size_t)snprintf(lease, sizeof lease, "%u", o->lease_ms);
-    uint64_t now = mono_ms();
+    return low;
+}
+
+static void round_release_shards(tw__own *o, struct oround *r)
+{
     pthread_mutex_lock(&o->mu);
-    for (size_t i = 0; i < nsh; i++) {
-        uint32_t s = sh[i];
+    for (size_t i = 0; i < r->nsh; i++)
+        o->s[r->sh[i]].busy = false;
+    pthread_mutex_unlock(&o->mu);
+}
+
+/* The next call of @r: @argc arguments @v, @vl for shard @s. */
+static void round_add(struct oround *r, uint32_t s, int which, int argc,
+                      const char *const *v, const size_t *vl, int slot)
+{
+    const char **a = r->av + 8 * r->n;
+    size_t *l = r->al + 8 * r->n;
+    memcpy(a, v, (size_t)argc * sizeof *a);
+    memcpy(l, vl, (size_t)argc * sizeof *l);
+    r->cmds[r->n] = (tw__rc_cmd){argc, a, l, slot, NULL, 0};
+    r->which[r->n] = which;
+    r->csh[r->n++] = s;
+}
+
+/* The calls of the round: ACQ for each shard this node should own and
+ * does not (or last renewed lease / 4 ago), REL for each it holds and
+ * should not; @live[0..nl) are the group's live nodes, @now the
+ * monotonic ms. mu held. */
+static void round_plan_locked(tw__own *o, struct oround *r, const char **live,
+                              size_t nl, uint64_t now, const char *lease,
+                              size_t ll)
+{
+    for (size_t i = 0; i < r->nsh; i++) {
+        uint32_t s = r->sh[i];
         struct oshard *x = &o->s[s];
         bool mine = !strcmp(best(live, nl, s), o->node);
-        const char **a = av + 8 * n;
-        size_t *l = al + 8 * n;
+        char *fb = r->fb[r->n];
         if (mine && (!x->owned || now - x->renewed >= o->lease_ms / 4)) {
-            memcpy(fb[n], x->fence, x->flen);
+            memcpy(fb, x->fence, x->flen);
             const char *v[8] = {"EVALSHA", o->sha[O_ACQ], "2",   x->key,
-                                x->ekey,   o->node,       lease, fb[n]};
+                                x->ekey,   o->node,       lease, fb};
             size_t vl[8] = {7,       40, 1,  x->klen,
                             x->elen, 16, ll, x->owned ? x->flen : 0};
-            memcpy(a, v, 8 * sizeof *a);
-            memcpy(l, vl, 8 * sizeof *l);
-            cmds[n] = (tw__rc_cmd){8, a, l, x->slot, NULL, 0};
-            which[n] = O_ACQ;
+            round_add(r, s, O_ACQ, 8, v, vl, x->slot);
         } else if (!mine && x->owned) {
             /* Stop trusting it now; the record goes after. */
             x->owned = false;
-            memcpy(fb[n], x->fence, x->flen);
-            const char *v[5] = {"EVALSHA", o->sha[O_REL], "1", x->key, fb[n]};
+            memcpy(fb, x->fence, x->flen);
+            const char *v[5] = {"EVALSHA", o->sha[O_REL], "1", x->key, fb};
             size_t vl[5] = {7, 40, 1, x->klen, x->flen};
-            memcpy(a, v, 5 * sizeof *a);
-            memcpy(l, vl, 5 * sizeof *l);
-            cmds[n] = (tw__rc_cmd){5, a, l, x->slot, NULL, 0};
-            which[n] = O_REL;
-        } else {
-            continue;
+            round_add(r, s, O_REL, 5, v, vl, x->slot);
         }
-        csh[n++] = s;
     }
-    pthread_mutex_unlock(&o->mu);
-    uint64_t sent = mono_ms();
-    run(o, cmds, which, n);
+}
+
+/* The ACQ replies of @r: a shard taken or renewed is trusted until
+ * @sent + lease - margin. True if a shard was gained. */
+static bool round_apply(tw__own *o, struct oround *r, uint64_t sent)
+{
     uint64_t margin = o->lease_ms / 5;
+    bool gained = false;
     pthread_mutex_lock(&o->mu);
-    for (size_t i = 0; i < n; i++) {
-        redisReply *r = cmds[i].reply;
-        struct oshard *x = &o->s[csh[i]];
-        if (which[i] != O_ACQ || !r || r->type != REDIS_REPLY_ARRAY ||
-            r->elements != 2 || r->element[0]->type != REDIS_REPLY_INTEGER ||
-            r->element[1]->type != REDIS_REPLY_STRING)
+    for (size_t i = 0; i < r->n; i++) {
+        redisReply *rep = r->cmds[i].reply;
+        struct oshard *x = &o->s[r->csh[i]];
+        if (r->which[i] != O_ACQ || !rep || rep->type != REDIS_REPLY_ARRAY ||
+            rep->elements != 2 ||
+            rep->element[0]->type != REDIS_REPLY_INTEGER ||
+            rep->element[1]->type != REDIS_REPLY_STRING)
             continue; /* no answer: the trust runs out by itself */
-        redisReply *f = r->element[1];
-        if (r->element[0]->integer != 1 || f->len > TW__OWN_FENCE_MAX) {
+        redisReply *f = rep->element[1];
+        if (rep->element[0]->integer != 1 || f->len > TW__OWN_FENCE_MAX) {
             x->owned = false;
             continue;
         }
@@ -445,23 +475,57 @@ static bool round_group(tw__own *o, struct ogrp *g)
         x->trust_until = sent + o->lease_ms - margin;
     }
     pthread_mutex_unlock(&o->mu);
-    tw__rc_free_replies(cmds, n);
-unbusy:
-    pthread_mutex_lock(&o->mu);
-    for (size_t i = 0; i < nsh; i++)
-        o->s[sh[i]].busy = false;
-    pthread_mutex_unlock(&o->mu);
-out:
+    return gained;
+}
+
+/* Beat on group @g's membership key, then acquire and release the shards
+ * of @r (taken, busy) by the live nodes it returns. True if a shard was
+ * gained. */
+static bool round_beat_and_balance(tw__own *o, struct ogrp *g, struct oround *r,
+                                   int low)
+{
+    redisReply *brep = NULL;
+    const char **live = NULL;
+    g->mlen =
+        (size_t)snprintf(g->mkey, sizeof g->mkey, "{%s:%d}:m", o->ns, low);
+    g->mslot = o->s[low].slot;
+    size_t nl = beat(o, g->mkey, g->mlen, g->mslot, &brep, &live);
+    bool gained = false;
+    if (nl) { /* no answer: the trust runs out by itself */
+        char lease[24];
+        size_t ll = (size_t)snprintf(lease, sizeof lease, "%u", o->lease_ms);
+        uint64_t now = mono_ms();
+        pthread_mutex_lock(&o->mu);
+        round_plan_locked(o, r, live, nl, now, lease, ll);
+        pthread_mutex_unlock(&o->mu);
+        uint64_t sent = mono_ms();
+        tw__eval_run(o->rc, r->cmds, r->which, r->n, own_scripts);
+        gained = round_apply(o, r, sent);
+        tw__rc_free_replies(r->cmds, r->n);
+    }
     if (brep)
         freeReplyObject(brep);
     tw__free(live);
-    tw__free(cmds);
-    tw__free(av);
-    tw__free(al);
-    tw__free(which);
-    tw__free(sh);
-    tw__free(csh);
-    tw__free(fb);
+    return gained;
+}
+
+/* One ownership round of master group @g (see the top of the file): its
+ * membership beat, then ACQ and REL for its shards. True if a shard was
+ * gained. */
+static bool ownership_round(tw__own *o, struct ogrp *g)
+{
+    if (o->healthy && !o->healthy(o->arg))
+        return false; /* let membership and records run out */
+    struct oround r;
+    bool gained = false;
+    if (round_alloc(&r, o->shards)) {
+        int low = round_take_shards(o, g, &r);
+        if (low >= 0) {
+            gained = round_beat_and_balance(o, g, &r, low);
+            round_release_shards(o, &r);
+        }
+    }
+    round_free(&r);
     return gained;
 }
 
@@ -477,14 +541,16 @@ static bool wait_period(tw__own *o)
     return !o->stop;
 }
 
-static void *grp_main(void *arg)
+/* A master group's thread: its ownership rounds, one a period, until
+ * close. */
+static void *master_rounds_thread(void *arg)
 {
     struct ogrp *g = arg;
     tw__own *o = g->o;
     pthread_mutex_lock(&o->mu);
     while (!o->stop) {
         pthread_mutex_unlock(&o->mu);
-        bool gained = round_group(o, g);
+        bool gained = ownership_round(o, g);
         if (gained && o->on_gain)
             o->on_gain(o->arg);
         pthread_mutex_lock(&o->mu);
@@ -515,7 +581,7 @@ static void map_groups(tw__own *o, bool *used)
 /* The supervisor: every period, the groups again, and a thread for each
  * group that has none (a thread whose master no longer serves a shard
  * idles until close). */
-static void *own_main(void *arg)
+static void *supervisor_thread(void *arg)
 {
     tw__own *o = arg;
     bool used[TW__RC_NODES_MAX];
@@ -526,23 +592,13 @@ static void *own_main(void *arg)
         pthread_mutex_lock(&o->mu);
         for (int i = 0; i < TW__RC_NODES_MAX && !o->stop; i++)
             if (used[i] && !o->grp[i].on)
-                o->grp[i].on =
-                    !pthread_create(&o->grp[i].thr, NULL, grp_main, &o->grp[i]);
+                o->grp[i].on = !pthread_create(
+                    &o->grp[i].thr, NULL, master_rounds_thread, &o->grp[i]);
         if (!wait_period(o))
             break;
     }
     pthread_mutex_unlock(&o->mu);
     return NULL;
-}
-
-static int load_scripts(tw__own *o)
-{
-    for (int i = 0; i < O_COUNT; i++) {
-        int rc = tw__rc_script_load(o->rc, own_scripts[i], o->sha[i]);
-        if (rc)
-            return rc;
-    }
-    return 0;
 }
 
 /* A random node id: 16 hex digits. */
@@ -593,15 +649,15 @@ int tw__own_open(tw__own **out, tw__rc *rc, const char *ns, uint32_t shards,
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&o->cv, &ca);
     pthread_condattr_destroy(&ca);
-    int e = load_scripts(o);
+    int e = tw__eval_load(o->rc, own_scripts, O_COUNT, o->sha);
     if (!e) {
         /* Own what it can before the first claim. */
         bool used[TW__RC_NODES_MAX];
         map_groups(o, used);
         for (int i = 0; i < TW__RC_NODES_MAX; i++)
             if (used[i])
-                round_group(o, &o->grp[i]);
-        o->thr_on = !pthread_create(&o->thr, NULL, own_main, o);
+                ownership_round(o, &o->grp[i]);
+        o->thr_on = !pthread_create(&o->thr, NULL, supervisor_thread, o);
         if (!o->thr_on)
             e = TW_ENOMEM;
     }
@@ -662,7 +718,7 @@ void tw__own_close(tw__own *o)
             cmds[n] = (tw__rc_cmd){3, a, l, g->mslot, NULL, 0};
             which[n++] = -1;
         }
-        run(o, cmds, which, n);
+        tw__eval_run(o->rc, cmds, which, n, own_scripts);
         tw__rc_free_replies(cmds, n);
     }
     tw__free(cmds);
