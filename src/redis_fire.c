@@ -240,6 +240,7 @@ static bool claim_group(struct rd *d, struct grp *g)
         n = claim_calls(d, g, calls, now);
         uint64_t csent = rd_mono_ms(d);
         tw__rd_run_calls(d, calls, cmds, n);
+        tw__rd_bg_errors(d, g, cmds, NULL, S_CLAIM, n);
         int64_t wall = rd_wall(d);
         uint64_t mono = rd_mono_ms(d);
         pthread_mutex_lock(&d->mu);
@@ -858,6 +859,7 @@ static void fire_batch(struct rd *d, struct grp *g, struct rtimer *list,
     fr_fill(&f);
     f.sent = real_mono_ms();
     tw__rd_run_cmds(d, f.cmds, f.script, f.ncmd);
+    tw__rd_bg_errors(d, g, f.cmds, f.script, -1, f.ncmd);
     int64_t wall = rd_wall(d);
     uint64_t mono = rd_mono_ms(d);
     pthread_mutex_lock(&d->mu);

@@ -368,13 +368,16 @@ case $scenario in
     port=$(pick_ports 1)
     serve one --port "$port" --requirepass "$PW"
     wait_ping -p "$port" -a "$PW"
+    # shellcheck disable=SC2086
+    all=" $(echo $ACL_CMDS) "
     cat >"$tmp/acl.sh" <<SH
-all=" \$(echo $ACL_CMDS) "
+all='$all'
 exec ${cli[*]} -p $port -a $PW ACL SETUSER twapp reset on '>app-Pass-1' \\
   resetkeys '~{tw:*' resetchannels nocommands \${all/ +\$1 / } >/dev/null
 SH
     export TW_ACL="bash $tmp/acl.sh"
-    "$sem" "redis://twapp:app-Pass-1@127.0.0.1:$port" evalsha zadd hset zrangebyscore
+    "$sem" "redis://twapp:app-Pass-1@127.0.0.1:$port" evalsha zadd hset \
+      zrangebyscore get hmget
     ;;
   *)
     echo "unknown scenario $scenario" >&2
