@@ -18,7 +18,15 @@
  * its lease ends), so it resumes, nothing lost, once Redis does it again.
  * A WRONGTYPE reply is not counted: that is damage in the namespace,
  * which the next script on the shard sets aside and counts as
- * quarantined. Thread-safety: any of the store's threads, without mu
+ * quarantined.
+ *
+ * Damage only the node can see is set aside here too: a key that a
+ * claim found in a shard it does not hash to (fnv1a(key) % shards; a
+ * copy made by an operator or a bug) would be delivered beside its real
+ * timer, or after that one's cancel, since cancels and replaces go to
+ * the shard the key hashes to. Its value goes to that shard's :q as
+ * w:<key> (stats.quarantined), the claimer's DONE removes it (only while
+ * the claim is still the node's), and cfg.on_error is told (TW_EIO). Thread-safety: any of the store's threads, without mu
  * (the group's master's name is copied under it).
  */
 #define _GNU_SOURCE
@@ -118,4 +126,83 @@ void tw__rd_bg_errors(struct rd *d, const struct grp *g,
     atomic_fetch_add(&d->errors, count);
     if (d->on_error)
         tell(d, g, &cmds[first], script ? script[first] : one);
+}
+
+/* @s's bytes for a message: printable ASCII, others as '?'. */
+static void printable(char *out, size_t len, const char *s, size_t n)
+{
+    size_t i = 0;
+    for (; i < n && i + 1 < len; i++)
+        out[i] = s[i] >= 0x20 && s[i] < 0x7f ? s[i] : '?';
+    out[i] = 0;
+}
+
+/* One wrong-shard key @k (value @v) of shard @s: the HSET of w:<key>. */
+static void wrong_cmd(struct rd *d, uint32_t s, const redisReply *k,
+                      const redisReply *v, tw__rc_cmd *cmd, const char **argv,
+                      size_t *len, char *field, size_t flen)
+{
+    size_t kl = k->len < flen - 2 ? k->len : flen - 2;
+    memcpy(field, "w:", 2);
+    memcpy(field + 2, k->str, kl); /* binary: not a C string */
+    argv[0] = "HSET";
+    len[0] = 4;
+    argv[1] = d->sk[s].name[4]; /* :q */
+    len[1] = d->sk[s].len[4];
+    argv[2] = field;
+    len[2] = 2 + kl;
+    argv[3] = v->str;
+    len[3] = v->len;
+    *cmd = (tw__rc_cmd){4, argv, len, d->sk[s].slot, NULL, 0};
+}
+
+static void tell_wrong(struct rd *d, const struct grp *g, uint32_t s,
+                       const redisReply *k)
+{
+    uint64_t now = real_mono_ms();
+    uint64_t until = atomic_load(&d->err_quiet_until);
+    if (!d->on_error || now < until ||
+        !atomic_compare_exchange_strong(&d->err_quiet_until, &until,
+                                        now + ERR_TELL_GAP_MS))
+        return;
+    char key[80], msg[400];
+    printable(key, sizeof key, k->str, k->len);
+    (void)g;
+    snprintf(msg, sizeof msg,
+             "redis: CLAIM: key \"%s\" found in shard %u, which it does not "
+             "hash to (shard %u): a copy, set aside as w:<key> in %s",
+             key, s, shard_of(d, k->str, k->len), d->sk[s].name[4]);
+    d->on_error(d->on_error_arg, TW_EIO, msg);
+}
+
+void tw__rd_set_aside_wrong(struct rd *d, const struct grp *g,
+                            const struct call *calls, const tw__rc_cmd *cmds,
+                            size_t n)
+{
+    enum { MAXW = 16 }; /* per round; the rest at the next claim */
+    tw__rc_cmd w[MAXW];
+    const char *argv[MAXW][4];
+    size_t len[MAXW][4], nw = 0;
+    char field[MAXW][TW_DURABLE_KEY_MAX + 2];
+    for (size_t c = 0; c < n; c++) {
+        const redisReply *r = cmds[c].reply;
+        if (!r || r->type != REDIS_REPLY_ARRAY)
+            continue;
+        for (size_t i = 2; i + 3 <= r->elements && nw < MAXW; i += 3) {
+            const redisReply *k = r->element[i], *v = r->element[i + 2];
+            if (k->type != REDIS_REPLY_STRING ||
+                v->type != REDIS_REPLY_STRING ||
+                shard_of(d, k->str, k->len) == calls[c].shard)
+                continue;
+            wrong_cmd(d, calls[c].shard, k, v, &w[nw], argv[nw], len[nw],
+                      field[nw], sizeof field[nw]);
+            if (!nw)
+                tell_wrong(d, g, calls[c].shard, k);
+            nw++;
+        }
+    }
+    if (!nw)
+        return;
+    tw__rc_exec(d->rc, w, nw);
+    tw__rc_free_replies(w, nw);
 }
