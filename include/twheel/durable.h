@@ -267,7 +267,9 @@ typedef struct tw_durable_config {
      * the user since open, or a script error: @code is TW_EAUTH (NOPERM,
      * NOAUTH, WRONGPASS) or TW_EIO, @msg names the node, the work and
      * Redis's text ("redis 10.0.0.1:6379: CLAIM: ... NOPERM ..."; never a
-     * password), valid during the call. At most one call a second per
+     * password), valid during the call; also (TW_EIO) damage only a
+     * claim can see: a key found in a shard it does not hash to, set
+     * aside (docs/guide/redis.md). At most one call a second per
      * store; the work is tried again (every 100 ms or at the next claim
      * round) and resumes, nothing lost, once the server does it again.
      * The calls made by the caller report their own errors. It must not
