@@ -276,9 +276,8 @@ void tw__rd_set_aside_wrong(struct rd *d, const struct grp *g,
  * the user may not run a command the store uses, the message naming it
  * in tw__rc_last_error(). */
 int tw__rd_probe_perms(struct rd *d, const char *ns);
-void tw__rd_bg_errors(struct rd *d, const struct grp *g,
-                      const tw__rc_cmd *cmds, const int *script, int one,
-                      size_t n);
+void tw__rd_bg_errors(struct rd *d, const struct grp *g, const tw__rc_cmd *cmds,
+                      const int *script, int one, size_t n);
 int tw__rd_run_calls(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
                      size_t n);
 void tw__rd_wait_many(struct rd *d, const uint32_t *shard, int *rc, size_t n);

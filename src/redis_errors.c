@@ -13,10 +13,10 @@
  * the work and Redis's own text (which never holds a password). A
  * command refused inside a script is not named by Redis before 7.2
  * ("The user executing the script can't run this command"): open's
- * permission probes are sent again to name it. The work itself is tried again as before (a check
- * every RETRY_MS, a claim at the next round, a completion's timer when
- * its lease ends), so it resumes, nothing lost, once Redis does it again.
- * A WRONGTYPE reply is not counted: that is damage in the namespace,
+ * permission probes are sent again to name it. The work itself is tried again
+ * as before (a check every RETRY_MS, a claim at the next round, a completion's
+ * timer when its lease ends), so it resumes, nothing lost, once Redis does it
+ * again. A WRONGTYPE reply is not counted: that is damage in the namespace,
  * which the next script on the shard sets aside and counts as
  * quarantined.
  *
@@ -26,8 +26,9 @@
  * timer, or after that one's cancel, since cancels and replaces go to
  * the shard the key hashes to. Its value goes to that shard's :q as
  * w:<key> (stats.quarantined), the claimer's DONE removes it (only while
- * the claim is still the node's), and cfg.on_error is told (TW_EIO). Thread-safety: any of the store's threads, without mu
- * (the group's master's name is copied under it).
+ * the claim is still the node's), and cfg.on_error is told (TW_EIO).
+ * Thread-safety: any of the store's threads, without mu (the group's master's
+ * name is copied under it).
  */
 #define _GNU_SOURCE
 
@@ -82,8 +83,7 @@ static void tell(struct rd *d, const struct grp *g, const tw__rc_cmd *c, int s)
     uint64_t now = real_mono_ms();
     uint64_t until = atomic_load(&d->err_quiet_until);
     if (now < until || !atomic_compare_exchange_strong(
-                           &d->err_quiet_until, &until,
-                           now + ERR_TELL_GAP_MS))
+                           &d->err_quiet_until, &until, now + ERR_TELL_GAP_MS))
         return;
     const redisReply *r = c->reply;
     char node[64] = "", named[300] = "";
@@ -108,9 +108,8 @@ static void tell(struct rd *d, const struct grp *g, const tw__rc_cmd *c, int s)
     d->on_error(d->on_error_arg, ref ? TW_EAUTH : TW_EIO, msg);
 }
 
-void tw__rd_bg_errors(struct rd *d, const struct grp *g,
-                      const tw__rc_cmd *cmds, const int *script, int one,
-                      size_t n)
+void tw__rd_bg_errors(struct rd *d, const struct grp *g, const tw__rc_cmd *cmds,
+                      const int *script, int one, size_t n)
 {
     size_t first = n;
     uint64_t count = 0;

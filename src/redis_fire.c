@@ -224,8 +224,10 @@ static bool claim_reply(struct rd *d, const struct call *c, const redisReply *r,
         t->ver = ver;
         t->epoch = c->epoch;
         if (shard_of(d, t->data, t->key_len) != c->shard) {
-            t->fired = true; /* a copy in the wrong shard: removed, not */
-            pend_add(d, t, 0); /* delivered (tw__rd_set_aside_wrong()) */
+            /* A copy in the wrong shard: removed (DONE), not delivered;
+             * tw__rd_set_aside_wrong() keeps its value. */
+            t->fired = true;
+            pend_add(d, t, 0);
             continue;
         }
         if (t->epoch) /* the local image of its claim's end */

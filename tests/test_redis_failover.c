@@ -39,16 +39,16 @@
 #define DUE_AHEAD_MS 1000
 #define RESUME_MS 30000
 
-static atomic_char acked[NKEYS];     /* schedule returned 0 */
+static atomic_char acked[NKEYS]; /* schedule returned 0 */
 static atomic_char cancel_sent[NKEYS];
 static atomic_char cancelled[NKEYS]; /* cancel returned 0 */
 static atomic_int delivered[NKEYS];
-static atomic_int late_cancel;       /* deliveries after a cancel's 0 */
+static atomic_int late_cancel; /* deliveries after a cancel's 0 */
 static atomic_bool stop_writer;
-static atomic_llong mark_ms;         /* a phase's start */
-static atomic_int first_after = -1;  /* first key acked after mark_ms */
-static atomic_llong fired_after_ms;  /* first delivery of such a key */
-static atomic_llong fired_any_ms;    /* first delivery after mark_ms */
+static atomic_llong mark_ms;        /* a phase's start */
+static atomic_int first_after = -1; /* first key acked after mark_ms */
+static atomic_llong fired_after_ms; /* first delivery of such a key */
+static atomic_llong fired_any_ms;   /* first delivery after mark_ms */
 static atomic_int nwritten;
 
 static int64_t wall_ms(void)
@@ -135,8 +135,7 @@ static void phase(const char *name, const char *var)
             "%lld ms and delivered after %lld ms; %d schedules sent "
             "meanwhile\n",
             name, (long long)(t1 - t0),
-            (long long)(atomic_load(&fired_any_ms) - t0),
-            (long long)(t2 - t0),
+            (long long)(atomic_load(&fired_any_ms) - t0), (long long)(t2 - t0),
             (long long)(atomic_load(&fired_after_ms) - t0),
             atomic_load(&nwritten) - before);
 }

@@ -16,9 +16,9 @@
  * TW_EAUTH and a message naming the command, within 5 s (before, the
  * claims failed in silence: nothing counted, nothing told, the timers
  * never delivered), unless every timer is delivered without it (a
- * command only retries use, such as HSET). The rule is given back and every timer is then
- * delivered (bound: 20 s, past the claim leases of the completions that
- * failed).
+ * command only retries use, such as HSET). The rule is given back and every
+ * timer is then delivered (bound: 20 s, past the claim leases of the
+ * completions that failed).
  */
 #define _GNU_SOURCE
 

@@ -244,7 +244,7 @@ static bool has_kind(const struct dmg_list *l, uint32_t kind)
 }
 
 #define WRONG_SHARD                                                            \
-    "a record in a shard the key does not hash to (a copy made by hand or "   \
+    "a record in a shard the key does not hash to (a copy made by hand or "    \
     "by a bug; a store's next claim of it sets it aside as w:<key>)"
 
 /* Listed entry @e: the same key and due time as the one before (@prev,
@@ -270,8 +270,10 @@ static int one_entry(tw_durable *d, const tw_durable_entry *e, char *prev,
      * larger ones as doubles. */
     int64_t due = in.due_ms > 0 ? in.due_ms : 0;
     if (rc == TW_ENOENT)
-        snprintf(why, len, "timer %.*s: listed, but not where its key "
-                 "hashes to: " WRONG_SHARD, kl, k);
+        snprintf(why, len,
+                 "timer %.*s: listed, but not where its key "
+                 "hashes to: " WRONG_SHARD,
+                 kl, k);
     else if (rc || (double)due != (double)e->due_ms)
         snprintf(why, len, "timer %.*s: %s", kl, k,
                  rc ? tw_strerror(rc) : "due time differs");
