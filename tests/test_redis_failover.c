@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fixture.h"
+#include "redis_fixture.h"
 #include "test.h"
 #include "twheel/durable.h"
 
@@ -51,23 +51,12 @@ static atomic_llong fired_after_ms; /* first delivery of such a key */
 static atomic_llong fired_any_ms;   /* first delivery after mark_ms */
 static atomic_int nwritten;
 
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
     (void)arg;
-    char k[16];
-    size_t n = t->key_len < sizeof k - 1 ? t->key_len : sizeof k - 1;
-    memcpy(k, t->key, n);
-    k[n] = 0;
-    int i = atoi(k + 1);
-    if (k[0] != 'L' || i < 0 || i >= NKEYS)
+    int i = key_num(t, 'L', NKEYS);
+    if (i < 0)
         return 0;
     if (atomic_load(&cancelled[i]))
         atomic_fetch_add(&late_cancel, 1);

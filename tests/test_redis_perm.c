@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fixture.h"
+#include "redis_fixture.h"
 #include "test.h"
 #include "twheel/durable.h"
 
@@ -41,23 +41,12 @@ static pthread_mutex_t msg_mu = PTHREAD_MUTEX_INITIALIZER;
 static char last_msg[512];
 static int last_code;
 
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
     (void)arg;
-    char k[16];
-    size_t n = t->key_len < sizeof k - 1 ? t->key_len : sizeof k - 1;
-    memcpy(k, t->key, n);
-    k[n] = 0;
-    int i = atoi(k + 1);
-    if (k[0] == 'P' && i >= 0 && i < RULES_MAX * PER_RULE)
+    int i = key_num(t, 'P', RULES_MAX * PER_RULE);
+    if (i >= 0)
         atomic_fetch_add(&delivered[i], 1);
     return 0;
 }
