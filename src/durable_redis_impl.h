@@ -264,20 +264,19 @@ int tw__rd_run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script,
  * @script[i] the script command i ran (S_*) or < 0 for a plain command;
  * @script NULL: all ran script @one. An MGET's error is not counted (the
  * checks fall back to GET). Call without mu. src/redis_errors.c. */
-/* The keys of the CLAIM replies @cmds[0..n) (of @calls, group @g) found
- * in a shard they do not hash to: each value set aside in that shard's
- * :q as w:<key>, counted (stats.quarantined) and told (cfg.on_error,
- * TW_EIO); claim_reply() queued their removal (a DONE). Without mu.
+void tw__rd_bg_errors(struct rd *d, const struct grp *g, const tw__rc_cmd *cmds,
+                      const int *script, int one, size_t n);
+/* The keys of the CLAIM replies @cmds[0..n) (of @calls) found in a shard
+ * they do not hash to: each value set aside in that shard's :q as
+ * w:<key>, counted (stats.quarantined) and told (cfg.on_error, TW_EIO);
+ * claim_reply() queued their removal (a DONE). Without mu.
  * src/redis_errors.c. */
-void tw__rd_set_aside_wrong(struct rd *d, const struct grp *g,
-                            const struct call *calls, const tw__rc_cmd *cmds,
-                            size_t n);
+void tw__rd_set_aside_wrong(struct rd *d, const struct call *calls,
+                            const tw__rc_cmd *cmds, size_t n);
 /* Open's permission probes (src/durable_redis.c), again: TW_EAUTH when
  * the user may not run a command the store uses, the message naming it
  * in tw__rc_last_error(). */
 int tw__rd_probe_perms(struct rd *d, const char *ns);
-void tw__rd_bg_errors(struct rd *d, const struct grp *g, const tw__rc_cmd *cmds,
-                      const int *script, int one, size_t n);
 int tw__rd_run_calls(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
                      size_t n);
 void tw__rd_wait_many(struct rd *d, const uint32_t *shard, int *rc, size_t n);

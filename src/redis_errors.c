@@ -75,16 +75,22 @@ static void probe_again(struct rd *d, char *out, size_t len)
         tw__rc_last_error(d->rc, out, len);
 }
 
-/* Tell the error reply of @c (script @s, or < 0 for a plain command) of
- * group @g to cfg.on_error unless one was told less than ERR_TELL_GAP_MS
- * ago. */
-static void tell(struct rd *d, const struct grp *g, const tw__rc_cmd *c, int s)
+/* True when cfg.on_error is set and was not called in the last
+ * ERR_TELL_GAP_MS: then the caller calls it (and no other thread will
+ * for ERR_TELL_GAP_MS). */
+static bool may_tell(struct rd *d)
 {
     uint64_t now = real_mono_ms();
     uint64_t until = atomic_load(&d->err_quiet_until);
-    if (now < until || !atomic_compare_exchange_strong(
-                           &d->err_quiet_until, &until, now + ERR_TELL_GAP_MS))
-        return;
+    return d->on_error && now >= until &&
+           atomic_compare_exchange_strong(&d->err_quiet_until, &until,
+                                          now + ERR_TELL_GAP_MS);
+}
+
+/* Tell the error reply of @c (script @s, or < 0 for a plain command) of
+ * group @g to cfg.on_error. */
+static void tell(struct rd *d, const struct grp *g, const tw__rc_cmd *c, int s)
+{
     const redisReply *r = c->reply;
     char node[64] = "", named[300] = "";
     pthread_mutex_lock(&d->mu);
@@ -123,7 +129,7 @@ void tw__rd_bg_errors(struct rd *d, const struct grp *g, const tw__rc_cmd *cmds,
     if (!count)
         return;
     atomic_fetch_add(&d->errors, count);
-    if (d->on_error)
+    if (may_tell(d))
         tell(d, g, &cmds[first], script ? script[first] : one);
 }
 
@@ -155,18 +161,11 @@ static void wrong_cmd(struct rd *d, uint32_t s, const redisReply *k,
     *cmd = (tw__rc_cmd){4, argv, len, d->sk[s].slot, NULL, 0};
 }
 
-static void tell_wrong(struct rd *d, const struct grp *g, uint32_t s,
-                       const redisReply *k)
+/* Tell cfg.on_error of wrong-shard key @k, found in shard @s. */
+static void tell_wrong(struct rd *d, uint32_t s, const redisReply *k)
 {
-    uint64_t now = real_mono_ms();
-    uint64_t until = atomic_load(&d->err_quiet_until);
-    if (!d->on_error || now < until ||
-        !atomic_compare_exchange_strong(&d->err_quiet_until, &until,
-                                        now + ERR_TELL_GAP_MS))
-        return;
     char key[80], msg[400];
     printable(key, sizeof key, k->str, k->len);
-    (void)g;
     snprintf(msg, sizeof msg,
              "redis: CLAIM: key \"%s\" found in shard %u, which it does not "
              "hash to (shard %u): a copy, set aside as w:<key> in %s",
@@ -174,9 +173,8 @@ static void tell_wrong(struct rd *d, const struct grp *g, uint32_t s,
     d->on_error(d->on_error_arg, TW_EIO, msg);
 }
 
-void tw__rd_set_aside_wrong(struct rd *d, const struct grp *g,
-                            const struct call *calls, const tw__rc_cmd *cmds,
-                            size_t n)
+void tw__rd_set_aside_wrong(struct rd *d, const struct call *calls,
+                            const tw__rc_cmd *cmds, size_t n)
 {
     enum { MAXW = 16 }; /* per round; the rest at the next claim */
     tw__rc_cmd w[MAXW];
@@ -195,8 +193,8 @@ void tw__rd_set_aside_wrong(struct rd *d, const struct grp *g,
                 continue;
             wrong_cmd(d, calls[c].shard, k, v, &w[nw], argv[nw], len[nw],
                       field[nw], sizeof field[nw]);
-            if (!nw)
-                tell_wrong(d, g, calls[c].shard, k);
+            if (!nw && may_tell(d))
+                tell_wrong(d, calls[c].shard, k);
             nw++;
         }
     }

@@ -259,7 +259,7 @@ static bool claim_group(struct rd *d, struct grp *g)
             more |= claim_reply(d, &calls[c], cmds[c].reply, now, csent, wall,
                                 mono);
         pthread_mutex_unlock(&d->mu);
-        tw__rd_set_aside_wrong(d, g, calls, cmds, n);
+        tw__rd_set_aside_wrong(d, calls, cmds, n);
     }
     if (cmds)
         tw__rc_free_replies(cmds, n);
