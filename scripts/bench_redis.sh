@@ -11,7 +11,10 @@
 # firing runs (twheel, twheel with shard ownership (a 5 s shard lease),
 # the lease-poller and the bare poller, 100 ms), at TIMERS over WINDOW_MS
 # (SHARDS: twheel's shards). IDLE_ONLY=1: only Redis's CPU with nothing
-# due, 1024 shards, 1 and 4 nodes, without and with ownership.
+# due, 1024 shards, 1 and 4 nodes, without and with ownership. CELLS=1:
+# only Redis CPU at equal precision, twheel's check gap G beside the
+# lease-poller polling every G (G = 5 and 100 ms; 2,000/s at 8 and 64
+# shards, 20,000/s at 64 shards; WINDOW_MS long).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/bench-redis}
@@ -66,6 +69,23 @@ if [ -n "${IDLE_ONLY:-}" ]; then
   for n in 1 4; do
     median 8 "$bin" idle "$seeds" "$pid" "$n" 10
     median 9 env OWNER_LEASE_MS=5000 "$bin" idle "$seeds" "$pid" "$n" 10
+  done
+  exit 0
+fi
+if [ -n "${CELLS:-}" ]; then
+  # Redis CPU at equal precision (issue 41): twheel with a check gap of G
+  # ms beside the lease-poller polling every G ms, G = 5 and 100, at
+  # 2,000 timers/s (8 and 64 shards) and 20,000/s (64 shards), over
+  # WINDOW_MS; loaded by tw_durable_schedule_many (500 a call).
+  for g in 5 100; do
+    for cell in 2000:8 2000:64 20000:64; do
+      rate=${cell%:*} shards=${cell#*:}
+      n=$((rate * window / 1000))
+      echo "# cell: G $g ms, $rate/s, $shards shards, $n timers"
+      median 25 env LOAD_BATCH=500 SHARDS="$shards" CHECK_GAP_MS="$g" \
+        "$bin" fire "$seeds" "$pid" "$n" "$window"
+      median 25 "$bin" lpoll "$seeds" "$pid" "$n" "$window" "$g"
+    done
   done
   exit 0
 fi

@@ -163,6 +163,10 @@ static void render(struct mout *o, const tw_durable_stats *s)
     counter(o, "twheel_durable_cancelled", "Successful cancels.", s->cancelled);
     counter(o, "twheel_durable_syncs", "fdatasync calls of the journal.",
             s->syncs);
+    counter(o, "twheel_durable_errors",
+            "Redis: error replies to the store's claims, claim checks and "
+            "completions (e.g. a permission taken away after open).",
+            s->errors);
     gauge(o, "twheel_durable_journal_bytes",
           "Bytes of the journal's segments on disk.", s->journal_bytes);
     gauge(o, "twheel_durable_segments", "Journal segment files on disk.",

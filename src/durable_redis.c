@@ -79,6 +79,8 @@ static struct rd *rd_new(const tw_durable_config *cfg)
     d->wait_timeout_ms = cfg->wait_timeout_ms ? cfg->wait_timeout_ms : 1000;
     d->fire = cfg->fire;
     d->fire_arg = cfg->fire_arg;
+    d->on_error = cfg->on_error;
+    d->on_error_arg = cfg->on_error_arg;
     d->nexec = cfg->executor_threads;
     tw__retry_init(&d->retry, cfg);
     /* The clock defaults of every backend (src/durable.c). */
@@ -825,6 +827,7 @@ static int rd_stats(tw_durable *base, tw_durable_stats *out)
     out->pending = sum[0];
     out->quarantined = sum[2];
     out->dead = sum[3];
+    out->errors = atomic_load(&d->errors);
     tw__durable_counts_stats(&d->counts, out);
     out->backlog = sum[1] + local_backlog(d, wall);
     out->cancelled = d->cancelled;

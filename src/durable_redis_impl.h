@@ -14,6 +14,7 @@
 #define TWHEEL_DURABLE_REDIS_IMPL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -141,6 +142,12 @@ struct rd {
     /* TW_DURABLE_NOFIRE: no threads, nothing claimed or delivered; a
      * schedule is refused (SCHED claims what is due soon at once). */
     bool nofire;
+    /* Error replies to the background work (claims, checks, completions;
+     * tw__rd_bg_errors(), src/redis_fire.c): how many, cfg.on_error, and
+     * the real monotonic ms before which it is not called again. */
+    _Atomic uint64_t errors, err_quiet_until;
+    void (*on_error)(void *arg, int code, const char *msg);
+    void *on_error_arg;
 };
 
 #define CALL_ARGS 16
@@ -252,6 +259,20 @@ void tw__rd_put_nums(const char **argv, size_t *len, char (*num)[24],
                      const long long *v, size_t n);
 int tw__rd_run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script,
                     size_t n);
+/* Count and tell (cfg.on_error) the error replies among @cmds[0..n) of
+ * the background work of group @g (claims, claim checks, completions):
+ * @script[i] the script command i ran (S_*) or < 0 for a plain command;
+ * @script NULL: all ran script @one. An MGET's error is not counted (the
+ * checks fall back to GET). Call without mu. src/redis_errors.c. */
+void tw__rd_bg_errors(struct rd *d, const struct grp *g, const tw__rc_cmd *cmds,
+                      const int *script, int one, size_t n);
+/* The keys of the CLAIM replies @cmds[0..n) (of @calls) found in a shard
+ * they do not hash to: each value set aside in that shard's :q as
+ * w:<key>, counted (stats.quarantined) and told (cfg.on_error, TW_EIO);
+ * claim_reply() queued their removal (a DONE). Without mu.
+ * src/redis_errors.c. */
+void tw__rd_set_aside_wrong(struct rd *d, const struct call *calls,
+                            const tw__rc_cmd *cmds, size_t n);
 int tw__rd_run_calls(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
                      size_t n);
 void tw__rd_wait_many(struct rd *d, const uint32_t *shard, int *rc, size_t n);
@@ -270,7 +291,9 @@ void *tw__rd_alloc_parts(const struct tw__rd_part *parts, size_t n);
  * namespace's record (its shard count into d->shards when @adopt), the
  * keys' types (reports through cfg.on_damage), every command allowed.
  * 0 or a code, its message in @eb (cfg.errbuf) for the record, in the
- * client's last error for the others. */
+ * client's last error for the others. tw__rd_probe_perms() runs again
+ * after open when a background call is refused (src/redis_errors.c), to
+ * name the command. */
 int tw__rd_probe_keys(struct rd *d);
 int tw__rd_meta(struct rd *d, const char *ns, bool ro, bool adopt, char *eb,
                 size_t el);

@@ -27,7 +27,9 @@
  * retry in DONE claim at once when the due time is within the horizon, so
  * a short timer does not wait for the next CLAIM. Claimed timers sit in
  * the node's own tw_wheel (1 ms ticks of the monotonic clock), each with
- * the :v at which it was known to be the node's.
+ * the :v at which it was known to be the node's. A claimed key that does
+ * not hash to the shard it was found in (a copy an operator or a bug
+ * made) is set aside and removed instead (src/redis_errors.c).
  *
  * Firing. When the wheel says a timer is due within CHECK_AHEAD_MS (and
  * the wall clock agrees), the node asks Redis whether it is still its own:
@@ -195,6 +197,8 @@ static size_t claim_calls(struct rd *d, struct grp *g, struct call *calls,
     return m;
 }
 
+static void pend_add(struct rd *d, struct rtimer *r, int res);
+
 /* The timers of one CLAIM reply @r (of call @c, sent at @csent, real
  * monotonic ms, with "now" @now) into the wheel; true when the shard had
  * more. mu held. */
@@ -219,6 +223,13 @@ static bool claim_reply(struct rd *d, const struct call *c, const redisReply *r,
             continue;
         t->ver = ver;
         t->epoch = c->epoch;
+        if (shard_of(d, t->data, t->key_len) != c->shard) {
+            /* A copy in the wrong shard: removed (DONE), not delivered;
+             * tw__rd_set_aside_wrong() keeps its value. */
+            t->fired = true;
+            pend_add(d, t, 0);
+            continue;
+        }
         if (t->epoch) /* the local image of its claim's end */
             t->dl = csent + (uint64_t)(v.due > now ? sat_sub(v.due, now) : 0) +
                     d->lease_ms - d->lease_ms / 5;
@@ -240,6 +251,7 @@ static bool claim_group(struct rd *d, struct grp *g)
         n = claim_calls(d, g, calls, now);
         uint64_t csent = rd_mono_ms(d);
         tw__rd_run_calls(d, calls, cmds, n);
+        tw__rd_bg_errors(d, g, cmds, NULL, S_CLAIM, n);
         int64_t wall = rd_wall(d);
         uint64_t mono = rd_mono_ms(d);
         pthread_mutex_lock(&d->mu);
@@ -247,6 +259,7 @@ static bool claim_group(struct rd *d, struct grp *g)
             more |= claim_reply(d, &calls[c], cmds[c].reply, now, csent, wall,
                                 mono);
         pthread_mutex_unlock(&d->mu);
+        tw__rd_set_aside_wrong(d, calls, cmds, n);
     }
     if (cmds)
         tw__rc_free_replies(cmds, n);
@@ -858,6 +871,7 @@ static void fire_batch(struct rd *d, struct grp *g, struct rtimer *list,
     fr_fill(&f);
     f.sent = real_mono_ms();
     tw__rd_run_cmds(d, f.cmds, f.script, f.ncmd);
+    tw__rd_bg_errors(d, g, f.cmds, f.script, -1, f.ncmd);
     int64_t wall = rd_wall(d);
     uint64_t mono = rd_mono_ms(d);
     pthread_mutex_lock(&d->mu);

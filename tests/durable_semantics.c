@@ -1222,6 +1222,8 @@ static void test_metrics(void)
     ASSERT_STR_EQ(buf + m - 6, "# EOF\n");
     ASSERT_NOT_NULL(strstr(buf, "# TYPE twheel_durable_fired counter\n"));
     ASSERT_NOT_NULL(strstr(buf, "\ntwheel_durable_fired_total 1\n"));
+    ASSERT_NOT_NULL(strstr(buf, "# TYPE twheel_durable_errors counter\n"));
+    ASSERT_NOT_NULL(strstr(buf, "\ntwheel_durable_errors_total 0\n"));
     /* A FILE gets the same text as the buffer. */
     FILE *f = tmpfile();
     ASSERT_NOT_NULL(f);

@@ -2,8 +2,10 @@
 /*
  * tests/redis_fixture.h - helpers of the tests that run against real
  * redis-server processes (tests/test_durable_redis.c,
- * tests/test_redis_owner.c): the real wall clock, the load average and
- * the pid of a slot's server (sleep_ms is tests/fixture.h's).
+ * tests/test_redis_owner.c, tests/test_redis_failover.c,
+ * tests/test_redis_perm.c): the real wall clock, the load average, the
+ * pid of a slot's server (sleep_ms is tests/fixture.h's) and the number
+ * in a delivered timer's key.
  */
 #ifndef TWHEEL_TEST_REDIS_FIXTURE_H
 #define TWHEEL_TEST_REDIS_FIXTURE_H
@@ -18,6 +20,7 @@
 #include "fixture.h" /* sleep_ms */
 #include "redis_client.h"
 #include "test.h"
+#include "twheel/durable.h"
 
 static inline int64_t wall_ms(void)
 {
@@ -60,6 +63,18 @@ static inline pid_t slot_pid(tw__rc *rc, int slot)
     pid_t pid = (pid_t)atoll(p + 11);
     freeReplyObject(c.reply);
     return pid;
+}
+
+/* The number after the one-letter @prefix in @t's key ("L42": 42), or -1
+ * when the key is not @prefix and a number below @max. */
+static inline int key_num(const tw_durable_timer *t, char prefix, int max)
+{
+    char k[16];
+    size_t n = t->key_len < sizeof k - 1 ? t->key_len : sizeof k - 1;
+    memcpy(k, t->key, n);
+    k[n] = 0;
+    int i = atoi(k + 1);
+    return k[0] == prefix && i >= 0 && i < max ? i : -1;
 }
 
 #endif

@@ -1,13 +1,17 @@
 # SPDX-License-Identifier: MIT
 # Sourced by tests/redis_test.sh and tests/redis_prod.sh: skip (exit 77)
 # without redis-server; a temporary directory $tmp; $pids, every server
-# started, killed with -9 and the directory removed on exit, also on
+# started (and those a test's own commands started, one pid a line in
+# $tmp/pids), killed with -9 and the directory removed on exit, also on
 # failure; pick_ports N.
 command -v redis-server >/dev/null || { echo "redis-server missing: skipped"; exit 77; }
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/twredis.XXXXXX")
 pids=()
 cleanup() {
   local p
+  if [ -f "$tmp/pids" ]; then
+    while read -r p; do pids+=("$p"); done <"$tmp/pids"
+  fi
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   rm -rf "$tmp"

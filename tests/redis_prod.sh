@@ -24,6 +24,16 @@
 #   sentinel      a master, a replica, three sentinels, passwords on both:
 #                 timers flow, SENTINEL FAILOVER, nothing acknowledged lost
 #                 with wait_replicas 1, calls resume on the new master
+#   sentinel-load the same servers; TEST_DURABLE_SEMANTICS is
+#                 test_redis_failover: timers scheduled and delivered
+#                 throughout a SENTINEL FAILOVER and a kill -9 of the
+#                 master; every acknowledged one delivered, the times
+#                 printed
+#   perm-lost     one server, an ACL user; TEST_DURABLE_SEMANTICS is
+#                 test_redis_perm: commands the claims and completions
+#                 use taken away after open, one at a time: the errors
+#                 counted (stats.errors) and told (cfg.on_error) naming
+#                 the command, and every timer delivered once it is back
 # Exit 77 (skipped) without redis-server or openssl.
 set -euo pipefail
 scenario=$1
@@ -91,6 +101,94 @@ expect() { # CODE KEY=VALUE...: one open, checked by the test program
 ACL_CMDS="+evalsha +eval +script|load +cluster|slots +wait +get +zmscore +zcard +zcount +hlen +hscan
   +ping +select +role
   +del +dump +hdel +hget +hmget +hset +set +time +type +zadd +zrange +zrangebyscore +zrangebylex +zrem +zscore"
+
+# sentinels: a master $m and its replica $r (passwords), three sentinels
+# on $base+2.. watching it as "twm", every one knowing the replica and
+# the other two; $sents their addresses.
+sentinels() {
+  base=$(pick_ports 5)
+  m=$base r=$((base + 1))
+  for p in "$m" "$r"; do
+    rep=()
+    [ "$p" = "$r" ] && rep=(--replicaof 127.0.0.1 "$m")
+    serve "n$p" --port "$p" --requirepass "$PW" --masterauth "$PW" "${rep[@]}"
+    echo "${pids[-1]}" >"$tmp/pid.$p"
+    wait_ping -p "$p" -a "$PW"
+  done
+  for _ in $(seq 200); do
+    "${cli[@]}" -p "$r" -a "$PW" info replication | grep -q master_link_status:up && break
+    sleep 0.05
+  done
+  for i in 2 3 4; do
+    s=$((base + i))
+    mkdir -p "$tmp/s$i"
+    cat >"$tmp/s$i/sentinel.conf" <<CONF
+port $s
+bind 127.0.0.1
+dir $tmp/s$i
+logfile $tmp/s$i/log
+requirepass $SPW
+sentinel monitor twm 127.0.0.1 $m 2
+sentinel auth-pass twm $PW
+sentinel down-after-milliseconds twm 1000
+sentinel failover-timeout twm 5000
+sentinel sentinel-pass $SPW
+CONF
+    redis-server "$tmp/s$i/sentinel.conf" --sentinel &
+    pids+=($!)
+  done
+  for i in 2 3 4; do
+    wait_ping -p $((base + i)) -a "$SPW"
+    # Each sentinel must know the replica and the other sentinels.
+    for _ in $(seq 400); do
+      info=$("${cli[@]}" -p $((base + i)) -a "$SPW" sentinel master twm)
+      if grep -A1 -x num-slaves <<<"$info" | grep -qx 1 &&
+        grep -A1 -x num-other-sentinels <<<"$info" | grep -qx 2; then
+        break
+      fi
+      sleep 0.05
+    done
+  done
+  sents=127.0.0.1:$((base + 2)),127.0.0.1:$((base + 3)),127.0.0.1:$((base + 4))
+}
+
+# failover_scripts: after sentinels, $tmp/failover.sh (SENTINEL FAILOVER)
+# and $tmp/kill.sh (kill -9 of the master; once another is named, the
+# killed server restarted, empty, as its replica): each returns once the
+# sentinels name a new master (up to 30 s) and it says it is one.
+failover_scripts() {
+  local sc="${cli[*]} -p $((base + 2)) -a $SPW"
+  cat >"$tmp/newmaster.sh" <<SH
+for i in \$(seq 600); do
+  now=\$($sc sentinel get-master-addr-by-name twm | tail -1)
+  if [ "\$now" != "\$1" ] && ${cli[*]} -p "\$now" -a $PW role | head -1 | grep -qx master; then
+    echo "\$now"
+    exit 0
+  fi
+  sleep 0.05
+done
+echo "the failover did not complete in 30 s" >&2
+exit 1
+SH
+  cat >"$tmp/failover.sh" <<SH
+set -e
+old=\$($sc sentinel get-master-addr-by-name twm | tail -1)
+out=\$($sc sentinel failover twm)
+[ "\$out" = OK ] || { echo "SENTINEL FAILOVER: \$out" >&2; exit 1; }
+sh $tmp/newmaster.sh "\$old" >/dev/null
+SH
+  cat >"$tmp/kill.sh" <<SH
+set -e
+old=\$($sc sentinel get-master-addr-by-name twm | tail -1)
+kill -9 \$(cat $tmp/pid.\$old)
+now=\$(sh $tmp/newmaster.sh "\$old")
+redis-server --bind 127.0.0.1 --port \$old --dir $tmp/n\$old --save '' \\
+  --logfile $tmp/n\$old/log --requirepass $PW --masterauth $PW \\
+  --replicaof 127.0.0.1 \$now >/dev/null 2>&1 &
+echo \$! >$tmp/pid.\$old
+echo \$! >>$tmp/pids
+SH
+}
 
 case $scenario in
   auth)
@@ -240,75 +338,46 @@ case $scenario in
     # here, one schedule lost.) The new master has no replica until the
     # sentinels reconfigure the old one (their INFO period, ~10 s): WAIT
     # fails meanwhile, so calls resume after that.
-    base=$(pick_ports 5)
-    m=$base r=$((base + 1))
-    for p in "$m" "$r"; do
-      rep=()
-      [ "$p" = "$r" ] && rep=(--replicaof 127.0.0.1 "$m")
-      serve "n$p" --port "$p" --requirepass "$PW" --masterauth "$PW" "${rep[@]}"
-      wait_ping -p "$p" -a "$PW"
-    done
-    for _ in $(seq 200); do
-      "${cli[@]}" -p "$r" -a "$PW" info replication | grep -q master_link_status:up && break
-      sleep 0.05
-    done
-    for i in 2 3 4; do
-      s=$((base + i))
-      mkdir -p "$tmp/s$i"
-      cat >"$tmp/s$i/sentinel.conf" <<CONF
-port $s
-bind 127.0.0.1
-dir $tmp/s$i
-logfile $tmp/s$i/log
-requirepass $SPW
-sentinel monitor twm 127.0.0.1 $m 2
-sentinel auth-pass twm $PW
-sentinel down-after-milliseconds twm 1000
-sentinel failover-timeout twm 5000
-sentinel sentinel-pass $SPW
-CONF
-      redis-server "$tmp/s$i/sentinel.conf" --sentinel &
-      pids+=($!)
-    done
-    for i in 2 3 4; do
-      wait_ping -p $((base + i)) -a "$SPW"
-      # Each sentinel must know the replica and the other sentinels.
-      for _ in $(seq 400); do
-        info=$("${cli[@]}" -p $((base + i)) -a "$SPW" sentinel master twm)
-        if grep -A1 -x num-slaves <<<"$info" | grep -qx 1 &&
-          grep -A1 -x num-other-sentinels <<<"$info" | grep -qx 2; then
-          break
-        fi
-        sleep 0.05
-      done
-    done
-    sents=127.0.0.1:$((base + 2)),127.0.0.1:$((base + 3)),127.0.0.1:$((base + 4))
+    sentinels
     # A wrong sentinel password is the auth code, named by the sentinel.
     expect TW_EAUTH addr="redis-sentinel://:$PW@$sents/twm" spassword=wrong-Pass-9 \
       want="redis-sentinel master \"twm\": sentinel 127.0.0.1"
     expect TW_ECONN addr="redis-sentinel://:$PW@$sents/nosuch" spassword="$SPW" \
       want='knows no master named "nosuch"'
-    # The failover, then wait (up to 30 s) until the sentinels name the
-    # replica and it says it is the master.
-    cat >"$tmp/failover.sh" <<SH
-set -e
-out=\$(${cli[*]} -p $((base + 2)) -a $SPW sentinel failover twm)
-[ "\$out" = OK ] || { echo "SENTINEL FAILOVER: \$out" >&2; exit 1; }
-for i in \$(seq 600); do
-  now=\$(${cli[*]} -p $((base + 2)) -a $SPW sentinel get-master-addr-by-name twm | tail -1)
-  if [ "\$now" != $m ] && ${cli[*]} -p "\$now" -a $PW role | head -1 | grep -qx master; then
-    exit 0
-  fi
-  sleep 0.05
-done
-echo "the failover did not complete in 30 s" >&2
-exit 1
-SH
+    failover_scripts
     export TW_FAILOVER="sh $tmp/failover.sh"
     "$bin" sentinel addr="redis-sentinel://$sents/twm" password="$PW" spassword="$SPW"
     now=$("${cli[@]}" -p $((base + 2)) -a "$SPW" sentinel get-master-addr-by-name twm | tail -1)
     [ "$now" = "$r" ] ||
       { echo "the failover did not happen (master port $now)" >&2; exit 1; }
+    ;;
+  sentinel-load)
+    # Timers due 1 s ahead scheduled throughout a SENTINEL FAILOVER and a
+    # kill -9 of the master, wait_replicas 1 with one replica (the
+    # guide's promise: nothing acknowledged lost), deliveries resume.
+    [ -n "$sem" ] || { echo "sentinel-load needs test_redis_failover" >&2; exit 2; }
+    sentinels
+    failover_scripts
+    export TW_FAILOVER="sh $tmp/failover.sh" TW_KILL="sh $tmp/kill.sh"
+    "$sem" addr="redis-sentinel://$sents/twm" password="$PW" spassword="$SPW"
+    ;;
+  perm-lost)
+    # A permission taken away after open, then given back (issue 41):
+    # counted, told, and nothing lost.
+    [ -n "$sem" ] || { echo "perm-lost needs test_redis_perm" >&2; exit 2; }
+    port=$(pick_ports 1)
+    serve one --port "$port" --requirepass "$PW"
+    wait_ping -p "$port" -a "$PW"
+    # shellcheck disable=SC2086
+    all=" $(echo $ACL_CMDS) "
+    cat >"$tmp/acl.sh" <<SH
+all='$all'
+exec ${cli[*]} -p $port -a $PW ACL SETUSER twapp reset on '>app-Pass-1' \\
+  resetkeys '~{tw:*' resetchannels nocommands \${all/ +\$1 / } >/dev/null
+SH
+    export TW_ACL="bash $tmp/acl.sh"
+    "$sem" "redis://twapp:app-Pass-1@127.0.0.1:$port" evalsha zadd hset \
+      zrangebyscore get hmget
     ;;
   *)
     echo "unknown scenario $scenario" >&2

@@ -107,12 +107,8 @@ case $scenario in
     restart+=" --save '' --logfile $tmp/$port/log ${extra[*]}"
     export TW_REDIS_START="($restart & echo \$! >$tmp/pid; echo \$! >>$tmp/pids);
       for i in \$(seq 200); do redis-cli -p $port ping >/dev/null 2>&1 && exit 0; sleep 0.05; done; exit 1"
-    rc=0
-    ${TW_WRAP:-} "$bin" "$scenario" "127.0.0.1:$port" || rc=$?
-    if [ -f "$tmp/pids" ]; then
-      while read -r p; do pids+=("$p"); done <"$tmp/pids"
-    fi
-    exit $rc
+    ${TW_WRAP:-} "$bin" "$scenario" "127.0.0.1:$port"
+    exit
     ;;
   owner | owner-kill | owner-stop | owner-pause | owner-clock | owner-graceful | \
     owner-busy)

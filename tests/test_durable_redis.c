@@ -12,7 +12,8 @@
  *              (backlog, lateness histogram); a check's bounded age
  *   econn      unreachable at open and mid-run: TW_ECONN, then recovery
  *   garbage    damaged data in every key of every shard: set aside into
- *              the quarantine hashes, the rest of each shard fires
+ *              the quarantine hashes, the rest of each shard fires;
+ *              records in a shard their key does not hash to
  *   stall      a master stopped (SIGSTOP) in a cluster: no cancelled key
  *              delivered after its cancel, healthy masters' keys on time
  *   many       tw_durable_schedule_many: batches, keys given twice, and
@@ -711,6 +712,64 @@ static void garbage_scores(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* Records in a shard their key does not hash to (a copy made by an
+ * operator or a bug; issue 41): k200 copied into the next shard and its
+ * real timer then cancelled, k201 copied beside its real timer. Each copy
+ * is set aside when a claim takes it (w:<key> in that shard's :q,
+ * counted in stats.quarantined and told to cfg.on_error), never
+ * delivered; the real k201 is delivered once. Before, the copy of k200
+ * was delivered after its cancel and k201 twice. */
+static _Atomic int wrong_told;
+static void wrong_err(void *arg, int code, const char *msg)
+{
+    (void)arg;
+    if (code == TW_EIO && strstr(msg, "does not hash to"))
+        wrong_told++;
+}
+
+static void garbage_wrong_shard(void)
+{
+    char ns[32], k[96], key[16], val[64], f[32];
+    snprintf(ns, sizeof ns, "gw%d", (int)getpid());
+    reset_tab();
+    tw_durable_config cfg = base_cfg(ns);
+    cfg.shards = 4;
+    cfg.on_error = wrong_err;
+    tw_durable *d;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    int64_t t0 = wall_ms();
+    for (int i = 0; i < 2; i++) {
+        ASSERT_EQ(sched(d, 200 + i, t0 + 3600 * 1000, "real"), 0);
+        snprintf(key, sizeof key, "k%d", 200 + i);
+        int w = (shard_of_key(key, 4) + 1) % 4;
+        snprintf(val, sizeof val, "%lld,1,copy", (long long)(t0 + 500));
+        RAW("HSET", skey(k, ns, w, 'p'), key, val);
+        snprintf(val, sizeof val, "%lld", (long long)(t0 + 500));
+        RAW("ZADD", skey(k, ns, w, 'd'), val, key);
+    }
+    ASSERT_EQ(tw_durable_cancel(d, "k200", 4), 0);
+    ASSERT_EQ(sched(d, 201, t0 + 500, "real"), 0);
+    ASSERT(wait_all(201, 202, 10000));
+    for (int i = 0; i < 2; i++) {
+        snprintf(key, sizeof key, "k%d", 200 + i);
+        snprintf(f, sizeof f, "w:%s", key);
+        int w = (shard_of_key(key, 4) + 1) % 4;
+        for (int t = 0; t < 20 && !has_field(ns, w, f); t++)
+            sleep_ms(100);
+        ASSERT(has_field(ns, w, f));
+    }
+    settle(d);
+    ASSERT_EQ(tab[200].count, 0);
+    ASSERT_EQ(tab[201].count, 1);
+    ASSERT_STR_EQ(tab[201].payload, "real");
+    tw_durable_stats st;
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.quarantined, 2);
+    ASSERT_EQ(st.pending, 0);
+    ASSERT(wrong_told >= 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 /* Shard 0: bad values (they go to quarantine as p:<key>). */
 static const char *const badv[][2] = {{"bad", "garbage"},
                                       {"nodig", "abc,1,x"},
@@ -729,7 +788,9 @@ static int garbage_plant(const char *ns)
     int64_t t0 = wall_ms();
     snprintf(due, sizeof due, "%lld", (long long)t0);
     /* Shard 0: bad values; a fractional score and a lease that ran out,
-     * both with good values, must still fire. */
+     * both with good values, must still fire (k905 and k901 hash to
+     * shard 0, k902 to 1, k904 to 3: a key in another shard is a copy,
+     * set aside, garbage_wrong_shard()). */
     for (size_t i = 0; i < sizeof badv / sizeof badv[0]; i++) {
         RAW("HSET", skey(k, ns, 0, 'p'), badv[i][0], badv[i][1]);
         RAW("ZADD", skey(k, ns, 0, 'd'), due, badv[i][0]);
@@ -741,9 +802,9 @@ static int garbage_plant(const char *ns)
     RAW("SET", skey(k, ns, 0, 's'), "junk");
     RAW("SET", skey(k, ns, 0, 'v'), "1e300");
     snprintf(v, sizeof v, "%lld,1,frac", (long long)t0);
-    RAW("HSET", skey(k, ns, 0, 'p'), "k900", v);
+    RAW("HSET", skey(k, ns, 0, 'p'), "k905", v);
     snprintf(v, sizeof v, "%lld.5", (long long)t0);
-    RAW("ZADD", skey(k, ns, 0, 'd'), v, "k900");
+    RAW("ZADD", skey(k, ns, 0, 'd'), v, "k905");
     snprintf(v, sizeof v, "%lld,1,lease", (long long)t0);
     RAW("HSET", skey(k, ns, 0, 'p'), "k901", v);
     RAW("ZADD", skey(k, ns, 0, 'd'), "-1024", "k901");
@@ -760,8 +821,8 @@ static int garbage_plant(const char *ns)
      * set aside, and its timer delivered as a claim that ran out). */
     RAW("HSET", skey(k, ns, 3, 'v'), "a", "b");
     RAW("LPUSH", skey(k, ns, 3, 's'), "x");
-    RAW("HSET", skey(k, ns, 3, 'p'), "k903", "1,1,x");
-    RAW("ZADD", skey(k, ns, 3, 'd'), "+inf", "k903");
+    RAW("HSET", skey(k, ns, 3, 'p'), "k904", "1,1,x");
+    RAW("ZADD", skey(k, ns, 3, 'd'), "+inf", "k904");
 
     /* A dead letter whose value is not "due,attempt,payload". */
     int ds = shard_of_key("kdead", 4);
@@ -789,7 +850,7 @@ static long long garbage_fields(const char *ns, int ds)
                      {0, "k:s"},       {0, "k:v"},     {1, "k:p"},
                      {1, "k:q"},       {1, "k:x"},     {1, "d:k902"},
                      {2, "k:d"},       {2, "k:s"},     {3, "k:v"},
-                     {3, "k:s"},       {3, "s:k903"}};
+                     {3, "k:s"},       {3, "s:k904"}};
     for (size_t i = 0; i < sizeof set_aside / sizeof set_aside[0]; i++)
         ASSERT(has_field(ns, set_aside[i].shard, set_aside[i].field));
     long long total = 0;
@@ -809,17 +870,17 @@ static long long garbage_fields(const char *ns, int ds)
  * without a value. */
 static void garbage_planted_fired(int64_t end)
 {
-    while ((tab[900].count < 2 || tab[901].count < 1 || tab[903].count < 1) &&
+    while ((tab[905].count < 2 || tab[901].count < 1 || tab[904].count < 1) &&
            wall_ms() < end)
         sleep_ms(10);
-    ASSERT_EQ(tab[900].count, 2);
-    ASSERT(!strcmp(tab[900].payload, "frac"));
+    ASSERT_EQ(tab[905].count, 2);
+    ASSERT(!strcmp(tab[905].payload, "frac"));
     ASSERT_EQ(tab[901].count, 1);
     ASSERT_EQ(tab[901].last_attempt, 2);
     ASSERT(!strcmp(tab[6].payload, "new"));
     ASSERT_EQ(tab[902].count, 0);
-    ASSERT_EQ(tab[903].count, 1);
-    ASSERT_EQ(tab[903].last_attempt, 2);
+    ASSERT_EQ(tab[904].count, 1);
+    ASSERT_EQ(tab[904].last_attempt, 2);
     check_none_early(0, 40);
 }
 
@@ -886,6 +947,7 @@ static void garbage(void)
     retry_first = 0;
     garbage_cas();
     garbage_scores();
+    garbage_wrong_shard();
     tw__rc_close(raw);
     printf("garbage: ok\n");
 }

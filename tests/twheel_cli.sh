@@ -134,6 +134,28 @@ assert (w["kind"], w["shard"], w["type"], w["want"])==("wrong_type", 3, "string"
   expect_rc 1 "$tw" redis stats --url "$addr" --ns "$bad" --json
   $py -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/out"
   step "redis: a key of the wrong type named by shard and key, exit 1"
+  # A record copied into a shard its key does not hash to: check names
+  # it, beside its real timer and after that one is deleted (before: ok
+  # with the copy counted as a timer, then "No such timer").
+  cp=twcp$$
+  "$store" redis "$addr" "$cp" 30
+  s=$($py -c 'h=1469598103934665603
+for b in b"t005": h=((h^b)*1099511628211)%(1<<64)
+print(h%8)')
+  w=$(((s + 1) % 8))
+  v=$("${rcli[@]}" hget "{$cp:$s}:p" t005)
+  sc=$("${rcli[@]}" zscore "{$cp:$s}:d" t005)
+  "${rcli[@]}" hset "{$cp:$w}:p" t005 "$v" >/dev/null
+  "${rcli[@]}" zadd "{$cp:$w}:d" "$sc" t005 >/dev/null
+  expect_rc 1 "$tw" redis check --url "$addr" --ns "$cp"
+  grep -qF "timer t005: listed twice: a record in a shard the key does not hash to" "$tmp/out" ||
+    fail "redis check, a copy: $(cat "$tmp/out")"
+  "${rcli[@]}" zrem "{$cp:$s}:d" t005 >/dev/null
+  "${rcli[@]}" hdel "{$cp:$s}:p" t005 >/dev/null
+  expect_rc 1 "$tw" redis check --url "$addr" --ns "$cp"
+  grep -qF "timer t005: listed, but not where its key hashes to" "$tmp/out" ||
+    fail "redis check, a copy alone: $(cat "$tmp/out")"
+  step "redis: a record in a shard its key does not hash to named, exit 1"
   # Read-only: nothing was claimed or changed by any of it.
   expect_rc 0 "$tw" redis ls "${r[@]}" --json
   $py -c 'import json,sys; d=json.load(open(sys.argv[1]))

@@ -258,6 +258,24 @@ typedef struct tw_durable_config {
      * or for a store without such things. */
     void (*on_damage)(void *arg, const tw_durable_damage *dmg);
     void *on_damage_arg; /* passed to on_damage */
+
+    /* Field below was added after 0.2.0 (NULL = no reports; the count in
+     * tw_durable_stats.errors is kept either way). Redis: called from the
+     * store's own threads when the server answers the store's background
+     * work (claims, claim checks, completions) with an error instead of
+     * doing it, for example NOPERM after a permission was taken away from
+     * the user since open, or a script error: @code is TW_EAUTH (NOPERM,
+     * NOAUTH, WRONGPASS) or TW_EIO, @msg names the node, the work and
+     * Redis's text ("redis 10.0.0.1:6379: CLAIM: ... NOPERM ..."; never a
+     * password), valid during the call; also (TW_EIO) damage only a
+     * claim can see: a key found in a shard it does not hash to, set
+     * aside (docs/guide/redis.md). At most one call a second per
+     * store; the work is tried again (every 100 ms or at the next claim
+     * round) and resumes, nothing lost, once the server does it again.
+     * The calls made by the caller report their own errors. It must not
+     * call back into the store or block. Never called by the journal. */
+    void (*on_error)(void *arg, int code, const char *msg);
+    void *on_error_arg; /* passed to on_error */
 } tw_durable_config;
 
 /*
@@ -332,6 +350,10 @@ typedef struct tw_durable_stats {
     uint64_t running;     /* callbacks of this handle running now */
     uint64_t late_sum_us; /* sum of the lateness late_hist counts, in us */
     uint64_t dead;        /* timers in the dead letters now */
+    uint64_t errors;      /* Redis: error replies to the store's background
+                             work (claims, claim checks, completions): a
+                             permission taken away after open, a script
+                             error (cfg.on_error tells them); journal: 0 */
 } tw_durable_stats;
 
 /* One timer of tw_durable_schedule_many() (or one key of
