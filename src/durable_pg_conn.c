@@ -115,6 +115,14 @@ bool tw__pg_bool(const PGresult *r, int row, int col)
            PQgetvalue(r, row, col)[0];
 }
 
+/* libpq prints the server's notices (a WARNING as the server shuts down)
+ * to stderr by default; a library prints nothing. */
+static void quiet(void *arg, const char *msg)
+{
+    (void)arg;
+    (void)msg;
+}
+
 PGconn *tw__pg_connect(const char *conninfo, char *err, size_t err_len)
 {
     /* Later keywords win, and the expanded @conninfo comes last: its own
@@ -123,8 +131,10 @@ PGconn *tw__pg_connect(const char *conninfo, char *err, size_t err_len)
                                 NULL};
     const char *const vals[] = {"10", "twheel", conninfo, NULL};
     PGconn *c = PQconnectdbParams(keys, vals, 1);
-    if (c && PQstatus(c) == CONNECTION_OK)
+    if (c && PQstatus(c) == CONNECTION_OK) {
+        PQsetNoticeProcessor(c, quiet, NULL);
         return c;
+    }
     if (err && err_len) {
         /* libpq's message names host and port, never the password. */
         snprintf(err, err_len, "postgres: %s",

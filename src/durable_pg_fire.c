@@ -236,8 +236,9 @@ static int claim(struct pgd *d, int64_t now)
 
 /* The completion of @j: @next as tw__retry_next() says, or DEAD_UNRUN.
  * Fenced by the claim's version; repeated (it is idempotent) while the
- * database cannot be reached, a few times; after that the claim's lease
- * runs out and the timer is delivered again (at least once). */
+ * database cannot be reached, for up to half the lease; after that the
+ * claim's lease runs out and the timer is delivered again (at least
+ * once). */
 static void complete(struct pgd *d, struct pgjob *j, int next)
 {
     static const char *const sql[] = {
@@ -264,12 +265,10 @@ static void complete(struct pgd *d, struct pgjob *j, int next)
     } else if (which == 2) {
         tw__pg_p_i32(&p, next == DEAD_UNRUN);
     }
-    for (int i = 0; i < 5; i++) {
-        int rc = tw__pg_run(d, sql[which], &p, NULL);
-        if (rc != TW_ECONN)
-            break;
+    uint64_t t0 = tw__pg_mono_ms();
+    while (tw__pg_run(d, sql[which], &p, NULL) == TW_ECONN &&
+           tw__pg_mono_ms() - t0 < d->lease_ms / 2)
         usleep(100000);
-    }
     if (which == 1)
         tw__pg_wake(d, due);
 }

@@ -8,6 +8,8 @@
 #   TW_PG_URL   a libpq connection string (trust authentication, user twheel)
 #   TW_PG_BIN   the server's bin directory (psql, pg_ctl, ...)
 #   TW_PG_DATA  its data directory, TW_PG_PORT its port
+#   TW_PG_RESTART  a shell command: the server killed (-m immediate) and
+#                  started again on the same port
 # Usage: tests/pg_test.sh COMMAND [ARGS...]
 # Exit 77 (skipped) when no PostgreSQL server binaries are installed
 # (Debian: postgresql, from scripts/deps.sh). TW_PG_BINDIR picks them.
@@ -65,6 +67,8 @@ if [ -z "$started" ]; then
 fi
 export TW_PG_URL="host=127.0.0.1 port=$port user=twheel dbname=postgres"
 export TW_PG_BIN=$bindir TW_PG_DATA=$tmp/data TW_PG_PORT=$port
+# A crash of the server and its restart (pg_ctl keeps the start options).
+export TW_PG_RESTART="${as[*]} $bindir/pg_ctl -D $tmp/data -l $tmp/log -m immediate -w -t 60 restart >/dev/null"
 set +e
 "$@"
 rc=$?
