@@ -7,6 +7,8 @@
  *     that wakes the nodes sent at commit and not at rollback; the text
  *     and timestamptz forms of twheel.schedule(); a cancel committed by
  *     SQL before the due time stops the timer;
+ *   - a cancel or replace through the handle stops a claimed delivery
+ *     whose callback has not started;
  *   - the schema refuses hostile rows (empty or oversized keys, oversized
  *     payloads, NULLs) and open refuses a newer schema version;
  *   - a fleet: three handles on one namespace share 3,000 timers that fall
@@ -80,7 +82,8 @@ static void note(const char *key, size_t len)
 {
     pthread_mutex_lock(&mu);
     int i = 0;
-    while (i < nnames && (strlen(names[i]) != len || memcmp(names[i], key, len)))
+    while (i < nnames &&
+           (strlen(names[i]) != len || memcmp(names[i], key, len)))
         i++;
     if (i == nnames && nnames < 64) {
         snprintf(names[i], sizeof names[i], "%.*s", (int)len, key);
@@ -93,9 +96,21 @@ static void note(const char *key, size_t len)
     pthread_mutex_unlock(&mu);
 }
 
+/* The key "a-block" holds its callback until unblocked. */
+static atomic_int blocked, unblocked;
+static char last_payload[16];
+
 static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
+    if (t->key_len == 7 && !memcmp(t->key, "a-block", 7)) {
+        atomic_store(&blocked, 1);
+        while (!atomic_load(&unblocked))
+            sleep_ms(1);
+    }
+    if (t->key_len == 8 && !memcmp(t->key, "c-victim", 8))
+        snprintf(last_payload, sizeof last_payload, "%.*s", (int)t->payload_len,
+                 (const char *)t->payload);
     if (wall_ms() < t->due_ms)
         early++;
     char k[64];
@@ -228,6 +243,41 @@ static void test_sql_cancel(void)
         PGRES_TUPLES_OK);
     wait_count("sentinel2", 1);
     ASSERT_EQ(count_of("gone"), 0);
+    PQfinish(c);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+/* A cancel or replace through the handle that returned stops a
+ * delivery the handle had claimed and whose callback had not started:
+ * "b-victim" and "c-victim" are claimed in the same round as "a-block"
+ * and queued behind its callback, which holds the firer (no executor
+ * threads) while they are cancelled and replaced. */
+static void test_cancel_claimed(void)
+{
+    tw_durable *d = open_ns("claimed", 0, 0);
+    PGconn *c = client();
+    sql(c,
+        "SELECT twheel.schedule('claimed', k, now(), 'old') FROM"
+        " unnest(ARRAY['a-block', 'b-victim', 'c-victim']) k",
+        PGRES_TUPLES_OK);
+    for (int i = 0; i < WAIT_MS && !atomic_load(&blocked); i++)
+        sleep_ms(1);
+    ASSERT(atomic_load(&blocked));
+    PGresult *r = PQexec(c, "SELECT count(*) FROM twheel.timers WHERE"
+                            " ns = 'claimed' AND owner IS NOT NULL");
+    ASSERT_STR_EQ(PQgetvalue(r, 0, 0), "3"); /* all three claimed */
+    PQclear(r);
+    ASSERT_EQ(tw_durable_cancel(d, "b-victim", 8), 0);
+    ASSERT_EQ(tw_durable_schedule(d, "c-victim", 8, wall_ms(), "new", 3), 0);
+    atomic_store(&unblocked, 1);
+    wait_count("c-victim", 1);
+    wait_count("a-block", 1);
+    sql(c, "SELECT twheel.schedule('claimed', 'sentinel3', now(), '')",
+        PGRES_TUPLES_OK);
+    wait_count("sentinel3", 1);
+    ASSERT_EQ(count_of("b-victim"), 0);
+    ASSERT_EQ(count_of("c-victim"), 1);
+    ASSERT_STR_EQ(last_payload, "new");
     PQfinish(c);
     ASSERT_EQ(tw_durable_close(d), 0);
 }
@@ -377,6 +427,7 @@ int main(void)
     }
     RUN_TEST(test_transactions);
     RUN_TEST(test_sql_cancel);
+    RUN_TEST(test_cancel_claimed);
     RUN_TEST(test_hostile_rows);
     RUN_TEST(test_fleet);
     RUN_TEST(test_restart);
