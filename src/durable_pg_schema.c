@@ -227,6 +227,12 @@ int tw__pg_schema(PGconn *c, bool readonly, char *err, size_t err_len)
                          NULL, NULL);
     if (!rc)
         rc = install_locked(c, readonly, err, err_len);
+    if (rc && !err[0] && err != dummy)
+        snprintf(err, err_len, "postgres: %s%s",
+                 rc == TW_EAUTH ? "this role lacks a privilege on schema "
+                                  "twheel (docs/guide/postgres.md): "
+                                : "",
+                 PQerrorMessage(c));
     int end = tw__pg_exec(c, rc ? "ROLLBACK" : "COMMIT", NULL, NULL);
     rc = rc ? rc : end;
     PGresult *r = NULL;
@@ -241,5 +247,8 @@ int tw__pg_schema(PGconn *c, bool readonly, char *err, size_t err_len)
     }
     if (rc && !err[0] && err != dummy)
         snprintf(err, err_len, "postgres: %s", PQerrorMessage(c));
+    for (size_t n = strlen(err);
+         n && (err[n - 1] == '\n' || err[n - 1] == ' ');)
+        err[--n] = 0;
     return rc;
 }

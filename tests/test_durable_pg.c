@@ -9,6 +9,8 @@
  *     SQL before the due time stops the timer;
  *   - a cancel or replace through the handle stops a claimed delivery
  *     whose callback has not started;
+ *   - a role with only the grants of docs/guide/postgres.md runs a node,
+ *     one without them is refused at open (TW_EAUTH);
  *   - the schema refuses hostile rows (empty or oversized keys, oversized
  *     payloads, NULLs) and open refuses a newer schema version;
  *   - a fleet: three handles on one namespace share 3,000 timers that fall
@@ -323,6 +325,47 @@ static void test_hostile_rows(void)
     PQfinish(c);
 }
 
+/* @url as another role. */
+static const char *as_role(const char *role)
+{
+    static char buf[512];
+    snprintf(buf, sizeof buf, "%s user=%s", url, role);
+    return buf;
+}
+
+/* A role with exactly the grants of docs/guide/postgres.md runs a node;
+ * one without them is refused at open with TW_EAUTH and a message. */
+static void test_permissions(void)
+{
+    PGconn *c = client();
+    sql(c, "CREATE ROLE node LOGIN", PGRES_COMMAND_OK);
+    sql(c, "CREATE ROLE nobody_here LOGIN", PGRES_COMMAND_OK);
+    sql(c,
+        "GRANT USAGE ON SCHEMA twheel TO node;"
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON twheel.timers, twheel.dead"
+        " TO node; GRANT SELECT ON twheel.version TO node;"
+        "GRANT USAGE ON SEQUENCE twheel.ver_seq TO node",
+        PGRES_COMMAND_OK);
+    tw_durable_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    char err[256];
+    cfg.postgres = as_role("node");
+    cfg.postgres_namespace = "perm";
+    cfg.fire = on_fire;
+    cfg.errbuf = err;
+    cfg.errbuf_len = sizeof err;
+    tw_durable *d = NULL;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    ASSERT_EQ(tw_durable_schedule(d, "perm1", 5, wall_ms(), "", 0), 0);
+    wait_count("perm1", 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    cfg.postgres = as_role("nobody_here");
+    ASSERT_EQ(tw_durable_open(&d, &cfg), TW_EAUTH);
+    ASSERT(strstr(err, "postgres"));
+    fprintf(stderr, "  refused: %s\n", err);
+    PQfinish(c);
+}
+
 /* Three handles on one namespace: every timer exactly once, none early. */
 static void test_fleet(void)
 {
@@ -429,6 +472,7 @@ int main(void)
     RUN_TEST(test_sql_cancel);
     RUN_TEST(test_cancel_claimed);
     RUN_TEST(test_hostile_rows);
+    RUN_TEST(test_permissions);
     RUN_TEST(test_fleet);
     RUN_TEST(test_restart);
     return 0;
