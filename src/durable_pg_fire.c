@@ -290,12 +290,10 @@ static void job_end(struct pgd *d, struct pgjob *j, bool started, int res)
 /* The callback of @j; mu held on entry, not on return. */
 static void run_one(struct pgd *d, struct pgjob *j)
 {
-    int64_t late = tw__pg_wall(d) - j->due_ms;
+    uint64_t late = tw__durable_late_us(tw__pg_wall(d), j->due_ms);
     j->started = true;
     d->counts.backlog--;
-    tw__durable_counts_begin(&d->counts, late > 0 && late < INT64_MAX / 1000
-                                             ? (uint64_t)late * 1000u
-                                             : (late > 0 ? UINT64_MAX : 0));
+    tw__durable_counts_begin(&d->counts, late);
     pthread_mutex_unlock(&d->mu);
     tw_durable_timer t = {
         j->data,    j->key_len, j->data + j->key_len, j->payload_len, j->due_ms,

@@ -215,7 +215,7 @@ static int install_locked(PGconn *c, bool readonly, char *err, size_t len)
 
 int tw__pg_schema(PGconn *c, bool readonly, char *err, size_t err_len)
 {
-    char dummy[1];
+    char dummy[1] = "";
     if (!err || !err_len) {
         err = dummy;
         err_len = sizeof dummy;

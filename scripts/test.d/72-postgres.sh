@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# CI stage: durable timers on PostgreSQL, in the debug stage's build tree
-# (build/ci-debug): the backend-neutral suite (pg_suite) and what only
+# CI stage: durable timers on PostgreSQL, under ASan+UBSan in the tree
+# of the asan-ubsan stage (build/ci-asan, built once): the
+# backend-neutral suite (pg_suite) and what only
 # this backend does (pg_backend: SQL transactions rolled back and
 # committed, SQL cancels, hostile rows, a fleet of three handles, the
 # server restarted with -m immediate). Each test makes its own server
 # (tests/pg_test.sh: initdb into a temporary directory, a free port on
-# 127.0.0.1, always stopped). A stage of its own, not part of the debug
-# stage: it needs the server's binaries (scripts/deps.sh test installs
-# postgresql), and a missing server must fail here rather than be
-# skipped quietly. About 40 s.
+# 127.0.0.1, always stopped). A stage of its own (the debug and
+# asan-ubsan stages leave label postgres out, so the tests run once): it
+# needs the server's binaries (scripts/deps.sh test installs postgresql),
+# a missing server must fail here rather than be skipped quietly, and the
+# tests run one at a time (lateness, a server restart). About 45 s.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
@@ -17,8 +19,8 @@ if ! pkg-config --exists libpq; then
   echo "postgres stage: libpq-dev missing (scripts/deps.sh test)" >&2
   exit 1
 fi
-debug_build
-out=$(ctest --test-dir build/ci-debug --output-on-failure -L postgres -j1) ||
+asan_build
+out=$(ctest --test-dir build/ci-asan --output-on-failure -L postgres -j1) ||
   { echo "$out"; exit 1; }
 echo "$out"
 if grep -q "Skipped\|No tests were found" <<<"$out"; then
