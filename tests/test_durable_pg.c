@@ -15,6 +15,8 @@
  *     payloads, NULLs) and open refuses a newer schema version;
  *   - a fleet: three handles on one namespace share 3,000 timers that fall
  *     due together, each delivered exactly once, none early;
+ *   - kill -9 of one of two nodes while timers fall due: every timer
+ *     delivered, none of those cancelled before their due time;
  *   - a server restarted with pg_ctl restart -m immediate while timers
  *     fall due: every committed timer is delivered (at least once).
  * Real clocks throughout; every wait is for a state, bounded by WAIT_MS.
@@ -27,6 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test.h"
@@ -460,6 +465,120 @@ static void test_restart(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* kill -9 of a node under load: the child node writes each key it
+ * delivers to a file before its callback returns. */
+static int child_fd = -1;
+
+static int child_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)arg;
+    char line[64];
+    int n = snprintf(line, sizeof line, "%.*s\n", (int)t->key_len,
+                     (const char *)t->key);
+    if (write(child_fd, line, (size_t)n) != n)
+        _exit(3);
+    return 0;
+}
+
+static void child_node(const char *path)
+{
+    child_fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0600);
+    tw_durable_config c;
+    memset(&c, 0, sizeof c);
+    c.postgres = url;
+    c.postgres_namespace = "kill";
+    c.fire = child_fire;
+    c.executor_threads = 2;
+    c.lease_ms = 1000;
+    tw_durable *d = NULL;
+    if (child_fd < 0 || tw_durable_open(&d, &c))
+        _exit(2);
+    for (;;)
+        pause();
+}
+
+/* Keys the child delivered, from its file. */
+static void child_hits(const char *path, int *seen, int n)
+{
+    FILE *f = fopen(path, "r");
+    ASSERT_NOT_NULL(f);
+    char line[64];
+    int k;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "k%d", &k) == 1 && k >= 0 && k < n)
+            seen[k]++;
+    fclose(f);
+}
+
+/* Two nodes share 2,000 timers falling due over 1.5 s; one is killed
+ * with SIGKILL in the middle. Every timer is delivered (its claims move
+ * to the other node after the 1 s lease), and the 100 timers cancelled
+ * through the survivor before their due time are delivered by neither. */
+static void test_kill_node(void)
+{
+    enum { N = 2000, CXL = 1900 };
+    for (int i = 0; i < FLEET_N; i++)
+        atomic_store(&hits[i], 0);
+    char path[] = "/tmp/twpgkill.XXXXXX";
+    int fd = mkstemp(path);
+    ASSERT_GE(fd, 0);
+    close(fd);
+    PGconn *c = client();
+    sql(c,
+        "SELECT count(twheel.schedule('kill', 'k' || i, now() + interval"
+        " '500 ms' + (i * 3 / 4) * interval '1 ms', '')) FROM"
+        " generate_series(0, 1999) i",
+        PGRES_TUPLES_OK);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0)
+        child_node(path);
+    tw_durable_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.postgres = url;
+    cfg.postgres_namespace = "kill";
+    cfg.fire = on_fire;
+    cfg.executor_threads = 2;
+    cfg.lease_ms = 1000;
+    tw_durable *d = NULL;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    for (int i = CXL; i < N; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "k%d", i);
+        ASSERT_EQ(tw_durable_cancel(d, k, strlen(k)), 0);
+    }
+    sleep_ms(1000); /* the child is delivering now */
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    int st;
+    ASSERT_EQ(waitpid(pid, &st, 0), pid);
+    ASSERT(WIFSIGNALED(st));
+    static int seen[N];
+    int done = 0;
+    for (int w = 0; w < WAIT_MS / 10 && done < CXL; w++) {
+        memset(seen, 0, sizeof seen);
+        child_hits(path, seen, N);
+        done = 0;
+        for (int i = 0; i < CXL; i++)
+            done += seen[i] + atomic_load(&hits[i]) > 0;
+        sleep_ms(10);
+    }
+    int by_child = 0, again = 0;
+    for (int i = 0; i < CXL; i++) {
+        by_child += seen[i] > 0;
+        again += seen[i] + atomic_load(&hits[i]) - 1;
+    }
+    fprintf(stderr, "  kill: %d delivered (%d by the killed node, %d again)\n",
+            done, by_child, again);
+    ASSERT_EQ(done, CXL);
+    for (int i = CXL; i < N; i++)
+        ASSERT_EQ(seen[i] + atomic_load(&hits[i]), 0);
+    ASSERT_EQ(atomic_load(&early), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    unlink(path);
+    PQfinish(c);
+}
+
 int main(void)
 {
     url = getenv("TW_PG_URL");
@@ -474,6 +593,7 @@ int main(void)
     RUN_TEST(test_hostile_rows);
     RUN_TEST(test_permissions);
     RUN_TEST(test_fleet);
+    RUN_TEST(test_kill_node);
     RUN_TEST(test_restart);
     return 0;
 }
