@@ -177,6 +177,17 @@ static void wait_count(const char *key, int n)
     ASSERT_EQ(count_of(key), n);
 }
 
+/* A timer of @ns due now, scheduled by SQL after the ones under test,
+ * delivered: the firer had a round in which to (wrongly) fire them. */
+static void sentinel(PGconn *c, const char *ns, const char *key)
+{
+    char q[160];
+    snprintf(q, sizeof q, "SELECT twheel.schedule('%s', '%s', now(), '')", ns,
+             key);
+    sql(c, q, PGRES_TUPLES_OK);
+    wait_count(key, 1);
+}
+
 /* NOTIFYs on @c for @ns so far. */
 static int notifies(PGconn *c, const char *ns)
 {
@@ -216,9 +227,7 @@ static void test_transactions(void)
     for (int i = 0; i < WAIT_MS && !notifies(l, "txn"); i++)
         sleep_ms(1);
     /* A timer due after the rolled-back one fired: it had its chance. */
-    sql(c, "SELECT twheel.schedule('txn', 'sentinel', now(), '')",
-        PGRES_TUPLES_OK);
-    wait_count("sentinel", 1);
+    sentinel(c, "txn", "sentinel");
     sleep_ms(200);
     ASSERT_EQ(count_of("rolled"), 0);
     ASSERT_EQ(count_of("committed"), 1);
@@ -246,9 +255,7 @@ static void test_sql_cancel(void)
     ASSERT_STR_EQ(PQgetvalue(r, 0, 0), "f");
     PQclear(r);
     wait_count("kept", 1);
-    sql(c, "SELECT twheel.schedule('cxl', 'sentinel2', now(), '')",
-        PGRES_TUPLES_OK);
-    wait_count("sentinel2", 1);
+    sentinel(c, "cxl", "sentinel2");
     ASSERT_EQ(count_of("gone"), 0);
     PQfinish(c);
     ASSERT_EQ(tw_durable_close(d), 0);
@@ -279,9 +286,7 @@ static void test_cancel_claimed(void)
     atomic_store(&unblocked, 1);
     wait_count("c-victim", 1);
     wait_count("a-block", 1);
-    sql(c, "SELECT twheel.schedule('claimed', 'sentinel3', now(), '')",
-        PGRES_TUPLES_OK);
-    wait_count("sentinel3", 1);
+    sentinel(c, "claimed", "sentinel3");
     ASSERT_EQ(count_of("b-victim"), 0);
     ASSERT_EQ(count_of("c-victim"), 1);
     ASSERT_STR_EQ(last_payload, "new");
