@@ -486,18 +486,20 @@ int tw__pg_fire_start(struct pgd *d)
     return 0;
 }
 
-/* Give back the claim of a delivery that never started. */
-static void give_back(struct pgd *d, struct pgjob *j)
+/* Give back the claim of a delivery that never started (its lease would
+ * end it anyway); a TW_E* code if that failed. */
+static int give_back(struct pgd *d, struct pgjob *j)
 {
     struct pgp p;
     tw__pg_p_init(&p);
     tw__pg_p_nskey(&p, d, j->data, j->key_len);
     tw__pg_p_i64(&p, j->ver);
-    tw__pg_run(d,
-               "UPDATE twheel.timers SET owner = NULL, lease_until = NULL,"
-               " attempts = greatest(attempts - 1, 0)"
-               " WHERE ns = $1 AND key = $2 AND ver = $3",
-               &p, NULL);
+    return tw__pg_run(
+        d,
+        "UPDATE twheel.timers SET owner = NULL, lease_until = NULL,"
+        " attempts = greatest(attempts - 1, 0)"
+        " WHERE ns = $1 AND key = $2 AND ver = $3",
+        &p, NULL);
 }
 
 void tw__pg_fire_stop(struct pgd *d)
@@ -507,11 +509,13 @@ void tw__pg_fire_stop(struct pgd *d)
     if (d->thr_on)
         pthread_join(d->thr, NULL);
     tw__durable_exec_stop(&d->exec);
-    /* Only dropped deliveries are left: no thread runs one now. */
+    /* Only dropped deliveries are left: no thread runs one now. With the
+     * database away, the rest wait for their leases (no connect each). */
+    bool reach = true;
     while (d->jobs) {
         struct pgjob *j = d->jobs;
-        if (!j->stale && !j->started)
-            give_back(d, j);
+        if (reach && !j->stale && !j->started)
+            reach = give_back(d, j) != TW_ECONN;
         job_unlink_locked(d, j);
         tw__free(j);
     }
