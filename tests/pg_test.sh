@@ -47,9 +47,21 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-"${as[@]}" "$bindir/initdb" -D "$tmp/data" -U twheel --auth=trust \
-  --no-sync -E UTF8 --locale=C >"$tmp/initdb.log" 2>&1 ||
-  { cat "$tmp/initdb.log" >&2; exit 1; }
+# initdb once per user and server version into a template, copied for
+# each run (initdb takes seconds, a copy a fraction of one). The template
+# is made aside and renamed into place, so concurrent runs never see half
+# of one.
+tpl=${TMPDIR:-/tmp}/twpg-template-$(id -u)-$("$bindir/postgres" -V | tr -c 'A-Za-z0-9.\n' _)
+if [ ! -f "$tpl/PG_VERSION" ]; then
+  part=$(mktemp -d "${TMPDIR:-/tmp}/twpg-tpl.XXXXXX")
+  [ ${#as[@]} = 0 ] || chown "$user" "$part"
+  "${as[@]}" "$bindir/initdb" -D "$part/data" -U twheel --auth=trust \
+    --no-sync -E UTF8 --locale=C >"$tmp/initdb.log" 2>&1 ||
+    { cat "$tmp/initdb.log" >&2; rm -rf "$part"; exit 1; }
+  mv -T "$part/data" "$tpl" 2>/dev/null || true
+  rm -rf "$part"
+fi
+"${as[@]}" cp -a "$tpl" "$tmp/data"
 started=
 for _ in 1 2 3 4 5; do
   port=$(free_port)
