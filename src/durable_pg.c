@@ -276,12 +276,21 @@ static int pg_init(struct pgd *d, const tw_durable_config *cfg)
 static int pg_prepare(struct pgd *d, const tw_durable_config *cfg)
 {
     int rc = 0;
-    PGconn *c = tw__pg_take(d, &rc);
-    if (!c) {
-        c = tw__pg_connect(d->conninfo, cfg->errbuf, cfg->errbuf_len);
-        PQfinish(c);
-        return TW_ECONN;
+    char *perr = NULL;
+    PQconninfoOption *opts = PQconninfoParse(d->conninfo, &perr);
+    PQconninfoFree(opts);
+    if (!opts) {
+        /* libpq's message quotes the bad part; a password may be in it. */
+        tw__durable_errmsg(cfg, "postgres: not a valid connection string");
+        PQfreemem(perr);
+        return TW_EINVAL;
     }
+    /* The first connection of the pool, made here for open's message. */
+    PGconn *c = tw__pg_connect(d->conninfo, cfg->errbuf, cfg->errbuf_len);
+    if (!c)
+        return TW_ECONN;
+    d->pool.c[0] = c;
+    d->pool.busy[0] = true;
     uint64_t t0 = tw__pg_mono_ms();
     rc = tw__pg_schema(c, d->base.readonly, cfg->errbuf, cfg->errbuf_len);
     struct pgp p;
