@@ -10,7 +10,8 @@
  *   - a cancel or replace through the handle stops a claimed delivery
  *     whose callback has not started;
  *   - a role with only the grants of docs/guide/postgres.md runs a node,
- *     one without them is refused at open (TW_EAUTH);
+ *     one without them is refused at open (TW_EAUTH); connection strings
+ *     that cannot work are refused without showing a password;
  *   - the schema refuses hostile rows (empty or oversized keys, oversized
  *     payloads, NULLs) and open refuses a newer schema version;
  *   - a fleet: three handles on one namespace share 3,000 timers that fall
@@ -376,6 +377,35 @@ static void test_permissions(void)
     PQfinish(c);
 }
 
+/* Connection strings that cannot work: TW_EINVAL for one libpq cannot
+ * parse, TW_ECONN for an unreachable server; no message shows a
+ * password. */
+static void test_bad_conninfo(void)
+{
+    static const struct {
+        const char *s;
+        int rc;
+    } v[] = {
+        {"nonsense=1 password=sekrit", TW_EINVAL},
+        {"host=127.0.0.1 port=1 password=sekrit connect_timeout=2", TW_ECONN},
+        {"postgresql://u:sekrit@127.0.0.1:1/db?connect_timeout=2", TW_ECONN},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        tw_durable_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        char err[256];
+        cfg.postgres = v[i].s;
+        cfg.fire = on_fire;
+        cfg.errbuf = err;
+        cfg.errbuf_len = sizeof err;
+        tw_durable *d = (tw_durable *)&cfg;
+        ASSERT_EQ(tw_durable_open(&d, &cfg), v[i].rc);
+        ASSERT(d == (tw_durable *)&cfg); /* unchanged */
+        ASSERT(err[0]);
+        ASSERT(!strstr(err, "sekrit"));
+    }
+}
+
 /* Three handles on one namespace: every timer exactly once, none early. */
 static void test_fleet(void)
 {
@@ -597,6 +627,7 @@ int main(void)
     RUN_TEST(test_cancel_claimed);
     RUN_TEST(test_hostile_rows);
     RUN_TEST(test_permissions);
+    RUN_TEST(test_bad_conninfo);
     RUN_TEST(test_fleet);
     RUN_TEST(test_kill_node);
     RUN_TEST(test_restart);
