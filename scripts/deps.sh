@@ -7,7 +7,8 @@ group=${1:-all}
 test_pkgs=(cmake ninja-build gcc clang clang-format libclang-rt-14-dev llvm-14 valgrind
   pkg-config faketime procps libuv1-dev libevent-dev liburing-dev doxygen
   dpkg-dev libhiredis-dev libssl-dev openssl redis-server redis-tools
-  python3-prometheus-client beanstalkd ruby ruby-beaneater nodejs)
+  python3-prometheus-client beanstalkd ruby ruby-beaneater nodejs
+  libpq-dev postgresql)
 bench_pkgs=(cmake ninja-build gcc pkg-config libuv1-dev libevent-dev
   redis-server redis-tools libhiredis-dev libssl-dev libsqlite3-dev
   gnuplot-nox default-jdk-headless libnetty-java procps)

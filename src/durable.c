@@ -277,6 +277,16 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
 }
 #endif
 
+#ifndef TWHEEL_HAVE_POSTGRES
+/* Without the PostgreSQL backend built in, asking for it is a bad config. */
+int tw__durable_pg_open(tw_durable **out, const tw_durable_config *cfg)
+{
+    (void)out;
+    tw__durable_errmsg(cfg, "postgres: this twheel was built without libpq");
+    return TW_EINVAL;
+}
+#endif
+
 int tw_durable_open_sized(tw_durable **out, const tw_durable_config *cfg,
                           size_t cfg_size)
 {
@@ -308,13 +318,17 @@ static int check_config(tw_durable **out, const tw_durable_config *cfg)
         tw__durable_errmsg(cfg, "fire: a callback is required");
         return TW_EINVAL;
     }
+    if (cfg->postgres && (cfg->redis || cfg->dir)) {
+        tw__durable_errmsg(cfg, "postgres: set neither dir nor redis with it");
+        return TW_EINVAL;
+    }
     if (cfg->redis && cfg->dir) {
         tw__durable_errmsg(cfg,
                            "dir and redis: set one (dir: a journal in that "
                            "directory; redis: the Redis backend)");
         return TW_EINVAL;
     }
-    if (!cfg->redis && (!cfg->dir || !cfg->dir[0])) {
+    if (!cfg->redis && !cfg->postgres && (!cfg->dir || !cfg->dir[0])) {
         tw__durable_errmsg(cfg,
                            "dir: required (the journal's directory), or redis");
         return TW_EINVAL;
@@ -342,12 +356,16 @@ int(tw_durable_open)(tw_durable **out, const tw_durable_config *cfg)
         cfg->errbuf[0] = 0;
     int rc = check_config(out, cfg);
     if (!rc)
-        rc = cfg->redis ? tw__durable_redis_open(out, cfg)
-                        : tw__durable_journal_open(out, cfg);
+        rc = cfg->postgres ? tw__durable_pg_open(out, cfg)
+             : cfg->redis  ? tw__durable_redis_open(out, cfg)
+                           : tw__durable_journal_open(out, cfg);
     /* Every failure says something, if only the code's meaning. Never
      * cfg->redis itself: a URL may hold a password. */
     if (rc && cfg->errbuf && cfg->errbuf_len && !cfg->errbuf[0])
-        tw__durable_errmsg(cfg, "%s: %s", cfg->redis ? "redis" : cfg->dir,
+        tw__durable_errmsg(cfg, "%s: %s",
+                           cfg->postgres ? "postgres"
+                           : cfg->redis  ? "redis"
+                                         : cfg->dir,
                            tw_strerror(rc));
     return rc;
 }

@@ -146,5 +146,8 @@ struct tw_durable {
 int tw__durable_journal_open(tw_durable **out, const tw_durable_config *cfg);
 /* The Redis backend's (src/durable_redis.c): cfg->redis is non-NULL. */
 int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg);
+/* The PostgreSQL backend's (src/durable_pg.c): cfg->postgres is non-NULL
+ * (and neither dir nor redis). */
+int tw__durable_pg_open(tw_durable **out, const tw_durable_config *cfg);
 
 #endif

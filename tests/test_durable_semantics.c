@@ -55,8 +55,27 @@ static void redis_setup(tw_durable_config *cfg, const char *store, void *arg)
     cfg->redis_shard_lease_ms = lease ? (uint32_t)atoi(lease) : 0;
 }
 
+/* PostgreSQL (tests/pg_test.sh sets TW_PG_URL): a namespace per store. */
+static void pg_setup(tw_durable_config *cfg, const char *store, void *arg)
+{
+    cfg->postgres = arg;
+    cfg->postgres_namespace = keep("%s%s", ns_prefix, store);
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && !strcmp(argv[1], "postgres")) {
+        const char *url = getenv("TW_PG_URL");
+#ifndef TWHEEL_HAVE_POSTGRES
+        fprintf(stderr, "built without the PostgreSQL backend: skipped\n");
+        return 77;
+#endif
+        if (!url)
+            return 77;
+        snprintf(ns_prefix, sizeof ns_prefix, "twsem%ld-", (long)getpid());
+        tw_sem_backend b = {"postgres", pg_setup, (void *)url, 0};
+        return tw_sem_run(&b);
+    }
     const char *redis = getenv("TW_SEM_REDIS");
     if (argc >= 3 && !strcmp(argv[1], "suite"))
         redis = argv[2];

@@ -3,7 +3,7 @@
  * twheel/durable.h - durable timers: a store of keyed timers that survives
  * a crash of its process.
  *
- * Two backends serve the same calls and the same callback:
+ * Three backends serve the same calls and the same callback:
  *   - the journal (default, cfg.redis == NULL): an append-only journal of
  *     segments in the directory cfg.dir, one process per directory, with an
  *     in-memory wheel as its index;
@@ -15,6 +15,11 @@
  *     source of truth, and every process that opens the same namespace
  *     claims the timers due within a short horizon into its own wheel and
  *     fires them. See docs/guide/redis.md.
+ *   - PostgreSQL (cfg.postgres, a libpq connection string or URL): the
+ *     timers are rows of the schema "twheel" (installed by open), which
+ *     any client may schedule into by SQL inside its own transaction;
+ *     every process that opens the same namespace claims due rows and
+ *     fires them. See docs/guide/postgres.md.
  *
  * Delivery is at least once: a callback may see the same timer again after
  * a crash (attempt > 1), and must tolerate it. A delivery that began and
@@ -276,6 +281,15 @@ typedef struct tw_durable_config {
      * call back into the store or block. Never called by the journal. */
     void (*on_error)(void *arg, int code, const char *msg);
     void *on_error_arg; /* passed to on_error */
+
+    /* Fields below were added after 0.2.0 too (NULL = not this backend): the
+     * PostgreSQL backend (docs/guide/postgres.md), built when libpq was
+     * found. A libpq connection string ("host=... dbname=...") or URL
+     * (postgresql://user@host:port/db?sslmode=...); a password belongs in
+     * ~/.pgpass or PGPASSWORD rather than here. Set neither dir nor
+     * redis with it. */
+    const char *postgres;
+    const char *postgres_namespace; /* the ns column; NULL = "tw" */
 } tw_durable_config;
 
 /*

@@ -4,9 +4,10 @@
 # Redis and twheeld ones: the one-server Redis scenarios run under
 # ASan+UBSan (20-asan-ubsan.sh), the others in the Redis stage
 # (70-redis.sh) on this same build tree; twheeld's in its stage
-# (75-twheeld.sh), on the ASan+UBSan tree.
+# (75-twheeld.sh), on the ASan+UBSan tree; PostgreSQL's in its stage
+# (72-postgres.sh).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
 debug_build
-run_ctest build/ci-debug -LE "redis|twheeld"
+run_ctest build/ci-debug -LE "redis|twheeld|postgres"

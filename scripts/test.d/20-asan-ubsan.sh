@@ -7,9 +7,10 @@
 # (TWHEEL_REDIS=ON: hiredis and redis-server come from scripts/deps.sh
 # test, so they are never skipped for lack of it); the scenarios with
 # several servers run in the Redis stage (70-redis.sh). twheeld's tests
-# run in this tree too, one at a time, in the twheeld stage (75-twheeld.sh).
+# run in this tree too, one at a time, in the twheeld stage (75-twheeld.sh),
+# and the PostgreSQL tests in theirs (72-postgres.sh).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
 asan_build
-run_ctest build/ci-asan -LE "nosan|twheeld"
+run_ctest build/ci-asan -LE "nosan|twheeld|postgres"

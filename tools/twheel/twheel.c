@@ -67,6 +67,9 @@ tw_durable *open_store(const struct opts *o, uint32_t flags, int *rc, char *err,
     err[0] = '\0';
     if (!strcmp(o->backend, "journal")) {
         c.dir = o->dir;
+    } else if (!strcmp(o->backend, "postgres")) {
+        c.postgres = o->url; /* a password: PGPASSWORD or ~/.pgpass */
+        c.postgres_namespace = o->ns;
     } else {
         c.redis = o->url;
         /* Kept out of the command line (ps shows it) and of messages. */
@@ -87,6 +90,8 @@ const char *where(const struct opts *o)
     static char shown[1024];
     if (o->dir)
         return o->dir;
+    if (strstr(o->url, "password=") || strstr(o->url, "password ="))
+        return "(a connection string with a password, not shown)";
     const char *s = strstr(o->url, "://");
     const char *at = s ? strrchr(s, '@') : NULL;
     if (!at)
@@ -579,7 +584,8 @@ static bool value_opt(const char *a, const char *v, struct opts *o)
 static int positionals(struct opts *o, const char **pos, int npos, bool help)
 {
     bool backend =
-        npos > 0 && (!strcmp(pos[0], "journal") || !strcmp(pos[0], "redis"));
+        npos > 0 && (!strcmp(pos[0], "journal") || !strcmp(pos[0], "redis") ||
+                     !strcmp(pos[0], "postgres"));
     o->backend = backend ? pos[0] : NULL;
     o->verb = npos > 1 && backend ? pos[1] : npos > 0 ? pos[0] : NULL;
     if (help)
@@ -588,7 +594,8 @@ static int positionals(struct opts *o, const char **pos, int npos, bool help)
         return -1;
     bool journal = !strcmp(o->backend, "journal");
     if (!journal && !o->url) {
-        fputs("twheel: redis: --url HOST:PORT is required\n", stderr);
+        fprintf(stderr, "twheel: %s: --url %s is required\n", o->backend,
+                strcmp(o->backend, "redis") ? "CONNINFO" : "HOST:PORT");
         return -1;
     }
     bool keyed = !strcmp(o->verb, "get") || !strcmp(o->verb, "rearm") ||

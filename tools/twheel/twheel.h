@@ -25,11 +25,11 @@
          nothing is there */
 
 struct opts {
-    const char *backend; /* "journal" or "redis" */
+    const char *backend; /* "journal", "redis" or "postgres" */
     const char *verb;
     const char *dir;  /* journal */
-    const char *url;  /* redis: host:port[,host:port...] */
-    const char *ns;   /* redis namespace */
+    const char *url;  /* redis: host:port[,...]; postgres: conninfo */
+    const char *ns;   /* redis or postgres namespace */
     uint32_t shards;  /* redis */
     const char *key;  /* get, rearm, delete */
     const char *file; /* export --out, import --in: NULL = stdout, stdin */

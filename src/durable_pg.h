@@ -1,0 +1,196 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * src/durable_pg.h - what the files of the PostgreSQL backend share: the
+ * handle (struct pgd), a claimed delivery (struct pgjob), a statement's
+ * parameters (struct pgp), and the functions one file calls in another.
+ *
+ * Files, one concern each:
+ *   src/durable_pg.c         open, close, schedule and cancel (plain and
+ *                            conditional), restore, stats, the ops table
+ *   src/durable_pg_conn.c    connections: the pool, parameters, results,
+ *                            SQLSTATE to TW_E* codes
+ *   src/durable_pg_schema.c  the schema "twheel" (tables, SQL functions):
+ *                            installed and versioned at open, privileges
+ *   src/durable_pg_fire.c    the firer thread: LISTEN, claim due rows,
+ *                            deliver through the shared executor, complete
+ *   src/durable_pg_query.c   get, list, scan, dead letters, touch
+ *
+ * Versions. Every row of twheel.timers has a version (ver, from the
+ * sequence twheel.ver_seq) that every write of the row renews: a
+ * schedule, a replace, a claim. A completion (done, retry, dead letter) is
+ * a write conditional on the version its claim got, so a node never
+ * erases what another client or node wrote after its claim. Local rule: a
+ * cancel or replace through this handle that returned stops every
+ * delivery of the key this handle claimed before it and whose callback
+ * has not started: the change's own write returns a version C (taken
+ * after the write locked the row), and deliveries of the key with a
+ * version below C are marked stale (d->jobs), including those of a claim
+ * round still on the wire (d->raced, kept while d->claiming).
+ *
+ * Locks: d->mu guards the jobs list, the raced list, the counters and
+ * d->hint; the pool's mutex is taken with d->mu not held; the executor is
+ * called with neither held.
+ */
+#ifndef TWHEEL_DURABLE_PG_H
+#define TWHEEL_DURABLE_PG_H
+
+#include <libpq-fe.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "durable_backend.h"
+#include "durable_exec.h"
+
+#define PG_POOL 4     /* connections for the calls of any thread */
+#define PG_PARAMS 8   /* most parameters of a statement */
+#define PG_BATCH 256  /* most rows one claim takes */
+#define PG_SCHEMA_V 1 /* the schema version this library installs */
+#define PG_REFRESH_MS                                                          \
+    1000 /* the firer asks for the next due row at least                       \
+            this often (expired leases, lost NOTIFYs) */
+
+/* A statement's parameters, all sent in binary. */
+struct pgp {
+    int n;
+    const char *v[PG_PARAMS];
+    int len[PG_PARAMS];
+    int fmt[PG_PARAMS];
+    unsigned int type[PG_PARAMS];
+    unsigned char num[PG_PARAMS][8];
+};
+
+/* One claimed delivery: key bytes, then payload bytes. */
+struct pgjob {
+    struct tw__durable_job job;
+    struct pgjob *next, *prev; /* d->jobs */
+    struct pgd *d;
+    int64_t due_ms;
+    int64_t ver;         /* the claim's version: completions fenced */
+    uint64_t claimed_ms; /* real monotonic ms at the claim */
+    uint32_t attempt;    /* the delivery's attempt (claims so far) */
+    bool stale;          /* a local cancel or replace came after it */
+    bool started;        /* its callback began */
+    size_t key_len, payload_len;
+    unsigned char data[];
+};
+
+/* A local change of a key while a claim round is on the wire. */
+struct pgrace {
+    unsigned char *key;
+    size_t key_len;
+    int64_t ver;
+};
+
+struct pgpool {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    PGconn *c[PG_POOL];
+    bool busy[PG_POOL];
+};
+
+struct pgd {
+    struct tw_durable base;
+    char *conninfo;
+    char *ns;
+    struct pgpool pool;
+    tw_durable_fire_fn fire;
+    void *fire_arg;
+    int64_t (*wall_ms)(void *);
+    void *clock_arg;
+    bool injected; /* cfg.wall_ms given: poll the clock often */
+    bool nofire;
+    struct tw__retry retry;
+    uint32_t lease_ms;
+    char node[96]; /* this handle's name in the owner column */
+    struct tw__durable_exec exec;
+    uint32_t nexec;
+    pthread_mutex_t mu;
+    struct tw__durable_counts counts;
+    uint64_t cancelled, recovered, recovery_us;
+    struct pgjob *jobs; /* claimed, not completed */
+    size_t njobs;
+    bool claiming;
+    struct pgrace *raced;
+    size_t nraced, cap_raced;
+    int64_t raced_lost; /* a change not recorded (no memory): every claim
+                           of the round below this version is stale */
+    int64_t hint;       /* a due time the firer should look at, or INT64_MAX */
+    PGconn *lc;         /* the firer's own connection (LISTEN, claims) */
+    pthread_t thr;
+    bool thr_on;
+    atomic_bool stop;
+    int evfd; /* wakes the firer */
+};
+
+/* Parameters (src/durable_pg_conn.c). */
+void tw__pg_p_init(struct pgp *p);
+void tw__pg_p_bytes(struct pgp *p, const void *b, size_t n); /* bytea */
+void tw__pg_p_null(struct pgp *p);                           /* NULL */
+void tw__pg_p_text(struct pgp *p, const char *s);            /* text */
+void tw__pg_p_i64(struct pgp *p, int64_t v);                 /* bigint */
+void tw__pg_p_i32(struct pgp *p, int32_t v);                 /* integer */
+/* @d's namespace then @key: the first two parameters of most statements. */
+void tw__pg_p_nskey(struct pgp *p, const struct pgd *d, const void *key,
+                    size_t key_len);
+
+/* A new connection to @conninfo, or NULL with a message in @err. */
+PGconn *tw__pg_connect(const char *conninfo, char *err, size_t err_len);
+/* Run @sql with @p on @c; results in binary. Returns 0 with *@res (the
+ * caller clears it; NULL @res: cleared here) or a TW_E* code. */
+int tw__pg_exec(PGconn *c, const char *sql, const struct pgp *p,
+                PGresult **res);
+/* The same on a connection of @d's pool, taken and given back. */
+int tw__pg_run(struct pgd *d, const char *sql, const struct pgp *p,
+               PGresult **res);
+/* The TW_E* code of a failed result (SQLSTATE classes). */
+int tw__pg_code(const PGresult *r, PGconn *c);
+/* Binary result fields. */
+int64_t tw__pg_i64(const PGresult *r, int row, int col);
+int32_t tw__pg_i32(const PGresult *r, int row, int col);
+bool tw__pg_bool(const PGresult *r, int row, int col);
+/* The pool: set up (no connection yet), and closed. */
+int tw__pg_pool_init(struct pgpool *p);
+void tw__pg_pool_close(struct pgpool *p);
+/* A connection of the pool (connected, maybe now), or NULL with *@rc. */
+PGconn *tw__pg_take(struct pgd *d, int *rc);
+/* Give @c back; @broken: it failed, drop it. */
+void tw__pg_give(struct pgd *d, PGconn *c, bool broken);
+/* Real CLOCK_MONOTONIC in ms. */
+uint64_t tw__pg_mono_ms(void);
+
+/* Schema (src/durable_pg_schema.c): make sure the schema of version
+ * PG_SCHEMA_V is there (install it unless @readonly) and that the role
+ * may use it. 0 or a TW_E* code with a message in @err. */
+int tw__pg_schema(PGconn *c, bool readonly, char *err, size_t err_len);
+
+/* Firing (src/durable_pg_fire.c). */
+int tw__pg_fire_start(struct pgd *d);
+void tw__pg_fire_stop(struct pgd *d);
+/* A local change of @key wrote version @ver: stale its deliveries. */
+void tw__pg_changed(struct pgd *d, const void *key, size_t key_len,
+                    int64_t ver);
+/* A timer due at @due may have become due earlier than the firer knows. */
+void tw__pg_wake(struct pgd *d, int64_t due);
+/* Whether a delivery of @key is claimed and not completed (touch). */
+int tw__pg_touch(tw_durable *base, const void *key, size_t key_len);
+
+/* Look-ups (src/durable_pg_query.c), ops of the table. */
+int tw__pg_get(tw_durable *base, const void *key, size_t key_len,
+               tw_durable_info *info, void *buf, size_t buf_len);
+int tw__pg_list(tw_durable *base, const struct tw__list_req *q,
+                tw_durable_entry *out, bool *end);
+long tw__pg_scan(tw_durable *base, tw_durable_scan_fn fn, void *arg);
+int tw__pg_dead_op(tw_durable *base, const void *key, size_t key_len,
+                   int64_t due_ms, bool del);
+int tw__pg_list_dead(tw_durable *base, const struct tw__list_req *q,
+                     tw_durable_entry *out, bool *end);
+
+static inline int64_t tw__pg_wall(const struct pgd *d)
+{
+    return d->wall_ms(d->clock_arg);
+}
+
+#endif

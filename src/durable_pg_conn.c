@@ -1,0 +1,267 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * src/durable_pg_conn.c - the PostgreSQL backend's connections.
+ *
+ * A handle keeps a pool of PG_POOL connections for the calls of any
+ * thread (schedule, cancel, look-ups, the completions of callbacks),
+ * each used by one call at a time, connected on first use and dropped
+ * when a statement fails for want of it (the next call connects again),
+ * so a database restart costs the calls in flight a TW_ECONN and nothing
+ * more. The firer has a connection of its own (src/durable_pg_fire.c).
+ * Every statement is sent with PQexecParams(): parameters and results in
+ * binary (bytea as its bytes, integers in network order), never spliced
+ * into SQL text. Each statement is its own transaction (autocommit), so a
+ * call returns once its change is committed (durable as the server's
+ * synchronous_commit says).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "durable_pg.h"
+#include "internal.h"
+
+/* Type OIDs of the built-in types (pg_type.dat; fixed since 1996). */
+#define OID_BYTEA 17u
+#define OID_INT8 20u
+#define OID_INT4 23u
+#define OID_TEXT 25u
+
+uint64_t tw__pg_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void tw__pg_p_init(struct pgp *p)
+{
+    p->n = 0;
+}
+
+static void p_add(struct pgp *p, const void *b, size_t n, unsigned int type)
+{
+    int i = p->n++;
+    p->v[i] = n ? b : "";
+    p->len[i] = (int)n;
+    p->fmt[i] = 1;
+    p->type[i] = type;
+}
+
+void tw__pg_p_bytes(struct pgp *p, const void *b, size_t n)
+{
+    p_add(p, b, n, OID_BYTEA);
+}
+
+void tw__pg_p_null(struct pgp *p)
+{
+    p_add(p, NULL, 0, OID_BYTEA);
+    p->v[p->n - 1] = NULL;
+}
+
+void tw__pg_p_text(struct pgp *p, const char *s)
+{
+    p_add(p, s, strlen(s), OID_TEXT);
+}
+
+void tw__pg_p_i64(struct pgp *p, int64_t v)
+{
+    uint64_t u = (uint64_t)v;
+    unsigned char *b = p->num[p->n];
+    for (int i = 7; i >= 0; i--, u >>= 8)
+        b[i] = (unsigned char)u;
+    p_add(p, b, 8, OID_INT8);
+}
+
+void tw__pg_p_i32(struct pgp *p, int32_t v)
+{
+    uint32_t u = htonl((uint32_t)v);
+    memcpy(p->num[p->n], &u, 4);
+    p_add(p, p->num[p->n], 4, OID_INT4);
+}
+
+void tw__pg_p_nskey(struct pgp *p, const struct pgd *d, const void *key,
+                    size_t key_len)
+{
+    tw__pg_p_text(p, d->ns);
+    tw__pg_p_bytes(p, key, key_len);
+}
+
+int64_t tw__pg_i64(const PGresult *r, int row, int col)
+{
+    const unsigned char *b = (const unsigned char *)PQgetvalue(r, row, col);
+    if (PQgetisnull(r, row, col) || PQgetlength(r, row, col) != 8)
+        return 0;
+    uint64_t u = 0;
+    for (int i = 0; i < 8; i++)
+        u = u << 8 | b[i];
+    return (int64_t)u;
+}
+
+int32_t tw__pg_i32(const PGresult *r, int row, int col)
+{
+    uint32_t u;
+    if (PQgetisnull(r, row, col) || PQgetlength(r, row, col) != 4)
+        return 0;
+    memcpy(&u, PQgetvalue(r, row, col), 4);
+    return (int32_t)ntohl(u);
+}
+
+bool tw__pg_bool(const PGresult *r, int row, int col)
+{
+    return !PQgetisnull(r, row, col) && PQgetlength(r, row, col) == 1 &&
+           PQgetvalue(r, row, col)[0];
+}
+
+/* libpq prints the server's notices (a WARNING as the server shuts down)
+ * to stderr by default; a library prints nothing. */
+static void quiet(void *arg, const char *msg)
+{
+    (void)arg;
+    (void)msg;
+}
+
+PGconn *tw__pg_connect(const char *conninfo, char *err, size_t err_len)
+{
+    /* Later keywords win, and the expanded @conninfo comes last: its own
+     * connect_timeout or application_name overrides these defaults. */
+    const char *const keys[] = {"connect_timeout", "application_name", "dbname",
+                                NULL};
+    const char *const vals[] = {"10", "twheel", conninfo, NULL};
+    PGconn *c = PQconnectdbParams(keys, vals, 1);
+    if (c && PQstatus(c) == CONNECTION_OK) {
+        PQsetNoticeProcessor(c, quiet, NULL);
+        return c;
+    }
+    if (err && err_len) {
+        /* libpq's message names host and port, never the password. */
+        snprintf(err, err_len, "postgres: %s",
+                 c ? PQerrorMessage(c) : "out of memory");
+        size_t n = strlen(err);
+        while (n && (err[n - 1] == '\n' || err[n - 1] == ' '))
+            err[--n] = 0;
+    }
+    PQfinish(c);
+    return NULL;
+}
+
+int tw__pg_code(const PGresult *r, PGconn *c)
+{
+    if (c && PQstatus(c) != CONNECTION_OK)
+        return TW_ECONN;
+    const char *st = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+    if (!st)
+        return r ? TW_EIO : TW_ENOMEM;
+    if (!strncmp(st, "08", 2) || !strncmp(st, "57P", 3))
+        return TW_ECONN; /* connection exceptions, admin shutdown */
+    if (!strncmp(st, "28", 2) || !strcmp(st, "42501"))
+        return TW_EAUTH; /* authorization, insufficient privilege */
+    if (!strcmp(st, "53100"))
+        return TW_ENOSPC; /* disk full */
+    if (!strncmp(st, "53", 2))
+        return TW_ENOMEM; /* insufficient resources */
+    return TW_EIO;
+}
+
+int tw__pg_exec(PGconn *c, const char *sql, const struct pgp *p, PGresult **res)
+{
+    PGresult *r =
+        PQexecParams(c, sql, p ? p->n : 0, p ? p->type : NULL, p ? p->v : NULL,
+                     p ? p->len : NULL, p ? p->fmt : NULL, 1);
+    ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+        int rc = tw__pg_code(r, c);
+        PQclear(r);
+        return rc;
+    }
+    if (res)
+        *res = r;
+    else
+        PQclear(r);
+    return 0;
+}
+
+int tw__pg_run(struct pgd *d, const char *sql, const struct pgp *p,
+               PGresult **res)
+{
+    int rc = 0;
+    PGconn *c = tw__pg_take(d, &rc);
+    if (!c)
+        return rc;
+    rc = tw__pg_exec(c, sql, p, res);
+    tw__pg_give(d, c, rc && PQstatus(c) != CONNECTION_OK);
+    return rc;
+}
+
+int tw__pg_pool_init(struct pgpool *p)
+{
+    memset(p, 0, sizeof *p);
+    if (pthread_mutex_init(&p->mu, NULL))
+        return TW_ENOMEM;
+    if (pthread_cond_init(&p->cv, NULL)) {
+        pthread_mutex_destroy(&p->mu);
+        return TW_ENOMEM;
+    }
+    return 0;
+}
+
+void tw__pg_pool_close(struct pgpool *p)
+{
+    for (int i = 0; i < PG_POOL; i++)
+        PQfinish(p->c[i]);
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->mu);
+}
+
+/* A free slot of the pool, marked busy; waits while all are. */
+static int slot_take(struct pgpool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        for (int i = 0; i < PG_POOL; i++) {
+            if (!p->busy[i]) {
+                p->busy[i] = true;
+                pthread_mutex_unlock(&p->mu);
+                return i;
+            }
+        }
+        pthread_cond_wait(&p->cv, &p->mu);
+    }
+}
+
+PGconn *tw__pg_take(struct pgd *d, int *rc)
+{
+    struct pgpool *p = &d->pool;
+    int i = slot_take(p);
+    /* The slot is ours: its connection may be made without the lock. */
+    if (!p->c[i])
+        p->c[i] = tw__pg_connect(d->conninfo, NULL, 0);
+    if (p->c[i])
+        return p->c[i];
+    pthread_mutex_lock(&p->mu);
+    p->busy[i] = false;
+    pthread_cond_signal(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    *rc = TW_ECONN;
+    return NULL;
+}
+
+void tw__pg_give(struct pgd *d, PGconn *c, bool broken)
+{
+    struct pgpool *p = &d->pool;
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < PG_POOL; i++) {
+        if (p->c[i] == c && p->busy[i]) {
+            if (broken) {
+                PQfinish(c);
+                p->c[i] = NULL;
+            }
+            p->busy[i] = false;
+            break;
+        }
+    }
+    pthread_cond_signal(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}

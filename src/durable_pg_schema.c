@@ -1,0 +1,254 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * src/durable_pg_schema.c - the PostgreSQL backend's schema "twheel",
+ * installed and versioned by open.
+ *
+ * One schema serves every namespace (the ns column) of a database:
+ *   twheel.version  one row: the schema's version (PG_SCHEMA_V)
+ *   twheel.ver_seq  the versions of rows (src/durable_pg.h)
+ *   twheel.timers   pending timers: (ns, key) -> due (Unix ms), payload,
+ *                   attempts (deliveries begun), ver, and the claim of the
+ *                   node delivering it (owner, lease_until by the
+ *                   database's clock); indexed by (ns, greatest(due, 0),
+ *                   key), the order of claims and listings
+ *   twheel.dead     dead letters: (ns, key) -> due, payload, attempts
+ * The CHECK constraints hold the library's limits (keys of 1 .. 1024
+ * bytes, payloads up to 1 MiB), so a row written by hand or by another
+ * program that breaks them is refused by the database, never read.
+ *
+ * SQL functions, for any client inside any transaction (committed: the
+ * timer will fire; rolled back: it never does):
+ *   twheel.schedule(ns, key bytea, due_ms bigint, payload bytea) -> ver
+ *   twheel.schedule(ns, key text, due timestamptz, payload text = '')
+ *   twheel.cancel(ns, key bytea | text) -> whether it was pending
+ * schedule sends NOTIFY twheel, payload ns, at commit, which wakes the
+ * nodes (deduplicated by the server within a transaction). The library's
+ * own conditional writes and restores are functions too
+ * (twheel.schedule_if, cancel_if, cancel_v, restore), each one statement
+ * for the node. Every function runs with the caller's rights and a fixed
+ * search_path.
+ *
+ * Open takes an advisory lock for the install, so nodes that start
+ * together install it once; a database with a newer version is refused
+ * (TW_EINVAL) rather than written with an older layout. A role that may
+ * not create the schema can still run nodes once an owner installed it:
+ * open then checks only the privileges a node uses (docs/guide/postgres.md).
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+
+#include "durable_pg.h"
+#include "internal.h"
+
+static const char schema_v1[] =
+    "CREATE SCHEMA IF NOT EXISTS twheel;"
+    "CREATE TABLE twheel.version (v integer NOT NULL);"
+    "INSERT INTO twheel.version VALUES (1);"
+    "CREATE SEQUENCE twheel.ver_seq;"
+    "CREATE TABLE twheel.timers ("
+    " ns text NOT NULL,"
+    " key bytea NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 1024),"
+    " due bigint NOT NULL,"
+    " payload bytea NOT NULL CHECK (octet_length(payload) <= 1048576),"
+    " attempts integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),"
+    " ver bigint NOT NULL DEFAULT nextval('twheel.ver_seq'),"
+    " owner text, lease_until timestamptz,"
+    " PRIMARY KEY (ns, key));"
+    "CREATE INDEX timers_due ON twheel.timers (ns, (greatest(due, 0)), key);"
+    "CREATE TABLE twheel.dead ("
+    " ns text NOT NULL,"
+    " key bytea NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 1024),"
+    " due bigint NOT NULL,"
+    " payload bytea NOT NULL CHECK (octet_length(payload) <= 1048576),"
+    " attempts integer NOT NULL CHECK (attempts >= 0),"
+    " died timestamptz NOT NULL DEFAULT now(),"
+    " PRIMARY KEY (ns, key));"
+    /* schedule: insert or replace; a dead letter of the key is replaced. */
+    "CREATE FUNCTION twheel.schedule(p_ns text, p_key bytea, p_due bigint,"
+    " p_payload bytea) RETURNS bigint LANGUAGE plpgsql"
+    " SET search_path = pg_catalog AS $f$ DECLARE v bigint; BEGIN"
+    " DELETE FROM twheel.dead WHERE ns = p_ns AND key = p_key;"
+    " INSERT INTO twheel.timers AS t (ns, key, due, payload)"
+    " VALUES (p_ns, p_key, p_due, coalesce(p_payload, ''::bytea))"
+    " ON CONFLICT (ns, key) DO UPDATE SET due = excluded.due,"
+    " payload = excluded.payload, attempts = 0,"
+    " ver = nextval('twheel.ver_seq'), owner = NULL, lease_until = NULL"
+    " RETURNING t.ver INTO v;"
+    " PERFORM pg_notify('twheel', p_ns); RETURN v; END $f$;"
+    "CREATE FUNCTION twheel.schedule(p_ns text, p_key text,"
+    " p_due timestamptz, p_payload text DEFAULT '') RETURNS bigint"
+    " LANGUAGE sql SET search_path = pg_catalog AS $f$"
+    " SELECT twheel.schedule(p_ns, convert_to(p_key, 'UTF8'),"
+    " floor(extract(epoch FROM p_due) * 1000)::bigint,"
+    " convert_to(p_payload, 'UTF8')) $f$;"
+    "CREATE FUNCTION twheel.cancel(p_ns text, p_key bytea) RETURNS boolean"
+    " LANGUAGE plpgsql SET search_path = pg_catalog AS $f$ BEGIN"
+    " DELETE FROM twheel.timers WHERE ns = p_ns AND key = p_key;"
+    " RETURN FOUND; END $f$;"
+    "CREATE FUNCTION twheel.cancel(p_ns text, p_key text) RETURNS boolean"
+    " LANGUAGE sql SET search_path = pg_catalog AS $f$"
+    " SELECT twheel.cancel(p_ns, convert_to(p_key, 'UTF8')) $f$;"
+    /* cancel_v: a cancel that returns a version taken after its delete
+     * (0: not pending), for the local rule of src/durable_pg.h. */
+    "CREATE FUNCTION twheel.cancel_v(p_ns text, p_key bytea) RETURNS bigint"
+    " LANGUAGE plpgsql SET search_path = pg_catalog AS $f$ BEGIN"
+    " DELETE FROM twheel.timers WHERE ns = p_ns AND key = p_key;"
+    " IF NOT FOUND THEN RETURN 0; END IF;"
+    " RETURN nextval('twheel.ver_seq'); END $f$;"
+    /* schedule_if: -1 stale, -2 not pending, else the new version. */
+    "CREATE FUNCTION twheel.schedule_if(p_ns text, p_key bytea,"
+    " p_due bigint, p_payload bytea, p_expect bytea) RETURNS bigint"
+    " LANGUAGE plpgsql SET search_path = pg_catalog AS $f$"
+    " DECLARE cur bytea; v bigint; BEGIN"
+    " IF p_expect IS NULL THEN"
+    "  INSERT INTO twheel.timers AS t (ns, key, due, payload)"
+    "  VALUES (p_ns, p_key, p_due, p_payload) ON CONFLICT DO NOTHING"
+    "  RETURNING t.ver INTO v;"
+    "  IF v IS NULL THEN RETURN -1; END IF;"
+    "  DELETE FROM twheel.dead WHERE ns = p_ns AND key = p_key;"
+    " ELSE"
+    "  SELECT payload INTO cur FROM twheel.timers"
+    "  WHERE ns = p_ns AND key = p_key FOR UPDATE;"
+    "  IF NOT FOUND THEN RETURN -2; END IF;"
+    "  IF substring(cur FROM 1 FOR octet_length(p_expect)) <> p_expect"
+    "  THEN RETURN -1; END IF;"
+    "  UPDATE twheel.timers SET due = p_due, payload = p_payload,"
+    "  attempts = 0, ver = nextval('twheel.ver_seq'), owner = NULL,"
+    "  lease_until = NULL WHERE ns = p_ns AND key = p_key"
+    "  RETURNING ver INTO v;"
+    " END IF;"
+    " PERFORM pg_notify('twheel', p_ns); RETURN v; END $f$;"
+    "CREATE FUNCTION twheel.cancel_if(p_ns text, p_key bytea,"
+    " p_expect bytea) RETURNS bigint LANGUAGE plpgsql"
+    " SET search_path = pg_catalog AS $f$ DECLARE cur bytea; BEGIN"
+    " SELECT payload INTO cur FROM twheel.timers"
+    " WHERE ns = p_ns AND key = p_key FOR UPDATE;"
+    " IF NOT FOUND THEN RETURN -2; END IF;"
+    " IF substring(cur FROM 1 FOR octet_length(p_expect)) <> p_expect"
+    " THEN RETURN -1; END IF;"
+    " DELETE FROM twheel.timers WHERE ns = p_ns AND key = p_key;"
+    " RETURN nextval('twheel.ver_seq'); END $f$;"
+    /* restore: -1 when the key is held (pending or dead), else 0. */
+    "CREATE FUNCTION twheel.restore(p_ns text, p_key bytea, p_due bigint,"
+    " p_payload bytea, p_attempt integer, p_dead boolean) RETURNS bigint"
+    " LANGUAGE plpgsql SET search_path = pg_catalog AS $f$"
+    " DECLARE v bigint; BEGIN"
+    " PERFORM 1 FROM twheel.dead WHERE ns = p_ns AND key = p_key;"
+    " IF FOUND THEN RETURN -1; END IF;"
+    " PERFORM 1 FROM twheel.timers WHERE ns = p_ns AND key = p_key;"
+    " IF FOUND THEN RETURN -1; END IF;"
+    " IF p_dead THEN"
+    "  INSERT INTO twheel.dead (ns, key, due, payload, attempts)"
+    "  VALUES (p_ns, p_key, p_due, p_payload, p_attempt)"
+    "  ON CONFLICT DO NOTHING; RETURN 0;"
+    " END IF;"
+    " INSERT INTO twheel.timers AS t (ns, key, due, payload, attempts)"
+    " VALUES (p_ns, p_key, p_due, p_payload, greatest(p_attempt, 1) - 1)"
+    " ON CONFLICT DO NOTHING RETURNING t.ver INTO v;"
+    " IF v IS NULL THEN RETURN -1; END IF;"
+    " PERFORM pg_notify('twheel', p_ns); RETURN 0; END $f$;";
+
+/* What a node needs: the tables' rows, the sequence, the functions. */
+static const char privileges[] =
+    "SELECT has_table_privilege('twheel.timers',"
+    " 'SELECT, INSERT, UPDATE, DELETE')"
+    " AND has_table_privilege('twheel.dead', 'SELECT, INSERT, UPDATE, DELETE')"
+    " AND has_sequence_privilege('twheel.ver_seq', 'USAGE')"
+    " AND has_function_privilege('twheel.schedule(text, bytea, bigint, bytea)',"
+    " 'EXECUTE')";
+
+/* The installed version, 0 when there is no schema; < 0 on an error. */
+static int installed(PGconn *c, int *v)
+{
+    PGresult *r = NULL;
+    int rc = tw__pg_exec(c, "SELECT to_regclass('twheel.version') IS NOT NULL",
+                         NULL, &r);
+    if (rc)
+        return rc;
+    bool there = tw__pg_bool(r, 0, 0);
+    PQclear(r);
+    *v = 0;
+    if (!there)
+        return 0;
+    rc = tw__pg_exec(c, "SELECT max(v) FROM twheel.version", NULL, &r);
+    if (rc)
+        return rc;
+    *v = tw__pg_i32(r, 0, 0);
+    PQclear(r);
+    return 0;
+}
+
+/* Under the install lock: install unless there, then check the version. */
+static int install_locked(PGconn *c, bool readonly, char *err, size_t len)
+{
+    int v = 0;
+    int rc = installed(c, &v);
+    if (rc)
+        return rc;
+    if (!v && readonly) {
+        snprintf(err, len, "postgres: no schema twheel in this database");
+        return TW_ENOENT;
+    }
+    if (!v) {
+        /* Several statements: the simple query protocol (PQexec). */
+        PGresult *r = PQexec(c, schema_v1);
+        rc = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : tw__pg_code(r, c);
+        PQclear(r);
+        if (rc == TW_EAUTH)
+            snprintf(err, len,
+                     "postgres: schema twheel missing, and this role may "
+                     "not create it (docs/guide/postgres.md)");
+        if (rc)
+            return rc;
+        v = PG_SCHEMA_V;
+    }
+    if (v != PG_SCHEMA_V) {
+        snprintf(err, len,
+                 "postgres: schema twheel is version %d; this library "
+                 "knows %d",
+                 v, PG_SCHEMA_V);
+        return TW_EINVAL;
+    }
+    return 0;
+}
+
+int tw__pg_schema(PGconn *c, bool readonly, char *err, size_t err_len)
+{
+    char dummy[1] = "";
+    if (!err || !err_len) {
+        err = dummy;
+        err_len = sizeof dummy;
+    }
+    /* 0x74776865656c: "twheel", the install lock's number. */
+    int rc = tw__pg_exec(c, "BEGIN", NULL, NULL);
+    if (!rc)
+        rc = tw__pg_exec(c, "SELECT pg_advisory_xact_lock(128056201405804)",
+                         NULL, NULL);
+    if (!rc)
+        rc = install_locked(c, readonly, err, err_len);
+    if (rc && !err[0] && err != dummy)
+        snprintf(err, err_len, "postgres: %s%s",
+                 rc == TW_EAUTH ? "this role lacks a privilege on schema "
+                                  "twheel (docs/guide/postgres.md): "
+                                : "",
+                 PQerrorMessage(c));
+    int end = tw__pg_exec(c, rc ? "ROLLBACK" : "COMMIT", NULL, NULL);
+    rc = rc ? rc : end;
+    PGresult *r = NULL;
+    if (!rc && !(rc = tw__pg_exec(c, privileges, NULL, &r))) {
+        if (!tw__pg_bool(r, 0, 0) && !readonly) {
+            snprintf(err, err_len,
+                     "postgres: this role lacks a privilege on schema "
+                     "twheel (docs/guide/postgres.md)");
+            rc = TW_EAUTH;
+        }
+        PQclear(r);
+    }
+    if (rc && !err[0] && err != dummy)
+        snprintf(err, err_len, "postgres: %s", PQerrorMessage(c));
+    for (size_t n = strlen(err);
+         n && (err[n - 1] == '\n' || err[n - 1] == ' ');)
+        err[--n] = 0;
+    return rc;
+}

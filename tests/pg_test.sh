@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Runs a command against a PostgreSQL server that this script makes and
+# starts itself: initdb into a temporary directory, the server on
+# 127.0.0.1 at a free port (and a Unix socket in the same directory),
+# always stopped (-m immediate) and removed, also on failure. The command
+# finds the server in the environment:
+#   TW_PG_URL   a libpq connection string (trust authentication, user twheel)
+#   TW_PG_BIN   the server's bin directory (psql, pg_ctl, ...)
+#   TW_PG_DATA  its data directory, TW_PG_PORT its port
+#   TW_PG_RESTART  a shell command: the server killed (-m immediate) and
+#                  started again on the same port
+# Usage: tests/pg_test.sh COMMAND [ARGS...]
+# Exit 77 (skipped) when no PostgreSQL server binaries are installed
+# (Debian: postgresql, from scripts/deps.sh). TW_PG_BINDIR picks them.
+set -euo pipefail
+
+bindir=
+for d in ${TW_PG_BINDIR:-} $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -Vr) \
+  "$(pg_config --bindir 2>/dev/null || true)" /usr/bin /usr/local/pgsql/bin; do
+  if [ -n "$d" ] && [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ] && [ -x "$d/postgres" ]; then
+    bindir=$d
+    break
+  fi
+done
+if [ -z "$bindir" ]; then
+  echo "pg_test: no PostgreSQL server binaries (initdb, pg_ctl): skipped" >&2
+  exit 77
+fi
+
+tmp=$(mktemp -d /tmp/twpg.XXXXXX)
+# The server refuses to run as root: then it runs as an unprivileged user.
+as=()
+if [ "$(id -u)" = 0 ]; then
+  user=postgres
+  id "$user" >/dev/null 2>&1 || user=nobody
+  chown "$user" "$tmp"
+  as=(runuser -u "$user" --)
+fi
+cleanup() {
+  "${as[@]}" "$bindir/pg_ctl" -D "$tmp/data" -m immediate -w stop >/dev/null 2>&1 || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# initdb once per user and server version into a template, copied for
+# each run (initdb takes seconds, a copy a fraction of one). The template
+# is made aside and renamed into place, so concurrent runs never see half
+# of one.
+tpl=${TMPDIR:-/tmp}/twpg-template-$(id -u)-$("$bindir/postgres" -V | tr -c 'A-Za-z0-9.\n' _)
+if [ ! -f "$tpl/PG_VERSION" ]; then
+  part=$(mktemp -d "${TMPDIR:-/tmp}/twpg-tpl.XXXXXX")
+  [ ${#as[@]} = 0 ] || chown "$user" "$part"
+  "${as[@]}" "$bindir/initdb" -D "$part/data" -U twheel --auth=trust \
+    --no-sync -E UTF8 --locale=C >"$tmp/initdb.log" 2>&1 ||
+    { cat "$tmp/initdb.log" >&2; rm -rf "$part"; exit 1; }
+  mv -T "$part/data" "$tpl" 2>/dev/null || true
+  rm -rf "$part"
+fi
+"${as[@]}" cp -a "$tpl" "$tmp/data"
+started=
+for _ in 1 2 3 4 5; do
+  port=$(free_port)
+  if "${as[@]}" "$bindir/pg_ctl" -D "$tmp/data" -l "$tmp/log" -w -t 60 \
+    -o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$tmp -c fsync=off -c max_connections=200" \
+    start >/dev/null 2>&1; then
+    started=1
+    break
+  fi
+done
+if [ -z "$started" ]; then
+  echo "pg_test: the server did not start" >&2
+  cat "$tmp/log" >&2 || true
+  exit 1
+fi
+export TW_PG_URL="host=127.0.0.1 port=$port user=twheel dbname=postgres"
+export TW_PG_BIN=$bindir TW_PG_DATA=$tmp/data TW_PG_PORT=$port
+# A crash of the server and its restart (pg_ctl keeps the start options).
+export TW_PG_RESTART="${as[*]} $bindir/pg_ctl -D $tmp/data -l $tmp/log -m immediate -w -t 60 restart >/dev/null"
+set +e
+"$@"
+rc=$?
+set -e
+if [ "$rc" != 0 ] && [ "$rc" != 77 ]; then
+  echo "pg_test: exit $rc; the server's log:" >&2
+  tail -n 30 "$tmp/log" >&2 || true
+fi
+exit "$rc"
