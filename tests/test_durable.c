@@ -1363,8 +1363,9 @@ static void test_group_gather(void)
         pthread_join(th[i], NULL);
     tw__journal_fault = NULL;
     uint64_t syncs = stats(d).syncs - s0;
-    fprintf(stderr, "   200 schedules from 4 threads, 2 ms syncs: %" PRIu64
-                    " syncs\n", syncs);
+    fprintf(stderr,
+            "   200 schedules from 4 threads, 2 ms syncs: %" PRIu64 " syncs\n",
+            syncs);
     ASSERT_LT(syncs, 200 / 3);
     ASSERT_EQ(tw_durable_close(d), 0);
     df_rm_dir(dir);
