@@ -68,7 +68,8 @@ struct tbd_store {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop;
-    struct tbd_write *q_head, *q_tail;       /* queued */
+    bool writer_idle;                  /* the writer waits on cv (under mu) */
+    struct tbd_write *q_head, *q_tail; /* queued */
     struct tbd_write *done_head, *done_tail; /* completed */
     uint64_t written, batches;
     /* Fired jobs and claims, under fmu (store_fire() runs on the store's
@@ -241,8 +242,11 @@ static void *writer(void *arg)
     struct tbd_store *s = arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->q_head && !s->stop)
+        while (!s->q_head && !s->stop) {
+            s->writer_idle = true;
             pthread_cond_wait(&s->cv, &s->mu);
+            s->writer_idle = false;
+        }
         if (!s->q_head)
             break;
         /* Take up to BATCH_MAX writes. */
@@ -268,7 +272,15 @@ static void *writer(void *arg)
         else
             s->done_head = head;
         s->done_tail = last;
-        wake(s);
+        if (!s->q_head) {
+            /* The event loop takes the batch without waiting for the
+             * mutex: it is free before the wake. */
+            pthread_mutex_unlock(&s->mu);
+            wake(s);
+            pthread_mutex_lock(&s->mu);
+        } else {
+            wake(s);
+        }
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -476,8 +488,12 @@ void tbd_store_submit(struct tbd_store *s, struct tbd_write *w)
     else
         s->q_head = w;
     s->q_tail = w;
-    pthread_cond_signal(&s->cv);
+    bool idle = s->writer_idle;
     pthread_mutex_unlock(&s->mu);
+    /* After the unlock: a writer woken while the mutex is held would
+     * only sleep again on it (two more futex calls a write). */
+    if (idle)
+        pthread_cond_signal(&s->cv);
 }
 
 int tbd_store_fd(const struct tbd_store *s)
