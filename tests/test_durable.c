@@ -1497,6 +1497,53 @@ static void test_sync_interval(void)
     df_rm_dir(dir);
 }
 
+/*
+ * SYNC_INTERVAL: the interval's fdatasync does not hold up firing. The
+ * hook holds that fdatasync until a timer that fell due after it began
+ * has fired (or 5 s of real time pass); the timer must fire meanwhile.
+ * Before the sync had a thread of its own, the store's thread made it, and
+ * the timer waited for the whole fdatasync (here the 5 s).
+ */
+static atomic_int sb_in_sync, sb_fired_during;
+
+static int sb_hook(int op)
+{
+    if (op != 's' || atomic_exchange(&sb_in_sync, 1))
+        return 0;
+    for (int i = 0; i < 5000 && !log_count("due"); i++)
+        usleep(1000);
+    atomic_store(&sb_fired_during, log_count("due") > 0);
+    return 0;
+}
+
+static void test_sync_interval_no_stall(void)
+{
+    log_reset();
+    const char *dir = new_dir();
+    tw_durable_config c = base_cfg(dir);
+    c.sync = TW_DURABLE_SYNC_INTERVAL;
+    c.sync_interval_ms = 100;
+    int64_t t0 = 1700000000000;
+    set_wall(t0);
+    tw_durable *d = df_open(&c);
+    tw__durable_sync(d); /* the first round: the interval starts */
+    atomic_store(&sb_in_sync, 0);
+    atomic_store(&sb_fired_during, 0);
+    tw__journal_fault = sb_hook;
+    ASSERT_EQ(sched(d, "due", t0 + 10, "d"), 0); /* to sync, due soon */
+    atomic_fetch_add(&df_mono, UINT64_C(100) * 1000000u); /* sync now */
+    for (int i = 0; i < 10000 && !atomic_load(&sb_in_sync); i++)
+        usleep(1000);
+    ASSERT(atomic_load(&sb_in_sync));
+    set_wall(t0 + 20); /* "due" is due while the sync runs */
+    tw__durable_sync(d);
+    tw__journal_fault = NULL;
+    ASSERT_EQ(log_count("due"), 1);
+    ASSERT(atomic_load(&sb_fired_during));
+    ASSERT_EQ(tw_durable_close(d), 0);
+    df_rm_dir(dir);
+}
+
 /* A pending timer's record: 64 bytes plus the key, rounded up to 16. */
 /* A callback that schedules its own key again (a periodic job): the new
  * version survives the completion of the old one, and a restart. */
@@ -1705,6 +1752,7 @@ int main(void)
     RUN_TEST(test_group_gather);
     RUN_TEST(test_sync_interleaving);
     RUN_TEST(test_sync_interval);
+    RUN_TEST(test_sync_interval_no_stall);
     RUN_TEST(test_rearm_from_callback);
     RUN_TEST(test_big_payload);
     RUN_TEST(test_node_size);
