@@ -74,6 +74,13 @@ typedef struct jstore {
 
     uint64_t cancelled, recovered, recovery_us;
     uint64_t sync_every_ns, next_sync; /* SYNC_INTERVAL, monotonic ns */
+    /* SYNC_INTERVAL: the interval's fdatasync runs on a thread of its own
+     * (sync_thr), asked by the store's thread (sync_req, sync_done, under
+     * mu; sync_cv both ways), so that due timers never wait for it. */
+    pthread_t sync_thr;
+    bool sync_thr_on;
+    uint64_t sync_req, sync_done;
+    pthread_cond_t sync_cv;
     /* Flat combining of schedule and cancel calls (src/durable_combine.h),
      * applied under mu. */
     struct tw__combiner combiner;

@@ -9,7 +9,8 @@
  * read each record back, append and sync the FIRE records, hand the
  * deliveries to the shared executor of src/durable_exec.h, which runs
  * their callbacks on this thread or on executor_threads of their own);
- * compact old segments while the journal is too large; an interval sync;
+ * compact old segments while the journal is too large; with SYNC_INTERVAL,
+ * ask the sync thread (sync_main()) for the interval's fdatasync;
  * writeback; then sleep until the wheel's next expiry, at most
  * WALL_CHECK_MS. A delivery's run (run_delivery(), on the executor)
  * checks under the mutex that no cancel or replace came in since
@@ -307,13 +308,48 @@ static void wait_round(jstore *s, int64_t now, uint64_t mono0)
 }
 
 /* SYNC_INTERVAL: fdatasync what was written, once every sync_every_ns
- * (monotonic @mono). A failure is tried again at the next interval. */
+ * (monotonic @mono), on the sync thread: an fdatasync of a second's
+ * writes can take tens of milliseconds, and timers due meanwhile would
+ * wait for it on this thread. A failure is tried again at the next
+ * interval. */
 static void interval_sync(jstore *s, uint64_t mono)
 {
     if (s->w.sync_mode != TW_DURABLE_SYNC_INTERVAL || mono < s->next_sync)
         return;
     s->next_sync = mono + s->sync_every_ns;
-    (void)tw__jr_sync_all(&s->w);
+    if (!s->sync_thr_on) {
+        (void)tw__jr_sync_all(&s->w);
+        return;
+    }
+    s->sync_req++;
+    pthread_cond_broadcast(&s->sync_cv);
+}
+
+/* The sync thread: one tw__jr_sync_all() per request (mutex held, but
+ * released during the fdatasync). */
+static void *sync_main(void *arg)
+{
+    jstore *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop) {
+        if (s->sync_done == s->sync_req) {
+            pthread_cond_wait(&s->sync_cv, &s->mu);
+            continue;
+        }
+        uint64_t req = s->sync_req;
+        (void)tw__jr_sync_all(&s->w);
+        s->sync_done = req;
+        pthread_cond_broadcast(&s->sync_cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* tw__durable_sync()'s round: the syncs it asked for have ended too. */
+static void sync_wait_idle(jstore *s)
+{
+    while (s->sync_done != s->sync_req && !s->stop)
+        pthread_cond_wait(&s->sync_cv, &s->mu);
 }
 
 static void *store_main(void *arg)
@@ -350,6 +386,8 @@ static void *store_main(void *arg)
             tw__durable_exec_wait_idle(&s->exec);
             pthread_mutex_lock(&s->mu);
         }
+        if (s->round_req != s->round_done)
+            sync_wait_idle(s);
         s->round_done = req;
         pthread_cond_broadcast(&s->round_cv);
         wait_round(s, now, mono0);
@@ -372,6 +410,19 @@ void tw__durable_sync(tw_durable *d)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Stop the sync thread, if it runs. */
+static void stop_sync_thread(jstore *s)
+{
+    if (!s->sync_thr_on)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_broadcast(&s->sync_cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->sync_thr, NULL);
+    s->sync_thr_on = false;
+}
+
 /* Start the executors and the store's thread; on failure none is left
  * running. */
 int tw__journal_start_threads(jstore *s, uint32_t nexec)
@@ -380,8 +431,15 @@ int tw__journal_start_threads(jstore *s, uint32_t nexec)
         tw__durable_exec_init(&s->exec, nexec, run_delivery, drop_delivery, s);
     if (!rc)
         rc = tw__durable_exec_start(&s->exec);
-    if (!rc && pthread_create(&s->thr, NULL, store_main, s) != 0)
+    if (!rc && s->w.sync_mode == TW_DURABLE_SYNC_INTERVAL) {
+        if (pthread_create(&s->sync_thr, NULL, sync_main, s) != 0)
+            rc = TW_ENOMEM;
+        s->sync_thr_on = rc == 0;
+    }
+    if (!rc && pthread_create(&s->thr, NULL, store_main, s) != 0) {
         rc = TW_ENOMEM;
+        stop_sync_thread(s);
+    }
     if (rc)
         tw__durable_exec_stop(&s->exec);
     return rc;
@@ -390,6 +448,7 @@ int tw__journal_start_threads(jstore *s, uint32_t nexec)
 void tw__journal_stop_threads(jstore *s)
 {
     pthread_join(s->thr, NULL);
+    stop_sync_thread(s);
     /* A delivery still queued is dropped (delivered after reopen). */
     tw__durable_exec_stop(&s->exec);
 }

@@ -435,8 +435,10 @@ static void init_store(jstore *s, const tw_durable_config *cfg,
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->cv, &ca);
+    pthread_cond_init(&s->w.gather_cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_cond_init(&s->round_cv, NULL);
+    pthread_cond_init(&s->sync_cv, NULL);
     s->w.mu = &s->mu;
     tw__journal_combiner_init(s);
     s->w.sync_mode = cfg->sync;
@@ -572,6 +574,8 @@ static void free_all(jstore *s)
         close(s->dirfd);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->round_cv);
+    pthread_cond_destroy(&s->sync_cv);
+    pthread_cond_destroy(&s->w.gather_cv);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->w.sync_mu);
     tw__free(s);
@@ -584,6 +588,7 @@ static int journal_close(tw_durable *d)
     s->stop = true;
     pthread_cond_broadcast(&s->cv);
     pthread_cond_broadcast(&s->round_cv);
+    pthread_cond_broadcast(&s->sync_cv);
     pthread_mutex_unlock(&s->mu);
     if (!s->nofire)
         tw__journal_stop_threads(s);

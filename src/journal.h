@@ -120,6 +120,16 @@ typedef struct jr_writer {
     /* Futex word: bumped whenever a sync ends, well or not; waiters sleep
      * on it without any lock. */
     jr_futex sync_seq;
+    /* Gathering (SYNC_GROUP): callers whose record the next
+     * sync would cover, counted as they begin to wait (arrived), and how
+     * many the next leader waits for before it syncs (expect: those the
+     * last sync released plus those already waiting), at most
+     * gather_ns; gather_cv wakes it (with sync_mu). sync_target: what the
+     * running sync covers. */
+    pthread_cond_t gather_cv;
+    unsigned arrived, expect;
+    bool gathering;
+    uint64_t sync_target, gather_ns;
     atomic_int inflight; /* fdatasync calls running without *mu */
     _Atomic uint64_t syncs;
     unsigned char *buf; /* records encoded and not yet written */

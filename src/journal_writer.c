@@ -8,16 +8,20 @@
  *
  * Group commit, pipelined: a caller appends its records with pwrite()
  * under the store's mutex, then waits until an fdatasync() that began after
- * its append has finished. If no sync is running it leads one at once: it
- * notes what is written so far (its target) and syncs without the mutex.
- * Callers that append while that sync runs sleep on a futex word without
- * the mutex; when the sync ends its leader publishes the new durable LSN
- * and wakes them all with one FUTEX_WAKE. Those it covered return without
- * taking the mutex again; the first of the others leads the next sync,
- * which covers every record written during the previous one. So the disk
- * never waits for a timer, and a sync never acknowledges a record written
- * after it began. A failed fdatasync is reported to every caller whose
- * record it covered.
+ * its append has finished. If no sync is running it leads one: it waits
+ * until as many callers wait as the previous sync released plus those
+ * that were already waiting (gather(): at most a quarter of the last
+ * sync's time, 1 ms at most; a lone caller never waits), notes what is
+ * written by then (its target) and syncs without the mutex. Callers that
+ * append while that sync runs sleep on a futex word without the mutex;
+ * when the sync ends its leader publishes the new durable LSN and wakes
+ * them all with one FUTEX_WAKE. Those it covered return without taking
+ * the mutex again; the first of the others leads the next sync, which
+ * covers every record written during the previous one. So N threads that
+ * each append one record and wait share each fdatasync, instead of the
+ * first of them syncing alone and the rest sharing the next one; and a
+ * sync never acknowledges a record written after it began. A failed
+ * fdatasync is reported to every caller whose record it covered.
  *
  * Segments are allocated ahead of their appends (fallocate), so that an
  * append writes into allocated blocks and its fdatasync need not commit a
@@ -345,22 +349,72 @@ void tw__jr_publish(jr_writer *w)
     pthread_mutex_unlock(&w->sync_mu);
 }
 
+/* The longest a leader gathers callers before a shared sync, and the
+ * share of the last sync's time it may take (1/GATHER_SHARE). */
+#define GATHER_MAX_NS 1000000u
+#define GATHER_SHARE 4u
+
+/* Before a shared sync (sync_mu held, syncing set): wait until as many
+ * callers wait for it as expected, at most gather_ns. The callers the last
+ * sync released append again within microseconds when their threads have
+ * more to write, and one that misses this sync waits for the whole next
+ * one: without the wait, the first of them would sync its record alone and
+ * the rest would share the sync after, each caller acknowledged every
+ * other sync. If fewer come, the next leader expects only those. */
+static void gather(jr_writer *w)
+{
+    if (w->arrived >= w->expect || !w->gather_ns)
+        return;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    uint64_t ns = (uint64_t)until.tv_nsec + w->gather_ns;
+    until.tv_sec += (time_t)(ns / 1000000000u);
+    until.tv_nsec = (long)(ns % 1000000000u);
+    w->gathering = true;
+    while (w->arrived < w->expect)
+        if (pthread_cond_timedwait(&w->gather_cv, &w->sync_mu, &until) ==
+            ETIMEDOUT) {
+            w->expect = w->arrived;
+            break;
+        }
+    w->gathering = false;
+}
+
+/* After a shared sync of @covered callers that took @ns (sync_mu held):
+ * what the next leader gathers for. */
+static void gather_next(jr_writer *w, unsigned covered, uint64_t ns)
+{
+    w->expect = covered + w->arrived;
+    ns /= GATHER_SHARE;
+    w->gather_ns = ns < GATHER_MAX_NS ? ns : GATHER_MAX_NS;
+}
+
 /* Sync everything published so far (sync_mu held; released during the
- * fdatasync), publish the outcome and wake every waiter with one call. */
+ * gather and the fdatasync), publish the outcome and wake every waiter
+ * with one call. */
 static void lead_sync(jr_writer *w)
 {
-    uint64_t target = w->pub_written;
-    int fd = w->pub_fd;
     bool group = w->sync_mode != TW_DURABLE_SYNC_EACH;
     w->syncing = group;
+    if (group)
+        gather(w);
+    uint64_t target = w->pub_written;
+    int fd = w->pub_fd;
+    unsigned covered = w->arrived;
+    w->arrived = 0;
+    w->sync_target = target;
     w->inflight++;
     w->syncs++;
     pthread_mutex_unlock(&w->sync_mu);
+    uint64_t t0 = tw__clock_ns(CLOCK_MONOTONIC);
     int rc = sync_fd(fd);
+    uint64_t t1 = tw__clock_ns(CLOCK_MONOTONIC);
     pthread_mutex_lock(&w->sync_mu);
     w->inflight--;
-    if (group)
+    if (group) {
         w->syncing = false;
+        gather_next(w, covered, t1 - t0);
+    }
     if (rc) {
         w->fail_err = rc;
         if (target > w->fail_max)
@@ -382,20 +436,36 @@ static int outcome(jr_writer *w, uint64_t lsn)
     return w->synced >= lsn ? 0 : UNKNOWN;
 }
 
+/* A caller waiting for @lsn counts itself once among those the next sync
+ * covers (sync_mu held): not if the running one covers it. */
+static void arrive(jr_writer *w, uint64_t lsn)
+{
+    if (w->syncing && !w->gathering && lsn <= w->sync_target)
+        return;
+    w->arrived++;
+    if (w->gathering && w->arrived >= w->expect)
+        pthread_cond_signal(&w->gather_cv);
+}
+
 /* Wait until @lsn is durable, leading syncs as needed (no lock held). */
 static int wait_durable(jr_writer *w, uint64_t lsn)
 {
     int rc;
+    bool counted = false;
     pthread_mutex_lock(&w->sync_mu);
     while ((rc = outcome(w, lsn)) == UNKNOWN) {
+        if (!counted) {
+            arrive(w, lsn);
+            counted = true;
+        }
         if (!w->syncing || w->sync_mode == TW_DURABLE_SYNC_EACH) {
-            /* Lead: at once; whatever is written by now shares this sync
-             * (with SYNC_EACH every caller syncs for itself). */
+            /* Lead: whatever is written by the end of the gather shares
+             * this sync (with SYNC_EACH every caller syncs for itself). */
             lead_sync(w);
             continue;
         }
-        /* Follow: a sync runs that may not cover @lsn; sleep without any
-         * lock until one ends, then look again. */
+        /* Follow: a sync runs (or gathers) that may not cover @lsn; sleep
+         * without any lock until one ends, then look again. */
         unsigned seq = atomic_load(&w->sync_seq.word);
         pthread_mutex_unlock(&w->sync_mu);
         do

@@ -28,13 +28,19 @@
  * (tw_durable_scan(): on the journal one sequential read of its
  * segments) hands every key back whatever its due time.
  *
- * Writes. With -f 0 the event loop never blocks on the store: it queues
+ * Writes. With -f 0 the event loop does not block on the store: it queues
  * writes to one writer thread, which takes everything queued, writes runs of
  * schedules with tw_durable_schedule_many() and runs of cancels with
  * tw_durable_cancel_many() (in queue order, so the writes of one job
  * keep their order), and hands the batch back through an eventfd. Every
  * connection's writes share the batch and so the fdatasync: with -f 0 one
  * fdatasync covers everything that arrived while the previous one ran.
+ * The exception is a lone client (one connection, and one event woke the
+ * event loop): its writes, if the writer thread is idle, are written and
+ * synced on the event loop (tbd_store_hold(), tbd_store_run_held()): no
+ * other client waits for the loop meanwhile (a new one waits at most one
+ * fdatasync to be accepted), and the two hand-offs to the writer and back
+ * would be most of the request's time besides the fdatasync.
  * With -f MS > 0 or -F a durable call returns once its record is written
  * to the kernel, with no fdatasync to wait for: the event loop then
  * writes the writes of one loop iteration itself, in one batch, and
@@ -68,6 +74,10 @@ struct tbd_store {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop;
+    bool writer_idle; /* the writer waits on cv (under mu) */
+    /* -f 0 on the journal: a lone client's writes may run on the event
+     * loop (tbd_store_hold()); held: they are being gathered for that. */
+    bool lone_ok, held;
     struct tbd_write *q_head, *q_tail;       /* queued */
     struct tbd_write *done_head, *done_tail; /* completed */
     uint64_t written, batches;
@@ -241,8 +251,11 @@ static void *writer(void *arg)
     struct tbd_store *s = arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->q_head && !s->stop)
+        while (!s->q_head && !s->stop) {
+            s->writer_idle = true;
             pthread_cond_wait(&s->cv, &s->mu);
+            s->writer_idle = false;
+        }
         if (!s->q_head)
             break;
         /* Take up to BATCH_MAX writes. */
@@ -268,7 +281,15 @@ static void *writer(void *arg)
         else
             s->done_head = head;
         s->done_tail = last;
-        wake(s);
+        if (!s->q_head) {
+            /* The event loop takes the batch without waiting for the
+             * mutex: it is free before the wake. */
+            pthread_mutex_unlock(&s->mu);
+            wake(s);
+            pthread_mutex_lock(&s->mu);
+        } else {
+            wake(s);
+        }
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -383,6 +404,7 @@ int tbd_store_open(struct tbd_store **out, const struct tbd_options *opt,
      * on the event loop's thread, batched per loop iteration, than a
      * hand-off to another thread and back. */
     s->inline_writes = fsync_ms != 0;
+    s->lone_ok = !s->inline_writes && opt->dir;
     if (s->inline_writes) {
         *out = s;
         return 0;
@@ -476,8 +498,55 @@ void tbd_store_submit(struct tbd_store *s, struct tbd_write *w)
     else
         s->q_head = w;
     s->q_tail = w;
-    pthread_cond_signal(&s->cv);
+    bool idle = s->writer_idle && !s->held;
     pthread_mutex_unlock(&s->mu);
+    /* After the unlock: a writer woken while the mutex is held would
+     * only sleep again on it (two more futex calls a write). */
+    if (idle)
+        pthread_cond_signal(&s->cv);
+}
+
+void tbd_store_hold(struct tbd_store *s)
+{
+    if (!s->inline_writes && s->lone_ok)
+        s->held = true; /* read by submit on this thread only */
+}
+
+struct tbd_write *tbd_store_run_held(struct tbd_store *s)
+{
+    if (!s->held)
+        return NULL;
+    s->held = false;
+    pthread_mutex_lock(&s->mu);
+    if (!s->q_head || !s->writer_idle) { /* nothing, or the writer's */
+        bool wake_writer = s->q_head && s->writer_idle;
+        pthread_mutex_unlock(&s->mu);
+        if (wake_writer)
+            pthread_cond_signal(&s->cv);
+        return NULL;
+    }
+    /* The writer sleeps and nothing else submits (this is the event
+     * loop's thread): write here. Earlier completions not yet taken come
+     * first, so that completions stay in order. */
+    struct tbd_write *head = s->q_head, *done = s->done_head;
+    s->q_head = s->q_tail = NULL;
+    s->done_head = s->done_tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    write_batch(s, head);
+    size_t n = 0;
+    for (struct tbd_write *w = head; w; w = w->next)
+        n++;
+    pthread_mutex_lock(&s->mu);
+    s->written += n;
+    s->batches++;
+    pthread_mutex_unlock(&s->mu);
+    if (!done)
+        return head;
+    struct tbd_write *t = done;
+    while (t->next)
+        t = t->next;
+    t->next = head;
+    return done;
 }
 
 int tbd_store_fd(const struct tbd_store *s)

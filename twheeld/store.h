@@ -114,6 +114,18 @@ bool tbd_store_pending_inline(struct tbd_store *s);
  * completed writes, oldest first. */
 struct tbd_write *tbd_store_run_inline(struct tbd_store *s);
 
+/* -f 0 on the journal, when one event woke the event loop (a lone
+ * client): the writes submitted until tbd_store_run_held() are held from
+ * the writer thread. Without it, the request would wait for two thread
+ * hand-offs (to the writer and back) besides the fdatasync. */
+void tbd_store_hold(struct tbd_store *s);
+
+/* After tbd_store_hold(): if the writer thread is idle, write the held
+ * writes on this thread, synced (the reply still follows the fdatasync),
+ * and return the completed writes, earlier completions not yet taken
+ * first; else hand them to the writer and return NULL. */
+struct tbd_write *tbd_store_run_held(struct tbd_store *s);
+
 /* Queue @w (event loop thread). Its completion comes back in order. */
 void tbd_store_submit(struct tbd_store *s, struct tbd_write *w);
 

@@ -114,8 +114,8 @@ typedef int (*tw_durable_fire_fn)(tw_durable *d, const tw_durable_timer *t,
 #define TW_DURABLE_SYNC_EACH 1u  /* one fdatasync per call */
 #define TW_DURABLE_SYNC_NONE 2u  /* no fdatasync: a crash loses last writes */
 /* Journal only: a call returns once its record is written to the kernel
- * (it survives kill -9 of the process); the store's thread fdatasyncs in
- * the background every cfg.sync_interval_ms. A crash of the machine (power,
+ * (it survives kill -9 of the process); a thread of the store's fdatasyncs
+ * in the background every cfg.sync_interval_ms. A crash of the machine (power,
  * kernel) loses up to that long of acknowledged calls, like Redis with
  * appendfsync everysec. */
 #define TW_DURABLE_SYNC_INTERVAL 3u
