@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * src/common.h - what src/common.c gives every part of the library: the
- * allocator and the copy of growing config structs. With twheel/wheel.h,
- * src/wheel.c and src/common.c it is all the single-threaded wheel needs.
- * Nothing here is public API; names carry the tw__ prefix.
+ * allocator and the copies of growing config and stats structs. With
+ * twheel/wheel.h, src/wheel.c and src/common.c it is all the single-threaded
+ * wheel needs. Nothing here is public API; names carry the tw__ prefix.
  */
 #ifndef TWHEEL_COMMON_H
 #define TWHEEL_COMMON_H
@@ -23,5 +23,13 @@ void tw__free(void *p);
  * NULL @src gives an all-zero @dst. */
 int tw__config_copy(void *dst, size_t dst_size, const void *src,
                     size_t src_size);
+
+/* The way back, for the *_sized getters of growing stats structs: copy
+ * the library's full struct @full (@full_size bytes) into the caller's
+ * @dst of @dst_size bytes, the fields that fit, zero past them (a caller's
+ * newer, larger struct). The getter checks @dst_size against the oldest
+ * struct it accepts first. */
+void tw__stats_copy_out(void *dst, size_t dst_size, const void *full,
+                        size_t full_size);
 
 #endif

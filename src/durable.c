@@ -374,10 +374,8 @@ int tw_durable_stats_get_sized(tw_durable *d, tw_durable_stats *out,
     tw_durable_stats full;
     memset(&full, 0, sizeof full);
     int rc = d->ops->stats(d, &full);
-    if (rc == 0) {
-        memset(out, 0, out_size);
-        memcpy(out, &full, out_size < sizeof full ? out_size : sizeof full);
-    }
+    if (rc == 0)
+        tw__stats_copy_out(out, out_size, &full, sizeof full);
     return rc;
 }
 
