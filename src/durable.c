@@ -34,7 +34,7 @@
 #include "clock.h"
 #include "durable_backend.h"
 #include "durable_exec.h"
-#include "internal.h"
+#include "common.h"
 
 /* ------------------------------------------------------------------------ */
 /* Clocks and messages. */

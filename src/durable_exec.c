@@ -24,7 +24,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "internal.h"
+#include "common.h"
 
 static bool exec_take(tw_timer *job, void *ctx)
 {

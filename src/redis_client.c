@@ -80,7 +80,7 @@
 #endif
 
 #include "clock.h"
-#include "internal.h"
+#include "common.h"
 
 #define RC_SLOTS 16384
 #define RC_MAX_NODES TW__RC_NODES_MAX

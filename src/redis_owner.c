@@ -106,7 +106,7 @@
 #include <unistd.h>
 
 #include "clock.h"
-#include "internal.h"
+#include "common.h"
 
 enum { O_BEAT, O_ACQ, O_REL, O_COUNT };
 

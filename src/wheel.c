@@ -148,17 +148,17 @@
 #define K_SHIFT ((unsigned)__builtin_ctz(K)) /* log2(K) */
 #define TW_WIDE_AT_CREATE 4096 /* bytes: smaller wide tables come at once */
 
-/* The invariant checkers used by the tests (also in src/internal.h). */
+/* The invariant checkers used by the tests (also in src/wheel_internal.h). */
 int tw__wheel_check(const tw_wheel *w);
 int tw__wheel_check_full(const tw_wheel *w);
 /* For tests: slots marked occupied whose lists are all empty (left so by
- * tw_wheel_cancel_inline() until a visit); also in src/internal.h. */
+ * tw_wheel_cancel_inline() until a visit); also in src/wheel_internal.h. */
 size_t tw__wheel_stale_slots(const tw_wheel *w);
 /* For tests: widen a narrow table when the count reaches @n (see widen();
  * 0 changes nothing); returns the lists per slot. */
 unsigned tw__wheel_widen_at(tw_wheel *w, size_t n);
 /* One callback for every timer, and the adds for such a wheel (also in
- * src/internal.h). */
+ * src/wheel_internal.h). */
 void tw__wheel_set_fire(tw_wheel *w, tw_timer_fn fire, void *arg);
 int tw__wheel_add_any(tw_wheel *w, tw_timer *t, uint64_t expires);
 int tw__wheel_add_window_any(tw_wheel *w, tw_timer *t, uint64_t earliest,
