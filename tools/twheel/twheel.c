@@ -202,11 +202,12 @@ const char *state_name(uint32_t st)
 /* ------------------------------------------------------------------------ */
 /* Verbs. */
 
-/* A listing that failed part way: the message, and with --json the
- * document closed whole, with the error in it. */
-static int ls_failed(const struct opts *o, int rc, uint64_t shown)
+/* A listing (of @verb) that failed part way: the message, and with
+ * --json the document closed whole, with the error in it. */
+static int list_failed(const struct opts *o, const char *verb, int rc,
+                       uint64_t shown)
 {
-    fprintf(stderr, "twheel: list: %s\n", tw_strerror(rc));
+    fprintf(stderr, "twheel: %s: %s\n", verb, tw_strerror(rc));
     if (o->json) {
         printf("\n],\"count\":%" PRIu64 ",\"more\":false,\"after\":null,"
                "\"error\":",
@@ -215,6 +216,38 @@ static int ls_failed(const struct opts *o, int rc, uint64_t shown)
         puts("}");
     }
     return EX_ERROR;
+}
+
+/* The end of a listing of @shown entries: where to resume, as
+ * --after [DUE,]KEY (the due only when @with_due: ls pages by (due, key),
+ * dead by key). Keys with bytes a shell cannot pass are printed in hex
+ * only in JSON. */
+static void list_end(const struct opts *o, const tw_durable_cursor *c,
+                     uint64_t shown, bool with_due)
+{
+    if (o->json) {
+        printf("\n],\"count\":%" PRIu64 ",\"more\":%s", shown,
+               c->done ? "false" : "true");
+        if (!c->done) {
+            printf(",\"after\":{");
+            if (with_due)
+                printf("\"due_ms\":%" PRId64 ",", c->due_ms);
+            printf("\"key\":");
+            json_str(c->key, c->key_len);
+            printf(",\"key_hex\":\"");
+            hex(c->key, c->key_len);
+            printf("\"}");
+        } else {
+            printf(",\"after\":null"); /* one shape: null at the end */
+        }
+        puts("}");
+    } else if (!c->done) {
+        printf("(more: --after ");
+        if (with_due)
+            printf("%" PRId64 ",", c->due_ms);
+        human_str(c->key, c->key_len);
+        puts(")");
+    }
 }
 
 static int cmd_ls(const struct opts *o, tw_durable *d)
@@ -232,7 +265,7 @@ static int cmd_ls(const struct opts *o, tw_durable *d)
             want = (size_t)(o->limit - shown);
         int n = tw_durable_list(d, o->from, o->to, &c, e, want, kb, sizeof kb);
         if (n < 0)
-            return ls_failed(o, n, shown);
+            return list_failed(o, "list", n, shown);
         for (int i = 0; i < n; i++, shown++) {
             char when[40];
             iso(e[i].due_ms, when, sizeof when);
@@ -247,26 +280,7 @@ static int cmd_ls(const struct opts *o, tw_durable *d)
             first = false;
         }
     }
-    /* Where to resume: --after DUE,KEY (keys with bytes a shell cannot
-     * pass are printed in hex only in JSON). */
-    if (o->json) {
-        printf("\n],\"count\":%" PRIu64 ",\"more\":%s", shown,
-               c.done ? "false" : "true");
-        if (!c.done) {
-            printf(",\"after\":{\"due_ms\":%" PRId64 ",\"key\":", c.due_ms);
-            json_str(c.key, c.key_len);
-            printf(",\"key_hex\":\"");
-            hex(c.key, c.key_len);
-            printf("\"}");
-        } else {
-            printf(",\"after\":null"); /* one shape: null at the end */
-        }
-        puts("}");
-    } else if (!c.done) {
-        printf("(more: --after %" PRId64 ",", c.due_ms);
-        human_str(c.key, c.key_len);
-        puts(")");
-    }
+    list_end(o, &c, shown, true);
     return 0;
 }
 
@@ -397,10 +411,8 @@ static int cmd_dead(const struct opts *o, tw_durable *d)
         if (o->limit && o->limit - shown < want)
             want = (size_t)(o->limit - shown);
         int n = tw_durable_list_dead(d, &c, e, want, kb, sizeof kb);
-        if (n < 0) {
-            fprintf(stderr, "twheel: dead: %s\n", tw_strerror(n));
-            return 2;
-        }
+        if (n < 0)
+            return list_failed(o, "dead", n, shown);
         for (int i = 0; i < n; i++, shown++) {
             tw_durable_info in;
             memset(&in, 0, sizeof in);
@@ -419,24 +431,7 @@ static int cmd_dead(const struct opts *o, tw_durable *d)
             }
         }
     }
-    if (o->json) {
-        printf("\n],\"count\":%" PRIu64 ",\"more\":%s", shown,
-               c.done ? "false" : "true");
-        if (!c.done) {
-            printf(",\"after\":{\"key\":");
-            json_str(c.key, c.key_len);
-            printf(",\"key_hex\":\"");
-            hex(c.key, c.key_len);
-            printf("\"}");
-        } else {
-            printf(",\"after\":null"); /* one shape: null at the end */
-        }
-        puts("}");
-    } else if (!c.done) {
-        printf("(more: --after ");
-        human_str(c.key, c.key_len);
-        puts(")");
-    }
+    list_end(o, &c, shown, false);
     return 0;
 }
 
