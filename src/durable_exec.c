@@ -11,7 +11,7 @@
  * callbacks to return, and the close rule: once tw__durable_exec_stop()
  * has set dropping, exec_take() hands every job still queued to the
  * backend's drop() instead of running it (the timer stays pending in the
- * store: at least once). With no threads the pool is never started and
+ * store: at least once). With no threads the pool starts none and
  * submit runs the jobs itself, in order, with no lock of its own held.
  *
  * The counters take no lock: the backend's lock guards them. Lateness is
