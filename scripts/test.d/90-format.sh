@@ -19,3 +19,14 @@ scripts/check_function_length.py --max-fn 60 --max-file 800 twheeld
 scripts/check_function_length.py --max-fn 60 --max-file 1200 \
   --allow scripts/size-allow.txt src tools/twheel
 scripts/check_size_claims.py twheeld
+# ... and can fail: a comment that says 168 bytes beside an assert of 176
+# is refused.
+t=$(mktemp -d)
+trap 'rm -rf "$t"' EXIT
+printf '%s\n' '/* A job: 168 bytes on LP64. */' 'struct job { char b[176]; };' \
+  '_Static_assert(sizeof(struct job) == 176, "a job is 176 bytes");' >"$t/job.h"
+if scripts/check_size_claims.py "$t" >"$t/out"; then
+  echo "format: check_size_claims.py let a wrong size pass"
+  exit 1
+fi
+grep -q 'job.h:1: .*no _Static_assert of 168' "$t/out"
