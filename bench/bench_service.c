@@ -43,7 +43,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
 #include "service_internal.h"
 #include "twheel/service.h"
 #include "fixture.h"

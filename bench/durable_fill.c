@@ -9,8 +9,8 @@
  * size, to see the calls that close one), schedules N keys one per call, and
  * prints every call that took over 10 ms (as [key count: ms]), the longest call
  * and the fill time. Built against an older tree's libtwheel.a it shows
- * what that version did (BENCHMARKS.md, "The key table grows a few buckets
- * at a time").
+ * what that version did (bench/history/BENCHMARKS-notebook.md, "The key
+ * table grows a few buckets at a time").
  */
 #define _GNU_SOURCE
 #include <stdint.h>

@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "internal.h"
 #include "journal.h"
 #include "twheel/durable.h"
 

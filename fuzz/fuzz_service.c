@@ -34,7 +34,6 @@
 
 #include <twheel/service.h>
 
-#include "internal.h"
 #include "service_internal.h"
 
 #include "fuzz.h"

@@ -33,7 +33,7 @@
 #include <twheel/wheel.h>
 
 #include "fuzz.h"
-#include "internal.h"
+#include "wheel_internal.h"
 
 #define NT 16
 

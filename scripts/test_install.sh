@@ -114,6 +114,18 @@ cc -std=c11 -Wall -Werror "$work/consumer.c" -o "$work/consumer_pc" \
   $(pkg-config --cflags --libs twheel)
 LD_LIBRARY_PATH=$libdir "$work/consumer_pc"
 
+# Each installed public header alone gives what every part of twheel
+# shares (twheel/base.h): the version, the TW_E* codes and their messages.
+for h in "$inc"/twheel/*.h; do
+  printf '#include <twheel/%s>\n%s\n' "${h##*/}" \
+    'int main(void) { return TW_VERSION_HEX != TW_VERSION_HEX || !tw_strerror(TW_EINVAL) || TW_ESTALE >= 0; }' \
+    >"$work/one_header.c"
+  cc -std=c11 -Wall -Werror "$work/one_header.c" -o "$work/one_header" \
+    $(pkg-config --cflags --libs twheel) ||
+    fail "twheel/${h##*/} alone lacks the version or the error codes"
+done
+[ -f "$inc/twheel/base.h" ] || fail "twheel/base.h is not installed"
+
 # A machine without hiredis's (or OpenSSL's) development files: with
 # PKG_CONFIG_LIBDIR only twheel.pc is visible. The shared library's
 # consumers need neither; only a static link names them (Libs.private).

@@ -2,8 +2,9 @@
 /*
  * common.c - what every part of the library shares: the allocator
  * (tw_set_allocator() and tw__malloc & co, through which every allocation
- * in src/ goes), the version, the error names and messages, and the copy
- * of configuration structs that can grow without breaking callers.
+ * in src/ goes), the version, the error names and messages, and the copies
+ * of configuration and stats structs that can grow without breaking
+ * callers.
  *
  * Config structs: every create/open call that takes a config struct has a
  * *_sized form that also takes the size of the caller's struct, and the
@@ -15,6 +16,12 @@
  * the bytes this library does not know must be zero (a newer field left at
  * its default), otherwise the call fails with TW_EINVAL rather than ignore
  * a setting.
+ *
+ * Stats structs go the other way, through the *_sized getters
+ * (tw_service_get_stats_sized(), tw_durable_stats_get_sized()): the
+ * library fills its full struct and tw__stats_copy_out() copies the part
+ * the caller's struct holds, zeroing what a newer, larger struct has past
+ * it.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +44,15 @@ int tw__config_copy(void *dst, size_t dst_size, const void *src,
             return TW_EINVAL;
     memcpy(dst, src, src_size < dst_size ? src_size : dst_size);
     return 0;
+}
+
+void tw__stats_copy_out(void *dst, size_t dst_size, const void *full,
+                        size_t full_size)
+{
+    size_t n = dst_size < full_size ? dst_size : full_size;
+    memcpy(dst, full, n);
+    if (dst_size > n)
+        memset((char *)dst + n, 0, dst_size - n);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -1,21 +1,22 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * src/durable.c - twheel/durable.h's public calls and the durable layer
- * that both backends share.
+ * src/durable.c - twheel/durable.h's public calls, the front of the
+ * durable layer that both backends share.
  *
  * A call is checked here (NULL, empty or oversized key, oversized
  * payload, a store closing or read-only) and then dispatched through the
  * store's ops table (src/durable_backend.h) to the journal backend
  * (src/durable_journal.c, cfg->dir) or the Redis backend
  * (src/durable_redis.c, cfg->redis). The way back, a due timer's
- * delivery, is shared as well (src/durable_exec.h): a backend hands its
- * deliveries to one executor built on src/exec_pool.c, which runs them
- * inline or on cfg->executor_threads threads; the counters of
- * tw_durable_stats that concern deliveries (fired, retried, backlog,
- * running, lateness) are kept one way; tw__durable_fire() marks the
- * thread as inside a callback, so that tw_durable_close() from there is
- * TW_EDEADLK instead of a wait for itself; and once close has begun every
- * change is refused with TW_ESHUTDOWN. The default clocks and the error
+ * delivery, is shared as well: a backend hands its deliveries to one
+ * executor (src/durable_exec.c), which runs them inline or on
+ * cfg->executor_threads threads and keeps the delivery counters of
+ * tw_durable_stats; tw__durable_fire() marks the thread as inside a
+ * callback (tw__durable_running, defined here), so that
+ * tw_durable_close() from there is TW_EDEADLK instead of a wait for
+ * itself; and once close has begun every change is refused with
+ * TW_ESHUTDOWN. Calls made on many threads at once are batched by the
+ * call combiner (src/durable_combine.c). The default clocks and the error
  * messages of open are here too. The retry policy and the dead-letter
  * calls are in src/durable_dead.c, look-ups in src/durable_query.c,
  * metrics in src/durable_metrics.c.
@@ -24,7 +25,6 @@
 
 #include "twheel/durable.h"
 
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -33,9 +33,8 @@
 
 #include "clock.h"
 #include "durable_backend.h"
-#include "durable_combine.h"
 #include "durable_exec.h"
-#include "internal.h"
+#include "common.h"
 
 /* ------------------------------------------------------------------------ */
 /* Clocks and messages. */
@@ -60,208 +59,6 @@ void tw__durable_errmsg(const tw_durable_config *cfg, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(cfg->errbuf, cfg->errbuf_len, fmt, ap);
     va_end(ap);
-}
-
-/* ------------------------------------------------------------------------ */
-/* The shared delivery path (src/durable_exec.h). */
-
-static bool exec_take(tw_timer *job, void *ctx)
-{
-    struct tw__durable_exec *x = ctx;
-    if (!atomic_load_explicit(&x->dropping, memory_order_acquire))
-        return true;
-    x->drop((struct tw__durable_job *)job, x->ctx);
-    pthread_mutex_lock(&x->mu);
-    if (--x->pending == 0)
-        pthread_cond_broadcast(&x->idle);
-    pthread_mutex_unlock(&x->mu);
-    return false;
-}
-
-static void exec_run(tw_timer *job, void *ctx)
-{
-    struct tw__durable_exec *x = ctx;
-    x->run((struct tw__durable_job *)job, x->ctx);
-    pthread_mutex_lock(&x->mu);
-    if (--x->pending == 0)
-        pthread_cond_broadcast(&x->idle);
-    pthread_mutex_unlock(&x->mu);
-}
-
-int tw__durable_exec_init(struct tw__durable_exec *x, uint32_t nthreads,
-                          tw__durable_run_fn run, tw__durable_drop_fn drop,
-                          void *ctx)
-{
-    x->run = run;
-    x->drop = drop;
-    x->ctx = ctx;
-    x->pending = 0;
-    x->started = false;
-    atomic_init(&x->dropping, false);
-    if (tw__exec_init(&x->pool, nthreads, exec_take, exec_run, x) != 0)
-        return TW_ENOMEM;
-    if (pthread_mutex_init(&x->mu, NULL) != 0)
-        goto fail_pool;
-    if (pthread_cond_init(&x->idle, NULL) != 0)
-        goto fail_mu;
-    x->ready = true;
-    return 0;
-fail_mu:
-    pthread_mutex_destroy(&x->mu);
-fail_pool:
-    tw__exec_destroy(&x->pool);
-    return TW_ENOMEM;
-}
-
-int tw__durable_exec_start(struct tw__durable_exec *x)
-{
-    if (tw__exec_start(&x->pool) != 0)
-        return TW_ENOMEM;
-    x->started = true;
-    return 0;
-}
-
-void tw__durable_exec_submit(struct tw__durable_exec *x,
-                             struct tw__durable_jobs *l)
-{
-    tw_timer *first = l->head;
-    size_t n = l->n;
-    tw__durable_jobs_init(l);
-    if (!first)
-        return;
-    if (!tw__durable_exec_threaded(x)) {
-        while (first) {
-            tw_timer *job = first;
-            first = job->tw__next; /* run() may free the job */
-            x->run((struct tw__durable_job *)job, x->ctx);
-        }
-        return;
-    }
-    /* Counted before the push: tw__durable_exec_wait_idle() never misses
-     * a job. */
-    pthread_mutex_lock(&x->mu);
-    x->pending += n;
-    pthread_mutex_unlock(&x->mu);
-    tw__exec_push(&x->pool, first);
-}
-
-void tw__durable_exec_wait_idle(struct tw__durable_exec *x)
-{
-    pthread_mutex_lock(&x->mu);
-    while (x->pending)
-        pthread_cond_wait(&x->idle, &x->mu);
-    pthread_mutex_unlock(&x->mu);
-}
-
-void tw__durable_exec_stop(struct tw__durable_exec *x)
-{
-    if (!x->started)
-        return;
-    atomic_store_explicit(&x->dropping, true, memory_order_release);
-    tw__exec_stop(&x->pool);
-    x->started = false;
-}
-
-void tw__durable_exec_destroy(struct tw__durable_exec *x)
-{
-    if (!x->ready)
-        return;
-    pthread_cond_destroy(&x->idle);
-    pthread_mutex_destroy(&x->mu);
-    tw__exec_destroy(&x->pool);
-    x->ready = false;
-}
-
-uint64_t tw__durable_late_us(int64_t now_ms, int64_t due_ms)
-{
-    int64_t late_ms; /* due_ms may be anywhere in int64: saturate */
-    if (__builtin_sub_overflow(now_ms, due_ms, &late_ms))
-        late_ms = INT64_MAX;
-    return late_ms > 0 && late_ms < INT64_MAX / 1000 ? (uint64_t)late_ms * 1000u
-           : late_ms > 0                             ? UINT64_MAX
-                                                     : 0;
-}
-
-void tw__durable_counts_begin(struct tw__durable_counts *c, uint64_t late_us)
-{
-    c->late_hist[tw__late_bucket(late_us)]++;
-    c->late_sum_us = late_us > UINT64_MAX - c->late_sum_us
-                         ? UINT64_MAX
-                         : c->late_sum_us + late_us;
-    c->running++;
-}
-
-void tw__durable_counts_end(struct tw__durable_counts *c, int r)
-{
-    c->running--;
-    if (r > 0 || r == TW_DURABLE_FIRE_RETRY)
-        c->retried++;
-    else
-        c->fired++;
-}
-
-void tw__durable_counts_stats(const struct tw__durable_counts *c,
-                              tw_durable_stats *out)
-{
-    out->fired = c->fired;
-    out->retried = c->retried;
-    out->backlog = c->backlog;
-    out->running = c->running;
-    out->late_sum_us = c->late_sum_us;
-    memcpy(out->late_hist, c->late_hist, sizeof out->late_hist);
-}
-
-/* ------------------------------------------------------------------------ */
-/* The call combiner (src/durable_combine.h). */
-
-/* Apply every call queued so far, in arrival order (mu held), a few
- * rounds while more arrive. */
-static void combine(struct tw__combiner *c)
-{
-    atomic_store(&c->combining, true);
-    for (int round = 0; round < TW__COMBINE_ROUNDS; round++) {
-        struct tw__combine_req *r = atomic_exchange(&c->pend, NULL);
-        struct tw__combine_req *fifo = NULL;
-        if (!r)
-            break;
-        while (r) {
-            struct tw__combine_req *nx = r->next;
-            r->next = fifo;
-            fifo = r;
-            r = nx;
-        }
-        c->apply(fifo, c->ctx);
-    }
-    atomic_store(&c->combining, false);
-}
-
-/* A caller that finds the mutex taken by a combiner sleeps on seq instead
- * of queueing for the mutex; when no combiner runs it takes the mutex. */
-void tw__combine_run(struct tw__combiner *c, struct tw__combine_req *r)
-{
-    atomic_init(&r->done, false);
-    r->next = atomic_load(&c->pend);
-    while (!atomic_compare_exchange_weak(&c->pend, &r->next, r))
-        ;
-    while (!atomic_load_explicit(&r->done, memory_order_acquire)) {
-        unsigned seq = atomic_load(&c->seq.word);
-        bool locked = pthread_mutex_trylock(c->mu) == 0;
-        if (!locked && !atomic_load(&c->combining)) {
-            pthread_mutex_lock(c->mu);
-            locked = true;
-        }
-        if (locked) {
-            if (!atomic_load_explicit(&r->done, memory_order_acquire))
-                combine(c);
-            if (c->after)
-                c->after(c->ctx);
-            pthread_mutex_unlock(c->mu);
-            /* Callers that queued meanwhile try again. */
-            tw__futex_bump(&c->seq);
-            return;
-        }
-        tw__futex_wait(&c->seq, seq);
-    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -595,10 +392,8 @@ int tw_durable_stats_get_sized(tw_durable *d, tw_durable_stats *out,
     tw_durable_stats full;
     memset(&full, 0, sizeof full);
     int rc = d->ops->stats(d, &full);
-    if (rc == 0) {
-        memset(out, 0, out_size);
-        memcpy(out, &full, out_size < sizeof full ? out_size : sizeof full);
-    }
+    if (rc == 0)
+        tw__stats_copy_out(out, out_size, &full, sizeof full);
     return rc;
 }
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * src/durable_combine.h - the call combiner of the durable layer: calls
- * made on many threads at once become batches (src/durable.c).
+ * made on many threads at once become batches (src/durable_combine.c).
  *
  * Flat combining: a caller pushes its request on a lock-free stack, then
  * either becomes the combiner (it got the combiner's mutex) or sleeps on

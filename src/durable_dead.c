@@ -18,7 +18,6 @@
 #include <time.h>
 
 #include "durable_backend.h"
-#include "internal.h"
 
 #define RETRY_MS_DEFAULT 1000u
 

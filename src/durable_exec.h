@@ -2,7 +2,7 @@
 /*
  * src/durable_exec.h - the delivery path every durable backend shares: one
  * executor for callbacks (cfg.executor_threads, on src/exec_pool.c) and
- * the delivery counters behind tw_durable_stats (src/durable.c); below
+ * the delivery counters behind tw_durable_stats (src/durable_exec.c); below
  * them the rest of the shared layer: tw__durable_fire() and the mark of
  * the store whose callback a thread runs, the retry policy
  * (src/durable_dead.c), the default clocks and open's messages. The call

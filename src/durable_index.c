@@ -17,7 +17,7 @@
 
 #include <string.h>
 
-#include "internal.h"
+#include "common.h"
 
 #define DX_SHIFT 12
 #define DX_CHUNK (1u << DX_SHIFT)

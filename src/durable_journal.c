@@ -97,7 +97,8 @@
 #include <string.h>
 
 #include "durable_journal.h"
-#include "internal.h"
+#include "common.h"
+#include "durable_hooks.h"
 
 /* ------------------------------------------------------------------------ */
 /* The ordered index of tw_durable_list(), once built. */

@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "durable_journal.h"
-#include "internal.h"
+#include "common.h"
 
 /* ------------------------------------------------------------------------ */
 /* Compaction. */

@@ -28,7 +28,8 @@
 
 #include "clock.h"
 #include "durable_journal.h"
-#include "internal.h"
+#include "common.h"
+#include "durable_hooks.h"
 
 #define WALL_CHECK_MS 250
 #define CHUNK_BYTES (4u << 20)

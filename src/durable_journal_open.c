@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "durable_journal.h"
-#include "internal.h"
+#include "common.h"
 
 static void free_all(jstore *s);
 static const struct tw_durable_ops journal_ops;

@@ -19,7 +19,8 @@
 
 #include "clock.h"
 #include "durable_journal.h"
-#include "internal.h"
+#include "common.h"
+#include "durable_hooks.h"
 
 /* ------------------------------------------------------------------------ */
 /* Look-up and listing. */

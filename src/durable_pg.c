@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "durable_pg.h"
-#include "internal.h"
+#include "common.h"
 
 static char *dup_str(const char *s)
 {

@@ -21,7 +21,7 @@
 #include <time.h>
 
 #include "durable_pg.h"
-#include "internal.h"
+#include "common.h"
 
 /* Type OIDs of the built-in types (pg_type.dat; fixed since 1996). */
 #define OID_BYTEA 17u

@@ -40,7 +40,7 @@
 #include <unistd.h>
 
 #include "durable_pg.h"
-#include "internal.h"
+#include "common.h"
 
 #define DEAD_UNRUN (-2) /* to the dead letters without a callback */
 

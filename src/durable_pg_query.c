@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "durable_pg.h"
-#include "internal.h"
+#include "common.h"
 
 #define SCAN_PAGE 1000
 

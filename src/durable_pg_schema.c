@@ -39,7 +39,7 @@
 #include <string.h>
 
 #include "durable_pg.h"
-#include "internal.h"
+#include "common.h"
 
 static const char schema_v1[] =
     "CREATE SCHEMA IF NOT EXISTS twheel;"

@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "durable_backend.h"
-#include "internal.h"
 
 static bool refused(tw_durable *d)
 {

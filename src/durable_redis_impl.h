@@ -24,10 +24,10 @@
 #include <time.h>
 
 #include "clock.h"
+#include "common.h"
 #include "durable_backend.h"
 #include "durable_combine.h"
 #include "durable_exec.h"
-#include "internal.h"
 #include "redis_client.h"
 #include "redis_owner.h"
 #include "redis_scripts.h"

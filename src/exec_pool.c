@@ -11,7 +11,7 @@
 
 #include "exec_pool.h"
 
-#include "internal.h"
+#include "common.h"
 
 int tw__exec_init(struct exec_pool *p, uint32_t nthreads, tw__exec_take_fn take,
                   tw__exec_run_fn run, void *ctx)

@@ -8,8 +8,6 @@
 
 #include <stdlib.h>
 
-#include "internal.h"
-
 #if defined(__linux__)
 #include <linux/membarrier.h>
 #include <sys/syscall.h>

@@ -37,4 +37,10 @@ static inline void tw__fence_light(void)
     atomic_signal_fence(memory_order_seq_cst);
 }
 
+#ifdef TW_TEST_HOOKS
+/* Called when tw__fence_heavy() is about to make the other threads
+ * execute a full barrier (test build only). */
+extern void (*tw__fence_heavy_hook)(void);
+#endif
+
 #endif

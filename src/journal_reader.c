@@ -27,7 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "common.h"
 #include "twheel/durable.h"
 
 /* The first offset >= @from holding a valid record, or @n. A record's

@@ -46,7 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "common.h"
 #include "twheel/durable.h"
 
 int (*tw__journal_fault)(int op);

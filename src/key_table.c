@@ -5,7 +5,7 @@
  */
 #include "key_table.h"
 
-#include "internal.h"
+#include "common.h"
 
 #define SLAB_CHUNKS_MAX ((size_t)(UINT32_MAX - 1) / TW__KEY_SLAB_UNITS)
 

@@ -43,7 +43,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "internal.h"
+#include "common.h"
+#include "twheel/wheel.h"
+
+/* A cache line of padding in a struct, so that the fields on either side do
+ * not share one (the name tells the pads of one struct apart); the pool's
+ * struct and the service's (src/service_impl.h) use it. */
+#define PAD(n) char pad##n[64]
 
 /* ------------------------------------------------------------------------ */
 /* The pool's part of the state word. */

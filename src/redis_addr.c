@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "common.h"
 #include "redis_client_impl.h"
 
 /* A config field overrides the URL's part. */

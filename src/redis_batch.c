@@ -30,7 +30,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "internal.h"
+#include "common.h"
 #include "redis_client_impl.h"
 
 /* hiredis writes with write(): a server that went away would raise

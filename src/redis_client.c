@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "common.h"
 #include "redis_client_impl.h"
 
 void tw__rc_stats_get(tw__rc *c, tw__rc_stats *out)

@@ -34,7 +34,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "internal.h"
+#include "common.h"
 #include "redis_client_impl.h"
 
 /* snprintf for messages that may be cut short (on purpose). */

@@ -23,7 +23,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "common.h"
 #include "redis_client_impl.h"
 
 /* A node's name in messages: host:port, [v6]:port or unix:path. */

@@ -26,7 +26,7 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "internal.h"
+#include "common.h"
 
 int tw__eval_load(tw__rc *c, const char *const *src, size_t n, char (*sha)[41])
 {

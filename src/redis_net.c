@@ -37,7 +37,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "common.h"
 #include "redis_client_impl.h"
 
 void tw__rc_conn_close(struct rc_conn *k)

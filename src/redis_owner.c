@@ -109,7 +109,7 @@
 #include <unistd.h>
 
 #include "clock.h"
-#include "internal.h"
+#include "common.h"
 #include "redis_eval.h"
 
 enum { O_BEAT, O_ACQ, O_REL, O_COUNT };

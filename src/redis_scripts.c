@@ -68,8 +68,9 @@
  * its condition as an optional argument). Scripts that take
  * many keys (SCHED, CLAIM, DONE) run a fixed number of variadic commands
  * per call, so Redis's per-call and per-command costs (a script call
- * about 4 us, each redis.call about 3 us more on the machine of
- * BENCHMARKS.md) are paid once per batch.
+ * about 4 us, each redis.call about 3 us more: "Round 5" of "Durable
+ * timers on Redis" in bench/history/BENCHMARKS-notebook.md) are paid once
+ * per batch.
  */
 #include "redis_scripts.h"
 

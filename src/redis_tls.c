@@ -33,7 +33,7 @@
 #include <openssl/x509v3.h>
 #endif
 
-#include "internal.h"
+#include "common.h"
 #include "redis_client_impl.h"
 
 #ifdef TWHEEL_HAVE_TLS

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "common.h"
 #include "redis_client_impl.h"
 
 /* CRC16-CCITT (XMODEM), polynomial 0x1021, as Redis Cluster uses. */

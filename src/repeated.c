@@ -38,7 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "common.h"
+#include "repeated_internal.h"
 #include "service_internal.h"
 #include "twheel/repeated.h"
 

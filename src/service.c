@@ -324,7 +324,7 @@ int tw_service_get_stats_sized(const tw_service *s, tw_service_stats *out,
     st.memory_bytes = atomic_load_explicit(&m->pool.mem, memory_order_relaxed) +
                       atomic_load_explicit(&m->mem, memory_order_relaxed);
     st.backlog = atomic_load_explicit(&m->backlog, memory_order_relaxed);
-    tw__svc_stats_out(out, out_size, &st);
+    tw__stats_copy_out(out, out_size, &st, sizeof st);
     return 0;
 }
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * src/service_clock.c - the timer service's clock choice, deadline windows
- * and statistics layout (declared in src/service_clock.h).
+ * src/service_clock.c - the timer service's clock choice and deadline
+ * windows (declared in src/service_clock.h).
  *
  * Clocks: the service measures time on CLOCK_MONOTONIC (the default) or
  * CLOCK_BOOTTIME. A condition variable can only wait on CLOCK_MONOTONIC
@@ -51,15 +51,6 @@ void tw__svc_window(uint64_t tick_ns, uint64_t due_ns, uint64_t width_ns,
     uint64_t l = end / tick_ns;
     *first = f;
     *last = l > f ? l : f;
-}
-
-void tw__svc_stats_out(tw_service_stats *out, size_t out_size,
-                       const tw_service_stats *full)
-{
-    size_t n = out_size < sizeof *full ? out_size : sizeof *full;
-    memcpy(out, full, n);
-    if (out_size > n)
-        memset((char *)out + n, 0, out_size - n);
 }
 
 uint64_t tw__recip(uint64_t d)

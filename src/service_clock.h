@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * src/service_clock.h - the timer service's clock choice, deadline windows
- * and statistics layout (src/service_clock.c): pure helpers that need no
+ * src/service_clock.h - the timer service's clock choice and deadline
+ * windows (src/service_clock.c): pure helpers that need no
  * service state.
  */
 #ifndef TWHEEL_SERVICE_CLOCK_H
@@ -41,11 +41,6 @@ uint64_t tw__svc_wait_ns(clockid_t id, uint64_t left_ns);
  * boundary after *@first. */
 void tw__svc_window(uint64_t tick_ns, uint64_t due_ns, uint64_t width_ns,
                     uint64_t *first, uint64_t *last);
-
-/* Copy the counters @full into the caller's struct @out of @out_size
- * bytes (at least the 0.1 struct): the fields that fit, zero past them. */
-void tw__svc_stats_out(tw_service_stats *out, size_t out_size,
-                       const tw_service_stats *full);
 
 /* ------------------------------------------------------------------------ */
 /* Division by the tick without a divide instruction. */

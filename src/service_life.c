@@ -19,6 +19,7 @@
 
 #include "fence.h"
 #include "service_impl.h"
+#include "wheel_internal.h"
 
 #define TICK_MIN_NS UINT64_C(1000)
 /* The shortest tick with which the producers publish without a barrier

@@ -22,6 +22,7 @@
 #include "fence.h"
 #include "service_impl.h"
 #include "service_ring.h"
+#include "wheel_internal.h"
 
 #define DRAIN_BATCH 8192 /* submissions per timer-thread round */
 

@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 
 #include "service_impl.h"
+#include "wheel_internal.h"
 
 /* Defined below, in the order a call meets them. */
 static void run_node(tw_service *s, struct node *n, bool inline_wheel);

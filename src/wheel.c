@@ -75,8 +75,9 @@
  * and once when it runs. More chains let more of those misses overlap;
  * more slots per level mean fewer cascades for the same deadlines
  * but multiply the table (8 levels x 256 slots x 8 chains x 8 bytes =
- * 128 KiB once wide). BENCHMARKS.md has the measurements behind this
- * choice and the line-touch accounting.
+ * 128 KiB once wide). The measurements behind this choice are in
+ * bench/history/BENCHMARKS-notebook.md, "Core wheel: layout and the add
+ * path" ("Slots per level and lists per slot").
  *
  * A level-0 slot that is not a rounds level holds only timers due at its
  * tick, so its visit hands its chains over to the fire loop as they are:
@@ -134,7 +135,9 @@
  * spreading them over a slot's lists buys no overlap of misses there, and
  * a slot whose timers are in one list is handed over and fired by the
  * one-list paths (hand_over(), fire_chains() with one chain), about 23
- * instructions per expired timer fewer at 1e6 timers (BENCHMARKS.md). So
+ * instructions per expired timer fewer at 1e6 timers (217.4 to 194.6:
+ * bench/history/BENCHMARKS-notebook.md, "Core wheel: one-tick expiry in
+ * 59 ns at 1e6", "What changed"). So
  * runs of 2^TW_WHEEL_FIRE_RUN_SHIFT moved timers (4,096: 256 KiB of lines,
  * within a second-level cache) share a list, and a visit that moves more
  * still deals its runs over the lists, for the misses of a large slot. */
@@ -148,17 +151,17 @@
 #define K_SHIFT ((unsigned)__builtin_ctz(K)) /* log2(K) */
 #define TW_WIDE_AT_CREATE 4096 /* bytes: smaller wide tables come at once */
 
-/* The invariant checkers used by the tests (also in src/internal.h). */
+/* The invariant checkers used by the tests (also in src/wheel_internal.h). */
 int tw__wheel_check(const tw_wheel *w);
 int tw__wheel_check_full(const tw_wheel *w);
 /* For tests: slots marked occupied whose lists are all empty (left so by
- * tw_wheel_cancel_inline() until a visit); also in src/internal.h. */
+ * tw_wheel_cancel_inline() until a visit); also in src/wheel_internal.h. */
 size_t tw__wheel_stale_slots(const tw_wheel *w);
 /* For tests: widen a narrow table when the count reaches @n (see widen();
  * 0 changes nothing); returns the lists per slot. */
 unsigned tw__wheel_widen_at(tw_wheel *w, size_t n);
 /* One callback for every timer, and the adds for such a wheel (also in
- * src/internal.h). */
+ * src/wheel_internal.h). */
 void tw__wheel_set_fire(tw_wheel *w, tw_timer_fn fire, void *arg);
 int tw__wheel_add_any(tw_wheel *w, tw_timer *t, uint64_t expires);
 int tw__wheel_add_window_any(tw_wheel *w, tw_timer *t, uint64_t earliest,

@@ -13,7 +13,7 @@
 
 #include <twheel/durable.h>
 
-#include "internal.h"
+#include "durable_hooks.h"
 #include "test_alloc_fail.h"
 
 static char dir[] = "/tmp/tw_durable_af_XXXXXX";

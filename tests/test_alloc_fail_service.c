@@ -23,7 +23,6 @@
 #include <stdbool.h>
 
 #include "fixture.h"
-#include "internal.h"
 #include "service_internal.h"
 #include "test.h"
 #include "test_alloc_fail.h"

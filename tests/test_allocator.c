@@ -16,7 +16,6 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
-#include "internal.h"
 #include "fixture.h"
 #include "test.h"
 #include "twheel/repeated.h"

@@ -30,7 +30,6 @@
 
 #define VCLOCK_START (UINT64_C(5000) * SEC)
 #include "fixture.h"
-#include "internal.h"
 #include "service_internal.h"
 #include "test.h"
 #include "twheel/service.h"

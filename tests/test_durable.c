@@ -21,7 +21,8 @@
 
 #include <twheel/durable.h>
 
-#include "internal.h"
+#include "common.h"
+#include "durable_hooks.h"
 #include "journal.h"
 #include "durable_fixture.h"
 #include "test.h"

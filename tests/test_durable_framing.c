@@ -24,7 +24,6 @@
 #include <time.h>
 
 #include "durable_fixture.h"
-#include "internal.h"
 #include "journal.h"
 
 static int fire_none(tw_durable *d, const tw_durable_timer *t, void *arg)

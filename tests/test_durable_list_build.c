@@ -9,7 +9,7 @@
  */
 #define _GNU_SOURCE
 #include "durable_fixture.h"
-#include "internal.h"
+#include "durable_hooks.h"
 
 #define OLD 20000
 #define NEW 40000

@@ -3,15 +3,16 @@
  * tests/test_repeated.c - RepeatedTimer semantics in virtual time.
  *
  * The timer runs on a deterministic scheduler with a virtual clock (the
- * tw__sched seam in src/internal.h): tasks run on this thread, in deadline
- * order, when the test advances the clock. So every count below is exact.
+ * tw__sched seam in src/repeated_internal.h): tasks run on this thread,
+ * in deadline order, when the test advances the clock. So every count
+ * below is exact.
  * The same code on the real tw_service, with threads, is in
  * test_repeated_threads.c.
  */
 #define _POSIX_C_SOURCE 200809L
 
 #include "fixture.h"
-#include "internal.h"
+#include "repeated_internal.h"
 #include "test.h"
 
 #define MAX_TASKS 64

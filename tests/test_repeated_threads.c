@@ -22,9 +22,9 @@
 #include <unistd.h>
 
 #include "fixture.h"
-#include "internal.h"
 #include "service_internal.h"
 #include "test.h"
+#include "twheel/repeated.h"
 
 /* Poll @v until it reaches @want; false after 10 s (a generous bound). */
 static bool wait_for(atomic_int *v, int want)

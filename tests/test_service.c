@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 #include "fixture.h"
-#include "internal.h"
 #include "service_internal.h"
 #include "test.h"
 #include "twheel/service.h"

@@ -21,7 +21,6 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#include "internal.h"
 #include "service_internal.h"
 #include "fixture.h"
 #include "test.h"

@@ -15,7 +15,6 @@
 #include <pthread.h>
 
 #include "fixture.h"
-#include "internal.h"
 #include "service_internal.h"
 
 static void nop(tw_id id, void *arg)

@@ -18,7 +18,6 @@
 
 #include "fence.h"
 #include "fixture.h"
-#include "internal.h"
 #include "service_internal.h"
 #include "service_impl.h"
 

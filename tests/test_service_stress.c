@@ -21,7 +21,6 @@
 #include <time.h>
 
 #include "fixture.h"
-#include "internal.h"
 #include "test.h"
 #include "twheel/service.h"
 

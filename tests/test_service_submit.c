@@ -37,7 +37,6 @@
 #include <time.h>
 
 #include "fixture.h"
-#include "internal.h"
 #include "service_internal.h"
 #include "test.h"
 #include "twheel/repeated.h"

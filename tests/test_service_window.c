@@ -33,7 +33,7 @@
 
 #define VCLOCK_START (UINT64_C(7000) * SEC)
 #include "fixture.h"
-#include "internal.h"
+#include "common.h"
 #include "service_internal.h"
 #include "service_clock.h"
 #include "test.h"

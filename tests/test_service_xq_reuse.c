@@ -27,7 +27,6 @@
 #include <time.h>
 
 #include "fixture.h"
-#include "internal.h"
 #include "service_internal.h"
 #include "test.h"
 #include "twheel/service.h"

@@ -28,7 +28,6 @@
 #include <time.h>
 
 #include "fixture.h"
-#include "internal.h"
 #include "service_internal.h"
 #include "test.h"
 #include "twheel/service.h"

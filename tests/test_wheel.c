@@ -4,7 +4,7 @@
  * run on every wheel shape (hierarchical default, Netty's single wheel with
  * rounds, a few levels with rounds on top, one slot). Time is virtual.
  */
-#include "internal.h"
+#include "wheel_internal.h"
 #include "test.h"
 
 #include <twheel/wheel.h>

@@ -14,7 +14,7 @@
  *
  * Usage: test_wheel_diff [ops-per-config] [seed]
  */
-#include "internal.h"
+#include "wheel_internal.h"
 #include "test.h"
 
 #include <twheel/wheel.h>

@@ -47,7 +47,12 @@ struct tbd_dq {
     uint32_t nqueues;
 };
 
+/* The sizes delayq.h adds up to the cost of a delayed job. */
 _Static_assert(sizeof(struct entry) == 24, "an entry is 24 bytes");
+_Static_assert(sizeof(*((struct tbd_dq *)0)->slots) == 4,
+               "an id table slot is 4 bytes");
+_Static_assert(sizeof(*((struct queue *)0)->heap) == 4,
+               "a queue heap's entry number is 4 bytes");
 
 static struct entry *ent(const struct tbd_dq *dq, uint32_t e)
 {

@@ -30,6 +30,9 @@ enum { REC_JOB = 'J', REC_MARK = 'M', REC_LIVE = 'L', REC_VERSION = 3 };
 #define REC_STATE_MAX 3 /* the job states are 0 (ready) to 3 (buried) */
 #define NODE_SHIFT 40   /* --node N: ids N * 2^40 + 1 ... (< 2^53) */
 
+_Static_assert(REC_TOKEN == 8 && REC_TOKEN == sizeof(uint64_t),
+               "the write token is 8 bytes, a uint64_t");
+
 /* A job record read back from the store (tbd_job_write()'s layout). */
 struct rec {
     int state;

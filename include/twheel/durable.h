@@ -57,6 +57,7 @@
 #ifndef TWHEEL_DURABLE_H
 #define TWHEEL_DURABLE_H
 
+#include "twheel/base.h" /* TW_VERSION_*, TW_E*, tw_strerror() */
 #include "twheel/wheel.h"
 
 #include <stddef.h>

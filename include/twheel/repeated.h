@@ -33,6 +33,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "twheel/base.h" /* TW_VERSION_*, TW_E*, tw_strerror() */
 #include "twheel/service.h"
 
 #ifdef __cplusplus

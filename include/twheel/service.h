@@ -64,6 +64,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "twheel/base.h" /* TW_VERSION_*, TW_E*, tw_strerror() */
 #include "twheel/wheel.h"
 
 #ifdef __cplusplus
