@@ -17,7 +17,8 @@
  * SECONDS; prints calls/s and the p50/p99 latency of one call (for Redis
  * with DEPTH > 1: of one pipelined batch of DEPTH calls, divided by
  * nothing: the time from sending the batch to its last reply; for twheel
- * with BATCH > 1: of one tw_durable_schedule_many call of BATCH items).
+ * with BATCH > 1: of one tw_durable_schedule_many call of BATCH items),
+ * and cpu_s, this process's CPU time (user + system, all threads).
  * isched: the same with TW_DURABLE_SYNC_INTERVAL (written before the call
  * returns, fdatasync every second: Redis appendfsync everysec's
  * durability).
@@ -44,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -131,11 +133,18 @@ static void report(const char *sys, const char *op, int threads, int depth,
         free(w[i].lat);
     }
     qsort(all, n, sizeof *all, cmp_u64);
+    /* This process's CPU (user + system, every thread: the callers and,
+     * for twheel, the journal's writer) since it started. */
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+                 (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
     double p50 = n ? (double)all[n / 2] / 1000 : 0;
     double p99 = n ? (double)all[n * 99 / 100] / 1000 : 0;
     printf("system=%s op=%s threads=%d depth=%d ops=%" PRIu64
-           " secs=%.2f ops_per_s=%.0f p50_us=%.1f p99_us=%.1f\n",
-           sys, op, threads, depth, ops, secs, (double)ops / secs, p50, p99);
+           " secs=%.2f ops_per_s=%.0f p50_us=%.1f p99_us=%.1f cpu_s=%.3f\n",
+           sys, op, threads, depth, ops, secs, (double)ops / secs, p50, p99,
+           cpu);
     free(all);
 }
 

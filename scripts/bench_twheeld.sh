@@ -6,6 +6,10 @@
 #   BUILD_DIR holds twheeld/twheeld and bench/bench_bstalk (Release).
 #   ONLY=many: only the many-delayed-jobs rows (memory, disk, restart).
 #   ONLY=rates: only the other rows (puts/s, reserve+delete/s, lateness).
+#   ONLY=main: the main job's round (scripts/bench.sh): every row once,
+#     the two servers one after the other on each row, SECONDS per timed
+#     row, DELAYED_JOBS delayed jobs; lines "bstalk srv=S row=R value=V
+#     unit=U" for results.csv beside each program's own line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 b=${1:?usage: $0 BUILD_DIR [SECONDS] [DELAYED_JOBS]}
@@ -60,42 +64,22 @@ start() {
 stop() { kill "$1"; wait "$1" 2>/dev/null || true; }
 rss() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
 
-echo "# $(date -u +%F) $(nproc) cores; twheeld $("$tw" -v | cut -d' ' -f2), beanstalkd $(beanstalkd -v 2>&1 | cut -d' ' -f2)"
-for srv in beanstalkd twheeld; do
-  if [ "${ONLY:-all}" != many ]; then
-  # Reply after fdatasync: beanstalkd -f 0, twheeld -f 0.
-  for c in 1 64; do
-    start "$srv" "$work/$srv-f0-$c" -f 0
-    echo "$srv -f 0 $("$load" -p "$P" -c "$c" -t "$secs" put)"
-    stop "$PID"
-  done
-  # Once-a-second sync.
-  start "$srv" "$work/$srv-f1000" -f 1000
-  echo "$srv -f 1000 $("$load" -p "$P" -c 1 -t "$secs" put)"
-  echo "$srv -f 1000 $("$load" -p "$P" -c 64 -d 16 -t "$secs" put)"
-  echo "$srv -f 1000 $("$load" -p "$P" -c 1 -t "$secs" reserve)"
-  echo "$srv -f 1000 $("$load" -p "$P" -c 16 -t "$secs" reserve)"
-  stop "$PID"
-  # Lateness of delayed jobs becoming ready (delays of 1, 2 or 3 s):
-  # puts pipelined 64 deep (each second's jobs due in a burst as dense
-  # as the server took the puts), then one at a time per connection.
-  for d in 64 1; do
-    start "$srv" "$work/$srv-late-$d" -f 1000
-    echo "$srv -f 1000 $("$load" -p "$P" -c 8 -d "$d" -n 20000 -D 3 late)"
-    stop "$PID"
-  done
-  fi
-  [ "${ONLY:-all}" = rates ] && continue
-  # Many delayed jobs: memory, disk, restart after kill -9.
-  start "$srv" "$work/$srv-many" -f 1000
+# many SRV DIR NJOBS: NJOBS delayed jobs (delays up to a day) into a
+# fresh server, its memory and disk, then kill -9 and a restart timed
+# until `stats` answers. Sets REPLY_* for the caller.
+many() {
+  local srv=$1 dir=$2 njobs=$3
+  start "$srv" "$dir" -f 1000
   echo "$srv -f 1000 $("$load" -p "$P" -c 8 -d 256 -n "$njobs" -D 86400 delayed)"
   sleep 2 # the once-a-second sync
-  echo "$srv $njobs delayed: RSS $(($(rss "$PID") / 1024)) MB, disk $(du -sm "$work/$srv-many" | cut -f1) MB"
+  REPLY_RSS=$(($(rss "$PID") / 1024))
+  REPLY_DISK=$(du -sm "$dir" | cut -f1)
+  echo "$srv $njobs delayed: RSS $REPLY_RSS MB, disk $REPLY_DISK MB"
   kill -9 "$PID"
   wait "$PID" 2>/dev/null || true
   P=$(port)
   t0=$(date +%s.%N)
-  launch "$srv" "$work/$srv-many" -f 1000
+  launch "$srv" "$dir" -f 1000
   # One client, started with the server: it connects as soon as the
   # server listens, then times the first reply to `stats` and, on the
   # same connection, the reply to `peek-delayed` (from t0). beanstalkd
@@ -139,6 +123,102 @@ PY
   # machine that other work shares, the wall time is mostly that wait.
   cpu=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$PID/stat")
   rq=$(cat /proc/"$PID"/task/*/schedstat | awk '{w += $2} END {printf "%.2f", w / 1e9}')
+  REPLY_T1=$t1 REPLY_CPU=$cpu REPLY_RQ=$rq
   echo "$srv restart after kill -9: answering stats in $t1 s, peek-delayed in $t2 s (CPU $cpu s, waiting for a CPU $rq s until then), current-jobs-delayed $n, RSS $(($(rss "$PID") / 1024)) MB"
   stop "$PID"
+}
+
+# row NAME SRV UNIT LINE: the line a program printed, then the row's
+# value (the figure after the last "=" or the named field) as a
+# results line.
+row() {
+  local name=$1 srv=$2 unit=$3 line=$4 v
+  echo "$srv $line"
+  v=$(sed -n 's/.*= \([0-9.]*\)\/s.*/\1/p' <<<"$line")
+  echo "bstalk srv=$srv row=$name value=$v unit=$unit"
+}
+# The main job's round: each row on both servers, one after the other.
+main_round() {
+  local srv c line
+  for srv in beanstalkd twheeld; do
+    # A request through the server's loop alone (no job, no disk).
+    start "$srv" "$work/$srv-ping" -f 1000
+    line=$("$load" -p "$P" -c 1 -t "$secs" ping)
+    echo "$srv $line"
+    echo "bstalk srv=$srv row=ping_us_c1 value=$(sed 's/.*mean \([0-9.]*\) us.*/\1/' <<<"$line") unit=us"
+    stop "$PID"
+  done
+  for srv in beanstalkd twheeld; do
+    # Reply after fdatasync.
+    start "$srv" "$work/$srv-f0" -f 0
+    for c in 1 16 64; do
+      row "put_f0_c$c" "$srv" puts/s "$("$load" -p "$P" -c "$c" -t "$secs" put)"
+    done
+    stop "$PID"
+  done
+  for srv in beanstalkd twheeld; do
+    # Once-a-second sync: puts, then reserve+delete of the jobs put.
+    start "$srv" "$work/$srv-f1000" -f 1000
+    for c in 1 16; do
+      row "put_f1000_c$c" "$srv" puts/s "$("$load" -p "$P" -c "$c" -t "$secs" put)"
+    done
+    for c in 1 16; do
+      row "reserve_f1000_c$c" "$srv" jobs/s "$("$load" -p "$P" -c "$c" -t "$secs" reserve)"
+    done
+    stop "$PID"
+  done
+  for srv in beanstalkd twheeld; do
+    # Lateness of delayed jobs put at a steady rate (delays 1 to 2 s).
+    start "$srv" "$work/$srv-steady" -f 1000
+    line=$("$load" -p "$P" -c 4 -n "$((2 * steady_rate))" -r "$steady_rate" -D 2 steady)
+    echo "$srv $line"
+    echo "bstalk srv=$srv row=late_p99_steady value=$(sed 's/.* p99 \([0-9]*\) .*/\1/' <<<"$line") unit=ms"
+    echo "bstalk srv=$srv row=late_p50_steady value=$(sed 's/.* p50 \([0-9]*\) .*/\1/' <<<"$line") unit=ms"
+    stop "$PID"
+  done
+  for srv in beanstalkd twheeld; do
+    many "$srv" "$work/$srv-many" "$njobs"
+    echo "bstalk srv=$srv row=delayed_rss_mb value=$REPLY_RSS unit=MB"
+    echo "bstalk srv=$srv row=delayed_disk_mb value=$REPLY_DISK unit=MB"
+    echo "bstalk srv=$srv row=restart_s value=$REPLY_T1 unit=s"
+    echo "bstalk srv=$srv row=restart_cpu_s value=$REPLY_CPU unit=s"
+    echo "bstalk srv=$srv row=restart_rq_s value=$REPLY_RQ unit=s"
+    rm -rf "${work:?}/$srv-many"
+  done
+}
+steady_rate=${STEADY_RATE:-2000}
+
+echo "# $(date -u +%F) $(nproc) cores; twheeld $("$tw" -v | cut -d' ' -f2), beanstalkd $(beanstalkd -v 2>&1 | cut -d' ' -f2)"
+if [ "${ONLY:-all}" = main ]; then
+  echo "# $njobs delayed jobs; steady lateness at $steady_rate puts/s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  main_round
+  exit 0
+fi
+for srv in beanstalkd twheeld; do
+  if [ "${ONLY:-all}" != many ]; then
+  # Reply after fdatasync: beanstalkd -f 0, twheeld -f 0.
+  for c in 1 64; do
+    start "$srv" "$work/$srv-f0-$c" -f 0
+    echo "$srv -f 0 $("$load" -p "$P" -c "$c" -t "$secs" put)"
+    stop "$PID"
+  done
+  # Once-a-second sync.
+  start "$srv" "$work/$srv-f1000" -f 1000
+  echo "$srv -f 1000 $("$load" -p "$P" -c 1 -t "$secs" put)"
+  echo "$srv -f 1000 $("$load" -p "$P" -c 64 -d 16 -t "$secs" put)"
+  echo "$srv -f 1000 $("$load" -p "$P" -c 1 -t "$secs" reserve)"
+  echo "$srv -f 1000 $("$load" -p "$P" -c 16 -t "$secs" reserve)"
+  stop "$PID"
+  # Lateness of delayed jobs becoming ready (delays of 1, 2 or 3 s):
+  # puts pipelined 64 deep (each second's jobs due in a burst as dense
+  # as the server took the puts), then one at a time per connection.
+  for d in 64 1; do
+    start "$srv" "$work/$srv-late-$d" -f 1000
+    echo "$srv -f 1000 $("$load" -p "$P" -c 8 -d "$d" -n 20000 -D 3 late)"
+    stop "$PID"
+  done
+  fi
+  [ "${ONLY:-all}" = rates ] && continue
+  # Many delayed jobs: memory, disk, restart after kill -9.
+  many "$srv" "$work/$srv-many" "$njobs"
 done
