@@ -447,6 +447,55 @@ static int steady(struct worker *ws)
     return 0;
 }
 
+/* Runs MODE with the workers @ws and prints its line; the exit status. */
+static int run_mode(struct worker *ws)
+{
+    long total = 0;
+    if (!strcmp(mode, "put") || !strcmp(mode, "reserve")) {
+        double el = run_threads(!strcmp(mode, "put") ? run_put : run_reserve,
+                                ws, conns, 1);
+        for (int i = 0; i < conns; i++)
+            total += ws[i].done;
+        printf("%s: %d conns, depth %d, %d-byte bodies: %ld in %.2f s = "
+               "%.0f/s\n",
+               mode, conns, depth, bytes, total, el, total / el);
+    } else if (!strcmp(mode, "delayed")) {
+        double el = run_threads(run_delayed, ws, conns, 0);
+        printf("delayed: %ld jobs (delay 1..%d s) put in %.2f s = %.0f/s\n",
+               jobs, max_delay, el, jobs / el);
+    } else if (!strcmp(mode, "late")) {
+        double put_s = run_threads(run_delayed, ws, conns, 0);
+        for (int i = 0; i < conns; i++)
+            ws[i].late = malloc((size_t)ws[i].njobs * sizeof(int64_t));
+        run_threads(run_late, ws, conns, 0);
+        int64_t *all = malloc((size_t)jobs * sizeof(int64_t));
+        long n = 0;
+        for (int i = 0; i < conns; i++)
+            for (long k = 0; k < ws[i].nlate; k++)
+                all[n++] = ws[i].late[k];
+        qsort(all, (size_t)n, sizeof(*all), cmp64);
+        if (n == 0)
+            return 1;
+        printf("late: %ld delayed jobs: lateness ms p50 %" PRId64
+               " p99 %" PRId64 " max %" PRId64 " (min %" PRId64
+               "; put in %.2f s)\n",
+               n, all[n / 2], all[n * 99 / 100], all[n - 1], all[0], put_s);
+    } else if (!strcmp(mode, "ping")) {
+        double el = run_threads(run_ping, ws, conns, 1);
+        for (int i = 0; i < conns; i++)
+            total += ws[i].done;
+        printf("ping: %d conns: %ld round trips in %.2f s = %.0f/s, "
+               "mean %.1f us\n",
+               conns, total, el, total / el, el * 1e6 * conns / (double)total);
+    } else if (!strcmp(mode, "steady")) {
+        return steady(ws);
+    } else {
+        fprintf(stderr, "unknown mode %s\n", mode);
+        return 2;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const char usage[] =
@@ -502,48 +551,5 @@ int main(int argc, char **argv)
         ws[i].idx = i;
         ws[i].njobs = jobs / conns + (i < jobs % conns);
     }
-    long total = 0;
-    if (!strcmp(mode, "put") || !strcmp(mode, "reserve")) {
-        double el = run_threads(!strcmp(mode, "put") ? run_put : run_reserve,
-                                ws, conns, 1);
-        for (int i = 0; i < conns; i++)
-            total += ws[i].done;
-        printf("%s: %d conns, depth %d, %d-byte bodies: %ld in %.2f s = "
-               "%.0f/s\n",
-               mode, conns, depth, bytes, total, el, total / el);
-    } else if (!strcmp(mode, "delayed")) {
-        double el = run_threads(run_delayed, ws, conns, 0);
-        printf("delayed: %ld jobs (delay 1..%d s) put in %.2f s = %.0f/s\n",
-               jobs, max_delay, el, jobs / el);
-    } else if (!strcmp(mode, "late")) {
-        double put_s = run_threads(run_delayed, ws, conns, 0);
-        for (int i = 0; i < conns; i++)
-            ws[i].late = malloc((size_t)ws[i].njobs * sizeof(int64_t));
-        run_threads(run_late, ws, conns, 0);
-        int64_t *all = malloc((size_t)jobs * sizeof(int64_t));
-        long n = 0;
-        for (int i = 0; i < conns; i++)
-            for (long k = 0; k < ws[i].nlate; k++)
-                all[n++] = ws[i].late[k];
-        qsort(all, (size_t)n, sizeof(*all), cmp64);
-        if (n == 0)
-            return 1;
-        printf("late: %ld delayed jobs: lateness ms p50 %" PRId64
-               " p99 %" PRId64 " max %" PRId64 " (min %" PRId64
-               "; put in %.2f s)\n",
-               n, all[n / 2], all[n * 99 / 100], all[n - 1], all[0], put_s);
-    } else if (!strcmp(mode, "ping")) {
-        double el = run_threads(run_ping, ws, conns, 1);
-        for (int i = 0; i < conns; i++)
-            total += ws[i].done;
-        printf("ping: %d conns: %ld round trips in %.2f s = %.0f/s, "
-               "mean %.1f us\n",
-               conns, total, el, total / el, el * 1e6 * conns / (double)total);
-    } else if (!strcmp(mode, "steady")) {
-        return steady(ws);
-    } else {
-        fprintf(stderr, "unknown mode %s\n", mode);
-        return 2;
-    }
-    return 0;
+    return run_mode(ws);
 }

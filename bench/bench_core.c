@@ -586,7 +586,7 @@ static inline void le_advance_next(le_t *e)
 #define TWB_TWHEEL_NAME "twheel"
 #endif
 static const struct engine engines[] = {
-    {TWB_TWHEEL_NAME, tw_run, {0, 0}},   {"twheel-netty", tw_run, {512, 1}},
+    {TWB_TWHEEL_NAME, tw_run, {0, 0}}, {"twheel-netty", tw_run, {512, 1}},
     {"heap", hp_run, {0, 0}},
 #ifdef TWB_HAVE_LIBUV
     {"libuv", lu_run, {0, 0}},

@@ -113,7 +113,8 @@ int main(int argc, char **argv)
         return 2;
     }
     for (int k = GROWN; k <= ZEROED; k++)
-        if ((only < 0 || k == only) && probe(argv[1], (enum kind)k, count, (size_t)bytes) != 0)
+        if ((only < 0 || k == only) &&
+            probe(argv[1], (enum kind)k, count, (size_t)bytes) != 0)
             return 1;
     return 0;
 }
