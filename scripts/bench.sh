@@ -176,9 +176,11 @@ stage() { # NAME: announce the next stage
   stage_no=$((stage_no + 1))
   local load
   load=$(cut -d' ' -f1 /proc/loadavg)
-  printf '\n>>> stage %d/%d: %s (%d s elapsed, about %d s left; %d s of the %d s budget left; load average %s)\n' \
-    "$stage_no" "${#stages[@]}" "$1" "$elapsed" "$left" \
-    "$((budget - SECONDS + t_script))" "$budget" "$load"
+  local b=$((budget - SECONDS + t_script)) bs
+  bs="$b s of the $budget s budget left"
+  ((b < 0)) && bs="$((-b)) s over the $budget s budget"
+  printf '\n>>> stage %d/%d: %s (%d s elapsed, about %d s left; %s; load average %s)\n' \
+    "$stage_no" "${#stages[@]}" "$1" "$elapsed" "$left" "$bs" "$load"
   # The load average at the start of each stage, for the summary.
   echo "$1,$load" >>"$out/loads.txt"
 }
@@ -235,9 +237,31 @@ fi
 # independent ones (what out-of-order execution can overlap).
 if has core; then
   stage "core churn floor (one list per slot, DRAM probe)"
-  "$build/bench/bench_core_1list" --reps "$reps" --csv "$csv" --n 1000000 \
-    --cap-ms 1000 --engines twheel-1list --workloads churn |
-    tee -a "$out/core.txt"
+  # Both layouts beside the heap in the same processes, 3 alternating
+  # runs: workloads churn_8lists (twheel, heap) and churn_1list
+  # (twheel-1list, heap), medians of the runs.
+  floor_csv=$build/floor.csv
+  rm -f "$floor_csv"
+  for r in 1 2 3; do
+    "$build/bench/bench_core" --reps 1 --csv "$floor_csv.8" --n 1000000 \
+      --cap-ms 1000 --engines twheel,heap --workloads churn >/dev/null
+    "$build/bench/bench_core_1list" --reps 1 --csv "$floor_csv.1" \
+      --n 1000000 --cap-ms 1000 --engines twheel-1list,heap \
+      --workloads churn >/dev/null
+  done
+  awk -F, 'FNR == 1 && /^n,/ { next }
+    { w = FILENAME ~ /\.8$/ ? "churn_8lists" : "churn_1list"
+      k = $1 SUBSEP w SUBSEP $3; if (!(k in c)) { ks[++nk] = k; u[k] = $4 }
+      v[k, ++c[k]] = $5 }
+    END { for (q = 1; q <= nk; q++) { k = ks[q]; n = c[k]
+        for (i = 1; i <= n; i++) a[i] = v[k, i] + 0
+        for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) {
+          t = a[j]; a[j] = a[j-1]; a[j-1] = t }
+        split(k, f, SUBSEP)
+        printf "%s,%s,%s,%s,%.2f,%.2f,%.2f,%d,,,alternating runs\n", f[1],
+          f[2], f[3], u[k], a[int((n + 1) / 2)], a[1], a[n], n } }' \
+    "$floor_csv.8" "$floor_csv.1" | tee "$out/churn_layouts.csv" >>"$csv"
+  rm -f "$floor_csv".*
   "$build/bench/dram_probe" 64 1000000 | tee "$out/dram.txt"
   awk '{ for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
          printf "%d,dram_load,chains%d,ns/load,%s,%s,%s,1,,,%s MiB random lines\n",
@@ -272,13 +296,13 @@ else
     "scripts/deps.sh bench installs them)" | tee "$out/java.txt"
 fi
 
-# fdatasync_probe TAG DIR: the device's limit, measured in the run: the
+# fdatasync_probe TAG DIR [COUNT]: the device's limit, measured in the run: the
 # latency of one small pwrite + fdatasync on a preallocated file (as the
-# journal's segments are), 500 calls of 112 bytes, as a "system=device"
-# line.
+# journal's segments are), COUNT (default 300) calls of 112 bytes, as a
+# "system=device" line.
 fdatasync_probe() {
   mkdir -p "$2"
-  "$build/bench/fsync_probe" "$2" 500 112 fallocate |
+  "$build/bench/fsync_probe" "$2" "${3:-300}" 112 fallocate |
     tee -a "$out/fsync_probe.txt" |
     awk -v tag="$1" '/^file=fallocate/ { for (i = 1; i <= NF; i++) {
       split($i, kv, "="); v[kv[1]] = kv[2] }
@@ -292,8 +316,8 @@ cpu_of() {
 }
 
 # 3b. The durable store, judged against the device's limit measured in
-# the same run (fdatasync latency on a preallocated file, before and
-# after the round): twheel's journal with TW_DURABLE_SYNC_GROUP (every
+# the same run (fdatasync latency on a preallocated file, probed before
+# each set of runs and after the last; the median of the probes): twheel's journal with TW_DURABLE_SYNC_GROUP (every
 # call fdatasync'ed before it returns), 1 and 4 threads one item per
 # call, and 4 threads 32 per call, beside TW_DURABLE_SYNC_INTERVAL
 # (written, fdatasync'ed every second: the CPU's limit) on the same
@@ -317,9 +341,9 @@ if has durable; then
     rm -rf "${dwork:?}/j"
   }
   {
-    fdatasync_probe before "$dwork"
     for depth in 1 32; do
       for r in 1 2 3; do
+        fdatasync_probe "$depth/$r" "$dwork" 200
         ((depth == 1)) && twheel_run twheel-group sched 1 1
         twheel_run twheel-group sched 4 "$depth"
         twheel_run twheel-interval isched 4 "$depth"
@@ -333,7 +357,7 @@ if has durable; then
         done
       done
     done
-    fdatasync_probe after "$dwork"
+    fdatasync_probe after "$dwork" 200
   } | grep -E '^(system=|  syncs=)' | tee "$out/durable.txt" &
   wait $! # (in the background so that a signal stops the servers at once)
   stop_all_redis
@@ -341,23 +365,24 @@ if has durable; then
   awk -f bench/report/rounds_csv.awk "$out/durable.txt" >>"$csv"
 fi
 
-# 3c. twheeld beside beanstalkd (scripts/bench_twheeld.sh ONLY=main): one
-# run of 1 s per row and server, the two servers one after the other on
-# each row, our load generator (bench_bstalk), 64-byte bodies: puts with
-# the reply after fdatasync (-f 0; the device's limit measured again
-# just before), puts and reserve+delete with -f 1000, the lateness of
-# delayed jobs put at a steady rate, and $delayed delayed jobs (memory,
-# disk, restart after kill -9 until `stats` answers).
+# 3c. twheeld beside beanstalkd (scripts/bench_twheeld.sh ONLY=main): both
+# servers up side by side, each row run of 1 s on one then the other, 3
+# times over; our load generator (bench_bstalk), 64-byte bodies: puts
+# with the reply after fdatasync (-f 0; the device's limit probed before
+# and after those rows), puts and reserve+delete with -f 1000, the
+# lateness of delayed jobs put at a steady rate; then, one server at a
+# time, $delayed delayed jobs (memory and disk per job, restart after
+# kill -9 until `stats` answers).
 if has twheeld; then
   stage "twheeld beside beanstalkd"
   if [ "$delayed" = auto ]; then
-    # What the budget leaves after this round's other rows (about 45 s)
+    # What the budget leaves after this round's other rows (about 60 s)
     # and the rounds after it (about 40 s): 100,000 delayed jobs cost both
     # servers about 7 s on 2 cores (beanstalkd's puts and restart the
     # most), times the load average over the cores.
     after=5
     has redis && after=40
-    left=$((budget - SECONDS + t_script - 45 - after))
+    left=$((budget - SECONDS + t_script - 60 - after))
     per100k=$(awk -v l="$(cut -d' ' -f1 /proc/loadavg)" -v c="$(nproc)" \
       'BEGIN { f = l / c; if (f < 1) f = 1; printf "%d", 7 * f + 0.5 }')
     delayed=$((left > 0 ? left * 100000 / per100k / 50000 * 50000 : 0))
@@ -367,11 +392,9 @@ if has twheeld; then
       "about $per100k s per 100,000 at this load)"
   fi
   if command -v beanstalkd >/dev/null; then
-    {
-      fdatasync_probe twheeld "$build/twheeld-probe"
-      rm -rf "$build/twheeld-probe"
-      ONLY=main scripts/bench_twheeld.sh "$build" 1 "$delayed"
-    } | tee "$out/twheeld.txt" &
+    FSYNC_PROBE=$build/bench/fsync_probe ONLY=main \
+      scripts/bench_twheeld.sh "$build" 1 "$delayed" |
+      tee "$out/twheeld.txt" &
     wait $!
     awk -f bench/report/rounds_csv.awk -v delayed="$delayed" \
       "$out/twheeld.txt" >>"$csv"

@@ -6,10 +6,13 @@
 #   BUILD_DIR holds twheeld/twheeld and bench/bench_bstalk (Release).
 #   ONLY=many: only the many-delayed-jobs rows (memory, disk, restart).
 #   ONLY=rates: only the other rows (puts/s, reserve+delete/s, lateness).
-#   ONLY=main: the main job's round (scripts/bench.sh): every row once,
-#     the two servers one after the other on each row, SECONDS per timed
-#     row, DELAYED_JOBS delayed jobs; lines "bstalk srv=S row=R value=V
-#     unit=U" for results.csv beside each program's own line.
+#   ONLY=main: the main job's round (scripts/bench.sh): both servers up
+#     side by side, every row run on one then the other, REPS times over
+#     (default 3), SECONDS per timed row, DELAYED_JOBS delayed jobs (one
+#     run); lines "bstalk srv=S row=R value=V unit=U" for results.csv
+#     beside each program's own line. FSYNC_PROBE (bench/fsync_probe's
+#     path): the device's fdatasync latency on a preallocated file is
+#     probed before and after the fdatasync rows ("system=device" lines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 b=${1:?usage: $0 BUILD_DIR [SECONDS] [DELAYED_JOBS]}
@@ -68,12 +71,18 @@ rss() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
 # fresh server, its memory and disk, then kill -9 and a restart timed
 # until `stats` answers. Sets REPLY_* for the caller.
 many() {
-  local srv=$1 dir=$2 njobs=$3
+  local srv=$1 dir=$2 njobs=$3 rss0 disk0
   start "$srv" "$dir" -f 1000
+  sleep 1
+  rss0=$(rss "$PID")
+  disk0=$(du -sk "$dir" | cut -f1)
   echo "$srv -f 1000 $("$load" -p "$P" -c 8 -d 256 -n "$njobs" -D 86400 delayed)"
   sleep 2 # the once-a-second sync
   REPLY_RSS=$(($(rss "$PID") / 1024))
   REPLY_DISK=$(du -sm "$dir" | cut -f1)
+  # Per job: what the jobs added to the empty server (kB -> bytes).
+  REPLY_RSS_PER=$((($(rss "$PID") - rss0) * 1024 / njobs))
+  REPLY_DISK_PER=$((($(du -sk "$dir" | cut -f1) - disk0) * 1024 / njobs))
   echo "$srv $njobs delayed: RSS $REPLY_RSS MB, disk $REPLY_DISK MB"
   kill -9 "$PID"
   wait "$PID" 2>/dev/null || true
@@ -129,64 +138,111 @@ PY
 }
 
 # row NAME SRV UNIT LINE: the line a program printed, then the row's
-# value (the figure after the last "=" or the named field) as a
-# results line.
+# value (the rate after "=") as a results line.
 row() {
   local name=$1 srv=$2 unit=$3 line=$4 v
   echo "$srv $line"
   v=$(sed -n 's/.*= \([0-9.]*\)\/s.*/\1/p' <<<"$line")
   echo "bstalk srv=$srv row=$name value=$v unit=$unit"
 }
-# The main job's round: each row on both servers, one after the other.
+# probe: with FSYNC_PROBE set, 300 fdatasyncs of 112 bytes on a
+# preallocated file in the work directory, as one "system=device" line.
+probe() {
+  [ -n "${FSYNC_PROBE:-}" ] || return 0
+  mkdir -p "$work/probe"
+  "$FSYNC_PROBE" "$work/probe" 300 112 fallocate | awk '/^file=fallocate/ {
+    for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+    printf "system=device op=fdatasync at=twheeld p50_us=%s p99_us=%s\n",
+      v["p50_us"], v["p99_us"] }'
+}
+# both FLAGS...: a beanstalkd and a twheeld with FLAGS, side by side for
+# the rows that follow (ports in $BP and $TP, pids in $BPID and $TPID).
+both() {
+  start beanstalkd "$work/b$blk" "$@"
+  BP=$P BPID=$PID
+  start twheeld "$work/t$blk" "$@"
+  TP=$P TPID=$PID
+  blk=$((blk + 1))
+}
+# on_both NAME UNIT ARGS...: the load generator with ARGS on each server
+# in turn (beanstalkd first), one row line each.
+on_both() {
+  local name=$1 unit=$2
+  shift 2
+  row "$name" beanstalkd "$unit" "$("$load" -p "$BP" "$@")"
+  row "$name" twheeld "$unit" "$("$load" -p "$TP" "$@")"
+}
+# The main job's round: both servers up at once, each row run on one and
+# then the other, $reps times over, so that a busy second of the shared
+# machine falls on both.
 main_round() {
-  local srv c line
+  local srv c r line port
+  blk=0
+  both -f 1000
   for srv in beanstalkd twheeld; do
     # A request through the server's loop alone (no job, no disk).
-    start "$srv" "$work/$srv-ping" -f 1000
-    line=$("$load" -p "$P" -c 1 -t "$secs" ping)
+    port=$BP
+    [ "$srv" = twheeld ] && port=$TP
+    line=$("$load" -p "$port" -c 1 -t "$secs" ping)
     echo "$srv $line"
     echo "bstalk srv=$srv row=ping_us_c1 value=$(sed 's/.*mean \([0-9.]*\) us.*/\1/' <<<"$line") unit=us"
-    stop "$PID"
   done
-  for srv in beanstalkd twheeld; do
-    # Reply after fdatasync.
-    start "$srv" "$work/$srv-f0" -f 0
+  # Once-a-second sync: puts, then reserve+delete of the jobs put.
+  for r in $(seq "$reps"); do
+    for c in 1 16; do
+      on_both "put_f1000_c$c" puts/s -c "$c" -t "$secs" put
+    done
+  done
+  for r in $(seq "$reps"); do
+    for c in 1 16; do
+      on_both "reserve_f1000_c$c" jobs/s -c "$c" -t "$secs" reserve
+    done
+  done
+  stop "$BPID"
+  stop "$TPID"
+  # Reply after fdatasync, with the device's limit probed before and
+  # after.
+  probe
+  both -f 0
+  for r in $(seq "$reps"); do
     for c in 1 16 64; do
-      row "put_f0_c$c" "$srv" puts/s "$("$load" -p "$P" -c "$c" -t "$secs" put)"
+      on_both "put_f0_c$c" puts/s -c "$c" -t "$secs" put
     done
-    stop "$PID"
   done
-  for srv in beanstalkd twheeld; do
-    # Once-a-second sync: puts, then reserve+delete of the jobs put.
-    start "$srv" "$work/$srv-f1000" -f 1000
-    for c in 1 16; do
-      row "put_f1000_c$c" "$srv" puts/s "$("$load" -p "$P" -c "$c" -t "$secs" put)"
+  stop "$BPID"
+  stop "$TPID"
+  probe
+  # Lateness of delayed jobs put at a steady rate (delays of 1 s, puts
+  # one at a time on 4 connections, 4 more reserving).
+  both -f 1000
+  for r in $(seq "$reps"); do
+    for srv in beanstalkd twheeld; do
+      port=$BP
+      [ "$srv" = twheeld ] && port=$TP
+      line=$("$load" -p "$port" -c 4 -n "$steady_rate" -r "$steady_rate" -D 1 steady)
+      echo "$srv $line"
+      echo "bstalk srv=$srv row=late_p99_steady value=$(sed 's/.* p99 \([0-9]*\) .*/\1/' <<<"$line") unit=ms"
+      echo "bstalk srv=$srv row=late_p50_steady value=$(sed 's/.* p50 \([0-9]*\) .*/\1/' <<<"$line") unit=ms"
+      echo "bstalk srv=$srv row=late_max_steady value=$(sed 's/.* max \([0-9]*\) .*/\1/' <<<"$line") unit=ms"
     done
-    for c in 1 16; do
-      row "reserve_f1000_c$c" "$srv" jobs/s "$("$load" -p "$P" -c "$c" -t "$secs" reserve)"
-    done
-    stop "$PID"
   done
-  for srv in beanstalkd twheeld; do
-    # Lateness of delayed jobs put at a steady rate (delays 1 to 2 s).
-    start "$srv" "$work/$srv-steady" -f 1000
-    line=$("$load" -p "$P" -c 4 -n "$((2 * steady_rate))" -r "$steady_rate" -D 2 steady)
-    echo "$srv $line"
-    echo "bstalk srv=$srv row=late_p99_steady value=$(sed 's/.* p99 \([0-9]*\) .*/\1/' <<<"$line") unit=ms"
-    echo "bstalk srv=$srv row=late_p50_steady value=$(sed 's/.* p50 \([0-9]*\) .*/\1/' <<<"$line") unit=ms"
-    stop "$PID"
-  done
+  stop "$BPID"
+  stop "$TPID"
+  # Many delayed jobs, one server at a time (memory and restart).
   for srv in beanstalkd twheeld; do
     many "$srv" "$work/$srv-many" "$njobs"
     echo "bstalk srv=$srv row=delayed_rss_mb value=$REPLY_RSS unit=MB"
     echo "bstalk srv=$srv row=delayed_disk_mb value=$REPLY_DISK unit=MB"
+    echo "bstalk srv=$srv row=delayed_rss_b_per_job value=$REPLY_RSS_PER unit=B/job"
+    echo "bstalk srv=$srv row=delayed_disk_b_per_job value=$REPLY_DISK_PER unit=B/job"
     echo "bstalk srv=$srv row=restart_s value=$REPLY_T1 unit=s"
     echo "bstalk srv=$srv row=restart_cpu_s value=$REPLY_CPU unit=s"
     echo "bstalk srv=$srv row=restart_rq_s value=$REPLY_RQ unit=s"
     rm -rf "${work:?}/$srv-many"
   done
 }
-steady_rate=${STEADY_RATE:-2000}
+reps=${REPS:-3}
+steady_rate=${STEADY_RATE:-1000}
 
 echo "# $(date -u +%F) $(nproc) cores; twheeld $("$tw" -v | cut -d' ' -f2), beanstalkd $(beanstalkd -v 2>&1 | cut -d' ' -f2)"
 if [ "${ONLY:-all}" = main ]; then

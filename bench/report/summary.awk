@@ -125,6 +125,16 @@ function row_why(n, w,   r) {
             bs_rtt(), load_of("^twheeld"))
     if (w ~ /^bs_(put|reserve|ping)/)
         return bs_rtt() "; load " load_of("^twheeld")
+    if (w ~ /^bs_late/)
+        return sprintf("lateness ms p50 %d / %d, p99 %d / %d, max %d / %d (twheeld / beanstalkd); load %s",
+            bs("late_p50_steady", "twheeld"), bs("late_p50_steady", "beanstalkd"),
+            bs("late_p99_steady", "twheeld"), bs("late_p99_steady", "beanstalkd"),
+            bs("late_max_steady", "twheeld"), bs("late_max_steady", "beanstalkd"),
+            load_of("^twheeld"))
+    if (w ~ /^bs_delayed/)
+        return sprintf("per job: resident %d / %d B, disk %d / %d B (twheeld / beanstalkd)",
+            bs("delayed_rss_b_per_job", "twheeld"), bs("delayed_rss_b_per_job", "beanstalkd"),
+            bs("delayed_disk_b_per_job", "twheeld"), bs("delayed_disk_b_per_job", "beanstalkd"))
     if (w ~ /^bs_restart/)
         return sprintf("CPU until stats answered: twheeld %.2f s, beanstalkd %.2f s; waiting for a CPU: %.2f s, %.2f s",
             bs("restart_cpu_s", "twheeld"), bs("restart_cpu_s", "beanstalkd"),
@@ -133,7 +143,7 @@ function row_why(n, w,   r) {
         return sprintf("device fdatasync p50 %.1f us; items per fdatasync at 1 per call: 1 thread %.2f, 4 threads %.2f; load %s",
             mw("dev_fdatasync_dur", "device"), mw("dur_per_sync_1_1t", "twheel-group"),
             mw("dur_per_sync_1", "twheel-group"), load_of("^durable"))
-    if (w == "churn" && n + 0 == big)
+    if (w ~ /^churn/ && n + 0 == big)
         return churn_floor(m(big, "churn", "twheel"), m(big, "churn", "heap"))
     if (w ~ /^svc_/)
         return "load " load_of("^service") " (service), " load_of("^Java") " (Java peers)"
@@ -145,8 +155,9 @@ function row_why(n, w,   r) {
 # instructions and cache hits (churn at 1e5, whose 4 MB fit in the
 # caches) plus at least one load from a random timer of 40 MB (the one
 # cancelled: a random pick), at the best throughput of random loads
-# measured (16 in flight); with one list per slot beside it.
-function churn_floor(t, hp,   c5, best, lat, k, f, one, fl, r) {
+# measured (16 in flight); and both layouts (8 lists per slot, 1 list)
+# beside the heap in alternating runs.
+function churn_floor(t, hp,   c5, best, lat, k, f, t8, h8, t1, h1, fl, r) {
     c5 = m(100000, "churn", "twheel"); best = 0; lat = 0
     for (k in med) {
         split(k, f, SUBSEP)
@@ -154,11 +165,14 @@ function churn_floor(t, hp,   c5, best, lat, k, f, one, fl, r) {
         if (f[3] == "chains1") lat = med[k] + 0
         if (best == 0 || med[k] + 0 < best) best = med[k] + 0
     }
-    one = m(big, "churn", "twheel-1list")
+    t8 = m(big, "churn_8lists", "twheel"); h8 = m(big, "churn_8lists", "heap")
+    t1 = m(big, "churn_1list", "twheel-1list"); h1 = m(big, "churn_1list", "heap")
     if (t <= 0 || hp <= 0) return ""
     r = sprintf("twheel %.1f ns, heap %.1f ns: 3x needs <= %.1f ns", t, hp, hp / 3)
-    if (one > 0)
-        r = r sprintf("; one list per slot %.1f ns (8 lists %.1f)", one, t)
+    if (t8 > 0 && h8 > 0 && t1 > 0 && h1 > 0)
+        r = r sprintf("; both layouts beside the heap, 3 alternating runs: 8 lists per slot %.1f ns [%s] against %.1f: %.2fx; 1 list per slot %.1f ns [%s] against %.1f: %.2fx",
+            t8, spread("churn_8lists", "twheel"), h8, h8 / t8, t1,
+            spread("churn_1list", "twheel-1list"), h1, h1 / t1)
     if (c5 > 0 && best > 0) {
         fl = c5 + best
         r = r sprintf("; floor: churn at 1e5 (cache-resident) %.1f ns + one random load of 64 MiB at the best throughput %.1f ns (latency %.1f ns, one in flight) = %.1f ns: %s", c5, best, lat, fl,
@@ -191,12 +205,12 @@ function durable_targets(   g, iv, ca, cr, w, i) {
     device_target("SYNC_GROUP 1 per call, 4 threads, items/s / (4 x fdatasyncs/s)",
         "dur_sched_1", 4, 0.75)
     g = mw("dur_sched_32", "twheel-group"); iv = mw("dur_sched_32", "twheel-interval")
-    if (g > 0 && iv > 0)
-        why = sprintf("SYNC_GROUP %d/s [%s], %.1f items per fdatasync (%.1f calls); SYNC_INTERVAL %d/s [%s]; load %s",
-            g, spread("dur_sched_32", "twheel-group"),
-            mw("dur_per_sync_32", "twheel-group"),
-            mw("dur_per_sync_32", "twheel-group") / 32, iv,
-            spread("dur_sched_32", "twheel-interval"), load_of("^durable"))
+    ips = mw("dur_per_sync_32", "twheel-group")
+    if (g > 0 && iv > 0 && ips > 0)
+        why = sprintf("SYNC_GROUP %d/s [%s] = %.1f items per fdatasync (%.1f calls of the 4 threads' at most 4) x %.0f fdatasyncs/s in the run (%.0f us each); 0.5x SYNC_INTERVAL's %d/s [%s] needs %.0f items per fdatasync at that rate, 4 threads x 32 give at most 128; load %s",
+            g, spread("dur_sched_32", "twheel-group"), ips, ips / 32, g / ips,
+            1e6 * ips / g, iv, spread("dur_sched_32", "twheel-interval"),
+            0.5 * iv / (g / ips), load_of("^durable"))
     target("SYNC_GROUP 32 per call / SYNC_INTERVAL 32 per call (4 threads)",
         g > 0 && iv > 0 ? sprintf("%.2f", g / iv) : "", ">=", 0.5, "%.2fx")
     split("1 32", dps, " ")
@@ -234,7 +248,7 @@ function unit_of(w,   k, f) {
 }
 function twheeld_targets(   dev, a, b, us, c, rows, i, ld) {
     ld = load_of("^twheeld")
-    printf "-- twheeld beside beanstalkd (one run per row, 64-byte bodies; load %s; %s delayed jobs)\n",
+    printf "-- twheeld beside beanstalkd (alternating runs, 64-byte bodies; load %s; %s delayed jobs)\n",
         ld, bs_n == "" ? "-" : bs_n
     dev = syncs_per_s("dev_fdatasync_bs"); a = bs("put_f0_c1", "twheeld")
     if (dev > 0 && a > 0)
@@ -258,10 +272,16 @@ function twheeld_targets(   dev, a, b, us, c, rows, i, ld) {
             why = sprintf("twheeld %d/s, beanstalkd %d/s; %s", a, b, bs_rtt())
         bs_target("twheeld / beanstalkd, " rows[i], rows[i], ">=", 2, 0)
     }
-    bs_target("twheeld / beanstalkd, resident memory with the delayed jobs",
-        "delayed_rss_mb", "<=", 0.5, 0)
-    bs_target("twheeld / beanstalkd, disk with the delayed jobs",
-        "delayed_disk_mb", "<=", 0.5, 0)
+    why = sprintf("resident bytes per delayed job (what the jobs added to the empty server): twheeld %d, beanstalkd %d; in all %d MB and %d MB",
+        bs("delayed_rss_b_per_job", "twheeld"), bs("delayed_rss_b_per_job", "beanstalkd"),
+        bs("delayed_rss_mb", "twheeld"), bs("delayed_rss_mb", "beanstalkd"))
+    bs_target("twheeld / beanstalkd, resident memory per delayed job",
+        "delayed_rss_b_per_job", "<=", 0.5, 0)
+    why = sprintf("disk bytes per delayed job: twheeld %d, beanstalkd %d; in all %d MB and %d MB",
+        bs("delayed_disk_b_per_job", "twheeld"), bs("delayed_disk_b_per_job", "beanstalkd"),
+        bs("delayed_disk_mb", "twheeld"), bs("delayed_disk_mb", "beanstalkd"))
+    bs_target("twheeld / beanstalkd, disk per delayed job",
+        "delayed_disk_b_per_job", "<=", 0.5, 0)
     if (bs("restart_s", "twheeld") > 0)
         why = sprintf("until stats answers: twheeld %.2f s (CPU %.2f s, waiting for a CPU %.2f s), beanstalkd %.2f s (CPU %.2f s, waiting %.2f s)",
             bs("restart_s", "twheeld"), bs("restart_cpu_s", "twheeld"),
@@ -274,8 +294,12 @@ function twheeld_targets(   dev, a, b, us, c, rows, i, ld) {
     if (("1", "bs_late_p99_steady", "twheeld") in med &&
         ("1", "bs_late_p99_steady", "beanstalkd") in med) {
         have = sprintf("%d", a)
-        why = sprintf("p50 twheeld %d ms, beanstalkd %d ms; p99 beanstalkd %d ms",
-            bs("late_p50_steady", "twheeld"), bs("late_p50_steady", "beanstalkd"), b)
+        why = sprintf("p99 twheeld %d ms [%s], beanstalkd %d ms [%s]; p50 %d and %d ms; max %d and %d ms; load %s",
+            a, spread("bs_late_p99_steady", "twheeld"), b,
+            spread("bs_late_p99_steady", "beanstalkd"),
+            bs("late_p50_steady", "twheeld"), bs("late_p50_steady", "beanstalkd"),
+            bs("late_max_steady", "twheeld"), bs("late_max_steady", "beanstalkd"),
+            load_of("^twheeld"))
     }
     target("lateness p99 of delayed jobs put at a steady rate, twheeld (ms) <= beanstalkd's",
         have, "<=", b, "%d")
@@ -320,6 +344,10 @@ END {
     durable_targets()
     twheeld_targets()
     printf "-- Redis backend (%s timers per run)\n", redis_n == "" ? "-" : redis_n
+    if (mw("redis_p99", "poller-100ms") > 0)
+        why = sprintf("at unequal precision: the poller's p99 lateness %.1f ms, twheel's %.1f ms (the equal-precision cells: scripts/bench.sh's Redis hook); load %s",
+            mw("redis_p99", "poller-100ms"), mw("redis_p99", "twheel-redis"),
+            load_of("^Redis"))
     rtarget("Redis CPU per fired timer, twheel / poller", "redis_cpu",
         "twheel-redis", "poller-100ms", "<=", 1)
     rtarget("p99 lateness, poller / twheel", "redis_p99", "poller-100ms",
@@ -429,14 +457,16 @@ END {
     }
     printf "(dur_sched_D: items/s, D items per call, 4 threads (_1t: 1 thread); dur_cpu: CPU us per acknowledged item (Redis: client + server); dur_per_sync: items per fdatasync; dur_p50: us per call. SYNC_GROUP and Redis always: every acknowledged call on stable storage; SYNC_INTERVAL and Redis everysec: written, synced within 1 s)\n"
 
-    printf "\n== twheeld beside beanstalkd (one run per row; 64-byte bodies)\n"
-    printf "%-22s %14s %14s %8s %s\n", "row", "twheeld", "beanstalkd", "ratio", "unit"
-    nr = split("ping_us_c1 put_f0_c1 put_f0_c16 put_f0_c64 put_f1000_c1 put_f1000_c16 reserve_f1000_c1 reserve_f1000_c16 late_p50_steady late_p99_steady delayed_rss_mb delayed_disk_mb restart_s restart_cpu_s restart_rq_s", brow, " ")
+    printf "\n== twheeld beside beanstalkd (median [min..max] of alternating runs; the delayed jobs one run; 64-byte bodies)\n"
+    printf "%-22s %22s %22s %8s %s\n", "row", "twheeld", "beanstalkd", "ratio", "unit"
+    nr = split("ping_us_c1 put_f0_c1 put_f0_c16 put_f0_c64 put_f1000_c1 put_f1000_c16 reserve_f1000_c1 reserve_f1000_c16 late_p50_steady late_p99_steady late_max_steady delayed_rss_mb delayed_disk_mb delayed_rss_b_per_job delayed_disk_b_per_job restart_s restart_cpu_s restart_rq_s", brow, " ")
     for (i = 1; i <= nr; i++) {
         a = bs(brow[i], "twheeld"); b = bs(brow[i], "beanstalkd")
         u = unit_of("bs_" brow[i])
         if (u == "") continue
-        printf "%-22s %14g %14g %8s %s\n", brow[i], a, b,
+        printf "%-22s %22s %22s %8s %s\n", brow[i],
+            cell("bs_" brow[i], "twheeld", "%g [%g..%g]"),
+            cell("bs_" brow[i], "beanstalkd", "%g [%g..%g]"),
             (b > 0 ? sprintf("%.2fx", a / b) : "-"), u
     }
     if (mw("dev_fdatasync_bs", "device") > 0)
