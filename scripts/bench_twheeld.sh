@@ -71,18 +71,19 @@ rss() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
 # fresh server, its memory and disk, then kill -9 and a restart timed
 # until `stats` answers. Sets REPLY_* for the caller.
 many() {
-  local srv=$1 dir=$2 njobs=$3 rss0 disk0
+  local srv=$1 dir=$2 njobs=$3 rss0
   start "$srv" "$dir" -f 1000
   sleep 1
   rss0=$(rss "$PID")
-  disk0=$(du -sk "$dir" | cut -f1)
   echo "$srv -f 1000 $("$load" -p "$P" -c 8 -d 256 -n "$njobs" -D 86400 delayed)"
   sleep 2 # the once-a-second sync
   REPLY_RSS=$(($(rss "$PID") / 1024))
   REPLY_DISK=$(du -sm "$dir" | cut -f1)
-  # Per job: what the jobs added to the empty server (kB -> bytes).
+  # Per job: the memory the jobs added to the empty server; the disk in
+  # all (both servers preallocate their files, so what an empty one
+  # holds says nothing of what a job costs), kB -> bytes.
   REPLY_RSS_PER=$((($(rss "$PID") - rss0) * 1024 / njobs))
-  REPLY_DISK_PER=$((($(du -sk "$dir" | cut -f1) - disk0) * 1024 / njobs))
+  REPLY_DISK_PER=$(($(du -sk "$dir" | cut -f1) * 1024 / njobs))
   echo "$srv $njobs delayed: RSS $REPLY_RSS MB, disk $REPLY_DISK MB"
   kill -9 "$PID"
   wait "$PID" 2>/dev/null || true

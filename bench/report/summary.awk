@@ -275,12 +275,12 @@ function twheeld_targets(   dev, a, b, us, c, rows, i, ld) {
     why = sprintf("resident bytes per delayed job (what the jobs added to the empty server): twheeld %d, beanstalkd %d; in all %d MB and %d MB",
         bs("delayed_rss_b_per_job", "twheeld"), bs("delayed_rss_b_per_job", "beanstalkd"),
         bs("delayed_rss_mb", "twheeld"), bs("delayed_rss_mb", "beanstalkd"))
-    bs_target("twheeld / beanstalkd, resident memory per delayed job",
+    bs_target("twheeld / beanstalkd, resident memory the delayed jobs added",
         "delayed_rss_b_per_job", "<=", 0.5, 0)
-    why = sprintf("disk bytes per delayed job: twheeld %d, beanstalkd %d; in all %d MB and %d MB",
+    why = sprintf("disk in all (preallocated files included) per delayed job: twheeld %d B, beanstalkd %d B; in all %d MB and %d MB",
         bs("delayed_disk_b_per_job", "twheeld"), bs("delayed_disk_b_per_job", "beanstalkd"),
         bs("delayed_disk_mb", "twheeld"), bs("delayed_disk_mb", "beanstalkd"))
-    bs_target("twheeld / beanstalkd, disk per delayed job",
+    bs_target("twheeld / beanstalkd, disk with the delayed jobs",
         "delayed_disk_b_per_job", "<=", 0.5, 0)
     if (bs("restart_s", "twheeld") > 0)
         why = sprintf("until stats answers: twheeld %.2f s (CPU %.2f s, waiting for a CPU %.2f s), beanstalkd %.2f s (CPU %.2f s, waiting %.2f s)",
