@@ -196,19 +196,25 @@ static void *run_put(void *arg)
     return NULL;
 }
 
+/* Reads one line and exits unless it is @want (the reply to @what). */
+static void expect_line(struct rd *r, const char *what, const char *want)
+{
+    char line[256];
+    read_line(r, line, sizeof(line));
+    if (strcmp(line, want) != 0) {
+        fprintf(stderr, "%s: %s\n", what, line);
+        exit(1);
+    }
+}
+
 static void *run_ping(void *arg)
 {
     struct worker *w = arg;
     struct rd *r = calloc(1, sizeof(*r));
     r->fd = dial();
-    char line[256];
     while (!stop) {
         send_all(r->fd, "use default\r\n", 13);
-        read_line(r, line, sizeof(line));
-        if (strcmp(line, "USING default") != 0) {
-            fprintf(stderr, "use: %s\n", line);
-            exit(1);
-        }
+        expect_line(r, "use", "USING default");
         w->done++;
     }
     close(r->fd);
@@ -232,11 +238,7 @@ static void *run_reserve(void *arg)
         read_body(r, NULL, len);
         int n = sprintf(cmd, "delete %" PRIu64 "\r\n", id);
         send_all(r->fd, cmd, (size_t)n);
-        read_line(r, line, sizeof(line));
-        if (strcmp(line, "DELETED") != 0) {
-            fprintf(stderr, "delete: %s\n", line);
-            exit(1);
-        }
+        expect_line(r, "delete", "DELETED");
         w->done++;
     }
     close(r->fd);
@@ -281,6 +283,20 @@ static void *run_delayed(void *arg)
     return NULL;
 }
 
+/* A reserved job @id of @len body bytes (its due Unix ms): reads the
+ * body, deletes the job; how late it was when reserved, in ms. */
+static int64_t take_late(struct rd *r, uint64_t id, unsigned len)
+{
+    char body[64], cmd[64], line[256];
+    read_body(r, body, len < 63 ? len : 63);
+    body[len < 63 ? len : 63] = 0;
+    int64_t late = wall_ms() - strtoll(body, NULL, 10);
+    int n = sprintf(cmd, "delete %" PRIu64 "\r\n", id);
+    send_all(r->fd, cmd, (size_t)n);
+    read_line(r, line, sizeof(line));
+    return late;
+}
+
 /* Steady mode: puts w->njobs delayed jobs one at a time, job k of this
  * connection at t0 + (k + idx / conns) * conns / rate. */
 static void *run_steady_put(void *arg)
@@ -323,7 +339,7 @@ static void *run_steady_reserve(void *arg)
     struct worker *w = arg;
     struct rd *r = calloc(1, sizeof(*r));
     r->fd = dial();
-    char line[256], cmd[64], body[64];
+    char line[256];
     int idle = 0;
     while (__atomic_load_n(&steady_seen, __ATOMIC_RELAXED) < jobs &&
            idle < 10) {
@@ -336,14 +352,10 @@ static void *run_steady_reserve(void *arg)
             continue;
         }
         idle = 0;
-        read_body(r, body, len < 63 ? len : 63);
-        body[len < 63 ? len : 63] = 0;
+        int64_t late = take_late(r, id, len);
         if (w->nlate < jobs)
-            w->late[w->nlate++] = wall_ms() - strtoll(body, NULL, 10);
+            w->late[w->nlate++] = late;
         __atomic_add_fetch(&steady_seen, 1, __ATOMIC_RELAXED);
-        int n = sprintf(cmd, "delete %" PRIu64 "\r\n", id);
-        send_all(r->fd, cmd, (size_t)n);
-        read_line(r, line, sizeof(line));
     }
     close(r->fd);
     free(r);
@@ -370,7 +382,7 @@ static void *run_late(void *arg)
     struct worker *w = arg;
     struct rd *r = calloc(1, sizeof(*r));
     r->fd = dial();
-    char line[256], cmd[64], body[64];
+    char line[256];
     while (w->nlate < w->njobs) {
         send_all(r->fd, "reserve-with-timeout 30\r\n", 25);
         read_line(r, line, sizeof(line));
@@ -378,13 +390,7 @@ static void *run_late(void *arg)
         unsigned len;
         if (sscanf(line, "RESERVED %" SCNu64 " %u", &id, &len) != 2)
             break;
-        read_body(r, body, len < 63 ? len : 63);
-        body[len < 63 ? len : 63] = 0;
-        int64_t late = wall_ms() - strtoll(body, NULL, 10);
-        w->late[w->nlate++] = late;
-        int n = sprintf(cmd, "delete %" PRIu64 "\r\n", id);
-        send_all(r->fd, cmd, (size_t)n);
-        read_line(r, line, sizeof(line));
+        w->late[w->nlate++] = take_late(r, id, len);
     }
     close(r->fd);
     free(r);
