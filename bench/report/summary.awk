@@ -193,8 +193,9 @@ function device_target(what, w, t, need,   dev, r, have, ips, p50) {
     ips = mw("dur_per_sync_" substr(w, 11), "twheel-group")
     p50 = mw("dur_p50_" substr(w, 11), "twheel-group")
     if (have != "")
-        why = sprintf("%d items/s [%s] against %d x %.0f fdatasyncs/s (p50 %.1f us, preallocated file); %.2f items per fdatasync; a call took %.1f us at the median; load %s",
-            r, spread(w, "twheel-group"), t, dev, mw("dev_fdatasync_dur", "device"), ips, p50,
+        why = sprintf("%d items/s [%s] against %d x %.0f fdatasyncs/s (the probe's p50 %.1f us, preallocated file); %.2f items per fdatasync, so the journal ran %.0f fdatasyncs/s (a new one may start while one is in flight); a call took %.1f us at the median; load %s",
+            r, spread(w, "twheel-group"), t, dev, mw("dev_fdatasync_dur", "device"), ips,
+            ips > 0 ? r / ips : 0, p50,
             load_of("^durable"))
     target(what, have, ">=", need, "%.2fx")
 }
@@ -207,9 +208,9 @@ function durable_targets(   g, iv, ca, cr, w, i) {
     g = mw("dur_sched_32", "twheel-group"); iv = mw("dur_sched_32", "twheel-interval")
     ips = mw("dur_per_sync_32", "twheel-group")
     if (g > 0 && iv > 0 && ips > 0)
-        why = sprintf("SYNC_GROUP %d/s [%s] = %.1f items per fdatasync (%.1f calls of the 4 threads' at most 4) x %.0f fdatasyncs/s in the run (%.0f us each); 0.5x SYNC_INTERVAL's %d/s [%s] needs %.0f items per fdatasync at that rate, 4 threads x 32 give at most 128; load %s",
+        why = sprintf("SYNC_GROUP %d/s [%s] = %.1f items per fdatasync (%.1f calls of the 4 threads' at most 4) x %.0f fdatasyncs/s the journal ran; 0.5x SYNC_INTERVAL's %d/s [%s] needs %.0f items per fdatasync at that rate, 4 threads x 32 give at most 128; load %s",
             g, spread("dur_sched_32", "twheel-group"), ips, ips / 32, g / ips,
-            1e6 * ips / g, iv, spread("dur_sched_32", "twheel-interval"),
+            iv, spread("dur_sched_32", "twheel-interval"),
             0.5 * iv / (g / ips), load_of("^durable"))
     target("SYNC_GROUP 32 per call / SYNC_INTERVAL 32 per call (4 threads)",
         g > 0 && iv > 0 ? sprintf("%.2f", g / iv) : "", ">=", 0.5, "%.2fx")
