@@ -176,7 +176,7 @@ function churn_floor(t, hp,   c5, best, lat, k, f, t8, h8, t1, h1, fl, r) {
     if (c5 > 0 && best > 0) {
         fl = c5 + best
         r = r sprintf("; floor: churn at 1e5 (cache-resident) %.1f ns + one random load of 64 MiB at the best throughput %.1f ns (latency %.1f ns, one in flight) = %.1f ns: %s", c5, best, lat, fl,
-            fl > hp / 3 ? "3x is below the floor on this machine" : "the floor allows 3x; the rest is the layout's")
+            fl > hp / 3 ? "3x is below the floor on this machine" : "the floor allows 3x")
     }
     return r
 }
@@ -471,7 +471,7 @@ END {
             (b > 0 ? sprintf("%.2fx", a / b) : "-"), u
     }
     if (mw("dev_fdatasync_bs", "device") > 0)
-        printf "device: fdatasync p50 %.1f us = %.0f fdatasyncs/s (probed just before the round)\n",
+        printf "device: fdatasync p50 %.1f us = %.0f fdatasyncs/s (median of the probes before and after the fdatasync rows)\n",
             mw("dev_fdatasync_bs", "device"), syncs_per_s("dev_fdatasync_bs")
 
     printf "\n== Redis backend against the sorted-set poller (median [min..max] of its runs)\n"
