@@ -442,7 +442,7 @@ END {
     }
 
     printf "\n== Durable store: items/s, CPU us per item, items per fdatasync (median [min..max] of its runs)\n"
-    printf "device: fdatasync p50 %.1f us on a preallocated file = %.0f fdatasyncs/s (median of the probes before and after the round)\n",
+    printf "device: fdatasync p50 %.1f us on a preallocated file = %.0f fdatasyncs/s (median of the probes beside the runs)\n",
         mw("dev_fdatasync_dur", "device"), syncs_per_s("dev_fdatasync_dur")
     printf "%-22s %22s %22s %22s %22s\n", "row", "twheel-group",
         "twheel-interval", "redis-always", "redis-everysec"
