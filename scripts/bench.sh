@@ -22,7 +22,8 @@
 # Usage: scripts/bench.sh [--full] [--reps R] [--no-java] [--instr]
 #                         [--delayed N]
 #                         [--rounds core,service,durable,twheeld,redis]
-#   default  quick mode (under 6 minutes on 2 cores from a fresh clone):
+#   default  quick mode (sized for 6 minutes on 2 quiet cores from a fresh
+#            clone; on 2026-12-07, at load 10-18, it took 15 min):
 #            1e3 and 1e5 pending timers with every workload, 1e6 with
 #            add/cancel/churn/memory (and expiry for twheel and the heap);
 #            the service and the Java peers with 1,000,000 tasks, 3 and 5
