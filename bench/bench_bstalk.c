@@ -19,6 +19,15 @@
  *   puts took. Delays are whole seconds, so the jobs fall due in -D
  *   bursts as dense as the puts were fast: with -d > 1 the figures are
  *   mostly the workers' reserve+delete rate against that density.
+ * MODE steady: the same lateness, with the puts at a steady rate: -c
+ *   connections put -n jobs one at a time, together -r a second, delays
+ *   1 .. -D s, while -c other connections reserve and delete them as
+ *   they become ready; prints p50, p99, max in ms and the put rate
+ *   reached.
+ * MODE ping: each connection sends `use default` (a command that touches
+ *   no job and no disk) and waits for its reply, for -t seconds; prints
+ *   round trips/s and the mean round trip in us: a request's cost
+ *   through the server's loop, without the store.
  * One thread per connection, blocking sockets.
  */
 #define _GNU_SOURCE
@@ -37,6 +46,7 @@
 static const char *host = "127.0.0.1";
 static const char *port;
 static int conns = 1, depth = 1, seconds = 5, bytes = 64, max_delay = 3;
+static double rate = 2000; /* steady mode: puts a second, all connections */
 static long jobs = 100000;
 static const char *mode;
 
@@ -186,6 +196,32 @@ static void *run_put(void *arg)
     return NULL;
 }
 
+/* Reads one line and exits unless it is @want (the reply to @what). */
+static void expect_line(struct rd *r, const char *what, const char *want)
+{
+    char line[256];
+    read_line(r, line, sizeof(line));
+    if (strcmp(line, want) != 0) {
+        fprintf(stderr, "%s: %s\n", what, line);
+        exit(1);
+    }
+}
+
+static void *run_ping(void *arg)
+{
+    struct worker *w = arg;
+    struct rd *r = calloc(1, sizeof(*r));
+    r->fd = dial();
+    while (!stop) {
+        send_all(r->fd, "use default\r\n", 13);
+        expect_line(r, "use", "USING default");
+        w->done++;
+    }
+    close(r->fd);
+    free(r);
+    return NULL;
+}
+
 static void *run_reserve(void *arg)
 {
     struct worker *w = arg;
@@ -202,11 +238,7 @@ static void *run_reserve(void *arg)
         read_body(r, NULL, len);
         int n = sprintf(cmd, "delete %" PRIu64 "\r\n", id);
         send_all(r->fd, cmd, (size_t)n);
-        read_line(r, line, sizeof(line));
-        if (strcmp(line, "DELETED") != 0) {
-            fprintf(stderr, "delete: %s\n", line);
-            exit(1);
-        }
+        expect_line(r, "delete", "DELETED");
         w->done++;
     }
     close(r->fd);
@@ -251,13 +283,106 @@ static void *run_delayed(void *arg)
     return NULL;
 }
 
+/* A reserved job @id of @len body bytes (its due Unix ms): reads the
+ * body, deletes the job; how late it was when reserved, in ms. */
+static int64_t take_late(struct rd *r, uint64_t id, unsigned len)
+{
+    char body[64], cmd[64], line[256];
+    read_body(r, body, len < 63 ? len : 63);
+    body[len < 63 ? len : 63] = 0;
+    int64_t late = wall_ms() - strtoll(body, NULL, 10);
+    int n = sprintf(cmd, "delete %" PRIu64 "\r\n", id);
+    send_all(r->fd, cmd, (size_t)n);
+    read_line(r, line, sizeof(line));
+    return late;
+}
+
+/* Steady mode: puts w->njobs delayed jobs one at a time, job k of this
+ * connection at t0 + (k + idx / conns) * conns / rate. */
+static void *run_steady_put(void *arg)
+{
+    struct worker *w = arg;
+    struct rd *r = calloc(1, sizeof(*r));
+    r->fd = dial();
+    char cmd[128], line[256];
+    unsigned seed = (unsigned)w->idx * 7919u + 1;
+    double t0 = now_s(), gap = conns / rate;
+    for (long k = 0; k < w->njobs; k++) {
+        double at = t0 + ((double)k + (double)w->idx / conns) * gap,
+               wait = at - now_s();
+        if (wait > 0)
+            usleep((useconds_t)(wait * 1e6));
+        seed = seed * 1103515245u + 12345u;
+        int delay = 1 + (int)((seed >> 8) % (unsigned)max_delay);
+        char b[32];
+        int bl = sprintf(b, "%020" PRId64, wall_ms() + delay * 1000);
+        int n = sprintf(cmd, "put 0 %d 60 %d\r\n%s\r\n", delay, bl, b);
+        send_all(r->fd, cmd, (size_t)n);
+        read_line(r, line, sizeof(line));
+        if (strncmp(line, "INSERTED ", 9) != 0) {
+            fprintf(stderr, "put: %s\n", line);
+            exit(1);
+        }
+        w->done = k + 1;
+    }
+    close(r->fd);
+    free(r);
+    return NULL;
+}
+
+static long steady_seen; /* jobs reserved by all steady reservers */
+
+/* Steady mode: reserves and deletes whatever falls due, recording each
+ * job's lateness, until every job was seen or none came for 10 s. */
+static void *run_steady_reserve(void *arg)
+{
+    struct worker *w = arg;
+    struct rd *r = calloc(1, sizeof(*r));
+    r->fd = dial();
+    char line[256];
+    int idle = 0;
+    while (__atomic_load_n(&steady_seen, __ATOMIC_RELAXED) < jobs &&
+           idle < 10) {
+        send_all(r->fd, "reserve-with-timeout 1\r\n", 24);
+        read_line(r, line, sizeof(line));
+        uint64_t id;
+        unsigned len;
+        if (sscanf(line, "RESERVED %" SCNu64 " %u", &id, &len) != 2) {
+            idle++;
+            continue;
+        }
+        idle = 0;
+        int64_t late = take_late(r, id, len);
+        if (w->nlate < jobs)
+            w->late[w->nlate++] = late;
+        __atomic_add_fetch(&steady_seen, 1, __ATOMIC_RELAXED);
+    }
+    close(r->fd);
+    free(r);
+    return NULL;
+}
+
+static double steady_put_s;
+
+static void *run_steady_puts(void *arg)
+{
+    struct worker *ws = arg;
+    double t0 = now_s();
+    for (int i = 0; i < conns; i++)
+        pthread_create(&ws[i].th, NULL, run_steady_put, &ws[i]);
+    for (int i = 0; i < conns; i++)
+        pthread_join(ws[i].th, NULL);
+    steady_put_s = now_s() - t0;
+    return NULL;
+}
+
 /* Reserves until w->njobs jobs were seen; records lateness. */
 static void *run_late(void *arg)
 {
     struct worker *w = arg;
     struct rd *r = calloc(1, sizeof(*r));
     r->fd = dial();
-    char line[256], cmd[64], body[64];
+    char line[256];
     while (w->nlate < w->njobs) {
         send_all(r->fd, "reserve-with-timeout 30\r\n", 25);
         read_line(r, line, sizeof(line));
@@ -265,13 +390,7 @@ static void *run_late(void *arg)
         unsigned len;
         if (sscanf(line, "RESERVED %" SCNu64 " %u", &id, &len) != 2)
             break;
-        read_body(r, body, len < 63 ? len : 63);
-        body[len < 63 ? len : 63] = 0;
-        int64_t late = wall_ms() - strtoll(body, NULL, 10);
-        w->late[w->nlate++] = late;
-        int n = sprintf(cmd, "delete %" PRIu64 "\r\n", id);
-        send_all(r->fd, cmd, (size_t)n);
-        read_line(r, line, sizeof(line));
+        w->late[w->nlate++] = take_late(r, id, len);
     }
     close(r->fd);
     free(r);
@@ -300,56 +419,43 @@ static double run_threads(void *(*fn)(void *), struct worker *ws, int n,
     return now_s() - t0;
 }
 
-int main(int argc, char **argv)
+/* MODE steady: the putters (one thread starting them) and as many
+ * reservers side by side; prints the lateness percentiles. */
+static int steady(struct worker *ws)
 {
-    static const char usage[] =
-        "usage: bench_bstalk -p PORT [-h HOST] [-c CONNS] [-d DEPTH] "
-        "[-t S] [-s BYTES] [-n JOBS] [-D DELAY_S] put|reserve|delayed|late\n";
-    if (argc == 2 && !strcmp(argv[1], "--help")) {
-        fputs(usage, stdout);
-        return 0;
-    }
-    int opt;
-    while ((opt = getopt(argc, argv, "h:p:c:d:t:s:n:D:")) != -1) {
-        switch (opt) {
-        case 'h':
-            host = optarg;
-            break;
-        case 'p':
-            port = optarg;
-            break;
-        case 'c':
-            conns = atoi(optarg);
-            break;
-        case 'd':
-            depth = atoi(optarg);
-            break;
-        case 't':
-            seconds = atoi(optarg);
-            break;
-        case 's':
-            bytes = atoi(optarg);
-            break;
-        case 'n':
-            jobs = atol(optarg);
-            break;
-        case 'D':
-            max_delay = atoi(optarg);
-            break;
-        default:
-            return 2;
-        }
-    }
-    if (!port || optind >= argc || conns < 1 || depth < 1 || max_delay < 1) {
-        fputs(usage, stderr);
-        return 2;
-    }
-    mode = argv[optind];
-    struct worker *ws = calloc((size_t)conns, sizeof(*ws));
-    for (int i = 0; i < conns; i++) {
-        ws[i].idx = i;
-        ws[i].njobs = jobs / conns + (i < jobs % conns);
-    }
+    struct worker *rs = calloc((size_t)conns, sizeof(*rs));
+    pthread_t put_th;
+    for (int i = 0; i < conns; i++)
+        rs[i].late = malloc((size_t)jobs * sizeof(int64_t));
+    for (int i = 0; i < conns; i++)
+        pthread_create(&rs[i].th, NULL, run_steady_reserve, &rs[i]);
+    pthread_create(&put_th, NULL, run_steady_puts, ws);
+    pthread_join(put_th, NULL);
+    for (int i = 0; i < conns; i++)
+        pthread_join(rs[i].th, NULL);
+    int64_t *all = malloc((size_t)jobs * sizeof(int64_t));
+    long n = 0;
+    for (int i = 0; i < conns; i++)
+        for (long k = 0; k < rs[i].nlate && n < jobs; k++)
+            all[n++] = rs[i].late[k];
+    if (n == 0)
+        return 1;
+    qsort(all, (size_t)n, sizeof(*all), cmp64);
+    printf("steady: %ld of %ld delayed jobs: lateness ms p50 %" PRId64
+           " p99 %" PRId64 " max %" PRId64 " (min %" PRId64
+           "; put at %.0f/s of %.0f/s asked)\n",
+           n, jobs, all[n / 2], all[n * 99 / 100], all[n - 1], all[0],
+           (double)jobs / steady_put_s, rate);
+    for (int i = 0; i < conns; i++)
+        free(rs[i].late);
+    free(rs);
+    free(all);
+    return 0;
+}
+
+/* Runs MODE with the workers @ws and prints its line; the exit status. */
+static int run_mode(struct worker *ws)
+{
     long total = 0;
     if (!strcmp(mode, "put") || !strcmp(mode, "reserve")) {
         double el = run_threads(!strcmp(mode, "put") ? run_put : run_reserve,
@@ -380,9 +486,76 @@ int main(int argc, char **argv)
                " p99 %" PRId64 " max %" PRId64 " (min %" PRId64
                "; put in %.2f s)\n",
                n, all[n / 2], all[n * 99 / 100], all[n - 1], all[0], put_s);
+    } else if (!strcmp(mode, "ping")) {
+        double el = run_threads(run_ping, ws, conns, 1);
+        for (int i = 0; i < conns; i++)
+            total += ws[i].done;
+        printf("ping: %d conns: %ld round trips in %.2f s = %.0f/s, "
+               "mean %.1f us\n",
+               conns, total, el, total / el, el * 1e6 * conns / (double)total);
+    } else if (!strcmp(mode, "steady")) {
+        return steady(ws);
     } else {
         fprintf(stderr, "unknown mode %s\n", mode);
         return 2;
     }
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const char usage[] =
+        "usage: bench_bstalk -p PORT [-h HOST] [-c CONNS] [-d DEPTH] "
+        "[-t S] [-s BYTES] [-n JOBS] [-D DELAY_S] [-r RATE] "
+        "put|reserve|delayed|late|steady|ping\n";
+    if (argc == 2 && !strcmp(argv[1], "--help")) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    int opt;
+    while ((opt = getopt(argc, argv, "h:p:c:d:t:s:n:D:r:")) != -1) {
+        switch (opt) {
+        case 'h':
+            host = optarg;
+            break;
+        case 'p':
+            port = optarg;
+            break;
+        case 'c':
+            conns = atoi(optarg);
+            break;
+        case 'd':
+            depth = atoi(optarg);
+            break;
+        case 't':
+            seconds = atoi(optarg);
+            break;
+        case 's':
+            bytes = atoi(optarg);
+            break;
+        case 'n':
+            jobs = atol(optarg);
+            break;
+        case 'D':
+            max_delay = atoi(optarg);
+            break;
+        case 'r':
+            rate = atof(optarg);
+            break;
+        default:
+            return 2;
+        }
+    }
+    if (!port || optind >= argc || conns < 1 || depth < 1 || max_delay < 1 ||
+        !(rate > 0)) {
+        fputs(usage, stderr);
+        return 2;
+    }
+    mode = argv[optind];
+    struct worker *ws = calloc((size_t)conns, sizeof(*ws));
+    for (int i = 0; i < conns; i++) {
+        ws[i].idx = i;
+        ws[i].njobs = jobs / conns + (i < jobs % conns);
+    }
+    return run_mode(ws);
 }

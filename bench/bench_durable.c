@@ -17,7 +17,10 @@
  * SECONDS; prints calls/s and the p50/p99 latency of one call (for Redis
  * with DEPTH > 1: of one pipelined batch of DEPTH calls, divided by
  * nothing: the time from sending the batch to its last reply; for twheel
- * with BATCH > 1: of one tw_durable_schedule_many call of BATCH items).
+ * with BATCH > 1: of one tw_durable_schedule_many call of BATCH items),
+ * and cpu_s, this process's CPU time over the timed run (user + system,
+ * all threads; for twheel also the journal's writer thread's work that
+ * the run's calls left, until the line is printed).
  * isched: the same with TW_DURABLE_SYNC_INTERVAL (written before the call
  * returns, fdatasync every second: Redis appendfsync everysec's
  * durability).
@@ -44,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -114,6 +118,18 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* This process's CPU time (user + system, every thread: the callers and,
+ * for twheel, the journal's writer), in seconds. */
+static double cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+static double run_cpu0; /* cpu_s() when the timed threads started */
+
 static void report(const char *sys, const char *op, int threads, int depth,
                    struct worker *w, double secs)
 {
@@ -131,11 +147,13 @@ static void report(const char *sys, const char *op, int threads, int depth,
         free(w[i].lat);
     }
     qsort(all, n, sizeof *all, cmp_u64);
+    double cpu = cpu_s() - run_cpu0;
     double p50 = n ? (double)all[n / 2] / 1000 : 0;
     double p99 = n ? (double)all[n * 99 / 100] / 1000 : 0;
     printf("system=%s op=%s threads=%d depth=%d ops=%" PRIu64
-           " secs=%.2f ops_per_s=%.0f p50_us=%.1f p99_us=%.1f\n",
-           sys, op, threads, depth, ops, secs, (double)ops / secs, p50, p99);
+           " secs=%.2f ops_per_s=%.0f p50_us=%.1f p99_us=%.1f cpu_s=%.3f\n",
+           sys, op, threads, depth, ops, secs, (double)ops / secs, p50, p99,
+           cpu);
     free(all);
 }
 
@@ -250,6 +268,7 @@ static void run_threads(int threads, double secs, void *(*fn)(void *),
                         struct worker *w)
 {
     uint64_t until = mono_ns() + (uint64_t)(secs * 1e9);
+    run_cpu0 = cpu_s();
     for (int i = 0; i < threads; i++) {
         w[i].id = i;
         w[i].until = until;

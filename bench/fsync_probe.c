@@ -5,9 +5,10 @@
  * grown by each write (as an append-only file is), preallocated with
  * fallocate() (as the journal's segments are), or filled with zeros first.
  *
- * Usage: fsync_probe DIR [COUNT [BYTES]]   (defaults: 2000 calls of 112
- * bytes, the size of one journal record with a 16-byte key and a 64-byte
- * payload). Prints p50, p90 and p99 in microseconds for each file kind.
+ * Usage: fsync_probe DIR [COUNT [BYTES [KIND]]]   (defaults: 2000 calls of
+ * 112 bytes, the size of one journal record with a 16-byte key and a
+ * 64-byte payload; every kind, or the one KIND named: grown, fallocate,
+ * zeroed). Prints p50, p90 and p99 in microseconds for each file kind.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -91,8 +92,9 @@ out:
 int main(int argc, char **argv)
 {
     int help = argc == 2 && strcmp(argv[1], "--help") == 0;
-    if (help || argc < 2 || argc > 4) {
-        fprintf(help ? stdout : stderr, "usage: %s DIR [COUNT [BYTES]]\n",
+    if (help || argc < 2 || argc > 5) {
+        fprintf(help ? stdout : stderr,
+                "usage: %s DIR [COUNT [BYTES [grown|fallocate|zeroed]]]\n",
                 argv[0]);
         return help ? 0 : 2;
     }
@@ -102,8 +104,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "fsync_probe: COUNT >= 1, 1 <= BYTES <= 1 MiB\n");
         return 2;
     }
+    int only = -1;
+    for (int k = GROWN; argc > 4 && k <= ZEROED; k++)
+        if (strcmp(argv[4], kind_name[k]) == 0)
+            only = k;
+    if (argc > 4 && only < 0) {
+        fprintf(stderr, "fsync_probe: KIND is grown, fallocate or zeroed\n");
+        return 2;
+    }
     for (int k = GROWN; k <= ZEROED; k++)
-        if (probe(argv[1], (enum kind)k, count, (size_t)bytes) != 0)
+        if ((only < 0 || k == only) &&
+            probe(argv[1], (enum kind)k, count, (size_t)bytes) != 0)
             return 1;
     return 0;
 }

@@ -1,31 +1,45 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# The main job: builds twheel in Release (build/bench) and runs four rounds,
+# The main job: builds twheel in Release (build/bench) and runs five rounds,
 # each beside its peers in the same run: the core wheel against a binary
-# heap, libuv and libevent (bench_core); the timer service (bench_service)
-# against Netty's HashedWheelTimer and Java's ScheduledThreadPoolExecutor
+# heap, libuv and libevent (bench_core), with the memory's floor under a
+# churn pair (dram_probe) and the wheel built with one list per slot
+# (bench_core_1list); the timer service (bench_service) against Netty's
+# HashedWheelTimer and Java's ScheduledThreadPoolExecutor
 # (bench/peers/java); the durable journal (SYNC_GROUP, SYNC_INTERVAL)
-# against Redis with appendfsync always and everysec (bench_durable); the
-# Redis backend against a sorted-set poller (bench_redis). The Redis
-# rounds run on redis-server processes this script starts on 127.0.0.1
-# (free ports, directories under build/bench) and always stops.
+# judged against the disk's own limit measured in the run (fsync_probe:
+# fdatasync on a preallocated file), with Redis appendfsync always and
+# everysec beside it (bench_durable); twheeld against beanstalkd
+# (scripts/bench_twheeld.sh ONLY=main, our load generator bench_bstalk);
+# the Redis backend against a sorted-set poller (bench_redis). The servers
+# run on 127.0.0.1 (free ports, directories under build/) and are always
+# stopped.
 # Prints the tables and writes build/bench/results/: results.csv (every
 # figure), *.txt (each program's own output), bench.png (gnuplot),
 # machine.txt, summary.txt (verdicts). Installs the Debian packages it
 # needs first (scripts/deps.sh bench).
 #
 # Usage: scripts/bench.sh [--full] [--reps R] [--no-java] [--instr]
-#                         [--rounds core,service,durable,redis]
-#   default  quick mode (under 5 minutes on 2 cores from a fresh clone):
+#                         [--delayed N]
+#                         [--rounds core,service,durable,twheeld,redis]
+#   default  quick mode (sized for 6 minutes on 2 quiet cores from a fresh
+#            clone; on 2026-12-07, at load 10-18, it took 15 min):
 #            1e3 and 1e5 pending timers with every workload, 1e6 with
 #            add/cancel/churn/memory (and expiry for twheel and the heap);
 #            the service and the Java peers with 1,000,000 tasks, 3 and 5
 #            runs (a run then spans many scheduler time slices); the durable
 #            round, 3 runs of 1 s per system, one item per call and 32; the
-#            Redis round, 3 runs each of 5,000 timers over 2 s
+#            twheeld round, one run of 1 s per row and server, as many
+#            delayed jobs as the time left allows (--delayed); the Redis
+#            round, 3 runs each of 5,000 timers over 2 s
 #   --full   1e3, 1e5, 1e6 and 1e7 pending timers, every workload (about
 #            50 minutes); implies --instr
-#   --rounds only the rounds named (default all four)
+#   --rounds only the rounds named (default all five)
+#   --delayed N  delayed jobs in the twheeld round's memory, disk and
+#            restart rows, the same for both servers (default: what the
+#            time left in the budget allows, 50,000 to 1,000,000; a
+#            million takes beanstalkd about 40 s to take and 10 s to read
+#            back on 2 cores)
 #   --instr  also count instructions and simulated cache misses per
 #            operation under callgrind (noise-free; about a minute)
 set -euo pipefail
@@ -35,7 +49,10 @@ full=0
 reps=5
 java=1
 instr=0
-rounds=core,service,durable,redis
+rounds=core,service,durable,twheeld,redis
+delayed=auto
+budget=360 # seconds: the quick run's target, Debian installs included
+t_script=$SECONDS
 while (($#)); do
   case $1 in
     --full) full=1; instr=1 ;;
@@ -43,8 +60,10 @@ while (($#)); do
     --reps) reps=$2; shift ;;
     --no-java) java=0 ;;
     --rounds) rounds=$2; shift ;;
+    --delayed) delayed=$2; shift ;;
     *) echo "usage: $0 [--full] [--reps R] [--no-java] [--instr]" \
-      "[--rounds core,service,durable,redis]" >&2; exit 2 ;;
+      "[--delayed N] [--rounds core,service,durable,twheeld,redis]" >&2
+      exit 2 ;;
   esac
   shift
 done
@@ -107,11 +126,15 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DTWHEEL_BUILD_TESTS=OFF -DTWHEEL_BUILD_EXAMPLES=OFF >"$build.log" 2>&1 ||
   { cat "$build.log"; exit 1; }
 targets=(bench_core bench_service)
-has durable && targets+=(bench_durable)
+has core && targets+=(bench_core_1list dram_probe)
+has durable && targets+=(bench_durable fsync_probe)
+has twheeld && targets+=(twheeld bench_bstalk fsync_probe)
 # bench_redis exists when hiredis was found (scripts/deps.sh installs it).
 if has redis && grep -q '^build bench/bench_redis:' "$build/build.ninja"; then
   targets+=(bench_redis)
 fi
+echo ">>> building ${targets[*]} ($((SECONDS - t_script)) s since the start," \
+  "$((budget - SECONDS + t_script)) s of the ${budget} s budget left)"
 cmake --build "$build" -j2 --target "${targets[@]}"
 csv=$out/results.csv
 echo "n,workload,engine,unit,median,min,max,reps,speedup_vs_heap,fired_fraction,note" >"$csv"
@@ -132,9 +155,11 @@ else
   plan "core, 1e6 timers, add/cancel/churn/memory" 25
   plan "core, 1e6 timers, expiry (twheel and heap)" 10
 fi
+has core && plan "core churn floor (one list per slot, DRAM probe)" 8
 has service && plan "service (bench_service)" $((full ? 120 : 20))
 ((java)) && plan "Java peers (Netty HWT, JDK STPE)" $((full ? 300 : 45))
-has durable && plan "durable store (journal, Redis always/everysec)" 35
+has durable && plan "durable store (device limit, journal, Redis always/everysec)" 40
+has twheeld && plan "twheeld beside beanstalkd" 60
 has redis && plan "Redis backend (twheel, sorted-set poller)" 30
 ((instr)) && plan "callgrind counts" 60
 plan "summary and plot" 2
@@ -150,8 +175,15 @@ stage() { # NAME: announce the next stage
     left=$((total_w - done_w))
   fi
   stage_no=$((stage_no + 1))
-  printf '\n>>> stage %d/%d: %s (%d s elapsed, about %d s left)\n' \
-    "$stage_no" "${#stages[@]}" "$1" "$elapsed" "$left"
+  local load
+  load=$(cut -d' ' -f1 /proc/loadavg)
+  local b=$((budget - SECONDS + t_script)) bs
+  bs="$b s of the $budget s budget left"
+  ((b < 0)) && bs="$((-b)) s over the $budget s budget"
+  printf '\n>>> stage %d/%d: %s (%d s elapsed, about %d s left; %s; load average %s)\n' \
+    "$stage_no" "${#stages[@]}" "$1" "$elapsed" "$left" "$bs" "$load"
+  # The load average at the start of each stage, for the summary.
+  echo "$1,$load" >>"$out/loads.txt"
 }
 
 {
@@ -199,6 +231,44 @@ else
   "${core[@]}" --n 1000000 --cap-ms 1000 --engines twheel,twheel-netty,heap \
     --workloads expire_1,expire_jump | tee -a "$out/core.txt"
 fi
+# Churn at 1e6 with the wheel's slots holding one list each instead of 8
+# (the same src/wheel.c built with TW_WHEEL_CHAINS=1), and the memory's
+# floor under a churn pair: a load from a random line of 64 MiB (more
+# than the 40 MB of 1e6 timers), one in flight (latency) and 2..16
+# independent ones (what out-of-order execution can overlap).
+if has core; then
+  stage "core churn floor (one list per slot, DRAM probe)"
+  # Both layouts beside the heap in the same processes, 3 alternating
+  # runs: workloads churn_8lists (twheel, heap) and churn_1list
+  # (twheel-1list, heap), medians of the runs.
+  floor_csv=$build/floor.csv
+  rm -f "$floor_csv"
+  for r in 1 2 3; do
+    "$build/bench/bench_core" --reps 1 --csv "$floor_csv.8" --n 1000000 \
+      --cap-ms 1000 --engines twheel,heap --workloads churn >/dev/null
+    "$build/bench/bench_core_1list" --reps 1 --csv "$floor_csv.1" \
+      --n 1000000 --cap-ms 1000 --engines twheel-1list,heap \
+      --workloads churn >/dev/null
+  done
+  awk -F, 'FNR == 1 && /^n,/ { next }
+    { w = FILENAME ~ /\.8$/ ? "churn_8lists" : "churn_1list"
+      k = $1 SUBSEP w SUBSEP $3; if (!(k in c)) { ks[++nk] = k; u[k] = $4 }
+      v[k, ++c[k]] = $5 }
+    END { for (q = 1; q <= nk; q++) { k = ks[q]; n = c[k]
+        for (i = 1; i <= n; i++) a[i] = v[k, i] + 0
+        for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) {
+          t = a[j]; a[j] = a[j-1]; a[j-1] = t }
+        split(k, f, SUBSEP)
+        printf "%s,%s,%s,%s,%.2f,%.2f,%.2f,%d,,,alternating runs\n", f[1],
+          f[2], f[3], u[k], a[int((n + 1) / 2)], a[1], a[n], n } }' \
+    "$floor_csv.8" "$floor_csv.1" | tee "$out/churn_layouts.csv" >>"$csv"
+  rm -f "$floor_csv".*
+  "$build/bench/dram_probe" 64 1000000 | tee "$out/dram.txt"
+  awk '{ for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+         printf "%d,dram_load,chains%d,ns/load,%s,%s,%s,1,,,%s MiB random lines\n",
+           v["mib"], v["chains"], v["ns_per_load"], v["ns_per_load"],
+           v["ns_per_load"], v["mib"] }' "$out/dram.txt" >>"$csv"
+fi
 ((full)) && svc_args=(--tasks 1000000 --reps 3) && idle_ms=3000
 
 # 2. The service (its own program; the median of its 3 runs per row)
@@ -227,44 +297,132 @@ else
     "scripts/deps.sh bench installs them)" | tee "$out/java.txt"
 fi
 
-# 3b. The durable store: twheel's journal (TW_DURABLE_SYNC_GROUP: every
-# call fdatasync'ed; SYNC_INTERVAL: written, fdatasync'ed every second)
-# against a Redis sorted-set delay queue with appendonly yes and
-# appendfsync always (fsync'ed) and everysec (the interval's durability),
-# one redis-server switched with CONFIG SET. 4 threads schedule fresh keys
-# (64-byte payloads), one item per call and 32 (Redis: 32 pipelined per
-# round trip); 3 runs of 1 s of each system, interleaved, so a slow second
-# of the shared disk falls on every side; medians and spreads go to the CSV.
+# fdatasync_probe TAG DIR [COUNT]: the device's limit, measured in the run: the
+# latency of one small pwrite + fdatasync on a preallocated file (as the
+# journal's segments are), COUNT (default 300) calls of 112 bytes, as a
+# "system=device" line.
+fdatasync_probe() {
+  mkdir -p "$2"
+  "$build/bench/fsync_probe" "$2" "${3:-300}" 112 fallocate |
+    tee -a "$out/fsync_probe.txt" |
+    awk -v tag="$1" '/^file=fallocate/ { for (i = 1; i <= NF; i++) {
+      split($i, kv, "="); v[kv[1]] = kv[2] }
+      printf "system=device op=fdatasync at=%s p50_us=%s p99_us=%s\n",
+        tag, v["p50_us"], v["p99_us"] }'
+}
+# cpu_of PID: a process's CPU time so far (user + system), in seconds.
+cpu_of() {
+  awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' \
+    "/proc/$1/stat"
+}
+
+# 3b. The durable store, judged against the device's limit measured in
+# the same run (fdatasync latency on a preallocated file, probed before
+# each set of runs and after the last; the median of the probes): twheel's journal with TW_DURABLE_SYNC_GROUP (every
+# call fdatasync'ed before it returns), 1 and 4 threads one item per
+# call, and 4 threads 32 per call, beside TW_DURABLE_SYNC_INTERVAL
+# (written, fdatasync'ed every second: the CPU's limit) on the same
+# code. Redis (a sorted-set delay queue, appendonly yes, appendfsync
+# always and everysec, one redis-server switched with CONFIG SET; 32
+# pipelined per round trip) runs beside it as context, and for the CPU
+# per acknowledged item: the process's CPU / items for twheel, client
+# plus server for Redis. 64-byte payloads, fresh 16-byte keys; 3 runs of
+# 1 s of each, interleaved, so a slow second of the shared disk falls on
+# every side; medians and spreads go to the CSV.
 if has durable; then
-  stage "durable store (journal, Redis always/everysec)"
+  stage "durable store (device limit, journal, Redis always/everysec)"
   dwork=$build/durable-work
   rm -rf "$dwork"
   start_redis "$dwork/redis" --appendonly yes --appendfsync always
   dbin=$build/bench/bench_durable
+  # twheel_run NAME OP THREADS DEPTH: one run of the journal.
+  twheel_run() {
+    "$dbin" twheel "$2" "$dwork/j" "$3" 1 64 "$4" |
+      sed "s/^system=twheel[a-z-]* /system=$1 /"
+    rm -rf "${dwork:?}/j"
+  }
   {
     for depth in 1 32; do
       for r in 1 2 3; do
-        "$dbin" twheel sched "$dwork/g" 4 1 64 "$depth" |
-          sed 's/^system=twheel /system=twheel-group /'
-        rm -rf "${dwork:?}/g"
-        "$dbin" twheel isched "$dwork/i" 4 1 64 "$depth"
-        rm -rf "${dwork:?}/i"
+        fdatasync_probe "$depth/$r" "$dwork" 200
+        ((depth == 1)) && twheel_run twheel-group sched 1 1
+        twheel_run twheel-group sched 4 "$depth"
+        twheel_run twheel-interval isched 4 "$depth"
         for mode in always everysec; do
           redis-cli -p "$rport" config set appendfsync "$mode" >/dev/null
-          "$dbin" redis sched "$rport" 4 1 "$depth" |
-            sed "s/^system=redis /system=redis-$mode /"
+          c0=$(cpu_of "$rpid")
+          line=$("$dbin" redis sched "$rport" 4 1 "$depth")
+          echo "${line/#system=redis /system=redis-$mode } srv_cpu_s=$(awk \
+            -v a="$c0" -v b="$(cpu_of "$rpid")" 'BEGIN { printf "%.3f", b - a }')"
           redis-cli -p "$rport" flushall >/dev/null
         done
       done
     done
-  } | grep '^system=' | tee "$out/durable.txt" &
+    fdatasync_probe after "$dwork" 200
+  } | grep -E '^(system=|  syncs=)' | tee "$out/durable.txt" &
   wait $! # (in the background so that a signal stops the servers at once)
   stop_all_redis
   rm -rf "$dwork"
   awk -f bench/report/rounds_csv.awk "$out/durable.txt" >>"$csv"
 fi
 
-# 3c. The Redis backend against the sorted-set poller most Redis delay
+# 3c. twheeld beside beanstalkd (scripts/bench_twheeld.sh ONLY=main): both
+# servers up side by side, each row run of 1 s on one then the other, 3
+# times over; our load generator (bench_bstalk), 64-byte bodies: puts
+# with the reply after fdatasync (-f 0; the device's limit probed before
+# and after those rows), puts and reserve+delete with -f 1000, the
+# lateness of delayed jobs put at a steady rate; then, one server at a
+# time, $delayed delayed jobs (memory and disk per job, restart after
+# kill -9 until `stats` answers).
+if has twheeld; then
+  stage "twheeld beside beanstalkd"
+  if [ "$delayed" = auto ]; then
+    # What the budget leaves after this round's other rows (about 60 s)
+    # and the rounds after it (about 40 s): 100,000 delayed jobs cost both
+    # servers about 7 s on 2 cores (beanstalkd's puts and restart the
+    # most), times the load average over the cores.
+    after=5
+    has redis && after=40
+    left=$((budget - SECONDS + t_script - 60 - after))
+    per100k=$(awk -v l="$(cut -d' ' -f1 /proc/loadavg)" -v c="$(nproc)" \
+      'BEGIN { f = l / c; if (f < 1) f = 1; printf "%d", 7 * f + 0.5 }')
+    delayed=$((left > 0 ? left * 100000 / per100k / 50000 * 50000 : 0))
+    ((delayed < 50000)) && delayed=50000
+    ((delayed > 1000000)) && delayed=1000000
+    echo "delayed jobs: $delayed (about $left s of the budget for them," \
+      "about $per100k s per 100,000 at this load)"
+  fi
+  if command -v beanstalkd >/dev/null; then
+    FSYNC_PROBE=$build/bench/fsync_probe ONLY=main \
+      scripts/bench_twheeld.sh "$build" 1 "$delayed" |
+      tee "$out/twheeld.txt" &
+    wait $!
+    awk -f bench/report/rounds_csv.awk -v delayed="$delayed" \
+      "$out/twheeld.txt" >>"$csv"
+  else
+    echo "twheeld: skipped (needs beanstalkd; scripts/deps.sh bench" \
+      "installs it)" | tee "$out/twheeld.txt"
+  fi
+fi
+
+# ---- HOOK: Redis CPU at equal precision (scripts/bench_redis.sh) --------
+# The Redis round's cells "Redis CPU at equal precision" (twheel's Redis
+# backend beside a same-guarantee lease-poller polling as often as
+# twheel's precision) go in this function. It runs inside the Redis round
+# below, after the sorted-set poller's runs, with the round's
+# redis-server up ($rport on 127.0.0.1, its pid $rpid, flushed) and
+# $build/bench/bench_redis built; whatever it prints goes to redis.txt and
+# through bench/report/rounds_csv.awk into results.csv (lines in the form
+# bench_redis prints, "... timers N delivered D ... p99 P ... total T",
+# become redis_cpu and redis_p99 rows; the engine is named by the line's
+# first words), and bench/report/summary.awk prints and judges them (its
+# "Redis backend" targets). Until then it measures nothing.
+redis_equal_precision() {
+  :
+}
+# ---- end of HOOK --------------------------------------------------------
+
+# 3d. The Redis backend against the sorted-set poller most Redis delay
 # queues use (ZADD + HSET per timer, a Lua ZRANGEBYSCORE + ZREM + HDEL every
 # 100 ms), on one redis-server without persistence: 5,000 timers due over
 # 2 s, 3 runs of each, interleaved; Redis CPU per 1000 fired timers (from
@@ -282,6 +440,7 @@ if has redis; then
         "$build/bench/bench_redis" poll "127.0.0.1:$rport" "$rpid" 5000 2000 100
         redis-cli -p "$rport" flushall >/dev/null
       done
+      redis_equal_precision
     } | tee "$out/redis.txt" &
     wait $!
     stop_all_redis
@@ -332,10 +491,11 @@ fi
 
 # 5. Summary and plot.
 stage "summary and plot"
-awk -F, -f bench/report/summary.awk "$csv" | tee "$out/summary.txt"
+awk -F, -f bench/report/summary.awk -v loads="$out/loads.txt" "$csv" |
+  tee "$out/summary.txt"
 plot="plot: skipped (no gnuplot)"
 if command -v gnuplot >/dev/null; then
-  sizes=$(awk -F, 'NR > 1 && $2 !~ /^(svc|dur|redis)_/ { print $1 }' "$csv" | sort -n | uniq)
+  sizes=$(awk -F, 'NR > 1 && $2 !~ /^(svc|dur|redis|dev|bs|dram)_/ { print $1 }' "$csv" | sort -n | uniq)
   # A round not in the CSV leaves its panel empty.
   hv() { grep -q "^[0-9]*,$1" "$csv" && echo 1 || echo 0; }
   have="have_core=$(hv '[a-z]*,twheel,'); have_svc=$(hv svc_); have_dur=$(hv dur_); have_redis=$(hv redis_)"
@@ -344,7 +504,8 @@ if command -v gnuplot >/dev/null; then
     bench/report/plot.gp && plot="plot:    $out/bench.png"
 fi
 echo
-echo "done in $((SECONDS - t_start)) s. Results in $out:"
+echo "done in $((SECONDS - t_start)) s ($((SECONDS - t_script)) s with the" \
+  "installs and the build; budget ${budget} s). Results in $out:"
 echo "summary: $out/summary.txt (each target MET, MISSED or NOT RUN)"
 echo "$plot"
 echo "data:    $csv"

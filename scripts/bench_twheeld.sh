@@ -6,6 +6,13 @@
 #   BUILD_DIR holds twheeld/twheeld and bench/bench_bstalk (Release).
 #   ONLY=many: only the many-delayed-jobs rows (memory, disk, restart).
 #   ONLY=rates: only the other rows (puts/s, reserve+delete/s, lateness).
+#   ONLY=main: the main job's round (scripts/bench.sh): both servers up
+#     side by side, every row run on one then the other, REPS times over
+#     (default 3), SECONDS per timed row, DELAYED_JOBS delayed jobs (one
+#     run); lines "bstalk srv=S row=R value=V unit=U" for results.csv
+#     beside each program's own line. FSYNC_PROBE (bench/fsync_probe's
+#     path): the device's fdatasync latency on a preallocated file is
+#     probed before and after the fdatasync rows ("system=device" lines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 b=${1:?usage: $0 BUILD_DIR [SECONDS] [DELAYED_JOBS]}
@@ -60,42 +67,29 @@ start() {
 stop() { kill "$1"; wait "$1" 2>/dev/null || true; }
 rss() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
 
-echo "# $(date -u +%F) $(nproc) cores; twheeld $("$tw" -v | cut -d' ' -f2), beanstalkd $(beanstalkd -v 2>&1 | cut -d' ' -f2)"
-for srv in beanstalkd twheeld; do
-  if [ "${ONLY:-all}" != many ]; then
-  # Reply after fdatasync: beanstalkd -f 0, twheeld -f 0.
-  for c in 1 64; do
-    start "$srv" "$work/$srv-f0-$c" -f 0
-    echo "$srv -f 0 $("$load" -p "$P" -c "$c" -t "$secs" put)"
-    stop "$PID"
-  done
-  # Once-a-second sync.
-  start "$srv" "$work/$srv-f1000" -f 1000
-  echo "$srv -f 1000 $("$load" -p "$P" -c 1 -t "$secs" put)"
-  echo "$srv -f 1000 $("$load" -p "$P" -c 64 -d 16 -t "$secs" put)"
-  echo "$srv -f 1000 $("$load" -p "$P" -c 1 -t "$secs" reserve)"
-  echo "$srv -f 1000 $("$load" -p "$P" -c 16 -t "$secs" reserve)"
-  stop "$PID"
-  # Lateness of delayed jobs becoming ready (delays of 1, 2 or 3 s):
-  # puts pipelined 64 deep (each second's jobs due in a burst as dense
-  # as the server took the puts), then one at a time per connection.
-  for d in 64 1; do
-    start "$srv" "$work/$srv-late-$d" -f 1000
-    echo "$srv -f 1000 $("$load" -p "$P" -c 8 -d "$d" -n 20000 -D 3 late)"
-    stop "$PID"
-  done
-  fi
-  [ "${ONLY:-all}" = rates ] && continue
-  # Many delayed jobs: memory, disk, restart after kill -9.
-  start "$srv" "$work/$srv-many" -f 1000
+# many SRV DIR NJOBS: NJOBS delayed jobs (delays up to a day) into a
+# fresh server, its memory and disk, then kill -9 and a restart timed
+# until `stats` answers. Sets REPLY_* for the caller.
+many() {
+  local srv=$1 dir=$2 njobs=$3 rss0
+  start "$srv" "$dir" -f 1000
+  sleep 1
+  rss0=$(rss "$PID")
   echo "$srv -f 1000 $("$load" -p "$P" -c 8 -d 256 -n "$njobs" -D 86400 delayed)"
   sleep 2 # the once-a-second sync
-  echo "$srv $njobs delayed: RSS $(($(rss "$PID") / 1024)) MB, disk $(du -sm "$work/$srv-many" | cut -f1) MB"
+  REPLY_RSS=$(($(rss "$PID") / 1024))
+  REPLY_DISK=$(du -sm "$dir" | cut -f1)
+  # Per job: the memory the jobs added to the empty server; the disk in
+  # all (both servers preallocate their files, so what an empty one
+  # holds says nothing of what a job costs), kB -> bytes.
+  REPLY_RSS_PER=$((($(rss "$PID") - rss0) * 1024 / njobs))
+  REPLY_DISK_PER=$(($(du -sk "$dir" | cut -f1) * 1024 / njobs))
+  echo "$srv $njobs delayed: RSS $REPLY_RSS MB, disk $REPLY_DISK MB"
   kill -9 "$PID"
   wait "$PID" 2>/dev/null || true
   P=$(port)
   t0=$(date +%s.%N)
-  launch "$srv" "$work/$srv-many" -f 1000
+  launch "$srv" "$dir" -f 1000
   # One client, started with the server: it connects as soon as the
   # server listens, then times the first reply to `stats` and, on the
   # same connection, the reply to `peek-delayed` (from t0). beanstalkd
@@ -139,6 +133,149 @@ PY
   # machine that other work shares, the wall time is mostly that wait.
   cpu=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$PID/stat")
   rq=$(cat /proc/"$PID"/task/*/schedstat | awk '{w += $2} END {printf "%.2f", w / 1e9}')
+  REPLY_T1=$t1 REPLY_CPU=$cpu REPLY_RQ=$rq
   echo "$srv restart after kill -9: answering stats in $t1 s, peek-delayed in $t2 s (CPU $cpu s, waiting for a CPU $rq s until then), current-jobs-delayed $n, RSS $(($(rss "$PID") / 1024)) MB"
   stop "$PID"
+}
+
+# row NAME SRV UNIT LINE: the line a program printed, then the row's
+# value (the rate after "=") as a results line.
+row() {
+  local name=$1 srv=$2 unit=$3 line=$4 v
+  echo "$srv $line"
+  v=$(sed -n 's/.*= \([0-9.]*\)\/s.*/\1/p' <<<"$line")
+  echo "bstalk srv=$srv row=$name value=$v unit=$unit"
+}
+# probe: with FSYNC_PROBE set, 300 fdatasyncs of 112 bytes on a
+# preallocated file in the work directory, as one "system=device" line.
+probe() {
+  [ -n "${FSYNC_PROBE:-}" ] || return 0
+  mkdir -p "$work/probe"
+  "$FSYNC_PROBE" "$work/probe" 300 112 fallocate | awk '/^file=fallocate/ {
+    for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+    printf "system=device op=fdatasync at=twheeld p50_us=%s p99_us=%s\n",
+      v["p50_us"], v["p99_us"] }'
+}
+# both FLAGS...: a beanstalkd and a twheeld with FLAGS, side by side for
+# the rows that follow (ports in $BP and $TP, pids in $BPID and $TPID).
+both() {
+  start beanstalkd "$work/b$blk" "$@"
+  BP=$P BPID=$PID
+  start twheeld "$work/t$blk" "$@"
+  TP=$P TPID=$PID
+  blk=$((blk + 1))
+}
+# on_both NAME UNIT ARGS...: the load generator with ARGS on each server
+# in turn (beanstalkd first), one row line each.
+on_both() {
+  local name=$1 unit=$2
+  shift 2
+  row "$name" beanstalkd "$unit" "$("$load" -p "$BP" "$@")"
+  row "$name" twheeld "$unit" "$("$load" -p "$TP" "$@")"
+}
+# The main job's round: both servers up at once, each row run on one and
+# then the other, $reps times over, so that a busy second of the shared
+# machine falls on both.
+main_round() {
+  local srv c r line port
+  blk=0
+  both -f 1000
+  for srv in beanstalkd twheeld; do
+    # A request through the server's loop alone (no job, no disk).
+    port=$BP
+    [ "$srv" = twheeld ] && port=$TP
+    line=$("$load" -p "$port" -c 1 -t "$secs" ping)
+    echo "$srv $line"
+    echo "bstalk srv=$srv row=ping_us_c1 value=$(sed 's/.*mean \([0-9.]*\) us.*/\1/' <<<"$line") unit=us"
+  done
+  # Once-a-second sync: puts, then reserve+delete of the jobs put.
+  for r in $(seq "$reps"); do
+    for c in 1 16; do
+      on_both "put_f1000_c$c" puts/s -c "$c" -t "$secs" put
+    done
+  done
+  for r in $(seq "$reps"); do
+    for c in 1 16; do
+      on_both "reserve_f1000_c$c" jobs/s -c "$c" -t "$secs" reserve
+    done
+  done
+  stop "$BPID"
+  stop "$TPID"
+  # Reply after fdatasync, with the device's limit probed before and
+  # after.
+  probe
+  both -f 0
+  for r in $(seq "$reps"); do
+    for c in 1 16 64; do
+      on_both "put_f0_c$c" puts/s -c "$c" -t "$secs" put
+    done
+  done
+  stop "$BPID"
+  stop "$TPID"
+  probe
+  # Lateness of delayed jobs put at a steady rate (delays of 1 s, puts
+  # one at a time on 4 connections, 4 more reserving).
+  both -f 1000
+  for r in $(seq "$reps"); do
+    for srv in beanstalkd twheeld; do
+      port=$BP
+      [ "$srv" = twheeld ] && port=$TP
+      line=$("$load" -p "$port" -c 4 -n "$steady_rate" -r "$steady_rate" -D 1 steady)
+      echo "$srv $line"
+      echo "bstalk srv=$srv row=late_p99_steady value=$(sed 's/.* p99 \([0-9]*\) .*/\1/' <<<"$line") unit=ms"
+      echo "bstalk srv=$srv row=late_p50_steady value=$(sed 's/.* p50 \([0-9]*\) .*/\1/' <<<"$line") unit=ms"
+      echo "bstalk srv=$srv row=late_max_steady value=$(sed 's/.* max \([0-9]*\) .*/\1/' <<<"$line") unit=ms"
+    done
+  done
+  stop "$BPID"
+  stop "$TPID"
+  # Many delayed jobs, one server at a time (memory and restart).
+  for srv in beanstalkd twheeld; do
+    many "$srv" "$work/$srv-many" "$njobs"
+    echo "bstalk srv=$srv row=delayed_rss_mb value=$REPLY_RSS unit=MB"
+    echo "bstalk srv=$srv row=delayed_disk_mb value=$REPLY_DISK unit=MB"
+    echo "bstalk srv=$srv row=delayed_rss_b_per_job value=$REPLY_RSS_PER unit=B/job"
+    echo "bstalk srv=$srv row=delayed_disk_b_per_job value=$REPLY_DISK_PER unit=B/job"
+    echo "bstalk srv=$srv row=restart_s value=$REPLY_T1 unit=s"
+    echo "bstalk srv=$srv row=restart_cpu_s value=$REPLY_CPU unit=s"
+    echo "bstalk srv=$srv row=restart_rq_s value=$REPLY_RQ unit=s"
+    rm -rf "${work:?}/$srv-many"
+  done
+}
+reps=${REPS:-3}
+steady_rate=${STEADY_RATE:-1000}
+
+echo "# $(date -u +%F) $(nproc) cores; twheeld $("$tw" -v | cut -d' ' -f2), beanstalkd $(beanstalkd -v 2>&1 | cut -d' ' -f2)"
+if [ "${ONLY:-all}" = main ]; then
+  echo "# $njobs delayed jobs; steady lateness at $steady_rate puts/s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  main_round
+  exit 0
+fi
+for srv in beanstalkd twheeld; do
+  if [ "${ONLY:-all}" != many ]; then
+  # Reply after fdatasync: beanstalkd -f 0, twheeld -f 0.
+  for c in 1 64; do
+    start "$srv" "$work/$srv-f0-$c" -f 0
+    echo "$srv -f 0 $("$load" -p "$P" -c "$c" -t "$secs" put)"
+    stop "$PID"
+  done
+  # Once-a-second sync.
+  start "$srv" "$work/$srv-f1000" -f 1000
+  echo "$srv -f 1000 $("$load" -p "$P" -c 1 -t "$secs" put)"
+  echo "$srv -f 1000 $("$load" -p "$P" -c 64 -d 16 -t "$secs" put)"
+  echo "$srv -f 1000 $("$load" -p "$P" -c 1 -t "$secs" reserve)"
+  echo "$srv -f 1000 $("$load" -p "$P" -c 16 -t "$secs" reserve)"
+  stop "$PID"
+  # Lateness of delayed jobs becoming ready (delays of 1, 2 or 3 s):
+  # puts pipelined 64 deep (each second's jobs due in a burst as dense
+  # as the server took the puts), then one at a time per connection.
+  for d in 64 1; do
+    start "$srv" "$work/$srv-late-$d" -f 1000
+    echo "$srv -f 1000 $("$load" -p "$P" -c 8 -d "$d" -n 20000 -D 3 late)"
+    stop "$PID"
+  done
+  fi
+  [ "${ONLY:-all}" = rates ] && continue
+  # Many delayed jobs: memory, disk, restart after kill -9.
+  many "$srv" "$work/$srv-many" "$njobs"
 done

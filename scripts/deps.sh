@@ -11,7 +11,7 @@ test_pkgs=(cmake ninja-build gcc clang clang-format libclang-rt-14-dev llvm-14 v
   libpq-dev postgresql)
 bench_pkgs=(cmake ninja-build gcc pkg-config libuv1-dev libevent-dev
   redis-server redis-tools libhiredis-dev libssl-dev libsqlite3-dev
-  gnuplot-nox default-jdk-headless libnetty-java procps)
+  gnuplot-nox default-jdk-headless libnetty-java procps beanstalkd)
 case $group in
   test) pkgs=("${test_pkgs[@]}") ;;
   bench) pkgs=("${bench_pkgs[@]}") ;;

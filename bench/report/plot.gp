@@ -88,7 +88,7 @@ set ylabel "items/s"
 set xrange [0.5 : 2.5]
 set xtics ("1 per call" 1, "32 per call" 2) font ",8"
 if (have_dur) {
-  plot for [j = 1:words(deng)] sprintf("< awk -F, -v e=%s '$3 == e && $2 ~ /^dur_sched_/ { print ($1 == 1 ? 1 : 2), $5, $6, $7 }' %s", word(deng, j), csv) \
+  plot for [j = 1:words(deng)] sprintf("< awk -F, -v e=%s '$3 == e && $2 ~ /^dur_sched_[0-9]+$/ { print ($1 == 1 ? 1 : 2), $5, $6, $7 }' %s", word(deng, j), csv) \
        using ($1 - 0.24 + 0.16 * j):2:3:4 with yerrorbars pt 7 ps 0.8 lw 1.5 title word(deng, j)
 } else {
   set multiplot next

@@ -1,9 +1,20 @@
 # SPDX-License-Identifier: MIT
-# rounds_csv.awk - the durable and Redis rounds' output (several runs of
-# each system) into results.csv rows, each the median, min and max of its
-# runs:
-#   bench_durable "system=S op=sched threads=T depth=D ... ops_per_s=X":
-#     n = D (items per call), workload dur_sched_D, engine S, items/s;
+# rounds_csv.awk - the durable, twheeld and Redis rounds' output (several
+# runs of each system) into results.csv rows, each the median, min and max
+# of its runs:
+#   bench_durable "system=S op=sched threads=T depth=D ... ops_per_s=X
+#     cpu_s=C [srv_cpu_s=R]": n = D (items per call), workload dur_sched_D
+#     (4 threads; other thread counts dur_sched_D_Tt), engine S, items/s;
+#     dur_cpu_D[_Tt], CPU us per acknowledged item ((C + R) / items: the
+#     process's, plus the server's for Redis); dur_p50_D[_Tt], the median
+#     latency of one call (us); the "  syncs=N" line after
+#     it: dur_per_sync_D[_Tt], items per fdatasync;
+#   "system=device op=fdatasync at=A p50_us=X" (scripts/bench.sh's
+#     fdatasync_probe): n = 1, workload dev_fdatasync_dur (the durable
+#     round's probes) or dev_fdatasync_bs (at=twheeld), engine device, us;
+#   scripts/bench_twheeld.sh ONLY=main "bstalk srv=S row=R value=V unit=U":
+#     n = the -v delayed count for the delayed_* and restart_* rows, else
+#     1; workload bs_R, engine S (twheeld, beanstalkd);
 #   bench_redis "twheel ..." / "poll 100 ms ..." lines: n = timers,
 #     workloads redis_cpu (Redis CPU ms per 1000 fired timers, loading and
 #     firing) and redis_p99 (p99 lateness of the callbacks, ms), engines
@@ -26,15 +37,52 @@ function add(n, w, e, u, note, val,   k) {
     }
     x[k, ++cnt[k]] = val + 0
 }
-/^system=/ {
+function fields(   i, kv) {
     delete v
     for (i = 1; i <= NF; i++) {
         split($i, kv, "=")
         v[kv[1]] = kv[2]
     }
-    if (v["op"] == "sched")
-        add(v["depth"], "dur_sched_" v["depth"], v["system"], "items/s",
-            v["threads"] " threads", v["ops_per_s"])
+}
+/^system=device / {
+    fields()
+    add(1, v["at"] == "twheeld" ? "dev_fdatasync_bs" : "dev_fdatasync_dur",
+        "device", "us", "fdatasync p50 on a preallocated file", v["p50_us"])
+    next
+}
+/^system=/ {
+    fields()
+    last_w = ""
+    if (v["op"] != "sched")
+        next
+    sfx = v["threads"] == 4 ? "" : "_" v["threads"] "t"
+    add(v["depth"], "dur_sched_" v["depth"] sfx, v["system"], "items/s",
+        v["threads"] " threads", v["ops_per_s"])
+    if (v["ops"] + 0 > 0 && "cpu_s" in v)
+        add(v["depth"], "dur_cpu_" v["depth"] sfx, v["system"], "us/item",
+            v["threads"] " threads", (v["cpu_s"] + v["srv_cpu_s"]) * 1e6 / v["ops"])
+    add(v["depth"], "dur_p50_" v["depth"] sfx, v["system"], "us",
+        v["threads"] " threads", v["p50_us"])
+    # Items per fdatasync: SYNC_GROUP's (the interval's syncs are a clock's).
+    if (v["system"] == "twheel-group")
+        last_w = v["depth"] sfx
+    last_n = v["depth"]; last_e = v["system"]
+    last_ops = v["ops"]; last_t = v["threads"]
+    next
+}
+/^  syncs=/ && last_w != "" {
+    split($1, kv, "=")
+    if (kv[2] + 0 > 0)
+        add(last_n, "dur_per_sync_" last_w, last_e, "items/sync",
+            last_t " threads", last_ops / kv[2])
+    last_w = ""
+    next
+}
+/^bstalk / {
+    fields()
+    bn = v["row"] ~ /^(delayed|restart)_/ ? delayed : 1
+    if (v["value"] != "")
+        add(bn, "bs_" v["row"], v["srv"], v["unit"], "", v["value"])
     next
 }
 / timers [0-9]+ delivered / {

@@ -1,12 +1,27 @@
 # SPDX-License-Identifier: MIT
 # summary.awk - the headline figures and the targets, each marked MET or
 # MISSED (NOT RUN when the run lacks the figures), from results.csv, and
-# every row of every round where twheel is slower than a peer.
+# every row of every round where twheel is slower than a peer; each
+# missed target and slower row with the measurements that say why (the
+# device's fdatasync latency, items per fdatasync, a server's round trip
+# without its store, the memory's floor under a churn pair, CPU and
+# run-queue time, the load average when the round started).
 # Like is compared with like: every figure is the median of its runs,
 # beside the peers' medians of theirs, with the spread (min..max of the
 # runs) printed where a round has several; throughput (Mops/s, items/s) is
 # better higher, everything else (ns, ms, bytes, wake-ups) lower.
-# Usage: awk -F, -f bench/report/summary.awk results.csv
+# Usage: awk -F, -f bench/report/summary.awk [-v loads=loads.txt] results.csv
+#   loads.txt: "stage name,load average" lines (scripts/bench.sh).
+BEGIN {
+    if (loads != "")
+        while ((getline ln < loads) > 0) {
+            i = match(ln, /,[^,]*$/)
+            if (!i) continue
+            nloads++
+            lname[nloads] = substr(ln, 1, i - 1)
+            lval[nloads] = substr(ln, i + 1)
+        }
+}
 NR == 1 { next }
 {
     key = $1 SUBSEP $2 SUBSEP $3
@@ -15,6 +30,13 @@ NR == 1 { next }
     if ($2 ~ /^svc_/) { svc_w[$2] = 1; svc_e[$3] = 1; svc_n = $1 }
     if ($2 ~ /^dur_/) { dur_w[$2] = 1; dur_n[$2] = $1 }
     if ($2 ~ /^redis_/) redis_n = $1
+    if ($2 ~ /^bs_(delayed|restart)_/) bs_n = $1
+}
+# The load average when the first stage whose name matches re started.
+function load_of(re,   i) {
+    for (i = 1; i <= nloads; i++)
+        if (lname[i] ~ re) return lval[i]
+    return "?"
 }
 # (Every read checks membership first: reading med[k] would create k.)
 function m(n, w, e) { return ((n, w, e) in med) ? med[n, w, e] + 0 : 0 }
@@ -58,6 +80,15 @@ function target(what, have, op, need, fmt) {
     if (!ok) missed++
     printf "%-7s %s: " fmt " (target %s " fmt ")\n", ok ? "MET" : "MISSED",
         what, have, op, need
+    if (!ok) {
+        nmiss++
+        miss_line[nmiss] = sprintf("%s: " fmt " (target %s " fmt ")", what,
+            have, op, need)
+        miss_why[nmiss] = why
+    }
+    if (why != "")
+        printf "        (%s)\n", why
+    why = ""
 }
 # A ratio target between two medians of one workload: a / b.
 function rtarget(what, w, a, b, op, need,   x, y, have) {
@@ -79,9 +110,200 @@ function slower_row(n, w, t, p,   a, b, u, worse, ov) {
     ov = hi[n, w, t] + 0 >= lo[n, w, p] + 0 && hi[n, w, p] + 0 >= lo[n, w, t] + 0
     # Kept to be printed in order: round (core, service, durable, Redis),
     # then size, row and engines.
-    srt[++slower] = sprintf("%d %012d %s %s %s", w ~ /^svc_/ ? 2 : w ~ /^dur_/ ? 3 : w ~ /^redis_/ ? 4 : 1, n, w, t, p)
+    srt[++slower] = sprintf("%d %012d %s %s %s", w ~ /^svc_/ ? 2 : w ~ /^dur_/ ? 3 : w ~ /^bs_/ ? 4 : w ~ /^redis_/ ? 5 : 1, n, w, t, p)
     line[slower] = sprintf("%-9s %-18s %-20s %10.2f  %-16s %10.2f %-8s %.2fx%s", n, w, t, a, p,
-        b, u, higher_better(u) ? b / a : a / b, ov ? "  (spreads overlap)" : "")
+        b, u, higher_better(u) ? b / a : a / b,
+        ov ? "  (spreads overlap)" : reps[n, w, t] + 0 <= 1 ? "  (one run each)" : "")
+    whyr = row_why(n, w)
+    if (whyr != "") line[slower] = line[slower] "\n          why: " whyr
+}
+# The measurements that explain a slower row, where the run has them.
+function row_why(n, w,   r) {
+    if (w ~ /^bs_put_f0/)
+        return sprintf("device fdatasync p50 %.1f us (%.0f/s); %s; load %s",
+            mw("dev_fdatasync_bs", "device"), syncs_per_s("dev_fdatasync_bs"),
+            bs_rtt(), load_of("^twheeld"))
+    if (w ~ /^bs_(put|reserve|ping)/)
+        return bs_rtt() "; load " load_of("^twheeld")
+    if (w ~ /^bs_late/)
+        return sprintf("lateness ms p50 %d / %d, p99 %d / %d, max %d / %d (twheeld / beanstalkd); load %s",
+            bs("late_p50_steady", "twheeld"), bs("late_p50_steady", "beanstalkd"),
+            bs("late_p99_steady", "twheeld"), bs("late_p99_steady", "beanstalkd"),
+            bs("late_max_steady", "twheeld"), bs("late_max_steady", "beanstalkd"),
+            load_of("^twheeld"))
+    if (w ~ /^bs_delayed/)
+        return sprintf("per job: resident %d / %d B, disk %d / %d B (twheeld / beanstalkd)",
+            bs("delayed_rss_b_per_job", "twheeld"), bs("delayed_rss_b_per_job", "beanstalkd"),
+            bs("delayed_disk_b_per_job", "twheeld"), bs("delayed_disk_b_per_job", "beanstalkd"))
+    if (w ~ /^bs_restart/)
+        return sprintf("CPU until stats answered: twheeld %.2f s, beanstalkd %.2f s; waiting for a CPU: %.2f s, %.2f s",
+            bs("restart_cpu_s", "twheeld"), bs("restart_cpu_s", "beanstalkd"),
+            bs("restart_rq_s", "twheeld"), bs("restart_rq_s", "beanstalkd"))
+    if (w ~ /^dur_/)
+        return sprintf("device fdatasync p50 %.1f us; items per fdatasync at 1 per call: 1 thread %.2f, 4 threads %.2f; load %s",
+            mw("dev_fdatasync_dur", "device"), mw("dur_per_sync_1_1t", "twheel-group"),
+            mw("dur_per_sync_1", "twheel-group"), load_of("^durable"))
+    if (w ~ /^churn/ && n + 0 == big)
+        return churn_floor(m(big, "churn", "twheel"), m(big, "churn", "heap"))
+    if (w ~ /^svc_/)
+        return "load " load_of("^service") " (service), " load_of("^Java") " (Java peers)"
+    if (w ~ /^redis_/)
+        return "load " load_of("^Redis")
+    return "load " load_of("^core")
+}
+# Why churn at 1e6 is where it is: the floor under a pair is its
+# instructions and cache hits (churn at 1e5, whose 4 MB fit in the
+# caches) plus at least one load from a random timer of 40 MB (the one
+# cancelled: a random pick), at the best throughput of random loads
+# measured (16 in flight); and both layouts (8 lists per slot, 1 list)
+# beside the heap in alternating runs.
+function churn_floor(t, hp,   c5, best, lat, k, f, t8, h8, t1, h1, fl, r) {
+    c5 = m(100000, "churn", "twheel"); best = 0; lat = 0
+    for (k in med) {
+        split(k, f, SUBSEP)
+        if (f[2] != "dram_load") continue
+        if (f[3] == "chains1") lat = med[k] + 0
+        if (best == 0 || med[k] + 0 < best) best = med[k] + 0
+    }
+    t8 = m(big, "churn_8lists", "twheel"); h8 = m(big, "churn_8lists", "heap")
+    t1 = m(big, "churn_1list", "twheel-1list"); h1 = m(big, "churn_1list", "heap")
+    if (t <= 0 || hp <= 0) return ""
+    r = sprintf("twheel %.1f ns, heap %.1f ns: 3x needs <= %.1f ns", t, hp, hp / 3)
+    if (t8 > 0 && h8 > 0 && t1 > 0 && h1 > 0)
+        r = r sprintf("; both layouts beside the heap, 3 alternating runs: 8 lists per slot %.1f ns [%s] against %.1f: %.2fx; 1 list per slot %.1f ns [%s] against %.1f: %.2fx",
+            t8, spread("churn_8lists", "twheel"), h8, h8 / t8, t1,
+            spread("churn_1list", "twheel-1list"), h1, h1 / t1)
+    if (c5 > 0 && best > 0) {
+        fl = c5 + best
+        r = r sprintf("; floor: churn at 1e5 (cache-resident) %.1f ns + one random load of 64 MiB at the best throughput %.1f ns (latency %.1f ns, one in flight) = %.1f ns: %s", c5, best, lat, fl,
+            fl > hp / 3 ? "3x is below the floor on this machine" : "the floor allows 3x")
+    }
+    return r
+}
+# The device's fdatasyncs per second from workload w's p50 latency.
+function syncs_per_s(w,   us) {
+    us = mw(w, "device")
+    return us > 0 ? 1e6 / us : 0
+}
+# One durable target against the device: twheel-group at workload w
+# (threads t) against need x threads x fdatasyncs/s.
+function device_target(what, w, t, need,   dev, r, have, ips, p50) {
+    dev = syncs_per_s("dev_fdatasync_dur"); r = mw(w, "twheel-group")
+    have = dev > 0 && r > 0 ? sprintf("%.2f", r / (t * dev)) : ""
+    ips = mw("dur_per_sync_" substr(w, 11), "twheel-group")
+    p50 = mw("dur_p50_" substr(w, 11), "twheel-group")
+    if (have != "")
+        why = sprintf("%d items/s [%s] against %d x %.0f fdatasyncs/s (the probe's p50 %.1f us, preallocated file); %.2f items per fdatasync, so the journal ran %.0f fdatasyncs/s (a new one may start while one is in flight); a call took %.1f us at the median; load %s",
+            r, spread(w, "twheel-group"), t, dev, mw("dev_fdatasync_dur", "device"), ips,
+            ips > 0 ? r / ips : 0, p50,
+            load_of("^durable"))
+    target(what, have, ">=", need, "%.2fx")
+}
+function durable_targets(   g, iv, ca, cr, w, i) {
+    printf "-- durable store (twheel's journal; the device's limit measured in the run; 64-byte payloads)\n"
+    device_target("SYNC_GROUP 1 per call, 1 thread, items/s / (1 x fdatasyncs/s)",
+        "dur_sched_1_1t", 1, 0.75)
+    device_target("SYNC_GROUP 1 per call, 4 threads, items/s / (4 x fdatasyncs/s)",
+        "dur_sched_1", 4, 0.75)
+    g = mw("dur_sched_32", "twheel-group"); iv = mw("dur_sched_32", "twheel-interval")
+    ips = mw("dur_per_sync_32", "twheel-group")
+    if (g > 0 && iv > 0 && ips > 0)
+        why = sprintf("SYNC_GROUP %d/s [%s] = %.1f items per fdatasync (%.1f calls of the 4 threads' at most 4) x %.0f fdatasyncs/s the journal ran; 0.5x SYNC_INTERVAL's %d/s [%s] needs %.0f items per fdatasync at that rate, 4 threads x 32 give at most 128; load %s",
+            g, spread("dur_sched_32", "twheel-group"), ips, ips / 32, g / ips,
+            iv, spread("dur_sched_32", "twheel-interval"),
+            0.5 * iv / (g / ips), load_of("^durable"))
+    target("SYNC_GROUP 32 per call / SYNC_INTERVAL 32 per call (4 threads)",
+        g > 0 && iv > 0 ? sprintf("%.2f", g / iv) : "", ">=", 0.5, "%.2fx")
+    split("1 32", dps, " ")
+    for (i = 1; i <= 2; i++) {
+        w = "dur_cpu_" dps[i]
+        ca = mw(w, "twheel-group"); cr = mw(w, "redis-always")
+        if (ca > 0 && cr > 0)
+            why = sprintf("CPU us per acknowledged item: SYNC_GROUP %.2f [%s] (the process: callers and writer); Redis always %.2f [%s] (client + server); SYNC_INTERVAL %.2f, Redis everysec %.2f",
+                ca, spread(w, "twheel-group"), cr, spread(w, "redis-always"),
+                mw(w, "twheel-interval"), mw(w, "redis-everysec"))
+        target("CPU per item, SYNC_GROUP / Redis always, " dps[i] " per call (4 threads)",
+            ca > 0 && cr > 0 ? sprintf("%.2f", ca / cr) : "", "<=", 0.2, "%.2fx")
+    }
+}
+# A twheeld round row's two values, twheeld and beanstalkd.
+function bs(row, srv) { return mw("bs_" row, srv) }
+function bs_rtt() {
+    return sprintf("a round trip without the store (use), 1 connection: twheeld %.1f us, beanstalkd %.1f us",
+        bs("ping_us_c1", "twheeld"), bs("ping_us_c1", "beanstalkd"))
+}
+# twheeld / beanstalkd (inv: beanstalkd / twheeld) on a row, >= or <= need.
+function bs_target(what, row, op, need, inv,   a, b, have) {
+    a = bs(row, "twheeld"); b = bs(row, "beanstalkd"); have = ""
+    if (a > 0 && b > 0) have = sprintf("%.2f", inv ? b / a : a / b)
+    if (why == "" && have != "")
+        why = sprintf("twheeld %g, beanstalkd %g %s", a, b, unit_of("bs_" row))
+    target(what, have, op, need, "%.2fx")
+}
+function unit_of(w,   k, f) {
+    for (k in unit) {
+        split(k, f, SUBSEP)
+        if (f[2] == w) return unit[k]
+    }
+    return ""
+}
+function twheeld_targets(   dev, a, b, us, c, rows, i, ld) {
+    ld = load_of("^twheeld")
+    printf "-- twheeld beside beanstalkd (alternating runs, 64-byte bodies; load %s; %s delayed jobs)\n",
+        ld, bs_n == "" ? "-" : bs_n
+    dev = syncs_per_s("dev_fdatasync_bs"); a = bs("put_f0_c1", "twheeld")
+    if (dev > 0 && a > 0)
+        why = sprintf("a put took %.1f us (beanstalkd %.1f) against fdatasync p50 %.1f us; %s",
+            1e6 / a, bs("put_f0_c1", "beanstalkd") > 0 ? 1e6 / bs("put_f0_c1", "beanstalkd") : 0,
+            mw("dev_fdatasync_bs", "device"), bs_rtt())
+    target("twheeld -f 0 puts, 1 connection / fdatasyncs/s",
+        dev > 0 && a > 0 ? sprintf("%.2f", a / dev) : "", ">=", 0.75, "%.2fx")
+    for (c = 16; c <= 64; c *= 4) {
+        a = bs("put_f0_c" c, "twheeld"); b = bs("put_f0_c" c, "beanstalkd")
+        if (dev > 0 && a > 0 && b > 0)
+            why = sprintf("twheeld %d/s = %.1f puts per fdatasync time; beanstalkd %d/s = %.2f (device %.0f fdatasyncs/s)",
+                a, a / dev, b, b / dev, dev)
+        bs_target("twheeld / beanstalkd, -f 0 puts, " c " connections",
+            "put_f0_c" c, ">=", 5, 0)
+    }
+    split("put_f1000_c1 put_f1000_c16 reserve_f1000_c1 reserve_f1000_c16", rows, " ")
+    for (i = 1; i <= 4; i++) {
+        a = bs(rows[i], "twheeld"); b = bs(rows[i], "beanstalkd")
+        if (a > 0 && b > 0)
+            why = sprintf("twheeld %d/s, beanstalkd %d/s; %s", a, b, bs_rtt())
+        bs_target("twheeld / beanstalkd, " rows[i], rows[i], ">=", 2, 0)
+    }
+    why = sprintf("resident bytes per delayed job (what the jobs added to the empty server): twheeld %d, beanstalkd %d; in all %d MB and %d MB",
+        bs("delayed_rss_b_per_job", "twheeld"), bs("delayed_rss_b_per_job", "beanstalkd"),
+        bs("delayed_rss_mb", "twheeld"), bs("delayed_rss_mb", "beanstalkd"))
+    bs_target("twheeld / beanstalkd, resident memory the delayed jobs added",
+        "delayed_rss_b_per_job", "<=", 0.5, 0)
+    why = sprintf("disk in all (preallocated files included) per delayed job: twheeld %d B, beanstalkd %d B; in all %d MB and %d MB",
+        bs("delayed_disk_b_per_job", "twheeld"), bs("delayed_disk_b_per_job", "beanstalkd"),
+        bs("delayed_disk_mb", "twheeld"), bs("delayed_disk_mb", "beanstalkd"))
+    bs_target("twheeld / beanstalkd, disk with the delayed jobs",
+        "delayed_disk_b_per_job", "<=", 0.5, 0)
+    if (bs("restart_s", "twheeld") > 0)
+        why = sprintf("until stats answers: twheeld %.2f s (CPU %.2f s, waiting for a CPU %.2f s), beanstalkd %.2f s (CPU %.2f s, waiting %.2f s)",
+            bs("restart_s", "twheeld"), bs("restart_cpu_s", "twheeld"),
+            bs("restart_rq_s", "twheeld"), bs("restart_s", "beanstalkd"),
+            bs("restart_cpu_s", "beanstalkd"), bs("restart_rq_s", "beanstalkd"))
+    bs_target("beanstalkd / twheeld, restart after kill -9 until stats answers",
+        "restart_s", ">=", 2, 1)
+    a = bs("late_p99_steady", "twheeld"); b = bs("late_p99_steady", "beanstalkd")
+    have = ""
+    if (("1", "bs_late_p99_steady", "twheeld") in med &&
+        ("1", "bs_late_p99_steady", "beanstalkd") in med) {
+        have = sprintf("%d", a)
+        why = sprintf("p99 twheeld %d ms [%s], beanstalkd %d ms [%s]; p50 %d and %d ms; max %d and %d ms; load %s",
+            a, spread("bs_late_p99_steady", "twheeld"), b,
+            spread("bs_late_p99_steady", "beanstalkd"),
+            bs("late_p50_steady", "twheeld"), bs("late_p50_steady", "beanstalkd"),
+            bs("late_max_steady", "twheeld"), bs("late_max_steady", "beanstalkd"),
+            load_of("^twheeld"))
+    }
+    target("lateness p99 of delayed jobs put at a steady rate, twheeld (ms) <= beanstalkd's",
+        have, "<=", b, "%d")
 }
 END {
     big = 1000000
@@ -104,6 +326,7 @@ END {
         have = ""
         if (t > 0 && m(big, "churn", pn[1]) > 0)
             have = sprintf("%.2f", ratio(m(big, "churn", pn[1]), t))
+        if (pn[1] == "heap") why = churn_floor(t, m(big, "churn", "heap"))
         target("churn at 1e6, " pn[1] " / twheel", have, ">=", pn[2], "%.2fx")
     }
     have = ""
@@ -119,18 +342,13 @@ END {
         "svc_pairs_1p", "twheel-service", "netty-hwt", ">=", 4)
     rtarget("service / Netty HWT, schedule+cancel pairs, 2 producers",
         "svc_pairs_2p", "twheel-service", "netty-hwt", ">=", 6)
-    printf "-- durable store (items/s scheduled, 4 threads)\n"
-    split("1 32", dps, " ")
-    for (i = 1; i <= 2; i++) {
-        w = "dur_sched_" dps[i]
-        rtarget("journal SYNC_GROUP / Redis always, " dps[i] " per call", w,
-            "twheel-group", "redis-always", ">=", 5)
-        rtarget("journal SYNC_GROUP / Redis everysec, " dps[i] " per call", w,
-            "twheel-group", "redis-everysec", ">=", 1)
-        rtarget("journal SYNC_INTERVAL / Redis everysec, " dps[i] " per call", w,
-            "twheel-interval", "redis-everysec", ">=", 1)
-    }
+    durable_targets()
+    twheeld_targets()
     printf "-- Redis backend (%s timers per run)\n", redis_n == "" ? "-" : redis_n
+    if (mw("redis_p99", "poller-100ms") > 0)
+        why = sprintf("at unequal precision: the poller's p99 lateness %.1f ms, twheel's %.1f ms (the equal-precision cells: scripts/bench.sh's Redis hook); load %s",
+            mw("redis_p99", "poller-100ms"), mw("redis_p99", "twheel-redis"),
+            load_of("^Redis"))
     rtarget("Redis CPU per fired timer, twheel / poller", "redis_cpu",
         "twheel-redis", "poller-100ms", "<=", 1)
     rtarget("p99 lateness, poller / twheel", "redis_p99", "poller-100ms",
@@ -150,12 +368,18 @@ END {
             slower_row(n, w, "twheel-service", e)
             slower_row(n, w, "twheel-service-lazy", e)
         } else if (w ~ /^dur_/) {
-            if (e !~ /^redis-/) continue
-            slower_row(n, w, "twheel-group", e)
-            slower_row(n, w, "twheel-interval", e)
+            # Like with like: every call on stable storage, or synced
+            # within a second.
+            if (e == "redis-always") slower_row(n, w, "twheel-group", e)
+            if (e == "redis-everysec") slower_row(n, w, "twheel-interval", e)
         } else if (w ~ /^redis_/) {
             if (e !~ /^poller/) continue
             slower_row(n, w, "twheel-redis", e)
+        } else if (w ~ /^bs_/) {
+            if (e != "beanstalkd" || w ~ /_rq_s$/) continue
+            slower_row(n, w, "twheeld", e)
+        } else if (w ~ /^(dev|dram)_/) {
+            continue
         } else {
             if (e != "heap" && e != "libuv" && e != "libevent") continue
             slower_row(n, w, "twheel", e)
@@ -168,6 +392,17 @@ END {
         }
     for (i = 1; i <= slower; i++) print line[i]
     if (!slower) printf "none\n"
+
+    printf "\n== Targets missed, and why (measured in this run)\n"
+    for (i = 1; i <= nmiss; i++) {
+        print miss_line[i]
+        if (miss_why[i] != "") print "    why: " miss_why[i]
+    }
+    if (!nmiss) printf "none\n"
+    if (nloads) {
+        printf "\n== Load average (1 min) when each stage started\n"
+        for (i = 1; i <= nloads; i++) printf "%-60s %s\n", lname[i], lval[i]
+    }
 
     printf "\n== Memory (bytes per pending timer or task; target <= 48)\n"
     for (n in seen_n)
@@ -206,18 +441,38 @@ END {
         printf "\n"
     }
 
-    printf "\n== Durable store: items scheduled per second, 4 threads (median [min..max] of its runs)\n"
-    printf "%-14s %22s %22s %22s %22s\n", "items per call", "twheel-group",
+    printf "\n== Durable store: items/s, CPU us per item, items per fdatasync (median [min..max] of its runs)\n"
+    printf "device: fdatasync p50 %.1f us on a preallocated file = %.0f fdatasyncs/s (median of the probes beside the runs)\n",
+        mw("dev_fdatasync_dur", "device"), syncs_per_s("dev_fdatasync_dur")
+    printf "%-22s %22s %22s %22s %22s\n", "row", "twheel-group",
         "twheel-interval", "redis-always", "redis-everysec"
     split("twheel-group twheel-interval redis-always redis-everysec", de, " ")
-    for (i = 1; i <= 2; i++) {
-        w = "dur_sched_" dps[i]
+    nr = split("dur_sched_1_1t dur_sched_1 dur_sched_32 dur_cpu_1_1t dur_cpu_1 dur_cpu_32 dur_per_sync_1_1t dur_per_sync_1 dur_per_sync_32 dur_p50_1_1t dur_p50_1 dur_p50_32", drow, " ")
+    for (i = 1; i <= nr; i++) {
+        w = drow[i]
         if (!(w in dur_w)) continue
-        printf "%-14s", dps[i]
-        for (j = 1; j <= 4; j++) printf " %22s", cell(w, de[j], "%d [%d..%d]")
+        printf "%-22s", w
+        for (j = 1; j <= 4; j++)
+            printf " %22s", cell(w, de[j], w ~ /sched/ ? "%d [%d..%d]" : "%.2f [%.2f..%.2f]")
         printf "\n"
     }
-    printf "(SYNC_GROUP and Redis always: every acknowledged call on stable storage; SYNC_INTERVAL and Redis everysec: written, synced within 1 s)\n"
+    printf "(dur_sched_D: items/s, D items per call, 4 threads (_1t: 1 thread); dur_cpu: CPU us per acknowledged item (Redis: client + server); dur_per_sync: items per fdatasync; dur_p50: us per call. SYNC_GROUP and Redis always: every acknowledged call on stable storage; SYNC_INTERVAL and Redis everysec: written, synced within 1 s)\n"
+
+    printf "\n== twheeld beside beanstalkd (median [min..max] of alternating runs; the delayed jobs one run; 64-byte bodies)\n"
+    printf "%-22s %22s %22s %8s %s\n", "row", "twheeld", "beanstalkd", "ratio", "unit"
+    nr = split("ping_us_c1 put_f0_c1 put_f0_c16 put_f0_c64 put_f1000_c1 put_f1000_c16 reserve_f1000_c1 reserve_f1000_c16 late_p50_steady late_p99_steady late_max_steady delayed_rss_mb delayed_disk_mb delayed_rss_b_per_job delayed_disk_b_per_job restart_s restart_cpu_s restart_rq_s", brow, " ")
+    for (i = 1; i <= nr; i++) {
+        a = bs(brow[i], "twheeld"); b = bs(brow[i], "beanstalkd")
+        u = unit_of("bs_" brow[i])
+        if (u == "") continue
+        printf "%-22s %22s %22s %8s %s\n", brow[i],
+            cell("bs_" brow[i], "twheeld", "%g [%g..%g]"),
+            cell("bs_" brow[i], "beanstalkd", "%g [%g..%g]"),
+            (b > 0 ? sprintf("%.2fx", a / b) : "-"), u
+    }
+    if (mw("dev_fdatasync_bs", "device") > 0)
+        printf "device: fdatasync p50 %.1f us = %.0f fdatasyncs/s (median of the probes before and after the fdatasync rows)\n",
+            mw("dev_fdatasync_bs", "device"), syncs_per_s("dev_fdatasync_bs")
 
     printf "\n== Redis backend against the sorted-set poller (median [min..max] of its runs)\n"
     printf "%-34s %24s %24s\n", "metric", "twheel-redis", "poller-100ms"
