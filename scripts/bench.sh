@@ -418,7 +418,23 @@ fi
 # first words), and bench/report/summary.awk prints and judges them (its
 # "Redis backend" targets). Until then it measures nothing.
 redis_equal_precision() {
-  :
+  # Redis CPU at equal precision: twheel with a check gap of G ms beside
+  # the lease-poller (at least once, as twheel: a claimed timer's lease
+  # ends and it is claimed again) polling every G ms, G = 5 and 100, the
+  # same 5,000 timers over 2 s (2,500/s), 64 shards, 3 runs each,
+  # interleaved. twheel's lines are renamed "twgap G ms" so that
+  # rounds_csv.awk files them as engine twgap-Gms (lpoll: lpoller-Gms).
+  local g r
+  for g in 5 100; do
+    for r in 1 2 3; do
+      SHARDS=64 CHECK_GAP_MS=$g LOAD_BATCH=500 "$build/bench/bench_redis" \
+        fire "127.0.0.1:$rport" "$rpid" 5000 2000 |
+        sed -E "s/^.* timers ([0-9]+) delivered/twgap $g ms timers \\1 delivered/"
+      redis-cli -p "$rport" flushall >/dev/null
+      "$build/bench/bench_redis" lpoll "127.0.0.1:$rport" "$rpid" 5000 2000 "$g"
+      redis-cli -p "$rport" flushall >/dev/null
+    done
+  done
 }
 # ---- end of HOOK --------------------------------------------------------
 

@@ -18,7 +18,9 @@
 #   bench_redis "twheel ..." / "poll 100 ms ..." lines: n = timers,
 #     workloads redis_cpu (Redis CPU ms per 1000 fired timers, loading and
 #     firing) and redis_p99 (p99 lateness of the callbacks, ms), engines
-#     twheel-redis and poller-<interval>ms.
+#     twheel-redis and poller-<interval>ms; the equal-precision cells of
+#     scripts/bench.sh's Redis round ("twgap G ms ...", "lpoll G ms ...")
+#     as twgap-<G>ms and lpoller-<G>ms.
 # Usage: awk -f bench/report/rounds_csv.awk durable.txt redis.txt
 function med(a, n,   i, j, t) {
     for (i = 2; i <= n; i++)
@@ -86,7 +88,8 @@ function fields(   i, kv) {
     next
 }
 / timers [0-9]+ delivered / {
-    e = $1 == "poll" ? "poller-" $2 "ms" : "twheel-redis"
+    e = $1 == "poll" ? "poller-" $2 "ms" : $1 == "lpoll" ? "lpoller-" $2 "ms" : \
+        $1 == "twgap" ? "twgap-" $2 "ms" : "twheel-redis"
     got = 0
     for (i = 1; i <= NF; i++) {
         if ($i == "timers" && $(i + 1) ~ /^[0-9]+$/) ntim = $(i + 1)

@@ -353,6 +353,12 @@ END {
         "twheel-redis", "poller-100ms", "<=", 1)
     rtarget("p99 lateness, poller / twheel", "redis_p99", "poller-100ms",
         "twheel-redis", ">=", 10)
+    for (gi = 5; gi <= 100; gi += 95) {
+        rtarget("Redis CPU at equal precision, G " gi " ms, twheel / lease-poller",
+            "redis_cpu", "twgap-" gi "ms", "lpoller-" gi "ms", "<=", 0.8)
+        rtarget("p99 lateness at equal precision, G " gi " ms, lease-poller / twheel",
+            "redis_p99", "lpoller-" gi "ms", "twgap-" gi "ms", ">=", 1)
+    }
     printf "%d targets: %d MET, %d MISSED, %d NOT RUN\n", ntargets,
         ntargets - missed - notrun, missed, notrun
 
@@ -373,8 +379,8 @@ END {
             if (e == "redis-always") slower_row(n, w, "twheel-group", e)
             if (e == "redis-everysec") slower_row(n, w, "twheel-interval", e)
         } else if (w ~ /^redis_/) {
-            if (e !~ /^poller/) continue
-            slower_row(n, w, "twheel-redis", e)
+            if (e ~ /^poller/) slower_row(n, w, "twheel-redis", e)
+            if (e ~ /^lpoller-/) slower_row(n, w, "twgap-" substr(e, 9), e)
         } else if (w ~ /^bs_/) {
             if (e != "beanstalkd" || w ~ /_rq_s$/) continue
             slower_row(n, w, "twheeld", e)
@@ -482,4 +488,14 @@ END {
     printf "%-34s %24s %24s\n", "p99 lateness, ms",
         cell("redis_p99", "twheel-redis", "%.2f [%.2f..%.2f]"),
         cell("redis_p99", "poller-100ms", "%.2f [%.2f..%.2f]")
+    printf "\n== At equal precision: twheel with check gap G beside the lease-poller polling every G\n"
+    printf "%-34s %24s %24s\n", "metric", "twheel", "lease-poller"
+    for (gi = 5; gi <= 100; gi += 95) {
+        printf "%-34s %24s %24s\n", "G " gi " ms: Redis CPU ms/1000",
+            cell("redis_cpu", "twgap-" gi "ms", "%.2f [%.2f..%.2f]"),
+            cell("redis_cpu", "lpoller-" gi "ms", "%.2f [%.2f..%.2f]")
+        printf "%-34s %24s %24s\n", "G " gi " ms: p99 lateness, ms",
+            cell("redis_p99", "twgap-" gi "ms", "%.2f [%.2f..%.2f]"),
+            cell("redis_p99", "lpoller-" gi "ms", "%.2f [%.2f..%.2f]")
+    }
 }
