@@ -31,7 +31,8 @@
 #            round, 3 runs of 1 s per system, one item per call and 32; the
 #            twheeld round, one run of 1 s per row and server, as many
 #            delayed jobs as the time left allows (--delayed); the Redis
-#            round, 3 runs each of 5,000 timers over 2 s
+#            round, 3 runs each of 5,000 timers over 2 s, and at equal
+#            precision beside the lease-poller (G = 5 and 100 ms)
 #   --full   1e3, 1e5, 1e6 and 1e7 pending timers, every workload (about
 #            50 minutes); implies --instr
 #   --rounds only the rounds named (default all five)
@@ -160,7 +161,7 @@ has service && plan "service (bench_service)" $((full ? 120 : 20))
 ((java)) && plan "Java peers (Netty HWT, JDK STPE)" $((full ? 300 : 45))
 has durable && plan "durable store (device limit, journal, Redis always/everysec)" 40
 has twheeld && plan "twheeld beside beanstalkd" 60
-has redis && plan "Redis backend (twheel, sorted-set poller)" 30
+has redis && plan "Redis backend (twheel, sorted-set poller, lease-poller at equal precision)" 70
 ((instr)) && plan "callgrind counts" 60
 plan "summary and plot" 2
 stage_no=0
@@ -444,7 +445,7 @@ redis_equal_precision() {
 # 2 s, 3 runs of each, interleaved; Redis CPU per 1000 fired timers (from
 # /proc, loading and firing) and the p99 lateness of the callbacks.
 if has redis; then
-  stage "Redis backend (twheel, sorted-set poller)"
+  stage "Redis backend (twheel, sorted-set poller, lease-poller at equal precision)"
   if [ -x "$build/bench/bench_redis" ]; then
     rwork=$build/redis-work
     rm -rf "$rwork"
