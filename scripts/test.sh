@@ -43,9 +43,9 @@ for f in scripts/test.d/[0-9][0-9]-*.sh; do
   fi
   wall=$((SECONDS - t0))
   cpu=$((($(cpu_ticks) - c0) / hz))
-  echo "=== stage $name: $result ($wall s)"
-  rows+=("$(printf '%-12s %-6s %6d %6d   %s' "$name" "$result" "$wall" "$cpu" \
-    "$(cut -d' ' -f1-3 /proc/loadavg)")")
+  load=$(cut -d' ' -f1-3 /proc/loadavg)
+  rows+=("$(printf '%-12s %-6s %6d %6d   %s' "$name" "$result" "$wall" "$cpu" "$load")")
+  echo "=== stage $name: $result ($wall s wall, $cpu s CPU, load average $load)"
 done
 echo "stage        result  wall s  CPU s   load average (1, 5, 15 min) at end"
 printf '%s\n' "${rows[@]}"
