@@ -1,59 +1,124 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Runs every twheel test. Each stage is a file scripts/test.d/NN-name.sh,
-# run in the order of NN (debug, asan-ubsan, tsan, install, docs, fuzz,
-# valgrind, redis, twheeld, format, spdx). Installs what it needs (Debian
-# packages) first. Exits non-zero if any stage fails. Ends with a table of
-# each stage's wall time, its CPU time (user + system of all its
-# processes) and the load average at its end, and the whole run's.
+# Runs every twheel test. Each stage is a file scripts/test.d/NN-name.sh
+# (debug, asan-ubsan, tsan, install, docs, fuzz, valgrind, redis, twheeld,
+# format, spdx). Installs what it needs (Debian packages) first. Exits
+# non-zero if any stage fails.
+#
+# Two lanes. The stages with real-time bounds or real servers (the
+# foreground: every stage without a "# Lane: background" line) run one
+# after the other in the order of NN, at normal CPU priority. The stages
+# that only compute, with no clock in any of their checks (those with
+# that line: the install check, the API reference, the fuzz runs with
+# their fixed input counts, format, spdx), run one after the other in a
+# second lane at the lowest CPU priority (nice 19) from the start: they
+# take the CPU the foreground leaves idle (its stages wait on servers and
+# sleeps for about half their time) and give it back whenever a
+# foreground test wants it, so the foreground sees an otherwise idle
+# machine. A stage with a "# Prebuild: background" line is first run
+# with --build in that lane too (it only compiles its tree, under the
+# tree's lock; the stage itself later finds it built). The background
+# lane's output is printed after the foreground's. TWHEEL_TEST_LANES=1
+# runs every stage in the foreground, in the order of NN.
+#
+# Ends with a table of each stage's wall time, its CPU time (user + system
+# of all its processes) and the load average at its end, and the whole
+# run's.
 # Usage: scripts/test.sh [STAGE...]   (names without NN-, e.g. "tsan")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
-mkdir -p build
+mkdir -p build/lanes
+rm -f build/lanes/*
+: >build/lanes/rows
 
-# cpu_ticks: user + system time of this shell's waited-for children, in
-# clock ticks (/proc/self/stat fields 16 and 17: cutime, cstime).
+# cpu_ticks PID: user + system time of PID's waited-for children, in
+# clock ticks (/proc/PID/stat fields 16 and 17: cutime, cstime; the
+# command name, field 2, is bash: no blanks).
 cpu_ticks() {
   local f
-  read -r -a f </proc/$$/stat
-  # The command name (field 2) has no blanks here: bash.
+  read -r -a f </proc/"$1"/stat
   echo $((f[15] + f[16]))
 }
 hz=$(getconf CLK_TCK)
-t_start=0 # deps.sh included
-passed=0
-failed=()
-rows=()
+
+# run_stage FILE [LANE [--build]]: runs one stage (or only its build: the
+# row NAME:build, "built" or "failed"), appends its row to
+# build/lanes/rows ("name result wall cpu load...").
+run_stage() {
+  local f=$1 lane=${2:-} arg=${3:-} name t0 c0 me=$BASHPID result wall cpu load
+  name=$(basename "$f" .sh)
+  name=${name#[0-9][0-9]-}${arg:+:build}
+  echo "=== stage: $name${lane:+ ($lane)}"
+  t0=$SECONDS
+  c0=$(cpu_ticks "$me")
+  if bash "$f" $arg; then result=ok; else result=FAILED; fi
+  [ -z "$arg" ] || result=${result/ok/built}
+  [ -z "$arg" ] || result=${result/FAILED/failed}
+  wall=$((SECONDS - t0))
+  cpu=$((($(cpu_ticks "$me") - c0) / hz))
+  load=$(cut -d' ' -f1-3 /proc/loadavg)
+  echo "=== stage $name: $result ($wall s wall, $cpu s CPU, load average $load)"
+  printf '%-12s %-6s %6d %6d   %s%s\n' "$name" "$result" "$wall" "$cpu" \
+    "$load" "${lane:+   ($lane)}" >>build/lanes/rows
+}
+
+fg=()
+bg=()
+pre=()
 for f in scripts/test.d/[0-9][0-9]-*.sh; do
   name=$(basename "$f" .sh)
   name=${name#[0-9][0-9]-}
   if (($#)) && [[ " $* " != *" $name "* ]]; then
     continue
   fi
-  echo "=== stage: $name"
-  t0=$SECONDS
-  c0=$(cpu_ticks)
-  if bash "$f"; then
-    result=ok
-    passed=$((passed + 1))
+  if [ "${TWHEEL_TEST_LANES:-2}" = 1 ]; then
+    fg+=("$f")
+  elif grep -q '^# Lane: background' "$f"; then
+    bg+=("$f")
   else
-    result=FAILED
-    failed+=("$name")
+    fg+=("$f")
+    grep -q '^# Prebuild: background' "$f" && pre+=("$f")
   fi
-  wall=$((SECONDS - t0))
-  cpu=$((($(cpu_ticks) - c0) / hz))
-  load=$(cut -d' ' -f1-3 /proc/loadavg)
-  rows+=("$(printf '%-12s %-6s %6d %6d   %s' "$name" "$result" "$wall" "$cpu" "$load")")
-  echo "=== stage $name: $result ($wall s wall, $cpu s CPU, load average $load)"
 done
+
+bgpid=
+if ((${#bg[@]} + ${#pre[@]})); then
+  (
+    renice -n 19 -p "$BASHPID" >/dev/null
+    # A prebuild that fails is not a stage's failure: the stage itself
+    # builds again and reports it.
+    for f in "${pre[@]}"; do
+      run_stage "$f" "background, --build only" --build \
+        >"build/lanes/$(basename "$f" .sh)-build.log" 2>&1 </dev/null
+    done
+    for f in "${bg[@]}"; do
+      run_stage "$f" background >"build/lanes/$(basename "$f" .sh).log" 2>&1 </dev/null
+      tail -1 "build/lanes/$(basename "$f" .sh).log"
+    done
+  ) &
+  bgpid=$!
+fi
+for f in "${fg[@]}"; do
+  run_stage "$f"
+done
+if [ -n "$bgpid" ]; then
+  wait "$bgpid" || true
+  for f in "${bg[@]}"; do
+    echo "=== output of the background stage $(basename "$f" .sh):"
+    cat "build/lanes/$(basename "$f" .sh).log"
+  done
+fi
+
 echo "stage        result  wall s  CPU s   load average (1, 5, 15 min) at end"
-printf '%s\n' "${rows[@]}"
-total=$((SECONDS - t_start))
+cat build/lanes/rows
+total=$SECONDS
 printf 'all stages: %d min %02d s wall, %d s CPU\n' $((total / 60)) \
-  $((total % 60)) $(($(cpu_ticks) / hz))
-echo "stages: $passed passed, ${#failed[@]} failed"
-if ((${#failed[@]})); then
-  echo "failed stages: ${failed[*]}"
+  $((total % 60)) $(($(cpu_ticks $$) / hz))
+passed=$(grep -c ' ok ' build/lanes/rows || true)
+failed=$(awk '$2 == "FAILED" { print $1 }' build/lanes/rows | xargs)
+echo "stages: $passed passed, $(wc -w <<<"$failed") failed"
+if [ -n "$failed" ]; then
+  echo "failed stages: $failed"
   exit 1
 fi

@@ -16,8 +16,25 @@ configure_tree() {
     { cat "$dir.log"; return 1; }
 }
 
+# locked DIR CMD...: CMD with the lock of tree DIR held: the background
+# lane of scripts/test.sh may be building the same tree ahead (a stage's
+# "# Prebuild: background"); the stage then waits for it and finds the
+# tree built.
+locked() {
+  local dir=$1
+  shift
+  mkdir -p "$(dirname "$dir")"
+  (
+    flock 9
+    "$@"
+  ) 9>"$dir.lock"
+}
+
 # configure_build DIR CMAKE_ARGS...: configure with -Werror and build.
 configure_build() {
+  locked "$1" _configure_build "$@"
+}
+_configure_build() {
   configure_tree "$@"
   cmake --build "$1" -j"$jobs"
 }
