@@ -16,10 +16,15 @@
 # sleeps for about half their time) and give it back whenever a
 # foreground test wants it, so the foreground sees an otherwise idle
 # machine. A stage with a "# Prebuild: background" line is first run
-# with --build in that lane too (it only compiles its tree, under the
-# tree's lock; the stage itself later finds it built). The background
-# lane's output is printed after the foreground's. TWHEEL_TEST_LANES=1
-# runs every stage in the foreground, in the order of NN.
+# with --build in that lane too: it compiles the stage's tree ahead, in
+# the CPU the stages before it leave idle; when the stage comes, it finds
+# its tree built, or stops that build and goes on with it at its own
+# priority (a head start, never a wait: scripts/test.d/lib.sh, locked).
+# Once the foreground is done, what is left of the background lane goes
+# back to the priority of this script (where it may: root). The
+# background lane's output is printed after the foreground's.
+# TWHEEL_TEST_LANES=1 runs every stage in the foreground, in the order of
+# NN.
 #
 # Ends with a table of each stage's wall time, its CPU time (user + system
 # of all its processes) and the load average at its end, and the whole
@@ -43,7 +48,8 @@ cpu_ticks() {
 hz=$(getconf CLK_TCK)
 
 # run_stage FILE [LANE [--build]]: runs one stage (or only its build: the
-# row NAME:build, "built" or "failed"), appends its row to
+# row NAME:build, "built", or "stopped" when it failed or the stage itself
+# stopped it to build at its own priority), appends its row to
 # build/lanes/rows ("name result wall cpu load...").
 run_stage() {
   local f=$1 lane=${2:-} arg=${3:-} name t0 c0 me=$BASHPID result wall cpu load
@@ -52,14 +58,18 @@ run_stage() {
   echo "=== stage: $name${lane:+ ($lane)}"
   t0=$SECONDS
   c0=$(cpu_ticks "$me")
-  if bash "$f" $arg; then result=ok; else result=FAILED; fi
-  [ -z "$arg" ] || result=${result/ok/built}
-  [ -z "$arg" ] || result=${result/FAILED/failed}
+  if [ -z "$arg" ]; then
+    if bash "$f"; then result=ok; else result=FAILED; fi
+  else
+    # In a process group of its own, which the stage stops when it wants
+    # its tree (scripts/test.d/lib.sh, locked).
+    if setsid -f -w bash "$f" "$arg"; then result=built; else result=stopped; fi
+  fi
   wall=$((SECONDS - t0))
   cpu=$((($(cpu_ticks "$me") - c0) / hz))
   load=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "=== stage $name: $result ($wall s wall, $cpu s CPU, load average $load)"
-  printf '%-12s %-6s %6d %6d   %s%s\n' "$name" "$result" "$wall" "$cpu" \
+  printf '%-12s %-7s %6d %6d   %s%s\n' "$name" "$result" "$wall" "$cpu" \
     "$load" "${lane:+   ($lane)}" >>build/lanes/rows
 }
 
@@ -102,7 +112,16 @@ fi
 for f in "${fg[@]}"; do
   run_stage "$f"
 done
+# descendants PID: every process below PID.
+descendants() {
+  local p
+  for p in $(pgrep -P "$1"); do
+    echo "$p"
+    descendants "$p"
+  done
+}
 if [ -n "$bgpid" ]; then
+  renice -n "$(nice)" -p "$bgpid" $(descendants "$bgpid") >/dev/null 2>&1 || true
   wait "$bgpid" || true
   for f in "${bg[@]}"; do
     echo "=== output of the background stage $(basename "$f" .sh):"
@@ -110,7 +129,7 @@ if [ -n "$bgpid" ]; then
   done
 fi
 
-echo "stage        result  wall s  CPU s   load average (1, 5, 15 min) at end"
+echo "stage        result   wall s  CPU s   load average (1, 5, 15 min) at end"
 cat build/lanes/rows
 total=$SECONDS
 printf 'all stages: %d min %02d s wall, %d s CPU\n' $((total / 60)) \

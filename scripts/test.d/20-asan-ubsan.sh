@@ -8,12 +8,8 @@
 # test, so they are never skipped for lack of it); the scenarios with
 # several servers run in the Redis stage (70-redis.sh). twheeld's tests
 # run in this tree too, in the twheeld stage (75-twheeld.sh).
-# With --build it only builds its tree: scripts/test.sh does that ahead,
-# in its background lane (the line below), while the debug stage runs.
-# Prebuild: background
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
 asan_build
-[ "${1:-}" != --build ] || exit 0
 run_ctest build/ci-asan -LE "nosan|twheeld"

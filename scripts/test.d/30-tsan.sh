@@ -20,8 +20,12 @@ tsan_build() {
     -DTWHEEL_REDIS=ON
   cmake --build build/ci-tsan -j"$jobs" --target tests/all examples/all
 }
+if [ "${1:-}" = --build ]; then
+  prebuild build/ci-tsan
+  locked build/ci-tsan tsan_build
+  exit 0
+fi
 locked build/ci-tsan tsan_build
-[ "${1:-}" != --build ] || exit 0
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   run_ctest build/ci-tsan -L threads -LE redis
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \

@@ -16,18 +16,34 @@ configure_tree() {
     { cat "$dir.log"; return 1; }
 }
 
-# locked DIR CMD...: CMD with the lock of tree DIR held: the background
-# lane of scripts/test.sh may be building the same tree ahead (a stage's
-# "# Prebuild: background"); the stage then waits for it and finds the
-# tree built.
+# locked DIR CMD...: CMD with the lock of tree DIR held. The background
+# lane of scripts/test.sh may be building the same tree ahead, at the
+# lowest CPU priority (a stage's "# Prebuild: background", run with
+# --build, which calls prebuild first): a head start, never a wait. A
+# stage that wants its tree stops that build (its process group, named
+# in DIR.prebuild; ninja removes the outputs of the commands it was
+# running) and goes on from where it got, at its own priority.
 locked() {
   local dir=$1
   shift
   mkdir -p "$(dirname "$dir")"
+  if [ -s "$dir.prebuild" ] && [ "$(cat "$dir.prebuild")" != $$ ]; then
+    kill -TERM -- "-$(cat "$dir.prebuild")" 2>/dev/null || true
+    rm -f "$dir.prebuild"
+  fi
   (
     flock 9
     "$@"
   ) 9>"$dir.lock"
+}
+
+# prebuild DIR: this process builds DIR ahead for a later stage (it is
+# the leader of its process group: scripts/test.sh starts it with
+# setsid); locked DIR stops it.
+prebuild() {
+  echo $$ >"$1.prebuild"
+  # shellcheck disable=SC2064 # $1 now
+  trap "rm -f '$1.prebuild'" EXIT
 }
 
 # configure_build DIR CMAKE_ARGS...: configure with -Werror and build.
