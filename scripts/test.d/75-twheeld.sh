@@ -10,8 +10,9 @@
 # (git-ignored). The server and tools run under ASan+UBSan: the tests run
 # in the asan-ubsan stage's tree, once: two at a time, but those with a
 # real-time bound, one at a time (RUN_SERIAL in tests/CMakeLists.txt: the
-# protocol test's TTR timings against a real beanstalkd, the kill -9 and
-# limits tests' load, the findings timed to the millisecond). The chaos
+# protocol test's TTR timings against a real beanstalkd, the limits test's
+# bound on serving with 10,000 connections open, the findings timed to the
+# millisecond, the hostile records' takeover bound). The chaos
 # test (about 85 s of waits for liveness records and leases) runs beside
 # the others.
 set -euo pipefail
