@@ -97,8 +97,12 @@ done
 bgpid=
 if ((${#bg[@]} + ${#pre[@]})); then
   (
-    renice -n 19 -p "$BASHPID" >/dev/null
-    chrt --idle -p 0 "$BASHPID" 2>/dev/null || true
+    # Lowest priority while the foreground runs (not at all when it has
+    # nothing to run, or is done already).
+    if ((${#fg[@]})) && [ ! -e build/lanes/fg-done ]; then
+      renice -n 19 -p "$BASHPID" >/dev/null
+      chrt --idle -p 0 "$BASHPID" 2>/dev/null || true
+    fi
     # A prebuild that fails is not a stage's failure: the stage itself
     # builds again and reports it.
     for f in "${pre[@]}"; do
@@ -123,6 +127,7 @@ descendants() {
     descendants "$p"
   done
 }
+touch build/lanes/fg-done
 if [ -n "$bgpid" ]; then
   for p in "$bgpid" $(descendants "$bgpid"); do
     chrt --other -p 0 "$p" 2>/dev/null || true
