@@ -36,7 +36,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
 mkdir -p build/lanes
-rm -f build/lanes/*
+# What a run left behind (the process groups of its head starts, named in
+# build/*.prebuild, are gone or another's now).
+rm -f build/lanes/* build/*.prebuild
 : >build/lanes/rows
 
 # cpu_ticks PID: user + system time of PID's waited-for children, in
