@@ -118,8 +118,10 @@ if ((${#bg[@]} + ${#pre[@]})); then
   ) &
   bgpid=$!
 fi
+# Each in a subshell of its own: its CPU time is that subshell's
+# children's alone (this shell also reaps the background lane).
 for f in "${fg[@]}"; do
-  run_stage "$f"
+  (run_stage "$f")
 done
 # descendants PID: every process below PID.
 descendants() {
