@@ -7,10 +7,19 @@
 # (TWHEEL_REDIS=ON: hiredis and redis-server come from scripts/deps.sh
 # test, so they are never skipped for lack of it); the scenarios with
 # several servers run in the Redis stage (70-redis.sh). twheeld's tests
-# run in this tree too, one at a time, in the twheeld stage (75-twheeld.sh),
-# and the PostgreSQL tests in theirs (72-postgres.sh).
+# run in this tree too, in the twheeld stage (75-twheeld.sh), and the
+# PostgreSQL tests in theirs (72-postgres.sh).
+# With --build it only builds its tree: scripts/test.sh does that ahead,
+# in its background lane (the line below), in the CPU the debug stage's
+# tests leave idle; this stage then stops that build and goes on with it.
+# Prebuild: background
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
+if [ "${1:-}" = --build ]; then
+  prebuild build/ci-asan
+  asan_build
+  exit 0
+fi
 asan_build
 run_ctest build/ci-asan -LE "nosan|twheeld|postgres"

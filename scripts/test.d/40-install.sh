@@ -3,6 +3,9 @@
 # CI stage: scripts/test_install.sh: a relocated install, consumers by
 # pkg-config and find_package, the examples built alone, twheel as a
 # subproject, the Debian package installed by dpkg.
+# No clock in its checks (it builds, installs and runs consumers once):
+# scripts/test.sh runs it in its background lane.
+# Lane: background
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"

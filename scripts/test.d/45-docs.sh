@@ -3,6 +3,8 @@
 # CI stage: the paths the Markdown names, and the API reference (Doxygen,
 # from include/twheel/*.h and docs/).
 # Any Doxygen warning fails it, an undocumented public name among them.
+# Computes only: scripts/test.sh runs it in its background lane.
+# Lane: background
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"

@@ -11,7 +11,10 @@
 # they needed. With FUZZ_SECONDS set, each runs that long instead. Longer
 # runs:
 #   FUZZ_SECONDS=3600 cmake --build build/fuzz --target fuzz
-# Usage: scripts/test.d/fuzz.sh [BUILD_DIR]
+# Usage: scripts/test.d/50-fuzz.sh [BUILD_DIR]
+# A fixed number of inputs, no clock: scripts/test.sh runs it in its
+# background lane.
+# Lane: background
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dir=${1:-build/ci-fuzz}

@@ -9,6 +9,8 @@
 # twheeld/, but for the places scripts/size-allow.txt names with reasons;
 # and every size a comment of twheeld/ states ("a job: 184 bytes") is held
 # by a static assert next to it (scripts/check_size_claims.py).
+# Computes only: scripts/test.sh runs it in its background lane.
+# Lane: background
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 files=$(git ls-files '*.c' '*.h' 2>/dev/null || find . -name '*.[ch]' -not -path './build*')

@@ -4,6 +4,8 @@
 # license (MIT, see LICENSE) in an SPDX line: the first line, or the second
 # after a shebang. C files: /* SPDX-License-Identifier: MIT */; CMake,
 # shell, awk and gnuplot files: # SPDX-License-Identifier: MIT.
+# Computes only: scripts/test.sh runs it in its background lane.
+# Lane: background
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 spdx='SPDX-License-Identifier: MIT'

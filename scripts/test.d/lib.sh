@@ -16,8 +16,45 @@ configure_tree() {
     { cat "$dir.log"; return 1; }
 }
 
+# locked DIR CMD...: CMD with the lock of tree DIR held. The background
+# lane of scripts/test.sh may be building the same tree ahead, at the
+# lowest CPU priority (a stage's "# Prebuild: background", run with
+# --build, which calls prebuild first): a head start, never a wait. A
+# stage that wants its tree stops that build (its process group, named
+# in DIR.prebuild; ninja removes the outputs of the commands it was
+# running) and goes on from where it got, at its own priority; a
+# prebuild that comes after the stage took its tree does nothing.
+locked() {
+  local dir=$1
+  shift
+  mkdir -p "$(dirname "$dir")" "$root/build/lanes"
+  if [ -s "$dir.prebuild" ] && [ "$(cat "$dir.prebuild")" != $$ ]; then
+    kill -TERM -- "-$(cat "$dir.prebuild")" 2>/dev/null || true
+    rm -f "$dir.prebuild"
+  fi
+  [ -s "$dir.prebuild" ] || touch "$root/build/lanes/$(basename "$dir").wanted"
+  (
+    flock 9
+    "$@"
+  ) 9>"$dir.lock"
+}
+
+# prebuild DIR: this process builds DIR ahead for a later stage (it leads
+# its process group: scripts/test.sh starts it with setsid), unless that
+# stage has taken it already (scripts/test.sh clears build/lanes/ at its
+# start); locked DIR stops it.
+prebuild() {
+  [ ! -e "$root/build/lanes/$(basename "$1").wanted" ] || exit 0
+  echo $$ >"$1.prebuild"
+  # shellcheck disable=SC2064 # $1 now
+  trap "rm -f '$1.prebuild'" EXIT
+}
+
 # configure_build DIR CMAKE_ARGS...: configure with -Werror and build.
 configure_build() {
+  locked "$1" _configure_build "$@"
+}
+_configure_build() {
   configure_tree "$@"
   cmake --build "$1" -j"$jobs"
 }

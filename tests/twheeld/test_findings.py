@@ -43,6 +43,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bstk import (SKIP, Client, have_beanstalkd, start_beanstalkd,  # noqa
@@ -114,6 +115,41 @@ def both(fn, servers):
         return [f.result() for f in [ex.submit(fn, s) for s in servers]]
 
 
+@contextmanager
+def servers(*kinds):
+    """Servers side by side, one of each kind in @kinds ("twheeld", with
+    its flags: "twheeld -b" and "twheeld -b -f 0" with a store in a fresh
+    directory each; "beanstalkd", which the case then needs: skipped
+    without it). Yields them in order; at the end stops them all and
+    removes their directories, also on failure."""
+    if "beanstalkd" in kinds:
+        need_beanstalkd()
+    started, dirs = [], []
+    try:
+        for kind in kinds:
+            if kind == "beanstalkd":
+                started.append(start_beanstalkd())
+                continue
+            args = kind.split()[1:]
+            if "-b" in args:
+                dirs.append(tempdir())
+                args.insert(args.index("-b") + 1, dirs[-1])
+            started.append(start_twheeld(*args))
+        yield started
+    finally:
+        for s in started:
+            s.stop()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def side_by_side(fn, *kinds):
+    """fn(server) on servers of @kinds (servers()) at once; the results
+    in order."""
+    with servers(*kinds) as ss:
+        return both(fn, ss)
+
+
 def summary(buf):
     """A reply stream as 'N x LINE' runs, for messages."""
     out, prev, n = [], None, 0
@@ -140,8 +176,6 @@ def pipelined_delayed():
     the same rounds). Then another connection, pipelining `stats` and
     `stats-job <id>` pairs while the put is under way: once stats counts
     the put (cmd-put), stats-job must find the job."""
-    need_beanstalkd()
-    d = tempdir()
     ROUNDS = 10
     want = {b"delete": b"DELETED", b"peek": b"FOUND", b"stats-job": b"OK",
             b"kick-job": b"KICKED"}
@@ -212,15 +246,10 @@ def pipelined_delayed():
         b.close()
         return checked, bad
 
-    servers = [start_twheeld("-b", d, "-f", "0"), start_beanstalkd()]
-    try:
-        res = both(rounds, servers)
-        wres = both(watcher, servers)
-    finally:
-        for s in servers:
-            s.stop()
-        shutil.rmtree(d, ignore_errors=True)
-    for s, (n, bad), (wn, wbad) in zip(servers, res, wres):
+    with servers("twheeld -b -f 0", "beanstalkd") as ss:
+        res = both(rounds, ss)
+        wres = both(watcher, ss)
+    for s, (n, bad), (wn, wbad) in zip(ss, res, wres):
         print("%s: %d pipelined commands, %d NOT the job's reply; another "
               "connection: %d stats-job after the put counted, %d "
               "NOT_FOUND" % (s.name, n, len(bad), wn, len(wbad)))
@@ -265,13 +294,11 @@ def delete_at_due():
     10 s. Measured on the unfixed server: 45-54 of 400 NOT_FOUND a timed
     round (mostly at offsets -0.5 to +0.5 ms), each then delivered; 0-54
     in the pipelined round."""
-    d = tempdir()
     JOBS = 400
     GAP = 0.0025
     ROUNDS = 2
-    s = start_twheeld("-b", d)
     total_nf, delivered, total = 0, 0, 0
-    try:
+    with servers("twheeld -b") as (s,):
         c = Client(s.port, timeout=30)
         for rnd in range(ROUNDS + 1):
             timed = rnd < ROUNDS
@@ -326,9 +353,6 @@ def delete_at_due():
             if other:
                 fail("jobs answered DELETED delivered: %r" % sorted(other)[:5])
         c.close()
-    finally:
-        s.stop()
-        shutil.rmtree(d, ignore_errors=True)
     if total_nf:
         fail("twheeld -b: %d of %d deletes of existing delayed jobs around "
              "their due time answered NOT_FOUND; %d of those jobs were then "
@@ -367,11 +391,9 @@ def long_lines():
     the unfixed server: 100 long lines + list-tube-used in one write gave
     2 (or 63) BAD_FORMAT and no USING; beanstalkd 100 BAD_FORMAT and
     USING."""
-    need_beanstalkd()
-    servers = [start_twheeld(), start_beanstalkd()]
     bad = 0
     n = 0
-    try:
+    with servers("twheeld", "beanstalkd") as ss:
         for name, data in LONG_INPUTS:
             for chunk in (0, 1, 7, 100, 223, 225):
                 if chunk == 1 and len(data) > 700:
@@ -383,7 +405,7 @@ def long_lines():
                 # reply (until then, a reply may be late, not missing).
                 tw, bs = both(lambda s: raw_exchange(
                     s.port, data + b"use zz-end\r\n", chunk,
-                    until=b"USING zz-end\r\n"), servers)
+                    until=b"USING zz-end\r\n"), ss)
                 tw, bs = (re.sub(rb"(INSERTED|FOUND) \d+", rb"\1 <id>", x)
                           for x in (tw, bs))
                 if tw != bs:
@@ -392,9 +414,6 @@ def long_lines():
                          (name, "one write" if not chunk else
                           "%d-byte pieces" % chunk, summary(tw),
                           summary(bs)))
-    finally:
-        for s in servers:
-            s.stop()
     print("%d of %d exchanges differ from beanstalkd" % (bad, n))
 
 
@@ -406,10 +425,6 @@ def reserve_order():
     (TIMED_OUT, then USING, ...); so must twheeld, in memory and with -b.
     Also a job put by another connection while the reserve waits: RESERVED
     first."""
-    need_beanstalkd()
-    d = tempdir()
-    servers = [start_twheeld(), start_twheeld("-b", d), start_beanstalkd()]
-
     def run(s):
         out = []
         out.append(raw_exchange(
@@ -438,12 +453,8 @@ def reserve_order():
         p.close()
         return out
 
-    try:
-        res = both(run, servers)
-    finally:
-        for s in servers:
-            s.stop()
-        shutil.rmtree(d, ignore_errors=True)
+    res = side_by_side(run, "twheeld", "twheeld -b", "beanstalkd")
+
     def heads(buf):
         """The replies' lines, a YAML body as <yaml> (the order is the
         point, not stats-tube's figures)."""
@@ -466,10 +477,7 @@ def kick_pipelined():
     and `peek-ready` (then `stats-tube k`) in one write. beanstalkd:
     KICKED 1, FOUND <the job>. ROUNDS rounds. Measured on the unfixed
     server: KICKED 1 then NOT_FOUND."""
-    need_beanstalkd()
-    d = tempdir()
     ROUNDS = 5
-    servers = [start_twheeld("-b", d, "-f", "0"), start_beanstalkd()]
 
     def run(s):
         c = Client(s.port)
@@ -490,12 +498,7 @@ def kick_pipelined():
         c.close()
         return bad
 
-    try:
-        res = both(run, servers)
-    finally:
-        for s in servers:
-            s.stop()
-        shutil.rmtree(d, ignore_errors=True)
+    res = side_by_side(run, "twheeld -b -f 0", "beanstalkd")
     if res[1]:
         fail("beanstalkd: %r (the case is wrong)" % res[1][:2])
     if res[0]:
@@ -511,11 +514,7 @@ def half_close():
     before it closes. twheeld in memory, with -b and with -b -f 0 must
     answer it too, ROUNDS times each; and a job stored (seen by peek from
     another connection) whose INSERTED never came is counted."""
-    need_beanstalkd()
-    d1, d2 = tempdir(), tempdir()
     ROUNDS = 10
-    servers = [start_twheeld(), start_twheeld("-b", d1),
-               start_twheeld("-b", d2, "-f", "0"), start_beanstalkd()]
     names = ["twheeld", "twheeld -b", "twheeld -b -f 0", "beanstalkd"]
 
     def run(s):
@@ -557,13 +556,7 @@ def half_close():
         peek.close()
         return miss, stored_miss
 
-    try:
-        res = both(run, servers)
-    finally:
-        for s in servers:
-            s.stop()
-        shutil.rmtree(d1, ignore_errors=True)
-        shutil.rmtree(d2, ignore_errors=True)
+    res = side_by_side(run, *names)
     for name, (miss, stored) in zip(names, res):
         print("%s: %d of %d puts followed by shutdown(SHUT_WR) got no "
               "INSERTED (%d of them stored)" % (name, miss, 2 * ROUNDS,
@@ -675,10 +668,6 @@ def kick_due_order():
     as beanstalkd does: peek-ready, reserve order and stats-job states
     compared with a real beanstalkd. Also -b (which kicks by due time
     from the store)."""
-    need_beanstalkd()
-    d = tempdir()
-    servers = [start_twheeld(), start_twheeld("-b", d), start_beanstalkd()]
-
     def run(s):
         c = Client(s.port)
         ids = [put(c, b"due-%d" % delay, delay=delay)
@@ -693,12 +682,7 @@ def kick_due_order():
         c.close()
         return out
 
-    try:
-        res = both(run, servers)
-    finally:
-        for s in servers:
-            s.stop()
-        shutil.rmtree(d, ignore_errors=True)
+    res = side_by_side(run, "twheeld", "twheeld -b", "beanstalkd")
     for name, got in (("twheeld", res[0]), ("twheeld -b", res[1])):
         if got != res[2]:
             fail("%s: kick 2 of delayed jobs (delays 500..100 s by id): "
@@ -711,10 +695,7 @@ def time_left():
     stats-tube's pause-time-left must read what beanstalkd's do (it
     truncates: 9). ROUNDS rounds, twheeld in memory and -b, beanstalkd at
     once. Measured on the unfixed server: 10 where beanstalkd says 9."""
-    need_beanstalkd()
-    d = tempdir()
     ROUNDS = 3
-    servers = [start_twheeld(), start_twheeld("-b", d), start_beanstalkd()]
 
     def run(s):
         c = Client(s.port)
@@ -745,12 +726,7 @@ def time_left():
         c.close()
         return out
 
-    try:
-        res = both(run, servers)
-    finally:
-        for s in servers:
-            s.stop()
-        shutil.rmtree(d, ignore_errors=True)
+    res = side_by_side(run, "twheeld", "twheeld -b", "beanstalkd")
     print("beanstalkd: %r" % res[2])
     for name, got in (("twheeld", res[0]), ("twheeld -b", res[1])):
         diff = [(a[0], a[1], b[1]) for a, b in zip(got, res[2]) if a != b]
@@ -764,9 +740,6 @@ def crlf_id():
     """A put whose body does not end in CRLF (EXPECTED_CRLF), then a good
     put: the ids must be beanstalkd's (it uses up an id on the refused
     put: 1, then 3). Memory and -b."""
-    need_beanstalkd()
-    d = tempdir()
-    servers = [start_twheeld(), start_twheeld("-b", d), start_beanstalkd()]
     data = (put_cmd(b"first") + b"put 0 0 1 3\r\nab\r\n\r\n" +
             put_cmd(b"second") + b"put 0 0 1 2\r\nabcd\r\n" +
             put_cmd(b"third"))
@@ -774,12 +747,7 @@ def crlf_id():
     def run(s):
         return raw_exchange(s.port, data, quiet=0.5)
 
-    try:
-        res = both(run, servers)
-    finally:
-        for s in servers:
-            s.stop()
-        shutil.rmtree(d, ignore_errors=True)
+    res = side_by_side(run, "twheeld", "twheeld -b", "beanstalkd")
     for name, got in (("twheeld", res[0]), ("twheeld -b", res[1])):
         if got != res[2]:
             fail("%s: ids around puts refused with EXPECTED_CRLF: [%s], "

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """twheeld against the protocol, command by command: one scripted session
-over several connections runs against twheeld and against a real
-beanstalkd, and every reply must be the same (stats replies compared on
+over several connections runs against twheeld (in memory and with -b)
+and against a real beanstalkd, the three at once (the session's waits,
+about 6 s of reserve timeouts, a pause and a TTR, overlap), and every
+reply must be the same (stats replies compared on
 the fields the protocol defines). Then malformed lines, each on a fresh
 connection, must get beanstalkd's answer.
 Usage: test_protocol.py --twheeld PATH"""
@@ -219,7 +221,8 @@ def main():
     d = tempdir()
     servers = [start_twheeld(), start_twheeld("-b", d), start_beanstalkd()]
     try:
-        got = [run(s) for s in servers]
+        with ThreadPoolExecutor(max_workers=len(servers)) as ex:
+            got = list(ex.map(run, servers))
         bad = 0
         for name, mine in (("twheeld", got[0]), ("twheeld -b", got[1])):
             for a, b in zip(mine, got[2]):
