@@ -49,16 +49,20 @@ static const char claim_sql[] =
     " AND greatest(due, 0) <= $2 AND (lease_until IS NULL"
     " OR lease_until < clock_timestamp())"
     " ORDER BY greatest(due, 0), key LIMIT $3 FOR UPDATE SKIP LOCKED)"
-    " UPDATE twheel.timers t SET attempts = t.attempts + 1,"
+    " UPDATE twheel.timers t SET attempts = least(t.attempts, 2147483646) + 1,"
     " ver = nextval('twheel.ver_seq'), owner = $4,"
     " lease_until = clock_timestamp() + $5 * interval '1 millisecond'"
     " FROM c WHERE t.ns = $1 AND t.key = c.key"
     " RETURNING t.key, t.due, t.payload, t.attempts, t.ver";
 
+/* Rows another transaction holds locked are skipped here as the claim
+ * skips them: else a due row an application's open transaction holds
+ * would be found due at every round and never claimed (a busy loop);
+ * the refresh once a second finds it when the lock goes. */
 static const char next_sql[] =
     "SELECT greatest(due, 0) FROM twheel.timers WHERE ns = $1"
     " AND (lease_until IS NULL OR lease_until < clock_timestamp())"
-    " ORDER BY greatest(due, 0), key LIMIT 1";
+    " ORDER BY greatest(due, 0), key LIMIT 1 FOR UPDATE SKIP LOCKED";
 
 /* The delivery whose callback this thread runs (tw_durable_touch()). */
 static _Thread_local struct pgjob *pg_cur;
@@ -238,15 +242,23 @@ static int claim(struct pgd *d, int64_t now)
  * Fenced by the claim's version; repeated (it is idempotent) while the
  * database cannot be reached, for up to half the lease; after that the
  * claim's lease runs out and the timer is delivered again (at least
- * once). */
+ * once). A row another transaction holds locked (an application's open
+ * transaction that cancels or replaces it) is skipped, never waited for:
+ * the completion would otherwise hold this thread, and with it every
+ * delivery behind it, for as long as that transaction stays open. If
+ * that transaction rolls back, the claim's lease runs out and the timer
+ * is delivered again (at least once); if it commits, its change stands. */
+#define COMPLETE_ROW                                                           \
+    " (ns, key) IN (SELECT ns, key FROM twheel.timers WHERE ns = $1"          \
+    " AND key = $2 AND ver = $3 FOR UPDATE SKIP LOCKED)"
 static void complete(struct pgd *d, struct pgjob *j, int next)
 {
     static const char *const sql[] = {
-        "DELETE FROM twheel.timers WHERE ns = $1 AND key = $2 AND ver = $3",
+        "DELETE FROM twheel.timers WHERE" COMPLETE_ROW,
         "UPDATE twheel.timers SET due = $4, owner = NULL,"
-        " lease_until = NULL WHERE ns = $1 AND key = $2 AND ver = $3",
-        "WITH x AS (DELETE FROM twheel.timers WHERE ns = $1 AND key = $2"
-        " AND ver = $3 RETURNING ns, key, due, payload, attempts)"
+        " lease_until = NULL WHERE" COMPLETE_ROW,
+        "WITH x AS (DELETE FROM twheel.timers WHERE" COMPLETE_ROW
+        " RETURNING ns, key, due, payload, attempts)"
         " INSERT INTO twheel.dead (ns, key, due, payload, attempts)"
         " SELECT ns, key, due, payload, greatest(attempts - $4, 0) FROM x"
         " ON CONFLICT (ns, key) DO UPDATE SET due = excluded.due,"
