@@ -249,7 +249,7 @@ static int claim(struct pgd *d, int64_t now)
  * that transaction rolls back, the claim's lease runs out and the timer
  * is delivered again (at least once); if it commits, its change stands. */
 #define COMPLETE_ROW                                                           \
-    " (ns, key) IN (SELECT ns, key FROM twheel.timers WHERE ns = $1"          \
+    " (ns, key) IN (SELECT ns, key FROM twheel.timers WHERE ns = $1"           \
     " AND key = $2 AND ver = $3 FOR UPDATE SKIP LOCKED)"
 static void complete(struct pgd *d, struct pgjob *j, int next)
 {

@@ -41,23 +41,23 @@ static const char general[] =
 static const struct {
     const char *verb, *text;
 } verbs[] = {
-    {"ls", "twheel journal|redis ls [--from MS] [--to MS] [--limit N] "
+    {"ls", "twheel journal|redis|postgres ls [--from MS] [--to MS] [--limit N] "
            "[--after DUE,KEY] [--json]\n"
            "Pending timers in order of due time, then key bytes: due time "
            "(UTC), state\n(waiting, due) and key. --from/--to: due in [from, "
            "to), Unix ms. --limit N:\nat most N; the last line then says "
            "where to resume (--after DUE,KEY).\nOn a journal damaged in its "
            "middle: what a repair would keep, a warning,\nexit status 1.\n"},
-    {"get", "twheel journal|redis get KEY [--json]\n"
+    {"get", "twheel journal|redis|postgres get KEY [--json]\n"
             "One timer or dead letter: due time, state, attempt, payload. "
             "Exit status 1\nwhen the store does not hold KEY.\n"},
-    {"stats", "twheel journal|redis stats [--metrics] [--json]\n"
+    {"stats", "twheel journal|redis|postgres stats [--metrics] [--json]\n"
               "Pending timers, backlog, dead letters; for a journal its "
               "segments, bytes and\nlast recovery. --metrics: every counter "
               "in the Prometheus text format.\nWarns on stderr when nothing "
               "is there. On a journal damaged in its middle:\nwhat a repair "
               "would keep, a warning, exit status 1.\n"},
-    {"check", "twheel journal|redis check [--json]\n"
+    {"check", "twheel journal|redis|postgres check [--json]\n"
               "Reads every record and changes nothing, then reads each "
               "pending timer back.\nReports each thing ignored: a torn tail "
               "(segment, offset, bytes, the records\nin it). Exit status 0 "
@@ -72,18 +72,19 @@ static const struct {
                "and keep the rest; nothing is delivered.\nRefuses a "
                "directory a live store holds. --dry-run: report only (exit "
                "1\nwhen there is damage).\n"},
-    {"dead", "twheel journal|redis dead [--limit N] [--after KEY] [--json]\n"
-             "Dead letters in key order: due time of the last delivery, "
-             "attempts, key.\n--limit N: at most N; the last line then "
-             "says where to resume (--after KEY).\n"},
-    {"rearm", "twheel journal|redis rearm KEY [--at MS] [--json]\n"
+    {"dead",
+     "twheel journal|redis|postgres dead [--limit N] [--after KEY] [--json]\n"
+     "Dead letters in key order: due time of the last delivery, "
+     "attempts, key.\n--limit N: at most N; the last line then "
+     "says where to resume (--after KEY).\n"},
+    {"rearm", "twheel journal|redis|postgres rearm KEY [--at MS] [--json]\n"
               "Make dead letter KEY pending again at MS (Unix ms; default "
               "now), its\nattempts counted from 1. Exit status 1 when KEY is "
               "not a dead letter.\n"},
-    {"delete", "twheel journal|redis delete KEY [--json]\n"
+    {"delete", "twheel journal|redis|postgres delete KEY [--json]\n"
                "Drop dead letter KEY for good. Exit status 1 when KEY is not "
                "a dead letter.\n"},
-    {"export", "twheel journal|redis export [--out FILE]\n"
+    {"export", "twheel journal|redis|postgres export [--out FILE]\n"
                "Every pending timer and dead letter, with its payload, as "
                "JSON lines\n(one object a line; twheel(1) gives the fields) "
                "on stdout or into FILE.\nRead-only.\n"},
@@ -96,7 +97,7 @@ static const struct {
              "--after ID (0 without it); the last line then says where to "
              "resume\n(--json: \"after\", null at the end). Exit status 1 "
              "when a record cannot\nbe read. Read-only.\n"},
-    {"import", "twheel journal|redis import [--in FILE] [--replace] "
+    {"import", "twheel journal|redis|postgres import [--in FILE] [--replace] "
                "[--json]\n"
                "Schedule the lines of an export (stdin or FILE) into the "
                "store: timers at\ntheir due time and payload, dead letters "
