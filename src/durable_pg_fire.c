@@ -242,23 +242,17 @@ static int claim(struct pgd *d, int64_t now)
  * Fenced by the claim's version; repeated (it is idempotent) while the
  * database cannot be reached, for up to half the lease; after that the
  * claim's lease runs out and the timer is delivered again (at least
- * once). A row another transaction holds locked (an application's open
- * transaction that cancels or replaces it) is skipped, never waited for:
- * the completion would otherwise hold this thread, and with it every
- * delivery behind it, for as long as that transaction stays open. If
- * that transaction rolls back, the claim's lease runs out and the timer
- * is delivered again (at least once); if it commits, its change stands. */
-#define COMPLETE_ROW                                                           \
-    " (ns, key) IN (SELECT ns, key FROM twheel.timers WHERE ns = $1"           \
-    " AND key = $2 AND ver = $3 FOR UPDATE SKIP LOCKED)"
+ * once). It waits for a row lock another transaction holds (a claim or
+ * probe of another node holds one for a statement; skipping instead
+ * would lose the completion and deliver the timer again). */
 static void complete(struct pgd *d, struct pgjob *j, int next)
 {
     static const char *const sql[] = {
-        "DELETE FROM twheel.timers WHERE" COMPLETE_ROW,
+        "DELETE FROM twheel.timers WHERE ns = $1 AND key = $2 AND ver = $3",
         "UPDATE twheel.timers SET due = $4, owner = NULL,"
-        " lease_until = NULL WHERE" COMPLETE_ROW,
-        "WITH x AS (DELETE FROM twheel.timers WHERE" COMPLETE_ROW
-        " RETURNING ns, key, due, payload, attempts)"
+        " lease_until = NULL WHERE ns = $1 AND key = $2 AND ver = $3",
+        "WITH x AS (DELETE FROM twheel.timers WHERE ns = $1 AND key = $2"
+        " AND ver = $3 RETURNING ns, key, due, payload, attempts)"
         " INSERT INTO twheel.dead (ns, key, due, payload, attempts)"
         " SELECT ns, key, due, payload, greatest(attempts - $4, 0) FROM x"
         " ON CONFLICT (ns, key) DO UPDATE SET due = excluded.due,"
