@@ -14,6 +14,9 @@
  *                   on handles opened with cfg.postgres (a handle's pool
  *                   has 4 connections: CONNS / 4 handles, at least 1)
  *       gw-sql      graphile_worker.add_job(...) / add_jobs(ARRAY[...])
+ *       twheel-sql-nonotify  as twheel-sql, through a copy of
+ *                   twheel.schedule without its NOTIFY (twb.schedule_nn,
+ *                   made by scripts/bench_pg.sh): what the NOTIFY costs
  *     one line a cell: "pgrate sys=S conns=C per_tx=P timers=N secs=T
  *     rate=R"
  *   bench_pg fire URL PMPID RATE SECONDS LEAD_MS DRAIN_MS
@@ -59,6 +62,13 @@ static const char *const sql_one[] = {
     "SELECT graphile_worker.add_job('bench', json_build_object('d',"
     " $2::bigint, 'i', $3::bigint), run_at := to_timestamp($2::bigint /"
     " 1000.0), job_key := nullif($1, $1))",
+    /* twheel-api: no statement of its own */
+    NULL,
+    /* twheel-sql-nonotify: twb.schedule_nn, made by scripts/bench_pg.sh
+     * from twheel.schedule without its pg_notify() (a diagnosis) */
+    "SELECT twb.schedule_nn('bench', convert_to($1 || $3::bigint, 'UTF8'),"
+    " $2::bigint, convert_to(json_build_object('d', $2::bigint, 'i',"
+    " $3::bigint)::text, 'UTF8'))",
 };
 static const char *const sql_many[] = {
     "SELECT count(twheel.schedule('bench', convert_to($1 || i, 'UTF8'), d,"
@@ -67,6 +77,10 @@ static const char *const sql_many[] = {
     "SELECT graphile_worker.add_jobs(array_agg(ROW('bench',"
     " json_build_object('d', d, 'i', i), NULL, to_timestamp(d / 1000.0),"
     " NULL, nullif($1, $1), NULL, NULL)::graphile_worker.job_spec))"
+    " FROM unnest($2::bigint[], $3::bigint[]) AS u(d, i)",
+    NULL,
+    "SELECT count(twb.schedule_nn('bench', convert_to($1 || i, 'UTF8'), d,"
+    " convert_to(json_build_object('d', d, 'i', i)::text, 'UTF8')))"
     " FROM unnest($2::bigint[], $3::bigint[]) AS u(d, i)",
 };
 
@@ -175,10 +189,11 @@ static int send_batch(PGconn *c, const char *stmt, const char *prefix,
 }
 
 struct worker {
-    int sys; /* 0 twheel-sql, 1 gw-sql, 2 twheel-api */
+    int sys; /* 0 twheel-sql, 1 gw-sql, 2 twheel-api, 3 -sql-nonotify */
     const char *url;
     int per_tx, id;
-    double end;
+    double secs, end;
+    pthread_barrier_t *go; /* every worker connected: the clock starts */
     tw_durable *d;
     long long done;
     pthread_t th;
@@ -198,6 +213,8 @@ static void *sql_worker(void *arg)
     char prefix[64];
     snprintf(prefix, sizeof prefix, "k%ld.%d.%d.", (long)getpid(), w->id,
              (int)time(NULL));
+    pthread_barrier_wait(w->go);
+    w->end = mono_s() + w->secs;
     while (mono_s() < w->end) {
         if (send_batch(c, "s", prefix, (int64_t)now_ms() + HOUR_MS, w->done,
                        w->per_tx) != 0)
@@ -213,29 +230,34 @@ static void *api_worker(void *arg)
     struct worker *w = arg;
     tw_durable_item it[BATCH];
     char keys[BATCH][64], pay[BATCH][64];
-    while (mono_s() < w->end) {
+    /* One schedule first, not counted: its pool connection is made. */
+    int rc = tw_durable_schedule(w->d, "warm", 4, (int64_t)now_ms() + HOUR_MS,
+                                 "", 0);
+    pthread_barrier_wait(w->go);
+    w->end = mono_s() + w->secs;
+    while (rc == 0 && mono_s() < w->end) {
         int64_t due = (int64_t)now_ms() + HOUR_MS;
         for (int i = 0; i < w->per_tx; i++) {
             it[i].key = keys[i];
-            it[i].key_len = (size_t)snprintf(keys[i], sizeof keys[i],
-                                             "a%ld.%d.%lld", (long)getpid(),
-                                             w->id, w->done + i);
+            it[i].key_len =
+                (size_t)snprintf(keys[i], sizeof keys[i], "a%ld.%d.%lld",
+                                 (long)getpid(), w->id, w->done + i);
             it[i].payload = pay[i];
             it[i].payload_len = (size_t)snprintf(
-                pay[i], sizeof pay[i], "{\"d\": %" PRId64 ", \"i\": %lld}",
-                due, w->done + i);
+                pay[i], sizeof pay[i], "{\"d\": %" PRId64 ", \"i\": %lld}", due,
+                w->done + i);
             it[i].due_ms = due;
         }
-        int rc = w->per_tx == 1
-                     ? tw_durable_schedule(w->d, it[0].key, it[0].key_len,
-                                           due, it[0].payload,
-                                           it[0].payload_len)
-                     : tw_durable_schedule_many(w->d, it, (size_t)w->per_tx);
-        if (rc != 0) {
-            fprintf(stderr, "bench_pg: schedule: %s\n", tw_strerror(rc));
-            exit(1);
-        }
-        w->done += w->per_tx;
+        rc = w->per_tx == 1
+                 ? tw_durable_schedule(w->d, it[0].key, it[0].key_len, due,
+                                       it[0].payload, it[0].payload_len)
+                 : tw_durable_schedule_many(w->d, it, (size_t)w->per_tx);
+        if (rc == 0)
+            w->done += w->per_tx;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "bench_pg: schedule: %s\n", tw_strerror(rc));
+        exit(1);
     }
     return NULL;
 }
@@ -258,6 +280,8 @@ static tw_durable *open_handle(const char *url, tw_durable_fire_fn fn,
     cfg.fire_arg = arg;
     cfg.errbuf = err;
     cfg.errbuf_len = sizeof err;
+    if (getenv("PG_EXECUTORS")) /* callbacks on N threads (default: 0) */
+        cfg.executor_threads = (uint32_t)atoi(getenv("PG_EXECUTORS"));
     int rc = tw_durable_open(&d, &cfg);
     if (rc != 0) {
         fprintf(stderr, "bench_pg: open: %s: %s\n", tw_strerror(rc), err);
@@ -266,28 +290,36 @@ static tw_durable *open_handle(const char *url, tw_durable_fire_fn fn,
     return d;
 }
 
-static void rate_cell(int sys, const char *name, const char *url,
-                      double secs, int conns, int per_tx)
+static void rate_cell(int sys, const char *name, const char *url, double secs,
+                      int conns, int per_tx)
 {
     struct worker w[64];
     tw_durable *h[16] = {0};
     int nh = sys == 2 ? (conns + 3) / 4 : 0;
     long long n = 0;
+    pthread_barrier_t go;
     for (int i = 0; i < nh; i++)
         h[i] = open_handle(url, nop_fire, NULL);
-    double t0 = mono_s();
+    pthread_barrier_init(&go, NULL, (unsigned)conns + 1);
     for (int i = 0; i < conns; i++) {
-        w[i] = (struct worker){.sys = sys, .url = url, .per_tx = per_tx,
-                               .id = i, .end = t0 + secs,
+        w[i] = (struct worker){.sys = sys,
+                               .url = url,
+                               .per_tx = per_tx,
+                               .id = i,
+                               .secs = secs,
+                               .go = &go,
                                .d = nh ? h[i % nh] : NULL};
         pthread_create(&w[i].th, NULL, sys == 2 ? api_worker : sql_worker,
                        &w[i]);
     }
+    pthread_barrier_wait(&go); /* every connection made */
+    double t0 = mono_s();
     for (int i = 0; i < conns; i++) {
         pthread_join(w[i].th, NULL);
         n += w[i].done;
     }
     double t = mono_s() - t0;
+    pthread_barrier_destroy(&go);
     for (int i = 0; i < nh; i++)
         tw_durable_close(h[i]);
     printf("pgrate sys=%s conns=%d per_tx=%d timers=%lld secs=%.3f "
@@ -298,10 +330,10 @@ static void rate_cell(int sys, const char *name, const char *url,
 
 static int cmd_rate(int argc, char **argv)
 {
-    static const char *const names[] = {"twheel-sql", "gw-sql",
-                                        "twheel-api"};
+    static const char *const names[] = {"twheel-sql", "gw-sql", "twheel-api",
+                                        "twheel-sql-nonotify"};
     int sys = -1;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (strcmp(argv[2], names[i]) == 0)
             sys = i;
     if (sys < 0 || argc < 6)
@@ -353,8 +385,8 @@ static double feed(PGconn *c, long total, double rate, int lead)
         if (wait > 0)
             usleep((useconds_t)(wait * 1e3));
         int m = total - sent < BATCH ? (int)(total - sent) : BATCH;
-        if (send_batch(c, "many", prefix, (int64_t)now_ms() + lead, sent,
-                       m) != 0)
+        if (send_batch(c, "many", prefix, (int64_t)now_ms() + lead, sent, m) !=
+            0)
             exit(1);
         sent += m;
     }
@@ -377,8 +409,7 @@ static int cmd_fire(int argc, char **argv)
     double c0 = db_cpu_s(pm);
     double fed = feed(c, total, rate, lead), t1 = mono_s();
     /* Every timer delivered, or DRAIN_MS past the last one's due time. */
-    while (atomic_load(&fl.n) < fl.cap &&
-           mono_s() < t1 + (lead + drain) / 1e3)
+    while (atomic_load(&fl.n) < fl.cap && mono_s() < t1 + (lead + drain) / 1e3)
         usleep(2000);
     double cpu = db_cpu_s(pm) - c0;
     tw_durable_close(d);

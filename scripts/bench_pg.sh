@@ -31,7 +31,14 @@
 #   PG_LONG=1      a longer standalone run: 3 s per rate cell, 10 s of
 #                  firing, 50,000 pending timers (default: 0.5 s, 2 s,
 #                  5,000: about 60 s in all on 2 cores)
-#   PG_RATE_S, PG_FIRE_S, PG_SIZE_N   each of those alone
+#   PG_RATE_S, PG_FIRE_S, PG_SIZE_N   each of those alone; PG_DRAIN_MS how
+#                  long a fire run waits past the last due time (3,000;
+#                  PG_LONG: 10,000)
+#   PG_ONLY        some of rates,fire,sizes (default all three)
+#   PG_POLL10=0    no gw-poll10 row (graphile-worker at a 10 ms poll)
+#   PG_FIRE_REPS   runs of the fire rows (default REPS)
+#   PG_EXECUTORS   twheel's cfg.executor_threads in the fire rows
+#                  (default 0: callbacks on the handle's own thread)
 #   PG_PEERS_DIR   where the peers are installed (default BUILD/pg-peers;
 #                  npm ci runs there when its lock file differs, with its
 #                  npm cache inside it); without the npm registry and no
@@ -153,6 +160,23 @@ if ((have_peers)); then
       { echo "pg peers: $s did not start; its rows are skipped" >&2; have_peers=0; }
   done
 fi
+# The diagnosis row twheel-sql-nonotify: twheel.schedule as the database
+# has it, without its pg_notify() call, as twb.schedule_nn (a NOTIFY holds
+# a lock of the whole server from before a transaction's commit record
+# until the commit's WAL flush is done, so commits that notify wait for
+# each other's fsyncs one by one).
+nonotify=0
+if "${psql[@]}" -c "CREATE SCHEMA IF NOT EXISTS twb" -c "DO \$\$ DECLARE
+    f text := pg_get_functiondef(
+      'twheel.schedule(text, bytea, bigint, bytea)'::regprocedure);
+  BEGIN
+    IF position('pg_notify(' IN f) = 0 THEN RAISE 'no pg_notify'; END IF;
+    f := regexp_replace(f, 'PERFORM pg_notify\([^;]*\);', '');
+    f := replace(f, 'twheel.schedule(', 'twb.schedule_nn(');
+    EXECUTE f;
+  END \$\$" >/dev/null 2>&1; then
+  nonotify=1
+fi
 # The tables each system's pending timers live in, emptied between runs.
 empty() {
   local q="TRUNCATE twheel.timers, twheel.dead;"
@@ -160,12 +184,14 @@ empty() {
     graphile_worker._private_job_queues CASCADE; TRUNCATE pgboss.job;"
   "${psql[@]}" -c "$q" -c CHECKPOINT >/dev/null
 }
-# The server's load average beside each set of rows.
-load() { echo "pgload at=$1 load=$(cut -d' ' -f1 /proc/loadavg)"; }
+# The server's load average beside each set of rows, and the seconds since
+# the script began.
+load() { echo "pgload at=$1 load=$(cut -d' ' -f1 /proc/loadavg) t=$SECONDS"; }
 
 rates() { # SYSTEM
   case $1 in
     twheel-sql | twheel-api | gw-sql) "$bench" rate "$1" "$url" "$rate_s" $cells ;;
+    twheel-sql-nonotify) "$bench" rate "$1" "$url" "$rate_s" 1x1 16x1 16x32 ;;
     gw-node) node "$peers/peer.js" rate gw "$nurl" "$rate_s" $cells ;;
     boss-node) node "$peers/peer.js" rate boss "$nurl" "$rate_s" $cells ;;
   esac
@@ -203,27 +229,32 @@ sizes() { # SYSTEM SCHEMA LOADER...: what size_n pending timers add
   empty
 }
 
+only() { [[ ",${PG_ONLY:-rates,fire,sizes}," == *",$1,"* ]]; }
 rate_sys=(twheel-sql twheel-api gw-sql)
+((nonotify)) && rate_sys+=(twheel-sql-nonotify)
 fire_sys=(twheel)
 if ((have_peers)); then
   rate_sys+=(gw-node boss-node)
-  fire_sys+=(gw gw-poll10 boss)
+  fire_sys+=(gw boss)
+  ((${PG_POLL10:-1})) && fire_sys+=(gw-poll10)
 fi
 {
   echo "$pgserver"
   for ((r = 1; r <= reps; r++)); do
+    only rates || break
     load "rates/$r"
     n=${#rate_sys[@]}
     for ((i = 0; i < n; i++)); do rates "${rate_sys[(i + r - 1) % n]}"; done
   done
-  for ((r = 1; r <= reps; r++)); do
+  for ((r = 1; r <= ${PG_FIRE_REPS:-$reps}; r++)); do
+    only fire || break
     load "fire/$r"
     n=${#fire_sys[@]}
     for ((i = 0; i < n; i++)); do fire "${fire_sys[(i + r - 1) % n]}"; done
   done
-  load sizes
-  sizes twheel twheel "$bench" load "$url" "$size_n"
-  if ((have_peers)); then
+  only sizes && load sizes
+  only sizes && sizes twheel twheel "$bench" load "$url" "$size_n"
+  if ((have_peers)) && only sizes; then
     sizes gw graphile_worker node "$peers/peer.js" load gw "$nurl" "$size_n"
     sizes boss pgboss node "$peers/peer.js" load boss "$nurl" "$size_n"
   fi

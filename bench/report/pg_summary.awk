@@ -86,21 +86,22 @@ function csv_out(   q, k, f) {
             unit[k], mm, lo, hi, cnt[k], pgver
     }
 }
-function rates(   i, j, c, w, b, bp, p, tw, pr) {
+function rates(   i, j, w) {
     split("twheel-sql twheel-api gw-sql gw-node boss-node", es, " ")
     printf "-- timers scheduled per second, due in an hour (median [min..max]; load %s)\n", loads("^rates")
+    printf "(twheel-sql, gw-sql: SQL functions from a C libpq client; twheel-api: the C API; gw-node, boss-node: the peers' Node APIs; 32 a transaction: one statement for SQL and the peers, tw_durable_schedule_many for the API)\n"
     printf "%-12s", "conns x tx"
     for (i = 1; i <= 5; i++) printf " %21s", es[i]
-    printf "\n"
+    printf " %21s\n", "(sql, no NOTIFY)"
     split("1x1 1x32 16x1 16x32", cs, " ")
     for (j = 1; j <= 4; j++) {
         w = "pg_rate_" cs[j]
         printf "%-12s", cs[j]
         for (i = 1; i <= 5; i++) printf " %21s", cell(w, es[i], "%d")
-        printf "\n"
+        printf " %21s\n", cell(w, "twheel-sql-nonotify", "%d")
     }
 }
-function rate_targets(   j, w, tw, tn, p, pn, t, have) {
+function rate_targets(   j, w, tw, tn, p, pn, t, have, ts, ps) {
     split("1x1 1x32 16x1 16x32", cs, " ")
     for (j = 1; j <= 4; j++) {
         w = "pg_rate_" cs[j]
@@ -113,6 +114,10 @@ function rate_targets(   j, w, tw, tn, p, pn, t, have) {
         target(sprintf("scheduled/s, %s conns x %s a transaction, twheel (%s %d/s) / the faster peer (%s %d/s)",
             substr(cs[j], 1, index(cs[j], "x") - 1), substr(cs[j], index(cs[j], "x") + 1),
             tn, tw, pn, p), have, ">=", 2, "%.2fx")
+        if (has(w, "twheel-sql-nonotify"))
+            printf "        (twheel.schedule without its NOTIFY: %d/s, %.2fx twheel-sql's; the peer without NOTIFY: pg-boss)\n",
+                med(w, "twheel-sql-nonotify"),
+                med(w, "twheel-sql") > 0 ? med(w, "twheel-sql-nonotify") / med(w, "twheel-sql") : 0
     }
 }
 function fire_table(   i, e) {
