@@ -35,9 +35,10 @@
 #            delayed jobs as the time left allows (--delayed); the Redis
 #            round, 3 runs each of 5,000 timers over 2 s, and at equal
 #            precision beside the lease-poller (G = 5 and 100 ms); the
-#            PostgreSQL round, 3 runs of 0.25 s per scheduling cell and
+#            PostgreSQL round, one run of 0.25 s per scheduling cell and
 #            1 s of firing at 2,000/s, 2,000 pending timers for the sizes
-#            (about 75 s; scripts/bench_pg.sh alone runs longer ones)
+#            (about 75 s at load 15; PG_REPS=3 for medians of 3;
+#            scripts/bench_pg.sh alone runs 3 of longer ones)
 #   --full   1e3, 1e5, 1e6 and 1e7 pending timers, every workload (about
 #            50 minutes); implies --instr
 #   --rounds only the rounds named (default all six)
@@ -482,8 +483,9 @@ fi
 # (scripts/bench_pg.sh: its own server on 127.0.0.1, synchronous_commit
 # on; the peers installed by npm ci into build/bench/pg-peers, kept
 # between runs): scheduling rates, the server's CPU per fired timer and
-# p99 lateness at 2,000/s, bytes per pending timer. Short here (PG_* in
-# the environment override it); its rows go to results.csv and its
+# p99 lateness at 2,000/s, bytes per pending timer. Short here, one run
+# (PG_REPS and the other PG_* of the environment override it); its rows
+# go to results.csv and its
 # targets to the summary (bench/report/pg_summary.awk).
 if has pg; then
   stage "PostgreSQL backend beside graphile-worker and pg-boss"
@@ -491,7 +493,7 @@ if has pg; then
     PG_OUT=$out/pg_lines.txt PG_RATE_S=${PG_RATE_S:-0.25} \
       PG_FIRE_S=${PG_FIRE_S:-1} PG_DRAIN_MS=${PG_DRAIN_MS:-1500} \
       PG_SIZE_N=${PG_SIZE_N:-2000} PG_POLL10=${PG_POLL10:-0} \
-      scripts/bench_pg.sh "$build" 3 | tee "$out/pg.txt" &
+      scripts/bench_pg.sh "$build" "${PG_REPS:-1}" | tee "$out/pg.txt" &
     wait $!
     awk -v csv=1 -f bench/report/pg_summary.awk "$out/pg_lines.txt" >>"$csv"
   else

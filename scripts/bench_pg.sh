@@ -37,6 +37,8 @@
 #   PG_ONLY        some of rates,fire,sizes (default all three)
 #   PG_POLL10=0    no gw-poll10 row (graphile-worker at a 10 ms poll)
 #   PG_FIRE_REPS   runs of the fire rows (default REPS)
+#   PG_FIRE_RATE   timers a second in the fire rows (default 2000; the
+#                  summary's targets are for 2,000)
 #   PG_EXECUTORS   twheel's cfg.executor_threads in the fire rows
 #                  (default 0: callbacks on the handle's own thread)
 #   PG_PEERS_DIR   where the peers are installed (default BUILD/pg-peers;
@@ -55,6 +57,7 @@ long=${PG_LONG:-0}
 rate_s=${PG_RATE_S:-$( ((long)) && echo 3 || echo 0.5)}
 fire_s=${PG_FIRE_S:-$( ((long)) && echo 10 || echo 2)}
 size_n=${PG_SIZE_N:-$( ((long)) && echo 50000 || echo 5000)}
+fire_rate=${PG_FIRE_RATE:-2000}
 drain_ms=${PG_DRAIN_MS:-$( ((long)) && echo 10000 || echo 3000)}
 cells="1x1 1x32 16x1 16x32"
 pgout=${PG_OUT:-$build/pg.txt}
@@ -199,10 +202,10 @@ rates() { # SYSTEM
 }
 fire() { # SYSTEM
   case $1 in
-    twheel) "$bench" fire "$url" "$pm" 2000 "$fire_s" 500 "$drain_ms" ;;
-    gw) node "$peers/peer.js" fire gw "$nurl" "$pm" 2000 "$fire_s" 500 "$drain_ms" ;;
-    gw-poll10) POLL_MS=10 node "$peers/peer.js" fire gw "$nurl" "$pm" 2000 "$fire_s" 500 "$drain_ms" ;;
-    boss) node "$peers/peer.js" fire boss "$nurl" "$pm" 2000 "$fire_s" 500 "$drain_ms" ;;
+    twheel) "$bench" fire "$url" "$pm" "$fire_rate" "$fire_s" 500 "$drain_ms" ;;
+    gw) node "$peers/peer.js" fire gw "$nurl" "$pm" "$fire_rate" "$fire_s" 500 "$drain_ms" ;;
+    gw-poll10) POLL_MS=10 node "$peers/peer.js" fire gw "$nurl" "$pm" "$fire_rate" "$fire_s" 500 "$drain_ms" ;;
+    boss) node "$peers/peer.js" fire boss "$nurl" "$pm" "$fire_rate" "$fire_s" 500 "$drain_ms" ;;
   esac
   empty
 }
