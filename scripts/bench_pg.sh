@@ -83,7 +83,8 @@ install_peers() {
   cp bench/peers/pg/package.json bench/peers/pg/package-lock.json "$peers/"
   rm -rf "$peers/node_modules"
   if ! (cd "$peers" && npm_config_cache=$peers/.npm-cache timeout 300 \
-    npm ci --no-audit --no-fund --loglevel=error >"$peers/npm.log" 2>&1); then
+    npm ci --no-audit --no-fund --loglevel=error --fetch-retries=1 \
+    --fetch-timeout=20000 >"$peers/npm.log" 2>&1); then
     rm -f "$peers/package-lock.json"
     echo "npm ci failed (is the npm registry reachable? $peers/npm.log):" \
       "$(tail -n 3 "$peers/npm.log" | tr '\n' ' ')"

@@ -111,6 +111,10 @@ function rate_targets(   j, w, tw, tn, p, pn, t, have, ts, ps) {
         split("gw-sql gw-node boss-node", ps, " ")
         for (t = 1; t <= 3; t++) if (med(w, ps[t]) > p) { p = med(w, ps[t]); pn = ps[t] }
         have = tw > 0 && p > 0 ? sprintf("%.2f", tw / p) : ""
+        if (have == "") {
+            target("scheduled/s, " cs[j] " (connections x a transaction), twheel / the faster peer", "", ">=", 2, "%.2fx")
+            continue
+        }
         target(sprintf("scheduled/s, %s conns x %s a transaction, twheel (%s %d/s) / the faster peer (%s %d/s)",
             substr(cs[j], 1, index(cs[j], "x") - 1), substr(cs[j], index(cs[j], "x") + 1),
             tn, tw, pn, p), have, ">=", 2, "%.2fx")
