@@ -150,6 +150,10 @@ function fire_targets(   t, g, b, best, have, p) {
     p = g > 0 && (b <= 0 || g < b) ? g : b
     target(sprintf("p99 lateness, twheel (ms) no worse than either peer (gw %.1f, boss %.1f ms)", g, b),
         have == "" || p <= 0 ? "" : have, "<=", p, "%.1f")
+    if (has("pg_delivered", "twheel"))
+        printf "        (delivered by the drain limit: twheel %.2f, gw %.2f, boss %.2f of the timers; fed twheel %d/s, gw %d/s, boss %d/s: a backlog shows as lateness of seconds)\n",
+            med("pg_delivered", "twheel"), med("pg_delivered", "gw"), med("pg_delivered", "boss"),
+            med("pg_fed", "twheel"), med("pg_fed", "gw"), med("pg_fed", "boss")
     if (has("pg_p99", "gw-poll10"))
         printf "        (at graphile-worker's 10 ms poll: gw-poll10 p99 %.1f ms, %.0f us of server CPU a timer)\n",
             med("pg_p99", "gw-poll10"), med("pg_cpu", "gw-poll10")
@@ -165,6 +169,32 @@ function sizes(   i, e) {
             e, med("pg_rows", e), med("pg_bytes", e)
     }
 }
+# Every row where twheel's better figure is behind a peer's (rate: higher
+# is better; CPU, lateness, bytes: lower).
+function slower(   j, w, t, p, tv, pv, n, hb, rows, peers) {
+    printf "-- where twheel is slower than a peer (medians)\n"
+    split("pg_rate_1x1 pg_rate_1x32 pg_rate_16x1 pg_rate_16x32 pg_cpu pg_p99 pg_bytes", rows, " ")
+    for (j = 1; j <= 7; j++) {
+        w = rows[j]; hb = w ~ /^pg_rate/
+        tv = 0
+        if (hb) {
+            tv = med(w, "twheel-sql") > med(w, "twheel-api") ? med(w, "twheel-sql") : med(w, "twheel-api")
+            split("gw-sql gw-node boss-node", peers, " ")
+        } else {
+            tv = med(w, "twheel")
+            split("gw gw-poll10 boss", peers, " ")
+        }
+        if (tv <= 0) continue
+        for (p = 1; p <= 3; p++) {
+            pv = med(w, peers[p])
+            if (pv <= 0 || (hb ? tv >= pv : tv <= pv)) continue
+            printf "%-14s twheel %10.1f  %-10s %10.1f  %.2fx\n", w, tv, peers[p], pv,
+                hb ? pv / tv : tv / pv
+            n++
+        }
+    }
+    if (!n) printf "none\n"
+}
 END {
     if (csv) { csv_out(); exit }
     printf "\n== PostgreSQL round: twheel beside graphile-worker and pg-boss (PostgreSQL %s, synchronous_commit on, fsync on)\n", pgver
@@ -176,4 +206,5 @@ END {
     fire_targets()
     printf "%d PostgreSQL targets: %d MET, %d MISSED, %d NOT RUN\n", ntargets,
         ntargets - missed - notrun, missed, notrun
+    slower()
 }
