@@ -37,7 +37,7 @@
 #            precision beside the lease-poller (G = 5 and 100 ms); the
 #            PostgreSQL round, one run of 0.25 s per scheduling cell and
 #            1 s of firing at 2,000/s, 2,000 pending timers for the sizes
-#            (about 75 s at load 15; PG_REPS=3 for medians of 3;
+#            (about 85 s at load 15-17; PG_REPS=3 for medians of 3;
 #            scripts/bench_pg.sh alone runs 3 of longer ones)
 #   --full   1e3, 1e5, 1e6 and 1e7 pending timers, every workload (about
 #            50 minutes); implies --instr
@@ -172,7 +172,7 @@ has service && plan "service (bench_service)" $((full ? 120 : 20))
 has durable && plan "durable store (device limit, journal, Redis always/everysec)" 40
 has twheeld && plan "twheeld beside beanstalkd" 60
 has redis && plan "Redis backend (twheel, sorted-set poller, lease-poller at equal precision)" 70
-has pg && plan "PostgreSQL backend beside graphile-worker and pg-boss" 75
+has pg && plan "PostgreSQL backend beside graphile-worker and pg-boss" 85
 ((instr)) && plan "callgrind counts" 60
 plan "summary and plot" 2
 stage_no=0
