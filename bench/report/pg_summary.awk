@@ -121,7 +121,7 @@ function rate_targets(   j, w, tw, tn, p, pn, t, have, ts, ps) {
         if (has(w, "twheel-sql-nonotify"))
             printf "        (twheel.schedule without its NOTIFY: %d/s, %.2fx twheel-sql's; the peer without NOTIFY: pg-boss)\n",
                 med(w, "twheel-sql-nonotify"),
-                med(w, "twheel-sql") > 0 ? med(w, "twheel-sql-nonotify") / med(w, "twheel-sql") : 0
+                (med(w, "twheel-sql") > 0 ? med(w, "twheel-sql-nonotify") / med(w, "twheel-sql") : 0)
     }
 }
 function fire_table(   i, e) {
