@@ -135,7 +135,7 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 targets=(bench_core bench_service)
 has core && targets+=(bench_core_1list dram_probe)
 has durable && targets+=(bench_durable fsync_probe)
-has twheeld && targets+=(twheeld bench_bstalk fsync_probe)
+has twheeld && targets+=(twheeld bench_bstalk bstalk_floor fsync_probe)
 # bench_redis exists when hiredis was found (scripts/deps.sh installs it).
 if has redis && grep -q '^build bench/bench_redis:' "$build/build.ninja"; then
   targets+=(bench_redis)

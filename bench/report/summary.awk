@@ -240,6 +240,15 @@ function bs_target(what, row, op, need, inv,   a, b, have) {
         why = sprintf("twheeld %g, beanstalkd %g %s", a, b, unit_of("bs_" row))
     target(what, have, op, need, "%.2fx")
 }
+# The floor on a rate row: what bench/bstalk_floor.c (a server that keeps
+# nothing) answered the same client, against beanstalkd's @b and the
+# target's factor @need.
+function bs_floor(row, b, need,   f) {
+    f = bs(row, "floor")
+    if (f <= 0 || b <= 0) return ""
+    return sprintf("; floor: a server that keeps nothing (bench/bstalk_floor.c) answered %d/s = %.2fx beanstalkd%s",
+        f, f / b, f / b < need ? sprintf(", so %gx beanstalkd is above what any server reached with this client here", need) : "")
+}
 function unit_of(w,   k, f) {
     for (k in unit) {
         split(k, f, SUBSEP)
@@ -270,7 +279,8 @@ function twheeld_targets(   dev, a, b, us, c, rows, i, ld) {
     for (i = 1; i <= 4; i++) {
         a = bs(rows[i], "twheeld"); b = bs(rows[i], "beanstalkd")
         if (a > 0 && b > 0)
-            why = sprintf("twheeld %d/s, beanstalkd %d/s; %s", a, b, bs_rtt())
+            why = sprintf("twheeld %d/s, beanstalkd %d/s; %s%s", a, b, bs_rtt(),
+                bs_floor(rows[i], b, 2))
         bs_target("twheeld / beanstalkd, " rows[i], rows[i], ">=", 2, 0)
     }
     why = sprintf("resident bytes per delayed job (what the jobs added to the empty server): twheeld %d, beanstalkd %d; in all %d MB and %d MB",
@@ -465,16 +475,17 @@ END {
     printf "(dur_sched_D: items/s, D items per call, 4 threads (_1t: 1 thread); dur_cpu: CPU us per acknowledged item (Redis: client + server); dur_per_sync: items per fdatasync; dur_p50: us per call. SYNC_GROUP and Redis always: every acknowledged call on stable storage; SYNC_INTERVAL and Redis everysec: written, synced within 1 s)\n"
 
     printf "\n== twheeld beside beanstalkd (median [min..max] of alternating runs; the delayed jobs one run; 64-byte bodies)\n"
-    printf "%-22s %22s %22s %8s %s\n", "row", "twheeld", "beanstalkd", "ratio", "unit"
+    printf "%-22s %22s %22s %8s %-8s %s\n", "row", "twheeld", "beanstalkd", "ratio", "unit", "floor (bstalk_floor)"
     nr = split("ping_us_c1 put_f0_c1 put_f0_c16 put_f0_c64 put_f1000_c1 put_f1000_c16 reserve_f1000_c1 reserve_f1000_c16 late_p50_steady late_p99_steady late_max_steady delayed_rss_mb delayed_disk_mb delayed_rss_b_per_job delayed_disk_b_per_job restart_s restart_cpu_s restart_rq_s", brow, " ")
     for (i = 1; i <= nr; i++) {
         a = bs(brow[i], "twheeld"); b = bs(brow[i], "beanstalkd")
         u = unit_of("bs_" brow[i])
         if (u == "") continue
-        printf "%-22s %22s %22s %8s %s\n", brow[i],
+        printf "%-22s %22s %22s %8s %-8s %s\n", brow[i],
             cell("bs_" brow[i], "twheeld", "%g [%g..%g]"),
             cell("bs_" brow[i], "beanstalkd", "%g [%g..%g]"),
-            (b > 0 ? sprintf("%.2fx", a / b) : "-"), u
+            (b > 0 ? sprintf("%.2fx", a / b) : "-"), u,
+            (bs(brow[i], "floor") > 0 ? cell("bs_" brow[i], "floor", "%g [%g..%g]") : "")
     }
     if (mw("dev_fdatasync_bs", "device") > 0)
         printf "device: fdatasync p50 %.1f us = %.0f fdatasyncs/s (median of the probes before and after the fdatasync rows)\n",
