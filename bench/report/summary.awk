@@ -219,12 +219,24 @@ function durable_targets(   g, iv, ca, cr, w, i) {
         w = "dur_cpu_" dps[i]
         ca = mw(w, "twheel-group"); cr = mw(w, "redis-always")
         if (ca > 0 && cr > 0)
-            why = sprintf("CPU us per acknowledged item: SYNC_GROUP %.2f [%s] (the process: callers and writer); Redis always %.2f [%s] (client + server); SYNC_INTERVAL %.2f, Redis everysec %.2f",
+            why = sprintf("CPU us per acknowledged item: SYNC_GROUP %.2f [%s] (the process: callers and writer); Redis always %.2f [%s] (client + server); SYNC_INTERVAL %.2f, Redis everysec %.2f%s",
                 ca, spread(w, "twheel-group"), cr, spread(w, "redis-always"),
-                mw(w, "twheel-interval"), mw(w, "redis-everysec"))
+                mw(w, "twheel-interval"), mw(w, "redis-everysec"),
+                sync_cpu_floor(dps[i], cr, 0.2))
         target("CPU per item, SYNC_GROUP / Redis always, " dps[i] " per call (4 threads)",
             ca > 0 && cr > 0 ? sprintf("%.2f", ca / cr) : "", "<=", 0.2, "%.2fx")
     }
+}
+# The device's part of SYNC_GROUP's CPU per item at @d items per call:
+# the caller's CPU per pwrite+fdatasync (fsync_probe) over the items each
+# fdatasync carried, against @need x Redis always's @cr.
+function sync_cpu_floor(d, cr, need,   c, ips, f) {
+    c = mw("dev_fdatasync_cpu_dur", "device")
+    ips = mw("dur_per_sync_" d, "twheel-group")
+    if (c <= 0 || ips <= 0) return ""
+    f = c / ips
+    return sprintf("; floor: one pwrite+fdatasync took %.1f us of the caller's CPU (fsync_probe), %.1f items per fdatasync make %.2f us an item = %.2fx Redis always%s",
+        c, ips, f, f / cr, f / cr > need ? sprintf(", above the %gx target before any work of the store's own", need) : sprintf(", the store's own work the other %.2f us", mw("dur_cpu_" d, "twheel-group") - f))
 }
 # A twheeld round row's two values, twheeld and beanstalkd.
 function bs(row, srv) { return mw("bs_" row, srv) }
