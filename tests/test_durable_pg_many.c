@@ -73,7 +73,10 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
     (void)arg;
-    int i = atoi((const char *)t->key + 1); /* "f<i>" */
+    char k[16] = "";
+    if (t->key_len < sizeof k)
+        memcpy(k, t->key, t->key_len); /* "f<i>", not NUL-terminated */
+    int i = atoi(k + 1);
     if (i >= 0 && i < 64)
         atomic_fetch_add(&fired[i], 1);
     return 0;

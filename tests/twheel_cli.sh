@@ -78,7 +78,8 @@ done
 
 # --json when the store does not open (a journal directory missing or a
 # file, nothing listening on a loopback port for Redis or PostgreSQL, a
-# namespace refused): one whole document per verb, with an "error" field,
+# namespace refused; every verb for some, four verbs for the rest, to
+# keep the test short): one whole document per verb, with an "error" field,
 # and exit 2 (check of a missing directory: 3, nothing there); rearm and
 # delete do not make a missing directory.
 mkdir "$tmp/docs"
@@ -97,10 +98,11 @@ for v in ls get stats check dead rearm delete import repair jobs init; do
   want=2; [ "$v" = check ] && want=3
   # (import makes a new journal there: moving a store into a new one)
   [ "$v" = import ] || json_doc "$want" "$tw" journal "$v" "$tmp/nodir" "${k[@]}" --json </dev/null
+  json_doc 2 "$tw" postgres "$v" "${pgclosed[@]}" "${k[@]}" --json </dev/null
+  case $v in ls | check | get | import) ;; *) continue ;; esac
   json_doc 2 "$tw" journal "$v" "$tmp/afile" "${k[@]}" --json </dev/null
   json_doc 2 "$tw" redis "$v" "${closed[@]}" "${k[@]}" --json </dev/null
   json_doc 2 "$tw" redis "$v" "${closed[@]}" --ns "" "${k[@]}" --json </dev/null
-  json_doc 2 "$tw" postgres "$v" "${pgclosed[@]}" "${k[@]}" --json </dev/null
   json_doc 2 "$tw" postgres "$v" "${pgclosed[@]}" --ns "" "${k[@]}" --json </dev/null
 done
 # Each stdout: one JSON object (what python3 -m json.tool reads) with the
