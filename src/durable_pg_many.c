@@ -6,7 +6,7 @@
  *
  * The items go as three arrays (keys bytea[], dues bigint[], payloads
  * bytea[]; binary, never spliced into SQL) and the statement calls
- * twheel.schedule() once per element of their unnest() WITH ORDINALITY,
+ * twheel.schedule() once per element of their unnest WITH ORDINALITY,
  * in the order of the items: what a loop of single schedules does, item
  * after item, in one transaction. So a key given twice ends with its
  * last item, a pending key or a dead letter is replaced, each item gets
