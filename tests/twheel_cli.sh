@@ -14,7 +14,10 @@
 #       garbled) named by check (exit 3); missing segments; nothing here
 #       (exit 3); export and import; a backup of a live journal under load
 #       restored; with TWHEELD, twheel jobs on a journal twheeld wrote.
-#       --help of each verb, --version, no password in messages.
+#       --help of each verb, --version, no password in messages; with
+#       --json, one whole document with an error when a store does not
+#       open (journal, Redis, PostgreSQL on a closed loopback port); due
+#       times at the ends of int64 shown as they are by ls, get and dead.
 #   TWHEEL=... STORE=... tests/redis_test.sh suite tests/twheel_cli.sh
 #       the same verbs on a Redis namespace (redis_test.sh passes "suite"
 #       and the server's address), a misspelled namespace, moves from a
@@ -105,6 +108,7 @@ for v in ls get stats check dead rearm delete import repair jobs init; do
   json_doc 2 "$tw" redis "$v" "${closed[@]}" --ns "" "${k[@]}" --json </dev/null
   json_doc 2 "$tw" postgres "$v" "${pgclosed[@]}" --ns "" "${k[@]}" --json </dev/null
 done
+json_doc 2 "$tw" journal import "$tmp/j-new" --in "$tmp/no-such-file" --json
 # Each stdout: one JSON object (what python3 -m json.tool reads) with the
 # error in it (check: also its problem).
 $py - "$tmp/docs" "$ndoc" <<'PY' || fail "--json of a store that did not open"
