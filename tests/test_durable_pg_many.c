@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "fixture.h" /* now_ms */
 #include "test.h"
 #include "twheel/durable.h"
 
@@ -32,13 +33,6 @@
 #define BIG 2500
 
 static const char *url;
-
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static PGconn *conn(void)
 {
@@ -140,7 +134,7 @@ static void test_same_as_loop(void)
     memset(big, 'x', sizeof big);
     PGconn *c = conn();
     const char *ns[2] = {"m_batch", "m_loop"};
-    int64_t far = wall_ms() + 3600 * 1000;
+    int64_t far = now_ms() + 3600 * 1000;
     for (int b = 0; b < 2; b++) {
         tw_durable *d = open_ns(url, ns[b], false);
         char q[256];
@@ -197,7 +191,7 @@ static void test_big_and_refused(void)
     tw_durable *d = open_ns(url, "m_big", false);
     for (int i = 0; i < BIG; i++) {
         int n = snprintf(keys[i], sizeof keys[i], "k%05d", i);
-        it[i] = (tw_durable_item){keys[i], (size_t)n, wall_ms() + 3600000 + i,
+        it[i] = (tw_durable_item){keys[i], (size_t)n, now_ms() + 3600000 + i,
                                   keys[i], (size_t)n, 1};
     }
     ASSERT_EQ(tw_durable_schedule_many(d, it, BIG), 0);
@@ -250,7 +244,7 @@ static void test_round_trips(void)
     for (int b = 0; b < 2; b++) {
         for (int i = 0; i < 32; i++) {
             int n = snprintf(keys[i], sizeof keys[i], "%c%02d", "bl"[b], i);
-            it[i] = (tw_durable_item){keys[i], (size_t)n, wall_ms() + 3600000,
+            it[i] = (tw_durable_item){keys[i], (size_t)n, now_ms() + 3600000,
                                       "p",     1,         0};
         }
         int stmts = log_count("twheel.schedule(");
@@ -273,7 +267,7 @@ static void test_delivered(void)
     tw_durable *d = open_ns(url, "m_fire", true);
     static char keys[64][8];
     tw_durable_item it[64];
-    int64_t now = wall_ms();
+    int64_t now = now_ms();
     for (int i = 0; i < 64; i++) {
         int n = snprintf(keys[i], sizeof keys[i], "f%d", i);
         it[i] = (tw_durable_item){keys[i], (size_t)n, now + i % 8, "", 0, 0};
@@ -285,14 +279,14 @@ static void test_delivered(void)
             all &= atomic_load(&fired[i]) >= 1;
         if (all)
             break;
-        nanosleep(&(struct timespec){0, 1000000}, NULL);
+        sleep_ms(1);
     }
     tw_durable_stats s;
     for (int ms = 0; ms < WAIT_MS; ms++) {
         ASSERT_EQ(tw_durable_stats_get(d, &s), 0);
         if (!s.pending && !s.running)
             break;
-        nanosleep(&(struct timespec){0, 1000000}, NULL);
+        sleep_ms(1);
     }
     ASSERT_EQ(tw_durable_close(d), 0);
     for (int i = 0; i < 64; i++)
