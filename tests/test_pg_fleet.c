@@ -1,0 +1,729 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_pg_fleet.c - the PostgreSQL backend under continuous load
+ * while things fail, on real servers (tests/pg_test.sh makes them):
+ *   kill      three node processes fire one namespace; every 1.2 s one of
+ *             them is killed with SIGKILL and started again;
+ *   restart   the server is stopped with -m immediate and started again
+ *             (TW_PG_RESTART) twice; then the first call on a connection
+ *             the restart broke fails with TW_ECONN and the next succeeds;
+ *   sync      the primary is killed and its streaming standby, synchronous
+ *             (synchronous_standby_names), promoted; every handle has
+ *             both servers in its connection string
+ *             (target_session_attrs=read-write, TW_PG_FAILOVER_URL);
+ *   async     the same with asynchronous replication: what is lost is
+ *             measured and printed, not asserted.
+ * Usage: test_pg_fleet MODE (under tests/pg_test.sh; TW_PG_STANDBY=1 for
+ * sync and async).
+ *
+ * The load: this process, through a TW_DURABLE_NOFIRE handle, schedules
+ * a new key every LOAD_EVERY_MS (due 0.4 to 1.4 s later) for LOAD_MS; of
+ * them, some are cancelled or replaced well before their due time and
+ * some cancelled at about their due time (racing the claim). A call that
+ * fails (the server away) is tried again until it succeeds; a schedule
+ * tried again gets a new payload (its generation), so a delivery of an
+ * attempt that was never acknowledged is told apart. The nodes are this
+ * program run as "node" (exec'd, so no fork of a threaded process): each
+ * delivery appends "key gen attempt start_ms due_ms" to its
+ * incarnation's own file before its callback returns.
+ *
+ * What is asserted (docs/guide/postgres.md, "What holds through
+ * failures"), from the files once the namespace is empty and the nodes
+ * closed:
+ *   - lost: an acknowledged schedule or replace (the last of its key)
+ *     never delivered: none;
+ *   - after cancel: a delivery of a generation whose cancel or replace
+ *     returned before its due time: none; one whose cancel or replace
+ *     returned later may still start (claimed before the cancel
+ *     committed), but no later than 3/4 of the lease after the cancel
+ *     returned (a claim older than that is dropped, not started);
+ *   - twice: a generation delivered more than once only when the earlier
+ *     delivery's node was killed (kill), or it started in the window of
+ *     an outage, from one lease before the server went away to when it
+ *     was back (restart, sync); each later delivery with a larger attempt;
+ *   - early: no callback before its due time.
+ * async prints these counts instead of asserting them (besides early).
+ * Times measured (printed): the outage, and from the server being back
+ * to the first acknowledged call and to the first delivery.
+ * Real clocks; every wait is for a state, bounded by WAIT_MS.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <libpq-fe.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "test.h"
+#include "twheel/durable.h"
+
+#define WAIT_MS 30000   /* real time allowed for a state to be reached */
+#define LOAD_MS 5000    /* how long new keys are scheduled */
+#define LOAD_EVERY_MS 3 /* a new key this often */
+#define LEASE_MS 2000   /* the nodes' cfg.lease_ms */
+#define NKEYS (LOAD_MS / LOAD_EVERY_MS + 1)
+#define NODES 3
+#define MAX_INC 32 /* node incarnations */
+#define MAX_OUT 2  /* outages */
+#define NS "fleet"
+
+extern char **environ;
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- a node: fires the namespace until SIGTERM, then closes ---- */
+
+static FILE *node_out;
+
+static int node_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)arg;
+    /* One line per delivery, flushed before the callback returns. */
+    fprintf(node_out, "%.*s %u %lld %lld\n", (int)t->payload_len,
+            (const char *)t->payload, t->attempt, (long long)wall_ms(),
+            (long long)t->due_ms);
+    fflush(node_out);
+    return 0;
+}
+
+static int node_main(const char *path)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    /* Blocked before any thread starts, so sigwait() below gets it. */
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    node_out = fopen(path, "a");
+    if (!node_out)
+        return 2;
+    tw_durable_config c;
+    memset(&c, 0, sizeof c);
+    char err[256];
+    c.postgres = getenv("TW_FLEET_URL");
+    c.postgres_namespace = NS;
+    c.fire = node_fire;
+    c.executor_threads = 2;
+    c.lease_ms = LEASE_MS;
+    c.errbuf = err;
+    c.errbuf_len = sizeof err;
+    tw_durable *d = NULL;
+    int rc = tw_durable_open(&d, &c);
+    if (rc) {
+        fprintf(stderr, "node: open %d %s\n", rc, err);
+        return 2;
+    }
+    int sig;
+    sigwait(&set, &sig);
+    rc = tw_durable_close(d);
+    fclose(node_out);
+    return rc ? 3 : 0;
+}
+
+/* ---- the nodes' incarnations, seen from the test ---- */
+
+static struct inc {
+    pid_t pid;
+    bool killed;
+    char path[96];
+} incs[MAX_INC];
+static int ninc, live[NODES]; /* live[i]: node i's incarnation */
+static char dir[] = "/tmp/twpgfleet.XXXXXX";
+static char self[512];
+
+static int spawn_node(void)
+{
+    ASSERT_LT(ninc, MAX_INC);
+    struct inc *in = &incs[ninc];
+    snprintf(in->path, sizeof in->path, "%s/inc%d", dir, ninc);
+    char *argv[] = {self, (char *)"node", in->path, NULL};
+    ASSERT_EQ(posix_spawn(&in->pid, self, NULL, NULL, argv, environ), 0);
+    return ninc++;
+}
+
+static void kill_node(int i)
+{
+    struct inc *in = &incs[live[i]];
+    ASSERT_EQ(kill(in->pid, SIGKILL), 0);
+    int st;
+    ASSERT_EQ(waitpid(in->pid, &st, 0), in->pid);
+    ASSERT(WIFSIGNALED(st));
+    in->killed = true;
+    live[i] = spawn_node();
+}
+
+/* Each live node closed (SIGTERM): exits 0 once its handle closed. */
+static void stop_nodes(void)
+{
+    for (int i = 0; i < NODES; i++)
+        ASSERT_EQ(kill(incs[live[i]].pid, SIGTERM), 0);
+    for (int i = 0; i < NODES; i++) {
+        int st;
+        ASSERT_EQ(waitpid(incs[live[i]].pid, &st, 0), incs[live[i]].pid);
+        if (!WIFEXITED(st) || WEXITSTATUS(st))
+            fprintf(stderr, "node %d: status %d\n", i, st);
+        ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+}
+
+/* ---- the load and its ledger ---- */
+
+enum plan { P_NONE, P_CANCEL, P_REPLACE, P_RACE };
+
+/* An acknowledged schedule of a key: its generation and due time, and
+ * when a cancel or replace of it returned (0: it is the key's last). */
+struct ack {
+    int gen;
+    int64_t due, acked, ended;
+};
+
+static struct key {
+    enum plan plan;
+    int64_t plan_at;
+    bool planned; /* the plan carried out */
+    bool cancelled;
+    int gens;        /* generations tried */
+    int nack;        /* acknowledged ones in ack[] */
+    struct ack a[2]; /* the first schedule, the replacement */
+} keys[NKEYS];
+static int nkeys;
+static tw_durable *client;
+static uint64_t seed = 45;
+
+/* Outages: from the server going away to its being back. */
+static struct {
+    _Atomic int64_t down, up;  /* up: 0 while away */
+    _Atomic int64_t first_ack; /* the first call acknowledged after up */
+    int64_t first_dlv;         /* the first delivery started after up */
+} outs[MAX_OUT];
+static atomic_int nout;
+static int failed_calls, cancel_noent;
+
+static void keyname(char *k, size_t n, int i)
+{
+    snprintf(k, n, "k%d", i);
+}
+
+/* A call that failed for want of the server (the only failure this load
+ * may see) is tried again, every 20 ms, for at most WAIT_MS. */
+static bool again(int rc, int64_t t0)
+{
+    if (rc == 0 || rc == TW_ENOENT)
+        return false;
+    if (rc != TW_ECONN && rc != TW_EAUTH && rc != TW_EIO)
+        fprintf(stderr, "  call failed: %d\n", rc);
+    ASSERT(rc == TW_ECONN || rc == TW_EIO);
+    ASSERT_LT(wall_ms() - t0, WAIT_MS);
+    failed_calls++;
+    sleep_ms(20);
+    return true;
+}
+
+static void note_ack(void)
+{
+    int64_t now = wall_ms(), zero = 0;
+    int o = atomic_load(&nout) - 1;
+    if (o >= 0 && outs[o].up && now >= outs[o].up)
+        atomic_compare_exchange_strong(&outs[o].first_ack, &zero, now);
+}
+
+/* Schedule key @i due at @due: a new generation per attempt. */
+static void put(int i, int64_t due)
+{
+    struct key *k = &keys[i];
+    char name[16], pl[16];
+    keyname(name, sizeof name, i);
+    int64_t t0 = wall_ms();
+    int rc;
+    do {
+        snprintf(pl, sizeof pl, "%s g%d", name, k->gens++);
+        rc = tw_durable_schedule(client, name, strlen(name), due, pl,
+                                 strlen(pl));
+    } while (again(rc, t0));
+    ASSERT_EQ(rc, 0);
+    if (k->nack)
+        k->a[k->nack - 1].ended = wall_ms();
+    ASSERT_LT(k->nack, 2);
+    k->a[k->nack++] = (struct ack){k->gens - 1, due, wall_ms(), 0};
+    note_ack();
+}
+
+static void cancel(int i)
+{
+    struct key *k = &keys[i];
+    char name[16];
+    keyname(name, sizeof name, i);
+    int64_t t0 = wall_ms();
+    int rc, tries = 0;
+    do {
+        rc = tw_durable_cancel(client, name, strlen(name));
+        tries++;
+    } while (again(rc, t0));
+    /* TW_ENOENT: delivered already (it was due), or (tried again) the
+     * attempt before committed; else the timer was lost. */
+    int64_t now = wall_ms();
+    if (rc == TW_ENOENT && tries == 1 && now < k->a[k->nack - 1].due)
+        cancel_noent++;
+    k->a[k->nack - 1].ended = now;
+    k->cancelled = true;
+    note_ack();
+}
+
+static void new_key(int64_t now)
+{
+    int i = nkeys++;
+    struct key *k = &keys[i];
+    int64_t due = now + 400 + (int64_t)(tw_test_rand(&seed) % 1000);
+    unsigned r = (unsigned)(tw_test_rand(&seed) % 100);
+    k->plan = r < 50 ? P_NONE : r < 65 ? P_CANCEL : r < 80 ? P_REPLACE : P_RACE;
+    k->plan_at = k->plan == P_RACE
+                     ? due - 10 + (int64_t)(tw_test_rand(&seed) % 20)
+                     : now + 50 + (int64_t)(tw_test_rand(&seed) % 100);
+    k->planned = k->plan == P_NONE;
+    put(i, due);
+}
+
+/* The plans whose time has come; whether any is left. */
+static bool run_plans(int64_t now)
+{
+    bool left = false;
+    for (int i = 0; i < nkeys; i++) {
+        struct key *k = &keys[i];
+        if (k->planned)
+            continue;
+        if (k->plan_at > now) {
+            left = true;
+            continue;
+        }
+        k->planned = true;
+        if (k->plan == P_REPLACE)
+            put(i, wall_ms() + 300 + (int64_t)(tw_test_rand(&seed) % 700));
+        else
+            cancel(i);
+    }
+    return left;
+}
+
+static void run_load(void)
+{
+    int64_t t0 = wall_ms(), next = t0;
+    for (;;) {
+        int64_t now = wall_ms();
+        bool loading = now - t0 < LOAD_MS && nkeys < NKEYS;
+        while (loading && now >= next && nkeys < NKEYS) {
+            new_key(now);
+            next += LOAD_EVERY_MS;
+        }
+        if (!run_plans(wall_ms()) && !loading)
+            return;
+        sleep_ms(1);
+    }
+}
+
+/* ---- the failures, on a thread of their own beside the load ---- */
+
+static int mode_kill, mode_async;
+static const char *failure[2]; /* shell commands: down (and up) */
+
+static void outage(const char *down, const char *up)
+{
+    int o = atomic_load(&nout);
+    ASSERT_LT(o, MAX_OUT);
+    outs[o].down = wall_ms();
+    atomic_store(&nout, o + 1);
+    ASSERT_EQ(system(down), 0);
+    if (up)
+        ASSERT_EQ(system(up), 0);
+    outs[o].up = wall_ms();
+}
+
+static void *failures(void *arg)
+{
+    (void)arg;
+    if (mode_kill) {
+        for (int i = 0; i < 4; i++) {
+            sleep_ms(1000 + 200 * (i > 0));
+            kill_node(i % NODES);
+        }
+    } else if (!failure[1]) {
+        sleep_ms(1500);
+        outage(failure[0], NULL);
+        sleep_ms(1800);
+        outage(failure[0], NULL);
+    } else {
+        sleep_ms(2000);
+        outage(failure[0], failure[1]);
+    }
+    return NULL;
+}
+
+/* ---- what the nodes delivered ---- */
+
+struct dlv {
+    int key, gen, inc;
+    unsigned attempt;
+    int64_t start, due;
+};
+
+static struct dlv *dl;
+static size_t ndl, capdl;
+
+static void read_inc(int inc)
+{
+    FILE *f = fopen(incs[inc].path, "r");
+    if (!f)
+        return; /* killed before its first delivery, maybe before open */
+    char line[128];
+    struct dlv d = {.inc = inc};
+    long long start, due;
+    while (fgets(line, sizeof line, f)) {
+        /* A line cut by SIGKILL is no delivery the test can count. */
+        if (sscanf(line, "k%d g%d %u %lld %lld", &d.key, &d.gen, &d.attempt,
+                   &start, &due) != 5 ||
+            !strchr(line, '\n'))
+            continue;
+        ASSERT(d.key >= 0 && d.key < nkeys);
+        d.start = start;
+        d.due = due;
+        if (ndl == capdl) {
+            capdl = capdl ? capdl * 2 : 4096;
+            dl = realloc(dl, capdl * sizeof *dl);
+            ASSERT_NOT_NULL(dl);
+        }
+        dl[ndl++] = d;
+    }
+    fclose(f);
+}
+
+static int by_key(const void *a, const void *b)
+{
+    const struct dlv *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    if (x->gen != y->gen)
+        return x->gen < y->gen ? -1 : 1;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+static struct {
+    int delivered, lost, after_cancel, raced, late_raced, twice_ok, twice_bad,
+        early, unacked;
+} n;
+
+/* May @d be followed by another delivery of its generation? */
+static bool may_repeat(const struct dlv *d)
+{
+    if (mode_kill)
+        return incs[d->inc].killed;
+    for (int i = 0; i < atomic_load(&nout); i++)
+        if (d->start >= outs[i].down - LEASE_MS && d->start <= outs[i].up)
+            return true;
+    return false;
+}
+
+/* The deliveries @d[0..@m) of acknowledged generation @a. */
+static void check_ack(const struct ack *a, bool last, const struct dlv *d,
+                      size_t m)
+{
+    if (last && !m)
+        n.lost++;
+    for (size_t j = 0; j < m; j++) {
+        ASSERT_EQ(d[j].due, a->due);
+        if (a->ended && d[j].start > a->ended) {
+            if (a->ended < a->due)
+                n.after_cancel++;
+            else if (d[j].start - a->ended > LEASE_MS / 4 * 3)
+                n.late_raced++;
+            else
+                n.raced++;
+        } else if (a->ended && a->ended < a->due) {
+            n.after_cancel++; /* (and early: counted below) */
+        }
+        if (j + 1 < m) {
+            bool ok = may_repeat(&d[j]) && d[j + 1].attempt > d[j].attempt;
+            n.twice_ok += ok;
+            n.twice_bad += !ok;
+            if (!ok)
+                fprintf(stderr, "  twice: k%d g%d at %lld and %lld\n", d[j].key,
+                        d[j].gen, (long long)d[j].start,
+                        (long long)d[j + 1].start);
+        }
+    }
+}
+
+static void check_key(int i, const struct dlv *d, size_t m)
+{
+    const struct key *k = &keys[i];
+    size_t j = 0;
+    while (j < m) {
+        size_t e = j;
+        while (e < m && d[e].gen == d[j].gen)
+            e++;
+        const struct ack *a = NULL;
+        for (int x = 0; x < k->nack; x++)
+            if (k->a[x].gen == d[j].gen)
+                a = &k->a[x];
+        if (!a)
+            n.unacked += (int)(e - j); /* an attempt that failed */
+        j = e;
+    }
+    for (int x = 0; x < k->nack; x++) {
+        const struct ack *a = &k->a[x];
+        size_t b = 0, e;
+        while (b < m && d[b].gen != a->gen)
+            b++;
+        for (e = b; e < m && d[e].gen == a->gen; e++)
+            ;
+        check_ack(a, x == k->nack - 1 && !k->cancelled, d + b, e - b);
+    }
+}
+
+static void check_all(void)
+{
+    for (int i = 0; i < ninc; i++)
+        read_inc(i);
+    qsort(dl, ndl, sizeof *dl, by_key);
+    for (size_t j = 0; j < ndl; j++) {
+        n.early += dl[j].start < dl[j].due;
+        for (int o = 0; o < atomic_load(&nout); o++)
+            if (dl[j].start >= outs[o].up &&
+                (!outs[o].first_dlv || dl[j].start < outs[o].first_dlv))
+                outs[o].first_dlv = dl[j].start;
+    }
+    n.delivered = (int)ndl;
+    size_t j = 0;
+    for (int i = 0; i < nkeys; i++) {
+        size_t b = j;
+        while (j < ndl && dl[j].key == i)
+            j++;
+        check_key(i, dl + b, j - b);
+    }
+}
+
+/* ---- the test ---- */
+
+static const char *url;
+
+static PGconn *pg(const char *conninfo)
+{
+    PGconn *c = PQconnectdb(conninfo);
+    ASSERT_EQ(PQstatus(c), CONNECTION_OK);
+    return c;
+}
+
+static void sql(PGconn *c, const char *q)
+{
+    PGresult *r = PQexec(c, q);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK &&
+        PQresultStatus(r) != PGRES_TUPLES_OK)
+        fprintf(stderr, "%s: %s\n", q, PQerrorMessage(c));
+    ASSERT(PQresultStatus(r) == PGRES_COMMAND_OK ||
+           PQresultStatus(r) == PGRES_TUPLES_OK);
+    PQclear(r);
+}
+
+/* The first row's first column of @q: 1 when it is "t". */
+static bool sql_true(PGconn *c, const char *q)
+{
+    PGresult *r = PQexec(c, q);
+    bool t = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0 &&
+             !strcmp(PQgetvalue(r, 0, 0), "t");
+    PQclear(r);
+    return t;
+}
+
+/* Replication as the mode wants it: synchronous (every commit waits for
+ * the standby's flush) or asynchronous, the standby streaming. */
+static void replication(bool sync)
+{
+    PGconn *c = pg(url);
+    if (sync) {
+        sql(c, "ALTER SYSTEM SET synchronous_standby_names = '*'");
+        sql(c, "SELECT pg_reload_conf()");
+    }
+    const char *q = sync ? "SELECT count(*) > 0 FROM pg_stat_replication"
+                           " WHERE sync_state = 'sync'"
+                         : "SELECT count(*) > 0 FROM pg_stat_replication"
+                           " WHERE state = 'streaming'";
+    int w = 0;
+    while (w < WAIT_MS && !sql_true(c, q)) {
+        sleep_ms(10);
+        w += 10;
+    }
+    ASSERT_LT(w, WAIT_MS);
+    PQfinish(c);
+}
+
+/* A TW_DURABLE_NOFIRE handle never delivers. */
+static int no_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)t;
+    (void)arg;
+    abort();
+}
+
+static tw_durable *open_client(const char *conninfo)
+{
+    tw_durable_config c;
+    memset(&c, 0, sizeof c);
+    char err[256];
+    c.postgres = conninfo;
+    c.postgres_namespace = NS;
+    c.flags = TW_DURABLE_NOFIRE;
+    c.fire = no_fire;
+    c.errbuf = err;
+    c.errbuf_len = sizeof err;
+    tw_durable *d = NULL;
+    int rc = tw_durable_open(&d, &c);
+    if (rc)
+        fprintf(stderr, "open: %d %s\n", rc, err);
+    ASSERT_EQ(rc, 0);
+    return d;
+}
+
+/* Until the namespace has no timer left (the last deliveries completed;
+ * a failed look-up is tried again). */
+static void wait_empty(void)
+{
+    int64_t t0 = wall_ms();
+    for (;;) {
+        tw_durable_stats s;
+        int rc = tw_durable_stats_get(client, &s);
+        if (rc == 0 && s.pending == 0)
+            return;
+        ASSERT_LT(wall_ms() - t0, WAIT_MS);
+        sleep_ms(20);
+    }
+}
+
+static void report(const char *mode)
+{
+    fprintf(stderr,
+            "  %s: %d keys, %d deliveries; lost %d, after cancel %d, raced "
+            "%d (late %d), twice %d in the window (%d outside), early %d, "
+            "of unacknowledged attempts %d; calls tried again %d, cancels "
+            "that found nothing %d\n",
+            mode, nkeys, n.delivered, n.lost, n.after_cancel, n.raced,
+            n.late_raced, n.twice_ok, n.twice_bad, n.early, n.unacked,
+            failed_calls, cancel_noent);
+    for (int o = 0; o < atomic_load(&nout); o++)
+        fprintf(stderr,
+                "  %s: outage %d: %lld ms; server back to the first "
+                "acknowledged call %lld ms, to the first delivery %lld ms\n",
+                mode, o, (long long)(outs[o].up - outs[o].down),
+                (long long)(outs[o].first_ack - outs[o].up),
+                (long long)(outs[o].first_dlv - outs[o].up));
+}
+
+static void fleet(const char *mode)
+{
+    ASSERT_NOT_NULL(mkdtemp(dir));
+    client = open_client(getenv("TW_FLEET_URL"));
+    for (int i = 0; i < NODES; i++)
+        live[i] = spawn_node();
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, failures, NULL), 0);
+    run_load();
+    ASSERT_EQ(pthread_join(th, NULL), 0);
+    wait_empty();
+    stop_nodes();
+    check_all();
+    report(mode);
+    ASSERT_EQ(n.early, 0);
+    if (!mode_async) {
+        ASSERT_EQ(n.lost, 0);
+        ASSERT_EQ(n.after_cancel, 0);
+        ASSERT_EQ(n.late_raced, 0);
+        ASSERT_EQ(n.twice_bad, 0);
+        ASSERT_EQ(cancel_noent, 0);
+    }
+    ASSERT_EQ(tw_durable_close(client), 0);
+    for (int i = 0; i < ninc; i++)
+        unlink(incs[i].path);
+    rmdir(dir);
+    free(dl);
+}
+
+/* After a restart of the server, the first call on a connection it
+ * broke fails with TW_ECONN and changes nothing; the next reconnects and
+ * succeeds (docs/guide/postgres.md). One thread, so the calls take the
+ * same pooled connection. */
+static void reconnect(void)
+{
+    tw_durable *d = open_client(url);
+    int64_t due = wall_ms() + 3600 * 1000;
+    ASSERT_EQ(tw_durable_schedule(d, "p1", 2, due, "", 0), 0);
+    ASSERT_EQ(system(failure[0]), 0);
+    int rc = tw_durable_schedule(d, "p2", 2, due, "", 0);
+    ASSERT_EQ(rc, TW_ECONN);
+    tw_durable_info info;
+    ASSERT_EQ(tw_durable_get(d, "p2", 2, &info, NULL, 0), TW_ENOENT);
+    ASSERT_EQ(tw_durable_get(d, "p1", 2, &info, NULL, 0), 0);
+    ASSERT_EQ(tw_durable_schedule(d, "p2", 2, due, "", 0), 0);
+    ASSERT_EQ(tw_durable_cancel(d, "p1", 2), 0);
+    ASSERT_EQ(tw_durable_cancel(d, "p2", 2), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && !strcmp(argv[1], "node"))
+        return node_main(argv[2]);
+    const char *mode = argc == 2 ? argv[1] : "";
+    url = getenv("TW_PG_URL");
+    if (!url) {
+        fprintf(stderr, "TW_PG_URL unset (tests/pg_test.sh sets it): "
+                        "skipped\n");
+        return 77;
+    }
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    ASSERT(len > 0);
+    self[len] = 0;
+    const char *nodes_url = url;
+    if (!strcmp(mode, "kill")) {
+        mode_kill = 1;
+    } else if (!strcmp(mode, "restart")) {
+        failure[0] = getenv("TW_PG_RESTART");
+    } else if (!strcmp(mode, "sync") || !strcmp(mode, "async")) {
+        mode_async = !strcmp(mode, "async");
+        failure[0] = getenv("TW_PG_STOP");
+        failure[1] = getenv("TW_PG_PROMOTE");
+        nodes_url = getenv("TW_PG_FAILOVER_URL");
+        if (!failure[0] || !failure[1] || !nodes_url) {
+            fprintf(stderr, "no standby (TW_PG_STANDBY=1 tests/pg_test.sh)\n");
+            return 1;
+        }
+        replication(!mode_async);
+    } else {
+        fprintf(stderr, "usage: test_pg_fleet kill|restart|sync|async\n");
+        return 2;
+    }
+    ASSERT(mode_kill || failure[0]);
+    /* Before any thread: the nodes find it in their environment. */
+    ASSERT_EQ(setenv("TW_FLEET_URL", nodes_url, 1), 0);
+    fleet(mode);
+    if (!strcmp(mode, "restart"))
+        reconnect();
+    printf("%s: passed\n", mode);
+    return 0;
+}
