@@ -2,7 +2,7 @@
 /*
  * tests/test_pg_fleet.c - the PostgreSQL backend under continuous load
  * while things fail, on real servers (tests/pg_test.sh makes them):
- *   kill      three node processes fire one namespace; every 1.2 s one of
+ *   kill      three node processes fire one namespace; every 0.8 s one of
  *             them is killed with SIGKILL and started again;
  *   restart   the server is stopped with -m immediate and started again
  *             (TW_PG_RESTART) twice; then the first call on a connection
@@ -19,7 +19,8 @@
  * The load: this process, through a TW_DURABLE_NOFIRE handle, schedules
  * a new key every LOAD_EVERY_MS (due 0.4 to 1.4 s later) for LOAD_MS; of
  * them, some are cancelled or replaced well before their due time and
- * some cancelled at about their due time (racing the claim). A call that
+ * some cancelled or replaced at about their due time (racing the claim
+ * and the completion, which must not erase the replacement). A call that
  * fails (the server away) is tried again until it succeeds; a schedule
  * tried again gets a new payload (its generation), so a delivery of an
  * attempt that was never acknowledged is told apart. The nodes are this
@@ -66,7 +67,7 @@
 #include "twheel/durable.h"
 
 #define WAIT_MS 30000   /* real time allowed for a state to be reached */
-#define LOAD_MS 5000    /* how long new keys are scheduled */
+#define LOAD_MS 3500    /* how long new keys are scheduled */
 #define LOAD_EVERY_MS 3 /* a new key this often */
 #define LEASE_MS 2000   /* the nodes' cfg.lease_ms */
 #define NKEYS (LOAD_MS / LOAD_EVERY_MS + 1)
@@ -187,7 +188,9 @@ static void stop_nodes(void)
 
 /* ---- the load and its ledger ---- */
 
-enum plan { P_NONE, P_CANCEL, P_REPLACE, P_RACE };
+/* What becomes of a key after its schedule: nothing, a cancel or a
+ * replace well before its due time, or one at about its due time. */
+enum plan { P_NONE, P_CANCEL, P_REPLACE, P_RACE_CANCEL, P_RACE_REPLACE };
 
 /* An acknowledged schedule of a key: its generation and due time, and
  * when a cancel or replace of it returned (0: it is the key's last). */
@@ -294,8 +297,12 @@ static void new_key(int64_t now)
     struct key *k = &keys[i];
     int64_t due = now + 400 + (int64_t)(tw_test_rand(&seed) % 1000);
     unsigned r = (unsigned)(tw_test_rand(&seed) % 100);
-    k->plan = r < 50 ? P_NONE : r < 65 ? P_CANCEL : r < 80 ? P_REPLACE : P_RACE;
-    k->plan_at = k->plan == P_RACE
+    k->plan = r < 50   ? P_NONE
+              : r < 62 ? P_CANCEL
+              : r < 74 ? P_REPLACE
+              : r < 87 ? P_RACE_CANCEL
+                       : P_RACE_REPLACE;
+    k->plan_at = k->plan >= P_RACE_CANCEL
                      ? due - 10 + (int64_t)(tw_test_rand(&seed) % 20)
                      : now + 50 + (int64_t)(tw_test_rand(&seed) % 100);
     k->planned = k->plan == P_NONE;
@@ -315,7 +322,7 @@ static bool run_plans(int64_t now)
             continue;
         }
         k->planned = true;
-        if (k->plan == P_REPLACE)
+        if (k->plan == P_REPLACE || k->plan == P_RACE_REPLACE)
             put(i, wall_ms() + 300 + (int64_t)(tw_test_rand(&seed) % 700));
         else
             cancel(i);
@@ -361,16 +368,16 @@ static void *failures(void *arg)
     (void)arg;
     if (mode_kill) {
         for (int i = 0; i < 4; i++) {
-            sleep_ms(1000 + 200 * (i > 0));
+            sleep_ms(i ? 800 : 600);
             kill_node(i % NODES);
         }
     } else if (!failure[1]) {
-        sleep_ms(1500);
+        sleep_ms(800);
         outage(failure[0], NULL);
-        sleep_ms(1800);
+        sleep_ms(1000);
         outage(failure[0], NULL);
     } else {
-        sleep_ms(2000);
+        sleep_ms(1500);
         outage(failure[0], failure[1]);
     }
     return NULL;
@@ -643,10 +650,17 @@ static void fleet(const char *mode)
         live[i] = spawn_node();
     pthread_t th;
     ASSERT_EQ(pthread_create(&th, NULL, failures, NULL), 0);
+    int64_t t0 = wall_ms();
     run_load();
     ASSERT_EQ(pthread_join(th, NULL), 0);
+    int64_t t1 = wall_ms();
     wait_empty();
+    int64_t t2 = wall_ms();
     stop_nodes();
+    fprintf(stderr,
+            "  %s: load %lld ms, drained in %lld ms, nodes closed in %lld ms\n",
+            mode, (long long)(t1 - t0), (long long)(t2 - t1),
+            (long long)(wall_ms() - t2));
     check_all();
     report(mode);
     ASSERT_EQ(n.early, 0);
