@@ -36,8 +36,9 @@
  *   - after cancel: a delivery of a generation whose cancel or replace
  *     returned before its due time: none; one whose cancel or replace
  *     returned later may still start (claimed before the cancel
- *     committed), but no later than 3/4 of the lease after the cancel
- *     returned (a claim older than that is dropped, not started);
+ *     committed), but within the lease of the cancel's return (a node
+ *     drops, unstarted, a delivery whose claim came back 3/4 of the lease
+ *     ago; the claim committed before the cancel did);
  *   - twice: a generation delivered more than once only when the earlier
  *     delivery's node was killed (kill), or it started in the window of
  *     an outage, from one lease before the server went away to when it
@@ -434,6 +435,7 @@ static int by_key(const void *a, const void *b)
 static struct {
     int delivered, lost, after_cancel, raced, late_raced, twice_ok, twice_bad,
         early, unacked;
+    int64_t race_lag; /* the most a raced delivery started after */
 } n;
 
 /* May @d be followed by another delivery of its generation? */
@@ -458,10 +460,12 @@ static void check_ack(const struct ack *a, bool last, const struct dlv *d,
         if (a->ended && d[j].start > a->ended) {
             if (a->ended < a->due)
                 n.after_cancel++;
-            else if (d[j].start - a->ended > LEASE_MS / 4 * 3)
+            else if (d[j].start - a->ended >= LEASE_MS)
                 n.late_raced++;
             else
                 n.raced++;
+            if (d[j].start - a->ended > n.race_lag)
+                n.race_lag = d[j].start - a->ended;
         } else if (a->ended && a->ended < a->due) {
             n.after_cancel++; /* (and early: counted below) */
         }
@@ -627,12 +631,12 @@ static void report(const char *mode)
 {
     fprintf(stderr,
             "  %s: %d keys, %d deliveries; lost %d, after cancel %d, raced "
-            "%d (late %d), twice %d in the window (%d outside), early %d, "
-            "of unacknowledged attempts %d; calls tried again %d, cancels "
-            "that found nothing %d\n",
+            "%d (late %d, at most %lld ms after), twice %d in the window "
+            "(%d outside), early %d, of unacknowledged attempts %d; calls "
+            "tried again %d, cancels that found nothing %d\n",
             mode, nkeys, n.delivered, n.lost, n.after_cancel, n.raced,
-            n.late_raced, n.twice_ok, n.twice_bad, n.early, n.unacked,
-            failed_calls, cancel_noent);
+            n.late_raced, (long long)n.race_lag, n.twice_ok, n.twice_bad,
+            n.early, n.unacked, failed_calls, cancel_noent);
     for (int o = 0; o < atomic_load(&nout); o++)
         fprintf(stderr,
                 "  %s: outage %d: %lld ms; server back to the first "
