@@ -7,12 +7,15 @@
  *   restart   the server is stopped with -m immediate and started again
  *             (TW_PG_RESTART) twice; then the first call on a connection
  *             the restart broke fails with TW_ECONN and the next succeeds;
- *   sync      the primary is killed and its streaming standby, synchronous
- *             (synchronous_standby_names), promoted; every handle has
- *             both servers in its connection string
- *             (target_session_attrs=read-write, TW_PG_FAILOVER_URL);
+ *   sync      the primary's WAL sender is held (SIGSTOP) for
+ *             TW_FLEET_LAG_MS (300), then it and the primary are killed and
+ *             the streaming standby, synchronous (synchronous_standby_names),
+ *             promoted; every handle has both servers in its connection
+ *             string (target_session_attrs=read-write, TW_PG_FAILOVER_URL);
  *   async     the same with asynchronous replication: what is lost is
- *             measured and printed, not asserted.
+ *             counted and printed; asserted: only what was acknowledged
+ *             while replication was held (TW_FLEET_LAG_MS=0: no hold,
+ *             nothing asserted of it).
  * Usage: test_pg_fleet MODE (under tests/pg_test.sh; TW_PG_STANDBY=1 for
  * sync and async).
  *
@@ -44,7 +47,9 @@
  *     an outage, from one lease before the server went away to when it
  *     was back (restart, sync); each later delivery with a larger attempt;
  *   - early: no callback before its due time.
- * async prints these counts instead of asserting them (besides early).
+ * async prints these counts instead of asserting them (besides early),
+ * and asserts that each broken rule concerns a call acknowledged (or a
+ * delivery started) after replication was held back.
  * Times measured (printed): the outage, and from the server being back
  * to the first acknowledged call and to the first delivery.
  * Real clocks; every wait is for a state, bounded by WAIT_MS.
@@ -90,6 +95,36 @@ static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+static const char *url; /* the primary */
+
+static PGconn *pg(const char *conninfo)
+{
+    PGconn *c = PQconnectdb(conninfo);
+    ASSERT_EQ(PQstatus(c), CONNECTION_OK);
+    return c;
+}
+
+static void sql(PGconn *c, const char *q)
+{
+    PGresult *r = PQexec(c, q);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK &&
+        PQresultStatus(r) != PGRES_TUPLES_OK)
+        fprintf(stderr, "%s: %s\n", q, PQerrorMessage(c));
+    ASSERT(PQresultStatus(r) == PGRES_COMMAND_OK ||
+           PQresultStatus(r) == PGRES_TUPLES_OK);
+    PQclear(r);
+}
+
+/* The first row's first column of @q: 1 when it is "t". */
+static bool sql_true(PGconn *c, const char *q)
+{
+    PGresult *r = PQexec(c, q);
+    bool t = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0 &&
+             !strcmp(PQgetvalue(r, 0, 0), "t");
+    PQclear(r);
+    return t;
 }
 
 /* ---- a node: fires the namespace until SIGTERM, then closes ---- */
@@ -182,7 +217,9 @@ static void stop_nodes(void)
         int st;
         ASSERT_EQ(waitpid(incs[live[i]].pid, &st, 0), incs[live[i]].pid);
         if (!WIFEXITED(st) || WEXITSTATUS(st))
-            fprintf(stderr, "node %d: status %d\n", i, st);
+            fprintf(stderr, "node %d: exit %d, signal %d\n", i,
+                    WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+                    WIFSIGNALED(st) ? WTERMSIG(st) : 0);
         ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     }
 }
@@ -221,6 +258,25 @@ static struct {
 } outs[MAX_OUT];
 static atomic_int nout;
 static int failed_calls, cancel_noent;
+static _Atomic int64_t lag_from; /* when the WAL sender was stopped */
+
+/* What broke the rules (counted at check time from the files). */
+static struct {
+    int before_lag; /* of the counts below: before replication was held */
+    int delivered, lost, after_cancel, raced, late_raced, twice_ok, twice_bad,
+        early, unacked;
+    int64_t race_lag; /* the most a raced delivery started after */
+} tally;
+
+/* Count a broken rule in @count, whose acknowledgement (or delivery) was
+ * at @t; tally.before_lag also when that was before replication was held
+ * (or when it never was). */
+static void broken(int *count, int64_t t)
+{
+    (*count)++;
+    int64_t l = atomic_load(&lag_from);
+    tally.before_lag += !l || t < l;
+}
 
 static void keyname(char *k, size_t n, int i)
 {
@@ -286,7 +342,7 @@ static void cancel(int i)
      * attempt before committed; else the timer was lost. */
     int64_t now = wall_ms();
     if (rc == TW_ENOENT && tries == 1 && now < k->a[k->nack - 1].due)
-        cancel_noent++;
+        broken(&cancel_noent, k->a[k->nack - 1].acked);
     k->a[k->nack - 1].ended = now;
     k->cancelled = true;
     note_ack();
@@ -364,6 +420,42 @@ static void outage(const char *down, const char *up)
     outs[o].up = wall_ms();
 }
 
+/* Replication held back before a failover: once the standby has
+ * received all the WAL the primary had written (so every call
+ * acknowledged before is on the standby), the primary's WAL sender is
+ * stopped (SIGSTOP) for @ms, then killed (the primary is killed next):
+ * what the primary committed meanwhile never reaches the standby.
+ * Synchronous replication acknowledges nothing meanwhile (each commit
+ * waits for the standby); asynchronous acknowledges it, and loses it. */
+static void hold_replication(int ms)
+{
+    PGconn *p = pg(url), *s = pg(getenv("TW_PG_STANDBY_URL"));
+    int64_t t = wall_ms();
+    PGresult *r = PQexec(p, "SELECT pg_current_wal_lsn()");
+    ASSERT_EQ(PQresultStatus(r), PGRES_TUPLES_OK);
+    char q[128];
+    snprintf(q, sizeof q, "SELECT pg_last_wal_receive_lsn() >= '%s'",
+             PQgetvalue(r, 0, 0));
+    PQclear(r);
+    while (!sql_true(s, q)) {
+        ASSERT_LT(wall_ms() - t, WAIT_MS);
+        sleep_ms(1);
+    }
+    r = PQexec(p, "SELECT pid FROM pg_stat_replication");
+    ASSERT_EQ(PQresultStatus(r), PGRES_TUPLES_OK);
+    ASSERT_EQ(PQntuples(r), 1);
+    pid_t pid = (pid_t)atoi(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    PQfinish(s);
+    PQfinish(p);
+    ASSERT_EQ(kill(pid, SIGSTOP), 0);
+    lag_from = t;
+    sleep_ms(ms);
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+}
+
+static int lag_ms = 300; /* TW_FLEET_LAG_MS */
+
 static void *failures(void *arg)
 {
     (void)arg;
@@ -379,6 +471,8 @@ static void *failures(void *arg)
         outage(failure[0], NULL);
     } else {
         sleep_ms(1500);
+        if (lag_ms)
+            hold_replication(lag_ms);
         outage(failure[0], failure[1]);
     }
     return NULL;
@@ -432,12 +526,6 @@ static int by_key(const void *a, const void *b)
     return x->start < y->start ? -1 : x->start > y->start;
 }
 
-static struct {
-    int delivered, lost, after_cancel, raced, late_raced, twice_ok, twice_bad,
-        early, unacked;
-    int64_t race_lag; /* the most a raced delivery started after */
-} n;
-
 /* May @d be followed by another delivery of its generation? */
 static bool may_repeat(const struct dlv *d)
 {
@@ -454,25 +542,26 @@ static void check_ack(const struct ack *a, bool last, const struct dlv *d,
                       size_t m)
 {
     if (last && !m)
-        n.lost++;
+        broken(&tally.lost, a->acked);
     for (size_t j = 0; j < m; j++) {
         ASSERT_EQ(d[j].due, a->due);
         if (a->ended && d[j].start > a->ended) {
             if (a->ended < a->due)
-                n.after_cancel++;
+                broken(&tally.after_cancel, a->ended);
             else if (d[j].start - a->ended >= LEASE_MS)
-                n.late_raced++;
+                broken(&tally.late_raced, a->ended);
             else
-                n.raced++;
-            if (d[j].start - a->ended > n.race_lag)
-                n.race_lag = d[j].start - a->ended;
+                tally.raced++;
+            if (d[j].start - a->ended > tally.race_lag)
+                tally.race_lag = d[j].start - a->ended;
         } else if (a->ended && a->ended < a->due) {
-            n.after_cancel++; /* (and early: counted below) */
+            broken(&tally.after_cancel, a->ended); /* (and early) */
         }
         if (j + 1 < m) {
             bool ok = may_repeat(&d[j]) && d[j + 1].attempt > d[j].attempt;
-            n.twice_ok += ok;
-            n.twice_bad += !ok;
+            tally.twice_ok += ok;
+            if (!ok)
+                broken(&tally.twice_bad, d[j].start);
             if (!ok)
                 fprintf(stderr, "  twice: k%d g%d at %lld and %lld\n", d[j].key,
                         d[j].gen, (long long)d[j].start,
@@ -494,7 +583,7 @@ static void check_key(int i, const struct dlv *d, size_t m)
             if (k->a[x].gen == d[j].gen)
                 a = &k->a[x];
         if (!a)
-            n.unacked += (int)(e - j); /* an attempt that failed */
+            tally.unacked += (int)(e - j); /* an attempt that failed */
         j = e;
     }
     for (int x = 0; x < k->nack; x++) {
@@ -514,13 +603,13 @@ static void check_all(void)
         read_inc(i);
     qsort(dl, ndl, sizeof *dl, by_key);
     for (size_t j = 0; j < ndl; j++) {
-        n.early += dl[j].start < dl[j].due;
+        tally.early += dl[j].start < dl[j].due;
         for (int o = 0; o < atomic_load(&nout); o++)
             if (dl[j].start >= outs[o].up &&
                 (!outs[o].first_dlv || dl[j].start < outs[o].first_dlv))
                 outs[o].first_dlv = dl[j].start;
     }
-    n.delivered = (int)ndl;
+    tally.delivered = (int)ndl;
     size_t j = 0;
     for (int i = 0; i < nkeys; i++) {
         size_t b = j;
@@ -531,36 +620,6 @@ static void check_all(void)
 }
 
 /* ---- the test ---- */
-
-static const char *url;
-
-static PGconn *pg(const char *conninfo)
-{
-    PGconn *c = PQconnectdb(conninfo);
-    ASSERT_EQ(PQstatus(c), CONNECTION_OK);
-    return c;
-}
-
-static void sql(PGconn *c, const char *q)
-{
-    PGresult *r = PQexec(c, q);
-    if (PQresultStatus(r) != PGRES_COMMAND_OK &&
-        PQresultStatus(r) != PGRES_TUPLES_OK)
-        fprintf(stderr, "%s: %s\n", q, PQerrorMessage(c));
-    ASSERT(PQresultStatus(r) == PGRES_COMMAND_OK ||
-           PQresultStatus(r) == PGRES_TUPLES_OK);
-    PQclear(r);
-}
-
-/* The first row's first column of @q: 1 when it is "t". */
-static bool sql_true(PGconn *c, const char *q)
-{
-    PGresult *r = PQexec(c, q);
-    bool t = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0 &&
-             !strcmp(PQgetvalue(r, 0, 0), "t");
-    PQclear(r);
-    return t;
-}
 
 /* Replication as the mode wants it: synchronous (every commit waits for
  * the standby's flush) or asynchronous, the standby streaming. */
@@ -627,16 +686,37 @@ static void wait_empty(void)
     }
 }
 
+/* Calls acknowledged while replication was held back. */
+static int acked_in_lag(void)
+{
+    int64_t from = atomic_load(&lag_from), to = outs[0].down;
+    int c = 0;
+    for (int i = 0; i < nkeys; i++)
+        for (int x = 0; x < keys[i].nack; x++) {
+            const struct ack *a = &keys[i].a[x];
+            c += a->acked >= from && a->acked < to;
+            c += a->ended >= from && a->ended < to;
+        }
+    return c;
+}
+
 static void report(const char *mode)
 {
+    if (atomic_load(&lag_from))
+        fprintf(stderr,
+                "  %s: replication held back %d ms before the failover: %d "
+                "calls acknowledged meanwhile; of the rules broken, %d before "
+                "it\n",
+                mode, lag_ms, acked_in_lag(), tally.before_lag);
     fprintf(stderr,
             "  %s: %d keys, %d deliveries; lost %d, after cancel %d, raced "
             "%d (late %d, at most %lld ms after), twice %d in the window "
             "(%d outside), early %d, of unacknowledged attempts %d; calls "
             "tried again %d, cancels that found nothing %d\n",
-            mode, nkeys, n.delivered, n.lost, n.after_cancel, n.raced,
-            n.late_raced, (long long)n.race_lag, n.twice_ok, n.twice_bad,
-            n.early, n.unacked, failed_calls, cancel_noent);
+            mode, nkeys, tally.delivered, tally.lost, tally.after_cancel,
+            tally.raced, tally.late_raced, (long long)tally.race_lag,
+            tally.twice_ok, tally.twice_bad, tally.early, tally.unacked,
+            failed_calls, cancel_noent);
     for (int o = 0; o < atomic_load(&nout); o++)
         fprintf(stderr,
                 "  %s: outage %d: %lld ms; server back to the first "
@@ -667,12 +747,14 @@ static void fleet(const char *mode)
             (long long)(wall_ms() - t2));
     check_all();
     report(mode);
-    ASSERT_EQ(n.early, 0);
+    ASSERT_EQ(tally.early, 0);
+    if (mode_async && lag_ms)
+        ASSERT_EQ(tally.before_lag, 0); /* only what the lag held is lost */
     if (!mode_async) {
-        ASSERT_EQ(n.lost, 0);
-        ASSERT_EQ(n.after_cancel, 0);
-        ASSERT_EQ(n.late_raced, 0);
-        ASSERT_EQ(n.twice_bad, 0);
+        ASSERT_EQ(tally.lost, 0);
+        ASSERT_EQ(tally.after_cancel, 0);
+        ASSERT_EQ(tally.late_raced, 0);
+        ASSERT_EQ(tally.twice_bad, 0);
         ASSERT_EQ(cancel_noent, 0);
     }
     ASSERT_EQ(tw_durable_close(client), 0);
@@ -724,6 +806,8 @@ int main(int argc, char **argv)
         failure[0] = getenv("TW_PG_RESTART");
     } else if (!strcmp(mode, "sync") || !strcmp(mode, "async")) {
         mode_async = !strcmp(mode, "async");
+        if (getenv("TW_FLEET_LAG_MS"))
+            lag_ms = atoi(getenv("TW_FLEET_LAG_MS"));
         failure[0] = getenv("TW_PG_STOP");
         failure[1] = getenv("TW_PG_PROMOTE");
         nodes_url = getenv("TW_PG_FAILOVER_URL");
