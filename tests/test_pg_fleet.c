@@ -29,7 +29,9 @@
  * attempt that was never acknowledged is told apart. The nodes are this
  * program run as "node" (exec'd, so no fork of a threaded process): each
  * delivery appends "key gen attempt start_ms due_ms" to its
- * incarnation's own file before its callback returns.
+ * incarnation's own file before its callback returns (after a "ready"
+ * line once its handle is open: the failures start once the first three
+ * nodes are ready).
  *
  * What is asserted (docs/guide/postgres.md, "What holds through
  * failures"), from the files once the namespace is empty and the nodes
@@ -169,6 +171,8 @@ static int node_main(const char *path)
         fprintf(stderr, "node: open %d %s\n", rc, err);
         return 2;
     }
+    fputs("ready\n", node_out); /* open returned: the node fires */
+    fflush(node_out);
     int sig;
     sigwait(&set, &sig);
     rc = tw_durable_close(d);
@@ -206,6 +210,25 @@ static void kill_node(int i)
     ASSERT(WIFSIGNALED(st));
     in->killed = true;
     live[i] = spawn_node();
+}
+
+/* Until incarnation @i has opened its handle (its file says "ready"). */
+static void wait_ready(int i)
+{
+    int64_t t0 = wall_ms();
+    for (;;) {
+        FILE *f = fopen(incs[i].path, "r");
+        char line[128];
+        bool ready = false;
+        while (f && !ready && fgets(line, sizeof line, f))
+            ready = !strcmp(line, "ready\n");
+        if (f)
+            fclose(f);
+        if (ready)
+            return;
+        ASSERT_LT(wall_ms() - t0, WAIT_MS);
+        sleep_ms(10);
+    }
 }
 
 /* Each live node closed (SIGTERM): exits 0 once its handle closed. */
@@ -735,6 +758,8 @@ static void fleet(const char *mode)
     client = open_client(getenv("TW_FLEET_URL"));
     for (int i = 0; i < NODES; i++)
         live[i] = spawn_node();
+    for (int i = 0; i < NODES; i++)
+        wait_ready(live[i]);
     pthread_t th;
     ASSERT_EQ(pthread_create(&th, NULL, failures, NULL), 0);
     int64_t t0 = wall_ms();
