@@ -2,7 +2,7 @@
 /*
  * tests/test_pg_fleet.c - the PostgreSQL backend under continuous load
  * while things fail, on real servers (tests/pg_test.sh makes them):
- *   kill      three node processes fire one namespace; every 0.8 s one of
+ *   kill      three node processes fire one namespace; every 0.6 s one of
  *             them is killed with SIGKILL and started again;
  *   restart   the server is stopped with -m immediate and started again
  *             (TW_PG_RESTART) twice; then the first call on a connection
@@ -75,7 +75,7 @@
 #include "twheel/durable.h"
 
 #define WAIT_MS 30000   /* real time allowed for a state to be reached */
-#define LOAD_MS 3500    /* how long new keys are scheduled */
+#define LOAD_MS 2500    /* how long new keys are scheduled */
 #define LOAD_EVERY_MS 3 /* a new key this often */
 #define LEASE_MS 2000   /* the nodes' cfg.lease_ms */
 #define NKEYS (LOAD_MS / LOAD_EVERY_MS + 1)
@@ -486,16 +486,16 @@ static void *failures(void *arg)
     (void)arg;
     if (mode_kill) {
         for (int i = 0; i < 4; i++) {
-            sleep_ms(i ? 800 : 600);
+            sleep_ms(i ? 600 : 500);
             kill_node(i % NODES);
         }
     } else if (!failure[1]) {
-        sleep_ms(800);
+        sleep_ms(600);
         outage(failure[0], NULL);
-        sleep_ms(1000);
+        sleep_ms(700);
         outage(failure[0], NULL);
     } else {
-        sleep_ms(1500);
+        sleep_ms(1000);
         if (lag_ms)
             hold_replication(lag_ms);
         outage(failure[0], failure[1]);
