@@ -29,9 +29,9 @@
  * attempt that was never acknowledged is told apart. The nodes are this
  * program run as "node" (exec'd, so no fork of a threaded process): each
  * delivery appends "key gen attempt start_ms due_ms" to its
- * incarnation's own file before its callback returns (after a "ready"
- * line once its handle is open: the failures start once the first three
- * nodes are ready).
+ * incarnation's own file as its callback starts (which then works 3 ms) (after
+ * a "ready" line once its handle is open: the failures start once the first
+ * three nodes are ready).
  *
  * What is asserted (docs/guide/postgres.md, "What holds through
  * failures"), from the files once the namespace is empty and the nodes
@@ -71,6 +71,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fixture.h" /* now_ms, sleep_ms */
 #include "test.h"
 #include "twheel/durable.h"
 
@@ -85,19 +86,6 @@
 #define NS "fleet"
 
 extern char **environ;
-
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static const char *url; /* the primary */
 
@@ -129,6 +117,37 @@ static bool sql_true(PGconn *c, const char *q)
     return t;
 }
 
+/* A handle on namespace NS at @conninfo: a node (@fire) or, with
+ * @fire NULL, a client that never delivers (TW_DURABLE_NOFIRE); NULL
+ * (said on stderr) if open fails. */
+static int no_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)t;
+    (void)arg;
+    abort();
+}
+
+static tw_durable *open_handle(const char *conninfo, tw_durable_fire_fn fire)
+{
+    tw_durable_config c;
+    memset(&c, 0, sizeof c);
+    char err[256];
+    c.postgres = conninfo;
+    c.postgres_namespace = NS;
+    c.fire = fire ? fire : no_fire;
+    c.flags = fire ? 0 : TW_DURABLE_NOFIRE;
+    c.executor_threads = 2;
+    c.lease_ms = LEASE_MS;
+    c.errbuf = err;
+    c.errbuf_len = sizeof err;
+    tw_durable *d = NULL;
+    int rc = tw_durable_open(&d, &c);
+    if (rc)
+        fprintf(stderr, "open: %d %s\n", rc, err);
+    return rc ? NULL : d;
+}
+
 /* ---- a node: fires the namespace until SIGTERM, then closes ---- */
 
 static FILE *node_out;
@@ -137,11 +156,14 @@ static int node_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
     (void)arg;
-    /* One line per delivery, flushed before the callback returns. */
+    /* One line per delivery, written as the callback starts; then 3 ms
+     * of work, in which a SIGKILL leaves a started delivery without its
+     * completion (delivered again: rule 4). */
     fprintf(node_out, "%.*s %u %lld %lld\n", (int)t->payload_len,
-            (const char *)t->payload, t->attempt, (long long)wall_ms(),
+            (const char *)t->payload, t->attempt, (long long)now_ms(),
             (long long)t->due_ms);
     fflush(node_out);
+    sleep_ms(3);
     return 0;
 }
 
@@ -155,27 +177,14 @@ static int node_main(const char *path)
     node_out = fopen(path, "a");
     if (!node_out)
         return 2;
-    tw_durable_config c;
-    memset(&c, 0, sizeof c);
-    char err[256];
-    c.postgres = getenv("TW_FLEET_URL");
-    c.postgres_namespace = NS;
-    c.fire = node_fire;
-    c.executor_threads = 2;
-    c.lease_ms = LEASE_MS;
-    c.errbuf = err;
-    c.errbuf_len = sizeof err;
-    tw_durable *d = NULL;
-    int rc = tw_durable_open(&d, &c);
-    if (rc) {
-        fprintf(stderr, "node: open %d %s\n", rc, err);
+    tw_durable *d = open_handle(getenv("TW_FLEET_URL"), node_fire);
+    if (!d)
         return 2;
-    }
     fputs("ready\n", node_out); /* open returned: the node fires */
     fflush(node_out);
     int sig;
     sigwait(&set, &sig);
-    rc = tw_durable_close(d);
+    int rc = tw_durable_close(d);
     fclose(node_out);
     return rc ? 3 : 0;
 }
@@ -215,7 +224,7 @@ static void kill_node(int i)
 /* Until incarnation @i has opened its handle (its file says "ready"). */
 static void wait_ready(int i)
 {
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     for (;;) {
         FILE *f = fopen(incs[i].path, "r");
         char line[128];
@@ -226,7 +235,7 @@ static void wait_ready(int i)
             fclose(f);
         if (ready)
             return;
-        ASSERT_LT(wall_ms() - t0, WAIT_MS);
+        ASSERT_LT(now_ms() - t0, WAIT_MS);
         sleep_ms(10);
     }
 }
@@ -316,7 +325,7 @@ static bool again(int rc, int64_t t0)
     if (rc != TW_ECONN && rc != TW_EAUTH && rc != TW_EIO)
         fprintf(stderr, "  call failed: %d\n", rc);
     ASSERT(rc == TW_ECONN || rc == TW_EIO);
-    ASSERT_LT(wall_ms() - t0, WAIT_MS);
+    ASSERT_LT(now_ms() - t0, WAIT_MS);
     failed_calls++;
     sleep_ms(20);
     return true;
@@ -324,7 +333,7 @@ static bool again(int rc, int64_t t0)
 
 static void note_ack(void)
 {
-    int64_t now = wall_ms(), zero = 0;
+    int64_t now = now_ms(), zero = 0;
     int o = atomic_load(&nout) - 1;
     if (o >= 0 && outs[o].up && now >= outs[o].up)
         atomic_compare_exchange_strong(&outs[o].first_ack, &zero, now);
@@ -336,7 +345,7 @@ static void put(int i, int64_t due)
     struct key *k = &keys[i];
     char name[16], pl[16];
     keyname(name, sizeof name, i);
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     int rc;
     do {
         snprintf(pl, sizeof pl, "%s g%d", name, k->gens++);
@@ -345,9 +354,9 @@ static void put(int i, int64_t due)
     } while (again(rc, t0));
     ASSERT_EQ(rc, 0);
     if (k->nack)
-        k->a[k->nack - 1].ended = wall_ms();
+        k->a[k->nack - 1].ended = now_ms();
     ASSERT_LT(k->nack, 2);
-    k->a[k->nack++] = (struct ack){k->gens - 1, due, wall_ms(), 0};
+    k->a[k->nack++] = (struct ack){k->gens - 1, due, now_ms(), 0};
     note_ack();
 }
 
@@ -356,7 +365,7 @@ static void cancel(int i)
     struct key *k = &keys[i];
     char name[16];
     keyname(name, sizeof name, i);
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     int rc, tries = 0;
     do {
         rc = tw_durable_cancel(client, name, strlen(name));
@@ -364,7 +373,7 @@ static void cancel(int i)
     } while (again(rc, t0));
     /* TW_ENOENT: delivered already (it was due), or (tried again) the
      * attempt before committed; else the timer was lost. */
-    int64_t now = wall_ms();
+    int64_t now = now_ms();
     if (rc == TW_ENOENT && tries == 1 && now < k->a[k->nack - 1].due)
         broken(&cancel_noent, k->a[k->nack - 1].acked);
     k->a[k->nack - 1].ended = now;
@@ -404,7 +413,7 @@ static bool run_plans(int64_t now)
         }
         k->planned = true;
         if (k->plan == P_REPLACE || k->plan == P_RACE_REPLACE)
-            put(i, wall_ms() + 300 + (int64_t)(tw_test_rand(&seed) % 700));
+            put(i, now_ms() + 300 + (int64_t)(tw_test_rand(&seed) % 700));
         else
             cancel(i);
     }
@@ -413,15 +422,15 @@ static bool run_plans(int64_t now)
 
 static void run_load(void)
 {
-    int64_t t0 = wall_ms(), next = t0;
+    int64_t t0 = now_ms(), next = t0;
     for (;;) {
-        int64_t now = wall_ms();
+        int64_t now = now_ms();
         bool loading = now - t0 < LOAD_MS && nkeys < NKEYS;
         while (loading && now >= next && nkeys < NKEYS) {
             new_key(now);
             next += LOAD_EVERY_MS;
         }
-        if (!run_plans(wall_ms()) && !loading)
+        if (!run_plans(now_ms()) && !loading)
             return;
         sleep_ms(1);
     }
@@ -436,12 +445,12 @@ static void outage(const char *down, const char *up)
 {
     int o = atomic_load(&nout);
     ASSERT_LT(o, MAX_OUT);
-    outs[o].down = wall_ms();
+    outs[o].down = now_ms();
     atomic_store(&nout, o + 1);
     ASSERT_EQ(system(down), 0);
     if (up)
         ASSERT_EQ(system(up), 0);
-    outs[o].up = wall_ms();
+    outs[o].up = now_ms();
 }
 
 /* Replication held back before a failover: once the standby has
@@ -454,7 +463,7 @@ static void outage(const char *down, const char *up)
 static void hold_replication(int ms)
 {
     PGconn *p = pg(url), *s = pg(getenv("TW_PG_STANDBY_URL"));
-    int64_t t = wall_ms();
+    int64_t t = now_ms();
     PGresult *r = PQexec(p, "SELECT pg_current_wal_lsn()");
     ASSERT_EQ(PQresultStatus(r), PGRES_TUPLES_OK);
     char q[128];
@@ -462,7 +471,7 @@ static void hold_replication(int ms)
              PQgetvalue(r, 0, 0));
     PQclear(r);
     while (!sql_true(s, q)) {
-        ASSERT_LT(wall_ms() - t, WAIT_MS);
+        ASSERT_LT(now_ms() - t, WAIT_MS);
         sleep_ms(1);
     }
     r = PQexec(p, "SELECT pid FROM pg_stat_replication");
@@ -473,7 +482,7 @@ static void hold_replication(int ms)
     PQfinish(s);
     PQfinish(p);
     ASSERT_EQ(kill(pid, SIGSTOP), 0);
-    held_at = wall_ms();
+    held_at = now_ms();
     lag_from = t;
     sleep_ms(ms);
     ASSERT_EQ(kill(pid, SIGKILL), 0);
@@ -668,31 +677,10 @@ static void replication(bool sync)
     PQfinish(c);
 }
 
-/* A TW_DURABLE_NOFIRE handle never delivers. */
-static int no_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
-{
-    (void)d;
-    (void)t;
-    (void)arg;
-    abort();
-}
-
 static tw_durable *open_client(const char *conninfo)
 {
-    tw_durable_config c;
-    memset(&c, 0, sizeof c);
-    char err[256];
-    c.postgres = conninfo;
-    c.postgres_namespace = NS;
-    c.flags = TW_DURABLE_NOFIRE;
-    c.fire = no_fire;
-    c.errbuf = err;
-    c.errbuf_len = sizeof err;
-    tw_durable *d = NULL;
-    int rc = tw_durable_open(&d, &c);
-    if (rc)
-        fprintf(stderr, "open: %d %s\n", rc, err);
-    ASSERT_EQ(rc, 0);
+    tw_durable *d = open_handle(conninfo, NULL);
+    ASSERT_NOT_NULL(d);
     return d;
 }
 
@@ -700,13 +688,13 @@ static tw_durable *open_client(const char *conninfo)
  * a failed look-up is tried again). */
 static void wait_empty(void)
 {
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     for (;;) {
         tw_durable_stats s;
         int rc = tw_durable_stats_get(client, &s);
         if (rc == 0 && s.pending == 0)
             return;
-        ASSERT_LT(wall_ms() - t0, WAIT_MS);
+        ASSERT_LT(now_ms() - t0, WAIT_MS);
         sleep_ms(20);
     }
 }
@@ -762,17 +750,17 @@ static void fleet(const char *mode)
         wait_ready(live[i]);
     pthread_t th;
     ASSERT_EQ(pthread_create(&th, NULL, failures, NULL), 0);
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     run_load();
     ASSERT_EQ(pthread_join(th, NULL), 0);
-    int64_t t1 = wall_ms();
+    int64_t t1 = now_ms();
     wait_empty();
-    int64_t t2 = wall_ms();
+    int64_t t2 = now_ms();
     stop_nodes();
     fprintf(stderr,
             "  %s: load %lld ms, drained in %lld ms, nodes closed in %lld ms\n",
             mode, (long long)(t1 - t0), (long long)(t2 - t1),
-            (long long)(wall_ms() - t2));
+            (long long)(now_ms() - t2));
     check_all();
     report(mode);
     ASSERT_EQ(tally.early, 0);
@@ -799,7 +787,7 @@ static void fleet(const char *mode)
 static void reconnect(void)
 {
     tw_durable *d = open_client(url);
-    int64_t due = wall_ms() + 3600 * 1000;
+    int64_t due = now_ms() + 3600 * 1000;
     ASSERT_EQ(tw_durable_schedule(d, "p1", 2, due, "", 0), 0);
     ASSERT_EQ(system(failure[0]), 0);
     int rc = tw_durable_schedule(d, "p2", 2, due, "", 0);
