@@ -584,9 +584,7 @@ static void check_ack(const struct ack *a, bool last, const struct dlv *d,
                 broken(&tally.after_cancel, a->ended);
             else if (d[j].start - a->ended >= LEASE_MS)
                 broken(&tally.late_raced, a->ended);
-            else
-                tally.raced++;
-            if (d[j].start - a->ended > tally.race_lag)
+            else if (++tally.raced && d[j].start - a->ended > tally.race_lag)
                 tally.race_lag = d[j].start - a->ended;
         } else if (a->ended && a->ended < a->due) {
             broken(&tally.after_cancel, a->ended); /* (and early) */
