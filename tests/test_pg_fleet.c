@@ -560,6 +560,15 @@ static int by_key(const void *a, const void *b)
     return x->start < y->start ? -1 : x->start > y->start;
 }
 
+/* A delivery that started @lag ms after a cancel or replace returned
+ * at or after its due time (rule 3). */
+static void note_race(int64_t lag)
+{
+    tally.raced++;
+    if (lag > tally.race_lag)
+        tally.race_lag = lag;
+}
+
 /* May @d be followed by another delivery of its generation? */
 static bool may_repeat(const struct dlv *d)
 {
@@ -584,8 +593,8 @@ static void check_ack(const struct ack *a, bool last, const struct dlv *d,
                 broken(&tally.after_cancel, a->ended);
             else if (d[j].start - a->ended >= LEASE_MS)
                 broken(&tally.late_raced, a->ended);
-            else if (++tally.raced && d[j].start - a->ended > tally.race_lag)
-                tally.race_lag = d[j].start - a->ended;
+            else
+                note_race(d[j].start - a->ended);
         } else if (a->ended && a->ended < a->due) {
             broken(&tally.after_cancel, a->ended); /* (and early) */
         }
