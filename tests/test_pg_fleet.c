@@ -289,6 +289,13 @@ static struct {
     int64_t first_dlv;         /* the first delivery started after up */
 } outs[MAX_OUT];
 static atomic_int nout;
+
+/* The outages so far (at most MAX_OUT: outage() asserts it). */
+static int outages(void)
+{
+    int o = atomic_load(&nout);
+    return o < MAX_OUT ? o : MAX_OUT;
+}
 static int failed_calls, cancel_noent;
 static _Atomic int64_t lag_from; /* the standby had all WAL up to then */
 static int64_t held_at;          /* when the WAL sender was stopped */
@@ -343,7 +350,7 @@ static void note_ack(void)
 static void put(int i, int64_t due)
 {
     struct key *k = &keys[i];
-    char name[16], pl[16];
+    char name[16], pl[32];
     keyname(name, sizeof name, i);
     int64_t t0 = now_ms();
     int rc;
@@ -574,7 +581,7 @@ static bool may_repeat(const struct dlv *d)
 {
     if (mode_kill)
         return incs[d->inc].killed;
-    for (int i = 0; i < atomic_load(&nout); i++)
+    for (int i = 0; i < outages(); i++)
         if (d->start >= outs[i].down - LEASE_MS && d->start <= outs[i].up)
             return true;
     return false;
@@ -645,7 +652,7 @@ static void check_all(void)
     qsort(dl, ndl, sizeof *dl, by_key);
     for (size_t j = 0; j < ndl; j++) {
         tally.early += dl[j].start < dl[j].due;
-        for (int o = 0; o < atomic_load(&nout); o++)
+        for (int o = 0; o < outages(); o++)
             if (dl[j].start >= outs[o].up &&
                 (!outs[o].first_dlv || dl[j].start < outs[o].first_dlv))
                 outs[o].first_dlv = dl[j].start;
@@ -738,7 +745,7 @@ static void report(const char *mode)
             tally.raced, tally.late_raced, (long long)tally.race_lag,
             tally.twice_ok, tally.twice_bad, tally.early, tally.unacked,
             failed_calls, cancel_noent);
-    for (int o = 0; o < atomic_load(&nout); o++)
+    for (int o = 0; o < outages(); o++)
         fprintf(stderr,
                 "  %s: outage %d: %lld ms; server back to the first "
                 "acknowledged call %lld ms, to the first delivery %lld ms\n",
