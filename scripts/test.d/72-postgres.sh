@@ -14,8 +14,8 @@
 # asan-ubsan stages leave label postgres out, so the tests run once): it
 # needs the server's binaries (scripts/deps.sh test installs postgresql),
 # a missing server must fail here rather than be skipped quietly, and the
-# tests run one at a time (lateness, a server restart). About 95 to 106 s
-# (91 to 101 s of tests) at a load average of 12 to 15 on 2 cores, 43 to
+# tests run one at a time (lateness, a server restart). About 92 to 106 s
+# (87 to 101 s of tests) at a load average of 9 to 15 on 2 cores, 42 to
 # 49 s of it the pg_fleet tests (the ASan tree is built by the asan-ubsan stage before).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
