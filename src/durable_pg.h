@@ -73,6 +73,18 @@ struct pgjob {
     uint32_t attempt;    /* the delivery's attempt (claims so far) */
     bool stale;          /* a local cancel or replace came after it */
     bool started;        /* its callback began */
+    /* A completion that did not get in (the row locked by another
+     * transaction, the database away): kept, tried again by the executor
+     * when the firer hands it over at fin_at (src/durable_pg_fire.c). */
+    int8_t fin;         /* FIN_* of src/durable_pg_fire.c, FIN_NONE: none */
+    bool fin_queued;    /* handed to the executor for its next try */
+    bool fin_started;   /* the callback ran (the counters' end) */
+    int fin_res;        /* the callback's result */
+    int32_t fin_arg;    /* dead letter: whether the callback never ran */
+    int64_t fin_due;    /* retry: the new due time */
+    uint64_t fin_at;    /* real monotonic ms of its next try */
+    uint64_t fin_since; /* real monotonic ms of its first failure */
+    uint32_t fin_tries;
     size_t key_len, payload_len;
     unsigned char data[];
 };
@@ -118,6 +130,7 @@ struct pgd {
     int64_t raced_lost; /* a change not recorded (no memory): every claim
                            of the round below this version is stale */
     int64_t hint;       /* a due time the firer should look at, or INT64_MAX */
+    size_t fin_waiting; /* jobs whose completion waits for another try */
     PGconn *lc;         /* the firer's own connection (LISTEN, claims) */
     pthread_t thr;
     bool thr_on;

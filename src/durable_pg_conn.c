@@ -158,6 +158,8 @@ int tw__pg_code(const PGresult *r, PGconn *c)
         return TW_ECONN; /* connection exceptions, admin shutdown */
     if (!strncmp(st, "28", 2) || !strcmp(st, "42501"))
         return TW_EAUTH; /* authorization, insufficient privilege */
+    if (!strcmp(st, "55P03") || !strcmp(st, "57014"))
+        return TW_EBUSY; /* lock not available, statement timeout */
     if (!strcmp(st, "53100"))
         return TW_ENOSPC; /* disk full */
     if (!strncmp(st, "53", 2))
