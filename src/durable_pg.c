@@ -286,25 +286,27 @@ static int pg_prepare(struct pgd *d, const tw_durable_config *cfg)
         return TW_EINVAL;
     }
     /* The first connection of the pool, made here for open's message. */
-    PGconn *c = tw__pg_connect(d->conninfo, cfg->errbuf, cfg->errbuf_len);
+    int ms = 0;
+    PGconn *c = tw__pg_connect(d->conninfo, &ms, cfg->errbuf, cfg->errbuf_len);
     if (!c)
         return TW_ECONN;
+    atomic_store(&d->call_ms, ms);
     d->pool.c[0] = c;
     d->pool.busy[0] = true;
     uint64_t t0 = tw__pg_mono_ms();
-    rc = tw__pg_schema(c, d->base.readonly, cfg->errbuf, cfg->errbuf_len);
+    rc = tw__pg_schema(c, ms, d->base.readonly, cfg->errbuf, cfg->errbuf_len);
     struct pgp p;
     tw__pg_p_init(&p);
     tw__pg_p_text(&p, d->ns);
     PGresult *r = NULL;
-    if (!rc &&
-        !(rc = tw__pg_exec(
-              c, "SELECT count(*) FROM twheel.timers WHERE ns = $1", &p, &r))) {
+    if (!rc && !(rc = tw__pg_exec(
+                     c, ms, "SELECT count(*) FROM twheel.timers WHERE ns = $1",
+                     &p, &r))) {
         d->recovered = (uint64_t)tw__pg_i64(r, 0, 0);
         d->recovery_us = (tw__pg_mono_ms() - t0) * 1000u;
         PQclear(r);
     }
-    tw__pg_give(d, c, rc && PQstatus(c) != CONNECTION_OK);
+    tw__pg_give(d, c, rc == TW_ECONN || PQstatus(c) != CONNECTION_OK);
     return rc;
 }
 

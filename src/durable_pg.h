@@ -44,10 +44,14 @@
 #include "durable_backend.h"
 #include "durable_exec.h"
 
-#define PG_POOL 4     /* connections for the calls of any thread */
-#define PG_PARAMS 8   /* most parameters of a statement */
-#define PG_BATCH 256  /* most rows one claim takes */
-#define PG_SCHEMA_V 1 /* the schema version this library installs */
+#define PG_POOL 4       /* connections for the calls of any thread */
+#define PG_PARAMS 8     /* most parameters of a statement */
+#define PG_BATCH 256    /* most rows one claim takes */
+#define PG_SCHEMA_V 1   /* the schema version this library installs */
+#define PG_STMT_MS 5000 /* statement_timeout unless the session has one */
+#define PG_SLACK_MS                                                            \
+    2000 /* a call's bound: statement_timeout plus this (the server's own      \
+            timeout and its answer); no answer by then: TW_ECONN */
 #define PG_REFRESH_MS                                                          \
     1000 /* the firer asks for the next due row at least                       \
             this often (expired leases, lost NOTIFYs) */
@@ -107,6 +111,8 @@ struct pgd {
     struct tw_durable base;
     char *conninfo;
     char *ns;
+    atomic_int call_ms; /* a call's bound (tw__pg_connect()), stored by
+                           every connect (the same value each time) */
     struct pgpool pool;
     tw_durable_fire_fn fire;
     void *fire_arg;
@@ -149,12 +155,19 @@ void tw__pg_p_i32(struct pgp *p, int32_t v);                 /* integer */
 void tw__pg_p_nskey(struct pgp *p, const struct pgd *d, const void *key,
                     size_t key_len);
 
-/* A new connection to @conninfo, or NULL with a message in @err. */
-PGconn *tw__pg_connect(const char *conninfo, char *err, size_t err_len);
+/* A new connection to @conninfo (nonblocking, statement_timeout set),
+ * with the bound of a call on it in *@call_ms; or NULL with a message in
+ * @err. */
+PGconn *tw__pg_connect(const char *conninfo, int *call_ms, char *err,
+                       size_t err_len);
 /* Run @sql with @p on @c; results in binary. Returns 0 with *@res (the
- * caller clears it; NULL @res: cleared here) or a TW_E* code. */
-int tw__pg_exec(PGconn *c, const char *sql, const struct pgp *p,
+ * caller clears it; NULL @res: cleared here) or a TW_E* code: TW_ECONN
+ * when the connection broke or no answer came within @ms (the caller
+ * drops @c then). */
+int tw__pg_exec(PGconn *c, int ms, const char *sql, const struct pgp *p,
                 PGresult **res);
+/* The same for @sql of several statements, no parameters, no result. */
+int tw__pg_exec_script(PGconn *c, int ms, const char *sql);
 /* The same on a connection of @d's pool, taken and given back. */
 int tw__pg_run(struct pgd *d, const char *sql, const struct pgp *p,
                PGresult **res);
@@ -177,7 +190,7 @@ uint64_t tw__pg_mono_ms(void);
 /* Schema (src/durable_pg_schema.c): make sure the schema of version
  * PG_SCHEMA_V is there (install it unless @readonly) and that the role
  * may use it. 0 or a TW_E* code with a message in @err. */
-int tw__pg_schema(PGconn *c, bool readonly, char *err, size_t err_len);
+int tw__pg_schema(PGconn *c, int ms, bool readonly, char *err, size_t err_len);
 
 /* Firing (src/durable_pg_fire.c). */
 int tw__pg_fire_start(struct pgd *d);

@@ -56,7 +56,6 @@
 #define FIN_FIRST_MS 10 /* the first try again after this */
 #define FIN_MAX_MS 1000 /* tries at least this often */
 
-
 static const char claim_sql[] =
     "WITH c AS (SELECT key FROM twheel.timers WHERE ns = $1"
     " AND greatest(due, 0) <= $2 AND (lease_until IS NULL"
@@ -240,7 +239,7 @@ static int claim(struct pgd *d, int64_t now)
     d->claiming = true;
     pthread_mutex_unlock(&d->mu);
     PGresult *r = NULL;
-    int rc = tw__pg_exec(d->lc, claim_sql, &p, &r);
+    int rc = tw__pg_exec(d->lc, atomic_load(&d->call_ms), claim_sql, &p, &r);
     struct tw__durable_jobs l;
     tw__durable_jobs_init(&l);
     take_rows(d, rc ? NULL : r, &l);
@@ -444,9 +443,12 @@ static void drop_job(struct tw__durable_job *job, void *ctx)
 /* (Re)connect the firer's connection and LISTEN; false if it failed. */
 static bool lc_open(struct pgd *d)
 {
-    d->lc = tw__pg_connect(d->conninfo, NULL, 0);
-    if (d->lc && !tw__pg_exec(d->lc, "LISTEN twheel", NULL, NULL))
+    int ms = 0;
+    d->lc = tw__pg_connect(d->conninfo, &ms, NULL, 0);
+    if (d->lc && !tw__pg_exec(d->lc, ms, "LISTEN twheel", NULL, NULL)) {
+        atomic_store(&d->call_ms, ms);
         return true;
+    }
     PQfinish(d->lc);
     d->lc = NULL;
     return false;
@@ -481,7 +483,7 @@ static int next_due(struct pgd *d, int64_t *next)
     tw__pg_p_init(&p);
     tw__pg_p_text(&p, d->ns);
     PGresult *r = NULL;
-    int rc = tw__pg_exec(d->lc, next_sql, &p, &r);
+    int rc = tw__pg_exec(d->lc, atomic_load(&d->call_ms), next_sql, &p, &r);
     if (rc)
         return rc;
     *next = PQntuples(r) ? tw__pg_i64(r, 0, 0) : INT64_MAX;

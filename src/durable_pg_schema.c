@@ -159,11 +159,11 @@ static const char privileges[] =
     " 'EXECUTE')";
 
 /* The installed version, 0 when there is no schema; < 0 on an error. */
-static int installed(PGconn *c, int *v)
+static int installed(PGconn *c, int ms, int *v)
 {
     PGresult *r = NULL;
-    int rc = tw__pg_exec(c, "SELECT to_regclass('twheel.version') IS NOT NULL",
-                         NULL, &r);
+    int rc = tw__pg_exec(
+        c, ms, "SELECT to_regclass('twheel.version') IS NOT NULL", NULL, &r);
     if (rc)
         return rc;
     bool there = tw__pg_bool(r, 0, 0);
@@ -171,7 +171,7 @@ static int installed(PGconn *c, int *v)
     *v = 0;
     if (!there)
         return 0;
-    rc = tw__pg_exec(c, "SELECT max(v) FROM twheel.version", NULL, &r);
+    rc = tw__pg_exec(c, ms, "SELECT max(v) FROM twheel.version", NULL, &r);
     if (rc)
         return rc;
     *v = tw__pg_i32(r, 0, 0);
@@ -180,10 +180,11 @@ static int installed(PGconn *c, int *v)
 }
 
 /* Under the install lock: install unless there, then check the version. */
-static int install_locked(PGconn *c, bool readonly, char *err, size_t len)
+static int install_locked(PGconn *c, int ms, bool readonly, char *err,
+                          size_t len)
 {
     int v = 0;
-    int rc = installed(c, &v);
+    int rc = installed(c, ms, &v);
     if (rc)
         return rc;
     if (!v && readonly) {
@@ -192,9 +193,7 @@ static int install_locked(PGconn *c, bool readonly, char *err, size_t len)
     }
     if (!v) {
         /* Several statements: the simple query protocol (PQexec). */
-        PGresult *r = PQexec(c, schema_v1);
-        rc = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : tw__pg_code(r, c);
-        PQclear(r);
+        rc = tw__pg_exec_script(c, ms, schema_v1);
         if (rc == TW_EAUTH)
             snprintf(err, len,
                      "postgres: schema twheel missing, and this role may "
@@ -213,7 +212,7 @@ static int install_locked(PGconn *c, bool readonly, char *err, size_t len)
     return 0;
 }
 
-int tw__pg_schema(PGconn *c, bool readonly, char *err, size_t err_len)
+int tw__pg_schema(PGconn *c, int ms, bool readonly, char *err, size_t err_len)
 {
     char dummy[1] = "";
     if (!err || !err_len) {
@@ -221,22 +220,22 @@ int tw__pg_schema(PGconn *c, bool readonly, char *err, size_t err_len)
         err_len = sizeof dummy;
     }
     /* 0x74776865656c: "twheel", the install lock's number. */
-    int rc = tw__pg_exec(c, "BEGIN", NULL, NULL);
+    int rc = tw__pg_exec(c, ms, "BEGIN", NULL, NULL);
     if (!rc)
-        rc = tw__pg_exec(c, "SELECT pg_advisory_xact_lock(128056201405804)",
+        rc = tw__pg_exec(c, ms, "SELECT pg_advisory_xact_lock(128056201405804)",
                          NULL, NULL);
     if (!rc)
-        rc = install_locked(c, readonly, err, err_len);
+        rc = install_locked(c, ms, readonly, err, err_len);
     if (rc && !err[0] && err != dummy)
         snprintf(err, err_len, "postgres: %s%s",
                  rc == TW_EAUTH ? "this role lacks a privilege on schema "
                                   "twheel (docs/guide/postgres.md): "
                                 : "",
                  PQerrorMessage(c));
-    int end = tw__pg_exec(c, rc ? "ROLLBACK" : "COMMIT", NULL, NULL);
+    int end = tw__pg_exec(c, ms, rc ? "ROLLBACK" : "COMMIT", NULL, NULL);
     rc = rc ? rc : end;
     PGresult *r = NULL;
-    if (!rc && !(rc = tw__pg_exec(c, privileges, NULL, &r))) {
+    if (!rc && !(rc = tw__pg_exec(c, ms, privileges, NULL, &r))) {
         if (!tw__pg_bool(r, 0, 0) && !readonly) {
             snprintf(err, err_len,
                      "postgres: this role lacks a privilege on schema "

@@ -6,10 +6,13 @@
  *     callbacks ran: other timers are still delivered and calls through
  *     the handle still return, and each blocked completion gets in once
  *     the locks go (the timer is not delivered again);
+ *   - frozen: the server stops answering (SIGSTOP): calls fail within
+ *     their documented bound, and the node works again after SIGCONT;
  * Real clocks; every wait is for a state with a documented bound.
  * Usage: test_pg_safety [CASE...] (none: all).
  */
 #define _GNU_SOURCE
+#include <poll.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/wait.h>
@@ -123,11 +126,116 @@ static void locked(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* A child that sends SIGCONT to @pids[0 .. @n) when the returned pipe
+ * end is closed (by pg_thaw(), or by the test's death) or after
+ * @ms: no test leaves the server stopped. */
+static int pg_guard(const pid_t *pids, int n, int ms, pid_t *child)
+{
+    int fd[2];
+    ASSERT_EQ(pipe(fd), 0);
+    *child = fork();
+    ASSERT_GE(*child, 0);
+    if (*child == 0) {
+        close(fd[1]);
+        struct pollfd pf = {fd[0], POLLIN, 0};
+        (void)poll(&pf, 1, ms);
+        for (int i = 0; i < n; i++)
+            kill(pids[i], SIGCONT);
+        _exit(0);
+    }
+    close(fd[0]);
+    return fd[1];
+}
+
+static void pg_thaw(const pid_t *pids, int n, int guard, pid_t child)
+{
+    for (int i = 0; i < n; i++)
+        kill(pids[i], SIGCONT);
+    close(guard);
+    waitpid(child, NULL, 0);
+}
+
+/* The postmaster's pid (the first line of postmaster.pid) and the pids
+ * of the backends serving application "twheel", into @pids; how many. */
+static int server_pids(PGconn *c, pid_t *pids, int max)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/postmaster.pid", getenv("TW_PG_DATA"));
+    FILE *f = fopen(path, "r");
+    ASSERT_NOT_NULL(f);
+    long pm = 0;
+    ASSERT_EQ(fscanf(f, "%ld", &pm), 1);
+    fclose(f);
+    int n = 0;
+    pids[n++] = (pid_t)pm;
+    PGresult *r = PQexec(c, "SELECT pid FROM pg_stat_activity"
+                            " WHERE application_name = 'twheel'");
+    for (int i = 0; i < PQntuples(r) && n < max; i++)
+        pids[n++] = (pid_t)atol(PQgetvalue(r, i, 0));
+    PQclear(r);
+    return n;
+}
+
+/* Finding 06: the server stops answering (SIGSTOP of the postmaster and
+ * of every backend serving the node; a hung host looks the same). With
+ * statement_timeout 1.5 s and connect_timeout 2 s in the connection
+ * string, a call on a connection it had must fail within 1.5 + 2 s (the
+ * documented bound: statement_timeout plus 2 s) with TW_ECONN, and the
+ * next one, which must connect, within connect_timeout; after SIGCONT
+ * the node schedules and delivers again. Before: the first call blocked
+ * until SIGCONT (sent by the guard after 12 s here). */
+static void frozen(void)
+{
+    if (!getenv("TW_PG_DATA")) {
+        fprintf(stderr, "  no TW_PG_DATA: skipped\n");
+        return;
+    }
+    char url[600], err[256];
+    snprintf(url, sizeof url,
+             "%s connect_timeout=2 options='-c statement_timeout=1500'",
+             pgf_url);
+    tw_durable_config cfg = pgf_config(url, "frz", on_fire, NULL, err);
+    cfg.executor_threads = 2;
+    tw_durable *d = NULL;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    PGconn *c = pgf_client();
+    ASSERT_EQ(tw_durable_schedule(d, "f1", 2, pgf_wall_ms(), "", 0), 0);
+    pgf_wait_count("f1", 1);
+    pid_t pids[16], child;
+    int n = server_pids(c, pids, 16);
+    int guard = pg_guard(pids, n, 12000, &child);
+    for (int i = 0; i < n; i++)
+        ASSERT_EQ(kill(pids[i], SIGSTOP), 0);
+    int64_t m0 = pgf_mono_ms();
+    int rc1 = tw_durable_schedule(d, "f2", 2, pgf_wall_ms(), "", 0);
+    int64_t m1 = pgf_mono_ms();
+    int rc2 = tw_durable_schedule(d, "f3", 2, pgf_wall_ms(), "", 0);
+    int64_t m2 = pgf_mono_ms();
+    pg_thaw(pids, n, guard, child);
+    fprintf(stderr,
+            "  frozen (%d processes): a call %d after %lld ms,"
+            " the next (a connect) %d after %lld ms\n",
+            n, rc1, (long long)(m1 - m0), rc2, (long long)(m2 - m1));
+    ASSERT_EQ(rc1, TW_ECONN);
+    ASSERT_LE(m1 - m0, 1500 + 2000 + 1000);
+    ASSERT_EQ(rc2, TW_ECONN);
+    ASSERT_LE(m2 - m1, 2000 + 2000);
+    int64_t m3 = pgf_mono_ms();
+    ASSERT_EQ(tw_durable_schedule(d, "f4", 2, pgf_wall_ms(), "", 0), 0);
+    pgf_sentinel(c, "frz", "f5");
+    pgf_wait_count("f4", 1);
+    fprintf(stderr, "  after SIGCONT: scheduled and delivered in %lld ms\n",
+            (long long)(pgf_mono_ms() - m3));
+    PQfinish(c);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
 } cases[] = {
     {"locked", locked},
+    {"frozen", frozen},
 };
 
 int main(int argc, char **argv)
