@@ -287,9 +287,10 @@ static int pg_prepare(struct pgd *d, const tw_durable_config *cfg)
     }
     /* The first connection of the pool, made here for open's message. */
     int ms = 0;
-    PGconn *c = tw__pg_connect(d->conninfo, &ms, cfg->errbuf, cfg->errbuf_len);
+    PGconn *c =
+        tw__pg_connect(d->conninfo, &ms, &rc, cfg->errbuf, cfg->errbuf_len);
     if (!c)
-        return TW_ECONN;
+        return rc;
     atomic_store(&d->call_ms, ms);
     d->pool.c[0] = c;
     d->pool.busy[0] = true;

@@ -156,9 +156,9 @@ void tw__pg_p_nskey(struct pgp *p, const struct pgd *d, const void *key,
                     size_t key_len);
 
 /* A new connection to @conninfo (nonblocking, statement_timeout set),
- * with the bound of a call on it in *@call_ms; or NULL with a message in
- * @err. */
-PGconn *tw__pg_connect(const char *conninfo, int *call_ms, char *err,
+ * with the bound of a call on it in *@call_ms; or NULL with a TW_E* code
+ * in *@code (if not NULL) and a message in @err. */
+PGconn *tw__pg_connect(const char *conninfo, int *call_ms, int *code, char *err,
                        size_t err_len);
 /* Run @sql with @p on @c; results in binary. Returns 0 with *@res (the
  * caller clears it; NULL @res: cleared here) or a TW_E* code: TW_ECONN

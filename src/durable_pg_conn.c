@@ -14,9 +14,9 @@
  * nonblocking and have a statement_timeout (the session's, else
  * PG_STMT_MS); the client waits for the answer in poll() at most that
  * plus PG_SLACK_MS, after which the call is TW_ECONN and the connection
- * is dropped (a server that stopped answering: SIGSTOP, a hung host). Each statement is its own transaction (autocommit), so a
- * call returns once its change is committed (durable as the server's
- * synchronous_commit says).
+ * is dropped (a server that stopped answering: SIGSTOP, a hung host). Each
+ * statement is its own transaction (autocommit), so a call returns once its
+ * change is committed (durable as the server's synchronous_commit says).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -156,7 +156,38 @@ static int bound(PGconn *c, int *call_ms)
     return rc;
 }
 
-PGconn *tw__pg_connect(const char *conninfo, int *call_ms, char *err,
+/* Why @c (not connected) failed: TW_EAUTH when the server refused the
+ * role or its credentials (wrong password, none given, a role without
+ * LOGIN or unknown, pg_hba.conf), TW_ENOENT for a database that does not
+ * exist, else TW_ECONN. libpq gives no SQLSTATE for a failed connect: the
+ * server's messages (auth.c, postinit.c) are matched in English, the
+ * server's default; in another lc_messages these read TW_ECONN. */
+static int connect_code(PGconn *c)
+{
+    static const char *const auth[] = {"authentication failed",
+                                       "not permitted to log in",
+                                       "no pg_hba.conf entry",
+                                       "pg_hba.conf rejects",
+                                       "28P01",
+                                       "28000"};
+    if (!c)
+        return TW_ENOMEM;
+    if (PQconnectionNeedsPassword(c))
+        return TW_EAUTH;
+    const char *m = PQerrorMessage(c);
+    for (size_t i = 0; i < sizeof auth / sizeof auth[0]; i++)
+        if (strstr(m, auth[i]))
+            return TW_EAUTH;
+    if (strstr(m, "FATAL") && strstr(m, "role \"") &&
+        strstr(m, "does not exist"))
+        return TW_EAUTH;
+    if (strstr(m, "FATAL") && strstr(m, "database \"") &&
+        strstr(m, "does not exist"))
+        return TW_ENOENT;
+    return TW_ECONN;
+}
+
+PGconn *tw__pg_connect(const char *conninfo, int *call_ms, int *code, char *err,
                        size_t err_len)
 {
     /* Later keywords win, and the expanded @conninfo comes last: its own
@@ -172,7 +203,11 @@ PGconn *tw__pg_connect(const char *conninfo, int *call_ms, char *err,
          * blocks past a call's bound (await()). */
         if (!PQsetnonblocking(c, 1) && !(rc = bound(c, call_ms)))
             return c;
+    } else {
+        rc = connect_code(c);
     }
+    if (code)
+        *code = rc;
     if (err && err_len) {
         /* libpq's message names host and port, never the password. */
         snprintf(err, err_len, "postgres: %s",
@@ -347,7 +382,8 @@ PGconn *tw__pg_take(struct pgd *d, int *rc)
     int i = slot_take(p);
     /* The slot is ours: its connection may be made without the lock. */
     int ms = 0;
-    if (!p->c[i] && (p->c[i] = tw__pg_connect(d->conninfo, &ms, NULL, 0)))
+    *rc = TW_ECONN;
+    if (!p->c[i] && (p->c[i] = tw__pg_connect(d->conninfo, &ms, rc, NULL, 0)))
         atomic_store(&d->call_ms, ms);
     if (p->c[i])
         return p->c[i];
@@ -355,7 +391,6 @@ PGconn *tw__pg_take(struct pgd *d, int *rc)
     p->busy[i] = false;
     pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
-    *rc = TW_ECONN;
     return NULL;
 }
 

@@ -444,7 +444,7 @@ static void drop_job(struct tw__durable_job *job, void *ctx)
 static bool lc_open(struct pgd *d)
 {
     int ms = 0;
-    d->lc = tw__pg_connect(d->conninfo, &ms, NULL, 0);
+    d->lc = tw__pg_connect(d->conninfo, &ms, NULL, NULL, 0);
     if (d->lc && !tw__pg_exec(d->lc, ms, "LISTEN twheel", NULL, NULL)) {
         atomic_store(&d->call_ms, ms);
         return true;

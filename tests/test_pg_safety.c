@@ -8,6 +8,8 @@
  *     the locks go (the timer is not delivered again);
  *   - frozen: the server stops answering (SIGSTOP): calls fail within
  *     their documented bound, and the node works again after SIGCONT;
+ *   - creds: credentials the server refuses are TW_EAUTH, a missing
+ *     database TW_ENOENT, and no message shows the password;
  * Real clocks; every wait is for a state with a documented bound.
  * Usage: test_pg_safety [CASE...] (none: all).
  */
@@ -230,12 +232,85 @@ static void frozen(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* @url as @role with @pw on database @db (NULL: TW_PG_URL's). */
+static void url_as(char *buf, size_t len, const char *role, const char *pw,
+                   const char *db)
+{
+    snprintf(buf, len, "%s user=%s%s%s%s%s", pgf_url, role,
+             pw ? " password=" : "", pw ? pw : "", db ? " dbname=" : "",
+             db ? db : "");
+}
+
+/* An open of @url: its code; the message must not show "sekrit". */
+static int open_code(const char *url)
+{
+    char err[256];
+    tw_durable_config cfg = pgf_config(url, "creds", on_fire, NULL, err);
+    tw_durable *d = (tw_durable *)&cfg;
+    int rc = tw_durable_open(&d, &cfg);
+    fprintf(stderr, "  %d: %s\n", rc, err);
+    if (!rc)
+        tw_durable_close(d);
+    else
+        ASSERT(d == (tw_durable *)&cfg);
+    ASSERT(!strstr(err, "sekrit"));
+    return rc;
+}
+
+/* Finding 09: the server refuses the credentials: TW_EAUTH (a wrong
+ * password, none given where one is needed, a role without LOGIN, an
+ * unknown role); a database that does not exist: TW_ENOENT; no message
+ * shows the password. Role "pw" needs a password (scram-sha-256, a line
+ * put first in pg_hba.conf). Before: all TW_ECONN. */
+static void creds(void)
+{
+    const char *data = getenv("TW_PG_DATA");
+    if (!data) {
+        fprintf(stderr, "  no TW_PG_DATA: skipped\n");
+        return;
+    }
+    PGconn *c = pgf_client();
+    pgf_sql(c, PGRES_COMMAND_OK,
+            "SET password_encryption = 'scram-sha-256';"
+            " CREATE ROLE pw LOGIN SUPERUSER PASSWORD 'right-one';"
+            " CREATE ROLE nologin NOLOGIN");
+    char path[512], old[8192];
+    snprintf(path, sizeof path, "%s/pg_hba.conf", data);
+    FILE *f = fopen(path, "r");
+    ASSERT_NOT_NULL(f);
+    size_t n = fread(old, 1, sizeof old - 1, f);
+    old[n] = 0;
+    fclose(f);
+    f = fopen(path, "w");
+    ASSERT_NOT_NULL(f);
+    fprintf(f, "host all pw 127.0.0.1/32 scram-sha-256\n%s", old);
+    fclose(f);
+    pgf_sql(c, PGRES_TUPLES_OK, "SELECT pg_reload_conf()");
+    pgf_sleep_ms(200); /* the postmaster reads it */
+    char url[600];
+    url_as(url, sizeof url, "pw", "sekrit", NULL);
+    ASSERT_EQ(open_code(url), TW_EAUTH);
+    url_as(url, sizeof url, "pw", NULL, NULL);
+    if (!getenv("PGPASSWORD"))
+        ASSERT_EQ(open_code(url), TW_EAUTH);
+    url_as(url, sizeof url, "nologin", "sekrit", NULL);
+    ASSERT_EQ(open_code(url), TW_EAUTH);
+    url_as(url, sizeof url, "nobody_at_all", "sekrit", NULL);
+    ASSERT_EQ(open_code(url), TW_EAUTH);
+    url_as(url, sizeof url, "twheel", "sekrit", "no_such_db");
+    ASSERT_EQ(open_code(url), TW_ENOENT);
+    url_as(url, sizeof url, "pw", "right-one", NULL);
+    ASSERT_EQ(open_code(url), 0);
+    PQfinish(c);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
 } cases[] = {
     {"locked", locked},
     {"frozen", frozen},
+    {"creds", creds},
 };
 
 int main(int argc, char **argv)
