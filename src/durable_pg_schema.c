@@ -149,14 +149,93 @@ static const char schema_v1[] =
     " IF v IS NULL THEN RETURN -1; END IF;"
     " PERFORM pg_notify('twheel', p_ns); RETURN 0; END $f$;";
 
-/* What a node needs: the tables' rows, the sequence, the functions. */
+/* What a node needs, in the order open checks it: the first one missing
+ * is named. ro: a read-only open needs it too. The functions run with the
+ * caller's rights, so the tables' privileges are needed beside them. */
 static const char privileges[] =
-    "SELECT has_table_privilege('twheel.timers',"
-    " 'SELECT, INSERT, UPDATE, DELETE')"
-    " AND has_table_privilege('twheel.dead', 'SELECT, INSERT, UPDATE, DELETE')"
-    " AND has_sequence_privilege('twheel.ver_seq', 'USAGE')"
-    " AND has_function_privilege('twheel.schedule(text, bytea, bigint, bytea)',"
-    " 'EXECUTE')";
+    "SELECT w FROM (VALUES"
+    " (1, true, 'SELECT on twheel.timers',"
+    "  has_table_privilege('twheel.timers', 'SELECT')),"
+    " (2, false, 'INSERT on twheel.timers',"
+    "  has_table_privilege('twheel.timers', 'INSERT')),"
+    " (3, false, 'UPDATE on twheel.timers',"
+    "  has_table_privilege('twheel.timers', 'UPDATE')),"
+    " (4, false, 'DELETE on twheel.timers',"
+    "  has_table_privilege('twheel.timers', 'DELETE')),"
+    " (5, true, 'SELECT on twheel.dead',"
+    "  has_table_privilege('twheel.dead', 'SELECT')),"
+    " (6, false, 'INSERT on twheel.dead',"
+    "  has_table_privilege('twheel.dead', 'INSERT')),"
+    " (7, false, 'UPDATE on twheel.dead',"
+    "  has_table_privilege('twheel.dead', 'UPDATE')),"
+    " (8, false, 'DELETE on twheel.dead',"
+    "  has_table_privilege('twheel.dead', 'DELETE')),"
+    " (9, true, 'SELECT on twheel.version',"
+    "  has_table_privilege('twheel.version', 'SELECT')),"
+    " (10, false, 'USAGE on sequence twheel.ver_seq',"
+    "  has_sequence_privilege('twheel.ver_seq', 'USAGE')),"
+    " (11, false, 'EXECUTE on twheel.schedule(text, bytea, bigint, bytea)',"
+    "  has_function_privilege('twheel.schedule(text, bytea, bigint, bytea)',"
+    "  'EXECUTE')),"
+    " (12, false, 'EXECUTE on twheel.cancel_v(text, bytea)',"
+    "  has_function_privilege('twheel.cancel_v(text, bytea)', 'EXECUTE')),"
+    " (13, false, 'EXECUTE on twheel.schedule_if(text, bytea, bigint,"
+    " bytea, bytea)', has_function_privilege('twheel.schedule_if(text,"
+    " bytea, bigint, bytea, bytea)', 'EXECUTE')),"
+    " (14, false, 'EXECUTE on twheel.cancel_if(text, bytea, bytea)',"
+    "  has_function_privilege('twheel.cancel_if(text, bytea, bytea)',"
+    "  'EXECUTE')),"
+    " (15, false, 'EXECUTE on twheel.restore(text, bytea, bigint, bytea,"
+    " integer, boolean)', has_function_privilege('twheel.restore(text,"
+    " bytea, bigint, bytea, integer, boolean)', 'EXECUTE'))"
+    ") v(i, ro, w, ok) WHERE NOT ok AND (ro OR $1 = 0) ORDER BY i LIMIT 1";
+
+/* USAGE on the schema and SELECT on twheel.version, before anything in
+ * the schema is named or the version read (either missing is an error
+ * there, not a false). */
+static int schema_usage(PGconn *c, int ms, char *err, size_t len)
+{
+    PGresult *r = NULL;
+    int rc = tw__pg_exec(
+        c, ms,
+        "SELECT has_schema_privilege(n.oid, 'USAGE'), coalesce((SELECT"
+        " has_table_privilege(t.oid, 'SELECT') FROM pg_class t WHERE"
+        " t.relnamespace = n.oid AND t.relname = 'version'), true)"
+        " FROM pg_namespace n WHERE n.nspname = 'twheel'",
+        NULL, &r);
+    if (rc)
+        return rc;
+    if (PQntuples(r) == 1 && !(tw__pg_bool(r, 0, 0) && tw__pg_bool(r, 0, 1))) {
+        snprintf(err, len,
+                 "postgres: this role lacks %s (docs/guide/postgres.md)",
+                 tw__pg_bool(r, 0, 0) ? "SELECT on twheel.version"
+                                      : "USAGE on schema twheel");
+        rc = TW_EAUTH;
+    }
+    PQclear(r);
+    return rc;
+}
+
+/* Every privilege the node will use (a read-only open: those to read). */
+static int check_privileges(PGconn *c, int ms, bool readonly, char *err,
+                            size_t len)
+{
+    struct pgp p;
+    tw__pg_p_init(&p);
+    tw__pg_p_i32(&p, readonly);
+    PGresult *r = NULL;
+    int rc = tw__pg_exec(c, ms, privileges, &p, &r);
+    if (rc)
+        return rc;
+    if (PQntuples(r)) {
+        snprintf(err, len,
+                 "postgres: this role lacks %s (docs/guide/postgres.md)",
+                 PQgetvalue(r, 0, 0));
+        rc = TW_EAUTH;
+    }
+    PQclear(r);
+    return rc;
+}
 
 /* The installed version, 0 when there is no schema; < 0 on an error. */
 static int installed(PGconn *c, int ms, int *v)
@@ -184,7 +263,9 @@ static int install_locked(PGconn *c, int ms, bool readonly, char *err,
                           size_t len)
 {
     int v = 0;
-    int rc = installed(c, ms, &v);
+    int rc = schema_usage(c, ms, err, len);
+    if (!rc)
+        rc = installed(c, ms, &v);
     if (rc)
         return rc;
     if (!v && readonly) {
@@ -234,16 +315,8 @@ int tw__pg_schema(PGconn *c, int ms, bool readonly, char *err, size_t err_len)
                  PQerrorMessage(c));
     int end = tw__pg_exec(c, ms, rc ? "ROLLBACK" : "COMMIT", NULL, NULL);
     rc = rc ? rc : end;
-    PGresult *r = NULL;
-    if (!rc && !(rc = tw__pg_exec(c, ms, privileges, NULL, &r))) {
-        if (!tw__pg_bool(r, 0, 0) && !readonly) {
-            snprintf(err, err_len,
-                     "postgres: this role lacks a privilege on schema "
-                     "twheel (docs/guide/postgres.md)");
-            rc = TW_EAUTH;
-        }
-        PQclear(r);
-    }
+    if (!rc)
+        rc = check_privileges(c, ms, readonly, err, err_len);
     if (rc && !err[0] && err != dummy)
         snprintf(err, err_len, "postgres: %s", PQerrorMessage(c));
     for (size_t n = strlen(err);

@@ -10,6 +10,8 @@
  *     their documented bound, and the node works again after SIGCONT;
  *   - creds: credentials the server refuses are TW_EAUTH, a missing
  *     database TW_ENOENT, and no message shows the password;
+ *   - privs: open checks every privilege a node uses, naming the missing
+ *     one;
  * Real clocks; every wait is for a state with a documented bound.
  * Usage: test_pg_safety [CASE...] (none: all).
  */
@@ -304,6 +306,73 @@ static void creds(void)
     PQfinish(c);
 }
 
+/* Finding 02: open checks every privilege a node uses and names the one
+ * missing. Role "least" has exactly the grants of docs/guide/postgres.md
+ * and opens; each privilege taken away in turn (EXECUTE from PUBLIC,
+ * where the functions have it by default): TW_EAUTH naming it, and a
+ * read-only open refused only for what reading needs. Before: open
+ * returned 0 without the writes' privileges or a function. */
+static void privs(void)
+{
+    static const struct {
+        const char *on, *from, *names;
+        bool ro;
+    } v[] = {
+        {"USAGE ON SCHEMA twheel", "least", "USAGE on schema twheel", 1},
+        {"SELECT ON twheel.timers", "least", "SELECT on twheel.timers", 1},
+        {"INSERT ON twheel.timers", "least", "INSERT on twheel.timers", 0},
+        {"UPDATE ON twheel.timers", "least", "UPDATE on twheel.timers", 0},
+        {"DELETE ON twheel.timers", "least", "DELETE on twheel.timers", 0},
+        {"SELECT ON twheel.dead", "least", "SELECT on twheel.dead", 1},
+        {"INSERT ON twheel.dead", "least", "INSERT on twheel.dead", 0},
+        {"UPDATE ON twheel.dead", "least", "UPDATE on twheel.dead", 0},
+        {"DELETE ON twheel.dead", "least", "DELETE on twheel.dead", 0},
+        {"SELECT ON twheel.version", "least", "SELECT on twheel.version", 1},
+        {"USAGE ON SEQUENCE twheel.ver_seq", "least", "twheel.ver_seq", 0},
+        {"EXECUTE ON FUNCTION twheel.schedule(text, bytea, bigint, bytea)",
+         "PUBLIC", "twheel.schedule(", 0},
+        {"EXECUTE ON FUNCTION twheel.cancel_v(text, bytea)", "PUBLIC",
+         "twheel.cancel_v", 0},
+        {"EXECUTE ON FUNCTION twheel.schedule_if(text, bytea, bigint, bytea,"
+         " bytea)",
+         "PUBLIC", "twheel.schedule_if", 0},
+        {"EXECUTE ON FUNCTION twheel.cancel_if(text, bytea, bytea)", "PUBLIC",
+         "twheel.cancel_if", 0},
+        {"EXECUTE ON FUNCTION twheel.restore(text, bytea, bigint, bytea,"
+         " integer, boolean)",
+         "PUBLIC", "twheel.restore", 0},
+    };
+    tw_durable_close(pgf_open("privs", on_fire, NULL, 0)); /* the schema */
+    PGconn *c = pgf_client();
+    pgf_sql(c, PGRES_COMMAND_OK, "CREATE ROLE least LOGIN");
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        if (strcmp(v[i].from, "PUBLIC")) /* PUBLIC has EXECUTE already */
+            pgf_sql(c, PGRES_COMMAND_OK, "GRANT %s TO least", v[i].on);
+    char url[600], err[256];
+    snprintf(url, sizeof url, "%s user=least", pgf_url);
+    tw_durable_config cfg = pgf_config(url, "privs", on_fire, NULL, err);
+    tw_durable *d = NULL;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    ASSERT_EQ(tw_durable_close(d), 0);
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        pgf_sql(c, PGRES_COMMAND_OK, "REVOKE %s FROM %s", v[i].on, v[i].from);
+        cfg.flags = 0;
+        int rc = tw_durable_open(&d, &cfg);
+        fprintf(stderr, "  without %s: %d %s\n", v[i].on, rc, err);
+        if (!rc)
+            tw_durable_close(d);
+        ASSERT_EQ(rc, TW_EAUTH);
+        ASSERT(strstr(err, v[i].names));
+        cfg.flags = TW_DURABLE_READONLY;
+        rc = tw_durable_open(&d, &cfg);
+        if (!rc)
+            tw_durable_close(d);
+        ASSERT_EQ(rc, v[i].ro ? TW_EAUTH : 0);
+        pgf_sql(c, PGRES_COMMAND_OK, "GRANT %s TO %s", v[i].on, v[i].from);
+    }
+    PQfinish(c);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -311,6 +380,7 @@ static const struct {
     {"locked", locked},
     {"frozen", frozen},
     {"creds", creds},
+    {"privs", privs},
 };
 
 int main(int argc, char **argv)
