@@ -313,10 +313,14 @@ static int pg_prepare(struct pgd *d, const tw_durable_config *cfg)
 
 int tw__durable_pg_open(tw_durable **out, const tw_durable_config *cfg)
 {
-    if (!cfg->postgres[0] ||
-        (cfg->postgres_namespace && !cfg->postgres_namespace[0])) {
+    /* A namespace is the NOTIFY payload of every schedule (at most 8000
+     * bytes) and part of the primary key beside a key of up to 1 KiB (an
+     * index entry holds at most ~2.7 KiB): held to Redis's 64 bytes. */
+    const char *ns = cfg->postgres_namespace;
+    if (!cfg->postgres[0] || (ns && (!ns[0] || strlen(ns) > PG_NS_MAX))) {
         tw__durable_errmsg(cfg, cfg->postgres[0]
-                                    ? "postgres_namespace: empty"
+                                    ? "postgres_namespace: 1 to "
+                                      "64 bytes"
                                     : "postgres: empty connection string");
         return TW_EINVAL;
     }

@@ -48,6 +48,7 @@
 #define PG_PARAMS 8     /* most parameters of a statement */
 #define PG_BATCH 256    /* most rows one claim takes */
 #define PG_SCHEMA_V 1   /* the schema version this library installs */
+#define PG_NS_MAX 64    /* bytes of a namespace (postgres_namespace) */
 #define PG_STMT_MS 5000 /* statement_timeout unless the session has one */
 #define PG_SLACK_MS                                                            \
     2000 /* a call's bound: statement_timeout plus this (the server's own      \

@@ -12,6 +12,7 @@
  *     database TW_ENOENT, and no message shows the password;
  *   - privs: open checks every privilege a node uses, naming the missing
  *     one;
+ *   - nslen: a namespace longer than 64 bytes is refused at open;
  * Real clocks; every wait is for a state with a documented bound.
  * Usage: test_pg_safety [CASE...] (none: all).
  */
@@ -373,14 +374,40 @@ static void privs(void)
     PQfinish(c);
 }
 
+/* Finding 04: a namespace is 1 to 64 bytes, refused at open beyond
+ * (TW_EINVAL naming the field); 64 bytes opens and delivers. Before: a
+ * namespace of 8,000 bytes opened, then every schedule failed (the
+ * NOTIFY payload limit). */
+static void nslen(void)
+{
+    static char ns[8001];
+    char err[256];
+    memset(ns, 'n', 8000);
+    size_t lens[] = {8000, 65};
+    for (size_t i = 0; i < 2; i++) {
+        ns[lens[i]] = 0;
+        tw_durable_config cfg = pgf_config(NULL, ns, on_fire, NULL, err);
+        tw_durable *d = (tw_durable *)&cfg;
+        int rc = tw_durable_open(&d, &cfg);
+        fprintf(stderr, "  %zu bytes: %d %s\n", lens[i], rc, err);
+        if (!rc)
+            tw_durable_close(d);
+        ASSERT_EQ(rc, TW_EINVAL);
+        ASSERT(strstr(err, "postgres_namespace"));
+    }
+    ns[64] = 0;
+    tw_durable *d = pgf_open(ns, on_fire, NULL, 0);
+    ASSERT_EQ(tw_durable_schedule(d, "ns64", 4, pgf_wall_ms(), "", 0), 0);
+    pgf_wait_count("ns64", 1);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
 } cases[] = {
-    {"locked", locked},
-    {"frozen", frozen},
-    {"creds", creds},
-    {"privs", privs},
+    {"locked", locked}, {"frozen", frozen}, {"creds", creds},
+    {"privs", privs},   {"nslen", nslen},
 };
 
 int main(int argc, char **argv)

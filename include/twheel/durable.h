@@ -290,7 +290,8 @@ typedef struct tw_durable_config {
      * ~/.pgpass or PGPASSWORD rather than here. Set neither dir nor
      * redis with it. */
     const char *postgres;
-    const char *postgres_namespace; /* the ns column; NULL = "tw" */
+    const char *postgres_namespace; /* the ns column, 1 to 64 bytes;
+                                       NULL = "tw" */
 } tw_durable_config;
 
 /*
