@@ -12,6 +12,9 @@
  *                   database's clock); indexed by (ns, greatest(due, 0),
  *                   key), the order of claims and listings
  *   twheel.dead     dead letters: (ns, key) -> due, payload, attempts
+ * A trigger renews ver on any UPDATE of a row's timer that kept it (an
+ * UPDATE written by hand), so completions stay fenced; one of the claim
+ * alone (owner, lease_until: a touch) keeps it.
  * The CHECK constraints hold the library's limits (keys of 1 .. 1024
  * bytes, payloads up to 1 MiB), so a row written by hand or by another
  * program that breaks them is refused by the database, never read.
@@ -56,6 +59,16 @@ static const char schema_v1[] =
     " owner text, lease_until timestamptz,"
     " PRIMARY KEY (ns, key));"
     "CREATE INDEX timers_due ON twheel.timers (ns, (greatest(due, 0)), key);"
+    /* Any other UPDATE of a row's timer (due, payload, attempts, its
+     * name) that keeps ver, a hand-written one say, renews it: the
+     * completion of a delivery claimed before is fenced off by it. */
+    "CREATE FUNCTION twheel.renew_ver() RETURNS trigger LANGUAGE plpgsql"
+    " SET search_path = pg_catalog AS $f$ BEGIN"
+    " NEW.ver := nextval('twheel.ver_seq'); RETURN NEW; END $f$;"
+    "CREATE TRIGGER renew_ver BEFORE UPDATE ON twheel.timers FOR EACH ROW"
+    " WHEN (NEW.ver = OLD.ver AND (NEW.ns, NEW.key, NEW.due, NEW.payload,"
+    " NEW.attempts) IS DISTINCT FROM (OLD.ns, OLD.key, OLD.due, OLD.payload,"
+    " OLD.attempts)) EXECUTE FUNCTION twheel.renew_ver();"
     "CREATE TABLE twheel.dead ("
     " ns text NOT NULL,"
     " key bytea NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 1024),"

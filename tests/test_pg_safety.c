@@ -13,6 +13,8 @@
  *   - privs: open checks every privilege a node uses, naming the missing
  *     one;
  *   - nslen: a namespace longer than 64 bytes is refused at open;
+ *   - handupd: an UPDATE written by hand of a row being delivered is
+ *     fenced: the delivery's completion leaves it alone;
  * Real clocks; every wait is for a state with a documented bound.
  * Usage: test_pg_safety [CASE...] (none: all).
  */
@@ -28,10 +30,18 @@
 /* Keys "hold*" wait in their callback until released. */
 static atomic_int held, release;
 
+/* The key "upd" waits in its callback for upd_go. */
+static atomic_int upd_in, upd_go;
+
 static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
     (void)arg;
+    if (t->key_len == 3 && !memcmp(t->key, "upd", 3)) {
+        atomic_store(&upd_in, 1);
+        while (!atomic_load(&upd_go))
+            pgf_sleep_ms(1);
+    }
     if (t->key_len >= 4 && !memcmp(t->key, "hold", 4)) {
         atomic_fetch_add(&held, 1);
         while (!atomic_load(&release))
@@ -402,12 +412,50 @@ static void nslen(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* Finding 07: an UPDATE written by hand of a row being delivered (its due
+ * time and payload) renews its ver, so the delivery's completion, fenced
+ * by the claim's ver, leaves the updated timer alone. Before: the
+ * completion deleted it. */
+static void handupd(void)
+{
+    tw_durable *d = pgf_open("upd7", on_fire, NULL, 1);
+    PGconn *c = pgf_client();
+    pgf_sql(c, PGRES_TUPLES_OK, "SELECT twheel.schedule('upd7', 'upd', now())");
+    for (int i = 0; i < PGF_WAIT_MS && !atomic_load(&upd_in); i++)
+        pgf_sleep_ms(1);
+    ASSERT(atomic_load(&upd_in));
+    long long v0 = pgf_num(c, "SELECT ver FROM twheel.timers WHERE"
+                              " ns = 'upd7' AND key = 'upd'");
+    pgf_sql(c, PGRES_COMMAND_OK,
+            "UPDATE twheel.timers SET due = due + 3600000, payload = 'new'"
+            " WHERE ns = 'upd7' AND key = 'upd'");
+    long long v1 = pgf_num(c, "SELECT ver FROM twheel.timers WHERE"
+                              " ns = 'upd7' AND key = 'upd'");
+    atomic_store(&upd_go, 1);
+    pgf_wait_count("upd", 1);
+    tw_durable_stats s;
+    for (int i = 0; i < PGF_WAIT_MS; i++) {
+        ASSERT_EQ(tw_durable_stats_get(d, &s), 0);
+        if (!s.running)
+            break; /* counted as ended once its completion is in */
+        pgf_sleep_ms(1);
+    }
+    ASSERT_EQ(s.running, 0);
+    fprintf(stderr, "  ver %lld -> %lld by the UPDATE\n", v0, v1);
+    ASSERT_NE(v0, v1);
+    ASSERT_EQ(pgf_num(c, "SELECT count(*) FROM twheel.timers WHERE"
+                         " ns = 'upd7' AND key = 'upd' AND payload = 'new'"),
+              1);
+    PQfinish(c);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
 } cases[] = {
     {"locked", locked}, {"frozen", frozen}, {"creds", creds},
-    {"privs", privs},   {"nslen", nslen},
+    {"privs", privs},   {"nslen", nslen},   {"handupd", handupd},
 };
 
 int main(int argc, char **argv)
