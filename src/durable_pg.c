@@ -178,13 +178,15 @@ static int pg_stats(tw_durable *base, tw_durable_stats *out)
                    " (SELECT count(*) FROM twheel.timers WHERE ns = $1"
                    "  AND greatest(due, 0) <= $2 AND (lease_until IS NULL"
                    "  OR lease_until < clock_timestamp())),"
-                   " (SELECT count(*) FROM twheel.dead WHERE ns = $1)",
+                   " (SELECT count(*) FROM twheel.dead WHERE ns = $1),"
+                   " (SELECT count(*) FROM twheel.quarantine WHERE ns = $1)",
                    &p, &r);
     if (rc)
         return rc;
     out->pending = (uint64_t)tw__pg_i64(r, 0, 0);
     uint64_t unclaimed = (uint64_t)tw__pg_i64(r, 0, 1);
     out->dead = (uint64_t)tw__pg_i64(r, 0, 2);
+    out->quarantined = (uint64_t)tw__pg_i64(r, 0, 3);
     PQclear(r);
     pthread_mutex_lock(&d->mu);
     tw__durable_counts_stats(&d->counts, out);

@@ -44,12 +44,13 @@
 #include "durable_backend.h"
 #include "durable_exec.h"
 
-#define PG_POOL 4       /* connections for the calls of any thread */
-#define PG_PARAMS 8     /* most parameters of a statement */
-#define PG_BATCH 256    /* most rows one claim takes */
-#define PG_SCHEMA_V 1   /* the schema version this library installs */
-#define PG_NS_MAX 64    /* bytes of a namespace (postgres_namespace) */
-#define PG_STMT_MS 5000 /* statement_timeout unless the session has one */
+#define PG_POOL 4        /* connections for the calls of any thread */
+#define PG_PARAMS 8      /* most parameters of a statement */
+#define PG_BATCH 256     /* most rows one claim takes */
+#define PG_SCHEMA_V 1    /* the schema version this library installs */
+#define PG_NS_MAX 64     /* bytes of a namespace (postgres_namespace) */
+#define PG_SWEEP_MS 5000 /* hostile rows set aside at most this often */
+#define PG_STMT_MS 5000  /* statement_timeout unless the session has one */
 #define PG_SLACK_MS                                                            \
     2000 /* a call's bound: statement_timeout plus this (the server's own      \
             timeout and its answer); no answer by then: TW_ECONN */
@@ -139,6 +140,7 @@ struct pgd {
     int64_t hint;       /* a due time the firer should look at, or INT64_MAX */
     size_t fin_waiting; /* jobs whose completion waits for another try */
     PGconn *lc;         /* the firer's own connection (LISTEN, claims) */
+    uint64_t sweep_at;  /* the firer's next sweep (mono ms) */
     pthread_t thr;
     bool thr_on;
     atomic_bool stop;

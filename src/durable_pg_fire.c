@@ -76,6 +76,21 @@ static const char next_sql[] =
     " AND (lease_until IS NULL OR lease_until < clock_timestamp())"
     " ORDER BY greatest(due, 0), key LIMIT 1 FOR UPDATE SKIP LOCKED";
 
+/* Due rows that no node can have claimed as they are: a lease_until past
+ * now + 2^32 ms (lease_ms is 32 bits; 'infinity' written by hand, say)
+ * would never be claimed. Set aside into twheel.quarantine (counted in
+ * stats.quarantined), never delivered; rows locked now are left to the
+ * next sweep, which comes every PG_SWEEP_MS. */
+static const char sweep_sql[] =
+    "WITH x AS (DELETE FROM twheel.timers WHERE (ns, key) IN (SELECT ns, key"
+    " FROM twheel.timers WHERE ns = $1 AND greatest(due, 0) <= $2"
+    " AND lease_until > clock_timestamp() + interval '4294967296 ms'"
+    " FOR UPDATE SKIP LOCKED) RETURNING ns, key, due, payload, attempts,"
+    " owner, lease_until) INSERT INTO twheel.quarantine (ns, key, due,"
+    " payload, attempts, owner, lease_until, why) SELECT ns, key, due,"
+    " payload, attempts, owner, lease_until, 'lease_until beyond any lease'"
+    " FROM x";
+
 /* The delivery whose callback this thread runs (tw_durable_touch()). */
 static _Thread_local struct pgjob *pg_cur;
 
@@ -491,6 +506,20 @@ static int next_due(struct pgd *d, int64_t *next)
     return 0;
 }
 
+/* Set aside the due rows of sweep_sql, at most every PG_SWEEP_MS. */
+static int sweep(struct pgd *d)
+{
+    uint64_t now = tw__pg_mono_ms();
+    if (now < d->sweep_at)
+        return 0;
+    d->sweep_at = now + PG_SWEEP_MS;
+    struct pgp p;
+    tw__pg_p_init(&p);
+    tw__pg_p_text(&p, d->ns);
+    tw__pg_p_i64(&p, tw__pg_wall(d));
+    return tw__pg_exec(d->lc, atomic_load(&d->call_ms), sweep_sql, &p, NULL);
+}
+
 /* Sleep up to @ms in poll() on the connection's socket and the eventfd. */
 static void nap(struct pgd *d, int ms)
 {
@@ -537,7 +566,7 @@ static bool turn(struct pgd *d, int64_t *next, uint64_t *refresh_at)
     uint64_t fin_at;
     complete_due(d, &fin_at);
     if (mine || tw__pg_mono_ms() >= *refresh_at) {
-        if (next_due(d, next))
+        if (sweep(d) == TW_ECONN || next_due(d, next))
             return false;
         *refresh_at = tw__pg_mono_ms() + PG_REFRESH_MS;
     }

@@ -12,6 +12,8 @@
  *                   database's clock); indexed by (ns, greatest(due, 0),
  *                   key), the order of claims and listings
  *   twheel.dead     dead letters: (ns, key) -> due, payload, attempts
+ *   twheel.quarantine  rows a node set aside, never delivered: a copy of
+ *                   the row and why (src/durable_pg_fire.c, sweep())
  * A trigger renews ver on any UPDATE of a row's timer that kept it (an
  * UPDATE written by hand), so completions stay fenced; one of the claim
  * alone (owner, lease_until: a touch) keeps it.
@@ -69,6 +71,11 @@ static const char schema_v1[] =
     " WHEN (NEW.ver = OLD.ver AND (NEW.ns, NEW.key, NEW.due, NEW.payload,"
     " NEW.attempts) IS DISTINCT FROM (OLD.ns, OLD.key, OLD.due, OLD.payload,"
     " OLD.attempts)) EXECUTE FUNCTION twheel.renew_ver();"
+    "CREATE TABLE twheel.quarantine ("
+    " ns text NOT NULL, key bytea NOT NULL, due bigint, payload bytea,"
+    " attempts integer, owner text, lease_until timestamptz,"
+    " why text NOT NULL, at timestamptz NOT NULL DEFAULT now());"
+    "CREATE INDEX quarantine_ns ON twheel.quarantine (ns);"
     "CREATE TABLE twheel.dead ("
     " ns text NOT NULL,"
     " key bytea NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 1024),"
@@ -185,6 +192,10 @@ static const char privileges[] =
     "  has_table_privilege('twheel.dead', 'DELETE')),"
     " (9, true, 'SELECT on twheel.version',"
     "  has_table_privilege('twheel.version', 'SELECT')),"
+    " (16, true, 'SELECT on twheel.quarantine',"
+    "  has_table_privilege('twheel.quarantine', 'SELECT')),"
+    " (17, false, 'INSERT on twheel.quarantine',"
+    "  has_table_privilege('twheel.quarantine', 'INSERT')),"
     " (10, false, 'USAGE on sequence twheel.ver_seq',"
     "  has_sequence_privilege('twheel.ver_seq', 'USAGE')),"
     " (11, false, 'EXECUTE on twheel.schedule(text, bytea, bigint, bytea)',"

@@ -376,6 +376,7 @@ static void test_permissions(void)
         "GRANT USAGE ON SCHEMA twheel TO node;"
         "GRANT SELECT, INSERT, UPDATE, DELETE ON twheel.timers, twheel.dead"
         " TO node; GRANT SELECT ON twheel.version TO node;"
+        "GRANT SELECT, INSERT ON twheel.quarantine TO node;"
         "GRANT USAGE ON SEQUENCE twheel.ver_seq TO node",
         PGRES_COMMAND_OK);
     tw_durable_config cfg;

@@ -15,6 +15,8 @@
  *   - nslen: a namespace longer than 64 bytes is refused at open;
  *   - handupd: an UPDATE written by hand of a row being delivered is
  *     fenced: the delivery's completion leaves it alone;
+ *   - hostile: rows written by hand that no node could claim are set
+ *     aside and counted; odd but deliverable ones are delivered;
  * Real clocks; every wait is for a state with a documented bound.
  * Usage: test_pg_safety [CASE...] (none: all).
  */
@@ -339,6 +341,10 @@ static void privs(void)
         {"UPDATE ON twheel.dead", "least", "UPDATE on twheel.dead", 0},
         {"DELETE ON twheel.dead", "least", "DELETE on twheel.dead", 0},
         {"SELECT ON twheel.version", "least", "SELECT on twheel.version", 1},
+        {"SELECT ON twheel.quarantine", "least", "SELECT on twheel.quarantine",
+         1},
+        {"INSERT ON twheel.quarantine", "least", "INSERT on twheel.quarantine",
+         0},
         {"USAGE ON SEQUENCE twheel.ver_seq", "least", "twheel.ver_seq", 0},
         {"EXECUTE ON FUNCTION twheel.schedule(text, bytea, bigint, bytea)",
          "PUBLIC", "twheel.schedule(", 0},
@@ -450,12 +456,67 @@ static void handupd(void)
     ASSERT_EQ(tw_durable_close(d), 0);
 }
 
+/* Finding 08 and hostile rows written by hand: a lease_until of
+ * 'infinity' or a century ahead (no node's lease can be longer than
+ * 2^32 ms) is set aside into twheel.quarantine and counted in
+ * stats.quarantined within the sweep's 5 s (bound here 15 s), never
+ * delivered; a claim without an owner or a lease (NULLs), a lease of
+ * '-infinity', due times at both ends of bigint and 1 MiB payloads are
+ * delivered (or, due at INT64_MAX, wait) without holding up the rest.
+ * Before: the 'infinity' row stayed pending and unclaimed forever. */
+static void hostile(void)
+{
+    tw_durable *d = pgf_open("hr", on_fire, NULL, 2);
+    PGconn *c = pgf_client();
+    pgf_sql(c, PGRES_COMMAND_OK,
+            "INSERT INTO twheel.timers (ns, key, due, payload, owner,"
+            " lease_until) VALUES"
+            " ('hr', 'inf', 0, 'x', 'ghost', 'infinity'),"
+            " ('hr', 'far', 0, 'x', NULL, now() + interval '100 years'),"
+            " ('hr', 'noown', 0, 'x', 'ghost', NULL),"
+            " ('hr', 'nolease', 0, 'x', NULL, NULL),"
+            " ('hr', 'minf', 0, 'x', 'ghost', '-infinity'),"
+            " ('hr', 'dmin', -9223372036854775808, 'x', NULL, NULL),"
+            " ('hr', 'dmax', 9223372036854775807, 'x', NULL, NULL)");
+    pgf_sql(c, PGRES_COMMAND_OK,
+            "INSERT INTO twheel.timers (ns, key, due, payload)"
+            " SELECT 'hr', convert_to('big' || i, 'UTF8'), 0, "
+            "convert_to(repeat('p', 1048576),"
+            " 'UTF8') FROM generate_series(1, 8) i");
+    int64_t m0 = pgf_mono_ms();
+    pgf_sql(c, PGRES_TUPLES_OK, "SELECT pg_notify('twheel', 'hr')");
+    const char *ok[] = {"noown", "nolease", "minf", "dmin", "big1", "big8"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        pgf_wait_count(ok[i], 1);
+    fprintf(stderr, "  delivered in %lld ms\n",
+            (long long)(pgf_mono_ms() - m0));
+    tw_durable_stats s;
+    for (int i = 0; i < 15000; i++) {
+        ASSERT_EQ(tw_durable_stats_get(d, &s), 0);
+        if (s.quarantined >= 2)
+            break;
+        pgf_sleep_ms(1);
+    }
+    fprintf(stderr, "  set aside: %llu after %lld ms\n",
+            (unsigned long long)s.quarantined, (long long)(pgf_mono_ms() - m0));
+    ASSERT_EQ(s.quarantined, 2);
+    ASSERT_EQ(s.pending, 1); /* dmax */
+    ASSERT_EQ(pgf_num(c, "SELECT count(*) FROM twheel.quarantine WHERE"
+                         " ns = 'hr' AND key IN ('inf', 'far')"),
+              2);
+    pgf_sentinel(c, "hr", "after");
+    ASSERT_EQ(pgf_count("inf", NULL) + pgf_count("far", NULL), 0);
+    PQfinish(c);
+    ASSERT_EQ(tw_durable_close(d), 0);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
 } cases[] = {
-    {"locked", locked}, {"frozen", frozen}, {"creds", creds},
-    {"privs", privs},   {"nslen", nslen},   {"handupd", handupd},
+    {"locked", locked},   {"frozen", frozen}, {"creds", creds},
+    {"privs", privs},     {"nslen", nslen},   {"handupd", handupd},
+    {"hostile", hostile},
 };
 
 int main(int argc, char **argv)
