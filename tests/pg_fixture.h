@@ -173,36 +173,37 @@ static inline PGconn *pgf_client(void)
     return pgf_client_as(NULL);
 }
 
-/* Run @q (printf format) on @c; its status must be @want. */
-static inline __attribute__((format(printf, 3, 4))) void
-pgf_sql(PGconn *c, ExecStatusType want, const char *q, ...)
+/* Run @q formatted with @ap on @c; its status must be @want. */
+static inline PGresult *pgf_vexec(PGconn *c, ExecStatusType want, const char *q,
+                                  va_list ap)
 {
     char buf[2048];
-    va_list ap;
-    va_start(ap, q);
     vsnprintf(buf, sizeof buf, q, ap);
-    va_end(ap);
     PGresult *r = PQexec(c, buf);
     if (PQresultStatus(r) != want)
         fprintf(stderr, "%s: %s\n", buf, PQerrorMessage(c));
     ASSERT_EQ(PQresultStatus(r), want);
-    PQclear(r);
+    return r;
 }
 
-/* The first value of the one-row query @q on @c, as a number. */
-static inline long long pgf_num(PGconn *c, const char *q, ...)
-    __attribute__((format(printf, 2, 3)));
-static inline long long pgf_num(PGconn *c, const char *q, ...)
+/* Run @q (printf format) on @c; its status must be @want. */
+static inline __attribute__((format(printf, 3, 4))) void
+pgf_sql(PGconn *c, ExecStatusType want, const char *q, ...)
 {
-    char buf[2048];
     va_list ap;
     va_start(ap, q);
-    vsnprintf(buf, sizeof buf, q, ap);
+    PQclear(pgf_vexec(c, want, q, ap));
     va_end(ap);
-    PGresult *r = PQexec(c, buf);
-    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) < 1)
-        fprintf(stderr, "%s: %s\n", buf, PQerrorMessage(c));
-    ASSERT_EQ(PQresultStatus(r), PGRES_TUPLES_OK);
+}
+
+/* The first value of the query @q (printf format) on @c, a number. */
+static inline __attribute__((format(printf, 2, 3))) long long
+pgf_num(PGconn *c, const char *q, ...)
+{
+    va_list ap;
+    va_start(ap, q);
+    PGresult *r = pgf_vexec(c, PGRES_TUPLES_OK, q, ap);
+    va_end(ap);
     ASSERT_GE(PQntuples(r), 1);
     long long v = atoll(PQgetvalue(r, 0, 0));
     PQclear(r);
