@@ -360,9 +360,19 @@ void tw__pg_pool_close(struct pgpool *p)
     pthread_mutex_destroy(&p->mu);
 }
 
-/* A free slot of the pool, marked busy; waits while all are. */
-static int slot_take(struct pgpool *p)
+/* A free slot of the pool, marked busy; waits while all are, at most
+ * @ms (each holder's call is bounded, but a queue of them need not be):
+ * then -1. */
+static int slot_take(struct pgpool *p, int ms)
 {
+    struct timespec end;
+    clock_gettime(CLOCK_REALTIME, &end);
+    end.tv_sec += ms / 1000;
+    end.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (end.tv_nsec >= 1000000000L) {
+        end.tv_sec++;
+        end.tv_nsec -= 1000000000L;
+    }
     pthread_mutex_lock(&p->mu);
     for (;;) {
         for (int i = 0; i < PG_POOL; i++) {
@@ -372,14 +382,21 @@ static int slot_take(struct pgpool *p)
                 return i;
             }
         }
-        pthread_cond_wait(&p->cv, &p->mu);
+        if (pthread_cond_timedwait(&p->cv, &p->mu, &end) == ETIMEDOUT) {
+            pthread_mutex_unlock(&p->mu);
+            return -1;
+        }
     }
 }
 
 PGconn *tw__pg_take(struct pgd *d, int *rc)
 {
     struct pgpool *p = &d->pool;
-    int i = slot_take(p);
+    int i = slot_take(p, atomic_load(&d->call_ms));
+    if (i < 0) {
+        *rc = TW_EBUSY; /* every connection busy for a call's bound */
+        return NULL;
+    }
     /* The slot is ours: its connection may be made without the lock. */
     int ms = 0;
     *rc = TW_ECONN;
