@@ -411,6 +411,13 @@ int cmd_check(const struct opts *o)
                      r.timers),
                 r.rc = EX_PROBLEM;
         r.dead = r.rc ? 0 : s.dead;
+        /* PostgreSQL: rows a node set aside (twheel.quarantine). */
+        if (!r.rc && s.quarantined && !strcmp(o->backend, "postgres"))
+            snprintf(r.problem, sizeof r.problem,
+                     "%" PRIu64 " rows set aside in twheel.quarantine, "
+                     "never delivered",
+                     s.quarantined),
+                r.rc = EX_PROBLEM;
         check_redis_keys(&l, &r);
         if (r.rc)
             r.status = "damaged";
