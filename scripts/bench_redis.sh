@@ -18,6 +18,10 @@
 # one cell (G, RATE, SHARDS; default 100 ms, 2,000/s, 64 shards) for each
 # side with Redis's SLOWLOG recording every command: calls and time per
 # 1,000 timers by command and by script (scripts/redis_slowlog.py).
+# SCRIPT_COST=1: Redis CPU of a SCHED, an idle CLAIM and a CLAIM of 12
+# timers, with and without the claim's per-timer ZADD
+# (scripts/redis_script_cost.py; median of REPS runs is not taken: each
+# run prints its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/bench-redis}
@@ -72,6 +76,12 @@ if [ -n "${IDLE_ONLY:-}" ]; then
   for n in 1 4; do
     median 8 "$bin" idle "$seeds" "$pid" "$n" 10
     median 9 env OWNER_LEASE_MS=5000 "$bin" idle "$seeds" "$pid" "$n" 10
+  done
+  exit 0
+fi
+if [ -n "${SCRIPT_COST:-}" ]; then
+  for _ in $(seq "$reps"); do
+    scripts/redis_script_cost.py "$port" "$pid" "$bin"
   done
   exit 0
 fi
