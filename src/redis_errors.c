@@ -119,22 +119,31 @@ static void tell(struct rd *d, const struct grp *g, const tw__rc_cmd *c,
     d->on_error(d->on_error_arg, ref ? TW_EAUTH : TW_EIO, msg);
 }
 
-void tw__rd_bg_errors(struct rd *d, const struct grp *g, const tw__rc_cmd *cmds,
-                      const int *script, int one, size_t n)
+/* Count the error replies among @cmds[0..n) in d->errors (@all: every
+ * one; else those counted() takes); the first one's index, or @n. */
+static size_t count_errors(struct rd *d, const tw__rc_cmd *cmds, size_t n,
+                           bool all)
 {
     size_t first = n;
     uint64_t count = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!counted(&cmds[i]))
+        const redisReply *r = cmds[i].reply;
+        if (all ? !r || r->type != REDIS_REPLY_ERROR : !counted(&cmds[i]))
             continue;
         count++;
         if (first == n)
             first = i;
     }
-    if (!count)
-        return;
-    atomic_fetch_add(&d->errors, count);
-    if (!may_tell(d))
+    if (count)
+        atomic_fetch_add(&d->errors, count);
+    return first;
+}
+
+void tw__rd_bg_errors(struct rd *d, const struct grp *g, const tw__rc_cmd *cmds,
+                      const int *script, int one, size_t n)
+{
+    size_t first = count_errors(d, cmds, n, false);
+    if (first == n || !may_tell(d))
         return;
     int s = script ? script[first] : one;
     tell(d, g, &cmds[first],
@@ -146,20 +155,8 @@ void tw__rd_bg_errors(struct rd *d, const struct grp *g, const tw__rc_cmd *cmds,
 void tw__rd_own_errors(void *arg, const tw__rc_cmd *cmds, size_t n)
 {
     struct rd *d = arg;
-    size_t first = n;
-    uint64_t count = 0;
-    for (size_t i = 0; i < n; i++) {
-        const redisReply *r = cmds[i].reply;
-        if (!r || r->type != REDIS_REPLY_ERROR)
-            continue;
-        count++;
-        if (first == n)
-            first = i;
-    }
-    if (!count)
-        return;
-    atomic_fetch_add(&d->errors, count);
-    if (may_tell(d))
+    size_t first = count_errors(d, cmds, n, true);
+    if (first < n && may_tell(d))
         tell(d, NULL, &cmds[first], "shard ownership");
 }
 
