@@ -608,7 +608,9 @@ TW_EXTERN int tw_durable_cancel_many_if(tw_durable *d,
  * tw_durable_stats_get_sized - a snapshot of the counters into @out, a
  * struct of @out_size bytes: a caller built against an older header, with
  * a shorter struct, gets its fields and nothing past them. The plain name
- * is a macro passing sizeof(tw_durable_stats). 0 or TW_EINVAL.
+ * is a macro passing sizeof(tw_durable_stats). 0 or TW_EINVAL; on Redis
+ * also the error of its reads: TW_ECONN..., or TW_EAUTH when the user may
+ * no longer run one of them (counted in errors: never a 0 read as a count).
  */
 TW_EXTERN int tw_durable_stats_get_sized(tw_durable *d, tw_durable_stats *out,
                                          size_t out_size);
