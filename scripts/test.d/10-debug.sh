@@ -9,5 +9,9 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
-debug_build
-run_ctest build/ci-debug -LE "redis|twheeld|postgres"
+debug_tests() {
+  debug_build
+  run_ctest build/ci-debug -LE "redis|twheeld|postgres"
+}
+# Its configuration kept while its tests run (lib.sh, tree_runs).
+tree_runs build/ci-debug -s debug_tests

@@ -13,6 +13,10 @@
 # a missing server must fail here rather than be skipped quietly, and the
 # tests run one at a time (lateness, a server restart). About 60 s (the
 # ASan tree is built by the asan-ubsan stage before).
+# Its tests mostly wait on the server: scripts/test.sh runs it in its wait
+# lane, beside the foreground stages, on the tree the asan-ubsan stage
+# builds (whichever comes first builds it, under its lock).
+# Lane: wait
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"

@@ -59,6 +59,24 @@ _configure_build() {
   cmake --build "$1" -j"$jobs"
 }
 
+# tree_runs DIR -s|-x CMD...: CMD with the run lock of tree DIR held
+# shared (-s: CMD configures the tree as every stage does and runs tests
+# in it) or exclusive (-x: CMD configures it otherwise, as the valgrind
+# stage does with CTest's emulator, and runs tests in it). The stages of
+# scripts/test.sh's wait lane run beside the foreground's, so a tree's
+# tests may run while another stage configures it anew: this keeps a
+# stage's configuration and its tests together. Taken before the tree's
+# lock (locked), never inside it.
+tree_runs() {
+  local dir=$1 mode=$2
+  shift 2
+  mkdir -p "$(dirname "$dir")"
+  (
+    flock "$mode" 8
+    "$@"
+  ) 8>"$dir.runs.lock"
+}
+
 # debug_build [CMAKE_ARGS...]: the gcc Debug tree build/ci-debug with the
 # Redis backend, TLS and the several-server Redis scenarios, shared by the
 # debug, valgrind and Redis stages (the later ones find it built and only
