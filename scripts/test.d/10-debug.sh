@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: MIT
 # CI stage: gcc Debug build (with the Redis backend), every test but the
 # Redis and twheeld ones: the one-server Redis scenarios run under
-# ASan+UBSan (20-asan-ubsan.sh), the others in the Redis stage
-# (70-redis.sh) on this same build tree; twheeld's in its stage
+# ASan+UBSan (20-asan-ubsan.sh, 70-redis.sh), the others in the Redis
+# stage (70-redis.sh) on this same build tree; twheeld's in its stage
 # (75-twheeld.sh), on the ASan+UBSan tree; PostgreSQL's in its stage
 # (72-postgres.sh).
 set -euo pipefail

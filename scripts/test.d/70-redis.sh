@@ -14,7 +14,9 @@
 # Each scenario starts and stops its own servers (tests/redis_test.sh,
 # tests/redis_prod.sh). The one-server scenarios (semantics, the
 # backend-neutral suite, unreachable, kill -9 with appendfsync always,
-# garbage, passwords, TLS) run once per CI run, under ASan+UBSan
+# garbage, passwords, TLS) run once per CI run, under ASan+UBSan: those
+# that run one at a time here, in the asan-ubsan stage's tree after the
+# several-server ones (lib.sh, serial_redis), the others in that stage
 # (20-asan-ubsan.sh).
 # Its tests mostly wait (about a third of a core): scripts/test.sh runs it
 # in its wait lane, beside the foreground stages, on the tree the debug
@@ -45,3 +47,16 @@ redis_tests() {
   fi
 }
 tree_runs build/ci-debug -s redis_tests
+# The one-server scenarios that run one at a time, under ASan+UBSan.
+redis_asan_tests() {
+  local out
+  asan_build
+  out=$(ctest --test-dir build/ci-asan --output-on-failure -j1 --no-tests=error \
+    -R "$(serial_redis build/ci-asan)") || { echo "$out"; return 1; }
+  echo "$out"
+  if grep -q "Skipped" <<<"$out"; then
+    echo "redis stage: a test was skipped" >&2
+    return 1
+  fi
+}
+redis_asan_tests

@@ -97,6 +97,25 @@ asan_build() {
     -DCMAKE_C_COMPILER=clang -DTWHEEL_REDIS=ON
 }
 
+# serial_redis DIR: a CTest regex naming the one-server Redis scenarios
+# of tree DIR that run one at a time (RUN_SERIAL in tests/CMakeLists.txt:
+# they bound lateness or ages, or stop and kill servers on a timeline;
+# twheeld's are its stage's). The asan-ubsan stage leaves them to the
+# Redis stage, which runs them in this tree from scripts/test.sh's wait
+# lane: waiting on servers, they hold no core.
+serial_redis() {
+  ctest --test-dir "$1" --show-only=json-v1 | python3 -c '
+import json, sys
+names = []
+for t in json.load(sys.stdin)["tests"]:
+    p = {x["name"]: x["value"] for x in t.get("properties", [])}
+    labels = p.get("LABELS", [])
+    if (p.get("RUN_SERIAL") and not p.get("DISABLED") and "redis" in labels
+            and not {"redis-multi", "twheeld", "nosan"} & set(labels)):
+        names.append(t["name"])
+print("^(" + "|".join(names) + ")$" if names else "^$")'
+}
+
 # The sanitizers' settings for a test run in that tree.
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
