@@ -11,7 +11,9 @@
 # fdatasync on a preallocated file), with Redis appendfsync always and
 # everysec beside it (bench_durable); twheeld against beanstalkd
 # (scripts/bench_twheeld.sh ONLY=main, our load generator bench_bstalk);
-# the Redis backend against a sorted-set poller (bench_redis). The servers
+# the Redis backend against a sorted-set poller (bench_redis); the
+# PostgreSQL backend beside graphile-worker and pg-boss (scripts/bench_pg.sh,
+# bench/report/pg_summary.awk). The servers
 # run on 127.0.0.1 (free ports, directories under build/) and are always
 # stopped.
 # Prints the tables and writes build/bench/results/: results.csv (every
@@ -21,7 +23,7 @@
 #
 # Usage: scripts/bench.sh [--full] [--reps R] [--no-java] [--instr]
 #                         [--delayed N]
-#                         [--rounds core,service,durable,twheeld,redis]
+#                         [--rounds core,service,durable,twheeld,redis,pg]
 #   default  quick mode (sized for 6 minutes on 2 quiet cores from a fresh
 #            clone; on 2026-12-07, at load 10-18, it took 15 min):
 #            1e3 and 1e5 pending timers with every workload, 1e6 with
@@ -32,10 +34,14 @@
 #            twheeld round, one run of 1 s per row and server, as many
 #            delayed jobs as the time left allows (--delayed); the Redis
 #            round, 3 runs each of 5,000 timers over 2 s, and at equal
-#            precision beside the lease-poller (G = 5 and 100 ms)
+#            precision beside the lease-poller (G = 5 and 100 ms); the
+#            PostgreSQL round, one run of 0.25 s per scheduling cell and
+#            1 s of firing at 2,000/s, 2,000 pending timers for the sizes
+#            (about 85 s at load 15-17; PG_REPS=3 for medians of 3;
+#            scripts/bench_pg.sh alone runs 3 of longer ones)
 #   --full   1e3, 1e5, 1e6 and 1e7 pending timers, every workload (about
 #            50 minutes); implies --instr
-#   --rounds only the rounds named (default all five)
+#   --rounds only the rounds named (default all six)
 #   --delayed N  delayed jobs in the twheeld round's memory, disk and
 #            restart rows, the same for both servers (default: what the
 #            time left in the budget allows, 50,000 to 1,000,000; a
@@ -50,7 +56,7 @@ full=0
 reps=5
 java=1
 instr=0
-rounds=core,service,durable,twheeld,redis
+rounds=core,service,durable,twheeld,redis,pg
 delayed=auto
 budget=360 # seconds: the quick run's target, Debian installs included
 t_script=$SECONDS
@@ -63,7 +69,7 @@ while (($#)); do
     --rounds) rounds=$2; shift ;;
     --delayed) delayed=$2; shift ;;
     *) echo "usage: $0 [--full] [--reps R] [--no-java] [--instr]" \
-      "[--delayed N] [--rounds core,service,durable,twheeld,redis]" >&2
+      "[--delayed N] [--rounds core,service,durable,twheeld,redis,pg]" >&2
       exit 2 ;;
   esac
   shift
@@ -129,10 +135,14 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 targets=(bench_core bench_service)
 has core && targets+=(bench_core_1list dram_probe)
 has durable && targets+=(bench_durable fsync_probe)
-has twheeld && targets+=(twheeld bench_bstalk fsync_probe)
+has twheeld && targets+=(twheeld bench_bstalk bstalk_floor fsync_probe)
 # bench_redis exists when hiredis was found (scripts/deps.sh installs it).
 if has redis && grep -q '^build bench/bench_redis:' "$build/build.ninja"; then
   targets+=(bench_redis)
+fi
+# bench_pg exists when libpq was found (scripts/deps.sh installs it).
+if has pg && grep -q '^build bench/bench_pg:' "$build/build.ninja"; then
+  targets+=(bench_pg)
 fi
 echo ">>> building ${targets[*]} ($((SECONDS - t_script)) s since the start," \
   "$((budget - SECONDS + t_script)) s of the ${budget} s budget left)"
@@ -162,6 +172,7 @@ has service && plan "service (bench_service)" $((full ? 120 : 20))
 has durable && plan "durable store (device limit, journal, Redis always/everysec)" 40
 has twheeld && plan "twheeld beside beanstalkd" 60
 has redis && plan "Redis backend (twheel, sorted-set poller, lease-poller at equal precision)" 70
+has pg && plan "PostgreSQL backend beside graphile-worker and pg-boss" 85
 ((instr)) && plan "callgrind counts" 60
 plan "summary and plot" 2
 stage_no=0
@@ -300,16 +311,16 @@ fi
 
 # fdatasync_probe TAG DIR [COUNT]: the device's limit, measured in the run: the
 # latency of one small pwrite + fdatasync on a preallocated file (as the
-# journal's segments are), COUNT (default 300) calls of 112 bytes, as a
-# "system=device" line.
+# journal's segments are), COUNT (default 300) calls of 112 bytes, and the
+# caller's CPU time per call, as a "system=device" line.
 fdatasync_probe() {
   mkdir -p "$2"
   "$build/bench/fsync_probe" "$2" "${3:-300}" 112 fallocate |
     tee -a "$out/fsync_probe.txt" |
     awk -v tag="$1" '/^file=fallocate/ { for (i = 1; i <= NF; i++) {
       split($i, kv, "="); v[kv[1]] = kv[2] }
-      printf "system=device op=fdatasync at=%s p50_us=%s p99_us=%s\n",
-        tag, v["p50_us"], v["p99_us"] }'
+      printf "system=device op=fdatasync at=%s p50_us=%s p99_us=%s cpu_us=%s\n",
+        tag, v["p50_us"], v["p99_us"], v["cpu_us"] }'
 }
 # cpu_of PID: a process's CPU time so far (user + system), in seconds.
 cpu_of() {
@@ -468,6 +479,29 @@ if has redis; then
   fi
 fi
 
+# 3e. The PostgreSQL backend beside graphile-worker and pg-boss
+# (scripts/bench_pg.sh: its own server on 127.0.0.1, synchronous_commit
+# on; the peers installed by npm ci into build/bench/pg-peers, kept
+# between runs): scheduling rates, the server's CPU per fired timer and
+# p99 lateness at 2,000/s, bytes per pending timer. Short here, one run
+# (PG_REPS and the other PG_* of the environment override it); its rows
+# go to results.csv and its
+# targets to the summary (bench/report/pg_summary.awk).
+if has pg; then
+  stage "PostgreSQL backend beside graphile-worker and pg-boss"
+  if [ -x "$build/bench/bench_pg" ]; then
+    PG_OUT=$out/pg_lines.txt PG_RATE_S=${PG_RATE_S:-0.25} \
+      PG_FIRE_S=${PG_FIRE_S:-1} PG_DRAIN_MS=${PG_DRAIN_MS:-1500} \
+      PG_SIZE_N=${PG_SIZE_N:-2000} PG_POLL10=${PG_POLL10:-0} \
+      scripts/bench_pg.sh "$build" "${PG_REPS:-1}" | tee "$out/pg.txt" &
+    wait $!
+    awk -v csv=1 -f bench/report/pg_summary.awk "$out/pg_lines.txt" >>"$csv"
+  else
+    echo "pg: skipped (bench_pg needs libpq; scripts/deps.sh bench" \
+      "installs libpq-dev)" | tee "$out/pg.txt"
+  fi
+fi
+
 # 4. Instruction and cache-miss counts: the same code paths under callgrind,
 # one run each (wall time on a shared machine is noisy; these are not).
 if ((instr)); then
@@ -510,9 +544,12 @@ fi
 stage "summary and plot"
 awk -F, -f bench/report/summary.awk -v loads="$out/loads.txt" "$csv" |
   tee "$out/summary.txt"
+if [ -s "$out/pg_lines.txt" ]; then # the PostgreSQL round's own targets
+  awk -f bench/report/pg_summary.awk "$out/pg_lines.txt" | tee -a "$out/summary.txt"
+fi
 plot="plot: skipped (no gnuplot)"
 if command -v gnuplot >/dev/null; then
-  sizes=$(awk -F, 'NR > 1 && $2 !~ /^(svc|dur|redis|dev|bs|dram)_/ { print $1 }' "$csv" | sort -n | uniq)
+  sizes=$(awk -F, 'NR > 1 && $2 !~ /^(svc|dur|redis|dev|bs|dram|pg)_/ { print $1 }' "$csv" | sort -n | uniq)
   # A round not in the CSV leaves its panel empty.
   hv() { grep -q "^[0-9]*,$1" "$csv" && echo 1 || echo 0; }
   have="have_core=$(hv '[a-z]*,twheel,'); have_svc=$(hv svc_); have_dur=$(hv dur_); have_redis=$(hv redis_)"

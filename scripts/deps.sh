@@ -11,7 +11,8 @@ test_pkgs=(cmake ninja-build gcc clang clang-format libclang-rt-14-dev llvm-14 v
   libpq-dev postgresql)
 bench_pkgs=(cmake ninja-build gcc pkg-config libuv1-dev libevent-dev
   redis-server redis-tools libhiredis-dev libssl-dev libsqlite3-dev
-  gnuplot-nox default-jdk-headless libnetty-java procps beanstalkd)
+  gnuplot-nox default-jdk-headless libnetty-java procps beanstalkd
+  libpq-dev postgresql nodejs)
 case $group in
   test) pkgs=("${test_pkgs[@]}") ;;
   bench) pkgs=("${bench_pkgs[@]}") ;;
@@ -25,7 +26,7 @@ for p in "${pkgs[@]}"; do
   fi
 done
 # npm: Debian's package, unless a nodejs that bundles it is installed.
-if [ "$group" != bench ] && ! command -v npm >/dev/null; then
+if ! command -v npm >/dev/null; then
   missing+=(npm)
 fi
 if ((${#missing[@]})); then

@@ -29,6 +29,9 @@ void tw__durable_table(struct tw_durable *d, size_t *nbuckets, size_t *nold);
  * store's lock between two steps of the build
  * (src/durable_journal_query.c). */
 extern void (*tw__durable_index_hook)(struct tw_durable *d);
+/* A read-only open has listed the journal's segments (@step 0) and has
+ * read its MANIFEST (@step 1), no segment yet (src/durable_journal_open.c). */
+extern void (*tw__journal_list_hook)(int dirfd, int step);
 #endif
 
 #endif

@@ -26,7 +26,12 @@
 #include <unistd.h>
 
 #include "durable_journal.h"
+#include "durable_hooks.h"
 #include "common.h"
+
+#ifdef TW_TEST_HOOKS
+void (*tw__journal_list_hook)(int dirfd, int step);
+#endif
 
 static void free_all(jstore *s);
 static const struct tw_durable_ops journal_ops;
@@ -306,32 +311,32 @@ static int first_segment(jstore *s, const tw_durable_config *cfg,
     return 0;
 }
 
-static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
+/* Whether segment @no, listed and then not found, was deleted by a live
+ * store's compaction meanwhile (read-only opens only): its MANIFEST now
+ * names a later segment as the oldest. */
+static bool compacted_away(jstore *s, uint32_t no)
 {
-    uint32_t *nos = NULL;
-    size_t cnt = 0;
-    int rc = tw__jr_list_segments(s->dirfd, &nos, &cnt);
-    if (rc)
-        return rc;
-    size_t i = 0;
-    rc = first_segment(s, cfg, nos, cnt, &i);
-    if (rc) {
-        tw__free(nos);
-        return rc;
-    }
-    if (i < cnt) /* (nos is NULL when there is no segment) */
-        presize_table(s, nos + i, cnt - i);
-    jr_seg_file f = {.fd = -1};
+    uint32_t oldest;
+    return s->readonly && tw__jr_manifest_read(s->dirfd, &oldest) == 0 &&
+           oldest > no;
+}
+
+/* Replay segments @nos[@i .. @cnt) in order; @f: the reader's buffer.
+ * *@vanished: some segment was compacted away before it could be read. */
+static int replay_list(jstore *s, const tw_durable_config *cfg,
+                       const uint32_t *nos, size_t i, size_t cnt,
+                       jr_seg_file *f, bool *damaged, bool *vanished)
+{
+    int rc = 0;
     for (size_t i0 = i; i < cnt && rc == 0; i++) {
-        f.no = nos[i];
-        f.last = i + 1 == cnt;
+        f->no = nos[i];
+        f->last = i + 1 == cnt;
         if (i > i0 && nos[i] != nos[i - 1] + 1 &&
             !(cfg->flags & TW_DURABLE_REPAIR)) {
-            tw__jr_seg_name(f.name, f.no);
+            tw__jr_seg_name(f->name, f->no);
             tw__durable_errmsg(cfg, "%s/%s: segment %u is missing", cfg->dir,
-                               f.name, nos[i - 1] + 1);
-            rc = TW_EIO;
-            break;
+                               f->name, nos[i - 1] + 1);
+            return TW_EIO;
         }
         if (i > i0 && nos[i] != nos[i - 1] + 1) { /* repair mode */
             tw__journal_report_missing(cfg, nos[i - 1] + 1,
@@ -340,13 +345,78 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
              * the gap would stop the next open without TW_DURABLE_REPAIR. */
             *damaged = true;
         }
-        rc = replay_segment(s, cfg, &f, damaged);
-        if (f.fd >= 0)
-            close(f.fd);
-        f.fd = -1;
+        rc = replay_segment(s, cfg, f, damaged);
+        if (f->fd >= 0)
+            close(f->fd);
+        f->fd = -1;
         if (rc == 1) /* a bad header, deleted */
             rc = 0;
+        if (rc == TW_ENOENT && compacted_away(s, f->no)) {
+            *vanished = true;
+            rc = 0;
+        } else if (rc == TW_ENOENT) {
+            rc = TW_EIO;
+        }
     }
+    return rc;
+}
+
+/* A read-only open beside a live store: while the listed segments were
+ * read, its compaction may have copied live records of a segment this
+ * open skipped (the MANIFEST had moved past it) or could not find any
+ * more to the end of the journal, into segments the listing did not
+ * name. Those copies were written before the segment went, so reading
+ * the segments after @last that exist now finds them; a round that finds
+ * another segment gone is followed by one more, a bounded number. */
+#define REPLAY_ROUNDS 16
+static int replay_newer(jstore *s, const tw_durable_config *cfg, uint32_t last,
+                        jr_seg_file *f, bool *damaged)
+{
+    for (int round = 0; round < REPLAY_ROUNDS; round++) {
+        uint32_t *nos = NULL;
+        size_t cnt = 0, i = 0;
+        int rc = tw__jr_list_segments(s->dirfd, &nos, &cnt);
+        while (!rc && i < cnt && nos[i] <= last)
+            i++;
+        bool vanished = false;
+        if (!rc && i < cnt) {
+            rc = replay_list(s, cfg, nos, i, cnt, f, damaged, &vanished);
+            last = nos[cnt - 1];
+        }
+        tw__free(nos);
+        if (rc || !vanished)
+            return rc;
+    }
+    tw__durable_errmsg(cfg, "%s: the journal changed too fast to be read",
+                       cfg->dir);
+    return TW_EAGAIN;
+}
+
+static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
+{
+    uint32_t *nos = NULL;
+    size_t cnt = 0;
+    int rc = tw__jr_list_segments(s->dirfd, &nos, &cnt);
+    if (rc)
+        return rc;
+#ifdef TW_TEST_HOOKS
+    if (tw__journal_list_hook && s->readonly)
+        tw__journal_list_hook(s->dirfd, 0);
+#endif
+    size_t i = 0;
+    rc = first_segment(s, cfg, nos, cnt, &i);
+#ifdef TW_TEST_HOOKS
+    if (tw__journal_list_hook && s->readonly)
+        tw__journal_list_hook(s->dirfd, 1);
+#endif
+    if (i < cnt && !rc) /* (nos is NULL when there is no segment) */
+        presize_table(s, nos + i, cnt - i);
+    jr_seg_file f = {.fd = -1};
+    bool vanished = false;
+    if (!rc)
+        rc = replay_list(s, cfg, nos, i, cnt, &f, damaged, &vanished);
+    if (!rc && s->readonly)
+        rc = replay_newer(s, cfg, cnt ? nos[cnt - 1] : 0, &f, damaged);
     tw__free(f.buf);
     tw__free(nos);
     /* A format-1 journal is rewritten in format 2 as after a repair: a
@@ -356,6 +426,7 @@ static int replay(jstore *s, const tw_durable_config *cfg, bool *damaged)
         fit_table(s);
     return rc ? rc : replay_done(s, cfg, *damaged);
 }
+
 /* fsync the directory that holds @path (its first @len bytes name it). */
 static void sync_parent(const char *path, size_t len)
 {

@@ -16,8 +16,9 @@
  * What a change through this handle stops, and how completions are fenced
  * by row versions: src/durable_pg.h.
  *
- * The batch calls (schedule_many, cancel_many) are loops over the single
- * calls here: one round trip an item.
+ * tw_durable_schedule_many is one statement a batch
+ * (src/durable_pg_many.c); cancel_many is a loop over the single cancel
+ * here: one round trip an item.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -219,6 +220,7 @@ static int pg_close(tw_durable *base)
 
 static const struct tw_durable_ops pg_ops = {
     .schedule = pg_schedule,
+    .schedule_many = tw__pg_schedule_many, /* src/durable_pg_many.c */
     .cancel = pg_cancel,
     .close = pg_close,
     .stats = pg_stats,

@@ -14,6 +14,7 @@
  *   src/durable_pg_fire.c    the firer thread: LISTEN, claim due rows,
  *                            deliver through the shared executor, complete
  *   src/durable_pg_query.c   get, list, scan, dead letters, touch
+ *   src/durable_pg_many.c    schedule_many: a batch in one statement
  *
  * Versions. Every row of twheel.timers has a version (ver, from the
  * sequence twheel.ver_seq) that every write of the row renews: a
@@ -176,6 +177,9 @@ void tw__pg_changed(struct pgd *d, const void *key, size_t key_len,
 void tw__pg_wake(struct pgd *d, int64_t due);
 /* Whether a delivery of @key is claimed and not completed (touch). */
 int tw__pg_touch(tw_durable *base, const void *key, size_t key_len);
+
+/* tw_durable_schedule_many: one statement a batch (src/durable_pg_many.c). */
+int tw__pg_schedule_many(tw_durable *base, tw_durable_item *items, size_t n);
 
 /* Look-ups (src/durable_pg_query.c), ops of the table. */
 int tw__pg_get(tw_durable *base, const void *key, size_t key_len,

@@ -60,7 +60,8 @@ typedef struct jr_seg_file {
     size_t buf_cap;
 } jr_seg_file;
 
-/* Open segment @f->no (read-only if @readonly) and read it into @f->buf. */
+/* Open segment @f->no (read-only if @readonly) and read it into @f->buf:
+ * 0, TW_ENOENT (no such file), TW_EIO, TW_ENOMEM. */
 int tw__jr_read_segment(int dirfd, bool readonly, jr_seg_file *f);
 /* Whether bytes [@from, @to) of @p are all zero. */
 bool tw__jr_all_zero(const unsigned char *p, size_t from, size_t to);

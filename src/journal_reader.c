@@ -151,6 +151,7 @@ int tw__jr_list_segments(int dirfd, uint32_t **out, size_t *n)
         close(fd);
         return TW_EIO;
     }
+    rewinddir(dir); /* a dup shares its offset with @dirfd: listed before? */
     uint32_t *v = NULL;
     size_t cnt = 0, cap = 0;
     int rc = 0;
@@ -202,6 +203,8 @@ int tw__jr_read_segment(int dirfd, bool readonly, jr_seg_file *f)
 {
     tw__jr_seg_name(f->name, f->no);
     f->fd = openat(dirfd, f->name, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+    if (f->fd < 0 && errno == ENOENT)
+        return TW_ENOENT;
     struct stat st;
     if (f->fd < 0 || fstat(f->fd, &st) != 0)
         return TW_EIO;
