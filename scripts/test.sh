@@ -5,26 +5,33 @@
 # format, spdx). Installs what it needs (Debian packages) first. Exits
 # non-zero if any stage fails.
 #
-# Two lanes. The stages with real-time bounds or real servers (the
-# foreground: every stage without a "# Lane: background" line) run one
-# after the other in the order of NN, at normal CPU priority. The stages
-# that only compute, with no clock in any of their checks (those with
-# that line: the install check, the API reference, the fuzz runs with
-# their fixed input counts, format, spdx), run one after the other in a
-# second lane at the lowest CPU priority from the start (SCHED_IDLE, which
+# Three lanes. The stages with real-time bounds or real servers (the
+# foreground: every stage without a "# Lane:" line) run one after the
+# other in the order of NN, at normal CPU priority. The stages that mostly
+# wait on real servers and fault timelines (those with a "# Lane: wait"
+# line: Redis, PostgreSQL, twheeld; a third to a half of a core in all)
+# run one after the other in a second lane beside the foreground, at the
+# same priority, from the start: each takes its build tree's lock
+# (scripts/test.d/lib.sh), so it starts once the foreground stage that
+# builds that tree has built it, and runs its tests on it while the
+# foreground goes on with the next stage. The stages that only compute,
+# with no clock in any of their checks (those with "# Lane: background":
+# the install check, the API reference, the fuzz runs with their fixed
+# input counts, format, spdx), run one after the other in a third lane at
+# the lowest CPU priority from the start (SCHED_IDLE, which
 # a waking normal task preempts at once, where a nice 19 task may finish
 # its slice first; nice 19 where chrt cannot set it): they
-# take the CPU the foreground leaves idle (its stages wait on servers and
+# take the CPU the other two leave idle (their stages wait on servers and
 # sleeps for about half their time) and give it back whenever a
-# foreground test wants it, so the foreground sees an otherwise idle
-# machine. A stage with a "# Prebuild: background" line is first run
+# test wants it. A stage with a "# Prebuild: background" line is first run
 # with --build in that lane too: it compiles the stage's tree ahead, in
 # the CPU the stages before it leave idle; when the stage comes, it finds
 # its tree built, or stops that build and goes on with it at its own
 # priority (a head start, never a wait: scripts/test.d/lib.sh, locked).
-# Once the foreground is done, what is left of the background lane goes
-# back to the priority of this script (where it may: root). The
-# background lane's output is printed after the foreground's.
+# Once the foreground and the wait lane are done, what is left of the
+# background lane goes back to the priority of this script (where it may:
+# root). The wait lane's and the background lane's output are printed
+# after the foreground's (each stage's last line as it ends).
 # TWHEEL_TEST_LANES=1 runs every stage in the foreground, in the order of
 # NN.
 #
@@ -78,6 +85,7 @@ run_stage() {
 }
 
 fg=()
+wt=()
 bg=()
 pre=()
 for f in scripts/test.d/[0-9][0-9]-*.sh; do
@@ -91,17 +99,24 @@ for f in scripts/test.d/[0-9][0-9]-*.sh; do
   elif grep -q '^# Lane: background' "$f"; then
     bg+=("$f")
   else
-    fg+=("$f")
-    grep -q '^# Prebuild: background' "$f" && pre+=("$f")
+    # The wait lane's prebuilds first (twheeld's: a fetch of clients,
+    # seconds of CPU): its stages come sooner than their places in NN.
+    if grep -q '^# Lane: wait' "$f"; then
+      wt+=("$f")
+      grep -q '^# Prebuild: background' "$f" && pre=("$f" "${pre[@]}")
+    else
+      fg+=("$f")
+      grep -q '^# Prebuild: background' "$f" && pre+=("$f")
+    fi
   fi
 done
 
 bgpid=
 if ((${#bg[@]} + ${#pre[@]})); then
   (
-    # Lowest priority while the foreground runs (not at all when it has
-    # nothing to run, or is done already).
-    if ((${#fg[@]})) && [ ! -e build/lanes/fg-done ]; then
+    # Lowest priority while the foreground and the wait lane run (not at
+    # all when they have nothing to run, or are done already).
+    if ((${#fg[@]} + ${#wt[@]})) && [ ! -e build/lanes/fg-done ]; then
       renice -n 19 -p "$BASHPID" >/dev/null
       chrt --idle -p 0 "$BASHPID" 2>/dev/null || true
     fi
@@ -118,11 +133,29 @@ if ((${#bg[@]} + ${#pre[@]})); then
   ) &
   bgpid=$!
 fi
+# The wait lane: each stage in a subshell of its own, as below.
+wtpid=
+if ((${#wt[@]})); then
+  (
+    for f in "${wt[@]}"; do
+      (run_stage "$f" wait) >"build/lanes/$(basename "$f" .sh).log" 2>&1 </dev/null
+      tail -1 "build/lanes/$(basename "$f" .sh).log"
+    done
+  ) &
+  wtpid=$!
+fi
 # Each in a subshell of its own: its CPU time is that subshell's
-# children's alone (this shell also reaps the background lane).
+# children's alone (this shell also reaps the other lanes).
 for f in "${fg[@]}"; do
   (run_stage "$f")
 done
+if [ -n "$wtpid" ]; then
+  wait "$wtpid" || true
+  for f in "${wt[@]}"; do
+    echo "=== output of the wait-lane stage $(basename "$f" .sh):"
+    cat "build/lanes/$(basename "$f" .sh).log"
+  done
+fi
 # descendants PID: every process below PID.
 descendants() {
   local p

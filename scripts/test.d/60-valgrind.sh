@@ -31,18 +31,24 @@ exclude='^(test_wheel_diff|test_durable_index|test_durable_index_deep|test_durab
 vg="valgrind;--tool=memcheck;--error-exitcode=99;--leak-check=full"
 vg+=";--show-leak-kinds=all;--errors-for-leak-kinds=all;--num-callers=30"
 vg+=";--fair-sched=yes;--suppressions=$root/tests/valgrind.supp"
-debug_build "-DCMAKE_CROSSCOMPILING_EMULATOR=$vg"
-# Two at a time (a valgrind process keeps one core busy, so two use both
-# cores), but the tests with real-time cases that need a core to
-# themselves run afterwards, one at a time: test_service and
-# test_service_xchg (its real-time cases), test_service_window
-# (lateness), test_service_tsc (the TSC estimate against the clock),
-# test_clock (the lazy clock on a busy thread), test_repeated_threads
-# (periods on the real service).
-alone='test_service test_service_xchg test_service_window test_service_tsc
-  test_clock test_repeated_threads'
-read -r pair one < <(ctest --test-dir "$dir" --show-only=json-v1 |
-  EXCLUDE="$exclude" ALONE="$alone" python3 -c '
+# The tree with valgrind as CTest's emulator, and its CTest runs, with the
+# tree's run lock held alone: the Redis stage (in scripts/test.sh's wait
+# lane) runs its tests in this tree without the emulator, beside the
+# foreground stages (lib.sh, tree_runs).
+vg_ctests() {
+  local pair one
+  debug_build "-DCMAKE_CROSSCOMPILING_EMULATOR=$vg"
+  # Two at a time (a valgrind process keeps one core busy, so two use both
+  # cores), but the tests with real-time cases that need a core to
+  # themselves run afterwards, one at a time: test_service and
+  # test_service_xchg (its real-time cases), test_service_window
+  # (lateness), test_service_tsc (the TSC estimate against the clock),
+  # test_clock (the lazy clock on a busy thread), test_repeated_threads
+  # (periods on the real service).
+  alone='test_service test_service_xchg test_service_window test_service_tsc
+    test_clock test_repeated_threads'
+  read -r pair one < <(ctest --test-dir "$dir" --show-only=json-v1 |
+    EXCLUDE="$exclude" ALONE="$alone" python3 -c '
 import json, os, re, sys
 names = [t["name"] for t in json.load(sys.stdin)["tests"]
          if t.get("command", [""])[0].endswith("valgrind")
@@ -50,9 +56,11 @@ names = [t["name"] for t in json.load(sys.stdin)["tests"]
 alone = os.environ["ALONE"].split()
 rx = lambda ns: "^(" + "|".join(ns) + ")$"
 print(rx([n for n in names if n not in alone]), rx([n for n in names if n in alone]))')
-ctest --test-dir "$dir" --output-on-failure -j"$jobs" -R "$pair" --timeout 300
-ctest --test-dir "$dir" --output-on-failure -j1 -R "$one" --timeout 300 \
-  --no-tests=error
+  ctest --test-dir "$dir" --output-on-failure -j"$jobs" -R "$pair" --timeout 300
+  ctest --test-dir "$dir" --output-on-failure -j1 -R "$one" --timeout 300 \
+    --no-tests=error
+}
+tree_runs build/ci-debug -x vg_ctests
 vgargs=()
 IFS=';' read -r -a vgargs <<<"$vg"
 # The shortened runs, in two lanes side by side (none has a real-time

@@ -14,8 +14,16 @@
 # Each scenario starts and stops its own servers (tests/redis_test.sh,
 # tests/redis_prod.sh). The one-server scenarios (semantics, the
 # backend-neutral suite, unreachable, kill -9 with appendfsync always,
-# garbage, passwords, TLS) run once per CI run, under ASan+UBSan
+# garbage, passwords, TLS) run once per CI run, under ASan+UBSan: those
+# that run one at a time here, in the asan-ubsan stage's tree after the
+# several-server ones (lib.sh, serial_redis), the others in that stage
 # (20-asan-ubsan.sh).
+# Its tests mostly wait (about a third of a core): scripts/test.sh runs it
+# in its wait lane, beside the foreground stages, on the tree the debug
+# stage builds (whichever comes first builds it, under its lock); its run
+# lock is held until its tests end, so that the valgrind stage does not
+# set CTest's emulator in the tree meanwhile (lib.sh, tree_runs).
+# Lane: wait
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"
@@ -24,14 +32,31 @@ if ! command -v redis-server >/dev/null || ! command -v openssl >/dev/null ||
   echo "redis stage: redis-server, openssl, hiredis or libssl-dev missing (scripts/deps.sh test)" >&2
   exit 1
 fi
-debug_build
 # Two at a time, but the scenarios that measure lateness or kill, stop or
 # step servers on a timeline one at a time (RUN_SERIAL in
 # tests/CMakeLists.txt). Skipped tests (exit 77) fail the stage.
-out=$(ctest --test-dir build/ci-debug --output-on-failure -L redis-multi -j"$jobs") ||
-  { echo "$out"; exit 1; }
-echo "$out"
-if grep -q "Skipped" <<<"$out"; then
-  echo "redis stage: a test was skipped" >&2
-  exit 1
-fi
+redis_tests() {
+  local out
+  debug_build
+  out=$(ctest --test-dir build/ci-debug --output-on-failure -L redis-multi -j"$jobs") ||
+    { echo "$out"; return 1; }
+  echo "$out"
+  if grep -q "Skipped" <<<"$out"; then
+    echo "redis stage: a test was skipped" >&2
+    return 1
+  fi
+}
+tree_runs build/ci-debug -s redis_tests
+# The one-server scenarios that run one at a time, under ASan+UBSan.
+redis_asan_tests() {
+  local out
+  asan_build
+  out=$(ctest --test-dir build/ci-asan --output-on-failure -j1 --no-tests=error \
+    -R "$(serial_redis build/ci-asan)") || { echo "$out"; return 1; }
+  echo "$out"
+  if grep -q "Skipped" <<<"$out"; then
+    echo "redis stage: a test was skipped" >&2
+    return 1
+  fi
+}
+redis_asan_tests

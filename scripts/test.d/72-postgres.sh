@@ -14,9 +14,13 @@
 # asan-ubsan stages leave label postgres out, so the tests run once): it
 # needs the server's binaries (scripts/deps.sh test installs postgresql),
 # a missing server must fail here rather than be skipped quietly, and the
-# tests run one at a time (lateness, a server restart). About 92 to 106 s
-# (87 to 101 s of tests) at a load average of 9 to 15 on 2 cores, 42 to
-# 49 s of it the pg_fleet tests (the ASan tree is built by the asan-ubsan stage before).
+# tests run one at a time (lateness, a server restart, a failover). About
+# 92 to 106 s (87 to 101 s of tests) at a load average of 9 to 15 on 2
+# cores, 42 to 49 s of it the pg_fleet tests.
+# Its tests mostly wait on the server: scripts/test.sh runs it in its wait
+# lane, beside the foreground stages, on the tree the asan-ubsan stage
+# builds (whichever comes first builds it, under its lock).
+# Lane: wait
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$root"

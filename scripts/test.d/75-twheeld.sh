@@ -17,7 +17,11 @@
 # the others. With --build it only fetches the npm clients: scripts/test.sh
 # does that ahead, in its background lane (the line below); the stage
 # waits for a fetch under way (the lock), which takes the network more
-# than the CPU.
+# than the CPU. Its tests mostly wait (on servers, liveness records,
+# leases): scripts/test.sh runs it in its wait lane, beside the foreground
+# stages, on the tree the asan-ubsan stage builds
+# (whichever comes first builds it, under its lock).
+# Lane: wait
 # Prebuild: background
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"

@@ -59,6 +59,24 @@ _configure_build() {
   cmake --build "$1" -j"$jobs"
 }
 
+# tree_runs DIR -s|-x CMD...: CMD with the run lock of tree DIR held
+# shared (-s: CMD configures the tree as every stage does and runs tests
+# in it) or exclusive (-x: CMD configures it otherwise, as the valgrind
+# stage does with CTest's emulator, and runs tests in it). The stages of
+# scripts/test.sh's wait lane run beside the foreground's, so a tree's
+# tests may run while another stage configures it anew: this keeps a
+# stage's configuration and its tests together. Taken before the tree's
+# lock (locked), never inside it.
+tree_runs() {
+  local dir=$1 mode=$2
+  shift 2
+  mkdir -p "$(dirname "$dir")"
+  (
+    flock "$mode" 8
+    "$@"
+  ) 8>"$dir.runs.lock"
+}
+
 # debug_build [CMAKE_ARGS...]: the gcc Debug tree build/ci-debug with the
 # Redis backend, TLS and the several-server Redis scenarios, shared by the
 # debug, valgrind and Redis stages (the later ones find it built and only
@@ -77,6 +95,25 @@ debug_build() {
 asan_build() {
   configure_build build/ci-asan -DCMAKE_BUILD_TYPE=Asan \
     -DCMAKE_C_COMPILER=clang -DTWHEEL_REDIS=ON
+}
+
+# serial_redis DIR: a CTest regex naming the one-server Redis scenarios
+# of tree DIR that run one at a time (RUN_SERIAL in tests/CMakeLists.txt:
+# they bound lateness or ages, or stop and kill servers on a timeline;
+# twheeld's are its stage's). The asan-ubsan stage leaves them to the
+# Redis stage, which runs them in this tree from scripts/test.sh's wait
+# lane: waiting on servers, they hold no core.
+serial_redis() {
+  ctest --test-dir "$1" --show-only=json-v1 | python3 -c '
+import json, sys
+names = []
+for t in json.load(sys.stdin)["tests"]:
+    p = {x["name"]: x["value"] for x in t.get("properties", [])}
+    labels = p.get("LABELS", [])
+    if (p.get("RUN_SERIAL") and not p.get("DISABLED") and "redis" in labels
+            and not {"redis-multi", "twheeld", "nosan"} & set(labels)):
+        names.append(t["name"])
+print("^(" + "|".join(names) + ")$" if names else "^$")'
 }
 
 # The sanitizers' settings for a test run in that tree.
