@@ -13,6 +13,7 @@
  *                            installed and versioned at open, privileges
  *   src/durable_pg_fire.c    the firer thread: LISTEN, claim due rows,
  *                            deliver through the shared executor, complete
+ *   src/durable_pg_batch.c   done and retry completions, many a statement
  *   src/durable_pg_query.c   get, list, scan, dead letters, touch
  *
  * Versions. Every row of twheel.timers has a version (ver, from the
@@ -51,6 +52,10 @@
 #define PG_REFRESH_MS                                                          \
     1000 /* the firer asks for the next due row at least                       \
             this often (expired leases, lost NOTIFYs) */
+/* A write of a timer due within this many ms of the database's clock
+ * NOTIFYs the nodes; a later one is found by their poll (PG_REFRESH_MS),
+ * with PG_NOTIFY_MS - PG_REFRESH_MS to spare for the poll and clocks. */
+#define PG_NOTIFY_MS 2000
 
 /* A statement's parameters, all sent in binary. */
 struct pgp {
@@ -82,6 +87,23 @@ struct pgrace {
     unsigned char *key;
     size_t key_len;
     int64_t ver;
+};
+
+/* A completion queued for the batch thread (src/durable_pg_batch.c). */
+struct pgfin {
+    struct pgjob *j;
+    int next;    /* tw__retry_next(): 0 done, > 0 retry */
+    int res;     /* the callback's result */
+    int64_t due; /* retry: the new due time */
+};
+
+struct pgbatch {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct pgfin *q;
+    size_t n, cap;
+    pthread_t thr;
+    bool inited, on, stop;
 };
 
 struct pgpool {
@@ -123,6 +145,7 @@ struct pgd {
     bool thr_on;
     atomic_bool stop;
     int evfd; /* wakes the firer */
+    struct pgbatch batch; /* completions (src/durable_pg_batch.c) */
 };
 
 /* Parameters (src/durable_pg_conn.c). */
@@ -176,6 +199,19 @@ void tw__pg_changed(struct pgd *d, const void *key, size_t key_len,
 void tw__pg_wake(struct pgd *d, int64_t due);
 /* Whether a delivery of @key is claimed and not completed (touch). */
 int tw__pg_touch(tw_durable *base, const void *key, size_t key_len);
+
+/* The end of @j's delivery, whose callback returned @res: it leaves
+ * d->jobs (src/durable_pg_fire.c). */
+void tw__pg_job_fin(struct pgd *d, struct pgjob *j, int res);
+
+/* Completions in batches (src/durable_pg_batch.c): the thread, started
+ * (if it cannot be, completions are made one by one) and stopped after
+ * everything queued completed. add queues the completion of @j (@next of
+ * tw__retry_next(): 0 done, > 0 retry) and returns true; false: the
+ * caller completes it. */
+void tw__pg_batch_start(struct pgd *d);
+void tw__pg_batch_stop(struct pgd *d);
+bool tw__pg_batch_add(struct pgd *d, struct pgjob *j, int next, int res);
 
 /* Look-ups (src/durable_pg_query.c), ops of the table. */
 int tw__pg_get(tw_durable *base, const void *key, size_t key_len,

@@ -23,9 +23,9 @@
  * A delivery (fire_job(), on the executor): dropped if a local change
  * made it stale or its claim is near its lease's end (whoever claims it
  * next delivers it: at least once); then its callback runs, and its
- * completion is one statement fenced by the claim's version (done:
- * delete; retry: a new due time, unclaimed; dead: moved to
- * twheel.dead). The callback is counted as ended only once its
+ * completion is fenced by the claim's version (done: delete; retry: a
+ * new due time, unclaimed: many in one statement, src/durable_pg_batch.c;
+ * dead: moved to twheel.dead, one statement). The callback is counted as ended only once its
  * completion is in, so stats never show a delivered timer as pending.
  * Close: the firer stops, queued deliveries are dropped, running ones
  * finish, and the claims of the dropped ones are given back at once
@@ -307,7 +307,15 @@ static void run_one(struct pgd *d, struct pgjob *j)
     pg_cur = j;
     int res = tw__durable_fire(&d->base, d->fire, &t, d->fire_arg);
     pg_cur = NULL;
-    complete(d, j, tw__retry_next(&d->retry, j->attempt, res));
+    int next = tw__retry_next(&d->retry, j->attempt, res);
+    if (next >= 0 && tw__pg_batch_add(d, j, next, res))
+        return; /* completed in a batch (src/durable_pg_batch.c) */
+    complete(d, j, next);
+    job_end(d, j, true, res);
+}
+
+void tw__pg_job_fin(struct pgd *d, struct pgjob *j, int res)
+{
     job_end(d, j, true, res);
 }
 
@@ -480,10 +488,12 @@ int tw__pg_fire_start(struct pgd *d)
         close(d->evfd);
         return TW_ENOMEM;
     }
+    tw__pg_batch_start(d);
     lc_open(d); /* if not now, the thread tries again */
     d->thr_on = !pthread_create(&d->thr, NULL, pg_main, d);
     if (!d->thr_on) {
         tw__durable_exec_stop(&d->exec);
+        tw__pg_batch_stop(d);
         tw__durable_exec_destroy(&d->exec);
         lc_drop(d);
         close(d->evfd);
@@ -515,6 +525,7 @@ void tw__pg_fire_stop(struct pgd *d)
     if (d->thr_on)
         pthread_join(d->thr, NULL);
     tw__durable_exec_stop(&d->exec);
+    tw__pg_batch_stop(d); /* the queued completions in */
     /* Only dropped deliveries are left: no thread runs one now. With the
      * database away, the rest wait for their leases (no connect each). */
     bool reach = true;
