@@ -145,7 +145,8 @@ struct pgd {
     bool thr_on;
     atomic_bool stop;
     int evfd; /* wakes the firer */
-    struct pgbatch batch; /* completions (src/durable_pg_batch.c) */
+    /* Completions in batches (src/durable_pg_batch.c). */
+    struct pgbatch batch;
 };
 
 /* Parameters (src/durable_pg_conn.c). */

@@ -25,11 +25,11 @@
  * next delivers it: at least once); then its callback runs, and its
  * completion is fenced by the claim's version (done: delete; retry: a
  * new due time, unclaimed: many in one statement, src/durable_pg_batch.c;
- * dead: moved to twheel.dead, one statement). The callback is counted as ended only once its
- * completion is in, so stats never show a delivered timer as pending.
- * Close: the firer stops, queued deliveries are dropped, running ones
- * finish, and the claims of the dropped ones are given back at once
- * (attempt not counted).
+ * dead: moved to twheel.dead, one statement). The callback is counted
+ * as ended only once its completion is in, so stats never show a
+ * delivered timer as pending. Close: the firer stops, queued deliveries
+ * are dropped, running ones finish, and the claims of the dropped ones
+ * are given back at once (attempt not counted).
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -44,8 +44,8 @@
 #include "durable_pg.h"
 #include "common.h"
 
-#define PG_STR_(x) #x
-#define PG_STR(x) PG_STR_(x)
+/* twheel.soon() below spells PG_NOTIFY_MS out. */
+_Static_assert(PG_NOTIFY_MS == 2000, "twheel.soon() of schema_v1");
 
 static const char schema_v1[] =
     "CREATE SCHEMA IF NOT EXISTS twheel;"
@@ -75,7 +75,7 @@ static const char schema_v1[] =
      * found by the nodes' poll (every PG_REFRESH_MS) before it is due. */
     "CREATE FUNCTION twheel.soon() RETURNS bigint LANGUAGE sql"
     " SET search_path = pg_catalog AS $f$ SELECT floor(extract(epoch FROM"
-    " clock_timestamp()) * 1000)::bigint + " PG_STR(PG_NOTIFY_MS) " $f$;"
+    " clock_timestamp()) * 1000)::bigint + 2000 $f$;"
     /* schedule: insert or replace; a dead letter of the key is replaced. */
     "CREATE FUNCTION twheel.schedule(p_ns text, p_key bytea, p_due bigint,"
     " p_payload bytea) RETURNS bigint LANGUAGE plpgsql"
