@@ -16,6 +16,9 @@
  *       INTERVAL_MS; lateness and Redis CPU the same way. It deletes the
  *       due timers before any callback runs: a poller that dies, or loses
  *       the reply, drops them, and nothing fences a stale poller.
+ *   bench_redis scripts
+ *       every Lua script above and the backend's, by name (for
+ *       scripts/redis_slowlog.py).
  *   bench_redis idle SEEDS REDIS_PID NODES SECONDS
  *       NODES twheel node processes on one namespace with nothing due
  *       (SHARDS shards, default 1024): Redis CPU per second of their
@@ -46,6 +49,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "redis_scripts.h" /* the backend's scripts (mode "scripts") */
 #include "twheel/durable.h"
 
 static int64_t now_us(void)
@@ -688,10 +692,27 @@ static void idle_mode(const char *seeds, int pid, int nodes, int secs)
            (r1 - r0) / (double)secs);
 }
 
+/* "scripts": each Lua script the modes send, as its name, a NUL, its
+ * text, a NUL (scripts/redis_slowlog.py names SLOWLOG's digests by
+ * them). */
+static void scripts_mode(void)
+{
+    static const char *const names[S_COUNT] = {
+        "SCHED", "CANCEL", "CLAIM", "DONE",     "RELEASE",
+        "REARM", "DDEL",   "TOUCH", "SCHED_IF", "RESTORE"};
+    for (int i = 0; i < S_COUNT; i++)
+        printf("%s%c%s%c", names[i], 0, tw__redis_scripts[i], 0);
+    printf("poll%c%s%cpoll-add%c%s%c", 0, poll_script, 0, 0, add_script, 0);
+    printf("lpoll%c%s%clpoll-done%c%s%c", 0, lpoll_script, 0, 0, ldone_script,
+           0);
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc >= 6 && !strcmp(argv[1], "sched"))
+    if (argc == 2 && !strcmp(argv[1], "scripts"))
+        scripts_mode();
+    else if (argc >= 6 && !strcmp(argv[1], "sched"))
         sched_mode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
     else if (argc >= 6 && !strcmp(argv[1], "fire"))
         fire_mode(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));

@@ -135,7 +135,7 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 targets=(bench_core bench_service)
 has core && targets+=(bench_core_1list dram_probe)
 has durable && targets+=(bench_durable fsync_probe)
-has twheeld && targets+=(twheeld bench_bstalk fsync_probe)
+has twheeld && targets+=(twheeld bench_bstalk bstalk_floor fsync_probe)
 # bench_redis exists when hiredis was found (scripts/deps.sh installs it).
 if has redis && grep -q '^build bench/bench_redis:' "$build/build.ninja"; then
   targets+=(bench_redis)
@@ -311,16 +311,16 @@ fi
 
 # fdatasync_probe TAG DIR [COUNT]: the device's limit, measured in the run: the
 # latency of one small pwrite + fdatasync on a preallocated file (as the
-# journal's segments are), COUNT (default 300) calls of 112 bytes, as a
-# "system=device" line.
+# journal's segments are), COUNT (default 300) calls of 112 bytes, and the
+# caller's CPU time per call, as a "system=device" line.
 fdatasync_probe() {
   mkdir -p "$2"
   "$build/bench/fsync_probe" "$2" "${3:-300}" 112 fallocate |
     tee -a "$out/fsync_probe.txt" |
     awk -v tag="$1" '/^file=fallocate/ { for (i = 1; i <= NF; i++) {
       split($i, kv, "="); v[kv[1]] = kv[2] }
-      printf "system=device op=fdatasync at=%s p50_us=%s p99_us=%s\n",
-        tag, v["p50_us"], v["p99_us"] }'
+      printf "system=device op=fdatasync at=%s p50_us=%s p99_us=%s cpu_us=%s\n",
+        tag, v["p50_us"], v["p99_us"], v["cpu_us"] }'
 }
 # cpu_of PID: a process's CPU time so far (user + system), in seconds.
 cpu_of() {

@@ -14,7 +14,14 @@
 # due, 1024 shards, 1 and 4 nodes, without and with ownership. CELLS=1:
 # only Redis CPU at equal precision, twheel's check gap G beside the
 # lease-poller polling every G (G = 5 and 100 ms; 2,000/s at 8 and 64
-# shards, 20,000/s at 64 shards; WINDOW_MS long).
+# shards, 20,000/s at 64 shards; WINDOW_MS long). SLOWLOG=1: one run of
+# one cell (G, RATE, SHARDS; default 100 ms, 2,000/s, 64 shards) for each
+# side with Redis's SLOWLOG recording every command: calls and time per
+# 1,000 timers by command and by script (scripts/redis_slowlog.py).
+# SCRIPT_COST=1: Redis CPU of a SCHED, an idle CLAIM and a CLAIM of 12
+# timers, with and without the claim's per-timer ZADD
+# (scripts/redis_script_cost.py; median of REPS runs is not taken: each
+# run prints its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/bench-redis}
@@ -69,6 +76,32 @@ if [ -n "${IDLE_ONLY:-}" ]; then
   for n in 1 4; do
     median 8 "$bin" idle "$seeds" "$pid" "$n" 10
     median 9 env OWNER_LEASE_MS=5000 "$bin" idle "$seeds" "$pid" "$n" 10
+  done
+  exit 0
+fi
+if [ -n "${SCRIPT_COST:-}" ]; then
+  for _ in $(seq "$reps"); do
+    scripts/redis_script_cost.py "$port" "$pid" "$bin"
+  done
+  exit 0
+fi
+if [ -n "${SLOWLOG:-}" ]; then
+  g=${G:-100} rate=${RATE:-2000} shards=${SHARDS:-64}
+  n=$((rate * window / 1000))
+  redis-cli -p "$port" config set slowlog-log-slower-than 0 >/dev/null
+  redis-cli -p "$port" config set slowlog-max-len 1000000 >/dev/null
+  echo "# SLOWLOG: G $g ms, $rate/s, $shards shards, $n timers; per 1,000 timers"
+  for side in fire lpoll; do
+    redis-cli -p "$port" slowlog reset >/dev/null
+    if [ "$side" = fire ]; then
+      env LOAD_BATCH=500 SHARDS="$shards" CHECK_GAP_MS="$g" \
+        "$bin" fire "$seeds" "$pid" "$n" "$window"
+    else
+      "$bin" lpoll "$seeds" "$pid" "$n" "$window" "$g"
+    fi
+    redis-cli -p "$port" --json slowlog get 1000000 |
+      scripts/redis_slowlog.py "$n" "$bin"
+    redis-cli -p "$port" flushall >/dev/null
   done
   exit 0
 fi

@@ -166,12 +166,26 @@ both() {
   blk=$((blk + 1))
 }
 # on_both NAME UNIT ARGS...: the load generator with ARGS on each server
-# in turn (beanstalkd first), one row line each.
+# in turn (beanstalkd first), one row line each; then on the floor server
+# (bench/bstalk_floor.c: keeps nothing, answers at once) when it runs.
 on_both() {
   local name=$1 unit=$2
   shift 2
   row "$name" beanstalkd "$unit" "$("$load" -p "$BP" "$@")"
   row "$name" twheeld "$unit" "$("$load" -p "$TP" "$@")"
+  if [ -n "${FP:-}" ]; then
+    row "$name" floor "$unit" "$("$load" -p "$FP" "$@")"
+  fi
+}
+# The floor server on a port of its own ($FP, pid $FPID), when built.
+floor_start() {
+  FP=
+  [ -x "$b/bench/bstalk_floor" ] || return 0
+  FP=$(port)
+  "$b/bench/bstalk_floor" -p "$FP" &
+  FPID=$!
+  pids+=("$FPID")
+  wait_up "$FP"
 }
 # The main job's round: both servers up at once, each row run on one and
 # then the other, $reps times over, so that a busy second of the shared
@@ -180,10 +194,12 @@ main_round() {
   local srv c r line port
   blk=0
   both -f 1000
-  for srv in beanstalkd twheeld; do
+  floor_start
+  for srv in beanstalkd twheeld ${FP:+floor}; do
     # A request through the server's loop alone (no job, no disk).
     port=$BP
     [ "$srv" = twheeld ] && port=$TP
+    [ "$srv" = floor ] && port=$FP
     line=$("$load" -p "$port" -c 1 -t "$secs" ping)
     echo "$srv $line"
     echo "bstalk srv=$srv row=ping_us_c1 value=$(sed 's/.*mean \([0-9.]*\) us.*/\1/' <<<"$line") unit=us"
@@ -201,6 +217,10 @@ main_round() {
   done
   stop "$BPID"
   stop "$TPID"
+  if [ -n "$FP" ]; then
+    stop "$FPID"
+    FP=
+  fi
   # Reply after fdatasync, with the device's limit probed before and
   # after.
   probe

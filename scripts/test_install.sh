@@ -63,7 +63,7 @@ for page in $(echo "$see" | sed -n 's/^\.BR \([a-z_.]*\) (3).*/\1/p'); do
 done
 echo "$see" | grep -qF "$prefix/share/doc/twheel/guide" ||
   fail "twheel(1) does not name the installed guides: $see"
-for g in durable.md redis.md; do
+for g in durable.md redis.md postgres.md; do
   [ -f "$prefix/share/doc/twheel/guide/$g" ] || fail "guide $g not installed"
 done
 unit=$prefix/lib/systemd/system/twheeld.service

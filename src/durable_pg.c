@@ -16,8 +16,9 @@
  * What a change through this handle stops, and how completions are fenced
  * by row versions: src/durable_pg.h.
  *
- * The batch calls (schedule_many, cancel_many) are loops over the single
- * calls here: one round trip an item.
+ * tw_durable_schedule_many is one statement a batch
+ * (src/durable_pg_many.c); cancel_many is a loop over the single cancel
+ * here: one round trip an item.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -178,13 +179,15 @@ static int pg_stats(tw_durable *base, tw_durable_stats *out)
                    " (SELECT count(*) FROM twheel.timers WHERE ns = $1"
                    "  AND greatest(due, 0) <= $2 AND (lease_until IS NULL"
                    "  OR lease_until < clock_timestamp())),"
-                   " (SELECT count(*) FROM twheel.dead WHERE ns = $1)",
+                   " (SELECT count(*) FROM twheel.dead WHERE ns = $1),"
+                   " (SELECT count(*) FROM twheel.quarantine WHERE ns = $1)",
                    &p, &r);
     if (rc)
         return rc;
     out->pending = (uint64_t)tw__pg_i64(r, 0, 0);
     uint64_t unclaimed = (uint64_t)tw__pg_i64(r, 0, 1);
     out->dead = (uint64_t)tw__pg_i64(r, 0, 2);
+    out->quarantined = (uint64_t)tw__pg_i64(r, 0, 3);
     PQclear(r);
     pthread_mutex_lock(&d->mu);
     tw__durable_counts_stats(&d->counts, out);
@@ -219,6 +222,7 @@ static int pg_close(tw_durable *base)
 
 static const struct tw_durable_ops pg_ops = {
     .schedule = pg_schedule,
+    .schedule_many = tw__pg_schedule_many, /* src/durable_pg_many.c */
     .cancel = pg_cancel,
     .close = pg_close,
     .stats = pg_stats,
@@ -286,34 +290,41 @@ static int pg_prepare(struct pgd *d, const tw_durable_config *cfg)
         return TW_EINVAL;
     }
     /* The first connection of the pool, made here for open's message. */
-    PGconn *c = tw__pg_connect(d->conninfo, cfg->errbuf, cfg->errbuf_len);
+    int ms = 0;
+    PGconn *c =
+        tw__pg_connect(d->conninfo, &ms, &rc, cfg->errbuf, cfg->errbuf_len);
     if (!c)
-        return TW_ECONN;
+        return rc;
+    atomic_store(&d->call_ms, ms);
     d->pool.c[0] = c;
     d->pool.busy[0] = true;
     uint64_t t0 = tw__pg_mono_ms();
-    rc = tw__pg_schema(c, d->base.readonly, cfg->errbuf, cfg->errbuf_len);
+    rc = tw__pg_schema(c, ms, d->base.readonly, cfg->errbuf, cfg->errbuf_len);
     struct pgp p;
     tw__pg_p_init(&p);
     tw__pg_p_text(&p, d->ns);
     PGresult *r = NULL;
-    if (!rc &&
-        !(rc = tw__pg_exec(
-              c, "SELECT count(*) FROM twheel.timers WHERE ns = $1", &p, &r))) {
+    if (!rc && !(rc = tw__pg_exec(
+                     c, ms, "SELECT count(*) FROM twheel.timers WHERE ns = $1",
+                     &p, &r))) {
         d->recovered = (uint64_t)tw__pg_i64(r, 0, 0);
         d->recovery_us = (tw__pg_mono_ms() - t0) * 1000u;
         PQclear(r);
     }
-    tw__pg_give(d, c, rc && PQstatus(c) != CONNECTION_OK);
+    tw__pg_give(d, c, rc == TW_ECONN || PQstatus(c) != CONNECTION_OK);
     return rc;
 }
 
 int tw__durable_pg_open(tw_durable **out, const tw_durable_config *cfg)
 {
-    if (!cfg->postgres[0] ||
-        (cfg->postgres_namespace && !cfg->postgres_namespace[0])) {
+    /* A namespace is the NOTIFY payload of every schedule (at most 8000
+     * bytes) and part of the primary key beside a key of up to 1 KiB (an
+     * index entry holds at most ~2.7 KiB): held to Redis's 64 bytes. */
+    const char *ns = cfg->postgres_namespace;
+    if (!cfg->postgres[0] || (ns && (!ns[0] || strlen(ns) > PG_NS_MAX))) {
         tw__durable_errmsg(cfg, cfg->postgres[0]
-                                    ? "postgres_namespace: empty"
+                                    ? "postgres_namespace: 1 to "
+                                      "64 bytes"
                                     : "postgres: empty connection string");
         return TW_EINVAL;
     }

@@ -15,6 +15,7 @@
  *                            deliver through the shared executor, complete
  *   src/durable_pg_batch.c   done and retry completions, many a statement
  *   src/durable_pg_query.c   get, list, scan, dead letters, touch
+ *   src/durable_pg_many.c    schedule_many: a batch in one statement
  *
  * Versions. Every row of twheel.timers has a version (ver, from the
  * sequence twheel.ver_seq) that every write of the row renews: a
@@ -45,10 +46,16 @@
 #include "durable_backend.h"
 #include "durable_exec.h"
 
-#define PG_POOL 4     /* connections for the calls of any thread */
-#define PG_PARAMS 8   /* most parameters of a statement */
-#define PG_BATCH 256  /* most rows one claim takes */
-#define PG_SCHEMA_V 1 /* the schema version this library installs */
+#define PG_POOL 4        /* connections for the calls of any thread */
+#define PG_PARAMS 8      /* most parameters of a statement */
+#define PG_BATCH 256     /* most rows one claim takes */
+#define PG_SCHEMA_V 1    /* the schema version this library installs */
+#define PG_NS_MAX 64     /* bytes of a namespace (postgres_namespace) */
+#define PG_SWEEP_MS 5000 /* hostile rows set aside at most this often */
+#define PG_STMT_MS 5000  /* statement_timeout unless the session has one */
+#define PG_SLACK_MS                                                            \
+    2000 /* a call's bound: statement_timeout plus this (the server's own      \
+            timeout and its answer); no answer by then: TW_ECONN */
 #define PG_REFRESH_MS                                                          \
     1000 /* the firer asks for the next due row at least                       \
             this often (expired leases, lost NOTIFYs) */
@@ -78,6 +85,18 @@ struct pgjob {
     uint32_t attempt;    /* the delivery's attempt (claims so far) */
     bool stale;          /* a local cancel or replace came after it */
     bool started;        /* its callback began */
+    /* A completion that did not get in (the row locked by another
+     * transaction, the database away): kept, tried again by the executor
+     * when the firer hands it over at fin_at (src/durable_pg_fire.c). */
+    int8_t fin;         /* FIN_* of src/durable_pg_fire.c, FIN_NONE: none */
+    bool fin_queued;    /* handed to the executor for its next try */
+    bool fin_started;   /* the callback ran (the counters' end) */
+    int fin_res;        /* the callback's result */
+    int32_t fin_arg;    /* dead letter: whether the callback never ran */
+    int64_t fin_due;    /* retry: the new due time */
+    uint64_t fin_at;    /* real monotonic ms of its next try */
+    uint64_t fin_since; /* real monotonic ms of its first failure */
+    uint32_t fin_tries;
     size_t key_len, payload_len;
     unsigned char data[];
 };
@@ -117,6 +136,8 @@ struct pgd {
     struct tw_durable base;
     char *conninfo;
     char *ns;
+    atomic_int call_ms; /* a call's bound (tw__pg_connect()), stored by
+                           every connect (the same value each time) */
     struct pgpool pool;
     tw_durable_fire_fn fire;
     void *fire_arg;
@@ -140,7 +161,9 @@ struct pgd {
     int64_t raced_lost; /* a change not recorded (no memory): every claim
                            of the round below this version is stale */
     int64_t hint;       /* a due time the firer should look at, or INT64_MAX */
+    size_t fin_waiting; /* jobs whose completion waits for another try */
     PGconn *lc;         /* the firer's own connection (LISTEN, claims) */
+    uint64_t sweep_at;  /* the firer's next sweep (mono ms) */
     pthread_t thr;
     bool thr_on;
     atomic_bool stop;
@@ -160,12 +183,19 @@ void tw__pg_p_i32(struct pgp *p, int32_t v);                 /* integer */
 void tw__pg_p_nskey(struct pgp *p, const struct pgd *d, const void *key,
                     size_t key_len);
 
-/* A new connection to @conninfo, or NULL with a message in @err. */
-PGconn *tw__pg_connect(const char *conninfo, char *err, size_t err_len);
+/* A new connection to @conninfo (nonblocking, statement_timeout set),
+ * with the bound of a call on it in *@call_ms; or NULL with a TW_E* code
+ * in *@code (if not NULL) and a message in @err. */
+PGconn *tw__pg_connect(const char *conninfo, int *call_ms, int *code, char *err,
+                       size_t err_len);
 /* Run @sql with @p on @c; results in binary. Returns 0 with *@res (the
- * caller clears it; NULL @res: cleared here) or a TW_E* code. */
-int tw__pg_exec(PGconn *c, const char *sql, const struct pgp *p,
+ * caller clears it; NULL @res: cleared here) or a TW_E* code: TW_ECONN
+ * when the connection broke or no answer came within @ms (the caller
+ * drops @c then). */
+int tw__pg_exec(PGconn *c, int ms, const char *sql, const struct pgp *p,
                 PGresult **res);
+/* The same for @sql of several statements, no parameters, no result. */
+int tw__pg_exec_script(PGconn *c, int ms, const char *sql);
 /* The same on a connection of @d's pool, taken and given back. */
 int tw__pg_run(struct pgd *d, const char *sql, const struct pgp *p,
                PGresult **res);
@@ -188,7 +218,7 @@ uint64_t tw__pg_mono_ms(void);
 /* Schema (src/durable_pg_schema.c): make sure the schema of version
  * PG_SCHEMA_V is there (install it unless @readonly) and that the role
  * may use it. 0 or a TW_E* code with a message in @err. */
-int tw__pg_schema(PGconn *c, bool readonly, char *err, size_t err_len);
+int tw__pg_schema(PGconn *c, int ms, bool readonly, char *err, size_t err_len);
 
 /* Firing (src/durable_pg_fire.c). */
 int tw__pg_fire_start(struct pgd *d);
@@ -201,9 +231,16 @@ void tw__pg_wake(struct pgd *d, int64_t due);
 /* Whether a delivery of @key is claimed and not completed (touch). */
 int tw__pg_touch(tw_durable *base, const void *key, size_t key_len);
 
+/* tw_durable_schedule_many: one statement a batch (src/durable_pg_many.c). */
+int tw__pg_schedule_many(tw_durable *base, tw_durable_item *items, size_t n);
+
 /* The end of @j's delivery, whose callback returned @res: it leaves
  * d->jobs (src/durable_pg_fire.c). */
 void tw__pg_job_fin(struct pgd *d, struct pgjob *j, int res);
+/* The completion of @j alone, as when no batch takes it: one statement
+ * that does not wait for a row lock, kept and tried again if it did not
+ * get in (src/durable_pg_fire.c); it ends the job once in. */
+void tw__pg_fin_one(struct pgd *d, struct pgjob *j, int next, int res);
 
 /* Completions in batches (src/durable_pg_batch.c): the thread, started
  * (if it cannot be, completions are made one by one) and stopped after

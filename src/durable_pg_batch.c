@@ -23,9 +23,11 @@
  * crash already allows. Nothing else is weakened: schedules, cancels and
  * claims commit as before.
  *
- * A batch the server refuses (a deadlock with an application's
- * transaction, say) is run again row by row; the database away: tried
- * again for up to half the lease, as a single completion is. A job leaves
+ * The batch does not wait for a row lock (FOR UPDATE NOWAIT, as the
+ * single completion): a batch that did not get in (a row an
+ * application's open transaction holds, the database away, a deadlock)
+ * is handed row by row to the single completion, which keeps what does
+ * not get in and tries it again (src/durable_pg_fire.c). A job leaves
  * d->jobs (the counters' end of its callback) only once its completion is
  * in. Close stops the executor first, then this thread, which completes
  * everything queued before it ends.
@@ -37,7 +39,6 @@
 #include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "durable_pg.h"
 #include "common.h"
@@ -51,11 +52,14 @@ static const char batch_sql[] =
     "WITH s AS (SELECT set_config('synchronous_commit', 'off', true) AS v),"
     " u AS (SELECT * FROM unnest($2::bytea[], $3::bigint[], $4::bigint[])"
     " AS u(key, ver, due)),"
-    " x AS (DELETE FROM twheel.timers t USING u WHERE u.due IS NULL"
-    " AND t.ns = $1 AND t.key = u.key AND t.ver = u.ver RETURNING 1),"
-    " y AS (UPDATE twheel.timers t SET due = u.due, owner = NULL,"
-    " lease_until = NULL FROM u WHERE u.due IS NOT NULL AND t.ns = $1"
-    " AND t.key = u.key AND t.ver = u.ver RETURNING 1)"
+    " l AS (SELECT t.key, u.ver, u.due FROM twheel.timers t JOIN u"
+    " ON t.key = u.key AND t.ver = u.ver WHERE t.ns = $1"
+    " FOR UPDATE OF t NOWAIT),"
+    " x AS (DELETE FROM twheel.timers t USING l WHERE l.due IS NULL"
+    " AND t.ns = $1 AND t.key = l.key AND t.ver = l.ver RETURNING 1),"
+    " y AS (UPDATE twheel.timers t SET due = l.due, owner = NULL,"
+    " lease_until = NULL FROM l WHERE l.due IS NOT NULL AND t.ns = $1"
+    " AND t.key = l.key AND t.ver = l.ver RETURNING 1)"
     " SELECT (SELECT v FROM s), (SELECT count(*) FROM x),"
     " (SELECT count(*) FROM y)";
 
@@ -135,20 +139,17 @@ static int run_batch(struct pgd *d, const struct pgfin *v, size_t n)
     return rc;
 }
 
-/* Complete @v[0 .. @n) (tried again while the database is away, for up
- * to half the lease; row by row if the server refuses the batch), then
- * end the jobs. */
+/* Complete @v[0 .. @n) and end the jobs; a batch that did not get in
+ * (a row another transaction holds locked: NOWAIT; the database away; a
+ * deadlock) goes row by row to the single completion, which keeps what
+ * does not get in and tries it again (src/durable_pg_fire.c). */
 static void flush(struct pgd *d, const struct pgfin *v, size_t n)
 {
-    uint64_t t0 = tw__pg_mono_ms();
-    int rc;
-    while ((rc = run_batch(d, v, n)) == TW_ECONN &&
-           tw__pg_mono_ms() - t0 < d->lease_ms / 2)
-        usleep(100000);
-    for (size_t i = 0; rc && rc != TW_ECONN && n > 1 && i < n; i++)
-        while (run_batch(d, v + i, 1) == TW_ECONN &&
-               tw__pg_mono_ms() - t0 < d->lease_ms / 2)
-            usleep(100000);
+    if (run_batch(d, v, n)) {
+        for (size_t i = 0; i < n; i++)
+            tw__pg_fin_one(d, v[i].j, v[i].next, v[i].res);
+        return;
+    }
     for (size_t i = 0; i < n; i++) {
         if (v[i].next > 0)
             tw__pg_wake(d, v[i].due);

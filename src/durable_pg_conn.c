@@ -8,14 +8,20 @@
  * when a statement fails for want of it (the next call connects again),
  * so a database restart costs the calls in flight a TW_ECONN and nothing
  * more. The firer has a connection of its own (src/durable_pg_fire.c).
- * Every statement is sent with PQexecParams(): parameters and results in
- * binary (bytea as its bytes, integers in network order), never spliced
- * into SQL text. Each statement is its own transaction (autocommit), so a
- * call returns once its change is committed (durable as the server's
- * synchronous_commit says).
+ * Every statement is sent with PQsendQueryParams(): parameters and
+ * results in binary (bytea as its bytes, integers in network order),
+ * never spliced into SQL text. Every call is bounded: connections are
+ * nonblocking and have a statement_timeout (the session's, else
+ * PG_STMT_MS); the client waits for the answer in poll() at most that
+ * plus PG_SLACK_MS, after which the call is TW_ECONN and the connection
+ * is dropped (a server that stopped answering: SIGSTOP, a hung host). Each
+ * statement is its own transaction (autocommit), so a call returns once its
+ * change is committed (durable as the server's synchronous_commit says).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -28,6 +34,9 @@
 #define OID_INT8 20u
 #define OID_INT4 23u
 #define OID_TEXT 25u
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 uint64_t tw__pg_mono_ms(void)
 {
@@ -123,7 +132,63 @@ static void quiet(void *arg, const char *msg)
     (void)msg;
 }
 
-PGconn *tw__pg_connect(const char *conninfo, char *err, size_t err_len)
+/* Every statement of @c bounded on the server: statement_timeout as the
+ * connection string or the role set it, else PG_STMT_MS; the client's
+ * bound on a call into *@call_ms (that plus PG_SLACK_MS). */
+static int bound(PGconn *c, int *call_ms)
+{
+    PGresult *r = NULL;
+    int rc = tw__pg_exec(c, PG_STMT_MS + PG_SLACK_MS,
+                         "SELECT setting::bigint FROM pg_settings"
+                         " WHERE name = 'statement_timeout'",
+                         NULL, &r);
+    if (rc)
+        return rc;
+    int64_t ms = PQntuples(r) == 1 ? tw__pg_i64(r, 0, 0) : 0;
+    PQclear(r);
+    if (ms <= 0 || ms > INT32_MAX - PG_SLACK_MS) {
+        ms = PG_STMT_MS;
+        rc =
+            tw__pg_exec(c, PG_STMT_MS + PG_SLACK_MS,
+                        "SET statement_timeout = " STR(PG_STMT_MS), NULL, NULL);
+    }
+    *call_ms = (int)ms + PG_SLACK_MS;
+    return rc;
+}
+
+/* Why @c (not connected) failed: TW_EAUTH when the server refused the
+ * role or its credentials (wrong password, none given, a role without
+ * LOGIN or unknown, pg_hba.conf), TW_ENOENT for a database that does not
+ * exist, else TW_ECONN. libpq gives no SQLSTATE for a failed connect: the
+ * server's messages (auth.c, postinit.c) are matched in English, the
+ * server's default; in another lc_messages these read TW_ECONN. */
+static int connect_code(PGconn *c)
+{
+    static const char *const auth[] = {"authentication failed",
+                                       "not permitted to log in",
+                                       "no pg_hba.conf entry",
+                                       "pg_hba.conf rejects",
+                                       "28P01",
+                                       "28000"};
+    if (!c)
+        return TW_ENOMEM;
+    if (PQconnectionNeedsPassword(c))
+        return TW_EAUTH;
+    const char *m = PQerrorMessage(c);
+    for (size_t i = 0; i < sizeof auth / sizeof auth[0]; i++)
+        if (strstr(m, auth[i]))
+            return TW_EAUTH;
+    if (strstr(m, "FATAL") && strstr(m, "role \"") &&
+        strstr(m, "does not exist"))
+        return TW_EAUTH;
+    if (strstr(m, "FATAL") && strstr(m, "database \"") &&
+        strstr(m, "does not exist"))
+        return TW_ENOENT;
+    return TW_ECONN;
+}
+
+PGconn *tw__pg_connect(const char *conninfo, int *call_ms, int *code, char *err,
+                       size_t err_len)
 {
     /* Later keywords win, and the expanded @conninfo comes last: its own
      * connect_timeout or application_name overrides these defaults. */
@@ -131,10 +196,18 @@ PGconn *tw__pg_connect(const char *conninfo, char *err, size_t err_len)
                                 NULL};
     const char *const vals[] = {"10", "twheel", conninfo, NULL};
     PGconn *c = PQconnectdbParams(keys, vals, 1);
+    int rc = TW_ECONN;
     if (c && PQstatus(c) == CONNECTION_OK) {
         PQsetNoticeProcessor(c, quiet, NULL);
-        return c;
+        /* Nonblocking: a write to a server that stopped reading never
+         * blocks past a call's bound (await()). */
+        if (!PQsetnonblocking(c, 1) && !(rc = bound(c, call_ms)))
+            return c;
+    } else {
+        rc = connect_code(c);
     }
+    if (code)
+        *code = rc;
     if (err && err_len) {
         /* libpq's message names host and port, never the password. */
         snprintf(err, err_len, "postgres: %s",
@@ -158,6 +231,8 @@ int tw__pg_code(const PGresult *r, PGconn *c)
         return TW_ECONN; /* connection exceptions, admin shutdown */
     if (!strncmp(st, "28", 2) || !strcmp(st, "42501"))
         return TW_EAUTH; /* authorization, insufficient privilege */
+    if (!strcmp(st, "55P03") || !strcmp(st, "57014"))
+        return TW_EBUSY; /* lock not available, statement timeout */
     if (!strcmp(st, "53100"))
         return TW_ENOSPC; /* disk full */
     if (!strncmp(st, "53", 2))
@@ -165,11 +240,60 @@ int tw__pg_code(const PGresult *r, PGconn *c)
     return TW_EIO;
 }
 
-int tw__pg_exec(PGconn *c, const char *sql, const struct pgp *p, PGresult **res)
+/* Wait until @c's socket is ready for @ev or the mono ms @end: 1 ready,
+ * 0 timed out, -1 an error. */
+static int ready(PGconn *c, short ev, uint64_t end)
 {
-    PGresult *r =
-        PQexecParams(c, sql, p ? p->n : 0, p ? p->type : NULL, p ? p->v : NULL,
-                     p ? p->len : NULL, p ? p->fmt : NULL, 1);
+    for (;;) {
+        uint64_t now = tw__pg_mono_ms();
+        if (now >= end)
+            return 0;
+        struct pollfd pf = {PQsocket(c), ev, 0};
+        int n = poll(&pf, 1, (int)(end - now));
+        if (n > 0)
+            return 1;
+        if (n < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+/* The answer to what was just sent on @c, waited for until @ms from now:
+ * 0 with its last result in *@out, or TW_ECONN (timed out, or the
+ * connection broke: the caller drops it). */
+static int await(PGconn *c, int ms, PGresult **out)
+{
+    uint64_t end = tw__pg_mono_ms() + (uint64_t)ms;
+    int f;
+    while ((f = PQflush(c)) == 1)
+        if (ready(c, POLLOUT | POLLIN, end) <= 0 || !PQconsumeInput(c))
+            return TW_ECONN;
+    if (f < 0)
+        return TW_ECONN;
+    PGresult *last = NULL, *r;
+    for (;;) {
+        while (PQisBusy(c)) {
+            if (ready(c, POLLIN, end) <= 0 || !PQconsumeInput(c)) {
+                PQclear(last);
+                return TW_ECONN;
+            }
+        }
+        if (!(r = PQgetResult(c)))
+            break;
+        /* Keep the first error, else the last result. */
+        if (last && PQresultStatus(last) == PGRES_FATAL_ERROR) {
+            PQclear(r);
+            continue;
+        }
+        PQclear(last);
+        last = r;
+    }
+    *out = last;
+    return 0;
+}
+
+/* @r (consumed) as 0 with *@res, or a TW_E* code. */
+static int result(PGconn *c, PGresult *r, PGresult **res)
+{
     ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
     if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
         int rc = tw__pg_code(r, c);
@@ -183,6 +307,27 @@ int tw__pg_exec(PGconn *c, const char *sql, const struct pgp *p, PGresult **res)
     return 0;
 }
 
+int tw__pg_exec(PGconn *c, int ms, const char *sql, const struct pgp *p,
+                PGresult **res)
+{
+    PGresult *r = NULL;
+    if (!PQsendQueryParams(c, sql, p ? p->n : 0, p ? p->type : NULL,
+                           p ? p->v : NULL, p ? p->len : NULL,
+                           p ? p->fmt : NULL, 1))
+        return TW_ECONN; /* the write failed: drop it */
+    int rc = await(c, ms, &r);
+    return rc ? rc : result(c, r, res);
+}
+
+int tw__pg_exec_script(PGconn *c, int ms, const char *sql)
+{
+    PGresult *r = NULL;
+    if (!PQsendQuery(c, sql))
+        return TW_ECONN; /* the write failed: drop it */
+    int rc = await(c, ms, &r);
+    return rc ? rc : result(c, r, NULL);
+}
+
 int tw__pg_run(struct pgd *d, const char *sql, const struct pgp *p,
                PGresult **res)
 {
@@ -190,8 +335,8 @@ int tw__pg_run(struct pgd *d, const char *sql, const struct pgp *p,
     PGconn *c = tw__pg_take(d, &rc);
     if (!c)
         return rc;
-    rc = tw__pg_exec(c, sql, p, res);
-    tw__pg_give(d, c, rc && PQstatus(c) != CONNECTION_OK);
+    rc = tw__pg_exec(c, atomic_load(&d->call_ms), sql, p, res);
+    tw__pg_give(d, c, rc == TW_ECONN || PQstatus(c) != CONNECTION_OK);
     return rc;
 }
 
@@ -215,9 +360,19 @@ void tw__pg_pool_close(struct pgpool *p)
     pthread_mutex_destroy(&p->mu);
 }
 
-/* A free slot of the pool, marked busy; waits while all are. */
-static int slot_take(struct pgpool *p)
+/* A free slot of the pool, marked busy; waits while all are, at most
+ * @ms (each holder's call is bounded, but a queue of them need not be):
+ * then -1. */
+static int slot_take(struct pgpool *p, int ms)
 {
+    struct timespec end;
+    clock_gettime(CLOCK_REALTIME, &end);
+    end.tv_sec += ms / 1000;
+    end.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (end.tv_nsec >= 1000000000L) {
+        end.tv_sec++;
+        end.tv_nsec -= 1000000000L;
+    }
     pthread_mutex_lock(&p->mu);
     for (;;) {
         for (int i = 0; i < PG_POOL; i++) {
@@ -227,24 +382,32 @@ static int slot_take(struct pgpool *p)
                 return i;
             }
         }
-        pthread_cond_wait(&p->cv, &p->mu);
+        if (pthread_cond_timedwait(&p->cv, &p->mu, &end) == ETIMEDOUT) {
+            pthread_mutex_unlock(&p->mu);
+            return -1;
+        }
     }
 }
 
 PGconn *tw__pg_take(struct pgd *d, int *rc)
 {
     struct pgpool *p = &d->pool;
-    int i = slot_take(p);
+    int i = slot_take(p, atomic_load(&d->call_ms));
+    if (i < 0) {
+        *rc = TW_EBUSY; /* every connection busy for a call's bound */
+        return NULL;
+    }
     /* The slot is ours: its connection may be made without the lock. */
-    if (!p->c[i])
-        p->c[i] = tw__pg_connect(d->conninfo, NULL, 0);
+    int ms = 0;
+    *rc = TW_ECONN;
+    if (!p->c[i] && (p->c[i] = tw__pg_connect(d->conninfo, &ms, rc, NULL, 0)))
+        atomic_store(&d->call_ms, ms);
     if (p->c[i])
         return p->c[i];
     pthread_mutex_lock(&p->mu);
     p->busy[i] = false;
     pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
-    *rc = TW_ECONN;
     return NULL;
 }
 

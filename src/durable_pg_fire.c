@@ -24,12 +24,19 @@
  * made it stale or its claim is near its lease's end (whoever claims it
  * next delivers it: at least once); then its callback runs, and its
  * completion is fenced by the claim's version (done: delete; retry: a
- * new due time, unclaimed: many in one statement, src/durable_pg_batch.c;
- * dead: moved to twheel.dead, one statement). The callback is counted
- * as ended only once its completion is in, so stats never show a
- * delivered timer as pending. Close: the firer stops, queued deliveries
- * are dropped, running ones finish, and the claims of the dropped ones
- * are given back at once (attempt not counted).
+ * new due time, unclaimed: many a statement, src/durable_pg_batch.c,
+ * which hands a batch that did not get in back here row by row; dead:
+ * moved to twheel.dead) and does not wait for a row lock: one another
+ * transaction holds keeps the completion aside (its job stays in
+ * d->jobs, marked fin), tried again from 10 ms to every second by the
+ * executor as the firer hands it over, until it gets in or is fenced
+ * off, so the executor threads and the pool never wait for an
+ * application's open transaction. The callback is counted as ended only
+ * once its completion is in, so stats never show a delivered timer as
+ * pending.
+ * Close: the firer stops, queued deliveries are dropped, running ones
+ * finish, and the claims of the dropped ones are given back at once
+ * (attempt not counted).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -43,6 +50,12 @@
 #include "common.h"
 
 #define DEAD_UNRUN (-2) /* to the dead letters without a callback */
+#define FIN_NONE (-1)
+#define FIN_DONE 0
+#define FIN_RETRY 1
+#define FIN_DEAD 2
+#define FIN_FIRST_MS 10 /* the first try again after this */
+#define FIN_MAX_MS 1000 /* tries at least this often */
 
 static const char claim_sql[] =
     "WITH c AS (SELECT key FROM twheel.timers WHERE ns = $1"
@@ -63,6 +76,21 @@ static const char next_sql[] =
     "SELECT greatest(due, 0) FROM twheel.timers WHERE ns = $1"
     " AND (lease_until IS NULL OR lease_until < clock_timestamp())"
     " ORDER BY greatest(due, 0), key LIMIT 1 FOR UPDATE SKIP LOCKED";
+
+/* Due rows that no node can have claimed as they are: a lease_until past
+ * now + 2^32 ms (lease_ms is 32 bits; 'infinity' written by hand, say)
+ * would never be claimed. Set aside into twheel.quarantine (counted in
+ * stats.quarantined), never delivered; rows locked now are left to the
+ * next sweep, which comes every PG_SWEEP_MS. */
+static const char sweep_sql[] =
+    "WITH x AS (DELETE FROM twheel.timers WHERE (ns, key) IN (SELECT ns, key"
+    " FROM twheel.timers WHERE ns = $1 AND greatest(due, 0) <= $2"
+    " AND lease_until > clock_timestamp() + interval '4294967296 ms'"
+    " FOR UPDATE SKIP LOCKED) RETURNING ns, key, due, payload, attempts,"
+    " owner, lease_until) INSERT INTO twheel.quarantine (ns, key, due,"
+    " payload, attempts, owner, lease_until, why) SELECT ns, key, due,"
+    " payload, attempts, owner, lease_until, 'lease_until beyond any lease'"
+    " FROM x";
 
 /* The delivery whose callback this thread runs (tw_durable_touch()). */
 static _Thread_local struct pgjob *pg_cur;
@@ -149,6 +177,7 @@ static struct pgjob *job_of(struct pgd *d, const PGresult *r, int i)
         return NULL;
     memset(j, 0, sizeof *j);
     j->d = d;
+    j->fin = FIN_NONE;
     j->key_len = kl;
     j->payload_len = pl;
     memcpy(j->data, PQgetvalue(r, i, 0), kl);
@@ -226,7 +255,7 @@ static int claim(struct pgd *d, int64_t now)
     d->claiming = true;
     pthread_mutex_unlock(&d->mu);
     PGresult *r = NULL;
-    int rc = tw__pg_exec(d->lc, claim_sql, &p, &r);
+    int rc = tw__pg_exec(d->lc, atomic_load(&d->call_ms), claim_sql, &p, &r);
     struct tw__durable_jobs l;
     tw__durable_jobs_init(&l);
     take_rows(d, rc ? NULL : r, &l);
@@ -238,45 +267,121 @@ static int claim(struct pgd *d, int64_t now)
     return n;
 }
 
-/* The completion of @j: @next as tw__retry_next() says, or DEAD_UNRUN.
- * Fenced by the claim's version; repeated (it is idempotent) while the
- * database cannot be reached, for up to half the lease; after that the
- * claim's lease runs out and the timer is delivered again (at least
- * once). It waits for a row lock another transaction holds (a claim or
- * probe of another node holds one for a statement; skipping instead
- * would lose the completion and deliver the timer again). */
-static void complete(struct pgd *d, struct pgjob *j, int next)
+/* Completions, fenced by the claim's version. Each first locks its row
+ * with NOWAIT: a row another transaction holds (an application's open
+ * transaction that cancelled or locked it, or for a statement another
+ * node's claim or probe) fails the statement at once (55P03, TW_EBUSY)
+ * rather than holding an executor thread and a pool connection until
+ * that transaction ends; the completion is then kept and tried again
+ * (complete_later()), never dropped while the lock is the reason. */
+static const char *const fin_sql[] = {
+    "WITH l AS (SELECT key FROM twheel.timers WHERE ns = $1 AND key = $2"
+    " AND ver = $3 FOR UPDATE NOWAIT) DELETE FROM twheel.timers t USING l"
+    " WHERE t.ns = $1 AND t.key = l.key AND t.ver = $3",
+    "WITH l AS (SELECT key FROM twheel.timers WHERE ns = $1 AND key = $2"
+    " AND ver = $3 FOR UPDATE NOWAIT) UPDATE twheel.timers t SET due = $4,"
+    " owner = NULL, lease_until = NULL FROM l"
+    " WHERE t.ns = $1 AND t.key = l.key AND t.ver = $3",
+    "WITH l AS (SELECT key FROM twheel.timers WHERE ns = $1 AND key = $2"
+    " AND ver = $3 FOR UPDATE NOWAIT), x AS (DELETE FROM twheel.timers t"
+    " USING l WHERE t.ns = $1 AND t.key = l.key AND t.ver = $3"
+    " RETURNING t.ns, t.key, t.due, t.payload, t.attempts)"
+    " INSERT INTO twheel.dead (ns, key, due, payload, attempts)"
+    " SELECT ns, key, due, payload, greatest(attempts - $4, 0) FROM x"
+    " ON CONFLICT (ns, key) DO UPDATE SET due = excluded.due,"
+    " payload = excluded.payload, attempts = excluded.attempts,"
+    " died = now()"};
+
+/* One try of @j's completion; 0 once it is in (or fenced off). */
+static int complete_try(struct pgd *d, struct pgjob *j)
 {
-    static const char *const sql[] = {
-        "DELETE FROM twheel.timers WHERE ns = $1 AND key = $2 AND ver = $3",
-        "UPDATE twheel.timers SET due = $4, owner = NULL,"
-        " lease_until = NULL WHERE ns = $1 AND key = $2 AND ver = $3",
-        "WITH x AS (DELETE FROM twheel.timers WHERE ns = $1 AND key = $2"
-        " AND ver = $3 RETURNING ns, key, due, payload, attempts)"
-        " INSERT INTO twheel.dead (ns, key, due, payload, attempts)"
-        " SELECT ns, key, due, payload, greatest(attempts - $4, 0) FROM x"
-        " ON CONFLICT (ns, key) DO UPDATE SET due = excluded.due,"
-        " payload = excluded.payload, attempts = excluded.attempts,"
-        " died = now()"};
-    int which = next == 0 ? 0 : next > 0 ? 1 : 2;
-    int64_t due = 0;
     struct pgp p;
     tw__pg_p_init(&p);
     tw__pg_p_nskey(&p, d, j->data, j->key_len);
     tw__pg_p_i64(&p, j->ver);
-    if (which == 1) {
-        int64_t now = tw__pg_wall(d);
-        due = now > INT64_MAX - next ? INT64_MAX : now + next;
-        tw__pg_p_i64(&p, due);
-    } else if (which == 2) {
-        tw__pg_p_i32(&p, next == DEAD_UNRUN);
+    if (j->fin == FIN_RETRY)
+        tw__pg_p_i64(&p, j->fin_due);
+    else if (j->fin == FIN_DEAD)
+        tw__pg_p_i32(&p, j->fin_arg);
+    int rc = tw__pg_run(d, fin_sql[j->fin], &p, NULL);
+    if (!rc && j->fin == FIN_RETRY)
+        tw__pg_wake(d, j->fin_due);
+    return rc;
+}
+
+/* Forget @j (its callback ended, or it never starts). */
+static void job_end(struct pgd *d, struct pgjob *j, bool started, int res);
+
+/* @j's completion failed with @rc: keep it for another try (a lock may
+ * be held for as long as a transaction stays open; the database may be
+ * away), or give it up: an error other than a lock that lasted past the
+ * lease (the lease ends the claim: another node delivers it again). */
+static void complete_later(struct pgd *d, struct pgjob *j, int rc)
+{
+    uint64_t now = tw__pg_mono_ms();
+    if (!j->fin_tries++)
+        j->fin_since = now;
+    if (rc != TW_EBUSY && now - j->fin_since > d->lease_ms) {
+        job_end(d, j, j->fin_started, j->fin_res);
+        return;
     }
-    uint64_t t0 = tw__pg_mono_ms();
-    while (tw__pg_run(d, sql[which], &p, NULL) == TW_ECONN &&
-           tw__pg_mono_ms() - t0 < d->lease_ms / 2)
-        usleep(100000);
-    if (which == 1)
-        tw__pg_wake(d, due);
+    uint32_t shift = j->fin_tries < 8 ? j->fin_tries - 1 : 7;
+    uint64_t wait = (uint64_t)FIN_FIRST_MS << shift;
+    pthread_mutex_lock(&d->mu);
+    j->fin_at = now + (wait < FIN_MAX_MS ? wait : FIN_MAX_MS);
+    j->fin_queued = false;
+    d->fin_waiting++;
+    pthread_mutex_unlock(&d->mu);
+    kick(d); /* the firer sleeps until fin_at at most */
+}
+
+/* The completion of @j: @next as tw__retry_next() says, or DEAD_UNRUN;
+ * @started and @res for the counters once it is in. */
+static void complete(struct pgd *d, struct pgjob *j, int next, bool started,
+                     int res)
+{
+    /* Under the lock, and queued: complete_due() leaves it to this try. */
+    pthread_mutex_lock(&d->mu);
+    j->fin = next == 0 ? FIN_DONE : next > 0 ? FIN_RETRY : FIN_DEAD;
+    j->fin_queued = true;
+    pthread_mutex_unlock(&d->mu);
+    j->fin_started = started;
+    j->fin_res = res;
+    j->fin_arg = next == DEAD_UNRUN;
+    if (next > 0) {
+        int64_t now = tw__pg_wall(d);
+        j->fin_due = now > INT64_MAX - next ? INT64_MAX : now + next;
+    }
+    int rc = complete_try(d, j);
+    if (rc)
+        complete_later(d, j, rc);
+    else
+        job_end(d, j, started, res);
+}
+
+/* Completions kept by complete_later() whose time came, to the executor;
+ * the mono ms of the next one still waiting into *@next_at. */
+static void complete_due(struct pgd *d, uint64_t *next_at)
+{
+    struct tw__durable_jobs l;
+    tw__durable_jobs_init(&l);
+    uint64_t now = tw__pg_mono_ms();
+    *next_at = UINT64_MAX;
+    pthread_mutex_lock(&d->mu);
+    for (struct pgjob *j = d->jobs; j && d->fin_waiting; j = j->next) {
+        if (j->fin == FIN_NONE || j->fin_queued)
+            continue;
+        if (j->fin_at <= now) {
+            j->fin_queued = true;
+            d->fin_waiting--;
+            tw__durable_jobs_add(&l, &j->job);
+        } else if (j->fin_at < *next_at) {
+            *next_at = j->fin_at;
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (l.n)
+        tw__durable_exec_submit(&d->exec, &l);
 }
 
 /* Forget @j (its callback ended, or it never starts). */
@@ -310,8 +415,7 @@ static void run_one(struct pgd *d, struct pgjob *j)
     int next = tw__retry_next(&d->retry, j->attempt, res);
     if (next >= 0 && tw__pg_batch_add(d, j, next, res))
         return; /* completed in a batch (src/durable_pg_batch.c) */
-    complete(d, j, next);
-    job_end(d, j, true, res);
+    complete(d, j, next, true, res);
 }
 
 void tw__pg_job_fin(struct pgd *d, struct pgjob *j, int res)
@@ -319,11 +423,25 @@ void tw__pg_job_fin(struct pgd *d, struct pgjob *j, int res)
     job_end(d, j, true, res);
 }
 
+void tw__pg_fin_one(struct pgd *d, struct pgjob *j, int next, int res)
+{
+    complete(d, j, next, true, res);
+}
+
 /* A delivery as the executor runs it (src/durable_exec.h). */
 static void fire_job(struct tw__durable_job *job, void *ctx)
 {
     struct pgd *d = ctx;
     struct pgjob *j = TW_CONTAINER_OF(job, struct pgjob, job);
+    if (j->fin != FIN_NONE) {
+        /* A completion kept for another try (complete_later()). */
+        int rc = complete_try(d, j);
+        if (rc)
+            complete_later(d, j, rc);
+        else
+            job_end(d, j, j->fin_started, j->fin_res);
+        return;
+    }
     pthread_mutex_lock(&d->mu);
     bool old = tw__pg_mono_ms() - j->claimed_ms >= d->lease_ms / 4 * 3;
     if (j->stale || old) {
@@ -337,8 +455,7 @@ static void fire_job(struct tw__durable_job *job, void *ctx)
     if (!tw__retry_may(&d->retry, j->attempt)) {
         /* The deliveries before ran out of their leases (crashes). */
         pthread_mutex_unlock(&d->mu);
-        complete(d, j, DEAD_UNRUN);
-        job_end(d, j, false, 0);
+        complete(d, j, DEAD_UNRUN, false, 0);
         return;
     }
     run_one(d, j);
@@ -355,9 +472,12 @@ static void drop_job(struct tw__durable_job *job, void *ctx)
 /* (Re)connect the firer's connection and LISTEN; false if it failed. */
 static bool lc_open(struct pgd *d)
 {
-    d->lc = tw__pg_connect(d->conninfo, NULL, 0);
-    if (d->lc && !tw__pg_exec(d->lc, "LISTEN twheel", NULL, NULL))
+    int ms = 0;
+    d->lc = tw__pg_connect(d->conninfo, &ms, NULL, NULL, 0);
+    if (d->lc && !tw__pg_exec(d->lc, ms, "LISTEN twheel", NULL, NULL)) {
+        atomic_store(&d->call_ms, ms);
         return true;
+    }
     PQfinish(d->lc);
     d->lc = NULL;
     return false;
@@ -392,12 +512,26 @@ static int next_due(struct pgd *d, int64_t *next)
     tw__pg_p_init(&p);
     tw__pg_p_text(&p, d->ns);
     PGresult *r = NULL;
-    int rc = tw__pg_exec(d->lc, next_sql, &p, &r);
+    int rc = tw__pg_exec(d->lc, atomic_load(&d->call_ms), next_sql, &p, &r);
     if (rc)
         return rc;
     *next = PQntuples(r) ? tw__pg_i64(r, 0, 0) : INT64_MAX;
     PQclear(r);
     return 0;
+}
+
+/* Set aside the due rows of sweep_sql, at most every PG_SWEEP_MS. */
+static int sweep(struct pgd *d)
+{
+    uint64_t now = tw__pg_mono_ms();
+    if (now < d->sweep_at)
+        return 0;
+    d->sweep_at = now + PG_SWEEP_MS;
+    struct pgp p;
+    tw__pg_p_init(&p);
+    tw__pg_p_text(&p, d->ns);
+    tw__pg_p_i64(&p, tw__pg_wall(d));
+    return tw__pg_exec(d->lc, atomic_load(&d->call_ms), sweep_sql, &p, NULL);
 }
 
 /* Sleep up to @ms in poll() on the connection's socket and the eventfd. */
@@ -443,8 +577,10 @@ static bool turn(struct pgd *d, int64_t *next, uint64_t *refresh_at)
     d->hint = INT64_MAX;
     bool room = d->njobs < 2 * PG_BATCH;
     pthread_mutex_unlock(&d->mu);
+    uint64_t fin_at;
+    complete_due(d, &fin_at);
     if (mine || tw__pg_mono_ms() >= *refresh_at) {
-        if (next_due(d, next))
+        if (sweep(d) == TW_ECONN || next_due(d, next))
             return false;
         *refresh_at = tw__pg_mono_ms() + PG_REFRESH_MS;
     }
@@ -455,7 +591,13 @@ static bool turn(struct pgd *d, int64_t *next, uint64_t *refresh_at)
         *refresh_at = 0; /* ask again: more may be due */
         return true;
     }
-    nap(d, room ? sleep_ms(d, *next, *refresh_at) : PG_REFRESH_MS);
+    int ms = room ? sleep_ms(d, *next, *refresh_at) : PG_REFRESH_MS;
+    uint64_t mono = tw__pg_mono_ms();
+    if (fin_at != UINT64_MAX)
+        ms = fin_at <= mono                 ? 0
+             : fin_at - mono < (uint64_t)ms ? (int)(fin_at - mono)
+                                            : ms;
+    nap(d, ms);
     return true;
 }
 
@@ -531,7 +673,9 @@ void tw__pg_fire_stop(struct pgd *d)
     bool reach = true;
     while (d->jobs) {
         struct pgjob *j = d->jobs;
-        if (reach && !j->stale && !j->started)
+        if (reach && j->fin != FIN_NONE)
+            reach = complete_try(d, j) != TW_ECONN; /* a last try */
+        else if (reach && !j->stale && !j->started)
             reach = give_back(d, j) != TW_ECONN;
         job_unlink_locked(d, j);
         tw__free(j);

@@ -12,6 +12,11 @@
  *                   database's clock); indexed by (ns, greatest(due, 0),
  *                   key), the order of claims and listings
  *   twheel.dead     dead letters: (ns, key) -> due, payload, attempts
+ *   twheel.quarantine  rows a node set aside, never delivered: a copy of
+ *                   the row and why (src/durable_pg_fire.c, sweep())
+ * A trigger renews ver on any UPDATE of a row's timer that kept it (an
+ * UPDATE written by hand), so completions stay fenced; one of the claim
+ * alone (owner, lease_until: a touch) keeps it.
  * The CHECK constraints hold the library's limits (keys of 1 .. 1024
  * bytes, payloads up to 1 MiB), so a row written by hand or by another
  * program that breaks them is refused by the database, never read.
@@ -62,6 +67,21 @@ static const char schema_v1[] =
     " owner text, lease_until timestamptz,"
     " PRIMARY KEY (ns, key));"
     "CREATE INDEX timers_due ON twheel.timers (ns, (greatest(due, 0)), key);"
+    /* Any other UPDATE of a row's timer (due, payload, attempts, its
+     * name) that keeps ver, a hand-written one say, renews it: the
+     * completion of a delivery claimed before is fenced off by it. */
+    "CREATE FUNCTION twheel.renew_ver() RETURNS trigger LANGUAGE plpgsql"
+    " SET search_path = pg_catalog AS $f$ BEGIN"
+    " NEW.ver := nextval('twheel.ver_seq'); RETURN NEW; END $f$;"
+    "CREATE TRIGGER renew_ver BEFORE UPDATE ON twheel.timers FOR EACH ROW"
+    " WHEN (NEW.ver = OLD.ver AND (NEW.ns, NEW.key, NEW.due, NEW.payload,"
+    " NEW.attempts) IS DISTINCT FROM (OLD.ns, OLD.key, OLD.due, OLD.payload,"
+    " OLD.attempts)) EXECUTE FUNCTION twheel.renew_ver();"
+    "CREATE TABLE twheel.quarantine ("
+    " ns text NOT NULL, key bytea NOT NULL, due bigint, payload bytea,"
+    " attempts integer, owner text, lease_until timestamptz,"
+    " why text NOT NULL, at timestamptz NOT NULL DEFAULT now());"
+    "CREATE INDEX quarantine_ns ON twheel.quarantine (ns);"
     "CREATE TABLE twheel.dead ("
     " ns text NOT NULL,"
     " key bytea NOT NULL CHECK (octet_length(key) BETWEEN 1 AND 1024),"
@@ -164,21 +184,104 @@ static const char schema_v1[] =
     " IF p_due < twheel.soon() THEN PERFORM pg_notify('twheel', p_ns);"
     " END IF; RETURN 0; END $f$;";
 
-/* What a node needs: the tables' rows, the sequence, the functions. */
+/* What a node needs, in the order open checks it: the first one missing
+ * is named. ro: a read-only open needs it too. The functions run with the
+ * caller's rights, so the tables' privileges are needed beside them. */
 static const char privileges[] =
-    "SELECT has_table_privilege('twheel.timers',"
-    " 'SELECT, INSERT, UPDATE, DELETE')"
-    " AND has_table_privilege('twheel.dead', 'SELECT, INSERT, UPDATE, DELETE')"
-    " AND has_sequence_privilege('twheel.ver_seq', 'USAGE')"
-    " AND has_function_privilege('twheel.schedule(text, bytea, bigint, bytea)',"
-    " 'EXECUTE')";
+    "SELECT w FROM (VALUES"
+    " (1, true, 'SELECT on twheel.timers',"
+    "  has_table_privilege('twheel.timers', 'SELECT')),"
+    " (2, false, 'INSERT on twheel.timers',"
+    "  has_table_privilege('twheel.timers', 'INSERT')),"
+    " (3, false, 'UPDATE on twheel.timers',"
+    "  has_table_privilege('twheel.timers', 'UPDATE')),"
+    " (4, false, 'DELETE on twheel.timers',"
+    "  has_table_privilege('twheel.timers', 'DELETE')),"
+    " (5, true, 'SELECT on twheel.dead',"
+    "  has_table_privilege('twheel.dead', 'SELECT')),"
+    " (6, false, 'INSERT on twheel.dead',"
+    "  has_table_privilege('twheel.dead', 'INSERT')),"
+    " (7, false, 'UPDATE on twheel.dead',"
+    "  has_table_privilege('twheel.dead', 'UPDATE')),"
+    " (8, false, 'DELETE on twheel.dead',"
+    "  has_table_privilege('twheel.dead', 'DELETE')),"
+    " (9, true, 'SELECT on twheel.version',"
+    "  has_table_privilege('twheel.version', 'SELECT')),"
+    " (16, true, 'SELECT on twheel.quarantine',"
+    "  has_table_privilege('twheel.quarantine', 'SELECT')),"
+    " (17, false, 'INSERT on twheel.quarantine',"
+    "  has_table_privilege('twheel.quarantine', 'INSERT')),"
+    " (10, false, 'USAGE on sequence twheel.ver_seq',"
+    "  has_sequence_privilege('twheel.ver_seq', 'USAGE')),"
+    " (11, false, 'EXECUTE on twheel.schedule(text, bytea, bigint, bytea)',"
+    "  has_function_privilege('twheel.schedule(text, bytea, bigint, bytea)',"
+    "  'EXECUTE')),"
+    " (12, false, 'EXECUTE on twheel.cancel_v(text, bytea)',"
+    "  has_function_privilege('twheel.cancel_v(text, bytea)', 'EXECUTE')),"
+    " (13, false, 'EXECUTE on twheel.schedule_if(text, bytea, bigint,"
+    " bytea, bytea)', has_function_privilege('twheel.schedule_if(text,"
+    " bytea, bigint, bytea, bytea)', 'EXECUTE')),"
+    " (14, false, 'EXECUTE on twheel.cancel_if(text, bytea, bytea)',"
+    "  has_function_privilege('twheel.cancel_if(text, bytea, bytea)',"
+    "  'EXECUTE')),"
+    " (15, false, 'EXECUTE on twheel.restore(text, bytea, bigint, bytea,"
+    " integer, boolean)', has_function_privilege('twheel.restore(text,"
+    " bytea, bigint, bytea, integer, boolean)', 'EXECUTE'))"
+    ") v(i, ro, w, ok) WHERE NOT ok AND (ro OR $1 = 0) ORDER BY i LIMIT 1";
 
-/* The installed version, 0 when there is no schema; < 0 on an error. */
-static int installed(PGconn *c, int *v)
+/* USAGE on the schema and SELECT on twheel.version, before anything in
+ * the schema is named or the version read (either missing is an error
+ * there, not a false). */
+static int schema_usage(PGconn *c, int ms, char *err, size_t len)
 {
     PGresult *r = NULL;
-    int rc = tw__pg_exec(c, "SELECT to_regclass('twheel.version') IS NOT NULL",
-                         NULL, &r);
+    int rc = tw__pg_exec(
+        c, ms,
+        "SELECT has_schema_privilege(n.oid, 'USAGE'), coalesce((SELECT"
+        " has_table_privilege(t.oid, 'SELECT') FROM pg_class t WHERE"
+        " t.relnamespace = n.oid AND t.relname = 'version'), true)"
+        " FROM pg_namespace n WHERE n.nspname = 'twheel'",
+        NULL, &r);
+    if (rc)
+        return rc;
+    if (PQntuples(r) == 1 && !(tw__pg_bool(r, 0, 0) && tw__pg_bool(r, 0, 1))) {
+        snprintf(err, len,
+                 "postgres: this role lacks %s (docs/guide/postgres.md)",
+                 tw__pg_bool(r, 0, 0) ? "SELECT on twheel.version"
+                                      : "USAGE on schema twheel");
+        rc = TW_EAUTH;
+    }
+    PQclear(r);
+    return rc;
+}
+
+/* Every privilege the node will use (a read-only open: those to read). */
+static int check_privileges(PGconn *c, int ms, bool readonly, char *err,
+                            size_t len)
+{
+    struct pgp p;
+    tw__pg_p_init(&p);
+    tw__pg_p_i32(&p, readonly);
+    PGresult *r = NULL;
+    int rc = tw__pg_exec(c, ms, privileges, &p, &r);
+    if (rc)
+        return rc;
+    if (PQntuples(r)) {
+        snprintf(err, len,
+                 "postgres: this role lacks %s (docs/guide/postgres.md)",
+                 PQgetvalue(r, 0, 0));
+        rc = TW_EAUTH;
+    }
+    PQclear(r);
+    return rc;
+}
+
+/* The installed version, 0 when there is no schema; < 0 on an error. */
+static int installed(PGconn *c, int ms, int *v)
+{
+    PGresult *r = NULL;
+    int rc = tw__pg_exec(
+        c, ms, "SELECT to_regclass('twheel.version') IS NOT NULL", NULL, &r);
     if (rc)
         return rc;
     bool there = tw__pg_bool(r, 0, 0);
@@ -186,7 +289,7 @@ static int installed(PGconn *c, int *v)
     *v = 0;
     if (!there)
         return 0;
-    rc = tw__pg_exec(c, "SELECT max(v) FROM twheel.version", NULL, &r);
+    rc = tw__pg_exec(c, ms, "SELECT max(v) FROM twheel.version", NULL, &r);
     if (rc)
         return rc;
     *v = tw__pg_i32(r, 0, 0);
@@ -195,10 +298,13 @@ static int installed(PGconn *c, int *v)
 }
 
 /* Under the install lock: install unless there, then check the version. */
-static int install_locked(PGconn *c, bool readonly, char *err, size_t len)
+static int install_locked(PGconn *c, int ms, bool readonly, char *err,
+                          size_t len)
 {
     int v = 0;
-    int rc = installed(c, &v);
+    int rc = schema_usage(c, ms, err, len);
+    if (!rc)
+        rc = installed(c, ms, &v);
     if (rc)
         return rc;
     if (!v && readonly) {
@@ -207,9 +313,7 @@ static int install_locked(PGconn *c, bool readonly, char *err, size_t len)
     }
     if (!v) {
         /* Several statements: the simple query protocol (PQexec). */
-        PGresult *r = PQexec(c, schema_v1);
-        rc = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : tw__pg_code(r, c);
-        PQclear(r);
+        rc = tw__pg_exec_script(c, ms, schema_v1);
         if (rc == TW_EAUTH)
             snprintf(err, len,
                      "postgres: schema twheel missing, and this role may "
@@ -228,7 +332,7 @@ static int install_locked(PGconn *c, bool readonly, char *err, size_t len)
     return 0;
 }
 
-int tw__pg_schema(PGconn *c, bool readonly, char *err, size_t err_len)
+int tw__pg_schema(PGconn *c, int ms, bool readonly, char *err, size_t err_len)
 {
     char dummy[1] = "";
     if (!err || !err_len) {
@@ -236,30 +340,22 @@ int tw__pg_schema(PGconn *c, bool readonly, char *err, size_t err_len)
         err_len = sizeof dummy;
     }
     /* 0x74776865656c: "twheel", the install lock's number. */
-    int rc = tw__pg_exec(c, "BEGIN", NULL, NULL);
+    int rc = tw__pg_exec(c, ms, "BEGIN", NULL, NULL);
     if (!rc)
-        rc = tw__pg_exec(c, "SELECT pg_advisory_xact_lock(128056201405804)",
+        rc = tw__pg_exec(c, ms, "SELECT pg_advisory_xact_lock(128056201405804)",
                          NULL, NULL);
     if (!rc)
-        rc = install_locked(c, readonly, err, err_len);
+        rc = install_locked(c, ms, readonly, err, err_len);
     if (rc && !err[0] && err != dummy)
         snprintf(err, err_len, "postgres: %s%s",
                  rc == TW_EAUTH ? "this role lacks a privilege on schema "
                                   "twheel (docs/guide/postgres.md): "
                                 : "",
                  PQerrorMessage(c));
-    int end = tw__pg_exec(c, rc ? "ROLLBACK" : "COMMIT", NULL, NULL);
+    int end = tw__pg_exec(c, ms, rc ? "ROLLBACK" : "COMMIT", NULL, NULL);
     rc = rc ? rc : end;
-    PGresult *r = NULL;
-    if (!rc && !(rc = tw__pg_exec(c, privileges, NULL, &r))) {
-        if (!tw__pg_bool(r, 0, 0) && !readonly) {
-            snprintf(err, err_len,
-                     "postgres: this role lacks a privilege on schema "
-                     "twheel (docs/guide/postgres.md)");
-            rc = TW_EAUTH;
-        }
-        PQclear(r);
-    }
+    if (!rc)
+        rc = check_privileges(c, ms, readonly, err, err_len);
     if (rc && !err[0] && err != dummy)
         snprintf(err, err_len, "postgres: %s", PQerrorMessage(c));
     for (size_t n = strlen(err);

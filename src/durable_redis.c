@@ -229,7 +229,8 @@ int tw__durable_redis_open(tw_durable **out, const tw_durable_config *cfg)
     d->nofire = cfg->flags & TW_DURABLE_NOFIRE;
     if (!rc && !d->base.readonly && !d->nofire && cfg->redis_shard_lease_ms)
         rc = tw__own_open(&d->own, d->rc, ns, d->shards,
-                          cfg->redis_shard_lease_ms, own_gain, own_healthy, d);
+                          cfg->redis_shard_lease_ms, own_gain, own_healthy,
+                          tw__rd_own_errors, d);
     if (!rc && !d->base.readonly && !d->nofire)
         rc = tw__rd_start(d);
     if (rc) {
@@ -760,10 +761,11 @@ static int rd_cancel_if(tw_durable *base, tw_durable_item *items,
 }
 
 /* Per shard: ZCARD :d (pending), ZCOUNT :d 0 now (due, not claimed by
-
  * any node yet: backlog; claimed keys have negative scores), HLEN :q
  * (set aside) and ZCARD :x (dead letters). A key of the wrong type
- * answers with an error: 0. */
+ * answers with an error: 0. Any other error (a command refused after
+ * open) fails the call, counted in stats.errors: never a 0 that is not
+ * one. */
 #define STAT_CMDS 4
 
 static void stat_cmds(struct rd *d, struct call *calls, tw__rc_cmd *cmds,
@@ -815,6 +817,8 @@ static int rd_stats(tw_durable *base, tw_durable_stats *out)
     int now_len = snprintf(now, sizeof now, "%lld", (long long)wall);
     stat_cmds(d, calls, cmds, now, (size_t)now_len);
     int rc = tw__rc_exec(d->rc, cmds, n);
+    if (!rc)
+        rc = tw__rd_read_errors(d, cmds, n);
     uint64_t sum[STAT_CMDS] = {0}; /* pending, backlog, quarantined, dead */
     for (size_t i = 0; i < n; i++)
         sum[i % STAT_CMDS] += reply_u64(cmds[i].reply);

@@ -266,6 +266,15 @@ int tw__rd_run_cmds(struct rd *d, tw__rc_cmd *cmds, const int *script,
  * checks fall back to GET). Call without mu. src/redis_errors.c. */
 void tw__rd_bg_errors(struct rd *d, const struct grp *g, const tw__rc_cmd *cmds,
                       const int *script, int one, size_t n);
+/* The same for the ownership rounds' commands @cmds[0..n) (every error
+ * reply counts; told as "shard ownership"); @arg the store. The hook of
+ * tw__own_open(). src/redis_errors.c. */
+void tw__rd_own_errors(void *arg, const tw__rc_cmd *cmds, size_t n);
+/* The error replies among a caller's reads @cmds[0..n) (not WRONGTYPE:
+ * damage, read as 0) counted in d->errors; returns TW_EAUTH if one was a
+ * refusal (NOPERM...), TW_EIO for another error, else 0.
+ * src/redis_errors.c. */
+int tw__rd_read_errors(struct rd *d, const tw__rc_cmd *cmds, size_t n);
 /* The keys of the CLAIM replies @cmds[0..n) (of @calls) found in a shard
  * they do not hash to: each value set aside in that shard's :q as
  * w:<key>, counted (stats.quarantined) and told (cfg.on_error, TW_EIO);

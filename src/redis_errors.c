@@ -18,7 +18,12 @@
  * timer when its lease ends), so it resumes, nothing lost, once Redis does it
  * again. A WRONGTYPE reply is not counted: that is damage in the namespace,
  * which the next script on the shard sets aside and counts as
- * quarantined.
+ * quarantined. The ownership rounds' error replies (src/redis_owner.c:
+ * a refused BEAT, ACQ or REL) are counted and told the same way: the
+ * round gives up and the node's trust runs out, as with no answer. A
+ * caller's own read that is refused (tw_durable_stats_get()'s ZCARD,
+ * ZCOUNT, HLEN) is counted too and fails the call (TW_EAUTH), so that
+ * no count reads 0 because a command was taken away.
  *
  * Damage only the node can see is set aside here too: a key that a
  * claim found in a shard it does not hash to (fnv1a(key) % shards; a
@@ -87,17 +92,20 @@ static bool may_tell(struct rd *d)
                                           now + ERR_TELL_GAP_MS);
 }
 
-/* Tell the error reply of @c (script @s, or < 0 for a plain command) of
- * group @g to cfg.on_error. */
-static void tell(struct rd *d, const struct grp *g, const tw__rc_cmd *c, int s)
+/* Tell the error reply of @c to the work @work of group @g (NULL: no
+ * node named) to cfg.on_error. */
+static void tell(struct rd *d, const struct grp *g, const tw__rc_cmd *c,
+                 const char *work)
 {
     const redisReply *r = c->reply;
     char node[64] = "", named[300] = "";
-    pthread_mutex_lock(&d->mu);
-    size_t gi = (size_t)(g - d->grp);
-    if (gi < GROUPS_MAX)
-        snprintf(node, sizeof node, "%s", d->grp_name[gi]);
-    pthread_mutex_unlock(&d->mu);
+    if (g) {
+        pthread_mutex_lock(&d->mu);
+        size_t gi = (size_t)(g - d->grp);
+        if (gi < GROUPS_MAX)
+            snprintf(node, sizeof node, "%s", d->grp_name[gi]);
+        pthread_mutex_unlock(&d->mu);
+    }
     bool ref = refused(r->str, r->len);
     if (ref && !memmem(r->str, r->len, "run the '", 9)) {
         char probe[256];
@@ -107,30 +115,66 @@ static void tell(struct rd *d, const struct grp *g, const tw__rc_cmd *c, int s)
     }
     char msg[900];
     snprintf(msg, sizeof msg, "redis%s%s: %s: %.*s%s", *node ? " " : "", node,
-             s == S_CLAIM ? "CLAIM"
-             : s >= 0     ? "completion (DONE)"
-                          : "claim check",
-             (int)(r->len < 400 ? r->len : 400), r->str, named);
+             work, (int)(r->len < 400 ? r->len : 400), r->str, named);
     d->on_error(d->on_error_arg, ref ? TW_EAUTH : TW_EIO, msg);
 }
 
-void tw__rd_bg_errors(struct rd *d, const struct grp *g, const tw__rc_cmd *cmds,
-                      const int *script, int one, size_t n)
+/* Count the error replies among @cmds[0..n) in d->errors (@all: every
+ * one; else those counted() takes); the first one's index, or @n. */
+static size_t count_errors(struct rd *d, const tw__rc_cmd *cmds, size_t n,
+                           bool all)
 {
     size_t first = n;
     uint64_t count = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!counted(&cmds[i]))
+        const redisReply *r = cmds[i].reply;
+        if (all ? !r || r->type != REDIS_REPLY_ERROR : !counted(&cmds[i]))
             continue;
         count++;
         if (first == n)
             first = i;
     }
-    if (!count)
+    if (count)
+        atomic_fetch_add(&d->errors, count);
+    return first;
+}
+
+void tw__rd_bg_errors(struct rd *d, const struct grp *g, const tw__rc_cmd *cmds,
+                      const int *script, int one, size_t n)
+{
+    size_t first = count_errors(d, cmds, n, false);
+    if (first == n || !may_tell(d))
         return;
+    int s = script ? script[first] : one;
+    tell(d, g, &cmds[first],
+         s == S_CLAIM ? "CLAIM"
+         : s >= 0     ? "completion (DONE)"
+                      : "claim check");
+}
+
+void tw__rd_own_errors(void *arg, const tw__rc_cmd *cmds, size_t n)
+{
+    struct rd *d = arg;
+    size_t first = count_errors(d, cmds, n, true);
+    if (first < n && may_tell(d))
+        tell(d, NULL, &cmds[first], "shard ownership");
+}
+
+int tw__rd_read_errors(struct rd *d, const tw__rc_cmd *cmds, size_t n)
+{
+    int rc = 0;
+    uint64_t count = 0;
+    for (size_t i = 0; i < n; i++) {
+        const redisReply *r = cmds[i].reply;
+        if (!r || r->type != REDIS_REPLY_ERROR ||
+            (r->len >= 9 && !memcmp(r->str, "WRONGTYPE", 9)))
+            continue;
+        count++;
+        if (!rc)
+            rc = refused(r->str, r->len) ? TW_EAUTH : TW_EIO;
+    }
     atomic_fetch_add(&d->errors, count);
-    if (may_tell(d))
-        tell(d, g, &cmds[first], script ? script[first] : one);
+    return rc;
 }
 
 /* @s's bytes for a message: printable ASCII, others as '?'. */

@@ -91,6 +91,12 @@
  * per-timer claims (src/redis_scripts.c), so a hand-over neither doubles
  * nor drops them.
  *
+ * Errors. An error reply to a round's script (a permission taken away
+ * after open: NOPERM, or "can't run this command" inside a script) is
+ * handled as no answer (the trust runs out by itself) and handed to the
+ * store's on_errors hook, which counts it in stats.errors and tells
+ * cfg.on_error (src/redis_errors.c): never a silent stall.
+ *
  * Costs. Per round: one membership script per node and master, and one
  * ACQ per shard the node owns every second round (renewal), so a fleet
  * renews each shard once per lease / 4 whatever its size. Threads: one
@@ -217,8 +223,16 @@ struct tw__own {
     struct ogrp grp[TW__RC_NODES_MAX];
     void (*on_gain)(void *);
     bool (*healthy)(void *);
+    void (*on_errors)(void *, const tw__rc_cmd *, size_t);
     void *arg;
 };
+
+/* The error replies of a round's commands @cmds[0..n), to the store. */
+static void own_errors(tw__own *o, const tw__rc_cmd *cmds, size_t n)
+{
+    if (o->on_errors)
+        o->on_errors(o->arg, cmds, n);
+}
 
 static uint64_t mono_ms(void)
 {
@@ -284,6 +298,7 @@ static size_t beat(tw__own *o, const char *mk, size_t ml, int slot,
     tw__rc_cmd cmd = {6, av, al, slot, NULL, 0};
     int which = O_BEAT;
     tw__eval_run(o->rc, &cmd, &which, 1, own_scripts);
+    own_errors(o, &cmd, 1);
     *rep = cmd.reply;
     *live = NULL;
     redisReply *r = cmd.reply;
@@ -500,6 +515,7 @@ static bool round_beat_and_balance(tw__own *o, struct ogrp *g, struct oround *r,
         pthread_mutex_unlock(&o->mu);
         uint64_t sent = mono_ms();
         tw__eval_run(o->rc, r->cmds, r->which, r->n, own_scripts);
+        own_errors(o, r->cmds, r->n);
         gained = round_apply(o, r, sent);
         tw__rc_free_replies(r->cmds, r->n);
     }
@@ -615,7 +631,9 @@ static void node_id(char out[17])
 
 int tw__own_open(tw__own **out, tw__rc *rc, const char *ns, uint32_t shards,
                  uint32_t lease_ms, void (*on_gain)(void *),
-                 bool (*healthy)(void *), void *arg)
+                 bool (*healthy)(void *),
+                 void (*on_errors)(void *, const tw__rc_cmd *, size_t),
+                 void *arg)
 {
     tw__own *o = tw__calloc(1, sizeof *o);
     if (!o)
@@ -630,6 +648,7 @@ int tw__own_open(tw__own **out, tw__rc *rc, const char *ns, uint32_t shards,
     o->lease_ms = lease_ms;
     o->on_gain = on_gain;
     o->healthy = healthy;
+    o->on_errors = on_errors;
     o->arg = arg;
     node_id(o->node);
     snprintf(o->ns, sizeof o->ns, "%s", ns);

@@ -22,11 +22,15 @@ typedef struct tw__own tw__own;
  * thread renews, acquires and releases. @on_gain(@arg) is called (no lock
  * held) after a round that gained a shard; a round in which
  * @healthy(@arg) (may be NULL) is false sends nothing, so that the node's
- * membership and records run out and its shards move. Returns 0 or
+ * membership and records run out and its shards move; @on_errors(@arg,
+ * cmds, n) (may be NULL; no lock held) gets every round's commands with
+ * their replies, to count and tell the error replies. Returns 0 or
  * TW_ENOMEM. */
 int tw__own_open(tw__own **out, tw__rc *rc, const char *ns, uint32_t shards,
                  uint32_t lease_ms, void (*on_gain)(void *),
-                 bool (*healthy)(void *), void *arg);
+                 bool (*healthy)(void *),
+                 void (*on_errors)(void *, const tw__rc_cmd *, size_t),
+                 void *arg);
 
 /* Is @shard this node's, its lease still trusted on the local monotonic
  * clock? If so, its fence into @fence (TW__OWN_FENCE_MAX bytes, not

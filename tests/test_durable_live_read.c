@@ -47,7 +47,8 @@ static void seg_range(const char *dir, uint32_t *lo, uint32_t *hi)
 }
 
 /* Replace one key with a 300-byte payload until @done says stop. */
-static void churn_until(bool (*done)(uint32_t lo, uint32_t hi, void *a), void *a)
+static void churn_until(bool (*done)(uint32_t lo, uint32_t hi, void *a),
+                        void *a)
 {
     char pay[300];
     memset(pay, 'c', sizeof pay);
@@ -120,9 +121,9 @@ static void start_writer(const char *dir)
     for (int i = 0; i < LIVE; i++) {
         char k[16];
         int kl = snprintf(k, sizeof k, "live%04d", i);
-        ASSERT_EQ(tw_durable_schedule(writer, k, (size_t)kl, INT64_MAX / 2,
-                                      "v", 1),
-                  0);
+        ASSERT_EQ(
+            tw_durable_schedule(writer, k, (size_t)kl, INT64_MAX / 2, "v", 1),
+            0);
         ASSERT_EQ(tw_durable_schedule(writer, "churn", 5, INT64_MAX / 2, pay,
                                       sizeof pay),
                   0);

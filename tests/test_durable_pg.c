@@ -23,86 +23,21 @@
  * Real clocks throughout; every wait is for a state, bounded by WAIT_MS.
  */
 #define _GNU_SOURCE
-#include <libpq-fe.h>
-#include <pthread.h>
-#include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "test.h"
-#include "twheel/durable.h"
+#include "pg_fixture.h"
 
-#define WAIT_MS 30000 /* real time allowed for an expected delivery */
+#define WAIT_MS PGF_WAIT_MS
 #define FLEET_N 3000
 
-static const char *url;
-
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* Deliveries by key: "k<n>" counts in hits[n]; other keys by name. */
+/* Deliveries of keys "k<n>" count in hits[n] (and by node); other keys
+ * go to the fixture's log (pgf_note()). */
 static atomic_int hits[FLEET_N];
 static atomic_int early, by_node[3];
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static char names[64][40];
-static int counts[64], nnames;
-static int64_t fired_at[64];
-
-static int count_of(const char *key)
-{
-    pthread_mutex_lock(&mu);
-    int c = 0;
-    for (int i = 0; i < nnames; i++)
-        if (!strcmp(names[i], key))
-            c = counts[i];
-    pthread_mutex_unlock(&mu);
-    return c;
-}
-
-static int64_t fired_at_of(const char *key)
-{
-    pthread_mutex_lock(&mu);
-    int64_t t = 0;
-    for (int i = 0; i < nnames; i++)
-        if (!strcmp(names[i], key))
-            t = fired_at[i];
-    pthread_mutex_unlock(&mu);
-    return t;
-}
-
-static void note(const char *key, size_t len)
-{
-    pthread_mutex_lock(&mu);
-    int i = 0;
-    while (i < nnames &&
-           (strlen(names[i]) != len || memcmp(names[i], key, len)))
-        i++;
-    if (i == nnames && nnames < 64) {
-        snprintf(names[i], sizeof names[i], "%.*s", (int)len, key);
-        nnames++;
-    }
-    if (i < 64) {
-        counts[i]++;
-        fired_at[i] = wall_ms();
-    }
-    pthread_mutex_unlock(&mu);
-}
 
 /* The key "a-block" holds its callback until unblocked. */
 static atomic_int blocked, unblocked;
@@ -114,12 +49,12 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     if (t->key_len == 7 && !memcmp(t->key, "a-block", 7)) {
         atomic_store(&blocked, 1);
         while (!atomic_load(&unblocked))
-            sleep_ms(1);
+            pgf_sleep_ms(1);
     }
     if (t->key_len == 8 && !memcmp(t->key, "c-victim", 8))
         snprintf(last_payload, sizeof last_payload, "%.*s", (int)t->payload_len,
                  (const char *)t->payload);
-    if (wall_ms() < t->due_ms)
+    if (pgf_wall_ms() < t->due_ms)
         early++;
     char k[64];
     snprintf(k, sizeof k, "%.*s", (int)t->key_len, (const char *)t->key);
@@ -130,52 +65,32 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
         by_node[(intptr_t)arg]++;
         return 0;
     }
-    note(k, t->key_len);
+    pgf_note(k, t->key_len);
     return 0;
+}
+
+/* Deliveries of @key so far, and when the last was (wall ms). */
+static int count_of(const char *key)
+{
+    return pgf_count(key, NULL);
+}
+
+static int64_t at_of(const char *key)
+{
+    int64_t at = 0;
+    pgf_count(key, &at);
+    return at;
 }
 
 static tw_durable *open_ns(const char *ns, intptr_t node, uint32_t threads)
 {
-    tw_durable_config c;
-    memset(&c, 0, sizeof c);
-    char err[256];
-    c.postgres = url;
-    c.postgres_namespace = ns;
-    c.fire = on_fire;
-    c.fire_arg = (void *)node;
-    c.executor_threads = threads;
-    c.errbuf = err;
-    c.errbuf_len = sizeof err;
-    tw_durable *d = NULL;
-    int rc = tw_durable_open(&d, &c);
-    if (rc)
-        fprintf(stderr, "open: %d %s\n", rc, err);
-    ASSERT_EQ(rc, 0);
-    return d;
+    return pgf_open(ns, on_fire, (void *)node, threads);
 }
 
-static PGconn *client(void)
-{
-    PGconn *c = PQconnectdb(url);
-    ASSERT_EQ(PQstatus(c), CONNECTION_OK);
-    return c;
-}
-
-/* Run @sql; its status must be @want. */
+/* Run @q; its status must be @want. */
 static void sql(PGconn *c, const char *q, ExecStatusType want)
 {
-    PGresult *r = PQexec(c, q);
-    if (PQresultStatus(r) != want)
-        fprintf(stderr, "%s: %s\n", q, PQerrorMessage(c));
-    ASSERT_EQ(PQresultStatus(r), want);
-    PQclear(r);
-}
-
-static void wait_count(const char *key, int n)
-{
-    for (int i = 0; i < WAIT_MS && count_of(key) < n; i++)
-        sleep_ms(1);
-    ASSERT_EQ(count_of(key), n);
+    pgf_sql(c, want, "%s", q);
 }
 
 /* No timer of @d's namespace left: the completions of the deliveries seen
@@ -183,21 +98,10 @@ static void wait_count(const char *key, int n)
 static void wait_none_pending(tw_durable *d)
 {
     tw_durable_stats s = {0};
-    for (int i = 0; i < WAIT_MS; i++, sleep_ms(1))
+    for (int i = 0; i < PGF_WAIT_MS; i++, pgf_sleep_ms(1))
         if (!tw_durable_stats_get(d, &s) && s.pending == 0)
             break;
     ASSERT_EQ(s.pending, 0);
-}
-
-/* A timer of @ns due now, scheduled by SQL after the ones under test,
- * delivered: the firer had a round in which to (wrongly) fire them. */
-static void sentinel(PGconn *c, const char *ns, const char *key)
-{
-    char q[160];
-    snprintf(q, sizeof q, "SELECT twheel.schedule('%s', '%s', now(), '')", ns,
-             key);
-    sql(c, q, PGRES_TUPLES_OK);
-    wait_count(key, 1);
 }
 
 /* NOTIFYs on @c for @ns so far. */
@@ -218,29 +122,29 @@ static int notifies(PGconn *c, const char *ns)
 static void test_transactions(void)
 {
     tw_durable *d = open_ns("txn", 0, 0);
-    PGconn *c = client(), *l = client();
+    PGconn *c = pgf_client(), *l = pgf_client();
     sql(l, "LISTEN twheel", PGRES_COMMAND_OK);
     sql(c, "BEGIN", PGRES_COMMAND_OK);
     sql(c, "SELECT twheel.schedule('txn', 'rolled', now(), 'x')",
         PGRES_TUPLES_OK);
     sql(c, "ROLLBACK", PGRES_COMMAND_OK);
-    sleep_ms(100);
+    pgf_sleep_ms(100);
     ASSERT_EQ(notifies(l, "txn"), 0);
     sql(c, "BEGIN", PGRES_COMMAND_OK);
     sql(c,
         "SELECT twheel.schedule('txn', 'committed'::bytea,"
         " (extract(epoch FROM now()) * 1000)::bigint, 'y'::bytea)",
         PGRES_TUPLES_OK);
-    int64_t t0 = wall_ms();
+    int64_t t0 = pgf_wall_ms();
     sql(c, "COMMIT", PGRES_COMMAND_OK);
-    wait_count("committed", 1);
+    pgf_wait_count("committed", 1);
     fprintf(stderr, "  commit to callback: %lld ms\n",
-            (long long)(fired_at_of("committed") - t0));
+            (long long)(at_of("committed") - t0));
     for (int i = 0; i < WAIT_MS && !notifies(l, "txn"); i++)
-        sleep_ms(1);
+        pgf_sleep_ms(1);
     /* A timer due after the rolled-back one fired: it had its chance. */
-    sentinel(c, "txn", "sentinel");
-    sleep_ms(200);
+    pgf_sentinel(c, "txn", "sentinel");
+    pgf_sleep_ms(200);
     ASSERT_EQ(count_of("rolled"), 0);
     ASSERT_EQ(count_of("committed"), 1);
     wait_none_pending(d);
@@ -253,7 +157,7 @@ static void test_transactions(void)
 static void test_sql_cancel(void)
 {
     tw_durable *d = open_ns("cxl", 0, 0);
-    PGconn *c = client();
+    PGconn *c = pgf_client();
     sql(c,
         "SELECT twheel.schedule('cxl', 'gone', now() + interval '1 s', 'x'),"
         " twheel.schedule('cxl', 'kept', now() + interval '1 s', 'y')",
@@ -264,8 +168,8 @@ static void test_sql_cancel(void)
     r = PQexec(c, "SELECT twheel.cancel('cxl', 'never')");
     ASSERT_STR_EQ(PQgetvalue(r, 0, 0), "f");
     PQclear(r);
-    wait_count("kept", 1);
-    sentinel(c, "cxl", "sentinel2");
+    pgf_wait_count("kept", 1);
+    pgf_sentinel(c, "cxl", "sentinel2");
     ASSERT_EQ(count_of("gone"), 0);
     PQfinish(c);
     ASSERT_EQ(tw_durable_close(d), 0);
@@ -279,24 +183,25 @@ static void test_sql_cancel(void)
 static void test_cancel_claimed(void)
 {
     tw_durable *d = open_ns("claimed", 0, 0);
-    PGconn *c = client();
+    PGconn *c = pgf_client();
     sql(c,
         "SELECT twheel.schedule('claimed', k, now(), 'old') FROM"
         " unnest(ARRAY['a-block', 'b-victim', 'c-victim']) k",
         PGRES_TUPLES_OK);
     for (int i = 0; i < WAIT_MS && !atomic_load(&blocked); i++)
-        sleep_ms(1);
+        pgf_sleep_ms(1);
     ASSERT(atomic_load(&blocked));
     PGresult *r = PQexec(c, "SELECT count(*) FROM twheel.timers WHERE"
                             " ns = 'claimed' AND owner IS NOT NULL");
     ASSERT_STR_EQ(PQgetvalue(r, 0, 0), "3"); /* all three claimed */
     PQclear(r);
     ASSERT_EQ(tw_durable_cancel(d, "b-victim", 8), 0);
-    ASSERT_EQ(tw_durable_schedule(d, "c-victim", 8, wall_ms(), "new", 3), 0);
+    ASSERT_EQ(tw_durable_schedule(d, "c-victim", 8, pgf_wall_ms(), "new", 3),
+              0);
     atomic_store(&unblocked, 1);
-    wait_count("c-victim", 1);
-    wait_count("a-block", 1);
-    sentinel(c, "claimed", "sentinel3");
+    pgf_wait_count("c-victim", 1);
+    pgf_wait_count("a-block", 1);
+    pgf_sentinel(c, "claimed", "sentinel3");
     ASSERT_EQ(count_of("b-victim"), 0);
     ASSERT_EQ(count_of("c-victim"), 1);
     ASSERT_STR_EQ(last_payload, "new");
@@ -308,7 +213,7 @@ static void test_cancel_claimed(void)
 static void test_hostile_rows(void)
 {
     tw_durable *d = open_ns("bad", 0, 0);
-    PGconn *c = client();
+    PGconn *c = pgf_client();
     const char *bad[] = {
         "SELECT twheel.schedule('bad', ''::bytea, 0, ''::bytea)",
         "SELECT twheel.schedule('bad', repeat('k', 1025)::bytea, 0, ''::bytea)",
@@ -325,18 +230,13 @@ static void test_hostile_rows(void)
     /* NULL payload is an empty one. */
     sql(c, "SELECT twheel.schedule('bad', 'nullpl'::bytea, 0, NULL::bytea)",
         PGRES_TUPLES_OK);
-    wait_count("nullpl", 1);
+    pgf_wait_count("nullpl", 1);
     wait_none_pending(d);
     ASSERT_EQ(tw_durable_close(d), 0);
     /* A schema newer than this library: refused at open, not written. */
     sql(c, "UPDATE twheel.version SET v = v + 1", PGRES_COMMAND_OK);
-    tw_durable_config cfg;
-    memset(&cfg, 0, sizeof cfg);
     char err[256];
-    cfg.postgres = url;
-    cfg.fire = on_fire;
-    cfg.errbuf = err;
-    cfg.errbuf_len = sizeof err;
+    tw_durable_config cfg = pgf_config(NULL, NULL, on_fire, NULL, err);
     ASSERT_EQ(tw_durable_open(&d, &cfg), TW_EINVAL);
     ASSERT(strstr(err, "version"));
     sql(c, "UPDATE twheel.version SET v = v - 1", PGRES_COMMAND_OK);
@@ -349,54 +249,42 @@ static void test_hostile_rows(void)
 static void test_attempts_limit(void)
 {
     tw_durable *d = open_ns("lk", 0, 0);
-    PGconn *c = client();
+    PGconn *c = pgf_client();
     sql(c,
         "INSERT INTO twheel.timers (ns, key, due, payload, attempts)"
         " VALUES ('lk', 'maxatt', 0, '', 2147483647)",
         PGRES_COMMAND_OK);
     sql(c, "SELECT pg_notify('twheel', 'lk')", PGRES_TUPLES_OK);
-    wait_count("maxatt", 1);
-    sentinel(c, "lk", "after");
+    pgf_wait_count("maxatt", 1);
+    pgf_sentinel(c, "lk", "after");
     wait_none_pending(d);
     PQfinish(c);
     ASSERT_EQ(tw_durable_close(d), 0);
-}
-
-/* @url as another role. */
-static const char *as_role(const char *role)
-{
-    static char buf[512];
-    snprintf(buf, sizeof buf, "%s user=%s", url, role);
-    return buf;
 }
 
 /* A role with exactly the grants of docs/guide/postgres.md runs a node;
  * one without them is refused at open with TW_EAUTH and a message. */
 static void test_permissions(void)
 {
-    PGconn *c = client();
+    PGconn *c = pgf_client();
     sql(c, "CREATE ROLE node LOGIN", PGRES_COMMAND_OK);
     sql(c, "CREATE ROLE nobody_here LOGIN", PGRES_COMMAND_OK);
     sql(c,
         "GRANT USAGE ON SCHEMA twheel TO node;"
         "GRANT SELECT, INSERT, UPDATE, DELETE ON twheel.timers, twheel.dead"
         " TO node; GRANT SELECT ON twheel.version TO node;"
+        "GRANT SELECT, INSERT ON twheel.quarantine TO node;"
         "GRANT USAGE ON SEQUENCE twheel.ver_seq TO node",
         PGRES_COMMAND_OK);
-    tw_durable_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    char err[256];
-    cfg.postgres = as_role("node");
-    cfg.postgres_namespace = "perm";
-    cfg.fire = on_fire;
-    cfg.errbuf = err;
-    cfg.errbuf_len = sizeof err;
+    char err[256], as[512];
+    snprintf(as, sizeof as, "%s user=node", pgf_url);
+    tw_durable_config cfg = pgf_config(as, "perm", on_fire, NULL, err);
     tw_durable *d = NULL;
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
-    ASSERT_EQ(tw_durable_schedule(d, "perm1", 5, wall_ms(), "", 0), 0);
-    wait_count("perm1", 1);
+    ASSERT_EQ(tw_durable_schedule(d, "perm1", 5, pgf_wall_ms(), "", 0), 0);
+    pgf_wait_count("perm1", 1);
     ASSERT_EQ(tw_durable_close(d), 0);
-    cfg.postgres = as_role("nobody_here");
+    snprintf(as, sizeof as, "%s user=nobody_here", pgf_url);
     ASSERT_EQ(tw_durable_open(&d, &cfg), TW_EAUTH);
     ASSERT(strstr(err, "postgres"));
     fprintf(stderr, "  refused: %s\n", err);
@@ -417,13 +305,8 @@ static void test_bad_conninfo(void)
         {"postgresql://u:sekrit@127.0.0.1:1/db?connect_timeout=2", TW_ECONN},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
-        tw_durable_config cfg;
-        memset(&cfg, 0, sizeof cfg);
         char err[256];
-        cfg.postgres = v[i].s;
-        cfg.fire = on_fire;
-        cfg.errbuf = err;
-        cfg.errbuf_len = sizeof err;
+        tw_durable_config cfg = pgf_config(v[i].s, NULL, on_fire, NULL, err);
         tw_durable *d = (tw_durable *)&cfg;
         ASSERT_EQ(tw_durable_open(&d, &cfg), v[i].rc);
         ASSERT(d == (tw_durable *)&cfg); /* unchanged */
@@ -438,23 +321,23 @@ static void test_fleet(void)
     tw_durable *d[3];
     for (int i = 0; i < 3; i++)
         d[i] = open_ns("fleet", i, 2);
-    PGconn *c = client();
+    PGconn *c = pgf_client();
     char q[256];
     snprintf(q, sizeof q,
              "SELECT count(twheel.schedule('fleet', 'k' || i, now() +"
              " (i %% 500) * interval '1 ms', '')) FROM"
              " generate_series(0, %d) i",
              FLEET_N - 1);
-    int64_t t0 = wall_ms();
+    int64_t t0 = pgf_wall_ms();
     sql(c, q, PGRES_TUPLES_OK);
     int done = 0;
     for (int w = 0; w < WAIT_MS && done < FLEET_N; w++) {
         done = 0;
         for (int i = 0; i < FLEET_N; i++)
             done += atomic_load(&hits[i]) > 0;
-        sleep_ms(1);
+        pgf_sleep_ms(1);
     }
-    int64_t t1 = wall_ms();
+    int64_t t1 = pgf_wall_ms();
     if (done < FLEET_N) {
         fprintf(stderr, "  fleet: %d of %d delivered\n", done, FLEET_N);
         PGresult *r = PQexec(c, "SELECT encode(key, 'escape'), due,"
@@ -467,7 +350,7 @@ static void test_fleet(void)
                     PQgetvalue(r, i, 5));
         PQclear(r);
     }
-    sleep_ms(300);
+    pgf_sleep_ms(300);
     for (int i = 0; i < FLEET_N; i++)
         ASSERT_EQ(atomic_load(&hits[i]), 1);
     ASSERT_EQ(atomic_load(&early), 0);
@@ -495,20 +378,20 @@ static void test_restart(void)
     for (int i = 0; i < FLEET_N; i++)
         atomic_store(&hits[i], 0);
     tw_durable *d = open_ns("restart", 0, 2);
-    PGconn *c = client();
+    PGconn *c = pgf_client();
     sql(c,
         "SELECT count(twheel.schedule('restart', 'k' || i, now() +"
         " (i * 2) * interval '1 ms', '')) FROM generate_series(0, 999) i",
         PGRES_TUPLES_OK);
     PQfinish(c);
-    sleep_ms(700);
+    pgf_sleep_ms(700);
     ASSERT_EQ(system(restart), 0);
     int done = 0;
     for (int w = 0; w < WAIT_MS && done < 1000; w++) {
         done = 0;
         for (int i = 0; i < 1000; i++)
             done += atomic_load(&hits[i]) > 0;
-        sleep_ms(1);
+        pgf_sleep_ms(1);
     }
     ASSERT_EQ(done, 1000);
     ASSERT_EQ(atomic_load(&early), 0);
@@ -520,7 +403,7 @@ static void test_restart(void)
     for (int w = 0; w < WAIT_MS; w++) {
         if (!tw_durable_stats_get(d, &s) && s.pending == 0)
             break;
-        sleep_ms(1);
+        pgf_sleep_ms(1);
     }
     ASSERT_EQ(s.pending, 0);
     ASSERT_EQ(tw_durable_close(d), 0);
@@ -545,11 +428,8 @@ static int child_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 static void child_node(const char *path)
 {
     child_fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0600);
-    tw_durable_config c;
-    memset(&c, 0, sizeof c);
-    c.postgres = url;
-    c.postgres_namespace = "kill";
-    c.fire = child_fire;
+    char err[256];
+    tw_durable_config c = pgf_config(NULL, "kill", child_fire, NULL, err);
     c.executor_threads = 2;
     c.lease_ms = 1000;
     tw_durable *d = NULL;
@@ -585,7 +465,7 @@ static void test_kill_node(void)
     int fd = mkstemp(path);
     ASSERT_GE(fd, 0);
     close(fd);
-    PGconn *c = client();
+    PGconn *c = pgf_client();
     sql(c,
         "SELECT count(twheel.schedule('kill', 'k' || i, now() + interval"
         " '500 ms' + (i * 3 / 4) * interval '1 ms', '')) FROM"
@@ -595,11 +475,8 @@ static void test_kill_node(void)
     ASSERT_GE(pid, 0);
     if (pid == 0)
         child_node(path);
-    tw_durable_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.postgres = url;
-    cfg.postgres_namespace = "kill";
-    cfg.fire = on_fire;
+    char err[256];
+    tw_durable_config cfg = pgf_config(NULL, "kill", on_fire, NULL, err);
     cfg.executor_threads = 2;
     cfg.lease_ms = 1000;
     tw_durable *d = NULL;
@@ -609,7 +486,7 @@ static void test_kill_node(void)
         snprintf(k, sizeof k, "k%d", i);
         ASSERT_EQ(tw_durable_cancel(d, k, strlen(k)), 0);
     }
-    sleep_ms(1000); /* the child is delivering now */
+    pgf_sleep_ms(1000); /* the child is delivering now */
     ASSERT_EQ(kill(pid, SIGKILL), 0);
     int st;
     ASSERT_EQ(waitpid(pid, &st, 0), pid);
@@ -622,7 +499,7 @@ static void test_kill_node(void)
         done = 0;
         for (int i = 0; i < CXL; i++)
             done += seen[i] + atomic_load(&hits[i]) > 0;
-        sleep_ms(10);
+        pgf_sleep_ms(10);
     }
     int by_child = 0, again = 0;
     for (int i = 0; i < CXL; i++) {
@@ -642,12 +519,7 @@ static void test_kill_node(void)
 
 int main(void)
 {
-    url = getenv("TW_PG_URL");
-    if (!url) {
-        fprintf(stderr, "TW_PG_URL unset (tests/pg_test.sh sets it): "
-                        "skipped\n");
-        return 77;
-    }
+    pgf_init();
     RUN_TEST(test_transactions);
     RUN_TEST(test_sql_cancel);
     RUN_TEST(test_cancel_claimed);

@@ -7,6 +7,9 @@
  *   test_redis_perm ADDRESS RULE...
  *       $TW_ACL is a shell command that gives the user every rule of the
  *       smallest ACL, less the one named by its argument ("-": none).
+ *       A RULE "stats:CMD" checks tw_durable_stats_get() without CMD;
+ *       "own:CMD" runs the check below on a store with shard ownership
+ *       (the first such RULE closes the store without it: put them last).
  *
  * The store is opened with the whole ACL. For each RULE in turn (a
  * command the store's claims or completions use): timers are scheduled,
@@ -18,7 +21,12 @@
  * never delivered), unless every timer is delivered without it (a
  * command only retries use, such as HSET). The rule is given back and every
  * timer is then delivered (bound: 20 s, past the claim leases of the
- * completions that failed).
+ * completions that failed). With ownership ("own:pexpire"), the refused
+ * command is one of the ownership rounds' (before, those errors were
+ * neither counted nor told: the shards' trust ran out in silence).
+ * "stats:zcard": without ZCARD, stats must not say 0 pending while
+ * timers wait: the call fails (TW_EAUTH), and the refusal is counted
+ * (before, it returned 0 with pending 0).
  */
 #define _GNU_SOURCE
 
@@ -85,16 +93,19 @@ static int missing(int r)
 }
 
 /* One rule: schedule, take it away, see the error counted and told,
- * give it back, see every timer delivered. */
-static void one_rule(tw_durable *d, int r, const char *rule)
+ * give it back, see every timer delivered. Half the timers are due
+ * @late_ms ahead: past the 2 s horizon, so a later CLAIM must take them
+ * (with ownership, 5 s: past the shard's trust, which runs out 1.6 s
+ * after the last renewal, plus the horizon: only an owner whose rounds
+ * work claims them). */
+static void one_rule(tw_durable *d, int r, const char *rule, int64_t late_ms)
 {
     int64_t now = wall_ms();
     for (int j = 0; j < PER_RULE; j++) {
         char k[16];
         int n = snprintf(k, sizeof k, "P%d", r * PER_RULE + j);
-        /* Half due at once (claimed by SCHED), half past the 2 s
-         * horizon (claimed by a later CLAIM). */
-        int64_t due = now + (j % 2 ? 3000 : 50);
+        /* Half due at once (claimed by SCHED), half later. */
+        int64_t due = now + (j % 2 ? late_ms : 50);
         ASSERT_EQ(tw_durable_schedule(d, k, (size_t)n, due, "p", 1), 0);
     }
     uint64_t e0 = errors_now(d);
@@ -134,6 +145,54 @@ static void one_rule(tw_durable *d, int r, const char *rule)
     ASSERT_EQ(missing(r), 0);
 }
 
+/* Stats without @cmd (rule @r): never 0 pending while PER_RULE timers
+ * wait; the refusal counted once the rule is back. */
+static void stats_rule(tw_durable *d, int r, const char *cmd)
+{
+    int64_t due = wall_ms() + 600000;
+    for (int j = 0; j < PER_RULE; j++) {
+        char k[16];
+        int n = snprintf(k, sizeof k, "S%d", r * PER_RULE + j);
+        ASSERT_EQ(tw_durable_schedule(d, k, (size_t)n, due, "p", 1), 0);
+    }
+    uint64_t e0 = errors_now(d);
+    acl(cmd);
+    tw_durable_stats st;
+    memset(&st, 0, sizeof st);
+    int rc = tw_durable_stats_get(d, &st);
+    acl("-");
+    fprintf(stderr, "-%s: stats %s, pending %llu\n", cmd, tw_err_name(rc),
+            (unsigned long long)st.pending);
+    if (rc == 0)
+        ASSERT_GE(st.pending, PER_RULE);
+    else
+        ASSERT_EQ(rc, TW_EAUTH);
+    ASSERT_GT(errors_now(d), e0);
+    for (int j = 0; j < PER_RULE; j++) {
+        char k[16];
+        int n = snprintf(k, sizeof k, "S%d", r * PER_RULE + j);
+        ASSERT_EQ(tw_durable_cancel(d, k, (size_t)n), 0);
+    }
+}
+
+static tw_durable *open_store(const char *addr, uint32_t shard_lease_ms)
+{
+    tw_durable_config cfg = {.fire = on_fire, .on_error = on_error};
+    char err[512] = "";
+    cfg.errbuf = err;
+    cfg.errbuf_len = sizeof err;
+    cfg.redis = addr;
+    cfg.redis_namespace = "tw";
+    cfg.shards = 4;
+    cfg.redis_shard_lease_ms = shard_lease_ms;
+    tw_durable *d = NULL;
+    int rc = tw_durable_open(&d, &cfg);
+    if (rc)
+        fprintf(stderr, "open: %s %s\n", tw_err_name(rc), err);
+    ASSERT_EQ(rc, 0);
+    return d;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3 || !getenv("TW_ACL") || argc - 2 > RULES_MAX) {
@@ -141,20 +200,20 @@ int main(int argc, char **argv)
         return 2;
     }
     acl("-");
-    tw_durable_config cfg = {.fire = on_fire, .on_error = on_error};
-    char err[512] = "";
-    cfg.errbuf = err;
-    cfg.errbuf_len = sizeof err;
-    cfg.redis = argv[1];
-    cfg.redis_namespace = "tw";
-    cfg.shards = 4;
-    tw_durable *d = NULL;
-    int rc = tw_durable_open(&d, &cfg);
-    if (rc)
-        fprintf(stderr, "open: %s %s\n", tw_err_name(rc), err);
-    ASSERT_EQ(rc, 0);
-    for (int i = 2; i < argc; i++)
-        one_rule(d, i - 2, argv[i]);
+    tw_durable *d = open_store(argv[1], 0);
+    bool own = false;
+    for (int i = 2; i < argc; i++) {
+        if (!strncmp(argv[i], "stats:", 6)) {
+            stats_rule(d, i - 2, argv[i] + 6);
+            continue;
+        }
+        if (!strncmp(argv[i], "own:", 4) && !own) {
+            ASSERT_EQ(tw_durable_close(d), 0);
+            d = open_store(argv[1], 2000); /* a 2 s shard lease */
+            own = true;
+        }
+        one_rule(d, i - 2, argv[i] + (own ? 4 : 0), own ? 5000 : 3000);
+    }
     ASSERT_EQ(tw_durable_close(d), 0);
     return 0;
 }

@@ -14,7 +14,10 @@
 #       garbled) named by check (exit 3); missing segments; nothing here
 #       (exit 3); export and import; a backup of a live journal under load
 #       restored; with TWHEELD, twheel jobs on a journal twheeld wrote.
-#       --help of each verb, --version, no password in messages.
+#       --help of each verb, --version, no password in messages; with
+#       --json, one whole document with an error when a store does not
+#       open (journal, Redis, PostgreSQL on a closed loopback port); due
+#       times at the ends of int64 shown as they are by ls, get and dead.
 #   TWHEEL=... STORE=... tests/redis_test.sh suite tests/twheel_cli.sh
 #       the same verbs on a Redis namespace (redis_test.sh passes "suite"
 #       and the server's address), a misspelled namespace, moves from a
@@ -67,14 +70,107 @@ expect_rc 0 "$tw" --version
 grep -Eq '^twheel [0-9]+\.[0-9]+\.[0-9]+' "$tmp/out" || fail "--version: $(cat "$tmp/out")"
 expect_rc 0 "$tw" journal --help
 grep -q '^usage: twheel journal VERB' "$tmp/out" || fail "journal --help"
-for v in ls get stats check repair dead rearm delete export import jobs; do
+for v in ls get stats check repair dead rearm delete export import jobs init; do
   expect_rc 0 "$tw" "$v" --help
   grep -q "^usage: twheel .*$v" "$tmp/out" || fail "$v --help: $(head -1 "$tmp/out")"
   cp "$tmp/out" "$tmp/help-$v"
   expect_rc 0 "$tw" journal "$v" /x --help
   cmp -s "$tmp/out" "$tmp/help-$v" || fail "journal $v --help differs from $v --help"
 done
-[ "$(cat "$tmp"/help-* | sort -u | grep -c '^usage:')" = 11 ] || fail "verbs share a help text"
+[ "$(cat "$tmp"/help-* | sort -u | grep -c '^usage:')" = 12 ] || fail "verbs share a help text"
+
+# --json when the store does not open (a journal directory missing or a
+# file, nothing listening on a loopback port for Redis or PostgreSQL, a
+# namespace refused; every verb for some, four verbs for the rest, to
+# keep the test short): one whole document per verb, with an "error" field,
+# and exit 2 (check of a missing directory: 3, nothing there); rearm and
+# delete do not make a missing directory.
+mkdir "$tmp/docs"
+ndoc=0
+json_doc() { # WANT-RC CMD...: its stdout kept for the check below
+  expect_rc "$@"
+  ndoc=$((ndoc + 1))
+  cp "$tmp/out" "$tmp/docs/$ndoc"
+  printf '%s\n' "${*:2}" >"$tmp/docs/cmd-$ndoc"
+}
+: >"$tmp/afile"
+closed=(--url 127.0.0.1:1)
+pgclosed=(--url "host=127.0.0.1 port=1 connect_timeout=5")
+for v in ls get stats check dead rearm delete import repair jobs init; do
+  k=(); case $v in get | rearm | delete) k=(somekey) ;; esac
+  want=2; [ "$v" = check ] && want=3
+  # (import makes a new journal there: moving a store into a new one)
+  [ "$v" = import ] || json_doc "$want" "$tw" journal "$v" "$tmp/nodir" "${k[@]}" --json </dev/null
+  json_doc 2 "$tw" postgres "$v" "${pgclosed[@]}" "${k[@]}" --json </dev/null
+  case $v in ls | check | get | import) ;; *) continue ;; esac
+  json_doc 2 "$tw" journal "$v" "$tmp/afile" "${k[@]}" --json </dev/null
+  json_doc 2 "$tw" redis "$v" "${closed[@]}" "${k[@]}" --json </dev/null
+  json_doc 2 "$tw" redis "$v" "${closed[@]}" --ns "" "${k[@]}" --json </dev/null
+  json_doc 2 "$tw" postgres "$v" "${pgclosed[@]}" --ns "" "${k[@]}" --json </dev/null
+done
+json_doc 2 "$tw" journal import "$tmp/j-new" --in "$tmp/no-such-file" --json
+# Each stdout: one JSON object (what python3 -m json.tool reads) with the
+# error in it (check: also its problem).
+$py - "$tmp/docs" "$ndoc" <<'PY' || fail "--json of a store that did not open"
+import glob, json, os, sys
+n = 0
+for f in glob.glob(sys.argv[1] + "/[0-9]*"):
+    cmd = open(os.path.join(sys.argv[1], "cmd-" + os.path.basename(f))).read()
+    try:
+        d = json.load(open(f))
+    except ValueError:
+        sys.exit("not one JSON document: %s: %r" % (cmd, open(f).read()))
+    if not isinstance(d, dict) or not (d.get("error") or d.get("problem")):
+        sys.exit("no error: %s: %r" % (cmd, d))
+    n += 1
+assert n == int(sys.argv[2]), n
+PY
+[ ! -e "$tmp/nodir" ] || fail "a verb made the missing directory"
+step "--json of every verb when the store does not open: one document, the error in it"
+
+# Due times at the ends of int64 and around 1970: get, ls (text and
+# --json: the same real value), dead and export agree; no overflow in
+# the dates (UBSan in the asan-ubsan tree).
+ext="$tmp/extremes"
+printf '%s\n' \
+  '{"key":"min","due_ms":-9223372036854775808,"payload_b64":""}' \
+  '{"key":"neg","due_ms":-1001,"payload_b64":""}' \
+  '{"key":"zero","due_ms":0,"payload_b64":""}' \
+  '{"key":"max","due_ms":9223372036854775807,"payload_b64":""}' \
+  '{"key":"big","due_ms":9007199254740993,"payload_b64":""}' \
+  '{"key":"dmin","due_ms":-9223372036854775808,"dead":true,"attempt":2,"payload_b64":""}' \
+  '{"key":"dneg","due_ms":-1,"dead":true,"attempt":3,"payload_b64":""}' >"$tmp/ext.jsonl"
+expect_rc 0 "$tw" journal import "$ext" --in "$tmp/ext.jsonl"
+expect_rc 0 "$tw" journal ls "$ext" --json
+cp "$tmp/out" "$tmp/ls.json"
+expect_rc 0 "$tw" journal ls "$ext"
+cp "$tmp/out" "$tmp/ls.txt"
+expect_rc 0 "$tw" journal dead "$ext" --json
+cp "$tmp/out" "$tmp/dead.json"
+expect_rc 0 "$tw" journal dead "$ext"
+cp "$tmp/out" "$tmp/dead.txt"
+$py - "$tmp" <<'PY' || fail "extreme due times: $(cat "$tmp/ls.json" "$tmp/ls.txt" "$tmp/dead.json" "$tmp/dead.txt")"
+import json, sys
+t = sys.argv[1]
+want = {"min": -2**63, "neg": -1001, "zero": 0, "max": 2**63 - 1, "big": 2**53 + 1}
+ls = json.load(open(t + "/ls.json"))["timers"]
+assert {e["key"]: e["due_ms"] for e in ls} == want, ls
+assert [e["key"] for e in ls] == ["min", "neg", "zero", "big", "max"], ls
+text = [l.split() for l in open(t + "/ls.txt")]
+assert [(w[0], w[-1]) for w in text] == [(e["due"], e["key"]) for e in ls], text
+assert ls[1]["due"] == "1969-12-31T23:59:58.999Z" and ls[2]["due"] == "1970-01-01T00:00:00.000Z", ls
+dead = json.load(open(t + "/dead.json"))["dead"]
+assert {e["key"]: (e["due_ms"], e["attempts"]) for e in dead} == {"dmin": (-2**63, 2), "dneg": (-1, 3)}, dead
+text = [l.split() for l in open(t + "/dead.txt")]
+assert [(w[0], w[-1]) for w in text] == [(e["due"], e["key"]) for e in dead], text
+PY
+for k in min max neg; do
+  expect_rc 0 "$tw" journal get "$ext" "$k" --json
+  $py -c 'import json,sys; d=json.load(open(sys.argv[1])); l=json.load(open(sys.argv[2]))["timers"]
+assert [e["due_ms"] for e in l if e["key"]==d["key"]] == [d["due_ms"]], (d, l)' "$tmp/out" "$tmp/ls.json"
+  expect_rc 0 "$tw" journal get "$ext" "$k"
+done
+step "due times at the ends of int64: ls, get and dead show the real value, text and JSON alike"
 
 if [ "$mode" = redis ]; then
   ns=twcli$$

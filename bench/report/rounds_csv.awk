@@ -12,6 +12,8 @@
 #   "system=device op=fdatasync at=A p50_us=X" (scripts/bench.sh's
 #     fdatasync_probe): n = 1, workload dev_fdatasync_dur (the durable
 #     round's probes) or dev_fdatasync_bs (at=twheeld), engine device, us;
+#     with cpu_us=C also dev_fdatasync_cpu_dur (_bs): the caller's CPU us
+#     per call;
 #   scripts/bench_twheeld.sh ONLY=main "bstalk srv=S row=R value=V unit=U":
 #     n = the -v delayed count for the delayed_* and restart_* rows, else
 #     1; workload bs_R, engine S (twheeld, beanstalkd);
@@ -50,6 +52,9 @@ function fields(   i, kv) {
     fields()
     add(1, v["at"] == "twheeld" ? "dev_fdatasync_bs" : "dev_fdatasync_dur",
         "device", "us", "fdatasync p50 on a preallocated file", v["p50_us"])
+    if (v["cpu_us"] != "")
+        add(1, v["at"] == "twheeld" ? "dev_fdatasync_cpu_bs" : "dev_fdatasync_cpu_dur",
+            "device", "us", "caller CPU per pwrite+fdatasync", v["cpu_us"])
     next
 }
 /^system=/ {

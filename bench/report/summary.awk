@@ -219,12 +219,24 @@ function durable_targets(   g, iv, ca, cr, w, i) {
         w = "dur_cpu_" dps[i]
         ca = mw(w, "twheel-group"); cr = mw(w, "redis-always")
         if (ca > 0 && cr > 0)
-            why = sprintf("CPU us per acknowledged item: SYNC_GROUP %.2f [%s] (the process: callers and writer); Redis always %.2f [%s] (client + server); SYNC_INTERVAL %.2f, Redis everysec %.2f",
+            why = sprintf("CPU us per acknowledged item: SYNC_GROUP %.2f [%s] (the process: callers and writer); Redis always %.2f [%s] (client + server); SYNC_INTERVAL %.2f, Redis everysec %.2f%s",
                 ca, spread(w, "twheel-group"), cr, spread(w, "redis-always"),
-                mw(w, "twheel-interval"), mw(w, "redis-everysec"))
+                mw(w, "twheel-interval"), mw(w, "redis-everysec"),
+                sync_cpu_floor(dps[i], cr, 0.2))
         target("CPU per item, SYNC_GROUP / Redis always, " dps[i] " per call (4 threads)",
             ca > 0 && cr > 0 ? sprintf("%.2f", ca / cr) : "", "<=", 0.2, "%.2fx")
     }
+}
+# The device's part of SYNC_GROUP's CPU per item at @d items per call:
+# the caller's CPU per pwrite+fdatasync (fsync_probe) over the items each
+# fdatasync carried, against @need x Redis always's @cr.
+function sync_cpu_floor(d, cr, need,   c, ips, f) {
+    c = mw("dev_fdatasync_cpu_dur", "device")
+    ips = mw("dur_per_sync_" d, "twheel-group")
+    if (c <= 0 || ips <= 0) return ""
+    f = c / ips
+    return sprintf("; floor: one pwrite+fdatasync took %.1f us of the caller's CPU (fsync_probe), %.1f items per fdatasync make %.2f us an item = %.2fx Redis always%s",
+        c, ips, f, f / cr, f / cr > need ? sprintf(", above the %gx target before any work of the store's own", need) : sprintf(", the store's own work the other %.2f us", mw("dur_cpu_" d, "twheel-group") - f))
 }
 # A twheeld round row's two values, twheeld and beanstalkd.
 function bs(row, srv) { return mw("bs_" row, srv) }
@@ -239,6 +251,15 @@ function bs_target(what, row, op, need, inv,   a, b, have) {
     if (why == "" && have != "")
         why = sprintf("twheeld %g, beanstalkd %g %s", a, b, unit_of("bs_" row))
     target(what, have, op, need, "%.2fx")
+}
+# The floor on a rate row: what bench/bstalk_floor.c (a server that keeps
+# nothing) answered the same client, against beanstalkd's @b and the
+# target's factor @need.
+function bs_floor(row, b, need,   f) {
+    f = bs(row, "floor")
+    if (f <= 0 || b <= 0) return ""
+    return sprintf("; floor: a server that keeps nothing (bench/bstalk_floor.c) answered %d/s = %.2fx beanstalkd%s",
+        f, f / b, f / b < need ? sprintf(", so %gx beanstalkd is above what any server reached with this client here", need) : "")
 }
 function unit_of(w,   k, f) {
     for (k in unit) {
@@ -270,7 +291,8 @@ function twheeld_targets(   dev, a, b, us, c, rows, i, ld) {
     for (i = 1; i <= 4; i++) {
         a = bs(rows[i], "twheeld"); b = bs(rows[i], "beanstalkd")
         if (a > 0 && b > 0)
-            why = sprintf("twheeld %d/s, beanstalkd %d/s; %s", a, b, bs_rtt())
+            why = sprintf("twheeld %d/s, beanstalkd %d/s; %s%s", a, b, bs_rtt(),
+                bs_floor(rows[i], b, 2))
         bs_target("twheeld / beanstalkd, " rows[i], rows[i], ">=", 2, 0)
     }
     why = sprintf("resident bytes per delayed job (what the jobs added to the empty server): twheeld %d, beanstalkd %d; in all %d MB and %d MB",
@@ -465,16 +487,17 @@ END {
     printf "(dur_sched_D: items/s, D items per call, 4 threads (_1t: 1 thread); dur_cpu: CPU us per acknowledged item (Redis: client + server); dur_per_sync: items per fdatasync; dur_p50: us per call. SYNC_GROUP and Redis always: every acknowledged call on stable storage; SYNC_INTERVAL and Redis everysec: written, synced within 1 s)\n"
 
     printf "\n== twheeld beside beanstalkd (median [min..max] of alternating runs; the delayed jobs one run; 64-byte bodies)\n"
-    printf "%-22s %22s %22s %8s %s\n", "row", "twheeld", "beanstalkd", "ratio", "unit"
+    printf "%-22s %22s %22s %8s %-8s %s\n", "row", "twheeld", "beanstalkd", "ratio", "unit", "floor (bstalk_floor)"
     nr = split("ping_us_c1 put_f0_c1 put_f0_c16 put_f0_c64 put_f1000_c1 put_f1000_c16 reserve_f1000_c1 reserve_f1000_c16 late_p50_steady late_p99_steady late_max_steady delayed_rss_mb delayed_disk_mb delayed_rss_b_per_job delayed_disk_b_per_job restart_s restart_cpu_s restart_rq_s", brow, " ")
     for (i = 1; i <= nr; i++) {
         a = bs(brow[i], "twheeld"); b = bs(brow[i], "beanstalkd")
         u = unit_of("bs_" brow[i])
         if (u == "") continue
-        printf "%-22s %22s %22s %8s %s\n", brow[i],
+        printf "%-22s %22s %22s %8s %-8s %s\n", brow[i],
             cell("bs_" brow[i], "twheeld", "%g [%g..%g]"),
             cell("bs_" brow[i], "beanstalkd", "%g [%g..%g]"),
-            (b > 0 ? sprintf("%.2fx", a / b) : "-"), u
+            (b > 0 ? sprintf("%.2fx", a / b) : "-"), u,
+            (bs(brow[i], "floor") > 0 ? cell("bs_" brow[i], "floor", "%g [%g..%g]") : "")
     }
     if (mw("dev_fdatasync_bs", "device") > 0)
         printf "device: fdatasync p50 %.1f us = %.0f fdatasyncs/s (median of the probes before and after the fdatasync rows)\n",

@@ -290,7 +290,8 @@ typedef struct tw_durable_config {
      * ~/.pgpass or PGPASSWORD rather than here. Set neither dir nor
      * redis with it. */
     const char *postgres;
-    const char *postgres_namespace; /* the ns column; NULL = "tw" */
+    const char *postgres_namespace; /* the ns column, 1 to 64 bytes;
+                                       NULL = "tw" */
 } tw_durable_config;
 
 /*
@@ -361,7 +362,9 @@ typedef struct tw_durable_stats {
     /* Fields below were added after 0.2.0. */
     uint64_t quarantined; /* Redis: entries set aside in the namespace's
                              quarantine hashes (values that could not be
-                             read; docs/guide/redis.md); journal: 0 */
+                             read; docs/guide/redis.md); PostgreSQL: rows
+                             of twheel.quarantine (docs/guide/postgres.md);
+                             journal: 0 */
     uint64_t running;     /* callbacks of this handle running now */
     uint64_t late_sum_us; /* sum of the lateness late_hist counts, in us */
     uint64_t dead;        /* timers in the dead letters now */
@@ -605,7 +608,9 @@ TW_EXTERN int tw_durable_cancel_many_if(tw_durable *d,
  * tw_durable_stats_get_sized - a snapshot of the counters into @out, a
  * struct of @out_size bytes: a caller built against an older header, with
  * a shorter struct, gets its fields and nothing past them. The plain name
- * is a macro passing sizeof(tw_durable_stats). 0 or TW_EINVAL.
+ * is a macro passing sizeof(tw_durable_stats). 0 or TW_EINVAL; on Redis
+ * also the error of its reads: TW_ECONN..., or TW_EAUTH when the user may
+ * no longer run one of them (counted in errors: never a 0 read as a count).
  */
 TW_EXTERN int tw_durable_stats_get_sized(tw_durable *d, tw_durable_stats *out,
                                          size_t out_size);

@@ -320,7 +320,10 @@ static void check_line(const struct opts *o, const struct check_res *r)
     if (!strcmp(r->status, "damaged"))
         printf("%s: damaged: %s\n", w, r->problem);
     else if (!strcmp(r->status, "missing"))
-        printf("%s: nothing here: no such directory\n", w);
+        printf("%s: nothing here: %s\n", w,
+               o->dir ? "no such directory"
+                      : "no schema twheel in this database (twheel postgres "
+                        "init installs it)");
     else if (!strcmp(r->status, "empty") && o->dir)
         printf("%s: nothing here: no journal segment in this directory "
                "(is it the store's?)\n",
@@ -385,13 +388,17 @@ int cmd_check(const struct opts *o)
     tw_durable *d = NULL;
     if (journal_missing(o)) {
         r.status = "missing", r.rc = EX_WARN;
+        snprintf(r.problem, sizeof r.problem, "no such directory");
     } else if (!(d = open_readonly(o, &rc, r.problem, sizeof r.problem, &l))) {
-        if (rc != TW_EIO) {
+        if (rc == TW_ENOENT && !strcmp(o->backend, "postgres")) {
+            r.status = "missing", r.rc = EX_WARN; /* no schema twheel */
+        } else if (rc != TW_EIO) {
             open_failed(o, rc, r.problem);
             free(l.v);
             return EX_ERROR;
+        } else {
+            r.status = "damaged", r.rc = EX_PROBLEM;
         }
-        r.status = "damaged", r.rc = EX_PROBLEM;
     } else {
         tw_durable_stats s;
         r.rc = walk_all(d, &r.timers, r.problem, sizeof r.problem);
@@ -404,6 +411,13 @@ int cmd_check(const struct opts *o)
                      r.timers),
                 r.rc = EX_PROBLEM;
         r.dead = r.rc ? 0 : s.dead;
+        /* PostgreSQL: rows a node set aside (twheel.quarantine). */
+        if (!r.rc && s.quarantined && !strcmp(o->backend, "postgres"))
+            snprintf(r.problem, sizeof r.problem,
+                     "%" PRIu64 " rows set aside in twheel.quarantine, "
+                     "never delivered",
+                     s.quarantined),
+                r.rc = EX_PROBLEM;
         check_redis_keys(&l, &r);
         if (r.rc)
             r.status = "damaged";
@@ -483,12 +497,13 @@ int cmd_repair(const struct opts *o)
     struct dmg_list l = {0};
     int rc;
     if (!o->dir) {
-        fputs("twheel: repair is for journals (Redis keeps its own data)\n",
-              stderr);
+        const char *m = "repair is for journals (a server keeps its own data)";
+        fprintf(stderr, "twheel: %s\n", m);
+        json_fail(o, m);
         return EX_ERROR;
     }
     if (journal_missing(o)) {
-        fprintf(stderr, "twheel: %s: no such directory\n", where(o));
+        open_failed(o, TW_ENOENT, "");
         return EX_ERROR;
     }
     tw_durable *d =

@@ -372,7 +372,10 @@ int cmd_import(const struct opts *o)
 {
     FILE *in = o->file ? fopen(o->file, "r") : stdin;
     if (!in) {
-        fprintf(stderr, "twheel: %s: %s\n", o->file, strerror(errno));
+        char m[1200];
+        snprintf(m, sizeof m, "%s: %s", o->file, strerror(errno));
+        fprintf(stderr, "twheel: %s\n", m);
+        json_fail(o, m);
         return EX_ERROR;
     }
     char err[512];

@@ -6,8 +6,9 @@
  *
  * This file: the command line, opening a store, output helpers, and the
  * verbs ls, get, stats, dead, rearm and delete; check.c has check and
- * repair, port.c export and import, jobs.c twheeld's jobs, help.c the
- * help texts (twheel.h: what they share).
+ * repair, port.c export and import, jobs.c twheeld's jobs, init.c
+ * postgres init, fail.c each verb's --json document when it could not
+ * run, help.c the help texts (twheel.h: what they share).
  *
  * Read-only verbs (ls, get, stats, check, dead, export, jobs, and repair
  * --dry-run) open the store with TW_DURABLE_READONLY: no lock is taken
@@ -110,12 +111,14 @@ bool journal_missing(const struct opts *o)
 
 void open_failed(const struct opts *o, int rc, const char *err)
 {
-    if (rc == TW_ENOENT && journal_missing(o)) {
-        fprintf(stderr, "twheel: %s: no such directory\n", where(o));
-        return;
-    }
-    fprintf(stderr, "twheel: %s: %s%s%s\n", where(o), tw_strerror(rc),
-            err[0] ? ": " : "", err);
+    char msg[1400];
+    if (rc == TW_ENOENT && journal_missing(o))
+        snprintf(msg, sizeof msg, "%s: no such directory", where(o));
+    else
+        snprintf(msg, sizeof msg, "%s: %s%s%s", where(o), tw_strerror(rc),
+                 err[0] ? ": " : "", err);
+    fprintf(stderr, "twheel: %s\n", msg);
+    json_fail(o, msg);
     if (rc == TW_EBUSY)
         fprintf(stderr,
                 "twheel: %s is held by a live store; stop it "
@@ -177,14 +180,18 @@ void hex(const void *p, size_t n)
 /* Unix ms as UTC ISO 8601. */
 void iso(int64_t ms, char *out, size_t len)
 {
-    time_t t = (time_t)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
+    /* Floor division: INT64_MIN - 999 would overflow. */
+    int64_t sec = ms / 1000, frac = ms % 1000;
+    if (frac < 0)
+        sec--, frac += 1000;
+    time_t t = (time_t)sec;
     struct tm tm;
     if (!gmtime_r(&t, &tm)) {
         snprintf(out, len, "?");
         return;
     }
     size_t n = strftime(out, len, "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(out + n, len - n, ".%03dZ", (int)(((ms % 1000) + 1000) % 1000));
+    snprintf(out + n, len - n, ".%03dZ", (int)frac);
 }
 
 /* The fields a listed entry shows in JSON, its object left open. */
@@ -206,6 +213,16 @@ const char *state_name(uint32_t st)
 
 /* ------------------------------------------------------------------------ */
 /* Verbs. */
+
+/* A call of @o->verb that failed before any output: the message, and
+ * with --json the verb's document with the error in it. */
+static void verb_failed(const struct opts *o, int rc)
+{
+    char msg[128];
+    snprintf(msg, sizeof msg, "%s: %s", o->verb, tw_strerror(rc));
+    fprintf(stderr, "twheel: %s\n", msg);
+    json_fail(o, msg);
+}
 
 /* A listing (of @verb) that failed part way: the message, and with
  * --json the document closed whole, with the error in it. */
@@ -255,6 +272,21 @@ static void list_end(const struct opts *o, const tw_durable_cursor *c,
     }
 }
 
+/* A listing orders and returns dues before 1970 as 0 (the wheel's
+ * time), and Redis those of 2^53 ms and more as doubles: such an entry's
+ * own due, read back, so that ls shows what get and export show (the
+ * listed one if the timer went since). */
+static int64_t real_due(tw_durable *d, const tw_durable_entry *e)
+{
+    tw_durable_info in;
+    if (e->due_ms > 0 && e->due_ms < (INT64_C(1) << 53))
+        return e->due_ms;
+    if (tw_durable_get(d, e->key, e->key_len, &in, NULL, 0) ||
+        in.state == TW_DURABLE_DEAD)
+        return e->due_ms;
+    return in.due_ms;
+}
+
 static int cmd_ls(const struct opts *o, tw_durable *d)
 {
     static tw_durable_entry e[PAGE];
@@ -273,9 +305,11 @@ static int cmd_ls(const struct opts *o, tw_durable *d)
             return list_failed(o, "list", n, shown);
         for (int i = 0; i < n; i++, shown++) {
             char when[40];
-            iso(e[i].due_ms, when, sizeof when);
+            tw_durable_entry x = e[i];
+            x.due_ms = real_due(d, &e[i]);
+            iso(x.due_ms, when, sizeof when);
             if (o->json) {
-                json_entry(&e[i], when, first);
+                json_entry(&x, when, first);
                 printf(",\"state\":\"%s\"}", state_name(e[i].state));
             } else {
                 printf("%s  %-7s  ", when, state_name(e[i].state));
@@ -344,7 +378,7 @@ static int cmd_get(const struct opts *o, tw_durable *d)
         return 1;
     }
     if (rc) {
-        fprintf(stderr, "twheel: get: %s\n", tw_strerror(rc));
+        verb_failed(o, rc);
         free(buf);
         return 2;
     }
@@ -377,7 +411,7 @@ static int cmd_stats(const struct opts *o, tw_durable *d)
     tw_durable_stats s;
     int rc = tw_durable_stats_get(d, &s);
     if (rc) {
-        fprintf(stderr, "twheel: stats: %s\n", tw_strerror(rc));
+        verb_failed(o, rc);
         return 2;
     }
     if (o->dir ? s.segments == 0 : !s.pending && !s.dead)
@@ -421,12 +455,16 @@ static int cmd_dead(const struct opts *o, tw_durable *d)
         for (int i = 0; i < n; i++, shown++) {
             tw_durable_info in;
             memset(&in, 0, sizeof in);
-            /* Gone since the listing (re-armed, deleted): attempts 0. */
-            (void)tw_durable_get(d, e[i].key, e[i].key_len, &in, NULL, 0);
+            /* Gone since the listing (re-armed, deleted): attempts 0.
+             * Else its own due (a listing shows one before 1970 as 0). */
+            tw_durable_entry x = e[i];
+            if (!tw_durable_get(d, e[i].key, e[i].key_len, &in, NULL, 0) &&
+                in.state == TW_DURABLE_DEAD)
+                x.due_ms = in.due_ms;
             char when[40];
-            iso(e[i].due_ms, when, sizeof when);
+            iso(x.due_ms, when, sizeof when);
             if (o->json) {
-                json_entry(&e[i], when, !shown);
+                json_entry(&x, when, !shown);
                 printf(",\"attempts\":%" PRIu32 ",\"payload_len\":%zu}",
                        in.attempt, in.payload_len);
             } else {
@@ -444,10 +482,12 @@ static int cmd_dead(const struct opts *o, tw_durable *d)
  * directory's lock, so a live store's directory is refused). */
 static int cmd_dead_op(const struct opts *o)
 {
-    char err[512];
-    int rc;
-    tw_durable *d =
-        open_store(o, TW_DURABLE_NOFIRE, &rc, err, sizeof err, NULL);
+    char err[512] = "";
+    int rc = TW_ENOENT;
+    /* A missing journal directory is not made (it holds no dead letter). */
+    tw_durable *d = journal_missing(o) ? NULL
+                                       : open_store(o, TW_DURABLE_NOFIRE, &rc,
+                                                    err, sizeof err, NULL);
     if (!d) {
         open_failed(o, rc, err);
         return 2;
@@ -466,7 +506,7 @@ static int cmd_dead_op(const struct opts *o)
     if (!rc)
         rc = cr;
     if (rc && rc != TW_ENOENT) {
-        fprintf(stderr, "twheel: %s: %s\n", o->verb, tw_strerror(rc));
+        verb_failed(o, rc);
         return 2;
     }
     char when[40];
@@ -759,6 +799,8 @@ int main(int argc, char **argv)
         return cmd_dead_op(&o);
     if (!strcmp(o.verb, "import"))
         return cmd_import(&o);
+    if (!strcmp(o.verb, "init"))
+        return cmd_init(&o);
     int (*fn)(const struct opts *, tw_durable *) =
         !strcmp(o.verb, "ls")       ? cmd_ls
         : !strcmp(o.verb, "get")    ? cmd_get

@@ -2,7 +2,8 @@
 /*
  * tools/twheel/twheel.h - what the files of the twheel tool share: the
  * parsed command line, opening a store, and output helpers (twheel.c),
- * check and repair (check.c), export and import (port.c).
+ * check and repair (check.c), export and import (port.c), postgres init
+ * (init.c), --json documents of verbs that could not run (fail.c).
  */
 #ifndef TWHEEL_TOOL_H
 #define TWHEEL_TOOL_H
@@ -71,12 +72,18 @@ void hex(const void *p, size_t n);
 void iso(int64_t ms, char *out, size_t len);
 const char *state_name(uint32_t st);
 
+/* fail.c: with --json, @o->verb's whole document with "error": @msg. */
+void json_fail(const struct opts *o, const char *msg);
+
 /* help.c: the usage text, or @verb's (NULL: the general one). */
 int help(FILE *f, const char *verb, int rc);
 
 /* check.c */
 int cmd_check(const struct opts *o);
 int cmd_repair(const struct opts *o);
+
+/* init.c */
+int cmd_init(const struct opts *o);
 
 /* jobs.c */
 int cmd_jobs(const struct opts *o, tw_durable *d);
