@@ -49,8 +49,8 @@
 #include "durable_pg.h"
 #include "common.h"
 
-/* twheel.soon() below spells PG_NOTIFY_MS out. */
-_Static_assert(PG_NOTIFY_MS == 2000, "twheel.soon() of schema_v1");
+/* twheel.soon (below) spells PG_NOTIFY_MS out. */
+_Static_assert(PG_NOTIFY_MS == 2000, "twheel.soon of schema_v1");
 
 static const char schema_v1[] =
     "CREATE SCHEMA IF NOT EXISTS twheel;"
