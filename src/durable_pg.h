@@ -233,6 +233,19 @@ int tw__pg_touch(tw_durable *base, const void *key, size_t key_len);
 
 /* tw_durable_schedule_many: one statement a batch (src/durable_pg_many.c). */
 int tw__pg_schedule_many(tw_durable *base, tw_durable_item *items, size_t n);
+/* One-dimensional arrays in the binary format, as parameters
+ * (src/durable_pg_many.c): @a->b holds 20 bytes of header plus 4 and the
+ * bytes of each element; head first (@n elements of type @elem), then
+ * each element, put or NULL. */
+struct pgarr {
+    unsigned char *b;
+    size_t len;
+};
+void tw__pg_arr_head(struct pgarr *a, uint32_t elem, size_t n);
+void tw__pg_arr_put(struct pgarr *a, const void *p, size_t n);
+void tw__pg_arr_null(struct pgarr *a);
+/* @a as the next parameter of @p, of array type @type. */
+void tw__pg_p_arr(struct pgp *p, const struct pgarr *a, unsigned int type);
 
 /* The end of @j's delivery, whose callback returned @res: it leaves
  * d->jobs (src/durable_pg_fire.c). */

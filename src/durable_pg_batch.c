@@ -36,7 +36,6 @@
  * statement runs.
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,43 +62,12 @@ static const char batch_sql[] =
     " SELECT (SELECT v FROM s), (SELECT count(*) FROM x),"
     " (SELECT count(*) FROM y)";
 
-/* A one-dimensional binary array being written. */
-struct arr {
-    unsigned char *b;
-    size_t n;
-};
-
-static void put32(struct arr *a, uint32_t v)
+static void arr_i64(struct pgarr *a, int64_t v)
 {
-    v = htonl(v);
-    memcpy(a->b + a->n, &v, 4);
-    a->n += 4;
-}
-
-static void arr_head(struct arr *a, uint32_t elem, size_t n, bool nulls)
-{
-    put32(a, 1);     /* dimensions */
-    put32(a, nulls); /* has NULLs */
-    put32(a, elem);
-    put32(a, (uint32_t)n);
-    put32(a, 1); /* lower bound */
-}
-
-static void arr_i64(struct arr *a, int64_t v)
-{
-    uint64_t u = (uint64_t)v;
-    put32(a, 8);
-    put32(a, (uint32_t)(u >> 32));
-    put32(a, (uint32_t)u);
-}
-
-static void param(struct pgp *p, const struct arr *a, unsigned int type)
-{
-    p->v[p->n] = (const char *)a->b;
-    p->len[p->n] = (int)a->n;
-    p->fmt[p->n] = 1;
-    p->type[p->n] = type;
-    p->n++;
+    unsigned char be[8];
+    for (int i = 7; i >= 0; i--, v = (int64_t)((uint64_t)v >> 8))
+        be[i] = (unsigned char)v;
+    tw__pg_arr_put(a, be, 8);
 }
 
 /* One statement completing @v[0 .. @n): 0 or a TW_E* code. */
@@ -108,29 +76,27 @@ static int run_batch(struct pgd *d, const struct pgfin *v, size_t n)
     size_t kb = 20, ib = 20 + 16 * n;
     for (size_t i = 0; i < n; i++)
         kb += 4 + v[i].j->key_len;
-    struct arr k = {tw__malloc(kb), 0}, ver = {tw__malloc(ib), 0};
-    struct arr due = {tw__malloc(ib), 0};
+    struct pgarr k = {tw__malloc(kb), 0}, ver = {tw__malloc(ib), 0};
+    struct pgarr due = {tw__malloc(ib), 0};
     int rc = TW_ENOMEM;
     if (k.b && ver.b && due.b) {
-        arr_head(&k, OID_BYTEA, n, false);
-        arr_head(&ver, OID_INT8, n, false);
-        arr_head(&due, OID_INT8, n, true);
+        tw__pg_arr_head(&k, OID_BYTEA, n);
+        tw__pg_arr_head(&ver, OID_INT8, n);
+        tw__pg_arr_head(&due, OID_INT8, n);
         for (size_t i = 0; i < n; i++) {
-            put32(&k, (uint32_t)v[i].j->key_len);
-            memcpy(k.b + k.n, v[i].j->data, v[i].j->key_len);
-            k.n += v[i].j->key_len;
+            tw__pg_arr_put(&k, v[i].j->data, v[i].j->key_len);
             arr_i64(&ver, v[i].j->ver);
             if (v[i].next > 0)
                 arr_i64(&due, v[i].due);
             else
-                put32(&due, UINT32_MAX); /* -1: NULL, done */
+                tw__pg_arr_null(&due); /* done */
         }
         struct pgp p;
         tw__pg_p_init(&p);
         tw__pg_p_text(&p, d->ns);
-        param(&p, &k, OID_BYTEA_ARR);
-        param(&p, &ver, OID_INT8_ARR);
-        param(&p, &due, OID_INT8_ARR);
+        tw__pg_p_arr(&p, &k, OID_BYTEA_ARR);
+        tw__pg_p_arr(&p, &ver, OID_INT8_ARR);
+        tw__pg_p_arr(&p, &due, OID_INT8_ARR);
         rc = tw__pg_run(d, batch_sql, &p, NULL);
     }
     tw__free(k.b);

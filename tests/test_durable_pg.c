@@ -104,19 +104,6 @@ static void wait_none_pending(tw_durable *d)
     ASSERT_EQ(s.pending, 0);
 }
 
-/* NOTIFYs on @c for @ns so far. */
-static int notifies(PGconn *c, const char *ns)
-{
-    int n = 0;
-    PQconsumeInput(c);
-    PGnotify *m;
-    while ((m = PQnotifies(c))) {
-        n += !strcmp(m->extra, ns);
-        PQfreemem(m);
-    }
-    return n;
-}
-
 /* A timer scheduled and rolled back never fires; committed, it fires
  * once, and only the commit sends the NOTIFY. */
 static void test_transactions(void)
@@ -129,7 +116,7 @@ static void test_transactions(void)
         PGRES_TUPLES_OK);
     sql(c, "ROLLBACK", PGRES_COMMAND_OK);
     pgf_sleep_ms(100);
-    ASSERT_EQ(notifies(l, "txn"), 0);
+    ASSERT_EQ(pgf_notifies(l, "txn"), 0);
     sql(c, "BEGIN", PGRES_COMMAND_OK);
     sql(c,
         "SELECT twheel.schedule('txn', 'committed'::bytea,"
@@ -140,7 +127,7 @@ static void test_transactions(void)
     pgf_wait_count("committed", 1);
     fprintf(stderr, "  commit to callback: %lld ms\n",
             (long long)(at_of("committed") - t0));
-    for (int i = 0; i < WAIT_MS && !notifies(l, "txn"); i++)
+    for (int i = 0; i < WAIT_MS && !pgf_notifies(l, "txn"); i++)
         pgf_sleep_ms(1);
     /* A timer due after the rolled-back one fired: it had its chance. */
     pgf_sentinel(c, "txn", "sentinel");

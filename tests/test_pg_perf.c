@@ -13,61 +13,19 @@
  * A node killed mid-batch and a server killed with completions not yet
  * flushed are covered by tests/test_durable_pg.c (test_kill_node,
  * test_restart: every timer delivered again, none lost).
- * Real clocks; every wait is for a state, bounded by WAIT_MS.
+ * Real clocks; every wait is for a state, bounded by PGF_WAIT_MS.
  */
 #define _GNU_SOURCE
-#include <libpq-fe.h>
 #include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 
-#include "test.h"
-#include "twheel/durable.h"
+#include "pg_fixture.h"
 
-#define WAIT_MS 30000 /* real time allowed for an expected delivery */
-#define LATE_MS 500   /* generous bound on lateness (a loaded machine) */
-#define NB 300        /* timers of the batch test */
+#define LATE_MS 500 /* generous bound on lateness (a loaded machine) */
+#define NB 300      /* timers of the batch test */
 
-static const char *url;
 static PGconn *side; /* the callback's own connection (the replace) */
 static atomic_int fired_far, fired_b[NB];
 static atomic_llong far_late;
-
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static PGconn *client(void)
-{
-    PGconn *c = PQconnectdb(url);
-    ASSERT_EQ(PQstatus(c), CONNECTION_OK);
-    return c;
-}
-
-/* Run @q; its status must be @want; the first field of the first row. */
-static long long sql(PGconn *c, const char *q, ExecStatusType want)
-{
-    PGresult *r = PQexec(c, q);
-    if (PQresultStatus(r) != want)
-        fprintf(stderr, "%s: %s\n", q, PQerrorMessage(c));
-    ASSERT_EQ(PQresultStatus(r), want);
-    long long v = want == PGRES_TUPLES_OK && PQntuples(r)
-                      ? atoll(PQgetvalue(r, 0, 0))
-                      : 0;
-    PQclear(r);
-    return v;
-}
 
 static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
@@ -77,66 +35,40 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     snprintf(k, sizeof k, "%.*s", (int)t->key_len, (const char *)t->key);
     int n;
     if (!strcmp(k, "far")) {
-        atomic_store(&far_late, (long long)(wall_ms() - t->due_ms));
+        atomic_store(&far_late, (long long)(pgf_wall_ms() - t->due_ms));
         atomic_fetch_add(&fired_far, 1);
     } else if (sscanf(k, "b-%d", &n) == 1 && n >= 0 && n < NB) {
         /* The first of the batch replaces b-150, claimed with it. */
         if (n == 0)
-            sql(side,
-                "SELECT twheel.schedule('batch', 'b-150', now() +"
-                " interval '1 hour', 'kept')",
-                PGRES_TUPLES_OK);
+            pgf_sql(side, PGRES_TUPLES_OK,
+                    "SELECT twheel.schedule('batch', 'b-150', now() +"
+                    " interval '1 hour', 'kept')");
         atomic_fetch_add(&fired_b[n], 1);
     }
     return 0;
-}
-
-static tw_durable *open_ns(const char *ns)
-{
-    tw_durable_config c;
-    memset(&c, 0, sizeof c);
-    c.postgres = url;
-    c.postgres_namespace = ns;
-    c.fire = on_fire;
-    tw_durable *d = NULL;
-    ASSERT_EQ(tw_durable_open(&d, &c), 0);
-    return d;
-}
-
-/* NOTIFYs on @c for @ns so far. */
-static int notifies(PGconn *c, const char *ns)
-{
-    int n = 0;
-    PQconsumeInput(c);
-    PGnotify *m;
-    while ((m = PQnotifies(c))) {
-        n += !strcmp(m->extra, ns);
-        PQfreemem(m);
-    }
-    return n;
 }
 
 /* A far timer sends no NOTIFY, a near one does; the far one is still
  * delivered on time, found by the node's poll. */
 static void test_far_no_notify(void)
 {
-    tw_durable *d = open_ns("far");
-    PGconn *c = client(), *l = client();
-    sql(l, "LISTEN twheel", PGRES_COMMAND_OK);
-    sql(c, "SELECT twheel.schedule('far', 'far', now() + interval '3.5 s')",
-        PGRES_TUPLES_OK);
+    tw_durable *d = pgf_open("far", on_fire, NULL, 0);
+    PGconn *c = pgf_client(), *l = pgf_client();
+    pgf_sql(l, PGRES_COMMAND_OK, "LISTEN twheel");
+    pgf_sql(c, PGRES_TUPLES_OK,
+            "SELECT twheel.schedule('far', 'far', now() + interval '3.5 s')");
     /* Committed after the far one: its NOTIFY comes after any of the
      * far one's (the server sends them in commit order). */
-    sql(c, "SELECT twheel.schedule('far', 'near', now() + interval '1 s')",
-        PGRES_TUPLES_OK);
+    pgf_sql(c, PGRES_TUPLES_OK,
+            "SELECT twheel.schedule('far', 'near', now() + interval '1 s')");
     int n = 0;
-    for (int i = 0; i < WAIT_MS && !n; i++, sleep_ms(1))
-        n = notifies(l, "far");
-    sleep_ms(100);
-    n += notifies(l, "far");
+    for (int i = 0; i < PGF_WAIT_MS && !n; i++, pgf_sleep_ms(1))
+        n = pgf_notifies(l, "far");
+    pgf_sleep_ms(100);
+    n += pgf_notifies(l, "far");
     ASSERT_EQ(n, 1);
-    for (int i = 0; i < WAIT_MS && !atomic_load(&fired_far); i++)
-        sleep_ms(1);
+    for (int i = 0; i < PGF_WAIT_MS && !atomic_load(&fired_far); i++)
+        pgf_sleep_ms(1);
     ASSERT_EQ(atomic_load(&fired_far), 1);
     long long late = atomic_load(&far_late);
     fprintf(stderr, "  far: delivered %lld ms after its due time\n", late);
@@ -150,34 +82,33 @@ static void test_far_no_notify(void)
  * transactions than timers), each fenced by its claim's version. */
 static void test_batch_fence(void)
 {
-    tw_durable *d = open_ns("batch");
-    PGconn *c = client();
-    side = client();
-    long long x0 = sql(c, "SELECT txid_current()", PGRES_TUPLES_OK);
-    sql(c,
-        "SELECT count(twheel.schedule('batch', 'b-' || lpad(i::text, 3, '0'),"
-        " now() + interval '300 ms', '')) FROM generate_series(0, 299) i",
-        PGRES_TUPLES_OK);
+    tw_durable *d = pgf_open("batch", on_fire, NULL, 0);
+    PGconn *c = pgf_client();
+    side = pgf_client();
+    long long x0 = pgf_num(c, "SELECT txid_current()");
+    pgf_sql(c, PGRES_TUPLES_OK,
+            "SELECT count(twheel.schedule('batch', 'b-' || lpad(i::text, 3,"
+            " '0'), now() + interval '300 ms', '')) FROM"
+            " generate_series(0, 299) i");
     int all = 0;
-    for (int w = 0; w < WAIT_MS && all < NB; w++, sleep_ms(1)) {
+    for (int w = 0; w < PGF_WAIT_MS && all < NB; w++, pgf_sleep_ms(1)) {
         all = 0;
         for (int i = 0; i < NB; i++)
             all += atomic_load(&fired_b[i]) > 0;
     }
     ASSERT_EQ(all, NB);
     tw_durable_stats s;
-    for (int w = 0; w < WAIT_MS; w++, sleep_ms(1))
+    for (int w = 0; w < PGF_WAIT_MS; w++, pgf_sleep_ms(1))
         if (!tw_durable_stats_get(d, &s) && s.pending <= 1 && !s.running)
             break;
     ASSERT_EQ(s.pending, 1);
-    long long xids = sql(c, "SELECT txid_current()", PGRES_TUPLES_OK) - x0;
+    long long xids = pgf_num(c, "SELECT txid_current()") - x0;
     fprintf(stderr, "  batch: %d timers, %lld write transactions\n", NB, xids);
     ASSERT(xids < NB / 2);
-    ASSERT_EQ(sql(c,
-                  "SELECT count(*) FROM twheel.timers WHERE ns = 'batch'"
-                  " AND key = 'b-150' AND payload = 'kept' AND owner IS NULL"
-                  " AND due > (extract(epoch FROM now()) * 1000 + 3000000)",
-                  PGRES_TUPLES_OK),
+    ASSERT_EQ(pgf_num(c, "SELECT count(*) FROM twheel.timers WHERE ns ="
+                         " 'batch' AND key = 'b-150' AND payload = 'kept'"
+                         " AND owner IS NULL AND due > (extract(epoch FROM"
+                         " now()) * 1000 + 3000000)"),
               1);
     int again = 0;
     for (int i = 0; i < NB; i++)
@@ -190,11 +121,7 @@ static void test_batch_fence(void)
 
 int main(void)
 {
-    url = getenv("TW_PG_URL");
-    if (!url) {
-        fprintf(stderr, "no TW_PG_URL (tests/pg_test.sh): skipped\n");
-        return 77;
-    }
+    pgf_init();
     RUN_TEST(test_far_no_notify);
     RUN_TEST(test_batch_fence);
     return 0;
