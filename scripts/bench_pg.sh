@@ -37,6 +37,8 @@
 #   PG_ONLY        some of rates,fire,sizes (default all three)
 #   PG_POLL10=0    no gw-poll10 row (graphile-worker at a 10 ms poll)
 #   PG_FIRE_REPS   runs of the fire rows (default REPS)
+#   PG_RATE_DUE_MS how far ahead the rate rows' timers are due (default
+#                  an hour; 1000: due soon, so each schedule notifies)
 #   PG_FIRE_RATE   timers a second in the fire rows (default 2000; the
 #                  summary's targets are for 2,000)
 #   PG_EXECUTORS   twheel's cfg.executor_threads in the fire rows

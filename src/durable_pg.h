@@ -13,6 +13,7 @@
  *                            installed and versioned at open, privileges
  *   src/durable_pg_fire.c    the firer thread: LISTEN, claim due rows,
  *                            deliver through the shared executor, complete
+ *   src/durable_pg_batch.c   done and retry completions, many a statement
  *   src/durable_pg_query.c   get, list, scan, dead letters, touch
  *   src/durable_pg_many.c    schedule_many: a batch in one statement
  *
@@ -58,6 +59,10 @@
 #define PG_REFRESH_MS                                                          \
     1000 /* the firer asks for the next due row at least                       \
             this often (expired leases, lost NOTIFYs) */
+/* A write of a timer due within this many ms of the database's clock
+ * NOTIFYs the nodes; a later one is found by their poll (PG_REFRESH_MS),
+ * with PG_NOTIFY_MS - PG_REFRESH_MS to spare for the poll and clocks. */
+#define PG_NOTIFY_MS 2000
 
 /* A statement's parameters, all sent in binary. */
 struct pgp {
@@ -103,6 +108,23 @@ struct pgrace {
     int64_t ver;
 };
 
+/* A completion queued for the batch thread (src/durable_pg_batch.c). */
+struct pgfin {
+    struct pgjob *j;
+    int next;    /* tw__retry_next(): 0 done, > 0 retry */
+    int res;     /* the callback's result */
+    int64_t due; /* retry: the new due time */
+};
+
+struct pgbatch {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct pgfin *q;
+    size_t n, cap;
+    pthread_t thr;
+    bool inited, on, stop;
+};
+
 struct pgpool {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -146,6 +168,8 @@ struct pgd {
     bool thr_on;
     atomic_bool stop;
     int evfd; /* wakes the firer */
+    /* Completions in batches (src/durable_pg_batch.c). */
+    struct pgbatch batch;
 };
 
 /* Parameters (src/durable_pg_conn.c). */
@@ -209,6 +233,36 @@ int tw__pg_touch(tw_durable *base, const void *key, size_t key_len);
 
 /* tw_durable_schedule_many: one statement a batch (src/durable_pg_many.c). */
 int tw__pg_schedule_many(tw_durable *base, tw_durable_item *items, size_t n);
+/* One-dimensional arrays in the binary format, as parameters
+ * (src/durable_pg_many.c): @a->b holds 20 bytes of header plus 4 and the
+ * bytes of each element; head first (@n elements of type @elem), then
+ * each element, put or NULL. */
+struct pgarr {
+    unsigned char *b;
+    size_t len;
+};
+void tw__pg_arr_head(struct pgarr *a, uint32_t elem, size_t n);
+void tw__pg_arr_put(struct pgarr *a, const void *p, size_t n);
+void tw__pg_arr_null(struct pgarr *a);
+/* @a as the next parameter of @p, of array type @type. */
+void tw__pg_p_arr(struct pgp *p, const struct pgarr *a, unsigned int type);
+
+/* The end of @j's delivery, whose callback returned @res: it leaves
+ * d->jobs (src/durable_pg_fire.c). */
+void tw__pg_job_fin(struct pgd *d, struct pgjob *j, int res);
+/* The completion of @j alone, as when no batch takes it: one statement
+ * that does not wait for a row lock, kept and tried again if it did not
+ * get in (src/durable_pg_fire.c); it ends the job once in. */
+void tw__pg_fin_one(struct pgd *d, struct pgjob *j, int next, int res);
+
+/* Completions in batches (src/durable_pg_batch.c): the thread, started
+ * (if it cannot be, completions are made one by one) and stopped after
+ * everything queued completed. add queues the completion of @j (@next of
+ * tw__retry_next(): 0 done, > 0 retry) and returns true; false: the
+ * caller completes it. */
+void tw__pg_batch_start(struct pgd *d);
+void tw__pg_batch_stop(struct pgd *d);
+bool tw__pg_batch_add(struct pgd *d, struct pgjob *j, int next, int res);
 
 /* Look-ups (src/durable_pg_query.c), ops of the table. */
 int tw__pg_get(tw_durable *base, const void *key, size_t key_len,

@@ -23,9 +23,10 @@
  * A delivery (fire_job(), on the executor): dropped if a local change
  * made it stale or its claim is near its lease's end (whoever claims it
  * next delivers it: at least once); then its callback runs, and its
- * completion is one statement fenced by the claim's version (done:
- * delete; retry: a new due time, unclaimed; dead: moved to
- * twheel.dead) that does not wait for a row lock: one another
+ * completion is fenced by the claim's version (done: delete; retry: a
+ * new due time, unclaimed: many a statement, src/durable_pg_batch.c,
+ * which hands a batch that did not get in back here row by row; dead:
+ * moved to twheel.dead) and does not wait for a row lock: one another
  * transaction holds keeps the completion aside (its job stays in
  * d->jobs, marked fin), tried again from 10 ms to every second by the
  * executor as the firer hands it over, until it gets in or is fenced
@@ -411,7 +412,20 @@ static void run_one(struct pgd *d, struct pgjob *j)
     pg_cur = j;
     int res = tw__durable_fire(&d->base, d->fire, &t, d->fire_arg);
     pg_cur = NULL;
-    complete(d, j, tw__retry_next(&d->retry, j->attempt, res), true, res);
+    int next = tw__retry_next(&d->retry, j->attempt, res);
+    if (next >= 0 && tw__pg_batch_add(d, j, next, res))
+        return; /* completed in a batch (src/durable_pg_batch.c) */
+    complete(d, j, next, true, res);
+}
+
+void tw__pg_job_fin(struct pgd *d, struct pgjob *j, int res)
+{
+    job_end(d, j, true, res);
+}
+
+void tw__pg_fin_one(struct pgd *d, struct pgjob *j, int next, int res)
+{
+    complete(d, j, next, true, res);
 }
 
 /* A delivery as the executor runs it (src/durable_exec.h). */
@@ -616,10 +630,12 @@ int tw__pg_fire_start(struct pgd *d)
         close(d->evfd);
         return TW_ENOMEM;
     }
+    tw__pg_batch_start(d);
     lc_open(d); /* if not now, the thread tries again */
     d->thr_on = !pthread_create(&d->thr, NULL, pg_main, d);
     if (!d->thr_on) {
         tw__durable_exec_stop(&d->exec);
+        tw__pg_batch_stop(d);
         tw__durable_exec_destroy(&d->exec);
         lc_drop(d);
         close(d->evfd);
@@ -651,6 +667,7 @@ void tw__pg_fire_stop(struct pgd *d)
     if (d->thr_on)
         pthread_join(d->thr, NULL);
     tw__durable_exec_stop(&d->exec);
+    tw__pg_batch_stop(d); /* the queued completions in */
     /* Only dropped deliveries are left: no thread runs one now. With the
      * database away, the rest wait for their leases (no connect each). */
     bool reach = true;

@@ -45,21 +45,14 @@ static const char many_sql[] =
     " FROM unnest($2::bytea[], $3::bigint[], $4::bytea[])"
     " WITH ORDINALITY AS u(k, d, p, i) ORDER BY u.i";
 
-/* A one-dimensional array in the binary format: header, then each
- * element's length and bytes. */
-struct arr {
-    unsigned char *b;
-    size_t len;
-};
-
-static void put32(struct arr *a, uint32_t v)
+static void put32(struct pgarr *a, uint32_t v)
 {
     v = htonl(v);
     memcpy(a->b + a->len, &v, 4);
     a->len += 4;
 }
 
-static void arr_head(struct arr *a, uint32_t elem, size_t n)
+void tw__pg_arr_head(struct pgarr *a, uint32_t elem, size_t n)
 {
     put32(a, 1); /* dimensions */
     put32(a, 0); /* no NULLs */
@@ -68,12 +61,17 @@ static void arr_head(struct arr *a, uint32_t elem, size_t n)
     put32(a, 1);           /* lower bound */
 }
 
-static void arr_put(struct arr *a, const void *p, size_t n)
+void tw__pg_arr_put(struct pgarr *a, const void *p, size_t n)
 {
     put32(a, (uint32_t)n);
     if (n)
         memcpy(a->b + a->len, p, n);
     a->len += n;
+}
+
+void tw__pg_arr_null(struct pgarr *a)
+{
+    put32(a, UINT32_MAX); /* length -1 */
 }
 
 /* How many items from @items (@n of them) the next statement takes. */
@@ -90,7 +88,7 @@ static size_t chunk_len(const tw_durable_item *items, size_t n)
     return k;
 }
 
-static void param(struct pgp *p, const struct arr *a, unsigned int type)
+void tw__pg_p_arr(struct pgp *p, const struct pgarr *a, unsigned int type)
 {
     int i = p->n++;
     p->v[i] = (const char *)a->b;
@@ -106,28 +104,28 @@ static int many_exec(struct pgd *d, const tw_durable_item *it, size_t n,
     size_t kb = 20, pb = 20, db = 20 + 12 * n;
     for (size_t i = 0; i < n; i++)
         kb += 4 + it[i].key_len, pb += 4 + it[i].payload_len;
-    struct arr k = {tw__malloc(kb), 0}, du = {tw__malloc(db), 0};
-    struct arr pl = {tw__malloc(pb), 0};
+    struct pgarr k = {tw__malloc(kb), 0}, du = {tw__malloc(db), 0};
+    struct pgarr pl = {tw__malloc(pb), 0};
     int rc = TW_ENOMEM;
     if (k.b && du.b && pl.b) {
-        arr_head(&k, OID_BYTEA, n);
-        arr_head(&du, OID_INT8, n);
-        arr_head(&pl, OID_BYTEA, n);
+        tw__pg_arr_head(&k, OID_BYTEA, n);
+        tw__pg_arr_head(&du, OID_INT8, n);
+        tw__pg_arr_head(&pl, OID_BYTEA, n);
         for (size_t i = 0; i < n; i++) {
             unsigned char be[8];
             uint64_t u = (uint64_t)it[i].due_ms;
             for (int j = 7; j >= 0; j--, u >>= 8)
                 be[j] = (unsigned char)u;
-            arr_put(&k, it[i].key, it[i].key_len);
-            arr_put(&du, be, 8);
-            arr_put(&pl, it[i].payload, it[i].payload_len);
+            tw__pg_arr_put(&k, it[i].key, it[i].key_len);
+            tw__pg_arr_put(&du, be, 8);
+            tw__pg_arr_put(&pl, it[i].payload, it[i].payload_len);
         }
         struct pgp p;
         tw__pg_p_init(&p);
         tw__pg_p_text(&p, d->ns);
-        param(&p, &k, OID_BYTEA_ARR);
-        param(&p, &du, OID_INT8_ARR);
-        param(&p, &pl, OID_BYTEA_ARR);
+        tw__pg_p_arr(&p, &k, OID_BYTEA_ARR);
+        tw__pg_p_arr(&p, &du, OID_INT8_ARR);
+        tw__pg_p_arr(&p, &pl, OID_BYTEA_ARR);
         rc = tw__pg_run(d, many_sql, &p, r);
     }
     tw__free(k.b);

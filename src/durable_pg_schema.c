@@ -26,8 +26,11 @@
  *   twheel.schedule(ns, key bytea, due_ms bigint, payload bytea) -> ver
  *   twheel.schedule(ns, key text, due timestamptz, payload text = '')
  *   twheel.cancel(ns, key bytea | text) -> whether it was pending
- * schedule sends NOTIFY twheel, payload ns, at commit, which wakes the
- * nodes (deduplicated by the server within a transaction). The library's
+ * schedule of a timer due within PG_NOTIFY_MS sends NOTIFY twheel,
+ * payload ns, at commit, which wakes the nodes (deduplicated by the
+ * server within a transaction); a later one does not notify (a notifying
+ * commit takes a server-wide lock until its WAL is flushed, so notifying
+ * commits cannot share an fsync): the nodes' poll finds it. The library's
  * own conditional writes and restores are functions too
  * (twheel.schedule_if, cancel_if, cancel_v, restore), each one statement
  * for the node. Every function runs with the caller's rights and a fixed
@@ -45,6 +48,9 @@
 
 #include "durable_pg.h"
 #include "common.h"
+
+/* twheel.soon (below) spells PG_NOTIFY_MS out. */
+_Static_assert(PG_NOTIFY_MS == 2000, "twheel.soon of schema_v1");
 
 static const char schema_v1[] =
     "CREATE SCHEMA IF NOT EXISTS twheel;"
@@ -84,6 +90,12 @@ static const char schema_v1[] =
     " attempts integer NOT NULL CHECK (attempts >= 0),"
     " died timestamptz NOT NULL DEFAULT now(),"
     " PRIMARY KEY (ns, key));"
+    /* soon: the due times (Unix ms) before which a write NOTIFYs the
+     * nodes: within PG_NOTIFY_MS of the database's clock. A later one is
+     * found by the nodes' poll (every PG_REFRESH_MS) before it is due. */
+    "CREATE FUNCTION twheel.soon() RETURNS bigint LANGUAGE sql"
+    " SET search_path = pg_catalog AS $f$ SELECT floor(extract(epoch FROM"
+    " clock_timestamp()) * 1000)::bigint + 2000 $f$;"
     /* schedule: insert or replace; a dead letter of the key is replaced. */
     "CREATE FUNCTION twheel.schedule(p_ns text, p_key bytea, p_due bigint,"
     " p_payload bytea) RETURNS bigint LANGUAGE plpgsql"
@@ -95,7 +107,8 @@ static const char schema_v1[] =
     " payload = excluded.payload, attempts = 0,"
     " ver = nextval('twheel.ver_seq'), owner = NULL, lease_until = NULL"
     " RETURNING t.ver INTO v;"
-    " PERFORM pg_notify('twheel', p_ns); RETURN v; END $f$;"
+    " IF p_due < twheel.soon() THEN PERFORM pg_notify('twheel', p_ns);"
+    " END IF; RETURN v; END $f$;"
     "CREATE FUNCTION twheel.schedule(p_ns text, p_key text,"
     " p_due timestamptz, p_payload text DEFAULT '') RETURNS bigint"
     " LANGUAGE sql SET search_path = pg_catalog AS $f$"
@@ -138,7 +151,8 @@ static const char schema_v1[] =
     "  lease_until = NULL WHERE ns = p_ns AND key = p_key"
     "  RETURNING ver INTO v;"
     " END IF;"
-    " PERFORM pg_notify('twheel', p_ns); RETURN v; END $f$;"
+    " IF p_due < twheel.soon() THEN PERFORM pg_notify('twheel', p_ns);"
+    " END IF; RETURN v; END $f$;"
     "CREATE FUNCTION twheel.cancel_if(p_ns text, p_key bytea,"
     " p_expect bytea) RETURNS bigint LANGUAGE plpgsql"
     " SET search_path = pg_catalog AS $f$ DECLARE cur bytea; BEGIN"
@@ -167,7 +181,8 @@ static const char schema_v1[] =
     " VALUES (p_ns, p_key, p_due, p_payload, greatest(p_attempt, 1) - 1)"
     " ON CONFLICT DO NOTHING RETURNING t.ver INTO v;"
     " IF v IS NULL THEN RETURN -1; END IF;"
-    " PERFORM pg_notify('twheel', p_ns); RETURN 0; END $f$;";
+    " IF p_due < twheel.soon() THEN PERFORM pg_notify('twheel', p_ns);"
+    " END IF; RETURN 0; END $f$;";
 
 /* What a node needs, in the order open checks it: the first one missing
  * is named. ro: a read-only open needs it too. The functions run with the

@@ -210,6 +210,19 @@ pgf_num(PGconn *c, const char *q, ...)
     return v;
 }
 
+/* NOTIFYs on @c (which LISTENs) for @ns so far. */
+static inline int pgf_notifies(PGconn *c, const char *ns)
+{
+    int n = 0;
+    PQconsumeInput(c);
+    PGnotify *m;
+    while ((m = PQnotifies(c))) {
+        n += !strcmp(m->extra, ns);
+        PQfreemem(m);
+    }
+    return n;
+}
+
 /* A timer of @ns due now, scheduled by SQL after the ones under test,
  * delivered: the firer had a round in which to (wrongly) fire them. */
 static inline void pgf_sentinel(PGconn *c, const char *ns, const char *key)
