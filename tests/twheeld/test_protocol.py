@@ -212,6 +212,31 @@ def first_reply(port, data):
     return (normalize(r), closed)
 
 
+def lazy_ttr(ref):
+    """beanstalkd's session with its one timing-dependent step settled.
+
+    beanstalkd times a reserved job out on a tick of its event loop; when
+    the 2.5 s pause after job 6's 1 s TTR ends before that tick has run
+    (seen once on a 2-core machine running other tests), the next reserve
+    on the connection still finds the job reserved and answers
+    DEADLINE_SOON. The session's comment says what the protocol asks
+    for: the job timed out, is reserved again (a second reserve, one
+    timeout). The two replies are compared with that instead."""
+    out = list(ref)
+    for i, (idx, data, reply) in enumerate(out):
+        if data == b"reserve-with-timeout 2\r\n" and \
+                reply == b"DEADLINE_SOON\r\n":
+            print("beanstalkd had not timed job 6 out yet: its reserve and "
+                  "stats-job compared with the protocol's answer")
+            out[i] = (idx, data, b"RESERVED 6 5\r\nshort\r\n")
+            j = i + 1
+            fix = {"reserves": "2", "state": "reserved"}
+            if j < len(out) and isinstance(out[j][2], list):
+                out[j] = (out[j][0], out[j][1],
+                          [(k, fix.get(k, v)) for k, v in out[j][2]])
+    return out
+
+
 def main():
     if not have_beanstalkd():
         print("SKIP: beanstalkd is not installed")
@@ -223,6 +248,7 @@ def main():
     try:
         with ThreadPoolExecutor(max_workers=len(servers)) as ex:
             got = list(ex.map(run, servers))
+        got[2] = lazy_ttr(got[2])
         bad = 0
         for name, mine in (("twheeld", got[0]), ("twheeld -b", got[1])):
             for a, b in zip(mine, got[2]):
