@@ -243,6 +243,8 @@ struct pgarr {
 };
 void tw__pg_arr_head(struct pgarr *a, uint32_t elem, size_t n);
 void tw__pg_arr_put(struct pgarr *a, const void *p, size_t n);
+/* An int8 element: @v in network byte order. */
+void tw__pg_arr_i64(struct pgarr *a, int64_t v);
 void tw__pg_arr_null(struct pgarr *a);
 /* @a as the next parameter of @p, of array type @type. */
 void tw__pg_p_arr(struct pgp *p, const struct pgarr *a, unsigned int type);

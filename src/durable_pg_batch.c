@@ -62,14 +62,6 @@ static const char batch_sql[] =
     " SELECT (SELECT v FROM s), (SELECT count(*) FROM x),"
     " (SELECT count(*) FROM y)";
 
-static void arr_i64(struct pgarr *a, int64_t v)
-{
-    unsigned char be[8];
-    for (int i = 7; i >= 0; i--, v = (int64_t)((uint64_t)v >> 8))
-        be[i] = (unsigned char)v;
-    tw__pg_arr_put(a, be, 8);
-}
-
 /* One statement completing @v[0 .. @n): 0 or a TW_E* code. */
 static int run_batch(struct pgd *d, const struct pgfin *v, size_t n)
 {
@@ -85,9 +77,9 @@ static int run_batch(struct pgd *d, const struct pgfin *v, size_t n)
         tw__pg_arr_head(&due, OID_INT8, n);
         for (size_t i = 0; i < n; i++) {
             tw__pg_arr_put(&k, v[i].j->data, v[i].j->key_len);
-            arr_i64(&ver, v[i].j->ver);
+            tw__pg_arr_i64(&ver, v[i].j->ver);
             if (v[i].next > 0)
-                arr_i64(&due, v[i].due);
+                tw__pg_arr_i64(&due, v[i].due);
             else
                 tw__pg_arr_null(&due); /* done */
         }

@@ -69,6 +69,15 @@ void tw__pg_arr_put(struct pgarr *a, const void *p, size_t n)
     a->len += n;
 }
 
+void tw__pg_arr_i64(struct pgarr *a, int64_t v)
+{
+    unsigned char be[8];
+    uint64_t u = (uint64_t)v;
+    for (int i = 7; i >= 0; i--, u >>= 8)
+        be[i] = (unsigned char)u;
+    tw__pg_arr_put(a, be, 8);
+}
+
 void tw__pg_arr_null(struct pgarr *a)
 {
     put32(a, UINT32_MAX); /* length -1 */
@@ -112,12 +121,8 @@ static int many_exec(struct pgd *d, const tw_durable_item *it, size_t n,
         tw__pg_arr_head(&du, OID_INT8, n);
         tw__pg_arr_head(&pl, OID_BYTEA, n);
         for (size_t i = 0; i < n; i++) {
-            unsigned char be[8];
-            uint64_t u = (uint64_t)it[i].due_ms;
-            for (int j = 7; j >= 0; j--, u >>= 8)
-                be[j] = (unsigned char)u;
             tw__pg_arr_put(&k, it[i].key, it[i].key_len);
-            tw__pg_arr_put(&du, be, 8);
+            tw__pg_arr_i64(&du, it[i].due_ms);
             tw__pg_arr_put(&pl, it[i].payload, it[i].payload_len);
         }
         struct pgp p;
