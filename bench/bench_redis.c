@@ -37,6 +37,7 @@
  */
 #define _GNU_SOURCE
 
+#include <dirent.h>
 #include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -67,9 +68,42 @@ static void sleep_us(int64_t us)
     nanosleep(&ts, NULL);
 }
 
-/* utime + stime of a process, in ms. */
+/* The CPU time of a process in ms, to the ns: the sum over its threads
+ * of the first field of /proc/PID/task/TID/schedstat (time on a CPU);
+ * -1 when that cannot be read (then utime + stime, in clock ticks). */
+static double sched_cpu_ms(int pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", pid);
+    DIR *dir = opendir(path);
+    if (!dir)
+        return -1;
+    unsigned long long sum = 0;
+    bool any = false;
+    for (struct dirent *e; (e = readdir(dir)) != NULL;) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        char p2[320];
+        snprintf(p2, sizeof p2, "/proc/%d/task/%s/schedstat", pid, e->d_name);
+        FILE *f = fopen(p2, "r");
+        unsigned long long ns;
+        if (f && fscanf(f, "%llu", &ns) == 1) {
+            sum += ns;
+            any = true;
+        }
+        if (f)
+            fclose(f);
+    }
+    closedir(dir);
+    return any ? (double)sum / 1e6 : -1;
+}
+
+/* The CPU time of a process, in ms (sched_cpu_ms(), else utime + stime). */
 static double cpu_ms(int pid)
 {
+    double ms = sched_cpu_ms(pid);
+    if (ms >= 0)
+        return ms;
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%d/stat", pid);
     FILE *f = fopen(path, "r");

@@ -33,9 +33,10 @@
  * call per shard (up to SCHED_CHUNK items), all calls pipelined, one round
  * trip per Redis node. tw_durable_schedule and tw_durable_cancel from many
  * threads are combined (src/durable_combine.h): the calls queued while a
- * batch is in flight become the next batch (op_run()). SCHED moves :v when one
- * of its keys existed (HSET counts the new fields), CANCEL when it removed a
- * key.
+ * batch is in flight become the next batch (op_run()); on one server (not
+ * a cluster), so are tw_durable_schedule_many calls (rd_schedule_many()).
+ * SCHED moves :v when one of its keys existed (HSET counts the new
+ * fields), CANCEL when it removed a key.
  *
  * Due times. Any int64: a due time the wall clock has reached fires at
  * once (INT64_MIN included) and one it has not stays pending (INT64_MAX
@@ -550,11 +551,6 @@ static int sched_run(tw_durable *base, tw_durable_item *items,
     return tw__durable_first_error(items, n);
 }
 
-static int rd_schedule_many(tw_durable *base, tw_durable_item *items, size_t n)
-{
-    return sched_run(base, items, NULL, n);
-}
-
 static int rd_schedule_if(tw_durable *base, tw_durable_item *items,
                           const struct tw__cond *cond, size_t n)
 {
@@ -568,16 +564,18 @@ static int rd_schedule_if(tw_durable *base, tw_durable_item *items,
  * (a batch does its round trips without d->mu). The caller that gets a
  * group's op_mu takes every call queued so far for that group (its own
  * and every other thread's) and runs them as one batch (op_batch()):
- * the schedules as one rd_schedule_many, the cancels as one pipelined
+ * the schedules as one sched_run(), the cancels as one pipelined
  * round trip; the others sleep until their call is answered, and the
  * calls queued meanwhile make the next batch. */
 
-enum { OP_SCHED, OP_CANCEL };
+enum { OP_SCHED, OP_CANCEL, OP_MANY };
 
 struct op_wait {
     struct tw__combine_req req; /* first: the combiner's */
     int kind;
-    tw_durable_item it; /* a cancel uses key and key_len */
+    tw_durable_item it;     /* a cancel uses key and key_len */
+    tw_durable_item *many;  /* OP_MANY: a schedule_many's items */
+    size_t nmany;
 };
 
 /* WAIT after the cancels that succeeded; a failed WAIT fails its cancel. */
@@ -644,17 +642,29 @@ static void cancel_batch(struct rd *d, struct op_wait **v,
     pthread_mutex_unlock(&d->mu);
 }
 
-/* Run the batch @list: schedules together, cancels together. */
+/* Every request of the batch @list failed with @rc. */
+static void op_fail(struct op_wait *list, int rc)
+{
+    for (struct tw__combine_req *r = &list->req; r; r = r->next) {
+        struct op_wait *w = (struct op_wait *)r;
+        w->it.result = rc;
+        for (size_t i = 0; i < w->nmany; i++)
+            w->many[i].result = rc;
+    }
+}
+
+/* Run the batch @list: cancels together, then schedules together (the
+ * one-per-call ones and the items of the schedule_many calls, in the
+ * order they were queued), as one sched_run(). */
 static void op_batch(struct rd *d, struct op_wait *list)
 {
     size_t n = 0, ns = 0, nc = 0;
     for (struct tw__combine_req *r = &list->req; r; r = r->next)
-        n++;
+        n += 1 + ((struct op_wait *)r)->nmany;
     tw_durable_item *items = tw__malloc(n * sizeof *items);
     struct op_wait **v = tw__malloc(n * sizeof *v);
     if (!items || !v) {
-        for (struct tw__combine_req *r = &list->req; r; r = r->next)
-            ((struct op_wait *)r)->it.result = TW_ENOMEM;
+        op_fail(list, TW_ENOMEM);
         tw__free(items);
         tw__free(v);
         return;
@@ -663,18 +673,24 @@ static void op_batch(struct rd *d, struct op_wait *list)
         struct op_wait *w = (struct op_wait *)r;
         if (w->kind == OP_SCHED)
             items[ns++] = w->it;
+        else if (w->kind == OP_MANY)
+            for (size_t i = 0; i < w->nmany; i++)
+                items[ns++] = w->many[i];
         else
             v[nc++] = w;
     }
     if (nc)
         cancel_batch(d, v, NULL, nc);
     if (ns)
-        rd_schedule_many(&d->base, items, ns);
+        sched_run(&d->base, items, NULL, ns);
     ns = 0;
     for (struct tw__combine_req *r = &list->req; r; r = r->next) {
         struct op_wait *w = (struct op_wait *)r;
         if (w->kind == OP_SCHED)
             w->it.result = items[ns++].result;
+        else if (w->kind == OP_MANY)
+            for (size_t i = 0; i < w->nmany; i++)
+                w->many[i].result = items[ns++].result;
     }
     tw__free(items);
     tw__free(v);
@@ -707,6 +723,24 @@ static int op_run(struct rd *d, struct op_wait *w)
     pthread_mutex_unlock(&d->mu);
     tw__combine_run(&d->comb[g], &w->req);
     return w->it.result;
+}
+
+/* tw_durable_schedule_many. On one server (not a cluster: one master
+ * holds every shard), through the combiner of group 0 like a one-per-call
+ * schedule, so that the batches of threads calling at once become one
+ * SCHED call per shard, not one per shard per batch: Redis's cost of a
+ * script call (a few us, and a few more per command it runs) is paid once
+ * for all of them. On a cluster, run at once: a batch spans every master,
+ * and a combined round would make the calls for healthy masters wait for
+ * a stalled one. */
+static int rd_schedule_many(tw_durable *base, tw_durable_item *items, size_t n)
+{
+    struct rd *d = (struct rd *)base;
+    if (d->nofire || !n || tw__rc_cluster(d->rc))
+        return sched_run(base, items, NULL, n);
+    struct op_wait w = {.kind = OP_MANY, .many = items, .nmany = n};
+    tw__combine_run(&d->comb[0], &w.req);
+    return tw__durable_first_error(items, n);
 }
 
 static int rd_schedule(tw_durable *base, const void *key, size_t key_len,
