@@ -9,6 +9,7 @@
 #   suite                              one server; TEST_BINARY is
 #                                      test_durable_semantics
 #   poison                             one server; test_durable_poison
+#   combine                            one server; test_redis_combine
 #   owner | owner-kill | owner-stop |  one server; TEST_BINARY is
 #   owner-pause | owner-clock |        test_redis_owner
 #   owner-graceful | owner-busy
@@ -92,7 +93,8 @@ cluster() { # MASTERS REPLICAS_PER_MASTER
 }
 
 case $scenario in
-  semantics | econn | crash | many | garbage | gap | shards | suite | poison)
+  semantics | econn | crash | many | garbage | gap | shards | suite | poison | \
+    combine)
     port=$(pick_ports 1)
     if [ "$scenario" = econn ] || [ "$scenario" = crash ]; then
       extra=(--appendonly yes --appendfsync always)

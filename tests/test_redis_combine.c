@@ -1,0 +1,164 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/test_redis_combine.c - tw_durable_schedule_many() from many
+ * threads at once on one Redis server: the batches are combined into one
+ * SCHED call per shard (rd_schedule_many() in src/durable_redis.c), and
+ * each caller still gets the results of its own items. Against a real
+ * redis-server that tests/redis_test.sh starts and stops. Usage:
+ * test_redis_combine combine ADDRESS.
+ *
+ * THREADS threads, released together, each schedule N items over SHARDS
+ * shards (their own keys, due far past the horizon, so nothing is claimed
+ * or fired); a quarter of each thread's keys are also given by the next
+ * thread, with that thread's payload. Checked: every call returns 0 and
+ * every item's result is 0; the store then holds each key once, with the
+ * payload of one of the threads that gave it; the Redis server ran fewer
+ * script calls (INFO commandstats, EVALSHA and EVAL) than THREADS x
+ * SHARDS / 2, where one SCHED call per shard per batch makes THREADS x
+ * SHARDS. The overlap of the calls is forced by a barrier and by their
+ * number (each is a round trip of 64 script calls), not by a sleep.
+ */
+#define _GNU_SOURCE
+
+#include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "redis_fixture.h"
+#include "test.h"
+#include "twheel/durable.h"
+
+enum { THREADS = 16, N = 512, SHARDS = 64 };
+
+static const char *seeds;
+static pthread_barrier_t go;
+
+struct loader {
+    tw_durable *d;
+    int id, rc;
+    tw_durable_item it[N];
+    char key[N][24], pay[N][24];
+};
+
+/* Thread @l->id's items: keys "c<id>-<i>", and for i < N / 4 the keys of
+ * the next thread's last quarter ("c<id+1>-<N-1-i>"), all with payload
+ * "p<id>-<i>", due an hour from now. */
+static void *load_main(void *arg)
+{
+    struct loader *l = arg;
+    int64_t due = wall_ms() + 3600 * 1000;
+    for (int i = 0; i < N; i++) {
+        int kl = i < N / 4 ? snprintf(l->key[i], 24, "c%d-%d",
+                                      (l->id + 1) % THREADS, N - 1 - i)
+                           : snprintf(l->key[i], 24, "c%d-%d", l->id, i);
+        int pl = snprintf(l->pay[i], 24, "p%d-%d", l->id, i);
+        l->it[i] = (tw_durable_item){l->key[i], (size_t)kl, due,
+                                     l->pay[i], (size_t)pl, -99};
+    }
+    pthread_barrier_wait(&go);
+    l->rc = tw_durable_schedule_many(l->d, l->it, N);
+    return NULL;
+}
+
+/* Nothing is due within the test. */
+static int never_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
+{
+    (void)d;
+    (void)t;
+    (void)arg;
+    return 0;
+}
+
+/* EVALSHA and EVAL calls the server has run (INFO commandstats). */
+static long long script_calls(redisContext *rc)
+{
+    redisReply *r = redisCommand(rc, "INFO commandstats");
+    ASSERT(r && r->type == REDIS_REPLY_STRING);
+    long long n = 0;
+    for (const char *p = r->str; (p = strstr(p, "cmdstat_eval")) != NULL;) {
+        const char *c = strstr(p, "calls=");
+        ASSERT_NOT_NULL(c);
+        n += atoll(c + 6);
+        p = c;
+    }
+    freeReplyObject(r);
+    return n;
+}
+
+/* Each key of thread @t is held once, with one of its givers' payload. */
+static void check_keys(tw_durable *d, const struct loader *l, int t)
+{
+    for (int i = N / 4; i < N; i++) {
+        char buf[32];
+        tw_durable_info info;
+        const char *k = l[t].key[i];
+        ASSERT_EQ(tw_durable_get(d, k, strlen(k), &info, buf, sizeof buf), 0);
+        ASSERT_EQ(info.state, TW_DURABLE_WAITING);
+        buf[info.payload_len < sizeof buf ? info.payload_len : 0] = 0;
+        char mine[24], prev[24];
+        snprintf(mine, sizeof mine, "p%d-%d", t, i);
+        snprintf(prev, sizeof prev, "p%d-%d", (t + THREADS - 1) % THREADS,
+                 N - 1 - i);
+        ASSERT(!strcmp(buf, mine) || (i >= N - N / 4 && !strcmp(buf, prev)));
+    }
+}
+
+static void combine(void)
+{
+    char host[64];
+    int port;
+    ASSERT_EQ(sscanf(seeds, "%63[^:]:%d", host, &port), 2);
+    redisContext *rc = redisConnect(host, port);
+    ASSERT(rc && !rc->err);
+    tw_durable_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.redis = seeds;
+    cfg.redis_namespace = "combine";
+    cfg.shards = SHARDS;
+    cfg.fire = never_fire;
+    tw_durable *d;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    static struct loader l[THREADS];
+    pthread_t th[THREADS];
+    ASSERT_EQ(pthread_barrier_init(&go, NULL, THREADS), 0);
+    long long c0 = script_calls(rc);
+    for (int t = 0; t < THREADS; t++) {
+        l[t].d = d;
+        l[t].id = t;
+        ASSERT_EQ(pthread_create(&th[t], NULL, load_main, &l[t]), 0);
+    }
+    for (int t = 0; t < THREADS; t++)
+        ASSERT_EQ(pthread_join(th[t], NULL), 0);
+    long long calls = script_calls(rc) - c0;
+    for (int t = 0; t < THREADS; t++) {
+        ASSERT_EQ(l[t].rc, 0);
+        for (int i = 0; i < N; i++)
+            ASSERT_EQ(l[t].it[i].result, 0);
+    }
+    tw_durable_stats st;
+    ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
+    ASSERT_EQ(st.pending, (uint64_t)THREADS * (N - N / 4));
+    for (int t = 0; t < THREADS; t++)
+        check_keys(d, l, t);
+    printf("combine: %d threads x %d items over %d shards: %lld script "
+           "calls (uncombined: %d)\n",
+           THREADS, N, SHARDS, calls, THREADS * SHARDS);
+    ASSERT_LT(calls, THREADS * SHARDS / 2);
+    pthread_barrier_destroy(&go);
+    tw_durable_close(d);
+    redisFree(rc);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3 || strcmp(argv[1], "combine")) {
+        fprintf(stderr, "usage: test_redis_combine combine ADDRESS\n");
+        return 2;
+    }
+    seeds = argv[2];
+    combine();
+    printf("combine: ok\n");
+    return 0;
+}
