@@ -20,6 +20,7 @@
  *   src/redis_owner.[ch]      fenced shard ownership
  *                             (cfg.redis_shard_lease_ms)
  *   src/redis_fire.c          claiming, checking, firing, completing
+ *   src/redis_groups.c        which master holds each shard (the groups)
  *   src/redis_query.c         get, list, scan, dead letters
  *   src/durable_redis_impl.h  struct rd and what the files share
  *   src/redis_client.[ch]     the connections (hiredis protocol, cluster
@@ -105,7 +106,8 @@ static struct rd *rd_new(const tw_durable_config *cfg)
     }
     pthread_condattr_destroy(&ca);
     d->grp_of = tw__calloc(d->shards, 1);
-    if (!d->grp_of) {
+    d->claim_idle = tw__calloc(d->shards, sizeof *d->claim_idle);
+    if (!d->grp_of || !d->claim_idle) {
         rd_free(d);
         return NULL;
     }
@@ -164,9 +166,11 @@ static int rd_reshape(struct rd *d, const char *ns)
 {
     tw__free(d->sk);
     tw__free(d->grp_of);
+    tw__free(d->claim_idle);
     d->sk = NULL;
     d->grp_of = tw__calloc(d->shards, 1);
-    return d->grp_of ? rd_keys(d, ns) : TW_ENOMEM;
+    d->claim_idle = tw__calloc(d->shards, sizeof *d->claim_idle);
+    return d->grp_of && d->claim_idle ? rd_keys(d, ns) : TW_ENOMEM;
 }
 
 /* Connect, load the scripts, check the keys' permission and the
@@ -489,6 +493,8 @@ static void sb_results(struct sbatch *b)
     uint64_t mono = rd_mono_ms(d);
     bool armed = false;
     pthread_mutex_lock(&d->mu);
+    for (size_t c = 0; c < b->ncmd; c++)
+        claim_soon_locked(d, b->cshard[c]);
     for (size_t i = 0; i < b->n; i++) {
         struct sb_item *e = &b->item[i];
         if (!b->it[i].result && e->tok > 0 && e->rt) {
@@ -887,6 +893,7 @@ static void rd_free(struct rd *d)
         pthread_cond_destroy(&d->grp[g].ccv);
     }
     tw__free(d->grp_of);
+    tw__free(d->claim_idle);
     tw_wheel_destroy(d->wheel);
     tw__rc_close(d->rc);
     pthread_mutex_destroy(&d->mu);

@@ -125,6 +125,8 @@ struct rd {
     pthread_t thr, claimer;
     struct grp grp[GROUPS_MAX];
     uint8_t *grp_of;               /* per shard: its group (mu) */
+    int64_t *claim_idle; /* per shard: its CLAIM may be left out of a round
+                            before this wall ms (mu); src/redis_fire.c */
     char grp_name[GROUPS_MAX][64]; /* "host:port" of each group's master */
     uint32_t ngrp;
     uint64_t next_check;   /* no claim check before (real monotonic ms) */
@@ -232,6 +234,17 @@ static inline uint64_t reply_u64(const redisReply *r)
     if (r->type == REDIS_REPLY_STRING && r->str)
         return strtoull(r->str, NULL, 10);
     return 0;
+}
+
+/* Which master holds each shard (CLUSTER SLOTS) into d->grp_of
+ * (src/redis_groups.c). */
+void tw__rd_grp_refresh(struct rd *d);
+
+/* A write of this node may have put a waiting key into @shard's :d: its
+ * next CLAIM round includes it (src/redis_fire.c, idle shards). mu held. */
+static inline void claim_soon_locked(struct rd *d, uint32_t shard)
+{
+    d->claim_idle[shard] = 0;
 }
 
 static inline void call_arg(struct call *c, const void *p, size_t n)

@@ -75,6 +75,9 @@
 #include "durable_redis_impl.h"
 
 #define CLAIM_MAX 1000
+/* An idle shard is left out of the claim rounds for at most horizon /
+ * CLAIM_IDLE_MAX (claim_idle_locked()). */
+#define CLAIM_IDLE_MAX 2
 #define RETRY_MS 100
 #define IDLE_WAIT_MS 50
 #define DONE_DELAY_MS 500 /* longest wait of a completion for a batch */
@@ -173,13 +176,14 @@ static size_t claim_calls(struct rd *d, struct grp *g, struct call *calls,
                           int64_t now)
 {
     size_t n = 0;
+    bool scan = g->claim_rounds++ % DAMAGE_SCAN_ROUNDS == 0;
     pthread_mutex_lock(&d->mu);
     for (uint32_t s = 0; s < d->shards; s++)
-        if (&d->grp[d->grp_of[s]] == g)
+        if (&d->grp[d->grp_of[s]] == g &&
+            (scan || d->own || now >= d->claim_idle[s]))
             calls[n++].shard = s;
     pthread_mutex_unlock(&d->mu);
     size_t m = 0;
-    bool scan = g->claim_rounds++ % DAMAGE_SCAN_ROUNDS == 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t s = calls[i].shard;
         calls[m].shard = s;
@@ -193,8 +197,30 @@ static size_t claim_calls(struct rd *d, struct grp *g, struct call *calls,
         call_num(c, d->lease_ms);
         call_num(c, CLAIM_MAX);
         call_num(c, scan);
+        call_num(c, !d->own); /* next: the first waiting key, when idle */
     }
     return m;
+}
+
+/* Shard @s had nothing to claim in the round of @now; @r is CLAIM's {} or
+ * {score of its first waiting key past the horizon}. Without ownership,
+ * the shard is left out of the rounds (but not the damage scans) until
+ * that key is within the horizon, and for at most CLAIM_IDLE_MAX of the
+ * horizon: a key that another node schedules past the horizon is still
+ * claimed at least a quarter of the horizon before its due time, and a
+ * claim of a dead node is taken back at most that much later than
+ * before. A write of this node to the shard ends it at once
+ * (claim_soon_locked()). mu held. */
+static void claim_idle_locked(struct rd *d, uint32_t s, const redisReply *r,
+                              int64_t now)
+{
+    int64_t until = sat_add(now, d->horizon_ms / CLAIM_IDLE_MAX);
+    if (r->elements == 1 && r->element[0]->type == REDIS_REPLY_STRING) {
+        double next = strtod(r->element[0]->str, NULL) - d->horizon_ms;
+        if (next < (double)until)
+            until = next > (double)now ? (int64_t)next : now;
+    }
+    d->claim_idle[s] = until;
 }
 
 static void pend_add(struct rd *d, struct rtimer *r, int res);
@@ -206,9 +232,13 @@ static bool claim_reply(struct rd *d, const struct call *c, const redisReply *r,
                         int64_t now, uint64_t csent, int64_t wall,
                         uint64_t mono)
 {
-    if (!r || r->type != REDIS_REPLY_ARRAY || !r->elements)
+    if (!r || r->type != REDIS_REPLY_ARRAY)
         return false;
-    uint64_t ver = r->elements > 1 ? reply_u64(r->element[1]) : 0;
+    if (r->elements <= 1) {
+        claim_idle_locked(d, c->shard, r, now);
+        return false;
+    }
+    uint64_t ver = reply_u64(r->element[1]);
     for (size_t i = 2; i + 3 <= r->elements; i += 3) {
         redisReply **e = r->element + i;
         struct pval v;
@@ -266,58 +296,6 @@ static bool claim_group(struct rd *d, struct grp *g)
     tw__free(calls);
     tw__free(cmds);
     return more;
-}
-
-/* Which master holds each shard (CLUSTER SLOTS): the shards of one master
- * form a group with its own thread. A server without cluster support, or
- * no answer, changes nothing (everything starts in group 0). Groups only
- * say which thread waits for which node: a stale map is never wrong, only
- * less independent. The topology thread, and open. */
-static void grp_refresh(struct rd *d)
-{
-    const char *argv[2] = {"CLUSTER", "SLOTS"};
-    size_t len[2] = {7, 5};
-    tw__rc_cmd cmd = {2, argv, len, -1, NULL, 0};
-    uint8_t *of = tw__malloc(d->shards);
-    if (!of || tw__rc_exec(d->rc, &cmd, 1) || !cmd.reply ||
-        cmd.reply->type != REDIS_REPLY_ARRAY) {
-        tw__rc_free_replies(&cmd, 1);
-        tw__free(of);
-        return;
-    }
-    redisReply *r = cmd.reply;
-    pthread_mutex_lock(&d->mu);
-    for (uint32_t s = 0; s < d->shards; s++) {
-        of[s] = d->grp_of[s];
-        int slot = d->sk[s].slot;
-        for (size_t i = 0; i < r->elements; i++) {
-            redisReply *e = r->element[i];
-            if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
-                e->element[0]->type != REDIS_REPLY_INTEGER ||
-                e->element[1]->type != REDIS_REPLY_INTEGER ||
-                e->element[2]->type != REDIS_REPLY_ARRAY ||
-                e->element[2]->elements < 2 ||
-                e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
-                e->element[2]->element[1]->type != REDIS_REPLY_INTEGER ||
-                slot < e->element[0]->integer || slot > e->element[1]->integer)
-                continue;
-            char name[64];
-            snprintf(name, sizeof name, "%s:%lld",
-                     e->element[2]->element[0]->str,
-                     e->element[2]->element[1]->integer);
-            uint32_t g = 0;
-            while (g < d->ngrp && strcmp(d->grp_name[g], name))
-                g++;
-            if (g == d->ngrp && d->ngrp < GROUPS_MAX)
-                snprintf(d->grp_name[d->ngrp++], 64, "%s", name);
-            of[s] = (uint8_t)(g < d->ngrp ? g : s % GROUPS_MAX);
-            break;
-        }
-    }
-    memcpy(d->grp_of, of, d->shards);
-    pthread_mutex_unlock(&d->mu);
-    tw__rc_free_replies(&cmd, 1);
-    tw__free(of);
 }
 
 enum { FR_DONE, FR_VER, FR_SCORE, FR_KINDS }; /* a shard's commands */
@@ -581,6 +559,8 @@ static void fr_completions(struct fround *f, int64_t wall, uint64_t mono)
             if (rep && rep->type == REDIS_REPLY_ARRAY && j < rep->elements &&
                 rep->element[j]->type == REDIS_REPLY_INTEGER)
                 res = rep->element[j]->integer;
+            if (p->res > 0) /* a retry may wait in :d */
+                claim_soon_locked(d, p->r->shard);
             if (p->res > 0 && res > 0) {
                 p->r->token = (uint64_t)res;
                 p->r->ver = ver;
@@ -924,7 +904,7 @@ static void *rd_claimer(void *arg)
         if (d->stop)
             break;
         pthread_mutex_unlock(&d->mu);
-        grp_refresh(d);
+        tw__rd_grp_refresh(d);
         pthread_mutex_lock(&d->mu);
         grp_start_locked(d);
     }
@@ -1142,7 +1122,7 @@ int tw__rd_start(struct rd *d)
         !tw__durable_exec_init(&d->exec, d->nexec, fire_job, drop_job, d) &&
         !tw__durable_exec_start(&d->exec);
     if (ok)
-        grp_refresh(d);
+        tw__rd_grp_refresh(d);
     pthread_mutex_lock(&d->mu);
     if (ok)
         grp_start_locked(d);

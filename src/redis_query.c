@@ -324,6 +324,9 @@ int tw__rd_dead_op(tw_durable *base, const void *key, size_t key_len,
         call_num(&c, due_ms);
     long long res = 0;
     int rc = tw__rd_call_int(d, &c, &res);
+    pthread_mutex_lock(&d->mu);
+    claim_soon_locked(d, sh);
+    pthread_mutex_unlock(&d->mu);
     if (!rc)
         rc = res == 1 ? 0 : res == 0 ? TW_ENOENT : TW_EIO;
     if (!rc && d->wait_replicas)
@@ -356,6 +359,9 @@ int tw__rd_restore(tw_durable *base, const tw_durable_scanned *t)
     long long res = 0;
     int rc = tw__rd_call_int(d, &c, &res);
     tw__free(val);
+    pthread_mutex_lock(&d->mu);
+    claim_soon_locked(d, sh);
+    pthread_mutex_unlock(&d->mu);
     if (!rc)
         rc = res == 1 ? 0 : TW_EEXIST;
     if (!rc && d->wait_replicas)

@@ -303,7 +303,7 @@ const char *const tw__redis_scripts[S_COUNT] = {
     "redis.call('HDEL',P,k)\n"
     "redis.call('SET',V,math.max(v+1,tonumber(ARGV[2])*1024))\n"
     "return 1\n" EPILOGUE,
-    /* CLAIM ARGV: now until lease max scan (scan 1: look for damaged
+    /* CLAIM ARGV: now until lease max scan [next] (scan 1: look for damaged
      * scores first, every DAMAGE_SCAN_ROUNDS-th round). Two ranges of :d: the
      * leases that ran out (score in [-(R * 1024 + 1023), 0), read with their
      * scores: they go back to their due time with attempt + 1, and :v moves),
@@ -313,7 +313,10 @@ const char *const tw__redis_scripts[S_COUNT] = {
      * claimed: a few commands per call, however many keys. A key whose value is
      * not a valid "due,attempt,payload" (or that has none) is set aside.
      * Returns {} or: 1 if the range was full (more may follow), else 0;
-     * the shard's version; then (key token value) triples. */
+     * the shard's version; then (key token value) triples. With next 1,
+     * a shard with no key to claim answers {score} of its first waiting
+     * key past until, if it has one (src/redis_fire.c leaves it out of
+     * the next rounds). */
     PRELUDE "local now,untl,lease,max=tonumber(ARGV[1]),tonumber(ARGV[2]),"
             "tonumber(ARGV[3]),tonumber(ARGV[4])\n"
             "local rn=rnow()\n"
@@ -345,7 +348,14 @@ const char *const tw__redis_scripts[S_COUNT] = {
             " for i=1,#w do names[ne+i]=w[i] end\n"
             "end\n"
             "local n=#names\n"
-            "if n==0 then return {} end\n"
+            "if n==0 then\n"
+            " if ARGV[6]=='1' then\n"
+            "  local nx=redis.call('ZRANGEBYSCORE',D,'('..ARGV[2],'+inf',"
+            "'WITHSCORES','LIMIT',0,1)\n"
+            "  if nx[2] then return {nx[2]} end\n"
+            " end\n"
+            " return {}\n"
+            "end\n"
             "local vals=redis.call('HMGET',P,unpack(names))\n"
             "local t=cnt(S,'s')\n"
             "local v,ex=cnt(V,'v')\n"

@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/test_redis_combine.c - tw_durable_schedule_many() from many
- * threads at once on one Redis server: the batches are combined into one
- * SCHED call per shard (rd_schedule_many() in src/durable_redis.c), and
- * each caller still gets the results of its own items. Against a real
- * redis-server that tests/redis_test.sh starts and stops. Usage:
- * test_redis_combine combine ADDRESS.
+ * tests/test_redis_calls.c - how many script calls the Redis backend
+ * makes, against a real redis-server that tests/redis_test.sh starts and
+ * stops. Usage: test_redis_calls MODE ADDRESS.
  *
- * THREADS threads, released together, each schedule N items over SHARDS
+ * combine: tw_durable_schedule_many() from many threads at once on one
+ * server: the batches are combined into one SCHED call per shard
+ * (rd_schedule_many() in src/durable_redis.c), and each caller still gets
+ * the results of its own items. THREADS threads, released together, each schedule N items over SHARDS
  * shards (their own keys, due far past the horizon, so nothing is claimed
  * or fired); a quarter of each thread's keys are also given by the next
  * thread, with that thread's payload. Checked: every call returns 0 and
@@ -17,11 +17,20 @@
  * SHARDS / 2, where one SCHED call per shard per batch makes THREADS x
  * SHARDS. The overlap of the calls is forced by a barrier and by their
  * number (each is a round trip of 64 script calls), not by a sleep.
+ *
+ * idle: a node with nothing to claim leaves its idle shards out of some
+ * claim rounds (claim_idle_locked() in src/redis_fire.c): over IDLE_MS,
+ * with a 400 ms horizon (a round every 100 ms), it runs fewer than 3/4
+ * of the CLAIM calls that one per shard per round makes (the rounds
+ * counted from the time that passed; a claimer that falls behind makes
+ * fewer rounds, never more). Then a timer scheduled past the horizon on
+ * an idle shard is delivered, within 1 s of its due time.
  */
 #define _GNU_SOURCE
 
 #include <hiredis/hiredis.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +39,7 @@
 #include "test.h"
 #include "twheel/durable.h"
 
-enum { THREADS = 16, N = 512, SHARDS = 64 };
+enum { THREADS = 16, N = 512, SHARDS = 64, IDLE_MS = 2000, HORIZON = 400 };
 
 static const char *seeds;
 static pthread_barrier_t go;
@@ -62,16 +71,19 @@ static void *load_main(void *arg)
     return NULL;
 }
 
-/* Nothing is due within the test. */
+static _Atomic int64_t fired_late = -1; /* ms after due, of the last */
+
+/* Records how late a delivery started (the combine test's never come). */
 static int never_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
-    (void)t;
     (void)arg;
+    fired_late = wall_ms() - t->due_ms;
     return 0;
 }
 
-/* EVALSHA and EVAL calls the server has run (INFO commandstats). */
+/* EVALSHA and EVAL calls the server has run (INFO commandstats). The
+ * claims are the only script calls of an idle node. */
 static long long script_calls(redisContext *rc)
 {
     redisReply *r = redisCommand(rc, "INFO commandstats");
@@ -151,14 +163,52 @@ static void combine(void)
     redisFree(rc);
 }
 
+static void idle(void)
+{
+    char host[64];
+    int port;
+    ASSERT_EQ(sscanf(seeds, "%63[^:]:%d", host, &port), 2);
+    redisContext *rc = redisConnect(host, port);
+    ASSERT(rc && !rc->err);
+    tw_durable_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.redis = seeds;
+    cfg.redis_namespace = "idle";
+    cfg.shards = SHARDS;
+    cfg.horizon_ms = HORIZON;
+    cfg.fire = never_fire;
+    tw_durable *d;
+    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    long long c0 = script_calls(rc);
+    int64_t t0 = wall_ms();
+    sleep_ms(IDLE_MS);
+    long long calls = script_calls(rc) - c0;
+    int64_t rounds = (wall_ms() - t0) / (HORIZON / 4) + 1;
+    printf("idle: %lld CLAIM calls in %lld rounds of %d shards\n", calls,
+           (long long)rounds, SHARDS);
+    ASSERT_LT(calls * 4, rounds * SHARDS * 3);
+    int64_t due = wall_ms() + HORIZON + 300;
+    ASSERT_EQ(tw_durable_schedule(d, "late", 4, due, "x", 1), 0);
+    while (fired_late < 0 && wall_ms() < due + 5000)
+        sleep_ms(10);
+    printf("idle: delivered %lld ms after due\n", (long long)fired_late);
+    ASSERT_GE(fired_late, 0);
+    ASSERT_LT(fired_late, 1000);
+    tw_durable_close(d);
+    redisFree(rc);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 3 || strcmp(argv[1], "combine")) {
-        fprintf(stderr, "usage: test_redis_combine combine ADDRESS\n");
+    if (argc != 3 || (strcmp(argv[1], "combine") && strcmp(argv[1], "idle"))) {
+        fprintf(stderr, "usage: test_redis_calls combine|idle ADDRESS\n");
         return 2;
     }
     seeds = argv[2];
-    combine();
-    printf("combine: ok\n");
+    if (!strcmp(argv[1], "combine"))
+        combine();
+    else
+        idle();
+    printf("%s: ok\n", argv[1]);
     return 0;
 }
