@@ -152,7 +152,8 @@ struct rd {
     void *on_error_arg;
 };
 
-#define CALL_ARGS 16
+/* The most a call takes: CLAIM with its fence, 3 + NKEYS + 2 + 6. */
+#define CALL_ARGS 17
 struct call {
     const char *argv[CALL_ARGS];
     size_t len[CALL_ARGS];
