@@ -18,7 +18,8 @@
  * (fire_job()). The wheel is shared under mu: a schedule adds the timers
  * it claims at once.
  *
- * Claiming. The claimer runs CLAIM on every shard each horizon/4: one
+ * Claiming. The claimer runs CLAIM on every shard each horizon/4 (an
+ * idle shard, without ownership, in fewer rounds: claim_idle_locked()): one
  * range of :d, [-(R * 1024 + 1023), now + horizon] (R: Redis's TIME,
  * which alone judges the end of a lease), holds both the leases that ran
  * out (they go back to their due time with attempt + 1,
@@ -919,8 +920,9 @@ static bool done_due(const struct grp *g, uint64_t now)
     return g->npend && (g->npend >= DONE_BATCH || now >= g->pend_due);
 }
 
-/* A group's claimer: CLAIM on its shards every horizon/4 (at once again
- * when a shard had more than CLAIM_MAX due), on its own thread so that
+/* A group's claimer: CLAIM on its shards every horizon/4 (idle ones less
+ * often; at once again when a shard had more than CLAIM_MAX due), on its
+ * own thread so that
  * checks never wait for a claim round trip. */
 static void *rd_group_claim(void *arg)
 {
