@@ -579,8 +579,8 @@ enum { OP_SCHED, OP_CANCEL, OP_MANY };
 struct op_wait {
     struct tw__combine_req req; /* first: the combiner's */
     int kind;
-    tw_durable_item it;     /* a cancel uses key and key_len */
-    tw_durable_item *many;  /* OP_MANY: a schedule_many's items */
+    tw_durable_item it;    /* a cancel uses key and key_len */
+    tw_durable_item *many; /* OP_MANY: a schedule_many's items */
     size_t nmany;
 };
 

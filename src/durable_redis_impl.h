@@ -124,7 +124,7 @@ struct rd {
     bool no_mget; /* MGET refused (an ACL without it): GET per shard (mu) */
     pthread_t thr, claimer;
     struct grp grp[GROUPS_MAX];
-    uint8_t *grp_of;               /* per shard: its group (mu) */
+    uint8_t *grp_of;     /* per shard: its group (mu) */
     int64_t *claim_idle; /* per shard: its CLAIM may be left out of a round
                             before this wall ms (mu); src/redis_fire.c */
     char grp_name[GROUPS_MAX][64]; /* "host:port" of each group's master */

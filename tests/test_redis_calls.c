@@ -7,13 +7,13 @@
  * combine: tw_durable_schedule_many() from many threads at once on one
  * server: the batches are combined into one SCHED call per shard
  * (rd_schedule_many() in src/durable_redis.c), and each caller still gets
- * the results of its own items. THREADS threads, released together, each schedule N items over SHARDS
- * shards (their own keys, due far past the horizon, so nothing is claimed
- * or fired); a quarter of each thread's keys are also given by the next
- * thread, with that thread's payload. Checked: every call returns 0 and
- * every item's result is 0; the store then holds each key once, with the
- * payload of one of the threads that gave it; the Redis server ran fewer
- * script calls (INFO commandstats, EVALSHA and EVAL) than THREADS x
+ * the results of its own items. THREADS threads, released together, each
+ * schedule N items over SHARDS shards (their own keys, due far past the
+ * horizon, so nothing is claimed or fired); a quarter of each thread's keys are
+ * also given by the next thread, with that thread's payload. Checked: every
+ * call returns 0 and every item's result is 0; the store then holds each key
+ * once, with the payload of one of the threads that gave it; the Redis server
+ * ran fewer script calls (INFO commandstats, EVALSHA and EVAL) than THREADS x
  * SHARDS / 2, where one SCHED call per shard per batch makes THREADS x
  * SHARDS. The overlap of the calls is forced by a barrier and by their
  * number (each is a round trip of 64 script calls), not by a sleep.
