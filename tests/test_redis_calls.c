@@ -117,21 +117,32 @@ static void check_keys(tw_durable *d, const struct loader *l, int t)
     }
 }
 
-static void combine(void)
+/* A node on namespace @ns (SHARDS shards, the horizon @horizon_ms or the
+ * default), and a plain connection to the server into *@rc. */
+static tw_durable *open_node(const char *ns, uint32_t horizon_ms,
+                             redisContext **rc)
 {
     char host[64];
     int port;
     ASSERT_EQ(sscanf(seeds, "%63[^:]:%d", host, &port), 2);
-    redisContext *rc = redisConnect(host, port);
-    ASSERT(rc && !rc->err);
+    *rc = redisConnect(host, port);
+    ASSERT(*rc && !(*rc)->err);
     tw_durable_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.redis = seeds;
-    cfg.redis_namespace = "combine";
+    cfg.redis_namespace = ns;
     cfg.shards = SHARDS;
+    cfg.horizon_ms = horizon_ms;
     cfg.fire = never_fire;
     tw_durable *d;
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    return d;
+}
+
+static void combine(void)
+{
+    redisContext *rc;
+    tw_durable *d = open_node("combine", 0, &rc);
     static struct loader l[THREADS];
     pthread_t th[THREADS];
     ASSERT_EQ(pthread_barrier_init(&go, NULL, THREADS), 0);
@@ -165,20 +176,8 @@ static void combine(void)
 
 static void idle(void)
 {
-    char host[64];
-    int port;
-    ASSERT_EQ(sscanf(seeds, "%63[^:]:%d", host, &port), 2);
-    redisContext *rc = redisConnect(host, port);
-    ASSERT(rc && !rc->err);
-    tw_durable_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.redis = seeds;
-    cfg.redis_namespace = "idle";
-    cfg.shards = SHARDS;
-    cfg.horizon_ms = HORIZON;
-    cfg.fire = never_fire;
-    tw_durable *d;
-    ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
+    redisContext *rc;
+    tw_durable *d = open_node("idle", HORIZON, &rc);
     long long c0 = script_calls(rc);
     int64_t t0 = wall_ms();
     sleep_ms(IDLE_MS);
