@@ -25,7 +25,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "fixture.h" /* now_ms */
+#include "clock_fixture.h" /* now_ms */
 #include "test.h"
 #include "twheel/durable.h"
 
