@@ -436,26 +436,30 @@ static int outcome(jr_writer *w, uint64_t lsn)
     return w->synced >= lsn ? 0 : UNKNOWN;
 }
 
-/* A caller waiting for @lsn counts itself once among those the next sync
- * covers (sync_mu held): not if the running one covers it. */
-static void arrive(jr_writer *w, uint64_t lsn)
+/* A caller waiting for @lsn for @calls calls counts them once among
+ * those the next sync covers (sync_mu held): not if the running one
+ * covers them. */
+static void arrive(jr_writer *w, uint64_t lsn, unsigned calls)
 {
     if (w->syncing && !w->gathering && lsn <= w->sync_target)
         return;
-    w->arrived++;
+    w->arrived += calls;
     if (w->gathering && w->arrived >= w->expect)
         pthread_cond_signal(&w->gather_cv);
 }
 
-/* Wait until @lsn is durable, leading syncs as needed (no lock held). */
-static int wait_durable(jr_writer *w, uint64_t lsn)
+/* Wait until @lsn is durable, leading syncs as needed (no lock held), on
+ * behalf of @calls calls. */
+static int wait_durable(jr_writer *w, uint64_t lsn, unsigned calls)
 {
-    int rc;
+    int rc = outcome(w, lsn);
+    if (rc != UNKNOWN)
+        return rc; /* a combiner waited for it: no lock to take */
     bool counted = false;
     pthread_mutex_lock(&w->sync_mu);
     while ((rc = outcome(w, lsn)) == UNKNOWN) {
         if (!counted) {
-            arrive(w, lsn);
+            arrive(w, lsn, calls);
             counted = true;
         }
         if (!w->syncing || w->sync_mode == TW_DURABLE_SYNC_EACH) {
@@ -487,7 +491,12 @@ static bool acks_unsynced(const jr_writer *w)
 
 int tw__jr_wait_nolock(jr_writer *w, uint64_t lsn)
 {
-    return acks_unsynced(w) ? 0 : wait_durable(w, lsn);
+    return acks_unsynced(w) ? 0 : wait_durable(w, lsn, 1);
+}
+
+int tw__jr_wait_calls(jr_writer *w, uint64_t lsn, unsigned calls)
+{
+    return acks_unsynced(w) ? 0 : wait_durable(w, lsn, calls);
 }
 
 int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn)
@@ -503,7 +512,7 @@ static int wait_durable_relock(jr_writer *w, uint64_t lsn)
     if (w->synced >= lsn)
         return 0;
     pthread_mutex_unlock(w->mu);
-    int rc = wait_durable(w, lsn);
+    int rc = wait_durable(w, lsn, 1);
     pthread_mutex_lock(w->mu);
     return rc;
 }
