@@ -123,15 +123,14 @@ typedef struct jr_writer {
     jr_futex sync_seq;
     /* Gathering (SYNC_GROUP): calls whose records the next
      * sync would cover, counted as they begin to wait (arrived; a combiner
-     * waits for all the calls it applied), and how many the next leader
-     * waits for before it syncs (expect: those the last sync released
-     * plus those already waiting), at most
-     * gather_ns; gather_cv wakes it (with sync_mu). sync_target: what the
-     * running sync covers. */
-    pthread_cond_t gather_cv;
-    unsigned arrived, expect;
+     * waits for all the calls it applied), and how many the next sync
+     * waits for before it starts (expect: those the last sync released
+     * plus those already waiting), at most gather_ns from the first
+     * caller's look (until gather_until, CLOCK_MONOTONIC ns; gather_gen
+     * numbers the gathers). sync_target: what the running sync covers. */
+    unsigned arrived, expect, gather_gen;
     bool gathering;
-    uint64_t sync_target, gather_ns;
+    uint64_t sync_target, gather_ns, gather_until;
     atomic_int inflight; /* fdatasync calls running without *mu */
     _Atomic uint64_t syncs;
     unsigned char *buf; /* records encoded and not yet written */
