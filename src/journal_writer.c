@@ -418,7 +418,9 @@ static void gather_next(jr_writer *w, unsigned covered, uint64_t ns)
 }
 
 /* Sync everything published so far (sync_mu held; released during the
- * fdatasync), publish the outcome and wake every waiter with one call. */
+ * fdatasync), publish the outcome and wake every waiter with one call,
+ * after letting go of sync_mu (so that the woken do not queue for it
+ * behind this thread): it returns without the lock. */
 static void lead_sync(jr_writer *w)
 {
     bool group = w->sync_mode != TW_DURABLE_SYNC_EACH;
@@ -448,6 +450,7 @@ static void lead_sync(jr_writer *w)
     } else if (target > w->synced) {
         w->synced = target;
     }
+    pthread_mutex_unlock(&w->sync_mu);
     tw__futex_bump(&w->sync_seq);
 }
 
@@ -491,6 +494,9 @@ static int wait_durable(jr_writer *w, uint64_t lsn, unsigned calls)
             /* Lead: whatever is written by now shares this sync (with
              * SYNC_EACH every caller syncs for itself). */
             lead_sync(w);
+            if ((rc = outcome(w, lsn)) != UNKNOWN)
+                return rc; /* a leader's gather has ended */
+            pthread_mutex_lock(&w->sync_mu);
             continue;
         }
         /* Follow: a sync runs that may not cover @lsn, or a gather goes
