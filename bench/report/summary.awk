@@ -199,10 +199,11 @@ function device_target(what, w, t, need,   dev, r, have, ips, p50, cyc, d) {
     cyc = ips > 0 && r > 0 ? 1e6 * ips / r : 0
     d = mw("dev_fdatasync_dur", "device")
     if (have != "")
-        why = sprintf("%d items/s [%s] against %d x %.0f fdatasyncs/s (the probe's p50 %.1f us, preallocated file); %.2f items per fdatasync, so the journal ran %.0f fdatasyncs/s, one at a time: %.1f us each = the probe's %.1f + %.1f us between syncs; a call took %.1f us at the median; load %s",
+        why = sprintf("%d items/s [%s] against %d x %.0f fdatasyncs/s (the probe's p50 %.1f us, preallocated file); %.2f items per fdatasync, so the journal ran %.0f fdatasyncs/s, one at a time: %.1f us each%s; a call took %.1f us at the median; load %s",
             r, spread(w, "twheel-group"), t, dev, d, ips,
-            ips > 0 ? r / ips : 0, cyc, d, cyc - d, p50,
-            load_of("^durable"))
+            ips > 0 ? r / ips : 0, cyc,
+            cyc >= d ? sprintf(" = the probe's %.1f + %.1f us between syncs", d, cyc - d) : sprintf(", less than the probe's %.1f: the disk was busier during the probes than during the runs", d),
+            p50, load_of("^durable"))
     target(what, have, ">=", need, "%.2fx")
 }
 function durable_targets(   g, iv, ca, cr, w, i) {
@@ -247,7 +248,7 @@ function sync_cpu_floor(d, cr, need,   c, ips, f, iv, g) {
     iv = mw("dur_cpu_" d, "twheel-interval"); g = mw("dur_cpu_" d, "twheel-group")
     return sprintf("; floor: one pwrite+fdatasync took %.1f us of the caller's CPU (fsync_probe), %.1f items per fdatasync make %.2f us an item = %.2fx Redis always%s%s",
         c, ips, f, f / cr, f / cr > need ? sprintf(", above the %gx target before any work of the store's own", need) : sprintf(", the store's own work the other %.2f us", g - f),
-        iv > 0 ? sprintf("; with SYNC_INTERVAL's %.2f us an item (the same calls, no wait for the disk) %.2f us = %.2fx Redis always%s, the wait itself %.2f us", iv, iv + f, (iv + f) / cr, (iv + f) / cr > need ? sprintf(", above the %gx target", need) : "", g - iv - f) : "")
+        iv > 0 ? sprintf("; with SYNC_INTERVAL's %.2f us an item (the same calls, no wait for the disk) %.2f us = %.2fx Redis always%s%s", iv, iv + f, (iv + f) / cr, (iv + f) / cr > need ? sprintf(", above the %gx target", need) : "", g >= iv + f ? sprintf(", the wait itself %.2f us", g - iv - f) : "") : "")
 }
 # A twheeld round row's two values, twheeld and beanstalkd.
 function bs(row, srv) { return mw("bs_" row, srv) }
