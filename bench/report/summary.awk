@@ -196,17 +196,24 @@ function syncs_per_s(w,   us) {
     return us > 0 ? 1e6 / us : 0
 }
 # One durable target against the device: twheel-group at workload w
-# (threads t) against need x threads x fdatasyncs/s.
-function device_target(what, w, t, need,   dev, r, have, ips, p50) {
+# (threads t) against need x threads x fdatasyncs/s. The journal runs one
+# fdatasync at a time (two at once on one file each took about twice as
+# long on this disk: BENCHMARKS.md, fsync_probe THREADS), so each of its
+# syncs is the device's time plus the gap before the next one starts
+# (wake-ups, the callers' next appends, the gather).
+function device_target(what, w, t, need,   dev, r, have, ips, p50, cyc, d) {
     dev = syncs_per_s("dev_fdatasync_dur"); r = mw(w, "twheel-group")
     have = dev > 0 && r > 0 ? sprintf("%.2f", r / (t * dev)) : ""
     ips = mw("dur_per_sync_" substr(w, 11), "twheel-group")
     p50 = mw("dur_p50_" substr(w, 11), "twheel-group")
+    cyc = ips > 0 && r > 0 ? 1e6 * ips / r : 0
+    d = mw("dev_fdatasync_dur", "device")
     if (have != "")
-        why = sprintf("%d items/s [%s] against %d x %.0f fdatasyncs/s (the probe's p50 %.1f us, preallocated file); %.2f items per fdatasync, so the journal ran %.0f fdatasyncs/s (a new one may start while one is in flight); a call took %.1f us at the median; load %s",
-            r, spread(w, "twheel-group"), t, dev, mw("dev_fdatasync_dur", "device"), ips,
-            ips > 0 ? r / ips : 0, p50,
-            load_of("^durable"))
+        why = sprintf("%d items/s [%s] against %d x %.0f fdatasyncs/s (the probe's p50 %.1f us, preallocated file); %.2f items per fdatasync, so the journal ran %.0f fdatasyncs/s, one at a time: %.1f us each%s; a call took %.1f us at the median; load %s",
+            r, spread(w, "twheel-group"), t, dev, d, ips,
+            ips > 0 ? r / ips : 0, cyc,
+            cyc >= d ? sprintf(" = the probe's %.1f + %.1f us between syncs", d, cyc - d) : sprintf(", less than the probe's %.1f: the disk was busier during the probes than during the runs", d),
+            p50, load_of("^durable"))
     target(what, have, ">=", need, "%.2fx")
 }
 function durable_targets(   g, iv, ca, cr, w, i) {
@@ -239,14 +246,19 @@ function durable_targets(   g, iv, ca, cr, w, i) {
 }
 # The device's part of SYNC_GROUP's CPU per item at @d items per call:
 # the caller's CPU per pwrite+fdatasync (fsync_probe) over the items each
-# fdatasync carried, against @need x Redis always's @cr.
-function sync_cpu_floor(d, cr, need,   c, ips, f) {
+# fdatasync carried, against @need x Redis always's @cr; then that plus
+# SYNC_INTERVAL's CPU per item (the same calls, none waiting for the
+# disk): what SYNC_GROUP costs before its callers wait, and the wait's
+# own part (sleeps, wake-ups, the gather), the rest.
+function sync_cpu_floor(d, cr, need,   c, ips, f, iv, g) {
     c = mw("dev_fdatasync_cpu_dur", "device")
     ips = mw("dur_per_sync_" d, "twheel-group")
     if (c <= 0 || ips <= 0) return ""
     f = c / ips
-    return sprintf("; floor: one pwrite+fdatasync took %.1f us of the caller's CPU (fsync_probe), %.1f items per fdatasync make %.2f us an item = %.2fx Redis always%s",
-        c, ips, f, f / cr, f / cr > need ? sprintf(", above the %gx target before any work of the store's own", need) : sprintf(", the store's own work the other %.2f us", mw("dur_cpu_" d, "twheel-group") - f))
+    iv = mw("dur_cpu_" d, "twheel-interval"); g = mw("dur_cpu_" d, "twheel-group")
+    return sprintf("; floor: one pwrite+fdatasync took %.1f us of the caller's CPU (fsync_probe), %.1f items per fdatasync make %.2f us an item = %.2fx Redis always%s%s",
+        c, ips, f, f / cr, f / cr > need ? sprintf(", above the %gx target before any work of the store's own", need) : sprintf(", the store's own work the other %.2f us", g - f),
+        iv > 0 ? sprintf("; with SYNC_INTERVAL's %.2f us an item (the same calls, no wait for the disk) %.2f us = %.2fx Redis always%s%s", iv, iv + f, (iv + f) / cr, (iv + f) / cr > need ? sprintf(", above the %gx target", need) : "", g >= iv + f ? sprintf(", the wait itself %.2f us", g - iv - f) : "") : "")
 }
 # A twheeld round row's two values, twheeld and beanstalkd.
 function bs(row, srv) { return mw("bs_" row, srv) }
