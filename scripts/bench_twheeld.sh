@@ -226,15 +226,36 @@ round_f1000() {
     FP=
   fi
 }
+# ticks PID: the CPU time (user + system) process PID used so far, in
+# clock ticks.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# on_both_cpu NAME ARGS...: on_both for puts, and each server's CPU time
+# per put (user + system, all its threads) as row cpu_NAME in us/put.
+on_both_cpu() {
+  local name=$1 srv pid port t0 line n
+  shift
+  for srv in beanstalkd twheeld; do
+    pid=$BPID port=$BP
+    [ "$srv" = twheeld ] && pid=$TPID port=$TP
+    t0=$(ticks "$pid")
+    line=$("$load" -p "$port" "$@")
+    row "$name" "$srv" puts/s "$line"
+    n=$(sed -n 's/.*bodies: \([0-9]*\) in .*/\1/p' <<<"$line")
+    echo "bstalk srv=$srv row=cpu_$name value=$(awk -v a="$t0" -v b="$(ticks "$pid")" \
+      -v n="$n" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.1f", (n > 0 ? (b - a) / hz * 1e6 / n : 0) }') unit=us/put"
+  done
+}
 # Reply after fdatasync, with the device's limit probed before and after
-# (F0_CONNS: the connection counts, default "1 16 64").
+# (F0_CONNS: the connection counts, default "1 16 64"); each server's
+# CPU per put beside (on a shared machine the wall-clock rate of a disk
+# other work also syncs on says little of the server's own cost).
 round_f0() {
   local c r
   probe
   both -f 0
   for r in $(seq "$reps"); do
     for c in ${F0_CONNS:-1 16 64}; do
-      on_both "put_f0_c$c" puts/s -c "$c" -t "$secs" put
+      on_both_cpu "put_f0_c$c" -c "$c" -t "$secs" put
     done
   done
   stop "$BPID"

@@ -43,9 +43,8 @@
  * then finds the clients' next commands waiting together. That is one
  * epoll wakeup a batch where the writer thread cost two thread hand-offs
  * a batch (to the writer and back) and an epoll wakeup for every few
- * commands that trickled in while the writer synced: on 2 cores, with 16
- * clients each waiting for its reply, 13 puts an fdatasync instead of 8,
- * and 1.2x to 2.4x the puts a second (scripts/bench_twheeld.sh ONLY=f0).
+ * commands that trickled in while the writer synced: less CPU a put and
+ * more puts an fdatasync (BENCHMARKS.md, "twheeld -f 0").
  * Meanwhile commands that write nothing wait for the fdatasync, as in
  * beanstalkd (which syncs every put on its one thread); so when a batch
  * held the loop longer than HELD_SLOW_NS (a slow disk), the writes of
