@@ -28,29 +28,23 @@
  * (tw_durable_scan(): on the journal one sequential read of its
  * segments) hands every key back whatever its due time.
  *
- * Writes. With -f 0 the event loop does not block on the store: it queues
- * writes to one writer thread, which takes everything queued, writes runs of
- * schedules with tw_durable_schedule_many() and runs of cancels with
- * tw_durable_cancel_many() (in queue order, so the writes of one job
- * keep their order), and hands the batch back through an eventfd. Every
- * connection's writes share the batch and so the fdatasync: with -f 0 one
- * fdatasync covers everything that arrived while the previous one ran.
- * But while the disk is fast the event loop writes and syncs the writes of
- * one loop iteration itself, when the writer thread is idle
- * (tbd_store_hold(), tbd_store_run_held()): the writes of every
- * connection that one epoll_wait() returned share one batch and its
- * fdatasync, and the replies go out before the next epoll_wait(), which
- * then finds the clients' next commands waiting together. That is one
- * epoll wakeup a batch where the writer thread cost two thread hand-offs
- * a batch (to the writer and back) and an epoll wakeup for every few
- * commands that trickled in while the writer synced: less CPU a put and
- * more puts an fdatasync (BENCHMARKS.md, "twheeld -f 0").
- * Meanwhile commands that write nothing wait for the fdatasync, as in
- * beanstalkd (which syncs every put on its one thread); so when a batch
- * held the loop longer than HELD_SLOW_NS (a slow disk), the writes of
- * the next HELD_BACKOFF_NS go to the writer thread again, and the loop
- * stays free for them. A lone client (one connection, one event) is
- * always written on the loop: no one else waits for it.
+ * Writes. With -f 0 the event loop may queue writes to one writer thread,
+ * which takes everything queued, writes runs of schedules with
+ * tw_durable_schedule_many() and of cancels with tw_durable_cancel_many()
+ * (in queue order: one job's writes keep their order) and hands the batch
+ * back through an eventfd; one fdatasync covers everything that arrived,
+ * from any connection, while the previous one ran.
+ * But while the disk is fast, the event loop writes and syncs one loop
+ * turn's writes itself when the writer is idle (tbd_store_hold(),
+ * tbd_store_run_held()): every connection's writes of one epoll_wait()
+ * share a batch, and the next epoll_wait() finds the clients' next
+ * commands together: one epoll wakeup a batch, where the writer cost
+ * two thread hand-offs a batch and a wakeup for every few commands that
+ * trickled in meanwhile (BENCHMARKS.md: less CPU a put). Commands that
+ * write nothing then wait for the fdatasync (as every command does in
+ * beanstalkd), so after a batch that held the loop over HELD_SLOW_NS (a
+ * slow disk) the writer takes the next HELD_BACKOFF_NS's writes. A lone
+ * client (one connection, one event) is always written on the loop.
  * With -f MS > 0 or -F a durable call returns once its record is written
  * to the kernel, with no fdatasync to wait for: the event loop then
  * writes the writes of one loop iteration itself, in one batch, and
@@ -77,15 +71,11 @@
 #define BATCH_MAX 4096                    /* writes per writer round */
 #define FIRED_KEEP_MS 0x3fffffff          /* about 12 days: a fired job stays */
 #define CLAIM_MAX 64 /* claims with room; more are allocated */
-/* The journal's segment size (the store's default is 64 MiB). A segment
- * file is allocated ahead of its records, doubling as it fills, so with
- * 64 MiB segments 450,000 delayed jobs (37 MB of records) took a 64 MiB
- * file; with 8 MiB ones they take 38 MB. A segment switch (the old file
- * cut to its records and synced, a new one made) comes every 8 MiB of
- * records: about 100,000 puts. */
+/* The journal's segment size (the store's default: 64 MiB). A segment's
+ * file doubles as it fills, so 37 MB of records (450,000 delayed jobs)
+ * took a 64 MiB file; in 8 MiB segments, 38 MB. */
 #define SEGMENT_BYTES (UINT64_C(8) << 20)
-/* A held batch that kept the event loop this long (a slow fdatasync)
- * sends the writes of the next HELD_BACKOFF_NS to the writer thread. */
+/* A held batch this slow sends the next HELD_BACKOFF_NS's to the writer. */
 #define HELD_SLOW_NS UINT64_C(10000000)
 #define HELD_BACKOFF_NS UINT64_C(1000000000)
 
@@ -98,10 +88,8 @@ struct tbd_store {
     pthread_cond_t cv;
     bool stop;
     bool writer_idle; /* the writer waits on cv (under mu) */
-    /* -f 0 on the journal: one loop iteration's writes may run on the
-     * event loop (tbd_store_hold()); held: they are being gathered for
-     * that. Until slow_until (CLOCK_MONOTONIC ns) only a lone client's
-     * do: a held batch was slow. */
+    /* -f 0, journal: a loop turn's writes may run on the loop; held:
+     * being gathered; until slow_until (monotonic ns) a lone client's. */
     bool lone_ok, held;
     uint64_t slow_until;
     struct tbd_write *q_head, *q_tail;       /* queued */
