@@ -290,6 +290,13 @@ function unit_of(w,   k, f) {
     }
     return ""
 }
+# The servers' CPU per put on a row (bench_twheeld.sh's cpu_ rows), when
+# the run has them.
+function bs_cpu(row,   a, b) {
+    a = bs("cpu_" row, "twheeld"); b = bs("cpu_" row, "beanstalkd")
+    if (a <= 0 || b <= 0) return ""
+    return sprintf("; server CPU per put (user + system): twheeld %.1f us, beanstalkd %.1f us", a, b)
+}
 function twheeld_targets(   dev, a, b, us, c, rows, i, ld) {
     ld = load_of("^twheeld")
     printf "-- twheeld beside beanstalkd (alternating runs, 64-byte bodies; load %s; %s delayed jobs)\n",
@@ -304,8 +311,8 @@ function twheeld_targets(   dev, a, b, us, c, rows, i, ld) {
     for (c = 16; c <= 64; c *= 4) {
         a = bs("put_f0_c" c, "twheeld"); b = bs("put_f0_c" c, "beanstalkd")
         if (dev > 0 && a > 0 && b > 0)
-            why = sprintf("twheeld %d/s = %.1f puts per fdatasync time; beanstalkd %d/s = %.2f (device %.0f fdatasyncs/s)",
-                a, a / dev, b, b / dev, dev)
+            why = sprintf("twheeld %d/s = %.1f puts per fdatasync time; beanstalkd %d/s = %.2f (device %.0f fdatasyncs/s)%s",
+                a, a / dev, b, b / dev, dev, bs_cpu("put_f0_c" c))
         bs_target("twheeld / beanstalkd, -f 0 puts, " c " connections",
             "put_f0_c" c, ">=", 5, 0)
     }
