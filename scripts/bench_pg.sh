@@ -167,19 +167,23 @@ if ((have_peers)); then
   done
 fi
 # The diagnosis row twheel-sql-nonotify: twheel.schedule as the database
-# has it, without its pg_notify() call, as twb.schedule_nn (a NOTIFY holds
+# has it, without its pg_notify() call, as twb.schedule_nn and twb.schedule_many_nn (a NOTIFY holds
 # a lock of the whole server from before a transaction's commit record
 # until the commit's WAL flush is done, so commits that notify wait for
 # each other's fsyncs one by one).
 nonotify=0
 if "${psql[@]}" -c "CREATE SCHEMA IF NOT EXISTS twb" -c "DO \$\$ DECLARE
-    f text := pg_get_functiondef(
-      'twheel.schedule(text, bytea, bigint, bytea)'::regprocedure);
+    f text;
+    n text[] := '{schedule,schedule_many}';
+    a text[] := '{\"(text, bytea, bigint, bytea)\",\"(text, bytea[], bigint[], bytea[])\"}';
   BEGIN
-    IF position('pg_notify(' IN f) = 0 THEN RAISE 'no pg_notify'; END IF;
-    f := regexp_replace(f, 'PERFORM pg_notify\([^;]*\);', '');
-    f := replace(f, 'twheel.schedule(', 'twb.schedule_nn(');
-    EXECUTE f;
+    FOR i IN 1 .. 2 LOOP
+      f := pg_get_functiondef(('twheel.' || n[i] || a[i])::regprocedure);
+      IF position('pg_notify(' IN f) = 0 THEN RAISE 'no pg_notify'; END IF;
+      f := regexp_replace(f, 'PERFORM pg_notify\([^;]*\);', '');
+      f := replace(f, 'twheel.' || n[i] || '(', 'twb.' || n[i] || '_nn(');
+      EXECUTE f;
+    END LOOP;
   END \$\$" >/dev/null 2>&1; then
   nonotify=1
 fi
