@@ -65,7 +65,7 @@
  * timers, rather than one round a millisecond; a timer may be this much
  * later than it would have been. */
 #ifndef PG_CLAIM_GAP_MS
-#define PG_CLAIM_GAP_MS 4
+#define PG_CLAIM_GAP_MS 2
 #endif
 #if PG_CLAIM_GAP_MS < 0 || PG_CLAIM_GAP_MS > 100
 #error "PG_CLAIM_GAP_MS: 0 to 100 ms"

@@ -612,8 +612,10 @@ static int nap_ms(struct pgd *d, int64_t next, uint64_t refresh_at,
 }
 
 /* One turn of the loop; false when the connection broke. A NOTIFY asks
- * for the next due time unless one is due already (the claim takes
- * every due row); a claim round tells the next due time after it; so
+ * for the next due time unless one is due within PG_CLAIM_GAP_MS (the
+ * claim then takes every due row: a timer of the NOTIFY due before that
+ * one is at most as late as the gate makes it); a claim round tells the
+ * next due time after it; so
  * under load a round is one statement, and rounds start at most every
  * PG_CLAIM_GAP_MS (d->claim_gate) unless the last one was full. */
 static bool turn(struct pgd *d, int64_t *next, uint64_t *refresh_at)
@@ -630,7 +632,8 @@ static bool turn(struct pgd *d, int64_t *next, uint64_t *refresh_at)
     uint64_t fin_at;
     complete_due(d, &fin_at);
     int64_t now = tw__pg_wall(d);
-    if ((mine && *next > now) || tw__pg_mono_ms() >= *refresh_at) {
+    if ((mine && *next > now + PG_CLAIM_GAP_MS) ||
+        tw__pg_mono_ms() >= *refresh_at) {
         if (sweep(d) == TW_ECONN || next_due(d, next))
             return false;
         *refresh_at = tw__pg_mono_ms() + PG_REFRESH_MS;
