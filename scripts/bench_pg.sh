@@ -21,7 +21,14 @@
 #           gw-poll10: pollInterval 10 ms), pg-boss (work(), its least
 #           polling interval 0.5 s, batchSize 2000);
 #   sizes   rows and bytes (pg_total_relation_size of every table of the
-#           system's schema) that N pending timers add, per timer.
+#           system's schema) that N pending timers add, per timer;
+#   floor   the server's CPU per timer of the three statements a fired
+#           timer needs at the least, alone, from pgbench on the same
+#           server: 32 rows in one INSERT (its commit synchronous), a
+#           claim UPDATE of R of them (FOR UPDATE SKIP LOCKED, lease,
+#           attempt, version; synchronous) and a DELETE of R by key
+#           (synchronous_commit off), for R = 32, 11 and 4 rows a claim
+#           (a claim every 16, 5.5 and 2 ms at 2,000 timers a second).
 # Every row runs REPS times (default 3), the systems in a rotating order;
 # bench/report/pg_summary.awk prints the medians and the targets.
 #
@@ -34,9 +41,10 @@
 #   PG_RATE_S, PG_FIRE_S, PG_SIZE_N   each of those alone; PG_DRAIN_MS how
 #                  long a fire run waits past the last due time (3,000;
 #                  PG_LONG: 10,000)
-#   PG_ONLY        some of rates,fire,sizes (default all three)
+#   PG_ONLY        some of rates,fire,sizes,floor (default all four)
 #   PG_POLL10=0    no gw-poll10 row (graphile-worker at a 10 ms poll)
 #   PG_FIRE_REPS   runs of the fire rows (default REPS)
+#   PG_FLOOR_TX    pgbench transactions (of 32 timers) a floor row (300)
 #   PG_RATE_DUE_MS how far ahead the rate rows' timers are due (default
 #                  an hour; 1000: due soon, so each schedule notifies)
 #   PG_FIRE_RATE   timers a second in the fire rows (default 2000; the
@@ -48,7 +56,7 @@
 #                  npm cache inside it); without the npm registry and no
 #                  earlier install, the peers' rows are skipped and said so
 # Output: the lines of bench_pg and peer.js (pgrate, pgfire, pgsize,
-# pgload: the load average), kept in PG_OUT (default BUILD/pg.txt), then
+# pgfloor, pgload: the load average), kept in PG_OUT (default BUILD/pg.txt), then
 # the summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -216,6 +224,51 @@ fire() { # SYSTEM
   esac
   empty
 }
+# The server's CPU so far in clock ticks: the postmaster's own and its
+# reaped children's, and every live child's.
+db_ticks() {
+  cat /proc/[0-9]*/stat 2>/dev/null | awk -v pm="$pm" '{ pid = $1
+    sub(/^.*\) /, "")
+    if (pid == pm) t += $12 + $13 + $14 + $15; else if ($2 == pm) t += $12 + $13 }
+    END { print t + 0 }'
+}
+# pgfloor R: the pgbench script of 32 timers, R rows a claim.
+floor_script() {
+  local r=$1 k lo hi
+  echo '\set p random(1, 1000000000)'
+  echo "INSERT INTO twheel.timers (ns, key, due, payload) SELECT 'floor',
+    convert_to(:p || '.' || i, 'UTF8'), 0, convert_to('{\"d\": 0, \"i\": '
+    || i || '}', 'UTF8') FROM generate_series(1, 32) i;"
+  for ((k = 0; k * r < 32; k++)); do
+    echo "WITH c AS (SELECT ctid FROM twheel.timers WHERE ns = 'floor'
+      AND greatest(due, 0) <= 1 AND (lease_until IS NULL OR lease_until <
+      clock_timestamp()) ORDER BY greatest(due, 0), key LIMIT $r FOR UPDATE
+      SKIP LOCKED) UPDATE twheel.timers t SET attempts = t.attempts + 1,
+      ver = nextval('twheel.ver_seq'), owner = 'floor', lease_until =
+      clock_timestamp() + interval '30 s' WHERE t.ctid = ANY (ARRAY(SELECT
+      ctid FROM c)) RETURNING t.key, t.due, t.payload, t.attempts, t.ver;"
+  done
+  for ((k = 0; k * r < 32; k++)); do
+    lo=$((k * r + 1)) hi=$(((k + 1) * r < 32 ? (k + 1) * r : 32))
+    echo "BEGIN;"
+    echo "SET LOCAL synchronous_commit = off;"
+    echo "DELETE FROM twheel.timers WHERE ns = 'floor' AND key = ANY (ARRAY(
+      SELECT convert_to(:p || '.' || i, 'UTF8') FROM generate_series($lo, $hi) i));"
+    echo "COMMIT;"
+  done
+}
+floor() { # R: the server's CPU per timer of floor_script R
+  local f=$work/floor$1.sql n=${PG_FLOOR_TX:-300} t0 t1
+  floor_script "$1" >"$f"
+  t0=$(db_ticks)
+  "$bindir/pgbench" -n -M prepared -f "$f" -t "$n" -h 127.0.0.1 -p "$port" \
+    -U bench postgres >/dev/null 2>&1 || { echo "pgbench failed" >&2; return; }
+  t1=$(db_ticks)
+  awk -v r="$1" -v n="$n" -v d=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" \
+    'BEGIN { printf "pgfloor rows_per_claim=%d timers=%d db_cpu_s=%.2f db_us_per_timer=%.1f\n",
+      r, 32 * n, d / hz, d / hz * 1e6 / (32 * n) }'
+  empty
+}
 # pgsize SYSTEM SCHEMA: rows and bytes of every table of SCHEMA.
 size_of() {
   "${psql[@]}" -F ' ' -c "SELECT coalesce(sum((xpath('/row/c/text()',
@@ -239,7 +292,7 @@ sizes() { # SYSTEM SCHEMA LOADER...: what size_n pending timers add
   empty
 }
 
-only() { [[ ",${PG_ONLY:-rates,fire,sizes}," == *",$1,"* ]]; }
+only() { [[ ",${PG_ONLY:-rates,fire,sizes,floor}," == *",$1,"* ]]; }
 rate_sys=(twheel-sql twheel-api gw-sql)
 ((nonotify)) && rate_sys+=(twheel-sql-nonotify)
 fire_sys=(twheel)
@@ -268,6 +321,11 @@ fi
     sizes gw graphile_worker node "$peers/peer.js" load gw "$nurl" "$size_n"
     sizes boss pgboss node "$peers/peer.js" load boss "$nurl" "$size_n"
   fi
+  only floor && load floor
+  for ((r = 1; r <= reps; r++)); do
+    only floor || break
+    for rows in 32 11 4; do floor "$rows"; done
+  done
   load end
 } | tee "$pgout" &
 wait $! # (in the background so that a signal stops the server at once)
