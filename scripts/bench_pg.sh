@@ -45,6 +45,10 @@
 #   PG_POLL10=0    no gw-poll10 row (graphile-worker at a 10 ms poll)
 #   PG_FIRE_REPS   runs of the fire rows (default REPS)
 #   PG_FLOOR_TX    pgbench transactions (of 32 timers) a floor row (300)
+#   PG_STATEMENTS=1  the server with pg_stat_statements: after each fire
+#                  row, its statements (calls, execution ms, rows, WAL
+#                  bytes) and the WAL and commits of the row, as pgstmt
+#                  and pgwal lines (a diagnosis: where the CPU goes)
 #   PG_RATE_DUE_MS how far ahead the rate rows' timers are due (default
 #                  an hour; 1000: due soon, so each schedule notifies)
 #   PG_FIRE_RATE   timers a second in the fire rows (default 2000; the
@@ -150,7 +154,7 @@ port=
 for _ in 1 2 3 4 5; do
   p=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   if "${as[@]}" "$bindir/pg_ctl" -D "$work/data" -l "$work/log" -w -t 60 \
-    -o "-p $p -c listen_addresses=127.0.0.1 -c unix_socket_directories=$work -c fsync=on -c synchronous_commit=on -c max_connections=100" \
+    -o "-p $p -c listen_addresses=127.0.0.1 -c unix_socket_directories=$work -c fsync=on -c synchronous_commit=on -c max_connections=100${PG_STATEMENTS:+ -c shared_preload_libraries=pg_stat_statements}" \
     start >/dev/null 2>&1; then
     port=$p
     break
@@ -215,19 +219,43 @@ rates() { # SYSTEM
   esac
   empty
 }
+# After a fire row with PG_STATEMENTS=1: its statements, WAL, commits.
+stmt_reset() {
+  [ -n "${PG_STATEMENTS:-}" ] || return 0
+  "${psql[@]}" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" \
+    -c "SELECT pg_stat_statements_reset(), pg_stat_reset_shared('wal')" >/dev/null
+  commits0=$("${psql[@]}" -c "SELECT xact_commit FROM pg_stat_database WHERE datname = 'postgres'")
+}
+stmt_dump() { # SYSTEM
+  [ -n "${PG_STATEMENTS:-}" ] || return 0
+  sleep 1 # the backends' statistics are flushed at most every second
+  "${psql[@]}" -F ' ' -c "SELECT 'pgstmt sys=$1 calls=' || calls || ' ms='
+      || round(total_exec_time::numeric, 1) || ' rows=' || rows
+      || ' wal_bytes=' || wal_bytes || ' query=' || left(regexp_replace(query,
+      '\s+', '_', 'g'), 70) FROM pg_stat_statements WHERE toplevel
+      AND query !~* 'pg_stat|xact_commit|CREATE EXTENSION'
+      ORDER BY total_exec_time DESC LIMIT 6"
+  "${psql[@]}" -c "SELECT 'pgwal sys=$1 records=' || wal_records || ' bytes='
+      || wal_bytes || ' syncs=' || wal_sync || ' commits=' || (SELECT
+      xact_commit FROM pg_stat_database WHERE datname = 'postgres')
+      - $commits0 FROM pg_stat_wal"
+}
 fire() { # SYSTEM
+  stmt_reset
   case $1 in
     twheel) "$bench" fire "$url" "$pm" "$fire_rate" "$fire_s" 500 "$drain_ms" ;;
     gw) node "$peers/peer.js" fire gw "$nurl" "$pm" "$fire_rate" "$fire_s" 500 "$drain_ms" ;;
     gw-poll10) POLL_MS=10 node "$peers/peer.js" fire gw "$nurl" "$pm" "$fire_rate" "$fire_s" 500 "$drain_ms" ;;
     boss) node "$peers/peer.js" fire boss "$nurl" "$pm" "$fire_rate" "$fire_s" 500 "$drain_ms" ;;
   esac
+  stmt_dump "$1"
   empty
 }
 # The server's CPU so far in clock ticks: the postmaster's own and its
-# reaped children's, and every live child's.
+# reaped children's, and every live child's (a process gone between the
+# listing and its read is left out: cat's status is not the function's).
 db_ticks() {
-  cat /proc/[0-9]*/stat 2>/dev/null | awk -v pm="$pm" '{ pid = $1
+  { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v pm="$pm" '{ pid = $1
     sub(/^.*\) /, "")
     if (pid == pm) t += $12 + $13 + $14 + $15; else if ($2 == pm) t += $12 + $13 }
     END { print t + 0 }'
