@@ -402,8 +402,8 @@ static void nslen_sql(const char *ns64)
     static const char *const q[] = {
         "SELECT twheel.schedule('%s', 'k', now())",
         "SELECT twheel.schedule('%s', 'k'::bytea, 0, ''::bytea)",
-        "SELECT twheel.schedule_many('%s', '{k}'::text[],"
-        " ARRAY[now() + interval '1 h'])",
+        ("SELECT twheel.schedule_many('%s', '{k}'::text[],"
+         " ARRAY[now() + interval '1 h'])"),
         "SELECT twheel.restore('%s', 'k'::bytea, 0, ''::bytea, 1, true)",
         "SELECT twheel.schedule_if('%s', 'k'::bytea, 0, ''::bytea, NULL)"};
     char n65[66];
