@@ -65,7 +65,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-build=${1:-$root/build/bench}
+build=$(realpath -m "${1:-$root/build/bench}") # absolute: the server's socket directory is under it
 reps=${2:-3}
 long=${PG_LONG:-0}
 rate_s=${PG_RATE_S:-$( ((long)) && echo 3 || echo 0.5)}
