@@ -105,7 +105,7 @@ static const char schema_v1[] =
     " clock_timestamp()) * 1000)::bigint + 2000 $f$;"
     /* schedule: insert or replace; a dead letter of the key is replaced.
      * plpgsql, whose statements keep their plans for the session; the
-     * near-due rule is twheel.soon() written out (a function with its own
+     * near-due rule is twheel.soon written out (a function with its own
      * search_path is called, never inlined: a plan a call). */
     "CREATE FUNCTION twheel.schedule(p_ns text, p_key bytea, p_due bigint,"
     " p_payload bytea) RETURNS bigint LANGUAGE plpgsql"
