@@ -70,6 +70,12 @@
 #if PG_CLAIM_GAP_MS < 0 || PG_CLAIM_GAP_MS > 100
 #error "PG_CLAIM_GAP_MS: 0 to 100 ms"
 #endif
+/* Completions wait up to this many ms for others to share their
+ * statement (src/durable_pg_batch.c): the server's cost is per
+ * statement much more than per row. */
+#ifndef PG_FIN_GATHER_MS
+#define PG_FIN_GATHER_MS 20
+#endif
 /* A write of a timer due within this many ms of the database's clock
  * NOTIFYs the nodes; a later one is found by their poll (PG_REFRESH_MS),
  * with PG_NOTIFY_MS - PG_REFRESH_MS to spare for the poll and clocks. */
@@ -129,9 +135,10 @@ struct pgfin {
 
 struct pgbatch {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv; /* CLOCK_MONOTONIC */
     struct pgfin *q;
     size_t n, cap;
+    uint64_t first_at; /* mono ms the oldest queued completion came */
     pthread_t thr;
     bool inited, on, stop;
 };

@@ -7,13 +7,15 @@
  * A delivery whose callback ended with done or retry (src/durable_pg_fire.c,
  * run_one()) is queued here rather than completed by its executor thread,
  * which goes on with the next callback at once. The thread takes what is
- * queued (up to PG_BATCH) and completes it in one statement: the rows go
- * as three binary arrays (key bytea[], ver bigint[], the retry's due
- * bigint[], NULL for done), unnested into a DELETE of the done rows and an
- * UPDATE of the retried ones, each fenced per row by the version its
- * claim got: a row replaced, cancelled or claimed again meanwhile is left
- * alone, the batch's other rows complete. The rows are found through the
- * primary key (key = ANY of the keys) and then written by their ctid (TID
+ * queued (up to PG_BATCH), once the oldest has waited PG_FIN_GATHER_MS
+ * for company (a completion holds up no callback, and the statement, not
+ * the row, is what costs the server), and completes it in one statement:
+ * the rows go as three binary arrays (key bytea[], ver bigint[], the
+ * retry's due bigint[], NULL for done), unnested into a DELETE of the
+ * done rows and an UPDATE of the retried ones, each fenced per row by the
+ * version its claim got: a row replaced, cancelled or claimed again meanwhile
+ * is left alone, the batch's other rows complete. The rows are found through
+ * the primary key (key = ANY of the keys) and then written by their ctid (TID
  * scans): joins on the key were planned as scans of the whole namespace
  * (1 ms a batch at 1,000 pending timers, growing with them). The
  * statement is prepared once a connection. While it runs, the next batch
@@ -42,6 +44,7 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "durable_pg.h"
 #include "common.h"
@@ -120,6 +123,23 @@ static void flush(struct pgd *d, const struct pgfin *v, size_t n)
     }
 }
 
+/* Wait (b->mu held) until the oldest queued completion is
+ * PG_FIN_GATHER_MS old, a batch is full or close began. */
+static void gather_locked(struct pgbatch *b)
+{
+    for (;;) {
+        uint64_t now = tw__pg_mono_ms(), end = b->first_at + PG_FIN_GATHER_MS;
+        if (b->stop || b->n >= PG_BATCH || now >= end)
+            return;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (end - now) * 1000000u;
+        ts.tv_sec += (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+    }
+}
+
 static void *batch_main(void *arg)
 {
     struct pgd *d = arg;
@@ -131,6 +151,7 @@ static void *batch_main(void *arg)
             pthread_cond_wait(&b->cv, &b->mu);
         if (!b->n)
             break;
+        gather_locked(b);
         size_t m = b->n < PG_BATCH ? b->n : PG_BATCH;
         if (!v)
             m = 1; /* no memory for a batch: one at a time from the queue */
@@ -142,6 +163,7 @@ static void *batch_main(void *arg)
             one = src[0];
         memmove(b->q, b->q + m, (b->n - m) * sizeof *b->q);
         b->n -= m;
+        b->first_at = tw__pg_mono_ms(); /* what is left waits anew */
         pthread_mutex_unlock(&b->mu);
         flush(d, v ? v : &one, m);
         pthread_mutex_lock(&b->mu);
@@ -172,8 +194,11 @@ bool tw__pg_batch_add(struct pgd *d, struct pgjob *j, int next, int res)
         b->q = q;
         b->cap = cap;
     }
+    if (!b->n)
+        b->first_at = tw__pg_mono_ms();
     b->q[b->n++] = (struct pgfin){j, next, res, due};
-    pthread_cond_signal(&b->cv);
+    if (b->n == 1 || b->n >= PG_BATCH)
+        pthread_cond_signal(&b->cv); /* the thread waits for these */
     pthread_mutex_unlock(&b->mu);
     return true;
 }
@@ -184,7 +209,12 @@ void tw__pg_batch_start(struct pgd *d)
     memset(b, 0, sizeof *b);
     if (pthread_mutex_init(&b->mu, NULL))
         return;
-    if (pthread_cond_init(&b->cv, NULL)) {
+    pthread_condattr_t ca;
+    bool cv = !pthread_condattr_init(&ca);
+    cv = cv && !pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) &&
+         !pthread_cond_init(&b->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (!cv) {
         pthread_mutex_destroy(&b->mu);
         return;
     }
