@@ -12,7 +12,8 @@
  *     database TW_ENOENT, and no message shows the password;
  *   - privs: open checks every privilege a node uses, naming the missing
  *     one;
- *   - nslen: a namespace longer than 64 bytes is refused at open;
+ *   - nslen: a namespace longer than 64 bytes is refused at open, and
+ *     by the SQL functions that write a timer (a CHECK of the tables);
  *   - handupd: an UPDATE written by hand of a row being delivered is
  *     fenced: the delivery's completion leaves it alone;
  *   - hostile: rows written by hand that no node could claim are set
@@ -392,6 +393,41 @@ static void privs(void)
     PQfinish(c);
 }
 
+/* The same limit for SQL callers: every function that writes a timer or
+ * a dead letter refuses a namespace of 0 or 65 bytes (a CHECK of the
+ * tables) and writes nothing; 64 bytes (@ns64) is written. Before: the
+ * SQL functions wrote any namespace. */
+static void nslen_sql(const char *ns64)
+{
+    static const char *const q[] = {
+        "SELECT twheel.schedule('%s', 'k', now())",
+        "SELECT twheel.schedule('%s', 'k'::bytea, 0, ''::bytea)",
+        ("SELECT twheel.schedule_many('%s', '{k}'::text[],"
+         " ARRAY[now() + interval '1 h'])"),
+        "SELECT twheel.restore('%s', 'k'::bytea, 0, ''::bytea, 1, true)",
+        "SELECT twheel.schedule_if('%s', 'k'::bytea, 0, ''::bytea, NULL)"};
+    char n65[66];
+    memset(n65, 'n', 65);
+    n65[65] = 0;
+    const char *bad[] = {"", n65};
+    PGconn *c = pgf_client();
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+        for (size_t b = 0; b < 2; b++)
+            pgf_sql(c, PGRES_FATAL_ERROR, q[i], bad[b]);
+        pgf_sql(c, PGRES_TUPLES_OK, q[i], ns64);
+        pgf_sql(c, PGRES_COMMAND_OK,
+                "DELETE FROM twheel.timers WHERE ns = '%s';"
+                " DELETE FROM twheel.dead WHERE ns = '%s'",
+                ns64, ns64);
+    }
+    ASSERT_EQ(pgf_num(c, "SELECT (SELECT count(*) FROM twheel.timers WHERE"
+                         " octet_length(ns) NOT BETWEEN 1 AND 64) + (SELECT"
+                         " count(*) FROM twheel.dead WHERE octet_length(ns)"
+                         " NOT BETWEEN 1 AND 64)"),
+              0);
+    PQfinish(c);
+}
+
 /* Finding 04: a namespace is 1 to 64 bytes, refused at open beyond
  * (TW_EINVAL naming the field); 64 bytes opens and delivers. Before: a
  * namespace of 8,000 bytes opened, then every schedule failed (the
@@ -418,6 +454,7 @@ static void nslen(void)
     ASSERT_EQ(tw_durable_schedule(d, "ns64", 4, pgf_wall_ms(), "", 0), 0);
     pgf_wait_count("ns64", 1);
     ASSERT_EQ(tw_durable_close(d), 0);
+    nslen_sql(ns);
 }
 
 /* Finding 07: an UPDATE written by hand of a row being delivered (its due
