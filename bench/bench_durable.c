@@ -33,6 +33,12 @@
  * benchmark script does it with appendfsync no). recover: writes N pending
  * timers, closes, then times tw_durable_open and measures the RSS it added and
  * the journal's bytes. One line of key=value per run, for scripts.
+ *
+ * TWB_SYNC_SLEEP_US=N in the environment makes a simulated device for the
+ * journal runs: the journal's test hook sleeps N us before each fdatasync
+ * (with DIR on tmpfs, where fdatasync itself costs next to nothing), so
+ * that group commit's policies can be compared without a shared disk's
+ * noise. Its figures are of that device, not of a disk.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -252,8 +258,33 @@ static void *tw_cancel_main(void *p)
     return NULL;
 }
 
+/* The journal's fault hook (src/journal.h): called before each write and
+ * fdatasync; used here only for TWB_SYNC_SLEEP_US. */
+extern int (*tw__journal_fault)(int op);
+static long sync_sleep_ns;
+
+static int sync_sleep(int op)
+{
+    if (op == 's') {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += sync_sleep_ns;
+        ts.tv_sec += ts.tv_nsec / 1000000000;
+        ts.tv_nsec %= 1000000000;
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) ==
+               EINTR)
+            ;
+    }
+    return 0;
+}
+
 static void tw_open(const char *dir, uint32_t sync)
 {
+    const char *sim = getenv("TWB_SYNC_SLEEP_US");
+    if (sim && atol(sim) > 0) {
+        sync_sleep_ns = atol(sim) * 1000;
+        tw__journal_fault = sync_sleep;
+    }
     tw_durable_config c;
     memset(&c, 0, sizeof c);
     c.dir = dir;

@@ -10,19 +10,21 @@
  *     transaction, for SECONDS per cell; SYS is
  *       twheel-sql  SELECT twheel.schedule(...) from libpq: one a
  *                   statement (its own transaction), or 32 in one
- *                   statement over unnest() (one transaction)
+ *                   twheel.schedule_many(...) (one INSERT, one
+ *                   transaction)
  *       twheel-api  tw_durable_schedule() / tw_durable_schedule_many()
  *                   on handles opened with cfg.postgres (a handle's pool
  *                   has 4 connections: CONNS / 4 handles, at least 1)
  *       gw-sql      graphile_worker.add_job(...) / add_jobs(ARRAY[...])
- *       twheel-sql-nonotify  as twheel-sql, through a copy of
- *                   twheel.schedule without its NOTIFY (twb.schedule_nn,
- *                   made by scripts/bench_pg.sh): what the NOTIFY costs
+ *       twheel-sql-nonotify  as twheel-sql, through copies of
+ *                   twheel.schedule and schedule_many without their
+ *                   NOTIFY (twb.schedule_nn, twb.schedule_many_nn, made
+ *                   by scripts/bench_pg.sh): what the NOTIFY costs
  *     one line a cell: "pgrate sys=S conns=C per_tx=P timers=N secs=T
  *     rate=R"
  *   bench_pg fire URL PMPID RATE SECONDS LEAD_MS DRAIN_MS
  *     a handle fires while a feeder connection schedules RATE timers a
- *     second for SECONDS (32 per transaction through twheel.schedule,
+ *     second for SECONDS (32 per transaction through twheel.schedule_many,
  *     every 32 / RATE s, at once when it falls behind), each due LEAD_MS
  *     after its transaction is sent; waits for them at most DRAIN_MS
  *     past the last one's due time; prints "pgfire sys=twheel
@@ -71,18 +73,23 @@ static const char *const sql_one[] = {
     " $2::bigint, convert_to(json_build_object('d', $2::bigint, 'i',"
     " $3::bigint)::text, 'UTF8'))",
 };
+/* 32 a transaction, one statement: twheel.schedule_many (one INSERT of
+ * the batch), graphile-worker's add_jobs; the peers' Node APIs use their
+ * own batch inserts too (bench/peers/pg/peer.js). */
 static const char *const sql_many[] = {
-    "SELECT count(twheel.schedule('bench', convert_to($1 || i, 'UTF8'), d,"
-    " convert_to(json_build_object('d', d, 'i', i)::text, 'UTF8')))"
-    " FROM unnest($2::bigint[], $3::bigint[]) AS u(d, i)",
+    "SELECT cardinality(twheel.schedule_many('bench', ARRAY(SELECT"
+    " convert_to($1 || i, 'UTF8') FROM unnest($3::bigint[]) AS i),"
+    " $2::bigint[], ARRAY(SELECT convert_to(json_build_object('d', d, 'i',"
+    " i)::text, 'UTF8') FROM unnest($2::bigint[], $3::bigint[]) AS u(d, i))))",
     "SELECT graphile_worker.add_jobs(array_agg(ROW('bench',"
     " json_build_object('d', d, 'i', i), NULL, to_timestamp(d / 1000.0),"
     " NULL, nullif($1, $1), NULL, NULL)::graphile_worker.job_spec))"
     " FROM unnest($2::bigint[], $3::bigint[]) AS u(d, i)",
     NULL,
-    "SELECT count(twb.schedule_nn('bench', convert_to($1 || i, 'UTF8'), d,"
-    " convert_to(json_build_object('d', d, 'i', i)::text, 'UTF8')))"
-    " FROM unnest($2::bigint[], $3::bigint[]) AS u(d, i)",
+    "SELECT cardinality(twb.schedule_many_nn('bench', ARRAY(SELECT"
+    " convert_to($1 || i, 'UTF8') FROM unnest($3::bigint[]) AS i),"
+    " $2::bigint[], ARRAY(SELECT convert_to(json_build_object('d', d, 'i',"
+    " i)::text, 'UTF8') FROM unnest($2::bigint[], $3::bigint[]) AS u(d, i))))",
 };
 
 static double now_ms(void)

@@ -21,7 +21,14 @@
 #           gw-poll10: pollInterval 10 ms), pg-boss (work(), its least
 #           polling interval 0.5 s, batchSize 2000);
 #   sizes   rows and bytes (pg_total_relation_size of every table of the
-#           system's schema) that N pending timers add, per timer.
+#           system's schema) that N pending timers add, per timer;
+#   floor   the server's CPU per timer of the three statements a fired
+#           timer needs at the least, alone, from pgbench on the same
+#           server: 32 rows in one INSERT (its commit synchronous), a
+#           claim UPDATE of R of them (FOR UPDATE SKIP LOCKED, lease,
+#           attempt, version; synchronous) and a DELETE of R by key
+#           (synchronous_commit off), for R = 32, 11 and 4 rows a claim
+#           (a claim every 16, 5.5 and 2 ms at 2,000 timers a second).
 # Every row runs REPS times (default 3), the systems in a rotating order;
 # bench/report/pg_summary.awk prints the medians and the targets.
 #
@@ -34,9 +41,14 @@
 #   PG_RATE_S, PG_FIRE_S, PG_SIZE_N   each of those alone; PG_DRAIN_MS how
 #                  long a fire run waits past the last due time (3,000;
 #                  PG_LONG: 10,000)
-#   PG_ONLY        some of rates,fire,sizes (default all three)
+#   PG_ONLY        some of rates,fire,sizes,floor (default all four)
 #   PG_POLL10=0    no gw-poll10 row (graphile-worker at a 10 ms poll)
 #   PG_FIRE_REPS   runs of the fire rows (default REPS)
+#   PG_FLOOR_TX    pgbench transactions (of 32 timers) a floor row (300)
+#   PG_STATEMENTS=1  the server with pg_stat_statements: after each fire
+#                  row, its statements (calls, execution ms, rows, WAL
+#                  bytes) and the WAL and commits of the row, as pgstmt
+#                  and pgwal lines (a diagnosis: where the CPU goes)
 #   PG_RATE_DUE_MS how far ahead the rate rows' timers are due (default
 #                  an hour; 1000: due soon, so each schedule notifies)
 #   PG_FIRE_RATE   timers a second in the fire rows (default 2000; the
@@ -48,12 +60,12 @@
 #                  npm cache inside it); without the npm registry and no
 #                  earlier install, the peers' rows are skipped and said so
 # Output: the lines of bench_pg and peer.js (pgrate, pgfire, pgsize,
-# pgload: the load average), kept in PG_OUT (default BUILD/pg.txt), then
+# pgfloor, pgload: the load average), kept in PG_OUT (default BUILD/pg.txt), then
 # the summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-build=${1:-$root/build/bench}
+build=$(realpath -m "${1:-$root/build/bench}") # absolute: the server's socket directory is under it
 reps=${2:-3}
 long=${PG_LONG:-0}
 rate_s=${PG_RATE_S:-$( ((long)) && echo 3 || echo 0.5)}
@@ -142,7 +154,7 @@ port=
 for _ in 1 2 3 4 5; do
   p=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   if "${as[@]}" "$bindir/pg_ctl" -D "$work/data" -l "$work/log" -w -t 60 \
-    -o "-p $p -c listen_addresses=127.0.0.1 -c unix_socket_directories=$work -c fsync=on -c synchronous_commit=on -c max_connections=100" \
+    -o "-p $p -c listen_addresses=127.0.0.1 -c unix_socket_directories=$work -c fsync=on -c synchronous_commit=on -c max_connections=100${PG_STATEMENTS:+ -c shared_preload_libraries=pg_stat_statements}" \
     start >/dev/null 2>&1; then
     port=$p
     break
@@ -167,19 +179,23 @@ if ((have_peers)); then
   done
 fi
 # The diagnosis row twheel-sql-nonotify: twheel.schedule as the database
-# has it, without its pg_notify() call, as twb.schedule_nn (a NOTIFY holds
+# has it, without its pg_notify() call, as twb.schedule_nn and twb.schedule_many_nn (a NOTIFY holds
 # a lock of the whole server from before a transaction's commit record
 # until the commit's WAL flush is done, so commits that notify wait for
 # each other's fsyncs one by one).
 nonotify=0
 if "${psql[@]}" -c "CREATE SCHEMA IF NOT EXISTS twb" -c "DO \$\$ DECLARE
-    f text := pg_get_functiondef(
-      'twheel.schedule(text, bytea, bigint, bytea)'::regprocedure);
+    f text;
+    n text[] := '{schedule,schedule_many}';
+    a text[] := '{\"(text, bytea, bigint, bytea)\",\"(text, bytea[], bigint[], bytea[])\"}';
   BEGIN
-    IF position('pg_notify(' IN f) = 0 THEN RAISE 'no pg_notify'; END IF;
-    f := regexp_replace(f, 'PERFORM pg_notify\([^;]*\);', '');
-    f := replace(f, 'twheel.schedule(', 'twb.schedule_nn(');
-    EXECUTE f;
+    FOR i IN 1 .. 2 LOOP
+      f := pg_get_functiondef(('twheel.' || n[i] || a[i])::regprocedure);
+      IF position('pg_notify(' IN f) = 0 THEN RAISE 'no pg_notify'; END IF;
+      f := regexp_replace(f, 'PERFORM pg_notify\([^;]*\);', '');
+      f := replace(f, 'twheel.' || n[i] || '(', 'twb.' || n[i] || '_nn(');
+      EXECUTE f;
+    END LOOP;
   END \$\$" >/dev/null 2>&1; then
   nonotify=1
 fi
@@ -203,13 +219,82 @@ rates() { # SYSTEM
   esac
   empty
 }
+# After a fire row with PG_STATEMENTS=1: its statements, WAL, commits.
+stmt_reset() {
+  [ -n "${PG_STATEMENTS:-}" ] || return 0
+  "${psql[@]}" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" \
+    -c "SELECT pg_stat_statements_reset(), pg_stat_reset_shared('wal')" >/dev/null
+  commits0=$("${psql[@]}" -c "SELECT xact_commit FROM pg_stat_database WHERE datname = 'postgres'")
+}
+stmt_dump() { # SYSTEM
+  [ -n "${PG_STATEMENTS:-}" ] || return 0
+  sleep 1 # the backends' statistics are flushed at most every second
+  "${psql[@]}" -F ' ' -c "SELECT 'pgstmt sys=$1 calls=' || calls || ' ms='
+      || round(total_exec_time::numeric, 1) || ' rows=' || rows
+      || ' wal_bytes=' || wal_bytes || ' query=' || left(regexp_replace(query,
+      '\s+', '_', 'g'), 70) FROM pg_stat_statements WHERE toplevel
+      AND query !~* 'pg_stat|xact_commit|CREATE EXTENSION'
+      ORDER BY total_exec_time DESC LIMIT 6"
+  "${psql[@]}" -c "SELECT 'pgwal sys=$1 records=' || wal_records || ' bytes='
+      || wal_bytes || ' syncs=' || wal_sync || ' commits=' || (SELECT
+      xact_commit FROM pg_stat_database WHERE datname = 'postgres')
+      - $commits0 FROM pg_stat_wal"
+}
 fire() { # SYSTEM
+  stmt_reset
   case $1 in
     twheel) "$bench" fire "$url" "$pm" "$fire_rate" "$fire_s" 500 "$drain_ms" ;;
     gw) node "$peers/peer.js" fire gw "$nurl" "$pm" "$fire_rate" "$fire_s" 500 "$drain_ms" ;;
     gw-poll10) POLL_MS=10 node "$peers/peer.js" fire gw "$nurl" "$pm" "$fire_rate" "$fire_s" 500 "$drain_ms" ;;
     boss) node "$peers/peer.js" fire boss "$nurl" "$pm" "$fire_rate" "$fire_s" 500 "$drain_ms" ;;
   esac
+  stmt_dump "$1"
+  empty
+}
+# The server's CPU so far in clock ticks: the postmaster's own and its
+# reaped children's, and every live child's (a process gone between the
+# listing and its read is left out: cat's status is not the function's).
+db_ticks() {
+  { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v pm="$pm" '{ pid = $1
+    sub(/^.*\) /, "")
+    if (pid == pm) t += $12 + $13 + $14 + $15; else if ($2 == pm) t += $12 + $13 }
+    END { print t + 0 }'
+}
+# pgfloor R: the pgbench script of 32 timers, R rows a claim.
+floor_script() {
+  local r=$1 k lo hi
+  echo '\set p random(1, 1000000000)'
+  echo "INSERT INTO twheel.timers (ns, key, due, payload) SELECT 'floor',
+    convert_to(:p || '.' || i, 'UTF8'), 0, convert_to('{\"d\": 0, \"i\": '
+    || i || '}', 'UTF8') FROM generate_series(1, 32) i;"
+  for ((k = 0; k * r < 32; k++)); do
+    echo "WITH c AS (SELECT ctid FROM twheel.timers WHERE ns = 'floor'
+      AND greatest(due, 0) <= 1 AND (lease_until IS NULL OR lease_until <
+      clock_timestamp()) ORDER BY greatest(due, 0), key LIMIT $r FOR UPDATE
+      SKIP LOCKED) UPDATE twheel.timers t SET attempts = t.attempts + 1,
+      ver = nextval('twheel.ver_seq'), owner = 'floor', lease_until =
+      clock_timestamp() + interval '30 s' WHERE t.ctid = ANY (ARRAY(SELECT
+      ctid FROM c)) RETURNING t.key, t.due, t.payload, t.attempts, t.ver;"
+  done
+  for ((k = 0; k * r < 32; k++)); do
+    lo=$((k * r + 1)) hi=$(((k + 1) * r < 32 ? (k + 1) * r : 32))
+    echo "BEGIN;"
+    echo "SET LOCAL synchronous_commit = off;"
+    echo "DELETE FROM twheel.timers WHERE ns = 'floor' AND key = ANY (ARRAY(
+      SELECT convert_to(:p || '.' || i, 'UTF8') FROM generate_series($lo, $hi) i));"
+    echo "COMMIT;"
+  done
+}
+floor() { # R: the server's CPU per timer of floor_script R
+  local f=$work/floor$1.sql n=${PG_FLOOR_TX:-300} t0 t1
+  floor_script "$1" >"$f"
+  t0=$(db_ticks)
+  "$bindir/pgbench" -n -M prepared -f "$f" -t "$n" -h 127.0.0.1 -p "$port" \
+    -U bench postgres >/dev/null 2>&1 || { echo "pgbench failed" >&2; return; }
+  t1=$(db_ticks)
+  awk -v r="$1" -v n="$n" -v d=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" \
+    'BEGIN { printf "pgfloor rows_per_claim=%d timers=%d db_cpu_s=%.2f db_us_per_timer=%.1f\n",
+      r, 32 * n, d / hz, d / hz * 1e6 / (32 * n) }'
   empty
 }
 # pgsize SYSTEM SCHEMA: rows and bytes of every table of SCHEMA.
@@ -235,7 +320,7 @@ sizes() { # SYSTEM SCHEMA LOADER...: what size_n pending timers add
   empty
 }
 
-only() { [[ ",${PG_ONLY:-rates,fire,sizes}," == *",$1,"* ]]; }
+only() { [[ ",${PG_ONLY:-rates,fire,sizes,floor}," == *",$1,"* ]]; }
 rate_sys=(twheel-sql twheel-api gw-sql)
 ((nonotify)) && rate_sys+=(twheel-sql-nonotify)
 fire_sys=(twheel)
@@ -264,6 +349,11 @@ fi
     sizes gw graphile_worker node "$peers/peer.js" load gw "$nurl" "$size_n"
     sizes boss pgboss node "$peers/peer.js" load boss "$nurl" "$size_n"
   fi
+  only floor && load floor
+  for ((r = 1; r <= reps; r++)); do
+    only floor || break
+    for rows in 32 11 4; do floor "$rows"; done
+  done
   load end
 } | tee "$pgout" &
 wait $! # (in the background so that a signal stops the server at once)

@@ -13,6 +13,11 @@
 #     beside each program's own line. FSYNC_PROBE (bench/fsync_probe's
 #     path): the device's fdatasync latency on a preallocated file is
 #     probed before and after the fdatasync rows ("system=device" lines).
+#   ONLY=f1000, f0, steady, disk: one part of the main job's round, the
+#     same lines: the once-a-second sync rows; the reply-after-fdatasync
+#     puts (F0_CONNS connection counts, default "1 16 64"); the steady
+#     lateness (STEADY_RATE puts/s, default 1000); the delayed jobs'
+#     memory, disk and restart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 b=${1:?usage: $0 BUILD_DIR [SECONDS] [DELAYED_JOBS]}
@@ -187,16 +192,16 @@ floor_start() {
   pids+=("$FPID")
   wait_up "$FP"
 }
-# The main job's round: both servers up at once, each row run on one and
+# The main job's rounds: both servers up at once, each row run on one and
 # then the other, $reps times over, so that a busy second of the shared
 # machine falls on both.
-main_round() {
+# Once-a-second sync: a request through each server's loop alone (no
+# job, no disk), puts, then reserve+delete of the jobs put.
+round_f1000() {
   local srv c r line port
-  blk=0
   both -f 1000
   floor_start
   for srv in beanstalkd twheeld ${FP:+floor}; do
-    # A request through the server's loop alone (no job, no disk).
     port=$BP
     [ "$srv" = twheeld ] && port=$TP
     [ "$srv" = floor ] && port=$FP
@@ -204,7 +209,6 @@ main_round() {
     echo "$srv $line"
     echo "bstalk srv=$srv row=ping_us_c1 value=$(sed 's/.*mean \([0-9.]*\) us.*/\1/' <<<"$line") unit=us"
   done
-  # Once-a-second sync: puts, then reserve+delete of the jobs put.
   for r in $(seq "$reps"); do
     for c in 1 16; do
       on_both "put_f1000_c$c" puts/s -c "$c" -t "$secs" put
@@ -221,20 +225,47 @@ main_round() {
     stop "$FPID"
     FP=
   fi
-  # Reply after fdatasync, with the device's limit probed before and
-  # after.
+}
+# ticks PID: the CPU time (user + system) process PID used so far, in
+# clock ticks.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# on_both_cpu NAME ARGS...: on_both for puts, and each server's CPU time
+# per put (user + system, all its threads) as row cpu_NAME in us/put.
+on_both_cpu() {
+  local name=$1 srv pid port t0 line n
+  shift
+  for srv in beanstalkd twheeld; do
+    pid=$BPID port=$BP
+    [ "$srv" = twheeld ] && pid=$TPID port=$TP
+    t0=$(ticks "$pid")
+    line=$("$load" -p "$port" "$@")
+    row "$name" "$srv" puts/s "$line"
+    n=$(sed -n 's/.*bodies: \([0-9]*\) in .*/\1/p' <<<"$line")
+    echo "bstalk srv=$srv row=cpu_$name value=$(awk -v a="$t0" -v b="$(ticks "$pid")" \
+      -v n="$n" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.1f", (n > 0 ? (b - a) / hz * 1e6 / n : 0) }') unit=us/put"
+  done
+}
+# Reply after fdatasync, with the device's limit probed before and after
+# (F0_CONNS: the connection counts, default "1 16 64"); each server's
+# CPU per put beside (on a shared machine the wall-clock rate of a disk
+# other work also syncs on says little of the server's own cost).
+round_f0() {
+  local c r
   probe
   both -f 0
   for r in $(seq "$reps"); do
-    for c in 1 16 64; do
-      on_both "put_f0_c$c" puts/s -c "$c" -t "$secs" put
+    for c in ${F0_CONNS:-1 16 64}; do
+      on_both_cpu "put_f0_c$c" -c "$c" -t "$secs" put
     done
   done
   stop "$BPID"
   stop "$TPID"
   probe
-  # Lateness of delayed jobs put at a steady rate (delays of 1 s, puts
-  # one at a time on 4 connections, 4 more reserving).
+}
+# Lateness of delayed jobs put at a steady rate (delays of 1 s, puts one
+# at a time on 4 connections, 4 more reserving).
+round_steady() {
+  local srv r line port
   both -f 1000
   for r in $(seq "$reps"); do
     for srv in beanstalkd twheeld; do
@@ -249,7 +280,10 @@ main_round() {
   done
   stop "$BPID"
   stop "$TPID"
-  # Many delayed jobs, one server at a time (memory and restart).
+}
+# Many delayed jobs, one server at a time (memory, disk and restart).
+round_many() {
+  local srv
   for srv in beanstalkd twheeld; do
     many "$srv" "$work/$srv-many" "$njobs"
     echo "bstalk srv=$srv row=delayed_rss_mb value=$REPLY_RSS unit=MB"
@@ -262,15 +296,31 @@ main_round() {
     rm -rf "${work:?}/$srv-many"
   done
 }
+main_round() {
+  round_f1000
+  round_f0
+  round_steady
+  round_many
+}
 reps=${REPS:-3}
 steady_rate=${STEADY_RATE:-1000}
 
 echo "# $(date -u +%F) $(nproc) cores; twheeld $("$tw" -v | cut -d' ' -f2), beanstalkd $(beanstalkd -v 2>&1 | cut -d' ' -f2)"
-if [ "${ONLY:-all}" = main ]; then
+blk=0
+case "${ONLY:-all}" in
+main | f1000 | f0 | steady | disk)
   echo "# $njobs delayed jobs; steady lateness at $steady_rate puts/s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-  main_round
+  case "$ONLY" in
+  main) main_round ;;
+  f1000) round_f1000 ;;
+  f0) round_f0 ;;
+  steady) round_steady ;;
+  disk) round_many ;;
+  esac
+  echo "# load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
   exit 0
-fi
+  ;;
+esac
 for srv in beanstalkd twheeld; do
   if [ "${ONLY:-all}" != many ]; then
   # Reply after fdatasync: beanstalkd -f 0, twheeld -f 0.

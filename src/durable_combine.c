@@ -8,10 +8,11 @@
  * it takes into arrival order and handing it to apply(), for at most
  * TW__COMBINE_ROUNDS rounds; if another thread holds the mutex as combiner
  * it sleeps on the futex word seq, which every combiner bumps as it lets
- * go; if the mutex is held for something else (the journal's store lock)
- * it waits for the mutex. Its request being done ends the loop either way:
- * done is stored with release order after apply() set the result, so the
- * caller reads the result once it sees done.
+ * go (after settle(), if the backend has one); if the mutex is held for
+ * something else (the journal's store lock) it waits for the mutex. Its
+ * request being done ends the loop either way: done is stored with
+ * release order after apply() set the result, so the caller reads the
+ * result once it sees done.
  */
 #include "durable_combine.h"
 
@@ -20,9 +21,10 @@
 #include <stdbool.h>
 
 /* Apply every call queued so far, in arrival order (mu held), a few
- * rounds while more arrive. */
-static void combine(struct tw__combiner *c)
+ * rounds while more arrive; returns how many. */
+static unsigned combine(struct tw__combiner *c)
 {
+    unsigned served = 0;
     atomic_store(&c->combining, true);
     for (int round = 0; round < TW__COMBINE_ROUNDS; round++) {
         struct tw__combine_req *r = atomic_exchange(&c->pend, NULL);
@@ -34,10 +36,12 @@ static void combine(struct tw__combiner *c)
             r->next = fifo;
             fifo = r;
             r = nx;
+            served++;
         }
         c->apply(fifo, c->ctx);
     }
     atomic_store(&c->combining, false);
+    return served;
 }
 
 /* A caller that finds the mutex taken by a combiner sleeps on seq instead
@@ -56,12 +60,21 @@ void tw__combine_run(struct tw__combiner *c, struct tw__combine_req *r)
             locked = true;
         }
         if (locked) {
+            unsigned served = 0;
             if (!atomic_load_explicit(&r->done, memory_order_acquire))
-                combine(c);
-            if (c->after)
-                c->after(c->ctx);
+                served = combine(c);
+            uint64_t token = c->after ? c->after(c->ctx) : 0;
             pthread_mutex_unlock(c->mu);
-            /* Callers that queued meanwhile try again. */
+            if (c->settle && served) {
+                /* A caller queued after the last round saw combining set
+                 * and sleeps: it combines now, not after the settle. One
+                 * that queues later finds the mutex free. */
+                if (atomic_load(&c->pend))
+                    tw__futex_bump(&c->seq);
+                c->settle(c->ctx, token, served);
+            }
+            /* Callers that queued meanwhile try again; those served
+             * return. */
             tw__futex_bump(&c->seq);
             return;
         }

@@ -25,7 +25,14 @@
  *     tw__combine_done() on it, after which the request may be gone (its
  *     caller returns), so it reads ->next first. after(ctx), if not NULL,
  *     runs once the rounds are over, @mu still held (the journal asks for
- *     writeback there).
+ *     writeback there), and returns a token for settle.
+ *   - settle(ctx, token, served), if set, runs on the combiner's thread
+ *     after it let go of @mu and before it wakes the callers it served
+ *     (@served requests, its own included): the journal waits there until
+ *     the records of them all are durable, so a caller that slept while
+ *     another thread combined its call wakes once, when its call is done
+ *     and durable, not once for each. Callers queued too late for the
+ *     rounds are woken before settle, to combine meanwhile.
  *   - per call: tw__combine_run(c, &req) returns once apply() has done
  *     the request, on this thread or another; then read the result.
  *
@@ -39,6 +46,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "futex.h"
 
@@ -56,14 +64,16 @@ struct tw__combiner {
     jr_futex seq;                           /* bumped when one lets go */
     pthread_mutex_t *mu;
     void (*apply)(struct tw__combine_req *first, void *ctx);
-    void (*after)(void *ctx);
+    uint64_t (*after)(void *ctx);
+    /* NULL, or set after tw__combine_init(): see the header's comment. */
+    void (*settle)(void *ctx, uint64_t token, unsigned served);
     void *ctx;
 };
 
 static inline void tw__combine_init(struct tw__combiner *c, pthread_mutex_t *mu,
                                     void (*apply)(struct tw__combine_req *,
                                                   void *),
-                                    void (*after)(void *), void *ctx)
+                                    uint64_t (*after)(void *), void *ctx)
 {
     atomic_init(&c->pend, NULL);
     atomic_init(&c->combining, false);
@@ -72,6 +82,7 @@ static inline void tw__combine_init(struct tw__combiner *c, pthread_mutex_t *mu,
     c->mu = mu;
     c->apply = apply;
     c->after = after;
+    c->settle = NULL;
     c->ctx = ctx;
 }
 

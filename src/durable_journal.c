@@ -488,30 +488,50 @@ static void apply_round(struct tw__combine_req *first, void *ctx)
         struct sreq *q = (struct sreq *)r;
         nx = r->next;
         apply_items(s, q->items, q->cond, q->n, q->cancel, &q->lsn);
+        if (q->lsn > s->combined_lsn)
+            s->combined_lsn = q->lsn;
         tw__combine_done(r);
     }
 }
 
 /* After the combiner's rounds (mutex held): the store's thread starts
- * writeback if the writer wants it. */
-static void after_rounds(void *ctx)
+ * writeback if the writer wants it. Returns the end of the rounds'
+ * records (0: none) for settle_rounds(). */
+static uint64_t after_rounds(void *ctx)
 {
     jstore *s = ctx;
     if (tw__jr_wb_wanted(&s->w) && !s->kicked) {
         s->kicked = true;
         pthread_cond_signal(&s->cv);
     }
+    uint64_t lsn = s->combined_lsn;
+    s->combined_lsn = 0;
+    return lsn;
+}
+
+/* On the combiner's thread, without the mutex, before it wakes the
+ * callers it served: wait until the records of all @served calls (up to
+ * @lsn) are durable, counted as @served callers in the group commit's
+ * gather. The callers then find their outcome decided and return without
+ * sleeping again (tw__jr_wait_nolock()). */
+static void settle_rounds(void *ctx, uint64_t lsn, unsigned served)
+{
+    jstore *s = ctx;
+    if (lsn)
+        (void)tw__jr_wait_calls(&s->w, lsn, served);
 }
 
 void tw__journal_combiner_init(jstore *s)
 {
     tw__combine_init(&s->combiner, &s->mu, apply_round, after_rounds, s);
+    s->combiner.settle = settle_rounds;
 }
 
 /* Group commit of a batch: the call is queued, applied by whichever
  * caller holds the mutex (flat combining: one lock hand-off for many
- * calls, schedules and cancels in arrival order), then one wait covers its
- * records. */
+ * calls, schedules and cancels in arrival order), and that caller waits
+ * until the records of all the calls it applied are durable before it
+ * wakes their callers; then the call's own wait finds its outcome. */
 static int submit_call(jstore *s, tw_durable_item *items,
                        const struct tw__cond *cond, size_t n, bool cancel)
 {

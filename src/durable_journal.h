@@ -84,6 +84,7 @@ typedef struct jstore {
     /* Flat combining of schedule and cancel calls (src/durable_combine.h),
      * applied under mu. */
     struct tw__combiner combiner;
+    uint64_t combined_lsn; /* the end of the combiner's rounds' records */
     /* fired, retried, lateness, running; backlog: entries due (in due[] or
      * the executor's queue) whose callback has not begun. */
     struct tw__durable_counts counts;

@@ -271,6 +271,20 @@ static void deliver_chunk(jstore *s)
 /* ------------------------------------------------------------------------ */
 /* The store's thread. */
 
+/* With the real clocks: the monotonic time (ns) at which the wall clock
+ * reaches Unix ms @tick. A sleep of whole ms from the round's reading of
+ * the wall clock, truncated to ms, wakes up to a millisecond after the
+ * tick (half a millisecond late on average, every delivery). */
+static uint64_t mono_at_tick(jstore *s, uint64_t tick)
+{
+    struct timespec rt;
+    uint64_t m = s->mono_ns(s->clock_arg);
+    clock_gettime(CLOCK_REALTIME, &rt);
+    int64_t left = (int64_t)tick * 1000000 -
+                   ((int64_t)rt.tv_sec * 1000000000 + rt.tv_nsec);
+    return m + (left > 0 ? (uint64_t)left : 0);
+}
+
 /* Sleep until the wheel's next expiry or WALL_CHECK_MS after the round
  * began: at wall time @now, monotonic time @mono0 (read first, so that a
  * clock that moved after either reading makes the sleep shorter, never
@@ -296,6 +310,8 @@ static void wait_round(jstore *s, int64_t now, uint64_t mono0)
     if (ms == 0 || s->kicked || s->stop || s->round_req != s->round_done)
         return;
     uint64_t until = mono0 + ms * 1000000u;
+    if (ms == next - tnow && s->wall_ms == tw__durable_real_wall_ms)
+        until = mono_at_tick(s, next);
     while (!s->kicked && !s->stop && s->round_req == s->round_done) {
         uint64_t m = s->mono_ns(s->clock_arg);
         if (m >= until)

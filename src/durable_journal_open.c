@@ -506,7 +506,6 @@ static void init_store(jstore *s, const tw_durable_config *cfg,
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->cv, &ca);
-    pthread_cond_init(&s->w.gather_cv, &ca);
     pthread_condattr_destroy(&ca);
     pthread_cond_init(&s->round_cv, NULL);
     pthread_cond_init(&s->sync_cv, NULL);
@@ -646,7 +645,6 @@ static void free_all(jstore *s)
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->round_cv);
     pthread_cond_destroy(&s->sync_cv);
-    pthread_cond_destroy(&s->w.gather_cv);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->w.sync_mu);
     tw__free(s);

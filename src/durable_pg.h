@@ -59,6 +59,23 @@
 #define PG_REFRESH_MS                                                          \
     1000 /* the firer asks for the next due row at least                       \
             this often (expired leases, lost NOTIFYs) */
+/* Claim rounds that took rows start at least this many ms apart (a round
+ * that took PG_BATCH rows: the next at once): under load a round takes
+ * what became due meanwhile, one statement and one commit for many
+ * timers, rather than one round a millisecond; a timer may be this much
+ * later than it would have been. */
+#ifndef PG_CLAIM_GAP_MS
+#define PG_CLAIM_GAP_MS 2
+#endif
+#if PG_CLAIM_GAP_MS < 0 || PG_CLAIM_GAP_MS > 100
+#error "PG_CLAIM_GAP_MS: 0 to 100 ms"
+#endif
+/* Completions wait up to this many ms for others to share their
+ * statement (src/durable_pg_batch.c): the server's cost is per
+ * statement much more than per row. */
+#ifndef PG_FIN_GATHER_MS
+#define PG_FIN_GATHER_MS 20
+#endif
 /* A write of a timer due within this many ms of the database's clock
  * NOTIFYs the nodes; a later one is found by their poll (PG_REFRESH_MS),
  * with PG_NOTIFY_MS - PG_REFRESH_MS to spare for the poll and clocks. */
@@ -118,9 +135,10 @@ struct pgfin {
 
 struct pgbatch {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv; /* CLOCK_MONOTONIC */
     struct pgfin *q;
     size_t n, cap;
+    uint64_t first_at; /* mono ms the oldest queued completion came */
     pthread_t thr;
     bool inited, on, stop;
 };
@@ -130,7 +148,11 @@ struct pgpool {
     pthread_cond_t cv;
     PGconn *c[PG_POOL];
     bool busy[PG_POOL];
+    unsigned prep[PG_POOL]; /* the PG_PREP_* prepared on c[i] (its holder's) */
 };
+
+/* Statements prepared once a session (tw__pg_exec_prep()), by number. */
+enum { PG_PREP_CLAIM, PG_PREP_NEXT, PG_PREP_BATCH };
 
 struct pgd {
     struct tw_durable base;
@@ -158,12 +180,14 @@ struct pgd {
     bool claiming;
     struct pgrace *raced;
     size_t nraced, cap_raced;
-    int64_t raced_lost; /* a change not recorded (no memory): every claim
-                           of the round below this version is stale */
-    int64_t hint;       /* a due time the firer should look at, or INT64_MAX */
-    size_t fin_waiting; /* jobs whose completion waits for another try */
-    PGconn *lc;         /* the firer's own connection (LISTEN, claims) */
-    uint64_t sweep_at;  /* the firer's next sweep (mono ms) */
+    int64_t raced_lost;  /* a change not recorded (no memory): every claim
+                            of the round below this version is stale */
+    int64_t hint;        /* a due time the firer should look at, or INT64_MAX */
+    size_t fin_waiting;  /* jobs whose completion waits for another try */
+    PGconn *lc;          /* the firer's own connection (LISTEN, claims) */
+    unsigned lc_prep;    /* the PG_PREP_* prepared on lc */
+    uint64_t claim_gate; /* mono ms before which no claim round starts */
+    uint64_t sweep_at;   /* the firer's next sweep (mono ms) */
     pthread_t thr;
     bool thr_on;
     atomic_bool stop;
@@ -194,11 +218,19 @@ PGconn *tw__pg_connect(const char *conninfo, int *call_ms, int *code, char *err,
  * drops @c then). */
 int tw__pg_exec(PGconn *c, int ms, const char *sql, const struct pgp *p,
                 PGresult **res);
+/* The same as a statement prepared on @c as number @id (0 .. 31) the
+ * first time (@mask: the bits of those prepared on @c, cleared by the
+ * caller for a new connection); @p must not be NULL. */
+int tw__pg_exec_prep(PGconn *c, int ms, unsigned *mask, int id, const char *sql,
+                     const struct pgp *p, PGresult **res);
 /* The same for @sql of several statements, no parameters, no result. */
 int tw__pg_exec_script(PGconn *c, int ms, const char *sql);
 /* The same on a connection of @d's pool, taken and given back. */
 int tw__pg_run(struct pgd *d, const char *sql, const struct pgp *p,
                PGresult **res);
+/* The same as a statement prepared on that connection (above). */
+int tw__pg_run_prep(struct pgd *d, int id, const char *sql, const struct pgp *p,
+                    PGresult **res);
 /* The TW_E* code of a failed result (SQLSTATE classes). */
 int tw__pg_code(const PGresult *r, PGconn *c);
 /* Binary result fields. */

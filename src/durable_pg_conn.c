@@ -8,15 +8,18 @@
  * when a statement fails for want of it (the next call connects again),
  * so a database restart costs the calls in flight a TW_ECONN and nothing
  * more. The firer has a connection of its own (src/durable_pg_fire.c).
- * Every statement is sent with PQsendQueryParams(): parameters and
- * results in binary (bytea as its bytes, integers in network order),
- * never spliced into SQL text. Every call is bounded: connections are
- * nonblocking and have a statement_timeout (the session's, else
- * PG_STMT_MS); the client waits for the answer in poll() at most that
- * plus PG_SLACK_MS, after which the call is TW_ECONN and the connection
- * is dropped (a server that stopped answering: SIGSTOP, a hung host). Each
- * statement is its own transaction (autocommit), so a call returns once its
- * change is committed (durable as the server's synchronous_commit says).
+ * Every statement is sent with PQsendQueryParams() (those run many
+ * times a second under load, the firer's claims and the batched
+ * completions, as statements prepared once a session: no parse and plan
+ * each time): parameters and results in binary (bytea as its bytes,
+ * integers in network order), never spliced into SQL text. Every call is
+ * bounded: connections are nonblocking and have a statement_timeout (the
+ * session's, else PG_STMT_MS); the client waits for the answer in poll() at
+ * most that plus PG_SLACK_MS, after which the call is TW_ECONN and the
+ * connection is dropped (a server that stopped answering: SIGSTOP, a hung
+ * host). Each statement is its own transaction (autocommit), so a call returns
+ * once its change is committed (durable as the server's synchronous_commit
+ * says).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -319,6 +322,28 @@ int tw__pg_exec(PGconn *c, int ms, const char *sql, const struct pgp *p,
     return rc ? rc : result(c, r, res);
 }
 
+int tw__pg_exec_prep(PGconn *c, int ms, unsigned *mask, int id, const char *sql,
+                     const struct pgp *p, PGresult **res)
+{
+    char name[16];
+    snprintf(name, sizeof name, "tw%d", id);
+    PGresult *r = NULL;
+    if (!(*mask & 1u << id)) {
+        if (!PQsendPrepare(c, name, sql, p->n, p->type))
+            return TW_ECONN;
+        int rc = await(c, ms, &r);
+        if (!rc)
+            rc = result(c, r, NULL);
+        if (rc)
+            return rc;
+        *mask |= 1u << id;
+    }
+    if (!PQsendQueryPrepared(c, name, p->n, p->v, p->len, p->fmt, 1))
+        return TW_ECONN; /* the write failed: drop it */
+    int rc = await(c, ms, &r);
+    return rc ? rc : result(c, r, res);
+}
+
 int tw__pg_exec_script(PGconn *c, int ms, const char *sql)
 {
     PGresult *r = NULL;
@@ -389,26 +414,49 @@ static int slot_take(struct pgpool *p, int ms)
     }
 }
 
-PGconn *tw__pg_take(struct pgd *d, int *rc)
+/* A slot of the pool with its connection (connected, maybe now), or -1
+ * with *@rc. */
+static int take(struct pgd *d, int *rc)
 {
     struct pgpool *p = &d->pool;
     int i = slot_take(p, atomic_load(&d->call_ms));
     if (i < 0) {
         *rc = TW_EBUSY; /* every connection busy for a call's bound */
-        return NULL;
+        return -1;
     }
     /* The slot is ours: its connection may be made without the lock. */
     int ms = 0;
     *rc = TW_ECONN;
-    if (!p->c[i] && (p->c[i] = tw__pg_connect(d->conninfo, &ms, rc, NULL, 0)))
+    if (!p->c[i] && (p->c[i] = tw__pg_connect(d->conninfo, &ms, rc, NULL, 0))) {
         atomic_store(&d->call_ms, ms);
+        p->prep[i] = 0; /* a new session: nothing prepared */
+    }
     if (p->c[i])
-        return p->c[i];
+        return i;
     pthread_mutex_lock(&p->mu);
     p->busy[i] = false;
     pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
-    return NULL;
+    return -1;
+}
+
+PGconn *tw__pg_take(struct pgd *d, int *rc)
+{
+    int i = take(d, rc);
+    return i < 0 ? NULL : d->pool.c[i];
+}
+
+int tw__pg_run_prep(struct pgd *d, int id, const char *sql, const struct pgp *p,
+                    PGresult **res)
+{
+    int rc = 0, i = take(d, &rc);
+    if (i < 0)
+        return rc;
+    PGconn *c = d->pool.c[i];
+    rc = tw__pg_exec_prep(c, atomic_load(&d->call_ms), &d->pool.prep[i], id,
+                          sql, p, res);
+    tw__pg_give(d, c, rc == TW_ECONN || PQstatus(c) != CONNECTION_OK);
+    return rc;
 }
 
 void tw__pg_give(struct pgd *d, PGconn *c, bool broken)

@@ -5,20 +5,26 @@
  * (src/durable_exec.h), and the deliveries' completions.
  *
  * The thread's loop, on its own connection (d->lc, LISTEN twheel):
- *   1. NOTIFYs of its namespace (twheel.schedule() sends one at commit),
- *      a local hint (a schedule or retry through this handle), or
- *      PG_REFRESH_MS gone by: ask for the earliest claimable due time
- *      (one index probe: rows unclaimed or whose lease ran out).
- *   2. Due by the handle's wall clock: claim up to PG_BATCH rows, oldest
+ *   1. NOTIFYs of its namespace (twheel.schedule() sends one at commit)
+ *      while nothing is due yet, a local hint (a schedule or retry
+ *      through this handle), or PG_REFRESH_MS gone by: ask for the
+ *      earliest claimable due time (one index probe, a read: rows
+ *      unclaimed or whose lease ran out).
+ *   2. Due by the handle's wall clock, and PG_CLAIM_GAP_MS since the
+ *      last round that took rows: claim up to PG_BATCH rows, oldest
  *      first, in one statement (SELECT ... FOR UPDATE SKIP LOCKED inside
  *      an UPDATE that renews each row's version, counts the attempt and
  *      sets owner and lease_until), so nodes claiming together take
- *      different rows and never wait for each other.
+ *      different rows and never wait for each other; the same statement
+ *      tells the next due time after it.
  *   3. Hand the claimed rows over in due order; then sleep in poll() on
  *      the connection's socket and an eventfd until the next due time
  *      (at most PG_REFRESH_MS; 5 ms with an injected clock, which may
  *      jump).
- * No polling beyond one small query a second when nothing happens.
+ * No polling beyond one small query a second when nothing happens; under
+ * load one statement (and one commit) a round, a round at most every
+ * PG_CLAIM_GAP_MS. The claim and the probe are prepared statements of
+ * the connection.
  *
  * A delivery (fire_job(), on the executor): dropped if a local change
  * made it stale or its claim is near its lease's end (whoever claims it
@@ -57,25 +63,40 @@
 #define FIN_FIRST_MS 10 /* the first try again after this */
 #define FIN_MAX_MS 1000 /* tries at least this often */
 
+/* A claim round: up to $3 due rows, and in a last row (key NULL) the
+ * earliest claimable due time after $2 (NULL: none), read in the same
+ * statement: no probe of its own after a round. The locked rows are
+ * updated by their ctid (a TID scan): a join on the key was planned as
+ * a scan of the whole namespace once the statement was prepared (a
+ * generic plan: 8 ms a round at 2,400 pending). Due rows another
+ * transaction holds locked are skipped by the claim and not counted as
+ * next either (they were due at $2): the refresh (next_sql) finds them,
+ * once a second, so a row an application's open transaction holds never
+ * makes a busy loop. */
 static const char claim_sql[] =
-    "WITH c AS (SELECT key FROM twheel.timers WHERE ns = $1"
+    "WITH c AS (SELECT ctid FROM twheel.timers WHERE ns = $1"
     " AND greatest(due, 0) <= $2 AND (lease_until IS NULL"
     " OR lease_until < clock_timestamp())"
-    " ORDER BY greatest(due, 0), key LIMIT $3 FOR UPDATE SKIP LOCKED)"
-    " UPDATE twheel.timers t SET attempts = least(t.attempts, 2147483646) + 1,"
+    " ORDER BY greatest(due, 0), key LIMIT $3 FOR UPDATE SKIP LOCKED),"
+    " u AS (UPDATE twheel.timers t"
+    " SET attempts = least(t.attempts, 2147483646) + 1,"
     " ver = nextval('twheel.ver_seq'), owner = $4,"
     " lease_until = clock_timestamp() + $5 * interval '1 millisecond'"
-    " FROM c WHERE t.ns = $1 AND t.key = c.key"
-    " RETURNING t.key, t.due, t.payload, t.attempts, t.ver";
+    " WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM c))"
+    " RETURNING t.key, t.due, t.payload, t.attempts, t.ver)"
+    " SELECT key, due, payload, attempts, ver FROM u UNION ALL"
+    " SELECT NULL, (SELECT greatest(due, 0) FROM twheel.timers"
+    " WHERE ns = $1 AND greatest(due, 0) > $2 AND (lease_until IS NULL"
+    " OR lease_until < clock_timestamp()) ORDER BY greatest(due, 0), key"
+    " LIMIT 1), NULL, NULL, NULL";
 
-/* Rows another transaction holds locked are skipped here as the claim
- * skips them: else a due row an application's open transaction holds
- * would be found due at every round and never claimed (a busy loop);
- * the refresh once a second finds it when the lock goes. */
+/* The earliest claimable due time: a read, no lock (a row another
+ * transaction holds is found due, a claim round then takes nothing and
+ * tells the next due time after it: see claim_sql). */
 static const char next_sql[] =
     "SELECT greatest(due, 0) FROM twheel.timers WHERE ns = $1"
     " AND (lease_until IS NULL OR lease_until < clock_timestamp())"
-    " ORDER BY greatest(due, 0), key LIMIT 1 FOR UPDATE SKIP LOCKED";
+    " ORDER BY greatest(due, 0), key LIMIT 1";
 
 /* Due rows that no node can have claimed as they are: a lease_until past
  * now + 2^32 ms (lease_ms is 32 bits; 'infinity' written by hand, say)
@@ -215,11 +236,11 @@ static int job_cmp(const void *a, const void *b)
     return c ? c : (x->key_len > y->key_len) - (x->key_len < y->key_len);
 }
 
-/* The claimed rows of @r into jobs, in due order, onto @l. */
-static void take_rows(struct pgd *d, const PGresult *r,
+/* The claimed rows of @r (the first @n) into jobs, in due order, onto
+ * @l. */
+static void take_rows(struct pgd *d, const PGresult *r, int n,
                       struct tw__durable_jobs *l)
 {
-    int n = PQntuples(r);
     struct pgjob *v[PG_BATCH];
     int m = 0;
     for (int i = 0; i < n && m < PG_BATCH; i++)
@@ -241,8 +262,10 @@ static void take_rows(struct pgd *d, const PGresult *r,
     pthread_mutex_unlock(&d->mu);
 }
 
-/* One claim round at wall @now: how many rows, or a TW_E* code. */
-static int claim(struct pgd *d, int64_t now)
+/* One claim round at wall @now: how many rows, or a TW_E* code; the
+ * earliest claimable due time after @now into *@next (INT64_MAX: none;
+ * @now when the round was full: more may be due). */
+static int claim(struct pgd *d, int64_t now, int64_t *next)
 {
     struct pgp p;
     tw__pg_p_init(&p);
@@ -255,13 +278,17 @@ static int claim(struct pgd *d, int64_t now)
     d->claiming = true;
     pthread_mutex_unlock(&d->mu);
     PGresult *r = NULL;
-    int rc = tw__pg_exec(d->lc, atomic_load(&d->call_ms), claim_sql, &p, &r);
+    int rc = tw__pg_exec_prep(d->lc, atomic_load(&d->call_ms), &d->lc_prep,
+                              PG_PREP_CLAIM, claim_sql, &p, &r);
+    int n = rc ? 0 : PQntuples(r) - 1; /* the last row: the next due time */
     struct tw__durable_jobs l;
     tw__durable_jobs_init(&l);
-    take_rows(d, rc ? NULL : r, &l);
+    take_rows(d, r, n > 0 ? n : 0, &l);
     if (rc)
         return rc;
-    int n = PQntuples(r);
+    *next = n >= PG_BATCH                     ? now
+            : n >= 0 && !PQgetisnull(r, n, 1) ? tw__pg_i64(r, n, 1)
+                                              : INT64_MAX;
     PQclear(r);
     tw__durable_exec_submit(&d->exec, &l);
     return n;
@@ -474,6 +501,7 @@ static bool lc_open(struct pgd *d)
 {
     int ms = 0;
     d->lc = tw__pg_connect(d->conninfo, &ms, NULL, NULL, 0);
+    d->lc_prep = 0; /* a new session: nothing prepared */
     if (d->lc && !tw__pg_exec(d->lc, ms, "LISTEN twheel", NULL, NULL)) {
         atomic_store(&d->call_ms, ms);
         return true;
@@ -512,7 +540,8 @@ static int next_due(struct pgd *d, int64_t *next)
     tw__pg_p_init(&p);
     tw__pg_p_text(&p, d->ns);
     PGresult *r = NULL;
-    int rc = tw__pg_exec(d->lc, atomic_load(&d->call_ms), next_sql, &p, &r);
+    int rc = tw__pg_exec_prep(d->lc, atomic_load(&d->call_ms), &d->lc_prep,
+                              PG_PREP_NEXT, next_sql, &p, &r);
     if (rc)
         return rc;
     *next = PQntuples(r) ? tw__pg_i64(r, 0, 0) : INT64_MAX;
@@ -565,7 +594,30 @@ static int sleep_ms(struct pgd *d, int64_t next, uint64_t refresh_at)
     return (int)ms;
 }
 
-/* One turn of the loop; false when the connection broke. */
+/* How long to nap in a turn that claims nothing: until the next due
+ * time (@gated: until the claim gate), the next refresh or the next kept
+ * completion (@fin_at), as the handle has @room for more claims. */
+static int nap_ms(struct pgd *d, int64_t next, uint64_t refresh_at,
+                  uint64_t fin_at, bool room, bool gated)
+{
+    uint64_t mono = tw__pg_mono_ms();
+    int ms = !room   ? PG_REFRESH_MS
+             : gated ? (int)(d->claim_gate - mono)
+                     : sleep_ms(d, next, refresh_at);
+    if (fin_at != UINT64_MAX)
+        ms = fin_at <= mono                 ? 0
+             : fin_at - mono < (uint64_t)ms ? (int)(fin_at - mono)
+                                            : ms;
+    return ms;
+}
+
+/* One turn of the loop; false when the connection broke. A NOTIFY asks
+ * for the next due time unless one is due within PG_CLAIM_GAP_MS (the
+ * claim then takes every due row: a timer of the NOTIFY due before that
+ * one is at most as late as the gate makes it); a claim round tells the
+ * next due time after it; so
+ * under load a round is one statement, and rounds start at most every
+ * PG_CLAIM_GAP_MS (d->claim_gate) unless the last one was full. */
 static bool turn(struct pgd *d, int64_t *next, uint64_t *refresh_at)
 {
     int mine = drain(d);
@@ -579,25 +631,25 @@ static bool turn(struct pgd *d, int64_t *next, uint64_t *refresh_at)
     pthread_mutex_unlock(&d->mu);
     uint64_t fin_at;
     complete_due(d, &fin_at);
-    if (mine || tw__pg_mono_ms() >= *refresh_at) {
+    int64_t now = tw__pg_wall(d);
+    if ((mine && *next > now + PG_CLAIM_GAP_MS) ||
+        tw__pg_mono_ms() >= *refresh_at) {
         if (sweep(d) == TW_ECONN || next_due(d, next))
             return false;
         *refresh_at = tw__pg_mono_ms() + PG_REFRESH_MS;
+        now = tw__pg_wall(d);
     }
-    if (room && *next <= tw__pg_wall(d)) {
-        int n = claim(d, tw__pg_wall(d));
+    bool gated = *next <= now && tw__pg_mono_ms() < d->claim_gate;
+    if (room && *next <= now && !gated) {
+        int n = claim(d, now, next);
         if (n < 0)
             return false;
-        *refresh_at = 0; /* ask again: more may be due */
+        d->claim_gate = n ? tw__pg_mono_ms() + PG_CLAIM_GAP_MS : 0;
+        if (n >= PG_BATCH)
+            d->claim_gate = 0; /* a backlog: the next round at once */
         return true;
     }
-    int ms = room ? sleep_ms(d, *next, *refresh_at) : PG_REFRESH_MS;
-    uint64_t mono = tw__pg_mono_ms();
-    if (fin_at != UINT64_MAX)
-        ms = fin_at <= mono                 ? 0
-             : fin_at - mono < (uint64_t)ms ? (int)(fin_at - mono)
-                                            : ms;
-    nap(d, ms);
+    nap(d, nap_ms(d, *next, *refresh_at, fin_at, room, gated));
     return true;
 }
 

@@ -5,13 +5,14 @@
  * timers rather than one of each per timer.
  *
  * The items go as three arrays (keys bytea[], dues bigint[], payloads
- * bytea[]; binary, never spliced into SQL) and the statement calls
- * twheel.schedule() once per element of their unnest WITH ORDINALITY,
- * in the order of the items: what a loop of single schedules does, item
- * after item, in one transaction. So a key given twice ends with its
- * last item, a pending key or a dead letter is replaced, each item gets
- * the version of its own write (the local rule of src/durable_pg.h holds
- * for each key) and NOTIFY is sent once at commit. A batch is cut into
+ * bytea[]; binary, never spliced into SQL) to twheel.schedule_many()
+ * (src/durable_pg_schema.c): one INSERT ... ON CONFLICT of their last
+ * item per key, what a loop of single schedules does, item after item,
+ * in one transaction. So a key given twice ends with its last item, a
+ * pending key or a dead letter is replaced, each item gets the version
+ * of its key's last write (the local rule of src/durable_pg.h holds for
+ * each key: that version is above any of the key's earlier ones) and
+ * NOTIFY is sent once at commit. A batch is cut into
  * statements of at most PG_MANY_ITEMS items and about PG_MANY_BYTES of
  * keys and payloads (each its own transaction, as the items of the loop
  * were).
@@ -41,9 +42,8 @@
 #define OID_INT8_ARR 1016u
 
 static const char many_sql[] =
-    "SELECT twheel.schedule($1, u.k, u.d, u.p)"
-    " FROM unnest($2::bytea[], $3::bigint[], $4::bytea[])"
-    " WITH ORDINALITY AS u(k, d, p, i) ORDER BY u.i";
+    "SELECT u.v FROM unnest(twheel.schedule_many($1, $2::bytea[],"
+    " $3::bigint[], $4::bytea[])) WITH ORDINALITY AS u(v, i) ORDER BY u.i";
 
 static void put32(struct pgarr *a, uint32_t v)
 {

@@ -12,6 +12,7 @@
 #include <linux/futex.h>
 #include <stddef.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 void tw__futex_wait(jr_futex *f, unsigned val)
@@ -19,6 +20,17 @@ void tw__futex_wait(jr_futex *f, unsigned val)
     atomic_fetch_add(&f->sleepers, 1);
     (void)syscall(SYS_futex, (unsigned *)&f->word, FUTEX_WAIT_PRIVATE, val,
                   NULL, NULL, 0);
+    atomic_fetch_sub(&f->sleepers, 1);
+}
+
+void tw__futex_wait_until(jr_futex *f, unsigned val, uint64_t until_ns)
+{
+    struct timespec ts = {.tv_sec = (time_t)(until_ns / 1000000000u),
+                          .tv_nsec = (long)(until_ns % 1000000000u)};
+    atomic_fetch_add(&f->sleepers, 1);
+    /* WAIT_BITSET takes an absolute CLOCK_MONOTONIC time. */
+    (void)syscall(SYS_futex, (unsigned *)&f->word, FUTEX_WAIT_BITSET_PRIVATE,
+                  val, &ts, NULL, FUTEX_BITSET_MATCH_ANY);
     atomic_fetch_sub(&f->sleepers, 1);
 }
 

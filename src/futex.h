@@ -8,6 +8,7 @@
 #define TWHEEL_FUTEX_H
 
 #include <stdatomic.h>
+#include <stdint.h>
 
 /* A futex word and how many threads sleep on it. */
 typedef struct jr_futex {
@@ -17,6 +18,9 @@ typedef struct jr_futex {
 
 /* Sleep while @f's word is @val (or until a signal). */
 void tw__futex_wait(jr_futex *f, unsigned val);
+/* tw__futex_wait() that also returns once CLOCK_MONOTONIC reaches
+ * @until_ns. */
+void tw__futex_wait_until(jr_futex *f, unsigned val, uint64_t until_ns);
 /* Change @f's word and wake every sleeper (no system call if none). */
 void tw__futex_bump(jr_futex *f);
 

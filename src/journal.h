@@ -121,16 +121,16 @@ typedef struct jr_writer {
     /* Futex word: bumped whenever a sync ends, well or not; waiters sleep
      * on it without any lock. */
     jr_futex sync_seq;
-    /* Gathering (SYNC_GROUP): callers whose record the next
-     * sync would cover, counted as they begin to wait (arrived), and how
-     * many the next leader waits for before it syncs (expect: those the
-     * last sync released plus those already waiting), at most
-     * gather_ns; gather_cv wakes it (with sync_mu). sync_target: what the
-     * running sync covers. */
-    pthread_cond_t gather_cv;
-    unsigned arrived, expect;
+    /* Gathering (SYNC_GROUP): calls whose records the next
+     * sync would cover, counted as they begin to wait (arrived; a combiner
+     * waits for all the calls it applied), and how many the next sync
+     * waits for before it starts (expect: those the last sync released
+     * plus those already waiting), at most gather_ns from the first
+     * caller's look (until gather_until, CLOCK_MONOTONIC ns; gather_gen
+     * numbers the gathers). sync_target: what the running sync covers. */
+    unsigned arrived, expect, gather_gen;
     bool gathering;
-    uint64_t sync_target, gather_ns;
+    uint64_t sync_target, gather_ns, gather_until;
     atomic_int inflight; /* fdatasync calls running without *mu */
     _Atomic uint64_t syncs;
     unsigned char *buf; /* records encoded and not yet written */
@@ -191,6 +191,9 @@ int tw__jr_append(jr_writer *w, int type, const void *key, size_t key_len,
 int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn);
 /* tw__jr_wait_unlock() for a caller that does not hold *mu. */
 int tw__jr_wait_nolock(jr_writer *w, uint64_t lsn);
+/* tw__jr_wait_nolock() on behalf of @calls callers whose records end at
+ * or before @lsn (counted as that many in the gather of SYNC_GROUP). */
+int tw__jr_wait_calls(jr_writer *w, uint64_t lsn, unsigned calls);
 /* tw__jr_wait_unlock() that takes *mu again before it returns. SYNC_NONE
  * and SYNC_INTERVAL return at once. */
 int tw__jr_wait(jr_writer *w, uint64_t lsn);

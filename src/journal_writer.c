@@ -10,9 +10,11 @@
  * under the store's mutex, then waits until an fdatasync() that began after
  * its append has finished. If no sync is running it leads one: it waits
  * until as many callers wait as the previous sync released plus those
- * that were already waiting (gather(): at most a quarter of the last
- * sync's time, 1 ms at most; a lone caller never waits), notes what is
- * written by then (its target) and syncs without the mutex. Callers that
+ * that were already waiting (gather_done(): at most a quarter of the last
+ * sync's time, 1 ms at most; a lone caller never waits; the last of them
+ * to arrive leads, so no sleeping thread need be woken to start a sync),
+ * notes what is written by then (its target) and syncs without the
+ * mutex. Callers that
  * append while that sync runs sleep on a futex word without the mutex;
  * when the sync ends its leader publishes the new durable LSN and wakes
  * them all with one FUTEX_WAKE. Those it covered return without taking
@@ -349,39 +351,65 @@ void tw__jr_publish(jr_writer *w)
     pthread_mutex_unlock(&w->sync_mu);
 }
 
-/* The longest a leader gathers callers before a shared sync, and the
+/* The longest a gather waits for callers before a shared sync, and the
  * share of the last sync's time it may take (1/GATHER_SHARE). */
 #define GATHER_MAX_NS 1000000u
 #define GATHER_SHARE 4u
 
-/* Before a shared sync (sync_mu held, syncing set): wait until as many
- * callers wait for it as expected, at most gather_ns. The callers the last
- * sync released append again within microseconds when their threads have
- * more to write, and one that misses this sync waits for the whole next
- * one: without the wait, the first of them would sync its record alone and
- * the rest would share the sync after, each caller acknowledged every
- * other sync. If fewer come, the next leader expects only those. */
-static void gather(jr_writer *w)
+/* Whether a caller that finds no shared sync running (sync_mu held) starts
+ * one now: once as many calls wait as expected (the last of them leads,
+ * on its own thread, so no thread has to be woken to start the sync), or
+ * at the gather's deadline, at most gather_ns after the first of them
+ * looked. The callers the last sync released append again within
+ * microseconds when their threads have more to write, and one that misses
+ * this sync waits for the whole next one: without the gather, the first
+ * of them would sync its record alone and the rest would share the sync
+ * after, each caller acknowledged every other sync. If fewer come, the
+ * next gather expects only those. *@mine: the gather this caller began
+ * (it alone sleeps until the deadline), else left alone. */
+static bool gather_done(jr_writer *w, unsigned *mine)
 {
     if (w->arrived >= w->expect || !w->gather_ns)
-        return;
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    uint64_t ns = (uint64_t)until.tv_nsec + w->gather_ns;
-    until.tv_sec += (time_t)(ns / 1000000000u);
-    until.tv_nsec = (long)(ns % 1000000000u);
-    w->gathering = true;
-    while (w->arrived < w->expect)
-        if (pthread_cond_timedwait(&w->gather_cv, &w->sync_mu, &until) ==
-            ETIMEDOUT) {
-            w->expect = w->arrived;
-            break;
-        }
-    w->gathering = false;
+        return true;
+    uint64_t now = tw__clock_ns(CLOCK_MONOTONIC);
+    if (!w->gathering) {
+        w->gathering = true;
+        w->gather_until = now + w->gather_ns;
+        *mine = ++w->gather_gen ? w->gather_gen : ++w->gather_gen;
+        return false;
+    }
+    if (now < w->gather_until)
+        return false;
+    w->expect = w->arrived;
+    return true;
 }
 
-/* After a shared sync of @covered callers that took @ns (sync_mu held):
- * what the next leader gathers for. */
+/* Whether the gather @mine (0: none) is still open (sync_mu held). */
+static bool gather_open(const jr_writer *w, unsigned mine)
+{
+    return mine && w->gathering && w->gather_gen == mine;
+}
+
+/* A caller whose outcome is decided while the gather it began is open
+ * (a segment change made its record durable) ends that gather, so that
+ * the others, who sleep without a deadline, look again (one of them
+ * begins the next). */
+static void gather_leave(jr_writer *w, unsigned mine, bool locked)
+{
+    if (!mine)
+        return;
+    if (!locked)
+        pthread_mutex_lock(&w->sync_mu);
+    if (gather_open(w, mine)) {
+        w->gathering = false;
+        tw__futex_bump(&w->sync_seq);
+    }
+    if (!locked)
+        pthread_mutex_unlock(&w->sync_mu);
+}
+
+/* After a shared sync of @covered calls that took @ns (sync_mu held):
+ * what the next gather waits for. */
 static void gather_next(jr_writer *w, unsigned covered, uint64_t ns)
 {
     w->expect = covered + w->arrived;
@@ -390,14 +418,14 @@ static void gather_next(jr_writer *w, unsigned covered, uint64_t ns)
 }
 
 /* Sync everything published so far (sync_mu held; released during the
- * gather and the fdatasync), publish the outcome and wake every waiter
- * with one call. */
+ * fdatasync), publish the outcome and wake every waiter with one call,
+ * after letting go of sync_mu (so that the woken do not queue for it
+ * behind this thread): it returns without the lock. */
 static void lead_sync(jr_writer *w)
 {
     bool group = w->sync_mode != TW_DURABLE_SYNC_EACH;
     w->syncing = group;
-    if (group)
-        gather(w);
+    w->gathering = false;
     uint64_t target = w->pub_written;
     int fd = w->pub_fd;
     unsigned covered = w->arrived;
@@ -422,6 +450,7 @@ static void lead_sync(jr_writer *w)
     } else if (target > w->synced) {
         w->synced = target;
     }
+    pthread_mutex_unlock(&w->sync_mu);
     tw__futex_bump(&w->sync_seq);
 }
 
@@ -436,45 +465,61 @@ static int outcome(jr_writer *w, uint64_t lsn)
     return w->synced >= lsn ? 0 : UNKNOWN;
 }
 
-/* A caller waiting for @lsn counts itself once among those the next sync
- * covers (sync_mu held): not if the running one covers it. */
-static void arrive(jr_writer *w, uint64_t lsn)
+/* A caller waiting for @lsn for @calls calls counts them once among
+ * those the next sync covers (sync_mu held): not if the running one
+ * covers them. */
+static void arrive(jr_writer *w, uint64_t lsn, unsigned calls)
 {
-    if (w->syncing && !w->gathering && lsn <= w->sync_target)
-        return;
-    w->arrived++;
-    if (w->gathering && w->arrived >= w->expect)
-        pthread_cond_signal(&w->gather_cv);
+    if (!(w->syncing && lsn <= w->sync_target))
+        w->arrived += calls;
 }
 
-/* Wait until @lsn is durable, leading syncs as needed (no lock held). */
-static int wait_durable(jr_writer *w, uint64_t lsn)
+/* Wait until @lsn is durable, leading syncs as needed (no lock held), on
+ * behalf of @calls calls. */
+static int wait_durable(jr_writer *w, uint64_t lsn, unsigned calls)
 {
-    int rc;
+    int rc = outcome(w, lsn);
+    if (rc != UNKNOWN)
+        return rc; /* a combiner waited for it: no lock to take */
     bool counted = false;
+    unsigned mine = 0;
     pthread_mutex_lock(&w->sync_mu);
     while ((rc = outcome(w, lsn)) == UNKNOWN) {
         if (!counted) {
-            arrive(w, lsn);
+            arrive(w, lsn, calls);
             counted = true;
         }
-        if (!w->syncing || w->sync_mode == TW_DURABLE_SYNC_EACH) {
-            /* Lead: whatever is written by the end of the gather shares
-             * this sync (with SYNC_EACH every caller syncs for itself). */
+        if (w->sync_mode == TW_DURABLE_SYNC_EACH ||
+            (!w->syncing && gather_done(w, &mine))) {
+            /* Lead: whatever is written by now shares this sync (with
+             * SYNC_EACH every caller syncs for itself). */
             lead_sync(w);
+            if ((rc = outcome(w, lsn)) != UNKNOWN)
+                return rc; /* a leader's gather has ended */
+            pthread_mutex_lock(&w->sync_mu);
             continue;
         }
-        /* Follow: a sync runs (or gathers) that may not cover @lsn; sleep
-         * without any lock until one ends, then look again. */
+        /* Follow: a sync runs that may not cover @lsn, or a gather goes
+         * on (the caller that began it wakes at its deadline to end it);
+         * sleep without any lock until a sync ends, then look again. */
         unsigned seq = atomic_load(&w->sync_seq.word);
+        bool timed = gather_open(w, mine);
+        uint64_t until = w->gather_until;
         pthread_mutex_unlock(&w->sync_mu);
-        do
-            tw__futex_wait(&w->sync_seq, seq);
-        while (atomic_load(&w->sync_seq.word) == seq);
-        if ((rc = outcome(w, lsn)) != UNKNOWN)
+        if (timed) {
+            tw__futex_wait_until(&w->sync_seq, seq, until);
+        } else {
+            do
+                tw__futex_wait(&w->sync_seq, seq);
+            while (atomic_load(&w->sync_seq.word) == seq);
+        }
+        if ((rc = outcome(w, lsn)) != UNKNOWN) {
+            gather_leave(w, mine, false);
             return rc; /* the common case: no lock to take again */
+        }
         pthread_mutex_lock(&w->sync_mu);
     }
+    gather_leave(w, mine, true);
     pthread_mutex_unlock(&w->sync_mu);
     return rc;
 }
@@ -487,7 +532,12 @@ static bool acks_unsynced(const jr_writer *w)
 
 int tw__jr_wait_nolock(jr_writer *w, uint64_t lsn)
 {
-    return acks_unsynced(w) ? 0 : wait_durable(w, lsn);
+    return acks_unsynced(w) ? 0 : wait_durable(w, lsn, 1);
+}
+
+int tw__jr_wait_calls(jr_writer *w, uint64_t lsn, unsigned calls)
+{
+    return acks_unsynced(w) ? 0 : wait_durable(w, lsn, calls);
 }
 
 int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn)
@@ -503,7 +553,7 @@ static int wait_durable_relock(jr_writer *w, uint64_t lsn)
     if (w->synced >= lsn)
         return 0;
     pthread_mutex_unlock(w->mu);
-    int rc = wait_durable(w, lsn);
+    int rc = wait_durable(w, lsn, 1);
     pthread_mutex_lock(w->mu);
     return rc;
 }

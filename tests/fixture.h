@@ -16,12 +16,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock_fixture.h"
 #include "test.h"
 #include "twheel/service.h"
-
-#define US UINT64_C(1000)
-#define MS UINT64_C(1000000)
-#define SEC UINT64_C(1000000000)
 
 /* ------------------------------------------------------------------------ */
 /* The virtual clock: a service created with tw_service_config.clock =
@@ -55,52 +52,6 @@ static inline tw_service *vclock_service(tw_service_config *cfg)
     ASSERT_EQ(tw_service_start(s), 0);
     return s;
 }
-
-/* ------------------------------------------------------------------------ */
-/* Real time. */
-
-/* CLOCK_MONOTONIC in nanoseconds. */
-static inline uint64_t mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * SEC + (uint64_t)ts.tv_nsec;
-}
-
-/* Sleep @ns, resuming after signals. */
-static inline void sleep_ns(uint64_t ns)
-{
-    struct timespec ts = {(time_t)(ns / SEC), (long)(ns % SEC)};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
-}
-
-static inline void sleep_us(uint64_t us)
-{
-    sleep_ns(us * US);
-}
-
-static inline void sleep_ms(uint64_t ms)
-{
-    sleep_ns(ms * MS);
-}
-
-/* CLOCK_REALTIME in milliseconds (the durable store's wall clock). */
-static inline int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* Poll @cond every millisecond for at most @sec seconds, then assert it. */
-#define WAIT_FOR(cond, sec)                                                    \
-    do {                                                                       \
-        uint64_t wf_end_ = mono_now() + (uint64_t)(sec)*SEC;                   \
-        while (!(cond) && mono_now() < wf_end_)                                \
-            sleep_ns(MS);                                                      \
-        ASSERT(cond);                                                          \
-    } while (0)
 
 /* ------------------------------------------------------------------------ */
 /* Tasks the tests schedule. */

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock_fixture.h"
 #include "test.h"
 #include "twheel/durable.h"
 
@@ -37,26 +38,6 @@ static inline void pgf_init(void)
                         "skipped\n");
         exit(77);
     }
-}
-
-static inline int64_t pgf_wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static inline int64_t pgf_mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static inline void pgf_sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -85,7 +66,7 @@ static inline void pgf_note(const void *key, size_t len)
     }
     if (i < PGF_KEYS) {
         pgf_log[i].count++;
-        pgf_log[i].at = pgf_wall_ms();
+        pgf_log[i].at = now_ms();
     }
     pthread_mutex_unlock(&pgf_mu);
 }
@@ -108,9 +89,9 @@ static inline int pgf_count(const char *key, int64_t *at)
 /* Wait up to @ms for @n deliveries of @key; whether they came. */
 static inline bool pgf_wait_count_ms(const char *key, int n, int ms)
 {
-    int64_t end = pgf_mono_ms() + ms;
-    while (pgf_count(key, NULL) < n && pgf_mono_ms() < end)
-        pgf_sleep_ms(1);
+    int64_t end = mono_ms() + ms;
+    while (pgf_count(key, NULL) < n && mono_ms() < end)
+        sleep_ms(1);
     return pgf_count(key, NULL) >= n;
 }
 

@@ -3,8 +3,8 @@
  * tests/redis_fixture.h - helpers of the tests that run against real
  * redis-server processes (tests/test_durable_redis.c,
  * tests/test_redis_owner.c, tests/test_redis_failover.c,
- * tests/test_redis_perm.c): the real wall clock, the load average, the
- * pid of a slot's server (sleep_ms is tests/fixture.h's) and the number
+ * tests/test_redis_perm.c): the load average, the pid of a slot's
+ * server (the clocks are tests/clock_fixture.h's) and the number
  * in a delivered timer's key.
  */
 #ifndef TWHEEL_TEST_REDIS_FIXTURE_H
@@ -17,24 +17,10 @@
 #include <sys/types.h>
 #include <time.h>
 
-#include "fixture.h" /* sleep_ms */
+#include "clock_fixture.h"
 #include "redis_client.h"
 #include "test.h"
 #include "twheel/durable.h"
-
-static inline int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static inline int64_t wall_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
 
 /* The 1-minute load average, 0 when unknown. */
 static inline double load_avg(void)

@@ -46,7 +46,7 @@
 
 #include <twheel/durable.h>
 
-#include "fixture.h" /* now_ms */
+#include "clock_fixture.h" /* now_ms */
 #include "test.h"
 
 #define THREADS 4

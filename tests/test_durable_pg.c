@@ -49,12 +49,12 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     if (t->key_len == 7 && !memcmp(t->key, "a-block", 7)) {
         atomic_store(&blocked, 1);
         while (!atomic_load(&unblocked))
-            pgf_sleep_ms(1);
+            sleep_ms(1);
     }
     if (t->key_len == 8 && !memcmp(t->key, "c-victim", 8))
         snprintf(last_payload, sizeof last_payload, "%.*s", (int)t->payload_len,
                  (const char *)t->payload);
-    if (pgf_wall_ms() < t->due_ms)
+    if (now_ms() < t->due_ms)
         early++;
     char k[64];
     snprintf(k, sizeof k, "%.*s", (int)t->key_len, (const char *)t->key);
@@ -98,7 +98,7 @@ static void sql(PGconn *c, const char *q, ExecStatusType want)
 static void wait_none_pending(tw_durable *d)
 {
     tw_durable_stats s = {0};
-    for (int i = 0; i < PGF_WAIT_MS; i++, pgf_sleep_ms(1))
+    for (int i = 0; i < PGF_WAIT_MS; i++, sleep_ms(1))
         if (!tw_durable_stats_get(d, &s) && s.pending == 0)
             break;
     ASSERT_EQ(s.pending, 0);
@@ -115,23 +115,23 @@ static void test_transactions(void)
     sql(c, "SELECT twheel.schedule('txn', 'rolled', now(), 'x')",
         PGRES_TUPLES_OK);
     sql(c, "ROLLBACK", PGRES_COMMAND_OK);
-    pgf_sleep_ms(100);
+    sleep_ms(100);
     ASSERT_EQ(pgf_notifies(l, "txn"), 0);
     sql(c, "BEGIN", PGRES_COMMAND_OK);
     sql(c,
         "SELECT twheel.schedule('txn', 'committed'::bytea,"
         " (extract(epoch FROM now()) * 1000)::bigint, 'y'::bytea)",
         PGRES_TUPLES_OK);
-    int64_t t0 = pgf_wall_ms();
+    int64_t t0 = now_ms();
     sql(c, "COMMIT", PGRES_COMMAND_OK);
     pgf_wait_count("committed", 1);
     fprintf(stderr, "  commit to callback: %lld ms\n",
             (long long)(at_of("committed") - t0));
     for (int i = 0; i < WAIT_MS && !pgf_notifies(l, "txn"); i++)
-        pgf_sleep_ms(1);
+        sleep_ms(1);
     /* A timer due after the rolled-back one fired: it had its chance. */
     pgf_sentinel(c, "txn", "sentinel");
-    pgf_sleep_ms(200);
+    sleep_ms(200);
     ASSERT_EQ(count_of("rolled"), 0);
     ASSERT_EQ(count_of("committed"), 1);
     wait_none_pending(d);
@@ -176,15 +176,14 @@ static void test_cancel_claimed(void)
         " unnest(ARRAY['a-block', 'b-victim', 'c-victim']) k",
         PGRES_TUPLES_OK);
     for (int i = 0; i < WAIT_MS && !atomic_load(&blocked); i++)
-        pgf_sleep_ms(1);
+        sleep_ms(1);
     ASSERT(atomic_load(&blocked));
     PGresult *r = PQexec(c, "SELECT count(*) FROM twheel.timers WHERE"
                             " ns = 'claimed' AND owner IS NOT NULL");
     ASSERT_STR_EQ(PQgetvalue(r, 0, 0), "3"); /* all three claimed */
     PQclear(r);
     ASSERT_EQ(tw_durable_cancel(d, "b-victim", 8), 0);
-    ASSERT_EQ(tw_durable_schedule(d, "c-victim", 8, pgf_wall_ms(), "new", 3),
-              0);
+    ASSERT_EQ(tw_durable_schedule(d, "c-victim", 8, now_ms(), "new", 3), 0);
     atomic_store(&unblocked, 1);
     pgf_wait_count("c-victim", 1);
     pgf_wait_count("a-block", 1);
@@ -268,7 +267,7 @@ static void test_permissions(void)
     tw_durable_config cfg = pgf_config(as, "perm", on_fire, NULL, err);
     tw_durable *d = NULL;
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
-    ASSERT_EQ(tw_durable_schedule(d, "perm1", 5, pgf_wall_ms(), "", 0), 0);
+    ASSERT_EQ(tw_durable_schedule(d, "perm1", 5, now_ms(), "", 0), 0);
     pgf_wait_count("perm1", 1);
     ASSERT_EQ(tw_durable_close(d), 0);
     snprintf(as, sizeof as, "%s user=nobody_here", pgf_url);
@@ -315,16 +314,16 @@ static void test_fleet(void)
              " (i %% 500) * interval '1 ms', '')) FROM"
              " generate_series(0, %d) i",
              FLEET_N - 1);
-    int64_t t0 = pgf_wall_ms();
+    int64_t t0 = now_ms();
     sql(c, q, PGRES_TUPLES_OK);
     int done = 0;
     for (int w = 0; w < WAIT_MS && done < FLEET_N; w++) {
         done = 0;
         for (int i = 0; i < FLEET_N; i++)
             done += atomic_load(&hits[i]) > 0;
-        pgf_sleep_ms(1);
+        sleep_ms(1);
     }
-    int64_t t1 = pgf_wall_ms();
+    int64_t t1 = now_ms();
     if (done < FLEET_N) {
         fprintf(stderr, "  fleet: %d of %d delivered\n", done, FLEET_N);
         PGresult *r = PQexec(c, "SELECT encode(key, 'escape'), due,"
@@ -337,7 +336,7 @@ static void test_fleet(void)
                     PQgetvalue(r, i, 5));
         PQclear(r);
     }
-    pgf_sleep_ms(300);
+    sleep_ms(300);
     for (int i = 0; i < FLEET_N; i++)
         ASSERT_EQ(atomic_load(&hits[i]), 1);
     ASSERT_EQ(atomic_load(&early), 0);
@@ -371,14 +370,14 @@ static void test_restart(void)
         " (i * 2) * interval '1 ms', '')) FROM generate_series(0, 999) i",
         PGRES_TUPLES_OK);
     PQfinish(c);
-    pgf_sleep_ms(700);
+    sleep_ms(700);
     ASSERT_EQ(system(restart), 0);
     int done = 0;
     for (int w = 0; w < WAIT_MS && done < 1000; w++) {
         done = 0;
         for (int i = 0; i < 1000; i++)
             done += atomic_load(&hits[i]) > 0;
-        pgf_sleep_ms(1);
+        sleep_ms(1);
     }
     ASSERT_EQ(done, 1000);
     ASSERT_EQ(atomic_load(&early), 0);
@@ -390,7 +389,7 @@ static void test_restart(void)
     for (int w = 0; w < WAIT_MS; w++) {
         if (!tw_durable_stats_get(d, &s) && s.pending == 0)
             break;
-        pgf_sleep_ms(1);
+        sleep_ms(1);
     }
     ASSERT_EQ(s.pending, 0);
     ASSERT_EQ(tw_durable_close(d), 0);
@@ -473,7 +472,7 @@ static void test_kill_node(void)
         snprintf(k, sizeof k, "k%d", i);
         ASSERT_EQ(tw_durable_cancel(d, k, strlen(k)), 0);
     }
-    pgf_sleep_ms(1000); /* the child is delivering now */
+    sleep_ms(1000); /* the child is delivering now */
     ASSERT_EQ(kill(pid, SIGKILL), 0);
     int st;
     ASSERT_EQ(waitpid(pid, &st, 0), pid);
@@ -486,7 +485,7 @@ static void test_kill_node(void)
         done = 0;
         for (int i = 0; i < CXL; i++)
             done += seen[i] + atomic_load(&hits[i]) > 0;
-        pgf_sleep_ms(10);
+        sleep_ms(10);
     }
     int by_child = 0, again = 0;
     for (int i = 0; i < CXL; i++) {

@@ -11,9 +11,10 @@
  *   - an item the server refuses (a CHECK the test adds) fails alone,
  *     the others of its batch are written, as in the loop;
  *   - round trips: a batch of 32 is one statement and one transaction
- *     (transaction ids taken around it; statements counted in the
- *     server's log with log_statement = all for the handle's
- *     connections), where the loop takes 32 of each;
+ *     (transaction ids taken around it: two, as its INSERT runs in a
+ *     subtransaction; statements counted in the server's log with
+ *     log_statement = all for the handle's connections), where the loop
+ *     takes 32 of each;
  *   - a firing handle delivers each timer of a batch once.
  * Real clocks; every wait is for a state, bounded by WAIT_MS.
  */
@@ -25,7 +26,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "fixture.h" /* now_ms */
+#include "clock_fixture.h" /* now_ms */
 #include "test.h"
 #include "twheel/durable.h"
 
@@ -232,7 +233,9 @@ static int log_count(const char *what)
     return n;
 }
 
-/* Transactions and statements of a batch of 32 and of a loop of 32. */
+/* Transactions and statements of a batch of 32 and of a loop of 32
+ * (statements: those of the handle's connections naming
+ * twheel.schedule or schedule_many in the server's log). */
 static void test_round_trips(void)
 {
     PGconn *c = conn();
@@ -247,14 +250,20 @@ static void test_round_trips(void)
             it[i] = (tw_durable_item){keys[i], (size_t)n, now_ms() + 3600000,
                                       "p",     1,         0};
         }
-        int stmts = log_count("twheel.schedule(");
+        int stmts = log_count("twheel.schedule");
         long long x0 = sql_num(c, "SELECT txid_current()");
         ASSERT_EQ(apply(d, it, 32, b == 0), 0);
         long long x1 = sql_num(c, "SELECT txid_current()");
-        stmts = log_count("twheel.schedule(") - stmts;
+        stmts = log_count("twheel.schedule") - stmts;
         fprintf(stderr, "%s of 32: %lld transactions, %d statements\n",
                 b ? "loop" : "batch", x1 - x0 - 1, stmts);
-        ASSERT_EQ(x1 - x0 - 1, b ? 32 : 1);
+        /* The batch: one transaction, whose INSERT runs in a
+         * subtransaction (twheel.schedule_many's fast path), which takes
+         * an id of its own. */
+        if (b)
+            ASSERT_EQ(x1 - x0 - 1, 32);
+        else
+            ASSERT(x1 - x0 - 1 >= 1 && x1 - x0 - 1 <= 2);
         ASSERT_EQ(stmts, b ? 32 : 1);
     }
     ASSERT_EQ(tw_durable_close(d), 0);

@@ -39,7 +39,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fixture.h" /* sleep_ms */
 #include "redis_client.h"
 #include "redis_fixture.h"
 #include "test.h"
@@ -87,7 +86,7 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
     (void)arg;
-    int64_t now = wall_us();
+    int64_t now = now_us();
     int id = key_id(t);
     struct rec *r = &tab[id];
     if (now < t->due_ms * 1000)
@@ -150,8 +149,8 @@ static int cancel(tw_durable *d, int id)
 /* Wait until @pred ids [lo, hi) are delivered, at most @ms. */
 static bool wait_all(int lo, int hi, int ms)
 {
-    int64_t end = wall_ms() + ms;
-    while (wall_ms() < end) {
+    int64_t end = now_ms() + ms;
+    while (now_ms() < end) {
         int i;
         for (i = lo; i < hi && tab[i].count; i++)
             ;
@@ -172,10 +171,10 @@ static bool wait_all(int lo, int hi, int ms)
 static void settle(tw_durable *d)
 {
     tw_durable_stats st;
-    int64_t end = wall_ms() + 10000;
+    int64_t end = now_ms() + 10000;
     for (;;) {
         ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
-        if ((st.pending == 0 && st.running == 0) || wall_ms() >= end)
+        if ((st.pending == 0 && st.running == 0) || now_ms() >= end)
             break;
         sleep_ms(10);
     }
@@ -221,7 +220,7 @@ static void semantics(void)
     ASSERT_EQ(tw_durable_stats_get(d, &st), 0);
     ASSERT_EQ(st.pending, 0);
 
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     /* 1: plain, within the horizon (claimed by the schedule call). */
     ASSERT_EQ(sched(d, 1, t0 + 150, "one"), 0);
     /* 2: beyond the horizon (claimed later by CLAIM). */
@@ -273,11 +272,11 @@ static void semantics(void)
      * for its batch (up to 500 ms): the completion must find the key no
      * longer ours and leave the new version (due beyond the horizon,
      * waiting in Redis) alone. */
-    ASSERT_EQ(sched(d, 10, wall_ms() + 20, "first"), 0);
+    ASSERT_EQ(sched(d, 10, now_ms() + 20, "first"), 0);
     for (int i = 0; i < 5000 && tab[10].count == 0; i++)
         sleep_ms(1);
     ASSERT_EQ(tab[10].count, 1);
-    ASSERT_EQ(sched(d, 10, wall_ms() + 1200, "second"), 0);
+    ASSERT_EQ(sched(d, 10, now_ms() + 1200, "second"), 0);
     for (int i = 0; i < 5000 && tab[10].count < 2; i++)
         sleep_ms(1);
     ASSERT_EQ(tab[10].count, 2);
@@ -286,11 +285,11 @@ static void semantics(void)
 
     /* Retries: attempt 1 asks for 100 ms more, attempt 2 is done. */
     retry_first = 100;
-    t0 = wall_ms();
+    t0 = now_ms();
     ASSERT_EQ(sched(d, 20, t0 + 50, "r"), 0);
     ASSERT_EQ(sched(d, 21, t0 + 500, "r"), 0);
-    int64_t end = wall_ms() + 5000;
-    while ((tab[20].count < 2 || tab[21].count < 2) && wall_ms() < end)
+    int64_t end = now_ms() + 5000;
+    while ((tab[20].count < 2 || tab[21].count < 2) && now_ms() < end)
         sleep_ms(10);
     ASSERT_EQ(tab[20].count, 2);
     ASSERT_EQ(tab[20].last_attempt, 2);
@@ -303,7 +302,7 @@ static void semantics(void)
 
     /* Close keeps pending timers for the next open; claims are given back
      * (no wait for the lease) with attempt still 1. */
-    t0 = wall_ms();
+    t0 = now_ms();
     ASSERT_EQ(sched(d, 30, t0 + 250, "c"), 0);  /* claimed by us */
     ASSERT_EQ(sched(d, 31, t0 + 2500, "c"), 0); /* in Redis */
     ASSERT_EQ(tw_durable_close(d), 0);
@@ -317,7 +316,7 @@ static void semantics(void)
     /* Two handles on one namespace: each timer once. */
     tw_durable *d2;
     ASSERT_EQ(tw_durable_open(&d2, &cfg), 0);
-    t0 = wall_ms();
+    t0 = now_ms();
     for (int i = 100; i < 400; i++)
         ASSERT_EQ(sched(i % 2 ? d : d2, i, t0 + 200 + (i % 50) * 20, "m"), 0);
     ASSERT(wait_all(100, 400, 8000));
@@ -330,7 +329,7 @@ static void semantics(void)
 
     /* A node that dies holding claims: its leases expire and another node
      * delivers with attempt 2. Simulated by a child killed with -9. */
-    t0 = wall_ms();
+    t0 = now_ms();
     fflush(NULL);
     pid_t pid = fork();
     ASSERT(pid >= 0);
@@ -383,11 +382,11 @@ static void econn(void)
     ASSERT(d == NULL);
     reset_tab();
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     ASSERT_EQ(sched(d, 1, t0 + 2500, "a"), 0);
     ASSERT_EQ(sched(d, 2, t0 + 1000, "b"), 0); /* claimed by us */
     sh("TW_REDIS_STOP");
-    int64_t stopped = wall_ms(); /* the shell may be slow under load */
+    int64_t stopped = now_ms(); /* the shell may be slow under load */
     /* A big first write to the dead server: TW_ECONN. (A write after the
      * peer's reset would raise SIGPIPE, which redis_client.c blocks; this
      * does not reliably force that second write: loopback send buffers
@@ -400,7 +399,7 @@ static void econn(void)
     ASSERT_EQ(cancel(d, 1), TW_ECONN);
     tw_durable_stats st;
     ASSERT_EQ(tw_durable_stats_get(d, &st), TW_ECONN);
-    while (wall_ms() < t0 + 1500)
+    while (now_ms() < t0 + 1500)
         sleep_ms(50);
     /* Timer 2 is due but cannot be checked: not fired while Redis is
      * away (if Redis went away before its check, sent at most 5 ms before
@@ -408,9 +407,9 @@ static void econn(void)
     if (stopped < t0 + 1000 - 5)
         ASSERT_EQ(tab[2].count, 0);
     sh("TW_REDIS_START");
-    int64_t end = wall_ms() + 10000;
+    int64_t end = now_ms() + 10000;
     int rc;
-    while ((rc = sched(d, 4, wall_ms() + 100, "d")) != 0 && wall_ms() < end)
+    while ((rc = sched(d, 4, now_ms() + 100, "d")) != 0 && now_ms() < end)
         sleep_ms(50);
     ASSERT_EQ(rc, 0);
     ASSERT(wait_all(1, 3, 8000));
@@ -468,7 +467,7 @@ static void stats_test(void)
 {
     tw_durable *d = open_gated("st");
     tw_durable_stats st;
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     ASSERT_EQ(sched(d, 300, t0 - 5000, "late"), 0); /* held in its callback */
     while (gate_state != 3)
         sleep_ms(1);
@@ -608,7 +607,7 @@ static void shards_test(void)
     tw_durable *d;
     ASSERT_EQ(open_err(ns, 8, 0, err, sizeof err, &d), 0);
     for (int i = 0; i < 20; i++)
-        ASSERT_EQ(sched(d, i, wall_ms() + 1000000, "x"), 0);
+        ASSERT_EQ(sched(d, i, now_ms() + 1000000, "x"), 0);
     ASSERT_EQ(tw_durable_close(d), 0);
     meta_expect(ns, "twheel-redis format 1 shards 8");
     shards_refused(ns);
@@ -656,7 +655,7 @@ static void garbage_cas(void)
     cfg.shards = 4;
     tw_durable *d;
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
-    int64_t far = wall_ms() + 1000000;
+    int64_t far = now_ms() + 1000000;
     ASSERT_EQ(tw_durable_schedule_if(d, "ca", 2, NULL, 0, far, "t1", 2), 0);
     ASSERT(has_field(ns, sa, "k:d"));
     ASSERT(has_field(ns, sa, "k:p"));
@@ -683,7 +682,7 @@ static void garbage_scores(void)
     char ns[32], k[96], key[16], val[64], f[32];
     snprintf(ns, sizeof ns, "gs%d", (int)getpid());
     reset_tab();
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     for (int i = 0; i < 5; i++) {
         snprintf(key, sizeof key, "k%d", 100 + i);
         snprintf(val, sizeof val, "%lld,1,bad", (long long)t0);
@@ -737,7 +736,7 @@ static void garbage_wrong_shard(void)
     cfg.on_error = wrong_err;
     tw_durable *d;
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     for (int i = 0; i < 2; i++) {
         ASSERT_EQ(sched(d, 200 + i, t0 + 3600 * 1000, "real"), 0);
         snprintf(key, sizeof key, "k%d", 200 + i);
@@ -785,7 +784,7 @@ static const char *const badv[][2] = {{"bad", "garbage"},
 static int garbage_plant(const char *ns)
 {
     char k[96], due[32], v[64];
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     snprintf(due, sizeof due, "%lld", (long long)t0);
     /* Shard 0: bad values; a fractional score and a lease that ran out,
      * both with good values, must still fire (k905 and k901 hash to
@@ -871,7 +870,7 @@ static long long garbage_fields(const char *ns, int ds)
 static void garbage_planted_fired(int64_t end)
 {
     while ((tab[905].count < 2 || tab[901].count < 1 || tab[904].count < 1) &&
-           wall_ms() < end)
+           now_ms() < end)
         sleep_ms(10);
     ASSERT_EQ(tab[905].count, 2);
     ASSERT(!strcmp(tab[905].payload, "frac"));
@@ -907,15 +906,15 @@ static void garbage(void)
     retry_first = 100;
     /* Beyond the horizon (300 ms): claimed by CLAIM, which reads the
      * garbage; 40 keys fall into every one of the 4 shards. */
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     for (int i = 0; i < 40; i++)
         ASSERT_EQ(sched(d, i, t0 + 500 + 10 * i, "n"), 0);
     ASSERT_EQ(cancel(d, 5), 0);
     ASSERT_EQ(sched(d, 6, t0 + 600, "new"), 0);
-    int64_t end = wall_ms() + 15000;
+    int64_t end = now_ms() + 15000;
     for (int i = 0; i < 40; i++) {
         uint32_t want = i == 5 ? 0 : 2;
-        while (tab[i].count < want && wall_ms() < end)
+        while (tab[i].count < want && now_ms() < end)
             sleep_ms(10);
         if (tab[i].count != want)
             fprintf(stderr, "  k%d delivered %u times\n", i,
@@ -926,9 +925,9 @@ static void garbage(void)
     /* The bad dead letter: re-arming it sets its value aside (TW_EIO),
      * and it is neither dead nor pending any more. */
     tw_durable_info in;
-    ASSERT_EQ(tw_durable_rearm(d, "kdead", 5, wall_ms()), TW_EIO);
+    ASSERT_EQ(tw_durable_rearm(d, "kdead", 5, now_ms()), TW_EIO);
     ASSERT_EQ(tw_durable_get(d, "kdead", 5, &in, NULL, 0), TW_ENOENT);
-    ASSERT_EQ(tw_durable_rearm(d, "kdead", 5, wall_ms()), TW_ENOENT);
+    ASSERT_EQ(tw_durable_rearm(d, "kdead", 5, now_ms()), TW_ENOENT);
     tw_durable_cursor dc = TW_DURABLE_CURSOR_INIT;
     tw_durable_entry de[4];
     char dkb[TW_DURABLE_KEY_MAX];
@@ -1018,7 +1017,7 @@ static void *stall_caller_main(void *arg)
     struct stall_caller *c = arg;
     for (int i = 0; !atomic_load(&c->stop); i++) {
         atomic_fetch_add(&c->calls, 1);
-        sched(c->d, c->ids[i % 5], wall_ms() + 3600 * 1000, "x");
+        sched(c->d, c->ids[i % 5], now_ms() + 3600 * 1000, "x");
     }
     return NULL;
 }
@@ -1035,14 +1034,14 @@ static void stall_calls(tw_durable *d, const int *bx, const int *hx)
     c->ids = bx;
     ASSERT_EQ(pthread_create(&stall_th, NULL, stall_caller_main, c), 0);
     sleep_ms(100); /* its first call now waits for the stopped master */
-    int64_t worst = 0, far = wall_ms() + 3600 * 1000;
+    int64_t worst = 0, far = now_ms() + 3600 * 1000;
     for (int i = 0; i < 10; i++) {
-        int64_t t = wall_us();
+        int64_t t = now_us();
         ASSERT_EQ(sched(d, hx[i], far, "h2"), 0);
-        int64_t ts = wall_us() - t;
-        t = wall_us();
+        int64_t ts = now_us() - t;
+        t = now_us();
         ASSERT_EQ(cancel(d, hx[i]), 0);
-        int64_t tc = wall_us() - t;
+        int64_t tc = now_us() - t;
         worst = ts > worst ? ts : worst;
         worst = tc > worst ? tc : worst;
         if (worst >= STALL_CALL_MS * 1000)
@@ -1095,8 +1094,8 @@ static void stall_pick(const char *ns, uint32_t shards, long long bport,
 static void stall_check(const struct stall_keys *k, int64_t t0,
                         const int64_t *cancelled_us)
 {
-    int64_t end = wall_ms() + 20000;
-    while (wall_ms() < end) {
+    int64_t end = now_ms() + 20000;
+    while (now_ms() < end) {
         int i = 0;
         while (i < 3 && tab[k->b[i]].count)
             i++;
@@ -1148,33 +1147,33 @@ static void stall(void)
     reset_tab();
     tw_durable *d;
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     for (int i = 0; i < 4; i++)
         ASSERT_EQ(sched(d, k.a[i], t0 + 400, "a"), 0);
     for (int i = 0; i < 3; i++)
         ASSERT_EQ(sched(d, k.b[i], t0 + 400 + 400 * i, "b"), 0);
     for (int i = 0; i < 10; i++)
         ASSERT_EQ(sched(d, k.h[i], t0 + 600 + 100 * i, "h"), 0);
-    while (wall_ms() < t0 + 300)
+    while (now_ms() < t0 + 300)
         sleep_ms(1);
     fprintf(stderr, "  SIGSTOP master :%lld (pid %d) at +%lld ms\n", bport,
-            (int)bpid, (long long)(wall_ms() - t0));
+            (int)bpid, (long long)(now_ms() - t0));
     ASSERT_EQ(kill(bpid, SIGSTOP), 0);
-    while (wall_ms() < t0 + 500)
+    while (now_ms() < t0 + 500)
         sleep_ms(1);
     int64_t cancelled_us[4];
     for (int i = 0; i < 4; i++) {
         int rc = cancel(d, k.a[i]);
-        cancelled_us[i] = wall_us();
+        cancelled_us[i] = now_us();
         /* 0, or TW_ENOENT if its delivery was already completed. */
         ASSERT(rc == 0 || rc == TW_ENOENT);
     }
     stall_calls(d, k.bx, k.hx);
-    while (wall_ms() < t0 + 300 + STALL_MS)
+    while (now_ms() < t0 + 300 + STALL_MS)
         sleep_ms(5);
     ASSERT_EQ(kill(bpid, SIGCONT), 0);
     pthread_join(stall_th, NULL);
-    fprintf(stderr, "  SIGCONT at +%lld ms\n", (long long)(wall_ms() - t0));
+    fprintf(stderr, "  SIGCONT at +%lld ms\n", (long long)(now_ms() - t0));
     stall_check(&k, t0, cancelled_us);
     ASSERT_EQ(tw_durable_close(d), 0);
     tw__rc_close(raw);
@@ -1194,7 +1193,7 @@ static void age_test(const char *prefix, uint32_t nexec)
 {
     gate_exec = nexec;
     tw_durable *d = open_gated(prefix);
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     for (int i = 600; i < 606; i++) /* within the horizon: claimed now */
         ASSERT_EQ(sched(d, i, t0 + 200, "v"), 0);
     for (int i = 0; i < 5000 && gate_state != 3; i++)
@@ -1251,7 +1250,7 @@ static void many_dead(tw_durable *d)
     char k[5][16], p[5][16];
     sh("TW_REDIS_STOP");
     for (int i = 0; i < 5; i++)
-        many_item(&it[i], &k[i], &p[i], MANY_N + 10 + i, wall_ms() + 100 * i,
+        many_item(&it[i], &k[i], &p[i], MANY_N + 10 + i, now_ms() + 100 * i,
                   "x");
     ASSERT_EQ(tw_durable_schedule_many(d, it, 5), TW_ECONN);
     for (int i = 0; i < 5; i++)
@@ -1275,7 +1274,7 @@ static void many_checks(void)
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
     tw_durable_item it[N];
     char k[N][16], p[N][16];
-    int64_t due = wall_ms() + 1500; /* in the horizon: claimed at once */
+    int64_t due = now_ms() + 1500; /* in the horizon: claimed at once */
     for (int i = 0; i < N; i++)
         many_item(&it[i], &k[i], &p[i], BASE + i, due, "old");
     ASSERT_EQ(tw_durable_schedule_many(d, it, N), 0);
@@ -1304,7 +1303,7 @@ static void many(void)
     tw_durable_item *it = calloc(MANY_N, sizeof *it);
     char(*k)[16] = calloc(MANY_N, sizeof *k), (*p)[16] = calloc(MANY_N, 16);
     ASSERT(it && k && p);
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     for (int i = 0; i < MANY_N; i++) /* half within the 300 ms horizon */
         many_item(&it[i], &k[i], &p[i], i, t0 + 100 + (i % 2) * 600 + i % 97,
                   "p");
@@ -1345,8 +1344,7 @@ static void *flow_main(void *arg)
     struct flow *f = arg;
     while (!f->stop && f->next < f->hi) {
         int id = f->next++;
-        int rc =
-            sched(f->d, id, wall_ms() + 300 + (id % 7) * f->spread_ms, "f");
+        int rc = sched(f->d, id, now_ms() + 300 + (id % 7) * f->spread_ms, "f");
         if (rc == 0)
             f->acked[id] = 1;
         else
@@ -1359,7 +1357,7 @@ static void *flow_main(void *arg)
 
 static void check_acked(struct flow *f, int ms)
 {
-    int64_t end = wall_ms() + ms;
+    int64_t end = now_ms() + ms;
     int missing;
     do {
         missing = 0;
@@ -1368,7 +1366,7 @@ static void check_acked(struct flow *f, int ms)
                 missing++;
         if (missing)
             sleep_ms(50);
-    } while (missing && wall_ms() < end);
+    } while (missing && now_ms() < end);
     int acked = 0, dup = 0;
     for (int i = f->lo; i < f->next; i++) {
         acked += f->acked[i];
@@ -1445,7 +1443,7 @@ static int node_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
     (void)arg;
-    struct drec r = {(uint32_t)key_id(t), t->attempt, t->due_ms, wall_us()};
+    struct drec r = {(uint32_t)key_id(t), t->attempt, t->due_ms, now_us()};
     ASSERT_EQ(write(out_fd, &r, sizeof r), (ssize_t)sizeof r);
     return 0;
 }
@@ -1496,7 +1494,7 @@ static void share(int nodes, int timers, bool kill_one, const char *dir)
     cfg.horizon_ms = 1000;
     cfg.lease_ms = kill_one ? 2000 : 30000;
     cfg.fire = node_fire;
-    int64_t t_load = wall_ms();
+    int64_t t_load = now_ms();
     int64_t start = t_load + 3000 + timers / 20;
     int spread = 4000;
     {
@@ -1515,8 +1513,8 @@ static void share(int nodes, int timers, bool kill_one, const char *dir)
             pthread_join(th[i], NULL);
         ASSERT_EQ(tw_durable_close(d), 0);
         printf("  loaded %d timers in %lld ms\n", timers,
-               (long long)(wall_ms() - t_load));
-        ASSERT(wall_ms() < start - 1000); /* the load fit before the due */
+               (long long)(now_ms() - t_load));
+        ASSERT(now_ms() < start - 1000); /* the load fit before the due */
     }
     fflush(NULL);
     pid_t pids[8];
@@ -1539,7 +1537,7 @@ static void share(int nodes, int timers, bool kill_one, const char *dir)
     }
     if (kill_one) {
         /* Node 0 dies in the middle of the firing window, holding claims. */
-        while (wall_ms() < start + spread / 2)
+        while (now_ms() < start + spread / 2)
             sleep_ms(10);
         kill(pids[0], SIGKILL);
         printf("  killed node 0 at due window + %d ms\n", spread / 2);
@@ -1560,7 +1558,7 @@ static void share(int nodes, int timers, bool kill_one, const char *dir)
         while ((fds[n] = open(path, O_RDONLY)) < 0)
             sleep_ms(10);
     }
-    while (delivered < timers && wall_ms() < deadline) {
+    while (delivered < timers && now_ms() < deadline) {
         sleep_ms(100);
         for (int n = 0; n < nodes; n++) {
             ssize_t got;
@@ -1658,7 +1656,7 @@ static long long gap_run(uint32_t gap, int64_t *late_ms)
     reset_tab();
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
     enum { N = 150 };
-    int64_t t0 = wall_ms() + 700;
+    int64_t t0 = now_ms() + 700;
     for (int i = 0; i < N; i++)
         ASSERT_EQ(sched(d, i, t0 + 10 * i, "g"), 0);
     RAW("CONFIG", "RESETSTAT");

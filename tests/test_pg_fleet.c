@@ -72,7 +72,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fixture.h" /* now_ms, sleep_ms */
+#include "clock_fixture.h" /* now_ms, sleep_ms */
 #include "test.h"
 #include "twheel/durable.h"
 

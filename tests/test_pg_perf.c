@@ -35,7 +35,7 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     snprintf(k, sizeof k, "%.*s", (int)t->key_len, (const char *)t->key);
     int n;
     if (!strcmp(k, "far")) {
-        atomic_store(&far_late, (long long)(pgf_wall_ms() - t->due_ms));
+        atomic_store(&far_late, (long long)(now_ms() - t->due_ms));
         atomic_fetch_add(&fired_far, 1);
     } else if (sscanf(k, "b-%d", &n) == 1 && n >= 0 && n < NB) {
         /* The first of the batch replaces b-150, claimed with it. */
@@ -62,13 +62,13 @@ static void test_far_no_notify(void)
     pgf_sql(c, PGRES_TUPLES_OK,
             "SELECT twheel.schedule('far', 'near', now() + interval '1 s')");
     int n = 0;
-    for (int i = 0; i < PGF_WAIT_MS && !n; i++, pgf_sleep_ms(1))
+    for (int i = 0; i < PGF_WAIT_MS && !n; i++, sleep_ms(1))
         n = pgf_notifies(l, "far");
-    pgf_sleep_ms(100);
+    sleep_ms(100);
     n += pgf_notifies(l, "far");
     ASSERT_EQ(n, 1);
     for (int i = 0; i < PGF_WAIT_MS && !atomic_load(&fired_far); i++)
-        pgf_sleep_ms(1);
+        sleep_ms(1);
     ASSERT_EQ(atomic_load(&fired_far), 1);
     long long late = atomic_load(&far_late);
     fprintf(stderr, "  far: delivered %lld ms after its due time\n", late);
@@ -91,14 +91,14 @@ static void test_batch_fence(void)
             " '0'), now() + interval '300 ms', '')) FROM"
             " generate_series(0, 299) i");
     int all = 0;
-    for (int w = 0; w < PGF_WAIT_MS && all < NB; w++, pgf_sleep_ms(1)) {
+    for (int w = 0; w < PGF_WAIT_MS && all < NB; w++, sleep_ms(1)) {
         all = 0;
         for (int i = 0; i < NB; i++)
             all += atomic_load(&fired_b[i]) > 0;
     }
     ASSERT_EQ(all, NB);
     tw_durable_stats s;
-    for (int w = 0; w < PGF_WAIT_MS; w++, pgf_sleep_ms(1))
+    for (int w = 0; w < PGF_WAIT_MS; w++, sleep_ms(1))
         if (!tw_durable_stats_get(d, &s) && s.pending <= 1 && !s.running)
             break;
     ASSERT_EQ(s.pending, 1);

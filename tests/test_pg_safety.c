@@ -12,7 +12,8 @@
  *     database TW_ENOENT, and no message shows the password;
  *   - privs: open checks every privilege a node uses, naming the missing
  *     one;
- *   - nslen: a namespace longer than 64 bytes is refused at open;
+ *   - nslen: a namespace longer than 64 bytes is refused at open, and
+ *     by the SQL functions that write a timer (a CHECK of the tables);
  *   - handupd: an UPDATE written by hand of a row being delivered is
  *     fenced: the delivery's completion leaves it alone;
  *   - hostile: rows written by hand that no node could claim are set
@@ -44,12 +45,12 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     if (t->key_len == 3 && !memcmp(t->key, "upd", 3)) {
         atomic_store(&upd_in, 1);
         while (!atomic_load(&upd_go))
-            pgf_sleep_ms(1);
+            sleep_ms(1);
     }
     if (t->key_len >= 4 && !memcmp(t->key, "hold", 4)) {
         atomic_fetch_add(&held, 1);
         while (!atomic_load(&release))
-            pgf_sleep_ms(1);
+            sleep_ms(1);
     }
     pgf_note(t->key, t->key_len);
     return 0;
@@ -81,7 +82,7 @@ static void locked(void)
             " generate_series(1, 4) i",
             ns);
     for (int i = 0; i < PGF_WAIT_MS && atomic_load(&held) < 4; i++)
-        pgf_sleep_ms(1);
+        sleep_ms(1);
     ASSERT_EQ(atomic_load(&held), 4);
     for (int i = 0; i < 4; i++) {
         app[i] = pgf_client();
@@ -97,8 +98,8 @@ static void locked(void)
                     "SELECT twheel.cancel('%s', 'hold%d')", ns, i + 1);
     }
     atomic_store(&release, 1);
-    pgf_sleep_ms(100); /* the completions meet the locks */
-    int64_t t0 = pgf_wall_ms(), m0 = pgf_mono_ms();
+    sleep_ms(100); /* the completions meet the locks */
+    int64_t t0 = now_ms(), m0 = mono_ms();
     pgf_sql(c, PGRES_TUPLES_OK,
             "SELECT twheel.schedule('%s', 'other', now(),"
             " '')",
@@ -106,14 +107,14 @@ static void locked(void)
     bool came = pgf_wait_count_ms("other", 1, 2000);
     int64_t at = 0;
     pgf_count("other", &at);
-    int64_t m1 = pgf_mono_ms();
-    int rc = tw_durable_schedule(d, "mine", 4, pgf_wall_ms(), "", 0);
-    int64_t call = pgf_mono_ms() - m1;
+    int64_t m1 = mono_ms();
+    int rc = tw_durable_schedule(d, "mine", 4, now_ms(), "", 0);
+    int64_t call = mono_ms() - m1;
     fprintf(stderr,
             "  locked: other %s %lld ms after due; a schedule"
             " took %lld ms (rc %d)\n",
             came ? "delivered" : "NOT delivered",
-            came ? (long long)(at - t0) : (long long)(pgf_mono_ms() - m0),
+            came ? (long long)(at - t0) : (long long)(mono_ms() - m0),
             (long long)call, rc);
     ASSERT(came);
     ASSERT_EQ(rc, 0);
@@ -123,9 +124,9 @@ static void locked(void)
         pgf_sql(app[i], PGRES_COMMAND_OK, i < 2 ? "ROLLBACK" : "COMMIT");
         PQfinish(app[i]);
     }
-    int64_t end = pgf_mono_ms() + 5000;
-    while (rows(c, ns) && pgf_mono_ms() < end)
-        pgf_sleep_ms(10);
+    int64_t end = mono_ms() + 5000;
+    while (rows(c, ns) && mono_ms() < end)
+        sleep_ms(10);
     if (rows(c, ns)) {
         PGresult *r = PQexec(c, "SELECT key, ver, owner, lease_until FROM"
                                 " twheel.timers WHERE ns = 'lk12'");
@@ -218,18 +219,18 @@ static void frozen(void)
     tw_durable *d = NULL;
     ASSERT_EQ(tw_durable_open(&d, &cfg), 0);
     PGconn *c = pgf_client();
-    ASSERT_EQ(tw_durable_schedule(d, "f1", 2, pgf_wall_ms(), "", 0), 0);
+    ASSERT_EQ(tw_durable_schedule(d, "f1", 2, now_ms(), "", 0), 0);
     pgf_wait_count("f1", 1);
     pid_t pids[16], child;
     int n = server_pids(c, pids, 16);
     int guard = pg_guard(pids, n, 12000, &child);
     for (int i = 0; i < n; i++)
         ASSERT_EQ(kill(pids[i], SIGSTOP), 0);
-    int64_t m0 = pgf_mono_ms();
-    int rc1 = tw_durable_schedule(d, "f2", 2, pgf_wall_ms(), "", 0);
-    int64_t m1 = pgf_mono_ms();
-    int rc2 = tw_durable_schedule(d, "f3", 2, pgf_wall_ms(), "", 0);
-    int64_t m2 = pgf_mono_ms();
+    int64_t m0 = mono_ms();
+    int rc1 = tw_durable_schedule(d, "f2", 2, now_ms(), "", 0);
+    int64_t m1 = mono_ms();
+    int rc2 = tw_durable_schedule(d, "f3", 2, now_ms(), "", 0);
+    int64_t m2 = mono_ms();
     pg_thaw(pids, n, guard, child);
     fprintf(stderr,
             "  frozen (%d processes): a call %d after %lld ms,"
@@ -239,12 +240,12 @@ static void frozen(void)
     ASSERT_LE(m1 - m0, 1500 + 2000 + 1000);
     ASSERT_EQ(rc2, TW_ECONN);
     ASSERT_LE(m2 - m1, 2000 + 2000);
-    int64_t m3 = pgf_mono_ms();
-    ASSERT_EQ(tw_durable_schedule(d, "f4", 2, pgf_wall_ms(), "", 0), 0);
+    int64_t m3 = mono_ms();
+    ASSERT_EQ(tw_durable_schedule(d, "f4", 2, now_ms(), "", 0), 0);
     pgf_sentinel(c, "frz", "f5");
     pgf_wait_count("f4", 1);
     fprintf(stderr, "  after SIGCONT: scheduled and delivered in %lld ms\n",
-            (long long)(pgf_mono_ms() - m3));
+            (long long)(mono_ms() - m3));
     PQfinish(c);
     ASSERT_EQ(tw_durable_close(d), 0);
 }
@@ -303,7 +304,7 @@ static void creds(void)
     fprintf(f, "host all pw 127.0.0.1/32 scram-sha-256\n%s", old);
     fclose(f);
     pgf_sql(c, PGRES_TUPLES_OK, "SELECT pg_reload_conf()");
-    pgf_sleep_ms(200); /* the postmaster reads it */
+    sleep_ms(200); /* the postmaster reads it */
     char url[600];
     url_as(url, sizeof url, "pw", "sekrit", NULL);
     ASSERT_EQ(open_code(url), TW_EAUTH);
@@ -392,6 +393,41 @@ static void privs(void)
     PQfinish(c);
 }
 
+/* The same limit for SQL callers: every function that writes a timer or
+ * a dead letter refuses a namespace of 0 or 65 bytes (a CHECK of the
+ * tables) and writes nothing; 64 bytes (@ns64) is written. Before: the
+ * SQL functions wrote any namespace. */
+static void nslen_sql(const char *ns64)
+{
+    static const char *const q[] = {
+        "SELECT twheel.schedule('%s', 'k', now())",
+        "SELECT twheel.schedule('%s', 'k'::bytea, 0, ''::bytea)",
+        ("SELECT twheel.schedule_many('%s', '{k}'::text[],"
+         " ARRAY[now() + interval '1 h'])"),
+        "SELECT twheel.restore('%s', 'k'::bytea, 0, ''::bytea, 1, true)",
+        "SELECT twheel.schedule_if('%s', 'k'::bytea, 0, ''::bytea, NULL)"};
+    char n65[66];
+    memset(n65, 'n', 65);
+    n65[65] = 0;
+    const char *bad[] = {"", n65};
+    PGconn *c = pgf_client();
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+        for (size_t b = 0; b < 2; b++)
+            pgf_sql(c, PGRES_FATAL_ERROR, q[i], bad[b]);
+        pgf_sql(c, PGRES_TUPLES_OK, q[i], ns64);
+        pgf_sql(c, PGRES_COMMAND_OK,
+                "DELETE FROM twheel.timers WHERE ns = '%s';"
+                " DELETE FROM twheel.dead WHERE ns = '%s'",
+                ns64, ns64);
+    }
+    ASSERT_EQ(pgf_num(c, "SELECT (SELECT count(*) FROM twheel.timers WHERE"
+                         " octet_length(ns) NOT BETWEEN 1 AND 64) + (SELECT"
+                         " count(*) FROM twheel.dead WHERE octet_length(ns)"
+                         " NOT BETWEEN 1 AND 64)"),
+              0);
+    PQfinish(c);
+}
+
 /* Finding 04: a namespace is 1 to 64 bytes, refused at open beyond
  * (TW_EINVAL naming the field); 64 bytes opens and delivers. Before: a
  * namespace of 8,000 bytes opened, then every schedule failed (the
@@ -415,9 +451,10 @@ static void nslen(void)
     }
     ns[64] = 0;
     tw_durable *d = pgf_open(ns, on_fire, NULL, 0);
-    ASSERT_EQ(tw_durable_schedule(d, "ns64", 4, pgf_wall_ms(), "", 0), 0);
+    ASSERT_EQ(tw_durable_schedule(d, "ns64", 4, now_ms(), "", 0), 0);
     pgf_wait_count("ns64", 1);
     ASSERT_EQ(tw_durable_close(d), 0);
+    nslen_sql(ns);
 }
 
 /* Finding 07: an UPDATE written by hand of a row being delivered (its due
@@ -430,7 +467,7 @@ static void handupd(void)
     PGconn *c = pgf_client();
     pgf_sql(c, PGRES_TUPLES_OK, "SELECT twheel.schedule('upd7', 'upd', now())");
     for (int i = 0; i < PGF_WAIT_MS && !atomic_load(&upd_in); i++)
-        pgf_sleep_ms(1);
+        sleep_ms(1);
     ASSERT(atomic_load(&upd_in));
     long long v0 = pgf_num(c, "SELECT ver FROM twheel.timers WHERE"
                               " ns = 'upd7' AND key = 'upd'");
@@ -446,7 +483,7 @@ static void handupd(void)
         ASSERT_EQ(tw_durable_stats_get(d, &s), 0);
         if (!s.running)
             break; /* counted as ended once its completion is in */
-        pgf_sleep_ms(1);
+        sleep_ms(1);
     }
     ASSERT_EQ(s.running, 0);
     fprintf(stderr, "  ver %lld -> %lld by the UPDATE\n", v0, v1);
@@ -485,22 +522,21 @@ static void hostile(void)
             " SELECT 'hr', convert_to('big' || i, 'UTF8'), 0, "
             "convert_to(repeat('p', 1048576),"
             " 'UTF8') FROM generate_series(1, 8) i");
-    int64_t m0 = pgf_mono_ms();
+    int64_t m0 = mono_ms();
     pgf_sql(c, PGRES_TUPLES_OK, "SELECT pg_notify('twheel', 'hr')");
     const char *ok[] = {"noown", "nolease", "minf", "dmin", "big1", "big8"};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
         pgf_wait_count(ok[i], 1);
-    fprintf(stderr, "  delivered in %lld ms\n",
-            (long long)(pgf_mono_ms() - m0));
+    fprintf(stderr, "  delivered in %lld ms\n", (long long)(mono_ms() - m0));
     tw_durable_stats s;
     for (int i = 0; i < 15000; i++) {
         ASSERT_EQ(tw_durable_stats_get(d, &s), 0);
         if (s.quarantined >= 2)
             break;
-        pgf_sleep_ms(1);
+        sleep_ms(1);
     }
     fprintf(stderr, "  set aside: %llu after %lld ms\n",
-            (unsigned long long)s.quarantined, (long long)(pgf_mono_ms() - m0));
+            (unsigned long long)s.quarantined, (long long)(mono_ms() - m0));
     ASSERT_EQ(s.quarantined, 2);
     ASSERT_EQ(s.pending, 1); /* dmax */
     ASSERT_EQ(pgf_num(c, "SELECT count(*) FROM twheel.quarantine WHERE"
@@ -537,13 +573,13 @@ static void busyloop(void)
     pgf_sql(app, PGRES_TUPLES_OK,
             "SELECT 1 FROM twheel.timers WHERE ns = 'bl5' AND key = 'lockd'"
             " FOR UPDATE");
-    pgf_sleep_ms(1500); /* due now, and the node knows it */
+    sleep_ms(1500); /* due now, and the node knows it */
     long long x0 = xacts(c);
-    int64_t m0 = pgf_mono_ms();
-    pgf_sleep_ms(3000);
+    int64_t m0 = mono_ms();
+    sleep_ms(3000);
     long long n = xacts(c) - x0;
     fprintf(stderr, "  %lld transactions in %lld ms with the due row locked\n",
-            n, (long long)(pgf_mono_ms() - m0));
+            n, (long long)(mono_ms() - m0));
     ASSERT_EQ(pgf_count("lockd", NULL), 0);
     pgf_sql(app, PGRES_COMMAND_OK, "ROLLBACK");
     ASSERT_LT(n, 100);
@@ -571,11 +607,11 @@ int main(int argc, char **argv)
             run |= !strcmp(argv[a], cases[i].name);
         if (!run)
             continue;
-        int64_t t0 = pgf_mono_ms();
+        int64_t t0 = mono_ms();
         fprintf(stderr, "%s\n", cases[i].name);
         cases[i].fn();
         fprintf(stderr, "%s: ok (%lld ms)\n", cases[i].name,
-                (long long)(pgf_mono_ms() - t0));
+                (long long)(mono_ms() - t0));
     }
     return 0;
 }

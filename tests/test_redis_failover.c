@@ -62,10 +62,10 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
         atomic_fetch_add(&late_cancel, 1);
     atomic_fetch_add(&delivered[i], 1);
     if (atomic_load(&mark_ms) && !atomic_load(&fired_any_ms))
-        atomic_store(&fired_any_ms, wall_ms());
+        atomic_store(&fired_any_ms, now_ms());
     int fa = atomic_load(&first_after);
     if (fa >= 0 && i >= fa && !atomic_load(&fired_after_ms))
-        atomic_store(&fired_after_ms, wall_ms());
+        atomic_store(&fired_after_ms, now_ms());
     return 0;
 }
 
@@ -76,11 +76,11 @@ static void *writer(void *arg)
         char k[16];
         int n = snprintf(k, sizeof k, "L%d", i);
         atomic_store(&nwritten, i + 1);
-        if (tw_durable_schedule(d, k, (size_t)n, wall_ms() + DUE_AHEAD_MS, "p",
+        if (tw_durable_schedule(d, k, (size_t)n, now_ms() + DUE_AHEAD_MS, "p",
                                 1) == 0) {
             atomic_store(&acked[i], 1);
             if (atomic_load(&first_after) < 0 && atomic_load(&mark_ms) &&
-                wall_ms() >= atomic_load(&mark_ms))
+                now_ms() >= atomic_load(&mark_ms))
                 atomic_store(&first_after, i);
         }
         if (i % 10 == 0) {
@@ -101,20 +101,20 @@ static void phase(const char *name, const char *var)
     const char *cmd = getenv(var);
     ASSERT_NOT_NULL(cmd);
     int before = atomic_load(&nwritten);
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     ASSERT_EQ(system(cmd), 0);
-    int64_t t1 = wall_ms();
+    int64_t t1 = now_ms();
     atomic_store(&fired_after_ms, 0);
     atomic_store(&fired_any_ms, 0);
     atomic_store(&first_after, -1);
     atomic_store(&mark_ms, t1);
-    while (atomic_load(&first_after) < 0 && wall_ms() - t1 < RESUME_MS)
+    while (atomic_load(&first_after) < 0 && now_ms() - t1 < RESUME_MS)
         sleep_ms(10);
-    int64_t t2 = wall_ms();
+    int64_t t2 = now_ms();
     if (atomic_load(&first_after) < 0)
         TW_TEST_FAIL_("%s: no schedule acknowledged within %d ms", name,
                       RESUME_MS);
-    while (!atomic_load(&fired_after_ms) && wall_ms() - t2 < RESUME_MS)
+    while (!atomic_load(&fired_after_ms) && now_ms() - t2 < RESUME_MS)
         sleep_ms(10);
     if (!atomic_load(&fired_after_ms))
         TW_TEST_FAIL_("%s: no delivery resumed within %d ms", name, RESUME_MS);
@@ -133,7 +133,7 @@ static void phase(const char *name, const char *var)
  * @bound_ms; the count of each kind is printed. */
 static void check_delivered(int64_t bound_ms)
 {
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     int missing = 0, nacked = 0, twice = 0, ncancel = 0;
     do {
         missing = nacked = twice = ncancel = 0;
@@ -149,7 +149,7 @@ static void check_delivered(int64_t bound_ms)
         }
         if (missing)
             sleep_ms(50);
-    } while (missing && wall_ms() - t0 < bound_ms);
+    } while (missing && now_ms() - t0 < bound_ms);
     for (int i = 0, shown = 0; i < NKEYS && shown < 10; i++)
         if (atomic_load(&acked[i]) && !atomic_load(&cancel_sent[i]) &&
             !atomic_load(&delivered[i])) {

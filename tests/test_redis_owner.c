@@ -203,7 +203,7 @@ static void *sampler(void *arg)
 static int64_t settle_within(int *owner, uint64_t *epoch, const bool *skip,
                              int64_t ms)
 {
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     for (;;) {
         const char *ids[NH];
         int idx[NH], n = 0;
@@ -229,8 +229,8 @@ static int64_t settle_within(int *owner, uint64_t *epoch, const bool *skip,
         }
         pthread_mutex_unlock(&hmu);
         if (ok)
-            return wall_ms() - t0;
-        if (wall_ms() - t0 > ms)
+            return now_ms() - t0;
+        if (now_ms() - t0 > ms)
             return -1;
         sleep_ms(20);
     }
@@ -299,7 +299,7 @@ static void plant_member(const char *ns)
 {
     redisContext *rc = connect_seed();
     redisReply *r = redisCommand(rc, "ZADD {%s:0}:m %lld ffffffffffffffff", ns,
-                                 (long long)wall_ms() + 86400000);
+                                 (long long)now_ms() + 86400000);
     ASSERT(r && r->type == REDIS_REPLY_INTEGER);
     freeReplyObject(r);
     redisFree(rc);
@@ -308,7 +308,7 @@ static void plant_member(const char *ns)
 static int64_t ahead_wall(void *arg)
 {
     (void)arg;
-    return wall_ms() + 2000;
+    return now_ms() + 2000;
 }
 
 static void owner(void)
@@ -353,12 +353,12 @@ static void owner(void)
     for (int i = 0; i < 60; i++) {
         char k[16];
         snprintf(k, sizeof k, "e%d", i);
-        ASSERT_EQ(tw_durable_schedule(hs[i % 3], k, strlen(k), wall_ms() + 2500,
+        ASSERT_EQ(tw_durable_schedule(hs[i % 3], k, strlen(k), now_ms() + 2500,
                                       "x", 1),
                   0);
     }
-    int64_t end = wall_ms() + 10000;
-    while (cb_seen < 60 && wall_ms() < end)
+    int64_t end = now_ms() + 10000;
+    while (cb_seen < 60 && now_ms() < end)
         sleep_ms(10);
     ASSERT_EQ(cb_seen, 60);
     ASSERT_EQ(cb_bad, 0);
@@ -369,9 +369,9 @@ static void owner(void)
     hs[2] = NULL;
     pthread_mutex_unlock(&hmu);
     ASSERT_EQ(tw_durable_close(gone), 0);
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     settle(o2, e2);
-    printf("  leave settled in %lld ms\n", (long long)(wall_ms() - t0));
+    printf("  leave settled in %lld ms\n", (long long)(now_ms() - t0));
     for (uint32_t s = 0; s < oshards; s++) {
         if (o1[s] == 2) {
             ASSERT_NE(o2[s], 2);
@@ -391,9 +391,9 @@ static void owner(void)
     pthread_mutex_lock(&hmu);
     hs[3] = nd;
     pthread_mutex_unlock(&hmu);
-    t0 = wall_ms();
+    t0 = now_ms();
     settle(o3, e3);
-    printf("  join settled in %lld ms\n", (long long)(wall_ms() - t0));
+    printf("  join settled in %lld ms\n", (long long)(now_ms() - t0));
     int moved = 0;
     for (uint32_t s = 0; s < oshards; s++) {
         if (o3[s] == 3) {
@@ -437,7 +437,7 @@ static int rec_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     r.ver = t->payload_len && ((const char *)t->payload)[1] == '2' ? 2 : 1;
     r.node = node_no;
     r.epoch = t->epoch;
-    r.fired_us = wall_us();
+    r.fired_us = now_us();
     r.due_ms = t->due_ms;
     ASSERT_EQ(write(out_fd, &r, sizeof r), (ssize_t)sizeof r);
     if (r.id < 0 && r.ver == 1 && node_no == 0)
@@ -476,7 +476,7 @@ static void read_id(const char *dir, int n, char *out)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/node%d.id", dir, n);
-    int64_t end = wall_ms() + 10000;
+    int64_t end = now_ms() + 10000;
     for (;;) {
         FILE *f = fopen(path, "r");
         if (f) {
@@ -485,7 +485,7 @@ static void read_id(const char *dir, int n, char *out)
             if (ok)
                 return;
         }
-        ASSERT(wall_ms() < end);
+        ASSERT(now_ms() < end);
         sleep_ms(10);
     }
 }
@@ -532,7 +532,7 @@ static size_t read_recs(const char *dir, int n, struct drec **out)
 static void settle_redis(redisContext *rc, const char *ns, uint32_t shards,
                          const char *const *ids, int n, int *own)
 {
-    int64_t end = wall_ms() + 20000;
+    int64_t end = now_ms() + 20000;
     for (;;) {
         bool ok = true;
         for (uint32_t s = 0; s < shards && ok; s++) {
@@ -546,7 +546,7 @@ static void settle_redis(redisContext *rc, const char *ns, uint32_t shards,
         }
         if (ok)
             return;
-        ASSERT(wall_ms() < end);
+        ASSERT(now_ms() < end);
         sleep_ms(50);
     }
 }
@@ -584,7 +584,7 @@ static void kill_test(const char *dir)
     lc.fire = nop_fire;
     tw_durable *d;
     ASSERT_EQ(tw_durable_open(&d, &lc), 0);
-    int64_t start = wall_ms() + 3000;
+    int64_t start = now_ms() + 3000;
     static tw_durable_item it[N];
     static char k[N][16];
     for (int i = 0; i < N; i++) {
@@ -594,10 +594,10 @@ static void kill_test(const char *dir)
     }
     ASSERT_EQ(tw_durable_schedule_many(d, it, N), 0);
     ASSERT_EQ(tw_durable_close(d), 0);
-    ASSERT(wall_ms() < start - 1000);
-    while (wall_ms() < start + SPREAD / 2)
+    ASSERT(now_ms() < start - 1000);
+    while (now_ms() < start + SPREAD / 2)
         sleep_ms(10);
-    int64_t killed = wall_ms();
+    int64_t killed = now_ms();
     kill(pid[0], SIGKILL);
     waitpid(pid[0], NULL, 0);
     printf("  killed node 0 at due window + %d ms\n", SPREAD / 2);
@@ -607,7 +607,7 @@ static void kill_test(const char *dir)
     static int cnt[N];
     static int64_t late[N];
     int got = 0;
-    while (got < N && wall_ms() < end) {
+    while (got < N && now_ms() < end) {
         sleep_ms(200);
         free(r);
         m = read_recs(dir, 3, &r);
@@ -711,7 +711,7 @@ static void stop_test(const char *dir)
         if (pick[shard_of(t, SH)])
             snprintf(bkey, sizeof bkey, "%s", t);
     }
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     ASSERT_EQ(tw_durable_schedule(d, bkey, strlen(bkey), t0 + 2500, "v1", 2),
               0);
     for (int i = 0; i < N; i++)
@@ -721,11 +721,11 @@ static void stop_test(const char *dir)
     /* Node 0 stops itself inside the callback of bkey, holding claims of
      * the keys due within its horizon. */
     int st = 0;
-    int64_t end = wall_ms() + 15000;
-    while (waitpid(pid[0], &st, WUNTRACED | WNOHANG) == 0 && wall_ms() < end)
+    int64_t end = now_ms() + 15000;
+    while (waitpid(pid[0], &st, WUNTRACED | WNOHANG) == 0 && now_ms() < end)
         sleep_ms(2);
     ASSERT(WIFSTOPPED(st));
-    int64_t ts = wall_ms();
+    int64_t ts = now_ms();
     for (int i = 0; i < N; i++) {
         if (i % 3 == 0)
             ASSERT_EQ(tw_durable_cancel(d, k[i], strlen(k[i])), 0);
@@ -739,10 +739,10 @@ static void stop_test(const char *dir)
     ASSERT_EQ(tw_durable_schedule(d, bkey, strlen(bkey), ts + 2 * LEASE + 1500,
                                   "v2", 2),
               0);
-    ASSERT(wall_ms() < ts + 2 * LEASE); /* the changes came first */
-    while (wall_ms() < ts + 2 * LEASE)
+    ASSERT(now_ms() < ts + 2 * LEASE); /* the changes came first */
+    while (now_ms() < ts + 2 * LEASE)
         sleep_ms(5);
-    int64_t tc = wall_ms();
+    int64_t tc = now_ms();
     kill(pid[0], SIGCONT);
     printf("  node 0 stopped %lld ms inside a callback\n",
            (long long)(tc - ts));
@@ -750,7 +750,7 @@ static void stop_test(const char *dir)
     size_t m = 0;
     int need = N - N / 3 + 1, got = 0;
     end = tc + 15000;
-    while (got < need && wall_ms() < end) {
+    while (got < need && now_ms() < end) {
         sleep_ms(100);
         free(r);
         m = read_recs(dir, 4, &r);
@@ -828,10 +828,10 @@ static int pause_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
     (void)d;
     (void)arg;
     int i = atoi((const char *)t->key + 1);
-    if (wall_ms() < t->due_ms)
+    if (now_ms() < t->due_ms)
         pearly++;
     if (pcount[i]++ == 0)
-        precs[i] = (struct prec){wall_ms(), t->epoch};
+        precs[i] = (struct prec){now_ms(), t->epoch};
     return 0;
 }
 
@@ -853,7 +853,7 @@ static void pause_test(void)
     tw_durable_config c = ocfg(ns, oshards, LEASE, pause_fire);
     tw_durable *d;
     ASSERT_EQ(tw_durable_open(&d, &c), 0);
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     /* Due over 4 s from +1 s: before, during and after the pause. */
     for (int i = 0; i < N; i++) {
         char k[16];
@@ -862,7 +862,7 @@ static void pause_test(void)
             tw_durable_schedule(d, k, strlen(k), t0 + 1000 + i * 10, "x", 1),
             0);
     }
-    while (wall_ms() < t0 + 1500)
+    while (now_ms() < t0 + 1500)
         sleep_ms(5);
     uint64_t before = 0;
     char f[TW__OWN_FENCE_MAX];
@@ -876,14 +876,14 @@ static void pause_test(void)
     ASSERT_GT(before, 0);
     redisContext *rc = connect_seed();
     pthread_t th;
-    int64_t p0 = wall_ms();
+    int64_t p0 = now_ms();
     ASSERT_EQ(pthread_create(&th, NULL, sleeper, rc), 0);
     pthread_join(th, NULL);
-    int64_t p1 = wall_ms();
+    int64_t p1 = now_ms();
     redisFree(rc);
     int64_t end = p1 + 10000;
     int got = 0;
-    while (got < N && wall_ms() < end) {
+    while (got < N && now_ms() < end) {
         sleep_ms(20);
         got = 0;
         for (int i = 0; i < N; i++)
@@ -931,7 +931,7 @@ static int log_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
     struct dv v = {atoi((const char *)t->key + 1), (int)(intptr_t)arg, t->epoch,
-                   t->token, wall_us()};
+                   t->token, now_us()};
     pthread_mutex_lock(&dvmu);
     if (dvn == dvcap) {
         dvcap = dvcap ? 2 * dvcap : 4096;
@@ -959,18 +959,18 @@ static void *prod_main(void *arg)
 {
     (void)arg;
     while (!pr.stop && pr.n < PMAX) {
-        int64_t t = wall_ms();
+        int64_t t = now_ms();
         for (int j = 0; j < pr.rate / 100 && pr.n < PMAX; j++) {
             int i = pr.n;
             char k[16];
             snprintf(k, sizeof k, "k%d", i);
-            pr.due[i] = wall_ms() + pr.lead + (pr.spread ? i % pr.spread : 0);
+            pr.due[i] = now_ms() + pr.lead + (pr.spread ? i % pr.spread : 0);
             int rc = tw_durable_schedule(pr.d, k, strlen(k), pr.due[i], "x", 1);
             pr.acked[i] = rc == 0;
             pr.errors += rc != 0;
             pr.n = i + 1;
         }
-        int64_t w = t + 10 - wall_ms();
+        int64_t w = t + 10 - now_ms();
         if (w > 0)
             sleep_ms((unsigned)w);
     }
@@ -995,7 +995,7 @@ static int wait_acked(int64_t end, int *cnt, int *first)
         missing = 0;
         for (int i = 0; i < pr.n; i++)
             missing += pr.acked[i] && !cnt[i];
-        if (!missing || wall_ms() >= end)
+        if (!missing || now_ms() >= end)
             return missing;
         sleep_ms(100);
     }
@@ -1060,7 +1060,7 @@ static int load_finish(pthread_t th, int64_t wait_ms, int *cnt, int *first)
 {
     pr.stop = 1;
     pthread_join(th, NULL);
-    int missing = wait_acked(wall_ms() + wait_ms, cnt, first);
+    int missing = wait_acked(now_ms() + wait_ms, cnt, first);
     sleep_ms(1000); /* anything late or twice still to come */
     wait_acked(0, cnt, first);
     return missing;
@@ -1111,14 +1111,14 @@ static void churn_test(void)
     static uint64_t ep[1024];
     settle(own, ep);
     pthread_t th = load_start(hs[0], 500, 1200, 1000);
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     /* Handle 0 produces and stays; the others come and go. */
     sleep_ms(2000);
     open_handle(3, &c);
     sleep_ms(1000);
     close_handle(1);
     sleep_ms(1000);
-    int64_t tk = wall_ms();
+    int64_t tk = now_ms();
     ASSERT_EQ(system(getenv("TW_REDIS_KILL")), 0);
     printf("  master killed at %lld ms\n", (long long)(tk - t0));
     sleep_ms(2000);
@@ -1196,7 +1196,7 @@ static pthread_t settle_sampled(int *owner, uint64_t *epoch)
 
 static int64_t stepped_wall(void *arg)
 {
-    return wall_ms() + atomic_load((atomic_llong *)arg);
+    return now_ms() + atomic_load((atomic_llong *)arg);
 }
 
 /* clock: see the top of the file. */
@@ -1232,17 +1232,17 @@ static void clock_test(void)
     /* +2 s while it owns shards; a join takes some of them (its claims
      * made ahead meet another owner's), then -2 s and a leave gives
      * shards back to it. */
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     sleep_ms(1500);
     atomic_store(&off, STEP);
     printf("  handle 0's wall clock +%d ms at %lld ms\n", STEP,
-           (long long)(wall_ms() - t0));
+           (long long)(now_ms() - t0));
     sleep_ms(1500);
     open_handle(3, &c);
     sleep_ms(1500);
     atomic_store(&off, -STEP);
     printf("  handle 0's wall clock -%d ms at %lld ms\n", STEP,
-           (long long)(wall_ms() - t0));
+           (long long)(now_ms() - t0));
     sleep_ms(1500);
     close_handle(3);
     sleep_ms(1500);
@@ -1341,14 +1341,14 @@ static void graceful_test(void)
     pthread_t th = load_start(hs[0], 500, 1200, 800);
     sleep_ms(2500);
     open_handle(3, &c);
-    int64_t t = wall_ms();
+    int64_t t = now_ms();
     settle(o2, e2);
-    int64_t join_ms = wall_ms() - t;
+    int64_t join_ms = now_ms() - t;
     sleep_ms(2500);
     close_handle(2);
-    t = wall_ms();
+    t = now_ms();
     settle(o3, e3);
-    int64_t leave_ms = wall_ms() - t;
+    int64_t leave_ms = now_ms() - t;
     sleep_ms(2500);
     static int cnt[PMAX], first[PMAX];
     int missing = load_finish(th, 20000, cnt, first);
@@ -1425,7 +1425,7 @@ static void busy_sched(const int *owner, int *i)
         snprintf(k, sizeof k, "busy%d", *i);
         if (owner[shard_of(k, oshards)] != 0)
             continue;
-        ASSERT_EQ(tw_durable_schedule(busy_d, k, strlen(k), wall_ms(), "x", 1),
+        ASSERT_EQ(tw_durable_schedule(busy_d, k, strlen(k), now_ms(), "x", 1),
                   0);
         (*i)++;
         return;
@@ -1435,9 +1435,9 @@ static void busy_sched(const int *owner, int *i)
 /* Wait (20 s at most) until @n callbacks of handle 0 are held. */
 static void busy_wait_in(int n)
 {
-    int64_t end = wall_ms() + 20000;
+    int64_t end = now_ms() + 20000;
     while (busy_in != n) {
-        ASSERT(wall_ms() < end);
+        ASSERT(now_ms() < end);
         sleep_ms(5);
     }
 }
@@ -1488,7 +1488,7 @@ static void busy_test(void)
     busy_sched(owner, &ki);
     busy_sched(owner, &ki);
     busy_wait_in(2);
-    int64_t t0 = wall_ms(), end = t0 + 20000;
+    int64_t t0 = now_ms(), end = t0 + 20000;
     for (;;) {
         int held = 0;
         char f[TW__OWN_FENCE_MAX];
@@ -1498,12 +1498,12 @@ static void busy_test(void)
             held += tw__own_fence(tw__durable_redis_own(b), s, f, &fl, &e);
         if (held == (int)oshards)
             break;
-        ASSERT(wall_ms() < end);
+        ASSERT(now_ms() < end);
         sleep_ms(20);
     }
     printf("  both threads held: the other handle owns all %u shards after "
            "%lld ms\n",
-           oshards, (long long)(wall_ms() - t0));
+           oshards, (long long)(now_ms() - t0));
     ASSERT_EQ(busy_in, 2);
 
     /* Released: the node is healthy again and takes its shards back. */
@@ -1589,7 +1589,7 @@ static void stall_test(void)
     static uint64_t ep[1024];
     pthread_t ts = settle_sampled(own, ep);
     /* Due from +1 s to +9 s: before, during and after the stop. */
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     for (int i = 0; i < STALL_N; i++) {
         char key[16];
         snprintf(key, sizeof key, "k%d", i);
@@ -1600,12 +1600,12 @@ static void stall_test(void)
         pr.acked[i] = 1;
         pr.n = i + 1;
     }
-    while (wall_ms() < t0 + 2000)
+    while (now_ms() < t0 + 2000)
         sleep_ms(5);
-    int64_t tstop = wall_ms();
+    int64_t tstop = now_ms();
     ASSERT_EQ(kill(vpid, SIGSTOP), 0);
     printf("  SIGSTOP at +%lld ms\n", (long long)(tstop - t0));
-    while (wall_ms() < tstop + STALL_LEASE_MS * 2)
+    while (now_ms() < tstop + STALL_LEASE_MS * 2)
         sleep_ms(5);
     /* Two leases into the stop: both handles still live in the
      * membership set of every healthy master (entries not yet ended). */
@@ -1615,7 +1615,7 @@ static void stall_test(void)
             continue;
         char mk[96], now[24];
         snprintf(mk, sizeof mk, "{%s:%u}:m", ns, mlow[m]);
-        snprintf(now, sizeof now, "%lld", (long long)wall_ms());
+        snprintf(now, sizeof now, "%lld", (long long)now_ms());
         const char *argv[4] = {"ZCOUNT", mk, now, "+inf"};
         size_t len[4] = {6, strlen(mk), strlen(now), 4};
         tw__rc_cmd zc = {4, argv, len, tw__rc_slot(mk, strlen(mk)), NULL, 0};
@@ -1629,13 +1629,13 @@ static void stall_test(void)
            mlive, mhealthy);
     ASSERT_GT(mhealthy, 0);
     ASSERT_EQ(mlive, mhealthy);
-    while (wall_ms() < tstop + STALL_LEASE_MS * 5 / 2)
+    while (now_ms() < tstop + STALL_LEASE_MS * 5 / 2)
         sleep_ms(5);
-    int64_t tcont = wall_ms();
+    int64_t tcont = now_ms();
     ASSERT_EQ(kill(vpid, SIGCONT), 0);
     printf("  SIGCONT at +%lld ms\n", (long long)(tcont - t0));
     static int cnt[PMAX], first[PMAX];
-    int missing = wait_acked(wall_ms() + 30000, cnt, first);
+    int missing = wait_acked(now_ms() + 30000, cnt, first);
     sleep_ms(1000); /* anything late or twice still to come */
     wait_acked(0, cnt, first);
     stop_sampler = 1;
@@ -1729,9 +1729,9 @@ static void stall_dead_test(const char *dir)
     const char *ids[3] = {cid, tw__own_node(tw__durable_redis_own(hs[0])),
                           tw__own_node(tw__durable_redis_own(hs[1]))};
     int childs = 0;
-    int64_t end = wall_ms() + 20000;
+    int64_t end = now_ms() + 20000;
     for (bool ok = false; !ok;) {
-        ASSERT(wall_ms() < end);
+        ASSERT(now_ms() < end);
         sleep_ms(50);
         ok = true;
         childs = 0;

@@ -100,7 +100,7 @@ static int missing(int r)
  * work claims them). */
 static void one_rule(tw_durable *d, int r, const char *rule, int64_t late_ms)
 {
-    int64_t now = wall_ms();
+    int64_t now = now_ms();
     for (int j = 0; j < PER_RULE; j++) {
         char k[16];
         int n = snprintf(k, sizeof k, "P%d", r * PER_RULE + j);
@@ -111,9 +111,9 @@ static void one_rule(tw_durable *d, int r, const char *rule, int64_t late_ms)
     uint64_t e0 = errors_now(d);
     int rep0 = atomic_load(&reports);
     acl(rule);
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     while ((errors_now(d) == e0 || atomic_load(&reports) == rep0) &&
-           missing(r) && wall_ms() - t0 < 5000)
+           missing(r) && now_ms() - t0 < 5000)
         sleep_ms(20);
     if (!missing(r) && errors_now(d) == e0) {
         /* Not a command these timers' claims and completions use. */
@@ -124,7 +124,7 @@ static void one_rule(tw_durable *d, int r, const char *rule, int64_t late_ms)
                 "-%s: %llu errors, %d reports in %lld ms, the last: %s "
                 "\"%s\"\n",
                 rule, (unsigned long long)(errors_now(d) - e0),
-                atomic_load(&reports) - rep0, (long long)(wall_ms() - t0),
+                atomic_load(&reports) - rep0, (long long)(now_ms() - t0),
                 tw_err_name(last_code), last_msg);
         char want[64];
         snprintf(want, sizeof want, "'%s'", rule);
@@ -137,11 +137,11 @@ static void one_rule(tw_durable *d, int r, const char *rule, int64_t late_ms)
         ASSERT_EQ(code, TW_EAUTH);
     }
     acl("-");
-    t0 = wall_ms();
-    while (missing(r) && wall_ms() - t0 < 20000)
+    t0 = now_ms();
+    while (missing(r) && now_ms() - t0 < 20000)
         sleep_ms(20);
     fprintf(stderr, "+%s: %d of %d delivered %lld ms after it came back\n",
-            rule, PER_RULE - missing(r), PER_RULE, (long long)(wall_ms() - t0));
+            rule, PER_RULE - missing(r), PER_RULE, (long long)(now_ms() - t0));
     ASSERT_EQ(missing(r), 0);
 }
 
@@ -149,7 +149,7 @@ static void one_rule(tw_durable *d, int r, const char *rule, int64_t late_ms)
  * wait; the refusal counted once the rule is back. */
 static void stats_rule(tw_durable *d, int r, const char *cmd)
 {
-    int64_t due = wall_ms() + 600000;
+    int64_t due = now_ms() + 600000;
     for (int j = 0; j < PER_RULE; j++) {
         char k[16];
         int n = snprintf(k, sizeof k, "S%d", r * PER_RULE + j);

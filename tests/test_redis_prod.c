@@ -32,18 +32,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fixture.h"
+#include "clock_fixture.h"
 #include "redis_client.h"
 #include "test.h"
 #include "twheel/durable.h"
-
-/* CLOCK_REALTIME in ms: the durable store's due times. */
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static const char *wants[8], *secrets[8], *keep;
 static int nwants, nsecrets;
@@ -116,7 +108,7 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 /* Schedule, replace and see one delivery of the new version. */
 static void flow(tw_durable *d)
 {
-    int64_t due = wall_ms() + 100;
+    int64_t due = now_ms() + 100;
     ASSERT_EQ(tw_durable_schedule(d, "k1", 2, due, "old", 3), 0);
     ASSERT_EQ(tw_durable_schedule(d, "k1", 2, due, "new", 3), 0);
     ASSERT_EQ(tw_durable_cancel(d, "nokey", 5), TW_ENOENT);
@@ -127,11 +119,11 @@ static void flow(tw_durable *d)
     ASSERT_EQ(atomic_load(&fired_new), 1);
     if (keep)
         ASSERT_EQ(tw_durable_schedule(d, keep, strlen(keep),
-                                      wall_ms() + 3600 * 1000, "kept", 4),
+                                      now_ms() + 3600 * 1000, "kept", 4),
                   0);
     /* The operator's calls too (the smallest ACL must cover them): look
      * up, list, stats, cancel of a pending key. */
-    int64_t far = wall_ms() + 7200 * 1000;
+    int64_t far = now_ms() + 7200 * 1000;
     ASSERT_EQ(tw_durable_schedule(d, "k2", 2, far, "later", 5), 0);
     tw_durable_info info;
     char buf[16];
@@ -189,7 +181,7 @@ static atomic_bool stop_writer;
 static void *writer(void *arg)
 {
     tw_durable *d = arg;
-    int64_t far = wall_ms() + 3600 * 1000;
+    int64_t far = now_ms() + 3600 * 1000;
     for (int i = 0; i < SKEYS && !atomic_load(&stop_writer); i++) {
         char k[16];
         int n = snprintf(k, sizeof k, "s%d", i);
@@ -222,23 +214,22 @@ static int sentinel_main(int argc, char **argv)
     sleep_ms(500);
     const char *failover = getenv("TW_FAILOVER");
     ASSERT_NOT_NULL(failover);
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     ASSERT_EQ(system(failover), 0);
     fprintf(stderr, "sentinel: failover done in %lld ms\n",
-            (long long)(wall_ms() - t0));
+            (long long)(now_ms() - t0));
     /* Calls resume on the new master: a schedule after the failover
      * succeeds within 30 s. */
-    t0 = wall_ms();
+    t0 = now_ms();
     int ok = TW_ECONN;
-    while (ok != 0 && wall_ms() - t0 < 30000) {
-        ok =
-            tw_durable_schedule(d, "after", 5, wall_ms() + 3600 * 1000, "a", 1);
+    while (ok != 0 && now_ms() - t0 < 30000) {
+        ok = tw_durable_schedule(d, "after", 5, now_ms() + 3600 * 1000, "a", 1);
         if (ok)
             sleep_ms(100);
     }
     ASSERT_EQ(ok, 0);
     fprintf(stderr, "sentinel: calls resumed %lld ms after the failover\n",
-            (long long)(wall_ms() - t0));
+            (long long)(now_ms() - t0));
     sleep_ms(300); /* the writer goes on, on the new master */
     atomic_store(&stop_writer, true);
     pthread_join(t, NULL);

@@ -29,7 +29,7 @@
 
 #include <twheel/durable.h>
 
-#include "fixture.h" /* now_ms */
+#include "clock_fixture.h" /* now_ms */
 
 static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {

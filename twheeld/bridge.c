@@ -113,9 +113,16 @@ struct tbd_write *tbd_job_write(struct job *j, int stored_state, struct conn *c)
         .tube = j->tube->name,
         .tube_len = j->tube->name_len,
         .body = (const unsigned char *)j->body};
-    size_t n = tbd_rec_size(r.tube_len, r.body_len);
+    /* On the journal the compact record (version 4: a delayed job's
+     * disk is mostly its record); on Redis version 3, whose write token
+     * the fence expects. */
+    size_t n = s->opt->redis ? tbd_rec_size(r.tube_len, r.body_len)
+                             : tbd_rec_encode_compact(&r, NULL);
     unsigned char *p = tbd_xmalloc(n);
-    tbd_rec_encode(&r, p);
+    if (s->opt->redis)
+        tbd_rec_encode(&r, p);
+    else
+        tbd_rec_encode_compact(&r, p);
     w->payload = p;
     w->payload_len = n;
     return w;

@@ -77,7 +77,9 @@ void tbd_job_delay(struct conn *c, struct job *j, uint32_t delay_s,
     j->state = J_DELAYED;
     j->delay_s = delay_s;
     j->deadline = now + (uint64_t)delay_s * 1000u;
-    j->due_wall = tbd_wall_ms() + (int64_t)delay_s * 1000;
+    /* Rounded up: the store fires at the due ms, so a job it holds is never
+     * ready before its delay has passed. */
+    j->due_wall = tbd_wall_ms_up() + (int64_t)delay_s * 1000;
     if (!in_table)
         tbd_job_table_insert(j);
     dq_add(j->tube, j->id, j->due_wall);
@@ -142,7 +144,7 @@ static struct job *cold_read(struct server *s, uint64_t id, int *err)
     if (!j && *err == 0)
         dq_drop(s, id); /* it left: deleted, or taken by another server */
     if (j) {
-        int64_t left = j->due_wall - tbd_wall_ms();
+        int64_t left = j->due_wall - tbd_wall_ms_up();
         j->deadline = tw_wheel_now(s->wheel) + (uint64_t)(left > 0 ? left : 0);
     }
     return j;

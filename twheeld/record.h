@@ -17,8 +17,18 @@
  * bytes name one write of it and no other (a conditional write expects
  * them: tw_durable_schedule_if()). Version 2 ends with the node (--node)
  * of the server that holds the job; versions 1 (without it) and 2 are
- * still read. Marks and liveness records keep their layout. */
-enum { REC_JOB = 'J', REC_MARK = 'M', REC_LIVE = 'L', REC_VERSION = 3 };
+ * still read. Version 4 (REC_COMPACT) is what a server on the journal
+ * (-b) writes: the same fields in variable-length integers, without the
+ * write token (nothing fences writes on the journal: --redis writes
+ * version 3); see tbd_rec_encode_compact(). Marks and liveness records
+ * keep their layout. */
+enum {
+    REC_JOB = 'J',
+    REC_MARK = 'M',
+    REC_LIVE = 'L',
+    REC_VERSION = 3,
+    REC_COMPACT = 4
+};
 
 /* A job record's fixed part before version 3: the head, the tube name's
  * length byte and the body's length (the owner adds 4 more). */
@@ -53,7 +63,8 @@ struct rec {
 #define REC_TIME_MAX (INT64_C(1) << 53)
 
 /* The bytes of a job record with a tube name of @tube_len bytes and a
- * body of @body_len. */
+ * body of @body_len: version 3's, and at most that in version 4 (its
+ * largest integers take as many bytes as version 3's, see record.c). */
 static inline size_t tbd_rec_size(size_t tube_len, uint32_t body_len)
 {
     return REC_HEAD + REC_TOKEN + tube_len + body_len + 4;
@@ -67,6 +78,7 @@ int64_t tbd_key_num(const char *s, size_t len, uint64_t max);
 uint64_t tbd_key_id(const char *key, size_t len);
 bool tbd_rec_parse(const unsigned char *p, size_t n, struct rec *r);
 void tbd_rec_encode(const struct rec *r, unsigned char *p);
+size_t tbd_rec_encode_compact(const struct rec *r, unsigned char *p);
 void tbd_mark_encode(unsigned char *p, uint64_t mark);
 void tbd_live_encode(unsigned char *p, uint32_t node, int64_t due);
 bool tbd_live_parse(const char *key, size_t key_len, const unsigned char *p,

@@ -242,13 +242,14 @@ static void loop(struct server *s)
         }
         tbd_live_check(s); /* before any event: a pause may have fenced it */
         tw_wheel_advance(s->wheel, tbd_mono_ms());
-        /* One client, one event: its writes wait for no hand-off. */
-        bool lone = n == 1 && s->store && s->cur_conns == 1;
-        if (lone)
-            tbd_store_hold(s->store);
+        /* -f 0: this iteration's writes in one batch on this thread,
+         * with no hand-off (store.c). */
+        bool held = n > 0 && s->store;
+        if (held)
+            tbd_store_hold(s->store, n == 1 && s->cur_conns == 1);
         for (int i = 0; i < n; i++)
             event(s, &evs[i], &running);
-        if (lone)
+        if (held)
             tbd_store_completions(s, tbd_store_run_held(s->store));
         for (int round = 0; round < 2; round++) {
             if (s->queue_dirty)

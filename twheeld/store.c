@@ -28,24 +28,29 @@
  * (tw_durable_scan(): on the journal one sequential read of its
  * segments) hands every key back whatever its due time.
  *
- * Writes. With -f 0 the event loop does not block on the store: it queues
- * writes to one writer thread, which takes everything queued, writes runs of
- * schedules with tw_durable_schedule_many() and runs of cancels with
- * tw_durable_cancel_many() (in queue order, so the writes of one job
- * keep their order), and hands the batch back through an eventfd. Every
- * connection's writes share the batch and so the fdatasync: with -f 0 one
- * fdatasync covers everything that arrived while the previous one ran.
- * The exception is a lone client (one connection, and one event woke the
- * event loop): its writes, if the writer thread is idle, are written and
- * synced on the event loop (tbd_store_hold(), tbd_store_run_held()): no
- * other client waits for the loop meanwhile (a new one waits at most one
- * fdatasync to be accepted), and the two hand-offs to the writer and back
- * would be most of the request's time besides the fdatasync.
+ * Writes. With -f 0 the event loop may queue writes to one writer thread,
+ * which takes everything queued, writes runs of schedules with
+ * tw_durable_schedule_many() and of cancels with tw_durable_cancel_many()
+ * (in queue order: one job's writes keep their order) and hands the batch
+ * back through an eventfd; one fdatasync covers everything that arrived,
+ * from any connection, while the previous one ran.
+ * But while the disk is fast, the event loop writes and syncs one loop
+ * turn's writes itself when the writer is idle (tbd_store_hold(),
+ * tbd_store_run_held()): every connection's writes of one epoll_wait()
+ * share a batch, and the next epoll_wait() finds the clients' next
+ * commands together: one epoll wakeup a batch, where the writer cost
+ * two thread hand-offs a batch and a wakeup for every few commands that
+ * trickled in meanwhile (BENCHMARKS.md: less CPU a put). Commands that
+ * write nothing then wait for the fdatasync (as every command does in
+ * beanstalkd), so after a batch that held the loop over HELD_SLOW_NS (a
+ * slow disk) the writer takes the next HELD_BACKOFF_NS's writes. A lone
+ * client (one connection, one event) is always written on the loop.
  * With -f MS > 0 or -F a durable call returns once its record is written
  * to the kernel, with no fdatasync to wait for: the event loop then
  * writes the writes of one loop iteration itself, in one batch, and
  * replies when the batch returns (tbd_store_run_inline()).
  */
+#define _GNU_SOURCE
 #include "store.h"
 
 #include "server.h"
@@ -59,12 +64,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #define STORE_DUE INT64_C(32503680000000) /* 3000-01-01 in Unix ms */
 #define BATCH_MAX 4096                    /* writes per writer round */
 #define FIRED_KEEP_MS 0x3fffffff          /* about 12 days: a fired job stays */
 #define CLAIM_MAX 64 /* claims with room; more are allocated */
+/* The journal's segment size (the store's default: 64 MiB). A segment's
+ * file doubles as it fills, so 37 MB of records (450,000 delayed jobs)
+ * took a 64 MiB file; in 8 MiB segments, 38 MB. */
+#define SEGMENT_BYTES (UINT64_C(8) << 20)
+/* A held batch this slow sends the next HELD_BACKOFF_NS's to the writer. */
+#define HELD_SLOW_NS UINT64_C(10000000)
+#define HELD_BACKOFF_NS UINT64_C(1000000000)
 
 struct tbd_store {
     tw_durable *d;
@@ -75,9 +88,10 @@ struct tbd_store {
     pthread_cond_t cv;
     bool stop;
     bool writer_idle; /* the writer waits on cv (under mu) */
-    /* -f 0 on the journal: a lone client's writes may run on the event
-     * loop (tbd_store_hold()); held: they are being gathered for that. */
+    /* -f 0, journal: a loop turn's writes may run on the loop; held:
+     * being gathered; until slow_until (monotonic ns) a lone client's. */
     bool lone_ok, held;
+    uint64_t slow_until;
     struct tbd_write *q_head, *q_tail;       /* queued */
     struct tbd_write *done_head, *done_tail; /* completed */
     uint64_t written, batches;
@@ -343,7 +357,9 @@ static void stop_querier(struct tbd_store *s)
 static tw_durable_config store_config(const struct tbd_options *opt,
                                       int *fsync_ms)
 {
-    tw_durable_config cfg = {.dir = opt->dir};
+    /* Segments of SEGMENT_BYTES: the newest one's file doubles as it
+     * fills, so the disk holds up to a segment beyond the records. */
+    tw_durable_config cfg = {.dir = opt->dir, .segment_bytes = SEGMENT_BYTES};
     *fsync_ms = opt->fsync_ms;
     if (!opt->dir) {
         cfg.redis = opt->redis;
@@ -506,10 +522,20 @@ void tbd_store_submit(struct tbd_store *s, struct tbd_write *w)
         pthread_cond_signal(&s->cv);
 }
 
-void tbd_store_hold(struct tbd_store *s)
+static uint64_t mono_ns(void)
 {
-    if (!s->inline_writes && s->lone_ok)
-        s->held = true; /* read by submit on this thread only */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void tbd_store_hold(struct tbd_store *s, bool lone)
+{
+    if (s->inline_writes || !s->lone_ok)
+        return;
+    if (!lone && s->slow_until && mono_ns() < s->slow_until)
+        return;
+    s->held = true; /* read by submit on this thread only */
 }
 
 struct tbd_write *tbd_store_run_held(struct tbd_store *s)
@@ -532,7 +558,10 @@ struct tbd_write *tbd_store_run_held(struct tbd_store *s)
     s->q_head = s->q_tail = NULL;
     s->done_head = s->done_tail = NULL;
     pthread_mutex_unlock(&s->mu);
+    uint64_t t0 = mono_ns();
     write_batch(s, head);
+    uint64_t t1 = mono_ns();
+    s->slow_until = t1 - t0 > HELD_SLOW_NS ? t1 + HELD_BACKOFF_NS : 0;
     size_t n = 0;
     for (struct tbd_write *w = head; w; w = w->next)
         n++;

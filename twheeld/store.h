@@ -114,11 +114,12 @@ bool tbd_store_pending_inline(struct tbd_store *s);
  * completed writes, oldest first. */
 struct tbd_write *tbd_store_run_inline(struct tbd_store *s);
 
-/* -f 0 on the journal, when one event woke the event loop (a lone
- * client): the writes submitted until tbd_store_run_held() are held from
- * the writer thread. Without it, the request would wait for two thread
- * hand-offs (to the writer and back) besides the fdatasync. */
-void tbd_store_hold(struct tbd_store *s);
+/* -f 0 on the journal, before the events of one loop iteration: the
+ * writes submitted until tbd_store_run_held() are held from the writer
+ * thread, to be written on the loop in one batch (store.c: why). Not
+ * while the last held batch was slow, unless @lone (one connection, one
+ * event: no one else waits for the loop). */
+void tbd_store_hold(struct tbd_store *s, bool lone);
 
 /* After tbd_store_hold(): if the writer thread is idle, write the held
  * writes on this thread, synced (the reply still follows the fdatasync),

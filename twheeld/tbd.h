@@ -222,6 +222,7 @@ struct recover_ctx {
 /* util.c */
 uint64_t tbd_mono_ms(void);
 int64_t tbd_wall_ms(void);
+int64_t tbd_wall_ms_up(void);
 uint64_t tbd_secs_left(uint64_t deadline);
 void tbd_url_redact(const char *url, char *out, size_t n);
 void tbd_logv(struct server *s, int level, const char *fmt, ...);

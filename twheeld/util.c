@@ -35,6 +35,15 @@ int64_t tbd_wall_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* The wall clock in ms rounded up: a due time of this + delay is never
+ * before the delay has passed, though the store fires at the due ms. */
+int64_t tbd_wall_ms_up(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + (ts.tv_nsec + 999999) / 1000000;
+}
+
 void tbd_logv(struct server *s, int level, const char *fmt, ...)
 {
     if (s->opt && s->opt->verbose < level)

@@ -10,6 +10,7 @@
 #   pgfire sys=S timers=N fed_per_s=F delivered=D p50_ms= p99_ms= max_ms=
 #     db_cpu_s= db_us_per_timer=
 #   pgsize sys=S ... rows_per_timer=R bytes_per_timer=B
+#   pgfloor rows_per_claim=R timers=N db_cpu_s= db_us_per_timer=
 #   pgload at=A load=L      pgserver version=V ...
 # Usage: awk -f bench/report/pg_summary.awk [-v csv=1] pg.txt
 function fields(   i, kv) {
@@ -65,6 +66,10 @@ function target(what, have, op, need, fmt,   ok) {
     add("pg_p50", v["sys"], "ms", v["p50_ms"])
     add("pg_delivered", v["sys"], "fraction", v["timers"] > 0 ? v["delivered"] / v["timers"] : 0)
     add("pg_fed", v["sys"], "timers/s", v["fed_per_s"])
+}
+/^pgfloor / {
+    fields()
+    add("pg_floor_" v["rows_per_claim"], "floor", "us/timer", v["db_us_per_timer"])
 }
 /^pgsize / {
     fields()
@@ -154,9 +159,24 @@ function fire_targets(   t, g, b, best, have, p) {
         printf "        (delivered by the drain limit: twheel %.2f, gw %.2f, boss %.2f of the timers; fed twheel %d/s, gw %d/s, boss %d/s: a backlog shows as lateness of seconds)\n",
             med("pg_delivered", "twheel"), med("pg_delivered", "gw"), med("pg_delivered", "boss"),
             med("pg_fed", "twheel"), med("pg_fed", "gw"), med("pg_fed", "boss")
+    if (has("pg_floor_11", "floor"))
+        printf "        (floor: the INSERT, claim UPDATE and DELETE alone from pgbench, server CPU a timer: %.0f us at 32 rows a claim, %.0f at 11, %.0f at 4 (a claim every 16, 5.5, 2 ms at 2,000/s): %.2fx, %.2fx, %.2fx the lower peer's)\n",
+            med("pg_floor_32", "floor"), med("pg_floor_11", "floor"), med("pg_floor_4", "floor"),
+            (best > 0 ? med("pg_floor_32", "floor") / best : 0),
+            (best > 0 ? med("pg_floor_11", "floor") / best : 0),
+            (best > 0 ? med("pg_floor_4", "floor") / best : 0)
     if (has("pg_p99", "gw-poll10"))
         printf "        (at graphile-worker's 10 ms poll: gw-poll10 p99 %.1f ms, %.0f us of server CPU a timer)\n",
             med("pg_p99", "gw-poll10"), med("pg_cpu", "gw-poll10")
+}
+function floors(   i, r) {
+    if (!has("pg_floor_11", "floor")) return
+    printf "-- floor: server CPU us a timer of one INSERT (32 rows), a claim UPDATE and a DELETE (R rows each) alone, from pgbench (median [min..max]; load %s)\n", loads("^floor")
+    split("32 11 4", rs, " ")
+    for (i = 1; i <= 3; i++) {
+        r = rs[i]
+        printf "R = %-6s %s\n", r, cell("pg_floor_" r, "floor", "%.0f")
+    }
 }
 function sizes(   i, e) {
     printf "-- per pending timer: what %s timers added to each system's tables (load %s)\n",
@@ -201,6 +221,7 @@ END {
     rates()
     fire_table()
     sizes()
+    floors()
     printf "-- targets\n"
     rate_targets()
     fire_targets()

@@ -33,12 +33,16 @@ Cases (finding number of the review in brackets):
                      read as beanstalkd's.
   crlf_id            [6] a put refused with EXPECTED_CRLF uses up an id,
                      as in beanstalkd.
+  never_early        -b, -b -f 0: a delayed job is never reserved before
+                     its delay has passed since the put was sent.
 Skipped (77) without beanstalkd where it compares with it.
-Usage: test_findings.py --twheeld PATH --case NAME"""
+Usage: test_findings.py --twheeld PATH [--twheel PATH] --case NAME"""
+import json
 import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -65,6 +69,14 @@ def need_beanstalkd():
 
 def put_cmd(body, pri=10, delay=0, ttr=60):
     return b"put %d %d %d %d\r\n%s\r\n" % (pri, delay, ttr, len(body), body)
+
+
+def arg(name):
+    """The value after @name on the command line, None without it."""
+    for i, a in enumerate(sys.argv[:-1]):
+        if a == name:
+            return sys.argv[i + 1]
+    return None
 
 
 def put(c, body, pri=10, delay=0, ttr=60):
@@ -135,6 +147,7 @@ def servers(*kinds):
                 dirs.append(tempdir())
                 args.insert(args.index("-b") + 1, dirs[-1])
             started.append(start_twheeld(*args))
+            started[-1].dir = dirs[-1] if "-b" in args else None
         yield started
     finally:
         for s in started:
@@ -754,10 +767,60 @@ def crlf_id():
                  "beanstalkd [%s]" % (name, summary(got), summary(res[2])))
 
 
+def never_early():
+    """-b and -b -f 0: ROUNDS puts with delay 1 s, each on a warm
+    connection with the client's clock read just before it is sent. The
+    due time the store holds (`twheel journal jobs --json`, --twheel
+    PATH; skipped without it) must be no sooner than that reading + 1 s,
+    and the job must not be reserved sooner either (lower bounds only:
+    load makes them later, never earlier). With due times rounded down
+    to the millisecond most puts were due before their delay had passed
+    (seen: 4 of 5 and 3 of 5 jobs)."""
+    ROUNDS = 5
+    cli = arg("--twheel")
+    if not cli:
+        print("skipped: no --twheel")
+        raise SystemExit(77)
+
+    def run(s):
+        c = Client(s.port)
+        c.cmd(b"list-tubes\r\n")
+        sent = {}
+        for r in range(ROUNDS):
+            t0 = time.time()
+            sent[put(c, b"e%d" % r, delay=1)] = t0
+        jobs = json.loads(subprocess.run(
+            [cli, "journal", "jobs", "--json", s.dir], check=True,
+            capture_output=True, text=True).stdout)["jobs"]
+        bad = [(j["id"], round(sent[j["id"]] * 1e3 + 1000 - j["due_ms"], 3))
+               for j in jobs if j["due_ms"] < sent[j["id"]] * 1e3 + 1000]
+        if len(jobs) != ROUNDS:
+            fail("%d jobs in the store, want %d" % (len(jobs), ROUNDS))
+        for _ in range(ROUNDS):
+            got = c.cmd(b"reserve\r\n")
+            now = time.time()
+            jid = int(got.split()[1])
+            if now < sent[jid] + 1.0:
+                bad.append((jid, "reserved %.3f ms early" %
+                            ((sent[jid] + 1.0 - now) * 1e3)))
+            c.cmd(b"delete %d\r\n" % jid)
+        c.close()
+        return bad
+
+    res = side_by_side(run, "twheeld -b", "twheeld -b -f 0")
+    for name, bad in (("twheeld -b", res[0]), ("twheeld -b -f 0", res[1])):
+        print("%s: %d of %d jobs early (id, ms): %r" %
+              (name, len(bad), ROUNDS, bad))
+        if bad:
+            fail("%s: %d of %d delayed jobs due or reserved before their "
+                 "1 s delay had passed since the put was sent (id, ms "
+                 "early): %r" % (name, len(bad), ROUNDS, bad))
+
+
 CASES = {f.__name__: f for f in (
     pipelined_delayed, delete_at_due, long_lines, reserve_order,
     kick_pipelined, half_close, delayed_count, kick_due_order, time_left,
-    crlf_id)}
+    crlf_id, never_early)}
 
 
 def main():

@@ -6,23 +6,21 @@
  * "m<N>" holds a server's high-water mark of ids, "n<N>" a server's
  * liveness record.
  *
- * Job record, integers little-endian: 'J' | u8 version (1, 2, 3) |
- * (version 3) u64 write token | u8 state
- * (0 ready, 1 delayed, 2 reserved, 3 buried) | u32 priority | u32 TTR s |
- * u32 delay s | u64 id | u64 due (Unix ms) | u64 created (Unix ms) |
- * u32 reserves, timeouts, releases, buries, kicks | u8 tube length | tube
- * | u32 body length | body | (version 2) u32 owning node. A record of
- * another version or layout is counted as unreadable, not guessed at.
+ * The job records are read with twheeld's own codec (twheeld/record.c,
+ * tbd_rec_parse(): versions 1 to 4, the layouts are described there). A
+ * record that it does not take for one that twheeld writes is counted
+ * as unreadable, not guessed at.
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "record.h"
 #include "twheel.h"
 
 struct job {
-    unsigned state, version;
+    unsigned state;
     uint32_t pri, ttr, delay, cnt[5], body_len, node;
     uint64_t id;
     int64_t due, created;
@@ -30,48 +28,27 @@ struct job {
     size_t tube_len;
 };
 
-static uint64_t le(const unsigned char *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 /* The @n bytes at @p as a job record into @j; false if they are not one
- * of the versions above, or the lengths do not add up. */
+ * that twheeld writes. */
 static bool job_parse(const unsigned char *p, size_t n, struct job *j)
 {
-    if (n < 2 || p[0] != 'J' || p[1] < 1 || p[1] > 3)
+    struct rec r;
+    if (!tbd_rec_parse(p, n, &r))
         return false;
-    /* The fields after the version byte: version 3 has the 8-byte write
-     * token first. */
-    const size_t start = 2 + (p[1] >= 3 ? 8 : 0), fixed = 1 + 12 + 24 + 20 + 1;
-    if (n < start + fixed + 4)
-        return false;
-    const unsigned char *q = p + start;
-    j->version = p[1];
-    j->state = q[0];
-    j->pri = (uint32_t)le(q + 1, 4);
-    j->ttr = (uint32_t)le(q + 5, 4);
-    j->delay = (uint32_t)le(q + 9, 4);
-    j->id = le(q + 13, 8);
-    j->due = (int64_t)le(q + 21, 8);
-    j->created = (int64_t)le(q + 29, 8);
-    for (int i = 0; i < 5; i++)
-        j->cnt[i] = (uint32_t)le(q + 37 + 4 * i, 4);
-    j->tube_len = q[57];
-    j->tube = q + fixed;
-    size_t head = start + fixed, tail = j->version >= 2 ? 4 : 0;
-    if (j->state > 3 || head + j->tube_len + 4 > n)
-        return false;
-    j->body_len = (uint32_t)le(j->tube + j->tube_len, 4);
-    j->body = j->tube + j->tube_len + 4;
-    if (head + j->tube_len + 4 + (size_t)j->body_len + tail != n)
-        return false;
-    j->node =
-        tail ? (uint32_t)le(j->body + j->body_len, 4) : (uint32_t)(j->id >> 40);
-    return j->id != 0;
+    *j = (struct job){.state = (unsigned)r.state,
+                      .pri = r.pri,
+                      .ttr = r.ttr,
+                      .delay = r.delay,
+                      .body_len = r.body_len,
+                      .node = r.owner,
+                      .id = r.id,
+                      .due = r.due,
+                      .created = r.created,
+                      .tube = (const unsigned char *)r.tube,
+                      .body = r.body,
+                      .tube_len = r.tube_len};
+    memcpy(j->cnt, r.cnt, sizeof(j->cnt));
+    return true;
 }
 
 struct jobs_walk {
