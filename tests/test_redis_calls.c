@@ -57,7 +57,7 @@ struct loader {
 static void *load_main(void *arg)
 {
     struct loader *l = arg;
-    int64_t due = wall_ms() + 3600 * 1000;
+    int64_t due = now_ms() + 3600 * 1000;
     for (int i = 0; i < N; i++) {
         int kl = i < N / 4 ? snprintf(l->key[i], 24, "c%d-%d",
                                       (l->id + 1) % THREADS, N - 1 - i)
@@ -78,7 +78,7 @@ static int never_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
     (void)arg;
-    fired_late = wall_ms() - t->due_ms;
+    fired_late = now_ms() - t->due_ms;
     return 0;
 }
 
@@ -179,16 +179,16 @@ static void idle(void)
     redisContext *rc;
     tw_durable *d = open_node("idle", HORIZON, &rc);
     long long c0 = script_calls(rc);
-    int64_t t0 = wall_ms();
+    int64_t t0 = now_ms();
     sleep_ms(IDLE_MS);
     long long calls = script_calls(rc) - c0;
-    int64_t rounds = (wall_ms() - t0) / (HORIZON / 4) + 1;
+    int64_t rounds = (now_ms() - t0) / (HORIZON / 4) + 1;
     printf("idle: %lld CLAIM calls in %lld rounds of %d shards\n", calls,
            (long long)rounds, SHARDS);
     ASSERT_LT(calls * 4, rounds * SHARDS * 3);
-    int64_t due = wall_ms() + HORIZON + 300;
+    int64_t due = now_ms() + HORIZON + 300;
     ASSERT_EQ(tw_durable_schedule(d, "late", 4, due, "x", 1), 0);
-    while (fired_late < 0 && wall_ms() < due + 5000)
+    while (fired_late < 0 && now_ms() < due + 5000)
         sleep_ms(10);
     printf("idle: delivered %lld ms after due\n", (long long)fired_late);
     ASSERT_GE(fired_late, 0);
