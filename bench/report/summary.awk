@@ -102,6 +102,7 @@ function rtarget(what, w, a, b, op, need,   x, y, have) {
 # The bare poller at 100 ms beside twheel at 1 ms precision: context, not
 # a target (the targets are the equal-precision cells below).
 function redis_context(   x, y) {
+    why = "" # a why left by a round not in this run is not the Redis rows'
     x = mw("redis_cpu", "twheel-redis"); y = mw("redis_cpu", "poller-100ms")
     if (x <= 0 || y <= 0) return
     printf "CONTEXT Redis CPU per fired timer, twheel / bare poller: %.2fx (not a target: unequal precision)\n", x / y
