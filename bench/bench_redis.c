@@ -26,6 +26,7 @@
  * OWNER_LEASE_MS=L (fire, idle): twheel with fenced shard ownership, a
  * shard lease of L ms (cfg.redis_shard_lease_ms). CHECK_GAP_MS=G (fire):
  * at most one batch of claim checks every G ms (cfg.redis_check_gap_ms).
+ * HORIZON_MS=H (fire): claim H ms ahead (cfg.horizon_ms; 0: 2,000).
  *   bench_redis lpoll SEEDS REDIS_PID N WINDOW_MS INTERVAL_MS
  *       the same poller with the guarantees twheel gives (minus its
  *       precision): each poll moves the due timers into an active set
@@ -414,6 +415,8 @@ static void fire_mode(const char *seeds, int pid, int n, int window_ms)
     cfg.fire = late_fire;
     cfg.shards = getenv("SHARDS") ? (uint32_t)atoi(getenv("SHARDS")) : 0;
     cfg.redis_shard_lease_ms = owner_lease();
+    cfg.horizon_ms =
+        getenv("HORIZON_MS") ? (uint32_t)atoi(getenv("HORIZON_MS")) : 0;
     cfg.redis_check_gap_ms =
         getenv("CHECK_GAP_MS") ? (uint32_t)atoi(getenv("CHECK_GAP_MS")) : 0;
     tw_durable *d;
