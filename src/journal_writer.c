@@ -530,14 +530,14 @@ static bool acks_unsynced(const jr_writer *w)
            w->sync_mode == TW_DURABLE_SYNC_INTERVAL;
 }
 
-int tw__jr_wait_nolock(jr_writer *w, uint64_t lsn)
-{
-    return acks_unsynced(w) ? 0 : wait_durable(w, lsn, 1);
-}
-
 int tw__jr_wait_calls(jr_writer *w, uint64_t lsn, unsigned calls)
 {
     return acks_unsynced(w) ? 0 : wait_durable(w, lsn, calls);
+}
+
+int tw__jr_wait_nolock(jr_writer *w, uint64_t lsn)
+{
+    return tw__jr_wait_calls(w, lsn, 1);
 }
 
 int tw__jr_wait_unlock(jr_writer *w, uint64_t lsn)
