@@ -7,11 +7,16 @@
 
 /* ---- clocks ---- */
 
-uint64_t tbd_mono_ms(void)
+static uint64_t mono_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t tbd_mono_ms(void)
+{
+    return mono_ns() / 1000000u;
 }
 
 /*
@@ -21,17 +26,22 @@ uint64_t tbd_mono_ms(void)
  */
 uint64_t tbd_secs_left(uint64_t deadline)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    uint64_t now = mono_ns();
     uint64_t end = deadline * 1000000u;
     return end > now ? (end - now) / 1000000000u : 0;
 }
 
-int64_t tbd_wall_ms(void)
+/* CLOCK_REALTIME: whole seconds and the nanoseconds beyond. */
+static struct timespec wall_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
+    return ts;
+}
+
+int64_t tbd_wall_ms(void)
+{
+    struct timespec ts = wall_now();
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
@@ -39,8 +49,7 @@ int64_t tbd_wall_ms(void)
  * before the delay has passed, though the store fires at the due ms. */
 int64_t tbd_wall_ms_up(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    struct timespec ts = wall_now();
     return (int64_t)ts.tv_sec * 1000 + (ts.tv_nsec + 999999) / 1000000;
 }
 
