@@ -83,6 +83,8 @@ struct rec {
     uint32_t count;
     int64_t due_ms[ATT], at_ms[ATT];
     uint32_t attempt[ATT];
+    uint64_t token[ATT];
+    int64_t real_ms[ATT]; /* CLOCK_REALTIME at the callback */
 };
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct rec recs[KEYS];
@@ -178,6 +180,10 @@ static int on_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
         r->due_ms[r->count] = t->due_ms;
         r->at_ms[r->count] = at;
         r->attempt[r->count] = t->attempt;
+        r->token[r->count] = t->token;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        r->real_ms[r->count] = ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
     }
     snprintf(r->payload, sizeof r->payload, "%s", pl);
     r->count++;
@@ -1885,6 +1891,21 @@ tw_durable *sem_reopen(void)
 uint32_t sem_count(const char *key)
 {
     return count_of(key);
+}
+
+void sem_dump(const char *key)
+{
+    struct rec r = snap(key);
+    fprintf(stderr, "%s: %s delivered %u times (clock %lld)\n", be->name, key,
+            r.count, (long long)now_ms());
+    for (uint32_t i = 0; i < r.count && i < ATT; i++)
+        fprintf(stderr,
+                "  delivery %u: attempt %u, due %lld, at %lld, token %llu "
+                "(lease end %llu), real time %lld\n",
+                i + 1, r.attempt[i], (long long)r.due_ms[i],
+                (long long)r.at_ms[i], (unsigned long long)r.token[i],
+                (unsigned long long)(r.token[i] / 1024),
+                (long long)r.real_ms[i]);
 }
 
 void sem_last_payload(const char *key, char *out, size_t len)

@@ -26,6 +26,8 @@ tw_durable *sem_reopen(void);
 /* Deliveries of @key so far, and the payload of its last one (a string;
  * a payload holds no NUL in the suite). */
 uint32_t sem_count(const char *key);
+/* Print @key's deliveries (attempt, due time, clock at the callback). */
+void sem_dump(const char *key);
 void sem_last_payload(const char *key, char *out, size_t len);
 /* Wait in real time until @key was delivered @n times (fails after the
  * suite's limit). */
