@@ -27,7 +27,8 @@
 #   default  quick mode (sized for 6 minutes on 2 quiet cores from a fresh
 #            clone; on 2026-12-07, at load 10-18, it took 15 min):
 #            1e3 and 1e5 pending timers with every workload, 1e6 with
-#            add/cancel/churn/memory (and expiry for twheel and the heap);
+#            add/cancel/churn/memory for twheel and the heap, churn and
+#            memory for libuv and libevent, expiry for twheel and the heap;
 #            the service and the Java peers with 1,000,000 tasks, 3 and 5
 #            runs (a run then spans many scheduler time slices); the durable
 #            round, 3 runs of 1 s per system, one item per call and 32; the
@@ -152,7 +153,8 @@ echo "n,workload,engine,unit,median,min,max,reps,speedup_vs_heap,fired_fraction,
 t_start=$SECONDS
 
 # Progress: one line per stage with the time spent so far and an estimate
-# of what is left (each stage's typical share of the run on 2 cores; the
+# of what is left (each stage's typical share of the run on 2 cores, in
+# quick mode its seconds on the quiet run of 2026-12-08 00:01 UTC; the
 # estimate scales with how long the run has taken so far).
 stages=()
 weights=()
@@ -162,17 +164,17 @@ if ! has core; then
 elif ((full)); then
   plan "core, 1e3..1e7 timers, every engine" 2400
 else
-  plan "core, 1e3 and 1e5 timers" 40
-  plan "core, 1e6 timers, add/cancel/churn/memory" 25
-  plan "core, 1e6 timers, expiry (twheel and heap)" 10
+  plan "core, 1e3 and 1e5 timers" 16
+  plan "core, 1e6 timers, add/cancel/churn/memory" 35
+  plan "core, 1e6 timers, expiry (twheel and heap)" 18
 fi
-has core && plan "core churn floor (one list per slot, DRAM probe)" 8
-has service && plan "service (bench_service)" $((full ? 120 : 20))
-((java)) && plan "Java peers (Netty HWT, JDK STPE)" $((full ? 300 : 45))
-has durable && plan "durable store (device limit, journal, Redis always/everysec)" 40
-has twheeld && plan "twheeld beside beanstalkd" 60
-has redis && plan "Redis backend (twheel, sorted-set poller, lease-poller at equal precision)" 70
-has pg && plan "PostgreSQL backend beside graphile-worker and pg-boss" 85
+has core && plan "core churn floor (one list per slot, DRAM probe)" 7
+has service && plan "service (bench_service)" $((full ? 120 : 6))
+((java)) && plan "Java peers (Netty HWT, JDK STPE)" $((full ? 300 : 31))
+has durable && plan "durable store (device limit, journal, Redis always/everysec)" 30
+has twheeld && plan "twheeld beside beanstalkd" 85
+has redis && plan "Redis backend (twheel, sorted-set poller, lease-poller at equal precision)" 96
+has pg && plan "PostgreSQL backend beside graphile-worker and pg-boss" 30
 ((instr)) && plan "callgrind counts" 60
 plan "summary and plot" 2
 stage_no=0
