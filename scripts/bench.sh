@@ -134,7 +134,7 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DTWHEEL_BUILD_TESTS=OFF -DTWHEEL_BUILD_EXAMPLES=OFF >"$build.log" 2>&1 ||
   { cat "$build.log"; exit 1; }
 targets=(bench_core bench_service)
-has core && targets+=(bench_core_1list dram_probe)
+has core && targets+=(bench_core_1list dram_probe churn_floor)
 has durable && targets+=(bench_durable fsync_probe)
 has twheeld && targets+=(twheeld bench_bstalk bstalk_floor fsync_probe)
 # bench_redis exists when hiredis was found (scripts/deps.sh installs it).
@@ -283,6 +283,16 @@ if has core; then
           f[2], f[3], u[k], a[int((n + 1) / 2)], a[1], a[n], n } }' \
     "$floor_csv.8" "$floor_csv.1" | tee "$out/churn_layouts.csv" >>"$csv"
   rm -f "$floor_csv".*
+  # What the wheel's promises cost a churn pair (bench/churn_floor.c):
+  # the bare list operations, then the checks, the exact count and the
+  # wheel's calls, beside the heap, in one process, engines taking turns;
+  # CPU time per pair, medians of 5.
+  "$build/bench/churn_floor" 1000000 5 | tee "$out/churn_floor.txt"
+  awk 'NR > 2 && NF >= 7 { m = $4; lo = $5; hi = $5
+         sub(/^\[/, "", lo); sub(/\.\..*/, "", lo); sub(/.*\.\./, "", hi)
+         sub(/\]$/, "", hi)
+         printf "1000000,churn_floor,%s,ns/pair,%s,%s,%s,5,,,CPU time\n", $1,
+           m, lo, hi }' "$out/churn_floor.txt" >>"$csv"
   "$build/bench/dram_probe" 64 1000000 | tee "$out/dram.txt"
   awk '{ for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
          printf "%d,dram_load,chains%d,ns/load,%s,%s,%s,1,,,%s MiB random lines\n",

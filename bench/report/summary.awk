@@ -164,10 +164,14 @@ function row_why(n, w,   r) {
 }
 # Why churn at 1e6 is where it is: the floor under a pair is its
 # instructions and cache hits (churn at 1e5, whose 4 MB fit in the
-# caches) plus at least one load from a random timer of 40 MB (the one
-# cancelled: a random pick), at the best throughput of random loads
-# measured (16 in flight); and both layouts (8 lists per slot, 1 list)
-# beside the heap in alternating runs.
+# caches) plus three loads from random lines of 40 MB (the timer
+# cancelled, a random pick, and its two list neighbours, which the unlink
+# writes), at the best throughput of random loads measured (16 in
+# flight); both layouts (8 lists per slot, 1 list) beside the heap in
+# alternating runs; and what the wheel's promises cost a pair
+# (bench/churn_floor: the bare list operations, then the argument
+# checks and the exact count, then the wheel's calls, beside the heap in
+# one process, CPU time).
 function churn_floor(t, hp,   c5, best, lat, k, f, t8, h8, t1, h1, fl, r) {
     c5 = m(100000, "churn", "twheel"); best = 0; lat = 0
     for (k in med) {
@@ -185,11 +189,20 @@ function churn_floor(t, hp,   c5, best, lat, k, f, t8, h8, t1, h1, fl, r) {
             t8, spread("churn_8lists", "twheel"), h8, h8 / t8, t1,
             spread("churn_1list", "twheel-1list"), h1, h1 / t1)
     if (c5 > 0 && best > 0) {
-        fl = c5 + best
-        r = r sprintf("; floor: churn at 1e5 (cache-resident) %.1f ns + one random load of 64 MiB at the best throughput %.1f ns (latency %.1f ns, one in flight) = %.1f ns: %s", c5, best, lat, fl,
-            fl > hp / 3 ? "3x is below the floor on this machine" : "the floor allows 3x")
+        fl = c5 + 3 * best
+        r = r sprintf("; memory floor: churn at 1e5 (cache-resident) %.1f ns + 3 random loads of 64 MiB (the timer and its two neighbours) at the best throughput %.1f ns each (latency %.1f ns, one in flight) = %.1f ns: %s", c5, best, lat, fl,
+            fl > hp / 3 ? "3x is below the floor on this machine" : "the memory allows 3x")
     }
-    return r
+    return r churn_promises()
+}
+# The churn_floor rows: heap / each engine, CPU time per pair.
+function churn_promises(   hc, l, c, w) {
+    hc = m(big, "churn_floor", "heap"); l = m(big, "churn_floor", "lists")
+    c = m(big, "churn_floor", "+count"); w = m(big, "churn_floor", "twheel")
+    if (hc <= 0 || l <= 0 || c <= 0 || w <= 0) return ""
+    return sprintf("; what the promises cost (bench/churn_floor, one process, CPU ns per pair, heap %.1f): the bare list operations %.1f = %.2fx the heap, with the argument checks and the exact count of pending timers %.1f = %.2fx, the wheel's calls %.1f = %.2fx: %s",
+        hc, l, hc / l, c, hc / c, w, hc / w,
+        hc / c < 3 ? "3x needs a wheel without the checks or the exact count" : "3x is within what the promised calls reach")
 }
 # The device's fdatasyncs per second from workload w's p50 latency.
 function syncs_per_s(w,   us) {
