@@ -51,7 +51,7 @@
  * replies when the batch returns (tbd_store_run_inline()).
  */
 #define _GNU_SOURCE
-#include "store.h"
+#include "store_impl.h"
 
 #include "server.h"
 
@@ -68,7 +68,6 @@
 #include <unistd.h>
 
 #define STORE_DUE INT64_C(32503680000000) /* 3000-01-01 in Unix ms */
-#define BATCH_MAX 4096                    /* writes per writer round */
 #define FIRED_KEEP_MS 0x3fffffff          /* about 12 days: a fired job stays */
 #define CLAIM_MAX 64 /* claims with room; more are allocated */
 /* The journal's segment size (the store's default: 64 MiB). A segment's
@@ -79,46 +78,7 @@
 #define HELD_SLOW_NS UINT64_C(10000000)
 #define HELD_BACKOFF_NS UINT64_C(1000000000)
 
-struct tbd_store {
-    tw_durable *d;
-    bool inline_writes; /* -f MS > 0 or -F: writes on the caller's thread */
-    int efd;
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool stop;
-    bool writer_idle; /* the writer waits on cv (under mu) */
-    /* -f 0, journal: a loop turn's writes may run on the loop; held:
-     * being gathered; until slow_until (monotonic ns) a lone client's. */
-    bool lone_ok, held;
-    uint64_t slow_until;
-    struct tbd_write *q_head, *q_tail;       /* queued */
-    struct tbd_write *done_head, *done_tail; /* completed */
-    uint64_t written, batches;
-    /* Fired jobs and claims, under fmu (store_fire() runs on the store's
-     * thread). */
-    pthread_mutex_t fmu;
-    struct tbd_fired *f_head; /* newest first */
-    struct claim {
-        char key[24];
-        size_t len;
-        bool hit; /* a delivery of it was dropped (completed) */
-    } * claims;
-    /* [claims_off, nclaims) in claim order; released ones have len 0
-     * (cancels complete in order, so a release is mostly the first) */
-    size_t claims_off, nclaims, claims_cap;
-    /* Queries (tbd_store_query()) and their thread, under qmu. */
-    pthread_t qthread;
-    pthread_mutex_t qmu;
-    pthread_cond_t qcv;
-    bool stop_queries;
-    struct tbd_query *qq_head, *qdone;
-    tw_durable_item items[BATCH_MAX];
-    tw_durable_item_if items_if[BATCH_MAX];
-};
-
-/* Makes the eventfd readable: something waits for the event loop. */
-static void wake(struct tbd_store *s)
+void tbd_store_wake(struct tbd_store *s)
 {
     uint64_t one = 1;
     ssize_t r = write(s->efd, &one, sizeof(one));
@@ -167,7 +127,7 @@ static int store_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
      * event loop has one coming (it takes the whole list after reading
      * the eventfd). */
     if (!f->next)
-        wake(s);
+        tbd_store_wake(s);
     pthread_mutex_unlock(&s->fmu);
     /* A server's liveness record (live.c): again soon, until the
      * takeover it starts cancels it. */
@@ -299,17 +259,15 @@ static void *writer(void *arg)
             /* The event loop takes the batch without waiting for the
              * mutex: it is free before the wake. */
             pthread_mutex_unlock(&s->mu);
-            wake(s);
+            tbd_store_wake(s);
             pthread_mutex_lock(&s->mu);
         } else {
-            wake(s);
+            tbd_store_wake(s);
         }
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
 }
-
-static void *querier(void *arg);
 
 /* Frees @s, its store closed (or never opened) and its threads gone. */
 static void store_free(struct tbd_store *s)
@@ -326,30 +284,6 @@ static void store_free(struct tbd_store *s)
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
     free(s);
-}
-
-/* Stops the query thread after the query it runs; queued ones are
- * dropped with their owners' memory (the server is stopping). */
-static void stop_querier(struct tbd_store *s)
-{
-    pthread_mutex_lock(&s->qmu);
-    s->stop_queries = true;
-    struct tbd_query *q = s->qq_head;
-    s->qq_head = NULL;
-    pthread_cond_signal(&s->qcv);
-    pthread_mutex_unlock(&s->qmu);
-    pthread_join(s->qthread, NULL);
-    for (struct tbd_query *nx; q; q = nx) {
-        nx = q->next;
-        free(q->nodes);
-        free(q);
-    }
-    for (struct tbd_query *nx; s->qdone; s->qdone = nx) {
-        nx = s->qdone->next;
-        free(s->qdone->nodes);
-        free(s->qdone->hits);
-        free(s->qdone);
-    }
 }
 
 /* The store's configuration from @opt; its fsync interval into
@@ -406,7 +340,8 @@ int tbd_store_open(struct tbd_store **out, const struct tbd_options *opt,
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
     int rc = tw_durable_open(&s->d, &cfg);
-    if (rc == 0 && pthread_create(&s->qthread, NULL, querier, s) != 0) {
+    if (rc == 0 &&
+        pthread_create(&s->qthread, NULL, tbd_store_querier, s) != 0) {
         tw_durable_close(s->d);
         rc = TW_ENOMEM;
         if (err && err_len)
@@ -426,7 +361,7 @@ int tbd_store_open(struct tbd_store **out, const struct tbd_options *opt,
         return 0;
     }
     if (pthread_create(&s->thread, NULL, writer, s) != 0) {
-        stop_querier(s);
+        tbd_store_stop_querier(s);
         tw_durable_close(s->d);
         store_free(s);
         if (err && err_len)
@@ -655,110 +590,6 @@ bool tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len)
     return hit;
 }
 
-struct qscan {
-    struct tbd_query *q;
-    struct tbd_hit *hits;
-    size_t n, cap;
-};
-
-static int qhit_cmp(const void *a, const void *b)
-{
-    const struct tbd_hit *x = a, *y = b;
-    if (x->due != y->due)
-        return x->due < y->due ? -1 : 1;
-    return x->id < y->id ? -1 : x->id > y->id;
-}
-
-static int query_one(void *arg, const tw_durable_scanned *t)
-{
-    struct qscan *qs = arg;
-    struct tbd_hit h;
-    if (!qs->q->match(qs->q, t->payload, t->payload_len, &h.due, &h.id))
-        return 0;
-    /* Keep the @want earliest: sort and cut once 4 * @want are held, so
-     * a scan holds O(@want) of them (kick of many: up to all). */
-    size_t keep = qs->q->want;
-    if (qs->n == qs->cap && keep <= SIZE_MAX / 4 && qs->n >= 4 * keep) {
-        qsort(qs->hits, qs->n, sizeof(*qs->hits), qhit_cmp);
-        qs->n = keep;
-    }
-    if (qs->n == qs->cap) {
-        size_t ncap = qs->cap ? qs->cap * 2 : 64;
-        struct tbd_hit *nh = realloc(qs->hits, ncap * sizeof(*nh));
-        if (!nh)
-            return TW_ENOMEM;
-        qs->hits = nh;
-        qs->cap = ncap;
-    }
-    qs->hits[qs->n++] = h;
-    return 0;
-}
-
-static void run_query(struct tbd_store *s, struct tbd_query *q)
-{
-    struct qscan qs = {.q = q};
-    long rc = tw_durable_scan(s->d, query_one, &qs);
-    q->result = rc < 0 ? (int)rc : 0;
-    q->hits = NULL;
-    q->n = 0;
-    if (rc >= 0 && qs.n) {
-        qsort(qs.hits, qs.n, sizeof(*qs.hits), qhit_cmp);
-        q->n = qs.n < q->want ? qs.n : q->want;
-        q->hits = qs.hits; /* the tail past n is not read */
-    } else {
-        free(qs.hits);
-    }
-}
-
-/* Appends @q to the list at @head (queries are few: a walk). */
-static void query_append(struct tbd_query **head, struct tbd_query *q)
-{
-    q->next = NULL;
-    while (*head)
-        head = &(*head)->next;
-    *head = q;
-}
-
-/* The query thread: answers the queued queries one at a time, in order,
- * until stop_querier(). */
-static void *querier(void *arg)
-{
-    struct tbd_store *s = arg;
-    pthread_mutex_lock(&s->qmu);
-    while (!s->stop_queries) {
-        struct tbd_query *q = s->qq_head;
-        if (!q) {
-            pthread_cond_wait(&s->qcv, &s->qmu);
-            continue;
-        }
-        s->qq_head = q->next;
-        pthread_mutex_unlock(&s->qmu);
-        run_query(s, q);
-        pthread_mutex_lock(&s->qmu);
-        query_append(&s->qdone, q);
-        wake(s);
-    }
-    pthread_mutex_unlock(&s->qmu);
-    return NULL;
-}
-
-void tbd_store_query(struct tbd_store *s, struct tbd_query *q)
-{
-    pthread_mutex_lock(&s->qmu);
-    query_append(&s->qq_head, q);
-    pthread_cond_signal(&s->qcv);
-    pthread_mutex_unlock(&s->qmu);
-}
-
-struct tbd_query *tbd_store_take_queries(struct tbd_store *s)
-{
-    pthread_mutex_lock(&s->qmu);
-    struct tbd_query *h = s->qdone;
-    s->qdone = NULL;
-    pthread_mutex_unlock(&s->qmu);
-    return h;
-}
-
 void tbd_store_counts(struct tbd_store *s, uint64_t *written, uint64_t *batches,
                       uint64_t *journal_bytes)
 {
@@ -794,7 +625,7 @@ void tbd_store_close(struct tbd_store *s)
         free(left->payload);
         free(left);
     }
-    stop_querier(s);
+    tbd_store_stop_querier(s);
     tw_durable_close(s->d);
     store_free(s);
 }
