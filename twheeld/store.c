@@ -34,17 +34,22 @@
  * (in queue order: one job's writes keep their order) and hands the batch
  * back through an eventfd; one fdatasync covers everything that arrived,
  * from any connection, while the previous one ran.
- * But while the disk is fast, the event loop writes and syncs one loop
- * turn's writes itself when the writer is idle (tbd_store_hold(),
- * tbd_store_run_held()): every connection's writes of one epoll_wait()
- * share a batch, and the next epoll_wait() finds the clients' next
- * commands together: one epoll wakeup a batch, where the writer cost
- * two thread hand-offs a batch and a wakeup for every few commands that
- * trickled in meanwhile (BENCHMARKS.md: less CPU a put). Commands that
- * write nothing then wait for the fdatasync (as every command does in
- * beanstalkd), so after a batch that held the loop over HELD_SLOW_NS (a
- * slow disk) the writer takes the next HELD_BACKOFF_NS's writes. A lone
- * client (one connection, one event) is always written on the loop.
+ * But while the disk is fast, the event loop gathers one loop turn's
+ * writes (tbd_store_hold(), tbd_store_run_held()): every connection's
+ * writes of one epoll_wait() go to the writer in one batch, and the loop
+ * waits for it as if it wrote it itself (hand_over()), so that the next
+ * epoll_wait() finds the clients' next commands together: one epoll
+ * wakeup a batch, where a writer left to itself took a wakeup of the
+ * loop for every few commands that trickled in meanwhile (BENCHMARKS.md:
+ * less CPU a put). The loop waits HELD_SLOW_NS at most: a slower sync (a
+ * slow or stalled disk) holds only the replies of the writes, the loop
+ * goes back to serving every connection, and for HELD_BACKOFF_NS the
+ * writer takes the writes as they come. (The loop once made the held
+ * batch's fdatasync itself: a stalled disk then stopped every command,
+ * stats and /metrics included, for as long as it stalled.) A lone client
+ * (one connection, one event) is written on the loop, which saves the
+ * two thread hand-offs a put (the 1-connection row of BENCHMARKS.md);
+ * a connection made during its fdatasync is served after it.
  * With -f MS > 0 or -F a durable call returns once its record is written
  * to the kernel, with no fdatasync to wait for: the event loop then
  * writes the writes of one loop iteration itself, in one batch, and
@@ -77,6 +82,13 @@
 /* A held batch this slow sends the next HELD_BACKOFF_NS's to the writer. */
 #define HELD_SLOW_NS UINT64_C(10000000)
 #define HELD_BACKOFF_NS UINT64_C(1000000000)
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 void tbd_store_wake(struct tbd_store *s)
 {
@@ -243,6 +255,7 @@ static void *writer(void *arg)
         if (!s->q_head)
             s->q_tail = NULL;
         last->next = NULL;
+        s->batch_ns = mono_ns();
         pthread_mutex_unlock(&s->mu);
 
         write_batch(s, head);
@@ -250,12 +263,17 @@ static void *writer(void *arg)
         pthread_mutex_lock(&s->mu);
         s->written += n;
         s->batches++;
+        s->batch_ns = 0;
         if (s->done_tail)
             s->done_tail->next = head;
         else
             s->done_head = head;
         s->done_tail = last;
-        if (!s->q_head) {
+        if (s->loop_waits) {
+            /* hand_over() takes the batch: no eventfd. */
+            if (!s->q_head)
+                pthread_cond_signal(&s->done_cv);
+        } else if (!s->q_head) {
             /* The event loop takes the batch without waiting for the
              * mutex: it is free before the wake. */
             pthread_mutex_unlock(&s->mu);
@@ -280,6 +298,7 @@ static void store_free(struct tbd_store *s)
     free(s->claims);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->done_cv);
     pthread_mutex_destroy(&s->fmu);
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
@@ -336,6 +355,11 @@ int tbd_store_open(struct tbd_store **out, const struct tbd_options *opt,
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_condattr_t ca; /* hand_over() waits by the monotonic clock */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->done_cv, &ca);
+    pthread_condattr_destroy(&ca);
     pthread_mutex_init(&s->fmu, NULL);
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
@@ -457,13 +481,6 @@ void tbd_store_submit(struct tbd_store *s, struct tbd_write *w)
         pthread_cond_signal(&s->cv);
 }
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 void tbd_store_hold(struct tbd_store *s, bool lone)
 {
     if (s->inline_writes || !s->lone_ok)
@@ -471,28 +488,15 @@ void tbd_store_hold(struct tbd_store *s, bool lone)
     if (!lone && s->slow_until && mono_ns() < s->slow_until)
         return;
     s->held = true; /* read by submit on this thread only */
+    s->held_lone = lone;
 }
 
-struct tbd_write *tbd_store_run_held(struct tbd_store *s)
+/* A lone client's held writes @head, written and synced on this thread
+ * (the writer is idle); @done: earlier completions not yet taken, which
+ * come first so that completions stay in order. */
+static struct tbd_write *run_lone(struct tbd_store *s, struct tbd_write *head,
+                                  struct tbd_write *done)
 {
-    if (!s->held)
-        return NULL;
-    s->held = false;
-    pthread_mutex_lock(&s->mu);
-    if (!s->q_head || !s->writer_idle) { /* nothing, or the writer's */
-        bool wake_writer = s->q_head && s->writer_idle;
-        pthread_mutex_unlock(&s->mu);
-        if (wake_writer)
-            pthread_cond_signal(&s->cv);
-        return NULL;
-    }
-    /* The writer sleeps and nothing else submits (this is the event
-     * loop's thread): write here. Earlier completions not yet taken come
-     * first, so that completions stay in order. */
-    struct tbd_write *head = s->q_head, *done = s->done_head;
-    s->q_head = s->q_tail = NULL;
-    s->done_head = s->done_tail = NULL;
-    pthread_mutex_unlock(&s->mu);
     uint64_t t0 = mono_ns();
     write_batch(s, head);
     uint64_t t1 = mono_ns();
@@ -511,6 +515,65 @@ struct tbd_write *tbd_store_run_held(struct tbd_store *s)
         t = t->next;
     t->next = head;
     return done;
+}
+
+/*
+ * The held writes to the writer thread (mu held; unlocked on return),
+ * and, as if they were written here, the wait for them: the completions
+ * of everything queued, earlier ones first, once the writer is done
+ * (its fdatasync included). But a sync that takes over HELD_SLOW_NS
+ * stops the wait (NULL: the completions come through the eventfd), so
+ * that a stalled disk holds the writers' replies, never the loop: the
+ * connections that only read are served meanwhile, and for
+ * HELD_BACKOFF_NS the writes go to the writer as they come.
+ */
+static struct tbd_write *hand_over(struct tbd_store *s)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += (long)(HELD_SLOW_NS % 1000000000u);
+    until.tv_sec += (time_t)(HELD_SLOW_NS / 1000000000u);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_nsec -= 1000000000L;
+        until.tv_sec++;
+    }
+    if (s->writer_idle)
+        pthread_cond_signal(&s->cv);
+    s->loop_waits = true;
+    int rc = 0;
+    while ((s->q_head || s->batch_ns) && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&s->done_cv, &s->mu, &until);
+    s->loop_waits = false;
+    struct tbd_write *done = NULL;
+    if (s->q_head || s->batch_ns) {
+        s->slow_until = mono_ns() + HELD_BACKOFF_NS;
+    } else {
+        done = s->done_head;
+        s->done_head = s->done_tail = NULL;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return done;
+}
+
+struct tbd_write *tbd_store_run_held(struct tbd_store *s)
+{
+    if (!s->held)
+        return NULL;
+    s->held = false;
+    pthread_mutex_lock(&s->mu);
+    if (!s->q_head) {
+        pthread_mutex_unlock(&s->mu);
+        return NULL;
+    }
+    if (!s->writer_idle || !s->held_lone)
+        return hand_over(s); /* unlocks */
+    /* The writer sleeps and nothing else submits (this is the event
+     * loop's thread): write here. */
+    struct tbd_write *head = s->q_head, *done = s->done_head;
+    s->q_head = s->q_tail = NULL;
+    s->done_head = s->done_tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    return run_lone(s, head, done);
 }
 
 int tbd_store_fd(const struct tbd_store *s)

@@ -25,10 +25,17 @@ struct tbd_store {
     pthread_cond_t cv;
     bool stop;
     bool writer_idle; /* the writer waits on cv (under mu) */
-    /* -f 0, journal: a loop turn's writes may run on the loop; held:
-     * being gathered; until slow_until (monotonic ns) a lone client's. */
-    bool lone_ok, held;
-    uint64_t slow_until;
+    /* -f 0, journal: a loop turn's writes are gathered (held) and
+     * handed to the writer in one batch, a lone client's written on the
+     * loop; until slow_until (monotonic ns) only a lone client's are
+     * (store.c). The event loop's, but for batch_ns: when the writer
+     * took the batch it writes (under mu; 0 while it is idle). */
+    bool lone_ok, held, held_lone;
+    uint64_t slow_until, batch_ns;
+    /* The event loop waits on done_cv for the batch it handed over
+     * (hand_over(), under mu). */
+    bool loop_waits;
+    pthread_cond_t done_cv;
     struct tbd_write *q_head, *q_tail;       /* queued */
     struct tbd_write *done_head, *done_tail; /* completed */
     uint64_t written, batches;
