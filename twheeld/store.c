@@ -34,22 +34,23 @@
  * (in queue order: one job's writes keep their order) and hands the batch
  * back through an eventfd; one fdatasync covers everything that arrived,
  * from any connection, while the previous one ran.
- * But while the disk is fast, the event loop gathers one loop turn's
- * writes (tbd_store_hold(), tbd_store_run_held()): every connection's
- * writes of one epoll_wait() go to the writer in one batch, and the loop
- * waits for it as if it wrote it itself (hand_over()), so that the next
- * epoll_wait() finds the clients' next commands together: one epoll
- * wakeup a batch, where a writer left to itself took a wakeup of the
- * loop for every few commands that trickled in meanwhile (BENCHMARKS.md:
- * less CPU a put). The loop waits HELD_SLOW_NS at most: a slower sync (a
- * slow or stalled disk) holds only the replies of the writes, the loop
- * goes back to serving every connection, and for HELD_BACKOFF_NS the
- * writer takes the writes as they come. (The loop once made the held
- * batch's fdatasync itself: a stalled disk then stopped every command,
- * stats and /metrics included, for as long as it stalled.) A lone client
- * (one connection, one event) is written on the loop, which saves the
- * two thread hand-offs a put (the 1-connection row of BENCHMARKS.md);
- * a connection made during its fdatasync is served after it.
+ * But while the disk is fast, the event loop writes and syncs one loop
+ * turn's writes itself when the writer is idle (tbd_store_hold(),
+ * tbd_store_run_held()): every connection's writes of one epoll_wait()
+ * share a batch, and the next epoll_wait() finds the clients' next
+ * commands together: one epoll wakeup a batch, where the writer cost
+ * two thread hand-offs a batch and a wakeup for every few commands that
+ * trickled in meanwhile (BENCHMARKS.md: less CPU a put). Commands that
+ * write nothing then wait for the fdatasync (as every command does in
+ * beanstalkd), so after a batch that held the loop over HELD_SLOW_NS (a
+ * slow disk) the writer takes the next HELD_BACKOFF_NS's writes. A lone
+ * client (one connection, one event) is always written on the loop.
+ * While such a sync runs, the loop's thread lets go of the loop, and a
+ * sync that takes long has a stand-in thread run the loop meanwhile
+ * (the sync hook, standin.c): a stalled disk holds the writes' replies,
+ * never the commands that only read. The writes its turns take go to
+ * the writer thread, so a batch on the loop uses its own item arrays
+ * (litems; the writer's are witems).
  * With -f MS > 0 or -F a durable call returns once its record is written
  * to the kernel, with no fdatasync to wait for: the event loop then
  * writes the writes of one loop iteration itself, in one batch, and
@@ -164,11 +165,12 @@ int tbd_store_put(struct tbd_store *s, const char *key, size_t key_len,
 }
 
 /* Writes the conditional run [first, first + n) of one kind. */
-static void write_run_if(struct tbd_store *s, struct tbd_write *first, size_t n)
+static void write_run_if(struct tbd_store *s, struct tbd_items *it,
+                         struct tbd_write *first, size_t n)
 {
     struct tbd_write *w = first;
     for (size_t i = 0; i < n; i++, w = w->next) {
-        s->items_if[i] = (tw_durable_item_if){
+        it->items_if[i] = (tw_durable_item_if){
             .key = w->key,
             .key_len = w->key_len,
             .due_ms = w->due_ms ? w->due_ms : STORE_DUE,
@@ -178,24 +180,25 @@ static void write_run_if(struct tbd_store *s, struct tbd_write *first, size_t n)
             .expect_len = w->expect_absent ? 0 : w->expect_len};
     }
     if (first->kind == TBD_W_SCHED)
-        tw_durable_schedule_many_if(s->d, s->items_if, n);
+        tw_durable_schedule_many_if(s->d, it->items_if, n);
     else
-        tw_durable_cancel_many_if(s->d, s->items_if, n);
+        tw_durable_cancel_many_if(s->d, it->items_if, n);
     w = first;
     for (size_t i = 0; i < n; i++, w = w->next)
-        w->result = s->items_if[i].result; /* ENOENT: the event loop's */
+        w->result = it->items_if[i].result; /* ENOENT: the event loop's */
 }
 
 /* Writes the run [first, first + n) of one kind; results into each. */
-static void write_run(struct tbd_store *s, struct tbd_write *first, size_t n)
+static void write_run(struct tbd_store *s, struct tbd_items *it,
+                      struct tbd_write *first, size_t n)
 {
     if (first->cond) {
-        write_run_if(s, first, n);
+        write_run_if(s, it, first, n);
         return;
     }
     struct tbd_write *w = first;
     for (size_t i = 0; i < n; i++, w = w->next) {
-        s->items[i] =
+        it->items[i] =
             (tw_durable_item){.key = w->key,
                               .key_len = w->key_len,
                               .due_ms = w->due_ms ? w->due_ms : STORE_DUE,
@@ -203,12 +206,12 @@ static void write_run(struct tbd_store *s, struct tbd_write *first, size_t n)
                               .payload_len = w->payload_len};
     }
     if (first->kind == TBD_W_SCHED)
-        tw_durable_schedule_many(s->d, s->items, n);
+        tw_durable_schedule_many(s->d, it->items, n);
     else
-        tw_durable_cancel_many(s->d, s->items, n);
+        tw_durable_cancel_many(s->d, it->items, n);
     w = first;
     for (size_t i = 0; i < n; i++, w = w->next) {
-        w->result = s->items[i].result;
+        w->result = it->items[i].result;
         /* Deleting a job that was never written is not an error. */
         if (w->kind == TBD_W_CANCEL && w->result == TW_ENOENT)
             w->result = 0;
@@ -216,7 +219,8 @@ static void write_run(struct tbd_store *s, struct tbd_write *first, size_t n)
 }
 
 /* Writes the list @head, runs of one kind at a time, in order. */
-static void write_batch(struct tbd_store *s, struct tbd_write *head)
+static void write_batch(struct tbd_store *s, struct tbd_items *it,
+                        struct tbd_write *head)
 {
     for (struct tbd_write *run = head; run;) {
         size_t k = 1;
@@ -227,7 +231,7 @@ static void write_batch(struct tbd_store *s, struct tbd_write *head)
             k++;
         }
         struct tbd_write *after = e->next;
-        write_run(s, run, k);
+        write_run(s, it, run, k);
         run = after;
     }
 }
@@ -255,25 +259,19 @@ static void *writer(void *arg)
         if (!s->q_head)
             s->q_tail = NULL;
         last->next = NULL;
-        s->batch_ns = mono_ns();
         pthread_mutex_unlock(&s->mu);
 
-        write_batch(s, head);
+        write_batch(s, &s->witems, head);
 
         pthread_mutex_lock(&s->mu);
         s->written += n;
         s->batches++;
-        s->batch_ns = 0;
         if (s->done_tail)
             s->done_tail->next = head;
         else
             s->done_head = head;
         s->done_tail = last;
-        if (s->loop_waits) {
-            /* hand_over() takes the batch: no eventfd. */
-            if (!s->q_head)
-                pthread_cond_signal(&s->done_cv);
-        } else if (!s->q_head) {
+        if (!s->q_head) {
             /* The event loop takes the batch without waiting for the
              * mutex: it is free before the wake. */
             pthread_mutex_unlock(&s->mu);
@@ -298,7 +296,6 @@ static void store_free(struct tbd_store *s)
     free(s->claims);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
-    pthread_cond_destroy(&s->done_cv);
     pthread_mutex_destroy(&s->fmu);
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
@@ -355,11 +352,6 @@ int tbd_store_open(struct tbd_store **out, const struct tbd_options *opt,
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    pthread_condattr_t ca; /* hand_over() waits by the monotonic clock */
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->done_cv, &ca);
-    pthread_condattr_destroy(&ca);
     pthread_mutex_init(&s->fmu, NULL);
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
@@ -454,7 +446,7 @@ struct tbd_write *tbd_store_run_inline(struct tbd_store *s)
     struct tbd_write *head = s->q_head;
     s->q_head = s->q_tail = NULL;
     if (head) {
-        write_batch(s, head);
+        write_batch(s, &s->litems, head);
         size_t n = 0;
         for (struct tbd_write *w = head; w; w = w->next)
             n++;
@@ -488,18 +480,42 @@ void tbd_store_hold(struct tbd_store *s, bool lone)
     if (!lone && s->slow_until && mono_ns() < s->slow_until)
         return;
     s->held = true; /* read by submit on this thread only */
-    s->held_lone = lone;
 }
 
-/* A lone client's held writes @head, written and synced on this thread
- * (the writer is idle); @done: earlier completions not yet taken, which
- * come first so that completions stay in order. */
-static struct tbd_write *run_lone(struct tbd_store *s, struct tbd_write *head,
+void tbd_store_sync_hook(struct tbd_store *s, void (*fn)(void *, bool),
+                         void *arg)
+{
+    s->sync_hook = fn;
+    s->sync_arg = arg;
+}
+
+/* Appends the list @b to the list @a; the whole list. */
+static struct tbd_write *concat(struct tbd_write *a, struct tbd_write *b)
+{
+    if (!a)
+        return b;
+    struct tbd_write *t = a;
+    while (t->next)
+        t = t->next;
+    t->next = b;
+    return a;
+}
+
+/* The held writes @head, written and synced on this thread (the writer
+ * is idle), between the sync hook's two calls; @done: earlier
+ * completions not yet taken. The completions in order: @done, @head,
+ * then whatever the writer finished meanwhile (writes submitted while
+ * this thread synced: the sync hook's stand-in, standin.c). */
+static struct tbd_write *run_here(struct tbd_store *s, struct tbd_write *head,
                                   struct tbd_write *done)
 {
+    if (s->sync_hook)
+        s->sync_hook(s->sync_arg, true);
     uint64_t t0 = mono_ns();
-    write_batch(s, head);
+    write_batch(s, &s->litems, head);
     uint64_t t1 = mono_ns();
+    if (s->sync_hook)
+        s->sync_hook(s->sync_arg, false);
     s->slow_until = t1 - t0 > HELD_SLOW_NS ? t1 + HELD_BACKOFF_NS : 0;
     size_t n = 0;
     for (struct tbd_write *w = head; w; w = w->next)
@@ -507,52 +523,10 @@ static struct tbd_write *run_lone(struct tbd_store *s, struct tbd_write *head,
     pthread_mutex_lock(&s->mu);
     s->written += n;
     s->batches++;
+    struct tbd_write *after = s->done_head;
+    s->done_head = s->done_tail = NULL;
     pthread_mutex_unlock(&s->mu);
-    if (!done)
-        return head;
-    struct tbd_write *t = done;
-    while (t->next)
-        t = t->next;
-    t->next = head;
-    return done;
-}
-
-/*
- * The held writes to the writer thread (mu held; unlocked on return),
- * and, as if they were written here, the wait for them: the completions
- * of everything queued, earlier ones first, once the writer is done
- * (its fdatasync included). But a sync that takes over HELD_SLOW_NS
- * stops the wait (NULL: the completions come through the eventfd), so
- * that a stalled disk holds the writers' replies, never the loop: the
- * connections that only read are served meanwhile, and for
- * HELD_BACKOFF_NS the writes go to the writer as they come.
- */
-static struct tbd_write *hand_over(struct tbd_store *s)
-{
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_nsec += (long)(HELD_SLOW_NS % 1000000000u);
-    until.tv_sec += (time_t)(HELD_SLOW_NS / 1000000000u);
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_nsec -= 1000000000L;
-        until.tv_sec++;
-    }
-    if (s->writer_idle)
-        pthread_cond_signal(&s->cv);
-    s->loop_waits = true;
-    int rc = 0;
-    while ((s->q_head || s->batch_ns) && rc != ETIMEDOUT)
-        rc = pthread_cond_timedwait(&s->done_cv, &s->mu, &until);
-    s->loop_waits = false;
-    struct tbd_write *done = NULL;
-    if (s->q_head || s->batch_ns) {
-        s->slow_until = mono_ns() + HELD_BACKOFF_NS;
-    } else {
-        done = s->done_head;
-        s->done_head = s->done_tail = NULL;
-    }
-    pthread_mutex_unlock(&s->mu);
-    return done;
+    return concat(done, concat(head, after));
 }
 
 struct tbd_write *tbd_store_run_held(struct tbd_store *s)
@@ -561,19 +535,27 @@ struct tbd_write *tbd_store_run_held(struct tbd_store *s)
         return NULL;
     s->held = false;
     pthread_mutex_lock(&s->mu);
-    if (!s->q_head) {
+    if (!s->q_head || !s->writer_idle) { /* nothing, or the writer's */
+        bool wake_writer = s->q_head && s->writer_idle;
         pthread_mutex_unlock(&s->mu);
+        if (wake_writer)
+            pthread_cond_signal(&s->cv);
         return NULL;
     }
-    if (!s->writer_idle || !s->held_lone)
-        return hand_over(s); /* unlocks */
     /* The writer sleeps and nothing else submits (this is the event
      * loop's thread): write here. */
     struct tbd_write *head = s->q_head, *done = s->done_head;
     s->q_head = s->q_tail = NULL;
     s->done_head = s->done_tail = NULL;
     pthread_mutex_unlock(&s->mu);
-    return run_lone(s, head, done);
+    return run_here(s, head, done);
+}
+
+void tbd_store_ack(struct tbd_store *s)
+{
+    uint64_t v;
+    ssize_t r = read(s->efd, &v, sizeof(v));
+    (void)r; /* EAGAIN when already drained: nothing to do */
 }
 
 int tbd_store_fd(const struct tbd_store *s)

@@ -116,25 +116,27 @@ struct tbd_write *tbd_store_run_inline(struct tbd_store *s);
 
 /* -f 0 on the journal, before the events of one loop iteration: the
  * writes submitted until tbd_store_run_held() are held from the writer
- * thread, to be handed to it in one batch (store.c: why). Not for a
- * while after a batch was slow, unless @lone (one connection, one event:
- * no one else waits for the loop). */
+ * thread, to be written on the loop in one batch (store.c: why). Not
+ * while the last held batch was slow, unless @lone (one connection, one
+ * event: no one else waits for the loop). */
 void tbd_store_hold(struct tbd_store *s, bool lone);
 
-/* After tbd_store_hold(): hand the held writes to the writer thread and
- * return NULL (their completions come through the eventfd); but a lone
- * client's, while the writer is idle, are written and synced on this
- * thread, and returned with the earlier completions not yet taken first
- * (the reply still follows the fdatasync). */
+/* After tbd_store_hold(): if the writer thread is idle, write the held
+ * writes on this thread, synced (the reply still follows the fdatasync),
+ * and return the completed writes, earlier completions not yet taken
+ * first; else hand them to the writer and return NULL. */
 struct tbd_write *tbd_store_run_held(struct tbd_store *s);
 
-/* -f 0 on the journal: while the writer writes a batch and the disk is
- * fast, how many ms the event loop should wait for the store's eventfd
- * alone (the batch's completion) before it looks at the connections, so
- * that the commands that came meanwhile are read together into the next
- * batch; -1: look at everything now (nothing in flight, or a slow disk:
- * then for a while every event is served as it comes). */
-int tbd_store_wait_ms(struct tbd_store *s);
+/* @fn(@arg, true) just before tbd_store_run_held() writes and syncs on
+ * the event loop's thread, @fn(@arg, false) just after (standin.c: the
+ * loop's stand-in while that sync is slow). */
+void tbd_store_sync_hook(struct tbd_store *s, void (*fn)(void *arg, bool begin),
+                         void *arg);
+
+/* Reads the eventfd and leaves the completions for a later
+ * tbd_store_take() (or tbd_store_run_held()): what the stand-in does,
+ * which must not reply before the writes the loop's thread syncs. */
+void tbd_store_ack(struct tbd_store *s);
 
 /* Queue @w (event loop thread). Its completion comes back in order. */
 void tbd_store_submit(struct tbd_store *s, struct tbd_write *w);

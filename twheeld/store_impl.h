@@ -25,17 +25,13 @@ struct tbd_store {
     pthread_cond_t cv;
     bool stop;
     bool writer_idle; /* the writer waits on cv (under mu) */
-    /* -f 0, journal: a loop turn's writes are gathered (held) and
-     * handed to the writer in one batch, a lone client's written on the
-     * loop; until slow_until (monotonic ns) only a lone client's are
-     * (store.c). The event loop's, but for batch_ns: when the writer
-     * took the batch it writes (under mu; 0 while it is idle). */
-    bool lone_ok, held, held_lone;
-    uint64_t slow_until, batch_ns;
-    /* The event loop waits on done_cv for the batch it handed over
-     * (hand_over(), under mu). */
-    bool loop_waits;
-    pthread_cond_t done_cv;
+    /* -f 0, journal: a loop turn's writes may run on the loop; held:
+     * being gathered; until slow_until (monotonic ns) a lone client's.
+     * Around such a sync, sync_hook(sync_arg, true / false). */
+    bool lone_ok, held;
+    uint64_t slow_until;
+    void (*sync_hook)(void *arg, bool begin);
+    void *sync_arg;
     struct tbd_write *q_head, *q_tail;       /* queued */
     struct tbd_write *done_head, *done_tail; /* completed */
     uint64_t written, batches;
@@ -57,8 +53,12 @@ struct tbd_store {
     pthread_cond_t qcv;
     bool stop_queries;
     struct tbd_query *qq_head, *qdone;
-    tw_durable_item items[BATCH_MAX];
-    tw_durable_item_if items_if[BATCH_MAX];
+    /* The batches' arguments: the writer's, and the event loop's (its
+     * writes on its own thread may run while the writer writes). */
+    struct tbd_items {
+        tw_durable_item items[BATCH_MAX];
+        tw_durable_item_if items_if[BATCH_MAX];
+    } witems, litems;
 };
 
 /* Makes the store's eventfd readable: something waits for the event loop

@@ -11,6 +11,8 @@ readers: a put's fdatasync is held for up to STALL s; meanwhile commands
 disconnect: clients that put and close (or half-close) while the sync is
   held: the server stays up, and their jobs, written, are there after a
   restart.
+lone: the same with one connection, whose sync the event loop's own
+  thread makes: a connection made meanwhile is served.
 segment: one held batch of puts large enough to cross a segment change
   (8 MiB segments): every INSERTED job is there, body and all, after a
   kill -9 and a restart.
@@ -142,6 +144,30 @@ def case_readers(d, lib):
         check(srv.stop() == 0, "twheeld exited with %s" % srv.proc.returncode)
 
 
+def case_lone(d, lib):
+    st = Stall(d)
+    srv = start(d, lib, st)
+    try:
+        c = bstk.Client(srv.port, timeout=30)
+        bstk.put_job(c, b"warm")
+        st.hold()
+        c.send(b"put 1 0 60 1\r\na\r\n")  # the only connection: its sync
+        st.wait_held()                      # runs on the loop's thread
+        late = bstk.Client(srv.port, timeout=30)
+        r, took = timed(late, b"stats\r\n")
+        check(took < READ_BOUND and r.startswith(b"OK "),
+              "a new connection's stats: %r in %.2f s" % (r[:20], took))
+        late.send(b"put 1 0 60 1\r\nb\r\n")
+        check(quiet(c, 0.2) and quiet(late, 0.2),
+              "acknowledged while its fdatasync was held")
+        st.let_go()
+        check(c.reply().startswith(b"INSERTED "), "the held put")
+        check(late.reply().startswith(b"INSERTED "), "the put behind it")
+    finally:
+        st.let_go()
+        check(srv.stop() == 0, "twheeld exited with %s" % srv.proc.returncode)
+
+
 def jobs_ready(c):
     return int(bstk.yaml_map(c.cmd(b"stats\r\n"))["current-jobs-ready"])
 
@@ -232,7 +258,8 @@ def case_segment(d, lib):
         srv.stop()
 
 
-CASES = {"readers": case_readers, "disconnect": case_disconnect,
+CASES = {"readers": case_readers, "lone": case_lone,
+         "disconnect": case_disconnect,
          "segment": case_segment}
 
 
