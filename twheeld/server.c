@@ -258,7 +258,7 @@ void tbd_turn(struct server *s)
      * hand-off (store.c); not the stand-in's. */
     bool held = n > 0 && s->store && !s->standin_on;
     if (held)
-        tbd_store_hold(s->store, n == 1 && s->cur_conns == 1);
+        tbd_store_hold(s->store);
     for (int i = 0; i < n; i++)
         event(s, &evs[i]);
     if (held)

@@ -98,7 +98,7 @@ static void stand_in(struct server *s, struct standin *w)
     pthread_mutex_lock(&w->loop_mu);
     atomic_store(&w->active, true);
     if (stuck(w)) {
-        tbd_logv(s, 1, "the store's fdatasync is slow: serving meanwhile");
+        tbd_logv(s, 2, "the store's fdatasync is slow: serving meanwhile");
         s->standin_on = true;
         while (atomic_load(&w->since) && s->running)
             tbd_turn(s);

@@ -34,23 +34,24 @@
  * (in queue order: one job's writes keep their order) and hands the batch
  * back through an eventfd; one fdatasync covers everything that arrived,
  * from any connection, while the previous one ran.
- * But while the disk is fast, the event loop writes and syncs one loop
- * turn's writes itself when the writer is idle (tbd_store_hold(),
- * tbd_store_run_held()): every connection's writes of one epoll_wait()
- * share a batch, and the next epoll_wait() finds the clients' next
- * commands together: one epoll wakeup a batch, where the writer cost
- * two thread hand-offs a batch and a wakeup for every few commands that
- * trickled in meanwhile (BENCHMARKS.md: less CPU a put). Commands that
- * write nothing then wait for the fdatasync (as every command does in
- * beanstalkd), so after a batch that held the loop over HELD_SLOW_NS (a
- * slow disk) the writer takes the next HELD_BACKOFF_NS's writes. A lone
- * client (one connection, one event) is always written on the loop.
- * While such a sync runs, the loop's thread lets go of the loop, and a
- * sync that takes long has a stand-in thread run the loop meanwhile
- * (the sync hook, standin.c): a stalled disk holds the writes' replies,
- * never the commands that only read. The writes its turns take go to
- * the writer thread, so a batch on the loop uses its own item arrays
- * (litems; the writer's are witems).
+ * But while the writer is idle, the event loop writes and syncs one loop
+ * turn's writes itself (tbd_store_hold(), tbd_store_run_held()): every
+ * connection's writes of one epoll_wait() share a batch, and the next
+ * epoll_wait() finds the clients' next commands together: one epoll
+ * wakeup a batch, where the writer cost two thread hand-offs a batch and
+ * a wakeup for every few commands that trickled in meanwhile
+ * (BENCHMARKS.md: less CPU a put). Commands that write nothing then wait
+ * for the fdatasync (as every command does in beanstalkd), but not for
+ * long: while such a sync runs the loop's thread lets go of the loop,
+ * and a sync that takes long has a stand-in thread run the loop
+ * meanwhile (the sync hook, standin.c): a slow or stalled disk holds the
+ * writes' replies, never the commands that only read. The writes the
+ * stand-in's turns take go to the writer thread, so a batch on the loop
+ * has its own item arrays (litems; the writer's are witems). (The loop
+ * once sent a second's writes to the writer after any batch over 10 ms,
+ * so that readers would not wait for the next slow one; a disk whose
+ * syncs only now and then take that long then cost a third of the puts
+ * at 16 connections: 15.5k against 20.1k a second, alternating runs.)
  * With -f MS > 0 or -F a durable call returns once its record is written
  * to the kernel, with no fdatasync to wait for: the event loop then
  * writes the writes of one loop iteration itself, in one batch, and
@@ -80,16 +81,6 @@
  * file doubles as it fills, so 37 MB of records (450,000 delayed jobs)
  * took a 64 MiB file; in 8 MiB segments, 38 MB. */
 #define SEGMENT_BYTES (UINT64_C(8) << 20)
-/* A held batch this slow sends the next HELD_BACKOFF_NS's to the writer. */
-#define HELD_SLOW_NS UINT64_C(10000000)
-#define HELD_BACKOFF_NS UINT64_C(1000000000)
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 void tbd_store_wake(struct tbd_store *s)
 {
@@ -473,11 +464,9 @@ void tbd_store_submit(struct tbd_store *s, struct tbd_write *w)
         pthread_cond_signal(&s->cv);
 }
 
-void tbd_store_hold(struct tbd_store *s, bool lone)
+void tbd_store_hold(struct tbd_store *s)
 {
     if (s->inline_writes || !s->lone_ok)
-        return;
-    if (!lone && s->slow_until && mono_ns() < s->slow_until)
         return;
     s->held = true; /* read by submit on this thread only */
 }
@@ -511,12 +500,9 @@ static struct tbd_write *run_here(struct tbd_store *s, struct tbd_write *head,
 {
     if (s->sync_hook)
         s->sync_hook(s->sync_arg, true);
-    uint64_t t0 = mono_ns();
     write_batch(s, &s->litems, head);
-    uint64_t t1 = mono_ns();
     if (s->sync_hook)
         s->sync_hook(s->sync_arg, false);
-    s->slow_until = t1 - t0 > HELD_SLOW_NS ? t1 + HELD_BACKOFF_NS : 0;
     size_t n = 0;
     for (struct tbd_write *w = head; w; w = w->next)
         n++;

@@ -116,10 +116,8 @@ struct tbd_write *tbd_store_run_inline(struct tbd_store *s);
 
 /* -f 0 on the journal, before the events of one loop iteration: the
  * writes submitted until tbd_store_run_held() are held from the writer
- * thread, to be written on the loop in one batch (store.c: why). Not
- * while the last held batch was slow, unless @lone (one connection, one
- * event: no one else waits for the loop). */
-void tbd_store_hold(struct tbd_store *s, bool lone);
+ * thread, to be written on the loop in one batch (store.c: why). */
+void tbd_store_hold(struct tbd_store *s);
 
 /* After tbd_store_hold(): if the writer thread is idle, write the held
  * writes on this thread, synced (the reply still follows the fdatasync),

@@ -26,10 +26,9 @@ struct tbd_store {
     bool stop;
     bool writer_idle; /* the writer waits on cv (under mu) */
     /* -f 0, journal: a loop turn's writes may run on the loop; held:
-     * being gathered; until slow_until (monotonic ns) a lone client's.
-     * Around such a sync, sync_hook(sync_arg, true / false). */
+     * being gathered. Around such a sync, sync_hook(sync_arg, true /
+     * false). */
     bool lone_ok, held;
-    uint64_t slow_until;
     void (*sync_hook)(void *arg, bool begin);
     void *sync_arg;
     struct tbd_write *q_head, *q_tail;       /* queued */
