@@ -174,6 +174,9 @@ bool tbd_standin_start(struct server *s, void *tag)
         if (w->efd >= 0)
             close(w->efd);
         pthread_mutex_unlock(&w->loop_mu);
+        pthread_mutex_destroy(&w->loop_mu);
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
         free(w);
         return false;
     }

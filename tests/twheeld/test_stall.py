@@ -144,15 +144,22 @@ def case_readers(d, lib):
         check(srv.stop() == 0, "twheeld exited with %s" % srv.proc.returncode)
 
 
+def hold_a_put(srv, st, body):
+    """A new client of @srv whose put of @body waits in a held sync."""
+    c = bstk.Client(srv.port, timeout=30)
+    bstk.put_job(c, b"warm")  # the store is open and synced
+    st.hold()
+    c.send(b"put 1 0 60 %d\r\n%s\r\n" % (len(body), body))
+    st.wait_held()
+    return c
+
+
 def case_lone(d, lib):
     st = Stall(d)
     srv = start(d, lib, st)
     try:
-        c = bstk.Client(srv.port, timeout=30)
-        bstk.put_job(c, b"warm")
-        st.hold()
-        c.send(b"put 1 0 60 1\r\na\r\n")  # the only connection: its sync
-        st.wait_held()                      # runs on the loop's thread
+        # The only connection: its sync runs on the loop's thread.
+        c = hold_a_put(srv, st, b"a")
         late = bstk.Client(srv.port, timeout=30)
         r, took = timed(late, b"stats\r\n")
         check(took < READ_BOUND and r.startswith(b"OK "),
@@ -176,11 +183,7 @@ def case_disconnect(d, lib):
     st = Stall(d)
     srv = start(d, lib, st)
     try:
-        c = bstk.Client(srv.port, timeout=30)
-        bstk.put_job(c, b"warm")
-        st.hold()
-        c.send(b"put 1 0 60 1\r\nx\r\n")
-        st.wait_held()
+        c = hold_a_put(srv, st, b"x")
         # One closes at once after its put; one sends 20 puts and shuts
         # its sending side; one resets its connection.
         a = socket.create_connection(("127.0.0.1", srv.port))
