@@ -100,8 +100,13 @@ static void stand_in(struct server *s, struct standin *w)
     if (stuck(w)) {
         tbd_logv(s, 2, "the store's fdatasync is slow: serving meanwhile");
         s->standin_on = true;
-        while (atomic_load(&w->since) && s->running)
-            tbd_turn(s);
+        struct timespec ms = {0, 1000000};
+        while (atomic_load(&w->since)) {
+            if (s->running)
+                tbd_turn(s);
+            else /* stopping: the loop's thread ends it after its sync */
+                nanosleep(&ms, NULL);
+        }
         s->standin_on = false;
     }
     atomic_store(&w->active, false);
