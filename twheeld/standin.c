@@ -60,12 +60,15 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* The store's sync hook, on the loop's thread (which holds the baton
- * but for the sync). */
+/* The store's sync hook, around the loop's fdatasync and its other
+ * calls that may wait for the store's lock (store.c lock_wait()), on
+ * the thread that holds the baton (which it lets go of meanwhile). */
 static void sync_hook(void *arg, bool begin)
 {
     struct server *s = arg;
     struct standin *w = s->standin;
+    if (pthread_equal(pthread_self(), w->th))
+        return; /* the stand-in's own call: no one to stand in for it */
     if (begin) {
         atomic_store(&w->since, now_ns());
         if (atomic_load(&w->idle)) {

@@ -406,11 +406,23 @@ long tbd_store_recover(struct tbd_store *s,
     return tw_durable_scan(s->d, recover_one, &r);
 }
 
+/* Around a call of the event loop's that may wait for the store's lock
+ * (which a batch being written holds, and a segment being made holds
+ * for its fsync): the sync hook, so that a stand-in serves the loop if
+ * that takes long (standin.c). */
+static void lock_wait(struct tbd_store *s, bool begin)
+{
+    if (s->sync_hook)
+        s->sync_hook(s->sync_arg, begin);
+}
+
 int tbd_store_get(struct tbd_store *s, const char *key, size_t key_len,
                   void *buf, size_t len, size_t *plen)
 {
     tw_durable_info in;
+    lock_wait(s, true);
     int rc = tw_durable_get(s->d, key, key_len, &in, buf, len);
+    lock_wait(s, false);
     if (rc == 0)
         *plen = in.payload_len;
     return rc;
@@ -418,13 +430,19 @@ int tbd_store_get(struct tbd_store *s, const char *key, size_t key_len,
 
 long tbd_store_metrics(struct tbd_store *s, char *buf, size_t len)
 {
-    return tw_durable_metrics(s->d, NULL, 0, buf, len);
+    lock_wait(s, true);
+    long n = tw_durable_metrics(s->d, NULL, 0, buf, len);
+    lock_wait(s, false);
+    return n;
 }
 
 uint64_t tbd_store_keys(struct tbd_store *s)
 {
     tw_durable_stats st;
-    return tw_durable_stats_get(s->d, &st) == 0 ? st.pending : 0;
+    lock_wait(s, true);
+    int rc = tw_durable_stats_get(s->d, &st);
+    lock_wait(s, false);
+    return rc == 0 ? st.pending : 0;
 }
 
 bool tbd_store_pending_inline(struct tbd_store *s)
@@ -629,9 +647,13 @@ void tbd_store_counts(struct tbd_store *s, uint64_t *written, uint64_t *batches,
     *batches = s->batches;
     pthread_mutex_unlock(&s->mu);
     tw_durable_stats st;
+    if (!journal_bytes)
+        return;
     *journal_bytes = 0;
+    lock_wait(s, true);
     if (tw_durable_stats_get(s->d, &st) == 0)
         *journal_bytes = st.journal_bytes;
+    lock_wait(s, false);
 }
 
 void tbd_store_close(struct tbd_store *s)

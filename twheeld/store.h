@@ -126,8 +126,9 @@ void tbd_store_hold(struct tbd_store *s);
 struct tbd_write *tbd_store_run_held(struct tbd_store *s);
 
 /* @fn(@arg, true) just before tbd_store_run_held() writes and syncs on
- * the event loop's thread, @fn(@arg, false) just after (standin.c: the
- * loop's stand-in while that sync is slow). */
+ * the event loop's thread, @fn(@arg, false) just after, and the same
+ * around the calls that may wait for the store's lock (get, metrics,
+ * keys, counts) (standin.c: the loop's stand-in while they are slow). */
 void tbd_store_sync_hook(struct tbd_store *s, void (*fn)(void *arg, bool begin),
                          void *arg);
 
@@ -198,7 +199,8 @@ void tbd_store_query(struct tbd_store *s, struct tbd_query *q);
 /* The answered queries, oldest first (event loop thread). */
 struct tbd_query *tbd_store_take_queries(struct tbd_store *s);
 
-/* Counters for stats: records written, batches, journal bytes. */
+/* Counters for stats: records written, batches, journal bytes (not
+ * with @journal_bytes NULL: then the store's lock is not waited for). */
 void tbd_store_counts(struct tbd_store *s, uint64_t *written, uint64_t *batches,
                       uint64_t *journal_bytes);
 

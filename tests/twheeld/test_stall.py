@@ -13,9 +13,10 @@ disconnect: clients that put and close (or half-close) while the sync is
   restart.
 lone: the same with one connection, whose sync the event loop's own
   thread makes: a connection made meanwhile is served.
-segment: one held batch of puts large enough to cross a segment change
-  (8 MiB segments): every INSERTED job is there, body and all, after a
-  kill -9 and a restart.
+segment: puts held at a segment change (8 MiB segments), whose fsync
+  of the old segment the store makes under its lock: use and stats are
+  answered meanwhile, and every INSERTED job is there, body and all,
+  after a kill -9 and a restart.
 
 Usage: test_stall.py --twheeld PATH --stall-lib PATH [--case NAME]"""
 import os
@@ -222,30 +223,35 @@ def case_segment(d, lib):
     st = Stall(d)
     srv = start(d, lib, st)
     body = 60000
-    conns, each = 16, 10  # 160 x 60 kB: 9.6 MB, more than a segment
+    # 8 MiB segments: ~138 of these fill one short of the change; the
+    # writes held next cross it, so that a held sync is the old
+    # segment's, which the store makes under its lock.
+    fill, more = 8 * 1024 * 1024 // (body + 100) - 1, 5
     ids = {}
     try:
-        cs = [bstk.Client(srv.port, timeout=60) for _ in range(conns)]
-        bstk.put_job(cs[0], b"warm")
+        c = bstk.Client(srv.port, timeout=60)
+        other = bstk.Client(srv.port, timeout=60)
+        for k in range(fill):
+            b = b"%05d" % k * (body // 5)
+            ids[bstk.put_job(c, b)] = b
         st.hold()
-        cs[0].send(b"put 1 0 60 1\r\nz\r\n")
+        for k in range(fill, fill + more):
+            b = b"%05d" % k * (body // 5)
+            c.send(b"put 1 0 60 %d\r\n%s\r\n" % (len(b), b))
         st.wait_held()
-        for i, c in enumerate(cs):
-            for k in range(each):
-                b = (b"%02d%03d" % (i, k)) * (body // 5)
-                c.send(b"put 1 0 60 %d\r\n%s\r\n" % (len(b), b))
-        time.sleep(1.0)  # read meanwhile (no reply may come)
-        for c in cs[1:]:
-            check(quiet(c, 0), "acknowledged while held: %r" % c.buf[:40])
+        time.sleep(0.5)  # all read meanwhile (no reply may come)
+        for cmd in (b"use s\r\n", b"stats\r\n"):
+            r, took = timed(other, cmd)
+            check(took < READ_BOUND, "%r took %.2f s while the sync (at a "
+                  "segment change) was held" % (cmd, took))
+        check(quiet(c, 0), "acknowledged while held: %r" % c.buf[:40])
         st.let_go()
-        check(cs[0].reply().startswith(b"INSERTED "), "the first put")
-        for i, c in enumerate(cs):
-            for k in range(each):
-                r = c.reply()
-                check(r.startswith(b"INSERTED "), "put: %r" % r)
-                ids[int(r.split()[1])] = (b"%02d%03d" % (i, k)) * (body // 5)
+        for k in range(fill, fill + more):
+            r = c.reply()
+            check(r.startswith(b"INSERTED "), "put: %r" % r)
+            ids[int(r.split()[1])] = b"%05d" % k * (body // 5)
         segs = [f for f in os.listdir(os.path.join(d, "j"))
-                if f != "MANIFEST" and not f.startswith(".")]
+                if f.endswith(".twj")]
         check(len(segs) >= 2, "one segment only: %r" % segs)
     finally:
         st.let_go()
