@@ -9,24 +9,27 @@
  * A disk that stalls (seconds: a SAN hiccup, a dying device) would then
  * stop every command, `stats` and /metrics included, for as long as it
  * stalls. So the loop is a baton, loop_mu, held by whichever thread runs
- * the loop: the loop's thread lets go of it for the fdatasync only
- * (tbd_store_sync_hook(): no system call when uncontended), and a
- * second thread, the stand-in, watches. Once a sync has run STANDIN_NS,
- * the stand-in takes the baton and runs the loop's turns (tbd_turn())
- * until the sync returns: it serves every connection, and the writes
- * its turns take go to the store's writer thread (the journal's group
- * commit lets them wait for the next fdatasync). It takes no
- * completions (tbd_store_ack()): the loop's thread, back from its sync,
+ * the loop: the loop's thread lets go of it for its fdatasync and for
+ * its other store calls that may wait for the store's lock, which a
+ * segment change holds for its fsync (tbd_store_sync_hook(): no system
+ * call when uncontended), and a second thread, the stand-in, watches.
+ * Once such a call has run STANDIN_NS, the stand-in takes the baton and runs
+ * the loop's turns (tbd_turn()) until the sync returns: it serves every
+ * connection, and the writes its turns take go to the store's writer thread
+ * (the journal's group commit lets them wait for the next fdatasync). It takes
+ * no completions (tbd_store_ack()): the loop's thread, back from its sync,
  * takes them after its own batch, so that replies and job states follow
- * the order of the writes. The loop's thread wakes the stand-in out of
+ * the order of the writes. Its own store calls (a peek at a body the
+ * store holds, /metrics) may still wait for the store's lock; stats
+ * never takes it. The loop's thread wakes the stand-in out of
  * epoll_wait() when its sync returns (an eventfd; the stand-in's turns
  * never sleep over STANDIN_POLL_MS either) and takes the baton back at
  * the end of that turn.
  *
  * The stand-in sleeps without a timeout while no sync runs on the loop
  * for a second; while they do, it wakes every STANDIN_NS to look. The
- * two flags the threads share without a lock (since: when the loop's
- * sync began; idle, active: what the stand-in does) are sequentially
+ * flags the threads share without a lock (since: when the loop's sync
+ * began; idle, active: what the stand-in does) are sequentially
  * consistent atomics, each written before the other is read, so that at
  * least one of the two threads sees the other's (no lost wakeup).
  */
