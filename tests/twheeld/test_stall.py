@@ -88,6 +88,23 @@ def start(d, stall_lib, stall):
             os.environ["LD_PRELOAD"] = pre
 
 
+OPEN = []  # the clients of the server under test, closed before it stops
+
+
+def client(port, timeout=30):
+    c = bstk.Client(port, timeout=timeout)
+    OPEN.append(c)
+    return c
+
+
+def stop(srv):
+    """Stops @srv after closing its clients (a connection still open at
+    exit is reported as a leak under ASan); its exit code."""
+    while OPEN:
+        OPEN.pop().close()
+    return srv.stop()
+
+
 def quiet(c, secs):
     """True when nothing arrives on Client @c within @secs."""
     if c.buf:
@@ -107,8 +124,8 @@ def case_readers(d, lib):
     st = Stall(d)
     srv = start(d, lib, st)
     try:
-        writers = [bstk.Client(srv.port, timeout=30) for _ in range(4)]
-        rd = [bstk.Client(srv.port, timeout=30) for _ in range(3)]
+        writers = [client(srv.port) for _ in range(4)]
+        rd = [client(srv.port) for _ in range(3)]
         bstk.put_job(writers[0], b"warm")  # the store is open and synced
         rd[2].cmd(b"watch other\r\n")
         st.hold()
@@ -123,7 +140,7 @@ def case_readers(d, lib):
             check(took < READ_BOUND,
                   "%r took %.2f s while the sync was held" % (cmd, took))
             check(not r.startswith(b"INTERNAL"), "%r: %r" % (cmd, r))
-        late = bstk.Client(srv.port, timeout=30)
+        late = client(srv.port)
         r, took = timed(late, b"list-tubes\r\n")
         check(took < READ_BOUND and r.startswith(b"OK "),
               "a new connection's list-tubes: %r in %.2f s" % (r, took))
@@ -142,12 +159,12 @@ def case_readers(d, lib):
         check(rd[0].cmd(b"use t2\r\n") == b"USING t2\r\n", "use after")
     finally:
         st.let_go()
-        check(srv.stop() == 0, "twheeld exited with %s" % srv.proc.returncode)
+        check(stop(srv) == 0, "twheeld exited with %s" % srv.proc.returncode)
 
 
 def hold_a_put(srv, st, body):
     """A new client of @srv whose put of @body waits in a held sync."""
-    c = bstk.Client(srv.port, timeout=30)
+    c = client(srv.port)
     bstk.put_job(c, b"warm")  # the store is open and synced
     st.hold()
     c.send(b"put 1 0 60 %d\r\n%s\r\n" % (len(body), body))
@@ -161,7 +178,7 @@ def case_lone(d, lib):
     try:
         # The only connection: its sync runs on the loop's thread.
         c = hold_a_put(srv, st, b"a")
-        late = bstk.Client(srv.port, timeout=30)
+        late = client(srv.port)
         r, took = timed(late, b"stats\r\n")
         check(took < READ_BOUND and r.startswith(b"OK "),
               "a new connection's stats: %r in %.2f s" % (r[:20], took))
@@ -173,7 +190,7 @@ def case_lone(d, lib):
         check(late.reply().startswith(b"INSERTED "), "the put behind it")
     finally:
         st.let_go()
-        check(srv.stop() == 0, "twheeld exited with %s" % srv.proc.returncode)
+        check(stop(srv) == 0, "twheeld exited with %s" % srv.proc.returncode)
 
 
 def jobs_ready(c):
@@ -198,7 +215,7 @@ def case_disconnect(d, lib):
         r.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                      b"\x01\x00\x00\x00\x00\x00\x00\x00")
         r.close()
-        other = bstk.Client(srv.port, timeout=30)
+        other = client(srv.port)
         # The three puts and the twenty are read (in memory) meanwhile.
         end = time.monotonic() + READ_BOUND * 5
         while jobs_ready(other) < 24 and time.monotonic() < end:
@@ -210,13 +227,13 @@ def case_disconnect(d, lib):
         check(n == 24, "jobs ready after the sync: %d, not 24" % n)
     finally:
         st.let_go()
-        check(srv.stop() == 0, "twheeld exited with %s" % srv.proc.returncode)
+        check(stop(srv) == 0, "twheeld exited with %s" % srv.proc.returncode)
     srv = start(d, lib, st)
     try:
-        n = jobs_ready(bstk.Client(srv.port))
+        n = jobs_ready(client(srv.port))
         check(n == 24, "jobs after a restart: %d, not 24" % n)
     finally:
-        srv.stop()
+        stop(srv)
 
 
 def case_segment(d, lib):
@@ -229,8 +246,8 @@ def case_segment(d, lib):
     fill, more = 8 * 1024 * 1024 // (body + 100) - 1, 5
     ids = {}
     try:
-        c = bstk.Client(srv.port, timeout=60)
-        other = bstk.Client(srv.port, timeout=60)
+        c = client(srv.port, 60)
+        other = client(srv.port, 60)
         for k in range(fill):
             b = b"%05d" % k * (body // 5)
             ids[bstk.put_job(c, b)] = b
@@ -256,15 +273,17 @@ def case_segment(d, lib):
     finally:
         st.let_go()
         srv.kill9()
+        while OPEN:
+            OPEN.pop().close()
     srv = start(d, lib, st)
     try:
-        c = bstk.Client(srv.port, timeout=30)
+        c = client(srv.port)
         for i, b in ids.items():
             r = c.cmd(b"peek %d\r\n" % i)
             check(r == b"FOUND %d %d\r\n%s\r\n" % (i, len(b), b),
                   "job %d after kill -9: %r" % (i, r[:60]))
     finally:
-        srv.stop()
+        stop(srv)
 
 
 CASES = {"readers": case_readers, "lone": case_lone,
