@@ -225,6 +225,14 @@ def case_disconnect(d, lib):
         b.close()
         n = jobs_ready(other)
         check(n == 24, "jobs ready after the sync: %d, not 24" % n)
+        # The clients that left are gone from the server too (c, other
+        # stay).
+        end, conns = time.monotonic() + READ_BOUND * 5, -1
+        while time.monotonic() < end and conns != 2:
+            conns = int(bstk.yaml_map(other.cmd(b"stats\r\n"))
+                        ["current-connections"])
+            time.sleep(0.05)
+        check(conns == 2, "connections after the clients left: %d" % conns)
     finally:
         st.let_go()
         check(stop(srv) == 0, "twheeld exited with %s" % srv.proc.returncode)
