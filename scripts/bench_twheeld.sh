@@ -182,12 +182,13 @@ on_both() {
     row "$name" floor "$unit" "$("$load" -p "$FP" "$@")"
   fi
 }
-# The floor server on a port of its own ($FP, pid $FPID), when built.
+# The floor server on a port of its own ($FP, pid $FPID), when built;
+# ARGS: its own (-b DIR: the floor under a reply after fdatasync).
 floor_start() {
   FP=
   [ -x "$b/bench/bstalk_floor" ] || return 0
   FP=$(port)
-  "$b/bench/bstalk_floor" -p "$FP" &
+  "$b/bench/bstalk_floor" -p "$FP" "$@" &
   FPID=$!
   pids+=("$FPID")
   wait_up "$FP"
@@ -234,9 +235,10 @@ ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 on_both_cpu() {
   local name=$1 srv pid port t0 line n
   shift
-  for srv in beanstalkd twheeld; do
+  for srv in beanstalkd twheeld ${FP:+floor}; do
     pid=$BPID port=$BP
     [ "$srv" = twheeld ] && pid=$TPID port=$TP
+    [ "$srv" = floor ] && pid=$FPID port=$FP
     t0=$(ticks "$pid")
     line=$("$load" -p "$port" "$@")
     row "$name" "$srv" puts/s "$line"
@@ -248,11 +250,16 @@ on_both_cpu() {
 # Reply after fdatasync, with the device's limit probed before and after
 # (F0_CONNS: the connection counts, default "1 16 64"); each server's
 # CPU per put beside (on a shared machine the wall-clock rate of a disk
-# other work also syncs on says little of the server's own cost).
+# other work also syncs on says little of the server's own cost); and
+# the floor server with -b (one pwrite and one fdatasync per loop turn's
+# puts, nothing else): what any server reaches with this client and
+# disk when its replies wait for an fdatasync.
 round_f0() {
   local c r
   probe
   both -f 0
+  mkdir -p "$work/floor-f0"
+  floor_start -b "$work/floor-f0"
   for r in $(seq "$reps"); do
     for c in ${F0_CONNS:-1 16 64}; do
       on_both_cpu "put_f0_c$c" -c "$c" -t "$secs" put
@@ -260,6 +267,10 @@ round_f0() {
   done
   stop "$BPID"
   stop "$TPID"
+  if [ -n "$FP" ]; then
+    stop "$FPID"
+    FP=
+  fi
   probe
 }
 # Lateness of delayed jobs put at a steady rate (delays of 1 s, puts one

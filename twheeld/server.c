@@ -2,11 +2,14 @@
 /*
  * server.c - twheeld: the beanstalkd protocol on one epoll event loop.
  *
- * One thread owns everything below: connections, tubes, jobs and a
- * twheel wheel (wheel.h) ticking in milliseconds of CLOCK_MONOTONIC that
- * holds every delay, TTR, reserve timeout and tube pause. The only other
- * thread is the durable store's writer (store.c). The files of twheeld
- * and a command's way through them: docs/architecture.md.
+ * One thread at a time owns everything below: connections, tubes, jobs
+ * and a twheel wheel (wheel.h) ticking in milliseconds of
+ * CLOCK_MONOTONIC that holds every delay, TTR, reserve timeout and tube
+ * pause. That is the loop's thread, but for a stand-in while it waits
+ * for a slow fdatasync (-f 0: standin.c, which hands the loop over under
+ * a mutex). The other threads are the durable store's (store.c,
+ * store_query.c), which touch none of it. The files of twheeld and a
+ * command's way through them: docs/architecture.md.
  */
 #define _GNU_SOURCE
 #include "tbd.h"
@@ -154,7 +157,7 @@ static bool open_listeners(struct server *s, const struct tbd_options *opt)
 
 /* What an epoll event's data.ptr points at, besides a connection (and a
  * /metrics connection, tagged with bit 0). */
-static int tag_listen, tag_signal, tag_store, tag_metrics;
+static int tag_listen, tag_signal, tag_store, tag_metrics, tag_standin;
 
 static void epoll_setup(struct server *s, const sigset_t *ss)
 {
@@ -202,7 +205,7 @@ static void conn_event(struct conn *c, uint32_t events)
         tbd_conn_readable(c);
 }
 
-static void event(struct server *s, const struct epoll_event *ev, bool *running)
+static void event(struct server *s, const struct epoll_event *ev)
 {
     void *p = ev->data.ptr;
     if (p == &tag_listen) {
@@ -213,9 +216,16 @@ static void event(struct server *s, const struct epoll_event *ev, bool *running)
         tbd_mconn_event((struct mconn *)((uintptr_t)p & ~(uintptr_t)1),
                         ev->events);
     } else if (p == &tag_signal) {
-        signals_read(s, running);
+        signals_read(s, &s->running);
+    } else if (p == &tag_standin) {
+        tbd_standin_woken(s);
     } else if (p == &tag_store) {
-        tbd_store_completions(s, tbd_store_take(s->store));
+        /* The stand-in leaves the completions to the loop's thread
+         * (standin.c). */
+        if (s->standin_on)
+            tbd_store_ack(s->store);
+        else
+            tbd_store_completions(s, tbd_store_take(s->store));
         tbd_fired_jobs(s);
         tbd_query_done(s, tbd_store_take_queries(s->store));
     } else {
@@ -223,45 +233,60 @@ static void event(struct server *s, const struct epoll_event *ev, bool *running)
     }
 }
 
+/* The stand-in's turns wait for events this long at most (standin.c). */
+#define STANDIN_POLL_MS 10
+
+void tbd_turn(struct server *s)
+{
+    struct epoll_event evs[256];
+    uint64_t now = tbd_mono_ms();
+    uint64_t to = tw_wheel_timeout(s->wheel, now);
+    int timeout = to == TW_WHEEL_NO_TIMEOUT ? -1 : to > 60000 ? 60000 : (int)to;
+    if (s->queue_dirty || (s->store && tbd_store_pending_inline(s->store)))
+        timeout = 0;
+    if (s->standin_on && (timeout < 0 || timeout > STANDIN_POLL_MS))
+        timeout = STANDIN_POLL_MS;
+    int n = epoll_wait(s->ep, evs, 256, timeout);
+    if (n < 0 && errno != EINTR) {
+        perror("twheeld: epoll_wait");
+        s->running = false;
+        return;
+    }
+    tbd_live_check(s); /* before any event: a pause may have fenced it */
+    tw_wheel_advance(s->wheel, tbd_mono_ms());
+    /* -f 0: this iteration's writes in one batch on this thread, with no
+     * hand-off (store.c); not the stand-in's. */
+    bool held = n > 0 && s->store && !s->standin_on;
+    if (held)
+        tbd_store_hold(s->store);
+    for (int i = 0; i < n; i++)
+        event(s, &evs[i]);
+    if (held)
+        tbd_store_completions(s, tbd_store_run_held(s->store));
+    for (int round = 0; round < 2; round++) {
+        if (s->queue_dirty)
+            tbd_process_queue(s);
+        /* Inline writes: this iteration's batch, then its replies
+         * (which may run held-back commands: one more round). */
+        if (s->store && tbd_store_pending_inline(s->store))
+            tbd_store_completions(s, tbd_store_run_inline(s->store));
+        tbd_repump(s);
+    }
+    tbd_reap(s);
+}
+
 static void loop(struct server *s)
 {
-    bool running = true;
-    struct epoll_event evs[256];
-    while (running) {
-        uint64_t now = tbd_mono_ms();
-        uint64_t to = tw_wheel_timeout(s->wheel, now);
-        int timeout = to == TW_WHEEL_NO_TIMEOUT ? -1
-                      : to > 60000              ? 60000
-                                                : (int)to;
-        if (s->queue_dirty || (s->store && tbd_store_pending_inline(s->store)))
-            timeout = 0;
-        int n = epoll_wait(s->ep, evs, 256, timeout);
-        if (n < 0 && errno != EINTR) {
-            perror("twheeld: epoll_wait");
-            break;
-        }
-        tbd_live_check(s); /* before any event: a pause may have fenced it */
-        tw_wheel_advance(s->wheel, tbd_mono_ms());
-        /* -f 0: this iteration's writes in one batch on this thread,
-         * with no hand-off (store.c). */
-        bool held = n > 0 && s->store;
-        if (held)
-            tbd_store_hold(s->store, n == 1 && s->cur_conns == 1);
-        for (int i = 0; i < n; i++)
-            event(s, &evs[i], &running);
-        if (held)
-            tbd_store_completions(s, tbd_store_run_held(s->store));
-        for (int round = 0; round < 2; round++) {
-            if (s->queue_dirty)
-                tbd_process_queue(s);
-            /* Inline writes: this iteration's batch, then its replies
-             * (which may run held-back commands: one more round). */
-            if (s->store && tbd_store_pending_inline(s->store))
-                tbd_store_completions(s, tbd_store_run_inline(s->store));
-            tbd_repump(s);
-        }
-        tbd_reap(s);
-    }
+    /* -f 0 on the journal: a stand-in for the slow fdatasyncs. */
+    if (s->opt->dir && s->opt->fsync_ms == 0 &&
+        !tbd_standin_start(s, &tag_standin))
+        tbd_logv(s, 0,
+                 "no stand-in thread: a slow fdatasync stops the "
+                 "loop while it runs");
+    s->running = true;
+    while (s->running)
+        tbd_turn(s);
+    tbd_standin_stop(s);
 }
 
 int tbd_serve(const struct tbd_options *opt)

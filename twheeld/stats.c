@@ -142,9 +142,11 @@ void tbd_cmd_stats(struct conn *c)
     stats_cmds(s, &b, &n, &cap);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    uint64_t written = 0, batches = 0, jbytes = 0;
+    uint64_t written = 0, batches = 0;
+    /* Not the journal's bytes: stats never waits for the store's lock
+     * (a segment being made holds it for its fsync). */
     if (s->store)
-        tbd_store_counts(s->store, &written, &batches, &jbytes);
+        tbd_store_counts(s->store, &written, &batches, NULL);
     YADD("job-timeouts: %" PRIu64 "\ntotal-jobs: %" PRIu64
          "\nmax-job-size: %u\ncurrent-tubes: %" PRIu64
          "\ncurrent-connections: %" PRIu64 "\ncurrent-producers: %" PRIu64

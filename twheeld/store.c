@@ -34,24 +34,31 @@
  * (in queue order: one job's writes keep their order) and hands the batch
  * back through an eventfd; one fdatasync covers everything that arrived,
  * from any connection, while the previous one ran.
- * But while the disk is fast, the event loop writes and syncs one loop
- * turn's writes itself when the writer is idle (tbd_store_hold(),
- * tbd_store_run_held()): every connection's writes of one epoll_wait()
- * share a batch, and the next epoll_wait() finds the clients' next
- * commands together: one epoll wakeup a batch, where the writer cost
- * two thread hand-offs a batch and a wakeup for every few commands that
- * trickled in meanwhile (BENCHMARKS.md: less CPU a put). Commands that
- * write nothing then wait for the fdatasync (as every command does in
- * beanstalkd), so after a batch that held the loop over HELD_SLOW_NS (a
- * slow disk) the writer takes the next HELD_BACKOFF_NS's writes. A lone
- * client (one connection, one event) is always written on the loop.
+ * But while the writer is idle, the event loop writes and syncs one loop
+ * turn's writes itself (tbd_store_hold(), tbd_store_run_held()): every
+ * connection's writes of one epoll_wait() share a batch, and the next
+ * epoll_wait() finds the clients' next commands together: one epoll
+ * wakeup a batch, where the writer cost two thread hand-offs a batch and
+ * a wakeup for every few commands that trickled in meanwhile
+ * (BENCHMARKS.md: less CPU a put). Commands that write nothing then wait
+ * for the fdatasync (as every command does in beanstalkd), but not for
+ * long: while such a sync runs the loop's thread lets go of the loop,
+ * and a sync that takes long has a stand-in thread run the loop
+ * meanwhile (the sync hook, standin.c): a slow or stalled disk holds the
+ * writes' replies, never the commands that only read. The writes the
+ * stand-in's turns take go to the writer thread, so a batch on the loop
+ * has its own item arrays (litems; the writer's are witems). (The loop
+ * once sent a second's writes to the writer after any batch over 10 ms,
+ * so that readers would not wait for the next slow one; a disk whose
+ * syncs only now and then take that long then cost a third of the puts
+ * at 16 connections: 15.5k against 20.1k a second, alternating runs.)
  * With -f MS > 0 or -F a durable call returns once its record is written
  * to the kernel, with no fdatasync to wait for: the event loop then
  * writes the writes of one loop iteration itself, in one batch, and
  * replies when the batch returns (tbd_store_run_inline()).
  */
 #define _GNU_SOURCE
-#include "store.h"
+#include "store_impl.h"
 
 #include "server.h"
 
@@ -68,57 +75,14 @@
 #include <unistd.h>
 
 #define STORE_DUE INT64_C(32503680000000) /* 3000-01-01 in Unix ms */
-#define BATCH_MAX 4096                    /* writes per writer round */
 #define FIRED_KEEP_MS 0x3fffffff          /* about 12 days: a fired job stays */
 #define CLAIM_MAX 64 /* claims with room; more are allocated */
 /* The journal's segment size (the store's default: 64 MiB). A segment's
  * file doubles as it fills, so 37 MB of records (450,000 delayed jobs)
  * took a 64 MiB file; in 8 MiB segments, 38 MB. */
 #define SEGMENT_BYTES (UINT64_C(8) << 20)
-/* A held batch this slow sends the next HELD_BACKOFF_NS's to the writer. */
-#define HELD_SLOW_NS UINT64_C(10000000)
-#define HELD_BACKOFF_NS UINT64_C(1000000000)
 
-struct tbd_store {
-    tw_durable *d;
-    bool inline_writes; /* -f MS > 0 or -F: writes on the caller's thread */
-    int efd;
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool stop;
-    bool writer_idle; /* the writer waits on cv (under mu) */
-    /* -f 0, journal: a loop turn's writes may run on the loop; held:
-     * being gathered; until slow_until (monotonic ns) a lone client's. */
-    bool lone_ok, held;
-    uint64_t slow_until;
-    struct tbd_write *q_head, *q_tail;       /* queued */
-    struct tbd_write *done_head, *done_tail; /* completed */
-    uint64_t written, batches;
-    /* Fired jobs and claims, under fmu (store_fire() runs on the store's
-     * thread). */
-    pthread_mutex_t fmu;
-    struct tbd_fired *f_head; /* newest first */
-    struct claim {
-        char key[24];
-        size_t len;
-        bool hit; /* a delivery of it was dropped (completed) */
-    } * claims;
-    /* [claims_off, nclaims) in claim order; released ones have len 0
-     * (cancels complete in order, so a release is mostly the first) */
-    size_t claims_off, nclaims, claims_cap;
-    /* Queries (tbd_store_query()) and their thread, under qmu. */
-    pthread_t qthread;
-    pthread_mutex_t qmu;
-    pthread_cond_t qcv;
-    bool stop_queries;
-    struct tbd_query *qq_head, *qdone;
-    tw_durable_item items[BATCH_MAX];
-    tw_durable_item_if items_if[BATCH_MAX];
-};
-
-/* Makes the eventfd readable: something waits for the event loop. */
-static void wake(struct tbd_store *s)
+void tbd_store_wake(struct tbd_store *s)
 {
     uint64_t one = 1;
     ssize_t r = write(s->efd, &one, sizeof(one));
@@ -167,7 +131,7 @@ static int store_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
      * event loop has one coming (it takes the whole list after reading
      * the eventfd). */
     if (!f->next)
-        wake(s);
+        tbd_store_wake(s);
     pthread_mutex_unlock(&s->fmu);
     /* A server's liveness record (live.c): again soon, until the
      * takeover it starts cancels it. */
@@ -192,11 +156,12 @@ int tbd_store_put(struct tbd_store *s, const char *key, size_t key_len,
 }
 
 /* Writes the conditional run [first, first + n) of one kind. */
-static void write_run_if(struct tbd_store *s, struct tbd_write *first, size_t n)
+static void write_run_if(struct tbd_store *s, struct tbd_items *it,
+                         struct tbd_write *first, size_t n)
 {
     struct tbd_write *w = first;
     for (size_t i = 0; i < n; i++, w = w->next) {
-        s->items_if[i] = (tw_durable_item_if){
+        it->items_if[i] = (tw_durable_item_if){
             .key = w->key,
             .key_len = w->key_len,
             .due_ms = w->due_ms ? w->due_ms : STORE_DUE,
@@ -206,24 +171,25 @@ static void write_run_if(struct tbd_store *s, struct tbd_write *first, size_t n)
             .expect_len = w->expect_absent ? 0 : w->expect_len};
     }
     if (first->kind == TBD_W_SCHED)
-        tw_durable_schedule_many_if(s->d, s->items_if, n);
+        tw_durable_schedule_many_if(s->d, it->items_if, n);
     else
-        tw_durable_cancel_many_if(s->d, s->items_if, n);
+        tw_durable_cancel_many_if(s->d, it->items_if, n);
     w = first;
     for (size_t i = 0; i < n; i++, w = w->next)
-        w->result = s->items_if[i].result; /* ENOENT: the event loop's */
+        w->result = it->items_if[i].result; /* ENOENT: the event loop's */
 }
 
 /* Writes the run [first, first + n) of one kind; results into each. */
-static void write_run(struct tbd_store *s, struct tbd_write *first, size_t n)
+static void write_run(struct tbd_store *s, struct tbd_items *it,
+                      struct tbd_write *first, size_t n)
 {
     if (first->cond) {
-        write_run_if(s, first, n);
+        write_run_if(s, it, first, n);
         return;
     }
     struct tbd_write *w = first;
     for (size_t i = 0; i < n; i++, w = w->next) {
-        s->items[i] =
+        it->items[i] =
             (tw_durable_item){.key = w->key,
                               .key_len = w->key_len,
                               .due_ms = w->due_ms ? w->due_ms : STORE_DUE,
@@ -231,12 +197,12 @@ static void write_run(struct tbd_store *s, struct tbd_write *first, size_t n)
                               .payload_len = w->payload_len};
     }
     if (first->kind == TBD_W_SCHED)
-        tw_durable_schedule_many(s->d, s->items, n);
+        tw_durable_schedule_many(s->d, it->items, n);
     else
-        tw_durable_cancel_many(s->d, s->items, n);
+        tw_durable_cancel_many(s->d, it->items, n);
     w = first;
     for (size_t i = 0; i < n; i++, w = w->next) {
-        w->result = s->items[i].result;
+        w->result = it->items[i].result;
         /* Deleting a job that was never written is not an error. */
         if (w->kind == TBD_W_CANCEL && w->result == TW_ENOENT)
             w->result = 0;
@@ -244,7 +210,8 @@ static void write_run(struct tbd_store *s, struct tbd_write *first, size_t n)
 }
 
 /* Writes the list @head, runs of one kind at a time, in order. */
-static void write_batch(struct tbd_store *s, struct tbd_write *head)
+static void write_batch(struct tbd_store *s, struct tbd_items *it,
+                        struct tbd_write *head)
 {
     for (struct tbd_write *run = head; run;) {
         size_t k = 1;
@@ -255,7 +222,7 @@ static void write_batch(struct tbd_store *s, struct tbd_write *head)
             k++;
         }
         struct tbd_write *after = e->next;
-        write_run(s, run, k);
+        write_run(s, it, run, k);
         run = after;
     }
 }
@@ -285,7 +252,7 @@ static void *writer(void *arg)
         last->next = NULL;
         pthread_mutex_unlock(&s->mu);
 
-        write_batch(s, head);
+        write_batch(s, &s->witems, head);
 
         pthread_mutex_lock(&s->mu);
         s->written += n;
@@ -299,17 +266,15 @@ static void *writer(void *arg)
             /* The event loop takes the batch without waiting for the
              * mutex: it is free before the wake. */
             pthread_mutex_unlock(&s->mu);
-            wake(s);
+            tbd_store_wake(s);
             pthread_mutex_lock(&s->mu);
         } else {
-            wake(s);
+            tbd_store_wake(s);
         }
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
 }
-
-static void *querier(void *arg);
 
 /* Frees @s, its store closed (or never opened) and its threads gone. */
 static void store_free(struct tbd_store *s)
@@ -326,30 +291,6 @@ static void store_free(struct tbd_store *s)
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
     free(s);
-}
-
-/* Stops the query thread after the query it runs; queued ones are
- * dropped with their owners' memory (the server is stopping). */
-static void stop_querier(struct tbd_store *s)
-{
-    pthread_mutex_lock(&s->qmu);
-    s->stop_queries = true;
-    struct tbd_query *q = s->qq_head;
-    s->qq_head = NULL;
-    pthread_cond_signal(&s->qcv);
-    pthread_mutex_unlock(&s->qmu);
-    pthread_join(s->qthread, NULL);
-    for (struct tbd_query *nx; q; q = nx) {
-        nx = q->next;
-        free(q->nodes);
-        free(q);
-    }
-    for (struct tbd_query *nx; s->qdone; s->qdone = nx) {
-        nx = s->qdone->next;
-        free(s->qdone->nodes);
-        free(s->qdone->hits);
-        free(s->qdone);
-    }
 }
 
 /* The store's configuration from @opt; its fsync interval into
@@ -406,7 +347,8 @@ int tbd_store_open(struct tbd_store **out, const struct tbd_options *opt,
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
     int rc = tw_durable_open(&s->d, &cfg);
-    if (rc == 0 && pthread_create(&s->qthread, NULL, querier, s) != 0) {
+    if (rc == 0 &&
+        pthread_create(&s->qthread, NULL, tbd_store_querier, s) != 0) {
         tw_durable_close(s->d);
         rc = TW_ENOMEM;
         if (err && err_len)
@@ -426,7 +368,7 @@ int tbd_store_open(struct tbd_store **out, const struct tbd_options *opt,
         return 0;
     }
     if (pthread_create(&s->thread, NULL, writer, s) != 0) {
-        stop_querier(s);
+        tbd_store_stop_querier(s);
         tw_durable_close(s->d);
         store_free(s);
         if (err && err_len)
@@ -464,11 +406,23 @@ long tbd_store_recover(struct tbd_store *s,
     return tw_durable_scan(s->d, recover_one, &r);
 }
 
+/* Around a call of the event loop's that may wait for the store's lock
+ * (which a batch being written holds, and a segment being made holds
+ * for its fsync): the sync hook, so that a stand-in serves the loop if
+ * that takes long (standin.c). */
+static void lock_wait(struct tbd_store *s, bool begin)
+{
+    if (s->sync_hook)
+        s->sync_hook(s->sync_arg, begin);
+}
+
 int tbd_store_get(struct tbd_store *s, const char *key, size_t key_len,
                   void *buf, size_t len, size_t *plen)
 {
     tw_durable_info in;
+    lock_wait(s, true);
     int rc = tw_durable_get(s->d, key, key_len, &in, buf, len);
+    lock_wait(s, false);
     if (rc == 0)
         *plen = in.payload_len;
     return rc;
@@ -476,13 +430,19 @@ int tbd_store_get(struct tbd_store *s, const char *key, size_t key_len,
 
 long tbd_store_metrics(struct tbd_store *s, char *buf, size_t len)
 {
-    return tw_durable_metrics(s->d, NULL, 0, buf, len);
+    lock_wait(s, true);
+    long n = tw_durable_metrics(s->d, NULL, 0, buf, len);
+    lock_wait(s, false);
+    return n;
 }
 
 uint64_t tbd_store_keys(struct tbd_store *s)
 {
     tw_durable_stats st;
-    return tw_durable_stats_get(s->d, &st) == 0 ? st.pending : 0;
+    lock_wait(s, true);
+    int rc = tw_durable_stats_get(s->d, &st);
+    lock_wait(s, false);
+    return rc == 0 ? st.pending : 0;
 }
 
 bool tbd_store_pending_inline(struct tbd_store *s)
@@ -495,7 +455,7 @@ struct tbd_write *tbd_store_run_inline(struct tbd_store *s)
     struct tbd_write *head = s->q_head;
     s->q_head = s->q_tail = NULL;
     if (head) {
-        write_batch(s, head);
+        write_batch(s, &s->litems, head);
         size_t n = 0;
         for (struct tbd_write *w = head; w; w = w->next)
             n++;
@@ -522,20 +482,55 @@ void tbd_store_submit(struct tbd_store *s, struct tbd_write *w)
         pthread_cond_signal(&s->cv);
 }
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-void tbd_store_hold(struct tbd_store *s, bool lone)
+void tbd_store_hold(struct tbd_store *s)
 {
     if (s->inline_writes || !s->lone_ok)
         return;
-    if (!lone && s->slow_until && mono_ns() < s->slow_until)
-        return;
     s->held = true; /* read by submit on this thread only */
+}
+
+void tbd_store_sync_hook(struct tbd_store *s, void (*fn)(void *, bool),
+                         void *arg)
+{
+    s->sync_hook = fn;
+    s->sync_arg = arg;
+}
+
+/* Appends the list @b to the list @a; the whole list. */
+static struct tbd_write *concat(struct tbd_write *a, struct tbd_write *b)
+{
+    if (!a)
+        return b;
+    struct tbd_write *t = a;
+    while (t->next)
+        t = t->next;
+    t->next = b;
+    return a;
+}
+
+/* The held writes @head, written and synced on this thread (the writer
+ * is idle), between the sync hook's two calls; @done: earlier
+ * completions not yet taken. The completions in order: @done, @head,
+ * then whatever the writer finished meanwhile (writes submitted while
+ * this thread synced: the sync hook's stand-in, standin.c). */
+static struct tbd_write *run_here(struct tbd_store *s, struct tbd_write *head,
+                                  struct tbd_write *done)
+{
+    if (s->sync_hook)
+        s->sync_hook(s->sync_arg, true);
+    write_batch(s, &s->litems, head);
+    if (s->sync_hook)
+        s->sync_hook(s->sync_arg, false);
+    size_t n = 0;
+    for (struct tbd_write *w = head; w; w = w->next)
+        n++;
+    pthread_mutex_lock(&s->mu);
+    s->written += n;
+    s->batches++;
+    struct tbd_write *after = s->done_head;
+    s->done_head = s->done_tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    return concat(done, concat(head, after));
 }
 
 struct tbd_write *tbd_store_run_held(struct tbd_store *s)
@@ -552,30 +547,19 @@ struct tbd_write *tbd_store_run_held(struct tbd_store *s)
         return NULL;
     }
     /* The writer sleeps and nothing else submits (this is the event
-     * loop's thread): write here. Earlier completions not yet taken come
-     * first, so that completions stay in order. */
+     * loop's thread): write here. */
     struct tbd_write *head = s->q_head, *done = s->done_head;
     s->q_head = s->q_tail = NULL;
     s->done_head = s->done_tail = NULL;
     pthread_mutex_unlock(&s->mu);
-    uint64_t t0 = mono_ns();
-    write_batch(s, head);
-    uint64_t t1 = mono_ns();
-    s->slow_until = t1 - t0 > HELD_SLOW_NS ? t1 + HELD_BACKOFF_NS : 0;
-    size_t n = 0;
-    for (struct tbd_write *w = head; w; w = w->next)
-        n++;
-    pthread_mutex_lock(&s->mu);
-    s->written += n;
-    s->batches++;
-    pthread_mutex_unlock(&s->mu);
-    if (!done)
-        return head;
-    struct tbd_write *t = done;
-    while (t->next)
-        t = t->next;
-    t->next = head;
-    return done;
+    return run_here(s, head, done);
+}
+
+void tbd_store_ack(struct tbd_store *s)
+{
+    uint64_t v;
+    ssize_t r = read(s->efd, &v, sizeof(v));
+    (void)r; /* EAGAIN when already drained: nothing to do */
 }
 
 int tbd_store_fd(const struct tbd_store *s)
@@ -655,110 +639,6 @@ bool tbd_store_unclaim(struct tbd_store *s, const char *key, size_t key_len)
     return hit;
 }
 
-struct qscan {
-    struct tbd_query *q;
-    struct tbd_hit *hits;
-    size_t n, cap;
-};
-
-static int qhit_cmp(const void *a, const void *b)
-{
-    const struct tbd_hit *x = a, *y = b;
-    if (x->due != y->due)
-        return x->due < y->due ? -1 : 1;
-    return x->id < y->id ? -1 : x->id > y->id;
-}
-
-static int query_one(void *arg, const tw_durable_scanned *t)
-{
-    struct qscan *qs = arg;
-    struct tbd_hit h;
-    if (!qs->q->match(qs->q, t->payload, t->payload_len, &h.due, &h.id))
-        return 0;
-    /* Keep the @want earliest: sort and cut once 4 * @want are held, so
-     * a scan holds O(@want) of them (kick of many: up to all). */
-    size_t keep = qs->q->want;
-    if (qs->n == qs->cap && keep <= SIZE_MAX / 4 && qs->n >= 4 * keep) {
-        qsort(qs->hits, qs->n, sizeof(*qs->hits), qhit_cmp);
-        qs->n = keep;
-    }
-    if (qs->n == qs->cap) {
-        size_t ncap = qs->cap ? qs->cap * 2 : 64;
-        struct tbd_hit *nh = realloc(qs->hits, ncap * sizeof(*nh));
-        if (!nh)
-            return TW_ENOMEM;
-        qs->hits = nh;
-        qs->cap = ncap;
-    }
-    qs->hits[qs->n++] = h;
-    return 0;
-}
-
-static void run_query(struct tbd_store *s, struct tbd_query *q)
-{
-    struct qscan qs = {.q = q};
-    long rc = tw_durable_scan(s->d, query_one, &qs);
-    q->result = rc < 0 ? (int)rc : 0;
-    q->hits = NULL;
-    q->n = 0;
-    if (rc >= 0 && qs.n) {
-        qsort(qs.hits, qs.n, sizeof(*qs.hits), qhit_cmp);
-        q->n = qs.n < q->want ? qs.n : q->want;
-        q->hits = qs.hits; /* the tail past n is not read */
-    } else {
-        free(qs.hits);
-    }
-}
-
-/* Appends @q to the list at @head (queries are few: a walk). */
-static void query_append(struct tbd_query **head, struct tbd_query *q)
-{
-    q->next = NULL;
-    while (*head)
-        head = &(*head)->next;
-    *head = q;
-}
-
-/* The query thread: answers the queued queries one at a time, in order,
- * until stop_querier(). */
-static void *querier(void *arg)
-{
-    struct tbd_store *s = arg;
-    pthread_mutex_lock(&s->qmu);
-    while (!s->stop_queries) {
-        struct tbd_query *q = s->qq_head;
-        if (!q) {
-            pthread_cond_wait(&s->qcv, &s->qmu);
-            continue;
-        }
-        s->qq_head = q->next;
-        pthread_mutex_unlock(&s->qmu);
-        run_query(s, q);
-        pthread_mutex_lock(&s->qmu);
-        query_append(&s->qdone, q);
-        wake(s);
-    }
-    pthread_mutex_unlock(&s->qmu);
-    return NULL;
-}
-
-void tbd_store_query(struct tbd_store *s, struct tbd_query *q)
-{
-    pthread_mutex_lock(&s->qmu);
-    query_append(&s->qq_head, q);
-    pthread_cond_signal(&s->qcv);
-    pthread_mutex_unlock(&s->qmu);
-}
-
-struct tbd_query *tbd_store_take_queries(struct tbd_store *s)
-{
-    pthread_mutex_lock(&s->qmu);
-    struct tbd_query *h = s->qdone;
-    s->qdone = NULL;
-    pthread_mutex_unlock(&s->qmu);
-    return h;
-}
-
 void tbd_store_counts(struct tbd_store *s, uint64_t *written, uint64_t *batches,
                       uint64_t *journal_bytes)
 {
@@ -767,9 +647,13 @@ void tbd_store_counts(struct tbd_store *s, uint64_t *written, uint64_t *batches,
     *batches = s->batches;
     pthread_mutex_unlock(&s->mu);
     tw_durable_stats st;
+    if (!journal_bytes)
+        return;
     *journal_bytes = 0;
+    lock_wait(s, true);
     if (tw_durable_stats_get(s->d, &st) == 0)
         *journal_bytes = st.journal_bytes;
+    lock_wait(s, false);
 }
 
 void tbd_store_close(struct tbd_store *s)
@@ -794,7 +678,7 @@ void tbd_store_close(struct tbd_store *s)
         free(left->payload);
         free(left);
     }
-    stop_querier(s);
+    tbd_store_stop_querier(s);
     tw_durable_close(s->d);
     store_free(s);
 }

@@ -116,16 +116,26 @@ struct tbd_write *tbd_store_run_inline(struct tbd_store *s);
 
 /* -f 0 on the journal, before the events of one loop iteration: the
  * writes submitted until tbd_store_run_held() are held from the writer
- * thread, to be written on the loop in one batch (store.c: why). Not
- * while the last held batch was slow, unless @lone (one connection, one
- * event: no one else waits for the loop). */
-void tbd_store_hold(struct tbd_store *s, bool lone);
+ * thread, to be written on the loop in one batch (store.c: why). */
+void tbd_store_hold(struct tbd_store *s);
 
 /* After tbd_store_hold(): if the writer thread is idle, write the held
  * writes on this thread, synced (the reply still follows the fdatasync),
  * and return the completed writes, earlier completions not yet taken
  * first; else hand them to the writer and return NULL. */
 struct tbd_write *tbd_store_run_held(struct tbd_store *s);
+
+/* @fn(@arg, true) just before tbd_store_run_held() writes and syncs on
+ * the event loop's thread, @fn(@arg, false) just after, and the same
+ * around the calls that may wait for the store's lock (get, metrics,
+ * keys, counts) (standin.c: the loop's stand-in while they are slow). */
+void tbd_store_sync_hook(struct tbd_store *s, void (*fn)(void *arg, bool begin),
+                         void *arg);
+
+/* Reads the eventfd and leaves the completions for a later
+ * tbd_store_take() (or tbd_store_run_held()): what the stand-in does,
+ * which must not reply before the writes the loop's thread syncs. */
+void tbd_store_ack(struct tbd_store *s);
 
 /* Queue @w (event loop thread). Its completion comes back in order. */
 void tbd_store_submit(struct tbd_store *s, struct tbd_write *w);
@@ -189,7 +199,8 @@ void tbd_store_query(struct tbd_store *s, struct tbd_query *q);
 /* The answered queries, oldest first (event loop thread). */
 struct tbd_query *tbd_store_take_queries(struct tbd_store *s);
 
-/* Counters for stats: records written, batches, journal bytes. */
+/* Counters for stats: records written, batches, journal bytes (not
+ * with @journal_bytes NULL: then the store's lock is not waited for). */
 void tbd_store_counts(struct tbd_store *s, uint64_t *written, uint64_t *batches,
                       uint64_t *journal_bytes);
 

@@ -205,6 +205,9 @@ struct server {
     uint64_t live_ok_at; /* --redis: monotonic ms the last liveness
                             renewal that landed was sent */
     struct utsname uts;
+    bool running;            /* until a signal stops the server */
+    bool standin_on;         /* the stand-in runs this turn (standin.c) */
+    struct standin *standin; /* -f 0 on the journal, else NULL */
 };
 
 #define LIVE_RENEW_MS                                                          \
@@ -218,6 +221,18 @@ struct recover_ctx {
     int64_t now_wall;
     int64_t never; /* the due time of an undated record */
 };
+
+/* server.c: one turn of the event loop (by whichever thread holds it:
+ * standin.c). */
+void tbd_turn(struct server *s);
+
+/* standin.c: the loop's stand-in while the loop's thread is in a slow
+ * fdatasync (start: on the loop's thread, which then holds the loop; its
+ * eventfd goes into the epoll set with @tag, and tbd_standin_woken()
+ * drains it). */
+bool tbd_standin_start(struct server *s, void *tag);
+void tbd_standin_woken(struct server *s);
+void tbd_standin_stop(struct server *s);
 
 /* util.c */
 uint64_t tbd_mono_ms(void);

@@ -320,13 +320,18 @@ function twheeld_targets(   dev, a, b, us, c, rows, i, ld) {
         why = sprintf("a put took %.1f us (beanstalkd %.1f) against fdatasync p50 %.1f us; %s",
             1e6 / a, bs("put_f0_c1", "beanstalkd") > 0 ? 1e6 / bs("put_f0_c1", "beanstalkd") : 0,
             mw("dev_fdatasync_bs", "device"), bs_rtt())
+    if (dev > 0 && a > 0 && bs("put_f0_c1", "floor") > 0)
+        why = why sprintf("; floor: a server that only writes and fdatasyncs (bench/bstalk_floor.c -b) answered %d/s = %.2fx the device%s",
+            bs("put_f0_c1", "floor"), bs("put_f0_c1", "floor") / dev,
+            bs("put_f0_c1", "floor") / dev < 0.75 ? ", so 0.75x is above what any server reached with this client here" : "")
     target("twheeld -f 0 puts, 1 connection / fdatasyncs/s",
         dev > 0 && a > 0 ? sprintf("%.2f", a / dev) : "", ">=", 0.75, "%.2fx")
     for (c = 16; c <= 64; c *= 4) {
         a = bs("put_f0_c" c, "twheeld"); b = bs("put_f0_c" c, "beanstalkd")
         if (dev > 0 && a > 0 && b > 0)
-            why = sprintf("twheeld %d/s = %.1f puts per fdatasync time; beanstalkd %d/s = %.2f (device %.0f fdatasyncs/s)%s",
-                a, a / dev, b, b / dev, dev, bs_cpu("put_f0_c" c))
+            why = sprintf("twheeld %d/s = %.1f puts per fdatasync time; beanstalkd %d/s = %.2f (device %.0f fdatasyncs/s)%s%s",
+                a, a / dev, b, b / dev, dev, bs_cpu("put_f0_c" c),
+                bs_floor("put_f0_c" c, b, 5))
         bs_target("twheeld / beanstalkd, -f 0 puts, " c " connections",
             "put_f0_c" c, ">=", 5, 0)
     }
