@@ -252,9 +252,9 @@ rates() { # SYSTEM
 # n the samples (every 10 ms) that saw a backend wait there.
 waits() { # SYSTEM CELL
   local n
-  n=$(awk -v s="$rate_s" 'BEGIN { n = int(s * 80); print n < 5 ? 5 : n }')
+  n=$(awk -v s="$rate_s" 'BEGIN { n = int(s * 60); print n < 5 ? 5 : n }')
   "$bench" rate "$1" "$url" "$rate_s" "$2" | sed 's/^pgrate /pgwaitrate /' &
-  sleep 0.05
+  sleep 0.3 # its connections made
   "${psql[@]}" -c "SELECT 'pgwait sys=$1 cell=$2 event=' || ev || ' n=' || c
     FROM twb.waits($n, 10)"
   wait $!

@@ -67,6 +67,11 @@ function target(what, have, op, need, fmt,   ok) {
     add("pg_delivered", v["sys"], "fraction", v["timers"] > 0 ? v["delivered"] / v["timers"] : 0)
     add("pg_fed", v["sys"], "timers/s", v["fed_per_s"])
 }
+/^pgwait / {
+    fields()
+    nwait++
+    wkey[nwait] = v["sys"] " " v["cell"]; wev[nwait] = v["event"]; wn[nwait] = v["n"]
+}
 /^pgfloor / {
     fields()
     add("pg_floor_" v["rows_per_claim"], "floor", "us/timer", v["db_us_per_timer"])
@@ -97,14 +102,25 @@ function rates(   i, j, w) {
     printf "(twheel-sql, gw-sql: SQL functions from a C libpq client; twheel-api: the C API; gw-node, boss-node: the peers' Node APIs; 32 a transaction: one statement for SQL and the peers, tw_durable_schedule_many for the API)\n"
     printf "%-12s", "conns x tx"
     for (i = 1; i <= 5; i++) printf " %21s", es[i]
-    printf " %21s\n", "(sql, no NOTIFY)"
+    printf " %21s %21s\n", "(sql, no NOTIFY)", "(floor)"
     split("1x1 1x32 16x1 16x32", cs, " ")
     for (j = 1; j <= 4; j++) {
         w = "pg_rate_" cs[j]
         printf "%-12s", cs[j]
         for (i = 1; i <= 5; i++) printf " %21s", cell(w, es[i], "%d")
-        printf " %21s\n", cell(w, "twheel-sql-nonotify", "%d")
+        printf " %21s %21s\n", cell(w, "twheel-sql-nonotify", "%d"), cell(w, "floor", "%d")
     }
+    if (has("pg_rate_1x32", "floor"))
+        printf "(floor: the same rows, 32 in one plain multi-row INSERT from the same client into a bare table with a primary key on (ns, key) and an index on (ns, due, key): no function, no version, no NOTIFY)\n"
+    waits()
+}
+# PG_WAITS=1: the wait events sampled during extra 1x32 and 16x32 runs.
+function waits(   i) {
+    if (!nwait) return
+    printf "-- wait events of the backends doing a statement, sampled every 10 ms (PG_WAITS=1; samples, CPU: running)"
+    for (i = 1; i <= nwait; i++)
+        printf "%s%s %d", i == 1 || wkey[i - 1] != wkey[i] ? "\n" wkey[i] ": " : ", ", wev[i], wn[i]
+    printf "\n"
 }
 function rate_targets(   j, w, tw, tn, p, pn, t, have, ts, ps) {
     split("1x1 1x32 16x1 16x32", cs, " ")
@@ -123,6 +139,9 @@ function rate_targets(   j, w, tw, tn, p, pn, t, have, ts, ps) {
         target(sprintf("scheduled/s, %s conns x %s a transaction, twheel (%s %d/s) / the faster peer (%s %d/s)",
             substr(cs[j], 1, index(cs[j], "x") - 1), substr(cs[j], index(cs[j], "x") + 1),
             tn, tw, pn, p), have, ">=", 2, "%.2fx")
+        if (has(w, "floor"))
+            printf "        (floor, a plain INSERT of the same rows into a bare table: %d/s; twheel %.2fx of it, the faster peer %.2fx: 2x the peer would be %.2fx the floor)\n",
+                med(w, "floor"), tw / med(w, "floor"), p / med(w, "floor"), 2 * p / med(w, "floor")
         if (has(w, "twheel-sql-nonotify"))
             printf "        (twheel.schedule without its NOTIFY: %d/s, %.2fx twheel-sql's; the peer without NOTIFY: pg-boss)\n",
                 med(w, "twheel-sql-nonotify"),
