@@ -69,8 +69,10 @@ function target(what, have, op, need, fmt,   ok) {
 }
 /^pgwait / {
     fields()
-    nwait++
-    wkey[nwait] = v["sys"] " " v["cell"]; wev[nwait] = v["event"]; wn[nwait] = v["n"]
+    k = v["sys"] " " v["cell"]
+    if (!(k in nwe)) wk[++nwk] = k
+    if (!((k, v["event"]) in wn)) wev[k, ++nwe[k]] = v["event"]
+    wn[k, v["event"]] += v["n"]
 }
 /^pgfloor / {
     fields()
@@ -114,13 +116,20 @@ function rates(   i, j, w) {
         printf "(floor: the same rows, 32 in one plain multi-row INSERT from the same client into a bare table with a primary key on (ns, key) and an index on (ns, due, key): no function, no version, no NOTIFY)\n"
     waits()
 }
-# PG_WAITS=1: the wait events sampled during extra 1x32 and 16x32 runs.
-function waits(   i) {
-    if (!nwait) return
-    printf "-- wait events of the backends doing a statement, sampled every 10 ms (PG_WAITS=1; samples, CPU: running)"
-    for (i = 1; i <= nwait; i++)
-        printf "%s%s %d", i == 1 || wkey[i - 1] != wkey[i] ? "\n" wkey[i] ": " : ", ", wev[i], wn[i]
-    printf "\n"
+# PG_WAITS=1: the wait events sampled during extra 1x32 and 16x32 runs,
+# summed over the runs, the most seen first.
+function waits(   i, j, k, e, n, t, s) {
+    if (!nwk) return
+    printf "-- wait events of the backends doing a statement, sampled every 10 ms, summed over the runs (PG_WAITS=1; samples, CPU: running)\n"
+    for (i = 1; i <= nwk; i++) {
+        k = wk[i]; n = 0
+        for (j = 1; j <= nwe[k]; j++) { e[++n] = wev[k, j] }
+        for (j = 2; j <= n; j++)
+            for (t = j; t > 1 && wn[k, e[t - 1]] < wn[k, e[t]]; t--) { s = e[t]; e[t] = e[t - 1]; e[t - 1] = s }
+        printf "%s:", k
+        for (j = 1; j <= n; j++) printf "%s %s %d", (j > 1 ? "," : ""), e[j], wn[k, e[j]]
+        printf "\n"
+    }
 }
 function rate_targets(   j, w, tw, tn, p, pn, t, have, ts, ps) {
     split("1x1 1x32 16x1 16x32", cs, " ")
