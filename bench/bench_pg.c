@@ -215,7 +215,7 @@ struct worker {
     int sys; /* 0 twheel-sql, 1 gw-sql, 2 twheel-api, 3 -sql-nonotify,
               * 4 floor */
     const char *url;
-    int per_tx, id;
+    int per_tx, id, cell; /* cell: the cell's number in this process */
     double secs, end;
     pthread_barrier_t *go; /* every worker connected: the clock starts */
     tw_durable *d;
@@ -245,8 +245,9 @@ static void *sql_worker(void *arg)
     }
     PQclear(r);
     char prefix[64];
-    snprintf(prefix, sizeof prefix, "k%ld.%d.%d.", (long)getpid(), w->id,
-             (int)time(NULL));
+    /* Unique a cell: the floor's plain INSERT refuses a key twice. */
+    snprintf(prefix, sizeof prefix, "k%ld.%d.%d.%d.", (long)getpid(), w->cell,
+             w->id, (int)time(NULL));
     pthread_barrier_wait(w->go);
     w->end = mono_s() + w->secs;
     while (mono_s() < w->end) {
@@ -332,6 +333,8 @@ static void rate_cell(int sys, const char *name, const char *url, double secs,
     int nh = sys == 2 ? (conns + 3) / 4 : 0;
     long long n = 0;
     pthread_barrier_t go;
+    static int cells;
+    cells++;
     for (int i = 0; i < nh; i++)
         h[i] = open_handle(url, nop_fire, NULL);
     pthread_barrier_init(&go, NULL, (unsigned)conns + 1);
@@ -340,6 +343,7 @@ static void rate_cell(int sys, const char *name, const char *url, double secs,
                                .url = url,
                                .per_tx = per_tx,
                                .id = i,
+                               .cell = cells,
                                .secs = secs,
                                .go = &go,
                                .d = nh ? h[i % nh] : NULL};
