@@ -378,7 +378,7 @@ fi
     n=${#rate_sys[@]}
     for ((i = 0; i < n; i++)); do rates "${rate_sys[(i + r - 1) % n]}"; done
   done
-  if [ -n "${PG_WAITS:-}" ]; then
+  if [ -n "${PG_WAITS:-}" ] && only rates; then
     load waits
     for sys in twheel-sql floor; do for c in 1x32 16x32; do waits $sys $c; done; done
   fi
