@@ -20,6 +20,13 @@
  *                   twheel.schedule and schedule_many without their
  *                   NOTIFY (twb.schedule_nn, twb.schedule_many_nn, made
  *                   by scripts/bench_pg.sh): what the NOTIFY costs
+ *       floor       the least PostgreSQL does for the same rows: the same
+ *                   keys, dues and payloads in one plain INSERT (one row,
+ *                   or the 32 in one multi-row INSERT) into twb.floor, a
+ *                   bare table with what twheel.timers needs to be safe
+ *                   and claimable (a primary key on (ns, key), an index
+ *                   on (ns, due, key); made by scripts/bench_pg.sh), no
+ *                   function, no version, no NOTIFY
  *     one line a cell: "pgrate sys=S conns=C per_tx=P timers=N secs=T
  *     rate=R"
  *   bench_pg fire URL PMPID RATE SECONDS LEAD_MS DRAIN_MS
@@ -72,6 +79,10 @@ static const char *const sql_one[] = {
     "SELECT twb.schedule_nn('bench', convert_to($1 || $3::bigint, 'UTF8'),"
     " $2::bigint, convert_to(json_build_object('d', $2::bigint, 'i',"
     " $3::bigint)::text, 'UTF8'))",
+    /* floor: the same rows into a bare table (made by scripts/bench_pg.sh) */
+    "INSERT INTO twb.floor VALUES ('bench', convert_to($1 || $3::bigint,"
+    " 'UTF8'), $2::bigint, convert_to(json_build_object('d', $2::bigint,"
+    " 'i', $3::bigint)::text, 'UTF8'))",
 };
 /* 32 a transaction, one statement: twheel.schedule_many (one INSERT of
  * the batch), graphile-worker's add_jobs; the peers' Node APIs use their
@@ -90,6 +101,9 @@ static const char *const sql_many[] = {
     " convert_to($1 || i, 'UTF8') FROM unnest($3::bigint[]) AS i),"
     " $2::bigint[], ARRAY(SELECT convert_to(json_build_object('d', d, 'i',"
     " i)::text, 'UTF8') FROM unnest($2::bigint[], $3::bigint[]) AS u(d, i))))",
+    "INSERT INTO twb.floor SELECT 'bench', convert_to($1 || i, 'UTF8'), d,"
+    " convert_to(json_build_object('d', d, 'i', i)::text, 'UTF8')"
+    " FROM unnest($2::bigint[], $3::bigint[]) AS u(d, i)",
 };
 
 static double now_ms(void)
@@ -189,7 +203,8 @@ static int send_batch(PGconn *c, const char *stmt, const char *prefix,
         snprintf(s + b, sizeof s - b, "}");
     }
     PGresult *r = PQexecPrepared(c, stmt, 3, v, NULL, NULL, 0);
-    int ok = PQresultStatus(r) == PGRES_TUPLES_OK;
+    int ok = PQresultStatus(r) == PGRES_TUPLES_OK ||
+             PQresultStatus(r) == PGRES_COMMAND_OK; /* floor: an INSERT */
     if (!ok)
         fprintf(stderr, "bench_pg: %s", PQerrorMessage(c));
     PQclear(r);
@@ -197,9 +212,10 @@ static int send_batch(PGconn *c, const char *stmt, const char *prefix,
 }
 
 struct worker {
-    int sys; /* 0 twheel-sql, 1 gw-sql, 2 twheel-api, 3 -sql-nonotify */
+    int sys; /* 0 twheel-sql, 1 gw-sql, 2 twheel-api, 3 -sql-nonotify,
+              * 4 floor */
     const char *url;
-    int per_tx, id;
+    int per_tx, id, cell; /* cell: the cell's number in this process */
     double secs, end;
     pthread_barrier_t *go; /* every worker connected: the clock starts */
     tw_durable *d;
@@ -229,8 +245,9 @@ static void *sql_worker(void *arg)
     }
     PQclear(r);
     char prefix[64];
-    snprintf(prefix, sizeof prefix, "k%ld.%d.%d.", (long)getpid(), w->id,
-             (int)time(NULL));
+    /* Unique a cell: the floor's plain INSERT refuses a key twice. */
+    snprintf(prefix, sizeof prefix, "k%ld.%d.%d.%d.", (long)getpid(), w->cell,
+             w->id, (int)time(NULL));
     pthread_barrier_wait(w->go);
     w->end = mono_s() + w->secs;
     while (mono_s() < w->end) {
@@ -316,6 +333,8 @@ static void rate_cell(int sys, const char *name, const char *url, double secs,
     int nh = sys == 2 ? (conns + 3) / 4 : 0;
     long long n = 0;
     pthread_barrier_t go;
+    static int cells;
+    cells++;
     for (int i = 0; i < nh; i++)
         h[i] = open_handle(url, nop_fire, NULL);
     pthread_barrier_init(&go, NULL, (unsigned)conns + 1);
@@ -324,6 +343,7 @@ static void rate_cell(int sys, const char *name, const char *url, double secs,
                                .url = url,
                                .per_tx = per_tx,
                                .id = i,
+                               .cell = cells,
                                .secs = secs,
                                .go = &go,
                                .d = nh ? h[i % nh] : NULL};
@@ -349,9 +369,9 @@ static void rate_cell(int sys, const char *name, const char *url, double secs,
 static int cmd_rate(int argc, char **argv)
 {
     static const char *const names[] = {"twheel-sql", "gw-sql", "twheel-api",
-                                        "twheel-sql-nonotify"};
+                                        "twheel-sql-nonotify", "floor"};
     int sys = -1;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (strcmp(argv[2], names[i]) == 0)
             sys = i;
     if (sys < 0 || argc < 6)

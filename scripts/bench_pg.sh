@@ -8,7 +8,10 @@
 #   rates   timers scheduled per second, 1 and 16 connections, 1 and 32 a
 #           transaction, due in an hour: twheel through SQL from libpq
 #           (twheel-sql: twheel.schedule) and through its C API
-#           (twheel-api: tw_durable_schedule / _schedule_many),
+#           (twheel-api: tw_durable_schedule / _schedule_many), their
+#           floor at 32 a transaction (floor: the same rows in one plain
+#           multi-row INSERT into a bare table with a primary key on
+#           (ns, key) and an index on (ns, due, key), from the same client),
 #           graphile-worker through its SQL functions from the same C
 #           client (gw-sql: add_job / add_jobs) and through its Node API
 #           (gw-node: addJob / addJobs), pg-boss through its Node API
@@ -45,6 +48,10 @@
 #   PG_POLL10=0    no gw-poll10 row (graphile-worker at a 10 ms poll)
 #   PG_FIRE_REPS   runs of the fire rows (default REPS)
 #   PG_FLOOR_TX    pgbench transactions (of 32 timers) a floor row (300)
+#   PG_WAITS=1     after the rate rows, twheel-sql and floor at 1x32 and
+#                  16x32 once more, each while pg_stat_activity is sampled
+#                  every 10 ms: pgwait lines, the backends' wait events
+#                  (CPU: running), counted (a diagnosis of the 16x32 rows)
 #   PG_STATEMENTS=1  the server with pg_stat_statements: after each fire
 #                  row, its statements (calls, execution ms, rows, WAL
 #                  bytes) and the WAL and commits of the row, as pgstmt
@@ -199,9 +206,29 @@ if "${psql[@]}" -c "CREATE SCHEMA IF NOT EXISTS twb" -c "DO \$\$ DECLARE
   END \$\$" >/dev/null 2>&1; then
   nonotify=1
 fi
+# The floor of the rate rows (bench_pg rate floor): the same rows in one
+# plain INSERT into a bare table with only what twheel.timers needs to be
+# safe and claimable: a primary key on (ns, key), an index on (ns, due,
+# key). twb.waits(N, MS): N samples MS apart of what the client backends
+# doing a statement wait for (pg_stat_activity), counted (PG_WAITS=1).
+"${psql[@]}" -c "CREATE SCHEMA IF NOT EXISTS twb" -c "CREATE TABLE twb.floor (
+    ns text NOT NULL, key bytea NOT NULL, due bigint NOT NULL,
+    payload bytea NOT NULL, PRIMARY KEY (ns, key));
+  CREATE INDEX floor_due ON twb.floor (ns, due, key);
+  CREATE FUNCTION twb.waits(n int, ms int) RETURNS TABLE (ev text, c bigint)
+  LANGUAGE plpgsql AS \$\$ DECLARE a text[] := '{}'; BEGIN
+    FOR i IN 1 .. n LOOP
+      PERFORM pg_stat_clear_snapshot();
+      a := a || ARRAY(SELECT coalesce(wait_event_type || ':' || wait_event,
+        'CPU') FROM pg_stat_activity WHERE backend_type = 'client backend'
+        AND state = 'active' AND pid <> pg_backend_pid());
+      PERFORM pg_sleep(ms / 1000.0);
+    END LOOP;
+    RETURN QUERY SELECT e, count(*) FROM unnest(a) e GROUP BY e ORDER BY 2 DESC;
+  END \$\$" >/dev/null
 # The tables each system's pending timers live in, emptied between runs.
 empty() {
-  local q="TRUNCATE twheel.timers, twheel.dead;"
+  local q="TRUNCATE twheel.timers, twheel.dead, twb.floor;"
   ((have_peers)) && q+=" TRUNCATE graphile_worker._private_jobs,
     graphile_worker._private_job_queues CASCADE; TRUNCATE pgboss.job;"
   "${psql[@]}" -c "$q" -c CHECKPOINT >/dev/null
@@ -214,9 +241,23 @@ rates() { # SYSTEM
   case $1 in
     twheel-sql | twheel-api | gw-sql) "$bench" rate "$1" "$url" "$rate_s" $cells ;;
     twheel-sql-nonotify) "$bench" rate "$1" "$url" "$rate_s" 1x1 16x1 16x32 ;;
+    floor) "$bench" rate "$1" "$url" "$rate_s" 1x32 16x32 ;;
     gw-node) node "$peers/peer.js" rate gw "$nurl" "$rate_s" $cells ;;
     boss-node) node "$peers/peer.js" rate boss "$nurl" "$rate_s" $cells ;;
   esac
+  empty
+}
+# PG_WAITS=1: what the backends wait for while SYSTEM schedules at CELL
+# (a run of its own, not counted in the rates): pgwait lines, one an event,
+# n the samples (every 10 ms) that saw a backend wait there.
+waits() { # SYSTEM CELL
+  local n
+  n=$(awk -v s="$rate_s" 'BEGIN { n = int(s * 60); print n < 5 ? 5 : n }')
+  "$bench" rate "$1" "$url" "$rate_s" "$2" | sed 's/^pgrate /pgwaitrate /' &
+  sleep 0.3 # its connections made
+  "${psql[@]}" -c "SELECT 'pgwait sys=$1 cell=$2 event=' || ev || ' n=' || c
+    FROM twb.waits($n, 10)"
+  wait $!
   empty
 }
 # After a fire row with PG_STATEMENTS=1: its statements, WAL, commits.
@@ -321,7 +362,7 @@ sizes() { # SYSTEM SCHEMA LOADER...: what size_n pending timers add
 }
 
 only() { [[ ",${PG_ONLY:-rates,fire,sizes,floor}," == *",$1,"* ]]; }
-rate_sys=(twheel-sql twheel-api gw-sql)
+rate_sys=(twheel-sql twheel-api gw-sql floor)
 ((nonotify)) && rate_sys+=(twheel-sql-nonotify)
 fire_sys=(twheel)
 if ((have_peers)); then
@@ -337,6 +378,10 @@ fi
     n=${#rate_sys[@]}
     for ((i = 0; i < n; i++)); do rates "${rate_sys[(i + r - 1) % n]}"; done
   done
+  if [ -n "${PG_WAITS:-}" ] && only rates; then
+    load waits
+    for sys in twheel-sql floor; do for c in 1x32 16x32; do waits $sys $c; done; done
+  fi
   for ((r = 1; r <= ${PG_FIRE_REPS:-$reps}; r++)); do
     only fire || break
     load "fire/$r"

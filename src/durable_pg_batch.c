@@ -17,9 +17,15 @@
  * is left alone, the batch's other rows complete. The rows are found through
  * the primary key (key = ANY of the keys) and then written by their ctid (TID
  * scans): joins on the key were planned as scans of the whole namespace
- * (1 ms a batch at 1,000 pending timers, growing with them). The
- * statement is prepared once a connection. While it runs, the next batch
- * gathers (a group commit).
+ * (1 ms a batch at 1,000 pending timers, growing with them). The rows are
+ * not locked first (that was a second write, and a WAL record, a row):
+ * the DELETE and UPDATE carry the fence themselves (ver = one of the
+ * batch's versions; versions are never handed out twice, so only the
+ * claimed write of a row has it), and a row written meanwhile is
+ * re-checked by the server against it in its latest version (READ
+ * COMMITTED), so a row replaced, cancelled or claimed again is left
+ * alone as before. The statement is prepared once a connection. While it
+ * runs, the next batch gathers (a group commit).
  *
  * The statement's transaction commits with synchronous_commit off (set by
  * set_config(..., true) inside it): it does not wait for its WAL to reach
@@ -29,8 +35,9 @@
  * crash already allows. Nothing else is weakened: schedules, cancels and
  * claims commit as before.
  *
- * The batch does not wait for a row lock (FOR UPDATE NOWAIT, as the
- * single completion): a batch that did not get in (a row an
+ * The batch does not wait for a row lock longer than 1 ms (lock_timeout,
+ * set inside it: 55P03 as the single completion's NOWAIT): a batch that
+ * did not get in (a row an
  * application's open transaction holds, the database away, a deadlock)
  * is handed row by row to the single completion, which keeps what does
  * not get in and tries it again (src/durable_pg_fire.c). A job leaves
@@ -55,19 +62,22 @@
 #define OID_INT8_ARR 1016u
 
 static const char batch_sql[] =
-    "WITH s AS (SELECT set_config('synchronous_commit', 'off', true) AS v),"
+    "WITH s AS (SELECT set_config('synchronous_commit', 'off', true) AS v,"
+    " set_config('lock_timeout', '1', true) AS w),"
     " u AS (SELECT * FROM unnest($2::bytea[], $3::bigint[], $4::bigint[])"
     " AS u(key, ver, due)),"
-    " l AS (SELECT t.ctid, u.due FROM twheel.timers t JOIN u"
+    " l AS (SELECT t.ctid, u.ver, u.due FROM twheel.timers t JOIN u"
     " ON t.key = u.key AND t.ver = u.ver WHERE t.ns = $1"
-    " AND t.key = ANY ($2::bytea[]) FOR UPDATE OF t NOWAIT),"
+    " AND t.key = ANY ($2::bytea[])),"
     " x AS (DELETE FROM twheel.timers t WHERE t.ctid = ANY (ARRAY("
-    "SELECT ctid FROM l WHERE due IS NULL)) RETURNING 1),"
+    "SELECT ctid FROM l WHERE due IS NULL)) AND t.ver = ANY (ARRAY("
+    "SELECT ver FROM l WHERE due IS NULL)) RETURNING 1),"
     " y AS (UPDATE twheel.timers t SET due = (SELECT l.due FROM l"
-    " WHERE l.ctid = t.ctid), owner = NULL, lease_until = NULL"
+    " WHERE l.ver = t.ver), owner = NULL, lease_until = NULL"
     " WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM l WHERE due IS NOT NULL))"
+    " AND t.ver = ANY (ARRAY(SELECT ver FROM l WHERE due IS NOT NULL))"
     " RETURNING 1)"
-    " SELECT (SELECT v FROM s), (SELECT count(*) FROM x),"
+    " SELECT (SELECT v || w FROM s), (SELECT count(*) FROM x),"
     " (SELECT count(*) FROM y)";
 
 /* One statement completing @v[0 .. @n): 0 or a TW_E* code. */

@@ -15,7 +15,10 @@
  *     subtransaction; statements counted in the server's log with
  *     log_statement = all for the handle's connections), where the loop
  *     takes 32 of each;
- *   - a firing handle delivers each timer of a batch once.
+ *   - a firing handle delivers each timer of a batch once;
+ *   - twheel.schedule_many from SQL returns the versions its rows have,
+ *     in the items' order, and replaces the namespace's dead letters
+ *     only.
  * Real clocks; every wait is for a state, bounded by WAIT_MS.
  */
 #define _GNU_SOURCE
@@ -302,6 +305,48 @@ static void test_delivered(void)
         ASSERT_EQ(atomic_load(&fired[i]), 1);
 }
 
+/* The one value of @q as text (freed by the caller). */
+static char *sql_text(PGconn *c, const char *q)
+{
+    PGresult *r = PQexec(c, q);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK)
+        fprintf(stderr, "%s: %s\n", q, PQerrorMessage(c));
+    ASSERT_EQ(PQresultStatus(r), PGRES_TUPLES_OK);
+    char *s = strdup(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return s;
+}
+
+/* twheel.schedule_many from SQL, new keys (its plain INSERT): it returns
+ * each item's version as its row has it, in the items' order; a dead
+ * letter of an item's key goes, and a namespace's dead letters are its
+ * own (one of another namespace with the same key stays). */
+static void test_sql_versions(void)
+{
+    PGconn *c = conn();
+    sql(c, "INSERT INTO twheel.dead (ns, key, due, payload, attempts) VALUES"
+           " ('m_sqlv', 'x9', 5, 'gone', 3), ('m_sqlw', 'k1', 5, 'kept', 3)");
+    char *v = sql_text(c, "SELECT twheel.schedule_many('m_sqlv',"
+                          " '{k2,k1,x9}'::bytea[], '{7,5,6}', '{a,b,c}')");
+    char *rows = sql_text(
+        c, "SELECT array_agg(t.ver ORDER BY u.i) FROM unnest("
+           "'{k2,k1,x9}'::bytea[]) WITH ORDINALITY u(k, i) JOIN twheel.timers"
+           " t ON t.ns = 'm_sqlv' AND t.key = u.k");
+    ASSERT_STR_EQ(v, rows);
+    ASSERT_EQ(sql_num(c, "SELECT count(DISTINCT ver) FROM twheel.timers"
+                         " WHERE ns = 'm_sqlv'"),
+              3);
+    ASSERT_EQ(sql_num(c, "SELECT count(*) FROM twheel.dead WHERE ns ="
+                         " 'm_sqlv'"),
+              0);
+    ASSERT_EQ(sql_num(c, "SELECT count(*) FROM twheel.dead WHERE ns ="
+                         " 'm_sqlw' AND key = 'k1'"),
+              1);
+    free(v);
+    free(rows);
+    PQfinish(c);
+}
+
 int main(void)
 {
     url = getenv("TW_PG_URL");
@@ -314,5 +359,6 @@ int main(void)
     RUN_TEST(test_big_and_refused);
     RUN_TEST(test_round_trips);
     RUN_TEST(test_delivered);
+    RUN_TEST(test_sql_versions);
     return 0;
 }

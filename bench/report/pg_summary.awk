@@ -67,6 +67,13 @@ function target(what, have, op, need, fmt,   ok) {
     add("pg_delivered", v["sys"], "fraction", v["timers"] > 0 ? v["delivered"] / v["timers"] : 0)
     add("pg_fed", v["sys"], "timers/s", v["fed_per_s"])
 }
+/^pgwait / {
+    fields()
+    k = v["sys"] " " v["cell"]
+    if (!(k in nwe)) wk[++nwk] = k
+    if (!((k, v["event"]) in wn)) wev[k, ++nwe[k]] = v["event"]
+    wn[k, v["event"]] += v["n"]
+}
 /^pgfloor / {
     fields()
     add("pg_floor_" v["rows_per_claim"], "floor", "us/timer", v["db_us_per_timer"])
@@ -97,13 +104,31 @@ function rates(   i, j, w) {
     printf "(twheel-sql, gw-sql: SQL functions from a C libpq client; twheel-api: the C API; gw-node, boss-node: the peers' Node APIs; 32 a transaction: one statement for SQL and the peers, tw_durable_schedule_many for the API)\n"
     printf "%-12s", "conns x tx"
     for (i = 1; i <= 5; i++) printf " %21s", es[i]
-    printf " %21s\n", "(sql, no NOTIFY)"
+    printf " %21s %21s\n", "(sql, no NOTIFY)", "(floor)"
     split("1x1 1x32 16x1 16x32", cs, " ")
     for (j = 1; j <= 4; j++) {
         w = "pg_rate_" cs[j]
         printf "%-12s", cs[j]
         for (i = 1; i <= 5; i++) printf " %21s", cell(w, es[i], "%d")
-        printf " %21s\n", cell(w, "twheel-sql-nonotify", "%d")
+        printf " %21s %21s\n", cell(w, "twheel-sql-nonotify", "%d"), cell(w, "floor", "%d")
+    }
+    if (has("pg_rate_1x32", "floor"))
+        printf "(floor: the same rows, 32 in one plain multi-row INSERT from the same client into a bare table with a primary key on (ns, key) and an index on (ns, due, key): no function, no version, no NOTIFY)\n"
+    waits()
+}
+# PG_WAITS=1: the wait events sampled during extra 1x32 and 16x32 runs,
+# summed over the runs, the most seen first.
+function waits(   i, j, k, e, n, t, s) {
+    if (!nwk) return
+    printf "-- wait events of the backends doing a statement, sampled every 10 ms, summed over the runs (PG_WAITS=1; samples, CPU: running)\n"
+    for (i = 1; i <= nwk; i++) {
+        k = wk[i]; n = 0
+        for (j = 1; j <= nwe[k]; j++) { e[++n] = wev[k, j] }
+        for (j = 2; j <= n; j++)
+            for (t = j; t > 1 && wn[k, e[t - 1]] < wn[k, e[t]]; t--) { s = e[t]; e[t] = e[t - 1]; e[t - 1] = s }
+        printf "%s:", k
+        for (j = 1; j <= n; j++) printf "%s %s %d", (j > 1 ? "," : ""), e[j], wn[k, e[j]]
+        printf "\n"
     }
 }
 function rate_targets(   j, w, tw, tn, p, pn, t, have, ts, ps) {
@@ -123,6 +148,9 @@ function rate_targets(   j, w, tw, tn, p, pn, t, have, ts, ps) {
         target(sprintf("scheduled/s, %s conns x %s a transaction, twheel (%s %d/s) / the faster peer (%s %d/s)",
             substr(cs[j], 1, index(cs[j], "x") - 1), substr(cs[j], index(cs[j], "x") + 1),
             tn, tw, pn, p), have, ">=", 2, "%.2fx")
+        if (has(w, "floor"))
+            printf "        (floor, a plain INSERT of the same rows into a bare table: %d/s; twheel %.2fx of it, the faster peer %.2fx: 2x the peer would be %.2fx the floor)\n",
+                med(w, "floor"), tw / med(w, "floor"), p / med(w, "floor"), 2 * p / med(w, "floor")
         if (has(w, "twheel-sql-nonotify"))
             printf "        (twheel.schedule without its NOTIFY: %d/s, %.2fx twheel-sql's; the peer without NOTIFY: pg-boss)\n",
                 med(w, "twheel-sql-nonotify"),
