@@ -26,7 +26,11 @@
  * and :v moves) and the keys due within the horizon; those get a token
  * each and come back with their payloads and the shard's :v. SCHED and a
  * retry in DONE claim at once when the due time is within the horizon, so
- * a short timer does not wait for the next CLAIM. Claimed timers sit in
+ * a short timer does not wait for the next CLAIM. A round goes to Redis
+ * in round trips of about CLAIM_CHUNK_KEYS keys (claim_group()): the
+ * checks share the node's connection, and Redis runs one client's
+ * pipeline before it serves another, so a check waits for one chunk, not
+ * for the round. Claimed timers sit in
  * the node's own tw_wheel (1 ms ticks of the monotonic clock), each with
  * the :v at which it was known to be the node's. A claimed key that does
  * not hash to the shard it was found in (a copy an operator or a bug
@@ -76,6 +80,12 @@
 #include "durable_redis_impl.h"
 
 #define CLAIM_MAX 1000
+/* A claim round goes in round trips of about this many keys
+ * (claim_group()); a shard counts as at least CLAIM_WEIGHT_MIN. */
+#ifndef CLAIM_CHUNK_KEYS
+#define CLAIM_CHUNK_KEYS 256
+#endif
+#define CLAIM_WEIGHT_MIN 32
 /* An idle shard is left out of the claim rounds for at most horizon /
  * CLAIM_IDLE_MAX (claim_idle_locked()). */
 #define CLAIM_IDLE_MAX 2
@@ -269,9 +279,74 @@ static bool claim_reply(struct rd *d, const struct call *c, const redisReply *r,
     return reply_u64(r->element[0]) != 0;
 }
 
-/* CLAIM on the shards of group @g. Returns true when some shard had
- * more. */
-static bool claim_group(struct rd *d, struct grp *g)
+/* How many of the CLAIM calls @calls[0..n) (at least one) go in one round
+ * trip: shards are added while the keys they are expected to claim stay
+ * below CLAIM_CHUNK_KEYS. A shard is expected to take what it took in its
+ * last CLAIM (@last, NULL: nothing), or @avg (what the shards of this round
+ * took so far, on average) if that is more, and at least
+ * CLAIM_WEIGHT_MIN: after a quiet spell, the round's first chunk holds
+ * CLAIM_CHUNK_KEYS / CLAIM_WEIGHT_MIN shards and the next ones follow
+ * what those took. */
+static size_t claim_chunk(const struct call *calls, size_t n,
+                          const uint32_t *last, uint32_t avg)
+{
+    size_t i = 0, w = 0;
+    while (i < n && (i == 0 || w < CLAIM_CHUNK_KEYS)) {
+        uint32_t k = last ? last[calls[i].shard] : 0;
+        k = k > avg ? k : avg;
+        w += k > CLAIM_WEIGHT_MIN ? k : CLAIM_WEIGHT_MIN;
+        i++;
+    }
+    return i;
+}
+
+/* How many timers a CLAIM reply @r holds. */
+static uint32_t claimed(const redisReply *r)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 2)
+        return 0;
+    return (uint32_t)((r->elements - 2) / 3);
+}
+
+/* Run the @n CLAIM calls of one chunk (built at @now, the round's first
+ * sent at @csent) and take their timers; *@more when a shard had more,
+ * @last[shard] (unless NULL) what each took, *@took the sum. False if a call
+ * got no reply (the rest of
+ * the round waits for the next one, rather than for one time-out a
+ * chunk). */
+static bool claim_run(struct rd *d, struct grp *g, struct call *calls,
+                      tw__rc_cmd *cmds, size_t n, int64_t now, uint64_t csent,
+                      uint32_t *last, bool *more, uint64_t *took)
+{
+    bool ok = tw__rd_run_calls(d, calls, cmds, n) != TW_ENOMEM;
+    tw__rd_bg_errors(d, g, cmds, NULL, S_CLAIM, n);
+    int64_t wall = rd_wall(d);
+    uint64_t mono = rd_mono_ms(d);
+    pthread_mutex_lock(&d->mu);
+    for (size_t c = 0; c < n; c++) {
+        *more |= claim_reply(d, &calls[c], cmds[c].reply, now, csent, wall,
+                             mono);
+        uint32_t k = claimed(cmds[c].reply);
+        *took += k;
+        if (last)
+            last[calls[c].shard] = k;
+        ok &= !cmds[c].err;
+    }
+    pthread_mutex_unlock(&d->mu);
+    tw__rd_set_aside_wrong(d, calls, cmds, n);
+    return ok;
+}
+
+/* CLAIM on the shards of group @g, in chunks of about CLAIM_CHUNK_KEYS
+ * keys, one round trip each (@last: what each shard took in its last
+ * CLAIM). The node's connection to the master is shared with the checks
+ * and completions, and Redis runs a client's whole pipeline before it
+ * serves another client, so a check waits for at most one chunk, not for
+ * the round (a round of 64 shards with 150 keys each held the checks for
+ * tens of ms). The leases of a later chunk are counted from the round's
+ * first send, so the node's image of them ends early, never late.
+ * Returns true when some shard had more. */
+static bool claim_group(struct rd *d, struct grp *g, uint32_t *last)
 {
     size_t n = 0;
     struct call *calls = tw__malloc(d->shards * sizeof *calls);
@@ -281,16 +356,14 @@ static bool claim_group(struct rd *d, struct grp *g)
         int64_t now = rd_wall(d);
         n = claim_calls(d, g, calls, now);
         uint64_t csent = rd_mono_ms(d);
-        tw__rd_run_calls(d, calls, cmds, n);
-        tw__rd_bg_errors(d, g, cmds, NULL, S_CLAIM, n);
-        int64_t wall = rd_wall(d);
-        uint64_t mono = rd_mono_ms(d);
-        pthread_mutex_lock(&d->mu);
-        for (size_t c = 0; c < n; c++)
-            more |= claim_reply(d, &calls[c], cmds[c].reply, now, csent, wall,
-                                mono);
-        pthread_mutex_unlock(&d->mu);
-        tw__rd_set_aside_wrong(d, calls, cmds, n);
+        uint64_t took = 0;
+        for (size_t i = 0, k; i < n; i += k) {
+            k = claim_chunk(calls + i, n - i, last,
+                            i ? (uint32_t)(took / i) : 0);
+            if (!claim_run(d, g, calls + i, cmds + i, k, now, csent, last,
+                           &more, &took))
+                break;
+        }
     }
     if (cmds)
         tw__rc_free_replies(cmds, n);
@@ -929,10 +1002,12 @@ static void *rd_group_claim(void *arg)
     struct grp *g = arg;
     struct rd *d = g->d;
     uint64_t period = d->horizon_ms / 4 ? d->horizon_ms / 4 : 1;
+    /* Per shard: how many timers its last CLAIM took (claim_chunk()). */
+    uint32_t *last = tw__calloc(d->shards, sizeof *last);
     pthread_mutex_lock(&d->mu);
     while (!d->stop) {
         pthread_mutex_unlock(&d->mu);
-        bool more = claim_group(d, g);
+        bool more = claim_group(d, g, last);
         pthread_mutex_lock(&d->mu);
         if (more || d->stop)
             continue;
@@ -941,6 +1016,7 @@ static void *rd_group_claim(void *arg)
         pthread_cond_timedwait(&g->ccv, &d->mu, &ts);
     }
     pthread_mutex_unlock(&d->mu);
+    tw__free(last);
     return NULL;
 }
 
