@@ -217,14 +217,13 @@ static void idle(void)
 static void claimed_reads(redisContext *rc, long long *claimed,
                           long long *reads)
 {
-    redisReply *r = redisCommand(
-        rc,
-        "EVAL %s 0 %d",
-        "local c=0 for s=0,ARGV[1]-1 do c=c+redis.call('ZCOUNT',"
-        "'{chunk:'..s..'}:d','-inf','(0') end "
-        "local i=redis.call('INFO','stats') return {c,tonumber("
-        "string.match(i,'total_reads_processed:(%d+)'))}",
-        SHARDS);
+    redisReply *r =
+        redisCommand(rc, "EVAL %s 0 %d",
+                     "local c=0 for s=0,ARGV[1]-1 do c=c+redis.call('ZCOUNT',"
+                     "'{chunk:'..s..'}:d','-inf','(0') end "
+                     "local i=redis.call('INFO','stats') return {c,tonumber("
+                     "string.match(i,'total_reads_processed:(%d+)'))}",
+                     SHARDS);
     ASSERT(r && r->type == REDIS_REPLY_ARRAY && r->elements == 2);
     *claimed = r->element[0]->integer;
     *reads = r->element[1]->integer;
@@ -239,8 +238,10 @@ static void chunk_load(tw_durable *d, int64_t due)
     static char key[B][24];
     for (int i = 0, n = 0; i < SHARDS * CH_KEYS; i++) {
         snprintf(key[n], sizeof key[n], "k%d", i);
-        it[n] = (tw_durable_item){.key = key[n], .key_len = strlen(key[n]),
-                                  .due_ms = due, .payload = "x",
+        it[n] = (tw_durable_item){.key = key[n],
+                                  .key_len = strlen(key[n]),
+                                  .due_ms = due,
+                                  .payload = "x",
                                   .payload_len = 1};
         if (++n == B || i + 1 == SHARDS * CH_KEYS) {
             ASSERT_EQ(tw_durable_schedule_many(d, it, (size_t)n), 0);
