@@ -27,6 +27,8 @@
  * shard lease of L ms (cfg.redis_shard_lease_ms). CHECK_GAP_MS=G (fire):
  * at most one batch of claim checks every G ms (cfg.redis_check_gap_ms).
  * HORIZON_MS=H (fire): claim H ms ahead (cfg.horizon_ms; 0: 2,000).
+ * LATE_DUMP=FILE (fire): each delivery's lateness (us) into FILE, in the
+ * order of delivery.
  *   bench_redis lpoll SEEDS REDIS_PID N WINDOW_MS INTERVAL_MS
  *       the same poller with the guarantees twheel gives (minus its
  *       precision): each poll moves the due timers into an active set
@@ -349,6 +351,18 @@ static _Atomic size_t nlate;
 static size_t nlate_max;
 static int64_t *late;
 
+/* LATE_DUMP=FILE (fire): each delivery's lateness in us, in the order
+ * of delivery, one a line (where in the run the late ones are). */
+static void dump_late(const int64_t *l, size_t n)
+{
+    const char *path = getenv("LATE_DUMP");
+    FILE *f = path ? fopen(path, "w") : NULL;
+    for (size_t i = 0; f && i < n; i++)
+        fprintf(f, "%lld\n", (long long)l[i]);
+    if (f)
+        fclose(f);
+}
+
 static int late_fire(tw_durable *d, const tw_durable_timer *t, void *arg)
 {
     (void)d;
@@ -441,6 +455,7 @@ static void fire_mode(const char *seeds, int pid, int n, int window_ms)
     struct cpu c2 = cpu_now(pid);
     tw_durable_close(d);
     size_t got = nlate < nlate_max ? nlate : nlate_max;
+    dump_late(late, got);
     char name[32];
     snprintf(name, sizeof name, "twheel%s %ush b%d",
              cfg.redis_shard_lease_ms ? " own" : "",

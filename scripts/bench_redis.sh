@@ -14,7 +14,8 @@
 # due, 1024 shards, 1 and 4 nodes, without and with ownership. CELLS=1:
 # only Redis CPU at equal precision, twheel's check gap G beside the
 # lease-poller polling every G (G = 5 and 100 ms; 2,000/s at 8 and 64
-# shards, 20,000/s at 64 shards; WINDOW_MS long). SLOWLOG=1: one run of
+# shards, 20,000/s at 64 shards; WINDOW_MS long; CELL_LIST="G:RATE:SHARDS
+# ...": other cells). SLOWLOG=1: one run of
 # one cell (G, RATE, SHARDS; default 100 ms, 2,000/s, 64 shards) for each
 # side with Redis's SLOWLOG recording every command: calls and time per
 # 1,000 timers by command and by script (scripts/redis_slowlog.py).
@@ -110,15 +111,15 @@ if [ -n "${CELLS:-}" ]; then
   # ms beside the lease-poller polling every G ms, G = 5 and 100, at
   # 2,000 timers/s (8 and 64 shards) and 20,000/s (64 shards), over
   # WINDOW_MS; loaded by tw_durable_schedule_many (500 a call).
-  for g in 5 100; do
-    for cell in 2000:8 2000:64 20000:64; do
-      rate=${cell%:*} shards=${cell#*:}
-      n=$((rate * window / 1000))
-      echo "# cell: G $g ms, $rate/s, $shards shards, $n timers"
-      median 25 env LOAD_BATCH=500 SHARDS="$shards" CHECK_GAP_MS="$g" \
-        "$bin" fire "$seeds" "$pid" "$n" "$window"
-      median 25 "$bin" lpoll "$seeds" "$pid" "$n" "$window" "$g"
-    done
+  cells="5:2000:8 5:2000:64 5:20000:64 100:2000:8 100:2000:64 100:20000:64"
+  for c in ${CELL_LIST:-$cells}; do
+    g=${c%%:*} cell=${c#*:}
+    rate=${cell%:*} shards=${cell#*:}
+    n=$((rate * window / 1000))
+    echo "# cell: G $g ms, $rate/s, $shards shards, $n timers"
+    median 25 env LOAD_BATCH=500 SHARDS="$shards" CHECK_GAP_MS="$g" \
+      "$bin" fire "$seeds" "$pid" "$n" "$window"
+    median 25 "$bin" lpoll "$seeds" "$pid" "$n" "$window" "$g"
   done
   exit 0
 fi

@@ -334,6 +334,11 @@ void tw__rd_rt_free_locked(struct rd *d, struct rtimer *r);
 int tw__rd_start(struct rd *d);
 void tw__rd_stop(struct rd *d);
 int tw__rd_touch(tw_durable *base, const void *key, size_t key_len);
+/* Queue the completion of @r with result @res for its group's next DONE
+ * (mu held). src/redis_fire.c. */
+void tw__rd_pend_add(struct rd *d, struct rtimer *r, int res);
+/* A group's claimer thread (@arg: its struct grp). src/redis_claim.c. */
+void *tw__rd_group_claim(void *arg);
 
 /* Look-ups and listings (src/redis_query.c). */
 int tw__rd_get(tw_durable *base, const void *key, size_t key_len,

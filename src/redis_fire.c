@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * src/redis_fire.c - the Redis backend's claiming and firing: the node's
- * own wheel of claimed timers, the claimers, the groups' workers that
+ * own wheel of claimed timers (the claimers that fill it are in
+ * src/redis_claim.c), the groups' workers that
  * check claims and send completions, and the firer that starts the
  * callbacks. The design in order:
  *
@@ -19,14 +20,18 @@
  * it claims at once.
  *
  * Claiming. The claimer runs CLAIM on every shard each horizon/4 (an
- * idle shard, without ownership, in fewer rounds: claim_idle_locked()): one
+ * idle shard, without ownership, in fewer rounds: src/redis_claim.c): one
  * range of :d, [-(R * 1024 + 1023), now + horizon] (R: Redis's TIME,
  * which alone judges the end of a lease), holds both the leases that ran
  * out (they go back to their due time with attempt + 1,
  * and :v moves) and the keys due within the horizon; those get a token
  * each and come back with their payloads and the shard's :v. SCHED and a
  * retry in DONE claim at once when the due time is within the horizon, so
- * a short timer does not wait for the next CLAIM. Claimed timers sit in
+ * a short timer does not wait for the next CLAIM. A round goes to Redis
+ * in round trips of about CLAIM_CHUNK_KEYS keys (src/redis_claim.c): the
+ * checks share the node's connection, and Redis runs one client's
+ * pipeline before it serves another, so a check waits for one chunk, not
+ * for the round. Claimed timers sit in
  * the node's own tw_wheel (1 ms ticks of the monotonic clock), each with
  * the :v at which it was known to be the node's. A claimed key that does
  * not hash to the shard it was found in (a copy an operator or a bug
@@ -75,10 +80,6 @@
 
 #include "durable_redis_impl.h"
 
-#define CLAIM_MAX 1000
-/* An idle shard is left out of the claim rounds for at most horizon /
- * CLAIM_IDLE_MAX (claim_idle_locked()). */
-#define CLAIM_IDLE_MAX 2
 #define RETRY_MS 100
 #define IDLE_WAIT_MS 50
 #define DONE_DELAY_MS 500 /* longest wait of a completion for a batch */
@@ -168,136 +169,6 @@ void tw__rd_rt_free_locked(struct rd *d, struct rtimer *r)
 
 /* ------------------------------------------------------------------------ */
 /* The node's thread: claim, fire, complete. */
-
-/* The CLAIM calls of group @g's shards into @calls (at most d->shards),
- * fenced by ownership when it is on (a shard not this node's is left
- * out), every DAMAGE_SCAN_ROUNDS-th round with the scan for damaged
- * scores; how many. */
-static size_t claim_calls(struct rd *d, struct grp *g, struct call *calls,
-                          int64_t now)
-{
-    size_t n = 0;
-    bool scan = g->claim_rounds++ % DAMAGE_SCAN_ROUNDS == 0;
-    pthread_mutex_lock(&d->mu);
-    for (uint32_t s = 0; s < d->shards; s++)
-        if (&d->grp[d->grp_of[s]] == g &&
-            (scan || d->own || now >= d->claim_idle[s]))
-            calls[n++].shard = s;
-    pthread_mutex_unlock(&d->mu);
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t s = calls[i].shard;
-        calls[m].shard = s;
-        tw__rd_call_init(d, &calls[m], S_CLAIM, s);
-        calls[m].epoch = 0;
-        if (d->own && !tw__rd_call_fence(d, &calls[m]))
-            continue; /* not this node's shard */
-        struct call *c = &calls[m++];
-        call_num(c, now);
-        call_num(c, sat_add(now, d->horizon_ms));
-        call_num(c, d->lease_ms);
-        call_num(c, CLAIM_MAX);
-        call_num(c, scan);
-        call_num(c, !d->own); /* next: the first waiting key, when idle */
-    }
-    return m;
-}
-
-/* Shard @s had nothing to claim in the round of @now; @r is CLAIM's {} or
- * {score of its first waiting key past the horizon}. Without ownership,
- * the shard is left out of the rounds (but not the damage scans) until
- * that key is within the horizon, and for at most CLAIM_IDLE_MAX of the
- * horizon: a key that another node schedules past the horizon is still
- * claimed at least a quarter of the horizon before its due time, and a
- * claim of a dead node is taken back at most that much later than
- * before. A write of this node to the shard ends it at once
- * (claim_soon_locked()). mu held. */
-static void claim_idle_locked(struct rd *d, uint32_t s, const redisReply *r,
-                              int64_t now)
-{
-    int64_t until = sat_add(now, d->horizon_ms / CLAIM_IDLE_MAX);
-    if (r->elements == 1 && r->element[0]->type == REDIS_REPLY_STRING) {
-        double next = strtod(r->element[0]->str, NULL) - d->horizon_ms;
-        if (next < (double)until)
-            until = next > (double)now ? (int64_t)next : now;
-    }
-    d->claim_idle[s] = until;
-}
-
-static void pend_add(struct rd *d, struct rtimer *r, int res);
-
-/* The timers of one CLAIM reply @r (of call @c, sent at @csent, real
- * monotonic ms, with "now" @now) into the wheel; true when the shard had
- * more. mu held. */
-static bool claim_reply(struct rd *d, const struct call *c, const redisReply *r,
-                        int64_t now, uint64_t csent, int64_t wall,
-                        uint64_t mono)
-{
-    if (!r || r->type != REDIS_REPLY_ARRAY)
-        return false;
-    if (r->elements <= 1) {
-        claim_idle_locked(d, c->shard, r, now);
-        return false;
-    }
-    uint64_t ver = reply_u64(r->element[1]);
-    for (size_t i = 2; i + 3 <= r->elements; i += 3) {
-        redisReply **e = r->element + i;
-        struct pval v;
-        if (e[0]->type != REDIS_REPLY_STRING ||
-            e[2]->type != REDIS_REPLY_STRING ||
-            !tw__rd_parse_val(e[2]->str, e[2]->len, &v))
-            continue;
-        struct rtimer *t =
-            tw__rd_rt_new(d, c->shard, e[0]->str, e[0]->len, v.payload, v.len,
-                          v.due, reply_u64(e[1]), v.attempt);
-        if (!t) /* the lease expires and the timer comes back */
-            continue;
-        t->ver = ver;
-        t->epoch = c->epoch;
-        if (shard_of(d, t->data, t->key_len) != c->shard) {
-            /* A copy in the wrong shard: removed (DONE), not delivered;
-             * tw__rd_set_aside_wrong() keeps its value. */
-            t->fired = true;
-            pend_add(d, t, 0);
-            continue;
-        }
-        if (t->epoch) /* the local image of its claim's end */
-            t->dl = csent + (uint64_t)(v.due > now ? sat_sub(v.due, now) : 0) +
-                    d->lease_ms - d->lease_ms / 5;
-        tw__rd_rt_arm_locked(d, t, wall, mono);
-    }
-    return reply_u64(r->element[0]) != 0;
-}
-
-/* CLAIM on the shards of group @g. Returns true when some shard had
- * more. */
-static bool claim_group(struct rd *d, struct grp *g)
-{
-    size_t n = 0;
-    struct call *calls = tw__malloc(d->shards * sizeof *calls);
-    tw__rc_cmd *cmds = tw__calloc(d->shards, sizeof *cmds);
-    bool more = false;
-    if (calls && cmds) {
-        int64_t now = rd_wall(d);
-        n = claim_calls(d, g, calls, now);
-        uint64_t csent = rd_mono_ms(d);
-        tw__rd_run_calls(d, calls, cmds, n);
-        tw__rd_bg_errors(d, g, cmds, NULL, S_CLAIM, n);
-        int64_t wall = rd_wall(d);
-        uint64_t mono = rd_mono_ms(d);
-        pthread_mutex_lock(&d->mu);
-        for (size_t c = 0; c < n; c++)
-            more |= claim_reply(d, &calls[c], cmds[c].reply, now, csent, wall,
-                                mono);
-        pthread_mutex_unlock(&d->mu);
-        tw__rd_set_aside_wrong(d, calls, cmds, n);
-    }
-    if (cmds)
-        tw__rc_free_replies(cmds, n);
-    tw__free(calls);
-    tw__free(cmds);
-    return more;
-}
 
 enum { FR_DONE, FR_VER, FR_SCORE, FR_KINDS }; /* a shard's commands */
 
@@ -661,7 +532,7 @@ static void fr_checks(struct fround *f, int64_t wall, uint64_t mono)
 
 /* Keep a callback's result for the next DONE batch (no room: the lease
  * brings the timer back). mu held. */
-static void pend_add(struct rd *d, struct rtimer *r, int res)
+void tw__rd_pend_add(struct rd *d, struct rtimer *r, int res)
 {
     struct grp *g = &d->grp[d->grp_of[r->shard]];
     if (g->npend == g->cap_pend) {
@@ -704,7 +575,7 @@ static void fire_one(struct rd *d, struct rtimer *r)
          * policy's attempts are used up. */
         pthread_mutex_lock(&d->mu);
         r->fired = true;
-        pend_add(d, r, RD_DEAD_UNRUN);
+        tw__rd_pend_add(d, r, RD_DEAD_UNRUN);
         pthread_mutex_unlock(&d->mu);
         return;
     }
@@ -728,7 +599,7 @@ static void fire_one(struct rd *d, struct rtimer *r)
     tw__durable_counts_end(&d->counts, res);
     if (!d->counts.running)
         d->cb_start = 0;
-    pend_add(d, r, tw__retry_next(&d->retry, att, res));
+    tw__rd_pend_add(d, r, tw__retry_next(&d->retry, att, res));
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -838,7 +709,7 @@ static void fire_batch(struct rd *d, struct grp *g, struct rtimer *list,
         fr_later(d, list);
         pthread_mutex_lock(&d->mu); /* the completions stay pending */
         for (size_t i = 0; i < f.np; i++)
-            pend_add(d, f.pend[i].r, f.pend[i].res);
+            tw__rd_pend_add(d, f.pend[i].r, f.pend[i].res);
         pthread_mutex_unlock(&d->mu);
         fr_free(&f);
         return;
@@ -865,7 +736,6 @@ static void fire_batch(struct rd *d, struct grp *g, struct rtimer *list,
 }
 
 static void *rd_group(void *arg);
-static void *rd_group_claim(void *arg);
 
 /* Start the threads of every group a shard is in (mu held). The shards
  * of a group whose threads cannot be started move to group 0 (tw__rd_start
@@ -877,7 +747,8 @@ static void grp_start_locked(struct rd *d)
         if (g->started)
             continue;
         g->started = !pthread_create(&g->thr, NULL, rd_group, g);
-        if (g->started && pthread_create(&g->cthr, NULL, rd_group_claim, g)) {
+        if (g->started &&
+            pthread_create(&g->cthr, NULL, tw__rd_group_claim, g)) {
             g->quit = true; /* its worker runs alone: stop it */
             pthread_cond_signal(&g->cv);
             pthread_mutex_unlock(&d->mu);
@@ -918,30 +789,6 @@ static void *rd_claimer(void *arg)
 static bool done_due(const struct grp *g, uint64_t now)
 {
     return g->npend && (g->npend >= DONE_BATCH || now >= g->pend_due);
-}
-
-/* A group's claimer: CLAIM on its shards every horizon/4 (idle ones less
- * often; at once again when a shard had more than CLAIM_MAX due), on its
- * own thread so that
- * checks never wait for a claim round trip. */
-static void *rd_group_claim(void *arg)
-{
-    struct grp *g = arg;
-    struct rd *d = g->d;
-    uint64_t period = d->horizon_ms / 4 ? d->horizon_ms / 4 : 1;
-    pthread_mutex_lock(&d->mu);
-    while (!d->stop) {
-        pthread_mutex_unlock(&d->mu);
-        bool more = claim_group(d, g);
-        pthread_mutex_lock(&d->mu);
-        if (more || d->stop)
-            continue;
-        struct timespec ts;
-        tw__mono_after(&ts, (uint64_t)period * 1000000u);
-        pthread_cond_timedwait(&g->ccv, &d->mu, &ts);
-    }
-    pthread_mutex_unlock(&d->mu);
-    return NULL;
 }
 
 /* A group's worker: the checks the firer hands it and its completions,

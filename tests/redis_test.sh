@@ -9,7 +9,7 @@
 #   suite                              one server; TEST_BINARY is
 #                                      test_durable_semantics
 #   poison                             one server; test_durable_poison
-#   combine | idle                     one server; test_redis_calls
+#   combine | idle | chunk             one server; test_redis_calls
 #   owner | owner-kill | owner-stop |  one server; TEST_BINARY is
 #   owner-pause | owner-clock |        test_redis_owner
 #   owner-graceful | owner-busy
@@ -94,7 +94,7 @@ cluster() { # MASTERS REPLICAS_PER_MASTER
 
 case $scenario in
   semantics | econn | crash | many | garbage | gap | shards | suite | poison | \
-    combine | idle)
+    combine | idle | chunk)
     port=$(pick_ports 1)
     if [ "$scenario" = econn ] || [ "$scenario" = crash ]; then
       extra=(--appendonly yes --appendfsync always)

@@ -25,6 +25,20 @@
  * counted from the time that passed; a claimer that falls behind makes
  * fewer rounds, never more). Then a timer scheduled past the horizon on
  * an idle shard is delivered, within 1 s of its due time.
+ *
+ * chunk: a claim round goes to Redis in round trips of a few hundred keys
+ * (claim_group() in src/redis_fire.c), because the node's checks share
+ * its connection and Redis runs one client's pipeline before it serves
+ * another: sent whole, a round of SHARDS shards with CH_KEYS keys each
+ * held every check behind it (p99 29 ms at 20,000 timers/s). Here
+ * SHARDS x CH_KEYS timers, all due at one time past the horizon, become
+ * claimable together; a poll (one EVAL: the claimed keys and Redis's
+ * total_reads_processed, read together) runs until all are claimed. The
+ * read events Redis handled between the last poll that saw none claimed
+ * and the first that saw all, less the polls' own, are the claim round's
+ * round trips: at least CH_READS (in one pipeline it was 1 read; in
+ * chunks about 29). Nothing else of the node runs then (nothing is due,
+ * the schedules ended before), but the topology read once a second.
  */
 #define _GNU_SOURCE
 
@@ -40,6 +54,7 @@
 #include "twheel/durable.h"
 
 enum { THREADS = 16, N = 512, SHARDS = 64, IDLE_MS = 2000, HORIZON = 400 };
+enum { CH_KEYS = 150, CH_HORIZON = 2000, CH_READS = 12 };
 
 static const char *seeds;
 static pthread_barrier_t go;
@@ -197,17 +212,86 @@ static void idle(void)
     redisFree(rc);
 }
 
+/* The claimed keys of namespace "chunk" and Redis's read events so far,
+ * read by one command (one read event). */
+static void claimed_reads(redisContext *rc, long long *claimed,
+                          long long *reads)
+{
+    redisReply *r =
+        redisCommand(rc, "EVAL %s 0 %d",
+                     "local c=0 for s=0,ARGV[1]-1 do c=c+redis.call('ZCOUNT',"
+                     "'{chunk:'..s..'}:d','-inf','(0') end "
+                     "local i=redis.call('INFO','stats') return {c,tonumber("
+                     "string.match(i,'total_reads_processed:(%d+)'))}",
+                     SHARDS);
+    ASSERT(r && r->type == REDIS_REPLY_ARRAY && r->elements == 2);
+    *claimed = r->element[0]->integer;
+    *reads = r->element[1]->integer;
+    freeReplyObject(r);
+}
+
+/* SHARDS x CH_KEYS timers due at @due, 500 a call. */
+static void chunk_load(tw_durable *d, int64_t due)
+{
+    enum { B = 500 };
+    static tw_durable_item it[B];
+    static char key[B][24];
+    for (int i = 0, n = 0; i < SHARDS * CH_KEYS; i++) {
+        snprintf(key[n], sizeof key[n], "k%d", i);
+        it[n] = (tw_durable_item){.key = key[n],
+                                  .key_len = strlen(key[n]),
+                                  .due_ms = due,
+                                  .payload = "x",
+                                  .payload_len = 1};
+        if (++n == B || i + 1 == SHARDS * CH_KEYS) {
+            ASSERT_EQ(tw_durable_schedule_many(d, it, (size_t)n), 0);
+            n = 0;
+        }
+    }
+}
+
+static void chunk(void)
+{
+    redisContext *rc;
+    tw_durable *d = open_node("chunk", CH_HORIZON, &rc);
+    int64_t due = now_ms() + CH_HORIZON + 2000;
+    chunk_load(d, due);
+    /* The round that claims them starts after due - CH_HORIZON. */
+    ASSERT_LT(now_ms(), due - CH_HORIZON - 100);
+    long long claimed = 0, reads = 0, r0 = 0, polls = 0;
+    while (claimed < SHARDS * CH_KEYS && now_ms() < due) {
+        claimed_reads(rc, &claimed, &reads);
+        if (!claimed) {
+            r0 = reads;
+            polls = 0;
+        } else {
+            polls++; /* its own read event, after r0 */
+        }
+        sleep_ms(1);
+    }
+    ASSERT_EQ(claimed, SHARDS * CH_KEYS);
+    long long rounds = reads - r0 - polls;
+    printf("chunk: %d keys over %d shards claimed in %lld read events\n",
+           SHARDS * CH_KEYS, SHARDS, rounds);
+    ASSERT_GE(rounds, CH_READS);
+    tw_durable_close(d);
+    redisFree(rc);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 3 || (strcmp(argv[1], "combine") && strcmp(argv[1], "idle"))) {
-        fprintf(stderr, "usage: test_redis_calls combine|idle ADDRESS\n");
+    if (argc != 3 || (strcmp(argv[1], "combine") && strcmp(argv[1], "idle") &&
+                      strcmp(argv[1], "chunk"))) {
+        fprintf(stderr, "usage: test_redis_calls combine|idle|chunk ADDRESS\n");
         return 2;
     }
     seeds = argv[2];
     if (!strcmp(argv[1], "combine"))
         combine();
-    else
+    else if (!strcmp(argv[1], "idle"))
         idle();
+    else
+        chunk();
     printf("%s: ok\n", argv[1]);
     return 0;
 }
