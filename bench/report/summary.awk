@@ -200,7 +200,7 @@ function churn_promises(   hc, l, c, w) {
     hc = m(big, "churn_floor", "heap"); l = m(big, "churn_floor", "lists")
     c = m(big, "churn_floor", "+count"); w = m(big, "churn_floor", "twheel")
     if (hc <= 0 || l <= 0 || c <= 0 || w <= 0) return ""
-    return sprintf("; what the promises cost (bench/churn_floor, one process, CPU ns per pair, heap %.1f): the bare list operations %.1f = %.2fx the heap; with the argument checks and the exact count of pending timers %.1f = %.2fx; the wheel's calls (those, and a slot's 8 lists, and a pending timer's move) %.1f = %.2fx%s",
+    return sprintf("; what the promises cost (bench/churn_floor.c, one process, CPU ns per pair, heap %.1f): the bare list operations %.1f = %.2fx the heap; with the argument checks and the exact count of pending timers %.1f = %.2fx; the wheel's calls (those, and a slot's 8 lists, and a pending timer's move) %.1f = %.2fx%s",
         hc, l, hc / l, c, hc / c, w, hc / w,
         hc / l < 3 ? ": 3x is below even the bare list operations here" : "")
 }
