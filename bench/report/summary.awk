@@ -91,13 +91,24 @@ function target(what, have, op, need, fmt) {
     why = ""
 }
 # A ratio target between two medians of one workload: a / b.
+# The load average when the stage of workload w started.
+function row_load(w) {
+    if (w ~ /^svc_/)
+        return "load " load_of("^service") " (service), " load_of("^Java") " (Java peers)"
+    if (w ~ /^redis_/)
+        return "load " load_of("^Redis")
+    return "load " load_of("^core")
+}
+# Its why (printed under it, and under a miss in the list of misses):
+# both sides' medians and spreads, and the load of their stage.
 function rtarget(what, w, a, b, op, need,   x, y, have) {
     x = mw(w, a); y = mw(w, b); have = ""
-    if (x > 0 && y > 0) have = sprintf("%.2f", x / y)
+    if (x > 0 && y > 0) {
+        have = sprintf("%.2f", x / y)
+        why = sprintf("%s %g [%s]; %s %g [%s]; %s", a, x, spread(w, a), b, y,
+            spread(w, b), row_load(w))
+    }
     target(what, have, op, need, "%.2fx")
-    if (have != "")
-        printf "        (%s %g [%s]; %s %g [%s])\n", a, x, spread(w, a), b, y,
-            spread(w, b)
 }
 # The bare poller at 100 ms beside twheel at 1 ms precision: context, not
 # a target (the targets are the equal-precision cells below).
@@ -156,11 +167,7 @@ function row_why(n, w,   r) {
             mw("dur_per_sync_1", "twheel-group"), load_of("^durable"))
     if (w ~ /^churn/ && n + 0 == big)
         return churn_floor(m(big, "churn", "twheel"), m(big, "churn", "heap"))
-    if (w ~ /^svc_/)
-        return "load " load_of("^service") " (service), " load_of("^Java") " (Java peers)"
-    if (w ~ /^redis_/)
-        return "load " load_of("^Redis")
-    return "load " load_of("^core")
+    return row_load(w)
 }
 # Why churn at 1e6 is where it is: the floor under a pair is its
 # instructions and cache hits (churn at 1e5, whose 4 MB fit in the
