@@ -56,13 +56,6 @@ struct standin {
     int efd;                /* wakes the stand-in's epoll_wait() */
 };
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* The store's sync hook, around the loop's fdatasync and its other
  * calls that may wait for the store's lock (store.c lock_wait()), on
  * the thread that holds the baton (which it lets go of meanwhile). */
@@ -73,7 +66,7 @@ static void sync_hook(void *arg, bool begin)
     if (pthread_equal(pthread_self(), w->th))
         return; /* the stand-in's own call: no one to stand in for it */
     if (begin) {
-        atomic_store(&w->since, now_ns());
+        atomic_store(&w->since, tbd_mono_ns());
         if (atomic_load(&w->idle)) {
             pthread_mutex_lock(&w->mu);
             pthread_cond_signal(&w->cv);
@@ -95,7 +88,7 @@ static void sync_hook(void *arg, bool begin)
 static bool stuck(struct standin *w)
 {
     uint64_t since = atomic_load(&w->since);
-    return since && now_ns() - since >= STANDIN_NS;
+    return since && tbd_mono_ns() - since >= STANDIN_NS;
 }
 
 /* Runs the loop's turns while its thread is stuck in its sync. */
@@ -122,7 +115,7 @@ static void stand_in(struct server *s, struct standin *w)
 /* Sleeps until the loop's sync may be stuck, or until stopped (mu held). */
 static void watch_sleep(struct standin *w)
 {
-    uint64_t now = now_ns(), since = atomic_load(&w->since);
+    uint64_t now = tbd_mono_ns(), since = atomic_load(&w->since);
     if (since)
         w->busy_until = now + STANDIN_BUSY_NS;
     if (since || now < w->busy_until) {

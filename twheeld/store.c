@@ -209,6 +209,15 @@ static void write_run(struct tbd_store *s, struct tbd_items *it,
     }
 }
 
+/* The writes in the list @head. */
+static size_t count_writes(const struct tbd_write *head)
+{
+    size_t n = 0;
+    for (; head; head = head->next)
+        n++;
+    return n;
+}
+
 /* Writes the list @head, runs of one kind at a time, in order. */
 static void write_batch(struct tbd_store *s, struct tbd_items *it,
                         struct tbd_write *head)
@@ -456,10 +465,7 @@ struct tbd_write *tbd_store_run_inline(struct tbd_store *s)
     s->q_head = s->q_tail = NULL;
     if (head) {
         write_batch(s, &s->litems, head);
-        size_t n = 0;
-        for (struct tbd_write *w = head; w; w = w->next)
-            n++;
-        s->written += n;
+        s->written += count_writes(head);
         s->batches++;
     }
     return head;
@@ -516,14 +522,10 @@ static struct tbd_write *concat(struct tbd_write *a, struct tbd_write *b)
 static struct tbd_write *run_here(struct tbd_store *s, struct tbd_write *head,
                                   struct tbd_write *done)
 {
-    if (s->sync_hook)
-        s->sync_hook(s->sync_arg, true);
+    lock_wait(s, true);
     write_batch(s, &s->litems, head);
-    if (s->sync_hook)
-        s->sync_hook(s->sync_arg, false);
-    size_t n = 0;
-    for (struct tbd_write *w = head; w; w = w->next)
-        n++;
+    lock_wait(s, false);
+    size_t n = count_writes(head);
     pthread_mutex_lock(&s->mu);
     s->written += n;
     s->batches++;
@@ -569,9 +571,7 @@ int tbd_store_fd(const struct tbd_store *s)
 
 struct tbd_write *tbd_store_take(struct tbd_store *s)
 {
-    uint64_t v;
-    ssize_t r = read(s->efd, &v, sizeof(v));
-    (void)r; /* EAGAIN when already drained: nothing to do */
+    tbd_store_ack(s);
     pthread_mutex_lock(&s->mu);
     struct tbd_write *h = s->done_head;
     s->done_head = s->done_tail = NULL;

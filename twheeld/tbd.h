@@ -235,6 +235,7 @@ void tbd_standin_woken(struct server *s);
 void tbd_standin_stop(struct server *s);
 
 /* util.c */
+uint64_t tbd_mono_ns(void);
 uint64_t tbd_mono_ms(void);
 int64_t tbd_wall_ms(void);
 int64_t tbd_wall_ms_up(void);

@@ -7,7 +7,7 @@
 
 /* ---- clocks ---- */
 
-static uint64_t mono_ns(void)
+uint64_t tbd_mono_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -16,7 +16,7 @@ static uint64_t mono_ns(void)
 
 uint64_t tbd_mono_ms(void)
 {
-    return mono_ns() / 1000000u;
+    return tbd_mono_ns() / 1000000u;
 }
 
 /*
@@ -26,7 +26,7 @@ uint64_t tbd_mono_ms(void)
  */
 uint64_t tbd_secs_left(uint64_t deadline)
 {
-    uint64_t now = mono_ns();
+    uint64_t now = tbd_mono_ns();
     uint64_t end = deadline * 1000000u;
     return end > now ? (end - now) / 1000000000u : 0;
 }
