@@ -36,6 +36,7 @@
 #include <twheel/wheel.h>
 
 #include "heap.h"
+#include "bench_stats.h"
 
 #include <dlfcn.h>
 #include <malloc.h>
@@ -610,19 +611,9 @@ struct cell {
     size_t fired;
 };
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double median(struct cell *c)
 {
-    if (c->nv == 0)
-        return 0;
-    qsort(c->v, (size_t)c->nv, sizeof(double), cmp_double);
-    return c->nv % 2 ? c->v[c->nv / 2]
-                     : (c->v[c->nv / 2 - 1] + c->v[c->nv / 2]) / 2;
+    return bench_median(c->v, (size_t)c->nv);
 }
 
 /* Parse a comma-separated list of names into a bit set; -1 if unknown. */

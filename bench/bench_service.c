@@ -46,6 +46,7 @@
 #include "service_internal.h"
 #include "twheel/service.h"
 #include "fixture.h"
+#include "bench_stats.h"
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -200,18 +201,6 @@ struct tput {
     double lo[4], hi[4]; /* the slowest and the fastest run of each */
 };
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(*v), cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 #define MAX_REPS 99
 
 static struct tput throughput(int nthreads, uint32_t flags, uint64_t *delays,
@@ -243,11 +232,11 @@ static struct tput throughput(int nthreads, uint32_t flags, uint64_t *delays,
         tw_service_destroy(s);
     }
     struct tput t;
-    t.cold = median(v[0], reps);
-    t.warm = median(v[1], reps);
-    t.cancel = median(v[2], reps);
-    t.pairs = median(v[3], reps);
-    for (int m = 0; m < 4; m++) { /* median() sorted each row */
+    t.cold = bench_median(v[0], (size_t)reps);
+    t.warm = bench_median(v[1], (size_t)reps);
+    t.cancel = bench_median(v[2], (size_t)reps);
+    t.pairs = bench_median(v[3], (size_t)reps);
+    for (int m = 0; m < 4; m++) { /* bench_median() sorted each row */
         t.lo[m] = v[m][0];
         t.hi[m] = v[m][reps - 1];
     }

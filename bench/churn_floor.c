@@ -38,6 +38,7 @@
 #include <twheel/wheel.h>
 
 #include "heap.h"
+#include "bench_stats.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -324,19 +325,6 @@ static void run_engine(size_t e, struct sample *s)
         run_heap(s);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Sorts @v; returns its median. */
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(*v), cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 static double load1(void)
 {
     double l = -1;
@@ -389,9 +377,11 @@ int main(int argc, char **argv)
            n_timers, reps, load_start, load1());
     printf("%-14s %24s %24s %16s\n", "engine", "wall ns/pair", "cpu ns/pair",
            "heap/this w, cpu");
-    double hw = median(wall[HEAP_ENG], reps), hc = median(cpu[HEAP_ENG], reps);
+    double hw = bench_median(wall[HEAP_ENG], (size_t)reps),
+           hc = bench_median(cpu[HEAP_ENG], (size_t)reps);
     for (size_t e = 0; e < N_ENG; e++) {
-        double mw = median(wall[e], reps), mc = median(cpu[e], reps);
+        double mw = bench_median(wall[e], (size_t)reps),
+               mc = bench_median(cpu[e], (size_t)reps);
         char a[64], b[64];
         snprintf(a, sizeof(a), "%.1f [%.1f..%.1f]", mw, wall[e][0],
                  wall[e][reps - 1]);

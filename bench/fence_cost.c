@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "fence.h"
+#include "bench_stats.h"
 
 static _Alignas(64) _Atomic int stop;
 
@@ -41,12 +42,6 @@ static void *busy_loop(void *arg)
     return NULL;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Median over 5 batches of @calls heavy barriers: seconds per call. */
 static double per_call(long calls)
 {
@@ -57,7 +52,7 @@ static double per_call(long calls)
             tw__fence_heavy();
         t[r] = (now_s() - t0) / (double)calls;
     }
-    qsort(t, 5, sizeof(t[0]), cmp_double);
+    qsort(t, 5, sizeof(t[0]), bench_cmp_double);
     return t[2];
 }
 

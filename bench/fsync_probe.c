@@ -32,6 +32,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "bench_stats.h"
 
 enum kind { GROWN, FALLOCATED, ZEROED };
 static const char *const kind_name[] = {"grown", "fallocate", "zeroed"};
@@ -48,12 +49,6 @@ static double cpu_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* Make the file of @kind, big enough for @bytes; 0 or -1. */
@@ -150,7 +145,7 @@ static int probe(const char *dir, enum kind kind, int count, size_t len,
         goto out;
     double wall = now_us() - wall0;
     double cpu = (cpu_us() - cpu0) / (double)calls;
-    qsort(r.lat, calls, sizeof *r.lat, cmp_double);
+    qsort(r.lat, calls, sizeof *r.lat, bench_cmp_double);
     printf("file=%s calls=%zu bytes=%zu threads=%d p50_us=%.1f p90_us=%.1f "
            "p99_us=%.1f cpu_us=%.1f calls_per_s=%.0f\n",
            kind_name[kind], calls, len, threads, r.lat[calls / 2],
