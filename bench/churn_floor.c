@@ -40,6 +40,7 @@
 #include "heap.h"
 #include "bench_stats.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -344,9 +345,21 @@ int main(int argc, char **argv)
         fprintf(help ? stdout : stderr, "usage: churn_floor [N [REPS]]\n");
         return help ? 0 : 2;
     }
-    n_timers = argc > 1 ? strtoull(argv[1], NULL, 10) : 1000000;
-    int reps = argc > 2 ? atoi(argv[2]) : 7;
-    if (n_timers < 1 || n_timers > UINT32_MAX || reps < 1 || reps > MAX_REPS) {
+    /* Whole decimal numbers only: "12x", "-1" and "" are refused. */
+    char *end = NULL;
+    bool bad = false;
+    n_timers = 1000000;
+    long rl = 7;
+    if (argc > 1) {
+        n_timers = strtoull(argv[1], &end, 10);
+        bad |= *end != '\0' || argv[1][0] == '-';
+    }
+    if (argc > 2) {
+        rl = strtol(argv[2], &end, 10);
+        bad |= *end != '\0';
+    }
+    int reps = rl >= 1 && rl <= MAX_REPS ? (int)rl : 0;
+    if (bad || n_timers < 1 || n_timers > UINT32_MAX || reps == 0) {
         fprintf(stderr, "churn_floor: 1 <= N < 2^32, 1 <= REPS <= %d\n",
                 MAX_REPS);
         return 2;
